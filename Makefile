@@ -1,0 +1,42 @@
+# Quick start: `make demo` then `make test`. Both create .venv when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+OUT    ?= out/demo
+# Without a GPU, take the CPU build of torch (a plain `torch` would pull a multi-GB CUDA build).
+# pip finds torch 2.13.0+cpu in the machine's local wheel folder; elsewhere point TORCH_INDEX at a
+# CPU wheel index (pip's --extra-index-url).
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch==2.13.0,torch==2.13.0+cpu)
+TORCH_INDEX ?=
+EXTRAS := test$(if $(HAS_GPU),$(comma)gpu)
+comma := ,
+
+.PHONY: venv demo test test-fast bench golden clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m placer.demo --out $(OUT)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not notebook"
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+golden: $(STAMP)
+	$(PY) -m simulator.golden --write
+
+clean:
+	rm -rf out .pytest_cache

@@ -1,0 +1,66 @@
+"""Assemble a `Plan` from chosen candidates: slots, predicted time, bundles and sync routes.
+
+The ILP, the baselines and hand-written test plans all end here, so every plan is priced by the
+same `timing.iteration_time` and mapped to nodes by the same `mapping.map_to_nodes`.
+"""
+from __future__ import annotations
+
+from placer.catalog import Resolved
+from placer.costmodel import Calibration
+from placer.estimate import Estimate
+from placer.plan import Breakdown, Plan, RolePlacement, SlotPlan, SolverInfo
+from placer.spec import dump_job
+from placer.timing import Placed, iteration_time
+
+
+def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
+    """One slot per distinct slot name, sized by its largest role, in the job's role order."""
+    order = {r: i for i, r in enumerate(res.job.roles())}
+    slots: dict[str, SlotPlan] = {}
+    for p in sorted(placed, key=lambda p: order[p.est.role]):
+        cur = slots.get(p.slot)
+        if cur is None:
+            slots[p.slot] = SlotPlan(name=p.slot, pool=p.est.pool, devices=p.est.devices,
+                                     roles=[p.est.role])
+        else:
+            if cur.pool != p.est.pool:
+                raise ValueError(f"slot {p.slot} mixes pools {cur.pool} and {p.est.pool}")
+            slots[p.slot] = SlotPlan(name=p.slot, pool=cur.pool,
+                                     devices=max(cur.devices, p.est.devices),
+                                     roles=[*cur.roles, p.est.role])
+    return list(slots.values())
+
+
+def role_placement(p: Placed) -> RolePlacement:
+    e: Estimate = p.est
+    return RolePlacement(pool=e.pool, devices=e.devices, tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
+                         zero=e.par.zero, recompute=e.par.recompute, offload=e.par.offload,
+                         slot=p.slot, time_s=e.time_s, stage_s=dict(e.stage_s),
+                         memory_gb=e.memory.total, concurrency=e.concurrency)
+
+
+def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
+    """Price of the devices the plan holds (USD per hour)."""
+    return sum(res.device_of(s.pool).price_per_hour * s.devices for s in slots)
+
+
+def assemble(res: Resolved, placed: list[Placed], calib: Calibration, solver: SolverInfo,
+             calibration_doc: dict | None = None) -> Plan:
+    """Price, slot and map a placement into a plan."""
+    from placer.mapping import map_to_nodes  # noqa: PLC0415  (networkx only when assembling)
+
+    bd = iteration_time(res, placed, calib)
+    slots = slot_plans(res, placed)
+    roles = {p.est.role: role_placement(p) for p in placed}
+    slots, bundles, routes = map_to_nodes(res, slots, roles)
+    samples = res.job.batch.samples
+    per_hour = cost_per_hour(res, slots)
+    return Plan(job=dump_job(res.job), mode=res.job.pipeline.mode, objective=res.job.objective,
+                predicted_iteration_s=bd.iteration_s,
+                throughput_samples_s=samples / bd.iteration_s,
+                cost_per_sample=per_hour / 3600 * bd.iteration_s / samples,
+                breakdown=Breakdown(stage_s=bd.stage_s, slot_busy_s=bd.slot_busy_s,
+                                    switch_s=bd.switch_s, sync_s=bd.sync_s),
+                roles={r: roles[r] for r in res.job.roles() if r in roles},
+                slots=slots, bundles=bundles, sync_routes=routes, solver=solver,
+                calibration=calibration_doc)

@@ -1,0 +1,214 @@
+"""Per-role estimates: what one role's work in one iteration costs on a pool and parallel config.
+
+This is the bridge from a job (batch, lengths, turns) to the cost model's primitives. The planner
+turns these estimates into its cost table; the simulator replays the same work sample by sample,
+so with every source of variance off both agree.
+
+Roles and the work they do each iteration (n samples, mean context s tokens):
+  rollout      generate n samples, `turns` turns each, on dp engine replicas (continuous batching,
+               concurrency capped by KV memory; samples admitted in lockstep waves)
+  environment  (turns - 1) rounds of n tool calls on CPU cores
+  reference    forward over n*s tokens (KL log-probs)
+  reward       forward over n*s tokens (model) or a rule/verifier per sample on CPU cores
+  critic       forward (values) + training over n*s tokens (PPO)
+  actor        forward (old log-probs) + training over n*s tokens in `mini_batches` steps
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from placer.catalog import Resolved
+from placer.costmodel import (Calibration, Efficiency, Memory, Parallel, decode_run_time,
+                              forward_time, infer_memory, lpu_chips, max_concurrency,
+                              prefill_time, tool_waves, train_memory, train_time)
+from placer.spec import DeviceKind, DeviceType, Pool
+
+# Which kinds of device may host a role (training needs can_train as well).
+HOSTS: dict[str, tuple[DeviceKind, ...]] = {
+    "actor": (DeviceKind.gpu,),
+    "critic": (DeviceKind.gpu,),
+    "rollout": (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    "reference": (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    "reward": (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    "environment": (DeviceKind.cpu,),
+}
+TRAINING_ROLES = ("actor", "critic")
+RULE_REWARD_S = 0.005  # CPU seconds to verify one sample with a rule (string match, unit test)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Time (s) of a role's work per iteration, split by stage, and its memory per device (GB)."""
+
+    role: str
+    pool: str
+    par: Parallel
+    memory: Memory
+    stage_s: dict[str, float]
+    feasible: bool = True
+    reason: str = ""
+    concurrency: int = 0  # rollout: sequences per replica at once
+
+    @property
+    def time_s(self) -> float:
+        return sum(self.stage_s.values())
+
+    @property
+    def devices(self) -> int:
+        return self.par.devices
+
+
+def can_host(res: Resolved, role: str, pool: Pool) -> bool:
+    dev = res.device_of(pool)
+    if dev.kind not in HOSTS[role]:
+        return False
+    if role in TRAINING_ROLES and not dev.can_train:
+        return False
+    if role == "reward" and res.model_of("reward") is None:
+        return dev.kind is DeviceKind.cpu  # a rule reward is CPU work
+    return True
+
+
+def mean_context(res: Resolved) -> float:
+    """Mean tokens of one finished sample: prompt, every turn's response and tool outputs."""
+    j = res.job
+    env = j.environment
+    return (j.lengths.prompt.mean_value() + env.turns * j.lengths.response.mean_value()
+            + (env.turns - 1) * env.tool_output_tokens)
+
+
+def estimate(res: Resolved, role: str, pool: Pool, par: Parallel, calib: Calibration,
+             env_cores: int | None = None) -> Estimate:
+    """Estimate one role on `pool` with `par`; `env_cores` prices tool calls inside the rollout."""
+    dev = res.device_of(pool)
+    eff = calib.for_device(dev)
+    fn = {"rollout": _rollout, "environment": _environment, "actor": _train,
+          "critic": _train, "reference": _forward, "reward": _reward}[role]
+    est = fn(res, role, pool, dev, par, eff, env_cores)
+    if est.feasible and est.memory.total > dev.memory_gb:
+        return _infeasible(est, f"needs {est.memory.total:.1f} GB per device, "
+                                f"{dev.name} has {dev.memory_gb:g} GB")
+    return est
+
+
+def _infeasible(est: Estimate, reason: str) -> Estimate:
+    return Estimate(est.role, est.pool, est.par, est.memory, est.stage_s, False, reason,
+                    est.concurrency)
+
+
+def _tokens(res: Resolved) -> tuple[float, float]:
+    s = mean_context(res)
+    return res.job.batch.samples * s, s
+
+
+def _train(res, role, pool, dev, par, eff, _env) -> Estimate:
+    m = res.model_of(role)
+    tokens, seq = _tokens(res)
+    mem = train_memory(m, par, micro_tokens=res.job.max_context)
+    fwd = forward_time(m, dev, par, tokens, seq, eff)
+    train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff)
+    return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
+
+
+def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
+    m = res.model_of(role)
+    tokens, seq = _tokens(res)
+    if dev.kind is DeviceKind.lpu:
+        chips = lpu_chips(m, dev, eff)
+        if par.devices < chips:
+            return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
+                               f"{m.name} needs {chips} {dev.name} chips for its weights in SRAM")
+        mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
+        return Estimate(role, pool.name, par, mem, {"score": forward_time(m, dev, par, tokens, seq, eff)})
+    mem = infer_memory(m, par, dev, eff)
+    mem = Memory(weights=mem.weights, overhead=mem.overhead,
+                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9)
+    return Estimate(role, pool.name, par, mem, {"score": forward_time(m, dev, par, tokens, seq, eff)})
+
+
+def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
+    if res.model_of("reward") is not None:
+        return _forward(res, role, pool, dev, par, eff, env)
+    cores = par.devices * dev.cores
+    t = math.ceil(res.job.batch.samples / cores) * RULE_REWARD_S
+    return Estimate(role, pool.name, par, Memory(), {"score": t})
+
+
+def _environment(res, role, pool, dev, par, eff, _env) -> Estimate:
+    env = res.job.environment
+    cores = par.devices * dev.cores
+    waves = tool_waves(res.job.batch.samples, env.cpu_per_call, cores)
+    lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
+    return Estimate(role, pool.name, par, Memory(), {"rollout": (env.turns - 1) * waves * lat})
+
+
+@dataclass(frozen=True)
+class RolloutShape:
+    """How samples flow through one engine replica: waves of `concurrency` lockstep sequences."""
+
+    replicas: int
+    per_replica: int
+    concurrency: int
+    waves: int
+
+
+def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency) -> RolloutShape:
+    m = res.model_of("rollout")
+    replicas = par.dp if dev.kind is not DeviceKind.lpu else max(par.devices // lpu_chips(m, dev, eff), 1)
+    per = math.ceil(res.job.batch.samples / replicas)
+    conc = min(per, max_concurrency(m, dev, par, res.job.max_context, eff))
+    return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0)
+
+
+def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, batch: int,
+              env_cores: int | None) -> tuple[float, float]:
+    """(generation seconds, tool seconds) of one lockstep wave of `batch` sequences.
+
+    Turn k: prefill the new tokens (prompt, or the previous tool output) at the grown context,
+    decode `response` tokens; between turns every sequence waits on its tool call.
+    """
+    j, m = res.job, res.model_of("rollout")
+    env = j.environment
+    p, r, o = (j.lengths.prompt.mean_value(), j.lengths.response.mean_value(),
+               env.tool_output_tokens)
+    gen = tools = 0.0
+    ctx = 0.0
+    for turn in range(env.turns):
+        new = p if turn == 0 else o
+        if new > 0:
+            gen += prefill_time(m, dev, par, batch * new, ctx + new, eff)
+        ctx += new
+        gen += decode_run_time(m, dev, par, batch, ctx, int(round(r)), eff)
+        ctx += r
+        if turn < env.turns - 1 and env_cores:
+            lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
+            tools += tool_waves(batch, env.cpu_per_call, env_cores) * lat
+    return gen, tools
+
+
+def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
+    m = res.model_of("rollout")
+    if dev.kind is DeviceKind.lpu:
+        chips = lpu_chips(m, dev, eff)
+        if par.devices < chips:
+            return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
+                               f"{m.name} needs {chips} {dev.name} chips for its weights in SRAM")
+        mem = Memory(weights=m.params() * 2 / chips / 1e9)
+    else:
+        mem = infer_memory(m, par, dev, eff)
+    shape = rollout_shape(res, dev, par, eff)
+    if shape.concurrency < 1:
+        return _infeasible(Estimate(role, pool.name, par, mem, {}),
+                           f"no KV memory left for one {res.job.max_context}-token sequence")
+    full = shape.per_replica // shape.concurrency
+    rest = shape.per_replica - full * shape.concurrency
+    gen = 0.0
+    for batch, count in ((shape.concurrency, full), (rest, 1 if rest else 0)):
+        if count:
+            g, _ = wave_time(res, dev, par, eff, batch, None)
+            gen += count * g
+    kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
+    return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
+                                                 kv_cache=max(kv - mem.total, 0.0)),
+                    {"rollout": gen}, concurrency=shape.concurrency)

@@ -1,0 +1,186 @@
+"""The plan: the one file that `plan` writes and `simulate`, `execute` and the notebooks read.
+
+A plan holds the job it was made for (so it stands alone), the chosen config of every role, the
+colocation slots, every device named in a Ray bundle (pool, node, device indices), the weight-sync
+routes, the predicted iteration time with its breakdown, and the solver's status, bound and gap.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from placer.catalog import Resolved, resolve
+from placer.costmodel import Calibration, Parallel
+from placer.spec import Job, SpecError, format_validation_error, read_structured
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RolePlacement(_M):
+    pool: str
+    devices: int = Field(ge=0)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    zero: int = Field(3, ge=0, le=3)
+    recompute: bool = True
+    offload: bool = False
+    slot: str
+    time_s: float = Field(0.0, ge=0)
+    stage_s: dict[str, float] = {}
+    memory_gb: float = Field(0.0, ge=0)
+    concurrency: int = Field(0, ge=0, description="rollout: sequences per engine replica")
+
+    @property
+    def par(self) -> Parallel:
+        return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload)
+
+
+class SlotPlan(_M):
+    name: str
+    pool: str
+    devices: int = Field(ge=1)
+    roles: list[str]
+    nodes: list[int] = []
+
+
+class Bundle(_M):
+    """One Ray placement-group bundle: devices of one node that one slot uses."""
+
+    index: int = Field(ge=0)
+    slot: str
+    pool: str
+    node: int = Field(ge=0)
+    devices: list[int]
+    resources: dict[str, float]
+    group: str = Field("", description="tensor-parallel group id; a group never spans bundles")
+
+
+class SyncRoute(_M):
+    src: str = Field(description="pool:node of the sender")
+    dst: str = Field(description="pool:node of the receiver")
+    gbs: float = Field(gt=0)
+    hops: list[str] = []
+
+
+class SolverInfo(_M):
+    name: str = "cp-sat"
+    status: str
+    objective: float
+    bound: float
+    gap: float = Field(ge=0)
+    solve_s: float = Field(ge=0)
+
+
+class Breakdown(_M):
+    stage_s: dict[str, float]
+    slot_busy_s: dict[str, float]
+    switch_s: dict[str, float] = {}
+    sync_s: float = 0.0
+
+
+class Plan(_M):
+    version: Literal[1] = 1
+    job: dict[str, Any]
+    mode: Literal["sync", "async"]
+    objective: Literal["time", "cost"]
+    predicted_iteration_s: float = Field(gt=0)
+    throughput_samples_s: float = Field(0.0, ge=0)
+    cost_per_sample: float = Field(0.0, ge=0)
+    breakdown: Breakdown
+    roles: dict[str, RolePlacement]
+    slots: list[SlotPlan]
+    bundles: list[Bundle] = []
+    sync_routes: list[SyncRoute] = []
+    solver: SolverInfo
+    calibration: dict[str, Any] | None = None
+
+    def resolved(self) -> Resolved:
+        return resolve(Job.model_validate(self.job), "plan.job")
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    atomic_write_text(path, plan.to_json())
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan and check it against its own job; SpecError naming the field otherwise."""
+    data = read_structured(path)
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, f"{path}: ")) from None
+    try:
+        res = plan.resolved()
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, f"{path}: job.")) from None
+    check_plan(plan, res, str(path))
+    return plan
+
+
+def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
+    """A plan must place exactly its job's roles on pools that exist, within their sizes."""
+    want = set(res.job.roles())
+    have = set(plan.roles)
+    if want != have:
+        raise SpecError(f"{source}: roles: plan places {sorted(have)} but its job runs "
+                        f"{sorted(want)}")
+    slots = {s.name: s for s in plan.slots}
+    for name, r in plan.roles.items():
+        try:
+            pool = res.cluster.pool(r.pool)
+        except KeyError:
+            raise SpecError(f"{source}: roles.{name}.pool: no pool {r.pool!r} in the job's "
+                            "cluster") from None
+        if r.slot not in slots:
+            raise SpecError(f"{source}: roles.{name}.slot: no slot {r.slot!r} in slots")
+        if r.devices > pool.devices_per_node * pool.nodes:
+            raise SpecError(f"{source}: roles.{name}.devices: {r.devices} exceeds pool "
+                            f"{pool.name}'s {pool.devices_per_node * pool.nodes}")
+    used: dict[str, int] = {}
+    for s in plan.slots:
+        used[s.pool] = used.get(s.pool, 0) + s.devices
+    for pool_name, n in used.items():
+        pool = res.cluster.pool(pool_name)
+        if n > pool.devices_per_node * pool.nodes:
+            raise SpecError(f"{source}: slots: pool {pool_name} given {n} devices, has "
+                            f"{pool.devices_per_node * pool.nodes}")
+
+
+def calibration_of(plan: Plan) -> Calibration:
+    from placer.calibration import calibration_from_dict  # noqa: PLC0415
+    return calibration_from_dict(plan.calibration or {})
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """A compact view for tables and `compare`."""
+    return {name: f"{r.pool}x{r.devices} tp{r.tp} pp{r.pp} dp{r.dp} [{r.slot}]"
+            for name, r in plan.roles.items()}
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=str)

@@ -1,0 +1,122 @@
+"""Iteration time of a placement: how role estimates combine into one RL step.
+
+One iteration has four stages, in order: `sync` (actor weights to every rollout placement),
+`rollout` (generation and tool calls), `score` (reference, reward, critic values, old log-probs)
+and `train` (actor, critic).
+
+Roles in one *slot* time-share its devices, so inside a stage their times add; different slots run
+side by side, so a stage lasts as long as its busiest slot (HybridFlow's rule). When the memory of
+a slot's roles does not fit the devices together, each role pays an onload (`switch_time`) once per
+iteration.
+
+sync mode:   T = sum over stages of max over slots of (sum of the slot's roles' stage times)
+async mode:  with staleness >= 1, rollout of step i+1 overlaps scoring and training of step i, so
+             the busiest slot bounds throughput: T = max over slots of (its total work), where a
+             rollout slot also carries the weight sync.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from placer.catalog import Resolved
+from placer.costmodel import Calibration, switch_time, weight_sync_time
+from placer.estimate import Estimate
+from placer.spec import DeviceKind
+
+STAGES = ("sync", "rollout", "score", "train")
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A role's estimate together with the slot it sits in."""
+
+    slot: str
+    est: Estimate
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    iteration_s: float
+    stage_s: dict[str, float]
+    slot_busy_s: dict[str, float]
+    switch_s: dict[str, float] = field(default_factory=dict)
+    sync_s: float = 0.0
+
+
+def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed) -> float:
+    """Aggregate GB/s available to move the actor's weights to the rollout devices.
+
+    Same slot: a local reshard over the scale-up link. Same pool: device NICs on both sides.
+    Different pools: the slower side's NICs, capped by the cross-pool link if the topology sets one.
+    """
+    a_dev = res.device_of(actor.est.pool)
+    r_dev = res.device_of(rollout.est.pool)
+    if actor.slot == rollout.slot:
+        return a_dev.intra_link_gbs * actor.est.devices
+    send = a_dev.nic_gbs * actor.est.devices
+    recv = r_dev.nic_gbs * rollout.est.devices
+    bw = min(send, recv)
+    cross = res.cluster.topology.cross_pool_gbs
+    if actor.est.pool != rollout.est.pool and cross is not None:
+        nodes = min(_nodes(res, actor), _nodes(res, rollout))
+        bw = min(bw, cross * nodes)
+    return bw
+
+
+def _nodes(res: Resolved, p: Placed) -> int:
+    per = res.cluster.pool(p.est.pool).devices_per_node
+    return -(-p.est.devices // per)
+
+
+def sync_time(res: Resolved, actor: Placed, rollout: Placed, calib: Calibration) -> float:
+    """Time to refresh every rollout replica (each needs the full weights)."""
+    m = res.model_of("rollout")
+    dev = res.device_of(rollout.est.pool)
+    replicas = 1 if dev.kind is DeviceKind.lpu else max(rollout.est.par.dp, 1)
+    bw = sync_bandwidth(res, actor, rollout) / replicas
+    return weight_sync_time(m, bw, dev, calib.for_device(dev))
+
+
+def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict[str, float]:
+    """Onload cost per slot whose roles' memory does not fit on its devices together."""
+    by_slot: dict[str, list[Placed]] = defaultdict(list)
+    for p in placed:
+        by_slot[p.slot].append(p)
+    out = {}
+    for slot, members in by_slot.items():
+        dev = res.device_of(members[0].est.pool)
+        if len(members) < 2 or dev.kind is DeviceKind.cpu:
+            continue
+        need = sum(p.est.memory.total for p in members)
+        if need > dev.memory_gb:
+            eff = calib.for_device(dev)
+            out[slot] = sum(switch_time(p.est.memory.total, eff) for p in members)
+    return out
+
+
+def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> Breakdown:
+    """Combine placed estimates into the iteration time of the job's pipeline mode."""
+    by_role = {p.est.role: p for p in placed}
+    sync = 0.0
+    if "actor" in by_role and "rollout" in by_role:
+        sync = sync_time(res, by_role["actor"], by_role["rollout"], calib)
+    switch = slot_switch(res, placed, calib)
+    per_slot_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for p in placed:
+        for stage, t in p.est.stage_s.items():
+            per_slot_stage[p.slot][stage] += t
+    rollout_slot = by_role["rollout"].slot if "rollout" in by_role else None
+    if rollout_slot is not None:
+        per_slot_stage[rollout_slot]["sync"] += sync
+    for slot, t in switch.items():
+        per_slot_stage[slot]["switch"] += t
+    busy = {s: sum(st.values()) for s, st in per_slot_stage.items()}
+    stage_s = {st: max((v.get(st, 0.0) for v in per_slot_stage.values()), default=0.0)
+               for st in STAGES}
+    stage_s["switch"] = max(switch.values(), default=0.0)
+    if res.job.pipeline.mode == "async":
+        total = max(busy.values(), default=0.0)
+    else:
+        total = sum(stage_s.values())
+    return Breakdown(total, stage_s, busy, switch, sync)

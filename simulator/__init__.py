@@ -1,0 +1,1 @@
+"""Discrete-event simulation (simpy) of RL iterations under a plan."""

@@ -1,0 +1,61 @@
+"""Workload traces: JSONL, one sample a line, e.g.
+
+    {"sample_id": 17, "prompt_tokens": 212, "response_tokens": [803, 95], "tool_latency_s": [1.7]}
+
+A job replays a field with `{kind: empirical, path: FILE, field: response_tokens}`. List fields are
+flattened (one value per turn).
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from placer.plan import atomic_write_text
+from placer.spec import SpecError
+
+
+@lru_cache(maxsize=32)
+def _read(path: str) -> tuple[dict[str, Any], ...]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{path}: workload trace not found")
+    rows = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise SpecError(f"{path}:{i}: expected a JSON object per line")
+        rows.append(row)
+    if not rows:
+        raise SpecError(f"{path}: workload trace is empty")
+    return tuple(rows)
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    return list(_read(str(path)))
+
+
+def read_field(path: str | Path, field: str) -> list[float]:
+    """All values of `field` in the trace, flattened, as floats (> 0 for lengths)."""
+    out: list[float] = []
+    for i, row in enumerate(_read(str(path)), 1):
+        if field not in row:
+            raise SpecError(f"{path}:{i}: no field {field!r}")
+        vals = row[field] if isinstance(row[field], list) else [row[field]]
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise SpecError(f"{path}:{i}: {field}: expected non-negative numbers (got {v!r})")
+            out.append(float(v))
+    if not out:
+        raise SpecError(f"{path}: field {field!r} has no values")
+    return out
+
+
+def write_rows(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
