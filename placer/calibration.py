@@ -11,6 +11,7 @@ A profile is YAML or JSON:
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,12 @@ def calibration_from_dict(data: dict[str, Any], source: str = "calibration") -> 
         raise SpecError(f"{source}: {bad[0]}: unknown key (expected default, devices, fit)")
     try:
         default = Efficiency().override(_floats(data.get("default") or {}, f"{source}: default"))
+        devices = data.get("devices") or {}
+        if not isinstance(devices, dict):
+            raise SpecError(f"{source}: devices: expected a mapping of device type: factors "
+                            f"(got {devices!r:.60})")
         per = {name: default.override(_floats(v or {}, f"{source}: devices.{name}"))
-               for name, v in (data.get("devices") or {}).items()}
+               for name, v in devices.items()}
     except KeyError as e:
         raise SpecError(f"{source}: {e.args[0]}") from None
     return Calibration(default=default, per_device=per)
@@ -36,7 +41,7 @@ def _floats(values: dict[str, Any], where: str) -> dict[str, float]:
         raise SpecError(f"{where}: expected a mapping of factor: value, got {values!r}")
     out = {}
     for k, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
             raise SpecError(f"{where}.{k}: expected a non-negative number (got {v!r})")
         out[k] = float(v)
     return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -39,9 +40,13 @@ class Infeasible(Exception):
     """A job that fits nowhere; `str()` is the diagnosis (what cannot fit, the smallest change)."""
 
 
-def _available() -> dict[str, Any]:
+def _available(only: str | None = None) -> dict[str, Any]:
+    """Importable command modules; `only` imports just that one (a command being run never
+    depends on the imports of the others)."""
     out = {}
     for name, (mod, help_) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         try:
             out[name] = (importlib.import_module(mod), help_)
         except ModuleNotFoundError as e:
@@ -71,7 +76,9 @@ def note(msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(_available())
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(_available(chosen))
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args._run
     try:
@@ -85,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("placer: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `placer ... | head`: the reader left; no traceback at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

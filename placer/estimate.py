@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from placer.catalog import Resolved
 from placer.costmodel import (Calibration, Efficiency, Memory, Parallel, decode_run_time,
-                              forward_time, infer_memory, lpu_chips, max_concurrency,
-                              prefill_time, tool_waves, train_memory, train_time)
+                              forward_time, infer_memory, kv_bytes_per_token, lpu_chips,
+                              max_concurrency, prefill_time, tool_waves, train_memory, train_time)
 from placer.spec import DeviceKind, DeviceType, Pool
 
 # Which kinds of device may host a role (training needs can_train as well).
@@ -34,7 +34,7 @@ HOSTS: dict[str, tuple[DeviceKind, ...]] = {
     "environment": (DeviceKind.cpu,),
 }
 TRAINING_ROLES = ("actor", "critic")
-RULE_REWARD_S = 0.005  # CPU seconds to verify one sample with a rule (string match, unit test)
+RULE_REWARD_S = Efficiency().rule_reward_s  # default CPU seconds per rule-checked sample
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,18 @@ def estimate(res: Resolved, role: str, pool: Pool, par: Parallel, calib: Calibra
           "critic": _train, "reference": _forward, "reward": _reward}[role]
     est = fn(res, role, pool, dev, par, eff, env_cores)
     if est.feasible and est.memory.total > dev.memory_gb:
-        return _infeasible(est, f"needs {est.memory.total:.1f} GB per device, "
+        mem = est.memory
+        parts = ", ".join(f"{k} {getattr(mem, k):.1f}" for k in
+                          ("weights", "grads", "optimizer", "activations", "kv_cache", "overhead")
+                          if getattr(mem, k) > 0)
+        return _infeasible(est, f"needs {mem.total:.1f} GB per device ({parts}), "
                                 f"{dev.name} has {dev.memory_gb:g} GB")
     return est
+
+
+def _lpu_short(m, dev: DeviceType, chips: int, par: Parallel) -> str:
+    return (f"{m.name} needs {chips} {dev.name} chips to hold {m.params() * 2 / 1e9:.1f} GB of "
+            f"weights plus KV reserve in {dev.memory_gb:g} GB of SRAM each, got {par.devices}")
 
 
 def _infeasible(est: Estimate, reason: str) -> Estimate:
@@ -105,7 +114,7 @@ def _tokens(res: Resolved) -> tuple[float, float]:
 def _train(res, role, pool, dev, par, eff, _env) -> Estimate:
     m = res.model_of(role)
     tokens, seq = _tokens(res)
-    mem = train_memory(m, par, micro_tokens=res.job.max_context)
+    mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
     fwd = forward_time(m, dev, par, tokens, seq, eff)
     train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff)
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
@@ -118,20 +127,22 @@ def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
         chips = lpu_chips(m, dev, eff)
         if par.devices < chips:
             return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
-                               f"{m.name} needs {chips} {dev.name} chips for its weights in SRAM")
+                               _lpu_short(m, dev, chips, par))
         mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
-        return Estimate(role, pool.name, par, mem, {"score": forward_time(m, dev, par, tokens, seq, eff)})
+        return Estimate(role, pool.name, par, mem,
+                        {"score": forward_time(m, dev, par, tokens, seq, eff)})
     mem = infer_memory(m, par, dev, eff)
     mem = Memory(weights=mem.weights, overhead=mem.overhead,
                  activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9)
-    return Estimate(role, pool.name, par, mem, {"score": forward_time(m, dev, par, tokens, seq, eff)})
+    return Estimate(role, pool.name, par, mem,
+                    {"score": forward_time(m, dev, par, tokens, seq, eff)})
 
 
 def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
     if res.model_of("reward") is not None:
         return _forward(res, role, pool, dev, par, eff, env)
     cores = par.devices * dev.cores
-    t = math.ceil(res.job.batch.samples / cores) * RULE_REWARD_S
+    t = math.ceil(res.job.batch.samples / cores) * eff.rule_reward_s
     return Estimate(role, pool.name, par, Memory(), {"score": t})
 
 
@@ -155,7 +166,8 @@ class RolloutShape:
 
 def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency) -> RolloutShape:
     m = res.model_of("rollout")
-    replicas = par.dp if dev.kind is not DeviceKind.lpu else max(par.devices // lpu_chips(m, dev, eff), 1)
+    replicas = (par.dp if dev.kind is not DeviceKind.lpu
+                else max(par.devices // lpu_chips(m, dev, eff), 1))
     per = math.ceil(res.job.batch.samples / replicas)
     conc = min(per, max_concurrency(m, dev, par, res.job.max_context, eff))
     return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0)
@@ -193,14 +205,19 @@ def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
         chips = lpu_chips(m, dev, eff)
         if par.devices < chips:
             return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
-                               f"{m.name} needs {chips} {dev.name} chips for its weights in SRAM")
+                               _lpu_short(m, dev, chips, par))
         mem = Memory(weights=m.params() * 2 / chips / 1e9)
     else:
         mem = infer_memory(m, par, dev, eff)
     shape = rollout_shape(res, dev, par, eff)
     if shape.concurrency < 1:
+        ctx = res.job.max_context
+        free = max(dev.memory_gb * eff.kv_mem_fraction - mem.total, 0.0)
         return _infeasible(Estimate(role, pool.name, par, mem, {}),
-                           f"no KV memory left for one {res.job.max_context}-token sequence")
+                           f"one {ctx}-token sequence needs {ctx * kv_bytes_per_token(m) / 1e9:.2f}"
+                           f" GB of KV cache per replica, {free * par.replica:.2f} GB is left on "
+                           f"{par.replica} x {dev.name} after {mem.total:.1f} GB of weights and "
+                           "engine per device")
     full = shape.per_replica // shape.concurrency
     rest = shape.per_replica - full * shape.concurrency
     gen = 0.0

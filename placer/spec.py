@@ -14,14 +14,19 @@ from __future__ import annotations
 import json
 import math
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
-PosFloat = Annotated[float, Field(gt=0)]
-PosInt = Annotated[int, Field(gt=0)]
+# Upper bounds are far beyond any real cluster or model; they keep every later product of sizes a
+# finite float, so an absurd file is a clean SpecError here rather than an overflow in an estimate.
+# strict: a YAML `true` or `"8"` is a wrong type, not 1 or 8 (lax mode would coerce them).
+PosFloat = Annotated[float, Field(strict=True, gt=0, le=1e15)]
+PosInt = Annotated[int, Field(strict=True, gt=0, le=1_000_000_000)]
+MAX_CONTEXT_TOKENS = 1 << 26  # a sample's longest context (prompt + turns); ~67M tokens
 
 
 class SpecError(ValueError):
@@ -29,7 +34,8 @@ class SpecError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: YAML's `.inf` / `.nan` are numbers to a parser but never a valid size.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------------- hardware
@@ -49,8 +55,8 @@ class DeviceType(Strict):
     mem_bw_gbs: PosFloat = Field(description="memory bandwidth per device")
     intra_link_gbs: PosFloat = Field(description="scale-up link per device, one direction")
     nic_gbs: PosFloat = Field(description="network bandwidth per device, one direction")
-    can_train: bool = False
-    price_per_hour: Annotated[float, Field(ge=0)] = 0.0
+    can_train: StrictBool = False
+    price_per_hour: Annotated[float, Field(strict=True, ge=0)] = 0.0
     cores: PosInt = Field(1, description="CPU cores per device (cpu kind)")
     source: str = ""
 
@@ -71,8 +77,8 @@ class ModelArch(Strict):
     kv_heads: PosInt
     mlp: PosInt = Field(description="MLP intermediate size (SwiGLU: three matrices)")
     vocab: PosInt
-    tie_embeddings: bool = False
-    qkv_bias: bool = False
+    tie_embeddings: StrictBool = False
+    qkv_bias: StrictBool = False
     params_b: float | None = Field(None, description="published parameter count, billions")
     source: str = ""
 
@@ -142,18 +148,20 @@ class Cluster(Strict):
 class Distribution(Strict):
     """A length or latency distribution.
 
-    fixed: always `value`. normal: `mean`, `std`, clipped to [min, cap]. lognormal: median
-    `median` and shape `sigma`, capped at `cap` (the long tail). empirical: replay values from a
-    JSONL workload trace (`path`, `field`).
+    fixed: always `value`. normal: `mean`, `std`. lognormal: median `median` and shape `sigma`
+    (the long tail). empirical: replay values from a JSONL workload trace (`path`, `field`; a
+    relative path is read from the job file's folder). Every draw is clipped to [min, cap]
+    (`placer.sampling.draw`), so `mean_value` and `max_value` are those of the clipped variable.
     """
 
     kind: Literal["fixed", "normal", "lognormal", "empirical"] = "fixed"
     value: PosFloat | None = None
     mean: PosFloat | None = None
-    std: Annotated[float, Field(ge=0)] | None = None
+    std: Annotated[float, Field(strict=True, ge=0)] | None = None
     median: PosFloat | None = None
-    sigma: Annotated[float, Field(ge=0)] | None = None
-    min: Annotated[float, Field(ge=0)] = 0.0
+    # sigma <= 10 keeps exp(sigma^2/2) finite; a median x e^40 tail is beyond any length anyway.
+    sigma: Annotated[float, Field(strict=True, ge=0, le=10)] | None = None
+    min: Annotated[float, Field(strict=True, ge=0)] = 0.0
     cap: PosFloat | None = None
     path: str | None = None
     field: str | None = None
@@ -165,29 +173,34 @@ class Distribution(Strict):
         missing = [n for n in need if getattr(self, n) is None]
         if missing:
             raise ValueError(f"a {self.kind} distribution needs {', '.join(missing)}")
+        if self.cap is not None and self.cap < self.min:
+            raise ValueError(f"cap {self.cap:g} is below min {self.min:g}")
         return self
 
+    def _clip(self, x: float) -> float:
+        return min(max(x, self.min), self.cap if self.cap is not None else math.inf)
+
     def mean_value(self) -> float:
-        """Expected value (a capped lognormal's mean is computed from the truncated integral)."""
+        """Expected value of a draw clipped to [min, cap] (closed form for normal and lognormal)."""
         if self.kind == "fixed":
-            return float(self.value)
+            return self._clip(float(self.value))
         if self.kind == "normal":
-            return float(min(max(self.mean, self.min), self.cap or math.inf))
+            return _clipped_normal_mean(self.mean, self.std, self.min, self.cap)
         if self.kind == "lognormal":
-            return _capped_lognormal_mean(self.median, self.sigma, self.cap)
-        return float(sum(self.samples()) / len(self.samples()))
+            return _clipped_lognormal_mean(self.median, self.sigma, self.min, self.cap)
+        return _empirical_stats(self.path, self.field, self.min, self.cap)[0]
 
     def max_value(self) -> float:
-        """The largest value a draw can take (cap, or a far quantile when uncapped)."""
+        """The largest value a draw can take: the cap, else a far (4 sigma) quantile."""
         if self.kind == "fixed":
-            return float(self.value)
+            return self._clip(float(self.value))
         if self.cap is not None:
             return float(self.cap)
         if self.kind == "normal":
-            return self.mean + 4 * self.std
+            return self._clip(self.mean + 4 * self.std)
         if self.kind == "lognormal":
-            return self.median * math.exp(4 * self.sigma)
-        return float(max(self.samples()))
+            return self._clip(self.median * math.exp(4 * self.sigma))
+        return _empirical_stats(self.path, self.field, self.min, self.cap)[1]
 
     def samples(self) -> list[float]:
         """Values of an empirical distribution, read from its JSONL file."""
@@ -195,16 +208,44 @@ class Distribution(Strict):
         return read_field(self.path, self.field)
 
 
-def _capped_lognormal_mean(median: float, sigma: float, cap: float | None) -> float:
+@lru_cache(maxsize=64)
+def _empirical_stats(path: str, field: str, lo: float, hi: float | None) -> tuple[float, float]:
+    """(mean, max) of a trace field's values clipped to [lo, hi]; cached, as estimates ask often."""
+    from traces.workload import read_field
+    vals = [min(max(v, lo), math.inf if hi is None else hi) for v in read_field(path, field)]
+    return sum(vals) / len(vals), max(vals)
+
+
+def _Phi(x: float) -> float:
+    """Standard normal CDF (accepts +-inf)."""
+    return 0.5 * (1 + math.erf(x / math.sqrt(2))) if math.isfinite(x) else float(x > 0)
+
+
+def _phi(x: float) -> float:
+    return math.exp(-x * x / 2) / math.sqrt(2 * math.pi) if math.isfinite(x) else 0.0
+
+
+def _clipped_normal_mean(mu: float, sd: float, lo: float, hi: float | None) -> float:
+    """E[clip(X, lo, hi)] for X ~ N(mu, sd^2): mass below lo sits at lo, above hi at hi."""
+    hi_ = math.inf if hi is None else hi
+    if sd == 0:
+        return min(max(mu, lo), hi_)
+    a, b = (lo - mu) / sd, (hi_ - mu) / sd
+    inner = mu * (_Phi(b) - _Phi(a)) + sd * (_phi(a) - _phi(b))
+    return lo * _Phi(a) + (hi_ * (1 - _Phi(b)) if hi is not None else 0.0) + inner
+
+
+def _clipped_lognormal_mean(median: float, sigma: float, lo: float, hi: float | None) -> float:
+    """E[clip(X, lo, hi)] for ln X ~ N(ln median, sigma^2) (the capped long tail)."""
+    hi_ = math.inf if hi is None else hi
     if sigma == 0:
-        return float(min(median, cap or math.inf))
+        return min(max(median, lo), hi_)
     mu = math.log(median)
-    mean = math.exp(mu + sigma**2 / 2)
-    if cap is None:
-        return mean
-    z = (math.log(cap) - mu) / sigma
-    phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
-    return mean * phi(z - sigma) + cap * (1 - phi(z))
+    a = (math.log(lo) - mu) / sigma if lo > 0 else -math.inf
+    b = (math.log(hi_) - mu) / sigma if hi is not None else math.inf
+    # E[X; a < Z < b] = e^(mu + sigma^2/2) (Phi(b - sigma) - Phi(a - sigma))
+    inner = math.exp(mu + sigma**2 / 2) * (_Phi(b - sigma) - _Phi(a - sigma))
+    return lo * _Phi(a) + (hi_ * (1 - _Phi(b)) if hi is not None else 0.0) + inner
 
 
 # ------------------------------------------------------------------------------------ the job
@@ -219,7 +260,7 @@ class Models(Strict):
     reference: str | None = Field(None, description="frozen KL model; default: same as policy")
     reward: str = Field("rule", description="a model name, or 'rule' for a verifier on CPU")
     critic: str | None = Field(None, description="PPO only; default: same shape as reward/policy")
-    use_reference: bool = True
+    use_reference: StrictBool = True
 
 
 class Batch(Strict):
@@ -241,15 +282,15 @@ class Environment(Strict):
     """Multi-turn tool use: after each turn but the last a tool call runs on a CPU pool."""
 
     kind: Literal["none", "tool", "code"] = "none"
-    turns: PosInt = 1
+    turns: Annotated[int, Field(strict=True, gt=0, le=10_000)] = 1  # estimates walk turns
     tool_latency_s: Distribution = Distribution(kind="fixed", value=1.0)
     cpu_per_call: PosFloat = 1.0
-    tool_output_tokens: Annotated[int, Field(ge=0)] = 0
+    tool_output_tokens: Annotated[int, Field(strict=True, ge=0, le=1_000_000_000)] = 0
 
 
 class Pipeline(Strict):
     mode: Literal["sync", "async"] = "sync"
-    max_staleness: Annotated[int, Field(ge=0)] = 0
+    max_staleness: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
 
     @model_validator(mode="after")
     def _staleness(self) -> "Pipeline":
@@ -274,7 +315,7 @@ class Job(Strict):
     objective: Literal["time", "cost"] = "time"
     cluster: Cluster
     catalog: Catalog = Catalog()
-    seed: int = 0
+    seed: Annotated[int, Field(strict=True, ge=0, le=2**63)] = 0
 
     def roles(self) -> list[str]:
         """Roles the algorithm runs, in a stable order."""
@@ -288,12 +329,16 @@ class Job(Strict):
             out.append("environment")
         return out
 
-    @property
-    def max_context(self) -> int:
+    def max_context_float(self) -> float:
         """Longest context a sample reaches: prompt + all turns' responses and tool outputs."""
         env = self.environment
-        return int(self.lengths.prompt.max_value() + env.turns * self.lengths.response.max_value()
-                   + (env.turns - 1) * env.tool_output_tokens)
+        return (self.lengths.prompt.max_value() + env.turns * self.lengths.response.max_value()
+                + (env.turns - 1) * env.tool_output_tokens)
+
+    @property
+    def max_context(self) -> int:
+        """`max_context_float` in whole tokens (finite: checked when the job is loaded)."""
+        return int(self.max_context_float())
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -302,48 +347,153 @@ def read_structured(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: no such file")
+    kind = "JSON" if p.suffix == ".json" else "YAML"
     try:
         text = p.read_text()
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                        f"{str(e).splitlines()[0]}") from None
+        raise SpecError(f"{p}: not valid {kind}: {_parse_problem(e)}") from None
+    except (OSError, RecursionError) as e:  # unreadable file; absurdly deep nesting
+        raise SpecError(f"{p}: cannot read: {_first_line(e)}") from None
+    if data is None:
+        raise SpecError(f"{p}: the file is empty (expected a mapping of keys)")
     if not isinstance(data, dict):
         raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """The first error as `field.path: message (got value)`."""
+def _parse_problem(e: Exception) -> str:
+    """Where and what, in one line: `line 3, column 9: expected ',' or ']', but got '}'`."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        what = " ".join(str(e.problem or e.context).split())
+        return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+    if isinstance(e, json.JSONDecodeError):
+        return f"line {e.lineno}, column {e.colno}: {e.msg}"
+    return _first_line(e)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `X`, `list[X]` or `X | None`."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in get_args(ann):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _keys_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model at `loc` (below `root`) accepts; [] when the path leaves the models."""
+    cls: type[BaseModel] | None = root
+    for part in loc:
+        if isinstance(part, int):
+            continue  # a list index: the element type is already `cls`
+        field = cls.model_fields.get(part) if cls is not None else None
+        cls = _model_in(field.annotation) if field is not None else None
+        if cls is None:
+            return []
+    return list(cls.model_fields)
+
+
+def format_validation_error(err: ValidationError, prefix: str = "",
+                            root: type[BaseModel] | None = None) -> str:
+    """The first error as `field.path: message (got value)`; `root` lists keys for a typo."""
     e = err.errors()[0]
     loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-    msg = e["msg"].removeprefix("Value error, ")
+    msg = " ".join(e["msg"].removeprefix("Value error, ").split())  # always one line
     got = e.get("input")
-    shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+    # A missing key or a whole-object check has the enclosing mapping as its input: not a value.
+    hide = got is None or (isinstance(got, dict) and e["type"] in ("missing", "value_error"))
+    shown = "" if hide else f" (got {_shown(got)})"
     if e["type"] == "extra_forbidden":
-        msg, shown = "unknown key", ""
+        keys = _keys_at(root, e["loc"][:-1]) if root is not None else []
+        msg, shown = "unknown key" + (f"; expected one of {', '.join(keys)}" if keys else ""), ""
     more = f" [+{len(err.errors()) - 1} more]" if len(err.errors()) > 1 else ""
     return f"{prefix}{loc}: {msg}{shown}{more}"
+
+
+def distributions(job: Job) -> list[tuple[str, Distribution]]:
+    """Every distribution of a job with its field path."""
+    return [("lengths.prompt", job.lengths.prompt), ("lengths.response", job.lengths.response),
+            ("environment.tool_latency_s", job.environment.tool_latency_s)]
+
+
+def _check_job(job: Job, source: str) -> None:
+    """Checks that need more than one field: replayed traces readable, contexts finite."""
+    for where, dist in distributions(job):
+        if dist.kind != "empirical":
+            continue
+        try:
+            dist.samples()
+        except SpecError as e:
+            raise SpecError(f"{source}: {where}.path: {e}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(f"{source}: {where}.path: cannot read {dist.path!r}: "
+                            f"{_first_line(e)}") from None
+    ctx = job.max_context_float()
+    if not ctx <= MAX_CONTEXT_TOKENS:
+        raise SpecError(f"{source}: lengths: the longest context, prompt + turns x response + "
+                        f"tool outputs, is {ctx:.3g} tokens, beyond {MAX_CONTEXT_TOKENS:,}")
 
 
 def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
     try:
         job = Job.model_validate(data)
     except ValidationError as e:
-        raise SpecError(format_validation_error(e, f"{source}: ")) from None
+        raise SpecError(format_validation_error(e, f"{source}: ", root=Job)) from None
+    _check_job(job, source)
     from placer.catalog import resolve  # checks names against the catalogs
     resolve(job, source)
     return job
 
 
+_DIST_PATHS = (("lengths", "prompt"), ("lengths", "response"), ("environment", "tool_latency_s"))
+
+
+def _anchor_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Empirical distributions' relative paths, made relative to the job file's folder."""
+    out = dict(data)
+    for section, key in _DIST_PATHS:
+        sec = out.get(section)
+        dist = sec.get(key) if isinstance(sec, dict) else None
+        if (isinstance(dist, dict) and dist.get("kind") == "empirical"
+                and isinstance(dist.get("path"), str) and not Path(dist["path"]).is_absolute()):
+            out[section] = {**sec, key: {**dist, "path": str(base / dist["path"])}}
+    return out
+
+
 def load_job(path: str | Path) -> Job:
     """Read and validate a job file (YAML or JSON); `cluster` may name a separate file."""
-    data = read_structured(path)
+    data = _anchor_paths(read_structured(path), Path(path).parent)
     if isinstance(data.get("cluster"), str):
         cpath = Path(path).parent / data["cluster"]
-        data = {**data, "cluster": read_structured(cpath)}
+        try:
+            cluster = read_structured(cpath)
+        except SpecError as e:
+            raise SpecError(f"{path}: cluster: {e}") from None
+        data = {**data, "cluster": cluster}
     return job_from_dict(data, str(path))
 
 
 def dump_job(job: Job) -> dict[str, Any]:
     return job.model_dump(mode="json", exclude_defaults=False)
+
+
+def save_job(job: Job, path: str | Path) -> None:
+    """Write a job as YAML, or JSON when the name ends in .json (atomically)."""
+    from placer.plan import atomic_write_text  # deferred: placer.plan imports this module
+    data = dump_job(job)
+    text = (json.dumps(data, indent=2) + "\n" if Path(path).suffix == ".json"
+            else yaml.safe_dump(data, sort_keys=False))
+    atomic_write_text(path, text)

@@ -60,8 +60,9 @@ def resolve(job: Job, source: str = "job") -> Resolved:
     models = {**shipped_models(), **{m.name: m for m in job.catalog.models}}
     for i, p in enumerate(job.cluster.pools):
         if p.device not in devices:
-            raise SpecError(f"{source}: cluster.pools.{i}.device: unknown device type {p.device!r}; "
-                            f"known: {', '.join(sorted(devices))} (or add it under catalog.devices)")
+            raise SpecError(f"{source}: cluster.pools.{i}.device: unknown device type "
+                            f"{p.device!r}; known: {', '.join(sorted(devices))} (or add it under "
+                            "catalog.devices)")
         dom = p.nvlink_domain
         if dom is not None and dom % p.devices_per_node and p.devices_per_node % dom:
             raise SpecError(f"{source}: cluster.pools.{i}.nvlink_domain: {dom} does not align with "
@@ -78,13 +79,12 @@ def resolve(job: Job, source: str = "job") -> Resolved:
         raise SpecError(f"{source}: models.critic: only PPO has a critic (algorithm is "
                         f"{job.algorithm.value!r})")
     if job.algorithm.value in ("grpo", "rloo") and job.batch.samples_per_prompt < 2:
-        raise SpecError(f"{source}: batch.samples_per_prompt: {job.algorithm.value} compares samples "
-                        f"of one prompt and needs >= 2 (got {job.batch.samples_per_prompt})")
+        raise SpecError(f"{source}: batch.samples_per_prompt: {job.algorithm.value} compares "
+                        f"samples of one prompt and needs >= 2 (got "
+                        f"{job.batch.samples_per_prompt})")
     if job.batch.samples % job.batch.mini_batches:
-        raise SpecError(f"{source}: batch.mini_batches: {job.batch.mini_batches} does not divide the "
-                        f"{job.batch.samples} samples (prompts x samples_per_prompt)")
-    if job.environment.kind != "none" and job.environment.turns < 1:
-        raise SpecError(f"{source}: environment.turns: must be >= 1")
+        raise SpecError(f"{source}: batch.mini_batches: {job.batch.mini_batches} does not divide "
+                        f"the {job.batch.samples} samples (prompts x samples_per_prompt)")
     if job.environment.kind == "none" and job.environment.turns > 1:
         raise SpecError(f"{source}: environment.turns: {job.environment.turns} turns need an "
                         "environment between them; set environment.kind to 'tool' or 'code'")

@@ -1,0 +1,1 @@
+"""Benchmarks that print tables (solve time and gap, simulator events/s, executor overhead)."""

@@ -1,0 +1,238 @@
+"""The cost model against hand-computed cases, public figures and monotonicity."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from placer.calibration import calibration_from_dict
+from placer.catalog import shipped_devices, shipped_models
+from placer.costmodel import (GB, Efficiency, Parallel, decode_run_time, decode_step_time,
+                              forward_time, infer_memory, kv_bytes_per_token, kv_capacity_tokens,
+                              lpu_chips, max_concurrency, prefill_time, switch_time, tool_waves,
+                              train_flops, train_memory, train_time, weight_bytes,
+                              weight_sync_time)
+from placer.spec import SpecError
+
+DEV = shipped_devices()
+M = shipped_models()
+H100, LPU, CPU = DEV["H100-SXM"], DEV["groq-lpu"], DEV["cpu-node"]
+EFF = Efficiency()
+# No overheads, full bandwidth and FLOP/s: the bare first-principles formulas.
+IDEAL = replace(EFF, mfu_train=1.0, mfu_prefill=1.0, decode_bw_eff=1.0, decode_flops_eff=1.0,
+                link_eff=1.0, step_overhead_s=0.0, train_overhead_s=0.0)
+
+
+# -------------------------------------------------------------------------------------- memory
+def test_bf16_weights_are_two_bytes_per_parameter() -> None:
+    for m in M.values():
+        assert weight_bytes(m) == 2 * m.params()
+    # "7B in bf16 is 14 GB": Llama-2-7B has 6.74B parameters -> 13.48 GB
+    assert weight_bytes(M["Llama-2-7B"]) / GB == pytest.approx(13.48, abs=0.01)
+    assert infer_memory(M["Llama-2-7B"], Parallel(), H100, EFF).weights == pytest.approx(13.477,
+                                                                                          abs=1e-3)
+    # tensor parallelism splits the weights
+    assert infer_memory(M["Llama-2-7B"], Parallel(tp=4), H100, EFF).weights == pytest.approx(
+        13.477 / 4, abs=1e-3)
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter() -> None:
+    m = M["Llama-3-8B"]
+    mem = train_memory(m, Parallel(zero=0), micro_tokens=0)
+    states = mem.weights + mem.grads + mem.optimizer
+    assert states * GB == pytest.approx(16 * m.params())
+    assert (mem.weights, mem.grads, mem.optimizer) == pytest.approx(
+        (2 * m.params() / GB, 2 * m.params() / GB, 12 * m.params() / GB))
+
+
+@pytest.mark.parametrize("zero, bytes_per_param", [(0, 16), (1, 2 + 2 + 12 / 8),
+                                                   (2, 2 + (2 + 12) / 8), (3, 16 / 8)])
+def test_zero_stages_shard_the_states(zero: int, bytes_per_param: float) -> None:
+    m = M["Llama-3-8B"]
+    mem = train_memory(m, Parallel(dp=8, zero=zero), micro_tokens=0)
+    assert (mem.weights + mem.grads + mem.optimizer) * GB == pytest.approx(
+        bytes_per_param * m.params())
+
+
+def test_optimizer_offload_leaves_weights_and_grads() -> None:
+    m = M["Llama-3-8B"]
+    mem = train_memory(m, Parallel(offload=True, zero=0), micro_tokens=0)
+    assert mem.optimizer == 0 and (mem.weights + mem.grads) * GB == pytest.approx(4 * m.params())
+
+
+def test_activation_memory_per_token() -> None:
+    m = M["Llama-3-8B"]
+    h, L, T = m.hidden, m.layers, 4096
+    full = train_memory(m, Parallel(recompute=False), micro_tokens=T).activations
+    assert full * GB == pytest.approx(34 * h * L * T)  # Korthikanti et al., flash attention
+    rec = train_memory(m, Parallel(recompute=True), micro_tokens=T).activations
+    assert rec * GB == pytest.approx(2 * h * L * T + 34 * h * T)  # inputs + one live layer
+    tp4 = train_memory(m, Parallel(tp=4, recompute=False), T).activations
+    assert tp4 == pytest.approx(full / 4)
+
+
+def test_kv_bytes_per_token() -> None:
+    assert kv_bytes_per_token(M["Llama-3-8B"]) == 2 * 32 * 8 * 128 * 2 == 131072
+    assert kv_bytes_per_token(M["Llama-2-7B"]) == 2 * 32 * 32 * 128 * 2  # no GQA
+    assert kv_bytes_per_token(M["Qwen2.5-7B"]) == 2 * 28 * 4 * 128 * 2
+
+
+def test_kv_capacity_is_the_memory_left_after_weights() -> None:
+    m = M["Llama-3-8B"]
+    free_gb = 80 * EFF.kv_mem_fraction - weight_bytes(m) / GB - EFF.engine_mem_gb
+    assert kv_capacity_tokens(m, H100, Parallel(), EFF) == pytest.approx(free_gb * GB / 131072)
+
+
+def test_max_concurrency_falls_with_context() -> None:
+    m = M["Llama-3-8B"]
+    conc = [max_concurrency(m, H100, Parallel(), ctx, EFF) for ctx in (1024, 4096, 16384, 65536)]
+    assert conc == sorted(conc, reverse=True) and conc[0] > conc[-1]
+    cap = kv_capacity_tokens(m, H100, Parallel(), EFF)
+    assert conc[1] == int(cap // 4096)
+    # more tensor parallelism frees memory for KV
+    assert max_concurrency(m, H100, Parallel(tp=2), 4096, EFF) > conc[1]
+    # a model that fills the device leaves no room
+    assert max_concurrency(M["Llama-3-70B"], H100, Parallel(), 1024, EFF) == 0
+
+
+# ------------------------------------------------------------------------------------ training
+def test_training_flops_rule_of_thumb() -> None:
+    m = M["Llama-3-8B"]
+    P = m.params()
+    assert train_flops(m, 1000, seq=0, recompute=False) == pytest.approx(6 * P * 1000)
+    assert train_flops(m, 1000, seq=0, recompute=True) == pytest.approx(8 * P * 1000)
+    attn = train_flops(m, 1, 2048, False) - train_flops(m, 1, 0, False)
+    assert attn == pytest.approx(12 * m.layers * m.hidden * 2048)
+
+
+@pytest.mark.parametrize("recompute, k", [(False, 6), (True, 8)])
+def test_training_time_is_flops_over_peak_times_mfu(recompute: bool, k: int) -> None:
+    m, tokens = M["Llama-3-8B"], 2e6
+    t = train_time(m, H100, Parallel(recompute=recompute), tokens, seq=0, steps=1, eff=EFF)
+    expect = k * m.params() * tokens / (989e12 * EFF.mfu_train) + EFF.train_overhead_s
+    assert t == pytest.approx(expect)
+
+
+def test_data_parallel_training_adds_a_ring_all_reduce() -> None:
+    m, tokens = M["Llama-3-8B"], 2e6
+    t = train_time(m, H100, Parallel(dp=8, recompute=False), tokens, seq=0, steps=2, eff=IDEAL)
+    compute = 6 * m.params() * tokens / (8 * 989e12)
+    allreduce = 2 * 7 / 8 * 2 * m.params() / (450 * GB)  # NVLink inside the node
+    assert t == pytest.approx(compute + 2 * allreduce)
+
+
+def test_pipeline_adds_a_bubble() -> None:
+    m, tokens = M["Llama-3-8B"], 2e6
+    t1 = train_time(m, H100, Parallel(pp=1, dp=4), tokens, 0, 1, IDEAL)
+    t4 = train_time(m, H100, Parallel(pp=4, dp=1), tokens, 0, 1, IDEAL)
+    compute = 8 * m.params() * tokens / (4 * 989e12)
+    assert t4 == pytest.approx(compute * (1 + 3 / 16))  # (pp-1)/m with m = 4*pp micro-batches
+    assert t1 > compute  # dp pays its all-reduce instead
+
+
+# ------------------------------------------------------------------------------------- forward
+def test_forward_is_two_flops_per_parameter_per_token() -> None:
+    m, tokens = M["Llama-3-8B"], 1e5
+    t = forward_time(m, H100, Parallel(), tokens, seq=0, eff=IDEAL)
+    assert t == pytest.approx(2 * m.params() * tokens / 989e12)
+    assert prefill_time(m, H100, Parallel(dp=4), tokens, 0, IDEAL) == pytest.approx(t)  # 1 replica
+
+
+# ------------------------------------------------------------------------------------- decode
+def test_decode_at_batch_one_reads_the_weights() -> None:
+    m = M["Llama-3-8B"]
+    t = decode_step_time(m, H100, Parallel(), 1, 0, EFF)
+    assert t == pytest.approx(weight_bytes(m) / (3350 * GB * EFF.decode_bw_eff)
+                              + EFF.step_overhead_s)
+    assert decode_step_time(m, H100, Parallel(), 1, 0, IDEAL) == pytest.approx(
+        weight_bytes(m) / (3350 * GB))  # ~4.8 ms
+    # the KV cache is read as well
+    with_kv = decode_step_time(m, H100, Parallel(), 1, 8192, IDEAL)
+    assert with_kv == pytest.approx((weight_bytes(m) + 8192 * 131072) / (3350 * GB))
+
+
+def test_large_batches_become_compute_bound() -> None:
+    m = M["Llama-3-8B"]
+    t = decode_step_time(m, H100, Parallel(), 4096, 0, IDEAL)
+    assert t == pytest.approx(2 * m.params() * 4096 / (989e12))
+
+
+@pytest.mark.parametrize("batch, ctx0, steps", [(1, 100, 300), (256, 0, 500), (512, 2000, 200),
+                                                (2048, 0, 50), (64, 10, 1)])
+def test_decode_run_is_the_exact_sum_of_its_steps(batch: int, ctx0: float, steps: int) -> None:
+    m = M["Llama-3-8B"]
+    brute = sum(decode_step_time(m, H100, Parallel(), batch, batch * (ctx0 + i), EFF)
+                for i in range(steps))
+    assert decode_run_time(m, H100, Parallel(), batch, ctx0, steps, EFF) == pytest.approx(
+        brute, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ LPU
+def test_lpu_chips_hold_the_weights_in_sram() -> None:
+    for name, chips in (("Llama-2-70B", 660), ("Llama-3-8B", 77), ("Llama-2-7B", 65)):
+        m = M[name]
+        assert lpu_chips(m, LPU, EFF) == chips == math.ceil(
+            weight_bytes(m) * (1 + EFF.lpu_kv_reserve) / 230e6)
+
+
+@pytest.mark.parametrize("model, tokens_per_s", [("Llama-2-70B", 300), ("Llama-2-7B", 750)])
+def test_lpu_batch_one_decode_matches_groqs_public_figures(model: str, tokens_per_s: float) -> None:
+    t = decode_step_time(M[model], LPU, Parallel(), 1, 0, EFF)
+    assert 1 / t == pytest.approx(tokens_per_s, rel=0.05)
+
+
+# ---------------------------------------------------------------------------- environment, sync
+@pytest.mark.parametrize("calls, cpu, cores, waves", [(100, 1, 64, 2), (64, 1, 64, 1),
+                                                     (10, 2, 3, 10), (10, 0.5, 4, 2),
+                                                     (0, 1, 4, 0), (5, 8, 4, 5)])
+def test_tool_waves(calls: int, cpu: float, cores: int, waves: int) -> None:
+    assert tool_waves(calls, cpu, cores) == waves
+
+
+def test_weight_sync_time() -> None:
+    m = M["Llama-3-8B"]
+    t = weight_sync_time(m, 50.0, H100, EFF)
+    assert t == pytest.approx(weight_bytes(m) / (50 * GB * EFF.link_eff) + EFF.sync_latency_s)
+    assert weight_sync_time(m, 50.0, LPU, EFF) == pytest.approx(t + EFF.lpu_reload_s)
+    assert weight_sync_time(m, 100.0, H100, EFF) < t
+
+
+def test_switch_time_moves_state_at_offload_bandwidth() -> None:
+    assert switch_time(50.0, EFF) == pytest.approx(50 / EFF.offload_gbs)
+
+
+# -------------------------------------------------------------------------------- monotonicity
+@pytest.mark.parametrize("model", ["Llama-3-8B", "Qwen2.5-32B", "Llama-3-70B"])
+@pytest.mark.parametrize("dev", ["A100-80G", "H100-SXM", "H20", "B200"])
+def test_more_devices_never_slower_when_compute_bound(model: str, dev: str) -> None:
+    m, d, tokens, seq = M[model], DEV[dev], 4e6, 2048
+    train = [train_time(m, d, Parallel(dp=n), tokens, seq, 4, EFF)
+             for n in (1, 2, 4, 8, 16, 32, 64)]
+    assert all(b <= a for a, b in zip(train, train[1:])), train
+    fwd = [forward_time(m, d, Parallel(dp=n), tokens, seq, EFF) for n in (1, 2, 4, 8, 16, 64)]
+    assert all(b <= a for a, b in zip(fwd, fwd[1:])), fwd
+    tp = [forward_time(m, d, Parallel(tp=n), tokens, seq, EFF) for n in (1, 2, 4, 8)]
+    assert all(b <= a for a, b in zip(tp, tp[1:])), tp
+
+
+# --------------------------------------------------------------------------------- calibration
+def test_calibration_overrides_factors_per_device() -> None:
+    cal = calibration_from_dict({"default": {"decode_bw_eff": 0.5},
+                                 "devices": {"H100-SXM": {"step_overhead_s": 0}}})
+    assert cal.for_device(DEV["A100-80G"]).decode_bw_eff == 0.5
+    h = cal.for_device(H100)
+    assert h.decode_bw_eff == 0.5 and h.step_overhead_s == 0
+    m = M["Llama-3-8B"]
+    assert decode_step_time(m, H100, Parallel(), 1, 0, h) == pytest.approx(
+        weight_bytes(m) / (3350 * GB * 0.5))
+
+
+@pytest.mark.parametrize("data, field", [({"default": {"mfu_trian": 0.3}}, "mfu_trian"),
+                                         ({"default": {"mfu_train": -1}}, "mfu_train"),
+                                         ({"default": {"mfu_train": "high"}}, "mfu_train"),
+                                         ({"devices": ["H100-SXM"]}, "devices"),
+                                         ({"defaults": {}}, "defaults")])
+def test_bad_calibration_is_a_spec_error_naming_the_field(data: dict, field: str) -> None:
+    with pytest.raises(SpecError, match=field):
+        calibration_from_dict(data)
