@@ -1,0 +1,97 @@
+"""`placer calibrate TRACE.json [--plan PLAN.json] [-o profile.yaml] [--json]`.
+
+Fits the cost model's efficiency factors per device type to an executed (or simulated) trace
+(method and equations: placer/fit.py) and writes a calibration profile that `plan`, `simulate`,
+`compare` and `validate` take with `--calibration`. The plan tells which device type each pool
+holds and each role's model and parallel config. Without `--plan`, the trace's metadata must carry
+it: `plan` (the plan document itself) or `plan_path` (a path, relative to the trace's folder).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from placer.cli import emit_json, note
+from placer.fit import FitResult, fit_trace, profile_doc
+from placer.plan import Plan, atomic_write_text, check_plan, load_plan
+from placer.spec import SpecError, format_validation_error
+from traces.schema import Trace, read_trace
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", metavar="TRACE.json", help="Chrome trace (traces/schema.py)")
+    p.add_argument("--plan", metavar="PLAN.json",
+                   help="the plan the run executed (default: the trace's metadata plan/plan_path)")
+    p.add_argument("-o", "--out", metavar="profile.yaml",
+                   help="profile to write (YAML, or JSON by suffix; default: TRACE.calibration.yaml)")
+    p.add_argument("--min-events", type=int, default=3,
+                   help="fewest events of a kind (category on a device type) to fit it (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def plan_for(trace: Trace, trace_path: str, plan_path: str | None) -> tuple[Plan, str]:
+    """The plan from --plan, else from the trace's metadata; (plan, where it came from)."""
+    if plan_path:
+        return load_plan(plan_path), plan_path
+    meta = trace.metadata
+    if isinstance(meta.get("plan"), dict):
+        try:
+            plan = Plan.model_validate(meta["plan"])
+        except ValidationError as e:
+            raise SpecError(format_validation_error(e, f"{trace_path}: metadata.plan.")) from None
+        check_plan(plan, plan.resolved(), f"{trace_path}: metadata.plan")
+        return plan, "trace metadata (embedded plan)"
+    if isinstance(meta.get("plan_path"), str):
+        p = Path(meta["plan_path"])
+        p = p if p.is_absolute() else Path(trace_path).parent / p
+        return load_plan(p), str(p)
+    raise SpecError(f"{trace_path}: metadata names no plan (plan or plan_path); pass --plan PLAN.json")
+
+
+def write_profile(doc: dict[str, Any], path: str | Path) -> None:
+    p = Path(path)
+    text = json.dumps(doc, indent=2) if p.suffix == ".json" else yaml.safe_dump(doc, sort_keys=False)
+    atomic_write_text(p, text)
+
+
+def table(result: FitResult) -> list[str]:
+    lines = [f"  {'device':<12} {'factor':<18} {'prior':>10} {'fitted':>10} {'rel RMS':>8} "
+             f"{'stderr':>7} {'events':>6}"]
+    for f in result.factors:
+        fitted = f"{f.value:.4g}" if f.status == "fitted" else "(prior)"
+        rms = f"{f.rel_rms:.1%}" if f.rel_rms is not None else "-"
+        se = f"{f.rel_stderr:.1%}" if f.rel_stderr is not None else "-"
+        lines.append(f"  {f.device:<12} {f.name:<18} {f.prior:>10.4g} {fitted:>10} {rms:>8} "
+                     f"{se:>7} {f.events:>6}" + ("" if f.status == "fitted" else f"  {f.status}"))
+    if result.tool is not None:
+        t = result.tool
+        lines.append(f"  tool latency: {t.distribution} from {t.events} events (KS {t.ks:.3f}; "
+                     f"mean {t.mean_measured_s:.3g} s measured, {t.mean_fitted_s:.3g} s fitted)")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = read_trace(args.trace)
+    plan, plan_src = plan_for(trace, args.trace, args.plan)
+    result = fit_trace(trace, plan, args.trace, args.min_events)
+    out = Path(args.out) if args.out else Path(args.trace).with_suffix(".calibration.yaml")
+    provenance = {"trace": str(args.trace), "plan": plan_src,
+                  "trace_source": trace.metadata.get("source", "unknown"),
+                  "method": "weighted least squares on (cost model at factor 1, measured) pairs, "
+                            "relative residuals; see placer/fit.py"}
+    doc = profile_doc(result, plan, provenance)
+    write_profile(doc, out)
+    if args.json:
+        emit_json({"profile": str(out), **doc})
+        return 0
+    note(f"calibrated from {args.trace} ({sum(result.counts.values())} events; plan: {plan_src})")
+    print("\n".join(table(result)))
+    for why, n in sorted(result.skipped.items()):
+        print(f"  skipped {n} event(s): {why}")
+    print(f"wrote {out}")
+    return 0

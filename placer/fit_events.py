@@ -1,0 +1,266 @@
+"""How the cost model prices one event of a trace: the bridge from trace events to `placer.fit`.
+
+For each event this module finds the device type (from `args.devices` "pool:node:index", else the
+`pid` "pool:node", else the role's pool in the plan), the role's model and parallel config (from the
+plan; dp cut to the devices the event names), and returns the cost model's time for the event as a
+function of the efficiency factors. The unknowns `placer.fit` solves for are listed in `GROUPS`.
+
+Event conventions relied on (traces/schema.py; the simulator and the executor write them):
+  prefill   batch, tokens (new tokens over the batch), context (the attention span after the
+            prefill, summed over the batch; default: tokens)
+  decode    batch, tokens (generated over the batch), context (KV tokens the batch holds when the
+            event starts, summed), steps (default tokens / batch): a lockstep run
+  generate  a whole lockstep generation (prefill then decode): batch, tokens (generated), steps
+            (decode steps; default tokens / batch), prompt_tokens (a total, or a list per sample;
+            default batch x the job's mean prompt)
+  forward, train   tokens, sample_ids (mean sequence = tokens / samples; default the job's mean
+            context), steps (optimizer steps of a train event, default 1)
+  transfer  bytes (or gb), gbs (the path's nominal GB/s; default the plan's per-replica weight-sync
+            bandwidth as `placer.timing.sync_time` prices it), dst ("pool:node"; default the rollout
+            pool, whose efficiency prices the push); a transfer without a size (an onload) is skipped
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Callable
+
+from placer.catalog import Resolved
+from placer.costmodel import (GB, Calibration, Efficiency, Memory, Parallel, decode_run_time,
+                              decode_step_time, forward_time, prefill_time, train_time)
+from placer.estimate import Estimate, mean_context
+from placer.plan import Plan, calibration_of
+from placer.spec import DeviceKind, DeviceType, ModelArch, SpecError
+from placer.timing import Placed, sync_bandwidth
+from traces.schema import TraceEvent
+
+OFF = 1e30  # a factor "switched off": its term vanishes (1/OFF is below any float noise here)
+INV, ADD = "inverse", "additive"
+GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
+    "inference": (("mfu_prefill", INV), ("decode_bw_eff", INV), ("decode_flops_eff", INV),
+                  ("step_overhead_s", ADD), ("lpu_step_s", ADD)),
+    "train": (("mfu_train", INV), ("train_overhead_s", ADD)),
+    "transfer": (("link_eff", INV), ("sync_latency_s", ADD)),
+}
+GROUP_OF = {"prefill": "inference", "decode": "inference", "generate": "inference",
+            "forward": "inference", "train": "train", "transfer": "transfer"}
+KINDS = {n: k for group in GROUPS.values() for n, k in group}
+
+
+# ----------------------------------------------------------------------------- event -> model
+class EventContext:
+    """What an event needs from the plan: device type, model, parallel config, priors."""
+
+    def __init__(self, plan: Plan, source: str):
+        self.plan, self.source = plan, source
+        self.res: Resolved = plan.resolved()
+        self.calib: Calibration = calibration_of(plan)
+        self.pools = {p.name for p in self.res.cluster.pools}
+        self.sync_gbs = _plan_sync_gbs(plan, self.res)
+
+    def bad(self, i: int, ev: TraceEvent, what: str) -> SpecError:
+        return SpecError(f"{self.source}: traceEvents.{i} ({ev.cat} {ev.name!r}): {what}")
+
+    def num(self, i: int, ev: TraceEvent, key: str, default: float | None = None,
+            positive: bool = False) -> float:
+        v = ev.args.get(key, default)
+        if v is None:
+            raise self.bad(i, ev, f"args.{key}: missing (needed to price a {ev.cat} event)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (positive and v == 0):
+            raise self.bad(i, ev, f"args.{key}: expected a {'positive' if positive else 'non-negative'}"
+                                  f" number (got {v!r})")
+        return float(v)
+
+    def pool(self, i: int, ev: TraceEvent) -> str:
+        devs = ev.args.get("devices")
+        if isinstance(devs, list) and devs:
+            name = str(devs[0]).split(":")[0]
+        else:
+            name = ev.pid.split(":")[0]
+        if name not in self.pools:
+            role = ev.args.get("role")
+            if role in self.plan.roles:
+                return self.plan.roles[role].pool
+            raise self.bad(i, ev, f"pool {name!r} (from devices/pid) is not in the plan's cluster "
+                                  f"({', '.join(sorted(self.pools))})")
+        return name
+
+    def role(self, i: int, ev: TraceEvent) -> str:
+        role = ev.args.get("role")
+        if role not in self.plan.roles:
+            raise self.bad(i, ev, f"args.role: {role!r} is not a role of the plan "
+                                  f"({', '.join(self.plan.roles)})")
+        return str(role)
+
+    def par(self, ev: TraceEvent, role: str) -> Parallel:
+        """The role's parallel config, with dp cut to the devices the event names (a worker's
+        share of a data-parallel step)."""
+        par = self.plan.roles[role].par
+        devs = ev.args.get("devices")
+        if isinstance(devs, list) and devs:
+            return replace(par, dp=max(len(devs) // par.replica, 1))
+        return par
+
+
+def price_event(ctx: EventContext, i: int, ev: TraceEvent
+                ) -> tuple[str, DeviceType, Callable[[Efficiency], float]] | None:
+    """(device type name, device, time-as-a-function-of-efficiency) of one event, or None when
+    no named factor prices it (a rule reward, an environment's own work)."""
+    if ev.cat == "transfer":
+        return _price_transfer(ctx, i, ev)
+    role = ctx.role(i, ev)
+    m = ctx.res.model_of(role)
+    if m is None:
+        return None
+    dev = ctx.res.device_of(ctx.pool(i, ev))
+    par = ctx.par(ev, role)
+    tokens = ctx.num(i, ev, "tokens", positive=True)
+    if ev.cat in ("prefill", "decode", "generate"):
+        batch = ctx.num(i, ev, "batch", positive=True)
+        if ev.cat == "prefill":  # context: the attention span after the prefill, summed
+            span = max(ctx.num(i, ev, "context", 0.0), tokens) / batch
+            return dev.name, dev, lambda e: prefill_time(m, dev, par, tokens, span, e)
+        steps = max(int(round(ctx.num(i, ev, "steps", tokens / batch, positive=True))), 1)
+        if ev.cat == "decode":
+            return dev.name, dev, DecodeRun(m, dev, par, int(round(batch)),
+                                            ctx.num(i, ev, "context", 0.0) / batch, steps)
+        per = ev.args.get("prompt_tokens")
+        if isinstance(per, list):  # per sample (traces/record.py)
+            if not per or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                  and 0 <= v < math.inf for v in per):
+                raise ctx.bad(i, ev, f"args.prompt_tokens: expected non-negative numbers "
+                                     f"(got {per!r:.80})")
+            prompt = float(sum(per))
+        else:
+            prompt = ctx.num(i, ev, "prompt_tokens",
+                             batch * ctx.res.job.lengths.prompt.mean_value(), positive=True)
+        return dev.name, dev, GenerateRun(m, dev, par, int(round(batch)), prompt / batch, steps)
+    ids = ev.args.get("sample_ids")
+    seq = tokens / len(ids) if isinstance(ids, list) and ids else mean_context(ctx.res)
+    if ev.cat == "forward":
+        return dev.name, dev, lambda e: forward_time(m, dev, par, tokens, seq, e)
+    steps = int(round(ctx.num(i, ev, "steps", 1.0, positive=True)))
+    return dev.name, dev, lambda e: train_time(m, dev, par, tokens, seq, steps, e)
+
+
+def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
+                    ) -> tuple[str, DeviceType, Callable[[Efficiency], float]] | None:
+    """A weight push to the rollout pool, priced like `costmodel.weight_sync_time` (the
+    destination's efficiency applies, as in `timing.sync_time`)."""
+    if "bytes" in ev.args:
+        nbytes = ctx.num(i, ev, "bytes", positive=True)
+    elif "gb" in ev.args:
+        nbytes = ctx.num(i, ev, "gb", positive=True) * GB
+    else:
+        return None  # an onload or other unsized copy: no factor here prices it
+    dst_pool = str(ev.args.get("dst", "")).split(":")[0]
+    if dst_pool not in ctx.pools:
+        if "rollout" not in ctx.plan.roles:
+            return None
+        dst_pool = ctx.plan.roles["rollout"].pool
+    dev = ctx.res.device_of(dst_pool)
+    gbs = ctx.num(i, ev, "gbs", ctx.sync_gbs, positive=True)
+
+    def t(e: Efficiency) -> float:
+        return nbytes / (gbs * GB * e.link_eff) + e.sync_latency_s + (
+            e.lpu_reload_s if dev.kind is DeviceKind.lpu else 0.0)
+    return dev.name, dev, t
+
+
+def _plan_sync_gbs(plan: Plan, res: Resolved) -> float | None:
+    """The plan's per-replica weight-sync bandwidth (GB/s), as `timing.sync_time` prices it."""
+    roles = plan.roles
+    if "actor" not in roles or "rollout" not in roles:
+        return None
+    placed = {r: Placed(p.slot, Estimate(r, p.pool, p.par, Memory(), {}))
+              for r, p in roles.items() if r in ("actor", "rollout")}
+    bw = sync_bandwidth(res, placed["actor"], placed["rollout"])
+    dev = res.device_of(roles["rollout"].pool)
+    replicas = 1 if dev.kind is DeviceKind.lpu else max(roles["rollout"].dp, 1)
+    return bw / replicas
+
+
+@lru_cache(maxsize=256)
+def _off_cached(eff: Efficiency, names: tuple[str, ...]) -> Efficiency:
+    return eff.override({n: (OFF if KINDS[n] == INV else 0.0) for n in names})
+
+
+def switch_off(eff: Efficiency, names: list[str]) -> Efficiency:
+    """`eff` with the named unknowns switched off (cached: every event of a group probes the
+    same few variants)."""
+    return _off_cached(eff, tuple(names))
+
+
+@lru_cache(maxsize=256)
+def probe_variants(eff: Efficiency, unknowns: tuple[str, ...]) -> tuple[Efficiency, ...]:
+    base = switch_off(eff, list(unknowns))
+    return (base, *(base.override({n: 1.0}) for n in unknowns))
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """A decode event: `steps` lockstep steps of `batch` sequences from per-sequence context ctx0."""
+
+    m: ModelArch
+    dev: DeviceType
+    par: Parallel
+    batch: int
+    ctx0: float
+    steps: int
+
+    def __call__(self, e: Efficiency, start: int = 0, count: int | None = None) -> float:
+        n = self.steps - start if count is None else count
+        return decode_run_time(self.m, self.dev, self.par, self.batch, self.ctx0 + start, n, e)
+
+    def compute_bound_steps(self, e: Efficiency) -> int:
+        """Steps 0..j-1 are compute-bound at `e` (the memory term only grows with the context)."""
+        mem, comp = switch_off(e, ["decode_flops_eff"]), switch_off(e, ["decode_bw_eff"])
+
+        def memory_bound(i: int) -> bool:
+            ctx = self.batch * (self.ctx0 + i)
+            return (decode_step_time(self.m, self.dev, self.par, self.batch, ctx, mem)
+                    >= decode_step_time(self.m, self.dev, self.par, self.batch, ctx, comp))
+        if memory_bound(0):
+            return 0
+        if not memory_bound(self.steps - 1):
+            return self.steps
+        lo, hi = 1, self.steps - 1  # first memory-bound step, by bisection
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if memory_bound(mid) else (mid + 1, hi)
+        return lo
+
+    def parts(self, e: Efficiency) -> tuple[int, list[tuple[Callable[[Efficiency], float], str]]]:
+        """(j, [(time of a part, the decode factor switched off in it)]): the compute-bound
+        prefix prices FLOPs, the memory-bound rest prices bandwidth."""
+        j = self.compute_bound_steps(e)
+        out = []
+        for start, count, drop in ((0, j, "decode_bw_eff"), (j, self.steps - j, "decode_flops_eff")):
+            if count:
+                out.append((lambda eff, s=start, c=count: self(eff, s, c), drop))
+        return j, out
+
+
+@dataclass(frozen=True)
+class GenerateRun:
+    """A whole lockstep generation (the executor's `generate` event): one prefill of the
+    prompts, then `steps` decode steps of the batch."""
+
+    m: ModelArch
+    dev: DeviceType
+    par: Parallel
+    batch: int
+    prompt: float  # mean prompt tokens per sequence
+    steps: int
+
+    def parts(self, e: Efficiency) -> tuple[int, list[tuple[Callable[[Efficiency], float], str]]]:
+        pre = self.batch * self.prompt
+        decode = DecodeRun(self.m, self.dev, self.par, self.batch, self.prompt, self.steps)
+        j, rest = decode.parts(e)
+        return j, [(lambda eff: prefill_time(self.m, self.dev, self.par, pre, self.prompt, eff),
+                    ""), *rest]
+
+    def __call__(self, e: Efficiency) -> float:
+        return sum(f(e) for f, _ in self.parts(e)[1])

@@ -1,0 +1,96 @@
+"""`placer calibrate`: exit codes, one JSON document with --json, profiles other commands accept."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from calibdata import ROOT, TRUTH, hand_plan
+
+from placer.calibration import load_calibration
+from placer.cli import main
+from placer.plan import save_plan
+from traces.synthetic import cost_model_trace
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("calib")
+    plan = hand_plan()
+    save_plan(plan, d / "plan.json")
+    trace = cost_model_trace(plan, TRUTH, seed=4, noise=0.02, per_kind=12)
+    trace.write(d / "trace.json")
+    trace.metadata["plan_path"] = "plan.json"
+    trace.write(d / "with-path.json")
+    trace.metadata = {"source": "execute", "plan": json.loads(plan.to_json())}
+    trace.write(d / "embedded.json")
+    return d
+
+
+def test_json_is_one_document_and_profile_is_accepted(run_files, tmp_path, capsys):
+    out = tmp_path / "profile.yaml"
+    rc = main(["calibrate", str(run_files / "trace.json"), "--plan", str(run_files / "plan.json"),
+               "-o", str(out), "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0
+    doc = json.loads(cap.out)  # exactly one JSON document on stdout
+    assert doc["profile"] == str(out)
+    assert doc["devices"]["L40S"]["decode_bw_eff"] == pytest.approx(0.55, rel=0.05)
+    assert doc["fit"]["factors"]["H100-SXM"]["mfu_train"]["events"] >= 3
+    calib = load_calibration(out)  # plan/simulate read profiles through this
+    assert calib.per_device["H100-SXM"].mfu_train == pytest.approx(0.30, rel=0.05)
+    assert main(["validate", "--calibration", str(out),
+                 str(ROOT / "examples/ppo-llama8b-hetero.yaml")]) == 0
+
+
+def test_human_table_and_default_output_path(run_files, capsys):
+    rc = main(["calibrate", str(run_files / "trace.json"), "--plan", str(run_files / "plan.json")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "mfu_train" in out and "decode_bw_eff" in out and "tool latency" in out
+    default = run_files / "trace.calibration.yaml"
+    assert f"wrote {default}" in out and default.is_file()
+    assert load_calibration(default).per_device["L40S"].link_eff == pytest.approx(0.6, rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["with-path.json", "embedded.json"])
+def test_plan_from_trace_metadata(run_files, tmp_path, name, capsys):
+    out = tmp_path / "p.json"
+    assert main(["calibrate", str(run_files / name), "-o", str(out), "--json"]) == 0
+    assert json.loads(out.read_text())["devices"]["H100-SXM"]["mfu_train"] == pytest.approx(
+        0.3, rel=0.05)
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_missing_plan_exits_2(run_files, capsys):
+    assert main(["calibrate", str(run_files / "trace.json")]) == 2
+    assert "metadata names no plan" in _error(capsys)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not a JSON trace"),
+    ('{"events": []}', "traceEvents: expected a list"),
+    ('{"traceEvents": [{"ph": "X", "name": "d", "ts": 0}]}', "traceEvents.0: bad event"),
+])
+def test_corrupt_trace_exits_2(run_files, tmp_path, capsys, text, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    assert main(["calibrate", str(bad), "--plan", str(run_files / "plan.json")]) == 2
+    assert message in _error(capsys)
+    assert not (tmp_path / "bad.calibration.yaml").exists()
+
+
+def test_too_few_events_exits_2(run_files, capsys):
+    rc = main(["calibrate", str(run_files / "trace.json"), "--plan", str(run_files / "plan.json"),
+               "--min-events", "50"])
+    assert rc == 2
+    assert "too few events to fit" in _error(capsys)
+
+
+def test_plan_that_does_not_exist_exits_2(run_files, capsys):
+    assert main(["calibrate", str(run_files / "trace.json"), "--plan", "nowhere.json"]) == 2
+    assert "nowhere.json" in _error(capsys)
