@@ -6,6 +6,7 @@ Benchmarks print figures (medians and ratios); they never assert a wall-clock th
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import time
 
@@ -23,7 +24,8 @@ def main(argv: list[str]) -> int:
         mod = importlib.import_module(f"bench.bench_{name}")
         print(f"\n== bench {name} ==", flush=True)
         t0 = time.perf_counter()
-        mod.main()
+        fn = mod.main
+        fn([]) if inspect.signature(fn).parameters else fn()
         print(f"(bench {name}: {time.perf_counter() - t0:.1f} s wall)", flush=True)
     return 0
 

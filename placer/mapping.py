@@ -1,14 +1,21 @@
 """Mapping slots onto concrete nodes and devices, and the network topology they sit in.
 
 Topology (networkx): every node `pool:i` hangs off its rack switch `pool/rack:r` with the node's
-NIC bandwidth (devices x per-device NIC); racks hang off one spine with `topology.spine_gbs`; a
-pool-to-pool cap (`cross_pool_gbs`, per node) limits the path between pools. Path bandwidth is the
-narrowest edge on the path.
+NIC bandwidth (devices x per-device NIC, capped by `cross_pool_gbs` when the topology sets one);
+racks hang off one spine with `topology.spine_gbs`. Path bandwidth is the narrowest edge on the
+path. Only the nodes a plan uses are built: identical unused nodes add nothing.
 
-Mapping rules: a slot of at least one node takes whole nodes; a smaller slot is packed into the
-first node with enough free devices, so its tensor-parallel groups never straddle nodes. Slots
-that hold training roles are placed first (they are the largest and need NVLink). Environment
-slots on CPU pools are spread one bundle per node.
+Mapping rules (the ILP counts devices per pool; this second, small problem names them):
+  * slots are packed largest first (first-fit decreasing): a slot takes whole free nodes for its
+    whole-node part and the best-fitting node for the rest; since candidate device counts are
+    powers of two or node multiples, this never fragments a pool whose node size is a power of two;
+  * a remainder that no single node can hold is split across nodes in whole tensor-parallel groups
+    (LPU replicas and CPU work have no such group, so any split works), so a TP group never
+    straddles two nodes; each bundle records its group id;
+  * environment slots on CPU pools are spread round-robin over the most-free nodes, one bundle per
+    node, so tool calls never pile onto one host;
+  * weight-sync routes: every rollout node pulls from the actor node with the widest path to it
+    (the same node, then the same rack, then across the spine).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from placer.plan import Bundle, RolePlacement, SlotPlan, SyncRoute
 from placer.spec import DeviceKind, SpecError
 
 SPINE = "spine"
+TRAINING = frozenset({"actor", "critic"})
 
 
 def topology(res: Resolved, nodes_used: dict[str, set[int]] | None = None) -> nx.Graph:
@@ -29,23 +37,30 @@ def topology(res: Resolved, nodes_used: dict[str, set[int]] | None = None) -> nx
     g.add_node(SPINE, kind="switch")
     topo = res.cluster.topology
     for pool in res.cluster.pools:
-        dev = res.device_of(pool)
-        node_bw = dev.nic_gbs * pool.devices_per_node
-        if topo.cross_pool_gbs is not None:
-            node_bw = min(node_bw, topo.cross_pool_gbs)
         idx = sorted(nodes_used.get(pool.name, ())) if nodes_used is not None else range(pool.nodes)
         for i in idx:
-            rack = f"{pool.name}/rack:{i // pool.nodes_per_rack}"
+            rack = rack_of(res, pool.name, i)
             if rack not in g:
                 g.add_node(rack, kind="switch")
                 g.add_edge(rack, SPINE, gbs=topo.spine_gbs)
             g.add_node(f"{pool.name}:{i}", kind="node", pool=pool.name)
-            g.add_edge(f"{pool.name}:{i}", rack, gbs=node_bw)
+            g.add_edge(f"{pool.name}:{i}", rack, gbs=node_bandwidth(res, pool.name))
     return g
 
 
+def node_bandwidth(res: Resolved, pool_name: str) -> float:
+    pool = res.cluster.pool(pool_name)
+    bw = res.device_of(pool).nic_gbs * pool.devices_per_node
+    cross = res.cluster.topology.cross_pool_gbs
+    return min(bw, cross) if cross is not None else bw
+
+
+def rack_of(res: Resolved, pool_name: str, node: int) -> str:
+    return f"{pool_name}/rack:{node // res.cluster.pool(pool_name).nodes_per_rack}"
+
+
 def path_bandwidth(g: nx.Graph, src: str, dst: str) -> tuple[float, list[str]]:
-    """Bandwidth (GB/s) of the widest-narrowest path and its hops."""
+    """Bandwidth (GB/s) of the shortest path (the narrowest edge on it) and its hops."""
     if src == dst:
         return float("inf"), [src]
     path = nx.shortest_path(g, src, dst)
@@ -59,56 +74,87 @@ def _bundle_resources(res: Resolved, pool_name: str, n: int) -> dict[str, float]
     return {key: float(amount), f"pool_{pool_name}": float(n)}
 
 
+def _group_unit(res: Resolved, slot: SlotPlan, roles: dict[str, RolePlacement]) -> int:
+    """Devices that must share a node: the largest TP degree of the slot's roles (GPUs only)."""
+    if res.device_of(slot.pool).kind is not DeviceKind.gpu:
+        return 1
+    per = res.cluster.pool(slot.pool).devices_per_node
+    tp = max((roles[r].tp for r in slot.roles if r in roles), default=1)
+    return min(tp, per)
+
+
 def map_to_nodes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlacement]
                  ) -> tuple[list[SlotPlan], list[Bundle], list[SyncRoute]]:
     """Give every slot nodes and devices; return slots (with nodes), bundles and sync routes."""
     free: dict[str, list[int]] = {p.name: [p.devices_per_node] * p.nodes for p in res.cluster.pools}
-    training = {"actor", "critic"}
-    order = sorted(slots, key=lambda s: (not (set(s.roles) & training), -s.devices))
+    order = sorted(slots, key=lambda s: (-s.devices, not (set(s.roles) & TRAINING), s.name))
     bundles: list[Bundle] = []
     placed: dict[str, SlotPlan] = {}
     for slot in order:
-        pool = res.cluster.pool(slot.pool)
-        per = pool.devices_per_node
-        spread = "environment" in slot.roles and res.device_of(pool).kind is DeviceKind.cpu
-        tp = max((roles[r].tp for r in slot.roles if r in roles), default=1)
-        chunks = _chunks(slot.devices, per, spread)
+        per = res.cluster.pool(slot.pool).devices_per_node
+        unit = _group_unit(res, slot, roles)
+        spread = "environment" in slot.roles and res.device_of(slot.pool).kind is DeviceKind.cpu
+        pieces = (_spread(free[slot.pool], slot.devices) if spread
+                  else _pack(free[slot.pool], slot.devices, per, unit))
+        if pieces is None:
+            raise SpecError(f"slots.{slot.name}: pool {slot.pool} has no room left for "
+                            f"{slot.devices} devices in groups of {unit}")
         nodes = []
-        for size in chunks:
-            node = _first_fit(free[pool.name], size)
-            if node is None:
-                raise SpecError(f"slots.{slot.name}: pool {pool.name} has no node with {size} "
-                                f"free devices left")
-            start = per - free[pool.name][node]
-            free[pool.name][node] -= size
-            devs = list(range(start, start + size))
-            bundles.append(Bundle(index=len(bundles), slot=slot.name, pool=pool.name, node=node,
-                                  devices=devs, resources=_bundle_resources(res, pool.name, size),
-                                  group=f"{slot.name}/tp{tp}@{node}"))
+        for node, size in pieces:
+            start = per - free[slot.pool][node]
+            free[slot.pool][node] -= size
+            bundles.append(Bundle(index=len(bundles), slot=slot.name, pool=slot.pool, node=node,
+                                  devices=list(range(start, start + size)),
+                                  resources=_bundle_resources(res, slot.pool, size),
+                                  group=f"{slot.name}/tp{unit}@{node}"))
             nodes.append(node)
         placed[slot.name] = slot.model_copy(update={"nodes": nodes})
     out_slots = [placed[s.name] for s in slots]
     return out_slots, bundles, _sync_routes(res, out_slots, roles)
 
 
-def _chunks(devices: int, per_node: int, spread: bool) -> list[int]:
-    if spread:
-        return [1] * devices if per_node == 1 else [min(per_node, devices)] * (devices // per_node) \
-            + ([devices % per_node] if devices % per_node else [])
-    full, rest = divmod(devices, per_node)
-    return [per_node] * full + ([rest] if rest else [])
+def _pack(free: list[int], devices: int, per: int, unit: int) -> list[tuple[int, int]] | None:
+    """(node, devices) pieces: whole empty nodes first, then best fit, then TP-group splits."""
+    full, rest = divmod(devices, per)
+    empty = [i for i, f in enumerate(free) if f == per]
+    if len(empty) < full:
+        return None
+    pieces = [(i, per) for i in empty[:full]]
+    taken = {i for i, _ in pieces}
+    if rest:
+        fits = [(free[i], i) for i in range(len(free)) if i not in taken and free[i] >= rest]
+        if fits:
+            pieces.append((min(fits)[1], rest))
+        else:
+            left = rest
+            for i in range(len(free)):
+                if i in taken or left == 0:
+                    continue
+                take = min(left, free[i] // unit * unit)
+                if take:
+                    pieces.append((i, take))
+                    left -= take
+            if left:
+                return None
+    return pieces
 
 
-def _first_fit(free: list[int], size: int) -> int | None:
-    for i, f in enumerate(free):
-        if f >= size:
-            return i
-    return None
+def _spread(free: list[int], devices: int) -> list[tuple[int, int]] | None:
+    """Round-robin over the nodes with the most free devices: one bundle per node."""
+    if sum(free) < devices:
+        return None
+    share: dict[int, int] = defaultdict(int)
+    left = list(free)
+    for _ in range(devices):
+        i = max(range(len(left)), key=lambda k: (left[k], -k))
+        share[i] += 1
+        left[i] -= 1
+    return sorted(share.items())
 
 
 def _sync_routes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlacement]
                  ) -> list[SyncRoute]:
-    """Actor's first node to every node of the rollout slot, over the topology."""
+    """Each rollout node pulls the weights from the actor node with the widest path to it."""
     if "actor" not in roles or "rollout" not in roles:
         return []
     by_name = {s.name: s for s in slots}
@@ -117,14 +163,19 @@ def _sync_routes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlac
     for s in (a, r):
         used[s.pool].update(s.nodes)
     g = topology(res, used)
-    src = f"{a.pool}:{a.nodes[0]}"
+    actor_nodes = sorted(set(a.nodes))
+    by_rack: dict[str, int] = {}
+    for n in actor_nodes:
+        by_rack.setdefault(rack_of(res, a.pool, n), n)
     routes = []
     for n in sorted(set(r.nodes)):
         dst = f"{r.pool}:{n}"
-        if dst == src:
+        if a.pool == r.pool and n in actor_nodes:
             local = res.device_of(a.pool).intra_link_gbs * res.cluster.pool(a.pool).devices_per_node
-            routes.append(SyncRoute(src=src, dst=dst, gbs=local, hops=[src]))
+            routes.append(SyncRoute(src=dst, dst=dst, gbs=local, hops=[dst]))
             continue
+        same_rack = by_rack.get(rack_of(res, r.pool, n)) if a.pool == r.pool else None
+        src = f"{a.pool}:{same_rack if same_rack is not None else actor_nodes[0]}"
         bw, hops = path_bandwidth(g, src, dst)
         routes.append(SyncRoute(src=src, dst=dst, gbs=bw, hops=hops))
     return routes

@@ -9,6 +9,10 @@ side by side, so a stage lasts as long as its busiest slot (HybridFlow's rule). 
 a slot's roles does not fit the devices together, each role pays an onload (`switch_time`) once per
 iteration.
 
+Multi-turn jobs: a sequence keeps its engine slot while its tool call runs, so the rollout slot's
+rollout stage also carries the tool waits (`rollout_tool_time`, priced per (rollout, environment)
+pair like the weight sync).
+
 sync mode:   T = sum over stages of max over slots of (sum of the slot's roles' stage times)
 async mode:  with staleness >= 1, rollout of step i+1 overlaps scoring and training of step i, so
              the busiest slot bounds throughput: T = max over slots of (its total work), where a
@@ -20,8 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, switch_time, weight_sync_time
-from placer.estimate import Estimate
+from placer.costmodel import Calibration, switch_time, tool_waves, weight_sync_time
+from placer.estimate import Estimate, rollout_shape
 from placer.spec import DeviceKind
 
 STAGES = ("sync", "rollout", "score", "train")
@@ -95,6 +99,30 @@ def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict
     return out
 
 
+def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibration) -> float:
+    """Seconds the rollout engines wait on tool calls per iteration (multi-turn jobs).
+
+    A sequence keeps its engine slot (its KV) while its tool call runs, so generation and tool
+    calls alternate: in each lockstep wave, after every turn but the last, the replicas' calls
+    (replicas x wave size of them) queue on the environment's cores together. Like `sync_time`
+    this prices a pair of placements (rollout, environment).
+    """
+    env_spec = res.job.environment
+    if env_spec.kind == "none" or env_spec.turns < 2:
+        return 0.0
+    r_dev, e_dev = res.device_of(rollout.est.pool), res.device_of(env.est.pool)
+    shape = rollout_shape(res, r_dev, rollout.est.par, calib.for_device(r_dev))
+    if shape.concurrency < 1:
+        return 0.0
+    cores = env.est.devices * e_dev.cores
+    full, rest = divmod(shape.per_replica, shape.concurrency)
+    rounds = full * tool_waves(shape.replicas * shape.concurrency, env_spec.cpu_per_call, cores)
+    if rest:
+        rounds += tool_waves(shape.replicas * rest, env_spec.cpu_per_call, cores)
+    lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
+    return (env_spec.turns - 1) * rounds * lat
+
+
 def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> Breakdown:
     """Combine placed estimates into the iteration time of the job's pipeline mode."""
     by_role = {p.est.role: p for p in placed}
@@ -109,6 +137,9 @@ def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> B
     rollout_slot = by_role["rollout"].slot if "rollout" in by_role else None
     if rollout_slot is not None:
         per_slot_stage[rollout_slot]["sync"] += sync
+        if "environment" in by_role:  # engines hold their sequences through tool calls
+            per_slot_stage[rollout_slot]["rollout"] += rollout_tool_time(
+                res, by_role["rollout"], by_role["environment"], calib)
     for slot, t in switch.items():
         per_slot_stage[slot]["switch"] += t
     busy = {s: sum(st.values()) for s, st in per_slot_stage.items()}

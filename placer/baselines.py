@@ -1,0 +1,148 @@
+"""Baselines: how placements are chosen today, on the same cost table and the same `assemble`.
+
+All three work on the cluster's *training pool* (the training-capable GPU pool with the most
+compute), as today's frameworks assume one homogeneous GPU pool; roles that cannot run there
+(environments, rule rewards) go to their fastest pool, all such roles of a pool sharing one slot.
+
+  colocated   every GPU role time-shares the training pool in one slot, each with its fastest
+              config there (verl/OpenRLHF's hybrid engine, "colocate all").
+  split       rollout engines on their own `ratio` share of the pool, every other GPU role
+              colocated on the rest (fastest configs that fit each share).
+  enumerate   HybridFlow's auto-mapping: every grouping of the GPU roles into colocated sets x every
+              allocation of the pool's devices to the sets (candidate device counts, summing to at
+              most the pool) x each role's fastest config within its set's allocation, scored
+              analytically with `timing.iteration_time`; the best is kept. Homogeneous: it never
+              looks at the other pools.
+
+Each returns an `Assignment` (or None when it cannot place the job), so the ILP's search space
+contains every baseline plan: the ILP can only be as good or better.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from placer.candidates import Candidate
+from placer.ilp import Assignment, Problem, score, slot_names
+from placer.spec import DeviceKind
+
+BASELINES = ("colocated", "split", "enumerate")
+SPLIT_RATIO = 0.5  # share of the training pool given to rollout engines in `split`
+ENUMERATE_LIMIT = 2_000_000  # scored placements before `enumerate` gives up (it says so)
+
+
+def training_pool(problem: Problem) -> str | None:
+    """The training-capable GPU pool with the most peak compute."""
+    res = problem.res
+    pools = [p for p in res.cluster.pools
+             if res.device_of(p).kind is DeviceKind.gpu and res.device_of(p).can_train]
+    if not pools:
+        return None
+    return max(pools, key=lambda p: res.device_of(p).bf16_tflops * p.devices_per_node * p.nodes).name
+
+
+def _fastest(cands: list[Candidate], pool: str | None = None, limit: int | None = None
+             ) -> Candidate | None:
+    ok = [c for c in cands if (pool is None or c.pool == pool)
+          and (limit is None or c.devices <= limit)]
+    return min(ok, key=lambda c: (c.time_s, c.devices), default=None)
+
+
+def _elsewhere(problem: Problem, roles: list[str]) -> tuple[dict[str, Candidate], list[list[str]]]:
+    """Roles that cannot use the training pool: fastest config anywhere, one slot per pool."""
+    choice: dict[str, Candidate] = {}
+    by_pool: dict[str, list[str]] = {}
+    for r in roles:
+        c = _fastest(problem.cands[r])
+        assert c is not None  # build_problem guarantees a candidate per role
+        choice[r] = c
+        by_pool.setdefault(c.pool, []).append(r)
+    return choice, list(by_pool.values())
+
+
+def _split_roles(problem: Problem, pool: str) -> tuple[list[str], list[str]]:
+    on = [r for r in problem.roles if any(c.pool == pool for c in problem.cands[r])]
+    return on, [r for r in problem.roles if r not in on]
+
+
+def _finish(problem: Problem, choice: dict[str, Candidate], groups: list[list[str]],
+            rest: list[str]) -> Assignment:
+    other, other_groups = _elsewhere(problem, rest)
+    order = problem.roles
+    all_groups = [sorted(g, key=order.index) for g in groups + other_groups if g]
+    return Assignment({r: {**choice, **other}[r] for r in order}, slot_names(all_groups))
+
+
+def colocated(problem: Problem) -> Assignment | None:
+    pool = training_pool(problem)
+    if pool is None:
+        return None
+    on, rest = _split_roles(problem, pool)
+    choice = {r: _fastest(problem.cands[r], pool) for r in on}
+    return _finish(problem, choice, [on], rest)
+
+
+def split(problem: Problem, ratio: float = SPLIT_RATIO) -> Assignment | None:
+    pool = training_pool(problem)
+    if pool is None:
+        return None
+    on, rest = _split_roles(problem, pool)
+    if "rollout" not in on or len(on) < 2:
+        return None
+    cap = problem.capacity()[pool]
+    roll = _fastest(problem.cands["rollout"], pool, max(int(cap * ratio), 1))
+    if roll is None:
+        return None
+    others = [r for r in on if r != "rollout"]
+    choice = {r: _fastest(problem.cands[r], pool, cap - roll.devices) for r in others}
+    if any(c is None for c in choice.values()):
+        return None
+    return _finish(problem, {**choice, "rollout": roll}, [["rollout"], others], rest)
+
+
+def partitions(items: list[str]) -> Iterator[list[list[str]]]:
+    """Every set partition (Bell number many: 15 for four roles, 52 for five)."""
+    if not items:
+        yield []
+        return
+    head, tail = items[0], items[1:]
+    for part in partitions(tail):
+        yield [[head], *part]
+        for i in range(len(part)):
+            yield [*part[:i], [head, *part[i]], *part[i + 1:]]
+
+
+def enumerate_best(problem: Problem) -> Assignment | None:
+    pool = training_pool(problem)
+    if pool is None:
+        return None
+    on, rest = _split_roles(problem, pool)
+    cap = problem.capacity()[pool]
+    best, best_val, scored = None, float("inf"), 0
+    key = 0 if problem.objective == "time" else 1
+    counts = sorted({c.devices for r in on for c in problem.cands[r] if c.pool == pool})
+    under = {(r, n): _fastest(problem.cands[r], pool, n) for r in on for n in counts}
+    for groups in partitions(on):
+        sizes = [sorted({c.devices for r in g for c in problem.cands[r] if c.pool == pool})
+                 for g in groups]
+        for alloc in itertools.product(*sizes):
+            if sum(alloc) > cap:
+                continue
+            choice = {r: under[r, n] for g, n in zip(groups, alloc) for r in g}
+            if any(c is None for c in choice.values()):
+                continue
+            if any(max(choice[r].devices for r in g) != n for g, n in zip(groups, alloc)):
+                continue  # the same choices under a smaller allocation: scored there
+            a = _finish(problem, choice, groups, rest)
+            val = score(problem, a)[key]
+            scored += 1
+            if val < best_val:
+                best, best_val = a, val
+            if scored >= ENUMERATE_LIMIT:
+                return best
+    return best
+
+
+def baseline_assignments(problem: Problem) -> dict[str, Assignment | None]:
+    return {"colocated": colocated(problem), "split": split(problem),
+            "enumerate": enumerate_best(problem)}

@@ -1,0 +1,196 @@
+"""Why a plan looks the way it does, and why a job does not fit.
+
+  breakdown  per role: pool, layout, time per stage, memory per device by kind (re-estimated from
+             the one cost model, so the numbers are the ones the ILP used)
+  binding    the constraints that hold the plan where it is: pools used to the last device, slots
+             whose roles do not fit in memory together (they pay offload/onload), the slot that
+             sets each stage (sync) or the busiest slot (async), roles at their largest config
+  marginal   the value of one more node of each pool, by re-solving the ILP on the grown cluster
+  diagnose   for a job that cannot be placed: which role fits nowhere, what it would need, and
+             the smallest change (nodes to add to one pool) that makes it fit
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from placer.candidates import memory_floor_gb, role_candidates
+from placer.catalog import Resolved
+from placer.costmodel import Calibration
+from placer.estimate import HOSTS, TRAINING_ROLES, can_host, estimate
+from placer.plan import Plan
+from placer.spec import DeviceKind
+
+GROWTH = [2**k for k in range(1, 13)]  # pool sizes tried by the diagnosis: up to 4,096x
+
+
+def breakdown(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[str, Any]]:
+    out = {}
+    for role, r in plan.roles.items():
+        pool = res.cluster.pool(r.pool)
+        est = estimate(res, role, pool, r.par, calib)
+        mem = est.memory
+        out[role] = {"pool": r.pool, "device": pool.device, "devices": r.devices,
+                     "layout": f"tp{r.tp} pp{r.pp} dp{r.dp}" + (" offload" if r.offload else ""),
+                     "slot": r.slot, "stage_s": {k: round(v, 4) for k, v in r.stage_s.items()},
+                     "time_s": round(r.time_s, 4),
+                     "share": round(r.time_s / plan.predicted_iteration_s, 4),
+                     "memory_gb": {k: round(getattr(mem, k), 3) for k in
+                                   ("weights", "grads", "optimizer", "activations", "kv_cache",
+                                    "overhead")},
+                     "memory_total_gb": round(mem.total, 3),
+                     "device_memory_gb": res.device_of(pool).memory_gb}
+    return out
+
+
+def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
+    notes = []
+    used: dict[str, int] = {}
+    for s in plan.slots:
+        used[s.pool] = used.get(s.pool, 0) + s.devices
+    for p in res.cluster.pools:
+        cap = p.devices_per_node * p.nodes
+        if used.get(p.name, 0) == cap:
+            notes.append(f"pool {p.name}: all {cap} devices used (capacity binds)")
+    for slot, t in plan.breakdown.switch_s.items():
+        notes.append(f"slot {slot}: its roles do not fit in memory together; "
+                     f"offload/onload costs {t:.2f} s per iteration")
+    busy = plan.breakdown.slot_busy_s
+    if plan.mode == "async" and busy:
+        top = max(busy, key=busy.get)
+        notes.append(f"async: slot {top} is the busiest ({busy[top]:.2f} s) and sets the "
+                     "iteration time")
+    else:
+        for stage, t in plan.breakdown.stage_s.items():
+            if t > 0:
+                notes.append(f"stage {stage}: {t:.2f} s, set by {_stage_setter(plan, stage)}")
+    for role, r in plan.roles.items():
+        biggest = max((c.devices for c in role_candidates(res, role, res.cluster.pool(r.pool),
+                                                          calib)), default=0)
+        if r.devices == biggest and r.devices == res.cluster.pool(r.pool).devices_per_node * \
+                res.cluster.pool(r.pool).nodes:
+            notes.append(f"role {role}: uses the whole pool {r.pool}; only more nodes would "
+                         "speed it up")
+    return notes
+
+
+def _stage_setter(plan: Plan, stage: str) -> str:
+    if stage == "sync":
+        return "weight sync actor -> rollout"
+    if stage == "switch":
+        return "offload/onload of a colocated slot"
+    per_slot: dict[str, float] = {}
+    for role, r in plan.roles.items():
+        per_slot[r.slot] = per_slot.get(r.slot, 0.0) + r.stage_s.get(stage, 0.0)
+    slot = max(per_slot, key=per_slot.get)
+    roles = [role for role, r in plan.roles.items() if r.slot == slot and r.stage_s.get(stage)]
+    return f"slot {slot} ({', '.join(roles)})"
+
+
+def marginal(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+             ) -> dict[str, dict[str, float]]:
+    """Per pool: iteration time and cost per sample with one more node (re-solved)."""
+    from placer.planner import plan_job, with_nodes  # noqa: PLC0415  (planner imports us)
+
+    out = {}
+    for p in res.cluster.pools:
+        grown = with_nodes(res.job, {p.name: p.nodes + 1})
+        new = plan_job(grown, calib, time_limit_s=time_limit_s)
+        out[p.name] = {"iteration_s": new.predicted_iteration_s,
+                       "delta_s": new.predicted_iteration_s - plan.predicted_iteration_s,
+                       "cost_per_sample": new.cost_per_sample,
+                       "delta_cost_per_sample": new.cost_per_sample - plan.cost_per_sample}
+    return out
+
+
+def explain(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+            ) -> dict[str, Any]:
+    return {"roles": breakdown(plan, res, calib), "binding": binding(plan, res, calib),
+            "marginal_node": marginal(plan, res, calib, time_limit_s)}
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = ["per role:", f"  {'role':<12} {'pool':<8} {'devices':>7} {'layout':<16} "
+             f"{'time s':>9} {'share':>6} {'mem GB':>8}  memory by kind"]
+    for role, r in doc["roles"].items():
+        kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
+        lines.append(f"  {role:<12} {r['pool']:<8} {r['devices']:>7} {r['layout']:<16} "
+                     f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  "
+                     f"{kinds} (of {r['device_memory_gb']:g})")
+    lines.append("binding:")
+    lines += [f"  - {b}" for b in doc["binding"]] or ["  (none)"]
+    lines.append("one more node of each pool (re-solved):")
+    for pool, m in doc["marginal_node"].items():
+        lines.append(f"  {pool:<8} iteration {m['iteration_s']:.3f} s ({m['delta_s']:+.3f} s), "
+                     f"cost/sample {m['cost_per_sample']:.6f} USD "
+                     f"({m['delta_cost_per_sample']:+.6f})")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------- diagnosis
+def _need(role: str, res: Resolved) -> str:
+    if role in TRAINING_ROLES:
+        return "a training-capable GPU pool (a device with can_train: true)"
+    if role == "reward" and res.model_of("reward") is None:
+        return "a CPU pool (a rule reward runs on CPU cores)"
+    return "a pool of kind " + " or ".join(k.value for k in HOSTS[role])
+
+
+def _what(role: str) -> str:
+    return "weights and optimizer state" if role in TRAINING_ROLES else "its weights and KV cache"
+
+
+def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
+    """What cannot fit, for each role without a candidate, and the smallest change that would."""
+    from placer.planner import with_nodes  # noqa: PLC0415
+
+    msgs = []
+    for role in roles:
+        hosts = [p for p in res.cluster.pools if can_host(res, role, p)]
+        m = res.model_of(role)
+        label = f"{role} ({m.name})" if m else role
+        if not hosts:
+            msgs.append(f"{label} cannot run on any pool: it needs {_need(role, res)}; "
+                        f"smallest change: add such a pool")
+            continue
+        options = []
+        for p in hosts:
+            have = p.devices_per_node * p.nodes
+            why = _reason(res, role, p, calib)
+            for f in GROWTH:
+                grown = with_nodes(res.job, {p.name: p.nodes * f})
+                cands = role_candidates(grown, role, grown.cluster.pool(p.name), calib,
+                                        prune=False)
+                if cands:
+                    n = min(c.devices for c in cands)
+                    nodes = math.ceil(n / p.devices_per_node)
+                    options.append((nodes - p.nodes, p, n, have, why))
+                    break
+            else:
+                options.append((math.inf, p, None, have, why))
+        parts = [f"needs >= {n} {p.device} for {_what(role)} on pool {p.name}, which has {have}"
+                 if n is not None else f"does not fit on pool {p.name} at any size ({why})"
+                 for _, p, n, have, why in options]
+        floor = memory_floor_gb(res, role)
+        head = f"{label} fits nowhere" + (f" ({floor:.0f} GB of state)" if floor else "")
+        best = min(options, key=lambda o: o[0])
+        fix = (f"smallest change: add {best[0]} node(s) to pool {best[1].name}"
+               if best[0] != math.inf else "no pool size fits it: use a device with more memory")
+        msgs.append(f"{head}: " + "; ".join(parts) + f". {fix}")
+    return " | ".join(msgs)
+
+
+def _reason(res: Resolved, role: str, pool, calib: Calibration) -> str:
+    """The cost model's reason at the largest layout the pool allows."""
+    from placer.candidates import layouts  # noqa: PLC0415
+
+    pars = layouts(res, role, pool, calib)
+    if not pars:
+        dev = res.device_of(pool)
+        if dev.kind is DeviceKind.lpu and res.model_of(role) is not None:
+            from placer.costmodel import lpu_chips  # noqa: PLC0415
+            return (f"one replica needs {lpu_chips(res.model_of(role), dev, calib.for_device(dev))}"
+                    f" chips")
+        return "no layout fits the pool"
+    est = estimate(res, role, pool, max(pars, key=lambda q: q.devices), calib)
+    return est.reason or "fits"

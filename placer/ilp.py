@@ -1,0 +1,400 @@
+"""The placement ILP (OR-Tools CP-SAT): one config per role, colocation slots, pool capacities.
+
+The cost table (`Problem.cands`: per role, candidates with their `Estimate`) is the only thing the
+estimation side hands over; everything below is priced from it, and the chosen placement goes back
+through `assemble`, which re-prices it with `timing.iteration_time`. The model is exact for that
+timing rule (up to the integer time unit), so the solver's objective and the plan's predicted time
+agree.
+
+Notation
+  r in R         roles in the job's order (actor first); k in C_r its candidates
+  p              pools; cap_p devices in pool p (identical nodes are a count: the model's size
+                 depends on the number of candidates, i.e. log(cluster), never on node count)
+  n_k, t_ks, m_k candidate k: devices, stage-s time (s in rollout/score/train), memory per device
+  sw_k           switch_time(m_k): offload/onload if its slot's memory does not fit together
+  W_ak^same/diff weight-sync time actor cand a -> rollout cand k, same slot or not (incl. the LPU
+                 reload); from `timing.sync_time` itself
+  V_ke           tool waits of rollout cand k's engines on environment cand e's cores (multi-turn
+                 jobs; `timing.rollout_tool_time`): like W, a pair term
+Variables
+  x_rk in {0,1}  role r runs candidate k;            sum_k x_rk = 1
+  z_rj in {0,1}  role r sits in slot j (j <= r);     sum_j z_rj = 1, z_rj <= z_jj
+                 (slot j is named by its lowest role: one representation per partition, no symmetry)
+  D_jp >= 0      devices slot j holds on pool p (the largest member's n_k)
+  over_j         slot j's members do not fit in memory together (they pay sw_k each)
+  T              iteration time
+Constraints (every product of binaries is linearised with enforcement literals, no big-M):
+  pool:       z_rj => u_rp = u_jp for all p, with u_rp = sum_{k on p} x_rk    (a slot is one pool)
+  capacity:   z_rj => D_jp >= sum_{k on p} n_k x_rk;      sum_j D_jp <= cap_p
+  stage work: z_rj => w_rjs >= sum_k t_ks x_rk;           S_js = sum_r w_rjs
+  memory:     z_rj => mm_rj >= sum_k m_k x_rk;            not over_j => sum_r mm_rj <= sum_p M_p u_jp
+  switch:     z_rj and over_j => v_rj >= sum_k sw_k x_rk; SW_j = sum_r v_rj
+  sync:       x_a and z_rollout,0 => Y >= sum_k W_ak^same x_rollout,k  (actor leads slot 0)
+              x_a and not z_rollout,0 => Y >= sum_k W_ak^diff x_rollout,k
+  tools:      x_rollout,k => V >= sum_e V_ke x_env,e;  z_rollout,j => S_j,rollout gets V
+  sync mode:  T = Y + sum_s max_j S_js + max_j SW_j  (stages in sequence, slots overlap)
+  async mode: T >= sum_s S_js + SW_j + [rollout in j] Y  for every j  (the busiest slot)
+Objectives (driven by `placer.ilp_solve`):
+  time        min T (+ move_cost per role whose config changed, when re-planning); a second
+              phase fixes that value and minimises rate = sum_p price_p sum_j D_jp, then devices
+              (the cheapest of the fastest plans);
+  cost        USD per sample = rate * T / samples, a product: instead of a weak
+              AddMultiplicationEquality, start B at the cheapest plan's rate * T, then walk the
+              (T, rate) Pareto frontier from the fastest end by epsilon constraints: point i+1 is
+              lexmin (T, rate) s.t. rate <= min(rate_i - 1, ceil(B / T_i) - 1) (every plan left
+              has T >= T_i, so it beats B only below that rate); keep the best product; the walk
+              is optimal once no plan is left under the cap;
+  --sweep     the same walk, filtered to the (T, cost per sample) frontier.
+Lower bounds suffice everywhere because every bounded quantity only raises the objective, so at
+an optimum they are tight.
+Candidates slower than a feasible plan's time (T >= every chosen role's own time), or dearer
+per sample than a feasible plan's cost (price_k n_k t_k), are dropped before the model is built.
+The time unit is the heuristic plan's time / 1e6; memory is counted in kB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from placer.candidates import Candidate
+from placer.catalog import Resolved
+from placer.costmodel import Calibration, switch_time
+from placer.spec import DeviceKind
+from placer.timing import Placed, iteration_time, rollout_tool_time, sync_time
+
+WORK_STAGES = ("rollout", "score", "train")
+TIME_STEPS = 1_000_000  # integer time units per upper bound: relative resolution 1e-6
+PRICE_SCALE = 1000  # milli-dollars per hour
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The cost table and what the solver needs besides it."""
+
+    res: Resolved
+    calib: Calibration
+    cands: dict[str, list[Candidate]]
+    objective: str = "time"  # "time" | "cost"
+
+    @property
+    def roles(self) -> list[str]:
+        return [r for r in self.res.job.roles() if r in self.cands]
+
+    def capacity(self) -> dict[str, int]:
+        return {p.name: p.devices_per_node * p.nodes for p in self.res.cluster.pools}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A placement: the candidate of every role and its slot (named by the slot's roles)."""
+
+    choice: dict[str, Candidate]
+    slot_of: dict[str, str]
+
+    def placed(self) -> list[Placed]:
+        return [Placed(self.slot_of[r], c.est) for r, c in self.choice.items()]
+
+
+@dataclass(frozen=True)
+class Solution:
+    assignment: Assignment
+    status: str
+    objective: float  # seconds (time) or USD per sample (cost), incl. any movement cost
+    bound: float
+    gap: float
+    solve_s: float
+    moved: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A previous placement to warm-start from; `move_cost_s` is charged per role that changes."""
+
+    choice: dict[str, tuple[str, int, int, int, bool]]  # role -> (pool, tp, pp, dp, offload)
+    groups: list[list[str]]
+    move_cost_s: float = 0.0
+
+
+class Unsolved(Exception):
+    """No solution within the limits (infeasible, or the time limit hit before any solution)."""
+
+
+# ------------------------------------------------------------------------------------ scoring
+def slot_names(groups: list[list[str]]) -> dict[str, str]:
+    return {r: "+".join(g) for g in groups for r in g}
+
+
+def score(problem: Problem, a: Assignment) -> tuple[float, float]:
+    """(iteration seconds, USD per sample) of a placement, priced exactly as `assemble` does."""
+    bd = iteration_time(problem.res, a.placed(), problem.calib)
+    return bd.iteration_s, rate_per_hour(problem, a) / 3600 * bd.iteration_s / problem.res.job.batch.samples
+
+
+def rate_per_hour(problem: Problem, a: Assignment) -> float:
+    slots: dict[str, tuple[str, int]] = {}
+    for r, c in a.choice.items():
+        s = a.slot_of[r]
+        slots[s] = (c.pool, max(slots.get(s, (c.pool, 0))[1], c.devices))
+    return sum(problem.res.device_of(p).price_per_hour * n for p, n in slots.values())
+
+
+def heuristic(problem: Problem) -> Assignment:
+    """A plan that always fits: each role's best candidate, all roles of a pool in one slot.
+
+    One slot per pool holds max(n_k) <= cap_p devices, so this is feasible whenever every role has
+    a candidate; its time bounds the optimum and prunes candidates.
+    """
+    best: Assignment | None = None
+    best_val = float("inf")
+    pick = {"time": lambda c: c.time_s, "cost": lambda c: _price(problem, c) * c.time_s}
+    for key in (pick["time"], pick["cost"]):
+        choice = {r: min(problem.cands[r], key=lambda c: (key(c), c.devices)) for r in problem.roles}
+        by_pool: dict[str, list[str]] = {}
+        for r in problem.roles:
+            by_pool.setdefault(choice[r].pool, []).append(r)
+        a = Assignment(choice, slot_names(list(by_pool.values())))
+        val = score(problem, a)[0 if problem.objective == "time" else 1]
+        if val < best_val:
+            best, best_val = a, val
+    assert best is not None
+    return best
+
+
+def _price(problem: Problem, c: Candidate) -> float:
+    return problem.res.device_of(c.pool).price_per_hour * c.devices
+
+
+def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
+    """Drop candidates that cannot be in any plan better than the bound.
+
+    Time: T >= a role's own time in both modes. Cost: rate >= price * n_k and T >= t_k.
+    """
+    samples = problem.res.job.batch.samples
+    eps = 1e-9
+    keep = {}
+    for r, cs in problem.cands.items():
+        if problem.objective == "time":
+            kept = [c for c in cs if c.time_s <= ub_time * (1 + eps)]
+        else:
+            kept = [c for c in cs if _price(problem, c) / 3600 * c.time_s / samples
+                    <= ub_cost * (1 + eps)]
+        keep[r] = kept or cs
+    return Problem(problem.res, problem.calib, keep, problem.objective)
+
+
+# ------------------------------------------------------------------------------------- model
+class _Model:
+    """The CP-SAT model of one `Problem` (see the module docstring for the formulation)."""
+
+    def __init__(self, problem: Problem, unit_s: float) -> None:
+        self.p, self.unit = problem, unit_s
+        self.m = cp_model.CpModel()
+        self.roles = problem.roles
+        self.pools = [pl.name for pl in problem.res.cluster.pools]
+        self.tool_top = 0
+        self._choices()
+        self._slots()
+        self._capacity()
+        self._work()
+        self._memory()
+        self._sync()
+        self._tools()
+        self._iteration()
+
+    def ti(self, seconds: float) -> int:
+        return int(round(seconds / self.unit))
+
+    def _choices(self) -> None:
+        m = self.m
+        self.x = {r: [m.NewBoolVar(f"x[{r},{i}]") for i in range(len(self.p.cands[r]))]
+                  for r in self.roles}
+        for r in self.roles:
+            m.AddExactlyOne(self.x[r])
+
+    def on_pool(self, r: str, pool: str, coef=lambda c: 1) -> cp_model.LinearExpr:
+        return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]) if c.pool == pool)
+
+    def expr(self, r: str, coef) -> cp_model.LinearExpr:
+        return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]))
+
+    def _slots(self) -> None:
+        m, R = self.m, self.roles
+        self.z = {(r, j): m.NewBoolVar(f"z[{r},{j}]") for i, r in enumerate(R) for j in R[:i + 1]}
+        for i, r in enumerate(R):
+            m.AddExactlyOne(self.z[r, j] for j in R[:i + 1])
+            for j in R[:i]:
+                m.AddImplication(self.z[r, j], self.z[j, j])
+                for pool in self.pools:  # a slot is on one pool: its members follow its leader
+                    m.Add(self.on_pool(r, pool) == self.on_pool(j, pool)).OnlyEnforceIf(self.z[r, j])
+
+    def members(self, j: str) -> list[str]:
+        return [r for r in self.roles if (r, j) in self.z]
+
+    def _capacity(self) -> None:
+        m, cap = self.m, self.p.capacity()
+        self.D: dict[tuple[str, str], cp_model.IntVar] = {}
+        for j in self.roles:
+            for pool in {c.pool for c in self.p.cands[j]}:
+                d = self.D[j, pool] = m.NewIntVar(0, cap[pool], f"D[{j},{pool}]")
+                for r in self.members(j):
+                    m.Add(d >= self.on_pool(r, pool, lambda c: c.devices)).OnlyEnforceIf(self.z[r, j])
+        for pool in self.pools:
+            m.Add(sum(d for (j, pl), d in self.D.items() if pl == pool) <= cap[pool])
+        price = {pl: int(round(self.p.res.device_of(pl).price_per_hour * PRICE_SCALE))
+                 for pl in self.pools}
+        self.price = price
+        self.rate = sum(price[pl] * d for (j, pl), d in self.D.items())
+        self.rate_max = sum(price[pl] * cap[pl] for pl in self.pools)
+        self.devices = sum(self.D.values())
+
+    def _work(self) -> None:
+        m = self.m
+        self.S: dict[tuple[str, str], cp_model.LinearExpr] = {}
+        for j in self.roles:
+            for s in WORK_STAGES:
+                terms = []
+                for r in self.members(j):
+                    top = max(self.ti(c.est.stage_s.get(s, 0.0)) for c in self.p.cands[r])
+                    if top == 0:
+                        continue
+                    w = m.NewIntVar(0, top, f"w[{r},{j},{s}]")
+                    m.Add(w >= self.expr(r, lambda c: self.ti(c.est.stage_s.get(s, 0.0)))
+                          ).OnlyEnforceIf(self.z[r, j])
+                    terms.append(w)
+                self.S[j, s] = sum(terms)
+
+    def _mem_kb(self, c: Candidate) -> int:
+        if self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
+            return 0  # CPU slots never pay a switch (timing.slot_switch)
+        return int(round(c.est.memory.total * 1e6))
+
+    def _switch(self, c: Candidate) -> int:
+        if self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
+            return 0
+        eff = self.p.calib.for_device(self.p.res.device_of(c.pool))
+        return self.ti(switch_time(c.est.memory.total, eff))
+
+    def _memory(self) -> None:
+        m = self.m
+        self.SW: dict[str, cp_model.LinearExpr] = {}
+        for j in self.roles:
+            if len(self.members(j)) < 2:
+                self.SW[j] = 0
+                continue
+            over = m.NewBoolVar(f"over[{j}]")
+            mm, sw = [], []
+            for r in self.members(j):
+                a = m.NewIntVar(0, max(self._mem_kb(c) for c in self.p.cands[r]), f"mm[{r},{j}]")
+                m.Add(a >= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
+                mm.append(a)
+                v = m.NewIntVar(0, max(self._switch(c) for c in self.p.cands[r]), f"v[{r},{j}]")
+                m.Add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
+                sw.append(v)
+            cap_kb = {pl: int(self.p.res.device_of(pl).memory_gb * 1e6) for pl in self.pools}
+            m.Add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
+                  ).OnlyEnforceIf(over.Not())
+            self.SW[j] = sum(sw)
+
+    def _sync(self) -> None:
+        """Y >= weight-sync time of the chosen (actor, rollout) pair, same slot or not."""
+        self.Y: cp_model.LinearExpr = 0
+        self.y_top = 0
+        if "actor" not in self.roles or "rollout" not in self.roles:
+            return
+        res, calib = self.p.res, self.p.calib
+        A, Rc = self.p.cands["actor"], self.p.cands["rollout"]
+        same_slot = self.z["rollout", "actor"]
+        table = {}
+        for a in A:
+            for k in Rc:
+                diff = sync_time(res, Placed("a", a.est), Placed("r", k.est), calib)
+                same = (sync_time(res, Placed("a", a.est), Placed("a", k.est), calib)
+                        if a.pool == k.pool else 0.0)
+                table[id(a), id(k)] = (self.ti(same), self.ti(diff))
+        top = self.y_top = max(max(v) for v in table.values())
+        y = self.Y = self.m.NewIntVar(0, top, "Y")
+        for a, xa in zip(A, self.x["actor"]):
+            for i, lit in ((0, same_slot), (1, same_slot.Not())):
+                self.m.Add(y >= sum(table[id(a), id(k)][i] * xk
+                                    for k, xk in zip(Rc, self.x["rollout"]))).OnlyEnforceIf([xa, lit])
+
+    def _tools(self) -> None:
+        """Tool waits of the rollout engines: a (rollout, environment) pair term added to the
+        rollout slot's rollout stage (`timing.rollout_tool_time`)."""
+        if "rollout" not in self.roles or "environment" not in self.roles:
+            return
+        R, E = self.p.cands["rollout"], self.p.cands["environment"]
+        table = {(id(k), id(e)): self.ti(rollout_tool_time(
+            self.p.res, Placed("r", k.est), Placed("e", e.est), self.p.calib))
+            for k in R for e in E}
+        top = max(table.values())
+        if top == 0:
+            return
+        tool = self.m.NewIntVar(0, top, "tool")
+        for k, xk in zip(R, self.x["rollout"]):
+            self.m.Add(tool >= sum(table[id(k), id(e)] * xe for e, xe in
+                                   zip(E, self.x["environment"]))).OnlyEnforceIf(xk)
+        for j in self.roles:
+            if ("rollout", j) in self.z:
+                tq = self.m.NewIntVar(0, top, f"tool[{j}]")
+                self.m.Add(tq >= tool).OnlyEnforceIf(self.z["rollout", j])
+                self.S[j, "rollout"] = self.S[j, "rollout"] + tq
+        self.tool_top = top
+
+    def _iteration(self) -> None:
+        m = self.m
+        top = (sum(max(self.ti(c.time_s) for c in self.p.cands[r]) for r in self.roles)
+               + self.y_top + self.tool_top
+               + sum(self._switch_max(r) for r in self.roles) + 1)
+        self.t_top = top
+        self.T = m.NewIntVar(0, top, "T")
+        if self.p.res.job.pipeline.mode == "async":
+            for j in self.roles:
+                q = 0
+                if self.y_top and ("rollout", j) in self.z:
+                    q = m.NewIntVar(0, top, f"q[{j}]")
+                    m.Add(q >= self.Y).OnlyEnforceIf(self.z["rollout", j])
+                m.Add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
+            return
+        maxes = []
+        for s in WORK_STAGES:
+            ms = m.NewIntVar(0, top, f"M[{s}]")
+            for j in self.roles:
+                m.Add(ms >= self.S[j, s])
+            maxes.append(ms)
+        msw = m.NewIntVar(0, top, "M[switch]")
+        for j in self.roles:
+            m.Add(msw >= self.SW[j])
+        m.Add(self.T >= self.Y + sum(maxes) + msw)
+
+    def _switch_max(self, r: str) -> int:
+        return max(self._switch(c) for c in self.p.cands[r])
+
+    def tie_breaker(self) -> cp_model.LinearExpr:
+        """Cheapest first, then fewest devices (lexicographic: rate dominates)."""
+        return self.rate * (sum(self.p.capacity().values()) + 1) + self.devices
+
+    # ------------------------------------------------------------------------ hints, reading
+    def hint(self, a: Assignment) -> None:
+        groups = _groups(a.slot_of, self.roles)
+        leader = {r: g[0] for g in groups for r in g}
+        for r in self.roles:
+            for c, v in zip(self.p.cands[r], self.x[r]):
+                self.m.AddHint(v, c is a.choice[r])
+            for j in self.roles[:self.roles.index(r) + 1]:
+                self.m.AddHint(self.z[r, j], leader[r] == j)
+
+    def read(self, solver: cp_model.CpSolver) -> Assignment:
+        choice = {r: next(c for c, v in zip(self.p.cands[r], self.x[r]) if solver.Value(v))
+                  for r in self.roles}
+        groups = [[r for r in self.members(j) if solver.Value(self.z[r, j])]
+                  for j in self.roles if solver.Value(self.z[j, j])]
+        return Assignment(choice, slot_names(groups))
+
+
+def _groups(slot_of: dict[str, str], roles: list[str]) -> list[list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in roles:
+        out.setdefault(slot_of[r], []).append(r)
+    return list(out.values())

@@ -1,0 +1,223 @@
+"""`placer plan`, `placer compare` and `placer replan`: tables, one JSON document, exit codes.
+
+Also the heterogeneity check on examples/ppo-llama8b-hetero.yaml: training on the H100 pool,
+frozen models off it, the environment on CPU.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from placer.cli import main
+from placer.plan import load_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+HETERO = str(ROOT / "examples" / "ppo-llama8b-hetero.yaml")
+TINY = str(ROOT / "examples" / "tiny-cpu.yaml")
+
+
+def one_document(text: str):
+    doc, end = json.JSONDecoder().raw_decode(text.lstrip())
+    assert text.lstrip()[end:].strip() == "", "more than one document on stdout"
+    return doc
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def hetero_plan(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("plans") / "hetero.json"
+    assert main(["plan", HETERO, "-o", str(path), "--json"]) == 0
+    return path
+
+
+def _job(tmp_path: Path, **changes) -> str:
+    data = yaml.safe_load(Path(HETERO).read_text())
+    data.update(changes)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------- plan
+def test_plan_table(capsys) -> None:
+    rc, out, _ = run(capsys, "plan", HETERO)
+    assert rc == 0
+    for word in ("solver: cp-sat optimal", "gap 0.00%", "predicted iteration", "actor", "critic",
+                 "environment", "stages:"):
+        assert word in out
+
+
+def test_plan_json_is_the_contract(capsys, hetero_plan: Path) -> None:
+    rc, out, _ = run(capsys, "plan", HETERO, "--json")
+    assert rc == 0
+    doc = one_document(out)
+    assert doc["predicted_iteration_s"] > 0 and doc["mode"] == "sync"
+    assert set(doc["solver"]) >= {"status", "objective", "bound", "gap", "solve_s"}
+    assert doc["solver"]["status"] == "optimal" and doc["solver"]["gap"] == pytest.approx(0)
+    assert doc["solver"]["objective"] == pytest.approx(doc["predicted_iteration_s"], rel=1e-5)
+    for r in doc["roles"].values():
+        assert set(r) >= {"pool", "devices", "tp", "pp", "dp", "slot"}
+    assert doc["slots"] and doc["bundles"]
+    assert load_plan(hetero_plan).roles.keys() == doc["roles"].keys()  # -o wrote a valid plan
+
+
+def test_hetero_uses_pools_for_what_they_are_good_at(hetero_plan: Path) -> None:
+    roles = load_plan(hetero_plan).roles
+    assert roles["actor"].pool == "train" and roles["critic"].pool == "train"  # H100s train
+    assert roles["environment"].pool == "cpu"
+    frozen = {roles["reference"].pool, roles["reward"].pool}
+    assert "cpu" not in frozen and frozen - {"train"}, frozen  # frozen models leave the H100s
+
+
+def test_explain_json(capsys) -> None:
+    rc, out, _ = run(capsys, "plan", HETERO, "--json", "--explain", "--time-limit", "5")
+    doc = one_document(out)
+    assert rc == 0 and set(doc) == {"plan", "explain"}
+    ex = doc["explain"]
+    assert set(ex["roles"]) == set(doc["plan"]["roles"])
+    assert any("capacity binds" in b for b in ex["binding"])
+    train = ex["marginal_node"]["train"]  # training is the bottleneck: one more H100 node helps
+    assert train["delta_s"] < 0
+    assert ex["marginal_node"]["cpu"]["delta_s"] <= 1e-9
+
+
+def test_sweep_is_a_frontier(capsys) -> None:
+    rc, out, _ = run(capsys, "plan", HETERO, "--sweep", "--json", "--time-limit", "20")
+    pts = one_document(out)["frontier"]
+    assert rc == 0 and len(pts) >= 2
+    times = [p["predicted_iteration_s"] for p in pts]
+    costs = [p["cost_per_sample"] for p in pts]
+    assert times == sorted(times) and costs == sorted(costs, reverse=True)
+    assert len(set(costs)) == len(costs)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "no/such/job.yaml"], "no such file"),
+    (["plan", HETERO, "--time-limit", "0"], "--time-limit"),
+    (["plan", HETERO, "--workers", "0"], "--workers"),
+])
+def test_plan_bad_input_exits_2(capsys, argv, needle) -> None:
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and needle in err and out == ""
+
+
+def test_plan_bad_job_file_exits_2(capsys, tmp_path) -> None:
+    rc, _, err = run(capsys, "plan", _job(tmp_path, batch={"prompts": 0}))
+    assert rc == 2 and "batch.prompts" in err
+
+
+def test_infeasible_job_exits_3_with_the_smallest_change(capsys, tmp_path) -> None:
+    job = _job(tmp_path, algorithm="grpo", models={"policy": "Llama-3-70B", "reward": "rule"},
+               batch={"prompts": 8, "samples_per_prompt": 2}, environment={"kind": "none"},
+               cluster={"pools": [{"name": "train", "device": "H100-SXM", "devices_per_node": 2,
+                                   "nodes": 1},
+                                  {"name": "cpu", "device": "cpu-node", "devices_per_node": 1,
+                                   "nodes": 1}]})
+    rc, out, err = run(capsys, "plan", job)
+    assert rc == 3 and out == ""
+    assert "actor (Llama-3-70B)" in err and "pool train, which has 2" in err
+    assert "add 1 node(s) to pool train" in err
+
+
+def test_no_pool_for_a_rule_reward_exits_3(capsys, tmp_path) -> None:
+    job = _job(tmp_path, algorithm="grpo", models={"policy": "Llama-3-8B", "reward": "rule"},
+               batch={"prompts": 8, "samples_per_prompt": 2}, environment={"kind": "none"},
+               cluster={"pools": [{"name": "train", "device": "H100-SXM", "devices_per_node": 8,
+                                   "nodes": 1}]})
+    rc, _, err = run(capsys, "plan", job)
+    assert rc == 3 and "reward cannot run on any pool" in err and "CPU pool" in err
+
+
+def test_no_traceback_from_the_console_script(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm: [grpo\n")
+    proc = subprocess.run([sys.executable, "-m", "placer.cli", "plan", str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------ compare
+def test_compare_table_and_json(capsys) -> None:
+    rc, out, _ = run(capsys, "compare", HETERO)
+    assert rc == 0
+    for name in ("ilp", "colocated", "split", "enumerate", "x ILP time"):
+        assert name in out
+    rc, out, _ = run(capsys, "compare", HETERO, "--json")
+    doc = one_document(out)
+    assert rc == 0 and doc["ranking"][0] == "ilp"
+    for name, row in doc["plans"].items():
+        assert row["applicable"]
+        assert row["ratio_to_ilp"] >= 1 - 1e-9
+        assert row["throughput_samples_s"] > 0 and row["cost_per_sample"] > 0
+    assert doc["plans"]["colocated"]["ratio_to_ilp"] > 1.05  # heterogeneity is worth something
+
+
+def test_compare_simulate(capsys) -> None:
+    pytest.importorskip("simulator.api")
+    rc, out, err = run(capsys, "compare", TINY, "--json", "--simulate", "--iterations", "1")
+    assert rc == 0, err
+    doc = one_document(out)
+    assert doc["ranked_by"] == "simulated_iteration_s"
+    assert all(r["simulated_iteration_s"] > 0 for r in doc["plans"].values() if r["applicable"])
+
+
+def test_compare_simulate_without_the_simulator_exits_2(capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "simulator.api", None)  # import fails as if it were absent
+    rc, out, err = run(capsys, "compare", TINY, "--simulate")
+    assert rc == 2 and "simulator is missing" in err and out == ""
+
+
+# ------------------------------------------------------------------------------------- replan
+def test_replan_reports_what_moved(capsys, hetero_plan: Path, tmp_path) -> None:
+    new = tmp_path / "new.json"
+    rc, out, _ = run(capsys, "replan", str(hetero_plan), "--lost", "lpu:20", "-o", str(new),
+                     "--json")
+    doc = one_document(out)
+    assert rc == 0 and doc["nodes"]["lpu"] == 0
+    assert "lpu" not in {r["pool"] for r in doc["plan"]["roles"].values()}
+    old = load_plan(hetero_plan)
+    assert {r for r, p in old.roles.items() if p.pool == "lpu"} <= set(doc["moved"])
+    assert load_plan(new).predicted_iteration_s == pytest.approx(doc["plan"]["predicted_iteration_s"])
+
+
+def test_replan_small_change_moves_nothing(capsys, hetero_plan: Path) -> None:
+    rc, out, _ = run(capsys, "replan", str(hetero_plan), "--added", "cpu:1")
+    assert rc == 0 and "nothing moved" in out
+
+
+@pytest.mark.parametrize("argv,code,needle", [
+    (["--lost", "lpu"], 2, "POOL:NODES"),
+    (["--lost", "nope:1"], 2, "no pool 'nope'"),
+    (["--lost", "lpu:x"], 2, "whole number"),
+    (["--lost", "train:3"], 2, "would have -1 nodes"),
+    ([], 2, "at least one"),
+    (["--lost", "train:2"], 3, "training-capable GPU pool"),
+])
+def test_replan_bad_input_and_infeasible(capsys, hetero_plan: Path, argv, code, needle) -> None:
+    rc, _, err = run(capsys, "replan", str(hetero_plan), *argv)
+    assert rc == code and needle in err
+
+
+def test_replan_movement_cost_decides_what_moves(capsys, hetero_plan: Path) -> None:
+    """One more H100 node speeds training up; only a free move makes the solver take it."""
+    rc, out, _ = run(capsys, "replan", str(hetero_plan), "--added", "train:1", "--json",
+                     "--move-cost", "0")
+    free = one_document(out)
+    assert rc == 0 and "actor" in free["moved"]
+    assert free["plan"]["predicted_iteration_s"] < free["old_iteration_s"]
+    rc, out, _ = run(capsys, "replan", str(hetero_plan), "--added", "train:1", "--json",
+                     "--move-cost", "1000")
+    dear = one_document(out)
+    assert rc == 0 and dear["moved"] == {}
+    assert dear["plan"]["predicted_iteration_s"] == pytest.approx(dear["old_iteration_s"])
