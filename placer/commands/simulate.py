@@ -1,0 +1,74 @@
+"""`placer simulate PLAN.json`: discrete-event simulation of a plan's iterations (simpy).
+
+Prints iteration time (mean/p50/p99) against the plan's prediction, throughput, utilization,
+bubble time, goodput and why the run differs from the prediction; `--json` prints the metrics as
+one JSON document. `--trace` writes a Chrome trace (opens in Perfetto), `--plots` the figures.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from placer.calibration import load_calibration
+from placer.cli import emit_json, note
+from placer.spec import SpecError, read_structured
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("--iterations", type=int, default=1, help="iterations to simulate (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    p.add_argument("--trace", metavar="OUT.json", help="write the Chrome trace here")
+    p.add_argument("--plots", metavar="DIR", help="write timeline/utilization/length figures")
+    p.add_argument("--calibration", help="calibration profile (YAML/JSON); default: the plan's")
+    p.add_argument("--config", metavar="SIM.yaml",
+                   help="simulator settings (stragglers, failures, network, workload; see "
+                        "simulator.config)")
+    p.add_argument("--workload", metavar="TRACE.jsonl", help="replay per-sample lengths and "
+                   "tool latencies from a JSONL workload trace")
+    p.add_argument("--no-variance", action="store_true",
+                   help="lengths and latencies at their means, no stragglers or failures")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    from simulator.api import simulate_plan  # noqa: PLC0415 (simpy only when simulating)
+    from simulator.config import SimConfig, config_from_dict  # noqa: PLC0415
+
+    if args.iterations < 1:
+        raise SpecError(f"--iterations: must be at least 1 (got {args.iterations})")
+    cfg = config_from_dict(read_structured(args.config), args.config) if args.config else None
+    if args.no_variance:
+        if cfg is not None:
+            raise SpecError("--no-variance: cannot be combined with --config")
+        cfg = SimConfig.no_variance()
+    calib = load_calibration(args.calibration) if args.calibration else None
+    result = simulate_plan(args.plan, iterations=args.iterations, seed=args.seed, config=cfg,
+                           trace_path=args.trace, plots_dir=args.plots, calibration=calib,
+                           workload=args.workload)
+    if args.trace:
+        note(f"trace: {args.trace} ({len(result.trace.events)} events)")
+    if args.plots:
+        note(f"figures: {args.plots}/")
+    if args.json:
+        emit_json(result.metrics)
+        return 0
+    _print(result.metrics)
+    return 0
+
+
+def _print(m: dict[str, Any]) -> None:
+    it = m["iteration_s"]
+    print(f"{m['iterations']} iteration(s), {m['mode']} mode")
+    print(f"  iteration    mean {it['mean']:.3f} s  p50 {it['p50']:.3f} s  p99 {it['p99']:.3f} s"
+          f"  (predicted {m['predicted_iteration_s']:.3f} s, {m['error_vs_predicted']:+.1%})")
+    print(f"  throughput   {m['samples_per_s']:.2f} samples/s, {m['tokens_per_s']:.0f} tokens/s")
+    print(f"  wall         {m['wall_s']:.1f} s, goodput {m['goodput']:.3f}, "
+          f"{m['failures']} failure(s), bubble {m['bubble_s']:.2f} s/iteration")
+    print("  utilization  " + ", ".join(f"{k} {v:.0%}" for k, v in
+                                       m["utilization"]["pool"].items()))
+    print("  role time    " + ", ".join(f"{k} {v:.2f} s" for k, v in m["role_s"].items()))
+    w = m["why"]
+    print(f"  why          long tail {w['long_tail_s']:.2f} s, tool queueing "
+          f"{w['queueing_s']:.2f} s/sample, link contention {w['link_contention_s']:.2f} s, "
+          f"slowest device x{w['max_slowdown']:.2f} -> {w['dominant']}")

@@ -1,0 +1,271 @@
+"""RL iterations on simpy: stages in sync mode, a staleness-bounded pipeline in async mode.
+
+One iteration: weight sync (actor -> every rollout replica, `simulator.network`), rollout
+(continuous-batching engines with tool calls, `simulator.engine`), score (frozen forwards) and
+train (`simulator.training`). Every slot is a simpy `Resource` of capacity one: roles that share
+a slot take turns on it (and pay onload when their memory does not fit together); different slots
+run side by side.
+
+sync mode   stages are barriers: sync, then rollout, then score, then train; a stage lasts as
+            long as its busiest slot. This is `placer.timing`'s sum over stages of the max over
+            slots, event by event.
+async mode  rollout of step i may start once the weights on the engines are at most
+            `max_staleness` versions old (version v = after v training steps); before each
+            rollout the engines pull the newest trained version if they lack it. Scoring and
+            training of step i start when its rollout is done. In steady state the busiest slot
+            sets the pace - the placer's async rule - and the first iteration pays the pipeline
+            fill. Iteration time in async mode is the time between consecutive training commits.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Generator
+
+import simpy
+
+from placer.catalog import Resolved
+from placer.costmodel import Calibration, Parallel, lpu_chips
+from placer.estimate import rollout_shape
+from placer.plan import Plan
+from placer.spec import DeviceKind
+from simulator.config import SimConfig
+from simulator.engine import Engine, EngineSpec, StepModel
+from simulator.environment import CorePool, pool_slots
+from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
+from simulator.network import max_min_durations, sync_plan
+from simulator.recorder import Recorder
+from simulator.training import Work, onload_costs, stage_work
+from simulator.workload import Samples, has_tools, samples_for
+
+
+@dataclass
+class IterRecord:
+    index: int
+    start: float = 0.0
+    end: float = 0.0
+    stages: dict[str, tuple[float, float]] = field(default_factory=dict)
+    done_at: dict[int, float] = field(default_factory=dict)  # sample -> rollout finish time
+    sync_s: float = 0.0
+    sync_alone_s: float = 0.0
+    tool_wait_s: float = 0.0
+    tool_calls: int = 0
+    max_slowdown: float = 1.0
+
+
+@dataclass
+class RunRecord:
+    iterations: list[IterRecord]
+    samples: dict[int, Samples]
+    busy: list[tuple[str, float, float, float]]  # (slot, start, dur, share of the slot's devices)
+    engine_busy_s: dict[str, float]  # rollout slot -> engine busy seconds / replicas
+    role_s: dict[str, float]
+    end_s: float
+    pools: list[CorePool]
+    decode_runs: int = 0
+    replicas: int = 1
+
+
+class Model:
+    """A plan made runnable: engines, pools, links and slots for `run(iterations)`."""
+
+    def __init__(self, res: Resolved, plan: Plan, calib: Calibration, cfg: SimConfig, seed: int,
+                 rec: Recorder, replay: list[dict] | None = None) -> None:
+        self.res, self.plan, self.calib, self.cfg, self.seed = res, plan, calib, cfg, seed
+        self.rec, self.replay = rec, replay
+        self.env = simpy.Environment()
+        self.slot_res = {s.name: simpy.Resource(self.env, 1) for s in plan.slots}
+        self.onload = onload_costs(res, plan, calib)
+        self.sync = sync_plan(res, plan, calib, cfg.network)
+        self._rollout_setup()
+        self.busy: list[tuple[str, float, float, float]] = []
+        self.engine_busy: dict[str, float] = defaultdict(float)
+        self.role_s: dict[str, float] = defaultdict(float)
+        self.records: list[IterRecord] = []
+        self.samples: dict[int, Samples] = {}
+        self.onloaded: dict[int, set[str]] = defaultdict(set)
+        self.runs = 0
+
+    def _rollout_setup(self) -> None:
+        res, plan = self.res, self.plan
+        r = plan.roles["rollout"]
+        dev = res.device_of(r.pool)
+        eff = self.calib.for_device(dev)
+        shape = rollout_shape(res, dev, r.par, eff)
+        m = res.model_of("rollout")
+        self.spec = EngineSpec(m, dev, Parallel(tp=r.tp, pp=r.pp, dp=1), eff, shape.concurrency,
+                               r.pool, r.slot)
+        self.replicas = shape.replicas
+        self.steps = StepModel(self.spec)
+        self.replica_size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
+        self.tools: CorePool | None = None
+        job = res.job
+        if "environment" in plan.roles and has_tools(job):
+            e = plan.roles["environment"]
+            cores = e.devices * res.device_of(e.pool).cores
+            self.tools = CorePool(e.pool, pool_slots(cores, job.environment.cpu_per_call))
+            self.tool_overhead = self.calib.for_device(res.device_of(e.pool)).tool_overhead_s
+        else:
+            self.tool_overhead = 0.0
+
+    # ------------------------------------------------------------------------------ driver
+    def run(self, iterations: int) -> RunRecord:
+        self.records = [IterRecord(i) for i in range(iterations)]
+        if self.plan.mode == "async":
+            self._start_async(iterations)
+        else:
+            self.env.process(self._sync_loop(iterations))
+        self.env.run()
+        return RunRecord(self.records, self.samples, self.busy, dict(self.engine_busy),
+                         dict(self.role_s), self.env.now, [self.tools] if self.tools else [],
+                         self.runs, self.replicas)
+
+    def _prepare(self, i: int) -> tuple[Samples, dict]:
+        smp = samples_for(self.res.job, self.cfg.workload, self.seed, i, self.replay)
+        self.samples[i] = smp
+        factors = device_slowdowns(self.plan, self.cfg.stragglers, self.seed, i)
+        self.records[i].max_slowdown = max((float(f.max()) for f in factors.values() if len(f)),
+                                           default=1.0)
+        return smp, factors
+
+    def _sync_loop(self, n: int) -> Generator:
+        env = self.env
+        for i in range(n):
+            rec = self.records[i]
+            rec.start = env.now
+            smp, factors = self._prepare(i)
+            for stage, proc in (("sync", lambda: self._weight_sync(i)),
+                                ("rollout", lambda: self._rollout(i, smp, factors)),
+                                ("score", lambda: self._stage(i, "score", smp, factors)),
+                                ("train", lambda: self._stage(i, "train", smp, factors))):
+                t0 = env.now
+                yield env.process(proc())
+                rec.stages[stage] = (t0, env.now)
+            rec.end = env.now
+
+    def _start_async(self, n: int) -> None:
+        env = self.env
+        rolled = [env.event() for _ in range(n)]
+        trained = [env.event() for _ in range(n)]
+        staleness = self.res.job.pipeline.max_staleness
+        prepared: dict[int, tuple[Samples, dict]] = {}
+
+        def rollouts() -> Generator:
+            synced = 0  # policy version on the engines
+            for i in range(n):
+                need = i - staleness  # oldest version rollout i may use
+                if need > synced:
+                    yield trained[need - 1]
+                newest = sum(1 for e in trained if e.triggered)
+                if newest > synced:
+                    synced = newest
+                    yield env.process(self._weight_sync(i))
+                self.records[i].start = env.now
+                prepared[i] = self._prepare(i)
+                t0 = env.now
+                yield env.process(self._rollout(i, *prepared[i]))
+                self.records[i].stages["rollout"] = (t0, env.now)
+                rolled[i].succeed()
+
+        def step(i: int) -> Generator:
+            """Score step i as soon as its rollout is done; train after step i-1 trained."""
+            yield rolled[i]
+            smp, factors = prepared[i]
+            t0 = env.now
+            yield env.process(self._stage(i, "score", smp, factors))
+            self.records[i].stages["score"] = (t0, env.now)
+            if i > 0:
+                yield trained[i - 1]
+            t0 = env.now
+            yield env.process(self._stage(i, "train", smp, factors))
+            self.records[i].stages["train"] = (t0, env.now)
+            self.records[i].end = env.now
+            trained[i].succeed()
+
+        env.process(rollouts())
+        for i in range(n):
+            env.process(step(i))
+
+    # ------------------------------------------------------------------------------- work
+    def _hold(self, slot: str, role: str, i: int) -> Generator:
+        """Take the slot; pay the role's onload the first time it runs in iteration i."""
+        req = self.slot_res[slot].request()
+        yield req
+        cost = self.onload.get(role, 0.0)
+        if cost and role not in self.onloaded[i]:
+            self.onloaded[i].add(role)
+            self.rec.add("onload", "transfer", self.env.now, cost, self.plan.roles[role].pool,
+                         slot, role=role, step=i)
+            self.busy.append((slot, self.env.now, cost, 1.0))
+            self.role_s[role] += cost
+            yield self.env.timeout(cost)
+        return req
+
+    def _weight_sync(self, i: int) -> Generator:
+        if self.sync is None:
+            return
+        env, slot = self.env, self.plan.roles["rollout"].slot
+        req = yield from self._hold(slot, "rollout", i)
+        durs = max_min_durations(self.sync.links, self.sync.flows)
+        total = self.sync.fixed_s + max(durs)
+        pool = self.plan.roles["rollout"].pool
+        for f, d in zip(self.sync.flows, durs):
+            self.rec.add("weight sync", "transfer", env.now, self.sync.fixed_s + d, pool,
+                         f"{slot}/sync", role="rollout", step=i, policy_version=i,
+                         tokens=0, gb=f.gb, links=list(f.path), replica=f.name)
+        rec = self.records[i]
+        rec.sync_s += total
+        rec.sync_alone_s += self.sync.fixed_s + self.sync.alone_s
+        self.busy.append((slot, env.now, total, 1.0))
+        self.role_s["sync"] += total
+        yield env.timeout(total)
+        self.slot_res[slot].release(req)
+
+    def _rollout(self, i: int, smp: Samples, factors: dict) -> Generator:
+        env, r = self.env, self.plan.roles["rollout"]
+        req = yield from self._hold(r.slot, "rollout", i)
+        slow = replica_slowdowns(factors[r.slot], self.replicas, self.replica_size)
+        engines = [Engine(self.spec, k, smp, list(range(k, smp.n, self.replicas)), slow[k],
+                          self.tools, self.tool_overhead, self.rec, i, self.steps)
+                   for k in range(self.replicas)]
+        wait0 = self.tools.wait_s if self.tools else 0.0
+        calls0 = self.tools.calls if self.tools else 0
+        yield simpy.AllOf(env, [env.process(e.run(env)) for e in engines])
+        rec = self.records[i]
+        for e in engines:
+            rec.done_at.update(e.done_at)
+            self.engine_busy[r.slot] += e.stats.busy_s / self.replicas
+            self.role_s["rollout"] += e.stats.busy_s / self.replicas
+            self.runs += e.stats.runs
+        if self.tools:
+            rec.tool_wait_s += self.tools.wait_s - wait0
+            rec.tool_calls += self.tools.calls - calls0
+        self.slot_res[r.slot].release(req)
+
+    def _stage(self, i: int, stage: str, smp: Samples, factors: dict) -> Generator:
+        by_slot: dict[str, list[Work]] = defaultdict(list)
+        for w in stage_work(self.res, self.plan, self.calib, smp, stage):
+            by_slot[self.plan.roles[w.role].slot].append(w)
+        procs = [self.env.process(self._slot_work(i, slot, works, factors[slot]))
+                 for slot, works in by_slot.items()]
+        yield simpy.AllOf(self.env, procs)
+
+    def _slot_work(self, i: int, slot: str, works: list[Work], factors) -> Generator:
+        env = self.env
+        for w in works:
+            rp = self.plan.roles[w.role]
+            slow = role_slowdown(factors, rp.devices)
+            req = yield from self._hold(slot, w.role, i)
+            cat = "train" if w.stage == "train" else ("reward" if w.role == "reward" else "forward")
+            for k, d in enumerate(w.steps):
+                dur = d * slow
+                self.rec.add(f"{w.role} {w.stage}", cat, env.now, dur, rp.pool, slot,
+                             role=w.role, step=i, policy_version=i, tokens=w.tokens // len(w.steps),
+                             minibatch=k)
+                self.busy.append((slot, env.now, dur, rp.devices / self._slot_devices(slot)))
+                self.role_s[w.role] += dur
+                yield env.timeout(dur)
+            self.slot_res[slot].release(req)
+
+    def _slot_devices(self, slot: str) -> int:
+        return next(s.devices for s in self.plan.slots if s.name == slot)

@@ -1,0 +1,42 @@
+"""With every source of variance off, the simulator reproduces the placer's prediction (within
+2%) on every example: for the plan the planner makes (the ILP once it exists) and for the fixed
+hand placements that exercise colocation, LPUs, CPU pools and async mode."""
+from __future__ import annotations
+
+import pytest
+
+from simulator.api import simulate_plan
+from simulator.config import SimConfig
+from simulator.handplans import EXAMPLE_PLACEMENTS
+from simplans import example_names, example_plan, hand_plan
+
+TOL = 0.02
+
+
+def _iterations(plan) -> int:
+    return 5 if plan.mode == "async" else 1  # async: fill, three steady steps, drain
+
+
+def _check(plan) -> None:
+    r = simulate_plan(plan, iterations=_iterations(plan), seed=0, config=SimConfig.no_variance())
+    sim = r.metrics["iteration_s"]["mean"]
+    pred = plan.predicted_iteration_s
+    assert abs(sim - pred) <= TOL * pred, f"simulated {sim:.3f} s vs predicted {pred:.3f} s"
+
+
+@pytest.mark.parametrize("name", example_names())
+def test_planned_example_agrees(name):
+    _check(example_plan(name))
+
+
+@pytest.mark.parametrize("name", sorted(n for n in EXAMPLE_PLACEMENTS if n in example_names()))
+def test_hand_placed_example_agrees(name):
+    _check(hand_plan(name))
+
+
+def test_no_variance_is_lockstep():
+    """Every sample of a no-variance run ends its rollout at one of a few lockstep times."""
+    plan = hand_plan("grpo-qwen7b-h100")
+    r = simulate_plan(plan, config=SimConfig.no_variance())
+    ends = {round(t, 9) for t in r.run.iterations[0].done_at.values()}
+    assert len(ends) <= 2  # one per engine wave (full waves and the remainder)
