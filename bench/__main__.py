@@ -10,7 +10,7 @@ import inspect
 import sys
 import time
 
-MODULES = ("solver", "sim", "executor")
+MODULES = ("solver", "sim", "faults", "executor")
 
 
 def main(argv: list[str]) -> int:

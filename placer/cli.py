@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("placer.commands.compare", "the ILP against the baselines on one job"),
     "replan": ("placer.commands.replan", "re-plan after pools lose or gain nodes"),
     "simulate": ("placer.commands.simulate", "simulate a plan's iterations (simpy)"),
+    "goodput": ("placer.commands.goodput", "goodput and time to finish under failures, "
+                "checkpoints and restarts"),
     "execute": ("placer.commands.execute", "run a plan on Ray"),
     "calibrate": ("placer.commands.calibrate", "fit the cost model's efficiency factors to a trace"),
     "fidelity": ("placer.commands.fidelity", "simulated against measured for a plan and its trace"),

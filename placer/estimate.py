@@ -6,7 +6,11 @@ so with every source of variance off both agree.
 
 Roles and the work they do each iteration (n samples, mean context s tokens):
   rollout      generate n samples, `turns` turns each, on dp engine replicas (continuous batching,
-               concurrency capped by KV memory; samples admitted in lockstep waves)
+               concurrency capped by KV memory; samples admitted in lockstep waves); with the
+               job's `tail_policy: overprovision` it generates ceil(n (1 + f)) and the stage ends
+               at the wave in which the n-th finishes (`RolloutShape.waves_used`). Partial
+               rollouts and re-issue change nothing here: their settings may not cut the mean
+               sample (`spec.check_tail_policy`), so with variance off they never act.
   environment  (turns - 1) rounds of n tool calls on CPU cores
   reference    forward over n*s tokens (KL log-probs)
   reward       forward over n*s tokens (model) or a rule/verifier per sample on CPU cores
@@ -149,9 +153,16 @@ def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
 def _environment(res, role, pool, dev, par, eff, _env) -> Estimate:
     env = res.job.environment
     cores = par.devices * dev.cores
-    waves = tool_waves(res.job.batch.samples, env.cpu_per_call, cores)
+    waves = tool_waves(generated_samples(res.job), env.cpu_per_call, cores)
     lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
     return Estimate(role, pool.name, par, Memory(), {"rollout": (env.turns - 1) * waves * lat})
+
+
+def generated_samples(job) -> int:
+    """Samples the rollout generates per iteration: the batch, plus the over-provisioned extra
+    (`tail_policy: overprovision` generates ceil(n (1 + fraction)) and keeps the first n)."""
+    n, tp = job.batch.samples, job.tail_policy
+    return math.ceil(n * (1 + tp.fraction)) if tp.kind == "overprovision" else n
 
 
 @dataclass(frozen=True)
@@ -162,15 +173,55 @@ class RolloutShape:
     per_replica: int
     concurrency: int
     waves: int
+    generated: int = 0  # samples generated over all replicas (0: not given, = kept)
+    kept: int = 0  # samples the step waits for
+
+    def waves_used(self) -> tuple[int, int]:
+        """(full waves, size of the last partial wave or 0) the busiest replica runs before the
+        `kept` samples are done, every source of variance off (all of a wave ends together).
+
+        Samples go round-robin, so replicas hold per_replica or per_replica - 1 of them; without
+        over-provisioning every wave is needed, as before."""
+        c, per = self.concurrency, self.per_replica
+        full, rest = divmod(per, c) if c > 0 else (0, 0)
+        if not self.overprovisioned:
+            return full, rest
+        lo, hi = 1, self.waves  # smallest w with done(w) >= kept
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if self._done(mid) < self.kept else (lo, mid)
+        return (lo, 0) if lo <= full else (full, rest)
+
+    @property
+    def overprovisioned(self) -> bool:
+        return self.generated > self.kept > 0 and self.concurrency > 0
+
+    def _done(self, w: int) -> int:
+        """Samples finished over all replicas after w waves (no variance)."""
+        c, per = self.concurrency, self.per_replica
+        big = self.generated - (per - 1) * self.replicas  # replicas holding `per` samples
+        return big * min(w * c, per) + (self.replicas - big) * min(w * c, per - 1)
+
+    def last_wave_calls(self, calls: int) -> int:
+        """Of the `calls` the last wave used submits per turn, those the kept samples need:
+        tool calls are served first come first served, so the samples still needed are served
+        first and the over-provisioned rest queue behind them."""
+        if not self.overprovisioned:
+            return calls
+        full, rest = self.waves_used()
+        waves = full + (1 if rest else 0)
+        return min(calls, self.kept - self._done(waves - 1))
 
 
 def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency) -> RolloutShape:
     m = res.model_of("rollout")
     replicas = (par.dp if dev.kind is not DeviceKind.lpu
                 else max(par.devices // lpu_chips(m, dev, eff), 1))
-    per = math.ceil(res.job.batch.samples / replicas)
+    gen = generated_samples(res.job)
+    per = math.ceil(gen / replicas)
     conc = min(per, max_concurrency(m, dev, par, res.job.max_context, eff))
-    return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0)
+    return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0, gen,
+                        res.job.batch.samples)
 
 
 def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, batch: int,
@@ -218,8 +269,7 @@ def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
                            f" GB of KV cache per replica, {free * par.replica:.2f} GB is left on "
                            f"{par.replica} x {dev.name} after {mem.total:.1f} GB of weights and "
                            "engine per device")
-    full = shape.per_replica // shape.concurrency
-    rest = shape.per_replica - full * shape.concurrency
+    full, rest = shape.waves_used()
     gen = 0.0
     for batch, count in ((shape.concurrency, full), (rest, 1 if rest else 0)):
         if count:

@@ -299,6 +299,36 @@ class Pipeline(Strict):
         return self
 
 
+class TailPolicy(Strict):
+    """How a step stops waiting on its slowest samples (issue 7); the simulator models each.
+
+    none           wait for every sample and every tool call
+    overprovision  generate ceil(n * (1 + fraction)) samples, keep the first n to finish and
+                   abort the rest (the kept samples lean short: a known bias of the method)
+    partial        cut a sample once it generated `token_budget` response tokens in this step;
+                   the rest of it resumes next step (its context prefilled again) and counts there
+    reissue        a tool call still running `deadline_s` after it started is issued again on
+                   another core; the first copy to finish wins and frees both cores
+    """
+
+    kind: Literal["none", "overprovision", "partial", "reissue"] = "none"
+    fraction: Annotated[float, Field(strict=True, gt=0, le=4)] | None = None
+    token_budget: PosInt | None = None
+    deadline_s: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> "TailPolicy":
+        need = {"none": None, "overprovision": "fraction", "partial": "token_budget",
+                "reissue": "deadline_s"}[self.kind]
+        for name in ("fraction", "token_budget", "deadline_s"):
+            given = getattr(self, name) is not None
+            if name == need and not given:
+                raise ValueError(f"a {self.kind} tail policy needs {name}")
+            if name != need and given:
+                raise ValueError(f"{name} does not apply to a {self.kind} tail policy")
+        return self
+
+
 class Catalog(Strict):
     devices: list[DeviceType] = []
     models: list[ModelArch] = []
@@ -313,6 +343,7 @@ class Job(Strict):
     environment: Environment = Environment()
     pipeline: Pipeline = Pipeline()
     objective: Literal["time", "cost"] = "time"
+    tail_policy: TailPolicy = TailPolicy()
     cluster: Cluster
     catalog: Catalog = Catalog()
     seed: Annotated[int, Field(strict=True, ge=0, le=2**63)] = 0
@@ -441,10 +472,33 @@ def _check_job(job: Job, source: str) -> None:
         except (OSError, UnicodeDecodeError) as e:
             raise SpecError(f"{source}: {where}.path: cannot read {dist.path!r}: "
                             f"{_first_line(e)}") from None
+    check_tail_policy(job, source)
     ctx = job.max_context_float()
     if not ctx <= MAX_CONTEXT_TOKENS:
         raise SpecError(f"{source}: lengths: the longest context, prompt + turns x response + "
                         f"tool outputs, is {ctx:.3g} tokens, beyond {MAX_CONTEXT_TOKENS:,}")
+
+
+def check_tail_policy(job: Job, source: str) -> None:
+    """Budgets and deadlines below the mean would cut (or re-issue) the typical sample, not the
+    tail: carried-over work would then grow every step (partial) or every call would run twice
+    (reissue). Such a setting is an error, which also keeps the no-variance model unchanged."""
+    tp, env = job.tail_policy, job.environment
+    if tp.kind == "partial":
+        # whole tokens per turn, as the simulator rounds a no-variance response
+        mean = env.turns * math.ceil(job.lengths.response.mean_value())
+        if tp.token_budget < mean:
+            raise SpecError(f"{source}: tail_policy.token_budget: below the mean response of a "
+                            f"sample ({mean:.0f} tokens over {env.turns} turn(s)); carried-over "
+                            f"work would grow every step (got {tp.token_budget})")
+    if tp.kind == "reissue":
+        if env.kind == "none" or env.turns < 2:
+            raise SpecError(f"{source}: tail_policy.kind: reissue needs tool calls (an "
+                            f"environment with turns >= 2) (got {tp.kind!r})")
+        mean = env.tool_latency_s.mean_value()
+        if tp.deadline_s < mean:
+            raise SpecError(f"{source}: tail_policy.deadline_s: below the mean tool latency "
+                            f"({mean:.3g} s); most calls would run twice (got {tp.deadline_s})")
 
 
 def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:

@@ -115,10 +115,11 @@ def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibr
     if shape.concurrency < 1:
         return 0.0
     cores = env.est.devices * e_dev.cores
-    full, rest = divmod(shape.per_replica, shape.concurrency)
-    rounds = full * tool_waves(shape.replicas * shape.concurrency, env_spec.cpu_per_call, cores)
-    if rest:
-        rounds += tool_waves(shape.replicas * rest, env_spec.cpu_per_call, cores)
+    full, rest = shape.waves_used()
+    wave = [shape.replicas * shape.concurrency] * full + ([shape.replicas * rest] if rest else [])
+    if wave:  # over-provisioned: the last wave's extra samples queue behind the kept ones
+        wave[-1] = shape.last_wave_calls(wave[-1])
+    rounds = sum(tool_waves(calls, env_spec.cpu_per_call, cores) for calls in wave)
     lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
     return (env_spec.turns - 1) * rounds * lat
 

@@ -20,7 +20,7 @@ from placer.catalog import Resolved
 from placer.costmodel import Calibration
 from placer.estimate import rollout_shape
 from placer.plan import Plan, calibration_of, check_plan, load_plan
-from placer.spec import SpecError
+from placer.spec import SpecError, check_tail_policy
 from simulator.config import SimConfig
 from simulator.faults import Timeline, compose, failure_rate_per_s
 from simulator.iteration import Model, RunRecord
@@ -102,6 +102,7 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     cfg = (config or SimConfig()).validate()
     res = plan.resolved()
     check_plan(plan, res)
+    check_tail_policy(res.job, "plan.job")
     calib = calibration if calibration is not None else calibration_of(plan)
     _check_runnable(res, plan, calib)
     replay = load_replay(workload, res.job) if workload is not None else None

@@ -26,6 +26,11 @@ the engine step at which their turn ends, and the total context is kept as sum(c
 so every batch change costs O(log B). With every source of variance off, all sequences of a
 lockstep wave start and end together, so an engine makes one prefill and one decode event per
 turn per wave: the placer's `wave_time` exactly.
+
+Rows may differ in their number of turns (partial rollouts carry a cut sample's rest into the next
+step, `simulator.tails`). An over-provisioned rollout gives every engine one shared `Quota`; once
+enough samples are done the rollout interrupts the engines, and each cuts the operation it was in
+(its busy time and its trace events end at that moment).
 """
 from __future__ import annotations
 
@@ -162,6 +167,21 @@ class _Run:
 
 
 @dataclass
+class Quota:
+    """Over-provisioned rollouts: the stage ends once `need` samples finished (every engine of
+    the role counts into one quota; `event` fires on the last one needed)."""
+
+    need: int
+    event: simpy.Event
+    done: int = 0
+
+    def hit(self) -> None:
+        self.done += 1
+        if self.done == self.need:
+            self.event.succeed()
+
+
+@dataclass
 class EngineStats:
     busy_s: float = 0.0
     decode_steps: int = 0
@@ -186,15 +206,32 @@ class Engine:
     steps: StepModel  # shared by the replicas of one rollout role
     done_at: dict[int, float] = field(default_factory=dict)
     stats: EngineStats = field(default_factory=EngineStats)
+    quota: Quota | None = None
+    _busy_end: float = 0.0  # end of the busy part of the wait in progress
+    _rows_from: int = 0  # first trace row of the operation in progress
 
     def run(self, env: simpy.Environment) -> Generator:
-        """The engine's process. A prefill and the decode run after it are one simpy event
-        unless a sequence arrives during the prefill (then it is admitted first)."""
+        """The engine's process; an over-provisioned rollout interrupts it once enough samples
+        are done: the operation in progress is cut at that moment (busy time and trace)."""
+        try:
+            yield from self._loop(env)
+        except simpy.Interrupt:
+            now = env.now
+            self.stats.busy_s -= max(self._busy_end - now, 0.0)
+            rows = self.rec.rows
+            for k in range(self._rows_from, len(rows)):
+                row = rows[k]
+                if row[5] == f"{self.spec.slot}/engine{self.index}" and row[2] + row[3] > now:
+                    rows[k] = row[:3] + (max(now - row[2], 0.0),) + row[4:]
+
+    def _loop(self, env: simpy.Environment) -> Generator:
+        """A prefill and the decode run after it are one simpy event unless a sequence arrives
+        during the prefill (then it is admitted first)."""
         smp, s, slow = self.samples, self.spec, self.slowdown
         prompt, response, tool_s, tool_out = smp.prompt, smp.response, smp.tool_s, smp.tool_output
         push, pop = heapq.heappush, heapq.heappop
         add, st, done_at = self.rec.add_fields, self.stats, self.done_at
-        turns = len(response[0]) if smp.n else 0
+        quota = self.quota
         waiting = deque(self.sample_ids)
         arrivals: list[tuple[float, int]] = []  # (time, sample) returning from a tool call
         active: list[tuple[int, int, int]] = []  # (engine step its turn ends, sample, ctx0 - s0)
@@ -205,6 +242,7 @@ class Engine:
         pid, tid, it = s.pool, f"{s.slot}/engine{self.index}", self.step
         while waiting or arrivals or active:
             now = t = env.now
+            self._rows_from = len(self.rec.rows)
             new: list[tuple[int, int]] = []
             while waiting and held < s.concurrency:
                 sid = waiting.popleft()
@@ -228,9 +266,11 @@ class Engine:
                     push(active, (steps + response[sid][turn[sid]], sid, c - steps))
                     sum_a += c - steps
                 if arrivals and arrivals[0][0] <= t:  # arrived during the prefill: admit first
+                    self._busy_end = t
                     yield env.timeout(t - now)
                     continue
             if not active:
+                self._busy_end = t
                 yield env.timeout((t if t > now else arrivals[0][0]) - now)
                 continue
             batch = len(active)
@@ -247,6 +287,7 @@ class Engine:
             st.decode_steps += k
             st.decode_tokens += batch * k
             st.runs += 1
+            self._busy_end = t + dur
             yield env.timeout(t + dur - now)
             steps += k
             t = env.now
@@ -255,9 +296,11 @@ class Engine:
                 sum_a -= a
                 ctx[sid] = a + end_step
                 turn[sid] += 1
-                if turn[sid] >= turns:
+                if turn[sid] >= len(response[sid]):  # rows may differ in turns (partial)
                     held -= 1
                     done_at[sid] = t
+                    if quota is not None:
+                        quota.hit()
                 elif self.tools is not None and tool_s[sid]:
                     push(arrivals, (self._tool(t, sid, turn[sid] - 1), sid))
                 else:  # a multi-turn job without an environment: the next turn follows at once

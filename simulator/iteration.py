@@ -15,6 +15,11 @@ async mode  rollout of step i may start once the weights on the engines are at m
             training of step i start when its rollout is done. In steady state the busiest slot
             sets the pace - the placer's async rule - and the first iteration pays the pipeline
             fill. Iteration time in async mode is the time between consecutive training commits.
+
+Long-tail policies (the job's `tail_policy`, `simulator.tails`): over-provisioning ends the
+rollout stage once n samples are done and trains those; partial rollouts run each step's rows cut
+at the token budget and carry the rest into the next step; speculative re-issue lives in the CPU
+pool. Scoring and training always see the samples the step commits.
 """
 from __future__ import annotations
 
@@ -30,13 +35,17 @@ from placer.estimate import rollout_shape
 from placer.plan import Plan
 from placer.spec import DeviceKind
 from simulator.config import SimConfig
-from simulator.engine import Engine, EngineSpec, StepModel
+from placer.sampling import draw, rng
+from simulator import tails
+from simulator.engine import Engine, EngineSpec, Quota, StepModel
 from simulator.environment import CorePool, pool_slots
 from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
 from simulator.network import max_min_durations, sync_plan
 from simulator.recorder import Recorder
 from simulator.training import Work, onload_costs, stage_work
 from simulator.workload import Samples, has_tools, samples_for
+
+STREAM_REISSUE = 400
 
 
 @dataclass
@@ -51,6 +60,10 @@ class IterRecord:
     tool_wait_s: float = 0.0
     tool_calls: int = 0
     max_slowdown: float = 1.0
+    generated: int = 0  # rows the rollout ran (over-provisioned samples, carried rows)
+    committed: int = 0  # samples scored and trained
+    carried_tokens: int = 0  # response tokens cut at the budget, left for the next step
+    reissued: int = 0  # tool calls run twice
 
 
 @dataclass
@@ -64,6 +77,7 @@ class RunRecord:
     pools: list[CorePool]
     decode_runs: int = 0
     replicas: int = 1
+    committed: dict[int, Samples] = field(default_factory=dict)  # what each step trained
 
 
 class Model:
@@ -85,6 +99,8 @@ class Model:
         self.samples: dict[int, Samples] = {}
         self.onloaded: dict[int, set[str]] = defaultdict(set)
         self.runs = 0
+        self.committed: dict[int, Samples] = {}  # what step i scores and trains
+        self.carry: list[tails.Row] = []  # partial rollouts: rows cut in the previous step
 
     def _rollout_setup(self) -> None:
         res, plan = self.res, self.plan
@@ -105,8 +121,27 @@ class Model:
             cores = e.devices * res.device_of(e.pool).cores
             self.tools = CorePool(e.pool, pool_slots(cores, job.environment.cpu_per_call))
             self.tool_overhead = self.calib.for_device(res.device_of(e.pool)).tool_overhead_s
+            if job.tail_policy.kind == "reissue":
+                self._reissue_setup(self.tools)
         else:
             self.tool_overhead = 0.0
+
+    def _reissue_setup(self, pool: CorePool) -> None:
+        """Copies of slow calls draw fresh latencies from their own seeded stream, in batches."""
+        dist = self.res.job.environment.tool_latency_s
+        mean = self.cfg.workload.tool_latency == "mean"
+        g = rng(self.seed, STREAM_REISSUE)
+        buf: list[float] = []
+
+        def redraw() -> float:
+            if mean:
+                return dist.mean_value() + self.tool_overhead
+            if not buf:
+                buf.extend(draw(dist, g, 1024).tolist())
+            return buf.pop() + self.tool_overhead
+
+        pool.deadline_s = self.res.job.tail_policy.deadline_s + self.tool_overhead
+        pool.redraw = redraw
 
     # ------------------------------------------------------------------------------ driver
     def run(self, iterations: int) -> RunRecord:
@@ -118,11 +153,16 @@ class Model:
         self.env.run()
         return RunRecord(self.records, self.samples, self.busy, dict(self.engine_busy),
                          dict(self.role_s), self.env.now, [self.tools] if self.tools else [],
-                         self.runs, self.replicas)
+                         self.runs, self.replicas, self.committed)
 
     def _prepare(self, i: int) -> tuple[Samples, dict]:
-        smp = samples_for(self.res.job, self.cfg.workload, self.seed, i, self.replay)
+        job = self.res.job
+        smp = samples_for(job, self.cfg.workload, self.seed, i, self.replay)
+        if job.tail_policy.kind == "partial":
+            rows, self.carry = tails.with_carry(smp, self.carry, job.batch.samples)
+            smp = tails.from_rows(rows, smp.tool_output)
         self.samples[i] = smp
+        self.records[i].generated = smp.n
         factors = device_slowdowns(self.plan, self.cfg.stragglers, self.seed, i)
         self.records[i].max_slowdown = max((float(f.max()) for f in factors.values() if len(f)),
                                            default=1.0)
@@ -136,8 +176,8 @@ class Model:
             smp, factors = self._prepare(i)
             for stage, proc in (("sync", lambda: self._weight_sync(i)),
                                 ("rollout", lambda: self._rollout(i, smp, factors)),
-                                ("score", lambda: self._stage(i, "score", smp, factors)),
-                                ("train", lambda: self._stage(i, "train", smp, factors))):
+                                ("score", lambda: self._stage(i, "score", factors)),
+                                ("train", lambda: self._stage(i, "train", factors))):
                 t0 = env.now
                 yield env.process(proc())
                 rec.stages[stage] = (t0, env.now)
@@ -170,14 +210,14 @@ class Model:
         def step(i: int) -> Generator:
             """Score step i as soon as its rollout is done; train after step i-1 trained."""
             yield rolled[i]
-            smp, factors = prepared[i]
+            factors = prepared[i][1]
             t0 = env.now
-            yield env.process(self._stage(i, "score", smp, factors))
+            yield env.process(self._stage(i, "score", factors))
             self.records[i].stages["score"] = (t0, env.now)
             if i > 0:
                 yield trained[i - 1]
             t0 = env.now
-            yield env.process(self._stage(i, "train", smp, factors))
+            yield env.process(self._stage(i, "train", factors))
             self.records[i].stages["train"] = (t0, env.now)
             self.records[i].end = env.now
             trained[i].succeed()
@@ -224,13 +264,27 @@ class Model:
     def _rollout(self, i: int, smp: Samples, factors: dict) -> Generator:
         env, r = self.env, self.plan.roles["rollout"]
         req = yield from self._hold(r.slot, "rollout", i)
+        policy, n = self.res.job.tail_policy, self.res.job.batch.samples
+        cut = None
+        if policy.kind == "partial":
+            cut = tails.cut(tails.rows_of(smp), policy.token_budget, smp.tool_output)
+            smp = self.samples[i] = cut.run
+        quota = Quota(n, env.event()) if policy.kind == "overprovision" else None
         slow = replica_slowdowns(factors[r.slot], self.replicas, self.replica_size)
         engines = [Engine(self.spec, k, smp, list(range(k, smp.n, self.replicas)), slow[k],
-                          self.tools, self.tool_overhead, self.rec, i, self.steps)
+                          self.tools, self.tool_overhead, self.rec, i, self.steps, quota=quota)
                    for k in range(self.replicas)]
         wait0 = self.tools.wait_s if self.tools else 0.0
         calls0 = self.tools.calls if self.tools else 0
-        yield simpy.AllOf(env, [env.process(e.run(env)) for e in engines])
+        again0 = self.tools.reissued if self.tools else 0
+        procs = [env.process(e.run(env)) for e in engines]
+        if quota is not None:
+            yield simpy.AllOf(env, procs) | quota.event
+            for p in procs:  # enough samples are done: abort the rest
+                if p.is_alive:
+                    p.interrupt()
+        # a fresh condition: a triggered `|` detaches the conditions nested in it
+        yield simpy.AllOf(env, procs)
         rec = self.records[i]
         for e in engines:
             rec.done_at.update(e.done_at)
@@ -240,11 +294,22 @@ class Model:
         if self.tools:
             rec.tool_wait_s += self.tools.wait_s - wait0
             rec.tool_calls += self.tools.calls - calls0
+            rec.reissued += self.tools.reissued - again0
+        if cut is not None:
+            self.carry += cut.carry
+            rec.carried_tokens = cut.carried_tokens
+            done = tails.subset(smp, cut.finished)
+        elif quota is not None:
+            done = tails.subset(smp, tails.first_done(rec.done_at, n))
+        else:
+            done = smp
+        self.committed[i] = done
+        rec.committed = done.n
         self.slot_res[r.slot].release(req)
 
-    def _stage(self, i: int, stage: str, smp: Samples, factors: dict) -> Generator:
+    def _stage(self, i: int, stage: str, factors: dict) -> Generator:
         by_slot: dict[str, list[Work]] = defaultdict(list)
-        for w in stage_work(self.res, self.plan, self.calib, smp, stage):
+        for w in stage_work(self.res, self.plan, self.calib, self.committed[i], stage):
             by_slot[self.plan.roles[w.role].slot].append(w)
         procs = [self.env.process(self._slot_work(i, slot, works, factors[slot]))
                  for slot, works in by_slot.items()]

@@ -2,13 +2,15 @@
 
   iteration_s      mean / p50 / p99 of iteration times (async mode: the steady state, without
                    the first iteration's pipeline fill and the last one's drain)
-  samples_per_s,   committed samples and generated (response) tokens per wall second
+  samples_per_s,   committed (trained) samples and their response tokens per wall second
   tokens_per_s
   utilization      busy share of each slot's devices over the run, and per pool (device-weighted)
   bubble_s         per iteration, the device-weighted mean time accelerator slots sit idle
   role_s           busy seconds per iteration of each role (rollout: per engine replica;
                    environment: per CPU server; sync: the weight sync on the rollout slot)
   goodput          useful iteration time over wall time under failures (1.0 without failures)
+  tail_policy      the job's long-tail policy and what it did: rows generated and samples
+                   committed per iteration, tokens carried to the next step, re-issued calls
   why              long_tail_s: rollout time after 90% of samples were done;
                    queueing_s: tool-call wait for a free core, per sample;
                    link_contention_s: weight-sync time beyond one transfer alone on its links;
@@ -105,8 +107,9 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str
     durs = iteration_durations(run, mode)
     per_slot, per_pool, bubble = utilization(res, plan, run)
     n = len(durs)
-    samples = sum(run.samples[i].n for i in range(n))
-    tokens = sum(run.samples[i].response_tokens() for i in range(n))
+    done = [run.committed.get(i, run.samples[i]) for i in range(n)]
+    samples = sum(d.n for d in done)
+    tokens = sum(d.response_tokens() for d in done)
     role_s = {r: v / n for r, v in run.role_s.items()}
     for pool in run.pools:
         role_s["environment"] = pool.busy_s / pool.slots / n
@@ -138,4 +141,17 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str
         "tool_calls": sum(r.tool_calls for r in run.iterations),
         "decode_runs": run.decode_runs,
         "why": why(run),
+        "tail_policy": tail_stats(res, run),
     }
+
+
+def tail_stats(res: Resolved, run: RunRecord) -> dict[str, Any]:
+    """What the job's long-tail policy did, per iteration (see `simulator.tails`)."""
+    recs = run.iterations
+    n = max(len(recs), 1)
+    return {**res.job.tail_policy.model_dump(exclude_none=True),
+            "generated_per_iteration": sum(r.generated for r in recs) / n,
+            "committed_per_iteration": sum(r.committed for r in recs) / n,
+            "carried_tokens_per_iteration": sum(r.carried_tokens for r in recs) / n,
+            "reissued_calls": sum(r.reissued for r in recs),
+            "reissue_saved_s": float(sum(p.saved_s for p in run.pools))}

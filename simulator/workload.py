@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from placer.estimate import generated_samples
 from placer.sampling import draw, draw_lengths, rng
 from placer.spec import Job, SpecError
 from simulator.config import Workload as WorkloadConfig
@@ -50,10 +51,11 @@ def has_tools(job: Job) -> bool:
 
 def samples_for(job: Job, cfg: WorkloadConfig, seed: int, iteration: int,
                 replay: list[dict] | None = None) -> Samples:
-    """The samples of `iteration`: replayed if `replay` rows are given, else drawn or at means."""
+    """The samples `iteration` generates (over-provisioned: more than the batch): replayed if
+    `replay` rows are given, else drawn or at means."""
     if replay is not None:
         return _replayed(job, replay, iteration, cfg.response_scale)
-    n, turns = job.batch.samples, job.environment.turns
+    n, turns = generated_samples(job), job.environment.turns
     calls = turns - 1 if has_tools(job) else 0
     lengths, env = job.lengths, job.environment
     if cfg.lengths == "mean":
@@ -107,7 +109,7 @@ def _nums(row: dict, key: str, need: int, where: str) -> None:
 
 
 def _replayed(job: Job, rows: list[dict], iteration: int, scale: float) -> Samples:
-    n, turns = job.batch.samples, job.environment.turns
+    n, turns = generated_samples(job), job.environment.turns
     calls = turns - 1 if has_tools(job) else 0
     prompt, response, tools = [], [], []
     for k in range(n):

@@ -3,6 +3,8 @@
 Prints iteration time (mean/p50/p99) against the plan's prediction, throughput, utilization,
 bubble time, goodput and why the run differs from the prediction; `--json` prints the metrics as
 one JSON document. `--trace` writes a Chrome trace (opens in Perfetto), `--plots` the figures.
+`--compare-policies` simulates the plan under each long-tail policy (none, overprovision, partial,
+reissue; `simulator.policies`) with the same seed and ranks them by trained samples per second.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "tool latencies from a JSONL workload trace")
     p.add_argument("--no-variance", action="store_true",
                    help="lengths and latencies at their means, no stragglers or failures")
+    p.add_argument("--compare-policies", action="store_true",
+                   help="rank the long-tail policies (tail_policy) for this plan by simulating "
+                        "each with the same seed")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -43,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError("--no-variance: cannot be combined with --config")
         cfg = SimConfig.no_variance()
     calib = load_calibration(args.calibration) if args.calibration else None
+    if args.compare_policies:
+        return _compare(args, cfg, calib)
     result = simulate_plan(args.plan, iterations=args.iterations, seed=args.seed, config=cfg,
                            trace_path=args.trace, plots_dir=args.plots, calibration=calib,
                            workload=args.workload)
@@ -72,3 +79,29 @@ def _print(m: dict[str, Any]) -> None:
     print(f"  why          long tail {w['long_tail_s']:.2f} s, tool queueing "
           f"{w['queueing_s']:.2f} s/sample, link contention {w['link_contention_s']:.2f} s, "
           f"slowest device x{w['max_slowdown']:.2f} -> {w['dominant']}")
+
+
+def _compare(args: argparse.Namespace, cfg, calib) -> int:
+    from simulator.policies import compare_policies  # noqa: PLC0415
+
+    for flag in ("trace", "plots", "workload"):
+        if getattr(args, flag):
+            raise SpecError(f"--{flag}: cannot be combined with --compare-policies")
+    if calib is not None:
+        raise SpecError("--calibration: cannot be combined with --compare-policies")
+    rows = compare_policies(args.plan, iterations=args.iterations, seed=args.seed, config=cfg)
+    if args.json:
+        emit_json({"ranking": rows, "iterations": args.iterations, "seed": args.seed})
+        return 0
+    print(f"long-tail policies, {args.iterations} iteration(s), seed {args.seed}; ranked by "
+          "trained samples per second")
+    print(f"{'#':>2} {'policy':<28} {'samples/s':>10} {'vs none':>8} {'step_s':>8} "
+          f"{'tail_s':>7} {'trained':>8}")
+    for r in rows:
+        params = ", ".join(f"{k} {v:g}" for k, v in r["policy"].items() if k != "kind")
+        label = r["kind"] + (f" ({params})" if params else "")
+        print(f"{r['rank']:>2} {label:<28} {r['samples_per_s']:>10.3f} {r['vs_none']:>+8.1%} "
+              f"{r['iteration_s']:>8.2f} {r['long_tail_s']:>7.2f} {r['committed']:>8.0f}")
+    for r in rows:
+        print(f"  {r['kind']}: {r['why']}")
+    return 0
