@@ -14,28 +14,15 @@ from __future__ import annotations
 import json
 import math
 from enum import Enum
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, Field, StrictBool, ValidationError, model_validator
 
-# Upper bounds are far beyond any real cluster or model; they keep every later product of sizes a
-# finite float, so an absurd file is a clean SpecError here rather than an overflow in an estimate.
-# strict: a YAML `true` or `"8"` is a wrong type, not 1 or 8 (lax mode would coerce them).
-PosFloat = Annotated[float, Field(strict=True, gt=0, le=1e15)]
-PosInt = Annotated[int, Field(strict=True, gt=0, le=1_000_000_000)]
-MAX_CONTEXT_TOKENS = 1 << 26  # a sample's longest context (prompt + turns); ~67M tokens
-
-
-class SpecError(ValueError):
-    """A bad job, cluster or plan file. `str()` is one line naming the field and the value."""
-
-
-class Strict(BaseModel):
-    # allow_inf_nan=False: YAML's `.inf` / `.nan` are numbers to a parser but never a valid size.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+from placer.distributions import Distribution  # noqa: F401  (re-exported)
+from placer.specbase import (MAX_CONTEXT_TOKENS, PosFloat, PosInt, SpecError,  # noqa: F401
+                             Strict)
 
 
 # ----------------------------------------------------------------------------------- hardware
@@ -142,110 +129,6 @@ class Cluster(Strict):
             if p.name == name:
                 return p
         raise KeyError(name)
-
-
-# ------------------------------------------------------------------------------ distributions
-class Distribution(Strict):
-    """A length or latency distribution.
-
-    fixed: always `value`. normal: `mean`, `std`. lognormal: median `median` and shape `sigma`
-    (the long tail). empirical: replay values from a JSONL workload trace (`path`, `field`; a
-    relative path is read from the job file's folder). Every draw is clipped to [min, cap]
-    (`placer.sampling.draw`), so `mean_value` and `max_value` are those of the clipped variable.
-    """
-
-    kind: Literal["fixed", "normal", "lognormal", "empirical"] = "fixed"
-    value: PosFloat | None = None
-    mean: PosFloat | None = None
-    std: Annotated[float, Field(strict=True, ge=0)] | None = None
-    median: PosFloat | None = None
-    # sigma <= 10 keeps exp(sigma^2/2) finite; a median x e^40 tail is beyond any length anyway.
-    sigma: Annotated[float, Field(strict=True, ge=0, le=10)] | None = None
-    min: Annotated[float, Field(strict=True, ge=0)] = 0.0
-    cap: PosFloat | None = None
-    path: str | None = None
-    field: str | None = None
-
-    @model_validator(mode="after")
-    def _params_present(self) -> "Distribution":
-        need = {"fixed": ("value",), "normal": ("mean", "std"), "lognormal": ("median", "sigma"),
-                "empirical": ("path", "field")}[self.kind]
-        missing = [n for n in need if getattr(self, n) is None]
-        if missing:
-            raise ValueError(f"a {self.kind} distribution needs {', '.join(missing)}")
-        if self.cap is not None and self.cap < self.min:
-            raise ValueError(f"cap {self.cap:g} is below min {self.min:g}")
-        return self
-
-    def _clip(self, x: float) -> float:
-        return min(max(x, self.min), self.cap if self.cap is not None else math.inf)
-
-    def mean_value(self) -> float:
-        """Expected value of a draw clipped to [min, cap] (closed form for normal and lognormal)."""
-        if self.kind == "fixed":
-            return self._clip(float(self.value))
-        if self.kind == "normal":
-            return _clipped_normal_mean(self.mean, self.std, self.min, self.cap)
-        if self.kind == "lognormal":
-            return _clipped_lognormal_mean(self.median, self.sigma, self.min, self.cap)
-        return _empirical_stats(self.path, self.field, self.min, self.cap)[0]
-
-    def max_value(self) -> float:
-        """The largest value a draw can take: the cap, else a far (4 sigma) quantile."""
-        if self.kind == "fixed":
-            return self._clip(float(self.value))
-        if self.cap is not None:
-            return float(self.cap)
-        if self.kind == "normal":
-            return self._clip(self.mean + 4 * self.std)
-        if self.kind == "lognormal":
-            return self._clip(self.median * math.exp(4 * self.sigma))
-        return _empirical_stats(self.path, self.field, self.min, self.cap)[1]
-
-    def samples(self) -> list[float]:
-        """Values of an empirical distribution, read from its JSONL file."""
-        from traces.workload import read_field  # deferred: placer.spec stays import-light
-        return read_field(self.path, self.field)
-
-
-@lru_cache(maxsize=64)
-def _empirical_stats(path: str, field: str, lo: float, hi: float | None) -> tuple[float, float]:
-    """(mean, max) of a trace field's values clipped to [lo, hi]; cached, as estimates ask often."""
-    from traces.workload import read_field
-    vals = [min(max(v, lo), math.inf if hi is None else hi) for v in read_field(path, field)]
-    return sum(vals) / len(vals), max(vals)
-
-
-def _Phi(x: float) -> float:
-    """Standard normal CDF (accepts +-inf)."""
-    return 0.5 * (1 + math.erf(x / math.sqrt(2))) if math.isfinite(x) else float(x > 0)
-
-
-def _phi(x: float) -> float:
-    return math.exp(-x * x / 2) / math.sqrt(2 * math.pi) if math.isfinite(x) else 0.0
-
-
-def _clipped_normal_mean(mu: float, sd: float, lo: float, hi: float | None) -> float:
-    """E[clip(X, lo, hi)] for X ~ N(mu, sd^2): mass below lo sits at lo, above hi at hi."""
-    hi_ = math.inf if hi is None else hi
-    if sd == 0:
-        return min(max(mu, lo), hi_)
-    a, b = (lo - mu) / sd, (hi_ - mu) / sd
-    inner = mu * (_Phi(b) - _Phi(a)) + sd * (_phi(a) - _phi(b))
-    return lo * _Phi(a) + (hi_ * (1 - _Phi(b)) if hi is not None else 0.0) + inner
-
-
-def _clipped_lognormal_mean(median: float, sigma: float, lo: float, hi: float | None) -> float:
-    """E[clip(X, lo, hi)] for ln X ~ N(ln median, sigma^2) (the capped long tail)."""
-    hi_ = math.inf if hi is None else hi
-    if sigma == 0:
-        return min(max(median, lo), hi_)
-    mu = math.log(median)
-    a = (math.log(lo) - mu) / sigma if lo > 0 else -math.inf
-    b = (math.log(hi_) - mu) / sigma if hi is not None else math.inf
-    # E[X; a < Z < b] = e^(mu + sigma^2/2) (Phi(b - sigma) - Phi(a - sigma))
-    inner = math.exp(mu + sigma**2 / 2) * (_Phi(b - sigma) - _Phi(a - sigma))
-    return lo * _Phi(a) + (hi_ * (1 - _Phi(b)) if hi is not None else 0.0) + inner
 
 
 # ------------------------------------------------------------------------------------ the job
