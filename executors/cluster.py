@@ -1,0 +1,150 @@
+"""Getting a Ray cluster for a plan: an embedded one, or joining one at `--address`.
+
+Resources the plan's bundles ask for (see `placer.mapping._bundle_resources` and
+`executors.placement`):
+  GPU / LPU / CPU           device counts (CPU: cores) of the pool's device kind;
+  pool_<pool>               devices of that pool, so that a plan lands on the pool it names;
+  placer_node_<pool>_<i>    one key per plan node, so that a bundle lands on the very node the plan
+                            maps it to (every plan node is one Ray node in a real cluster; an
+                            embedded single-node Ray advertises all of them).
+A machine without CUDA devices runs a plan's GPU pools *emulated*: Ray advertises the GPUs while
+the math runs on CPU. LPU pools are always emulated (there is no LPU runtime here). Everything the
+executor prints names the emulated pools.
+
+Security: Ray's token authentication stays on (`RAY_AUTH_MODE=token`; an embedded cluster gets a
+fresh random token in the environment unless one is configured), the dashboard is off and an
+embedded cluster binds to 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from placer.plan import Plan
+from placer.spec import DeviceKind, SpecError
+
+NODE_UNITS = 1000.0  # a plan node advertises this much of its key; a bundle takes 1
+
+
+def node_key(pool: str, node: int) -> str:
+    return f"placer_node_{pool}_{node}"
+
+
+@dataclass
+class ClusterInfo:
+    address: str
+    embedded: bool
+    emulated: list[str] = field(default_factory=list)  # pools whose devices are emulated
+    pinned: bool = True  # bundles carry node keys (False: the joined cluster has none)
+
+    def describe(self) -> str:
+        where = "embedded Ray on 127.0.0.1" if self.embedded else f"Ray at {self.address}"
+        emu = (f"; emulated pools (work runs on CPU): {', '.join(self.emulated)}"
+               if self.emulated else "")
+        pin = "" if self.pinned else "; nodes do not advertise placer_node_* keys: node pinning off"
+        return where + emu + pin
+
+
+def cuda_devices() -> int:
+    try:
+        import torch  # noqa: PLC0415
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def emulated_pools(plan: Plan) -> list[str]:
+    """Pools the plan uses whose devices this machine does not have."""
+    res = plan.resolved()
+    used = {b.pool for b in plan.bundles}
+    out = []
+    for pool in res.job.cluster.pools:
+        kind = res.device_of(pool).kind
+        if pool.name in used and (kind is DeviceKind.lpu or (kind is DeviceKind.gpu
+                                                              and cuda_devices() == 0)):
+            out.append(pool.name)
+    return out
+
+
+def node_resources(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
+    """What each plan node must advertise: its pool's whole node plus its node key."""
+    res = plan.resolved()
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for b in plan.bundles:
+        if (b.pool, b.node) in out:
+            continue
+        pool = res.cluster.pool(b.pool)
+        dev = res.device_of(pool)
+        kind_key = {DeviceKind.gpu: "GPU", DeviceKind.lpu: "LPU", DeviceKind.cpu: "CPU"}[dev.kind]
+        amount = pool.devices_per_node * (dev.cores if dev.kind is DeviceKind.cpu else 1)
+        out[(b.pool, b.node)] = {kind_key: float(amount),
+                                 f"pool_{b.pool}": float(pool.devices_per_node),
+                                 node_key(b.pool, b.node): NODE_UNITS}
+    return out
+
+
+def ensure_token_auth() -> None:
+    """Token authentication on; a fresh token for this process tree when none is configured."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    have = ("RAY_AUTH_TOKEN" in os.environ or "RAY_AUTH_TOKEN_PATH" in os.environ
+            or (Path.home() / ".ray" / "auth_token").is_file())
+    if not have:
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    # Ray read its config when it was imported; make this process see token mode and the token.
+    from ray._raylet import AuthenticationTokenLoader, Config  # noqa: PLC0415
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def start(plan: Plan, address: str | None = None) -> ClusterInfo:
+    """Connect to `address`, or start an embedded Ray with everything the plan needs."""
+    import ray  # noqa: PLC0415
+
+    ensure_token_auth()
+    emulated = emulated_pools(plan)
+    if ray.is_initialized():
+        return ClusterInfo(address or "current", False, emulated, _has_node_keys(plan))
+    if address:
+        try:
+            ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise SpecError(f"--address: cannot join Ray at {address!r}: "
+                            f"{str(e).splitlines()[0]}") from None
+        return ClusterInfo(address, False, emulated, _has_node_keys(plan))
+    total: dict[str, float] = defaultdict(float)
+    for r in node_resources(plan).values():
+        for k, v in r.items():
+            total[k] += v
+    _loopback_only()
+    cpus = max(total.pop("CPU", 0.0), float(os.cpu_count() or 1))
+    gpus = total.pop("GPU", 0.0)
+    if cuda_devices():  # real GPUs: advertise what exists, not what the plan hopes for
+        gpus = float(cuda_devices())
+    ray.init(address="local", num_cpus=int(cpus), num_gpus=int(gpus), resources=dict(total),
+             include_dashboard=False, _node_ip_address="127.0.0.1",
+             logging_level="WARNING", log_to_driver=True, configure_logging=True)
+    return ClusterInfo("embedded", True, emulated, True)
+
+
+def _loopback_only() -> None:
+    """Make Ray take 127.0.0.1 as this node's address (its single-machine mode): Ray otherwise
+    swaps a loopback `_node_ip_address` for the machine's routable address."""
+    import ray._private.ray_constants as rc  # noqa: PLC0415
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by Ray's child processes
+    rc.ENABLE_RAY_CLUSTER = False
+
+
+def _has_node_keys(plan: Plan) -> bool:
+    import ray  # noqa: PLC0415
+    have = ray.cluster_resources()
+    return all(node_key(p, n) in have for p, n in node_resources(plan))
+
+
+def stop(info: ClusterInfo) -> None:
+    import ray  # noqa: PLC0415
+    if ray.is_initialized():
+        ray.shutdown()

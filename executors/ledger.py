@@ -1,0 +1,84 @@
+"""The sample ledger: proof that every planned sample was trained on exactly once.
+
+Per step the loop records the sample ids it planned (from the prompts), every generation of a
+sample (a re-run after a lost rollout or environment actor adds a generation, marked as a re-run),
+and the ids that reached the optimizer. A step is committed when its training finished; a trainer
+restart that rolls back to an older checkpoint discards the steps after it (their updates are gone
+with the lost weights) and they are run again. `balanced()` holds when every committed step
+trained each planned id exactly once and nothing else, and steps 0..n-1 are all committed.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class StepEntry:
+    planned: list[str]
+    generated: Counter = field(default_factory=Counter)
+    reruns: list[str] = field(default_factory=list)
+    trained: Counter = field(default_factory=Counter)
+    committed: bool = False
+
+
+@dataclass
+class Ledger:
+    steps: dict[int, StepEntry] = field(default_factory=dict)
+    rolled_back: list[int] = field(default_factory=list)
+
+    def plan(self, step: int, ids: list[str]) -> None:
+        self.steps[step] = StepEntry(list(ids))
+
+    def generated(self, step: int, ids: list[str], rerun: bool = False) -> None:
+        e = self.steps[step]
+        e.generated.update(ids)
+        if rerun:
+            e.reruns += list(ids)
+
+    def trained(self, step: int, ids: list[str]) -> None:
+        self.steps[step].trained.update(ids)
+
+    def commit(self, step: int) -> None:
+        self.steps[step].committed = True
+
+    def rollback(self, last_good: int) -> None:
+        """Forget steps after `last_good` (their training was lost with the trainer's weights)."""
+        for s in sorted(s for s in self.steps if s > last_good):
+            self.rolled_back.append(s)
+            del self.steps[s]
+
+    def problems(self, n_steps: int) -> list[str]:
+        out = []
+        for s in range(n_steps):
+            e = self.steps.get(s)
+            if e is None or not e.committed:
+                out.append(f"step {s}: not committed")
+                continue
+            want = Counter(e.planned)
+            if e.trained != want:
+                lost = sorted(set(want) - set(e.trained))
+                twice = sorted(k for k, c in e.trained.items() if c > 1)
+                extra = sorted(set(e.trained) - set(want))
+                out.append(f"step {s}: lost {lost[:3]}, counted twice {twice[:3]}, "
+                           f"unplanned {extra[:3]}")
+            if set(e.generated) != set(want):
+                out.append(f"step {s}: generated ids differ from planned ids")
+        return out
+
+    def balanced(self, n_steps: int) -> bool:
+        return not self.problems(n_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": {str(s): {"planned": len(e.planned), "trained": sum(e.trained.values()),
+                                   "distinct_trained": len(e.trained), "reruns": e.reruns,
+                                   "committed": e.committed}
+                          for s, e in sorted(self.steps.items())},
+                "rolled_back": self.rolled_back}
+
+    def write(self, path: str | Path) -> None:
+        from placer.plan import atomic_write_text  # noqa: PLC0415
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))

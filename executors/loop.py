@@ -1,0 +1,432 @@
+"""The RL loop (GRPO, PPO) over a `Runtime`: versioned weight sync, traces, checkpoints, recovery.
+
+One step, in the plan's four stages:
+  sync     trainer rank 0's weights (version v = optimizer steps so far) go to every rollout
+           worker that does not hold v yet (one object in Ray's store, fetched by each);
+  rollout  prompts for the step (seeded) x samples per prompt, sharded over rollout workers; every
+           sample carries the version it was generated with; the environment runs each answer
+           in the sandbox (a tool call);
+  score    rule or model reward, reference log-probs (KL), critic values (PPO);
+  train    advantages (GRPO: group-normalised rewards; PPO: GAE over critic values with a KL
+           penalty), one optimizer step on each data-parallel rank (gradients all-reduced), critic
+           step; checkpoint every `checkpoint_every` steps (atomic files).
+Sync mode: a step's samples are generated with version == step. Async mode: the rollout of step
+s+1 is launched before step s trains, so its version is s (staleness 1 <= max_staleness).
+
+Recovery: a rollout, environment, reference or reward worker that dies mid-call is restarted by
+Ray (`max_restarts`) and its in-flight samples are re-run (rollouts after re-syncing weights); a
+trainer or critic that dies restarts every training rank, re-forms the process group, reloads the
+last checkpoint and re-runs the steps after it. The ledger (`executors.ledger`) records sample ids
+per step and proves nothing was lost or counted twice.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from executors import rl
+from executors.ledger import Ledger
+from executors.model import BOS, decode, encode
+from executors.placement import Member
+from executors.task import exact, make_prompts
+from placer.plan import Plan, atomic_write_text
+from traces.schema import Trace
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Kill a worker right after its work of `step` was dispatched (`kind`: ray.kill | signal)."""
+
+    step: int
+    role: str
+    kind: str = "ray.kill"
+    rank: int = 0
+
+
+@dataclass
+class LoopConfig:
+    steps: int
+    out_dir: Path
+    mode: str = "sync"
+    max_staleness: int = 0
+    checkpoint_every: int = 1
+    retries: int = 3
+    faults: list[Fault] = field(default_factory=list)
+
+
+@dataclass
+class StepStat:
+    step: int
+    reward: float
+    exact: float
+    step_s: float
+    role_s: dict[str, float]
+    versions: list[int]
+    loss: float
+    reruns: int = 0
+
+
+class TrainingLost(RuntimeError):
+    """A trainer or critic rank died; the loop rolls back to the last checkpoint."""
+
+
+class Loop:
+    def __init__(self, plan: Plan, rt: Any, cfg: Any, lc: LoopConfig, trace: Trace,
+                 progress: Callable[[StepStat], None] | None = None) -> None:
+        self.plan, self.rt, self.cfg, self.lc, self.trace = plan, rt, cfg, lc, trace
+        self.job = plan.resolved().job
+        self.by_role: dict[str, list[Member]] = defaultdict(list)
+        for m in sorted(rt.members, key=lambda m: (m.role, m.rank)):
+            self.by_role[m.role].append(m)
+        self.ledger = Ledger()
+        self.stats: list[StepStat] = []
+        self.known: dict[int, int | None] = {}  # rollout rank -> weight version it holds
+        self.faults = list(lc.faults)
+        self.progress = progress
+        self.t0 = time.time()
+        self.last_ckpt = -1
+        self._role_s: dict[str, float] = defaultdict(float)
+        self._reruns = 0
+        self.rerun_idx: set[int] = set()
+        self._next_pending: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def _event(self, name: str, cat: str, ts: float, dur: float, m: Member | None, step: int,
+               **args: Any) -> None:
+        pid, tid = (m.trace_pid, f"{m.role}{m.rank}") if m else ("driver", "loop")
+        if m is not None:
+            args.setdefault("role", m.role)
+            args.setdefault("devices", m.device_ids)
+        self.trace.add(name, cat, max(ts - self.t0, 0.0), max(dur, 0.0), pid, tid, step=step,
+                       **args)
+
+    def _inject(self, step: int, role: str) -> None:
+        for f in [f for f in self.faults if f.step == step and f.role == role]:
+            self.faults.remove(f)
+            m = self.by_role[role][f.rank]
+            t = time.time()
+            self.rt.kill(m, f.kind)
+            self._event(f"kill {role}{f.rank}", "failure", t, 0.0, m, step, kind=f.kind,
+                        policy_version=None)
+
+    def _call_all(self, calls: list[tuple[Member, str, tuple]], step: int, role: str,
+                  on_retry: Callable[[Member], None] | None = None,
+                  handles: list[Any] | None = None) -> list[Any]:
+        """Run calls in parallel (or wait for `handles` already started); a call whose worker
+        died is re-run on the restarted worker."""
+        self.rerun_idx: set[int] = set()
+        if handles is None:
+            handles = [self.rt.call(m, meth, *args) for m, meth, args in calls]
+        self._inject(step, role)
+        outs = self.rt.results(handles)
+        for attempt in range(self.lc.retries + 1):
+            bad = [i for i, o in enumerate(outs) if not o.ok]
+            if not bad:
+                break
+            if attempt == self.lc.retries:
+                raise RuntimeError(f"{role}: calls keep failing: {outs[bad[0]].error}")
+            for i in bad:
+                m, meth, args = calls[i]
+                t = time.time()
+                self.rt.wait_alive(m)
+                self._event(f"restart {m.role}{m.rank}", "restart", t, time.time() - t, m, step,
+                            error=outs[i].error, policy_version=None)
+                if on_retry:
+                    on_retry(m)
+                self._reruns += 1
+                self.rerun_idx.add(i)
+                outs[i] = self.rt.results([self.rt.call(m, meth, *args)])[0]
+        return [o.value for o in outs]
+
+    # ------------------------------------------------------------------ stages
+    def setup_training(self) -> None:
+        ranks = self.by_role["actor"]
+        if len(ranks) > 1:
+            addr, port = self.rt.results([self.rt.call(ranks[0], "rendezvous")])[0].value
+            outs = self.rt.results([self.rt.call(m, "init_group", addr, port) for m in ranks])
+            if not all(o.ok for o in outs):
+                raise RuntimeError(f"trainer process group: {next(o.error for o in outs if not o.ok)}")
+
+    def sync_weights(self, step: int, force: Member | None = None) -> int:
+        t = time.time()
+        trainer = self.by_role["actor"][0]
+        out = self.rt.results([self.rt.call(trainer, "weights_info")])[0]
+        if not out.ok:
+            raise TrainingLost(out.error)
+        version, nbytes = out.value
+        targets = [m for m in self.by_role["rollout"]
+                   if m is force or self.known.get(m.rank) != version]
+        if not targets:
+            return version
+        # The weights go from the trainer's process to each rollout worker through Ray's object
+        # store (the driver passes the reference on; it never holds the tensors).
+        ref = self.rt.call(trainer, "weights")
+        outs = self.rt.results([self.rt.call(m, "load_weights", ref, version) for m in targets])
+        for m, o in zip(targets, outs):
+            if not o.ok:  # a rollout worker died while loading: it re-syncs before its next work
+                self.known[m.rank] = None
+                continue
+            self.known[m.rank] = version
+            self._event("weight sync", "transfer", o.value["t0"], o.value["dur"], m, step,
+                        policy_version=version, bytes=nbytes, src="actor0")
+        self._event("sync", "stage", t, time.time() - t, None, step, policy_version=version)
+        return version
+
+    def _resync(self, step: int) -> Callable[[Member], None]:
+        def fix(m: Member) -> None:
+            self.known[m.rank] = None
+            self.sync_weights(step, force=m)
+        return fix
+
+    def launch_rollout(self, step: int) -> dict[str, Any]:
+        prompts = make_prompts(self.cfg.seed, step, self.job.batch.prompts)
+        spp = self.job.batch.samples_per_prompt
+        ids, groups, toks, targets = [], [], [], []
+        for p in prompts:
+            for j in range(spp):
+                ids.append(f"{p.id}.{j}")
+                groups.append(p.id)
+                toks.append([BOS] + encode(p.text, self.cfg.arch["vocab"]))
+                targets.append(p.target)
+        self.ledger.plan(step, ids)
+        workers = self.by_role["rollout"]
+        calls = []
+        # One seed per sample: the same sample whatever worker or re-run generates it.
+        seeds = [(self.cfg.seed * 1_000_003 + step * 100_003 + i) % 2**63 for i in range(len(ids))]
+        for k, m in enumerate(workers):
+            sl = slice(k * len(ids) // len(workers), (k + 1) * len(ids) // len(workers))
+            calls.append((m, "generate", (ids[sl], groups[sl], toks[sl], seeds[sl])))
+        return {"step": step, "calls": calls, "targets": dict(zip(ids, targets)),
+                "t": time.time()}
+
+    def collect_rollout(self, pending: dict[str, Any]) -> rl.Samples:
+        step = pending["step"]
+        outs = self._call_all(pending["calls"], step, "rollout", on_retry=self._resync(step))
+        parts = []
+        for k, ((m, _, args), (s, timing)) in enumerate(zip(pending["calls"], outs)):
+            parts.append(s)
+            self.ledger.generated(step, s.ids, rerun=k in self.rerun_idx)
+            self._event("generate", "generate", timing["t0"], timing["dur"], m, step,
+                        policy_version=s.version, sample_ids=s.ids, tokens=timing["tokens"],
+                        batch=timing["batch"])
+        self._role_s["rollout"] += max(o[1]["dur"] for o in outs)
+        samples = rl.Samples.concat(parts)
+        versions = sorted({p.version for p in parts})
+        self._check_versions(step, versions)
+        self._event("rollout", "stage", pending["t"], time.time() - pending["t"], None, step,
+                    policy_version=versions[0], sample_ids=samples.ids, tokens=samples.tokens())
+        return samples
+
+    def _check_versions(self, step: int, versions: list[int]) -> None:
+        for v in versions:
+            lag = step - v
+            ok = lag == 0 if self.lc.mode == "sync" else 0 <= lag <= self.lc.max_staleness
+            if not ok:
+                raise RuntimeError(f"step {step}: samples from policy version {v} break the "
+                                   f"{self.lc.mode} bound (staleness {self.lc.max_staleness})")
+
+    def environment(self, step: int, s: rl.Samples) -> list[dict]:
+        answers = [decode(r, self.cfg.arch["vocab"]) for r in s.responses]
+        envs = self.by_role.get("environment") or []
+        if not envs:
+            return [{"status": "error", "error": "no environment"}] * len(answers)
+        calls = []
+        for k, m in enumerate(envs):
+            sl = slice(k * len(answers) // len(envs), (k + 1) * len(answers) // len(envs))
+            calls.append((m, "execute", (s.ids[sl], answers[sl])))
+        outs = self._call_all(calls, step, "environment")
+        results: list[dict] = []
+        for (m, _, args), (vals, timing) in zip(calls, outs):
+            for sid, v in zip(args[0], vals):
+                self._event("tool", "tool", v.get("ts", timing["t0"]), v.get("dur", 0.0), m, step,
+                            policy_version=s.version, sample_ids=[sid], status=v.get("status"))
+            results += vals
+        self._role_s["environment"] += max(o[1]["dur"] for o in outs)
+        return results
+
+    def _score_jobs(self, s: rl.Samples) -> list[tuple[str, list[tuple[Member, str, tuple]]]]:
+        """Reference log-probs and critic values: they need only the samples."""
+        jobs = []
+        if self.by_role.get("reference"):
+            refs = self.by_role["reference"]
+            jobs.append(("reference", [(m, "logprobs", (s.take(list(range(
+                k * len(s.ids) // len(refs), (k + 1) * len(s.ids) // len(refs)))),))
+                for k, m in enumerate(refs)]))
+        if self.by_role.get("critic"):
+            jobs.append(("critic", [(self.by_role["critic"][0], "values", (s,))]))
+        return jobs
+
+    def dispatch_score(self, step: int, s: rl.Samples) -> dict[str, Any]:
+        """Start reference and critic work now, so that it overlaps the environment's."""
+        jobs = self._score_jobs(s)
+        return {"t": time.time(), "jobs": jobs,
+                "handles": [[self.rt.call(m, meth, *a) for m, meth, a in calls]
+                            for _, calls in jobs]}
+
+    def score(self, step: int, s: rl.Samples, results: list[dict], targets: list[int],
+              started: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        reward = ("reward", [(self.by_role["reward"][0], "score", (s, results, targets))])
+        for (role, calls), hs in zip([reward] + started["jobs"], [None] + started["handles"]):
+            try:
+                vals = self._call_all(calls, step, role, handles=hs)
+            except RuntimeError as e:
+                if role == "critic":
+                    raise TrainingLost(str(e)) from None
+                raise
+            cat = {"reward": "reward", "reference": "forward", "critic": "forward"}[role]
+            for (m, _, _), (_, timing) in zip(calls, vals):
+                self._event(role, cat, timing["t0"], timing["dur"], m, step,
+                            policy_version=s.version, sample_ids=timing["sample_ids"],
+                            tokens=timing.get("tokens", 0))
+            self._role_s[role] += max(v[1]["dur"] for v in vals)
+            out[role] = [x for v in vals for x in v[0]]
+        self._event("score", "stage", started["t"], time.time() - started["t"], None, step,
+                    policy_version=s.version)
+        return out
+
+    def advantages(self, s: rl.Samples, scored: dict[str, Any]) -> tuple[list[list[float]], dict]:
+        rewards = scored["reward"]
+        if self.cfg.algorithm != "ppo":
+            adv = rl.grpo_advantages(rewards, s.group)
+            return [[a] * len(r) for a, r in zip(adv, s.responses)], {}
+        w = max(len(r) for r in s.responses)
+        _, _, rmask = rl.pack(s)
+        old = rl.to_padded(s.logprobs, w)
+        ref = rl.to_padded(scored["reference"], w) if "reference" in scored else old
+        values = rl.to_padded(scored["critic"], w)
+        tok_r = -self.cfg.kl_coef * (old - ref) * rmask
+        last = torch.tensor([len(r) - 1 for r in s.responses])
+        tok_r[torch.arange(len(rewards)), last] += torch.tensor(rewards)
+        adv, ret = rl.gae(tok_r, values, rmask)
+        n = rmask.sum()
+        mean = (adv * rmask).sum() / n
+        std = (((adv - mean) ** 2 * rmask).sum() / n).sqrt()
+        adv = (adv - mean) / (std + 1e-6) * rmask
+        rows = lambda x: [x[i, :len(r)].tolist() for i, r in enumerate(s.responses)]  # noqa: E731
+        return rows(adv), {"returns": rows(ret), "values": scored["critic"]}
+
+    def train(self, step: int, s: rl.Samples, adv: list[list[float]], extra: dict,
+              ref: list[list[float]] | None) -> float:
+        t = time.time()
+        ranks = self.by_role["actor"]
+        calls = []
+        total = sum(len(r) for r in s.responses)
+        for k, m in enumerate(ranks):
+            idx = list(range(k * len(s.ids) // len(ranks), (k + 1) * len(s.ids) // len(ranks)))
+            calls.append((m, "train", (s.take(idx), [adv[i] for i in idx],
+                                       [ref[i] for i in idx] if ref else None, total)))
+        if self.by_role.get("critic"):
+            calls.append((self.by_role["critic"][0], "train",
+                          (s, extra["returns"], extra["values"])))
+        handles = [self.rt.call(m, meth, *args) for m, meth, args in calls]
+        self._inject(step, "actor")
+        self._inject(step, "critic")
+        outs = self.rt.results(handles)
+        if not all(o.ok for o in outs):
+            raise TrainingLost(next(o.error for o in outs if not o.ok))
+        for (m, _, args), o in zip(calls, outs):
+            info, timing = o.value
+            self._event(f"train {m.role}", "train", timing["t0"], timing["dur"], m, step,
+                        policy_version=info.get("version", step + 1),
+                        sample_ids=timing["sample_ids"], tokens=timing["tokens"])
+            self._role_s[m.role] += timing["dur"]
+        self.ledger.trained(step, [i for o in outs[:len(ranks)] for i in o.value[1]["sample_ids"]])
+        self._event("train", "stage", t, time.time() - t, None, step, policy_version=step + 1)
+        return sum(o.value[0]["loss"] for o in outs[:len(ranks)]) / len(ranks)
+
+    def checkpoint(self, step: int) -> None:
+        t = time.time()
+        d = self.lc.out_dir / "checkpoints"
+        handles = [self.rt.call(self.by_role["actor"][0], "save", str(d / f"actor-{step:06d}.pt"), step)]
+        if self.by_role.get("critic"):
+            handles.append(self.rt.call(self.by_role["critic"][0], "save",
+                                        str(d / f"critic-{step:06d}.pt"), step))
+        outs = self.rt.results(handles)
+        if not all(o.ok for o in outs):
+            raise TrainingLost(next(o.error for o in outs if not o.ok))
+        atomic_write_text(d / "latest.json", json.dumps(
+            {"step": step, "actor": outs[0].value, "critic": outs[1].value if len(outs) > 1 else None}))
+        self.last_ckpt = step
+        self._event("checkpoint", "checkpoint", t, time.time() - t, None, step,
+                    policy_version=step + 1)
+
+    def recover_training(self, step: int, error: str) -> int:
+        """Restart every training rank, reload the last checkpoint; returns the step to redo."""
+        t = time.time()
+        members = self.by_role["actor"] + self.by_role.get("critic", [])
+        for m in members:
+            # A killed rank comes back on its own (max_restarts); a survivor whose collective
+            # failed is alive and re-joins; only one that does not answer is restarted by force.
+            try:
+                self.rt.wait_alive(m, timeout_s=30.0)
+            except Exception:  # noqa: BLE001 - hung (e.g. in a collective that never returns)
+                self.rt.restart(m)
+        self.setup_training()
+        if self.last_ckpt >= 0:
+            latest = json.loads((self.lc.out_dir / "checkpoints" / "latest.json").read_text())
+            outs = self.rt.results([self.rt.call(m, "load", latest["actor"]) for m in self.by_role["actor"]]
+                                   + [self.rt.call(m, "load", latest["critic"])
+                                      for m in self.by_role.get("critic", [])])
+            if not all(o.ok for o in outs):
+                raise RuntimeError(f"reloading checkpoint failed: {outs}")
+        self.ledger.rollback(self.last_ckpt)
+        self.known.clear()
+        self._event("restart training", "restart", t, time.time() - t, None, step, error=error,
+                    resumed_from=self.last_ckpt, policy_version=self.last_ckpt + 1)
+        return self.last_ckpt + 1
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> list[StepStat]:
+        self.setup_training()
+        step, pending = 0, None
+        restarts = 0
+        while step < self.lc.steps:
+            try:
+                if pending is None or pending["step"] != step:
+                    self.sync_weights(step)
+                    pending = self.launch_rollout(step)
+                self._step(step, pending)
+                pending = self._next_pending
+                step += 1
+            except TrainingLost as e:
+                restarts += 1
+                if restarts > self.lc.retries:
+                    raise RuntimeError(f"training keeps failing: {e}") from None
+                step, pending = self.recover_training(step, str(e)), None
+                self.stats = [st for st in self.stats if st.step < step]
+        return self.stats
+
+    def _step(self, step: int, pending: dict[str, Any]) -> None:
+        t = time.time()
+        self._role_s, self._reruns = defaultdict(float), 0
+        s = self.collect_rollout(pending)
+        self._next_pending = None
+        if self.lc.mode == "async" and step + 1 < self.lc.steps:
+            self.sync_weights(step + 1)  # version == step: one behind the next step
+            self._next_pending = self.launch_rollout(step + 1)
+        targets = [pending["targets"][i] for i in s.ids]
+        started = self.dispatch_score(step, s)
+        results = self.environment(step, s)
+        scored = self.score(step, s, results, targets, started)
+        adv, extra = self.advantages(s, scored)
+        loss = self.train(step, s, adv, extra, scored.get("reference"))
+        self.ledger.commit(step)
+        if self.lc.checkpoint_every and (step + 1) % self.lc.checkpoint_every == 0:
+            self.checkpoint(step)
+        self.ledger.write(self.lc.out_dir / "ledger.json")
+        rewards = scored["reward"]
+        st = StepStat(step, sum(rewards) / len(rewards),
+                      sum(exact(r, tg) for r, tg in zip(results, targets)) / len(rewards),
+                      time.time() - t, dict(self._role_s), sorted({s.version}), loss, self._reruns)
+        self._event(f"step {step}", "step", t, st.step_s, None, step, policy_version=s.version,
+                    sample_ids=s.ids, tokens=s.tokens(), reward=st.reward)
+        self.stats.append(st)
+        if self.progress:
+            self.progress(st)

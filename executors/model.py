@@ -1,0 +1,123 @@
+"""The policy: a Hugging Face `LlamaForCausalLM` built from a catalog shape, with a local tokenizer.
+
+Nothing is downloaded. The architecture comes from `placer/catalog/models.yaml` (tiny-llama: 2
+layers, hidden 64, 4 heads, 2 KV heads, MLP 128, vocab 64), the weights are a seeded random init,
+and the tokenizer is a character-level `tokenizers` WordLevel model over a fixed 64-symbol
+alphabet (specials, digits, arithmetic operators, letters), wrapped as a
+`PreTrainedTokenizerFast`. `save_model_dir` writes config, safetensors weights and tokenizer with
+`save_pretrained`, so the same directory loads in `transformers` and in vLLM.
+
+Value models (PPO critic, a model reward) are the same backbone with a scalar head.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from placer.spec import ModelArch
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+PAD, BOS, EOS, UNK = range(4)
+DIGITS = list("0123456789")
+OPERATORS = list("+-*/%()=. ")
+LETTERS = list("abcdefghijklmnopqrstuvwxyz")
+PUNCT = list(",:;<>!?[]_'\"#@&|^~{}$\\`")
+
+
+def alphabet(size: int) -> list[str]:
+    """The first `size` symbols: specials, digits, operators, letters, punctuation."""
+    syms = SPECIALS + DIGITS + OPERATORS + LETTERS + PUNCT
+    if size > len(syms):
+        syms = syms + [f"<r{i}>" for i in range(size - len(syms))]
+    if size < len(SPECIALS) + len(DIGITS) + len(OPERATORS):
+        raise ValueError(f"vocab {size} is too small for digits and operators")
+    return syms[:size]
+
+
+def build_tokenizer(vocab_size: int):
+    """A character-level fast tokenizer whose ids match the model's vocabulary exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    vocab = {s: i for i, s in enumerate(alphabet(vocab_size))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
+def encode(text: str, vocab_size: int) -> list[int]:
+    """Characters to ids without the tokenizer object (hot path in rollouts)."""
+    table = {s: i for i, s in enumerate(alphabet(vocab_size)) if len(s) == 1}
+    return [table.get(c, UNK) for c in text]
+
+
+def decode(ids: list[int], vocab_size: int) -> str:
+    """Ids to text, stopping at EOS and skipping other specials."""
+    syms = alphabet(vocab_size)
+    out = []
+    for i in ids:
+        if i == EOS:
+            break
+        if i >= len(SPECIALS) and i < len(syms):
+            out.append(syms[i])
+    return "".join(out)
+
+
+def llama_config(arch: ModelArch, max_positions: int = 128):
+    from transformers import LlamaConfig  # noqa: PLC0415
+    return LlamaConfig(vocab_size=arch.vocab, hidden_size=arch.hidden,
+                       intermediate_size=arch.mlp, num_hidden_layers=arch.layers,
+                       num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
+                       max_position_embeddings=max_positions, tie_word_embeddings=arch.tie_embeddings,
+                       attention_bias=arch.qkv_bias, bos_token_id=BOS, eos_token_id=EOS,
+                       pad_token_id=PAD, torch_dtype="float32")
+
+
+def build_policy(arch: ModelArch, seed: int) -> nn.Module:
+    """A randomly initialised causal LM; the same seed gives the same weights."""
+    from transformers import LlamaForCausalLM  # noqa: PLC0415
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(arch))
+    model.eval()
+    return model
+
+
+class ValueModel(nn.Module):
+    """Llama backbone with a scalar head: per-token values (critic) or a sequence score (reward)."""
+
+    def __init__(self, arch: ModelArch, seed: int) -> None:
+        super().__init__()
+        from transformers import LlamaModel  # noqa: PLC0415
+        torch.manual_seed(seed)
+        self.backbone = LlamaModel(llama_config(arch))
+        self.head = nn.Linear(arch.hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        return self.head(h).squeeze(-1)
+
+
+def save_model_dir(model: nn.Module, arch: ModelArch, path: str | Path) -> Path:
+    """Write weights, config and tokenizer so that `transformers` and vLLM both load `path`."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+    hf_logging.disable_progress_bar()
+    model.save_pretrained(p, safe_serialization=True)
+    build_tokenizer(arch.vocab).save_pretrained(p)
+    return p
+
+
+def load_policy(path: str | Path) -> nn.Module:
+    from transformers import LlamaForCausalLM  # noqa: PLC0415
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+    hf_logging.disable_progress_bar()  # one bar per worker per load is noise in the run's output
+    model = LlamaForCausalLM.from_pretrained(path)
+    model.eval()
+    return model

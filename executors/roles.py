@@ -1,0 +1,304 @@
+"""Role workers: plain classes that Ray wraps as actors (and the one-process baseline uses as is).
+
+  Trainer      the `actor` role: policy training, one instance per data-parallel rank; gradients
+               averaged with torch.distributed (gloo on CPU, NCCL on GPU); checkpoints.
+  Rollout      generation with the `torch` backend (sampling loop with a KV cache, in the actor);
+               `executors.vllm_rollout.VllmRollout` is the `vllm` backend with the same methods.
+  Reference    frozen policy copy: log-probs for the KL term.
+  RuleReward   the verifier: scores the sandbox's result of each answer (`executors.task`).
+  ModelReward  a reward model (Llama backbone + scalar head, frozen).
+  Critic       PPO value model: values for GAE, trained on returns; checkpoints.
+  EnvWorker    environment worker: runs answers as untrusted code in the sandbox.
+
+Every method that does work returns `(result, timing)` where timing is `{"t0": wall-clock start,
+"dur": seconds, ...}`, so that the driver writes trace events with the worker's own times.
+Weights travel as a `{name: tensor}` dict (through Ray's object store between actors).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executors import rl
+from executors.model import ValueModel, decode, load_policy
+from executors.sandbox import Limits, Sandbox
+from executors.task import score
+from placer.spec import ModelArch
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a worker needs; the same object goes to every actor."""
+
+    algorithm: str
+    arch: dict[str, Any]  # ModelArch fields of the policy
+    model_dir: str  # initial policy weights + tokenizer (version 0)
+    seed: int
+    max_new_tokens: int
+    lr: float = 1e-2  # measured: reward rises steadily on tiny-llama (3e-2 plateaus at 0.2)
+    critic_lr: float = 1e-2
+    kl_coef: float = 0.0
+    temperature: float = 1.0
+    reward_arch: dict[str, Any] | None = None  # a reward model's shape, None for the rule
+    threads: int = 1
+
+    @property
+    def model_arch(self) -> ModelArch:
+        return ModelArch(**self.arch)
+
+
+def _timing(t0: float, **extra: Any) -> dict[str, Any]:
+    return {"t0": t0, "dur": time.time() - t0, "pid": os.getpid(), **extra}
+
+
+class Worker:
+    """Identity and placement of a worker process."""
+
+    def __init__(self, cfg: RunConfig, role: str, rank: int = 0) -> None:
+        self.cfg, self.role, self.rank = cfg, role, rank
+        torch.set_num_threads(cfg.threads)
+
+    def where(self) -> dict[str, Any]:
+        """Node, placement group and bundle this worker runs in (empty outside Ray)."""
+        out: dict[str, Any] = {"role": self.role, "rank": self.rank, "pid": os.getpid()}
+        try:
+            import ray  # noqa: PLC0415
+            ctx = ray.get_runtime_context()
+            pg = ctx.get_placement_group_id()
+            out.update(node_id=ctx.get_node_id(), placement_group=pg,
+                       gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+                       resources=ctx.get_assigned_resources())
+        except Exception:  # noqa: BLE001 - not in a Ray worker
+            pass
+        return out
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Trainer(Worker):
+    """One data-parallel rank of policy training."""
+
+    def __init__(self, cfg: RunConfig, rank: int = 0, world: int = 1) -> None:
+        super().__init__(cfg, "actor", rank)
+        self.world = world
+        self.model = load_policy(cfg.model_dir)
+        self.model.train()
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.version = 0
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Address and a free port for the process group (rank 0 hosts the TCP store)."""
+        ip = _node_ip()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return ip, s.getsockname()[1]
+
+    def init_group(self, addr: str, port: int) -> bool:
+        import torch.distributed as dist  # noqa: PLC0415
+        if self.world > 1:
+            if dist.is_initialized():  # re-forming the group after a peer was lost
+                dist.destroy_process_group()
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
+                                    world_size=self.world, timeout=timedelta(seconds=120))
+        return True
+
+    def train(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
+              total_tokens: int | None = None) -> tuple[dict, dict]:
+        """One optimizer step on this rank's shard; gradients summed over ranks (each shard's
+        loss is divided by the whole batch's `total_tokens`: the sum is the batch gradient)."""
+        t0 = time.time()
+        self.opt.zero_grad()
+        logp = rl.response_logprobs(self.model, s)
+        _, _, rmask = rl.pack(s)
+        a = rl.to_padded(adv, rmask.shape[1])
+        r = rl.to_padded(ref, rmask.shape[1]) if ref is not None else None
+        loss, info = rl.policy_loss(logp, logp.detach(), a, rmask, r, self.cfg.kl_coef,
+                                    denom=total_tokens)
+        loss.backward()
+        self._allreduce()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.version += 1
+        return ({"loss": float(loss.detach()), "version": self.version, **info},
+                _timing(t0, tokens=s.tokens(), sample_ids=s.ids))
+
+    def _allreduce(self) -> None:
+        if self.world == 1:
+            return
+        import torch.distributed as dist  # noqa: PLC0415
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)  # SUM: each shard's loss already carries 1 / batch tokens
+        i = 0
+        for g in grads:
+            g.copy_(flat[i:i + g.numel()].view_as(g))
+            i += g.numel()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def weights_info(self) -> tuple[int, int]:
+        """(version, bytes) of the weights `weights()` would send."""
+        return self.version, sum(v.numel() * v.element_size()
+                                 for v in self.model.state_dict().values())
+
+    def save(self, path: str, step: int) -> str:
+        return save_checkpoint(path, {"model": self.model.state_dict(),
+                                      "optim": self.opt.state_dict(),
+                                      "version": self.version, "step": step})
+
+    def load(self, path: str) -> int:
+        ck = torch.load(path, weights_only=False)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optim"])
+        self.version = ck["version"]
+        return self.version
+
+
+class Rollout(Worker):
+    """Generation with the torch backend."""
+
+    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
+        super().__init__(cfg, "rollout", rank)
+        self.model = load_policy(cfg.model_dir)
+        self.version = 0
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
+        t0 = time.time()
+        self.model.load_state_dict(state)
+        self.version = version
+        return _timing(t0, version=version)
+
+    def current_version(self) -> int:
+        return self.version
+
+    def generate(self, ids: list[str], groups: list[str], prompts: list[list[int]],
+                 seeds: list[int]) -> tuple[rl.Samples, dict]:
+        t0 = time.time()
+        resp, lps = rl.generate(self.model, prompts, self.cfg.max_new_tokens, seeds,
+                                self.cfg.temperature)
+        s = rl.Samples(list(ids), prompts, resp, lps, self.version, list(groups))
+        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
+                          version=self.version, batch=len(ids))
+
+
+class Reference(Worker):
+    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
+        super().__init__(cfg, "reference", rank)
+        self.model = load_policy(cfg.model_dir)
+
+    @torch.no_grad()
+    def logprobs(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
+        t0 = time.time()
+        lp = rl.response_logprobs(self.model, s)
+        rows = [lp[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
+        return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
+
+
+class RuleReward(Worker):
+    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
+        super().__init__(cfg, "reward", rank)
+
+    def score(self, s: rl.Samples, results: list[dict], targets: list[int]) -> tuple[list[float], dict]:
+        t0 = time.time()
+        v = self.cfg.arch["vocab"]
+        out = [score(decode(r, v), res, t) for r, res, t in zip(s.responses, results, targets)]
+        return out, _timing(t0, sample_ids=s.ids)
+
+
+class ModelReward(Worker):
+    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
+        super().__init__(cfg, "reward", rank)
+        self.model = ValueModel(ModelArch(**cfg.reward_arch), cfg.seed + 17)
+        self.model.eval()
+
+    @torch.no_grad()
+    def score(self, s: rl.Samples, results: list[dict], targets: list[int]) -> tuple[list[float], dict]:
+        t0 = time.time()
+        return rl.sequence_scores(self.model, s), _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
+
+
+class Critic(Worker):
+    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
+        super().__init__(cfg, "critic", rank)
+        self.model = ValueModel(cfg.model_arch, cfg.seed + 29)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.critic_lr)
+
+    @torch.no_grad()
+    def values(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
+        t0 = time.time()
+        v = rl.response_values(self.model, s)
+        rows = [v[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
+        return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
+
+    def train(self, s: rl.Samples, returns: list[list[float]], old: list[list[float]]
+              ) -> tuple[dict, dict]:
+        t0 = time.time()
+        self.opt.zero_grad()
+        v = rl.response_values(self.model, s)
+        _, _, rmask = rl.pack(s)
+        w = rmask.shape[1]
+        loss = rl.value_loss(v, rl.to_padded(old, w), rl.to_padded(returns, w), rmask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return {"value_loss": float(loss.detach())}, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
+
+    def save(self, path: str, step: int) -> str:
+        return save_checkpoint(path, {"model": self.model.state_dict(),
+                                      "optim": self.opt.state_dict(), "step": step})
+
+    def load(self, path: str) -> int:
+        ck = torch.load(path, weights_only=False)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optim"])
+        return ck["step"]
+
+
+class EnvWorker(Worker):
+    """Runs each answer as untrusted code; one sandboxed interpreter per batch."""
+
+    def __init__(self, cfg: RunConfig, rank: int = 0, limits: Limits | None = None) -> None:
+        super().__init__(cfg, "environment", rank)
+        self.sandbox = Sandbox(limits or Limits(wall_s=5.0, cpu_s=2, per_item_s=1.0))
+
+    def execute(self, ids: list[str], answers: list[str]) -> tuple[list[dict], dict]:
+        t0 = time.time()
+        res = self.sandbox.run_batch(answers)
+        values = res.values or [{"status": res.status, "error": res.stderr[-200:]}] * len(answers)
+        return values, _timing(t0, sample_ids=list(ids), protections=res.protections,
+                               sandbox_status=res.status)
+
+    def run_code(self, code: str) -> dict:
+        r = self.sandbox.run(code)
+        return {"status": r.status, "stdout": r.stdout, "stderr": r.stderr[-500:],
+                "protections": r.protections, "wall_s": r.wall_s}
+
+
+def _node_ip() -> str:
+    try:
+        import ray  # noqa: PLC0415
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001
+        pass
+    return "127.0.0.1"
+
+
+def save_checkpoint(path: str, state: dict) -> str:
+    """torch.save to a temporary file in the same folder, then rename (never half a file)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, p)
+    return str(p)

@@ -1,0 +1,68 @@
+"""`placer execute PLAN.json`: run a plan on Ray (embedded, or `--address` to join a cluster).
+
+Prints one line per step (mean reward, exact answers, step time, per-role time, policy versions)
+to stdout, or with `--json` one JSON document at the end (progress then goes to stderr). Pools
+whose devices this machine lacks run emulated and the output says so. A job file (YAML) may be
+given instead of a plan: it is planned first with the ILP.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from placer.cli import emit_json, note
+from placer.spec import SpecError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", metavar="PLAN.json", help="plan from `placer plan` (or a job YAML)")
+    p.add_argument("--steps", type=int, default=5, help="RL steps to run (default 5)")
+    p.add_argument("--address", help="join the Ray cluster at this address instead of starting one")
+    p.add_argument("--trace", help="write the execution trace (Chrome trace JSON) here")
+    p.add_argument("--out", default="out/execute", help="checkpoints, ledger, model (default out/execute)")
+    p.add_argument("--backend", default="torch", help="rollout backend: torch or vllm")
+    p.add_argument("--max-restarts", type=int, default=3, help="actor restarts allowed (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _load(path: str):
+    from placer.plan import load_plan  # noqa: PLC0415
+    if Path(path).suffix in (".yaml", ".yml"):
+        from placer.calibration import load_calibration  # noqa: PLC0415
+        from placer.catalog import resolve  # noqa: PLC0415
+        from placer.planner import plan_job  # noqa: PLC0415
+        from placer.spec import load_job  # noqa: PLC0415
+        return plan_job(resolve(load_job(path), path), load_calibration(None))
+    return load_plan(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise SpecError(f"--steps: must be at least 1 (got {args.steps})")
+    if args.backend not in ("torch", "vllm"):
+        raise SpecError(f"--backend: unknown backend {args.backend!r} (expected torch or vllm)")
+    if args.max_restarts < 0:
+        raise SpecError(f"--max-restarts: must be >= 0 (got {args.max_restarts})")
+    plan = _load(args.plan)
+    from executors.run import execute  # noqa: PLC0415  (Ray and torch only when executing)
+
+    show = note if args.json else (lambda m: print(m, flush=True))
+
+    def progress(st) -> None:
+        roles = " ".join(f"{r}={t:.2f}s" for r, t in sorted(st.role_s.items()))
+        show(f"step {st.step}: reward {st.reward:.3f} exact {st.exact:.2f} "
+             f"time {st.step_s:.2f}s policy_version {st.versions} [{roles}]"
+             + (f" reruns {st.reruns}" if st.reruns else ""))
+
+    result = execute(plan, args.steps, args.out, address=args.address, backend=args.backend,
+                     max_restarts=args.max_restarts, progress=progress, note=show)
+    if args.trace:
+        result.trace.write(args.trace)
+    if args.json:
+        emit_json(result.summary())
+    else:
+        tail = "balanced" if result.ledger_ok else "NOT balanced: " + "; ".join(result.ledger_problems)
+        emu = (f"emulated pools: {', '.join(result.emulated)}" if result.emulated
+               else "no emulated pools")
+        print(f"done: {len(result.stats)} steps, setup {result.setup_s:.1f}s, ledger {tail}, {emu}")
+    return 0 if result.ledger_ok else 1

@@ -1,0 +1,70 @@
+"""Test helpers for the executor: hand-built plans (role -> pool, parallel layout, slot).
+
+Plans go through the same `assemble()` as the planner's, so bundles and node mapping are real;
+only the choice of configs is made by hand, so each test controls exactly where roles go.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from placer.catalog import resolve
+from placer.costmodel import Calibration, Parallel
+from placer.estimate import estimate
+from placer.plan import Plan, SolverInfo
+from placer.spec import job_from_dict, load_job
+from placer.timing import Placed
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny-cpu.yaml"
+
+# The layout the executor tests run: trainer DP=2 with the reference on the emulated GPUs,
+# rollout on two emulated LPU chips, rule reward and sandboxed environment on the CPU node.
+GRPO_LAYOUT = {"actor": ("gpu", Parallel(dp=2), "train"),
+               "reference": ("gpu", Parallel(dp=1), "train"),
+               "rollout": ("lpu", Parallel(dp=1), "gen"),
+               "reward": ("cpu", Parallel(), "cpu"),
+               "environment": ("cpu", Parallel(), "cpu")}
+PPO_LAYOUT = {**GRPO_LAYOUT, "critic": ("gpu", Parallel(dp=1), "train")}
+
+
+def job_dict(**changes: Any) -> dict[str, Any]:
+    import yaml  # noqa: PLC0415
+    data = yaml.safe_load(TINY.read_text())
+    for k, v in changes.items():
+        data[k] = v
+    return data
+
+
+def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] | None = None
+              ) -> Plan:
+    from placer.assemble import assemble  # noqa: PLC0415
+    res = resolve(job_from_dict(job) if job is not None else load_job(TINY))
+    calib = Calibration()
+    placed = []
+    for role in res.job.roles():
+        pool, par, slot = layout[role]
+        est = estimate(res, role, res.job.cluster.pool(pool), par, calib)
+        assert est.feasible, f"{role} on {pool}: {est.reason}"
+        placed.append(Placed(slot, est))
+    info = SolverInfo(name="hand", status="hand", objective=0.0, bound=0.0, gap=0.0, solve_s=0.0)
+    return assemble(res, placed, calib, info)
+
+
+def run_module(plan: Plan, steps: int, out: Path, **kw: Any):
+    """Start an embedded Ray for one test module, run the plan, and shut Ray down."""
+    import ray  # noqa: PLC0415
+
+    from executors import cluster  # noqa: PLC0415
+    from executors.run import execute  # noqa: PLC0415
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.start(plan)
+    try:
+        return execute(plan, steps, out, **kw)
+    finally:
+        ray.shutdown()
+
+
+def curve(result) -> list[float]:
+    return [round(s.reward, 3) for s in result.stats]

@@ -1,0 +1,92 @@
+"""Plan to Ray on a multi-node cluster (ray.cluster_utils) whose nodes advertise GPU, LPU and
+CPU pool resources: every role actor lands on the node and in the bundle the plan says.
+
+The job has two 1-GPU nodes (the trainer's two data-parallel ranks must go one per node), one
+4-chip LPU node (two rollout replicas packed in one bundle) and two CPU nodes (environment
+workers spread one per node).
+"""
+from __future__ import annotations
+
+import pytest
+
+from exec_util import hand_plan, job_dict
+from executors import cluster, placement as pl
+from placer.costmodel import Parallel
+
+pytestmark = pytest.mark.ray
+
+LAYOUT = {"actor": ("gpu", Parallel(dp=2), "train"),
+          "reference": ("gpu", Parallel(dp=1), "train"),
+          "rollout": ("lpu", Parallel(dp=2), "gen"),
+          "reward": ("cpu", Parallel(dp=2), "env"),
+          "environment": ("cpu", Parallel(dp=2), "env")}
+POOLS = [{"name": "gpu", "device": "emu-gpu", "devices_per_node": 1, "nodes": 2},
+         {"name": "lpu", "device": "emu-lpu", "devices_per_node": 4, "nodes": 1},
+         {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 1, "nodes": 2}]
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from executors.run import prepare_model, run_config
+    from executors.runtime import RayRuntime
+
+    plan = hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS}))
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.ensure_token_auth()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for (_pool, _node), res in sorted(cluster.node_resources(plan).items()):
+        res = dict(res)
+        c.add_node(num_cpus=int(res.pop("CPU", 0)), num_gpus=int(res.pop("GPU", 0)), resources=res)
+    ray.init(address=c.address)
+    c.wait_for_nodes()
+    info = cluster.start(plan)  # joins the running cluster
+    groups = pl.create_groups(plan, info.pinned)
+    cfg = run_config(plan, model_dir=prepare_model(plan, tmp_path_factory.mktemp("placement")))
+    rt = RayRuntime(plan, cfg, groups, info.pinned)
+    rows = pl.verify(plan, rt.members, groups)
+    yield plan, info, groups, rows
+    rt.close()
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_every_actor_on_its_plan_node_and_bundle(placed) -> None:
+    plan, info, _, rows = placed
+    assert info.pinned
+    assert len(rows) == 2 + 1 + 2 + 1 + 2  # actor x2, reference, rollout x2, reward, env x2
+    assert all(r["on_plan_node"] and r["in_bundle"] for r in rows), rows
+    pl.check(rows, info.pinned)
+
+
+def test_dp_ranks_and_environments_on_distinct_nodes(placed) -> None:
+    _, _, _, rows = placed
+    by = lambda role: [r for r in rows if r["role"] == role]  # noqa: E731
+    assert {r["node"] for r in by("actor")} == {0, 1}
+    assert len({r["ray_node"] for r in by("actor")}) == 2
+    assert len({r["ray_node"] for r in by("environment")}) == 2
+    assert len({(r["ray_node"], r["bundle"]) for r in by("rollout")}) == 1  # one LPU bundle
+
+
+def test_strategies_follow_the_plan(placed) -> None:
+    plan, _, _, _ = placed
+    bundles = pl.slot_bundles(plan)
+    assert pl.strategy(plan, "gen", bundles["gen"]) == "STRICT_PACK"
+    assert pl.strategy(plan, "env", bundles["env"]) == "SPREAD"
+    assert pl.strategy(plan, "train", bundles["train"]) == "PACK"
+
+
+def test_emulated_pools_are_named(placed) -> None:
+    _, info, _, _ = placed
+    assert set(info.emulated) == {"gpu", "lpu"}
+    assert "emulated" in info.describe()
+
+
+def test_misplacement_is_reported() -> None:
+    row = {"role": "actor", "rank": 1, "pool": "gpu", "node": 1, "bundle": 3,
+           "on_plan_node": False, "in_bundle": True}
+    with pytest.raises(pl.PlacementError, match="actor\\[1\\] is not on gpu:1"):
+        pl.check([row], pinned=True)

@@ -1,0 +1,72 @@
+"""`placer execute`: bad input exits 2 with one line naming the field; a real run prints one
+JSON document on stdout (progress on stderr), writes the trace and says which pools are emulated.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from exec_util import GRPO_LAYOUT, ROOT, hand_plan
+from placer.cli import main
+from placer.plan import save_plan
+from traces.schema import read_trace
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "plan.json"
+    save_plan(hand_plan(GRPO_LAYOUT), path)
+    return path
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["execute", "missing.json"], "missing.json: no such file"),
+    (["execute", "{plan}", "--steps", "0"], "--steps: must be at least 1 (got 0)"),
+    (["execute", "{plan}", "--backend", "tpu"], "--backend: unknown backend 'tpu'"),
+    (["execute", "{plan}", "--max-restarts", "-1"], "--max-restarts: must be >= 0"),
+])
+def test_bad_arguments_exit_2(plan_file, capsys, argv, needle) -> None:
+    rc = main([a.replace("{plan}", str(plan_file)) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_corrupt_plan_names_the_field(tmp_path, plan_file, capsys) -> None:
+    doc = json.loads(plan_file.read_text())
+    doc["roles"]["actor"]["dp"] = 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["execute", str(bad)]) == 2
+    assert "roles.actor.dp" in capsys.readouterr().err
+
+
+def test_too_large_model_is_refused(tmp_path, plan_file, capsys) -> None:
+    doc = json.loads(plan_file.read_text())
+    doc["job"]["models"]["policy"] = "Llama-3-8B"
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    rc = main(["execute", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "plan.job.models.policy" in err
+
+
+@pytest.mark.ray
+def test_execute_runs_and_prints_one_json_document(plan_file, tmp_path) -> None:
+    trace = tmp_path / "trace.json"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    p = subprocess.run([sys.executable, "-m", "placer.cli", "execute", str(plan_file),
+                        "--steps", "2", "--json", "--trace", str(trace), "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    assert [s["step"] for s in doc["steps"]] == [0, 1]
+    assert doc["ledger_balanced"] and set(doc["emulated_pools"]) == {"gpu", "lpu"}
+    assert "step 0: reward" in p.stderr and "emulated" in p.stderr
+    assert all(r["on_plan_node"] and r["in_bundle"] for r in doc["placement"])
+    assert read_trace(trace).metadata["source"] == "execute"

@@ -1,0 +1,100 @@
+"""The code-execution sandbox contains hostile programs and reports how each one ended.
+
+Each case runs through an `EnvWorker` (the environment role's worker class) so that the test also
+shows the worker survives: after every hostile program the same worker still runs a good one.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from executors.roles import EnvWorker, RunConfig
+from executors.sandbox import Limits, Sandbox, probe
+
+CFG = RunConfig(algorithm="grpo", arch={}, model_dir="", seed=0, max_new_tokens=4)
+LIMITS = Limits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20, file_bytes=8 * 2**20,
+                processes=16, per_item_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def worker() -> EnvWorker:
+    return EnvWorker(CFG, 0, LIMITS)
+
+
+def _check_alive(w: EnvWorker) -> None:
+    r = w.run_code("print(6 * 7)")
+    assert r["status"] == "ok" and r["stdout"].strip() == "42"
+
+
+def test_protections_reported() -> None:
+    active = probe()
+    # Always in force: rlimits and the audit hook; the network namespace and the throwaway uid
+    # need privileges, so they are reported when the machine grants them.
+    assert {"rlimit_cpu", "rlimit_as", "rlimit_fsize", "rlimit_nproc", "audit_hook"} <= set(active)
+    if os.geteuid() == 0:
+        assert "uid" in active and "netns" in active
+
+
+@pytest.mark.parametrize("name, code, statuses", [
+    ("infinite loop", "while True:\n    pass", {"cpu_limit", "timeout"}),
+    ("sleeper", "import time\ntime.sleep(60)", {"timeout"}),
+    ("fork bomb", "import os\nwhile True:\n    os.fork()", {"process_limit", "timeout", "cpu_limit"}),
+    ("memory hog", "x = bytearray(8 * 2**30)", {"memory_limit"}),
+    ("10 GB write", "f = open('big', 'wb')\nfor _ in range(10 * 1024):\n    f.write(b'0' * 2**20)",
+     {"file_limit"}),
+    ("socket connect", "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
+     {"network_blocked"}),
+])
+def test_hostile_program_is_contained(worker: EnvWorker, name: str, code: str,
+                                      statuses: set[str]) -> None:
+    r = worker.run_code(code)
+    assert r["status"] in statuses, (name, r)
+    assert r["wall_s"] < LIMITS.wall_s + 5  # the wall-clock kill fired (generous: loaded machine)
+    _check_alive(worker)
+
+
+def test_read_outside_directory(worker: EnvWorker, tmp_path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    r = worker.run_code(f"print(open({str(secret)!r}).read())")
+    assert r["status"] == "access_denied" and "s3cret" not in r["stdout"]
+    _check_alive(worker)
+
+
+def test_no_process_left_behind(worker: EnvWorker) -> None:
+    before = _sandbox_uids()
+    worker.run_code("import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n"
+                    "        os.setsid()\n        time.sleep(60)\ntime.sleep(60)")
+    leftover = [p for p in _sandbox_uids() if p not in before and _alive(p)]
+    assert not leftover
+
+
+def test_network_namespace_blocks_without_the_hook() -> None:
+    """Below the audit hook, the network namespace has no route out (needs privileges)."""
+    if "netns" not in probe():
+        pytest.skip("no network namespace on this machine")
+    r = Sandbox(LIMITS, audit_hook=False).run(
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)")
+    assert r.status == "network_blocked" and "audit_hook" not in r.protections, r
+
+
+def test_batch_evaluates_answers_each_in_its_own_child() -> None:
+    r = Sandbox(LIMITS).run_batch(["1+2", "9**9**9", "abc", "(", "3*4"])
+    assert r.ok
+    st = [v["status"] for v in r.values]
+    assert st == ["ok", "timeout", "error", "error", "ok"]
+    assert [r.values[0]["value"], r.values[4]["value"]] == ["3", "12"]
+
+
+def _sandbox_uids() -> list[int]:
+    from executors.sandbox import UID_BASE, _uid_of  # noqa: PLC0415
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and (_uid_of(d) or 0) >= UID_BASE]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "zombie" not in f.read()
+    except OSError:
+        return False
