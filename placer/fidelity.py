@@ -1,0 +1,354 @@
+"""Fidelity: a plan's simulation laid against the run that executed it.
+
+The simulator is only as useful as it is close to reality. `fidelity(plan, trace)` simulates the
+plan with the run's own seed-independent inputs -- every sample's prompt and response lengths and
+every tool call's latency, recorded from the executed trace (`traces.record`) and replayed by the
+simulator (`simulate_plan(..., workload=...)`) -- so that what is left between the two is the cost
+model and the simulator, not the luck of the draw. It reports:
+
+  steps     each step's measured and simulated time and the relative error (simulated/measured-1);
+            the headline error is over the steady steps (the first step of an executed run pays
+            one-off costs: lazy initialisation, first calls into every worker; it is reported
+            but left out of the steady mean when there are later steps);
+  stages    sync, rollout, environment, score, train and "other" per step, mean over the steady
+            steps. "other" is the measured step time no stage covers (driver work between
+            stages, checkpoints); the simulator has no such time, so it is pure model error;
+  roles     each role's busy time per step (per worker the sum of its events, the slowest worker
+            of the role counts, as the stage waits for it); weight pushes count as `sync`; the
+            executed environment's time is its stage gap (below), or when it runs inside the
+            score stage, that stage less the reward's events; with a rule reward, reward and
+            environment are one entry, as the cost model prices the sandboxed check as reward;
+  lengths   the rollout length / finish-time relation: per sample, its response tokens against
+            when its generation finished after the rollout began; summarised by the rollout's
+            makespan (last finish) and the least-squares slope in seconds per response token.
+
+How an executed trace is read (executors/loop.py writes it, traces/schema.py fixes the format):
+a step's span runs from its first `stage` event (sync, before the step's own `step` event starts)
+to the end of its `step` event; `stage` events give sync, rollout, score and train; the
+environment, when the executor runs it between the rollout and score stages, is that gap
+(when it runs inside the score stage, there is no gap and score holds it). A sample's
+finish time is the end of the `generate` event that produced it.
+
+Simulation needs the simulator and figures need matplotlib: both are imported where used, so
+`placer` itself keeps its one-way dependency (placer <- simulator, executors).
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from placer.costmodel import Calibration
+from placer.plan import Plan
+from placer.spec import SpecError
+from traces.schema import Trace, TraceEvent
+
+if TYPE_CHECKING:
+    from simulator.api import SimResult
+
+STAGES = ("sync", "rollout", "environment", "score", "train", "other")
+ENV_GAP_S = 1e-3  # a gap between the rollout and score stages shorter than this is bookkeeping
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One quantity, measured and simulated; error = simulated / measured - 1."""
+
+    measured: float
+    simulated: float
+
+    @property
+    def error(self) -> float | None:
+        return None if self.measured <= 0 else self.simulated / self.measured - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        err = self.error
+        return {"measured_s": round(self.measured, 6), "simulated_s": round(self.simulated, 6),
+                "error": None if err is None else round(err, 4)}
+
+
+@dataclass
+class Report:
+    job: str
+    predicted_s: float  # the plan's (cost model's) iteration time
+    steps: dict[int, Pair]
+    steady: list[int]  # steps in the steady mean
+    stages: dict[str, Pair]
+    roles: dict[str, Pair]
+    lengths: dict[str, Any]
+    inputs: dict[str, Any] = field(default_factory=dict)  # what the simulation replayed
+
+    @property
+    def step(self) -> Pair:
+        """Mean step time over the steady steps."""
+        ms = [self.steps[s].measured for s in self.steady]
+        ss = [self.steps[s].simulated for s in self.steady]
+        return Pair(sum(ms) / len(ms), sum(ss) / len(ss))
+
+    def line(self) -> str:
+        """The one-line summary `make demo` prints."""
+        st = self.step
+        pred_err = self.predicted_s / st.measured - 1 if st.measured > 0 else float("nan")
+        return (f"fidelity {self.job}: step time predicted {self.predicted_s:.3f} s "
+                f"({pred_err:+.1%}) | simulated {st.simulated:.3f} s ({st.error:+.1%}) | "
+                f"measured {st.measured:.3f} s (mean of steps "
+                f"{','.join(map(str, self.steady))})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "predicted_s": round(self.predicted_s, 6),
+                "step": self.step.to_dict(), "steady_steps": self.steady,
+                "steps": {str(k): v.to_dict() for k, v in sorted(self.steps.items())},
+                "stages": {k: v.to_dict() for k, v in self.stages.items()},
+                "roles": {k: v.to_dict() for k, v in sorted(self.roles.items())},
+                "lengths": self.lengths, "inputs": self.inputs}
+
+    def table(self) -> list[str]:
+        def row(name: str, p: Pair) -> str:
+            err = "-" if p.error is None else f"{p.error:+.1%}"
+            return f"  {name:<26} {p.measured:>10.4f} {p.simulated:>10.4f} {err:>8}"
+        out = [f"  {'':<26} {'measured':>10} {'simulated':>10} {'error':>8}"]
+        out += [row(f"step {k}" + ("" if k in self.steady else " (warm-up)"), v)
+                for k, v in sorted(self.steps.items())]
+        out.append(row("step (steady mean)", self.step))
+        out += [row(f"stage {k}", v) for k, v in self.stages.items()]
+        out += [row(f"role {k}", v) for k, v in sorted(self.roles.items())]
+        lm, ls = self.lengths["measured"], self.lengths["simulated"]
+        out.append(row("rollout makespan", Pair(lm["makespan_s"], ls["makespan_s"])))
+        out.append(f"  {'s per response token':<26} {lm['slope_s_per_token']:>10.3g} "
+                   f"{ls['slope_s_per_token']:>10.3g}")
+        return out
+
+
+# ------------------------------------------------------------------ reading the executed trace
+def _by_step(events: list[TraceEvent]) -> dict[int, list[TraceEvent]]:
+    out: dict[int, list[TraceEvent]] = defaultdict(list)
+    for ev in events:
+        if "step" in ev.args and isinstance(ev.args["step"], int):
+            out[ev.args["step"]].append(ev)
+    return out
+
+
+def measured_spans(trace: Trace, source: str = "trace") -> dict[int, tuple[float, float]]:
+    """(start, end) of every executed step: first stage event to the end of its step event."""
+    spans = {}
+    for step, evs in _by_step(trace.events).items():
+        ends = [e.end_s for e in evs if e.cat == "step"]
+        if not ends:
+            continue  # a step the run did not finish (or redid after a restart)
+        starts = [e.ts_s for e in evs if e.cat in ("stage", "step")]
+        spans[step] = (min(starts), max(ends))
+    if not spans:
+        raise SpecError(f"{source}: no `step` events: not an executed trace (traces/schema.py) "
+                        "or the run finished no step")
+    return dict(sorted(spans.items()))
+
+
+def measured_stages(trace: Trace, spans: dict[int, tuple[float, float]]
+                    ) -> dict[int, dict[str, float]]:
+    out = {}
+    by = _by_step(trace.events)
+    for step, (t0, t1) in spans.items():
+        st: dict[str, float] = defaultdict(float)
+        first: dict[str, TraceEvent] = {}
+        for e in by[step]:
+            if e.cat == "stage" and e.name in STAGES:
+                st[e.name] += e.dur_s
+                first.setdefault(e.name, e)
+        gap = (first["score"].ts_s - first["rollout"].end_s
+               if "rollout" in first and "score" in first else 0.0)
+        if gap > ENV_GAP_S:  # the environment ran between them (else inside a stage)
+            st["environment"] = gap
+        st["other"] = max((t1 - t0) - sum(st.values()), 0.0)
+        out[step] = dict(st)
+    return out
+
+
+def role_times(trace: Trace) -> dict[int, dict[str, float]]:
+    """Per step and role: the slowest worker's summed event time (weight pushes as `sync`)."""
+    per: dict[tuple[int, str, str], float] = defaultdict(float)
+    for ev in trace.events:
+        role, step = ev.args.get("role"), ev.args.get("step")
+        if not isinstance(step, int) or role is None or ev.cat in ("stage", "step"):
+            continue
+        if ev.cat in ("checkpoint", "failure", "restart"):
+            continue
+        name = "sync" if ev.cat == "transfer" else str(role)
+        # the simulator draws every replica's weight push on one lane; they run side by side
+        lane = f"{ev.pid}/{ev.tid}/{ev.args.get('replica', '')}"
+        per[(step, name, lane)] += ev.dur_s
+    out: dict[int, dict[str, float]] = defaultdict(dict)
+    for (step, role, _), t in per.items():
+        out[step][role] = max(out[step].get(role, 0.0), t)
+    return dict(out)
+
+
+def measured_finishes(trace: Trace, rows: list[dict], spans: dict[int, tuple[float, float]]
+                      ) -> list[tuple[int, float, float]]:
+    """(step, response tokens, finish time after the rollout began) of every executed sample."""
+    starts: dict[int, float] = {}
+    for e in trace.events:
+        step = e.args.get("step")
+        if e.cat == "stage" and e.name == "rollout" and isinstance(step, int):
+            starts[step] = min(starts.get(step, math.inf), e.ts_s)
+    done: dict[tuple[int, str], float] = {}
+    for e in trace.events:
+        step = e.args.get("step")
+        if e.cat in ("generate", "decode") and isinstance(step, int) and step in spans:
+            for sid in e.args.get("sample_ids") or []:
+                t0 = starts.get(step, spans[step][0])
+                done[(step, str(sid))] = max(done.get((step, str(sid)), 0.0), e.end_s - t0)
+    return [(r["step"], float(sum(r["response_tokens"])), done[(r["step"], str(r["sample_id"]))])
+            for r in rows if (r["step"], str(r["sample_id"])) in done]
+
+
+def _relation(points: list[tuple[int, float, float]]) -> dict[str, Any]:
+    """Makespan (mean over steps of the last finish) and the least-squares slope s/token."""
+    if not points:
+        return {"makespan_s": 0.0, "slope_s_per_token": 0.0, "samples": 0}
+    last: dict[int, float] = defaultdict(float)
+    for step, _, t in points:
+        last[step] = max(last[step], t)
+    xs = [p[1] for p in points]
+    ys = [p[2] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    return {"makespan_s": round(sum(last.values()) / len(last), 6),
+            "slope_s_per_token": float(f"{slope:.4g}"), "samples": len(points),
+            "points": [[s, x, round(t, 6)] for s, x, t in points]}
+
+
+# ------------------------------------------------------------------ the simulated side
+def simulated_stages(sim: "SimResult") -> dict[int, dict[str, float]]:
+    out = {}
+    for rec in sim.run.iterations:
+        st = {k: max(b - a, 0.0) for k, (a, b) in rec.stages.items()}
+        st["other"] = max(rec.end - rec.start - sum(st.values()), 0.0)
+        out[rec.index] = st
+    return out
+
+
+def simulated_finishes(sim: "SimResult") -> list[tuple[int, float, float]]:
+    pts = []
+    for rec in sim.run.iterations:
+        smp = sim.run.samples.get(rec.index)
+        t0 = rec.stages.get("rollout", (rec.start, rec.start))[0]
+        if smp is None:
+            continue
+        pts += [(rec.index, float(sum(smp.response[i])), t - t0)
+                for i, t in sorted(rec.done_at.items())]
+    return pts
+
+
+# ------------------------------------------------------------------ the comparison
+def replay_rows(trace: Trace, job_prompt_tokens: int, source: str = "trace"
+                ) -> tuple[list[dict], list[str]]:
+    """Workload rows of the executed steps, and notes on what the trace did not say.
+
+    A row without `prompt_tokens` (the run's generate events did not list them) gets the job's
+    mean prompt length, and the note says so: replay then fixes responses and tool latencies but
+    not prompts.
+    """
+    from traces.record import rows_from_trace  # noqa: PLC0415
+    rows = rows_from_trace(trace, source)
+    notes = []
+    missing = [r for r in rows if "prompt_tokens" not in r]
+    if missing:
+        for r in missing:
+            r["prompt_tokens"] = job_prompt_tokens
+        notes.append(f"{len(missing)} of {len(rows)} samples have no recorded prompt length: "
+                     f"replayed with the job's mean ({job_prompt_tokens} tokens)")
+    if any("response_tokens" not in r for r in rows):
+        raise SpecError(f"{source}: some samples have no response length: cannot replay")
+    for r in rows:  # a turn that recorded no token (equal shares rounding down) still decodes one
+        r["response_tokens"] = [max(int(v), 1) for v in r["response_tokens"]]
+    return rows, notes
+
+
+def _mean(d: dict[int, dict[str, float]], steps: list[int], key: str) -> float:
+    return sum(d.get(s, {}).get(key, 0.0) for s in steps) / len(steps)
+
+
+def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
+             source: str = "trace", seed: int | None = None,
+             sim_trace_path: str | Path | None = None) -> tuple[Report, "SimResult"]:
+    """Simulate `plan` with the run's recorded inputs and compare with the executed `trace`."""
+    from simulator.api import simulate_plan  # noqa: PLC0415
+    from traces.workload import write_rows  # noqa: PLC0415
+    spans = measured_spans(trace, source)
+    steps = sorted(spans)
+    if steps != list(range(len(steps))):
+        raise SpecError(f"{source}: executed steps {steps} are not 0..n-1: cannot line them up "
+                        "with simulated iterations")
+    res = plan.resolved()
+    rows, notes = replay_rows(trace, max(round(res.job.lengths.prompt.mean_value()), 1), source)
+    n = res.job.batch.samples
+    per_step = defaultdict(int)
+    for r in rows:
+        per_step[r["step"]] += 1
+    short = {s: c for s, c in per_step.items() if c != n}
+    if short:
+        raise SpecError(f"{source}: step {min(short)} has {short[min(short)]} recorded samples, "
+                        f"the plan's job has {n} per step: is this the plan the run executed?")
+    with tempfile.TemporaryDirectory() as tmp:
+        wl = Path(tmp) / "workload.jsonl"
+        write_rows(wl, rows)
+        sim = simulate_plan(plan, iterations=len(steps),
+                            seed=res.job.seed if seed is None else seed,
+                            calibration=calibration, workload=wl, trace_path=sim_trace_path)
+    mst, sst = measured_stages(trace, spans), simulated_stages(sim)
+    sim_span = {rec.index: rec.end - rec.start for rec in sim.run.iterations}
+    pairs = {s: Pair(spans[s][1] - spans[s][0], sim_span[s]) for s in steps}
+    steady = steps[1:] if len(steps) > 1 else steps
+    stages = {k: Pair(_mean(mst, steady, k), _mean(sst, steady, k)) for k in STAGES
+              if any(k in mst[s] or k in sst[s] for s in steady)}
+    mrt, srt = role_times(trace), role_times(sim.trace)
+    for s in steps:  # the executor's environment call has no timed event of its own: its
+        mine = mrt.setdefault(s, {})  # stage gap, or (run inside score) the score stage
+        if "environment" in mst[s]:
+            mine["environment"] = mst[s]["environment"]
+        elif mine.get("environment", 0.0) <= 0.0 and "score" in mst[s]:
+            mine["environment"] = max(mst[s]["score"] - mine.get("reward", 0.0), 0.0)
+    if res.model_of("reward") is None:  # a rule reward: the cost model prices the sandboxed
+        for side in (mrt, srt):         # check of every answer as reward work on the CPU
+            for s in side:
+                side[s]["reward+environment"] = (side[s].pop("reward", 0.0)
+                                                 + side[s].pop("environment", 0.0))
+    names = sorted({r for s in steady for r in (*mrt.get(s, {}), *srt.get(s, {}))})
+    roles = {r: Pair(_mean(mrt, steady, r), _mean(srt, steady, r)) for r in names}
+    lengths = {"measured": _relation([p for p in measured_finishes(trace, rows, spans)
+                                      if p[0] in steady]),
+               "simulated": _relation([p for p in simulated_finishes(sim) if p[0] in steady])}
+    inputs = {"samples_replayed": len(rows), "steps": len(steps), "notes": notes,
+              "calibration": "given" if calibration is not None else "the plan's own"}
+    report = Report(res.job.name, plan.predicted_iteration_s, pairs, steady, stages, roles,
+                    lengths, inputs)
+    return report, sim
+
+
+def write_figures(report: Report, sim: "SimResult", trace: Trace, out_dir: str | Path
+                  ) -> list[Path]:
+    """fidelity_timelines.png (executed above simulated), fidelity_steps.png, and
+    fidelity_lengths.png under `out_dir`."""
+    from placer import plots  # noqa: PLC0415 (matplotlib only when asked)
+    out = Path(out_dir)
+    spans = measured_spans(trace)
+    t0 = min(a for a, _ in spans.values())
+    edges = ([b - t0 for _, b in spans.values()], [rec.end for rec in sim.run.iterations])
+    st = report.step
+    title = (f"{report.job}: executed vs simulated; steady step {st.measured:.3f} s measured, "
+             f"{st.simulated:.3f} s simulated ({st.error:+.1%})")
+    env = []  # the executor's environment call has no event: draw its stage gap
+    for step, evs in _by_step(trace.events).items():
+        first = {e.name: e for e in sorted(evs, key=lambda e: -e.ts_s) if e.cat == "stage"}
+        if "rollout" in first and "score" in first and (
+                first["score"].ts_s - first["rollout"].end_s > ENV_GAP_S):
+            a, b = first["rollout"].end_s, first["score"].ts_s
+            env.append(("driver/environment (stage gap)", a, max(b - a, 0.0), "environment"))
+    return [plots.save(plots.timelines(trace, sim.trace, edges, title, env),
+                       out / "fidelity_timelines.png"),
+            plots.save(plots.step_bars(report), out / "fidelity_steps.png"),
+            plots.save(plots.length_finish(report), out / "fidelity_lengths.png")]

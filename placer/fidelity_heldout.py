@@ -1,0 +1,260 @@
+"""Held-out fidelity: calibrate on one executed run, predict runs that differ from it.
+
+    python -m placer.fidelity_heldout --out out/heldout [--steps 4] [--job examples/tiny-cpu.yaml]
+    python -m placer.fidelity_heldout --out out/heldout --reuse     # recompute from saved traces
+
+Runs (all on the job's own cluster, one embedded Ray for all of them):
+
+  base          the job as planned by the ILP: the calibration run
+  batch x2      twice the prompts per step (same kind of placement, re-planned)
+  response x2   responses up to twice as long
+  colocated     the colocate-all baseline placement (every GPU role time-shares one slot)
+  split         the split baseline placement (rollout engines on their own share of the pool)
+
+Calibration has two levels, both fitted on the base run only:
+
+  event level   `placer calibrate` (placer/fit.py): the efficiency factors that price each
+                prefill/decode/generate, forward, train and transfer event;
+  stage level   three factors the events cannot see, fitted so that the simulator's stage times
+                match the base run's measured stage times (mean over steady steps):
+                  sync_latency_s (rollout device)    the sync stage: the executor's round trip
+                                                     (fetch weights, put, load) around the push
+                  rule_reward_s  (reward's CPU)      environment + score stages: the sandboxed
+                                                     check of every answer, priced per sample
+                  train_overhead_s (actor device)    train + "other": the optimizer step plus the
+                                                     driver's work and the checkpoint after it
+                each by Newton steps on the simulator itself (probe, solve, repeat), so the fit
+                never re-derives the simulator's formulas.
+
+The table reports, per held-out run, the measured steady step time, the simulation with the
+event-level profile and with both levels, and their errors. Everything is seeded by the job's
+seed; measured times are what they are on the machine that ran them.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from placer.calibration import calibration_from_dict
+from placer.fidelity import fidelity
+from placer.plan import Plan, atomic_write_text, load_plan, save_plan
+from placer.spec import SpecError, load_job
+from traces.schema import Trace, read_trace
+
+DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
+# stage -> (role whose device holds the factor, factor); environment+score fit together
+STAGE_FACTORS = (("sync", "rollout", "sync_latency_s"),
+                 ("score", "reward", "rule_reward_s"),
+                 ("train", "actor", "train_overhead_s"))
+NEWTON_STEPS = 4
+
+
+def variant_plans(job_path: str | Path = DEFAULT_JOB) -> dict[str, Plan]:
+    """The base plan and the four held-out plans (module docstring)."""
+    from placer.baselines import colocated, split  # noqa: PLC0415
+    from placer.catalog import resolve  # noqa: PLC0415
+    from placer.costmodel import Calibration  # noqa: PLC0415
+    from placer.planner import build_problem, plan_assignment, plan_job  # noqa: PLC0415
+    job = load_job(job_path)
+    calib = Calibration()
+    resp = job.lengths.response
+    longer = resp.model_copy(update={k: getattr(resp, k) * 2 for k in ("value", "max")
+                                     if getattr(resp, k, None) is not None})
+    plans = {"base": plan_job(resolve(job), calib),
+             "batch x2": plan_job(resolve(job.model_copy(update={"batch": job.batch.model_copy(
+                 update={"prompts": job.batch.prompts * 2})})), calib),
+             "response x2": plan_job(resolve(job.model_copy(update={
+                 "lengths": job.lengths.model_copy(update={"response": longer})})), calib)}
+    problem = build_problem(resolve(job), calib)
+    for name, fn in (("colocated", colocated), ("split", split)):
+        a = fn(problem)
+        if a is not None:
+            plans[name] = plan_assignment(problem, a, name)
+    return plans
+
+
+def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], None]) -> Trace:
+    """Execute `plan` for `steps` steps on the (embedded) Ray; writes plan.json and trace.json."""
+    from executors.run import execute  # noqa: PLC0415
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_plan(plan, out_dir / "plan.json")
+
+    def progress(s: Any) -> None:
+        note(f"  step {s.step}: {s.step_s:.3f} s (reward {s.reward:.3f})")
+    result = execute(plan, steps, out_dir, note=note, progress=progress)
+    result.trace.metadata["plan_path"] = "plan.json"  # `placer calibrate` finds the plan by it
+    result.trace.write(out_dir / "trace.json")
+    return result.trace
+
+
+def event_profile(plan: Plan, trace: Trace, source: str) -> dict[str, Any]:
+    """The `placer calibrate` profile of a run (event-level factors)."""
+    from placer.fit import fit_trace, profile_doc  # noqa: PLC0415
+    result = fit_trace(trace, plan, source)
+    return profile_doc(result, plan, {"trace": source, "plan": "plan.json",
+                                      "trace_source": trace.metadata.get("source", "unknown")})
+
+
+def _set(doc: dict[str, Any], device: str, name: str, value: float) -> None:
+    doc.setdefault("devices", {}).setdefault(device, {})[name] = float(f"{value:.6g}")
+
+
+def _get(doc: dict[str, Any], device: str, name: str) -> float:
+    from placer.costmodel import Efficiency  # noqa: PLC0415
+    cal = calibration_from_dict({k: v for k, v in doc.items() if k != "fit"})
+    return getattr(cal.per_device.get(device, cal.default or Efficiency()), name)
+
+
+def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any]) -> tuple[dict, dict]:
+    rep, _ = fidelity(plan, trace, calibration_from_dict(doc))
+    m = {k: v.measured for k, v in rep.stages.items()}
+    s = {k: v.simulated for k, v in rep.stages.items()}
+    for side in (m, s):  # the environment's work is priced as the rule check in `score`
+        side["score"] = side.get("score", 0.0) + side.pop("environment", 0.0)
+        side["train"] = side.get("train", 0.0) + side.pop("other", 0.0)
+    return m, s
+
+
+def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` (a profile) plus the stage-level factors (module docstring), with a `fit.stages`
+    section saying what each was fitted from."""
+    doc = copy.deepcopy(doc)
+    res = plan.resolved()
+    report: dict[str, Any] = {}
+    for stage, role, name in STAGE_FACTORS:
+        if role not in plan.roles:
+            continue
+        dev = res.device_of(plan.roles[role].pool).name
+        for _ in range(NEWTON_STEPS):
+            measured, simulated = _stage_means(plan, trace, doc)
+            resid = measured.get(stage, 0.0) - simulated.get(stage, 0.0)
+            x = _get(doc, dev, name)
+            if abs(resid) <= 1e-3 * max(measured.get(stage, 0.0), 1e-9):
+                break
+            h = max(abs(x) * 0.1, 1e-3)
+            probe = copy.deepcopy(doc)
+            _set(probe, dev, name, x + h)
+            slope = (_stage_means(plan, trace, probe)[1].get(stage, 0.0)
+                     - simulated.get(stage, 0.0)) / h
+            if slope <= 0:  # the stage does not move with this factor here: keep it
+                break
+            _set(doc, dev, name, max(x + resid / slope, 0.0))
+        measured, simulated = _stage_means(plan, trace, doc)
+        report[f"{dev}.{name}"] = {"stage": stage, "value": _get(doc, dev, name),
+                                   "measured_s": round(measured.get(stage, 0.0), 6),
+                                   "simulated_s": round(simulated.get(stage, 0.0), 6)}
+    doc.setdefault("fit", {})["stages"] = report
+    return doc
+
+
+@dataclass
+class Row:
+    run: str
+    what: str
+    measured_s: float
+    event_s: float  # simulated with the event-level profile
+    stage_s: float  # simulated with event + stage level
+    predicted_s: float  # the plan's own (uncalibrated) prediction
+    stages: dict[str, Any] | None = None  # per stage, measured vs simulated (both levels)
+    spread: float = 0.0  # std / mean of the measured steady steps: the run's own noise
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "what": self.what, "measured_s": round(self.measured_s, 4),
+                "predicted_s": round(self.predicted_s, 4),
+                "simulated_event_s": round(self.event_s, 4),
+                "error_event": round(self.event_s / self.measured_s - 1, 4),
+                "simulated_stage_s": round(self.stage_s, 4),
+                "error_stage": round(self.stage_s / self.measured_s - 1, 4),
+                "measured_step_cv": round(self.spread, 4), "stages": self.stages or {}}
+
+
+WHAT = {"base": "calibration run (in-sample)", "batch x2": "twice the prompts",
+        "response x2": "responses up to 2x longer", "colocated": "colocate-all placement",
+        "split": "rollout on its own devices"}
+
+
+def table(plans: dict[str, Plan], traces: dict[str, Trace], event_doc: dict, stage_doc: dict
+          ) -> list[Row]:
+    rows = []
+    for name, plan in plans.items():
+        ev, _ = fidelity(plan, traces[name], calibration_from_dict(event_doc), name)
+        st, _ = fidelity(plan, traces[name], calibration_from_dict(stage_doc), name)
+        ms = [st.steps[k].measured for k in st.steady]
+        mean = sum(ms) / len(ms)
+        cv = (sum((m - mean) ** 2 for m in ms) / len(ms)) ** 0.5 / mean
+        rows.append(Row(name, WHAT.get(name, ""), st.step.measured, ev.step.simulated,
+                        st.step.simulated, plan.predicted_iteration_s,
+                        {k: v.to_dict() for k, v in st.stages.items()}, cv))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("| run | differs by | measured s (step CV) | predicted s (uncalibrated) | "
+            "simulated s (event calib.) | error | simulated s (event+stage calib.) | error |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        d = r.to_dict()
+        lines.append(f"| {r.run} | {r.what} | {r.measured_s:.3f} ({r.spread:.0%}) | "
+                     f"{r.predicted_s:.3f} | "
+                     f"{r.event_s:.3f} | {d['error_event']:+.1%} | {r.stage_s:.3f} | "
+                     f"{d['error_stage']:+.1%} |")
+    return "\n".join(lines)
+
+
+def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
+                note: Callable[[str], None]) -> list[Row]:
+    if reuse:
+        found = {p.parent.name.replace("_", " "): p for p in out.glob("*/plan.json")}
+        order = [n for n in WHAT if n in found] + sorted(set(found) - set(WHAT))
+        plans = {n: load_plan(found[n]) for n in order}
+        if "base" not in plans:
+            raise SpecError(f"--reuse: {out}/base/plan.json: missing (run without --reuse first)")
+        traces = {n: read_trace(out / n.replace(" ", "_") / "trace.json") for n in plans}
+    else:
+        plans = variant_plans(job)
+        traces = {}
+        for name, plan in plans.items():
+            note(f"executing {name} ({WHAT.get(name, '')}): {steps} steps")
+            traces[name] = execute_plan(plan, steps, out / name.replace(" ", "_"), note)
+    event_doc = event_profile(plans["base"], traces["base"], str(out / "base" / "trace.json"))
+    stage_doc = stage_calibrate(plans["base"], traces["base"], event_doc)
+    for name, doc in (("profile.event.json", event_doc), ("profile.json", stage_doc)):
+        atomic_write_text(out / name, json.dumps(doc, indent=2))
+    rows = table(plans, traces, event_doc, stage_doc)
+    atomic_write_text(out / "heldout.json", json.dumps([r.to_dict() for r in rows], indent=2))
+    atomic_write_text(out / "heldout.md", format_table(rows) + "\n")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m placer.fidelity_heldout", description=__doc__
+                                 .splitlines()[0])
+    ap.add_argument("--out", required=True, help="output folder (plans, traces, profiles, table)")
+    ap.add_argument("--steps", type=int, default=4, help="executed steps per run (default 4)")
+    ap.add_argument("--job", default=str(DEFAULT_JOB), help="job YAML (default tiny-cpu)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="recompute the table from the traces already under --out")
+    args = ap.parse_args(argv)
+
+    def note(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+    try:
+        if args.steps < 3:
+            raise SpecError(f"--steps: need at least 3 (calibration needs 3 events of a kind; "
+                            f"got {args.steps})")
+        rows = run_heldout(Path(args.out), args.steps, args.job, args.reuse, note)
+    except SpecError as e:
+        print(f"placer.fidelity_heldout: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Fidelity (placer/fidelity.py, placer/fidelity_heldout.py, `placer fidelity`).
+
+Executed traces here are written by hand in the executor's format (executors/loop.py: `stage`
+events from the driver, `generate`/`train`/`forward`/`transfer`/`reward` events per worker, a
+`step` event per step), with known stage times, so every number the report derives from them is
+known in advance. No Ray: the executor's own tests run it; this file checks the comparison.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from placer.calibration import calibration_from_dict
+from placer.catalog import resolve
+from placer.costmodel import Calibration
+from placer.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
+from placer.fidelity_heldout import stage_calibrate
+from placer.plan import Plan, save_plan
+from placer.spec import SpecError, load_job
+from traces.schema import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SYNC, ROLLOUT, ENV, SCORE, TRAIN, OTHER = 0.05, 0.12, 0.5, 0.02, 0.1, 0.03
+STEP_S = SYNC + ROLLOUT + ENV + SCORE + TRAIN + OTHER
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    from placer.planner import plan_job
+    return plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
+
+
+def executed(plan: Plan, steps: int = 3, response: int = 8, gen_s: float = 0.11,
+             per_sample: bool = True) -> Trace:
+    """A trace as executors/loop.py writes it, with the stage times above."""
+    n = plan.resolved().job.batch.samples
+    workers = plan.roles["rollout"].dp
+    tr = Trace(metadata={"source": "execute", "job": "tiny-cpu"})
+    t = 0.0
+    for s in range(steps):
+        ids = [f"{s}-{k:02d}" for k in range(n)]
+        tr.add("sync", "stage", t, SYNC, "driver", "loop", step=s, policy_version=s)
+        for w in range(workers):
+            tr.add("weight sync", "transfer", t + 0.01, 0.002, "gpu:0", f"rollout{w}", step=s,
+                   role="rollout", bytes=328960, src="actor0", devices=["gpu:0:0", "gpu:0:1"])
+        t0 = t + SYNC
+        tr.add("rollout", "stage", t0, ROLLOUT, "driver", "loop", step=s)
+        for w in range(workers):
+            mine = ids[w * n // workers:(w + 1) * n // workers]
+            extra = ({"response_tokens": [response] * len(mine), "prompt_tokens": [12] * len(mine)}
+                     if per_sample else {})
+            tr.add("generate", "generate", t0 + 0.005, gen_s, "gpu:0", f"rollout{w}", step=s,
+                   role="rollout", sample_ids=mine, tokens=response * len(mine),
+                   batch=len(mine), devices=["gpu:0:0", "gpu:0:1"], **extra)
+        ts = t0 + ROLLOUT + ENV
+        tr.add("score", "stage", ts, SCORE, "driver", "loop", step=s)
+        tr.add("reward", "reward", ts + 0.001, 0.001, "cpu:0", "reward0", step=s, role="reward",
+               sample_ids=ids, tokens=0)
+        tr.add("reference", "forward", ts + 0.001, 0.01, "lpu:0", "reference0", step=s,
+               role="reference", sample_ids=ids, tokens=n * 20, devices=["lpu:0:0"])
+        tt = ts + SCORE
+        tr.add("train", "stage", tt, TRAIN, "driver", "loop", step=s)
+        for r in range(plan.roles["actor"].dp):
+            tr.add("train actor", "train", tt + 0.005, 0.09, "gpu:0", f"actor{r}", step=s,
+                   role="actor", sample_ids=ids[:n // 2], tokens=n * 10, devices=[f"gpu:0:{r}"])
+        tr.add(f"step {s}", "step", t0, STEP_S - SYNC, "driver", "loop", step=s)
+        t = t0 + STEP_S - SYNC
+    return tr
+
+
+def test_measured_side_reads_the_executor_format(plan):
+    tr = executed(plan)
+    spans = measured_spans(tr)
+    assert list(spans) == [0, 1, 2]
+    for a, b in spans.values():
+        assert b - a == pytest.approx(STEP_S)
+    st = measured_stages(tr, spans)[1]
+    assert st["sync"] == pytest.approx(SYNC) and st["rollout"] == pytest.approx(ROLLOUT)
+    assert st["environment"] == pytest.approx(ENV) and st["train"] == pytest.approx(TRAIN)
+    assert st["other"] == pytest.approx(OTHER)
+    roles = role_times(tr)[1]
+    assert roles["rollout"] == pytest.approx(0.11) and roles["sync"] == pytest.approx(0.002)
+    assert roles["actor"] == pytest.approx(0.09)
+
+
+def test_report_lines_up_steps_and_is_json(plan):
+    rep, sim = fidelity(plan, executed(plan))
+    assert sorted(rep.steps) == [0, 1, 2] and rep.steady == [1, 2]
+    assert len(sim.run.iterations) == 3
+    for s, p in rep.steps.items():
+        assert p.measured == pytest.approx(STEP_S)
+        rec = sim.run.iterations[s]
+        assert p.simulated == pytest.approx(rec.end - rec.start)
+        assert p.error == pytest.approx(p.simulated / p.measured - 1)
+    assert rep.lengths["measured"]["samples"] == 2 * plan.resolved().job.batch.samples
+    assert rep.lengths["measured"]["makespan_s"] == pytest.approx(0.005 + 0.11)
+    doc = json.loads(json.dumps(rep.to_dict()))
+    assert doc["step"]["measured_s"] == pytest.approx(STEP_S, abs=1e-5)
+    assert "fidelity tiny-cpu" in rep.line()
+
+
+def test_replayed_lengths_drive_the_simulation(plan):
+    """The simulation uses the run's recorded response lengths, not the job's."""
+    short, _ = fidelity(plan, executed(plan, response=4))
+    long, _ = fidelity(plan, executed(plan, response=64))
+    assert long.stages["rollout"].simulated > short.stages["rollout"].simulated
+    assert long.lengths["simulated"]["makespan_s"] > short.lengths["simulated"]["makespan_s"]
+
+
+def test_missing_prompt_lengths_are_noted(plan):
+    rep, _ = fidelity(plan, executed(plan, per_sample=False))
+    assert any("no recorded prompt length" in n for n in rep.inputs["notes"])
+
+
+def test_stage_calibration_matches_the_stages_it_fits(plan):
+    tr = executed(plan)
+    doc = stage_calibrate(plan, tr, {"default": {}, "devices": {}})
+    rep, _ = fidelity(plan, tr, calibration_from_dict({k: v for k, v in doc.items()
+                                                       if k != "fit"}))
+    s = rep.stages
+    assert s["sync"].simulated == pytest.approx(SYNC, rel=0.01)
+    env_score = s["score"].simulated + (s["environment"].simulated if "environment" in s else 0)
+    assert env_score == pytest.approx(ENV + SCORE, rel=0.01)
+    assert s["train"].simulated == pytest.approx(TRAIN + OTHER, rel=0.01)  # "other" goes here
+    assert set(doc["fit"]["stages"]) == {"emu-gpu.sync_latency_s", "laptop-cpu.rule_reward_s",
+                                         "emu-gpu.train_overhead_s"}
+
+
+def test_figures_are_written(plan, tmp_path):
+    tr = executed(plan)
+    rep, sim = fidelity(plan, tr)
+    paths = write_figures(rep, sim, tr, tmp_path)
+    assert [p.name for p in paths] == ["fidelity_timelines.png", "fidelity_steps.png",
+                                       "fidelity_lengths.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_refuses_a_trace_that_is_not_an_executed_run(plan):
+    tr = executed(plan)
+    no_steps = Trace(tr.metadata, [e for e in tr.events if e.cat != "step"])
+    with pytest.raises(SpecError, match="no `step` events"):
+        fidelity(plan, no_steps)
+
+
+def test_refuses_a_plan_with_another_batch(plan):
+    job = plan.job | {"batch": plan.job["batch"] | {"prompts": 16}}
+    other = plan.model_copy(update={"job": job})
+    with pytest.raises(SpecError, match="recorded samples"):
+        fidelity(other, executed(plan))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "placer.cli", "fidelity", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_cli_json_and_bad_input(plan, tmp_path):
+    save_plan(plan, tmp_path / "plan.json")
+    executed(plan).write(tmp_path / "trace.json")
+    ok = _cli(str(tmp_path / "plan.json"), str(tmp_path / "trace.json"), "--json")
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert set(doc) >= {"step", "steps", "stages", "roles", "lengths"}
+    (tmp_path / "bad.json").write_text("{not json")
+    for args in ([str(tmp_path / "plan.json"), str(tmp_path / "bad.json")],
+                 [str(tmp_path / "plan.json"), str(tmp_path / "missing.json")],
+                 [str(tmp_path / "trace.json"), str(tmp_path / "trace.json")]):
+        bad = _cli(*args)
+        assert bad.returncode == 2, bad.stderr
+        assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+@pytest.mark.parametrize("argv", [["-m", "placer.demo", "--steps", "2"],
+                                  ["-m", "placer.fidelity_heldout", "--out", "{tmp}", "--reuse"]])
+def test_entry_points_refuse_bad_arguments(argv, tmp_path):
+    """`make demo` and the held-out table say what is wrong in one line (exit 2)."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_environment_inside_the_score_stage(plan):
+    """Executors that run the environment inside `score` leave no gap: score holds it, and the
+    reward+environment role (environment: the stage less the reward events) is the whole stage."""
+    tr = executed(plan)
+    events = []
+    for e in tr.events:  # stretch each score stage back over the environment's gap
+        if e.cat == "stage" and e.name == "score":
+            e = type(e)(e.name, e.cat, e.ts_s - ENV, e.dur_s + ENV, e.pid, e.tid, e.args)
+        events.append(e)
+    tr = Trace(tr.metadata, events)
+    rep, _ = fidelity(plan, tr)
+    assert "environment" not in rep.stages
+    assert rep.stages["score"].measured == pytest.approx(ENV + SCORE)
+    assert rep.roles["reward+environment"].measured == pytest.approx(ENV + SCORE)
