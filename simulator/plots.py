@@ -1,7 +1,7 @@
 """Figures of a simulated run (matplotlib, Agg backend: no display needed).
 
-  timeline.png       one row per slot: when its devices work (each rollout engine step drawn
-                     with the engine's share of the slot: a sparse fleet shows pale)
+  timeline.png       one row per slot: when its devices work, coloured by the kind of work
+                     (prefill, decode, forward, reward, train, transfer)
   utilization.png    busy share of each pool's planned devices over time (binned)
   response_vs_completion.png
                      each sample's total response tokens against when its rollout finished,
@@ -51,20 +51,43 @@ def _intervals(result: "SimResult") -> list[tuple[str, float, float, float]]:
     return out
 
 
+def _work_rows(result: "SimResult", slots: list[str]) -> list[tuple[int, float, float, str]]:
+    """(slot row, start, dur, kind of work) for every traced event that ran on a slot."""
+    row = {slot: i for i, slot in enumerate(slots)}
+    env = result.plan.roles.get("environment")
+    out = []
+    for _name, cat, ts, dur, _pid, tid, _args in result._rec.rows:
+        # tool calls are traced per CPU core ("env3"); draw them on the environment's slot
+        slot = env.slot if cat == "tool" and env is not None else tid.split("/")[0]
+        if slot in row and dur > 0:
+            out.append((row[slot], ts, dur, cat))
+    return out
+
+
 def timeline(result: "SimResult", path: Path) -> Path:
+    """One row per slot; bars coloured by the kind of work (generation, scoring, training...)."""
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    from placer.plots import KIND_COLOURS  # noqa: PLC0415  (one palette for every timeline)
+
     slots = [s.name for s in result.plan.slots]
-    spans = _intervals(result)
-    fig, ax = plt.subplots(figsize=(11, 0.6 * len(slots) + 1.5))
-    for row, slot in enumerate(slots):
-        bars = [(t, d, share) for s, t, d, share in spans if s == slot and d > 0]
-        for t, d, share in bars:
-            ax.broken_barh([(t, d)], (row - 0.4, 0.8), alpha=min(max(share, 0.15), 1.0),
-                           color=f"C{row % 10}")
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(slots) + 2.0))
+    for slot, t, d, _share in result.run.busy:  # slot work first, pale, under the events
+        if slot in slots and d > 0:
+            ax.broken_barh([(t, d)], (slots.index(slot) - 0.4, 0.8), color="0.88")
+    kinds = set()
+    for r, t, d, cat in _work_rows(result, slots):
+        ax.broken_barh([(t, d)], (r - 0.4, 0.8), color=KIND_COLOURS.get(cat, "C7"))
+        kinds.add(cat)
     for rec in result.run.iterations:
         ax.axvline(rec.end, color="k", lw=0.5, ls=":")
     ax.set_yticks(range(len(slots)), slots)
     ax.set_xlabel("simulated time (s)")
     ax.set_title(f"{result.plan.job.get('name', 'job')}: work per slot (dotted: iteration ends)")
+    handles = [Patch(color=KIND_COLOURS.get(k, "C7"), label=k) for k in sorted(kinds)]
+    handles.append(Patch(color="0.88", label="slot busy (other)"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25),
+              ncol=len(handles), fontsize=8, frameon=False)
     return _save(fig, path)
 
 
