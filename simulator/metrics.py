@@ -2,8 +2,9 @@
 
   iteration_s      mean / p50 / p99 of iteration times (async mode: the steady state, without
                    the first iteration's pipeline fill and the last one's drain)
-  samples_per_s,   committed (trained) samples and their response tokens per wall second
-  tokens_per_s
+  samples_per_s,   committed (trained) samples and their response tokens per second of the
+  tokens_per_s     steady state (async: without fill and drain), times goodput; the rate a long
+                   run reaches. wall_samples_per_s is the same over this short run's wall time
   utilization      busy share of each slot's devices over the run, and per pool (device-weighted)
   bubble_s         per iteration, the device-weighted mean time accelerator slots sit idle
   role_s           busy seconds per iteration of each role (rollout: per engine replica;
@@ -47,7 +48,12 @@ def _stats(xs: list[float]) -> dict[str, float]:
             "p99": float(np.percentile(a, 99)), "min": float(a.min()), "max": float(a.max())}
 
 
-def steady(durations: list[float], mode: str) -> list[float]:
+def goodput_rate(tl: Timeline) -> float:
+    """Share of wall time that makes progress (1.0 without failures or checkpoints)."""
+    return tl.goodput if tl.goodput > 0 else 0.0
+
+
+def steady(durations: list, mode: str) -> list:
     """Async: drop the pipeline fill (first) and, from three iterations on, the drain (last:
     its rollout ran ahead while earlier steps trained, so its interval is short)."""
     if mode != "async" or len(durations) < 2:
@@ -114,6 +120,8 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str
     for pool in run.pools:
         role_s["environment"] = pool.busy_s / pool.slots / n
     st = steady(durs, mode)
+    kept = steady(done, mode)  # the same iterations as st
+    rate = float(goodput_rate(tl)) / float(np.mean(st)) if st else 0.0
     stage_s = {}
     if mode == "sync":
         for stage in ("sync", "rollout", "score", "train"):
@@ -127,8 +135,9 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str
         "predicted_iteration_s": plan.predicted_iteration_s,
         "error_vs_predicted": (mean - plan.predicted_iteration_s) / plan.predicted_iteration_s,
         "stage_s": stage_s,
-        "samples_per_s": samples / tl.wall_s if tl.wall_s > 0 else 0.0,
-        "tokens_per_s": tokens / tl.wall_s if tl.wall_s > 0 else 0.0,
+        "samples_per_s": float(np.mean([d.n for d in kept])) * rate,
+        "tokens_per_s": float(np.mean([d.response_tokens() for d in kept])) * rate,
+        "wall_samples_per_s": samples / tl.wall_s if tl.wall_s > 0 else 0.0,
         "utilization": {"slot": per_slot, "pool": per_pool},
         "bubble_s": bubble,
         "role_s": role_s,
