@@ -1,11 +1,15 @@
 """The sample ledger: proof that every planned sample was trained on exactly once.
 
 Per step the loop records the sample ids it planned (from the prompts), every generation of a
-sample (a re-run after a lost rollout or environment actor adds a generation, marked as a re-run),
-and the ids that reached the optimizer. A step is committed when its training finished; a trainer
+sample (a re-run after a lost rollout or environment actor adds a generation, marked as a re-run;
+a straggler's samples raced on a second worker are listed as re-issued, and only the copy that
+finished first is recorded as generated; an overprovisioned step's samples that were not among
+the first n to finish are listed as dropped and must not be trained), and the ids that reached
+the optimizer. A step is committed when its training finished; a trainer
 restart that rolls back to an older checkpoint discards the steps after it (their updates are gone
 with the lost weights) and they are run again. `balanced()` holds when every committed step
-trained each planned id exactly once and nothing else, and steps 0..n-1 are all committed.
+trained each planned, not dropped id exactly once and nothing else, and steps 0..n-1 are all
+committed.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ class StepEntry:
     planned: list[str]
     generated: Counter = field(default_factory=Counter)
     reruns: list[str] = field(default_factory=list)
+    reissued: list[str] = field(default_factory=list)  # raced on a second worker (one copy kept)
+    dropped: list[str] = field(default_factory=list)  # overprovisioned, not among the first n
     trained: Counter = field(default_factory=Counter)
     committed: bool = False
 
@@ -38,6 +44,15 @@ class Ledger:
         e.generated.update(ids)
         if rerun:
             e.reruns += list(ids)
+
+    def reissued(self, step: int, ids: list[str]) -> None:
+        """A straggler's samples were also generated elsewhere; only the winning copy is counted
+        by `generated` (the loser's result is dropped unread)."""
+        self.steps[step].reissued += list(ids)
+
+    def dropped(self, step: int, ids: list[str]) -> None:
+        """Planned samples an overprovisioned step does not train (not among the first n)."""
+        self.steps[step].dropped += list(ids)
 
     def trained(self, step: int, ids: list[str]) -> None:
         self.steps[step].trained.update(ids)
@@ -58,14 +73,14 @@ class Ledger:
             if e is None or not e.committed:
                 out.append(f"step {s}: not committed")
                 continue
-            want = Counter(e.planned)
+            want = Counter(i for i in e.planned if i not in set(e.dropped))
             if e.trained != want:
                 lost = sorted(set(want) - set(e.trained))
                 twice = sorted(k for k, c in e.trained.items() if c > 1)
                 extra = sorted(set(e.trained) - set(want))
                 out.append(f"step {s}: lost {lost[:3]}, counted twice {twice[:3]}, "
                            f"unplanned {extra[:3]}")
-            if set(e.generated) != set(want):
+            if not set(want) <= set(e.generated) <= set(e.planned):
                 out.append(f"step {s}: generated ids differ from planned ids")
         return out
 
@@ -75,6 +90,7 @@ class Ledger:
     def to_dict(self) -> dict[str, Any]:
         return {"steps": {str(s): {"planned": len(e.planned), "trained": sum(e.trained.values()),
                                    "distinct_trained": len(e.trained), "reruns": e.reruns,
+                                   "reissued": e.reissued, "dropped": e.dropped,
                                    "committed": e.committed}
                           for s, e in sorted(self.steps.items())},
                 "rolled_back": self.rolled_back}

@@ -17,7 +17,13 @@ Recovery: a rollout, environment, reference or reward worker that dies mid-call 
 Ray (`max_restarts`) and its in-flight samples are re-run (rollouts after re-syncing weights); a
 trainer or critic that dies restarts every training rank, re-forms the process group, reloads the
 last checkpoint and re-runs the steps after it. The ledger (`executors.ledger`) records sample ids
-per step and proves nothing was lost or counted twice.
+per step and proves nothing was lost or counted twice. A node that dies (or joins) changes the
+plan itself: see `executors.recovery` and `executors.elastic`. Slow calls: `executors.stragglers`.
+
+Tail policy (the job's `tail_policy`): `overprovision` generates ceil(n (1 + f)) samples, waits for
+rollout shards in finish order until they hold n (later shards are abandoned), and trains the
+first n to finish (within a shard's lockstep decode: the shortest); `reissue` sets the
+environment's per-call deadline; `partial` is refused by `executors.run.execute`.
 """
 from __future__ import annotations
 
@@ -33,7 +39,11 @@ import torch
 from executors import rl
 from executors.ledger import Ledger
 from executors.model import BOS, decode, encode
+from executors.elastic import ClusterChanged
+from executors.recovery import Recovery, TrainingLost
 from executors.placement import Member
+from executors.stragglers import Busy
+from executors.tails import TailPolicies, overprovision_extra
 from executors.task import exact, make_prompts
 from placer.plan import Plan, atomic_write_text
 from traces.schema import Trace
@@ -58,6 +68,7 @@ class LoopConfig:
     checkpoint_every: int = 1
     retries: int = 3
     faults: list[Fault] = field(default_factory=list)
+    deadlines: dict[str, float] = field(default_factory=dict)  # role -> per-call deadline (s)
 
 
 @dataclass
@@ -72,18 +83,20 @@ class StepStat:
     reruns: int = 0
 
 
-class TrainingLost(RuntimeError):
-    """A trainer or critic rank died; the loop rolls back to the last checkpoint."""
-
-
-class Loop:
+class Loop(Recovery, TailPolicies):
     def __init__(self, plan: Plan, rt: Any, cfg: Any, lc: LoopConfig, trace: Trace,
-                 progress: Callable[[StepStat], None] | None = None) -> None:
+                 progress: Callable[[StepStat], None] | None = None, *, elastic: Any = None,
+                 note: Callable[[str], None] | None = None,
+                 on_step: Callable[[int], None] | None = None) -> None:
         self.plan, self.rt, self.cfg, self.lc, self.trace = plan, rt, cfg, lc, trace
         self.job = plan.resolved().job
-        self.by_role: dict[str, list[Member]] = defaultdict(list)
-        for m in sorted(rt.members, key=lambda m: (m.role, m.rank)):
-            self.by_role[m.role].append(m)
+        self.elastic, self.note, self.on_step = elastic, note, on_step
+        self._index_members()
+        self.recoveries: list[dict[str, Any]] = []
+        self.stragglers: list[dict[str, Any]] = []
+        self.busy = Busy()
+        self.ran_on: dict[int, Member] = {}  # call index -> worker whose result was taken
+        self.synced: int | None = None  # the version the last weight sync sent
         self.ledger = Ledger()
         self.stats: list[StepStat] = []
         self.known: dict[int, int | None] = {}  # rollout rank -> weight version it holds
@@ -97,6 +110,11 @@ class Loop:
         self._next_pending: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ helpers
+    def _index_members(self) -> None:
+        self.by_role: dict[str, list[Member]] = defaultdict(list)
+        for m in sorted(self.rt.members, key=lambda m: (m.role, m.rank)):
+            self.by_role[m.role].append(m)
+
     def _event(self, name: str, cat: str, ts: float, dur: float, m: Member | None, step: int,
                **args: Any) -> None:
         pid, tid = (m.trace_pid, f"{m.role}{m.rank}") if m else ("driver", "loop")
@@ -121,20 +139,31 @@ class Loop:
         """Run calls in parallel (or wait for `handles` already started); a call whose worker
         died is re-run on the restarted worker."""
         self.rerun_idx: set[int] = set()
+        self.ran_on = {i: c[0] for i, c in enumerate(calls)}
         if handles is None:
             handles = [self.rt.call(m, meth, *args) for m, meth, args in calls]
         self._inject(step, role)
+        if self.lc.deadlines.get(role):
+            handles = self._race(calls, handles, step, role)
         outs = self.rt.results(handles)
         for attempt in range(self.lc.retries + 1):
             bad = [i for i, o in enumerate(outs) if not o.ok]
             if not bad:
                 break
+            self._check_cluster()
+            if any(outs[i].lost_node for i in bad):  # Ray has not marked the node dead yet
+                raise ClusterChanged({}, outs[bad[0]].error)
             if attempt == self.lc.retries:
                 raise RuntimeError(f"{role}: calls keep failing: {outs[bad[0]].error}")
             for i in bad:
                 m, meth, args = calls[i]
+                self.ran_on[i] = m
                 t = time.time()
-                self.rt.wait_alive(m)
+                try:
+                    self.rt.wait_alive(m)
+                except Exception:  # noqa: BLE001 - its node may have gone meanwhile
+                    self._check_cluster()
+                    raise
                 self._event(f"restart {m.role}{m.rank}", "restart", t, time.time() - t, m, step,
                             error=outs[i].error, policy_version=None)
                 if on_retry:
@@ -160,14 +189,19 @@ class Loop:
         if not out.ok:
             raise TrainingLost(out.error)
         version, nbytes = out.value
-        targets = [m for m in self.by_role["rollout"]
-                   if m is force or self.known.get(m.rank) != version]
+        free = self.busy.free(self.rt, self.by_role["rollout"])
+        for m in self.by_role["rollout"]:
+            if all(m is not f for f in free):  # still busy with an abandoned call: sync later
+                self.known[m.rank] = None
+        targets = [m for m in free if m is force or self.known.get(m.rank) != version]
+        self.synced = version
         if not targets:
             return version
         # The weights go from the trainer's process to each rollout worker through Ray's object
         # store (the driver passes the reference on; it never holds the tensors).
         ref = self.rt.call(trainer, "weights")
         outs = self.rt.results([self.rt.call(m, "load_weights", ref, version) for m in targets])
+        self.rt.forget(ref)
         for m, o in zip(targets, outs):
             if not o.ok:  # a rollout worker died while loading: it re-syncs before its next work
                 self.known[m.rank] = None
@@ -176,6 +210,7 @@ class Loop:
             self._event("weight sync", "transfer", o.value["t0"], o.value["dur"], m, step,
                         policy_version=version, bytes=nbytes, src="actor0")
         self._event("sync", "stage", t, time.time() - t, None, step, policy_version=version)
+        self.synced = version
         return version
 
     def _resync(self, step: int) -> Callable[[Member], None]:
@@ -188,14 +223,21 @@ class Loop:
         prompts = make_prompts(self.cfg.seed, step, self.job.batch.prompts)
         spp = self.job.batch.samples_per_prompt
         ids, groups, toks, targets = [], [], [], []
-        for p in prompts:
-            for j in range(spp):
-                ids.append(f"{p.id}.{j}")
-                groups.append(p.id)
-                toks.append([BOS] + encode(p.text, self.cfg.arch["vocab"]))
-                targets.append(p.target)
+        keep = len(prompts) * spp
+        # overprovision: ceil(n (1 + f)) samples, the extra ones spread over the prompts
+        extra = overprovision_extra(self.job.tail_policy, keep)
+        slots = [(p, j) for j in range(spp) for p in prompts]
+        slots += [(prompts[k % len(prompts)], spp + k // len(prompts)) for k in range(extra)]
+        for p, j in sorted(slots, key=lambda x: (int(x[0].id.rsplit("p", 1)[1]), x[1])):
+            ids.append(f"{p.id}.{j}")
+            groups.append(p.id)
+            toks.append([BOS] + encode(p.text, self.cfg.arch["vocab"]))
+            targets.append(p.target)
         self.ledger.plan(step, ids)
-        workers = self.by_role["rollout"]
+        # Workers still busy with a straggler's abandoned call get no new work this step.
+        # (a worker freed since the sync still holds old weights: it waits for the next sync)
+        workers = ([m for m in self.by_role["rollout"] if self.known.get(m.rank) == self.synced]
+                   or self.by_role["rollout"])
         calls = []
         # One seed per sample: the same sample whatever worker or re-run generates it.
         seeds = [(self.cfg.seed * 1_000_003 + step * 100_003 + i) % 2**63 for i in range(len(ids))]
@@ -203,20 +245,31 @@ class Loop:
             sl = slice(k * len(ids) // len(workers), (k + 1) * len(ids) // len(workers))
             calls.append((m, "generate", (ids[sl], groups[sl], toks[sl], seeds[sl])))
         return {"step": step, "calls": calls, "targets": dict(zip(ids, targets)),
-                "t": time.time()}
+                "t": time.time(), "keep": keep}
 
     def collect_rollout(self, pending: dict[str, Any]) -> rl.Samples:
-        step = pending["step"]
-        outs = self._call_all(pending["calls"], step, "rollout", on_retry=self._resync(step))
+        step, calls = pending["step"], pending["calls"]
+        handles = None
+        if sum(len(c[2][0]) for c in calls) > pending["keep"]:
+            calls, handles = self._first_shards(step, calls, pending["keep"])
+        outs = self._call_all(calls, step, "rollout", on_retry=self._resync(step), handles=handles)
         parts = []
-        for k, ((m, _, args), (s, timing)) in enumerate(zip(pending["calls"], outs)):
+        for k, ((_, _, args), (s, timing)) in enumerate(zip(calls, outs)):
+            m = self.ran_on[k]
             parts.append(s)
             self.ledger.generated(step, s.ids, rerun=k in self.rerun_idx)
             self._event("generate", "generate", timing["t0"], timing["dur"], m, step,
                         policy_version=s.version, sample_ids=s.ids, tokens=timing["tokens"],
-                        batch=timing["batch"])
+                        batch=timing["batch"],
+                        # per sample, aligned with sample_ids (traces/record.py, placer/fit.py);
+                        # steps: lockstep decode runs until the longest response ends
+                        prompt_tokens=[len(p) for p in s.prompts],
+                        response_tokens=[len(r) for r in s.responses],
+                        steps=max((len(r) for r in s.responses), default=1))
         self._role_s["rollout"] += max(o[1]["dur"] for o in outs)
         samples = rl.Samples.concat(parts)
+        if len(samples.ids) > pending["keep"]:
+            samples = self._keep_first(step, samples, parts, pending["keep"])
         versions = sorted({p.version for p in parts})
         self._check_versions(step, versions)
         self._event("rollout", "stage", pending["t"], time.time() - pending["t"], None, step,
@@ -233,7 +286,7 @@ class Loop:
 
     def environment(self, step: int, s: rl.Samples) -> list[dict]:
         answers = [decode(r, self.cfg.arch["vocab"]) for r in s.responses]
-        envs = self.by_role.get("environment") or []
+        envs = self.busy.free(self.rt, self.by_role.get("environment") or [])
         if not envs:
             return [{"status": "error", "error": "no environment"}] * len(answers)
         calls = []
@@ -242,7 +295,8 @@ class Loop:
             calls.append((m, "execute", (s.ids[sl], answers[sl])))
         outs = self._call_all(calls, step, "environment")
         results: list[dict] = []
-        for (m, _, args), (vals, timing) in zip(calls, outs):
+        for k, ((_, _, args), (vals, timing)) in enumerate(zip(calls, outs)):
+            m = self.ran_on[k]
             for sid, v in zip(args[0], vals):
                 self._event("tool", "tool", v.get("ts", timing["t0"]), v.get("dur", 0.0), m, step,
                             policy_version=s.version, sample_ids=[sid], status=v.get("status"))
@@ -357,31 +411,6 @@ class Loop:
         self._event("checkpoint", "checkpoint", t, time.time() - t, None, step,
                     policy_version=step + 1)
 
-    def recover_training(self, step: int, error: str) -> int:
-        """Restart every training rank, reload the last checkpoint; returns the step to redo."""
-        t = time.time()
-        members = self.by_role["actor"] + self.by_role.get("critic", [])
-        for m in members:
-            # A killed rank comes back on its own (max_restarts); a survivor whose collective
-            # failed is alive and re-joins; only one that does not answer is restarted by force.
-            try:
-                self.rt.wait_alive(m, timeout_s=30.0)
-            except Exception:  # noqa: BLE001 - hung (e.g. in a collective that never returns)
-                self.rt.restart(m)
-        self.setup_training()
-        if self.last_ckpt >= 0:
-            latest = json.loads((self.lc.out_dir / "checkpoints" / "latest.json").read_text())
-            outs = self.rt.results([self.rt.call(m, "load", latest["actor"]) for m in self.by_role["actor"]]
-                                   + [self.rt.call(m, "load", latest["critic"])
-                                      for m in self.by_role.get("critic", [])])
-            if not all(o.ok for o in outs):
-                raise RuntimeError(f"reloading checkpoint failed: {outs}")
-        self.ledger.rollback(self.last_ckpt)
-        self.known.clear()
-        self._event("restart training", "restart", t, time.time() - t, None, step, error=error,
-                    resumed_from=self.last_ckpt, policy_version=self.last_ckpt + 1)
-        return self.last_ckpt + 1
-
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[StepStat]:
         self.setup_training()
@@ -389,19 +418,38 @@ class Loop:
         restarts = 0
         while step < self.lc.steps:
             try:
-                if pending is None or pending["step"] != step:
-                    self.sync_weights(step)
-                    pending = self.launch_rollout(step)
-                self._step(step, pending)
-                pending = self._next_pending
-                step += 1
-            except TrainingLost as e:
+                try:
+                    if pending is None or pending["step"] != step:
+                        self._boundary(step)
+                        self.sync_weights(step)
+                        pending = self.launch_rollout(step)
+                    self._step(step, pending)
+                    pending = self._next_pending
+                    step += 1
+                except TrainingLost as e:
+                    self._check_cluster()  # a lost node, not a lost process: re-plan instead
+                    restarts += 1
+                    if restarts > self.lc.retries:
+                        raise RuntimeError(f"training keeps failing: {e}") from None
+                    try:
+                        step, pending = self.recover_training(step, str(e)), None
+                    except Exception:
+                        self._check_cluster()
+                        raise
+            except ClusterChanged as e:
                 restarts += 1
                 if restarts > self.lc.retries:
-                    raise RuntimeError(f"training keeps failing: {e}") from None
-                step, pending = self.recover_training(step, str(e)), None
-                self.stats = [st for st in self.stats if st.step < step]
+                    raise RuntimeError(f"the cluster keeps changing: {e}") from None
+                step, pending = self.recover_cluster(step, e), None
+            self.stats = [st for st in self.stats if st.step < step]
         return self.stats
+
+    def _boundary(self, step: int) -> None:
+        """Between steps: the test hook, then a check that the cluster is still the plan's (a
+        joined node is used from here on; a lost one is usually noticed earlier, by a call)."""
+        if self.on_step is not None:
+            self.on_step(step)
+        self._check_cluster()
 
     def _step(self, step: int, pending: dict[str, Any]) -> None:
         t = time.time()

@@ -34,6 +34,17 @@ from placer.spec import ModelArch
 
 
 @dataclass(frozen=True)
+class Delay:
+    """Test-only straggler: the `call`-th work call (0-based) of worker `role``rank` first sleeps
+    `seconds` (a slow host, a thermal throttle, a noisy neighbour)."""
+
+    role: str
+    rank: int
+    call: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything a worker needs; the same object goes to every actor."""
 
@@ -48,6 +59,7 @@ class RunConfig:
     temperature: float = 1.0
     reward_arch: dict[str, Any] | None = None  # a reward model's shape, None for the rule
     threads: int = 1
+    delays: tuple[Delay, ...] = ()
 
     @property
     def model_arch(self) -> ModelArch:
@@ -63,7 +75,17 @@ class Worker:
 
     def __init__(self, cfg: RunConfig, role: str, rank: int = 0) -> None:
         self.cfg, self.role, self.rank = cfg, role, rank
+        self.calls = 0  # work calls so far (for the test-only delays)
         torch.set_num_threads(cfg.threads)
+
+    def _straggle(self) -> float:
+        """Sleep if a test asked this worker's current call to be slow; returns the delay."""
+        n, self.calls = self.calls, self.calls + 1
+        wait = sum(d.seconds for d in self.cfg.delays
+                   if (d.role, d.rank, d.call) == (self.role, self.rank, n))
+        if wait:
+            time.sleep(wait)
+        return wait
 
     def where(self) -> dict[str, Any]:
         """Node, placement group and bundle this worker runs in (empty outside Ray)."""
@@ -184,11 +206,12 @@ class Rollout(Worker):
     def generate(self, ids: list[str], groups: list[str], prompts: list[list[int]],
                  seeds: list[int]) -> tuple[rl.Samples, dict]:
         t0 = time.time()
+        delayed = self._straggle()
         resp, lps = rl.generate(self.model, prompts, self.cfg.max_new_tokens, seeds,
                                 self.cfg.temperature)
         s = rl.Samples(list(ids), prompts, resp, lps, self.version, list(groups))
         return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
-                          version=self.version, batch=len(ids))
+                          version=self.version, batch=len(ids), delayed_s=delayed)
 
 
 class Reference(Worker):
@@ -273,10 +296,11 @@ class EnvWorker(Worker):
 
     def execute(self, ids: list[str], answers: list[str]) -> tuple[list[dict], dict]:
         t0 = time.time()
+        delayed = self._straggle()
         res = self.sandbox.run_batch(answers)
         values = res.values or [{"status": res.status, "error": res.stderr[-200:]}] * len(answers)
         return values, _timing(t0, sample_ids=list(ids), protections=res.protections,
-                               sandbox_status=res.status)
+                               sandbox_status=res.status, delayed_s=delayed)
 
     def run_code(self, code: str) -> dict:
         r = self.sandbox.run(code)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from executors.loop import Fault, Loop, LoopConfig, StepStat
-from executors.roles import RunConfig
+from executors.roles import Delay, RunConfig
 from placer.plan import Plan
 from placer.spec import SpecError
 from traces.schema import Trace
@@ -37,6 +37,8 @@ class ExecResult:
     setup_s: float = 0.0
     out_dir: str = ""
     ledger: Any = None
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # re-plans after node changes
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # re-issued slow calls
 
     def summary(self) -> dict[str, Any]:
         return {"steps": [{"step": s.step, "reward": round(s.reward, 4), "exact": s.exact,
@@ -47,11 +49,12 @@ class ExecResult:
                 "ledger_balanced": self.ledger_ok, "ledger_problems": self.ledger_problems,
                 "cluster": self.cluster, "emulated_pools": self.emulated,
                 "setup_s": round(self.setup_s, 2), "out_dir": self.out_dir,
-                "placement": self.placement}
+                "placement": self.placement, "recoveries": self.recoveries,
+                "stragglers": self.stragglers}
 
 
 def run_config(plan: Plan, backend: str = "torch", lr: float | None = None,
-               model_dir: str = "") -> RunConfig:
+               model_dir: str = "", delays: tuple = ()) -> RunConfig:
     res = plan.resolved()
     job = res.job
     reward = res.model_of("reward")
@@ -59,7 +62,8 @@ def run_config(plan: Plan, backend: str = "torch", lr: float | None = None,
                      model_dir=model_dir, seed=job.seed,
                      max_new_tokens=int(job.lengths.response.max_value()),
                      **({"lr": lr} if lr is not None else {}),
-                     reward_arch=reward.model_dump() if reward is not None else None)
+                     reward_arch=reward.model_dump() if reward is not None else None,
+                     delays=tuple(delays))
 
 
 def prepare_model(plan: Plan, out_dir: Path) -> str:
@@ -77,11 +81,25 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
             backend: str = "torch", local: bool = False, faults: list[Fault] | None = None,
             progress: Callable[[StepStat], None] | None = None, max_restarts: int = 3,
             lr: float | None = None, checkpoint_every: int = 1,
-            note: Callable[[str], None] | None = None) -> ExecResult:
+            note: Callable[[str], None] | None = None,
+            deadlines: dict[str, float] | None = None, delays: list[Delay] | None = None,
+            on_step: Callable[[int], None] | None = None) -> ExecResult:
+    """Run `steps` RL steps of `plan`.
+
+    deadlines  per-call deadlines in seconds for `rollout` and `environment` calls: a call still
+               running then is re-issued to another worker of the role and the first result wins
+               (a `reissue` tail policy sets the environment's from `deadline_s`);
+    delays     test-only: make a worker's n-th call slow (`executors.roles.Delay`);
+    on_step    called at every step boundary with the next step (tests change the cluster there).
+    """
     if backend not in BACKENDS:
         raise SpecError(f"--backend: unknown backend {backend!r} (expected torch or vllm)")
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
+    if plan.resolved().job.tail_policy.kind == "partial":
+        raise SpecError("plan.job.tail_policy.kind: the executor runs none, overprovision and "
+                        "reissue; partial rollouts (cut at token_budget, resumed next step under "
+                        "newer weights) are modelled by the simulator only (got 'partial')")
     arch = plan.resolved().model_of("actor")
     if arch.params() > MAX_PARAMS_CPU and not _cuda():
         raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "
@@ -92,12 +110,13 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
     t0 = time.time()
     res = plan.resolved()
     job = res.job
-    cfg = run_config(plan, backend, lr, prepare_model(plan, out))
+    cfg = run_config(plan, backend, lr, prepare_model(plan, out), tuple(delays or ()))
     trace = Trace(metadata={"source": "execute", "job": job.name, "seed": job.seed,
                             "algorithm": job.algorithm.value, "mode": job.pipeline.mode,
                             "backend": backend, "runtime": "local" if local else "ray",
                             "predicted_iteration_s": plan.predicted_iteration_s})
     placement: list[dict[str, Any]] = []
+    elastic = None
     if local:
         from executors.runtime import LocalRuntime  # noqa: PLC0415
         rt = LocalRuntime(plan, cfg, backend)
@@ -114,20 +133,29 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         rt = RayRuntime(plan, cfg, groups, info.pinned, backend, max_restarts)
         placement = pl.verify(plan, rt.members, groups)
         pl.check(placement, info.pinned)
+        from executors.elastic import Elastic  # noqa: PLC0415
+        elastic = Elastic(plan, cfg, groups, rt, info.pinned, backend, max_restarts, placement=placement)
     trace.metadata.update(emulated_pools=emulated, cluster=info_text)
     setup_s = time.time() - t0
     lc = LoopConfig(steps=steps, out_dir=out, mode=job.pipeline.mode,
                     max_staleness=job.pipeline.max_staleness, checkpoint_every=checkpoint_every,
-                    faults=list(faults or []), retries=max(max_restarts, 1))
-    loop = Loop(plan, rt, cfg, lc, trace, progress)
+                    faults=list(faults or []), retries=max(max_restarts, 1),
+                    deadlines={**tail_deadlines(job), **(deadlines or {})})
+    loop = Loop(plan, rt, cfg, lc, trace, progress, elastic=elastic, note=note, on_step=on_step)
     try:
         stats = loop.run()
     finally:
-        rt.close()
-        if not local:
-            from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
-            for pg in groups.values():
-                remove_placement_group(pg)
+        if elastic is not None:
+            elastic.close()  # the current actors and groups (a rebuild replaced the first ones)
+            placement = elastic.placement
+        else:
+            rt.close()
     problems = loop.ledger.problems(steps)
     return ExecResult(stats, not problems, problems, trace, placement, info_text, emulated,
-                      setup_s, str(out), loop.ledger)
+                      setup_s, str(out), loop.ledger, loop.recoveries, loop.stragglers)
+
+
+def tail_deadlines(job: Any) -> dict[str, float]:
+    """A `reissue` tail policy re-issues environment calls slower than its `deadline_s`."""
+    tp = job.tail_policy
+    return {"environment": tp.deadline_s} if tp.kind == "reissue" and tp.deadline_s else {}

@@ -27,6 +27,7 @@ class Outcome:
     ok: bool
     value: Any = None
     error: str = ""
+    lost_node: bool = False  # the worker's node left the cluster: only a re-plan helps
 
 
 def worker_class(role: str, cfg: RunConfig, backend: str) -> type:
@@ -67,6 +68,22 @@ class LocalRuntime:
     def results(self, handles: list[Outcome]) -> list[Outcome]:
         return handles
 
+    def wait(self, handles: list[Outcome], timeout_s: float) -> list[bool]:
+        """Calls ran when they were made: all are done."""
+        return [True] * len(handles)
+
+    def cancel(self, handle: Outcome) -> None:
+        """Nothing runs in the background."""
+
+    def forget(self, handle: Outcome) -> None:
+        """Nothing is tracked."""
+
+    def first(self, handles: list[Outcome]) -> int:
+        return 0
+
+    def dead_members(self) -> list[Member]:
+        return []
+
     def put(self, obj: Any) -> Any:
         return obj
 
@@ -100,19 +117,92 @@ class RayRuntime:
             m.handle = cls.options(max_restarts=max_restarts, max_task_retries=0,
                                    name=None, **opts).remote(*worker_args(m, cfg, self.members))
         try:  # all constructed (an actor whose resources the bundle lacks would wait forever)
-            pids = ray.get([m.handle.pid.remote() for m in self.members], timeout=start_timeout_s)
+            wheres = ray.get([m.handle.where.remote() for m in self.members],
+                             timeout=start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise PlacementError(f"role actors not started after {start_timeout_s:.0f}s: a bundle "
                                  "lacks the resources its actors ask for") from None
-        # Worker pids, known before any work is in flight: a busy actor answers nothing else.
-        self.pids = {id(m): pid for m, pid in zip(self.members, pids)}
+        # Worker pids and nodes, known before any work is in flight: a busy actor answers
+        # nothing else, and an actor on a dead node answers nothing at all.
+        self.pids = {id(m): w["pid"] for m, w in zip(self.members, wheres)}
+        self.nodes = {id(m): w.get("node_id") for m, w in zip(self.members, wheres)}
+        self._owner: dict[Any, Member] = {}  # in-flight call -> the member running it
+        self._alive_at = (0.0, set())  # (monotonic time, alive node ids): a cached ray.nodes()
 
     def call(self, m: Member, method: str, *args: Any) -> Any:
-        return getattr(m.handle, method).remote(*args)
+        h = getattr(m.handle, method).remote(*args)
+        self._owner[h] = m
+        return h
+
+    def alive_nodes(self, max_age_s: float = 0.5) -> set[str]:
+        t, alive = self._alive_at
+        if time.monotonic() - t > max_age_s:
+            alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+            self._alive_at = (time.monotonic(), alive)
+        return alive
+
+    def dead_members(self) -> list[Member]:
+        """Members whose node is no longer alive in the cluster."""
+        alive = self.alive_nodes()
+        return [m for m in self.members if self.nodes.get(id(m)) not in alive]
+
+    def wait(self, handles: list[Any], timeout_s: float) -> list[bool]:
+        """Which calls finished within `timeout_s` (from now)."""
+        ready, _ = self.ray.wait(list(handles), num_returns=len(handles), timeout=timeout_s,
+                                 fetch_local=False)
+        done = set(ready)
+        return [h in done for h in handles]
+
+    def cancel(self, handle: Any) -> None:
+        """Best effort: a queued call is dropped; a running one finishes and is ignored."""
+        self._owner.pop(handle, None)
+        try:
+            self.ray.cancel(handle)
+        except Exception:  # noqa: BLE001 - already finished, or not cancellable
+            pass
+
+    def forget(self, handle: Any) -> None:
+        """A call whose result is consumed elsewhere (passed on to other actors)."""
+        self._owner.pop(handle, None)
+
+    def first(self, handles: list[Any], poll_s: float = 0.5) -> int:
+        """Index of the first of `handles` to finish; a copy whose node died loses the race."""
+        while True:
+            ready, _ = self.ray.wait(list(handles), num_returns=1, timeout=poll_s,
+                                     fetch_local=False)
+            if ready:
+                return handles.index(ready[0])
+            dead = {id(m) for m in self.dead_members()}
+            alive = [i for i, h in enumerate(handles) if id(self._owner.get(h)) not in dead]
+            if len(alive) < len(handles):
+                return alive[0] if alive else 0
+
+    def _settle(self, handles: list[Any], poll_s: float = 0.5) -> dict[Any, Outcome]:
+        """Wait for calls, but give up on those whose worker's node died: Ray would hold them
+        until the actor restarts, which never happens while its bundle's node is gone."""
+        lost: dict[Any, Outcome] = {}
+        pending = list(handles)
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=poll_s,
+                                           fetch_local=False)
+            if not pending:
+                break
+            dead = {id(m) for m in self.dead_members()}
+            for h in [h for h in pending if id(self._owner.get(h)) in dead]:
+                m = self._owner[h]
+                lost[h] = Outcome(False, error=f"node lost: {m.role}{m.rank} on "
+                                  f"{m.trace_pid} ({self.nodes.get(id(m))})", lost_node=True)
+            pending = [h for h in pending if h not in lost]
+        return lost
 
     def results(self, handles: list[Any]) -> list[Outcome]:
+        lost = self._settle(handles)
         out = []
         for h in handles:
+            self._owner.pop(h, None)
+            if h in lost:
+                out.append(lost[h])
+                continue
             try:
                 out.append(Outcome(True, self.ray.get(h)))
             except self.ray.exceptions.RayActorError as e:
@@ -145,6 +235,8 @@ class RayRuntime:
     def wait_alive(self, m: Member, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
+            if any(d is m for d in self.dead_members()):  # its node is gone: it cannot return
+                raise self.ray.exceptions.RayActorError(f"{m.role}{m.rank}: node lost")
             try:
                 self.pids[id(m)] = self.ray.get(m.handle.pid.remote(), timeout=10)
                 return

@@ -68,3 +68,42 @@ def run_module(plan: Plan, steps: int, out: Path, **kw: Any):
 
 def curve(result) -> list[float]:
     return [round(s.reward, 3) for s in result.stats]
+
+
+class VirtualRuntime:
+    """Every rank as an in-process worker (calls run when made, like LocalRuntime), with a
+    virtual duration per worker: which call finishes first is decided by `slow`, not by load."""
+
+    kind = "virtual"
+
+    def __init__(self, plan, cfg, slow: dict[tuple[str, int], float]) -> None:
+        from executors.placement import assign
+        from executors.runtime import worker_args, worker_class
+        self.members = assign(plan)
+        for m in self.members:
+            m.handle = worker_class(m.role, cfg, "torch")(*worker_args(m, cfg, self.members))
+        self.slow, self.took, self.cancelled = slow, {}, []
+
+    def call(self, m, method, *args):
+        from executors.runtime import LocalRuntime
+        o = LocalRuntime.call(self, m, method, *args)
+        self.took[id(o)] = self.slow.get((m.role, m.rank), 0.1)
+        return o
+
+    def results(self, handles):
+        return handles
+
+    def wait(self, handles, timeout_s):
+        return [self.took[id(h)] <= timeout_s for h in handles]
+
+    def first(self, handles):
+        return min(range(len(handles)), key=lambda i: self.took[id(handles[i])])
+
+    def cancel(self, handle):
+        self.cancelled.append(handle)
+
+    def forget(self, handle):
+        pass
+
+    def close(self):
+        self.members = []

@@ -28,6 +28,8 @@ def plan_file(tmp_path_factory):
     (["execute", "{plan}", "--steps", "0"], "--steps: must be at least 1 (got 0)"),
     (["execute", "{plan}", "--backend", "tpu"], "--backend: unknown backend 'tpu'"),
     (["execute", "{plan}", "--max-restarts", "-1"], "--max-restarts: must be >= 0"),
+    (["execute", "{plan}", "--deadline", "reward=1"], "--deadline: role must be rollout or"),
+    (["execute", "{plan}", "--deadline", "rollout=0"], "--deadline: seconds must be a positive"),
 ])
 def test_bad_arguments_exit_2(plan_file, capsys, argv, needle) -> None:
     rc = main([a.replace("{plan}", str(plan_file)) for a in argv])

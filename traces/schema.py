@@ -13,8 +13,9 @@ chrome://tracing. Every event is a complete event (`ph: "X"`) with microsecond `
   tokens          tokens processed (prefill/decode/train/forward)
   batch, context  decode and prefill batch size and KV context tokens
 
-Event names (`cat`): step, prefill, decode, tool, forward, train, transfer, reward, checkpoint,
-failure, restart. Metadata says where it came from (`source`: simulate | execute), the plan's job
+Event names (`cat`): step, stage, generate, prefill, decode, tool, forward, train, transfer, reward,
+checkpoint, failure, restart (a recovery), straggler (a re-issued call, on the slow worker's track) and
+tail (what a tail policy dropped or carried). Metadata says where it came from (`source`: simulate | execute), the plan's job
 name, the seed, and whether devices were emulated.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 CATEGORIES = ("step", "prefill", "decode", "tool", "forward", "train", "transfer", "reward",
-              "checkpoint", "failure", "restart", "stage", "generate")
+              "checkpoint", "failure", "restart", "stage", "generate", "straggler", "tail")
 
 
 from placer.spec import SpecError

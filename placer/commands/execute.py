@@ -22,7 +22,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/execute", help="checkpoints, ledger, model (default out/execute)")
     p.add_argument("--backend", default="torch", help="rollout backend: torch or vllm")
     p.add_argument("--max-restarts", type=int, default=3, help="actor restarts allowed (default 3)")
+    p.add_argument("--deadline", action="append", default=[], metavar="ROLE=SECONDS",
+                   help="per-call deadline for rollout or environment calls: a late call is "
+                        "re-issued to another worker of the role (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def parse_deadlines(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        role, _, value = item.partition("=")
+        if role not in ("rollout", "environment"):
+            raise SpecError(f"--deadline: role must be rollout or environment (got {item!r})")
+        try:
+            secs = float(value)
+        except ValueError:
+            secs = float("nan")
+        if not secs > 0 or secs == float("inf"):
+            raise SpecError(f"--deadline: seconds must be a positive number (got {item!r})")
+        out[role] = secs
+    return out
 
 
 def _load(path: str):
@@ -43,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--backend: unknown backend {args.backend!r} (expected torch or vllm)")
     if args.max_restarts < 0:
         raise SpecError(f"--max-restarts: must be >= 0 (got {args.max_restarts})")
+    deadlines = parse_deadlines(args.deadline)
     plan = _load(args.plan)
     from executors.run import execute  # noqa: PLC0415  (Ray and torch only when executing)
 
@@ -55,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
              + (f" reruns {st.reruns}" if st.reruns else ""))
 
     result = execute(plan, args.steps, args.out, address=args.address, backend=args.backend,
-                     max_restarts=args.max_restarts, progress=progress, note=show)
+                     max_restarts=args.max_restarts, progress=progress, note=show,
+                     deadlines=deadlines or None)
     if args.trace:
         result.trace.write(args.trace)
     if args.json:
@@ -65,4 +86,7 @@ def run(args: argparse.Namespace) -> int:
         emu = (f"emulated pools: {', '.join(result.emulated)}" if result.emulated
                else "no emulated pools")
         print(f"done: {len(result.stats)} steps, setup {result.setup_s:.1f}s, ledger {tail}, {emu}")
+        for s in result.stragglers:
+            print(f"straggler: step {s['step']} {s['slow_worker']} missed its {s['deadline_s']}s "
+                  f"deadline; re-issued to {s['reissued_to']} ({s['winner']} won)")
     return 0 if result.ledger_ok else 1

@@ -1,0 +1,138 @@
+"""Node loss and node join on a multi-node local Ray cluster (ray.cluster_utils): the executor
+notices, re-plans on the alive nodes (warm-started from the running plan), rebuilds placement
+groups and actors, restores the trainer from its last checkpoint and finishes every step with a
+balanced ledger; a node that joins later is used from the next step boundary.
+
+Cluster: a head with no resources, two 1-GPU nodes (the trainer's two data-parallel ranks, one
+per node) and one 2-core CPU node (rollout, reward, environment). Ray's health check runs every
+second here (default 3 s x 5 misses), so that a killed node is declared dead in seconds.
+
+  boundary before step 2   the node of trainer rank 1 is removed without warning (its raylet and
+                           workers are killed); step 2's training fails, Ray declares the node
+                           dead, the loop re-plans on 1 GPU node (trainer DP 1) and resumes at
+                           step 2 from the step-1 checkpoint;
+  boundary before step 4   (slow test only) a second CPU node joins; the loop re-plans on it,
+                           rebuilds (the rollout/reward/environment slot now spans both CPU
+                           nodes) and continues from a checkpoint of the step before, losing none.
+The default test covers node loss (one cluster, one short run); the join run doubles the
+rebuild cost, so it is `slow` (excluded by `make test-fast`).
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from exec_util import hand_plan, job_dict
+from executors import cluster
+from placer.costmodel import Parallel
+
+pytestmark = pytest.mark.ray
+STEPS = 5
+LOSE_AT, JOIN_AT = 2, 4
+POOLS = [{"name": "gpu", "device": "emu-gpu", "devices_per_node": 1, "nodes": 2},
+         {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 2, "nodes": 1}]
+LAYOUT = {"actor": ("gpu", Parallel(dp=2), "train"),
+          "reference": ("gpu", Parallel(dp=1), "train"),
+          "rollout": ("cpu", Parallel(dp=2), "cpu"),
+          "reward": ("cpu", Parallel(), "cpu"),
+          "environment": ("cpu", Parallel(dp=2), "cpu")}
+HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+
+
+def run_elastic(out, join: bool):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from executors.run import execute
+
+    plan = hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS}))
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.ensure_token_auth()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                      "_system_config": HEALTH})
+    nodes = {}
+    for key, res in sorted(cluster.node_resources(plan).items()):
+        res = dict(res)
+        nodes[key] = c.add_node(num_cpus=int(res.pop("CPU", 0)), num_gpus=int(res.pop("GPU", 0)),
+                                resources=res)
+    ray.init(address=c.address)
+    c.wait_for_nodes()
+    events: dict[str, float] = {}
+
+    def on_step(step: int) -> None:
+        if step == LOSE_AT and "lost" not in events:
+            c.remove_node(nodes[("gpu", 1)], allow_graceful=False)
+            events["lost"] = time.time()
+        if join and step == JOIN_AT and "joined" not in events:
+            c.add_node(num_cpus=4, resources={"pool_cpu": 2.0, cluster.node_key("cpu", 1): 1000.0})
+            events["joined"] = time.time()
+
+    try:
+        r = execute(plan, STEPS if join else JOIN_AT, out, on_step=on_step,
+                    checkpoint_every=1, note=print)
+    finally:
+        ray.shutdown()
+        c.shutdown()
+    for rec, (what, t) in zip(r.recoveries, sorted(events.items(), key=lambda x: x[1])):
+        print(f"node {what} before step {rec['step']}: noticed after "
+              f"{rec['detected_at'] - t:.1f} s, recovered in {rec['recovery_s']:.1f} s (re-plan "
+              f"{rec['replan_s']:.2f} s, placement groups {rec['groups_s']:.2f} s, actors "
+              f"{rec['actors_s']:.1f} s); moves: {rec['moves']}")
+    return r, events
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    return run_elastic(tmp_path_factory.mktemp("nodeloss"), join=False)
+
+
+@pytest.fixture(scope="module")
+def joined(tmp_path_factory):
+    return run_elastic(tmp_path_factory.mktemp("nodejoin"), join=True)
+
+
+def test_run_finishes_with_balanced_ledger(result) -> None:
+    r, _ = result
+    assert [s.step for s in r.stats] == list(range(JOIN_AT))
+    assert r.ledger_ok, r.ledger_problems
+    assert [s.versions for s in r.stats] == [[s] for s in range(JOIN_AT)]
+
+
+def test_node_loss_replans_and_resumes_from_checkpoint(result) -> None:
+    r, events = result
+    lost = r.recoveries[0]
+    assert lost["step"] == LOSE_AT and lost["nodes"]["gpu"] == 1
+    assert lost["resumed_from"] == LOSE_AT - 1 and lost["policy_version"] == LOSE_AT
+    assert any(m.startswith("actor: gpu tp1 pp1 dp2 -> gpu tp1 pp1 dp1") for m in lost["moves"])
+    assert lost["recovery_s"] > 0 and lost["detected_at"] >= events["lost"]
+    assert r.ledger.rolled_back == [LOSE_AT]  # the failed step ran again, once
+    ev = [e for e in r.trace.of("restart") if e.name == "restart cluster"]
+    assert [e.args["step"] for e in ev] == [LOSE_AT]
+    # the policy version never goes back past the checkpoint: trainer updates continue from it
+    train = sorted((e.ts_s, e.args["policy_version"]) for e in r.trace.of("train")
+                   if e.name == "train actor" and e.tid == "actor0")
+    versions = [v for _, v in train]
+    assert versions == sorted(versions) and versions[-1] == JOIN_AT
+
+
+def test_trace_round_trips(result, tmp_path) -> None:
+    from traces.schema import read_trace
+    r, _ = result
+    r.trace.write(tmp_path / "trace.json")
+    ev = [e for e in read_trace(tmp_path / "trace.json").of("restart") if e.name == "restart cluster"]
+    assert [e.args["nodes"] for e in ev] == [rec["nodes"] for rec in r.recoveries]
+
+
+@pytest.mark.slow
+def test_joined_node_is_used(joined) -> None:
+    r, _ = joined
+    assert [s.step for s in r.stats] == list(range(STEPS)) and r.ledger_ok, r.ledger_problems
+    assert [s.versions for s in r.stats] == [[s] for s in range(STEPS)]
+    joined = r.recoveries[1]
+    assert joined["nodes"] == {"gpu": 1, "cpu": 2}
+    assert joined["resumed_from"] == JOIN_AT - 1  # nothing rolled back on a join
+    assert {row["node"] for row in r.placement if row["pool"] == "cpu"} == {0, 1}
+    assert all(row["on_plan_node"] and row["in_bundle"] for row in r.placement)
