@@ -13,7 +13,7 @@ TORCH_INDEX ?=
 EXTRAS := test$(if $(HAS_GPU),$(comma)gpu)
 comma := ,
 
-.PHONY: venv demo test test-fast bench golden clean
+.PHONY: venv demo test test-all test-fast bench golden clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -26,7 +26,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m placer.demo --out $(OUT)
 
+# Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the
+# 1,000-node examples) run with `make test-all`.
 test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
