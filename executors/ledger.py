@@ -5,7 +5,11 @@ sample (a re-run after a lost rollout or environment actor adds a generation, ma
 a straggler's samples raced on a second worker are listed as re-issued, and only the copy that
 finished first is recorded as generated; an overprovisioned step's samples that were not among
 the first n to finish are listed as dropped and must not be trained), and the ids that reached
-the optimizer. A step is committed when its training finished; a trainer
+the optimizer. With partial rollouts a sample may train in a later step than the one that planned
+it: a step lists the samples it took over from the step before (`carried_in`) and those it passes
+on (`carried_out`); it must train its planned and carried-in samples except the dropped and
+carried-out ones, and each step's carried-in must be the previous step's carried-out (what the
+last step carries out is in flight when the run ends, reported, not lost). A step is committed when its training finished; a trainer
 restart that rolls back to an older checkpoint discards the steps after it (their updates are gone
 with the lost weights) and they are run again. `balanced()` holds when every committed step
 trained each planned, not dropped id exactly once and nothing else, and steps 0..n-1 are all
@@ -27,6 +31,8 @@ class StepEntry:
     reruns: list[str] = field(default_factory=list)
     reissued: list[str] = field(default_factory=list)  # raced on a second worker (one copy kept)
     dropped: list[str] = field(default_factory=list)  # overprovisioned, not among the first n
+    carried_in: list[str] = field(default_factory=list)  # partial: from the step before
+    carried_out: list[str] = field(default_factory=list)  # partial: on to the next step
     trained: Counter = field(default_factory=Counter)
     committed: bool = False
 
@@ -54,6 +60,13 @@ class Ledger:
         """Planned samples an overprovisioned step does not train (not among the first n)."""
         self.steps[step].dropped += list(ids)
 
+    def carried_in(self, step: int, ids: list[str]) -> None:
+        self.steps[step].carried_in = list(ids)
+
+    def carried_out(self, step: int, ids: list[str]) -> None:
+        """What a partial step passes on (its last rollout round's carry replaces earlier ones)."""
+        self.steps[step].carried_out = list(ids)
+
     def trained(self, step: int, ids: list[str]) -> None:
         self.steps[step].trained.update(ids)
 
@@ -73,15 +86,21 @@ class Ledger:
             if e is None or not e.committed:
                 out.append(f"step {s}: not committed")
                 continue
-            want = Counter(i for i in e.planned if i not in set(e.dropped))
+            gone = set(e.dropped) | set(e.carried_out)
+            want = Counter(i for i in e.planned + e.carried_in if i not in gone)
             if e.trained != want:
                 lost = sorted(set(want) - set(e.trained))
                 twice = sorted(k for k, c in e.trained.items() if c > 1)
                 extra = sorted(set(e.trained) - set(want))
                 out.append(f"step {s}: lost {lost[:3]}, counted twice {twice[:3]}, "
                            f"unplanned {extra[:3]}")
-            if not set(want) <= set(e.generated) <= set(e.planned):
+            if not set(want) <= set(e.generated) | set(e.carried_in) or \
+                    not set(e.generated) <= set(e.planned) | set(e.carried_in):
                 out.append(f"step {s}: generated ids differ from planned ids")
+            before = self.steps.get(s - 1)
+            if set(e.carried_in) != set(before.carried_out if before else []):
+                out.append(f"step {s}: carried in {len(e.carried_in)} sample(s), the step before "
+                           f"carried out {len(before.carried_out) if before else 0}")
         return out
 
     def balanced(self, n_steps: int) -> bool:
@@ -91,6 +110,7 @@ class Ledger:
         return {"steps": {str(s): {"planned": len(e.planned), "trained": sum(e.trained.values()),
                                    "distinct_trained": len(e.trained), "reruns": e.reruns,
                                    "reissued": e.reissued, "dropped": e.dropped,
+                                   "carried_in": e.carried_in, "carried_out": e.carried_out,
                                    "committed": e.committed}
                           for s, e in sorted(self.steps.items())},
                 "rolled_back": self.rolled_back}

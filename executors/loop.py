@@ -23,7 +23,8 @@ plan itself: see `executors.recovery` and `executors.elastic`. Slow calls: `exec
 Tail policy (the job's `tail_policy`): `overprovision` generates ceil(n (1 + f)) samples, waits for
 rollout shards in finish order until they hold n (later shards are abandoned), and trains the
 first n to finish (within a shard's lockstep decode: the shortest); `reissue` sets the
-environment's per-call deadline; `partial` is refused by `executors.run.execute`.
+environment's per-call deadline; `partial` cuts samples at the token budget and resumes them next
+step under the newer weights (`executors.tails`).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from executors.elastic import ClusterChanged
 from executors.recovery import Recovery, TrainingLost
 from executors.placement import Member
 from executors.stragglers import Busy
-from executors.tails import TailPolicies, overprovision_extra
+from executors.tails import Carried, TailPolicies, carry_steps, overprovision_extra
 from executors.task import exact, make_prompts
 from placer.plan import Plan, atomic_write_text
 from traces.schema import Trace
@@ -108,6 +109,9 @@ class Loop(Recovery, TailPolicies):
         self._reruns = 0
         self.rerun_idx: set[int] = set()
         self._next_pending: dict[str, Any] | None = None
+        self.carry: list[Carried] = []  # partial rollouts: samples not trained yet
+        self.targets: dict[str, int] = {}  # sample id -> the task's answer, until it trains
+        self.carry_rounds = 0  # extra rollout rounds of steps that had no complete group
 
     # ------------------------------------------------------------------ helpers
     def _index_members(self) -> None:
@@ -219,38 +223,52 @@ class Loop(Recovery, TailPolicies):
             self.sync_weights(step, force=m)
         return fix
 
-    def launch_rollout(self, step: int) -> dict[str, Any]:
-        prompts = make_prompts(self.cfg.seed, step, self.job.batch.prompts)
+    def launch_rollout(self, step: int, fresh: bool = True) -> dict[str, Any]:
+        """Plan step `step`'s samples and shard them over the rollout workers (the calls start
+        in `collect_rollout`). Partial rollouts resume carried samples first; `fresh=False` is a
+        further round of a step that has no complete group yet: carried samples only."""
         spp = self.job.batch.samples_per_prompt
-        ids, groups, toks, targets = [], [], [], []
-        keep = len(prompts) * spp
+        n = self.job.batch.prompts * spp
+        resumed = self._resumed_rows() if self._partial_budget() else []
+        count = (n - len(resumed)) // spp if fresh else 0  # whole groups, up to n samples
+        prompts = make_prompts(self.cfg.seed, step, count)
         # overprovision: ceil(n (1 + f)) samples, the extra ones spread over the prompts
-        extra = overprovision_extra(self.job.tail_policy, keep)
+        extra = overprovision_extra(self.job.tail_policy, len(prompts) * spp)
         slots = [(p, j) for j in range(spp) for p in prompts]
         slots += [(prompts[k % len(prompts)], spp + k // len(prompts)) for k in range(extra)]
-        for p, j in sorted(slots, key=lambda x: (int(x[0].id.rsplit("p", 1)[1]), x[1])):
-            ids.append(f"{p.id}.{j}")
-            groups.append(p.id)
-            toks.append([BOS] + encode(p.text, self.cfg.arch["vocab"]))
-            targets.append(p.target)
-        self.ledger.plan(step, ids)
+        rows = []
+        for i, (p, j) in enumerate(sorted(slots, key=lambda x: (int(x[0].id.rsplit("p", 1)[1]),
+                                                                 x[1]))):
+            # one seed per sample: the same sample whatever worker or re-run generates it
+            rows.append({"id": f"{p.id}.{j}", "group": p.id, "target": p.target,
+                         "toks": [BOS] + encode(p.text, self.cfg.arch["vocab"]),
+                         "seed": (self.cfg.seed * 1_000_003 + step * 100_003 + i) % 2**63})
+        if fresh:
+            self.ledger.plan(step, [r["id"] for r in rows])
+            self.ledger.carried_in(step, [c.id for c in self.carry])
+        rows = resumed + rows
         # Workers still busy with a straggler's abandoned call get no new work this step.
         # (a worker freed since the sync still holds old weights: it waits for the next sync)
         workers = ([m for m in self.by_role["rollout"] if self.known.get(m.rank) == self.synced]
                    or self.by_role["rollout"])
         calls = []
-        # One seed per sample: the same sample whatever worker or re-run generates it.
-        seeds = [(self.cfg.seed * 1_000_003 + step * 100_003 + i) % 2**63 for i in range(len(ids))]
         for k, m in enumerate(workers):
-            sl = slice(k * len(ids) // len(workers), (k + 1) * len(ids) // len(workers))
-            calls.append((m, "generate", (ids[sl], groups[sl], toks[sl], seeds[sl])))
-        return {"step": step, "calls": calls, "targets": dict(zip(ids, targets)),
-                "t": time.time(), "keep": keep}
+            part = rows[k * len(rows) // len(workers):(k + 1) * len(rows) // len(workers)]
+            args = ([r["id"] for r in part], [r["group"] for r in part], [r["toks"] for r in part])
+            if self._partial_budget():
+                seeds, resume = self._resume_args(part)
+                calls.append((m, "generate", (*args, seeds, resume)))
+            else:
+                calls.append((m, "generate", (*args, [r["seed"] for r in part])))
+        self.targets.update({r["id"]: r["target"] for r in rows})
+        return {"step": step, "calls": [c for c in calls if c[2][0]], "t": time.time(),
+                "seeds": {r["id"]: r["seed"] for r in rows}, "keep": len(prompts) * spp}
 
     def collect_rollout(self, pending: dict[str, Any]) -> rl.Samples:
         step, calls = pending["step"], pending["calls"]
         handles = None
-        if sum(len(c[2][0]) for c in calls) > pending["keep"]:
+        over = self.job.tail_policy.kind == "overprovision"
+        if over and sum(len(c[2][0]) for c in calls) > pending["keep"]:
             calls, handles = self._first_shards(step, calls, pending["keep"])
         outs = self._call_all(calls, step, "rollout", on_retry=self._resync(step), handles=handles)
         parts = []
@@ -258,22 +276,33 @@ class Loop(Recovery, TailPolicies):
             m = self.ran_on[k]
             parts.append(s)
             self.ledger.generated(step, s.ids, rerun=k in self.rerun_idx)
+            new = timing.get("new_tokens") or [len(r) for r in s.responses]
             self._event("generate", "generate", timing["t0"], timing["dur"], m, step,
                         policy_version=s.version, sample_ids=s.ids, tokens=timing["tokens"],
                         batch=timing["batch"],
-                        # per sample, aligned with sample_ids (traces/record.py, placer/fit.py);
-                        # steps: lockstep decode runs until the longest response ends
-                        prompt_tokens=[len(p) for p in s.prompts],
-                        response_tokens=[len(r) for r in s.responses],
-                        steps=max((len(r) for r in s.responses), default=1))
+                        # per sample, aligned with sample_ids (traces/record.py, placer/fit.py):
+                        # the context prefilled (a resumed sample's response so far included)
+                        # and the tokens generated in this call; steps: lockstep decode runs
+                        # until the longest ends
+                        prompt_tokens=[len(p) + len(r) - g
+                                       for p, r, g in zip(s.prompts, s.responses, new)],
+                        response_tokens=new, steps=max(new, default=1))
         self._role_s["rollout"] += max(o[1]["dur"] for o in outs)
+        self._check_versions(step, sorted({p.version for p in parts}))
         samples = rl.Samples.concat(parts)
-        if len(samples.ids) > pending["keep"]:
+        if over and len(samples.ids) > pending["keep"]:
             samples = self._keep_first(step, samples, parts, pending["keep"])
-        versions = sorted({p.version for p in parts})
-        self._check_versions(step, versions)
+        if self._partial_budget():
+            trained = self._settle_partial(step, samples, pending)
+            if trained is None:  # no group is complete yet: another round on the carried ones
+                self.carry_rounds += 1
+                return self.collect_rollout({**self.launch_rollout(step, fresh=False),
+                                             "t": pending["t"]})
+            samples = trained
+        self._check_started(step, samples)
         self._event("rollout", "stage", pending["t"], time.time() - pending["t"], None, step,
-                    policy_version=versions[0], sample_ids=samples.ids, tokens=samples.tokens())
+                    policy_version=samples.version, sample_ids=samples.ids,
+                    tokens=samples.tokens())
         return samples
 
     def _check_versions(self, step: int, versions: list[int]) -> None:
@@ -283,6 +312,18 @@ class Loop(Recovery, TailPolicies):
             if not ok:
                 raise RuntimeError(f"step {step}: samples from policy version {v} break the "
                                    f"{self.lc.mode} bound (staleness {self.lc.max_staleness})")
+
+    def _check_started(self, step: int, s: rl.Samples) -> None:
+        """Partial rollouts: a trained sample's first tokens may be older than the mode allows
+        by the steps it was carried (`carry_steps`), never more."""
+        if not s.started:
+            return
+        bound = (0 if self.lc.mode == "sync" else self.lc.max_staleness) + carry_steps(
+            self.job.tail_policy, self.cfg.max_new_tokens)
+        old = min(s.started)
+        if step - old > bound:
+            raise RuntimeError(f"step {step}: a sample started under policy version {old}, "
+                               f"beyond the partial-rollout bound of {bound} steps")
 
     def environment(self, step: int, s: rl.Samples) -> list[dict]:
         answers = [decode(r, self.cfg.arch["vocab"]) for r in s.responses]
@@ -405,8 +446,10 @@ class Loop(Recovery, TailPolicies):
         outs = self.rt.results(handles)
         if not all(o.ok for o in outs):
             raise TrainingLost(next(o.error for o in outs if not o.ok))
+        carry = self._save_carry(d, step) if self._partial_budget() else None
         atomic_write_text(d / "latest.json", json.dumps(
-            {"step": step, "actor": outs[0].value, "critic": outs[1].value if len(outs) > 1 else None}))
+            {"step": step, "actor": outs[0].value, "critic": outs[1].value if len(outs) > 1 else None,
+             "carry": carry}))
         self.last_ckpt = step
         self._event("checkpoint", "checkpoint", t, time.time() - t, None, step,
                     policy_version=step + 1)
@@ -459,7 +502,7 @@ class Loop(Recovery, TailPolicies):
         if self.lc.mode == "async" and step + 1 < self.lc.steps:
             self.sync_weights(step + 1)  # version == step: one behind the next step
             self._next_pending = self.launch_rollout(step + 1)
-        targets = [pending["targets"][i] for i in s.ids]
+        targets = [self.targets.pop(i) for i in s.ids]
         started = self.dispatch_score(step, s)
         results = self.environment(step, s)
         scored = self.score(step, s, results, targets, started)
@@ -472,7 +515,8 @@ class Loop(Recovery, TailPolicies):
         rewards = scored["reward"]
         st = StepStat(step, sum(rewards) / len(rewards),
                       sum(exact(r, tg) for r, tg in zip(results, targets)) / len(rewards),
-                      time.time() - t, dict(self._role_s), sorted({s.version}), loss, self._reruns)
+                      time.time() - t, dict(self._role_s), sorted({s.version, *s.started}),
+                      loss, self._reruns)
         self._event(f"step {step}", "step", t, st.step_s, None, step, policy_version=s.version,
                     sample_ids=s.ids, tokens=s.tokens(), reward=st.reward)
         self.stats.append(st)

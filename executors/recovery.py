@@ -55,10 +55,13 @@ class Recovery:
         return self.last_ckpt + 1
 
     def _restore(self) -> None:
-        """Every trainer and critic rank loads the last checkpoint (none yet: version 0)."""
+        """Every trainer and critic rank loads the last checkpoint (none yet: version 0), and
+        the loop its partial-rollout carry."""
         if self.last_ckpt < 0:
+            self._load_carry(None)
             return
         latest = json.loads((self.lc.out_dir / "checkpoints" / "latest.json").read_text())
+        self._load_carry(latest)
         outs = self.rt.results([self.rt.call(m, "load", latest["actor"]) for m in self.by_role["actor"]]
                                + [self.rt.call(m, "load", latest["critic"])
                                   for m in self.by_role.get("critic", [])])

@@ -19,7 +19,13 @@ from executors.model import EOS, PAD
 
 @dataclass
 class Samples:
-    """What rollout produces and every later role reads (plain lists: cheap to ship)."""
+    """What rollout produces and every later role reads (plain lists: cheap to ship).
+
+    `version` is the policy version of the weights that generated the batch's newest tokens (the
+    oldest of them across shards). With partial rollouts a sample may span versions: `started`
+    holds each sample's first token's version and `cut` marks a sample stopped at the step's
+    token budget before it ended (it resumes next step). Both are empty when nothing was carried.
+    """
 
     ids: list[str]
     prompts: list[list[int]]
@@ -27,21 +33,34 @@ class Samples:
     logprobs: list[list[float]]
     version: int
     group: list[str] = field(default_factory=list)  # prompt id of each sample (GRPO groups)
+    started: list[int] = field(default_factory=list)  # version of each sample's first token
+    cut: list[bool] = field(default_factory=list)  # stopped at the token budget, not finished
+
+    def started_at(self, i: int) -> int:
+        return self.started[i] if self.started else self.version
+
+    def is_cut(self, i: int) -> bool:
+        return bool(self.cut) and self.cut[i]
 
     def take(self, idx: list[int]) -> "Samples":
-        return Samples([self.ids[i] for i in idx], [self.prompts[i] for i in idx],
-                       [self.responses[i] for i in idx], [self.logprobs[i] for i in idx],
-                       self.version, [self.group[i] for i in idx] if self.group else [])
+        pick = lambda xs: [xs[i] for i in idx] if xs else []  # noqa: E731
+        return Samples(pick(self.ids), pick(self.prompts), pick(self.responses),
+                       pick(self.logprobs), self.version, pick(self.group), pick(self.started),
+                       pick(self.cut))
 
     @staticmethod
     def concat(parts: list["Samples"]) -> "Samples":
         out = Samples([], [], [], [], min(p.version for p in parts), [])
+        spans = any(p.started or p.cut for p in parts)
         for p in parts:
             out.ids += p.ids
             out.prompts += p.prompts
             out.responses += p.responses
             out.logprobs += p.logprobs
             out.group += p.group
+            if spans:
+                out.started += [p.started_at(i) for i in range(len(p.ids))]
+                out.cut += [p.is_cut(i) for i in range(len(p.ids))]
         return out
 
     def tokens(self) -> int:
@@ -65,12 +84,18 @@ def _cache_of(out):
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new: int, seeds: list[int],
-             temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
+             temperature: float = 1.0, limits: list[int] | None = None
+             ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample up to `max_new` tokens per prompt (stopping at EOS) with a KV cache.
 
     Each sample draws from its own generator (`seeds[i]`, Gumbel-max sampling), so a sample is
-    the same whichever worker, shard or re-run produces it.
+    the same whichever worker, shard or re-run produces it. `limits[i]` (<= max_new) stops row i
+    earlier: a partial rollout's token budget for this step.
     """
+    limits = [max_new] * len(prompts) if limits is None else limits
+    max_new = max(limits, default=0)
+    if max_new <= 0:
+        return [[] for _ in prompts], [[] for _ in prompts]
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -79,16 +104,17 @@ def generate(model, prompts: list[list[int]], max_new: int, seeds: list[int],
     past = _cache_of(out)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     done = torch.zeros(len(prompts), dtype=torch.bool)
+    limit = torch.tensor(limits)
     toks, lps = [], []
     logits = out.logits[:, -1]
-    for _ in range(max_new):
+    for k in range(max_new):
         logp = F.log_softmax(logits.float() / temperature, -1)
         u = torch.stack([torch.rand(logp.shape[-1], generator=g) for g in gens])
         nxt = (logp - torch.log(-torch.log(u.clamp(1e-10, 1.0)))).argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
         toks.append(nxt)
         lps.append(logp.gather(-1, nxt[:, None]).squeeze(-1))
-        done = done | (nxt == EOS)
+        done = done | (nxt == EOS) | (limit <= k + 1)
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], -1)  # finished rows are cut later
@@ -99,11 +125,53 @@ def generate(model, prompts: list[list[int]], max_new: int, seeds: list[int],
     t = torch.stack(toks, 1).tolist()
     lp = torch.stack(lps, 1).tolist()
     resp, resp_lp = [], []
-    for row, lrow in zip(t, lp):
+    for row, lrow, cap in zip(t, lp, limits):
+        row, lrow = row[:cap], lrow[:cap]
         n = row.index(EOS) + 1 if EOS in row else len(row)
         resp.append(row[:n])
         resp_lp.append(lrow[:n])
     return resp, resp_lp
+
+
+@dataclass
+class Resume:
+    """How a rollout call continues partial rollouts: each row's response so far (empty for a
+    fresh sample) with its log-probs and first-token version (None: starts now), and the step's
+    token budget (None: generate to the end)."""
+
+    prefixes: list[list[int]]
+    prefix_logprobs: list[list[float]]
+    started: list[int | None]
+    budget: int | None = None
+
+    @staticmethod
+    def fresh(n: int, budget: int | None = None) -> "Resume":
+        return Resume([[] for _ in range(n)], [[] for _ in range(n)], [None] * n, budget)
+
+    def limits(self, max_new: int) -> list[int]:
+        """Tokens each row may generate in this call: what is left of `max_new` after the
+        response so far, at most the budget."""
+        return [max(min(max_new - len(p), self.budget or max_new), 0) for p in self.prefixes]
+
+    def samples(self, ids: list[str], groups: list[str], prompts: list[list[int]],
+                new: list[list[int]], lps: list[list[float]], limits: list[int], max_new: int,
+                version: int) -> Samples:
+        """The call's samples: whole responses so far; a row is cut when it used its whole
+        limit without EOS while its response is still below `max_new`."""
+        if self.budget is None and not any(self.prefixes):
+            return Samples(list(ids), prompts, new, lps, version, list(groups))
+        whole = [p + r for p, r in zip(self.prefixes, new)]
+        cut = [len(r) == lim and (not r or r[-1] != EOS) and len(w) < max_new
+               for r, lim, w in zip(new, limits, whole)]
+        return Samples(list(ids), prompts, whole,
+                       [a + b for a, b in zip(self.prefix_logprobs, lps)], version, list(groups),
+                       [version if v is None else v for v in self.started], cut)
+
+
+def resume_seed(seed: int, generated: int) -> int:
+    """The sampling seed of a sample resumed after `generated` tokens: a function of the
+    sample's own seed and how far it got, so any worker continues it the same way."""
+    return (seed * 1_000_003 + generated * 7_919) % 2**63 if generated else seed
 
 
 def pack(s: Samples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

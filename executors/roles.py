@@ -204,14 +204,21 @@ class Rollout(Worker):
         return self.version
 
     def generate(self, ids: list[str], groups: list[str], prompts: list[list[int]],
-                 seeds: list[int]) -> tuple[rl.Samples, dict]:
+                 seeds: list[int], resume: rl.Resume | None = None) -> tuple[rl.Samples, dict]:
+        """Sample responses; `resume` continues partial rollouts (their responses so far are
+        prefilled after the prompt) and stops each row at the step's token budget."""
         t0 = time.time()
         delayed = self._straggle()
-        resp, lps = rl.generate(self.model, prompts, self.cfg.max_new_tokens, seeds,
-                                self.cfg.temperature)
-        s = rl.Samples(list(ids), prompts, resp, lps, self.version, list(groups))
-        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
-                          version=self.version, batch=len(ids), delayed_s=delayed)
+        r = resume or rl.Resume.fresh(len(ids))
+        limits = r.limits(self.cfg.max_new_tokens)
+        ctx = [p + pre for p, pre in zip(prompts, r.prefixes)]
+        new, lps = rl.generate(self.model, ctx, self.cfg.max_new_tokens, seeds,
+                               self.cfg.temperature, limits)
+        s = r.samples(ids, groups, prompts, new, lps, limits, self.cfg.max_new_tokens,
+                      self.version)
+        return s, _timing(t0, tokens=sum(len(x) for x in new), sample_ids=list(ids),
+                          version=self.version, batch=len(ids), delayed_s=delayed,
+                          new_tokens=[len(x) for x in new])
 
 
 class Reference(Worker):

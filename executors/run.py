@@ -96,10 +96,6 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         raise SpecError(f"--backend: unknown backend {backend!r} (expected torch or vllm)")
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
-    if plan.resolved().job.tail_policy.kind == "partial":
-        raise SpecError("plan.job.tail_policy.kind: the executor runs none, overprovision and "
-                        "reissue; partial rollouts (cut at token_budget, resumed next step under "
-                        "newer weights) are modelled by the simulator only (got 'partial')")
     arch = plan.resolved().model_of("actor")
     if arch.params() > MAX_PARAMS_CPU and not _cuda():
         raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "

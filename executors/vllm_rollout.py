@@ -50,13 +50,17 @@ class VllmRollout(Worker):
         return self.version
 
     def generate(self, ids: list[str], groups: list[str], prompts: list[list[int]],
-                 seeds: list[int]) -> tuple[rl.Samples, dict]:
+                 seeds: list[int], resume: rl.Resume | None = None) -> tuple[rl.Samples, dict]:
+        """As `executors.roles.Rollout.generate`: partial rollouts resume after their prefix."""
         from vllm import SamplingParams  # noqa: PLC0415
         t0 = time.time()
-        sp = [SamplingParams(temperature=self.cfg.temperature, max_tokens=self.cfg.max_new_tokens,
+        r = resume or rl.Resume.fresh(len(ids))
+        limits = r.limits(self.cfg.max_new_tokens)
+        sp = [SamplingParams(temperature=self.cfg.temperature, max_tokens=max(lim, 1),
                              logprobs=0, seed=int(seed), stop_token_ids=[EOS],
-                             skip_special_tokens=False) for seed in seeds]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+                             skip_special_tokens=False) for seed, lim in zip(seeds, limits)]
+        ctx = [p + pre for p, pre in zip(prompts, r.prefixes)]
+        outs = self.llm.generate([{"prompt_token_ids": c} for c in ctx], sp, use_tqdm=False)
         resp, lps = [], []
         for o in outs:
             c = o.outputs[0]
@@ -64,6 +68,7 @@ class VllmRollout(Worker):
             resp.append(toks)
             lps.append([float(step[t].logprob) for step, t in zip(c.logprobs or [], toks)]
                        or [0.0] * len(toks))
-        s = rl.Samples(list(ids), prompts, resp, lps, self.version, list(groups))
-        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
-                          version=self.version, batch=len(ids))
+        s = r.samples(ids, groups, prompts, resp, lps, limits, self.cfg.max_new_tokens,
+                      self.version)
+        return s, _timing(t0, tokens=sum(len(x) for x in resp), sample_ids=list(ids),
+                          version=self.version, batch=len(ids), new_tokens=[len(x) for x in resp])

@@ -107,3 +107,22 @@ class VirtualRuntime:
 
     def close(self):
         self.members = []
+
+
+def spread_lengths(plan: Plan, out: Path, eos_push: float = 1.0) -> None:
+    """Write `out`/model-v0 (what `execute` loads) as the seeded random policy with its EOS
+    logit raised by ~`eos_push` along the mean hidden state: a random init almost never emits
+    EOS (every response runs to the cap); this one's lengths spread from 1 to the cap (at 1.0:
+    mean ~13 of 24), as a trained policy's do - what long-tail policies act on."""
+    import torch  # noqa: PLC0415
+
+    from executors.model import EOS, build_policy, save_model_dir  # noqa: PLC0415
+    res = plan.resolved()
+    arch = res.model_of("actor")
+    model = build_policy(arch, res.job.seed)
+    with torch.no_grad():
+        ids = torch.randint(4, arch.vocab, (64, 24), generator=torch.Generator().manual_seed(0))
+        h = model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+        mu = h.reshape(-1, h.shape[-1]).mean(0)
+        model.lm_head.weight[EOS] += eos_push * mu / mu.norm() ** 2
+    save_model_dir(model, arch, out / "model-v0")

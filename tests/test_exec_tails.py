@@ -4,16 +4,26 @@ overprovision  ceil(n (1 + f)) samples are generated, the first n to finish are 
                rollout worker (one lockstep decode) a sample is done when it emits EOS, so the
                kept ones are the shortest; the ledger lists the rest as dropped and balances.
 reissue        sets the environment's per-call deadline (re-issue itself: test_exec_stragglers).
-partial        not run by the executor: `execute` refuses it with a clear message.
+partial        a policy whose response lengths spread from 1 to the 24-token cap
+               (`exec_util.spread_lengths`) under a 12-token budget: no call generates more than
+               12 tokens for a sample, cut samples resume next step and train there, GRPO groups
+               train whole, the ledger follows each sample across steps and balances, and a
+               trainer lost mid-run rolls back to a checkpoint whose carry is restored: the run
+               trains exactly what an undisturbed run trains.
 """
 from __future__ import annotations
 
 import pytest
 
-from exec_util import GRPO_LAYOUT, VirtualRuntime, hand_plan, job_dict
+from collections import Counter
+
+from exec_util import GRPO_LAYOUT, VirtualRuntime, hand_plan, job_dict, spread_lengths
+from executors import rl
+from executors.ledger import Ledger
+from executors.model import EOS
 from executors.run import execute, tail_deadlines
-from executors.tails import overprovision_extra
-from placer.spec import SpecError, job_from_dict
+from executors.tails import carry_steps, overprovision_extra
+from placer.spec import job_from_dict
 
 STEPS = 2
 N = 8 * 4  # prompts x samples per prompt in examples/tiny-cpu.yaml
@@ -53,12 +63,6 @@ def test_reissue_sets_environment_deadline() -> None:
     assert tail_deadlines(job_from_dict(job_dict())) == {}
 
 
-def test_partial_is_refused(tmp_path) -> None:
-    plan = hand_plan(GRPO_LAYOUT, job_dict(tail_policy={"kind": "partial", "token_budget": 8}))
-    with pytest.raises(SpecError, match="tail_policy.kind: .*got .partial"):
-        execute(plan, 1, tmp_path, local=True)
-
-
 def test_overprovision_abandons_the_slow_shard(tmp_path) -> None:
     from executors.loop import Loop, LoopConfig
     from executors.run import prepare_model, run_config
@@ -76,3 +80,132 @@ def test_overprovision_abandons_the_slow_shard(tmp_path) -> None:
     assert e.dropped == e.planned[:N]  # rank 0's half, abandoned unread
     assert loop.ledger.balanced(1) and len(rt.cancelled) == 1
     assert [ev.tid for ev in loop.trace.of("generate")] == ["rollout1"]
+
+
+# ---------------------------------------------------------------------------- partial rollouts
+BUDGET, CAP, PARTIAL_STEPS = 12, 24, 5
+PARTIAL_JOB = job_dict(lengths={"prompt": {"kind": "fixed", "value": 12},
+                                "response": {"kind": "lognormal", "median": 10, "sigma": 0.5,
+                                             "cap": CAP}},
+                       tail_policy={"kind": "partial", "token_budget": BUDGET})
+
+
+def _partial_loop(out, rt_class=None, checkpoint_every: int = 1):
+    from executors.loop import Loop, LoopConfig
+    from executors.run import run_config
+    from executors.runtime import LocalRuntime
+    from traces.schema import Trace
+    plan = hand_plan(GRPO_LAYOUT, PARTIAL_JOB)
+    spread_lengths(plan, out)
+    cfg = run_config(plan, model_dir=str(out / "model-v0"))
+    rt = (rt_class or LocalRuntime)(plan, cfg)
+    loop = Loop(plan, rt, cfg, LoopConfig(steps=PARTIAL_STEPS, out_dir=out,
+                                          checkpoint_every=checkpoint_every), Trace())
+    loop.run()
+    return loop
+
+
+@pytest.fixture(scope="module")
+def partial(tmp_path_factory):
+    return _partial_loop(tmp_path_factory.mktemp("partial"))
+
+
+def _planned_step(sid: str) -> int:
+    return int(sid[1:].split("p")[0])  # "s3p5.2" was planned by step 3
+
+
+def test_partial_never_generates_past_the_budget_in_a_call(partial) -> None:
+    gens = partial.trace.of("generate")
+    assert gens and all(0 < t <= BUDGET for e in gens for t in e.args["response_tokens"])
+    # and some samples really were cut: resumed with their response so far prefilled
+    assert any(p > 12 + 1 for e in gens for p in e.args["prompt_tokens"])
+
+
+def test_partial_carries_samples_into_later_steps_and_balances(partial) -> None:
+    led = partial.ledger
+    assert led.balanced(PARTIAL_STEPS), led.problems(PARTIAL_STEPS)
+    trained = Counter(i for e in led.steps.values() for i in e.trained.elements())
+    assert set(trained.values()) == {1}  # nobody twice, across steps
+    planned = {i for e in led.steps.values() for i in e.planned}
+    in_flight = set(led.steps[PARTIAL_STEPS - 1].carried_out)
+    assert set(trained) | in_flight == planned and not set(trained) & in_flight
+    late = [(s, i) for s, e in led.steps.items() for i in e.trained if _planned_step(i) < s]
+    assert len(late) >= 10  # trained after the step that planned them
+    bound = carry_steps(job_from_dict(PARTIAL_JOB).tail_policy, CAP)
+    assert bound == 1 and all(s - _planned_step(i) <= bound for s, i in late)
+    # a step that resumes samples plans fewer fresh ones: n in all, in whole groups of 4
+    for s, e in led.steps.items():
+        resumed = [i for i in e.carried_in if i in e.generated]
+        assert len(e.planned) % 4 == 0 and len(e.planned) + len(resumed) <= N
+
+
+def test_partial_trains_whole_grpo_groups_and_responses_within_the_cap(partial) -> None:
+    for ev in partial.trace.of("train"):
+        if ev.args.get("role") != "actor":
+            continue
+        groups = Counter(i.split(".")[0] for i in ev.args["sample_ids"])
+        assert groups  # every step trains something (a step with no whole group runs again)
+    for s, e in partial.ledger.steps.items():
+        groups = Counter(i.split(".")[0] for i in e.trained)
+        assert set(groups.values()) == {4}, (s, groups)
+    versions = {st.step: st.versions for st in partial.stats}
+    assert any(len(v) > 1 or v[0] < s for s, v in versions.items())  # spans older versions
+
+
+def test_partial_rollback_restores_the_carry(tmp_path, partial) -> None:
+    """The trainer fails once at step 3; checkpoints every 2 steps: the loop rolls back to the
+    step-1 checkpoint (weights and carry) and trains exactly what the undisturbed run trained."""
+    from executors.runtime import LocalRuntime, Outcome
+
+    class FailOnce(LocalRuntime):
+        calls = 0
+
+        def call(self, m, method, *args):
+            if m.role == "actor" and method == "train":
+                FailOnce.calls += 1
+                if FailOnce.calls == 4:  # step 3's training
+                    return Outcome(False, error="RayActorError: trainer died")
+            return super().call(m, method, *args)
+
+    loop = _partial_loop(tmp_path, FailOnce, checkpoint_every=2)
+    assert loop.ledger.rolled_back == [2, 3] and loop.ledger.balanced(PARTIAL_STEPS)
+    assert [st.reward for st in loop.stats] == pytest.approx([st.reward for st in partial.stats])
+    for s in range(PARTIAL_STEPS):
+        assert loop.ledger.steps[s].trained == partial.ledger.steps[s].trained
+
+
+def test_resume_limits_and_cut() -> None:
+    r = rl.Resume([[], [5] * 20, [5] * 6], [[], [0.0] * 20, [0.0] * 6], [None, 0, 1], budget=8)
+    assert r.limits(24) == [8, 4, 8]  # at most the budget, at most what the cap leaves
+    new = [[5] * 8, [5] * 4, [5, 5, EOS]]
+    s = r.samples(["a", "b", "c"], ["g"] * 3, [[1]] * 3, new, [[0.0] * len(x) for x in new],
+                  r.limits(24), 24, version=2)
+    assert s.cut == [True, False, False]  # a: budget used, no EOS; b: reached the cap; c: EOS
+    assert [len(x) for x in s.responses] == [8, 24, 9] and s.started == [2, 0, 1]
+    assert rl.Resume.fresh(2).samples(["a", "b"], ["g"] * 2, [[1]] * 2, new[:2],
+                                      [[0.0] * 8, [0.0] * 4], [24, 24], 24, 0).cut == []
+
+
+def test_generate_stops_each_row_at_its_limit() -> None:
+    from executors.model import build_policy
+    plan = hand_plan(GRPO_LAYOUT)
+    model = build_policy(plan.resolved().model_of("actor"), 0)
+    full, _ = rl.generate(model, [[1, 5, 6]] * 2, 10, [7, 8])
+    cut, _ = rl.generate(model, [[1, 5, 6]] * 2, 10, [7, 8], limits=[3, 10])
+    assert cut[0] == full[0][:3] and cut[1] == full[1]  # a row's own draws, whatever the limit
+
+
+def test_ledger_catches_a_broken_carry_chain() -> None:
+    led = Ledger()
+    led.plan(0, ["a", "b"])
+    led.generated(0, ["a", "b"])
+    led.carried_out(0, ["b"])
+    led.trained(0, ["a"])
+    led.commit(0)
+    led.plan(1, ["c"])
+    led.carried_in(1, [])  # "b" vanished between steps
+    led.generated(1, ["c"])
+    led.trained(1, ["c"])
+    led.commit(1)
+    assert any("carried in 0 sample(s), the step before carried out 1" in p
+               for p in led.problems(2))
