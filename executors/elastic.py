@@ -8,8 +8,11 @@ new world:
   1. re-plan: `placer.planner.plan_job` on `with_nodes(original job, alive counts)`, warm-started
      from the running plan (`hint`), with a movement cost per role that changes config, so that a
      small change moves few roles;
-  2. drop the old actors and placement groups, create the new plan's groups and actors, check they
-     landed where the plan says.
+  2. keep what survived unchanged: a slot whose roles (and their parallel layout) and bundles
+     are the same in both plans, on pools that kept every node, with every actor alive, keeps its
+     placement group and its actors (their processes, loaded models and sandboxes) -
+     `kept_slots`; drop the other actors and groups, create the new plan's, check that every
+     actor is where the plan says.
 The loop then restores the trainer (and critic) from the last checkpoint and continues
 (`executors.loop.Loop.recover_cluster`).
 
@@ -53,15 +56,43 @@ def alive_counts(plan_job_pools: list[Any]) -> dict[str, int]:
             for p in plan_job_pools}
 
 
+def layout(plan: Plan, role: str) -> str:
+    """A role's actors as the executor builds them: pool, tp, pp and actor count (for the
+    environment the slot's bundle count, whatever dp the plan records)."""
+    x = plan.roles.get(role)
+    if x is None:
+        return "absent"
+    return f"{x.pool} tp{x.tp} pp{x.pp} dp{pl.role_counts(plan)[role]}"
+
+
 def moves(old: Plan, new: Plan) -> list[str]:
-    """Roles whose config or slot changed, as `role: pool tp/pp/dp -> pool tp/pp/dp`."""
-    def cfg(p: Plan, r: str) -> str:
-        x = p.roles.get(r)
-        return "absent" if x is None else f"{x.pool} tp{x.tp} pp{x.pp} dp{x.dp}"
-    out = []
-    for r in sorted(set(old.roles) | set(new.roles)):
-        if cfg(old, r) != cfg(new, r):
-            out.append(f"{r}: {cfg(old, r)} -> {cfg(new, r)}")
+    """Roles whose actors change, as `role: pool tp/pp/dp -> pool tp/pp/dp`."""
+    return [f"{r}: {layout(old, r)} -> {layout(new, r)}"
+            for r in sorted(set(old.roles) | set(new.roles)) if layout(old, r) != layout(new, r)]
+
+
+def slot_signature(plan: Plan, slot: str) -> tuple:
+    """What a slot's actors depend on: its roles with their layouts and its bundles (pool, node,
+    devices, resources, in order). Two slots with one signature get the same actors."""
+    roles = tuple(sorted((r, layout(plan, r)) for r, x in plan.roles.items() if x.slot == slot))
+    bundles = tuple((b.pool, b.node, tuple(b.devices), tuple(sorted(b.resources.items())))
+                    for b in pl.slot_bundles(plan).get(slot, []))
+    return roles, bundles
+
+
+def kept_slots(old: Plan, new: Plan, counts: dict[str, int], dead: set[str]) -> dict[str, str]:
+    """New slot -> old slot for the slots a rebuild keeps: same signature, every pool of its
+    bundles still has the node count it had (node numbers mean the same nodes), no actor of it
+    dead (`dead`: old slot names with a dead actor)."""
+    was = {p.name: p.nodes for p in old.resolved().job.cluster.pools}
+    old_sig = {slot_signature(old, name): name for name in pl.slot_bundles(old)}
+    out = {}
+    for name in pl.slot_bundles(new):
+        sig = slot_signature(new, name)
+        prev = old_sig.get(sig)
+        pools = {b[0] for b in sig[1]}
+        if prev and prev not in dead and all(counts.get(p) == was.get(p) for p in pools):
+            out[name] = prev
     return out
 
 
@@ -87,6 +118,7 @@ class Elastic:
     time_limit_s: float = REPLAN_TIME_LIMIT_S
     placement: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)  # the last rebuild's parts (s)
+    kept: list[str] = field(default_factory=list)  # actors the last rebuild kept (role + rank)
 
     def __post_init__(self) -> None:
         self.original = self.plan.resolved().job  # pools that died keep their shape here
@@ -112,24 +144,32 @@ class Elastic:
                         hint=self.plan, move_cost_s=self.move_cost_s, seed=self.original.seed)
 
     def rebuild(self, counts: dict[str, int]) -> tuple[Plan, Any, list[str]]:
-        """New plan for `counts`; the old actors and groups go, the new ones are placed."""
+        """New plan for `counts`; unchanged slots keep their groups and actors (`kept_slots`),
+        the others go and the new plan's are placed."""
         from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
 
         from executors.runtime import RayRuntime  # noqa: PLC0415
         t0 = time.monotonic()
         new = self.replan(counts)
         t1 = time.monotonic()
-        self.close()
+        dead = {m.slot for m in self.rt.dead_members()} if self.rt is not None else set()
+        keep = kept_slots(self.plan, new, counts, dead)
+        old_slot = {r: x.slot for r, x in self.plan.roles.items()}
+        reuse = {(m.role, m.rank): m.handle for m in (self.rt.members if self.rt else [])
+                 if old_slot.get(m.role) in keep.values()}
+        kept_groups = {n: self.groups[o] for n, o in keep.items()}
+        self.close(keep=set(keep.values()), keep_handles=list(reuse.values()))
         pinned = self.pinned and keys_present(new)
-        self.groups = pl.create_groups(new, pinned)
+        fresh = pl.create_groups(new, pinned, skip=set(keep))
+        self.groups = {**fresh, **kept_groups}
         t2 = time.monotonic()
         try:
             self.rt = RayRuntime(new, self.cfg, self.groups, pinned, self.backend,
-                                 self.max_restarts)
+                                 self.max_restarts, reuse=reuse)
         except Exception:
-            for pg in self.groups.values():
+            for pg in fresh.values():
                 remove_placement_group(pg)
-            self.groups = {}
+            self.groups = kept_groups
             raise
         self.placement = pl.verify(new, self.rt.members, self.groups)
         pl.check(self.placement, pinned)
@@ -137,15 +177,20 @@ class Elastic:
         if not pinned and self.pinned:
             changes.append("node pinning off: surviving nodes do not carry the new plan's keys")
         self.plan, self.pinned = new, pinned
+        self.kept = sorted(f"{m.role}{m.rank}" for m in self.rt.members
+                           if (m.role, m.rank) in reuse)
         self.timing = {"replan_s": round(t1 - t0, 3), "groups_s": round(t2 - t1, 3),
                        "actors_s": round(time.monotonic() - t2, 3)}
         return new, self.rt, changes
 
-    def close(self) -> None:
+    def close(self, keep: set[str] = frozenset(), keep_handles: list[Any] = ()) -> None:
+        """Kill the actors and remove the placement groups, but those of the `keep` slots."""
         from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
         if self.rt is not None:
-            self.rt.close()
-        for pg in self.groups.values():
+            self.rt.close(spare=keep_handles)
+        for slot, pg in self.groups.items():
+            if slot in keep:
+                continue
             try:
                 remove_placement_group(pg)
             except Exception:  # noqa: BLE001 - its node is gone with it

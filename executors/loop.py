@@ -279,6 +279,7 @@ class Loop(Recovery, TailPolicies):
             new = timing.get("new_tokens") or [len(r) for r in s.responses]
             self._event("generate", "generate", timing["t0"], timing["dur"], m, step,
                         policy_version=s.version, sample_ids=s.ids, tokens=timing["tokens"],
+                        os_pid=timing.get("pid"),
                         batch=timing["batch"],
                         # per sample, aligned with sample_ids (traces/record.py, placer/fit.py):
                         # the context prefilled (a resumed sample's response so far included)
@@ -429,7 +430,7 @@ class Loop(Recovery, TailPolicies):
         for (m, _, args), o in zip(calls, outs):
             info, timing = o.value
             self._event(f"train {m.role}", "train", timing["t0"], timing["dur"], m, step,
-                        policy_version=info.get("version", step + 1),
+                        policy_version=info.get("version", step + 1), os_pid=timing.get("pid"),
                         sample_ids=timing["sample_ids"], tokens=timing["tokens"])
             self._role_s[m.role] += timing["dur"]
         self.ledger.trained(step, [i for o in outs[:len(ranks)] for i in o.value[1]["sample_ids"]])

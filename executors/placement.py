@@ -126,12 +126,15 @@ def actor_options(m: Member, pg: Any, pinned: bool) -> dict[str, Any]:
     return opts
 
 
-def create_groups(plan: Plan, pinned: bool, timeout_s: float = 120.0) -> dict[str, Any]:
-    """One ready placement group per slot."""
+def create_groups(plan: Plan, pinned: bool, timeout_s: float = 120.0,
+                  skip: set[str] = frozenset()) -> dict[str, Any]:
+    """One ready placement group per slot (but the `skip` slots: a rebuild keeps their groups)."""
     import ray  # noqa: PLC0415
     from ray.util.placement_group import placement_group  # noqa: PLC0415
     groups = {}
     for slot, bs in slot_bundles(plan).items():
+        if slot in skip:
+            continue
         pg = placement_group([bundle_request(b, pinned) for b in bs],
                              strategy=strategy(plan, slot, bs), name=f"placer-{slot}")
         groups[slot] = pg

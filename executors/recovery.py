@@ -4,14 +4,14 @@
                  rank re-joins the process group and reloads the last checkpoint; the steps after
                  it run again (`recover_training`);
   lost node      a node left the cluster (its actors cannot come back: their bundles' node is
-                 gone): re-plan on the alive nodes, rebuild groups and actors
-                 (`executors.elastic.Elastic`), reload the last checkpoint, run the steps after it
-                 again (`recover_cluster`);
+                 gone): re-plan on the alive nodes, rebuild the groups and actors of the slots
+                 that changed, keep the others (`executors.elastic.Elastic`), reload the last
+                 checkpoint, run the steps after it again (`recover_cluster`);
   joined node    the same re-plan and rebuild at a step boundary; a checkpoint is written first
                  if the last one is older than the previous step, so nothing is re-run.
 Each recovery is a `restart` trace event; a cluster recovery also lands in `Loop.recoveries`
 with its measured time (from the moment the loop saw the change until training is restored) and
-its parts (re-plan, placement groups, actor start).
+its parts (re-plan, placement groups, actor start) and the actors it kept.
 """
 from __future__ import annotations
 
@@ -87,14 +87,15 @@ class Recovery:
         self.ledger.rollback(self.last_ckpt)
         rec = {"step": step, "reason": change.reason, "nodes": change.counts,
                "resumed_from": self.last_ckpt, "policy_version": self.last_ckpt + 1,
-               "moves": moved, "detected_at": t, "recovery_s": round(time.time() - t, 3),
-               **self.elastic.timing}
+               "moves": moved, "kept": self.elastic.kept, "detected_at": t,
+               "recovery_s": round(time.time() - t, 3), **self.elastic.timing}
         self.recoveries.append(rec)
         self._event("restart cluster", "restart", t, time.time() - t, None, step,
                     **{k: v for k, v in rec.items() if k != "step"})
         if self.note:
             self.note(f"recovered from '{change.reason}' in {rec['recovery_s']:.1f} s: re-planned "
-                      f"({'; '.join(moved) or 'no role moved'}), resuming at step "
+                      f"({'; '.join(moved) or 'no role moved'}; kept "
+                      f"{', '.join(self.elastic.kept) or 'no actor'}), resuming at step "
                       f"{self.last_ckpt + 1} from the step-{self.last_ckpt} checkpoint")
         return self.last_ckpt + 1
 

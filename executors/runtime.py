@@ -107,11 +107,17 @@ class RayRuntime:
 
     def __init__(self, plan: Plan, cfg: RunConfig, groups: dict[str, Any], pinned: bool,
                  backend: str = "torch", max_restarts: int = 3,
-                 start_timeout_s: float = 180.0) -> None:
+                 start_timeout_s: float = 180.0, reuse: dict[tuple[str, int], Any] | None = None
+                 ) -> None:
+        """`reuse`: (role, rank) -> a running actor to keep (a rebuild after a cluster change
+        keeps the actors of unchanged slots; `executors.elastic.kept_slots`)."""
         import ray  # noqa: PLC0415
         self.ray = ray
         self.members = assign(plan)
         for m in self.members:
+            if reuse and (m.role, m.rank) in reuse:
+                m.handle = reuse[(m.role, m.rank)]
+                continue
             cls = ray.remote(worker_class(m.role, cfg, backend))
             opts = actor_options(m, groups[m.slot], pinned)
             m.handle = cls.options(max_restarts=max_restarts, max_task_retries=0,
@@ -245,8 +251,11 @@ class RayRuntime:
                     raise
                 time.sleep(0.2)
 
-    def close(self) -> None:
+    def close(self, spare: list[Any] = ()) -> None:
+        """Kill every actor but the `spare` ones (handed to the next runtime)."""
         for m in self.members:
+            if any(m.handle is h for h in spare):
+                continue
             try:
                 self.ray.kill(m.handle, no_restart=True)
             except Exception:  # noqa: BLE001

@@ -9,8 +9,9 @@ second here (default 3 s x 5 misses), so that a killed node is declared dead in 
 
   boundary before step 2   the node of trainer rank 1 is removed without warning (its raylet and
                            workers are killed); step 2's training fails, Ray declares the node
-                           dead, the loop re-plans on 1 GPU node (trainer DP 1) and resumes at
-                           step 2 from the step-1 checkpoint;
+                           dead, the loop re-plans on 1 GPU node (trainer DP 1), rebuilds the
+                           GPU slot, keeps the CPU slot's actors, and resumes at step 2 from the
+                           step-1 checkpoint;
   boundary before step 4   (slow test only) a second CPU node joins; the loop re-plans on it,
                            rebuilds (the rollout/reward/environment slot now spans both CPU
                            nodes) and continues from a checkpoint of the step before, losing none.
@@ -80,7 +81,7 @@ def run_elastic(out, join: bool):
         print(f"node {what} before step {rec['step']}: noticed after "
               f"{rec['detected_at'] - t:.1f} s, recovered in {rec['recovery_s']:.1f} s (re-plan "
               f"{rec['replan_s']:.2f} s, placement groups {rec['groups_s']:.2f} s, actors "
-              f"{rec['actors_s']:.1f} s); moves: {rec['moves']}")
+              f"{rec['actors_s']:.1f} s); moves: {rec['moves']}; kept: {rec['kept']}")
     return r, events
 
 
@@ -104,18 +105,38 @@ def test_run_finishes_with_balanced_ledger(result) -> None:
 def test_node_loss_replans_and_resumes_from_checkpoint(result) -> None:
     r, events = result
     lost = r.recoveries[0]
-    assert lost["step"] == LOSE_AT and lost["nodes"]["gpu"] == 1
-    assert lost["resumed_from"] == LOSE_AT - 1 and lost["policy_version"] == LOSE_AT
+    # Usually step 2's training fails on the lost rank; on a loaded machine the rank's process
+    # can outlive its raylet long enough to finish step 2, and the loss is seen at step 3's
+    # boundary instead (Ray has declared the node dead by then): both are recoveries.
+    step = lost["step"]
+    assert step in (LOSE_AT, LOSE_AT + 1) and lost["nodes"]["gpu"] == 1
+    assert lost["resumed_from"] == step - 1 and lost["policy_version"] == step
     assert any(m.startswith("actor: gpu tp1 pp1 dp2 -> gpu tp1 pp1 dp1") for m in lost["moves"])
     assert lost["recovery_s"] > 0 and lost["detected_at"] >= events["lost"]
-    assert r.ledger.rolled_back == [LOSE_AT]  # the failed step ran again, once
+    assert r.ledger.rolled_back in ([step], [])  # a failed step ran again, once
     ev = [e for e in r.trace.of("restart") if e.name == "restart cluster"]
-    assert [e.args["step"] for e in ev] == [LOSE_AT]
+    assert [e.args["step"] for e in ev] == [step]
     # the policy version never goes back past the checkpoint: trainer updates continue from it
     train = sorted((e.ts_s, e.args["policy_version"]) for e in r.trace.of("train")
                    if e.name == "train actor" and e.tid == "actor0")
     versions = [v for _, v in train]
     assert versions == sorted(versions) and versions[-1] == JOIN_AT
+
+
+def test_node_loss_keeps_the_actors_of_unchanged_slots(result) -> None:
+    """Only the GPU slot changed (trainer DP 2 -> 1): the CPU slot's rollout, reward and
+    environment actors keep running in their processes; the trainer's slot is rebuilt."""
+    r, _ = result
+    lost = r.recoveries[0]
+    assert lost["kept"] == ["environment0", "reward0", "rollout0", "rollout1"]
+
+    def pids(cat: str, tid: str, before: bool) -> set[int]:
+        return {e.args["os_pid"] for e in r.trace.of(cat)
+                if e.tid == tid and (e.args["step"] < lost["step"]) == before}
+    for tid in ("rollout0", "rollout1"):
+        assert pids("generate", tid, True) == pids("generate", tid, False)  # the same process
+        assert len(pids("generate", tid, True)) == 1
+    assert pids("train", "actor0", True).isdisjoint(pids("train", "actor0", False))
 
 
 def test_trace_round_trips(result, tmp_path) -> None:
@@ -136,3 +157,5 @@ def test_joined_node_is_used(joined) -> None:
     assert joined["resumed_from"] == JOIN_AT - 1  # nothing rolled back on a join
     assert {row["node"] for row in r.placement if row["pool"] == "cpu"} == {0, 1}
     assert all(row["on_plan_node"] and row["in_bundle"] for row in r.placement)
+    # the CPU slot grew and was rebuilt; the GPU slot did not change: its actors were kept
+    assert joined["kept"] == ["actor0", "reference0"]
