@@ -206,13 +206,22 @@ class Loop(Recovery, TailPolicies):
         ref = self.rt.call(trainer, "weights")
         outs = self.rt.results([self.rt.call(m, "load_weights", ref, version) for m in targets])
         self.rt.forget(ref)
+        failed = []
         for m, o in zip(targets, outs):
             if not o.ok:  # a rollout worker died while loading: it re-syncs before its next work
                 self.known[m.rank] = None
+                failed.append(o.error)
                 continue
             self.known[m.rank] = version
             self._event("weight sync", "transfer", o.value["t0"], o.value["dur"], m, step,
                         policy_version=version, bytes=nbytes, src="actor0")
+        if failed and not any(self.known.get(m.rank) == version for m in self.by_role["rollout"]):
+            # No rollout worker holds version v: the trainer's copy was lost with its process or
+            # its node (a process can answer for a moment after its node is gone). Rolling
+            # out with older weights would break the mode's staleness bound: recover instead.
+            self._check_cluster()
+            raise TrainingLost(f"weight sync of version {version} reached no rollout worker: "
+                               f"{failed[0]}")
         self._event("sync", "stage", t, time.time() - t, None, step, policy_version=version)
         self.synced = version
         return version

@@ -7,11 +7,13 @@ Cluster: a head with no resources, two 1-GPU nodes (the trainer's two data-paral
 per node) and one 2-core CPU node (rollout, reward, environment). Ray's health check runs every
 second here (default 3 s x 5 misses), so that a killed node is declared dead in seconds.
 
-  boundary before step 2   the node of trainer rank 1 is removed without warning (its raylet and
-                           workers are killed); step 2's training fails, Ray declares the node
-                           dead, the loop re-plans on 1 GPU node (trainer DP 1), rebuilds the
-                           GPU slot, keeps the CPU slot's actors, and resumes at step 2 from the
-                           step-1 checkpoint;
+  boundary before step 2   a GPU node is removed without warning (its raylet and workers are
+                           killed): node 0, trainer rank 0's, in the default test, so that the
+                           new plan's GPU node 0 is not an alive node's key (the rebuilt group is
+                           placed by pool); node 1 in the slow test. Step 2's training fails, Ray
+                           declares the node dead, the loop re-plans on 1 GPU node (trainer DP 1),
+                           rebuilds the GPU slot, keeps the CPU slot's actors, and resumes at
+                           step 2 from the step-1 checkpoint;
   boundary before step 4   (slow test only) a second CPU node joins; the loop re-plans on it,
                            rebuilds (the rollout/reward/environment slot now spans both CPU
                            nodes) and continues from a checkpoint of the step before, losing none.
@@ -42,7 +44,7 @@ HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
           "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 
 
-def run_elastic(out, join: bool):
+def run_elastic(out, join: bool, lose: int):
     import ray
     from ray.cluster_utils import Cluster
 
@@ -65,7 +67,7 @@ def run_elastic(out, join: bool):
 
     def on_step(step: int) -> None:
         if step == LOSE_AT and "lost" not in events:
-            c.remove_node(nodes[("gpu", 1)], allow_graceful=False)
+            c.remove_node(nodes[("gpu", lose)], allow_graceful=False)
             events["lost"] = time.time()
         if join and step == JOIN_AT and "joined" not in events:
             c.add_node(num_cpus=4, resources={"pool_cpu": 2.0, cluster.node_key("cpu", 1): 1000.0})
@@ -87,12 +89,12 @@ def run_elastic(out, join: bool):
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    return run_elastic(tmp_path_factory.mktemp("nodeloss"), join=False)
+    return run_elastic(tmp_path_factory.mktemp("nodeloss"), join=False, lose=0)
 
 
 @pytest.fixture(scope="module")
 def joined(tmp_path_factory):
-    return run_elastic(tmp_path_factory.mktemp("nodejoin"), join=True)
+    return run_elastic(tmp_path_factory.mktemp("nodejoin"), join=True, lose=1)
 
 
 def test_run_finishes_with_balanced_ledger(result) -> None:
@@ -137,6 +139,19 @@ def test_node_loss_keeps_the_actors_of_unchanged_slots(result) -> None:
         assert pids("generate", tid, True) == pids("generate", tid, False)  # the same process
         assert len(pids("generate", tid, True)) == 1
     assert pids("train", "actor0", True).isdisjoint(pids("train", "actor0", False))
+
+
+def test_surviving_node_without_the_new_plans_key_is_used_unpinned(result) -> None:
+    """GPU node 0 died, node 1 lives: the new plan's GPU node is number 0, whose key no alive
+    node advertises, so the rebuilt groups are placed by pool only (and the run says so); the
+    trainer now runs on the node that survived."""
+    r, _ = result
+    lost = r.recoveries[0]
+    assert "node pinning off: surviving nodes do not carry the new plan's keys" in lost["moves"]
+    gpu = [row for row in r.placement if row["pool"] == "gpu"]
+    assert {row["role"] for row in gpu} == {"actor", "reference"}
+    assert all(row["in_bundle"] for row in r.placement)
+    assert len({row["ray_node"] for row in gpu}) == 1
 
 
 def test_trace_round_trips(result, tmp_path) -> None:
