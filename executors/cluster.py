@@ -119,7 +119,7 @@ def start(plan: Plan, address: str | None = None) -> ClusterInfo:
     for r in node_resources(plan).values():
         for k, v in r.items():
             total[k] += v
-    _loopback_only()
+    loopback_only()
     cpus = max(total.pop("CPU", 0.0), float(os.cpu_count() or 1))
     gpus = total.pop("GPU", 0.0)
     if cuda_devices():  # real GPUs: advertise what exists, not what the plan hopes for
@@ -130,7 +130,7 @@ def start(plan: Plan, address: str | None = None) -> ClusterInfo:
     return ClusterInfo("embedded", True, emulated, True)
 
 
-def _loopback_only() -> None:
+def loopback_only() -> None:
     """Make Ray take 127.0.0.1 as this node's address (its single-machine mode): Ray otherwise
     swaps a loopback `_node_ip_address` for the machine's routable address."""
     import ray._private.ray_constants as rc  # noqa: PLC0415

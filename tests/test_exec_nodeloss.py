@@ -3,9 +3,10 @@ notices, re-plans on the alive nodes (warm-started from the running plan), rebui
 groups and actors, restores the trainer from its last checkpoint and finishes every step with a
 balanced ledger; a node that joins later is used from the next step boundary.
 
-Cluster: a head with no resources, two 1-GPU nodes (the trainer's two data-parallel ranks, one
-per node) and one 2-core CPU node (rollout, reward, environment). Ray's health check runs every
-second here (default 3 s x 5 misses), so that a killed node is declared dead in seconds.
+Cluster (`executors.localcluster`): a head with no resources, two 1-GPU nodes (the trainer's two
+data-parallel ranks, one per node) and one 2-core CPU node (rollout, reward, environment), all on
+loopback. Ray's health check runs every second here (default 3 s x 5 misses), so that a killed
+node is declared dead in seconds.
 
   boundary before step 2   a GPU node is removed without warning (its raylet and workers are
                            killed): node 0, trainer rank 0's, in the default test, so that the
@@ -22,12 +23,9 @@ rebuild cost, so it is `slow` (excluded by `make test-fast`).
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from exec_util import hand_plan, job_dict
-from executors import cluster
 from placer.costmodel import Parallel
 
 pytestmark = pytest.mark.ray
@@ -40,51 +38,23 @@ LAYOUT = {"actor": ("gpu", Parallel(dp=2), "train"),
           "rollout": ("cpu", Parallel(dp=2), "cpu"),
           "reward": ("cpu", Parallel(), "cpu"),
           "environment": ("cpu", Parallel(dp=2), "cpu")}
-HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
-          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 
 
 def run_elastic(out, join: bool, lose: int):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from executors.run import execute
-
+    from executors.localcluster import Change, run_with_changes
     plan = hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS}))
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster.ensure_token_auth()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
-                                                      "_system_config": HEALTH})
-    nodes = {}
-    for key, res in sorted(cluster.node_resources(plan).items()):
-        res = dict(res)
-        nodes[key] = c.add_node(num_cpus=int(res.pop("CPU", 0)), num_gpus=int(res.pop("GPU", 0)),
-                                resources=res)
-    ray.init(address=c.address)
-    c.wait_for_nodes()
-    events: dict[str, float] = {}
-
-    def on_step(step: int) -> None:
-        if step == LOSE_AT and "lost" not in events:
-            c.remove_node(nodes[("gpu", lose)], allow_graceful=False)
-            events["lost"] = time.time()
-        if join and step == JOIN_AT and "joined" not in events:
-            c.add_node(num_cpus=4, resources={"pool_cpu": 2.0, cluster.node_key("cpu", 1): 1000.0})
-            events["joined"] = time.time()
-
-    try:
-        r = execute(plan, STEPS if join else JOIN_AT, out, on_step=on_step,
-                    checkpoint_every=1, note=print)
-    finally:
-        ray.shutdown()
-        c.shutdown()
-    for rec, (what, t) in zip(r.recoveries, sorted(events.items(), key=lambda x: x[1])):
-        print(f"node {what} before step {rec['step']}: noticed after "
-              f"{rec['detected_at'] - t:.1f} s, recovered in {rec['recovery_s']:.1f} s (re-plan "
-              f"{rec['replan_s']:.2f} s, placement groups {rec['groups_s']:.2f} s, actors "
-              f"{rec['actors_s']:.1f} s); moves: {rec['moves']}; kept: {rec['kept']}")
-    return r, events
+    changes = [Change(LOSE_AT, "lose", "gpu", lose)]
+    if join:
+        changes.append(Change(JOIN_AT, "join", "cpu", 1))
+    run = run_with_changes(plan, STEPS if join else JOIN_AT, out, changes, note=print,
+                           checkpoint_every=1)
+    for row in run.recovery_rows():
+        print(f"{row['change']}: noticed after {row['noticed_s']:.1f} s, recovered in "
+              f"{row['recovery_s']:.1f} s (re-plan {row['replan_s']:.2f} s, placement groups "
+              f"{row['groups_s']:.2f} s, actors {row['actors_s']:.1f} s); moves: "
+              f"{row['moves']}; kept: {row['kept']}")
+    return run.result, {"lost" if ch.kind == "lose" else "joined": t
+                        for ch, t in run.changed_at.items()}
 
 
 @pytest.fixture(scope="module")

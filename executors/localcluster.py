@@ -1,0 +1,112 @@
+"""A multi-node Ray cluster on one machine, shaped like a plan, whose nodes can die and join.
+
+Node loss is what the executor's recovery is for, and it cannot be shown on one Ray node: this
+module starts a `ray.cluster_utils.Cluster` with one Ray node per plan node (a head without
+resources, then each node with its pool's resources and node key, `executors.cluster`), runs a
+plan on it and changes the cluster at step boundaries: `lose` removes a node without warning
+(its raylet and workers are killed, as when a host dies), `join` adds one to a pool. The node-loss
+tests and the recovery benchmark (`python -m bench faults`) both run through `run_with_changes`.
+
+Ray declares a node dead after `health_check_failure_threshold` missed checks; the defaults (3 s x
+5) would make every recovery wait ~15 s for that, so the cluster checks every second, 3 misses.
+Token auth stays on (`cluster.ensure_token_auth`) and every node listens on loopback only.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from executors import cluster
+from placer.plan import Plan
+
+LOOPBACK = "127.0.0.1"
+FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+               "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+
+
+@dataclass(frozen=True)
+class Change:
+    """At the boundary before `step`: `lose` node `node` of `pool`, or `join` one to it."""
+
+    step: int
+    kind: str  # lose | join
+    pool: str
+    node: int
+
+
+@dataclass
+class Outcome:
+    result: Any  # executors.run.ExecResult
+    changed_at: dict[Change, float] = field(default_factory=dict)  # wall time of each change
+
+    def recovery_rows(self) -> list[dict[str, Any]]:
+        """Each recovery with the change behind it and how long Ray took to notice."""
+        rows = []
+        for rec, (ch, t) in zip(self.result.recoveries,
+                                sorted(self.changed_at.items(), key=lambda x: x[1])):
+            rows.append({"change": f"{ch.kind} {ch.pool}:{ch.node} before step {ch.step}",
+                         "noticed_s": round(rec["detected_at"] - t, 2), **rec})
+        return rows
+
+
+class LocalCluster:
+    """One Ray node per plan node; `lose` and `join` change it while a run goes on."""
+
+    def __init__(self, plan: Plan, health: dict[str, int] | None = None) -> None:
+        import ray  # noqa: PLC0415
+        from ray.cluster_utils import Cluster  # noqa: PLC0415
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.ensure_token_auth()
+        cluster.loopback_only()
+        self.c = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 0, "include_dashboard": False, "node_ip_address": LOOPBACK,
+            "_system_config": health or FAST_HEALTH})
+        self.nodes: dict[tuple[str, int], Any] = {}
+        self.spec = cluster.node_resources(plan)  # what each plan node advertises
+        for key in sorted(self.spec):
+            self._add(key, self.spec[key])
+        ray.init(address=self.c.address)
+        self.c.wait_for_nodes()
+
+    def _add(self, key: tuple[str, int], res: dict[str, float]) -> None:
+        res = dict(res)
+        self.nodes[key] = self.c.add_node(num_cpus=int(res.pop("CPU", 0)),
+                                          num_gpus=int(res.pop("GPU", 0)), resources=res,
+                                          node_ip_address=LOOPBACK)
+
+    def lose(self, pool: str, node: int) -> None:
+        self.c.remove_node(self.nodes.pop((pool, node)), allow_graceful=False)
+
+    def join(self, pool: str, node: int) -> None:
+        """A node like the pool's first, advertising the pool and its own node key."""
+        like = next(r for (p, _), r in sorted(self.spec.items()) if p == pool)
+        res = {k: v for k, v in like.items() if not k.startswith("placer_node_")}
+        self._add((pool, node), {**res, cluster.node_key(pool, node): cluster.NODE_UNITS})
+
+    def close(self) -> None:
+        import ray  # noqa: PLC0415
+        ray.shutdown()
+        self.c.shutdown()
+
+
+def run_with_changes(plan: Plan, steps: int, out: str | Path, changes: list[Change],
+                     note: Callable[[str], None] | None = None, **execute_kw: Any) -> Outcome:
+    """Run `plan` for `steps` on a fresh local cluster, applying `changes` at step boundaries."""
+    from executors.run import execute  # noqa: PLC0415
+    lc = LocalCluster(plan)
+    done: dict[Change, float] = {}
+
+    def on_step(step: int) -> None:
+        for ch in changes:
+            if ch.step == step and ch not in done:
+                (lc.lose if ch.kind == "lose" else lc.join)(ch.pool, ch.node)
+                done[ch] = time.time()
+
+    try:
+        result = execute(plan, steps, out, on_step=on_step, note=note, **execute_kw)
+    finally:
+        lc.close()
+    return Outcome(result, done)
