@@ -1,7 +1,8 @@
 """The sample ledger: proof that every planned sample was trained on exactly once.
 
 Per step the loop records the sample ids it planned (from the prompts), every generation of a
-sample (a re-run after a lost rollout or environment actor adds a generation, marked as a re-run;
+sample (one per rollout round it took part in: a multi-turn or resumed sample has several; a re-run
+after a lost rollout or environment actor adds one, marked as a re-run;
 a straggler's samples raced on a second worker are listed as re-issued, and only the copy that
 finished first is recorded as generated; an overprovisioned step's samples that were not among
 the first n to finish are listed as dropped and must not be trained), and the ids that reached

@@ -3,15 +3,18 @@
 One step, in the plan's four stages:
   sync     trainer rank 0's weights (version v = optimizer steps so far) go to every rollout
            worker that does not hold v yet (one object in Ray's store, fetched by each);
-  rollout  prompts for the step (seeded) x samples per prompt, sharded over rollout workers; every
-           sample carries the version it was generated with; the environment runs each answer
-           in the sandbox (a tool call);
+  rollout  prompts for the step (seeded) x samples per prompt, sharded over rollout workers, in
+           rounds and turns (`executors.rollouts`): between a multi-turn sample's turns the
+           environment runs its code in the sandbox and the output joins its context; every
+           token carries the version it was generated with; then each final answer runs in
+           the sandbox for the verifier;
   score    rule or model reward, reference log-probs (KL), critic values (PPO);
   train    advantages (GRPO: group-normalised rewards; PPO: GAE over critic values with a KL
            penalty), one optimizer step on each data-parallel rank (gradients all-reduced), critic
            step; checkpoint every `checkpoint_every` steps (atomic files).
 Sync mode: a step's samples are generated with version == step. Async mode: the rollout of step
-s+1 is launched before step s trains, so its version is s (staleness 1 <= max_staleness).
+s+1 starts before step s scores and trains (its first round runs meanwhile), so its version is s
+(staleness 1 <= max_staleness).
 
 Recovery: a rollout, environment, reference or reward worker that dies mid-call is restarted by
 Ray (`max_restarts`) and its in-flight samples are re-run (rollouts after re-syncing weights); a
@@ -20,11 +23,9 @@ last checkpoint and re-runs the steps after it. The ledger (`executors.ledger`) 
 per step and proves nothing was lost or counted twice. A node that dies (or joins) changes the
 plan itself: see `executors.recovery` and `executors.elastic`. Slow calls: `executors.stragglers`.
 
-Tail policy (the job's `tail_policy`): `overprovision` generates ceil(n (1 + f)) samples, waits for
-rollout shards in finish order until they hold n (later shards are abandoned), and trains the
-first n to finish (within a shard's lockstep decode: the shortest); `reissue` sets the
-environment's per-call deadline; `partial` cuts samples at the token budget and resumes them next
-step under the newer weights (`executors.tails`).
+Tail policy (the job's `tail_policy`, `executors.tails`): `overprovision` generates ceil(n (1 + f))
+samples and trains the first n to finish; `reissue` sets the environment's per-call deadline;
+`partial` cuts samples at the token budget and resumes them next step under the newer weights.
 """
 from __future__ import annotations
 
@@ -39,13 +40,15 @@ import torch
 
 from executors import rl
 from executors.ledger import Ledger
-from executors.model import BOS, decode, encode
+from executors.model import decode
 from executors.elastic import ClusterChanged
 from executors.recovery import Recovery, TrainingLost
 from executors.placement import Member
 from executors.stragglers import Busy
-from executors.tails import Carried, TailPolicies, carry_steps, overprovision_extra
-from executors.task import exact, make_prompts
+from executors.rollouts import Rollouts
+from executors.tails import TailPolicies
+from executors.task import exact
+from executors.trajectory import Traj
 from placer.plan import Plan, atomic_write_text
 from traces.schema import Trace
 
@@ -84,7 +87,7 @@ class StepStat:
     reruns: int = 0
 
 
-class Loop(Recovery, TailPolicies):
+class Loop(Recovery, Rollouts, TailPolicies):
     def __init__(self, plan: Plan, rt: Any, cfg: Any, lc: LoopConfig, trace: Trace,
                  progress: Callable[[StepStat], None] | None = None, *, elastic: Any = None,
                  note: Callable[[str], None] | None = None,
@@ -109,7 +112,7 @@ class Loop(Recovery, TailPolicies):
         self._reruns = 0
         self.rerun_idx: set[int] = set()
         self._next_pending: dict[str, Any] | None = None
-        self.carry: list[Carried] = []  # partial rollouts: samples not trained yet
+        self.carry: list[Traj] = []  # partial rollouts: samples not trained yet
         self.targets: dict[str, int] = {}  # sample id -> the task's answer, until it trains
         self.carry_rounds = 0  # extra rollout rounds of steps that had no complete group
 
@@ -232,128 +235,11 @@ class Loop(Recovery, TailPolicies):
             self.sync_weights(step, force=m)
         return fix
 
-    def launch_rollout(self, step: int, fresh: bool = True) -> dict[str, Any]:
-        """Plan step `step`'s samples and shard them over the rollout workers (the calls start
-        in `collect_rollout`). Partial rollouts resume carried samples first; `fresh=False` is a
-        further round of a step that has no complete group yet: carried samples only."""
-        spp = self.job.batch.samples_per_prompt
-        n = self.job.batch.prompts * spp
-        resumed = self._resumed_rows() if self._partial_budget() else []
-        count = (n - len(resumed)) // spp if fresh else 0  # whole groups, up to n samples
-        prompts = make_prompts(self.cfg.seed, step, count)
-        # overprovision: ceil(n (1 + f)) samples, the extra ones spread over the prompts
-        extra = overprovision_extra(self.job.tail_policy, len(prompts) * spp)
-        slots = [(p, j) for j in range(spp) for p in prompts]
-        slots += [(prompts[k % len(prompts)], spp + k // len(prompts)) for k in range(extra)]
-        rows = []
-        for i, (p, j) in enumerate(sorted(slots, key=lambda x: (int(x[0].id.rsplit("p", 1)[1]),
-                                                                 x[1]))):
-            # one seed per sample: the same sample whatever worker or re-run generates it
-            rows.append({"id": f"{p.id}.{j}", "group": p.id, "target": p.target,
-                         "toks": [BOS] + encode(p.text, self.cfg.arch["vocab"]),
-                         "seed": (self.cfg.seed * 1_000_003 + step * 100_003 + i) % 2**63})
-        if fresh:
-            self.ledger.plan(step, [r["id"] for r in rows])
-            self.ledger.carried_in(step, [c.id for c in self.carry])
-        rows = resumed + rows
-        # Workers still busy with a straggler's abandoned call get no new work this step.
-        # (a worker freed since the sync still holds old weights: it waits for the next sync)
-        workers = ([m for m in self.by_role["rollout"] if self.known.get(m.rank) == self.synced]
-                   or self.by_role["rollout"])
-        calls = []
-        for k, m in enumerate(workers):
-            part = rows[k * len(rows) // len(workers):(k + 1) * len(rows) // len(workers)]
-            args = ([r["id"] for r in part], [r["group"] for r in part], [r["toks"] for r in part])
-            if self._partial_budget():
-                seeds, resume = self._resume_args(part)
-                calls.append((m, "generate", (*args, seeds, resume)))
-            else:
-                calls.append((m, "generate", (*args, [r["seed"] for r in part])))
-        self.targets.update({r["id"]: r["target"] for r in rows})
-        return {"step": step, "calls": [c for c in calls if c[2][0]], "t": time.time(),
-                "seeds": {r["id"]: r["seed"] for r in rows}, "keep": len(prompts) * spp}
-
-    def collect_rollout(self, pending: dict[str, Any]) -> rl.Samples:
-        step, calls = pending["step"], pending["calls"]
-        handles = None
-        over = self.job.tail_policy.kind == "overprovision"
-        if over and sum(len(c[2][0]) for c in calls) > pending["keep"]:
-            calls, handles = self._first_shards(step, calls, pending["keep"])
-        outs = self._call_all(calls, step, "rollout", on_retry=self._resync(step), handles=handles)
-        parts = []
-        for k, ((_, _, args), (s, timing)) in enumerate(zip(calls, outs)):
-            m = self.ran_on[k]
-            parts.append(s)
-            self.ledger.generated(step, s.ids, rerun=k in self.rerun_idx)
-            new = timing.get("new_tokens") or [len(r) for r in s.responses]
-            self._event("generate", "generate", timing["t0"], timing["dur"], m, step,
-                        policy_version=s.version, sample_ids=s.ids, tokens=timing["tokens"],
-                        os_pid=timing.get("pid"),
-                        batch=timing["batch"],
-                        # per sample, aligned with sample_ids (traces/record.py, placer/fit.py):
-                        # the context prefilled (a resumed sample's response so far included)
-                        # and the tokens generated in this call; steps: lockstep decode runs
-                        # until the longest ends
-                        prompt_tokens=[len(p) + len(r) - g
-                                       for p, r, g in zip(s.prompts, s.responses, new)],
-                        response_tokens=new, steps=max(new, default=1))
-        self._role_s["rollout"] += max(o[1]["dur"] for o in outs)
-        self._check_versions(step, sorted({p.version for p in parts}))
-        samples = rl.Samples.concat(parts)
-        if over and len(samples.ids) > pending["keep"]:
-            samples = self._keep_first(step, samples, parts, pending["keep"])
-        if self._partial_budget():
-            trained = self._settle_partial(step, samples, pending)
-            if trained is None:  # no group is complete yet: another round on the carried ones
-                self.carry_rounds += 1
-                return self.collect_rollout({**self.launch_rollout(step, fresh=False),
-                                             "t": pending["t"]})
-            samples = trained
-        self._check_started(step, samples)
-        self._event("rollout", "stage", pending["t"], time.time() - pending["t"], None, step,
-                    policy_version=samples.version, sample_ids=samples.ids,
-                    tokens=samples.tokens())
-        return samples
-
-    def _check_versions(self, step: int, versions: list[int]) -> None:
-        for v in versions:
-            lag = step - v
-            ok = lag == 0 if self.lc.mode == "sync" else 0 <= lag <= self.lc.max_staleness
-            if not ok:
-                raise RuntimeError(f"step {step}: samples from policy version {v} break the "
-                                   f"{self.lc.mode} bound (staleness {self.lc.max_staleness})")
-
-    def _check_started(self, step: int, s: rl.Samples) -> None:
-        """Partial rollouts: a trained sample's first tokens may be older than the mode allows
-        by the steps it was carried (`carry_steps`), never more."""
-        if not s.started:
-            return
-        bound = (0 if self.lc.mode == "sync" else self.lc.max_staleness) + carry_steps(
-            self.job.tail_policy, self.cfg.max_new_tokens)
-        old = min(s.started)
-        if step - old > bound:
-            raise RuntimeError(f"step {step}: a sample started under policy version {old}, "
-                               f"beyond the partial-rollout bound of {bound} steps")
-
     def environment(self, step: int, s: rl.Samples) -> list[dict]:
-        answers = [decode(r, self.cfg.arch["vocab"]) for r in s.responses]
-        envs = self.busy.free(self.rt, self.by_role.get("environment") or [])
-        if not envs:
-            return [{"status": "error", "error": "no environment"}] * len(answers)
-        calls = []
-        for k, m in enumerate(envs):
-            sl = slice(k * len(answers) // len(envs), (k + 1) * len(answers) // len(envs))
-            calls.append((m, "execute", (s.ids[sl], answers[sl])))
-        outs = self._call_all(calls, step, "environment")
-        results: list[dict] = []
-        for k, ((_, _, args), (vals, timing)) in enumerate(zip(calls, outs)):
-            m = self.ran_on[k]
-            for sid, v in zip(args[0], vals):
-                self._event("tool", "tool", v.get("ts", timing["t0"]), v.get("dur", 0.0), m, step,
-                            policy_version=s.version, sample_ids=[sid], status=v.get("status"))
-            results += vals
-        self._role_s["environment"] += max(o[1]["dur"] for o in outs)
-        return results
+        """Each sample's final answer run as code in the sandbox (what the rule reward checks)."""
+        vocab = self.cfg.arch["vocab"]
+        return self._run_environment(step, s.ids, [decode(s.answer(i), vocab)
+                                                   for i in range(len(s.ids))], "verify")
 
     def _score_jobs(self, s: rl.Samples) -> list[tuple[str, list[tuple[Member, str, tuple]]]]:
         """Reference log-probs and critic values: they need only the samples."""
@@ -422,7 +308,7 @@ class Loop(Recovery, TailPolicies):
         t = time.time()
         ranks = self.by_role["actor"]
         calls = []
-        total = sum(len(r) for r in s.responses)
+        total = s.generated_tokens()
         for k, m in enumerate(ranks):
             idx = list(range(k * len(s.ids) // len(ranks), (k + 1) * len(s.ids) // len(ranks)))
             calls.append((m, "train", (s.take(idx), [adv[i] for i in idx],

@@ -22,9 +22,11 @@ class Samples:
     """What rollout produces and every later role reads (plain lists: cheap to ship).
 
     `version` is the policy version of the weights that generated the batch's newest tokens (the
-    oldest of them across shards). With partial rollouts a sample may span versions: `started`
-    holds each sample's first token's version and `cut` marks a sample stopped at the step's
-    token budget before it ended (it resumes next step). Both are empty when nothing was carried.
+    oldest of them across shards). A sample may span versions (partial rollouts): `started`
+    holds the version of each sample's first token. A multi-turn sample's response holds its
+    turns with the tool outputs between them; `gen_mask` is 1 on the tokens the policy generated
+    and 0 on tool output (context, never trained on). Empty lists: every token generated, every
+    sample started at `version`.
     """
 
     ids: list[str]
@@ -34,24 +36,18 @@ class Samples:
     version: int
     group: list[str] = field(default_factory=list)  # prompt id of each sample (GRPO groups)
     started: list[int] = field(default_factory=list)  # version of each sample's first token
-    cut: list[bool] = field(default_factory=list)  # stopped at the token budget, not finished
-
-    def started_at(self, i: int) -> int:
-        return self.started[i] if self.started else self.version
-
-    def is_cut(self, i: int) -> bool:
-        return bool(self.cut) and self.cut[i]
+    gen_mask: list[list[int]] = field(default_factory=list)  # 1: generated, 0: tool output
 
     def take(self, idx: list[int]) -> "Samples":
         pick = lambda xs: [xs[i] for i in idx] if xs else []  # noqa: E731
         return Samples(pick(self.ids), pick(self.prompts), pick(self.responses),
                        pick(self.logprobs), self.version, pick(self.group), pick(self.started),
-                       pick(self.cut))
+                       pick(self.gen_mask))
 
     @staticmethod
     def concat(parts: list["Samples"]) -> "Samples":
         out = Samples([], [], [], [], min(p.version for p in parts), [])
-        spans = any(p.started or p.cut for p in parts)
+        spans = any(p.started or p.gen_mask for p in parts)
         for p in parts:
             out.ids += p.ids
             out.prompts += p.prompts
@@ -59,12 +55,24 @@ class Samples:
             out.logprobs += p.logprobs
             out.group += p.group
             if spans:
-                out.started += [p.started_at(i) for i in range(len(p.ids))]
-                out.cut += [p.is_cut(i) for i in range(len(p.ids))]
+                out.started += p.started or [p.version] * len(p.ids)
+                out.gen_mask += p.gen_mask or [[1] * len(r) for r in p.responses]
         return out
 
     def tokens(self) -> int:
         return sum(len(p) + len(r) for p, r in zip(self.prompts, self.responses))
+
+    def generated_tokens(self) -> int:
+        """Response tokens the policy generated (what the loss averages over)."""
+        if not self.gen_mask:
+            return sum(len(r) for r in self.responses)
+        return sum(sum(m) for m in self.gen_mask)
+
+    def answer(self, i: int) -> list[int]:
+        """Sample i's final turn: the tokens after its last tool output."""
+        mask = self.gen_mask[i] if self.gen_mask else []
+        start = max((k + 1 for k, g in enumerate(mask) if not g), default=0)
+        return self.responses[i][start:]
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -133,41 +141,6 @@ def generate(model, prompts: list[list[int]], max_new: int, seeds: list[int],
     return resp, resp_lp
 
 
-@dataclass
-class Resume:
-    """How a rollout call continues partial rollouts: each row's response so far (empty for a
-    fresh sample) with its log-probs and first-token version (None: starts now), and the step's
-    token budget (None: generate to the end)."""
-
-    prefixes: list[list[int]]
-    prefix_logprobs: list[list[float]]
-    started: list[int | None]
-    budget: int | None = None
-
-    @staticmethod
-    def fresh(n: int, budget: int | None = None) -> "Resume":
-        return Resume([[] for _ in range(n)], [[] for _ in range(n)], [None] * n, budget)
-
-    def limits(self, max_new: int) -> list[int]:
-        """Tokens each row may generate in this call: what is left of `max_new` after the
-        response so far, at most the budget."""
-        return [max(min(max_new - len(p), self.budget or max_new), 0) for p in self.prefixes]
-
-    def samples(self, ids: list[str], groups: list[str], prompts: list[list[int]],
-                new: list[list[int]], lps: list[list[float]], limits: list[int], max_new: int,
-                version: int) -> Samples:
-        """The call's samples: whole responses so far; a row is cut when it used its whole
-        limit without EOS while its response is still below `max_new`."""
-        if self.budget is None and not any(self.prefixes):
-            return Samples(list(ids), prompts, new, lps, version, list(groups))
-        whole = [p + r for p, r in zip(self.prefixes, new)]
-        cut = [len(r) == lim and (not r or r[-1] != EOS) and len(w) < max_new
-               for r, lim, w in zip(new, limits, whole)]
-        return Samples(list(ids), prompts, whole,
-                       [a + b for a, b in zip(self.prefix_logprobs, lps)], version, list(groups),
-                       [version if v is None else v for v in self.started], cut)
-
-
 def resume_seed(seed: int, generated: int) -> int:
     """The sampling seed of a sample resumed after `generated` tokens: a function of the
     sample's own seed and how far it got, so any worker continues it the same way."""
@@ -175,14 +148,16 @@ def resume_seed(seed: int, generated: int) -> int:
 
 
 def pack(s: Samples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids, attention mask, response mask) for a batch of samples."""
+    """(ids, attention mask, response mask) for a batch of samples; the response mask is 0 on
+    tool output (`gen_mask`): attended to, not trained on."""
     pw = max(len(p) for p in s.prompts)
     rw = max(max((len(r) for r in s.responses), default=1), 1)
     ids, mask, rmask = [], [], []
-    for p, r in zip(s.prompts, s.responses):
+    gens = s.gen_mask or [[1] * len(r) for r in s.responses]
+    for p, r, g in zip(s.prompts, s.responses, gens):
         ids.append([PAD] * (pw - len(p)) + p + r + [PAD] * (rw - len(r)))
         mask.append([0] * (pw - len(p)) + [1] * (len(p) + len(r)) + [0] * (rw - len(r)))
-        rmask.append([1] * len(r) + [0] * (rw - len(r)))
+        rmask.append(list(g) + [0] * (rw - len(r)))
     return torch.tensor(ids), torch.tensor(mask), torch.tensor(rmask, dtype=torch.float32)
 
 
@@ -227,15 +202,21 @@ def grpo_advantages(rewards: list[float], groups: list[str]) -> list[float]:
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, rmask: torch.Tensor, gamma: float = 1.0,
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over response tokens; (advantages, returns)."""
+    """Generalised advantage estimation over the generated tokens; (advantages, returns).
+
+    Masked positions (tool output inside a multi-turn response, padding after it) are skipped:
+    the next generated token's value and the running advantage carry across them unchanged."""
     adv = torch.zeros_like(values)
     last = torch.zeros(values.shape[0])
+    nxt = torch.zeros(values.shape[0])
     for t in reversed(range(values.shape[1])):
-        nxt = values[:, t + 1] * rmask[:, t + 1] if t + 1 < values.shape[1] else 0.0
+        m = rmask[:, t]
         delta = rewards[:, t] + gamma * nxt - values[:, t]
-        last = (delta + gamma * lam * last) * rmask[:, t]
-        adv[:, t] = last
-    return adv, adv + values
+        cur = delta + gamma * lam * last
+        adv[:, t] = cur * m
+        last = torch.where(m > 0, cur, last)
+        nxt = torch.where(m > 0, values[:, t], nxt)
+    return adv, adv + values * rmask
 
 
 def policy_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, rmask: torch.Tensor,

@@ -203,22 +203,18 @@ class Rollout(Worker):
     def current_version(self) -> int:
         return self.version
 
-    def generate(self, ids: list[str], groups: list[str], prompts: list[list[int]],
-                 seeds: list[int], resume: rl.Resume | None = None) -> tuple[rl.Samples, dict]:
-        """Sample responses; `resume` continues partial rollouts (their responses so far are
-        prefilled after the prompt) and stops each row at the step's token budget."""
+    def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
+                 seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
+        """Continue each context (a prompt, or a trajectory so far: `executors.rollouts`) by up
+        to `limits[i]` tokens (default `max_new_tokens`), stopping at EOS. The samples hold the
+        contexts as prompts and the new tokens as responses."""
         t0 = time.time()
         delayed = self._straggle()
-        r = resume or rl.Resume.fresh(len(ids))
-        limits = r.limits(self.cfg.max_new_tokens)
-        ctx = [p + pre for p, pre in zip(prompts, r.prefixes)]
-        new, lps = rl.generate(self.model, ctx, self.cfg.max_new_tokens, seeds,
-                               self.cfg.temperature, limits)
-        s = r.samples(ids, groups, prompts, new, lps, limits, self.cfg.max_new_tokens,
-                      self.version)
-        return s, _timing(t0, tokens=sum(len(x) for x in new), sample_ids=list(ids),
-                          version=self.version, batch=len(ids), delayed_s=delayed,
-                          new_tokens=[len(x) for x in new])
+        resp, lps = rl.generate(self.model, contexts, self.cfg.max_new_tokens, seeds,
+                                self.cfg.temperature, limits)
+        s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
+        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
+                          version=self.version, batch=len(ids), delayed_s=delayed)
 
 
 class Reference(Worker):
@@ -241,7 +237,8 @@ class RuleReward(Worker):
     def score(self, s: rl.Samples, results: list[dict], targets: list[int]) -> tuple[list[float], dict]:
         t0 = time.time()
         v = self.cfg.arch["vocab"]
-        out = [score(decode(r, v), res, t) for r, res, t in zip(s.responses, results, targets)]
+        out = [score(decode(s.answer(i), v), res, t)
+               for i, (res, t) in enumerate(zip(results, targets))]
         return out, _timing(t0, sample_ids=s.ids)
 
 

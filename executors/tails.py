@@ -4,13 +4,15 @@
                  re-issued to another worker (`executors.stragglers.race`); each re-issue is a
                  `straggler` trace event on the slow worker's track and a row of
                  `Loop.stragglers`; re-issued rollout samples are noted in the ledger, counted once;
-  overprovision  `launch_rollout` plans ceil(n (1 + f)) samples (`overprovision_extra`);
-                 `_first_shards` waits for rollout shards in finish order until they hold n
-                 samples and abandons the rest; `_keep_first` keeps the first n to finish (within
-                 a shard's lockstep decode a sample is done when it emits EOS: shorter is sooner);
-                 the others are `dropped` in the ledger and never trained.
-  partial        every rollout call stops a sample once it generated `token_budget` tokens in
-                 this step (`rl.Resume`); a cut sample is *carried*: next step it is resumed
+  overprovision  `launch_rollout` plans ceil(n (1 + f)) samples (`overprovision_extra`).
+                 Single-turn: `_first_shards` waits for rollout shards in finish order until they
+                 hold n samples and abandons the rest; multi-turn: once n trajectories are done
+                 after a round, the others are abandoned. `_keep_first` keeps the first n to
+                 finish (by round, shard finish order, then length: within a shard's lockstep
+                 decode a sample is done when it emits EOS, shorter is sooner); the others are
+                 `dropped` in the ledger and never trained.
+  partial        every round stops a trajectory once it generated `token_budget` tokens in this
+                 step (`executors.rollouts`); a cut one is *carried*: next step it is resumed
                  first (its prompt and response so far prefilled again, sampling continued from
                  a seed of its own and its length, under the newer weights), and fresh prompts
                  fill the step up to n samples in whole groups. A step trains the finished
@@ -27,13 +29,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from executors import rl
 from executors.placement import Member
 from executors.stragglers import race
+from executors.trajectory import Traj
 from placer.plan import atomic_write_text
 
 
@@ -45,34 +47,14 @@ def overprovision_extra(tail_policy: Any, n: int) -> int:
     return math.ceil(n * (1 + tail_policy.fraction) - 1e-9) - n
 
 
-def carry_steps(tail_policy: Any, max_new: int) -> int:
+def carry_steps(tail_policy: Any, max_tokens: int) -> int:
     """Steps a partial rollout's sample may wait beyond its own: a carried sample gains at least
-    `token_budget` tokens per step until EOS or `max_new`, so it (and the group it holds back)
-    is done within ceil(max_new / budget) steps; 0 for other policies."""
+    `token_budget` tokens per step until it is done (at most `max_tokens`: turns x per-turn
+    cap), so it (and the group it holds back) is done within ceil(max_tokens / budget) steps;
+    0 for other policies."""
     if tail_policy.kind != "partial":
         return 0
-    return max(math.ceil(max_new / tail_policy.token_budget) - 1, 0)
-
-
-@dataclass
-class Carried:
-    """A sample a step did not train: cut at the token budget, or finished (`done`) and waiting
-    for a cut sibling of its group."""
-
-    id: str
-    group: str
-    prompt: list[int]
-    target: int
-    seed: int  # its first call's sampling seed (`rl.resume_seed` derives the next ones)
-    response: list[int]
-    logprobs: list[float]
-    started: int  # version of its first token
-    version: int  # version of its newest token
-    done: bool
-
-    def as_samples(self) -> rl.Samples:
-        return rl.Samples([self.id], [self.prompt], [self.response], [self.logprobs],
-                          self.version, [self.group], [self.started], [False])
+    return max(math.ceil(max_tokens / tail_policy.token_budget) - 1, 0)
 
 
 class TailPolicies:
@@ -100,13 +82,15 @@ class TailPolicies:
                         **{k: v for k, v in rep.items() if k not in ("step", "role")})
         return out
 
-    def _first_shards(self, step: int, calls: list[tuple[Member, str, tuple]], keep: int
-                      ) -> tuple[list[tuple[Member, str, tuple]], list[Any]]:
-        """Overprovision: wait for rollout shards in the order they finish until they hold
-        `keep` samples; the later shards are abandoned (cancelled, their workers busy)."""
+    def _first_shards(self, step: int, calls: list[tuple[Member, str, tuple]],
+                      pending: dict[str, Any]) -> tuple[list[tuple[Member, str, tuple]], list[Any]]:
+        """Overprovision (single turn): start the rollout shards and wait for them in the order
+        they finish until they hold n samples; the later shards are abandoned (cancelled, their
+        workers busy, their samples dropped)."""
+        keep = pending["keep"]
         handles = [self.rt.call(m, meth, *args) for m, meth, args in calls]
         left, order, have = list(range(len(calls))), [], 0
-        while have < keep:
+        while have < keep and left:
             i = left.pop(self.rt.first([handles[j] for j in left]))
             order.append(i)
             have += len(calls[i][2][0])
@@ -115,79 +99,54 @@ class TailPolicies:
             self.busy.add(calls[i][0], handles[i])
         if left:
             ids = [x for i in left for x in calls[i][2][0]]
+            pending["dropped"] |= set(ids)
             self.ledger.dropped(step, ids)
             self._event("overprovision: abandon", "tail", time.time(), 0.0, None, step,
                         policy_version=None, sample_ids=ids)
         return [calls[i] for i in order], [handles[i] for i in order]
 
-    def _keep_first(self, step: int, s: rl.Samples, parts: list[rl.Samples], keep: int
-                    ) -> rl.Samples:
-        """Overprovision: the first `keep` samples to finish. Shards come in finish order; in a
-        shard's lockstep decode a sample is done at the step it emits EOS (shorter: sooner)."""
-        shard = [k for k, p in enumerate(parts) for _ in p.ids]  # `s` is `parts` concatenated
-        order = sorted(range(len(s.ids)), key=lambda i: (shard[i], len(s.responses[i]), i))
-        kept = sorted(order[:keep])
-        dropped = [s.ids[i] for i in order[keep:]]
+    def _keep_first(self, step: int, done: list[Traj], keep: int) -> list[Traj]:
+        """Overprovision: the first `keep` trajectories to finish (by round, shard finish order,
+        then length); the others are dropped."""
+        order = sorted(done, key=lambda t: (t.done_at, t.id))
+        dropped = [t.id for t in order[keep:]]
         self.ledger.dropped(step, dropped)
         self._event("overprovision: keep first", "tail", time.time(), 0.0, None, step,
-                    policy_version=s.version, sample_ids=dropped, kept=keep)
-        return s.take(kept)
-
+                    policy_version=None, sample_ids=dropped, kept=keep)
+        return order[:keep]
 
     # ------------------------------------------------------------------ partial rollouts
     def _partial_budget(self) -> int | None:
         tp = self.job.tail_policy
         return tp.token_budget if tp.kind == "partial" else None
 
-    def _resumed_rows(self) -> list[dict[str, Any]]:
-        """The carried samples still generating, as rollout rows (resumed before fresh ones)."""
-        return [{"id": c.id, "group": c.group, "toks": c.prompt, "target": c.target,
-                 "seed": c.seed, "carried": c} for c in self.carry if not c.done]
-
-    def _resume_args(self, rows: list[dict[str, Any]]) -> tuple[list[int], rl.Resume]:
-        """Sampling seeds and the `rl.Resume` of a rollout call's rows."""
-        cs = [r.get("carried") for r in rows]
-        seeds = [rl.resume_seed(r["seed"], len(c.response) if c else 0) for r, c in zip(rows, cs)]
-        return seeds, rl.Resume([c.response if c else [] for c in cs],
-                                [c.logprobs if c else [] for c in cs],
-                                [c.started if c else None for c in cs], self._partial_budget())
-
-    def _settle_partial(self, step: int, s: rl.Samples, pending: dict[str, Any]
-                        ) -> rl.Samples | None:
-        """Split a partial step's samples into what it trains (finished samples of complete
-        groups, with finished ones carried from earlier) and the new carry; None when no group
-        is complete yet (the caller runs another round)."""
-        held = [c for c in self.carry if c.done]
-        rows = {c.id: c for c in self.carry}
-        carry: list[Carried] = []
-        for i, sid in enumerate(s.ids):
-            old = rows.get(sid)
-            carry.append(Carried(sid, s.group[i], s.prompts[i], self.targets[sid],
-                                 old.seed if old else pending["seeds"][sid], s.responses[i],
-                                 s.logprobs[i], s.started_at(i), s.version, not s.is_cut(i)))
+    def _settle_partial(self, pending: dict[str, Any]) -> rl.Samples | None:
+        """What a partial step trains (finished samples; with GRPO of complete groups only,
+        with finished ones held from earlier steps) and the new carry; None when nothing is
+        complete yet (the caller runs another round)."""
+        step, trajs = pending["step"], pending["trajs"]
         # GRPO's advantage needs the whole group's rewards; PPO's needs only the sample's own
-        unit = (lambda c: c.id) if self.cfg.algorithm == "ppo" else (lambda c: c.group)
-        waiting = {unit(c) for c in carry if not c.done}
-        everyone = held + carry
-        train = [c for c in everyone if unit(c) not in waiting]
-        self.carry = [c for c in everyone if unit(c) in waiting]
-        self.ledger.carried_out(step, [c.id for c in self.carry])
-        cut = [c.id for c in carry if not c.done]
-        self._event("partial: carry", "tail", time.time(), 0.0, None, step,
-                    policy_version=s.version, sample_ids=[c.id for c in self.carry], cut=cut,
-                    carried_tokens=sum(len(c.response) for c in self.carry if not c.done))
+        unit = (lambda t: t.id) if self.cfg.algorithm == "ppo" else (lambda t: t.group)
+        waiting = {unit(t) for t in trajs if not t.done}
+        everyone = pending["held"] + trajs
+        train = [t for t in everyone if unit(t) not in waiting]
+        self.carry = [t for t in everyone if unit(t) in waiting]
+        self.ledger.carried_out(step, [t.id for t in self.carry])
+        self._event("partial: carry", "tail", time.time(), 0.0, None, step, policy_version=None,
+                    sample_ids=[t.id for t in self.carry], cut=sorted(pending["cut"]),
+                    carried_tokens=sum(len(t.response) for t in self.carry if not t.done))
         if not train:
             return None
-        return rl.Samples.concat([c.as_samples() for c in train])
+        return rl.Samples.concat([t.as_samples() for t in train])
 
     def _save_carry(self, d: Path, step: int) -> str:
         path = d / f"carry-{step:06d}.json"
-        atomic_write_text(path, json.dumps([asdict(c) for c in self.carry]))
+        atomic_write_text(path, json.dumps([t.to_dict() for t in self.carry]))
         return str(path)
 
     def _load_carry(self, latest: dict[str, Any] | None) -> None:
         """The carry as of the checkpoint (nothing before the first one)."""
         path = (latest or {}).get("carry")
-        self.carry = ([Carried(**c) for c in json.loads(Path(path).read_text())]
+        self.carry = ([Traj.from_dict(d) for d in json.loads(Path(path).read_text())]
                       if path else [])
-        self.targets.update({c.id: c.target for c in self.carry})
+        self.targets.update({t.id: t.target for t in self.carry})

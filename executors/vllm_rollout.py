@@ -49,18 +49,16 @@ class VllmRollout(Worker):
     def current_version(self) -> int:
         return self.version
 
-    def generate(self, ids: list[str], groups: list[str], prompts: list[list[int]],
-                 seeds: list[int], resume: rl.Resume | None = None) -> tuple[rl.Samples, dict]:
-        """As `executors.roles.Rollout.generate`: partial rollouts resume after their prefix."""
+    def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
+                 seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
+        """As `executors.roles.Rollout.generate`: continue each context by up to `limits[i]`."""
         from vllm import SamplingParams  # noqa: PLC0415
         t0 = time.time()
-        r = resume or rl.Resume.fresh(len(ids))
-        limits = r.limits(self.cfg.max_new_tokens)
+        limits = limits or [self.cfg.max_new_tokens] * len(ids)
         sp = [SamplingParams(temperature=self.cfg.temperature, max_tokens=max(lim, 1),
                              logprobs=0, seed=int(seed), stop_token_ids=[EOS],
                              skip_special_tokens=False) for seed, lim in zip(seeds, limits)]
-        ctx = [p + pre for p, pre in zip(prompts, r.prefixes)]
-        outs = self.llm.generate([{"prompt_token_ids": c} for c in ctx], sp, use_tqdm=False)
+        outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], sp, use_tqdm=False)
         resp, lps = [], []
         for o in outs:
             c = o.outputs[0]
@@ -68,7 +66,6 @@ class VllmRollout(Worker):
             resp.append(toks)
             lps.append([float(step[t].logprob) for step, t in zip(c.logprobs or [], toks)]
                        or [0.0] * len(toks))
-        s = r.samples(ids, groups, prompts, resp, lps, limits, self.cfg.max_new_tokens,
-                      self.version)
-        return s, _timing(t0, tokens=sum(len(x) for x in resp), sample_ids=list(ids),
-                          version=self.version, batch=len(ids), new_tokens=[len(x) for x in resp])
+        s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
+        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
+                          version=self.version, batch=len(ids))

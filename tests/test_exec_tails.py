@@ -174,16 +174,30 @@ def test_partial_rollback_restores_the_carry(tmp_path, partial) -> None:
         assert loop.ledger.steps[s].trained == partial.ledger.steps[s].trained
 
 
-def test_resume_limits_and_cut() -> None:
-    r = rl.Resume([[], [5] * 20, [5] * 6], [[], [0.0] * 20, [0.0] * 6], [None, 0, 1], budget=8)
-    assert r.limits(24) == [8, 4, 8]  # at most the budget, at most what the cap leaves
-    new = [[5] * 8, [5] * 4, [5, 5, EOS]]
-    s = r.samples(["a", "b", "c"], ["g"] * 3, [[1]] * 3, new, [[0.0] * len(x) for x in new],
-                  r.limits(24), 24, version=2)
-    assert s.cut == [True, False, False]  # a: budget used, no EOS; b: reached the cap; c: EOS
-    assert [len(x) for x in s.responses] == [8, 24, 9] and s.started == [2, 0, 1]
-    assert rl.Resume.fresh(2).samples(["a", "b"], ["g"] * 2, [[1]] * 2, new[:2],
-                                      [[0.0] * 8, [0.0] * 4], [24, 24], 24, 0).cut == []
+def test_samples_mask_tool_output_out_of_the_loss() -> None:
+    """A two-turn sample: turn 1 (3 tokens), tool output (2), turn 2 (2): the answer is turn 2,
+    and pack's response mask leaves the tool tokens out (attended to, not trained on)."""
+    s = rl.Samples(["a"], [[1, 9]], [[5, 6, EOS, 7, 7, 8, EOS]], [[0.0] * 7], 0, ["g"], [0],
+                   [[1, 1, 1, 0, 0, 1, 1]])
+    assert s.answer(0) == [8, EOS] and s.generated_tokens() == 5
+    _, mask, rmask = rl.pack(s)
+    assert rmask.tolist() == [[1, 1, 1, 0, 0, 1, 1]] and mask.tolist() == [[1] * 9]
+    assert rl.Samples(["b"], [[1]], [[5, EOS]], [[0.0, 0.0]], 0).answer(0) == [5, EOS]
+
+
+def test_gae_carries_across_tool_tokens() -> None:
+    """GAE over a response with a tool segment equals GAE over the same response with the tool
+    tokens cut out: they neither add TD terms nor break the bootstrap chain."""
+    import torch
+    r = torch.tensor([[0.0, 0.1, 0.0, 0.0, 0.0, 1.0]])
+    v = torch.tensor([[0.2, 0.3, 9.0, 9.0, 0.4, 0.5]])
+    m = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]])
+    adv, ret = rl.gae(r, v, m, gamma=0.9, lam=0.8)
+    keep = [0, 1, 4, 5]
+    ref_adv, ref_ret = rl.gae(r[:, keep], v[:, keep], torch.ones(1, 4), gamma=0.9, lam=0.8)
+    assert adv[0, keep].tolist() == pytest.approx(ref_adv[0].tolist())
+    assert ret[0, keep].tolist() == pytest.approx(ref_ret[0].tolist())
+    assert adv[0, 2].item() == 0.0 and adv[0, 3].item() == 0.0
 
 
 def test_generate_stops_each_row_at_its_limit() -> None:
