@@ -131,7 +131,7 @@ def recovery_table(runs: int) -> None:
     rows = []
     for k in range(runs):
         with tempfile.TemporaryDirectory() as out:
-            run = run_with_changes(plan, 4, out, [Change(2, "lose", "gpu", 0)])
+            run = run_with_changes(plan, 4, out, [Change(2, "lose", "gpu", 0)], quiet=True)
         r = run.recovery_rows()[0]
         rows.append(r)
         print(f"{k:>3} {r['noticed_s']:>9.1f} {r['recovery_s']:>10.1f} {r['replan_s']:>8.2f} "

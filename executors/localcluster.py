@@ -54,9 +54,16 @@ class Outcome:
 class LocalCluster:
     """One Ray node per plan node; `lose` and `join` change it while a run goes on."""
 
-    def __init__(self, plan: Plan, health: dict[str, int] | None = None) -> None:
+    def __init__(self, plan: Plan, health: dict[str, int] | None = None,
+                 quiet: bool = False) -> None:
+        """`quiet`: keep Ray's own logs (workers', and the lost raylet's last words) off this
+        process's output, as a benchmark's tables want."""
+        import logging  # noqa: PLC0415
+
         import ray  # noqa: PLC0415
         from ray.cluster_utils import Cluster  # noqa: PLC0415
+        if quiet:
+            logging.getLogger("ray").setLevel(logging.ERROR)
         if ray.is_initialized():
             ray.shutdown()
         cluster.ensure_token_auth()
@@ -68,7 +75,7 @@ class LocalCluster:
         self.spec = cluster.node_resources(plan)  # what each plan node advertises
         for key in sorted(self.spec):
             self._add(key, self.spec[key])
-        ray.init(address=self.c.address)
+        ray.init(address=self.c.address, log_to_driver=not quiet)
         self.c.wait_for_nodes()
 
     def _add(self, key: tuple[str, int], res: dict[str, float]) -> None:
@@ -93,10 +100,11 @@ class LocalCluster:
 
 
 def run_with_changes(plan: Plan, steps: int, out: str | Path, changes: list[Change],
-                     note: Callable[[str], None] | None = None, **execute_kw: Any) -> Outcome:
+                     note: Callable[[str], None] | None = None, quiet: bool = False,
+                     **execute_kw: Any) -> Outcome:
     """Run `plan` for `steps` on a fresh local cluster, applying `changes` at step boundaries."""
     from executors.run import execute  # noqa: PLC0415
-    lc = LocalCluster(plan)
+    lc = LocalCluster(plan, quiet=quiet)
     done: dict[Change, float] = {}
 
     def on_step(step: int) -> None:
