@@ -100,7 +100,10 @@ class Model:
         self.onloaded: dict[int, set[str]] = defaultdict(set)
         self.runs = 0
         self.committed: dict[int, Samples] = {}  # what step i scores and trains
-        self.carry: list[tails.Row] = []  # partial rollouts: rows cut in the previous step
+        job = self.res.job
+        grpo = job.algorithm.value == "grpo"
+        self.partial = (tails.Partial(job.batch.samples_per_prompt if grpo else 1)
+                        if job.tail_policy.kind == "partial" else None)
 
     def _rollout_setup(self) -> None:
         res, plan = self.res, self.plan
@@ -158,9 +161,8 @@ class Model:
     def _prepare(self, i: int) -> tuple[Samples, dict]:
         job = self.res.job
         smp = samples_for(job, self.cfg.workload, self.seed, i, self.replay)
-        if job.tail_policy.kind == "partial":
-            rows, self.carry = tails.with_carry(smp, self.carry, job.batch.samples)
-            smp = tails.from_rows(rows, smp.tool_output)
+        if self.partial is not None:
+            smp = self.partial.rows_for(i, smp, job.batch.samples)
         self.samples[i] = smp
         self.records[i].generated = smp.n
         factors = device_slowdowns(self.plan, self.cfg.stragglers, self.seed, i)
@@ -296,9 +298,8 @@ class Model:
             rec.tool_calls += self.tools.calls - calls0
             rec.reissued += self.tools.reissued - again0
         if cut is not None:
-            self.carry += cut.carry
             rec.carried_tokens = cut.carried_tokens
-            done = tails.subset(smp, cut.finished)
+            done = tails.from_rows(self.partial.settle(i, cut), smp.tool_output)
         elif quota is not None:
             done = tails.subset(smp, tails.first_done(rec.done_at, n))
         else:

@@ -10,7 +10,12 @@ partial        every row is cut once it generated `token_budget` response tokens
                (`cut`): the part up to the budget runs now; the rest becomes a *carried* row that
                runs first in the next step, its whole context so far prefilled again (the KV is
                not kept across steps) and its remaining tool calls after it. A step runs the
-               carried rows plus fresh samples up to n rows and trains the rows that finished.
+               carried rows plus fresh samples up to n rows (`Partial`): with GRPO in whole
+               groups of `samples_per_prompt`, and a finished row trains only once no row of its
+               group is cut - until then it is *held* - because GRPO's advantage needs the whole
+               group's rewards (as the executor does, `executors.tails`; PPO trains each row when
+               it finishes). A step with no complete group trains nothing (the executor runs
+               another round instead: a difference only when a budget cuts nearly every row).
 reissue        handled by the CPU pool (`simulator.environment.CorePool`).
 
 Rows are what the engine reads: a prompt (tokens prefilled at admission), response tokens per
@@ -18,11 +23,12 @@ turn, and one tool latency between consecutive turns, so rows may differ in thei
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simulator.workload import Samples
 
 Row = tuple[int, list[int], list[float]]  # (prompt tokens, response per turn, tool latencies)
+UNITS_PER_STEP = 1_000_000  # unit ids: step x this + group index, unique over a run
 
 
 def rows_of(smp: Samples) -> list[Row]:
@@ -82,7 +88,33 @@ def cut(rows: list[Row], budget: int, tool_output: int) -> Cut:
                sum(sum(r[1]) for r in carry))
 
 
-def with_carry(fresh: Samples, carry: list[Row], n: int) -> tuple[list[Row], list[Row]]:
-    """(this step's rows: carried first, then fresh samples up to n; the carry still waiting)."""
-    now = carry[:n]
-    return now + rows_of(fresh)[:n - len(now)], carry[n:]
+@dataclass
+class Partial:
+    """A run's partial-rollout state: the rest of each cut row and finished rows waiting for a
+    cut sibling, each with its *unit* (its GRPO group, or the row itself when `group_size` is 1).
+    Per run, never shared."""
+
+    group_size: int
+    carry: list[tuple[Row, int]] = field(default_factory=list)
+    held: list[tuple[Row, int]] = field(default_factory=list)
+    units: dict[int, list[int]] = field(default_factory=dict)  # iteration -> unit of each row
+
+    def rows_for(self, i: int, fresh: Samples, n: int) -> Samples:
+        """Iteration i's rows: carried rows first, then fresh ones up to n in whole units."""
+        now, self.carry = self.carry[:n], self.carry[n:]
+        g = self.group_size
+        k = (n - len(now)) // g * g
+        self.units[i] = [u for _, u in now] + [i * UNITS_PER_STEP + j // g for j in range(k)]
+        return from_rows([r for r, _ in now] + rows_of(fresh)[:k], fresh.tool_output)
+
+    def settle(self, i: int, c: Cut) -> list[Row]:
+        """The rows iteration i trains (finished, of units with no cut row); the cut rows'
+        rests and the finished rows of incomplete units wait for later steps."""
+        units = self.units.pop(i)
+        finished = set(c.finished)
+        waiting = {u for k, u in enumerate(units) if k not in finished}
+        run = rows_of(c.run)
+        done = [(run[k], units[k]) for k in c.finished] + self.held
+        self.held = [(r, u) for r, u in done if u in waiting]
+        self.carry += list(zip(c.carry, [u for k, u in enumerate(units) if k not in finished]))
+        return [r for r, u in done if u not in waiting]
