@@ -153,9 +153,15 @@ def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
 def _environment(res, role, pool, dev, par, eff, _env) -> Estimate:
     env = res.job.environment
     cores = par.devices * dev.cores
-    waves = tool_waves(generated_samples(res.job), env.cpu_per_call, cores)
     lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
-    return Estimate(role, pool.name, par, Memory(), {"rollout": (env.turns - 1) * waves * lat})
+    every = tool_waves(generated_samples(res.job), env.cpu_per_call, cores)
+    # Calls queue first come, first served. Over-provisioned, the stage ends once n samples are
+    # done: every generated sample's calls run in the rounds before the last, but of the last
+    # round's only the first n (the rest are aborted); without it n is every sample.
+    last = tool_waves(res.job.batch.samples, env.cpu_per_call, cores)
+    rounds = env.turns - 1
+    t = (max(rounds - 1, 0) * every + last) * lat if rounds else 0.0
+    return Estimate(role, pool.name, par, Memory(), {"rollout": t})
 
 
 def generated_samples(job) -> int:

@@ -1,6 +1,7 @@
 """Multi-turn rollouts in the executor (`executors.rollouts`), on the one-process runtime.
 
-The tiny job with `turns: 2` and 6 tool-output tokens: the policy writes code, the environment
+The tiny job with examples/tiny-agent.yaml's environment (2 turns, 6 tool-output tokens; the
+lengths of a policy that ends its turns at spread lengths): the policy writes code, the environment
 runs it in the sandbox, the printed value (`=<value>`, or `!<status>`) joins the context, the
 policy writes its final answer, and the verifier runs that. Checked: the tool output in every
 trajectory is exactly what the sandbox printed for the first turn; tool tokens are masked out of
@@ -13,17 +14,18 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import yaml
 
-from exec_util import (GRPO_LAYOUT, PPO_LAYOUT, VirtualRuntime, hand_plan, job_dict,
+from exec_util import (GRPO_LAYOUT, PPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict,
                        spread_lengths)
 from executors import rl
 from executors.model import EOS, decode, encode
 from executors.rollouts import tool_text
 from placer.costmodel import Parallel
 
-TOOL_TOKENS = 6
-ENV = {"kind": "code", "turns": 2, "tool_latency_s": {"kind": "fixed", "value": 0.05},
-       "cpu_per_call": 1, "tool_output_tokens": TOOL_TOKENS}
+AGENT = yaml.safe_load((ROOT / "examples" / "tiny-agent.yaml").read_text())
+ENV = AGENT["environment"]  # two turns, 6 tool-output tokens
+TOOL_TOKENS = ENV["tool_output_tokens"]
 N = 8 * 4
 
 
