@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m placer.demo --out $(OUT)
+	$(PY) -m workflows.demo --out $(OUT)
 
 # Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the
 # 1,000-node examples) run with `make test-all`.

@@ -31,7 +31,7 @@ from placer.plan import Plan  # noqa: E402
 from traces.schema import Trace  # noqa: E402
 
 if TYPE_CHECKING:
-    from placer.fidelity import Report
+    from workflows.fidelity import Report
 
 MAX_NODES_SHOWN = 12  # per pool; a 1000-node pool is drawn as its first nodes plus a count
 KIND_COLOURS = {"stage": "0.82", "environment": "C8", "generate": "C0", "prefill": "C9",
@@ -182,7 +182,7 @@ def step_bars(report: "Report") -> Any:
 
 
 def sweep(rows: list[dict[str, Any]]) -> Any:
-    """One sweep (placer/whatif.py rows): predicted, simulated mean and p99 iteration time, and
+    """One sweep (workflows/whatif.py rows): predicted, simulated mean and p99 iteration time, and
     simulated throughput, against the knob's value; infeasible points are marked on the axis."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
     ok = [(str(r["value"]), r) for r in rows if "infeasible" not in r]

@@ -1,4 +1,4 @@
-"""Fidelity (placer/fidelity.py, placer/fidelity_heldout.py, `placer fidelity`).
+"""Fidelity (workflows/fidelity.py, workflows/fidelity_heldout.py, `placer fidelity`).
 
 Executed traces here are written by hand in the executor's format (executors/loop.py: `stage`
 events from the driver, `generate`/`train`/`forward`/`transfer`/`reward` events per worker, a
@@ -17,8 +17,8 @@ import pytest
 from placer.calibration import calibration_from_dict
 from placer.catalog import resolve
 from placer.costmodel import Calibration
-from placer.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
-from placer.fidelity_heldout import stage_calibrate
+from workflows.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
+from workflows.fidelity_heldout import stage_calibrate
 from placer.plan import Plan, save_plan
 from placer.spec import SpecError, load_job
 from traces.schema import Trace
@@ -175,8 +175,8 @@ def test_cli_json_and_bad_input(plan, tmp_path):
         assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
 
 
-@pytest.mark.parametrize("argv", [["-m", "placer.demo", "--steps", "2"],
-                                  ["-m", "placer.fidelity_heldout", "--out", "{tmp}", "--reuse"]])
+@pytest.mark.parametrize("argv", [["-m", "workflows.demo", "--steps", "2"],
+                                  ["-m", "workflows.fidelity_heldout", "--out", "{tmp}", "--reuse"]])
 def test_entry_points_refuse_bad_arguments(argv, tmp_path):
     """`make demo` and the held-out table say what is wrong in one line (exit 2)."""
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]

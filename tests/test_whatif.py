@@ -1,4 +1,4 @@
-"""What-if sweeps (placer/whatif.py) and the plan figures (placer/plots.py)."""
+"""What-if sweeps (workflows/whatif.py) and the plan figures (placer/plots.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from matplotlib.colors import to_rgba
 
-from placer import plots, whatif
+from placer import plots
+from workflows import whatif
 from placer.spec import SpecError, load_job
 
 ROOT = Path(__file__).resolve().parent.parent

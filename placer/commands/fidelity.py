@@ -2,7 +2,7 @@
 
 Simulates the plan with the executed run's own inputs (per-sample lengths and tool latencies
 recorded from TRACE.json and replayed) and prints measured against simulated per step, stage and
-role, and the rollout length / finish-time relation (placer/fidelity.py). `--plots` writes the
+role, and the rollout length / finish-time relation (workflows/fidelity.py). `--plots` writes the
 two timelines one above the other, the per-step bars and the length/finish scatter.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from placer.fidelity import fidelity, write_figures  # noqa: PLC0415 (imports the simulator)
+    from workflows.fidelity import fidelity, write_figures  # noqa: PLC0415 (imports the simulator)
 
     plan = load_plan(args.plan)
     trace = read_trace(args.trace)

@@ -1,7 +1,7 @@
 """Held-out fidelity: calibrate on one executed run, predict runs that differ from it.
 
-    python -m placer.fidelity_heldout --out out/heldout [--steps 4] [--job examples/tiny-cpu.yaml]
-    python -m placer.fidelity_heldout --out out/heldout --reuse     # recompute from saved traces
+    python -m workflows.fidelity_heldout --out out/heldout [--steps 4] [--job examples/tiny-cpu.yaml]
+    python -m workflows.fidelity_heldout --out out/heldout --reuse     # recompute from saved traces
 
 Runs (all on the job's own cluster, one embedded Ray for all of them):
 
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from placer.calibration import calibration_from_dict
-from placer.fidelity import fidelity
+from workflows.fidelity import fidelity
 from placer.plan import Plan, atomic_write_text, load_plan, save_plan
 from placer.spec import SpecError, load_job
 from traces.schema import Trace, read_trace
@@ -233,7 +233,7 @@ def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m placer.fidelity_heldout", description=__doc__
+    ap = argparse.ArgumentParser(prog="python -m workflows.fidelity_heldout", description=__doc__
                                  .splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder (plans, traces, profiles, table)")
     ap.add_argument("--steps", type=int, default=4, help="executed steps per run (default 4)")
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"got {args.steps})")
         rows = run_heldout(Path(args.out), args.steps, args.job, args.reuse, note)
     except SpecError as e:
-        print(f"placer.fidelity_heldout: error: {e}", file=sys.stderr)
+        print(f"workflows.fidelity_heldout: error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows))
     return 0

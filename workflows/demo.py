@@ -1,4 +1,4 @@
-"""`make demo` (`python -m placer.demo --out DIR`): the whole loop on the embedded default job.
+"""`make demo` (`python -m workflows.demo --out DIR`): the whole loop on the embedded default job.
 
 On examples/tiny-cpu.yaml (a tiny GRPO job: two emulated GPUs, four emulated LPU chips, one CPU
 node; the work runs on this machine's CPU):
@@ -8,13 +8,13 @@ node; the work runs on this machine's CPU):
   3. execute     a few steps on an embedded local Ray               DIR/run/trace.json (+ ledger)
   4. record      the run's per-sample workload                      DIR/run/workload.jsonl
   5. calibrate   event-level factors (placer calibrate) and the
-                 stage-level ones (placer/fidelity_heldout.py)      DIR/profile.json
+                 stage-level ones (workflows/fidelity_heldout.py)      DIR/profile.json
   6. fidelity    simulate the plan with the run's inputs and the
                  calibration, lay it against the run                DIR/fidelity/ (figures)
 
 and prints one line: the plan's predicted step time, the calibrated simulation's and the measured
 one. The calibration is fitted on this same run (in-sample); for held-out runs see
-`python -m placer.fidelity_heldout`.
+`python -m workflows.fidelity_heldout`.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def demo(out: Path, job_path: Path, steps: int) -> str:
     from placer.calibration import calibration_from_dict  # noqa: PLC0415
     from placer.catalog import resolve  # noqa: PLC0415
     from placer.costmodel import Calibration  # noqa: PLC0415
-    from placer.fidelity import fidelity, write_figures  # noqa: PLC0415
-    from placer.fidelity_heldout import (  # noqa: PLC0415
+    from workflows.fidelity import fidelity, write_figures  # noqa: PLC0415
+    from workflows.fidelity_heldout import (  # noqa: PLC0415
         event_profile, execute_plan, stage_calibrate)
     from placer.planner import plan_job  # noqa: PLC0415
     from placer.spec import load_job  # noqa: PLC0415
@@ -97,7 +97,7 @@ def demo(out: Path, job_path: Path, steps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m placer.demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m workflows.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="out/demo", help="output folder (default out/demo)")
     ap.add_argument("--job", default=str(DEFAULT_JOB), help="job YAML (default tiny-cpu)")
     ap.add_argument("--steps", type=int, default=4, help="executed steps (default 4; >= 3)")
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"got {args.steps})")
         line = demo(Path(args.out), Path(args.job), args.steps)
     except SpecError as e:
-        print(f"placer.demo: error: {e}", file=sys.stderr)
+        print(f"workflows.demo: error: {e}", file=sys.stderr)
         return 2
     print(line, flush=True)
     return 0
