@@ -18,7 +18,6 @@ import yaml
 
 from exec_util import (GRPO_LAYOUT, PPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict,
                        spread_lengths)
-from executors import rl
 from executors.model import EOS, decode, encode
 from executors.rollouts import tool_text
 from placer.costmodel import Parallel
