@@ -115,7 +115,6 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str
     n = len(durs)
     done = [run.committed.get(i, run.samples[i]) for i in range(n)]
     samples = sum(d.n for d in done)
-    tokens = sum(d.response_tokens() for d in done)
     role_s = {r: v / n for r, v in run.role_s.items()}
     for pool in run.pools:
         role_s["environment"] = pool.busy_s / pool.slots / n
