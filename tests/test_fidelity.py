@@ -130,6 +130,21 @@ def test_stage_calibration_matches_the_stages_it_fits(plan):
                                          "emu-gpu.train_overhead_s"}
 
 
+def test_stage_calibration_fits_tool_calls_of_a_multi_turn_run(tmp_path):
+    """examples/tiny-agent.yaml run for 3 steps (one process): its tool calls cost more than
+    their own run (one sandbox start per batch); the stage fit finds `tool_overhead_s` and the
+    simulated rollout stage then matches the measured one (in-sample: fitted on this run)."""
+    from executors.run import execute
+    from placer.planner import plan_job
+    from workflows.fidelity_heldout import event_profile
+    plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-agent.yaml")), Calibration())
+    tr = execute(plan, 3, tmp_path, local=True).trace
+    doc = stage_calibrate(plan, tr, event_profile(plan, tr, "tiny-agent run"))
+    fit = doc["fit"]["stages"]["laptop-cpu.tool_overhead_s"]
+    assert fit["stage"] == "rollout" and fit["value"] > 0
+    assert fit["simulated_s"] == pytest.approx(fit["measured_s"], rel=0.02)
+
+
 def test_figures_are_written(plan, tmp_path):
     tr = executed(plan)
     rep, sim = fidelity(plan, tr)

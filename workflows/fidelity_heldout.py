@@ -15,10 +15,15 @@ Calibration has two levels, both fitted on the base run only:
 
   event level   `placer calibrate` (placer/fit.py): the efficiency factors that price each
                 prefill/decode/generate, forward, train and transfer event;
-  stage level   three factors the events cannot see, fitted so that the simulator's stage times
+  stage level   four factors the events cannot see, fitted so that the simulator's stage times
                 match the base run's measured stage times (mean over steady steps):
                   sync_latency_s (rollout device)    the sync stage: the executor's round trip
                                                      (fetch weights, put, load) around the push
+                  tool_overhead_s (environment's CPU) the rollout stage of a multi-turn job:
+                                                     a tool call's cost beyond its own run (the
+                                                     sandbox starts one interpreter per batch of
+                                                     calls); single-turn jobs make no tool calls
+                                                     and leave it as it is
                   rule_reward_s  (reward's CPU)      environment + score stages: the sandboxed
                                                      check of every answer, priced per sample
                   train_overhead_s (actor device)    train + "other": the optimizer step plus the
@@ -49,6 +54,7 @@ from traces.schema import Trace, read_trace
 DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
 # stage -> (role whose device holds the factor, factor); environment+score fit together
 STAGE_FACTORS = (("sync", "rollout", "sync_latency_s"),
+                 ("rollout", "environment", "tool_overhead_s"),
                  ("score", "reward", "rule_reward_s"),
                  ("train", "actor", "train_overhead_s"))
 NEWTON_STEPS = 4
@@ -130,7 +136,8 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, 
         if role not in plan.roles:
             continue
         dev = res.device_of(plan.roles[role].pool).name
-        for _ in range(NEWTON_STEPS):
+        identified = True
+        for k in range(NEWTON_STEPS):
             measured, simulated = _stage_means(plan, trace, doc)
             resid = measured.get(stage, 0.0) - simulated.get(stage, 0.0)
             x = _get(doc, dev, name)
@@ -142,8 +149,11 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, 
             slope = (_stage_means(plan, trace, probe)[1].get(stage, 0.0)
                      - simulated.get(stage, 0.0)) / h
             if slope <= 0:  # the stage does not move with this factor here: keep it
+                identified = k > 0
                 break
             _set(doc, dev, name, max(x + resid / slope, 0.0))
+        if not identified:  # e.g. tool calls in a job that makes none: nothing to report
+            continue
         measured, simulated = _stage_means(plan, trace, doc)
         report[f"{dev}.{name}"] = {"stage": stage, "value": _get(doc, dev, name),
                                    "measured_s": round(measured.get(stage, 0.0), 6),
