@@ -114,7 +114,6 @@ class Loop(Recovery, Rollouts, TailPolicies):
         self._next_pending: dict[str, Any] | None = None
         self.carry: list[Traj] = []  # partial rollouts: samples not trained yet
         self.targets: dict[str, int] = {}  # sample id -> the task's answer, until it trains
-        self.carry_rounds = 0  # extra rollout rounds of steps that had no complete group
 
     # ------------------------------------------------------------------ helpers
     def _index_members(self) -> None:

@@ -119,7 +119,8 @@ class Rollouts:
             self._dispatch(pending)
         samples = self._settle(pending)
         if samples is None:  # partial: no group is complete yet: another round on the carry
-            self.carry_rounds += 1
+            self._event("partial: another round", "tail", time.time(), 0.0, None, step,
+                        policy_version=None, sample_ids=[t.id for t in self.carry])
             return self.collect_rollout({**self.launch_rollout(step, fresh=False),
                                          "t": pending["t"]})
         self._check_started(step, samples)
