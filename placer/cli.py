@@ -19,10 +19,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from placer.spec import SpecError
-
-EXIT_BAD_INPUT = 2
-EXIT_INFEASIBLE = 3
+from placer.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, Infeasible, SpecError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("placer.commands.validate", "check a job file and show its roles and memory floors"),
@@ -36,10 +33,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("placer.commands.calibrate", "fit the cost model's efficiency factors to a trace"),
     "fidelity": ("placer.commands.fidelity", "simulated against measured for a plan and its trace"),
 }
-
-
-class Infeasible(Exception):
-    """A job that fits nowhere; `str()` is the diagnosis (what cannot fit, the smallest change)."""
 
 
 def _available(only: str | None = None) -> dict[str, Any]:

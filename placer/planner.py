@@ -19,7 +19,7 @@ from __future__ import annotations
 from placer.assemble import assemble
 from placer.candidates import all_candidates
 from placer.catalog import Resolved, resolve
-from placer.cli import Infeasible
+from placer.errors import Infeasible
 from placer.costmodel import Calibration
 from placer.ilp import Assignment, Hint, Problem, Solution, Unsolved
 from placer.ilp_solve import frontier, solve

@@ -9,6 +9,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from placer.errors import SpecError
+
+__all__ = ["MAX_CONTEXT_TOKENS", "PosFloat", "PosInt", "SpecError", "Strict"]
+
 # Upper bounds are far beyond any real cluster or model; they keep every later product of sizes a
 # finite float, so an absurd file is a clean SpecError here rather than an overflow in an estimate.
 # strict: a YAML `true` or `"8"` is a wrong type, not 1 or 8 (lax mode would coerce them).
@@ -17,8 +21,6 @@ PosInt = Annotated[int, Field(strict=True, gt=0, le=1_000_000_000)]
 MAX_CONTEXT_TOKENS = 1 << 26  # a sample's longest context (prompt + turns); ~67M tokens
 
 
-class SpecError(ValueError):
-    """A bad job, cluster or plan file. `str()` is one line naming the field and the value."""
 
 
 class Strict(BaseModel):

@@ -85,7 +85,7 @@ def brute_force(problem: Problem) -> float:
 @given(job=jobs(), data=st.data())
 def test_ilp_matches_brute_force(job, data):
     from placer.catalog import resolve
-    from placer.cli import Infeasible
+    from placer.errors import Infeasible
     res = resolve(job)
     try:
         full = build_problem(res, Calibration())

@@ -29,7 +29,7 @@ CATEGORIES = ("step", "prefill", "decode", "tool", "forward", "train", "transfer
               "checkpoint", "failure", "restart", "stage", "generate", "straggler", "tail")
 
 
-from placer.spec import SpecError
+from placer.errors import SpecError
 
 
 class TraceError(SpecError):

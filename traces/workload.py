@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from placer.plan import atomic_write_text
-from placer.spec import SpecError
+from placer.errors import SpecError
 
 
 @lru_cache(maxsize=32)

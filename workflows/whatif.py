@@ -40,7 +40,7 @@ def evaluate(res: Resolved, knob: str, value: Any, iterations: int = 2, seed: in
              calib: Calibration | None = None, time_limit_s: float = TIME_LIMIT_S
              ) -> dict[str, Any]:
     """Plan and simulate one point of a sweep."""
-    from placer.cli import Infeasible  # noqa: PLC0415
+    from placer.errors import Infeasible  # noqa: PLC0415
     from placer.planner import plan_job  # noqa: PLC0415
     row: dict[str, Any] = {"knob": knob, "value": value}
     try:
