@@ -10,7 +10,7 @@ import os
 import pytest
 
 from executors.roles import EnvWorker, RunConfig
-from executors.sandbox import Limits, Sandbox, probe
+from executors.sandbox import UID_BASE, Limits, Sandbox, SandboxUnavailable, _uid_of, probe
 
 CFG = RunConfig(algorithm="grpo", arch={}, model_dir="", seed=0, max_new_tokens=4)
 LIMITS = Limits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20, file_bytes=8 * 2**20,
@@ -29,11 +29,12 @@ def _check_alive(w: EnvWorker) -> None:
 
 def test_protections_reported() -> None:
     active = probe()
-    # Always in force: rlimits and the audit hook; the network namespace and the throwaway uid
-    # need privileges, so they are reported when the machine grants them.
-    assert {"rlimit_cpu", "rlimit_as", "rlimit_fsize", "rlimit_nproc", "audit_hook"} <= set(active)
-    if os.geteuid() == 0:
-        assert "uid" in active and "netns" in active
+    # Root or not: the kernel isolation (namespaces, the private view, seccomp, no capabilities)
+    # and the rlimits, with the audit hook as an extra layer; a throwaway uid when root.
+    assert {"pidns", "userns", "netns", "mountns", "ipcns", "utsns", "private_root", "seccomp",
+            "no_caps", "no_new_privs", "rlimit_cpu", "rlimit_as", "rlimit_fsize", "rlimit_nproc",
+            "audit_hook"} <= set(active)
+    assert ("uid" in active) == (os.geteuid() == 0)
 
 
 @pytest.mark.parametrize("name, code, statuses", [
@@ -70,26 +71,42 @@ def test_no_process_left_behind(worker: EnvWorker) -> None:
     assert not leftover
 
 
-def test_network_namespace_blocks_without_the_hook() -> None:
-    """Below the audit hook, the network namespace has no route out (needs privileges)."""
-    if "netns" not in probe():
-        pytest.skip("no network namespace on this machine")
+def test_network_blocked_without_the_hook() -> None:
+    """Below the audit hook, seccomp refuses the socket and the namespace has no route out."""
     r = Sandbox(LIMITS, audit_hook=False).run(
         "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)")
     assert r.status == "network_blocked" and "audit_hook" not in r.protections, r
 
 
+def test_unavailable_isolation_is_refused_unless_opted_out(monkeypatch, capsys) -> None:
+    """Without bwrap or unshare generated code is refused; the explicit opt-out runs it weakly,
+    says so loudly, and still applies seccomp and the rlimits."""
+    monkeypatch.setattr("executors.sandbox.shutil.which", lambda name: None)
+    monkeypatch.delenv("PLACER_UNSAFE_SANDBOX", raising=False)
+    with pytest.raises(SandboxUnavailable, match="kernel isolation unavailable"):
+        Sandbox(LIMITS).run("print(1)")
+    r = Sandbox(LIMITS, allow_weak=True).run("print(6 * 7)")
+    assert r.ok and r.stdout.strip() == "42" and r.backend.startswith("weak"), r
+    assert {"seccomp", "rlimit_nproc"} <= set(r.protections) and "pidns" not in r.protections
+    assert "WITHOUT namespaces" in capsys.readouterr().err
+    monkeypatch.setenv("PLACER_UNSAFE_SANDBOX", "1")
+    assert Sandbox(LIMITS).run("print(1)").ok
+
+
 def test_batch_evaluates_answers_each_in_its_own_child() -> None:
     r = Sandbox(LIMITS).run_batch(["1+2", "9**9**9", "abc", "(", "3*4"])
-    assert r.ok
+    assert r.ok and r.values is not None
     st = [v["status"] for v in r.values]
     assert st == ["ok", "timeout", "error", "error", "ok"]
     assert [r.values[0]["value"], r.values[4]["value"]] == ["3", "12"]
 
 
 def _sandbox_uids() -> list[int]:
-    from executors.sandbox import UID_BASE, _uid_of  # noqa: PLC0415
-    return [int(d) for d in os.listdir("/proc") if d.isdigit() and (_uid_of(d) or 0) >= UID_BASE]
+    """Processes under this process's throwaway uids (see `Sandbox._throwaway_uid`), so that
+    sandboxes of other processes on the machine do not count."""
+    first = UID_BASE + (os.getpid() % 1_000_000) * 16
+    return [int(d) for d in os.listdir("/proc")
+            if d.isdigit() and first <= (_uid_of(d) or 0) < first + 16]
 
 
 def _alive(pid: int) -> bool:
