@@ -10,11 +10,11 @@ the optimizer. With partial rollouts a sample may train in a later step than the
 it: a step lists the samples it took over from the step before (`carried_in`) and those it passes
 on (`carried_out`); it must train its planned and carried-in samples except the dropped and
 carried-out ones, and each step's carried-in must be the previous step's carried-out (what the
-last step carries out is in flight when the run ends, reported, not lost). A step is committed when its training finished; a trainer
-restart that rolls back to an older checkpoint discards the steps after it (their updates are gone
-with the lost weights) and they are run again. `balanced()` holds when every committed step
-trained each planned, not dropped id exactly once and nothing else, and steps 0..n-1 are all
-committed.
+last step carries out is in flight when the run ends, reported, not lost). A step is committed
+when its training finished; a trainer restart that rolls back to an older checkpoint discards the
+steps after it (their updates are gone with the lost weights) and they are run again.
+`balanced()` holds when every committed step trained each planned, not dropped id exactly once
+and nothing else, and steps 0..n-1 are all committed.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from placer.fileio import atomic_write_text
 
 
 @dataclass
@@ -80,9 +82,11 @@ class Ledger:
             self.rolled_back.append(s)
             del self.steps[s]
 
-    def problems(self, n_steps: int) -> list[str]:
+    def problems(self, n_steps: int, first: int = 0) -> list[str]:
+        """What does not balance in steps `first` to `n_steps - 1` (a resumed run starts at
+        `first`: the steps before it were checked by the run that made its checkpoint)."""
         out = []
-        for s in range(n_steps):
+        for s in range(first, n_steps):
             e = self.steps.get(s)
             if e is None or not e.committed:
                 out.append(f"step {s}: not committed")
@@ -99,6 +103,8 @@ class Ledger:
                     not set(e.generated) <= set(e.planned) | set(e.carried_in):
                 out.append(f"step {s}: generated ids differ from planned ids")
             before = self.steps.get(s - 1)
+            if s == first > 0:
+                continue  # its carry came from the checkpoint, not from a step of this run
             if set(e.carried_in) != set(before.carried_out if before else []):
                 out.append(f"step {s}: carried in {len(e.carried_in)} sample(s), the step before "
                            f"carried out {len(before.carried_out) if before else 0}")
@@ -117,5 +123,4 @@ class Ledger:
                 "rolled_back": self.rolled_back}
 
     def write(self, path: str | Path) -> None:
-        from placer.plan import atomic_write_text  # noqa: PLC0415
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1))

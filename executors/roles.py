@@ -16,8 +16,10 @@ Weights travel as a `{name: tensor}` dict (through Ray's object store between ac
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from executors import rl
 from executors.model import ValueModel, decode, load_policy
@@ -60,6 +63,7 @@ class RunConfig:
     reward_arch: dict[str, Any] | None = None  # a reward model's shape, None for the rule
     threads: int = 1
     delays: tuple[Delay, ...] = ()
+    unsafe_sandbox: bool = False  # `--unsafe-sandbox`: run answers even without kernel isolation
 
     @property
     def model_arch(self) -> ModelArch:
@@ -91,7 +95,7 @@ class Worker:
         """Node, placement group and bundle this worker runs in (empty outside Ray)."""
         out: dict[str, Any] = {"role": self.role, "rank": self.rank, "pid": os.getpid()}
         try:
-            import ray  # noqa: PLC0415
+            import ray  # lazy: the one-process runtime uses these workers without Ray
             ctx = ray.get_runtime_context()
             pg = ctx.get_placement_group_id()
             out.update(node_id=ctx.get_node_id(), placement_group=pg,
@@ -115,22 +119,40 @@ class Trainer(Worker):
         self.model.train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.version = 0
+        self._store_socket: socket.socket | None = None  # rank 0: the store's, until init_group
 
     def rendezvous(self) -> tuple[str, int]:
-        """Address and a free port for the process group (rank 0 hosts the TCP store)."""
+        """Address and port of the process group's store, which this rank (0) hosts.
+
+        The store's socket is bound here to this node's address only (127.0.0.1 in an embedded
+        cluster, the cluster interface with `--address`) and handed to the store in `init_group`:
+        torch's TCPStore, given just a port, listens on every interface, unauthenticated."""
         ip = _node_ip()
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return ip, s.getsockname()[1]
+        s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((ip, 0))
+        s.listen(128)
+        self._store_socket = s
+        return ip, s.getsockname()[1]
 
     def init_group(self, addr: str, port: int) -> bool:
-        import torch.distributed as dist  # noqa: PLC0415
         if self.world > 1:
             if dist.is_initialized():  # re-forming the group after a peer was lost
                 dist.destroy_process_group()
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
-                                    world_size=self.world, timeout=timedelta(seconds=120))
+            ifname = _interface_of(_node_ip())
+            if ifname:  # gloo's pair sockets listen on this interface only (loopback embedded)
+                os.environ["GLOO_SOCKET_IFNAME"] = ifname
+            timeout = timedelta(seconds=120)
+            listen = self._store_socket if self.rank == 0 else None
+            # libuv is the TCPStore server that takes a listening socket made by the caller
+            store = dist.TCPStore(addr, port, self.world, self.rank == 0, timeout=timeout,
+                                  master_listen_fd=listen.fileno() if listen else None,
+                                  use_libuv=True)
+            if listen is not None:
+                listen.detach()  # the store owns the descriptor now; never close it twice
+                self._store_socket = None
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
+                                    timeout=timeout)
         return True
 
     def train(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
@@ -156,7 +178,6 @@ class Trainer(Worker):
     def _allreduce(self) -> None:
         if self.world == 1:
             return
-        import torch.distributed as dist  # noqa: PLC0415
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)  # SUM: each shard's loss already carries 1 / batch tokens
@@ -245,6 +266,8 @@ class RuleReward(Worker):
 class ModelReward(Worker):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "reward", rank)
+        if cfg.reward_arch is None:  # `run_config` sets it whenever the job has a reward model
+            raise ValueError("a model reward worker needs the reward model's architecture")
         self.model = ValueModel(ModelArch(**cfg.reward_arch), cfg.seed + 17)
         self.model.eval()
 
@@ -296,7 +319,8 @@ class EnvWorker(Worker):
 
     def __init__(self, cfg: RunConfig, rank: int = 0, limits: Limits | None = None) -> None:
         super().__init__(cfg, "environment", rank)
-        self.sandbox = Sandbox(limits or Limits(wall_s=5.0, cpu_s=2, per_item_s=1.0))
+        self.sandbox = Sandbox(limits or Limits(wall_s=5.0, cpu_s=2, per_item_s=1.0),
+                               allow_weak=True if cfg.unsafe_sandbox else None)
 
     def execute(self, ids: list[str], answers: list[str]) -> tuple[list[dict], dict]:
         t0 = time.time()
@@ -312,12 +336,31 @@ class EnvWorker(Worker):
                 "protections": r.protections, "wall_s": r.wall_s}
 
 
+def _interface_of(ip: str) -> str | None:
+    """The network interface whose (IPv4) address is `ip`, or None: gloo otherwise picks the
+    interface of the host name's address, which may be a public one."""
+    siocgifaddr = 0x8915  # Linux: an interface's IPv4 address
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for name in names:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address on it
+        if socket.inet_ntoa(packed[20:24]) == ip:
+            return name
+    return None
+
+
 def _node_ip() -> str:
     try:
-        import ray  # noqa: PLC0415
+        import ray  # lazy: the one-process runtime uses these workers without Ray
         if ray.is_initialized():
             return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no Ray, or no node address: the loopback
         pass
     return "127.0.0.1"
 

@@ -5,15 +5,29 @@ loop runs every role in this process (no Ray): the benchmark's baseline.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from executors import cluster
+from executors import placement as pl
+from executors.elastic import Elastic
 from executors.loop import Fault, Loop, LoopConfig, StepStat
+from executors.model import build_policy, save_model_dir
 from executors.roles import Delay, RunConfig
+from executors.runtime import LocalRuntime, RayRuntime, Runtime
+from executors.sandbox import Limits, Sandbox, SandboxUnavailable
+from placer.errors import SpecError
 from placer.plan import Plan
-from placer.spec import SpecError
+from placer.spec import ModelArch
 from traces.schema import Trace
 
 BACKENDS = ("torch", "vllm")
@@ -21,8 +35,7 @@ MAX_PARAMS_CPU = 200_000_000  # random-init models are built in RAM on every wor
 
 
 def _cuda() -> bool:
-    from executors.cluster import cuda_devices  # noqa: PLC0415
-    return cuda_devices() > 0
+    return cluster.cuda_devices() > 0
 
 
 @dataclass
@@ -53,27 +66,93 @@ class ExecResult:
                 "stragglers": self.stragglers}
 
 
-def run_config(plan: Plan, backend: str = "torch", lr: float | None = None,
-               model_dir: str = "", delays: tuple = ()) -> RunConfig:
+def run_config(plan: Plan, lr: float | None = None, model_dir: str = "",
+               delays: tuple[Delay, ...] = ()) -> RunConfig:
     res = plan.resolved()
     job = res.job
     reward = res.model_of("reward")
-    return RunConfig(algorithm=job.algorithm.value, arch=res.model_of("actor").model_dump(),
-                     model_dir=model_dir, seed=job.seed,
-                     max_new_tokens=int(job.lengths.response.max_value()),
-                     **({"lr": lr} if lr is not None else {}),
-                     reward_arch=reward.model_dump() if reward is not None else None,
-                     delays=tuple(delays))
+    cfg = RunConfig(algorithm=job.algorithm.value, arch=policy_arch(plan).model_dump(),
+                    model_dir=model_dir, seed=job.seed,
+                    max_new_tokens=int(job.lengths.response.max_value()),
+                    reward_arch=reward.model_dump() if reward is not None else None,
+                    delays=tuple(delays))
+    return cfg if lr is None else dataclasses.replace(cfg, lr=lr)
+
+
+def check_sandbox(unsafe: bool) -> None:
+    """Every run executes generated answers (the verifier, tool calls): refuse to start one
+    where the sandbox cannot isolate them, before any actor exists, unless the user opted out."""
+    try:
+        Sandbox(Limits(wall_s=10), allow_weak=True if unsafe else None).run("pass")
+    except SandboxUnavailable as e:
+        raise SpecError(f"{e} (or pass --unsafe-sandbox)") from None
+    if unsafe:
+        print("WARNING: --unsafe-sandbox: generated code may run without kernel isolation",
+              file=sys.stderr, flush=True)
+
+
+def policy_arch(plan: Plan) -> ModelArch:
+    """The policy's architecture (the reward model's is checked too), as the executor builds it."""
+    res = plan.resolved()
+    arch = res.model_of("actor")
+    if arch is None:  # every job has a policy; a plan without one is not this project's
+        raise SpecError("plan.job.models.policy: missing (the executor needs a policy model)")
+    _check_buildable(arch, "policy")
+    reward = res.model_of("reward")
+    if reward is not None:
+        _check_buildable(reward, "reward")
+    return arch
+
+
+def _check_buildable(arch: ModelArch, field: str) -> None:
+    """Workers build Llama-shaped models (GQA attention, SwiGLU MLP) from the architecture's
+    numbers; a mixture of experts, latent attention or per-head q/k norms would silently become
+    another model, so they are refused before any actor starts."""
+    unsupported = [name for name, on in (("a mixture of experts", arch.experts > 0),
+                                         ("latent attention (MLA)", arch.mla),
+                                         ("q/k norm", arch.qk_norm)) if on]
+    if unsupported:
+        raise SpecError(f"plan.job.models.{field}: {arch.name} uses {', '.join(unsupported)}; the "
+                        f"executor builds Llama-shaped models only (GQA attention, SwiGLU MLP): "
+                        f"plan and simulate it, or execute a Llama-shaped model")
+
+
+MODEL_STAMP = "placer-model.json"  # what model-v0 was built from; written last
 
 
 def prepare_model(plan: Plan, out_dir: Path) -> str:
-    """Version 0 of the policy, written once: every worker loads the same weights from it."""
-    from executors.model import build_policy, save_model_dir  # noqa: PLC0415
+    """Version 0 of the policy, written once: every worker loads the same weights from it.
+
+    It is built in a temporary folder and renamed into place, and `MODEL_STAMP` (written last)
+    records the architecture, the seed and every file's size: a `model-v0` without it (a run
+    killed while writing it), with a file missing or cut short, or built for another job is
+    rebuilt, so a later run into the same `--out` never loads it."""
     res = plan.resolved()
     arch = res.model_of("actor")
     path = out_dir / "model-v0"
-    if not (path / "config.json").is_file():
-        save_model_dir(build_policy(arch, res.job.seed), arch, path)
+    if arch is None:  # every job trains a policy; a plan without one was not made by the planner
+        raise SpecError("plan.job.models.policy: the plan's job names no policy model")
+    stamp = {"arch": arch.model_dump(mode="json"), "seed": res.job.seed}
+    try:
+        have = json.loads((path / MODEL_STAMP).read_text())
+        if ({k: have.get(k) for k in stamp} == stamp and have["files"]
+                and all((path / f).stat().st_size == n for f, n in have["files"].items())):
+            return str(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # missing, unreadable or half-written: rebuild
+    tmp = Path(tempfile.mkdtemp(prefix=".model-v0.", dir=out_dir))
+    try:
+        save_model_dir(build_policy(arch, res.job.seed), arch, tmp)
+        files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
+        (tmp / MODEL_STAMP).write_text(json.dumps({**stamp, "files": files}))
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return str(path)
 
 
@@ -83,8 +162,9 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
             lr: float | None = None, checkpoint_every: int = 1,
             note: Callable[[str], None] | None = None,
             deadlines: dict[str, float] | None = None, delays: list[Delay] | None = None,
-            on_step: Callable[[int], None] | None = None) -> ExecResult:
-    """Run `steps` RL steps of `plan`.
+            on_step: Callable[[int], None] | None = None, start: int = 0,
+            unsafe_sandbox: bool = False) -> ExecResult:
+    """Run `steps` RL steps of `plan` (from step `start`: a resumed run, see `resume_point`).
 
     deadlines  per-call deadlines in seconds for `rollout` and `environment` calls: a call still
                running then is re-issued to another worker of the role and the first result wins
@@ -96,7 +176,8 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         raise SpecError(f"--backend: unknown backend {backend!r} (expected torch or vllm)")
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
-    arch = plan.resolved().model_of("actor")
+    check_sandbox(unsafe_sandbox)
+    arch = policy_arch(plan)
     if arch.params() > MAX_PARAMS_CPU and not _cuda():
         raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "
                         f"parameters; without CUDA the executor runs models up to "
@@ -106,20 +187,20 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
     t0 = time.time()
     res = plan.resolved()
     job = res.job
-    cfg = run_config(plan, backend, lr, prepare_model(plan, out), tuple(delays or ()))
+    cfg = run_config(plan, lr, prepare_model(plan, out), tuple(delays or ()))
+    if unsafe_sandbox:
+        cfg = dataclasses.replace(cfg, unsafe_sandbox=True)
     trace = Trace(metadata={"source": "execute", "job": job.name, "seed": job.seed,
                             "algorithm": job.algorithm.value, "mode": job.pipeline.mode,
                             "backend": backend, "runtime": "local" if local else "ray",
                             "predicted_iteration_s": plan.predicted_iteration_s})
     placement: list[dict[str, Any]] = []
-    elastic = None
+    rt: Runtime
+    elastic: Elastic | None = None
     if local:
-        from executors.runtime import LocalRuntime  # noqa: PLC0415
         rt = LocalRuntime(plan, cfg, backend)
         info_text, emulated = "local (one process, no Ray)", []
     else:
-        from executors import cluster, placement as pl  # noqa: PLC0415
-        from executors.runtime import RayRuntime  # noqa: PLC0415
         info = cluster.start(plan, address)
         emulated = info.emulated
         info_text = info.describe()
@@ -129,14 +210,13 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         rt = RayRuntime(plan, cfg, groups, info.pinned, backend, max_restarts)
         placement = pl.verify(plan, rt.members, groups)
         pl.check(placement, info.pinned)
-        from executors.elastic import Elastic  # noqa: PLC0415
         elastic = Elastic(plan, cfg, groups, rt, info.pinned, backend, max_restarts, placement=placement)
     trace.metadata.update(emulated_pools=emulated, cluster=info_text)
     setup_s = time.time() - t0
     lc = LoopConfig(steps=steps, out_dir=out, mode=job.pipeline.mode,
                     max_staleness=job.pipeline.max_staleness, checkpoint_every=checkpoint_every,
                     faults=list(faults or []), retries=max(max_restarts, 1),
-                    deadlines={**tail_deadlines(job), **(deadlines or {})})
+                    deadlines={**tail_deadlines(job), **(deadlines or {})}, start=start)
     loop = Loop(plan, rt, cfg, lc, trace, progress, elastic=elastic, note=note, on_step=on_step)
     try:
         stats = loop.run()
@@ -146,9 +226,37 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
             placement = elastic.placement
         else:
             rt.close()
-    problems = loop.ledger.problems(steps)
+    problems = loop.ledger.problems(steps, first=start)
     return ExecResult(stats, not problems, problems, trace, placement, info_text, emulated,
                       setup_s, str(out), loop.ledger, loop.recoveries, loop.stragglers)
+
+
+def resume_point(out_dir: str | Path, steps: int) -> int:
+    """The step a run resumed in `out_dir` starts at: the one after its last checkpoint
+    (`checkpoints/latest.json`, written after the files it names). SpecError, before anything
+    starts, when there is no complete checkpoint or the run already reached `steps`."""
+    d = Path(out_dir) / "checkpoints"
+    try:
+        latest = json.loads((d / "latest.json").read_text())
+        step = latest["step"]
+        files = [latest["actor"], latest.get("critic"), latest.get("carry")]
+    except FileNotFoundError:
+        raise SpecError(f"--resume: no checkpoint in {str(out_dir)!r} (no "
+                        "checkpoints/latest.json): run without --resume") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SpecError(f"--resume: {str(d / 'latest.json')!r} is unreadable or incomplete "
+                        f"({type(e).__name__})") from None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise SpecError(f"--resume: {str(d / 'latest.json')!r}: step must be a whole number >= 0 "
+                        f"(got {step!r:.40})")
+    for f in files:
+        if f is not None and not (isinstance(f, str) and Path(f).is_file()):
+            raise SpecError(f"--resume: the checkpoint of step {step} names a missing file "
+                            f"(got {f!r:.120})")
+    if step + 1 >= steps:
+        raise SpecError(f"--steps: the run in {str(out_dir)!r} already finished step {step}; "
+                        f"give more than {step + 1} steps to continue it (got {steps})")
+    return step + 1
 
 
 def tail_deadlines(job: Any) -> dict[str, float]:

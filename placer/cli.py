@@ -17,9 +17,11 @@ import importlib
 import json
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from placer.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, Infeasible, SpecError
+from placer.inputs import escape
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("placer.commands.validate", "check a job file and show its roles and memory floors"),
@@ -36,23 +38,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _available(only: str | None = None) -> dict[str, Any]:
-    """Importable command modules; `only` imports just that one (a command being run never
-    depends on the imports of the others)."""
-    out = {}
-    for name, (mod, help_) in COMMANDS.items():
-        if only is not None and name != only:
-            continue
-        try:
-            out[name] = (importlib.import_module(mod), help_)
-        except ModuleNotFoundError as e:
-            if e.name != mod:  # the command exists but one of its imports is missing
-                raise
-    return out
+    """The command modules; `only` imports just that one (a command being run never depends on
+    the imports of the others)."""
+    return {name: (importlib.import_module(mod), help_) for name, (mod, help_) in COMMANDS.items()
+            if only is None or name == only}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error line: `placer: error: --flag: what (got value)`, one line
+    and exit 2 (argparse's own prints the usage first, which breaks the one-line contract)."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument "):  # "argument --seed: invalid int value: 'x'"
+            flag, _, what = message[len("argument "):].partition(": ")
+            flag = flag.split("/")[-1]  # "-o/--output" -> "--output"
+            message = f"{flag}: {what}"
+        self.exit(EXIT_BAD_INPUT, f"placer: error: {escape(message)}\n")
 
 
 def build_parser(commands: dict[str, Any]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="placer", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="placer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_Parser)
     for name, (module, help_) in commands.items():
         p = sub.add_parser(name, help=help_, description=help_)
         module.add_arguments(p)
@@ -74,15 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(_available(chosen))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a bad flag (exit 2, one line) or --help (exit 0)
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     run: Callable[[argparse.Namespace], int] = args._run
     try:
         return run(args)
-    except SpecError as e:
-        print(f"placer: error: {e}", file=sys.stderr)
+    except SpecError as e:  # names and paths from the input may hold newlines or escape codes
+        print(f"placer: error: {escape(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Infeasible as e:
-        print(f"placer: infeasible: {e}", file=sys.stderr)
+        diagnosis = "\n".join(escape(line) for line in str(e).split("\n"))  # may span lines
+        print(f"placer: infeasible: {diagnosis}", file=sys.stderr)
         return EXIT_INFEASIBLE
     except KeyboardInterrupt:
         print("placer: interrupted", file=sys.stderr)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,24 +80,19 @@ def test_bad_job_in_process(path: Path, capsys) -> None:
     _check_message(path.stem, path, out.err)
 
 
-def _placer() -> list[str]:
-    script = Path(sys.executable).with_name("placer")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "placer.cli"]
-
-
-def _run_cli(args: list[str]) -> subprocess.CompletedProcess:
+def _run_cli(placer_cmd: list[str], args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([*_placer(), *args], capture_output=True, text=True, env=env,
+    return subprocess.run([*placer_cmd, *args], capture_output=True, text=True, env=env,
                           timeout=120)
 
 
-def test_bad_jobs_through_the_real_cli() -> None:
+def test_bad_jobs_through_the_real_cli(placer_cmd: list[str]) -> None:
     """One subprocess per file (two at a time): the console script, exit 2, one stderr line, and
     nothing on stdout, with and without --json."""
     runs = [(path, flags) for path in FILES for flags in ([], ["--json"])
             if not flags or path.stem in JSON_TOO]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        procs = list(pool.map(lambda r: _run_cli(["validate", str(r[0]), *r[1]]), runs))
+        procs = list(pool.map(lambda r: _run_cli(placer_cmd, ["validate", str(r[0]), *r[1]]), runs))
     for (path, _), proc in zip(runs, procs):
         assert proc.returncode == EXIT_BAD_INPUT, (path.stem, proc.stderr)
         assert proc.stdout == "", (path.stem, proc.stdout)

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from specdata import EXAMPLES, ROOT
 
 from placer.catalog import resolve
 from placer.cli import main
 from placer.spec import load_job
-from specdata import EXAMPLES, ROOT
 
 
 def one_document(text: str):
@@ -21,13 +20,8 @@ def one_document(text: str):
     return doc
 
 
-def _placer() -> list[str]:
-    script = Path(sys.executable).with_name("placer")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "placer.cli"]
-
-
-def test_all_examples_in_one_json_run() -> None:
-    proc = subprocess.run([*_placer(), "validate", *map(str, EXAMPLES), "--json"], cwd=ROOT,
+def test_all_examples_in_one_json_run(placer_cmd: list[str]) -> None:
+    proc = subprocess.run([*placer_cmd, "validate", *map(str, EXAMPLES), "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -76,11 +70,11 @@ def test_text_output_names_every_role(capsys) -> None:
         assert f"\n  {role} " in out
 
 
-def test_output_into_a_closed_pipe_is_not_a_traceback() -> None:
+def test_output_into_a_closed_pipe_is_not_a_traceback(placer_cmd: list[str]) -> None:
     """`placer validate ... | head -1`: the reader leaves early; placer exits quietly."""
     reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     tiny = str(ROOT / "examples" / "tiny-cpu.yaml")  # ~600 bytes a copy: 300 overflow the pipe
-    proc = subprocess.run([*_placer(), "validate", *[tiny] * 300], cwd=ROOT,
+    proc = subprocess.run([*placer_cmd, "validate", *[tiny] * 300], cwd=ROOT,
                           stdout=reader.stdin, stderr=subprocess.PIPE, text=True, timeout=300)
     reader.stdin.close()
     reader.wait()

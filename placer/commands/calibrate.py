@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from placer.cli import emit_json, note
 from placer.fit import FitResult, fit_trace, profile_doc
+from placer.inputs import check_output
 from placer.plan import Plan, atomic_write_text, check_plan, load_plan
 from placer.spec import SpecError, format_validation_error
 from traces.schema import Trace, read_trace
@@ -76,6 +77,7 @@ def table(result: FitResult) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.out, "--out")  # before the fit (the default sits beside the trace)
     trace = read_trace(args.trace)
     plan, plan_src = plan_for(trace, args.trace, args.plan)
     result = fit_trace(trace, plan, args.trace, args.min_events)

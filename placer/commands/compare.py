@@ -9,6 +9,8 @@ is also run through the simulator (`simulator.api.simulate_plan`) and ranked by 
 """
 from __future__ import annotations
 
+# Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
+# module to build `placer --help`, and a command pays only for what it runs.
 import argparse
 from typing import Any
 
@@ -29,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _simulator():
     try:
-        from simulator.api import simulate_plan  # noqa: PLC0415
+        from simulator.api import simulate_plan
     except ModuleNotFoundError as e:
         if e.name in ("simulator", "simulator.api"):
             raise SpecError("--simulate: the simulator is missing (no module simulator.api)") \
@@ -40,8 +42,8 @@ def _simulator():
 
 def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
     """The ILP's plan and every baseline's, all through `assemble`."""
-    from placer.baselines import baseline_assignments  # noqa: PLC0415
-    from placer.planner import build_problem, plan_assignment, plan_job  # noqa: PLC0415
+    from placer.baselines import baseline_assignments
+    from placer.planner import build_problem, plan_assignment, plan_job
 
     ilp = plan_job(res, calib, time_limit_s=args.time_limit, objective=args.objective,
                    workers=args.workers, seed=args.seed, calibration_doc=cdoc)
@@ -55,10 +57,13 @@ def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
 def run(args: argparse.Namespace) -> int:
     if args.simulate and args.iterations < 1:
         raise SpecError(f"--iterations: must be >= 1 (got {args.iterations})")
+    if args.sim_seed < 0:  # the simulator's seed sequences take non-negative integers only
+        raise SpecError(f"--sim-seed: must be >= 0 (got {args.sim_seed})")
     simulate = _simulator() if args.simulate else None
     res, calib, cdoc = load_inputs(args)
     plans = plans_for(res, calib, args, cdoc)
     base = plans["ilp"]
+    assert base is not None, "plan_job returns a plan or raises Infeasible"
     rows: dict[str, dict[str, Any]] = {}
     for name, p in plans.items():
         if p is None:

@@ -7,10 +7,13 @@ given instead of a plan: it is planned first with the ILP.
 """
 from __future__ import annotations
 
+# Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
+# module to build `placer --help`, and a command pays only for what it runs.
 import argparse
 from pathlib import Path
 
 from placer.cli import emit_json, note
+from placer.inputs import check_output
 from placer.spec import SpecError
 
 
@@ -20,11 +23,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="join the Ray cluster at this address instead of starting one")
     p.add_argument("--trace", help="write the execution trace (Chrome trace JSON) here")
     p.add_argument("--out", default="out/execute", help="checkpoints, ledger, model (default out/execute)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint up to --steps steps")
     p.add_argument("--backend", default="torch", help="rollout backend: torch or vllm")
     p.add_argument("--max-restarts", type=int, default=3, help="actor restarts allowed (default 3)")
     p.add_argument("--deadline", action="append", default=[], metavar="ROLE=SECONDS",
                    help="per-call deadline for rollout or environment calls: a late call is "
                         "re-issued to another worker of the role (repeatable)")
+    p.add_argument("--unsafe-sandbox", action="store_true",
+                   help="run generated code even where kernel isolation cannot be set up "
+                        "(rlimits, seccomp and an audit hook only; UNSAFE, printed loudly)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -44,13 +52,29 @@ def parse_deadlines(items: list[str]) -> dict[str, float]:
     return out
 
 
+# Samples x turns of one executed step: each is a live sequence in a worker's memory, so a batch
+# beyond this would not fit in a worker (the largest example has 32,768 samples).
+MAX_STEP_SAMPLE_TURNS = 65_536
+
+
+def check_batch(plan) -> None:
+    """SpecError, before Ray starts, when one step's batch would not fit in a worker."""
+    job = plan.resolved().job
+    work = job.batch.samples * job.environment.turns
+    if work > MAX_STEP_SAMPLE_TURNS:
+        raise SpecError(f"plan.job.batch: {job.batch.samples:,} samples x "
+                        f"{job.environment.turns} turn(s) per step exceed the "
+                        f"{MAX_STEP_SAMPLE_TURNS:,} the executor holds in memory (got "
+                        f"{work:,})")
+
+
 def _load(path: str):
-    from placer.plan import load_plan  # noqa: PLC0415
+    from placer.plan import load_plan
     if Path(path).suffix in (".yaml", ".yml"):
-        from placer.calibration import load_calibration  # noqa: PLC0415
-        from placer.catalog import resolve  # noqa: PLC0415
-        from placer.planner import plan_job  # noqa: PLC0415
-        from placer.spec import load_job  # noqa: PLC0415
+        from placer.calibration import load_calibration
+        from placer.catalog import resolve
+        from placer.planner import plan_job
+        from placer.spec import load_job
         return plan_job(resolve(load_job(path), path), load_calibration(None))
     return load_plan(path)
 
@@ -63,8 +87,12 @@ def run(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise SpecError(f"--max-restarts: must be >= 0 (got {args.max_restarts})")
     deadlines = parse_deadlines(args.deadline)
+    check_output(args.out, "--out", folder=True)  # before Ray starts, not after the run
+    check_output(args.trace, "--trace")
     plan = _load(args.plan)
-    from executors.run import execute  # noqa: PLC0415  (Ray and torch only when executing)
+    check_batch(plan)
+    from executors.run import execute, resume_point
+    start = resume_point(args.out, args.steps) if args.resume else 0  # checked before Ray starts
 
     show = note if args.json else (lambda m: print(m, flush=True))
 
@@ -76,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = execute(plan, args.steps, args.out, address=args.address, backend=args.backend,
                      max_restarts=args.max_restarts, progress=progress, note=show,
-                     deadlines=deadlines or None)
+                     deadlines=deadlines or None, start=start, unsafe_sandbox=args.unsafe_sandbox)
     if args.trace:
         result.trace.write(args.trace)
     if args.json:

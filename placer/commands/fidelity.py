@@ -7,10 +7,13 @@ two timelines one above the other, the per-step bars and the length/finish scatt
 """
 from __future__ import annotations
 
+# Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
+# module to build `placer --help`, and a command pays only for what it runs.
 import argparse
 
 from placer.calibration import load_calibration
 from placer.cli import emit_json, note
+from placer.inputs import check_output
 from placer.plan import load_plan
 from traces.schema import read_trace
 
@@ -26,8 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workflows.fidelity import fidelity, write_figures  # noqa: PLC0415 (imports the simulator)
+    from workflows.fidelity import fidelity, write_figures
 
+    check_output(args.plots, "--plots", folder=True)  # before the simulation, not after it
+    check_output(args.sim_trace, "--sim-trace")
     plan = load_plan(args.plan)
     trace = read_trace(args.trace)
     calib = load_calibration(args.calibration) if args.calibration else None

@@ -12,6 +12,8 @@ checkpoint interval, at the best interval, and at Young/Daly's sqrt(2 C MTBF).
 """
 from __future__ import annotations
 
+# Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
+# module to build `placer --help`, and a command pays only for what it runs.
 import argparse
 import math
 from dataclasses import asdict
@@ -21,6 +23,11 @@ from placer.cli import emit_json, note
 from placer.plan import load_plan
 from placer.spec import SpecError
 
+# The Monte Carlo's work and memory are proportional to trials x steps; these bounds keep a run
+# within about a minute and a few hundred MB (72 h of the tiny example: 1.6M steps x 100 trials).
+MAX_STEPS = 20_000_000
+MAX_DRAWS = 1_000_000_000
+MAX_TIME = 1e9  # hours or seconds: beyond it a product with a step count overflows a float
 DEFAULT_MTBF = "gpu:8090"  # per-GPU hours implied by 7.9 h for 1,024-GPU jobs (REFERENCES.md)
 
 
@@ -57,8 +64,8 @@ def parse_mtbf(items: list[str]) -> dict[str, float]:
             value = float(hours)
         except ValueError:
             raise SpecError(f"--mtbf: HOURS must be a number (got {text!r})") from None
-        if not (math.isfinite(value) and value > 0):
-            raise SpecError(f"--mtbf: HOURS must be > 0 (got {text!r})")
+        if not (math.isfinite(value) and 0 < value <= MAX_TIME):
+            raise SpecError(f"--mtbf: HOURS must be > 0 and at most {MAX_TIME:g} (got {text!r})")
         out[kind] = value
     return out
 
@@ -66,7 +73,7 @@ def parse_mtbf(items: list[str]) -> dict[str, float]:
 def report(plan, mtbf: dict[str, float], costs, steps: int | None, hours: float | None,
            interval_s: float | None, iterations: int, seed: int, trials: int) -> dict[str, Any]:
     """Everything `placer goodput` prints, as one document (also used by bench_faults)."""
-    from simulator import longrun as lr  # noqa: PLC0415 (simpy only when simulating)
+    from simulator import longrun as lr
 
     if iterations < 1:
         raise SpecError(f"--iterations: must be at least 1 (got {iterations})")
@@ -74,6 +81,13 @@ def report(plan, mtbf: dict[str, float], costs, steps: int | None, hours: float 
     n = steps if steps is not None else lr.steps_for_hours(durs, hours if hours is not None else 72.0)
     if n < 1:
         raise SpecError(f"--steps: must be at least 1 (got {n})")
+    flag = "--steps" if steps is not None else "--hours"
+    if n > MAX_STEPS:  # the Monte Carlo draws every step of a run: arrays of n floats
+        raise SpecError(f"{flag}: {n:,} steps exceed the {MAX_STEPS:,} a goodput run models "
+                        f"(got {steps if steps is not None else hours})")
+    if trials * n > MAX_DRAWS:
+        raise SpecError(f"--trials: {trials:,} trials x {n:,} steps = {trials * n:,} step draws "
+                        f"exceed the {MAX_DRAWS:,} a goodput run makes (got {trials})")
     rate = lr.job_failure_rate(plan, mtbf)
     best = lr.best_interval(durs, rate, costs)
     yd = lr.young_daly_s(rate, costs.checkpoint_s)
@@ -93,16 +107,22 @@ def report(plan, mtbf: dict[str, float], costs, steps: int | None, hours: float 
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.longrun import Costs  # noqa: PLC0415
+    from simulator.longrun import Costs
 
     mtbf = parse_mtbf(args.mtbf or [DEFAULT_MTBF])
-    if not args.mtbf:
-        note(f"no --mtbf given: using {DEFAULT_MTBF} (per-GPU MTBF of 1,024-GPU jobs)")
     if args.trials < 1:
         raise SpecError(f"--trials: must be at least 1 (got {args.trials})")
+    for flag, value in (("--hours", args.hours), ("--checkpoint-interval", args.checkpoint_interval),
+                        ("--checkpoint-cost", args.checkpoint_cost), ("--restart", args.restart)):
+        # NaN, infinite or beyond MAX_TIME here; a negative one is named by the check below
+        if value is not None and not value <= MAX_TIME:
+            raise SpecError(f"{flag}: must be a finite number up to {MAX_TIME:g} "
+                            f"(got {value!r})")
     costs = Costs(args.restart, args.checkpoint_cost).check()
     doc = report(load_plan(args.plan), mtbf, costs, args.steps, args.hours,
                  args.checkpoint_interval, args.iterations, args.seed, args.trials)
+    if not args.mtbf:  # said once the run succeeded: an error stays the one line on stderr
+        note(f"no --mtbf given: using {DEFAULT_MTBF} (per-GPU MTBF of 1,024-GPU jobs)")
     if args.json:
         emit_json(doc)
         return 0

@@ -13,12 +13,17 @@ a role only when that buys more than it costs. The report says which roles moved
 """
 from __future__ import annotations
 
+# Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
+# module to build `placer --help`, and a command pays only for what it runs.
 import argparse
 from typing import Any
 
 from placer.cli import emit_json, note
-from placer.plan import Plan, RolePlacement, calibration_of, load_plan, save_plan
-from placer.spec import Job, SpecError
+from placer.inputs import check_output
+from placer.moves import moves
+from placer.plan import calibration_of, load_plan, save_plan
+from placer.render import render_plan
+from placer.spec import Job, SpecError, check_cluster_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,45 +63,34 @@ def new_node_counts(job: Job, lost: list[str], added: list[str]) -> dict[str, in
                 raise SpecError(f"{flag}: no pool {pool!r} in the plan's cluster (pools: "
                                 f"{', '.join(sorted(nodes))})")
             nodes[pool] += sign * n
+    dpn = {p.name: p.devices_per_node for p in job.cluster.pools}
+    try:  # the grown cluster must still fit in memory (checked before any planning)
+        check_cluster_size({name: (max(n, 0), dpn[name]) for name, n in nodes.items()})
+    except ValueError as e:
+        raise SpecError(f"--added: {e} (got {', '.join(added)})") from None
     return nodes
 
 
-def _where(r: RolePlacement) -> str:
-    return f"{r.pool}x{r.devices} tp{r.tp} pp{r.pp} dp{r.dp}" + (" offload" if r.offload else "")
-
-
-def moves(old: Plan, new: Plan) -> dict[str, dict[str, str]]:
-    """Roles whose config (pool, layout) or colocation partners changed."""
-    out = {}
-    for role, r in new.roles.items():
-        o = old.roles[role]
-        partners_old = set(next(s.roles for s in old.slots if s.name == o.slot))
-        partners_new = set(next(s.roles for s in new.slots if s.name == r.slot))
-        if _where(o) != _where(r) or partners_old != partners_new:
-            why = "config" if _where(o) != _where(r) else "colocation"
-            out[role] = {"from": f"{_where(o)} [{o.slot}]", "to": f"{_where(r)} [{r.slot}]",
-                         "why": why}
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    from placer.planner import plan_job, with_nodes  # noqa: PLC0415
+    from placer.planner import plan_job, with_nodes
 
     if not args.lost and not args.added:
         raise SpecError("replan: give at least one --lost POOL:NODES or --added POOL:NODES")
-    if not args.time_limit > 0:
-        raise SpecError(f"--time-limit: must be > 0 seconds (got {args.time_limit!r})")
+    check_output(args.output, "--output")  # before the solve, not after it
+    if not 0 < args.time_limit <= 86400:  # an infinite limit would let a hard solve run forever
+        raise SpecError(f"--time-limit: must be > 0 and at most 86400 seconds (got "
+                        f"{args.time_limit!r})")
     if args.move_cost is not None and args.move_cost < 0:
         raise SpecError(f"--move-cost: must be >= 0 seconds (got {args.move_cost!r})")
     old = load_plan(args.plan)
-    job = Job.model_validate(old.job)
+    job = old.spec
     nodes = new_node_counts(job, args.lost, args.added)
     res = with_nodes(job, nodes, "replan")
     move = args.move_cost if args.move_cost is not None else 0.02 * old.predicted_iteration_s
     calib = calibration_of(old)
     new = plan_job(res, calib, time_limit_s=args.time_limit, hint=old, move_cost_s=move,
                    workers=args.workers, calibration_doc=old.calibration)
-    moved = moves(old, new)
+    moved = {role: m.to_dict() for role, m in moves(old, new).items()}
     if args.output:
         save_plan(new, args.output)
         note(f"wrote {args.output}")
@@ -105,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(doc)
         return 0
-    from placer.commands.plan import render_plan  # noqa: PLC0415
     print(render_plan(new))
     print(f"\nre-planned from {old.predicted_iteration_s:.3f} s to "
           f"{new.predicted_iteration_s:.3f} s per iteration (move cost {move:.3f} s per role)")

@@ -8,11 +8,15 @@ reissue; `simulator.policies`) with the same seed and ranks them by trained samp
 """
 from __future__ import annotations
 
+# Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
+# module to build `placer --help`, and a command pays only for what it runs.
 import argparse
+import sys
 from typing import Any
 
 from placer.calibration import load_calibration
 from placer.cli import emit_json, note
+from placer.inputs import check_output
 from placer.spec import SpecError, read_structured
 
 
@@ -37,11 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.api import simulate_plan  # noqa: PLC0415 (simpy only when simulating)
-    from simulator.config import SimConfig, config_from_dict  # noqa: PLC0415
+    from simulator.api import simulate_plan
+    from simulator.config import SimConfig, config_from_dict
 
     if args.iterations < 1:
         raise SpecError(f"--iterations: must be at least 1 (got {args.iterations})")
+    check_output(args.trace, "--trace")  # before the simulation, not after it
+    check_output(args.plots, "--plots", folder=True)
     cfg = config_from_dict(read_structured(args.config), args.config) if args.config else None
     if args.no_variance:
         if cfg is not None:
@@ -51,16 +57,19 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_policies:
         return _compare(args, cfg, calib)
     result = simulate_plan(args.plan, iterations=args.iterations, seed=args.seed, config=cfg,
-                           trace_path=args.trace, plots_dir=args.plots, calibration=calib,
-                           workload=args.workload)
+                           trace_path=args.trace, calibration=calib, workload=args.workload)
     if args.trace:
         note(f"trace: {args.trace} ({len(result.trace.events)} events)")
-    if args.plots:
-        note(f"figures: {args.plots}/")
     if args.json:
         emit_json(result.metrics)
-        return 0
-    _print(result.metrics)
+    else:
+        _print(result.metrics)
+    if args.plots:  # the numbers first: figures of a large run take a few seconds
+        sys.stdout.flush()
+        note(f"figures: writing {args.plots}/ ({len(result.trace.events):,} events) ...")
+        from simulator.plots import write_plots
+        paths = write_plots(result, args.plots)
+        note(f"figures: {', '.join(p.name for p in paths)} in {args.plots}/")
     return 0
 
 
@@ -82,7 +91,7 @@ def _print(m: dict[str, Any]) -> None:
 
 
 def _compare(args: argparse.Namespace, cfg, calib) -> int:
-    from simulator.policies import compare_policies  # noqa: PLC0415
+    from simulator.policies import compare_policies
 
     for flag in ("trace", "plots", "workload"):
         if getattr(args, flag):
