@@ -1,6 +1,6 @@
 """Getting a Ray cluster for a plan: an embedded one, or joining one at `--address`.
 
-Resources the plan's bundles ask for (see `placer.mapping._bundle_resources` and
+Resources the plan's bundles ask for (see `placer.mapping.device_resources` and
 `executors.placement`):
   GPU / LPU / CPU           device counts (CPU: cores) of the pool's device kind;
   pool_<pool>               devices of that pool, so that a plan lands on the pool it names;
@@ -17,12 +17,15 @@ embedded cluster binds to 127.0.0.1 only.
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from executors import ray_private
+from placer.mapping import device_resources
 from placer.plan import Plan
 from placer.spec import DeviceKind, SpecError
 
@@ -50,9 +53,9 @@ class ClusterInfo:
 
 def cuda_devices() -> int:
     try:
-        import torch  # noqa: PLC0415
+        import torch  # lazy: torch (~1.5 s) only to count GPUs; no torch: none
         return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no usable torch or CUDA: no GPUs
         return 0
 
 
@@ -78,9 +81,7 @@ def node_resources(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
             continue
         pool = res.cluster.pool(b.pool)
         dev = res.device_of(pool)
-        kind_key = {DeviceKind.gpu: "GPU", DeviceKind.lpu: "LPU", DeviceKind.cpu: "CPU"}[dev.kind]
-        amount = pool.devices_per_node * (dev.cores if dev.kind is DeviceKind.cpu else 1)
-        out[(b.pool, b.node)] = {kind_key: float(amount),
+        out[(b.pool, b.node)] = {**device_resources(dev, pool.devices_per_node),
                                  f"pool_{b.pool}": float(pool.devices_per_node),
                                  node_key(b.pool, b.node): NODE_UNITS}
     return out
@@ -95,14 +96,12 @@ def ensure_token_auth() -> None:
     if not have:
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     # Ray read its config when it was imported; make this process see token mode and the token.
-    from ray._raylet import AuthenticationTokenLoader, Config  # noqa: PLC0415
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
+    ray_private.reload_auth_config()
 
 
 def start(plan: Plan, address: str | None = None) -> ClusterInfo:
     """Connect to `address`, or start an embedded Ray with everything the plan needs."""
-    import ray  # noqa: PLC0415
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
 
     ensure_token_auth()
     emulated = emulated_pools(plan)
@@ -110,7 +109,7 @@ def start(plan: Plan, address: str | None = None) -> ClusterInfo:
         return ClusterInfo(address or "current", False, emulated, _has_node_keys(plan))
     if address:
         try:
-            ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SpecError(f"--address: cannot join Ray at {address!r}: "
                             f"{str(e).splitlines()[0]}") from None
@@ -119,32 +118,18 @@ def start(plan: Plan, address: str | None = None) -> ClusterInfo:
     for r in node_resources(plan).values():
         for k, v in r.items():
             total[k] += v
-    loopback_only()
+    ray_private.loopback_only()
     cpus = max(total.pop("CPU", 0.0), float(os.cpu_count() or 1))
     gpus = total.pop("GPU", 0.0)
     if cuda_devices():  # real GPUs: advertise what exists, not what the plan hopes for
         gpus = float(cuda_devices())
     ray.init(address="local", num_cpus=int(cpus), num_gpus=int(gpus), resources=dict(total),
-             include_dashboard=False, _node_ip_address="127.0.0.1",
-             logging_level="WARNING", log_to_driver=True, configure_logging=True)
+             include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
+             configure_logging=True, **ray_private.loopback_init_args())
     return ClusterInfo("embedded", True, emulated, True)
 
 
-def loopback_only() -> None:
-    """Make Ray take 127.0.0.1 as this node's address (its single-machine mode): Ray otherwise
-    swaps a loopback `_node_ip_address` for the machine's routable address."""
-    import ray._private.ray_constants as rc  # noqa: PLC0415
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by Ray's child processes
-    rc.ENABLE_RAY_CLUSTER = False
-
-
 def _has_node_keys(plan: Plan) -> bool:
-    import ray  # noqa: PLC0415
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
     have = ray.cluster_resources()
     return all(node_key(p, n) in have for p, n in node_resources(plan))
-
-
-def stop(info: ClusterInfo) -> None:
-    import ray  # noqa: PLC0415
-    if ray.is_initialized():
-        ray.shutdown()

@@ -14,7 +14,7 @@ new world:
      `kept_slots`; drop the other actors and groups, create the new plan's, check that every
      actor is where the plan says.
 The loop then restores the trainer (and critic) from the last checkpoint and continues
-(`executors.loop.Loop.recover_cluster`).
+(`executors.recovery.Recovery.recover_cluster`).
 
 Node keys (`placer_node_<pool>_<i>`): the new plan numbers a pool's nodes 0..n-1. When the
 surviving nodes do not advertise exactly those keys (node 0 died while node 1 lives) the rebuilt
@@ -24,13 +24,18 @@ placement groups are not pinned to nodes, only to pools (`pool_<name>` resources
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 from executors import placement as pl
 from executors.cluster import node_key, node_resources
 from executors.roles import RunConfig
+from executors.runtime import RayRuntime
+from placer.moves import layout, moves
 from placer.plan import Plan, calibration_of
+from placer.planner import plan_job, with_nodes
 
 MOVE_COST_S = 1.0  # a role that changes config is rebuilt: worth ~1 s of iteration time
 REPLAN_TIME_LIMIT_S = 5.0
@@ -46,7 +51,7 @@ class ClusterChanged(RuntimeError):
 
 def alive_counts(plan_job_pools: list[Any]) -> dict[str, int]:
     """Whole nodes alive per pool, from the alive Ray nodes' `pool_<name>` resources."""
-    import ray  # noqa: PLC0415
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
     have: dict[str, float] = {}
     for n in ray.nodes():
         if n.get("Alive"):
@@ -54,21 +59,6 @@ def alive_counts(plan_job_pools: list[Any]) -> dict[str, int]:
                 have[k] = have.get(k, 0.0) + v
     return {p.name: int(have.get(f"pool_{p.name}", 0.0) // p.devices_per_node)
             for p in plan_job_pools}
-
-
-def layout(plan: Plan, role: str) -> str:
-    """A role's actors as the executor builds them: pool, tp, pp and actor count (for the
-    environment the slot's bundle count, whatever dp the plan records)."""
-    x = plan.roles.get(role)
-    if x is None:
-        return "absent"
-    return f"{x.pool} tp{x.tp} pp{x.pp} dp{pl.role_counts(plan)[role]}"
-
-
-def moves(old: Plan, new: Plan) -> list[str]:
-    """Roles whose actors change, as `role: pool tp/pp/dp -> pool tp/pp/dp`."""
-    return [f"{r}: {layout(old, r)} -> {layout(new, r)}"
-            for r in sorted(set(old.roles) | set(new.roles)) if layout(old, r) != layout(new, r)]
 
 
 def slot_signature(plan: Plan, slot: str) -> tuple:
@@ -98,7 +88,7 @@ def kept_slots(old: Plan, new: Plan, counts: dict[str, int], dead: set[str]) -> 
 
 def keys_present(plan: Plan) -> bool:
     """Every plan node's key is advertised by an alive node."""
-    import ray  # noqa: PLC0415
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
     have = {k for n in ray.nodes() if n.get("Alive") for k in n.get("Resources", {})}
     return all(node_key(p, n) in have for p, n in node_resources(plan))
 
@@ -110,7 +100,7 @@ class Elastic:
     plan: Plan
     cfg: RunConfig
     groups: dict[str, Any]
-    rt: Any
+    rt: RayRuntime | None
     pinned: bool
     backend: str = "torch"
     max_restarts: int = 3
@@ -138,17 +128,14 @@ class Elastic:
         return ClusterChanged(now, f"cluster changed: {', '.join(diff)}") if diff else None
 
     def replan(self, counts: dict[str, int]) -> Plan:
-        from placer.planner import plan_job, with_nodes  # noqa: PLC0415
         res = with_nodes(self.original, counts, "alive cluster")
         return plan_job(res, calibration_of(self.plan), time_limit_s=self.time_limit_s,
                         hint=self.plan, move_cost_s=self.move_cost_s, seed=self.original.seed)
 
-    def rebuild(self, counts: dict[str, int]) -> tuple[Plan, Any, list[str]]:
+    def rebuild(self, counts: dict[str, int]) -> tuple[Plan, RayRuntime, list[str]]:
         """New plan for `counts`; unchanged slots keep their groups and actors (`kept_slots`),
         the others go and the new plan's are placed."""
-        from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
-
-        from executors.runtime import RayRuntime  # noqa: PLC0415
+        from ray.util.placement_group import remove_placement_group  # lazy: Ray run only
         t0 = time.monotonic()
         new = self.replan(counts)
         t1 = time.monotonic()
@@ -173,7 +160,8 @@ class Elastic:
             raise
         self.placement = pl.verify(new, self.rt.members, self.groups)
         pl.check(self.placement, pinned)
-        changes = moves(self.plan, new)
+        # roles whose actors change; a slot whose partners change is rebuilt via its signature
+        changes = [str(m) for m in moves(self.plan, new, colocation=False).values()]
         if not pinned and self.pinned:
             changes.append("node pinning off: surviving nodes do not carry the new plan's keys")
         self.plan, self.pinned = new, pinned
@@ -183,9 +171,9 @@ class Elastic:
                        "actors_s": round(time.monotonic() - t2, 3)}
         return new, self.rt, changes
 
-    def close(self, keep: set[str] = frozenset(), keep_handles: list[Any] = ()) -> None:
+    def close(self, keep: AbstractSet[str] = frozenset(), keep_handles: Sequence[Any] = ()) -> None:
         """Kill the actors and remove the placement groups, but those of the `keep` slots."""
-        from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
+        from ray.util.placement_group import remove_placement_group  # lazy: Ray run only
         if self.rt is not None:
             self.rt.close(spare=keep_handles)
         for slot, pg in self.groups.items():

@@ -13,15 +13,18 @@ Token auth stays on (`cluster.ensure_token_auth`) and every node listens on loop
 """
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from executors import cluster
+from executors import cluster, ray_private
+from executors.ray_private import LOOPBACK
+from executors.run import execute
 from placer.plan import Plan
 
-LOOPBACK = "127.0.0.1"
 FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
                "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 
@@ -58,19 +61,17 @@ class LocalCluster:
                  quiet: bool = False) -> None:
         """`quiet`: keep Ray's own logs (workers', and the lost raylet's last words) off this
         process's output, as a benchmark's tables want."""
-        import logging  # noqa: PLC0415
-
-        import ray  # noqa: PLC0415
-        from ray.cluster_utils import Cluster  # noqa: PLC0415
+        import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
+        from ray.cluster_utils import Cluster  # lazy: Ray run only
         if quiet:
             logging.getLogger("ray").setLevel(logging.ERROR)
         if ray.is_initialized():
             ray.shutdown()
         cluster.ensure_token_auth()
-        cluster.loopback_only()
+        ray_private.loopback_only()
         self.c = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "include_dashboard": False, "node_ip_address": LOOPBACK,
-            "_system_config": health or FAST_HEALTH})
+            **ray_private.system_config_args(health or FAST_HEALTH)})
         self.nodes: dict[tuple[str, int], Any] = {}
         self.spec = cluster.node_resources(plan)  # what each plan node advertises
         for key in sorted(self.spec):
@@ -94,7 +95,7 @@ class LocalCluster:
         self._add((pool, node), {**res, cluster.node_key(pool, node): cluster.NODE_UNITS})
 
     def close(self) -> None:
-        import ray  # noqa: PLC0415
+        import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
         ray.shutdown()
         self.c.shutdown()
 
@@ -103,7 +104,6 @@ def run_with_changes(plan: Plan, steps: int, out: str | Path, changes: list[Chan
                      note: Callable[[str], None] | None = None, quiet: bool = False,
                      **execute_kw: Any) -> Outcome:
     """Run `plan` for `steps` on a fresh local cluster, applying `changes` at step boundaries."""
-    from executors.run import execute  # noqa: PLC0415
     lc = LocalCluster(plan, quiet=quiet)
     done: dict[Change, float] = {}
 

@@ -38,8 +38,8 @@ def alphabet(size: int) -> list[str]:
 
 def build_tokenizer(vocab_size: int):
     """A character-level fast tokenizer whose ids match the model's vocabulary exactly."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # lazy: with transformers
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers (~2 s) only where used
 
     vocab = {s: i for i, s in enumerate(alphabet(vocab_size))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -68,18 +68,20 @@ def decode(ids: list[int], vocab_size: int) -> str:
 
 
 def llama_config(arch: ModelArch, max_positions: int = 128):
-    from transformers import LlamaConfig  # noqa: PLC0415
+    from transformers import LlamaConfig  # lazy: transformers (~2 s) only where used
     return LlamaConfig(vocab_size=arch.vocab, hidden_size=arch.hidden,
                        intermediate_size=arch.mlp, num_hidden_layers=arch.layers,
                        num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
+                       head_dim=arch.head_size,
                        max_position_embeddings=max_positions, tie_word_embeddings=arch.tie_embeddings,
                        attention_bias=arch.qkv_bias, bos_token_id=BOS, eos_token_id=EOS,
-                       pad_token_id=PAD, torch_dtype="float32")
+                       # torch_dtype reaches PretrainedConfig through **kwargs, which the stubs omit
+                       pad_token_id=PAD, torch_dtype="float32")  # type: ignore[call-arg]
 
 
 def build_policy(arch: ModelArch, seed: int) -> nn.Module:
     """A randomly initialised causal LM; the same seed gives the same weights."""
-    from transformers import LlamaForCausalLM  # noqa: PLC0415
+    from transformers import LlamaForCausalLM  # lazy: transformers (~2 s) only where used
     torch.manual_seed(seed)
     model = LlamaForCausalLM(llama_config(arch))
     model.eval()
@@ -91,7 +93,7 @@ class ValueModel(nn.Module):
 
     def __init__(self, arch: ModelArch, seed: int) -> None:
         super().__init__()
-        from transformers import LlamaModel  # noqa: PLC0415
+        from transformers import LlamaModel  # lazy: transformers (~2 s) only where used
         torch.manual_seed(seed)
         self.backbone = LlamaModel(llama_config(arch))
         self.head = nn.Linear(arch.hidden, 1)
@@ -107,16 +109,17 @@ def save_model_dir(model: nn.Module, arch: ModelArch, path: str | Path) -> Path:
     """Write weights, config and tokenizer so that `transformers` and vLLM both load `path`."""
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+    from transformers.utils import logging as hf_logging  # lazy: transformers (~2 s) only where used
     hf_logging.disable_progress_bar()
-    model.save_pretrained(p, safe_serialization=True)
+    # Typed as nn.Module for the callers; every model built here is a transformers PreTrainedModel.
+    model.save_pretrained(p, safe_serialization=True)  # type: ignore[operator]
     build_tokenizer(arch.vocab).save_pretrained(p)
     return p
 
 
 def load_policy(path: str | Path) -> nn.Module:
-    from transformers import LlamaForCausalLM  # noqa: PLC0415
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+    from transformers import LlamaForCausalLM  # lazy: transformers (~2 s) only where used
+    from transformers.utils import logging as hf_logging  # lazy: transformers (~2 s) only where used
     hf_logging.disable_progress_bar()  # one bar per worker per load is noise in the run's output
     model = LlamaForCausalLM.from_pretrained(path)
     model.eval()

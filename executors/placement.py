@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.cluster import node_key
+from placer.moves import role_counts
 from placer.plan import Bundle, Plan
 
 
@@ -43,18 +44,6 @@ class Member:
     @property
     def trace_pid(self) -> str:
         return f"{self.bundle.pool}:{self.bundle.node}"
-
-
-def role_counts(plan: Plan) -> dict[str, int]:
-    out = {}
-    for role, r in plan.roles.items():
-        if role in ("actor", "rollout", "reference"):
-            out[role] = max(r.dp, 1)
-        elif role == "environment":
-            out[role] = sum(1 for b in plan.bundles if b.slot == r.slot)
-        else:
-            out[role] = 1
-    return out
 
 
 def slot_bundles(plan: Plan) -> dict[str, list[Bundle]]:
@@ -116,7 +105,7 @@ def _gpu_share(gpus: float, k: int) -> float:
 
 
 def actor_options(m: Member, pg: Any, pinned: bool) -> dict[str, Any]:
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: PLC0415
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # lazy: Ray run only
     req = {k: _gpu_share(v, m.sharers) if k == "GPU" else _share(v, m.sharers)
            for k, v in bundle_request(m.bundle, pinned).items()}
     opts: dict[str, Any] = {"num_cpus": req.pop("CPU", 0.0), "num_gpus": req.pop("GPU", 0.0),
@@ -127,10 +116,10 @@ def actor_options(m: Member, pg: Any, pinned: bool) -> dict[str, Any]:
 
 
 def create_groups(plan: Plan, pinned: bool, timeout_s: float = 120.0,
-                  skip: set[str] = frozenset()) -> dict[str, Any]:
+                  skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
     """One ready placement group per slot (but the `skip` slots: a rebuild keeps their groups)."""
-    import ray  # noqa: PLC0415
-    from ray.util.placement_group import placement_group  # noqa: PLC0415
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
+    from ray.util.placement_group import placement_group  # lazy: Ray run only
     groups = {}
     for slot, bs in slot_bundles(plan).items():
         if slot in skip:
@@ -150,7 +139,7 @@ def create_groups(plan: Plan, pinned: bool, timeout_s: float = 120.0,
 
 def verify(plan: Plan, members: list[Member], groups: dict[str, Any]) -> list[dict[str, Any]]:
     """Each actor's node has its plan node's key, and it holds its own bundle of its slot's group."""
-    import ray  # noqa: PLC0415
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
     wheres = ray.get([m.handle.where.remote() for m in members])
     nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n.get("Alive")}
     rows = []

@@ -9,12 +9,16 @@ Log-probs and values are per response position (the prediction of token t from t
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from executors.model import EOS, PAD
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -38,14 +42,15 @@ class Samples:
     started: list[int] = field(default_factory=list)  # version of each sample's first token
     gen_mask: list[list[int]] = field(default_factory=list)  # 1: generated, 0: tool output
 
-    def take(self, idx: list[int]) -> "Samples":
-        pick = lambda xs: [xs[i] for i in idx] if xs else []  # noqa: E731
+    def take(self, idx: list[int]) -> Samples:
+        def pick(xs: list[T]) -> list[T]:
+            return [xs[i] for i in idx] if xs else []
         return Samples(pick(self.ids), pick(self.prompts), pick(self.responses),
                        pick(self.logprobs), self.version, pick(self.group), pick(self.started),
                        pick(self.gen_mask))
 
     @staticmethod
-    def concat(parts: list["Samples"]) -> "Samples":
+    def concat(parts: list[Samples]) -> Samples:
         out = Samples([], [], [], [], min(p.version for p in parts), [])
         spans = any(p.started or p.gen_mask for p in parts)
         for p in parts:
@@ -81,7 +86,6 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 def _cache_kw(model) -> str:
     """transformers 5 renamed `past_key_values` to `cache` (the old name warns, then goes)."""
-    import inspect  # noqa: PLC0415
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 

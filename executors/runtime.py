@@ -5,21 +5,25 @@ worker and returns a handle, `results` waits for several and says which ones los
 `RayRuntime` creates one actor per `placement.Member` in its placement-group bundle, with
 `max_restarts` (Ray re-creates a dead actor in the same bundle; the loop re-runs its lost work);
 `LocalRuntime` holds the same worker classes in this process (the benchmark's baseline and quick
-tests of the math). Fault injection (`kill`) exists so that recovery is tested the way it happens:
-`ray.kill` of an actor, or SIGKILL to its worker process.
+tests of the math). Both satisfy the `Runtime` protocol, the only view of a runtime the loop and
+its parts (`executors.context`) have. Fault injection (`kill`) exists so that recovery is tested
+the way it happens: `ray.kill` of an actor, or SIGKILL to its worker process.
 """
 from __future__ import annotations
 
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from executors.placement import Member, PlacementError, actor_options, assign
-from executors.roles import (Critic, EnvWorker, ModelReward, Reference, Rollout, RuleReward,
-                             RunConfig, Trainer)
+from executors.roles import Critic, EnvWorker, ModelReward, Reference, Rollout, RuleReward, RunConfig, Trainer
 from placer.plan import Plan
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 
 @dataclass
@@ -30,9 +34,61 @@ class Outcome:
     lost_node: bool = False  # the worker's node left the cluster: only a re-plan helps
 
 
+# An in-flight call: a Ray ObjectRef, or the `Outcome` of a call that already ran (local). The
+# loop only hands it back to the runtime that made it, or passes it on as a call's argument.
+Handle = object
+
+
+class Runtime(Protocol):
+    """Where the loop's calls run: one worker per `Member`, called by method name."""
+
+    kind: str  # local | ray (a test's runtime names itself too)
+    members: list[Member]
+
+    def call(self, m: Member, method: str, *args: object) -> Handle:
+        """Start `method` on the member's worker; a handle's argument is resolved first."""
+
+    def results(self, handles: Sequence[Handle]) -> list[Outcome]:
+        """Wait for every call; which ones failed, and which lost their worker's node."""
+
+    def wait(self, handles: Sequence[Handle], timeout_s: float) -> list[bool]:
+        """Which calls finished within `timeout_s` (from now)."""
+
+    def first(self, handles: Sequence[Handle]) -> int:
+        """Index of the first of `handles` to finish."""
+
+    def cancel(self, handle: Handle) -> None:
+        """Best effort: an abandoned call is dropped, or left to finish unread."""
+
+    def forget(self, handle: Handle) -> None:
+        """A call whose result is consumed elsewhere (passed on to other workers)."""
+
+    def dead_members(self) -> list[Member]:
+        """Members whose node is no longer alive."""
+
+    def kill(self, m: Member, how: str) -> None:
+        """Fault injection: `ray.kill` or `signal` (SIGKILL to the worker's process)."""
+
+    def restart(self, m: Member) -> None:
+        """Force a restart of a hung worker and wait until it answers."""
+
+    def wait_alive(self, m: Member, timeout_s: float = ...) -> None:
+        """Wait until a restarted worker answers (raises when it cannot come back)."""
+
+    def close(self) -> None:
+        """Kill every worker."""
+
+
+def _ran(h: Handle) -> Outcome:
+    """A local handle: the call ran when it was made."""
+    if not isinstance(h, Outcome):
+        raise TypeError(f"not a local call's handle: {type(h).__name__}")
+    return h
+
+
 def worker_class(role: str, cfg: RunConfig, backend: str) -> type:
     if role == "rollout" and backend == "vllm":
-        from executors.vllm_rollout import VllmRollout  # noqa: PLC0415  (gpu extra)
+        from executors.vllm_rollout import VllmRollout  # lazy: vLLM, the gpu extra
         return VllmRollout
     if role == "reward":
         return RuleReward if cfg.reward_arch is None else ModelReward
@@ -57,7 +113,7 @@ class LocalRuntime:
         for m in self.members:
             m.handle = worker_class(m.role, cfg, backend)(*worker_args(m, cfg, self.members))
 
-    def call(self, m: Member, method: str, *args: Any) -> Outcome:
+    def call(self, m: Member, method: str, *args: object) -> Outcome:
         # An earlier call's result passed as an argument (Ray resolves object refs the same way).
         args = tuple(a.value if isinstance(a, Outcome) else a for a in args)
         try:
@@ -65,27 +121,24 @@ class LocalRuntime:
         except Exception as e:  # noqa: BLE001 - reported like a lost remote call
             return Outcome(False, error=f"{type(e).__name__}: {e}")
 
-    def results(self, handles: list[Outcome]) -> list[Outcome]:
-        return handles
+    def results(self, handles: Sequence[Handle]) -> list[Outcome]:
+        return [_ran(h) for h in handles]
 
-    def wait(self, handles: list[Outcome], timeout_s: float) -> list[bool]:
+    def wait(self, handles: Sequence[Handle], timeout_s: float) -> list[bool]:
         """Calls ran when they were made: all are done."""
         return [True] * len(handles)
 
-    def cancel(self, handle: Outcome) -> None:
+    def cancel(self, handle: Handle) -> None:
         """Nothing runs in the background."""
 
-    def forget(self, handle: Outcome) -> None:
+    def forget(self, handle: Handle) -> None:
         """Nothing is tracked."""
 
-    def first(self, handles: list[Outcome]) -> int:
+    def first(self, handles: Sequence[Handle]) -> int:
         return 0
 
     def dead_members(self) -> list[Member]:
         return []
-
-    def put(self, obj: Any) -> Any:
-        return obj
 
     def kill(self, m: Member, how: str) -> None:
         raise RuntimeError("fault injection needs the Ray runtime")
@@ -111,14 +164,14 @@ class RayRuntime:
                  ) -> None:
         """`reuse`: (role, rank) -> a running actor to keep (a rebuild after a cluster change
         keeps the actors of unchanged slots; `executors.elastic.kept_slots`)."""
-        import ray  # noqa: PLC0415
+        import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
         self.ray = ray
         self.members = assign(plan)
         for m in self.members:
             if reuse and (m.role, m.rank) in reuse:
                 m.handle = reuse[(m.role, m.rank)]
                 continue
-            cls = ray.remote(worker_class(m.role, cfg, backend))
+            cls: Any = ray.remote(worker_class(m.role, cfg, backend))  # a Ray actor class
             opts = actor_options(m, groups[m.slot], pinned)
             m.handle = cls.options(max_restarts=max_restarts, max_task_retries=0,
                                    name=None, **opts).remote(*worker_args(m, cfg, self.members))
@@ -132,11 +185,12 @@ class RayRuntime:
         # nothing else, and an actor on a dead node answers nothing at all.
         self.pids = {id(m): w["pid"] for m, w in zip(self.members, wheres)}
         self.nodes = {id(m): w.get("node_id") for m, w in zip(self.members, wheres)}
-        self._owner: dict[Any, Member] = {}  # in-flight call -> the member running it
-        self._alive_at = (0.0, set())  # (monotonic time, alive node ids): a cached ray.nodes()
+        self._owner: dict[Handle, Member] = {}  # in-flight call -> the member running it
+        # (monotonic time, alive node ids): a cached ray.nodes()
+        self._alive_at: tuple[float, set[str]] = (0.0, set())
 
-    def call(self, m: Member, method: str, *args: Any) -> Any:
-        h = getattr(m.handle, method).remote(*args)
+    def call(self, m: Member, method: str, *args: object) -> Handle:
+        h: Handle = getattr(m.handle, method).remote(*args)
         self._owner[h] = m
         return h
 
@@ -152,14 +206,14 @@ class RayRuntime:
         alive = self.alive_nodes()
         return [m for m in self.members if self.nodes.get(id(m)) not in alive]
 
-    def wait(self, handles: list[Any], timeout_s: float) -> list[bool]:
+    def wait(self, handles: Sequence[Handle], timeout_s: float) -> list[bool]:
         """Which calls finished within `timeout_s` (from now)."""
         ready, _ = self.ray.wait(list(handles), num_returns=len(handles), timeout=timeout_s,
                                  fetch_local=False)
         done = set(ready)
         return [h in done for h in handles]
 
-    def cancel(self, handle: Any) -> None:
+    def cancel(self, handle: Handle) -> None:
         """Best effort: a queued call is dropped; a running one finishes and is ignored."""
         self._owner.pop(handle, None)
         try:
@@ -167,11 +221,11 @@ class RayRuntime:
         except Exception:  # noqa: BLE001 - already finished, or not cancellable
             pass
 
-    def forget(self, handle: Any) -> None:
+    def forget(self, handle: Handle) -> None:
         """A call whose result is consumed elsewhere (passed on to other actors)."""
         self._owner.pop(handle, None)
 
-    def first(self, handles: list[Any], poll_s: float = 0.5) -> int:
+    def first(self, handles: Sequence[Handle], poll_s: float = 0.5) -> int:
         """Index of the first of `handles` to finish; a copy whose node died loses the race."""
         while True:
             ready, _ = self.ray.wait(list(handles), num_returns=1, timeout=poll_s,
@@ -183,10 +237,10 @@ class RayRuntime:
             if len(alive) < len(handles):
                 return alive[0] if alive else 0
 
-    def _settle(self, handles: list[Any], poll_s: float = 0.5) -> dict[Any, Outcome]:
+    def _settle(self, handles: Sequence[Handle], poll_s: float = 0.5) -> dict[Handle, Outcome]:
         """Wait for calls, but give up on those whose worker's node died: Ray would hold them
         until the actor restarts, which never happens while its bundle's node is gone."""
-        lost: dict[Any, Outcome] = {}
+        lost: dict[Handle, Outcome] = {}
         pending = list(handles)
         while pending:
             ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=poll_s,
@@ -201,7 +255,7 @@ class RayRuntime:
             pending = [h for h in pending if h not in lost]
         return lost
 
-    def results(self, handles: list[Any]) -> list[Outcome]:
+    def results(self, handles: Sequence[Handle]) -> list[Outcome]:
         lost = self._settle(handles)
         out = []
         for h in handles:
@@ -210,16 +264,13 @@ class RayRuntime:
                 out.append(lost[h])
                 continue
             try:
-                out.append(Outcome(True, self.ray.get(h)))
+                out.append(Outcome(True, self.ray.get(cast("ObjectRef[Any]", h))))
             except self.ray.exceptions.RayActorError as e:
                 out.append(Outcome(False, error=f"{type(e).__name__}: {str(e).splitlines()[0]}"))
             except self.ray.exceptions.RayTaskError as e:
                 # A dying peer (a gloo rank whose partner was killed) fails the call, not the actor.
                 out.append(Outcome(False, error=f"{type(e).__name__}: {str(e).splitlines()[0]}"))
         return out
-
-    def put(self, obj: Any) -> Any:
-        return self.ray.put(obj)
 
     def kill(self, m: Member, how: str) -> None:
         """Fault injection: `ray.kill` (Ray restarts it) or SIGKILL to the worker process."""
@@ -251,13 +302,13 @@ class RayRuntime:
                     raise
                 time.sleep(0.2)
 
-    def close(self, spare: list[Any] = ()) -> None:
+    def close(self, spare: Sequence[Any] = ()) -> None:
         """Kill every actor but the `spare` ones (handed to the next runtime)."""
         for m in self.members:
             if any(m.handle is h for h in spare):
                 continue
             try:
                 self.ray.kill(m.handle, no_restart=True)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - already dead: nothing left to kill
                 pass
         self.members = []

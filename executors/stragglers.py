@@ -17,10 +17,14 @@ until that copy is done (`Busy`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from executors.placement import Member
+
+if TYPE_CHECKING:
+    from executors.runtime import Handle, Runtime
 
 Call = tuple[Member, str, tuple]
 
@@ -44,12 +48,12 @@ class Reissue:
 class Busy:
     """Workers whose abandoned (losing) call may still be running."""
 
-    handles: dict[tuple[str, int], Any] = field(default_factory=dict)
+    handles: dict[tuple[str, int], Handle] = field(default_factory=dict)
 
-    def add(self, m: Member, handle: Any) -> None:
+    def add(self, m: Member, handle: Handle) -> None:
         self.handles[(m.role, m.rank)] = handle
 
-    def free(self, rt: Any, members: list[Member]) -> list[Member]:
+    def free(self, rt: Runtime, members: list[Member]) -> list[Member]:
         """Members with nothing abandoned still running (all of them if none is free)."""
         for key, h in list(self.handles.items()):
             if rt.wait([h], 0.0)[0]:
@@ -59,8 +63,9 @@ class Busy:
         return out or list(members)
 
 
-def race(rt: Any, calls: list[Call], handles: list[Any], deadline_s: float,
-         can_take: Callable[[Member, Member], bool], busy: Busy) -> tuple[list[Any], list[Reissue]]:
+def race(rt: Runtime, calls: list[Call], handles: list[Handle], deadline_s: float,
+         can_take: Callable[[Member, Member], bool], busy: Busy
+         ) -> tuple[list[Handle], list[Reissue]]:
     """Wait for `handles` up to `deadline_s`; re-issue the late ones. Returns the handle to read
     for each call (the original or the re-issued copy, whichever finished first)."""
     t0 = time.time()
@@ -72,7 +77,7 @@ def race(rt: Any, calls: list[Call], handles: list[Any], deadline_s: float,
     done_workers = [calls[i][0] for i, r in enumerate(ready) if r]
     others = [m for m, _, _ in calls if id(m) not in slow_ids]
     out, reissues, load = list(handles), [], {id(m): 0 for m in done_workers + others}
-    copies: dict[int, tuple[Any, Any, Member]] = {}
+    copies: dict[int, tuple[Handle, Handle, Member]] = {}
     for i in late:
         m, meth, args = calls[i]
         pool = [x for x in done_workers or others if can_take(m, x)]

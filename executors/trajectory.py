@@ -43,5 +43,5 @@ class Traj:
         return asdict(self)
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "Traj":
+    def from_dict(d: dict[str, Any]) -> Traj:
         return Traj(**{**d, "done_at": tuple(d["done_at"])})

@@ -33,7 +33,7 @@ class VllmRollout(Worker):
         super().__init__(cfg, "rollout", rank)
         # The engine in this process: collective_rpc then calls the worker directly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM  # noqa: PLC0415
+        from vllm import LLM  # lazy: vLLM (gpu extra), after the environment is set
         self.llm = LLM(model=cfg.model_dir, tokenizer=cfg.model_dir, dtype="bfloat16",
                        seed=cfg.seed + rank, enforce_eager=True, max_model_len=128,
                        gpu_memory_utilization=float(os.environ.get("PLACER_VLLM_MEM", "0.2")),
@@ -52,7 +52,7 @@ class VllmRollout(Worker):
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
         """As `executors.roles.Rollout.generate`: continue each context by up to `limits[i]`."""
-        from vllm import SamplingParams  # noqa: PLC0415
+        from vllm import SamplingParams  # lazy: vLLM (gpu extra)
         t0 = time.time()
         limits = limits or [self.cfg.max_new_tokens] * len(ids)
         sp = [SamplingParams(temperature=self.cfg.temperature, max_tokens=max(lim, 1),

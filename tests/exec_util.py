@@ -8,6 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from placer.assemble import assemble
 from placer.catalog import resolve
 from placer.costmodel import Calibration, Parallel
 from placer.estimate import estimate
@@ -29,7 +32,6 @@ PPO_LAYOUT = {**GRPO_LAYOUT, "critic": ("gpu", Parallel(dp=1), "train")}
 
 
 def job_dict(**changes: Any) -> dict[str, Any]:
-    import yaml  # noqa: PLC0415
     data = yaml.safe_load(TINY.read_text())
     for k, v in changes.items():
         data[k] = v
@@ -38,7 +40,6 @@ def job_dict(**changes: Any) -> dict[str, Any]:
 
 def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] | None = None
               ) -> Plan:
-    from placer.assemble import assemble  # noqa: PLC0415
     res = resolve(job_from_dict(job) if job is not None else load_job(TINY))
     calib = Calibration()
     placed = []
@@ -53,10 +54,11 @@ def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] 
 
 def run_module(plan: Plan, steps: int, out: Path, **kw: Any):
     """Start an embedded Ray for one test module, run the plan, and shut Ray down."""
-    import ray  # noqa: PLC0415
+    # lazy: Ray and torch: only the tests that run workers load them
+    import ray
 
-    from executors import cluster  # noqa: PLC0415
-    from executors.run import execute  # noqa: PLC0415
+    from executors import cluster
+    from executors.run import execute
     if ray.is_initialized():
         ray.shutdown()
     cluster.start(plan)
@@ -77,15 +79,15 @@ class VirtualRuntime:
     kind = "virtual"
 
     def __init__(self, plan, cfg, slow: dict[tuple[str, int], float]) -> None:
-        from executors.placement import assign
-        from executors.runtime import worker_args, worker_class
+        from executors.placement import assign  # lazy: with the runtime (torch) below
+        from executors.runtime import worker_args, worker_class  # lazy: torch, as in run_module
         self.members = assign(plan)
         for m in self.members:
             m.handle = worker_class(m.role, cfg, "torch")(*worker_args(m, cfg, self.members))
         self.slow, self.took, self.cancelled = slow, {}, []
 
     def call(self, m, method, *args):
-        from executors.runtime import LocalRuntime
+        from executors.runtime import LocalRuntime  # lazy: torch, as in run_module
         o = LocalRuntime.call(self, m, method, *args)
         self.took[id(o)] = self.slow.get((m.role, m.rank), 0.1)
         return o
@@ -114,9 +116,10 @@ def spread_lengths(plan: Plan, out: Path, eos_push: float = 1.0) -> None:
     logit raised by ~`eos_push` along the mean hidden state: a random init almost never emits
     EOS (every response runs to the cap); this one's lengths spread from 1 to the cap (at 1.0:
     mean ~13 of 24), as a trained policy's do - what long-tail policies act on."""
-    import torch  # noqa: PLC0415
+    # lazy: torch, as in run_module
+    import torch
 
-    from executors.model import EOS, build_policy, save_model_dir  # noqa: PLC0415
+    from executors.model import EOS, build_policy, save_model_dir
     res = plan.resolved()
     arch = res.model_of("actor")
     model = build_policy(arch, res.job.seed)

@@ -11,8 +11,8 @@ Faults, each injected right after the role's work of that step was dispatched (i
 from __future__ import annotations
 
 import pytest
-
 from exec_util import GRPO_LAYOUT, hand_plan, run_module
+
 from executors.loop import Fault
 
 STEPS = 4

@@ -8,10 +8,11 @@ Measured (tiny-llama, seed 0, lr 1e-2, 8 prompts x 4 samples, 10 steps): mean re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-
 from exec_util import GRPO_LAYOUT, curve, hand_plan, run_module
+
 from traces.schema import read_trace
 
 STEPS = 10
@@ -66,6 +67,5 @@ def test_trace_has_every_kind_of_event(result, tmp_path) -> None:
 
 
 def test_checkpoints_written(result) -> None:
-    from pathlib import Path  # noqa: PLC0415
     latest = json.loads((Path(result.out_dir) / "checkpoints" / "latest.json").read_text())
     assert latest["step"] == STEPS - 1 and Path(latest["actor"]).is_file()

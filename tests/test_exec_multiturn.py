@@ -15,12 +15,15 @@ from collections import Counter
 
 import pytest
 import yaml
+from exec_util import GRPO_LAYOUT, PPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict, spread_lengths
 
-from exec_util import (GRPO_LAYOUT, PPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict,
-                       spread_lengths)
+from executors.loop import Loop, LoopConfig
 from executors.model import EOS, decode, encode
 from executors.rollouts import tool_text
+from executors.run import run_config
+from executors.runtime import LocalRuntime
 from placer.costmodel import Parallel
+from traces.schema import Trace
 
 AGENT = yaml.safe_load((ROOT / "examples" / "tiny-agent.yaml").read_text())
 ENV = AGENT["environment"]  # two turns, 6 tool-output tokens
@@ -29,10 +32,6 @@ N = 8 * 4
 
 
 def _loop(out, layout=GRPO_LAYOUT, steps: int = 2, runtime=None, deadlines=None, **job):
-    from executors.loop import Loop, LoopConfig
-    from executors.run import run_config
-    from executors.runtime import LocalRuntime
-    from traces.schema import Trace
     plan = hand_plan(layout, job_dict(environment=ENV, **job))
     spread_lengths(plan, out)
     cfg = run_config(plan, model_dir=str(out / "model-v0"))

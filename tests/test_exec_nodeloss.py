@@ -24,9 +24,11 @@ rebuild cost, so it is `slow` (excluded by `make test-fast`).
 from __future__ import annotations
 
 import pytest
-
 from exec_util import hand_plan, job_dict
+
+from executors.localcluster import Change, run_with_changes
 from placer.costmodel import Parallel
+from traces.schema import read_trace
 
 pytestmark = pytest.mark.ray
 STEPS = 5
@@ -41,7 +43,6 @@ LAYOUT = {"actor": ("gpu", Parallel(dp=2), "train"),
 
 
 def run_elastic(out, join: bool, lose: int):
-    from executors.localcluster import Change, run_with_changes
     plan = hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS}))
     changes = [Change(LOSE_AT, "lose", "gpu", lose)]
     if join:
@@ -125,7 +126,6 @@ def test_surviving_node_without_the_new_plans_key_is_used_unpinned(result) -> No
 
 
 def test_trace_round_trips(result, tmp_path) -> None:
-    from traces.schema import read_trace
     r, _ = result
     r.trace.write(tmp_path / "trace.json")
     ev = [e for e in read_trace(tmp_path / "trace.json").of("restart") if e.name == "restart cluster"]

@@ -8,9 +8,12 @@ workers spread one per node).
 from __future__ import annotations
 
 import pytest
-
 from exec_util import hand_plan, job_dict
-from executors import cluster, placement as pl
+
+from executors import cluster
+from executors import placement as pl
+from executors.run import prepare_model, run_config
+from executors.runtime import RayRuntime
 from placer.costmodel import Parallel
 
 pytestmark = pytest.mark.ray
@@ -27,11 +30,8 @@ POOLS = [{"name": "gpu", "device": "emu-gpu", "devices_per_node": 1, "nodes": 2}
 
 @pytest.fixture(scope="module")
 def placed(tmp_path_factory):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from executors.run import prepare_model, run_config
-    from executors.runtime import RayRuntime
+    import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
+    from ray.cluster_utils import Cluster  # lazy: as above
 
     plan = hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS}))
     if ray.is_initialized():
@@ -64,7 +64,10 @@ def test_every_actor_on_its_plan_node_and_bundle(placed) -> None:
 
 def test_dp_ranks_and_environments_on_distinct_nodes(placed) -> None:
     _, _, _, rows = placed
-    by = lambda role: [r for r in rows if r["role"] == role]  # noqa: E731
+
+    def by(role: str) -> list[dict]:
+        return [r for r in rows if r["role"] == role]
+
     assert {r["node"] for r in by("actor")} == {0, 1}
     assert len({r["ray_node"] for r in by("actor")}) == 2
     assert len({r["ray_node"] for r in by("environment")}) == 2

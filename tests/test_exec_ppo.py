@@ -7,7 +7,6 @@ Measured (tiny-llama, seed 0, lr 1e-2, 12 steps): 0.069 0.054 0.068 0.068 0.070 
 from __future__ import annotations
 
 import pytest
-
 from exec_util import PPO_LAYOUT, curve, hand_plan, job_dict, run_module
 
 STEPS = 12

@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from exec_util import VirtualRuntime, hand_plan, job_dict, run_module
+
+from executors.loop import Loop, LoopConfig
 from executors.roles import Delay
+from executors.run import prepare_model, run_config
 from placer.costmodel import Parallel
+from traces.schema import Trace
 
 STEPS = 4
 DEADLINE_S, DELAY_S = 2.0, 8.0
@@ -90,9 +93,6 @@ def test_busy_worker_gets_no_new_work(result) -> None:
 def test_reissue_logic_without_ray(tmp_path) -> None:
     """The same deadline path on in-process workers with virtual durations (no Ray, no timing):
     rollout rank 1 takes 5 s against a 1 s deadline; rank 0's copy wins; samples counted once."""
-    from executors.loop import Loop, LoopConfig
-    from executors.run import prepare_model, run_config
-    from traces.schema import Trace
     plan = hand_plan({**LAYOUT, "environment": ("cpu", Parallel(dp=1), "cpu")},
                      job_dict(cluster={"pools": POOLS}))
     cfg = run_config(plan, model_dir=prepare_model(plan, tmp_path))

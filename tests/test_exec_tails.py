@@ -13,17 +13,22 @@ partial        a policy whose response lengths spread from 1 to the 24-token cap
 """
 from __future__ import annotations
 
-import pytest
-
 from collections import Counter
 
+import pytest
+import torch
 from exec_util import GRPO_LAYOUT, VirtualRuntime, hand_plan, job_dict, spread_lengths
+
 from executors import rl
 from executors.ledger import Ledger
-from executors.model import EOS
-from executors.run import execute, tail_deadlines
+from executors.loop import Loop, LoopConfig
+from executors.model import EOS, build_policy
+from executors.run import execute, prepare_model, run_config, tail_deadlines
+from executors.runtime import LocalRuntime, Outcome
 from executors.tails import carry_steps, overprovision_extra
+from placer.costmodel import Parallel
 from placer.spec import job_from_dict
+from traces.schema import Trace
 
 STEPS = 2
 N = 8 * 4  # prompts x samples per prompt in examples/tiny-cpu.yaml
@@ -37,7 +42,7 @@ def over(tmp_path_factory):
 
 def test_overprovision_generates_more_and_trains_first_n(over) -> None:
     assert over.ledger_ok, over.ledger_problems
-    for step, e in over.ledger.steps.items():
+    for e in over.ledger.steps.values():
         assert len(e.planned) == 40 and len(e.dropped) == 8 and sum(e.trained.values()) == N
         assert not set(e.dropped) & set(e.trained)
     gen = [e for e in over.trace.of("generate") if e.args["step"] == 0][0]
@@ -64,10 +69,6 @@ def test_reissue_sets_environment_deadline() -> None:
 
 
 def test_overprovision_abandons_the_slow_shard(tmp_path) -> None:
-    from executors.loop import Loop, LoopConfig
-    from executors.run import prepare_model, run_config
-    from placer.costmodel import Parallel
-    from traces.schema import Trace
     layout = {**GRPO_LAYOUT, "actor": ("gpu", Parallel(dp=1), "train"),
               "rollout": ("lpu", Parallel(dp=2), "gen")}
     plan = hand_plan(layout, job_dict(tail_policy={"kind": "overprovision", "fraction": 1.0}))
@@ -91,10 +92,6 @@ PARTIAL_JOB = job_dict(lengths={"prompt": {"kind": "fixed", "value": 12},
 
 
 def _partial_loop(out, rt_class=None, checkpoint_every: int = 1):
-    from executors.loop import Loop, LoopConfig
-    from executors.run import run_config
-    from executors.runtime import LocalRuntime
-    from traces.schema import Trace
     plan = hand_plan(GRPO_LAYOUT, PARTIAL_JOB)
     spread_lengths(plan, out)
     cfg = run_config(plan, model_dir=str(out / "model-v0"))
@@ -134,7 +131,7 @@ def test_partial_carries_samples_into_later_steps_and_balances(partial) -> None:
     bound = carry_steps(job_from_dict(PARTIAL_JOB).tail_policy, CAP)
     assert bound == 1 and all(s - _planned_step(i) <= bound for s, i in late)
     # a step that resumes samples plans fewer fresh ones: n in all, in whole groups of 4
-    for s, e in led.steps.items():
+    for e in led.steps.values():
         resumed = [i for i in e.carried_in if i in e.generated]
         assert len(e.planned) % 4 == 0 and len(e.planned) + len(resumed) <= N
 
@@ -155,8 +152,6 @@ def test_partial_trains_whole_grpo_groups_and_responses_within_the_cap(partial) 
 def test_partial_rollback_restores_the_carry(tmp_path, partial) -> None:
     """The trainer fails once at step 3; checkpoints every 2 steps: the loop rolls back to the
     step-1 checkpoint (weights and carry) and trains exactly what the undisturbed run trained."""
-    from executors.runtime import LocalRuntime, Outcome
-
     class FailOnce(LocalRuntime):
         calls = 0
 
@@ -188,7 +183,6 @@ def test_samples_mask_tool_output_out_of_the_loss() -> None:
 def test_gae_carries_across_tool_tokens() -> None:
     """GAE over a response with a tool segment equals GAE over the same response with the tool
     tokens cut out: they neither add TD terms nor break the bootstrap chain."""
-    import torch
     r = torch.tensor([[0.0, 0.1, 0.0, 0.0, 0.0, 1.0]])
     v = torch.tensor([[0.2, 0.3, 9.0, 9.0, 0.4, 0.5]])
     m = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]])
@@ -201,7 +195,6 @@ def test_gae_carries_across_tool_tokens() -> None:
 
 
 def test_generate_stops_each_row_at_its_limit() -> None:
-    from executors.model import build_policy
     plan = hand_plan(GRPO_LAYOUT)
     model = build_policy(plan.resolved().model_of("actor"), 0)
     full, _ = rl.generate(model, [[1, 5, 6]] * 2, 10, [7, 8])

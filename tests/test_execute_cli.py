@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from exec_util import GRPO_LAYOUT, ROOT, hand_plan
+
 from placer.cli import main
 from placer.plan import save_plan
 from traces.schema import read_trace

@@ -1,0 +1,145 @@
+"""What the parts of the RL loop share: the run's settings, its state across steps, trace events.
+
+`executors.loop.Loop` owns the step sequence and composes its parts, each a class with a narrow
+interface over one `LoopContext`:
+  calls      `executors.calls.Dispatcher`: a role's calls in parallel, with injected faults,
+             per-call deadlines and re-runs of calls whose worker died;
+  weights    `executors.weights.WeightSync`: the trainer's weights to the rollout workers;
+  rollouts   `executors.rollouts.RolloutDriver`: a step's trajectories over rounds and turns,
+             and `executors.rollouts.EnvironmentCalls`: answers run in the sandbox;
+  tails      `executors.tails.TailPolicies`: overprovision, partial rollouts and their carry;
+  training   `executors.training.Training`: score, advantages, train; and
+             `executors.training.Checkpoints`: save, restore (with the carry);
+  recovery   `executors.recovery.Recovery`: a lost training process, a changed cluster.
+The context holds only what several of them read or write: the plan and the runtime that runs it
+(a cluster recovery replaces both), the workers by role, the ledger, the trace, the weight
+version each rollout worker holds, the workers busy with abandoned calls, the answers of samples
+not trained yet and the current step's counters. Everything else belongs to one part.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from executors.elastic import Elastic
+from executors.ledger import Ledger
+from executors.placement import Member
+from executors.roles import RunConfig
+from executors.runtime import Runtime
+from executors.stragglers import Busy
+from placer.plan import Plan
+from placer.roles import Role
+from placer.spec import Job
+from traces.schema import Trace
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Kill a worker right after its work of `step` was dispatched (`kind`: ray.kill | signal)."""
+
+    step: int
+    role: str
+    kind: str = "ray.kill"
+    rank: int = 0
+
+
+@dataclass
+class LoopConfig:
+    steps: int
+    out_dir: Path
+    mode: str = "sync"
+    max_staleness: int = 0
+    checkpoint_every: int = 1
+    retries: int = 3
+    faults: list[Fault] = field(default_factory=list)
+    deadlines: dict[str, float] = field(default_factory=dict)  # role -> per-call deadline (s)
+    start: int = 0  # first step; > 0 resumes from the checkpoint of step `start - 1`
+
+
+@dataclass
+class StepStat:
+    step: int
+    reward: float
+    exact: float
+    step_s: float
+    role_s: dict[str, float]
+    versions: list[int]
+    loss: float
+    reruns: int = 0
+
+
+class TrainingLost(RuntimeError):
+    """A trainer or critic rank died; the loop rolls back to the last checkpoint."""
+
+
+@dataclass
+class StepCounters:
+    """The current step's busy time per role (the slowest call of each batch) and re-runs."""
+
+    role_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    reruns: int = 0
+
+
+@dataclass
+class LoopContext:
+    """The state the loop's parts share (see the module docstring for who reads what)."""
+
+    plan: Plan
+    rt: Runtime
+    cfg: RunConfig
+    lc: LoopConfig
+    trace: Trace
+    elastic: Elastic | None = None
+    ledger: Ledger = field(default_factory=Ledger)
+    t0: float = field(default_factory=time.time)  # trace timestamps count from here
+    known: dict[int, int | None] = field(default_factory=dict)  # rollout rank -> its version
+    synced: int | None = None  # the version the last weight sync sent
+    busy: Busy = field(default_factory=Busy)
+    targets: dict[str, int] = field(default_factory=dict)  # sample id -> answer, until trained
+    counters: StepCounters = field(default_factory=StepCounters)
+    by_role: defaultdict[str, list[Member]] = field(init=False)
+    # The job of the plan the run started with: a re-plan changes the cluster, never the batch,
+    # the lengths or the tail policy the loop reads from it.
+    job: Job = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.job = self.plan.resolved().job
+        self.by_role = self._index(self.rt)
+
+    @staticmethod
+    def _index(rt: Runtime) -> defaultdict[str, list[Member]]:
+        by_role: defaultdict[str, list[Member]] = defaultdict(list)
+        for m in sorted(rt.members, key=lambda m: (m.role, m.rank)):
+            by_role[m.role].append(m)
+        return by_role
+
+    def workers(self, role: Role) -> list[Member]:
+        """The role's workers by rank; none when the plan has no such role."""
+        return self.by_role.get(role) or []
+
+    def replace_world(self, plan: Plan, rt: Runtime) -> None:
+        """A rebuilt cluster: new workers hold no weights and run no abandoned calls."""
+        self.plan, self.rt = plan, rt
+        self.by_role = self._index(rt)
+        self.busy, self.known = Busy(), {}
+
+    def new_step(self) -> None:
+        self.counters = StepCounters()
+
+    def event(self, name: str, cat: str, ts: float, dur: float, m: Member | None, step: int,
+              **args: object) -> None:
+        """A trace event on the worker's track (the driver's when `m` is None)."""
+        pid, tid = (m.trace_pid, f"{m.role}{m.rank}") if m else ("driver", "loop")
+        if m is not None:
+            args.setdefault("role", m.role)
+            args.setdefault("devices", m.device_ids)
+        self.trace.add(name, cat, max(ts - self.t0, 0.0), max(dur, 0.0), pid, tid, step=step,
+                       **args)
+
+    def check_cluster(self) -> None:
+        """Raise ClusterChanged when nodes died or joined (only a re-plan helps then)."""
+        change = self.elastic.changed() if self.elastic is not None else None
+        if change is not None:
+            raise change
