@@ -8,10 +8,17 @@ A profile is YAML or JSON:
 
 `placer calibrate` writes one from an executed trace; `plan`, `simulate` and `compare` take it with
 `--calibration`. Unknown factor names are errors, so a typo never silently keeps a default.
+
+Every `costmodel.Efficiency` field may be set here. `placer calibrate` (placer/fit.py) fits the
+achieved fractions and overheads it lists; it leaves at their defaults (or at a profile's values)
+the shape parameters of the size-dependent efficiencies (gemm_half_ridge, decode_bw_half_batch,
+decode_tp_bw_loss), the per-sequence step overhead, the collective latencies (coll_base_s,
+nvlink_hop_s, net_hop_s) and the weight-refresh rates (sync_sender_gbs, sync_local_gbs): each
+scales a fitted factor's term, every event stays affine in the fitted unknowns, and a trace of one
+model on one layout does not separate a shape from the factor it scales.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +43,29 @@ def calibration_from_dict(data: dict[str, Any], source: str = "calibration") -> 
     return Calibration(default=default, per_device=per)
 
 
+# Factors the cost model divides by (achieved fractions, bandwidths): 0 would be a division by zero.
+POSITIVE = frozenset({"mfu_train", "mfu_prefill", "decode_bw_eff", "decode_flops_eff", "link_eff",
+                      "offload_gbs", "kv_mem_fraction", "sync_sender_gbs", "sync_local_gbs"})
+FRACTIONS = {"kv_mem_fraction": (0.0, 1.0), "lpu_kv_reserve": (0.0, 0.99)}  # shares of memory
+MAX_FACTOR = 1e6  # beyond any real factor, overhead or bandwidth; keeps every product finite
+MIN_DIVISOR = 1e-12  # a divisor below it (1e-320, say) makes times overflow to inf, then NaN
+
+
 def _floats(values: dict[str, Any], where: str) -> dict[str, float]:
     if not isinstance(values, dict):
-        raise SpecError(f"{where}: expected a mapping of factor: value, got {values!r}")
+        raise SpecError(f"{where}: expected a mapping of factor: value, got {values!r:.60}")
     out = {}
     for k, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-            raise SpecError(f"{where}.{k}: expected a non-negative number (got {v!r})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_FACTOR:
+            raise SpecError(f"{where}.{k}: expected a non-negative number up to {MAX_FACTOR:g} "
+                            f"(got {v!r:.60})")
+        if k in POSITIVE and v < MIN_DIVISOR:
+            raise SpecError(f"{where}.{k}: must be at least {MIN_DIVISOR:g} (the cost model "
+                            f"divides by it) (got {v!r})")
+        lo, hi = FRACTIONS.get(k, (0.0, MAX_FACTOR))
+        if not lo <= v <= hi:
+            raise SpecError(f"{where}.{k}: a share of memory, expected {lo:g} to {hi:g} "
+                            f"(got {v!r})")
         out[k] = float(v)
     return out
 

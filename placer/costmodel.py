@@ -4,8 +4,13 @@ The ILP, the baselines and the simulator all price work here, so their numbers a
 work. Formulas are first principles plus named efficiency factors (`Efficiency`), each with a
 default that a calibration profile overrides per device type.
 
-Notation: P parameters (`ModelArch.params`: embeddings, GQA attention, SwiGLU MLP, RMSNorm), L
-layers, h hidden, s context, b = 2 bytes per element (BF16), T tokens, n = tp*pp devices of one
+Notation: P total parameters (`ModelArch.params`: embeddings, GQA or latent attention, SwiGLU
+MLP or every expert of a mixture, RMSNorm), the sizes memory, gradients, optimizer state and weight
+sync scale with; P_mm the parameters one token multiplies by (`ModelArch.matmul_params`: only the
+experts it is routed to plus the shared ones, and no input embedding, which is a gather of one row
+per token; = P - V*h for a dense model with untied embeddings), the size FLOPs scale with; L
+layers, h hidden, w attention width (`ModelArch.attention_width`, heads * (d_qk + d_v) / 2: h for
+standard heads), s context, b = 2 bytes per element (BF16), T tokens, n = tp*pp devices of one
 replica. GB = 1e9 bytes, TFLOP/s = 1e12 FLOP/s.
 
 Memory (per device):
@@ -18,43 +23,71 @@ Memory (per device):
                    s*b*h*(34 + 5*a*s/h) per layer; flash attention drops the 5*a*s/h term;
                    tensor + sequence parallel divides it by tp), 2*h (the layer input) with full
                    recomputation plus one layer's 34*h while it is recomputed; layers / pp
-  KV cache         2 * L * kv_heads * head_dim * b per token (keys and values of every layer)
+  KV cache         2 * L * kv_heads * head_dim * b per token (keys and values of every layer);
+                   latent attention (MLA) L * (kv_lora_rank + qk_rope_head_dim) * b. A replica
+                   spreads it over pp * min(tp, kv_heads) devices: TP splits KV heads and
+                   replicates each beyond kv_heads ranks (vLLM, SGLang); an MLA latent is not
+                   split by TP at all (`kv_split`)
   engine           a fixed `engine_mem_gb` per inference GPU, `train_mem_gb` per training device
 Time:
-  training         (6*P + 12*L*h*s) FLOPs per token, (8*P + 16*L*h*s) with full recomputation
-                   (one more forward): Narayanan et al. 2021 count 96*B*s*L*h^2*(1 + s/6h +
-                   V/16Lh) per batch with recomputation, i.e. 8*(12*L*h^2) + 16*L*h*s per token;
-                   PaLM's MFU accounting (Chowdhery et al. 2022, app. B) is the 6*N + 12*L*h*s
-                   form. P here includes the input embedding (a lookup, no FLOPs): ~6-7% high
-                   for 7-8B models with 128-152k vocabularies, 1-2% at 70B; the fitted
-                   mfu_train absorbs it. / (devices * peak * mfu_train)
+  training         (6*P_mm + 6*L*w*s) FLOPs per token, (8*P_mm + 8*L*w*s) with full
+                   recomputation (one more forward): Narayanan et al. 2021 count
+                   96*B*s*L*h^2*(1 + s/6h + V/16Lh) per batch with recomputation, i.e.
+                   8*(12*L*h^2 + V*h) + 16*L*h*s per token (the V*h is the LM head, in P_mm; the
+                   input embedding is not); PaLM's MFU accounting (Chowdhery et al. 2022, app. B)
+                   is the 6*N + 12*L*h*s form; for a mixture of experts N is the activated
+                   parameters (DeepSeek-V3 report, Liu et al. 2024). Their attention term is the
+                   full s x s score matrix; a causal mask computes half of it (a token attends
+                   s/2 keys on average; FlashAttention skips the masked blocks), hence 6*L*w*s
+                   (`attention_flops_per_token`). / (devices * peak * mfu), mfu = `gemm_eff`:
+                   mfu_train * t / (t + t_half), t = tokens per device per optimizer step (at
+                   most one micro-batch, `MICRO_TOKENS`), t_half = gemm_half_ridge * peak / HBM
+                   bandwidth (the roofline ridge: a GEMM over t tokens does ~t FLOP per weight
+                   byte, Williams et al. 2009)
                    + pipeline bubble compute * (pp-1)/m with m = 4*pp micro-batches (1F1B
                    schedule, Narayanan et al. 2021)
-                   + per optimizer step: ring all-reduce of bf16 grads 2(dp-1)/dp * 2P/n bytes over
-                   NVLink (<= 8 devices) or the NIC (Patarasuk & Yuan 2009), optimizer offload
-                   traffic 2 * 12P/(n*dp) bytes at `offload_gbs`, and `train_overhead_s`
-                   + TP: 2 all-reduces of T*h*b bytes per layer per pass (Shoeybi et al. 2019),
-                   3 passes with recomputation, 2 without, layers / pp
-  forward          (2*P + 4*L*h*s) FLOPs per token / (devices * peak * mfu_prefill) + TP comm
-                   (one pass) + `step_overhead_s`
-  decode step      max((P*b + KV bytes * context) / n / (bw * decode_bw_eff),
-                       2*P*batch / n / (peak * decode_flops_eff))
-                   + TP comm of the batch's tokens + `step_overhead_s`; memory-bound at small
-                   batch (Pope et al. 2022; the roofline view of decoding)
+                   + per optimizer step: all-reduce of bf16 grads 2P/n bytes over dp ranks
+                   (`collectives.all_reduce`: min(ring, tree), latency + bytes / bandwidth) on
+                   NVLink (<= 8 devices) or the NIC, optimizer offload traffic 2 * 12P/(n*dp)
+                   bytes at `offload_gbs`, and `train_overhead_s`
+                   + TP: 2 all-reduces of the activations per layer per pass (Shoeybi et al.
+                   2019), one call per `MICRO_TOKENS` micro-batch, 3 passes with recomputation,
+                   2 without, layers / pp
+  forward          (2*P_mm + 2*L*w*s) FLOPs per token (causal) / (devices * peak * mfu), mfu =
+                   `gemm_eff` of mfu_prefill at the tokens per replica, + TP comm (one pass) +
+                   `step_overhead_s`
+  decode step      max(R(batch)*b / n / (bw * e) + KV bytes * context / (pp * KV split) /
+                       (bw * e), 2*P_mm*batch / n / (peak * decode_flops_eff))
+                   + TP comm + step overhead; memory-bound at small batch (Pope et al. 2022; the
+                   roofline view of decoding). e = `decode_bw_eff`(batch, tp) = decode_bw_eff *
+                   batch / (batch + decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp);
+                   TP comm = 2 * L all-reduce calls of batch*h*b bytes, each at least its
+                   latency (`decode_tp_comm`); step overhead = step_overhead_s +
+                   step_overhead_per_seq_s * batch (`step_overhead`). R(batch) =
+                   `ModelArch.decode_read_params`: P_mm with the k routed experts of each MoE
+                   layer replaced by the E * (1 - (1 - k/E)^batch) distinct experts a batch is
+                   expected to hit under balanced routing (<= min(E, batch*k)); = P_mm dense
   continuous batch concurrency = floor(KV capacity / longest context), KV capacity = (memory *
-                   kv_mem_fraction - weights - engine) * n / KV bytes per token (vLLM's
-                   gpu_memory_utilization, Kwon et al. 2023)
+                   kv_mem_fraction - weights - engine) * pp * KV split / KV bytes per token
+                   (vLLM's gpu_memory_utilization, Kwon et al. 2023)
+  mixture of experts  no expert parallelism yet: every device of a replica holds 1/n of every
+                   expert (TP splits each expert's matrices as it splits a dense MLP), so
+                   weights, grads and optimizer state scale with P and the FLOPs with P_mm
   LPU              weights live in SRAM: chips = ceil(P*b * (1 + lpu_kv_reserve) / SRAM) (230
                    MB per GroqChip); KV room = chips * SRAM * reserve / (1 + reserve);
                    decode step = lpu_step_s + chips * lpu_hop_s + (batch-1) * one chip's stage
                    time (max of its weight reads and FLOPs); the two constants are fitted so that
                    batch-1 decoding reproduces Groq's public ~300 tokens/s per user on
-                   Llama-2-70B and ~750 on Llama-2-7B; forward = 2*P per token over the chips'
+                   Llama-2-70B and ~750 on Llama-2-7B (a stage reads R(1)*b / chips and
+                   computes 2*P_mm / chips); forward = 2*P_mm per token over the chips'
                    FLOP/s * mfu_prefill, replicas = devices // chips, + chips * lpu_hop_s
   environment      waves = ceil(calls / max(floor(cores / cpu_per_call), 1)), each the call's
                    mean latency + tool_overhead_s; a rule reward is ceil(samples / cores) *
                    rule_reward_s
-  weight sync      P*b / (path GB/s * link_eff) + sync_latency_s (+ lpu_reload_s onto LPUs)
+  weight sync      P*b / (path GB/s * link_eff) + sync_latency_s (+ lpu_reload_s onto LPUs); the
+                   path is one broadcast every replica joins (`placer.timing.sync_links`): pp
+                   senders at sync_sender_gbs each, or rollout ranks at sync_local_gbs each
+                   when colocated, so t = c + bytes / (BW_eff x parallel senders)
   colocation       switching roles moves state host<->device at `offload_gbs`
 """
 from __future__ import annotations
@@ -62,24 +95,58 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
+from placer.collectives import Link, all_reduce, group_link
 from placer.spec import DeviceKind, DeviceType, ModelArch
 
 GB = 1e9
 BYTES = 2  # BF16
+# Tokens a training or forward micro-batch holds on one device: verl's default
+# ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu (16,384). Each micro-batch runs its
+# own TP all-reduces, so it sets how many calls (and per-call latencies) a pass pays.
+MICRO_TOKENS = 16384
+NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink for the NIC
 
 
 @dataclass(frozen=True)
 class Efficiency:
     """Achieved fractions of peak and fixed overheads. Defaults are public rules of thumb."""
 
-    # Megatron-LM reaches 52-56% MFU on 0.5-1T GPT pre-training (Narayanan et al. 2021,
-    # Korthikanti et al. 2022); RL steps on smaller models and batches run lower.
+    # Ceilings of the saturating GEMM efficiency (`gemm_eff`): what large per-device batches
+    # reach. Megatron-LM reaches 52-56% MFU on 0.5-1T GPT pre-training (Narayanan et al. 2021,
+    # Korthikanti et al. 2022); RL steps run lower (smaller models, FSDP, variable lengths).
     mfu_train: float = 0.40
     mfu_prefill: float = 0.50  # prefill / forward passes: large GEMMs, a bit higher than training
+    # Tokens per device at which a pass reaches half its ceiling, in units of the device's ridge
+    # point peak/bandwidth (FLOP per byte): a [t x h] x [h x k] BF16 GEMM with t << h, k does
+    # ~t FLOP per byte of weights read, so it is memory-bound below t ~ ridge (the roofline,
+    # Williams et al. 2009): 295 tokens on an H100, 37 on an H20.
+    gemm_half_ridge: float = 1.0
     decode_bw_eff: float = 0.70  # decode achieves ~70% of HBM bandwidth (vLLM/TRT-LLM measurements)
+    # Bandwidth efficiency lost per doubling of TP: each rank's weight shard, hence each GEMV,
+    # is smaller and ends sooner after its ramp. 0.12 reconciles vLLM's H200 latency anchors
+    # (Llama-3.1-8B TP1 6.5 ms and Llama-3-70B TP4 16.2 ms per decode step at batch 8, vLLM
+    # performance dashboard build 9515) with the same `decode_bw_eff`.
+    decode_tp_bw_loss: float = 0.12
+    # Batch size at which the per-step weight read is half as efficient as at large batch: a
+    # batch of 1 runs GEMV kernels, which stream weights less efficiently than the skinny GEMMs
+    # of a few sequences (vLLM and TRT-LLM batch-1 decoding reaches ~60-70% of HBM bandwidth
+    # where batch >= 8 reaches ~70-80%). 0.15: batch 1 at 87% of the large-batch efficiency.
+    decode_bw_half_batch: float = 0.15
     decode_flops_eff: float = 0.50
     link_eff: float = 0.80  # achieved fraction of NVLink / NIC bandwidth in collectives
-    step_overhead_s: float = 0.002  # per engine step (scheduling, sampling, kernel launches)
+    # Collective latencies (`placer.collectives`): NCCL's tuning model, src/graph/tuning.cc
+    # (baseLat ring LL 6.6 us; hwLat LL 0.6 us per NVLink hop, 2.7 us per network hop).
+    coll_base_s: float = 6.6e-6
+    nvlink_hop_s: float = 0.6e-6
+    net_hop_s: float = 2.7e-6
+    # Host overhead of one engine step: a fixed part (scheduler, CUDA-graph launch) plus a part
+    # per running sequence (input preparation, sampling, detokenization). vLLM v0.6.0's
+    # performance blog (2024-09) measured CPU work at up to ~1/3 of a Llama-3-8B H100 step at
+    # large batch before its multi-step scheduling; 1.5 ms + 10 us per sequence gives ~4 ms at
+    # batch 256 and matches the ~1.7 ms left of vLLM's 6.5 ms batch-8 H200 step after reading
+    # the 8B weights.
+    step_overhead_s: float = 0.0015
+    step_overhead_per_seq_s: float = 1.0e-5
     train_overhead_s: float = 0.05  # per optimizer step (optimizer, launch, sync)
     engine_mem_gb: float = 2.0  # CUDA context, activations and graphs of an inference engine
     kv_mem_fraction: float = 0.90  # share of device memory an engine may use (gpu_memory_util)
@@ -92,10 +159,17 @@ class Efficiency:
     offload_gbs: float = 25.0  # host<->device copy (PCIe Gen5 x16 ~ 50 GB/s, half achieved)
     tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency
     sync_latency_s: float = 0.01  # per weight-sync transfer (setup, NCCL/RPC)
+    # Weight refresh (`placer.timing.sync_links`), raw GB/s that `link_eff` scales like every
+    # link: one NCCL broadcast sender, bucketed, over the NIC -- 10.3 x 0.8 = 8.25 GB/s achieved,
+    # verl's checkpoint-engine README (Qwen3-30B-A3B, FSDP -> 30 rollouts, 400 Gb/s CX-7 IB);
+    # and one rollout rank loading its shard from a co-located actor -- 6.25 x 0.8 = 5 GB/s
+    # achieved (NeMo-RL DP8 -> TP8 Qwen3-4B refit 0.21-0.34 s; Miles 27B TP4 sync 2.5 s).
+    sync_sender_gbs: float = 10.3
+    sync_local_gbs: float = 6.25
     train_mem_gb: float = 1.0  # per training device: CUDA context, allocator fragmentation
     rule_reward_s: float = 0.005  # CPU seconds to verify one sample with a rule (assumption)
 
-    def override(self, values: dict[str, float]) -> "Efficiency":
+    def override(self, values: dict[str, float]) -> Efficiency:
         known = {f.name for f in fields(self)}
         bad = sorted(set(values) - known)
         if bad:
@@ -150,11 +224,27 @@ class Memory:
 
 
 def weight_bytes(m: ModelArch) -> float:
+    """BF16 bytes of every parameter (all experts, both embedding tables unless tied): what a
+    device holds and a weight sync moves."""
     return m.params() * BYTES
 
 
+def decode_read_bytes(m: ModelArch, batch: float) -> float:
+    """BF16 bytes one decode step of `batch` sequences reads: `ModelArch.decode_read_params`
+    (the matmul weights, with the MoE experts the batch is expected to hit, not all of them;
+    not the input embedding table, of which a step gathers one row per sequence)."""
+    return m.decode_read_params(batch) * BYTES
+
+
 def kv_bytes_per_token(m: ModelArch) -> float:
-    return 2 * m.layers * m.kv_heads * m.head_dim * BYTES
+    """KV-cache bytes per token of one replica: `ModelArch.kv_elements_per_token` * b."""
+    return m.kv_elements_per_token() * BYTES
+
+
+def kv_split(m: ModelArch, par: Parallel) -> int:
+    """Devices of a replica that each hold a distinct part of the KV cache: pp stages times
+    the ways TP splits it (`ModelArch.kv_tp_shards`: KV heads, or 1 for a latent cache)."""
+    return par.pp * m.kv_tp_shards(par.tp)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -177,22 +267,45 @@ def train_memory(m: ModelArch, par: Parallel, micro_tokens: int,
                   activations=act / GB, overhead=(eff or Efficiency()).train_mem_gb)
 
 
+def attention_flops_per_token(m: ModelArch, seq: float) -> float:
+    """Forward attention-score FLOPs per token of a causal sequence of `seq` tokens: QK^T and
+    AV over the keys before it, 2 * 2 * L * w per key, and a causal token sees seq / 2 keys on
+    average, so 2 * L * w * seq (half of the full-matrix 4 * L * w * s of Narayanan et al.)."""
+    return 2 * m.layers * m.attention_width() * seq
+
+
 def train_flops(m: ModelArch, tokens: float, seq: float, recompute: bool) -> float:
-    """Forward + backward (+ recomputed forward) FLOPs: (6 or 8) * (P + 2*L*h*s) per token."""
+    """Forward + backward (+ recomputed forward) FLOPs: (6 or 8) * (P_mm + L*w*s) per token
+    (causal attention, `attention_flops_per_token`), P_mm = `ModelArch.matmul_params` (the
+    experts a token runs, no input-embedding gather), w = `ModelArch.attention_width`."""
     passes = 8 if recompute else 6  # forward 2, backward 4, recomputed forward 2
-    return passes * (m.params() + 2 * m.layers * m.hidden * seq) * tokens
+    return passes * (m.matmul_params() + attention_flops_per_token(m, seq) / 2) * tokens
+
+
+def gemm_eff(ceiling: float, tokens_per_device: float, dev: DeviceType, eff: Efficiency) -> float:
+    """Achieved fraction of peak of a pass over `tokens_per_device` tokens per device (one
+    micro-batch at most, `MICRO_TOKENS`): ceiling * t / (t + t_half), t_half = gemm_half_ridge
+    * peak / bandwidth (the ridge point in FLOP per byte, which is where a GEMM over t tokens
+    stops being bound by reading its weights)."""
+    t = min(max(tokens_per_device, 0.0), MICRO_TOKENS)
+    half = eff.gemm_half_ridge * dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
+    return ceiling * t / (t + half) if t > 0 else ceiling
 
 
 def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
                steps: int, eff: Efficiency) -> float:
     """Seconds for `steps` optimizer steps over `tokens` tokens in total."""
+    mfu = gemm_eff(eff.mfu_train, tokens / max(steps, 1) / par.dp, dev, eff)
     compute = train_flops(m, tokens, seq, par.recompute) / (par.devices * dev.bf16_tflops * 1e12
-                                                              * eff.mfu_train)
+                                                              * mfu)
     micro = max(4 * par.pp, 1)
     bubble = compute * (par.pp - 1) / micro
     grad = 2 * m.params() / par.replica
-    link = dev.intra_link_gbs if par.dp * par.replica <= 8 else dev.nic_gbs
-    allreduce = 2 * (par.dp - 1) / par.dp * grad / (link * GB * eff.link_eff) if par.dp > 1 else 0.0
+    # ZeRO's reduce-scatter + all-gather move what one all-reduce moves
+    allreduce = all_reduce(grad, par.dp, group_link(dev.intra_link_gbs, dev.nic_gbs,
+                                                    par.dp * par.replica, NODE_DEVICES,
+                                                    eff.link_eff, eff.nvlink_hop_s,
+                                                    eff.net_hop_s, eff.coll_base_s))
     # Megatron TP: 2 all-reduces per layer in the forward, 2 in the backward, 2 more in the
     # recomputed forward; each device runs layers / pp of them.
     passes = 3 if par.recompute else 2
@@ -203,12 +316,31 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     return compute + bubble + steps * (allreduce + offload + eff.train_overhead_s) + tp_comm
 
 
+def tp_link(dev: DeviceType, eff: Efficiency) -> Link:
+    """The NVLink a TP group runs its all-reduces on (TP stays inside one node)."""
+    return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s)
+
+
 def _tp_comm(m: ModelArch, dev: DeviceType, tp: int, tokens: float, eff: Efficiency) -> float:
-    """One pass's TP traffic: 2 ring all-reduces of tokens*h bf16 activations per layer."""
-    if tp == 1:
+    """One pass's TP traffic over `tokens` tokens per replica: 2 all-reduces of the
+    activations (tokens * h * b bytes) per layer (Shoeybi et al. 2019), issued once per
+    micro-batch of `MICRO_TOKENS`: tokens / MICRO_TOKENS calls per layer and all-reduce, each
+    of a full micro-batch (`collectives.all_reduce`). The call count is kept fractional so that
+    a pass split into parts costs the sum of its parts (the simulator prices mini-batches one
+    by one)."""
+    if tp == 1 or tokens <= 0:
         return 0.0
-    vol = 2 * m.layers * tokens * m.hidden * BYTES * 2 * (tp - 1) / tp
-    return vol / (dev.intra_link_gbs * GB * eff.link_eff)
+    chunk = min(tokens, MICRO_TOKENS)
+    per_call = all_reduce(chunk * m.hidden * BYTES, tp, tp_link(dev, eff))
+    return 2 * m.layers * tokens / chunk * per_call
+
+
+def decode_tp_comm(m: ModelArch, dev: DeviceType, tp: int, batch: int, eff: Efficiency) -> float:
+    """One decode step's TP traffic: 2 all-reduces per layer of batch * h * b bytes, each a
+    whole call, so even a batch of 1 pays 2 * L * (base + 2(tp-1) or 2 log2(tp) hops)."""
+    if tp == 1 or batch <= 0:
+        return 0.0
+    return 2 * m.layers * all_reduce(batch * m.hidden * BYTES, tp, tp_link(dev, eff))
 
 
 # ----------------------------------------------------------------------------- frozen forward
@@ -223,11 +355,12 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
     """A prefill-like forward pass over `tokens` tokens, spread over dp replicas."""
     if dev.kind is DeviceKind.lpu:
         chips = lpu_chips(m, dev, eff)
-        per_token = 2 * m.params() / (chips * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
+        per_token = 2 * m.matmul_params() / (chips * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
         replicas = max(par.devices // chips, 1)
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
-    flops = (2 * m.params() + 4 * m.layers * m.hidden * seq) * tokens
-    compute = flops / (par.devices * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
+    flops = (2 * m.matmul_params() + attention_flops_per_token(m, seq)) * tokens
+    mfu = gemm_eff(eff.mfu_prefill, tokens / par.dp, dev, eff)
+    compute = flops / (par.devices * dev.bf16_tflops * 1e12 * mfu)
     return compute + _tp_comm(m, dev, par.tp, tokens / par.dp, eff) + eff.step_overhead_s
 
 
@@ -243,7 +376,7 @@ def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Effici
         return lpu_chips(m, dev, eff) * dev.memory_gb * GB * eff.lpu_kv_reserve / (
             1 + eff.lpu_kv_reserve) / kv_bytes_per_token(m)
     free = (dev.memory_gb * eff.kv_mem_fraction - infer_memory(m, par, dev, eff).total)
-    return max(free, 0.0) * GB * par.replica / kv_bytes_per_token(m)
+    return max(free, 0.0) * GB * kv_split(m, par) / kv_bytes_per_token(m)
 
 
 def max_concurrency(m: ModelArch, dev: DeviceType, par: Parallel, max_context: int,
@@ -263,23 +396,39 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                   eff: Efficiency) -> tuple[float, float, float, float]:
     """A GPU/CPU decode step as max(a + k * context_tokens, c) + d: (a, k, c, d) in seconds.
 
-    a: read the replica's weights; k: read one KV token; c: the batch's matmul FLOPs;
-    d: TP all-reduces of the batch's tokens and the engine's per-step overhead.
+    a: read the replica's share of the weights the step uses (`decode_read_bytes`); k: read
+    one KV token (its share on one device, `kv_split`); c: the batch's matmul FLOPs (2 *
+    `matmul_params` per sequence); d: TP all-reduces of the batch's tokens and the engine's
+    per-step overhead.
     """
     n = par.replica
-    rate = dev.mem_bw_gbs * GB * eff.decode_bw_eff
-    a = weight_bytes(m) / n / rate
-    k = kv_bytes_per_token(m) / n / rate
-    c = 2 * m.params() * batch / n / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff)
-    d = _tp_comm(m, dev, par.tp, batch, eff) + eff.step_overhead_s
+    rate = dev.mem_bw_gbs * GB * decode_bw_eff(batch, par.tp, eff)
+    a = decode_read_bytes(m, batch) / n / rate
+    k = kv_bytes_per_token(m) / kv_split(m, par) / rate
+    c = 2 * m.matmul_params() * batch / n / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff)
+    d = decode_tp_comm(m, dev, par.tp, batch, eff) + step_overhead(batch, eff)
     return a, k, c, d
+
+
+def decode_bw_eff(batch: int, tp: int, eff: Efficiency) -> float:
+    """Achieved fraction of HBM bandwidth of a decode step: decode_bw_eff * batch / (batch +
+    decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp) (see the `Efficiency` fields)."""
+    b = max(batch, 1)
+    return (eff.decode_bw_eff * b / (b + eff.decode_bw_half_batch)
+            / (1 + eff.decode_tp_bw_loss * math.log2(max(tp, 1))))
+
+
+def step_overhead(batch: int, eff: Efficiency) -> float:
+    """Host time of one engine step of `batch` sequences: step_overhead_s +
+    step_overhead_per_seq_s * batch."""
+    return eff.step_overhead_s + eff.step_overhead_per_seq_s * max(batch, 0)
 
 
 def _lpu_decode_step(m: ModelArch, dev: DeviceType, batch: int, eff: Efficiency) -> float:
     """A token walks the chip pipeline; each further sequence adds one chip's stage time."""
     chips = lpu_chips(m, dev, eff)
-    stage = max(weight_bytes(m) / chips / (dev.mem_bw_gbs * GB * eff.decode_bw_eff),
-                2 * m.params() / chips / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff))
+    stage = max(decode_read_bytes(m, 1) / chips / (dev.mem_bw_gbs * GB * eff.decode_bw_eff),
+                2 * m.matmul_params() / chips / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff))
     return eff.lpu_step_s + chips * eff.lpu_hop_s + (batch - 1) * stage
 
 

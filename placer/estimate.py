@@ -20,24 +20,39 @@ Roles and the work they do each iteration (n samples, mean context s tokens):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from placer.catalog import Resolved
-from placer.costmodel import (Calibration, Efficiency, Memory, Parallel, decode_run_time,
-                              forward_time, infer_memory, kv_bytes_per_token, lpu_chips,
-                              max_concurrency, prefill_time, tool_waves, train_memory, train_time)
+from placer.costmodel import (
+    Calibration,
+    Efficiency,
+    Memory,
+    Parallel,
+    decode_run_time,
+    forward_time,
+    infer_memory,
+    kv_bytes_per_token,
+    kv_split,
+    lpu_chips,
+    max_concurrency,
+    prefill_time,
+    tool_waves,
+    train_memory,
+    train_time,
+)
+from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceKind, DeviceType, Pool
 
 # Which kinds of device may host a role (training needs can_train as well).
 HOSTS: dict[str, tuple[DeviceKind, ...]] = {
-    "actor": (DeviceKind.gpu,),
-    "critic": (DeviceKind.gpu,),
-    "rollout": (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
-    "reference": (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
-    "reward": (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
-    "environment": (DeviceKind.cpu,),
+    Role.ACTOR: (DeviceKind.gpu,),
+    Role.CRITIC: (DeviceKind.gpu,),
+    Role.ROLLOUT: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    Role.REFERENCE: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    Role.REWARD: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    Role.ENVIRONMENT: (DeviceKind.cpu,),
 }
-TRAINING_ROLES = ("actor", "critic")
 RULE_REWARD_S = Efficiency().rule_reward_s  # default CPU seconds per rule-checked sample
 
 
@@ -69,7 +84,7 @@ def can_host(res: Resolved, role: str, pool: Pool) -> bool:
         return False
     if role in TRAINING_ROLES and not dev.can_train:
         return False
-    if role == "reward" and res.model_of("reward") is None:
+    if role == Role.REWARD and res.model_of(Role.REWARD) is None:
         return dev.kind is DeviceKind.cpu  # a rule reward is CPU work
     return True
 
@@ -87,8 +102,10 @@ def estimate(res: Resolved, role: str, pool: Pool, par: Parallel, calib: Calibra
     """Estimate one role on `pool` with `par`; `env_cores` prices tool calls inside the rollout."""
     dev = res.device_of(pool)
     eff = calib.for_device(dev)
-    fn = {"rollout": _rollout, "environment": _environment, "actor": _train,
-          "critic": _train, "reference": _forward, "reward": _reward}[role]
+    fns: dict[str, Callable[..., Estimate]] = {
+        Role.ROLLOUT: _rollout, Role.ENVIRONMENT: _environment, Role.ACTOR: _train,
+        Role.CRITIC: _train, Role.REFERENCE: _forward, Role.REWARD: _reward}
+    fn = fns[role]
     est = fn(res, role, pool, dev, par, eff, env_cores)
     if est.feasible and est.memory.total > dev.memory_gb:
         mem = est.memory
@@ -143,7 +160,7 @@ def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
 
 
 def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
-    if res.model_of("reward") is not None:
+    if res.model_of(Role.REWARD) is not None:
         return _forward(res, role, pool, dev, par, eff, env)
     cores = par.devices * dev.cores
     t = math.ceil(res.job.batch.samples / cores) * eff.rule_reward_s
@@ -220,7 +237,7 @@ class RolloutShape:
 
 
 def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency) -> RolloutShape:
-    m = res.model_of("rollout")
+    m = res.arch_of(Role.ROLLOUT)
     replicas = (par.dp if dev.kind is not DeviceKind.lpu
                 else max(par.devices // lpu_chips(m, dev, eff), 1))
     gen = generated_samples(res.job)
@@ -237,7 +254,7 @@ def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, ba
     Turn k: prefill the new tokens (prompt, or the previous tool output) at the grown context,
     decode `response` tokens; between turns every sequence waits on its tool call.
     """
-    j, m = res.job, res.model_of("rollout")
+    j, m = res.job, res.arch_of(Role.ROLLOUT)
     env = j.environment
     p, r, o = (j.lengths.prompt.mean_value(), j.lengths.response.mean_value(),
                env.tool_output_tokens)
@@ -257,7 +274,7 @@ def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, ba
 
 
 def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
-    m = res.model_of("rollout")
+    m = res.arch_of(Role.ROLLOUT)
     if dev.kind is DeviceKind.lpu:
         chips = lpu_chips(m, dev, eff)
         if par.devices < chips:
@@ -270,10 +287,11 @@ def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
     if shape.concurrency < 1:
         ctx = res.job.max_context
         free = max(dev.memory_gb * eff.kv_mem_fraction - mem.total, 0.0)
+        split = kv_split(m, par)  # devices holding distinct KV (a latent is not split by TP)
         return _infeasible(Estimate(role, pool.name, par, mem, {}),
                            f"one {ctx}-token sequence needs {ctx * kv_bytes_per_token(m) / 1e9:.2f}"
-                           f" GB of KV cache per replica, {free * par.replica:.2f} GB is left on "
-                           f"{par.replica} x {dev.name} after {mem.total:.1f} GB of weights and "
+                           f" GB of KV cache per replica, {free * split:.2f} GB is left on "
+                           f"{split} x {dev.name} after {mem.total:.1f} GB of weights and "
                            "engine per device")
     full, rest = shape.waves_used()
     gen = 0.0

@@ -47,14 +47,24 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, overload
 
 import numpy as np
 
 from placer.costmodel import Efficiency
-from placer.fit_events import (GROUP_OF, GROUPS, INV, DecodeRun, EventContext, GenerateRun,
-                               price_event, probe_variants, switch_off)
+from placer.fit_events import (
+    GROUP_OF,
+    GROUPS,
+    INV,
+    DecodeRun,
+    EventContext,
+    GenerateRun,
+    price_event,
+    probe_variants,
+    switch_off,
+)
 from placer.plan import Plan
 from placer.spec import SpecError
 from traces.schema import Trace, TraceEvent
@@ -123,7 +133,14 @@ class FitResult:
         return out
 
 
+@overload
+def _sig(x: float, digits: int = 6) -> float: ...
+@overload
+def _sig(x: None, digits: int = 6) -> None: ...
+@overload
+def _sig(x: float | None, digits: int = 6) -> float | None: ...
 def _sig(x: float | None, digits: int = 6) -> float | None:
+    """`x` to `digits` significant digits (None stays None)."""
     return None if x is None else float(f"{x:.{digits}g}")
 
 
@@ -260,6 +277,7 @@ def _fit_group(ctx: EventContext, device: str, group: str, events: list[Priced],
                         if rows[k].coef[name] * theta[name] >= MIN_SHARE * rows[k].measured)
         rms = se = None
         if name in fitted:
+            assert cov is not None, "solve returns a covariance whenever it fitted a factor"
             rms = float(np.sqrt(np.mean(resid[used] ** 2)))
             k = fitted.index(name)
             se = float(math.sqrt(max(cov[k, k], 0.0)) / theta[name])

@@ -22,15 +22,26 @@ Event conventions relied on (traces/schema.py; the simulator and the executor wr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from typing import Callable
+from functools import lru_cache, partial
 
 from placer.catalog import Resolved
-from placer.costmodel import (GB, Calibration, Efficiency, Memory, Parallel, decode_run_time,
-                              decode_step_time, forward_time, prefill_time, train_time)
+from placer.costmodel import (
+    GB,
+    Calibration,
+    Efficiency,
+    Memory,
+    Parallel,
+    decode_run_time,
+    decode_step_time,
+    forward_time,
+    prefill_time,
+    train_time,
+)
 from placer.estimate import Estimate, mean_context
 from placer.plan import Plan, calibration_of
+from placer.roles import Role
 from placer.spec import DeviceKind, DeviceType, ModelArch, SpecError
 from placer.timing import Placed, sync_bandwidth
 from traces.schema import TraceEvent
@@ -157,9 +168,9 @@ def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
         return None  # an onload or other unsized copy: no factor here prices it
     dst_pool = str(ev.args.get("dst", "")).split(":")[0]
     if dst_pool not in ctx.pools:
-        if "rollout" not in ctx.plan.roles:
+        if Role.ROLLOUT not in ctx.plan.roles:
             return None
-        dst_pool = ctx.plan.roles["rollout"].pool
+        dst_pool = ctx.plan.roles[Role.ROLLOUT].pool
     dev = ctx.res.device_of(dst_pool)
     gbs = ctx.num(i, ev, "gbs", ctx.sync_gbs, positive=True)
 
@@ -170,16 +181,14 @@ def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
 
 
 def _plan_sync_gbs(plan: Plan, res: Resolved) -> float | None:
-    """The plan's per-replica weight-sync bandwidth (GB/s), as `timing.sync_time` prices it."""
+    """The plan's weight-sync bandwidth (raw GB/s of the broadcast's slowest link, default
+    sender and local-load rates), as `timing.sync_time` prices it."""
     roles = plan.roles
-    if "actor" not in roles or "rollout" not in roles:
+    if Role.ACTOR not in roles or Role.ROLLOUT not in roles:
         return None
     placed = {r: Placed(p.slot, Estimate(r, p.pool, p.par, Memory(), {}))
-              for r, p in roles.items() if r in ("actor", "rollout")}
-    bw = sync_bandwidth(res, placed["actor"], placed["rollout"])
-    dev = res.device_of(roles["rollout"].pool)
-    replicas = 1 if dev.kind is DeviceKind.lpu else max(roles["rollout"].dp, 1)
-    return bw / replicas
+              for r, p in roles.items() if r in (Role.ACTOR, Role.ROLLOUT)}
+    return sync_bandwidth(res, placed[Role.ACTOR], placed[Role.ROLLOUT])
 
 
 @lru_cache(maxsize=256)
@@ -236,10 +245,10 @@ class DecodeRun:
         """(j, [(time of a part, the decode factor switched off in it)]): the compute-bound
         prefix prices FLOPs, the memory-bound rest prices bandwidth."""
         j = self.compute_bound_steps(e)
-        out = []
+        out: list[tuple[Callable[[Efficiency], float], str]] = []
         for start, count, drop in ((0, j, "decode_bw_eff"), (j, self.steps - j, "decode_flops_eff")):
             if count:
-                out.append((lambda eff, s=start, c=count: self(eff, s, c), drop))
+                out.append((partial(self.__call__, start=start, count=count), drop))
         return j, out
 
 

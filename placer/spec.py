@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import json
 import math
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, Field, StrictBool, ValidationError, model_validator
 
-from placer.distributions import Distribution  # noqa: F401  (re-exported)
-from placer.specbase import (MAX_CONTEXT_TOKENS, PosFloat, PosInt, SpecError,  # noqa: F401
-                             Strict)
+from placer.distributions import Distribution  # also re-exported
+from placer.fileio import atomic_write_text
+from placer.inputs import load_json, load_yaml, read_text
+from placer.roles import Role
+from placer.specbase import MAX_CONTEXT_TOKENS, PosFloat, PosInt, SpecError, Strict  # some re-exported
 
 
 # ----------------------------------------------------------------------------------- hardware
-class DeviceKind(str, Enum):
+class DeviceKind(StrEnum):
     gpu = "gpu"
     cpu = "cpu"
     lpu = "lpu"
@@ -48,47 +50,227 @@ class DeviceType(Strict):
     source: str = ""
 
     @model_validator(mode="after")
-    def _inference_only_lpu(self) -> "DeviceType":
+    def _inference_only_lpu(self) -> DeviceType:
         if self.kind is DeviceKind.lpu and self.can_train:
             raise ValueError("an lpu is inference-only: can_train must be false")
         return self
 
 
+# Counts that may be zero (a dense model has no experts); bounded like PosInt.
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=1_000_000_000)]
+_MOE_FIELDS = ("experts_per_token", "shared_experts", "expert_mlp", "dense_layers")
+_MLA_FIELDS = ("q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
 class ModelArch(Strict):
-    """A decoder-only transformer (Llama/Qwen family: GQA attention, SwiGLU MLP, RMSNorm)."""
+    """A decoder-only transformer as its config.json describes it (Hugging Face key in brackets).
+
+    Attention is GQA (Llama, Qwen: q/k/v/o projections, `kv_heads` key/value heads of `head_dim`)
+    or, when `kv_lora_rank` is set, multi-head latent attention (MLA, DeepSeek-V2/V3: keys and
+    values are rebuilt from one compressed latent per token, which is all the KV cache holds).
+    The MLP is SwiGLU (gate, up, down: three matrices) in every layer, or, when `experts` > 0, a
+    mixture of experts (MoE) after `dense_layers` leading dense layers: a router and `experts`
+    routed SwiGLU experts of width `expert_mlp`, of which `experts_per_token` run per token, plus
+    `shared_experts` that every token runs. RMSNorm before attention and MLP and at the end.
+
+    Parameter counts (h hidden, L layers, V vocab; `params`, `active_params`, `matmul_params`):
+      GQA attention   h*q + 2*h*kv + q*h with q = heads*head_dim, kv = kv_heads*head_dim
+                      (+ q + 2*kv biases with `qkv_bias`, + 2*head_dim with `qk_norm`)
+      MLA attention   q: h*r_q + r_q + r_q*heads*(d_nope + d_rope) (or h*heads*(d_nope + d_rope)
+                      without a q rank); kv: h*(r_kv + d_rope) + r_kv + r_kv*heads*(d_nope + d_v);
+                      o: heads*d_v*h (DeepSeek-V2 report, Liu et al. 2024, sec. 2.1.2; the
+                      modeling_deepseek.py projections)
+      dense MLP       3*h*mlp;   MoE layer  h*experts (router) + (experts + shared) * 3*h*expert_mlp
+      per layer       + 2*h norms;   embeddings V*h, twice unless tied;   final norm h
+    """
 
     name: str
-    layers: PosInt
-    hidden: PosInt
-    heads: PosInt
-    kv_heads: PosInt
-    mlp: PosInt = Field(description="MLP intermediate size (SwiGLU: three matrices)")
-    vocab: PosInt
-    tie_embeddings: StrictBool = False
+    layers: PosInt = Field(description="[num_hidden_layers]")
+    hidden: PosInt = Field(description="[hidden_size]")
+    heads: PosInt = Field(description="query heads [num_attention_heads]")
+    kv_heads: PosInt = Field(description="key/value heads [num_key_value_heads]")
+    head_dim: PosInt | None = Field(
+        None, description="per-head size [head_dim]; default hidden // heads (GQA only)")
+    mlp: PosInt = Field(description="dense MLP intermediate size (SwiGLU: three matrices) "
+                                    "[intermediate_size]; MoE models: their dense layers'")
+    vocab: PosInt = Field(description="[vocab_size]")
+    tie_embeddings: StrictBool = Field(
+        False, description="one table for input embedding and LM head [tie_word_embeddings]")
     qkv_bias: StrictBool = False
+    qk_norm: StrictBool = Field(False, description="RMSNorm over each head's q and k (Qwen3)")
+    # mixture of experts (all zero / None: a dense model)
+    experts: NonNegInt = Field(0, description="routed experts [num_experts, n_routed_experts]")
+    experts_per_token: NonNegInt = Field(0, description="[num_experts_per_tok]")
+    shared_experts: NonNegInt = Field(0, description="always-on experts [n_shared_experts]")
+    expert_mlp: PosInt | None = Field(None, description="one expert's intermediate size "
+                                                        "[moe_intermediate_size]")
+    dense_layers: NonNegInt = Field(0, description="leading layers with a dense MLP of `mlp` "
+                                                   "[first_k_dense_replace]")
+    # multi-head latent attention (all None: GQA)
+    q_lora_rank: PosInt | None = None
+    kv_lora_rank: PosInt | None = None
+    qk_rope_head_dim: PosInt | None = None
+    qk_nope_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
     params_b: float | None = Field(None, description="published parameter count, billions")
     source: str = ""
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelArch":
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+    def _heads_divide(self) -> ModelArch:
+        if self.head_dim is None and not self.mla and self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads} "
+                             "(give head_dim when the heads are not hidden / heads wide)")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         return self
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    @model_validator(mode="after")
+    def _moe_consistent(self) -> ModelArch:
+        if not self.experts:
+            given = [f for f in _MOE_FIELDS if getattr(self, f)]
+            if given:
+                raise ValueError(f"{', '.join(given)} need experts > 0 (a mixture of experts)")
+            return self
+        if not 1 <= self.experts_per_token <= self.experts:
+            raise ValueError(f"experts_per_token must be between 1 and experts ({self.experts}), "
+                             f"got {self.experts_per_token}")
+        if self.expert_mlp is None:
+            raise ValueError("a mixture of experts needs expert_mlp (moe_intermediate_size)")
+        if self.dense_layers >= self.layers:
+            raise ValueError(f"dense_layers {self.dense_layers} leaves no MoE layer of "
+                             f"{self.layers}")
+        return self
 
+    @model_validator(mode="after")
+    def _mla_consistent(self) -> ModelArch:
+        if self.kv_lora_rank is None:
+            given = [f for f in _MLA_FIELDS if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} need kv_lora_rank (latent attention)")
+            return self
+        # q_lora_rank may be absent: smaller MLA models (DeepSeek-V2-Lite) project q directly
+        missing = [f for f in _MLA_FIELDS[1:] if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"latent attention (kv_lora_rank) needs {', '.join(missing)}")
+        if self.head_dim is not None or self.qkv_bias or self.qk_norm:
+            raise ValueError("head_dim, qkv_bias and qk_norm apply to GQA attention, not to "
+                             "latent attention (kv_lora_rank)")
+        return self
+
+    # ------------------------------------------------------------------------------- shape
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek) rather than GQA."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def head_size(self) -> int:
+        """GQA per-head size: `head_dim`, or hidden // heads when not given (Llama, Qwen2.5)."""
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.moe else 0
+
+    def expert_params(self) -> int:
+        """One SwiGLU expert: 3 * h * expert_mlp (0 for a dense model)."""
+        return 3 * self.hidden * self.expert_mlp if self.expert_mlp else 0
+
+    def attention_params(self) -> int:
+        """One layer's attention projections (see the class docstring)."""
+        h, a = self.hidden, self.heads
+        if self.kv_lora_rank is not None:  # MLA; the validator set the three head sizes
+            nope, rope = self.qk_nope_head_dim or 0, self.qk_rope_head_dim or 0
+            dv = self.v_head_dim or 0
+            rq, rkv = self.q_lora_rank, self.kv_lora_rank
+            q = h * rq + rq + rq * a * (nope + rope) if rq else h * a * (nope + rope)
+            kv = h * (rkv + rope) + rkv + rkv * a * (nope + dv)
+            return q + kv + a * dv * h
+        d = self.head_size
+        q, kv = a * d, self.kv_heads * d
+        return (h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
+                + (2 * d if self.qk_norm else 0))
+
+    def attention_width(self) -> float:
+        """Per-layer attention FLOPs per (query, context) token pair, / 4: heads * (d_qk + d_v)
+        / 2, which is h for standard heads (d_qk = d_v = h / heads), so the usual 4*h*s forward
+        attention FLOPs per token and layer become 4 * width * s (QK^T 2*heads*d_qk*s, AV
+        2*heads*d_v*s)."""
+        if self.kv_lora_rank is not None:
+            d_qk = (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+            return self.heads * (d_qk + (self.v_head_dim or 0)) / 2
+        return self.heads * self.head_size
+
+    def embedding_params(self) -> int:
+        """Input embedding and LM head: V*h each, once when tied."""
+        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+
+    # -------------------------------------------------------------------------- parameters
     def params(self) -> int:
-        """Parameter count from the shape: embeddings, attention (GQA), SwiGLU MLP, norms."""
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        attn = h * h + 2 * h * kv + h * h + ((h + 2 * kv) if self.qkv_bias else 0)
-        mlp = 3 * h * self.mlp
-        per_layer = attn + mlp + 2 * h
-        embed = self.vocab * h * (1 if self.tie_embeddings else 2)
-        return self.layers * per_layer + embed + h
+        """Total parameters (memory, gradients, optimizer state, weight sync): every expert and
+        both embedding tables (one when tied). The class docstring gives each term."""
+        h = self.hidden
+        moe_l = self.moe_layers
+        dense_l = self.layers - moe_l
+        router = h * self.experts
+        moe = router + (self.experts + self.shared_experts) * self.expert_params()
+        return (self.layers * (self.attention_params() + 2 * h) + dense_l * 3 * h * self.mlp
+                + moe_l * moe + self.embedding_params() + h)
+
+    def active_params(self) -> int:
+        """Parameters one token uses, as model cards publish "activated" counts (Qwen3-30B-A3B
+        3.3B, DeepSeek-V3 37B): `params` less the routed experts it does not run (experts -
+        experts_per_token per MoE layer); embeddings included. A dense model: `params`."""
+        idle = self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params()
+        return self.params() - idle
+
+    def matmul_params(self) -> int:
+        """Parameters a token multiplies by, which the FLOP counts use (2 FLOPs each forward):
+        `active_params` less the input embedding table, a gather of one row per token, not a
+        matmul. A tied table stays: it is the LM head's matrix."""
+        gather = 0 if self.tie_embeddings else self.vocab * self.hidden
+        return self.active_params() - gather
+
+    def expected_experts(self, tokens: float) -> float:
+        """Distinct routed experts per MoE layer that `tokens` tokens hit: E * (1 - (1 - k/E)^T).
+
+        Each token picks k of E experts; with balanced routing (the auxiliary load-balancing
+        loss's target) an expert is missed by one token with probability 1 - k/E, by all T
+        independently with (1 - k/E)^T. It is k at T = 1 and never above min(E, T*k). Skewed
+        routing hits fewer experts, so this is the high side of what a decode step reads."""
+        if not self.moe or tokens <= 0:
+            return 0.0
+        e, k = self.experts, self.experts_per_token
+        return e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def decode_read_params(self, batch: float) -> float:
+        """Parameters one decode step of `batch` sequences reads from memory: `matmul_params`
+        with its k routed experts per MoE layer replaced by `expected_experts(batch)` (the
+        input embedding rows gathered are negligible). A dense model reads `matmul_params`."""
+        k, hit = self.experts_per_token, self.expected_experts(batch)
+        return self.matmul_params() + self.moe_layers * (hit - k) * self.expert_params()
+
+    # -------------------------------------------------------------------------------- KV cache
+    def kv_elements_per_token(self) -> int:
+        """Elements the KV cache holds per token over all layers: 2 * kv_heads * head_dim per
+        layer (keys and values); MLA keeps the compressed latent and the shared RoPE key,
+        kv_lora_rank + qk_rope_head_dim per layer (DeepSeek-V2 report, sec. 2.1.2)."""
+        if self.kv_lora_rank is not None:
+            return self.layers * (self.kv_lora_rank + (self.qk_rope_head_dim or 0))
+        return 2 * self.layers * self.kv_heads * self.head_size
+
+    def kv_tp_shards(self, tp: int) -> int:
+        """Ways tensor parallelism splits the KV cache: by KV head for GQA, so at most
+        kv_heads (vLLM and SGLang replicate a KV head over the ranks beyond that); MLA's latent
+        is shared by every head, so each TP rank keeps all of it."""
+        if self.kv_lora_rank is not None:
+            return 1
+        return max(min(tp, self.kv_heads), 1)
 
 
 class Pool(Strict):
@@ -112,16 +294,34 @@ class Topology(Strict):
     latency_us: PosFloat = 5.0
 
 
+# The planner, the simulator and the executor keep per-node and per-device records (bundles,
+# placement groups, engines); a cluster beyond these sizes would not fit in memory, so it is refused
+# when the job is read. They are two orders of magnitude above the largest example (1,024 nodes).
+MAX_CLUSTER_NODES = 100_000
+MAX_CLUSTER_DEVICES = 1_000_000
+
+
+def check_cluster_size(pools: dict[str, tuple[int, int]]) -> None:
+    """ValueError when the pools' (nodes, devices per node) exceed the sizes this tool handles."""
+    nodes = sum(n for n, _ in pools.values())
+    devices = sum(n * d for n, d in pools.values())
+    if nodes > MAX_CLUSTER_NODES or devices > MAX_CLUSTER_DEVICES:
+        raise ValueError(f"{nodes:,} nodes with {devices:,} devices in all exceed the "
+                         f"{MAX_CLUSTER_NODES:,} nodes and {MAX_CLUSTER_DEVICES:,} devices this "
+                         "tool plans, simulates and runs")
+
+
 class Cluster(Strict):
     pools: list[Pool] = Field(min_length=1)
     topology: Topology = Topology()
 
     @model_validator(mode="after")
-    def _unique_pools(self) -> "Cluster":
+    def _unique_pools(self) -> Cluster:
         names = [p.name for p in self.pools]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"pool names must be unique, repeated: {sorted(dup)}")
+        check_cluster_size({p.name: (p.nodes, p.devices_per_node) for p in self.pools})
         return self
 
     def pool(self, name: str) -> Pool:
@@ -132,7 +332,7 @@ class Cluster(Strict):
 
 
 # ------------------------------------------------------------------------------------ the job
-class Algorithm(str, Enum):
+class Algorithm(StrEnum):
     grpo = "grpo"
     ppo = "ppo"
     rloo = "rloo"
@@ -176,7 +376,7 @@ class Pipeline(Strict):
     max_staleness: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
 
     @model_validator(mode="after")
-    def _staleness(self) -> "Pipeline":
+    def _staleness(self) -> Pipeline:
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError("async mode needs max_staleness >= 1")
         return self
@@ -200,7 +400,7 @@ class TailPolicy(Strict):
     deadline_s: PosFloat | None = None
 
     @model_validator(mode="after")
-    def _fields_match_kind(self) -> "TailPolicy":
+    def _fields_match_kind(self) -> TailPolicy:
         need = {"none": None, "overprovision": "fraction", "partial": "token_budget",
                 "reissue": "deadline_s"}[self.kind]
         for name in ("fraction", "token_budget", "deadline_s"):
@@ -231,16 +431,16 @@ class Job(Strict):
     catalog: Catalog = Catalog()
     seed: Annotated[int, Field(strict=True, ge=0, le=2**63)] = 0
 
-    def roles(self) -> list[str]:
+    def roles(self) -> list[Role]:
         """Roles the algorithm runs, in a stable order."""
-        out = ["actor", "rollout"]
+        out = [Role.ACTOR, Role.ROLLOUT]
         if self.models.use_reference:
-            out.append("reference")
-        out.append("reward")
+            out.append(Role.REFERENCE)
+        out.append(Role.REWARD)
         if self.algorithm is Algorithm.ppo:
-            out.append("critic")
+            out.append(Role.CRITIC)
         if self.environment.kind != "none":
-            out.append("environment")
+            out.append(Role.ENVIRONMENT)
         return out
 
     def max_context_float(self) -> float:
@@ -257,34 +457,16 @@ class Job(Strict):
 
 # ------------------------------------------------------------------------------------ loading
 def read_structured(path: str | Path) -> dict[str, Any]:
-    """YAML or JSON file to a dict, or SpecError naming the file."""
+    """YAML or JSON file to a dict, or SpecError naming the file (bounded and hostile-proof:
+    `placer.inputs`)."""
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{p}: no such file")
-    kind = "JSON" if p.suffix == ".json" else "YAML"
-    try:
-        text = p.read_text()
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"{p}: not valid {kind}: {_parse_problem(e)}") from None
-    except (OSError, RecursionError) as e:  # unreadable file; absurdly deep nesting
-        raise SpecError(f"{p}: cannot read: {_first_line(e)}") from None
+    text = read_text(p)
+    data = load_json(text, str(p)) if p.suffix == ".json" else load_yaml(text, str(p))
     if data is None:
         raise SpecError(f"{p}: the file is empty (expected a mapping of keys)")
     if not isinstance(data, dict):
         raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
     return data
-
-
-def _parse_problem(e: Exception) -> str:
-    """Where and what, in one line: `line 3, column 9: expected ',' or ']', but got '}'`."""
-    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
-        mark = e.problem_mark
-        what = " ".join(str(e.problem or e.context).split())
-        return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
-    if isinstance(e, json.JSONDecodeError):
-        return f"line {e.lineno}, column {e.colno}: {e.msg}"
-    return _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:
@@ -317,7 +499,7 @@ def _keys_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         cls = _model_in(field.annotation) if field is not None else None
         if cls is None:
             return []
-    return list(cls.model_fields)
+    return list(cls.model_fields) if cls is not None else []  # the loop returned on None
 
 
 def format_validation_error(err: ValidationError, prefix: str = "",
@@ -370,6 +552,7 @@ def check_tail_policy(job: Job, source: str) -> None:
     if tp.kind == "partial":
         # whole tokens per turn, as the simulator rounds a no-variance response
         mean = env.turns * math.ceil(job.lengths.response.mean_value())
+        assert tp.token_budget is not None, "a partial tail policy has token_budget (validated)"
         if tp.token_budget < mean:
             raise SpecError(f"{source}: tail_policy.token_budget: below the mean response of a "
                             f"sample ({mean:.0f} tokens over {env.turns} turn(s)); carried-over "
@@ -378,10 +561,11 @@ def check_tail_policy(job: Job, source: str) -> None:
         if env.kind == "none" or env.turns < 2:
             raise SpecError(f"{source}: tail_policy.kind: reissue needs tool calls (an "
                             f"environment with turns >= 2) (got {tp.kind!r})")
-        mean = env.tool_latency_s.mean_value()
-        if tp.deadline_s < mean:
+        mean_s = env.tool_latency_s.mean_value()
+        assert tp.deadline_s is not None, "a reissue tail policy has deadline_s (validated)"
+        if tp.deadline_s < mean_s:
             raise SpecError(f"{source}: tail_policy.deadline_s: below the mean tool latency "
-                            f"({mean:.3g} s); most calls would run twice (got {tp.deadline_s})")
+                            f"({mean_s:.3g} s); most calls would run twice (got {tp.deadline_s})")
 
 
 def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
@@ -390,7 +574,7 @@ def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
     except ValidationError as e:
         raise SpecError(format_validation_error(e, f"{source}: ", root=Job)) from None
     _check_job(job, source)
-    from placer.catalog import resolve  # checks names against the catalogs
+    from placer.catalog import resolve  # lazy: cycle (the catalogs import this module); checks names
     resolve(job, source)
     return job
 
@@ -403,7 +587,9 @@ def _anchor_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(data)
     for section, key in _DIST_PATHS:
         sec = out.get(section)
-        dist = sec.get(key) if isinstance(sec, dict) else None
+        if not isinstance(sec, dict):
+            continue
+        dist = sec.get(key)
         if (isinstance(dist, dict) and dist.get("kind") == "empirical"
                 and isinstance(dist.get("path"), str) and not Path(dist["path"]).is_absolute()):
             out[section] = {**sec, key: {**dist, "path": str(base / dist["path"])}}
@@ -429,7 +615,6 @@ def dump_job(job: Job) -> dict[str, Any]:
 
 def save_job(job: Job, path: str | Path) -> None:
     """Write a job as YAML, or JSON when the name ends in .json (atomically)."""
-    from placer.plan import atomic_write_text  # deferred: placer.plan imports this module
     data = dump_job(job)
     text = (json.dumps(data, indent=2) + "\n" if Path(path).suffix == ".json"
             else yaml.safe_dump(data, sort_keys=False))

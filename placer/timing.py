@@ -24,8 +24,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, switch_time, tool_waves, weight_sync_time
+from placer.costmodel import Calibration, Efficiency, switch_time, tool_waves, weight_sync_time
 from placer.estimate import Estimate, rollout_shape
+from placer.roles import Role
 from placer.spec import DeviceKind
 
 STAGES = ("sync", "rollout", "score", "train")
@@ -48,38 +49,70 @@ class Breakdown:
     sync_s: float = 0.0
 
 
-def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed) -> float:
-    """Aggregate GB/s available to move the actor's weights to the rollout devices.
+def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: str,
+               r_devices: int, r_replica: int, same_slot: bool,
+               eff: Efficiency | None = None) -> dict[str, float]:
+    """Raw GB/s of every link one weight refresh crosses (achieved: x `link_eff`).
 
-    Same slot: a local reshard over the scale-up link. Same pool: device NICs on both sides.
-    Different pools: the slower side's NICs, capped by the cross-pool link if the topology sets one.
+    The refresh is one pipelined broadcast that every rollout replica joins (NCCL broadcast,
+    checkpoint-engine, CUDA IPC), so its time does not grow with the replicas: t = latency +
+    bytes / min(links) (relation 4 of the published runs: c + bytes / (BW_eff x senders)).
+      local  actor and rollout in one slot: every rank of a replica loads its shard from the
+             co-located actor (CUDA IPC + the engine's weight loading): r_replica ranks x
+             `sync_local_gbs` (NeMo-RL's DP8 -> TP8 Qwen3-4B refit in 0.21-0.34 s; Miles' 27B
+             TP4 colocated sync in 2.5 s: ~5 GB/s per rank achieved)
+      send   the actor's senders: one per pipeline stage (each holds different layers; a ZeRO /
+             FSDP actor gathers every tensor to one sender), each at most `sync_sender_gbs`
+             over the NIC (verl's checkpoint-engine README: ~8.25 GB/s achieved for NCCL over
+             400 Gb/s IB), or over NVLink when actor and rollout share one node
+      recv   one replica's NICs (every replica receives the stream in parallel)
+      cross  between two pools, when the topology caps it: cross_pool_gbs per node x the fewer
+             nodes
+    LPUs: `r_replica` is every chip of the placement (loaded once).
     """
-    a_dev = res.device_of(actor.est.pool)
-    r_dev = res.device_of(rollout.est.pool)
-    if actor.slot == rollout.slot:
-        return a_dev.intra_link_gbs * actor.est.devices
-    send = a_dev.nic_gbs * actor.est.devices
-    recv = r_dev.nic_gbs * rollout.est.devices
-    bw = min(send, recv)
+    eff = eff or Efficiency()
+    a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
+    if same_slot:
+        return {"local": r_replica * eff.sync_local_gbs}
+    per_node = res.cluster.pool(a_pool).devices_per_node
+    if a_pool == r_pool and a_devices + r_devices <= per_node:  # one node: NVLink both ways
+        return {"send": a_pp * a_dev.intra_link_gbs, "recv": r_replica * r_dev.intra_link_gbs}
+    links = {"send": a_pp * min(a_dev.nic_gbs, eff.sync_sender_gbs),
+             "recv": r_replica * r_dev.nic_gbs}
     cross = res.cluster.topology.cross_pool_gbs
-    if actor.est.pool != rollout.est.pool and cross is not None:
-        nodes = min(_nodes(res, actor), _nodes(res, rollout))
-        bw = min(bw, cross * nodes)
-    return bw
+    if a_pool != r_pool and cross is not None:
+        nodes = min(_nodes_of(res, a_pool, a_devices), _nodes_of(res, r_pool, r_devices))
+        links["cross"] = cross * nodes
+    return links
 
 
-def _nodes(res: Resolved, p: Placed) -> int:
-    per = res.cluster.pool(p.est.pool).devices_per_node
-    return -(-p.est.devices // per)
+def _nodes_of(res: Resolved, pool: str, devices: int) -> int:
+    per = res.cluster.pool(pool).devices_per_node
+    return -(-devices // per)
+
+
+def _links(res: Resolved, actor: Placed, rollout: Placed, eff: Efficiency) -> dict[str, float]:
+    r_dev = res.device_of(rollout.est.pool)
+    r_par = rollout.est.par
+    replica = rollout.est.devices if r_dev.kind is DeviceKind.lpu else r_par.replica
+    return sync_links(res, actor.est.pool, actor.est.devices, actor.est.par.pp,
+                      rollout.est.pool, rollout.est.devices, replica,
+                      actor.slot == rollout.slot, eff)
+
+
+def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed,
+                   eff: Efficiency | None = None) -> float:
+    """Raw GB/s of the refresh's slowest link (`sync_links`); achieved: x `link_eff`."""
+    return min(_links(res, actor, rollout, eff or Efficiency()).values())
 
 
 def sync_time(res: Resolved, actor: Placed, rollout: Placed, calib: Calibration) -> float:
-    """Time to refresh every rollout replica (each needs the full weights)."""
-    m = res.model_of("rollout")
+    """Time to refresh every rollout replica: one broadcast of the full weights that all of
+    them join (`sync_links`), priced by `costmodel.weight_sync_time`."""
+    m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
-    replicas = 1 if dev.kind is DeviceKind.lpu else max(rollout.est.par.dp, 1)
-    bw = sync_bandwidth(res, actor, rollout) / replicas
-    return weight_sync_time(m, bw, dev, calib.for_device(dev))
+    eff = calib.for_device(dev)
+    return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff)
 
 
 def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict[str, float]:
@@ -128,19 +161,19 @@ def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> B
     """Combine placed estimates into the iteration time of the job's pipeline mode."""
     by_role = {p.est.role: p for p in placed}
     sync = 0.0
-    if "actor" in by_role and "rollout" in by_role:
-        sync = sync_time(res, by_role["actor"], by_role["rollout"], calib)
+    if Role.ACTOR in by_role and Role.ROLLOUT in by_role:
+        sync = sync_time(res, by_role[Role.ACTOR], by_role[Role.ROLLOUT], calib)
     switch = slot_switch(res, placed, calib)
     per_slot_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for p in placed:
         for stage, t in p.est.stage_s.items():
             per_slot_stage[p.slot][stage] += t
-    rollout_slot = by_role["rollout"].slot if "rollout" in by_role else None
+    rollout_slot = by_role[Role.ROLLOUT].slot if Role.ROLLOUT in by_role else None
     if rollout_slot is not None:
         per_slot_stage[rollout_slot]["sync"] += sync
-        if "environment" in by_role:  # engines hold their sequences through tool calls
+        if Role.ENVIRONMENT in by_role:  # engines hold their sequences through tool calls
             per_slot_stage[rollout_slot]["rollout"] += rollout_tool_time(
-                res, by_role["rollout"], by_role["environment"], calib)
+                res, by_role[Role.ROLLOUT], by_role[Role.ENVIRONMENT], calib)
     for slot, t in switch.items():
         per_slot_stage[slot]["switch"] += t
     busy = {s: sum(st.values()) for s, st in per_slot_stage.items()}

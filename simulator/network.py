@@ -1,16 +1,17 @@
 """Weight sync over shared links: the actor pushes its weights to every rollout replica.
 
-Links are the ones the placer prices (`placer.timing.sync_bandwidth`):
-  local  actor and rollout in one slot: a reshard over the scale-up link (intra_link x devices);
-  send   the actor's NICs (nic x actor devices);
-  recv   the rollout devices' NICs (nic x rollout devices);
+Links are the ones the placer prices (`placer.timing.sync_links`):
+  local  actor and rollout in one slot: each rank of a replica loads its shard (CUDA IPC);
+  send   the actor's senders (one per pipeline stage), over the NIC or, inside one node, NVLink;
+  recv   one rollout replica's links (every replica receives the broadcast in parallel);
   cross  between two pools, when the topology caps it: cross_pool_gbs per node x the fewer nodes.
-Every rollout replica needs the full weights (an LPU placement is loaded once, as the placer
-prices it), so R transfers start together and share every link on their path. Bandwidth is
-shared max-min fairly (progressive filling: the most constrained link splits evenly among its
-flows, the others take what is left), recomputed whenever a transfer finishes. Each transfer also
-pays the setup latency, and LPU chips a reload, as `costmodel.weight_sync_time` does. With equal
-transfers this is exactly the placer's figure: bytes / (aggregate bandwidth / R).
+Every rollout replica needs the full weights; they get them from one pipelined broadcast that
+all of them join (an LPU placement is loaded once), so a refresh is one flow on its path.
+Bandwidth is shared max-min fairly among the flows on a link (progressive filling: the most
+constrained link splits evenly among its flows, the others take what is left), recomputed
+whenever a transfer finishes. Each transfer also pays the setup latency, and LPU chips a reload,
+as `costmodel.weight_sync_time` does: with one flow this is exactly the placer's figure,
+bytes / (slowest link's achieved bandwidth) + latency.
 """
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from placer.catalog import Resolved
 from placer.costmodel import GB, Calibration, weight_bytes
 from placer.plan import Plan
+from placer.roles import Role
 from placer.spec import DeviceKind
+from placer.timing import sync_links
 from simulator.config import Network as NetworkConfig
 
 
@@ -81,29 +84,19 @@ class SyncPlan:
 
 def sync_plan(res: Resolved, plan: Plan, calib: Calibration, cfg: NetworkConfig) -> SyncPlan | None:
     """The links and transfers of one weight sync, or None when there is nothing to sync."""
-    if "actor" not in plan.roles or "rollout" not in plan.roles:
+    if Role.ACTOR not in plan.roles or Role.ROLLOUT not in plan.roles:
         return None
-    a, r = plan.roles["actor"], plan.roles["rollout"]
-    a_dev, r_dev = res.device_of(a.pool), res.device_of(r.pool)
+    a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
+    r_dev = res.device_of(r.pool)
     eff = calib.for_device(r_dev)
-    if a.slot == r.slot:
-        raw = {"local": a_dev.intra_link_gbs * a.devices}
-    else:
-        raw = {"send": a_dev.nic_gbs * a.devices, "recv": r_dev.nic_gbs * r.devices}
-        cross = res.cluster.topology.cross_pool_gbs
-        if a.pool != r.pool and cross is not None:
-            nodes = min(_nodes(res, a.pool, a.devices), _nodes(res, r.pool, r.devices))
-            raw["cross"] = cross * nodes
+    replica = r.devices if r_dev.kind is DeviceKind.lpu else r.tp * r.pp
+    raw = sync_links(res, a.pool, a.devices, a.pp, r.pool, r.devices, replica, a.slot == r.slot,
+                     eff)
     links = {k: v * eff.link_eff * cfg.bandwidth_factor * cfg.link_factors.get(k, 1.0)
              for k, v in raw.items()}
-    replicas = 1 if r_dev.kind is DeviceKind.lpu else max(r.dp, 1)
-    gb = weight_bytes(res.model_of("rollout")) / GB
+    gb = weight_bytes(res.arch_of(Role.ROLLOUT)) / GB
     path = tuple(sorted(links))
-    flows = [Flow(f"replica{k}", gb, path) for k in range(replicas)]
+    flows = [Flow("broadcast", gb, path)]  # one pipelined broadcast all replicas join
     fixed = eff.sync_latency_s + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)
     return SyncPlan(links, flows, fixed, gb / min(links.values()))
 
-
-def _nodes(res: Resolved, pool: str, devices: int) -> int:
-    per = res.cluster.pool(pool).devices_per_node
-    return -(-devices // per)

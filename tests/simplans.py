@@ -2,7 +2,7 @@
 otherwise and always for the fixed placements of `simulator.handplans.EXAMPLE_PLACEMENTS`."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from placer.catalog import resolve
@@ -18,13 +18,13 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def example_plan(name: str) -> Plan:
     res = resolve(load_job(EXAMPLES / f"{name}.yaml"), name)
     return plan_for(res, Calibration())
 
 
-@lru_cache(maxsize=None)
+@cache
 def hand_plan(name: str) -> Plan:
     res = resolve(load_job(EXAMPLES / f"{name}.yaml"), name)
     return place(res, EXAMPLE_PLACEMENTS[name], Calibration())

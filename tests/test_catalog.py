@@ -2,13 +2,36 @@
 from __future__ import annotations
 
 import pytest
+from specdata import base
 
 from placer.catalog import pools_of_kind, resolve, shipped_devices, shipped_models
-from placer.spec import DeviceKind, SpecError, job_from_dict
-from specdata import base
+from placer.spec import DeviceKind, DeviceType, ModelArch, SpecError, job_from_dict
 
 MODELS = shipped_models()
 PUBLISHED = [m for m in MODELS.values() if m.params_b is not None]
+
+# Published (total, activated per token) parameters in billions, from the model cards and
+# reports. A dense model activates every parameter, so both figures are its total.
+PUBLISHED_COUNTS: dict[str, tuple[float, float, str]] = {
+    "Llama-2-7B": (6.74, 6.74, "meta-llama/Llama-2-7b-hf checkpoint (the '7B' of Touvron et al."
+                               " 2023)"),
+    "Llama-2-13B": (13.0, 13.0, "meta-llama/Llama-2-13b-hf; Touvron et al. 2023"),
+    "Llama-2-70B": (69.0, 69.0, "meta-llama/Llama-2-70b-hf card (69B)"),
+    "Llama-3-8B": (8.03, 8.03, "meta-llama/Meta-Llama-3-8B card"),
+    "Llama-3-70B": (70.6, 70.6, "meta-llama/Meta-Llama-3-70B card"),
+    "Llama-3.1-8B": (8.03, 8.03, "meta-llama/Llama-3.1-8B card: 8.03B"),
+    "Qwen2.5-7B": (7.61, 7.61, "Qwen/Qwen2.5-7B card: 7.61B"),
+    "Qwen2.5-32B": (32.8, 32.8, "Qwen/Qwen2.5-32B card: 32.5B non-embedding, 32.8B in all"),
+    "Qwen2.5-72B": (72.7, 72.7, "Qwen/Qwen2.5-72B card: 72.7B"),
+    "Qwen3-4B": (4.0, 4.0, "Qwen/Qwen3-4B card: 4.0B"),
+    "Qwen3-8B": (8.2, 8.2, "Qwen/Qwen3-8B card: 8.2B"),
+    "Qwen3-14B": (14.8, 14.8, "Qwen/Qwen3-14B card: 14.8B"),
+    "Qwen3-32B": (32.8, 32.8, "Qwen/Qwen3-32B card: 32.8B"),
+    "Qwen3-30B-A3B": (30.5, 3.3, "Qwen/Qwen3-30B-A3B card: 30.5B total, 3.3B activated"),
+    "Qwen3-235B-A22B": (235.0, 22.0, "Qwen/Qwen3-235B-A22B card: 235B total, 22B activated"),
+    "DeepSeek-V3": (671.0, 37.0, "DeepSeek-V3 technical report (Liu et al. 2024): 671B total, "
+                                 "37B activated per token"),
+}
 
 
 def test_catalogs_hold_the_required_entries() -> None:
@@ -16,18 +39,41 @@ def test_catalogs_hold_the_required_entries() -> None:
         assert name in shipped_devices()
     assert len(PUBLISHED) >= 8
     for name in ("Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B",
-                 "Qwen2.5-7B", "Qwen2.5-32B", "Qwen2.5-72B", "tiny-llama"):
+                 "Qwen2.5-7B", "Qwen2.5-32B", "Qwen2.5-72B", "tiny-llama", "Llama-3.1-8B",
+                 "Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "DeepSeek-V3"):
         assert name in MODELS
 
 
 def test_every_entry_cites_a_source() -> None:
-    for entry in [*shipped_devices().values(), *MODELS.values()]:
+    entries: list[DeviceType | ModelArch] = [*shipped_devices().values(), *MODELS.values()]
+    for entry in entries:
         assert entry.source.strip(), entry.name
 
 
 @pytest.mark.parametrize("model", PUBLISHED, ids=lambda m: m.name)
 def test_parameter_count_matches_published_within_2_percent(model) -> None:
     assert model.params() / 1e9 == pytest.approx(model.params_b, rel=0.02)
+
+
+def test_every_published_entry_has_total_and_active_figures() -> None:
+    assert {m.name for m in PUBLISHED} == set(PUBLISHED_COUNTS)
+    for m in PUBLISHED:
+        assert PUBLISHED_COUNTS[m.name][0] == m.params_b, m.name  # the catalog cites the same
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_COUNTS))
+def test_total_and_active_parameters_within_2_percent_of_published(name: str) -> None:
+    total, active, _source = PUBLISHED_COUNTS[name]
+    m = MODELS[name]
+    assert m.params() / 1e9 == pytest.approx(total, rel=0.02)
+    assert m.active_params() / 1e9 == pytest.approx(active, rel=0.02)
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS.values() if not m.moe], ids=lambda m: m.name)
+def test_dense_models_activate_everything_and_multiply_all_but_the_input_table(model) -> None:
+    assert model.active_params() == model.params()
+    table = model.vocab * model.hidden
+    assert model.matmul_params() == model.params() - (0 if model.tie_embeddings else table)
 
 
 def test_parameter_count_by_hand() -> None:
@@ -57,7 +103,8 @@ def test_job_catalog_adds_devices_and_models() -> None:
     data["cluster"]["pools"][0]["device"] = "my-gpu"
     res = resolve(job_from_dict(data))
     assert res.device_of("gpu").memory_gb == 24
-    assert res.model_of("actor").name == "my-model"
+    actor = res.model_of("actor")
+    assert actor is not None and actor.name == "my-model"
     assert "H100-SXM" in res.devices and "Llama-3-8B" in res.models  # shipped ones remain
     assert [p.name for p in pools_of_kind(res, DeviceKind.gpu)] == ["gpu"]
 
@@ -69,7 +116,8 @@ def test_job_catalog_overrides_a_shipped_entry_by_name() -> None:
     data["cluster"]["pools"][0]["device"] = "H100-SXM"
     res = resolve(job_from_dict(data))
     assert res.device_of("gpu").memory_gb == 94
-    assert res.model_of("rollout").layers == 8
+    rollout = res.model_of("rollout")
+    assert rollout is not None and rollout.layers == 8
     assert shipped_devices()["H100-SXM"].memory_gb == 80  # the shipped catalog is untouched
     assert shipped_models()["tiny-llama"].layers == 2
 

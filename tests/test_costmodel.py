@@ -8,11 +8,28 @@ import pytest
 
 from placer.calibration import calibration_from_dict
 from placer.catalog import shipped_devices, shipped_models
-from placer.costmodel import (GB, Efficiency, Parallel, decode_run_time, decode_step_time,
-                              forward_time, infer_memory, kv_bytes_per_token, kv_capacity_tokens,
-                              lpu_chips, max_concurrency, prefill_time, switch_time, tool_waves,
-                              train_flops, train_memory, train_time, weight_bytes,
-                              weight_sync_time)
+from placer.costmodel import (
+    GB,
+    Efficiency,
+    Parallel,
+    decode_read_bytes,
+    decode_run_time,
+    decode_step_time,
+    forward_time,
+    infer_memory,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+    lpu_chips,
+    max_concurrency,
+    prefill_time,
+    switch_time,
+    tool_waves,
+    train_flops,
+    train_memory,
+    train_time,
+    weight_bytes,
+    weight_sync_time,
+)
 from placer.spec import SpecError
 
 DEV = shipped_devices()
@@ -21,7 +38,9 @@ H100, LPU, CPU = DEV["H100-SXM"], DEV["groq-lpu"], DEV["cpu-node"]
 EFF = Efficiency()
 # No overheads, full bandwidth and FLOP/s: the bare first-principles formulas.
 IDEAL = replace(EFF, mfu_train=1.0, mfu_prefill=1.0, decode_bw_eff=1.0, decode_flops_eff=1.0,
-                link_eff=1.0, step_overhead_s=0.0, train_overhead_s=0.0)
+                link_eff=1.0, step_overhead_s=0.0, train_overhead_s=0.0, gemm_half_ridge=0.0,
+                decode_tp_bw_loss=0.0, decode_bw_half_batch=0.0, step_overhead_per_seq_s=0.0,
+                coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0)
 
 
 # -------------------------------------------------------------------------------------- memory
@@ -99,26 +118,31 @@ def test_max_concurrency_falls_with_context() -> None:
 # ------------------------------------------------------------------------------------ training
 def test_training_flops_rule_of_thumb() -> None:
     m = M["Llama-3-8B"]
-    P = m.params()
+    # FLOPs count the matrices a token multiplies by: all but the input embedding (a gather)
+    P = m.matmul_params()
+    assert P == m.params() - 128256 * 4096
     assert train_flops(m, 1000, seq=0, recompute=False) == pytest.approx(6 * P * 1000)
     assert train_flops(m, 1000, seq=0, recompute=True) == pytest.approx(8 * P * 1000)
     attn = train_flops(m, 1, 2048, False) - train_flops(m, 1, 0, False)
-    assert attn == pytest.approx(12 * m.layers * m.hidden * 2048)
+    # causal: half of PaLM's full-matrix 12*L*h*s (a token sees s/2 keys on average)
+    assert attn == pytest.approx(6 * m.layers * m.hidden * 2048)
 
 
 @pytest.mark.parametrize("recompute, k", [(False, 6), (True, 8)])
 def test_training_time_is_flops_over_peak_times_mfu(recompute: bool, k: int) -> None:
     m, tokens = M["Llama-3-8B"], 2e6
     t = train_time(m, H100, Parallel(recompute=recompute), tokens, seq=0, steps=1, eff=EFF)
-    expect = k * m.params() * tokens / (989e12 * EFF.mfu_train) + EFF.train_overhead_s
+    # a 16,384-token micro-batch per device, H100 ridge 989e12 / 3.35e12 = 295 FLOP per byte
+    mfu = EFF.mfu_train * 16384 / (16384 + 989 / 3.35)
+    expect = k * m.matmul_params() * tokens / (989e12 * mfu) + EFF.train_overhead_s
     assert t == pytest.approx(expect)
 
 
 def test_data_parallel_training_adds_a_ring_all_reduce() -> None:
     m, tokens = M["Llama-3-8B"], 2e6
     t = train_time(m, H100, Parallel(dp=8, recompute=False), tokens, seq=0, steps=2, eff=IDEAL)
-    compute = 6 * m.params() * tokens / (8 * 989e12)
-    allreduce = 2 * 7 / 8 * 2 * m.params() / (450 * GB)  # NVLink inside the node
+    compute = 6 * m.matmul_params() * tokens / (8 * 989e12)
+    allreduce = 2 * 7 / 8 * 2 * m.params() / (450 * GB)  # every gradient, over NVLink
     assert t == pytest.approx(compute + 2 * allreduce)
 
 
@@ -126,7 +150,7 @@ def test_pipeline_adds_a_bubble() -> None:
     m, tokens = M["Llama-3-8B"], 2e6
     t1 = train_time(m, H100, Parallel(pp=1, dp=4), tokens, 0, 1, IDEAL)
     t4 = train_time(m, H100, Parallel(pp=4, dp=1), tokens, 0, 1, IDEAL)
-    compute = 8 * m.params() * tokens / (4 * 989e12)
+    compute = 8 * m.matmul_params() * tokens / (4 * 989e12)
     assert t4 == pytest.approx(compute * (1 + 3 / 16))  # (pp-1)/m with m = 4*pp micro-batches
     assert t1 > compute  # dp pays its all-reduce instead
 
@@ -135,27 +159,31 @@ def test_pipeline_adds_a_bubble() -> None:
 def test_forward_is_two_flops_per_parameter_per_token() -> None:
     m, tokens = M["Llama-3-8B"], 1e5
     t = forward_time(m, H100, Parallel(), tokens, seq=0, eff=IDEAL)
-    assert t == pytest.approx(2 * m.params() * tokens / 989e12)
+    assert t == pytest.approx(2 * m.matmul_params() * tokens / 989e12)
     assert prefill_time(m, H100, Parallel(dp=4), tokens, 0, IDEAL) == pytest.approx(t)  # 1 replica
 
 
 # ------------------------------------------------------------------------------------- decode
 def test_decode_at_batch_one_reads_the_weights() -> None:
     m = M["Llama-3-8B"]
+    # every matrix but the input embedding table, of which a step gathers one row
+    read = weight_bytes(m) - 2 * 128256 * 4096
+    assert decode_read_bytes(m, 1) == decode_read_bytes(m, 256) == read
     t = decode_step_time(m, H100, Parallel(), 1, 0, EFF)
-    assert t == pytest.approx(weight_bytes(m) / (3350 * GB * EFF.decode_bw_eff)
-                              + EFF.step_overhead_s)
+    bw_eff = EFF.decode_bw_eff / (1 + EFF.decode_bw_half_batch)  # batch 1: GEMV, less efficient
+    assert t == pytest.approx(read / (3350 * GB * bw_eff) + EFF.step_overhead_s
+                              + EFF.step_overhead_per_seq_s)
     assert decode_step_time(m, H100, Parallel(), 1, 0, IDEAL) == pytest.approx(
-        weight_bytes(m) / (3350 * GB))  # ~4.8 ms
+        read / (3350 * GB))  # ~4.5 ms
     # the KV cache is read as well
     with_kv = decode_step_time(m, H100, Parallel(), 1, 8192, IDEAL)
-    assert with_kv == pytest.approx((weight_bytes(m) + 8192 * 131072) / (3350 * GB))
+    assert with_kv == pytest.approx((read + 8192 * 131072) / (3350 * GB))
 
 
 def test_large_batches_become_compute_bound() -> None:
     m = M["Llama-3-8B"]
     t = decode_step_time(m, H100, Parallel(), 4096, 0, IDEAL)
-    assert t == pytest.approx(2 * m.params() * 4096 / (989e12))
+    assert t == pytest.approx(2 * m.matmul_params() * 4096 / (989e12))
 
 
 @pytest.mark.parametrize("batch, ctx0, steps", [(1, 100, 300), (256, 0, 500), (512, 2000, 200),
@@ -225,7 +253,8 @@ def test_calibration_overrides_factors_per_device() -> None:
     assert h.decode_bw_eff == 0.5 and h.step_overhead_s == 0
     m = M["Llama-3-8B"]
     assert decode_step_time(m, H100, Parallel(), 1, 0, h) == pytest.approx(
-        weight_bytes(m) / (3350 * GB * 0.5))
+        decode_read_bytes(m, 1) / (3350 * GB * 0.5 / (1 + h.decode_bw_half_batch))
+        + h.step_overhead_per_seq_s)
 
 
 @pytest.mark.parametrize("data, field", [({"default": {"mfu_trian": 0.3}}, "mfu_trian"),

@@ -4,11 +4,11 @@ hand placements that exercise colocation, LPUs, CPU pools and async mode."""
 from __future__ import annotations
 
 import pytest
+from simplans import example_names, example_plan, hand_plan
 
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.handplans import EXAMPLE_PLACEMENTS
-from simplans import example_names, example_plan, hand_plan
 
 TOL = 0.02
 
@@ -19,7 +19,10 @@ def _iterations(plan) -> int:
 
 def _check(plan) -> None:
     r = simulate_plan(plan, iterations=_iterations(plan), seed=0, config=SimConfig.no_variance())
-    sim = r.metrics["iteration_s"]["mean"]
+    # async: the steady period is the median interval; the first interval after the fill can
+    # still be short when a colocated slot is the bottleneck (its rollout ran ahead), which
+    # pulls the mean of so few intervals below the period
+    sim = r.metrics["iteration_s"]["p50" if plan.mode == "async" else "mean"]
     pred = plan.predicted_iteration_s
     assert abs(sim - pred) <= TOL * pred, f"simulated {sim:.3f} s vs predicted {pred:.3f} s"
 

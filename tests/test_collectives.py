@@ -1,0 +1,171 @@
+"""Collectives (alpha-beta, ring vs tree) and the size-dependent efficiencies of the cost model,
+checked against hand-computed values."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from placer.catalog import resolve, shipped_devices, shipped_models
+from placer.collectives import (
+    Link,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    broadcast,
+    group_link,
+    reduce_scatter,
+)
+from placer.costmodel import (
+    Calibration,
+    Efficiency,
+    Memory,
+    Parallel,
+    decode_bw_eff,
+    decode_step_time,
+    decode_tp_comm,
+    forward_time,
+    gemm_eff,
+    step_overhead,
+    weight_bytes,
+)
+from placer.estimate import Estimate
+from placer.roles import Role
+from placer.spec import job_from_dict
+from placer.timing import Placed, sync_links, sync_time
+
+DEV, M = shipped_devices(), shipped_models()
+H100, H20 = DEV["H100-SXM"], DEV["H20"]
+EFF = Efficiency()
+LINK = Link(alpha_s=1e-6, gbs=100.0, base_s=5e-6)
+
+
+# -------------------------------------------------------------------------------- collectives
+def test_ring_all_reduce_wins_for_large_messages() -> None:
+    b = 1e6  # 1 MB over 4 ranks
+    ring = 5e-6 + 6 * 1e-6 + 1.5 * b / 100e9  # base + 2(n-1) alpha + 2(n-1)/n B/bw
+    tree = 5e-6 + 4 * 1e-6 + 2 * b / 100e9  # base + 2 log2(n) alpha + 2 B/bw
+    assert ring < tree
+    assert all_reduce(b, 4, LINK) == pytest.approx(ring)
+
+
+def test_tree_all_reduce_wins_for_small_messages_on_many_ranks() -> None:
+    tree = 5e-6 + 2 * 3 * 1e-6 + 2 * 16 / 100e9
+    ring = 5e-6 + 14 * 1e-6 + 2 * 7 / 8 * 16 / 100e9
+    assert tree < ring
+    assert all_reduce(16, 8, LINK) == pytest.approx(tree)
+
+
+def test_other_collectives_by_hand() -> None:
+    b = 8e6
+    assert all_gather(b, 8, LINK) == pytest.approx(5e-6 + 7e-6 + 7 / 8 * b / 100e9)
+    assert reduce_scatter(b, 8, LINK) == pytest.approx(all_gather(b, 8, LINK))
+    assert all_to_all(b, 8, LINK) == pytest.approx(5e-6 + 7e-6 + 7 / 8 * b / 100e9)
+    # pipelined broadcast: the bytes cross once, the tree has the fewer hops
+    assert broadcast(b, 8, LINK) == pytest.approx(5e-6 + 3e-6 + b / 100e9)
+
+
+@pytest.mark.parametrize("fn", [all_reduce, all_gather, reduce_scatter, broadcast, all_to_all])
+def test_one_rank_is_free(fn) -> None:
+    assert fn(1e9, 1, LINK) == 0.0
+
+
+def test_groups_beyond_a_node_run_on_the_nic() -> None:
+    inside = group_link(450, 50, 8, 8, 0.8)
+    across = group_link(450, 50, 16, 8, 0.8)
+    assert inside.gbs == pytest.approx(360) and inside.alpha_s == pytest.approx(0.6e-6)
+    assert across.gbs == pytest.approx(40) and across.alpha_s == pytest.approx(2.7e-6)
+
+
+def test_decode_all_reduce_at_batch_one_costs_at_least_the_call_latency() -> None:
+    m = M["Llama-3-8B"]
+    comm = decode_tp_comm(m, H100, 4, 1, EFF)
+    # by hand: 2 all-reduces per layer of 1 * 4096 * 2 bytes over 4 NVLink ranks; the tree
+    # (2 log2 4 = 4 hops) beats the ring (6 hops) at this size
+    per_call = EFF.coll_base_s + 4 * EFF.nvlink_hop_s + 2 * 8192 / (450e9 * EFF.link_eff)
+    assert comm == pytest.approx(2 * 32 * per_call)
+    assert comm >= 2 * 32 * EFF.coll_base_s  # never below the per-call latency
+    # and it is part of the decode step
+    t1 = decode_step_time(m, H100, Parallel(tp=1), 1, 0, EFF)
+    t4 = decode_step_time(m, H100, Parallel(tp=4), 1, 0, EFF)
+    reads = t1 - step_overhead(1, EFF)
+    tp_loss = 1 + EFF.decode_tp_bw_loss * 2  # log2(4)
+    assert t4 == pytest.approx(reads * tp_loss / 4 + comm + step_overhead(1, EFF))
+
+
+def test_tp_comm_grows_with_layers_not_with_batch_at_small_batch() -> None:
+    m = M["Llama-3-8B"]
+    small = decode_tp_comm(m, H100, 8, 1, EFF)
+    assert decode_tp_comm(m, H100, 8, 8, EFF) == pytest.approx(small, rel=0.05)  # latency-bound
+    assert decode_tp_comm(m, H100, 1, 8, EFF) == 0.0
+
+
+# ----------------------------------------------------------------------- size-dependent factors
+def test_gemm_efficiency_saturates_at_the_ridge_point() -> None:
+    ridge = H100.bf16_tflops * 1e12 / (H100.mem_bw_gbs * 1e9)  # ~295 FLOP per byte
+    assert gemm_eff(0.4, ridge, H100, EFF) == pytest.approx(0.2)
+    assert gemm_eff(0.4, 16384, H100, EFF) == pytest.approx(0.4 * 16384 / (16384 + ridge))
+    assert gemm_eff(0.4, 1e9, H100, EFF) == gemm_eff(0.4, 16384, H100, EFF)  # one micro-batch
+    # an H20 (ridge 37) saturates at far fewer tokens than an H100
+    assert gemm_eff(0.4, 256, H20, EFF) > gemm_eff(0.4, 256, H100, EFF)
+
+
+def test_decode_bandwidth_efficiency_falls_with_tp_and_at_batch_one() -> None:
+    assert decode_bw_eff(1024, 1, EFF) == pytest.approx(EFF.decode_bw_eff, rel=1e-3)
+    assert decode_bw_eff(1, 1, EFF) == pytest.approx(EFF.decode_bw_eff / (1 + 0.15))
+    assert decode_bw_eff(64, 8, EFF) == pytest.approx(
+        decode_bw_eff(64, 1, EFF) / (1 + EFF.decode_tp_bw_loss * 3))
+
+
+def test_step_overhead_grows_with_the_batch() -> None:
+    assert step_overhead(256, EFF) == pytest.approx(1.5e-3 + 256 * 1e-5)
+
+
+def test_causal_attention_is_half_the_full_score_matrix() -> None:
+    m = M["Llama-3-8B"]
+    ideal = Efficiency(gemm_half_ridge=0.0, step_overhead_s=0.0, mfu_prefill=1.0)
+    extra = (forward_time(m, H100, Parallel(), 1e5, 4096, ideal)
+             - forward_time(m, H100, Parallel(), 1e5, 0, ideal))
+    assert extra == pytest.approx(2 * m.layers * m.hidden * 4096 * 1e5 / 989e12)
+
+
+# --------------------------------------------------------------------------------- weight sync
+def _sync_res(device: str, nodes: int):
+    return resolve(job_from_dict({
+        "algorithm": "grpo", "models": {"policy": "Qwen3-30B-A3B"},
+        "batch": {"prompts": 1, "samples_per_prompt": 2},
+        "lengths": {"prompt": {"kind": "fixed", "value": 1},
+                    "response": {"kind": "fixed", "value": 1}},
+        "cluster": {"pools": [{"name": "g", "device": device, "devices_per_node": 8,
+                               "nodes": nodes}]}}))
+
+
+def _placed(slot: str, role: Role, par: Parallel) -> Placed:
+    return Placed(slot, Estimate(role, "g", par, Memory(), {}))
+
+
+def test_weight_sync_is_one_broadcast_at_the_sender_rate() -> None:
+    res = _sync_res("H100-SXM", 4)
+    m = res.model_of(Role.ROLLOUT)
+    assert m is not None
+    cal = Calibration()
+    actor = _placed("a", Role.ACTOR, Parallel(dp=2))
+    few = sync_time(res, actor, _placed("r", Role.ROLLOUT, Parallel(dp=8)), cal)  # 2 nodes
+    many = sync_time(res, actor, _placed("r", Role.ROLLOUT, Parallel(dp=30)), cal)
+    # relation 4 of the published runs: c + bytes / (8.25 GB/s x 1 sender), whatever the replicas
+    expect = EFF.sync_latency_s + weight_bytes(m) / (EFF.sync_sender_gbs * EFF.link_eff * 1e9)
+    assert few == pytest.approx(many) == pytest.approx(expect)
+    assert EFF.sync_sender_gbs * EFF.link_eff == pytest.approx(8.25, rel=0.01)
+    # pipeline stages send their layers in parallel
+    staged = sync_time(res, _placed("a", Role.ACTOR, Parallel(pp=4)),
+                       _placed("r", Role.ROLLOUT, Parallel(dp=8)), cal)
+    assert staged - EFF.sync_latency_s == pytest.approx((expect - EFF.sync_latency_s) / 4)
+
+
+def test_colocated_sync_loads_each_rank_shard() -> None:
+    res = _sync_res("H100-SXM", 1)
+    links = sync_links(res, "g", 8, 1, "g", 8, 8, True, EFF)
+    assert links == {"local": 8 * EFF.sync_local_gbs}
+    inside = sync_links(res, "g", 4, 1, "g", 4, 4, False, EFF)  # one node: NVLink
+    assert inside["send"] == H100.intra_link_gbs
+    assert math.isfinite(min(inside.values()))

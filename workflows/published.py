@@ -1,0 +1,339 @@
+"""Published-runs fidelity: the cost model's step and stage times beside measured runs of real
+RL frameworks (verl, Miles, NeMo-RL).
+
+Each step-time row is a job file under `examples/published/` (its header states the published
+numbers and every assumption: prompt lengths, the response distribution, layouts the model cannot
+express) plus the layout the run used, written here as `Use` entries: pool, TP/PP/DP, ZeRO stage,
+optimizer offload, and which roles share devices (colocated) or have their own (split, async).
+The job format cannot pin a layout, so this is the planner's prediction *of the published
+layout*: every role is priced by `placer.estimate.estimate` with that layout and the roles are
+combined by `placer.timing.iteration_time`, exactly as `assemble` prices a plan the ILP or a
+baseline chose. No simulation runs: the predictions are the cost model's.
+
+Published stages map onto the model's as: gen -> the rollout role's `rollout` stage; old_log_prob
+-> the actor's `score` stage; ref -> the reference's `score` stage; update -> the actor's `train`
+stage; weight sync -> the plan's sync time. The async rows publish the time the trainer waits for
+generation, not the generation itself, so only what they name is compared.
+
+The weight-sync rows (`SYNC_ROWS`) price one actor -> rollout refresh with `timing.sync_time` on
+the published hardware and mapping, where the model can express it (dense or MoE without expert
+parallelism; a rollout TP inside one node).
+
+    python -m workflows.published [--json] [--calibration PROFILE]
+
+prints per row the published and predicted step and stage times and the relative error
+(predicted / published - 1), the median |error| over rows, and the sync rows. `--json` prints one
+document: {"rows": [{name, published_s, predicted_s, error, stages: {...}}], "median_abs_error",
+"max_abs_error", "sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error",
+"decode": [{name, published_s, predicted_s, error}]} (the decode list: vLLM's per-step latency
+anchors, `DECODE_ROWS`, which set the decode defaults).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from placer.calibration import load_calibration
+from placer.catalog import Resolved, resolve, shipped_devices, shipped_models
+from placer.costmodel import Calibration, Memory, Parallel, decode_step_time
+from placer.estimate import Estimate, estimate
+from placer.roles import Role
+from placer.spec import SpecError, job_from_dict, load_job
+from placer.timing import Placed, iteration_time, sync_time
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
+STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")
+
+
+@dataclass(frozen=True)
+class Use:
+    """The published layout of one role: its pool and parallel configuration."""
+
+    pool: str
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 3
+    offload: bool = False
+
+    def parallel(self) -> Parallel:
+        return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One step-time row of the published-runs table."""
+
+    name: str
+    file: str
+    source: str
+    published_s: float
+    stages: dict[str, float]
+    layout: dict[Role, Use]
+    groups: list[list[Role]]  # roles sharing devices (one slot each list)
+
+
+@dataclass(frozen=True)
+class SyncRow:
+    """One weight-sync row: actor and rollout placements on a pool of `device` nodes."""
+
+    name: str
+    source: str
+    model: str
+    device: str
+    nodes: int
+    actor: Use
+    rollout: Use
+    published_s: float
+    colocated: bool = False
+
+
+_CPU = Use("cpu")
+_R = Role
+_COLOC = [[_R.ACTOR, _R.ROLLOUT], [_R.REWARD]]
+_COLOC_REF = [[_R.ACTOR, _R.ROLLOUT, _R.REFERENCE], [_R.REWARD]]
+_SPLIT = [[_R.ACTOR], [_R.ROLLOUT], [_R.REWARD]]
+_SPLIT_REF = [[_R.ACTOR, _R.REFERENCE], [_R.ROLLOUT], [_R.REWARD]]
+_FA = "verl docs/advance/fully_async.md"
+_OSO = "verl docs/advance/one_step_off.md"
+
+ROWS: list[Row] = [
+    Row("r01 DAPO 7B 32xH20 colocate", "r01-dapo7b-32xh20-colocate.yaml", _FA, 790.10,
+        {"rollout": 357.41, "old_log_prob": 107.71, "update": 269.80},
+        {_R.ACTOR: Use("h20", dp=32), _R.ROLLOUT: Use("h20", tp=4, dp=8), _R.REWARD: _CPU},
+        _COLOC),
+    Row("r02 DAPO 7B 64xH20 colocate", "r02-dapo7b-64xh20-colocate.yaml", _FA, 365.28,
+        {"rollout": 150.72, "old_log_prob": 70.26, "update": 133.41},
+        {_R.ACTOR: Use("h20", dp=64), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
+        _COLOC),
+    Row("r03 DAPO 7B 128xH20 colocate", "r03-dapo7b-128xh20-colocate.yaml", _FA, 356.30,
+        {"rollout": 177.85, "old_log_prob": 53.92, "update": 113.81},
+        {_R.ACTOR: Use("h20", dp=128), _R.ROLLOUT: Use("h20", tp=4, dp=32), _R.REWARD: _CPU},
+        _COLOC),
+    Row("r04 DAPO 7B 128xH20 async 64:64", "r04-dapo7b-128xh20-async.yaml", _FA, 150.63,
+        {"update": 113.16},
+        {_R.ACTOR: Use("h20", dp=64), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
+        _SPLIT),
+    Row("r05 GRPO 30B-A3B 128xH20 colocate", "r05-grpo30ba3b-128xh20-colocate.yaml", _FA, 497.89,
+        {"rollout": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update": 86.27},
+        {_R.ACTOR: Use("h20", tp=2, dp=64, zero=1), _R.ROLLOUT: Use("h20", tp=4, dp=32),
+         _R.REFERENCE: Use("h20", tp=2, dp=64), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r06 GRPO 30B-A3B 128xH20 async 96:32", "r06-grpo30ba3b-128xh20-async.yaml", _FA, 282.75,
+        {"ref": 50.05, "update": 206.63},
+        {_R.ACTOR: Use("h20", tp=2, dp=16, zero=1), _R.ROLLOUT: Use("h20", tp=4, dp=24),
+         _R.REFERENCE: Use("h20", tp=2, dp=16), _R.REWARD: _CPU},
+        _SPLIT_REF),
+    Row("r07 DAPO 7B 16xH20 colocate", "r07-dapo7b-16xh20-colocate.yaml", _OSO, 749.0,
+        {"rollout": 321.0, "old_log_prob": 88.0, "update": 286.0},
+        {_R.ACTOR: Use("h20", dp=16), _R.ROLLOUT: Use("h20", tp=2, dp=8), _R.REWARD: _CPU},
+        _COLOC),
+    Row("r08 DAPO 7B 16xH20 one-step-off 4+12", "r08-dapo7b-16xh20-one-step-off.yaml", _OSO, 520.0,
+        {"rollout": 458.0, "old_log_prob": 108.0, "update": 337.0},
+        {_R.ACTOR: Use("h20", dp=12), _R.ROLLOUT: Use("h20", tp=2, dp=2), _R.REWARD: _CPU},
+        _SPLIT),
+    Row("r09a DAPO 7B Megatron 16xH20 colocate", "r09a-dapo7b-16xh20-megatron-colocate.yaml", _OSO,
+        699.0, {"rollout": 207.0, "old_log_prob": 119.0, "update": 344.0},
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1), _R.ROLLOUT: Use("h20", tp=2, dp=8),
+         _R.REWARD: _CPU},
+        _COLOC),
+    Row("r09b DAPO 7B Megatron 16xH20 one-step-off", "r09b-dapo7b-16xh20-megatron-one-step-off.yaml",
+        _OSO, 566.0, {"rollout": 501.0, "old_log_prob": 120.0, "update": 347.0},
+        {_R.ACTOR: Use("h20", tp=2, dp=6, zero=1), _R.ROLLOUT: Use("h20", tp=2, dp=2),
+         _R.REWARD: _CPU},
+        _SPLIT),
+    Row("r10 GRPO 27B 8xH200 colocate", "r10-grpo27b-8xh200-colocate.yaml",
+        "Miles docs/models/qwen/qwen3-8.md", 720.0,
+        {"rollout": 307.0, "old_log_prob": 33.0, "ref": 100.0, "update": 282.0, "sync": 2.5},
+        {_R.ACTOR: Use("h200", tp=4, dp=2, zero=1, offload=True),
+         _R.ROLLOUT: Use("h200", tp=4, dp=2), _R.REFERENCE: Use("h200", tp=4, dp=2),
+         _R.REWARD: _CPU},
+        _COLOC_REF),
+]
+# Not expressible yet: row 11 (DeepSeek-V3 on 96 H20: rollout engines spanning nodes, FP8,
+# expert parallelism and offload fraction 1) and row 12 (sleep/wake of a colocated engine).
+
+_FAS = "verl docs/advance/fully_async.md (NCCL, no checkpoint-engine)"
+SYNC_ROWS: list[SyncRow] = [
+    SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
+            0.12),
+    SyncRow("verl 30B-A3B 16->16 H20", _FAS, "Qwen3-30B-A3B", "H20", 4, Use("g", tp=2, dp=8),
+            Use("g", tp=4, dp=4), 15.76),
+    SyncRow("verl 235B-A22B 64->64 H20", _FAS, "Qwen3-235B-A22B", "H20", 16,
+            Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8), 58.57),
+    SyncRow("verl ckpt-engine 30B-A3B FSDP2->30 H100", "verl verl/checkpoint_engine/README.md",
+            "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0),
+    SyncRow("NeMo-RL 4B DP8->TP8 H100 colocated", "NeMo-RL docs/design-docs/nccl-reshard-refit.md",
+            "Qwen3-4B", "H100-SXM", 1, Use("g", dp=8), Use("g", tp=8), 0.275, colocated=True),
+    SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", "Miles docs/advanced/p2p-weight-transfer.md",
+            "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", tp=4, dp=4), Use("g", tp=8, dp=2), 2.67),
+    SyncRow("Miles 235B-A22B 8 nodes->8 nodes H100", "Miles docs/advanced/p2p-weight-transfer.md",
+            "Qwen3-235B-A22B", "H100-SXM", 16, Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8),
+            10.75),
+]
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One decode-step anchor: a serving engine's step time at a fixed batch (no RL loop)."""
+
+    name: str
+    source: str
+    model: str
+    device: str
+    tp: int
+    batch: int
+    context: float  # KV tokens per sequence, mean over the run
+    published_s: float
+
+
+_VLLM = "vLLM performance dashboard, buildkite build 9515 (latency test: in 32, out 128, batch 8)"
+DECODE_ROWS: list[DecodeRow] = [
+    DecodeRow("vLLM Llama-3.1-8B TP1 H200 batch 8", _VLLM, "Llama-3.1-8B", "H200", 1, 8, 96,
+              6.5e-3),
+    DecodeRow("vLLM Llama-3-70B TP4 H200 batch 8", _VLLM, "Llama-3-70B", "H200", 4, 8, 96,
+              16.2e-3),
+]
+
+
+@dataclass
+class Result:
+    """Published beside predicted for one row; error = predicted / published - 1."""
+
+    name: str
+    published_s: float
+    predicted_s: float
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)
+    fits: bool = True
+    note: str = ""
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.published_s - 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "published_s": self.published_s,
+                "predicted_s": self.predicted_s, "error": self.error, "stages": self.stages,
+                "fits": self.fits, "note": self.note}
+
+
+def _place(res: Resolved, role: str, use: Use, calib: Calibration) -> Estimate:
+    return estimate(res, role, res.cluster.pool(use.pool), use.parallel(), calib)
+
+
+def predict_row(row: Row, calib: Calibration, folder: Path = EXAMPLES) -> Result:
+    """Price the row's job with its published layout (see the module docstring)."""
+    res = resolve(load_job(folder / row.file), row.file)
+    slot = {r: "+".join(g) for g in row.groups for r in g}
+    ests = {r: _place(res, r, use, calib) for r, use in row.layout.items()}
+    bd = iteration_time(res, [Placed(slot[r], e) for r, e in ests.items()], calib)
+    predicted = {
+        "rollout": ests[_R.ROLLOUT].stage_s.get("rollout", 0.0),
+        "old_log_prob": ests[_R.ACTOR].stage_s.get("score", 0.0),
+        "ref": ests[_R.REFERENCE].stage_s.get("score", 0.0) if _R.REFERENCE in ests else 0.0,
+        "update": ests[_R.ACTOR].stage_s.get("train", 0.0),
+        "sync": bd.sync_s,
+    }
+    stages = {k: {"published_s": row.stages[k], "predicted_s": predicted[k],
+                  "error": predicted[k] / row.stages[k] - 1} for k in STAGE_KEYS
+              if k in row.stages}
+    bad = [f"{e.role}: {e.reason}" for e in ests.values() if not e.feasible]
+    return Result(row.name, row.published_s, bd.iteration_s, stages, not bad, "; ".join(bad))
+
+
+def predict_sync(row: SyncRow, calib: Calibration) -> Result:
+    """One actor -> rollout weight refresh on the row's hardware."""
+    job = job_from_dict({
+        "name": "sync", "algorithm": "grpo", "models": {"policy": row.model},
+        "batch": {"prompts": 1, "samples_per_prompt": 2}, "lengths": {"prompt": {"kind": "fixed", "value": 1},
+                                             "response": {"kind": "fixed", "value": 1}},
+        "cluster": {"pools": [{"name": "g", "device": row.device, "devices_per_node": 8,
+                               "nodes": row.nodes}]}}, row.name)
+    res = resolve(job, row.name)
+    a = Placed("a+r" if row.colocated else "a",
+               Estimate(_R.ACTOR, "g", row.actor.parallel(), Memory(), {}))
+    r = Placed("a+r" if row.colocated else "r",
+               Estimate(_R.ROLLOUT, "g", row.rollout.parallel(), Memory(), {}))
+    return Result(row.name, row.published_s, sync_time(res, a, r, calib))
+
+
+def predict_decode(row: DecodeRow, calib: Calibration) -> Result:
+    """One decode step of the anchor's batch (the engine's per-step time)."""
+    devs, models = shipped_devices(), shipped_models()
+    dev, m = devs[row.device], models[row.model]
+    t = decode_step_time(m, dev, Parallel(tp=row.tp), row.batch, row.batch * row.context,
+                         calib.for_device(dev))
+    return Result(row.name, row.published_s, t)
+
+
+def fidelity(calib: Calibration | None = None, folder: Path = EXAMPLES) -> dict[str, Any]:
+    """The whole comparison as one JSON-ready document."""
+    calib = calib or Calibration()
+    rows = [predict_row(r, calib, folder) for r in ROWS]
+    syncs = [predict_sync(r, calib) for r in SYNC_ROWS]
+    errs = [abs(r.error) for r in rows]
+    serrs = [abs(r.error) for r in syncs]
+    decodes = [predict_decode(r, calib) for r in DECODE_ROWS]
+    return {"rows": [r.as_dict() for r in rows],
+            "median_abs_error": statistics.median(errs),
+            "max_abs_error": max(errs),
+            "sync": [{k: v for k, v in r.as_dict().items() if k not in ("stages", "fits", "note")}
+                     for r in syncs],
+            "sync_median_abs_error": statistics.median(serrs),
+            "decode": [{k: v for k, v in r.as_dict().items()
+                        if k not in ("stages", "fits", "note")} for r in decodes]}
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f}%" if math.isfinite(x) else "n/a"
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [f"{'row':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}   stages "
+             "(published/predicted s, error)"]
+    for r in doc["rows"]:
+        st = ", ".join(f"{k} {v['published_s']:.0f}/{v['predicted_s']:.0f} {_pct(v['error'])}"
+                       for k, v in r["stages"].items())
+        flag = "" if r["fits"] else f"  [does not fit: {r['note']}]"
+        lines.append(f"{r['name']:44s} {r['published_s']:9.1f} {r['predicted_s']:9.1f} "
+                     f"{_pct(r['error']):>6s}   {st}{flag}")
+    lines.append(f"median |error| {doc['median_abs_error'] * 100:.1f}% over {len(doc['rows'])} "
+                 f"rows, max {doc['max_abs_error'] * 100:.1f}%")
+    lines.append("")
+    lines.append(f"{'weight sync':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}")
+    for r in doc["sync"]:
+        lines.append(f"{r['name']:44s} {r['published_s']:9.2f} {r['predicted_s']:9.2f} "
+                     f"{_pct(r['error']):>6s}")
+    lines.append(f"median |error| {doc['sync_median_abs_error'] * 100:.1f}% over "
+                 f"{len(doc['sync'])} sync rows")
+    lines.append("")
+    lines.append(f"{'decode step (ms)':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}")
+    for r in doc["decode"]:
+        lines.append(f"{r['name']:44s} {r['published_s'] * 1e3:9.2f} "
+                     f"{r['predicted_s'] * 1e3:9.2f} {_pct(r['error']):>6s}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workflows.published",
+                                 description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON document")
+    ap.add_argument("--calibration", default=None, help="calibration profile (YAML or JSON)")
+    args = ap.parse_args(argv)
+    try:
+        doc = fidelity(load_calibration(args.calibration))
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
