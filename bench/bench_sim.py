@@ -7,7 +7,8 @@ its peak RSS is its own. Printed: a table per variance setting and the slope of 
 samples (least squares), with the ratio of the largest case's cost per sample to the smallest's
 (1.0 = linear).
 
-    python -m bench sim                 # variance off 8k..64k, variance on 4k..16k (~2 min)
+    python -m bench sim                 # variance off 8k..64k, variance on 4k..16k, and the
+                                        # figure time at 64k (goal: <= 3x the simulation; ~3 min)
     python -m bench.bench_sim --full    # variance on up to 64k as well (several minutes)
     python -m bench.bench_sim --quick
 """
@@ -15,11 +16,20 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
+import time
 from typing import Any
 
 import numpy as np
+
+from placer.catalog import resolve
+from placer.costmodel import Calibration
+from placer.spec import job_from_dict
+from simulator.api import simulate_plan
+from simulator.config import SimConfig
+from simulator.handplans import place
 
 SAMPLES = (8192, 16384, 32768, 65536)
 VARIED = (4096, 8192, 16384)  # variance on costs ~8x more events; --full runs SAMPLES
@@ -53,16 +63,6 @@ PLACEMENT = {"actor": ("h100", 4096, "train"), "reference": ("h100", 4096, "trai
 
 def case(samples: int, variance: bool) -> dict[str, Any]:
     """One measurement (runs inside the subprocess)."""
-    import resource
-    import time
-
-    from placer.catalog import resolve
-    from placer.costmodel import Calibration
-    from placer.spec import job_from_dict
-    from simulator.api import simulate_plan
-    from simulator.config import SimConfig
-    from simulator.handplans import place
-
     res = resolve(job_from_dict(goal_job(samples)))
     plan = place(res, PLACEMENT, Calibration())
     cfg = SimConfig() if variance else SimConfig.no_variance()
@@ -80,11 +80,33 @@ def case(samples: int, variance: bool) -> dict[str, Any]:
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def figure_case(samples: int) -> dict[str, Any]:
+    """Simulation and figure time of one variance-on iteration (runs inside the subprocess)."""
+    import tempfile
+
+    from simulator.plots import write_plots
+
+    plan = place(resolve(job_from_dict(goal_job(samples))), PLACEMENT, Calibration())
+    c0 = time.process_time()
+    r = simulate_plan(plan, iterations=1, seed=0, config=SimConfig())
+    c1 = time.process_time()
+    with tempfile.TemporaryDirectory() as d:
+        write_plots(r, d)
+    c2 = time.process_time()
+    return {"samples": samples, "events": len(r.trace.events), "sim_cpu_s": c1 - c0,
+            "figures_cpu_s": c2 - c1}
+
+
 def _run_case(samples: int, variance: bool) -> dict[str, Any]:
+    return _subprocess(f"case({samples}, {variance})")
+
+
+def _subprocess(call: str) -> dict[str, Any]:
+    """`call` (a function of this module) in a fresh interpreter pinned to one core."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-c", "import json,sys; from bench.bench_sim import case; "
-           f"print(json.dumps(case({samples}, {variance})))"]
+    cmd = [sys.executable, "-c", "import json; import bench.bench_sim as b; "
+           f"print(json.dumps(b.{call}))"]
     if sys.platform.startswith("linux"):
         cmd = ["taskset", "-c", "0", *cmd]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -117,6 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     for variance in (False, True):
         print(f"\nvariance {'on (lengths and latencies drawn)' if variance else 'off (means)'}:")
         table([_run_case(n, variance) for n in sizes[variance]])
+    print("\nfigures (timeline, utilization, lengths; `placer simulate --plots`), variance on, "
+          "CPU seconds:")
+    print(f"{'samples':>8} {'events':>8} {'simulate':>9} {'figures':>8} {'ratio':>6}")
+    for n in (QUICK[-1],) if "--quick" in args else (SAMPLES[-1],):
+        f = _subprocess(f"figure_case({n})")
+        print(f"{f['samples']:>8} {f['events']:>8} {f['sim_cpu_s']:>9.2f} "
+              f"{f['figures_cpu_s']:>8.2f} {f['figures_cpu_s'] / f['sim_cpu_s']:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -16,16 +16,23 @@ from typing import TYPE_CHECKING
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgba
+from matplotlib.patches import Patch
+
+from placer.plots import KIND_COLOURS  # one palette for every timeline
+from placer.roles import Role
 
 if TYPE_CHECKING:
     from simulator.api import SimResult
 
 BINS = 200
+PIXELS = 1200  # the timeline's time bins: about its width in pixels at the saved dpi
 
 
-def write_plots(result: "SimResult", out_dir: str | Path) -> list[Path]:
+def write_plots(result: SimResult, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [timeline(result, out / "timeline.png"), utilization(result, out / "utilization.png"),
@@ -41,71 +48,122 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _intervals(result: "SimResult") -> list[tuple[str, float, float, float]]:
+def _intervals(result: SimResult) -> list[tuple[str, float, float, float]]:
     """(slot, start, dur, share): slot work plus every engine step from the trace rows."""
     share = 1.0 / max(result.run.replicas, 1)
     out = list(result.run.busy)
-    for name, cat, ts, dur, _pid, tid, _args in result._rec.rows:
+    for _name, cat, ts, dur, _pid, tid, _args in result._rec.rows:
         if cat in ("prefill", "decode"):
             out.append((tid.split("/engine")[0], ts, dur, share))
     return out
 
 
-def _work_rows(result: "SimResult", slots: list[str]) -> list[tuple[int, float, float, str]]:
-    """(slot row, start, dur, kind of work) for every traced event that ran on a slot."""
+def _work_rows(result: SimResult, slots: list[str]) -> list[tuple[int, float, float, str, str]]:
+    """(slot row, start, dur, kind of work, track) for every traced event that ran on a slot;
+    the track is the engine or core that did it."""
     row = {slot: i for i, slot in enumerate(slots)}
-    env = result.plan.roles.get("environment")
+    env = result.plan.roles.get(Role.ENVIRONMENT)
     out = []
     for _name, cat, ts, dur, _pid, tid, _args in result._rec.rows:
         # tool calls are traced per CPU core ("env3"); draw them on the environment's slot
         slot = env.slot if cat == "tool" and env is not None else tid.split("/")[0]
         if slot in row and dur > 0:
-            out.append((row[slot], ts, dur, cat))
+            out.append((row[slot], ts, dur, cat, tid))
     return out
 
 
-def timeline(result: "SimResult", path: Path) -> Path:
-    """One row per slot; bars coloured by the kind of work (generation, scoring, training...)."""
-    from matplotlib.patches import Patch  # noqa: PLC0415
+def covered(starts: np.ndarray, durs: np.ndarray, edges: np.ndarray,
+            weights: np.ndarray | None = None) -> np.ndarray:
+    """Seconds of work inside each bin [edges[b], edges[b+1]), summed over intervals (each
+    counted `weights[i]` times: devices it kept busy).
 
-    from placer.plots import KIND_COLOURS  # noqa: PLC0415  (one palette for every timeline)
+    The work done by time x is W(x) = sum_i w_i clamp(x - start_i, 0, dur_i) = sum over started
+    intervals of w_i (x - start_i) minus the same over ended ones; with starts and ends sorted and
+    their weighted prefix sums, W at every edge costs O((n + bins) log n), so a figure of millions
+    of events is as cheap as its sort (one bar per event took minutes)."""
+    w = np.ones(len(starts)) if weights is None else np.asarray(weights, dtype=float)
+    if len(starts) == 0:
+        return np.zeros(len(edges) - 1)
 
+    def started(points: np.ndarray) -> np.ndarray:  # sum over points p < x of w (x - p)
+        order = np.argsort(points)
+        p, wp = points[order], w[order]
+        cw = np.concatenate(([0.0], np.cumsum(wp)))
+        cwp = np.concatenate(([0.0], np.cumsum(wp * p)))
+        k = np.searchsorted(p, edges)
+        return cw[k] * edges - cwp[k]
+
+    return np.diff(started(starts) - started(starts + durs))
+
+
+def _bars(ax: Axes, row: int, edges: np.ndarray, share: np.ndarray, colour: str,
+          floor: float) -> None:
+    """One collection per row and kind: a bar per busy pixel, as opaque as the pixel is busy
+    (at least `floor`, so that a short call stays visible), so a 2%-busy sandbox reads pale."""
+    busy = np.flatnonzero(share > 0)
+    if len(busy) == 0:
+        return
+    rgba = np.tile(to_rgba(colour), (len(busy), 1))
+    rgba[:, 3] = np.clip(share[busy], floor, 1.0)
+    ax.broken_barh([(edges[b], edges[b + 1] - edges[b]) for b in busy], (row - 0.4, 0.8),
+                   facecolors=rgba, linewidth=0)
+
+
+def timeline(result: SimResult, path: Path) -> Path:
+    """One row per slot; bars coloured by the kind of work (generation, scoring, training...).
+
+    Time is binned at the figure's pixel width: each pixel of a row shows the share of it that
+    each kind of work kept busy (work of parallel engines or cores adds up, capped at one)."""
     slots = [s.name for s in result.plan.slots]
     fig, ax = plt.subplots(figsize=(11, 0.6 * len(slots) + 2.0))
+    edges = np.linspace(0.0, max(result.run.end_s, 1e-9), PIXELS + 1)
+    width = edges[1] - edges[0]
+    under: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for slot, t, d, _share in result.run.busy:  # slot work first, pale, under the events
         if slot in slots and d > 0:
-            ax.broken_barh([(t, d)], (slots.index(slot) - 0.4, 0.8), color="0.88")
-    kinds = set()
-    for r, t, d, cat in _work_rows(result, slots):
-        ax.broken_barh([(t, d)], (r - 0.4, 0.8), color=KIND_COLOURS.get(cat, "C7"))
-        kinds.add(cat)
+            under[slots.index(slot)].append((t, d))
+    for r, spans in under.items():
+        arr = np.array(spans)
+        _bars(ax, r, edges, np.minimum(covered(arr[:, 0], arr[:, 1], edges) / width, 1.0),
+              "0.88", 1.0)
+    work: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    tracks: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for r, t, d, cat, track in _work_rows(result, slots):
+        work[(r, cat)].append((t, d))
+        tracks[(r, cat)].add(track)
+    for (r, cat), spans in sorted(work.items()):
+        arr = np.array(spans)
+        # engines (or cores) that did this work side by side: a pixel is full when all were busy
+        share = covered(arr[:, 0], arr[:, 1], edges) / (width * len(tracks[(r, cat)]))
+        _bars(ax, r, edges, np.minimum(share, 1.0), KIND_COLOURS.get(cat, "C7"), 0.25)
     for rec in result.run.iterations:
         ax.axvline(rec.end, color="k", lw=0.5, ls=":")
+    ax.set_xlim(0, edges[-1])
     ax.set_yticks(range(len(slots)), slots)
     ax.set_xlabel("simulated time (s)")
-    ax.set_title(f"{result.plan.job.get('name', 'job')}: work per slot (dotted: iteration ends)")
-    handles = [Patch(color=KIND_COLOURS.get(k, "C7"), label=k) for k in sorted(kinds)]
+    ax.set_title(f"{result.plan.spec.name}: work per slot (dotted: iteration ends; paler: less "
+                 f"of the slot busy)")
+    kinds = sorted({cat for _r, cat in work})
+    handles = [Patch(color=KIND_COLOURS.get(k, "C7"), label=k) for k in kinds]
     handles.append(Patch(color="0.88", label="slot busy (other)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25),
               ncol=len(handles), fontsize=8, frameon=False)
     return _save(fig, path)
 
 
-def utilization(result: "SimResult", path: Path) -> Path:
+def utilization(result: SimResult, path: Path) -> Path:
     plan, run = result.plan, result.run
     span = max(run.end_s, 1e-9)
     edges = np.linspace(0, span, BINS + 1)
     width = edges[1] - edges[0]
     dev_of = {s.name: (s.pool, s.devices) for s in plan.slots}
-    busy: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(BINS))
+    by_pool: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for slot, t, d, share in _intervals(result):
         pool, n = dev_of[slot]
-        lo, hi = np.searchsorted(edges, [t, t + d], side="right") - 1
-        for b in range(max(lo, 0), min(hi, BINS - 1) + 1):
-            overlap = min(t + d, edges[b + 1]) - max(t, edges[b])
-            if overlap > 0:
-                busy[pool][b] += overlap * share * n
-    total = defaultdict(int)
+        by_pool[pool].append((t, d, share * n))
+    busy = {pool: covered(a[:, 0], a[:, 1], edges, a[:, 2])
+            for pool, a in ((pool, np.array(v)) for pool, v in by_pool.items())}
+    total: defaultdict[str, int] = defaultdict(int)
     for s in plan.slots:
         total[s.pool] += s.devices
     fig, ax = plt.subplots(figsize=(11, 3.5))
@@ -115,11 +173,12 @@ def utilization(result: "SimResult", path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("busy share of planned devices")
-    ax.legend(loc="upper right")
+    ax.set_title(f"{plan.spec.name}: utilization per pool ({BINS} time bins)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the data
     return _save(fig, path)
 
 
-def response_vs_completion(result: "SimResult", path: Path) -> Path:
+def response_vs_completion(result: SimResult, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for rec in result.run.iterations:
         smp = result.run.samples.get(rec.index)
@@ -131,6 +190,7 @@ def response_vs_completion(result: "SimResult", path: Path) -> Path:
                    alpha=0.5, label=f"iteration {rec.index}")
     ax.set_xlabel("rollout finish time after rollout start (s)")
     ax.set_ylabel("response tokens (all turns)")
+    ax.set_title(f"{result.plan.spec.name}: response length vs finish time", fontsize=10)
     if len(result.run.iterations) <= 5:
-        ax.legend(loc="lower right", markerscale=3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=3, frameon=False)
     return _save(fig, path)
