@@ -13,10 +13,21 @@ TORCH_INDEX ?=
 EXTRAS := test$(if $(HAS_GPU),$(comma)gpu)
 comma := ,
 
-.PHONY: venv demo test test-all test-fast bench golden clean
+.PHONY: venv sysdeps demo lint test test-all test-fast bench golden clean
+
+# The code sandbox isolates generated code with bubblewrap when it is installed (else with
+# util-linux `unshare`); as root with apt-get, install it. Cheap when present, so every build runs it.
+sysdeps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+	      || echo "sysdeps: could not install bubblewrap; the sandbox will use unshare"; \
+	  else \
+	    echo "sysdeps: bubblewrap not installed (needs root and apt-get); the sandbox will use unshare"; \
+	  fi; }
 
 venv: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | sysdeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
@@ -26,12 +37,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m workflows.demo --out $(OUT)
 
+# ruff (rules in pyproject.toml) and mypy over the packages; `make test` fails on either.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
 # Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the
 # 1,000-node examples) run with `make test-all`.
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q -m "not slow"
 
-test-all: $(STAMP)
+test-all: lint
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

@@ -3,8 +3,9 @@ one process without Ray (every role's worker object called in turn), on the tiny
 
 Both runs use the same plan (`placer plan` of examples/tiny-cpu.yaml), seeds and math: every
 sample has its own seed, and the data-parallel shards' gradients sum to the batch gradient, so
-both generate the same samples (up to float summation order once weights move); the ratio is the cost of orchestration (actors, object store, the
-trainer's gloo all-reduce, weight sync between processes) net of the parallelism it buys.
+both generate the same samples (up to float summation order once weights move); the ratio is the
+cost of orchestration (actors, object store, the trainer's gloo all-reduce, weight sync between
+processes) net of the parallelism it buys.
 Median over the steps after the first (the first pays lazy imports and allocator warm-up).
 Goal: ratio <= 1.3. Usage: python -m bench.bench_executor [--steps N] [--json]
 """
@@ -17,6 +18,12 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from placer.calibration import load_calibration
+from placer.catalog import resolve
+from placer.planner import plan_job
+from placer.spec import load_job
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 1.3
@@ -24,14 +31,10 @@ GOAL = 1.3
 
 def measure(steps: int, job: Path) -> dict:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from executors.run import execute
-    from placer.calibration import load_calibration
-    from placer.catalog import resolve
-    from placer.planner import plan_job
-    from placer.spec import load_job
+    from executors.run import execute  # lazy: Ray and torch load after the environment is set
 
     plan = plan_job(resolve(load_job(job), str(job)), load_calibration(None))
-    out = {}
+    out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
         for name, local in (("one process", True), ("ray", False)):
             r = execute(plan, steps, Path(d) / name.replace(" ", "-"), local=local)
@@ -40,7 +43,7 @@ def measure(steps: int, job: Path) -> dict:
                          "rewards": [round(s.reward, 4) for s in r.stats],
                          "setup_s": round(r.setup_s, 2)}
             if not local:
-                import ray
+                import ray  # lazy: like `execute` above, after the environment is set
                 ray.shutdown()
     out["ratio"] = out["ray"]["median_step_s"] / out["one process"]["median_step_s"]
     a, b = out["ray"]["rewards"], out["one process"]["rewards"]

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 from bench.bench_solver import synthetic_job
 from placer.catalog import resolve
-from placer.commands.replan import moves
 from placer.costmodel import Calibration
-from placer.plan import calibration_of
+from placer.moves import Move, moves
+from placer.plan import Plan, calibration_of
 from placer.planner import plan_job, with_nodes
 from placer.spec import Job, load_job
 from simulator import longrun as lr
@@ -48,10 +49,10 @@ CHANGES = [("lose 1 h100 node", {"h100": -1}), ("lose 8 h100 nodes", {"h100": -8
            ("gain 8 h20 nodes", {"h20": 8})]
 
 
-def replan_once(old, change: dict[str, int]) -> tuple[float, object, dict]:
+def replan_once(old: Plan, change: dict[str, int]) -> tuple[float, Plan, dict[str, Move]]:
     """What `placer replan` does after loading the plan file, timed."""
     t0 = time.perf_counter()
-    job = Job.model_validate(old.job)
+    job = old.spec
     nodes = {p.name: p.nodes + change.get(p.name, 0) for p in job.cluster.pools}
     new = plan_job(with_nodes(job, nodes), calibration_of(old), time_limit_s=5.0, hint=old,
                    move_cost_s=0.02 * old.predicted_iteration_s)
@@ -116,9 +117,7 @@ def interval_table(durs: list[float], plan) -> None:
 
 
 def recovery_table(runs: int) -> None:
-    import tempfile  # noqa: PLC0415
-
-    from executors.localcluster import Change, run_with_changes  # noqa: PLC0415
+    from executors.localcluster import Change, run_with_changes  # lazy: torch, Ray: only with --recoveries
     job = load_job(EXAMPLES / "tiny-cpu.yaml").model_copy(deep=True)
     job = Job.model_validate({**job.model_dump(mode="json"), "cluster": {"pools": [
         {"name": "gpu", "device": "emu-gpu", "devices_per_node": 1, "nodes": 2},

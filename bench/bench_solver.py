@@ -17,6 +17,7 @@ from pathlib import Path
 from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.ilp_solve import solve
+from placer.moves import moves
 from placer.planner import build_problem, hint_of, plan_job, to_plan, with_nodes
 from placer.spec import job_from_dict, load_job
 
@@ -91,7 +92,7 @@ def replan_row(limit: float, workers: int) -> dict:
         p.devices_per_node * p.nodes for p in new_res.cluster.pools), "mode": job.pipeline.mode,
         "cands": sum(len(c) for c in problem.cands.values()), "table_s": t1 - t0,
         "solve_s": sol.solve_s, "total_s": total, "status": sol.status.lower(), "gap": sol.gap,
-        "iter_s": new.predicted_iteration_s, "moved": ",".join(sol.moved) or "-",
+        "iter_s": new.predicted_iteration_s, "moved": ",".join(moves(old, new)) or "-",
         "old_iter_s": old.predicted_iteration_s, "raw_s": float("nan"), "raw_gap": float("nan"),
         "raw_agrees": True}
 

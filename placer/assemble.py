@@ -9,13 +9,14 @@ from placer.catalog import Resolved
 from placer.costmodel import Calibration
 from placer.estimate import Estimate
 from placer.plan import Breakdown, Plan, RolePlacement, SlotPlan, SolverInfo
+from placer.pricing import slots_price
 from placer.spec import dump_job
 from placer.timing import Placed, iteration_time
 
 
 def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
     """One slot per distinct slot name, sized by its largest role, in the job's role order."""
-    order = {r: i for i, r in enumerate(res.job.roles())}
+    order: dict[str, int] = {r: i for i, r in enumerate(res.job.roles())}
     slots: dict[str, SlotPlan] = {}
     for p in sorted(placed, key=lambda p: order[p.est.role]):
         cur = slots.get(p.slot)
@@ -41,13 +42,13 @@ def role_placement(p: Placed) -> RolePlacement:
 
 def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
     """Price of the devices the plan holds (USD per hour)."""
-    return sum(res.device_of(s.pool).price_per_hour * s.devices for s in slots)
+    return slots_price(res, ((s.pool, s.devices) for s in slots))
 
 
 def assemble(res: Resolved, placed: list[Placed], calib: Calibration, solver: SolverInfo,
              calibration_doc: dict | None = None) -> Plan:
     """Price, slot and map a placement into a plan."""
-    from placer.mapping import map_to_nodes  # noqa: PLC0415  (networkx only when assembling)
+    from placer.mapping import map_to_nodes  # lazy: networkx (~0.1 s) only when assembling
 
     bd = iteration_time(res, placed, calib)
     slots = slot_plans(res, placed)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from placer.candidates import Candidate
 from placer.ilp import Assignment, Problem, score, slot_names
+from placer.roles import Role
 from placer.spec import DeviceKind
 
 BASELINES = ("colocated", "split", "enumerate")
@@ -46,6 +47,12 @@ def _fastest(cands: list[Candidate], pool: str | None = None, limit: int | None 
     ok = [c for c in cands if (pool is None or c.pool == pool)
           and (limit is None or c.devices <= limit)]
     return min(ok, key=lambda c: (c.time_s, c.devices), default=None)
+
+
+def _complete(choice: dict[str, Candidate | None]) -> dict[str, Candidate] | None:
+    """`choice` when every role has a candidate, else None."""
+    found = {r: c for r, c in choice.items() if c is not None}
+    return found if len(found) == len(choice) else None
 
 
 def _elsewhere(problem: Problem, roles: list[str]) -> tuple[dict[str, Candidate], list[list[str]]]:
@@ -78,7 +85,8 @@ def colocated(problem: Problem) -> Assignment | None:
     if pool is None:
         return None
     on, rest = _split_roles(problem, pool)
-    choice = {r: _fastest(problem.cands[r], pool) for r in on}
+    choice = _complete({r: _fastest(problem.cands[r], pool) for r in on})
+    assert choice is not None, "every role in `on` has a candidate on the pool"
     return _finish(problem, choice, [on], rest)
 
 
@@ -87,17 +95,17 @@ def split(problem: Problem, ratio: float = SPLIT_RATIO) -> Assignment | None:
     if pool is None:
         return None
     on, rest = _split_roles(problem, pool)
-    if "rollout" not in on or len(on) < 2:
+    if Role.ROLLOUT not in on or len(on) < 2:
         return None
     cap = problem.capacity()[pool]
-    roll = _fastest(problem.cands["rollout"], pool, max(int(cap * ratio), 1))
+    roll = _fastest(problem.cands[Role.ROLLOUT], pool, max(int(cap * ratio), 1))
     if roll is None:
         return None
-    others = [r for r in on if r != "rollout"]
-    choice = {r: _fastest(problem.cands[r], pool, cap - roll.devices) for r in others}
-    if any(c is None for c in choice.values()):
+    others = [r for r in on if r != Role.ROLLOUT]
+    choice = _complete({r: _fastest(problem.cands[r], pool, cap - roll.devices) for r in others})
+    if choice is None:
         return None
-    return _finish(problem, {**choice, "rollout": roll}, [["rollout"], others], rest)
+    return _finish(problem, {**choice, Role.ROLLOUT: roll}, [[Role.ROLLOUT], others], rest)
 
 
 def partitions(items: list[str]) -> Iterator[list[list[str]]]:
@@ -128,8 +136,8 @@ def enumerate_best(problem: Problem) -> Assignment | None:
         for alloc in itertools.product(*sizes):
             if sum(alloc) > cap:
                 continue
-            choice = {r: under[r, n] for g, n in zip(groups, alloc) for r in g}
-            if any(c is None for c in choice.values()):
+            choice = _complete({r: under[r, n] for g, n in zip(groups, alloc) for r in g})
+            if choice is None:
                 continue
             if any(max(choice[r].devices for r in g) != n for g, n in zip(groups, alloc)):
                 continue  # the same choices under a smaller allocation: scored there

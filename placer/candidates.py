@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, Parallel, lpu_chips
-from placer.estimate import TRAINING_ROLES, Estimate, can_host, estimate
+from placer.estimate import Estimate, can_host, estimate
+from placer.roles import TRAINING_ROLES
 from placer.spec import DeviceKind, Pool
 
 
@@ -75,6 +76,7 @@ def layouts(res: Resolved, role: str, pool: Pool, calib: Calibration,
                 if n >= chips]
     domain = min(pool.nvlink_domain or pool.devices_per_node, total)
     tps = [t for t in _pow2_upto(domain) if m.heads % t == 0]
+    offloads: tuple[bool, ...]
     if role in TRAINING_ROLES:
         pps = [p for p in _pow2_upto(8) if m.layers % p == 0]
         offloads = (False, True)

@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from placer.specbase import PosFloat, Strict
+from traces.workload import read_field
+
 
 class Distribution(Strict):
     """A length or latency distribution.
@@ -36,7 +38,7 @@ class Distribution(Strict):
     field: str | None = None
 
     @model_validator(mode="after")
-    def _params_present(self) -> "Distribution":
+    def _params_present(self) -> Distribution:
         need = {"fixed": ("value",), "normal": ("mean", "std"), "lognormal": ("median", "sigma"),
                 "empirical": ("path", "field")}[self.kind]
         missing = [n for n in need if getattr(self, n) is None]
@@ -46,41 +48,59 @@ class Distribution(Strict):
             raise ValueError(f"cap {self.cap:g} is below min {self.min:g}")
         return self
 
+    def fixed_value(self) -> float:
+        """`value` of a fixed distribution (the validator requires it)."""
+        assert self.value is not None, "a fixed distribution without its value"
+        return self.value
+
+    def params(self) -> tuple[float, float]:
+        """(mean, std) of a normal, (median, sigma) of a lognormal distribution (the validator
+        requires them)."""
+        a, b = (self.mean, self.std) if self.kind == "normal" else (self.median, self.sigma)
+        assert a is not None and b is not None, f"a {self.kind} distribution without its parameters"
+        return a, b
+
+    def source(self) -> tuple[str, str]:
+        """(path, field) of an empirical distribution (the validator requires them)."""
+        assert self.path is not None and self.field is not None, \
+            f"a {self.kind} distribution without a path and field"
+        return self.path, self.field
+
     def _clip(self, x: float) -> float:
         return min(max(x, self.min), self.cap if self.cap is not None else math.inf)
 
     def mean_value(self) -> float:
         """Expected value of a draw clipped to [min, cap] (closed form for normal and lognormal)."""
         if self.kind == "fixed":
-            return self._clip(float(self.value))
+            return self._clip(float(self.fixed_value()))
         if self.kind == "normal":
-            return _clipped_normal_mean(self.mean, self.std, self.min, self.cap)
+            return _clipped_normal_mean(*self.params(), self.min, self.cap)
         if self.kind == "lognormal":
-            return _clipped_lognormal_mean(self.median, self.sigma, self.min, self.cap)
-        return _empirical_stats(self.path, self.field, self.min, self.cap)[0]
+            return _clipped_lognormal_mean(*self.params(), self.min, self.cap)
+        return _empirical_stats(*self.source(), self.min, self.cap)[0]
 
     def max_value(self) -> float:
         """The largest value a draw can take: the cap, else a far (4 sigma) quantile."""
         if self.kind == "fixed":
-            return self._clip(float(self.value))
+            return self._clip(float(self.fixed_value()))
         if self.cap is not None:
             return float(self.cap)
         if self.kind == "normal":
-            return self._clip(self.mean + 4 * self.std)
+            mean, std = self.params()
+            return self._clip(mean + 4 * std)
         if self.kind == "lognormal":
-            return self._clip(self.median * math.exp(4 * self.sigma))
-        return _empirical_stats(self.path, self.field, self.min, self.cap)[1]
+            median, sigma = self.params()
+            return self._clip(median * math.exp(4 * sigma))
+        return _empirical_stats(*self.source(), self.min, self.cap)[1]
 
     def samples(self) -> list[float]:
         """Values of an empirical distribution, read from its JSONL file."""
-        from traces.workload import read_field  # deferred: placer.spec stays import-light
-        return read_field(self.path, self.field)
+        return read_field(*self.source())
 
 
 @lru_cache(maxsize=64)
 def _empirical_stats(path: str, field: str, lo: float, hi: float | None) -> tuple[float, float]:
     """(mean, max) of a trace field's values clipped to [lo, hi]; cached, as estimates ask often."""
-    from traces.workload import read_field
     vals = [min(max(v, lo), math.inf if hi is None else hi) for v in read_field(path, field)]
     return sum(vals) / len(vals), max(vals)
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from placer.candidates import memory_floor_gb, role_candidates
+from placer.candidates import layouts, memory_floor_gb, role_candidates
 from placer.catalog import Resolved
-from placer.costmodel import Calibration
-from placer.estimate import HOSTS, TRAINING_ROLES, can_host, estimate
+from placer.costmodel import Calibration, lpu_chips
+from placer.estimate import HOSTS, can_host, estimate
 from placer.plan import Plan
-from placer.spec import DeviceKind
+from placer.roles import TRAINING_ROLES, Role
+from placer.spec import DeviceKind, Pool
 
 GROWTH = [2**k for k in range(1, 13)]  # pool sizes tried by the diagnosis: up to 4,096x
 
@@ -57,7 +58,7 @@ def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
                      f"offload/onload costs {t:.2f} s per iteration")
     busy = plan.breakdown.slot_busy_s
     if plan.mode == "async" and busy:
-        top = max(busy, key=busy.get)
+        top = max(busy, key=busy.__getitem__)
         notes.append(f"async: slot {top} is the busiest ({busy[top]:.2f} s) and sets the "
                      "iteration time")
     else:
@@ -80,9 +81,9 @@ def _stage_setter(plan: Plan, stage: str) -> str:
     if stage == "switch":
         return "offload/onload of a colocated slot"
     per_slot: dict[str, float] = {}
-    for role, r in plan.roles.items():
+    for r in plan.roles.values():
         per_slot[r.slot] = per_slot.get(r.slot, 0.0) + r.stage_s.get(stage, 0.0)
-    slot = max(per_slot, key=per_slot.get)
+    slot = max(per_slot, key=per_slot.__getitem__)
     roles = [role for role, r in plan.roles.items() if r.slot == slot and r.stage_s.get(stage)]
     return f"slot {slot} ({', '.join(roles)})"
 
@@ -90,7 +91,7 @@ def _stage_setter(plan: Plan, stage: str) -> str:
 def marginal(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
              ) -> dict[str, dict[str, float]]:
     """Per pool: iteration time and cost per sample with one more node (re-solved)."""
-    from placer.planner import plan_job, with_nodes  # noqa: PLC0415  (planner imports us)
+    from placer.planner import plan_job, with_nodes  # lazy: cycle (the planner imports this module)
 
     out = {}
     for p in res.cluster.pools:
@@ -131,7 +132,7 @@ def render(doc: dict[str, Any]) -> str:
 def _need(role: str, res: Resolved) -> str:
     if role in TRAINING_ROLES:
         return "a training-capable GPU pool (a device with can_train: true)"
-    if role == "reward" and res.model_of("reward") is None:
+    if role == Role.REWARD and res.model_of(Role.REWARD) is None:
         return "a CPU pool (a rule reward runs on CPU cores)"
     return "a pool of kind " + " or ".join(k.value for k in HOSTS[role])
 
@@ -142,7 +143,7 @@ def _what(role: str) -> str:
 
 def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
     """What cannot fit, for each role without a candidate, and the smallest change that would."""
-    from placer.planner import with_nodes  # noqa: PLC0415
+    from placer.planner import with_nodes  # lazy: cycle (the planner imports this module)
 
     msgs = []
     for role in roles:
@@ -153,7 +154,7 @@ def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
             msgs.append(f"{label} cannot run on any pool: it needs {_need(role, res)}; "
                         f"smallest change: add such a pool")
             continue
-        options = []
+        options: list[tuple[float, Pool, int | None, int, str]] = []
         for p in hosts:
             have = p.devices_per_node * p.nodes
             why = _reason(res, role, p, calib)
@@ -182,15 +183,12 @@ def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
 
 def _reason(res: Resolved, role: str, pool, calib: Calibration) -> str:
     """The cost model's reason at the largest layout the pool allows."""
-    from placer.candidates import layouts  # noqa: PLC0415
-
     pars = layouts(res, role, pool, calib)
     if not pars:
         dev = res.device_of(pool)
-        if dev.kind is DeviceKind.lpu and res.model_of(role) is not None:
-            from placer.costmodel import lpu_chips  # noqa: PLC0415
-            return (f"one replica needs {lpu_chips(res.model_of(role), dev, calib.for_device(dev))}"
-                    f" chips")
+        m = res.model_of(role)
+        if dev.kind is DeviceKind.lpu and m is not None:
+            return f"one replica needs {lpu_chips(m, dev, calib.for_device(dev))} chips"
         return "no layout fits the pool"
     est = estimate(res, role, pool, max(pars, key=lambda q: q.devices), calib)
     return est.reason or "fits"

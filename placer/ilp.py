@@ -53,19 +53,22 @@ The time unit is the heuristic plan's time / 1e6; memory is counted in kB.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from placer.candidates import Candidate
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, switch_time
+from placer.pricing import device_price, slots_price
+from placer.roles import Role
 from placer.spec import DeviceKind
 from placer.timing import Placed, iteration_time, rollout_tool_time, sync_time
 
+# A CP-SAT linear expression, or a plain int (an empty sum): the solver takes either.
+LinExpr = cp_model.LinearExpr | int
 WORK_STAGES = ("rollout", "score", "train")
 TIME_STEPS = 1_000_000  # integer time units per upper bound: relative resolution 1e-6
-PRICE_SCALE = 1000  # milli-dollars per hour
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,6 @@ class Solution:
     bound: float
     gap: float
     solve_s: float
-    moved: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -131,12 +133,14 @@ def score(problem: Problem, a: Assignment) -> tuple[float, float]:
     return bd.iteration_s, rate_per_hour(problem, a) / 3600 * bd.iteration_s / problem.res.job.batch.samples
 
 
-def rate_per_hour(problem: Problem, a: Assignment) -> float:
+def rate_per_hour(problem: Problem, a: Assignment, units: bool = False) -> float:
+    """What a placement's devices cost per hour: each slot holds its largest role's devices
+    (colocated roles time-share them). USD, or (`units`) milli-dollars as the model counts."""
     slots: dict[str, tuple[str, int]] = {}
     for r, c in a.choice.items():
         s = a.slot_of[r]
         slots[s] = (c.pool, max(slots.get(s, (c.pool, 0))[1], c.devices))
-    return sum(problem.res.device_of(p).price_per_hour * n for p, n in slots.values())
+    return slots_price(problem.res, slots.values(), units)
 
 
 def heuristic(problem: Problem) -> Assignment:
@@ -162,7 +166,7 @@ def heuristic(problem: Problem) -> Assignment:
 
 
 def _price(problem: Problem, c: Candidate) -> float:
-    return problem.res.device_of(c.pool).price_per_hour * c.devices
+    return device_price(problem.res, c.pool) * c.devices
 
 
 def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
@@ -207,26 +211,26 @@ class _Model:
 
     def _choices(self) -> None:
         m = self.m
-        self.x = {r: [m.NewBoolVar(f"x[{r},{i}]") for i in range(len(self.p.cands[r]))]
+        self.x = {r: [m.new_bool_var(f"x[{r},{i}]") for i in range(len(self.p.cands[r]))]
                   for r in self.roles}
         for r in self.roles:
-            m.AddExactlyOne(self.x[r])
+            m.add_exactly_one(self.x[r])
 
-    def on_pool(self, r: str, pool: str, coef=lambda c: 1) -> cp_model.LinearExpr:
+    def on_pool(self, r: str, pool: str, coef=lambda c: 1) -> LinExpr:
         return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]) if c.pool == pool)
 
-    def expr(self, r: str, coef) -> cp_model.LinearExpr:
+    def expr(self, r: str, coef) -> LinExpr:
         return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]))
 
     def _slots(self) -> None:
         m, R = self.m, self.roles
-        self.z = {(r, j): m.NewBoolVar(f"z[{r},{j}]") for i, r in enumerate(R) for j in R[:i + 1]}
+        self.z = {(r, j): m.new_bool_var(f"z[{r},{j}]") for i, r in enumerate(R) for j in R[:i + 1]}
         for i, r in enumerate(R):
-            m.AddExactlyOne(self.z[r, j] for j in R[:i + 1])
+            m.add_exactly_one(self.z[r, j] for j in R[:i + 1])
             for j in R[:i]:
-                m.AddImplication(self.z[r, j], self.z[j, j])
+                m.add_implication(self.z[r, j], self.z[j, j])
                 for pool in self.pools:  # a slot is on one pool: its members follow its leader
-                    m.Add(self.on_pool(r, pool) == self.on_pool(j, pool)).OnlyEnforceIf(self.z[r, j])
+                    m.add(self.on_pool(r, pool) == self.on_pool(j, pool)).OnlyEnforceIf(self.z[r, j])
 
     def members(self, j: str) -> list[str]:
         return [r for r in self.roles if (r, j) in self.z]
@@ -236,13 +240,12 @@ class _Model:
         self.D: dict[tuple[str, str], cp_model.IntVar] = {}
         for j in self.roles:
             for pool in {c.pool for c in self.p.cands[j]}:
-                d = self.D[j, pool] = m.NewIntVar(0, cap[pool], f"D[{j},{pool}]")
+                d = self.D[j, pool] = m.new_int_var(0, cap[pool], f"D[{j},{pool}]")
                 for r in self.members(j):
-                    m.Add(d >= self.on_pool(r, pool, lambda c: c.devices)).OnlyEnforceIf(self.z[r, j])
+                    m.add(d >= self.on_pool(r, pool, lambda c: c.devices)).OnlyEnforceIf(self.z[r, j])
         for pool in self.pools:
-            m.Add(sum(d for (j, pl), d in self.D.items() if pl == pool) <= cap[pool])
-        price = {pl: int(round(self.p.res.device_of(pl).price_per_hour * PRICE_SCALE))
-                 for pl in self.pools}
+            m.add(sum(d for (j, pl), d in self.D.items() if pl == pool) <= cap[pool])
+        price = {pl: int(device_price(self.p.res, pl, units=True)) for pl in self.pools}
         self.price = price
         self.rate = sum(price[pl] * d for (j, pl), d in self.D.items())
         self.rate_max = sum(price[pl] * cap[pl] for pl in self.pools)
@@ -250,7 +253,7 @@ class _Model:
 
     def _work(self) -> None:
         m = self.m
-        self.S: dict[tuple[str, str], cp_model.LinearExpr] = {}
+        self.S: dict[tuple[str, str], LinExpr] = {}
         for j in self.roles:
             for s in WORK_STAGES:
                 terms = []
@@ -258,8 +261,8 @@ class _Model:
                     top = max(self.ti(c.est.stage_s.get(s, 0.0)) for c in self.p.cands[r])
                     if top == 0:
                         continue
-                    w = m.NewIntVar(0, top, f"w[{r},{j},{s}]")
-                    m.Add(w >= self.expr(r, lambda c: self.ti(c.est.stage_s.get(s, 0.0)))
+                    w = m.new_int_var(0, top, f"w[{r},{j},{s}]")
+                    m.add(w >= self.expr(r, lambda c, s=s: self.ti(c.est.stage_s.get(s, 0.0)))
                           ).OnlyEnforceIf(self.z[r, j])
                     terms.append(w)
                 self.S[j, s] = sum(terms)
@@ -277,34 +280,34 @@ class _Model:
 
     def _memory(self) -> None:
         m = self.m
-        self.SW: dict[str, cp_model.LinearExpr] = {}
+        self.SW: dict[str, LinExpr] = {}
         for j in self.roles:
             if len(self.members(j)) < 2:
                 self.SW[j] = 0
                 continue
-            over = m.NewBoolVar(f"over[{j}]")
+            over = m.new_bool_var(f"over[{j}]")
             mm, sw = [], []
             for r in self.members(j):
-                a = m.NewIntVar(0, max(self._mem_kb(c) for c in self.p.cands[r]), f"mm[{r},{j}]")
-                m.Add(a >= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
+                a = m.new_int_var(0, max(self._mem_kb(c) for c in self.p.cands[r]), f"mm[{r},{j}]")
+                m.add(a >= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
                 mm.append(a)
-                v = m.NewIntVar(0, max(self._switch(c) for c in self.p.cands[r]), f"v[{r},{j}]")
-                m.Add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
+                v = m.new_int_var(0, max(self._switch(c) for c in self.p.cands[r]), f"v[{r},{j}]")
+                m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
                 sw.append(v)
             cap_kb = {pl: int(self.p.res.device_of(pl).memory_gb * 1e6) for pl in self.pools}
-            m.Add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
+            m.add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
                   ).OnlyEnforceIf(over.Not())
             self.SW[j] = sum(sw)
 
     def _sync(self) -> None:
         """Y >= weight-sync time of the chosen (actor, rollout) pair, same slot or not."""
-        self.Y: cp_model.LinearExpr = 0
+        self.Y: LinExpr = 0
         self.y_top = 0
-        if "actor" not in self.roles or "rollout" not in self.roles:
+        if Role.ACTOR not in self.roles or Role.ROLLOUT not in self.roles:
             return
         res, calib = self.p.res, self.p.calib
-        A, Rc = self.p.cands["actor"], self.p.cands["rollout"]
-        same_slot = self.z["rollout", "actor"]
+        A, Rc = self.p.cands[Role.ACTOR], self.p.cands[Role.ROLLOUT]
+        same_slot = self.z[Role.ROLLOUT, Role.ACTOR]
         table = {}
         for a in A:
             for k in Rc:
@@ -313,32 +316,32 @@ class _Model:
                         if a.pool == k.pool else 0.0)
                 table[id(a), id(k)] = (self.ti(same), self.ti(diff))
         top = self.y_top = max(max(v) for v in table.values())
-        y = self.Y = self.m.NewIntVar(0, top, "Y")
-        for a, xa in zip(A, self.x["actor"]):
+        y = self.Y = self.m.new_int_var(0, top, "Y")
+        for a, xa in zip(A, self.x[Role.ACTOR]):
             for i, lit in ((0, same_slot), (1, same_slot.Not())):
-                self.m.Add(y >= sum(table[id(a), id(k)][i] * xk
-                                    for k, xk in zip(Rc, self.x["rollout"]))).OnlyEnforceIf([xa, lit])
+                self.m.add(y >= sum(table[id(a), id(k)][i] * xk
+                                    for k, xk in zip(Rc, self.x[Role.ROLLOUT]))).OnlyEnforceIf([xa, lit])
 
     def _tools(self) -> None:
         """Tool waits of the rollout engines: a (rollout, environment) pair term added to the
         rollout slot's rollout stage (`timing.rollout_tool_time`)."""
-        if "rollout" not in self.roles or "environment" not in self.roles:
+        if Role.ROLLOUT not in self.roles or Role.ENVIRONMENT not in self.roles:
             return
-        R, E = self.p.cands["rollout"], self.p.cands["environment"]
+        R, E = self.p.cands[Role.ROLLOUT], self.p.cands[Role.ENVIRONMENT]
         table = {(id(k), id(e)): self.ti(rollout_tool_time(
             self.p.res, Placed("r", k.est), Placed("e", e.est), self.p.calib))
             for k in R for e in E}
         top = max(table.values())
         if top == 0:
             return
-        tool = self.m.NewIntVar(0, top, "tool")
-        for k, xk in zip(R, self.x["rollout"]):
-            self.m.Add(tool >= sum(table[id(k), id(e)] * xe for e, xe in
-                                   zip(E, self.x["environment"]))).OnlyEnforceIf(xk)
+        tool = self.m.new_int_var(0, top, "tool")
+        for k, xk in zip(R, self.x[Role.ROLLOUT]):
+            self.m.add(tool >= sum(table[id(k), id(e)] * xe for e, xe in
+                                   zip(E, self.x[Role.ENVIRONMENT]))).OnlyEnforceIf(xk)
         for j in self.roles:
-            if ("rollout", j) in self.z:
-                tq = self.m.NewIntVar(0, top, f"tool[{j}]")
-                self.m.Add(tq >= tool).OnlyEnforceIf(self.z["rollout", j])
+            if (Role.ROLLOUT, j) in self.z:
+                tq = self.m.new_int_var(0, top, f"tool[{j}]")
+                self.m.add(tq >= tool).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
                 self.S[j, "rollout"] = self.S[j, "rollout"] + tq
         self.tool_top = top
 
@@ -348,30 +351,30 @@ class _Model:
                + self.y_top + self.tool_top
                + sum(self._switch_max(r) for r in self.roles) + 1)
         self.t_top = top
-        self.T = m.NewIntVar(0, top, "T")
+        self.T = m.new_int_var(0, top, "T")
         if self.p.res.job.pipeline.mode == "async":
             for j in self.roles:
-                q = 0
-                if self.y_top and ("rollout", j) in self.z:
-                    q = m.NewIntVar(0, top, f"q[{j}]")
-                    m.Add(q >= self.Y).OnlyEnforceIf(self.z["rollout", j])
-                m.Add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
+                q: LinExpr = 0
+                if self.y_top and (Role.ROLLOUT, j) in self.z:
+                    q = m.new_int_var(0, top, f"q[{j}]")
+                    m.add(q >= self.Y).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
+                m.add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
             return
         maxes = []
         for s in WORK_STAGES:
-            ms = m.NewIntVar(0, top, f"M[{s}]")
+            ms = m.new_int_var(0, top, f"M[{s}]")
             for j in self.roles:
-                m.Add(ms >= self.S[j, s])
+                m.add(ms >= self.S[j, s])
             maxes.append(ms)
-        msw = m.NewIntVar(0, top, "M[switch]")
+        msw = m.new_int_var(0, top, "M[switch]")
         for j in self.roles:
-            m.Add(msw >= self.SW[j])
-        m.Add(self.T >= self.Y + sum(maxes) + msw)
+            m.add(msw >= self.SW[j])
+        m.add(self.T >= self.Y + sum(maxes) + msw)
 
     def _switch_max(self, r: str) -> int:
         return max(self._switch(c) for c in self.p.cands[r])
 
-    def tie_breaker(self) -> cp_model.LinearExpr:
+    def tie_breaker(self) -> LinExpr:
         """Cheapest first, then fewest devices (lexicographic: rate dominates)."""
         return self.rate * (sum(self.p.capacity().values()) + 1) + self.devices
 
@@ -381,9 +384,9 @@ class _Model:
         leader = {r: g[0] for g in groups for r in g}
         for r in self.roles:
             for c, v in zip(self.p.cands[r], self.x[r]):
-                self.m.AddHint(v, c is a.choice[r])
+                self.m.add_hint(v, c is a.choice[r])
             for j in self.roles[:self.roles.index(r) + 1]:
-                self.m.AddHint(self.z[r, j], leader[r] == j)
+                self.m.add_hint(self.z[r, j], leader[r] == j)
 
     def read(self, solver: cp_model.CpSolver) -> Assignment:
         choice = {r: next(c for c, v in zip(self.p.cands[r], self.x[r]) if solver.Value(v))

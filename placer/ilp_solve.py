@@ -4,8 +4,9 @@
                       the cheapest, fewest-device plan at that T); `cost` walks the (T, rate)
                       frontier (see `placer.ilp`'s docstring) and proves its optimum by a bound
   frontier(problem)   the time/cost-per-sample Pareto frontier, fastest first
-Re-planning passes a `Hint`: the old placement seeds CP-SAT (AddHint) and every role whose config
-changes costs `move_cost_s` in the objective. Every solve uses a fixed seed and at most `workers`
+Re-planning passes a `Hint`: the old placement seeds CP-SAT (add_hint) and every role whose
+candidate config (pool, TP/PP/DP, offload) changes costs `move_cost_s` in the objective; what
+moved between two plans is reported by `placer.moves`. Every solve uses a fixed seed and at most `workers`
 search workers; the time limit covers the whole call.
 """
 from __future__ import annotations
@@ -17,8 +18,22 @@ from dataclasses import dataclass, replace
 from ortools.sat.python import cp_model
 
 from placer.candidates import Candidate
-from placer.ilp import (PRICE_SCALE, TIME_STEPS, Assignment, Hint, Problem, Solution, Unsolved,
-                        _Model, heuristic, prune_by_bound, score, slot_names)
+from placer.ilp import (
+    TIME_STEPS,
+    Assignment,
+    Hint,
+    LinExpr,
+    Problem,
+    Solution,
+    Unsolved,
+    _Model,
+    heuristic,
+    prune_by_bound,
+    rate_per_hour,
+    score,
+    slot_names,
+)
+from placer.pricing import PRICE_SCALE, device_price
 
 
 @dataclass(frozen=True)
@@ -29,7 +44,6 @@ class _Step:
     optimal: bool
     objective_s: float
     bound_s: float
-    moved: list[str]
 
 
 def _solver(time_limit_s: float, workers: int, seed: int) -> cp_model.CpSolver:
@@ -60,11 +74,11 @@ def hint_assignment(problem: Problem, hint: Hint) -> Assignment | None:
     return Assignment(choice, slot_of)
 
 
-def _moves(model: _Model, hint: Hint | None) -> cp_model.LinearExpr:
+def _moves(model: _Model, hint: Hint | None) -> LinExpr:
     """Number of roles that leave their old (pool, layout)."""
     if hint is None or hint.move_cost_s <= 0:
         return 0
-    total = 0
+    total: LinExpr = 0
     for r in model.roles:
         same = [v for c, v in zip(model.p.cands[r], model.x[r]) if _key(c) == hint.choice.get(r)]
         total += (1 - same[0]) if same else 1
@@ -73,12 +87,7 @@ def _moves(model: _Model, hint: Hint | None) -> cp_model.LinearExpr:
 
 def rate_units(problem: Problem, a: Assignment) -> int:
     """Milli-dollars per hour of a placement, as the model counts it."""
-    slots: dict[str, tuple[str, int]] = {}
-    for r, c in a.choice.items():
-        s = a.slot_of[r]
-        slots[s] = (c.pool, max(slots.get(s, (c.pool, 0))[1], c.devices))
-    return sum(int(round(problem.res.device_of(p).price_per_hour * PRICE_SCALE)) * n
-               for p, n in slots.values())
+    return int(rate_per_hour(problem, a, units=True))
 
 
 def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap: int | None,
@@ -95,8 +104,8 @@ def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap:
     model.hint(start or h)
     first = model.T + (model.ti(hint.move_cost_s) if hint else 0) * _moves(model, hint)
     if rate_cap is not None:
-        model.m.Add(model.rate <= rate_cap)
-    model.m.Minimize(first)
+        model.m.add(model.rate <= rate_cap)
+    model.m.minimize(first)
     solver = _solver(deadline - time.perf_counter(), workers, seed)
     status = solver.Solve(model.m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -106,15 +115,14 @@ def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap:
     obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
     left = deadline - time.perf_counter()
     if left > 0.02:  # second phase: the cheapest plan at that first objective
-        model.m.Add(first <= int(round(obj)))
-        model.m.ClearHints()
+        model.m.add(first <= int(round(obj)))
+        model.m.clear_hints()
         model.hint(best)
-        model.m.Minimize(model.tie_breaker())
+        model.m.minimize(model.tie_breaker())
         s2 = _solver(left, workers, seed)
         if s2.Solve(model.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             best = model.read(s2)
-    moved = [r for r in tp.roles if hint and _key(best.choice[r]) != hint.choice.get(r)]
-    return _Step(best, status == cp_model.OPTIMAL, obj * model.unit, bound * model.unit, moved)
+    return _Step(best, status == cp_model.OPTIMAL, obj * model.unit, bound * model.unit)
 
 
 def solve(problem: Problem, time_limit_s: float = 10.0, hint: Hint | None = None,
@@ -134,7 +142,7 @@ def solve(problem: Problem, time_limit_s: float = 10.0, hint: Hint | None = None
         return _fallback(problem, t0)
     gap = max(step.objective_s - step.bound_s, 0.0) / step.objective_s if step.objective_s else 0.0
     return Solution(step.assignment, "OPTIMAL" if step.optimal else "FEASIBLE",
-                    step.objective_s, step.bound_s, gap, time.perf_counter() - t0, step.moved)
+                    step.objective_s, step.bound_s, gap, time.perf_counter() - t0)
 
 
 def _fallback(problem: Problem, t0: float) -> Solution:
@@ -181,7 +189,7 @@ def _cheap_end(problem: Problem, deadline: float, hint: Hint | None, workers: in
                ) -> _Step | None:
     """The cheapest plan (min rate, then min T): an early, good B for the descent."""
     model = _Model(replace(problem, objective="time"), unit_s=1.0)
-    model.m.Minimize(model.rate)
+    model.m.minimize(model.rate)
     solver = _solver(deadline - time.perf_counter(), workers, seed)
     if solver.Solve(model.m) != cp_model.OPTIMAL:
         return None
@@ -194,8 +202,8 @@ def _cheap_end(problem: Problem, deadline: float, hint: Hint | None, workers: in
 
 def _rate_floor(problem: Problem) -> int:
     """Any plan holds each role's devices somewhere: rate >= max over roles of its cheapest."""
-    return max(min(int(round(problem.res.device_of(c.pool).price_per_hour * PRICE_SCALE))
-                   * c.devices for c in problem.cands[r]) for r in problem.roles)
+    return max(min(int(device_price(problem.res, c.pool, units=True)) * c.devices
+                   for c in problem.cands[r]) for r in problem.roles)
 
 
 def _solve_cost(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int,
@@ -226,7 +234,7 @@ def _solve_cost(problem: Problem, deadline: float, hint: Hint | None, workers: i
     cost, step = best
     bound = cost if proven else min(cost, rest_bound)
     return Solution(step.assignment, "OPTIMAL" if proven else "FEASIBLE", cost, bound,
-                    (cost - bound) / cost if cost else 0.0, time.perf_counter() - t0, step.moved)
+                    (cost - bound) / cost if cost else 0.0, time.perf_counter() - t0)
 
 
 def frontier(problem: Problem, time_limit_s: float = 10.0, max_points: int = 8,

@@ -25,10 +25,10 @@ import networkx as nx
 
 from placer.catalog import Resolved
 from placer.plan import Bundle, RolePlacement, SlotPlan, SyncRoute
-from placer.spec import DeviceKind, SpecError
+from placer.roles import TRAINING_ROLES, Role
+from placer.spec import DeviceKind, DeviceType, SpecError
 
 SPINE = "spine"
-TRAINING = frozenset({"actor", "critic"})
 
 
 def topology(res: Resolved, nodes_used: dict[str, set[int]] | None = None) -> nx.Graph:
@@ -67,11 +67,19 @@ def path_bandwidth(g: nx.Graph, src: str, dst: str) -> tuple[float, list[str]]:
     return min(g.edges[a, b]["gbs"] for a, b in zip(path, path[1:])), path
 
 
-def _bundle_resources(res: Resolved, pool_name: str, n: int) -> dict[str, float]:
-    dev = res.device_of(pool_name)
-    key = {DeviceKind.gpu: "GPU", DeviceKind.lpu: "LPU", DeviceKind.cpu: "CPU"}[dev.kind]
+# The Ray resource each device kind is counted in; a CPU device is a node's cores (`cores`).
+RAY_RESOURCE = {DeviceKind.gpu: "GPU", DeviceKind.lpu: "LPU", DeviceKind.cpu: "CPU"}
+
+
+def device_resources(dev: DeviceType, n: int) -> dict[str, float]:
+    """The Ray resource `n` devices of type `dev` are: GPUs, LPUs, or CPU cores. One table for
+    the plan's bundles (here) and the nodes the executor advertises (`executors.cluster`)."""
     amount = n * dev.cores if dev.kind is DeviceKind.cpu else n
-    return {key: float(amount), f"pool_{pool_name}": float(n)}
+    return {RAY_RESOURCE[dev.kind]: float(amount)}
+
+
+def _bundle_resources(res: Resolved, pool_name: str, n: int) -> dict[str, float]:
+    return {**device_resources(res.device_of(pool_name), n), f"pool_{pool_name}": float(n)}
 
 
 def _group_unit(res: Resolved, slot: SlotPlan, roles: dict[str, RolePlacement]) -> int:
@@ -87,13 +95,13 @@ def map_to_nodes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlac
                  ) -> tuple[list[SlotPlan], list[Bundle], list[SyncRoute]]:
     """Give every slot nodes and devices; return slots (with nodes), bundles and sync routes."""
     free: dict[str, list[int]] = {p.name: [p.devices_per_node] * p.nodes for p in res.cluster.pools}
-    order = sorted(slots, key=lambda s: (-s.devices, not (set(s.roles) & TRAINING), s.name))
+    order = sorted(slots, key=lambda s: (-s.devices, not (set(s.roles) & TRAINING_ROLES), s.name))
     bundles: list[Bundle] = []
     placed: dict[str, SlotPlan] = {}
     for slot in order:
         per = res.cluster.pool(slot.pool).devices_per_node
         unit = _group_unit(res, slot, roles)
-        spread = "environment" in slot.roles and res.device_of(slot.pool).kind is DeviceKind.cpu
+        spread = Role.ENVIRONMENT in slot.roles and res.device_of(slot.pool).kind is DeviceKind.cpu
         pieces = (_spread(free[slot.pool], slot.devices) if spread
                   else _pack(free[slot.pool], slot.devices, per, unit))
         if pieces is None:
@@ -155,10 +163,10 @@ def _spread(free: list[int], devices: int) -> list[tuple[int, int]] | None:
 def _sync_routes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlacement]
                  ) -> list[SyncRoute]:
     """Each rollout node pulls the weights from the actor node with the widest path to it."""
-    if "actor" not in roles or "rollout" not in roles:
+    if Role.ACTOR not in roles or Role.ROLLOUT not in roles:
         return []
     by_name = {s.name: s for s in slots}
-    a, r = by_name[roles["actor"].slot], by_name[roles["rollout"].slot]
+    a, r = by_name[roles[Role.ACTOR].slot], by_name[roles[Role.ROLLOUT].slot]
     used: dict[str, set[int]] = defaultdict(set)
     for s in (a, r):
         used[s.pool].update(s.nodes)

@@ -7,20 +7,23 @@ routes, the predicted iteration time with its breakdown, and the solver's status
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from placer.calibration import calibration_from_dict
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration, Parallel
+from placer.fileio import atomic_write_text  # re-exported for callers
 from placer.spec import Job, SpecError, format_validation_error, read_structured
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a plan written as YAML could say `.inf` where JSON cannot; no plan field
+    # means an infinite or undefined number.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RolePlacement(_M):
@@ -102,25 +105,39 @@ class Plan(_M):
     solver: SolverInfo
     calibration: dict[str, Any] | None = None
 
+    # `job` stays the plain dict it is in the plan file (the JSON format is the contract); `spec`
+    # and `resolved()` are its typed views, validated once per plan and cached. The cache is keyed
+    # on the dict's identity, so a `model_copy(update={"job": ...})` never sees a stale view.
+    _views: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
+
+    def _view(self, name: str, make: Callable[[], Any]) -> Any:
+        hit = self._views.get(name)
+        if hit is None or hit[0] is not self.job:
+            hit = (self.job, make())
+            self._views[name] = hit
+        return hit[1]
+
+    @property
+    def spec(self) -> Job:
+        """The plan's job, validated: the typed view every reader uses (cached)."""
+        job: Job = self._view("spec", lambda: Job.model_validate(self.job))
+        return job
+
     def resolved(self) -> Resolved:
-        return resolve(Job.model_validate(self.job), "plan.job")
+        """The job with its cluster, device types and models looked up in the catalogs (cached)."""
+        res: Resolved = self._view("resolved", lambda: resolve(self.spec, "plan.job"))
+        return res
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields are equal plans, whichever cached views either has built."""
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # the job dict is not hashable anyway
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: readers never see half a file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
@@ -144,7 +161,7 @@ def load_plan(path: str | Path) -> Plan:
 
 def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
     """A plan must place exactly its job's roles on pools that exist, within their sizes."""
-    want = set(res.job.roles())
+    want = {str(r) for r in res.job.roles()}
     have = set(plan.roles)
     if want != have:
         raise SpecError(f"{source}: roles: plan places {sorted(have)} but its job runs "
@@ -172,14 +189,7 @@ def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
 
 
 def calibration_of(plan: Plan) -> Calibration:
-    from placer.calibration import calibration_from_dict  # noqa: PLC0415
     return calibration_from_dict(plan.calibration or {})
-
-
-def plan_summary(plan: Plan) -> dict[str, Any]:
-    """A compact view for tables and `compare`."""
-    return {name: f"{r.pool}x{r.devices} tp{r.tp} pp{r.pp} dp{r.dp} [{r.slot}]"
-            for name, r in plan.roles.items()}
 
 
 def dumps(obj: Any) -> str:

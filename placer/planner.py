@@ -19,9 +19,10 @@ from __future__ import annotations
 from placer.assemble import assemble
 from placer.candidates import all_candidates
 from placer.catalog import Resolved, resolve
-from placer.errors import Infeasible
 from placer.costmodel import Calibration
-from placer.ilp import Assignment, Hint, Problem, Solution, Unsolved
+from placer.errors import Infeasible
+from placer.explain import diagnose
+from placer.ilp import Assignment, Hint, Problem, Solution, Unsolved, score
 from placer.ilp_solve import frontier, solve
 from placer.plan import Plan, SolverInfo
 from placer.spec import Job, SpecError
@@ -36,7 +37,6 @@ def build_problem(res: Resolved, calib: Calibration, objective: str | None = Non
     cands = all_candidates(res, calib)
     missing = [r for r, cs in cands.items() if not cs]
     if missing:
-        from placer.explain import diagnose  # noqa: PLC0415  (explain re-plans through here)
         raise Infeasible(diagnose(res, calib, missing))
     return Problem(res, calib, cands, objective or res.job.objective)
 
@@ -81,8 +81,6 @@ def sweep_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_T
 def plan_assignment(problem: Problem, a: Assignment, name: str,
                     calibration_doc: dict | None = None) -> Plan:
     """Assemble a placement chosen by something other than the solver (a baseline)."""
-    from placer.ilp import score  # noqa: PLC0415
-
     t, c = score(problem, a)
     obj = t if problem.objective == "time" else c
     info = SolverInfo(name=name, status="heuristic", objective=obj, bound=0.0, gap=0.0, solve_s=0.0)

@@ -19,11 +19,13 @@ def rng(seed: int, *stream: int) -> np.random.Generator:
 def draw(dist: Distribution, gen: np.random.Generator, n: int) -> np.ndarray:
     """`n` values of `dist` as floats, clipped to [min, cap]."""
     if dist.kind == "fixed":
-        out = np.full(n, float(dist.value))
+        out = np.full(n, float(dist.fixed_value()))
     elif dist.kind == "normal":
-        out = gen.normal(dist.mean, dist.std, n)
+        mean, std = dist.params()
+        out = gen.normal(mean, std, n)
     elif dist.kind == "lognormal":
-        out = dist.median * np.exp(dist.sigma * gen.standard_normal(n))
+        median, sigma = dist.params()
+        out = median * np.exp(sigma * gen.standard_normal(n))
     else:
         vals = np.asarray(dist.samples(), dtype=float)
         out = vals[gen.integers(0, len(vals), n)]

@@ -20,6 +20,7 @@ from placer.catalog import Resolved
 from placer.costmodel import Calibration
 from placer.estimate import rollout_shape
 from placer.plan import Plan, calibration_of, check_plan, load_plan
+from placer.roles import Role
 from placer.spec import SpecError, check_tail_policy
 from simulator.config import SimConfig
 from simulator.faults import Timeline, compose, failure_rate_per_s
@@ -42,7 +43,7 @@ class SimResult:
     @cached_property
     def trace(self) -> Trace:
         """The run as a Chrome trace (traces/ schema); built on first use."""
-        meta = {"source": "simulate", "job": self.plan.job.get("name", "job"), "seed": self.seed,
+        meta = {"source": "simulate", "job": self.plan.spec.name, "seed": self.seed,
                 "iterations": self.metrics["iterations"], "mode": self.plan.mode,
                 "emulated": False, "predicted_iteration_s": self.plan.predicted_iteration_s}
         if not self.timeline.failures and not self.timeline.checkpoints:
@@ -71,9 +72,9 @@ def _wall_rows(r: SimResult) -> list[tuple]:
 
 
 def _check_runnable(res: Resolved, plan: Plan, calib: Calibration) -> None:
-    if "rollout" not in plan.roles:
+    if Role.ROLLOUT not in plan.roles:
         raise SpecError("plan: roles.rollout: a plan must place the rollout role")
-    r = plan.roles["rollout"]
+    r = plan.roles[Role.ROLLOUT]
     dev = res.device_of(r.pool)
     shape = rollout_shape(res, dev, r.par, calib.for_device(dev))
     if shape.concurrency < 1:
@@ -84,6 +85,22 @@ def _check_runnable(res: Resolved, plan: Plan, calib: Calibration) -> None:
         if rp.devices > slot.devices or slot.pool != rp.pool:
             raise SpecError(f"plan: roles.{name}: {rp.devices} devices of pool {rp.pool} do not "
                             f"fit slot {slot.name} ({slot.devices} of {slot.pool})")
+
+
+# Sample-turns one simulation may run: each is a few simpy processes and records (~1 kB), so the
+# bound keeps a run within a few GB and about a minute; the largest example's default goodput
+# run (6 iterations of 32,768 samples) is a fifth of it.
+MAX_SAMPLE_TURNS = 1_000_000
+
+
+def check_size(res: Resolved, iterations: int) -> None:
+    """SpecError, before any work, when `iterations` of the job's batch would not fit in memory."""
+    job = res.job
+    work = iterations * job.batch.samples * job.environment.turns
+    if work > MAX_SAMPLE_TURNS:
+        raise SpecError(f"--iterations: {iterations} iteration(s) x {job.batch.samples:,} samples x "
+                        f"{job.environment.turns} turn(s) = {work:,} sample-turns exceed the "
+                        f"{MAX_SAMPLE_TURNS:,} one simulation runs (got {iterations})")
 
 
 def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
@@ -99,12 +116,15 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
         plan = load_plan(plan)
     if iterations < 1:
         raise SpecError(f"iterations: must be at least 1 (got {iterations})")
-    cfg = (config or SimConfig()).validate()
+    if seed < 0:  # numpy's seed sequences take non-negative integers only
+        raise SpecError(f"--seed: must be >= 0 (got {seed})")
+    cfg = config or SimConfig()  # its ranges were checked when it was built
     res = plan.resolved()
     check_plan(plan, res)
     check_tail_policy(res.job, "plan.job")
     calib = calibration if calibration is not None else calibration_of(plan)
     _check_runnable(res, plan, calib)
+    check_size(res, iterations)
     replay = load_replay(workload, res.job) if workload is not None else None
     rec = Recorder(record_tools=cfg.record_tools)
     # The run allocates hundreds of thousands of long-lived small objects and no cycles worth
@@ -126,6 +146,6 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     if trace_path is not None:
         result.trace.write(trace_path)
     if plots_dir is not None:
-        from simulator.plots import write_plots  # noqa: PLC0415 (matplotlib only when asked)
+        from simulator.plots import write_plots  # lazy: matplotlib (~0.5 s) only when plots are asked for
         write_plots(result, plots_dir)
     return result

@@ -37,17 +37,17 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Generator
 
 import simpy
 
 from placer.costmodel import Efficiency, Parallel, decode_step_time, prefill_time
+from placer.roles import Role
 from placer.spec import DeviceType, ModelArch
 from simulator.environment import CorePool
 from simulator.recorder import Recorder
 from simulator.workload import Samples
-
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class StepModel:
 
     PROBE = 1e9  # KV tokens far into the memory-bound regime
 
-    def __init__(self, spec: "EngineSpec") -> None:
+    def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.terms: dict[int, tuple[float, float, float] | None] = {}
 
@@ -84,17 +84,17 @@ class StepModel:
         return decode_step_time(s.model, s.dev, s.par, batch, context, s.eff)
 
     def of(self, batch: int) -> tuple[float, float, float] | None:
-        t = self.terms.get(batch, False)
-        if t is False:
-            hi, hi2 = self.step(batch, self.PROBE), self.step(batch, 2 * self.PROBE)
-            k = (hi2 - hi) / self.PROBE
-            m0 = hi - k * self.PROBE
-            flat = self.step(batch, 0.0)
-            t = (m0, k, flat)
-            probe = 3.7e4 * batch
-            if not math.isclose(max(m0 + k * probe, flat), self.step(batch, probe), rel_tol=1e-9):
-                t = None
-            self.terms[batch] = t
+        if batch in self.terms:
+            return self.terms[batch]
+        hi, hi2 = self.step(batch, self.PROBE), self.step(batch, 2 * self.PROBE)
+        k = (hi2 - hi) / self.PROBE
+        m0 = hi - k * self.PROBE
+        flat = self.step(batch, 0.0)
+        t: tuple[float, float, float] | None = (m0, k, flat)
+        probe = 3.7e4 * batch
+        if not math.isclose(max(m0 + k * probe, flat), self.step(batch, probe), rel_tol=1e-9):
+            t = None
+        self.terms[batch] = t
         return t
 
 
@@ -111,6 +111,7 @@ class _Run:
     """
 
     __slots__ = ("j", "f0", "a", "b", "table")
+    table: list[float] | None  # the steps' times, for a batch of unknown shape
 
     def __init__(self, model: StepModel, batch: int, c0: float, kmax: int) -> None:
         terms = model.of(batch)
@@ -256,7 +257,7 @@ class Engine:
                     mean_ctx = sum(ctx[i] + n for i, n in new) / len(new)
                     dur = prefill_time(s.model, s.dev, s.par, tokens, mean_ctx, s.eff) * slow
                     add("prefill", "prefill", t, dur, pid, tid, PREFILL_KEYS,
-                        ("rollout", it, len(new), tokens, round(mean_ctx * len(new))))
+                        (Role.ROLLOUT, it, len(new), tokens, round(mean_ctx * len(new))))
                     st.busy_s += dur
                     st.prefill_tokens += tokens
                     t += dur
@@ -282,7 +283,7 @@ class Engine:
                 k = run.steps_to_reach((arrivals[0][0] - t) / slow, kmax)
             dur = run.time(k) * slow
             add("decode", "decode", t, dur, pid, tid, DECODE_KEYS,
-                ("rollout", it, batch, k, batch * k, c0))
+                (Role.ROLLOUT, it, batch, k, batch * k, c0))
             st.busy_s += dur
             st.decode_steps += k
             st.decode_tokens += batch * k
@@ -307,9 +308,11 @@ class Engine:
                     push(arrivals, (t, sid))
 
     def _tool(self, now: float, sid: int, call: int) -> float:
+        tools = self.tools
+        assert tools is not None, "a tool call runs on the environment's cores"
         lat = self.samples.tool_s[sid][call] + self.tool_overhead_s
-        start, end, server = self.tools.submit(now, lat)
+        start, end, server = tools.submit(now, lat)
         if self.rec.record_tools:
-            self.rec.add_fields("tool", "tool", start, lat, self.tools.name, f"env{server}",
-                                TOOL_KEYS, ("environment", self.step, [sid], start - now))
+            self.rec.add_fields("tool", "tool", start, lat, tools.name, f"env{server}",
+                                TOOL_KEYS, (Role.ENVIRONMENT, self.step, [sid], start - now))
         return end

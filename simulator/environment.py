@@ -21,8 +21,8 @@ a small departure from strict FIFO that only re-issued calls cause.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 @dataclass
@@ -71,12 +71,14 @@ class CorePool:
 
     def _reissue(self, start: float, service_s: float, idx: int) -> float:
         """Run a copy of the call on the next free core from start + deadline; first wins."""
+        deadline_s, redraw = self.deadline_s, self.redraw
+        assert deadline_s is not None and redraw is not None, "a re-issue needs deadline_s and redraw"
         heapq.heappop(self._free)
         free2, idx2 = self._free[0]
-        start2 = max(start + self.deadline_s, free2)
+        start2 = max(start + deadline_s, free2)
         end = start + service_s
         if start2 < end:
-            end2 = start2 + self.redraw()
+            end2 = start2 + redraw()
             if end2 < end:
                 self.saved_s += end - end2
                 end = end2
@@ -86,13 +88,6 @@ class CorePool:
                 self.reissued += 1
         heapq.heappush(self._free, (end, idx))
         self.busy_s += end - start
-        return end
-
-    def batch_finish(self, t: float, count: int, service_s: float) -> float:
-        """Submit `count` identical calls at `t`; the time the last one ends."""
-        end = t
-        for _ in range(count):
-            end = max(end, self.submit(t, service_s)[1])
         return end
 
 

@@ -94,7 +94,8 @@ def compose(durations: list[float], rate_per_s: float, cfg: Failures, seed: int)
     """Wall-time timeline of running `durations` under failures and checkpoints."""
     n = len(durations)
     if rate_per_s <= 0:
-        starts = np.concatenate([[0.0], np.cumsum(durations)[:-1]]) if n else []
+        starts: np.ndarray | list[float] = (np.concatenate([[0.0], np.cumsum(durations)[:-1]])
+                                            if n else [])
         return Timeline(float(sum(durations)), float(sum(durations)),
                         [Attempt(i, float(s), d, True) for i, (s, d) in
                          enumerate(zip(starts, durations))])

@@ -24,19 +24,23 @@ pool. Scoring and training always see the samples the step commits.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Generator
+from functools import partial
+from typing import Any
 
 import simpy
+from simpy.resources.resource import Request
 
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, Parallel, lpu_chips
 from placer.estimate import rollout_shape
 from placer.plan import Plan
-from placer.spec import DeviceKind
-from simulator.config import SimConfig
+from placer.roles import Role
 from placer.sampling import draw, rng
+from placer.spec import DeviceKind
 from simulator import tails
+from simulator.config import SimConfig
 from simulator.engine import Engine, EngineSpec, Quota, StepModel
 from simulator.environment import CorePool, pool_slots
 from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
@@ -107,11 +111,11 @@ class Model:
 
     def _rollout_setup(self) -> None:
         res, plan = self.res, self.plan
-        r = plan.roles["rollout"]
+        r = plan.roles[Role.ROLLOUT]
         dev = res.device_of(r.pool)
         eff = self.calib.for_device(dev)
         shape = rollout_shape(res, dev, r.par, eff)
-        m = res.model_of("rollout")
+        m = res.arch_of(Role.ROLLOUT)
         self.spec = EngineSpec(m, dev, Parallel(tp=r.tp, pp=r.pp, dp=1), eff, shape.concurrency,
                                r.pool, r.slot)
         self.replicas = shape.replicas
@@ -119,8 +123,8 @@ class Model:
         self.replica_size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
         self.tools: CorePool | None = None
         job = res.job
-        if "environment" in plan.roles and has_tools(job):
-            e = plan.roles["environment"]
+        if Role.ENVIRONMENT in plan.roles and has_tools(job):
+            e = plan.roles[Role.ENVIRONMENT]
             cores = e.devices * res.device_of(e.pool).cores
             self.tools = CorePool(e.pool, pool_slots(cores, job.environment.cpu_per_call))
             self.tool_overhead = self.calib.for_device(res.device_of(e.pool)).tool_overhead_s
@@ -143,7 +147,9 @@ class Model:
                 buf.extend(draw(dist, g, 1024).tolist())
             return buf.pop() + self.tool_overhead
 
-        pool.deadline_s = self.res.job.tail_policy.deadline_s + self.tool_overhead
+        deadline_s = self.res.job.tail_policy.deadline_s
+        assert deadline_s is not None, "a reissue tail policy has deadline_s (validated)"
+        pool.deadline_s = deadline_s + self.tool_overhead
         pool.redraw = redraw
 
     # ------------------------------------------------------------------------------ driver
@@ -176,10 +182,10 @@ class Model:
             rec = self.records[i]
             rec.start = env.now
             smp, factors = self._prepare(i)
-            for stage, proc in (("sync", lambda: self._weight_sync(i)),
-                                ("rollout", lambda: self._rollout(i, smp, factors)),
-                                ("score", lambda: self._stage(i, "score", factors)),
-                                ("train", lambda: self._stage(i, "train", factors))):
+            for stage, proc in (("sync", partial(self._weight_sync, i)),
+                                ("rollout", partial(self._rollout, i, smp, factors)),
+                                ("score", partial(self._stage, i, "score", factors)),
+                                ("train", partial(self._stage, i, "train", factors))):
                 t0 = env.now
                 yield env.process(proc())
                 rec.stages[stage] = (t0, env.now)
@@ -229,7 +235,7 @@ class Model:
             env.process(step(i))
 
     # ------------------------------------------------------------------------------- work
-    def _hold(self, slot: str, role: str, i: int) -> Generator:
+    def _hold(self, slot: str, role: str, i: int) -> Generator[simpy.Event, Any, Request]:
         """Take the slot; pay the role's onload the first time it runs in iteration i."""
         req = self.slot_res[slot].request()
         yield req
@@ -246,14 +252,14 @@ class Model:
     def _weight_sync(self, i: int) -> Generator:
         if self.sync is None:
             return
-        env, slot = self.env, self.plan.roles["rollout"].slot
-        req = yield from self._hold(slot, "rollout", i)
+        env, slot = self.env, self.plan.roles[Role.ROLLOUT].slot
+        req = yield from self._hold(slot, Role.ROLLOUT, i)
         durs = max_min_durations(self.sync.links, self.sync.flows)
         total = self.sync.fixed_s + max(durs)
-        pool = self.plan.roles["rollout"].pool
+        pool = self.plan.roles[Role.ROLLOUT].pool
         for f, d in zip(self.sync.flows, durs):
             self.rec.add("weight sync", "transfer", env.now, self.sync.fixed_s + d, pool,
-                         f"{slot}/sync", role="rollout", step=i, policy_version=i,
+                         f"{slot}/sync", role=Role.ROLLOUT, step=i, policy_version=i,
                          tokens=0, gb=f.gb, links=list(f.path), replica=f.name)
         rec = self.records[i]
         rec.sync_s += total
@@ -264,11 +270,12 @@ class Model:
         self.slot_res[slot].release(req)
 
     def _rollout(self, i: int, smp: Samples, factors: dict) -> Generator:
-        env, r = self.env, self.plan.roles["rollout"]
-        req = yield from self._hold(r.slot, "rollout", i)
+        env, r = self.env, self.plan.roles[Role.ROLLOUT]
+        req = yield from self._hold(r.slot, Role.ROLLOUT, i)
         policy, n = self.res.job.tail_policy, self.res.job.batch.samples
         cut = None
         if policy.kind == "partial":
+            assert policy.token_budget is not None, "a partial tail policy has token_budget (validated)"
             cut = tails.cut(tails.rows_of(smp), policy.token_budget, smp.tool_output)
             smp = self.samples[i] = cut.run
         quota = Quota(n, env.event()) if policy.kind == "overprovision" else None
@@ -291,13 +298,14 @@ class Model:
         for e in engines:
             rec.done_at.update(e.done_at)
             self.engine_busy[r.slot] += e.stats.busy_s / self.replicas
-            self.role_s["rollout"] += e.stats.busy_s / self.replicas
+            self.role_s[Role.ROLLOUT] += e.stats.busy_s / self.replicas
             self.runs += e.stats.runs
         if self.tools:
             rec.tool_wait_s += self.tools.wait_s - wait0
             rec.tool_calls += self.tools.calls - calls0
             rec.reissued += self.tools.reissued - again0
         if cut is not None:
+            assert self.partial is not None, "a cut rollout runs under the partial tail policy"
             rec.carried_tokens = cut.carried_tokens
             done = tails.from_rows(self.partial.settle(i, cut), smp.tool_output)
         elif quota is not None:
@@ -322,7 +330,7 @@ class Model:
             rp = self.plan.roles[w.role]
             slow = role_slowdown(factors, rp.devices)
             req = yield from self._hold(slot, w.role, i)
-            cat = "train" if w.stage == "train" else ("reward" if w.role == "reward" else "forward")
+            cat = "train" if w.stage == "train" else ("reward" if w.role == Role.REWARD else "forward")
             for k, d in enumerate(w.steps):
                 dur = d * slow
                 self.rec.add(f"{w.role} {w.stage}", cat, env.now, dur, rp.pool, slot,

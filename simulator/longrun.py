@@ -37,8 +37,10 @@ import numpy as np
 from placer.plan import Plan
 from placer.sampling import rng
 from placer.spec import SpecError
+from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig
 from simulator.faults import failure_rate_per_s
+from simulator.metrics import iteration_durations, steady
 
 STREAM_LONGRUN = 300
 HOUR = 3600.0
@@ -59,7 +61,7 @@ class Costs:
     restart_s: float = 300.0
     checkpoint_s: float = 30.0
 
-    def check(self) -> "Costs":
+    def check(self) -> Costs:
         for name in ("restart_s", "checkpoint_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
@@ -81,12 +83,7 @@ class Estimate:
 def step_durations(plan: Plan, iterations: int = 8, seed: int = 0,
                    config: SimConfig | None = None) -> list[float]:
     """Per-step times of `plan` with failures off (a few simulated iterations)."""
-    from dataclasses import replace  # noqa: PLC0415
-
-    from simulator.api import simulate_plan  # noqa: PLC0415 (api imports this package)
-    from simulator.metrics import iteration_durations, steady  # noqa: PLC0415
-
-    cfg = replace(config or SimConfig(), failures=Failures())
+    cfg = (config or SimConfig()).model_copy(update={"failures": Failures()})
     r = simulate_plan(plan, iterations=iterations, seed=seed, config=cfg)
     return steady(iteration_durations(r.run, plan.mode), plan.mode)
 

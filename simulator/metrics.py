@@ -27,6 +27,7 @@ import numpy as np
 
 from placer.catalog import Resolved
 from placer.plan import Plan
+from placer.roles import Role
 from placer.spec import DeviceKind
 from simulator.faults import Timeline
 from simulator.iteration import RunRecord
@@ -72,7 +73,7 @@ def utilization(res: Resolved, plan: Plan, run: RunRecord) -> tuple[dict, dict, 
     per_slot = {s.name: min(busy[s.name] / span, 1.0) for s in plan.slots}
     for pool in run.pools:  # the CPU pool serving tool calls: busy server-seconds
         for s in plan.slots:
-            if "environment" in s.roles and s.pool == pool.name:
+            if Role.ENVIRONMENT in s.roles and s.pool == pool.name:
                 per_slot[s.name] = min(pool.busy_s / pool.slots / span, 1.0)
     per_pool: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     idle = devs = 0.0
@@ -98,14 +99,12 @@ def why(run: RunRecord) -> dict[str, Any]:
         n = max(len(rec.done_at), 1)
         queue.append(rec.tool_wait_s / n)
         contention.append(max(rec.sync_s - rec.sync_alone_s, 0.0))
-    out = {"long_tail_s": float(np.mean(tails)) if tails else 0.0,
-           "queueing_s": float(np.mean(queue)) if queue else 0.0,
-           "link_contention_s": float(np.mean(contention)) if contention else 0.0,
-           "max_slowdown": max((r.max_slowdown for r in run.iterations), default=1.0)}
-    causes = {k: out[k] for k in ("long_tail_s", "queueing_s", "link_contention_s")}
-    best = max(causes, key=causes.get)
-    out["dominant"] = best.removesuffix("_s") if causes[best] > 0 else "none"
-    return out
+    causes = {"long_tail_s": float(np.mean(tails)) if tails else 0.0,
+              "queueing_s": float(np.mean(queue)) if queue else 0.0,
+              "link_contention_s": float(np.mean(contention)) if contention else 0.0}
+    best = max(causes, key=causes.__getitem__)
+    return {**causes, "max_slowdown": max((r.max_slowdown for r in run.iterations), default=1.0),
+            "dominant": best.removesuffix("_s") if causes[best] > 0 else "none"}
 
 
 def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str, Any]:
@@ -117,7 +116,7 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str
     samples = sum(d.n for d in done)
     role_s = {r: v / n for r, v in run.role_s.items()}
     for pool in run.pools:
-        role_s["environment"] = pool.busy_s / pool.slots / n
+        role_s[Role.ENVIRONMENT] = pool.busy_s / pool.slots / n
     st = steady(durs, mode)
     kept = steady(done, mode)  # the same iterations as st
     rate = float(goodput_rate(tl)) / float(np.mean(st)) if st else 0.0

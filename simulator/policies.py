@@ -23,6 +23,7 @@ import numpy as np
 
 from placer.plan import Plan, load_plan
 from placer.spec import Job, SpecError, TailPolicy, check_tail_policy
+from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.workload import has_tools, samples_for
 
@@ -59,13 +60,11 @@ def with_policy(plan: Plan, policy: TailPolicy) -> Plan:
 def compare_policies(plan: Plan | str, iterations: int = 3, seed: int = 0,
                      config: SimConfig | None = None) -> list[dict[str, Any]]:
     """Simulate `plan` under every policy (same seed, same draws); best first."""
-    from simulator.api import simulate_plan  # noqa: PLC0415 (api imports the simulator)
-
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     if iterations < 1:
         raise SpecError(f"iterations: must be at least 1 (got {iterations})")
-    job = Job.model_validate(plan.job)
+    job = plan.spec
     cfg = config if config is not None else SimConfig()
     rows = []
     for policy in policy_options(job, seed):

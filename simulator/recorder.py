@@ -9,19 +9,21 @@ from typing import Any
 
 from traces.schema import Trace, TraceEvent
 
+# A row's args: a dict, or (keys, values) from the hot path, made a dict on export.
+Args = dict[str, Any] | tuple[tuple[str, ...], tuple[Any, ...]]
+
 
 @dataclass
 class Recorder:
     record_tools: bool = True
-    rows: list[tuple[str, str, float, float, str, str, dict[str, Any]]] = field(
-        default_factory=list)
+    rows: list[tuple[str, str, float, float, str, str, Args]] = field(default_factory=list)
 
     def add(self, name: str, cat: str, ts: float, dur: float, pid: str, tid: str,
             **args: Any) -> None:
         self.rows.append((name, cat, ts, dur, pid, tid, args))
 
     def add_fields(self, name: str, cat: str, ts: float, dur: float, pid: str, tid: str,
-                   keys: tuple[str, ...], values: tuple) -> None:
+                   keys: tuple[str, ...], values: tuple[Any, ...]) -> None:
         """Hot-path variant: `args` kept as (constant keys, values), made a dict on export."""
         self.rows.append((name, cat, ts, dur, pid, tid, (keys, values)))
 

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, forward_time, switch_time, train_time
 from placer.plan import Plan
+from placer.roles import Role
 from placer.spec import DeviceKind
 from simulator.workload import Samples
 
 # Which stage each role works in besides rollout (the environment's work is its tool calls).
 ROLE_STAGES: dict[str, tuple[str, ...]] = {
-    "actor": ("score", "train"), "critic": ("score", "train"),
-    "reference": ("score",), "reward": ("score",),
+    Role.ACTOR: ("score", "train"), Role.CRITIC: ("score", "train"),
+    Role.REFERENCE: ("score",), Role.REWARD: ("score",),
 }
 
 
@@ -59,6 +60,7 @@ def stage_work(res: Resolved, plan: Plan, calib: Calibration, smp: Samples,
         dev = res.device_of(rp.pool)
         eff = calib.for_device(dev)
         m = res.model_of(role)
+        steps: tuple[float, ...]
         if m is None:  # a rule reward: per-sample checks on CPU cores
             cores = rp.par.devices * dev.cores
             steps = (math.ceil(smp.n / cores) * eff.rule_reward_s,)

@@ -6,9 +6,8 @@ priced by the same `timing.iteration_time`.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from specdata import EXAMPLES, ROOT
 
 from placer.baselines import baseline_assignments, colocated, partitions, training_pool
 from placer.catalog import resolve
@@ -17,10 +16,6 @@ from placer.ilp import score
 from placer.ilp_solve import solve
 from placer.planner import build_problem, plan_assignment, plan_job, to_plan
 from placer.spec import load_job
-
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-
 
 # the cost objective walks the (time, rate) frontier, which is long on the 1,000-node examples
 SLOW_COST = {"large-1k-nodes", "longtail-replay"}

@@ -5,13 +5,21 @@ import math
 import re
 
 import pytest
+from specdata import ROOT, base
 
 from placer.catalog import resolve
-from placer.costmodel import (Calibration, Efficiency, Parallel, forward_time, kv_bytes_per_token,
-                              max_concurrency, train_memory, train_time)
+from placer.costmodel import (
+    Calibration,
+    Efficiency,
+    Parallel,
+    forward_time,
+    kv_bytes_per_token,
+    max_concurrency,
+    train_memory,
+    train_time,
+)
 from placer.estimate import can_host, estimate, mean_context, rollout_shape, wave_time
 from placer.spec import job_from_dict, load_job
-from specdata import ROOT, base
 
 CAL = Calibration()
 EFF = Efficiency()

@@ -17,11 +17,12 @@ import pytest
 from placer.calibration import calibration_from_dict
 from placer.catalog import resolve
 from placer.costmodel import Calibration
-from workflows.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
-from workflows.fidelity_heldout import stage_calibrate
 from placer.plan import Plan, save_plan
+from placer.planner import plan_job
 from placer.spec import SpecError, load_job
 from traces.schema import Trace
+from workflows.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
+from workflows.fidelity_heldout import event_profile, stage_calibrate
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNC, ROLLOUT, ENV, SCORE, TRAIN, OTHER = 0.05, 0.12, 0.5, 0.02, 0.1, 0.03
@@ -30,7 +31,6 @@ STEP_S = SYNC + ROLLOUT + ENV + SCORE + TRAIN + OTHER
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
-    from placer.planner import plan_job
     return plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
 
 
@@ -134,9 +134,7 @@ def test_stage_calibration_fits_tool_calls_of_a_multi_turn_run(tmp_path):
     """examples/tiny-agent.yaml run for 3 steps (one process): its tool calls cost more than
     their own run (one sandbox start per batch); the stage fit finds `tool_overhead_s` and the
     simulated rollout stage then matches the measured one (in-sample: fitted on this run)."""
-    from executors.run import execute
-    from placer.planner import plan_job
-    from workflows.fidelity_heldout import event_profile
+    from executors.run import execute  # lazy: torch only for the one test that executes
     plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-agent.yaml")), Calibration())
     tr = execute(plan, 3, tmp_path, local=True).trace
     doc = stage_calibrate(plan, tr, event_profile(plan, tr, "tiny-agent run"))

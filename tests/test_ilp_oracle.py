@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from placer.baselines import partitions
+from placer.catalog import resolve
 from placer.costmodel import Calibration
+from placer.errors import Infeasible
 from placer.ilp import Assignment, Problem, score, slot_names
 from placer.ilp_solve import solve
 from placer.planner import build_problem
@@ -84,8 +86,6 @@ def brute_force(problem: Problem) -> float:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(job=jobs(), data=st.data())
 def test_ilp_matches_brute_force(job, data):
-    from placer.catalog import resolve
-    from placer.errors import Infeasible
     res = resolve(job)
     try:
         full = build_problem(res, Calibration())

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
+from simplans import small_plan
 
 from placer.cli import main
 from placer.plan import save_plan
-from simplans import small_plan
 from simulator import longrun as lr
 from simulator.config import Failures
 from simulator.faults import compose

@@ -2,9 +2,8 @@
 weight-sync routes over the widest links."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from specdata import EXAMPLES
 
 from placer.catalog import resolve
 from placer.costmodel import Calibration
@@ -12,9 +11,6 @@ from placer.mapping import map_to_nodes, path_bandwidth, topology
 from placer.plan import RolePlacement, SlotPlan
 from placer.planner import plan_job
 from placer.spec import SpecError, job_from_dict, load_job
-
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
 def _res(pools: list[dict]):

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
+from simplans import small_plan
+
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig, Stragglers
-from simplans import small_plan
 
 CFG = SimConfig(stragglers=Stragglers(fraction=0.2),
                 failures=Failures(mtbf_hours={"gpu": 20.0}, checkpoint_every=2))

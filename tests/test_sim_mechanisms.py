@@ -4,9 +4,10 @@ Sizes are asserted as directions with a margin (ratios of simulated seconds, nev
 timings of the test itself)."""
 from __future__ import annotations
 
+from simplans import SMALL_PLACEMENT, small_plan
+
 from simulator.api import simulate_plan
 from simulator.config import Failures, Network, SimConfig, Stragglers, Workload
-from simplans import SMALL_PLACEMENT, small_plan
 
 
 def _sim(plan, cfg=None, iterations=1, seed=0):

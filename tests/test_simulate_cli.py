@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
+from simplans import small_plan
+
 from placer.cli import main
 from placer.plan import save_plan
-from simplans import small_plan
 from traces.schema import read_trace
 
 

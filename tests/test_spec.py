@@ -8,11 +8,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from placer.sampling import draw, rng
-from placer.spec import (Distribution, Job, SpecError, dump_job, job_from_dict, load_job,
-                         read_structured, save_job)
+from pydantic import ValidationError
 from specdata import EXAMPLES, base
+
+from placer.catalog import resolve
+from placer.sampling import draw, rng
+from placer.spec import (
+    Distribution,
+    Job,
+    SpecError,
+    dump_job,
+    job_from_dict,
+    load_job,
+    read_structured,
+    save_job,
+)
+
 
 # ------------------------------------------------------------------------------------ loading
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -68,7 +79,6 @@ def test_roles_follow_the_algorithm(algorithm, models, env, roles) -> None:
 
 
 def test_critic_and_reference_default_to_the_policy_shape() -> None:
-    from placer.catalog import resolve
     res = resolve(job_from_dict(base(algorithm="ppo", models={"policy": "tiny-llama"})))
     assert res.model_of("critic").name == "tiny-llama"
     assert res.model_of("reference").name == "tiny-llama"
@@ -154,6 +164,6 @@ def test_dump_and_reload_round_trip(path: Path, suffix: str, tmp_path: Path) -> 
 
 def test_spec_objects_are_frozen() -> None:
     job = job_from_dict(base())
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         job.batch.prompts = 9  # type: ignore[misc]
     assert isinstance(job, Job)

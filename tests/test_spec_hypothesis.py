@@ -13,12 +13,12 @@ from typing import Any
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from specdata import EXAMPLES, base
 
 from placer.catalog import resolve, shipped_devices, shipped_models
 from placer.commands.validate import describe
 from placer.costmodel import Calibration
 from placer.spec import SpecError, job_from_dict, read_structured
-from specdata import EXAMPLES, base
 
 # A job with its own catalog entries, so that mutations reach device and model figures too.
 WITH_CATALOG = base(

@@ -7,13 +7,13 @@ import json
 import math
 
 import pytest
+from simplans import EXAMPLES, SMALL_PLACEMENT, example_names, small_job, small_plan
 
 from placer.catalog import resolve
 from placer.cli import main
 from placer.costmodel import Calibration
 from placer.plan import save_plan
 from placer.spec import SpecError, TailPolicy, job_from_dict, load_job
-from simplans import EXAMPLES, SMALL_PLACEMENT, example_names, small_job, small_plan
 from simulator import tails
 from simulator.api import simulate_plan
 from simulator.config import SimConfig

@@ -7,8 +7,11 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from placer import plots
-from workflows import whatif
+from placer.catalog import resolve
+from placer.costmodel import Calibration
+from placer.planner import plan_job
 from placer.spec import SpecError, load_job
+from workflows import whatif
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "tiny-cpu.yaml"
@@ -51,9 +54,6 @@ def test_staleness_sweep_switches_the_pipeline_mode():
 
 
 def test_placement_figure_colours_every_placed_device():
-    from placer.catalog import resolve
-    from placer.costmodel import Calibration
-    from placer.planner import plan_job
     plan = plan_job(resolve(load_job(TINY)), Calibration())
     fig = plots.placement(plan)
     grey = to_rgba("0.85")

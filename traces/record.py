@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placer.errors import SpecError
-from traces.schema import Trace, TraceEvent, read_trace
+from traces.schema import EventArgs, Trace, TraceError, TraceEvent, read_trace
 from traces.workload import write_rows
 
 CATS = ("prefill", "decode", "generate", "tool")
@@ -61,34 +61,41 @@ class _Sample:
 
 
 def _per_sample(ev: TraceEvent, i: int, source: str, ids: list, key: str,
-                total: Any) -> list[float] | None:
+                total: float | None) -> list[float] | None:
     """Values of `key` for each sample: the event's per-sample list, else `total` shared equally,
     else None (the event does not say)."""
-    per = ev.args.get(key)
-    if isinstance(per, list):
-        if len(per) != len(ids) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in per):
+    per: list[float] | None = getattr(_fields(ev, i, source), key)
+    if per is not None:
+        if len(per) != len(ids) or not all(v >= 0 for v in per):
             raise SpecError(f"{source}: traceEvents.{i} ({ev.cat}): args.{key}: per-sample list "
                             f"does not match sample_ids ({len(per)} values for {len(ids)} samples)")
-        return [float(v) for v in per]
+        return per
     if total is None:
         return None
-    if isinstance(total, bool) or not isinstance(total, (int, float)) or total < 0:
+    if total < 0:
         raise SpecError(f"{source}: traceEvents.{i} ({ev.cat}): args.tokens: expected a "
                         f"non-negative number (got {total!r})")
-    return [float(total) / len(ids)] * len(ids)
+    return [total / len(ids)] * len(ids)
+
+
+def _fields(ev: TraceEvent, i: int, source: str) -> EventArgs:
+    """The event's typed args; a SpecError naming the file and the event otherwise."""
+    try:
+        return ev.fields
+    except TraceError as e:
+        raise SpecError(f"{source}: traceEvents.{i}: {e}") from None
 
 
 def _shares(ev: TraceEvent, i: int, source: str) -> list[tuple[Any, str, float]]:
     """(sample id, part, value) for every sample the event covers; a `generate` event (a whole
     turn's generation) gives a prefill part (when it says its prompts) and a decode part."""
-    ids = ev.args.get("sample_ids")
-    if not isinstance(ids, list) or not ids:
+    ids = _fields(ev, i, source).sample_ids
+    if not ids:
         return []
     if ev.cat == "tool":
         return [(s, "tool", ev.dur_s) for s in ids]
     out: list[tuple[Any, str, float]] = []
-    tokens = ev.args.get("tokens")
+    tokens = ev.fields.tokens
     if ev.cat in ("prefill", "generate"):
         vals = _per_sample(ev, i, source, ids, "prompt_tokens",
                            tokens if ev.cat == "prefill" else None)
@@ -105,8 +112,9 @@ def rows_from_trace(trace: Trace, source: str = "trace") -> list[dict[str, Any]]
     for i, ev in enumerate(trace.events):
         if ev.cat not in CATS:
             continue
-        step = int(ev.args.get("step", 0) or 0)
-        for sid, part, value in _shares(ev, i, source):
+        shares = _shares(ev, i, source)
+        step = ev.fields.step or 0
+        for sid, part, value in shares:
             # order within a sample: by start; at one start, prefill, decode, then the tool call
             timeline[(step, sid)].append((ev.ts_s, ("prefill", "decode", "tool").index(part),
                                           part, value))

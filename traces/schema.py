@@ -3,9 +3,11 @@
 A trace is `{"traceEvents": [...], "metadata": {...}}` and opens in Perfetto (ui.perfetto.dev) or
 chrome://tracing. Every event is a complete event (`ph: "X"`) with microsecond `ts` and `dur`;
 `pid` names a pool and node ("gpu:0"), `tid` a slot or device or worker ("slot0", "env3").
-`args` carries the fields the calibration and fidelity tools read:
+`args` carries the fields the calibration, fidelity and recording tools read; `EventArgs` is their
+one definition (name, type, meaning), and `TraceEvent.fields` is the typed view readers use. The
+common ones:
 
-  role            actor | rollout | reference | reward | critic | environment
+  role            actor | rollout | reference | reward | critic | environment (`Role`)
   step            iteration index
   policy_version  version of the weights the work used
   devices         device ids (pool:node:index) the work ran on
@@ -13,27 +15,116 @@ chrome://tracing. Every event is a complete event (`ph: "X"`) with microsecond `
   tokens          tokens processed (prefill/decode/train/forward)
   batch, context  decode and prefill batch size and KV context tokens
 
-Event names (`cat`): step, stage, generate, prefill, decode, tool, forward, train, transfer, reward,
-checkpoint, failure, restart (a recovery), straggler (a re-issued call, on the slow worker's track) and
-tail (what a tail policy dropped or carried). Metadata says where it came from (`source`: simulate | execute), the plan's job
-name, the seed, and whether devices were emulated.
+A key `EventArgs` does not name is kept (a trace from another tool still reads), but it is an
+error when `PLACER_STRICT_TRACES=1` (the test suite sets it): the schema is the one convention
+every writer follows.
+
+Event names (`cat`): step, stage, generate, prefill, decode, tool, forward, train, transfer,
+reward, checkpoint, failure, restart (a recovery), straggler (a re-issued call, on the slow
+worker's track) and tail (what a tail policy dropped or carried). Metadata says where it came from
+(`source`: simulate | execute), the plan's job name, the seed, and whether devices were emulated.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from placer.errors import SpecError
+from placer.fileio import atomic_write_text
+from placer.inputs import read_text
+from placer.roles import Role
+
+STRICT_ENV = "PLACER_STRICT_TRACES"  # "1": a key EventArgs does not name is an error
 
 CATEGORIES = ("step", "prefill", "decode", "tool", "forward", "train", "transfer", "reward",
               "checkpoint", "failure", "restart", "stage", "generate", "straggler", "tail")
 
 
-from placer.errors import SpecError
-
-
 class TraceError(SpecError):
     """A corrupt or foreign trace file; `str()` names the file and what is wrong."""
+
+
+def _f(help: str) -> Any:
+    return Field(None, description=help)
+
+
+class EventArgs(BaseModel):
+    """The `args` of a trace event: every key a writer (executor, simulator, synthetic traces)
+    puts there and a reader (recorder, calibration, fidelity) takes out. All optional: an event
+    carries the keys its kind needs. Values are checked for type only; the readers that price
+    an event check ranges with their own messages (`placer.fit_events`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    # what and when
+    role: Role | None = _f("role that did the work")
+    step: int | None = _f("iteration index")
+    policy_version: int | None = _f("version of the weights the work used (null: none)")
+    round: int | None = _f("executor: generation round within a step (multi-turn, partial)")
+    turn: int | None = _f("executor: the sample's turn a tool call ends")
+    minibatch: int | None = _f("simulator: mini-batch index of a training or forward step")
+    # where
+    devices: list[str] | None = _f("device ids (pool:node:index) the work ran on")
+    os_pid: int | None = _f("executor: process id of the worker")
+    replica: str | int | None = _f("rollout replica a weight-sync flow feeds")
+    # how much
+    sample_ids: list[int | str] | None = _f("samples the event covers")
+    tokens: float | None = _f("tokens processed (prefill, decode, train, forward)")
+    batch: float | None = _f("sequences in the batch (prefill, decode, generate)")
+    context: float | None = _f("KV context tokens over the batch (prefill, decode)")
+    steps: float | None = _f("decode steps of the run (decode, generate) or optimizer steps")
+    prompt_tokens: list[float] | None = _f("per sample, aligned with sample_ids: context "
+                                           "prefilled (generate, prefill)")
+    response_tokens: list[float] | None = _f("per sample, aligned with sample_ids: tokens "
+                                             "generated (generate, decode)")
+    reward: float | None = _f("step: mean reward of its samples")
+    # weight sync and copies
+    bytes: float | None = _f("bytes moved (transfer)")
+    gb: float | None = _f("gigabytes moved (transfer, simulator)")
+    gbs: float | None = _f("link bandwidth, GB/s (transfer)")
+    src: str | None = _f("sender (transfer)")
+    dst: str | None = _f("receiver, pool:node (transfer)")
+    links: list[str] | None = _f("simulator: links a weight-sync flow crosses")
+    # environments
+    wait_s: float | None = _f("tool call: seconds queued before a CPU slot took it")
+    status: str | None = _f("tool call: the sandbox's status (ok, error, timeout, ...)")
+    call: str | None = _f("tool call: what ran (tool call, verify)")
+    # failures, stragglers, recoveries and tails
+    kind: str | None = _f("failure: how the worker was killed")
+    error: str | None = _f("failure or restart: the error that caused it")
+    lost_s: float | None = _f("simulator failure: work lost since the last checkpoint (s)")
+    resumed_from: int | None = _f("restart: the checkpoint step it resumed from")
+    reason: str | None = _f("cluster restart: what changed")
+    nodes: dict[str, int] | None = _f("cluster restart: alive nodes per pool")
+    moves: list[str] | None = _f("cluster restart: roles whose actors changed (placer.moves)")
+    kept: int | list[str] | None = _f("cluster restart: actors kept; overprovision: samples kept")
+    detected_at: float | None = _f("cluster restart: when the change was seen (epoch s)")
+    recovery_s: float | None = _f("cluster restart: seconds to recover")
+    replan_s: float | None = _f("cluster restart: seconds re-planning")
+    groups_s: float | None = _f("cluster restart: seconds creating placement groups")
+    actors_s: float | None = _f("cluster restart: seconds creating actors")
+    straggler: bool | None = _f("straggler marker")
+    slow_worker: str | None = _f("straggler: the worker that missed its deadline")
+    reissued_to: str | None = _f("straggler: the worker the call was re-issued to")
+    deadline_s: float | None = _f("straggler: the call's deadline (s)")
+    winner: str | None = _f("straggler: which copy finished first (original, reissue)")
+    cut: list[str] | None = _f("partial rollouts: samples cut at the step's end")
+    carried_tokens: int | None = _f("partial rollouts: tokens carried into the next step")
+
+    def unknown(self) -> list[str]:
+        """Keys the schema does not name."""
+        return sorted(self.model_extra or {})
+
+
+def strict_traces() -> bool:
+    return os.environ.get(STRICT_ENV, "") == "1"
 
 
 @dataclass(frozen=True)
@@ -45,6 +136,24 @@ class TraceEvent:
     pid: str
     tid: str
     args: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def fields(self) -> EventArgs:
+        """`args` checked against the schema (`EventArgs`), typed; TraceError naming the event
+        and the key otherwise. Built on first use (a simulation records many events and reads
+        few). `args` itself stays as written: it is what the trace file holds."""
+        try:
+            out = EventArgs.model_validate(self.args)
+        except ValidationError as e:
+            err = e.errors()[0]
+            key = ".".join(str(x) for x in err["loc"])
+            raise TraceError(f"event {self.cat} {self.name!r}: args.{key}: {err['msg']} "
+                             f"(got {err.get('input')!r:.80})") from None
+        if strict_traces() and out.unknown():
+            raise TraceError(f"event {self.cat} {self.name!r}: args: unknown keys "
+                             f"{', '.join(out.unknown())} (traces/schema.py EventArgs names "
+                             "every key)")
+        return out
 
     def to_chrome(self) -> dict[str, Any]:
         return {"name": self.name, "cat": self.cat, "ph": "X", "ts": self.ts_s * 1e6,
@@ -73,19 +182,26 @@ class Trace:
         return {"traceEvents": [e.to_chrome() for e in self.events],
                 "displayTimeUnit": "ms", "metadata": self.metadata}
 
+    def check(self) -> None:
+        """Every event's args against the schema (TraceError otherwise)."""
+        for e in self.events:
+            e.fields  # noqa: B018 - validates (and caches the typed view)
+
     def write(self, path: str | Path) -> None:
-        from placer.plan import atomic_write_text  # noqa: PLC0415
+        """Check the events against the schema, then write the file atomically."""
+        self.check()
         atomic_write_text(path, json.dumps(self.to_chrome()))
 
 
 def read_trace(path: str | Path) -> Trace:
     p = Path(path)
+    text = read_text(p, "trace")  # bounded size, no binary data, UTF-8
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise TraceError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{p}: not a JSON trace: {e}") from None
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise TraceError(f"{p}: not a JSON trace: {str(e)[:120]}") from None
+    except ValueError as e:  # an integer of more than 4,300 digits
+        raise TraceError(f"{p}: not a JSON trace: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{p}: traceEvents: expected a list of events (Chrome trace format)")
     events = []
@@ -100,4 +216,11 @@ def read_trace(path: str | Path) -> Trace:
             raise TraceError(f"{p}: traceEvents.{i}: bad event ({type(e).__name__}: {e})") from None
         if events[-1].dur_s < 0:
             raise TraceError(f"{p}: traceEvents.{i}.dur: negative duration ({ev['dur']})")
-    return Trace(dict(data.get("metadata") or {}), events)
+        if not (math.isfinite(events[-1].ts_s) and math.isfinite(events[-1].dur_s)):
+            raise TraceError(f"{p}: traceEvents.{i}: ts and dur must be finite numbers (got "
+                             f"ts {ev['ts']!r:.40}, dur {ev['dur']!r:.40})")
+    meta = data.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise TraceError(f"{p}: metadata: expected a mapping (got {type(meta).__name__} "
+                         f"{meta!r:.60})")
+    return Trace(dict(meta), events)

@@ -24,12 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from placer.costmodel import (Calibration, decode_run_time, forward_time, prefill_time,
-                              train_time, weight_bytes)
+from placer.costmodel import (
+    Calibration,
+    decode_run_time,
+    forward_time,
+    prefill_time,
+    train_time,
+    weight_bytes,
+)
 from placer.plan import Plan
+from placer.roles import Role
 from placer.sampling import draw, draw_lengths, rng
 from placer.spec import DeviceKind, Distribution
 from traces.schema import Trace
+from traces.workload import write_rows
 
 Z90 = 1.2815515655446004  # standard normal 90% quantile
 DEFAULT_OUT = Path(__file__).parent / "workloads" / "longtail-synthetic.jsonl"
@@ -169,10 +177,10 @@ def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float
         for k in range(per_kind):
             seqs = int(g.integers(2, 200))
             tokens = 1024 * seqs
-            if role in ("actor", "critic"):
+            if role in (Role.ACTOR, Role.CRITIC):
                 add("train", role, train_time(m, dev, r.par, tokens, 1024, 1, eff), devs,
                     tokens=tokens, sample_ids=list(range(seqs)), step=k)
-            if role != "rollout":
+            if role != Role.ROLLOUT:
                 add("forward", role, forward_time(m, dev, r.par, tokens, 1024, eff), devs,
                     tokens=tokens, sample_ids=list(range(seqs)), step=k)
                 continue
@@ -190,23 +198,23 @@ def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float
     env = res.job.environment
     if env.kind != "none":
         for v in draw(env.tool_latency_s, g, per_kind * 4):
-            add("tool", "environment", float(v), [f"{plan.roles['environment'].pool}:0:0"])
+            add("tool", Role.ENVIRONMENT, float(v), [f"{plan.roles[Role.ENVIRONMENT].pool}:0:0"])
     return trace
 
 
 def _transfers(plan: Plan, truth: Calibration, g: np.random.Generator, add, n: int) -> None:
-    if "rollout" not in plan.roles or "actor" not in plan.roles:
+    if Role.ROLLOUT not in plan.roles or Role.ACTOR not in plan.roles:
         return
     res = plan.resolved()
-    dev = res.device_of(plan.roles["rollout"].pool)
+    dev = res.device_of(plan.roles[Role.ROLLOUT].pool)
     eff = truth.for_device(dev)
-    w = weight_bytes(res.model_of("rollout"))
+    w = weight_bytes(res.arch_of(Role.ROLLOUT))
     gbs = min((s.gbs for s in plan.sync_routes), default=dev.nic_gbs)
     for _ in range(n):
         nbytes = float(w * g.uniform(0.05, 1.5))
         secs = nbytes / (gbs * 1e9 * eff.link_eff) + eff.sync_latency_s + (
             eff.lpu_reload_s if dev.kind is DeviceKind.lpu else 0.0)
-        add("transfer", "rollout", secs, _devices(plan, "rollout"), bytes=nbytes, gbs=gbs)
+        add("transfer", Role.ROLLOUT, secs, _devices(plan, Role.ROLLOUT), bytes=nbytes, gbs=gbs)
 
 
 # ---------------------------------------------------------------------------------- command
@@ -222,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.samples < 1 or args.turns < 1 or args.median <= 0:
         ap.error("--samples and --turns must be >= 1 and --median > 0")
-    from traces.workload import write_rows  # noqa: PLC0415
     p = LongTail(samples=args.samples, turns=args.turns, seed=args.seed,
                  response_median=args.median)
     rows = longtail_rows(p)

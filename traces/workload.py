@@ -8,12 +8,16 @@ flattened (one value per turn).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from placer.plan import atomic_write_text
 from placer.errors import SpecError
+from placer.fileio import atomic_write_text
+from placer.inputs import load_json, read_text
+
+MAX_VALUE = 1e15  # tokens or seconds; beyond it a value is corrupt (and a float overflows later)
 
 
 @lru_cache(maxsize=32)
@@ -22,13 +26,10 @@ def _read(path: str) -> tuple[dict[str, Any], ...]:
     if not p.is_file():
         raise SpecError(f"{path}: workload trace not found")
     rows = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    for i, line in enumerate(read_text(p, "workload trace").splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+        row = load_json(line, path, line=i)  # no NaN/Infinity: a length or latency is finite
         if not isinstance(row, dict):
             raise SpecError(f"{path}:{i}: expected a JSON object per line")
         rows.append(row)
@@ -49,8 +50,9 @@ def read_field(path: str | Path, field: str) -> list[float]:
             raise SpecError(f"{path}:{i}: no field {field!r}")
         vals = row[field] if isinstance(row[field], list) else [row[field]]
         for v in vals:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise SpecError(f"{path}:{i}: {field}: expected non-negative numbers (got {v!r})")
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_VALUE):
+                raise SpecError(f"{path}:{i}: {field}: expected non-negative numbers up to "
+                                f"{MAX_VALUE:g} (got {v!r:.60})")
             out.append(float(v))
     if not out:
         raise SpecError(f"{path}: field {field!r} has no values")

@@ -24,8 +24,17 @@ import sys
 import time
 from pathlib import Path
 
+from placer.calibration import calibration_from_dict
+from placer.catalog import resolve
+from placer.costmodel import Calibration
 from placer.plan import atomic_write_text, save_plan
-from placer.spec import SpecError
+from placer.planner import plan_job
+from placer.spec import SpecError, load_job
+from simulator.api import simulate_plan
+from traces.record import rows_from_trace
+from traces.workload import write_rows
+from workflows.fidelity import fidelity, write_figures
+from workflows.fidelity_heldout import event_profile, execute_plan, stage_calibrate
 
 DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
 
@@ -36,18 +45,6 @@ def _say(msg: str) -> None:
 
 def demo(out: Path, job_path: Path, steps: int) -> str:
     """Run the six stages (module docstring); returns the fidelity line."""
-    from placer.calibration import calibration_from_dict  # noqa: PLC0415
-    from placer.catalog import resolve  # noqa: PLC0415
-    from placer.costmodel import Calibration  # noqa: PLC0415
-    from workflows.fidelity import fidelity, write_figures  # noqa: PLC0415
-    from workflows.fidelity_heldout import (  # noqa: PLC0415
-        event_profile, execute_plan, stage_calibrate)
-    from placer.planner import plan_job  # noqa: PLC0415
-    from placer.spec import load_job  # noqa: PLC0415
-    from simulator.api import simulate_plan  # noqa: PLC0415
-    from traces.record import rows_from_trace  # noqa: PLC0415
-    from traces.workload import write_rows  # noqa: PLC0415
-
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     _say(f"[1/6] plan {job_path.name}")

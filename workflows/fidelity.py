@@ -39,15 +39,16 @@ import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from placer.costmodel import Calibration
 from placer.plan import Plan
+from placer.roles import Role
 from placer.spec import SpecError
+from simulator.api import SimResult, simulate_plan
+from traces.record import rows_from_trace
 from traces.schema import Trace, TraceEvent
-
-if TYPE_CHECKING:
-    from simulator.api import SimResult
+from traces.workload import write_rows
 
 STAGES = ("sync", "rollout", "environment", "score", "train", "other")
 ENV_GAP_S = 1e-3  # a gap between the rollout and score stages shorter than this is bookkeeping
@@ -126,8 +127,8 @@ class Report:
 def _by_step(events: list[TraceEvent]) -> dict[int, list[TraceEvent]]:
     out: dict[int, list[TraceEvent]] = defaultdict(list)
     for ev in events:
-        if "step" in ev.args and isinstance(ev.args["step"], int):
-            out[ev.args["step"]].append(ev)
+        if ev.fields.step is not None:
+            out[ev.fields.step].append(ev)
     return out
 
 
@@ -170,18 +171,18 @@ def role_times(trace: Trace) -> dict[int, dict[str, float]]:
     """Per step and role: the slowest worker's summed event time (weight pushes as `sync`)."""
     per: dict[tuple[int, str, str], float] = defaultdict(float)
     for ev in trace.events:
-        role, step = ev.args.get("role"), ev.args.get("step")
-        if not isinstance(step, int) or role is None or ev.cat in ("stage", "step"):
+        role, step = ev.fields.role, ev.fields.step
+        if step is None or role is None or ev.cat in ("stage", "step"):
             continue
         if ev.cat in ("checkpoint", "failure", "restart"):
             continue
         name = "sync" if ev.cat == "transfer" else str(role)
         # the simulator draws every replica's weight push on one lane; they run side by side
-        lane = f"{ev.pid}/{ev.tid}/{ev.args.get('replica', '')}"
+        lane = f"{ev.pid}/{ev.tid}/{ev.fields.replica if ev.fields.replica is not None else ''}"
         per[(step, name, lane)] += ev.dur_s
     out: dict[int, dict[str, float]] = defaultdict(dict)
-    for (step, role, _), t in per.items():
-        out[step][role] = max(out[step].get(role, 0.0), t)
+    for (step, name, _), t in per.items():
+        out[step][name] = max(out[step].get(name, 0.0), t)
     return dict(out)
 
 
@@ -190,14 +191,14 @@ def measured_finishes(trace: Trace, rows: list[dict], spans: dict[int, tuple[flo
     """(step, response tokens, finish time after the rollout began) of every executed sample."""
     starts: dict[int, float] = {}
     for e in trace.events:
-        step = e.args.get("step")
-        if e.cat == "stage" and e.name == "rollout" and isinstance(step, int):
+        step = e.fields.step
+        if e.cat == "stage" and e.name == "rollout" and step is not None:
             starts[step] = min(starts.get(step, math.inf), e.ts_s)
     done: dict[tuple[int, str], float] = {}
     for e in trace.events:
-        step = e.args.get("step")
-        if e.cat in ("generate", "decode") and isinstance(step, int) and step in spans:
-            for sid in e.args.get("sample_ids") or []:
+        step = e.fields.step
+        if e.cat in ("generate", "decode") and step is not None and step in spans:
+            for sid in e.fields.sample_ids or []:
                 t0 = starts.get(step, spans[step][0])
                 done[(step, str(sid))] = max(done.get((step, str(sid)), 0.0), e.end_s - t0)
     return [(r["step"], float(sum(r["response_tokens"])), done[(r["step"], str(r["sample_id"]))])
@@ -222,7 +223,7 @@ def _relation(points: list[tuple[int, float, float]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the simulated side
-def simulated_stages(sim: "SimResult") -> dict[int, dict[str, float]]:
+def simulated_stages(sim: SimResult) -> dict[int, dict[str, float]]:
     out = {}
     for rec in sim.run.iterations:
         st = {k: max(b - a, 0.0) for k, (a, b) in rec.stages.items()}
@@ -231,7 +232,7 @@ def simulated_stages(sim: "SimResult") -> dict[int, dict[str, float]]:
     return out
 
 
-def simulated_finishes(sim: "SimResult") -> list[tuple[int, float, float]]:
+def simulated_finishes(sim: SimResult) -> list[tuple[int, float, float]]:
     pts = []
     for rec in sim.run.iterations:
         smp = sim.run.samples.get(rec.index)
@@ -252,7 +253,6 @@ def replay_rows(trace: Trace, job_prompt_tokens: int, source: str = "trace"
     mean prompt length, and the note says so: replay then fixes responses and tool latencies but
     not prompts.
     """
-    from traces.record import rows_from_trace  # noqa: PLC0415
     rows = rows_from_trace(trace, source)
     notes = []
     missing = [r for r in rows if "prompt_tokens" not in r]
@@ -274,10 +274,8 @@ def _mean(d: dict[int, dict[str, float]], steps: list[int], key: str) -> float:
 
 def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
              source: str = "trace", seed: int | None = None,
-             sim_trace_path: str | Path | None = None) -> tuple[Report, "SimResult"]:
+             sim_trace_path: str | Path | None = None) -> tuple[Report, SimResult]:
     """Simulate `plan` with the run's recorded inputs and compare with the executed `trace`."""
-    from simulator.api import simulate_plan  # noqa: PLC0415
-    from traces.workload import write_rows  # noqa: PLC0415
     spans = measured_spans(trace, source)
     steps = sorted(spans)
     if steps != list(range(len(steps))):
@@ -286,7 +284,7 @@ def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
     res = plan.resolved()
     rows, notes = replay_rows(trace, max(round(res.job.lengths.prompt.mean_value()), 1), source)
     n = res.job.batch.samples
-    per_step = defaultdict(int)
+    per_step: defaultdict[int, int] = defaultdict(int)
     for r in rows:
         per_step[r["step"]] += 1
     short = {s: c for s, c in per_step.items() if c != n}
@@ -312,7 +310,7 @@ def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
             mine["environment"] = mst[s]["environment"]
         elif mine.get("environment", 0.0) <= 0.0 and "score" in mst[s]:
             mine["environment"] = max(mst[s]["score"] - mine.get("reward", 0.0), 0.0)
-    if res.model_of("reward") is None:  # a rule reward: the cost model prices the sandboxed
+    if res.model_of(Role.REWARD) is None:  # a rule reward: the cost model prices the sandboxed
         for side in (mrt, srt):         # check of every answer as reward work on the CPU
             for s in side:
                 side[s]["reward+environment"] = (side[s].pop("reward", 0.0)
@@ -329,11 +327,11 @@ def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
     return report, sim
 
 
-def write_figures(report: Report, sim: "SimResult", trace: Trace, out_dir: str | Path
+def write_figures(report: Report, sim: SimResult, trace: Trace, out_dir: str | Path
                   ) -> list[Path]:
     """fidelity_timelines.png (executed above simulated), fidelity_steps.png, and
     fidelity_lengths.png under `out_dir`."""
-    from placer import plots  # noqa: PLC0415 (matplotlib only when asked)
+    from workflows import plots  # lazy: matplotlib (~0.5 s) only when figures are asked for
     out = Path(out_dir)
     spans = measured_spans(trace)
     t0 = min(a for a, _ in spans.values())
@@ -342,7 +340,7 @@ def write_figures(report: Report, sim: "SimResult", trace: Trace, out_dir: str |
     title = (f"{report.job}: executed vs simulated; steady step {st.measured:.3f} s measured, "
              f"{st.simulated:.3f} s simulated ({st.error:+.1%})")
     env = []  # the executor's environment call has no event: draw its stage gap
-    for step, evs in _by_step(trace.events).items():
+    for evs in _by_step(trace.events).values():
         first = {e.name: e for e in sorted(evs, key=lambda e: -e.ts_s) if e.cat == "stage"}
         if "rollout" in first and "score" in first and (
                 first["score"].ts_s - first["rollout"].end_s > ENV_GAP_S):

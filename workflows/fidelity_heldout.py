@@ -41,31 +41,34 @@ import argparse
 import copy
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from placer.baselines import colocated, split
 from placer.calibration import calibration_from_dict
-from workflows.fidelity import fidelity
+from placer.catalog import resolve
+from placer.costmodel import Calibration, Efficiency
+from placer.fit import fit_trace, profile_doc
 from placer.plan import Plan, atomic_write_text, load_plan, save_plan
+from placer.planner import build_problem, plan_assignment, plan_job
+from placer.roles import Role
 from placer.spec import SpecError, load_job
 from traces.schema import Trace, read_trace
+from workflows.fidelity import fidelity
 
 DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
 # stage -> (role whose device holds the factor, factor); environment+score fit together
-STAGE_FACTORS = (("sync", "rollout", "sync_latency_s"),
-                 ("rollout", "environment", "tool_overhead_s"),
-                 ("score", "reward", "rule_reward_s"),
-                 ("train", "actor", "train_overhead_s"))
+STAGE_FACTORS = (("sync", Role.ROLLOUT, "sync_latency_s"),
+                 ("rollout", Role.ENVIRONMENT, "tool_overhead_s"),
+                 ("score", Role.REWARD, "rule_reward_s"),
+                 ("train", Role.ACTOR, "train_overhead_s"))
 NEWTON_STEPS = 4
 
 
 def variant_plans(job_path: str | Path = DEFAULT_JOB) -> dict[str, Plan]:
     """The base plan and the four held-out plans (module docstring)."""
-    from placer.baselines import colocated, split  # noqa: PLC0415
-    from placer.catalog import resolve  # noqa: PLC0415
-    from placer.costmodel import Calibration  # noqa: PLC0415
-    from placer.planner import build_problem, plan_assignment, plan_job  # noqa: PLC0415
     job = load_job(job_path)
     calib = Calibration()
     resp = job.lengths.response
@@ -86,7 +89,7 @@ def variant_plans(job_path: str | Path = DEFAULT_JOB) -> dict[str, Plan]:
 
 def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], None]) -> Trace:
     """Execute `plan` for `steps` steps on the (embedded) Ray; writes plan.json and trace.json."""
-    from executors.run import execute  # noqa: PLC0415
+    from executors.run import execute  # lazy: torch and Ray (~2 s) only when executing
     out_dir.mkdir(parents=True, exist_ok=True)
     save_plan(plan, out_dir / "plan.json")
 
@@ -100,7 +103,6 @@ def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], No
 
 def event_profile(plan: Plan, trace: Trace, source: str) -> dict[str, Any]:
     """The `placer calibrate` profile of a run (event-level factors)."""
-    from placer.fit import fit_trace, profile_doc  # noqa: PLC0415
     result = fit_trace(trace, plan, source)
     return profile_doc(result, plan, {"trace": source, "plan": "plan.json",
                                       "trace_source": trace.metadata.get("source", "unknown")})
@@ -111,7 +113,6 @@ def _set(doc: dict[str, Any], device: str, name: str, value: float) -> None:
 
 
 def _get(doc: dict[str, Any], device: str, name: str) -> float:
-    from placer.costmodel import Efficiency  # noqa: PLC0415
     cal = calibration_from_dict({k: v for k, v in doc.items() if k != "fit"})
     return getattr(cal.per_device.get(device, cal.default or Efficiency()), name)
 

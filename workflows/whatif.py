@@ -22,12 +22,18 @@ Every random draw comes from the job's seed (`seed=` overrides it).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from placer.baselines import baseline_assignments
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration
+from placer.errors import Infeasible
 from placer.plan import Plan
+from placer.planner import build_problem, plan_assignment, plan_job, sweep_job, with_nodes
+from placer.pricing import usd_per_hour
 from placer.spec import Job, SpecError
+from simulator.api import simulate_plan
 
 TIME_LIMIT_S = 2.0  # per point: the sweeps are for exploring; `placer plan` solves properly
 
@@ -40,8 +46,6 @@ def evaluate(res: Resolved, knob: str, value: Any, iterations: int = 2, seed: in
              calib: Calibration | None = None, time_limit_s: float = TIME_LIMIT_S
              ) -> dict[str, Any]:
     """Plan and simulate one point of a sweep."""
-    from placer.errors import Infeasible  # noqa: PLC0415
-    from placer.planner import plan_job  # noqa: PLC0415
     row: dict[str, Any] = {"knob": knob, "value": value}
     try:
         plan = plan_job(res, calib or Calibration(), time_limit_s=time_limit_s)
@@ -57,7 +61,6 @@ def sweep(job: Job, knob: str, values: list[Any], edit: Callable[[Job, Any], Res
 
 def pool_nodes(job: Job, pool: str, counts: list[int], **kw: Any) -> list[dict[str, Any]]:
     """The pool at each node count (0 removes it)."""
-    from placer.planner import with_nodes  # noqa: PLC0415
     _pool(job, pool)
     return sweep(job, f"{pool} nodes", counts, lambda j, n: with_nodes(j, {pool: n}), **kw)
 
@@ -65,7 +68,6 @@ def pool_nodes(job: Job, pool: str, counts: list[int], **kw: Any) -> list[dict[s
 def gpu_mix(job: Job, a: str, b: str, mixes: list[tuple[int, int]], **kw: Any
             ) -> list[dict[str, Any]]:
     """Node counts of two pools, e.g. [(4, 0), (3, 1), (2, 2)] for (H100, L40S) nodes."""
-    from placer.planner import with_nodes  # noqa: PLC0415
     pa, pb = _pool(job, a), _pool(job, b)
     knob = f"{a} ({pa.device}) / {b} ({pb.device}) nodes"
     return sweep(job, knob, [f"{x}/{y}" for x, y in mixes],
@@ -97,7 +99,6 @@ def staleness(job: Job, bounds: list[int], **kw: Any) -> list[dict[str, Any]]:
 def frontier(job: Job, max_points: int = 5, iterations: int = 2, seed: int | None = None,
              time_limit_s: float = TIME_LIMIT_S) -> list[dict[str, Any]]:
     """The ILP's own time/cost frontier on the job's cluster (`planner.sweep_job`), simulated."""
-    from placer.planner import sweep_job  # noqa: PLC0415
     plans = sweep_job(resolve(job), Calibration(), time_limit_s=time_limit_s,
                       max_points=max_points)
     return [_simulated(p, "ILP frontier", f"#{k}", iterations, job.seed if seed is None else seed)
@@ -105,10 +106,9 @@ def frontier(job: Job, max_points: int = 5, iterations: int = 2, seed: int | Non
 
 
 def _simulated(plan: Plan, knob: str, value: Any, iterations: int, seed: int) -> dict[str, Any]:
-    from simulator.api import simulate_plan  # noqa: PLC0415
     sim = simulate_plan(plan, iterations=iterations, seed=seed)
     it, thr = sim.metrics["iteration_s"], sim.metrics["samples_per_s"]
-    per_hour = plan.cost_per_sample * 3600 * plan.throughput_samples_s
+    per_hour = usd_per_hour(plan)
     return {"knob": knob, "value": value, "predicted_s": round(plan.predicted_iteration_s, 3),
             "simulated_s": round(it["mean"], 3), "p99_s": round(it["p99"], 3),
             "samples_per_s": round(thr, 3), "usd_per_hour": round(per_hour, 2),
@@ -119,8 +119,6 @@ def _simulated(plan: Plan, knob: str, value: Any, iterations: int, seed: int) ->
 def baselines(job: Job, iterations: int = 2, seed: int | None = None,
               time_limit_s: float = TIME_LIMIT_S) -> list[dict[str, Any]]:
     """The ILP's plan and each baseline's (placer/baselines.py), all simulated."""
-    from placer.baselines import baseline_assignments  # noqa: PLC0415
-    from placer.planner import build_problem, plan_assignment  # noqa: PLC0415
     res = resolve(job)
     rows = [evaluate(res, "planner", "ILP", iterations, seed, time_limit_s=time_limit_s)]
     problem = build_problem(res, Calibration())

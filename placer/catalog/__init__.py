@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from placer.roles import Role
 from placer.spec import Cluster, DeviceKind, DeviceType, Job, ModelArch, Pool, SpecError
 
 _HERE = Path(__file__).parent
@@ -44,10 +45,18 @@ class Resolved:
     def model_of(self, role: str) -> ModelArch | None:
         """The architecture a role runs (None for rule rewards and environments)."""
         m = self.job.models
-        name = {"actor": m.policy, "rollout": m.policy, "reference": m.reference or m.policy,
-                "reward": None if m.reward == "rule" else m.reward,
-                "critic": m.critic or (m.reward if m.reward != "rule" else m.policy)}.get(role)
+        names: dict[str, str | None] = {
+            Role.ACTOR: m.policy, Role.ROLLOUT: m.policy, Role.REFERENCE: m.reference or m.policy,
+            Role.REWARD: None if m.reward == "rule" else m.reward,
+            Role.CRITIC: m.critic or (m.reward if m.reward != "rule" else m.policy)}
+        name = names.get(role)
         return self.models[name] if name else None
+
+    def arch_of(self, role: str) -> ModelArch:
+        """`model_of` for a role that runs a model (not a rule reward nor the environment)."""
+        m = self.model_of(role)
+        assert m is not None, f"{role}: runs no model"
+        return m
 
     @property
     def cluster(self) -> Cluster:

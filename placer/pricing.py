@@ -1,0 +1,31 @@
+"""What devices cost: one definition for the ILP, plan assembly, the reports and the sweeps.
+
+A slot holds its devices for the whole iteration whichever of its roles runs, so a placement's
+price per hour is the sum over its slots of devices x the pool's device price. The CP-SAT model
+counts prices in whole milli-dollars per hour (`PRICE_SCALE`; its coefficients must be
+integers); `units=True` gives that count.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from placer.catalog import Resolved
+from placer.plan import Plan
+
+PRICE_SCALE = 1000  # milli-dollars per hour
+
+
+def device_price(res: Resolved, pool: str, units: bool = False) -> float:
+    """Price of one device of `pool` per hour: USD, or (`units`) whole milli-dollars."""
+    usd = res.device_of(pool).price_per_hour
+    return float(round(usd * PRICE_SCALE)) if units else usd
+
+
+def slots_price(res: Resolved, slots: Iterable[tuple[str, int]], units: bool = False) -> float:
+    """Price per hour of slots given as (pool, devices)."""
+    return sum(device_price(res, pool, units) * n for pool, n in slots)
+
+
+def usd_per_hour(plan: Plan) -> float:
+    """What a plan's devices cost per hour, from its per-sample cost and throughput."""
+    return plan.cost_per_sample * plan.throughput_samples_s * 3600

@@ -1,0 +1,51 @@
+"""Readable tables of plans: one plan, and a time/cost frontier.
+
+The library owns these so that the CLI, the benchmarks and the notebooks print the same table;
+the `placer plan` and `placer replan` commands only call them.
+"""
+from __future__ import annotations
+
+from placer.plan import Plan
+from placer.pricing import usd_per_hour
+
+
+def render_plan(plan: Plan) -> str:
+    """The readable table of one plan."""
+    s = plan.solver
+    job = plan.spec
+    unit = "s" if plan.objective == "time" else "USD/sample"
+    lines = [f"plan for {job.name}: {job.algorithm.value}, {plan.mode} "
+             f"mode, objective {plan.objective}",
+             f"solver: {s.name} {s.status}, objective {s.objective:.6g} {unit}, bound "
+             f"{s.bound:.6g}, gap {s.gap:.2%}, {s.solve_s:.2f} s",
+             f"predicted iteration {plan.predicted_iteration_s:.3f} s | "
+             f"{plan.throughput_samples_s:.2f} samples/s | {plan.cost_per_sample:.6f} USD/sample | "
+             f"{usd_per_hour(plan):.2f} USD/h", "",
+             f"{'role':<12} {'pool':<8} {'devices':>7} {'tp':>3} {'pp':>3} {'dp':>5} "
+             f"{'slot':<28} {'time s':>9} {'mem GB':>7}"]
+    for name, r in plan.roles.items():
+        lines.append(f"{name:<12} {r.pool:<8} {r.devices:>7} {r.tp:>3} {r.pp:>3} {r.dp:>5} "
+                     f"{r.slot:<28} {r.time_s:>9.3f} {r.memory_gb:>7.1f}")
+    lines += ["", f"{'slot':<28} {'pool':<8} {'devices':>7} {'nodes':>6}  busy s"]
+    for sl in plan.slots:
+        busy = plan.breakdown.slot_busy_s.get(sl.name, 0.0)
+        lines.append(f"{sl.name:<28} {sl.pool:<8} {sl.devices:>7} {len(set(sl.nodes)):>6}  "
+                     f"{busy:.3f}")
+    st = plan.breakdown.stage_s
+    lines.append("")
+    lines.append("stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in st.items()) +
+                 f" ({'busiest slot' if plan.mode == 'async' else 'sum of stages'})")
+    lines.append(f"bundles: {len(plan.bundles)}, weight-sync routes: {len(plan.sync_routes)}")
+    return "\n".join(lines)
+
+
+def render_frontier(plans: list[Plan]) -> str:
+    """The time/cost Pareto frontier, one plan a line, fastest first."""
+    lines = ["time/cost Pareto frontier (fastest first)",
+             f"{'#':>2} {'iteration s':>12} {'samples/s':>10} {'USD/sample':>11} {'USD/h':>9}  "
+             "placement"]
+    for i, p in enumerate(plans):
+        where = ", ".join(f"{r}:{x.pool}x{x.devices}" for r, x in p.roles.items())
+        lines.append(f"{i:>2} {p.predicted_iteration_s:>12.3f} {p.throughput_samples_s:>10.2f} "
+                     f"{p.cost_per_sample:>11.6f} {usd_per_hour(p):>9.2f}  {where}")
+    return "\n".join(lines)

@@ -1,0 +1,164 @@
+"""Figures of the workflows' reports (matplotlib, Agg backend): fidelity and what-if sweeps.
+
+  timelines(measured, sim)  the executed and the simulated run, one above the other on one time
+                            axis: one lane per worker (pid/tid), bars coloured by the kind of work
+  length_finish(report)     each sample's response tokens against when its generation finished,
+                            measured and simulated
+  step_bars(report)         measured and simulated time of every step, and the stage means
+  sweep(rows)               one what-if sweep (`workflows.whatif` rows): iteration time
+                            (predicted, simulated, p99) and throughput against the knob
+  pareto(points)            throughput against cost per sample, the frontier highlighted
+
+Each function draws on a new figure and returns it; `placer.plots.save` / `png` write it.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from placer.plots import KIND_COLOURS, png, save
+from traces.schema import Trace
+
+if TYPE_CHECKING:
+    from workflows.fidelity import Report
+
+__all__ = ["length_finish", "pareto", "png", "save", "step_bars", "sweep", "timelines"]
+
+
+def _lanes(trace: Trace, t0: float, extra: Sequence[tuple[str, float, float, str]] = ()
+           ) -> tuple[list[str], list[tuple[int, float, float, str]]]:
+    bars: list[tuple[str, float, float, str]] = [(n, t - t0, d, c) for n, t, d, c in extra]
+    for e in trace.events:
+        if e.cat in KIND_COLOURS and e.dur_s > 0:
+            bars.append((f"{e.pid}/{e.tid}", e.ts_s - t0, e.dur_s, e.cat))
+    lanes = sorted({b[0] for b in bars})
+    idx = {name: i for i, name in enumerate(lanes)}
+    return lanes, [(idx[n], t, d, c) for n, t, d, c in bars]
+
+
+def timelines(measured: Trace, simulated: Trace, step_edges: tuple[list[float], list[float]],
+              title: str = "", extra: Sequence[tuple[str, float, float, str]] = ()) -> Any:
+    """Executed (top) and simulated (bottom) runs on one time axis; dotted lines end steps.
+
+    `step_edges` are the (measured, simulated) step end times, measured relative to its first
+    step's start (the times the bars are shifted by); `extra` adds (lane, start, duration, kind)
+    bars to the executed panel (work the trace has no event for)."""
+    m_starts = [e.ts_s for e in measured.events if e.cat in ("stage", "step")]
+    t0 = min(m_starts) if m_starts else 0.0
+    ml, mb = _lanes(measured, t0, extra)
+    sl, sb = _lanes(simulated, 0.0)
+    fig, (a1, a2) = plt.subplots(2, 1, sharex=True, figsize=(12, 1.6 + 0.32 * (len(ml) + len(sl))),
+                                 gridspec_kw={"height_ratios": [max(len(ml), 1), max(len(sl), 1)]})
+    panels = ((a1, ml, mb, step_edges[0], "measured (executed)"),
+              (a2, sl, sb, step_edges[1], "simulated (replayed inputs)"))
+    for ax, lanes, bars, edges, name in panels:
+        by_colour: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+        for lane, t, d, cat in bars:
+            by_colour[cat].append((lane, t, d))
+        for cat, items in by_colour.items():
+            for lane, t, d in items:
+                ax.broken_barh([(t, d)], (lane - 0.4, 0.8), color=KIND_COLOURS[cat])
+        for x in edges:
+            ax.axvline(x, color="k", lw=0.7, ls=":")
+        ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
+        ax.set_ylim(-0.6, max(len(lanes), 1) - 0.4)
+        ax.invert_yaxis()
+        ax.set_title(name, fontsize=10, loc="left")
+    cats = sorted({b[3] for b in mb} | {b[3] for b in sb})
+    fig.legend(handles=[Patch(color=KIND_COLOURS[c], label=c) for c in cats], ncol=len(cats),
+               loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8)
+    a2.set_xlabel("time since the first step began (s); dotted: step ends")
+    fig.suptitle(title, x=0.01, ha="left", fontsize=11)
+    return fig
+
+
+def length_finish(report: Report) -> Any:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for side, colour, marker in (("measured", "C3", "o"), ("simulated", "C0", "x")):
+        pts = report.lengths[side].get("points", [])
+        ax.scatter([p[1] for p in pts], [p[2] for p in pts], s=16, c=colour, marker=marker,
+                   alpha=0.6, label=f"{side} (makespan {report.lengths[side]['makespan_s']:.3f} s)")
+    ax.set_xlabel("response tokens of the sample")
+    ax.set_ylabel("generation finished, s after rollout start")
+    ax.set_title(f"{report.job}: rollout length vs finish time (steady steps)", fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def step_bars(report: Report) -> Any:
+    """Measured and simulated time of every step, and the stage means side by side."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    steps = sorted(report.steps)
+    w = 0.38
+    a1.bar([s - w / 2 for s in steps], [report.steps[s].measured for s in steps], w,
+           color="C3", label="measured")
+    a1.bar([s + w / 2 for s in steps], [report.steps[s].simulated for s in steps], w,
+           color="C0", label="simulated")
+    a1.axhline(report.predicted_s, color="k", ls="--", lw=1, label="predicted (plan)")
+    a1.set_xticks(steps)
+    a1.set_xlabel("step")
+    a1.set_ylabel("step time (s)")
+    a1.legend(fontsize=8)
+    names = list(report.stages)
+    xs = range(len(names))
+    a2.bar([x - w / 2 for x in xs], [report.stages[n].measured for n in names], w, color="C3")
+    a2.bar([x + w / 2 for x in xs], [report.stages[n].simulated for n in names], w, color="C0")
+    a2.set_xticks(list(xs), names, fontsize=8)
+    a2.set_ylabel("mean over steady steps (s)")
+    a2.set_title("stages", fontsize=10)
+    fig.suptitle(f"{report.job}: measured vs simulated", fontsize=11)
+    return fig
+
+
+def sweep(rows: list[dict[str, Any]]) -> Any:
+    """One sweep (workflows/whatif.py rows): predicted, simulated mean and p99 iteration time, and
+    simulated throughput, against the knob's value; infeasible points are marked on the axis."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    ok = [(str(r["value"]), r) for r in rows if "infeasible" not in r]
+    xs = [str(r["value"]) for r in rows]
+    for key, style, name in (("predicted_s", "k--o", "predicted (plan)"),
+                             ("simulated_s", "C0-o", "simulated mean"),
+                             ("p99_s", "C3:o", "simulated p99")):
+        a1.plot([x for x, _ in ok], [r[key] for _, r in ok], style, label=name)
+    a2.bar([x for x, _ in ok], [r["samples_per_s"] for _, r in ok], color="C2")
+    for r in rows:
+        if "infeasible" in r:
+            a1.plot([str(r["value"])], [0], "rx", ms=9)
+    knob = rows[0]["knob"] if rows else ""
+    a1.set_xlabel(knob)
+    a1.set_ylabel("iteration time (s)")
+    a1.legend(fontsize=8)
+    a2.set_xlabel(knob)
+    a2.set_ylabel("samples per s (simulated)")
+    for ax in (a1, a2):
+        ax.set_xticks(range(len(xs)), xs)
+    fig.suptitle(f"sweep: {knob}" + ("  (x: infeasible)" if len(ok) < len(rows) else ""),
+                 fontsize=10)
+    return fig
+
+
+def pareto(points: list[dict[str, Any]], x: str = "cost_per_sample",
+           y: str = "samples_per_s", label: str = "label") -> Any:
+    """Scatter of every point and the non-dominated ones (higher y, lower x) joined."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p[x] for p in points], [p[y] for p in points], c="0.6", s=18, label="plans")
+    uniq = {(p[x], p[y]): p for p in reversed(points)}  # the first of identical points
+    points = list(uniq.values())
+    front = sorted((p for p in points
+                    if not any(q[x] <= p[x] and q[y] >= p[y] and (q[x], q[y]) != (p[x], p[y])
+                               for q in points)), key=lambda p: p[x])
+    ax.plot([p[x] for p in front], [p[y] for p in front], "o-", c="C3", label="Pareto frontier")
+    for p in front:
+        ax.annotate(str(p[label]), (p[x], p[y]), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    ax.set_xlabel(x.replace("_", " ") + (" (USD)" if "cost" in x else ""))
+    ax.set_ylabel(y.replace("_", " "))
+    ax.legend(fontsize=8)
+    return fig
