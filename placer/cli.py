@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -68,8 +69,19 @@ def build_parser(commands: dict[str, Any]) -> argparse.ArgumentParser:
 
 
 def emit_json(doc: Any) -> None:
-    """The one JSON document of a `--json` run."""
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    """The one JSON document of a `--json` run: strict JSON, so an unbounded or undefined number
+    (a job that never fails has an infinite MTBF) is `null`, never `Infinity` or `NaN`."""
+    sys.stdout.write(json.dumps(_strict(doc), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def _strict(doc: Any) -> Any:
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    if isinstance(doc, dict):
+        return {k: _strict(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_strict(v) for v in doc]
+    return doc
 
 
 def note(msg: str) -> None:

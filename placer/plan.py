@@ -147,6 +147,9 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 def load_plan(path: str | Path) -> Plan:
     """Read a plan and check it against its own job; SpecError naming the field otherwise."""
     data = read_structured(path)
+    if isinstance(data, dict) and "roles" not in data and {"models", "cluster"} <= data.keys():
+        raise SpecError(f"{path}: this is a job file, not a plan: make one with "
+                        f"`placer plan {path} -o plan.json` and pass plan.json")
     try:
         plan = Plan.model_validate(data)
     except ValidationError as e:

@@ -598,7 +598,11 @@ def _anchor_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def load_job(path: str | Path) -> Job:
     """Read and validate a job file (YAML or JSON); `cluster` may name a separate file."""
-    data = _anchor_paths(read_structured(path), Path(path).parent)
+    raw = read_structured(path)
+    if isinstance(raw, dict) and {"roles", "slots", "job"} <= raw.keys():
+        raise SpecError(f"{path}: this is a plan, not a job file: pass the job it was made from "
+                        f"(the plan's `job` section), or use a command that reads plans")
+    data = _anchor_paths(raw, Path(path).parent)
     if isinstance(data.get("cluster"), str):
         cpath = Path(path).parent / data["cluster"]
         try:

@@ -18,7 +18,7 @@ import yaml
 import executors.run
 from executors.model import load_policy
 from executors.run import MODEL_STAMP, prepare_model
-from placer.cli import main
+from placer.cli import emit_json, main
 from placer.inputs import MAX_YAML_NODES, check_output, escape, load_json, load_yaml
 from placer.plan import load_plan
 from placer.spec import SpecError
@@ -298,3 +298,25 @@ def test_resume_needs_a_complete_checkpoint(tmp_path, plan) -> None:
         "missing file", "/nowhere/a.pt")
     (out / "checkpoints" / "latest.json").write_text('{"step": 1, "act')  # cut short
     bad(["execute", str(plan), "--out", str(out), "--resume"], "--resume", "incomplete")
+
+
+def test_a_job_given_for_a_plan_and_a_plan_for_a_job_say_so(tmp_path, capsys) -> None:
+    job = ROOT / "examples" / "tiny-cpu.yaml"
+    assert main(["simulate", str(job)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "this is a job file, not a plan" in err
+    assert f"placer plan {job} -o plan.json" in err
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(job), "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(plan)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "this is a plan, not a job file" in err
+
+
+def test_json_output_is_strict_when_a_number_is_unbounded(capsys) -> None:
+    # e.g. the MTBF of a job whose devices never fail: null, never Infinity or NaN
+    emit_json({"job_mtbf_h": float("inf"), "rows": [{"error": float("nan")}, 1.5]})
+    doc = json.loads(capsys.readouterr().out,
+                     parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
+    assert doc == {"job_mtbf_h": None, "rows": [{"error": None}, 1.5]}
