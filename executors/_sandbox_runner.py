@@ -194,6 +194,11 @@ def install_seccomp(program: bytes) -> None:
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
 
 
+# What an isolated (not weak) run must have verified before any untrusted code runs.
+REQUIRED = frozenset({"pidns", "netns", "mountns", "private_root", "no_caps", "no_new_privs",
+                      "seccomp"})
+
+
 def verify(cfg: dict) -> list[str]:
     """The namespaces this process can see it is in (cheap checks, no /proc needed)."""
     found = []
@@ -453,6 +458,9 @@ def main() -> None:
             active.append("seccomp")
         if cfg["audit_hook"]:
             active.append("audit_hook")
+        missing = [] if cfg["backend"] == "weak" else sorted(REQUIRED - set(active))
+        if missing:  # a protection that did not verify is a sandbox that is not there
+            raise OSError(f"protections not in force: {', '.join(missing)}")
     except OSError as e:
         _emit(out, {"setup_error": str(e)})
         sys.exit(70)

@@ -140,10 +140,13 @@ class Trainer(Worker):
                 dist.destroy_process_group()
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             ifname = _interface_of(_node_ip())
-            if ifname:  # gloo's pair sockets listen on this interface only (loopback embedded)
-                os.environ["GLOO_SOCKET_IFNAME"] = ifname
+            if ifname:  # gloo's pairs and NCCL's bootstrap listen on this interface only
+                os.environ["GLOO_SOCKET_IFNAME"] = ifname  # (loopback when embedded)
+                os.environ["NCCL_SOCKET_IFNAME"] = ifname
             timeout = timedelta(seconds=120)
             listen = self._store_socket if self.rank == 0 else None
+            if self.rank == 0 and listen is None:  # without it the store would bind to every interface
+                raise RuntimeError("trainer rank 0: init_group before rendezvous (no store socket)")
             # libuv is the TCPStore server that takes a listening socket made by the caller
             store = dist.TCPStore(addr, port, self.world, self.rank == 0, timeout=timeout,
                                   master_listen_fd=listen.fileno() if listen else None,

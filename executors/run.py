@@ -24,7 +24,7 @@ from executors.loop import Fault, Loop, LoopConfig, StepStat
 from executors.model import build_policy, save_model_dir
 from executors.roles import Delay, RunConfig
 from executors.runtime import LocalRuntime, RayRuntime, Runtime
-from executors.sandbox import Limits, Sandbox, SandboxUnavailable
+from executors.sandbox import SandboxUnavailable, probe
 from placer.errors import SpecError
 from placer.plan import Plan
 from placer.spec import ModelArch
@@ -83,7 +83,7 @@ def check_sandbox(unsafe: bool) -> None:
     """Every run executes generated answers (the verifier, tool calls): refuse to start one
     where the sandbox cannot isolate them, before any actor exists, unless the user opted out."""
     try:
-        Sandbox(Limits(wall_s=10), allow_weak=True if unsafe else None).run("pass")
+        probe(allow_weak=True if unsafe else None)
     except SandboxUnavailable as e:
         raise SpecError(f"{e} (or pass --unsafe-sandbox)") from None
     if unsafe:
@@ -176,8 +176,8 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         raise SpecError(f"--backend: unknown backend {backend!r} (expected torch or vllm)")
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
+    arch = policy_arch(plan)  # the plan's own checks first, then the machine's
     check_sandbox(unsafe_sandbox)
-    arch = policy_arch(plan)
     if arch.params() > MAX_PARAMS_CPU and not _cuda():
         raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "
                         f"parameters; without CUDA the executor runs models up to "

@@ -399,6 +399,7 @@ def _uid_of(pid: str) -> int | None:
     return None
 
 
-def probe(backend: str = "auto") -> list[str]:
-    """The protections that take effect on this machine (runs one empty program)."""
-    return Sandbox(Limits(wall_s=10), backend=backend).run("pass").protections
+def probe(backend: str = "auto", allow_weak: bool | None = None) -> list[str]:
+    """The protections that take effect on this machine (runs one empty program); raises
+    `SandboxUnavailable` where isolation cannot be set up and weak runs are not allowed."""
+    return Sandbox(Limits(wall_s=10), backend=backend, allow_weak=allow_weak).run("pass").protections

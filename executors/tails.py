@@ -36,7 +36,7 @@ from executors.context import LoopContext
 from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.trajectory import Traj
-from placer.plan import atomic_write_text
+from placer.fileio import atomic_write_text
 from placer.spec import TailPolicy
 
 

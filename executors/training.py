@@ -27,7 +27,7 @@ from executors.context import LoopContext, TrainingLost
 from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.tails import TailPolicies
-from placer.plan import atomic_write_text
+from placer.fileio import atomic_write_text
 from placer.roles import Role
 
 Scored = dict[str, list[Any]]  # role -> per-sample values (rewards, log-probs, values)

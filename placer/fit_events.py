@@ -68,7 +68,7 @@ class EventContext:
         self.res: Resolved = plan.resolved()
         self.calib: Calibration = calibration_of(plan)
         self.pools = {p.name for p in self.res.cluster.pools}
-        self.sync_gbs = _plan_sync_gbs(plan, self.res)
+        self.sync_gbs = _plan_sync_gbs(plan, self.res, self.calib)
 
     def bad(self, i: int, ev: TraceEvent, what: str) -> SpecError:
         return SpecError(f"{self.source}: traceEvents.{i} ({ev.cat} {ev.name!r}): {what}")
@@ -180,15 +180,16 @@ def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
     return dev.name, dev, t
 
 
-def _plan_sync_gbs(plan: Plan, res: Resolved) -> float | None:
-    """The plan's weight-sync bandwidth (raw GB/s of the broadcast's slowest link, default
-    sender and local-load rates), as `timing.sync_time` prices it."""
+def _plan_sync_gbs(plan: Plan, res: Resolved, calib: Calibration) -> float | None:
+    """The plan's weight-sync bandwidth (raw GB/s of the broadcast's slowest link, with the
+    rollout device's sender and local-load rates), as `timing.sync_time` prices it."""
     roles = plan.roles
     if Role.ACTOR not in roles or Role.ROLLOUT not in roles:
         return None
     placed = {r: Placed(p.slot, Estimate(r, p.pool, p.par, Memory(), {}))
               for r, p in roles.items() if r in (Role.ACTOR, Role.ROLLOUT)}
-    return sync_bandwidth(res, placed[Role.ACTOR], placed[Role.ROLLOUT])
+    eff = calib.for_device(res.devices[res.cluster.pool(roles[Role.ROLLOUT].pool).device])
+    return sync_bandwidth(res, placed[Role.ACTOR], placed[Role.ROLLOUT], eff)
 
 
 @lru_cache(maxsize=256)

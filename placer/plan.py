@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from placer.calibration import calibration_from_dict
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration, Parallel
-from placer.fileio import atomic_write_text  # re-exported for callers
+from placer.fileio import atomic_write_text
 from placer.spec import Job, SpecError, format_validation_error, read_structured
 
 

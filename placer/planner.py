@@ -11,7 +11,7 @@ plan seeds the solver and every role that changes config costs `move_cost_s`.
 
 The candidate table (`placer.candidates.all_candidates`) is the only thing handed from estimation
 to the solver; every plan, the ILP's and the baselines', is priced and mapped by `assemble`.
-A job that cannot be placed raises `placer.cli.Infeasible` with a diagnosis naming what does not
+A job that cannot be placed raises `placer.errors.Infeasible` with a diagnosis naming what does not
 fit and the smallest change that would (see `placer.explain.diagnose`).
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgba
 from matplotlib.patches import Patch
 
-from placer.plots import KIND_COLOURS  # one palette for every timeline
+from placer.plots import KIND_COLOURS, save  # one palette and one writer for every figure
 from placer.roles import Role
 
 if TYPE_CHECKING:
@@ -38,14 +38,6 @@ def write_plots(result: SimResult, out_dir: str | Path) -> list[Path]:
     paths = [timeline(result, out / "timeline.png"), utilization(result, out / "utilization.png"),
              response_vs_completion(result, out / "response_vs_completion.png")]
     return paths
-
-
-def _save(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)  # atomic: readers never see half a figure
-    return path
 
 
 def _intervals(result: SimResult) -> list[tuple[str, float, float, float]]:
@@ -148,7 +140,7 @@ def timeline(result: SimResult, path: Path) -> Path:
     handles.append(Patch(color="0.88", label="slot busy (other)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25),
               ncol=len(handles), fontsize=8, frameon=False)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def utilization(result: SimResult, path: Path) -> Path:
@@ -175,7 +167,7 @@ def utilization(result: SimResult, path: Path) -> Path:
     ax.set_ylabel("busy share of planned devices")
     ax.set_title(f"{plan.spec.name}: utilization per pool ({BINS} time bins)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the data
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def response_vs_completion(result: SimResult, path: Path) -> Path:
@@ -193,4 +185,4 @@ def response_vs_completion(result: SimResult, path: Path) -> Path:
     ax.set_title(f"{result.plan.spec.name}: response length vs finish time", fontsize=10)
     if len(result.run.iterations) <= 5:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=3, frameon=False)
-    return _save(fig, path)
+    return save(fig, path)

@@ -131,7 +131,6 @@ def test_deepseek_v3_dense_layers_and_shared_expert_by_hand() -> None:
     assert m.moe_layers == moe and m.params() == total
     assert m.active_params() == total - moe * (256 - 8) * expert  # 8 routed + 1 shared run
     assert m.params() / 1e9 == pytest.approx(671, rel=0.002)
-    assert m.active_params() / 1e9 == pytest.approx(37.55, abs=0.01)
 
 
 def test_expected_experts_per_decode_batch() -> None:

@@ -42,3 +42,12 @@ def test_json_flag_prints_one_document(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"rows", "median_abs_error", "sync"}
+
+
+def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: dict) -> None:
+    # A ratchet, not the goal (median |error| <= 15%): long-tailed generation is priced at mean
+    # lengths today. Tighten these bounds as the model improves; never loosen them.
+    assert doc["median_abs_error"] < 0.65, doc["median_abs_error"]
+    assert doc["sync_median_abs_error"] < 0.60, doc["sync_median_abs_error"]
+    # the vLLM decode rows set the decode defaults, so they must stay close
+    assert all(abs(r["error"]) < 0.10 for r in doc["decode"]), doc["decode"]

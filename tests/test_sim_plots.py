@@ -47,14 +47,14 @@ def test_timeline_bars_are_bounded_by_pixels_not_events(tmp_path: Path,
     plan = plan_job(resolve(load_job(job), str(job)), load_calibration(None))
     result = simulate_plan(plan, iterations=2, seed=0)
     drawn: list[int] = []
-    real = plots._save
+    real = plots.save
 
     def count(fig, path):  # type: ignore[no-untyped-def]
         drawn.extend(len(c.get_paths()) for ax in fig.axes for c in ax.collections
                      if isinstance(c, PolyCollection))
         return real(fig, path)
 
-    monkeypatch.setattr(plots, "_save", count)
+    monkeypatch.setattr(plots, "save", count)
     plots.timeline(result, tmp_path / "timeline.png")
     events = len(result.trace.events)
     assert (tmp_path / "timeline.png").stat().st_size > 0

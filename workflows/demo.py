@@ -27,7 +27,8 @@ from pathlib import Path
 from placer.calibration import calibration_from_dict
 from placer.catalog import resolve
 from placer.costmodel import Calibration
-from placer.plan import atomic_write_text, save_plan
+from placer.fileio import atomic_write_text
+from placer.plan import save_plan
 from placer.planner import plan_job
 from placer.spec import SpecError, load_job
 from simulator.api import simulate_plan

@@ -50,8 +50,9 @@ from placer.baselines import colocated, split
 from placer.calibration import calibration_from_dict
 from placer.catalog import resolve
 from placer.costmodel import Calibration, Efficiency
+from placer.fileio import atomic_write_text
 from placer.fit import fit_trace, profile_doc
-from placer.plan import Plan, atomic_write_text, load_plan, save_plan
+from placer.plan import Plan, load_plan, save_plan
 from placer.planner import build_problem, plan_assignment, plan_job
 from placer.roles import Role
 from placer.spec import SpecError, load_job

@@ -17,9 +17,10 @@ import yaml
 from pydantic import ValidationError
 
 from placer.cli import emit_json, note
+from placer.fileio import atomic_write_text
 from placer.fit import FitResult, fit_trace, profile_doc
 from placer.inputs import check_output
-from placer.plan import Plan, atomic_write_text, check_plan, load_plan
+from placer.plan import Plan, check_plan, load_plan
 from placer.spec import SpecError, format_validation_error
 from traces.schema import Trace, read_trace
 

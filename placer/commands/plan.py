@@ -52,7 +52,7 @@ def check_solver_arguments(args: argparse.Namespace) -> None:
                         f"{args.time_limit!r})")
     if not 1 <= args.workers <= 256:  # CP-SAT starts one thread per worker
         raise SpecError(f"--workers: must be 1 to 256 (got {args.workers})")
-    if not 0 <= args.seed < 2**31:  # CP-SAT's random_seed is a 32-bit integer
+    if not 0 <= getattr(args, "seed", 0) < 2**31:  # CP-SAT's random_seed is a 32-bit integer
         raise SpecError(f"--seed: must be 0 to {2**31 - 1} (got {args.seed})")
     if not 2 <= getattr(args, "points", 2) <= 100:  # one solve per point
         raise SpecError(f"--points: a frontier needs 2 to 100 points (got {args.points})")

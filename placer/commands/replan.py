@@ -19,6 +19,7 @@ import argparse
 from typing import Any
 
 from placer.cli import emit_json, note
+from placer.commands.plan import check_solver_arguments
 from placer.inputs import check_output
 from placer.moves import moves
 from placer.plan import calibration_of, load_plan, save_plan
@@ -77,9 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.lost and not args.added:
         raise SpecError("replan: give at least one --lost POOL:NODES or --added POOL:NODES")
     check_output(args.output, "--output")  # before the solve, not after it
-    if not 0 < args.time_limit <= 86400:  # an infinite limit would let a hard solve run forever
-        raise SpecError(f"--time-limit: must be > 0 and at most 86400 seconds (got "
-                        f"{args.time_limit!r})")
+    check_solver_arguments(args)
     if args.move_cost is not None and args.move_cost < 0:
         raise SpecError(f"--move-cost: must be >= 0 seconds (got {args.move_cost!r})")
     old = load_plan(args.plan)
