@@ -7,10 +7,14 @@ its peak RSS is its own. Printed: a table per variance setting and the slope of 
 samples (least squares), with the ratio of the largest case's cost per sample to the smallest's
 (1.0 = linear).
 
-    python -m bench sim                 # variance off 8k..64k, variance on 4k..16k, and the
-                                        # figure time at 64k (goal: <= 3x the simulation; ~3 min)
-    python -m bench.bench_sim --full    # variance on up to 64k as well (several minutes)
-    python -m bench.bench_sim --quick
+    python -m bench sim                 # variance off and on, 8k..64k, the goal row (64k, variance
+                                        # on) checked against 10 CPU s and 2 GB, and the figure
+                                        # time at 64k (goal: <= 3x the simulation; ~3 min)
+    python -m bench.bench_sim --quick   # 8k and 16k only
+
+Columns: `cpu s` is the simulation's CPU time (the figure that matters on a shared machine; `wall
+s` is wall time), `events/s` trace events per CPU second, `sim MB` the peak resident memory once
+the simulation is done and `peak MB` after its Chrome trace was built too (`trace s`).
 """
 from __future__ import annotations
 
@@ -32,8 +36,8 @@ from simulator.config import SimConfig
 from simulator.handplans import place
 
 SAMPLES = (8192, 16384, 32768, 65536)
-VARIED = (4096, 8192, 16384)  # variance on costs ~8x more events; --full runs SAMPLES
 QUICK = (8192, 16384)
+GOAL = {"samples": 65536, "cpu_s": 10.0, "mb": 2048.0}  # one variance-on iteration, one core
 
 
 def goal_job(samples: int) -> dict[str, Any]:
@@ -69,6 +73,7 @@ def case(samples: int, variance: bool) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     r = simulate_plan(plan, iterations=1, seed=0, config=cfg)
     sim_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    sim_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t1 = time.perf_counter()
     n_events = len(r.trace.events)
     trace_s = time.perf_counter() - t1
@@ -76,7 +81,7 @@ def case(samples: int, variance: bool) -> dict[str, Any]:
     return {"samples": samples, "variance": variance, "gpus": gpus, "sim_s": sim_s, "cpu_s": cpu_s,
             "trace_s": trace_s, "events": n_events, "decode_runs": r.metrics["decode_runs"],
             "tool_calls": r.metrics["tool_calls"], "iteration_s": r.metrics["iteration_s"]["mean"],
-            "predicted_s": plan.predicted_iteration_s,
+            "predicted_s": plan.predicted_iteration_s, "sim_mb": sim_mb,
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -115,12 +120,13 @@ def _subprocess(call: str) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> None:
     print(f"{'samples':>8} {'GPUs':>6} {'wall s':>7} {'cpu s':>7} {'trace s':>8} {'events':>8} "
-          f"{'events/s':>9} {'runs':>7} {'tools':>7} {'peak MB':>8} {'iter s':>8} {'pred s':>8}")
+          f"{'events/s':>9} {'runs':>7} {'tools':>7} {'sim MB':>7} {'peak MB':>8} {'iter s':>8} "
+          f"{'pred s':>8}")
     for r in rows:
         print(f"{r['samples']:>8} {r['gpus']:>6} {r['sim_s']:>7.2f} {r['cpu_s']:>7.2f} "
               f"{r['trace_s']:>8.2f} {r['events']:>8} {r['events'] / r['cpu_s']:>9.0f} "
-              f"{r['decode_runs']:>7} {r['tool_calls']:>7} {r['peak_mb']:>8.0f} "
-              f"{r['iteration_s']:>8.1f} {r['predicted_s']:>8.1f}")
+              f"{r['decode_runs']:>7} {r['tool_calls']:>7} {r['sim_mb']:>7.0f} "
+              f"{r['peak_mb']:>8.0f} {r['iteration_s']:>8.1f} {r['predicted_s']:>8.1f}")
     x = np.array([r["samples"] for r in rows], dtype=float)
     y = np.array([r["cpu_s"] for r in rows])  # CPU seconds: the machine may be shared
     if len(rows) >= 2:
@@ -130,15 +136,29 @@ def table(rows: list[dict[str, Any]]) -> None:
               f"cost per sample at {int(x[-1])} / at {int(x[0])}: {ratio:.2f}")
 
 
+def goal_line(rows: list[dict[str, Any]]) -> None:
+    """The issue's goal, checked on the 65,536-sample variance-on row (when it ran)."""
+    row = next((r for r in rows if r["samples"] == GOAL["samples"]), None)
+    if row is None:
+        return
+    ok = row["cpu_s"] <= GOAL["cpu_s"] and row["sim_mb"] <= GOAL["mb"]
+    print(f"  goal ({GOAL['samples']:,} samples x 3 turns, variance on, one iteration): "
+          f"{row['cpu_s']:.2f} CPU s (<= {GOAL['cpu_s']:.0f}), {row['sim_mb']:.0f} MB "
+          f"(<= {GOAL['mb']:.0f}), {row['events'] / row['cpu_s']:,.0f} events/s: "
+          f"{'met' if ok else 'NOT met'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = argv if argv is not None else sys.argv[1:]
-    sizes = {False: QUICK if "--quick" in args else SAMPLES,
-             True: QUICK if "--quick" in args else (SAMPLES if "--full" in args else VARIED)}
+    sizes = QUICK if "--quick" in args else SAMPLES
     print("one iteration, 8,192-GPU cluster (rollout 4,096 H100, actor+reference 4,096 H100), "
           "3 turns, one core")
     for variance in (False, True):
         print(f"\nvariance {'on (lengths and latencies drawn)' if variance else 'off (means)'}:")
-        table([_run_case(n, variance) for n in sizes[variance]])
+        rows = [_run_case(n, variance) for n in sizes]
+        table(rows)
+        if variance:
+            goal_line(rows)
     print("\nfigures (timeline, utilization, lengths; `placer simulate --plots`), variance on, "
           "CPU seconds:")
     print(f"{'samples':>8} {'events':>8} {'simulate':>9} {'figures':>8} {'ratio':>6}")

@@ -5,12 +5,13 @@ same `timing.iteration_time` and mapped to nodes by the same `mapping.map_to_nod
 """
 from __future__ import annotations
 
-from placer.catalog import Resolved
+from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration
-from placer.estimate import Estimate
-from placer.plan import Breakdown, Plan, RolePlacement, SlotPlan, SolverInfo
-from placer.pricing import slots_price
-from placer.spec import dump_job
+from placer.estimate import Estimate, estimate
+from placer.planfile import Breakdown, Plan, RolePlacement, SlotPlan, SolverInfo
+from placer.pricing import booked_per_hour, per_sample, slots_price
+from placer.spec import Job, dump_job
+from placer.timing import Breakdown as Timing
 from placer.timing import Placed, iteration_time
 
 
@@ -36,6 +37,8 @@ def role_placement(p: Placed) -> RolePlacement:
     e: Estimate = p.est
     return RolePlacement(pool=e.pool, devices=e.devices, tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
                          zero=e.par.zero, recompute=e.par.recompute, offload=e.par.offload,
+                         cp=e.par.cp, ep=e.par.ep, etp=e.par.etp, fp8_weights=e.par.fp8_weights,
+                         fp8_kv=e.par.fp8_kv, fp8_train=e.par.fp8_train,
                          slot=p.slot, time_s=e.time_s, stage_s=dict(e.stage_s),
                          memory_gb=e.memory.total, concurrency=e.concurrency)
 
@@ -55,13 +58,24 @@ def assemble(res: Resolved, placed: list[Placed], calib: Calibration, solver: So
     roles = {p.est.role: role_placement(p) for p in placed}
     slots, bundles, routes = map_to_nodes(res, slots, roles)
     samples = res.job.batch.samples
-    per_hour = cost_per_hour(res, slots)
+    per_hour, booked = cost_per_hour(res, slots), booked_per_hour(res)
     return Plan(job=dump_job(res.job), mode=res.job.pipeline.mode, objective=res.job.objective,
                 predicted_iteration_s=bd.iteration_s,
                 throughput_samples_s=samples / bd.iteration_s,
-                cost_per_sample=per_hour / 3600 * bd.iteration_s / samples,
+                cost_per_sample=per_sample(per_hour, bd.iteration_s, samples),
+                used_usd_per_hour=per_hour, booked_usd_per_hour=booked,
+                booked_cost_per_sample=per_sample(booked, bd.iteration_s, samples),
                 breakdown=Breakdown(stage_s=bd.stage_s, slot_busy_s=bd.slot_busy_s,
                                     switch_s=bd.switch_s, sync_s=bd.sync_s),
                 roles={r: roles[r] for r in res.job.roles() if r in roles},
                 slots=slots, bundles=bundles, sync_routes=routes, solver=solver,
                 calibration=calibration_doc)
+
+
+def reprice(plan: Plan, job: Job, calib: Calibration) -> Timing:
+    """A plan's placement (every role's pool, layout and slot) priced for `job`: e.g. the job at
+    its means (`rollout_tail.at_means`), what a no-variance simulation of the plan runs."""
+    res = resolve(job, plan.job.get("name", "plan"))
+    placed = [Placed(r.slot, estimate(res, role, res.cluster.pool(r.pool), r.par, calib))
+              for role, r in plan.roles.items()]
+    return iteration_time(res, placed, calib)

@@ -1,6 +1,6 @@
 """Baselines: how placements are chosen today, on the same cost table and the same `assemble`.
 
-All three work on the cluster's *training pool* (the training-capable GPU pool with the most
+All of them work on the cluster's *training pool* (the training-capable GPU pool with the most
 compute), as today's frameworks assume one homogeneous GPU pool; roles that cannot run there
 (environments, rule rewards) go to their fastest pool, all such roles of a pool sharing one slot.
 
@@ -13,6 +13,16 @@ compute), as today's frameworks assume one homogeneous GPU pool; roles that cann
               most the pool) x each role's fastest config within its set's allocation, scored
               analytically with `timing.iteration_time`; the best is kept. Homogeneous: it never
               looks at the other pools.
+  hybridflow-split  HybridFlow's (verl's) common split placement: actor, rollout and reference
+              colocated on one device set, critic and reward models on another, the pool's devices
+              divided between the two sets by the best allocation (same scoring as `enumerate`).
+              Needs a critic or reward model on the pool; without one it is `colocated`, and it
+              is reported as not applicable rather than twice.
+  standalone  HybridFlow's standalone placement: every GPU role on its own devices (no sharing),
+              the best allocation of the pool's devices to the roles; not applicable when the
+              pool cannot give every role its smallest configuration.
+  current     the placement the job runs today (`job.current`, recorded by `placer import`),
+              only when the job has one (`placer.interop.current`).
 
 Each returns an `Assignment` (or None when it cannot place the job), so the ILP's search space
 contains every baseline plan: the ILP can only be as good or better.
@@ -20,14 +30,15 @@ contains every baseline plan: the ILP can only be as good or better.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from placer.candidates import Candidate
 from placer.ilp import Assignment, Problem, score, slot_names
 from placer.roles import Role
 from placer.spec import DeviceKind
 
-BASELINES = ("colocated", "split", "enumerate")
+BASELINES = ("colocated", "split", "enumerate", "hybridflow-split", "standalone")
+HYBRID_FIRST = (Role.ACTOR, Role.ROLLOUT, Role.REFERENCE)  # hybridflow-split's first device set
 SPLIT_RATIO = 0.5  # share of the training pool given to rollout engines in `split`
 ENUMERATE_LIMIT = 2_000_000  # scored placements before `enumerate` gives up (it says so)
 
@@ -120,7 +131,10 @@ def partitions(items: list[str]) -> Iterator[list[list[str]]]:
             yield [*part[:i], [head, *part[i]], *part[i + 1:]]
 
 
-def enumerate_best(problem: Problem) -> Assignment | None:
+def _best_grouping(problem: Problem, groupings: Iterable[list[list[str]]]) -> Assignment | None:
+    """The best-scoring placement over `groupings` (each a list of colocated role sets on the
+    training pool) x every allocation of the pool's devices to the sets x each role's fastest
+    config within its set's allocation (see `enumerate` in the module doc)."""
     pool = training_pool(problem)
     if pool is None:
         return None
@@ -130,7 +144,7 @@ def enumerate_best(problem: Problem) -> Assignment | None:
     key = 0 if problem.objective == "time" else 1
     counts = sorted({c.devices for r in on for c in problem.cands[r] if c.pool == pool})
     under = {(r, n): _fastest(problem.cands[r], pool, n) for r in on for n in counts}
-    for groups in partitions(on):
+    for groups in groupings:
         sizes = [sorted({c.devices for r in g for c in problem.cands[r] if c.pool == pool})
                  for g in groups]
         for alloc in itertools.product(*sizes):
@@ -151,6 +165,42 @@ def enumerate_best(problem: Problem) -> Assignment | None:
     return best
 
 
+def _on_pool(problem: Problem) -> list[str]:
+    pool = training_pool(problem)
+    return [] if pool is None else _split_roles(problem, pool)[0]
+
+
+def enumerate_best(problem: Problem) -> Assignment | None:
+    return _best_grouping(problem, partitions(_on_pool(problem)))
+
+
+def hybridflow_split(problem: Problem) -> Assignment | None:
+    on = _on_pool(problem)
+    first = [r for r in on if r in HYBRID_FIRST]
+    second = [r for r in on if r not in HYBRID_FIRST]
+    if Role.ROLLOUT not in first or not second:
+        return None  # nothing to split off: that plan is `colocated`
+    return _best_grouping(problem, [[first, second]])
+
+
+def standalone(problem: Problem) -> Assignment | None:
+    on = _on_pool(problem)
+    if len(on) < 2:
+        return None  # one role on the pool: that plan is `colocated`
+    return _best_grouping(problem, [[[r] for r in on]])
+
+
 def baseline_assignments(problem: Problem) -> dict[str, Assignment | None]:
-    return {"colocated": colocated(problem), "split": split(problem),
-            "enumerate": enumerate_best(problem)}
+    """Every baseline by name (BASELINES order); None where it cannot place the job."""
+    made = {name: fn(problem) for name, fn in REGISTRY.items()}
+    out = {name: made[name] for name in BASELINES}
+    if problem.res.job.current is not None:  # the run the job was imported from (placer import)
+        from placer.interop.current import current_assignment
+        out["current"] = current_assignment(problem)
+    return out
+
+
+# name -> baseline; `compare` and the what-if workflow run them all
+REGISTRY: dict[str, Callable[[Problem], Assignment | None]] = {
+    "colocated": colocated, "split": split, "enumerate": enumerate_best,
+    "hybridflow-split": hybridflow_split, "standalone": standalone}

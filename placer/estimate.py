@@ -6,11 +6,15 @@ so with every source of variance off both agree.
 
 Roles and the work they do each iteration (n samples, mean context s tokens):
   rollout      generate n samples, `turns` turns each, on dp engine replicas (continuous batching,
-               concurrency capped by KV memory; samples admitted in lockstep waves); with the
-               job's `tail_policy: overprovision` it generates ceil(n (1 + f)) and the stage ends
-               at the wave in which the n-th finishes (`RolloutShape.waves_used`). Partial
-               rollouts and re-issue change nothing here: their settings may not cut the mean
-               sample (`spec.check_tail_policy`), so with variance off they never act.
+               concurrency capped by KV memory), sequences holding their slot through tool calls.
+               With the job's length and latency distributions: the expected makespan of the
+               replica holding the longest sample, its tail at shrinking batch, over-provisioning
+               and partial rollouts as the simulator runs them (`placer.rollout_tail`). With every
+               distribution fixed: lockstep waves of mean sequences (`wave_time`), to which that
+               model reduces; over-provisioned (ceil(n (1 + f)) generated) the stage ends at the
+               wave in which the n-th finishes (`RolloutShape.waves_used`). Partial rollouts and
+               re-issue then change nothing: their settings may not cut the mean sample
+               (`spec.check_tail_policy`).
   environment  (turns - 1) rounds of n tool calls on CPU cores
   reference    forward over n*s tokens (KL log-probs)
   reward       forward over n*s tokens (model) or a rule/verifier per sample on CPU cores
@@ -42,6 +46,7 @@ from placer.costmodel import (
     train_time,
 )
 from placer.roles import TRAINING_ROLES, Role
+from placer.rollout_tail import Replicas, has_variance, makespan
 from placer.spec import DeviceKind, DeviceType, Pool
 
 # Which kinds of device may host a role (training needs can_train as well).
@@ -273,6 +278,24 @@ def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, ba
     return gen, tools
 
 
+def _waves(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency,
+           shape: RolloutShape) -> float:
+    """Lockstep waves of mean-length sequences (every source of variance off): generation, and
+    the tool waits of a wave's sequences when the CPU pool serves them all at once (queueing
+    rounds beyond the first are `timing.rollout_tool_time`'s pair term)."""
+    full, rest = shape.waves_used()
+    gen = 0.0
+    for batch, count in ((shape.concurrency, full), (rest, 1 if rest else 0)):
+        if count:
+            g, _ = wave_time(res, dev, par, eff, batch, None)
+            gen += count * g
+    env = res.job.environment
+    if env.kind != "none" and env.turns > 1:
+        lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
+        gen += (env.turns - 1) * (full + (1 if rest else 0)) * lat
+    return gen
+
+
 def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
     m = res.arch_of(Role.ROLLOUT)
     if dev.kind is DeviceKind.lpu:
@@ -293,12 +316,11 @@ def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
                            f" GB of KV cache per replica, {free * split:.2f} GB is left on "
                            f"{split} x {dev.name} after {mem.total:.1f} GB of weights and "
                            "engine per device")
-    full, rest = shape.waves_used()
-    gen = 0.0
-    for batch, count in ((shape.concurrency, full), (rest, 1 if rest else 0)):
-        if count:
-            g, _ = wave_time(res, dev, par, eff, batch, None)
-            gen += count * g
+    if has_variance(res.job):  # the tail: continuous batching of drawn lengths
+        gen = makespan(res.job, m, dev, par, eff, Replicas(
+            shape.replicas, shape.per_replica, shape.concurrency, shape.generated, shape.kept))
+    else:
+        gen = _waves(res, dev, par, eff, shape)
     kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
     return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
                                                  kv_cache=max(kv - mem.total, 0.0)),

@@ -14,8 +14,10 @@ Notation
   sw_k           switch_time(m_k): offload/onload if its slot's memory does not fit together
   W_ak^same/diff weight-sync time actor cand a -> rollout cand k, same slot or not (incl. the LPU
                  reload); from `timing.sync_time` itself
-  V_ke           tool waits of rollout cand k's engines on environment cand e's cores (multi-turn
-                 jobs; `timing.rollout_tool_time`): like W, a pair term
+  V_ke           rounds rollout cand k's tool calls queue on environment cand e's cores (multi-turn
+                 jobs; `timing.rollout_tool_time`; the calls' latencies are in t_k): like W, a
+                 pair term. t_k (rollout) is tail-aware (`placer.rollout_tail`), computed per
+                 candidate, so the cost table stays the only input and the model stays exact
 Variables
   x_rk in {0,1}  role r runs candidate k;            sum_k x_rk = 1
   z_rj in {0,1}  role r sits in slot j (j <= r);     sum_j z_rj = 1, z_rj <= z_jj
@@ -33,7 +35,10 @@ Constraints (every product of binaries is linearised with enforcement literals, 
               x_a and not z_rollout,0 => Y >= sum_k W_ak^diff x_rollout,k
   tools:      x_rollout,k => V >= sum_e V_ke x_env,e;  z_rollout,j => S_j,rollout gets V
   sync mode:  T = Y + sum_s max_j S_js + max_j SW_j  (stages in sequence, slots overlap)
-  async mode: T >= sum_s S_js + SW_j + [rollout in j] Y  for every j  (the busiest slot)
+  async mode: T >= sum_s S_js + SW_j + [rollout in j] Y  for every j  (the busiest slot), and
+              (s + 1) T >= Y + sum_s max_j S_js + max_j SW_j  (staleness s: one step's chain
+              sync -> rollout -> score -> train fits in s + 1 iterations, `timing`'s rule; the
+              maxima are the sync-mode M variables, lower bounds that only raise T)
 Objectives (driven by `placer.ilp_solve`):
   time        min T (+ move_cost per role whose config changed, when re-planning); a second
               phase fixes that value and minimises rate = sum_p price_p sum_j D_jp, then devices
@@ -59,7 +64,7 @@ from ortools.sat.python import cp_model
 
 from placer.candidates import Candidate
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, switch_time
+from placer.costmodel import Calibration, Parallel, switch_time
 from placer.pricing import device_price, slots_price
 from placer.roles import Role
 from placer.spec import DeviceKind
@@ -109,11 +114,20 @@ class Solution:
     solve_s: float
 
 
+LayoutKey = tuple[str, int, int, int, int, int, int, bool]  # pool, tp, pp, dp, cp, ep, etp, offload
+
+
+def layout_key(pool: str, par: Parallel) -> LayoutKey:
+    """What a role keeps when it does not move: its pool and its parallel layout."""
+    return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload)
+
+
 @dataclass(frozen=True)
 class Hint:
-    """A previous placement to warm-start from; `move_cost_s` is charged per role that changes."""
+    """A previous placement to warm-start from; `move_cost_s` is charged per role that changes
+    its layout (`layout_key`) or its colocation group."""
 
-    choice: dict[str, tuple[str, int, int, int, bool]]  # role -> (pool, tp, pp, dp, offload)
+    choice: dict[str, LayoutKey]  # role -> its layout_key
     groups: list[list[str]]
     move_cost_s: float = 0.0
 
@@ -352,14 +366,6 @@ class _Model:
                + sum(self._switch_max(r) for r in self.roles) + 1)
         self.t_top = top
         self.T = m.new_int_var(0, top, "T")
-        if self.p.res.job.pipeline.mode == "async":
-            for j in self.roles:
-                q: LinExpr = 0
-                if self.y_top and (Role.ROLLOUT, j) in self.z:
-                    q = m.new_int_var(0, top, f"q[{j}]")
-                    m.add(q >= self.Y).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
-                m.add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
-            return
         maxes = []
         for s in WORK_STAGES:
             ms = m.new_int_var(0, top, f"M[{s}]")
@@ -369,7 +375,17 @@ class _Model:
         msw = m.new_int_var(0, top, "M[switch]")
         for j in self.roles:
             m.add(msw >= self.SW[j])
-        m.add(self.T >= self.Y + sum(maxes) + msw)
+        chain = self.Y + sum(maxes) + msw  # one step's stages in sequence
+        if self.p.res.job.pipeline.mode != "async":
+            m.add(self.T >= chain)
+            return
+        for j in self.roles:
+            q: LinExpr = 0
+            if self.y_top and (Role.ROLLOUT, j) in self.z:
+                q = m.new_int_var(0, top, f"q[{j}]")
+                m.add(q >= self.Y).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
+            m.add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
+        m.add((self.p.res.job.pipeline.max_staleness + 1) * self.T >= chain)
 
     def _switch_max(self, r: str) -> int:
         return max(self._switch(c) for c in self.p.cands[r])

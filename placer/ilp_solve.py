@@ -22,12 +22,14 @@ from placer.ilp import (
     TIME_STEPS,
     Assignment,
     Hint,
+    LayoutKey,
     LinExpr,
     Problem,
     Solution,
     Unsolved,
     _Model,
     heuristic,
+    layout_key,
     prune_by_bound,
     rate_per_hour,
     score,
@@ -54,9 +56,8 @@ def _solver(time_limit_s: float, workers: int, seed: int) -> cp_model.CpSolver:
     return s
 
 
-def _key(c: Candidate) -> tuple[str, int, int, int, bool]:
-    p = c.est.par
-    return (c.pool, p.tp, p.pp, p.dp, p.offload)
+def _key(c: Candidate) -> LayoutKey:
+    return layout_key(c.pool, c.est.par)
 
 
 def hint_assignment(problem: Problem, hint: Hint) -> Assignment | None:
@@ -75,13 +76,25 @@ def hint_assignment(problem: Problem, hint: Hint) -> Assignment | None:
 
 
 def _moves(model: _Model, hint: Hint | None) -> LinExpr:
-    """Number of roles that leave their old (pool, layout)."""
+    """Number of roles that move: leave their old (pool, layout) or their old colocation group.
+
+    A slot's leader is its first role in role order (`_Model.z`), so the grouping is unchanged
+    exactly when every role keeps its old leader; a role counts once (`moved_r` >= either
+    change), as `placer.moves` reports it."""
     if hint is None or hint.move_cost_s <= 0:
         return 0
+    leader = {r: g[0] for g in hint.groups for r in g}
     total: LinExpr = 0
     for r in model.roles:
         same = [v for c, v in zip(model.p.cands[r], model.x[r]) if _key(c) == hint.choice.get(r)]
-        total += (1 - same[0]) if same else 1
+        group = model.z.get((r, leader[r])) if r in leader else None
+        if not same or group is None:
+            total += 1
+            continue
+        moved = model.m.new_bool_var(f"moved[{r}]")
+        model.m.add(moved >= 1 - same[0])
+        model.m.add(moved >= 1 - group)
+        total += moved
     return total
 
 

@@ -13,18 +13,24 @@ The candidate table (`placer.candidates.all_candidates`) is the only thing hande
 to the solver; every plan, the ILP's and the baselines', is priced and mapped by `assemble`.
 A job that cannot be placed raises `placer.errors.Infeasible` with a diagnosis naming what does not
 fit and the smallest change that would (see `placer.explain.diagnose`).
+Host memory (`placer.hostmem`): candidates over a node's host RAM on their own are refused before
+the solve; a solved plan whose colocated roles overflow a node is re-solved without the optimizer
+offload of the roles there (Infeasible naming host memory when nothing is left).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from placer import hostmem
 from placer.assemble import assemble
 from placer.candidates import all_candidates
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration
 from placer.errors import Infeasible
 from placer.explain import diagnose
-from placer.ilp import Assignment, Hint, Problem, Solution, Unsolved, score
+from placer.ilp import Assignment, Hint, Problem, Solution, Unsolved, layout_key, score
 from placer.ilp_solve import frontier, solve
-from placer.plan import Plan, SolverInfo
+from placer.planfile import Plan, SolverInfo
 from placer.spec import Job, SpecError
 
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -38,6 +44,10 @@ def build_problem(res: Resolved, calib: Calibration, objective: str | None = Non
     missing = [r for r, cs in cands.items() if not cs]
     if missing:
         raise Infeasible(diagnose(res, calib, missing))
+    cands, refused = hostmem.refuse_candidates(res, cands)  # over a node's host memory alone
+    missing = [r for r, cs in cands.items() if not cs]
+    if missing:
+        raise Infeasible(hostmem.refusal(res, missing, refused))
     return Problem(res, calib, cands, objective or res.job.objective)
 
 
@@ -53,16 +63,42 @@ def plan_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TI
     """Place every role of the job with the ILP and return the assembled plan."""
     problem = build_problem(res, calib, objective)
     h = hint_of(hint, move_cost_s) if hint is not None else None
-    try:
-        sol = solve(problem, time_limit_s, hint=h, workers=workers, seed=seed)
-    except Unsolved as e:
-        raise Infeasible(f"the solver found no placement: {e}") from None
-    return to_plan(problem, sol, calibration_doc)
+    # The ILP sees each candidate's own host memory, not colocated roles adding up on one node:
+    # a plan over a node's host RAM is re-solved without the offload of the roles on that node.
+    for _ in range(len(problem.roles) + 1):
+        try:
+            sol = solve(problem, time_limit_s, hint=h, workers=workers, seed=seed)
+        except Unsolved as e:
+            raise Infeasible(f"the solver found no placement: {e}") from None
+        plan = to_plan(problem, sol, calibration_doc)
+        narrower = _host_checked(problem, plan)
+        if narrower is None:
+            return plan
+        problem = narrower
+    raise Infeasible("host memory: no placement found that fits every node's host memory")
+
+
+def _host_checked(problem: Problem, plan: Plan) -> Problem | None:
+    """None if the plan fits every node's host memory, else the problem without the offload of
+    the roles on the nodes over it (Infeasible naming host memory if that leaves nothing)."""
+    over = hostmem.over_nodes(plan, problem.res, problem.calib)
+    if not over:
+        return None
+    roles = {r for n in over for r in n.roles if plan.roles[r].offload}
+    if not roles:
+        raise Infeasible(f"host memory: {over[0].describe()}; roles sharing its devices park "
+                         "their state there while another runs. Smallest change: nodes with "
+                         "more host memory (the pool's host_memory_gb) or more nodes")
+    cands = hostmem.without_offload(problem.cands, roles)
+    gone = [r for r in problem.roles if r in roles and not cands[r]]
+    if gone:
+        raise Infeasible(hostmem.refusal(problem.res, gone, {r: over[0] for r in gone}))
+    return replace(problem, cands=cands)
 
 
 def hint_of(plan: Plan, move_cost_s: float = 0.0) -> Hint:
     """A previous plan as a CP-SAT hint: its configs and its colocation groups."""
-    choice = {r: (p.pool, p.tp, p.pp, p.dp, p.offload) for r, p in plan.roles.items()}
+    choice = {r: layout_key(p.pool, p.par) for r, p in plan.roles.items()}
     groups = [list(s.roles) for s in plan.slots]
     return Hint(choice, groups, move_cost_s)
 
@@ -75,7 +111,11 @@ def sweep_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_T
     sols = frontier(problem, time_limit_s, max_points, workers=workers, seed=seed)
     if not sols:
         raise Infeasible(f"the solver found no placement within {time_limit_s:g} s")
-    return [to_plan(problem, s, calibration_doc) for s in sols]
+    plans = [to_plan(problem, s, calibration_doc) for s in sols]
+    over = [hostmem.over_nodes(p, problem.res, problem.calib) for p in plans]
+    if all(over):  # every frontier point overflows some node's host memory
+        raise Infeasible(f"host memory: {over[0][0].describe()}")
+    return [p for p, o in zip(plans, over) if not o]
 
 
 def plan_assignment(problem: Problem, a: Assignment, name: str,

@@ -9,25 +9,38 @@ side by side, so a stage lasts as long as its busiest slot (HybridFlow's rule). 
 a slot's roles does not fit the devices together, each role pays an onload (`switch_time`) once per
 iteration.
 
-Multi-turn jobs: a sequence keeps its engine slot while its tool call runs, so the rollout slot's
-rollout stage also carries the tool waits (`rollout_tool_time`, priced per (rollout, environment)
-pair like the weight sync).
+Multi-turn jobs: a sequence keeps its engine slot while its tool call runs, so the rollout
+estimate carries the tool latencies, and the rollout slot's rollout stage also carries the rounds
+calls queue for a core (`rollout_tool_time`, priced per (rollout, environment) pair like the
+weight sync).
 
 sync mode:   T = sum over stages of max over slots of (sum of the slot's roles' stage times)
-async mode:  with staleness >= 1, rollout of step i+1 overlaps scoring and training of step i, so
-             the busiest slot bounds throughput: T = max over slots of (its total work), where a
-             rollout slot also carries the weight sync.
+async mode:  with staleness s >= 1, rollout of step i+1 overlaps scoring and training of step i, so
+             the busiest slot bounds throughput: T >= max over slots of (its total work), where a
+             rollout slot also carries the weight sync. And rollout i starts only once step
+             i - s - 1 trained, so one step's chain sync -> rollout -> score -> train (the
+             sync-mode sum, `async_chain_bound`) fits in s + 1 iterations: T >= chain / (s + 1).
+             T is the larger of the two bounds.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, Efficiency, switch_time, tool_waves, weight_sync_time
+from placer.costmodel import (
+    GB,
+    Calibration,
+    Efficiency,
+    switch_time,
+    tool_waves,
+    weight_bytes,
+    weight_sync_time,
+)
 from placer.estimate import Estimate, rollout_shape
 from placer.roles import Role
-from placer.spec import DeviceKind
+from placer.spec import DeviceKind, ModelArch
 
 STAGES = ("sync", "rollout", "score", "train")
 
@@ -49,6 +62,39 @@ class Breakdown:
     sync_s: float = 0.0
 
 
+def weight_tensors(m: ModelArch) -> int:
+    """Tensors in a checkpoint of `m` (HF layout): what an unbucketed sync sends one call each.
+
+    Per layer: 2 RMSNorms; GQA attention q, k, v, o (+ 3 biases with `qkv_bias`, + q/k norms
+    with `qk_norm`) or MLA (q_a, q_a_norm, q_b -- or one q without a q rank -- kv_a, kv_a_norm,
+    kv_b, o); a dense SwiGLU MLP (gate, up, down) or an MoE block (router + 3 per routed and
+    per shared expert). Plus the embedding, the final norm and the LM head unless tied.
+    Qwen2.5-7B: 28 x 12 + 3 = 339; Qwen3-30B-A3B: 48 x (8 + 1 + 384) + 3 = 18,867."""
+    if m.mla:
+        attn = (3 if m.q_lora_rank else 1) + 4
+    else:
+        attn = 4 + (3 if m.qkv_bias else 0) + (2 if m.qk_norm else 0)
+    moe = m.moe_layers
+    per_moe = 1 + 3 * (m.experts + m.shared_experts)
+    return m.layers * (attn + 2) + (m.layers - moe) * 3 + moe * per_moe + (
+        2 if m.tie_embeddings else 3)
+
+
+def sync_senders(a_pp: int, eff: Efficiency) -> int:
+    """Parallel sender streams of a refresh: one per pipeline stage when bucketed (each stage
+    streams its own layers: Miles, NeMo-RL, checkpoint-engine); one when unbucketed (verl's NCCL
+    path: actor rank 0 gathers every tensor and broadcasts it)."""
+    return a_pp if eff.sync_bucket_gb > 0 else 1
+
+
+def sync_calls(m: ModelArch, a_pp: int, eff: Efficiency) -> int:
+    """Sequential calls of one sender stream: its share of the weights in `sync_bucket_gb`
+    buckets, or every tensor (`weight_tensors`) when unbucketed (`sync_bucket_gb` = 0)."""
+    if eff.sync_bucket_gb <= 0:
+        return weight_tensors(m)
+    return max(math.ceil(weight_bytes(m) / GB / sync_senders(a_pp, eff) / eff.sync_bucket_gb), 1)
+
+
 def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: str,
                r_devices: int, r_replica: int, same_slot: bool,
                eff: Efficiency | None = None) -> dict[str, float]:
@@ -61,8 +107,9 @@ def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: st
              co-located actor (CUDA IPC + the engine's weight loading): r_replica ranks x
              `sync_local_gbs` (NeMo-RL's DP8 -> TP8 Qwen3-4B refit in 0.21-0.34 s; Miles' 27B
              TP4 colocated sync in 2.5 s: ~5 GB/s per rank achieved)
-      send   the actor's senders: one per pipeline stage (each holds different layers; a ZeRO /
-             FSDP actor gathers every tensor to one sender), each at most `sync_sender_gbs`
+      send   the actor's senders (`sync_senders`): one per pipeline stage (each holds different
+             layers; a ZeRO / FSDP actor gathers every tensor to one sender; an unbucketed
+             sync has one sender whatever the layout), each at most `sync_sender_gbs`
              over the NIC (verl's checkpoint-engine README: ~8.25 GB/s achieved for NCCL over
              400 Gb/s IB), or over NVLink when actor and rollout share one node
       recv   one replica's NICs (every replica receives the stream in parallel)
@@ -74,10 +121,11 @@ def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: st
     a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
     if same_slot:
         return {"local": r_replica * eff.sync_local_gbs}
+    senders = sync_senders(a_pp, eff)
     per_node = res.cluster.pool(a_pool).devices_per_node
     if a_pool == r_pool and a_devices + r_devices <= per_node:  # one node: NVLink both ways
-        return {"send": a_pp * a_dev.intra_link_gbs, "recv": r_replica * r_dev.intra_link_gbs}
-    links = {"send": a_pp * min(a_dev.nic_gbs, eff.sync_sender_gbs),
+        return {"send": senders * a_dev.intra_link_gbs, "recv": r_replica * r_dev.intra_link_gbs}
+    links = {"send": senders * min(a_dev.nic_gbs, eff.sync_sender_gbs),
              "recv": r_replica * r_dev.nic_gbs}
     cross = res.cluster.topology.cross_pool_gbs
     if a_pool != r_pool and cross is not None:
@@ -108,11 +156,13 @@ def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed,
 
 def sync_time(res: Resolved, actor: Placed, rollout: Placed, calib: Calibration) -> float:
     """Time to refresh every rollout replica: one broadcast of the full weights that all of
-    them join (`sync_links`), priced by `costmodel.weight_sync_time`."""
+    them join (`sync_links`) in `sync_calls` calls per sender, priced by
+    `costmodel.weight_sync_time`."""
     m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
     eff = calib.for_device(dev)
-    return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff)
+    return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
+                            sync_calls(m, actor.est.par.pp, eff))
 
 
 def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict[str, float]:
@@ -133,12 +183,14 @@ def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict
 
 
 def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibration) -> float:
-    """Seconds the rollout engines wait on tool calls per iteration (multi-turn jobs).
+    """Seconds the rollout engines wait on tool calls queued for a CPU core (multi-turn jobs).
 
-    A sequence keeps its engine slot (its KV) while its tool call runs, so generation and tool
-    calls alternate: in each lockstep wave, after every turn but the last, the replicas' calls
-    (replicas x wave size of them) queue on the environment's cores together. Like `sync_time`
-    this prices a pair of placements (rollout, environment).
+    A sequence keeps its engine slot (its KV) while its tool call runs; the rollout estimate
+    already holds each call's latency as if served at once (`estimate._waves`,
+    `rollout_tail.makespan`). What the environment's size adds is queueing: in each wave, after
+    every turn but the last, the replicas' calls (replicas x wave size of them) queue on the
+    environment's cores together, and every round beyond the first waits one more latency. Like
+    `sync_time` this prices a pair of placements (rollout, environment).
     """
     env_spec = res.job.environment
     if env_spec.kind == "none" or env_spec.turns < 2:
@@ -152,9 +204,16 @@ def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibr
     wave = [shape.replicas * shape.concurrency] * full + ([shape.replicas * rest] if rest else [])
     if wave:  # over-provisioned: the last wave's extra samples queue behind the kept ones
         wave[-1] = shape.last_wave_calls(wave[-1])
-    rounds = sum(tool_waves(calls, env_spec.cpu_per_call, cores) for calls in wave)
+    rounds = sum(max(tool_waves(calls, env_spec.cpu_per_call, cores) - 1, 0) for calls in wave)
     lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
     return (env_spec.turns - 1) * rounds * lat
+
+
+def async_chain_bound(chain_s: float, res: Resolved) -> float:
+    """The async pipeline's second bound: rollout i may start only once step i - s - 1 trained
+    (`simulator.iteration`: staleness s), and step i's weight sync, rollout, scoring and training
+    follow one another before step i trains, so that chain spans at most s + 1 iterations."""
+    return chain_s / (res.job.pipeline.max_staleness + 1)
 
 
 def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> Breakdown:
@@ -180,8 +239,9 @@ def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> B
     stage_s = {st: max((v.get(st, 0.0) for v in per_slot_stage.values()), default=0.0)
                for st in STAGES}
     stage_s["switch"] = max(switch.values(), default=0.0)
+    chain = sum(stage_s.values())  # sync -> rollout -> score -> train of one step, in order
     if res.job.pipeline.mode == "async":
-        total = max(busy.values(), default=0.0)
+        total = max(max(busy.values(), default=0.0), async_chain_bound(chain, res))
     else:
-        total = sum(stage_s.values())
+        total = chain
     return Breakdown(total, stage_s, busy, switch, sync)

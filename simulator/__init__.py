@@ -1,10 +1,12 @@
 """Discrete-event simulation (simpy) of RL iterations under a plan.
 
 Entry point: `simulator.api.simulate_plan(plan, iterations, seed, config, ...) -> SimResult`
-(`.metrics`, `.trace`). One concept per module: config (variance knobs), workload (per-sample
-lengths and tool latencies), engine (continuous-batching rollout replicas, compressed decode
-runs), environment (CPU pools), network (weight sync over shared links), training (frozen and
-training stages), iteration (sync / async pipelines on slots), faults (stragglers, failures and
-checkpoints), metrics, recorder (trace rows), plots, golden (regression files), handplans (plans
-for examples and benchmarks).
+(`.metrics`, `.trace`); `simulator.steady.simulate_steady(plan, seed, ...)` simulates until the
+steady-state iteration time is known within a confidence interval (what the CLI reports).
+One concept per module: config (variance knobs), workload (per-sample lengths and tool
+latencies), engine (continuous-batching rollout replicas, compressed decode runs), environment
+(CPU pools), network (weight sync over shared links), training (frozen and training stages),
+iteration (sync / async pipelines on slots), faults (stragglers, failures and checkpoints),
+metrics, steady (steady-state window and interval), recorder (trace rows, kept in columns),
+plots, golden (regression files), handplans (plans for examples and benchmarks).
 """

@@ -11,6 +11,7 @@ or config raises `placer.spec.SpecError` with one line naming the field.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from placer.catalog import Resolved
 from placer.costmodel import Calibration
 from placer.estimate import rollout_shape
-from placer.plan import Plan, calibration_of, check_plan, load_plan
+from placer.planfile import Plan, calibration_of, check_plan, load_plan
 from placer.roles import Role
 from placer.spec import SpecError, check_tail_policy
 from simulator.config import SimConfig
@@ -106,11 +107,14 @@ def check_size(res: Resolved, iterations: int) -> None:
 def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
                   config: SimConfig | None = None, trace_path: str | Path | None = None,
                   plots_dir: str | Path | None = None, calibration: Calibration | None = None,
-                  workload: str | Path | None = None) -> SimResult:
+                  workload: str | Path | None = None,
+                  on_iteration: Callable[[int, int], None] | None = None) -> SimResult:
     """Simulate `iterations` iterations of `plan` (a Plan or a plan file).
 
     `workload` replays a JSONL workload trace instead of drawing lengths and latencies;
-    `trace_path` writes the Chrome trace; `plots_dir` writes the figures (PNG).
+    `trace_path` writes the Chrome trace; `plots_dir` writes the figures (PNG);
+    `on_iteration(done, iterations)` is called as each iteration's train step ends (a progress
+    bar; `simulate_steady` passes it to every run it makes).
     """
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
@@ -132,7 +136,7 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        run = Model(res, plan, calib, cfg, seed, rec, replay).run(iterations)
+        run = Model(res, plan, calib, cfg, seed, rec, replay, on_iteration).run(iterations)
     finally:
         if was_enabled:
             gc.enable()
@@ -141,7 +145,7 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     metrics = compute(res, plan, run, tl)
     metrics["restart_s"] = cfg.failures.restart_s if tl.failures else 0.0
     metrics["checkpoint_s"] = cfg.failures.checkpoint_s if tl.checkpoints else 0.0
-    metrics["events"] = len(rec.rows)
+    metrics["events"] = len(rec)
     result = SimResult(metrics, run, tl, plan, seed, rec)
     if trace_path is not None:
         result.trace.write(trace_path)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placer.catalog import Resolved
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.sampling import rng
 from simulator.config import Failures, Stragglers
 

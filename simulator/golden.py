@@ -24,7 +24,7 @@ from typing import Any
 from placer.calibration import load_calibration
 from placer.catalog import resolve
 from placer.fileio import atomic_write_text
-from placer.plan import load_plan, save_plan
+from placer.planfile import load_plan, save_plan
 from placer.spec import load_job
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig, Stragglers

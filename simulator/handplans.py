@@ -12,7 +12,7 @@ from placer.assemble import assemble
 from placer.candidates import role_candidates
 from placer.catalog import Resolved
 from placer.costmodel import Calibration
-from placer.plan import Plan, SolverInfo
+from placer.planfile import Plan, SolverInfo
 from placer.roles import Role
 from placer.spec import SpecError
 from placer.timing import Placed

@@ -24,8 +24,8 @@ pool. Scoring and training always see the samples the step commits.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -33,9 +33,9 @@ import simpy
 from simpy.resources.resource import Request
 
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, Parallel, lpu_chips
+from placer.costmodel import Calibration, lpu_chips
 from placer.estimate import rollout_shape
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.sampling import draw, rng
 from placer.spec import DeviceKind
@@ -88,9 +88,11 @@ class Model:
     """A plan made runnable: engines, pools, links and slots for `run(iterations)`."""
 
     def __init__(self, res: Resolved, plan: Plan, calib: Calibration, cfg: SimConfig, seed: int,
-                 rec: Recorder, replay: list[dict] | None = None) -> None:
+                 rec: Recorder, replay: list[dict] | None = None,
+                 on_iteration: Callable[[int, int], None] | None = None) -> None:
         self.res, self.plan, self.calib, self.cfg, self.seed = res, plan, calib, cfg, seed
         self.rec, self.replay = rec, replay
+        self.on_iteration = on_iteration  # (iterations done, of) as each one's train step ends
         self.env = simpy.Environment()
         self.slot_res = {s.name: simpy.Resource(self.env, 1) for s in plan.slots}
         self.onload = onload_costs(res, plan, calib)
@@ -116,7 +118,7 @@ class Model:
         eff = self.calib.for_device(dev)
         shape = rollout_shape(res, dev, r.par, eff)
         m = res.arch_of(Role.ROLLOUT)
-        self.spec = EngineSpec(m, dev, Parallel(tp=r.tp, pp=r.pp, dp=1), eff, shape.concurrency,
+        self.spec = EngineSpec(m, dev, replace(r.par, dp=1), eff, shape.concurrency,
                                r.pool, r.slot)
         self.replicas = shape.replicas
         self.steps = StepModel(self.spec)
@@ -164,6 +166,12 @@ class Model:
                          dict(self.role_s), self.env.now, [self.tools] if self.tools else [],
                          self.runs, self.replicas, self.committed)
 
+    def _ended(self, i: int) -> None:
+        """Iteration i trained. Trains run in order in both modes (async step i waits for step
+        i-1's), so the callback sees 1, 2, ..., n."""
+        if self.on_iteration is not None:
+            self.on_iteration(i + 1, len(self.records))
+
     def _prepare(self, i: int) -> tuple[Samples, dict]:
         job = self.res.job
         smp = samples_for(job, self.cfg.workload, self.seed, i, self.replay)
@@ -190,6 +198,7 @@ class Model:
                 yield env.process(proc())
                 rec.stages[stage] = (t0, env.now)
             rec.end = env.now
+            self._ended(i)
 
     def _start_async(self, n: int) -> None:
         env = self.env
@@ -228,6 +237,7 @@ class Model:
             yield env.process(self._stage(i, "train", factors))
             self.records[i].stages["train"] = (t0, env.now)
             self.records[i].end = env.now
+            self._ended(i)
             trained[i].succeed()
 
         env.process(rollouts())

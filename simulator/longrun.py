@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.sampling import rng
 from placer.spec import SpecError
 from simulator.api import simulate_plan

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from placer.catalog import Resolved
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import DeviceKind
 from simulator.faults import Timeline

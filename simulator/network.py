@@ -7,6 +7,8 @@ Links are the ones the placer prices (`placer.timing.sync_links`):
   cross  between two pools, when the topology caps it: cross_pool_gbs per node x the fewer nodes.
 Every rollout replica needs the full weights; they get them from one pipelined broadcast that
 all of them join (an LPU placement is loaded once), so a refresh is one flow on its path.
+A refresh is `timing.sync_calls` sequential calls per sender stream (buckets, or tensors when
+unbucketed), each after the first paying `sync_call_s`, folded into the transfer's fixed cost.
 Bandwidth is shared max-min fairly among the flows on a link (progressive filling: the most
 constrained link splits evenly among its flows, the others take what is left), recomputed
 whenever a transfer finishes. Each transfer also pays the setup latency, and LPU chips a reload,
@@ -19,10 +21,10 @@ from dataclasses import dataclass
 
 from placer.catalog import Resolved
 from placer.costmodel import GB, Calibration, weight_bytes
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import DeviceKind
-from placer.timing import sync_links
+from placer.timing import sync_calls, sync_links
 from simulator.config import Network as NetworkConfig
 
 
@@ -94,9 +96,12 @@ def sync_plan(res: Resolved, plan: Plan, calib: Calibration, cfg: NetworkConfig)
                      eff)
     links = {k: v * eff.link_eff * cfg.bandwidth_factor * cfg.link_factors.get(k, 1.0)
              for k, v in raw.items()}
-    gb = weight_bytes(res.arch_of(Role.ROLLOUT)) / GB
+    m = res.arch_of(Role.ROLLOUT)
+    gb = weight_bytes(m) / GB
     path = tuple(sorted(links))
     flows = [Flow("broadcast", gb, path)]  # one pipelined broadcast all replicas join
-    fixed = eff.sync_latency_s + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)
+    calls = max(sync_calls(m, a.pp, eff) - 1, 0)  # the first call is in sync_latency_s
+    fixed = (eff.sync_latency_s + calls * eff.sync_call_s
+             + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0))
     return SyncPlan(links, flows, fixed, gb / min(links.values()))
 

@@ -44,7 +44,8 @@ def _intervals(result: SimResult) -> list[tuple[str, float, float, float]]:
     """(slot, start, dur, share): slot work plus every engine step from the trace rows."""
     share = 1.0 / max(result.run.replicas, 1)
     out = list(result.run.busy)
-    for _name, cat, ts, dur, _pid, tid, _args in result._rec.rows:
+    rec = result._rec  # its columns: no tuple per event
+    for cat, ts, dur, tid in zip(rec.cats, rec.ts, rec.dur, rec.tids):
         if cat in ("prefill", "decode"):
             out.append((tid.split("/engine")[0], ts, dur, share))
     return out
@@ -56,7 +57,8 @@ def _work_rows(result: SimResult, slots: list[str]) -> list[tuple[int, float, fl
     row = {slot: i for i, slot in enumerate(slots)}
     env = result.plan.roles.get(Role.ENVIRONMENT)
     out = []
-    for _name, cat, ts, dur, _pid, tid, _args in result._rec.rows:
+    rec = result._rec
+    for cat, ts, dur, tid in zip(rec.cats, rec.ts, rec.dur, rec.tids):
         # tool calls are traced per CPU core ("env3"); draw them on the environment's slot
         slot = env.slot if cat == "tool" and env is not None else tid.split("/")[0]
         if slot in row and dur > 0:

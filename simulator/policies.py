@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from placer.plan import Plan, load_plan
+from placer.planfile import Plan, load_plan
 from placer.spec import Job, SpecError, TailPolicy, check_tail_policy
 from simulator.api import simulate_plan
 from simulator.config import SimConfig

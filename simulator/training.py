@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, forward_time, switch_time, train_time
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import DeviceKind
 from simulator.workload import Samples

@@ -9,7 +9,17 @@ from __future__ import annotations
 import pytest
 from specdata import EXAMPLES, ROOT
 
-from placer.baselines import baseline_assignments, colocated, partitions, training_pool
+from placer.baselines import (
+    BASELINES,
+    HYBRID_FIRST,
+    REGISTRY,
+    baseline_assignments,
+    colocated,
+    hybridflow_split,
+    partitions,
+    standalone,
+    training_pool,
+)
 from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.ilp import score
@@ -70,6 +80,48 @@ def test_baselines_have_their_shapes(case) -> None:
         assert used <= problem.capacity()[pool]
     best = baselines["enumerate"]
     assert score(problem, best)[0] <= score(problem, co)[0] + 1e-9  # colocated is one grouping
+    on = [r for r, c in co.choice.items() if c.pool == pool]
+    cap = problem.capacity()[pool]
+    hf, sa = baselines["hybridflow-split"], baselines["standalone"]
+    first, second = [r for r in on if r in HYBRID_FIRST], [r for r in on if r not in HYBRID_FIRST]
+    if not second:
+        assert hf is None  # nothing to split off: that plan is colocated
+    if hf is not None:
+        assert len({hf.slot_of[r] for r in first}) == 1 and len({hf.slot_of[r] for r in second}) == 1
+        assert hf.slot_of[first[0]] != hf.slot_of[second[0]]
+        assert _pool_devices(hf, on) <= cap
+        assert score(problem, best)[0] <= score(problem, hf)[0] + 1e-9  # one of enumerate's
+    if sa is not None:
+        assert len({sa.slot_of[r] for r in on}) == len(on)  # every GPU role on its own devices
+        assert _pool_devices(sa, on) <= cap
+        assert score(problem, best)[0] <= score(problem, sa)[0] + 1e-9
+    elif len(on) > 1:  # not applicable only when the smallest configs do not fit side by side
+        assert sum(min(c.devices for c in problem.cands[r] if c.pool == pool) for r in on) > cap
+
+
+def _pool_devices(a, on: list[str]) -> int:
+    """Devices the assignment's slots take on the pool: each slot as large as its largest role."""
+    per_slot: dict[str, int] = {}
+    for r in on:
+        per_slot[a.slot_of[r]] = max(per_slot.get(a.slot_of[r], 0), a.choice[r].devices)
+    return sum(per_slot.values())
+
+
+def test_every_baseline_is_registered_by_name() -> None:
+    assert list(REGISTRY) == list(BASELINES)
+    assert REGISTRY["hybridflow-split"] is hybridflow_split and REGISTRY["standalone"] is standalone
+
+
+def test_hybridflow_placements_on_ppo() -> None:
+    """PPO with a reward model and a critic: both HybridFlow placements apply and split as named."""
+    res = resolve(load_job(ROOT / "examples" / "ppo-llama8b-hetero.yaml"))
+    problem = build_problem(res, Calibration())
+    hf, sa = hybridflow_split(problem), standalone(problem)
+    assert hf is not None and sa is not None
+    assert hf.slot_of["actor"] == hf.slot_of["rollout"] == hf.slot_of["reference"]
+    assert hf.slot_of["critic"] == hf.slot_of["reward"] != hf.slot_of["actor"]
+    gpu = ["actor", "rollout", "reference", "critic", "reward"]
+    assert len({sa.slot_of[r] for r in gpu}) == 5
 
 
 def test_partitions_are_the_bell_numbers() -> None:
@@ -83,4 +135,5 @@ def test_hetero_ilp_beats_every_homogeneous_baseline() -> None:
     ilp = plan_job(res, calib)
     problem = build_problem(res, calib)
     for name, a in baseline_assignments(problem).items():
+        assert a is not None, name  # PPO on a GPU pool: every baseline applies
         assert ilp.predicted_iteration_s < score(problem, a)[0] * 0.95, name

@@ -19,6 +19,7 @@ from placer.costmodel import (
     train_time,
 )
 from placer.estimate import can_host, estimate, mean_context, rollout_shape, wave_time
+from placer.rollout_tail import at_means
 from placer.spec import job_from_dict, load_job
 
 CAL = Calibration()
@@ -98,18 +99,24 @@ def test_rule_reward_and_environment_estimates() -> None:
 
 
 def test_rollout_waves_follow_kv_concurrency(hetero) -> None:
-    pool, par = hetero.cluster.pool("gen"), Parallel(dp=2)
-    dev = hetero.device_of(pool)
-    shape = rollout_shape(hetero, dev, par, EFF)
-    conc = max_concurrency(hetero.model_of("rollout"), dev, par, hetero.job.max_context, EFF)
+    """Lengths and latencies at their means: lockstep waves of mean sequences, each wave's
+    sequences waiting out one tool latency between turns (queueing is `timing`'s pair term)."""
+    means = resolve(at_means(hetero.job))
+    pool, par = means.cluster.pool("gen"), Parallel(dp=2)
+    dev = means.device_of(pool)
+    shape = rollout_shape(means, dev, par, EFF)
+    conc = max_concurrency(means.model_of("rollout"), dev, par, hetero.job.max_context, EFF)
     assert shape.replicas == 2 and shape.per_replica == 256
     assert shape.concurrency == min(256, conc)
     assert shape.waves == math.ceil(256 / shape.concurrency)
-    est = estimate(hetero, "rollout", pool, par, CAL)
+    est = estimate(means, "rollout", pool, par, CAL)
     full, rest = divmod(256, shape.concurrency)
-    gen = full * wave_time(hetero, dev, par, EFF, shape.concurrency, None)[0]
+    gen = full * wave_time(means, dev, par, EFF, shape.concurrency, None)[0]
     if rest:
-        gen += wave_time(hetero, dev, par, EFF, rest, None)[0]
+        gen += wave_time(means, dev, par, EFF, rest, None)[0]
+    env = means.job.environment
+    gen += ((env.turns - 1) * shape.waves
+            * (env.tool_latency_s.mean_value() + EFF.tool_overhead_s))
     assert est.stage_s["rollout"] == pytest.approx(gen)
     assert est.concurrency == shape.concurrency
 

@@ -1,6 +1,7 @@
 """The ILP is optimal: on random small instances its plan equals an exhaustive search.
 
-Instances: up to 4 roles, up to 3 pools, up to 32 devices, sync and async, time and cost
+Instances: up to 4 roles, up to 3 pools, up to 32 devices, sync and async (staleness 1 or 2, so
+the async chain bound binds on some), fixed and long-tailed response lengths, time and cost
 objectives. The brute force enumerates, over the *same* cost table, every choice of one candidate
 per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
 respected) and prices each with the same `ilp.score` (which is `timing.iteration_time`).
@@ -54,9 +55,12 @@ def jobs(draw):
                    "reward": reward, "use_reference": use_ref},
         "batch": {"prompts": draw(st.sampled_from([8, 32, 64])), "samples_per_prompt": 4},
         "lengths": {"prompt": {"kind": "fixed", "value": draw(st.sampled_from([128, 512]))},
-                    "response": {"kind": "fixed", "value": draw(st.sampled_from([64, 256]))}},
+                    "response": draw(st.sampled_from([
+                        {"kind": "fixed", "value": 64}, {"kind": "fixed", "value": 256},
+                        {"kind": "lognormal", "median": 128, "sigma": 1.0, "cap": 1024}]))},
         "environment": {"kind": "tool" if env else "none", "turns": 2 if env else 1},
-        "pipeline": {"mode": mode, "max_staleness": 1 if mode == "async" else 0},
+        "pipeline": {"mode": mode,
+                     "max_staleness": draw(st.sampled_from([1, 2])) if mode == "async" else 0},
         "objective": draw(st.sampled_from(["time", "cost"])),
         "cluster": {"pools": pools},
     })

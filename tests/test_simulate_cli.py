@@ -6,7 +6,7 @@ import json
 from simplans import small_plan
 
 from placer.cli import main
-from placer.plan import save_plan
+from placer.planfile import save_plan
 from traces.schema import read_trace
 
 
@@ -73,7 +73,8 @@ def test_workload_replay_runs(tmp_path, capsys):
     wl.write_text("".join(json.dumps({"prompt_tokens": 100, "response_tokens": [50 + i, 20],
                                       "tool_latency_s": [0.5]}) + "\n" for i in range(10)))
     assert main(["simulate", str(_plan_file(tmp_path)), "--workload", str(wl), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["tool_calls"] == 128
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tool_calls"] == 128 * doc["iterations"]  # 128 samples, one call each
 
 
 def test_bad_config_and_iterations(tmp_path, capsys):
@@ -92,3 +93,22 @@ def test_bad_config_and_iterations(tmp_path, capsys):
 def test_missing_plan_file(tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "nope.json")]) == 2
     assert "nope.json" in _err(capsys)
+
+
+def test_default_reports_the_steady_state_with_an_interval(tmp_path, capsys):
+    assert main(["simulate", str(_plan_file(tmp_path)), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ss = doc["steady_state"]
+    assert ss["iterations"] == doc["iterations"] >= 8  # more than one batch: an interval
+    lo, hi = ss["ci95_s"]
+    assert lo < ss["iteration_s"] < hi and ss["warmup_excluded"]
+    assert ss["converged"] == (ss["rel_half_width"] <= ss["target_rel"])
+    assert main(["simulate", str(_plan_file(tmp_path)), "--iterations", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 iteration(s)" in out and "steady state" in out and "95% CI" in out
+
+
+def test_bad_ci_target_exits_2(tmp_path, capsys):
+    for bad in ("0", "1.5", "nan"):
+        assert main(["simulate", str(_plan_file(tmp_path)), "--ci", bad]) == 2
+        assert "--ci" in capsys.readouterr().err

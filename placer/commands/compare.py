@@ -1,43 +1,72 @@
 """`placer compare JOB.yaml`: the ILP's plan against every baseline on the same job and cost model.
 
-    placer compare JOB.yaml [--json] [--simulate [--iterations N] [--seed S]] [--time-limit S]
-                            [--calibration F] [--objective time|cost]
+    placer compare JOB.yaml [--json] [--simulate [--iterations N] [--ci F] [--sim-seed S]]
+                            [--time-limit S] [--calibration F] [--objective time|cost]
 
 For each plan: predicted iteration time, throughput, cost per sample, where the roles sit, and
 the ratio of its time to the ILP's (> 1: the baseline is slower). With `--simulate`, every plan
-is also run through the simulator (`simulator.api.simulate_plan`) and ranked by simulated time.
+is also run through the simulator and ranked by its steady-state iteration time
+(`simulator.steady`: warm-up and drain excluded, iterations added until the 95% confidence
+interval is within `--ci` of the mean or a cap; `--iterations N` simulates exactly N). Plans that
+place every role the same way are simulated once. A plan whose interval overlaps the ILP's is
+marked tied with it: the simulation cannot tell them apart.
 """
 from __future__ import annotations
 
 # Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
 # module to build `placer --help`, and a command pays only for what it runs.
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from placer.cli import emit_json
 from placer.commands.plan import add_solver_arguments, load_inputs
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.spec import SpecError
+
+if TYPE_CHECKING:
+    from simulator.steady import SteadyState
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", metavar="JOB.yaml")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--simulate", action="store_true", help="also rank by simulated time")
-    p.add_argument("--iterations", type=int, default=2, help="simulated iterations (default 2)")
+    p.add_argument("--iterations", type=int, default=None,
+                   help="simulated iterations (default: until the steady-state mean is known "
+                        "within --ci, warm-up excluded)")
+    p.add_argument("--ci", type=float, default=None, metavar="FRACTION",
+                   help="target half width of the 95%% confidence interval of each simulated "
+                        "mean, as a fraction of it (default 0.05)")
     p.add_argument("--sim-seed", type=int, default=0, help="simulator seed (default 0)")
     add_solver_arguments(p)
 
 
-def _simulator():
+def _simulator(args: argparse.Namespace) -> Callable[[Plan], SteadyState]:
+    """Plan -> its steady state, as `--iterations`/`--ci`/`--sim-seed` ask."""
     try:
         from simulator.api import simulate_plan
+        from simulator.steady import REL_CI, simulate_steady, steady_state
     except ModuleNotFoundError as e:
-        if e.name in ("simulator", "simulator.api"):
-            raise SpecError("--simulate: the simulator is missing (no module simulator.api)") \
+        if e.name in ("simulator", "simulator.api", "simulator.steady"):
+            raise SpecError(f"--simulate: the simulator is missing (no module {e.name})") \
                 from None
         raise
-    return simulate_plan
+    rel = REL_CI if args.ci is None else args.ci
+    if not (0 < rel < 1):  # NaN fails too
+        raise SpecError(f"--ci: must be a fraction in (0, 1), e.g. 0.05 (got {args.ci})")
+
+    def run(p: Plan) -> SteadyState:
+        if args.iterations is None:
+            return simulate_steady(p, seed=args.sim_seed, rel_ci=rel)[1]
+        return steady_state(simulate_plan(p, iterations=args.iterations, seed=args.sim_seed), rel)
+    return run
+
+
+def _same_placement(p: Plan) -> str:
+    """Plans equal in everything the simulator runs (the name of the solver aside)."""
+    return p.model_dump_json(include={"mode", "roles", "slots", "bundles", "sync_routes",
+                                      "calibration"})
 
 
 def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
@@ -55,11 +84,12 @@ def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.simulate and args.iterations < 1:
+    if args.simulate and args.iterations is not None and args.iterations < 1:
         raise SpecError(f"--iterations: must be >= 1 (got {args.iterations})")
     if args.sim_seed < 0:  # the simulator's seed sequences take non-negative integers only
         raise SpecError(f"--sim-seed: must be >= 0 (got {args.sim_seed})")
-    simulate = _simulator() if args.simulate else None
+    simulate = _simulator(args) if args.simulate else None
+    seen: dict[str, SteadyState] = {}
     res, calib, cdoc = load_inputs(args)
     plans = plans_for(res, calib, args, cdoc)
     base = plans["ilp"]
@@ -78,14 +108,16 @@ def run(args: argparse.Namespace) -> int:
                "placement": {r: f"{x.pool}x{x.devices} tp{x.tp} pp{x.pp} dp{x.dp} [{x.slot}]"
                              for r, x in p.roles.items()}}
         if simulate is not None:
-            sim = simulate(p, iterations=args.iterations, seed=args.sim_seed)
-            row["simulated_iteration_s"] = float(sim.metrics["iteration_s"]["mean"])
+            key = _same_placement(p)
+            st = seen[key] = seen[key] if key in seen else simulate(p)
+            row.update(_simulated(st))
         rows[name] = row
     if simulate is not None:
-        ilp_sim = rows["ilp"]["simulated_iteration_s"]
+        ilp = rows["ilp"]
         for r in rows.values():
             if r["applicable"]:
-                r["simulated_ratio_to_ilp"] = r["simulated_iteration_s"] / ilp_sim
+                r["simulated_ratio_to_ilp"] = r["simulated_iteration_s"] / ilp["simulated_iteration_s"]
+                r["tied_with_ilp"] = _overlap(r["simulated_ci95_s"], ilp["simulated_ci95_s"])
     key = "simulated_iteration_s" if simulate is not None else "predicted_iteration_s"
     ranking = sorted((n for n, r in rows.items() if r["applicable"]), key=lambda n: rows[n][key])
     doc = {"job": res.job.name, "mode": res.job.pipeline.mode, "objective": base.objective,
@@ -98,24 +130,63 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulated(st: SteadyState) -> dict[str, Any]:
+    return {"simulated_iteration_s": st.iteration_s,
+            "simulated_ci95_s": None if st.ci95_s is None else list(st.ci95_s),
+            "simulated_samples_per_s": st.samples_per_s,
+            "simulated_samples_per_s_ci95": (None if st.samples_per_s_ci95 is None
+                                             else list(st.samples_per_s_ci95)),
+            "simulation": st.to_dict()}
+
+
+def _overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
+    """Do two intervals overlap (None: one of them is unknown)?"""
+    if a is None or b is None:
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
 def render(doc: dict[str, Any]) -> str:
     sim = doc["ranked_by"] == "simulated_iteration_s"
-    head = (f"{'plan':<10} {'iteration s':>12} {'samples/s':>10} {'USD/sample':>11} "
-            f"{'x ILP time':>10} {'x ILP cost':>10}" + (f" {'simulated s':>12} {'x ILP sim':>9}"
-                                                       if sim else "") + "  placement")
+    head = (f"{'plan':<16} {'iteration s':>12} {'samples/s':>10} {'USD/sample':>11} "
+            f"{'x ILP time':>10} {'x ILP cost':>10}"
+            + (f" {'simulated s':>12} {'95% CI':>7} {'sim smp/s':>9} {'x ILP sim':>9}"
+               if sim else "") + "  placement")
     lines = [f"compare on {doc['job']} ({doc['mode']} mode, objective {doc['objective']}; "
-             f"ranked by {'simulated' if sim else 'predicted'} time)", head]
+             f"ranked by {'simulated steady-state' if sim else 'predicted'} time)", head]
     for name in doc["ranking"] + [n for n, r in doc["plans"].items() if not r["applicable"]]:
         r = doc["plans"][name]
         if not r["applicable"]:
-            lines.append(f"{name:<10} {'n/a (cannot express this job)':>12}")
+            lines.append(f"{name:<16} {'n/a (does not apply to this job)':>12}")
             continue
         where = ", ".join(f"{role}:{p.split(' ')[0]}" for role, p in r["placement"].items())
         cr = r["cost_ratio_to_ilp"]
-        line = (f"{name:<10} {r['predicted_iteration_s']:>12.3f} {r['throughput_samples_s']:>10.2f} "
-                f"{r['cost_per_sample']:>11.6f} {r['ratio_to_ilp']:>10.2f} "
-                f"{(f'{cr:.2f}' if cr is not None else '-'):>10}")
+        line = (f"{name:<16} {r['predicted_iteration_s']:>12.3f} "
+                f"{r['throughput_samples_s']:>10.2f} {r['cost_per_sample']:>11.6f} "
+                f"{r['ratio_to_ilp']:>10.2f} {(f'{cr:.2f}' if cr is not None else '-'):>10}")
         if sim:
-            line += f" {r['simulated_iteration_s']:>12.3f} {r['simulated_ratio_to_ilp']:>9.2f}"
+            rel = r["simulation"]["rel_half_width"]
+            tie = " (tied)" if r["tied_with_ilp"] and name != "ilp" else ""
+            line += (f" {r['simulated_iteration_s']:>12.3f} "
+                     f"{(f'+-{rel:.1%}' if rel is not None else '-'):>7} "
+                     f"{r['simulated_samples_per_s']:>9.2f} "
+                     f"{r['simulated_ratio_to_ilp']:>9.2f}{tie}")
         lines.append(f"{line}  {where}")
+    if sim:
+        lines.append(_sim_note(doc))
     return "\n".join(lines)
+
+
+def _sim_note(doc: dict[str, Any]) -> str:
+    """How the simulated figures were measured (from the ILP's run; every plan's is in --json)."""
+    ss = doc["plans"]["ilp"]["simulation"]
+    short = [n for n, r in doc["plans"].items()
+             if r["applicable"] and not r["simulation"]["converged"]]
+    if not ss["warmup_excluded"]:
+        return (f"WARNING: {ss['iterations']} simulated iteration(s) are too few to leave out the "
+                f"pipeline's warm-up and drain: the figures are not steady state and may rank the "
+                f"plans wrongly (drop --iterations to measure until the mean is stable)")
+    return (f"simulated: steady state, {ss['warmup']} warm-up and {ss['drain']} drain iteration(s) "
+            f"excluded, 95% CI over batches of {ss['batch_size']}; ILP: {ss['measured']} of "
+            f"{ss['iterations']} iterations measured"
+            + (f"; CI wider than the target for: {', '.join(short)}" if short else ""))

@@ -1,8 +1,11 @@
 """`placer simulate PLAN.json`: discrete-event simulation of a plan's iterations (simpy).
 
-Prints iteration time (mean/p50/p99) against the plan's prediction, throughput, utilization,
-bubble time, goodput and why the run differs from the prediction; `--json` prints the metrics as
-one JSON document. `--trace` writes a Chrome trace (opens in Perfetto), `--plots` the figures.
+Prints the steady-state iteration time with its 95% confidence interval (`simulator.steady`:
+warm-up and drain excluded; without `--iterations`, iterations are added until the interval is
+within `--ci` of the mean or a cap), iteration time (mean/p50/p99) against the plan's
+prediction, throughput, utilization, bubble time, goodput and why the run differs from the
+prediction; `--json` prints the metrics as one JSON document (the interval under
+`steady_state`). `--trace` writes a Chrome trace (opens in Perfetto), `--plots` the figures.
 `--compare-policies` simulates the plan under each long-tail policy (none, overprovision, partial,
 reissue; `simulator.policies`) with the same seed and ranks them by trained samples per second.
 """
@@ -19,10 +22,17 @@ from placer.cli import emit_json, note
 from placer.inputs import check_output
 from placer.spec import SpecError, read_structured
 
+POLICY_ITERATIONS = 1  # --compare-policies without --iterations (one run per policy)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", metavar="PLAN.json")
-    p.add_argument("--iterations", type=int, default=1, help="iterations to simulate (default 1)")
+    p.add_argument("--iterations", type=int, default=None,
+                   help="iterations to simulate (default: until the steady-state mean is known "
+                        "within --ci, warm-up excluded; at most 100)")
+    p.add_argument("--ci", type=float, default=None, metavar="FRACTION",
+                   help="target half width of the steady-state 95%% confidence interval, as a "
+                        "fraction of the mean (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     p.add_argument("--trace", metavar="OUT.json", help="write the Chrome trace here")
     p.add_argument("--plots", metavar="DIR", help="write timeline/utilization/length figures")
@@ -43,8 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from simulator.api import simulate_plan
     from simulator.config import SimConfig, config_from_dict
+    from simulator.steady import REL_CI, first_run, simulate_steady, steady_state
 
-    if args.iterations < 1:
+    rel_ci = REL_CI if args.ci is None else args.ci
+    if not (0 < rel_ci < 1):  # NaN fails too
+        raise SpecError(f"--ci: must be a fraction in (0, 1), e.g. 0.05 (got {args.ci})")
+    if args.iterations is not None and args.iterations < 1:
         raise SpecError(f"--iterations: must be at least 1 (got {args.iterations})")
     check_output(args.trace, "--trace")  # before the simulation, not after it
     check_output(args.plots, "--plots", folder=True)
@@ -56,14 +70,31 @@ def run(args: argparse.Namespace) -> int:
     calib = load_calibration(args.calibration) if args.calibration else None
     if args.compare_policies:
         return _compare(args, cfg, calib)
-    result = simulate_plan(args.plan, iterations=args.iterations, seed=args.seed, config=cfg,
-                           trace_path=args.trace, calibration=calib, workload=args.workload)
+    from placer.planfile import load_plan
+    from placer.progress import count_callback, progress  # off under --json and into a pipe
+
+    plan = load_plan(args.plan)
+    # iterations of the (first) run: an adaptive run's longer re-run resets the bar's total
+    total = first_run(plan) if args.iterations is None else args.iterations
+    with progress("simulate", total=total, unit="iterations", json_out=args.json) as bar:
+        tick = count_callback(bar) if bar.shown else None
+        if args.iterations is None:
+            result, st = simulate_steady(plan, seed=args.seed, config=cfg, calibration=calib,
+                                         workload=args.workload, rel_ci=rel_ci, on_iteration=tick)
+            if args.trace:
+                result.trace.write(args.trace)
+        else:
+            result = simulate_plan(plan, iterations=args.iterations, seed=args.seed,
+                                   config=cfg, trace_path=args.trace, calibration=calib,
+                                   workload=args.workload, on_iteration=tick)
+            st = steady_state(result, rel_ci)
+    metrics = {**result.metrics, "steady_state": st.to_dict()}
     if args.trace:
         note(f"trace: {args.trace} ({len(result.trace.events)} events)")
     if args.json:
-        emit_json(result.metrics)
+        emit_json(metrics)
     else:
-        _print(result.metrics)
+        _print(metrics, st.describe())
     if args.plots:  # the numbers first: figures of a large run take a few seconds
         sys.stdout.flush()
         note(f"figures: writing {args.plots}/ ({len(result.trace.events):,} events) ...")
@@ -73,9 +104,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(m: dict[str, Any]) -> None:
-    it = m["iteration_s"]
+def _print(m: dict[str, Any], steady: str) -> None:
+    it, ss = m["iteration_s"], m["steady_state"]
     print(f"{m['iterations']} iteration(s), {m['mode']} mode")
+    print(f"  steady state {steady}")
+    rate_ci = ss["samples_per_s_ci95"]
+    print(f"               {ss['samples_per_s']:.2f} samples/s" + (
+        f" (95% CI {rate_ci[0]:.2f}..{rate_ci[1]:.2f})" if rate_ci else "") +
+        f", {(ss['iteration_s'] - m['predicted_iteration_s']) / m['predicted_iteration_s']:+.1%}"
+        " vs predicted")
     print(f"  iteration    mean {it['mean']:.3f} s  p50 {it['p50']:.3f} s  p99 {it['p99']:.3f} s"
           f"  (predicted {m['predicted_iteration_s']:.3f} s, {m['error_vs_predicted']:+.1%})")
     print(f"  throughput   {m['samples_per_s']:.2f} samples/s, {m['tokens_per_s']:.0f} tokens/s")
@@ -98,11 +135,14 @@ def _compare(args: argparse.Namespace, cfg, calib) -> int:
             raise SpecError(f"--{flag}: cannot be combined with --compare-policies")
     if calib is not None:
         raise SpecError("--calibration: cannot be combined with --compare-policies")
-    rows = compare_policies(args.plan, iterations=args.iterations, seed=args.seed, config=cfg)
+    iterations = args.iterations or POLICY_ITERATIONS
+    from placer.progress import progress
+    with progress("simulate policies", json_out=args.json):
+        rows = compare_policies(args.plan, iterations=iterations, seed=args.seed, config=cfg)
     if args.json:
-        emit_json({"ranking": rows, "iterations": args.iterations, "seed": args.seed})
+        emit_json({"ranking": rows, "iterations": iterations, "seed": args.seed})
         return 0
-    print(f"long-tail policies, {args.iterations} iteration(s), seed {args.seed}; ranked by "
+    print(f"long-tail policies, {iterations} iteration(s), seed {args.seed}; ranked by "
           "trained samples per second")
     print(f"{'#':>2} {'policy':<28} {'samples/s':>10} {'vs none':>8} {'step_s':>8} "
           f"{'tail_s':>7} {'trained':>8}")
