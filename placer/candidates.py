@@ -1,10 +1,14 @@
 """Candidate configs: every memory-feasible, parallelism-valid way to run a role on a pool.
 
-For each (role, pool) that may host the role, enumerate device counts (powers of two, and whole
-multiples of a node, up to the pool's size) and parallel layouts:
-  training (GPU, can_train): TP in powers of two inside one NVLink domain, PP dividing the layers,
-      DP the rest, ZeRO-3 sharding, activation recomputation on, optimizer offload on or off;
-  generation / forward on GPUs: TP inside a node, DP replicas;
+For each (role, pool) that may host the role, enumerate device counts (every count inside one
+node, powers of two, and whole multiples of a node, up to the pool's size) and parallel layouts
+(`placer.sharding` says what each dimension splits):
+  training (GPU, can_train): TP in powers of two inside one NVLink domain, PP stages from
+      `PP_CHOICES`, CP for sequences longer than a micro-batch, EP for a mixture of experts
+      (ETP 1), DP the rest, ZeRO-3 sharding, activation recomputation on, optimizer offload where
+      nothing fits without it;
+  generation / forward on GPUs: TP inside a node, PP stages across whole nodes (engines larger
+      than a node), EP = TP for a mixture of experts, DP replicas;
   LPUs: replicas of `lpu_chips` chips (the weights must sit in SRAM);
   CPU pools: a number of nodes (environments, rule rewards, tiny models).
 Each candidate carries its `Estimate` from the one cost model. Dominated candidates (another one on
@@ -12,13 +16,13 @@ the same pool with no more devices and no more time in every stage, and no more 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, Parallel, lpu_chips
+from placer.costmodel import GB, MICRO_TOKENS, Calibration, Parallel, lpu_chips, weight_bytes
 from placer.estimate import Estimate, can_host, estimate
-from placer.roles import TRAINING_ROLES
-from placer.spec import DeviceKind, Pool
+from placer.roles import TRAINING_ROLES, Role
+from placer.spec import DeviceKind, DeviceType, ModelArch, Pool
 
 
 @dataclass(frozen=True)
@@ -37,9 +41,10 @@ class Candidate:
 
 
 def device_counts(total: int, per_node: int, step: int = 1, limit: int | None = None) -> list[int]:
-    """Counts that are multiples of `step`: powers of two and whole-node multiples up to `total`."""
+    """Counts that are multiples of `step`: every multiple inside one node (DP replicas need not
+    be a power of two), powers of two, and whole-node multiples up to `total`."""
     top = min(total, limit or total)
-    out = set()
+    out = set(range(step, min(per_node, top) + 1, step))
     k = step
     while k <= top:
         out.add(k)
@@ -62,6 +67,73 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
+# Pipeline stages tried. Not only powers of two: a stage count need not divide the layers
+# (Megatron-Core places uneven first and last stages; the cost model prices the mean stage).
+PP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+# Context parallelism is tried for jobs whose longest sequence exceeds one micro-batch of
+# `MICRO_TOKENS` (the activations of one sequence no longer fit the usual per-device budget).
+CP_CHOICES = (1, 2, 4)
+EP_CHOICES = (1, 2, 4, 8)  # expert parallelism, inside one NVLink domain (all-to-all on NVLink)
+
+
+def _pps(layers: int, cap: int) -> list[int]:
+    return [p for p in PP_CHOICES if p == 1 or (p <= cap and 2 * p <= layers)]
+
+
+def _eps(m: ModelArch, ranks: int, domain: int) -> list[int]:
+    """EP degrees for `ranks` non-pipeline ranks: none, and the largest of `EP_CHOICES` that
+    divides the experts and the ranks inside one NVLink domain (a smaller one moves the same
+    all-to-all bytes per rank over fewer ranks and leaves bigger expert shards and ZeRO
+    gathers, so it is not tried)."""
+    if not m.moe:
+        return [1]
+    ok = [e for e in EP_CHOICES if m.experts % e == 0 and ranks % e == 0 and e <= domain]
+    return sorted({1, max(ok)})
+
+
+def _training_layouts(m: ModelArch, counts: list[int], tps: list[int], domain: int,
+                      cps: tuple[int, ...]) -> list[Parallel]:
+    """TP x CP x PP x DP (x EP for a mixture of experts, ETP 1); optimizer offload is tried by
+    `role_candidates` only where a layout does not fit without it."""
+    out = []
+    for n in counts:
+        for tp in tps:
+            for cp in cps:
+                for pp in _pps(m.layers, 16):
+                    if n % (tp * cp * pp):
+                        continue
+                    dp = n // (tp * cp * pp)
+                    for ep in _eps(m, tp * cp * dp, domain):
+                        out.append(Parallel(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep))
+    return out
+
+
+# An engine spans nodes (PP stages) only when one node's devices, TP over all of them, would
+# spend more than this share of their memory on weights: pipeline stages do not shorten a
+# decode step (`costmodel._decode_terms`), they only make room for weights and KV.
+MULTI_NODE_WEIGHT_SHARE = 0.5
+
+
+def _inference_layouts(m: ModelArch, dev: DeviceType, counts: list[int], tps: list[int],
+                       domain: int, nodes: int) -> list[Parallel]:
+    """Engine replicas of TP inside a node, PP stages across whole nodes when a node is tight
+    (an engine larger than a node: vLLM's and SGLang's multi-node serving), EP = TP for a
+    mixture of experts (vLLM's --enable-expert-parallel), DP replicas of that."""
+    tight = weight_bytes(m) / domain > MULTI_NODE_WEIGHT_SHARE * dev.memory_gb * GB
+    out = []
+    for n in counts:
+        for tp in tps:
+            # a stage of fewer than a node's devices gains nothing from crossing nodes
+            pps = _pps(m.layers, nodes) if tp == domain and tight else [1]
+            for pp in pps:
+                if n % (tp * pp):
+                    continue
+                eps = [1] + ([tp] if m.moe and tp > 1 and m.experts % tp == 0 else [])
+                for ep in eps:
+                    out.append(Parallel(tp=tp, pp=pp, dp=n // (tp * pp), ep=ep))
+    return out
+
+
 def layouts(res: Resolved, role: str, pool: Pool, calib: Calibration,
             limit: int | None = None) -> list[Parallel]:
     """Parallel layouts to try for `role` on `pool` (not yet checked for memory)."""
@@ -76,21 +148,27 @@ def layouts(res: Resolved, role: str, pool: Pool, calib: Calibration,
                 if n >= chips]
     domain = min(pool.nvlink_domain or pool.devices_per_node, total)
     tps = [t for t in _pow2_upto(domain) if m.heads % t == 0]
-    offloads: tuple[bool, ...]
+    counts = device_counts(total, pool.devices_per_node, 1, limit)
     if role in TRAINING_ROLES:
-        pps = [p for p in _pow2_upto(8) if m.layers % p == 0]
-        offloads = (False, True)
+        cps = CP_CHOICES if res.job.max_context > MICRO_TOKENS else (1,)
+        pars = _training_layouts(m, counts, tps, domain, cps)
     else:
-        pps, offloads = [1], (False,)
-    out = []
-    for n in device_counts(total, pool.devices_per_node, 1, limit):
-        for tp in tps:
-            for pp in pps:
-                if n % (tp * pp):
-                    continue
-                for off in offloads:
-                    out.append(Parallel(tp=tp, pp=pp, dp=n // (tp * pp), offload=off))
-    return out
+        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes)
+    flags = fp8_flags(res, role, dev)
+    return [replace(p, **flags) for p in pars] if any(flags.values()) else pars
+
+
+def fp8_flags(res: Resolved, role: str, dev: DeviceType) -> dict[str, bool]:
+    """The job's FP8 options (`spec.Precision`) that apply to `role` on `dev`: only on devices
+    with FP8 tensor cores; rollout weights and KV cache for the rollout role, GEMMs for the
+    training roles."""
+    prec, fp8 = res.job.precision, dev.fp8_tflops is not None
+    if role in TRAINING_ROLES:
+        return {"fp8_train": fp8 and prec.training == "fp8"}
+    if role == Role.ROLLOUT:
+        return {"fp8_weights": fp8 and prec.rollout_weights == "fp8",
+                "fp8_kv": fp8 and prec.kv_cache == "fp8"}
+    return {}
 
 
 def role_candidates(res: Resolved, role: str, pool: Pool, calib: Calibration,
@@ -99,8 +177,12 @@ def role_candidates(res: Resolved, role: str, pool: Pool, calib: Calibration,
     if not can_host(res, role, pool):
         return []
     cands = []
+    offload = role in TRAINING_ROLES and res.device_of(pool).kind is DeviceKind.gpu
     for par in layouts(res, role, pool, calib, limit):
         est = estimate(res, role, pool, par, calib)
+        if not est.feasible and offload:
+            # optimizer state on the host: slower, so only worth it where nothing else fits
+            est = estimate(res, role, pool, replace(par, offload=True), calib)
         if est.feasible:
             cands.append(Candidate(role, pool.name, est))
     return prune_dominated(cands) if prune else cands

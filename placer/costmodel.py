@@ -56,10 +56,11 @@ Time:
   forward          (2*P_mm + 2*L*w*s) FLOPs per token (causal) / (devices * peak * mfu), mfu =
                    `gemm_eff` of mfu_prefill at the tokens per replica, + TP comm (one pass) +
                    `step_overhead_s`
-  decode step      max(R(batch)*b / n / (bw * e) + KV bytes * context / (pp * KV split) /
-                       (bw * e), 2*P_mm*batch / n / (peak * decode_flops_eff))
-                   + TP comm + step overhead; memory-bound at small batch (Pope et al. 2022; the
-                   roofline view of decoding). e = `decode_bw_eff`(batch, tp) = decode_bw_eff *
+  decode step      max(R(batch)*b / tp / (bw * e) + KV bytes * context / (TP KV split) /
+                       (bw * e), 2*P_mm*batch / tp / (peak * decode_flops_eff))
+                   + TP comm + stage sends + step overhead (PP stages run in turn: /tp, not
+                   /n); memory-bound at small batch (Pope et al. 2022; the roofline view of
+                   decoding). e = `decode_bw_eff`(batch, tp) = decode_bw_eff *
                    batch / (batch + decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp);
                    TP comm = 2 * L all-reduce calls of batch*h*b bytes, each at least its
                    latency (`decode_tp_comm`); step overhead = step_overhead_s +
@@ -70,9 +71,19 @@ Time:
   continuous batch concurrency = floor(KV capacity / longest context), KV capacity = (memory *
                    kv_mem_fraction - weights - engine) * pp * KV split / KV bytes per token
                    (vLLM's gpu_memory_utilization, Kwon et al. 2023)
-  mixture of experts  no expert parallelism yet: every device of a replica holds 1/n of every
-                   expert (TP splits each expert's matrices as it splits a dense MLP), so
-                   weights, grads and optimizer state scale with P and the FLOPs with P_mm
+  parallelism      `placer.sharding`: TP, CP, PP, DP and expert parallelism (EP, ETP) split
+                   weights, state and tokens; memory scales with P (every expert), FLOPs with
+                   P_mm; the routed experts' GEMMs run at `gemm_eff` of the tokens one expert
+                   sees (`sharding.expert_tokens`), EP adds two all-to-alls per MoE layer and
+                   pass (`layer_comm`), CP a ring exchange of K and V, PP a send per stage
+                   boundary (`pp_send`), ZeRO-3 the per-micro-batch weight gathers
+                   (`zero3_gathers`); training runs at `device_ceiling` (GEMMs plus memory-
+                   bound kernels at HBM bandwidth). An engine's PP stages add KV room but do not
+                   shorten a decode step (a token passes every stage)
+  FP8              the job's `precision` (on devices with `fp8_tflops`): FP8 rollout weights
+                   halve their memory and the weights a decode step reads, FP8 KV halves the KV
+                   bytes per token, and FP8 weights or FP8 training run the GEMMs at the FP8 peak
+                   (`gemm_peak_tflops`); optimizer state, gradients and the sync stay as they are
   LPU              weights live in SRAM: chips = ceil(P*b * (1 + lpu_kv_reserve) / SRAM) (230
                    MB per GroqChip); KV room = chips * SRAM * reserve / (1 + reserve);
                    decode step = lpu_step_s + chips * lpu_hop_s + (batch-1) * one chip's stage
@@ -84,10 +95,12 @@ Time:
   environment      waves = ceil(calls / max(floor(cores / cpu_per_call), 1)), each the call's
                    mean latency + tool_overhead_s; a rule reward is ceil(samples / cores) *
                    rule_reward_s
-  weight sync      P*b / (path GB/s * link_eff) + sync_latency_s (+ lpu_reload_s onto LPUs); the
-                   path is one broadcast every replica joins (`placer.timing.sync_links`): pp
-                   senders at sync_sender_gbs each, or rollout ranks at sync_local_gbs each
-                   when colocated, so t = c + bytes / (BW_eff x parallel senders)
+  weight sync      P*b / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
+                   (+ lpu_reload_s onto LPUs); the path is one broadcast every replica joins
+                   (`placer.timing.sync_links`): pp senders at sync_sender_gbs each (1 when
+                   unbucketed), or rollout ranks at sync_local_gbs each when colocated, so
+                   t = c + bytes / (BW_eff x parallel senders); calls per sender: its share in
+                   sync_bucket_gb buckets, or every tensor when sync_bucket_gb = 0
   colocation       switching roles moves state host<->device at `offload_gbs`
 """
 from __future__ import annotations
@@ -95,27 +108,61 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
-from placer.collectives import Link, all_reduce, group_link
+from placer.layercomm import (
+    MICRO_TOKENS,
+    NODE_DEVICES,
+    decode_comm,
+    decode_tp_comm,
+    grad_sync_time,
+    layer_comm,
+    pp_send,
+    span_link,
+    tp_link,
+    zero3_gathers,
+)
+from placer.sharding import (
+    Parallel,
+    active_expert_params,
+    expert_tokens,
+    params_per_device,
+    train_state_bytes,
+)
 from placer.spec import DeviceKind, DeviceType, ModelArch
+
+# re-exported: the layout type lives in placer.sharding, the layers' collectives in
+# placer.layercomm
+__all__ = ["MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm", "decode_tp_comm",
+           "grad_sync_time", "layer_comm", "pp_send", "span_link", "tp_link", "zero3_gathers"]
 
 GB = 1e9
 BYTES = 2  # BF16
-# Tokens a training or forward micro-batch holds on one device: verl's default
-# ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu (16,384). Each micro-batch runs its
-# own TP all-reduces, so it sets how many calls (and per-call latencies) a pass pays.
-MICRO_TOKENS = 16384
-NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink for the NIC
 
 
 @dataclass(frozen=True)
 class Efficiency:
     """Achieved fractions of peak and fixed overheads. Defaults are public rules of thumb."""
 
-    # Ceilings of the saturating GEMM efficiency (`gemm_eff`): what large per-device batches
-    # reach. Megatron-LM reaches 52-56% MFU on 0.5-1T GPT pre-training (Narayanan et al. 2021,
-    # Korthikanti et al. 2022); RL steps run lower (smaller models, FSDP, variable lengths).
-    mfu_train: float = 0.40
-    mfu_prefill: float = 0.50  # prefill / forward passes: large GEMMs, a bit higher than training
+    # Ceilings of the saturating GEMM efficiency (`gemm_eff`): what the matmuls of large
+    # per-device batches reach before the pass's memory-bound kernels are added
+    # (`device_ceiling`). 0.58 with `nongemm_bytes_per_flop` gives 0.40 of peak on an H100 (Llama
+    # 3's 38-43% BF16 MFU on H100s, Dubey et al. 2024, table 4; Megatron-LM's 52-56% on 0.5-1T
+    # GPTs is the large-model upper end, Narayanan et al. 2021) and 0.55 on an H20, which is
+    # what verl's DAPO-7B FSDP update on 32 and 64 H20s measured (published rows 1-2: 0.54 of
+    # peak counting the recomputed forward; verl docs/perf/dpsk.md reports MFU 0.40 by its 6N
+    # count on 8 H20s).
+    mfu_train: float = 0.58
+    # Forward passes (engine prefill, old log-probs, reference, reward, critic values): RL
+    # frameworks' log-prob passes run well below training's efficiency -- small no-grad micro-
+    # batches, an fp32 log-softmax over the vocabulary, gathers FSDP does not hide. 0.37: what
+    # verl's old_log_prob passes on H20 (published rows 1-2, 5) and Miles' actor log-prob pass
+    # on H200 (row 10) measure against their 2N FLOPs, alike on both parts.
+    mfu_prefill: float = 0.37
+    # Memory traffic of training's non-GEMM kernels (norms, activations, rotary, residuals and
+    # their backward, the recomputed forward, casts) per GEMM FLOP, in bytes/FLOP: they run at
+    # HBM bandwidth, so a device with little compute per byte (an H20: 37 FLOP/byte; an H100:
+    # 295) loses less of its peak to them (`device_ceiling`). Set so that one GEMM ceiling gives
+    # both the H100 and the H20 figures of `mfu_train`.
+    nongemm_bytes_per_flop: float = 0.00264
     # Tokens per device at which a pass reaches half its ceiling, in units of the device's ridge
     # point peak/bandwidth (FLOP per byte): a [t x h] x [h x k] BF16 GEMM with t << h, k does
     # ~t FLOP per byte of weights read, so it is memory-bound below t ~ ridge (the roofline,
@@ -166,6 +213,15 @@ class Efficiency:
     # achieved (NeMo-RL DP8 -> TP8 Qwen3-4B refit 0.21-0.34 s; Miles 27B TP4 sync 2.5 s).
     sync_sender_gbs: float = 10.3
     sync_local_gbs: float = 6.25
+    # Calls of a refresh (`placer.timing.sync_calls`): a stream of `sync_bucket_gb` buckets, or,
+    # at 0, one call per tensor from one sender (verl's NCCL sync without checkpoint-engine).
+    # Every call after the first (which `sync_latency_s` covers) costs `sync_call_s`: the
+    # Python-side gather, NCCL launch and engine `load_weights` of one call. 0.25 ms fits verl's
+    # fully_async.md NCCL rows (Qwen2.5-7B 4 -> 4 H20: 0.12 s for 339 tensors of 15 GB over
+    # NVLink; 30B-A3B and 235B-A22B: 15.76 / 58.57 s for ~19k / ~37k tensors). 1 GB buckets:
+    # Miles p2p-weight-transfer.md; checkpoint-engine and NeMo-RL also stream buckets.
+    sync_call_s: float = 2.5e-4
+    sync_bucket_gb: float = 1.0
     train_mem_gb: float = 1.0  # per training device: CUDA context, allocator fragmentation
     rule_reward_s: float = 0.005  # CPU seconds to verify one sample with a rule (assumption)
 
@@ -186,26 +242,6 @@ class Calibration:
 
     def for_device(self, dev: DeviceType) -> Efficiency:
         return self.per_device.get(dev.name, self.default)
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """A parallel configuration of one role. `zero` is the ZeRO/FSDP stage (0: none, 3: full)."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    zero: int = 3
-    recompute: bool = True
-    offload: bool = False  # optimizer state (training) kept on the host
-
-    @property
-    def devices(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def replica(self) -> int:
-        return self.tp * self.pp
 
 
 @dataclass(frozen=True)
@@ -254,15 +290,12 @@ def train_memory(m: ModelArch, par: Parallel, micro_tokens: int,
 
     `micro_tokens` are the tokens of one micro-batch (its activations are live at once).
     """
-    P = m.params() / par.replica
-    shard = par.dp if par.zero >= 1 else 1
-    opt = 12 * P / shard
-    grads = 2 * P / (par.dp if par.zero >= 2 else 1)
-    wts = 2 * P / (par.dp if par.zero >= 3 else 1)
+    wts, grads, opt = train_state_bytes(m, par)  # dense and expert parts, each ZeRO-sharded
+    tokens = micro_tokens / par.cp  # context parallelism splits every sequence
     per_tok_layer = (2 if par.recompute else 34) * m.hidden / par.tp
-    act = micro_tokens * per_tok_layer * m.layers / par.pp
+    act = tokens * per_tok_layer * m.layers / par.pp
     if par.recompute:  # one layer's full activations are live while it is recomputed
-        act += micro_tokens * 34 * m.hidden / par.tp
+        act += tokens * 34 * m.hidden / par.tp
     return Memory(weights=wts / GB, grads=grads / GB, optimizer=0.0 if par.offload else opt / GB,
                   activations=act / GB, overhead=(eff or Efficiency()).train_mem_gb)
 
@@ -282,72 +315,86 @@ def train_flops(m: ModelArch, tokens: float, seq: float, recompute: bool) -> flo
     return passes * (m.matmul_params() + attention_flops_per_token(m, seq) / 2) * tokens
 
 
+def device_ceiling(ceiling: float, dev: DeviceType, eff: Efficiency) -> float:
+    """A pass's achievable fraction of peak on `dev`: its GEMMs at `ceiling` plus the memory-
+    bound kernels' `nongemm_bytes_per_flop` bytes per FLOP at HBM bandwidth, 1 / (1/ceiling +
+    nongemm * peak / bandwidth). A compute-poor, bandwidth-rich part (H20) keeps more of its
+    peak than a compute-rich one (H100, B200)."""
+    ridge = dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
+    return 1.0 / (1.0 / ceiling + eff.nongemm_bytes_per_flop * ridge)
+
+
 def gemm_eff(ceiling: float, tokens_per_device: float, dev: DeviceType, eff: Efficiency) -> float:
     """Achieved fraction of peak of a pass over `tokens_per_device` tokens per device (one
-    micro-batch at most, `MICRO_TOKENS`): ceiling * t / (t + t_half), t_half = gemm_half_ridge
-    * peak / bandwidth (the ridge point in FLOP per byte, which is where a GEMM over t tokens
-    stops being bound by reading its weights)."""
+    micro-batch at most, `MICRO_TOKENS`): ceiling * t / (t + t_half), t_half =
+    gemm_half_ridge * peak / bandwidth (the ridge point in FLOP per byte, which is where a GEMM
+    over t tokens stops being bound by reading its weights)."""
     t = min(max(tokens_per_device, 0.0), MICRO_TOKENS)
     half = eff.gemm_half_ridge * dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
     return ceiling * t / (t + half) if t > 0 else ceiling
 
 
+def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
+    """Peak TFLOP/s the layout's GEMMs run at: FP8 when its weights (inference) or its
+    training GEMMs are FP8 and the device has FP8 tensor cores, else BF16."""
+    if (par.fp8_weights or par.fp8_train) and dev.fp8_tflops is not None:
+        return dev.fp8_tflops
+    return dev.bf16_tflops
+
+
+def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
+                 passes: int, ceiling: float, group_tokens: float, eff: Efficiency) -> float:
+    """Seconds of `passes` matmul passes (2 a forward, 6 forward + backward, 8 with a recomputed
+    forward) over `tokens` tokens on the layout's devices: the dense, attention and LM-head
+    FLOPs at `gemm_eff` of the tokens a device's GEMMs see (`group_tokens` per dp rank / cp),
+    the routed experts' at `gemm_eff` of the tokens one expert sees (`sharding.expert_tokens`):
+    small for a mixture of many experts, which expert parallelism raises by gathering an EP
+    group's tokens."""
+    peak = par.devices * gemm_peak_tflops(dev, par) * 1e12
+    routed = active_expert_params(m)
+    dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
+    t = min(group_tokens, MICRO_TOKENS)
+    out = dense / (peak * gemm_eff(ceiling, group_tokens / par.cp, dev, eff))
+    if routed:
+        t_exp = expert_tokens(m, par, t)
+        out += passes * routed * tokens / (peak * gemm_eff(ceiling, t_exp, dev, eff))
+    return out
+
+
 def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
                steps: int, eff: Efficiency) -> float:
-    """Seconds for `steps` optimizer steps over `tokens` tokens in total."""
-    mfu = gemm_eff(eff.mfu_train, tokens / max(steps, 1) / par.dp, dev, eff)
-    compute = train_flops(m, tokens, seq, par.recompute) / (par.devices * dev.bf16_tflops * 1e12
-                                                              * mfu)
+    """Seconds for `steps` optimizer steps over `tokens` tokens in total. ZeRO-3's weight
+    gathers (`zero3_gathers`) are added without overlap, like every collective of the model:
+    FSDP prefetches them under the compute (Zhao et al. 2023), but an affine price keeps the
+    cost calibratable (`placer.fit` probes each factor's term; a max() would hide one side)."""
+    passes = 8 if par.recompute else 6
+    per_step = tokens / max(steps, 1) / par.dp
+    ceiling = device_ceiling(eff.mfu_train, dev, eff)
+    compute = pass_compute(m, dev, par, tokens, seq, passes, ceiling, per_step, eff)
+    # micro-batches are cut per optimizer step: a step's tokens / MICRO_TOKENS, at least one
+    gathers = zero3_gathers(m, dev, par, per_step, 3, eff) * max(steps, 1)
+    compute += gathers
     micro = max(4 * par.pp, 1)
     bubble = compute * (par.pp - 1) / micro
-    grad = 2 * m.params() / par.replica
-    # ZeRO's reduce-scatter + all-gather move what one all-reduce moves
-    allreduce = all_reduce(grad, par.dp, group_link(dev.intra_link_gbs, dev.nic_gbs,
-                                                    par.dp * par.replica, NODE_DEVICES,
-                                                    eff.link_eff, eff.nvlink_hop_s,
-                                                    eff.net_hop_s, eff.coll_base_s))
     # Megatron TP: 2 all-reduces per layer in the forward, 2 in the backward, 2 more in the
-    # recomputed forward; each device runs layers / pp of them.
-    passes = 3 if par.recompute else 2
-    tp_comm = _tp_comm(m, dev, par.tp, tokens / par.dp, eff) * passes / par.pp
+    # recomputed forward (likewise the EP all-to-alls and CP exchanges); layers / pp per device.
+    comm = layer_comm(m, dev, par, tokens / par.dp, eff) * (passes // 2 - 1) / par.pp
+    # 1F1B: each micro-batch crosses every stage boundary forward and back once per pass
+    chunk = min(tokens / par.dp, MICRO_TOKENS)
+    comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
     offload = 0.0
     if par.offload:
-        offload = 2 * 12 * m.params() / par.replica / par.dp / (eff.offload_gbs * GB)
-    return compute + bubble + steps * (allreduce + offload + eff.train_overhead_s) + tp_comm
-
-
-def tp_link(dev: DeviceType, eff: Efficiency) -> Link:
-    """The NVLink a TP group runs its all-reduces on (TP stays inside one node)."""
-    return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s)
-
-
-def _tp_comm(m: ModelArch, dev: DeviceType, tp: int, tokens: float, eff: Efficiency) -> float:
-    """One pass's TP traffic over `tokens` tokens per replica: 2 all-reduces of the
-    activations (tokens * h * b bytes) per layer (Shoeybi et al. 2019), issued once per
-    micro-batch of `MICRO_TOKENS`: tokens / MICRO_TOKENS calls per layer and all-reduce, each
-    of a full micro-batch (`collectives.all_reduce`). The call count is kept fractional so that
-    a pass split into parts costs the sum of its parts (the simulator prices mini-batches one
-    by one)."""
-    if tp == 1 or tokens <= 0:
-        return 0.0
-    chunk = min(tokens, MICRO_TOKENS)
-    per_call = all_reduce(chunk * m.hidden * BYTES, tp, tp_link(dev, eff))
-    return 2 * m.layers * tokens / chunk * per_call
-
-
-def decode_tp_comm(m: ModelArch, dev: DeviceType, tp: int, batch: int, eff: Efficiency) -> float:
-    """One decode step's TP traffic: 2 all-reduces per layer of batch * h * b bytes, each a
-    whole call, so even a batch of 1 pays 2 * L * (base + 2(tp-1) or 2 log2(tp) hops)."""
-    if tp == 1 or batch <= 0:
-        return 0.0
-    return 2 * m.layers * all_reduce(batch * m.hidden * BYTES, tp, tp_link(dev, eff))
+        offload = 2 * train_state_bytes(m, par)[2] / (eff.offload_gbs * GB)
+    return (compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload
+                                        + eff.train_overhead_s) + comm)
 
 
 # ----------------------------------------------------------------------------- frozen forward
 def infer_memory(m: ModelArch, par: Parallel, dev: DeviceType, eff: Efficiency) -> Memory:
     """Weights of a frozen model (reference, reward, critic forward, rollout engine)."""
     over = eff.engine_mem_gb if dev.kind is DeviceKind.gpu else 0.0
-    return Memory(weights=weight_bytes(m) / par.replica / GB, overhead=over)
+    return Memory(weights=sum(params_per_device(m, par)) * BYTES * par.weight_scale / GB,
+                  overhead=over)
 
 
 def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
@@ -358,10 +405,8 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
         per_token = 2 * m.matmul_params() / (chips * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
         replicas = max(par.devices // chips, 1)
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
-    flops = (2 * m.matmul_params() + attention_flops_per_token(m, seq)) * tokens
-    mfu = gemm_eff(eff.mfu_prefill, tokens / par.dp, dev, eff)
-    compute = flops / (par.devices * dev.bf16_tflops * 1e12 * mfu)
-    return compute + _tp_comm(m, dev, par.tp, tokens / par.dp, eff) + eff.step_overhead_s
+    compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff)
+    return compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
 
 
 # --------------------------------------------------------------------------------- generation
@@ -376,7 +421,7 @@ def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Effici
         return lpu_chips(m, dev, eff) * dev.memory_gb * GB * eff.lpu_kv_reserve / (
             1 + eff.lpu_kv_reserve) / kv_bytes_per_token(m)
     free = (dev.memory_gb * eff.kv_mem_fraction - infer_memory(m, par, dev, eff).total)
-    return max(free, 0.0) * GB * kv_split(m, par) / kv_bytes_per_token(m)
+    return max(free, 0.0) * GB * kv_split(m, par) / (kv_bytes_per_token(m) * par.kv_scale)
 
 
 def max_concurrency(m: ModelArch, dev: DeviceType, par: Parallel, max_context: int,
@@ -388,7 +433,7 @@ def max_concurrency(m: ModelArch, dev: DeviceType, par: Parallel, max_context: i
 def prefill_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, ctx: float,
                  eff: Efficiency) -> float:
     """One prefill of `tokens` new tokens on one replica (context `ctx` for attention)."""
-    rep = Parallel(tp=par.tp, pp=par.pp, dp=1)
+    rep = par if par.dp == 1 else replace(par, dp=1)
     return forward_time(m, dev, rep, tokens, ctx, eff)
 
 
@@ -396,17 +441,26 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                   eff: Efficiency) -> tuple[float, float, float, float]:
     """A GPU/CPU decode step as max(a + k * context_tokens, c) + d: (a, k, c, d) in seconds.
 
-    a: read the replica's share of the weights the step uses (`decode_read_bytes`); k: read
-    one KV token (its share on one device, `kv_split`); c: the batch's matmul FLOPs (2 *
-    `matmul_params` per sequence); d: TP all-reduces of the batch's tokens and the engine's
-    per-step overhead.
+    a: read the weights the step uses (`decode_read_bytes`) over the tp ranks of a stage; k:
+    read one KV token (its TP share, `ModelArch.kv_tp_shards`); c: the batch's matmul FLOPs (2 *
+    `matmul_params` per sequence) over tp ranks; d: the step's collectives (`decode_comm`), the
+    stage-to-stage sends (`pp_send`) and the engine's per-step overhead. Pipeline stages do not
+    shorten a step: a token passes every stage in turn (or, with pp micro-batches in flight,
+    every stage reads its weights once per micro-batch), so a step of the whole batch reads
+    all the weights and KV at one stage's bandwidth; PP buys memory (KV room), not speed.
     """
-    n = par.replica
-    rate = dev.mem_bw_gbs * GB * decode_bw_eff(batch, par.tp, eff)
-    a = decode_read_bytes(m, batch) / n / rate
-    k = kv_bytes_per_token(m) / kv_split(m, par) / rate
-    c = 2 * m.matmul_params() * batch / n / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff)
-    d = decode_tp_comm(m, dev, par.tp, batch, eff) + step_overhead(batch, eff)
+    n = par.tp
+    bw = dev.mem_bw_gbs * GB
+    rate = bw * decode_bw_eff(batch, par.tp, eff)
+    # routed experts read at the efficiency of their own split: whole experts per rank under EP
+    routed = (m.decode_read_params(batch) - m.decode_read_params(0)) * BYTES
+    a = ((decode_read_bytes(m, batch) - routed) / n / rate
+         + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff))) * par.weight_scale
+    k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.tp) / rate
+    c = (2 * m.matmul_params() * batch / n
+         / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
+    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff)
+         + step_overhead(batch, eff))
     return a, k, c, d
 
 
@@ -476,9 +530,12 @@ def tool_waves(calls: int, cpu_per_call: float, cores: int) -> int:
     return math.ceil(calls / per_wave)
 
 
-def weight_sync_time(m: ModelArch, path_gbs: float, dst: DeviceType, eff: Efficiency) -> float:
-    """Push BF16 weights over a path of `path_gbs` GB/s; LPUs also pay a reload."""
-    t = weight_bytes(m) / (path_gbs * GB * eff.link_eff) + eff.sync_latency_s
+def weight_sync_time(m: ModelArch, path_gbs: float, dst: DeviceType, eff: Efficiency,
+                     calls: int = 1) -> float:
+    """Push BF16 weights over a path of `path_gbs` GB/s in `calls` sequential calls per sender
+    (`placer.timing.sync_calls`; the first is in `sync_latency_s`); LPUs also pay a reload."""
+    t = (weight_bytes(m) / (path_gbs * GB * eff.link_eff) + eff.sync_latency_s
+         + max(calls - 1, 0) * eff.sync_call_s)
     if dst.kind is DeviceKind.lpu:
         t += eff.lpu_reload_s
     return t

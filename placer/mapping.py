@@ -24,7 +24,7 @@ from collections import defaultdict
 import networkx as nx
 
 from placer.catalog import Resolved
-from placer.plan import Bundle, RolePlacement, SlotPlan, SyncRoute
+from placer.planfile import Bundle, RolePlacement, SlotPlan, SyncRoute
 from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceKind, DeviceType, SpecError
 

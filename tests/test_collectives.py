@@ -2,6 +2,9 @@
 checked against hand-computed values."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from placer.catalog import resolve, shipped_devices, shipped_models
@@ -22,6 +25,7 @@ from placer.costmodel import (
     decode_bw_eff,
     decode_step_time,
     decode_tp_comm,
+    device_ceiling,
     forward_time,
     gemm_eff,
     step_overhead,
@@ -101,11 +105,23 @@ def test_tp_comm_grows_with_layers_not_with_batch_at_small_batch() -> None:
 # ----------------------------------------------------------------------- size-dependent factors
 def test_gemm_efficiency_saturates_at_the_ridge_point() -> None:
     ridge = H100.bf16_tflops * 1e12 / (H100.mem_bw_gbs * 1e9)  # ~295 FLOP per byte
-    assert gemm_eff(0.4, ridge, H100, EFF) == pytest.approx(0.2)
-    assert gemm_eff(0.4, 16384, H100, EFF) == pytest.approx(0.4 * 16384 / (16384 + ridge))
+    gemm_only = replace(EFF, nongemm_bytes_per_flop=0.0)
+    assert gemm_eff(0.4, ridge, H100, gemm_only) == pytest.approx(0.2)
+    assert gemm_eff(0.4, 16384, H100, gemm_only) == pytest.approx(0.4 * 16384 / (16384 + ridge))
     assert gemm_eff(0.4, 1e9, H100, EFF) == gemm_eff(0.4, 16384, H100, EFF)  # one micro-batch
     # an H20 (ridge 37) saturates at far fewer tokens than an H100
     assert gemm_eff(0.4, 256, H20, EFF) > gemm_eff(0.4, 256, H100, EFF)
+
+
+def test_device_ceiling_adds_memory_bound_kernels_at_hbm_bandwidth() -> None:
+    # 1 / (1/0.58 + 0.00264 * ridge): H100 ridge 989e12/3.35e12 = 295.2 -> 1/(1.7241 + 0.7794)
+    # = 0.3994; H20 ridge 148e12/4e12 = 37 -> 1/(1.7241 + 0.0977) = 0.5489
+    assert device_ceiling(0.58, H100, EFF) == pytest.approx(0.3994, abs=5e-4)
+    assert device_ceiling(0.58, H20, EFF) == pytest.approx(0.5489, abs=5e-4)
+    assert device_ceiling(0.58, H100, replace(EFF, nongemm_bytes_per_flop=0.0)) == 0.58
+    # training runs at the device's ceiling: an H20 keeps 1.37x the H100's share of its peak
+    assert device_ceiling(0.58, H20, EFF) / device_ceiling(0.58, H100, EFF) == pytest.approx(
+        1.374, abs=2e-3)
 
 
 def test_decode_bandwidth_efficiency_falls_with_tp_and_at_batch_one() -> None:
@@ -121,7 +137,8 @@ def test_step_overhead_grows_with_the_batch() -> None:
 
 def test_causal_attention_is_half_the_full_score_matrix() -> None:
     m = M["Llama-3-8B"]
-    ideal = Efficiency(gemm_half_ridge=0.0, step_overhead_s=0.0, mfu_prefill=1.0)
+    ideal = Efficiency(gemm_half_ridge=0.0, step_overhead_s=0.0, mfu_prefill=1.0,
+                       nongemm_bytes_per_flop=0.0)
     extra = (forward_time(m, H100, Parallel(), 1e5, 4096, ideal)
              - forward_time(m, H100, Parallel(), 1e5, 0, ideal))
     assert extra == pytest.approx(2 * m.layers * m.hidden * 4096 * 1e5 / 989e12)
@@ -150,14 +167,18 @@ def test_weight_sync_is_one_broadcast_at_the_sender_rate() -> None:
     actor = _placed("a", Role.ACTOR, Parallel(dp=2))
     few = sync_time(res, actor, _placed("r", Role.ROLLOUT, Parallel(dp=8)), cal)  # 2 nodes
     many = sync_time(res, actor, _placed("r", Role.ROLLOUT, Parallel(dp=30)), cal)
-    # relation 4 of the published runs: c + bytes / (8.25 GB/s x 1 sender), whatever the replicas
-    expect = EFF.sync_latency_s + weight_bytes(m) / (EFF.sync_sender_gbs * EFF.link_eff * 1e9)
+    # relation 4 of the published runs: c + bytes / (8.25 GB/s x 1 sender), whatever the replicas,
+    # + one call per 1 GB bucket after the first (61.1 GB: 62 buckets)
+    gb = weight_bytes(m) / 1e9
+    wire = gb / (EFF.sync_sender_gbs * EFF.link_eff)
+    expect = EFF.sync_latency_s + wire + (math.ceil(gb) - 1) * EFF.sync_call_s
     assert few == pytest.approx(many) == pytest.approx(expect)
     assert EFF.sync_sender_gbs * EFF.link_eff == pytest.approx(8.25, rel=0.01)
-    # pipeline stages send their layers in parallel
+    # pipeline stages send their layers (and their buckets) in parallel
     staged = sync_time(res, _placed("a", Role.ACTOR, Parallel(pp=4)),
                        _placed("r", Role.ROLLOUT, Parallel(dp=8)), cal)
-    assert staged - EFF.sync_latency_s == pytest.approx((expect - EFF.sync_latency_s) / 4)
+    assert staged == pytest.approx(EFF.sync_latency_s + wire / 4
+                                   + (math.ceil(gb / 4) - 1) * EFF.sync_call_s)
 
 
 def test_colocated_sync_loads_each_rank_shard() -> None:

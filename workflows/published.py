@@ -17,7 +17,9 @@ generation, not the generation itself, so only what they name is compared.
 
 The weight-sync rows (`SYNC_ROWS`) price one actor -> rollout refresh with `timing.sync_time` on
 the published hardware and mapping, where the model can express it (dense or MoE without expert
-parallelism; a rollout TP inside one node).
+parallelism; a rollout TP inside one node), with each framework's transport: verl's NCCL sync
+without checkpoint-engine sends tensor by tensor from rank 0 (`SyncRow.bucket_gb` = 0), the others
+stream buckets from every pipeline stage (`timing.sync_calls`, `timing.sync_senders`).
 
     python -m workflows.published [--json] [--calibration PROFILE]
 
@@ -41,7 +43,7 @@ from typing import Any
 
 from placer.calibration import load_calibration
 from placer.catalog import Resolved, resolve, shipped_devices, shipped_models
-from placer.costmodel import Calibration, Memory, Parallel, decode_step_time
+from placer.costmodel import Calibration, Efficiency, Memory, Parallel, decode_step_time
 from placer.estimate import Estimate, estimate
 from placer.roles import Role
 from placer.spec import SpecError, job_from_dict, load_job
@@ -61,9 +63,12 @@ class Use:
     dp: int = 1
     zero: int = 3
     offload: bool = False
+    cp: int = 1
+    ep: int = 1
 
     def parallel(self) -> Parallel:
-        return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload)
+        return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
+                        cp=self.cp, ep=self.ep)
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,12 @@ class SyncRow:
     rollout: Use
     published_s: float
     colocated: bool = False
+    # The transport's bucket size, GB (`Efficiency.sync_bucket_gb`): a framework setting; 0 for
+    # verl's NCCL sync without checkpoint-engine, which broadcasts tensor by tensor from rank 0.
+    bucket_gb: float = Efficiency().sync_bucket_gb
 
 
+_UNBUCKETED = 0.0
 _CPU = Use("cpu")
 _R = Role
 _COLOC = [[_R.ACTOR, _R.ROLLOUT], [_R.REWARD]]
@@ -122,13 +131,15 @@ ROWS: list[Row] = [
         _SPLIT),
     Row("r05 GRPO 30B-A3B 128xH20 colocate", "r05-grpo30ba3b-128xh20-colocate.yaml", _FA, 497.89,
         {"rollout": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update": 86.27},
-        {_R.ACTOR: Use("h20", tp=2, dp=64, zero=1), _R.ROLLOUT: Use("h20", tp=4, dp=32),
-         _R.REFERENCE: Use("h20", tp=2, dp=64), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, cp=2, ep=8),
+         _R.ROLLOUT: Use("h20", tp=4, dp=32),
+         _R.REFERENCE: Use("h20", tp=2, dp=32, cp=2, ep=8), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r06 GRPO 30B-A3B 128xH20 async 96:32", "r06-grpo30ba3b-128xh20-async.yaml", _FA, 282.75,
         {"ref": 50.05, "update": 206.63},
-        {_R.ACTOR: Use("h20", tp=2, dp=16, zero=1), _R.ROLLOUT: Use("h20", tp=4, dp=24),
-         _R.REFERENCE: Use("h20", tp=2, dp=16), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, cp=2, ep=8),
+         _R.ROLLOUT: Use("h20", tp=4, dp=24),
+         _R.REFERENCE: Use("h20", tp=2, dp=8, cp=2, ep=8), _R.REWARD: _CPU},
         _SPLIT_REF),
     Row("r07 DAPO 7B 16xH20 colocate", "r07-dapo7b-16xh20-colocate.yaml", _OSO, 749.0,
         {"rollout": 321.0, "old_log_prob": 88.0, "update": 286.0},
@@ -162,11 +173,11 @@ ROWS: list[Row] = [
 _FAS = "verl docs/advance/fully_async.md (NCCL, no checkpoint-engine)"
 SYNC_ROWS: list[SyncRow] = [
     SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
-            0.12),
+            0.12, bucket_gb=_UNBUCKETED),
     SyncRow("verl 30B-A3B 16->16 H20", _FAS, "Qwen3-30B-A3B", "H20", 4, Use("g", tp=2, dp=8),
-            Use("g", tp=4, dp=4), 15.76),
+            Use("g", tp=4, dp=4), 15.76, bucket_gb=_UNBUCKETED),
     SyncRow("verl 235B-A22B 64->64 H20", _FAS, "Qwen3-235B-A22B", "H20", 16,
-            Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8), 58.57),
+            Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8), 58.57, bucket_gb=_UNBUCKETED),
     SyncRow("verl ckpt-engine 30B-A3B FSDP2->30 H100", "verl verl/checkpoint_engine/README.md",
             "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0),
     SyncRow("NeMo-RL 4B DP8->TP8 H100 colocated", "NeMo-RL docs/design-docs/nccl-reshard-refit.md",
@@ -260,6 +271,9 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Result:
                Estimate(_R.ACTOR, "g", row.actor.parallel(), Memory(), {}))
     r = Placed("a+r" if row.colocated else "r",
                Estimate(_R.ROLLOUT, "g", row.rollout.parallel(), Memory(), {}))
+    bucket = {"sync_bucket_gb": row.bucket_gb}
+    calib = Calibration(calib.default.override(bucket),
+                        {k: e.override(bucket) for k, e in calib.per_device.items()})
     return Result(row.name, row.published_s, sync_time(res, a, r, calib))
 
 
