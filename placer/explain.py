@@ -6,21 +6,31 @@
              whose roles do not fit in memory together (they pay offload/onload), the slot that
              sets each stage (sync) or the busiest slot (async), roles at their largest config
   marginal   the value of one more node of each pool, by re-solving the ILP on the grown cluster
+  release    nodes the plan leaves idle, per pool, that can be given back at the same iteration
+             time: the plan's placement re-priced on the shrunk cluster through the cost table
+             (`releases`), and what they cost per hour
+  host       host memory of the busiest node of each GPU pool by part (`placer.hostmem`)
   diagnose   for a job that cannot be placed: which role fits nowhere, what it would need, and
              the smallest change (nodes to add to one pool) that makes it fit
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from placer.candidates import layouts, memory_floor_gb, role_candidates
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, lpu_chips
+from placer.errors import Infeasible
 from placer.estimate import HOSTS, can_host, estimate
-from placer.plan import Plan
+from placer.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
+from placer.moves import dims
+from placer.planfile import Plan
+from placer.pricing import device_price
 from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceKind, Pool
+from placer.timing import Placed, iteration_time
 
 GROWTH = [2**k for k in range(1, 13)]  # pool sizes tried by the diagnosis: up to 4,096x
 
@@ -32,7 +42,7 @@ def breakdown(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[s
         est = estimate(res, role, pool, r.par, calib)
         mem = est.memory
         out[role] = {"pool": r.pool, "device": pool.device, "devices": r.devices,
-                     "layout": f"tp{r.tp} pp{r.pp} dp{r.dp}" + (" offload" if r.offload else ""),
+                     "layout": dims(r) + (" offload" if r.offload else ""),
                      "slot": r.slot, "stage_s": {k: round(v, 4) for k, v in r.stage_s.items()},
                      "time_s": round(r.time_s, 4),
                      "share": round(r.time_s / plan.predicted_iteration_s, 4),
@@ -40,8 +50,70 @@ def breakdown(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[s
                                    ("weights", "grads", "optimizer", "activations", "kv_cache",
                                     "overhead")},
                      "memory_total_gb": round(mem.total, 3),
-                     "device_memory_gb": res.device_of(pool).memory_gb}
+                     "device_memory_gb": res.device_of(pool).memory_gb,
+                     "host_optimizer_gb": round(_host_optimizer(res, role, r.par), 3)}
     return out
+
+
+def _host_optimizer(res: Resolved, role: str, par) -> float:
+    """GB per device of optimizer state the role keeps on the host (offloaded)."""
+    m = res.model_of(role)
+    return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
+
+
+@dataclass(frozen=True)
+class Release:
+    """Idle nodes of a pool that can go back at the same iteration time."""
+
+    pool: str
+    nodes: int
+    keep: int  # nodes the plan uses
+    usd_per_hour: float
+
+    def line(self) -> str:
+        return (f"release {self.nodes} node{'s' if self.nodes != 1 else ''} of {self.pool}: "
+                f"same time, {self.usd_per_hour:.2f} USD/h less")
+
+
+def releases(plan: Plan, res: Resolved, calib: Calibration) -> list[Release]:
+    """Per pool, the nodes no bundle of the plan uses, if giving them back keeps the time."""
+    used: dict[str, set[int]] = {}
+    for b in plan.bundles:
+        used.setdefault(b.pool, set()).add(b.node)
+    out = []
+    for p in res.cluster.pools:
+        keep = len(used.get(p.name, ()))
+        idle = p.nodes - keep
+        if idle > 0 and _same_time(plan, res, calib, p.name, keep):
+            out.append(Release(p.name, idle, keep,
+                               device_price(res, p.name) * p.devices_per_node * idle))
+    return out
+
+
+def _same_time(plan: Plan, res: Resolved, calib: Calibration, pool: str, keep: int) -> bool:
+    """The plan's placement priced by the cost table on the cluster with `pool` cut to `keep`
+    nodes (0: gone) has the plan's iteration time."""
+    from placer.planner import with_nodes  # lazy: cycle (the planner imports this module)
+
+    try:
+        small = with_nodes(res.job, {pool: keep})
+    except Infeasible:  # no nodes left at all
+        return False
+    placed = []
+    for role, r in plan.roles.items():
+        est = estimate(small, role, small.cluster.pool(r.pool), r.par, calib)
+        if not est.feasible:
+            return False
+        placed.append(Placed(r.slot, est))
+    t = iteration_time(small, placed, calib).iteration_s
+    return math.isclose(t, plan.predicted_iteration_s, rel_tol=1e-9)
+
+
+def host_memory(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[str, Any]]:
+    """Per checked GPU pool, its busiest node's host memory by part (GB) and capacity."""
+    return {pool: {"node": n.node, "parts_gb": {k: round(v, 1) for k, v in n.parts.items()},
+                   "total_gb": round(n.total_gb, 1), "capacity_gb": n.capacity_gb}
+            for pool, n in busiest_per_pool(plan_nodes(plan, res, calib)).items()}
 
 
 def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
@@ -59,8 +131,15 @@ def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
     busy = plan.breakdown.slot_busy_s
     if plan.mode == "async" and busy:
         top = max(busy, key=busy.__getitem__)
-        notes.append(f"async: slot {top} is the busiest ({busy[top]:.2f} s) and sets the "
-                     "iteration time")
+        chain = sum(plan.breakdown.stage_s.values())
+        stale = plan.spec.pipeline.max_staleness
+        if chain / (stale + 1) > busy[top]:
+            notes.append(f"async: one step's sync -> rollout -> score -> train chain "
+                         f"({chain:.2f} s) must fit in staleness + 1 = {stale + 1} iterations "
+                         f"and sets the iteration time (busiest slot {top}: {busy[top]:.2f} s)")
+        else:
+            notes.append(f"async: slot {top} is the busiest ({busy[top]:.2f} s) and sets the "
+                         "iteration time")
     else:
         for stage, t in plan.breakdown.stage_s.items():
             if t > 0:
@@ -107,7 +186,19 @@ def marginal(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float 
 def explain(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
             ) -> dict[str, Any]:
     return {"roles": breakdown(plan, res, calib), "binding": binding(plan, res, calib),
-            "marginal_node": marginal(plan, res, calib, time_limit_s)}
+            "marginal_node": marginal(plan, res, calib, time_limit_s),
+            "booking": booking(plan, res, calib), "host_memory": host_memory(plan, res, calib)}
+
+
+def booking(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, Any]:
+    """Booked against used USD/h and per sample, and the nodes that can be released."""
+    return {"booked_usd_per_hour": plan.booked_usd_per_hour,
+            "used_usd_per_hour": plan.used_usd_per_hour,
+            "booked_cost_per_sample": plan.booked_cost_per_sample,
+            "used_cost_per_sample": plan.cost_per_sample,
+            "release": [{"pool": r.pool, "nodes": r.nodes, "keep": r.keep,
+                         "usd_per_hour": round(r.usd_per_hour, 4), "line": r.line()}
+                        for r in releases(plan, res, calib)]}
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -115,9 +206,20 @@ def render(doc: dict[str, Any]) -> str:
              f"{'time s':>9} {'share':>6} {'mem GB':>8}  memory by kind"]
     for role, r in doc["roles"].items():
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
+        host = r.get("host_optimizer_gb", 0.0)
         lines.append(f"  {role:<12} {r['pool']:<8} {r['devices']:>7} {r['layout']:<16} "
                      f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  "
-                     f"{kinds} (of {r['device_memory_gb']:g})")
+                     f"{kinds} (of {r['device_memory_gb']:g})"
+                     + (f"; on the host: optimizer {host:.1f} per device" if host else ""))
+    if doc.get("host_memory"):
+        lines.append("host memory per node (GB, busiest node of each GPU pool):")
+        for pool, h in doc["host_memory"].items():
+            parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in h["parts_gb"].items()
+                              if v)
+            lines.append(f"  {pool:<8} node {h['node']}: {h['total_gb']:,.1f} of "
+                         f"{h['capacity_gb']:,.0f} ({parts})")
+    if "booking" in doc:
+        lines += booking_lines(doc["booking"])
     lines.append("binding:")
     lines += [f"  - {b}" for b in doc["binding"]] or ["  (none)"]
     lines.append("one more node of each pool (re-solved):")
@@ -126,6 +228,15 @@ def render(doc: dict[str, Any]) -> str:
                      f"cost/sample {m['cost_per_sample']:.6f} USD "
                      f"({m['delta_cost_per_sample']:+.6f})")
     return "\n".join(lines)
+
+
+def booking_lines(b: dict[str, Any]) -> list[str]:
+    """Booked vs used cost and the release advice, as `plan`'s summary and `--explain` print."""
+    lines = [f"booked {b['booked_usd_per_hour']:.2f} USD/h ({b['booked_cost_per_sample']:.6f} "
+             f"USD/sample), used {b['used_usd_per_hour']:.2f} USD/h "
+             f"({b['used_cost_per_sample']:.6f} USD/sample)"]
+    lines += [f"  {r['line']}" for r in b["release"]]
+    return lines
 
 
 # --------------------------------------------------------------------------------- diagnosis

@@ -65,7 +65,7 @@ from placer.fit_events import (
     probe_variants,
     switch_off,
 )
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.spec import SpecError
 from traces.schema import Trace, TraceEvent
 

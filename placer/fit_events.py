@@ -40,7 +40,7 @@ from placer.costmodel import (
     train_time,
 )
 from placer.estimate import Estimate, mean_context
-from placer.plan import Plan, calibration_of
+from placer.planfile import Plan, calibration_of
 from placer.roles import Role
 from placer.spec import DeviceKind, DeviceType, ModelArch, SpecError
 from placer.timing import Placed, sync_bandwidth

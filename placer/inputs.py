@@ -50,6 +50,24 @@ def escape(text: str) -> str:
     return "".join(out)
 
 
+class SpecErrors(SpecError):
+    """Several independent mistakes in one input, found in one pass: `lines` holds one message
+    per mistake (each naming its field and value); `str()` joins them with newlines. The CLI
+    prints each as its own `placer: error:` line, so a user fixes them all in one round."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = list(lines)
+        super().__init__("\n".join(self.lines))
+
+
+def error_lines(err: SpecError) -> list[str]:
+    """The lines to print for `err`, each escaped (`escape`): a `SpecErrors` gives one per
+    mistake; any other error is one line whatever its text holds (a newline in a hostile path
+    stays `\\n`, never a second line)."""
+    lines = err.lines if isinstance(err, SpecErrors) else [str(err)]
+    return [escape(line) for line in lines]
+
+
 def read_text(path: str | Path, what: str = "file") -> str:
     """The UTF-8 text of a file no larger than `MAX_FILE_BYTES`; SpecError naming the path when it
     is missing, a folder, unreadable, too large, binary or not UTF-8."""

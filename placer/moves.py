@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from placer.plan import Plan
+from placer.planfile import Plan, RolePlacement
 from placer.roles import Role
 
 ABSENT = "absent"
@@ -40,13 +40,23 @@ def role_counts(plan: Plan) -> dict[str, int]:
     return out
 
 
+def dims(x: RolePlacement, dp: int | None = None) -> str:
+    """`tpT ppP dpD`, with `cpC` after tp and `epE` (and `etpF`) last where they are above 1
+    (Megatron-Core's order; most layouts have neither, so they are left out there)."""
+    out = (f"tp{x.tp}" + (f" cp{x.cp}" if x.cp > 1 else "")
+           + f" pp{x.pp} dp{x.dp if dp is None else dp}")
+    if x.ep > 1:
+        out += f" ep{x.ep}" + (f" etp{x.etp}" if x.etp > 1 else "")
+    return out
+
+
 def layout(plan: Plan, role: str) -> str:
-    """A role's actors: `pool tpT ppP dpN` (+ ` offload`), or "absent" when the plan lacks it."""
+    """A role's actors: `pool tpT ppP dpN` (`dims`: cp and ep where above 1; + ` offload`), or
+    "absent" when the plan lacks it."""
     x = plan.roles.get(role)
     if x is None:
         return ABSENT
-    return (f"{x.pool} tp{x.tp} pp{x.pp} dp{role_counts(plan)[role]}"
-            + (" offload" if x.offload else ""))
+    return f"{x.pool} {dims(x, role_counts(plan)[role])}" + (" offload" if x.offload else "")
 
 
 def partners(plan: Plan, role: str) -> frozenset[str]:

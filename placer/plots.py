@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from placer.plan import Plan
+from placer.planfile import Plan
 
 MAX_NODES_SHOWN = 12  # per pool; a 1000-node pool is drawn as its first nodes plus a count
 KIND_COLOURS = {"stage": "0.82", "environment": "C8", "generate": "C0", "prefill": "C9",

@@ -5,12 +5,15 @@ the `placer plan` and `placer replan` commands only call them.
 """
 from __future__ import annotations
 
-from placer.plan import Plan
+from collections.abc import Sequence
+
+from placer.planfile import Plan
 from placer.pricing import usd_per_hour
 
 
-def render_plan(plan: Plan) -> str:
-    """The readable table of one plan."""
+def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
+    """The readable table of one plan; `release` lines (`placer.explain.releases`) follow the
+    booked-against-used cost."""
     s = plan.solver
     job = plan.spec
     unit = "s" if plan.objective == "time" else "USD/sample"
@@ -20,12 +23,13 @@ def render_plan(plan: Plan) -> str:
              f"{s.bound:.6g}, gap {s.gap:.2%}, {s.solve_s:.2f} s",
              f"predicted iteration {plan.predicted_iteration_s:.3f} s | "
              f"{plan.throughput_samples_s:.2f} samples/s | {plan.cost_per_sample:.6f} USD/sample | "
-             f"{usd_per_hour(plan):.2f} USD/h", "",
+             f"{usd_per_hour(plan):.2f} USD/h",
+             *_booking(plan, release), "",
              f"{'role':<12} {'pool':<8} {'devices':>7} {'tp':>3} {'pp':>3} {'dp':>5} "
-             f"{'slot':<28} {'time s':>9} {'mem GB':>7}"]
+             f"{'cp':>3} {'ep':>3} {'slot':<28} {'time s':>9} {'mem GB':>7}"]
     for name, r in plan.roles.items():
         lines.append(f"{name:<12} {r.pool:<8} {r.devices:>7} {r.tp:>3} {r.pp:>3} {r.dp:>5} "
-                     f"{r.slot:<28} {r.time_s:>9.3f} {r.memory_gb:>7.1f}")
+                     f"{r.cp:>3} {r.ep:>3} {r.slot:<28} {r.time_s:>9.3f} {r.memory_gb:>7.1f}")
     lines += ["", f"{'slot':<28} {'pool':<8} {'devices':>7} {'nodes':>6}  busy s"]
     for sl in plan.slots:
         busy = plan.breakdown.slot_busy_s.get(sl.name, 0.0)
@@ -37,6 +41,14 @@ def render_plan(plan: Plan) -> str:
                  f" ({'busiest slot' if plan.mode == 'async' else 'sum of stages'})")
     lines.append(f"bundles: {len(plan.bundles)}, weight-sync routes: {len(plan.sync_routes)}")
     return "\n".join(lines)
+
+
+def _booking(plan: Plan, release: Sequence[str]) -> list[str]:
+    if not plan.booked_usd_per_hour:  # a plan written before booking was recorded
+        return []
+    return [f"booked {plan.booked_usd_per_hour:.2f} USD/h for the whole cluster "
+            f"({plan.booked_cost_per_sample:.6f} USD/sample), used {plan.used_usd_per_hour:.2f} "
+            f"USD/h ({plan.cost_per_sample:.6f} USD/sample)", *(f"  {r}" for r in release)]
 
 
 def render_frontier(plans: list[Plan]) -> str:

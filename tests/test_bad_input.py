@@ -52,6 +52,7 @@ EXPECT: dict[str, tuple[str, str]] = {
     "heads_not_dividing": ("catalog.models.0", "hidden 100 is not divisible by heads 3"),
     "turns_without_env": ("environment.turns", "3 turns"),
     "cluster_file_missing": ("cluster", "no-such-cluster.yaml: no such file"),
+    "cpu_pool_cores_as_devices": ("cluster.pools.1.devices_per_node", "cores_per_node: 64"),
 }
 FILES = sorted(BAD.glob("*.yaml"))
 JSON_TOO = ("malformed_yaml", "empty", "unknown_nested_key", "negative_size", "unknown_device")

@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from calibdata import ROOT, TRUTH, hand_plan
 
 from placer.calibration import load_calibration
 from placer.cli import main
-from placer.plan import save_plan
+from placer.planfile import save_plan
 from traces.synthetic import cost_model_trace
 
 
@@ -94,3 +95,39 @@ def test_too_few_events_exits_2(run_files, capsys):
 def test_plan_that_does_not_exist_exits_2(run_files, capsys):
     assert main(["calibrate", str(run_files / "trace.json"), "--plan", "nowhere.json"]) == 2
     assert "nowhere.json" in _error(capsys)
+
+
+def test_stage_fit_from_the_cli_on_an_executed_run(tmp_path, capsys):
+    """An executed run (hand-written in the executor's format, known stage times): `placer
+    calibrate` without --plan (the trace names it) fits the events AND the stages, and the
+    simulated stages then match the measured ones; --events-only leaves the stages out."""
+    from test_fidelity import SCORE, SYNC, executed
+
+    from placer.catalog import resolve
+    from placer.costmodel import Calibration
+    from placer.planner import plan_job
+    from placer.spec import load_job
+    plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
+    save_plan(plan, tmp_path / "run.plan.json")
+    trace = executed(plan)
+    trace.metadata["plan_path"] = "run.plan.json"
+    trace.write(tmp_path / "run.json")
+    out = tmp_path / "profile.yaml"
+    assert main(["calibrate", str(tmp_path / "run.json"), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "stage factor" in text and "emu-gpu.sync_latency_s" in text
+    doc = yaml.safe_load(out.read_text())
+    stages = doc["fit"]["stages"]
+    assert stages["emu-gpu.sync_latency_s"]["simulated_s"] == pytest.approx(SYNC, rel=0.01)
+    assert stages["laptop-cpu.rule_reward_s"]["measured_s"] > SCORE  # environment + score
+    assert load_calibration(out).per_device["emu-gpu"].sync_latency_s == pytest.approx(
+        stages["emu-gpu.sync_latency_s"]["value"])
+    assert main(["calibrate", str(tmp_path / "run.json"), "-o", str(out), "--events-only",
+                 "--json"]) == 0
+    assert "stages" not in json.loads(capsys.readouterr().out)["fit"]
+
+
+def test_a_trace_that_is_not_an_executed_run_gets_the_event_fit_only(run_files, capsys):
+    assert main(["calibrate", str(run_files / "embedded.json"), "-o",
+                 str(run_files / "e.yaml")]) == 0
+    assert "stage fit skipped" in capsys.readouterr().err

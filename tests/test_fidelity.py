@@ -17,12 +17,13 @@ import pytest
 from placer.calibration import calibration_from_dict
 from placer.catalog import resolve
 from placer.costmodel import Calibration
-from placer.plan import Plan, save_plan
+from placer.planfile import Plan, save_plan
 from placer.planner import plan_job
 from placer.spec import SpecError, load_job
 from traces.schema import Trace
 from workflows.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
-from workflows.fidelity_heldout import event_profile, stage_calibrate
+from workflows.fidelity_heldout import event_profile
+from workflows.stagefit import stage_calibrate
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNC, ROLLOUT, ENV, SCORE, TRAIN, OTHER = 0.05, 0.12, 0.5, 0.02, 0.1, 0.03
@@ -67,7 +68,7 @@ def executed(plan: Plan, steps: int = 3, response: int = 8, gen_s: float = 0.11,
         for r in range(plan.roles["actor"].dp):
             tr.add("train actor", "train", tt + 0.005, 0.09, "gpu:0", f"actor{r}", step=s,
                    role="actor", sample_ids=ids[:n // 2], tokens=n * 10, devices=[f"gpu:0:{r}"])
-        tr.add(f"step {s}", "step", t0, STEP_S - SYNC, "driver", "loop", step=s)
+        tr.add(f"step {s}", "step", t, STEP_S, "driver", "loop", step=s)  # sync nests in it
         t = t0 + STEP_S - SYNC
     return tr
 

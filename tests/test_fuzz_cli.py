@@ -71,8 +71,8 @@ def check(argv: list[str], kind: str) -> int:
     assert "Traceback" not in out + err, (argv, err)
     assert rc in (0, 2, 3), (argv, rc, err)
     if rc == 2:
-        lines = err.splitlines()
-        assert len(lines) == 1 and lines[0].startswith("placer: error: "), (argv, err)
+        lines = err.splitlines()  # one line per mistake (a job reports all of them at once)
+        assert lines and all(ln.startswith("placer: error: ") for ln in lines), (argv, err)
     if rc == 0 and "--json" in argv:  # one strict JSON document: no NaN, no Infinity
         json.loads(out, parse_constant=lambda c: _not_json(c, argv))
     return rc

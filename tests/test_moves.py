@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from simplans import hand_plan
 
-from placer.moves import Move, layout, moves, role_counts
-from placer.plan import Plan
+from placer.moves import Move, dims, layout, moves, role_counts
+from placer.planfile import Plan
 from placer.roles import Role
 
 
@@ -62,6 +62,19 @@ def test_a_config_change_is_a_move_either_way(plan: Plan) -> None:
         "h100 tp1 pp1 dp8 offload [train]"
 
 
+def test_context_and_expert_parallelism_show_and_move(plan: Plan) -> None:
+    """cp and ep (and etp) appear where above 1, in Megatron-Core's order; changing them moves
+    the role (its actors are built differently), while layouts without them read as before."""
+    cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
+    assert layout(cp, Role.ACTOR) == "h100 tp1 cp2 pp1 dp4"
+    moe = _with_role(plan, Role.ACTOR, tp=2, dp=4, ep=4, etp=2)
+    assert layout(moe, Role.ACTOR) == "h100 tp2 pp1 dp4 ep4 etp2"
+    assert dims(moe.roles[Role.ACTOR]) == "tp2 pp1 dp4 ep4 etp2"
+    only_cp = _with_role(cp, Role.ACTOR, cp=1)  # same tp, pp, dp: only cp differs
+    moved = moves(cp, only_cp, colocation=False)
+    assert str(moved[Role.ACTOR]) == "actor: h100 tp1 cp2 pp1 dp4 -> h100 tp1 pp1 dp4"
+
+
 def test_an_environment_moves_with_its_bundles_not_its_dp(plan: Plan) -> None:
     assert moves(plan, _with_role(plan, Role.ENVIRONMENT, dp=3)) == {}
     dropped = next(b for b in plan.bundles if b.slot == "env")
@@ -75,3 +88,14 @@ def test_a_role_only_one_plan_runs_moved_from_or_to_absent(plan: Plan) -> None:
     without = plan.model_copy(update={"roles": roles})
     assert moves(plan, without, colocation=False)[Role.REWARD].after == "absent"
     assert moves(without, plan)[Role.REWARD].before == "absent"
+
+
+def test_explain_describes_layouts_the_same_way(plan: Plan) -> None:
+    """`placer plan --explain`'s per-role layout uses the same `dims` (cp shown where above 1)."""
+    from placer.costmodel import Calibration
+    from placer.explain import breakdown
+
+    cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
+    rows = breakdown(cp, cp.resolved(), Calibration())
+    assert rows[Role.ACTOR]["layout"] == "tp1 cp2 pp1 dp4"
+    assert rows[Role.ROLLOUT]["layout"] == "tp4 pp1 dp2"

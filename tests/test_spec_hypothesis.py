@@ -18,6 +18,7 @@ from specdata import EXAMPLES, base
 from placer.catalog import resolve, shipped_devices, shipped_models
 from placer.commands.validate import describe
 from placer.costmodel import Calibration
+from placer.inputs import SpecErrors
 from placer.spec import SpecError, job_from_dict, read_structured
 
 # A job with its own catalog entries, so that mutations reach device and model figures too.
@@ -100,12 +101,13 @@ def mutated(draw) -> dict:
 
 
 def _load(data: Any):
-    """The loader's contract: a Job, or SpecError with one non-empty line; nothing else."""
+    """The loader's contract: a Job, or SpecError with one non-empty line per mistake (a
+    `SpecErrors` holds several); nothing else."""
     try:
         return job_from_dict(data, "h.yaml")
     except SpecError as e:
-        msg = str(e)
-        assert msg.startswith("h.yaml: ") and "\n" not in msg and len(msg) > len("h.yaml: ")
+        for msg in e.lines if isinstance(e, SpecErrors) else [str(e)]:
+            assert msg.startswith("h.yaml: ") and "\n" not in msg and len(msg) > len("h.yaml: ")
         return None
 
 

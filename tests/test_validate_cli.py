@@ -80,3 +80,106 @@ def test_output_into_a_closed_pipe_is_not_a_traceback(placer_cmd: list[str]) -> 
     reader.wait()
     assert "Traceback" not in proc.stderr
     assert proc.returncode in (0, 141)
+
+
+# ------------------------------------------------------------------ every mistake in one pass
+MANY_MISTAKES = """\
+name: many
+algorithm: grpo
+colour: blue
+models: {policy: tiny-llama, reward: rule}
+batch: {prompts: many, samples_per_prompt: 4}
+lengths:
+  prompt: {kind: fixed, value: 12}
+  response: {kind: lognormal, median: 8}
+pipeline: {mode: async}
+cluster:
+  pools:
+    - {name: gpu, device: emu-gpu, devices_per_node: 2, nodes: 0}
+"""
+
+
+def test_every_mistake_is_reported_in_one_pass(tmp_path, capsys) -> None:
+    """Five independent mistakes: five lines, each naming its field (and value), exit 2."""
+    job = tmp_path / "many.yaml"
+    job.write_text(MANY_MISTAKES)
+    assert main(["validate", str(job)]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert out.out == "" and "more]" not in out.err
+    expected = ["colour: unknown key", "batch.prompts: Input should be a valid integer",
+                "lengths.response: a lognormal distribution needs", "pipeline: async mode",
+                "cluster.pools.0.nodes: Input should be greater than 0 (got 0)"]
+    assert len(lines) == len(expected), lines
+    for line, want in zip(sorted(lines), sorted(expected)):
+        assert line.startswith(f"placer: error: {job}: ") and want in line, (line, want)
+    assert any("(got 'many')" in line for line in lines)
+
+
+def test_checks_across_fields_are_reported_together(tmp_path, capsys) -> None:
+    """Fields sound, two checks across them fail (a CPU pool in cores, an unknown model)."""
+    text = (ROOT / "examples" / "tiny-cpu.yaml").read_text()
+    text = text.replace("policy: tiny-llama", "policy: tiny-llama\n  critic: tiny-llama")
+    text = text.replace("device: laptop-cpu, devices_per_node: 1",
+                        "device: laptop-cpu, cores_per_node: 3")
+    job = tmp_path / "two.yaml"
+    job.write_text(text)
+    assert main(["validate", str(job)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert "models.critic: only PPO has a critic" in lines[0]
+    assert "cluster.pools.2.cores_per_node: not a whole number of laptop-cpu" in lines[1]
+
+
+def test_a_cpu_pool_in_cores(tmp_path, capsys) -> None:
+    """cores_per_node gives a CPU pool's size in cores; devices_per_node is derived from it, and
+    both together must agree; a GPU pool takes no cores_per_node."""
+    from placer.spec import load_job
+    base = (ROOT / "examples" / "grpo-qwen7b-h100.yaml").read_text()
+    assert "device: cpu-node, devices_per_node: 1" in base
+    job = tmp_path / "cores.yaml"
+    job.write_text(base.replace("device: cpu-node, devices_per_node: 1",
+                                "device: cpu-node, cores_per_node: 128"))
+    pool = load_job(job).cluster.pools[-1]
+    assert pool.devices_per_node == 2 and pool.cores_per_node == 128  # 2 x 64-core devices
+    job.write_text(base.replace("device: cpu-node, devices_per_node: 1",
+                                "device: cpu-node, devices_per_node: 1, cores_per_node: 128"))
+    assert main(["validate", str(job)]) == 2
+    assert "devices_per_node: 1 cpu-node devices of 64 cores are 64 cores, not cores_per_node " \
+           "128" in capsys.readouterr().err
+    job.write_text(base.replace("devices_per_node: 8", "devices_per_node: 8, cores_per_node: 8", 1))
+    assert main(["validate", str(job)]) == 2
+    assert "cores_per_node: applies to CPU pools only" in capsys.readouterr().err
+
+
+def test_offloaded_optimizer_host_memory_per_node(capsys) -> None:
+    """A role that only fits its fewest devices with the optimizer offloaded shows the host
+    memory that puts on one node beside the node's RAM; a dense model on 1 device keeps all of
+    its 12 B/param optimizer state there."""
+    path = ROOT / "examples" / "grpo-qwen7b-h100.yaml"
+    assert main(["validate", str(path), "--json"]) == 0
+    doc = one_document(capsys.readouterr().out)
+    res = resolve(load_job(path))
+    h = doc["roles"]["actor"]["offload_host_memory"]["h100"]
+    assert h["devices"] == doc["roles"]["actor"]["min_devices"]["h100"] == 1
+    m = res.model_of("actor")
+    assert h["parts_gb"]["optimizer"] == pytest.approx(12 * m.params() / 1e9, abs=0.1)
+    assert h["capacity_gb"] == res.device_of(res.cluster.pool("h100")).host_memory_gb
+    assert h["total_gb"] == pytest.approx(sum(h["parts_gb"].values()), abs=0.2)
+    assert h["fits"] and h["total_gb"] < h["capacity_gb"]
+    assert doc["roles"]["rollout"]["offload_host_memory"] == {}  # inference: nothing offloaded
+    assert doc["roles"]["actor"]["offload_host_memory"].keys() == {"h100"}  # CPU pool unchecked
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (f"h100: optimizer offloaded at 1 device needs {h['total_gb']:,.1f} GB of host memory "
+            f"per node of {h['capacity_gb']:,.0f}") in out
+
+
+def test_host_memory_over_the_node_is_flagged(tmp_path, capsys) -> None:
+    raw = load_job(ROOT / "examples" / "grpo-qwen7b-h100.yaml").model_dump(mode="json")
+    raw["cluster"]["pools"][0]["host_memory_gb"] = 100  # below one device's offloaded state
+    path = tmp_path / "small-host.yaml"
+    path.write_text(json.dumps(raw))
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "GB of host memory per node of 100 (" in out and ": over, refused" in out

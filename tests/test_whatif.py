@@ -11,6 +11,8 @@ from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.planner import plan_job
 from placer.spec import SpecError, load_job
+from simulator.api import simulate_plan
+from simulator.steady import simulate_steady, steady_state
 from workflows import whatif
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,3 +65,40 @@ def test_placement_figure_colours_every_placed_device():
     pools = plan.resolved().job.cluster.pools
     assert len(cells) == sum(p.devices_per_node * p.nodes for p in pools)
     assert plots.png(fig)[:4] == b"\x89PNG"
+
+
+def test_rows_carry_booked_cost_and_planned_only_points():
+    job = load_job(TINY)
+    res = resolve(job)
+    row = whatif.evaluate(res, "k", 1, simulate=False)
+    plan = row["plan"]
+    assert "simulated_s" not in row
+    assert row["samples_per_s"] == pytest.approx(plan.throughput_samples_s, rel=1e-3)
+    assert row["booked_usd_per_hour"] == pytest.approx(plan.booked_usd_per_hour, abs=0.01)
+    assert row["booked_cost_per_sample"] >= row["cost_per_sample"] > 0
+    grid = whatif.grid(job, [whatif.parse_vary("gpu.nodes=1..2")])
+    assert [r["point"] for r in grid] == [{"gpu.nodes": 1}, {"gpu.nodes": 2}]
+    # a second GPU node doubles that pool's share of the booking, whatever the plan uses
+    gpu = 2 * res.device_of("gpu").price_per_hour
+    assert grid[1]["booked_usd_per_hour"] == pytest.approx(grid[0]["booked_usd_per_hour"] + gpu,
+                                                           abs=0.01)
+
+
+def test_simulated_rows_are_the_steady_state_not_the_first_iterations():
+    """An async plan's first iterations fill the pipeline: a row reports the steady state (as
+    `placer simulate` and `placer compare`), by default until its interval is tight, with N
+    iterations over their steady window (warm-up and drain left out)."""
+    from simplans import small_job
+
+    from placer.spec import job_from_dict
+    job = job_from_dict(small_job(pipeline={"mode": "async", "max_staleness": 1}))
+    res = resolve(job)
+    row = whatif.evaluate(res, "k", "async")
+    _, st = simulate_steady(row["plan"], seed=job.seed)
+    assert row["simulated_s"] == round(st.iteration_s, 3) and row["iterations"] == st.iterations
+    assert row["samples_per_s"] == round(st.samples_per_s, 3) and row["converged"]
+    assert row["ci95_s"][0] <= row["simulated_s"] <= row["ci95_s"][1]
+    six = whatif.evaluate(res, "k", "async", iterations=6)
+    sim = simulate_plan(six["plan"], iterations=6, seed=job.seed)
+    assert six["iterations"] == 6 and six["simulated_s"] == round(steady_state(sim).iteration_s, 3)
+    assert six["simulated_s"] != round(sim.metrics["iteration_s"]["mean"], 3)  # warm-up left out

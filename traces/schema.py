@@ -2,7 +2,10 @@
 
 A trace is `{"traceEvents": [...], "metadata": {...}}` and opens in Perfetto (ui.perfetto.dev) or
 chrome://tracing. Every event is a complete event (`ph: "X"`) with microsecond `ts` and `dur`;
-`pid` names a pool and node ("gpu:0"), `tid` a slot or device or worker ("slot0", "env3").
+its process is a pool and node ("gpu:0"), its thread a slot or device or worker ("slot0", "env3"):
+in memory `TraceEvent.pid`/`tid` are those names; in the file they are numbers, named by
+`process_name`/`thread_name` metadata events (`ph: "M"`), as the format defines. On every track
+(pid, tid) complete events nest or are disjoint, so Perfetto draws them as a stack.
 `args` carries the fields the calibration, fidelity and recording tools read; `EventArgs` is their
 one definition (name, type, meaning), and `TraceEvent.fields` is the typed view readers use. The
 common ones:
@@ -155,9 +158,11 @@ class TraceEvent:
                              "every key)")
         return out
 
-    def to_chrome(self) -> dict[str, Any]:
+    def to_chrome(self, pid: int | None = None, tid: int | None = None) -> dict[str, Any]:
+        """The Chrome event; `pid`/`tid` are the numbers `Trace.to_chrome` gave the names."""
         return {"name": self.name, "cat": self.cat, "ph": "X", "ts": self.ts_s * 1e6,
-                "dur": self.dur_s * 1e6, "pid": self.pid, "tid": self.tid, "args": self.args}
+                "dur": self.dur_s * 1e6, "pid": self.pid if pid is None else pid,
+                "tid": self.tid if tid is None else tid, "args": self.args}
 
     @property
     def end_s(self) -> float:
@@ -179,8 +184,26 @@ class Trace:
         return [e for e in self.events if e.cat == cat]
 
     def to_chrome(self) -> dict[str, Any]:
-        return {"traceEvents": [e.to_chrome() for e in self.events],
-                "displayTimeUnit": "ms", "metadata": self.metadata}
+        """The Chrome trace document. Process and thread ids are numbers (the format's, and
+        Perfetto's, expectation): processes (pool:node) numbered from 1 in order of first
+        appearance, threads (workers) from 1 within each process; `process_name` and
+        `thread_name` metadata events (`ph: "M"`) name them. The metadata events come after
+        the complete events, so `traceEvents.N` in a message is the N-th event a reader keeps."""
+        pids: dict[str, int] = {}
+        tids: dict[tuple[str, str], int] = {}
+        per_pid: dict[str, int] = {}  # threads numbered so far in each process
+        out = []
+        for e in self.events:
+            pid = pids.setdefault(e.pid, len(pids) + 1)
+            tid = tids.get((e.pid, e.tid))
+            if tid is None:
+                tid = tids[(e.pid, e.tid)] = per_pid[e.pid] = per_pid.get(e.pid, 0) + 1
+            out.append(e.to_chrome(pid, tid))
+        out += [{"name": "process_name", "ph": "M", "pid": n, "tid": 0, "args": {"name": name}}
+                for name, n in pids.items()]
+        out += [{"name": "thread_name", "ph": "M", "pid": pids[p], "tid": n, "args": {"name": t}}
+                for (p, t), n in tids.items()]
+        return {"traceEvents": out, "displayTimeUnit": "ms", "metadata": self.metadata}
 
     def check(self) -> None:
         """Every event's args against the schema (TraceError otherwise)."""
@@ -196,6 +219,47 @@ class Trace:
         atomic_write_text(path, json.dumps(self.to_chrome()))
 
 
+def nesting_problems(trace: Trace, eps_s: float = 1e-6, limit: int = 10) -> list[str]:
+    """Where complete events on one track (pid, tid) overlap without one containing the other
+    (Perfetto then draws them wrongly): one line each, at most `limit`. `eps_s` absorbs the
+    rounding of microsecond timestamps."""
+    tracks: dict[tuple[str, str], list[TraceEvent]] = {}
+    for e in trace.events:
+        tracks.setdefault((e.pid, e.tid), []).append(e)
+    out: list[str] = []
+    for (pid, tid), evs in sorted(tracks.items()):
+        stack: list[TraceEvent] = []
+        for e in sorted(evs, key=lambda e: (e.ts_s, -e.dur_s)):
+            while stack and e.ts_s >= stack[-1].end_s - eps_s:
+                stack.pop()  # ended before this one starts
+            if stack and e.end_s > stack[-1].end_s + eps_s:
+                top = stack[-1]
+                out.append(f"{pid}/{tid}: {e.cat} {e.name!r} [{e.ts_s:.6f}, {e.end_s:.6f}] "
+                           f"overlaps {top.cat} {top.name!r} [{top.ts_s:.6f}, {top.end_s:.6f}]")
+                if len(out) >= limit:
+                    return out
+            stack.append(e)
+    return out
+
+
+def _names(events: list[Any]) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+    """Process and thread names from the metadata events (`process_name`, `thread_name`), keyed
+    by the ids as strings; a trace without them keeps its ids as names."""
+    procs: dict[str, str] = {}
+    threads: dict[tuple[str, str], str] = {}
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "M" or not isinstance(ev.get("args"), dict):
+            continue
+        name = ev["args"].get("name")
+        if not isinstance(name, str):
+            continue
+        if ev.get("name") == "process_name":
+            procs[str(ev.get("pid"))] = name
+        elif ev.get("name") == "thread_name":
+            threads[(str(ev.get("pid")), str(ev.get("tid")))] = name
+    return procs, threads
+
+
 def read_trace(path: str | Path) -> Trace:
     p = Path(path)
     text = read_text(p, "trace")  # bounded size, no binary data, UTF-8
@@ -207,14 +271,16 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"{p}: not a JSON trace: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{p}: traceEvents: expected a list of events (Chrome trace format)")
+    procs, threads = _names(data["traceEvents"])
     events = []
     for i, ev in enumerate(data["traceEvents"]):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue  # metadata or instant events from other tools are ignored
         try:
+            pid, tid = str(ev["pid"]), str(ev["tid"])
             events.append(TraceEvent(str(ev["name"]), str(ev.get("cat", "")), float(ev["ts"]) / 1e6,
-                                     float(ev["dur"]) / 1e6, str(ev["pid"]), str(ev["tid"]),
-                                     dict(ev.get("args") or {})))
+                                     float(ev["dur"]) / 1e6, procs.get(pid, pid),
+                                     threads.get((pid, tid), tid), dict(ev.get("args") or {})))
         except (KeyError, TypeError, ValueError) as e:
             raise TraceError(f"{p}: traceEvents.{i}: bad event ({type(e).__name__}: {e})") from None
         if events[-1].dur_s < 0:

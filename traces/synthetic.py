@@ -32,7 +32,7 @@ from placer.costmodel import (
     train_time,
     weight_bytes,
 )
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.sampling import draw, draw_lengths, rng
 from placer.spec import DeviceKind, Distribution

@@ -28,7 +28,7 @@ from placer.calibration import calibration_from_dict
 from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.fileio import atomic_write_text
-from placer.plan import save_plan
+from placer.planfile import save_plan
 from placer.planner import plan_job
 from placer.spec import SpecError, load_job
 from simulator.api import simulate_plan

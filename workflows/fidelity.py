@@ -23,11 +23,11 @@ model and the simulator, not the luck of the draw. It reports:
             makespan (last finish) and the least-squares slope in seconds per response token.
 
 How an executed trace is read (executors/loop.py writes it, traces/schema.py fixes the format):
-a step's span runs from its first `stage` event (sync, before the step's own `step` event starts)
-to the end of its `step` event; `stage` events give sync, rollout, score and train; the
-environment, when the executor runs it between the rollout and score stages, is that gap
-(when it runs inside the score stage, there is no gap and score holds it). A sample's
-finish time is the end of the `generate` event that produced it.
+a step's span runs from its first `stage` event (its sync; the executor starts the `step` slice
+there too, so the stages nest in it) to the end of its `step` event; `stage` events give sync,
+rollout, score and train; the environment, when the executor runs it between the rollout and
+score stages, is that gap (when it runs inside the score stage, there is no gap and score holds
+it). A sample's finish time is the end of the `generate` event that produced it.
 
 Simulation needs the simulator and figures need matplotlib: both are imported where used, so
 `placer` itself keeps its one-way dependency (placer <- simulator, executors).
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from placer.costmodel import Calibration
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import SpecError
 from simulator.api import SimResult, simulate_plan

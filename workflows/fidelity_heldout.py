@@ -15,21 +15,9 @@ Calibration has two levels, both fitted on the base run only:
 
   event level   `placer calibrate` (placer/fit.py): the efficiency factors that price each
                 prefill/decode/generate, forward, train and transfer event;
-  stage level   four factors the events cannot see, fitted so that the simulator's stage times
-                match the base run's measured stage times (mean over steady steps):
-                  sync_latency_s (rollout device)    the sync stage: the executor's round trip
-                                                     (fetch weights, put, load) around the push
-                  tool_overhead_s (environment's CPU) the rollout stage of a multi-turn job:
-                                                     a tool call's cost beyond its own run (the
-                                                     sandbox starts one interpreter per batch of
-                                                     calls); single-turn jobs make no tool calls
-                                                     and leave it as it is
-                  rule_reward_s  (reward's CPU)      environment + score stages: the sandboxed
-                                                     check of every answer, priced per sample
-                  train_overhead_s (actor device)    train + "other": the optimizer step plus the
-                                                     driver's work and the checkpoint after it
-                each by Newton steps on the simulator itself (probe, solve, repeat), so the fit
-                never re-derives the simulator's formulas.
+  stage level   the factors the events cannot see (sync round trip, tool-call overhead, rule
+                reward, train overhead), fitted on the base run's stage times by Newton steps
+                on the simulator: workflows/stagefit.py, which `placer calibrate` also runs.
 
 The table reports, per held-out run, the measured steady step time, the simulation with the
 event-level profile and with both levels, and their errors. Everything is seeded by the job's
@@ -38,7 +26,6 @@ seed; measured times are what they are on the machine that ran them.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from collections.abc import Callable
@@ -49,23 +36,17 @@ from typing import Any
 from placer.baselines import colocated, split
 from placer.calibration import calibration_from_dict
 from placer.catalog import resolve
-from placer.costmodel import Calibration, Efficiency
+from placer.costmodel import Calibration
 from placer.fileio import atomic_write_text
 from placer.fit import fit_trace, profile_doc
-from placer.plan import Plan, load_plan, save_plan
+from placer.planfile import Plan, load_plan, save_plan
 from placer.planner import build_problem, plan_assignment, plan_job
-from placer.roles import Role
 from placer.spec import SpecError, load_job
 from traces.schema import Trace, read_trace
 from workflows.fidelity import fidelity
+from workflows.stagefit import stage_calibrate
 
 DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
-# stage -> (role whose device holds the factor, factor); environment+score fit together
-STAGE_FACTORS = (("sync", Role.ROLLOUT, "sync_latency_s"),
-                 ("rollout", Role.ENVIRONMENT, "tool_overhead_s"),
-                 ("score", Role.REWARD, "rule_reward_s"),
-                 ("train", Role.ACTOR, "train_overhead_s"))
-NEWTON_STEPS = 4
 
 
 def variant_plans(job_path: str | Path = DEFAULT_JOB) -> dict[str, Plan]:
@@ -107,61 +88,6 @@ def event_profile(plan: Plan, trace: Trace, source: str) -> dict[str, Any]:
     result = fit_trace(trace, plan, source)
     return profile_doc(result, plan, {"trace": source, "plan": "plan.json",
                                       "trace_source": trace.metadata.get("source", "unknown")})
-
-
-def _set(doc: dict[str, Any], device: str, name: str, value: float) -> None:
-    doc.setdefault("devices", {}).setdefault(device, {})[name] = float(f"{value:.6g}")
-
-
-def _get(doc: dict[str, Any], device: str, name: str) -> float:
-    cal = calibration_from_dict({k: v for k, v in doc.items() if k != "fit"})
-    return getattr(cal.per_device.get(device, cal.default or Efficiency()), name)
-
-
-def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any]) -> tuple[dict, dict]:
-    rep, _ = fidelity(plan, trace, calibration_from_dict(doc))
-    m = {k: v.measured for k, v in rep.stages.items()}
-    s = {k: v.simulated for k, v in rep.stages.items()}
-    for side in (m, s):  # the environment's work is priced as the rule check in `score`
-        side["score"] = side.get("score", 0.0) + side.pop("environment", 0.0)
-        side["train"] = side.get("train", 0.0) + side.pop("other", 0.0)
-    return m, s
-
-
-def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, Any]:
-    """`doc` (a profile) plus the stage-level factors (module docstring), with a `fit.stages`
-    section saying what each was fitted from."""
-    doc = copy.deepcopy(doc)
-    res = plan.resolved()
-    report: dict[str, Any] = {}
-    for stage, role, name in STAGE_FACTORS:
-        if role not in plan.roles:
-            continue
-        dev = res.device_of(plan.roles[role].pool).name
-        identified = True
-        for k in range(NEWTON_STEPS):
-            measured, simulated = _stage_means(plan, trace, doc)
-            resid = measured.get(stage, 0.0) - simulated.get(stage, 0.0)
-            x = _get(doc, dev, name)
-            if abs(resid) <= 1e-3 * max(measured.get(stage, 0.0), 1e-9):
-                break
-            h = max(abs(x) * 0.1, 1e-3)
-            probe = copy.deepcopy(doc)
-            _set(probe, dev, name, x + h)
-            slope = (_stage_means(plan, trace, probe)[1].get(stage, 0.0)
-                     - simulated.get(stage, 0.0)) / h
-            if slope <= 0:  # the stage does not move with this factor here: keep it
-                identified = k > 0
-                break
-            _set(doc, dev, name, max(x + resid / slope, 0.0))
-        if not identified:  # e.g. tool calls in a job that makes none: nothing to report
-            continue
-        measured, simulated = _stage_means(plan, trace, doc)
-        report[f"{dev}.{name}"] = {"stage": stage, "value": _get(doc, dev, name),
-                                   "measured_s": round(measured.get(stage, 0.0), 6),
-                                   "simulated_s": round(simulated.get(stage, 0.0), 6)}
-    doc.setdefault("fit", {})["stages"] = report
-    return doc
 
 
 @dataclass

@@ -7,7 +7,8 @@
   step_bars(report)         measured and simulated time of every step, and the stage means
   sweep(rows)               one what-if sweep (`workflows.whatif` rows): iteration time
                             (predicted, simulated, p99) and throughput against the knob
-  pareto(points)            throughput against cost per sample, the frontier highlighted
+  pareto(points)            throughput against cost per sample, every point labelled, the
+                            frontier joined
 
 Each function draws on a new figure and returns it; `placer.plots.save` / `png` write it.
 """
@@ -123,10 +124,12 @@ def sweep(rows: list[dict[str, Any]]) -> Any:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
     ok = [(str(r["value"]), r) for r in rows if "infeasible" not in r]
     xs = [str(r["value"]) for r in rows]
+    simulated = all("simulated_s" in r for _, r in ok)  # a grid may be planned only
     for key, style, name in (("predicted_s", "k--o", "predicted (plan)"),
                              ("simulated_s", "C0-o", "simulated mean"),
                              ("p99_s", "C3:o", "simulated p99")):
-        a1.plot([x for x, _ in ok], [r[key] for _, r in ok], style, label=name)
+        if key == "predicted_s" or simulated:
+            a1.plot([x for x, _ in ok], [r[key] for _, r in ok], style, label=name)
     a2.bar([x for x, _ in ok], [r["samples_per_s"] for _, r in ok], color="C2")
     for r in rows:
         if "infeasible" in r:
@@ -136,29 +139,49 @@ def sweep(rows: list[dict[str, Any]]) -> Any:
     a1.set_ylabel("iteration time (s)")
     a1.legend(fontsize=8)
     a2.set_xlabel(knob)
-    a2.set_ylabel("samples per s (simulated)")
+    a2.set_ylabel(f"samples per s ({'simulated' if simulated else 'predicted'})")
+    long = max((len(x) for x in xs), default=0) > 8  # grid labels: "gen.nodes=2, ..."
     for ax in (a1, a2):
-        ax.set_xticks(range(len(xs)), xs)
+        ax.set_xticks(range(len(xs)), xs, rotation=35 if long else 0,
+                      ha="right" if long else "center", fontsize=7 if long else None)
     fig.suptitle(f"sweep: {knob}" + ("  (x: infeasible)" if len(ok) < len(rows) else ""),
                  fontsize=10)
     return fig
 
 
 def pareto(points: list[dict[str, Any]], x: str = "cost_per_sample",
-           y: str = "samples_per_s", label: str = "label") -> Any:
-    """Scatter of every point and the non-dominated ones (higher y, lower x) joined."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+           y: str = "samples_per_s", label: str = "label", title: str = "") -> Any:
+    """Scatter of every point and the non-dominated ones (higher y, lower x) joined. Every point
+    is labelled: short labels beside it, long ones (a sweep's "pool.nodes=2, ...") by a number
+    beside it and a key of the numbers beside the axes; points at the same place share one."""
+    fig, ax = plt.subplots(figsize=(9, 5))
     ax.scatter([p[x] for p in points], [p[y] for p in points], c="0.6", s=18, label="plans")
-    uniq = {(p[x], p[y]): p for p in reversed(points)}  # the first of identical points
-    points = list(uniq.values())
-    front = sorted((p for p in points
-                    if not any(q[x] <= p[x] and q[y] >= p[y] and (q[x], q[y]) != (p[x], p[y])
-                               for q in points)), key=lambda p: p[x])
-    ax.plot([p[x] for p in front], [p[y] for p in front], "o-", c="C3", label="Pareto frontier")
-    for p in front:
-        ax.annotate(str(p[label]), (p[x], p[y]), fontsize=7, xytext=(4, 4),
-                    textcoords="offset points")
+    labels: dict[tuple[float, float], list[str]] = defaultdict(list)
+    for p in points:
+        labels[(p[x], p[y])].append(str(p[label]))
+    uniq = list(labels)
+    front = sorted((q for q in uniq if not any(o[0] <= q[0] and o[1] >= q[1] and o != q
+                                                for o in uniq)), key=lambda q: q[0])
+    ax.plot([q[0] for q in front], [q[1] for q in front], "o-", c="C3", label="Pareto frontier")
+    numbered = max((len(str(p[label])) for p in points), default=0) > 14
+    key, n = [], 0
+    for k, (at, names) in enumerate(sorted(labels.items())):
+        if numbered:
+            ids = list(range(n + 1, n + len(names) + 1))
+            n += len(names)
+            key += [f"{i}: {name}" for i, name in zip(ids, names)]
+            text = ",".join(map(str, ids))
+        else:
+            text = "\n".join(names)
+        # alternate above and below so that neighbours' labels do not sit on each other
+        ax.annotate(text, at, fontsize=7, xytext=(5, 5 if k % 2 == 0 else -12),
+                    textcoords="offset points", color="C3" if at in front else "0.25")
     ax.set_xlabel(x.replace("_", " ") + (" (USD)" if "cost" in x else ""))
     ax.set_ylabel(y.replace("_", " "))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if key:
+        ax.text(1.02, 0.78, "\n".join(key), transform=ax.transAxes, fontsize=7, va="top",
+                family="monospace")
+    if title:
+        ax.set_title(title, fontsize=10)
     return fig

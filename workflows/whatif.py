@@ -8,6 +8,13 @@ point:
     tool latencies drawn from the job's distributions), samples_per_s (simulated), usd_per_hour,
     cost_per_sample (USD, at the simulated throughput), placement (slot@pool xdevices, ...)
 
+Simulated figures are the steady state's (`simulator.steady`, what `placer simulate` and
+`placer compare --simulate` report): warm-up and drain left out, which matters in async mode,
+where the first iterations fill the pipeline and two of them alternate a long and a short step.
+`iterations=None` (the default) simulates until the mean's 95% interval is within 5%
+(`ci95_s`, `converged`, `iterations` say how it went); `iterations=N` simulates exactly N and
+measures their steady window. `p99_s` is over every simulated iteration.
+
 or, where the job cannot be placed, the planner's diagnosis in `infeasible`.
 
   pool_nodes(job, pool, counts)        LPU chip count (an LPU pool's nodes), CPU pool size, ...
@@ -17,23 +24,34 @@ or, where the job cannot be placed, the planner's diagnosis in `infeasible`.
   frontier(job)                        the ILP's own time/cost frontier on the job's cluster
   baselines(job)                       the ILP's plan against the baselines (placer/baselines.py)
   pareto(rows)                         the throughput/cost frontier of any rows
+  grid(job, varies, simulate=...)      any fields at once: the cartesian product of `Vary`s
+                                       (`parse_vary("POOL.nodes=1..8")`, a dotted path into the
+                                       job and its values), each point planned and, if asked,
+                                       simulated; what `placer sweep` runs
+
+Rows also carry `booked_usd_per_hour` and `booked_cost_per_sample`: the whole cluster's price,
+idle nodes included (`placer.pricing`). Without simulation the throughput and cost per sample
+are the plan's predicted ones.
 
 Every random draw comes from the job's seed (`seed=` overrides it).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from placer.baselines import baseline_assignments
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration
 from placer.errors import Infeasible
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.planner import build_problem, plan_assignment, plan_job, sweep_job, with_nodes
-from placer.pricing import usd_per_hour
-from placer.spec import Job, SpecError
-from simulator.api import simulate_plan
+from placer.pricing import booked_per_hour, usd_per_hour
+from placer.spec import Job, SpecError, dump_job, job_from_dict
+from simulator.api import check_size, simulate_plan
+from simulator.steady import simulate_steady, steady_state
 
 TIME_LIMIT_S = 2.0  # per point: the sweeps are for exploring; `placer plan` solves properly
 
@@ -42,15 +60,19 @@ def placement_summary(plan: Plan) -> str:
     return "; ".join(f"{s.name}@{s.pool} x{s.devices}" for s in plan.slots)
 
 
-def evaluate(res: Resolved, knob: str, value: Any, iterations: int = 2, seed: int | None = None,
-             calib: Calibration | None = None, time_limit_s: float = TIME_LIMIT_S
-             ) -> dict[str, Any]:
-    """Plan and simulate one point of a sweep."""
+def evaluate(res: Resolved, knob: str, value: Any, iterations: int | None = None,
+             seed: int | None = None,
+             calib: Calibration | None = None, time_limit_s: float = TIME_LIMIT_S,
+             simulate: bool = True, solver: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Plan and (unless `simulate` is off) simulate one point of a sweep; `solver` holds more
+    `plan_job` options (objective, workers, seed)."""
     row: dict[str, Any] = {"knob": knob, "value": value}
     try:
-        plan = plan_job(res, calib or Calibration(), time_limit_s=time_limit_s)
+        plan = plan_job(res, calib or Calibration(), time_limit_s=time_limit_s, **(solver or {}))
     except Infeasible as e:
         return row | {"infeasible": str(e).splitlines()[0]}
+    if not simulate:
+        return _predicted(plan, knob, value)
     return _simulated(plan, knob, value, iterations, res.job.seed if seed is None else seed)
 
 
@@ -96,7 +118,8 @@ def staleness(job: Job, bounds: list[int], **kw: Any) -> list[dict[str, Any]]:
     return sweep(job, "staleness bound (0 = sync)", bounds, edit, **kw)
 
 
-def frontier(job: Job, max_points: int = 5, iterations: int = 2, seed: int | None = None,
+def frontier(job: Job, max_points: int = 5, iterations: int | None = None,
+             seed: int | None = None,
              time_limit_s: float = TIME_LIMIT_S) -> list[dict[str, Any]]:
     """The ILP's own time/cost frontier on the job's cluster (`planner.sweep_job`), simulated."""
     plans = sweep_job(resolve(job), Calibration(), time_limit_s=time_limit_s,
@@ -105,18 +128,37 @@ def frontier(job: Job, max_points: int = 5, iterations: int = 2, seed: int | Non
             for k, p in enumerate(plans)]
 
 
-def _simulated(plan: Plan, knob: str, value: Any, iterations: int, seed: int) -> dict[str, Any]:
-    sim = simulate_plan(plan, iterations=iterations, seed=seed)
-    it, thr = sim.metrics["iteration_s"], sim.metrics["samples_per_s"]
-    per_hour = usd_per_hour(plan)
+def _simulated(plan: Plan, knob: str, value: Any, iterations: int | None,
+               seed: int) -> dict[str, Any]:
+    """A row at the plan's simulated steady state (see the module docstring)."""
+    if iterations is None:
+        sim, st = simulate_steady(plan, seed=seed)
+    else:
+        sim = simulate_plan(plan, iterations=iterations, seed=seed)
+        st = steady_state(sim)
+    return _row(plan, knob, value, st.samples_per_s) | {
+        "simulated_s": round(st.iteration_s, 3),
+        "p99_s": round(sim.metrics["iteration_s"]["p99"], 3),
+        "ci95_s": None if st.ci95_s is None else [round(x, 3) for x in st.ci95_s],
+        "converged": st.converged, "iterations": st.iterations}
+
+
+def _predicted(plan: Plan, knob: str, value: Any) -> dict[str, Any]:
+    return _row(plan, knob, value, plan.throughput_samples_s)
+
+
+def _row(plan: Plan, knob: str, value: Any, thr: float) -> dict[str, Any]:
+    """A sweep row at throughput `thr` (simulated or predicted samples per second)."""
+    per_hour, booked = usd_per_hour(plan), booked_per_hour(plan.resolved())
     return {"knob": knob, "value": value, "predicted_s": round(plan.predicted_iteration_s, 3),
-            "simulated_s": round(it["mean"], 3), "p99_s": round(it["p99"], 3),
             "samples_per_s": round(thr, 3), "usd_per_hour": round(per_hour, 2),
             "cost_per_sample": per_hour / 3600 / thr if thr > 0 else float("inf"),
+            "booked_usd_per_hour": round(booked, 2),
+            "booked_cost_per_sample": booked / 3600 / thr if thr > 0 else float("inf"),
             "placement": placement_summary(plan), "plan": plan}
 
 
-def baselines(job: Job, iterations: int = 2, seed: int | None = None,
+def baselines(job: Job, iterations: int | None = None, seed: int | None = None,
               time_limit_s: float = TIME_LIMIT_S) -> list[dict[str, Any]]:
     """The ILP's plan and each baseline's (placer/baselines.py), all simulated."""
     res = resolve(job)
@@ -131,6 +173,115 @@ def baselines(job: Job, iterations: int = 2, seed: int | None = None,
     return rows
 
 
+# ------------------------------------------------------------------------------------ grids
+MAX_GRID_POINTS = 256  # one ILP solve (and simulation) per point
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Vary:
+    """One field of the job and the values it takes: `path` is dotted into the job document
+    (`lengths.response.cap`, `batch.prompts`), or starts with a pool's name (`gen.nodes`,
+    where 0 nodes removes the pool)."""
+
+    path: str
+    values: tuple[Any, ...]
+
+
+def parse_vary(text: str) -> Vary:
+    """`PATH=LO..HI` (whole numbers, both ends included) or `PATH=V1,V2,...` (numbers or words)."""
+    path, sep, spec = text.partition("=")
+    path, spec = path.strip(), spec.strip()
+    if not sep or not path or not spec:
+        raise SpecError(f"--vary: expected PATH=LO..HI or PATH=V1,V2,... (got {text!r})")
+    if ".." in spec:
+        lo, _, hi = spec.partition("..")
+        try:
+            a, b = int(lo), int(hi)
+        except ValueError:
+            raise SpecError(f"--vary {path}: a range takes whole numbers, LO..HI (got "
+                            f"{spec!r})") from None
+        if b < a or b - a >= MAX_GRID_POINTS:
+            raise SpecError(f"--vary {path}: the range {spec} must run upwards over at most "
+                            f"{MAX_GRID_POINTS} values")
+        return Vary(path, tuple(range(a, b + 1)))
+    items = [x.strip() for x in spec.split(",")]
+    if any(not x for x in items):
+        raise SpecError(f"--vary {path}: an empty value in {spec!r}")
+    return Vary(path, tuple(_scalar(x) for x in items))
+
+
+def _scalar(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def set_path(job: Job, path: str, value: Any) -> Job:
+    """The job with the field at `path` set to `value`, validated (SpecError naming both)."""
+    head, _, rest = path.partition(".")
+    pools = [p.name for p in job.cluster.pools]
+    if head in pools and rest == "nodes":  # through with_nodes: 0 removes the pool
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise SpecError(f"--vary {path}: a node count is a whole number >= 0 (got {value!r})")
+        try:
+            return with_nodes(job, {head: value}, f"--vary {path}={value}").job
+        except Infeasible as e:
+            raise SpecError(f"--vary {path}={value}: {e}") from None
+    keys: list[Any] = (["cluster", "pools", pools.index(head), *rest.split(".")]
+                       if head in pools and rest else path.split("."))
+    data = dump_job(job)
+    node: Any = data
+    for depth, key in enumerate(keys[:-1]):
+        node = node.get(key) if isinstance(node, dict) else (
+            node[key] if isinstance(node, list) else None)
+        if not isinstance(node, (dict, list)):
+            where = ".".join(map(str, keys[:depth + 1]))
+            raise SpecError(f"--vary {path}: {where} is not a section of the job (pools: "
+                            f"{', '.join(pools)})")
+    node[keys[-1]] = value
+    try:
+        return job_from_dict(data, f"--vary {path}={value}")
+    except SpecError as e:
+        raise SpecError(str(e).splitlines()[0]) from None
+
+
+def point_label(varies: list[Vary], point: tuple[Any, ...]) -> str:
+    return ", ".join(f"{v.path}={x}" for v, x in zip(varies, point))
+
+
+def grid(job: Job, varies: list[Vary], simulate: bool = False, iterations: int | None = None,
+         seed: int | None = None, calib: Calibration | None = None,
+         time_limit_s: float = TIME_LIMIT_S, progress: Progress | None = None,
+         solver: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every combination of the `varies`' values, planned (and simulated): one row each, with
+    `point` (path -> value). Every point's job is built and checked before the first solve."""
+    points = list(itertools.product(*(v.values for v in varies)))
+    if len(points) > MAX_GRID_POINTS:
+        raise SpecError(f"--vary: {len(points)} points exceed the {MAX_GRID_POINTS} a sweep "
+                        "plans (one solve each)")
+    jobs = []
+    for pt in points:
+        j = job
+        for v, x in zip(varies, pt):
+            j = set_path(j, v.path, x)
+        if simulate:  # a point too big to simulate fails now, not after the solves before it
+            check_size(resolve(j), iterations or 1)  # a steady run stays within the bound
+        jobs.append(j)
+    rows = []
+    for i, (pt, j) in enumerate(zip(points, jobs)):
+        label = point_label(varies, pt)
+        if progress is not None:
+            progress(i, len(points), label)
+        row = evaluate(resolve(j), "sweep", label, iterations, seed, calib, time_limit_s,
+                       simulate, solver)
+        rows.append(row | {"point": dict(zip((v.path for v in varies), pt))})
+    return rows
+
+
 def _pool(job: Job, name: str) -> Any:
     for p in job.cluster.pools:
         if p.name == name:
@@ -139,18 +290,19 @@ def _pool(job: Job, name: str) -> Any:
                     f"{', '.join(p.name for p in job.cluster.pools)})")
 
 
-def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows no other row beats on both throughput (higher) and cost per sample (lower)."""
+def pareto(rows: list[dict[str, Any]], cost: str = "cost_per_sample") -> list[dict[str, Any]]:
+    """Rows no other row beats on both throughput (higher) and `cost` (lower; the sweep command
+    ranks by `booked_cost_per_sample`, what the booking of each point costs)."""
     ok, seen = [], set()
     for r in rows:  # identical points (the same plan reached twice) count once
-        if "infeasible" not in r and (r["samples_per_s"], r["cost_per_sample"]) not in seen:
-            seen.add((r["samples_per_s"], r["cost_per_sample"]))
+        if "infeasible" not in r and (r["samples_per_s"], r[cost]) not in seen:
+            seen.add((r["samples_per_s"], r[cost]))
             ok.append(r)
     front = [r for r in ok if not any(
-        q["samples_per_s"] >= r["samples_per_s"] and q["cost_per_sample"] <= r["cost_per_sample"]
-        and (q["samples_per_s"], q["cost_per_sample"]) != (r["samples_per_s"], r["cost_per_sample"])
+        q["samples_per_s"] >= r["samples_per_s"] and q[cost] <= r[cost]
+        and (q["samples_per_s"], q[cost]) != (r["samples_per_s"], r[cost])
         for q in ok)]
-    return sorted(front, key=lambda r: r["cost_per_sample"])
+    return sorted(front, key=lambda r: r[cost])
 
 
 COLUMNS = ("value", "predicted_s", "simulated_s", "p99_s", "samples_per_s", "usd_per_hour",

@@ -1,8 +1,15 @@
-"""`placer calibrate TRACE.json [--plan PLAN.json] [-o profile.yaml] [--json]`.
+"""`placer calibrate TRACE.json [--plan PLAN.json] [-o profile.yaml] [--events-only] [--json]`.
 
-Fits the cost model's efficiency factors per device type to an executed (or simulated) trace
-(method and equations: placer/fit.py) and writes a calibration profile that `plan`, `simulate`,
-`compare` and `validate` take with `--calibration`. The plan tells which device type each pool
+Fits the cost model to an executed (or simulated) trace and writes a calibration profile that
+`plan`, `simulate`, `compare`, `validate` and `fidelity` take with `--calibration`. Two levels:
+
+  events  the efficiency factors per device type that price each prefill, decode, generate,
+          forward, train and transfer event, and the tool-latency distribution of the tool
+          events (method and equations: placer/fit.py);
+  stages  for an executed run, the factors no event shows (the sync round trip, a tool call's
+          overhead, the rule reward, the train overhead), fitted so that the simulator's stage
+          times match the run's (workflows/stagefit.py); `--events-only` skips it.
+ The plan tells which device type each pool
 holds and each role's model and parallel config. Without `--plan`, the trace's metadata must carry
 it: `plan` (the plan document itself) or `plan_path` (a path, relative to the trace's folder).
 """
@@ -19,9 +26,9 @@ from pydantic import ValidationError
 from placer.cli import emit_json, note
 from placer.fileio import atomic_write_text
 from placer.fit import FitResult, fit_trace, profile_doc
-from placer.inputs import check_output
-from placer.plan import Plan, check_plan, load_plan
-from placer.spec import SpecError, format_validation_error
+from placer.inputs import SpecErrors, check_output
+from placer.planfile import Plan, check_plan, load_plan
+from placer.spec import SpecError, validation_lines
 from traces.schema import Trace, read_trace
 
 
@@ -33,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="profile to write (YAML, or JSON by suffix; default: TRACE.calibration.yaml)")
     p.add_argument("--min-events", type=int, default=3,
                    help="fewest events of a kind (category on a device type) to fit it (default 3)")
+    p.add_argument("--events-only", action="store_true",
+                   help="fit the event-level factors only (skip the stage-level fit, which "
+                        "simulates the run a few dozen times)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -45,7 +55,7 @@ def plan_for(trace: Trace, trace_path: str, plan_path: str | None) -> tuple[Plan
         try:
             plan = Plan.model_validate(meta["plan"])
         except ValidationError as e:
-            raise SpecError(format_validation_error(e, f"{trace_path}: metadata.plan.")) from None
+            raise SpecErrors(validation_lines(e, f"{trace_path}: metadata.plan.")) from None
         check_plan(plan, plan.resolved(), f"{trace_path}: metadata.plan")
         return plan, "trace metadata (embedded plan)"
     if isinstance(meta.get("plan_path"), str):
@@ -77,6 +87,21 @@ def table(result: FitResult) -> list[str]:
     return lines
 
 
+def executed_run(trace: Trace) -> bool:
+    """Whether the stage fit applies: an executed run with its steps and stages recorded."""
+    cats = {e.cat for e in trace.events}
+    return trace.metadata.get("source") == "execute" and {"step", "stage"} <= cats
+
+
+def stage_table(stages: dict[str, Any]) -> list[str]:
+    """The stage-level factors: which stage each was fitted on, measured vs simulated after."""
+    lines = [f"  {'stage factor':<30} {'stage':<8} {'fitted':>10} {'measured s':>11} "
+             f"{'simulated s':>11}"]
+    lines += [f"  {name:<30} {f['stage']:<8} {f['value']:>10.4g} {f['measured_s']:>11.4f} "
+              f"{f['simulated_s']:>11.4f}" for name, f in stages.items()]
+    return lines if stages else ["  stage factors: none identifiable from this run"]
+
+
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, "--out")  # before the fit (the default sits beside the trace)
     trace = read_trace(args.trace)
@@ -88,6 +113,12 @@ def run(args: argparse.Namespace) -> int:
                   "method": "weighted least squares on (cost model at factor 1, measured) pairs, "
                             "relative residuals; see placer/fit.py"}
     doc = profile_doc(result, plan, provenance)
+    staged = not args.events_only and executed_run(trace)
+    if staged:
+        from workflows.stagefit import stage_calibrate  # lazy: the simulator
+        doc = stage_calibrate(plan, trace, doc)
+        provenance["method"] += "; stage factors by Newton steps on the simulator, see " \
+                                "workflows/stagefit.py"
     write_profile(doc, out)
     if args.json:
         emit_json({"profile": str(out), **doc})
@@ -96,5 +127,10 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(table(result)))
     for why, n in sorted(result.skipped.items()):
         print(f"  skipped {n} event(s): {why}")
+    if staged:
+        print("\n".join(stage_table(doc["fit"].get("stages", {}))))
+    elif not args.events_only:
+        note("stage fit skipped: not an executed run (metadata source "
+             f"{trace.metadata.get('source', 'unknown')!r}, or no step and stage events)")
     print(f"wrote {out}")
     return 0

@@ -14,7 +14,7 @@ import argparse
 from placer.calibration import load_calibration
 from placer.cli import emit_json, note
 from placer.inputs import check_output
-from placer.plan import load_plan
+from placer.planfile import load_plan
 from traces.schema import read_trace
 
 

@@ -3,11 +3,13 @@
 Simulates a few steps of the plan (failures off) for its step-time distribution, then composes
 failures per device type (Poisson, `--mtbf TYPE:HOURS` = one device's MTBF), restarts and
 checkpoints over the whole run with the exact renewal-reward formula and a seeded Monte Carlo
-(method: `simulator.longrun`). Prints goodput and the expected time to finish at the chosen
+(method: `simulator.longrun`). A checkpoint costs its size (the trained models' weights and
+optimizer state, `placer.hostmem.checkpoint_gb`) over the cluster's `storage_gbs` unless
+`--checkpoint-cost` gives the seconds. Prints goodput and the expected time to finish at the chosen
 checkpoint interval, at the best interval, and at Young/Daly's sqrt(2 C MTBF).
 
     placer goodput PLAN.json [--mtbf gpu:8090]... [--hours 72 | --steps N]
-                   [--checkpoint-interval S] [--checkpoint-cost 30] [--restart 300]
+                   [--checkpoint-interval S] [--checkpoint-cost S] [--restart 300]
                    [--iterations 6] [--seed 0] [--trials 100] [--json]
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import asdict
 from typing import Any
 
 from placer.cli import emit_json, note
-from placer.plan import load_plan
+from placer.planfile import load_plan
 from placer.spec import SpecError
 
 # The Monte Carlo's work and memory are proportional to trials x steps; these bounds keep a run
@@ -42,8 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run_len.add_argument("--steps", type=int, default=None, help="steps to finish")
     p.add_argument("--checkpoint-interval", type=float, default=None, metavar="S",
                    help="seconds of work between checkpoints (default: the best interval)")
-    p.add_argument("--checkpoint-cost", type=float, default=30.0, metavar="S",
-                   help="seconds one checkpoint blocks the job (default 30)")
+    p.add_argument("--checkpoint-cost", type=float, default=None, metavar="S",
+                   help="seconds one checkpoint blocks the job (default: its size over the "
+                        "cluster's storage_gbs)")
     p.add_argument("--restart", type=float, default=300.0, metavar="S",
                    help="seconds from a failure until the job runs again (default 300)")
     p.add_argument("--iterations", type=int, default=6,
@@ -118,9 +121,14 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and not value <= MAX_TIME:
             raise SpecError(f"{flag}: must be a finite number up to {MAX_TIME:g} "
                             f"(got {value!r})")
-    costs = Costs(args.restart, args.checkpoint_cost).check()
-    doc = report(load_plan(args.plan), mtbf, costs, args.steps, args.hours,
+    plan = load_plan(args.plan)
+    ckpt = checkpoint_doc(plan)
+    cost_s = args.checkpoint_cost if args.checkpoint_cost is not None else ckpt["checkpoint_s"]
+    costs = Costs(args.restart, cost_s).check()
+    doc = report(plan, mtbf, costs, args.steps, args.hours,
                  args.checkpoint_interval, args.iterations, args.seed, args.trials)
+    doc["checkpoint"] = ckpt | {"source": "--checkpoint-cost" if args.checkpoint_cost is not None
+                                else "size / storage_gbs"}
     if not args.mtbf:  # said once the run succeeded: an error stays the one line on stderr
         note(f"no --mtbf given: using {DEFAULT_MTBF} (per-GPU MTBF of 1,024-GPU jobs)")
     if args.json:
@@ -130,11 +138,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def checkpoint_doc(plan) -> dict[str, float]:
+    """The plan's checkpoint: size (GB), the storage bandwidth and the seconds it takes."""
+    from placer.hostmem import checkpoint_gb, checkpoint_s
+
+    res = plan.resolved()
+    return {"size_gb": round(checkpoint_gb(res), 3), "storage_gbs": res.job.cluster.storage_gbs,
+            "checkpoint_s": checkpoint_s(res)}
+
+
 def _print(d: dict[str, Any]) -> None:
     mt = ", ".join(f"{k} {v:g} h" for k, v in d["mtbf_hours"].items())
     print(f"{d['steps']} steps of {d['mean_step_s']:.2f} s ({d['failure_free_h']:.1f} h "
           f"failure-free); device MTBF {mt} -> job MTBF {d['job_mtbf_h']:.2f} h")
-    print(f"restart {d['restart_s']:g} s, checkpoint {d['checkpoint_s']:g} s; Young/Daly "
+    c = d["checkpoint"]
+    print(f"checkpoint {c['size_gb']:,.1f} GB at {c['storage_gbs']:g} GB/s ({c['source']})")
+    print(f"restart {d['restart_s']:g} s, checkpoint {d['checkpoint_s']:.3g} s; Young/Daly "
           f"interval {d['young_daly_s']:.0f} s, best simulated {d['best_interval_s']:.0f} s")
     print(f"{'interval':<11} {'every':>6} {'work_s':>8} {'goodput':>8} {'expected_h':>11} "
           f"{'mc_mean_h':>10} {'mc_p10_h':>9} {'mc_p90_h':>9} {'failures':>9}")

@@ -3,6 +3,9 @@
     placer plan JOB.yaml [-o plan.json] [--json] [--explain] [--sweep] [--time-limit S]
                          [--calibration F] [--objective time|cost] [--workers N] [--seed S]
 
+The plan carries `used_usd_per_hour` (its slots' devices) and `booked_usd_per_hour` (every node
+of every pool of the job's cluster) with the cost per sample of each; the summary lists the idle
+nodes of each pool that can be released at the same iteration time.
 `--json` prints the plan JSON (with `--explain`: {"plan": ..., "explain": ...}; with `--sweep`:
 {"frontier": [plan, ...]}, fastest first). `-o` writes the plan atomically (with `--sweep`, the
 frontier document).
@@ -20,7 +23,7 @@ from placer.catalog import resolve
 from placer.cli import emit_json, note
 from placer.fileio import atomic_write_text
 from placer.inputs import check_output
-from placer.plan import dumps
+from placer.planfile import dumps
 from placer.render import render_frontier, render_plan
 from placer.spec import SpecError, load_job, read_structured
 
@@ -37,9 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_solver_arguments(p)
 
 
-def add_solver_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
-                   help="solver time limit in seconds (default 10)")
+def add_solver_arguments(p: argparse.ArgumentParser, time_limit_s: float = 10.0) -> None:
+    p.add_argument("--time-limit", type=float, default=time_limit_s, metavar="S",
+                   help=f"solver time limit in seconds (default {time_limit_s:g})")
     p.add_argument("--calibration", metavar="F", help="calibration profile (YAML/JSON)")
     p.add_argument("--objective", choices=("time", "cost"), help="override the job's objective")
     p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(out)
         return 0
-    print(render_plan(plan))
+    from placer.explain import releases
+    print(render_plan(plan, [r.line() for r in releases(plan, res, calib)]))
     if text:
         print(text)
     return 0

@@ -22,7 +22,7 @@ from placer.cli import emit_json, note
 from placer.commands.plan import check_solver_arguments
 from placer.inputs import check_output
 from placer.moves import moves
-from placer.plan import calibration_of, load_plan, save_plan
+from placer.planfile import calibration_of, load_plan, save_plan
 from placer.render import render_plan
 from placer.spec import Job, SpecError, check_cluster_size
 

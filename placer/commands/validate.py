@@ -1,14 +1,18 @@
-"""`placer validate JOB.yaml...`: check job files; show roles, memory floors, minimum devices."""
+"""`placer validate JOB.yaml...`: check job files; show roles, memory floors, minimum devices and,
+for a training role whose smallest layouts need the optimizer offloaded, the host memory the
+fewest-device one puts on one node beside the node's RAM (`placer.hostmem.candidate_node`, the check
+the planner makes before it refuses a candidate)."""
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
 from placer.calibration import load_calibration
-from placer.candidates import memory_floor_gb, min_devices
+from placer.candidates import Candidate, memory_floor_gb, role_candidates
 from placer.catalog import Resolved, resolve
 from placer.cli import emit_json
 from placer.estimate import can_host
+from placer.hostmem import candidate_node
 from placer.spec import load_job
 
 
@@ -23,20 +27,39 @@ def describe(res: Resolved, calib) -> dict[str, Any]:
     roles = {}
     for role in job.roles():
         m = res.model_of(role)
-        hosts = {}
+        hosts: dict[str, int | None] = {}
+        host_mem = {}
         for pool in job.cluster.pools:
             if can_host(res, role, pool):
-                hosts[pool.name] = min_devices(res, role, pool, calib)
+                cands = role_candidates(res, role, pool, calib, prune=False)
+                hosts[pool.name] = min((c.devices for c in cands), default=None)
+                if (need := _offload_host(res, cands)) is not None:
+                    host_mem[pool.name] = need
         roles[role] = {"model": m.name if m else None,
                        "params_b": round(m.params() / 1e9, 3) if m else None,
                        "memory_floor_gb": round(memory_floor_gb(res, role), 3),
-                       "min_devices": hosts}
+                       "min_devices": hosts, "offload_host_memory": host_mem}
     pools = {p.name: {"device": p.device, "kind": res.device_of(p).kind.value,
                       "devices": p.devices_per_node * p.nodes, "nodes": p.nodes}
              for p in job.cluster.pools}
     return {"name": job.name, "algorithm": job.algorithm.value, "samples": job.batch.samples,
             "mode": job.pipeline.mode, "objective": job.objective,
             "max_context": job.max_context, "pools": pools, "roles": roles}
+
+
+def _offload_host(res: Resolved, cands: list[Candidate]) -> dict[str, Any] | None:
+    """Host memory per node of the fewest-device candidate that offloads its optimizer (None:
+    none offloads, or the pool's host memory is not checked)."""
+    offloading = [c for c in cands if c.est.par.offload]
+    if not offloading:
+        return None
+    c = min(offloading, key=lambda c: (c.devices, c.time_s))
+    node = candidate_node(res, c)
+    if node is None:
+        return None
+    return {"devices": c.devices, "parts_gb": {k: round(v, 1) for k, v in node.parts.items()},
+            "total_gb": round(node.total_gb, 1), "capacity_gb": node.capacity_gb,
+            "fits": not node.over}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,4 +78,14 @@ def run(args: argparse.Namespace) -> int:
             hosts = ", ".join(f"{pool}: {'does not fit' if n is None else n}"
                               for pool, n in r["min_devices"].items()) or "no pool can host it"
             print(f"  {role:<12} {r['model'] or '-':<14} {r['memory_floor_gb']:>9.1f}  {hosts}")
+            for pool, h in r["offload_host_memory"].items():
+                print(f"  {'':<12} {'':<14} {'':>9}  {_host_line(pool, h)}")
     return 0
+
+
+def _host_line(pool: str, h: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in h["parts_gb"].items() if v)
+    verdict = "" if h["fits"] else ": over, refused"
+    n = h["devices"]
+    return (f"{pool}: optimizer offloaded at {n} device{'s' if n != 1 else ''} needs {h['total_gb']:,.1f} "
+            f"GB of host memory per node of {h['capacity_gb']:,.0f} ({parts}){verdict}")

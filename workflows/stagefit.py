@@ -1,0 +1,102 @@
+"""Stage-level calibration: the efficiency factors a trace's events cannot see, fitted so that
+the simulator's stage times match an executed run's measured ones.
+
+`placer calibrate` first fits the event-level factors (placer/fit.py: prefill, decode, generate,
+forward, train and transfer events, each priced by the cost model). Some of a step's time is in
+no such event: the executor's round trip around a weight push, the sandbox starting one
+interpreter per batch of tool calls, the driver's work between stages, the checkpoint. Four
+factors price that time; each is fitted on the stage it drives (mean over the steady steps of
+`workflows.fidelity`'s measured and simulated stage times):
+
+  sync_latency_s   (rollout device)      the sync stage: the round trip (fetch weights, put,
+                                         load) around the push
+  tool_overhead_s  (environment's CPU)   the rollout stage of a multi-turn job: a tool call's
+                                         cost beyond its own run; single-turn jobs make no tool
+                                         calls and leave it as it is
+  rule_reward_s    (reward's CPU)        environment + score stages: the sandboxed check of
+                                         every answer, priced per sample
+  train_overhead_s (actor device)        train + "other": the optimizer step plus the driver's
+                                         work and the checkpoint after it
+
+Each factor is found by Newton steps on the simulator itself (probe, solve, repeat: at most
+NEWTON_STEPS simulations of the run's replayed inputs, plus one probe each), so the fit never
+re-derives the simulator's formulas; a stage that does not move with its factor keeps the
+prior and is not reported. The result is the profile with the factors set and a `fit.stages`
+section saying, per factor, its stage, value and the measured and simulated stage seconds.
+It needs the simulator, hence lives here (workflows) rather than in placer/fit.py.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from placer.calibration import calibration_from_dict
+from placer.costmodel import Efficiency
+from placer.planfile import Plan
+from placer.roles import Role
+from traces.schema import Trace
+from workflows.fidelity import fidelity
+
+# stage -> (role whose device holds the factor, factor); environment+score fit together
+STAGE_FACTORS = (("sync", Role.ROLLOUT, "sync_latency_s"),
+                 ("rollout", Role.ENVIRONMENT, "tool_overhead_s"),
+                 ("score", Role.REWARD, "rule_reward_s"),
+                 ("train", Role.ACTOR, "train_overhead_s"))
+NEWTON_STEPS = 4
+
+
+def _set(doc: dict[str, Any], device: str, name: str, value: float) -> None:
+    doc.setdefault("devices", {}).setdefault(device, {})[name] = float(f"{value:.6g}")
+
+
+def _get(doc: dict[str, Any], device: str, name: str) -> float:
+    cal = calibration_from_dict({k: v for k, v in doc.items() if k != "fit"})
+    return getattr(cal.per_device.get(device, cal.default or Efficiency()), name)
+
+
+def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any]) -> tuple[dict, dict]:
+    """Measured and simulated stage seconds (steady mean), environment in score, other in train."""
+    rep, _ = fidelity(plan, trace, calibration_from_dict({k: v for k, v in doc.items()
+                                                          if k != "fit"}))
+    m = {k: v.measured for k, v in rep.stages.items()}
+    s = {k: v.simulated for k, v in rep.stages.items()}
+    for side in (m, s):  # the environment's work is priced as the rule check in `score`
+        side["score"] = side.get("score", 0.0) + side.pop("environment", 0.0)
+        side["train"] = side.get("train", 0.0) + side.pop("other", 0.0)
+    return m, s
+
+
+def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` (a profile) plus the stage-level factors (module docstring), with a `fit.stages`
+    section saying what each was fitted from. `trace` must be an executed run of `plan`."""
+    doc = copy.deepcopy(doc)
+    res = plan.resolved()
+    report: dict[str, Any] = {}
+    for stage, role, name in STAGE_FACTORS:
+        if role not in plan.roles:
+            continue
+        dev = res.device_of(plan.roles[role].pool).name
+        identified = True
+        for k in range(NEWTON_STEPS):
+            measured, simulated = _stage_means(plan, trace, doc)
+            resid = measured.get(stage, 0.0) - simulated.get(stage, 0.0)
+            x = _get(doc, dev, name)
+            if abs(resid) <= 1e-3 * max(measured.get(stage, 0.0), 1e-9):
+                break
+            h = max(abs(x) * 0.1, 1e-3)
+            probe = copy.deepcopy(doc)
+            _set(probe, dev, name, x + h)
+            slope = (_stage_means(plan, trace, probe)[1].get(stage, 0.0)
+                     - simulated.get(stage, 0.0)) / h
+            if slope <= 0:  # the stage does not move with this factor here: keep it
+                identified = k > 0
+                break
+            _set(doc, dev, name, max(x + resid / slope, 0.0))
+        if not identified:  # e.g. tool calls in a job that makes none: nothing to report
+            continue
+        measured, simulated = _stage_means(plan, trace, doc)
+        report[f"{dev}.{name}"] = {"stage": stage, "value": _get(doc, dev, name),
+                                   "measured_s": round(measured.get(stage, 0.0), 6),
+                                   "simulated_s": round(simulated.get(stage, 0.0), 6)}
+    doc.setdefault("fit", {})["stages"] = report
+    return doc
