@@ -26,7 +26,7 @@ from pathlib import Path
 
 from executors import ray_private
 from placer.mapping import device_resources
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.spec import DeviceKind, SpecError
 
 NODE_UNITS = 1000.0  # a plan node advertises this much of its key; a bundle takes 1

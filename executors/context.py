@@ -29,7 +29,8 @@ from executors.placement import Member
 from executors.roles import RunConfig
 from executors.runtime import Runtime
 from executors.stragglers import Busy
-from placer.plan import Plan
+from executors.task import Target
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import Job
 from traces.schema import Trace
@@ -97,8 +98,10 @@ class LoopContext:
     known: dict[int, int | None] = field(default_factory=dict)  # rollout rank -> its version
     synced: int | None = None  # the version the last weight sync sent
     busy: Busy = field(default_factory=Busy)
-    targets: dict[str, int] = field(default_factory=dict)  # sample id -> answer, until trained
+    targets: dict[str, Target] = field(default_factory=dict)  # sample id -> answer, until trained
     counters: StepCounters = field(default_factory=StepCounters)
+    step_began: dict[int, float] = field(default_factory=dict)  # step -> its first stage's start
+    optimizer_steps: int = 0  # the trainer's optimizer steps over the run (mini-batches)
     by_role: defaultdict[str, list[Member]] = field(init=False)
     # The job of the plan the run started with: a re-plan changes the cluster, never the batch,
     # the lengths or the tail policy the loop reads from it.
@@ -130,8 +133,23 @@ class LoopContext:
 
     def event(self, name: str, cat: str, ts: float, dur: float, m: Member | None, step: int,
               **args: object) -> None:
-        """A trace event on the worker's track (the driver's when `m` is None)."""
-        pid, tid = (m.trace_pid, f"{m.role}{m.rank}") if m else ("driver", "loop")
+        """A trace event on the worker's track (the driver's when `m` is None).
+
+        The driver's `step N` slice spans the step's own stages: it starts where the step's
+        first stage (its weight sync) started, which the loop passed before it began timing
+        the step, so the stages nest inside it. In async mode step N+1's sync and rollout run
+        during step N: consecutive steps go on two driver tracks (loop0, loop1) so that each
+        track's slices still nest."""
+        if m is None:
+            tid = f"loop{step % 2}" if self.lc.mode == "async" else "loop"
+            if cat == "stage":
+                self.step_began.setdefault(step, ts)
+            elif cat == "restart":  # the step is redone: its slice starts with the redo
+                self.step_began.clear()
+            elif cat == "step":
+                began = min(self.step_began.pop(step, ts), ts)
+                ts, dur = began, dur + (ts - began)
+        pid, tid = (m.trace_pid, f"{m.role}{m.rank}") if m else ("driver", tid)
         if m is not None:
             args.setdefault("role", m.role)
             args.setdefault("devices", m.device_ids)

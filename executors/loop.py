@@ -45,10 +45,10 @@ from executors.roles import RunConfig
 from executors.rollouts import EnvironmentCalls, RolloutDriver, StepRollout
 from executors.runtime import Runtime
 from executors.tails import TailPolicies
-from executors.task import exact
+from executors.task import Target, task_of
 from executors.training import Checkpoints, Training
 from executors.weights import WeightSync
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from traces.schema import Trace
 
@@ -65,6 +65,7 @@ class Loop:
         """`progress`: called with each finished step's stats; `note`: one line per cluster
         recovery; `on_step`: called at every step boundary (tests change the cluster there)."""
         self.ctx = ctx = LoopContext(plan, rt, cfg, lc, trace, elastic)
+        self.task = task_of(cfg.data)
         self.calls = Dispatcher(ctx, lc.faults)
         self.weights = WeightSync(ctx)
         self.tails = TailPolicies(ctx)
@@ -177,18 +178,21 @@ class Loop:
         self._record(step, t, s, scored[Role.REWARD], results, targets, loss)
         return nxt
 
+    def _answers(self, s: rl.Samples) -> list[str]:
+        vocab = self.ctx.cfg.arch["vocab"]
+        return [decode(s.answer(i), vocab) for i in range(len(s.ids))]
+
     def _verify(self, step: int, s: rl.Samples) -> list[dict[str, Any]]:
         """Each sample's final answer run as code in the sandbox (what the rule reward checks)."""
-        vocab = self.ctx.cfg.arch["vocab"]
-        return self.env.run(step, s.ids, [decode(s.answer(i), vocab) for i in range(len(s.ids))],
-                            "verify")
+        return self.env.run(step, s.ids, self._answers(s), "verify")
 
     def _record(self, step: int, t: float, s: rl.Samples, rewards: list[float],
-                results: list[dict[str, Any]], targets: list[int], loss: float) -> None:
+                results: list[dict[str, Any]], targets: list[Target], loss: float) -> None:
         """The step's stats, its trace event and the progress callback."""
         counters = self.ctx.counters
         st = StepStat(step, sum(rewards) / len(rewards),
-                      sum(exact(r, tg) for r, tg in zip(results, targets)) / len(rewards),
+                      sum(self.task.exact(a, r, tg) for a, r, tg in zip(
+                          self._answers(s), results, targets)) / len(rewards),
                       time.time() - t, {str(k): v for k, v in counters.role_s.items()},
                       sorted({s.version, *s.started}), loss, counters.reruns)
         self.ctx.event(f"step {step}", "step", t, st.step_s, None, step,

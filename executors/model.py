@@ -117,10 +117,29 @@ def save_model_dir(model: nn.Module, arch: ModelArch, path: str | Path) -> Path:
     return p
 
 
+def tokenizer_mismatch(path: str | Path, vocab_size: int) -> str | None:
+    """Why the checkpoint folder's tokenizer is not this module's character vocabulary of
+    `vocab_size` symbols (None: it is). The loop encodes prompts, stops at EOS and decodes
+    answers with that vocabulary, so a checkpoint with another tokenizer cannot be run yet."""
+    import json  # lazy: only for a job's own checkpoint folder
+    f = Path(path) / "tokenizer.json"
+    try:
+        model = json.loads(f.read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no readable tokenizer.json in {str(path)!r}"
+    want = {s: i for i, s in enumerate(alphabet(vocab_size))}
+    if model.get("type") != "WordLevel" or model.get("vocab") != want:
+        return (f"its tokenizer ({model.get('type')}, {len(model.get('vocab') or {})} entries) "
+                f"is not the executor's {vocab_size}-symbol character vocabulary")
+    return None
+
+
 def load_policy(path: str | Path) -> nn.Module:
-    from transformers import LlamaForCausalLM  # lazy: transformers (~2 s) only where used
+    """A causal LM from a checkpoint folder, whatever its architecture (the Auto classes read
+    config.json: Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, ...), in float32 on CPU."""
+    from transformers import AutoModelForCausalLM  # lazy: transformers (~2 s) only where used
     from transformers.utils import logging as hf_logging  # lazy: transformers (~2 s) only where used
     hf_logging.disable_progress_bar()  # one bar per worker per load is noise in the run's output
-    model = LlamaForCausalLM.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     return model

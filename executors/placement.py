@@ -6,8 +6,9 @@ runs). Strategy: STRICT_PACK when the plan puts all of a slot's bundles on one n
 must share a node), SPREAD for environment workers on CPU pools, PACK otherwise. Every bundle also
 asks for its plan node's key (`cluster.node_key`), so it can only land on that node.
 
-Actors per role: the actor (trainer) and rollout roles get one actor per data-parallel rank, the
-others one each, environments one per bundle. A role's ranks are laid over its slot's bundles in
+Actors per role: the actor (trainer) role gets one actor per device of its layout (dp x tp x pp,
+`executors.trainer`), the rollout and reference roles one per data-parallel rank, the others one
+each, environments one per bundle. A role's ranks are laid over its slot's bundles in
 order; roles that share a slot (colocation) share a bundle's resources in equal parts.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 
 from executors.cluster import node_key
 from placer.moves import role_counts
-from placer.plan import Bundle, Plan
+from placer.planfile import Bundle, Plan
+from placer.roles import Role
 
 
 class PlacementError(RuntimeError):
@@ -53,11 +55,21 @@ def slot_bundles(plan: Plan) -> dict[str, list[Bundle]]:
     return dict(by)
 
 
+def member_counts(plan: Plan) -> dict[str, int]:
+    """Actors per role: `placer.moves.role_counts`, but training runs one process per device
+    of its layout (its TP ranks are processes of one torch.distributed group)."""
+    counts = role_counts(plan)
+    actor = plan.roles.get(Role.ACTOR)
+    if actor is not None and Role.ACTOR in counts:
+        counts[Role.ACTOR] *= actor.tp * actor.pp
+    return counts
+
+
 def assign(plan: Plan) -> list[Member]:
     """Every role rank with the bundle it runs in."""
     bundles = slot_bundles(plan)
     members = []
-    for role, n in role_counts(plan).items():
+    for role, n in member_counts(plan).items():
         slot = plan.roles[role].slot
         bs = bundles.get(slot)
         if not bs:

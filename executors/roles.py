@@ -1,7 +1,7 @@
 """Role workers: plain classes that Ray wraps as actors (and the one-process baseline uses as is).
 
-  Trainer      the `actor` role: policy training, one instance per data-parallel rank; gradients
-               averaged with torch.distributed (gloo on CPU, NCCL on GPU); checkpoints.
+  Trainer      the `actor` role (`executors.trainer`): policy training, one instance per device
+               of the plan's layout (FSDP2 over DP, TP via DTensor; `executors.sharding`).
   Rollout      generation with the `torch` backend (sampling loop with a KV cache, in the actor);
                `executors.vllm_rollout.VllmRollout` is the `vllm` backend with the same methods.
   Reference    frozen policy copy: log-probs for the KL term.
@@ -22,17 +22,15 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from executors import rl
 from executors.model import ValueModel, decode, load_policy
 from executors.sandbox import Limits, Sandbox
-from executors.task import score
+from executors.task import Target, task_of
 from placer.spec import ModelArch
 
 
@@ -64,6 +62,13 @@ class RunConfig:
     threads: int = 1
     delays: tuple[Delay, ...] = ()
     unsafe_sandbox: bool = False  # `--unsafe-sandbox`: run answers even without kernel isolation
+    actor_layout: tuple[int, int, int] = (1, 1, 1)  # the plan's (dp, tp, pp) of the actor role
+    mini_batches: int = 1  # optimizer steps per RL step (the job's batch.mini_batches)
+    data: dict[str, str] | None = None  # the job's JSONL prompt set (math task); None: arithmetic
+    rollout_tp: int = 1  # the plan's rollout TP (the vllm backend's tensor_parallel_size)
+    max_model_len: int = 128  # the job's longest context, tokens (+1 for BOS)
+    rollout_mem_fraction: float = 0.2  # the plan's rollout memory / its device's memory
+    accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
 
     @property
     def model_arch(self) -> ModelArch:
@@ -109,107 +114,6 @@ class Worker:
         return os.getpid()
 
 
-class Trainer(Worker):
-    """One data-parallel rank of policy training."""
-
-    def __init__(self, cfg: RunConfig, rank: int = 0, world: int = 1) -> None:
-        super().__init__(cfg, "actor", rank)
-        self.world = world
-        self.model = load_policy(cfg.model_dir)
-        self.model.train()
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
-        self.version = 0
-        self._store_socket: socket.socket | None = None  # rank 0: the store's, until init_group
-
-    def rendezvous(self) -> tuple[str, int]:
-        """Address and port of the process group's store, which this rank (0) hosts.
-
-        The store's socket is bound here to this node's address only (127.0.0.1 in an embedded
-        cluster, the cluster interface with `--address`) and handed to the store in `init_group`:
-        torch's TCPStore, given just a port, listens on every interface, unauthenticated."""
-        ip = _node_ip()
-        s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
-        s.bind((ip, 0))
-        s.listen(128)
-        self._store_socket = s
-        return ip, s.getsockname()[1]
-
-    def init_group(self, addr: str, port: int) -> bool:
-        if self.world > 1:
-            if dist.is_initialized():  # re-forming the group after a peer was lost
-                dist.destroy_process_group()
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            ifname = _interface_of(_node_ip())
-            if ifname:  # gloo's pairs and NCCL's bootstrap listen on this interface only
-                os.environ["GLOO_SOCKET_IFNAME"] = ifname  # (loopback when embedded)
-                os.environ["NCCL_SOCKET_IFNAME"] = ifname
-            timeout = timedelta(seconds=120)
-            listen = self._store_socket if self.rank == 0 else None
-            if self.rank == 0 and listen is None:  # without it the store would bind to every interface
-                raise RuntimeError("trainer rank 0: init_group before rendezvous (no store socket)")
-            # libuv is the TCPStore server that takes a listening socket made by the caller
-            store = dist.TCPStore(addr, port, self.world, self.rank == 0, timeout=timeout,
-                                  master_listen_fd=listen.fileno() if listen else None,
-                                  use_libuv=True)
-            if listen is not None:
-                listen.detach()  # the store owns the descriptor now; never close it twice
-                self._store_socket = None
-            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
-                                    timeout=timeout)
-        return True
-
-    def train(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
-              total_tokens: int | None = None) -> tuple[dict, dict]:
-        """One optimizer step on this rank's shard; gradients summed over ranks (each shard's
-        loss is divided by the whole batch's `total_tokens`: the sum is the batch gradient)."""
-        t0 = time.time()
-        self.opt.zero_grad()
-        logp = rl.response_logprobs(self.model, s)
-        _, _, rmask = rl.pack(s)
-        a = rl.to_padded(adv, rmask.shape[1])
-        r = rl.to_padded(ref, rmask.shape[1]) if ref is not None else None
-        loss, info = rl.policy_loss(logp, logp.detach(), a, rmask, r, self.cfg.kl_coef,
-                                    denom=total_tokens)
-        loss.backward()
-        self._allreduce()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.version += 1
-        return ({"loss": float(loss.detach()), "version": self.version, **info},
-                _timing(t0, tokens=s.tokens(), sample_ids=s.ids))
-
-    def _allreduce(self) -> None:
-        if self.world == 1:
-            return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)  # SUM: each shard's loss already carries 1 / batch tokens
-        i = 0
-        for g in grads:
-            g.copy_(flat[i:i + g.numel()].view_as(g))
-            i += g.numel()
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-
-    def weights_info(self) -> tuple[int, int]:
-        """(version, bytes) of the weights `weights()` would send."""
-        return self.version, sum(v.numel() * v.element_size()
-                                 for v in self.model.state_dict().values())
-
-    def save(self, path: str, step: int) -> str:
-        return save_checkpoint(path, {"model": self.model.state_dict(),
-                                      "optim": self.opt.state_dict(),
-                                      "version": self.version, "step": step})
-
-    def load(self, path: str) -> int:
-        ck = torch.load(path, weights_only=False)
-        self.model.load_state_dict(ck["model"])
-        self.opt.load_state_dict(ck["optim"])
-        self.version = ck["version"]
-        return self.version
-
-
 class Rollout(Worker):
     """Generation with the torch backend."""
 
@@ -226,6 +130,10 @@ class Rollout(Worker):
 
     def current_version(self) -> int:
         return self.version
+
+    def executed_layout(self, replicas: int) -> dict[str, int]:
+        """One engine per data-parallel replica; the torch backend runs each on one device."""
+        return {"dp": replicas, "tp": 1, "pp": 1}
 
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
@@ -258,10 +166,11 @@ class RuleReward(Worker):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "reward", rank)
 
-    def score(self, s: rl.Samples, results: list[dict], targets: list[int]) -> tuple[list[float], dict]:
+    def score(self, s: rl.Samples, results: list[dict], targets: list[Target]) -> tuple[list[float], dict]:
         t0 = time.time()
         v = self.cfg.arch["vocab"]
-        out = [score(decode(s.answer(i), v), res, t)
+        task = task_of(self.cfg.data)
+        out = [task.score(decode(s.answer(i), v), res, t)
                for i, (res, t) in enumerate(zip(results, targets))]
         return out, _timing(t0, sample_ids=s.ids)
 
@@ -275,7 +184,7 @@ class ModelReward(Worker):
         self.model.eval()
 
     @torch.no_grad()
-    def score(self, s: rl.Samples, results: list[dict], targets: list[int]) -> tuple[list[float], dict]:
+    def score(self, s: rl.Samples, results: list[dict], targets: list[Target]) -> tuple[list[float], dict]:
         t0 = time.time()
         return rl.sequence_scores(self.model, s), _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
 

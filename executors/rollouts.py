@@ -33,7 +33,7 @@ from executors.model import BOS, EOS, decode, encode
 from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.tails import TailPolicies, carry_steps, overprovision_extra
-from executors.task import make_prompts
+from executors.task import task_of
 from executors.trajectory import Traj
 from executors.weights import WeightSync
 from placer.roles import Role
@@ -62,6 +62,22 @@ class StepRollout:
     handles: list[Handle] | None = None  # None: overprovision starts them as a race
 
 
+def _call_times(vals: list[dict[str, Any]], timing: dict[str, Any]) -> list[tuple[float, float]]:
+    """(start, seconds) of each call of a worker's batch: the sandbox's own per-answer times;
+    an answer without them (the sandbox failed as a whole, or timed out before it) gets an
+    equal share of the batch's wall time, in order, so that its event still says how long the
+    environment was busy (a zero would be skipped by the calibration and hide the time)."""
+    share = float(timing["dur"]) / max(len(vals), 1)
+    out = []
+    for j, v in enumerate(vals):
+        ts, dur = v.get("ts"), v.get("dur")
+        if isinstance(ts, (int, float)) and isinstance(dur, (int, float)) and dur > 0:
+            out.append((float(ts), float(dur)))
+        else:
+            out.append((float(timing["t0"]) + j * share, share))
+    return out
+
+
 class EnvironmentCalls:
     """Answers run as code in the sandbox, sharded over the free environment workers."""
 
@@ -86,11 +102,10 @@ class EnvironmentCalls:
         at = {sid: i for i, sid in enumerate(ids)}
         for k, ((_, _, args), (vals, timing)) in enumerate(zip(calls, ran.values)):
             m = ran.workers[k]
-            for sid, v in zip(args[0], vals):
+            for sid, v, (ts, dur) in zip(args[0], vals, _call_times(vals, timing)):
                 extra = {key: vs[at[sid]] for key, vs in per_sample.items()}
-                ctx.event("tool", "tool", v.get("ts", timing["t0"]), v.get("dur", 0.0), m, step,
-                          policy_version=None, sample_ids=[sid], status=v.get("status"),
-                          call=what, **extra)
+                ctx.event("tool", "tool", ts, dur, m, step, policy_version=None,
+                          sample_ids=[sid], status=v.get("status"), call=what, **extra)
             results += vals
         ctx.counters.role_s[Role.ENVIRONMENT] += max(o[1]["dur"] for o in ran.values)
         return results
@@ -103,6 +118,7 @@ class RolloutDriver:
     def __init__(self, ctx: LoopContext, calls: Dispatcher, tails: TailPolicies,
                  weights: WeightSync, env: EnvironmentCalls) -> None:
         self.ctx, self.calls, self.tails, self.weights, self.env = ctx, calls, tails, weights, env
+        self.task = task_of(ctx.cfg.data)
 
     @property
     def turns(self) -> int:
@@ -117,7 +133,7 @@ class RolloutDriver:
         n = ctx.job.batch.prompts * spp
         resumed = [t for t in carry if not t.done] if self.tails.budget else []
         count = (n - len(resumed)) // spp if fresh else 0
-        prompts = make_prompts(ctx.cfg.seed, step, count)
+        prompts = self.task.prompts(ctx.cfg.seed, step, count)
         # overprovision: ceil(n (1 + f)) samples, the extra ones spread over the prompts
         extra = overprovision_extra(ctx.job.tail_policy, len(prompts) * spp)
         slots = [(p, j) for j in range(spp) for p in prompts]

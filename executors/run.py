@@ -21,12 +21,14 @@ from executors import cluster
 from executors import placement as pl
 from executors.elastic import Elastic
 from executors.loop import Fault, Loop, LoopConfig, StepStat
-from executors.model import build_policy, save_model_dir
+from executors.model import build_policy, save_model_dir, tokenizer_mismatch
 from executors.roles import Delay, RunConfig
 from executors.runtime import LocalRuntime, RayRuntime, Runtime
 from executors.sandbox import SandboxUnavailable, probe
+from executors.sharding import Layout, check_layout, plan_layout
 from placer.errors import SpecError
-from placer.plan import Plan
+from placer.planfile import Plan
+from placer.roles import Role
 from placer.spec import ModelArch
 from traces.schema import Trace
 
@@ -75,8 +77,34 @@ def run_config(plan: Plan, lr: float | None = None, model_dir: str = "",
                     model_dir=model_dir, seed=job.seed,
                     max_new_tokens=int(job.lengths.response.max_value()),
                     reward_arch=reward.model_dump() if reward is not None else None,
-                    delays=tuple(delays))
+                    delays=tuple(delays), actor_layout=actor_layout(plan),
+                    mini_batches=job.batch.mini_batches,
+                    data=job.data.model_dump() if job.data is not None else None,
+                    **rollout_engine(plan))
     return cfg if lr is None else dataclasses.replace(cfg, lr=lr)
+
+
+def rollout_engine(plan: Plan) -> dict[str, Any]:
+    """The rollout engine's TP, context length and memory share, as the plan and job give them."""
+    res = plan.resolved()
+    r = plan.roles.get(Role.ROLLOUT)
+    out: dict[str, Any] = {"max_model_len": res.job.max_context + 1}  # + BOS
+    if r is not None:
+        out.update(rollout_tp=r.tp,
+                   rollout_mem_fraction=r.memory_gb / res.device_of(r.pool).memory_gb)
+    return out
+
+
+def actor_layout(plan: Plan) -> tuple[int, int, int]:
+    """The plan's (dp, tp, pp) of the training role."""
+    lay = plan_layout(plan, Role.ACTOR)
+    return lay.dp, lay.tp, lay.pp
+
+
+def check_layouts(plan: Plan, arch: ModelArch) -> None:
+    """SpecError (exit 2) before any actor starts when the trainer's layout cannot be run."""
+    check_layout(str(Role.ACTOR), Layout(*actor_layout(plan)), arch.heads, arch.kv_heads,
+                 arch.mlp)
 
 
 def check_sandbox(unsafe: bool) -> None:
@@ -97,9 +125,15 @@ def policy_arch(plan: Plan) -> ModelArch:
     arch = res.model_of("actor")
     if arch is None:  # every job has a policy; a plan without one is not this project's
         raise SpecError("plan.job.models.policy: missing (the executor needs a policy model)")
-    _check_buildable(arch, "policy")
+    paths = res.job.models.paths
+    if "policy" not in paths:  # a checkpoint folder is loaded with its own model class
+        _check_buildable(arch, "policy")
+    elif (why := tokenizer_mismatch(paths["policy"], arch.vocab)) is not None:
+        raise SpecError(f"plan.job.models.paths.policy: {why}; the executor runs checkpoints "
+                        f"saved with executors.model.build_tokenizer (python -m "
+                        f"executors.checkpoints) until tokenizers of their own are wired in")
     reward = res.model_of("reward")
-    if reward is not None:
+    if reward is not None and "reward" not in paths:
         _check_buildable(reward, "reward")
     return arch
 
@@ -128,6 +162,8 @@ def prepare_model(plan: Plan, out_dir: Path) -> str:
     killed while writing it), with a file missing or cut short, or built for another job is
     rebuilt, so a later run into the same `--out` never loads it."""
     res = plan.resolved()
+    if "policy" in res.job.models.paths:  # the job's own checkpoint is version 0 as it is
+        return res.job.models.paths["policy"]
     arch = res.model_of("actor")
     path = out_dir / "model-v0"
     if arch is None:  # every job trains a policy; a plan without one was not made by the planner
@@ -177,6 +213,8 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
     arch = policy_arch(plan)  # the plan's own checks first, then the machine's
+    if not local:  # one process trains the whole batch locally: no layout to refuse
+        check_layouts(plan, arch)
     check_sandbox(unsafe_sandbox)
     if arch.params() > MAX_PARAMS_CPU and not _cuda():
         raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "

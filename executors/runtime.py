@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from executors.placement import Member, PlacementError, actor_options, assign
-from executors.roles import Critic, EnvWorker, ModelReward, Reference, Rollout, RuleReward, RunConfig, Trainer
-from placer.plan import Plan
+from executors.roles import Critic, EnvWorker, ModelReward, Reference, Rollout, RuleReward, RunConfig
+from executors.trainer import Trainer
+from placer.planfile import Plan
 
 if TYPE_CHECKING:
     from ray import ObjectRef

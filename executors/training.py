@@ -4,8 +4,10 @@
               critic values (PPO); reference and critic work starts before the environment's
               (`dispatch_score`), so that the two overlap;
   advantages  GRPO: group-normalised rewards; PPO: GAE over the critic's values with a KL penalty;
-  train       one optimizer step on each data-parallel trainer rank (gradients all-reduced over
-              the process group `setup` forms), and the critic's step;
+  train       the step's samples cut into the job's mini-batches (one optimizer step each), each
+              cut over the trainer's data-parallel ranks and into micro-batches (`partition`);
+              the ranks of the plan's layout train together (`executors.trainer`), and the
+              critic takes its step;
   checkpoint  every `checkpoint_every` steps: trainer and critic weights, the partial-rollout
               carry, and `latest.json` naming them (atomic files). `Checkpoints.restore` loads
               the last one into every training rank (none yet: version 0).
@@ -25,9 +27,13 @@ from executors import rl
 from executors.calls import Dispatcher
 from executors.context import LoopContext, TrainingLost
 from executors.runtime import Handle
+from executors.sharding import Layout, plan_layout
 from executors.stragglers import Call
 from executors.tails import TailPolicies
+from executors.task import Target
+from executors.trainer import MiniBatch
 from placer.fileio import atomic_write_text
+from placer.planfile import Plan
 from placer.roles import Role
 
 Scored = dict[str, list[Any]]  # role -> per-sample values (rewards, log-probs, values)
@@ -57,6 +63,19 @@ class Training:
             outs = rt.results([rt.call(m, "init_group", addr, port) for m in ranks])
             if not all(o.ok for o in outs):
                 raise RuntimeError(f"trainer process group: {next(o.error for o in outs if not o.ok)}")
+        self.record_layouts()
+
+    def record_layouts(self) -> None:
+        """`metadata.executed_layout`: per role, the layout its workers report running."""
+        rt, out = self.ctx.rt, {}
+        for role in (Role.ACTOR, Role.ROLLOUT):
+            members = self.ctx.workers(role)
+            if members:
+                got = rt.results([rt.call(members[0], "executed_layout", len(members))])[0]
+                if not got.ok:
+                    raise TrainingLost(got.error)
+                out[str(role)] = got.value
+        self.ctx.trace.metadata["executed_layout"] = out
 
     def _score_jobs(self, s: rl.Samples) -> list[tuple[Role, list[Call]]]:
         """Reference log-probs and critic values: they need only the samples."""
@@ -78,7 +97,7 @@ class Training:
         return ScoreJobs(time.time(), jobs,
                          [[rt.call(m, meth, *a) for m, meth, a in calls] for _, calls in jobs])
 
-    def score(self, step: int, s: rl.Samples, results: list[dict[str, Any]], targets: list[int],
+    def score(self, step: int, s: rl.Samples, results: list[dict[str, Any]], targets: list[Target],
               started: ScoreJobs) -> Scored:
         """The reward (now) and the started scoring's values, per role."""
         ctx, out = self.ctx, {}
@@ -130,15 +149,12 @@ class Training:
 
     def train(self, step: int, s: rl.Samples, adv: list[list[float]],
               extra: dict[str, list[Any]], ref: list[list[float]] | None) -> float:
-        """One optimizer step on every trainer rank (and the critic); the mean loss."""
+        """The step's mini-batches on every trainer rank (and the critic's step); the loss."""
         ctx, t = self.ctx, time.time()
         ranks = ctx.by_role[Role.ACTOR]
-        calls: list[Call] = []
-        total = s.generated_tokens()
-        for k, m in enumerate(ranks):
-            idx = list(range(k * len(s.ids) // len(ranks), (k + 1) * len(s.ids) // len(ranks)))
-            calls.append((m, "train", (s.take(idx), [adv[i] for i in idx],
-                                       [ref[i] for i in idx] if ref else None, total)))
+        layout = trainer_layout(ctx.plan, len(ranks))
+        parts = partition(s, adv, ref, layout, ctx.cfg.mini_batches, ctx.cfg.accumulate)
+        calls: list[Call] = [(m, "train", (part,)) for m, part in zip(ranks, parts)]
         critics = ctx.workers(Role.CRITIC)
         if critics:
             calls.append((critics[0], "train", (s, extra["returns"], extra["values"])))
@@ -154,9 +170,48 @@ class Training:
                       policy_version=info.get("version", step + 1), os_pid=timing.get("pid"),
                       sample_ids=timing["sample_ids"], tokens=timing["tokens"])
             ctx.counters.role_s[m.role] += timing["dur"]
-        ctx.ledger.trained(step, [i for o in outs[:len(ranks)] for i in o.value[1]["sample_ids"]])
+        leaders = [o.value for k, o in enumerate(outs[:len(ranks)]) if layout.coords(k)[1] == 0]
+        ctx.optimizer_steps += leaders[0][0]["optimizer_steps"]
+        ctx.trace.metadata["optimizer_steps"] = ctx.optimizer_steps
+        ctx.ledger.trained(step, list(dict.fromkeys(i for v in leaders for i in v[1]["sample_ids"])))
         ctx.event("train", "stage", t, time.time() - t, None, step, policy_version=step + 1)
-        return float(sum(o.value[0]["loss"] for o in outs[:len(ranks)]) / len(ranks))
+        # Each DP group's loss is its share of every mini-batch's token mean: their sum is it.
+        return float(sum(v[0]["loss"] for v in leaders))
+
+
+def trainer_layout(plan: Plan, ranks: int) -> Layout:
+    """The layout the trainer ranks run: the (current) plan's, or one plain rank (the local
+    runtime)."""
+    return plan_layout(plan, Role.ACTOR) if ranks > 1 else Layout()
+
+
+def _split(xs: list[int], k: int) -> list[list[int]]:
+    """`k` contiguous parts of `xs`, near-equal, possibly empty."""
+    return [xs[j * len(xs) // k:(j + 1) * len(xs) // k] for j in range(k)]
+
+
+def partition(s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
+              layout: Layout, mini: int, accumulate: int) -> list[list[MiniBatch]]:
+    """Per trainer rank, its part of every mini-batch as `accumulate` micro-batches.
+
+    The step's samples are cut into `mini` mini-batches (one optimizer step each), each into
+    `layout.dp` parts (TP ranks of a DP group get the same part), each into `accumulate`
+    micro-batches. A micro-batch's loss scale is 1 / (its mini-batch's generated tokens), so the
+    gradients summed over micro-batches and DP ranks are the mini-batch's token-mean gradient; an
+    empty micro-batch runs the mini-batch's first sample at scale 0 (collectives stay paired)."""
+    gens = s.gen_mask or [[1] * len(r) for r in s.responses]
+    out: list[list[MiniBatch]] = [[] for _ in range(layout.world)]
+    for idx in rl.mini_batches(len(s.ids), mini):
+        scale = 1.0 / max(sum(sum(gens[i]) for i in idx), 1)
+        for d, part in enumerate(_split(idx, layout.dp)):
+            micros: MiniBatch = []
+            for chunk in _split(part, accumulate):
+                use, w = (chunk, scale) if chunk else ([idx[0]], 0.0)
+                micros.append((s.take(use), [adv[i] for i in use],
+                               [ref[i] for i in use] if ref is not None else None, w))
+            for t in range(layout.tp):
+                out[d * layout.tp + t].append(micros)
+    return out
 
 
 class Checkpoints:
@@ -175,8 +230,9 @@ class Checkpoints:
         ctx, t = self.ctx, time.time()
         d = ctx.lc.out_dir / "checkpoints"
         critics = ctx.workers(Role.CRITIC)
-        handles = [ctx.rt.call(ctx.by_role[Role.ACTOR][0], "save",
-                               str(d / f"actor-{step:06d}.pt"), step)]
+        # every trainer rank joins the gather of its shards; rank 0 writes the one file
+        actors = ctx.by_role[Role.ACTOR]
+        handles = [ctx.rt.call(m, "save", str(d / f"actor-{step:06d}.pt"), step) for m in actors]
         if critics:
             handles.append(ctx.rt.call(critics[0], "save", str(d / f"critic-{step:06d}.pt"), step))
         outs = ctx.rt.results(handles)
@@ -185,7 +241,7 @@ class Checkpoints:
         carry = self.tails.save_carry(d, step) if self.tails.budget else None
         atomic_write_text(d / "latest.json", json.dumps(
             {"step": step, "actor": outs[0].value,
-             "critic": outs[1].value if len(outs) > 1 else None, "carry": carry}))
+             "critic": outs[len(actors)].value if critics else None, "carry": carry}))
         self.last = step
         ctx.event("checkpoint", "checkpoint", t, time.time() - t, None, step,
                   policy_version=step + 1)

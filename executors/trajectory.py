@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from executors import rl
+from executors.task import Target
 
 
 @dataclass
@@ -19,7 +20,7 @@ class Traj:
     id: str
     group: str  # its prompt's id (a GRPO group)
     prompt: list[int]
-    target: int
+    target: Target
     seed: int
     response: list[int] = field(default_factory=list)  # turns and tool outputs so far
     logprobs: list[float] = field(default_factory=list)  # 0.0 on tool tokens

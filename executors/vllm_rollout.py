@@ -1,22 +1,34 @@
 """The `vllm` rollout backend: a vLLM engine inside the rollout actor (the `gpu` extra).
 
-The engine loads the same model directory the torch workers load (config, safetensors,
-tokenizer written by `executors.model.save_model_dir`). Weight sync goes through vLLM's
-weight-loading API: a worker extension (`WeightSync`) runs `model.load_weights` on the engine's
-worker via `LLM.collective_rpc`, so each step's weights replace the engine's in place (no reload,
-no restart). vLLM is imported only when this backend is chosen; this module is never imported on
-machines without it.
+The engine is configured from the plan and the job (`engine_args`): the rollout role's tensor
+parallel size (`tensor_parallel_size`; above 1 the engine's workers are processes on the
+actor's bundle GPUs), the job's longest context (`max_model_len`: prompt, every turn's response
+and tool output, with BOS), and the share of device memory the plan priced for the role
+(`gpu_memory_utilization` = the plan's memory_gb / the device's memory, clamped). It loads the
+same model directory the torch workers load (the run's version 0: a built model or the job's
+checkpoint folder). Weight sync goes through vLLM's weight-loading API: a worker extension
+(`WeightSync`) runs `model.load_weights` on every engine worker via `LLM.collective_rpc`, so
+each step's full weights replace the engine's in place (each TP worker keeps its shard).
+
+Log-probs: every generated token's sampled log-prob comes back from the engine (`logprobs=0`:
+the sampled token's own); a missing one is an error (`behaviour_logprobs`), never a zero, since
+the trainer's importance weights (`executors.rl`, OFF_POLICY) divide by them.
+
+vLLM is imported only when this backend is chosen; importing this module never loads it.
 """
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import torch
 
 from executors import rl
 from executors.model import EOS
 from executors.roles import RunConfig, Worker, _timing
+
+MEM_FRACTION = (0.05, 0.95)  # vLLM refuses 0 and needs headroom below 1
 
 
 class WeightSync:
@@ -28,16 +40,42 @@ class WeightSync:
         return len(loaded) if loaded is not None else len(weights)
 
 
+def engine_args(cfg: RunConfig, rank: int) -> dict[str, Any]:
+    """The `vllm.LLM` keyword arguments of rollout replica `rank` (plan and job, see above)."""
+    lo, hi = MEM_FRACTION
+    args: dict[str, Any] = dict(
+        model=cfg.model_dir, tokenizer=cfg.model_dir, dtype="bfloat16", seed=cfg.seed + rank,
+        enforce_eager=True, max_model_len=cfg.max_model_len,
+        tensor_parallel_size=cfg.rollout_tp,
+        gpu_memory_utilization=min(max(cfg.rollout_mem_fraction, lo), hi),
+        worker_extension_cls="executors.vllm_rollout.WeightSync")
+    if cfg.rollout_tp > 1:  # TP workers as processes on this actor's GPUs
+        args["distributed_executor_backend"] = "mp"
+    return args
+
+
+def behaviour_logprobs(sample_id: str, tokens: list[int], steps: list[Any] | None) -> list[float]:
+    """The sampled tokens' log-probs from vLLM's per-step dicts; RuntimeError when absent."""
+    if steps is None or len(steps) != len(tokens):
+        raise RuntimeError(f"vllm returned {0 if steps is None else len(steps)} log-probs for "
+                           f"{len(tokens)} tokens of sample {sample_id} (SamplingParams.logprobs "
+                           f"must be set); the trainer's importance weights need every one")
+    out = []
+    for k, (step, t) in enumerate(zip(steps, tokens)):
+        if step is None or t not in step:
+            raise RuntimeError(f"vllm returned no log-prob for token {k} ({t}) of sample "
+                               f"{sample_id}")
+        out.append(float(step[t].logprob))
+    return out
+
+
 class VllmRollout(Worker):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
         # The engine in this process: collective_rpc then calls the worker directly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # lazy: vLLM (gpu extra), after the environment is set
-        self.llm = LLM(model=cfg.model_dir, tokenizer=cfg.model_dir, dtype="bfloat16",
-                       seed=cfg.seed + rank, enforce_eager=True, max_model_len=128,
-                       gpu_memory_utilization=float(os.environ.get("PLACER_VLLM_MEM", "0.2")),
-                       worker_extension_cls="executors.vllm_rollout.WeightSync")
+        self.llm = LLM(**engine_args(cfg, rank))
         self.version = 0
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
@@ -48,6 +86,9 @@ class VllmRollout(Worker):
 
     def current_version(self) -> int:
         return self.version
+
+    def executed_layout(self, replicas: int) -> dict[str, int]:
+        return {"dp": replicas, "tp": self.cfg.rollout_tp, "pp": 1}
 
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
@@ -60,12 +101,11 @@ class VllmRollout(Worker):
                              skip_special_tokens=False) for seed, lim in zip(seeds, limits)]
         outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], sp, use_tqdm=False)
         resp, lps = [], []
-        for o in outs:
+        for sid, o in zip(ids, outs):
             c = o.outputs[0]
             toks = list(c.token_ids)
             resp.append(toks)
-            lps.append([float(step[t].logprob) for step, t in zip(c.logprobs or [], toks)]
-                       or [0.0] * len(toks))
+            lps.append(behaviour_logprobs(sid, toks, c.logprobs))
         s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
         return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
                           version=self.version, batch=len(ids))

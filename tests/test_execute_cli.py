@@ -12,7 +12,7 @@ import pytest
 from exec_util import GRPO_LAYOUT, ROOT, hand_plan
 
 from placer.cli import main
-from placer.plan import save_plan
+from placer.planfile import save_plan
 from traces.schema import read_trace
 
 

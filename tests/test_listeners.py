@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from exec_util import GRPO_LAYOUT, ROOT, hand_plan
 
-from placer.plan import save_plan
+from placer.planfile import save_plan
 
 pytestmark = pytest.mark.ray
 

@@ -1,0 +1,164 @@
+"""The trainer's parallel layout, as the plan gives it: a device mesh, FSDP2 over DP, TP via DTensor.
+
+A trainer role with layout `dp x tp x pp` runs as `dp * tp` processes (one per device; ranks
+`d * tp + t`) in one torch.distributed group; its 2-D mesh has dims `("dp", "tp")`:
+
+  tp  every decoder layer's attention projections (q, k, v column-parallel, o row-parallel;
+      Qwen3's per-head q/k norms replicated with their gradients summed over the heads' ranks)
+      and a dense MLP (gate, up column-parallel, down row-parallel) are split over the `tp`
+      ranks with `parallelize_module` (Megatron-style: one all-reduce after o and after down;
+      heads and MLP columns are divided, so `tp` must divide the query heads, the KV heads and
+      the MLP width). A mixture-of-experts block keeps its experts whole on every TP rank
+      (replicated over `tp`, sharded over `dp` by FSDP); embeddings, norms and the LM head
+      too. TP ranks of one DP group see the same samples.
+  dp  `fully_shard` (FSDP2) on each decoder layer and the root over the `dp` dim: parameters,
+      gradients and Adam state sharded, gradients reduce-scattered.
+  pp  not run by this executor (`check_layout` refuses it before any actor starts).
+
+`clip_grad_norm` clips over parameters living on different meshes (TP-sharded and replicated),
+which `torch.nn.utils.clip_grad_norm_` refuses to mix; `full_state` gathers the full weights
+(for weight sync and checkpoints), a collective every rank must call.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from placer.errors import SpecError
+from placer.planfile import Plan
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A role's parallel layout: data-, tensor- and pipeline-parallel degrees."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(dp index, tp index) of a rank."""
+        return rank // self.tp, rank % self.tp
+
+    def as_dict(self) -> dict[str, int]:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+
+    def __str__(self) -> str:
+        return f"dp{self.dp} tp{self.tp} pp{self.pp}"
+
+
+def plan_layout(plan: Plan, role: str = "actor") -> Layout:
+    """A role's layout as the plan gives it."""
+    r = plan.roles[role]
+    return Layout(r.dp, r.tp, r.pp)
+
+
+def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int) -> None:
+    """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
+    where = f"plan.roles.{role}: layout {layout}"
+    if layout.pp > 1:
+        raise SpecError(f"{where}: pipeline parallelism (pp > 1) is not run by the executor; "
+                        f"plan with pp 1 (tp and dp are run as planned)")
+    bad = [f"{name} {n}" for name, n in (("query heads", heads), ("KV heads", kv_heads),
+                                          ("MLP width", mlp)) if n % layout.tp]
+    if bad:
+        raise SpecError(f"{where}: tp {layout.tp} does not divide the model's "
+                        f"{', '.join(bad)}; tensor parallelism splits them evenly")
+
+
+def build_mesh(layout: Layout) -> Any:
+    """The ("dp", "tp") device mesh over the current process group."""
+    from torch.distributed.device_mesh import init_device_mesh  # lazy: distributed only
+    kind = "cuda" if torch.cuda.is_available() else "cpu"
+    return init_device_mesh(kind, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a causal LM (`model.model.layers` in every HF decoder)."""
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers (model.layers) to shard")
+    return list(layers)
+
+
+def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
+    """The column/row split of one decoder layer's linear projections (see the docstring)."""
+    from torch.distributed.tensor.parallel import (  # lazy: distributed only
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+    modules = dict(layer.named_modules())
+    names = {n for n, m in modules.items() if isinstance(m, nn.Linear)}
+    plan: dict[str, Any] = {}
+    # Qwen3's per-head q/k norms see only this rank's heads ([batch, seq, heads, head_dim]):
+    # their weight is one replicated DTensor over the heads dim, so that its gradient, partial
+    # on each TP rank, is summed (torchtitan's Qwen3 plan does the same).
+    for norm in ("self_attn.q_norm", "self_attn.k_norm"):
+        if norm in modules:
+            plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    for col, row in ((("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                      "self_attn.o_proj"),
+                     (("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj")):
+        if row in names and all(c in names for c in col):
+            plan.update({c: ColwiseParallel() for c in col})
+            plan[row] = RowwiseParallel()
+    return plan
+
+
+def shard(model: nn.Module, mesh: Any) -> nn.Module:
+    """Apply TP over mesh["tp"] then FSDP2 over mesh["dp"], in place; returns the model."""
+    from torch.distributed.fsdp import fully_shard  # lazy: distributed only
+    from torch.distributed.tensor.parallel import parallelize_module  # lazy
+    tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+    # DTensor warns on every 2-D norm and gather that it runs two collectives where one could
+    # do; at these sizes that is noise in the run's output, once per parameter per step.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    layers = decoder_layers(model)
+    if tp_mesh.size() > 1:
+        for layer in layers:
+            parallelize_module(layer, tp_mesh, layer_tp_plan(layer))
+    for layer in layers:
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    # Each DP shard's loss already carries 1 / (the mini-batch's tokens): gradients are summed
+    # over DP ranks, not averaged (FSDP2 divides by the DP size unless told otherwise), with a
+    # plain SUM (gloo has no pre-multiplied sum).
+    for m in [*layers, model]:
+        m.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+        m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+    return model
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor  # lazy
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """Scale gradients so that their global L2 norm is at most `max_norm`; the norm before.
+
+    A DTensor gradient's norm is reduced over its own mesh (`full_tensor`), so TP-sharded and
+    replicated parameters each count once, whatever mesh they live on."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = math.sqrt(sum(float(_local(g.detach().float().norm())) ** 2 for g in grads))
+    scale = max_norm / (total + 1e-6)
+    if scale < 1.0:
+        for g in grads:
+            g.mul_(scale)
+    return total
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict; a collective: every rank of the group calls it."""
+    return {k: _local(v.detach()).cpu().clone() for k, v in model.state_dict().items()}

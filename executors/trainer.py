@@ -1,0 +1,242 @@
+"""The `actor` role: policy training as the plan lays it out (`executors.sharding`).
+
+One `Trainer` per device of the role's layout (`dp * tp` ranks, rank `d * tp + t`), all in one
+torch.distributed group (gloo on CPU, NCCL on GPU) that `init_group` forms; the model is then
+re-loaded from the run's version-0 folder and sharded: TP over the mesh's "tp" dim, FSDP2 over
+"dp". A world of one trains the plain model.
+
+Each RL step (`train`) runs the step's mini-batches, one optimizer step each (the job's
+`batch.mini_batches`); the driver (`executors.training`) has already cut every mini-batch into
+this rank's part, itself cut into `accumulate` micro-batches whose gradients add up before the
+step (gradient accumulation). Every rank runs the same number of micro-batches, so that FSDP's
+and TP's collectives pair up; a rank with no samples in a micro-batch runs one sample at weight
+zero. Before the first optimizer step the trainer computes the proximal ("old") log-probs of its
+samples (`executors.rl`, OFF_POLICY).
+
+After every step, load and the group's forming, every rank joins the gather of the full weights
+(a collective); rank 0 keeps them for weight sync and checkpoints. A checkpoint is in the
+one-process format (full weights, full Adam state by parameter index), whatever the layout that
+wrote it, so a run re-planned onto another layout (a lost node) restores it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executors import rl
+from executors.model import load_policy
+from executors.roles import RunConfig, Worker, _interface_of, _node_ip, _timing, save_checkpoint
+from executors.sharding import Layout, build_mesh, clip_grad_norm, full_state, shard
+
+# One micro-batch of one rank: (samples, advantages, reference log-probs or None, loss scale).
+# The scale is 1 / (the mini-batch's generated tokens), or 0 for a stand-in sample.
+Micro = tuple[rl.Samples, list[list[float]], list[list[float]] | None, float]
+MiniBatch = list[Micro]
+
+
+class Trainer(Worker):
+    """One rank of policy training."""
+
+    def __init__(self, cfg: RunConfig, rank: int = 0, world: int = 1) -> None:
+        super().__init__(cfg, "actor", rank)
+        self.world = world
+        self.layout = Layout(*cfg.actor_layout) if world > 1 else Layout()
+        if self.layout.world != world:
+            raise ValueError(f"trainer: layout {self.layout} needs {self.layout.world} ranks, "
+                             f"the run made {world}")
+        self.version = 0
+        self.optimizer_steps = 0
+        self._store_socket: socket.socket | None = None  # rank 0: the store's, until init_group
+        self._build(sharded=False)
+
+    def _build(self, sharded: bool) -> None:
+        """The model (version 0) and its optimizer; sharded over the mesh once a group exists."""
+        self.model = load_policy(self.cfg.model_dir)
+        self.model.train()
+        if torch.cuda.is_available():  # Ray gives each rank its own GPU (CUDA_VISIBLE_DEVICES)
+            self.model.cuda()
+        if sharded:
+            shard(self.model, build_mesh(self.layout))
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
+        self.version = 0
+        self._full: dict[str, torch.Tensor] | None = None
+        self._gather()
+
+    def _gather(self) -> None:
+        """Full weights onto rank 0 (every rank joins when sharded)."""
+        if self.world == 1:
+            return  # the plain model is its own full copy: `weights` reads it directly
+        full = full_state(self.model)
+        self._full = full if self.rank == 0 else None
+
+    def executed_layout(self, ranks: int) -> dict[str, int]:
+        """The layout this rank's group trains with (`ranks`: the role's processes)."""
+        if ranks != self.layout.world:
+            raise RuntimeError(f"trainer: {ranks} ranks for layout {self.layout}")
+        return self.layout.as_dict()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Address and port of the process group's store, which this rank (0) hosts.
+
+        The store's socket is bound here to this node's address only (127.0.0.1 in an embedded
+        cluster, the cluster interface with `--address`) and handed to the store in `init_group`:
+        torch's TCPStore, given just a port, listens on every interface, unauthenticated."""
+        ip = _node_ip()
+        s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((ip, 0))
+        s.listen(128)
+        self._store_socket = s
+        return ip, s.getsockname()[1]
+
+    def init_group(self, addr: str, port: int) -> bool:
+        """Join the trainers' group, then rebuild the model sharded over the layout's mesh."""
+        if self.world == 1:
+            return True
+        if dist.is_initialized():  # re-forming the group after a peer was lost
+            dist.destroy_process_group()
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        ifname = _interface_of(_node_ip())
+        if ifname:  # gloo's pairs and NCCL's bootstrap listen on this interface only
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname  # (loopback when embedded)
+            os.environ["NCCL_SOCKET_IFNAME"] = ifname
+        timeout = timedelta(seconds=120)
+        listen = self._store_socket if self.rank == 0 else None
+        if self.rank == 0 and listen is None:  # without it the store would bind to every interface
+            raise RuntimeError("trainer rank 0: init_group before rendezvous (no store socket)")
+        # libuv is the TCPStore server that takes a listening socket made by the caller
+        store = dist.TCPStore(addr, port, self.world, self.rank == 0, timeout=timeout,
+                              master_listen_fd=listen.fileno() if listen else None,
+                              use_libuv=True)
+        if listen is not None:
+            listen.detach()  # the store owns the descriptor now; never close it twice
+            self._store_socket = None
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
+                                timeout=timeout)
+        self._build(sharded=True)
+        return True
+
+    def train(self, minis: list[MiniBatch]) -> tuple[dict, dict]:
+        """The RL step: proximal log-probs, then one optimizer step per mini-batch."""
+        t0 = time.time()
+        old = [[self._logprobs(m[0]) for m in mb] for mb in minis]
+        losses: list[float] = []
+        norms: list[float] = []  # global gradient norm of each mini-batch, before clipping
+        stats = dict.fromkeys(("kl", "clip_frac", "tis_truncated"), 0.0)
+        for mb, olds in zip(minis, old):
+            self.opt.zero_grad()
+            loss_sum = 0.0
+            for (s, adv, ref, scale), o in zip(mb, olds):
+                loss, info = self._micro_loss(s, adv, ref, o)
+                (loss * scale).backward()
+                loss_sum += float(loss.detach()) * scale
+                for k in stats:  # token sums: scaled, they are this rank's mini-batch means
+                    stats[k] += info[k] * scale / len(minis)
+            params = list(self.model.parameters())
+            norms.append(clip_grad_norm(params, 1.0) if self.world > 1
+                         else float(torch.nn.utils.clip_grad_norm_(params, 1.0)))
+            self.opt.step()
+            self.optimizer_steps += 1
+            losses.append(loss_sum)
+        self.version += 1
+        self._gather()
+        seen = [m[0] for mb in minis for m in mb if m[3] > 0]
+        ids = list(dict.fromkeys(i for s in seen for i in s.ids))
+        return ({"loss": sum(losses) / max(len(losses), 1), "version": self.version,
+                 "optimizer_steps": len(minis), "grad_norms": norms, **stats},
+                _timing(t0, tokens=sum(s.tokens() for s in seen), sample_ids=ids))
+
+    @torch.no_grad()
+    def _logprobs(self, s: rl.Samples) -> torch.Tensor:
+        return rl.response_logprobs(self.model, s)
+
+    def _micro_loss(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
+                    old: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The micro-batch's summed token loss (the caller scales it by 1 / mini-batch tokens)."""
+        logp = rl.response_logprobs(self.model, s)
+        _, _, rmask = rl.pack(s)
+        w = rmask.shape[1]
+        a = rl.to_padded(adv, w)
+        r = rl.to_padded(ref, w) if ref is not None else None
+        behaviour = rl.to_padded(s.logprobs, w) if s.logprobs else None
+        return rl.policy_loss(logp, old, a, rmask, r, self.cfg.kl_coef, denom=1.0,
+                              behaviour=behaviour)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        if self.world == 1:
+            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        if self._full is None:
+            raise RuntimeError(f"trainer rank {self.rank}: only rank 0 holds the full weights")
+        return self._full
+
+    def weights_info(self) -> tuple[int, int]:
+        """(version, bytes) of the weights `weights()` would send."""
+        return self.version, sum(v.numel() * v.element_size() for v in self.weights().values())
+
+    def save(self, path: str, step: int) -> str:
+        """A checkpoint at `path` in the one-process format (full weights, full Adam state by
+        parameter index), so that any layout restores it (a re-plan may change the layout).
+        Every rank of a sharded trainer calls it (the gather is a collective); rank 0 writes."""
+        if self.world == 1:
+            model, optim = self.model.state_dict(), self.opt.state_dict()
+        else:
+            optim = _full_optim(self.opt)
+            model = self._full or {}
+        if self.rank == 0:
+            save_checkpoint(path, {"model": model, "optim": optim, "version": self.version,
+                                   "step": step, "optimizer_steps": self.optimizer_steps})
+        return path
+
+    def load(self, path: str) -> int:
+        """Every rank reads the checkpoint and keeps its own shards of it."""
+        ck = torch.load(path, weights_only=False)
+        if self.world == 1:
+            self.model.load_state_dict(ck["model"])
+            self.opt.load_state_dict(ck["optim"])
+        else:
+            _load_full(self.model, ck["model"])
+            _load_sharded_optim(self.opt, ck["optim"])
+            self._gather()
+        self.version = ck["version"]
+        self.optimizer_steps = ck.get("optimizer_steps", 0)
+        return self.version
+
+
+def _load_full(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Copy full weights into a sharded model's local shards."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            if isinstance(v, DTensor):
+                v.to_local().copy_(distribute_tensor(full[k].to(v.device), v.device_mesh,
+                                                     v.placements).to_local())
+            else:
+                v.copy_(full[k].to(v.device))
+
+
+def _full_optim(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state with every DTensor gathered whole, on the CPU (a collective)."""
+    from torch.distributed.tensor import DTensor  # lazy: distributed only
+    sd = opt.state_dict()
+    return {"state": {i: {k: v.full_tensor().cpu() if isinstance(v, DTensor) else v
+                          for k, v in sorted(sd["state"][i].items())}
+                      for i in sorted(sd["state"])},
+            "param_groups": sd["param_groups"]}
+
+
+def _load_sharded_optim(opt: torch.optim.Optimizer, full: dict[str, Any]) -> None:
+    """Restore `_full_optim` (or a one-process optimizer's) state into this rank's shards."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, st in sorted(full["state"].items()):
+        p = params[int(i)]
+        opt.state[p] = {k: (distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+                            if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0
+                            else v) for k, v in sorted(st.items())}
+    for g, sg in zip(opt.param_groups, full["param_groups"]):
+        g.update({k: v for k, v in sg.items() if k != "params"})
