@@ -33,7 +33,7 @@ from bench.bench_solver import synthetic_job
 from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.moves import Move, moves
-from placer.plan import Plan, calibration_of
+from placer.planfile import Plan, calibration_of
 from placer.planner import plan_job, with_nodes
 from placer.spec import Job, load_job
 from simulator import longrun as lr

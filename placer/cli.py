@@ -7,8 +7,9 @@ run, so `placer validate` never pays for Ray or torch. Each command module provi
 Conventions every command follows:
   * `--json` prints exactly one JSON document on stdout and nothing else there (progress and
     notes go to stderr);
-  * bad input exits 2 with one line `placer: error: <field>: <what> (got <value>)` on stderr,
-    never a traceback; an infeasible job exits 3 with its diagnosis.
+  * bad input exits 2 with one line `placer: error: <field>: <what> (got <value>)` on stderr per
+    mistake (a job's are all reported at once), never a traceback; an infeasible job exits 3
+    with its diagnosis.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from placer import __version__
 from placer.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, Infeasible, SpecError
-from placer.inputs import escape
+from placer.inputs import error_lines, escape
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("placer.commands.validate", "check a job file and show its roles and memory floors"),
@@ -35,6 +37,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "execute": ("placer.commands.execute", "run a plan on Ray"),
     "calibrate": ("placer.commands.calibrate", "fit the cost model's efficiency factors to a trace"),
     "fidelity": ("placer.commands.fidelity", "simulated against measured for a plan and its trace"),
+    "sweep": ("placer.commands.sweep", "the what-if grid on a job: re-plan at every combination "
+              "of --vary values"),
+    "export": ("placer.commands.export", "a plan as a verl, OpenRLHF or KubeRay configuration"),
+    "import": ("placer.commands.importrun", "a job spec (with its current placement) from a verl "
+               "or OpenRLHF run"),
+    "schema": ("placer.commands.schema", "the job format: JSON Schema, or the Markdown reference"),
 }
 
 
@@ -59,6 +67,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(commands: dict[str, Any]) -> argparse.ArgumentParser:
     parser = _Parser(prog="placer", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"placer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser)
     for name, (module, help_) in commands.items():
@@ -101,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except SpecError as e:  # names and paths from the input may hold newlines or escape codes
-        print(f"placer: error: {escape(str(e))}", file=sys.stderr)
+        for line in error_lines(e):  # one line per mistake (a job reports all of them at once)
+            print(f"placer: error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Infeasible as e:
         diagnosis = "\n".join(escape(line) for line in str(e).split("\n"))  # may span lines

@@ -35,6 +35,12 @@ class RolePlacement(_M):
     zero: int = Field(3, ge=0, le=3)
     recompute: bool = True
     offload: bool = False
+    cp: int = Field(1, ge=1, description="context parallelism (training)")
+    ep: int = Field(1, ge=1, description="expert parallelism (mixture of experts)")
+    etp: int = Field(1, ge=1, description="expert tensor parallelism (with ep > 1)")
+    fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
+    fp8_kv: bool = Field(False, description="FP8 KV cache (job precision)")
+    fp8_train: bool = Field(False, description="FP8 training GEMMs (job precision)")
     slot: str
     time_s: float = Field(0.0, ge=0)
     stage_s: dict[str, float] = {}
@@ -43,7 +49,8 @@ class RolePlacement(_M):
 
     @property
     def par(self) -> Parallel:
-        return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload)
+        return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
+                        self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train)
 
 
 class SlotPlan(_M):
@@ -96,7 +103,12 @@ class Plan(_M):
     objective: Literal["time", "cost"]
     predicted_iteration_s: float = Field(gt=0)
     throughput_samples_s: float = Field(0.0, ge=0)
-    cost_per_sample: float = Field(0.0, ge=0)
+    cost_per_sample: float = Field(0.0, ge=0, description="USD per sample of the devices used")
+    # What the plan's devices cost against what the job's cluster books (every node of every
+    # pool, idle or not: `placer.pricing`); 0 in plans written before they were recorded.
+    used_usd_per_hour: float = Field(0.0, ge=0)
+    booked_usd_per_hour: float = Field(0.0, ge=0)
+    booked_cost_per_sample: float = Field(0.0, ge=0)
     breakdown: Breakdown
     roles: dict[str, RolePlacement]
     slots: list[SlotPlan]

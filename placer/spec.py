@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
+from placer.current import CurrentPlacement
 from placer.distributions import Distribution  # also re-exported
 from placer.fileio import atomic_write_text
-from placer.inputs import load_json, load_yaml, read_text
+from placer.inputs import SpecErrors, load_json, load_yaml, read_text
+from placer.localdata import Dataset, anchor, expand_model_dirs
 from placer.roles import Role
 from placer.specbase import MAX_CONTEXT_TOKENS, PosFloat, PosInt, SpecError, Strict  # some re-exported
 
@@ -41,12 +43,18 @@ class DeviceType(Strict):
     kind: DeviceKind
     memory_gb: PosFloat = Field(description="HBM, SRAM (lpu) or host RAM (cpu) per device")
     bf16_tflops: PosFloat = Field(description="peak dense BF16 (FP16 for LPUs)")
+    fp8_tflops: PosFloat | None = Field(
+        None, description="peak dense FP8 (Hopper and later); none: no FP8 tensor cores, so FP8 "
+                          "options of the job do not apply on this device")
     mem_bw_gbs: PosFloat = Field(description="memory bandwidth per device")
     intra_link_gbs: PosFloat = Field(description="scale-up link per device, one direction")
     nic_gbs: PosFloat = Field(description="network bandwidth per device, one direction")
     can_train: StrictBool = False
     price_per_hour: Annotated[float, Field(strict=True, ge=0)] = 0.0
     cores: PosInt = Field(1, description="CPU cores per device (cpu kind)")
+    host_memory_gb: PosFloat | None = Field(
+        None, description="host RAM of one node of this device type, GB (placer/hostmem.py "
+                          "checks offloaded state against it); none: not checked")
     source: str = ""
 
     @model_validator(mode="after")
@@ -273,16 +281,51 @@ class ModelArch(Strict):
         return max(min(tp, self.kv_heads), 1)
 
 
+def _pool_schema(schema: dict[str, Any]) -> None:
+    """JSON Schema of a pool: devices_per_node or cores_per_node (a CPU pool may give either)."""
+    schema["required"] = [k for k in schema.get("required", []) if k != "devices_per_node"]
+    schema["anyOf"] = [{"required": ["devices_per_node"]}, {"required": ["cores_per_node"]}]
+
+
 class Pool(Strict):
-    """A named set of identical nodes."""
+    """A named set of identical nodes. A GPU or LPU pool counts accelerators per node; a CPU
+    pool's device is a whole CPU of the device type's `cores` cores (cpu-node: a 64-core node),
+    so it gives `cores_per_node`, or `devices_per_node` in those units (usually 1)."""
 
     name: str
     device: str = Field(description="device type name (catalog or job's own)")
-    devices_per_node: PosInt
+    devices_per_node: PosInt = Field(
+        description="accelerators per node (GPUs, LPU chips); for a CPU pool, devices of the "
+                    "device type's `cores` cores each (usually 1), not cores: give cores_per_node "
+                    "for those. Required unless a CPU pool gives cores_per_node")
+    cores_per_node: PosInt | None = Field(
+        None, description="CPU pools only: cores per node, a multiple of the device type's "
+                          "`cores` (devices_per_node is derived from it)")
     nodes: PosInt
     nvlink_domain: PosInt | None = Field(
         None, description="devices sharing the scale-up link; default: one node")
     nodes_per_rack: PosInt = 32
+    host_memory_gb: PosFloat | None = Field(
+        None, description="host RAM per node, GB; default: the device type's host_memory_gb")
+
+    model_config = ConfigDict(**Strict.model_config, json_schema_extra=_pool_schema)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _cores_only(cls, data: Any, handler: Any) -> Pool:
+        """A CPU pool that gives only cores_per_node: devices_per_node is filled in once the
+        device's cores are known (`placer.catalog.cpu_pools`); until then 1, not counted as given."""
+        derive = (isinstance(data, dict) and "devices_per_node" not in data
+                  and data.get("cores_per_node") is not None)
+        pool: Pool = handler({**data, "devices_per_node": 1} if derive else data)
+        if derive:
+            pool.model_fields_set.discard("devices_per_node")
+        return pool
+
+    @property
+    def devices_given(self) -> bool:
+        """Whether the input gave devices_per_node (not derived from cores_per_node)."""
+        return "devices_per_node" in self.model_fields_set
 
 
 class Topology(Strict):
@@ -311,9 +354,18 @@ def check_cluster_size(pools: dict[str, tuple[int, int]]) -> None:
                          "tool plans, simulates and runs")
 
 
+# Checkpoint storage as one job sees it: an assumption (a shared parallel filesystem or object
+# store reached over the frontend network sustains a few GB/s for one job's writes), stated in
+# the job format so that users give their own figure.
+DEFAULT_STORAGE_GBS = 5.0
+
+
 class Cluster(Strict):
     pools: list[Pool] = Field(min_length=1)
     topology: Topology = Topology()
+    storage_gbs: PosFloat = Field(
+        DEFAULT_STORAGE_GBS, description="checkpoint storage bandwidth (write and read) the job "
+                                         "sees in all, GB/s")
 
     @model_validator(mode="after")
     def _unique_pools(self) -> Cluster:
@@ -344,6 +396,8 @@ class Models(Strict):
     reward: str = Field("rule", description="a model name, or 'rule' for a verifier on CPU")
     critic: str | None = Field(None, description="PPO only; default: same shape as reward/policy")
     use_reference: StrictBool = True
+    paths: dict[str, str] = Field({}, description="local Hugging Face checkpoint folder per "
+                                  "field (filled from `policy: {path: DIR}`; placer/localdata.py)")
 
 
 class Batch(Strict):
@@ -357,8 +411,12 @@ class Batch(Strict):
 
 
 class Lengths(Strict):
-    prompt: Distribution
-    response: Distribution
+    """Token counts, drawn per sample: the prompt once, the response once per turn."""
+
+    prompt: Distribution = Field(description="prompt tokens of a sample (its first context)")
+    response: Distribution = Field(
+        description="response tokens PER TURN: a multi-turn sample generates `environment.turns` "
+                    "of these (with tool outputs between them)")
 
 
 class Environment(Strict):
@@ -412,6 +470,23 @@ class TailPolicy(Strict):
         return self
 
 
+class Precision(Strict):
+    """Optional FP8 number formats (default: BF16 everywhere). Each applies only on devices with
+    FP8 tensor cores (`fp8_tflops`); elsewhere that role stays BF16."""
+
+    rollout_weights: Literal["bf16", "fp8"] = Field(
+        "bf16", description="weights of the rollout engines: fp8 halves their bytes (memory and "
+        "the weights a decode step reads) and runs their GEMMs at the FP8 peak (vLLM/SGLang FP8 "
+        "W8A8 rollout, verl docs/advance/fp8.md); the weight sync still sends BF16")
+    kv_cache: Literal["bf16", "fp8"] = Field(
+        "bf16", description="the rollout engines' KV cache: fp8 halves its bytes per token "
+        "(vLLM kv_cache_dtype=fp8): more sequences at once, less to read per decode step")
+    training: Literal["bf16", "fp8"] = Field(
+        "bf16", description="training GEMMs in FP8 (Transformer Engine; DeepSeek-V3's FP8 "
+        "training): the FP8 peak for matmul FLOPs; weights, gradients and optimizer state keep "
+        "their BF16/FP32 bytes")
+
+
 class Catalog(Strict):
     devices: list[DeviceType] = []
     models: list[ModelArch] = []
@@ -427,9 +502,15 @@ class Job(Strict):
     pipeline: Pipeline = Pipeline()
     objective: Literal["time", "cost"] = "time"
     tail_policy: TailPolicy = TailPolicy()
+    precision: Precision = Field(Precision(), description="optional FP8 formats (Precision)")
     cluster: Cluster
     catalog: Catalog = Catalog()
     seed: Annotated[int, Field(strict=True, ge=0, le=2**63)] = 0
+    data: Dataset | None = Field(None, description="JSONL prompts with answers (the executor's "
+                                 "math task; placer/localdata.py)")
+    current: CurrentPlacement | None = Field(
+        None, description="the placement the job runs today (placer import); placer compare "
+                          "prices it as the baseline `current`")
 
     def roles(self) -> list[Role]:
         """Roles the algorithm runs, in a stable order."""
@@ -502,10 +583,9 @@ def _keys_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(cls.model_fields) if cls is not None else []  # the loop returned on None
 
 
-def format_validation_error(err: ValidationError, prefix: str = "",
-                            root: type[BaseModel] | None = None) -> str:
-    """The first error as `field.path: message (got value)`; `root` lists keys for a typo."""
-    e = err.errors()[0]
+def _error_line(e: Any, prefix: str, root: type[BaseModel] | None) -> str:
+    """One pydantic error as `field.path: message (got value)`; `root` lists keys for a typo.
+    Key names come from the input: the CLI escapes each line (`placer.inputs.error_lines`)."""
     loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
     msg = " ".join(e["msg"].removeprefix("Value error, ").split())  # always one line
     got = e.get("input")
@@ -515,8 +595,23 @@ def format_validation_error(err: ValidationError, prefix: str = "",
     if e["type"] == "extra_forbidden":
         keys = _keys_at(root, e["loc"][:-1]) if root is not None else []
         msg, shown = "unknown key" + (f"; expected one of {', '.join(keys)}" if keys else ""), ""
-    more = f" [+{len(err.errors()) - 1} more]" if len(err.errors()) > 1 else ""
-    return f"{prefix}{loc}: {msg}{shown}{more}"
+    return f"{prefix}{loc}: {msg}{shown}"
+
+
+def validation_lines(err: ValidationError, prefix: str = "",
+                     root: type[BaseModel] | None = None) -> list[str]:
+    """Every error of `err`, one line each (`_error_line`), in the order pydantic found them."""
+    lines = [_error_line(e, prefix, root) for e in err.errors()]
+    return list(dict.fromkeys(lines))  # one line per distinct mistake
+
+
+def format_validation_error(err: ValidationError, prefix: str = "",
+                            root: type[BaseModel] | None = None) -> str:
+    """The first error as one line, with a count of the others (inputs other than jobs; a job
+    reports every error: `job_from_dict`)."""
+    lines = validation_lines(err, prefix, root)
+    more = f" [+{len(lines) - 1} more]" if len(lines) > 1 else ""
+    return lines[0] + more
 
 
 def distributions(job: Job) -> list[tuple[str, Distribution]]:
@@ -525,23 +620,30 @@ def distributions(job: Job) -> list[tuple[str, Distribution]]:
             ("environment.tool_latency_s", job.environment.tool_latency_s)]
 
 
-def _check_job(job: Job, source: str) -> None:
-    """Checks that need more than one field: replayed traces readable, contexts finite."""
+def _check_job(job: Job, source: str) -> list[str]:
+    """Checks that need more than one field: replayed traces readable, contexts finite, tail
+    policy budgets. Every failing check gives one line; [] when all pass."""
+    out: list[str] = []
     for where, dist in distributions(job):
         if dist.kind != "empirical":
             continue
         try:
             dist.samples()
         except SpecError as e:
-            raise SpecError(f"{source}: {where}.path: {e}") from None
+            out.append(f"{source}: {where}.path: {e}")
         except (OSError, UnicodeDecodeError) as e:
-            raise SpecError(f"{source}: {where}.path: cannot read {dist.path!r}: "
-                            f"{_first_line(e)}") from None
-    check_tail_policy(job, source)
+            out.append(f"{source}: {where}.path: cannot read {dist.path!r}: {_first_line(e)}")
+    if out:  # the checks below draw on the distributions
+        return out
+    try:
+        check_tail_policy(job, source)
+    except SpecError as e:
+        out.append(str(e))
     ctx = job.max_context_float()
     if not ctx <= MAX_CONTEXT_TOKENS:
-        raise SpecError(f"{source}: lengths: the longest context, prompt + turns x response + "
-                        f"tool outputs, is {ctx:.3g} tokens, beyond {MAX_CONTEXT_TOKENS:,}")
+        out.append(f"{source}: lengths: the longest context, prompt + turns x response + "
+                   f"tool outputs, is {ctx:.3g} tokens, beyond {MAX_CONTEXT_TOKENS:,}")
+    return out
 
 
 def check_tail_policy(job: Job, source: str) -> None:
@@ -569,13 +671,25 @@ def check_tail_policy(job: Job, source: str) -> None:
 
 
 def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
+    """Validate a job; every mistake found is one line of one `SpecErrors` (field checks first,
+    then, when the fields are sound, the checks across fields and the catalog's names)."""
+    data = expand_model_dirs(data, source)  # models.<field>: {path: DIR} -> a catalog entry
     try:
         job = Job.model_validate(data)
     except ValidationError as e:
-        raise SpecError(format_validation_error(e, f"{source}: ", root=Job)) from None
-    _check_job(job, source)
-    from placer.catalog import resolve  # lazy: cycle (the catalogs import this module); checks names
-    resolve(job, source)
+        raise SpecErrors(validation_lines(e, f"{source}: ", root=Job)) from None
+    problems = _check_job(job, source)
+    from placer.catalog import cpu_pools, devices_of, resolve  # lazy: the catalogs import this module
+    try:
+        resolve(job, source)  # checks the names
+    except SpecErrors as e:
+        problems += e.lines
+    except SpecError as e:
+        problems.append(str(e))
+    job, more = cpu_pools(job, devices_of(job), source)
+    problems += more
+    if problems:
+        raise SpecErrors(problems)
     return job
 
 
@@ -602,7 +716,7 @@ def load_job(path: str | Path) -> Job:
     if isinstance(raw, dict) and {"roles", "slots", "job"} <= raw.keys():
         raise SpecError(f"{path}: this is a plan, not a job file: pass the job it was made from "
                         f"(the plan's `job` section), or use a command that reads plans")
-    data = _anchor_paths(raw, Path(path).parent)
+    data = anchor(_anchor_paths(raw, Path(path).parent), Path(path).parent)
     if isinstance(data.get("cluster"), str):
         cpath = Path(path).parent / data["cluster"]
         try:

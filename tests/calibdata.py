@@ -7,7 +7,7 @@ from placer.assemble import assemble
 from placer.catalog import resolve
 from placer.costmodel import Calibration, Efficiency, Parallel
 from placer.estimate import estimate
-from placer.plan import Plan, SolverInfo
+from placer.planfile import Plan, SolverInfo
 from placer.spec import load_job
 from placer.timing import Placed
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from placer.catalog import resolve
 from placer.costmodel import Calibration
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.spec import job_from_dict, load_job
 from simulator.handplans import EXAMPLE_PLACEMENTS, place, plan_for
 

@@ -9,7 +9,7 @@ from simplans import example_names, example_plan, hand_plan
 
 from placer.calibration import calibration_from_dict
 from placer.errors import SpecError
-from placer.plan import Plan
+from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import Job
 from simulator.api import simulate_plan

@@ -20,7 +20,7 @@ from executors.model import load_policy
 from executors.run import MODEL_STAMP, prepare_model
 from placer.cli import emit_json, main
 from placer.inputs import MAX_YAML_NODES, check_output, escape, load_json, load_yaml
-from placer.plan import load_plan
+from placer.planfile import load_plan
 from placer.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]

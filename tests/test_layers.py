@@ -3,22 +3,26 @@
 Layers, lowest first. A module may import its own layer and the layers below it, never above;
 siblings named on one line must not import each other.
 
-  0 foundation  placer.errors, placer.roles, placer.fileio, placer.inputs (error types, the Role
-                enum, atomic writes, guarded reading of input files) and the trace schema with
-                its readers and recorder: traces (package), traces.schema, traces.workload,
-                traces.record. They import nothing else of the project, so every layer can raise
-                the errors, read its inputs and read or write traces.
-  1 library     the `placer` library: placer (package) and every placer.* module not named in
-                another layer (specs, catalogs, cost model, candidates, ILP, plan, pricing,
-                moves, render, plots of plans), and traces.synthetic (traces made from the cost
-                model).
+  0 foundation  placer.errors, placer.roles, placer.fileio, placer.inputs, placer.progress (error
+                types, the Role enum, atomic writes, guarded reading of input files, progress
+                bars) and the trace schema with its readers and recorder: traces (package),
+                traces.schema, traces.workload, traces.record. They import nothing else of the
+                project, so every layer can raise the errors, read its inputs, show progress
+                and read or write traces.
+  1 library     the `placer` library: every placer.* module not named in another layer (specs,
+                catalogs, cost model, candidates, ILP, plan, pricing, moves, render, plots of
+                plans, interop with verl/OpenRLHF/KubeRay), and traces.synthetic (traces made
+                from the cost model).
   2 engines     simulator.* | executors.*  (siblings: neither imports the other)
   3 workflows   workflows.*  (what crosses planner, simulator and executor; its own figures)
-  4 front ends  placer.cli, placer.__main__, placer.commands.* | bench.*  (siblings)
+  4 front ends  placer.cli, placer.__main__, placer.commands.*, placer.api and the package root
+                placer (its __init__: the version and the Python API, loaded lazily from
+                placer.api) | bench.*  (siblings)
 
 Every import counts: module level, inside functions and under `if TYPE_CHECKING:`. A module of the
 project that the map does not place is an error too, so a new package gets a layer on purpose.
-Notebooks are front ends that call the library, not the command modules.
+Notebooks are front ends that call the library or the Python API (placer, placer.api), not the
+command modules.
 """
 from __future__ import annotations
 
@@ -31,9 +35,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("placer", "simulator", "executors", "traces", "workflows", "bench")
-FOUNDATION = {"placer.errors", "placer.roles", "placer.fileio", "placer.inputs", "traces",
-              "traces.schema", "traces.workload", "traces.record"}
-FRONT_ENDS = ("placer.cli", "placer.__main__", "placer.commands")
+FOUNDATION = {"placer.errors", "placer.roles", "placer.fileio", "placer.inputs", "placer.progress",
+              "traces", "traces.schema", "traces.workload", "traces.record"}
+FRONT_ENDS = ("placer.cli", "placer.__main__", "placer.commands", "placer.api")
+PYTHON_API = ("placer", "placer.api")  # what notebooks may import from the front-end layer
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ def layer_of(module: str) -> Layer | None:
         return None
     if module in FOUNDATION:
         return Layer(0, "foundation")
-    if any(module == f or module.startswith(f + ".") for f in FRONT_ENDS):
+    if module == "placer" or any(module == f or module.startswith(f + ".") for f in FRONT_ENDS):
         return Layer(4, "cli")
     if top in ("placer", "traces"):  # traces.synthetic: made from the cost model
         return Layer(1, "library")
@@ -143,6 +148,22 @@ def test_the_map_places_the_modules_it_names() -> None:
         assert name in mods, f"{name} is in the foundation layer but does not exist"
     assert layer_of("traces.synthetic") == Layer(1, "library")
     assert layer_of("placer.commands.plan") == layer_of("placer.cli") == Layer(4, "cli")
+    assert layer_of("placer") == layer_of("placer.api") == Layer(4, "cli")
+    assert layer_of("placer.interop.verl") == Layer(1, "library")
+    assert layer_of("placer.progress") == Layer(0, "foundation")
+
+
+def test_importing_the_package_loads_no_engine() -> None:
+    """`import placer` (which every `placer.x` import runs first) and the API's names stay lazy:
+    no solver, simulator, executor or Ray until a call needs them."""
+    import subprocess
+    import sys
+    code = ("import sys, placer; placer.__version__; placer.compare; "
+            "heavy = [m for m in sys.modules if m.split('.')[0] in "
+            "('simulator', 'executors', 'workflows', 'ray', 'torch', 'ortools')]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("name", sorted(notebook_sources()))
@@ -150,7 +171,7 @@ def test_notebooks_call_the_library_not_the_commands(name: str) -> None:
     _MODULES.clear()
     _MODULES.update(project_modules())
     targets = [t for _, t in imported("notebook", notebook_sources()[name])]
-    bad = [t for t in targets if layer_of(t) == Layer(4, "cli")]
+    bad = [t for t in targets if layer_of(t) == Layer(4, "cli") and t not in PYTHON_API]
     assert not bad, f"{name} imports command modules: {bad}"
 
 
@@ -160,21 +181,21 @@ def _tree(**sources: str) -> dict[str, tuple[str, bool]]:
 
 
 def test_a_planted_upward_import_fails() -> None:
-    mods = _tree(placer__errors="", placer__plan="from placer.errors import SpecError\n",
-                 simulator__api="from placer.plan import Plan\n",
-                 traces__schema="from placer.plan import Plan\n")  # foundation -> library
+    mods = _tree(placer__errors="", placer__planfile="from placer.errors import SpecError\n",
+                 simulator__api="from placer.planfile import Plan\n",
+                 traces__schema="from placer.planfile import Plan\n")  # foundation -> library
     assert violations(mods) == [
-        "traces.schema:1 imports placer.plan (foundation 0 -> library 1)"]
+        "traces.schema:1 imports placer.planfile (foundation 0 -> library 1)"]
 
 
 def test_a_function_level_and_relative_import_count() -> None:
-    mods = _tree(placer__plan="def f():\n    from workflows.fidelity import Report\n",
+    mods = _tree(placer__planfile="def f():\n    from workflows.fidelity import Report\n",
                  workflows__fidelity="", placer__spec="",
                  placer__cost="from .spec import Job\n", placer__commands__plan="",
                  placer__render="from . import commands\nfrom .commands import plan\n")
     mods["placer.commands"] = ("", True)
     assert violations(mods) == [
-        "placer.plan:2 imports workflows.fidelity (library 1 -> workflows 3)",
+        "placer.planfile:2 imports workflows.fidelity (library 1 -> workflows 3)",
         "placer.render:1 imports placer.commands (library 1 -> cli 4)",
         "placer.render:2 imports placer.commands.plan (library 1 -> cli 4)"]
 

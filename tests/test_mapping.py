@@ -8,7 +8,7 @@ from specdata import EXAMPLES
 from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.mapping import map_to_nodes, path_bandwidth, topology
-from placer.plan import RolePlacement, SlotPlan
+from placer.planfile import RolePlacement, SlotPlan
 from placer.planner import plan_job
 from placer.spec import SpecError, job_from_dict, load_job
 

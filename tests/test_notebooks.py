@@ -63,6 +63,25 @@ def test_notebook_runs(path, kernel_env):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert not errors
+    # no stack trace anywhere in the output (a Ray left running in the kernel printed SIGTERM
+    # traces when the kernel was stopped: placer.execute stops the Ray it started)
+    streams = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                      for o in c.outputs if o.output_type == "stream")
+    assert "Traceback" not in streams and "SIGTERM" not in streams
     images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.outputs
                  if "image/png" in o.get("data", {}))
     assert images >= 2, f"{path.name}: expected figures, got {images}"
+
+
+def test_notebooks_use_the_python_api():
+    """The notebooks plan, simulate and execute through `placer.plan/simulate/execute`."""
+    calls = {"01_plan_and_simulate": ("placer.plan(", "placer.simulate(", "placer.compare(",
+                                      "placer.export("),
+             "02_what_if": ("placer.load_job(",),
+             "03_fidelity": ("placer.plan(", "placer.execute(")}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        assert "import placer\n" in code, path.name
+        for call in calls[path.stem]:
+            assert call in code, (path.name, call)

@@ -3,7 +3,9 @@
 Prints one line per step (mean reward, exact answers, step time, per-role time, policy versions)
 to stdout, or with `--json` one JSON document at the end (progress then goes to stderr). Pools
 whose devices this machine lacks run emulated and the output says so. A job file (YAML) may be
-given instead of a plan: it is planned first with the ILP.
+given instead of a plan: it is planned first with the ILP. With `--trace T.json` the trace names
+its plan (metadata `plan_path`), saved beside it as T.plan.json when a job file was given, so
+`placer calibrate T.json` needs no --plan.
 """
 from __future__ import annotations
 
@@ -68,15 +70,41 @@ def check_batch(plan) -> None:
                         f"{work:,})")
 
 
+def _is_job(path: str) -> bool:
+    return Path(path).suffix in (".yaml", ".yml")
+
+
 def _load(path: str):
-    from placer.plan import load_plan
-    if Path(path).suffix in (".yaml", ".yml"):
+    from placer.planfile import load_plan
+    if _is_job(path):
         from placer.calibration import load_calibration
         from placer.catalog import resolve
         from placer.planner import plan_job
         from placer.spec import load_job
         return plan_job(resolve(load_job(path), path), load_calibration(None))
     return load_plan(path)
+
+
+def plan_beside(trace: str) -> Path:
+    """Where a run of a job file (not a plan) saves the plan it made: TRACE.plan.json."""
+    return Path(trace).with_suffix(".plan.json")
+
+
+def name_plan(trace, plan, plan_arg: str, trace_path: str) -> None:
+    """Make the trace name its plan (metadata `plan_path`, relative to the trace's folder when
+    it can be), saving the plan beside the trace when it was made from a job file, so that
+    `placer calibrate TRACE` and `placer fidelity` need no --plan."""
+    from placer.planfile import save_plan
+    if _is_job(plan_arg):
+        where = plan_beside(trace_path)
+        save_plan(plan, where)
+    else:
+        where = Path(plan_arg)
+    folder = Path(trace_path).resolve().parent
+    try:
+        trace.metadata["plan_path"] = str(where.resolve().relative_to(folder))
+    except ValueError:  # not below the trace's folder: the absolute path
+        trace.metadata["plan_path"] = str(where.resolve())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     deadlines = parse_deadlines(args.deadline)
     check_output(args.out, "--out", folder=True)  # before Ray starts, not after the run
     check_output(args.trace, "--trace")
+    if args.trace and _is_job(args.plan):  # the plan made from the job is saved beside it
+        check_output(plan_beside(args.trace), "--trace (its plan, beside it)")
     plan = _load(args.plan)
     check_batch(plan)
     from executors.run import execute, resume_point
@@ -102,10 +132,18 @@ def run(args: argparse.Namespace) -> int:
              f"time {st.step_s:.2f}s policy_version {st.versions} [{roles}]"
              + (f" reruns {st.reruns}" if st.reruns else ""))
 
-    result = execute(plan, args.steps, args.out, address=args.address, backend=args.backend,
-                     max_restarts=args.max_restarts, progress=progress, note=show,
-                     deadlines=deadlines or None, start=start, unsafe_sandbox=args.unsafe_sandbox)
+    from placer.progress import progress as bar_for  # a bar on stderr, off under --json
+    with bar_for("execute", total=args.steps - start, unit="step", json_out=args.json) as bar:
+        def step_done(st) -> None:
+            progress(st)
+            bar.advance(info=f"reward {st.reward:.3f}, {st.step_s:.1f} s/step")
+
+        result = execute(plan, args.steps, args.out, address=args.address, backend=args.backend,
+                         max_restarts=args.max_restarts, progress=step_done, note=show,
+                         deadlines=deadlines or None, start=start,
+                         unsafe_sandbox=args.unsafe_sandbox)
     if args.trace:
+        name_plan(result.trace, plan, args.plan, args.trace)
         result.trace.write(args.trace)
     if args.json:
         emit_json(result.summary())

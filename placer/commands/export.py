@@ -1,0 +1,78 @@
+"""`placer export verl|openrlhf|kuberay PLAN.json`: a plan as another framework's configuration.
+
+    placer export verl PLAN.json -o DIR        overrides.yaml + launch.sh (verl.trainer.main_ppo)
+    placer export openrlhf PLAN.json [-o FILE] the openrlhf.cli.train_ppo_ray command line (stdout,
+                                               or a launch script at FILE)
+    placer export kuberay PLAN.json -o DIR     raycluster.yaml, rayjob.yaml, plan-configmap.yaml
+                       [--image IMAGE] [--steps N]
+
+Every role or layout the framework cannot express is named on stderr as `placer: warning: ...`
+(and in `--json` output); nothing is dropped silently. `--json` prints {"framework", "command",
+"files": {name: text}, "warnings"} and writes the files too when `-o` is given.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from placer.cli import emit_json, note
+from placer.fileio import atomic_write_text
+from placer.inputs import check_output
+from placer.spec import SpecError
+
+FRAMEWORKS = ("verl", "openrlhf", "kuberay")
+NEEDS_DIR = ("verl", "kuberay")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("framework", choices=FRAMEWORKS, help="verl, openrlhf or kuberay")
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("-o", "--output", metavar="DIR|FILE",
+                   help="folder for verl/kuberay; launch script for openrlhf (default: stdout)")
+    p.add_argument("--image", help="kuberay: container image with Ray and placer installed")
+    p.add_argument("--steps", type=int, default=5, help="kuberay: RL steps the RayJob runs")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    from placer.interop import EXPORTERS
+    from placer.interop.kuberay import DEFAULT_IMAGE, export_kuberay
+    from placer.planfile import load_plan
+
+    fw = args.framework
+    if fw in NEEDS_DIR and not args.output and not args.json:
+        raise SpecError(f"--output: {fw} writes several files: give a folder with -o DIR")
+    if fw != "kuberay" and (args.image or args.steps != 5):
+        raise SpecError(f"--{'image' if args.image else 'steps'}: applies to kuberay only "
+                        f"(got framework {fw!r})")
+    if args.steps < 1:
+        raise SpecError(f"--steps: must be at least 1 (got {args.steps})")
+    check_output(args.output, "--output", folder=fw in NEEDS_DIR)
+    plan = load_plan(args.plan)
+    if fw == "kuberay":
+        export = export_kuberay(plan, image=args.image or DEFAULT_IMAGE, steps=args.steps)
+    else:
+        export = EXPORTERS[fw](plan)
+    for w in export.warnings:
+        note(f"placer: warning: {w}")
+    if args.output:
+        _write(fw, export.files, Path(args.output))
+    if args.json:
+        emit_json({"framework": fw, "command": export.command, "files": export.files,
+                   "warnings": export.warnings})
+    else:
+        print(export.command)
+    return 0
+
+
+def _write(fw: str, files: dict[str, str], out: Path) -> None:
+    if fw not in NEEDS_DIR:  # one launch script
+        atomic_write_text(out, next(iter(files.values())))
+        out.chmod(0o755)
+        note(f"wrote {out}")
+        return
+    for name, text in files.items():
+        atomic_write_text(out / name, text)
+        if name.endswith(".sh"):
+            (out / name).chmod(0o755)
+    note(f"wrote {', '.join(files)} in {out}/")

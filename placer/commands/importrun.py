@@ -1,0 +1,74 @@
+"""`placer import verl|openrlhf SOURCE -o JOB.yaml`: a job spec from a run you already have.
+
+    placer import verl CONFIG.yaml|LAUNCH.sh -o JOB.yaml [--device H100-SXM] [--name NAME]
+    placer import openrlhf "CMDLINE"|FILE -o JOB.yaml [--device ...] [--name ...]
+
+The job records the run's placement under `current:`, so `placer compare JOB.yaml` prices it as
+the baseline `current` beside the ILP's plan. What the run's configuration does not say (GPU type,
+length distributions, a CPU node for rule rewards) is assumed: each assumption is printed on
+stderr and written at the top of the job file. (The module is not named `import`: a keyword.)
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from placer.cli import emit_json, note
+from placer.fileio import atomic_write_text
+from placer.inputs import check_output, read_text
+from placer.spec import SpecError, job_from_dict
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("framework", choices=("verl", "openrlhf"), help="verl or openrlhf")
+    p.add_argument("source", metavar="SOURCE",
+                   help="verl: a config YAML or launch script; openrlhf: the train_ppo_ray "
+                        "command line, or a file holding it")
+    p.add_argument("-o", "--output", metavar="JOB.yaml", help="write the job here")
+    p.add_argument("--device", default="H100-SXM",
+                   help="GPU type of the run's nodes (catalog name; default H100-SXM)")
+    p.add_argument("--name", help="job name (default: imported-<framework>)")
+    p.add_argument("--json", action="store_true", help="print the job as one JSON document")
+
+
+def _text(args: argparse.Namespace) -> tuple[str, str]:
+    """(text, source name): a file's contents, or (openrlhf) the command line itself."""
+    from placer.interop.common import names_a_file
+    if args.framework == "openrlhf" and "--" in args.source and not names_a_file(args.source):
+        return args.source, "command line"
+    return read_text(Path(args.source)), args.source
+
+
+def run(args: argparse.Namespace) -> int:
+    from placer.interop import importer_table
+
+    check_output(args.output, "--output")
+    if not args.output and not args.json:
+        raise SpecError("--output: give the job file to write (-o JOB.yaml), or --json")
+    text, source = _text(args)
+    name = args.name or f"imported-{args.framework}"
+    data, notes = importer_table()[args.framework](text, source, device=args.device, name=name)
+    job = job_from_dict(data, f"{source} (imported)")  # the job must be valid as written
+    for n in notes:
+        note(f"placer: assumed: {n}")
+    from placer.catalog import resolve
+    from placer.costmodel import Calibration
+    from placer.interop.current import current_assignment, unfit_roles
+    from placer.planner import build_problem
+    # the recorded placement is checked (and priced) now, as `placer compare` will
+    assignment = current_assignment(build_problem(resolve(job), Calibration()))
+    assert assignment is not None, "an imported job records its placement"
+    for role, why in unfit_roles(assignment).items():
+        note(f"placer: note: current.roles.{role}: the cost model says it does not fit as "
+             f"configured ({why}); `placer compare` prices it anyway")
+    if args.output:
+        head = (f"# imported from {args.framework}: {source} (placer import)\n"
+                + "".join(f"# assumed: {n}\n" for n in notes))
+        atomic_write_text(args.output, head + yaml.safe_dump(data, sort_keys=False))
+        note(f"wrote {args.output}; `placer compare {args.output}` ranks its placement "
+             "(`current`) against the ILP's")
+    if args.json:
+        emit_json(data)
+    return 0

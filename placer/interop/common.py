@@ -1,0 +1,117 @@
+"""What every exporter needs from a plan: model paths, per-role node shapes, colocation groups.
+
+Frameworks describe a role's devices as `nodes x GPUs per node` and its model as a Hugging Face
+path; a plan describes devices as a count on a pool and a model as a catalog name. The catalog's
+`source` field starts with the Hugging Face repository its numbers were read from
+("Qwen/Qwen2.5-7B config.json"), which is the path a framework loads.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from placer.catalog import Resolved
+from placer.planfile import Plan, RolePlacement
+from placer.spec import DeviceKind
+
+_HF_REPO = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+) config\.json")
+
+
+@dataclass
+class Export:
+    """One framework's rendering of a plan: `files` (relative name -> text), the launch
+    `command`, and `warnings` naming every role or layout the framework cannot express."""
+
+    framework: str
+    files: dict[str, str]
+    command: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def hf_path(res: Resolved, role: str, warnings: list[str]) -> str:
+    """The Hugging Face repository of the model a role runs (from the catalog's source), or the
+    catalog name with a warning when the catalog knows none (a local or test model)."""
+    m = res.arch_of(role)
+    found = _HF_REPO.match(m.source)
+    if found:
+        return found.group(1)
+    warnings.append(f"{role}: model {m.name!r} has no Hugging Face repository in the catalog; "
+                    f"the export uses {m.name!r} as its path (replace it with a local path)")
+    return m.name
+
+
+def catalog_name(res_models: dict[str, object], path: str) -> str | None:
+    """The catalog model whose source names the Hugging Face repository `path` (the last path
+    components are compared, so a local copy `/models/Qwen/Qwen2.5-7B` matches too)."""
+    want = "/".join(path.rstrip("/").split("/")[-2:]).lower()
+    for name, m in res_models.items():
+        found = _HF_REPO.match(getattr(m, "source", ""))
+        if found and found.group(1).lower() == want:
+            return name
+        if name.lower() == path.rstrip("/").split("/")[-1].lower():
+            return name
+    return None
+
+
+def node_shape(plan: Plan, role: str, warnings: list[str]) -> tuple[int, int]:
+    """(nodes, devices per node) for a role's devices: whole nodes when it spans several, else
+    one node with its devices. A count that is not whole nodes is rounded up, with a warning."""
+    r = plan.roles[role]
+    pool = plan.resolved().cluster.pool(r.pool)
+    per = pool.devices_per_node
+    if r.devices <= per:
+        return 1, r.devices
+    nodes = -(-r.devices // per)
+    if nodes * per != r.devices:
+        warnings.append(f"{role}: {r.devices} devices are not whole {per}-device nodes of pool "
+                        f"{r.pool}; exported as {nodes} x {per}")
+    return nodes, per
+
+
+def kind_of(plan: Plan, role: str) -> DeviceKind:
+    return plan.resolved().device_of(plan.roles[role].pool).kind
+
+
+def slot_roles(plan: Plan, role: str) -> list[str]:
+    """The roles sharing `role`'s slot (its colocation group), itself included."""
+    slot = plan.roles[role].slot
+    return next(list(s.roles) for s in plan.slots if s.name == slot)
+
+
+def colocated(plan: Plan, a: str, b: str) -> bool:
+    return a in plan.roles and b in plan.roles and plan.roles[a].slot == plan.roles[b].slot
+
+
+def gpu_roles(plan: Plan) -> list[str]:
+    return [r for r in plan.roles if kind_of(plan, r) is DeviceKind.gpu]
+
+
+def memory_fraction(plan: Plan, role: str) -> float:
+    """The share of a device's memory the plan gives a serving role (its KV cache and weights),
+    as vLLM's gpu_memory_utilization: between 0.1 and 0.9, two decimals."""
+    r: RolePlacement = plan.roles[role]
+    dev = plan.resolved().device_of(r.pool)
+    return round(min(0.9, max(0.1, r.memory_gb / dev.memory_gb)), 2)
+
+
+def lengths(plan: Plan) -> tuple[int, int]:
+    """(longest prompt, longest response of one turn) in tokens: the frameworks' length caps."""
+    job = plan.spec
+    return (int(job.lengths.prompt.max_value()), int(job.lengths.response.max_value()))
+
+
+def mini_batch_prompts(plan: Plan) -> int:
+    """Prompts per optimizer step (verl and OpenRLHF count a mini-batch in prompts or samples;
+    the job in optimizer steps per iteration)."""
+    b = plan.spec.batch
+    return max(b.prompts // b.mini_batches, 1)
+
+
+def names_a_file(text: str) -> bool:
+    """Whether `text` (a path, or an OpenRLHF command line given inline) is an existing file;
+    a command line too long for a file name is not one (stat would raise)."""
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):  # ENAMETOOLONG, or a NUL byte
+        return False

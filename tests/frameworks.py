@@ -1,0 +1,181 @@
+"""The frameworks' own validators, for the export and import tests.
+
+verl: Hydra composes verl's shipped trainer config (`verl/trainer/config/ppo_trainer.yaml` or
+`ppo_megatron_trainer.yaml`, from the installed verl package) with the exported overrides; a key
+the config lacks is a `ConfigCompositionException`, as it is for `verl.trainer.main_ppo`.
+
+OpenRLHF: `openrlhf/cli/train_ppo_ray.py` builds its parser and checks its arguments under
+`if __name__ == "__main__":`, and `train()` asserts the colocation shapes before it starts Ray.
+`openrlhf_parse` runs that source itself: the `__main__` block with `parse_args()` given the
+exported argv and `train(args)` caught, then every `assert` of `train()` reached through `if`s that
+read only `args` (those before Ray is needed). Nothing is copied: the statements are the file's.
+
+KubeRay: the RayCluster/RayJob CRDs of KubeRay v1.7.0 (tests/data/kuberay, SOURCE.md) validate
+the objects with jsonschema, strictly (an unknown field fails, as `kubectl --validate=strict`);
+kubernetes-validate checks the core objects (the plan's ConfigMap, every pod template) against
+Kubernetes' own schemas.
+verl and openrlhf are installed without dependencies by the Makefile (`make venv`): their import
+chains need CUDA builds; the tests only read their files.
+"""
+from __future__ import annotations
+
+import ast
+import gzip
+import importlib.util
+import sys
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)  # finds the package without importing it
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not installed"
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+# ------------------------------------------------------------------------------------- verl
+def verl_compose(config_name: str, overrides: list[str]) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    cfg_dir = package_dir("verl") / "trainer" / "config"
+    with initialize_config_dir(str(cfg_dir), version_base=None):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+# ---------------------------------------------------------------------------------- OpenRLHF
+def _is_main(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+
+
+class _Train(Exception):
+    def __init__(self, args: Any) -> None:
+        super().__init__("train")
+        self.parsed = args
+
+
+@cache
+def _openrlhf_source() -> tuple[ast.Module, dict[str, Any]]:
+    root = package_dir("openrlhf")
+    tree = ast.parse((root / "cli" / "train_ppo_ray.py").read_text())
+    spec = importlib.util.spec_from_file_location("_openrlhf_config", root / "utils" / "config.py")
+    assert spec is not None and spec.loader is not None
+    config = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config)  # the hierarchize helper: plain Python, no imports
+    return tree, {"hierarchize": config.hierarchize}
+
+
+def openrlhf_parse(argv: list[str]) -> SimpleNamespace:
+    """train_ppo_ray's own parsing and checks of `argv`; AssertionError or SystemExit (exit 2,
+    a bad flag) when OpenRLHF would refuse it. Returns the hierarchical args `train` gets."""
+    tree, helpers = _openrlhf_source()
+    main = next(n for n in tree.body if _is_main(n))
+    assert isinstance(main, ast.If)
+    body = [s for s in main.body
+            if not (isinstance(s, ast.ImportFrom) and s.module == "openrlhf.utils.config")]
+    # the file's own standard-library imports (argparse, os, datetime); not Ray's or OpenRLHF's
+    stdlib = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+              and all((a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
+                      in sys.stdlib_module_names for a in n.names)]
+    block = ast.Module(body=stdlib + body, type_ignores=[])
+    ns: dict[str, Any] = {"argparse": __import__("argparse"), "__name__": "openrlhf_check",
+                          **helpers}
+
+    def train(args: Any) -> None:
+        raise _Train(args)
+
+    ns["train"] = train
+    real = ns["argparse"].ArgumentParser.parse_args
+
+    def parse(self, args=None, namespace=None):
+        return real(self, argv if args is None else args, namespace)
+
+    ns["argparse"].ArgumentParser.parse_args = parse
+    try:
+        exec(compile(ast.fix_missing_locations(block), "train_ppo_ray.py", "exec"), ns)
+    except _Train as t:
+        _train_asserts(tree, t.parsed)
+        return t.parsed
+    finally:
+        ns["argparse"].ArgumentParser.parse_args = real
+    raise AssertionError("train_ppo_ray's __main__ block ended without calling train()")
+
+
+def _reads_only_args(node: ast.AST) -> bool:
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return names <= {"args"}
+
+
+def _train_asserts(tree: ast.Module, args: Any) -> None:
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+
+    def walk(stmts: list[ast.stmt]) -> None:
+        for s in stmts:
+            if isinstance(s, ast.Assert) and _reads_only_args(s.test):
+                ok = eval(compile(ast.Expression(s.test), "train", "eval"), {"args": args})
+                assert ok, f"train_ppo_ray.train: {ast.unparse(s.test)}"
+            elif isinstance(s, ast.If) and _reads_only_args(s.test):
+                taken = eval(compile(ast.Expression(s.test), "train", "eval"), {"args": args})
+                walk(s.body if taken else s.orelse)
+
+    walk(train.body)
+
+
+# ----------------------------------------------------------------------------------- KubeRay
+@cache
+def crd_schema(kind: str) -> dict[str, Any]:
+    """The openAPIV3Schema of a KubeRay CRD (`rayclusters`, `rayjobs`), made strict."""
+    text = gzip.decompress((DATA / "kuberay" / f"ray.io_{kind}.yaml.gz").read_bytes())
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load(text, Loader=loader)
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return _strict(version["schema"]["openAPIV3Schema"])
+
+
+def _strict(schema: Any) -> Any:
+    """Unknown fields fail: objects with `properties` get additionalProperties false, unless the
+    schema keeps unknown fields on purpose (x-kubernetes-preserve-unknown-fields)."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+def crd_errors(doc: dict[str, Any], kind: str) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(crd_schema(kind))
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(doc)]
+
+
+K8S_VERSION = "1.33"  # a Kubernetes release kubernetes-validate carries the schemas of
+
+
+def k8s_errors(doc: dict[str, Any]) -> list[str]:
+    """A core Kubernetes object against its release's OpenAPI schema, strictly (unknown fields
+    fail); kubernetes-validate bundles the schemas."""
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [str(e).splitlines()[0]]
+    return []
+
+
+def pod_template(template: dict[str, Any]) -> dict[str, Any]:
+    """A worker group's pod template as a core PodTemplate object, for `k8s_errors`."""
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+            "template": template}

@@ -1,0 +1,209 @@
+"""`placer export verl|openrlhf|kuberay`: every example's plan, validated by the frameworks' own
+configuration code (tests/frameworks.py), and what they cannot express named in warnings."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+import yaml
+from frameworks import crd_errors, k8s_errors, openrlhf_parse, pod_template, verl_compose
+from omegaconf import OmegaConf
+from simplans import example_names, example_plan, small_plan
+
+from placer.interop import EXPORTERS
+from placer.interop.kuberay import export_kuberay
+from placer.interop.openrlhf import command_args
+from placer.interop.verl import config_name, launch_args, overrides
+from placer.planfile import Plan, save_plan
+
+SPLIT = {"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
+         "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
+         "environment": ("cpu", 1, "env")}
+
+
+def plans() -> list[tuple[str, Plan]]:
+    out = [(n, example_plan(n)) for n in example_names()]
+    out.append(("split-async", small_plan(SPLIT, pipeline={"mode": "async", "max_staleness": 2})))
+    out.append(("split-sync", small_plan(SPLIT)))
+    return out
+
+
+PLANS = dict(plans())
+
+
+# --------------------------------------------------------------------------------------- verl
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_verl_overrides_compose_with_verls_own_config(name: str) -> None:
+    plan = PLANS[name]
+    flat, _ = overrides(plan)
+    args = launch_args(plan, flat)
+    cfg = verl_compose(config_name(plan), args[1:])  # raises on a key verl's config lacks
+    for key, value in flat.items():
+        assert OmegaConf.select(cfg, key) == value, key
+    job = plan.spec
+    assert cfg.data.train_batch_size == job.batch.prompts
+    assert cfg.actor_rollout_ref.rollout.n == job.batch.samples_per_prompt
+    actor = plan.roles["actor"]
+    if config_name(plan) == "ppo_megatron_trainer":
+        assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == actor.tp
+    roll = plan.roles["rollout"]
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == roll.tp
+    if roll.slot != actor.slot and plan.resolved().device_of(roll.pool).kind == "gpu":
+        assert cfg.trainer.v1.trainer_mode == "separate_async"
+        assert (cfg.actor_rollout_ref.rollout.nnodes * cfg.actor_rollout_ref.rollout.n_gpus_per_node
+                == roll.devices)
+
+
+def test_verl_composition_refuses_an_unknown_key() -> None:
+    """The validator can fail: a key verl's config does not have."""
+    from hydra.errors import ConfigCompositionException
+    with pytest.raises(ConfigCompositionException):
+        verl_compose("ppo_trainer", ["actor_rollout_ref.rollout.tensor_parallel=2"])
+
+
+def test_verl_names_what_it_cannot_express() -> None:
+    e = EXPORTERS["verl"](PLANS["ppo-llama8b-hetero"])  # reference and reward on LPUs
+    text = "\n".join(e.warnings)
+    assert "reference:" in text and "reward:" in text and "LPU" in text.upper()
+    assert "environment:" in text
+    assert all(f"# WARNING: {w}" in e.files["overrides.yaml"] for w in e.warnings)
+    sync = EXPORTERS["verl"](PLANS["split-sync"])
+    assert any(w.startswith("pipeline:") for w in sync.warnings)
+
+
+# ------------------------------------------------------------------------------------ OpenRLHF
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_openrlhf_command_parses_with_openrlhfs_own_parser(name: str) -> None:
+    plan = PLANS[name]
+    export = EXPORTERS["openrlhf"](plan)
+    argv = shlex.split(export.command)[3:]  # after `python3 -m openrlhf.cli.train_ppo_ray`
+    assert argv == command_args(plan)[0]
+    args = openrlhf_parse(argv)  # OpenRLHF's argparse, its checks and train()'s asserts
+    job = plan.spec
+    assert args.rollout.batch_size == job.batch.prompts
+    assert args.rollout.n_samples_per_prompt == job.batch.samples_per_prompt
+    roll = plan.roles["rollout"]
+    assert args.vllm.tensor_parallel_size == roll.tp
+    if not args.train.colocate_all and plan.resolved().device_of(roll.pool).kind == "gpu":
+        assert args.vllm.num_engines * args.vllm.tensor_parallel_size == roll.devices
+
+
+def test_openrlhf_parser_check_can_fail() -> None:
+    with pytest.raises(AssertionError, match="num_engines"):  # colocate_all with 3 x 1 != 8 GPUs
+        openrlhf_parse(["--train.colocate_all", "--actor.num_gpus_per_node", "8",
+                        "--vllm.num_engines", "3", "--actor.model_name_or_path", "m",
+                        "--algo.advantage.estimator", "group_norm",
+                        "--rollout.n_samples_per_prompt", "4"])
+    with pytest.raises(SystemExit):
+        openrlhf_parse(["--vllm.tp_size", "2"])  # not an OpenRLHF flag
+
+
+def test_openrlhf_names_what_it_cannot_express() -> None:
+    e = EXPORTERS["openrlhf"](PLANS["ppo-llama8b-hetero"])
+    text = "\n".join(e.warnings)
+    assert "colocation:" in text and "reference:" in text and "environment:" in text
+
+
+# ------------------------------------------------------------------------------------- KubeRay
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_kuberay_objects_match_the_crd_schemas(name: str) -> None:
+    plan = PLANS[name]
+    e = export_kuberay(plan, image="example.com/placer:0.1", steps=3)
+    cluster = yaml.safe_load(e.files["raycluster.yaml"])
+    job = yaml.safe_load(e.files["rayjob.yaml"])
+    assert crd_errors(cluster, "rayclusters") == []
+    assert crd_errors(job, "rayjobs") == []
+    groups = {g["template"]["metadata"]["labels"]["placer.dev/pool"]: g
+              for g in cluster["spec"]["workerGroupSpecs"]}
+    res = plan.resolved()
+    for pool in res.cluster.pools:
+        g = groups[pool.name]
+        assert g["replicas"] == pool.nodes
+        have = json.loads(g["rayStartParams"]["resources"][1:-1].replace('\\"', '"'))
+        for b in plan.bundles:  # every bundle of the pool fits one of its nodes
+            if b.pool == pool.name:
+                for k, v in b.resources.items():
+                    if k == "GPU":
+                        assert int(g["rayStartParams"]["num-gpus"]) >= v
+                    elif k == "CPU":
+                        assert int(g["rayStartParams"]["num-cpus"]) >= v
+                    else:
+                        assert have[k] >= v, (pool.name, k)
+    cm = yaml.safe_load(e.files["plan-configmap.yaml"])
+    assert k8s_errors(cm) == []
+    for spec in (cluster["spec"], job["spec"]["rayClusterSpec"]):
+        for t in [spec["headGroupSpec"]["template"]] + [
+                g["template"] for g in spec["workerGroupSpecs"]]:
+            assert k8s_errors(pod_template(t)) == []
+    assert Plan.model_validate_json(cm["data"]["plan.json"]) == plan
+    assert job["spec"]["entrypoint"].startswith("placer execute /placer/plan.json --address auto")
+
+
+def test_kuberay_schema_check_can_fail() -> None:
+    cluster = yaml.safe_load(export_kuberay(PLANS["tiny-cpu"]).files["raycluster.yaml"])
+    cluster["spec"]["workerGroupSpecs"][0]["replica"] = 2  # a typo
+    cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"][
+        "limits"] = {"nvidia.com/gpu": [1]}
+    errors = crd_errors(cluster, "rayclusters")
+    assert any("'replica' was unexpected" in e for e in errors)
+    assert any("limits" in e for e in errors)
+    pod = cluster["spec"]["workerGroupSpecs"][0]["template"]
+    pod["spec"]["nodeSelektor"] = {}
+    assert k8s_errors(pod_template(pod))
+
+
+def test_kuberay_gpu_lpu_and_cpu_pools() -> None:
+    e = export_kuberay(PLANS["ppo-llama8b-hetero"], image="example.com/placer:0.1")
+    assert e.warnings == []
+    groups = {g["groupName"]: g for g in
+              yaml.safe_load(e.files["raycluster.yaml"])["spec"]["workerGroupSpecs"]}
+    gpu = groups["train"]["template"]["spec"]
+    assert gpu["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert gpu["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert gpu["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert '\\"LPU\\": 8' in groups["lpu"]["rayStartParams"]["resources"]
+    assert groups["lpu"]["template"]["spec"]["nodeSelector"] == {"placer.dev/device": "groq-lpu"}
+    assert "requests" in groups["cpu"]["template"]["spec"]["containers"][0]["resources"]
+
+
+# ----------------------------------------------------------------------------------------- CLI
+def test_cli_writes_files_and_warns_on_stderr(tmp_path, placer_cmd) -> None:
+    plan = tmp_path / "plan.json"
+    save_plan(PLANS["ppo-llama8b-hetero"], plan)
+    out = subprocess.run(placer_cmd + ["export", "verl", str(plan), "-o", str(tmp_path / "v")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("python3 -m verl.trainer.main_ppo --config-name=")
+    assert "placer: warning: reference:" in out.stderr
+    assert (tmp_path / "v" / "launch.sh").stat().st_mode & 0o100
+    script = shlex.split((tmp_path / "v" / "launch.sh").read_text().split("set -e\n")[1]
+                         .replace("\\\n", " "))
+    assert script[:3] == ["python3", "-m", "verl.trainer.main_ppo"] and script[-1] == "$@"
+    cmd = subprocess.run(placer_cmd + ["export", "openrlhf", str(plan), "--json"],
+                         capture_output=True, text=True)
+    doc = json.loads(cmd.stdout)
+    assert doc["framework"] == "openrlhf" and doc["warnings"]
+    kr = subprocess.run(placer_cmd + ["export", "kuberay", str(plan), "-o", str(tmp_path / "k"),
+                                      "--image", "example.com/p:1"], capture_output=True, text=True)
+    assert kr.returncode == 0, kr.stderr
+    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == [
+        "plan-configmap.yaml", "raycluster.yaml", "rayjob.yaml"]
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["verl", "PLAN"], "--output"),
+    (["openrlhf", "PLAN", "--image", "x"], "--image"),
+    (["kuberay", "PLAN", "-o", "K", "--steps", "0"], "--steps"),
+    (["verl", "missing.json", "-o", "V"], "missing.json"),
+])
+def test_cli_bad_input_exits_2(tmp_path, placer_cmd, argv, field) -> None:
+    plan = tmp_path / "plan.json"
+    save_plan(PLANS["tiny-cpu"], plan)
+    argv = [a.replace("PLAN", str(plan)).replace("K", str(tmp_path / "k"))
+            .replace("V", str(tmp_path / "v")) if a in ("PLAN", "K", "V") else a for a in argv]
+    out = subprocess.run(placer_cmd + ["export", *argv], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("placer: error: ") and field in out.stderr
