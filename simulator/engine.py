@@ -12,20 +12,21 @@ What one engine does (vLLM-like, prefill-priority scheduling):
     to the CPU pool (`simulator.environment`); the tool's output tokens are prefilled on return.
 
 Method (why this is fast and still exact). Simulating each decode step of each sample as a simpy
-event is far too slow at 65,536 samples, and even one event per engine step is too many at
-8,192 GPUs. Between two *batch changes* (a sequence finishing its turn, or an admission) the batch
-is fixed: B sequences whose total context grows by B tokens per step, so step i costs
-f(i) = decode_step_time(B, C0 + B*i). The engine advances a whole run of steps as ONE simpy event.
-f is the max of a constant (compute-bound) and a line (memory-bound), plus constants, so a run is
-at most two arithmetic series; its time is summed in closed form from a few cost-model calls
-(`_Run`), the same sum `costmodel.decode_run_time` computes. Admissions that arrive mid-run (a
-tool call returning) are known in advance (their end times are fixed when submitted, FIFO), so the
-engine cuts its run at the first step boundary at or after the arrival (closed-form inversion of
-the run's cumulative time) - no interrupts, no lost exactness. Active sequences sit in a heap by
-the engine step at which their turn ends, and the total context is kept as sum(ctx0 - s0) + B*s,
-so every batch change costs O(log B). With every source of variance off, all sequences of a
-lockstep wave start and end together, so an engine makes one prefill and one decode event per
-turn per wave: the placer's `wave_time` exactly.
+event is far too slow at 65,536 samples, and even one event per engine step is too many at 8,192
+GPUs. Between two *batch changes* (a sequence finishing its turn, or an admission) the batch is
+fixed: B sequences whose total context grows by B tokens per step, so step i costs f(i) =
+decode_step_time(B, C0 + B*i). The engine advances a whole run of steps as ONE simpy event. f is the
+max of a constant (compute-bound) and a line (memory-bound), plus constants, so a run is at most two
+arithmetic series; its time is summed in closed form from a few cost-model calls
+(`placer.batching.Run`, shared with the planner's tail model), the same sum
+`costmodel.decode_run_time` computes. Admissions that arrive mid-run (a tool call returning) are
+known in advance (their end times are fixed when submitted, FIFO), so the engine cuts its run at the
+first step boundary at or after the arrival (closed-form inversion of the run's cumulative time) -
+no interrupts, no lost exactness. Active sequences sit in a heap by the engine step at which their
+turn ends, and the total context is kept as sum(ctx0 - s0) + B*s, so every batch change costs O(log
+B). With every source of variance off, all sequences of a lockstep wave start and end together, so
+an engine makes one prefill and one decode event per turn per wave: the placer's `wave_time`
+exactly.
 
 Rows may differ in their number of turns (partial rollouts carry a cut sample's rest into the next
 step, `simulator.tails`). An over-provisioned rollout gives every engine one shared `Quota`; once
@@ -35,14 +36,14 @@ enough samples are done the rollout interrupts the engines, and each cuts the op
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import simpy
 
-from placer.costmodel import Efficiency, Parallel, decode_step_time, prefill_time
+from placer.batching import Run, StepTerms
+from placer.costmodel import Efficiency, Parallel
 from placer.roles import Role
 from placer.spec import DeviceType, ModelArch
 from simulator.environment import CorePool
@@ -63,121 +64,9 @@ class EngineSpec:
     slot: str
 
 
-class StepModel:
-    """decode_step_time(B, C) of one replica as max(m0 + k*C, flat) per batch size B.
-
-    The cost model's decode step is a roofline: the larger of a memory term linear in the KV
-    context and a compute term fixed for the batch, plus fixed per-step costs (see
-    `placer.costmodel`). Three calls per batch size recover the line and the floor; the result
-    is checked against a fourth call, and a batch size whose step does not have that shape (a
-    cost model changed under us) is priced by calling `decode_step_time` directly.
-    """
-
-    PROBE = 1e9  # KV tokens far into the memory-bound regime
-
-    def __init__(self, spec: EngineSpec) -> None:
-        self.spec = spec
-        self.terms: dict[int, tuple[float, float, float] | None] = {}
-        self._prefill: dict[tuple[int, float], float] = {}
-
-    def prefill(self, tokens: int, ctx: float) -> float:
-        """`costmodel.prefill_time` of one replica, memoised: at 65,536 samples the engines
-        make ~130,000 admissions but see a few thousand (tokens, context) pairs (a tool's output
-        onto the same context length recurs), and each call rebuilds the model's parameter
-        counts. Same arguments, same float: the memo changes no result."""
-        key = (tokens, ctx)
-        t = self._prefill.get(key)
-        if t is None:
-            s = self.spec
-            t = self._prefill[key] = prefill_time(s.model, s.dev, s.par, tokens, ctx, s.eff)
-        return t
-
-    def step(self, batch: int, context: float) -> float:
-        s = self.spec
-        return decode_step_time(s.model, s.dev, s.par, batch, context, s.eff)
-
-    def of(self, batch: int) -> tuple[float, float, float] | None:
-        if batch in self.terms:
-            return self.terms[batch]
-        hi, hi2 = self.step(batch, self.PROBE), self.step(batch, 2 * self.PROBE)
-        k = (hi2 - hi) / self.PROBE
-        m0 = hi - k * self.PROBE
-        flat = self.step(batch, 0.0)
-        t: tuple[float, float, float] | None = (m0, k, flat)
-        probe = 3.7e4 * batch
-        if not math.isclose(max(m0 + k * probe, flat), self.step(batch, probe), rel_tol=1e-9):
-            t = None
-        self.terms[batch] = t
-        return t
-
-
 PREFILL_KEYS = ("role", "step", "batch", "tokens", "context")
 DECODE_KEYS = ("role", "step", "batch", "steps", "tokens", "context")
 TOOL_KEYS = ("role", "step", "sample_ids", "wait_s")
-
-
-class _Run:
-    """Cumulative time of decode steps with a fixed batch of B sequences from total context C0.
-
-    step(i) is constant up to index j (compute-bound) and linear from j on (memory-bound), so
-    T(k) = sum_{i<k} step(i) is piecewise quadratic and invertible in closed form.
-    """
-
-    __slots__ = ("j", "f0", "a", "b", "table")
-    table: list[float] | None  # the steps' times, for a batch of unknown shape
-
-    def __init__(self, model: StepModel, batch: int, c0: float, kmax: int) -> None:
-        terms = model.of(batch)
-        if terms is None:  # unknown shape: sum the steps one by one (slow, exact)
-            f = [model.step(batch, c0 + batch * i) for i in range(kmax)]
-            self.j, self.f0, self.a, self.b, self.table = kmax, 0.0, 0.0, 0.0, f
-            return
-        self.table = None
-        m0, k, flat = terms
-        u0, du = m0 + k * c0, k * batch  # memory term of step 0, growth per step
-        self.f0 = max(u0, flat)
-        if u0 >= flat:
-            self.j = 0
-        elif du <= 0:
-            self.j = kmax
-        else:
-            self.j = min(max(math.ceil((flat - u0) / du), 0), kmax)
-        self.a = u0 + du * self.j  # first memory-bound step
-        self.b = du
-
-    def time(self, k: int) -> float:
-        if self.table is not None:
-            return sum(self.table[:k])
-        if k <= self.j:
-            return k * self.f0
-        n = k - self.j
-        return self.j * self.f0 + n * self.a + self.b * n * (n - 1) / 2
-
-    def steps_to_reach(self, dt: float, kmax: int) -> int:
-        """Smallest k in [1, kmax] with time(k) >= dt (the step during which dt falls)."""
-        if dt <= 0:
-            return 1
-        if self.time(kmax) <= dt:
-            return kmax
-        if self.table is not None:
-            k = 1
-        elif dt <= self.j * self.f0:
-            k = math.ceil(dt / self.f0)
-        else:
-            rest = dt - self.j * self.f0
-            a, b = self.a, self.b
-            if b <= 0:
-                n = math.ceil(rest / a)
-            else:  # n*a + b*n(n-1)/2 = rest
-                q = a - b / 2
-                n = math.ceil((-q + math.sqrt(q * q + 2 * b * rest)) / b)
-            k = self.j + n
-        k = min(max(k, 1), kmax)
-        while k > 1 and self.time(k - 1) >= dt:  # float guard: make k the smallest
-            k -= 1
-        while k < kmax and self.time(k) < dt:
-            k += 1
-        return k
 
 
 @dataclass
@@ -217,7 +106,7 @@ class Engine:
     tool_overhead_s: float
     rec: Recorder
     step: int  # iteration index (trace args)
-    steps: StepModel  # shared by the replicas of one rollout role
+    steps: StepTerms  # shared by the replicas of one rollout role
     done_at: dict[int, float] = field(default_factory=dict)
     stats: EngineStats = field(default_factory=EngineStats)
     quota: Quota | None = None
@@ -288,7 +177,7 @@ class Engine:
             batch = len(active)
             kmax = active[0][0] - steps
             c0 = sum_a + batch * steps
-            run = _Run(self.steps, batch, c0, kmax)
+            run = Run(self.steps, batch, c0, kmax)
             k = kmax
             if arrivals and arrivals[0][0] < t + run.time(kmax) * slow:
                 k = run.steps_to_reach((arrivals[0][0] - t) / slow, kmax)

@@ -32,6 +32,7 @@ from typing import Any
 import simpy
 from simpy.resources.resource import Request
 
+from placer.batching import StepTerms
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, lpu_chips
 from placer.estimate import rollout_shape
@@ -41,7 +42,7 @@ from placer.sampling import draw, rng
 from placer.spec import DeviceKind
 from simulator import tails
 from simulator.config import SimConfig
-from simulator.engine import Engine, EngineSpec, Quota, StepModel
+from simulator.engine import Engine, EngineSpec, Quota
 from simulator.environment import CorePool, pool_slots
 from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
 from simulator.network import max_min_durations, sync_plan
@@ -121,7 +122,7 @@ class Model:
         self.spec = EngineSpec(m, dev, replace(r.par, dp=1), eff, shape.concurrency,
                                r.pool, r.slot)
         self.replicas = shape.replicas
-        self.steps = StepModel(self.spec)
+        self.steps = StepTerms(self.spec.model, self.spec.dev, self.spec.par, self.spec.eff)
         self.replica_size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
         self.tools: CorePool | None = None
         job = res.job

@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 from simplans import small_plan
 
+from placer.batching import StepTerms
 from placer.catalog import resolve
 from placer.costmodel import Calibration, prefill_time
 from placer.spec import job_from_dict
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
-from simulator.engine import EngineSpec, StepModel
+from simulator.engine import EngineSpec
 from simulator.handplans import place
 from simulator.recorder import Recorder
 
@@ -60,11 +61,11 @@ def test_prefill_memo_is_the_cost_models_number():
     eff = Calibration().for_device(dev)
     rp = plan.roles["rollout"]
     spec = EngineSpec(res.arch_of("rollout"), dev, replace(rp.par, dp=1), eff, 64, "h100", rp.slot)
-    model = StepModel(spec)
+    model = StepTerms(spec.model, dev, spec.par, eff)
     for tokens, ctx in [(256, 256.0), (64, 700.5), (256, 256.0), (4096, 1234.25)]:
         assert model.prefill(tokens, ctx) == prefill_time(spec.model, dev, spec.par, tokens, ctx,
                                                            eff)
-    assert len(model._prefill) == 3
+    assert len(model.prefills) == 3
 
 
 def _events_per_sample(samples: int) -> float:
