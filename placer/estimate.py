@@ -230,16 +230,6 @@ class RolloutShape:
         big = self.generated - (per - 1) * self.replicas  # replicas holding `per` samples
         return big * min(w * c, per) + (self.replicas - big) * min(w * c, per - 1)
 
-    def last_wave_calls(self, calls: int) -> int:
-        """Of the `calls` the last wave used submits per turn, those the kept samples need:
-        tool calls are served first come first served, so the samples still needed are served
-        first and the over-provisioned rest queue behind them."""
-        if not self.overprovisioned:
-            return calls
-        full, rest = self.waves_used()
-        waves = full + (1 if rest else 0)
-        return min(calls, self.kept - self._done(waves - 1))
-
 
 def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency) -> RolloutShape:
     m = res.arch_of(Role.ROLLOUT)
@@ -281,8 +271,8 @@ def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, ba
 def _waves(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency,
            shape: RolloutShape) -> float:
     """Lockstep waves of mean-length sequences (every source of variance off): generation, and
-    the tool waits of a wave's sequences when the CPU pool serves them all at once (queueing
-    rounds beyond the first are `timing.rollout_tool_time`'s pair term)."""
+    the tool waits of a wave's sequences when the CPU pool serves them all at once (their
+    queueing for cores is `timing.rollout_tool_time`'s pair term)."""
     full, rest = shape.waves_used()
     gen = 0.0
     for batch, count in ((shape.concurrency, full), (rest, 1 if rest else 0)):

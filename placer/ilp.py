@@ -14,8 +14,9 @@ Notation
   sw_k           switch_time(m_k): offload/onload if its slot's memory does not fit together
   W_ak^same/diff weight-sync time actor cand a -> rollout cand k, same slot or not (incl. the LPU
                  reload); from `timing.sync_time` itself
-  V_ke           rounds rollout cand k's tool calls queue on environment cand e's cores (multi-turn
-                 jobs; `timing.rollout_tool_time`; the calls' latencies are in t_k): like W, a
+  V_ke           seconds rollout cand k's tool calls wait for environment cand e's cores (multi-turn
+                 jobs; `timing.rollout_tool_time`, a replay of the FIFO core pool against the
+                 engines, `placer.toolqueue`; the calls' latencies are in t_k): like W, a
                  pair term. t_k (rollout) is tail-aware (`placer.rollout_tail`), computed per
                  candidate, so the cost table stays the only input and the model stays exact
 Variables

@@ -33,7 +33,7 @@ may not import: it is layer 1) run on a few representative sequences of one *cri
     decode the batch until the next sequence ends its turn or a tool call returns, each run of
     fixed batch summed in closed form (`_Run`, decode_step_time is max(line, floor) in the total
     KV context); a sequence holds its slot through its tool call (latency + overhead, no CPU
-    queueing here: `timing.rollout_tool_time` adds the queueing rounds as a pair term).
+    queueing here: `timing.rollout_tool_time` adds the queueing as a pair term).
   * tail policies as the simulator runs them: over-provisioning ends the stage once `kept` of the
     `generated` samples are done over all replicas (replicas hold `per` or `per - 1` samples, the
     critical sample is not injected: the longest samples are the ones dropped); partial rollouts

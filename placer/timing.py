@@ -28,19 +28,21 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from placer.batching import step_terms
 from placer.catalog import Resolved
 from placer.costmodel import (
     GB,
     Calibration,
     Efficiency,
     switch_time,
-    tool_waves,
     weight_bytes,
     weight_sync_time,
 )
 from placer.estimate import Estimate, rollout_shape
 from placer.roles import Role
+from placer.rollout_tail import Replicas, at_means, strata
 from placer.spec import DeviceKind, ModelArch
+from placer.toolqueue import queue_delay
 
 STAGES = ("sync", "rollout", "score", "train")
 
@@ -87,12 +89,17 @@ def sync_senders(a_pp: int, eff: Efficiency) -> int:
     return a_pp if eff.sync_bucket_gb > 0 else 1
 
 
-def sync_calls(m: ModelArch, a_pp: int, eff: Efficiency) -> int:
+def sync_calls(m: ModelArch, a_pp: int, eff: Efficiency, nbytes: float | None = None) -> int:
     """Sequential calls of one sender stream: its share of the weights in `sync_bucket_gb`
-    buckets, or every tensor (`weight_tensors`) when unbucketed (`sync_bucket_gb` = 0)."""
+    buckets, or every tensor (`weight_tensors`) when unbucketed (`sync_bucket_gb` = 0).
+    `nbytes` (default: all of `m`'s weights) prices a partial push, as a trace records one:
+    unbucketed, it sends that share of the tensors."""
+    full = weight_bytes(m)
+    nbytes = full if nbytes is None else nbytes
     if eff.sync_bucket_gb <= 0:
-        return weight_tensors(m)
-    return max(math.ceil(weight_bytes(m) / GB / sync_senders(a_pp, eff) / eff.sync_bucket_gb), 1)
+        tensors = weight_tensors(m)
+        return tensors if nbytes >= full else max(math.ceil(tensors * nbytes / full), 1)
+    return max(math.ceil(nbytes / GB / sync_senders(a_pp, eff) / eff.sync_bucket_gb), 1)
 
 
 def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: str,
@@ -187,26 +194,29 @@ def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibr
 
     A sequence keeps its engine slot (its KV) while its tool call runs; the rollout estimate
     already holds each call's latency as if served at once (`estimate._waves`,
-    `rollout_tail.makespan`). What the environment's size adds is queueing: in each wave, after
-    every turn but the last, the replicas' calls (replicas x wave size of them) queue on the
-    environment's cores together, and every round beyond the first waits one more latency. Like
-    `sync_time` this prices a pair of placements (rollout, environment).
+    `rollout_tail.makespan`). What the environment's size adds is queueing: when the replicas
+    hold more sequences than the cores serve at once, calls queue first come, first served while
+    the groups already back decode (`toolqueue.queue_delay`: the lockstep waves at the job's
+    means replayed on every replica with one shared pool, minus the same replay with unlimited
+    cores). Like `sync_time` this prices a pair of placements (rollout, environment).
     """
     env_spec = res.job.environment
     if env_spec.kind == "none" or env_spec.turns < 2:
         return 0.0
     r_dev, e_dev = res.device_of(rollout.est.pool), res.device_of(env.est.pool)
-    shape = rollout_shape(res, r_dev, rollout.est.par, calib.for_device(r_dev))
-    if shape.concurrency < 1:
-        return 0.0
-    cores = env.est.devices * e_dev.cores
-    full, rest = shape.waves_used()
-    wave = [shape.replicas * shape.concurrency] * full + ([shape.replicas * rest] if rest else [])
-    if wave:  # over-provisioned: the last wave's extra samples queue behind the kept ones
-        wave[-1] = shape.last_wave_calls(wave[-1])
-    rounds = sum(max(tool_waves(calls, env_spec.cpu_per_call, cores) - 1, 0) for calls in wave)
+    r_eff = calib.for_device(r_dev)
+    shape = rollout_shape(res, r_dev, rollout.est.par, r_eff)
+    slots = max(int(env.est.devices * e_dev.cores // env_spec.cpu_per_call), 1)
+    if shape.concurrency < 1 or shape.replicas * shape.concurrency <= slots:
+        return 0.0  # every sequence's call finds a free core
+    job = at_means(res.job)
+    row = strata(job, 1, 0.0)
     lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
-    return (env_spec.turns - 1) * rounds * lat
+    st = step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.est.par, r_eff)
+    reps = Replicas(shape.replicas, shape.per_replica, shape.concurrency, shape.generated,
+                    shape.kept)
+    out = env_spec.tool_output_tokens
+    return queue_delay(st, reps, row.prompt[0], row.response[0], out, lat, slots)
 
 
 def async_chain_bound(chain_s: float, res: Resolved) -> float:

@@ -127,19 +127,7 @@ def _policy_cases() -> list[tuple[str, str]]:
     return out
 
 
-# Known gap (issue 12): with more tool calls per wave than CPU cores, `timing.rollout_tool_time`
-# charges every queued round to the whole lockstep wave, while the engine admits each sequence as
-# its call returns, so queueing overlaps other sequences' decoding. The ILP now picks such a
-# placement for agentic-code with over-provisioning (4 CPU nodes): priced 72.4 s, simulated 61.9 s.
-QUEUE_OVERLAP_GAP = {("agentic-code", "overprovision")}
-
-
-def _policy_params() -> list:
-    return [pytest.param(n, p, marks=pytest.mark.xfail(strict=True, reason="tool queue overlap"))
-            if (n, p) in QUEUE_OVERLAP_GAP else pytest.param(n, p) for n, p in _policy_cases()]
-
-
-@pytest.mark.parametrize("name, policy", _policy_params())
+@pytest.mark.parametrize("name, policy", _policy_cases())
 def test_no_variance_agreement_with_policy(name: str, policy: str) -> None:
     job = load_job(EXAMPLES / f"{name}.yaml")
     env, resp = job.environment, job.lengths.response.mean_value()
