@@ -3,7 +3,8 @@
 Nothing is downloaded: each architecture's transformers config class gives a few-layer,
 64-wide model with a seeded random init, saved with `save_pretrained` together with the
 project's character-level tokenizer (`executors.model.build_tokenizer`, a local vocabulary of
-64 symbols), so that a job's `models.policy: {path: DIR}` loads it with the Auto classes like any
+64 symbols) or a tokenizer of its own (`word_tokenizer`: word-level, other special ids), so that
+a job's `models.policy: {path: DIR}` loads it with the Auto classes like any
 checkpoint. The shapes keep heads, KV heads and MLP widths even, so tp 2 divides them.
 
     python -m executors.checkpoints qwen3_moe examples/tiny-moe/model
@@ -63,19 +64,46 @@ CONFIGS: dict[str, Callable[[], Any]] = {"llama": _llama, "qwen2": _qwen2, "qwen
                                          "qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
 
 
-def build_checkpoint(kind: str, path: str | Path, seed: int = 0) -> Path:
-    """A random-init `kind` model and the tokenizer, saved to `path` (created)."""
+WORDS = ["<pad>", "<|endoftext|>", "<unk>", *"0123456789", "+", "-", "*", "/", "(", ")", "=",
+         ".", "^", "the", "answer", "is", "boxed", "{", "}", "\\", " "]
+
+
+def word_tokenizer(extra: int = 0) -> Any:
+    """A tokenizer of its own, unlike the character one: word-level over `WORDS` (+ `extra`
+    filler tokens), digits and spaces one a token, no BOS, EOS `<|endoftext|>` at id 1 (as Qwen's
+    tokenizers have no BOS). Built from the local vocabulary with `tokenizers`; nothing is
+    downloaded."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # lazy: with transformers
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers (~2 s)
+    vocab = {w: i for i, w in enumerate(WORDS + [f"w{k}" for k in range(extra)])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # a digit, a word, a space, a symbol: each a token of its own; Fuse joins them back as written
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d|[^\W\d]+|\s|[^\w\s]"), "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
+def build_checkpoint(kind: str, path: str | Path, seed: int = 0, tokenizer: Any = None,
+                     vocab: int = VOCAB) -> Path:
+    """A random-init `kind` model with an embedding of `vocab` rows and `tokenizer` (default
+    the character one over `vocab` symbols), saved to `path` (created)."""
     from transformers import AutoModelForCausalLM  # lazy
     from transformers.utils import logging as hf_logging  # lazy
     if kind not in CONFIGS:
         raise ValueError(f"unknown architecture {kind!r}; known: {', '.join(CONFIGS)}")
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[kind](), dtype=torch.float32)
+    cfg = CONFIGS[kind]()
+    cfg.vocab_size = vocab
+    if tokenizer is not None:  # the model's special ids are the tokenizer's
+        cfg.bos_token_id, cfg.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        cfg.pad_token_id = tokenizer.pad_token_id
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(p, safe_serialization=True)
-    build_tokenizer(VOCAB).save_pretrained(p)
+    (build_tokenizer(vocab) if tokenizer is None else tokenizer).save_pretrained(p)
     return p
 
 

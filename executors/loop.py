@@ -38,7 +38,6 @@ from executors.calls import Dispatcher
 from executors.context import Fault, LoopConfig, LoopContext, StepStat, TrainingLost
 from executors.elastic import ClusterChanged, Elastic
 from executors.ledger import Ledger
-from executors.model import decode
 from executors.placement import Member
 from executors.recovery import Recovery
 from executors.roles import RunConfig
@@ -179,8 +178,8 @@ class Loop:
         return nxt
 
     def _answers(self, s: rl.Samples) -> list[str]:
-        vocab = self.ctx.cfg.arch["vocab"]
-        return [decode(s.answer(i), vocab) for i in range(len(s.ids))]
+        codec = self.ctx.cfg.codec
+        return [codec.decode(s.answer(i)) for i in range(len(s.ids))]
 
     def _verify(self, step: int, s: rl.Samples) -> list[dict[str, Any]]:
         """Each sample's final answer run as code in the sandbox (what the rule reward checks)."""

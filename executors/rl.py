@@ -114,9 +114,10 @@ def _cache_of(out):
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new: int, seeds: list[int],
-             temperature: float = 1.0, limits: list[int] | None = None
+             temperature: float = 1.0, limits: list[int] | None = None, eos: int = EOS
              ) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample up to `max_new` tokens per prompt (stopping at EOS) with a KV cache.
+    """Sample up to `max_new` tokens per prompt (stopping at `eos`, the tokenizer's) with a KV
+    cache.
 
     Each sample draws from its own generator (`seeds[i]`, Gumbel-max sampling), so a sample is
     the same whichever worker, shard or re-run produces it. `limits[i]` (<= max_new) stops row i
@@ -144,7 +145,7 @@ def generate(model, prompts: list[list[int]], max_new: int, seeds: list[int],
         nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
         toks.append(nxt)
         lps.append(logp.gather(-1, nxt[:, None]).squeeze(-1))
-        done = done | (nxt == EOS) | (limit <= k + 1)
+        done = done | (nxt == eos) | (limit <= k + 1)
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], -1)  # finished rows are cut later
@@ -157,7 +158,7 @@ def generate(model, prompts: list[list[int]], max_new: int, seeds: list[int],
     resp, resp_lp = [], []
     for row, lrow, cap in zip(t, lp, limits):
         row, lrow = row[:cap], lrow[:cap]
-        n = row.index(EOS) + 1 if EOS in row else len(row)
+        n = row.index(eos) + 1 if eos in row else len(row)
         resp.append(row[:n])
         resp_lp.append(lrow[:n])
     return resp, resp_lp

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from executors import rl
-from executors.model import ValueModel, decode, load_policy
+from executors.model import Codec, ValueModel, codec_for, load_policy
 from executors.sandbox import Limits, Sandbox
 from executors.task import Target, task_of
 from placer.spec import ModelArch
@@ -73,6 +73,11 @@ class RunConfig:
     @property
     def model_arch(self) -> ModelArch:
         return ModelArch(**self.arch)
+
+    @property
+    def codec(self) -> Codec:
+        """The policy's tokenizer (its checkpoint's own, or the character one), once a process."""
+        return codec_for(self.model_dir, int(self.arch["vocab"]))
 
 
 def _timing(t0: float, **extra: Any) -> dict[str, Any]:
@@ -143,7 +148,7 @@ class Rollout(Worker):
         t0 = time.time()
         delayed = self._straggle()
         resp, lps = rl.generate(self.model, contexts, self.cfg.max_new_tokens, seeds,
-                                self.cfg.temperature, limits)
+                                self.cfg.temperature, limits, eos=self.cfg.codec.eos)
         s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
         return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
                           version=self.version, batch=len(ids), delayed_s=delayed)
@@ -168,9 +173,9 @@ class RuleReward(Worker):
 
     def score(self, s: rl.Samples, results: list[dict], targets: list[Target]) -> tuple[list[float], dict]:
         t0 = time.time()
-        v = self.cfg.arch["vocab"]
+        codec = self.cfg.codec
         task = task_of(self.cfg.data)
-        out = [task.score(decode(s.answer(i), v), res, t)
+        out = [task.score(codec.decode(s.answer(i)), res, t)
                for i, (res, t) in enumerate(zip(results, targets))]
         return out, _timing(t0, sample_ids=s.ids)
 

@@ -29,7 +29,7 @@ from typing import Any
 from executors import rl
 from executors.calls import Dispatcher, Ran
 from executors.context import LoopContext
-from executors.model import BOS, EOS, decode, encode
+from executors.model import prompt_ids
 from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.tails import TailPolicies, carry_steps, overprovision_extra
@@ -139,7 +139,7 @@ class RolloutDriver:
         slots = [(p, j) for j in range(spp) for p in prompts]
         slots += [(prompts[k % len(prompts)], spp + k // len(prompts)) for k in range(extra)]
         slots.sort(key=lambda x: (int(x[0].id.rsplit("p", 1)[1]), x[1]))
-        new = [Traj(f"{p.id}.{j}", p.id, [BOS] + encode(p.text, ctx.cfg.arch["vocab"]),
+        new = [Traj(f"{p.id}.{j}", p.id, prompt_ids(ctx.cfg.codec, p.text),
                     p.target, (ctx.cfg.seed * 1_000_003 + step * 100_003 + i) % 2**63)
                for i, (p, j) in enumerate(slots)]
         if fresh:
@@ -214,7 +214,7 @@ class RolloutDriver:
         """Append a round's tokens to their trajectories; the ones whose turn ended with turns
         left (they need a tool call)."""
         ctx, step, by_id = self.ctx, r.step, {t.id: t for t in r.trajs}
-        turns, cap = self.turns, ctx.cfg.max_new_tokens
+        turns, cap, eos = self.turns, ctx.cfg.max_new_tokens, ctx.cfg.codec.eos
         tools = []
         for k, (s, timing) in enumerate(ran.values):
             ctx.ledger.generated(step, s.ids, rerun=k in ran.rerun)
@@ -235,7 +235,7 @@ class RolloutDriver:
                 r.spent[sid] += len(new)
                 t.version = s.version
                 t.started = s.version if t.started is None else t.started
-                if (new and new[-1] == EOS) or t.turn_tokens >= cap:
+                if (new and new[-1] == eos) or t.turn_tokens >= cap:
                     if t.turn + 1 < turns:
                         tools.append(t)
                     else:
@@ -247,12 +247,12 @@ class RolloutDriver:
 
     def _tool_calls(self, step: int, trajs: list[Traj]) -> None:
         """Run each ended turn's code in the sandbox; append the output for the next turn."""
-        vocab, room = self.ctx.cfg.arch["vocab"], self.ctx.job.environment.tool_output_tokens
-        answers = [decode(t.response[t.turn_start:], vocab) for t in trajs]
+        codec, room = self.ctx.cfg.codec, self.ctx.job.environment.tool_output_tokens
+        answers = [codec.decode(t.response[t.turn_start:]) for t in trajs]
         results = self.env.run(step, [t.id for t in trajs], answers, "tool call",
                                turn=[t.turn for t in trajs])
         for t, res in zip(trajs, results):
-            out = encode(tool_text(res), vocab)[:room]
+            out = codec.encode(tool_text(res))[:room]
             t.response += out
             t.logprobs += [0.0] * len(out)
             t.mask += [0] * len(out)

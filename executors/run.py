@@ -21,7 +21,7 @@ from executors import cluster
 from executors import placement as pl
 from executors.elastic import Elastic
 from executors.loop import Fault, Loop, LoopConfig, StepStat
-from executors.model import build_policy, save_model_dir, tokenizer_mismatch
+from executors.model import build_policy, save_model_dir, tokenizer_problem
 from executors.roles import Delay, RunConfig
 from executors.runtime import LocalRuntime, RayRuntime, Runtime
 from executors.sandbox import SandboxUnavailable, probe
@@ -128,10 +128,8 @@ def policy_arch(plan: Plan) -> ModelArch:
     paths = res.job.models.paths
     if "policy" not in paths:  # a checkpoint folder is loaded with its own model class
         _check_buildable(arch, "policy")
-    elif (why := tokenizer_mismatch(paths["policy"], arch.vocab)) is not None:
-        raise SpecError(f"plan.job.models.paths.policy: {why}; the executor runs checkpoints "
-                        f"saved with executors.model.build_tokenizer (python -m "
-                        f"executors.checkpoints) until tokenizers of their own are wired in")
+    elif (why := tokenizer_problem(paths["policy"], arch.vocab)) is not None:
+        raise SpecError(f"plan.job.models.paths.policy: {paths['policy']!r}: {why}")
     reward = res.model_of("reward")
     if reward is not None and "reward" not in paths:
         _check_buildable(reward, "reward")

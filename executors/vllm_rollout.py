@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from executors import rl
-from executors.model import EOS
 from executors.roles import RunConfig, Worker, _timing
 
 MEM_FRACTION = (0.05, 0.95)  # vLLM refuses 0 and needs headroom below 1
@@ -97,7 +96,7 @@ class VllmRollout(Worker):
         t0 = time.time()
         limits = limits or [self.cfg.max_new_tokens] * len(ids)
         sp = [SamplingParams(temperature=self.cfg.temperature, max_tokens=max(lim, 1),
-                             logprobs=0, seed=int(seed), stop_token_ids=[EOS],
+                             logprobs=0, seed=int(seed), stop_token_ids=[self.cfg.codec.eos],
                              skip_special_tokens=False) for seed, lim in zip(seeds, limits)]
         outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], sp, use_tqdm=False)
         resp, lps = [], []

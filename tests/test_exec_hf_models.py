@@ -60,20 +60,3 @@ def test_checkpoint_folder_errors_name_the_field(tmp_path: Path) -> None:
         job_from_dict(job_dict(models={"policy": {"path": str(tmp_path)}}))
     with pytest.raises(SpecError, match=r"models.policy: expected a model name or"):
         job_from_dict(job_dict(models={"policy": {"dir": str(tmp_path)}}))
-
-
-def test_checkpoint_with_another_tokenizer_is_refused(dirs: dict[str, Path], tmp_path: Path) -> None:
-    """The loop's prompts, EOS and answers use the character vocabulary: a checkpoint with its
-    own tokenizer is refused before anything starts, not run with the wrong ids."""
-    import shutil
-
-    from exec_util import GRPO_LAYOUT, hand_plan  # lazy: the plan helpers load the planner
-
-    from executors.run import policy_arch
-    other = tmp_path / "bpe"
-    shutil.copytree(dirs["qwen3"], other)
-    (other / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}}}')
-    assert policy_arch(hand_plan(GRPO_LAYOUT, job_dict(models={"policy": {"path": str(
-        dirs["qwen3"])}}))).name == "qwen3"
-    with pytest.raises(SpecError, match=r"models.paths.policy: its tokenizer \(BPE, 1 entries\)"):
-        policy_arch(hand_plan(GRPO_LAYOUT, job_dict(models={"policy": {"path": str(other)}})))
