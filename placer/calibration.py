@@ -13,7 +13,8 @@ Every `costmodel.Efficiency` field may be set here. `placer calibrate` (placer/f
 achieved fractions and overheads it lists; it leaves at their defaults (or at a profile's values)
 the shape parameters of the size-dependent efficiencies (gemm_half_ridge, decode_bw_half_batch,
 decode_tp_bw_loss), the per-sequence step overhead, the collective latencies (coll_base_s,
-nvlink_hop_s, net_hop_s) and the weight-refresh rates (sync_sender_gbs, sync_local_gbs): each
+nvlink_hop_s, net_hop_s), the weight-refresh rates (sync_sender_gbs, sync_local_gbs) and bucket
+size (sync_bucket_gb, which sets the calls that sync_call_s, a fitted overhead, multiplies): each
 scales a fitted factor's term, every event stays affine in the fitted unknowns, and a trace of one
 model on one layout does not separate a shape from the factor it scales.
 """

@@ -534,7 +534,15 @@ def weight_sync_time(m: ModelArch, path_gbs: float, dst: DeviceType, eff: Effici
                      calls: int = 1) -> float:
     """Push BF16 weights over a path of `path_gbs` GB/s in `calls` sequential calls per sender
     (`placer.timing.sync_calls`; the first is in `sync_latency_s`); LPUs also pay a reload."""
-    t = (weight_bytes(m) / (path_gbs * GB * eff.link_eff) + eff.sync_latency_s
+    return transfer_time(weight_bytes(m), path_gbs, dst, eff, calls)
+
+
+def transfer_time(nbytes: float, path_gbs: float, dst: DeviceType, eff: Efficiency,
+                  calls: int = 1) -> float:
+    """One weight push of `nbytes` to a `dst` device: the wire at `path_gbs` x `link_eff`, the
+    first call's `sync_latency_s`, `sync_call_s` for each later call, an LPU's reload. The one
+    formula the planner, the calibration fit and the synthetic traces price transfers with."""
+    t = (nbytes / (path_gbs * GB * eff.link_eff) + eff.sync_latency_s
          + max(calls - 1, 0) * eff.sync_call_s)
     if dst.kind is DeviceKind.lpu:
         t += eff.lpu_reload_s

@@ -20,7 +20,9 @@ For the three kinds of work (per device type):
               on an LPU, steps * (lpu_step_s + chips * lpu_hop_s + (batch - 1) * stage) where the
               stage is a chip's share of the weights over its bandwidth (or FLOPs)
   train       t = (F + bubble) / (devices * peak * mfu_train) + allreduce + steps * train_overhead_s
-  transfer    t = bytes / (path GB/s * link_eff) + sync_latency_s (+ lpu_reload_s to an LPU)
+  transfer    t = bytes / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
+                  (+ lpu_reload_s to an LPU), `costmodel.transfer_time`; calls per sender stream
+                  from the bytes and the prior `sync_bucket_gb` (`timing.sync_calls`)
 
 Decode takes the larger of its memory and compute terms at every step. The memory term grows with
 the context, so the steps of a decode event are compute-bound up to some step j and memory-bound

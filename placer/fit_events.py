@@ -17,7 +17,9 @@ Event conventions relied on (traces/schema.py; the simulator and the executor wr
             context), steps (optimizer steps of a train event, default 1)
   transfer  bytes (or gb), gbs (the path's nominal GB/s; default the plan's per-replica weight-sync
             bandwidth as `placer.timing.sync_time` prices it), dst ("pool:node"; default the rollout
-            pool, whose efficiency prices the push); a transfer without a size (an onload) is skipped
+            pool, whose efficiency prices the push), calls (sequential calls per sender; default
+            `placer.timing.sync_calls` of the bytes for the plan's rollout model and actor pipeline,
+            at the prior `sync_bucket_gb`); a transfer without a size (an onload) is skipped
 """
 from __future__ import annotations
 
@@ -38,12 +40,13 @@ from placer.costmodel import (
     forward_time,
     prefill_time,
     train_time,
+    transfer_time,
 )
 from placer.estimate import Estimate, mean_context
 from placer.planfile import Plan, calibration_of
 from placer.roles import Role
-from placer.spec import DeviceKind, DeviceType, ModelArch, SpecError
-from placer.timing import Placed, sync_bandwidth
+from placer.spec import DeviceType, ModelArch, SpecError
+from placer.timing import Placed, sync_bandwidth, sync_calls
 from traces.schema import TraceEvent
 
 OFF = 1e30  # a factor "switched off": its term vanishes (1/OFF is below any float noise here)
@@ -52,7 +55,7 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
     "inference": (("mfu_prefill", INV), ("decode_bw_eff", INV), ("decode_flops_eff", INV),
                   ("step_overhead_s", ADD), ("lpu_step_s", ADD)),
     "train": (("mfu_train", INV), ("train_overhead_s", ADD)),
-    "transfer": (("link_eff", INV), ("sync_latency_s", ADD)),
+    "transfer": (("link_eff", INV), ("sync_latency_s", ADD), ("sync_call_s", ADD)),
 }
 GROUP_OF = {"prefill": "inference", "decode": "inference", "generate": "inference",
             "forward": "inference", "train": "train", "transfer": "transfer"}
@@ -158,8 +161,8 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
 
 def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
                     ) -> tuple[str, DeviceType, Callable[[Efficiency], float]] | None:
-    """A weight push to the rollout pool, priced like `costmodel.weight_sync_time` (the
-    destination's efficiency applies, as in `timing.sync_time`)."""
+    """A weight push to the rollout pool, priced by `costmodel.transfer_time` (the destination's
+    efficiency applies, as in `timing.sync_time`)."""
     if "bytes" in ev.args:
         nbytes = ctx.num(i, ev, "bytes", positive=True)
     elif "gb" in ev.args:
@@ -173,11 +176,13 @@ def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
         dst_pool = ctx.plan.roles[Role.ROLLOUT].pool
     dev = ctx.res.device_of(dst_pool)
     gbs = ctx.num(i, ev, "gbs", ctx.sync_gbs, positive=True)
-
-    def t(e: Efficiency) -> float:
-        return nbytes / (gbs * GB * e.link_eff) + e.sync_latency_s + (
-            e.lpu_reload_s if dev.kind is DeviceKind.lpu else 0.0)
-    return dev.name, dev, t
+    calls = ev.args.get("calls")
+    # the bucket size is a prior (not fitted): the calls of an event are fixed while fitting
+    if calls is None and {Role.ACTOR, Role.ROLLOUT} <= set(ctx.plan.roles):
+        calls = sync_calls(ctx.res.arch_of(Role.ROLLOUT), ctx.plan.roles[Role.ACTOR].pp,
+                           ctx.calib.for_device(dev), nbytes)
+    n = int(ctx.num(i, ev, "calls", calls if calls is not None else 1, positive=True))
+    return dev.name, dev, partial(transfer_time, nbytes, gbs, dev, calls=n)
 
 
 def _plan_sync_gbs(plan: Plan, res: Resolved, calib: Calibration) -> float | None:

@@ -7,6 +7,10 @@ written, and one with stragglers and failures). Checking re-simulates the stored
 compares every number (relative tolerance `RTOL`: the run is deterministic for its seed; the
 tolerance only absorbs libm differences between machines).
 
+A stored plan names local files (a checkpoint folder, a dataset, an empirical distribution's
+JSONL) relative to the repository root, so a clone anywhere writes the same goldens; reading one
+anchors those paths at this clone's root before the plan is checked and simulated.
+
 When a model change is intended, regenerate and review the diff:
 
     python -m simulator.golden --write      # or: make golden
@@ -17,15 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from placer.calibration import load_calibration
 from placer.catalog import resolve
 from placer.fileio import atomic_write_text
-from placer.planfile import load_plan, save_plan
-from placer.spec import load_job
+from placer.planfile import Plan, check_plan
+from placer.spec import load_job, read_structured
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig, Stragglers
 from simulator.handplans import plan_for
@@ -52,8 +58,42 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
 
 
+def _map_strings(doc: Any, f: Callable[[str, str], str], key: str = "") -> Any:
+    """`doc` with every string replaced by f(its key, it). The entries of a `paths` mapping
+    (`models.paths`: role -> checkpoint folder) count as `path`; a list's items keep its key."""
+    if isinstance(doc, dict):
+        return {k: _map_strings(v, f, "path" if key == "paths" else k) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_map_strings(v, f, key) for v in doc]
+    return f(key, doc) if isinstance(doc, str) else doc
+
+
+def _from_root(_: str, s: str) -> str:
+    """A path under the repository root made relative to it (also where a text names one)."""
+    prefix = f"{ROOT}{os.sep}"
+    if s.startswith(prefix):
+        return os.path.relpath(os.path.normpath(s), ROOT)
+    return s.replace(prefix, "")
+
+
+def _at_root(key: str, s: str) -> str:
+    """A relative local path (a `path` field, or an entry of `models.paths`) anchored at ROOT."""
+    return str(ROOT / s) if key == "path" and s and not Path(s).is_absolute() else s
+
+
+def save_golden_plan(plan: Plan, path: Path) -> None:
+    rel = Plan.model_validate(_map_strings(plan.model_dump(mode="json"), _from_root))
+    atomic_write_text(path, rel.to_json())
+
+
+def load_golden_plan(path: Path) -> Plan:
+    plan = Plan.model_validate(_map_strings(read_structured(path), _at_root))
+    check_plan(plan, plan.resolved(), str(path))
+    return plan
+
+
 def simulate_golden(plan_path: Path) -> dict[str, Any]:
-    plan = load_plan(plan_path)
+    plan = load_golden_plan(plan_path)
     out = {}
     for name, cfg in SCENARIOS.items():
         m = simulate_plan(plan, iterations=iterations_for(plan.mode), seed=SEED, config=cfg).metrics
@@ -67,7 +107,7 @@ def write(names: list[str]) -> None:
         res = resolve(load_job(EXAMPLES / f"{name}.yaml"), name)
         plan = plan_for(res, load_calibration(None))
         plan_path = GOLDEN / f"{name}.plan.json"
-        save_plan(plan, plan_path)
+        save_golden_plan(plan, plan_path)
         metrics = simulate_golden(plan_path)
         atomic_write_text(GOLDEN / f"{name}.metrics.json", json.dumps(metrics, indent=1,
                                                                      sort_keys=True))

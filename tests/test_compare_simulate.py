@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+from calibdata import hand_plan
 from specdata import ROOT
 
 from placer.cli import main
+from placer.commands.compare import placement
 
 TINY = ROOT / "examples" / "tiny-agent.yaml"
 
@@ -41,3 +43,15 @@ def test_explicit_iterations_are_kept(capsys):
 def test_bad_ci_exits_2(capsys):
     assert main(["compare", str(TINY), "--simulate", "--ci", "2"]) == 2
     assert "--ci" in capsys.readouterr().err
+    assert main(["compare", str(TINY), "--simulate", "--iterations", "0"]) == 2
+    assert "--iterations: must be at least 1 (got 0)" in capsys.readouterr().err
+
+
+def test_placement_names_cp_and_ep_where_above_one():
+    plan = hand_plan()
+    actor = plan.roles["actor"]
+    wide = plan.model_copy(update={"roles": {**plan.roles, "actor": actor.model_copy(
+        update={"cp": 2, "ep": 4, "etp": 2})}})
+    assert placement(plan)["actor"] == f"trainx{actor.devices} tp1 pp1 dp8 [s0]"
+    assert placement(wide)["actor"] == f"trainx{actor.devices} tp1 cp2 pp1 dp8 ep4 etp2 [s0]"
+    assert placement(wide)["rollout"] == placement(plan)["rollout"]

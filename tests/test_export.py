@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import yaml
+from calibdata import hand_plan
 from frameworks import crd_errors, k8s_errors, openrlhf_parse, pod_template, verl_compose
 from omegaconf import OmegaConf
 from simplans import example_names, example_plan, small_plan
@@ -71,6 +72,19 @@ def test_verl_names_what_it_cannot_express() -> None:
     assert all(f"# WARNING: {w}" in e.files["overrides.yaml"] for w in e.warnings)
     sync = EXPORTERS["verl"](PLANS["split-sync"])
     assert any(w.startswith("pipeline:") for w in sync.warnings)
+
+
+def test_verl_gives_a_reward_model_on_its_own_gpus_a_resource_pool() -> None:
+    """PPO with the rollout and the reward model on L40S slots of their own (tests/calibdata.py):
+    each gets nnodes x n_gpus_per_node of its devices, the reward model a pool of its own."""
+    plan = hand_plan()
+    flat, warnings = overrides(plan)
+    cfg = verl_compose(config_name(plan), launch_args(plan, flat)[1:])
+    rm, roll = cfg.reward.reward_model, cfg.actor_rollout_ref.rollout
+    assert rm.enable_resource_pool is True
+    assert rm.nnodes * rm.n_gpus_per_node == plan.roles["reward"].devices
+    assert roll.nnodes * roll.n_gpus_per_node == plan.roles["rollout"].devices
+    assert not any(w.startswith(("reward:", "rollout:")) for w in warnings)
 
 
 # ------------------------------------------------------------------------------------ OpenRLHF

@@ -62,6 +62,20 @@ def test_noise_free_trace_is_recovered_exactly(plan):
             assert fits[key].rel_rms < 1e-9, fits[key]
 
 
+def test_noise_free_trace_recovers_the_per_call_sync_term(plan):
+    """Bucketed pushes of 2-22 GB make 3-23 calls: with a prior large enough for the call term to
+    reach 1% of a push, a noise-free trace recovers sync_call_s along with link_eff and latency
+    (at the 0.25 ms default the term stays under 1% and keeps its prior, as the test above)."""
+    truth = Calibration(per_device={**TRUTH.per_device, "L40S": TRUTH.per_device["L40S"].override(
+        {"sync_call_s": 0.003})})
+    prior = plan.model_copy(update={"calibration": {"devices": {"L40S": {"sync_call_s": 0.001}}}})
+    trace = cost_model_trace(prior, truth, seed=3, noise=0.0, per_kind=12)
+    fits = _by_name(fit_trace(trace, prior, "synthetic"))
+    for name, true in (("sync_call_s", 0.003), ("sync_latency_s", 0.02), ("link_eff", 0.60)):
+        f = fits[("L40S", name)]
+        assert f.status == "fitted" and f.value == pytest.approx(true, rel=1e-6), f
+
+
 def test_profile_reprices_work_like_the_truth(plan):
     trace = cost_model_trace(plan, TRUTH, seed=11, noise=0.02, per_kind=40)
     result = fit_trace(trace, plan, "synthetic")

@@ -45,6 +45,17 @@ def test_calls_are_buckets_per_sender_or_every_tensor() -> None:
     assert sync_calls(MODELS["tiny-llama"], 1, EFF) == 1  # under one bucket: one call
 
 
+def test_calls_of_a_partial_push_as_a_trace_records_one() -> None:
+    """A transfer event of `nbytes` (a fit or synthetic trace): its buckets, or that share of
+    the tensors when unbucketed; the full size gives the whole-model count exactly."""
+    m = MODELS["Qwen3-30B-A3B"]
+    full = weight_bytes(m)
+    assert sync_calls(m, 1, EFF, 10.5e9) == 11 and sync_calls(m, 2, EFF, 10.5e9) == 6
+    assert sync_calls(m, 1, FLAT, full) == sync_calls(m, 1, FLAT) == weight_tensors(m)
+    assert sync_calls(m, 1, FLAT, full / 2) == math.ceil(weight_tensors(m) / 2)
+    assert sync_calls(m, 1, EFF, 1.0) == sync_calls(m, 1, FLAT, 1.0) == 1  # never below one
+
+
 def _res(model: str, nodes: int):
     return resolve(job_from_dict({
         "algorithm": "grpo", "models": {"policy": model},

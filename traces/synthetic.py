@@ -30,12 +30,14 @@ from placer.costmodel import (
     forward_time,
     prefill_time,
     train_time,
+    transfer_time,
     weight_bytes,
 )
 from placer.planfile import Plan
 from placer.roles import Role
 from placer.sampling import draw, draw_lengths, rng
-from placer.spec import DeviceKind, Distribution
+from placer.spec import Distribution
+from placer.timing import sync_calls
 from traces.schema import Trace
 from traces.workload import write_rows
 
@@ -208,12 +210,12 @@ def _transfers(plan: Plan, truth: Calibration, g: np.random.Generator, add, n: i
     res = plan.resolved()
     dev = res.device_of(plan.roles[Role.ROLLOUT].pool)
     eff = truth.for_device(dev)
-    w = weight_bytes(res.arch_of(Role.ROLLOUT))
+    m, a_pp = res.arch_of(Role.ROLLOUT), plan.roles[Role.ACTOR].pp
+    w = weight_bytes(m)
     gbs = min((s.gbs for s in plan.sync_routes), default=dev.nic_gbs)
     for _ in range(n):
         nbytes = float(w * g.uniform(0.05, 1.5))
-        secs = nbytes / (gbs * 1e9 * eff.link_eff) + eff.sync_latency_s + (
-            eff.lpu_reload_s if dev.kind is DeviceKind.lpu else 0.0)
+        secs = transfer_time(nbytes, gbs, dev, eff, sync_calls(m, a_pp, eff, nbytes))
         add("transfer", Role.ROLLOUT, secs, _devices(plan, Role.ROLLOUT), bytes=nbytes, gbs=gbs)
 
 

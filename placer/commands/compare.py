@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from placer.cli import emit_json
 from placer.commands.plan import add_solver_arguments, load_inputs
+from placer.commands.simulate import add_steady_arguments, steady_targets
 from placer.planfile import Plan
 from placer.spec import SpecError
 
@@ -32,12 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", metavar="JOB.yaml")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--simulate", action="store_true", help="also rank by simulated time")
-    p.add_argument("--iterations", type=int, default=None,
-                   help="simulated iterations (default: until the steady-state mean is known "
-                        "within --ci, warm-up excluded)")
-    p.add_argument("--ci", type=float, default=None, metavar="FRACTION",
-                   help="target half width of the 95%% confidence interval of each simulated "
-                        "mean, as a fraction of it (default 0.05)")
+    add_steady_arguments(p)
     p.add_argument("--sim-seed", type=int, default=0, help="simulator seed (default 0)")
     add_solver_arguments(p)
 
@@ -46,15 +42,13 @@ def _simulator(args: argparse.Namespace) -> Callable[[Plan], SteadyState]:
     """Plan -> its steady state, as `--iterations`/`--ci`/`--sim-seed` ask."""
     try:
         from simulator.api import simulate_plan
-        from simulator.steady import REL_CI, simulate_steady, steady_state
+        from simulator.steady import simulate_steady, steady_state
     except ModuleNotFoundError as e:
         if e.name in ("simulator", "simulator.api", "simulator.steady"):
             raise SpecError(f"--simulate: the simulator is missing (no module {e.name})") \
                 from None
         raise
-    rel = REL_CI if args.ci is None else args.ci
-    if not (0 < rel < 1):  # NaN fails too
-        raise SpecError(f"--ci: must be a fraction in (0, 1), e.g. 0.05 (got {args.ci})")
+    _, rel = steady_targets(args)
 
     def run(p: Plan) -> SteadyState:
         if args.iterations is None:
@@ -67,6 +61,13 @@ def _same_placement(p: Plan) -> str:
     """Plans equal in everything the simulator runs (the name of the solver aside)."""
     return p.model_dump_json(include={"mode", "roles", "slots", "bundles", "sync_routes",
                                       "calibration"})
+
+
+def placement(p: Plan) -> dict[str, str]:
+    """Where each role sits: `POOLxN tpT ppP dpD [slot]`, with cp/ep/etp where above 1
+    (`placer.moves.dims`, the notation `placer explain` and `diff` print)."""
+    from placer.moves import dims
+    return {r: f"{x.pool}x{x.devices} {dims(x)} [{x.slot}]" for r, x in p.roles.items()}
 
 
 def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
@@ -84,8 +85,6 @@ def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.simulate and args.iterations is not None and args.iterations < 1:
-        raise SpecError(f"--iterations: must be >= 1 (got {args.iterations})")
     if args.sim_seed < 0:  # the simulator's seed sequences take non-negative integers only
         raise SpecError(f"--sim-seed: must be >= 0 (got {args.sim_seed})")
     simulate = _simulator(args) if args.simulate else None
@@ -105,8 +104,7 @@ def run(args: argparse.Namespace) -> int:
                "ratio_to_ilp": p.predicted_iteration_s / base.predicted_iteration_s,
                "cost_ratio_to_ilp": (p.cost_per_sample / base.cost_per_sample
                                      if base.cost_per_sample else None),
-               "placement": {r: f"{x.pool}x{x.devices} tp{x.tp} pp{x.pp} dp{x.dp} [{x.slot}]"
-                             for r, x in p.roles.items()}}
+               "placement": placement(p)}
         if simulate is not None:
             key = _same_placement(p)
             st = seen[key] = seen[key] if key in seen else simulate(p)

@@ -25,14 +25,31 @@ from placer.spec import SpecError, read_structured
 POLICY_ITERATIONS = 1  # --compare-policies without --iterations (one run per policy)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", metavar="PLAN.json")
+def add_steady_arguments(p: argparse.ArgumentParser) -> None:
+    """`--iterations` and `--ci`: how long a simulation runs (`simulate`, `compare --simulate`)."""
     p.add_argument("--iterations", type=int, default=None,
                    help="iterations to simulate (default: until the steady-state mean is known "
                         "within --ci, warm-up excluded; at most 100)")
     p.add_argument("--ci", type=float, default=None, metavar="FRACTION",
-                   help="target half width of the steady-state 95%% confidence interval, as a "
-                        "fraction of the mean (default 0.05)")
+                   help="target half width of the steady-state 95%% confidence interval of each "
+                        "simulated mean, as a fraction of it (default 0.05)")
+
+
+def steady_targets(args: argparse.Namespace) -> tuple[int | None, float]:
+    """(`--iterations`, `--ci` or the default), checked: bad values exit 2 naming the flag."""
+    from simulator.steady import REL_CI
+
+    rel_ci = REL_CI if args.ci is None else args.ci
+    if not (0 < rel_ci < 1):  # NaN fails too
+        raise SpecError(f"--ci: must be a fraction in (0, 1), e.g. 0.05 (got {args.ci})")
+    if args.iterations is not None and args.iterations < 1:
+        raise SpecError(f"--iterations: must be at least 1 (got {args.iterations})")
+    return args.iterations, rel_ci
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", metavar="PLAN.json")
+    add_steady_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     p.add_argument("--trace", metavar="OUT.json", help="write the Chrome trace here")
     p.add_argument("--plots", metavar="DIR", help="write timeline/utilization/length figures")
@@ -53,13 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from simulator.api import simulate_plan
     from simulator.config import SimConfig, config_from_dict
-    from simulator.steady import REL_CI, first_run, simulate_steady, steady_state
+    from simulator.steady import first_run, simulate_steady, steady_state
 
-    rel_ci = REL_CI if args.ci is None else args.ci
-    if not (0 < rel_ci < 1):  # NaN fails too
-        raise SpecError(f"--ci: must be a fraction in (0, 1), e.g. 0.05 (got {args.ci})")
-    if args.iterations is not None and args.iterations < 1:
-        raise SpecError(f"--iterations: must be at least 1 (got {args.iterations})")
+    _, rel_ci = steady_targets(args)
     check_output(args.trace, "--trace")  # before the simulation, not after it
     check_output(args.plots, "--plots", folder=True)
     cfg = config_from_dict(read_structured(args.config), args.config) if args.config else None

@@ -138,15 +138,23 @@ def _rollout(plan: Plan, warn: list[str]) -> dict[str, Any]:
     }
     if r.concurrency:
         o["actor_rollout_ref.rollout.max_num_seqs"] = r.concurrency
-    if kind_of(plan, Role.ROLLOUT) is not DeviceKind.gpu:
-        warn.append(f"rollout: verl generates with vLLM/SGLang on GPUs; pool {r.pool} "
-                    f"({kind_of(plan, Role.ROLLOUT)}) is not expressible")
-        return o
-    if not colocated(plan, Role.ROLLOUT, Role.ACTOR):
-        nodes, per = node_shape(plan, Role.ROLLOUT, warn)
-        o.update({"actor_rollout_ref.rollout.nnodes": nodes,
-                  "actor_rollout_ref.rollout.n_gpus_per_node": per})
+    o.update(_own_gpu_pool(plan, Role.ROLLOUT, "actor_rollout_ref.rollout",
+                           "generates with vLLM/SGLang", warn))
     return o
+
+
+def _own_gpu_pool(plan: Plan, role: Role, prefix: str, serves: str, warn: list[str]
+                  ) -> dict[str, Any]:
+    """`prefix.nnodes` and `.n_gpus_per_node` of a GPU role verl runs in a resource pool of its
+    own; nothing when it shares the actor's, or (with a warning) when its pool is not GPUs."""
+    r, kind = plan.roles[role], kind_of(plan, role)
+    if kind is not DeviceKind.gpu:
+        warn.append(f"{role}: verl {serves} on GPUs; pool {r.pool} ({kind}) is not expressible")
+        return {}
+    if colocated(plan, role, Role.ACTOR):
+        return {}
+    nodes, per = node_shape(plan, role, warn)
+    return {f"{prefix}.nnodes": nodes, f"{prefix}.n_gpus_per_node": per}
 
 
 def _reward(plan: Plan, warn: list[str]) -> dict[str, Any]:
@@ -160,15 +168,9 @@ def _reward(plan: Plan, warn: list[str]) -> dict[str, Any]:
         "reward.reward_model.rollout.name": "vllm",
         "reward.reward_model.rollout.tensor_model_parallel_size": r.tp,
     }
-    if kind_of(plan, Role.REWARD) is not DeviceKind.gpu:
-        warn.append(f"reward: verl serves a reward model on GPUs; pool {r.pool} "
-                    f"({kind_of(plan, Role.REWARD)}) is not expressible")
-        return o
-    if not colocated(plan, Role.REWARD, Role.ACTOR):
-        nodes, per = node_shape(plan, Role.REWARD, warn)
-        o.update({"reward.reward_model.enable_resource_pool": True,
-                  "reward.reward_model.nnodes": nodes,
-                  "reward.reward_model.n_gpus_per_node": per})
+    own = _own_gpu_pool(plan, Role.REWARD, "reward.reward_model", "serves a reward model", warn)
+    if own:
+        o.update({"reward.reward_model.enable_resource_pool": True, **own})
     return o
 
 
