@@ -3,7 +3,8 @@
 Prints a table (figures for the closing note; nothing here asserts a time). Each row is a PPO job
 with a multi-turn environment (six roles: the largest model the ILP solves) on mixed pools of
 H100 and H20 GPUs, Groq LPU chips and CPU nodes, scaled from 8 to ~16k devices; the goal rows are
-8,192 GPUs + 1,024 LPU chips + 256 CPU nodes, once with a dense 70B model and once with
+8,192 GPUs of three types (H100, H20, L40S) + 1,024 LPU chips + 256 CPU nodes (so the rollout may
+be split over pools: `placer.split`), once with a dense 70B model and once with
 Qwen3-30B-A3B (a mixture of experts: expert-parallel candidates) and responses up to 32K tokens
 (context-parallel candidates). The re-plan row loses one H100 node of
 examples/large-1k-nodes.yaml (1,024 nodes) and re-solves warm-started from the first plan.
@@ -36,11 +37,13 @@ SIZES = [
                            ("lpu", "groq-lpu", 8, 8), ("cpu", "cpu-node", 1, 64)]),
     ("4096", "Llama-3-70B", [("h100", "H100-SXM", 8, 256), ("h20", "H20", 8, 128),
                              ("lpu", "groq-lpu", 8, 96), ("cpu", "cpu-node", 1, 256)]),
-    ("goal 8192+1024+256", "Llama-3-70B", [("h100", "H100-SXM", 8, 512), ("h20", "H20", 8, 512),
+    ("goal 8192+1024+256", "Llama-3-70B", [("h100", "H100-SXM", 8, 384), ("h20", "H20", 8, 384),
+                                           ("l40s", "L40S", 8, 256),
                                            ("lpu", "groq-lpu", 8, 128), ("cpu", "cpu-node", 1, 256)]),
     # a mixture of experts with responses beyond one micro-batch: EP and CP candidates
-    ("goal MoE 8192+1024+256", "Qwen3-30B-A3B", [("h100", "H100-SXM", 8, 512),
-                                                 ("h20", "H20", 8, 512),
+    ("goal MoE 8192+1024+256", "Qwen3-30B-A3B", [("h100", "H100-SXM", 8, 384),
+                                                 ("h20", "H20", 8, 384),
+                                                 ("l40s", "L40S", 8, 256),
                                                  ("lpu", "groq-lpu", 8, 128),
                                                  ("cpu", "cpu-node", 1, 256)]),
     ("16384", "Llama-3-70B", [("h100", "H100-SXM", 8, 1024), ("h20", "H20", 8, 512),

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration
-from placer.estimate import Estimate, estimate
-from placer.planfile import Breakdown, Plan, RolePlacement, SlotPlan, SolverInfo
+from placer.estimate import Estimate, Part, estimate
+from placer.planfile import Breakdown, Plan, RolePart, RolePlacement, SlotPart, SlotPlan, SolverInfo
 from placer.pricing import booked_per_hour, per_sample, slots_price
 from placer.spec import Job, dump_job
+from placer.split import join, res_with_samples
 from placer.timing import Breakdown as Timing
 from placer.timing import Placed, iteration_time
 
@@ -21,11 +22,18 @@ def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
     slots: dict[str, SlotPlan] = {}
     for p in sorted(placed, key=lambda p: order[p.est.role]):
         cur = slots.get(p.slot)
-        if cur is None:
+        if p.est.parts:  # a split role: alone in its slot, devices on each part's pool
+            if cur is not None:
+                raise ValueError(f"slot {p.slot}: role {p.est.role} is split over pools and "
+                                 "cannot share its slot")
+            parts = [SlotPart(pool=q.est.pool, devices=q.est.devices) for q in p.est.parts]
+            slots[p.slot] = SlotPlan(name=p.slot, pool=parts[0].pool, devices=p.est.devices,
+                                     roles=[p.est.role], parts=parts)
+        elif cur is None:
             slots[p.slot] = SlotPlan(name=p.slot, pool=p.est.pool, devices=p.est.devices,
                                      roles=[p.est.role])
         else:
-            if cur.pool != p.est.pool:
+            if cur.parts or cur.pool != p.est.pool:
                 raise ValueError(f"slot {p.slot} mixes pools {cur.pool} and {p.est.pool}")
             slots[p.slot] = SlotPlan(name=p.slot, pool=cur.pool,
                                      devices=max(cur.devices, p.est.devices),
@@ -33,9 +41,21 @@ def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
     return list(slots.values())
 
 
+def role_part(q: Part, total: int) -> RolePart:
+    e = q.est
+    return RolePart(pool=e.pool, devices=e.devices, tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
+                    ep=e.par.ep, fp8_weights=e.par.fp8_weights, fp8_kv=e.par.fp8_kv,
+                    share=q.samples / total, samples=q.samples, time_s=e.time_s,
+                    stage_s=dict(e.stage_s), memory_gb=e.memory.total,
+                    concurrency=e.concurrency)
+
+
 def role_placement(p: Placed) -> RolePlacement:
     e: Estimate = p.est
-    return RolePlacement(pool=e.pool, devices=e.devices, tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
+    total = sum(q.samples for q in e.parts)
+    parts = [role_part(q, total) for q in e.parts]
+    return RolePlacement(pool=parts[0].pool if parts else e.pool, devices=e.devices, parts=parts,
+                         tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
                          zero=e.par.zero, recompute=e.par.recompute, offload=e.par.offload,
                          cp=e.par.cp, ep=e.par.ep, etp=e.par.etp, fp8_weights=e.par.fp8_weights,
                          fp8_kv=e.par.fp8_kv, fp8_train=e.par.fp8_train,
@@ -45,7 +65,7 @@ def role_placement(p: Placed) -> RolePlacement:
 
 def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
     """Price of the devices the plan holds (USD per hour)."""
-    return slots_price(res, ((s.pool, s.devices) for s in slots))
+    return slots_price(res, (pd for s in slots for pd in s.pool_devices()))
 
 
 def assemble(res: Resolved, placed: list[Placed], calib: Calibration, solver: SolverInfo,
@@ -76,6 +96,16 @@ def reprice(plan: Plan, job: Job, calib: Calibration) -> Timing:
     """A plan's placement (every role's pool, layout and slot) priced for `job`: e.g. the job at
     its means (`rollout_tail.at_means`), what a no-variance simulation of the plan runs."""
     res = resolve(job, plan.job.get("name", "plan"))
-    placed = [Placed(r.slot, estimate(res, role, res.cluster.pool(r.pool), r.par, calib))
-              for role, r in plan.roles.items()]
+    placed = [Placed(r.slot, placed_estimate(res, role, r, calib)) for role, r in plan.roles.items()]
     return iteration_time(res, placed, calib)
+
+
+def placed_estimate(res: Resolved, role: str, r: RolePlacement, calib: Calibration) -> Estimate:
+    """A plan's role priced again for `res` (its parts too, each on its own samples)."""
+    if not r.parts:
+        return estimate(res, role, res.cluster.pool(r.pool), r.par, calib)
+    parts = []
+    for q in r.parts:
+        pres = res_with_samples(res, q.samples)
+        parts.append(Part(estimate(pres, role, pres.cluster.pool(q.pool), q.par, calib), q.samples))
+    return join(parts)

@@ -25,7 +25,9 @@ compute), as today's frameworks assume one homogeneous GPU pool; roles that cann
               only when the job has one (`placer.interop.current`).
 
 Each returns an `Assignment` (or None when it cannot place the job), so the ILP's search space
-contains every baseline plan: the ILP can only be as good or better.
+contains every baseline plan: the ILP can only be as good or better. Baselines place every role
+on one pool: a candidate split over pools (`placer.split`, pool "a+b") is never chosen (`_fastest`
+skips them; the others match a real pool's name, which a split candidate's never is).
 """
 from __future__ import annotations
 
@@ -55,7 +57,9 @@ def training_pool(problem: Problem) -> str | None:
 
 def _fastest(cands: list[Candidate], pool: str | None = None, limit: int | None = None
              ) -> Candidate | None:
-    ok = [c for c in cands if (pool is None or c.pool == pool)
+    """The fastest single-pool candidate (on `pool`, within `limit` devices): a baseline places
+    every role on one pool, as today's frameworks do, so split candidates are never picked."""
+    ok = [c for c in cands if not c.split and (pool is None or c.pool == pool)
           and (limit is None or c.devices <= limit)]
     return min(ok, key=lambda c: (c.time_s, c.devices), default=None)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from placer.costmodel import Efficiency, Parallel, decode_step_time, prefill_time
 from placer.spec import DeviceType, ModelArch
@@ -61,19 +61,20 @@ class StepTerms:
         return t
 
 
-_SHARED: dict[tuple[int, int, int, int, int], tuple[object, object, object, StepTerms]] = {}
+_SHARED: dict[tuple[int, int, Parallel, int], tuple[object, object, object, StepTerms]] = {}
 
 
 def step_terms(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> StepTerms:
     """The replica's `StepTerms`, shared by every candidate with its layout (candidates differ
     in dp; one replica's steps do not), so each batch size is probed once per plan."""
-    key = (id(m), id(dev), par.tp, par.pp, id(eff))
+    rep = replace(par, dp=1)  # the whole replica layout (EP, FP8, CUDA graphs), one replica
+    key = (id(m), id(dev), rep, id(eff))
     hit = _SHARED.get(key)
     if hit is not None and hit[0] is m and hit[1] is dev and hit[2] is eff:
         return hit[3]
     if len(_SHARED) > 256:
         _SHARED.clear()
-    st = StepTerms(m, dev, Parallel(tp=par.tp, pp=par.pp, dp=1), eff)
+    st = StepTerms(m, dev, rep, eff)
     _SHARED[key] = (m, dev, eff, st)  # the objects too: their ids stay theirs while cached
     return st
 

@@ -12,7 +12,8 @@ A profile is YAML or JSON:
 Every `costmodel.Efficiency` field may be set here. `placer calibrate` (placer/fit.py) fits the
 achieved fractions and overheads it lists; it leaves at their defaults (or at a profile's values)
 the shape parameters of the size-dependent efficiencies (gemm_half_ridge, decode_bw_half_batch,
-decode_tp_bw_loss), the per-sequence step overhead, the collective latencies (coll_base_s,
+decode_tp_bw_loss, expert_read_half_width), the per-sequence step overhead, the eager engines'
+per-layer launch overhead (eager_layer_s), the collective latencies (coll_base_s,
 nvlink_hop_s, net_hop_s), the weight-refresh rates (sync_sender_gbs, sync_local_gbs) and bucket
 size (sync_bucket_gb, which sets the calls that sync_call_s, a fitted overhead, multiplies): each
 scales a fitted factor's term, every event stays affine in the fitted unknowns, and a trace of one
@@ -46,7 +47,8 @@ def calibration_from_dict(data: dict[str, Any], source: str = "calibration") -> 
 
 # Factors the cost model divides by (achieved fractions, bandwidths): 0 would be a division by zero.
 POSITIVE = frozenset({"mfu_train", "mfu_prefill", "decode_bw_eff", "decode_flops_eff", "link_eff",
-                      "offload_gbs", "kv_mem_fraction", "sync_sender_gbs", "sync_local_gbs"})
+                      "offload_gbs", "kv_mem_fraction", "sync_sender_gbs", "sync_local_gbs",
+                      "dispatch_gbs"})
 FRACTIONS = {"kv_mem_fraction": (0.0, 1.0), "lpu_kv_reserve": (0.0, 0.99)}  # shares of memory
 MAX_FACTOR = 1e6  # beyond any real factor, overhead or bandwidth; keeps every product finite
 MIN_DIVISOR = 1e-12  # a divisor below it (1e-320, say) makes times overflow to inf, then NaN

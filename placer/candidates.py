@@ -21,8 +21,10 @@ from dataclasses import dataclass, replace
 from placer.catalog import Resolved
 from placer.costmodel import GB, MICRO_TOKENS, Calibration, Parallel, lpu_chips, weight_bytes
 from placer.estimate import Estimate, can_host, estimate
+from placer.pins import pinned_layouts
 from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceKind, DeviceType, ModelArch, Pool
+from placer.split import split_estimates
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,14 @@ class Candidate:
     @property
     def time_s(self) -> float:
         return self.est.time_s
+
+    @property
+    def split(self) -> bool:
+        """Split over pools (`placer.split`): `pool` then joins the parts' pools by "+"."""
+        return bool(self.est.parts)
+
+    def pool_devices(self) -> dict[str, int]:
+        return self.est.pool_devices()
 
 
 def device_counts(total: int, per_node: int, step: int = 1, limit: int | None = None) -> list[int]:
@@ -178,7 +188,7 @@ def role_candidates(res: Resolved, role: str, pool: Pool, calib: Calibration,
         return []
     cands = []
     offload = role in TRAINING_ROLES and res.device_of(pool).kind is DeviceKind.gpu
-    for par in layouts(res, role, pool, calib, limit):
+    for par in pinned_layouts(res.job, role, pool.name, layouts(res, role, pool, calib, limit)):
         est = estimate(res, role, pool, par, calib)
         if not est.feasible and offload:
             # optimizer state on the host: slower, so only worth it where nothing else fits
@@ -216,10 +226,17 @@ def _dominates(a: Candidate, b: Candidate) -> bool:
 
 def all_candidates(res: Resolved, calib: Calibration,
                    limit: int | None = None) -> dict[str, list[Candidate]]:
-    """Role -> candidates over every pool that may host it."""
-    return {role: [c for pool in res.cluster.pools
-                   for c in role_candidates(res, role, pool, calib, limit)]
-            for role in res.job.roles()}
+    """Role -> candidates over every pool that may host it, then those split over two pools
+    (`placer.split`)."""
+    out: dict[str, list[Candidate]] = {}
+    for role in res.job.roles():
+        per_pool = {pool.name: role_candidates(res, role, pool, calib, limit)
+                    for pool in res.cluster.pools}
+        singles = [c for cs in per_pool.values() for c in cs]
+        splits = split_estimates(res, calib, role,
+                                 {p: [c.est for c in cs] for p, cs in per_pool.items()})
+        out[role] = singles + [Candidate(role, e.pool, e) for e in splits]
+    return out
 
 
 def memory_floor_gb(res: Resolved, role: str) -> float:

@@ -64,10 +64,14 @@ Time:
                    batch / (batch + decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp);
                    TP comm = 2 * L all-reduce calls of batch*h*b bytes, each at least its
                    latency (`decode_tp_comm`); step overhead = step_overhead_s +
-                   step_overhead_per_seq_s * batch (`step_overhead`). R(batch) =
+                   step_overhead_per_seq_s * batch (`step_overhead`), + eager_layer_s * L
+                   for an engine without CUDA graphs (`eager_overhead`). R(batch) =
                    `ModelArch.decode_read_params`: P_mm with the k routed experts of each MoE
                    layer replaced by the E * (1 - (1 - k/E)^batch) distinct experts a batch is
-                   expected to hit under balanced routing (<= min(E, batch*k)); = P_mm dense
+                   expected to hit under balanced routing (<= min(E, batch*k)); = P_mm dense.
+                   The routed experts' bytes stream at e * `expert_read_eff` = e * w / (w +
+                   expert_read_half_width), w = expert_mlp / expert TP columns per rank
+                   (fused-MoE kernels run one small GEMM per expert hit)
   continuous batch concurrency = floor(KV capacity / longest context), KV capacity = (memory *
                    kv_mem_fraction - weights - engine) * pp * KV split / KV bytes per token
                    (vLLM's gpu_memory_utilization, Kwon et al. 2023)
@@ -98,16 +102,23 @@ Time:
   weight sync      P*b / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
                    (+ lpu_reload_s onto LPUs); the path is one broadcast every replica joins
                    (`placer.timing.sync_links`): pp senders at sync_sender_gbs each (1 when
-                   unbucketed), or rollout ranks at sync_local_gbs each when colocated, so
-                   t = c + bytes / (BW_eff x parallel senders); calls per sender: its share in
-                   sync_bucket_gb buckets, or every tensor when sync_bucket_gb = 0
+                   unbucketed), received whole by every rollout rank (one rank's link), or
+                   sync_local_gbs into each replica at once when colocated, so t = c + bytes /
+                   (BW_eff x parallel senders); calls per sender: its share in sync_bucket_gb
+                   buckets, or every tensor when sync_bucket_gb = 0
   colocation       switching roles moves state host<->device at `offload_gbs`
+  dispatch         every trainer or frozen forward pass (old log-probs, reference, reward model,
+                   critic values, each update) first ships the batch through a single
+                   controller: samples * padded context * dispatch_bytes_per_token /
+                   dispatch_gbs (`dispatch_time`), padded to the job's longest context, whatever
+                   the devices (verl's DataProto dispatch; `Efficiency.dispatch_gbs`)
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 
+from placer.efficiency import Calibration, Efficiency
 from placer.layercomm import (
     MICRO_TOKENS,
     NODE_DEVICES,
@@ -130,118 +141,13 @@ from placer.sharding import (
 from placer.spec import DeviceKind, DeviceType, ModelArch
 
 # re-exported: the layout type lives in placer.sharding, the layers' collectives in
-# placer.layercomm
-__all__ = ["MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm", "decode_tp_comm",
-           "grad_sync_time", "layer_comm", "pp_send", "span_link", "tp_link", "zero3_gathers"]
+# placer.layercomm, the efficiency factors in placer.efficiency
+__all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm",
+           "decode_tp_comm", "grad_sync_time", "layer_comm", "pp_send", "span_link", "tp_link",
+           "zero3_gathers"]
 
 GB = 1e9
 BYTES = 2  # BF16
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """Achieved fractions of peak and fixed overheads. Defaults are public rules of thumb."""
-
-    # Ceilings of the saturating GEMM efficiency (`gemm_eff`): what the matmuls of large
-    # per-device batches reach before the pass's memory-bound kernels are added
-    # (`device_ceiling`). 0.58 with `nongemm_bytes_per_flop` gives 0.40 of peak on an H100 (Llama
-    # 3's 38-43% BF16 MFU on H100s, Dubey et al. 2024, table 4; Megatron-LM's 52-56% on 0.5-1T
-    # GPTs is the large-model upper end, Narayanan et al. 2021) and 0.55 on an H20, which is
-    # what verl's DAPO-7B FSDP update on 32 and 64 H20s measured (published rows 1-2: 0.54 of
-    # peak counting the recomputed forward; verl docs/perf/dpsk.md reports MFU 0.40 by its 6N
-    # count on 8 H20s).
-    mfu_train: float = 0.58
-    # Forward passes (engine prefill, old log-probs, reference, reward, critic values): RL
-    # frameworks' log-prob passes run well below training's efficiency -- small no-grad micro-
-    # batches, an fp32 log-softmax over the vocabulary, gathers FSDP does not hide. 0.37: what
-    # verl's old_log_prob passes on H20 (published rows 1-2, 5) and Miles' actor log-prob pass
-    # on H200 (row 10) measure against their 2N FLOPs, alike on both parts.
-    mfu_prefill: float = 0.37
-    # Memory traffic of training's non-GEMM kernels (norms, activations, rotary, residuals and
-    # their backward, the recomputed forward, casts) per GEMM FLOP, in bytes/FLOP: they run at
-    # HBM bandwidth, so a device with little compute per byte (an H20: 37 FLOP/byte; an H100:
-    # 295) loses less of its peak to them (`device_ceiling`). Set so that one GEMM ceiling gives
-    # both the H100 and the H20 figures of `mfu_train`.
-    nongemm_bytes_per_flop: float = 0.00264
-    # Tokens per device at which a pass reaches half its ceiling, in units of the device's ridge
-    # point peak/bandwidth (FLOP per byte): a [t x h] x [h x k] BF16 GEMM with t << h, k does
-    # ~t FLOP per byte of weights read, so it is memory-bound below t ~ ridge (the roofline,
-    # Williams et al. 2009): 295 tokens on an H100, 37 on an H20.
-    gemm_half_ridge: float = 1.0
-    decode_bw_eff: float = 0.70  # decode achieves ~70% of HBM bandwidth (vLLM/TRT-LLM measurements)
-    # Bandwidth efficiency lost per doubling of TP: each rank's weight shard, hence each GEMV,
-    # is smaller and ends sooner after its ramp. 0.12 reconciles vLLM's H200 latency anchors
-    # (Llama-3.1-8B TP1 6.5 ms and Llama-3-70B TP4 16.2 ms per decode step at batch 8, vLLM
-    # performance dashboard build 9515) with the same `decode_bw_eff`.
-    decode_tp_bw_loss: float = 0.12
-    # Batch size at which the per-step weight read is half as efficient as at large batch: a
-    # batch of 1 runs GEMV kernels, which stream weights less efficiently than the skinny GEMMs
-    # of a few sequences (vLLM and TRT-LLM batch-1 decoding reaches ~60-70% of HBM bandwidth
-    # where batch >= 8 reaches ~70-80%). 0.15: batch 1 at 87% of the large-batch efficiency.
-    decode_bw_half_batch: float = 0.15
-    decode_flops_eff: float = 0.50
-    link_eff: float = 0.80  # achieved fraction of NVLink / NIC bandwidth in collectives
-    # Collective latencies (`placer.collectives`): NCCL's tuning model, src/graph/tuning.cc
-    # (baseLat ring LL 6.6 us; hwLat LL 0.6 us per NVLink hop, 2.7 us per network hop).
-    coll_base_s: float = 6.6e-6
-    nvlink_hop_s: float = 0.6e-6
-    net_hop_s: float = 2.7e-6
-    # Host overhead of one engine step: a fixed part (scheduler, CUDA-graph launch) plus a part
-    # per running sequence (input preparation, sampling, detokenization). vLLM v0.6.0's
-    # performance blog (2024-09) measured CPU work at up to ~1/3 of a Llama-3-8B H100 step at
-    # large batch before its multi-step scheduling; 1.5 ms + 10 us per sequence gives ~4 ms at
-    # batch 256 and matches the ~1.7 ms left of vLLM's 6.5 ms batch-8 H200 step after reading
-    # the 8B weights.
-    step_overhead_s: float = 0.0015
-    step_overhead_per_seq_s: float = 1.0e-5
-    train_overhead_s: float = 0.05  # per optimizer step (optimizer, launch, sync)
-    engine_mem_gb: float = 2.0  # CUDA context, activations and graphs of an inference engine
-    kv_mem_fraction: float = 0.90  # share of device memory an engine may use (gpu_memory_util)
-    # LPU batch-1 token time = lpu_step_s + chips * lpu_hop_s, solved from two public figures
-    # with this model's chip counts: Llama-2-70B (660 chips) ~300 tok/s, Llama-2-7B (65) ~750.
-    lpu_hop_s: float = 3.36e-6  # per chip a token passes through
-    lpu_step_s: float = 1.11e-3  # per LPU decode step, whatever the chip count
-    lpu_kv_reserve: float = 0.10  # SRAM share kept for KV beyond the weights
-    lpu_reload_s: float = 5.0  # fixed cost to re-push weights onto LPU chips (assumption)
-    offload_gbs: float = 25.0  # host<->device copy (PCIe Gen5 x16 ~ 50 GB/s, half achieved)
-    tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency
-    sync_latency_s: float = 0.01  # per weight-sync transfer (setup, NCCL/RPC)
-    # Weight refresh (`placer.timing.sync_links`), raw GB/s that `link_eff` scales like every
-    # link: one NCCL broadcast sender, bucketed, over the NIC -- 10.3 x 0.8 = 8.25 GB/s achieved,
-    # verl's checkpoint-engine README (Qwen3-30B-A3B, FSDP -> 30 rollouts, 400 Gb/s CX-7 IB);
-    # and one rollout rank loading its shard from a co-located actor -- 6.25 x 0.8 = 5 GB/s
-    # achieved (NeMo-RL DP8 -> TP8 Qwen3-4B refit 0.21-0.34 s; Miles 27B TP4 sync 2.5 s).
-    sync_sender_gbs: float = 10.3
-    sync_local_gbs: float = 6.25
-    # Calls of a refresh (`placer.timing.sync_calls`): a stream of `sync_bucket_gb` buckets, or,
-    # at 0, one call per tensor from one sender (verl's NCCL sync without checkpoint-engine).
-    # Every call after the first (which `sync_latency_s` covers) costs `sync_call_s`: the
-    # Python-side gather, NCCL launch and engine `load_weights` of one call. 0.25 ms fits verl's
-    # fully_async.md NCCL rows (Qwen2.5-7B 4 -> 4 H20: 0.12 s for 339 tensors of 15 GB over
-    # NVLink; 30B-A3B and 235B-A22B: 15.76 / 58.57 s for ~19k / ~37k tensors). 1 GB buckets:
-    # Miles p2p-weight-transfer.md; checkpoint-engine and NeMo-RL also stream buckets.
-    sync_call_s: float = 2.5e-4
-    sync_bucket_gb: float = 1.0
-    train_mem_gb: float = 1.0  # per training device: CUDA context, allocator fragmentation
-    rule_reward_s: float = 0.005  # CPU seconds to verify one sample with a rule (assumption)
-
-    def override(self, values: dict[str, float]) -> Efficiency:
-        known = {f.name for f in fields(self)}
-        bad = sorted(set(values) - known)
-        if bad:
-            raise KeyError(f"unknown efficiency factor(s) {bad}; known: {sorted(known)}")
-        return replace(self, **values)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Per-device-type efficiency overrides (fitted from traces by `placer calibrate`)."""
-
-    default: Efficiency = field(default_factory=Efficiency)
-    per_device: dict[str, Efficiency] = field(default_factory=dict)
-
-    def for_device(self, dev: DeviceType) -> Efficiency:
-        return self.per_device.get(dev.name, self.default)
 
 
 @dataclass(frozen=True)
@@ -409,6 +315,14 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
     return compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
 
 
+def dispatch_time(samples: float, padded_tokens: float, eff: Efficiency) -> float:
+    """Seconds a single controller spends shipping a pass's batch to its workers and back:
+    `samples` sequences padded to `padded_tokens` each, `dispatch_bytes_per_token` bytes per
+    padded token at `dispatch_gbs` (the driver's rate). Independent of the devices: the driver
+    serializes every DP rank's chunk (see `Efficiency.dispatch_gbs`)."""
+    return samples * padded_tokens * eff.dispatch_bytes_per_token / (eff.dispatch_gbs * GB)
+
+
 # --------------------------------------------------------------------------------- generation
 def lpu_chips(m: ModelArch, dev: DeviceType, eff: Efficiency) -> int:
     """LPU chips one replica needs: the weights (plus a KV reserve) must sit in SRAM."""
@@ -455,12 +369,13 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     # routed experts read at the efficiency of their own split: whole experts per rank under EP
     routed = (m.decode_read_params(batch) - m.decode_read_params(0)) * BYTES
     a = ((decode_read_bytes(m, batch) - routed) / n / rate
-         + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff))) * par.weight_scale
+         + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff)
+                         * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
     k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.tp) / rate
     c = (2 * m.matmul_params() * batch / n
          / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
     d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff)
-         + step_overhead(batch, eff))
+         + step_overhead(batch, eff) + eager_overhead(m, par, eff))
     return a, k, c, d
 
 
@@ -472,10 +387,26 @@ def decode_bw_eff(batch: int, tp: int, eff: Efficiency) -> float:
             / (1 + eff.decode_tp_bw_loss * math.log2(max(tp, 1))))
 
 
+def expert_read_eff(m: ModelArch, expert_tp: int, eff: Efficiency) -> float:
+    """Fraction of the dense decode bandwidth at which a step reads its routed experts: w / (w +
+    expert_read_half_width), w = expert_mlp / expert_tp (the columns of one expert's slice on a
+    rank; fused-MoE kernels run one small GEMM per expert hit). 1 for a dense model."""
+    if not m.moe or not m.expert_mlp:
+        return 1.0
+    w = m.expert_mlp / max(expert_tp, 1)
+    return w / (w + eff.expert_read_half_width)
+
+
 def step_overhead(batch: int, eff: Efficiency) -> float:
     """Host time of one engine step of `batch` sequences: step_overhead_s +
     step_overhead_per_seq_s * batch."""
     return eff.step_overhead_s + eff.step_overhead_per_seq_s * max(batch, 0)
+
+
+def eager_overhead(m: ModelArch, par: Parallel, eff: Efficiency) -> float:
+    """Host time an eager engine (no CUDA graphs) adds to one decode step: eager_layer_s per
+    layer (a token passes every layer, whatever the TP or PP split). 0 with CUDA graphs."""
+    return 0.0 if par.cuda_graphs else eff.eager_layer_s * m.layers
 
 
 def _lpu_decode_step(m: ModelArch, dev: DeviceType, batch: int, eff: Efficiency) -> float:

@@ -26,6 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from placer.catalog import Resolved
 from placer.costmodel import (
@@ -34,6 +37,7 @@ from placer.costmodel import (
     Memory,
     Parallel,
     decode_run_time,
+    dispatch_time,
     forward_time,
     infer_memory,
     kv_bytes_per_token,
@@ -45,8 +49,9 @@ from placer.costmodel import (
     train_memory,
     train_time,
 )
+from placer.distributions import Distribution
 from placer.roles import TRAINING_ROLES, Role
-from placer.rollout_tail import Replicas, has_variance, makespan
+from placer.rollout_tail import Replicas, has_variance, makespan, quantile, varies
 from placer.spec import DeviceKind, DeviceType, Pool
 
 # Which kinds of device may host a role (training needs can_train as well).
@@ -58,6 +63,7 @@ HOSTS: dict[str, tuple[DeviceKind, ...]] = {
     Role.REWARD: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
     Role.ENVIRONMENT: (DeviceKind.cpu,),
 }
+TRUNCATION_GRID = 4096  # quantiles (or draws) behind the trained samples' mean length
 RULE_REWARD_S = Efficiency().rule_reward_s  # default CPU seconds per rule-checked sample
 
 
@@ -73,6 +79,9 @@ class Estimate:
     feasible: bool = True
     reason: str = ""
     concurrency: int = 0  # rollout: sequences per replica at once
+    # A role split over pools (`placer.split`): each part's own estimate and samples; the
+    # whole's `pool` names the parts' pools joined by "+", `par` is the first part's layout.
+    parts: tuple[Part, ...] = ()
 
     @property
     def time_s(self) -> float:
@@ -80,7 +89,24 @@ class Estimate:
 
     @property
     def devices(self) -> int:
-        return self.par.devices
+        return sum(p.est.devices for p in self.parts) if self.parts else self.par.devices
+
+    def pool_devices(self) -> dict[str, int]:
+        """Devices held on each pool: one pool, or every part's."""
+        if not self.parts:
+            return {self.pool: self.devices}
+        out: dict[str, int] = {}
+        for p in self.parts:
+            out[p.est.pool] = out.get(p.est.pool, 0) + p.est.devices
+        return out
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a split role: its estimate for its `samples` of the batch's kept samples."""
+
+    est: Estimate
+    samples: int
 
 
 def can_host(res: Resolved, role: str, pool: Pool) -> bool:
@@ -133,17 +159,54 @@ def _infeasible(est: Estimate, reason: str) -> Estimate:
 
 
 def _tokens(res: Resolved) -> tuple[float, float]:
-    s = mean_context(res)
+    s = trained_context(res)
     return res.job.batch.samples * s, s
+
+
+def trained_context(res: Resolved) -> float:
+    """Mean tokens of one sample that the step scores and trains. Over-provisioned, the step
+    keeps the first n of the ceil(n (1 + f)) generated to finish, and with continuous batching
+    those are close to the n shortest: responses are then the mean below the n / generated
+    quantile of a sample's total response (the sum of its turns), not the distribution's mean
+    (the simulator trains exactly the committed samples; pricing full means put trained stages
+    20-45% high with lognormal responses)."""
+    j = res.job
+    full = mean_context(res)
+    gen = generated_samples(j)
+    if j.tail_policy.kind != "overprovision" or gen <= j.batch.samples or not varies(
+            j.lengths.response):
+        return full
+    return full - _shortest_cut(j.lengths.response, j.environment.turns,
+                                j.batch.samples / gen, j.seed)
+
+
+@lru_cache(maxsize=64)
+def _shortest_cut(resp: Distribution, turns: int, keep: float, seed: int) -> float:
+    """Mean total response of all samples minus that of the `keep` fraction with the shortest
+    totals (a pure function of its arguments, so cached across a plan's candidates)."""
+    if turns == 1:  # the exact truncated mean, on a fine grid of quantiles
+        totals = quantile(resp, (np.arange(TRUNCATION_GRID) + 0.5) / TRUNCATION_GRID)
+    else:  # a sum of turns: draws from the job's seed
+        u = np.random.default_rng(seed).random(TRUNCATION_GRID * turns)
+        totals = np.sort(quantile(resp, u).reshape(TRUNCATION_GRID, turns).sum(axis=1))
+    shortest = totals[:max(int(keep * TRUNCATION_GRID), 1)]
+    return float(np.mean(totals) - np.mean(shortest))
 
 
 def _train(res, role, pool, dev, par, eff, _env) -> Estimate:
     m = res.model_of(role)
     tokens, seq = _tokens(res)
     mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
-    fwd = forward_time(m, dev, par, tokens, seq, eff)
-    train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff)
+    ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
+    fwd = forward_time(m, dev, par, tokens, seq, eff) + ship
+    train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
+
+
+def pass_dispatch(res: Resolved, eff: Efficiency) -> float:
+    """Seconds the driver spends shipping one trainer or forward pass's batch: every trained
+    sample padded to the job's longest context (`costmodel.dispatch_time`)."""
+    return dispatch_time(res.job.batch.samples, res.job.max_context, eff)
 
 
 def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
@@ -156,12 +219,14 @@ def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
                                _lpu_short(m, dev, chips, par))
         mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
         return Estimate(role, pool.name, par, mem,
-                        {"score": forward_time(m, dev, par, tokens, seq, eff)})
+                        {"score": forward_time(m, dev, par, tokens, seq, eff)
+                         + pass_dispatch(res, eff)})
     mem = infer_memory(m, par, dev, eff)
     mem = Memory(weights=mem.weights, overhead=mem.overhead,
                  activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9)
     return Estimate(role, pool.name, par, mem,
-                    {"score": forward_time(m, dev, par, tokens, seq, eff)})
+                    {"score": forward_time(m, dev, par, tokens, seq, eff)
+                     + pass_dispatch(res, eff)})
 
 
 def _reward(res, role, pool, dev, par, eff, env) -> Estimate:

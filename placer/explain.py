@@ -10,23 +10,31 @@
              time: the plan's placement re-priced on the shrunk cluster through the cost table
              (`releases`), and what they cost per hour
   host       host memory of the busiest node of each GPU pool by part (`placer.hostmem`)
+  split      per role split over pools (`placer.split`): its parts (pool, layout, share of the
+             samples, time) and why: the best single-pool plan, re-solved with the split
+             candidates left out, against the split plan (`single_pool_alternative`)
   diagnose   for a job that cannot be placed: which role fits nowhere, what it would need, and
-             the smallest change (nodes to add to one pool) that makes it fit
+             the smallest change (nodes to add to one pool) that makes it fit; a role whose pin
+             (`placer.pins`) nothing keeps to is named with the pin and why, per pool
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from placer.assemble import placed_estimate
 from placer.candidates import layouts, memory_floor_gb, role_candidates
 from placer.catalog import Resolved
 from placer.costmodel import Calibration, lpu_chips
 from placer.errors import Infeasible
 from placer.estimate import HOSTS, can_host, estimate
 from placer.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
+from placer.ilp import Unsolved, score
+from placer.ilp_solve import solve
 from placer.moves import dims
-from placer.planfile import Plan
+from placer.pins import DIMS, Pin, pin_of
+from placer.planfile import Plan, RolePlacement
 from placer.pricing import device_price
 from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceKind, Pool
@@ -39,8 +47,10 @@ def breakdown(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[s
     out = {}
     for role, r in plan.roles.items():
         pool = res.cluster.pool(r.pool)
-        est = estimate(res, role, pool, r.par, calib)
+        est = placed_estimate(res, role, r, calib)  # a split role: its parts, each re-priced
         mem = est.memory
+        if r.parts:  # the part whose memory the role reports (the fullest) sets the device
+            pool = res.cluster.pool(max(est.parts, key=lambda q: q.est.memory.total).est.pool)
         out[role] = {"pool": r.pool, "device": pool.device, "devices": r.devices,
                      "layout": dims(r) + (" offload" if r.offload else ""),
                      "slot": r.slot, "stage_s": {k: round(v, 4) for k, v in r.stage_s.items()},
@@ -51,8 +61,20 @@ def breakdown(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[s
                                     "overhead")},
                      "memory_total_gb": round(mem.total, 3),
                      "device_memory_gb": res.device_of(pool).memory_gb,
-                     "host_optimizer_gb": round(_host_optimizer(res, role, r.par), 3)}
+                     "host_optimizer_gb": round(_host_optimizer(res, role, r.par), 3),
+                     "pinned": pin.describe() if (pin := pin_of(res.job, role)) else None}
+        if r.parts:
+            out[role] |= {"pool": "+".join(q.pool for q in r.parts), "device": "+".join(
+                res.cluster.pool(q.pool).device for q in r.parts), "parts": _parts(res, r)}
     return out
+
+
+def _parts(res: Resolved, r: RolePlacement) -> list[dict[str, Any]]:
+    """A split role's parts as `breakdown` and `split` report them."""
+    return [{"pool": q.pool, "device": res.cluster.pool(q.pool).device, "devices": q.devices,
+             "layout": dims(q.par), "share": round(q.share, 4), "samples": q.samples,
+             "time_s": round(q.time_s, 4), "memory_total_gb": round(q.memory_gb, 3),
+             "device_memory_gb": res.device_of(q.pool).memory_gb} for q in r.parts]
 
 
 def _host_optimizer(res: Resolved, role: str, par) -> float:
@@ -101,7 +123,7 @@ def _same_time(plan: Plan, res: Resolved, calib: Calibration, pool: str, keep: i
         return False
     placed = []
     for role, r in plan.roles.items():
-        est = estimate(small, role, small.cluster.pool(r.pool), r.par, calib)
+        est = placed_estimate(small, role, r, calib)  # a split role: every part on its pool
         if not est.feasible:
             return False
         placed.append(Placed(r.slot, est))
@@ -120,7 +142,8 @@ def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
     notes = []
     used: dict[str, int] = {}
     for s in plan.slots:
-        used[s.pool] = used.get(s.pool, 0) + s.devices
+        for pool_name, n in s.pool_devices():  # a split role's slot: its devices on each pool
+            used[pool_name] = used.get(pool_name, 0) + n
     for p in res.cluster.pools:
         cap = p.devices_per_node * p.nodes
         if used.get(p.name, 0) == cap:
@@ -145,6 +168,10 @@ def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
             if t > 0:
                 notes.append(f"stage {stage}: {t:.2f} s, set by {_stage_setter(plan, stage)}")
     for role, r in plan.roles.items():
+        if r.parts:  # a part that takes its whole pool: more of that pool would speed it up
+            notes += [f"role {role}: its part on pool {q.pool} uses the whole pool ({q.devices} "
+                      "devices)" for q in r.parts if q.devices == _capacity(res, q.pool)]
+            continue
         biggest = max((c.devices for c in role_candidates(res, role, res.cluster.pool(r.pool),
                                                           calib)), default=0)
         if r.devices == biggest and r.devices == res.cluster.pool(r.pool).devices_per_node * \
@@ -152,6 +179,11 @@ def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
             notes.append(f"role {role}: uses the whole pool {r.pool}; only more nodes would "
                          "speed it up")
     return notes
+
+
+def _capacity(res: Resolved, pool_name: str) -> int:
+    pool = res.cluster.pool(pool_name)
+    return pool.devices_per_node * pool.nodes
 
 
 def _stage_setter(plan: Plan, stage: str) -> str:
@@ -183,11 +215,45 @@ def marginal(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float 
     return out
 
 
+def split(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+          ) -> dict[str, dict[str, Any]]:
+    """Per role split over pools: its parts, the split plan's figures and the best single-pool
+    plan's (`single_pool_alternative`, solved once for all split roles); {} when none is split."""
+    roles = {role: r for role, r in plan.roles.items() if r.parts}
+    if not roles:
+        return {}
+    alt = single_pool_alternative(res, calib, plan.objective, time_limit_s)
+    return {role: {"parts": _parts(res, r), "iteration_s": plan.predicted_iteration_s,
+                   "cost_per_sample": plan.cost_per_sample, "single_pool": alt}
+            for role, r in roles.items()}
+
+
+def single_pool_alternative(res: Resolved, calib: Calibration, objective: str,
+                            time_limit_s: float = 5.0) -> dict[str, Any] | None:
+    """The best plan with every role on one pool: the job's cost table with the split
+    candidates left out, solved for the same objective and priced by `ilp.score` (what
+    `assemble` would predict); None when no such plan is found in the time limit."""
+    from placer.planner import build_problem  # lazy: cycle (the planner imports this module)
+
+    full = build_problem(res, calib, objective)
+    problem = replace(full, cands={r: [c for c in cs if not c.split]
+                                   for r, cs in full.cands.items()})
+    try:
+        sol = solve(problem, time_limit_s=time_limit_s)
+    except Unsolved:
+        return None
+    t, usd = score(problem, sol.assignment)
+    return {"iteration_s": t, "cost_per_sample": usd, "status": sol.status.lower(),
+            "placement": {r: f"{c.pool} x{c.devices} {dims(c.est.par)}"
+                          for r, c in sol.assignment.choice.items()}}
+
+
 def explain(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
             ) -> dict[str, Any]:
     return {"roles": breakdown(plan, res, calib), "binding": binding(plan, res, calib),
             "marginal_node": marginal(plan, res, calib, time_limit_s),
-            "booking": booking(plan, res, calib), "host_memory": host_memory(plan, res, calib)}
+            "booking": booking(plan, res, calib), "host_memory": host_memory(plan, res, calib),
+            "split": split(plan, res, calib, time_limit_s)}
 
 
 def booking(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, Any]:
@@ -207,10 +273,14 @@ def render(doc: dict[str, Any]) -> str:
     for role, r in doc["roles"].items():
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
         host = r.get("host_optimizer_gb", 0.0)
+        if r.get("parts"):  # split over pools: the role's total, then one line per part
+            lines += _part_lines(role, r)
+            continue
         lines.append(f"  {role:<12} {r['pool']:<8} {r['devices']:>7} {r['layout']:<16} "
                      f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  "
                      f"{kinds} (of {r['device_memory_gb']:g})"
-                     + (f"; on the host: optimizer {host:.1f} per device" if host else ""))
+                     + (f"; on the host: optimizer {host:.1f} per device" if host else "")
+                     + (f"; pinned by the job ({r['pinned']})" if r.get("pinned") else ""))
     if doc.get("host_memory"):
         lines.append("host memory per node (GB, busiest node of each GPU pool):")
         for pool, h in doc["host_memory"].items():
@@ -218,6 +288,8 @@ def render(doc: dict[str, Any]) -> str:
                               if v)
             lines.append(f"  {pool:<8} node {h['node']}: {h['total_gb']:,.1f} of "
                          f"{h['capacity_gb']:,.0f} ({parts})")
+    for role, sp in (doc.get("split") or {}).items():
+        lines += split_lines(role, sp)
     if "booking" in doc:
         lines += booking_lines(doc["booking"])
     lines.append("binding:")
@@ -228,6 +300,41 @@ def render(doc: dict[str, Any]) -> str:
                      f"cost/sample {m['cost_per_sample']:.6f} USD "
                      f"({m['delta_cost_per_sample']:+.6f})")
     return "\n".join(lines)
+
+
+def _part_lines(role: str, r: dict[str, Any]) -> list[str]:
+    """`render`'s rows of a split role: "split" and its total, then each part on its pool."""
+    kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
+    out = [f"  {role:<12} {'split':<8} {r['devices']:>7} {'over ' + str(len(r['parts'])) + ' pools':<16} "
+           f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  {kinds} (of "
+           f"{r['device_memory_gb']:g}, fullest part)"
+           + (f"; pinned by the job ({r['pinned']})" if r.get("pinned") else "")]
+    out += [f"    {'part':<10} {q['pool']:<8} {q['devices']:>7} {q['layout']:<16} "
+            f"{q['time_s']:>9.3f} {'':>6} {q['memory_total_gb']:>8.2f}  {q['share']:.1%} of the "
+            f"samples ({q['samples']}), {q['device']} (of {q['device_memory_gb']:g})"
+            for q in r["parts"]]
+    return out
+
+
+def split_lines(role: str, sp: dict[str, Any]) -> list[str]:
+    """Why a role is split: its shares, and the best single-pool plan against the split plan."""
+    parts = "; ".join(f"{q['pool']} x{q['devices']} {q['layout']}: {q['share']:.1%} of the "
+                      f"samples ({q['samples']}), {q['time_s']:.2f} s" for q in sp["parts"])
+    lines = [f"{role} is split over {len(sp['parts'])} pools: {parts}",
+             "  shares: group-aligned sample counts at which the parts finish together "
+             "(placer.split)"]
+    alt = sp.get("single_pool")
+    if alt is None:
+        lines.append("  no single-pool plan was found within the time limit")
+        return lines
+    t, t_split = alt["iteration_s"], sp["iteration_s"]
+    gain = (t - t_split) / t if t > 0 else 0.0
+    where = ", ".join(f"{r} {w}" for r, w in alt["placement"].items())
+    lines.append(f"  why: the best single-pool plan ({alt['status']}; {where}) predicts "
+                 f"{t:.3f} s per iteration and {alt['cost_per_sample']:.6f} USD/sample; the split "
+                 f"plan {t_split:.3f} s and {sp['cost_per_sample']:.6f} USD/sample "
+                 + (f"({gain:.1%} faster)" if gain > 0 else f"({-gain:.1%} slower)"))
+    return lines
 
 
 def booking_lines(b: dict[str, Any]) -> list[str]:
@@ -261,6 +368,11 @@ def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
         hosts = [p for p in res.cluster.pools if can_host(res, role, p)]
         m = res.model_of(role)
         label = f"{role} ({m.name})" if m else role
+        if (pin := pin_of(res.job, role)) is not None:  # the pin, not the cluster, rules it out
+            msgs.append(f"{label} is pinned to {pin.describe()} and no candidate keeps to the "
+                        f"pin: {_pin_reason(res, role, pin, calib)}; smallest change: change "
+                        f"or drop pin.{role}")
+            continue
         if not hosts:
             msgs.append(f"{label} cannot run on any pool: it needs {_need(role, res)}; "
                         f"smallest change: add such a pool")
@@ -290,6 +402,34 @@ def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
                if best[0] != math.inf else "no pool size fits it: use a device with more memory")
         msgs.append(f"{head}: " + "; ".join(parts) + f". {fix}")
     return " | ".join(msgs)
+
+
+def _pin_reason(res: Resolved, role: str, pin: Pin, calib: Calibration) -> str:
+    """Why no layout keeps to the pin, per pool it allows: the pool cannot host the role, no
+    layout the pool offers matches (and what it offers), or the matching ones do not fit."""
+    why = []
+    for p in res.cluster.pools:
+        if pin.pool is not None and p.name != pin.pool:
+            continue
+        if not can_host(res, role, p):
+            if pin.pool is not None:  # named by the pin: say why it cannot be
+                why.append(f"pool {p.name} cannot host {role} (it needs {_need(role, res)})")
+            continue
+        pars = layouts(res, role, p, calib)
+        match = [q for q in pars if pin.allows(p.name, q)]
+        if not match:
+            offered = {d: sorted({getattr(q, d) for q in pars}) for d in ("devices", *DIMS)}
+            shown = "; ".join(f"{d} {', '.join(map(str, v))}" for d, v in offered.items()
+                              if len(v) > 1 or v != [1])
+            why.append(f"pool {p.name} offers no such layout ({shown or 'only one device'})")
+            continue
+        q = max(match, key=lambda q: q.devices)  # the roomiest pinned layout
+        offload = role in TRAINING_ROLES and res.device_of(p).kind is DeviceKind.gpu
+        est = estimate(res, role, p, replace(q, offload=True) if offload else q, calib)
+        why.append(f"on pool {p.name} the pinned layout does not fit"
+                   + (" even with the optimizer offloaded" if offload else "")
+                   + f" ({est.reason or 'memory'})")
+    return "; ".join(why) or f"no pool can host {role} (it needs {_need(role, res)})"
 
 
 def _reason(res: Resolved, role: str, pool, calib: Calibration) -> str:

@@ -110,8 +110,14 @@ class EventContext:
 
     def par(self, ev: TraceEvent, role: str) -> Parallel:
         """The role's parallel config, with dp cut to the devices the event names (a worker's
-        share of a data-parallel step)."""
-        par = self.plan.roles[role].par
+        share of a data-parallel step); of a split role, the event's part's (`args.part`, which
+        the executor records on a split role's events)."""
+        r = self.plan.roles[role]
+        part = ev.args.get("part")
+        if r.parts and isinstance(part, int) and 0 <= part < len(r.parts):
+            par = r.parts[part].par
+        else:
+            par = r.par
         devs = ev.args.get("devices")
         if isinstance(devs, list) and devs:
             return replace(par, dp=max(len(devs) // par.replica, 1))
@@ -191,10 +197,14 @@ def _plan_sync_gbs(plan: Plan, res: Resolved, calib: Calibration) -> float | Non
     roles = plan.roles
     if Role.ACTOR not in roles or Role.ROLLOUT not in roles:
         return None
-    placed = {r: Placed(p.slot, Estimate(r, p.pool, p.par, Memory(), {}))
-              for r, p in roles.items() if r in (Role.ACTOR, Role.ROLLOUT)}
-    eff = calib.for_device(res.devices[res.cluster.pool(roles[Role.ROLLOUT].pool).device])
-    return sync_bandwidth(res, placed[Role.ACTOR], placed[Role.ROLLOUT], eff)
+    actor, rollout = roles[Role.ACTOR], roles[Role.ROLLOUT]
+    a = Placed(actor.slot, Estimate(Role.ACTOR, actor.pool, actor.par, Memory(), {}))
+    targets = [(q.pool, q.par) for q in rollout.parts] or [(rollout.pool, rollout.par)]
+    # a split rollout: the broadcast every part joins runs at its slowest part's links
+    return min(sync_bandwidth(res, a, Placed(rollout.slot, Estimate(Role.ROLLOUT, pool, par,
+                                                                     Memory(), {})),
+                              calib.for_device(res.device_of(pool)))
+               for pool, par in targets)
 
 
 @lru_cache(maxsize=256)

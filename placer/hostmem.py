@@ -33,16 +33,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from placer.assemble import placed_estimate
 from placer.catalog import Resolved
 from placer.costmodel import GB, Calibration, Parallel
-from placer.estimate import estimate
 from placer.roles import TRAINING_ROLES
 from placer.sharding import train_state_bytes
 from placer.spec import DeviceKind, ModelArch, Pool
 
 if TYPE_CHECKING:
     from placer.candidates import Candidate
-    from placer.planfile import Plan
+    from placer.planfile import Plan, RolePlacement
 
 CHECKPOINT_BYTES = 14  # bf16 weights 2 + the optimizer's 12; gradients are not saved
 PINNED_GB_PER_DEVICE = 2.0
@@ -100,14 +100,24 @@ def _offloaded(res: Resolved, role: str, par: Parallel) -> float:
 
 # ------------------------------------------------------------------------------ candidates
 def candidate_node(res: Resolved, c: Candidate) -> NodeHost | None:
-    """The host need of one candidate alone on its fullest node (None: not checked)."""
-    pool = res.cluster.pool(c.pool)
+    """The host need of one candidate alone on its fullest node (None: not checked); of a
+    candidate split over pools, its neediest part's."""
+    placements = [(p.est.pool, p.est.devices, p.est.par) for p in c.est.parts] or [
+        (c.pool, c.devices, c.est.par)]
+    nodes = [n for pool, devices, par in placements
+             if (n := _alone_on_node(res, c.role, pool, devices, par)) is not None]
+    return max(nodes, key=lambda n: n.total_gb, default=None)
+
+
+def _alone_on_node(res: Resolved, role: str, pool_name: str, devices: int, par: Parallel
+                   ) -> NodeHost | None:
+    pool = res.cluster.pool(pool_name)
     cap = host_capacity_gb(res, pool)
     if cap is None:
         return None
-    n = min(c.devices, pool.devices_per_node)
-    node = NodeHost(c.pool, 0, cap, roles={c.role})
-    per = _offloaded(res, c.role, c.est.par)
+    n = min(devices, pool.devices_per_node)
+    node = NodeHost(pool_name, 0, cap, roles={role})
+    per = _offloaded(res, role, par)
     node.parts["optimizer"] = per * n
     node.parts["pinned"] = PINNED_GB_PER_DEVICE * n if per else 0.0
     node.parts["object_store"] = object_store_gb(cap)
@@ -172,11 +182,12 @@ def plan_nodes(plan: Plan, res: Resolved, calib: Calibration) -> list[NodeHost]:
             node = nodes[(b.pool, b.node)] = NodeHost(b.pool, b.node, cap)
             node.parts["object_store"] = object_store_gb(cap)
         slot = slots[b.slot]
+        slot_devices = dict(slot.pool_devices())[b.pool]
         moves = b.slot in parked
         for role in slot.roles:
-            r = plan.roles[role]
-            n = len(b.devices) * r.devices / slot.devices
-            per = _offloaded(res, role, r.par)
+            devices, par = _on_pool(plan.roles[role], b.pool)
+            n = len(b.devices) * devices / slot_devices
+            per = _offloaded(res, role, par)
             node.parts["optimizer"] += per * n
             node.roles.add(role)
             moves = moves or per > 0
@@ -186,8 +197,15 @@ def plan_nodes(plan: Plan, res: Resolved, calib: Calibration) -> list[NodeHost]:
     return list(nodes.values())
 
 
+def _on_pool(r: RolePlacement, pool: str) -> tuple[int, Parallel]:
+    """(devices, layout) a role has on `pool`: its own, or (split over pools) that part's."""
+    part = next((p for p in r.parts if p.pool == pool), None)
+    return (r.devices, r.par) if part is None else (part.devices, part.par)
+
+
 def _parked_per_device(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, float]:
-    """Per switching slot: GB per device parked on the host at its worst moment."""
+    """Per switching slot: GB per device parked on the host at its worst moment (a split role
+    sits alone in its slot, so never switches; its state would be its largest part's)."""
     out = {}
     slots = {s.name: s for s in plan.slots}
     for name in plan.breakdown.switch_s:
@@ -195,7 +213,7 @@ def _parked_per_device(plan: Plan, res: Resolved, calib: Calibration) -> dict[st
         states = []
         for role in slot.roles:
             r = plan.roles[role]
-            mem = estimate(res, role, res.cluster.pool(r.pool), r.par, calib).memory
+            mem = placed_estimate(res, role, r, calib).memory
             share = r.devices / slot.devices  # per slot device, spread evenly
             states.append((mem.weights + mem.grads + mem.optimizer) * share)
         out[name] = sum(states) - min(states, default=0.0)

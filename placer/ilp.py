@@ -28,7 +28,9 @@ Variables
   T              iteration time
 Constraints (every product of binaries is linearised with enforcement literals, no big-M):
   pool:       z_rj => u_rp = u_jp for all p, with u_rp = sum_{k on p} x_rk    (a slot is one pool)
-  capacity:   z_rj => D_jp >= sum_{k on p} n_k x_rk;      sum_j D_jp <= cap_p
+  split:      a candidate k split over pools (`placer.split`: n_kp devices on each of its pools)
+              sits alone: x_rk => z_rr, and z_r'r => not x_rk for every later role r'
+  capacity:   z_rj => D_jp >= sum_k n_kp x_rk;            sum_j D_jp <= cap_p
   stage work: z_rj => w_rjs >= sum_k t_ks x_rk;           S_js = sum_r w_rjs
   memory:     z_rj => mm_rj >= sum_k m_k x_rk;            not over_j => sum_r mm_rj <= sum_p M_p u_jp
   switch:     z_rj and over_j => v_rj >= sum_k sw_k x_rk; SW_j = sum_r v_rj
@@ -60,6 +62,7 @@ The time unit is the heuristic plan's time / 1e6; memory is counted in kB.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ortools.sat.python import cp_model
 
@@ -115,12 +118,20 @@ class Solution:
     solve_s: float
 
 
-LayoutKey = tuple[str, int, int, int, int, int, int, bool]  # pool, tp, pp, dp, cp, ep, etp, offload
+# pool, tp, pp, dp, cp, ep, etp, offload; a split role: one such tuple per part
+LayoutKey = tuple[Any, ...]
 
 
 def layout_key(pool: str, par: Parallel) -> LayoutKey:
     """What a role keeps when it does not move: its pool and its parallel layout."""
     return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload)
+
+
+def candidate_key(c: Candidate) -> LayoutKey:
+    """`layout_key` of a candidate; of a split one, its parts' keys (the shares may move)."""
+    if c.split:
+        return tuple(layout_key(p.est.pool, p.est.par) for p in c.est.parts)
+    return layout_key(c.pool, c.est.par)
 
 
 @dataclass(frozen=True)
@@ -151,11 +162,12 @@ def score(problem: Problem, a: Assignment) -> tuple[float, float]:
 def rate_per_hour(problem: Problem, a: Assignment, units: bool = False) -> float:
     """What a placement's devices cost per hour: each slot holds its largest role's devices
     (colocated roles time-share them). USD, or (`units`) milli-dollars as the model counts."""
-    slots: dict[str, tuple[str, int]] = {}
+    slots: dict[tuple[str, str], int] = {}
     for r, c in a.choice.items():
-        s = a.slot_of[r]
-        slots[s] = (c.pool, max(slots.get(s, (c.pool, 0))[1], c.devices))
-    return slots_price(problem.res, slots.values(), units)
+        for pool, n in c.pool_devices().items():
+            key = (a.slot_of[r], pool)
+            slots[key] = max(slots.get(key, 0), n)
+    return slots_price(problem.res, ((pool, n) for (_, pool), n in slots.items()), units)
 
 
 def heuristic(problem: Problem) -> Assignment:
@@ -166,9 +178,11 @@ def heuristic(problem: Problem) -> Assignment:
     """
     best: Assignment | None = None
     best_val = float("inf")
-    pick = {"time": lambda c: c.time_s, "cost": lambda c: _price(problem, c) * c.time_s}
+    pick = {"time": lambda c: c.time_s, "cost": lambda c: candidate_price(problem, c) * c.time_s}
     for key in (pick["time"], pick["cost"]):
-        choice = {r: min(problem.cands[r], key=lambda c: (key(c), c.devices)) for r in problem.roles}
+        # split candidates are left out: one slot per pool must hold every chosen role
+        choice = {r: min(_singles(problem.cands[r]), key=lambda c: (key(c), c.devices))
+                  for r in problem.roles}
         by_pool: dict[str, list[str]] = {}
         for r in problem.roles:
             by_pool.setdefault(choice[r].pool, []).append(r)
@@ -180,8 +194,12 @@ def heuristic(problem: Problem) -> Assignment:
     return best
 
 
-def _price(problem: Problem, c: Candidate) -> float:
-    return device_price(problem.res, c.pool) * c.devices
+def _singles(cands: list[Candidate]) -> list[Candidate]:
+    return [c for c in cands if not c.split] or cands
+
+
+def candidate_price(problem: Problem, c: Candidate, units: bool = False) -> float:
+    return sum(device_price(problem.res, pool, units) * n for pool, n in c.pool_devices().items())
 
 
 def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
@@ -196,7 +214,7 @@ def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
         if problem.objective == "time":
             kept = [c for c in cs if c.time_s <= ub_time * (1 + eps)]
         else:
-            kept = [c for c in cs if _price(problem, c) / 3600 * c.time_s / samples
+            kept = [c for c in cs if candidate_price(problem, c) / 3600 * c.time_s / samples
                     <= ub_cost * (1 + eps)]
         keep[r] = kept or cs
     return Problem(problem.res, problem.calib, keep, problem.objective)
@@ -242,6 +260,11 @@ class _Model:
         self.z = {(r, j): m.new_bool_var(f"z[{r},{j}]") for i, r in enumerate(R) for j in R[:i + 1]}
         for i, r in enumerate(R):
             m.add_exactly_one(self.z[r, j] for j in R[:i + 1])
+            for c, v in zip(self.p.cands[r], self.x[r]):
+                if c.split:  # alone in its own slot
+                    m.add_implication(v, self.z[r, r])
+                    for later in R[i + 1:]:
+                        m.add_implication(self.z[later, r], v.Not())
             for j in R[:i]:
                 m.add_implication(self.z[r, j], self.z[j, j])
                 for pool in self.pools:  # a slot is on one pool: its members follow its leader
@@ -254,10 +277,11 @@ class _Model:
         m, cap = self.m, self.p.capacity()
         self.D: dict[tuple[str, str], cp_model.IntVar] = {}
         for j in self.roles:
-            for pool in {c.pool for c in self.p.cands[j]}:
+            for pool in sorted({p for c in self.p.cands[j] for p in c.pool_devices()}):
                 d = self.D[j, pool] = m.new_int_var(0, cap[pool], f"D[{j},{pool}]")
                 for r in self.members(j):
-                    m.add(d >= self.on_pool(r, pool, lambda c: c.devices)).OnlyEnforceIf(self.z[r, j])
+                    m.add(d >= self.expr(r, lambda c, p=pool: c.pool_devices().get(p, 0))
+                          ).OnlyEnforceIf(self.z[r, j])
         for pool in self.pools:
             m.add(sum(d for (j, pl), d in self.D.items() if pl == pool) <= cap[pool])
         price = {pl: int(device_price(self.p.res, pl, units=True)) for pl in self.pools}
@@ -283,12 +307,12 @@ class _Model:
                 self.S[j, s] = sum(terms)
 
     def _mem_kb(self, c: Candidate) -> int:
-        if self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
-            return 0  # CPU slots never pay a switch (timing.slot_switch)
+        if c.split or self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
+            return 0  # CPU slots never pay a switch (timing.slot_switch); a split role is alone
         return int(round(c.est.memory.total * 1e6))
 
     def _switch(self, c: Candidate) -> int:
-        if self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
+        if c.split or self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
             return 0
         eff = self.p.calib.for_device(self.p.res.device_of(c.pool))
         return self.ti(switch_time(c.est.memory.total, eff))

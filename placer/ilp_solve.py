@@ -28,14 +28,15 @@ from placer.ilp import (
     Solution,
     Unsolved,
     _Model,
+    candidate_key,
+    candidate_price,
     heuristic,
-    layout_key,
     prune_by_bound,
     rate_per_hour,
     score,
     slot_names,
 )
-from placer.pricing import PRICE_SCALE, device_price
+from placer.pricing import PRICE_SCALE
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def _solver(time_limit_s: float, workers: int, seed: int) -> cp_model.CpSolver:
 
 
 def _key(c: Candidate) -> LayoutKey:
-    return layout_key(c.pool, c.est.par)
+    return candidate_key(c)
 
 
 def hint_assignment(problem: Problem, hint: Hint) -> Assignment | None:
@@ -215,8 +216,8 @@ def _cheap_end(problem: Problem, deadline: float, hint: Hint | None, workers: in
 
 def _rate_floor(problem: Problem) -> int:
     """Any plan holds each role's devices somewhere: rate >= max over roles of its cheapest."""
-    return max(min(int(device_price(problem.res, c.pool, units=True)) * c.devices
-                   for c in problem.cands[r]) for r in problem.roles)
+    return max(min(int(candidate_price(problem, c, units=True)) for c in problem.cands[r])
+               for r in problem.roles)
 
 
 def _solve_cost(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int,

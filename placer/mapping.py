@@ -93,32 +93,50 @@ def _group_unit(res: Resolved, slot: SlotPlan, roles: dict[str, RolePlacement]) 
 
 def map_to_nodes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlacement]
                  ) -> tuple[list[SlotPlan], list[Bundle], list[SyncRoute]]:
-    """Give every slot nodes and devices; return slots (with nodes), bundles and sync routes."""
+    """Give every slot nodes and devices; return slots (with nodes), bundles and sync routes.
+    A split role's slot is mapped part by part, each on its own pool."""
     free: dict[str, list[int]] = {p.name: [p.devices_per_node] * p.nodes for p in res.cluster.pools}
     order = sorted(slots, key=lambda s: (-s.devices, not (set(s.roles) & TRAINING_ROLES), s.name))
     bundles: list[Bundle] = []
     placed: dict[str, SlotPlan] = {}
     for slot in order:
-        per = res.cluster.pool(slot.pool).devices_per_node
-        unit = _group_unit(res, slot, roles)
-        spread = Role.ENVIRONMENT in slot.roles and res.device_of(slot.pool).kind is DeviceKind.cpu
-        pieces = (_spread(free[slot.pool], slot.devices) if spread
-                  else _pack(free[slot.pool], slot.devices, per, unit))
-        if pieces is None:
-            raise SpecError(f"slots.{slot.name}: pool {slot.pool} has no room left for "
-                            f"{slot.devices} devices in groups of {unit}")
-        nodes = []
-        for node, size in pieces:
-            start = per - free[slot.pool][node]
-            free[slot.pool][node] -= size
-            bundles.append(Bundle(index=len(bundles), slot=slot.name, pool=slot.pool, node=node,
-                                  devices=list(range(start, start + size)),
-                                  resources=_bundle_resources(res, slot.pool, size),
-                                  group=f"{slot.name}/tp{unit}@{node}"))
-            nodes.append(node)
-        placed[slot.name] = slot.model_copy(update={"nodes": nodes})
+        if not slot.parts:
+            nodes = _place(res, slot, slot.pool, slot.devices, _group_unit(res, slot, roles),
+                           free, bundles)
+            placed[slot.name] = slot.model_copy(update={"nodes": nodes})
+            continue
+        role = roles[slot.roles[0]]
+        parts = []
+        for sp, rp in zip(slot.parts, role.parts):
+            unit = (min(rp.tp, res.cluster.pool(sp.pool).devices_per_node)
+                    if res.device_of(sp.pool).kind is DeviceKind.gpu else 1)
+            nodes = _place(res, slot, sp.pool, sp.devices, unit, free, bundles)
+            parts.append(sp.model_copy(update={"nodes": nodes}))
+        placed[slot.name] = slot.model_copy(update={"nodes": parts[0].nodes, "parts": parts})
     out_slots = [placed[s.name] for s in slots]
     return out_slots, bundles, _sync_routes(res, out_slots, roles)
+
+
+def _place(res: Resolved, slot: SlotPlan, pool: str, devices: int, unit: int,
+           free: dict[str, list[int]], bundles: list[Bundle]) -> list[int]:
+    """Take `devices` of `pool` for `slot` (appending its bundles); the nodes used."""
+    per = res.cluster.pool(pool).devices_per_node
+    spread = Role.ENVIRONMENT in slot.roles and res.device_of(pool).kind is DeviceKind.cpu
+    pieces = (_spread(free[pool], devices) if spread else _pack(free[pool], devices, per, unit))
+    if pieces is None:
+        raise SpecError(f"slots.{slot.name}: pool {pool} has no room left for "
+                        f"{devices} devices in groups of {unit}")
+    tag = f"{slot.name}/{pool}" if slot.parts else slot.name
+    nodes = []
+    for node, size in pieces:
+        start = per - free[pool][node]
+        free[pool][node] -= size
+        bundles.append(Bundle(index=len(bundles), slot=slot.name, pool=pool, node=node,
+                              devices=list(range(start, start + size)),
+                              resources=_bundle_resources(res, pool, size),
+                              group=f"{tag}/tp{unit}@{node}"))
+        nodes.append(node)
+    return nodes
 
 
 def _pack(free: list[int], devices: int, per: int, unit: int) -> list[tuple[int, int]] | None:
@@ -168,21 +186,29 @@ def _sync_routes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlac
     by_name = {s.name: s for s in slots}
     a, r = by_name[roles[Role.ACTOR].slot], by_name[roles[Role.ROLLOUT].slot]
     used: dict[str, set[int]] = defaultdict(set)
-    for s in (a, r):
-        used[s.pool].update(s.nodes)
+    used[a.pool].update(a.nodes)
+    targets = [(p.pool, p.nodes) for p in r.parts] or [(r.pool, r.nodes)]
+    for pool, nodes in targets:
+        used[pool].update(nodes)
     g = topology(res, used)
     actor_nodes = sorted(set(a.nodes))
     by_rack: dict[str, int] = {}
     for n in actor_nodes:
         by_rack.setdefault(rack_of(res, a.pool, n), n)
+    return [route for pool, nodes in targets
+            for route in _routes_to(res, g, a, actor_nodes, by_rack, pool, nodes)]
+
+
+def _routes_to(res: Resolved, g: nx.Graph, a: SlotPlan, actor_nodes: list[int],
+               by_rack: dict[str, int], pool: str, nodes: list[int]) -> list[SyncRoute]:
     routes = []
-    for n in sorted(set(r.nodes)):
-        dst = f"{r.pool}:{n}"
-        if a.pool == r.pool and n in actor_nodes:
+    for n in sorted(set(nodes)):
+        dst = f"{pool}:{n}"
+        if a.pool == pool and n in actor_nodes:
             local = res.device_of(a.pool).intra_link_gbs * res.cluster.pool(a.pool).devices_per_node
             routes.append(SyncRoute(src=dst, dst=dst, gbs=local, hops=[dst]))
             continue
-        same_rack = by_rack.get(rack_of(res, r.pool, n)) if a.pool == r.pool else None
+        same_rack = by_rack.get(rack_of(res, pool, n)) if a.pool == pool else None
         src = f"{a.pool}:{same_rack if same_rack is not None else actor_nodes[0]}"
         bw, hops = path_bandwidth(g, src, dst)
         routes.append(SyncRoute(src=src, dst=dst, gbs=bw, hops=hops))

@@ -3,8 +3,9 @@ rebuild and the benchmarks share.
 
 A role's *layout* is its actors as the executor builds them: pool, TP, PP, how many actors
 (`role_counts`) and whether it offloads. The actor count is one per data-parallel rank for the
-actor, rollout and reference roles, one per bundle of its slot for the environment (whatever dp
-the plan records: the executor starts one environment worker per bundle), one otherwise.
+actor, rollout and reference roles (of every part, for a role split over pools), one per bundle
+of its slot for the environment (whatever dp the plan records: the executor starts one
+environment worker per bundle), one otherwise.
 
 A role *moved* when its layout changed (`why == "config"`) or, when colocation counts, when the
 set of roles it time-shares its slot with changed (`why == "colocation"`); a role that only one of
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from placer.costmodel import Parallel
 from placer.planfile import Plan, RolePlacement
 from placer.roles import Role
 
@@ -31,8 +33,8 @@ def role_counts(plan: Plan) -> dict[str, int]:
     """Actors the executor builds per role (see the module docstring)."""
     out = {}
     for role, r in plan.roles.items():
-        if role in (Role.ACTOR, Role.ROLLOUT, Role.REFERENCE):
-            out[role] = max(r.dp, 1)
+        if role in (Role.ACTOR, Role.ROLLOUT, Role.REFERENCE):  # a split role: every part's
+            out[role] = sum(max(p.dp, 1) for p in r.parts) or max(r.dp, 1)
         elif role == Role.ENVIRONMENT:
             out[role] = sum(1 for b in plan.bundles if b.slot == r.slot)
         else:
@@ -40,9 +42,10 @@ def role_counts(plan: Plan) -> dict[str, int]:
     return out
 
 
-def dims(x: RolePlacement, dp: int | None = None) -> str:
+def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
     """`tpT ppP dpD`, with `cpC` after tp and `epE` (and `etpF`) last where they are above 1
-    (Megatron-Core's order; most layouts have neither, so they are left out there)."""
+    (Megatron-Core's order; most layouts have neither, so they are left out there). A split
+    role's part: `dims(part.par)`."""
     out = (f"tp{x.tp}" + (f" cp{x.cp}" if x.cp > 1 else "")
            + f" pp{x.pp} dp{x.dp if dp is None else dp}")
     if x.ep > 1:
@@ -52,10 +55,13 @@ def dims(x: RolePlacement, dp: int | None = None) -> str:
 
 def layout(plan: Plan, role: str) -> str:
     """A role's actors: `pool tpT ppP dpN` (`dims`: cp and ep where above 1; + ` offload`), or
-    "absent" when the plan lacks it."""
+    "absent" when the plan lacks it; a role split over pools: each part's `pool tpT ppP dpN`
+    joined by " + " (a new share of the samples alone is no move: the same actors serve it)."""
     x = plan.roles.get(role)
     if x is None:
         return ABSENT
+    if x.parts:  # split over pools: each part's actors on its pool (its share is not a layout)
+        return " + ".join(f"{p.pool} {dims(p.par)}" for p in x.parts)
     return f"{x.pool} {dims(x, role_counts(plan)[role])}" + (" offload" if x.offload else "")
 
 

@@ -9,9 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from placer.calibration import calibration_from_dict
 from placer.catalog import Resolved, resolve
@@ -26,7 +34,53 @@ class _M(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class RolePlacement(_M):
+class _Parted(_M):
+    """A role or slot that may be split over pools: its `parts` (each with `pool` and
+    `devices`), or none when it sits on its one `pool`."""
+
+    if TYPE_CHECKING:  # the subclasses' fields (declared there, so they keep their order)
+        pool: str
+        devices: int
+        parts: list[Any]
+
+    def pool_devices(self) -> list[tuple[str, int]]:
+        """(pool, devices) held: its pool, or each part's."""
+        return [(p.pool, p.devices) for p in self.parts] or [(self.pool, self.devices)]
+
+    @model_serializer(mode="wrap")
+    def _without_empty_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """One pool: written without `parts` (plan files stay as they were)."""
+        out: dict[str, Any] = handler(self)
+        if not out.get("parts"):
+            out.pop("parts", None)
+        return out
+
+
+class RolePart(_M):
+    """One part of a role split over pools (`placer.split`): its own devices, layout and share."""
+
+    pool: str
+    devices: int = Field(ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    fp8_weights: bool = False
+    fp8_kv: bool = False
+    share: float = Field(gt=0, le=1, description="fraction of the batch's samples it generates")
+    samples: int = Field(ge=1, description="samples of the batch it generates")
+    time_s: float = Field(0.0, ge=0)
+    stage_s: dict[str, float] = {}
+    memory_gb: float = Field(0.0, ge=0)
+    concurrency: int = Field(0, ge=0)
+
+    @property
+    def par(self) -> Parallel:
+        return Parallel(self.tp, self.pp, self.dp, ep=self.ep, fp8_weights=self.fp8_weights,
+                        fp8_kv=self.fp8_kv)
+
+
+class RolePlacement(_Parted):
     pool: str
     devices: int = Field(ge=0)
     tp: int = Field(1, ge=1)
@@ -46,6 +100,9 @@ class RolePlacement(_M):
     stage_s: dict[str, float] = {}
     memory_gb: float = Field(0.0, ge=0)
     concurrency: int = Field(0, ge=0, description="rollout: sequences per engine replica")
+    parts: list[RolePart] = Field([], description="a role split over pools: one entry per pool "
+                                  "(`pool`, `devices` and the layout above are the first part's "
+                                  "pool, the total and the first part's layout)")
 
     @property
     def par(self) -> Parallel:
@@ -53,12 +110,22 @@ class RolePlacement(_M):
                         self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train)
 
 
-class SlotPlan(_M):
+class SlotPart(_M):
+    """The devices a split role's slot holds on one of its pools."""
+
+    pool: str
+    devices: int = Field(ge=1)
+    nodes: list[int] = []
+
+
+class SlotPlan(_Parted):
     name: str
     pool: str
     devices: int = Field(ge=1)
     roles: list[str]
     nodes: list[int] = []
+    parts: list[SlotPart] = Field([], description="a split role's slot: its devices per pool "
+                                  "(`pool` is the first part's, `devices` the total)")
 
 
 class Bundle(_M):
@@ -183,24 +250,45 @@ def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
                         f"{sorted(want)}")
     slots = {s.name: s for s in plan.slots}
     for name, r in plan.roles.items():
-        try:
-            pool = res.cluster.pool(r.pool)
-        except KeyError:
-            raise SpecError(f"{source}: roles.{name}.pool: no pool {r.pool!r} in the job's "
-                            "cluster") from None
+        fields = [(f"roles.{name}", r.pool, r.devices)] if not r.parts else [
+            (f"roles.{name}.parts.{i}", p.pool, p.devices) for i, p in enumerate(r.parts)]
+        for field, pool_name, devices in fields:
+            try:
+                pool = res.cluster.pool(pool_name)
+            except KeyError:
+                raise SpecError(f"{source}: {field}.pool: no pool {pool_name!r} in the job's "
+                                "cluster") from None
+            if devices > pool.devices_per_node * pool.nodes:
+                raise SpecError(f"{source}: {field}.devices: {devices} exceeds pool "
+                                f"{pool.name}'s {pool.devices_per_node * pool.nodes}")
         if r.slot not in slots:
             raise SpecError(f"{source}: roles.{name}.slot: no slot {r.slot!r} in slots")
-        if r.devices > pool.devices_per_node * pool.nodes:
-            raise SpecError(f"{source}: roles.{name}.devices: {r.devices} exceeds pool "
-                            f"{pool.name}'s {pool.devices_per_node * pool.nodes}")
+        if r.parts:
+            _check_parts(name, r, res, source)
     used: dict[str, int] = {}
     for s in plan.slots:
-        used[s.pool] = used.get(s.pool, 0) + s.devices
+        for pool_name, n in s.pool_devices():
+            used[pool_name] = used.get(pool_name, 0) + n
     for pool_name, n in used.items():
         pool = res.cluster.pool(pool_name)
         if n > pool.devices_per_node * pool.nodes:
             raise SpecError(f"{source}: slots: pool {pool_name} given {n} devices, has "
                             f"{pool.devices_per_node * pool.nodes}")
+
+
+def _check_parts(name: str, r: RolePlacement, res: Resolved, source: str) -> None:
+    """A split role's parts add up: devices to the role's, samples to the batch's."""
+    if len(r.parts) < 2:
+        raise SpecError(f"{source}: roles.{name}.parts: a split role has at least 2 parts, "
+                        f"got {len(r.parts)} (drop `parts` for a role on one pool)")
+    total = sum(p.devices for p in r.parts)
+    if total != r.devices:
+        raise SpecError(f"{source}: roles.{name}.devices: {r.devices}, but its parts hold "
+                        f"{total}")
+    samples, want = sum(p.samples for p in r.parts), res.job.batch.samples
+    if samples != want:
+        raise SpecError(f"{source}: roles.{name}.parts: the parts' samples add up to {samples}, "
+                        f"the batch has {want}")
 
 
 def calibration_of(plan: Plan) -> Calibration:

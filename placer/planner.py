@@ -98,7 +98,8 @@ def _host_checked(problem: Problem, plan: Plan) -> Problem | None:
 
 def hint_of(plan: Plan, move_cost_s: float = 0.0) -> Hint:
     """A previous plan as a CP-SAT hint: its configs and its colocation groups."""
-    choice = {r: layout_key(p.pool, p.par) for r, p in plan.roles.items()}
+    choice = {r: (tuple(layout_key(q.pool, q.par) for q in p.parts) if p.parts
+                  else layout_key(p.pool, p.par)) for r, p in plan.roles.items()}
     groups = [list(s.roles) for s in plan.slots]
     return Hint(choice, groups, move_cost_s)
 

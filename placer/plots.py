@@ -2,7 +2,9 @@
 
   placement(plan)           which role sits on which pool, node and device: one row of nodes per
                             pool, one cell per device, coloured by the slot (the roles that
-                            time-share those devices); idle devices grey
+                            time-share those devices); idle devices grey. A role split over
+                            pools is drawn on each part's pool, in its slot's colour, each
+                            part's devices labelled with the part's share of the samples
 
 Each function draws on a new figure and returns it; `save(fig, path)` writes a PNG atomically,
 `png(fig)` returns its bytes (for notebooks). `KIND_COLOURS` is the one palette of every
@@ -48,6 +50,19 @@ def png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def part_labels(plan: Plan) -> dict[tuple[str, int], list[tuple[list[int], str]]]:
+    """(pool, node) -> (devices, label) of each split role's part there: `ROLE SHARE%`, the part's
+    share of the samples (its bundles on that pool, `Bundle.pool`, are its devices)."""
+    split = {r.slot: (name, r) for name, r in plan.roles.items() if r.parts}
+    out: dict[tuple[str, int], list[tuple[list[int], str]]] = {}
+    for b in plan.bundles:
+        if b.slot in split and b.devices:
+            name, r = split[b.slot]
+            share = sum(q.share for q in r.parts if q.pool == b.pool)
+            out.setdefault((b.pool, b.node), []).append((b.devices, f"{name} {share:.0%}"))
+    return out
+
+
 def placement(plan: Plan) -> Any:
     """Pools as rows, nodes as boxes, devices as cells coloured by slot."""
     res = plan.resolved()
@@ -58,6 +73,7 @@ def placement(plan: Plan) -> Any:
     for b in plan.bundles:
         for d in b.devices:
             used[(b.pool, b.node, d)] = b.slot
+    shares = part_labels(plan)
     width = max(min(p.nodes, MAX_NODES_SHOWN) * (p.devices_per_node + 1) for p in pools)
     fig, ax = plt.subplots(figsize=(min(2 + 0.35 * width, 16), 1.2 + 1.1 * len(pools)))
     for row, pool in enumerate(pools):
@@ -70,6 +86,9 @@ def placement(plan: Plan) -> Any:
                 slot = used.get((pool.name, node, d))
                 ax.add_patch(Rectangle((x + d, y), 1.0, 0.7, fc=slot_colour.get(slot, "0.85"),
                                        ec="white", lw=0.8))
+            for devs, text in shares.get((pool.name, node), []):  # a split role's part here
+                ax.text(x + (min(devs) + max(devs) + 1) / 2, y + 0.35, text, ha="center",
+                        va="center", fontsize=7, color="white", fontweight="bold")
             x += pool.devices_per_node + 1
         if pool.nodes > MAX_NODES_SHOWN:
             ax.text(x, y + 0.35, f"+{pool.nodes - MAX_NODES_SHOWN} nodes", va="center", fontsize=8)
@@ -78,7 +97,9 @@ def placement(plan: Plan) -> Any:
     ax.set_xlim(-4, width + 3)
     ax.set_ylim(-0.5, len(pools) + 0.1)
     ax.axis("off")
-    handles = [Patch(color=slot_colour[s.name], label=f"{' + '.join(s.roles)} ({s.devices})")
+    handles = [Patch(color=slot_colour[s.name], label=f"{' + '.join(s.roles)} ({s.devices}"
+                     + ("" if not s.parts else ": " + " + ".join(f"{q.devices} {q.pool}"
+                                                                 for q in s.parts)) + ")")
                for s in plan.slots]
     handles.append(Patch(color="0.85", label="idle"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,

@@ -61,6 +61,10 @@ class Parallel:
     fp8_weights: bool = False  # inference weights: half the bytes, GEMMs at the FP8 peak
     fp8_kv: bool = False  # KV cache: half the bytes per token
     fp8_train: bool = False  # training GEMMs at the FP8 peak
+    # Inference engine: decode steps replayed as CUDA graphs (vLLM's and SGLang's default);
+    # False is eager mode (vLLM `enforce_eager`), which launches every kernel from Python each
+    # step (`costmodel.eager_overhead`)
+    cuda_graphs: bool = True
 
     @property
     def weight_scale(self) -> float:

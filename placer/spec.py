@@ -25,6 +25,7 @@ from placer.distributions import Distribution  # also re-exported
 from placer.fileio import atomic_write_text
 from placer.inputs import SpecErrors, load_json, load_yaml, read_text
 from placer.localdata import Dataset, anchor, expand_model_dirs
+from placer.pins import Pins, check_pins
 from placer.roles import Role
 from placer.specbase import MAX_CONTEXT_TOKENS, PosFloat, PosInt, SpecError, Strict  # some re-exported
 
@@ -506,11 +507,15 @@ class Job(Strict):
     cluster: Cluster
     catalog: Catalog = Catalog()
     seed: Annotated[int, Field(strict=True, ge=0, le=2**63)] = 0
-    data: Dataset | None = Field(None, description="JSONL prompts with answers (the executor's "
-                                 "math task; placer/localdata.py)")
+    data: Dataset | None = Field(None, description="JSONL or Parquet prompts with answers or "
+                                 "unit tests (the executor's math or code reward; "
+                                 "placer/localdata.py)")
     current: CurrentPlacement | None = Field(
         None, description="the placement the job runs today (placer import); placer compare "
                           "prices it as the baseline `current`")
+    pin: Pins | None = Field(
+        None, description="per-role layout pins the planner keeps to, e.g. {actor: {tp: 2, "
+                          "dp: 2}} (placer/pins.py)")
 
     def roles(self) -> list[Role]:
         """Roles the algorithm runs, in a stable order."""
@@ -678,7 +683,7 @@ def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
         job = Job.model_validate(data)
     except ValidationError as e:
         raise SpecErrors(validation_lines(e, f"{source}: ", root=Job)) from None
-    problems = _check_job(job, source)
+    problems = _check_job(job, source) + check_pins(job, source)
     from placer.catalog import cpu_pools, devices_of, resolve  # lazy: the catalogs import this module
     try:
         resolve(job, source)  # checks the names

@@ -42,6 +42,7 @@ from placer.estimate import Estimate, rollout_shape
 from placer.roles import Role
 from placer.rollout_tail import Replicas, at_means, strata
 from placer.spec import DeviceKind, ModelArch
+from placer.split import res_with_samples
 from placer.toolqueue import queue_delay
 
 STAGES = ("sync", "rollout", "score", "train")
@@ -110,16 +111,19 @@ def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: st
     The refresh is one pipelined broadcast that every rollout replica joins (NCCL broadcast,
     checkpoint-engine, CUDA IPC), so its time does not grow with the replicas: t = latency +
     bytes / min(links) (relation 4 of the published runs: c + bytes / (BW_eff x senders)).
-      local  actor and rollout in one slot: every rank of a replica loads its shard from the
-             co-located actor (CUDA IPC + the engine's weight loading): r_replica ranks x
-             `sync_local_gbs` (NeMo-RL's DP8 -> TP8 Qwen3-4B refit in 0.21-0.34 s; Miles' 27B
-             TP4 colocated sync in 2.5 s: ~5 GB/s per rank achieved)
+      local  actor and rollout in one slot: each replica takes the full weights from the
+             co-located actor (CUDA IPC + the engine's weight loading), all replicas at once, at
+             `sync_local_gbs` per replica whatever its TP size (NeMo-RL's DP8 -> TP8 Qwen3-4B
+             refit in 0.21-0.34 s; Miles' 27B into one-GPU SGLang engines in 2.5 s)
       send   the actor's senders (`sync_senders`): one per pipeline stage (each holds different
              layers; a ZeRO / FSDP actor gathers every tensor to one sender; an unbucketed
              sync has one sender whatever the layout), each at most `sync_sender_gbs`
              over the NIC (verl's checkpoint-engine README: ~8.25 GB/s achieved for NCCL over
              400 Gb/s IB), or over NVLink when actor and rollout share one node
-      recv   one replica's NICs (every replica receives the stream in parallel)
+      recv   one rank's link: a broadcast hands every rank of every GPU replica the full
+             weights (each rank then loads its shard; Miles' p2p-weight-transfer.md: broadcast
+             sends "redundant copies of the same weights ... to multiple ranks"), all at once;
+             LPU chips each take their own slice
       cross  between two pools, when the topology caps it: cross_pool_gbs per node x the fewer
              nodes
     LPUs: `r_replica` is every chip of the placement (loaded once).
@@ -127,13 +131,14 @@ def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: st
     eff = eff or Efficiency()
     a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
     if same_slot:
-        return {"local": r_replica * eff.sync_local_gbs}
+        return {"local": eff.sync_local_gbs}
     senders = sync_senders(a_pp, eff)
     per_node = res.cluster.pool(a_pool).devices_per_node
+    fan_in = r_replica if r_dev.kind is DeviceKind.lpu else 1  # ranks sharing the stream
     if a_pool == r_pool and a_devices + r_devices <= per_node:  # one node: NVLink both ways
-        return {"send": senders * a_dev.intra_link_gbs, "recv": r_replica * r_dev.intra_link_gbs}
+        return {"send": senders * a_dev.intra_link_gbs, "recv": fan_in * r_dev.intra_link_gbs}
     links = {"send": senders * min(a_dev.nic_gbs, eff.sync_sender_gbs),
-             "recv": r_replica * r_dev.nic_gbs}
+             "recv": fan_in * r_dev.nic_gbs}
     cross = res.cluster.topology.cross_pool_gbs
     if a_pool != r_pool and cross is not None:
         nodes = min(_nodes_of(res, a_pool, a_devices), _nodes_of(res, r_pool, r_devices))
@@ -164,7 +169,11 @@ def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed,
 def sync_time(res: Resolved, actor: Placed, rollout: Placed, calib: Calibration) -> float:
     """Time to refresh every rollout replica: one broadcast of the full weights that all of
     them join (`sync_links`) in `sync_calls` calls per sender, priced by
-    `costmodel.weight_sync_time`."""
+    `costmodel.weight_sync_time`. A rollout split over pools: every part's replicas join the one
+    broadcast, so the slowest part's links pace it (the max over parts)."""
+    if rollout.est.parts:
+        return max(sync_time(res, actor, Placed(rollout.slot, p.est), calib)
+                   for p in rollout.est.parts)
     m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
     eff = calib.for_device(dev)
@@ -179,8 +188,10 @@ def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict
         by_slot[p.slot].append(p)
     out = {}
     for slot, members in by_slot.items():
+        if len(members) < 2:
+            continue  # alone (a split role always is): nothing to switch
         dev = res.device_of(members[0].est.pool)
-        if len(members) < 2 or dev.kind is DeviceKind.cpu:
+        if dev.kind is DeviceKind.cpu:
             continue
         need = sum(p.est.memory.total for p in members)
         if need > dev.memory_gb:
@@ -199,24 +210,51 @@ def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibr
     the groups already back decode (`toolqueue.queue_delay`: the lockstep waves at the job's
     means replayed on every replica with one shared pool, minus the same replay with unlimited
     cores). Like `sync_time` this prices a pair of placements (rollout, environment).
+    A rollout split over pools: the cores are shared in proportion to each part's engine slots
+    and each part's queueing adds to that part's time, so the term is what the slowest part
+    (with its queueing) adds to the split estimate's rollout stage.
     """
     env_spec = res.job.environment
     if env_spec.kind == "none" or env_spec.turns < 2:
         return 0.0
-    r_dev, e_dev = res.device_of(rollout.est.pool), res.device_of(env.est.pool)
+    if rollout.est.parts:
+        return _split_tool_time(res, rollout.est, env.est, calib)
+    return _queueing(res, rollout.est, env.est, calib, 1.0)
+
+
+def _queueing(res: Resolved, rollout: Estimate, env: Estimate, calib: Calibration,
+              core_share: float) -> float:
+    """The queueing of one rollout placement's tool calls on `core_share` of `env`'s cores."""
+    env_spec = res.job.environment
+    r_dev, e_dev = res.device_of(rollout.pool), res.device_of(env.pool)
     r_eff = calib.for_device(r_dev)
-    shape = rollout_shape(res, r_dev, rollout.est.par, r_eff)
-    slots = max(int(env.est.devices * e_dev.cores // env_spec.cpu_per_call), 1)
+    shape = rollout_shape(res, r_dev, rollout.par, r_eff)
+    slots = max(int(env.devices * e_dev.cores * core_share // env_spec.cpu_per_call), 1)
     if shape.concurrency < 1 or shape.replicas * shape.concurrency <= slots:
         return 0.0  # every sequence's call finds a free core
     job = at_means(res.job)
     row = strata(job, 1, 0.0)
     lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
-    st = step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.est.par, r_eff)
+    st = step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.par, r_eff)
     reps = Replicas(shape.replicas, shape.per_replica, shape.concurrency, shape.generated,
                     shape.kept)
     out = env_spec.tool_output_tokens
     return queue_delay(st, reps, row.prompt[0], row.response[0], out, lat, slots)
+
+
+def _split_tool_time(res: Resolved, split: Estimate, env: Estimate, calib: Calibration) -> float:
+    """`rollout_tool_time` of a split rollout (see there): each part queues on its share of the
+    cores (its engine slots over all parts'), on the job of its own samples."""
+    jobs = [res_with_samples(res, p.samples) for p in split.parts]
+    slots = []
+    for p, pres in zip(split.parts, jobs):
+        dev = res.device_of(p.est.pool)
+        shape = rollout_shape(pres, dev, p.est.par, calib.for_device(dev))
+        slots.append(shape.replicas * max(shape.concurrency, 0))
+    total = sum(slots) or 1
+    worst = max(p.est.stage_s.get("rollout", 0.0) + _queueing(pres, p.est, env, calib, n / total)
+                for p, pres, n in zip(split.parts, jobs, slots))
+    return max(worst - split.stage_s.get("rollout", 0.0), 0.0)
 
 
 def async_chain_bound(chain_s: float, res: Resolved) -> float:

@@ -23,6 +23,7 @@ from placer.estimate import rollout_shape
 from placer.planfile import Plan, calibration_of, check_plan, load_plan
 from placer.roles import Role
 from placer.spec import SpecError, check_tail_policy
+from placer.split import res_with_samples
 from simulator.config import SimConfig
 from simulator.faults import Timeline, compose, failure_rate_per_s
 from simulator.iteration import Model, RunRecord
@@ -76,11 +77,15 @@ def _check_runnable(res: Resolved, plan: Plan, calib: Calibration) -> None:
     if Role.ROLLOUT not in plan.roles:
         raise SpecError("plan: roles.rollout: a plan must place the rollout role")
     r = plan.roles[Role.ROLLOUT]
-    dev = res.device_of(r.pool)
-    shape = rollout_shape(res, dev, r.par, calib.for_device(dev))
-    if shape.concurrency < 1:
-        raise SpecError(f"plan: roles.rollout: {r.pool} x{r.devices} tp{r.tp} has no KV memory "
-                        f"for one {res.job.max_context}-token sequence")
+    # a role split over pools: each part on the job of its own samples (`simulator.groups`)
+    parts = ([(f"roles.rollout.parts.{i}", q.pool, q.devices, q.tp, q.par,
+               res_with_samples(res, q.samples)) for i, q in enumerate(r.parts)]
+             or [("roles.rollout", r.pool, r.devices, r.tp, r.par, res)])
+    for where, pool, devices, tp, par, pres in parts:
+        dev = res.device_of(pool)
+        if rollout_shape(pres, dev, par, calib.for_device(dev)).concurrency < 1:
+            raise SpecError(f"plan: {where}: {pool} x{devices} tp{tp} has no KV memory "
+                            f"for one {res.job.max_context}-token sequence")
     for name, rp in plan.roles.items():
         slot = next(s for s in plan.slots if s.name == rp.slot)
         if rp.devices > slot.devices or slot.pool != rp.pool:

@@ -53,7 +53,8 @@ from simulator.workload import Samples
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What every replica of the rollout role shares."""
+    """What every replica of one engine group shares (the rollout role on one pool, or one part
+    of a rollout split over pools: `simulator.groups`)."""
 
     model: ModelArch
     dev: DeviceType

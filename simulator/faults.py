@@ -3,7 +3,9 @@
 Stragglers: in every iteration (or once, if persistent) each device is slow with probability
 `fraction`, by a lognormal factor (median, sigma, capped). Work that spans several devices runs
 in lockstep collectives, so it goes at the pace of its slowest device: a rollout replica takes
-the maximum over its tp*pp devices, a training or scoring role over all of its devices.
+the maximum over its tp*pp devices, a training or scoring role over all of its devices. A rollout
+split over pools holds its slot's devices part by part, so a slow device slows only a replica of
+the part it belongs to (`simulator.groups`).
 
 Failures, checkpoints and restarts are composed over the failure-free iterations (the method
 issue 7 asks for): the simulation first produces each iteration's duration d_i; failures then
@@ -61,10 +63,11 @@ def failure_rate_per_s(res: Resolved, plan: Plan, cfg: Failures) -> float:
     """Failures per second of the whole job: devices / MTBF, per device type (name or kind)."""
     rate = 0.0
     for slot in plan.slots:
-        dev = res.device_of(slot.pool)
-        mtbf = cfg.mtbf_hours.get(dev.name, cfg.mtbf_hours.get(dev.kind.value))
-        if mtbf:
-            rate += slot.devices / (mtbf * 3600.0)
+        for pool, devices in slot.pool_devices():  # a split role's slot: each part's type
+            dev = res.device_of(pool)
+            mtbf = cfg.mtbf_hours.get(dev.name, cfg.mtbf_hours.get(dev.kind.value))
+            if mtbf:
+                rate += devices / (mtbf * 3600.0)
     return rate
 
 

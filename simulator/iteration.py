@@ -2,7 +2,9 @@
 
 One iteration: weight sync (actor -> every rollout replica, `simulator.network`), rollout
 (continuous-batching engines with tool calls, `simulator.engine`), score (frozen forwards) and
-train (`simulator.training`). Every slot is a simpy `Resource` of capacity one: roles that share
+train (`simulator.training`). A rollout split over pools runs one engine group per part, each on
+its own pool with its own contiguous share of the rows (`simulator.groups`); the stage ends when
+the last part is done. Every slot is a simpy `Resource` of capacity one: roles that share
 a slot take turns on it (and pay onload when their memory does not fit together); different slots
 run side by side.
 
@@ -25,26 +27,24 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import simpy
 from simpy.resources.resource import Request
 
-from placer.batching import StepTerms
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, lpu_chips
-from placer.estimate import rollout_shape
+from placer.costmodel import Calibration
 from placer.planfile import Plan
 from placer.roles import Role
 from placer.sampling import draw, rng
-from placer.spec import DeviceKind
 from simulator import tails
 from simulator.config import SimConfig
-from simulator.engine import Engine, EngineSpec, Quota
+from simulator.engine import Engine, Quota
 from simulator.environment import CorePool, pool_slots
 from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
+from simulator.groups import Group, dispatch, groups_of
 from simulator.network import max_min_durations, sync_plan
 from simulator.recorder import Recorder
 from simulator.training import Work, onload_costs, stage_work
@@ -60,6 +60,7 @@ class IterRecord:
     end: float = 0.0
     stages: dict[str, tuple[float, float]] = field(default_factory=dict)
     done_at: dict[int, float] = field(default_factory=dict)  # sample -> rollout finish time
+    engine_of: dict[int, int] = field(default_factory=dict)  # sample -> engine that finished it
     sync_s: float = 0.0
     sync_alone_s: float = 0.0
     tool_wait_s: float = 0.0
@@ -81,8 +82,12 @@ class RunRecord:
     end_s: float
     pools: list[CorePool]
     decode_runs: int = 0
-    replicas: int = 1
+    replicas: int = 1  # rollout engine replicas over all of the role's pools
     committed: dict[int, Samples] = field(default_factory=dict)  # what each step trained
+    # a rollout split over pools: (slot, pool) -> engine busy seconds / the part's replicas
+    part_busy_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (pool, replicas, devices) of each rollout engine group (devices 0: the whole slot)
+    engine_groups: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 class Model:
@@ -101,6 +106,7 @@ class Model:
         self._rollout_setup()
         self.busy: list[tuple[str, float, float, float]] = []
         self.engine_busy: dict[str, float] = defaultdict(float)
+        self.part_busy: dict[tuple[str, str], float] = defaultdict(float)
         self.role_s: dict[str, float] = defaultdict(float)
         self.records: list[IterRecord] = []
         self.samples: dict[int, Samples] = {}
@@ -114,17 +120,9 @@ class Model:
 
     def _rollout_setup(self) -> None:
         res, plan = self.res, self.plan
-        r = plan.roles[Role.ROLLOUT]
-        dev = res.device_of(r.pool)
-        eff = self.calib.for_device(dev)
-        shape = rollout_shape(res, dev, r.par, eff)
-        m = res.arch_of(Role.ROLLOUT)
-        self.spec = EngineSpec(m, dev, replace(r.par, dp=1), eff, shape.concurrency,
-                               r.pool, r.slot)
-        self.replicas = shape.replicas
-        self.steps = StepTerms(self.spec.model, self.spec.dev, self.spec.par, self.spec.eff)
-        self.replica_size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
-        self.tools: CorePool | None = None
+        self.groups = groups_of(res, plan, self.calib)  # one per pool the rollout runs on
+        self.replicas = sum(g.replicas for g in self.groups)
+        self.tools: CorePool | None = None  # one core pool for every group's tool calls
         job = res.job
         if Role.ENVIRONMENT in plan.roles and has_tools(job):
             e = plan.roles[Role.ENVIRONMENT]
@@ -163,9 +161,10 @@ class Model:
         else:
             self.env.process(self._sync_loop(iterations))
         self.env.run()
+        groups = [(g.spec.pool, g.replicas, g.devices or 0) for g in self.groups]
         return RunRecord(self.records, self.samples, self.busy, dict(self.engine_busy),
                          dict(self.role_s), self.env.now, [self.tools] if self.tools else [],
-                         self.runs, self.replicas, self.committed)
+                         self.runs, self.replicas, self.committed, dict(self.part_busy), groups)
 
     def _ended(self, i: int) -> None:
         """Iteration i trained. Trains run in order in both modes (async step i waits for step
@@ -267,11 +266,11 @@ class Model:
         req = yield from self._hold(slot, Role.ROLLOUT, i)
         durs = max_min_durations(self.sync.links, self.sync.flows)
         total = self.sync.fixed_s + max(durs)
-        pool = self.plan.roles[Role.ROLLOUT].pool
         for f, d in zip(self.sync.flows, durs):
-            self.rec.add("weight sync", "transfer", env.now, self.sync.fixed_s + d, pool,
-                         f"{slot}/sync", role=Role.ROLLOUT, step=i, policy_version=i,
-                         tokens=0, gb=f.gb, links=list(f.path), replica=f.name)
+            for pool, fixed in self.sync.receivers:  # every part's replicas, on its pool
+                self.rec.add("weight sync", "transfer", env.now, fixed + d, pool,
+                             f"{slot}/sync", role=Role.ROLLOUT, step=i, policy_version=i,
+                             tokens=0, gb=f.gb, links=list(f.path), replica=f.name)
         rec = self.records[i]
         rec.sync_s += total
         rec.sync_alone_s += self.sync.fixed_s + self.sync.alone_s
@@ -290,14 +289,19 @@ class Model:
             cut = tails.cut(tails.rows_of(smp), policy.token_budget, smp.tool_output)
             smp = self.samples[i] = cut.run
         quota = Quota(n, env.event()) if policy.kind == "overprovision" else None
-        slow = replica_slowdowns(factors[r.slot], self.replicas, self.replica_size)
-        engines = [Engine(self.spec, k, smp, list(range(k, smp.n, self.replicas)), slow[k],
-                          self.tools, self.tool_overhead, self.rec, i, self.steps, quota=quota)
-                   for k in range(self.replicas)]
+        engines: list[tuple[Group, Engine]] = []
+        for g, rows in zip(self.groups, dispatch(smp.n, self.groups)):
+            f = factors[r.slot]
+            if g.devices is not None:  # a part: its own devices of the slot
+                f = f[g.offset:g.offset + g.devices]
+            slow = replica_slowdowns(f, g.replicas, g.replica_size)
+            engines += [(g, Engine(g.spec, g.first + k, smp, rows[k], slow[k], self.tools,
+                                   self.tool_overhead, self.rec, i, g.steps, quota=quota))
+                        for k in range(g.replicas)]
         wait0 = self.tools.wait_s if self.tools else 0.0
         calls0 = self.tools.calls if self.tools else 0
         again0 = self.tools.reissued if self.tools else 0
-        procs = [env.process(e.run(env)) for e in engines]
+        procs = [env.process(e.run(env)) for _, e in engines]
         if quota is not None:
             yield simpy.AllOf(env, procs) | quota.event
             for p in procs:  # enough samples are done: abort the rest
@@ -306,9 +310,12 @@ class Model:
         # a fresh condition: a triggered `|` detaches the conditions nested in it
         yield simpy.AllOf(env, procs)
         rec = self.records[i]
-        for e in engines:
+        for g, e in engines:
             rec.done_at.update(e.done_at)
-            self.engine_busy[r.slot] += e.stats.busy_s / self.replicas
+            rec.engine_of.update(dict.fromkeys(e.done_at, e.index))
+            self.engine_busy[r.slot] += e.stats.busy_s / g.busy_div
+            if g.devices is not None:
+                self.part_busy[(r.slot, g.spec.pool)] += e.stats.busy_s / g.part_div
             self.role_s[Role.ROLLOUT] += e.stats.busy_s / self.replicas
             self.runs += e.stats.runs
         if self.tools:
@@ -342,6 +349,13 @@ class Model:
             slow = role_slowdown(factors, rp.devices)
             req = yield from self._hold(slot, w.role, i)
             cat = "train" if w.stage == "train" else ("reward" if w.role == Role.REWARD else "forward")
+            if w.dispatch_s > 0:  # the driver ships the batch (no straggler: host-side work)
+                self.rec.add(f"{w.role} dispatch", "transfer", env.now, w.dispatch_s, rp.pool,
+                             slot, role=w.role, step=i, policy_version=i)
+                self.busy.append((slot, env.now, w.dispatch_s,
+                                  rp.devices / self._slot_devices(slot)))
+                self.role_s[w.role] += w.dispatch_s
+                yield env.timeout(w.dispatch_s)
             for k, d in enumerate(w.steps):
                 dur = d * slow
                 self.rec.add(f"{w.role} {w.stage}", cat, env.now, dur, rp.pool, slot,

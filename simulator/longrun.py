@@ -93,8 +93,9 @@ def job_failure_rate(plan: Plan, mtbf_hours: dict[str, float]) -> float:
     res = plan.resolved()
     known = set()
     for slot in plan.slots:
-        dev = res.device_of(slot.pool)
-        known |= {dev.name, dev.kind.value}
+        for pool, _ in slot.pool_devices():
+            dev = res.device_of(pool)
+            known |= {dev.name, dev.kind.value}
     for k, v in mtbf_hours.items():
         if not (math.isfinite(v) and v > 0):
             raise SpecError(f"--mtbf {k}: must be > 0 hours (got {v!r})")

@@ -5,7 +5,8 @@
   samples_per_s,   committed (trained) samples and their response tokens per second of the
   tokens_per_s     steady state (async: without fill and drain), times goodput; the rate a long
                    run reaches. wall_samples_per_s is the same over this short run's wall time
-  utilization      busy share of each slot's devices over the run, and per pool (device-weighted)
+  utilization      busy share of each slot's devices over the run, and per pool (device-weighted;
+                   a rollout split over pools counts each part's engines on its own pool)
   bubble_s         per iteration, the device-weighted mean time accelerator slots sit idle
   role_s           busy seconds per iteration of each role (rollout: per engine replica;
                    environment: per CPU server; sync: the weight sync on the rollout slot)
@@ -78,11 +79,16 @@ def utilization(res: Resolved, plan: Plan, run: RunRecord) -> tuple[dict, dict, 
     per_pool: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     idle = devs = 0.0
     for s in plan.slots:
-        per_pool[s.pool][0] += per_slot[s.name] * s.devices
-        per_pool[s.pool][1] += s.devices
-        if res.device_of(s.pool).kind is not DeviceKind.cpu:
-            idle += (1 - per_slot[s.name]) * span * s.devices
-            devs += s.devices
+        for name, n in s.pool_devices():
+            # a split role's slot: its slot work (weight sync) on every part, engines per part
+            u = (per_slot[s.name] if not s.parts else
+                 min((busy[s.name] - run.engine_busy_s.get(s.name, 0.0)
+                      + run.part_busy_s.get((s.name, name), 0.0)) / span, 1.0))
+            per_pool[name][0] += u * n
+            per_pool[name][1] += n
+            if res.device_of(name).kind is not DeviceKind.cpu:
+                idle += (1 - u) * span * n
+                devs += n
     pools = {p: v[0] / v[1] for p, v in per_pool.items()}
     bubble = idle / devs / max(len(run.iterations), 1) if devs else 0.0
     return per_slot, pools, bubble

@@ -14,6 +14,14 @@ constrained link splits evenly among its flows, the others take what is left), r
 whenever a transfer finishes. Each transfer also pays the setup latency, and LPU chips a reload,
 as `costmodel.weight_sync_time` does: with one flow this is exactly the placer's figure,
 bytes / (slowest link's achieved bandwidth) + latency.
+
+A rollout split over pools (`placer.split`): every part's replicas join the same pipelined
+broadcast, each part over its own links (`sync_links` of the actor and that part, named
+"recv@h20", "send@h20", ...: a part in the actor's node gets NVLink, one in another pool the NIC
+and the cross-pool cap). The one stream crosses every part's links, so it moves at the slowest
+of them all (the max over parts of each part's own transfer, `placer.timing.sync_time`); each
+part then pays its own fixed cost (its device's latency, call count and an LPU's reload), and
+the refresh ends when the last part is done.
 """
 from __future__ import annotations
 
@@ -80,8 +88,9 @@ def _fair_rates(links: dict[str, float], paths: dict[int, tuple[str, ...]]) -> d
 class SyncPlan:
     links: dict[str, float]  # effective GB/s (link efficiency and config factors applied)
     flows: list[Flow]
-    fixed_s: float  # per-transfer latency (+ LPU reload)
+    fixed_s: float  # per-transfer latency (+ LPU reload): the largest over the receivers
     alone_s: float  # one transfer alone on its path (for the contention attribution)
+    receivers: tuple[tuple[str, float], ...] = ()  # (pool, its fixed seconds) per rollout part
 
 
 def sync_plan(res: Resolved, plan: Plan, calib: Calibration, cfg: NetworkConfig) -> SyncPlan | None:
@@ -89,19 +98,27 @@ def sync_plan(res: Resolved, plan: Plan, calib: Calibration, cfg: NetworkConfig)
     if Role.ACTOR not in plan.roles or Role.ROLLOUT not in plan.roles:
         return None
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
-    r_dev = res.device_of(r.pool)
-    eff = calib.for_device(r_dev)
-    replica = r.devices if r_dev.kind is DeviceKind.lpu else r.tp * r.pp
-    raw = sync_links(res, a.pool, a.devices, a.pp, r.pool, r.devices, replica, a.slot == r.slot,
-                     eff)
-    links = {k: v * eff.link_eff * cfg.bandwidth_factor * cfg.link_factors.get(k, 1.0)
-             for k, v in raw.items()}
     m = res.arch_of(Role.ROLLOUT)
+    links: dict[str, float] = {}
+    receivers = []
+    targets = ([(q.pool, q.devices, q.tp * q.pp) for q in r.parts] if r.parts
+               else [(r.pool, r.devices, r.tp * r.pp)])
+    for pool, devices, replica in targets:
+        r_dev = res.device_of(pool)
+        eff = calib.for_device(r_dev)
+        if r_dev.kind is DeviceKind.lpu:
+            replica = devices  # an LPU placement is loaded once, over all of its chips
+        raw = sync_links(res, a.pool, a.devices, a.pp, pool, devices, replica, a.slot == r.slot,
+                         eff)
+        suffix = f"@{pool}" if r.parts else ""  # each part's own links
+        links.update({k + suffix: v * eff.link_eff * cfg.bandwidth_factor
+                      * cfg.link_factors.get(k, 1.0) for k, v in raw.items()})
+        calls = max(sync_calls(m, a.pp, eff) - 1, 0)  # the first call is in sync_latency_s
+        receivers.append((pool, eff.sync_latency_s + calls * eff.sync_call_s
+                          + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)))
     gb = weight_bytes(m) / GB
     path = tuple(sorted(links))
     flows = [Flow("broadcast", gb, path)]  # one pipelined broadcast all replicas join
-    calls = max(sync_calls(m, a.pp, eff) - 1, 0)  # the first call is in sync_latency_s
-    fixed = (eff.sync_latency_s + calls * eff.sync_call_s
-             + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0))
-    return SyncPlan(links, flows, fixed, gb / min(links.values()))
+    return SyncPlan(links, flows, max(f for _, f in receivers), gb / min(links.values()),
+                    tuple(receivers))
 

@@ -40,14 +40,28 @@ def write_plots(result: SimResult, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _intervals(result: SimResult) -> list[tuple[str, float, float, float]]:
-    """(slot, start, dur, share): slot work plus every engine step from the trace rows."""
-    share = 1.0 / max(result.run.replicas, 1)
-    out = list(result.run.busy)
+def _pool_work(result: SimResult) -> dict[str, list[tuple[float, float, float]]]:
+    """Pool -> (start, dur, devices kept busy): slot work plus every engine step from the trace
+    rows. A rollout split over pools: its slot work (weight sync) busies every part's devices,
+    and each engine step one replica of the part on its own pool (the event's pid)."""
+    run = result.run
+    where = {s.name: s.pool_devices() for s in result.plan.slots}
+    split = {s.name for s in result.plan.slots if s.parts}
+    out: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for slot, t, d, share in run.busy:
+        for pool, n in where[slot]:
+            out[pool].append((t, d, share * n))
+    share = 1.0 / max(run.replicas, 1)
+    per_part = {pool: n / max(reps, 1) for pool, reps, n in run.engine_groups}
     rec = result._rec  # its columns: no tuple per event
-    for cat, ts, dur, tid in zip(rec.cats, rec.ts, rec.dur, rec.tids):
+    for cat, ts, dur, tid, pid in zip(rec.cats, rec.ts, rec.dur, rec.tids, rec.pids):
         if cat in ("prefill", "decode"):
-            out.append((tid.split("/engine")[0], ts, dur, share))
+            slot = tid.split("/engine")[0]
+            if slot in split:
+                out[pid].append((ts, dur, per_part[pid]))
+            else:
+                pool, n = where[slot][0]
+                out[pool].append((ts, dur, share * n))
     return out
 
 
@@ -150,16 +164,12 @@ def utilization(result: SimResult, path: Path) -> Path:
     span = max(run.end_s, 1e-9)
     edges = np.linspace(0, span, BINS + 1)
     width = edges[1] - edges[0]
-    dev_of = {s.name: (s.pool, s.devices) for s in plan.slots}
-    by_pool: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for slot, t, d, share in _intervals(result):
-        pool, n = dev_of[slot]
-        by_pool[pool].append((t, d, share * n))
     busy = {pool: covered(a[:, 0], a[:, 1], edges, a[:, 2])
-            for pool, a in ((pool, np.array(v)) for pool, v in by_pool.items())}
+            for pool, a in ((pool, np.array(v)) for pool, v in _pool_work(result).items())}
     total: defaultdict[str, int] = defaultdict(int)
     for s in plan.slots:
-        total[s.pool] += s.devices
+        for pool, n in s.pool_devices():
+            total[pool] += n
     fig, ax = plt.subplots(figsize=(11, 3.5))
     mids = (edges[:-1] + edges[1:]) / 2
     for pool, arr in sorted(busy.items()):

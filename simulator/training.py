@@ -9,6 +9,10 @@ same cost-model calls as `placer.estimate`:
   train stage  actor and critic: `mini_batches` optimizer steps, one event each; `train_time` is
                linear in tokens apart from its per-step terms, so the steps sum to the placer's
                figure exactly.
+Every model pass (score or train) first pays the driver's dispatch of the batch padded to the
+job's longest context (`costmodel.dispatch_time`, as `placer.estimate.pass_dispatch`), once per
+pass: `Work.dispatch_s`, recorded as an unsized transfer event (which no fitted factor prices,
+like an onload), so the steps' events stay the passes' compute alone.
 Roles sharing a slot run one after another on it (`simulator.iteration` holds the slot); when
 their memory does not fit together, a role pays its onload (`costmodel.switch_time`) the first
 time it takes the slot in an iteration - the rule `placer.timing.slot_switch` prices.
@@ -19,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, forward_time, switch_time, train_time
+from placer.costmodel import Calibration, dispatch_time, forward_time, switch_time, train_time
 from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import DeviceKind
@@ -40,10 +44,11 @@ class Work:
     stage: str
     steps: tuple[float, ...]
     tokens: int
+    dispatch_s: float = 0.0  # the driver ships the batch first (its own unsized transfer event)
 
     @property
     def total_s(self) -> float:
-        return sum(self.steps)
+        return self.dispatch_s + sum(self.steps)
 
 
 def stage_work(res: Resolved, plan: Plan, calib: Calibration, smp: Samples,
@@ -61,15 +66,18 @@ def stage_work(res: Resolved, plan: Plan, calib: Calibration, smp: Samples,
         eff = calib.for_device(dev)
         m = res.model_of(role)
         steps: tuple[float, ...]
+        ship = 0.0
         if m is None:  # a rule reward: per-sample checks on CPU cores
             cores = rp.par.devices * dev.cores
             steps = (math.ceil(smp.n / cores) * eff.rule_reward_s,)
         elif stage == "score":
             steps = (forward_time(m, dev, rp.par, tokens, seq, eff),)
+            ship = dispatch_time(smp.n, res.job.max_context, eff)
         else:
             mb = res.job.batch.mini_batches
             steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff) for _ in range(mb))
-        out.append(Work(role, stage, steps, tokens))
+            ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step
+        out.append(Work(role, stage, steps, tokens, ship))
     return out
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.planfile import Plan
-from placer.spec import job_from_dict, load_job
+from placer.spec import Job, job_from_dict, load_job
 from simulator.handplans import EXAMPLE_PLACEMENTS, place, plan_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -63,3 +63,31 @@ SMALL_PLACEMENT = {"actor": ("h100", 4, "train"), "reference": ("h100", 4, "trai
 def small_plan(placement: dict | None = None, **over) -> Plan:
     res = resolve(job_from_dict(small_job(**over)))
     return place(res, placement or SMALL_PLACEMENT, Calibration())
+
+
+@cache
+def hetero_split_plans() -> tuple[Plan, Plan]:
+    """examples/hetero-split.yaml planned twice from one cost table: (the ILP's plan, which
+    splits the rollout over pools; the best plan with every split candidate dropped)."""
+    from dataclasses import replace
+
+    from placer.ilp_solve import solve
+    from placer.planner import build_problem, to_plan
+
+    res = resolve(load_job(EXAMPLES / "hetero-split.yaml"), "hetero-split")
+    problem = build_problem(res, Calibration())
+    single = replace(problem, cands={r: [c for c in cs if not c.split]
+                                     for r, cs in problem.cands.items()})
+    return to_plan(problem, solve(problem)), to_plan(single, solve(single))
+
+
+def for_job(plan: Plan, job: Job) -> Plan:
+    """`plan`'s placement (pools, layouts, parts, slots) priced and mapped for `job` (the plan's
+    job with, say, another pipeline mode or tail policy)."""
+    from placer.assemble import assemble, placed_estimate
+    from placer.timing import Placed
+    from simulator.handplans import HAND
+
+    res, calib = resolve(job, plan.spec.name), Calibration()
+    placed = [Placed(r.slot, placed_estimate(res, role, r, calib)) for role, r in plan.roles.items()]
+    return assemble(res, placed, calib, HAND)

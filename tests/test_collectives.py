@@ -114,14 +114,14 @@ def test_gemm_efficiency_saturates_at_the_ridge_point() -> None:
 
 
 def test_device_ceiling_adds_memory_bound_kernels_at_hbm_bandwidth() -> None:
-    # 1 / (1/0.58 + 0.00264 * ridge): H100 ridge 989e12/3.35e12 = 295.2 -> 1/(1.7241 + 0.7794)
-    # = 0.3994; H20 ridge 148e12/4e12 = 37 -> 1/(1.7241 + 0.0977) = 0.5489
-    assert device_ceiling(0.58, H100, EFF) == pytest.approx(0.3994, abs=5e-4)
-    assert device_ceiling(0.58, H20, EFF) == pytest.approx(0.5489, abs=5e-4)
-    assert device_ceiling(0.58, H100, replace(EFF, nongemm_bytes_per_flop=0.0)) == 0.58
-    # training runs at the device's ceiling: an H20 keeps 1.37x the H100's share of its peak
-    assert device_ceiling(0.58, H20, EFF) / device_ceiling(0.58, H100, EFF) == pytest.approx(
-        1.374, abs=2e-3)
+    # 1 / (1/0.86 + 0.0045 * ridge): H100 ridge 989e12/3.35e12 = 295.2 -> 1/(1.1628 + 1.3285)
+    # = 0.4014; H20 ridge 148e12/4e12 = 37 -> 1/(1.1628 + 0.1665) = 0.7523
+    assert device_ceiling(0.86, H100, EFF) == pytest.approx(0.4014, abs=5e-4)
+    assert device_ceiling(0.86, H20, EFF) == pytest.approx(0.7523, abs=5e-4)
+    assert device_ceiling(0.86, H100, replace(EFF, nongemm_bytes_per_flop=0.0)) == 0.86
+    # training runs at the device's ceiling: an H20 keeps 1.87x the H100's share of its peak
+    assert device_ceiling(0.86, H20, EFF) / device_ceiling(0.86, H100, EFF) == pytest.approx(
+        1.874, abs=2e-3)
 
 
 def test_decode_bandwidth_efficiency_falls_with_tp_and_at_batch_one() -> None:
@@ -181,10 +181,33 @@ def test_weight_sync_is_one_broadcast_at_the_sender_rate() -> None:
                                    + (math.ceil(gb / 4) - 1) * EFF.sync_call_s)
 
 
-def test_colocated_sync_loads_each_rank_shard() -> None:
+def test_colocated_sync_loads_the_weights_into_each_replica_at_once() -> None:
     res = _sync_res("H100-SXM", 1)
-    links = sync_links(res, "g", 8, 1, "g", 8, 8, True, EFF)
-    assert links == {"local": 8 * EFF.sync_local_gbs}
+    # CUDA IPC into a co-located engine: one rate per replica whatever its TP (NeMo-RL's TP8
+    # refit and Miles' one-GPU engines both take ~20-30 GB/s)
+    assert sync_links(res, "g", 8, 1, "g", 8, 8, True, EFF) == {"local": EFF.sync_local_gbs}
+    assert EFF.sync_local_gbs * EFF.link_eff == pytest.approx(24.8)
+    # Qwen3-30B-A3B (61.1 GB) into co-located TP8 engines: 61.1 / 24.8 GB/s + the first call's
+    # latency + 61 more 1 GB buckets at sync_call_s -- the same for TP1 engines
+    m = res.model_of(Role.ROLLOUT)
+    assert m is not None
+    gb = weight_bytes(m) / 1e9
+    expect = gb / 24.8 + EFF.sync_latency_s + (math.ceil(gb) - 1) * EFF.sync_call_s
+    for tp in (8, 1):
+        t = sync_time(res, _placed("s", Role.ACTOR, Parallel(dp=8)),
+                      _placed("s", Role.ROLLOUT, Parallel(tp=tp, dp=8 // tp)), Calibration())
+        assert t == pytest.approx(expect)
     inside = sync_links(res, "g", 4, 1, "g", 4, 4, False, EFF)  # one node: NVLink
     assert inside["send"] == H100.intra_link_gbs
-    assert inside["recv"] == 4 * H100.intra_link_gbs  # each of the replica's 4 ranks loads its shard
+    # a broadcast hands each of the replica's 4 ranks the full weights: one rank's link binds
+    assert inside["recv"] == H100.intra_link_gbs
+
+
+def test_broadcast_receive_is_one_ranks_nic_however_wide_the_engine() -> None:
+    res = _sync_res("H100-SXM", 16)
+    # 4 pipeline stages send 4 x 10.3 GB/s raw; a TP32 engine's ranks each take the full stream
+    # through their own 50 GB/s NIC, so the receive (50), not 32 x 50, binds
+    links = sync_links(res, "g", 64, 4, "g", 64, 32, False, EFF)
+    assert links == {"send": 4 * EFF.sync_sender_gbs, "recv": H100.nic_gbs}
+    fast = replace(EFF, sync_sender_gbs=29.9)  # Miles' sender stream
+    assert min(sync_links(res, "g", 64, 4, "g", 64, 32, False, fast).values()) == H100.nic_gbs

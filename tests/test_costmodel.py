@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from placer.batching import step_terms
 from placer.calibration import calibration_from_dict
-from placer.catalog import shipped_devices, shipped_models
+from placer.catalog import resolve, shipped_devices, shipped_models
 from placer.costmodel import (
     GB,
     Efficiency,
@@ -15,6 +16,8 @@ from placer.costmodel import (
     decode_read_bytes,
     decode_run_time,
     decode_step_time,
+    dispatch_time,
+    expert_read_eff,
     forward_time,
     infer_memory,
     kv_bytes_per_token,
@@ -30,7 +33,8 @@ from placer.costmodel import (
     weight_bytes,
     weight_sync_time,
 )
-from placer.spec import SpecError
+from placer.estimate import estimate, pass_dispatch
+from placer.spec import ModelArch, SpecError, job_from_dict
 
 DEV = shipped_devices()
 M = shipped_models()
@@ -40,7 +44,8 @@ EFF = Efficiency()
 IDEAL = replace(EFF, mfu_train=1.0, mfu_prefill=1.0, decode_bw_eff=1.0, decode_flops_eff=1.0,
                 link_eff=1.0, step_overhead_s=0.0, train_overhead_s=0.0, gemm_half_ridge=0.0,
                 decode_tp_bw_loss=0.0, decode_bw_half_batch=0.0, step_overhead_per_seq_s=0.0,
-                coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, nongemm_bytes_per_flop=0.0)
+                coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, nongemm_bytes_per_flop=0.0,
+                expert_read_half_width=0.0)
 
 
 # -------------------------------------------------------------------------------------- memory
@@ -133,8 +138,8 @@ def test_training_time_is_flops_over_peak_times_mfu(recompute: bool, k: int) -> 
     m, tokens = M["Llama-3-8B"], 2e6
     t = train_time(m, H100, Parallel(recompute=recompute), tokens, seq=0, steps=1, eff=EFF)
     # a 16,384-token micro-batch per device, H100 ridge 989e12 / 3.35e12 = 295 FLOP per byte;
-    # the ceiling with the memory-bound kernels: 1 / (1/0.58 + 0.00264 * 295.2) = 0.3994
-    mfu = 0.3994 * 16384 / (16384 + 989 / 3.35)
+    # the ceiling with the memory-bound kernels: 1 / (1/0.86 + 0.0045 * 295.2) = 0.4014
+    mfu = 0.40140 * 16384 / (16384 + 989 / 3.35)
     expect = k * m.matmul_params() * tokens / (989e12 * mfu) + EFF.train_overhead_s
     assert t == pytest.approx(expect, rel=2e-4)
 
@@ -187,6 +192,40 @@ def test_decode_at_batch_one_reads_the_weights() -> None:
     # the KV cache is read as well
     with_kv = decode_step_time(m, H100, Parallel(), 1, 8192, IDEAL)
     assert with_kv == pytest.approx((read + 8192 * 131072) / (3350 * GB))
+
+
+def test_routed_experts_stream_at_the_fused_moe_efficiency_of_their_slice() -> None:
+    # Qwen3-30B-A3B on TP4: each rank holds 768 / 4 = 192 columns of every expert
+    m = M["Qwen3-30B-A3B"]
+    assert expert_read_eff(m, 4, EFF) == pytest.approx(192 / (192 + 341))  # 0.360
+    assert expert_read_eff(m, 1, EFF) == pytest.approx(768 / (768 + 341))  # wider: 0.693
+    assert expert_read_eff(M["Llama-3-8B"], 4, EFF) == 1.0  # dense: no experts
+    # a hand-sized MoE at batch 1 on one H100: the one expert hit per layer (E(1 - (1 - k/E)) = 1)
+    # is 2 layers x 3 x 64 x 32 params x 2 bytes = 24,576 bytes; at half width 32 (w = 32: half
+    # the efficiency) it takes twice as long to read as at half width 0
+    tiny = ModelArch(name="tiny-moe", layers=2, hidden=64, heads=4, kv_heads=2, mlp=128,
+                     vocab=64, experts=4, experts_per_token=1, expert_mlp=32)
+    routed = 2 * 3 * 64 * 32 * 2
+    assert (decode_read_bytes(tiny, 1) - decode_read_bytes(tiny, 0)) == routed
+    half, full = replace(EFF, expert_read_half_width=32.0), replace(EFF, expert_read_half_width=0)
+    e = EFF.decode_bw_eff / (1 + EFF.decode_bw_half_batch)  # batch 1, TP1
+    extra = decode_step_time(tiny, H100, Parallel(), 1, 0, half) - decode_step_time(
+        tiny, H100, Parallel(), 1, 0, full)
+    assert extra == pytest.approx(routed / (3350 * GB * e))
+
+
+def test_eager_engines_pay_a_launch_overhead_per_layer() -> None:
+    m = M["Qwen3-30B-A3B"]
+    graphs, eager = Parallel(tp=4), Parallel(tp=4, cuda_graphs=False)
+    # 48 layers x 0.34 ms = 16.3 ms a step, whatever the batch or context
+    for batch, ctx in ((1, 0), (256, 256 * 2000)):
+        gap = (decode_step_time(m, H100, eager, batch, ctx, EFF)
+               - decode_step_time(m, H100, graphs, batch, ctx, EFF))
+        assert gap == pytest.approx(48 * 3.4e-4)
+    # the rollout tail's per-replica step terms keep the whole layout (not just TP and PP)
+    st = step_terms(m, H100, replace(eager, dp=8), EFF)
+    assert st.par == replace(eager, dp=1)
+    assert st.step(4, 0) == pytest.approx(decode_step_time(m, H100, eager, 4, 0, EFF))
 
 
 def test_large_batches_become_compute_bound() -> None:
@@ -276,3 +315,43 @@ def test_calibration_overrides_factors_per_device() -> None:
 def test_bad_calibration_is_a_spec_error_naming_the_field(data: dict, field: str) -> None:
     with pytest.raises(SpecError, match=field):
         calibration_from_dict(data)
+
+
+# ------------------------------------------------------------------------------ driver dispatch
+def test_dispatch_is_the_padded_batch_over_the_drivers_rate() -> None:
+    # verl rows 1-3: 512 x 16 samples padded to 2,048 + 28,672 tokens, 56 bytes per token:
+    # 8,192 * 30,720 * 56 = 14.093 GB at 0.4 GB/s = 35.23 s (the published passes' intercept)
+    assert dispatch_time(8192, 30720, EFF) == pytest.approx(35.232, abs=1e-3)
+    assert dispatch_time(8192, 30720, replace(EFF, dispatch_bytes_per_token=0.0)) == 0.0
+    assert dispatch_time(8192, 30720, replace(EFF, dispatch_gbs=0.8)) == pytest.approx(17.616,
+                                                                                         abs=1e-3)
+
+
+def _dispatch_job() -> dict:
+    return {"name": "dispatch", "algorithm": "grpo",
+            "models": {"policy": "Qwen2.5-7B", "reward": "rule"},
+            "batch": {"prompts": 64, "samples_per_prompt": 4, "mini_batches": 2},
+            "lengths": {"prompt": {"kind": "fixed", "value": 256},
+                        "response": {"kind": "fixed", "value": 768}},
+            "cluster": {"pools": [{"name": "g", "device": "H100-SXM", "devices_per_node": 8,
+                                   "nodes": 2}]}}
+
+
+@pytest.mark.parametrize("dp", [4, 16])
+def test_every_trainer_and_forward_pass_pays_one_dispatch_whatever_the_devices(dp: int) -> None:
+    res = resolve(job_from_dict(_dispatch_job()))
+    calib = calibration_from_dict({}, "test")
+    pool, m = res.cluster.pool("g"), M["Qwen2.5-7B"]
+    # 256 samples padded to 1,024 tokens: 256 * 1,024 * 56 B / 0.4 GB/s = 36.70 ms
+    ship = 256 * 1024 * 56 / 0.4e9
+    assert pass_dispatch(res, EFF) == pytest.approx(ship, rel=1e-12)
+    par = Parallel(dp=dp, zero=3, recompute=True)
+    actor = estimate(res, "actor", pool, par, calib)
+    tokens = 256 * 1024.0
+    assert actor.stage_s["score"] == pytest.approx(
+        forward_time(m, H100, par, tokens, 1024, EFF) + ship, rel=1e-9)
+    assert actor.stage_s["train"] == pytest.approx(
+        train_time(m, H100, par, tokens, 1024, 2, EFF) + ship, rel=1e-9)  # once, not per step
+    ref = estimate(res, "reference", pool, Parallel(dp=dp), calib)
+    assert ref.stage_s["score"] == pytest.approx(
+        forward_time(m, H100, Parallel(dp=dp), tokens, 1024, EFF) + ship, rel=1e-9)

@@ -18,7 +18,14 @@ from placer.costmodel import (
     train_memory,
     train_time,
 )
-from placer.estimate import can_host, estimate, mean_context, rollout_shape, wave_time
+from placer.estimate import (
+    can_host,
+    estimate,
+    mean_context,
+    pass_dispatch,
+    rollout_shape,
+    wave_time,
+)
 from placer.rollout_tail import at_means
 from placer.spec import job_from_dict, load_job
 
@@ -74,8 +81,9 @@ def test_frozen_forward_is_the_cost_models_forward(hetero) -> None:
     est = estimate(hetero, "reference", pool, par, CAL)
     s = mean_context(hetero)
     m, dev = hetero.model_of("reference"), hetero.device_of(pool)
-    assert est.stage_s["score"] == pytest.approx(
-        forward_time(m, dev, par, hetero.job.batch.samples * s, s, EFF))
+    assert est.stage_s["score"] == pytest.approx(  # + the driver's dispatch of the batch
+        forward_time(m, dev, par, hetero.job.batch.samples * s, s, EFF)
+        + pass_dispatch(hetero, EFF))
 
 
 def test_training_estimate_prices_forward_and_optimizer_steps(hetero) -> None:
@@ -83,7 +91,8 @@ def test_training_estimate_prices_forward_and_optimizer_steps(hetero) -> None:
     est = estimate(hetero, "actor", pool, par, CAL)
     s, m, dev = mean_context(hetero), hetero.model_of("actor"), hetero.device_of(pool)
     n = hetero.job.batch.samples
-    assert est.stage_s["train"] == pytest.approx(train_time(m, dev, par, n * s, s, 4, EFF))
+    assert est.stage_s["train"] == pytest.approx(train_time(m, dev, par, n * s, s, 4, EFF)
+                                                 + pass_dispatch(hetero, EFF))
     assert est.memory == train_memory(m, par, hetero.job.max_context, EFF)
 
 

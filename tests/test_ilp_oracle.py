@@ -5,6 +5,8 @@ the async chain bound binds on some), fixed and long-tailed response lengths, ti
 objectives. The brute force enumerates, over the *same* cost table, every choice of one candidate
 per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
 respected) and prices each with the same `ilp.score` (which is `timing.iteration_time`).
+A rollout split over two pools (`placer.split`) is drawn into the table whenever the cluster has
+one: it must sit alone in its slot and holds devices on each of its pools.
 """
 from __future__ import annotations
 
@@ -77,10 +79,13 @@ def brute_force(problem: Problem) -> float:
         for groups in partitions(roles):
             if any(len({choice[r].pool for r in g}) > 1 for g in groups):
                 continue
+            if any(len(g) > 1 and any(choice[r].split for r in g) for g in groups):
+                continue  # a split role sits alone
             used: dict[str, int] = {}
             for g in groups:
-                pool = choice[g[0]].pool
-                used[pool] = used.get(pool, 0) + max(choice[r].devices for r in g)
+                for pool in {p for r in g for p in choice[r].pool_devices()}:
+                    need = max(choice[r].pool_devices().get(pool, 0) for r in g)
+                    used[pool] = used.get(pool, 0) + need
             if any(n > cap[p] for p, n in used.items()):
                 continue
             best = min(best, score(problem, Assignment(choice, slot_names(groups)))[key])
@@ -96,8 +101,14 @@ def test_ilp_matches_brute_force(job, data):
     except Infeasible:  # e.g. a 7B actor on 1 A100: the diagnosis has its own tests
         assume(False)
     # a random subset of at most 3 candidates per role keeps the brute force small
+    # (single-pool ones: the planner's table always has those, and they keep every instance
+    # feasible), plus a split rollout where the cluster has one
+    singles = {r: [c for c in cs if not c.split] for r, cs in full.cands.items()}
     cands = {r: data.draw(st.lists(st.sampled_from(cs), min_size=1, max_size=3, unique_by=id),
-                          label=r) for r, cs in full.cands.items()}
+                          label=r) for r, cs in singles.items()}
+    splits = [c for c in full.cands.get("rollout", []) if c.split]
+    if splits:
+        cands["rollout"] = [*cands["rollout"][:2], data.draw(st.sampled_from(splits), "split")]
     problem = Problem(res, full.calib, cands, full.objective)
     expect = brute_force(problem)
     sol = solve(problem, time_limit_s=20.0, workers=1)

@@ -10,6 +10,7 @@ siblings named on one line must not import each other.
                 project, so every layer can raise the errors, read its inputs, show progress
                 and read or write traces.
   1 library     the `placer` library: every placer.* module not named in another layer (specs,
+                layout pins (placer.pins, under placer.spec: the job model holds them),
                 catalogs, cost model, candidates, ILP, plan, pricing, moves, render, plots of
                 plans, interop with verl/OpenRLHF/KubeRay), and traces.synthetic (traces made
                 from the cost model).
@@ -150,6 +151,7 @@ def test_the_map_places_the_modules_it_names() -> None:
     assert layer_of("placer.commands.plan") == layer_of("placer.cli") == Layer(4, "cli")
     assert layer_of("placer") == layer_of("placer.api") == Layer(4, "cli")
     assert layer_of("placer.interop.verl") == Layer(1, "library")
+    assert layer_of("placer.pins") == Layer(1, "library")
     assert layer_of("placer.progress") == Layer(0, "foundation")
 
 

@@ -46,16 +46,36 @@ def test_json_flag_prints_one_document(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: dict) -> None:
     # A ratchet, not the goal (median |error| <= 15%): 60% with generation priced at mean
-    # lengths, 34% with the tail-aware rollout and device-balanced training efficiency. Tighten
-    # these bounds as the model improves; never loosen them.
-    assert doc["median_abs_error"] < 0.40, doc["median_abs_error"]
+    # lengths, 34% with the tail-aware rollout and device-balanced training efficiency, 20.6% with
+    # fused-MoE expert reads, eager engines where the run set enforce_eager, and verl's fully async
+    # trainer taking the old log-probs from the engine; 12.2% over 12 rows (row 11 added) with
+    # the driver's dispatch of every pass (`Efficiency.dispatch_gbs`) and the H20 training and
+    # forward efficiencies refitted without it. Tighten these bounds as the model improves;
+    # never loosen them. The max is row 10 (a hybrid linear-attention model, -57%).
+    assert doc["median_abs_error"] < 0.125, doc["median_abs_error"]
+    assert doc["max_abs_error"] < 0.57, doc["max_abs_error"]
     # sync: 53% with one bandwidth term; 22.5% with verl's unbucketed NCCL sync paying one call
-    # per tensor from one sender (`timing.sync_calls`)
-    assert doc["sync_median_abs_error"] < 0.25, doc["sync_median_abs_error"]
+    # per tensor from one sender (`timing.sync_calls`); 13.2% with a broadcast's receive bound by
+    # one rank's NIC, Miles' own sender rate and one CUDA-IPC rate per co-located replica
+    assert doc["sync_median_abs_error"] < 0.14, doc["sync_median_abs_error"]
+    assert all(abs(s["error"]) < 0.30 for s in doc["sync"]), doc["sync"]  # the issue's goal
     verl = [s for s in doc["sync"] if s["name"].startswith("verl")]
-    assert len(verl) == 4 and all(abs(s["error"]) < 0.30 for s in verl), verl
-    # the vLLM decode rows set the decode defaults, so they must stay close
-    assert all(abs(r["error"]) < 0.10 for r in doc["decode"]), doc["decode"]
+    assert len(verl) == 4
+    # the dense decode rows set the decode defaults, so they must stay close; the MoE rows set
+    # (SGLang Qwen3-235B-A22B) and check (vLLM Mixtral-8x7B) the fused-MoE read efficiency
+    dense = [r for r in doc["decode"] if "Llama" in r["name"]]
+    assert len(dense) == 2 and all(abs(r["error"]) < 0.10 for r in dense), dense
+    assert len(doc["decode"]) == 4 and all(abs(r["error"]) < 0.15 for r in doc["decode"])
+
+
+def test_fully_async_trainer_runs_no_old_log_prob_pass(doc: dict) -> None:
+    # verl fully_async_policy takes old log-probs from the engine: r04 and r06 publish none, and
+    # the trainer's slot holds only its update (and r06's reference)
+    rows = {r["name"][:3]: r for r in doc["rows"]}
+    for key in ("r04", "r06"):
+        assert "old_log_prob" not in rows[key]["stages"]
+    r04 = rows["r04"]
+    assert r04["predicted_s"] == pytest.approx(r04["stages"]["update"]["predicted_s"], rel=1e-9)
 
 
 def _stage_median(doc: dict, stage: str) -> float:
@@ -64,8 +84,32 @@ def _stage_median(doc: dict, stage: str) -> float:
 
 
 def test_stage_errors_do_not_grow(doc: dict) -> None:
-    # A ratchet per stage: rollout median |error| 65% at mean lengths, 27% tail-aware; the update
-    # median |error| was 62% before the device-balanced training efficiency, old log-prob 34%.
-    assert _stage_median(doc, "update") < 0.30, _stage_median(doc, "update")
-    assert _stage_median(doc, "old_log_prob") < 0.32, _stage_median(doc, "old_log_prob")
-    assert _stage_median(doc, "rollout") < 0.35, _stage_median(doc, "rollout")
+    # A ratchet per stage: rollout median |error| 65% at mean lengths, 27% tail-aware, 11.6% with
+    # fused-MoE reads, eager engines and verl's generate_sequences as the generation stage (11.9%
+    # with mfu_prefill 0.40; over rows 1-10, the rows it was measured on); the update median
+    # |error| was 62% before the device-balanced training efficiency, 27.2% before the driver's
+    # dispatch (25.5% now); old log-prob 34%, 27.9%, 21.1% now (the fully async rows not
+    # counted: they run none).
+    assert _stage_median(doc, "update") < 0.26, _stage_median(doc, "update")
+    assert _stage_median(doc, "old_log_prob") < 0.22, _stage_median(doc, "old_log_prob")
+    first_ten = {**doc, "rows": [r for r in doc["rows"] if not r["name"].startswith("r11")]}
+    assert _stage_median(first_ten, "rollout") < 0.12, _stage_median(first_ten, "rollout")
+
+
+def test_deepseek_v3_row_is_expressed_and_fits(doc: dict) -> None:
+    # row 11: DeepSeek-V3 671B on 96 H20, trainer TP8 PP12 EP8 with optimizer offload, vLLM TP32
+    # engines of 4 nodes. Its rollout is priced 63% long: concurrency is reserved at the longest
+    # context (51 sequences per engine), where vLLM admits by the KV blocks in use
+    r11 = next(r for r in doc["rows"] if r["name"].startswith("r11"))
+    assert r11["fits"], r11["note"]
+    assert abs(r11["error"]) < 0.16, r11["error"]
+    assert 0 < r11["stages"]["rollout"]["error"] < 0.65, r11["stages"]
+
+
+def test_log_prob_passes_carry_the_drivers_fixed_dispatch(doc: dict) -> None:
+    # verl's old_log_prob on 32 / 64 / 128 H20 (rows 1-3) fits a + b / GPUs with a = 36 s, the
+    # driver's dispatch of 8,192 samples padded to 30,720 tokens (35.2 s priced): with it every
+    # one of the three is within 25% (-4%, -27%, -52% before)
+    rows = {r["name"][:3]: r for r in doc["rows"]}
+    for key in ("r01", "r02", "r03"):
+        assert abs(rows[key]["stages"]["old_log_prob"]["error"]) < 0.25, rows[key]["stages"]

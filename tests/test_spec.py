@@ -167,3 +167,19 @@ def test_spec_objects_are_frozen() -> None:
     with pytest.raises(ValidationError, match="frozen"):
         job.batch.prompts = 9  # type: ignore[misc]
     assert isinstance(job, Job)
+
+
+@pytest.mark.parametrize("catalog,needle", [("x", "catalog: expected a mapping, got 'x'"),
+                                            ({"models": "y"}, "catalog.models: expected a list")])
+def test_model_dir_with_a_malformed_catalog_names_the_field(catalog, needle) -> None:
+    """A `{path: DIR}` model next to a catalog of the wrong shape: one SpecError, no crash (and
+    a wrong-shaped catalog without model directories is the schema's to report)."""
+    d = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "agentic-code.yaml")
+                       .read_text())
+    d["models"]["policy"] = {"path": "/nonexistent"}
+    d["catalog"] = catalog
+    with pytest.raises(SpecError, match=needle):
+        job_from_dict(d, "h.yaml")
+    d["models"]["policy"] = "Qwen2.5-7B"
+    with pytest.raises(SpecError, match="catalog"):
+        job_from_dict(d, "h.yaml")

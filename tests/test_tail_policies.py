@@ -192,3 +192,31 @@ def test_compare_policies_cli(tmp_path, capsys) -> None:
     assert {r["kind"] for r in doc["ranking"]} == {"none", "overprovision", "partial", "reissue"}
     assert main(["simulate", str(path), "--compare-policies", "--trace", "x.json"]) == 2
     assert "--trace" in capsys.readouterr().err
+
+
+def test_overprovision_trains_the_shortest_kept_samples() -> None:
+    """Over-provisioned, the trained samples are priced at the mean below the kept quantile:
+    for a normal response N(1000, 100) keeping 80%, E[X | X < q_0.8] = 1000 - 100 phi(z) / 0.8
+    (z = 0.8416: 965.0); no over-provisioning, or fixed lengths, keep the full mean."""
+    from placer.estimate import mean_context, trained_context
+
+    normal = {"kind": "normal", "mean": 1000, "std": 100, "min": 0}
+    over = {"kind": "overprovision", "fraction": 0.25}
+
+    def job(**kw):
+        return resolve(job_from_dict(small_job(environment__turns=1, **kw)))
+
+    res = job(lengths__response=normal, tail_policy=over)
+    assert res.job.batch.samples == 128  # ceil(128 * 1.25) = 160 generated: keeps 0.8
+    z = 0.8416212335729143
+    phi = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+    want = mean_context(res) - 1000 + (1000 - 100 * phi / 0.8)
+    assert trained_context(res) == pytest.approx(want, abs=0.5)
+    plain = job(lengths__response=normal)
+    assert trained_context(plain) == mean_context(plain)
+    fixed = job(lengths__response={"kind": "fixed", "value": 256}, tail_policy=over)
+    assert trained_context(fixed) == mean_context(fixed)
+    # two turns: the selection is on a sample's total, so it trims less per turn
+    two = resolve(job_from_dict(small_job(lengths__response=normal, tail_policy=over)))
+    per_turn_cut = (mean_context(two) - trained_context(two)) / 2
+    assert 0 < per_turn_cut < 1000 - (1000 - 100 * phi / 0.8)

@@ -65,9 +65,20 @@ def _same_placement(p: Plan) -> str:
 
 def placement(p: Plan) -> dict[str, str]:
     """Where each role sits: `POOLxN tpT ppP dpD [slot]`, with cp/ep/etp where above 1
-    (`placer.moves.dims`, the notation `placer explain` and `diff` print)."""
+    (`placer.moves.dims`, the notation `placer explain` and `diff` print); a split role: each
+    part's `POOLxN tpT ppP dpD` joined by " + "."""
     from placer.moves import dims
-    return {r: f"{x.pool}x{x.devices} {dims(x)} [{x.slot}]" for r, x in p.roles.items()}
+
+    def one(x) -> str:
+        if x.parts:
+            return " + ".join(f"{q.pool}x{q.devices} {dims(q.par)}" for q in x.parts)
+        return f"{x.pool}x{x.devices} {dims(x)}"
+    return {r: f"{one(x)} [{x.slot}]" for r, x in p.roles.items()}
+
+
+def _devices(placed: str) -> str:
+    """`POOLxN` of a `placement` entry; a split role's parts joined by "+"."""
+    return "+".join(part.split(" ")[0] for part in placed.split(" [")[0].split(" + "))
 
 
 def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
@@ -157,7 +168,7 @@ def render(doc: dict[str, Any]) -> str:
         if not r["applicable"]:
             lines.append(f"{name:<16} {'n/a (does not apply to this job)':>12}")
             continue
-        where = ", ".join(f"{role}:{p.split(' ')[0]}" for role, p in r["placement"].items())
+        where = ", ".join(f"{role}:{_devices(p)}" for role, p in r["placement"].items())
         cr = r["cost_ratio_to_ilp"]
         line = (f"{name:<16} {r['predicted_iteration_s']:>12.3f} "
                 f"{r['throughput_samples_s']:>10.2f} {r['cost_per_sample']:>11.6f} "

@@ -37,7 +37,7 @@ UNITS: dict[tuple[str, str], str] = {
     ("DeviceType", "bf16_tflops"): "TFLOP/s", ("DeviceType", "price_per_hour"): "USD/device-hour",
     ("DeviceType", "fp8_tflops"): "TFLOP/s",
     ("DeviceType", "cores"): "CPU cores", ("CurrentRole", "devices"): "devices",
-    ("ModelArch", "params_b"): "billions of parameters",
+    ("ModelArch", "params_b"): "billions of parameters", ("CodeReward", "memory_mb"): "MiB",
     ("Distribution", "value"): "of the field: tokens (lengths; response per turn) or s (latency)",
 }
 for _f in ("mean", "std", "median", "min", "cap"):
@@ -112,7 +112,8 @@ MEANINGS: dict[tuple[str, str], str] = {
 EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "Job": [{"name": "grpo-qwen7b", "algorithm": "grpo", "objective": "cost", "seed": 7,
              "models": {}, "batch": {}, "lengths": {}, "cluster": {}, "environment": {},
-             "pipeline": {}, "tail_policy": {}, "catalog": {}, "data": {}, "precision": {}}],
+             "pipeline": {}, "tail_policy": {}, "catalog": {}, "data": {}, "precision": {},
+             "pin": {}}],
     "Precision": [{"rollout_weights": "fp8", "kv_cache": "fp8", "training": "bf16"}],
     "Models": [{"policy": "Qwen2.5-7B", "reference": "Qwen2.5-7B", "reward": "rule",
                 "critic": "Qwen2.5-1.5B", "use_reference": False,
@@ -151,10 +152,15 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
                   {"name": "my-mla", "layers": 61, "hidden": 7168, "heads": 128, "kv_heads": 128,
                    "mlp": 18432, "vocab": 129280, "q_lora_rank": 1536, "kv_lora_rank": 512,
                    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}],
-    "Dataset": [{"path": "data/gsm8k.jsonl", "prompt": "question", "answer": "final"}],
+    "Dataset": [{"path": "data/gsm8k.jsonl", "prompt": "question", "answer": "final"},
+                {"path": "data/apps.parquet", "prompt": "problem", "answer": "tests",
+                 "reward": "code", "code": {}}],
+    "CodeReward": [{"wall_s": 10, "cpu_s": 4, "memory_mb": 1024, "scoring": "all"}],
     "CurrentPlacement": [{"source": "verl ppo_trainer.yaml", "colocate": [["actor", "rollout"]],
                           "roles": {"actor": {"pool": "h100", "devices": 8, "tp": 2}}}],
     "CurrentRole": [{"pool": "h100", "devices": 8, "tp": 2, "pp": 2, "offload": True}],
+    "Pins": [{"actor": {"tp": 2, "dp": 2}, "rollout": {"pool": "h100", "tp": 1}}],
+    "Pin": [{"pool": "h100", "devices": 8, "tp": 2, "pp": 1, "dp": 4, "cp": 1, "ep": 1}],
 }
 
 

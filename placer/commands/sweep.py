@@ -97,7 +97,11 @@ def _doc(r: dict[str, Any], pareto: bool) -> dict[str, Any]:
         p = r["plan"]
         out["pareto"] = pareto
         out["best_plan"] = {role: {"pool": x.pool, "devices": x.devices, "tp": x.tp, "pp": x.pp,
-                                   "dp": x.dp, "slot": x.slot} for role, x in p.roles.items()}
+                                   "dp": x.dp, "slot": x.slot,
+                                   **({"parts": [q.model_dump(include={"pool", "devices", "tp",
+                                                                       "pp", "dp", "share"})
+                                                 for q in x.parts]} if x.parts else {})}
+                            for role, x in p.roles.items()}
     return out
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from placer.catalog import Resolved
+from placer.errors import SpecError
 from placer.planfile import Plan, RolePlacement
 from placer.spec import DeviceKind
 
@@ -115,3 +116,20 @@ def names_a_file(text: str) -> bool:
         return Path(text).is_file()
     except (OSError, ValueError):  # ENAMETOOLONG, or a NUL byte
         return False
+
+
+def refuse_split(plan: Plan, framework: str) -> None:
+    """SpecError (exit 2) when the plan splits a role over pools (`roles.NAME.parts`): `framework`
+    runs each role's engines as one group of one device type, so the split cannot be expressed
+    and exporting only the first part would silently drop the others' devices and samples."""
+    split = {role: r for role, r in plan.roles.items() if r.parts}
+    if not split:
+        return
+    role, r = next(iter(split.items()))
+    over = " + ".join(f"{p.pool} x{p.devices} ({p.share:.0%} of samples)" for p in r.parts)
+    fields = ", ".join(f"roles.{n}.parts" for n in split)
+    raise SpecError(
+        f"{fields}: {framework} cannot run one {role} role over two device types; this plan "
+        f"splits it over {over}. Re-plan with the {role} kept on one pool (add `pin: {{{role}: "
+        f"{{pool: {r.parts[0].pool}}}}}` to the job, or leave one {role} pool in its cluster), or "
+        "export kuberay, which runs this plan as it is (`placer execute`)")

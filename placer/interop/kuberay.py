@@ -9,7 +9,10 @@ what the plan's placement-group bundles ask for (`placer.mapping.device_resource
   LPU pools  the `LPU` custom resource (no device plugin is assumed);
   CPU pools  `num-cpus` and CPU/memory requests from the device type (cores, host RAM).
 Every pod also carries the node label `placer.dev/device` in its node selector (the catalog
-device name: label your nodes with it) and the pod label `placer.dev/pool`.
+device name: label your nodes with it), the pod label `placer.dev/pool` and the annotation
+`placer.dev/slots` (the plan's slots on the pool and their devices there). A role split over
+pools (`roles.NAME.parts`) needs nothing more: each part's bundles ask for its own pool's key, so
+Ray places them on that pool's worker group, and each part's pool's group says so.
 
 The RayJob mounts the plan from a ConfigMap and runs `placer execute plan.json --address auto`:
 the image must have placer installed (`--image`).
@@ -31,6 +34,7 @@ RAY_VERSION = "2.52.0"  # the oldest Ray with token authentication (pyproject: r
 DEFAULT_IMAGE = f"rayproject/ray:{RAY_VERSION}-py311-gpu"
 DEVICE_LABEL = "placer.dev/device"
 POOL_LABEL = "placer.dev/pool"
+USES_ANNOTATION = "placer.dev/slots"  # what the plan runs on a group's pool (`pool_uses`)
 CONFIGMAP_LIMIT = 1 << 20  # bytes a ConfigMap holds
 # NVIDIA GPU feature discovery's `nvidia.com/gpu.product` values for the catalog's GPUs
 GPU_PRODUCT = {"A100-80G": "NVIDIA-A100-SXM4-80GB", "H100-SXM": "NVIDIA-H100-80GB-HBM3",
@@ -104,18 +108,36 @@ def _pod(container: dict[str, Any], pool: Pool | None, dev: DeviceType | None,
     return {"metadata": {"labels": labels}, "spec": spec}
 
 
+def pool_uses(plan: Plan) -> dict[str, str]:
+    """Per pool, the plan's slots on it and their devices there, e.g. "actor: 8; rollout: 8
+    (part of rollout, 64% of samples)": a split role's slot appears in each part's pool's group."""
+    out: dict[str, list[str]] = {}
+    for s in plan.slots:
+        split = next((r for name, r in plan.roles.items() if name in s.roles and r.parts), None)
+        for pool, n in s.pool_devices():
+            what = f"{s.name}: {n}"
+            if split is not None:
+                share = sum(p.share for p in split.parts if p.pool == pool)
+                what += f" (part of {', '.join(s.roles)}, {share:.0%} of samples)"
+            out.setdefault(pool, []).append(what)
+    return {pool: "; ".join(w) for pool, w in out.items()}
+
+
 def cluster_spec(plan: Plan, image: str) -> dict[str, Any]:
     """The RayCluster `spec`: a CPU-only head and one worker group per pool."""
     res = plan.resolved()
     job = plan.spec.name
+    uses = pool_uses(plan)
     groups = []
     for pool in res.cluster.pools:
         dev = res.device_of(pool)
+        template = _pod(_container("ray-worker", image, pool, dev), pool, dev, job)
+        template["metadata"]["annotations"] = {USES_ANNOTATION: uses.get(pool.name, "idle")}
         groups.append({
             "groupName": dns_name(pool.name, 50),
             "replicas": pool.nodes, "minReplicas": pool.nodes, "maxReplicas": pool.nodes,
             "rayStartParams": _start_params(pool, dev),
-            "template": _pod(_container("ray-worker", image, pool, dev), pool, dev, job)})
+            "template": template})
     head = {"rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
             "template": _pod(_container("ray-head", image, None, None), None, None, job)}
     return {"rayVersion": RAY_VERSION, "headGroupSpec": head, "workerGroupSpecs": groups}

@@ -10,7 +10,8 @@ Training is DeepSpeed ZeRO (`--ds.zero_stage`, `--ds.adam_offload`, AutoTP as
 
 Anything else the plan does (other colocations, LPU or CPU pools for models, pipeline stages,
 a rule reward or an environment, which OpenRLHF runs as a reward function or agent script) is
-named in `Export.warnings`.
+named in `Export.warnings`. A role split over pools (`roles.NAME.parts`) is refused (SpecError,
+exit 2): the vLLM engines are one group of one device type (`common.refuse_split`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from placer.interop.common import (
     lengths,
     memory_fraction,
     node_shape,
+    refuse_split,
 )
 from placer.planfile import Plan
 from placer.roles import Role
@@ -162,7 +164,9 @@ def _outside(plan: Plan, warn: list[str]) -> None:
 
 
 def command_args(plan: Plan) -> tuple[list[str], list[str]]:
-    """(argv after the entrypoint, warnings)."""
+    """(argv after the entrypoint, warnings); SpecError when a role is split over pools
+    (OpenRLHF's vLLM engines are one group of one device type: `refuse_split`)."""
+    refuse_split(plan, "OpenRLHF")
     warn: list[str] = []
     flags, forced = _colocation(plan, warn)
     args = _models(plan, warn, forced) \

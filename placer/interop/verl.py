@@ -12,7 +12,9 @@ share as `gpu_memory_utilization` and its concurrency as `max_num_seqs`.
 
 What verl cannot express is named in `Export.warnings`: LPU pools, a reference or critic outside
 the actor's pool, colocations other than the hybrid engine's, and device types (verl counts GPUs;
-which GPU type a pool lands on is the Ray cluster's business: `placer export kuberay`).
+which GPU type a pool lands on is the Ray cluster's business: `placer export kuberay`). A role
+split over pools (`roles.NAME.parts`) is refused (SpecError, exit 2): verl's rollout is one group
+of one device type (`common.refuse_split`).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from placer.interop.common import (
     memory_fraction,
     mini_batch_prompts,
     node_shape,
+    refuse_split,
 )
 from placer.planfile import Plan
 from placer.roles import Role
@@ -50,7 +53,9 @@ def config_name(plan: Plan) -> str:
 
 
 def overrides(plan: Plan) -> tuple[dict[str, Any], list[str]]:
-    """(dotted key -> value, warnings): every key exists in verl's shipped trainer config."""
+    """(dotted key -> value, warnings): every key exists in verl's shipped trainer config.
+    SpecError when a role is split over pools (verl cannot express it: `refuse_split`)."""
+    refuse_split(plan, "verl")
     warn: list[str] = []
     job = plan.spec
     prompt_len, response_len = lengths(plan)

@@ -1,0 +1,157 @@
+"""Efficiency factors: the achieved fractions of peak and the fixed overheads the cost model
+(`placer.costmodel`) multiplies its first-principles work by.
+
+Every factor is a named field with a default from a public source (cited beside it); a
+calibration profile (`placer calibrate`, `placer.fit`) overrides them per device type, and
+`Calibration.for_device` picks the set a device type runs with. The formulas that use each factor
+are in `placer.costmodel`'s docstring.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from placer.spec import DeviceType
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak and fixed overheads. Defaults are public rules of thumb."""
+
+    # Ceilings of the saturating GEMM efficiency (`gemm_eff`): what the matmuls of large
+    # per-device batches reach before the pass's memory-bound kernels are added
+    # (`device_ceiling`). With `nongemm_bytes_per_flop` two anchors fix both: 0.40 of peak on an
+    # H100 (Llama 3's 38-43% BF16 MFU on H100s, Dubey et al. 2024, table 4; Megatron-LM's 52-56%
+    # on 0.5-1T GPTs is the large-model upper end, Narayanan et al. 2021) and 0.75 on an H20
+    # (published rows 1-9, verl's FSDP2 and Megatron updates on 12-128 H20s, once the driver's
+    # dispatch, `dispatch_gbs`, is taken out: the H20 value that prices each row's update
+    # exactly has a median of 0.80 over the ten H20 rows, 0.46 on the 30B-A3B MoE to > 0.9 on
+    # the 7B FSDP2 rows; 0.75 leans toward the 0.55 the rows gave before the dispatch was
+    # priced). An H20 has 37 FLOP per byte of HBM, so its GEMMs run near their ceiling.
+    mfu_train: float = 0.86
+        # Forward passes (engine prefill, old log-probs, reference, reward, critic values): RL
+    # frameworks' log-prob passes run below training's efficiency -- small no-grad micro-
+    # batches, an fp32 log-softmax over the vocabulary, gathers FSDP does not hide. 0.40: verl's
+    # old_log_prob passes on H20 measure 0.51-0.54 against their 2N FLOPs once the driver's
+    # dispatch (`dispatch_gbs`) is taken out (published rows 1-3, FSDP2 on 32-128 GPUs, and 5,
+    # Megatron 30B-A3B), Miles' actor log-prob pass on H200 ~0.33 (row 10, a hybrid linear-
+    # attention model priced by a stand-in); the engines' prefill shares the factor, and the
+    # rollout rows (tail-bound generation, rows 1-3 priced 13-46% short) do not support more.
+    mfu_prefill: float = 0.40
+    # Memory traffic of training's non-GEMM kernels (norms, activations, rotary, residuals and
+    # their backward, the recomputed forward, casts) per GEMM FLOP, in bytes/FLOP: they run at
+    # HBM bandwidth, so a device with little compute per byte (an H20: 37 FLOP/byte; an H100:
+    # 295) loses less of its peak to them (`device_ceiling`). Set so that one GEMM ceiling gives
+    # both the H100 and the H20 figures of `mfu_train`: 1 / (1/0.86 + 0.0045 * 295.2) = 0.40,
+    # 1 / (1/0.86 + 0.0045 * 37) = 0.75.
+    nongemm_bytes_per_flop: float = 0.0045
+    # Tokens per device at which a pass reaches half its ceiling, in units of the device's ridge
+    # point peak/bandwidth (FLOP per byte): a [t x h] x [h x k] BF16 GEMM with t << h, k does
+    # ~t FLOP per byte of weights read, so it is memory-bound below t ~ ridge (the roofline,
+    # Williams et al. 2009): 295 tokens on an H100, 37 on an H20.
+    gemm_half_ridge: float = 1.0
+    decode_bw_eff: float = 0.70  # decode achieves ~70% of HBM bandwidth (vLLM/TRT-LLM measurements)
+    # Bandwidth efficiency lost per doubling of TP: each rank's weight shard, hence each GEMV,
+    # is smaller and ends sooner after its ramp. 0.12 reconciles vLLM's H200 latency anchors
+    # (Llama-3.1-8B TP1 6.5 ms and Llama-3-70B TP4 16.2 ms per decode step at batch 8, vLLM
+    # performance dashboard build 9515) with the same `decode_bw_eff`.
+    decode_tp_bw_loss: float = 0.12
+    # Batch size at which the per-step weight read is half as efficient as at large batch: a
+    # batch of 1 runs GEMV kernels, which stream weights less efficiently than the skinny GEMMs
+    # of a few sequences (vLLM and TRT-LLM batch-1 decoding reaches ~60-70% of HBM bandwidth
+    # where batch >= 8 reaches ~70-80%). 0.15: batch 1 at 87% of the large-batch efficiency.
+    decode_bw_half_batch: float = 0.15
+    decode_flops_eff: float = 0.50
+    # Routed experts in a decode step stream their weights through fused-MoE kernels (one small
+    # GEMM per expert hit), which read less efficiently the narrower each rank's slice of an
+    # expert is: `expert_read_eff` = w / (w + expert_read_half_width), w = expert_mlp /
+    # expert_tp columns per rank. 341 reproduces SGLang's Qwen3-235B-A22B TP8 TPOT of 6.70 ms at
+    # concurrency 1 on 8 B200 (w = 1536 / 8 = 192: 0.36; BenHamm's SGLang 0.5.8 benchmark gist,
+    # published-runs decode table); vLLM's Mixtral-8x7B TP2 batch-8 step on H200 (w = 14336 / 2:
+    # 0.95; 15.0 ms, buildkite build 9515) checks it: +14% (+9% with the factor at 1).
+    expert_read_half_width: float = 341.0
+    link_eff: float = 0.80  # achieved fraction of NVLink / NIC bandwidth in collectives
+    # Collective latencies (`placer.collectives`): NCCL's tuning model, src/graph/tuning.cc
+    # (baseLat ring LL 6.6 us; hwLat LL 0.6 us per NVLink hop, 2.7 us per network hop).
+    coll_base_s: float = 6.6e-6
+    nvlink_hop_s: float = 0.6e-6
+    net_hop_s: float = 2.7e-6
+    # Host overhead of one engine step: a fixed part (scheduler, CUDA-graph launch) plus a part
+    # per running sequence (input preparation, sampling, detokenization). vLLM v0.6.0's
+    # performance blog (2024-09) measured CPU work at up to ~1/3 of a Llama-3-8B H100 step at
+    # large batch before its multi-step scheduling; 1.5 ms + 10 us per sequence gives ~4 ms at
+    # batch 256 and matches the ~1.7 ms left of vLLM's 6.5 ms batch-8 H200 step after reading
+    # the 8B weights.
+    step_overhead_s: float = 0.0015
+    step_overhead_per_seq_s: float = 1.0e-5
+    # Host time per layer of a decode step run eagerly (no CUDA graphs: `Parallel.cuda_graphs`
+    # False, vLLM's enforce_eager): every kernel launched from Python. 0.34 ms: Qwen2.5-Omni-7B's
+    # thinker (a 28-layer Qwen2.5-7B) decodes at ~22.5 ms per token eager and ~13 ms with CUDA
+    # graphs on 2 A800s (vllm-project/vllm-omni issue #7960, 2026-09): 9.5 ms / 28 layers.
+    eager_layer_s: float = 3.4e-4
+    train_overhead_s: float = 0.05  # per optimizer step (optimizer, launch, sync)
+    engine_mem_gb: float = 2.0  # CUDA context, activations and graphs of an inference engine
+    kv_mem_fraction: float = 0.90  # share of device memory an engine may use (gpu_memory_util)
+    # LPU batch-1 token time = lpu_step_s + chips * lpu_hop_s, solved from two public figures
+    # with this model's chip counts: Llama-2-70B (660 chips) ~300 tok/s, Llama-2-7B (65) ~750.
+    lpu_hop_s: float = 3.36e-6  # per chip a token passes through
+    lpu_step_s: float = 1.11e-3  # per LPU decode step, whatever the chip count
+    lpu_kv_reserve: float = 0.10  # SRAM share kept for KV beyond the weights
+    lpu_reload_s: float = 5.0  # fixed cost to re-push weights onto LPU chips (assumption)
+    offload_gbs: float = 25.0  # host<->device copy (PCIe Gen5 x16 ~ 50 GB/s, half achieved)
+    tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency
+    sync_latency_s: float = 0.01  # per weight-sync transfer (setup, NCCL/RPC)
+    # Weight refresh (`placer.timing.sync_links`), raw GB/s that `link_eff` scales like every
+    # link: one NCCL broadcast sender, bucketed, over the NIC -- 10.3 x 0.8 = 8.25 GB/s achieved,
+    # verl's checkpoint-engine README (Qwen3-30B-A3B, FSDP -> 30 rollouts, 400 Gb/s CX-7 IB);
+    # and one rollout replica loading the full weights from a co-located actor (CUDA IPC and the
+    # engine's weight loader; every replica at once) -- 31 x 0.8 = 25 GB/s achieved: NeMo-RL's
+    # DP8 -> TP8 Qwen3-4B refit, 8.0 GB in 0.21-0.34 s (24-38 GB/s), and Miles' 27B sync into
+    # one-GPU SGLang engines, 53 GB in 2.5 s (21 GB/s; docs/models/qwen/qwen3-8.md).
+    sync_sender_gbs: float = 10.3
+    sync_local_gbs: float = 31.0
+    # Calls of a refresh (`placer.timing.sync_calls`): a stream of `sync_bucket_gb` buckets, or,
+    # at 0, one call per tensor from one sender (verl's NCCL sync without checkpoint-engine).
+    # Every call after the first (which `sync_latency_s` covers) costs `sync_call_s`: the
+    # Python-side gather, NCCL launch and engine `load_weights` of one call. 0.25 ms fits verl's
+    # fully_async.md NCCL rows (Qwen2.5-7B 4 -> 4 H20: 0.12 s for 339 tensors of 15 GB over
+    # NVLink; 30B-A3B and 235B-A22B: 15.76 / 58.57 s for ~19k / ~37k tensors). 1 GB buckets:
+    # Miles p2p-weight-transfer.md; checkpoint-engine and NeMo-RL also stream buckets.
+    sync_call_s: float = 2.5e-4
+    sync_bucket_gb: float = 1.0
+    # Driver dispatch of every trainer / frozen forward pass (`costmodel.dispatch_time`): a
+    # single-controller framework's driver ships the whole rollout batch, padded to the maximum
+    # context, to the workers and collects their outputs before and after each pass; the
+    # driver's serialization and the object store's transfer do not shrink with more GPUs.
+    # verl: every `compute_log_prob`, `compute_ref_log_prob` and `update_actor` is registered
+    # with a DP dispatch mode (verl/single_controller/base/decorator.py): the driver chunks the
+    # `DataProto` per DP rank, `DataProto.__getstate__` consolidates and `torch.save`s each
+    # chunk, `parallel_put` ray.puts it, each worker loads it; the outputs are concatenated on
+    # the driver (verl/protocol.py). The bytes per padded token of context are the tensors such
+    # a pass ships: input_ids, attention_mask, position_ids (int64, 24 B), responses and
+    # response_mask (int64, 16 B), and ~4 fp32 per-token tensors (token-level scores, log-
+    # probs, entropies or advantages, 16 B): 56. 0 switches the cost off (a framework whose
+    # workers read their data themselves). The rate fits the fixed part of verl's published
+    # passes, t = a + b / GPUs: old_log_prob 36 s (rows 1-3: 8,192 samples x 30,720 padded
+    # tokens = 14.1 GB, 0.39 GB/s) and ref 11 s (rows 5-6: 8,192 x 10,240 = 4.7 GB, 0.43 GB/s).
+    dispatch_bytes_per_token: float = 56.0
+    dispatch_gbs: float = 0.4
+    train_mem_gb: float = 1.0  # per training device: CUDA context, allocator fragmentation
+    rule_reward_s: float = 0.005  # CPU seconds to verify one sample with a rule (assumption)
+
+    def override(self, values: dict[str, float]) -> Efficiency:
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(values) - known)
+        if bad:
+            raise KeyError(f"unknown efficiency factor(s) {bad}; known: {sorted(known)}")
+        return replace(self, **values)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-device-type efficiency overrides (fitted from traces by `placer calibrate`)."""
+
+    default: Efficiency = field(default_factory=Efficiency)
+    per_device: dict[str, Efficiency] = field(default_factory=dict)
+
+    def for_device(self, dev: DeviceType) -> Efficiency:
+        return self.per_device.get(dev.name, self.default)

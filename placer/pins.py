@@ -1,0 +1,153 @@
+"""Layout pins: a job fixes some dimensions of a role's placement, and the planner keeps to them.
+
+RL teams often cannot let the planner choose a role's layout freely: a checkpoint was saved at
+TP 2, an inference engine config is the one known to work, the trainer's mesh is set by the code
+that restarts from it. A job says so under `pin:`, one entry per role, with any of
+
+    pool      the pool the role runs on
+    devices   how many devices it takes (tp x cp x pp x dp)
+    tp pp dp cp ep   its tensor, pipeline, data, context and expert parallel degrees
+
+for example `pin: {actor: {tp: 2, dp: 2}, rollout: {tp: 1}}`. A dimension left out stays free.
+
+How the planner honours a pin: `pinned_layouts` drops every layout that disagrees with it before
+the layouts are estimated and pruned (`placer.candidates.role_candidates`), so the ILP only ever
+sees pinned candidates, and the dominance pruning (one candidate per device count) cannot discard
+the pinned layout in favour of a faster unpinned one. A rollout pinned without a `pool` may still
+be split over two pools (`placer.split`), each part in the pinned layout; pin the pool to keep it
+on one.
+
+Checks: keys and values are checked by the model here (unknown role or key, a value that is not a
+positive integer, `devices` that the pinned degrees do not divide); `check_pins` adds what needs
+the whole job (a role the algorithm does not run, a pool the cluster lacks). A pin that no
+candidate satisfies makes the job infeasible: `placer.explain.diagnose` names the role, the pin
+and why.
+
+This module sits under `placer.spec` (the job model holds `Pins`), so it imports only the spec
+base, the roles and, for type checking, the job.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from pydantic import Field, model_validator
+
+from placer.roles import Role
+from placer.specbase import PosInt, Strict
+
+if TYPE_CHECKING:
+    from placer.spec import Job
+
+DIMS = ("tp", "pp", "dp", "cp", "ep")  # parallel degrees a pin may fix, in display order
+
+
+class Pin(Strict):
+    """One role's pinned placement: any of pool, device count and parallel degrees."""
+
+    pool: str | None = Field(None, description="the pool the role runs on")
+    devices: PosInt | None = Field(None, description="devices the role takes (tp x cp x pp x dp)")
+    tp: PosInt | None = Field(None, description="tensor-parallel degree")
+    pp: PosInt | None = Field(None, description="pipeline stages")
+    dp: PosInt | None = Field(None, description="data-parallel degree (replicas)")
+    cp: PosInt | None = Field(None, description="context-parallel degree (training)")
+    ep: PosInt | None = Field(None, description="expert-parallel degree (a mixture of experts)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Pin:
+        if not self.fixed():
+            raise ValueError("a pin fixes at least one of pool, devices, " + ", ".join(DIMS))
+        factors = {d: getattr(self, d) for d in ("tp", "cp", "pp", "dp") if getattr(self, d)}
+        product = 1
+        for v in factors.values():
+            product *= v
+        if self.devices is not None and self.devices % product:
+            raise ValueError(f"devices {self.devices} is not a multiple of "
+                             f"{' x '.join(factors)} = {product}")
+        return self
+
+    def fixed(self) -> dict[str, str | int]:
+        """The pinned keys and their values, in display order."""
+        keys = ("pool", "devices", *DIMS)
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+    def describe(self) -> str:
+        """`pool gpu, tp 2, dp 2`: how messages and `--explain` name the pin."""
+        return ", ".join(f"{k} {v}" for k, v in self.fixed().items())
+
+    def allows(self, pool: str, par: _Layout) -> bool:
+        """Whether a layout of the role on `pool` keeps to the pin."""
+        if self.pool is not None and pool != self.pool:
+            return False
+        if self.devices is not None and par.devices != self.devices:
+            return False
+        return all(getattr(self, d) is None or getattr(par, d) == getattr(self, d) for d in DIMS)
+
+
+class Pins(Strict):
+    """Per-role layout pins (`placer.pins`): the planner only considers layouts that keep to
+    them. Example: `{actor: {tp: 2, dp: 2}, rollout: {pool: gpu, tp: 1}}`."""
+
+    actor: Pin | None = Field(None, description="the trained policy (e.g. the TP of its checkpoint)")
+    rollout: Pin | None = Field(None, description="the generation engines (e.g. a known-good engine "
+                                                  "config)")
+    reference: Pin | None = Field(None, description="the frozen reference policy")
+    reward: Pin | None = Field(None, description="the reward model or rule checker")
+    critic: Pin | None = Field(None, description="the PPO value model")
+    environment: Pin | None = Field(None, description="the tool-call and code workers")
+
+    def of(self, role: str) -> Pin | None:
+        return getattr(self, str(role), None) if str(role) in type(self).model_fields else None
+
+    def items(self) -> list[tuple[Role, Pin]]:
+        return [(Role(r), p) for r in type(self).model_fields
+                if (p := getattr(self, r)) is not None]
+
+
+class _Layout(Protocol):
+    """What a pin looks at in a layout (`placer.sharding.Parallel`, a frozen dataclass)."""
+
+    @property
+    def tp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def devices(self) -> int: ...
+
+
+L = TypeVar("L", bound=_Layout)
+
+
+def pin_of(job: Job, role: str) -> Pin | None:
+    """The job's pin of `role`, or None when the role is free."""
+    return job.pin.of(role) if job.pin is not None else None
+
+
+def pinned_layouts(job: Job, role: str, pool: str, pars: Iterable[L]) -> list[L]:
+    """The layouts of `role` on `pool` that keep to the job's pin (all of them when unpinned)."""
+    pin = pin_of(job, role)
+    return list(pars) if pin is None else [p for p in pars if pin.allows(pool, p)]
+
+
+def check_pins(job: Job, source: str) -> list[str]:
+    """What the pin model alone cannot check: every pinned role is one the job runs, every
+    pinned pool is in the cluster. One line per mistake, naming the field and the value."""
+    if job.pin is None:
+        return []
+    out = []
+    runs = job.roles()
+    pools = [p.name for p in job.cluster.pools]
+    for role, pin in job.pin.items():
+        if role not in runs:
+            out.append(f"{source}: pin.{role}: the job runs no {role} (its roles: "
+                       f"{', '.join(runs)}) (got {pin.describe()!r})")
+        if pin.pool is not None and pin.pool not in pools:
+            out.append(f"{source}: pin.{role}.pool: no pool {pin.pool!r} in the cluster "
+                       f"(pools: {', '.join(pools)}) (got {pin.pool!r})")
+    return out

@@ -1,0 +1,91 @@
+"""Engine groups: the rollout role's replicas, one group per pool the role runs on.
+
+A rollout role on one pool is one group: `rollout_shape` of the role's layout gives its replicas
+and each replica's concurrency, and the iteration's rows are dealt round-robin over the replicas.
+
+A rollout role split over pools (`placer.split`, the plan's `roles.rollout.parts`) is one group
+per part, each with its own device type, layout and replicas, priced as the planner prices the
+part: `rollout_shape` on the job of the part's own samples (`placer.split.res_with_samples`), so
+a part's engines hold the concurrency the planner gave them. The dispatch rule (the plan
+contract): rows are dealt to the parts in order as contiguous index ranges, part i taking
+`parts[i].samples` rows of the kept batch (group-aligned counts keep GRPO groups whole); rows
+beyond the kept batch (over-provisioning's extra samples) are dealt by the same shares, largest
+remainder first, and a step that runs fewer rows than the batch (partial rollouts after whole
+groups are taken) deals them by the shares likewise. Inside a part, rows go round-robin over its
+replicas. Over-provisioning's quota and partial rollouts stay global over all parts (one `Quota`,
+one carried set), and every part's tool calls queue on the one environment core pool.
+
+The split role's slot lists its devices part by part (`SlotPlan.parts`), so part i's devices are
+the slot's devices [offset_i, offset_i + devices_i): stragglers on those devices slow that part's
+replicas only (`simulator.faults.replica_slowdowns`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from placer.batching import StepTerms
+from placer.catalog import Resolved
+from placer.costmodel import Calibration, lpu_chips
+from placer.estimate import rollout_shape
+from placer.planfile import Plan
+from placer.roles import Role
+from placer.spec import DeviceKind
+from placer.split import deal, res_with_samples
+from simulator.engine import EngineSpec
+
+
+@dataclass(frozen=True)
+class Group:
+    """The replicas of the rollout role on one pool."""
+
+    spec: EngineSpec
+    steps: StepTerms  # shared by the group's replicas
+    replicas: int
+    replica_size: int  # devices of one replica (an LPU placement: its chips)
+    first: int  # index of its first engine: thread ids stay unique within the slot
+    offset: int  # its first device among the slot's (straggler factors)
+    devices: int | None  # its devices in the slot; None: the role's single group, whole slot
+    samples: int  # rows of the kept batch it generates
+    busy_div: float  # an engine's busy seconds / this = its share of the slot's device-seconds
+    part_div: float  # an engine's busy seconds / this = its share of the group's device-seconds
+
+
+def groups_of(res: Resolved, plan: Plan, calib: Calibration) -> list[Group]:
+    """The rollout role's engine groups, in part order (one group when it is on one pool)."""
+    r = plan.roles[Role.ROLLOUT]
+    m = res.arch_of(Role.ROLLOUT)
+    if not r.parts:
+        dev = res.device_of(r.pool)
+        eff = calib.for_device(dev)
+        shape = rollout_shape(res, dev, r.par, eff)
+        spec = EngineSpec(m, dev, replace(r.par, dp=1), eff, shape.concurrency, r.pool, r.slot)
+        size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
+        return [Group(spec, StepTerms(m, dev, spec.par, eff), shape.replicas, size, 0, 0, None,
+                      res.job.batch.samples, shape.replicas, shape.replicas)]
+    slot_devices = next(s.devices for s in plan.slots if s.name == r.slot)
+    out: list[Group] = []
+    first = offset = 0
+    for q in r.parts:
+        dev = res.device_of(q.pool)
+        eff = calib.for_device(dev)
+        shape = rollout_shape(res_with_samples(res, q.samples), dev, q.par, eff)
+        spec = EngineSpec(m, dev, replace(q.par, dp=1), eff, shape.concurrency, q.pool, r.slot)
+        size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else q.tp * q.pp
+        out.append(Group(spec, StepTerms(m, dev, spec.par, eff), shape.replicas, size, first,
+                         offset, q.devices, q.samples,
+                         shape.replicas * slot_devices / q.devices, shape.replicas))
+        first += shape.replicas
+        offset += q.devices
+    return out
+
+
+def dispatch(n: int, groups: list[Group]) -> list[list[list[int]]]:
+    """Per group, per replica: the row indices it runs (contiguous per group, round-robin over
+    the group's replicas)."""
+    out = []
+    start = 0
+    for g, count in zip(groups, deal(n, [g.samples for g in groups])):
+        end = start + count
+        out.append([list(range(start + k, end, g.replicas)) for k in range(g.replicas)])
+        start = end
+    return out

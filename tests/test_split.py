@@ -1,0 +1,138 @@
+"""Roles split over pools (`placer.split`): the balance point, the split candidate's pricing, the
+ILP's choice on a cluster where a split pays, and the plan file's checks of its parts."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from placer.assemble import placed_estimate
+from placer.catalog import resolve
+from placer.costmodel import Calibration, Memory, Parallel
+from placer.estimate import Estimate, estimate
+from placer.ilp import Problem, score
+from placer.ilp_solve import solve
+from placer.planfile import check_plan
+from placer.planner import build_problem, to_plan
+from placer.spec import SpecError, load_job
+from placer.split import PartTimer, balance, res_with_samples, thin
+from placer.timing import Placed, sync_time
+
+EXAMPLE = "examples/hetero-split.yaml"
+
+
+@pytest.fixture(scope="module")
+def problem() -> Problem:
+    return build_problem(resolve(load_job(EXAMPLE)), Calibration())
+
+
+def _split_cands(problem: Problem):
+    return [c for c in problem.cands["rollout"] if c.split]
+
+
+def test_split_candidates_cover_pool_pairs(problem):
+    splits = _split_cands(problem)
+    pairs = {tuple(p.est.pool for p in c.est.parts) for c in splits}
+    assert {("h100", "h20"), ("h100", "l40s"), ("h20", "l40s")} <= pairs
+    for c in splits:
+        assert c.devices == sum(p.est.devices for p in c.est.parts)
+        assert sum(p.samples for p in c.est.parts) == problem.res.job.batch.samples
+        assert all(p.samples % problem.res.job.batch.samples_per_prompt == 0 for p in c.est.parts)
+        assert c.time_s == pytest.approx(max(p.est.time_s for p in c.est.parts))
+
+
+def test_balance_is_the_crossing(problem):
+    """`balance` finds the split where moving one GRPO group either way never lowers the slower
+    part; the table's candidates (balanced at the means, corrected once on the tail model) are
+    within 5% of that exact balance."""
+    res, calib = problem.res, problem.calib
+    timer = PartTimer.of(res, calib, "rollout")
+    group, total = res.job.batch.samples_per_prompt, res.job.batch.samples
+    for c in _split_cands(problem)[:6]:
+        a, b = (p.est for p in c.est.parts)
+        n, worst = balance(a, b, total, group, timer)
+        assert c.time_s == pytest.approx(worst, rel=0.05) and c.time_s >= worst * (1 - 1e-9)
+        for m in (n - group, n + group):
+            ta, tb = timer(a, m), timer(b, total - m)
+            other = max(ta.time_s if ta else math.inf, tb.time_s if tb else math.inf)
+            assert other >= worst * (1 - 1e-9)
+
+
+def test_part_is_the_single_estimate_on_its_samples(problem):
+    """A part is priced exactly as a single-pool rollout on a job of its samples."""
+    c = _split_cands(problem)[0]
+    for p in c.est.parts:
+        pres = res_with_samples(problem.res, p.samples)
+        again = estimate(pres, "rollout", pres.cluster.pool(p.est.pool), p.est.par, problem.calib)
+        assert again.stage_s == p.est.stage_s
+
+
+def test_sync_to_a_split_is_its_slowest_part(problem):
+    res, calib = problem.res, problem.calib
+    actor = Placed("actor", problem.cands["actor"][0].est)
+    c = _split_cands(problem)[0]
+    per_part = [sync_time(res, actor, Placed("rollout", p.est), calib) for p in c.est.parts]
+    assert sync_time(res, actor, Placed("rollout", c.est), calib) == pytest.approx(max(per_part))
+
+
+def test_thin_prefers_whole_nodes():
+    ests = [Estimate("rollout", "p", Parallel(dp=d), Memory(), {"rollout": 1.0})
+            for d in range(1, 33)]
+    assert [e.devices for e in thin(ests, 8, 4)] == [8, 16, 24, 32]
+    assert [e.devices for e in thin(ests[:8], 8, 4)] == [1, 2, 4, 8]
+    assert len(thin(ests[:3], 8, 4)) == 3
+
+
+def test_ilp_splits_rollout_when_it_pays(problem):
+    """On the example neither generation pool keeps up alone: the ILP splits the rollout and its
+    plan is faster than the best plan without split candidates (each solved to optimality)."""
+    sol = solve(problem, time_limit_s=30, workers=1)
+    chosen = sol.assignment.choice["rollout"]
+    assert sol.status == "OPTIMAL" and chosen.split
+    singles = replace(problem, cands={r: [c for c in cs if not c.split]
+                                      for r, cs in problem.cands.items()})
+    alone = solve(singles, time_limit_s=30, workers=1)
+    assert alone.status == "OPTIMAL"
+    assert score(problem, sol.assignment)[0] < score(singles, alone.assignment)[0] * 0.97
+    # the split role sits alone in its slot
+    slot = sol.assignment.slot_of["rollout"]
+    assert [r for r, s in sol.assignment.slot_of.items() if s == slot] == ["rollout"]
+
+
+def test_plan_file_records_parts(problem):
+    sol = solve(problem, time_limit_s=30, workers=1)
+    plan = to_plan(problem, sol)
+    r = plan.roles["rollout"]
+    assert len(r.parts) == 2 and r.devices == sum(p.devices for p in r.parts)
+    assert sum(p.share for p in r.parts) == pytest.approx(1.0)
+    assert r.pool == r.parts[0].pool
+    slot = next(s for s in plan.slots if s.name == r.slot)
+    assert [(p.pool, p.devices) for p in slot.parts] == r.pool_devices()
+    for p in slot.parts:  # every part's devices are named in bundles of its own pool
+        held = sum(len(b.devices) for b in plan.bundles if b.slot == slot.name and b.pool == p.pool)
+        assert held == p.devices and p.nodes
+    # re-pricing the plan's role gives the estimate the ILP priced
+    again = placed_estimate(problem.res, "rollout", r, problem.calib)
+    assert again.time_s == pytest.approx(r.time_s)
+    # a part's pool gets a weight-sync route
+    assert {route.dst.split(":")[0] for route in plan.sync_routes} >= {p.pool for p in r.parts}
+
+
+def test_check_plan_names_inconsistent_parts(problem):
+    plan = to_plan(problem, solve(problem, time_limit_s=30, workers=1))
+    r = plan.roles["rollout"]
+    bad = plan.model_copy(update={"roles": {**plan.roles, "rollout": r.model_copy(
+        update={"devices": r.devices + 1})}})
+    with pytest.raises(SpecError, match=r"roles.rollout.devices: .* its parts hold"):
+        check_plan(bad, problem.res)
+    first = r.parts[0].model_copy(update={"samples": r.parts[0].samples + 1})
+    bad = plan.model_copy(update={"roles": {**plan.roles, "rollout": r.model_copy(
+        update={"parts": [first, *r.parts[1:]]})}})
+    with pytest.raises(SpecError, match=r"roles.rollout.parts: the parts' samples add up"):
+        check_plan(bad, problem.res)
+    ghost = r.parts[1].model_copy(update={"pool": "nowhere"})
+    bad = plan.model_copy(update={"roles": {**plan.roles, "rollout": r.model_copy(
+        update={"parts": [r.parts[0], ghost]})}})
+    with pytest.raises(SpecError, match=r"roles.rollout.parts.1.pool: no pool 'nowhere'"):
+        check_plan(bad, problem.res)
