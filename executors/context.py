@@ -153,6 +153,9 @@ class LoopContext:
         if m is not None:
             args.setdefault("role", m.role)
             args.setdefault("devices", m.device_ids)
+            if m.part is not None:  # a split role: calibration prices each part's device type
+                args.setdefault("pool", m.bundle.pool)
+                args.setdefault("part", m.part)
         self.trace.add(name, cat, max(ts - self.t0, 0.0), max(dur, 0.0), pid, tid, step=step,
                        **args)
 

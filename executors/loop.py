@@ -45,7 +45,7 @@ from executors.rollouts import EnvironmentCalls, RolloutDriver, StepRollout
 from executors.runtime import Runtime
 from executors.tails import TailPolicies
 from executors.task import Target, task_of
-from executors.training import Checkpoints, Training
+from executors.training import EXACT, Checkpoints, Scored, Training
 from executors.weights import WeightSync
 from placer.planfile import Plan
 from placer.roles import Role
@@ -116,6 +116,7 @@ class Loop:
         recovery counts against the config's `retries`); the stats of the steps kept."""
         lc = self.ctx.lc
         self.training.setup()
+        self.rollouts.record_layout()  # a split rollout's parts (after the roles' layouts)
         step, pending, restarts = lc.start, None, 0
         if step:  # a resumed run: trainer, critic and carry from the checkpoint before `start`
             self.checkpoints.last = step - 1
@@ -139,11 +140,13 @@ class Loop:
                     except Exception:
                         self.ctx.check_cluster()
                         raise
+                    self.rollouts.record_layout()  # the recovery's setup recorded the roles'
             except ClusterChanged as e:
                 restarts += 1
                 if restarts > lc.retries:
                     raise RuntimeError(f"the cluster keeps changing: {e}") from None
                 step, pending = self.recovery.recover_cluster(step, e), None
+                self.rollouts.record_layout()
             self.stats = [st for st in self.stats if st.step < step]
         return self.stats
 
@@ -174,7 +177,7 @@ class Loop:
         if self.checkpoints.due(step):
             self.checkpoints.save(step)
         ctx.ledger.write(lc.out_dir / "ledger.json")
-        self._record(step, t, s, scored[Role.REWARD], results, targets, loss)
+        self._record(step, t, s, scored, results, targets, loss)
         return nxt
 
     def _answers(self, s: rl.Samples) -> list[str]:
@@ -182,16 +185,24 @@ class Loop:
         return [codec.decode(s.answer(i)) for i in range(len(s.ids))]
 
     def _verify(self, step: int, s: rl.Samples) -> list[dict[str, Any]]:
-        """Each sample's final answer run as code in the sandbox (what the rule reward checks)."""
+        """Each sample's final answer run as code in the sandbox (what the rule reward checks);
+        nothing for a task whose reward runs the answers itself (code: its unit tests), so
+        that each answer runs once."""
+        if not self.task.reads_results:
+            return [{} for _ in s.ids]
         return self.env.run(step, s.ids, self._answers(s), "verify")
 
-    def _record(self, step: int, t: float, s: rl.Samples, rewards: list[float],
+    def _record(self, step: int, t: float, s: rl.Samples, scored: Scored,
                 results: list[dict[str, Any]], targets: list[Target], loss: float) -> None:
-        """The step's stats, its trace event and the progress callback."""
-        counters = self.ctx.counters
-        st = StepStat(step, sum(rewards) / len(rewards),
-                      sum(self.task.exact(a, r, tg) for a, r, tg in zip(
-                          self._answers(s), results, targets)) / len(rewards),
+        """The step's stats, its trace event and the progress callback. Exact answers are the
+        reward worker's verdicts (a rule reward: judged once, never re-run here); with a
+        reward model, the task's own check of the sandbox's results."""
+        counters, rewards = self.ctx.counters, scored[Role.REWARD]
+        exact = scored.get(EXACT)
+        if exact is None:
+            exact = [self.task.exact(a, r, tg)
+                     for a, r, tg in zip(self._answers(s), results, targets)]
+        st = StepStat(step, sum(rewards) / len(rewards), sum(map(bool, exact)) / len(rewards),
                       time.time() - t, {str(k): v for k, v in counters.role_s.items()},
                       sorted({s.version, *s.started}), loss, counters.reruns)
         self.ctx.event(f"step {step}", "step", t, st.step_s, None, step,

@@ -1,6 +1,7 @@
-"""The math task: prompts with reference answers from a JSONL file; a rule reward by equivalence.
+"""The math task: prompts with reference answers from a dataset; a rule reward by equivalence.
 
-Data (`placer.localdata.Dataset`): one JSON object a line with a prompt and an answer column.
+Data (`placer.localdata.Dataset`, `reward: math`): a JSONL or Parquet file with a prompt and an
+answer column.
 Each step draws `n` prompts from the file with the job's seed and the step (the same prompts
 wherever they are drawn).
 
@@ -17,12 +18,12 @@ characters that can appear in arithmetic.
 from __future__ import annotations
 
 import functools
-import json
 import re
+from collections.abc import Sized
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from placer.localdata import read_rows
 from placer.sampling import rng
 
 ARITHMETIC = set("0123456789+-*/^(). ")
@@ -38,19 +39,10 @@ class Row:
 
 @functools.lru_cache(maxsize=4)
 def load_rows(path: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
-    """Every row of the JSONL file; ValueError naming the line of a bad one."""
-    rows = []
-    for k, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        obj = json.loads(line)
-        if not isinstance(obj, dict) or prompt_key not in obj or answer_key not in obj:
-            raise ValueError(f"{path}:{k}: expected an object with {prompt_key!r} and "
-                             f"{answer_key!r}")
-        rows.append(Row(str(obj[prompt_key]), str(obj[answer_key])))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    return tuple(rows)
+    """Every row of the JSONL or Parquet file; SpecError naming the field and the row of a bad
+    one (`placer.localdata.read_rows`)."""
+    rows = read_rows(path, {"prompt": prompt_key, "answer": answer_key})
+    return tuple(Row(str(r["prompt"]), str(r["answer"])) for r in rows)
 
 
 class _Parser:
@@ -154,6 +146,6 @@ def math_score(answer: str, reference: str) -> float:
     return 0.2 * sum(c in ARITHMETIC for c in answer) / len(answer)
 
 
-def draw(rows: tuple[Row, ...], seed: int, step: int, n: int) -> list[int]:
-    """Row indices of step `step`'s `n` prompts."""
+def draw(rows: Sized, seed: int, step: int, n: int) -> list[int]:
+    """Row indices of step `step`'s `n` prompts (any dataset's rows: the code task's too)."""
     return [int(i) for i in rng(seed, 11, step).integers(0, len(rows), size=n)]

@@ -10,6 +10,13 @@ Actors per role: the actor (trainer) role gets one actor per device of its layou
 `executors.trainer`), the rollout and reference roles one per data-parallel rank, the others one
 each, environments one per bundle. A role's ranks are laid over its slot's bundles in
 order; roles that share a slot (colocation) share a bundle's resources in equal parts.
+
+A role split over pools (`placer.split`: a rollout whose engines run on several device types)
+sits alone in its slot, whose bundles come part by part (`placer.mapping`: each part's devices,
+one bundle per node of the part's pool). Its ranks run part by part too: part i's `dp` engine
+replicas get the ranks after part i-1's, each in the bundle holding its first device (replica k
+of a part with tensor parallelism t starts at the part's device k * t), so every engine sits on
+its own part's pool with that pool's resources (`Member.part`).
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ class Member:
     bundle: Bundle
     bundle_pos: int  # index of the bundle inside its slot's placement group
     sharers: int = 1
+    part: int | None = None  # index in the role's `parts` when the role is split over pools
     handle: Any = None
     where: dict[str, Any] = field(default_factory=dict)
 
@@ -57,12 +65,54 @@ def slot_bundles(plan: Plan) -> dict[str, list[Bundle]]:
 
 def member_counts(plan: Plan) -> dict[str, int]:
     """Actors per role: `placer.moves.role_counts`, but training runs one process per device
-    of its layout (its TP ranks are processes of one torch.distributed group)."""
+    of its layout (its TP ranks are processes of one torch.distributed group), and a split role
+    runs every part's replicas."""
     counts = role_counts(plan)
     actor = plan.roles.get(Role.ACTOR)
     if actor is not None and Role.ACTOR in counts:
         counts[Role.ACTOR] *= actor.tp * actor.pp
+    for role, r in plan.roles.items():
+        if r.parts:
+            counts[role] = sum(p.dp for p in r.parts)
     return counts
+
+
+def part_bundles(plan: Plan, role: str) -> list[list[tuple[int, Bundle]]]:
+    """Per part of a split role, its (position in the slot's group, bundle) pairs: the slot's
+    bundles in order, each part taking its own device count; PlacementError when they do not
+    match the parts (another pool, too few or too many devices)."""
+    r = plan.roles[role]
+    bs = list(enumerate(slot_bundles(plan).get(r.slot, [])))
+    out: list[list[tuple[int, Bundle]]] = []
+    for i, p in enumerate(r.parts):
+        got, have = [], 0
+        while have < p.devices and bs and bs[0][1].pool == p.pool:
+            got.append(bs.pop(0))
+            have += len(got[-1][1].devices)
+        if have != p.devices:
+            raise PlacementError(f"roles.{role}.parts.{i}: {p.devices} device(s) of pool {p.pool}"
+                                 f", but slot {r.slot}'s bundles give it {have} there")
+        out.append(got)
+    if bs:
+        raise PlacementError(f"slot {r.slot} of split role {role} has bundles beyond its parts "
+                             f"(first: pool {bs[0][1].pool} node {bs[0][1].node})")
+    return out
+
+
+def _split_members(plan: Plan, role: str) -> list[Member]:
+    """A split role's ranks, part by part (see the module docstring)."""
+    r, members, rank = plan.roles[role], [], 0
+    for i, (p, bs) in enumerate(zip(r.parts, part_bundles(plan, role))):
+        per = p.tp * p.pp  # devices of one engine replica
+        starts = [0]
+        for _, b in bs:
+            starts.append(starts[-1] + len(b.devices))
+        for k in range(p.dp):
+            first = min(k * per, p.devices - 1)
+            pos, b = bs[max(j for j in range(len(bs)) if starts[j] <= first)]
+            members.append(Member(role, rank, r.slot, b, pos, part=i))
+            rank += 1
+    return members
 
 
 def assign(plan: Plan) -> list[Member]:
@@ -70,6 +120,9 @@ def assign(plan: Plan) -> list[Member]:
     bundles = slot_bundles(plan)
     members = []
     for role, n in member_counts(plan).items():
+        if plan.roles[role].parts:
+            members += _split_members(plan, role)
+            continue
         slot = plan.roles[role].slot
         bs = bundles.get(slot)
         if not bs:
@@ -90,7 +143,9 @@ def strategy(plan: Plan, slot: str, bundles: list[Bundle]) -> str:
     kinds = {plan.resolved().device_of(bundles[0].pool).kind.value}
     if "environment" in roles and kinds == {"cpu"}:
         return "SPREAD"
-    return "STRICT_PACK" if len({b.node for b in bundles}) == 1 else "PACK"
+    # node numbers count within a pool: a split role's bundles on node 0 of two pools are on
+    # two machines
+    return "STRICT_PACK" if len({(b.pool, b.node) for b in bundles}) == 1 else "PACK"
 
 
 def bundle_request(b: Bundle, pinned: bool) -> dict[str, float]:
@@ -165,7 +220,8 @@ def verify(plan: Plan, members: list[Member], groups: dict[str, Any]) -> list[di
         in_bundle = w.get("placement_group") == pg_hex and bundle_node == w.get("node_id")
         rows.append({"role": m.role, "rank": m.rank, "slot": m.slot, "bundle": m.bundle.index,
                      "pool": m.bundle.pool, "node": m.bundle.node, "ray_node": w.get("node_id"),
-                     "pid": w.get("pid"), "on_plan_node": on_node, "in_bundle": in_bundle})
+                     "pid": w.get("pid"), "on_plan_node": on_node, "in_bundle": in_bundle,
+                     **({"part": m.part} if m.part is not None else {})})
     return rows
 
 

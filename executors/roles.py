@@ -21,7 +21,7 @@ import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import torch
 
 from executors import rl
 from executors.model import Codec, ValueModel, codec_for, load_policy
+from executors.reshard import BucketLoading, engine_state
 from executors.sandbox import Limits, Sandbox
 from executors.task import Target, task_of
 from placer.spec import ModelArch
@@ -43,6 +44,22 @@ class Delay:
     rank: int
     call: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class EnginePart:
+    """One part of a rollout split over pools, as its engines run: ranks `first` to
+    `first + replicas - 1`, on `pool`, each engine with tensor parallelism `tp` and the plan's
+    memory share of the part's device."""
+
+    pool: str
+    first: int
+    replicas: int
+    tp: int = 1
+    mem_fraction: float = 0.2
+
+    def holds(self, rank: int) -> bool:
+        return self.first <= rank < self.first + self.replicas
 
 
 @dataclass(frozen=True)
@@ -64,15 +81,24 @@ class RunConfig:
     unsafe_sandbox: bool = False  # `--unsafe-sandbox`: run answers even without kernel isolation
     actor_layout: tuple[int, int, int] = (1, 1, 1)  # the plan's (dp, tp, pp) of the actor role
     mini_batches: int = 1  # optimizer steps per RL step (the job's batch.mini_batches)
-    data: dict[str, str] | None = None  # the job's JSONL prompt set (math task); None: arithmetic
+    data: dict[str, Any] | None = None  # the job's prompt set (`Dataset`); None: arithmetic
     rollout_tp: int = 1  # the plan's rollout TP (the vllm backend's tensor_parallel_size)
     max_model_len: int = 128  # the job's longest context, tokens (+1 for BOS)
     rollout_mem_fraction: float = 0.2  # the plan's rollout memory / its device's memory
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
+    rollout_parts: tuple[EnginePart, ...] = ()  # a rollout split over pools; () for one pool
 
     @property
     def model_arch(self) -> ModelArch:
         return ModelArch(**self.arch)
+
+    def for_rollout(self, rank: int) -> RunConfig:
+        """The config of rollout engine `rank`: its part's TP and memory share when the rollout
+        is split over pools (the first part's are the defaults), else this one."""
+        for p in self.rollout_parts:
+            if p.holds(rank):
+                return replace(self, rollout_tp=p.tp, rollout_mem_fraction=p.mem_fraction)
+        return self
 
     @property
     def codec(self) -> Codec:
@@ -119,12 +145,13 @@ class Worker:
         return os.getpid()
 
 
-class Rollout(Worker):
+class Rollout(Worker, BucketLoading):
     """Generation with the torch backend."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
         self.model = load_policy(cfg.model_dir)
+        self._own = self.model.state_dict()  # views of the weights, for a refresh to fill
         self.version = 0
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
@@ -132,6 +159,19 @@ class Rollout(Worker):
         self.model.load_state_dict(state)
         self.version = version
         return _timing(t0, version=version)
+
+    def _load_part(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Tensors of a refresh (`executors.reshard`), each into its place as it arrives; the
+        torch backend's engine is one device (tp 1), whose shard is the whole tensor."""
+        own = self._own
+        with torch.no_grad():
+            for name, t in engine_state(dict(tensors), 1, 0).items():
+                if name not in own:
+                    raise KeyError(f"weight sync: the engine has no tensor {name!r}")
+                own[name].copy_(t)
+
+    def _expected_names(self) -> set[str]:
+        return set(self._own)
 
     def current_version(self) -> int:
         return self.version
@@ -174,10 +214,14 @@ class RuleReward(Worker):
     def score(self, s: rl.Samples, results: list[dict], targets: list[Target]) -> tuple[list[float], dict]:
         t0 = time.time()
         codec = self.cfg.codec
-        task = task_of(self.cfg.data)
-        out = [task.score(codec.decode(s.answer(i)), res, t)
-               for i, (res, t) in enumerate(zip(results, targets))]
-        return out, _timing(t0, sample_ids=s.ids)
+        task = task_of(self.cfg.data, True if self.cfg.unsafe_sandbox else None)
+        judged = task.judge([codec.decode(s.answer(i)) for i in range(len(s.ids))], results,
+                            targets)
+        reasons = {sid: j.reason for sid, j in zip(s.ids, judged) if j.reason}
+        # the verdicts' exactness travels back with the rewards: the driver never re-judges
+        return [j.reward for j in judged], _timing(t0, sample_ids=s.ids,
+                                                   exact=[j.exact for j in judged],
+                                                   **({"reasons": reasons} if reasons else {}))
 
 
 class ModelReward(Worker):

@@ -13,6 +13,15 @@ trajectories (context prefilled: prompt + response so far) until EOS, the per-tu
   budget used up           cut (partial rollouts, `executors.tails`): carried to the next step.
 A single-turn job without partial rollouts takes one round: generate, done.
 
+A rollout split over pools (the plan's `roles.rollout.parts`, `executors.placement` puts each
+part's engines on its pool) gets the plan's dispatch rule, the simulator's too
+(`placer.split.deal`): a step's trajectories are dealt to the parts in order as contiguous
+ranges, part i taking `parts[i].samples` of the batch (group-aligned: GRPO groups stay whole),
+extra ones (over-provisioning) by the same shares, and a step with fewer (a carried remainder,
+a smaller batch) all by the shares, largest remainder first. A trajectory stays on its part for
+every round and turn of the step; inside a part it is sharded over the part's engines as a
+one-pool rollout's are over all of them.
+
 The first round's calls start in `RolloutDriver.launch`, so that in async mode step s+1 generates
 while step s scores and trains; the later rounds run in `RolloutDriver.collect`. Every sample has
 a seed of its own and a continuation seed per resumption (`rl.resume_seed`): the same trajectory
@@ -28,8 +37,9 @@ from typing import Any
 
 from executors import rl
 from executors.calls import Dispatcher, Ran
-from executors.context import LoopContext
+from executors.context import LoopContext, TrainingLost
 from executors.model import prompt_ids
+from executors.placement import Member
 from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.tails import TailPolicies, carry_steps, overprovision_extra
@@ -37,6 +47,7 @@ from executors.task import task_of
 from executors.trajectory import Traj
 from executors.weights import WeightSync
 from placer.roles import Role
+from placer.split import deal
 
 
 def tool_text(result: dict[str, Any]) -> str:
@@ -60,6 +71,7 @@ class StepRollout:
     dropped: set[str] = field(default_factory=set)  # abandoned by overprovision
     calls: list[Call] = field(default_factory=list)  # the round's calls
     handles: list[Handle] | None = None  # None: overprovision starts them as a race
+    part_of: dict[str, int] = field(default_factory=dict)  # split rollout: trajectory -> part
 
 
 def _call_times(vals: list[dict[str, Any]], timing: dict[str, Any]) -> list[tuple[float, float]]:
@@ -153,19 +165,12 @@ class RolloutDriver:
 
     def _dispatch(self, r: StepRollout) -> None:
         """Start a round: every trajectory neither done, cut nor dropped, sharded over the
-        rollout workers that hold the synced weights."""
+        rollout workers that hold the synced weights (`_shards`: per part when split)."""
         ctx, budget = self.ctx, self.tails.budget
         gone = r.cut | r.dropped
         active = [t for t in r.trajs if not t.done and t.id not in gone]
-        # Workers still busy with a straggler's abandoned call get no new work this step.
-        # (a worker freed since the sync still holds old weights: it waits for the next sync)
-        rollouts = ctx.by_role[Role.ROLLOUT]
-        workers = [m for m in rollouts if ctx.known.get(m.rank) == ctx.synced] or rollouts
         calls: list[Call] = []
-        for k, m in enumerate(workers):
-            part = active[k * len(active) // len(workers):(k + 1) * len(active) // len(workers)]
-            if not part:
-                continue
+        for m, part in self._shards(r, active):
             limits = [ctx.cfg.max_new_tokens - t.turn_tokens for t in part]
             if budget:  # at least one token: a cut trajectory resumes mid-turn, never on a tool
                 limits = [min(lim, max(budget - r.spent[t.id], 1))
@@ -178,6 +183,50 @@ class RolloutDriver:
         # overprovision races single-turn shards (`TailPolicies.first_shards` starts them)
         race = self.tails.overprovision and self.turns == 1
         r.handles = None if race else [ctx.rt.call(m, meth, *a) for m, meth, a in calls]
+
+    def _teams(self) -> list[list[Member]]:
+        """The rollout engines per part of a split rollout; all of them as one team when the
+        rollout is on one pool (or the runtime runs one engine for all: `LocalRuntime`)."""
+        rollouts = self.ctx.by_role[Role.ROLLOUT]
+        r = self.ctx.plan.roles.get(Role.ROLLOUT)
+        teams = [[m for m in rollouts if m.part == i] for i in range(len(r.parts) if r else 0)]
+        return teams if len(teams) > 1 and all(teams) else [rollouts]
+
+    def _shards(self, r: StepRollout, active: list[Traj]) -> list[tuple[Member, list[Traj]]]:
+        """Each engine's trajectories for a round: per part (split) its dealt trajectories,
+        contiguous chunks over the team's engines that hold the synced weights."""
+        ctx, teams = self.ctx, self._teams()
+        if len(teams) > 1 and not r.part_of:  # the step's first round: deal to the parts
+            kept = [p.samples for p in ctx.plan.roles[Role.ROLLOUT].parts]
+            start = 0
+            for i, count in enumerate(deal(len(r.trajs), kept)):
+                r.part_of.update({t.id: i for t in r.trajs[start:start + count]})
+                start += count
+        out = []
+        for i, team in enumerate(teams):
+            mine = [t for t in active if r.part_of.get(t.id, 0) == i] if len(teams) > 1 else active
+            # Engines still busy with a straggler's abandoned call get no new work this step.
+            # (one freed since the sync still holds old weights: it waits for the next sync)
+            workers = [m for m in team if ctx.known.get(m.rank) == ctx.synced] or team
+            for k, m in enumerate(workers):
+                chunk = mine[k * len(mine) // len(workers):(k + 1) * len(mine) // len(workers)]
+                if chunk:
+                    out.append((m, chunk))
+        return out
+
+    def record_layout(self) -> None:
+        """A split rollout's `metadata.executed_layout`: per part, its pool and the layout its
+        first engine reports running for the part's replicas (a one-pool rollout's entry is
+        `Training.record_layouts`')."""
+        teams, rt = self._teams(), self.ctx.rt
+        if len(teams) < 2:
+            return
+        outs = rt.results([rt.call(team[0], "executed_layout", len(team)) for team in teams])
+        bad = next((o.error for o in outs if not o.ok), None)
+        if bad is not None:
+            raise TrainingLost(bad)
+        self.ctx.trace.metadata.setdefault("executed_layout", {})[str(Role.ROLLOUT)] = {
+            "parts": [{"pool": team[0].bundle.pool, **o.value} for team, o in zip(teams, outs)]}
 
     def collect(self, r: StepRollout) -> rl.Samples:
         """Run the step's rounds to the end; the samples it trains."""

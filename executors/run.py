@@ -22,10 +22,11 @@ from executors import placement as pl
 from executors.elastic import Elastic
 from executors.loop import Fault, Loop, LoopConfig, StepStat
 from executors.model import build_policy, save_model_dir, tokenizer_problem
-from executors.roles import Delay, RunConfig
+from executors.roles import Delay, EnginePart, RunConfig
 from executors.runtime import LocalRuntime, RayRuntime, Runtime
 from executors.sandbox import SandboxUnavailable, probe
 from executors.sharding import Layout, check_layout, plan_layout
+from executors.task import task_of
 from placer.errors import SpecError
 from placer.planfile import Plan
 from placer.roles import Role
@@ -92,6 +93,14 @@ def rollout_engine(plan: Plan) -> dict[str, Any]:
     if r is not None:
         out.update(rollout_tp=r.tp,
                    rollout_mem_fraction=r.memory_gb / res.device_of(r.pool).memory_gb)
+    if r is not None and r.parts:  # split over pools: each part's engines with its own
+        parts, first = [], 0
+        for p in r.parts:
+            parts.append(EnginePart(p.pool, first, p.dp, p.tp,
+                                    p.memory_gb / res.device_of(p.pool).memory_gb))
+            first += p.dp
+        out.update(rollout_parts=tuple(parts), rollout_tp=parts[0].tp,
+                   rollout_mem_fraction=parts[0].mem_fraction)
     return out
 
 
@@ -101,10 +110,50 @@ def actor_layout(plan: Plan) -> tuple[int, int, int]:
     return lay.dp, lay.tp, lay.pp
 
 
-def check_layouts(plan: Plan, arch: ModelArch) -> None:
-    """SpecError (exit 2) before any actor starts when the trainer's layout cannot be run."""
+def check_layouts(plan: Plan, arch: ModelArch, backend: str = "torch") -> None:
+    """SpecError (exit 2) before any actor starts when the trainer's layout, or the layout of
+    a rollout engine (each part's, for a rollout split over pools), cannot be run."""
     check_layout(str(Role.ACTOR), Layout(*actor_layout(plan)), arch.heads, arch.kv_heads,
-                 arch.mlp)
+                 arch.mlp, layers=arch.layers, tied=arch.tie_embeddings)
+    r = plan.roles.get(Role.ROLLOUT)
+    if r is None:
+        return
+    engines = [(f"plan.roles.{Role.ROLLOUT}.parts.{i} (pool {p.pool})", Layout(p.dp, p.tp, p.pp))
+               for i, p in enumerate(r.parts)] or [(f"plan.roles.{Role.ROLLOUT}",
+                                                    Layout(r.dp, r.tp, r.pp))]
+    for where, lay in engines:
+        why = ENGINE_LAYOUTS[backend](lay, arch)
+        if why:
+            raise SpecError(f"{where}: layout {lay}: {why}")
+    if r.parts:
+        try:
+            pl.part_bundles(plan, Role.ROLLOUT)
+        except pl.PlacementError as e:
+            raise SpecError(f"plan: {e}") from None
+
+
+def _torch_engine(lay: Layout, arch: ModelArch) -> str | None:
+    """The torch backend generates with the whole model in the engine's one process."""
+    if lay.tp > 1 or lay.pp > 1:
+        return ("the torch rollout backend runs each engine whole in one process (tp 1, pp 1); "
+                "plan the rollout with tp 1 and pp 1, or use --backend vllm for tp > 1")
+    return None
+
+
+def _vllm_engine(lay: Layout, arch: ModelArch) -> str | None:
+    """vLLM splits the query heads over TP and shards (or, below TP, replicates) the KV heads;
+    the engine is started without pipeline stages (`executors.vllm_rollout.engine_args`)."""
+    if lay.pp > 1:
+        return "the vllm rollout backend runs no pipeline-parallel engine (pp 1)"
+    if arch.heads % lay.tp or (arch.kv_heads % lay.tp and lay.tp % arch.kv_heads):
+        return (f"vLLM needs tp to divide the model's {arch.heads} query heads and to divide, or "
+                f"be a multiple of, its {arch.kv_heads} KV heads")
+    return None
+
+
+# What each rollout backend can run: None, or why not (backends as `BACKENDS` names them).
+ENGINE_LAYOUTS: dict[str, Callable[[Layout, ModelArch], str | None]] = {
+    "torch": _torch_engine, "vllm": _vllm_engine}
 
 
 def check_sandbox(unsafe: bool) -> None:
@@ -117,6 +166,15 @@ def check_sandbox(unsafe: bool) -> None:
     if unsafe:
         print("WARNING: --unsafe-sandbox: generated code may run without kernel isolation",
               file=sys.stderr, flush=True)
+
+
+def check_data(plan: Plan) -> None:
+    """SpecError (exit 2) before any actor starts when the job's dataset cannot be used: a
+    missing or unreadable file, a missing column, a null cell, tests that do not parse. Reads
+    every row (the loop's task then finds them cached)."""
+    data = plan.resolved().job.data
+    if data is not None:
+        task_of(data.model_dump())
 
 
 def policy_arch(plan: Plan) -> ModelArch:
@@ -212,8 +270,9 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
     arch = policy_arch(plan)  # the plan's own checks first, then the machine's
     if not local:  # one process trains the whole batch locally: no layout to refuse
-        check_layouts(plan, arch)
+        check_layouts(plan, arch, backend)
     check_sandbox(unsafe_sandbox)
+    check_data(plan)
     if arch.params() > MAX_PARAMS_CPU and not _cuda():
         raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "
                         f"parameters; without CUDA the executor runs models up to "

@@ -100,6 +100,8 @@ def worker_class(role: str, cfg: RunConfig, backend: str) -> type:
 def worker_args(m: Member, cfg: RunConfig, members: list[Member]) -> tuple:
     if m.role == "actor":
         return cfg, m.rank, sum(1 for x in members if x.role == "actor")
+    if m.role == "rollout":  # a split rollout's engine: its own part's TP and memory share
+        return cfg.for_rollout(m.rank), m.rank
     return cfg, m.rank
 
 

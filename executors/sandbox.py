@@ -26,6 +26,7 @@ reported on stderr).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import selectors
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
@@ -49,6 +51,12 @@ WORK = "/work"
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom")
 UNSAFE_ENV = "PLACER_UNSAFE_SANDBOX"
 BACKENDS = ("auto", "bwrap", "unshare")
+UID_SLOTS = 16  # throwaway uids per process: the most runs one process has at once (as root)
+# The slots of this process's live runs, across every Sandbox and thread (the code reward runs a
+# few at once): two live runs never share a uid, so a timeout's kill-by-uid ends only its own.
+_uid_lock = threading.Lock()
+_uids_live: set[int] = set()
+_uid_next = itertools.count()
 
 
 class SandboxUnavailable(RuntimeError):
@@ -66,6 +74,7 @@ class Limits:
     processes: int = 32
     output_bytes: int = 1 * 2**20    # stdout and stderr together; more ends the run
     per_item_s: float = 1.0          # batch mode: each expression's own timeout
+    keep_bytes: int = 4096           # characters of stdout (and of stderr) kept in the Result: the tail
 
 
 @dataclass
@@ -112,7 +121,6 @@ class Sandbox:
         self.allow_weak = (os.environ.get(UNSAFE_ENV, "") in ("1", "true", "yes")
                            if allow_weak is None else allow_weak)
         self._weak_reason: str | None = None  # set once isolation failed and weak was allowed
-        self._runs = 0
 
     def run(self, code: str) -> Result:
         return self._launch("exec", code, self.limits.wall_s)
@@ -152,17 +160,21 @@ class Sandbox:
             raise SandboxUnavailable(f"sandbox: cannot start even without isolation ({res})")
         return res
 
-    def _throwaway_uid(self) -> int | None:
-        if os.geteuid() != 0:
-            return None
-        self._runs += 1
-        # Unique per worker process and run, so concurrent sandboxes never share a uid.
-        return UID_BASE + (os.getpid() % 1_000_000) * 16 + self._runs % 16
-
     def _start(self, mode: str, payload: Any, wall_s: float, backend: str) -> Result | str:
-        """One sandboxed run; a string says why the sandbox itself could not be set up."""
+        """One sandboxed run; a string says why the sandbox itself could not be set up. As root
+        it runs under a throwaway uid of its own (held until the run and its kills are over)."""
+        slot = _take_slot() if backend != "weak" and os.geteuid() == 0 else None
+        try:
+            uid = None if slot is None else UID_BASE + (os.getpid() % 1_000_000) * UID_SLOTS + slot
+            return self._start_as(mode, payload, wall_s, backend, uid)
+        finally:
+            if slot is not None:
+                with _uid_lock:
+                    _uids_live.discard(slot)
+
+    def _start_as(self, mode: str, payload: Any, wall_s: float, backend: str,
+                  uid: int | None) -> Result | str:
         lim = self.limits
-        uid = self._throwaway_uid() if backend != "weak" else None
         view = _view(self.python)
         cfg: dict[str, Any] = {
             "mode": mode, "payload": payload, "backend": backend, "audit_hook": self.audit_hook,
@@ -228,7 +240,8 @@ class Sandbox:
         timed_out = timed_out or bool(exit_frame and exit_frame.get("timeout"))
         status = _classify(rc, err, timed_out, cut)
         values = [f for f in frames if "item" in f] if mode == "batch" else None
-        return Result(status, rc, out[-4096:], err[-4096:], wall, protections, values,
+        keep = lim.keep_bytes
+        return Result(status, rc, out[-keep:], err[-keep:], wall, protections, values,
                       backend if backend != "weak" else f"weak ({self._weak_reason})")
 
     def _bwrap_argv(self, view: dict) -> list[str]:
@@ -308,6 +321,18 @@ class Sandbox:
 
 
 # ------------------------------------------------------------------------------ helpers
+
+def _take_slot() -> int:
+    """A uid slot no live run of this process holds; the next ones in turn (as before: a slot is
+    not reused by the very next run, while the last run's processes may still be dying)."""
+    with _uid_lock:
+        for _ in range(UID_SLOTS):
+            slot = next(_uid_next) % UID_SLOTS
+            if slot not in _uids_live:
+                _uids_live.add(slot)
+                return slot
+    raise SandboxUnavailable(f"sandbox: more than {UID_SLOTS} runs at once in one process")
+
 
 @cache
 def _runner_source() -> str:

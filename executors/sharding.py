@@ -1,7 +1,7 @@
 """The trainer's parallel layout, as the plan gives it: a device mesh, FSDP2 over DP, TP via DTensor.
 
-A trainer role with layout `dp x tp x pp` runs as `dp * tp` processes (one per device; ranks
-`d * tp + t`) in one torch.distributed group; its 2-D mesh has dims `("dp", "tp")`:
+A trainer role with layout `dp x tp x pp` runs as `dp * tp * pp` processes (one per device) in
+one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp")` with PP):
 
   tp  every decoder layer's attention projections (q, k, v column-parallel, o row-parallel;
       Qwen3's per-head q/k norms replicated with their gradients summed over the heads' ranks)
@@ -13,7 +13,10 @@ A trainer role with layout `dp x tp x pp` runs as `dp * tp` processes (one per d
       too. TP ranks of one DP group see the same samples.
   dp  `fully_shard` (FSDP2) on each decoder layer and the root over the `dp` dim: parameters,
       gradients and Adam state sharded, gradients reduce-scattered.
-  pp  not run by this executor (`check_layout` refuses it before any actor starts).
+  pp  pipeline stages (`executors.pipeline`): each stage a contiguous run of the decoder
+      layers, TP and FSDP2 as above within it; ranks `(p * dp + d) * tp + t` on a
+      ("pp", "dp", "tp") mesh. `check_layout` refuses more stages than layers and PP for a
+      model whose input and output embeddings are one tied weight.
 
 `clip_grad_norm` clips over parameters living on different meshes (TP-sharded and replicated),
 which `torch.nn.utils.clip_grad_norm_` refuses to mix; `full_state` gathers the full weights
@@ -46,8 +49,17 @@ class Layout:
         return self.dp * self.tp * self.pp
 
     def coords(self, rank: int) -> tuple[int, int]:
-        """(dp index, tp index) of a rank."""
-        return rank // self.tp, rank % self.tp
+        """(dp index, tp index) of a rank (ranks are `(p * dp + d) * tp + t`)."""
+        return rank // self.tp % self.dp, rank % self.tp
+
+    def stage(self, rank: int) -> int:
+        """The pipeline stage of a rank."""
+        return rank // (self.dp * self.tp)
+
+    def leads(self, rank: int) -> bool:
+        """Whether the rank speaks for its DP group: TP index 0 on the last pipeline stage
+        (where the loss is computed)."""
+        return self.coords(rank)[1] == 0 and self.stage(rank) == self.pp - 1
 
     def as_dict(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
@@ -62,12 +74,17 @@ def plan_layout(plan: Plan, role: str = "actor") -> Layout:
     return Layout(r.dp, r.tp, r.pp)
 
 
-def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int) -> None:
+def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
+                 layers: int | None = None, tied: bool = False) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
-    if layout.pp > 1:
-        raise SpecError(f"{where}: pipeline parallelism (pp > 1) is not run by the executor; "
-                        f"plan with pp 1 (tp and dp are run as planned)")
+    if layout.pp > 1 and tied:
+        raise SpecError(f"{where}: pipeline parallelism (pp > 1) with tied input and output "
+                        f"embeddings is not run by the executor (the first and last stage would "
+                        f"share one weight); plan with pp 1")
+    if layers is not None and layout.pp > layers:
+        raise SpecError(f"{where}: pp {layout.pp} is more pipeline stages than the model's "
+                        f"{layers} decoder layers")
     bad = [f"{name} {n}" for name, n in (("query heads", heads), ("KV heads", kv_heads),
                                           ("MLP width", mlp)) if n % layout.tp]
     if bad:
@@ -76,19 +93,23 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int)
 
 
 def build_mesh(layout: Layout) -> Any:
-    """The ("dp", "tp") device mesh over the current process group."""
+    """The ("dp", "tp") device mesh over the current process group; ("pp", "dp", "tp") with PP."""
     from torch.distributed.device_mesh import init_device_mesh  # lazy: distributed only
     kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if layout.pp > 1:
+        return init_device_mesh(kind, (layout.pp, layout.dp, layout.tp),
+                                mesh_dim_names=("pp", "dp", "tp"))
     return init_device_mesh(kind, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a causal LM (`model.model.layers` in every HF decoder)."""
+    """The transformer blocks of a causal LM (`model.model.layers` in every HF decoder; a
+    pipeline stage's `layers`, by layer index)."""
     base = getattr(model, "model", model)
     layers = getattr(base, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: no decoder layers (model.layers) to shard")
-    return list(layers)
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 
 
 def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
@@ -145,13 +166,21 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stages: Any = None) -> float:
     """Scale gradients so that their global L2 norm is at most `max_norm`; the norm before.
 
     A DTensor gradient's norm is reduced over its own mesh (`full_tensor`), so TP-sharded and
-    replicated parameters each count once, whatever mesh they live on."""
+    replicated parameters each count once, whatever mesh they live on; with pipeline stages,
+    the squared norms are summed over the stages' group `stages` (each holds its own layers)."""
     grads = [p.grad for p in params if p.grad is not None]
-    total = math.sqrt(sum(float(_local(g.detach().float().norm())) ** 2 for g in grads))
+    sq = sum(float(_local(g.detach().float().norm())) ** 2 for g in grads)
+    if stages is not None:
+        import torch.distributed as dist  # lazy: distributed only
+        t = torch.tensor([sq], dtype=torch.float64,
+                         device="cuda" if torch.cuda.is_available() else "cpu")
+        dist.all_reduce(t, group=stages)
+        sq = float(t)
+    total = math.sqrt(sq)
     scale = max_norm / (total + 1e-6)
     if scale < 1.0:
         for g in grads:

@@ -11,14 +11,22 @@ The reward is shaped so that a randomly initialised policy gets a signal from it
     linearly from 1 (exact) to 0 (off by 10 or more): then it learns to get close, then exact.
 An exact answer scores 1.0.
 
-A job with `data` (a JSONL prompt set) runs the math task instead (`executors.mathtask`):
-`task_of` picks the task from the run's config, for the driver and the reward worker alike.
+A job with `data` (a JSONL or Parquet prompt set) runs the rule reward its `data.reward` names
+instead, from the registry `DATA_TASKS`: `math` (`executors.mathtask`, answer equivalence) or
+`code` (`executors.codetask`, unit tests run in the sandbox). `task_of` picks the task from the
+run's config, for the driver and the reward worker alike. `judge` scores a batch and says why
+each answer lost reward (the code task's reasons: a failing test, a timeout, a crash) and
+whether it is exact; the reward worker records the reasons in the trace and hands the exact
+verdicts back with its rewards, so the driver counts exact answers without judging again (the
+code task would run every answer in the sandbox a second time).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from placer.localdata import Dataset
 from placer.sampling import rng
 
 ARITHMETIC = set("0123456789+-*/%(). ")
@@ -64,8 +72,22 @@ def exact(result: dict, target: int) -> bool:
     return v is not None and v == target
 
 
+@dataclass(frozen=True)
+class Judged:
+    """An answer's reward, why it is not 1 ("" when it is, or when the task cannot say), and
+    whether it is exactly right (what the step's `exact` counts, from this one judgement)."""
+
+    reward: float
+    reason: str = ""
+    exact: bool = False
+
+
 class Task(Protocol):
     """Prompts for a step, and the rule reward of an answer (with its sandbox result)."""
+
+    # whether the reward reads the environment's run of each final answer (the driver's
+    # `verify` tool calls); the code task runs its own unit tests, so it skips them
+    reads_results: bool
 
     def prompts(self, seed: int, step: int, n: int) -> list[Prompt]: ...
 
@@ -73,9 +95,33 @@ class Task(Protocol):
 
     def exact(self, answer: str, result: dict, target: Target) -> bool: ...
 
+    def judge(self, answers: Sequence[str], results: Sequence[dict],
+              targets: Sequence[Target]) -> list[Judged]: ...
 
-class Arithmetic:
+
+class _EachScored:
+    """`judge` as one `score` per answer (the tasks whose reward is cheap and says no reason)."""
+
+    def score(self, answer: str, result: dict, target: Target) -> float:
+        raise NotImplementedError
+
+    def exact_of(self, answer: str, result: dict, target: Target, reward: float) -> bool:
+        """Whether an answer that scored `reward` is exact."""
+        raise NotImplementedError
+
+    def judge(self, answers: Sequence[str], results: Sequence[dict],
+              targets: Sequence[Target]) -> list[Judged]:
+        out = []
+        for a, r, t in zip(answers, results, targets):
+            reward = self.score(a, r, t)
+            out.append(Judged(reward, exact=self.exact_of(a, r, t, reward)))
+        return out
+
+
+class Arithmetic(_EachScored):
     """`a+b=`: the answer runs as code in the sandbox; its printed value is compared."""
+
+    reads_results = True
 
     def prompts(self, seed: int, step: int, n: int) -> list[Prompt]:
         return make_prompts(seed, step, n)
@@ -86,14 +132,19 @@ class Arithmetic:
     def exact(self, answer: str, result: dict, target: Target) -> bool:
         return exact(result, int(target))
 
+    def exact_of(self, answer: str, result: dict, target: Target, reward: float) -> bool:
+        return self.exact(answer, result, target)
 
-class MathData:
-    """A JSONL prompt set with reference answers, scored by sympy equivalence."""
 
-    def __init__(self, path: str, prompt: str = "prompt", answer: str = "answer") -> None:
+class MathData(_EachScored):
+    """A prompt set with reference answers, scored by sympy equivalence."""
+
+    reads_results = True  # (it does not, but the run's verify tool calls are kept as planned)
+
+    def __init__(self, data: Dataset, allow_weak: bool | None = None) -> None:
         from executors import mathtask  # lazy: sympy only for the math task
         self.m = mathtask
-        self.rows = mathtask.load_rows(path, prompt, answer)
+        self.rows = mathtask.load_rows(data.path, data.prompt, data.answer)
 
     def prompts(self, seed: int, step: int, n: int) -> list[Prompt]:
         return [Prompt(f"s{step}p{i}", self.rows[k].prompt, self.rows[k].answer)
@@ -105,7 +156,63 @@ class MathData:
     def exact(self, answer: str, result: dict, target: Target) -> bool:
         return self.score(answer, result, target) == 1.0
 
+    def exact_of(self, answer: str, result: dict, target: Target, reward: float) -> bool:
+        return reward == 1.0  # equivalent to the reference (no second sympy check)
 
-def task_of(data: dict[str, Any] | None) -> Task:
-    """The run's task: the arithmetic one, or the math task over the job's `data`."""
-    return Arithmetic() if data is None else MathData(**data)
+
+class CodeData:
+    """A prompt set with unit tests; an answer's code runs on them in the sandbox
+    (`executors.codetask`), once: the reward worker's verdicts carry `exact` back to the driver
+    with the rewards (`Judged`), and verdicts are kept per process (bounded), so a `score` or
+    `exact` of an answer this process judged does not run it again."""
+
+    reads_results = False  # the unit tests are the run: no separate verify call
+
+    def __init__(self, data: Dataset, allow_weak: bool | None = None) -> None:
+        from executors import codetask, mathtask  # lazy: the sandbox only for the code task
+        self.c, self.m = codetask, mathtask
+        self.data = data
+        self.rows = codetask.load_rows(data.path, data.prompt, data.answer)
+        self.judge_ = codetask.CodeJudge(data.code, allow_weak)
+
+    def prompts(self, seed: int, step: int, n: int) -> list[Prompt]:
+        # the target is the row's index: the tests stay here, never travel with the samples
+        return [Prompt(f"s{step}p{i}", self.rows[k].prompt, k)
+                for i, k in enumerate(self.m.draw(self.rows, seed, step, n))]
+
+    def _verdicts(self, answers: Sequence[str], targets: Sequence[Target]) -> list[Any]:
+        keys = [(self.data, a, int(t)) for a, t in zip(answers, targets)]
+        todo = [k for k in dict.fromkeys(keys) if k not in _VERDICTS]
+        for k, v in zip(todo, self.judge_.judge_all([a for _, a, _ in todo],
+                                                    [self.rows[t].tests for _, _, t in todo])):
+            if len(_VERDICTS) >= MAX_KEPT:
+                _VERDICTS.pop(next(iter(_VERDICTS)))
+            _VERDICTS[k] = v
+        return [_VERDICTS[k] for k in keys]
+
+    def score(self, answer: str, result: dict, target: Target) -> float:
+        return float(self._verdicts([answer], [target])[0].reward)
+
+    def exact(self, answer: str, result: dict, target: Target) -> bool:
+        return bool(self._verdicts([answer], [target])[0].exact)
+
+    def judge(self, answers: Sequence[str], results: Sequence[dict],
+              targets: Sequence[Target]) -> list[Judged]:
+        return [Judged(v.reward, v.reason, v.exact) for v in self._verdicts(answers, targets)]
+
+
+MAX_KEPT = 4096  # verdicts kept per process (oldest dropped first)
+_VERDICTS: dict[tuple[Dataset, str, int], Any] = {}  # (dataset, answer, row) -> Verdict
+
+# The dataset tasks by `data.reward` (placer.localdata.REWARDS names the same kinds).
+DATA_TASKS: dict[str, Callable[[Dataset, bool | None], Task]] = {
+    "math": MathData, "code": CodeData}
+
+
+def task_of(data: dict[str, Any] | None, allow_weak: bool | None = None) -> Task:
+    """The run's task: the arithmetic one, or the rule reward `data.reward` names over the job's
+    `data`; `allow_weak`: the run's `--unsafe-sandbox` (for the tasks that run code)."""
+    if data is None:
+        return Arithmetic()
+    ds = Dataset.model_validate(data)
+    return DATA_TASKS[ds.reward](ds, allow_weak)

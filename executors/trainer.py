@@ -1,9 +1,10 @@
 """The `actor` role: policy training as the plan lays it out (`executors.sharding`).
 
-One `Trainer` per device of the role's layout (`dp * tp` ranks, rank `d * tp + t`), all in one
-torch.distributed group (gloo on CPU, NCCL on GPU) that `init_group` forms; the model is then
-re-loaded from the run's version-0 folder and sharded: TP over the mesh's "tp" dim, FSDP2 over
-"dp". A world of one trains the plain model.
+One `Trainer` per device of the role's layout (`dp * tp * pp` ranks, rank `(p * dp + d) * tp +
+t`), all in one torch.distributed group (gloo on CPU, NCCL on GPU) that `init_group` forms; the
+model is then re-loaded from the run's version-0 folder, cut to the rank's pipeline stage when
+`pp > 1` (`executors.pipeline`), and sharded: TP over the mesh's "tp" dim, FSDP2 over "dp". A
+world of one trains the plain model.
 
 Each RL step (`train`) runs the step's mini-batches, one optimizer step each (the job's
 `batch.mini_batches`); the driver (`executors.training`) has already cut every mini-batch into
@@ -11,10 +12,13 @@ this rank's part, itself cut into `accumulate` micro-batches whose gradients add
 step (gradient accumulation). Every rank runs the same number of micro-batches, so that FSDP's
 and TP's collectives pair up; a rank with no samples in a micro-batch runs one sample at weight
 zero. Before the first optimizer step the trainer computes the proximal ("old") log-probs of its
-samples (`executors.rl`, OFF_POLICY).
+samples (`executors.rl`, OFF_POLICY). With pipeline stages, a mini-batch's micro-batches are one
+schedule step and the loss, its statistics and the old log-probs live on the last stage.
 
 After every step, load and the group's forming, every rank joins the gather of the full weights
-(a collective); rank 0 keeps them for weight sync and checkpoints. A checkpoint is in the
+(a collective; with stages, the first DP/TP coordinate's stages send theirs to rank 0); rank 0
+keeps them for weight sync and checkpoints, and each stage's first rank its stage's, which it
+streams itself when the sync is bucketed (`executors.reshard`). A checkpoint is in the
 one-process format (full weights, full Adam state by parameter index), whatever the layout that
 wrote it, so a run re-planned onto another layout (a lost node) restores it.
 """
@@ -31,6 +35,8 @@ import torch.distributed as dist
 
 from executors import rl
 from executors.model import load_policy
+from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
+from executors.reshard import Bucket, Stream
 from executors.roles import RunConfig, Worker, _interface_of, _node_ip, _timing, save_checkpoint
 from executors.sharding import Layout, build_mesh, clip_grad_norm, full_state, shard
 
@@ -53,6 +59,9 @@ class Trainer(Worker):
         self.version = 0
         self.optimizer_steps = 0
         self._store_socket: socket.socket | None = None  # rank 0: the store's, until init_group
+        self.pipe: Pipeline | None = None  # this rank's pipeline stage (pp > 1, once sharded)
+        self._stage_full: dict[str, torch.Tensor] | None = None  # a stage's weights (pp > 1)
+        self._stream: Stream | None = None  # the weight refresh this rank streams
         self._build(sharded=False)
 
     def _build(self, sharded: bool) -> None:
@@ -61,19 +70,54 @@ class Trainer(Worker):
         self.model.train()
         if torch.cuda.is_available():  # Ray gives each rank its own GPU (CUDA_VISIBLE_DEVICES)
             self.model.cuda()
+        self.pipe = None
         if sharded:
-            shard(self.model, build_mesh(self.layout))
+            mesh = build_mesh(self.layout)
+            if self.layout.pp > 1:  # keep this rank's stage only
+                self._stage_of(mesh)
+            shard(self.model, mesh)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
         self.version = 0
         self._full: dict[str, torch.Tensor] | None = None
         self._gather()
+
+    def _stage_of(self, mesh: Any) -> None:
+        """Replace the whole model by this rank's pipeline stage; its parameters' indices in
+        the whole model's parameter order (the one-process optimizer's, for checkpoints)."""
+        order = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
+        self._params = len(order)
+        p = self.layout.stage(self.rank)
+        stage = Stage(self.model, p, self.layout.pp)
+        self._index = [order[stage.full_name(n)] for n, _ in stage.named_parameters()]
+        dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        self.model = stage
+        self.pipe = Pipeline(stage, p, self.layout.pp, mesh["pp"].get_group(), dev)
 
     def _gather(self) -> None:
         """Full weights onto rank 0 (every rank joins when sharded)."""
         if self.world == 1:
             return  # the plain model is its own full copy: `weights` reads it directly
         full = full_state(self.model)
+        self._stage_full = None
+        if self.pipe is not None:
+            stage = self.pipe.stage
+            mine = {stage.full_name(k): v for k, v in full.items()}
+            if self.layout.coords(self.rank) == (0, 0):  # the stage's sender (bucketed sync)
+                self._stage_full = mine
+            parts = self._from_stages(mine)
+            full = {k: v for part in parts or [] for k, v in part.items()}
         self._full = full if self.rank == 0 else None
+
+    def _from_stages(self, obj: Any) -> list[Any] | None:
+        """Every stage's `obj`, on rank 0 (None elsewhere): the first DP and TP coordinate's
+        pipeline gathers; the other ranks' copies are the same weights."""
+        assert self.pipe is not None
+        if self.layout.coords(self.rank) != (0, 0):
+            return None
+        out: list[Any] | None = [None] * self.layout.pp if self.rank == 0 else None
+        dist.gather_object(obj, out, group=self.pipe.group, group_dst=0)
+        return out
 
     def executed_layout(self, ranks: int) -> dict[str, int]:
         """The layout this rank's group trains with (`ranks`: the role's processes)."""
@@ -123,6 +167,8 @@ class Trainer(Worker):
 
     def train(self, minis: list[MiniBatch]) -> tuple[dict, dict]:
         """The RL step: proximal log-probs, then one optimizer step per mini-batch."""
+        if self.pipe is not None:
+            return self._train_stages(minis)
         t0 = time.time()
         old = [[self._logprobs(m[0]) for m in mb] for mb in minis]
         losses: list[float] = []
@@ -143,6 +189,36 @@ class Trainer(Worker):
             self.opt.step()
             self.optimizer_steps += 1
             losses.append(loss_sum)
+        return self._stepped(t0, minis, losses, norms, stats)
+
+    def _train_stages(self, minis: list[MiniBatch]) -> tuple[dict, dict]:
+        """`train` with pipeline stages: each mini-batch one schedule step over its
+        micro-batches (`executors.pipeline`). Loss and statistics are the last stage's; the
+        other stages report 0 for them (`Layout.leads` picks the last stage's results)."""
+        assert self.pipe is not None
+        t0 = time.time()
+        packed = [pack(mb) for mb in minis]
+        old = [self.pipe.logprobs(pk) for pk in packed]  # before the first optimizer step
+        first = minis[0][0]
+        loss_fn = PolicyLoss(self.cfg.kl_coef, first[2] is not None, bool(first[0].logprobs))
+        losses: list[float] = []
+        norms: list[float] = []
+        stats = dict.fromkeys(("kl", "clip_frac", "tis_truncated"), 0.0)
+        for pk, o in zip(packed, old):
+            self.opt.zero_grad()
+            calls = self.pipe.train(pk, o, loss_fn)
+            for _, info, scale in calls:
+                for k in stats:
+                    stats[k] += info[k] * scale / len(minis)
+            losses.append(sum(v * scale for v, _, scale in calls))
+            norms.append(clip_grad_norm(list(self.model.parameters()), 1.0, self.pipe.group))
+            self.opt.step()
+            self.optimizer_steps += 1
+        return self._stepped(t0, minis, losses, norms, stats)
+
+    def _stepped(self, t0: float, minis: list[MiniBatch], losses: list[float],
+                 norms: list[float], stats: dict[str, float]) -> tuple[dict, dict]:
+        """After the step's optimizer steps: the new version, its full weights, the result."""
         self.version += 1
         self._gather()
         seen = [m[0] for mb in minis for m in mb if m[3] > 0]
@@ -174,6 +250,26 @@ class Trainer(Worker):
             raise RuntimeError(f"trainer rank {self.rank}: only rank 0 holds the full weights")
         return self._full
 
+    def sync_senders(self, bucketed: bool) -> list[int]:
+        """The ranks that stream a weight refresh (`executors.reshard`): each pipeline stage's
+        first rank, its own layers, when bucketed; rank 0, the whole model, otherwise."""
+        if not bucketed or self.pipe is None:
+            return [0]
+        return [p * self.layout.dp * self.layout.tp for p in range(self.layout.pp)]
+
+    def sync_open(self, bucket_bytes: int, sender: int) -> tuple[int, int, int]:
+        """Start streaming this rank's share of the current version as stream `sender` in
+        buckets of `bucket_bytes` (0: a call per tensor); (version, bytes, buckets)."""
+        state = self._stage_full if bucket_bytes > 0 and self.pipe is not None else None
+        self._stream = Stream(state if state is not None else self.weights(), bucket_bytes, sender)
+        return self.version, self._stream.nbytes, self._stream.count
+
+    def sync_bucket(self, k: int) -> Bucket:
+        """Bucket `k` of the stream `sync_open` started."""
+        if self._stream is None:
+            raise RuntimeError(f"trainer rank {self.rank}: sync_bucket before sync_open")
+        return self._stream.bucket(k)
+
     def weights_info(self) -> tuple[int, int]:
         """(version, bytes) of the weights `weights()` would send."""
         return self.version, sum(v.numel() * v.element_size() for v in self.weights().values())
@@ -187,10 +283,20 @@ class Trainer(Worker):
         else:
             optim = _full_optim(self.opt)
             model = self._full or {}
+            if self.pipe is not None:
+                optim = self._stages_optim(optim)
         if self.rank == 0:
             save_checkpoint(path, {"model": model, "optim": optim, "version": self.version,
                                    "step": step, "optimizer_steps": self.optimizer_steps})
         return path
+
+    def _stages_optim(self, local: dict[str, Any]) -> dict[str, Any]:
+        """Every stage's optimizer state by the whole model's parameter index, on rank 0."""
+        parts = self._from_stages({self._index[int(i)]: st for i, st in local["state"].items()})
+        state = {i: st for part in parts or [] for i, st in part.items()}
+        return {"state": dict(sorted(state.items())),
+                "param_groups": [{**g, "params": list(range(self._params))}
+                                 for g in local["param_groups"]]}
 
     def load(self, path: str) -> int:
         """Every rank reads the checkpoint and keeps its own shards of it."""
@@ -199,8 +305,15 @@ class Trainer(Worker):
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(ck["optim"])
         else:
-            _load_full(self.model, ck["model"])
-            _load_sharded_optim(self.opt, ck["optim"])
+            model, optim = ck["model"], ck["optim"]
+            if self.pipe is not None:  # this stage's part, by the whole model's names
+                stage = self.pipe.stage
+                model = {k: model[stage.full_name(k)] for k in stage.state_dict()}
+                optim = {"state": {i: optim["state"][g] for i, g in enumerate(self._index)
+                                   if g in optim["state"]},
+                         "param_groups": optim["param_groups"]}
+            _load_full(self.model, model)
+            _load_sharded_optim(self.opt, optim)
             self._gather()
         self.version = ck["version"]
         self.optimizer_steps = ck.get("optimizer_steps", 0)

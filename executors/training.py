@@ -37,6 +37,7 @@ from placer.planfile import Plan
 from placer.roles import Role
 
 Scored = dict[str, list[Any]]  # role -> per-sample values (rewards, log-probs, values)
+EXACT = "exact"  # Scored key: a rule reward's per-sample verdict (exactly right), when it has one
 EVENT_CAT = {Role.REWARD: "reward", Role.REFERENCE: "forward", Role.CRITIC: "forward"}
 
 
@@ -114,9 +115,12 @@ class Training:
             for (m, _, _), (_, timing) in zip(calls, vals):
                 ctx.event(str(role), EVENT_CAT[role], timing["t0"], timing["dur"], m, step,
                           policy_version=s.version, sample_ids=timing["sample_ids"],
-                          tokens=timing.get("tokens", 0))
+                          tokens=timing.get("tokens", 0),
+                          **({"reasons": timing["reasons"]} if "reasons" in timing else {}))
             ctx.counters.role_s[role] += max(v[1]["dur"] for v in vals)
             out[str(role)] = [x for v in vals for x in v[0]]
+            if all(EXACT in v[1] for v in vals):  # a rule reward's verdicts: exact or not
+                out[EXACT] = [x for v in vals for x in v[1][EXACT]]
         ctx.event("score", "stage", started.t, time.time() - started.t, None, step,
                   policy_version=s.version)
         return out
@@ -170,7 +174,7 @@ class Training:
                       policy_version=info.get("version", step + 1), os_pid=timing.get("pid"),
                       sample_ids=timing["sample_ids"], tokens=timing["tokens"])
             ctx.counters.role_s[m.role] += timing["dur"]
-        leaders = [o.value for k, o in enumerate(outs[:len(ranks)]) if layout.coords(k)[1] == 0]
+        leaders = [o.value for k, o in enumerate(outs[:len(ranks)]) if layout.leads(k)]
         ctx.optimizer_steps += leaders[0][0]["optimizer_steps"]
         ctx.trace.metadata["optimizer_steps"] = ctx.optimizer_steps
         ctx.ledger.trained(step, list(dict.fromkeys(i for v in leaders for i in v[1]["sample_ids"])))
@@ -195,7 +199,8 @@ def partition(s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | No
     """Per trainer rank, its part of every mini-batch as `accumulate` micro-batches.
 
     The step's samples are cut into `mini` mini-batches (one optimizer step each), each into
-    `layout.dp` parts (TP ranks of a DP group get the same part), each into `accumulate`
+    `layout.dp` parts (the TP ranks and pipeline stages of a DP group get the same part: the
+    first stage reads its tokens, the last its targets), each into `accumulate`
     micro-batches. A micro-batch's loss scale is 1 / (its mini-batch's generated tokens), so the
     gradients summed over micro-batches and DP ranks are the mini-batch's token-mean gradient; an
     empty micro-batch runs the mini-batch's first sample at scale 0 (collectives stay paired)."""
@@ -209,8 +214,9 @@ def partition(s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | No
                 use, w = (chunk, scale) if chunk else ([idx[0]], 0.0)
                 micros.append((s.take(use), [adv[i] for i in use],
                                [ref[i] for i in use] if ref is not None else None, w))
-            for t in range(layout.tp):
-                out[d * layout.tp + t].append(micros)
+            for p in range(layout.pp):
+                for t in range(layout.tp):
+                    out[(p * layout.dp + d) * layout.tp + t].append(micros)
     return out
 
 

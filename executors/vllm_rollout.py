@@ -8,7 +8,8 @@ and tool output, with BOS), and the share of device memory the plan priced for t
 same model directory the torch workers load (the run's version 0: a built model or the job's
 checkpoint folder). Weight sync goes through vLLM's weight-loading API: a worker extension
 (`WeightSync`) runs `model.load_weights` on every engine worker via `LLM.collective_rpc`, so
-each step's full weights replace the engine's in place (each TP worker keeps its shard).
+each refresh's tensors, bucket by bucket as they complete (`executors.reshard`), replace the
+engine's in place (each TP worker keeps its shard).
 
 Log-probs: every generated token's sampled log-prob comes back from the engine (`logprobs=0`:
 the sampled token's own); a missing one is an error (`behaviour_logprobs`), never a zero, since
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from executors import rl
+from executors.reshard import BucketLoading
 from executors.roles import RunConfig, Worker, _timing
 
 MEM_FRACTION = (0.05, 0.95)  # vLLM refuses 0 and needs headroom below 1
@@ -68,7 +70,7 @@ def behaviour_logprobs(sample_id: str, tokens: list[int], steps: list[Any] | Non
     return out
 
 
-class VllmRollout(Worker):
+class VllmRollout(Worker, BucketLoading):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
         # The engine in this process: collective_rpc then calls the worker directly.
@@ -82,6 +84,11 @@ class VllmRollout(Worker):
         self.llm.collective_rpc("update_weights", args=(list(state.items()),))
         self.version = version
         return _timing(t0, version=version)
+
+    def _load_part(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """A refresh's tensors as they complete (`executors.reshard`), whole: vLLM's loaders cut
+        each TP worker's shard (the split `reshard.engine_shard` follows)."""
+        self.llm.collective_rpc("update_weights", args=(tensors,))
 
     def current_version(self) -> int:
         return self.version

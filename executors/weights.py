@@ -1,35 +1,60 @@
-"""Versioned weight sync: trainer rank 0's weights to every rollout worker that lacks them.
+"""Versioned weight sync: the trainer's weights to every rollout worker that lacks them.
 
-Version v is the number of optimizer steps so far. The weights go from the trainer's process to
-each rollout worker through Ray's object store (the driver passes the reference on; it never
-holds the tensors). The context's `known` records the version each rollout worker holds, so a
-worker that has v is skipped; one still busy with an abandoned straggler call is synced later
-(`known` None), and one that died while loading re-syncs before its next work.
+Version v is the number of optimizer steps so far. A refresh streams the weights from the
+trainer's senders (each pipeline stage's first rank when bucketed, rank 0 otherwise) in buckets
+of the plan's `sync_bucket_gb` to every rollout engine of every part (`executors.reshard`): one
+call per bucket and engine, through Ray's object store (the driver passes each bucket's
+reference on; it never holds the tensors). Each engine's `weight sync` trace event carries the
+bytes it received, the calls per sender (`calls`), the senders, and its node (`dst`
+pool:node); its time runs from the refresh's start to the engine's last bucket loaded, as
+`placer.fit_events` prices it (`costmodel.transfer_time`: the wire, `sync_latency_s`, and
+`sync_call_s` per further call). The context's `known` records the version each rollout
+worker holds, so a worker that has v is skipped; one still busy with an abandoned straggler
+call is synced later (`known` None), and one that died while loading re-syncs before its next
+work.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
+from executors.runtime import Handle
+from placer.costmodel import GB
+from placer.planfile import Plan, calibration_of
 from placer.roles import Role
+
+
+def bucket_bytes(plan: Plan) -> int:
+    """The refresh's bucket size in bytes: the plan's `sync_bucket_gb` for the rollout's device
+    (the factor `placer.timing.sync_calls` prices with; 0: a call per tensor)."""
+    rollout = plan.roles.get(Role.ROLLOUT)
+    if rollout is None:
+        return 0
+    eff = calibration_of(plan).for_device(plan.resolved().device_of(rollout.pool))
+    return max(int(eff.sync_bucket_gb * GB), 1) if eff.sync_bucket_gb > 0 else 0
 
 
 class WeightSync:
     def __init__(self, ctx: LoopContext) -> None:
         self.ctx = ctx
+        self.refreshes = 0
+
+    def _trainer_call(self, m: Member, method: str, *args: object) -> Any:
+        out = self.ctx.rt.results([self.ctx.rt.call(m, method, *args)])[0]
+        if not out.ok:
+            raise TrainingLost(out.error)
+        return out.value
 
     def sync(self, step: int, force: Member | None = None) -> int:
         """Send the trainer's version to the free rollout workers without it (and to `force`);
         returns the version."""
         ctx = self.ctx
         t = time.time()
-        trainer = ctx.by_role[Role.ACTOR][0]
-        out = ctx.rt.results([ctx.rt.call(trainer, "weights_info")])[0]
-        if not out.ok:
-            raise TrainingLost(out.error)
-        version, nbytes = out.value
+        actors = ctx.by_role[Role.ACTOR]
+        version = int(self._trainer_call(actors[0], "weights_info")[0])
         rollouts = ctx.by_role[Role.ROLLOUT]
         free = ctx.busy.free(ctx.rt, rollouts)
         for m in rollouts:
@@ -39,18 +64,17 @@ class WeightSync:
         ctx.synced = version
         if not targets:
             return int(version)
-        ref = ctx.rt.call(trainer, "weights")
-        outs = ctx.rt.results([ctx.rt.call(m, "load_weights", ref, version) for m in targets])
-        ctx.rt.forget(ref)
+        outs = self._stream(targets, int(version))
         failed = []
-        for m, o in zip(targets, outs):
-            if not o.ok:  # a rollout worker died while loading: it re-syncs before its next work
+        for m, (err, got) in zip(targets, outs):
+            if err is not None:  # a rollout worker died while loading: it re-syncs first
                 ctx.known[m.rank] = None
-                failed.append(o.error)
+                failed.append(err)
                 continue
             ctx.known[m.rank] = version
-            ctx.event("weight sync", "transfer", o.value["t0"], o.value["dur"], m, step,
-                      policy_version=version, bytes=nbytes, src="actor0")
+            ctx.event("weight sync", "transfer", t, max(got["end"] - t, 0.0), m, step,
+                      policy_version=version, bytes=got["bytes"], calls=got["calls"],
+                      senders=got["senders"], src=got["src"], dst=m.trace_pid)
         if failed and not any(ctx.known.get(m.rank) == version for m in rollouts):
             # No rollout worker holds version v: the trainer's copy was lost with its process or
             # its node (a process can answer for a moment after its node is gone). Rolling
@@ -61,6 +85,40 @@ class WeightSync:
         ctx.event("sync", "stage", t, time.time() - t, None, step, policy_version=version)
         ctx.synced = version
         return int(version)
+
+    def _stream(self, targets: list[Member], version: int
+                ) -> list[tuple[str | None, dict[str, Any]]]:
+        """One refresh (`executors.reshard`): every sender's buckets, in order, to every target;
+        per target (error or None, {end, bytes, calls, senders, src})."""
+        ctx, rt = self.ctx, self.ctx.rt
+        size = bucket_bytes(ctx.plan)
+        actors = {m.rank: m for m in ctx.by_role[Role.ACTOR]}
+        ranks = self._trainer_call(actors[min(actors)], "sync_senders", size > 0)
+        senders = [actors[r] for r in ranks]
+        opened = [self._trainer_call(s, "sync_open", size, i) for i, s in enumerate(senders)]
+        counts = [int(o[2]) for o in opened]
+        self.refreshes += 1
+        refresh = f"v{version}.{self.refreshes}"
+        handles: list[list[Handle]] = [[] for _ in targets]
+        for k in range(max(counts)):  # the streams interleaved: they run in parallel
+            for i, s in enumerate(senders):
+                if k < counts[i]:
+                    ref = rt.call(s, "sync_bucket", k)
+                    for hs, m in zip(handles, targets):
+                        hs.append(rt.call(m, "receive_bucket", ref, version, len(senders), refresh))
+                    rt.forget(ref)
+        src = ",".join(f"{s.role}{s.rank}" for s in senders)
+        out: list[tuple[str | None, dict[str, Any]]] = []
+        for hs in handles:
+            res = rt.results(hs)
+            bad = next((o.error for o in res if not o.ok), None)
+            if bad is None and not res[-1].value["done"]:
+                bad = "the refresh ended before every stream was received"
+            vals = [o.value for o in res if o.ok]
+            out.append((bad, {"end": max((v["t0"] + v["dur"] for v in vals), default=0.0),
+                              "bytes": sum(v["bytes"] for v in vals), "calls": max(counts),
+                              "senders": len(senders), "src": src}))
+        return out
 
     def resync(self, step: int) -> Callable[[Member], None]:
         """What a rollout call's re-run needs first: its restarted worker holds no weights."""

@@ -11,11 +11,12 @@ from typing import Any
 import yaml
 
 from placer.assemble import assemble
-from placer.catalog import resolve
+from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration, Parallel
-from placer.estimate import estimate
+from placer.estimate import Estimate, Part, estimate
 from placer.planfile import Plan, SolverInfo
 from placer.spec import job_from_dict, load_job
+from placer.split import join, res_with_samples
 from placer.timing import Placed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,18 +39,36 @@ def job_dict(**changes: Any) -> dict[str, Any]:
     return data
 
 
-def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] | None = None
-              ) -> Plan:
+def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] | None = None,
+              split: tuple[str, list[tuple[str, Parallel, int]]] | None = None) -> Plan:
+    """`split`: (slot, [(pool, layout, samples), ...]) puts the rollout role in that slot split
+    over those pools (`placer.split.join`, each part priced on its own samples) instead of
+    `layout["rollout"]`."""
     res = resolve(job_from_dict(job) if job is not None else load_job(TINY))
     calib = Calibration()
     placed = []
     for role in res.job.roles():
+        if split is not None and role == "rollout":
+            placed.append(Placed(split[0], split_estimate(res, calib, split[1])))
+            continue
         pool, par, slot = layout[role]
         est = estimate(res, role, res.job.cluster.pool(pool), par, calib)
         assert est.feasible, f"{role} on {pool}: {est.reason}"
         placed.append(Placed(slot, est))
     info = SolverInfo(name="hand", status="hand", objective=0.0, bound=0.0, gap=0.0, solve_s=0.0)
     return assemble(res, placed, calib, info)
+
+
+def split_estimate(res: Resolved, calib: Calibration, parts: list[tuple[str, Parallel, int]]
+                   ) -> Estimate:
+    """The rollout role split over pools: each part estimated on the job of its own samples."""
+    out = []
+    for pool, par, n in parts:
+        pres = res_with_samples(res, n)
+        est = estimate(pres, "rollout", pres.cluster.pool(pool), par, calib)
+        assert est.feasible, f"rollout part on {pool}: {est.reason}"
+        out.append(Part(est, n))
+    return join(out)
 
 
 def run_module(plan: Plan, steps: int, out: Path, **kw: Any):

@@ -1,6 +1,7 @@
 """The trainer as the plan lays it out: FSDP2 over DP and TP via DTensor on gloo (4 processes,
 dp 2 x tp 2) take the same optimizer steps as one process on the whole batch; the job's
-mini-batch count is the number of optimizer steps; gradient accumulation changes nothing."""
+mini-batch count is the number of optimizer steps; gradient accumulation changes nothing.
+Pipeline stages: tests/test_exec_pipeline.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -73,14 +74,17 @@ def _rank(rank: int, cfg: RunConfig, q_addr: Any, q_out: Any, out: str) -> None:
         addr = q_addr.get(timeout=120)
     tr.init_group(*addr)
     s, adv = batch(1)
-    info, timing = tr.train(partition(s, adv, None, layout, cfg.mini_batches, 1)[rank])
-    tr.save(out + ".ckpt", 0)  # every rank joins the gather; rank 0 writes
+    info, timing = tr.train(partition(s, adv, None, layout, cfg.mini_batches,
+                                      cfg.accumulate)[rank])
+    tr.save(out + ".ckpt", 0)  # every rank joins the gathers; rank 0 writes
     if rank == 0:
         torch.save(tr.weights(), out)
-    q_out.put((rank, info, timing["sample_ids"]))
+    q_out.put((rank, info, timing["sample_ids"], tr.executed_layout(layout.world)))
 
 
 def distributed(cfg: RunConfig, tmp: Path) -> tuple[dict[str, torch.Tensor], list]:
+    """Train one step on `cfg.actor_layout`'s world of gloo processes: rank 0's full weights
+    and, per rank, (rank, info, sample ids, executed layout)."""
     ctx = mp.get_context("spawn")
     q_addr, q_out = ctx.Queue(), ctx.Queue()
     out = tmp / "w.pt"
@@ -147,16 +151,21 @@ def test_gradient_accumulation_matches_whole_micro_batch(model_dir: Path) -> Non
 def test_layout_the_executor_cannot_run_is_refused() -> None:
     with pytest.raises(SpecError, match=r"plan.roles.actor: layout dp1 tp3 pp1.*query heads 4"):
         check_layout("actor", Layout(tp=3), ARCH.heads, ARCH.kv_heads, ARCH.mlp)
-    with pytest.raises(SpecError, match=r"plan.roles.actor: layout dp2 tp1 pp2.*pipeline"):
-        check_layout("actor", Layout(dp=2, pp=2), ARCH.heads, ARCH.kv_heads, ARCH.mlp)
+    with pytest.raises(SpecError, match=r"plan.roles.actor: layout dp2 tp1 pp2.*tied"):
+        check_layout("actor", Layout(dp=2, pp=2), ARCH.heads, ARCH.kv_heads, ARCH.mlp, tied=True)
     check_layout("actor", Layout(dp=2, tp=2), ARCH.heads, ARCH.kv_heads, ARCH.mlp)
 
 
 def test_execute_refuses_the_layout_before_any_actor_starts(tmp_path: Path) -> None:
-    from exec_util import GRPO_LAYOUT, hand_plan  # lazy: the plan helpers load the planner
+    from exec_util import GRPO_LAYOUT, hand_plan, job_dict  # lazy: the helpers load the planner
 
     from executors.run import execute
-    plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=2), "train")})
-    with pytest.raises(SpecError, match=r"plan.roles.actor: layout dp1 tp1 pp2: pipeline"):
+    pools = [{"name": "gpu", "device": "emu-gpu", "devices_per_node": 4, "nodes": 1},
+             {"name": "lpu", "device": "emu-lpu", "devices_per_node": 4, "nodes": 1},
+             {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 1, "nodes": 1}]
+    plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=3), "train")},
+                     job_dict(cluster={"pools": pools}))
+    with pytest.raises(SpecError, match=r"plan.roles.actor: layout dp1 tp1 pp3: pp 3 is more "
+                                        r"pipeline stages than the model's 2 decoder layers"):
         execute(plan, 1, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # refused before the run made anything

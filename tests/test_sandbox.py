@@ -102,7 +102,7 @@ def test_batch_evaluates_answers_each_in_its_own_child() -> None:
 
 
 def _sandbox_uids() -> list[int]:
-    """Processes under this process's throwaway uids (see `Sandbox._throwaway_uid`), so that
+    """Processes under this process's throwaway uids (see `executors.sandbox._take_slot`), so that
     sandboxes of other processes on the machine do not count."""
     first = UID_BASE + (os.getpid() % 1_000_000) * 16
     return [int(d) for d in os.listdir("/proc")

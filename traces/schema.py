@@ -77,6 +77,8 @@ class EventArgs(BaseModel):
     devices: list[str] | None = _f("device ids (pool:node:index) the work ran on")
     os_pid: int | None = _f("executor: process id of the worker")
     replica: str | int | None = _f("rollout replica a weight-sync flow feeds")
+    pool: str | None = _f("executor: the pool of a split role's worker (its part's pool)")
+    part: int | None = _f("executor: index of a split role's part the worker belongs to")
     # how much
     sample_ids: list[int | str] | None = _f("samples the event covers")
     tokens: float | None = _f("tokens processed (prefill, decode, train, forward)")
@@ -94,11 +96,15 @@ class EventArgs(BaseModel):
     gbs: float | None = _f("link bandwidth, GB/s (transfer)")
     src: str | None = _f("sender (transfer)")
     dst: str | None = _f("receiver, pool:node (transfer)")
+    calls: int | None = _f("weight sync: sequential calls (buckets) of each sender's stream")
+    senders: int | None = _f("weight sync: parallel sender streams (pipeline stages)")
     links: list[str] | None = _f("simulator: links a weight-sync flow crosses")
     # environments
     wait_s: float | None = _f("tool call: seconds queued before a CPU slot took it")
     status: str | None = _f("tool call: the sandbox's status (ok, error, timeout, ...)")
     call: str | None = _f("tool call: what ran (tool call, verify)")
+    reasons: dict[str, str] | None = _f("reward: why a sample lost reward, by sample id (the "
+                                        "code task: a failing test, a timeout, a crash)")
     # failures, stragglers, recoveries and tails
     kind: str | None = _f("failure: how the worker was killed")
     error: str | None = _f("failure or restart: the error that caused it")

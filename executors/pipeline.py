@@ -1,0 +1,224 @@
+"""Pipeline stages of the trainer (the plan's `pp`), with `torch.distributed.pipelining`.
+
+A trainer with layout `dp x tp x pp` has `pp` stages; stage `p` holds a contiguous, near-equal
+run of the decoder layers (`stage_bounds`), the first stage also the token embedding, the last
+the final norm and the LM head (`Stage`; the other layers are dropped from that rank's copy).
+Within a stage, TP and FSDP2 shard the layers over the stage's ("dp", "tp") mesh as without
+PP (`executors.sharding.shard`). Ranks are `(p * dp + d) * tp + t`: the mesh is
+("pp", "dp", "tp"), and the `pp` ranks of one (d, t) coordinate form one pipeline.
+
+One optimizer step (a mini-batch) is one schedule step whose micro-batches are the DP rank's
+`accumulate` micro-batches (`executors.training.partition`): they are packed into one batch
+with common padding and equal rows (a short micro-batch is filled with its first sample at
+weight 0: the schedule cuts the batch into equal chunks and every stage's receive buffers have
+one shape), run by GPipe (or 1F1B when there are at least as many micro-batches as stages).
+Activations between stages are the hidden states; the attention mask goes to every stage as a
+keyword argument, so each stage builds its own causal mask and rotary positions.
+
+The loss lives on the last stage (`PolicyLoss`): it turns the logits into each response token's
+log-prob and applies the RL objective (`executors.rl.policy_loss`) with the targets the
+schedule cuts per micro-batch (token ids, mask, advantages, proximal, reference and behaviour
+log-probs, the micro-batch's loss scale), so the summed micro-batch losses are the one-process
+loss and their gradients the one-process gradients (`scale_grads=False`). The proximal ("old")
+log-probs are a forward-only pass of the same pipeline before the step's first optimizer step.
+
+Tied input and output embeddings would put one weight on the first and the last stage; the
+executor refuses PP for such models (`executors.sharding.check_layout`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executors import rl
+
+# target columns of a packed mini-batch (one float per response position)
+TOKEN, MASK, ADV, OLD, REF, BEHAVIOUR, SCALE = range(7)
+
+
+def stage_bounds(layers: int, pp: int, p: int) -> tuple[int, int]:
+    """The decoder layers [lo, hi) of stage `p` of `pp`: contiguous and near-equal."""
+    return p * layers // pp, (p + 1) * layers // pp
+
+
+def _mask_kinds(config: Any, idx: range) -> dict[str, str]:
+    """Each layer's attention pattern, as the HF model picks it: the config's `layer_types`
+    (Qwen2, Qwen3), else sliding when the config has a window (Mistral, Mixtral, Qwen3-MoE)."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return {str(i): types[i] for i in idx}
+    kind = "sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"
+    return {str(i): kind for i in idx}
+
+
+class Stage(nn.Module):
+    """Decoder layers [lo, hi) of a Hugging Face causal LM: the embedding on the first stage,
+    the final norm and LM head on the last. `forward(x, attention_mask)`: token ids (first
+    stage) or hidden states in; hidden states, or the logits on the last stage, out."""
+
+    def __init__(self, model: Any, p: int, pp: int) -> None:
+        super().__init__()
+        base: Any = getattr(model, "model", model)
+        n = len(base.layers)
+        if model.lm_head.weight is base.embed_tokens.weight:  # check_layout refuses it first
+            raise ValueError("pipeline stages: tied input and output embeddings are not split")
+        lo, hi = stage_bounds(n, pp, p)
+        self.first, self.last = p == 0, p == pp - 1
+        self.config: Any = model.config
+        names = {id(m): name for name, m in model.named_modules()}
+        self.embed: nn.Module | None = base.embed_tokens if self.first else None
+        self.layers = nn.ModuleDict({str(i): base.layers[i] for i in range(lo, hi)})
+        self.rotary: nn.Module = base.rotary_emb
+        self.norm: nn.Module | None = base.norm if self.last else None
+        self.head: nn.Module | None = model.lm_head if self.last else None
+        self.kinds = _mask_kinds(self.config, range(lo, hi))
+        # this module's parameter names -> the whole model's (checkpoints, weight sync)
+        self._prefix = {mine: names[id(m)] for mine, m in (
+            ("embed", self.embed), ("layers", base.layers), ("norm", self.norm),
+            ("head", self.head)) if m is not None}
+
+    def full_name(self, key: str) -> str:
+        """The whole model's name of this stage's parameter `key`."""
+        head, _, rest = key.partition(".")
+        return f"{self._prefix[head]}.{rest}"
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import (  # lazy: transformers only where used
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+        )
+        makers = {"full_attention": create_causal_mask,
+                  "sliding_attention": create_sliding_window_causal_mask}
+        pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as rl._positions (left padding)
+        h = self.embed(x) if self.embed is not None else x
+        masks = {k: makers[k](config=self.config, inputs_embeds=h, attention_mask=attention_mask,
+                              cache=None, position_ids=pos) for k in set(self.kinds.values())}
+        pe = self.rotary(h, position_ids=pos)
+        for name, layer in self.layers.items():
+            h = layer(h, attention_mask=masks[self.kinds[name]], position_embeddings=pe,
+                      position_ids=pos)
+        if self.head is None or self.norm is None:
+            return h
+        return self.head(self.norm(h))
+
+
+@dataclass
+class Packed:
+    """A DP rank's part of one mini-batch, packed for the schedule: `micro` micro-batches of
+    `rows` rows each, one after another."""
+
+    ids: torch.Tensor  # [micro * rows, seq]
+    mask: torch.Tensor  # attention mask, same shape
+    target: torch.Tensor  # [micro * rows, response width, 7] (the columns above)
+    micro: int
+    rows: int
+
+
+def pack(micros: list[tuple[rl.Samples, list[list[float]], list[list[float]] | None, float]]
+         ) -> Packed:
+    """The micro-batches as one batch of equal micro-batches (fill rows at weight 0)."""
+    rows = max(len(s.ids) for s, *_ in micros)
+    parts, adv, ref, weight, scale = [], [], [], [], []
+    for s, a, r, sc in micros:
+        fill = rows - len(s.ids)
+        idx = list(range(len(s.ids))) + [0] * fill
+        parts.append(s.take(idx))
+        adv += [a[i] for i in idx]
+        ref += [r[i] for i in idx] if r is not None else [[] for _ in idx]
+        weight += [1.0] * len(s.ids) + [0.0] * fill
+        scale += [sc] * rows
+    s = rl.Samples.concat(parts)
+    ids, mask, rmask = rl.pack(s)
+    w = rmask.shape[1]
+    t = torch.zeros(rows * len(micros), w, 7)
+    t[..., TOKEN] = ids[:, -w:].float()
+    t[..., MASK] = rmask * torch.tensor(weight)[:, None]
+    t[..., ADV] = rl.to_padded(adv, w)
+    t[..., REF] = rl.to_padded(ref, w)
+    if s.logprobs:
+        t[..., BEHAVIOUR] = rl.to_padded(s.logprobs, w)
+    t[..., SCALE] = torch.tensor(scale)[:, None]
+    return Packed(ids, mask, t, len(micros), rows)
+
+
+def token_logprobs(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each response token's log-prob (masked), from the logits over the whole sequence."""
+    w = target.shape[1]
+    lp = F.log_softmax(logits[:, -w - 1:-1].float(), -1)
+    tok = target[..., TOKEN].long().to(lp.device)
+    return lp.gather(-1, tok[..., None]).squeeze(-1).cpu() * target[..., MASK]
+
+
+class PolicyLoss:
+    """The last stage's loss: one micro-batch's summed token loss times its scale (1 / the
+    mini-batch's tokens, 0 for a stand-in), as the one-process trainer's; records each call's
+    (loss, per-token statistics, scale)."""
+
+    def __init__(self, kl_coef: float, has_ref: bool, has_behaviour: bool) -> None:
+        self.kl_coef, self.has_ref, self.has_behaviour = kl_coef, has_ref, has_behaviour
+        self.calls: list[tuple[float, dict, float]] = []
+
+    def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        t = target.cpu()
+        logp = token_logprobs(logits, t)
+        loss, info = rl.policy_loss(
+            logp, t[..., OLD], t[..., ADV], t[..., MASK], t[..., REF] if self.has_ref else None,
+            self.kl_coef, denom=1.0, behaviour=t[..., BEHAVIOUR] if self.has_behaviour else None)
+        scale = float(t[0, 0, SCALE])
+        self.calls.append((float(loss.detach()), info, scale))
+        return (loss * scale).to(logits.device)
+
+
+class Pipeline:
+    """This rank's stage of one pipeline and the schedules that run it."""
+
+    def __init__(self, stage: Stage, p: int, pp: int, group: Any, device: torch.device) -> None:
+        self.stage, self.p, self.pp, self.group, self.device = stage, p, pp, group, device
+
+    def _schedule(self, pk: Packed, loss: PolicyLoss | None) -> Any:
+        """A fresh stage and schedule for this packed shape (static shapes: no inference)."""
+        from torch.distributed.pipelining import (  # lazy: distributed only
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+        )
+        train = loss is not None
+        cfg = self.stage.config
+        dtype = next(self.stage.parameters()).dtype
+        seq = pk.ids.shape[1]
+
+        def meta(*shape: int, dt: torch.dtype = dtype, grad: bool = train) -> torch.Tensor:
+            return torch.empty(pk.rows, *shape, dtype=dt, device="meta", requires_grad=grad)
+        hidden = meta(seq, cfg.hidden_size)
+        inp = meta(seq, dt=torch.long, grad=False) if self.stage.first else hidden
+        out = meta(seq, cfg.vocab_size) if self.stage.last else hidden
+        st = PipelineStage(self.stage, self.p, self.pp, self.device, input_args=inp,
+                           output_args=out, group=self.group)
+        kind = Schedule1F1B if train and pk.micro >= self.pp else ScheduleGPipe
+        return kind(st, pk.micro, loss_fn=loss, scale_grads=False)
+
+    def _step(self, sched: Any, pk: Packed, **kw: Any) -> Any:
+        args = (pk.ids.to(self.device),) if self.stage.first else ()
+        return sched.step(*args, attention_mask=pk.mask.to(self.device), **kw)
+
+    @torch.no_grad()
+    def logprobs(self, pk: Packed) -> torch.Tensor | None:
+        """The packed batch's response log-probs (last stage; None elsewhere): forward only."""
+        logits = self._step(self._schedule(pk, None), pk)
+        return token_logprobs(logits, pk.target) if self.stage.last else None
+
+    def train(self, pk: Packed, old: torch.Tensor | None, loss: PolicyLoss
+              ) -> list[tuple[float, dict, float]]:
+        """Forward and backward of every micro-batch; gradients accumulate in the stage's
+        parameters (FSDP reduce-scatters them after the last). The loss records (last stage)."""
+        if old is not None:
+            pk.target[..., OLD] = old
+        target = pk.target.to(self.device) if self.stage.last else None
+        loss.calls.clear()
+        self._step(self._schedule(pk, loss), pk, target=target, losses=[] if target is not None
+                   else None, return_outputs=False)
+        return list(loss.calls)

@@ -1,0 +1,302 @@
+"""Weight sync between layouts: each tensor as an engine's TP rank holds it, and the buckets it
+travels in from the trainer's shards to the rollout engines.
+
+Gather. The trainer (`executors.trainer`) holds its weights as FSDP2 shards over DP, DTensor
+shards over TP and pipeline stages over PP; after every step each tensor's full value is
+gathered (`executors.sharding.full_state`), per stage on the stage's first DP/TP rank.
+
+Senders and buckets. A sender streams its tensors as one byte stream (`Stream`), in order,
+cut into buckets of `bucket_bytes` (the cost model's `sync_bucket_gb`): ceil(bytes / bucket)
+sequential calls, a tensor straddling two buckets where the cut falls (checkpoint-engine's and
+Megatron's flat buckets). With buckets every pipeline stage is a sender streaming its own
+layers, in parallel; unbucketed (`bucket_bytes` 0) one sender (trainer rank 0, holding the
+gathered model) makes one call per tensor (verl's NCCL path). `placer.timing.sync_senders` and
+`sync_calls` price exactly these calls, so a trace's `calls` is what the planner counted.
+
+Reshard. An engine with tensor parallelism `tp` keeps, on TP rank r, its slice of each tensor
+(`engine_shard`), as vLLM's parallel layers and Megatron cut them:
+  column  q, k, v projections (weight and bias), MLP gate and up (Mixtral w1, w3; every expert
+          of an MoE block, whose experts vLLM's fused MoE splits the same way): output rows
+          in tp equal parts; KV heads fewer than tp are replicated (rank r holds KV head
+          r // (tp / kv_heads), vLLM's QKVParallelLinear); a fused gate/up tensor (the
+          experts' `gate_up_proj` of transformers 5, [experts, 2 x mlp, hidden]) cuts each
+          half so, and a rank keeps its gate rows then its up rows
+  row     o projection, MLP down (Mixtral w2; the experts' `down_proj`): input columns, the
+          last dim (a row layer's bias is added once, after the all-reduce: replicated)
+  vocab   token embedding and LM head: vocabulary rows, dim 0, the vocabulary padded to a
+          multiple of 64, then cut in tp equal parts (vLLM's VocabParallelEmbedding and
+          ParallelLMHead; rank r keeps the real rows of its part, the engine pads the rest)
+  whole   norms (Qwen3's per-head q/k norms too), the MoE router, anything one-dimensional
+A tensor of more dimensions that no rule names is an error, never a silent copy. An engine that
+loads full tensors and cuts them itself (vLLM's `load_weights`, which makes the same cut) gets
+them whole; the torch backend runs engines at tp 1, whose shard is the full tensor.
+
+The receiving engine (`BucketLoading`) reassembles each tensor as its last byte arrives and
+loads it then, so an engine holds at most a bucket and the tensors it straddles in flight.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocabulary rows pad to a multiple of it
+
+# (kind, unit names), in the order they are tried. A tensor's unit is its module's name for a
+# `weight` or `bias` (`...q_proj.weight`), else its own (a fused experts' `gate_up_proj`).
+_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("vocab", ("embed_tokens", "lm_head")),
+    ("column", ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3")),
+    ("fused", ("gate_up_proj",)),
+    ("row", ("o_proj", "down_proj", "w2")),
+    ("whole", ("norm", "q_norm", "k_norm", "input_layernorm", "post_attention_layernorm",
+               "gate", "shared_expert_gate")),
+)
+
+
+def _unit(name: str) -> str:
+    parts = name.split(".")
+    return parts[-2] if parts[-1] in ("weight", "bias") and len(parts) > 1 else parts[-1]
+
+
+def split_of(name: str, ndim: int) -> tuple[str, int | None]:
+    """(kind, dim) of the TP cut of tensor `name` (HF names) of `ndim` dimensions; dim None:
+    kept whole. Weights are stored [(experts,) out, in]: column, fused and vocab cut the output
+    dim (ndim - 2; a bias its only one), row the input dim (ndim - 1)."""
+    unit = _unit(name)
+    for kind, units in _RULES:
+        if unit in units:
+            if kind == "whole" or (kind == "row" and name.endswith(".bias")):
+                return "whole", None
+            return kind, ndim - 1 if kind == "row" else max(ndim - 2, 0)
+    if ndim <= 1:
+        return "whole", None
+    raise ValueError(f"weight sync: no tensor-parallel rule for {name!r} ({ndim} dims)")
+
+
+def shard_range(name: str, shape: tuple[int, ...], tp: int, rank: int,
+                kv_heads: int | None = None) -> tuple[int | None, int, int]:
+    """(dim, start, stop) of TP rank `rank`'s slice of tensor `name` of `shape` (dim None: the
+    whole tensor); of a fused gate/up tensor, the slice of each half. ValueError when `tp`
+    does not divide the cut dimension."""
+    if not 0 <= rank < tp:
+        raise ValueError(f"weight sync: TP rank {rank} outside tp {tp}")
+    if tp == 1:  # one rank holds everything, whatever the tensor
+        return None, 0, shape[0] if shape else 0
+    kind, dim = split_of(name, len(shape))
+    if dim is None:
+        return None, 0, shape[0] if shape else 0
+    n = shape[dim] // 2 if kind == "fused" else shape[dim]
+    if kind == "vocab":  # the padded vocabulary in tp equal parts, each the real rows it holds
+        padded = math.ceil(n / VOCAB_PAD) * VOCAB_PAD
+        if padded % tp:
+            raise ValueError(f"weight sync: tp {tp} does not divide the padded vocabulary "
+                             f"({padded} rows) of {name!r}")
+        size = padded // tp
+        return dim, min(rank * size, n), min((rank + 1) * size, n)
+    if _unit(name) in ("k_proj", "v_proj") and kv_heads and kv_heads < tp:
+        if tp % kv_heads or n % kv_heads:
+            raise ValueError(f"weight sync: tp {tp} is not a multiple of the {kv_heads} KV "
+                             f"heads of {name!r}")
+        head = n // kv_heads
+        h = rank // (tp // kv_heads)  # a KV head replicated over tp / kv_heads ranks
+        return dim, h * head, (h + 1) * head
+    if n % tp:
+        raise ValueError(f"weight sync: tp {tp} does not divide dim {dim} ({n}) of {name!r}")
+    return dim, rank * n // tp, (rank + 1) * n // tp
+
+
+def engine_shard(name: str, full: torch.Tensor, tp: int, rank: int,
+                 kv_heads: int | None = None) -> torch.Tensor:
+    """TP rank `rank`'s part of the full tensor `name` on an engine of tensor parallelism `tp`
+    (a fused gate/up tensor: its slice of the gate half, then of the up half, as vLLM's
+    merged column layers and fused MoE hold them)."""
+    dim, lo, hi = shard_range(name, tuple(full.shape), tp, rank, kv_heads)
+    if dim is None:
+        return full
+    if split_of(name, full.dim())[0] == "fused":
+        half = full.shape[dim] // 2
+        return torch.cat([full.narrow(dim, lo, hi - lo), full.narrow(dim, half + lo, hi - lo)],
+                         dim)
+    return full.narrow(dim, lo, hi - lo)
+
+
+def engine_state(state: dict[str, torch.Tensor], tp: int, rank: int,
+                 kv_heads: int | None = None) -> dict[str, torch.Tensor]:
+    """`engine_shard` of every tensor of a full state dict."""
+    return {k: engine_shard(k, v, tp, rank, kv_heads) for k, v in state.items()}
+
+
+# ----------------------------------------------------------------------------- buckets
+@dataclass(frozen=True)
+class Entry:
+    """One tensor in a sender's byte stream."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # first byte in the stream
+    nbytes: int
+
+
+@dataclass
+class Bucket:
+    """One call of a sender's stream: bytes [start, start + len(data)) and the tensors that
+    overlap them (a tensor's bytes may span buckets)."""
+
+    sender: int  # the stream's index among the refresh's senders
+    index: int
+    count: int  # buckets in this stream
+    start: int
+    data: torch.Tensor  # uint8
+    entries: list[Entry]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.numel())
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def bucket_count(nbytes: int, tensors: int, bucket_bytes: int) -> int:
+    """Calls of one stream: ceil(bytes / bucket), or one per tensor when unbucketed (0)."""
+    if bucket_bytes <= 0:
+        return tensors
+    return max(math.ceil(nbytes / bucket_bytes), 1)
+
+
+class Stream:
+    """A sender's tensors as one byte stream in buckets (`bucket(k)` builds bucket k)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, sender: int = 0) -> None:
+        self.state, self.sender = state, sender
+        self.entries: list[Entry] = []
+        at = 0
+        for name, t in state.items():
+            n = t.numel() * t.element_size()
+            self.entries.append(Entry(name, t.dtype, tuple(t.shape), at, n))
+            at += n
+        self.nbytes = at
+        if bucket_bytes <= 0:  # one call per tensor
+            self.ranges = [(e.offset, e.offset + e.nbytes) for e in self.entries]
+        else:
+            self.ranges = [(lo, min(lo + bucket_bytes, at)) for lo in range(0, max(at, 1),
+                                                                            bucket_bytes)]
+        assert len(self.ranges) == bucket_count(at, len(self.entries), bucket_bytes)
+        self.members = self._members(bucket_bytes <= 0)
+
+    def _members(self, per_tensor: bool) -> list[list[Entry]]:
+        """The tensors overlapping each bucket (one sweep: both are in stream order); an empty
+        tensor rides in its own call (unbucketed) or the first bucket."""
+        out: list[list[Entry]] = [[] for _ in self.ranges]
+        k = 0
+        for i, e in enumerate(self.entries):
+            if e.nbytes == 0:
+                out[i if per_tensor else 0].append(e)
+                continue
+            while self.ranges[k][1] <= e.offset:
+                k += 1
+            j = k
+            while j < len(self.ranges) and self.ranges[j][0] < e.offset + e.nbytes:
+                out[j].append(e)
+                j += 1
+        return out
+
+    @property
+    def count(self) -> int:
+        return len(self.ranges)
+
+    def bucket(self, k: int) -> Bucket:
+        lo, hi = self.ranges[k]
+        data = torch.empty(hi - lo, dtype=torch.uint8)
+        for e in self.members[k]:
+            a, b = max(e.offset, lo), min(e.offset + e.nbytes, hi)
+            if a < b:
+                data[a - lo:b - lo] = _bytes(self.state[e.name])[a - e.offset:b - e.offset]
+        entries = list(self.members[k])
+        return Bucket(self.sender, k, self.count, lo, data, entries)
+
+
+@dataclass
+class Assembler:
+    """The receiving side: each tensor rebuilt from its bytes, in any bucket order."""
+
+    partial: dict[str, tuple[torch.Tensor, int]] = field(default_factory=dict)  # buffer, filled
+    received: dict[int, int] = field(default_factory=dict)  # sender -> buckets received
+    counts: dict[int, int] = field(default_factory=dict)  # sender -> its stream's buckets
+
+    def add(self, b: Bucket) -> list[tuple[str, torch.Tensor]]:
+        """The tensors bucket `b` completes."""
+        self.received[b.sender] = self.received.get(b.sender, 0) + 1
+        self.counts[b.sender] = b.count
+        done = []
+        hi = b.start + b.nbytes
+        for e in b.entries:
+            buf, filled = self.partial.get(e.name) or (torch.empty(e.nbytes, dtype=torch.uint8), 0)
+            lo_, hi_ = max(e.offset, b.start), min(e.offset + e.nbytes, hi)
+            if lo_ < hi_:
+                buf[lo_ - e.offset:hi_ - e.offset] = b.data[lo_ - b.start:hi_ - b.start]
+                filled += hi_ - lo_
+            if filled >= e.nbytes:
+                self.partial.pop(e.name, None)
+                done.append((e.name, buf.view(e.dtype).reshape(e.shape)))
+            else:
+                self.partial[e.name] = (buf, filled)
+        return done
+
+    def complete(self, senders: int) -> bool:
+        """Every stream of the refresh's `senders` fully received."""
+        return (len(self.counts) == senders and not self.partial
+                and all(self.received[s] == c for s, c in self.counts.items()))
+
+
+class BucketLoading:
+    """Mixed into a rollout engine: receives a refresh bucket by bucket (`receive_bucket`) and
+    loads each tensor as it completes (`_load_part`); the new version once every stream ended.
+    The engine class defines `_load_part(tensors)` and `version`. An engine whose refresh broke
+    off holds some new tensors under its old version: the driver counts it as holding none
+    (`executors.weights`) and gives it no work until a refresh completes."""
+
+    version: int
+    _sync: Assembler | None = None
+    _sync_names: set[str] | None = None
+    _sync_refresh: str | None = None
+
+    def _load_part(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        raise NotImplementedError
+
+    def _expected_names(self) -> set[str] | None:
+        """The tensors a refresh must bring (None: the engine does not say)."""
+        return None
+
+    def receive_bucket(self, b: Bucket, version: int, senders: int, refresh: str
+                       ) -> dict[str, Any]:
+        """Load bucket `b` of refresh `refresh` (to `version`, from `senders` parallel
+        streams); the call's timing, `done` when it was the refresh's last. A new refresh
+        drops what an interrupted one left half-received."""
+        t0 = time.time()
+        if self._sync is None or self._sync_refresh != refresh:
+            self._sync, self._sync_names, self._sync_refresh = Assembler(), set(), refresh
+        sync = self._sync
+        tensors = sync.add(b)
+        assert self._sync_names is not None
+        self._sync_names.update(n for n, _ in tensors)
+        if tensors:
+            self._load_part(tensors)
+        done = sync.complete(senders)
+        if done:
+            want = self._expected_names()
+            missing = sorted(want - self._sync_names) if want is not None else []
+            self._sync = self._sync_names = None
+            if missing:
+                raise RuntimeError(f"weight sync to version {version}: {len(missing)} tensors "
+                                   f"never arrived ({missing[0]}, ...)")
+            self.version = version
+        return {"t0": t0, "dur": time.time() - t0, "bytes": b.nbytes, "sender": b.sender,
+                "done": done, "version": version}
+
