@@ -47,7 +47,8 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the
-# 1,000-node examples) run with `make test-all`.
+# 1,000-node examples, the larger pipeline layouts, the Ray twins of local executor tests) run
+# with `make test-all`.
 test: lint
 	$(PY) -m pytest -q -m "not slow"
 

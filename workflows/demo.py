@@ -30,6 +30,7 @@ from placer.costmodel import Calibration
 from placer.fileio import atomic_write_text
 from placer.planfile import save_plan
 from placer.planner import plan_job
+from placer.render import where
 from placer.spec import SpecError, load_job
 from simulator.api import simulate_plan
 from traces.record import rows_from_trace
@@ -52,7 +53,7 @@ def demo(out: Path, job_path: Path, steps: int) -> str:
     plan = plan_job(resolve(load_job(job_path)), Calibration())
     save_plan(plan, out / "plan.json")
     for name, r in plan.roles.items():
-        _say(f"      {name:<12} {r.pool:<5} x{r.devices} (slot {r.slot})")
+        _say(f"      {name:<12} {where(r)} (slot {r.slot})")
     _say(f"      predicted step {plan.predicted_iteration_s:.3f} s -> {out / 'plan.json'}")
 
     _say("[2/6] simulate 3 iterations")

@@ -274,8 +274,11 @@ def _mean(d: dict[int, dict[str, float]], steps: list[int], key: str) -> float:
 
 def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
              source: str = "trace", seed: int | None = None,
-             sim_trace_path: str | Path | None = None) -> tuple[Report, SimResult]:
-    """Simulate `plan` with the run's recorded inputs and compare with the executed `trace`."""
+             sim_trace_path: str | Path | None = None, warmup: int = 1
+             ) -> tuple[Report, SimResult]:
+    """Simulate `plan` with the run's recorded inputs and compare with the executed `trace`;
+    the first `warmup` steps are left out of the steady means (all but the last, when the run
+    has no more steps than that)."""
     spans = measured_spans(trace, source)
     steps = sorted(spans)
     if steps != list(range(len(steps))):
@@ -300,7 +303,7 @@ def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
     mst, sst = measured_stages(trace, spans), simulated_stages(sim)
     sim_span = {rec.index: rec.end - rec.start for rec in sim.run.iterations}
     pairs = {s: Pair(spans[s][1] - spans[s][0], sim_span[s]) for s in steps}
-    steady = steps[1:] if len(steps) > 1 else steps
+    steady = steps[warmup:] if len(steps) > warmup else steps[-1:]
     stages = {k: Pair(_mean(mst, steady, k), _mean(sst, steady, k)) for k in STAGES
               if any(k in mst[s] or k in sst[s] for s in steady)}
     mrt, srt = role_times(trace), role_times(sim.trace)

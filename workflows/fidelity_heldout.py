@@ -1,15 +1,26 @@
 """Held-out fidelity: calibrate on one executed run, predict runs that differ from it.
 
-    python -m workflows.fidelity_heldout --out out/heldout [--steps 4] [--job examples/tiny-cpu.yaml]
+    python -m workflows.fidelity_heldout --out out/heldout [--steps 4] [--warmup 1]
+                                         [--job examples/tiny-cpu.yaml]
+                                         [--moe-job examples/tiny-moe.yaml]
     python -m workflows.fidelity_heldout --out out/heldout --reuse     # recompute from saved traces
 
-Runs (all on the job's own cluster, one embedded Ray for all of them):
+Runs (on the job's own cluster, one embedded Ray for all of them but the `moe` run's, whose
+cluster differs; a fresh Ray's first run is a short warm-up of the next plan, not used):
 
   base          the job as planned by the ILP: the calibration run
   batch x2      twice the prompts per step (same kind of placement, re-planned)
   response x2   responses up to twice as long
   colocated     the colocate-all baseline placement (every GPU role time-shares one slot)
   split         the split baseline placement (rollout engines on their own share of the pool)
+  tp 2          the job with its actor pinned to tensor parallelism 2 (`pin:`, placer/pins.py)
+  moe           another job: a mixture of experts (examples/tiny-moe.yaml, a Qwen3-MoE-shaped
+                checkpoint, its actor pinned to dp 2 x tp 2), predicted with the base run's
+                profile: the factors are per device type, so they carry over to another model
+  base again    the base plan executed once more, last: it differs from the calibration run in
+                nothing but when it ran, so its error is the machine's own drift (on a shared
+                machine the same work can take twice as long a few minutes later), the floor
+                under every other row's error
 
 Calibration has two levels, both fitted on the base run only:
 
@@ -19,7 +30,14 @@ Calibration has two levels, both fitted on the base run only:
                 reward, train overhead), fitted on the base run's stage times by Newton steps
                 on the simulator: workflows/stagefit.py, which `placer calibrate` also runs.
 
-The table reports, per held-out run, the measured steady step time, the simulation with the
+Each run's first `--warmup` steps (default 1) are left out of the stage fit and of the table's
+means: the first step pays one-off costs (first calls into every worker), and on a small shared
+machine the next two or three still run slower (lazy initialisation in the workers, the sandbox's
+first interpreters).
+
+The table reports, per held-out run, the machine's load average per core when it ended (above
+1, work queued for the cores: other processes' too, so measured times stretch), the measured
+steady step time, the simulation with the
 event-level profile and with both levels, and their errors. Everything is seeded by the job's
 seed; measured times are what they are on the machine that ran them.
 """
@@ -27,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +59,7 @@ from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.fileio import atomic_write_text
 from placer.fit import fit_trace, profile_doc
+from placer.pins import Pin, Pins
 from placer.planfile import Plan, load_plan, save_plan
 from placer.planner import build_problem, plan_assignment, plan_job
 from placer.spec import SpecError, load_job
@@ -47,10 +68,16 @@ from workflows.fidelity import fidelity
 from workflows.stagefit import stage_calibrate
 
 DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
+MOE_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-moe.yaml"
+TP = 2  # the tensor-parallel degree of the `tp 2` run
+# A fresh embedded Ray runs its first job slower throughout (its own start-up work competes for
+# a small machine's cores): a short run of the same plan goes first there and is not used.
+WARM_UP_DIR, WARM_UP_STEPS = "warm-up", 3
 
 
-def variant_plans(job_path: str | Path = DEFAULT_JOB) -> dict[str, Plan]:
-    """The base plan and the four held-out plans (module docstring)."""
+def variant_plans(job_path: str | Path = DEFAULT_JOB, moe_job: str | Path | None = MOE_JOB
+                  ) -> dict[str, Plan]:
+    """The base plan and the held-out plans (module docstring); no `moe` run without a job."""
     job = load_job(job_path)
     calib = Calibration()
     resp = job.lengths.response
@@ -66,12 +93,32 @@ def variant_plans(job_path: str | Path = DEFAULT_JOB) -> dict[str, Plan]:
         a = fn(problem)
         if a is not None:
             plans[name] = plan_assignment(problem, a, name)
+    pins = (job.pin or Pins()).model_copy(update={"actor": Pin(tp=TP)})
+    plans[f"tp {TP}"] = plan_job(resolve(job.model_copy(update={"pin": pins})), calib)
+    if moe_job is not None:
+        plans["moe"] = plan_job(resolve(load_job(moe_job)), calib)
+    plans["base again"] = plans["base"]
     return plans
 
 
 def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], None]) -> Trace:
-    """Execute `plan` for `steps` steps on the (embedded) Ray; writes plan.json and trace.json."""
-    from executors.run import execute  # lazy: torch and Ray (~2 s) only when executing
+    """Execute `plan` for `steps` steps on the (embedded) Ray; writes plan.json and trace.json.
+    An embedded Ray started for another job's cluster (the `moe` run's pools differ) is shut
+    down first, so the next run starts one that advertises this plan's nodes."""
+    import ray  # lazy: torch and Ray (~2 s) only when executing
+
+    from executors.cluster import node_resources
+    from executors.run import execute
+    if ray.is_initialized():
+        have, need = ray.cluster_resources(), Counter[str]()
+        for r in node_resources(plan).values():
+            need.update(r)
+        if any(have.get(k, 0.0) < v for k, v in need.items()):
+            ray.shutdown()
+    if not ray.is_initialized():  # a fresh Ray: warm it up on this plan first
+        note(f"  warming a fresh Ray up: {WARM_UP_STEPS} steps of this plan (not used)")
+        (out_dir / WARM_UP_DIR).mkdir(parents=True, exist_ok=True)
+        execute(plan, WARM_UP_STEPS, out_dir / WARM_UP_DIR, note=note)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_plan(plan, out_dir / "plan.json")
 
@@ -79,6 +126,9 @@ def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], No
         note(f"  step {s.step}: {s.step_s:.3f} s (reward {s.reward:.3f})")
     result = execute(plan, steps, out_dir, note=note, progress=progress)
     result.trace.metadata["plan_path"] = "plan.json"  # `placer calibrate` finds the plan by it
+    # how busy the machine was (others' work included): a table row's error is read against it
+    result.trace.metadata["load_avg_1min"] = round(os.getloadavg()[0], 2)
+    result.trace.metadata["cpus"] = os.cpu_count() or 1
     result.trace.write(out_dir / "trace.json")
     return result.trace
 
@@ -100,6 +150,7 @@ class Row:
     predicted_s: float  # the plan's own (uncalibrated) prediction
     stages: dict[str, Any] | None = None  # per stage, measured vs simulated (both levels)
     spread: float = 0.0  # std / mean of the measured steady steps: the run's own noise
+    load: float | None = None  # the machine's 1-min load average per core at the run's end
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "what": self.what, "measured_s": round(self.measured_s, 4),
@@ -108,37 +159,52 @@ class Row:
                 "error_event": round(self.event_s / self.measured_s - 1, 4),
                 "simulated_stage_s": round(self.stage_s, 4),
                 "error_stage": round(self.stage_s / self.measured_s - 1, 4),
-                "measured_step_cv": round(self.spread, 4), "stages": self.stages or {}}
+                "measured_step_cv": round(self.spread, 4), "load_per_core": self.load,
+                "stages": self.stages or {}}
 
 
 WHAT = {"base": "calibration run (in-sample)", "batch x2": "twice the prompts",
         "response x2": "responses up to 2x longer", "colocated": "colocate-all placement",
-        "split": "rollout on its own devices"}
+        "split": "rollout on its own devices", f"tp {TP}": f"actor pinned to TP {TP}",
+        "moe": "another job: MoE model, actor dp 2 x tp 2",
+        "base again": "nothing: the base plan run again, last (drift)"}
 
 
-def table(plans: dict[str, Plan], traces: dict[str, Trace], event_doc: dict, stage_doc: dict
-          ) -> list[Row]:
+def table(plans: dict[str, Plan], traces: dict[str, Trace], event_doc: dict, stage_doc: dict,
+          warmup: int = 1) -> list[Row]:
     rows = []
     for name, plan in plans.items():
-        ev, _ = fidelity(plan, traces[name], calibration_from_dict(event_doc), name)
-        st, _ = fidelity(plan, traces[name], calibration_from_dict(stage_doc), name)
+        ev, _ = fidelity(plan, traces[name], calibration_from_dict(event_doc), name,
+                         warmup=warmup)
+        st, _ = fidelity(plan, traces[name], calibration_from_dict(stage_doc), name,
+                         warmup=warmup)
         ms = [st.steps[k].measured for k in st.steady]
         mean = sum(ms) / len(ms)
         cv = (sum((m - mean) ** 2 for m in ms) / len(ms)) ** 0.5 / mean
         rows.append(Row(name, WHAT.get(name, ""), st.step.measured, ev.step.simulated,
                         st.step.simulated, plan.predicted_iteration_s,
-                        {k: v.to_dict() for k, v in st.stages.items()}, cv))
+                        {k: v.to_dict() for k, v in st.stages.items()}, cv,
+                        _load_per_core(traces[name])))
     return rows
 
 
+def _load_per_core(trace: Trace) -> float | None:
+    """The machine's load average per core when the run ended (`execute_plan` records it)."""
+    load, cpus = trace.metadata.get("load_avg_1min"), trace.metadata.get("cpus")
+    if not isinstance(load, (int, float)) or not isinstance(cpus, int) or cpus < 1:
+        return None
+    return round(load / cpus, 2)
+
+
 def format_table(rows: list[Row]) -> str:
-    head = ("| run | differs by | measured s (step CV) | predicted s (uncalibrated) | "
-            "simulated s (event calib.) | error | simulated s (event+stage calib.) | error |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|")
+    head = ("| run | differs by | load / core | measured s (step CV) | predicted s "
+            "(uncalibrated) | simulated s (event calib.) | error | simulated s (event+stage "
+            "calib.) | error |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         d = r.to_dict()
-        lines.append(f"| {r.run} | {r.what} | {r.measured_s:.3f} ({r.spread:.0%}) | "
+        load = "-" if r.load is None else f"{r.load:.1f}"
+        lines.append(f"| {r.run} | {r.what} | {load} | {r.measured_s:.3f} ({r.spread:.0%}) | "
                      f"{r.predicted_s:.3f} | "
                      f"{r.event_s:.3f} | {d['error_event']:+.1%} | {r.stage_s:.3f} | "
                      f"{d['error_stage']:+.1%} |")
@@ -146,7 +212,8 @@ def format_table(rows: list[Row]) -> str:
 
 
 def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
-                note: Callable[[str], None]) -> list[Row]:
+                note: Callable[[str], None], moe_job: str | Path | None = MOE_JOB,
+                warmup: int = 1) -> list[Row]:
     if reuse:
         found = {p.parent.name.replace("_", " "): p for p in out.glob("*/plan.json")}
         order = [n for n in WHAT if n in found] + sorted(set(found) - set(WHAT))
@@ -155,16 +222,16 @@ def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
             raise SpecError(f"--reuse: {out}/base/plan.json: missing (run without --reuse first)")
         traces = {n: read_trace(out / n.replace(" ", "_") / "trace.json") for n in plans}
     else:
-        plans = variant_plans(job)
+        plans = variant_plans(job, moe_job)
         traces = {}
         for name, plan in plans.items():
             note(f"executing {name} ({WHAT.get(name, '')}): {steps} steps")
             traces[name] = execute_plan(plan, steps, out / name.replace(" ", "_"), note)
     event_doc = event_profile(plans["base"], traces["base"], str(out / "base" / "trace.json"))
-    stage_doc = stage_calibrate(plans["base"], traces["base"], event_doc)
+    stage_doc = stage_calibrate(plans["base"], traces["base"], event_doc, warmup)
     for name, doc in (("profile.event.json", event_doc), ("profile.json", stage_doc)):
         atomic_write_text(out / name, json.dumps(doc, indent=2))
-    rows = table(plans, traces, event_doc, stage_doc)
+    rows = table(plans, traces, event_doc, stage_doc, warmup)
     atomic_write_text(out / "heldout.json", json.dumps([r.to_dict() for r in rows], indent=2))
     atomic_write_text(out / "heldout.md", format_table(rows) + "\n")
     return rows
@@ -176,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output folder (plans, traces, profiles, table)")
     ap.add_argument("--steps", type=int, default=4, help="executed steps per run (default 4)")
     ap.add_argument("--job", default=str(DEFAULT_JOB), help="job YAML (default tiny-cpu)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="first steps of each run left out of the fit and the table (default 1: "
+                         "step 0; on a loaded machine the warm-up lasts longer)")
+    ap.add_argument("--moe-job", default=str(MOE_JOB),
+                    help="the MoE job of the `moe` run (default tiny-moe); 'none': no such run")
     ap.add_argument("--reuse", action="store_true",
                     help="recompute the table from the traces already under --out")
     args = ap.parse_args(argv)
@@ -186,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps < 3:
             raise SpecError(f"--steps: need at least 3 (calibration needs 3 events of a kind; "
                             f"got {args.steps})")
-        rows = run_heldout(Path(args.out), args.steps, args.job, args.reuse, note)
+        if not 1 <= args.warmup < args.steps:
+            raise SpecError(f"--warmup: must be at least 1 and below --steps ({args.steps}) "
+                            f"(got {args.warmup})")
+        moe = None if args.moe_job == "none" else args.moe_job
+        rows = run_heldout(Path(args.out), args.steps, args.job, args.reuse, note, moe,
+                           args.warmup)
     except SpecError as e:
         print(f"workflows.fidelity_heldout: error: {e}", file=sys.stderr)
         return 2

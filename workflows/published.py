@@ -10,16 +10,23 @@ layout*: every role is priced by `placer.estimate.estimate` with that layout and
 combined by `placer.timing.iteration_time`, exactly as `assemble` prices a plan the ILP or a
 baseline chose. No simulation runs: the predictions are the cost model's.
 
-Published stages map onto the model's as: gen -> the rollout role's `rollout` stage; old_log_prob
--> the actor's `score` stage; ref -> the reference's `score` stage; update -> the actor's `train`
-stage; weight sync -> the plan's sync time. The async rows publish the time the trainer waits for
-generation, not the generation itself, so only what they name is compared.
+Published stages map onto the model's as: generation -> the rollout role's `rollout` stage (verl's
+`generate_sequences` where a row publishes it: its `gen` also holds the colocated engine's wake-up,
+resharding and sleep, which the model prices as sync); old_log_prob -> the actor's `score` stage;
+ref -> the reference's `score` stage; update -> the actor's `train` stage; weight sync -> the
+plan's sync time. Every log-prob and update stage includes the driver's dispatch of the padded
+batch (`costmodel.dispatch_time`), which verl's single controller pays before each pass whatever
+the GPUs (the intercept of rows 1-3 and 5-6). The fully async rows publish the time the trainer
+waits for generation, not the generation itself, so only what they name is compared; their
+trainer takes the old log-probs from the engine (`Row.trainer_log_probs`). A row states the
+engine settings its script sets where they change the price (`Use.cuda_graphs`: vLLM's
+enforce_eager).
 
 The weight-sync rows (`SYNC_ROWS`) price one actor -> rollout refresh with `timing.sync_time` on
-the published hardware and mapping, where the model can express it (dense or MoE without expert
-parallelism; a rollout TP inside one node), with each framework's transport: verl's NCCL sync
-without checkpoint-engine sends tensor by tensor from rank 0 (`SyncRow.bucket_gb` = 0), the others
-stream buckets from every pipeline stage (`timing.sync_calls`, `timing.sync_senders`).
+the published hardware and mapping, with each framework's transport: verl's NCCL sync without
+checkpoint-engine sends tensor by tensor from rank 0 (`SyncRow.bucket_gb` = 0), the others stream
+buckets from every pipeline stage (`timing.sync_calls`, `timing.sync_senders`) at the framework's
+sender rate (`SyncRow.sender_gbs`), and a broadcast hands every rollout rank the full weights.
 
     python -m workflows.published [--json] [--calibration PROFILE]
 
@@ -27,8 +34,8 @@ prints per row the published and predicted step and stage times and the relative
 (predicted / published - 1), the median |error| over rows, and the sync rows. `--json` prints one
 document: {"rows": [{name, published_s, predicted_s, error, stages: {...}}], "median_abs_error",
 "max_abs_error", "sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error",
-"decode": [{name, published_s, predicted_s, error}]} (the decode list: vLLM's per-step latency
-anchors, `DECODE_ROWS`, which set the decode defaults).
+"decode": [{name, published_s, predicted_s, error}]} (the decode list: vLLM's and SGLang's per-step
+latency anchors, `DECODE_ROWS`, which set the decode defaults).
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +53,7 @@ from placer.catalog import Resolved, resolve, shipped_devices, shipped_models
 from placer.costmodel import Calibration, Efficiency, Memory, Parallel, decode_step_time
 from placer.estimate import Estimate, estimate
 from placer.roles import Role
-from placer.spec import SpecError, job_from_dict, load_job
+from placer.spec import ModelArch, SpecError, job_from_dict, load_job
 from placer.timing import Placed, iteration_time, sync_time
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
@@ -65,10 +72,11 @@ class Use:
     offload: bool = False
     cp: int = 1
     ep: int = 1
+    cuda_graphs: bool = True  # rollout engines: False where the run set vLLM's enforce_eager
 
     def parallel(self) -> Parallel:
         return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
-                        cp=self.cp, ep=self.ep)
+                        cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs)
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,11 @@ class Row:
     stages: dict[str, float]
     layout: dict[Role, Use]
     groups: list[list[Role]]  # roles sharing devices (one slot each list)
+    # False where the framework takes the old log-probs from the rollout engine instead of a
+    # trainer forward pass: verl's fully_async_policy does by default ("we default to
+    # old_log_prob being calculated by rollout rather than by trainer", fully_async.md;
+    # its tables show no old_log_prob stage), so the actor's `score` stage is not run.
+    trainer_log_probs: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,9 @@ class SyncRow:
     # The transport's bucket size, GB (`Efficiency.sync_bucket_gb`): a framework setting; 0 for
     # verl's NCCL sync without checkpoint-engine, which broadcasts tensor by tensor from rank 0.
     bucket_gb: float = Efficiency().sync_bucket_gb
+    # One sender stream's raw GB/s (`Efficiency.sync_sender_gbs`): a framework's gather, convert
+    # and send path; the default is verl's checkpoint-engine README figure.
+    sender_gbs: float = Efficiency().sync_sender_gbs
 
 
 _UNBUCKETED = 0.0
@@ -128,21 +144,21 @@ ROWS: list[Row] = [
     Row("r04 DAPO 7B 128xH20 async 64:64", "r04-dapo7b-128xh20-async.yaml", _FA, 150.63,
         {"update": 113.16},
         {_R.ACTOR: Use("h20", dp=64), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
-        _SPLIT),
+        _SPLIT, trainer_log_probs=False),
     Row("r05 GRPO 30B-A3B 128xH20 colocate", "r05-grpo30ba3b-128xh20-colocate.yaml", _FA, 497.89,
         {"rollout": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update": 86.27},
         {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, cp=2, ep=8),
-         _R.ROLLOUT: Use("h20", tp=4, dp=32),
+         _R.ROLLOUT: Use("h20", tp=4, dp=32, cuda_graphs=False),
          _R.REFERENCE: Use("h20", tp=2, dp=32, cp=2, ep=8), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r06 GRPO 30B-A3B 128xH20 async 96:32", "r06-grpo30ba3b-128xh20-async.yaml", _FA, 282.75,
         {"ref": 50.05, "update": 206.63},
         {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, cp=2, ep=8),
-         _R.ROLLOUT: Use("h20", tp=4, dp=24),
+         _R.ROLLOUT: Use("h20", tp=4, dp=24, cuda_graphs=False),
          _R.REFERENCE: Use("h20", tp=2, dp=8, cp=2, ep=8), _R.REWARD: _CPU},
-        _SPLIT_REF),
+        _SPLIT_REF, trainer_log_probs=False),
     Row("r07 DAPO 7B 16xH20 colocate", "r07-dapo7b-16xh20-colocate.yaml", _OSO, 749.0,
-        {"rollout": 321.0, "old_log_prob": 88.0, "update": 286.0},
+        {"rollout": 247.0, "old_log_prob": 88.0, "update": 286.0},  # rollout: generate_sequences
         {_R.ACTOR: Use("h20", dp=16), _R.ROLLOUT: Use("h20", tp=2, dp=8), _R.REWARD: _CPU},
         _COLOC),
     Row("r08 DAPO 7B 16xH20 one-step-off 4+12", "r08-dapo7b-16xh20-one-step-off.yaml", _OSO, 520.0,
@@ -150,7 +166,7 @@ ROWS: list[Row] = [
         {_R.ACTOR: Use("h20", dp=12), _R.ROLLOUT: Use("h20", tp=2, dp=2), _R.REWARD: _CPU},
         _SPLIT),
     Row("r09a DAPO 7B Megatron 16xH20 colocate", "r09a-dapo7b-16xh20-megatron-colocate.yaml", _OSO,
-        699.0, {"rollout": 207.0, "old_log_prob": 119.0, "update": 344.0},
+        699.0, {"rollout": 162.0, "old_log_prob": 119.0, "update": 344.0},  # (generate_sequences)
         {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1), _R.ROLLOUT: Use("h20", tp=2, dp=8),
          _R.REWARD: _CPU},
         _COLOC),
@@ -163,14 +179,28 @@ ROWS: list[Row] = [
         "Miles docs/models/qwen/qwen3-8.md", 720.0,
         {"rollout": 307.0, "old_log_prob": 33.0, "ref": 100.0, "update": 282.0, "sync": 2.5},
         {_R.ACTOR: Use("h200", tp=4, dp=2, zero=1, offload=True),
-         _R.ROLLOUT: Use("h200", tp=4, dp=2), _R.REFERENCE: Use("h200", tp=4, dp=2),
+         # one SGLang engine per GPU (`--rollout-num-gpus-per-engine 1`, the doc's sec. 5.3)
+         _R.ROLLOUT: Use("h200", dp=8), _R.REFERENCE: Use("h200", tp=4, dp=2),
          _R.REWARD: _CPU},
         _COLOC_REF),
+    Row("r11 GRPO 671B DeepSeek-V3 96xH20 colocate", "r11-grpo671b-96xh20-colocate.yaml",
+        "verl docs/perf/dpsk.md", 1700.0, {"rollout": 1050.0},
+        {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8),
+         _R.ROLLOUT: Use("h20", tp=32, dp=3, cuda_graphs=False),
+         _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8), _R.REWARD: _CPU},
+        _COLOC_REF),
 ]
-# Not expressible yet: row 11 (DeepSeek-V3 on 96 H20: rollout engines spanning nodes, FP8,
-# expert parallelism and offload fraction 1) and row 12 (sleep/wake of a colocated engine).
+# Not expressible yet: row 12 (sleep/wake of a colocated engine).
 
 _FAS = "verl docs/advance/fully_async.md (NCCL, no checkpoint-engine)"
+_MILES = "Miles docs/advanced/p2p-weight-transfer.md (NCCL broadcast, 1 GB buckets)"
+# Miles' broadcast sender (one per pipeline stage, `update_weight_from_distributed/broadcast.py`:
+# the DP = TP = 0 rank gathers its stage's TP / EP shards bucket by bucket, converts them to HF
+# names and broadcasts; stages take turns under a lock): 23.9 GB/s achieved, from the same doc's
+# GLM-4.7-Flash row (30B in 2.51 s, TP4 EP8 -> TP4 EP4 on one node, where the wire is NVLink and
+# the sender's own path binds): / `link_eff` 0.8 raw. A row not priced here, so the two Miles
+# rows below check it.
+_MILES_SENDER_GBS = 29.9
 SYNC_ROWS: list[SyncRow] = [
     SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
             0.12, bucket_gb=_UNBUCKETED),
@@ -182,11 +212,12 @@ SYNC_ROWS: list[SyncRow] = [
             "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0),
     SyncRow("NeMo-RL 4B DP8->TP8 H100 colocated", "NeMo-RL docs/design-docs/nccl-reshard-refit.md",
             "Qwen3-4B", "H100-SXM", 1, Use("g", dp=8), Use("g", tp=8), 0.275, colocated=True),
-    SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", "Miles docs/advanced/p2p-weight-transfer.md",
-            "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", tp=4, dp=4), Use("g", tp=8, dp=2), 2.67),
-    SyncRow("Miles 235B-A22B 8 nodes->8 nodes H100", "Miles docs/advanced/p2p-weight-transfer.md",
-            "Qwen3-235B-A22B", "H100-SXM", 16, Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8),
-            10.75),
+    SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", _MILES, "Qwen3-30B-A3B", "H100-SXM", 4,
+            Use("g", tp=4, dp=4, zero=1, ep=8), Use("g", tp=8, dp=2, ep=8), 2.67,
+            sender_gbs=_MILES_SENDER_GBS),
+    SyncRow("Miles 235B-A22B 8 nodes->8 nodes H100", _MILES, "Qwen3-235B-A22B", "H100-SXM", 16,
+            Use("g", tp=4, pp=4, dp=2, zero=1, cp=2, ep=16), Use("g", tp=32, dp=2, ep=32), 10.75,
+            sender_gbs=_MILES_SENDER_GBS),
 ]
 
 
@@ -202,14 +233,23 @@ class DecodeRow:
     batch: int
     context: float  # KV tokens per sequence, mean over the run
     published_s: float
+    arch: ModelArch | None = None  # a model outside the shipped catalog (then `model` names it)
 
 
 _VLLM = "vLLM performance dashboard, buildkite build 9515 (latency test: in 32, out 128, batch 8)"
+# Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1 config.json): 8 experts of 14,336, 2 per token.
+MIXTRAL = ModelArch(name="Mixtral-8x7B", layers=32, hidden=4096, heads=32, kv_heads=8,
+                    mlp=14336, vocab=32000, experts=8, experts_per_token=2, expert_mlp=14336)
+_SGL = "BenHamm SGLang 0.5.8 benchmark gist (1K in / 1K out, TPOT at concurrency 1)"
 DECODE_ROWS: list[DecodeRow] = [
     DecodeRow("vLLM Llama-3.1-8B TP1 H200 batch 8", _VLLM, "Llama-3.1-8B", "H200", 1, 8, 96,
               6.5e-3),
     DecodeRow("vLLM Llama-3-70B TP4 H200 batch 8", _VLLM, "Llama-3-70B", "H200", 4, 8, 96,
               16.2e-3),
+    DecodeRow("vLLM Mixtral-8x7B TP2 H200 batch 8", _VLLM, "Mixtral-8x7B", "H200", 2, 8, 96,
+              15.0e-3, arch=MIXTRAL),
+    DecodeRow("SGLang Qwen3-235B-A22B TP8 B200 batch 1", _SGL, "Qwen3-235B-A22B", "B200", 8, 1,
+              1500, 6.70e-3),
 ]
 
 
@@ -243,6 +283,10 @@ def predict_row(row: Row, calib: Calibration, folder: Path = EXAMPLES) -> Result
     res = resolve(load_job(folder / row.file), row.file)
     slot = {r: "+".join(g) for g in row.groups for r in g}
     ests = {r: _place(res, r, use, calib) for r, use in row.layout.items()}
+    if not row.trainer_log_probs:  # old log-probs come from the engine (see `Row`)
+        actor = ests[_R.ACTOR]
+        ests[_R.ACTOR] = replace(actor, stage_s={k: v for k, v in actor.stage_s.items()
+                                                 if k != "score"})
     bd = iteration_time(res, [Placed(slot[r], e) for r, e in ests.items()], calib)
     predicted = {
         "rollout": ests[_R.ROLLOUT].stage_s.get("rollout", 0.0),
@@ -271,7 +315,7 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Result:
                Estimate(_R.ACTOR, "g", row.actor.parallel(), Memory(), {}))
     r = Placed("a+r" if row.colocated else "r",
                Estimate(_R.ROLLOUT, "g", row.rollout.parallel(), Memory(), {}))
-    bucket = {"sync_bucket_gb": row.bucket_gb}
+    bucket = {"sync_bucket_gb": row.bucket_gb, "sync_sender_gbs": row.sender_gbs}
     calib = Calibration(calib.default.override(bucket),
                         {k: e.override(bucket) for k, e in calib.per_device.items()})
     return Result(row.name, row.published_s, sync_time(res, a, r, calib))
@@ -280,7 +324,7 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Result:
 def predict_decode(row: DecodeRow, calib: Calibration) -> Result:
     """One decode step of the anchor's batch (the engine's per-step time)."""
     devs, models = shipped_devices(), shipped_models()
-    dev, m = devs[row.device], models[row.model]
+    dev, m = devs[row.device], row.arch or models[row.model]
     t = decode_step_time(m, dev, Parallel(tp=row.tp), row.batch, row.batch * row.context,
                          calib.for_device(dev))
     return Result(row.name, row.published_s, t)

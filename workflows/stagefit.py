@@ -54,10 +54,11 @@ def _get(doc: dict[str, Any], device: str, name: str) -> float:
     return getattr(cal.per_device.get(device, cal.default or Efficiency()), name)
 
 
-def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any]) -> tuple[dict, dict]:
+def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int = 1
+                 ) -> tuple[dict, dict]:
     """Measured and simulated stage seconds (steady mean), environment in score, other in train."""
     rep, _ = fidelity(plan, trace, calibration_from_dict({k: v for k, v in doc.items()
-                                                          if k != "fit"}))
+                                                          if k != "fit"}), warmup=warmup)
     m = {k: v.measured for k, v in rep.stages.items()}
     s = {k: v.simulated for k, v in rep.stages.items()}
     for side in (m, s):  # the environment's work is priced as the rule check in `score`
@@ -66,9 +67,11 @@ def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any]) -> tuple[dict, d
     return m, s
 
 
-def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, Any]:
+def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int = 1
+                    ) -> dict[str, Any]:
     """`doc` (a profile) plus the stage-level factors (module docstring), with a `fit.stages`
-    section saying what each was fitted from. `trace` must be an executed run of `plan`."""
+    section saying what each was fitted from. `trace` must be an executed run of `plan`; its
+    first `warmup` steps are not fitted (`workflows.fidelity.fidelity`)."""
     doc = copy.deepcopy(doc)
     res = plan.resolved()
     report: dict[str, Any] = {}
@@ -78,7 +81,7 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, 
         dev = res.device_of(plan.roles[role].pool).name
         identified = True
         for k in range(NEWTON_STEPS):
-            measured, simulated = _stage_means(plan, trace, doc)
+            measured, simulated = _stage_means(plan, trace, doc, warmup)
             resid = measured.get(stage, 0.0) - simulated.get(stage, 0.0)
             x = _get(doc, dev, name)
             if abs(resid) <= 1e-3 * max(measured.get(stage, 0.0), 1e-9):
@@ -86,7 +89,7 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, 
             h = max(abs(x) * 0.1, 1e-3)
             probe = copy.deepcopy(doc)
             _set(probe, dev, name, x + h)
-            slope = (_stage_means(plan, trace, probe)[1].get(stage, 0.0)
+            slope = (_stage_means(plan, trace, probe, warmup)[1].get(stage, 0.0)
                      - simulated.get(stage, 0.0)) / h
             if slope <= 0:  # the stage does not move with this factor here: keep it
                 identified = k > 0
@@ -94,7 +97,7 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any]) -> dict[str, 
             _set(doc, dev, name, max(x + resid / slope, 0.0))
         if not identified:  # e.g. tool calls in a job that makes none: nothing to report
             continue
-        measured, simulated = _stage_means(plan, trace, doc)
+        measured, simulated = _stage_means(plan, trace, doc, warmup)
         report[f"{dev}.{name}"] = {"stage": stage, "value": _get(doc, dev, name),
                                    "measured_s": round(measured.get(stage, 0.0), 6),
                                    "simulated_s": round(simulated.get(stage, 0.0), 6)}

@@ -57,7 +57,9 @@ TIME_LIMIT_S = 2.0  # per point: the sweeps are for exploring; `placer plan` sol
 
 
 def placement_summary(plan: Plan) -> str:
-    return "; ".join(f"{s.name}@{s.pool} x{s.devices}" for s in plan.slots)
+    """`slot@pool xN` per slot; a split role's slot: `slot@a xN+b xM`, each pool's devices."""
+    return "; ".join(f"{s.name}@" + "+".join(f"{pool} x{n}" for pool, n in s.pool_devices())
+                     for s in plan.slots)
 
 
 def evaluate(res: Resolved, knob: str, value: Any, iterations: int | None = None,
