@@ -1,12 +1,8 @@
-"""Continuous batching of weighted representative sequences on one engine replica, in closed form.
+"""Continuous batching on one engine replica in closed form: the step arithmetic and KV budget.
 
-The placer's miniature of the simulator's engine (`simulator.engine`, which layer 1 may not
-import), used by `placer.rollout_tail` to price a rollout's tail. Scheduling is the engine's:
-admit waiting sequences while KV slots are free (a sequence holds its slot through its tool calls
-and frees it when its last turn ends), run one prefill step over every admitted sequence's new
-tokens at their mean context, then decode the whole batch one token per step until the next
-sequence ends its turn or a tool call returns. A row of weight w is w identical sequences moving
-together (split when only part of it fits the free slots), so batch sizes stay whole numbers.
+Shared by the planner's engine (`placer.admission.engine`, run by `placer.rollout_tail` and
+`placer.toolqueue`) and the simulator's (`simulator.engine`, which drives the same loop), so
+the two agree exactly with variance off.
 
 Between two batch changes the batch B is fixed and its total KV context grows by B per step, so
 step i costs f(i) = decode_step_time(B, C0 + B i) = max(m0 + k C, floor): a run of steps is at most
@@ -14,16 +10,49 @@ two arithmetic series, summed (and inverted, to stop at a tool call's return) in
 three cost-model calls per batch size (`StepTerms`); a batch whose step lacks that shape (a cost
 model changed under us) is summed step by step. With identical sequences every wave starts and
 ends together and the result is `estimate.wave_time`'s lockstep waves exactly.
+
+`KvBudget` is what a replica admits: its KV-cache tokens (whole pages of `kv_block_tokens`) and
+`max_num_seqs` (`placer.efficiency.Efficiency`).
 """
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
 from dataclasses import dataclass, field, replace
 
-from placer.costmodel import Efficiency, Parallel, decode_step_time, prefill_time
+from placer.costmodel import (
+    Efficiency,
+    Parallel,
+    decode_step_time,
+    kv_capacity_tokens,
+    prefill_time,
+)
+from placer.sharding import state_tokens
 from placer.spec import DeviceType, ModelArch
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """What one engine replica admits: `tokens` of KV cache (whole blocks) shared by every
+    sequence holding KV (running, or waiting on a tool call), at most `max_seqs` of them."""
+
+    tokens: int
+    max_seqs: int
+    block: int = 1  # KV page, tokens (`kv_block_tokens`)
+    seq: int = 0  # KV tokens' worth a sequence holds besides its context (a hybrid's GDN state)
+
+    def first_wave(self, prompt: int, count: int) -> int:
+        """Sequences of `count` identical ones (`prompt` tokens) an empty replica admits at once:
+        each needs its prompt, the token its first step writes and its state (`admission`)."""
+        return max(min(count, self.max_seqs, self.tokens // (max(prompt, 0) + 1 + self.seq)), 0)
+
+
+def kv_budget(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> KvBudget:
+    """The replica's KV capacity floored to whole `kv_block_tokens` pages, `max_num_seqs`, and
+    a sequence's recurrent state in KV tokens (`sharding.state_tokens`, rounded up)."""
+    block = max(int(eff.kv_block_tokens), 1)
+    pages = int(kv_capacity_tokens(m, dev, par, eff) // block)
+    return KvBudget(pages * block, max(int(eff.max_num_seqs), 1), block,
+                    math.ceil(state_tokens(m, dev, par, eff)))
 
 
 @dataclass
@@ -36,8 +65,16 @@ class StepTerms:
     eff: Efficiency
     terms: dict[int, tuple[float, float, float] | None] = field(default_factory=dict)
     prefills: dict[tuple[float, float], float] = field(default_factory=dict)
+    _kv: KvBudget | None = None
 
     PROBE = 1e9  # KV tokens far into the memory-bound regime
+
+    @property
+    def kv(self) -> KvBudget:
+        """The replica's admission budget (a function of the same model, device, layout, eff)."""
+        if self._kv is None:
+            self._kv = kv_budget(self.model, self.dev, self.par, self.eff)
+        return self._kv
 
     def step(self, batch: int, context: float) -> float:
         return decode_step_time(self.model, self.dev, self.par, batch, context, self.eff)
@@ -132,74 +169,3 @@ class Run:
         while k < kmax and self.time(k) < dt:
             k += 1
         return k
-
-
-def run_replica(st: StepTerms, prompt: list[int], response: list[list[int]],
-                tool_s: list[list[float]], weight: list[int], concurrency: int,
-                tool_output: int) -> list[tuple[float, int]]:
-    """(finish time, sequences) of every row, in finishing order; `tool_s[i][c]` is the wait
-    between turns c and c + 1 (none: the next turn follows at once)."""
-    rows = len(prompt)
-    turn, ctx, wt, pr = [0] * rows, [0] * rows, list(weight), list(prompt)
-    resp, lat = [list(r) for r in response], [list(t) for t in tool_s]
-    waiting = deque(range(rows))
-    arrivals: list[tuple[float, int]] = []  # (time, row) back from a tool call
-    active: list[tuple[int, int, int]] = []  # (engine step its turn ends, row, ctx0 - s0)
-    held = batch = sum_a = steps = 0
-    t = 0.0
-    done: list[tuple[float, int]] = []
-    while waiting or arrivals or active:
-        new: list[tuple[int, int]] = []
-        while waiting and held < concurrency:
-            i = waiting[0]
-            take = min(wt[i], concurrency - held)
-            if take < wt[i]:  # split the row: `take` of its sequences start now
-                wt[i] -= take
-                i = len(wt)
-                j = waiting[0]
-                wt.append(take)
-                turn.append(0)
-                ctx.append(0)
-                resp.append(resp[j])
-                lat.append(lat[j])
-                pr.append(pr[j])
-            else:
-                waiting.popleft()
-            held += take
-            new.append((i, pr[i]))
-        while arrivals and arrivals[0][0] <= t:
-            new.append((heapq.heappop(arrivals)[1], tool_output))
-        if new:
-            seqs = sum(wt[i] for i, _ in new)
-            toks = sum(wt[i] * n for i, n in new)
-            if toks > 0:
-                t += st.prefill(toks, sum(wt[i] * (ctx[i] + n) for i, n in new) / seqs)
-            for i, n in new:
-                ctx[i] += n
-                heapq.heappush(active, (steps + resp[i][turn[i]], i, ctx[i] - steps))
-                sum_a += wt[i] * (ctx[i] - steps)
-                batch += wt[i]
-            if arrivals and arrivals[0][0] <= t:  # arrived during the prefill: admit first
-                continue
-        if not active:
-            t = max(t, arrivals[0][0])
-            continue
-        kmax = active[0][0] - steps
-        run = Run(st, batch, sum_a + batch * steps, kmax)
-        k = kmax
-        if arrivals and arrivals[0][0] < t + run.time(kmax):
-            k = run.steps_to_reach(arrivals[0][0] - t, kmax)
-        t += run.time(k)
-        steps += k
-        while active and active[0][0] <= steps:
-            end, i, a = heapq.heappop(active)
-            sum_a -= wt[i] * a
-            batch -= wt[i]
-            ctx[i] = a + end
-            turn[i] += 1
-            if turn[i] >= len(resp[i]):
-                held -= wt[i]
-                done.append((t, wt[i]))
-            else:
-                heapq.heappush(arrivals, (t + (lat[i][turn[i] - 1] if lat[i] else 0.0), i))
-    return done

@@ -13,8 +13,10 @@ Every `costmodel.Efficiency` field may be set here. `placer calibrate` (placer/f
 achieved fractions and overheads it lists; it leaves at their defaults (or at a profile's values)
 the shape parameters of the size-dependent efficiencies (gemm_half_ridge, decode_bw_half_batch,
 decode_tp_bw_loss, expert_read_half_width), the per-sequence step overhead, the eager engines'
-per-layer launch overhead (eager_layer_s), the collective latencies (coll_base_s,
-nvlink_hop_s, net_hop_s), the weight-refresh rates (sync_sender_gbs, sync_local_gbs) and bucket
+per-layer launch overhead (eager_layer_s), the per-hop collective latencies (nvlink_hop_s,
+net_hop_s; the per-call `coll_base_s` it fits from a trace's collective probe,
+executors/collprobe.py, and an executed trace's `host_cores` it copies to the emulated device
+types), the weight-refresh rates (sync_sender_gbs, sync_local_gbs) and bucket
 size (sync_bucket_gb, which sets the calls that sync_call_s, a fitted overhead, multiplies): each
 scales a fitted factor's term, every event stays affine in the fitted unknowns, and a trace of one
 model on one layout does not separate a shape from the factor it scales.
@@ -46,10 +48,11 @@ def calibration_from_dict(data: dict[str, Any], source: str = "calibration") -> 
 
 
 # Factors the cost model divides by (achieved fractions, bandwidths): 0 would be a division by zero.
-POSITIVE = frozenset({"mfu_train", "mfu_prefill", "decode_bw_eff", "decode_flops_eff", "link_eff",
-                      "offload_gbs", "kv_mem_fraction", "sync_sender_gbs", "sync_local_gbs",
+POSITIVE = frozenset({"mfu_train", "mfu_prefill", "mfu_score", "decode_bw_eff", "decode_flops_eff",
+                      "link_eff", "offload_gbs", "kv_mem_fraction", "sync_sender_gbs", "sync_local_gbs",
                       "dispatch_gbs"})
 FRACTIONS = {"kv_mem_fraction": (0.0, 1.0), "lpu_kv_reserve": (0.0, 0.99)}  # shares of memory
+COUNTS = frozenset({"max_num_seqs", "kv_block_tokens"})  # an engine's whole-number settings
 MAX_FACTOR = 1e6  # beyond any real factor, overhead or bandwidth; keeps every product finite
 MIN_DIVISOR = 1e-12  # a divisor below it (1e-320, say) makes times overflow to inf, then NaN
 
@@ -68,6 +71,9 @@ def _floats(values: dict[str, Any], where: str) -> dict[str, float]:
         lo, hi = FRACTIONS.get(k, (0.0, MAX_FACTOR))
         if not lo <= v <= hi:
             raise SpecError(f"{where}.{k}: a share of memory, expected {lo:g} to {hi:g} "
+                            f"(got {v!r})")
+        if k in COUNTS and (v < 1 or v != int(v)):
+            raise SpecError(f"{where}.{k}: a count, expected a whole number of at least 1 "
                             f"(got {v!r})")
         out[k] = float(v)
     return out

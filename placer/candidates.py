@@ -5,7 +5,8 @@ node, powers of two, and whole multiples of a node, up to the pool's size) and p
 (`placer.sharding` says what each dimension splits):
   training (GPU, can_train): TP in powers of two inside one NVLink domain, PP stages from
       `PP_CHOICES`, CP for sequences longer than a micro-batch, EP for a mixture of experts
-      (ETP 1), DP the rest, ZeRO-3 sharding, activation recomputation on, optimizer offload where
+      (ETP 1), DP the rest, ZeRO-3 sharding (and, where dp spans nodes, HSDP with one node's
+      shard group: `hsdp_layouts`), activation recomputation on, optimizer offload where
       nothing fits without it;
   generation / forward on GPUs: TP inside a node, PP stages across whole nodes (engines larger
       than a node), EP = TP for a mixture of experts, DP replicas;
@@ -19,9 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from placer.catalog import Resolved
-from placer.costmodel import GB, MICRO_TOKENS, Calibration, Parallel, lpu_chips, weight_bytes
+from placer.costmodel import (
+    GB,
+    MICRO_TOKENS,
+    NODE_DEVICES,
+    Calibration,
+    Parallel,
+    lpu_chips,
+    weight_bytes,
+)
 from placer.estimate import Estimate, can_host, estimate
-from placer.pins import pinned_layouts
+from placer.pins import pin_of, pinned_layouts
 from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceKind, DeviceType, ModelArch, Pool
 from placer.split import split_estimates
@@ -162,6 +171,8 @@ def layouts(res: Resolved, role: str, pool: Pool, calib: Calibration,
     if role in TRAINING_ROLES:
         cps = CP_CHOICES if res.job.max_context > MICRO_TOKENS else (1,)
         pars = _training_layouts(m, counts, tps, domain, cps)
+        pin = pin_of(res.job, role)
+        pars += hsdp_layouts(pars, pool, pin.shard if pin is not None else None)
     else:
         pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes)
     flags = fp8_flags(res, role, dev)
@@ -187,7 +198,8 @@ def role_candidates(res: Resolved, role: str, pool: Pool, calib: Calibration,
     if not can_host(res, role, pool):
         return []
     cands = []
-    offload = role in TRAINING_ROLES and res.device_of(pool).kind is DeviceKind.gpu
+    dev = res.device_of(pool)  # on a host-RAM device an offload frees nothing
+    offload = role in TRAINING_ROLES and dev.kind is DeviceKind.gpu and not dev.host_backed
     for par in pinned_layouts(res.job, role, pool.name, layouts(res, role, pool, calib, limit)):
         est = estimate(res, role, pool, par, calib)
         if not est.feasible and offload:
@@ -198,20 +210,42 @@ def role_candidates(res: Resolved, role: str, pool: Pool, calib: Calibration,
     return prune_dominated(cands) if prune else cands
 
 
+def hsdp_layouts(pars: list[Parallel], pool: Pool, pinned: int | None = None) -> list[Parallel]:
+    """HSDP variants (`Parallel.shard`) of the ZeRO-3 layouts whose devices span several nodes:
+    the shard group cut to one node's devices (shard x tp x cp x pp of them), so the parameter
+    gathers and gradient reduce-scatters stay on NVLink and only the shards' all-reduce crosses
+    nodes (`layercomm.hsdp_all_reduce`), at the price of state sharded over fewer ranks. Only
+    that size (and a job's pinned `shard`), to keep the ILP small; the estimate drops a variant
+    that does not fit and `prune_dominated` keeps the faster of it and plain ZeRO-3."""
+    node = min(pool.devices_per_node, NODE_DEVICES)
+    out = []
+    for par in pars:
+        if par.zero < 3 or par.shard:
+            continue
+        sizes = {pinned} if pinned is not None else set()
+        if par.devices > node and node % par.replica == 0:
+            sizes.add(node // par.replica)
+        out += [replace(par, shard=s) for s in sorted(sizes) if 0 < s < par.dp and par.dp % s == 0]
+    return out
+
+
 def prune_dominated(cands: list[Candidate]) -> list[Candidate]:
-    """Keep, for every device count, the fastest config; drop a count no faster than a smaller one.
+    """Keep, for every device count, the fastest config (and the fastest HSDP one apart: its
+    larger state shard costs more to switch in a colocated slot, so the ILP weighs the two);
+    drop a candidate that another with no more devices dominates.
 
     Safe for the ILP: a candidate with more devices, no less time in any stage and no less memory
     than another on the same pool can never be needed in an optimal plan.
     """
-    best: dict[int, Candidate] = {}
+    best: dict[tuple[int, bool], Candidate] = {}
     for c in cands:
-        cur = best.get(c.devices)
+        key = (c.devices, c.est.par.hsdp)
+        cur = best.get(key)
         if cur is None or (c.time_s, c.est.memory.total) < (cur.time_s, cur.est.memory.total):
-            best[c.devices] = c
+            best[key] = c
     kept: list[Candidate] = []
-    for n in sorted(best):
-        c = best[n]
+    for key in sorted(best):
+        c = best[key]
         if any(_dominates(k, c) for k in kept):
             continue
         kept.append(c)

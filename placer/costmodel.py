@@ -27,7 +27,10 @@ Memory (per device):
                    latent attention (MLA) L * (kv_lora_rank + qk_rope_head_dim) * b. A replica
                    spreads it over pp * min(tp, kv_heads) devices: TP splits KV heads and
                    replicates each beyond kv_heads ranks (vLLM, SGLang); an MLA latent is not
-                   split by TP at all (`kv_split`)
+                   split by TP at all (`kv_split`). A hybrid model's KV is its full-attention
+                   layers' only; each sequence also holds its Gated DeltaNet layers' fixed state
+                   (`linear_state_bytes`: recurrent state at `linear_state_bytes` per element +
+                   BF16 convolution window), split over pp * min(tp, key_heads) (`state_split`)
   engine           a fixed `engine_mem_gb` per inference GPU, `train_mem_gb` per training device
 Time:
   training         (6*P_mm + 6*L*w*s) FLOPs per token, (8*P_mm + 8*L*w*s) with full
@@ -39,7 +42,9 @@ Time:
                    parameters (DeepSeek-V3 report, Liu et al. 2024). Their attention term is the
                    full s x s score matrix; a causal mask computes half of it (a token attends
                    s/2 keys on average; FlashAttention skips the masked blocks), hence 6*L*w*s
-                   (`attention_flops_per_token`). / (devices * peak * mfu), mfu = `gemm_eff`:
+                   (`attention_flops_per_token`; a hybrid's L counts its full-attention layers,
+                   and its GDN layers add 6 * value_heads * d_k * d_v per layer and token, linear
+                   in s). / (devices * peak * mfu), mfu = `gemm_eff`:
                    mfu_train * t / (t + t_half), t = tokens per device per optimizer step (at
                    most one micro-batch, `MICRO_TOKENS`), t_half = gemm_half_ridge * peak / HBM
                    bandwidth (the roofline ridge: a GEMM over t tokens does ~t FLOP per weight
@@ -52,10 +57,15 @@ Time:
                    bytes at `offload_gbs`, and `train_overhead_s`
                    + TP: 2 all-reduces of the activations per layer per pass (Shoeybi et al.
                    2019), one call per `MICRO_TOKENS` micro-batch, 3 passes with recomputation,
-                   2 without, layers / pp
+                   2 without, layers / pp; ZeRO-3: per micro-batch one gather / reduce-scatter
+                   call per FSDP unit (`layercomm.fsdp_calls`); on an emulated (host-backed)
+                   device, all of it x `oversubscription` (ranks / host cores, when above 1)
   forward          (2*P_mm + 2*L*w*s) FLOPs per token (causal) / (devices * peak * mfu), mfu =
                    `gemm_eff` of mfu_prefill at the tokens per replica, + TP comm (one pass) +
-                   `step_overhead_s`
+                   `step_overhead_s` (an engine's prefill, `forward_time`); a training
+                   framework's forward-only pass on a GPU (old log-probs, reference, reward,
+                   critic values, `score_time`): mfu = `gemm_eff` of `device_ceiling(mfu_score)`,
+                   + TP comm, no engine step
   decode step      max(R(batch)*b / tp / (bw * e) + KV bytes * context / (TP KV split) /
                        (bw * e), 2*P_mm*batch / tp / (peak * decode_flops_eff))
                    + TP comm + stage sends + step overhead (PP stages run in turn: /tp, not
@@ -69,19 +79,30 @@ Time:
                    `ModelArch.decode_read_params`: P_mm with the k routed experts of each MoE
                    layer replaced by the E * (1 - (1 - k/E)^batch) distinct experts a batch is
                    expected to hit under balanced routing (<= min(E, batch*k)); = P_mm dense.
-                   The routed experts' bytes stream at e * `expert_read_eff` = e * w / (w +
+                   A hybrid reads and writes each sequence's GDN state once per step: + 2 *
+                   state bytes * batch / min(tp, key_heads) in the memory term (a per-batch
+                   constant, so the step keeps its shape max(m0 + k C, floor)), and its state
+                   FLOPs join the FLOP term. The routed experts' bytes stream at e *
+                   `expert_read_eff` = e * w / (w +
                    expert_read_half_width), w = expert_mlp / expert TP columns per rank
                    (fused-MoE kernels run one small GEMM per expert hit)
-  continuous batch concurrency = floor(KV capacity / longest context), KV capacity = (memory *
-                   kv_mem_fraction - weights - engine) * pp * KV split / KV bytes per token
-                   (vLLM's gpu_memory_utilization, Kwon et al. 2023)
+  continuous batch admission by the KV in use (`placer.admission`, vLLM v1's scheduler): a
+                   waiting sequence enters while free KV covers its new tokens (+ a hybrid's
+                   GDN state in KV tokens, `state_tokens`) and fewer than `max_num_seqs` run;
+                   when the batch's KV outgrows the capacity the newest are preempted and
+                   recomputed. KV capacity = (memory * kv_mem_fraction - weights - engine) *
+                   pp * KV split / KV bytes per token (vLLM's gpu_memory_utilization, Kwon et
+                   al. 2023), in whole `kv_block_tokens` pages. An engine must hold one longest
+                   context (+ state): floor(capacity / that) >= 1 (`max_concurrency`)
   parallelism      `placer.sharding`: TP, CP, PP, DP and expert parallelism (EP, ETP) split
                    weights, state and tokens; memory scales with P (every expert), FLOPs with
                    P_mm; the routed experts' GEMMs run at `gemm_eff` of the tokens one expert
                    sees (`sharding.expert_tokens`), EP adds two all-to-alls per MoE layer and
                    pass (`layer_comm`), CP a ring exchange of K and V, PP a send per stage
                    boundary (`pp_send`), ZeRO-3 the per-micro-batch weight gathers
-                   (`zero3_gathers`); training runs at `device_ceiling` (GEMMs plus memory-
+                   (`zero3_gathers`; with HSDP, `Parallel.shard`, inside a shard group, plus
+                   the shards' all-reduce across the groups, `hsdp_all_reduce`); training
+                   runs at `device_ceiling` (GEMMs plus memory-
                    bound kernels at HBM bandwidth). An engine's PP stages add KV room but do not
                    shorten a decode step (a token passes every stage)
   FP8              the job's `precision` (on devices with `fp8_tflops`): FP8 rollout weights
@@ -98,7 +119,9 @@ Time:
                    FLOP/s * mfu_prefill, replicas = devices // chips, + chips * lpu_hop_s
   environment      waves = ceil(calls / max(floor(cores / cpu_per_call), 1)), each the call's
                    mean latency + tool_overhead_s; a rule reward is ceil(samples / cores) *
-                   rule_reward_s
+                   rule_reward_s for an in-process check, plus sandbox_batch_s + ceil(samples
+                   / sandboxes) * sandbox_sample_s where answers run as code
+                   (`placer.rulecheck`, by the job's kind of check)
   weight sync      P*b / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
                    (+ lpu_reload_s onto LPUs); the path is one broadcast every replica joins
                    (`placer.timing.sync_links`): pp senders at sync_sender_gbs each (1 when
@@ -106,7 +129,11 @@ Time:
                    sync_local_gbs into each replica at once when colocated, so t = c + bytes /
                    (BW_eff x parallel senders); calls per sender: its share in sync_bucket_gb
                    buckets, or every tensor when sync_bucket_gb = 0
-  colocation       switching roles moves state host<->device at `offload_gbs`
+  colocation       switching roles moves state host<->device at `offload_gbs`; nothing on a
+                   device whose memory is host RAM (`DeviceType.host_backed`: a CPU, an
+                   emulated device), which neither switches nor offloads; a GPU rollout engine
+                   sleeps and wakes instead (`engine_swap_time`): 2 * weights / offload_gbs +
+                   engine_sleep_s + engine_wake_s, its KV pool discarded, not moved
   dispatch         every trainer or frozen forward pass (old log-probs, reference, reward model,
                    critic values, each update) first ships the batch through a single
                    controller: samples * padded context * dispatch_bytes_per_token /
@@ -126,16 +153,21 @@ from placer.layercomm import (
     decode_tp_comm,
     grad_sync_time,
     layer_comm,
+    oversubscription,
     pp_send,
     span_link,
     tp_link,
+    weight_gather_time,
     zero3_gathers,
 )
 from placer.sharding import (
     Parallel,
     active_expert_params,
     expert_tokens,
+    linear_state_bytes,
     params_per_device,
+    state_split,
+    state_tokens,
     train_state_bytes,
 )
 from placer.spec import DeviceKind, DeviceType, ModelArch
@@ -143,8 +175,9 @@ from placer.spec import DeviceKind, DeviceType, ModelArch
 # re-exported: the layout type lives in placer.sharding, the layers' collectives in
 # placer.layercomm, the efficiency factors in placer.efficiency
 __all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm",
-           "decode_tp_comm", "grad_sync_time", "layer_comm", "pp_send", "span_link", "tp_link",
-           "zero3_gathers"]
+           "decode_tp_comm", "grad_sync_time", "layer_comm", "linear_state_bytes", "pp_send",
+           "span_link", "state_split", "state_tokens", "tp_link", "zero3_gathers", "oversubscription",
+           "weight_gather_time"]
 
 GB = 1e9
 BYTES = 2  # BF16
@@ -209,8 +242,11 @@ def train_memory(m: ModelArch, par: Parallel, micro_tokens: int,
 def attention_flops_per_token(m: ModelArch, seq: float) -> float:
     """Forward attention-score FLOPs per token of a causal sequence of `seq` tokens: QK^T and
     AV over the keys before it, 2 * 2 * L * w per key, and a causal token sees seq / 2 keys on
-    average, so 2 * L * w * seq (half of the full-matrix 4 * L * w * s of Narayanan et al.)."""
-    return 2 * m.layers * m.attention_width() * seq
+    average, so 2 * L * w * seq (half of the full-matrix 4 * L * w * s of Narayanan et al.),
+    L the full-attention layers; a hybrid's GDN layers add their state update and readout
+    (`ModelArch.linear_flops_per_token`), the same for every token whatever `seq`."""
+    return (2 * m.full_attention_layers * m.attention_width() * seq
+            + m.linear_flops_per_token())
 
 
 def train_flops(m: ModelArch, tokens: float, seq: float, recompute: bool) -> float:
@@ -289,10 +325,12 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     chunk = min(tokens / par.dp, MICRO_TOKENS)
     comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
     offload = 0.0
-    if par.offload:
+    if par.offload and not dev.host_backed:  # on host RAM already: the offload moves nothing
         offload = 2 * train_state_bytes(m, par)[2] / (eff.offload_gbs * GB)
-    return (compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload
-                                        + eff.train_overhead_s) + comm)
+    return oversubscription(dev, par.devices, eff) * (
+        compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload
+                                    + eff.train_overhead_s) + comm)
+
 
 
 # ----------------------------------------------------------------------------- frozen forward
@@ -313,6 +351,20 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
     compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff)
     return compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
+
+
+def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
+               eff: Efficiency) -> float:
+    """A training framework's forward-only pass over `tokens` tokens (old log-probs, reference,
+    reward model, critic values) on a GPU: 2 passes of FLOPs at `device_ceiling(mfu_score)` (the
+    training module's kernels and roofline, not an engine's prefill) + the layers' collectives.
+    Elsewhere (an LPU or CPU serving a frozen model) the engine's `forward_time`."""
+    if dev.kind is not DeviceKind.gpu:
+        return forward_time(m, dev, par, tokens, seq, eff)
+    ceiling = device_ceiling(eff.mfu_score, dev, eff)
+    compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling, tokens / par.dp, eff)
+    return oversubscription(dev, par.devices, eff) * (
+        compute + layer_comm(m, dev, par, tokens / par.dp, eff))
 
 
 def dispatch_time(samples: float, padded_tokens: float, eff: Efficiency) -> float:
@@ -340,8 +392,11 @@ def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Effici
 
 def max_concurrency(m: ModelArch, dev: DeviceType, par: Parallel, max_context: int,
                     eff: Efficiency) -> int:
-    """Sequences one engine replica runs at once: each reserves KV for its longest context."""
-    return int(kv_capacity_tokens(m, dev, par, eff) // max(max_context, 1))
+    """Sequences one engine replica could hold if each reserved KV for its longest context,
+    plus a hybrid model's GDN state (`state_tokens`): < 1, the engine cannot run the job
+    (infeasible). Engines admit by the KV in use instead (`placer.admission`)."""
+    per_seq = max(max_context, 1) + state_tokens(m, dev, par, eff)
+    return int(kv_capacity_tokens(m, dev, par, eff) // per_seq)
 
 
 def prefill_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, ctx: float,
@@ -355,7 +410,8 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                   eff: Efficiency) -> tuple[float, float, float, float]:
     """A GPU/CPU decode step as max(a + k * context_tokens, c) + d: (a, k, c, d) in seconds.
 
-    a: read the weights the step uses (`decode_read_bytes`) over the tp ranks of a stage; k:
+    a: read the weights the step uses (`decode_read_bytes`) over the tp ranks of a stage, and
+    a hybrid's GDN state of each sequence read and written (`linear_state_bytes`); k:
     read one KV token (its TP share, `ModelArch.kv_tp_shards`); c: the batch's matmul FLOPs (2 *
     `matmul_params` per sequence) over tp ranks; d: the step's collectives (`decode_comm`), the
     stage-to-stage sends (`pp_send`) and the engine's per-step overhead. Pipeline stages do not
@@ -371,8 +427,10 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     a = ((decode_read_bytes(m, batch) - routed) / n / rate
          + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff)
                          * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
+    # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
+    a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
     k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.tp) / rate
-    c = (2 * m.matmul_params() * batch / n
+    c = ((2 * m.matmul_params() + m.linear_flops_per_token()) * batch / n
          / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
     d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff)
          + step_overhead(batch, eff) + eager_overhead(m, par, eff))
@@ -483,3 +541,13 @@ def transfer_time(nbytes: float, path_gbs: float, dst: DeviceType, eff: Efficien
 def switch_time(mem_gb: float, eff: Efficiency) -> float:
     """Offload one role's state to the host and onload the next (colocated roles)."""
     return mem_gb * GB / (eff.offload_gbs * GB)
+
+
+def engine_swap_time(weights_gb: float, eff: Efficiency) -> float:
+    """A colocated GPU rollout engine's sleep after a generation plus its wake before the next
+    (vLLM sleep mode level 1, as verl's sharding managers call it every step): each copies the
+    engine's weights (`weights_gb` per device, every device at once) over the host link at
+    `offload_gbs` and pays its fixed cost (`engine_sleep_s`, `engine_wake_s`: pinned-buffer
+    allocation, unmapping / re-mapping every allocation); the KV pool is discarded and
+    re-allocated, never copied."""
+    return 2 * weights_gb / eff.offload_gbs + eff.engine_sleep_s + eff.engine_wake_s

@@ -28,15 +28,31 @@ class Efficiency:
     # the 7B FSDP2 rows; 0.75 leans toward the 0.55 the rows gave before the dispatch was
     # priced). An H20 has 37 FLOP per byte of HBM, so its GEMMs run near their ceiling.
     mfu_train: float = 0.86
-        # Forward passes (engine prefill, old log-probs, reference, reward, critic values): RL
-    # frameworks' log-prob passes run below training's efficiency -- small no-grad micro-
-    # batches, an fp32 log-softmax over the vocabulary, gathers FSDP does not hide. 0.40: verl's
-    # old_log_prob passes on H20 measure 0.51-0.54 against their 2N FLOPs once the driver's
-    # dispatch (`dispatch_gbs`) is taken out (published rows 1-3, FSDP2 on 32-128 GPUs, and 5,
-    # Megatron 30B-A3B), Miles' actor log-prob pass on H200 ~0.33 (row 10, a hybrid linear-
-    # attention model priced by a stand-in); the engines' prefill shares the factor, and the
-    # rollout rows (tail-bound generation, rows 1-3 priced 13-46% short) do not support more.
+    # An inference engine's forward passes (prefill; a frozen model served off the GPUs): 0.40,
+    # set when the trainer's log-prob passes shared it (verl's old_log_prob on H20 measures
+    # 0.51-0.54 of the 2N FLOPs once the driver's dispatch is taken out, rows 1-3 and 5; those
+    # passes are `mfu_score`'s now); the rollout rows (tail-bound generation, rows 1-3 priced
+    # 13-46% short) do not support more.
     mfu_prefill: float = 0.40
+    # GEMM ceiling of a training framework's forward-only passes on a GPU (old log-probs,
+    # reference, reward model, critic values: `costmodel.score_time`), taken through
+    # `device_ceiling` like training's. verl runs them on the training module itself, not on an
+    # engine: `compute_log_prob` / `compute_ref_log_prob` (verl/workers/fsdp_workers.py,
+    # megatron_workers.py) call the actor's `_forward_micro_batch` (verl/workers/actor/
+    # dp_actor.py: the remove-padding flash-attn varlen forward of `update_policy`, no
+    # backward), in dynamic micro-batches of `log_prob_max_token_len_per_gpu`, which the DAPO
+    # scripts set to 3 x (prompt + response), above training's 2 x (verl/experimental/
+    # {fully_async,one_step_off}_policy/shell/dapo_7b_math_*.sh). Below `mfu_train`: no
+    # backward to hide FSDP's gathers and the fp32 log-softmax and entropy over the vocabulary
+    # (the actor's pass computes entropy, `calculate_entropy=True`; the reference's does not) --
+    # ~10 vocabulary-sized fp32 passes, ~6 MB a token of a 152k vocabulary: < 1% of a 7B
+    # forward on an H20, ~4% on an H100, so not priced apart. 0.60: the values that price the
+    # published verl old_log_prob passes exactly once the dispatch is taken out (rows 1-3, 5,
+    # 7-9: FSDP2 and Megatron, 12-128 H20) are 0.56-1.0, median 0.59 (the two 30B-A3B reference
+    # passes would need > 1: the MoE forward is over-priced elsewhere, so they are left out):
+    # 0.54 of an H20's peak, 0.33 of an H100's, 0.39 of an H200's (Miles' row-10 actor log-prob
+    # pass on H200 prices at 0.48 with its stand-in model).
+    mfu_score: float = 0.60
     # Memory traffic of training's non-GEMM kernels (norms, activations, rotary, residuals and
     # their backward, the recomputed forward, casts) per GEMM FLOP, in bytes/FLOP: they run at
     # HBM bandwidth, so a device with little compute per byte (an H20: 37 FLOP/byte; an H100:
@@ -61,6 +77,15 @@ class Efficiency:
     # where batch >= 8 reaches ~70-80%). 0.15: batch 1 at 87% of the large-batch efficiency.
     decode_bw_half_batch: float = 0.15
     decode_flops_eff: float = 0.50
+    # Bytes per element of a hybrid model's Gated DeltaNet recurrent state (`costmodel.
+    # linear_state_bytes`; its convolution window stays BF16). 4: SGLang keeps it in float32 by
+    # default (python/sglang/srt/configs/mamba_utils.py `mamba2_state_dtype`: temporal float32
+    # unless SGLANG_MAMBA_SSM_DTYPE or the config's mamba_ssm_dtype says otherwise, conv
+    # bfloat16; Qwen3.5's config.json sets mamba_ssm_dtype float32), which is Miles' 151 MB per
+    # sequence of a 27B Qwen3.5-shape model (docs/models/qwen/qwen3-8.md). vLLM keeps the model
+    # dtype (2) unless --mamba-ssm-cache-dtype float32 (vllm/model_executor/layers/mamba/
+    # mamba_utils.py `MambaStateDtypeCalculator`, "auto").
+    linear_state_bytes: float = 4.0
     # Routed experts in a decode step stream their weights through fused-MoE kernels (one small
     # GEMM per expert hit), which read less efficiently the narrower each rank's slice of an
     # expert is: `expert_read_eff` = w / (w + expert_read_half_width), w = expert_mlp /
@@ -89,8 +114,25 @@ class Efficiency:
     # graphs on 2 A800s (vllm-project/vllm-omni issue #7960, 2026-09): 9.5 ms / 28 layers.
     eager_layer_s: float = 3.4e-4
     train_overhead_s: float = 0.05  # per optimizer step (optimizer, launch, sync)
+    # Cores of the host behind an emulated device (`DeviceType.host_backed`, e.g. emu-gpu): its
+    # ranks are processes on those cores, so a layout with more ranks than cores time-shares
+    # them and every rank's compute and collectives stretch by ranks / cores
+    # (`costmodel.oversubscription`). 0: unknown, no stretch. Not a prior: an executed trace's
+    # metadata says it (`host_cores`, executors/run.py: the embedded cluster's cores), and
+    # `placer calibrate` copies it into the profile of the trace's host-backed device types.
+    host_cores: float = 0.0
     engine_mem_gb: float = 2.0  # CUDA context, activations and graphs of an inference engine
     kv_mem_fraction: float = 0.90  # share of device memory an engine may use (gpu_memory_util)
+    # Engine admission (`placer.batching.KvBudget`): a rollout engine admits a waiting sequence
+    # while free KV covers its prompt and it runs fewer than `max_num_seqs` sequences; running
+    # sequences take KV as they grow and the newest is preempted (recomputed later) when the KV
+    # is full (vLLM v1 vllm/v1/core/sched/scheduler.py). 1024: verl's rollout default
+    # (verl/trainer/config/rollout/rollout.yaml max_num_seqs), also vLLM's own default on GPUs of
+    # >= 70 GiB other than A100 (vllm/engine/arg_utils.py get_batch_defaults; 256 below).
+    # KV is allocated in pages of `kv_block_tokens` (vLLM CacheConfig.block_size, 16 on CUDA):
+    # the capacity is counted in whole blocks.
+    max_num_seqs: float = 1024  # a count (float: every factor overrides as a number)
+    kv_block_tokens: float = 16
     # LPU batch-1 token time = lpu_step_s + chips * lpu_hop_s, solved from two public figures
     # with this model's chip counts: Llama-2-70B (660 chips) ~300 tok/s, Llama-2-7B (65) ~750.
     lpu_hop_s: float = 3.36e-6  # per chip a token passes through
@@ -98,6 +140,20 @@ class Efficiency:
     lpu_kv_reserve: float = 0.10  # SRAM share kept for KV beyond the weights
     lpu_reload_s: float = 5.0  # fixed cost to re-push weights onto LPU chips (assumption)
     offload_gbs: float = 25.0  # host<->device copy (PCIe Gen5 x16 ~ 50 GB/s, half achieved)
+    # A colocated rollout engine sleeps after each generation and wakes before the next
+    # (`costmodel.engine_swap_time`): verl's sharding managers call `sleep(level=1)` on exit and
+    # `wake_up(tags=["weights"])`, the weight update, then `wake_up(tags=["kv_cache"])` on enter
+    # when `free_cache_engine` is on, its default (verl v0.5.0 verl/workers/sharding_manager/
+    # fsdp_vllm.py, megatron_vllm.py; rollout.yaml). vLLM's CuMemAllocator.sleep copies every
+    # weight allocation to a freshly allocated pinned host tensor, unmaps and releases every
+    # allocation (the KV pool is discarded, not copied), then runs gc.collect() and
+    # empty_cache(); wake_up re-creates and maps the physical memory of every allocation (the KV
+    # pool included) and copies the weights back (vllm/device_allocator/cumem.py). The weights'
+    # bytes cross the host link at `offload_gbs`; what does not scale with them is a fixed cost
+    # per call: 11.2 s to sleep and 3.7 s to wake, vime PR #445's Qwen3-0.6B on one GPU (sleep
+    # 11.23 s, wake 3.77 s, of which its 1.2 GB of weights are 0.05 s each way; published row 12).
+    engine_sleep_s: float = 11.2
+    engine_wake_s: float = 3.7
     tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency
     sync_latency_s: float = 0.01  # per weight-sync transfer (setup, NCCL/RPC)
     # Weight refresh (`placer.timing.sync_links`), raw GB/s that `link_eff` scales like every
@@ -136,7 +192,18 @@ class Efficiency:
     dispatch_bytes_per_token: float = 56.0
     dispatch_gbs: float = 0.4
     train_mem_gb: float = 1.0  # per training device: CUDA context, allocator fragmentation
+    # Rule rewards, by kind (`placer.rulecheck`): an in-process check of one sample (a math
+    # answer's equivalence, sympy; a number compared) -- `rule_reward_s` (assumption) -- or
+    # answers run as code in a sandbox, which pays `sandbox_batch_s` per sandbox started (a new
+    # interpreter in fresh namespaces: bubblewrap or unshare, seccomp, the runner's imports;
+    # executors/sandbox.py, executors/_sandbox_runner.py) and `sandbox_sample_s` per answer
+    # run in it (a forked child each). 50 ms: CPython's own start-up is ~10-20 ms
+    # (docs.python.org/3.11/whatsnew/3.11.html, "Faster Startup"), the runner's imports and
+    # namespace set-up several times that; 2 ms: a fork of a small interpreter and one
+    # expression. All three are fitted per device type from executed runs (`placer.fit_rule`).
     rule_reward_s: float = 0.005  # CPU seconds to verify one sample with a rule (assumption)
+    sandbox_batch_s: float = 0.05
+    sandbox_sample_s: float = 0.002
 
     def override(self, values: dict[str, float]) -> Efficiency:
         known = {f.name for f in fields(self)}

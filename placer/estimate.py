@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from placer.batching import step_terms
 from placer.catalog import Resolved
 from placer.costmodel import (
     Calibration,
@@ -42,17 +43,30 @@ from placer.costmodel import (
     infer_memory,
     kv_bytes_per_token,
     kv_split,
+    linear_state_bytes,
     lpu_chips,
     max_concurrency,
     prefill_time,
+    score_time,
     tool_waves,
     train_memory,
     train_time,
+    weight_gather_time,
 )
 from placer.distributions import Distribution
 from placer.roles import TRAINING_ROLES, Role
-from placer.rollout_tail import Replicas, has_variance, makespan, quantile, varies
-from placer.spec import DeviceKind, DeviceType, Pool
+from placer.rollout_tail import (
+    Replicas,
+    fits_lockstep,
+    has_variance,
+    identical_span,
+    makespan,
+    quantile,
+    steady_concurrency,
+    varies,
+)
+from placer.rulecheck import rule_reward_time
+from placer.spec import DeviceKind, DeviceType, ModelArch, Pool
 
 # Which kinds of device may host a role (training needs can_train as well).
 HOSTS: dict[str, tuple[DeviceKind, ...]] = {
@@ -198,9 +212,16 @@ def _train(res, role, pool, dev, par, eff, _env) -> Estimate:
     tokens, seq = _tokens(res)
     mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
-    fwd = forward_time(m, dev, par, tokens, seq, eff) + ship
+    fwd = score_time(m, dev, par, tokens, seq, eff) + ship
     train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
+    train += weight_gather_time(m, dev, par, _weight_tensors(m), eff)  # once per RL step
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
+
+
+def _weight_tensors(m: ModelArch) -> int:
+    """`timing.weight_tensors` (imported here: placer.timing imports this module)."""
+    from placer.timing import weight_tensors
+    return weight_tensors(m)
 
 
 def pass_dispatch(res: Resolved, eff: Efficiency) -> float:
@@ -225,15 +246,16 @@ def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
     mem = Memory(weights=mem.weights, overhead=mem.overhead,
                  activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9)
     return Estimate(role, pool.name, par, mem,
-                    {"score": forward_time(m, dev, par, tokens, seq, eff)
+                    {"score": score_time(m, dev, par, tokens, seq, eff)
                      + pass_dispatch(res, eff)})
 
 
 def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
     if res.model_of(Role.REWARD) is not None:
         return _forward(res, role, pool, dev, par, eff, env)
-    cores = par.devices * dev.cores
-    t = math.ceil(res.job.batch.samples / cores) * eff.rule_reward_s
+    # by its kind of check (`placer.rulecheck`): one verify sandbox per CPU device
+    t = rule_reward_time(res.job, res.job.batch.samples, par.devices, par.devices * dev.cores,
+                         eff)
     return Estimate(role, pool.name, par, Memory(), {"score": t})
 
 
@@ -260,7 +282,10 @@ def generated_samples(job) -> int:
 
 @dataclass(frozen=True)
 class RolloutShape:
-    """How samples flow through one engine replica: waves of `concurrency` lockstep sequences."""
+    """How samples flow through one engine replica. `concurrency`: the sequences an empty
+    replica admits at once (KV for their mean prompts, `max_num_seqs`, `batching.KvBudget`);
+    with variance off, the size of its lockstep waves while their KV fits to the end
+    (`rollout_tail.fits_lockstep`)."""
 
     replicas: int
     per_replica: int
@@ -268,6 +293,7 @@ class RolloutShape:
     waves: int
     generated: int = 0  # samples generated over all replicas (0: not given, = kept)
     kept: int = 0  # samples the step waits for
+    steady: int = 0  # sequences at once in steady state (`rollout_tail.steady_concurrency`)
 
     def waves_used(self) -> tuple[int, int]:
         """(full waves, size of the last partial wave or 0) the busiest replica runs before the
@@ -302,9 +328,14 @@ def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency
                 else max(par.devices // lpu_chips(m, dev, eff), 1))
     gen = generated_samples(res.job)
     per = math.ceil(gen / replicas)
-    conc = min(per, max_concurrency(m, dev, par, res.job.max_context, eff))
+    conc = steady = 0  # an engine that cannot hold one longest sequence runs none (infeasible)
+    if max_concurrency(m, dev, par, res.job.max_context, eff) >= 1:
+        prompt = max(int(round(res.job.lengths.prompt.mean_value())), 1)
+        kv = step_terms(m, dev, par, eff).kv
+        conc = kv.first_wave(prompt, per)
+        steady = steady_concurrency(res.job, kv, conc)
     return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0, gen,
-                        res.job.batch.samples)
+                        res.job.batch.samples, steady)
 
 
 def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, batch: int,
@@ -351,6 +382,12 @@ def _waves(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency,
     return gen
 
 
+def _state_note(m, eff: Efficiency) -> str:
+    """' + X GB of linear-attention state' for a hybrid model (its per-sequence GDN state)."""
+    state = linear_state_bytes(m, eff)
+    return f" + {state / 1e9:.2f} GB of linear-attention state" if state > 0 else ""
+
+
 def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
     m = res.arch_of(Role.ROLLOUT)
     if dev.kind is DeviceKind.lpu:
@@ -368,14 +405,19 @@ def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
         split = kv_split(m, par)  # devices holding distinct KV (a latent is not split by TP)
         return _infeasible(Estimate(role, pool.name, par, mem, {}),
                            f"one {ctx}-token sequence needs {ctx * kv_bytes_per_token(m) / 1e9:.2f}"
-                           f" GB of KV cache per replica, {free * split:.2f} GB is left on "
+                           f" GB of KV cache{_state_note(m, eff)} per replica, "
+                           f"{free * split:.2f} GB is left on "
                            f"{split} x {dev.name} after {mem.total:.1f} GB of weights and "
                            "engine per device")
     if has_variance(res.job):  # the tail: continuous batching of drawn lengths
         gen = makespan(res.job, m, dev, par, eff, Replicas(
-            shape.replicas, shape.per_replica, shape.concurrency, shape.generated, shape.kept))
+            shape.replicas, shape.per_replica, shape.steady, shape.generated, shape.kept))
     else:
-        gen = _waves(res, dev, par, eff, shape)
+        st = step_terms(m, dev, par, eff)
+        gen = (_waves(res, dev, par, eff, shape) if fits_lockstep(res.job, st.kv, shape.concurrency)
+               else identical_span(res.job, st, Replicas(shape.replicas, shape.per_replica,
+                                                         shape.steady, shape.generated,
+                                                         shape.kept), eff.tool_overhead_s))
     kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
     return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
                                                  kv_cache=max(kv - mem.total, 0.0)),

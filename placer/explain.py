@@ -424,7 +424,8 @@ def _pin_reason(res: Resolved, role: str, pin: Pin, calib: Calibration) -> str:
             why.append(f"pool {p.name} offers no such layout ({shown or 'only one device'})")
             continue
         q = max(match, key=lambda q: q.devices)  # the roomiest pinned layout
-        offload = role in TRAINING_ROLES and res.device_of(p).kind is DeviceKind.gpu
+        offload = (role in TRAINING_ROLES and res.device_of(p).kind is DeviceKind.gpu
+                   and not res.device_of(p).host_backed)
         est = estimate(res, role, p, replace(q, offload=True) if offload else q, calib)
         why.append(f"on pool {p.name} the pinned layout does not fit"
                    + (" even with the optimizer offloaded" if offload else "")

@@ -11,15 +11,23 @@ off) ("off": a factor at +inf, an overhead at 0; every other factor at its prior
 coefficients are found by probing `placer.costmodel` itself, so the fit never re-derives a formula.
 For the three kinds of work (per device type):
 
-  inference   prefill, decode, generate (prefill + decode), forward events
-              prefill/forward  t = F / (devices * peak * mfu_prefill) + TPcomm + step_overhead_s
+  inference   prefill, decode, generate (prefill + decode) events
+              prefill  t = F / (devices * peak * mfu_prefill) + TPcomm + step_overhead_s
               decode (memory-bound)  t = sum_steps (W + KV(ctx)) / (replica * BW * decode_bw_eff)
                                          + TPcomm + steps * step_overhead_s
               decode (compute-bound) t = sum_steps 2 P batch / (replica * peak * decode_flops_eff)
                                          + TPcomm + steps * step_overhead_s
               on an LPU, steps * (lpu_step_s + chips * lpu_hop_s + (batch - 1) * stage) where the
               stage is a chip's share of the weights over its bandwidth (or FLOPs)
-  train       t = (F + bubble) / (devices * peak * mfu_train) + allreduce + steps * train_overhead_s
+  train       train and forward events (the training framework's passes)
+              train    t = (F + bubble) / (devices * peak * mfu_train) + allreduce
+                           + steps * train_overhead_s
+              forward  t = F / (devices * peak * mfu_score) + TPcomm (`costmodel.score_time`; on
+                           a GPU, mfu_score through `device_ceiling`: 1 / ceiling is affine in
+                           1 / mfu_score, as for mfu_train)
+  collective  t = calls * (coll_base_s + hops * hop latency + bytes / (link GB/s * link_eff)):
+              the trainers' timed probe (executors/collprobe.py), `placer.collectives`; fitted
+              before the other groups, whose events then price their collectives at it
   transfer    t = bytes / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
                   (+ lpu_reload_s to an LPU), `costmodel.transfer_time`; calls per sender stream
                   from the bytes and the prior `sync_bucket_gb` (`timing.sync_calls`)
@@ -37,6 +45,9 @@ is solved (there are at most five) and the largest subset whose solution is phys
 overheads >= 0) and well conditioned wins; unknowns left out keep their prior value, with the reason.
 Reported per factor: value, prior, events, relative RMS of the residuals over its events, and the
 relative standard error from the least-squares covariance.
+
+Rule rewards: the per-sample factors of an in-process check and of a sandbox run, each from the
+events of its own kind of check (placer/fit_rule.py).
 
 Tool latency: the durations of `tool` events fitted as a lognormal by the moments of their logs
 (median = exp(mean ln t), sigma = std ln t, the maximum-likelihood estimate), reported as a
@@ -57,6 +68,7 @@ import numpy as np
 
 from placer.costmodel import Efficiency
 from placer.fit_events import (
+    FIRST_GROUPS,
     GROUP_OF,
     GROUPS,
     INV,
@@ -67,6 +79,7 @@ from placer.fit_events import (
     probe_variants,
     switch_off,
 )
+from placer.fit_rule import fit_rule_factors
 from placer.planfile import Plan
 from placer.spec import SpecError
 from traces.schema import Trace, TraceEvent
@@ -74,6 +87,7 @@ from traces.schema import Trace, TraceEvent
 FITTED_CATEGORIES = (*GROUP_OF, "tool")
 MIN_SHARE = 0.01  # an unknown is supported by an event when its term is >= 1% of the event's time
 MAX_COND = 1e8  # condition number above which a subset of unknowns is not identifiable
+MEASURED = "measured: the trace's metadata says it"  # host_cores (placer.efficiency)
 
 
 @dataclass(frozen=True)
@@ -130,7 +144,7 @@ class FitResult:
     def fitted(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for f in self.factors:
-            if f.status == "fitted":
+            if f.status in ("fitted", MEASURED):
                 out.setdefault(f.device, {})[f.name] = _sig(f.value)
         return out
 
@@ -196,7 +210,10 @@ def solve(rows: list[Row], group: str, prior: Efficiency, min_events: int
     y = np.array([r.measured for r in rows])
     A = np.array([[r.coef.get(n, 0.0) for n in names] for r in rows]) / y[:, None]
     rhs = (y - np.array([r.fixed for r in rows])) / y
-    support = {n: int(np.sum(A[:, j] * theta0[n] >= MIN_SHARE)) for j, n in enumerate(names)}
+    # a probe group's events exist to time its unknown (the collective probe: all latency, which
+    # on a slow transport is 100x the prior's): each supports it, whatever the prior's share
+    share = {n: (1.0 if group in FIRST_GROUPS else theta0[n]) for n in names}
+    support = {n: int(np.sum(A[:, j] * share[n] >= MIN_SHARE)) for j, n in enumerate(names)}
     why = {n: f"prior: {support[n]} event(s) where it is >= {MIN_SHARE:.0%} of the time "
               f"(need {min_events})" for n in names if support[n] < min_events}
     cands = [n for n in names if n not in why]
@@ -257,9 +274,11 @@ def _check_counts(source: str, counts: dict[str, int], min_events: int) -> None:
                         f"{min_events} of each kind (record more steps, or lower --min-events)")
 
 
-def _fit_group(ctx: EventContext, device: str, group: str, events: list[Priced], min_events: int
-               ) -> tuple[list[FactorFit], dict[str, Any]]:
-    prior = ctx.calib.for_device(ctx.res.devices[device])
+def _fit_group(ctx: EventContext, device: str, group: str, events: list[Priced], min_events: int,
+               known: dict[str, float] | None = None) -> tuple[list[FactorFit], dict[str, Any]]:
+    """Fit one group's unknowns on one device type; `known`: factors fitted before (a
+    `FIRST_GROUPS` group's), which the prior takes on."""
+    prior = ctx.calib.for_device(ctx.res.devices[device]).override(known or {})
     current = prior
     splits: list[int] | None = None
     for _ in range(6):  # re-split decode events where the new estimate moves their regime
@@ -293,6 +312,25 @@ def _fit_group(ctx: EventContext, device: str, group: str, events: list[Priced],
 def _apply(prior: Efficiency, group: str, theta: dict[str, float]) -> Efficiency:
     return prior.override({n: (1.0 / theta[n] if k == INV else theta[n])
                            for n, k in GROUPS[group]})
+
+
+def _host_cores(trace: Trace, ctx: EventContext
+                ) -> tuple[list[FactorFit], dict[str, dict[str, float]]]:
+    """`host_cores` of the plan's host-backed device types from the trace's metadata
+    (executors/run.py records the embedded cluster's cores; older traces `cpus`): known before
+    any fit, since an oversubscribed host stretches every event the fit prices."""
+    cores = trace.metadata.get("host_cores", trace.metadata.get("cpus"))
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        return [], {}
+    factors, known = [], {}
+    for dev in sorted({ctx.res.device_of(p).name for p in ctx.pools}):
+        d = ctx.res.devices[dev]
+        if d.host_backed:
+            prior = ctx.calib.for_device(d).host_cores
+            factors.append(FactorFit(dev, "host_cores", float(cores), prior, 0, None, None,
+                                     MEASURED))
+            known[dev] = {"host_cores": float(cores)}
+    return factors, known
 
 
 def fit_tool_latency(durations: list[float]) -> ToolFit:
@@ -342,11 +380,21 @@ def fit_trace(trace: Trace, plan: Plan, source: str = "trace", min_events: int =
     if tools:
         counts["tool"] = len(tools)
     _check_counts(source, counts, min_events)
-    factors, groups = [], {}
-    for (device, group), evs in sorted(by_key.items()):
-        f, summary = _fit_group(ctx, device, group, evs, min_events)
+    factors, known = _host_cores(trace, ctx)
+    groups = {}
+    # the collective probe first: train and forward events then price their collectives at the
+    # measured latency, and their own fit no longer absorbs it into train_overhead_s
+    for (device, group), evs in sorted(by_key.items(),
+                                       key=lambda kv: (kv[0][1] not in FIRST_GROUPS, kv[0])):
+        f, summary = _fit_group(ctx, device, group, evs, min_events, known.get(device))
         factors += f
         groups[f"{device}/{group}"] = summary
+        if group in FIRST_GROUPS:
+            known.setdefault(device, {}).update({x.name: x.value for x in f
+                                                 if x.status == "fitted"})
+    for dev, name, value, n, rel in fit_rule_factors(trace, plan, min_events):
+        prior = getattr(ctx.calib.for_device(ctx.res.devices[dev]), name)
+        factors.append(FactorFit(dev, name, value, prior, n, rel, rel / math.sqrt(n), "fitted"))
     tool = fit_tool_latency(tools) if tools else None
     return FitResult(factors, groups, tool, skipped, counts)
 

@@ -14,12 +14,17 @@ Event conventions relied on (traces/schema.py; the simulator and the executor wr
             (decode steps; default tokens / batch), prompt_tokens (a total, or a list per sample;
             default batch x the job's mean prompt)
   forward, train   tokens, sample_ids (mean sequence = tokens / samples; default the job's mean
-            context), steps (optimizer steps of a train event, default 1)
+            context), steps (optimizer steps of a train event, default 1), gathers (full-weight
+            gathers for the sync the event includes, `costmodel.weight_gather_time`; default 0)
   transfer  bytes (or gb), gbs (the path's nominal GB/s; default the plan's per-replica weight-sync
             bandwidth as `placer.timing.sync_time` prices it), dst ("pool:node"; default the rollout
             pool, whose efficiency prices the push), calls (sequential calls per sender; default
             `placer.timing.sync_calls` of the bytes for the plan's rollout model and actor pipeline,
             at the prior `sync_bucket_gb`); a transfer without a size (an onload) is skipped
+  collective  collective (all_reduce, all_gather, reduce_scatter, or fsdp_unit: an FSDP2 unit's
+            gather and reduce-scatter, each a call), ranks, bytes (the message as
+            `placer.collectives` defines it), calls: the trainers' timed probe
+            (executors/collprobe.py), which fits `coll_base_s`
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
 from placer.catalog import Resolved
+from placer.collectives import all_gather, all_reduce, reduce_scatter
 from placer.costmodel import (
     GB,
     Calibration,
@@ -37,16 +43,19 @@ from placer.costmodel import (
     Parallel,
     decode_run_time,
     decode_step_time,
-    forward_time,
+    oversubscription,
     prefill_time,
+    score_time,
     train_time,
     transfer_time,
+    weight_gather_time,
 )
 from placer.estimate import Estimate, mean_context
+from placer.layercomm import span_link
 from placer.planfile import Plan, calibration_of
 from placer.roles import Role
 from placer.spec import DeviceType, ModelArch, SpecError
-from placer.timing import Placed, sync_bandwidth, sync_calls
+from placer.timing import Placed, sync_bandwidth, sync_calls, weight_tensors
 from traces.schema import TraceEvent
 
 OFF = 1e30  # a factor "switched off": its term vanishes (1/OFF is below any float noise here)
@@ -54,11 +63,18 @@ INV, ADD = "inverse", "additive"
 GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
     "inference": (("mfu_prefill", INV), ("decode_bw_eff", INV), ("decode_flops_eff", INV),
                   ("step_overhead_s", ADD), ("lpu_step_s", ADD)),
-    "train": (("mfu_train", INV), ("train_overhead_s", ADD)),
+    "train": (("mfu_train", INV), ("mfu_score", INV), ("train_overhead_s", ADD)),
     "transfer": (("link_eff", INV), ("sync_latency_s", ADD), ("sync_call_s", ADD)),
+    "collective": (("coll_base_s", ADD),),
 }
 GROUP_OF = {"prefill": "inference", "decode": "inference", "generate": "inference",
-            "forward": "inference", "train": "train", "transfer": "transfer"}
+            "forward": "train", "train": "train", "transfer": "transfer",
+            "collective": "collective"}
+# fitted first: the other groups' events price their collectives at its result (placer.fit)
+FIRST_GROUPS = ("collective",)
+# a probe's kind -> its price per call; an FSDP unit's round is a gather and a reduce-scatter
+COLLECTIVES = {"all_reduce": all_reduce, "all_gather": all_gather,
+               "reduce_scatter": reduce_scatter, "fsdp_unit": all_gather}
 KINDS = {n: k for group in GROUPS.values() for n, k in group}
 
 
@@ -130,6 +146,8 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
     no named factor prices it (a rule reward, an environment's own work)."""
     if ev.cat == "transfer":
         return _price_transfer(ctx, i, ev)
+    if ev.cat == "collective":
+        return _price_collective(ctx, i, ev)
     role = ctx.role(i, ev)
     m = ctx.res.model_of(role)
     if m is None:
@@ -160,9 +178,15 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
     ids = ev.args.get("sample_ids")
     seq = tokens / len(ids) if isinstance(ids, list) and ids else mean_context(ctx.res)
     if ev.cat == "forward":
-        return dev.name, dev, lambda e: forward_time(m, dev, par, tokens, seq, e)
+        return dev.name, dev, lambda e: score_time(m, dev, par, tokens, seq, e)
     steps = int(round(ctx.num(i, ev, "steps", 1.0, positive=True)))
-    return dev.name, dev, lambda e: train_time(m, dev, par, tokens, seq, steps, e)
+    # an executor's train event ends with the weights' gather for the sync (`args.gathers`)
+    gathers, tensors = ctx.num(i, ev, "gathers", 0.0), weight_tensors(m)
+
+    def train(e: Efficiency) -> float:
+        return train_time(m, dev, par, tokens, seq, steps, e) + gathers * weight_gather_time(
+            m, dev, par, tensors, e)
+    return dev.name, dev, train
 
 
 def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
@@ -189,6 +213,26 @@ def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
                            ctx.calib.for_device(dev), nbytes)
     n = int(ctx.num(i, ev, "calls", calls if calls is not None else 1, positive=True))
     return dev.name, dev, partial(transfer_time, nbytes, gbs, dev, calls=n)
+
+
+def _price_collective(ctx: EventContext, i: int, ev: TraceEvent
+                      ) -> tuple[str, DeviceType, Callable[[Efficiency], float]]:
+    """A timed run of `calls` collectives of one kind (executors/collprobe.py) over `ranks`
+    ranks of the event's pool, each priced by `placer.collectives` on the link a group of that
+    many devices runs on (`layercomm.span_link`): calls * (coll_base_s + hops + bytes / bw)."""
+    kind = ev.args.get("collective")
+    if kind not in COLLECTIVES:
+        raise ctx.bad(i, ev, f"args.collective: expected one of {', '.join(COLLECTIVES)} "
+                             f"(got {kind!r})")
+    fn = COLLECTIVES[str(kind)]
+    ranks = int(ctx.num(i, ev, "ranks", positive=True))
+    nbytes = ctx.num(i, ev, "bytes", 0.0)
+    calls = ctx.num(i, ev, "calls", positive=True)
+    dev = ctx.res.device_of(ctx.pool(i, ev))
+
+    def t(e: Efficiency) -> float:  # the probe's ranks share an emulated device's host too
+        return calls * fn(nbytes, ranks, span_link(dev, ranks, e)) * oversubscription(dev, ranks, e)
+    return dev.name, dev, t
 
 
 def _plan_sync_gbs(plan: Plan, res: Resolved, calib: Calibration) -> float | None:

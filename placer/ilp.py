@@ -11,7 +11,7 @@ Notation
   p              pools; cap_p devices in pool p (identical nodes are a count: the model's size
                  depends on the number of candidates, i.e. log(cluster), never on node count)
   n_k, t_ks, m_k candidate k: devices, stage-s time (s in rollout/score/train), memory per device
-  sw_k           switch_time(m_k): offload/onload if its slot's memory does not fit together
+  sw_k           onload_time(k): offload/onload if its slot's memory does not fit together
   W_ak^same/diff weight-sync time actor cand a -> rollout cand k, same slot or not (incl. the LPU
                  reload); from `timing.sync_time` itself
   V_ke           seconds rollout cand k's tool calls wait for environment cand e's cores (multi-turn
@@ -37,6 +37,8 @@ Constraints (every product of binaries is linearised with enforcement literals, 
   sync:       x_a and z_rollout,0 => Y >= sum_k W_ak^same x_rollout,k  (actor leads slot 0)
               x_a and not z_rollout,0 => Y >= sum_k W_ak^diff x_rollout,k
   tools:      x_rollout,k => V >= sum_e V_ke x_env,e;  z_rollout,j => S_j,rollout gets V
+              (V_ke < 0 where over-provisioning's kept samples finish sooner on the queue:
+              then not z_rollout,j => S_j,rollout gets 0, as a lower bound would not say)
   sync mode:  T = Y + sum_s max_j S_js + max_j SW_j  (stages in sequence, slots overlap)
   async mode: T >= sum_s S_js + SW_j + [rollout in j] Y  for every j  (the busiest slot), and
               (s + 1) T >= Y + sum_s max_j S_js + max_j SW_j  (staleness s: one step's chain
@@ -61,18 +63,18 @@ The time unit is the heuristic plan's time / 1e6; memory is counted in kB.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ortools.sat.python import cp_model
 
 from placer.candidates import Candidate
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, Parallel, switch_time
+from placer.costmodel import Calibration, Parallel
+from placer.estimate import generated_samples
 from placer.pricing import device_price, slots_price
 from placer.roles import Role
-from placer.spec import DeviceKind
-from placer.timing import Placed, iteration_time, rollout_tool_time, sync_time
+from placer.timing import Placed, async_chain_bound, iteration_time, onload_time, rollout_tool_time, sync_time
 
 # A CP-SAT linear expression, or a plain int (an empty sum): the solver takes either.
 LinExpr = cp_model.LinearExpr | int
@@ -88,6 +90,11 @@ class Problem:
     calib: Calibration
     cands: dict[str, list[Candidate]]
     objective: str = "time"  # "time" | "cost"
+    # (rollout, environment) tool terms already priced, by the candidates' ids (the pair kept
+    # too, so an id is never read for another object): shared by the problems pruned or
+    # re-objectived from this one, whose models (the cost walk builds one per step) reuse them
+    tools: dict[tuple[int, int], tuple[Candidate, Candidate, float]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @property
     def roles(self) -> list[str]:
@@ -95,6 +102,15 @@ class Problem:
 
     def capacity(self) -> dict[str, int]:
         return {p.name: p.devices_per_node * p.nodes for p in self.res.cluster.pools}
+
+    def tool_s(self, k: Candidate, e: Candidate) -> float:
+        """`timing.rollout_tool_time` of rollout candidate `k` with environment candidate `e`."""
+        hit = self.tools.get((id(k), id(e)))
+        if hit is not None and hit[0] is k and hit[1] is e:
+            return hit[2]
+        t = rollout_tool_time(self.res, Placed("r", k.est), Placed("e", e.est), self.calib)
+        self.tools[id(k), id(e)] = (k, e, t)
+        return t
 
 
 @dataclass(frozen=True)
@@ -118,13 +134,15 @@ class Solution:
     solve_s: float
 
 
-# pool, tp, pp, dp, cp, ep, etp, offload; a split role: one such tuple per part
+# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none); a split role: one such tuple per
+# part
 LayoutKey = tuple[Any, ...]
 
 
 def layout_key(pool: str, par: Parallel) -> LayoutKey:
     """What a role keeps when it does not move: its pool and its parallel layout."""
-    return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload)
+    return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
+            par.shard_dp if par.hsdp else 0)
 
 
 def candidate_key(c: Candidate) -> LayoutKey:
@@ -171,7 +189,8 @@ def rate_per_hour(problem: Problem, a: Assignment, units: bool = False) -> float
 
 
 def heuristic(problem: Problem) -> Assignment:
-    """A plan that always fits: each role's best candidate, all roles of a pool in one slot.
+    """A plan that always fits: each role's best candidate, all roles of a pool in one slot,
+    then roles moved to their best candidate on other pools while that helps (`_descend_pools`).
 
     One slot per pool holds max(n_k) <= cap_p devices, so this is feasible whenever every role has
     a candidate; its time bounds the optimum and prunes candidates.
@@ -183,15 +202,49 @@ def heuristic(problem: Problem) -> Assignment:
         # split candidates are left out: one slot per pool must hold every chosen role
         choice = {r: min(_singles(problem.cands[r]), key=lambda c: (key(c), c.devices))
                   for r in problem.roles}
-        by_pool: dict[str, list[str]] = {}
-        for r in problem.roles:
-            by_pool.setdefault(choice[r].pool, []).append(r)
-        a = Assignment(choice, slot_names(list(by_pool.values())))
-        val = score(problem, a)[0 if problem.objective == "time" else 1]
+        a, val = _descend_pools(problem, choice, key)
         if val < best_val:
             best, best_val = a, val
     assert best is not None
     return best
+
+
+def _pooled(problem: Problem, choice: dict[str, Candidate]) -> Assignment:
+    """All roles of a pool in one slot: feasible for any choice of single-pool candidates."""
+    by_pool: dict[str, list[str]] = {}
+    for r in problem.roles:
+        by_pool.setdefault(choice[r].pool, []).append(r)
+    return Assignment(dict(choice), slot_names(list(by_pool.values())))
+
+
+def _descend_pools(problem: Problem, choice: dict[str, Candidate], key
+                   ) -> tuple[Assignment, float]:
+    """Greedy moves from `choice`: a role to its best candidate (by `key`) on another pool while
+    the pooled plan's objective improves. Every plan tried is feasible (`_pooled`), so the result
+    still bounds the optimum; it is tighter where the fastest candidates all crowd one pool
+    (their times add in its one slot) and `prune_by_bound` then drops far more candidates."""
+    obj = 0 if problem.objective == "time" else 1
+    per_pool: dict[str, dict[str, Candidate]] = {}
+    for r in problem.roles:
+        per_pool[r] = {}
+        for c in _singles(problem.cands[r]):
+            cur = per_pool[r].get(c.pool)
+            if cur is None or (key(c), c.devices) < (key(cur), cur.devices):
+                per_pool[r][c.pool] = c
+    a = _pooled(problem, choice)
+    val = score(problem, a)[obj]
+    improved = True
+    while improved:  # each accepted move lowers `val` strictly: it ends
+        improved = False
+        for r in problem.roles:
+            for c in per_pool[r].values():
+                if c is a.choice[r]:
+                    continue
+                b = _pooled(problem, {**a.choice, r: c})
+                v = score(problem, b)[obj]
+                if v < val * (1 - 1e-9):
+                    a, val, improved = b, v, True
+    return a, val
 
 
 def _singles(cands: list[Candidate]) -> list[Candidate]:
@@ -206,18 +259,59 @@ def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
     """Drop candidates that cannot be in any plan better than the bound.
 
     Time: T >= a role's own time in both modes. Cost: rate >= price * n_k and T >= t_k.
+    Not the rollout's where its tool term may be negative (`_tool_may_lower`).
     """
     samples = problem.res.job.batch.samples
     eps = 1e-9
     keep = {}
+    floor = _stage_floors(problem)
     for r, cs in problem.cands.items():
-        if problem.objective == "time":
-            kept = [c for c in cs if c.time_s <= ub_time * (1 + eps)]
+        if r == Role.ROLLOUT and _tool_may_lower(problem):
+            kept = cs  # its slot's rollout stage may end before its own time: no bound by it
+        elif problem.objective == "time":
+            kept = [c for c in cs if _time_floor(problem, r, c, floor) <= ub_time * (1 + eps)]
         else:
             kept = [c for c in cs if candidate_price(problem, c) / 3600 * c.time_s / samples
                     <= ub_cost * (1 + eps)]
         keep[r] = kept or cs
-    return Problem(problem.res, problem.calib, keep, problem.objective)
+    return Problem(problem.res, problem.calib, keep, problem.objective, problem.tools)
+
+
+def _stage_floors(problem: Problem) -> dict[str, dict[str, float]]:
+    """Per role and stage, the least time any of its candidates spends in that stage (0 for the
+    rollout where its tool term may be negative: its slot's stage may end sooner)."""
+    low = _tool_may_lower(problem)
+    out: dict[str, dict[str, float]] = {}
+    for r, cs in problem.cands.items():
+        stages = {st for c in cs for st in c.est.stage_s}
+        out[r] = {st: 0.0 if low and r == Role.ROLLOUT else
+                  min(c.est.stage_s.get(st, 0.0) for c in cs) for st in stages}
+    return out
+
+
+def _time_floor(problem: Problem, role: str, c: Candidate,
+                floor: dict[str, dict[str, float]]) -> float:
+    """A lower bound on T of any plan where `role` runs candidate `c`: its own time (any mode);
+    in sync mode the stages run in sequence and each lasts at least its longest role's time in
+    it (`timing.iteration_time`), so T >= sum over stages of max(c's, the other roles' least);
+    async, a step's chain of those stages spans at most s + 1 iterations
+    (`timing.async_chain_bound`)."""
+    stages = set(c.est.stage_s).union(*(f for r, f in floor.items() if r != role))
+    chain = sum(max([c.est.stage_s.get(st, 0.0)]
+                    + [f.get(st, 0.0) for r, f in floor.items() if r != role]) for st in stages)
+    if problem.res.job.pipeline.mode == "async":
+        chain = async_chain_bound(chain, problem.res)
+    return max(c.time_s, chain)
+
+
+def _tool_may_lower(problem: Problem) -> bool:
+    """Whether the rollout's tool-queue term may be negative (`timing.rollout_tool_time`: an
+    over-provisioned multi-turn rollout can reach its kept count sooner on a shared pool), so
+    that T >= the rollout candidate's own time no longer holds."""
+    job = problem.res.job
+    env = job.environment
+    return (env.kind != "none" and env.turns > 1
+            and generated_samples(job) > job.batch.samples)
 
 
 # ------------------------------------------------------------------------------------- model
@@ -249,8 +343,9 @@ class _Model:
         for r in self.roles:
             m.add_exactly_one(self.x[r])
 
-    def on_pool(self, r: str, pool: str, coef=lambda c: 1) -> LinExpr:
-        return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]) if c.pool == pool)
+    def on_pool(self, r: str, pool: str) -> LinExpr:
+        """1 when role `r`'s chosen candidate is on `pool` (what it counts there is `expr`'s)."""
+        return sum(v for c, v in zip(self.p.cands[r], self.x[r]) if c.pool == pool)
 
     def expr(self, r: str, coef) -> LinExpr:
         return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]))
@@ -307,15 +402,15 @@ class _Model:
                 self.S[j, s] = sum(terms)
 
     def _mem_kb(self, c: Candidate) -> int:
-        if c.split or self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
-            return 0  # CPU slots never pay a switch (timing.slot_switch); a split role is alone
+        if c.split or self.p.res.device_of(c.pool).host_backed:
+            return 0  # host-RAM slots never pay a switch (timing.slot_switch); a split role is alone
         return int(round(c.est.memory.total * 1e6))
 
     def _switch(self, c: Candidate) -> int:
-        if c.split or self.p.res.device_of(c.pool).kind is DeviceKind.cpu:
+        if c.split or self.p.res.device_of(c.pool).host_backed:
             return 0
-        eff = self.p.calib.for_device(self.p.res.device_of(c.pool))
-        return self.ti(switch_time(c.est.memory.total, eff))
+        dev = self.p.res.device_of(c.pool)
+        return self.ti(onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev)))
 
     def _memory(self) -> None:
         m = self.m
@@ -367,20 +462,21 @@ class _Model:
         if Role.ROLLOUT not in self.roles or Role.ENVIRONMENT not in self.roles:
             return
         R, E = self.p.cands[Role.ROLLOUT], self.p.cands[Role.ENVIRONMENT]
-        table = {(id(k), id(e)): self.ti(rollout_tool_time(
-            self.p.res, Placed("r", k.est), Placed("e", e.est), self.p.calib))
-            for k in R for e in E}
-        top = max(table.values())
-        if top == 0:
+        table = {(id(k), id(e)): self.ti(self.p.tool_s(k, e)) for k in R for e in E}
+        top = max(max(table.values()), 0)
+        low = min(min(table.values()), 0)  # < 0: the queue ends an over-provisioned stage sooner
+        if top == 0 and low == 0:
             return
-        tool = self.m.new_int_var(0, top, "tool")
+        tool = self.m.new_int_var(low, top, "tool")
         for k, xk in zip(R, self.x[Role.ROLLOUT]):
             self.m.add(tool >= sum(table[id(k), id(e)] * xe for e, xe in
                                    zip(E, self.x[Role.ENVIRONMENT]))).OnlyEnforceIf(xk)
         for j in self.roles:
             if (Role.ROLLOUT, j) in self.z:
-                tq = self.m.new_int_var(0, top, f"tool[{j}]")
+                tq = self.m.new_int_var(low, top, f"tool[{j}]")
                 self.m.add(tq >= tool).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
+                if low < 0:  # a slot without the rollout gets none (0 is the least otherwise)
+                    self.m.add(tq == 0).OnlyEnforceIf(self.z[Role.ROLLOUT, j].Not())
                 self.S[j, "rollout"] = self.S[j, "rollout"] + tq
         self.tool_top = top
 

@@ -7,6 +7,10 @@ layer, micro-batch and optimizer step sends (`placer.sharding` says how a layout
   grad_sync_time  one optimizer step's gradient reduction (dense over dp x cp, experts over
                   expert DP)
   zero3_gathers   ZeRO-3 / FSDP weight gathers and gradient reduce-scatters per micro-batch
+  hsdp_all_reduce HSDP: the gradient shards' all-reduce across the shard groups' replicas
+  fsdp_units, fsdp_calls  FSDP units (each decoder layer and the root) and a micro-batch's calls
+  weight_gather_time  the sharded trainer's full weights gathered per tensor for the sync
+  oversubscription    an emulated device's ranks / host cores (> 1: they time-share the cores)
 Links: a TP group stays on NVLink (`tp_link`); any other group is on NVLink while it fits one
 node of `NODE_DEVICES`, else on the NIC (`span_link`). Efficiency factors (achieved fraction of a
 link, per-call and per-hop latencies) come from `placer.costmodel.Efficiency`.
@@ -105,17 +109,44 @@ def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     return (par.pp - 1) * (link.base_s + link.alpha_s + link.bytes_s(tokens * m.hidden * BYTES))
 
 
-def grad_sync_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
-    """One optimizer step's gradient reduction: the dense grads over dp * cp ranks and the
-    expert grads over `expert_dp` ranks (`sharding.grad_bytes`), each one all-reduce (ZeRO's
-    reduce-scatter + all-gather move what one all-reduce moves) on NVLink or the NIC."""
-    link = group_link(dev.intra_link_gbs, dev.nic_gbs, par.devices, NODE_DEVICES, eff.link_eff,
-                      eff.nvlink_hop_s, eff.net_hop_s, eff.coll_base_s)
+def shard_link(dev: DeviceType, par: Parallel, eff: Efficiency) -> Link:
+    """The link of one ZeRO shard group: its shard_dp x tp x cp x pp devices (every device of
+    the layout without HSDP), NVLink while that fits one node, else the NIC."""
+    return span_link(dev, par.shard_dp * par.replica, eff)
+
+
+def hsdp_all_reduce(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """HSDP's cross-group gradient sync: once its shard group has reduce-scattered, each rank
+    all-reduces its gradient shard (dense / `zero_group`, experts / `expert_zero_group`) with
+    the ranks that hold the same shard in the other `shard_replicas` groups (FSDP2's 2-D mesh:
+    reduce-scatter over the shard dim, then all-reduce over the replicate dim,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py `foreach_reduce`). The replicas
+    lie one shard group apart, so the call spans the whole layout: the NIC once it leaves a
+    node. 0 without HSDP."""
+    if not par.hsdp:
+        return 0.0
+    link = span_link(dev, par.devices, eff)
     dense, experts = grad_bytes(m, par)
-    out = all_reduce(dense, par.dp * par.cp, link)
+    out = all_reduce(dense / par.zero_group, par.shard_replicas, link)
     if experts > 0:
-        out += all_reduce(experts, par.expert_dp, link)
+        out += all_reduce(experts / par.expert_zero_group,
+                          max(par.expert_dp // par.expert_zero_group, 1), link)
     return out
+
+
+def grad_sync_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """One optimizer step's gradient reduction: the dense grads over the dp * cp ranks of the
+    ZeRO group and the expert grads over `expert_dp` ranks (`sharding.grad_bytes`), each one
+    all-reduce (ZeRO's reduce-scatter + all-gather move what one all-reduce moves) on NVLink
+    or the NIC. With HSDP the groups are the shard group's (`shard_link`); below ZeRO-3 the
+    shards' cross-group all-reduce (`hsdp_all_reduce`) follows once per step (ZeRO-3 pays it
+    every backward, `zero3_gathers`)."""
+    link = shard_link(dev, par, eff)
+    dense, experts = grad_bytes(m, par)
+    out = all_reduce(dense, par.zero_group, link)
+    if experts > 0:
+        out += all_reduce(experts, par.expert_zero_group, link)
+    return out + (hsdp_all_reduce(m, dev, par, eff) if par.zero < 3 else 0.0)
 
 
 def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
@@ -125,12 +156,68 @@ def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     backward reduce-scatters its gradients, `collectives` calls of the device's weight shard
     each (2 forward + backward: gather, gather again, reduce-scatter -- the 1.5x of ZeRO-3 over
     ZeRO-2, Rajbhandari et al. 2020, sec. 7.2.2; 1 for a forward pass), the dense part over
-    dp * cp ranks and the experts over `expert_dp` (expert parallelism shrinks both the shard
-    and the group). 0 below ZeRO stage 3 or without data parallelism."""
+    the ZeRO group's dp * cp ranks and the experts over `expert_dp` (expert parallelism shrinks
+    both the shard and the group). With HSDP the calls stay inside the shard group
+    (`shard_link`: NVLink when it fits a node) and every backward (collectives >= 3) adds the
+    shards' cross-group all-reduce (`hsdp_all_reduce`: FSDP2 runs it in each backward's
+    post-reduce, and verl never defers it over micro-batches). 0 below ZeRO stage 3 or without
+    data parallelism."""
     if par.zero < 3 or tokens <= 0:
         return 0.0
-    link = span_link(dev, par.devices, eff)
+    link = shard_link(dev, par, eff)
     dense, experts = grad_bytes(m, par)  # BF16 bytes of the device's weights, gathered
-    per_call = (all_gather(dense, par.dp * par.cp, link)
-                + (all_gather(experts, par.expert_dp, link) if experts > 0 else 0.0))
-    return collectives * per_call * tokens / min(tokens, MICRO_TOKENS)
+    units = fsdp_units(m)  # each unit one call (`fsdp_calls`), its share of the bytes
+    if experts > 0 and par.expert_zero_group == par.zero_group:  # gathered with their layer
+        dense, experts = dense + experts, 0.0
+    per_micro = fsdp_calls(m, collectives) * all_gather(dense / units, par.zero_group, link)
+    if experts > 0:  # expert parallelism: a MoE layer's experts gather over their own group
+        per_micro += collectives * m.moe_layers * all_gather(experts / m.moe_layers,
+                                                             par.expert_zero_group, link)
+    if collectives >= 3:
+        per_micro += hsdp_all_reduce(m, dev, par, eff)
+    return per_micro * tokens / min(tokens, MICRO_TOKENS)
+
+
+def fsdp_units(m: ModelArch) -> int:
+    """FSDP units of a model: each decoder layer and the root (embeddings, final norm, LM
+    head), as FSDP2 is applied (executors/sharding.py `shard`; verl wraps each decoder layer,
+    verl/utils/fsdp_utils.py `apply_fsdp2`). Each unit gathers and reduce-scatters with its own
+    call, so a pass pays the per-call latency `coll_base_s` once per unit."""
+    return m.layers + 1
+
+
+def fsdp_calls(m: ModelArch, collectives: int) -> int:
+    """Calls of one micro-batch's ZeRO-3 traffic: `collectives` per unit (a forward's gather;
+    forward + backward: gather, gather again, reduce-scatter), less the root's backward gather
+    (FSDP2 keeps the root's parameters gathered from its forward to its backward:
+    torch/distributed/fsdp/_fully_shard/_fsdp_state.py `_lazy_init`, the root's
+    `post_forward_mesh_info` is None)."""
+    return collectives * fsdp_units(m) - (1 if collectives >= 3 else 0)
+
+
+def oversubscription(dev: DeviceType, ranks: int, eff: Efficiency) -> float:
+    """How much a layout's `ranks` processes stretch on an emulated device's host: ranks /
+    `host_cores` when they outnumber its cores (each rank then gets that share of a core for
+    its compute, its collectives' polling and its framework work alike), else 1. Only for a
+    host-backed device (its work is the host's) with known cores; a real GPU's ranks have a
+    device each."""
+    if not dev.host_backed or eff.host_cores <= 0:
+        return 1.0
+    return max(ranks / eff.host_cores, 1.0)
+
+
+def weight_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors: int,
+                       eff: Efficiency) -> float:
+    """Once per RL step, after its optimizer steps: a sharded trainer gathers its full weights
+    for the weight sync, one all-gather per tensor (`tensors`: `timing.weight_tensors`, a
+    stage's share with pipeline stages) over the ranks that shard it, the ZeRO-3 group x TP
+    (torch DTensor `full_tensor` per state-dict entry: executors/sharding.py `full_state`;
+    verl's FSDP sync likewise iterates the state dict). Each call pays `coll_base_s`; the
+    bytes are the whole model's once. 0 for an unsharded trainer (one rank, or ZeRO below 3
+    without TP: every rank already holds the full weights)."""
+    ranks = (par.zero_group if par.zero >= 3 else 1) * par.tp
+    if ranks <= 1 or tensors <= 0:
+        return 0.0
+    calls = tensors / par.pp
+    per_call = all_gather(m.params() * BYTES / tensors, ranks, span_link(dev, ranks, eff))
+    return oversubscription(dev, par.devices, eff) * calls * per_call

@@ -44,10 +44,13 @@ def role_counts(plan: Plan) -> dict[str, int]:
 
 def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
     """`tpT ppP dpD`, with `cpC` after tp and `epE` (and `etpF`) last where they are above 1
-    (Megatron-Core's order; most layouts have neither, so they are left out there). A split
-    role's part: `dims(part.par)`."""
+    (Megatron-Core's order; most layouts have neither, so they are left out there), and
+    `shardS` after dp for a trainer's HSDP shard group. A split role's part: `dims(part.par)`."""
     out = (f"tp{x.tp}" + (f" cp{x.cp}" if x.cp > 1 else "")
            + f" pp{x.pp} dp{x.dp if dp is None else dp}")
+    shard = getattr(x, "shard", 0)  # HSDP (a training role's; a split part has none)
+    if 0 < shard < x.dp:
+        out += f" shard{shard}"
     if x.ep > 1:
         out += f" ep{x.ep}" + (f" etp{x.etp}" if x.etp > 1 else "")
     return out

@@ -7,6 +7,8 @@ that restarts from it. A job says so under `pin:`, one entry per role, with any 
     pool      the pool the role runs on
     devices   how many devices it takes (tp x cp x pp x dp)
     tp pp dp cp ep   its tensor, pipeline, data, context and expert parallel degrees
+    shard     a trainer's ZeRO shard group in dp ranks (HSDP, verl's `fsdp_size`; = dp: plain
+              ZeRO over all of dp)
 
 for example `pin: {actor: {tp: 2, dp: 2}, rollout: {tp: 1}}`. A dimension left out stays free.
 
@@ -52,11 +54,14 @@ class Pin(Strict):
     dp: PosInt | None = Field(None, description="data-parallel degree (replicas)")
     cp: PosInt | None = Field(None, description="context-parallel degree (training)")
     ep: PosInt | None = Field(None, description="expert-parallel degree (a mixture of experts)")
+    shard: PosInt | None = Field(None, description="HSDP: dp ranks of one ZeRO shard group "
+                                 "(verl's fsdp_size; training roles)")
 
     @model_validator(mode="after")
     def _consistent(self) -> Pin:
         if not self.fixed():
-            raise ValueError("a pin fixes at least one of pool, devices, " + ", ".join(DIMS))
+            raise ValueError("a pin fixes at least one of pool, devices, " + ", ".join(DIMS)
+                             + ", shard")
         factors = {d: getattr(self, d) for d in ("tp", "cp", "pp", "dp") if getattr(self, d)}
         product = 1
         for v in factors.values():
@@ -64,11 +69,13 @@ class Pin(Strict):
         if self.devices is not None and self.devices % product:
             raise ValueError(f"devices {self.devices} is not a multiple of "
                              f"{' x '.join(factors)} = {product}")
+        if self.shard is not None and self.dp is not None and self.dp % self.shard:
+            raise ValueError(f"shard {self.shard} does not divide dp {self.dp}")
         return self
 
     def fixed(self) -> dict[str, str | int]:
         """The pinned keys and their values, in display order."""
-        keys = ("pool", "devices", *DIMS)
+        keys = ("pool", "devices", *DIMS, "shard")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     def describe(self) -> str:
@@ -80,6 +87,8 @@ class Pin(Strict):
         if self.pool is not None and pool != self.pool:
             return False
         if self.devices is not None and par.devices != self.devices:
+            return False
+        if self.shard is not None and par.shard_dp != self.shard:
             return False
         return all(getattr(self, d) is None or getattr(par, d) == getattr(self, d) for d in DIMS)
 
@@ -119,6 +128,8 @@ class _Layout(Protocol):
     def ep(self) -> int: ...
     @property
     def devices(self) -> int: ...
+    @property
+    def shard_dp(self) -> int: ...
 
 
 L = TypeVar("L", bound=_Layout)

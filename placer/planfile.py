@@ -25,6 +25,7 @@ from placer.calibration import calibration_from_dict
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration, Parallel
 from placer.fileio import atomic_write_text
+from placer.roles import TRAINING_ROLES
 from placer.spec import Job, SpecError, format_validation_error, read_structured
 
 
@@ -49,10 +50,13 @@ class _Parted(_M):
 
     @model_serializer(mode="wrap")
     def _without_empty_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """One pool: written without `parts` (plan files stay as they were)."""
+        """One pool: written without `parts`, and a role without HSDP without `shard` (plan
+        files stay as they were)."""
         out: dict[str, Any] = handler(self)
         if not out.get("parts"):
             out.pop("parts", None)
+        if not out.get("shard"):
+            out.pop("shard", None)
         return out
 
 
@@ -92,6 +96,8 @@ class RolePlacement(_Parted):
     cp: int = Field(1, ge=1, description="context parallelism (training)")
     ep: int = Field(1, ge=1, description="expert parallelism (mixture of experts)")
     etp: int = Field(1, ge=1, description="expert tensor parallelism (with ep > 1)")
+    shard: int = Field(0, ge=0, description="HSDP: dp ranks of one ZeRO shard group, which the "
+                       "dp / shard groups replicate (0: ZeRO over all of dp; training roles)")
     fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
     fp8_kv: bool = Field(False, description="FP8 KV cache (job precision)")
     fp8_train: bool = Field(False, description="FP8 training GEMMs (job precision)")
@@ -107,7 +113,8 @@ class RolePlacement(_Parted):
     @property
     def par(self) -> Parallel:
         return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
-                        self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train)
+                        self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
+                        shard=self.shard)
 
 
 class SlotPart(_M):
@@ -265,6 +272,8 @@ def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
             raise SpecError(f"{source}: roles.{name}.slot: no slot {r.slot!r} in slots")
         if r.parts:
             _check_parts(name, r, res, source)
+        if r.shard:
+            _check_shard(name, r, source)
     used: dict[str, int] = {}
     for s in plan.slots:
         for pool_name, n in s.pool_devices():
@@ -289,6 +298,16 @@ def _check_parts(name: str, r: RolePlacement, res: Resolved, source: str) -> Non
     if samples != want:
         raise SpecError(f"{source}: roles.{name}.parts: the parts' samples add up to {samples}, "
                         f"the batch has {want}")
+
+
+def _check_shard(name: str, r: RolePlacement, source: str) -> None:
+    """An HSDP shard group belongs to a training role and splits its dp ranks evenly."""
+    if name not in TRAINING_ROLES:
+        raise SpecError(f"{source}: roles.{name}.shard: {r.shard}, but only a training role "
+                        f"({', '.join(sorted(TRAINING_ROLES))}) shards its state (drop `shard`)")
+    if r.dp % r.shard:
+        raise SpecError(f"{source}: roles.{name}.shard: {r.shard} does not divide dp {r.dp} "
+                        "(the shard groups must split the data-parallel ranks evenly)")
 
 
 def calibration_of(plan: Plan) -> Calibration:

@@ -29,6 +29,9 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
              f"{'cp':>3} {'ep':>3} {'slot':<28} {'time s':>9} {'mem GB':>7}"]
     for name, r in plan.roles.items():
         lines += _role_lines(name, r)
+    lines += [f"{name}: dp {r.dp} (shard {r.shard}): HSDP, ZeRO inside {r.dp // r.shard} groups of "
+              f"{r.shard} dp ranks that replicate each other" for name, r in plan.roles.items()
+              if 0 < r.shard < r.dp]
     lines += ["", f"{'slot':<28} {'pool':<8} {'devices':>7} {'nodes':>6}  busy s"]
     for sl in plan.slots:
         lines += _slot_lines(sl, plan.breakdown.slot_busy_s.get(sl.name, 0.0))

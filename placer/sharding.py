@@ -8,7 +8,9 @@ A layout (`Parallel`) has
        and values in a ring (ring attention, Liu et al. 2023; Megatron-Core's CP): activations
        and GEMM tokens / cp, weights replicated over cp
   pp   pipeline stages: layers / pp per device
-  dp   data-parallel replicas (ZeRO/FSDP shards the training state over dp x cp ranks)
+  dp   data-parallel replicas (ZeRO/FSDP shards the training state over dp x cp ranks; with
+       HSDP, `shard`, over the shard x cp ranks of a shard group, and the dp / shard groups
+       replicate it)
   ep   expert parallelism of a mixture of experts: the routed experts of a stage are dealt out
        to ep ranks (each keeps E / ep whole experts), the tokens travel to their experts and
        back in two all-to-alls per MoE layer and pass (GShard, Lepikhin et al. 2021; DeepSpeed-
@@ -31,13 +33,16 @@ Per device (P_d: every parameter but the routed experts, P_e: the routed experts
               t * k * h * b bytes, over ep ranks (`collectives.all_to_all`)
   ring CP     per layer and pass, an all-gather of K and V of the cp ranks' chunks (the ring's
               cp - 1 steps move what an all-gather moves), priced without overlap
+  GDN state   a hybrid model's per-sequence linear-attention state, split by head over
+              min(tp, key_heads) ranks and by layer over pp stages (`state_split`)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from placer.collectives import Link, all_gather, all_to_all
-from placer.spec import ModelArch
+from placer.efficiency import Efficiency
+from placer.spec import DeviceKind, DeviceType, ModelArch
 
 BYTES = 2  # BF16
 
@@ -65,6 +70,36 @@ class Parallel:
     # False is eager mode (vLLM `enforce_eager`), which launches every kernel from Python each
     # step (`costmodel.eager_overhead`)
     cuda_graphs: bool = True
+    # Hybrid sharded data parallelism (HSDP: FSDP2's 2-D (replicate, shard) mesh, verl's
+    # `fsdp_size`, DeepSpeed's hpZ): dp ranks of one ZeRO shard group; the dp / shard groups
+    # replicate each other. 0 (or dp): ZeRO over all of dp.
+    shard: int = 0
+
+    @property
+    def shard_dp(self) -> int:
+        """dp ranks of one ZeRO shard group: `shard` when it splits dp, else all of dp."""
+        return self.shard if 0 < self.shard < self.dp else self.dp
+
+    @property
+    def shard_replicas(self) -> int:
+        """Shard groups that replicate each other (1 without HSDP)."""
+        return max(self.dp // self.shard_dp, 1)
+
+    @property
+    def hsdp(self) -> bool:
+        """Whether the training state is sharded inside groups smaller than dp."""
+        return self.shard_replicas > 1
+
+    @property
+    def zero_group(self) -> int:
+        """Ranks the dense training state is ZeRO-sharded over: the shard group's dp x cp."""
+        return self.shard_dp * self.cp
+
+    @property
+    def expert_zero_group(self) -> int:
+        """Ranks one expert shard's training state is ZeRO-sharded over: `expert_dp`, split
+        into the shard groups' replicas."""
+        return max(self.expert_dp // self.shard_replicas, 1)
 
     @property
     def weight_scale(self) -> float:
@@ -127,8 +162,9 @@ def params_per_device(m: ModelArch, par: Parallel) -> tuple[float, float]:
 def train_state_bytes(m: ModelArch, par: Parallel) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per device of mixed-precision Adam (2 + 2 + 12 bytes a
     parameter), ZeRO stage `zero` sharding optimizer (>= 1), grads (>= 2) and weights (3) over
-    each part's data-parallel group: dp * cp for the dense part, `expert_dp` for the experts."""
-    parts = zip(params_per_device(m, par), (par.dp * par.cp, par.expert_dp))
+    each part's ZeRO group: dp * cp for the dense part, `expert_dp` for the experts (with HSDP
+    the shard group's: `zero_group`, `expert_zero_group`)."""
+    parts = zip(params_per_device(m, par), (par.zero_group, par.expert_zero_group))
     shares = list(parts)
 
     def sharded(stage: int) -> float:
@@ -172,3 +208,34 @@ def cp_kv_exchange(m: ModelArch, par: Parallel, tokens_per_group: float, link: L
         return 0.0
     per_layer = m.kv_elements_per_token() / m.layers * BYTES
     return all_gather(tokens_per_group * per_layer, par.cp, link)
+
+
+def linear_state_bytes(m: ModelArch, eff: Efficiency) -> float:
+    """Bytes of the fixed state one sequence keeps in a hybrid model's Gated DeltaNet layers
+    (whole replica): the recurrent state at `Efficiency.linear_state_bytes` per element and the
+    convolution window in BF16, as SGLang sizes it (python/sglang/srt/configs/mamba_utils.py
+    `mamba_cache_per_req`). 0 without linear attention."""
+    rec, conv = m.linear_state_elements()
+    return rec * eff.linear_state_bytes + conv * BYTES
+
+
+def state_split(m: ModelArch, par: Parallel) -> int:
+    """Devices of a replica that each hold a distinct part of a sequence's GDN state: pp stages
+    times the TP ranks, up to key_heads (SGLang and vLLM shard the state and the convolution
+    window by head: `Mamba2StateShape.create` divides both by the TP size)."""
+    la = m.linear_attention
+    return par.pp * (max(min(par.tp, la.key_heads), 1) if la is not None else 1)
+
+
+def state_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """A sequence's GDN state counted in KV tokens of the same devices (its bytes per device /
+    KV bytes per token per device, the KV split as `costmodel.kv_split`): the room it takes
+    from the KV pool besides its context. 0 without linear attention."""
+    state = linear_state_bytes(m, eff)
+    if state <= 0:
+        return 0.0
+    kv_token = m.kv_elements_per_token() * BYTES
+    if dev.kind is DeviceKind.lpu:  # one SRAM pool per replica (`kv_capacity_tokens`)
+        return state / kv_token
+    kv_dev = kv_token * par.kv_scale / (par.pp * m.kv_tp_shards(par.tp))
+    return state / state_split(m, par) / kv_dev

@@ -24,6 +24,7 @@ from placer.current import CurrentPlacement
 from placer.distributions import Distribution  # also re-exported
 from placer.fileio import atomic_write_text
 from placer.inputs import SpecErrors, load_json, load_yaml, read_text
+from placer.linear_attention import LinearAttention  # also re-exported
 from placer.localdata import Dataset, anchor, expand_model_dirs
 from placer.pins import Pins, check_pins
 from placer.roles import Role
@@ -56,7 +57,17 @@ class DeviceType(Strict):
     host_memory_gb: PosFloat | None = Field(
         None, description="host RAM of one node of this device type, GB (placer/hostmem.py "
                           "checks offloaded state against it); none: not checked")
+    memory_is_host: StrictBool = Field(
+        False, description="its memory is the host's RAM (an emulated device whose work runs on "
+                           "the CPU, a unified-memory part; always so for the cpu kind): "
+                           "offloading state to the host or switching colocated roles moves "
+                           "nothing, so neither is priced nor planned")
     source: str = ""
+
+    @property
+    def host_backed(self) -> bool:
+        """Whether the device's memory is host RAM (`memory_is_host`, or a CPU)."""
+        return self.memory_is_host or self.kind is DeviceKind.cpu
 
     @model_validator(mode="after")
     def _inference_only_lpu(self) -> DeviceType:
@@ -81,15 +92,20 @@ class ModelArch(Strict):
     mixture of experts (MoE) after `dense_layers` leading dense layers: a router and `experts`
     routed SwiGLU experts of width `expert_mlp`, of which `experts_per_token` run per token, plus
     `shared_experts` that every token runs. RMSNorm before attention and MLP and at the end.
+    A hybrid model (`linear_attention`, Qwen3-Next, Qwen3.5) runs one layer in `every` as full
+    attention (the last of each group) and the rest as Gated DeltaNet linear attention, which
+    keeps a fixed recurrent state per sequence instead of a KV cache (`placer.linear_attention`).
 
     Parameter counts (h hidden, L layers, V vocab; `params`, `active_params`, `matmul_params`):
       GQA attention   h*q + 2*h*kv + q*h with q = heads*head_dim, kv = kv_heads*head_dim
-                      (+ q + 2*kv biases with `qkv_bias`, + 2*head_dim with `qk_norm`)
+                      (+ q + 2*kv biases with `qkv_bias`, + 2*head_dim with `qk_norm`, + h*q
+                      with `attn_output_gate`: q_proj also emits the output gate)
       MLA attention   q: h*r_q + r_q + r_q*heads*(d_nope + d_rope) (or h*heads*(d_nope + d_rope)
                       without a q rank); kv: h*(r_kv + d_rope) + r_kv + r_kv*heads*(d_nope + d_v);
                       o: heads*d_v*h (DeepSeek-V2 report, Liu et al. 2024, sec. 2.1.2; the
                       modeling_deepseek.py projections)
       dense MLP       3*h*mlp;   MoE layer  h*experts (router) + (experts + shared) * 3*h*expert_mlp
+      GDN layer       `LinearAttention.params`, in place of attention in the linear layers
       per layer       + 2*h norms;   embeddings V*h, twice unless tied;   final norm h
     """
 
@@ -107,6 +123,13 @@ class ModelArch(Strict):
         False, description="one table for input embedding and LM head [tie_word_embeddings]")
     qkv_bias: StrictBool = False
     qk_norm: StrictBool = Field(False, description="RMSNorm over each head's q and k (Qwen3)")
+    attn_output_gate: StrictBool = Field(
+        False, description="gated attention: q_proj also emits a sigmoid gate over the attention "
+                           "output, h*heads*head_dim more weights (Qwen3-Next, Qwen3.5) "
+                           "[attn_output_gate]")
+    linear_attention: LinearAttention | None = Field(
+        None, description="hybrid model: Gated DeltaNet linear attention in all but one layer "
+                          "in `every` (Qwen3-Next, Qwen3.5); none: full attention everywhere")
     # mixture of experts (all zero / None: a dense model)
     experts: NonNegInt = Field(0, description="routed experts [num_experts, n_routed_experts]")
     experts_per_token: NonNegInt = Field(0, description="[num_experts_per_tok]")
@@ -131,6 +154,10 @@ class ModelArch(Strict):
                              "(give head_dim when the heads are not hidden / heads wide)")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        la = self.linear_attention
+        if la is not None and la.full_layers(self.layers) == 0:
+            raise ValueError(f"linear_attention.every {la.every} > layers {self.layers} leaves no "
+                             "full-attention layer")
         return self
 
     @model_validator(mode="after")
@@ -161,9 +188,9 @@ class ModelArch(Strict):
         missing = [f for f in _MLA_FIELDS[1:] if getattr(self, f) is None]
         if missing:
             raise ValueError(f"latent attention (kv_lora_rank) needs {', '.join(missing)}")
-        if self.head_dim is not None or self.qkv_bias or self.qk_norm:
-            raise ValueError("head_dim, qkv_bias and qk_norm apply to GQA attention, not to "
-                             "latent attention (kv_lora_rank)")
+        if self.head_dim is not None or self.qkv_bias or self.qk_norm or self.attn_output_gate:
+            raise ValueError("head_dim, qkv_bias, qk_norm and attn_output_gate apply to GQA "
+                             "attention, not to latent attention (kv_lora_rank)")
         return self
 
     # ------------------------------------------------------------------------------- shape
@@ -180,6 +207,17 @@ class ModelArch(Strict):
     def head_size(self) -> int:
         """GQA per-head size: `head_dim`, or hidden // heads when not given (Llama, Qwen2.5)."""
         return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers with full attention and a KV cache: all of them, or one in `every` of a hybrid."""
+        la = self.linear_attention
+        return self.layers if la is None else la.full_layers(self.layers)
+
+    @property
+    def linear_layers(self) -> int:
+        """Gated DeltaNet layers of a hybrid model (0 otherwise)."""
+        return self.layers - self.full_attention_layers
 
     @property
     def moe_layers(self) -> int:
@@ -203,7 +241,29 @@ class ModelArch(Strict):
         d = self.head_size
         q, kv = a * d, self.kv_heads * d
         return (h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
-                + (2 * d if self.qk_norm else 0))
+                + (2 * d if self.qk_norm else 0) + (h * q if self.attn_output_gate else 0))
+
+    def mixer_params(self) -> int:
+        """Token-mixing parameters of all layers: attention in the full-attention layers, Gated
+        DeltaNet (`LinearAttention.params`) in the linear ones."""
+        la = self.linear_attention
+        gdn = la.params(self.hidden) if la is not None else 0
+        return self.full_attention_layers * self.attention_params() + self.linear_layers * gdn
+
+    def linear_state_elements(self) -> tuple[int, int]:
+        """(recurrent, convolution) state elements one sequence keeps over all GDN layers;
+        (0, 0) without linear attention."""
+        la = self.linear_attention
+        if la is None:
+            return 0, 0
+        n = self.linear_layers
+        return n * la.state_elements(), n * la.conv_state_elements()
+
+    def linear_flops_per_token(self) -> int:
+        """Forward FLOPs per token of the GDN layers' state update and readout over all layers
+        (`LinearAttention.state_flops_per_token`); their projections are in `matmul_params`."""
+        la = self.linear_attention
+        return self.linear_layers * la.state_flops_per_token() if la is not None else 0
 
     def attention_width(self) -> float:
         """Per-layer attention FLOPs per (query, context) token pair, / 4: heads * (d_qk + d_v)
@@ -228,7 +288,7 @@ class ModelArch(Strict):
         dense_l = self.layers - moe_l
         router = h * self.experts
         moe = router + (self.experts + self.shared_experts) * self.expert_params()
-        return (self.layers * (self.attention_params() + 2 * h) + dense_l * 3 * h * self.mlp
+        return (self.mixer_params() + self.layers * 2 * h + dense_l * 3 * h * self.mlp
                 + moe_l * moe + self.embedding_params() + h)
 
     def active_params(self) -> int:
@@ -266,12 +326,14 @@ class ModelArch(Strict):
 
     # -------------------------------------------------------------------------------- KV cache
     def kv_elements_per_token(self) -> int:
-        """Elements the KV cache holds per token over all layers: 2 * kv_heads * head_dim per
-        layer (keys and values); MLA keeps the compressed latent and the shared RoPE key,
+        """Elements the KV cache holds per token over the full-attention layers (all of them
+        unless hybrid: GDN layers keep a fixed state instead): 2 * kv_heads * head_dim per layer
+        (keys and values); MLA keeps the compressed latent and the shared RoPE key,
         kv_lora_rank + qk_rope_head_dim per layer (DeepSeek-V2 report, sec. 2.1.2)."""
+        n = self.full_attention_layers
         if self.kv_lora_rank is not None:
-            return self.layers * (self.kv_lora_rank + (self.qk_rope_head_dim or 0))
-        return 2 * self.layers * self.kv_heads * self.head_size
+            return n * (self.kv_lora_rank + (self.qk_rope_head_dim or 0))
+        return 2 * n * self.kv_heads * self.head_size
 
     def kv_tp_shards(self, tp: int) -> int:
         """Ways tensor parallelism splits the KV cache: by KV head for GQA, so at most

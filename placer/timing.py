@@ -6,8 +6,9 @@ and `train` (actor, critic).
 
 Roles in one *slot* time-share its devices, so inside a stage their times add; different slots run
 side by side, so a stage lasts as long as its busiest slot (HybridFlow's rule). When the memory of
-a slot's roles does not fit the devices together, each role pays an onload (`switch_time`) once per
-iteration.
+a slot's roles does not fit the devices together, each role pays an onload (`onload_time`) once
+per iteration: a GPU rollout engine (whose KV pool fills the devices) sleeps and wakes, the other
+roles move their state to the host and back.
 
 Multi-turn jobs: a sequence keeps its engine slot while its tool call runs, so the rollout
 estimate carries the tool latencies, and the rollout slot's rollout stage also carries the rounds
@@ -34,6 +35,8 @@ from placer.costmodel import (
     GB,
     Calibration,
     Efficiency,
+    Memory,
+    engine_swap_time,
     switch_time,
     weight_bytes,
     weight_sync_time,
@@ -41,7 +44,7 @@ from placer.costmodel import (
 from placer.estimate import Estimate, rollout_shape
 from placer.roles import Role
 from placer.rollout_tail import Replicas, at_means, strata
-from placer.spec import DeviceKind, ModelArch
+from placer.spec import DeviceKind, DeviceType, ModelArch
 from placer.split import res_with_samples
 from placer.toolqueue import queue_delay
 
@@ -71,7 +74,9 @@ def weight_tensors(m: ModelArch) -> int:
     Per layer: 2 RMSNorms; GQA attention q, k, v, o (+ 3 biases with `qkv_bias`, + q/k norms
     with `qk_norm`) or MLA (q_a, q_a_norm, q_b -- or one q without a q rank -- kv_a, kv_a_norm,
     kv_b, o); a dense SwiGLU MLP (gate, up, down) or an MoE block (router + 3 per routed and
-    per shared expert). Plus the embedding, the final norm and the LM head unless tied.
+    per shared expert). Plus the embedding, the final norm and the LM head unless tied. A
+    hybrid's GDN layers hold 7 mixer tensors in place of attention's (in_proj_qkvz, in_proj_ba,
+    conv1d, dt_bias, A_log, norm, out_proj: transformers' Qwen3NextGatedDeltaNet).
     Qwen2.5-7B: 28 x 12 + 3 = 339; Qwen3-30B-A3B: 48 x (8 + 1 + 384) + 3 = 18,867."""
     if m.mla:
         attn = (3 if m.q_lora_rank else 1) + 4
@@ -79,7 +84,8 @@ def weight_tensors(m: ModelArch) -> int:
         attn = 4 + (3 if m.qkv_bias else 0) + (2 if m.qk_norm else 0)
     moe = m.moe_layers
     per_moe = 1 + 3 * (m.experts + m.shared_experts)
-    return m.layers * (attn + 2) + (m.layers - moe) * 3 + moe * per_moe + (
+    mixers = m.full_attention_layers * attn + m.linear_layers * 7
+    return mixers + 2 * m.layers + (m.layers - moe) * 3 + moe * per_moe + (
         2 if m.tie_embeddings else 3)
 
 
@@ -181,8 +187,19 @@ def sync_time(res: Resolved, actor: Placed, rollout: Placed, calib: Calibration)
                             sync_calls(m, actor.est.par.pp, eff))
 
 
+def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> float:
+    """What one role pays per iteration to give its colocated slot up and take it back: a GPU
+    rollout engine sleeps and wakes (`costmodel.engine_swap_time`: its weights over the host
+    link, its KV pool discarded and re-allocated); any other role moves all its state
+    (`costmodel.switch_time`)."""
+    if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:
+        return engine_swap_time(mem.weights, eff)
+    return switch_time(mem.total, eff)
+
+
 def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict[str, float]:
-    """Onload cost per slot whose roles' memory does not fit on its devices together."""
+    """Onload cost per slot whose roles' memory does not fit on its devices together
+    (`onload_time` per member)."""
     by_slot: dict[str, list[Placed]] = defaultdict(list)
     for p in placed:
         by_slot[p.slot].append(p)
@@ -191,12 +208,12 @@ def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict
         if len(members) < 2:
             continue  # alone (a split role always is): nothing to switch
         dev = res.device_of(members[0].est.pool)
-        if dev.kind is DeviceKind.cpu:
+        if dev.host_backed:  # its memory is host RAM already: a switch moves nothing
             continue
         need = sum(p.est.memory.total for p in members)
         if need > dev.memory_gb:
             eff = calib.for_device(dev)
-            out[slot] = sum(switch_time(p.est.memory.total, eff) for p in members)
+            out[slot] = sum(onload_time(p.est.role, p.est.memory, dev, eff) for p in members)
     return out
 
 
@@ -210,6 +227,8 @@ def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibr
     the groups already back decode (`toolqueue.queue_delay`: the lockstep waves at the job's
     means replayed on every replica with one shared pool, minus the same replay with unlimited
     cores). Like `sync_time` this prices a pair of placements (rollout, environment).
+    Over-provisioned it can be negative: staggered returns let the first groups decode in a
+    smaller batch, so the stage reaches its kept count sooner (`toolqueue.queue_delay`).
     A rollout split over pools: the cores are shared in proportion to each part's engine slots
     and each part's queueing adds to that part's time, so the term is what the slowest part
     (with its queueing) adds to the split estimate's rollout stage.
@@ -236,7 +255,7 @@ def _queueing(res: Resolved, rollout: Estimate, env: Estimate, calib: Calibratio
     row = strata(job, 1, 0.0)
     lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
     st = step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.par, r_eff)
-    reps = Replicas(shape.replicas, shape.per_replica, shape.concurrency, shape.generated,
+    reps = Replicas(shape.replicas, shape.per_replica, shape.steady, shape.generated,
                     shape.kept)
     out = env_spec.tool_output_tokens
     return queue_delay(st, reps, row.prompt[0], row.response[0], out, lat, slots)

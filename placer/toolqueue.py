@@ -7,8 +7,9 @@ round to a whole lockstep wave overprices this: the engine admits each group of 
 as its calls return, so the later rounds' waits overlap the earlier groups' prefill and decoding.
 
 Method: the lockstep waves of mean sequences (every source of variance off), replayed on all
-replicas at once with the simulator engine's scheduling (`placer.batching`: admit, one prefill of
-the admitted sequences, decode until a turn ends or a call returns) and one shared FIFO pool of
+replicas at once with the simulator engine's scheduling (`placer.admission.engine`: admit by KV,
+one prefill of the admitted sequences, decode until a turn ends, a call returns or the KV is full,
+preempt the newest when it is) and one shared FIFO pool of
 `slots` servers. Replicas are coroutines resumed in time order, ties in the order they were
 scheduled (simpy's rule), so calls reach the pool in the simulator's order. With equal call
 latencies a FIFO pool's next-free times are nondecreasing, so the pool is a queue of (free time,
@@ -21,9 +22,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Generator
 
-from placer.batching import Run, StepTerms
+from placer.admission import Hooks, engine
+from placer.batching import StepTerms
 from placer.rollout_tail import Replicas
 
 _CACHE: dict[tuple, tuple[StepTerms, float]] = {}
@@ -62,77 +63,6 @@ class FifoPool:
         return out
 
 
-def _engine(st: StepTerms, count: int, prompt: int, response: list[int], concurrency: int,
-            tool_output: int, pool: FifoPool, done: list[tuple[float, int]]
-            ) -> Generator[float, float, None]:
-    """One replica holding `count` identical samples; yields the times it waits until and is
-    sent the time it resumes at (`simulator.engine.Engine._loop`, rows of identical sequences)."""
-    wt: list[int] = []
-    turn: list[int] = []
-    ctx: list[float] = []
-    waiting, held, batch, sum_a, steps = count, 0, 0, 0.0, 0
-    arrivals: list[tuple[float, int]] = []  # (time, row) back from a tool call
-    active: list[tuple[int, int, float]] = []  # (engine step its turn ends, row, ctx0 - s0)
-    now = yield 0.0
-    while waiting or arrivals or active:
-        t = now
-        new: list[tuple[int, int]] = []
-        if waiting and held < concurrency:
-            take = min(waiting, concurrency - held)
-            waiting -= take
-            held += take
-            wt.append(take)
-            turn.append(0)
-            ctx.append(0.0)
-            new.append((len(wt) - 1, prompt))
-        while arrivals and arrivals[0][0] <= t:
-            new.append((heapq.heappop(arrivals)[1], tool_output))
-        if new:
-            seqs = sum(wt[i] for i, _ in new)
-            toks = sum(wt[i] * n for i, n in new)
-            if toks > 0:
-                t += st.prefill(toks, sum(wt[i] * (ctx[i] + n) for i, n in new) / seqs)
-            for i, n in new:
-                ctx[i] += n
-                heapq.heappush(active, (steps + response[turn[i]], i, ctx[i] - steps))
-                sum_a += wt[i] * (ctx[i] - steps)
-                batch += wt[i]
-            if arrivals and arrivals[0][0] <= t:  # arrived during the prefill: admit first
-                now = yield t
-                continue
-        if not active:
-            now = yield (t if t > now else arrivals[0][0])
-            continue
-        kmax = active[0][0] - steps
-        run = Run(st, batch, sum_a + batch * steps, kmax)
-        k = kmax
-        if arrivals and arrivals[0][0] < t + run.time(kmax):
-            k = run.steps_to_reach(arrivals[0][0] - t, kmax)
-        now = yield t + run.time(k)
-        steps += k
-        while active and active[0][0] <= steps:
-            end, i, a = heapq.heappop(active)
-            sum_a -= wt[i] * a
-            batch -= wt[i]
-            ctx[i] = a + end
-            turn[i] += 1
-            if turn[i] >= len(response):
-                held -= wt[i]
-                done.append((now, wt[i]))
-                continue
-            for j, (back, calls) in enumerate(pool.submit(now, wt[i])):
-                row = i
-                if j:  # calls returning later: their sequences become a row of their own
-                    wt.append(calls)
-                    turn.append(turn[i])
-                    ctx.append(ctx[i])
-                    row = len(wt) - 1
-                else:
-                    first = calls
-                heapq.heappush(arrivals, (back, row))
-            wt[i] = first
-
-
 def rollout_span(st: StepTerms, shape: Replicas, prompt: int, response: list[int],
                  tool_output: int, latency_s: float, slots: int | None) -> float:
     """Seconds until the rollout stage ends (over-provisioned: `kept` samples done) when every
@@ -153,15 +83,16 @@ def rollout_span(st: StepTerms, shape: Replicas, prompt: int, response: list[int
         n = per if k < big else per - 1
         if n <= 0:
             continue
-        gen = _engine(st, n, prompt, response, shape.concurrency, tool_output, pool, done)
-        next(gen)
+        hooks = Hooks(lambda t, _i, _c, w: pool.submit(t, w),
+                      lambda t, _i, w: done.append((t, w)))
+        gen = engine(st, st.kv, [prompt], [list(response)], [n], tool_output, hooks, 0.0)
         engines.append(gen)
-        heap.append((0.0, len(engines) - 1, len(engines) - 1))
+        heap.append((next(gen)[0], len(engines) - 1, len(engines) - 1))
     seq = len(engines)
     while heap:  # resume in time order, ties in scheduling order (as simpy does)
         t, _, k = heapq.heappop(heap)
         try:
-            wake = engines[k].send(t)
+            wake = engines[k].send(t)[0]
         except StopIteration:
             continue
         heapq.heappush(heap, (wake, seq, k))
@@ -185,7 +116,8 @@ REDUCE = 4  # a replica with more than REDUCE x concurrency samples is priced by
 def queue_delay(st: StepTerms, shape: Replicas, prompt: int, response: list[int],
                 tool_output: int, latency_s: float, slots: int) -> float:
     """Seconds the rollout stage grows when its calls share `slots` servers instead of each
-    finding one free: `rollout_span` with the pool minus without it.
+    finding one free: `rollout_span` with the pool minus without it (negative where an
+    over-provisioned stage reaches its kept count sooner; the extrapolated line is kept >= 0).
 
     Exact (the simulator's variance-off run) up to MAX_REPLICAS replicas and REDUCE waves per
     replica. Beyond, the work per candidate pair is bounded: more replicas are priced on
@@ -205,7 +137,9 @@ def queue_delay(st: StepTerms, shape: Replicas, prompt: int, response: list[int]
                 - rollout_span(st, sh, prompt, response, tool_output, latency_s, None))
 
     if per <= REDUCE * conc:
-        return max(delay(per), 0.0)
+        # exact, so unclipped: over-provisioned, the pool's staggered returns can end the stage
+        # (the kept count) sooner than calls that all return at once, as the simulator runs it
+        return delay(per)
     n2 = REDUCE * conc
     n1 = n2 // 2
     d1, d2 = delay(n1), delay(n2)

@@ -1,9 +1,10 @@
 """Rollout engines: one continuous-batching generation engine per replica of the rollout role.
 
 What one engine does (vLLM-like, prefill-priority scheduling):
-  * it holds at most `concurrency` sequences, the number whose longest possible context fits its
-    KV memory (`placer.estimate.rollout_shape`); a sequence keeps its slot (its KV) while it
-    waits on a tool call, and frees it when its last turn ends;
+  * it admits sequences while its free KV covers their tokens and it holds fewer than
+    `max_num_seqs`, and preempts the newest running ones (recomputed when readmitted) when the
+    batch's KV outgrows its memory (`placer.admission.engine`, the loop the planner runs too); a
+    sequence keeps its KV while it waits on a tool call, and frees it when its last turn ends;
   * whenever sequences are admitted (a new sample, or one whose tool call returned) the engine
     first runs one prefill step over all their new tokens (`costmodel.prefill_time`), then
     decodes every active sequence one token per step (`costmodel.decode_step_time` of the batch
@@ -35,14 +36,13 @@ enough samples are done the rollout interrupts the engines, and each cuts the op
 """
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import simpy
 
-from placer.batching import Run, StepTerms
+from placer.admission import Hooks, engine
+from placer.batching import StepTerms
 from placer.costmodel import Efficiency, Parallel
 from placer.roles import Role
 from placer.spec import DeviceType, ModelArch
@@ -60,7 +60,6 @@ class EngineSpec:
     dev: DeviceType
     par: Parallel  # one replica: tp, pp, dp=1
     eff: Efficiency
-    concurrency: int
     pool: str
     slot: str
 
@@ -92,6 +91,8 @@ class EngineStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     runs: int = 0
+    preempted: int = 0  # sequences preempted (KV full), each recomputed when readmitted
+    recomputed_tokens: int = 0
 
 
 @dataclass
@@ -125,88 +126,56 @@ class Engine:
             self.rec.cut(self._rows_from, f"{self.spec.slot}/engine{self.index}", now)
 
     def _loop(self, env: simpy.Environment) -> Generator:
-        """A prefill and the decode run after it are one simpy event unless a sequence arrives
-        during the prefill (then it is admitted first)."""
-        smp, s, slow = self.samples, self.spec, self.slowdown
-        prompt, response, tool_s, tool_out = smp.prompt, smp.response, smp.tool_s, smp.tool_output
-        push, pop = heapq.heappush, heapq.heappop
-        rec = self.rec
-        add, st, done_at = rec.add_fields, self.stats, self.done_at
-        events, prefill = rec.ts, self.steps.prefill  # len(events): the events recorded so far
-        quota = self.quota
-        waiting = deque(self.sample_ids)
-        arrivals: list[tuple[float, int]] = []  # (time, sample) returning from a tool call
-        active: list[tuple[int, int, int]] = []  # (engine step its turn ends, sample, ctx0 - s0)
-        turn = dict.fromkeys(self.sample_ids, 0)
-        ctx = dict.fromkeys(self.sample_ids, 0)
-        held = 0  # KV slots held: active, prefilling or waiting on a tool
-        sum_a, steps = 0, 0
+        """The shared scheduling loop (`placer.admission.engine`) on this replica's samples, one
+        row each; a prefill and the decode run after it are one simpy event unless a sequence
+        arrives during the prefill (then it is admitted first)."""
+        smp, s, rec, st = self.samples, self.spec, self.rec, self.stats
+        ids = self.sample_ids
+        add, events, quota, done_at = rec.add_fields, rec.ts, self.quota, self.done_at
         pid, tid, it = s.pool, f"{s.slot}/engine{self.index}", self.step
-        while waiting or arrivals or active:
-            now = t = env.now
-            self._rows_from = len(events)
-            new: list[tuple[int, int]] = []
-            while waiting and held < s.concurrency:
-                sid = waiting.popleft()
-                held += 1
-                new.append((sid, prompt[sid]))
-            while arrivals and arrivals[0][0] <= t:
-                new.append((pop(arrivals)[1], tool_out))
-            if new:
-                tokens = sum(n for _, n in new)
-                if tokens > 0:
-                    mean_ctx = sum(ctx[i] + n for i, n in new) / len(new)
-                    dur = prefill(tokens, mean_ctx) * slow
-                    add("prefill", "prefill", t, dur, pid, tid, PREFILL_KEYS,
-                        (Role.ROLLOUT, it, len(new), tokens, round(mean_ctx * len(new))))
-                    st.busy_s += dur
-                    st.prefill_tokens += tokens
-                    t += dur
-                for sid, n in new:
-                    c = ctx[sid] + n
-                    ctx[sid] = c
-                    push(active, (steps + response[sid][turn[sid]], sid, c - steps))
-                    sum_a += c - steps
-                if arrivals and arrivals[0][0] <= t:  # arrived during the prefill: admit first
-                    self._busy_end = t
-                    yield env.timeout(t - now)
-                    continue
-            if not active:
-                self._busy_end = t
-                yield env.timeout((t if t > now else arrivals[0][0]) - now)
-                continue
-            batch = len(active)
-            kmax = active[0][0] - steps
-            c0 = sum_a + batch * steps
-            run = Run(self.steps, batch, c0, kmax)
-            k = kmax
-            if arrivals and arrivals[0][0] < t + run.time(kmax) * slow:
-                k = run.steps_to_reach((arrivals[0][0] - t) / slow, kmax)
-            dur = run.time(k) * slow
+
+        def prefill(t: float, dur: float, seqs: int, tokens: int, ctx_sum: float) -> None:
+            add("prefill", "prefill", t, dur, pid, tid, PREFILL_KEYS,
+                (Role.ROLLOUT, it, seqs, tokens, round(ctx_sum)))
+            st.busy_s += dur
+            st.prefill_tokens += tokens
+
+        def decode(t: float, dur: float, batch: int, k: int, c0: int) -> None:
             add("decode", "decode", t, dur, pid, tid, DECODE_KEYS,
                 (Role.ROLLOUT, it, batch, k, batch * k, c0))
             st.busy_s += dur
             st.decode_steps += k
             st.decode_tokens += batch * k
             st.runs += 1
-            self._busy_end = t + dur
-            yield env.timeout(t + dur - now)
-            steps += k
-            t = env.now
-            while active and active[0][0] <= steps:
-                end_step, sid, a = pop(active)
-                sum_a -= a
-                ctx[sid] = a + end_step
-                turn[sid] += 1
-                if turn[sid] >= len(response[sid]):  # rows may differ in turns (partial)
-                    held -= 1
-                    done_at[sid] = t
-                    if quota is not None:
-                        quota.hit()
-                elif self.tools is not None and tool_s[sid]:
-                    push(arrivals, (self._tool(t, sid, turn[sid] - 1), sid))
-                else:  # a multi-turn job without an environment: the next turn follows at once
-                    push(arrivals, (t, sid))
+
+        def preempt(_t: float, seqs: int, ctx: int) -> None:
+            st.preempted += seqs
+            st.recomputed_tokens += seqs * ctx
+
+        def calls(t: float, i: int, call: int, _w: int) -> list[tuple[float, int]]:
+            if self.tools is not None and smp.tool_s[ids[i]]:
+                return [(self._tool(t, ids[i], call), 1)]
+            return [(t, 1)]  # a multi-turn job without an environment: the next turn at once
+
+        def done(t: float, i: int, _w: int) -> None:
+            done_at[ids[i]] = t
+            if quota is not None:
+                quota.hit()
+
+        hooks = Hooks(calls, done, prefill, decode, preempt, self.slowdown)
+        loop = engine(self.steps, self.steps.kv, [smp.prompt[i] for i in ids],
+                      [smp.response[i] for i in ids], [1] * len(ids), smp.tool_output, hooks,
+                      env.now)
+        self._rows_from = len(events)
+        try:
+            wake, busy = next(loop)
+            while True:
+                self._busy_end = busy
+                yield env.timeout(wake - env.now)
+                self._rows_from = len(events)
+                wake, busy = loop.send(env.now)
+        except StopIteration:
+            return
 
     def _tool(self, now: float, sid: int, call: int) -> float:
         tools = self.tools

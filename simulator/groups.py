@@ -58,7 +58,7 @@ def groups_of(res: Resolved, plan: Plan, calib: Calibration) -> list[Group]:
         dev = res.device_of(r.pool)
         eff = calib.for_device(dev)
         shape = rollout_shape(res, dev, r.par, eff)
-        spec = EngineSpec(m, dev, replace(r.par, dp=1), eff, shape.concurrency, r.pool, r.slot)
+        spec = EngineSpec(m, dev, replace(r.par, dp=1), eff, r.pool, r.slot)
         size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
         return [Group(spec, StepTerms(m, dev, spec.par, eff), shape.replicas, size, 0, 0, None,
                       res.job.batch.samples, shape.replicas, shape.replicas)]
@@ -69,7 +69,7 @@ def groups_of(res: Resolved, plan: Plan, calib: Calibration) -> list[Group]:
         dev = res.device_of(q.pool)
         eff = calib.for_device(dev)
         shape = rollout_shape(res_with_samples(res, q.samples), dev, q.par, eff)
-        spec = EngineSpec(m, dev, replace(q.par, dp=1), eff, shape.concurrency, q.pool, r.slot)
+        spec = EngineSpec(m, dev, replace(q.par, dp=1), eff, q.pool, r.slot)
         size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else q.tp * q.pp
         out.append(Group(spec, StepTerms(m, dev, spec.par, eff), shape.replicas, size, first,
                          offset, q.devices, q.samples,

@@ -4,9 +4,9 @@ One iteration: weight sync (actor -> every rollout replica, `simulator.network`)
 (continuous-batching engines with tool calls, `simulator.engine`), score (frozen forwards) and
 train (`simulator.training`). A rollout split over pools runs one engine group per part, each on
 its own pool with its own contiguous share of the rows (`simulator.groups`); the stage ends when
-the last part is done. Every slot is a simpy `Resource` of capacity one: roles that share
-a slot take turns on it (and pay onload when their memory does not fit together); different slots
-run side by side.
+the last part is done. Every slot is a simpy `PriorityResource` of capacity one: roles that
+share a slot take turns on it (and pay onload when their memory does not fit together), the oldest
+step first; different slots run side by side.
 
 sync mode   stages are barriers: sync, then rollout, then score, then train; a stage lasts as
             long as its busiest slot. This is `placer.timing`'s sum over stages of the max over
@@ -14,7 +14,12 @@ sync mode   stages are barriers: sync, then rollout, then score, then train; a s
 async mode  rollout of step i may start once the weights on the engines are at most
             `max_staleness` versions old (version v = after v training steps); before each
             rollout the engines pull the newest trained version if they lack it. Scoring and
-            training of step i start when its rollout is done. In steady state the busiest slot
+            training of step i start when its rollout is done. Where one slot holds the rollout and
+            another role (the reference, the actor), that slot time-shares, serving its oldest
+            waiting step first: step i's reference pass runs between rollouts i and i+1, so
+            the slot is busy sync + onload + rollout + score per step, and one step's chain
+            sync -> rollout -> score -> train is not cut by the next rollout (what
+            `placer.timing`'s async bounds price). In steady state the busiest slot
             sets the pace - the placer's async rule - and the first iteration pays the pipeline
             fill. Iteration time in async mode is the time between consecutive training commits.
 
@@ -32,7 +37,7 @@ from functools import partial
 from typing import Any
 
 import simpy
-from simpy.resources.resource import Request
+from simpy.resources.resource import PriorityRequest
 
 from placer.catalog import Resolved
 from placer.costmodel import Calibration
@@ -100,7 +105,9 @@ class Model:
         self.rec, self.replay = rec, replay
         self.on_iteration = on_iteration  # (iterations done, of) as each one's train step ends
         self.env = simpy.Environment()
-        self.slot_res = {s.name: simpy.Resource(self.env, 1) for s in plan.slots}
+        # oldest step first: step i's score/train go before step i+1's sync/rollout on a
+        # shared slot (the chain the placer's async bounds price; see the module doc)
+        self.slot_res = {s.name: simpy.PriorityResource(self.env, 1) for s in plan.slots}
         self.onload = onload_costs(res, plan, calib)
         self.sync = sync_plan(res, plan, calib, cfg.network)
         self._rollout_setup()
@@ -223,6 +230,9 @@ class Model:
                 yield env.process(self._rollout(i, *prepared[i]))
                 self.records[i].stages["rollout"] = (t0, env.now)
                 rolled[i].succeed()
+                # yield the instant: step i's scoring (woken by `rolled[i]`) asks for a shared
+                # slot before the next sync/rollout does, so the priority order holds
+                yield env.timeout(0)
 
         def step(i: int) -> Generator:
             """Score step i as soon as its rollout is done; train after step i-1 trained."""
@@ -245,9 +255,9 @@ class Model:
             env.process(step(i))
 
     # ------------------------------------------------------------------------------- work
-    def _hold(self, slot: str, role: str, i: int) -> Generator[simpy.Event, Any, Request]:
+    def _hold(self, slot: str, role: str, i: int) -> Generator[simpy.Event, Any, PriorityRequest]:
         """Take the slot; pay the role's onload the first time it runs in iteration i."""
-        req = self.slot_res[slot].request()
+        req = self.slot_res[slot].request(priority=i)
         yield req
         cost = self.onload.get(role, 0.0)
         if cost and role not in self.onloaded[i]:

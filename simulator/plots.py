@@ -1,7 +1,8 @@
 """Figures of a simulated run (matplotlib, Agg backend: no display needed).
 
   timeline.png       one row per slot: when its devices work, coloured by the kind of work
-                     (prefill, decode, forward, reward, train, transfer)
+                     (prefill, decode, forward, reward, train, transfer); a rollout split over
+                     pools gets one row per part, labelled with the part's pool
   utilization.png    busy share of each pool's planned devices over time (binned)
   response_vs_completion.png
                      each sample's total response tokens against when its rollout finished,
@@ -20,6 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from placer.plots import KIND_COLOURS, save  # one palette and one writer for every figure
@@ -65,18 +67,38 @@ def _pool_work(result: SimResult) -> dict[str, list[tuple[float, float, float]]]
     return out
 
 
-def _work_rows(result: SimResult, slots: list[str]) -> list[tuple[int, float, float, str, str]]:
-    """(slot row, start, dur, kind of work, track) for every traced event that ran on a slot;
-    the track is the engine or core that did it."""
-    row = {slot: i for i, slot in enumerate(slots)}
+Row = tuple[str, str | None]  # (slot, pool of one part of a split slot; None: the whole slot)
+
+
+def timeline_rows(result: SimResult) -> list[Row]:
+    """The timeline's rows in slot order: a slot, or a split slot's parts one by one (each part's
+    engines run on its own pool, so one row would hide which part is the tail)."""
+    rows: list[Row] = []
+    for s in result.plan.slots:
+        rows.extend([(s.name, q.pool) for q in s.parts] if s.parts else [(s.name, None)])
+    return rows
+
+
+def _row_label(row: Row) -> str:
+    slot, pool = row
+    return slot if pool is None else f"{slot} @ {pool}"
+
+
+def _work_rows(result: SimResult, rows: list[Row]) -> list[tuple[int, float, float, str, str]]:
+    """(row, start, dur, kind of work, track) for every traced event that ran on a slot; the
+    track is the engine or core that did it. A split slot's event goes to the row of the part
+    on whose pool it was recorded (the event's pid)."""
+    index = {row: i for i, row in enumerate(rows)}
+    split = {slot for slot, pool in rows if pool is not None}
     env = result.plan.roles.get(Role.ENVIRONMENT)
     out = []
     rec = result._rec
-    for cat, ts, dur, tid in zip(rec.cats, rec.ts, rec.dur, rec.tids):
+    for cat, ts, dur, tid, pid in zip(rec.cats, rec.ts, rec.dur, rec.tids, rec.pids):
         # tool calls are traced per CPU core ("env3"); draw them on the environment's slot
         slot = env.slot if cat == "tool" and env is not None else tid.split("/")[0]
-        if slot in row and dur > 0:
-            out.append((row[slot], ts, dur, cat, tid))
+        i = index.get((slot, pid if slot in split else None))
+        if i is not None and dur > 0:
+            out.append((i, ts, dur, cat, tid))
     return out
 
 
@@ -118,25 +140,31 @@ def _bars(ax: Axes, row: int, edges: np.ndarray, share: np.ndarray, colour: str,
 
 
 def timeline(result: SimResult, path: Path) -> Path:
-    """One row per slot; bars coloured by the kind of work (generation, scoring, training...).
+    return save(timeline_figure(result), path)
+
+
+def timeline_figure(result: SimResult) -> Figure:
+    """One row per slot (a split slot: one per part); bars coloured by the kind of work
+    (generation, scoring, training...).
 
     Time is binned at the figure's pixel width: each pixel of a row shows the share of it that
     each kind of work kept busy (work of parallel engines or cores adds up, capped at one)."""
-    slots = [s.name for s in result.plan.slots]
-    fig, ax = plt.subplots(figsize=(11, 0.6 * len(slots) + 2.0))
+    rows = timeline_rows(result)
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(rows) + 2.0))
     edges = np.linspace(0.0, max(result.run.end_s, 1e-9), PIXELS + 1)
     width = edges[1] - edges[0]
     under: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for slot, t, d, _share in result.run.busy:  # slot work first, pale, under the events
-        if slot in slots and d > 0:
-            under[slots.index(slot)].append((t, d))
+        for i, (row_slot, _pool) in enumerate(rows):  # a split slot's work busies every part
+            if row_slot == slot and d > 0:
+                under[i].append((t, d))
     for r, spans in under.items():
         arr = np.array(spans)
         _bars(ax, r, edges, np.minimum(covered(arr[:, 0], arr[:, 1], edges) / width, 1.0),
               "0.88", 1.0)
     work: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     tracks: dict[tuple[int, str], set[str]] = defaultdict(set)
-    for r, t, d, cat, track in _work_rows(result, slots):
+    for r, t, d, cat, track in _work_rows(result, rows):
         work[(r, cat)].append((t, d))
         tracks[(r, cat)].add(track)
     for (r, cat), spans in sorted(work.items()):
@@ -147,7 +175,7 @@ def timeline(result: SimResult, path: Path) -> Path:
     for rec in result.run.iterations:
         ax.axvline(rec.end, color="k", lw=0.5, ls=":")
     ax.set_xlim(0, edges[-1])
-    ax.set_yticks(range(len(slots)), slots)
+    ax.set_yticks(range(len(rows)), [_row_label(row) for row in rows])
     ax.set_xlabel("simulated time (s)")
     ax.set_title(f"{result.plan.spec.name}: work per slot (dotted: iteration ends; paler: less "
                  f"of the slot busy)")
@@ -156,7 +184,7 @@ def timeline(result: SimResult, path: Path) -> Path:
     handles.append(Patch(color="0.88", label="slot busy (other)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25),
               ncol=len(handles), fontsize=8, frameon=False)
-    return save(fig, path)
+    return fig
 
 
 def utilization(result: SimResult, path: Path) -> Path:

@@ -3,9 +3,9 @@
 Scored over the tokens the iteration actually produced (every sample's final context), with the
 same cost-model calls as `placer.estimate`:
   score stage  reference / reward model / critic values / the actor's old log-probs:
-               one forward pass (`costmodel.forward_time`) per role;
-               a rule reward verifies each sample on the CPU pool's cores (`Efficiency.rule_reward_s` each;
-               identical FIFO jobs finish in ceil(n / cores) rounds);
+               one forward pass (`costmodel.score_time`) per role;
+               a rule reward checks each sample on the CPU pool's cores by its kind of check
+               (`placer.rulecheck.rule_reward_time`: sandboxed code or an in-process rule);
   train stage  actor and critic: `mini_batches` optimizer steps, one event each; `train_time` is
                linear in tokens apart from its per-step terms, so the steps sum to the placer's
                figure exactly.
@@ -14,19 +14,30 @@ job's longest context (`costmodel.dispatch_time`, as `placer.estimate.pass_dispa
 pass: `Work.dispatch_s`, recorded as an unsized transfer event (which no fitted factor prices,
 like an onload), so the steps' events stay the passes' compute alone.
 Roles sharing a slot run one after another on it (`simulator.iteration` holds the slot); when
-their memory does not fit together, a role pays its onload (`costmodel.switch_time`) the first
-time it takes the slot in an iteration - the rule `placer.timing.slot_switch` prices.
+their memory does not fit together, a role pays its onload (`placer.timing.onload_time`: a GPU
+rollout engine's sleep and wake, another role's state moved) the first time it takes the slot in
+an iteration - the rule `placer.timing.slot_switch` prices.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from placer.catalog import Resolved
-from placer.costmodel import Calibration, dispatch_time, forward_time, switch_time, train_time
+from placer.costmodel import (
+    Calibration,
+    Efficiency,
+    Memory,
+    dispatch_time,
+    infer_memory,
+    score_time,
+    train_time,
+    weight_gather_time,
+)
 from placer.planfile import Plan
 from placer.roles import Role
+from placer.rulecheck import rule_reward_time
 from placer.spec import DeviceKind
+from placer.timing import onload_time, weight_tensors
 from simulator.workload import Samples
 
 # Which stage each role works in besides rollout (the environment's work is its tool calls).
@@ -67,16 +78,20 @@ def stage_work(res: Resolved, plan: Plan, calib: Calibration, smp: Samples,
         m = res.model_of(role)
         steps: tuple[float, ...]
         ship = 0.0
-        if m is None:  # a rule reward: per-sample checks on CPU cores
-            cores = rp.par.devices * dev.cores
-            steps = (math.ceil(smp.n / cores) * eff.rule_reward_s,)
+        if m is None:  # a rule reward: per-sample checks on CPU cores (`placer.rulecheck`)
+            steps = (rule_reward_time(res.job, smp.n, rp.par.devices,
+                                      rp.par.devices * dev.cores, eff),)
         elif stage == "score":
-            steps = (forward_time(m, dev, rp.par, tokens, seq, eff),)
+            steps = (score_time(m, dev, rp.par, tokens, seq, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         else:
             mb = res.job.batch.mini_batches
             steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff) for _ in range(mb))
             ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step
+            # and once per RL step the sharded trainer's weights gathered for the sync
+            # (`costmodel.weight_gather_time`, as the planner's train stage prices it): kept
+            # out of the mini-batches' train events, which calibration prices as train_time
+            ship += weight_gather_time(m, dev, rp.par, weight_tensors(m), eff)
         out.append(Work(role, stage, steps, tokens, ship))
     return out
 
@@ -87,10 +102,20 @@ def onload_costs(res: Resolved, plan: Plan, calib: Calibration) -> dict[str, flo
     for slot in plan.slots:
         members = [r for r in slot.roles if r in plan.roles]
         dev = res.device_of(slot.pool)
-        if len(members) < 2 or dev.kind is DeviceKind.cpu:
+        if len(members) < 2 or dev.host_backed:  # host RAM already: nothing to move
             continue
         if sum(plan.roles[r].memory_gb for r in members) > dev.memory_gb:
             eff = calib.for_device(dev)
             for r in members:
-                out[r] = switch_time(plan.roles[r].memory_gb, eff)
+                out[r] = onload_time(r, _onload_memory(res, plan, r, eff), dev, eff)
     return out
+
+
+def _onload_memory(res: Resolved, plan: Plan, role: str, eff: Efficiency) -> Memory:
+    """The memory `placer.timing.onload_time` prices: the plan's total, and for a GPU rollout
+    engine its weights per device as `placer.estimate` prices them (`infer_memory`)."""
+    rp = plan.roles[role]
+    dev = res.device_of(rp.pool)
+    if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:
+        return infer_memory(res.arch_of(Role.ROLLOUT), rp.par, dev, eff)
+    return Memory(overhead=rp.memory_gb)

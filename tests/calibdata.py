@@ -21,8 +21,8 @@ CHOICES = {"actor": ("train", Parallel(dp=8), "s0"), "critic": ("train", Paralle
 
 # The factors a synthetic run is generated at, and that calibration must recover.
 TRUTH = Calibration(per_device={
-    "H100-SXM": Efficiency(mfu_train=0.30, mfu_prefill=0.45, train_overhead_s=0.08),
-    "L40S": Efficiency(decode_bw_eff=0.55, decode_flops_eff=0.45, mfu_prefill=0.40,
+    "H100-SXM": Efficiency(mfu_train=0.30, mfu_score=0.45, train_overhead_s=0.08),
+    "L40S": Efficiency(decode_bw_eff=0.55, decode_flops_eff=0.45, mfu_prefill=0.40, mfu_score=0.50,
                        step_overhead_s=0.004, link_eff=0.60, sync_latency_s=0.02),
 })
 

@@ -75,12 +75,15 @@ def test_summary_and_explain_print_booking_and_release(capsys):
 
 
 def test_release_counts_whole_idle_nodes_only(tmp_path, capsys):
-    tiny = ROOT / "examples" / "tiny-cpu.yaml"
-    # tiny-cpu uses one of its LPU node's four chips: a busy node is never offered
+    # tiny-cpu with its reference pinned to one of its LPU node's four chips: a busy node is
+    # never offered
+    text = (ROOT / "examples" / "tiny-cpu.yaml").read_text() + "pin: {reference: {pool: lpu}}\n"
+    tiny = tmp_path / "tiny1.yaml"
+    tiny.write_text(text)
     assert main(["plan", str(tiny)]) == 0
     assert "release" not in capsys.readouterr().out
     job = tmp_path / "tiny.yaml"
-    job.write_text(tiny.read_text().replace(
+    job.write_text(text.replace(
         "{name: lpu, device: emu-lpu, devices_per_node: 4, nodes: 1}",
         "{name: lpu, device: emu-lpu, devices_per_node: 4, nodes: 3}"))
     assert main(["plan", str(job)]) == 0

@@ -17,6 +17,7 @@ from placer.costmodel import (
     decode_run_time,
     decode_step_time,
     dispatch_time,
+    engine_swap_time,
     expert_read_eff,
     forward_time,
     infer_memory,
@@ -25,16 +26,20 @@ from placer.costmodel import (
     lpu_chips,
     max_concurrency,
     prefill_time,
+    score_time,
     switch_time,
     tool_waves,
     train_flops,
     train_memory,
     train_time,
     weight_bytes,
+    weight_gather_time,
     weight_sync_time,
 )
 from placer.estimate import estimate, pass_dispatch
+from placer.layercomm import fsdp_calls, fsdp_units
 from placer.spec import ModelArch, SpecError, job_from_dict
+from placer.timing import weight_tensors
 
 DEV = shipped_devices()
 M = shipped_models()
@@ -150,8 +155,10 @@ def test_data_parallel_training_adds_a_ring_all_reduce() -> None:
     compute = 6 * m.matmul_params() * tokens / (8 * 989e12)
     allreduce = 2 * 7 / 8 * 2 * m.params() / (450 * GB)  # every gradient, over NVLink
     # ZeRO-3: each 16,384-token micro-batch (2e6 / 8 / 16,384 = 15.26 of them) gathers the
-    # weights twice and reduce-scatters the grads once, 7/8 of 2P bytes each over NVLink
-    gathers = 3 * (2e6 / 8 / 16384) * 7 / 8 * 2 * m.params() / (450 * GB)
+    # weights twice and reduce-scatters the grads once, one call per FSDP unit of 7/8 of its
+    # 2P / units bytes over NVLink; the root's backward gather is skipped (kept gathered)
+    units = fsdp_units(m)
+    gathers = fsdp_calls(m, 3) * (2e6 / 8 / 16384) * 7 / 8 * 2 * m.params() / units / (450 * GB)
     assert t == pytest.approx(compute + 2 * allreduce + gathers)
     zero1 = train_time(m, H100, Parallel(dp=8, zero=1, recompute=False), tokens, 0, 2, IDEAL)
     assert zero1 == pytest.approx(compute + 2 * allreduce)
@@ -278,6 +285,17 @@ def test_switch_time_moves_state_at_offload_bandwidth() -> None:
     assert switch_time(50.0, EFF) == pytest.approx(50 / EFF.offload_gbs)
 
 
+def test_engine_swap_moves_weights_both_ways_and_pays_fixed_calls() -> None:
+    # a 7B engine at TP4 holds 3.81 GB of weights per device: sleep copies them to the host,
+    # wake copies them back (2 x 3.81 / 25 = 0.305 s); the KV pool is never copied
+    assert engine_swap_time(3.81, EFF) == pytest.approx(2 * 3.81 / 25.0 + 11.2 + 3.7)
+    bare = replace(EFF, engine_sleep_s=0.0, engine_wake_s=0.0, offload_gbs=10.0)
+    assert engine_swap_time(5.0, bare) == pytest.approx(1.0)
+    # row 12's anchor: Qwen3-0.6B's 1.2 GB one way is 0.048 s, the rest of each call is fixed
+    assert EFF.engine_sleep_s + 1.2 / EFF.offload_gbs == pytest.approx(11.23, abs=0.02)
+    assert EFF.engine_wake_s + 1.2 / EFF.offload_gbs == pytest.approx(3.77, abs=0.03)
+
+
 # -------------------------------------------------------------------------------- monotonicity
 @pytest.mark.parametrize("model", ["Llama-3-8B", "Qwen2.5-32B", "Llama-3-70B"])
 @pytest.mark.parametrize("dev", ["A100-80G", "H100-SXM", "H20", "B200"])
@@ -349,9 +367,12 @@ def test_every_trainer_and_forward_pass_pays_one_dispatch_whatever_the_devices(d
     actor = estimate(res, "actor", pool, par, calib)
     tokens = 256 * 1024.0
     assert actor.stage_s["score"] == pytest.approx(
-        forward_time(m, H100, par, tokens, 1024, EFF) + ship, rel=1e-9)
+        score_time(m, H100, par, tokens, 1024, EFF) + ship, rel=1e-9)
+    # once, not per step; so is the sharded trainer's weight gather for the sync
+    gather = weight_gather_time(m, H100, par, weight_tensors(m), EFF)
+    assert gather > 0
     assert actor.stage_s["train"] == pytest.approx(
-        train_time(m, H100, par, tokens, 1024, 2, EFF) + ship, rel=1e-9)  # once, not per step
+        train_time(m, H100, par, tokens, 1024, 2, EFF) + ship + gather, rel=1e-9)
     ref = estimate(res, "reference", pool, Parallel(dp=dp), calib)
     assert ref.stage_s["score"] == pytest.approx(
-        forward_time(m, H100, Parallel(dp=dp), tokens, 1024, EFF) + ship, rel=1e-9)
+        score_time(m, H100, Parallel(dp=dp), tokens, 1024, EFF) + ship, rel=1e-9)

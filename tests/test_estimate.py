@@ -3,20 +3,22 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 from specdata import ROOT, base
 
+from placer.batching import kv_budget
 from placer.catalog import resolve
 from placer.costmodel import (
     Calibration,
     Efficiency,
     Parallel,
-    forward_time,
     kv_bytes_per_token,
-    max_concurrency,
+    score_time,
     train_memory,
     train_time,
+    weight_gather_time,
 )
 from placer.estimate import (
     can_host,
@@ -28,6 +30,7 @@ from placer.estimate import (
 )
 from placer.rollout_tail import at_means
 from placer.spec import job_from_dict, load_job
+from placer.timing import weight_tensors
 
 CAL = Calibration()
 EFF = Efficiency()
@@ -76,13 +79,13 @@ def test_mean_context_counts_turns_and_tool_outputs(hetero) -> None:
     assert mean_context(hetero) == pytest.approx(expect)
 
 
-def test_frozen_forward_is_the_cost_models_forward(hetero) -> None:
+def test_frozen_forward_is_the_cost_models_score_pass(hetero) -> None:
     pool, par = hetero.cluster.pool("train"), Parallel(tp=2, dp=4)
     est = estimate(hetero, "reference", pool, par, CAL)
     s = mean_context(hetero)
     m, dev = hetero.model_of("reference"), hetero.device_of(pool)
     assert est.stage_s["score"] == pytest.approx(  # + the driver's dispatch of the batch
-        forward_time(m, dev, par, hetero.job.batch.samples * s, s, EFF)
+        score_time(m, dev, par, hetero.job.batch.samples * s, s, EFF)
         + pass_dispatch(hetero, EFF))
 
 
@@ -91,8 +94,11 @@ def test_training_estimate_prices_forward_and_optimizer_steps(hetero) -> None:
     est = estimate(hetero, "actor", pool, par, CAL)
     s, m, dev = mean_context(hetero), hetero.model_of("actor"), hetero.device_of(pool)
     n = hetero.job.batch.samples
+    # the passes, the batch's dispatch, and the sharded weights gathered once for the sync
+    gather = weight_gather_time(m, dev, par, weight_tensors(m), EFF)
+    assert gather > 0
     assert est.stage_s["train"] == pytest.approx(train_time(m, dev, par, n * s, s, 4, EFF)
-                                                 + pass_dispatch(hetero, EFF))
+                                                 + pass_dispatch(hetero, EFF) + gather)
     assert est.memory == train_memory(m, par, hetero.job.max_context, EFF)
 
 
@@ -102,30 +108,37 @@ def test_rule_reward_and_environment_estimates() -> None:
                                                                      "value": 0.5}})))
     cpu = res.cluster.pool("cpu")  # one laptop node, 2 cores; 8 samples
     reward = estimate(res, "reward", cpu, Parallel(dp=1), CAL)
-    assert reward.stage_s["score"] == pytest.approx(math.ceil(8 / 2) * EFF.rule_reward_s)
+    # an in-process check on 2 cores, after the answers ran in one sandbox (placer.rulecheck)
+    assert reward.stage_s["score"] == pytest.approx(math.ceil(8 / 2) * EFF.rule_reward_s
+                                                    + EFF.sandbox_batch_s
+                                                    + 8 * EFF.sandbox_sample_s)
     env = estimate(res, "environment", cpu, Parallel(dp=1), CAL)
     assert env.stage_s["rollout"] == pytest.approx((3 - 1) * math.ceil(8 / 2) * 0.5)
 
 
 def test_rollout_waves_follow_kv_concurrency(hetero) -> None:
     """Lengths and latencies at their means: lockstep waves of mean sequences, each wave's
-    sequences waiting out one tool latency between turns (queueing is `timing`'s pair term)."""
+    sequences waiting out one tool latency between turns (queueing is `timing`'s pair term),
+    when `max_num_seqs` caps a wave where its KV fits to the last token."""
     means = resolve(at_means(hetero.job))
     pool, par = means.cluster.pool("gen"), Parallel(dp=2)
     dev = means.device_of(pool)
-    shape = rollout_shape(means, dev, par, EFF)
-    conc = max_concurrency(means.model_of("rollout"), dev, par, hetero.job.max_context, EFF)
+    ctx = mean_context(means)  # a mean sample's final context, prompt to last token
+    kv = kv_budget(means.arch_of("rollout"), dev, par, EFF)
+    eff = replace(EFF, max_num_seqs=int(kv.tokens // ctx))
+    assert 1 <= eff.max_num_seqs < 256
+    shape = rollout_shape(means, dev, par, eff)
     assert shape.replicas == 2 and shape.per_replica == 256
-    assert shape.concurrency == min(256, conc)
+    assert shape.concurrency == eff.max_num_seqs
     assert shape.waves == math.ceil(256 / shape.concurrency)
-    est = estimate(means, "rollout", pool, par, CAL)
+    est = estimate(means, "rollout", pool, par, Calibration(default=eff))
     full, rest = divmod(256, shape.concurrency)
-    gen = full * wave_time(means, dev, par, EFF, shape.concurrency, None)[0]
+    gen = full * wave_time(means, dev, par, eff, shape.concurrency, None)[0]
     if rest:
-        gen += wave_time(means, dev, par, EFF, rest, None)[0]
+        gen += wave_time(means, dev, par, eff, rest, None)[0]
     env = means.job.environment
     gen += ((env.turns - 1) * shape.waves
-            * (env.tool_latency_s.mean_value() + EFF.tool_overhead_s))
+            * (env.tool_latency_s.mean_value() + eff.tool_overhead_s))
     assert est.stage_s["rollout"] == pytest.approx(gen)
     assert est.concurrency == shape.concurrency
 

@@ -17,7 +17,7 @@ from placer.interop import EXPORTERS
 from placer.interop.kuberay import export_kuberay
 from placer.interop.openrlhf import command_args
 from placer.interop.verl import config_name, launch_args, overrides
-from placer.planfile import Plan, save_plan
+from placer.planfile import Plan, calibration_of, save_plan
 
 SPLIT = {"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
          "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
@@ -53,6 +53,10 @@ def test_verl_overrides_compose_with_verls_own_config(name: str) -> None:
         assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == actor.tp
     roll = plan.roles["rollout"]
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == roll.tp
+    # the engine's admission cap the plan was priced with (placer.admission), not its first wave
+    dev = plan.resolved().device_of(roll.pool)
+    cap = calibration_of(plan).for_device(dev).max_num_seqs
+    assert cfg.actor_rollout_ref.rollout.max_num_seqs == cap == 1024
     if roll.slot != actor.slot and plan.resolved().device_of(roll.pool).kind == "gpu":
         assert cfg.trainer.v1.trainer_mode == "separate_async"
         assert (cfg.actor_rollout_ref.rollout.nnodes * cfg.actor_rollout_ref.rollout.n_gpus_per_node

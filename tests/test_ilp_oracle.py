@@ -116,3 +116,35 @@ def test_ilp_matches_brute_force(job, data):
     assert sol.status == "OPTIMAL"
     assert got == pytest.approx(expect, rel=1e-5)
     assert sol.objective == pytest.approx(expect, rel=1e-4)
+
+
+def test_ilp_prices_a_negative_tool_term_like_timing() -> None:
+    """Over-provisioned with a pool a little short of cores, the tool-queue pair term is
+    negative (`toolqueue.queue_delay`: the kept samples finish sooner); the ILP must give it to
+    the rollout's slot only, as `timing` does, and still match the exhaustive search."""
+    from simplans import small_job
+
+    from placer.timing import Placed, rollout_tool_time
+
+    job = job_from_dict(small_job(
+        environment__turns=4, lengths__response={"kind": "fixed", "value": 256},
+        tail_policy={"kind": "overprovision", "fraction": 0.25},
+        pipeline={"mode": "async", "max_staleness": 1}))
+    res = resolve(job)
+    full = build_problem(res, Calibration())
+
+    def tool(k, e) -> float:
+        return rollout_tool_time(res, Placed("r", k.est), Placed("e", e.est), full.calib)
+
+    pairs = [(k, e) for k in full.cands["rollout"] if not k.split
+             for e in full.cands["environment"] if tool(k, e) < 0]
+    assert pairs  # the case under test exists
+    k, e = pairs[0]
+    cands = {r: cs[:2] for r, cs in full.cands.items()}
+    cands["rollout"], cands["environment"] = [k], [e]  # the negative pair, every grouping
+    problem = Problem(res, full.calib, cands, "time")
+    expect = brute_force(problem)
+    sol = solve(problem, time_limit_s=20.0, workers=1)
+    assert sol.status == "OPTIMAL"
+    assert score(problem, sol.assignment)[0] == pytest.approx(expect, rel=1e-5)
+    assert sol.objective == pytest.approx(expect, rel=1e-4)

@@ -147,6 +147,28 @@ def test_no_traceback_from_the_console_script(tmp_path) -> None:
     assert proc.stderr.count("\n") == 1
 
 
+def test_plan_plot_writes_the_placement_png(capsys, tmp_path) -> None:
+    split = str(ROOT / "examples" / "hetero-split.yaml")  # a split role: parts on two pools
+    png = tmp_path / "figs" / "placement.png"  # a missing folder is made
+    rc, out, err = run(capsys, "plan", split, "--plot", str(png), "--json")
+    assert rc == 0 and one_document(out)["roles"]  # stdout stays one JSON document
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in err
+    assert [p.name for p in png.parent.iterdir()] == ["placement.png"]  # no temporary left
+
+
+@pytest.mark.parametrize("plot,extra,needle", [
+    ("{tmp}", (), "is a directory"),
+    ("{tmp}/placement.svg", (), "must end in .png"),
+    ("{tmp}/a.png", ("--sweep",), "not a --sweep frontier"),
+    ("/proc/placement.png", (), "cannot write there"),
+])
+def test_plan_plot_bad_path_exits_2_naming_the_flag(capsys, tmp_path, plot, extra, needle) -> None:
+    path = plot.format(tmp=tmp_path)
+    rc, out, err = run(capsys, "plan", TINY, "--plot", path, *extra)
+    assert rc == 2 and out == "" and err.startswith("placer: error: --plot: ") and needle in err
+    assert list(tmp_path.iterdir()) == []  # refused before the solve: nothing written
+
+
 # ------------------------------------------------------------------------------------ compare
 def test_compare_table_and_json(capsys) -> None:
     rc, out, _ = run(capsys, "compare", HETERO)

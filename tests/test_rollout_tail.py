@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from simplans import small_job
 
-from placer.batching import StepTerms, run_replica
+from placer.admission import run_replica
+from placer.batching import KvBudget, StepTerms
 from placer.catalog import resolve
 from placer.costmodel import Calibration, Efficiency, Parallel, decode_step_time, prefill_time
 from placer.estimate import estimate, rollout_shape, wave_time
@@ -17,6 +18,7 @@ from placer.timing import Placed, iteration_time
 
 EFF = Efficiency()
 PAR = Parallel(tp=1)
+_BIG = 10**12  # KV tokens: admission bounded by max_num_seqs alone
 
 
 def _res(**over):
@@ -28,16 +30,17 @@ def _steps(res) -> StepTerms:
 
 
 def test_identical_sequences_are_lockstep_waves() -> None:
-    """20 identical 2-turn sequences at concurrency 8: waves of 8, 8 and 4, each prefilling,
-    decoding, waiting out its tool call together - `estimate.wave_time` exactly."""
+    """20 identical 2-turn sequences, at most 8 at once (`max_num_seqs`, KV ample): waves of 8,
+    8 and 4, each prefilling, decoding, waiting out its tool call together - `estimate.wave_time`
+    exactly."""
     res = resolve(at_means(job_from_dict(small_job(
         lengths__response={"kind": "fixed", "value": 300}))))
     st, dev = _steps(res), res.device_of("h100")
-    done = run_replica(st, [256] * 20, [[300, 300]] * 20, [[1.5]] * 20, [1] * 20, 8, 64)
+    done = run_replica(st, [256] * 20, [[300, 300]] * 20, [[1.5]] * 20, [1] * 20, 64, KvBudget(_BIG, 8))
     waves = 2 * wave_time(res, dev, PAR, EFF, 8, None)[0] + wave_time(res, dev, PAR, EFF, 4, None)[0]
     assert max(t for t, _ in done) == pytest.approx(waves + 3 * 1.5, rel=1e-9)
     # a row of weight w is w identical sequences: the same schedule from 3 rows
-    grouped = run_replica(st, [256] * 3, [[300, 300]] * 3, [[1.5]] * 3, [8, 8, 4], 8, 64)
+    grouped = run_replica(st, [256] * 3, [[300, 300]] * 3, [[1.5]] * 3, [8, 8, 4], 64, KvBudget(_BIG, 8))
     assert max(t for t, _ in grouped) == pytest.approx(waves + 3 * 1.5, rel=1e-9)
 
 
@@ -46,7 +49,7 @@ def test_two_lengths_by_hand() -> None:
     tokens, 10 steps at batch 2, then the long one alone for 20 steps."""
     res = _res()
     m, dev = res.arch_of(Role.ROLLOUT), res.device_of("h100")
-    done = run_replica(_steps(res), [1, 1], [[10], [30]], [[], []], [1, 1], 2, 0)
+    done = run_replica(_steps(res), [1, 1], [[10], [30]], [[], []], [1, 1], 0, KvBudget(_BIG, 2))
     t_pre = prefill_time(m, dev, PAR, 2, 1, EFF)
     t_both = sum(decode_step_time(m, dev, PAR, 2, 2 + 2 * i, EFF) for i in range(10))
     t_one = sum(decode_step_time(m, dev, PAR, 1, 11 + j, EFF) for j in range(20))
@@ -59,8 +62,8 @@ def test_tool_return_cuts_a_decode_run() -> None:
     same whether the other sequence's run is summed in one piece or cut."""
     res = _res()
     st = _steps(res)
-    alone = run_replica(st, [8], [[50, 5]], [[0.01]], [1], 2, 4)
-    pair = run_replica(st, [8, 8], [[50, 5], [2000]], [[0.01], []], [1, 1], 2, 4)
+    alone = run_replica(st, [8], [[50, 5]], [[0.01]], [1], 4, KvBudget(_BIG, 2))
+    pair = run_replica(st, [8, 8], [[50, 5], [2000]], [[0.01], []], [1, 1], 4, KvBudget(_BIG, 2))
     assert max(t for t, _ in pair) > max(t for t, _ in alone)
     assert sorted(w for _, w in pair) == [1, 1]
 

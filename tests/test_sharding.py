@@ -107,9 +107,13 @@ def test_moe_compute_uses_experts_per_token() -> None:
 def test_zero3_gathers_by_hand_and_ep_shrinks_them() -> None:
     par = Parallel(dp=16)  # 16 ranks: the NIC, 50 GB/s x 0.8, 2.7 us a hop, 6.6 us a call
     P = MOE.params()
-    per_call = 2 * 6.6e-6 + 2 * 15 * 2.7e-6 + 15 / 16 * 2 * P / (40 * GB)  # dense + experts
-    assert zero3_gathers(MOE, H100, par, 16384, 3, EFF) == pytest.approx(3 * per_call)
-    assert zero3_gathers(MOE, H100, replace(par, ep=8), 16384, 3, EFF) < 0.2 * 3 * per_call
+    # one FSDP unit per decoder layer plus the root, experts gathered with their layer: per
+    # micro-batch gather, gather again, reduce-scatter for each unit, less the root's second gather
+    units = MOE.layers + 1
+    calls = 3 * units - 1
+    per_call = 6.6e-6 + 15 * 2.7e-6 + 15 / 16 * 2 * P / units / (40 * GB)
+    assert zero3_gathers(MOE, H100, par, 16384, 3, EFF) == pytest.approx(calls * per_call)
+    assert zero3_gathers(MOE, H100, replace(par, ep=8), 16384, 3, EFF) < 0.2 * calls * per_call
     assert zero3_gathers(MOE, H100, replace(par, zero=1), 16384, 3, EFF) == 0.0
 
 

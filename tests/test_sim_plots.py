@@ -60,3 +60,28 @@ def test_timeline_bars_are_bounded_by_pixels_not_events(tmp_path: Path,
     assert (tmp_path / "timeline.png").stat().st_size > 0
     assert drawn and max(drawn) <= plots.PIXELS  # one collection per row and kind
     assert sum(drawn) < events  # fewer bars than events: the binning did its work
+
+
+def test_a_split_rollout_gets_one_timeline_row_per_part() -> None:
+    from matplotlib.colors import to_rgba
+    from simplans import hetero_split_plans
+
+    from placer.plots import KIND_COLOURS
+
+    plan = hetero_split_plans()[0]
+    split = next(s for s in plan.slots if s.parts)
+    parts = split.parts
+    assert len({q.pool for q in parts}) == len(parts) >= 2
+    result = simulate_plan(plan, iterations=1, seed=0)
+    fig = plots.timeline_figure(result)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    want = [lab for s in plan.slots
+            for lab in ([f"{s.name} @ {q.pool}" for q in s.parts] if s.parts else [s.name])]
+    assert labels == want and len(labels) == len(plan.slots) + len(parts) - 1
+    # each part's row carries the decode steps its own engines ran (events land by their pool)
+    decode = to_rgba(KIND_COLOURS["decode"])[:3]
+    rows_with_decode = {round(c.get_paths()[0].vertices[:, 1].min() + 0.4)
+                        for c in ax.collections if isinstance(c, PolyCollection)
+                        and tuple(c.get_facecolor()[0][:3]) == decode}
+    assert {labels[r] for r in rows_with_decode} == {f"{split.name} @ {q.pool}" for q in parts}

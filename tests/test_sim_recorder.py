@@ -60,7 +60,7 @@ def test_prefill_memo_is_the_cost_models_number():
     dev = res.device_of("h100")
     eff = Calibration().for_device(dev)
     rp = plan.roles["rollout"]
-    spec = EngineSpec(res.arch_of("rollout"), dev, replace(rp.par, dp=1), eff, 64, "h100", rp.slot)
+    spec = EngineSpec(res.arch_of("rollout"), dev, replace(rp.par, dp=1), eff, "h100", rp.slot)
     model = StepTerms(spec.model, dev, spec.par, eff)
     for tokens, ctx in [(256, 256.0), (64, 700.5), (256, 256.0), (4096, 1234.25)]:
         assert model.prefill(tokens, ctx) == prefill_time(spec.model, dev, spec.par, tokens, ctx,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from simplans import small_plan
+from simplans import SMALL_PLACEMENT, small_plan
 
 from placer.assemble import reprice
 from placer.batching import step_terms
@@ -68,6 +68,20 @@ def test_queued_tools_agree_with_simulator(turns: int, prompts: int, latency: fl
     sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
     got = sim.metrics["iteration_s"]["mean"]
     assert abs(got - pred) <= 0.005 * pred, f"simulated {got:.3f} s vs predicted {pred:.3f} s"
+
+
+def test_overprovisioned_queue_can_end_the_stage_sooner() -> None:
+    """Over-provisioned, a pool a little short of cores staggers the last turn's returns: the
+    first groups back decode in a smaller batch and the kept count is reached sooner than when
+    every call returns at once. The replay's pair term is negative (not clipped to 0) and the
+    simulator agrees exactly."""
+    plan = small_plan(dict(SMALL_PLACEMENT, environment=("cpu", 2, "env")),
+                      environment__turns=4, lengths__response={"kind": "fixed", "value": 256},
+                      tail_policy={"kind": "overprovision", "fraction": 0.25})
+    assert _pair(plan)[0] < 0
+    pred = reprice(plan, at_means(plan.spec), Calibration()).iteration_s
+    sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
+    assert sim.metrics["iteration_s"]["mean"] == pytest.approx(pred, rel=1e-9)
 
 
 def test_no_queue_no_charge() -> None:

@@ -24,7 +24,8 @@ every writer follows.
 
 Event names (`cat`): step, stage, generate, prefill, decode, tool, forward, train, transfer,
 reward, checkpoint, failure, restart (a recovery), straggler (a re-issued call, on the slow
-worker's track) and tail (what a tail policy dropped or carried). Metadata says where it came from
+worker's track), tail (what a tail policy dropped or carried) and collective (the trainers'
+timed collective probe, executors/collprobe.py). Metadata says where it came from
 (`source`: simulate | execute), the plan's job name, the seed, and whether devices were emulated.
 """
 from __future__ import annotations
@@ -47,7 +48,8 @@ from placer.roles import Role
 STRICT_ENV = "PLACER_STRICT_TRACES"  # "1": a key EventArgs does not name is an error
 
 CATEGORIES = ("step", "prefill", "decode", "tool", "forward", "train", "transfer", "reward",
-              "checkpoint", "failure", "restart", "stage", "generate", "straggler", "tail")
+              "checkpoint", "failure", "restart", "stage", "generate", "straggler", "tail",
+              "collective")
 
 
 class TraceError(SpecError):
@@ -96,8 +98,13 @@ class EventArgs(BaseModel):
     gbs: float | None = _f("link bandwidth, GB/s (transfer)")
     src: str | None = _f("sender (transfer)")
     dst: str | None = _f("receiver, pool:node (transfer)")
-    calls: int | None = _f("weight sync: sequential calls (buckets) of each sender's stream")
+    calls: int | None = _f("weight sync: sequential calls (buckets) of each sender's stream; "
+                             "collective probe: calls timed")
     senders: int | None = _f("weight sync: parallel sender streams (pipeline stages)")
+    collective: str | None = _f("collective probe: the kind timed (all_reduce, fsdp_unit, "
+                                "...; executors/collprobe.py)")
+    ranks: int | None = _f("collective probe: ranks of the group")
+    gathers: int | None = _f("executor train: full-weight gathers for the sync it includes")
     links: list[str] | None = _f("simulator: links a weight-sync flow crosses")
     # environments
     wait_s: float | None = _f("tool call: seconds queued before a CPU slot took it")

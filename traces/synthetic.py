@@ -27,8 +27,8 @@ import numpy as np
 from placer.costmodel import (
     Calibration,
     decode_run_time,
-    forward_time,
     prefill_time,
+    score_time,
     train_time,
     transfer_time,
     weight_bytes,
@@ -183,7 +183,7 @@ def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float
                 add("train", role, train_time(m, dev, r.par, tokens, 1024, 1, eff), devs,
                     tokens=tokens, sample_ids=list(range(seqs)), step=k)
             if role != Role.ROLLOUT:
-                add("forward", role, forward_time(m, dev, r.par, tokens, 1024, eff), devs,
+                add("forward", role, score_time(m, dev, r.par, tokens, 1024, eff), devs,
                     tokens=tokens, sample_ids=list(range(seqs)), step=k)
                 continue
             # small batches decode memory-bound, large ones compute-bound while their contexts are short

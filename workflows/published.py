@@ -12,15 +12,21 @@ baseline chose. No simulation runs: the predictions are the cost model's.
 
 Published stages map onto the model's as: generation -> the rollout role's `rollout` stage (verl's
 `generate_sequences` where a row publishes it: its `gen` also holds the colocated engine's wake-up,
-resharding and sleep, which the model prices as sync); old_log_prob -> the actor's `score` stage;
+resharding and sleep, which the model prices as sync and as the slot's switch,
+`timing.onload_time`; and verl's `generate_sequences` is the mean over ranks, `reduce_timing`'s AVG
+all-reduce, where `gen` waits for the slowest engine); old_log_prob -> the actor's `score` stage;
 ref -> the reference's `score` stage; update -> the actor's `train` stage; weight sync -> the
 plan's sync time. Every log-prob and update stage includes the driver's dispatch of the padded
 batch (`costmodel.dispatch_time`), which verl's single controller pays before each pass whatever
 the GPUs (the intercept of rows 1-3 and 5-6). The fully async rows publish the time the trainer
-waits for generation, not the generation itself, so only what they name is compared; their
-trainer takes the old log-probs from the engine (`Row.trainer_log_probs`). A row states the
-engine settings its script sets where they change the price (`Use.cuda_graphs`: vLLM's
-enforce_eager).
+waits for generation, not the generation itself, so only what they name is compared; their trainer
+takes the old log-probs from the engine (`Row.trainer_log_probs`). A trainer offloads
+(`Use.offload`) where its script sets the actor's optimizer_offload: the colocated one-step-off
+scripts (dapo_7b_math_fsdp2_colocate.sh, dapo_7b_math_megatron_colocate.sh: offload=True; their
+split 4_12 twins set actor_offload=False) and both 30B-A3B rows (offload=True and Megatron's
+optimizer_cpu_offload in grpo_30b_a3b_base_math_megatron_96_32.sh); the fully async doc names no
+script for its colocated 7B rows (1-3), which keep none. A row states the engine settings its
+script sets where they change the price (`Use.cuda_graphs`: vLLM's enforce_eager).
 
 The weight-sync rows (`SYNC_ROWS`) price one actor -> rollout refresh with `timing.sync_time` on
 the published hardware and mapping, with each framework's transport: verl's NCCL sync without
@@ -73,10 +79,11 @@ class Use:
     cp: int = 1
     ep: int = 1
     cuda_graphs: bool = True  # rollout engines: False where the run set vLLM's enforce_eager
+    shard: int = 0  # trainer: HSDP shard group, the script's fsdp_config.fsdp_size (0: none)
 
     def parallel(self) -> Parallel:
         return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
-                        cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs)
+                        cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs, shard=self.shard)
 
 
 @dataclass(frozen=True)
@@ -143,31 +150,33 @@ ROWS: list[Row] = [
         _COLOC),
     Row("r04 DAPO 7B 128xH20 async 64:64", "r04-dapo7b-128xh20-async.yaml", _FA, 150.63,
         {"update": 113.16},
-        {_R.ACTOR: Use("h20", dp=64), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("h20", dp=64, shard=8), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
         _SPLIT, trainer_log_probs=False),
     Row("r05 GRPO 30B-A3B 128xH20 colocate", "r05-grpo30ba3b-128xh20-colocate.yaml", _FA, 497.89,
         {"rollout": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update": 86.27},
-        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, cp=2, ep=8),
+        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, offload=True, cp=2, ep=8),
          _R.ROLLOUT: Use("h20", tp=4, dp=32, cuda_graphs=False),
          _R.REFERENCE: Use("h20", tp=2, dp=32, cp=2, ep=8), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r06 GRPO 30B-A3B 128xH20 async 96:32", "r06-grpo30ba3b-128xh20-async.yaml", _FA, 282.75,
         {"ref": 50.05, "update": 206.63},
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, cp=2, ep=8),
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True, cp=2, ep=8),
          _R.ROLLOUT: Use("h20", tp=4, dp=24, cuda_graphs=False),
          _R.REFERENCE: Use("h20", tp=2, dp=8, cp=2, ep=8), _R.REWARD: _CPU},
         _SPLIT_REF, trainer_log_probs=False),
     Row("r07 DAPO 7B 16xH20 colocate", "r07-dapo7b-16xh20-colocate.yaml", _OSO, 749.0,
         {"rollout": 247.0, "old_log_prob": 88.0, "update": 286.0},  # rollout: generate_sequences
-        {_R.ACTOR: Use("h20", dp=16), _R.ROLLOUT: Use("h20", tp=2, dp=8), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("h20", dp=16, offload=True, shard=2), _R.ROLLOUT: Use("h20", tp=2, dp=8),
+         _R.REWARD: _CPU},
         _COLOC),
     Row("r08 DAPO 7B 16xH20 one-step-off 4+12", "r08-dapo7b-16xh20-one-step-off.yaml", _OSO, 520.0,
         {"rollout": 458.0, "old_log_prob": 108.0, "update": 337.0},
-        {_R.ACTOR: Use("h20", dp=12), _R.ROLLOUT: Use("h20", tp=2, dp=2), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("h20", dp=12, shard=2), _R.ROLLOUT: Use("h20", tp=2, dp=2), _R.REWARD: _CPU},
         _SPLIT),
     Row("r09a DAPO 7B Megatron 16xH20 colocate", "r09a-dapo7b-16xh20-megatron-colocate.yaml", _OSO,
         699.0, {"rollout": 162.0, "old_log_prob": 119.0, "update": 344.0},  # (generate_sequences)
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1), _R.ROLLOUT: Use("h20", tp=2, dp=8),
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True),
+         _R.ROLLOUT: Use("h20", tp=2, dp=8),
          _R.REWARD: _CPU},
         _COLOC),
     Row("r09b DAPO 7B Megatron 16xH20 one-step-off", "r09b-dapo7b-16xh20-megatron-one-step-off.yaml",
@@ -190,7 +199,10 @@ ROWS: list[Row] = [
          _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8), _R.REWARD: _CPU},
         _COLOC_REF),
 ]
-# Not expressible yet: row 12 (sleep/wake of a colocated engine).
+# Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)
+# is not a row: its sleep and wake set the fixed costs of a colocated engine's swap
+# (`Efficiency.engine_sleep_s`, `engine_wake_s`, `timing.onload_time`), so a row of it would
+# check nothing, and its batch, lengths, GPU and rollout time are unpublished.
 
 _FAS = "verl docs/advance/fully_async.md (NCCL, no checkpoint-engine)"
 _MILES = "Miles docs/advanced/p2p-weight-transfer.md (NCCL broadcast, 1 GB buckets)"
@@ -250,6 +262,11 @@ DECODE_ROWS: list[DecodeRow] = [
               15.0e-3, arch=MIXTRAL),
     DecodeRow("SGLang Qwen3-235B-A22B TP8 B200 batch 1", _SGL, "Qwen3-235B-A22B", "B200", 8, 1,
               1500, 6.70e-3),
+    # a hybrid (Qwen3.8-27B = the Qwen3.5-27B shape): 1,855 tok/s per one-GPU engine at 39
+    # running requests (Miles docs/models/qwen/qwen3-8.md, sec. 5.3): 39 / 1855 s per step;
+    # context: a ~512-token prompt plus half the 4,585-token mean response (assumed)
+    DecodeRow("SGLang Qwen3.8-27B hybrid TP1 H200 batch 39", "Miles docs/models/qwen/qwen3-8.md",
+              "Qwen3.5-27B", "H200", 1, 39, 2800, 39 / 1855),
 ]
 
 

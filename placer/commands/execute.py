@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/execute", help="checkpoints, ledger, model (default out/execute)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint up to --steps steps")
-    p.add_argument("--backend", default="torch", help="rollout backend: torch or vllm")
+    p.add_argument("--backend", default="torch",
+                   help="rollout backend: torch, vllm (the gpu extra) or sglang (the sglang extra)")
     p.add_argument("--max-restarts", type=int, default=3, help="actor restarts allowed (default 3)")
     p.add_argument("--deadline", action="append", default=[], metavar="ROLE=SECONDS",
                    help="per-call deadline for rollout or environment calls: a late call is "
@@ -110,8 +111,8 @@ def name_plan(trace, plan, plan_arg: str, trace_path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {args.steps})")
-    if args.backend not in ("torch", "vllm"):
-        raise SpecError(f"--backend: unknown backend {args.backend!r} (expected torch or vllm)")
+    from executors.backends import backend_of  # lazy: with the run (a light module)
+    backend_of(args.backend)  # an unknown one exits 2 before any planning or Ray
     if args.max_restarts < 0:
         raise SpecError(f"--max-restarts: must be >= 0 (got {args.max_restarts})")
     deadlines = parse_deadlines(args.deadline)

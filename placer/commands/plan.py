@@ -1,14 +1,16 @@
 """`placer plan JOB.yaml`: place every role with the ILP; print a table, write the plan.
 
-    placer plan JOB.yaml [-o plan.json] [--json] [--explain] [--sweep] [--time-limit S]
-                         [--calibration F] [--objective time|cost] [--workers N] [--seed S]
+    placer plan JOB.yaml [-o plan.json] [--plot FILE.png] [--json] [--explain] [--sweep]
+                         [--time-limit S] [--calibration F] [--objective time|cost] [--workers N]
+                         [--seed S]
 
 The plan carries `used_usd_per_hour` (its slots' devices) and `booked_usd_per_hour` (every node
 of every pool of the job's cluster) with the cost per sample of each; the summary lists the idle
 nodes of each pool that can be released at the same iteration time.
 `--json` prints the plan JSON (with `--explain`: {"plan": ..., "explain": ...}; with `--sweep`:
 {"frontier": [plan, ...]}, fastest first). `-o` writes the plan atomically (with `--sweep`, the
-frontier document).
+frontier document). `--plot` draws the plan's placement (`placer.plots.placement`: pools, nodes
+and devices coloured by slot) as a PNG, written atomically; it draws one plan, so not with `--sweep`.
 Exit 2 for bad input, 3 for a job that cannot be placed (the message says why).
 """
 from __future__ import annotations
@@ -32,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", metavar="JOB.yaml")
     p.add_argument("-o", "--output", metavar="PLAN.json",
                    help="write the plan here (with --sweep: the frontier document)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw the plan's placement (pools, nodes, devices by slot) as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--explain", action="store_true",
                    help="per-role breakdown, binding constraints, value of one more node per pool")
@@ -74,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from placer.planner import plan_job, sweep_job
 
     check_output(args.output, "--output")  # before the solve, not after it
+    check_plot(args)
     res, calib, cdoc = load_inputs(args)
     if args.sweep:
         plans = sweep_job(res, calib, time_limit_s=args.time_limit, max_points=args.points,
@@ -94,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
         ex = explain(plan, res, calib, time_limit_s=min(args.time_limit, 5.0))
         out, text = {"plan": out, "explain": ex}, render(ex)
     _write(args, plan.to_json())  # -o is always a plan that `simulate`/`execute` read
+    if args.plot:
+        from placer import plots  # matplotlib only when a figure is asked for
+        plots.save(plots.placement(plan), args.plot)
+        note(f"wrote {args.plot}")
     if args.json:
         emit_json(out)
         return 0
@@ -102,6 +111,19 @@ def run(args: argparse.Namespace) -> int:
     if text:
         print(text)
     return 0
+
+
+def check_plot(args: argparse.Namespace) -> None:
+    """`--plot` names a writable `.png` file (the figure is always PNG: another suffix would
+    mislabel it) and draws one plan, which a `--sweep` frontier is not."""
+    if args.plot is None:
+        return
+    if args.sweep:
+        raise SpecError(f"--plot: draws one plan, not a --sweep frontier (got {args.plot!r})")
+    check_output(args.plot, "--plot")
+    if not str(args.plot).lower().endswith(".png"):
+        raise SpecError(f"--plot: the figure is a PNG; the path must end in .png "
+                        f"(got {args.plot!r})")
 
 
 def _write(args: argparse.Namespace, text: str) -> None:

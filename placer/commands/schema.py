@@ -151,7 +151,14 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
                    "source": "config.json"},
                   {"name": "my-mla", "layers": 61, "hidden": 7168, "heads": 128, "kv_heads": 128,
                    "mlp": 18432, "vocab": 129280, "q_lora_rank": 1536, "kv_lora_rank": 512,
-                   "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}],
+                   "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128},
+                  {"name": "my-hybrid", "layers": 64, "hidden": 5120, "heads": 24, "kv_heads": 4,
+                   "head_dim": 256, "mlp": 17408, "vocab": 248320, "qk_norm": True,
+                   "attn_output_gate": True,
+                   "linear_attention": {"every": 4, "key_heads": 16, "value_heads": 48,
+                                        "key_head_dim": 128, "value_head_dim": 128}}],
+    "LinearAttention": [{"every": 4, "key_heads": 16, "value_heads": 48, "key_head_dim": 128,
+                         "value_head_dim": 128, "conv_kernel": 4}],
     "Dataset": [{"path": "data/gsm8k.jsonl", "prompt": "question", "answer": "final"},
                 {"path": "data/apps.parquet", "prompt": "problem", "answer": "tests",
                  "reward": "code", "code": {}}],
@@ -160,7 +167,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
                           "roles": {"actor": {"pool": "h100", "devices": 8, "tp": 2}}}],
     "CurrentRole": [{"pool": "h100", "devices": 8, "tp": 2, "pp": 2, "offload": True}],
     "Pins": [{"actor": {"tp": 2, "dp": 2}, "rollout": {"pool": "h100", "tp": 1}}],
-    "Pin": [{"pool": "h100", "devices": 8, "tp": 2, "pp": 1, "dp": 4, "cp": 1, "ep": 1}],
+    "Pin": [{"pool": "h100", "devices": 8, "tp": 2, "pp": 1, "dp": 4, "cp": 1, "ep": 1, "shard": 2}],
 }
 
 

@@ -8,7 +8,8 @@ verl places roles in Ray *resource pools* counted in GPUs (`nnodes x n_gpus_per_
   * a reward model may get its own pool (`reward.reward_model.enable_resource_pool`).
 Training layouts: FSDP (ZeRO-3 data parallel, `ppo_trainer`) when the actor has TP = PP = 1, else
 Megatron (`ppo_megatron_trainer`, TP and PP sizes). Rollout: vLLM with the plan's TP, its memory
-share as `gpu_memory_utilization` and its concurrency as `max_num_seqs`.
+share as `gpu_memory_utilization` and the engine's `max_num_seqs` the plan was priced with (its
+calibration's admission cap: `placer.admission` admits by free KV up to that many sequences).
 
 What verl cannot express is named in `Export.warnings`: LPU pools, a reference or critic outside
 the actor's pool, colocations other than the hybrid engine's, and device types (verl counts GPUs;
@@ -34,7 +35,7 @@ from placer.interop.common import (
     node_shape,
     refuse_split,
 )
-from placer.planfile import Plan
+from placer.planfile import Plan, calibration_of
 from placer.roles import Role
 from placer.spec import Algorithm, DeviceKind
 
@@ -116,10 +117,14 @@ def _training(plan: Plan, role: Role, key: str) -> dict[str, Any]:
                 f"{key}.megatron.pipeline_model_parallel_size": r.pp,
                 f"{key}.megatron.param_offload": r.offload,
                 f"{key}.megatron.optimizer_offload": r.offload}
-    # FSDP shards over all the role's devices (fsdp_size -1), which is the plan's ZeRO-3
+    # FSDP shards over all the role's devices (fsdp_size -1), which is the plan's ZeRO-3; an
+    # HSDP plan's shard group is verl's fsdp_size (`create_device_mesh`: (ddp, fsdp) mesh)
     fsdp = "fsdp_config" if role is Role.ACTOR else "fsdp"
-    return {f"{key}.{fsdp}.param_offload": r.offload,
-            f"{key}.{fsdp}.optimizer_offload": r.offload}
+    out: dict[str, Any] = {f"{key}.{fsdp}.param_offload": r.offload,
+                           f"{key}.{fsdp}.optimizer_offload": r.offload}
+    if 0 < r.shard < r.dp:
+        out[f"{key}.{fsdp}.fsdp_size"] = r.shard * r.tp * r.cp
+    return out
 
 
 def _reference(plan: Plan, warn: list[str]) -> dict[str, Any]:
@@ -141,8 +146,9 @@ def _rollout(plan: Plan, warn: list[str]) -> dict[str, Any]:
         "actor_rollout_ref.rollout.tensor_model_parallel_size": r.tp,
         "actor_rollout_ref.rollout.gpu_memory_utilization": memory_fraction(plan, Role.ROLLOUT),
     }
-    if r.concurrency:
-        o["actor_rollout_ref.rollout.max_num_seqs"] = r.concurrency
+    dev = plan.resolved().device_of(r.pool)
+    o["actor_rollout_ref.rollout.max_num_seqs"] = int(
+        calibration_of(plan).for_device(dev).max_num_seqs)
     o.update(_own_gpu_pool(plan, Role.ROLLOUT, "actor_rollout_ref.rollout",
                            "generates with vLLM/SGLang", warn))
     return o

@@ -1,0 +1,64 @@
+"""A training framework's forward-only passes (old log-probs, reference, reward, critic values):
+`costmodel.score_time` prices them on the training module's roofline, `device_ceiling(mfu_score)`,
+not at the inference engine's `mfu_prefill` (verl runs them through the actor's FSDP / Megatron
+module, verl/workers/actor/dp_actor.py `compute_log_prob`)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from placer.catalog import shipped_devices, shipped_models
+from placer.costmodel import Efficiency, Parallel, device_ceiling, forward_time, score_time
+
+DEV = shipped_devices()
+M = shipped_models()
+H20, H100, CPU, LPU = DEV["H20"], DEV["H100-SXM"], DEV["cpu-node"], DEV["groq-lpu"]
+QWEN7B = M["Qwen2.5-7B"]  # P_mm = 7,070,619,136 (no input embedding)
+# No half-ridge ramp, no engine step overhead: the pass's FLOPs over its ceiling alone.
+FLAT = replace(Efficiency(), gemm_half_ridge=0.0, step_overhead_s=0.0)
+
+
+def test_default_ceiling_on_an_h20_and_an_h100_by_hand() -> None:
+    # H20: 148 TFLOP/s over 4.0 TB/s = 37 FLOP/byte; 1 / (1/0.60 + 0.0045 * 37) = 0.54550
+    assert FLAT.mfu_score == 0.60
+    assert device_ceiling(FLAT.mfu_score, H20, FLAT) == pytest.approx(0.545504, rel=1e-5)
+    # H100: 989 / 3.35 = 295.22 FLOP/byte; 1 / (1/0.60 + 0.0045 * 295.22) = 0.33387
+    assert device_ceiling(FLAT.mfu_score, H100, FLAT) == pytest.approx(0.333870, rel=1e-5)
+
+
+def test_one_h20_prices_two_flops_per_matmul_parameter_at_the_score_ceiling() -> None:
+    # seq 0 (no attention term): 2 * 7,070,619,136 * 1e6 / (148e12 * 0.545504) = 175.157 s
+    t = score_time(QWEN7B, H20, Parallel(), 1e6, 0.0, FLAT)
+    assert t == pytest.approx(175.157, rel=1e-5)
+    # dp replicas split the tokens: 16 H20 take 1/16 of it (no TP, no collectives in a forward)
+    assert score_time(QWEN7B, H20, Parallel(dp=16), 1e6, 0.0, FLAT) == pytest.approx(
+        175.157 / 16, rel=1e-5)
+
+
+def test_score_pass_against_the_engine_prefill_by_hand() -> None:
+    # Same FLOPs, ceiling 0.54550 against mfu_prefill 0.40: an H20's trainer forward is 1.3638x
+    # faster than its engine prefill; an H100's (0.33387) 0.83468x as fast (its non-GEMM kernels
+    # cost more of its peak).
+    for dev, ratio in ((H20, 1.363760), (H100, 0.834676)):
+        fwd = forward_time(QWEN7B, dev, Parallel(), 1e6, 0.0, FLAT)
+        assert fwd / score_time(QWEN7B, dev, Parallel(), 1e6, 0.0, FLAT) == pytest.approx(
+            ratio, rel=1e-5)
+
+
+def test_score_pass_scales_with_its_own_factor_only() -> None:
+    base = score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0, FLAT)
+    assert score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0,
+                      replace(FLAT, mfu_prefill=0.9)) == base  # the engine's factor is not used
+    # 1 / ceiling is affine in 1 / mfu_score (what `placer.fit` relies on): halving mfu_score
+    # adds 1/0.60 to 1/0.54550 = 1.83317 -> 3.49983, x1.90917
+    slower = score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0, replace(FLAT, mfu_score=0.30))
+    assert slower / base == pytest.approx(3.499833 / 1.833167, rel=1e-5)
+
+
+@pytest.mark.parametrize("dev", [CPU, LPU])
+def test_a_frozen_model_off_the_gpus_keeps_the_engine_forward(dev) -> None:
+    m = M["Llama-2-7B"]
+    par = Parallel(dp=70) if dev is LPU else Parallel()
+    assert score_time(m, dev, par, 1e5, 512.0, Efficiency()) == forward_time(
+        m, dev, par, 1e5, 512.0, Efficiency())
