@@ -12,7 +12,7 @@ TORCH_SPEC ?= $(if $(HAS_GPU),torch==2.13.0,torch==2.13.0+cpu)
 TORCH_INDEX ?=
 EXTRAS := test$(if $(HAS_GPU),$(comma)gpu)
 comma := ,
-FRAMEWORKS := verl==0.9.1 openrlhf==0.11.2
+FRAMEWORKS := verl==0.9.1 openrlhf==0.11.2 sglang==0.5.23
 
 .PHONY: venv sysdeps demo lint test test-all test-fast bench golden clean
 
@@ -34,7 +34,8 @@ $(STAMP): pyproject.toml | sysdeps
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	# verl's and OpenRLHF's own config files and argument parser validate `placer export` in the
-	# tests; their dependencies (CUDA builds, vLLM, DeepSpeed) are not needed to read them.
+	# tests, SGLang's source the sglang backend's API contract (tests/test_exec_sglang_config.py);
+	# their dependencies (CUDA builds, vLLM, DeepSpeed) are not needed to read them.
 	$(PY) -m pip install -q --no-deps $(FRAMEWORKS)
 	touch $(STAMP)
 

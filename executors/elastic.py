@@ -23,7 +23,6 @@ placement groups are not pinned to nodes, only to pools (`pool_<name>` resources
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
@@ -34,7 +33,6 @@ from executors import placement as pl
 from executors.cluster import node_key, node_resources
 from executors.roles import RunConfig
 from executors.runtime import RayRuntime
-from executors.sharding import plan_layout
 from placer.moves import layout, moves
 from placer.planfile import Plan, calibration_of
 from placer.planner import plan_job, with_nodes
@@ -152,8 +150,8 @@ class Elastic:
         fresh = pl.create_groups(new, pinned, skip=set(keep))
         self.groups = {**fresh, **kept_groups}
         t2 = time.monotonic()
-        lay = plan_layout(new)  # new trainers take the new plan's layout
-        self.cfg = dataclasses.replace(self.cfg, actor_layout=(lay.dp, lay.tp, lay.pp))
+        # new trainers and engines take the new plan's layouts (a split rollout's per part)
+        self.cfg = self.cfg.for_plan(new)
         try:
             self.rt = RayRuntime(new, self.cfg, self.groups, pinned, self.backend,
                                  self.max_restarts, reuse=reuse)

@@ -3,7 +3,8 @@
   Trainer      the `actor` role (`executors.trainer`): policy training, one instance per device
                of the plan's layout (FSDP2 over DP, TP via DTensor; `executors.sharding`).
   Rollout      generation with the `torch` backend (sampling loop with a KV cache, in the actor);
-               `executors.vllm_rollout.VllmRollout` is the `vllm` backend with the same methods.
+               `executors.vllm_rollout.VllmRollout` (`vllm`) and `executors.sglang_rollout.
+               SglangRollout` (`sglang`) have the same methods (`executors.backends`).
   Reference    frozen policy copy: log-probs for the KL term.
   RuleReward   the verifier: scores the sandbox's result of each answer (`executors.task`).
   ModelReward  a reward model (Llama backbone + scalar head, frozen).
@@ -31,7 +32,10 @@ from executors import rl
 from executors.model import Codec, ValueModel, codec_for, load_policy
 from executors.reshard import BucketLoading, engine_state
 from executors.sandbox import Limits, Sandbox
+from executors.sharding import plan_layout
 from executors.task import Target, task_of
+from placer.planfile import Plan
+from placer.roles import Role
 from placer.spec import ModelArch
 
 
@@ -79,10 +83,10 @@ class RunConfig:
     threads: int = 1
     delays: tuple[Delay, ...] = ()
     unsafe_sandbox: bool = False  # `--unsafe-sandbox`: run answers even without kernel isolation
-    actor_layout: tuple[int, int, int] = (1, 1, 1)  # the plan's (dp, tp, pp) of the actor role
+    actor_layout: tuple[int, ...] = (1, 1, 1)  # the plan's (dp, tp, pp[, HSDP shard]) of the actor
     mini_batches: int = 1  # optimizer steps per RL step (the job's batch.mini_batches)
     data: dict[str, Any] | None = None  # the job's prompt set (`Dataset`); None: arithmetic
-    rollout_tp: int = 1  # the plan's rollout TP (the vllm backend's tensor_parallel_size)
+    rollout_tp: int = 1  # the plan's rollout TP (vLLM's tensor_parallel_size, SGLang's tp_size)
     max_model_len: int = 128  # the job's longest context, tokens (+1 for BOS)
     rollout_mem_fraction: float = 0.2  # the plan's rollout memory / its device's memory
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
@@ -100,10 +104,43 @@ class RunConfig:
                 return replace(self, rollout_tp=p.tp, rollout_mem_fraction=p.mem_fraction)
         return self
 
+    def for_plan(self, plan: Plan) -> RunConfig:
+        """This run's config on another plan of its job (a re-plan after the cluster changed):
+        the new plan's trainer layout and rollout engines (`plan_settings`)."""
+        return replace(self, **plan_settings(plan))
+
     @property
     def codec(self) -> Codec:
         """The policy's tokenizer (its checkpoint's own, or the character one), once a process."""
         return codec_for(self.model_dir, int(self.arch["vocab"]))
+
+
+def actor_layout(plan: Plan) -> tuple[int, ...]:
+    """The plan's (dp, tp, pp) of the training role, and its HSDP shard group where set."""
+    lay = plan_layout(plan, Role.ACTOR)
+    return (lay.dp, lay.tp, lay.pp) + ((lay.shard,) if lay.hsdp else ())
+
+
+def plan_settings(plan: Plan) -> dict[str, Any]:
+    """The `RunConfig` fields a plan decides: the trainer's layout, and the rollout engine's TP,
+    context length and memory share -- per part when the rollout is split over pools, and no
+    parts when it is not (a re-plan may join a split rollout: `RunConfig.for_plan`)."""
+    res = plan.resolved()
+    r = plan.roles.get(Role.ROLLOUT)
+    out: dict[str, Any] = {"actor_layout": actor_layout(plan), "rollout_parts": (),
+                           "max_model_len": res.job.max_context + 1}  # + BOS
+    if r is not None:
+        out.update(rollout_tp=r.tp,
+                   rollout_mem_fraction=r.memory_gb / res.device_of(r.pool).memory_gb)
+    if r is not None and r.parts:  # split over pools: each part's engines with its own
+        parts, first = [], 0
+        for p in r.parts:
+            parts.append(EnginePart(p.pool, first, p.dp, p.tp,
+                                    p.memory_gb / res.device_of(p.pool).memory_gb))
+            first += p.dp
+        out.update(rollout_parts=tuple(parts), rollout_tp=parts[0].tp,
+                   rollout_mem_fraction=parts[0].mem_fraction)
+    return out
 
 
 def _timing(t0: float, **extra: Any) -> dict[str, Any]:

@@ -19,13 +19,14 @@ from typing import Any
 
 from executors import cluster
 from executors import placement as pl
+from executors.backends import backend_of
 from executors.elastic import Elastic
 from executors.loop import Fault, Loop, LoopConfig, StepStat
 from executors.model import build_policy, save_model_dir, tokenizer_problem
-from executors.roles import Delay, EnginePart, RunConfig
+from executors.roles import Delay, RunConfig, actor_layout, plan_settings
 from executors.runtime import LocalRuntime, RayRuntime, Runtime
 from executors.sandbox import SandboxUnavailable, probe
-from executors.sharding import Layout, check_layout, plan_layout
+from executors.sharding import Layout, check_layout
 from executors.task import task_of
 from placer.errors import SpecError
 from placer.planfile import Plan
@@ -33,7 +34,6 @@ from placer.roles import Role
 from placer.spec import ModelArch
 from traces.schema import Trace
 
-BACKENDS = ("torch", "vllm")
 MAX_PARAMS_CPU = 200_000_000  # random-init models are built in RAM on every worker
 
 
@@ -78,36 +78,10 @@ def run_config(plan: Plan, lr: float | None = None, model_dir: str = "",
                     model_dir=model_dir, seed=job.seed,
                     max_new_tokens=int(job.lengths.response.max_value()),
                     reward_arch=reward.model_dump() if reward is not None else None,
-                    delays=tuple(delays), actor_layout=actor_layout(plan),
-                    mini_batches=job.batch.mini_batches,
+                    delays=tuple(delays), mini_batches=job.batch.mini_batches,
                     data=job.data.model_dump() if job.data is not None else None,
-                    **rollout_engine(plan))
+                    **plan_settings(plan))
     return cfg if lr is None else dataclasses.replace(cfg, lr=lr)
-
-
-def rollout_engine(plan: Plan) -> dict[str, Any]:
-    """The rollout engine's TP, context length and memory share, as the plan and job give them."""
-    res = plan.resolved()
-    r = plan.roles.get(Role.ROLLOUT)
-    out: dict[str, Any] = {"max_model_len": res.job.max_context + 1}  # + BOS
-    if r is not None:
-        out.update(rollout_tp=r.tp,
-                   rollout_mem_fraction=r.memory_gb / res.device_of(r.pool).memory_gb)
-    if r is not None and r.parts:  # split over pools: each part's engines with its own
-        parts, first = [], 0
-        for p in r.parts:
-            parts.append(EnginePart(p.pool, first, p.dp, p.tp,
-                                    p.memory_gb / res.device_of(p.pool).memory_gb))
-            first += p.dp
-        out.update(rollout_parts=tuple(parts), rollout_tp=parts[0].tp,
-                   rollout_mem_fraction=parts[0].mem_fraction)
-    return out
-
-
-def actor_layout(plan: Plan) -> tuple[int, int, int]:
-    """The plan's (dp, tp, pp) of the training role."""
-    lay = plan_layout(plan, Role.ACTOR)
-    return lay.dp, lay.tp, lay.pp
 
 
 def check_layouts(plan: Plan, arch: ModelArch, backend: str = "torch") -> None:
@@ -122,7 +96,7 @@ def check_layouts(plan: Plan, arch: ModelArch, backend: str = "torch") -> None:
                for i, p in enumerate(r.parts)] or [(f"plan.roles.{Role.ROLLOUT}",
                                                     Layout(r.dp, r.tp, r.pp))]
     for where, lay in engines:
-        why = ENGINE_LAYOUTS[backend](lay, arch)
+        why = backend_of(backend).layout_problem(lay, arch)
         if why:
             raise SpecError(f"{where}: layout {lay}: {why}")
     if r.parts:
@@ -130,30 +104,6 @@ def check_layouts(plan: Plan, arch: ModelArch, backend: str = "torch") -> None:
             pl.part_bundles(plan, Role.ROLLOUT)
         except pl.PlacementError as e:
             raise SpecError(f"plan: {e}") from None
-
-
-def _torch_engine(lay: Layout, arch: ModelArch) -> str | None:
-    """The torch backend generates with the whole model in the engine's one process."""
-    if lay.tp > 1 or lay.pp > 1:
-        return ("the torch rollout backend runs each engine whole in one process (tp 1, pp 1); "
-                "plan the rollout with tp 1 and pp 1, or use --backend vllm for tp > 1")
-    return None
-
-
-def _vllm_engine(lay: Layout, arch: ModelArch) -> str | None:
-    """vLLM splits the query heads over TP and shards (or, below TP, replicates) the KV heads;
-    the engine is started without pipeline stages (`executors.vllm_rollout.engine_args`)."""
-    if lay.pp > 1:
-        return "the vllm rollout backend runs no pipeline-parallel engine (pp 1)"
-    if arch.heads % lay.tp or (arch.kv_heads % lay.tp and lay.tp % arch.kv_heads):
-        return (f"vLLM needs tp to divide the model's {arch.heads} query heads and to divide, or "
-                f"be a multiple of, its {arch.kv_heads} KV heads")
-    return None
-
-
-# What each rollout backend can run: None, or why not (backends as `BACKENDS` names them).
-ENGINE_LAYOUTS: dict[str, Callable[[Layout, ModelArch], str | None]] = {
-    "torch": _torch_engine, "vllm": _vllm_engine}
 
 
 def check_sandbox(unsafe: bool) -> None:
@@ -264,8 +214,7 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
     delays     test-only: make a worker's n-th call slow (`executors.roles.Delay`);
     on_step    called at every step boundary with the next step (tests change the cluster there).
     """
-    if backend not in BACKENDS:
-        raise SpecError(f"--backend: unknown backend {backend!r} (expected torch or vllm)")
+    backend_of(backend)  # SpecError (exit 2) for an unknown one
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
     arch = policy_arch(plan)  # the plan's own checks first, then the machine's
@@ -307,6 +256,9 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         pl.check(placement, info.pinned)
         elastic = Elastic(plan, cfg, groups, rt, info.pinned, backend, max_restarts, placement=placement)
     trace.metadata.update(emulated_pools=emulated, cluster=info_text)
+    if address is None:  # embedded: every emulated device's work runs on this host's cores,
+        # which calibration reads as the emulated devices' `host_cores` (placer/fit.py)
+        trace.metadata["host_cores"] = len(os.sched_getaffinity(0))
     setup_s = time.time() - t0
     lc = LoopConfig(steps=steps, out_dir=out, mode=job.pipeline.mode,
                     max_staleness=job.pipeline.max_staleness, checkpoint_every=checkpoint_every,

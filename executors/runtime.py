@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from executors.backends import rollout_class
 from executors.placement import Member, PlacementError, actor_options, assign
-from executors.roles import Critic, EnvWorker, ModelReward, Reference, Rollout, RuleReward, RunConfig
+from executors.roles import Critic, EnvWorker, ModelReward, Reference, RuleReward, RunConfig
 from executors.trainer import Trainer
 from placer.planfile import Plan
 
@@ -88,12 +89,11 @@ def _ran(h: Handle) -> Outcome:
 
 
 def worker_class(role: str, cfg: RunConfig, backend: str) -> type:
-    if role == "rollout" and backend == "vllm":
-        from executors.vllm_rollout import VllmRollout  # lazy: vLLM, the gpu extra
-        return VllmRollout
+    if role == "rollout":  # the backend's engine class (`executors.backends`), imported now
+        return rollout_class(backend)
     if role == "reward":
         return RuleReward if cfg.reward_arch is None else ModelReward
-    return {"actor": Trainer, "rollout": Rollout, "reference": Reference, "critic": Critic,
+    return {"actor": Trainer, "reference": Reference, "critic": Critic,
             "environment": EnvWorker}[role]
 
 

@@ -12,7 +12,9 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       (replicated over `tp`, sharded over `dp` by FSDP); embeddings, norms and the LM head
       too. TP ranks of one DP group see the same samples.
   dp  `fully_shard` (FSDP2) on each decoder layer and the root over the `dp` dim: parameters,
-      gradients and Adam state sharded, gradients reduce-scattered.
+      gradients and Adam state sharded, gradients reduce-scattered. A plan's HSDP `shard`
+      splits the dim into ("rep", "shard") and FSDP2 shards over "shard" and replicates over
+      "rep" (its 2-D mesh; verl's `fsdp_size`).
   pp  pipeline stages (`executors.pipeline`): each stage a contiguous run of the decoder
       layers, TP and FSDP2 as above within it; ranks `(p * dp + d) * tp + t` on a
       ("pp", "dp", "tp") mesh. `check_layout` refuses more stages than layers and PP for a
@@ -38,11 +40,18 @@ from placer.planfile import Plan
 
 @dataclass(frozen=True)
 class Layout:
-    """A role's parallel layout: data-, tensor- and pipeline-parallel degrees."""
+    """A role's parallel layout: data-, tensor- and pipeline-parallel degrees, and the HSDP
+    shard group (`shard` dp ranks; 0: FSDP over all of dp)."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    shard: int = 0
+
+    @property
+    def hsdp(self) -> bool:
+        """Whether the dp ranks form dp / shard replicas of a `shard`-rank FSDP group."""
+        return 0 < self.shard < self.dp
 
     @property
     def world(self) -> int:
@@ -62,16 +71,17 @@ class Layout:
         return self.coords(rank)[1] == 0 and self.stage(rank) == self.pp - 1
 
     def as_dict(self) -> dict[str, int]:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+        out = {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+        return {**out, "shard": self.shard} if self.hsdp else out
 
     def __str__(self) -> str:
-        return f"dp{self.dp} tp{self.tp} pp{self.pp}"
+        return f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" shard{self.shard}" if self.hsdp else "")
 
 
 def plan_layout(plan: Plan, role: str = "actor") -> Layout:
     """A role's layout as the plan gives it."""
     r = plan.roles[role]
-    return Layout(r.dp, r.tp, r.pp)
+    return Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0)
 
 
 def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
@@ -93,13 +103,19 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
 
 
 def build_mesh(layout: Layout) -> Any:
-    """The ("dp", "tp") device mesh over the current process group; ("pp", "dp", "tp") with PP."""
+    """The ("dp", "tp") device mesh over the current process group; ("pp", "dp", "tp") with PP.
+    HSDP splits "dp" into ("rep", "shard"): dp / shard replicas of a shard-rank group (a rank's
+    dp index is rep * shard + its index in the group, as without HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh  # lazy: distributed only
     kind = "cuda" if torch.cuda.is_available() else "cpu"
+    dims: tuple[tuple[str, int], ...] = (("dp", layout.dp),)
+    if layout.hsdp:
+        dims = (("rep", layout.dp // layout.shard), ("shard", layout.shard))
     if layout.pp > 1:
-        return init_device_mesh(kind, (layout.pp, layout.dp, layout.tp),
-                                mesh_dim_names=("pp", "dp", "tp"))
-    return init_device_mesh(kind, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+        dims = (("pp", layout.pp), *dims)
+    dims = (*dims, ("tp", layout.tp))
+    return init_device_mesh(kind, tuple(n for _, n in dims),
+                            mesh_dim_names=tuple(name for name, _ in dims))
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -138,10 +154,13 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
 
 
 def shard(model: nn.Module, mesh: Any) -> nn.Module:
-    """Apply TP over mesh["tp"] then FSDP2 over mesh["dp"], in place; returns the model."""
+    """Apply TP over mesh["tp"] then FSDP2 over mesh["dp"], in place; returns the model. With
+    HSDP, FSDP2 over the 2-D mesh ("rep", "shard"): parameters sharded over "shard" and
+    replicated over "rep", gradients reduce-scattered in the group, then all-reduced across."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed only
     from torch.distributed.tensor.parallel import parallelize_module  # lazy
-    tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+    hsdp = "rep" in (mesh.mesh_dim_names or ())
+    tp_mesh, dp_mesh = mesh["tp"], mesh["rep", "shard"] if hsdp else mesh["dp"]
     # DTensor warns on every 2-D norm and gather that it runs two collectives where one could
     # do; at these sizes that is noise in the run's output, once per parameter per step.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -169,17 +188,40 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stages: Any = None) -> float:
     """Scale gradients so that their global L2 norm is at most `max_norm`; the norm before.
 
-    A DTensor gradient's norm is reduced over its own mesh (`full_tensor`), so TP-sharded and
-    replicated parameters each count once, whatever mesh they live on; with pipeline stages,
-    the squared norms are summed over the stages' group `stages` (each holds its own layers)."""
+    Squared norms are summed locally per class of gradients that share a mesh and placements,
+    then each class's sum is all-reduced over the mesh dims its gradients are sharded on (a
+    replicated dim holds the same values on every rank: not summed): one collective per class
+    and sharded dim, as FSDP2's and torch's `clip_grad_norm_` reduce once, rather than one per
+    parameter, which over gloo costs a round trip each. A gradient placed otherwise (a partial
+    sum; FSDP2's strided shard of a TP shard, whose local pieces do not sum to the whole) is
+    reduced on its own (`full_tensor`); with pipeline stages, the squared norms are then summed
+    over the stages' group `stages` (each holds its own layers)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard  # lazy
     grads = [p.grad for p in params if p.grad is not None]
-    sq = sum(float(_local(g.detach().float().norm())) ** 2 for g in grads)
-    if stages is not None:
+    sq = 0.0
+    classes: dict[tuple[int, tuple[Any, ...]], tuple[Any, list[torch.Tensor]]] = {}
+    for g in grads:
+        g = g.detach()
+        if not isinstance(g, DTensor):
+            sq += float(g.float().norm()) ** 2
+        elif not all(type(pl) in (Shard, Replicate) for pl in g.placements):
+            sq += float(g.full_tensor().float().norm()) ** 2
+        else:
+            key = (id(g.device_mesh), tuple(g.placements))
+            classes.setdefault(key, (g, []))[1].append(g.to_local().float().norm() ** 2)
+    if classes or stages is not None:
         import torch.distributed as dist  # lazy: distributed only
-        t = torch.tensor([sq], dtype=torch.float64,
-                         device="cuda" if torch.cuda.is_available() else "cpu")
-        dist.all_reduce(t, group=stages)
-        sq = float(t)
+        for first, parts in classes.values():  # the same order on every rank (parameter order)
+            t = torch.stack(parts).sum().to(torch.float64).reshape(1)
+            for dim, pl in enumerate(first.placements):
+                if pl.is_shard():
+                    dist.all_reduce(t, group=first.device_mesh.get_group(dim))
+            sq += float(t)
+        if stages is not None:
+            t = torch.tensor([sq], dtype=torch.float64,
+                             device="cuda" if torch.cuda.is_available() else "cpu")
+            dist.all_reduce(t, group=stages)
+            sq = float(t)
     total = math.sqrt(sq)
     scale = max_norm / (total + 1e-6)
     if scale < 1.0:

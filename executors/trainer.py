@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executors import rl
+from executors import collprobe, rl
 from executors.model import load_policy
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.reshard import Bucket, Stream
@@ -269,6 +269,10 @@ class Trainer(Worker):
         if self._stream is None:
             raise RuntimeError(f"trainer rank {self.rank}: sync_bucket before sync_open")
         return self._stream.bucket(k)
+
+    def probe_collectives(self) -> list[dict[str, Any]]:
+        """Time the group's collectives (`executors.collprobe`); every rank calls it."""
+        return collprobe.probe(self.world) if self.world > 1 else []
 
     def weights_info(self) -> tuple[int, int]:
         """(version, bytes) of the weights `weights()` would send."""

@@ -64,7 +64,21 @@ class Training:
             outs = rt.results([rt.call(m, "init_group", addr, port) for m in ranks])
             if not all(o.ok for o in outs):
                 raise RuntimeError(f"trainer process group: {next(o.error for o in outs if not o.ok)}")
+            self.probe_collectives(ranks)
         self.record_layouts()
+
+    def probe_collectives(self, ranks: list[Any]) -> None:
+        """Time the new group's collectives on every rank (`executors.collprobe`): one
+        `collective` event per kind and rank, which calibration fits `coll_base_s` from."""
+        rt = self.ctx.rt
+        outs = rt.results([rt.call(m, "probe_collectives") for m in ranks])
+        if not all(o.ok for o in outs):
+            raise RuntimeError(f"collective probe: {next(o.error for o in outs if not o.ok)}")
+        for m, o in zip(ranks, outs):
+            for p in o.value:
+                self.ctx.event(f"probe {p['collective']}", "collective", p["t0"], p["dur"], m, 0,
+                               policy_version=0, collective=p["collective"], ranks=p["ranks"],
+                               bytes=p["bytes"], calls=p["calls"])
 
     def record_layouts(self) -> None:
         """`metadata.executed_layout`: per role, the layout its workers report running."""
@@ -172,7 +186,8 @@ class Training:
             info, timing = o.value
             ctx.event(f"train {m.role}", "train", timing["t0"], timing["dur"], m, step,
                       policy_version=info.get("version", step + 1), os_pid=timing.get("pid"),
-                      sample_ids=timing["sample_ids"], tokens=timing["tokens"])
+                      sample_ids=timing["sample_ids"], tokens=timing["tokens"],
+                      gathers=int(m.role == Role.ACTOR and len(ranks) > 1))
             ctx.counters.role_s[m.role] += timing["dur"]
         leaders = [o.value for k, o in enumerate(outs[:len(ranks)]) if layout.leads(k)]
         ctx.optimizer_steps += leaders[0][0]["optimizer_steps"]

@@ -4,14 +4,15 @@ Version v is the number of optimizer steps so far. A refresh streams the weights
 trainer's senders (each pipeline stage's first rank when bucketed, rank 0 otherwise) in buckets
 of the plan's `sync_bucket_gb` to every rollout engine of every part (`executors.reshard`): one
 call per bucket and engine, through Ray's object store (the driver passes each bucket's
-reference on; it never holds the tensors). Each engine's `weight sync` trace event carries the
-bytes it received, the calls per sender (`calls`), the senders, and its node (`dst`
-pool:node); its time runs from the refresh's start to the engine's last bucket loaded, as
-`placer.fit_events` prices it (`costmodel.transfer_time`: the wire, `sync_latency_s`, and
-`sync_call_s` per further call). The context's `known` records the version each rollout
-worker holds, so a worker that has v is skipped; one still busy with an abandoned straggler
-call is synced later (`known` None), and one that died while loading re-syncs before its next
-work.
+reference on; it never holds the tensors). The bucket size is each engine's own device's: the
+parts of a split rollout on different device types each get a stream of their own. Each
+engine's `weight sync` trace event carries the bytes it received, the calls per sender
+(`calls`), the senders, and its node (`dst` pool:node); its time runs from the refresh's start
+to the engine's last bucket loaded, as `placer.fit_events` prices it
+(`costmodel.transfer_time`: the wire, `sync_latency_s`, and `sync_call_s` per further call).
+The context's `known` records the version each rollout worker holds, so a worker that has v is
+skipped; one still busy with an abandoned straggler call is synced later (`known` None), and one
+that died while loading re-syncs before its next work.
 """
 from __future__ import annotations
 
@@ -27,14 +28,25 @@ from placer.planfile import Plan, calibration_of
 from placer.roles import Role
 
 
-def bucket_bytes(plan: Plan) -> int:
-    """The refresh's bucket size in bytes: the plan's `sync_bucket_gb` for the rollout's device
-    (the factor `placer.timing.sync_calls` prices with; 0: a call per tensor)."""
+def bucket_bytes(plan: Plan, pool: str | None = None) -> int:
+    """The refresh's bucket size in bytes for engines on `pool` (default: the rollout's pool):
+    the plan's `sync_bucket_gb` for that pool's device, as `placer.timing.sync_time` prices
+    each part of a split rollout with its own device's (0: a call per tensor)."""
     rollout = plan.roles.get(Role.ROLLOUT)
     if rollout is None:
         return 0
-    eff = calibration_of(plan).for_device(plan.resolved().device_of(rollout.pool))
+    dev = plan.resolved().device_of(pool if pool is not None else rollout.pool)
+    eff = calibration_of(plan).for_device(dev)
     return max(int(eff.sync_bucket_gb * GB), 1) if eff.sync_bucket_gb > 0 else 0
+
+
+def by_bucket(plan: Plan, targets: list[Member]) -> dict[int, list[Member]]:
+    """The targets grouped by their bucket size (each engine's own pool's device: the parts of
+    a split rollout may differ), in first-seen order."""
+    out: dict[int, list[Member]] = {}
+    for m in targets:
+        out.setdefault(bucket_bytes(plan, m.bundle.pool), []).append(m)
+    return out
 
 
 class WeightSync:
@@ -64,7 +76,10 @@ class WeightSync:
         ctx.synced = version
         if not targets:
             return int(version)
-        outs = self._stream(targets, int(version))
+        # one stream per bucket size: a split rollout's parts each get their device's buckets
+        groups = by_bucket(ctx.plan, targets)
+        outs = [o for size, ms in groups.items() for o in self._stream(ms, int(version), size)]
+        targets = [m for ms in groups.values() for m in ms]
         failed = []
         for m, (err, got) in zip(targets, outs):
             if err is not None:  # a rollout worker died while loading: it re-syncs first
@@ -86,12 +101,13 @@ class WeightSync:
         ctx.synced = version
         return int(version)
 
-    def _stream(self, targets: list[Member], version: int
+    def _stream(self, targets: list[Member], version: int, size: int
                 ) -> list[tuple[str | None, dict[str, Any]]]:
-        """One refresh (`executors.reshard`): every sender's buckets, in order, to every target;
-        per target (error or None, {end, bytes, calls, senders, src})."""
+        """One refresh (`executors.reshard`): every sender's buckets of `size` bytes, in order,
+        to every target; per target (error or None, {end, bytes, calls, senders, src}). The
+        trainer holds one open stream per sender: a second refresh opens after the first's
+        bucket calls, which its actor runs first (an actor runs its calls in order)."""
         ctx, rt = self.ctx, self.ctx.rt
-        size = bucket_bytes(ctx.plan)
         actors = {m.rank: m for m in ctx.by_role[Role.ACTOR]}
         ranks = self._trainer_call(actors[min(actors)], "sync_senders", size > 0)
         senders = [actors[r] for r in ranks]

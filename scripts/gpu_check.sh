@@ -1,26 +1,75 @@
 #!/usr/bin/env bash
-# GPU check for the executor's vllm backend (run on a machine with a CUDA GPU; a few minutes).
-# Installs the gpu extra when vllm is missing, runs tests/test_exec_vllm.py (the engine in its Ray
-# actor with the plan's TP, the job's max_model_len and the plan's memory share; real log-probs)
-# and tests/test_exec_vllm_config.py (those settings, and missing log-probs refused), and prints
-# the figures line (tokens/s of the engine, mean weight-update time through collective_rpc ->
-# model.load_weights). If the default attention backend rejects the tiny model's head size (16),
-# it retries once with vLLM's Triton attention backend.
+# GPU check for the executor's two engine backends (run on a machine with a CUDA GPU; minutes).
+#
+# vllm    in .venv (the gpu extra, installed when vllm is missing): tests/test_exec_vllm.py (the
+#         engine in its Ray actor with the plan's TP, the job's max_model_len and the plan's
+#         memory share; real log-probs) and tests/test_exec_vllm_config.py; prints VLLM_FIGURES
+#         (tokens/s, mean weight-update time through collective_rpc -> model.load_weights). If the
+#         default attention backend rejects the tiny model's head size (16), it retries once
+#         with vLLM's Triton attention backend.
+# sglang  in .venv-sglang (the sglang extra, made when SGLang is missing): SGLang 0.5.23 pins
+#         torch 2.14.1 and flashinfer 0.7.2, vLLM's torch-2.13 releases torch 2.13.0 and
+#         flashinfer 0.7.0.post1, so the two engines cannot share one environment.
+#         tests/test_exec_sglang.py (log-probs against the Hugging Face model, an in-place update
+#         in buckets, a GRPO run on Ray) and tests/test_exec_sglang_config.py; prints
+#         SGLANG_FIGURES (engine tokens/s, in-place update time, the run's tokens/s and sync time).
+# Exit 0 only when both pass. ONLY=vllm or ONLY=sglang runs one of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
+SGVENV=${SGVENV:-.venv-sglang}
+ONLY=${ONLY:-}
 export RAY_USAGE_STATS_ENABLED=0
 nvidia-smi -L || { echo "gpu_check: no GPU visible"; exit 1; }
-if ! "$PY" -c "import vllm" 2>/dev/null; then
-  echo "gpu_check: installing the gpu extra (vllm)"
-  "$PY" -m pip install -q -e ".[gpu,test]" || { echo "gpu_check: pip install failed"; exit 1; }
-fi
-"$PY" -c "import torch, vllm; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'vllm', vllm.__version__)"
-run() { timeout 420 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_exec_vllm.py tests/test_exec_vllm_config.py 2>&1 | tee /tmp/gpu_check.log | grep -E "VLLM_FIGURES|passed|failed|skipped|Error" ; }
-run
-if ! grep -q "5 passed" /tmp/gpu_check.log; then
-  echo "gpu_check: retrying with VLLM_ATTENTION_BACKEND=TRITON_ATTN"
-  VLLM_ATTENTION_BACKEND=TRITON_ATTN run
-fi
-grep -q "5 passed" /tmp/gpu_check.log && echo "gpu_check: OK" || { echo "gpu_check: FAILED (log: /tmp/gpu_check.log)"; tail -40 /tmp/gpu_check.log; exit 1; }
+status=0
+
+tests() {  # python, log, files...: the tests' summary and figure lines
+  local py=$1 log=$2; shift 2
+  timeout 540 "$py" -m pytest -q -s -p no:cacheprovider "$@" 2>&1 | tee "$log" \
+    | grep -E "VLLM_FIGURES|SGLANG_FIGURES|passed|failed|skipped|Error"
+}
+
+all_passed() {  # log: pytest's summary says passed, and nothing failed, errored or was skipped
+  tail -1 "$1" | grep -qE "[0-9]+ passed" && ! tail -1 "$1" | grep -qE "failed|error|skipped"
+}
+
+check_vllm() {
+  if ! "$PY" -c "import vllm" 2>/dev/null; then
+    echo "gpu_check: installing the gpu extra (vllm)"
+    "$PY" -m pip install -q -e ".[gpu,test]" || { echo "gpu_check: pip install failed"; return 1; }
+  fi
+  "$PY" -c "import torch, vllm; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'vllm', vllm.__version__)"
+  local files=(tests/test_exec_vllm.py tests/test_exec_vllm_config.py)
+  tests "$PY" /tmp/gpu_check_vllm.log "${files[@]}"
+  if ! all_passed /tmp/gpu_check_vllm.log; then
+    echo "gpu_check: retrying with VLLM_ATTENTION_BACKEND=TRITON_ATTN"
+    VLLM_ATTENTION_BACKEND=TRITON_ATTN tests "$PY" /tmp/gpu_check_vllm.log "${files[@]}"
+  fi
+  all_passed /tmp/gpu_check_vllm.log
+}
+
+check_sglang() {
+  local sp="$SGVENV/bin/python"
+  if ! "$sp" -c "import sglang.srt.entrypoints.engine" 2>/dev/null; then
+    echo "gpu_check: installing the sglang extra in $SGVENV"
+    [ -x "$sp" ] || python3 -m venv "$SGVENV" || { echo "gpu_check: venv failed"; return 1; }
+    "$sp" -m pip install -q -e ".[sglang,test]" || { echo "gpu_check: pip install failed"; return 1; }
+  fi
+  "$sp" -c "import torch, sglang; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'sglang', sglang.__version__)"
+  tests "$sp" /tmp/gpu_check_sglang.log tests/test_exec_sglang.py tests/test_exec_sglang_config.py
+  all_passed /tmp/gpu_check_sglang.log
+}
+
+for engine in vllm sglang; do
+  [ -n "$ONLY" ] && [ "$ONLY" != "$engine" ] && continue
+  if "check_$engine"; then
+    echo "gpu_check: $engine OK"
+  else
+    echo "gpu_check: $engine FAILED (log: /tmp/gpu_check_$engine.log)"
+    tail -40 "/tmp/gpu_check_$engine.log" 2>/dev/null
+    status=1
+  fi
+done
+[ "$status" = 0 ] && echo "gpu_check: OK" || echo "gpu_check: FAILED"
+exit "$status"

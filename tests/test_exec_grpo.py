@@ -51,7 +51,7 @@ def test_trace_has_every_kind_of_event(result, tmp_path) -> None:
     assert set(tr.metadata["emulated_pools"]) == {"gpu", "lpu"}
     cats = {e.cat for e in tr.events}
     assert {"step", "stage", "generate", "transfer", "tool", "reward", "forward", "train",
-            "checkpoint"} <= cats
+            "checkpoint", "collective"} <= cats  # the dp-2 trainers' collective probe
     samples = 8 * 4
     assert len(tr.of("tool")) == samples * STEPS  # one event per tool call
     for e in tr.events:

@@ -20,13 +20,23 @@ node is declared dead in seconds.
                            nodes) and continues from a checkpoint of the step before, losing none.
 The default test covers node loss (one cluster, one short run); the join run doubles the
 rebuild cost, so it is `slow` (excluded by `make test-fast`).
+
+A split rollout (tests/test_exec_split.py's plan: part 0 on an emulated 2-chip LPU node, part 1
+on a second GPU pool) loses its LPU node before step 1: the re-plan joins the rollout on the
+GPU pool left, the split slot's engines are rebuilt (none is reused by its old rank), the
+trainer's unchanged slot keeps its actors, and every rebuilt engine gets the weights in its own
+device's buckets and generates the step's samples.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 from exec_util import hand_plan, job_dict
+from test_exec_split import split_plan
 
 from executors.localcluster import Change, run_with_changes
+from executors.weights import bucket_bytes
 from placer.costmodel import Parallel
 from traces.schema import read_trace
 
@@ -144,3 +154,67 @@ def test_joined_node_is_used(joined) -> None:
     assert all(row["on_plan_node"] and row["in_bundle"] for row in r.placement)
     # the CPU slot grew and was rebuilt; the GPU slot did not change: its actors were kept
     assert joined["kept"] == ["actor0", "reference0"]
+
+
+# ------------------------------------------------------------------ node loss with a split rollout
+SPLIT_LOSE_AT = 1
+
+
+@pytest.fixture(scope="module")
+def lost(tmp_path_factory):
+    """The split plan on its multi-node Ray; the LPU node (part 0's two engines) dies before
+    step 1: the loop re-plans on the alive nodes (the planner joins the rollout on the GPU
+    pool that is left) and rebuilds."""
+    plan = split_plan()
+    run = run_with_changes(plan, SPLIT_LOSE_AT + 1, tmp_path_factory.mktemp("split-loss"),
+                           [Change(SPLIT_LOSE_AT, "lose", "lpu", 0)], checkpoint_every=1)
+    return plan, run.result
+
+
+def _pids(result, cat: str, tid: str, before: bool, step: int) -> set[int]:
+    return {e.args["os_pid"] for e in result.trace.of(cat)
+            if e.tid == tid and (e.args["step"] < step) == before}
+
+
+def test_node_loss_under_a_split_rollout_replans_and_finishes(lost) -> None:
+    plan, r = lost
+    assert [s.step for s in r.stats] == [0, 1] and r.ledger_ok, r.ledger_problems
+    (rec,) = r.recoveries
+    assert rec["nodes"]["lpu"] == 0 and rec["resumed_from"] == rec["step"] - 1
+    assert any(m.startswith("rollout: lpu tp1 pp1 dp2 + gpu2 tp1 pp1 dp1 -> ")
+               for m in rec["moves"]), rec["moves"]
+    # every actor of the rebuilt world is where the new plan puts it; none on the lost node
+    assert all(row["in_bundle"] for row in r.placement) and r.placement
+    assert "lpu" not in {row["pool"] for row in r.placement}
+    gens = r.trace.of("generate")
+    before = {e.pid.split(":")[0] for e in gens if e.args["step"] < rec["step"]}
+    assert before == {"lpu", "gpu2"}  # both parts generated before the loss
+    engines = {f"rollout{row['rank']}": row["pool"] for row in r.placement
+               if row["role"] == "rollout"}
+    (restart,) = [e for e in r.trace.of("restart") if e.name == "restart cluster"]
+    rebuilt = [e for e in r.trace.events if e.ts_s >= restart.ts_s]  # the failed try's are older
+    gens = [e for e in rebuilt if e.cat == "generate"]
+    for step in range(rec["step"], SPLIT_LOSE_AT + 1):  # after it: the new plan's engines, all samples
+        mine = [e for e in gens if e.args["step"] == step]
+        assert {e.tid for e in mine} <= set(engines)
+        assert all(e.pid.split(":")[0] == engines[e.tid] for e in mine)
+        assert sum(len(e.args["sample_ids"]) for e in mine) == plan.spec.batch.samples
+        syncs = [e for e in rebuilt if e.name == "weight sync" and e.args["step"] == step]
+        assert {e.tid for e in syncs} == set(engines)  # every rebuilt engine got the weights
+        assert all(e.args["calls"] == math.ceil(e.args["bytes"] / size) for e in syncs
+                   if (size := bucket_bytes(plan, engines[e.tid])) > 0)
+
+
+def test_kept_actors_keep_their_processes_and_split_engines_are_rebuilt(lost) -> None:
+    """Actors are reused by (role, rank) only from slots the new plan keeps: the split slot
+    changed, so no rollout engine is reused (rank 2 on gpu2 is another engine now); a kept
+    actor answers from the process it had."""
+    _, r = lost
+    (rec,) = r.recoveries
+    assert not any(k.startswith("rollout") for k in rec["kept"]), rec["kept"]
+    assert "actor0" in rec["kept"], rec["kept"]  # the trainer's slot did not change
+    assert _pids(r, "train", "actor0", True, rec["step"]) == \
+        _pids(r, "train", "actor0", False, rec["step"])
+    old = {p for k in range(3) for p in _pids(r, "generate", f"rollout{k}", True, rec["step"])}
+    new = {p for k in range(3) for p in _pids(r, "generate", f"rollout{k}", False, rec["step"])}
+    assert old and new and old.isdisjoint(new)

@@ -5,13 +5,13 @@ Pipeline stages: tests/test_exec_pipeline.py."""
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from gloo_world import SPAWN, run_world
 
 from executors import rl
 from executors.checkpoints import build_checkpoint
@@ -62,17 +62,8 @@ def one_process(cfg: RunConfig, accumulate: int = 1) -> tuple[dict[str, torch.Te
     return tr.weights(), info
 
 
-def _rank(rank: int, cfg: RunConfig, q_addr: Any, q_out: Any, out: str) -> None:
-    torch.set_num_threads(1)
+def _train_one_step(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: str) -> None:
     layout = Layout(*cfg.actor_layout)
-    tr = Trainer(cfg, rank, layout.world)
-    if rank == 0:
-        addr = tr.rendezvous()
-        for _ in range(layout.world - 1):
-            q_addr.put(addr)
-    else:
-        addr = q_addr.get(timeout=120)
-    tr.init_group(*addr)
     s, adv = batch(1)
     info, timing = tr.train(partition(s, adv, None, layout, cfg.mini_batches,
                                       cfg.accumulate)[rank])
@@ -85,17 +76,12 @@ def _rank(rank: int, cfg: RunConfig, q_addr: Any, q_out: Any, out: str) -> None:
 def distributed(cfg: RunConfig, tmp: Path) -> tuple[dict[str, torch.Tensor], list]:
     """Train one step on `cfg.actor_layout`'s world of gloo processes: rank 0's full weights
     and, per rank, (rank, info, sample ids, executed layout)."""
-    ctx = mp.get_context("spawn")
-    q_addr, q_out = ctx.Queue(), ctx.Queue()
+    q_out = SPAWN.Queue()
     out = tmp / "w.pt"
+    run_world(_train_one_step, cfg, cfg, q_out, str(out))
     world = Layout(*cfg.actor_layout).world
-    procs = [ctx.Process(target=_rank, args=(r, cfg, q_addr, q_out, str(out))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return torch.load(out), sorted((q_out.get(timeout=5) for _ in procs), key=lambda x: x[0])
+    return torch.load(out), sorted((q_out.get(timeout=5) for _ in range(world)),
+                                   key=lambda x: x[0])
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])

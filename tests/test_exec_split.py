@@ -11,6 +11,8 @@ run without Ray.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import yaml
 from exec_util import GRPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict, spread_lengths
@@ -21,6 +23,7 @@ from executors.loop import Loop, LoopConfig
 from executors.run import check_layouts, execute, policy_arch, run_config
 from executors.runtime import worker_args
 from executors.vllm_rollout import engine_args
+from executors.weights import bucket_bytes
 from placer.costmodel import Parallel
 from placer.errors import SpecError
 from placer.planfile import save_plan
@@ -116,6 +119,41 @@ def test_a_trajectory_stays_on_its_part_over_turns(tmp_path) -> None:
     assert max(e.args["round"] for e in gens) >= 1 and all(len(p) == 1 for p in parts.values())
 
 
+def test_each_part_syncs_in_its_own_devices_buckets(tmp_path) -> None:
+    """The parts' device types take different bucket sizes here (emu-lpu 10 kB, emu-gpu 40 kB):
+    each engine's refresh is cut in its own device's buckets, as `timing.sync_time` prices each
+    part, and every engine still receives the whole model."""
+    plan = split_plan()
+    plan = plan.model_copy(update={"calibration": {
+        "default": {"sync_bucket_gb": 1e-5}, "devices": {"emu-gpu": {"sync_bucket_gb": 4e-5}}}})
+    sizes = {q.pool: bucket_bytes(plan, q.pool) for q in plan.roles["rollout"].parts}
+    assert sizes == {"lpu": 10_000, "gpu2": 40_000}
+    spread_lengths(plan, tmp_path)
+    cfg = run_config(plan, model_dir=str(tmp_path / "model-v0"))
+    loop = Loop(plan, VirtualRuntime(plan, cfg, {}), cfg, LoopConfig(steps=1, out_dir=tmp_path),
+                Trace())
+    loop.sync_weights(0)
+    syncs = [e for e in loop.trace.events if e.name == "weight sync"]
+    assert sorted(e.tid for e in syncs) == ["rollout0", "rollout1", "rollout2"]
+    nbytes = syncs[0].args["bytes"]
+    for e in syncs:
+        pool = e.args["dst"].split(":")[0]
+        assert e.args["bytes"] == nbytes and e.args["calls"] == math.ceil(nbytes / sizes[pool])
+    assert len({e.args["calls"] for e in syncs}) == 2
+
+
+def test_a_rebuilt_run_config_takes_the_new_plans_engines() -> None:
+    """A re-plan may join a split rollout (or split a joined one): the rebuilt actors' config is
+    the new plan's -- no stale parts, each engine's TP and memory share from the new plan."""
+    split = split_plan()
+    joined = hand_plan({**LAYOUT, "rollout": ("gpu2", Parallel(dp=2), "gen")},
+                       job_dict(cluster={"pools": POOLS}))
+    for old, new in ((split, joined), (joined, split)):
+        cfg = run_config(old, model_dir="/m").for_plan(new)
+        assert cfg == run_config(new, model_dir="/m")
+    assert run_config(split).for_plan(joined).rollout_parts == ()
+
+
 # ------------------------------------------------------------------ on a multi-node Ray
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -189,3 +227,4 @@ def test_executed_layout_lists_the_parts(run) -> None:
     assert result.trace.metadata["executed_layout"]["rollout"] == {"parts": [
         {"pool": "lpu", "dp": 2, "tp": 1, "pp": 1}, {"pool": "gpu2", "dp": 1, "tp": 1, "pp": 1}]}
     assert len(result.stats) == STEPS
+

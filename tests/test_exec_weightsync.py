@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from gloo_world import run_world
 from test_exec_sharding import ARCH, config
 
 from executors.model import build_policy, load_policy, save_model_dir
@@ -138,17 +138,8 @@ def test_buckets_rebuild_every_tensor_in_any_order_and_count_as_priced() -> None
 
 
 # ----------------------------------------------------------------------------- on gloo
-def _rank(rank: int, cfg: RunConfig, q_addr: Any, out: str) -> None:
-    torch.set_num_threads(1)
+def _stream_every_size(rank: int, tr: Trainer, cfg: RunConfig, out: str) -> None:
     layout = Layout(*cfg.actor_layout)
-    tr = Trainer(cfg, rank, layout.world)
-    if rank == 0:
-        addr = tr.rendezvous()
-        for _ in range(layout.world - 1):
-            q_addr.put(addr)
-    else:
-        addr = q_addr.get(timeout=120)
-    tr.init_group(*addr)
     for size in SIZES:
         senders = tr.sync_senders(size > 0)
         if rank in senders:
@@ -183,15 +174,7 @@ def _dtensor_shards(model_dir: str, tp: int) -> dict[str, torch.Tensor]:
 
 
 def _run(cfg: RunConfig, tmp: Path) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    world = Layout(*cfg.actor_layout).world
-    procs = [ctx.Process(target=_rank, args=(r, cfg, q, str(tmp))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    run_world(_stream_every_size, cfg, cfg, str(tmp))
 
 
 @pytest.mark.parametrize("layout", [(2, 1, 1), (1, 2, 1), (1, 1, 2)], ids=["dp2", "tp2", "pp2"])

@@ -88,6 +88,28 @@ def test_measured_side_reads_the_executor_format(plan):
     assert roles["actor"] == pytest.approx(0.09)
 
 
+def test_dispatch_is_not_weight_sync(plan):
+    """The single controller's batch dispatch (the simulator's `<role> dispatch`, an unsized
+    transfer) is its own row; a role's onload stays the role's; `sync` is the weight push only."""
+    tr = executed(plan)
+    tr.add("actor dispatch", "transfer", 0.30, 0.03, "gpu", "train", step=1, role="actor",
+           policy_version=1)
+    tr.add("actor dispatch", "transfer", 0.40, 0.02, "gpu", "train", step=1, role="actor",
+           policy_version=1)  # score and train passes on one slot: they add up
+    tr.add("reference dispatch", "transfer", 0.30, 0.04, "lpu", "ref", step=1,
+           role="reference", policy_version=1)  # another slot: side by side
+    tr.add("onload", "transfer", 0.35, 0.004, "lpu:0", "reference0", step=1, role="reference")
+    roles = role_times(tr)[1]
+    assert roles["sync"] == pytest.approx(0.002)  # the weight pushes alone
+    assert roles["dispatch"] == pytest.approx(0.05)
+    assert roles["reference"] == pytest.approx(0.01 + 0.004)
+    assert roles["actor"] == pytest.approx(0.09)
+    # a simulated run: every transfer of the simulator's trace lands in its row
+    sim_roles = role_times(fidelity(plan, executed(plan))[1].trace)
+    for step, names in sim_roles.items():
+        assert "sync" in names and "dispatch" in names, (step, names)
+
+
 def test_report_lines_up_steps_and_is_json(plan):
     rep, sim = fidelity(plan, executed(plan))
     assert sorted(rep.steps) == [0, 1, 2] and rep.steady == [1, 2]
@@ -127,7 +149,7 @@ def test_stage_calibration_matches_the_stages_it_fits(plan):
     env_score = s["score"].simulated + (s["environment"].simulated if "environment" in s else 0)
     assert env_score == pytest.approx(ENV + SCORE, rel=0.01)
     assert s["train"].simulated == pytest.approx(TRAIN + OTHER, rel=0.01)  # "other" goes here
-    assert set(doc["fit"]["stages"]) == {"emu-gpu.sync_latency_s", "laptop-cpu.rule_reward_s",
+    assert set(doc["fit"]["stages"]) == {"emu-gpu.sync_latency_s", "laptop-cpu.sandbox_batch_s",
                                          "emu-gpu.train_overhead_s"}
 
 
@@ -190,7 +212,9 @@ def test_cli_json_and_bad_input(plan, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["-m", "workflows.demo", "--steps", "2"],
-                                  ["-m", "workflows.fidelity_heldout", "--out", "{tmp}", "--reuse"]])
+                                  ["-m", "workflows.fidelity_heldout", "--out", "{tmp}", "--reuse"],
+                                  ["-m", "workflows.fidelity_heldout", "--out", "{tmp}",
+                                   "--runs", "tp 2,tp 3"]])
 def test_entry_points_refuse_bad_arguments(argv, tmp_path):
     """`make demo` and the held-out table say what is wrong in one line (exit 2)."""
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]

@@ -14,7 +14,9 @@ model and the simulator, not the luck of the draw. It reports:
             steps. "other" is the measured step time no stage covers (driver work between
             stages, checkpoints); the simulator has no such time, so it is pure model error;
   roles     each role's busy time per step (per worker the sum of its events, the slowest worker
-            of the role counts, as the stage waits for it); weight pushes count as `sync`; the
+            of the role counts, as the stage waits for it); weight pushes count as `sync`, the
+            single controller's batch dispatch before each pass (the simulator's `<role>
+            dispatch`; the executor times it inside no event) as `dispatch`; the
             executed environment's time is its stage gap (below), or when it runs inside the
             score stage, that stage less the reward's events; with a rule reward, reward and
             environment are one entry, as the cost model prices the sandboxed check as reward;
@@ -167,8 +169,24 @@ def measured_stages(trace: Trace, spans: dict[int, tuple[float, float]]
     return out
 
 
+DISPATCH = " dispatch"  # the single controller's batch shipment: `<role> dispatch` (simulator)
+
+
+def transfer_row(ev: TraceEvent) -> str:
+    """The row a transfer event counts in: `sync` for a weight push (`weight sync`, or any sized
+    copy: bytes or gb, what `placer.fit_events` prices as one), `dispatch` for the driver's
+    shipment of a pass's batch (`<role> dispatch`: unsized, host-side, not the rollout's), else
+    (an onload: the role's own state back on its devices) the event's role."""
+    if ev.name == "weight sync" or "bytes" in ev.args or "gb" in ev.args:
+        return "sync"
+    if ev.name.endswith(DISPATCH):
+        return "dispatch"
+    return str(ev.fields.role)
+
+
 def role_times(trace: Trace) -> dict[int, dict[str, float]]:
-    """Per step and role: the slowest worker's summed event time (weight pushes as `sync`)."""
+    """Per step and role: the slowest worker's summed event time (weight pushes as `sync`, the
+    driver's batch dispatches as `dispatch`: `transfer_row`)."""
     per: dict[tuple[int, str, str], float] = defaultdict(float)
     for ev in trace.events:
         role, step = ev.fields.role, ev.fields.step
@@ -176,7 +194,7 @@ def role_times(trace: Trace) -> dict[int, dict[str, float]]:
             continue
         if ev.cat in ("checkpoint", "failure", "restart"):
             continue
-        name = "sync" if ev.cat == "transfer" else str(role)
+        name = transfer_row(ev) if ev.cat == "transfer" else str(role)
         # the simulator draws every replica's weight push on one lane; they run side by side
         lane = f"{ev.pid}/{ev.tid}/{ev.fields.replica if ev.fields.replica is not None else ''}"
         per[(step, name, lane)] += ev.dur_s

@@ -4,6 +4,7 @@
                                          [--job examples/tiny-cpu.yaml]
                                          [--moe-job examples/tiny-moe.yaml]
     python -m workflows.fidelity_heldout --out out/heldout --reuse     # recompute from saved traces
+    python -m workflows.fidelity_heldout --out out/h --runs 'tp 2,moe'  # base and these only
 
 Runs (on the job's own cluster, one embedded Ray for all of them but the `moe` run's, whose
 cluster differs; a fresh Ray's first run is a short warm-up of the next plan, not used):
@@ -213,7 +214,7 @@ def format_table(rows: list[Row]) -> str:
 
 def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
                 note: Callable[[str], None], moe_job: str | Path | None = MOE_JOB,
-                warmup: int = 1) -> list[Row]:
+                warmup: int = 1, only: list[str] | None = None) -> list[Row]:
     if reuse:
         found = {p.parent.name.replace("_", " "): p for p in out.glob("*/plan.json")}
         order = [n for n in WHAT if n in found] + sorted(set(found) - set(WHAT))
@@ -223,6 +224,8 @@ def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
         traces = {n: read_trace(out / n.replace(" ", "_") / "trace.json") for n in plans}
     else:
         plans = variant_plans(job, moe_job)
+        if only:  # a subset: the base run always (it calibrates), then the named runs
+            plans = {n: p for n, p in plans.items() if n == "base" or n in only}
         traces = {}
         for name, plan in plans.items():
             note(f"executing {name} ({WHAT.get(name, '')}): {steps} steps")
@@ -248,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                          "step 0; on a loaded machine the warm-up lasts longer)")
     ap.add_argument("--moe-job", default=str(MOE_JOB),
                     help="the MoE job of the `moe` run (default tiny-moe); 'none': no such run")
+    ap.add_argument("--runs", default="",
+                    help="comma-separated runs to execute besides base (e.g. 'tp 2,moe'); "
+                         "default: all of them")
     ap.add_argument("--reuse", action="store_true",
                     help="recompute the table from the traces already under --out")
     args = ap.parse_args(argv)
@@ -262,8 +268,12 @@ def main(argv: list[str] | None = None) -> int:
             raise SpecError(f"--warmup: must be at least 1 and below --steps ({args.steps}) "
                             f"(got {args.warmup})")
         moe = None if args.moe_job == "none" else args.moe_job
+        only = [r.strip() for r in args.runs.split(",") if r.strip()] or None
+        unknown = sorted(set(only or ()) - set(WHAT))
+        if unknown:
+            raise SpecError(f"--runs: {unknown[0]!r}: no such run (runs: {', '.join(WHAT)})")
         rows = run_heldout(Path(args.out), args.steps, args.job, args.reuse, note, moe,
-                           args.warmup)
+                           args.warmup, only)
     except SpecError as e:
         print(f"workflows.fidelity_heldout: error: {e}", file=sys.stderr)
         return 2

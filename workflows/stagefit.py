@@ -13,8 +13,12 @@ factors price that time; each is fitted on the stage it drives (mean over the st
   tool_overhead_s  (environment's CPU)   the rollout stage of a multi-turn job: a tool call's
                                          cost beyond its own run; single-turn jobs make no tool
                                          calls and leave it as it is
-  rule_reward_s    (reward's CPU)        environment + score stages: the sandboxed check of
-                                         every answer, priced per sample
+  sandbox_batch_s  (reward's CPU)        environment + score stages: what the reward's
+  or rule_reward_s                       events leave of them (the start of each sandbox, the
+                                         driver's work around the check); `sandbox_batch_s`
+                                         for a job whose answers run in a sandbox, else the
+                                         in-process check's `rule_reward_s`
+                                         (`placer.rulecheck`: the kinds are fitted apart)
   train_overhead_s (actor device)        train + "other": the optimizer step plus the driver's
                                          work and the checkpoint after it
 
@@ -34,6 +38,7 @@ from placer.calibration import calibration_from_dict
 from placer.costmodel import Efficiency
 from placer.planfile import Plan
 from placer.roles import Role
+from placer.rulecheck import uses_sandbox
 from traces.schema import Trace
 from workflows.fidelity import fidelity
 
@@ -79,6 +84,8 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int =
         if role not in plan.roles:
             continue
         dev = res.device_of(plan.roles[role].pool).name
+        if name == "rule_reward_s" and uses_sandbox(res.job):
+            name = "sandbox_batch_s"  # the kind of check this job runs (placer.rulecheck)
         identified = True
         for k in range(NEWTON_STEPS):
             measured, simulated = _stage_means(plan, trace, doc, warmup)

@@ -1,0 +1,78 @@
+"""A timed probe of the trainers' collectives: the per-call latency the cost model calls
+`coll_base_s`, measured on the group the training runs on, as the training framework calls it.
+
+Right after the trainers' process group forms (`executors.training.Training.setup`), every rank
+times `REPS` rounds of two kinds of call on small messages, so that the time is the calls'
+latency, not bytes:
+
+  all_reduce  a plain all-reduce of a 1 KiB buffer (TP's row-parallel outputs, the clip norm);
+  fsdp_unit   the forward and backward of one small linear layer under FSDP2 (`fully_shard`
+              over the group, as `executors.sharding.shard` wraps each decoder layer): two calls
+              a round, the parameter all-gather and the gradient reduce-scatter, each with the
+              framework's own work around it (copy-in, copy-out, hooks; on gloo ~2x a plain
+              call's time, and that is what a training step pays per FSDP unit).
+
+Each kind becomes one `collective` trace event per rank (args: collective, ranks, bytes, calls),
+which `placer calibrate` prices with `placer.collectives` and fits `coll_base_s` from
+(placer/fit_events.py, group "collective"). Without the probe the calls' latency on a slow
+transport (gloo over loopback, ~1-3 ms a call against NCCL's 6.6 us) lands in the train fit's
+`train_overhead_s`, which a world of one then pays too.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+REPS = 20  # rounds per kind: a mean over scheduling noise, ~0.1 s in all over gloo
+ELEMENTS = 256  # float32 elements of the all-reduce's buffer (1 KiB): a latency-bound message
+UNIT = 16  # the FSDP unit: a UNIT x UNIT linear layer (1 KiB of weights)
+KINDS = ("all_reduce", "fsdp_unit")
+
+
+def _fsdp_round(world: int, dev: torch.device) -> tuple[Callable[[], None], int]:
+    """One forward + backward of an FSDP2-wrapped linear layer; its gathered bytes."""
+    from torch.distributed.device_mesh import init_device_mesh  # lazy: distributed only
+    from torch.distributed.fsdp import fully_shard
+    layer = nn.Linear(UNIT, UNIT, bias=False).to(dev)
+    fully_shard(layer, mesh=init_device_mesh(dev.type, (world,)))
+    x = torch.ones(1, UNIT, device=dev)
+
+    def round_() -> None:
+        layer(x).sum().backward()
+    return round_, UNIT * UNIT * 4
+
+
+def probe(world: int, reps: int = REPS) -> list[dict[str, Any]]:
+    """Per kind, {collective, ranks, bytes, calls, t0, dur}: `reps` back-to-back rounds over
+    the default group (every rank calls this, in the same order). `bytes` is the message the
+    cost model prices (`placer.collectives`): the summed buffer, or the gathered unit."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+    x = torch.zeros(ELEMENTS, device=dev)
+    fsdp, unit_bytes = _fsdp_round(world, dev)
+    kinds: dict[str, tuple[Callable[[], Any], int, int]] = {  # fn, bytes, calls per round
+        "all_reduce": (lambda: dist.all_reduce(x), x.numel() * x.element_size(), 1),
+        "fsdp_unit": (fsdp, unit_bytes, 2)}
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for kind in KINDS:
+            fn, nbytes, per_round = kinds[kind]
+            fn()  # the first round of a kind sets up its buffers: not timed
+            dist.barrier()  # every rank starts the timed rounds together
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.time()
+            for _ in range(reps):
+                fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            out.append({"collective": kind, "ranks": world, "bytes": nbytes,
+                        "calls": reps * per_round, "t0": t0, "dur": time.time() - t0})
+    return out

@@ -1,0 +1,182 @@
+"""The `sglang` rollout backend: an SGLang engine inside the rollout actor (the `sglang` extra).
+
+The engine (`sglang.srt.entrypoints.engine.Engine`, SGLang's offline engine: a tokenizer manager
+in the actor's process, the scheduler and its TP workers as subprocesses on the actor's GPUs) is
+configured from the plan and the job (`engine_kwargs`, every key a `ServerArgs` field): the
+rollout role's tensor parallel size (`tp_size`), the job's longest context (`context_length`:
+prompt, every turn's response and tool output, with BOS), the share of device memory the plan
+priced for the role (`mem_fraction_static` = the plan's memory_gb / the device's memory,
+clamped), and the run's seed per replica (`random_seed`). It loads the same model directory the
+torch workers load (the run's version 0). Token ids go in and come out (`skip_tokenizer_init`):
+the executor's codec owns the text. CUDA graphs are off, as the vLLM engine runs eager: the
+engines here are small and short-lived, and a graph capture per start would dominate.
+
+Weight sync uses SGLang's in-place update: each refresh is one weight-update session
+(`begin_weight_update` ... `end_weight_update`, which SGLang 0.5.23 requires around every
+`update_weights_from_tensor`), and each refresh's tensors, as their buckets complete
+(`executors.reshard`), go to `update_weights_from_tensor`. They travel whole: SGLang serializes
+the list once per TP rank and each rank's `model.load_weights` cuts its own shard (the split
+`reshard.engine_shard` follows, as vLLM's). They stay on the CPU (shared memory to the
+scheduler, which copies them to its GPU): a CUDA tensor here would open a CUDA context in the
+actor's process, on the GPU the engine shares. After the session the prefix (radix) cache is
+flushed: its KV entries were computed with the old weights. Bytes and times reach the trace as
+every engine's do (`executors.weights`: the `weight sync` event per engine).
+
+Log-probs: every generated token's sampled log-prob comes back from the engine
+(`return_logprob`: `meta_info["output_token_logprobs"]`, one (logprob, token id, text) per
+output token, of the temperature-scaled distribution, as the torch backend's `rl.generate`);
+a missing one, or one for another token, is an error (`sample_logprobs`), never a zero, since
+the trainer's importance weights (`executors.rl`, OFF_POLICY) divide by them. Each sample's
+seed goes in `sampling_seed`; SGLang applies it only under `enable_deterministic_inference`
+(not set here: it restricts the attention kernels), so a re-generated sample may differ.
+
+SGLang is imported only when this backend is chosen; importing this module never loads it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from executors import rl
+from executors.reshard import Bucket, BucketLoading
+from executors.roles import RunConfig, Worker, _timing
+
+MEM_FRACTION = (0.05, 0.95)  # SGLang needs some static memory and headroom below 1
+# FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
+# 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
+TRITON_BELOW_HEAD_DIM = 64
+
+
+def engine_kwargs(cfg: RunConfig, rank: int) -> dict[str, Any]:
+    """The `Engine` keyword arguments (`ServerArgs` fields) of rollout replica `rank`."""
+    lo, hi = MEM_FRACTION
+    arch = cfg.model_arch
+    kw: dict[str, Any] = dict(
+        model_path=cfg.model_dir, skip_tokenizer_init=True, dtype="bfloat16",
+        random_seed=cfg.seed + rank, tp_size=cfg.rollout_tp, context_length=cfg.max_model_len,
+        mem_fraction_static=min(max(cfg.rollout_mem_fraction, lo), hi),
+        disable_cuda_graph=True, base_gpu_id=0,  # the actor's bundle GPUs (Ray's visible set)
+        log_level="error")
+    if (arch.head_dim or arch.hidden // arch.heads) < TRITON_BELOW_HEAD_DIM:
+        kw["attention_backend"] = "triton"
+    return kw
+
+
+def sampling_params(cfg: RunConfig, seeds: list[int], limits: list[int]) -> list[dict[str, Any]]:
+    """One SGLang `SamplingParams` dict per sample: up to `limits[i]` new tokens, stop at EOS."""
+    return [{"max_new_tokens": max(int(lim), 1), "temperature": cfg.temperature,
+             "stop_token_ids": [cfg.codec.eos], "sampling_seed": int(seed)}
+            for seed, lim in zip(seeds, limits)]
+
+
+def sample_logprobs(sample_id: str, out: dict[str, Any]) -> tuple[list[int], list[float]]:
+    """(tokens, their log-probs) of one `Engine.generate` output; RuntimeError when the engine
+    aborted the request or a token's log-prob is absent or belongs to another token."""
+    meta = out.get("meta_info") or {}
+    finish = meta.get("finish_reason") or {}
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        raise RuntimeError(f"sglang aborted sample {sample_id}: {finish.get('message', '')}")
+    tokens = [int(t) for t in out.get("output_ids") or []]
+    steps = meta.get("output_token_logprobs")
+    if steps is None or len(steps) != len(tokens):
+        raise RuntimeError(f"sglang returned {0 if steps is None else len(steps)} log-probs for "
+                           f"{len(tokens)} tokens of sample {sample_id} (generate needs "
+                           f"return_logprob=True); the trainer's importance weights need every one")
+    lps = []
+    for k, (step, t) in enumerate(zip(steps, tokens)):
+        if step is None or step[0] is None or int(step[1]) != t:
+            raise RuntimeError(f"sglang returned no log-prob for token {k} ({t}) of sample "
+                               f"{sample_id}")
+        lps.append(float(step[0]))
+    return tokens, lps
+
+
+def start_engine(kwargs: dict[str, Any]) -> Any:
+    """An SGLang offline engine (lazy import: the `sglang` extra, CUDA)."""
+    from sglang.srt.entrypoints.engine import Engine  # lazy: SGLang loads CUDA libraries
+    return Engine(**kwargs)
+
+
+def _ok(what: str, result: Any) -> None:
+    """SGLang's control calls answer (success, message) or an object with `success`."""
+    ok, msg = (result[0], result[1]) if isinstance(result, tuple) else (
+        getattr(result, "success", True), getattr(result, "message", ""))
+    if not ok:
+        raise RuntimeError(f"sglang {what} failed: {msg}")
+
+
+class SglangRollout(Worker, BucketLoading):
+    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
+        super().__init__(cfg, "rollout", rank)
+        self.engine = start_engine(engine_kwargs(cfg, rank))
+        self.version = 0
+        self._session: str | None = None  # the refresh whose weight-update session is open
+
+    def _open(self, refresh: str) -> None:
+        """Open refresh `refresh`'s weight-update session (closing one a broken refresh left)."""
+        if self._session is not None:
+            _ok("end_weight_update", self.engine.end_weight_update())
+        _ok("begin_weight_update", self.engine.begin_weight_update())
+        self._session = refresh
+
+    def _close(self) -> None:
+        """End the session; drop the KV prefixes the old weights computed."""
+        _ok("end_weight_update", self.engine.end_weight_update())
+        self._session = None
+        _ok("flush_cache", self.engine.flush_cache())
+
+    def _load_part(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """A refresh's tensors as they complete, whole (each TP rank's loader cuts its shard);
+        the cache is flushed once, when the session ends."""
+        _ok("update_weights_from_tensor", self.engine.update_weights_from_tensor(
+            named_tensors=tensors, load_format=None, flush_cache=False))
+
+    def receive_bucket(self, b: Bucket, version: int, senders: int, refresh: str
+                       ) -> dict[str, Any]:
+        """`BucketLoading.receive_bucket` inside the refresh's session: the first bucket of a
+        refresh opens it, the last closes it; the call's time includes both."""
+        t0 = time.time()
+        if self._session != refresh:
+            self._open(refresh)
+        out = super().receive_bucket(b, version, senders, refresh)
+        if out["done"]:
+            self._close()
+        return {**out, "t0": t0, "dur": time.time() - t0}
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
+        """A whole state in one session (the unbucketed path)."""
+        t0 = time.time()
+        self._open(f"state-v{version}")
+        self._load_part(list(state.items()))
+        self._close()
+        self.version = version
+        return _timing(t0, version=version)
+
+    def current_version(self) -> int:
+        return self.version
+
+    def executed_layout(self, replicas: int) -> dict[str, int]:
+        return {"dp": replicas, "tp": self.cfg.rollout_tp, "pp": 1}
+
+    def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
+                 seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
+        """As `executors.roles.Rollout.generate`: continue each context by up to `limits[i]`."""
+        t0 = time.time()
+        limits = limits or [self.cfg.max_new_tokens] * len(ids)
+        outs = self.engine.generate(input_ids=[list(c) for c in contexts],
+                                    sampling_params=sampling_params(self.cfg, seeds, limits),
+                                    return_logprob=True)
+        if isinstance(outs, dict):  # one request answers a dict, a batch a list
+            outs = [outs]
+        if len(outs) != len(ids):
+            raise RuntimeError(f"sglang answered {len(outs)} outputs for {len(ids)} samples")
+        resp, lps = [], []
+        for sid, o in zip(ids, outs):
+            toks, lp = sample_logprobs(sid, o)
+            resp.append(toks)
+            lps.append(lp)
+        s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
+        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
+                          version=self.version, batch=len(ids))

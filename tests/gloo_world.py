@@ -1,0 +1,51 @@
+"""A world of trainer processes on gloo, for the executor's distributed tests: one spawned
+process per rank of `cfg.actor_layout`, joined into one process group the way the executor joins
+them (rank 0 opens the rendezvous, the others take its address), then running the test's body.
+
+  run_world(body, cfg, *args)   spawn the ranks; each runs body(rank, trainer, *args); every
+                                one must exit 0
+`SPAWN` is the multiprocessing context the ranks start in (queues handed to them come from it).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from executors.roles import RunConfig
+from executors.sharding import Layout
+from executors.trainer import Trainer
+
+SPAWN = mp.get_context("spawn")  # a fork would copy the parent's torch threads and locks
+JOIN_TIMEOUT_S = 300
+
+
+def _joined(rank: int, cfg: RunConfig, q_addr: Any, body: Callable[..., None],
+            args: tuple[Any, ...]) -> None:
+    torch.set_num_threads(1)  # the ranks share the machine's few cores
+    world = Layout(*cfg.actor_layout).world
+    tr = Trainer(cfg, rank, world)
+    if rank == 0:
+        addr = tr.rendezvous()
+        for _ in range(world - 1):
+            q_addr.put(addr)
+    else:
+        addr = q_addr.get(timeout=120)
+    tr.init_group(*addr)
+    body(rank, tr, *args)
+
+
+def run_world(body: Callable[..., None], cfg: RunConfig, *args: Any) -> None:
+    """Run body(rank, trainer, *args) on every rank of `cfg.actor_layout`'s world (`body` must be
+    a module-level function: the spawned processes import it)."""
+    q_addr = SPAWN.Queue()
+    world = Layout(*cfg.actor_layout).world
+    procs = [SPAWN.Process(target=_joined, args=(r, cfg, q_addr, body, args))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=JOIN_TIMEOUT_S)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]

@@ -1,0 +1,330 @@
+"""The sglang backend without a GPU: its engine settings come from the plan and the job, a
+missing log-prob is an error, a refresh is one weight-update session of in-place updates, and
+every name it hands SGLang exists in SGLang 0.5.23 (the API contract, read from the installed
+package's source with `ast`: importing sglang needs its CUDA dependencies, so the Makefile
+installs it without them, like verl and OpenRLHF for the export tests). The engine itself runs
+in tests/test_exec_sglang.py on a GPU machine (scripts/gpu_check.sh)."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from exec_util import GRPO_LAYOUT, hand_plan
+from frameworks import package_dir
+
+from executors import sglang_rollout as sr
+from executors.backends import BACKENDS, backend_of, rollout_class
+from executors.model import build_policy, save_model_dir
+from executors.reshard import Stream
+from executors.run import check_layouts, execute, policy_arch, run_config
+from executors.sharding import Layout
+from placer.costmodel import Parallel
+from placer.errors import SpecError
+
+BACKEND_SRC = Path(sr.__file__)
+
+
+def test_engine_kwargs_follow_the_plan_and_the_job() -> None:
+    layout = {**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")}
+    plan = hand_plan(layout)
+    cfg = run_config(plan, model_dir="/m")
+    r = plan.roles["rollout"]
+    kw = sr.engine_kwargs(cfg, rank=1)
+    assert kw["tp_size"] == 2 == r.tp
+    assert kw["context_length"] == plan.resolved().job.max_context + 1 == 12 + 8 + 1
+    frac = r.memory_gb / plan.resolved().device_of(r.pool).memory_gb
+    assert kw["mem_fraction_static"] == pytest.approx(min(max(frac, 0.05), 0.95))
+    assert kw["random_seed"] == cfg.seed + 1 and kw["model_path"] == "/m"
+    assert kw["skip_tokenizer_init"] is True
+    assert kw["attention_backend"] == "triton"  # tiny-llama's head dim is 16
+    big = run_config(plan, model_dir="/m")
+    big = type(big)(**{**big.__dict__, "arch": {**big.arch, "hidden": 1024, "heads": 8}})
+    assert "attention_backend" not in sr.engine_kwargs(big, 0)  # head dim 128: SGLang's choice
+
+
+def test_the_backend_is_chosen_from_the_registry() -> None:
+    assert set(BACKENDS) == {"torch", "vllm", "sglang"}
+    with pytest.raises(SpecError, match=r"--backend: unknown backend 'sgl' \(expected one of "
+                                        r"torch, vllm, sglang\)"):
+        backend_of("sgl")
+    plan = hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")})
+    check_layouts(plan, policy_arch(plan), "sglang")  # 4 heads, 2 KV heads over tp 2
+    with pytest.raises(SpecError, match="torch rollout backend runs each engine whole"):
+        check_layouts(plan, policy_arch(plan), "torch")
+    sglang = backend_of("sglang").layout_problem
+    assert "runs no pipeline-parallel engine" in str(sglang(Layout(1, 1, 2), policy_arch(plan)))
+    assert "SGLang needs tp to divide the model's 4 query heads" in str(
+        sglang(Layout(1, 3, 1), policy_arch(plan)))
+
+
+def test_importing_the_backend_does_not_import_sglang() -> None:
+    code = ("import sys; from executors.backends import rollout_class; "
+            "c = rollout_class('sglang'); print(c.__name__, 'sglang' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["SglangRollout", "False"]
+    assert rollout_class("torch").__name__ == "Rollout"
+
+
+# --------------------------------------------------------------------------- output parsing
+def _out(tokens: list[int], lps: list[Any] | None, **meta: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {"finish_reason": {"type": "stop"}, **meta}
+    if lps is not None:
+        m["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(lps, tokens)]
+    return {"output_ids": tokens, "meta_info": m}
+
+
+def test_log_probs_are_taken_from_the_output_and_missing_ones_refused() -> None:
+    assert sr.sample_logprobs("s0", _out([5, 9], [-0.5, -2.0])) == ([5, 9], [-0.5, -2.0])
+    with pytest.raises(RuntimeError, match="sglang returned 0 log-probs for 2 tokens of sample s0"):
+        sr.sample_logprobs("s0", _out([5, 9], None))
+    with pytest.raises(RuntimeError, match="1 log-probs for 2 tokens"):
+        sr.sample_logprobs("s0", {"output_ids": [5, 9],
+                                  "meta_info": {"output_token_logprobs": [(-0.5, 5, None)]}})
+    with pytest.raises(RuntimeError, match=r"no log-prob for token 1 \(9\) of sample s1"):
+        sr.sample_logprobs("s1", _out([5, 9], [-0.5, None]))
+    other = {"output_ids": [5, 9], "meta_info": {"output_token_logprobs": [(-0.5, 5, None),
+                                                                          (-1.0, 7, None)]}}
+    with pytest.raises(RuntimeError, match=r"no log-prob for token 1 \(9\)"):
+        sr.sample_logprobs("s1", other)  # a log-prob of another token is not this one's
+    with pytest.raises(RuntimeError, match="sglang aborted sample s2: out of memory"):
+        sr.sample_logprobs("s2", _out([], [], finish_reason={"type": "abort",
+                                                            "message": "out of memory"}))
+
+
+# ------------------------------------------------------------------- a rollout on a fake engine
+class FakeEngine:
+    """Records every call the backend makes; answers as SGLang's Engine does."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs, self.calls = kwargs, []
+        self.loaded: dict[str, torch.Tensor] = {}
+        self.open = False
+
+    def begin_weight_update(self) -> tuple[bool, str]:
+        self.calls.append(("begin_weight_update", {}))
+        ok, self.open = not self.open, True
+        return ok, "Success" if ok else "a weight-update session is already open"
+
+    def end_weight_update(self) -> tuple[bool, str]:
+        self.calls.append(("end_weight_update", {}))
+        ok, self.open = self.open, False
+        return ok, "Success" if ok else "no weight-update session is open"
+
+    def update_weights_from_tensor(self, **kw: Any) -> tuple[bool, str]:
+        self.calls.append(("update_weights_from_tensor", kw))
+        if not self.open:
+            return False, "update_weights_from_tensor must run between begin and end"
+        self.loaded.update({n: t.clone() for n, t in kw["named_tensors"]})
+        return True, "Success"
+
+    def flush_cache(self) -> Any:
+        self.calls.append(("flush_cache", {}))
+        return type("FlushCacheReqOutput", (), {"success": True, "message": ""})()
+
+    def generate(self, **kw: Any) -> list[dict[str, Any]]:
+        self.calls.append(("generate", kw))
+        out = []
+        for ids, sp in zip(kw["input_ids"], kw["sampling_params"]):
+            toks = [(ids[-1] + k) % 60 + 3 for k in range(sp["max_new_tokens"])]
+            out.append(_out(toks, [-0.1 * (k + 1) for k in range(len(toks))]))
+        return out
+
+
+@pytest.fixture
+def rollout(tmp_path, monkeypatch):
+    plan = hand_plan(GRPO_LAYOUT)
+    arch = policy_arch(plan)
+    model = build_policy(arch, 0)
+    save_model_dir(model, arch, tmp_path / "m")
+    monkeypatch.setattr(sr, "start_engine", lambda kw: FakeEngine(**kw))
+    cfg = run_config(plan, model_dir=str(tmp_path / "m"))
+    return sr.SglangRollout(cfg, 0), model.state_dict(), cfg
+
+
+def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
+    r, state, cfg = rollout
+    eng = r.engine
+    assert eng.kwargs == sr.engine_kwargs(cfg, 0)
+    stream = Stream(state, bucket_bytes=40_000)  # several buckets, tensors straddling them
+    assert stream.count > 2
+    outs = [r.receive_bucket(stream.bucket(k), 3, 1, "v3.1") for k in range(stream.count)]
+    assert [o["done"] for o in outs] == [False] * (stream.count - 1) + [True]
+    assert sum(o["bytes"] for o in outs) == stream.nbytes and all(o["dur"] >= 0 for o in outs)
+    names = [c[0] for c in eng.calls]
+    assert names[0] == "begin_weight_update" and names[-2:] == ["end_weight_update", "flush_cache"]
+    assert names.count("begin_weight_update") == 1 and names.count("flush_cache") == 1
+    updates = [kw for n, kw in eng.calls if n == "update_weights_from_tensor"]
+    assert all(kw["flush_cache"] is False and kw["load_format"] is None for kw in updates)
+    assert set(eng.loaded) == set(state)  # whole tensors: each TP rank's loader cuts its shard
+    assert all(torch.equal(eng.loaded[k], v) for k, v in state.items())
+    assert r.current_version() == 3
+    # A refresh broken off (its sender died) leaves a session open: the next one closes it.
+    r.receive_bucket(stream.bucket(0), 4, 1, "v4.1")
+    assert eng.open and r.current_version() == 3
+    eng.calls.clear()
+    for k in range(stream.count):
+        r.receive_bucket(stream.bucket(k), 4, 1, "v4.2")
+    assert [c[0] for c in eng.calls[:2]] == ["end_weight_update", "begin_weight_update"]
+    assert not eng.open and r.current_version() == 4
+
+
+def test_a_failed_update_is_an_error(rollout) -> None:
+    r, state, _ = rollout
+    r.engine.update_weights_from_tensor = lambda **kw: (False, "Failed to update parameter")
+    with pytest.raises(RuntimeError, match="sglang update_weights_from_tensor failed: Failed"):
+        r.load_weights(state, 1)
+
+
+def test_generate_asks_for_log_probs_and_the_step_limits(rollout) -> None:
+    r, _, cfg = rollout
+    s, timing = r.generate(["a", "b"], ["g", "g"], [[1, 7, 8], [1, 9]], [11, 12], [3, 2])
+    name, kw = r.engine.calls[-1]
+    assert name == "generate" and kw["return_logprob"] is True
+    assert kw["input_ids"] == [[1, 7, 8], [1, 9]]
+    assert [p["max_new_tokens"] for p in kw["sampling_params"]] == [3, 2]
+    assert [p["sampling_seed"] for p in kw["sampling_params"]] == [11, 12]
+    assert all(p["stop_token_ids"] == [cfg.codec.eos] for p in kw["sampling_params"])
+    assert [len(x) for x in s.responses] == [3, 2] and s.logprobs[1] == [-0.1, -0.2]
+    assert timing["tokens"] == 5 and s.version == 0
+
+
+def test_a_run_on_the_sglang_backend_syncs_through_the_engine(tmp_path, monkeypatch) -> None:
+    """The executor (one process) with the backend's class and a fake engine: every step's
+    refresh reaches the engine as one session, and the trace's weight-sync events carry its
+    bytes as for every backend."""
+    engines: list[FakeEngine] = []
+    monkeypatch.setattr(sr, "start_engine", lambda kw: engines.append(FakeEngine(**kw))
+                        or engines[-1])
+    result = execute(hand_plan(GRPO_LAYOUT), 3, tmp_path / "out", backend="sglang", local=True)
+    assert result.trace.metadata["backend"] == "sglang" and len(engines) == 1
+    assert [s.versions for s in result.stats] == [[0], [1], [2]]
+    names = [c[0] for c in engines[0].calls]
+    # a refresh before each step's rollout (version 0's first): one session each
+    assert names.count("begin_weight_update") == names.count("flush_cache") == 3
+    sync = [e for e in result.trace.of("transfer") if e.args["policy_version"] > 0]
+    assert len(sync) == 2 and all(e.args["bytes"] > 0 and e.dur_s > 0 for e in sync)
+    loaded = sum(t.numel() * t.element_size() for t in engines[0].loaded.values())
+    assert sync[-1].args["bytes"] == loaded  # every byte sent was loaded into the engine
+
+
+# ---------------------------------------------------------------------- the API contract
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"class {name} not found"
+    return found[0]
+
+
+def _fields(cls: ast.ClassDef) -> set[str]:
+    return {n.target.id for n in cls.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def server_args_fields(root: Path) -> set[str]:
+    """ServerArgs' fields: `server_args.py` assembles them (`msgspec.defstruct`) from the
+    namespace classes listed in `_INPUT_NAMESPACES`, each imported from `arg_groups.fields`."""
+    tree = _tree(root / "srt" / "server_args.py")
+    where = {a.asname or a.name: n.module for n in tree.body if isinstance(n, ast.ImportFrom)
+             for a in n.names}
+    spaces = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES"
+                          for t in n.targets))
+    assert isinstance(spaces, ast.List)
+    out = _fields(_class(tree, "ServerArgs"))
+    for elt in spaces.elts:
+        assert isinstance(elt, ast.Name)
+        module = where[elt.id]
+        assert module is not None and module.startswith("sglang.")
+        path = root.parent / (module.replace(".", "/") + ".py")
+        out |= _fields(_class(_tree(path), elt.id))
+    return out
+
+
+def engine_methods(root: Path) -> dict[str, set[str]]:
+    """Engine's methods and the parameters each takes (its own and its base classes')."""
+    tree = _tree(root / "srt" / "entrypoints" / "engine.py")
+    out: dict[str, set[str]] = {}
+    for f in _class(tree, "Engine").body:
+        if isinstance(f, ast.FunctionDef):
+            a = f.args
+            out[f.name] = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs} - {"self"}
+    return out
+
+
+def backend_engine_calls(src: Path) -> list[tuple[str, set[str]]]:
+    """Every `self.engine.METHOD(kw=...)` call in the backend's source: (method, keywords)."""
+    out = []
+    for n in ast.walk(_tree(src)):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "engine"):
+            out.append((n.func.attr, {k.arg for k in n.keywords if k.arg}))
+    return out
+
+
+def backend_sampling_keys(src: Path) -> set[str]:
+    """The keys of the sampling-parameter dicts `sampling_params` builds."""
+    fn = next(n for n in ast.walk(_tree(src))
+              if isinstance(n, ast.FunctionDef) and n.name == "sampling_params")
+    return {k.value for d in ast.walk(fn) if isinstance(d, ast.Dict) for k in d.keys
+            if isinstance(k, ast.Constant)}
+
+
+def contract_problems(root: Path, kwargs: set[str], calls: list[tuple[str, set[str]]],
+                      sampling: set[str]) -> list[str]:
+    """What the backend names that SGLang's source lacks (empty: the contract holds)."""
+    fields, methods = server_args_fields(root), engine_methods(root)
+    sp = _fields(_class(_tree(root / "srt" / "sampling" / "sampling_params.py"),
+                        "SamplingParams"))
+    out = [f"Engine(**kw): {k} is not a ServerArgs field" for k in sorted(kwargs - fields)]
+    for name, kws in calls:
+        if name not in methods:
+            out.append(f"Engine has no method {name}")
+        else:
+            out += [f"Engine.{name} takes no {k}" for k in sorted(kws - methods[name])]
+    out += [f"SamplingParams has no {k}" for k in sorted(sampling - sp)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def sglang_root() -> Path:
+    root = package_dir("sglang")
+    version = next(root.parent.glob("sglang-*.dist-info")).name
+    assert version == "sglang-0.5.23.dist-info", f"the contract is SGLang 0.5.23's ({version})"
+    return root
+
+
+def test_every_name_the_backend_hands_sglang_exists(sglang_root: Path) -> None:
+    plan = hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")})
+    kwargs = set(sr.engine_kwargs(run_config(plan, model_dir="/m"), 0))
+    calls = backend_engine_calls(BACKEND_SRC)
+    used = {c[0] for c in calls}
+    assert {"generate", "update_weights_from_tensor", "begin_weight_update",
+            "end_weight_update", "flush_cache"} <= used  # the reader sees the calls
+    assert {"tp_size", "context_length", "mem_fraction_static", "random_seed"} <= kwargs
+    sampling = backend_sampling_keys(BACKEND_SRC)
+    assert "sampling_seed" in sampling
+    assert contract_problems(sglang_root, kwargs, calls, sampling) == []
+    # the output keys the parser reads are the ones the tokenizer manager writes
+    tm = (sglang_root / "srt" / "managers" / "tokenizer_manager.py").read_text()
+    assert 'meta_info["output_token_logprobs"] = ' in tm and '"output_ids": ' in tm
+    assert (sglang_root / "srt" / "entrypoints" / "engine.py").is_file()  # start_engine's import
+
+
+def test_the_contract_fails_on_a_wrong_name(sglang_root: Path) -> None:
+    """vLLM's spelling of the TP size, a parameter SGLang does not take, an absent method and
+    an unknown sampling key are each reported."""
+    calls = [("update_weights_from_tensor", {"named_tensors", "flush"}), ("sleep", set())]
+    assert contract_problems(sglang_root, {"tp_size", "tensor_parallel_size"}, calls,
+                             {"max_new_tokens", "seed"}) == [
+        "Engine(**kw): tensor_parallel_size is not a ServerArgs field",
+        "Engine.update_weights_from_tensor takes no flush",
+        "Engine has no method sleep",
+        "SamplingParams has no seed"]
