@@ -8,7 +8,8 @@
   Reference    frozen policy copy: log-probs for the KL term.
   RuleReward   the verifier: scores the sandbox's result of each answer (`executors.task`).
   ModelReward  a reward model (Llama backbone + scalar head, frozen).
-  Critic       PPO value model: values for GAE, trained on returns; checkpoints.
+  Critic       PPO value model: values for GAE, trained on returns (one process; its layers
+               recompute activations when the plan's critic layout says so); checkpoints.
   EnvWorker    environment worker: runs answers as untrusted code in the sandbox.
 
 Every method that does work returns `(result, timing)` where timing is `{"t0": wall-clock start,
@@ -32,7 +33,7 @@ from executors import rl
 from executors.model import Codec, ValueModel, codec_for, load_policy
 from executors.reshard import BucketLoading, engine_state
 from executors.sandbox import Limits, Sandbox
-from executors.sharding import plan_layout
+from executors.sharding import plan_layout, recompute_layers, recomputes
 from executors.task import Target, task_of
 from placer.planfile import Plan
 from placer.roles import Role
@@ -91,6 +92,8 @@ class RunConfig:
     rollout_mem_fraction: float = 0.2  # the plan's rollout memory / its device's memory
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
     rollout_parts: tuple[EnginePart, ...] = ()  # a rollout split over pools; () for one pool
+    actor_recompute: bool = False  # the plan's actor `recompute` (activation checkpointing)
+    critic_recompute: bool = False  # the plan's critic `recompute`
 
     @property
     def model_arch(self) -> ModelArch:
@@ -127,8 +130,11 @@ def plan_settings(plan: Plan) -> dict[str, Any]:
     parts when it is not (a re-plan may join a split rollout: `RunConfig.for_plan`)."""
     res = plan.resolved()
     r = plan.roles.get(Role.ROLLOUT)
+    critic = plan.roles.get(Role.CRITIC)
     out: dict[str, Any] = {"actor_layout": actor_layout(plan), "rollout_parts": (),
-                           "max_model_len": res.job.max_context + 1}  # + BOS
+                           "max_model_len": res.job.max_context + 1,  # + BOS
+                           "actor_recompute": plan_layout(plan, Role.ACTOR).recompute,
+                           "critic_recompute": critic is not None and critic.recompute}
     if r is not None:
         out.update(rollout_tp=r.tp,
                    rollout_mem_fraction=r.memory_gb / res.device_of(r.pool).memory_gb)
@@ -279,7 +285,13 @@ class Critic(Worker):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "critic", rank)
         self.model = ValueModel(cfg.model_arch, cfg.seed + 29)
+        if cfg.critic_recompute:
+            recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.critic_lr)
+
+    def executed_layout(self, ranks: int) -> dict[str, int | bool]:
+        """One process trains the whole value model (the role's other ranks stand by)."""
+        return {"dp": 1, "tp": 1, "pp": 1, "recompute": recomputes(self.model)}
 
     @torch.no_grad()
     def values(self, s: rl.Samples) -> tuple[list[list[float]], dict]:

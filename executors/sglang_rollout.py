@@ -40,10 +40,10 @@ from typing import Any
 import torch
 
 from executors import rl
-from executors.reshard import Bucket, BucketLoading
-from executors.roles import RunConfig, Worker, _timing
+from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
+from executors.reshard import Bucket
+from executors.roles import RunConfig, _timing
 
-MEM_FRACTION = (0.05, 0.95)  # SGLang needs some static memory and headroom below 1
 # FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
 # 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
 TRITON_BELOW_HEAD_DIM = 64
@@ -51,12 +51,11 @@ TRITON_BELOW_HEAD_DIM = 64
 
 def engine_kwargs(cfg: RunConfig, rank: int) -> dict[str, Any]:
     """The `Engine` keyword arguments (`ServerArgs` fields) of rollout replica `rank`."""
-    lo, hi = MEM_FRACTION
     arch = cfg.model_arch
     kw: dict[str, Any] = dict(
         model_path=cfg.model_dir, skip_tokenizer_init=True, dtype="bfloat16",
         random_seed=cfg.seed + rank, tp_size=cfg.rollout_tp, context_length=cfg.max_model_len,
-        mem_fraction_static=min(max(cfg.rollout_mem_fraction, lo), hi),
+        mem_fraction_static=engine_mem_fraction(cfg),
         disable_cuda_graph=True, base_gpu_id=0,  # the actor's bundle GPUs (Ray's visible set)
         log_level="error")
     if (arch.head_dim or arch.hidden // arch.heads) < TRITON_BELOW_HEAD_DIM:
@@ -79,18 +78,12 @@ def sample_logprobs(sample_id: str, out: dict[str, Any]) -> tuple[list[int], lis
     if isinstance(finish, dict) and finish.get("type") == "abort":
         raise RuntimeError(f"sglang aborted sample {sample_id}: {finish.get('message', '')}")
     tokens = [int(t) for t in out.get("output_ids") or []]
-    steps = meta.get("output_token_logprobs")
-    if steps is None or len(steps) != len(tokens):
-        raise RuntimeError(f"sglang returned {0 if steps is None else len(steps)} log-probs for "
-                           f"{len(tokens)} tokens of sample {sample_id} (generate needs "
-                           f"return_logprob=True); the trainer's importance weights need every one")
-    lps = []
-    for k, (step, t) in enumerate(zip(steps, tokens)):
-        if step is None or step[0] is None or int(step[1]) != t:
-            raise RuntimeError(f"sglang returned no log-prob for token {k} ({t}) of sample "
-                               f"{sample_id}")
-        lps.append(float(step[0]))
-    return tokens, lps
+
+    def logprob(step: Any, t: int) -> float | None:  # (logprob, token id, text)
+        return None if step is None or step[0] is None or int(step[1]) != t else float(step[0])
+    return tokens, checked_logprobs("sglang", sample_id, tokens,
+                                    meta.get("output_token_logprobs"),
+                                    "generate needs return_logprob=True", logprob)
 
 
 def start_engine(kwargs: dict[str, Any]) -> Any:
@@ -107,11 +100,10 @@ def _ok(what: str, result: Any) -> None:
         raise RuntimeError(f"sglang {what} failed: {msg}")
 
 
-class SglangRollout(Worker, BucketLoading):
+class SglangRollout(EngineRollout):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
-        super().__init__(cfg, "rollout", rank)
+        super().__init__(cfg, rank)
         self.engine = start_engine(engine_kwargs(cfg, rank))
-        self.version = 0
         self._session: str | None = None  # the refresh whose weight-update session is open
 
     def _open(self, refresh: str) -> None:
@@ -154,12 +146,6 @@ class SglangRollout(Worker, BucketLoading):
         self.version = version
         return _timing(t0, version=version)
 
-    def current_version(self) -> int:
-        return self.version
-
-    def executed_layout(self, replicas: int) -> dict[str, int]:
-        return {"dp": replicas, "tp": self.cfg.rollout_tp, "pp": 1}
-
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
         """As `executors.roles.Rollout.generate`: continue each context by up to `limits[i]`."""
@@ -172,11 +158,5 @@ class SglangRollout(Worker, BucketLoading):
             outs = [outs]
         if len(outs) != len(ids):
             raise RuntimeError(f"sglang answered {len(outs)} outputs for {len(ids)} samples")
-        resp, lps = [], []
-        for sid, o in zip(ids, outs):
-            toks, lp = sample_logprobs(sid, o)
-            resp.append(toks)
-            lps.append(lp)
-        s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
-        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
-                          version=self.version, batch=len(ids))
+        return self._samples(t0, ids, groups, contexts,
+                             [sample_logprobs(sid, o) for sid, o in zip(ids, outs)])

@@ -20,6 +20,11 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       ("pp", "dp", "tp") mesh. `check_layout` refuses more stages than layers and PP for a
       model whose input and output embeddings are one tied weight.
 
+Activation recomputation (the plan's `recompute`, which the cost model prices as a second
+forward pass that saves only each layer's input) wraps every decoder layer in torch's non-reentrant
+checkpoint (`recompute_layers`) after TP and before FSDP2, so that `fully_shard` holds the
+checkpointed layer (torchtitan's order: TP, checkpointing, FSDP); a pipeline stage's layers too.
+
 `clip_grad_norm` clips over parameters living on different meshes (TP-sharded and replicated),
 which `torch.nn.utils.clip_grad_norm_` refuses to mix; `full_state` gathers the full weights
 (for weight sync and checkpoints), a collective every rank must call.
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,13 +45,15 @@ from placer.planfile import Plan
 
 @dataclass(frozen=True)
 class Layout:
-    """A role's parallel layout: data-, tensor- and pipeline-parallel degrees, and the HSDP
-    shard group (`shard` dp ranks; 0: FSDP over all of dp)."""
+    """A role's parallel layout: data-, tensor- and pipeline-parallel degrees, the HSDP
+    shard group (`shard` dp ranks; 0: FSDP over all of dp), and whether decoder layers recompute
+    their activations in the backward pass (`recompute`)."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
     shard: int = 0
+    recompute: bool = field(default=False, kw_only=True)  # never from a positional tuple
 
     @property
     def hsdp(self) -> bool:
@@ -75,13 +82,15 @@ class Layout:
         return {**out, "shard": self.shard} if self.hsdp else out
 
     def __str__(self) -> str:
-        return f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" shard{self.shard}" if self.hsdp else "")
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" shard{self.shard}" if self.hsdp else "")
+                + (" recompute" if self.recompute else ""))
 
 
 def plan_layout(plan: Plan, role: str = "actor") -> Layout:
     """A role's layout as the plan gives it."""
     r = plan.roles[role]
-    return Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0)
+    return Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
+                  recompute=r.recompute)
 
 
 def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
@@ -118,14 +127,60 @@ def build_mesh(layout: Layout) -> Any:
                             mesh_dim_names=tuple(name for name, _ in dims))
 
 
+def _backbone(model: nn.Module) -> nn.Module:
+    """The module that holds the decoder layers: `model.model` in every HF causal LM, a value
+    model's `backbone`, or a pipeline stage itself."""
+    for name in ("model", "backbone"):
+        inner = getattr(model, name, None)
+        if isinstance(inner, nn.Module):
+            return inner
+    return model
+
+
+def _layer_container(model: nn.Module) -> nn.Module:
+    layers = getattr(_backbone(model), "layers", None)
+    if not isinstance(layers, (nn.ModuleList, nn.ModuleDict)):
+        raise ValueError(f"{type(model).__name__}: no decoder layers (model.layers) to shard")
+    return layers
+
+
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a causal LM (`model.model.layers` in every HF decoder; a
-    pipeline stage's `layers`, by layer index)."""
-    base = getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layers (model.layers) to shard")
-    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+    value model's `backbone.layers`; a pipeline stage's `layers`, by layer index)."""
+    return list(_layer_container(model).children())
+
+
+def recompute_layers(model: nn.Module) -> nn.Module:
+    """Wrap every decoder layer in non-reentrant activation checkpointing, in place: the
+    forward keeps only each layer's inputs, the backward runs the layer's forward again (the
+    cost model's `recompute`: 8 matmul passes instead of 6). Call it after TP (whose plan
+    names the layer's own submodules) and before `fully_shard`. Returns the model.
+
+    The model's KV cache is switched off: a cache written inside a checkpointed layer would be
+    written a second time by the recompute (training reads no cache)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # lazy
+        CheckpointImpl,
+        CheckpointWrapper,
+        checkpoint_wrapper,
+    )
+    layers = _layer_container(model)
+    for key, layer in list(layers.named_children()):
+        if not isinstance(layer, CheckpointWrapper):
+            layers.register_module(key, checkpoint_wrapper(
+                layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+    config = getattr(_backbone(model), "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False
+    return model
+
+
+def recomputes(model: nn.Module) -> bool:
+    """Whether every decoder layer of the model recomputes its activations (`recompute_layers`)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # lazy
+        CheckpointWrapper,
+    )
+    layers = decoder_layers(model)
+    return bool(layers) and all(isinstance(m, CheckpointWrapper) for m in layers)
 
 
 def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
@@ -153,10 +208,11 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
     return plan
 
 
-def shard(model: nn.Module, mesh: Any) -> nn.Module:
-    """Apply TP over mesh["tp"] then FSDP2 over mesh["dp"], in place; returns the model. With
-    HSDP, FSDP2 over the 2-D mesh ("rep", "shard"): parameters sharded over "shard" and
-    replicated over "rep", gradients reduce-scattered in the group, then all-reduced across."""
+def shard(model: nn.Module, mesh: Any, recompute: bool = False) -> nn.Module:
+    """Apply TP over mesh["tp"], activation checkpointing of every decoder layer when
+    `recompute`, then FSDP2 over mesh["dp"], in place; returns the model. With HSDP, FSDP2 over
+    the 2-D mesh ("rep", "shard"): parameters sharded over "shard" and replicated over "rep",
+    gradients reduce-scattered in the group, then all-reduced across."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed only
     from torch.distributed.tensor.parallel import parallelize_module  # lazy
     hsdp = "rep" in (mesh.mesh_dim_names or ())
@@ -168,6 +224,9 @@ def shard(model: nn.Module, mesh: Any) -> nn.Module:
     if tp_mesh.size() > 1:
         for layer in layers:
             parallelize_module(layer, tp_mesh, layer_tp_plan(layer))
+    if recompute:  # checkpoint inside fully_shard: FSDP's hooks stay outside the recompute
+        recompute_layers(model)
+        layers = decoder_layers(model)
     for layer in layers:
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)

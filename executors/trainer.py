@@ -4,7 +4,9 @@ One `Trainer` per device of the role's layout (`dp * tp * pp` ranks, rank `(p * 
 t`), all in one torch.distributed group (gloo on CPU, NCCL on GPU) that `init_group` forms; the
 model is then re-loaded from the run's version-0 folder, cut to the rank's pipeline stage when
 `pp > 1` (`executors.pipeline`), and sharded: TP over the mesh's "tp" dim, FSDP2 over "dp". A
-world of one trains the plain model.
+world of one trains the plain model. When the plan's layout says `recompute`, every decoder layer
+(of the whole model, or of the rank's stage) recomputes its activations in the backward pass
+(`executors.sharding.recompute_layers`, inside FSDP2), whatever the world.
 
 Each RL step (`train`) runs the step's mini-batches, one optimizer step each (the job's
 `batch.mini_batches`); the driver (`executors.training`) has already cut every mini-batch into
@@ -38,7 +40,15 @@ from executors.model import load_policy
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.reshard import Bucket, Stream
 from executors.roles import RunConfig, Worker, _interface_of, _node_ip, _timing, save_checkpoint
-from executors.sharding import Layout, build_mesh, clip_grad_norm, full_state, shard
+from executors.sharding import (
+    Layout,
+    build_mesh,
+    clip_grad_norm,
+    full_state,
+    recompute_layers,
+    recomputes,
+    shard,
+)
 
 # One micro-batch of one rank: (samples, advantages, reference log-probs or None, loss scale).
 # The scale is 1 / (the mini-batch's generated tokens), or 0 for a stand-in sample.
@@ -52,7 +62,9 @@ class Trainer(Worker):
     def __init__(self, cfg: RunConfig, rank: int = 0, world: int = 1) -> None:
         super().__init__(cfg, "actor", rank)
         self.world = world
-        self.layout = Layout(*cfg.actor_layout) if world > 1 else Layout()
+        # a world of one trains the whole batch on one rank, recomputing as the plan says
+        self.layout = Layout(*cfg.actor_layout, recompute=cfg.actor_recompute) if world > 1 \
+            else Layout(recompute=cfg.actor_recompute)
         if self.layout.world != world:
             raise ValueError(f"trainer: layout {self.layout} needs {self.layout.world} ranks, "
                              f"the run made {world}")
@@ -75,7 +87,9 @@ class Trainer(Worker):
             mesh = build_mesh(self.layout)
             if self.layout.pp > 1:  # keep this rank's stage only
                 self._stage_of(mesh)
-            shard(self.model, mesh)
+            shard(self.model, mesh, recompute=self.layout.recompute)
+        elif self.layout.recompute:
+            recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
         self.version = 0
         self._full: dict[str, torch.Tensor] | None = None
@@ -119,11 +133,12 @@ class Trainer(Worker):
         dist.gather_object(obj, out, group=self.pipe.group, group_dst=0)
         return out
 
-    def executed_layout(self, ranks: int) -> dict[str, int]:
-        """The layout this rank's group trains with (`ranks`: the role's processes)."""
+    def executed_layout(self, ranks: int) -> dict[str, int | bool]:
+        """The layout this rank's group trains with (`ranks`: the role's processes), and
+        whether its decoder layers recompute activations (read off the model, not the plan)."""
         if ranks != self.layout.world:
             raise RuntimeError(f"trainer: {ranks} ranks for layout {self.layout}")
-        return self.layout.as_dict()
+        return {**self.layout.as_dict(), "recompute": recomputes(self.model)}
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and port of the process group's store, which this rank (0) hosts.

@@ -83,7 +83,7 @@ class Training:
     def record_layouts(self) -> None:
         """`metadata.executed_layout`: per role, the layout its workers report running."""
         rt, out = self.ctx.rt, {}
-        for role in (Role.ACTOR, Role.ROLLOUT):
+        for role in (Role.ACTOR, Role.CRITIC, Role.ROLLOUT):
             members = self.ctx.workers(role)
             if members:
                 got = rt.results([rt.call(members[0], "executed_layout", len(members))])[0]

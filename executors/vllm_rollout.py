@@ -26,10 +26,8 @@ from typing import Any
 import torch
 
 from executors import rl
-from executors.reshard import BucketLoading
-from executors.roles import RunConfig, Worker, _timing
-
-MEM_FRACTION = (0.05, 0.95)  # vLLM refuses 0 and needs headroom below 1
+from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
+from executors.roles import RunConfig, _timing
 
 
 class WeightSync:
@@ -43,12 +41,11 @@ class WeightSync:
 
 def engine_args(cfg: RunConfig, rank: int) -> dict[str, Any]:
     """The `vllm.LLM` keyword arguments of rollout replica `rank` (plan and job, see above)."""
-    lo, hi = MEM_FRACTION
     args: dict[str, Any] = dict(
         model=cfg.model_dir, tokenizer=cfg.model_dir, dtype="bfloat16", seed=cfg.seed + rank,
         enforce_eager=True, max_model_len=cfg.max_model_len,
         tensor_parallel_size=cfg.rollout_tp,
-        gpu_memory_utilization=min(max(cfg.rollout_mem_fraction, lo), hi),
+        gpu_memory_utilization=engine_mem_fraction(cfg),
         worker_extension_cls="executors.vllm_rollout.WeightSync")
     if cfg.rollout_tp > 1:  # TP workers as processes on this actor's GPUs
         args["distributed_executor_backend"] = "mp"
@@ -56,28 +53,21 @@ def engine_args(cfg: RunConfig, rank: int) -> dict[str, Any]:
 
 
 def behaviour_logprobs(sample_id: str, tokens: list[int], steps: list[Any] | None) -> list[float]:
-    """The sampled tokens' log-probs from vLLM's per-step dicts; RuntimeError when absent."""
-    if steps is None or len(steps) != len(tokens):
-        raise RuntimeError(f"vllm returned {0 if steps is None else len(steps)} log-probs for "
-                           f"{len(tokens)} tokens of sample {sample_id} (SamplingParams.logprobs "
-                           f"must be set); the trainer's importance weights need every one")
-    out = []
-    for k, (step, t) in enumerate(zip(steps, tokens)):
-        if step is None or t not in step:
-            raise RuntimeError(f"vllm returned no log-prob for token {k} ({t}) of sample "
-                               f"{sample_id}")
-        out.append(float(step[t].logprob))
-    return out
+    """The sampled tokens' log-probs from vLLM's per-step dicts (token id -> Logprob);
+    RuntimeError when absent (`engine_common.checked_logprobs`)."""
+    def logprob(step: Any, t: int) -> float | None:
+        return None if step is None or t not in step else float(step[t].logprob)
+    return checked_logprobs("vllm", sample_id, tokens, steps,
+                            "SamplingParams.logprobs must be set", logprob)
 
 
-class VllmRollout(Worker, BucketLoading):
+class VllmRollout(EngineRollout):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
-        super().__init__(cfg, "rollout", rank)
+        super().__init__(cfg, rank)
         # The engine in this process: collective_rpc then calls the worker directly.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # lazy: vLLM (gpu extra), after the environment is set
         self.llm = LLM(**engine_args(cfg, rank))
-        self.version = 0
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
         t0 = time.time()
@@ -90,12 +80,6 @@ class VllmRollout(Worker, BucketLoading):
         each TP worker's shard (the split `reshard.engine_shard` follows)."""
         self.llm.collective_rpc("update_weights", args=(tensors,))
 
-    def current_version(self) -> int:
-        return self.version
-
-    def executed_layout(self, replicas: int) -> dict[str, int]:
-        return {"dp": replicas, "tp": self.cfg.rollout_tp, "pp": 1}
-
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
         """As `executors.roles.Rollout.generate`: continue each context by up to `limits[i]`."""
@@ -106,12 +90,9 @@ class VllmRollout(Worker, BucketLoading):
                              logprobs=0, seed=int(seed), stop_token_ids=[self.cfg.codec.eos],
                              skip_special_tokens=False) for seed, lim in zip(seeds, limits)]
         outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], sp, use_tqdm=False)
-        resp, lps = [], []
+        outputs = []
         for sid, o in zip(ids, outs):
             c = o.outputs[0]
             toks = list(c.token_ids)
-            resp.append(toks)
-            lps.append(behaviour_logprobs(sid, toks, c.logprobs))
-        s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
-        return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
-                          version=self.version, batch=len(ids))
+            outputs.append((toks, behaviour_logprobs(sid, toks, c.logprobs)))
+        return self._samples(t0, ids, groups, contexts, outputs)

@@ -129,7 +129,8 @@ def test_pipeline_step_matches_one_process(layout: tuple[int, int, int], accumul
     assert diff < 5e-5  # a wrong sum or a stale stage shows as ~1e-3 (Adam moves ~lr)
     lay = Layout(*layout)
     assert [r[1]["optimizer_steps"] for r in ranks] == [2] * lay.world  # the job's mini-batches
-    assert all(r[3] == {"dp": layout[0], "tp": layout[1], "pp": layout[2]} for r in ranks)
+    assert all(r[3] == {"dp": layout[0], "tp": layout[1], "pp": layout[2], "recompute": False}
+               for r in ranks)
     for r in ranks:  # the global norm sums every stage's gradients
         assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
     leaders = [r for r in ranks if lay.leads(r[0])]
@@ -165,7 +166,8 @@ def test_execute_records_the_pipeline_layout(tmp_path: Path) -> None:
     from placer.costmodel import Parallel
     plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=2), "train")})
     r = execute(plan, 1, tmp_path / "out")
-    assert r.trace.metadata["executed_layout"]["actor"] == {"dp": 1, "tp": 1, "pp": 2}
+    assert r.trace.metadata["executed_layout"]["actor"] == {
+        "dp": 1, "tp": 1, "pp": 2, "recompute": plan.roles["actor"].recompute}
     assert r.trace.metadata["optimizer_steps"] == plan.resolved().job.batch.mini_batches
     assert len([p for p in r.placement if p["role"] == "actor"]) == 2
     assert r.ledger_ok and r.stats[0].loss != 0.0  # the last stage's loss, not stage 0's
