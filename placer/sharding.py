@@ -71,8 +71,9 @@ class Parallel:
     # step (`costmodel.eager_overhead`)
     cuda_graphs: bool = True
     # Hybrid sharded data parallelism (HSDP: FSDP2's 2-D (replicate, shard) mesh, verl's
-    # `fsdp_size`, DeepSpeed's hpZ): dp ranks of one ZeRO shard group; the dp / shard groups
-    # replicate each other. 0 (or dp): ZeRO over all of dp.
+    # `fsdp_size`, DeepSpeed's MiCS; not ZeRO++ hpZ, whose state stays sharded over all of dp):
+    # dp ranks of one ZeRO shard group; the dp / shard groups replicate each other. 0 (or dp):
+    # ZeRO over all of dp.
     shard: int = 0
 
     @property

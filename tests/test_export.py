@@ -3,6 +3,7 @@ configuration code (tests/frameworks.py), and what they cannot express named in 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 
@@ -13,11 +14,17 @@ from frameworks import crd_errors, k8s_errors, openrlhf_parse, pod_template, ver
 from omegaconf import OmegaConf
 from simplans import example_names, example_plan, small_plan
 
+from placer.catalog import resolve
+from placer.costmodel import Calibration
+from placer.errors import SpecError
 from placer.interop import EXPORTERS
+from placer.interop.common import hsdp_roles
 from placer.interop.kuberay import export_kuberay
 from placer.interop.openrlhf import command_args
-from placer.interop.verl import config_name, launch_args, overrides
+from placer.interop.verl import config_name, launch_args, overrides, uses_megatron
 from placer.planfile import Plan, calibration_of, save_plan
+from placer.spec import job_from_dict
+from simulator.handplans import plan_for
 
 SPLIT = {"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
          "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
@@ -34,10 +41,35 @@ def plans() -> list[tuple[str, Plan]]:
 PLANS = dict(plans())
 # verl and OpenRLHF refuse a role split over pools (tests/test_split_render.py checks how)
 ONE_POOL = sorted(n for n, p in PLANS.items() if not any(r.parts for r in p.roles.values()))
+# ... and an HSDP shard group where they have none: OpenRLHF always, verl under Megatron
+HSDP = [n for n in ONE_POOL if hsdp_roles(PLANS[n])]
+VERL_OK = [n for n in ONE_POOL if n not in HSDP or not uses_megatron(PLANS[n])]
+OPENRLHF_OK = [n for n in ONE_POOL if n not in HSDP]
+
+
+def without_hsdp(plan: Plan) -> Plan:
+    """The plan with every trainer's state sharded over all its dp ranks (no `shard`)."""
+    return plan.model_copy(update={"roles": {n: r.model_copy(update={"shard": 0})
+                                             for n, r in plan.roles.items()}})
+
+
+def replanned(plan: Plan, refusal: str) -> Plan:
+    """The plan's job planned again with the pin the refusal names (the fix it offers)."""
+    found = re.search(r"`pin: (\{.*\}\})` to the job", refusal)
+    assert found, refusal
+    pin = yaml.safe_load(found.group(1))
+    job = plan.spec.model_dump(mode="json", exclude_none=True)
+    job["pin"] = {**job.get("pin", {}), **pin}
+    return plan_for(resolve(job_from_dict(job), plan.spec.name), Calibration())
+
+
+def test_the_examples_cover_hsdp_with_fsdp_and_with_megatron() -> None:
+    """The HSDP tests below run on the examples' own plans; they must hold both kinds."""
+    assert [n for n in HSDP if n not in VERL_OK] and [n for n in HSDP if n in VERL_OK]
 
 
 # --------------------------------------------------------------------------------------- verl
-@pytest.mark.parametrize("name", ONE_POOL)
+@pytest.mark.parametrize("name", VERL_OK)
 def test_verl_overrides_compose_with_verls_own_config(name: str) -> None:
     plan = PLANS[name]
     flat, _ = overrides(plan)
@@ -61,6 +93,33 @@ def test_verl_overrides_compose_with_verls_own_config(name: str) -> None:
         assert cfg.trainer.v1.trainer_mode == "separate_async"
         assert (cfg.actor_rollout_ref.rollout.nnodes * cfg.actor_rollout_ref.rollout.n_gpus_per_node
                 == roll.devices)
+
+
+@pytest.mark.parametrize("name", [n for n in HSDP if n in VERL_OK])
+def test_verl_fsdp_takes_the_shard_group_and_a_plan_without_one_is_unchanged(name: str) -> None:
+    plan = PLANS[name]
+    flat, _ = overrides(plan)
+    cfg = verl_compose(config_name(plan), launch_args(plan, flat)[1:])
+    for role, r in hsdp_roles(plan).items():
+        key = "actor_rollout_ref.actor.fsdp_config" if role == "actor" else "critic.fsdp"
+        assert OmegaConf.select(cfg, f"{key}.fsdp_size") == r.shard * r.tp * r.cp
+    plain, _ = overrides(without_hsdp(plan))
+    assert not any(k.endswith("fsdp_size") for k in plain)  # verl's default -1: all ranks
+    assert plain == {k: v for k, v in flat.items() if not k.endswith("fsdp_size")}
+
+
+@pytest.mark.parametrize("name", [n for n in HSDP if n not in VERL_OK])
+def test_verl_refuses_hsdp_under_megatron_and_its_fix_exports(name: str) -> None:
+    plan = PLANS[name]
+    role, r = next(iter(hsdp_roles(plan).items()))
+    with pytest.raises(SpecError, match=rf"roles\.{role}\.shard: {r.shard}: verl's Megatron "
+                                        r"trainer cannot .* Re-plan with plain ZeRO") as e:
+        overrides(plan)
+    assert "export kuberay" in str(e.value)
+    again = replanned(plan, str(e.value))
+    assert not hsdp_roles(again) and uses_megatron(again)
+    flat, _ = overrides(again)
+    verl_compose(config_name(again), launch_args(again, flat)[1:])
 
 
 def test_verl_composition_refuses_an_unknown_key() -> None:
@@ -94,9 +153,9 @@ def test_verl_gives_a_reward_model_on_its_own_gpus_a_resource_pool() -> None:
 
 
 # ------------------------------------------------------------------------------------ OpenRLHF
-@pytest.mark.parametrize("name", ONE_POOL)
+@pytest.mark.parametrize("name", OPENRLHF_OK + [f"{n}-noshard" for n in HSDP])
 def test_openrlhf_command_parses_with_openrlhfs_own_parser(name: str) -> None:
-    plan = PLANS[name]
+    plan = PLANS[name] if name in PLANS else without_hsdp(PLANS[name.removesuffix("-noshard")])
     export = EXPORTERS["openrlhf"](plan)
     argv = shlex.split(export.command)[3:]  # after `python3 -m openrlhf.cli.train_ppo_ray`
     assert argv == command_args(plan)[0]
@@ -108,6 +167,32 @@ def test_openrlhf_command_parses_with_openrlhfs_own_parser(name: str) -> None:
     assert args.vllm.tensor_parallel_size == roll.tp
     if not args.train.colocate_all and plan.resolved().device_of(roll.pool).kind == "gpu":
         assert args.vllm.num_engines * args.vllm.tensor_parallel_size == roll.devices
+    assert args.ds.zpg == 1  # ZeRO over all ranks: no hpZ group (it is not HSDP)
+
+
+@pytest.mark.parametrize("name", HSDP)
+def test_openrlhf_refuses_an_hsdp_plan_and_names_the_fix(name: str) -> None:
+    """OpenRLHF 0.11 has no shard group (its --ds.zpg is ZeRO++ hpZ, not HSDP): the export
+    names every role's `shard`, and the pin it offers re-plans into a plan OpenRLHF runs."""
+    plan = PLANS[name]
+    hsdp = hsdp_roles(plan)
+    with pytest.raises(SpecError, match=r"OpenRLHF cannot shard .* \(HSDP\).*--ds\.zpg") as e:
+        EXPORTERS["openrlhf"](plan)
+    msg = str(e.value)
+    assert msg.startswith(", ".join(f"roles.{n}.shard: {r.shard}" for n, r in hsdp.items()))
+    for n, r in hsdp.items():
+        assert f"{n}: {{dp: {r.dp}, shard: {r.dp}}}" in msg
+    assert ("export verl" in msg) is (not uses_megatron(plan))
+
+
+def test_the_pin_an_openrlhf_refusal_offers_plans_without_hsdp() -> None:
+    plan = PLANS["grpo-qwen7b-h100"]
+    assert hsdp_roles(plan), "the example's actor is expected to take HSDP"
+    with pytest.raises(SpecError) as e:
+        command_args(plan)
+    again = replanned(plan, str(e.value))
+    assert not hsdp_roles(again) and again.roles["actor"].dp == plan.roles["actor"].dp
+    openrlhf_parse(command_args(again)[0])
 
 
 def test_openrlhf_parser_check_can_fail() -> None:
@@ -121,7 +206,7 @@ def test_openrlhf_parser_check_can_fail() -> None:
 
 
 def test_openrlhf_names_what_it_cannot_express() -> None:
-    e = EXPORTERS["openrlhf"](PLANS["ppo-llama8b-hetero"])
+    e = EXPORTERS["openrlhf"](without_hsdp(PLANS["ppo-llama8b-hetero"]))
     text = "\n".join(e.warnings)
     assert "colocation:" in text and "reference:" in text and "environment:" in text
 
@@ -201,7 +286,13 @@ def test_cli_writes_files_and_warns_on_stderr(tmp_path, placer_cmd) -> None:
     script = shlex.split((tmp_path / "v" / "launch.sh").read_text().split("set -e\n")[1]
                          .replace("\\\n", " "))
     assert script[:3] == ["python3", "-m", "verl.trainer.main_ppo"] and script[-1] == "$@"
-    cmd = subprocess.run(placer_cmd + ["export", "openrlhf", str(plan), "--json"],
+    refused = subprocess.run(placer_cmd + ["export", "openrlhf", str(plan), "--json"],
+                             capture_output=True, text=True)  # HSDP actor and critic
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("placer: error: roles.actor.shard: 8, roles.critic.shard: 8")
+    plain = tmp_path / "plain.json"
+    save_plan(without_hsdp(PLANS["ppo-llama8b-hetero"]), plain)
+    cmd = subprocess.run(placer_cmd + ["export", "openrlhf", str(plain), "--json"],
                          capture_output=True, text=True)
     doc = json.loads(cmd.stdout)
     assert doc["framework"] == "openrlhf" and doc["warnings"]

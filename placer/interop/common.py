@@ -133,3 +133,27 @@ def refuse_split(plan: Plan, framework: str) -> None:
         f"splits it over {over}. Re-plan with the {role} kept on one pool (add `pin: {{{role}: "
         f"{{pool: {r.parts[0].pool}}}}}` to the job, or leave one {role} pool in its cluster), or "
         "export kuberay, which runs this plan as it is (`placer execute`)")
+
+
+def hsdp_roles(plan: Plan) -> dict[str, RolePlacement]:
+    """The roles whose training state the plan shards in HSDP groups (`roles.NAME.shard`
+    smaller than their dp: `Parallel.shard`); 0, or all of dp, is plain ZeRO over every rank."""
+    return {role: r for role, r in plan.roles.items() if 0 < r.shard < r.dp}
+
+
+def refuse_hsdp(plan: Plan, framework: str, why: str, instead: str) -> None:
+    """SpecError (exit 2) when the plan shards a training role's state in HSDP groups that
+    `framework` cannot build (`why`): exporting it as plain ZeRO would silently change the
+    layout the plan was priced with (state per device, and which links the gathers cross).
+    The message names the pin that re-plans without HSDP (`shard` = dp: the pin's way of
+    saying plain ZeRO, as a pin's values are positive) and `instead`, what else to do."""
+    hsdp = hsdp_roles(plan)
+    if not hsdp:
+        return
+    role, r = next(iter(hsdp.items()))
+    pins = ", ".join(f"{n}: {{dp: {x.dp}, shard: {x.dp}}}" for n, x in hsdp.items())
+    fields = ", ".join(f"roles.{n}.shard: {x.shard}" for n, x in hsdp.items())
+    raise SpecError(
+        f"{fields}: {framework} cannot shard the {role}'s training state in groups of {r.shard} "
+        f"of its {r.dp} data-parallel ranks (HSDP): {why}. Re-plan with plain ZeRO over all dp "
+        f"ranks (add `pin: {{{pins}}}` to the job), or {instead}")

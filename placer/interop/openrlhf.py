@@ -11,7 +11,8 @@ Training is DeepSpeed ZeRO (`--ds.zero_stage`, `--ds.adam_offload`, AutoTP as
 Anything else the plan does (other colocations, LPU or CPU pools for models, pipeline stages,
 a rule reward or an environment, which OpenRLHF runs as a reward function or agent script) is
 named in `Export.warnings`. A role split over pools (`roles.NAME.parts`) is refused (SpecError,
-exit 2): the vLLM engines are one group of one device type (`common.refuse_split`).
+exit 2): the vLLM engines are one group of one device type (`common.refuse_split`). So is an HSDP
+shard group (`roles.NAME.shard` below dp): OpenRLHF has no hybrid sharding (`HSDP_REFUSAL`).
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ from placer.interop.common import (
     lengths,
     memory_fraction,
     node_shape,
+    refuse_hsdp,
     refuse_split,
 )
+from placer.interop.verl import uses_megatron
 from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import Algorithm, DeviceKind
@@ -36,6 +39,20 @@ ENTRYPOINT = "python3 -m openrlhf.cli.train_ppo_ray"
 ESTIMATOR = {Algorithm.grpo: "group_norm", Algorithm.ppo: "gae", Algorithm.rloo: "rloo"}
 # plan role -> OpenRLHF's argument prefix for a model's actor group
 GROUPS = {Role.ACTOR: "actor", Role.REFERENCE: "ref", Role.CRITIC: "critic", Role.REWARD: "reward"}
+# Why an HSDP plan (`Parallel.shard`: state sharded inside groups of `shard` dp ranks, the groups
+# all-reducing the gradient shards) has no OpenRLHF 0.11.2 form. Its trainers are DeepSpeed ZeRO
+# over the whole data-parallel world; the one group option, `--ds.zpg` (openrlhf/cli/
+# train_ppo_ray.py, "ZeRO++ max partition size"), becomes DeepSpeed's `zero_hpz_partition_size`
+# (openrlhf/utils/deepspeed/deepspeed_utils.py, get_train_ds_config): ZeRO++ hpZ, a secondary
+# copy of the parameters inside the group for the backward's gathers only; gradients and the
+# optimizer state stay sharded over every rank and the forward gathers and the gradient
+# reduce-scatter still span them (deepspeed.ai/tutorials/zeropp). DeepSpeed's HSDP
+# (MiCS, `mics_shard_size`) is not among OpenRLHF's options, and --ds.tensor_parallel_size is
+# AutoTP, not a shard group.
+HSDP_REFUSAL = ("OpenRLHF 0.11 trains with DeepSpeed ZeRO over all data-parallel ranks, and its "
+                "--ds.zpg (ZeRO++ hpZ) only keeps a parameter copy inside the group for the "
+                "backward pass (gradients and optimizer state stay sharded over every rank), "
+                "which is not the layout the plan priced")
 
 
 def _shape_args(plan: Plan, role: Role, shape: tuple[int, int]) -> list[str]:
@@ -165,8 +182,12 @@ def _outside(plan: Plan, warn: list[str]) -> None:
 
 def command_args(plan: Plan) -> tuple[list[str], list[str]]:
     """(argv after the entrypoint, warnings); SpecError when a role is split over pools
-    (OpenRLHF's vLLM engines are one group of one device type: `refuse_split`)."""
+    (OpenRLHF's vLLM engines are one group of one device type: `refuse_split`) or a trainer's
+    state is sharded in HSDP groups (`HSDP_REFUSAL`)."""
     refuse_split(plan, "OpenRLHF")
+    kuberay = "kuberay, which runs this plan as it is (`placer execute`)"
+    refuse_hsdp(plan, "OpenRLHF", HSDP_REFUSAL, "export " + kuberay if uses_megatron(plan)
+                else f"export verl (FSDP's fsdp_size is the shard group) or {kuberay}")
     warn: list[str] = []
     flags, forced = _colocation(plan, warn)
     args = _models(plan, warn, forced) \

@@ -15,7 +15,9 @@ What verl cannot express is named in `Export.warnings`: LPU pools, a reference o
 the actor's pool, colocations other than the hybrid engine's, and device types (verl counts GPUs;
 which GPU type a pool lands on is the Ray cluster's business: `placer export kuberay`). A role
 split over pools (`roles.NAME.parts`) is refused (SpecError, exit 2): verl's rollout is one group
-of one device type (`common.refuse_split`).
+of one device type (`common.refuse_split`). An HSDP shard group (`roles.NAME.shard`) is FSDP's
+`fsdp_size`; under Megatron, which has no shard-group setting in verl, it is refused too
+(`MEGATRON_HSDP`).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from placer.interop.common import (
     memory_fraction,
     mini_batch_prompts,
     node_shape,
+    refuse_hsdp,
     refuse_split,
 )
 from placer.planfile import Plan, calibration_of
@@ -41,6 +44,15 @@ from placer.spec import Algorithm, DeviceKind
 
 ADV_ESTIMATOR = {Algorithm.grpo: "grpo", Algorithm.ppo: "gae", Algorithm.rloo: "rloo"}
 ENTRYPOINT = "python3 -m verl.trainer.main_ppo"
+# Megatron-Core's HSDP is the partial distributed optimizer (`num_distributed_optimizer_instances`:
+# the optimizer sharded inside each instance, the gradients all-reduced across them), whose groups
+# `mpu.initialize_model_parallel` must build; verl 0.9.1's Megatron engine calls it without that
+# argument (verl/workers/engine/megatron/transformer_impl.py, `_init_device_mesh`) and its
+# megatron config (verl/trainer/config/engine/megatron.yaml) has no such key, so an HSDP plan
+# trained with Megatron is refused rather than exported as plain ZeRO.
+MEGATRON_HSDP = ("verl 0.9 builds Megatron's data-parallel groups without partial "
+                 "distributed-optimizer instances (Megatron-Core's HSDP), and its megatron "
+                 "config has no shard-group setting")
 
 
 def uses_megatron(plan: Plan) -> bool:
@@ -55,8 +67,12 @@ def config_name(plan: Plan) -> str:
 
 def overrides(plan: Plan) -> tuple[dict[str, Any], list[str]]:
     """(dotted key -> value, warnings): every key exists in verl's shipped trainer config.
-    SpecError when a role is split over pools (verl cannot express it: `refuse_split`)."""
+    SpecError when a role is split over pools (verl cannot express it: `refuse_split`), or
+    when a trainer run with Megatron has an HSDP shard group (`MEGATRON_HSDP`)."""
     refuse_split(plan, "verl")
+    if uses_megatron(plan):
+        refuse_hsdp(plan, "verl's Megatron trainer", MEGATRON_HSDP,
+                    "export kuberay, which runs this plan as it is (`placer execute`)")
     warn: list[str] = []
     job = plan.spec
     prompt_len, response_len = lengths(plan)
