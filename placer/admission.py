@@ -68,7 +68,13 @@ def engine(st: StepTerms, kv: KvBudget, prompt: list[int], response: list[list[i
     """The replica's loop from time `start`; yields (wake time, busy until) and is sent the time
     it resumes at (>= the wake time; `busy until` <= wake: the rest is idle waiting)."""
     s = _State(prompt, response, weight)
-    cap, slow, state = kv.tokens, hooks.slow, kv.seq
+    # the row lists as locals (a clone appends to these same lists): this loop runs ~10^6
+    # times for one large cost table, and attribute lookups were a third of its time
+    wt, pend, ctx, a, end, order, left = s.wt, s.pend, s.ctx, s.a, s.end, s.order, s.left
+    cap, slow, state, max_seqs, block = kv.tokens, hooks.slow, kv.seq, kv.max_seqs, kv.block
+    on_prefill = None if hooks.prefill is _nothing else hooks.prefill
+    on_decode = None if hooks.decode is _nothing else hooks.decode
+    on_preempt = None if hooks.preempt is _nothing else hooks.preempt
     push, pop = heapq.heappush, heapq.heappop
     waiting = deque(range(len(prompt)))
     arrivals: list[tuple[float, int]] = []  # (time, row) back from a tool call
@@ -81,70 +87,75 @@ def engine(st: StepTerms, kv: KvBudget, prompt: list[int], response: list[list[i
         new: list[tuple[int, int]] = []
         room = cap - idle - sum_a - batch * (steps + 1) - held * state  # free after the next step
         lone = not active and not arrivals  # nothing holds KV: the first sequence always fits
-        while waiting and held < kv.max_seqs:
+        while waiting and held < max_seqs:
             i = waiting[0]
-            need = s.pend[i] + 1 + state
-            take = min(s.wt[i], kv.max_seqs - held, max(room, 0) // need)
+            need = pend[i] + 1 + state
+            take = min(wt[i], max_seqs - held, max(room, 0) // need)
             if take == 0 and lone and not new:
                 take = 1
             if take == 0:
                 break
-            if take < s.wt[i]:  # split the row: `take` of its sequences start now
-                s.wt[i] -= take
+            if take < wt[i]:  # split the row: `take` of its sequences start now
+                wt[i] -= take
                 i = s.clone(i, take)
             else:
                 waiting.popleft()
             held += take
             room -= take * need
-            new.append((i, s.pend[i]))
+            new.append((i, pend[i]))
         while arrivals and arrivals[0][0] <= t:
             i = pop(arrivals)[1]
-            idle -= s.wt[i] * s.ctx[i]
+            idle -= wt[i] * ctx[i]
             new.append((i, tool_output))
         if new:
-            seqs = sum(s.wt[i] for i, _ in new)
-            toks = sum(s.wt[i] * n for i, n in new)
+            seqs = toks = ctx_sum = 0
+            for i, n in new:
+                w = wt[i]
+                seqs += w
+                toks += w * n
+                ctx_sum += w * (ctx[i] + n)
             if toks > 0:
-                ctx_sum = sum(s.wt[i] * (s.ctx[i] + n) for i, n in new)
                 dur = st.prefill(toks, ctx_sum / seqs) * slow
-                hooks.prefill(t, dur, seqs, toks, ctx_sum)
+                if on_prefill is not None:
+                    on_prefill(t, dur, seqs, toks, ctx_sum)
                 t += dur
             for i, n in new:
                 stamp += 1
-                s.ctx[i] += n
-                s.pend[i], s.order[i] = 0, stamp
-                s.a[i], s.end[i] = s.ctx[i] - steps, steps + s.left[i]
-                push(active, (s.end[i], i))
+                c = ctx[i] = ctx[i] + n
+                pend[i], order[i] = 0, stamp
+                a[i], end[i] = c - steps, steps + left[i]
+                push(active, (end[i], i))
                 push(newest, (-stamp, i))
-                sum_a += s.wt[i] * s.a[i]
-                batch += s.wt[i]
+                sum_a += wt[i] * a[i]
+                batch += wt[i]
             if arrivals and arrivals[0][0] <= t:  # arrived during the prefill: admit first
                 now = yield t, t
                 continue
-        while active and s.wt[active[0][1]] == 0:  # rows preempted whole
+        while active and wt[active[0][1]] == 0:  # rows preempted whole
             pop(active)
         if not active:
             now = yield (t if t > now else arrivals[0][0]), t
             continue
         over = idle + sum_a + batch * (steps + 1) + held * state - cap  # the next step lacks
         if over > 0:  # free a block's worth of steps for the rest (vLLM allocates pages)
-            over += batch * (kv.block - 1)
+            over += batch * (block - 1)
         while over > 0 and batch > 1:  # preempt the newest running sequences
-            while s.wt[newest[0][1]] == 0 or s.order[newest[0][1]] != -newest[0][0]:
+            while wt[newest[0][1]] == 0 or order[newest[0][1]] != -newest[0][0]:
                 pop(newest)
             v = newest[0][1]
-            c = s.a[v] + steps
-            x = min(s.wt[v], -(-over // (c + state + kv.block)), batch - 1)
+            c = a[v] + steps
+            x = min(wt[v], -(-over // (c + state + block)), batch - 1)
             j = s.clone(v, x)
-            s.wt[v] -= x
-            s.pend[j], s.ctx[j], s.left[j], s.order[j] = c, 0, s.end[v] - steps, 0
-            sum_a -= x * s.a[v]
+            wt[v] -= x
+            pend[j], ctx[j], left[j], order[j] = c, 0, end[v] - steps, 0
+            sum_a -= x * a[v]
             batch -= x
             held -= x
-            over -= x * (c + state + kv.block)
+            over -= x * (c + state + block)
             waiting.appendleft(j)
-            hooks.preempt(t, x, c)
-        while s.wt[active[0][1]] == 0:
+            if on_preempt is not None:
+                on_preempt(t, x, c)
+        while wt[active[0][1]] == 0:
             pop(active)
         kmax = active[0][0] - steps
         full = (cap - idle - sum_a - batch * steps - held * state) // batch  # steps to full
@@ -156,25 +167,26 @@ def engine(st: StepTerms, kv: KvBudget, prompt: list[int], response: list[list[i
         if arrivals and arrivals[0][0] < t + run.time(kmax) * slow:
             k = run.steps_to_reach((arrivals[0][0] - t) / slow, kmax)
         dur = run.time(k) * slow
-        hooks.decode(t, dur, batch, k, c0)
+        if on_decode is not None:
+            on_decode(t, dur, batch, k, c0)
         now = yield t + dur, t + dur
         steps += k
         t = now
         while active and active[0][0] <= steps:
-            end, i = pop(active)
-            w = s.wt[i]
+            e, i = pop(active)
+            w = wt[i]
             if w == 0:
                 continue
-            sum_a -= w * s.a[i]
+            sum_a -= w * a[i]
             batch -= w
-            s.ctx[i], s.order[i] = s.a[i] + end, 0
+            ctx[i], order[i] = a[i] + e, 0
             s.turn[i] += 1
             if s.turn[i] >= len(s.resp[i]):  # rows may differ in turns (partial rollouts)
                 held -= w
                 hooks.done(t, s.src[i], w)
                 continue
-            s.left[i] = s.resp[i][s.turn[i]]
-            idle += w * s.ctx[i]
+            left[i] = s.resp[i][s.turn[i]]
+            idle += w * ctx[i]
             first = w
             for n, (back, calls) in enumerate(hooks.calls(t, s.src[i], s.turn[i] - 1, w)):
                 row = i
@@ -183,7 +195,7 @@ def engine(st: StepTerms, kv: KvBudget, prompt: list[int], response: list[list[i
                 else:
                     first = calls
                 push(arrivals, (back, row))
-            s.wt[i] = first
+            wt[i] = first
 
 
 class _State:

@@ -35,7 +35,8 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 from placer.candidates import Candidate
-from placer.ilp import Assignment, Problem, score, slot_names
+from placer.ilp import Assignment, Problem, slot_names
+from placer.ilp_bound import score
 from placer.roles import Role
 from placer.spec import DeviceKind
 

@@ -7,9 +7,9 @@ the two agree exactly with variance off.
 Between two batch changes the batch B is fixed and its total KV context grows by B per step, so
 step i costs f(i) = decode_step_time(B, C0 + B i) = max(m0 + k C, floor): a run of steps is at most
 two arithmetic series, summed (and inverted, to stop at a tool call's return) in closed form from
-three cost-model calls per batch size (`StepTerms`); a batch whose step lacks that shape (a cost
-model changed under us) is summed step by step. With identical sequences every wave starts and
-ends together and the result is `estimate.wave_time`'s lockstep waves exactly.
+the cost model's (m0, k, floor) per batch size (`costmodel.decode_step_line`, kept per batch size
+in `StepTerms`). With identical sequences every wave starts and ends together and the result is
+`estimate.wave_time`'s lockstep waves exactly.
 
 `KvBudget` is what a replica admits: its KV-cache tokens (whole pages of `kv_block_tokens`) and
 `max_num_seqs` (`placer.efficiency.Efficiency`).
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from placer.costmodel import (
     Efficiency,
     Parallel,
+    decode_step_line,
     decode_step_time,
     kv_capacity_tokens,
-    prefill_time,
+    prefill_line,
 )
 from placer.sharding import state_tokens
 from placer.spec import DeviceType, ModelArch
@@ -63,11 +64,9 @@ class StepTerms:
     dev: DeviceType
     par: Parallel  # one replica (dp = 1)
     eff: Efficiency
-    terms: dict[int, tuple[float, float, float] | None] = field(default_factory=dict)
-    prefills: dict[tuple[float, float], float] = field(default_factory=dict)
+    terms: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    prefills: dict[float, tuple[float, float]] = field(default_factory=dict)
     _kv: KvBudget | None = None
-
-    PROBE = 1e9  # KV tokens far into the memory-bound regime
 
     @property
     def kv(self) -> KvBudget:
@@ -79,23 +78,23 @@ class StepTerms:
     def step(self, batch: int, context: float) -> float:
         return decode_step_time(self.model, self.dev, self.par, batch, context, self.eff)
 
-    def of(self, batch: int) -> tuple[float, float, float] | None:
-        if batch not in self.terms:
-            hi, hi2 = self.step(batch, self.PROBE), self.step(batch, 2 * self.PROBE)
-            k = (hi2 - hi) / self.PROBE
-            m0, flat = hi - k * self.PROBE, self.step(batch, 0.0)
-            probe = 3.7e4 * batch
-            ok = math.isclose(max(m0 + k * probe, flat), self.step(batch, probe), rel_tol=1e-9)
-            self.terms[batch] = (m0, k, flat) if ok else None
-        return self.terms[batch]
+    def of(self, batch: int) -> tuple[float, float, float]:
+        """(m0, k, flat) of a step of `batch` > 0 sequences (`costmodel.decode_step_line`)."""
+        terms = self.terms.get(batch)
+        if terms is None:
+            terms = self.terms[batch] = decode_step_line(self.model, self.dev, self.par, batch,
+                                                         self.eff)
+        return terms
 
     def prefill(self, tokens: float, ctx: float) -> float:
-        key = (tokens, ctx)  # the same admissions recur across runs and candidates
-        t = self.prefills.get(key)
-        if t is None:
-            t = self.prefills[key] = prefill_time(self.model, self.dev, self.par, tokens, ctx,
-                                                  self.eff)
-        return t
+        """`costmodel.prefill_time` of `tokens` new tokens at mean context `ctx`, from its
+        line in ctx kept per token count (`costmodel.prefill_line`: the same prefill sizes
+        recur across replays and candidates, at ever different contexts)."""
+        line = self.prefills.get(tokens)
+        if line is None:
+            line = self.prefills[tokens] = prefill_line(self.model, self.dev, self.par, tokens,
+                                                        self.eff)
+        return line[0] + line[1] * ctx
 
 
 _SHARED: dict[tuple[int, int, Parallel, int], tuple[object, object, object, StepTerms]] = {}
@@ -119,16 +118,10 @@ def step_terms(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) ->
 class Run:
     """Cumulative time T(k) of k decode steps of a fixed batch from total context c0."""
 
-    __slots__ = ("j", "f0", "a", "b", "table")
+    __slots__ = ("j", "f0", "a", "b")
 
     def __init__(self, st: StepTerms, batch: int, c0: float, kmax: int) -> None:
-        terms = st.of(batch)
-        self.table: list[float] | None = None
-        if terms is None:  # unknown shape: sum the steps one by one (slow, exact)
-            self.table = [st.step(batch, c0 + batch * i) for i in range(kmax)]
-            self.j, self.f0, self.a, self.b = kmax, 0.0, 0.0, 0.0
-            return
-        m0, k, flat = terms
+        m0, k, flat = st.of(batch)
         u0, du = m0 + k * c0, k * batch
         self.f0 = max(u0, flat)
         if u0 >= flat:
@@ -140,8 +133,6 @@ class Run:
         self.a, self.b = u0 + du * self.j, du
 
     def time(self, k: int) -> float:
-        if self.table is not None:
-            return sum(self.table[:k])
         if k <= self.j:
             return k * self.f0
         n = k - self.j
@@ -153,9 +144,7 @@ class Run:
             return 1
         if self.time(kmax) <= dt:
             return kmax
-        if self.table is not None:
-            k = 1
-        elif dt <= self.j * self.f0:
+        if dt <= self.j * self.f0:
             k = math.ceil(dt / self.f0)
         elif self.b <= 0:
             k = self.j + math.ceil((dt - self.j * self.f0) / self.a)

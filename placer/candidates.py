@@ -17,7 +17,15 @@ the same pool with no more devices and no more time in every stage, and no more 
 """
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from placer.catalog import Resolved
 from placer.costmodel import (
@@ -33,7 +41,7 @@ from placer.estimate import Estimate, can_host, estimate
 from placer.pins import pin_of, pinned_layouts
 from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceKind, DeviceType, ModelArch, Pool
-from placer.split import split_estimates
+from placer.split import SplitKeep, split_estimates
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,7 @@ def _training_layouts(m: ModelArch, counts: list[int], tps: list[int], domain: i
 
 # An engine spans nodes (PP stages) only when one node's devices, TP over all of them, would
 # spend more than this share of their memory on weights: pipeline stages do not shorten a
-# decode step (`costmodel._decode_terms`), they only make room for weights and KV.
+# decode step (`generation._decode_terms`), they only make room for weights and KV.
 MULTI_NODE_WEIGHT_SHARE = 0.5
 
 
@@ -258,18 +266,89 @@ def _dominates(a: Candidate, b: Candidate) -> bool:
             and all(a.est.stage_s.get(s, 0.0) <= b.est.stage_s.get(s, 0.0) for s in stages))
 
 
+# role -> pool -> the role's candidates on that pool
+PerPool = dict[str, dict[str, list[Candidate]]]
+
+
 def all_candidates(res: Resolved, calib: Calibration,
                    limit: int | None = None) -> dict[str, list[Candidate]]:
     """Role -> candidates over every pool that may host it, then those split over two pools
     (`placer.split`)."""
+    return with_splits(res, calib, single_candidates(res, calib, limit))
+
+
+# Clusters of at least this many devices price their single-pool candidates in worker processes
+# (when the caller grants more than one): there a rollout's tail-aware replays take seconds per
+# pool, while starting a worker (a fresh interpreter importing the planner) takes ~0.5 s.
+PARALLEL_DEVICES = 4096
+
+
+def single_candidates(res: Resolved, calib: Calibration, limit: int | None = None,
+                      workers: int = 1) -> PerPool:
+    """Role -> pool -> the role's candidates on that one pool. On a large cluster
+    (`PARALLEL_DEVICES`) with `workers` > 1 each (role, pool) is priced in one of `workers`
+    processes; the table is the same either way (each pair is priced on its own)."""
+    tasks: list[tuple[str, Pool]] = [(role, pool) for role in res.job.roles()
+                                     for pool in res.cluster.pools]
+    devices = sum(p.devices_per_node * p.nodes for p in res.cluster.pools)
+    if workers > 1 and devices >= PARALLEL_DEVICES and not mp.current_process().daemon:
+        found = _priced_apart(res, calib, limit, tasks, workers)
+    else:
+        found = {(r, p.name): role_candidates(res, r, p, calib, limit) for r, p in tasks}
+    return {role: {pool.name: found[role, pool.name] for pool in res.cluster.pools}
+            for role in res.job.roles()}
+
+
+def _priced_apart(res: Resolved, calib: Calibration, limit: int | None,
+                  tasks: list[tuple[str, Pool]], workers: int
+                  ) -> dict[tuple[str, str], list[Candidate]]:
+    """`role_candidates` of every task in `workers` worker processes (`placer.tablework`).
+    The rollout's tasks on accelerators dominate (tail-aware replays), so they are dealt out
+    first, one per worker in turn, then the rest; a worker that fails leaves its share to be
+    priced here (where any error in the job surfaces as it would without workers)."""
+    heavy = [t for t in tasks if t[0] == Role.ROLLOUT and res.device_of(t[1]).kind is not
+             DeviceKind.cpu]
+    order = heavy + [t for t in tasks if t not in heavy]
+    shares = [order[i::workers] for i in range(workers) if order[i::workers]]
+    found: dict[tuple[str, str], list[Candidate]] = {}
+    with tempfile.TemporaryDirectory(prefix="placer-table-") as tmp:
+        procs = []
+        for i, share in enumerate(shares):
+            src, dst = Path(tmp) / f"in{i}", Path(tmp) / f"out{i}"
+            src.write_bytes(pickle.dumps((res, calib, limit, [(r, p.name) for r, p in share])))
+            procs.append((share, dst, subprocess.Popen(
+                [sys.executable, "-m", "placer.tablework", str(src), str(dst)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_child_env())))
+        for share, dst, proc in procs:
+            if proc.wait() == 0 and dst.exists():
+                found.update(pickle.loads(dst.read_bytes()))
+            else:
+                found.update({(r, p.name): role_candidates(res, r, p, calib, limit)
+                              for r, p in share})
+    return found
+
+
+def _child_env() -> dict[str, str]:
+    """The environment with this interpreter's import path, so a worker imports this placer."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def flat(per_pool: PerPool) -> dict[str, list[Candidate]]:
+    return {role: [c for cs in pools.values() for c in cs] for role, pools in per_pool.items()}
+
+
+def with_splits(res: Resolved, calib: Calibration, per_pool: PerPool,
+                keep: Callable[[str], SplitKeep] | None = None) -> dict[str, list[Candidate]]:
+    """Role -> its single-pool candidates, then those split over two pools (`placer.split`);
+    `keep(role)` says which splits are worth pricing (`placer.ilp_bound.split_keep`)."""
     out: dict[str, list[Candidate]] = {}
-    for role in res.job.roles():
-        per_pool = {pool.name: role_candidates(res, role, pool, calib, limit)
-                    for pool in res.cluster.pools}
-        singles = [c for cs in per_pool.values() for c in cs]
-        splits = split_estimates(res, calib, role,
-                                 {p: [c.est for c in cs] for p, cs in per_pool.items()})
-        out[role] = singles + [Candidate(role, e.pool, e) for e in splits]
+    for role, pools in per_pool.items():
+        splits = split_estimates(res, calib, role, {p: [c.est for c in cs] for p, cs in pools.items()},
+                                 keep(role) if keep is not None else None)
+        out[role] = [c for cs in pools.values() for c in cs] + [Candidate(role, e.pool, e)
+                                                               for e in splits]
     return out
 
 

@@ -66,34 +66,9 @@ Time:
                    framework's forward-only pass on a GPU (old log-probs, reference, reward,
                    critic values, `score_time`): mfu = `gemm_eff` of `device_ceiling(mfu_score)`,
                    + TP comm, no engine step
-  decode step      max(R(batch)*b / tp / (bw * e) + KV bytes * context / (TP KV split) /
-                       (bw * e), 2*P_mm*batch / tp / (peak * decode_flops_eff))
-                   + TP comm + stage sends + step overhead (PP stages run in turn: /tp, not
-                   /n); memory-bound at small batch (Pope et al. 2022; the roofline view of
-                   decoding). e = `decode_bw_eff`(batch, tp) = decode_bw_eff *
-                   batch / (batch + decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp);
-                   TP comm = 2 * L all-reduce calls of batch*h*b bytes, each at least its
-                   latency (`decode_tp_comm`); step overhead = step_overhead_s +
-                   step_overhead_per_seq_s * batch (`step_overhead`), + eager_layer_s * L
-                   for an engine without CUDA graphs (`eager_overhead`). R(batch) =
-                   `ModelArch.decode_read_params`: P_mm with the k routed experts of each MoE
-                   layer replaced by the E * (1 - (1 - k/E)^batch) distinct experts a batch is
-                   expected to hit under balanced routing (<= min(E, batch*k)); = P_mm dense.
-                   A hybrid reads and writes each sequence's GDN state once per step: + 2 *
-                   state bytes * batch / min(tp, key_heads) in the memory term (a per-batch
-                   constant, so the step keeps its shape max(m0 + k C, floor)), and its state
-                   FLOPs join the FLOP term. The routed experts' bytes stream at e *
-                   `expert_read_eff` = e * w / (w +
-                   expert_read_half_width), w = expert_mlp / expert TP columns per rank
-                   (fused-MoE kernels run one small GEMM per expert hit)
-  continuous batch admission by the KV in use (`placer.admission`, vLLM v1's scheduler): a
-                   waiting sequence enters while free KV covers its new tokens (+ a hybrid's
-                   GDN state in KV tokens, `state_tokens`) and fewer than `max_num_seqs` run;
-                   when the batch's KV outgrows the capacity the newest are preempted and
-                   recomputed. KV capacity = (memory * kv_mem_fraction - weights - engine) *
-                   pp * KV split / KV bytes per token (vLLM's gpu_memory_utilization, Kwon et
-                   al. 2023), in whole `kv_block_tokens` pages. An engine must hold one longest
-                   context (+ state): floor(capacity / that) >= 1 (`max_concurrency`)
+  generation       engine steps (`placer.generation`): prefill, decode step = max(memory line,
+                   compute floor) + fixed terms, KV capacity and continuous batch admission,
+                   the LPU chip pipeline
   parallelism      `placer.sharding`: TP, CP, PP, DP and expert parallelism (EP, ETP) split
                    weights, state and tokens; memory scales with P (every expert), FLOPs with
                    P_mm; the routed experts' GEMMs run at `gemm_eff` of the tokens one expert
@@ -109,14 +84,6 @@ Time:
                    halve their memory and the weights a decode step reads, FP8 KV halves the KV
                    bytes per token, and FP8 weights or FP8 training run the GEMMs at the FP8 peak
                    (`gemm_peak_tflops`); optimizer state, gradients and the sync stay as they are
-  LPU              weights live in SRAM: chips = ceil(P*b * (1 + lpu_kv_reserve) / SRAM) (230
-                   MB per GroqChip); KV room = chips * SRAM * reserve / (1 + reserve);
-                   decode step = lpu_step_s + chips * lpu_hop_s + (batch-1) * one chip's stage
-                   time (max of its weight reads and FLOPs); the two constants are fitted so that
-                   batch-1 decoding reproduces Groq's public ~300 tokens/s per user on
-                   Llama-2-70B and ~750 on Llama-2-7B (a stage reads R(1)*b / chips and
-                   computes 2*P_mm / chips); forward = 2*P_mm per token over the chips'
-                   FLOP/s * mfu_prefill, replicas = devices // chips, + chips * lpu_hop_s
   environment      waves = ceil(calls / max(floor(cores / cpu_per_call), 1)), each the call's
                    mean latency + tool_overhead_s; a rule reward is ceil(samples / cores) *
                    rule_reward_s for an in-process check, plus sandbox_batch_s + ceil(samples
@@ -143,9 +110,23 @@ Time:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 from placer.efficiency import Calibration, Efficiency
+from placer.generation import (
+    decode_bw_eff,
+    decode_run_time,
+    decode_step_line,
+    decode_step_time,
+    eager_overhead,
+    expert_read_eff,
+    forward_time,
+    kv_capacity_tokens,
+    lpu_chips,
+    max_concurrency,
+    prefill_line,
+    prefill_time,
+    step_overhead,
+)
 from placer.layercomm import (
     MICRO_TOKENS,
     NODE_DEVICES,
@@ -160,12 +141,24 @@ from placer.layercomm import (
     weight_gather_time,
     zero3_gathers,
 )
+from placer.roofline import (
+    BYTES,
+    GB,
+    Memory,
+    attention_flops_per_token,
+    decode_read_bytes,
+    device_ceiling,
+    gemm_eff,
+    gemm_peak_tflops,
+    infer_memory,
+    kv_bytes_per_token,
+    kv_split,
+    pass_compute,
+    weight_bytes,
+)
 from placer.sharding import (
     Parallel,
-    active_expert_params,
-    expert_tokens,
     linear_state_bytes,
-    params_per_device,
     state_split,
     state_tokens,
     train_state_bytes,
@@ -173,53 +166,17 @@ from placer.sharding import (
 from placer.spec import DeviceKind, DeviceType, ModelArch
 
 # re-exported: the layout type lives in placer.sharding, the layers' collectives in
-# placer.layercomm, the efficiency factors in placer.efficiency
+# placer.layercomm, the efficiency factors in placer.efficiency, the sizes and GEMM rates in
+# placer.roofline, the engine steps (prefill, decode, KV capacity) in placer.generation
 __all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm",
            "decode_tp_comm", "grad_sync_time", "layer_comm", "linear_state_bytes", "pp_send",
            "span_link", "state_split", "state_tokens", "tp_link", "zero3_gathers", "oversubscription",
-           "weight_gather_time"]
-
-GB = 1e9
-BYTES = 2  # BF16
-
-
-@dataclass(frozen=True)
-class Memory:
-    weights: float = 0.0
-    grads: float = 0.0
-    optimizer: float = 0.0
-    activations: float = 0.0
-    kv_cache: float = 0.0
-    overhead: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return (self.weights + self.grads + self.optimizer + self.activations + self.kv_cache
-                + self.overhead)
-
-
-def weight_bytes(m: ModelArch) -> float:
-    """BF16 bytes of every parameter (all experts, both embedding tables unless tied): what a
-    device holds and a weight sync moves."""
-    return m.params() * BYTES
-
-
-def decode_read_bytes(m: ModelArch, batch: float) -> float:
-    """BF16 bytes one decode step of `batch` sequences reads: `ModelArch.decode_read_params`
-    (the matmul weights, with the MoE experts the batch is expected to hit, not all of them;
-    not the input embedding table, of which a step gathers one row per sequence)."""
-    return m.decode_read_params(batch) * BYTES
-
-
-def kv_bytes_per_token(m: ModelArch) -> float:
-    """KV-cache bytes per token of one replica: `ModelArch.kv_elements_per_token` * b."""
-    return m.kv_elements_per_token() * BYTES
-
-
-def kv_split(m: ModelArch, par: Parallel) -> int:
-    """Devices of a replica that each hold a distinct part of the KV cache: pp stages times
-    the ways TP splits it (`ModelArch.kv_tp_shards`: KV heads, or 1 for a latent cache)."""
-    return par.pp * m.kv_tp_shards(par.tp)
+           "weight_gather_time",
+           "BYTES", "GB", "Memory", "attention_flops_per_token", "decode_bw_eff", "decode_read_bytes",
+           "decode_run_time", "decode_step_line", "decode_step_time", "device_ceiling", "eager_overhead",
+           "expert_read_eff", "forward_time", "gemm_eff", "gemm_peak_tflops", "infer_memory",
+           "kv_bytes_per_token", "kv_capacity_tokens", "kv_split", "lpu_chips", "max_concurrency",
+           "pass_compute", "prefill_line", "prefill_time", "step_overhead", "weight_bytes"]
 
 
 # ------------------------------------------------------------------------------------ training
@@ -239,68 +196,12 @@ def train_memory(m: ModelArch, par: Parallel, micro_tokens: int,
                   activations=act / GB, overhead=(eff or Efficiency()).train_mem_gb)
 
 
-def attention_flops_per_token(m: ModelArch, seq: float) -> float:
-    """Forward attention-score FLOPs per token of a causal sequence of `seq` tokens: QK^T and
-    AV over the keys before it, 2 * 2 * L * w per key, and a causal token sees seq / 2 keys on
-    average, so 2 * L * w * seq (half of the full-matrix 4 * L * w * s of Narayanan et al.),
-    L the full-attention layers; a hybrid's GDN layers add their state update and readout
-    (`ModelArch.linear_flops_per_token`), the same for every token whatever `seq`."""
-    return (2 * m.full_attention_layers * m.attention_width() * seq
-            + m.linear_flops_per_token())
-
-
 def train_flops(m: ModelArch, tokens: float, seq: float, recompute: bool) -> float:
     """Forward + backward (+ recomputed forward) FLOPs: (6 or 8) * (P_mm + L*w*s) per token
     (causal attention, `attention_flops_per_token`), P_mm = `ModelArch.matmul_params` (the
     experts a token runs, no input-embedding gather), w = `ModelArch.attention_width`."""
     passes = 8 if recompute else 6  # forward 2, backward 4, recomputed forward 2
     return passes * (m.matmul_params() + attention_flops_per_token(m, seq) / 2) * tokens
-
-
-def device_ceiling(ceiling: float, dev: DeviceType, eff: Efficiency) -> float:
-    """A pass's achievable fraction of peak on `dev`: its GEMMs at `ceiling` plus the memory-
-    bound kernels' `nongemm_bytes_per_flop` bytes per FLOP at HBM bandwidth, 1 / (1/ceiling +
-    nongemm * peak / bandwidth). A compute-poor, bandwidth-rich part (H20) keeps more of its
-    peak than a compute-rich one (H100, B200)."""
-    ridge = dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
-    return 1.0 / (1.0 / ceiling + eff.nongemm_bytes_per_flop * ridge)
-
-
-def gemm_eff(ceiling: float, tokens_per_device: float, dev: DeviceType, eff: Efficiency) -> float:
-    """Achieved fraction of peak of a pass over `tokens_per_device` tokens per device (one
-    micro-batch at most, `MICRO_TOKENS`): ceiling * t / (t + t_half), t_half =
-    gemm_half_ridge * peak / bandwidth (the ridge point in FLOP per byte, which is where a GEMM
-    over t tokens stops being bound by reading its weights)."""
-    t = min(max(tokens_per_device, 0.0), MICRO_TOKENS)
-    half = eff.gemm_half_ridge * dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
-    return ceiling * t / (t + half) if t > 0 else ceiling
-
-
-def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
-    """Peak TFLOP/s the layout's GEMMs run at: FP8 when its weights (inference) or its
-    training GEMMs are FP8 and the device has FP8 tensor cores, else BF16."""
-    if (par.fp8_weights or par.fp8_train) and dev.fp8_tflops is not None:
-        return dev.fp8_tflops
-    return dev.bf16_tflops
-
-
-def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
-                 passes: int, ceiling: float, group_tokens: float, eff: Efficiency) -> float:
-    """Seconds of `passes` matmul passes (2 a forward, 6 forward + backward, 8 with a recomputed
-    forward) over `tokens` tokens on the layout's devices: the dense, attention and LM-head
-    FLOPs at `gemm_eff` of the tokens a device's GEMMs see (`group_tokens` per dp rank / cp),
-    the routed experts' at `gemm_eff` of the tokens one expert sees (`sharding.expert_tokens`):
-    small for a mixture of many experts, which expert parallelism raises by gathering an EP
-    group's tokens."""
-    peak = par.devices * gemm_peak_tflops(dev, par) * 1e12
-    routed = active_expert_params(m)
-    dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
-    t = min(group_tokens, MICRO_TOKENS)
-    out = dense / (peak * gemm_eff(ceiling, group_tokens / par.cp, dev, eff))
-    if routed:
-        t_exp = expert_tokens(m, par, t)
-        out += passes * routed * tokens / (peak * gemm_eff(ceiling, t_exp, dev, eff))
-    return out
 
 
 def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
@@ -334,25 +235,6 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
 
 
 # ----------------------------------------------------------------------------- frozen forward
-def infer_memory(m: ModelArch, par: Parallel, dev: DeviceType, eff: Efficiency) -> Memory:
-    """Weights of a frozen model (reference, reward, critic forward, rollout engine)."""
-    over = eff.engine_mem_gb if dev.kind is DeviceKind.gpu else 0.0
-    return Memory(weights=sum(params_per_device(m, par)) * BYTES * par.weight_scale / GB,
-                  overhead=over)
-
-
-def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
-                 eff: Efficiency) -> float:
-    """A prefill-like forward pass over `tokens` tokens, spread over dp replicas."""
-    if dev.kind is DeviceKind.lpu:
-        chips = lpu_chips(m, dev, eff)
-        per_token = 2 * m.matmul_params() / (chips * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
-        replicas = max(par.devices // chips, 1)
-        return tokens * per_token / replicas + chips * eff.lpu_hop_s
-    compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff)
-    return compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
-
-
 def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
                eff: Efficiency) -> float:
     """A training framework's forward-only pass over `tokens` tokens (old log-probs, reference,
@@ -373,143 +255,6 @@ def dispatch_time(samples: float, padded_tokens: float, eff: Efficiency) -> floa
     padded token at `dispatch_gbs` (the driver's rate). Independent of the devices: the driver
     serializes every DP rank's chunk (see `Efficiency.dispatch_gbs`)."""
     return samples * padded_tokens * eff.dispatch_bytes_per_token / (eff.dispatch_gbs * GB)
-
-
-# --------------------------------------------------------------------------------- generation
-def lpu_chips(m: ModelArch, dev: DeviceType, eff: Efficiency) -> int:
-    """LPU chips one replica needs: the weights (plus a KV reserve) must sit in SRAM."""
-    return math.ceil(weight_bytes(m) * (1 + eff.lpu_kv_reserve) / (dev.memory_gb * GB))
-
-
-def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
-    """KV-cache tokens one replica can hold."""
-    if dev.kind is DeviceKind.lpu:
-        return lpu_chips(m, dev, eff) * dev.memory_gb * GB * eff.lpu_kv_reserve / (
-            1 + eff.lpu_kv_reserve) / kv_bytes_per_token(m)
-    free = (dev.memory_gb * eff.kv_mem_fraction - infer_memory(m, par, dev, eff).total)
-    return max(free, 0.0) * GB * kv_split(m, par) / (kv_bytes_per_token(m) * par.kv_scale)
-
-
-def max_concurrency(m: ModelArch, dev: DeviceType, par: Parallel, max_context: int,
-                    eff: Efficiency) -> int:
-    """Sequences one engine replica could hold if each reserved KV for its longest context,
-    plus a hybrid model's GDN state (`state_tokens`): < 1, the engine cannot run the job
-    (infeasible). Engines admit by the KV in use instead (`placer.admission`)."""
-    per_seq = max(max_context, 1) + state_tokens(m, dev, par, eff)
-    return int(kv_capacity_tokens(m, dev, par, eff) // per_seq)
-
-
-def prefill_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, ctx: float,
-                 eff: Efficiency) -> float:
-    """One prefill of `tokens` new tokens on one replica (context `ctx` for attention)."""
-    rep = par if par.dp == 1 else replace(par, dp=1)
-    return forward_time(m, dev, rep, tokens, ctx, eff)
-
-
-def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
-                  eff: Efficiency) -> tuple[float, float, float, float]:
-    """A GPU/CPU decode step as max(a + k * context_tokens, c) + d: (a, k, c, d) in seconds.
-
-    a: read the weights the step uses (`decode_read_bytes`) over the tp ranks of a stage, and
-    a hybrid's GDN state of each sequence read and written (`linear_state_bytes`); k:
-    read one KV token (its TP share, `ModelArch.kv_tp_shards`); c: the batch's matmul FLOPs (2 *
-    `matmul_params` per sequence) over tp ranks; d: the step's collectives (`decode_comm`), the
-    stage-to-stage sends (`pp_send`) and the engine's per-step overhead. Pipeline stages do not
-    shorten a step: a token passes every stage in turn (or, with pp micro-batches in flight,
-    every stage reads its weights once per micro-batch), so a step of the whole batch reads
-    all the weights and KV at one stage's bandwidth; PP buys memory (KV room), not speed.
-    """
-    n = par.tp
-    bw = dev.mem_bw_gbs * GB
-    rate = bw * decode_bw_eff(batch, par.tp, eff)
-    # routed experts read at the efficiency of their own split: whole experts per rank under EP
-    routed = (m.decode_read_params(batch) - m.decode_read_params(0)) * BYTES
-    a = ((decode_read_bytes(m, batch) - routed) / n / rate
-         + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff)
-                         * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
-    # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
-    a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
-    k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.tp) / rate
-    c = ((2 * m.matmul_params() + m.linear_flops_per_token()) * batch / n
-         / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
-    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff)
-         + step_overhead(batch, eff) + eager_overhead(m, par, eff))
-    return a, k, c, d
-
-
-def decode_bw_eff(batch: int, tp: int, eff: Efficiency) -> float:
-    """Achieved fraction of HBM bandwidth of a decode step: decode_bw_eff * batch / (batch +
-    decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp) (see the `Efficiency` fields)."""
-    b = max(batch, 1)
-    return (eff.decode_bw_eff * b / (b + eff.decode_bw_half_batch)
-            / (1 + eff.decode_tp_bw_loss * math.log2(max(tp, 1))))
-
-
-def expert_read_eff(m: ModelArch, expert_tp: int, eff: Efficiency) -> float:
-    """Fraction of the dense decode bandwidth at which a step reads its routed experts: w / (w +
-    expert_read_half_width), w = expert_mlp / expert_tp (the columns of one expert's slice on a
-    rank; fused-MoE kernels run one small GEMM per expert hit). 1 for a dense model."""
-    if not m.moe or not m.expert_mlp:
-        return 1.0
-    w = m.expert_mlp / max(expert_tp, 1)
-    return w / (w + eff.expert_read_half_width)
-
-
-def step_overhead(batch: int, eff: Efficiency) -> float:
-    """Host time of one engine step of `batch` sequences: step_overhead_s +
-    step_overhead_per_seq_s * batch."""
-    return eff.step_overhead_s + eff.step_overhead_per_seq_s * max(batch, 0)
-
-
-def eager_overhead(m: ModelArch, par: Parallel, eff: Efficiency) -> float:
-    """Host time an eager engine (no CUDA graphs) adds to one decode step: eager_layer_s per
-    layer (a token passes every layer, whatever the TP or PP split). 0 with CUDA graphs."""
-    return 0.0 if par.cuda_graphs else eff.eager_layer_s * m.layers
-
-
-def _lpu_decode_step(m: ModelArch, dev: DeviceType, batch: int, eff: Efficiency) -> float:
-    """A token walks the chip pipeline; each further sequence adds one chip's stage time."""
-    chips = lpu_chips(m, dev, eff)
-    stage = max(decode_read_bytes(m, 1) / chips / (dev.mem_bw_gbs * GB * eff.decode_bw_eff),
-                2 * m.matmul_params() / chips / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff))
-    return eff.lpu_step_s + chips * eff.lpu_hop_s + (batch - 1) * stage
-
-
-def decode_step_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
-                     context_tokens: float, eff: Efficiency) -> float:
-    """One decode step of `batch` sequences holding `context_tokens` KV tokens in total."""
-    if batch <= 0:
-        return 0.0
-    if dev.kind is DeviceKind.lpu:
-        return _lpu_decode_step(m, dev, batch, eff)
-    a, k, c, d = _decode_terms(m, dev, par, batch, eff)
-    return max(a + k * context_tokens, c) + d
-
-
-def decode_run_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int, ctx0: float,
-                    steps: int, eff: Efficiency) -> float:
-    """`steps` decode steps of a lockstep batch whose per-sequence context starts at `ctx0`.
-
-    Exactly the sum of `decode_step_time` over steps i = 0..steps-1 (context batch*(ctx0+i)),
-    in closed form: compute-bound steps while the memory term is below the FLOP term, then an
-    arithmetic series of memory-bound steps.
-    """
-    if steps <= 0 or batch <= 0:
-        return 0.0
-    if dev.kind is DeviceKind.lpu:
-        return steps * _lpu_decode_step(m, dev, batch, eff)
-    a, k, c, d = _decode_terms(m, dev, par, batch, eff)
-    u0, du = a + k * batch * ctx0, k * batch  # memory term of step 0 and its growth per step
-    # steps 0..j-1 are compute-bound (u0 + du*i < c), steps j..steps-1 memory-bound
-    if u0 >= c:
-        j = 0
-    elif du * steps <= c - u0:  # (also du == 0) still compute-bound at the last step
-        j = steps
-    else:
-        j = math.ceil((c - u0) / du)
-    mem_steps = steps - j
-    mem = mem_steps * u0 + du * (j + steps - 1) * mem_steps / 2
-    return j * c + mem + steps * d
 
 
 # ------------------------------------------------------------------------- environment, sync

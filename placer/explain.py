@@ -30,7 +30,8 @@ from placer.costmodel import Calibration, lpu_chips
 from placer.errors import Infeasible
 from placer.estimate import HOSTS, can_host, estimate
 from placer.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
-from placer.ilp import Unsolved, score
+from placer.ilp import Unsolved
+from placer.ilp_bound import score
 from placer.ilp_solve import solve
 from placer.moves import dims
 from placer.pins import DIMS, Pin, pin_of
@@ -231,7 +232,7 @@ def split(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5
 def single_pool_alternative(res: Resolved, calib: Calibration, objective: str,
                             time_limit_s: float = 5.0) -> dict[str, Any] | None:
     """The best plan with every role on one pool: the job's cost table with the split
-    candidates left out, solved for the same objective and priced by `ilp.score` (what
+    candidates left out, solved for the same objective and priced by `ilp_bound.score` (what
     `assemble` would predict); None when no such plan is found in the time limit."""
     from placer.planner import build_problem  # lazy: cycle (the planner imports this module)
 

@@ -29,13 +29,9 @@ from placer.ilp import (
     Unsolved,
     _Model,
     candidate_key,
-    candidate_price,
-    heuristic,
-    prune_by_bound,
-    rate_per_hour,
-    score,
     slot_names,
 )
+from placer.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
 from placer.pricing import PRICE_SCALE
 
 

@@ -9,8 +9,9 @@ This is the API the CLI, the notebooks, the simulator's tests and the executor's
 Re-planning is `plan_job(with_nodes(job, ...), calib, hint=old_plan, move_cost_s=...)`: the old
 plan seeds the solver and every role that changes config costs `move_cost_s`.
 
-The candidate table (`placer.candidates.all_candidates`) is the only thing handed from estimation
-to the solver; every plan, the ILP's and the baselines', is priced and mapped by `assemble`.
+The candidate table (`placer.candidates`: single-pool candidates, then splits) is the only thing
+handed from estimation to the solver; every plan, the ILP's and the baselines', is priced and
+mapped by `assemble`.
 A job that cannot be placed raises `placer.errors.Infeasible` with a diagnosis naming what does not
 fit and the smallest change that would (see `placer.explain.diagnose`).
 Host memory (`placer.hostmem`): candidates over a node's host RAM on their own are refused before
@@ -23,12 +24,13 @@ from dataclasses import replace
 
 from placer import hostmem
 from placer.assemble import assemble
-from placer.candidates import all_candidates
+from placer.candidates import flat, single_candidates, with_splits
 from placer.catalog import Resolved, resolve
 from placer.costmodel import Calibration
 from placer.errors import Infeasible
 from placer.explain import diagnose
-from placer.ilp import Assignment, Hint, Problem, Solution, Unsolved, layout_key, score
+from placer.ilp import Assignment, Hint, Problem, Solution, Unsolved, layout_key
+from placer.ilp_bound import score, split_keep
 from placer.ilp_solve import frontier, solve
 from placer.planfile import Plan, SolverInfo
 from placer.spec import Job, SpecError
@@ -36,15 +38,29 @@ from placer.spec import Job, SpecError
 DEFAULT_TIME_LIMIT_S = 10.0
 
 
-def build_problem(res: Resolved, calib: Calibration, objective: str | None = None) -> Problem:
-    """The cost table of a job; Infeasible (with a diagnosis) if some role has no candidate."""
+def build_problem(res: Resolved, calib: Calibration, objective: str | None = None,
+                  bounded: bool = True, slack_s: float = 0.0, workers: int = 1) -> Problem:
+    """The cost table of a job; Infeasible (with a diagnosis) if some role has no candidate.
+
+    `bounded`: split candidates that cannot beat the heuristic plan on the objective by more
+    than `slack_s` seconds (a re-plan's move costs; `placer.ilp_bound.split_keep`) are not
+    priced. Solving gives the same optimum (the solver would prune them); a table for other
+    uses (the time/cost frontier, a narrower re-solve) keeps them all. `workers`: processes
+    a large cluster's single-pool candidates may be priced in (`candidates.single_candidates`)."""
     if objective is not None and objective != res.job.objective:  # the plan records its objective
         res = resolve(res.job.model_copy(update={"objective": objective}))
-    cands = all_candidates(res, calib)
-    missing = [r for r, cs in cands.items() if not cs]
+    per_pool = single_candidates(res, calib, workers=workers)
+    missing = [r for r, cs in flat(per_pool).items() if not cs]
     if missing:
         raise Infeasible(diagnose(res, calib, missing))
-    cands, refused = hostmem.refuse_candidates(res, cands)  # over a node's host memory alone
+    keep = None
+    if bounded:
+        fit, _ = hostmem.refuse_candidates(res, flat(per_pool))
+        if all(fit.values()):  # else the table below is refused with its diagnosis
+            singles = Problem(res, calib, fit, objective or res.job.objective)
+            keep = split_keep(singles, slack_s)
+    # over a node's host memory alone
+    cands, refused = hostmem.refuse_candidates(res, with_splits(res, calib, per_pool, keep))
     missing = [r for r, cs in cands.items() if not cs]
     if missing:
         raise Infeasible(hostmem.refusal(res, missing, refused))
@@ -60,9 +76,12 @@ def to_plan(problem: Problem, sol: Solution, calibration_doc: dict | None = None
 def plan_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
              hint: Plan | None = None, objective: str | None = None, move_cost_s: float = 0.0,
              workers: int = 2, seed: int = 0, calibration_doc: dict | None = None) -> Plan:
-    """Place every role of the job with the ILP and return the assembled plan."""
-    problem = build_problem(res, calib, objective)
+    """Place every role of the job with the ILP and return the assembled plan. `workers`: CP-SAT
+    search workers, and processes that price a large cluster's cost table (`build_problem`)."""
     h = hint_of(hint, move_cost_s) if hint is not None else None
+    slack = len(res.job.roles()) * move_cost_s if hint is not None else 0.0  # as `ilp_solve`
+    problem = build_problem(res, calib, objective, slack_s=slack, workers=workers)
+    bounded = True
     # The ILP sees each candidate's own host memory, not colocated roles adding up on one node:
     # a plan over a node's host RAM is re-solved without the offload of the roles on that node.
     for _ in range(len(problem.roles) + 1):
@@ -74,6 +93,11 @@ def plan_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TI
         narrower = _host_checked(problem, plan)
         if narrower is None:
             return plan
+        if bounded:  # the narrower optimum may need splits the wider table's bound ruled out
+            bounded = False
+            full = build_problem(res, calib, objective, bounded=False, workers=workers)
+            narrower = _host_checked(full, plan)
+            assert narrower is not None  # the same plan over the same nodes
         problem = narrower
     raise Infeasible("host memory: no placement found that fits every node's host memory")
 
@@ -108,7 +132,8 @@ def sweep_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_T
               max_points: int = 8, workers: int = 2, seed: int = 0,
               calibration_doc: dict | None = None) -> list[Plan]:
     """The time/cost-per-sample Pareto frontier, fastest first (`ilp_solve.frontier`)."""
-    problem = build_problem(res, calib, "time")
+    # unbounded: the frontier's slow, cheap end may need any split
+    problem = build_problem(res, calib, "time", bounded=False, workers=workers)
     sols = frontier(problem, time_limit_s, max_points, workers=workers, seed=seed)
     if not sols:
         raise Infeasible(f"the solver found no placement within {time_limit_s:g} s")

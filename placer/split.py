@@ -51,6 +51,10 @@ SPLITTABLE = (Role.ROLLOUT,)
 PART_CHOICES = 4  # device counts per pool that a part may take (spread over the pool's range)
 PAIR_CHOICES = 8  # split candidates kept per pair of pools (spread over their total devices)
 
+# Whether a split candidate holding these devices (pool -> count), whose time is at least this
+# many seconds, may be in a plan better than a known one (`placer.ilp_bound.split_keep`)
+SplitKeep = Callable[[dict[str, int], float], bool]
+
 
 def deal(n: int, kept: list[int]) -> list[int]:
     """Samples each part runs when a step runs `n` and part i's share of the kept batch is
@@ -166,7 +170,8 @@ def thin(ests: list[Estimate], per_node: int, k: int = PART_CHOICES) -> list[Est
 
 
 def split_estimates(res: Resolved, calib: Calibration, role: str,
-                    singles: dict[str, list[Estimate]]) -> list[Estimate]:
+                    singles: dict[str, list[Estimate]], keep: SplitKeep | None = None
+                    ) -> list[Estimate]:
     """Split estimates of `role` over every pair of pools.
 
     `singles`: pool -> the role's single-pool estimates there (already pruned). CPU pools are
@@ -174,7 +179,9 @@ def split_estimates(res: Resolved, calib: Calibration, role: str,
     balanced first on the job at its means (`rollout_tail.at_means`: lockstep waves, cheap); per
     pair of pools the Pareto set of (devices on a, devices on b, time) is thinned to
     `PAIR_CHOICES`; those are priced on the job itself (the tail-aware makespan) and their split
-    corrected once in proportion to the parts' measured rates, keeping the better of the two."""
+    corrected once in proportion to the parts' measured rates, keeping the better of the two.
+    `keep` skips the refinement of a pair whose first tail-aware point already shows it cannot
+    beat a known plan (`_refined`)."""
     if role not in SPLITTABLE:
         return []
     total, group = res.job.batch.samples, res.job.batch.samples_per_prompt
@@ -192,7 +199,8 @@ def split_estimates(res: Resolved, calib: Calibration, role: str,
                 if found is not None:
                     options.append((a, b, *found))
         for a, b, n, _ in _pareto(options, PAIR_CHOICES):
-            parts = _refined(a, b, n, total, group, exact) if tails else _parts(a, b, n, total, exact)
+            parts = (_refined(a, b, n, total, group, exact, keep) if tails
+                     else _parts(a, b, n, total, exact))
             if parts is not None:
                 out.append(join(parts))
     return out
@@ -205,11 +213,16 @@ def _parts(a: Estimate, b: Estimate, n: int, total: int,
 
 
 def _refined(a: Estimate, b: Estimate, n: int, total: int, group: int,
-              timer: Callable[[Estimate, int], Estimate | None], steps: int = 4
-              ) -> list[Part] | None:
+             timer: Callable[[Estimate, int], Estimate | None], keep: SplitKeep | None = None,
+             steps: int = 4) -> list[Part] | None:
     """The balance on the tail model, from the guess n: a rate-proportional step, then secant
     steps on t_a(n) - t_b(N - n) (the tail adds a near-constant term that the means miss, so
-    the guess can be far off but the difference stays smooth); the best split seen."""
+    the guess can be far off but the difference stays smooth); the best split seen.
+
+    None without refining when `keep` rules the pair out at the guess: t_a grows and t_b
+    shrinks with n (more samples on a part never end it sooner), so every split of the pair
+    lasts at least min(t_a, t_b) at any one point; most pairs of a large cluster that balance
+    at few devices are far slower than the heuristic plan, and this saves their secant steps."""
     lo, hi = _min_groups(a, group), total // group - _min_groups(b, group)
     seen: dict[int, tuple[float, float, list[Part]]] = {}
 
@@ -227,6 +240,8 @@ def _refined(a: Estimate, b: Estimate, n: int, total: int, group: int,
     if first is None:
         return None
     ta, tb = first[2][0].est.time_s, first[2][1].est.time_s
+    if keep is not None and not keep({a.pool: a.devices, b.pool: b.devices}, min(ta, tb)):
+        return None
     rate_a, rate_b = g0 / ta, (total // group - g0) / tb
     g1 = min(max(round(total // group * rate_a / (rate_a + rate_b)), lo), hi)
     for _ in range(steps):

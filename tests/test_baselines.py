@@ -22,7 +22,7 @@ from placer.baselines import (
 )
 from placer.catalog import resolve
 from placer.costmodel import Calibration
-from placer.ilp import score
+from placer.ilp_bound import score
 from placer.ilp_solve import solve
 from placer.planner import build_problem, plan_assignment, plan_job, to_plan
 from placer.spec import load_job

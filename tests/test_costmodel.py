@@ -15,6 +15,7 @@ from placer.costmodel import (
     Parallel,
     decode_read_bytes,
     decode_run_time,
+    decode_step_line,
     decode_step_time,
     dispatch_time,
     engine_swap_time,
@@ -25,6 +26,7 @@ from placer.costmodel import (
     kv_capacity_tokens,
     lpu_chips,
     max_concurrency,
+    prefill_line,
     prefill_time,
     score_time,
     switch_time,
@@ -376,3 +378,28 @@ def test_every_trainer_and_forward_pass_pays_one_dispatch_whatever_the_devices(d
     ref = estimate(res, "reference", pool, Parallel(dp=dp), calib)
     assert ref.stage_s["score"] == pytest.approx(
         score_time(m, H100, Parallel(dp=dp), tokens, 1024, EFF) + ship, rel=1e-9)
+
+
+@pytest.mark.parametrize("model", ["Llama-3-8B", "Qwen3-30B-A3B", "DeepSeek-V3", "Qwen3-Next-80B-A3B"])
+@pytest.mark.parametrize("dev", ["H100-SXM", "groq-lpu"])
+@pytest.mark.parametrize("par", [Parallel(tp=8), Parallel(tp=4, cp=2), Parallel(tp=8, ep=8)])
+def test_step_lines_reproduce_the_step_times_they_stand_for(model: str, dev: str,
+                                                           par: Parallel) -> None:
+    """The engine loop prices decode steps and prefills from these lines (`batching.StepTerms`):
+    they must be the cost model's times at every context, for every architecture."""
+    m, d = M[model], DEV[dev]
+    if par.ep > 1 and not m.moe:
+        pytest.skip("expert parallelism needs experts")
+    eff = Efficiency()
+    for batch in (1, 7, 256):
+        m0, k, floor = decode_step_line(m, d, par, batch, eff)
+        for ctx in (0.0, 1e3 * batch, 3e4 * batch):
+            assert max(m0 + k * ctx, floor) == pytest.approx(
+                decode_step_time(m, d, par, batch, ctx, eff), rel=1e-12)
+    for tokens in (1.0, 900.0, 5e4):
+        base, per_ctx = prefill_line(m, d, par, tokens, eff)
+        for ctx in (0.0, 512.0, 32768.0):
+            assert base + per_ctx * ctx == pytest.approx(
+                prefill_time(m, d, par, tokens, ctx, eff), rel=1e-12)
+        if dev != "groq-lpu":  # attention grows with the context on a GPU
+            assert per_ctx > 0

@@ -4,7 +4,7 @@ Instances: up to 4 roles, up to 3 pools, up to 32 devices, sync and async (stale
 the async chain bound binds on some), fixed and long-tailed response lengths, time and cost
 objectives. The brute force enumerates, over the *same* cost table, every choice of one candidate
 per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
-respected) and prices each with the same `ilp.score` (which is `timing.iteration_time`).
+respected) and prices each with the same `ilp_bound.score` (which is `timing.iteration_time`).
 A rollout split over two pools (`placer.split`) is drawn into the table whenever the cluster has
 one: it must sit alone in its slot and holds devices on each of its pools.
 """
@@ -20,7 +20,8 @@ from placer.baselines import partitions
 from placer.catalog import resolve
 from placer.costmodel import Calibration
 from placer.errors import Infeasible
-from placer.ilp import Assignment, Problem, score, slot_names
+from placer.ilp import Assignment, Problem, slot_names
+from placer.ilp_bound import score
 from placer.ilp_solve import solve
 from placer.planner import build_problem
 from placer.spec import job_from_dict

@@ -11,7 +11,8 @@ from placer.assemble import placed_estimate
 from placer.catalog import resolve
 from placer.costmodel import Calibration, Memory, Parallel
 from placer.estimate import Estimate, estimate
-from placer.ilp import Problem, score
+from placer.ilp import Problem
+from placer.ilp_bound import score
 from placer.ilp_solve import solve
 from placer.planfile import check_plan
 from placer.planner import build_problem, to_plan

@@ -49,7 +49,9 @@ def add_solver_arguments(p: argparse.ArgumentParser, time_limit_s: float = 10.0)
                    help=f"solver time limit in seconds (default {time_limit_s:g})")
     p.add_argument("--calibration", metavar="F", help="calibration profile (YAML/JSON)")
     p.add_argument("--objective", choices=("time", "cost"), help="override the job's objective")
-    p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="CP-SAT search workers, and the processes that price a large cluster's "
+                   "cost table (default 2)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
 
 

@@ -1,0 +1,86 @@
+"""The cost table (`placer.planner.build_problem`): split candidates priced only where they may
+beat the heuristic plan (`placer.ilp_bound.split_keep`), and a large cluster's single-pool
+candidates priced in worker processes (`placer.candidates.single_candidates`), both without
+changing what the solver finds."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import placer.candidates as candidates
+from placer.catalog import resolve
+from placer.costmodel import Calibration
+from placer.ilp import Problem, candidate_key
+from placer.ilp_bound import heuristic, score, split_keep
+from placer.ilp_solve import solve
+from placer.planner import build_problem
+from placer.roles import Role
+from placer.spec import load_job
+
+HETERO = "examples/hetero-split.yaml"
+
+
+def _splits(problem: Problem) -> int:
+    return sum(c.split for cs in problem.cands.values() for c in cs)
+
+
+@pytest.mark.parametrize("objective", ["time", "cost"])
+def test_a_bounded_table_prices_fewer_splits_and_keeps_the_optimum(objective: str) -> None:
+    res = resolve(load_job(HETERO))
+    bounded = build_problem(res, Calibration(), objective)
+    full = build_problem(res, Calibration(), objective, bounded=False)
+    assert _splits(bounded) <= _splits(full)
+    if objective == "time":
+        assert _splits(bounded) < _splits(full)  # the bound rules some out on this cluster
+    singles = [c for cs in bounded.cands.values() for c in cs if not c.split]
+    assert singles == [c for cs in full.cands.values() for c in cs if not c.split]
+    assert solve(bounded, 10).objective == pytest.approx(solve(full, 10).objective, rel=1e-9)
+
+
+def test_split_keep_is_the_heuristic_plans_bound_on_a_candidates_own_time() -> None:
+    res = resolve(load_job(HETERO))
+    full = build_problem(res, Calibration(), bounded=False)
+    singles = Problem(res, full.calib, {r: [c for c in cs if not c.split]
+                                        for r, cs in full.cands.items()})
+    ub = score(singles, heuristic(singles))[0]
+    keep = split_keep(singles)(Role.ROLLOUT)
+    devices = {"h100": 8, "h20": 8}
+    assert keep(devices, 0.99 * ub) and not keep(devices, 1.01 * ub)
+    # a re-plan's move costs let a plan that slow win: kept within that slack
+    assert split_keep(singles, slack_s=0.02 * ub)(Role.ROLLOUT)(devices, 1.01 * ub)
+    # every split of the unbounded table that could beat the bound is in the bounded one, as is
+    bounded = {candidate_key(c): c.time_s for c in build_problem(res, Calibration()).cands["rollout"]
+               if c.split}
+    useful = {candidate_key(c): c.time_s for c in full.cands["rollout"] if c.split and c.time_s <= ub}
+    assert useful and all(bounded.get(k) == t for k, t in useful.items())
+
+
+def _table(problem: Problem) -> dict[str, list[tuple]]:
+    return {r: [(c.pool, c.est.par, c.est.stage_s, c.est.memory) for c in cs]
+            for r, cs in problem.cands.items()}
+
+
+def test_a_table_priced_in_worker_processes_is_the_same_table(monkeypatch) -> None:
+    res = resolve(load_job(HETERO))
+    alone = build_problem(res, Calibration(), workers=1)
+    monkeypatch.setattr(candidates, "PARALLEL_DEVICES", 1)  # this cluster counts as large
+    seen = []
+    real = candidates._priced_apart
+    monkeypatch.setattr(candidates, "_priced_apart",
+                        lambda *a: seen.append(a[-1]) or real(*a))
+    apart = build_problem(res, Calibration(), workers=2)
+    assert seen == [2]  # the workers priced it
+    assert _table(apart) == _table(alone)
+
+
+def test_a_failed_worker_leaves_its_share_to_the_caller(monkeypatch) -> None:
+    res = resolve(load_job(HETERO))
+    alone = candidates.single_candidates(res, Calibration())
+    monkeypatch.setattr(candidates, "PARALLEL_DEVICES", 1)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits 1 at once
+    apart = candidates.single_candidates(res, Calibration(), workers=2)
+    assert {r: {p: [c.est.stage_s for c in cs] for p, cs in pools.items()}
+            for r, pools in apart.items()} == {
+        r: {p: [c.est.stage_s for c in cs] for p, cs in pools.items()}
+        for r, pools in alone.items()}
