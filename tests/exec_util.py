@@ -5,6 +5,7 @@ only the choice of configs is made by hand, so each test controls exactly where 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,38 @@ def run_module(plan: Plan, steps: int, out: Path, **kw: Any):
         return execute(plan, steps, out, **kw)
     finally:
         ray.shutdown()
+
+
+def execute_cli(plan: Path, out: Path, *extra: str,
+                watch: Callable[[int], None] | None = None) -> tuple[dict[str, Any], str]:
+    """`placer execute PLAN --json --out OUT ...` as a user runs it (a subprocess with its own
+    embedded Ray): the JSON document it prints and its stderr; it must exit 0. `watch(pid)` is
+    called every 0.2 s while it runs (the output goes to files, so that no pipe fills)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    argv = [sys.executable, "-m", "placer.cli", "execute", str(plan), "--json", "--out", str(out),
+            *extra]
+    logs = out.parent / f"{out.name}.stdout", out.parent / f"{out.name}.stderr"
+    with logs[0].open("w") as so, logs[1].open("w") as se:
+        proc = subprocess.Popen(argv, stdout=so, stderr=se, env=env, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 600
+            while proc.poll() is None and time.monotonic() < deadline:
+                if watch is not None:
+                    watch(proc.pid)
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=60)
+    stdout, stderr = logs[0].read_text(), logs[1].read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    doc: dict[str, Any] = json.loads(stdout)
+    return doc, stderr
 
 
 def curve(result) -> list[float]:

@@ -64,7 +64,16 @@ def test_version(placer_cmd) -> None:
     assert out.returncode == 0 and out.stdout.strip() == f"placer {placer.__version__}"
 
 
+def test_execute_plans_a_job_first() -> None:
+    """`placer.execute(job)` runs what `placer.plan(job)` gives (a run: tests/test_exec_grpo.py)."""
+    by_path = placer.plan(TINY, time_limit=5)
+    assert api._planned(TINY).roles == by_path.roles
+    assert api._planned(placer.load_job(TINY)).roles == by_path.roles
+    assert api._planned(by_path) is by_path
+
+
 @pytest.mark.ray
+@pytest.mark.slow  # tests/test_exec_grpo.py runs its Ray through placer.execute and checks this
 def test_execute_stops_the_ray_it_started(tmp_path) -> None:
     """A notebook's kernel outlives the run: the embedded Ray must not (killed with the kernel,
     Ray's SIGTERM handler prints stack traces)."""

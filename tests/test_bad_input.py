@@ -87,10 +87,10 @@ def _run_cli(placer_cmd: list[str], args: list[str]) -> subprocess.CompletedProc
                           timeout=120)
 
 
-def test_bad_jobs_through_the_real_cli(placer_cmd: list[str]) -> None:
+def _through_the_real_cli(placer_cmd: list[str], files: list[Path]) -> None:
     """One subprocess per file (two at a time): the console script, exit 2, one stderr line, and
     nothing on stdout, with and without --json."""
-    runs = [(path, flags) for path in FILES for flags in ([], ["--json"])
+    runs = [(path, flags) for path in files for flags in ([], ["--json"])
             if not flags or path.stem in JSON_TOO]
     with ThreadPoolExecutor(max_workers=2) as pool:
         procs = list(pool.map(lambda r: _run_cli(placer_cmd, ["validate", str(r[0]), *r[1]]), runs))
@@ -98,6 +98,17 @@ def test_bad_jobs_through_the_real_cli(placer_cmd: list[str]) -> None:
         assert proc.returncode == EXIT_BAD_INPUT, (path.stem, proc.stderr)
         assert proc.stdout == "", (path.stem, proc.stdout)
         _check_message(path.stem, path, proc.stderr)
+
+
+def test_bad_jobs_through_the_real_cli(placer_cmd: list[str]) -> None:
+    """The files that also run with --json: a YAML error, an empty file, an unknown key, a bad
+    value and an unknown catalog name, each through the console script with and without it."""
+    _through_the_real_cli(placer_cmd, [p for p in FILES if p.stem in JSON_TOO])
+
+
+@pytest.mark.slow  # every message: test_bad_job_in_process; the console script: the test above
+def test_every_bad_job_through_the_real_cli(placer_cmd: list[str]) -> None:
+    _through_the_real_cli(placer_cmd, FILES)
 
 
 def test_a_bad_file_among_good_ones_stops_with_exit_2(capsys) -> None:

@@ -29,15 +29,28 @@ from placer.spec import load_job
 
 # the cost objective walks the (time, rate) frontier, which is long on the 1,000-node examples
 SLOW_COST = {"large-1k-nodes", "longtail-replay"}
+HETERO = ROOT / "examples" / "ppo-llama8b-hetero.yaml"
 
 
-@pytest.fixture(scope="module", params=EXAMPLES, ids=lambda p: p.stem)
-def case(request):
-    res = resolve(load_job(request.param))
+def _planned(path):
+    """The job's ILP plan, its problem and every baseline (the baselines take most of the time:
+    ~8 s for the PPO example's groupings)."""
+    res = resolve(load_job(path))
     calib = Calibration()
     problem = build_problem(res, calib)
     plan = to_plan(problem, solve(problem, time_limit_s=30.0))
     return res, calib, plan, problem, baseline_assignments(problem)
+
+
+@pytest.fixture(scope="module")
+def hetero():
+    """The PPO example planned once for its `case` and the tests of it below."""
+    return _planned(HETERO)
+
+
+@pytest.fixture(scope="module", params=EXAMPLES, ids=lambda p: p.stem)
+def case(request):
+    return request.getfixturevalue("hetero") if request.param == HETERO else _planned(request.param)
 
 
 def test_ilp_never_slower_than_a_baseline(case) -> None:
@@ -112,10 +125,9 @@ def test_every_baseline_is_registered_by_name() -> None:
     assert REGISTRY["hybridflow-split"] is hybridflow_split and REGISTRY["standalone"] is standalone
 
 
-def test_hybridflow_placements_on_ppo() -> None:
+def test_hybridflow_placements_on_ppo(hetero) -> None:
     """PPO with a reward model and a critic: both HybridFlow placements apply and split as named."""
-    res = resolve(load_job(ROOT / "examples" / "ppo-llama8b-hetero.yaml"))
-    problem = build_problem(res, Calibration())
+    problem = hetero[3]
     hf, sa = hybridflow_split(problem), standalone(problem)
     assert hf is not None and sa is not None
     assert hf.slot_of["actor"] == hf.slot_of["rollout"] == hf.slot_of["reference"]
@@ -128,12 +140,10 @@ def test_partitions_are_the_bell_numbers() -> None:
     assert [sum(1 for _ in partitions(list("abcde"[:n]))) for n in range(6)] == [1, 1, 2, 5, 15, 52]
 
 
-def test_hetero_ilp_beats_every_homogeneous_baseline() -> None:
+def test_hetero_ilp_beats_every_homogeneous_baseline(hetero) -> None:
     """Using the LPU pool for the frozen models is worth something no homogeneous plan has."""
-    res = resolve(load_job(ROOT / "examples" / "ppo-llama8b-hetero.yaml"))
-    calib = Calibration()
+    res, calib, _, problem, baselines = hetero
     ilp = plan_job(res, calib)
-    problem = build_problem(res, calib)
-    for name, a in baseline_assignments(problem).items():
+    for name, a in baselines.items():
         assert a is not None, name  # PPO on a GPU pool: every baseline applies
         assert ilp.predicted_iteration_s < score(problem, a)[0] * 0.95, name

@@ -1,5 +1,7 @@
 """GRPO on Ray (embedded, emulated GPU/LPU pools): the reward rises, versions are in sync,
 every step/role/batch/transfer/tool call is a trace event, the ledger balances, checkpoints exist.
+The run goes through the Python API (`placer.execute`), which starts the embedded Ray and must
+stop it again (a notebook's kernel outlives the run).
 
 Measured (tiny-llama, seed 0, lr 1e-2, 8 prompts x 4 samples, 10 steps): mean reward
 0.069 0.063 0.075 0.099 0.102 0.129 0.150 0.163 0.181 0.187 -- the same as the one-process run
@@ -11,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from exec_util import GRPO_LAYOUT, curve, hand_plan, run_module
+from exec_util import GRPO_LAYOUT, curve, hand_plan
 
 from traces.schema import read_trace
 
@@ -20,11 +22,30 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    out = tmp_path_factory.mktemp("grpo")
-    r = run_module(hand_plan(GRPO_LAYOUT), STEPS, out)
+def api_run(tmp_path_factory):
+    """The run, the steps `on_step` saw, and whether Ray was still up after the call."""
+    import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
+
+    import placer
+    if ray.is_initialized():  # so that this call starts the embedded Ray itself
+        ray.shutdown()
+    seen: list = []
+    r = placer.execute(hand_plan(GRPO_LAYOUT), steps=STEPS, out=tmp_path_factory.mktemp("grpo"),
+                       on_step=seen.append)
     print("GRPO reward curve:", curve(r))
-    return r
+    return r, seen, ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def result(api_run):
+    return api_run[0]
+
+
+def test_execute_stops_the_ray_it_started(api_run) -> None:
+    """Killed with a notebook's kernel, a Ray left running prints SIGTERM stack traces."""
+    r, seen, ray_up = api_run
+    assert [s.step for s in seen] == list(range(STEPS)) and r.ledger_ok
+    assert not ray_up
 
 
 def test_reward_rises(result) -> None:

@@ -25,7 +25,10 @@ A split rollout (tests/test_exec_split.py's plan: part 0 on an emulated 2-chip L
 on a second GPU pool) loses its LPU node before step 1: the re-plan joins the rollout on the
 GPU pool left, the split slot's engines are rebuilt (none is reused by its old rank), the
 trainer's unchanged slot keeps its actors, and every rebuilt engine gets the weights in its own
-device's buckets and generates the step's samples.
+device's buckets and generates the step's samples. This run is `slow` too: each of its parts
+runs by default elsewhere -- node loss, re-plan, rebuild and kept actors in the default test
+above, the split plan on a multi-node Ray in tests/test_exec_split.py, and the rebuilt run
+config (no stale parts) and per-device buckets in that file's tests without Ray.
 """
 from __future__ import annotations
 
@@ -176,6 +179,7 @@ def _pids(result, cat: str, tid: str, before: bool, step: int) -> set[int]:
             if e.tid == tid and (e.args["step"] < step) == before}
 
 
+@pytest.mark.slow  # its parts run by default: see the module docstring
 def test_node_loss_under_a_split_rollout_replans_and_finishes(lost) -> None:
     plan, r = lost
     assert [s.step for s in r.stats] == [0, 1] and r.ledger_ok, r.ledger_problems
@@ -205,6 +209,7 @@ def test_node_loss_under_a_split_rollout_replans_and_finishes(lost) -> None:
                    if (size := bucket_bytes(plan, engines[e.tid])) > 0)
 
 
+@pytest.mark.slow  # as above; kept actors: test_node_loss_keeps_the_actors_of_unchanged_slots
 def test_kept_actors_keep_their_processes_and_split_engines_are_rebuilt(lost) -> None:
     """Actors are reused by (role, rank) only from slots the new plan keeps: the split slot
     changed, so no rollout engine is reused (rank 2 on gpu2 is another engine now); a kept

@@ -4,12 +4,9 @@ JSON document on stdout (progress on stderr), writes the trace and says which po
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from exec_util import GRPO_LAYOUT, ROOT, hand_plan
+from exec_util import GRPO_LAYOUT, hand_plan
 
 from placer.cli import main
 from placer.planfile import save_plan
@@ -58,17 +55,12 @@ def test_too_large_model_is_refused(tmp_path, plan_file, capsys) -> None:
 
 
 @pytest.mark.ray
-def test_execute_runs_and_prints_one_json_document(plan_file, tmp_path) -> None:
-    trace = tmp_path / "trace.json"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    p = subprocess.run([sys.executable, "-m", "placer.cli", "execute", str(plan_file),
-                        "--steps", "2", "--json", "--trace", str(trace), "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, env=env,
-                       cwd=ROOT, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    doc = json.loads(p.stdout)
+def test_execute_runs_and_prints_one_json_document(grpo_cli_run) -> None:
+    """The suite's shared CLI run (tests/conftest.py): `placer execute PLAN --steps 2 --json
+    --trace T --out O`."""
+    doc, stderr = grpo_cli_run.doc, grpo_cli_run.stderr
     assert [s["step"] for s in doc["steps"]] == [0, 1]
     assert doc["ledger_balanced"] and set(doc["emulated_pools"]) == {"gpu", "lpu"}
-    assert "step 0: reward" in p.stderr and "emulated" in p.stderr
+    assert "step 0: reward" in stderr and "emulated" in stderr
     assert all(r["on_plan_node"] and r["in_bundle"] for r in doc["placement"])
-    assert read_trace(trace).metadata["source"] == "execute"
+    assert read_trace(grpo_cli_run.trace).metadata["source"] == "execute"
