@@ -380,16 +380,16 @@ def test_every_trainer_and_forward_pass_pays_one_dispatch_whatever_the_devices(d
         score_time(m, H100, Parallel(dp=dp), tokens, 1024, EFF) + ship, rel=1e-9)
 
 
-@pytest.mark.parametrize("model", ["Llama-3-8B", "Qwen3-30B-A3B", "DeepSeek-V3", "Qwen3-Next-80B-A3B"])
+@pytest.mark.parametrize("model,par", [
+    (model, par) for model in ("Llama-3-8B", "Qwen3-30B-A3B", "DeepSeek-V3", "Qwen3-Next-80B-A3B")
+    for par in (Parallel(tp=8), Parallel(tp=4, cp=2), Parallel(tp=8, ep=8))
+    if par.ep == 1 or M[model].moe])  # expert parallelism needs experts
 @pytest.mark.parametrize("dev", ["H100-SXM", "groq-lpu"])
-@pytest.mark.parametrize("par", [Parallel(tp=8), Parallel(tp=4, cp=2), Parallel(tp=8, ep=8)])
 def test_step_lines_reproduce_the_step_times_they_stand_for(model: str, dev: str,
                                                            par: Parallel) -> None:
     """The engine loop prices decode steps and prefills from these lines (`batching.StepTerms`):
     they must be the cost model's times at every context, for every architecture."""
     m, d = M[model], DEV[dev]
-    if par.ep > 1 and not m.moe:
-        pytest.skip("expert parallelism needs experts")
     eff = Efficiency()
     for batch in (1, 7, 256):
         m0, k, floor = decode_step_line(m, d, par, batch, eff)
