@@ -69,8 +69,12 @@ def test_a_table_priced_in_worker_processes_is_the_same_table(monkeypatch) -> No
     real = candidates._priced_apart
     monkeypatch.setattr(candidates, "_priced_apart",
                         lambda *a: seen.append(a[-1]) or real(*a))
+
+    def not_here(*_a: object) -> None:  # the caller's fallback would price here: it must not
+        raise AssertionError("a worker failed and left its share to the caller")
+    monkeypatch.setattr(candidates, "role_candidates", not_here)
     apart = build_problem(res, Calibration(), workers=2)
-    assert seen == [2]  # the workers priced it
+    assert seen == [2]  # the workers priced all of it (they import role_candidates afresh)
     assert _table(apart) == _table(alone)
 
 
