@@ -69,7 +69,8 @@ class Training:
 
     def probe_collectives(self, ranks: list[Any]) -> None:
         """Time the new group's collectives on every rank (`executors.collprobe`): one
-        `collective` event per kind and rank, which calibration fits `coll_base_s` from."""
+        `collective` event per timed block of a kind and rank, which calibration fits
+        `coll_base_s` and `gather_call_s` from."""
         rt = self.ctx.rt
         outs = rt.results([rt.call(m, "probe_collectives") for m in ranks])
         if not all(o.ok for o in outs):

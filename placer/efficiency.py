@@ -98,6 +98,18 @@ class Efficiency:
     # Collective latencies (`placer.collectives`): NCCL's tuning model, src/graph/tuning.cc
     # (baseLat ring LL 6.6 us; hwLat LL 0.6 us per NVLink hop, 2.7 us per network hop).
     coll_base_s: float = 6.6e-6
+    # Per-call latency of a whole-tensor gather (`DTensor.full_tensor`: the weight sync's and a
+    # checkpoint's gathers, one per tensor; `layercomm.gather_link`) where it differs from a
+    # collective's `coll_base_s`: gloo's latency is per ring step, so a plain all-gather costs
+    # about half the all-reduce and FSDP calls that fit `coll_base_s`. 0: not measured, the
+    # gather pays `coll_base_s` (NCCL's per-call launch dominates either way). The trainers'
+    # timed probe measures it (executors/collprobe.py, kind `gather`).
+    gather_call_s: float = 0.0
+    # Per-call cost of a tensor-parallel layer's all-reduce as the training framework issues it
+    # (`layercomm.tp_link`: DTensor's dispatch and redistribution around each call, on top of
+    # the call) where it was measured; 0: a collective's `coll_base_s` (NCCL's launch dominates
+    # on a GPU). The trainers' probe measures it (executors/collprobe.py, kind `tp_pair`).
+    tp_call_s: float = 0.0
     nvlink_hop_s: float = 0.6e-6
     net_hop_s: float = 2.7e-6
     # Host overhead of one engine step: a fixed part (scheduler, CUDA-graph launch) plus a part
@@ -114,6 +126,11 @@ class Efficiency:
     # graphs on 2 A800s (vllm-project/vllm-omni issue #7960, 2026-09): 9.5 ms / 28 layers.
     eager_layer_s: float = 3.4e-4
     train_overhead_s: float = 0.05  # per optimizer step (optimizer, launch, sync)
+    # A checkpoint's fixed cost (`hostmem.checkpoint_time`) beyond gathering sharded state and
+    # writing its bytes at `Cluster.storage_gbs`: the call into every trainer rank, creating,
+    # syncing and renaming the file. No public figure separates it from the write, so the prior
+    # is 0; an executed trace's `checkpoint` events fit it (`placer calibrate`).
+    checkpoint_overhead_s: float = 0.0
     # Cores of the host behind an emulated device (`DeviceType.host_backed`, e.g. emu-gpu): its
     # ranks are processes on those cores, so a layout with more ranks than cores time-shares
     # them and every rank's compute and collectives stretch by ranks / cores

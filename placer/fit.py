@@ -28,6 +28,9 @@ For the three kinds of work (per device type):
   collective  t = calls * (coll_base_s + hops * hop latency + bytes / (link GB/s * link_eff)):
               the trainers' timed probe (executors/collprobe.py), `placer.collectives`; fitted
               before the other groups, whose events then price their collectives at it
+  checkpoint  t = the slowest trained role's optimizer-state gather + 14 B/param / storage GB/s
+                  + checkpoint_overhead_s (`hostmem.plan_checkpoint_s`); a run that recorded
+                  fewer than `min_events` checkpoints keeps the prior
   transfer    t = bytes / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
                   (+ lpu_reload_s to an LPU), `costmodel.transfer_time`; calls per sender stream
                   from the bytes and the prior `sync_bucket_gb` (`timing.sync_calls`)
@@ -72,6 +75,8 @@ from placer.fit_events import (
     GROUP_OF,
     GROUPS,
     INV,
+    OPTIONAL,
+    OWN_TIMING,
     DecodeRun,
     EventContext,
     GenerateRun,
@@ -210,9 +215,10 @@ def solve(rows: list[Row], group: str, prior: Efficiency, min_events: int
     y = np.array([r.measured for r in rows])
     A = np.array([[r.coef.get(n, 0.0) for n in names] for r in rows]) / y[:, None]
     rhs = (y - np.array([r.fixed for r in rows])) / y
-    # a probe group's events exist to time its unknown (the collective probe: all latency, which
-    # on a slow transport is 100x the prior's): each supports it, whatever the prior's share
-    share = {n: (1.0 if group in FIRST_GROUPS else theta0[n]) for n in names}
+    # a probe's or a checkpoint's events exist to time their unknown (the collective probe: all
+    # latency, on a slow transport 100x the prior's; a checkpoint's fixed cost: a prior of 0):
+    # each supports it, whatever the prior's share
+    share = {n: (1.0 if group in OWN_TIMING else theta0[n]) for n in names}
     support = {n: int(np.sum(A[:, j] * share[n] >= MIN_SHARE)) for j, n in enumerate(names)}
     why = {n: f"prior: {support[n]} event(s) where it is >= {MIN_SHARE:.0%} of the time "
               f"(need {min_events})" for n in names if support[n] < min_events}
@@ -379,6 +385,12 @@ def fit_trace(trace: Trace, plan: Plan, source: str = "trace", min_events: int =
         counts[f"{ev.cat}@{pr[0]}"] = counts.get(f"{ev.cat}@{pr[0]}", 0) + 1
     if tools:
         counts["tool"] = len(tools)
+    for key in [k for k in by_key if k[1] in OPTIONAL]:  # too rare to fit: the prior stays
+        n = len(by_key[key])
+        if n < min_events:
+            del by_key[key], counts[f"{key[1]}@{key[0]}"]
+            why = f"{key[1]}: {n} on {key[0]}, fewer than {min_events}: prior kept"
+            skipped[why] = skipped.get(why, 0) + n
     _check_counts(source, counts, min_events)
     factors, known = _host_cores(trace, ctx)
     groups = {}

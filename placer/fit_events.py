@@ -21,10 +21,13 @@ Event conventions relied on (traces/schema.py; the simulator and the executor wr
             pool, whose efficiency prices the push), calls (sequential calls per sender; default
             `placer.timing.sync_calls` of the bytes for the plan's rollout model and actor pipeline,
             at the prior `sync_bucket_gb`); a transfer without a size (an onload) is skipped
+  checkpoint  none: a checkpoint of every trained role (`hostmem.plan_checkpoint_s`), which fits
+            `checkpoint_overhead_s` on the actor's device type
   collective  collective (all_reduce, all_gather, reduce_scatter, or fsdp_unit: an FSDP2 unit's
-            gather and reduce-scatter, each a call), ranks, bytes (the message as
-            `placer.collectives` defines it), calls: the trainers' timed probe
-            (executors/collprobe.py), which fits `coll_base_s`
+            gather and reduce-scatter, each a call; gather: a whole-tensor gather; tp_pair: a TP
+            linear pair's all-reduces), ranks, bytes (the message as `placer.collectives`
+            defines it), calls: the trainers' timed probe (executors/collprobe.py), which fits
+            `coll_base_s` (gather: `gather_call_s`; tp_pair: `tp_call_s`)
 """
 from __future__ import annotations
 
@@ -51,9 +54,10 @@ from placer.costmodel import (
     weight_gather_time,
 )
 from placer.estimate import Estimate, mean_context
-from placer.layercomm import span_link
+from placer.hostmem import checkpoint_time
+from placer.layercomm import span_link, tp_link
 from placer.planfile import Plan, calibration_of
-from placer.roles import Role
+from placer.roles import TRAINING_ROLES, Role
 from placer.spec import DeviceType, ModelArch, SpecError
 from placer.timing import Placed, sync_bandwidth, sync_calls, weight_tensors
 from traces.schema import TraceEvent
@@ -65,16 +69,27 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
                   ("step_overhead_s", ADD), ("lpu_step_s", ADD)),
     "train": (("mfu_train", INV), ("mfu_score", INV), ("train_overhead_s", ADD)),
     "transfer": (("link_eff", INV), ("sync_latency_s", ADD), ("sync_call_s", ADD)),
-    "collective": (("coll_base_s", ADD),),
+    "collective": (("coll_base_s", ADD), ("gather_call_s", ADD), ("tp_call_s", ADD)),
+    "checkpoint": (("checkpoint_overhead_s", ADD),),
 }
 GROUP_OF = {"prefill": "inference", "decode": "inference", "generate": "inference",
             "forward": "train", "train": "train", "transfer": "transfer",
-            "collective": "collective"}
+            "collective": "collective", "checkpoint": "checkpoint"}
+# groups whose events exist to time their one overhead (a timed probe, a checkpoint): each event
+# supports it whatever its prior's share (a prior of 0 s has none)
+OWN_TIMING = ("collective", "checkpoint")
+# kinds a run may record too rarely to fit (a checkpoint every k steps): fewer than the minimum
+# leave the prior, where too few of another kind refuse the fit (`placer.fit._check_counts`)
+OPTIONAL = ("checkpoint",)
 # fitted first: the other groups' events price their collectives at its result (placer.fit)
 FIRST_GROUPS = ("collective",)
 # a probe's kind -> its price per call; an FSDP unit's round is a gather and a reduce-scatter
 COLLECTIVES = {"all_reduce": all_reduce, "all_gather": all_gather,
-               "reduce_scatter": reduce_scatter, "fsdp_unit": all_gather}
+               "reduce_scatter": reduce_scatter, "fsdp_unit": all_gather, "gather": all_gather,
+               "tp_pair": all_reduce}
+# probe kinds whose per-call cost is another factor than `coll_base_s` (`layercomm.gather_link`,
+# `layercomm.tp_link`; here without their fallback, so that each kind prices one unknown)
+OWN_CALL_COST = {"gather": "gather_call_s", "tp_pair": "tp_call_s"}
 KINDS = {n: k for group in GROUPS.values() for n, k in group}
 
 
@@ -148,6 +163,8 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
         return _price_transfer(ctx, i, ev)
     if ev.cat == "collective":
         return _price_collective(ctx, i, ev)
+    if ev.cat == "checkpoint":
+        return _price_checkpoint(ctx)
     role = ctx.role(i, ev)
     m = ctx.res.model_of(role)
     if m is None:
@@ -231,8 +248,29 @@ def _price_collective(ctx: EventContext, i: int, ev: TraceEvent
     dev = ctx.res.device_of(ctx.pool(i, ev))
 
     def t(e: Efficiency) -> float:  # the probe's ranks share an emulated device's host too
-        return calls * fn(nbytes, ranks, span_link(dev, ranks, e)) * oversubscription(dev, ranks, e)
+        # a TP pair runs on the TP group's link (`layercomm.tp_link`)
+        link = tp_link(dev, e) if kind == "tp_pair" else span_link(dev, ranks, e)
+        if kind in OWN_CALL_COST:
+            link = replace(link, base_s=getattr(e, OWN_CALL_COST[kind]))
+        return calls * fn(nbytes, ranks, link) * oversubscription(dev, ranks, e)
     return dev.name, dev, t
+
+
+def _price_checkpoint(ctx: EventContext
+                      ) -> tuple[str, DeviceType, Callable[[Efficiency], float]] | None:
+    """A checkpoint of every trained role at once (`hostmem.plan_checkpoint_s`: the slowest
+    role's gather, write and fixed cost), priced on the actor's device type (the first trained
+    role's), whose factors the fit sets; None without a trained role."""
+    res = ctx.res
+    trained = [(m, res.device_of(p.pool), p.par) for r, p in ctx.plan.roles.items()
+               if r in TRAINING_ROLES and (m := res.model_of(r)) is not None]
+    if not trained:
+        return None
+    storage = res.job.cluster.storage_gbs
+
+    def t(e: Efficiency) -> float:
+        return max(checkpoint_time(m, dev, par, e, storage) for m, dev, par in trained)
+    return trained[0][1].name, trained[0][1], t
 
 
 def _plan_sync_gbs(plan: Plan, res: Resolved, calib: Calibration) -> float | None:

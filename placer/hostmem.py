@@ -26,7 +26,10 @@ LPUs hold weights in SRAM, and a device type without `host_memory_gb` is not che
 
 Checkpoints hold the trained roles' state (actor, and critic under PPO): bf16 weights (2) plus
 fp32 master weights and Adam m, v (12), 14 B/param; gradients are recomputed, not saved. Writing
-one takes size / `Cluster.storage_gbs` (`checkpoint_s`), which `placer goodput` uses.
+one takes size / `Cluster.storage_gbs` (`checkpoint_s`), which `placer goodput` uses. On a
+plan's layouts (`plan_checkpoint_s`: the simulator, fidelity, `placer goodput`) a sharded
+trainer first gathers its optimizer state whole (the executor writes one file that any layout
+restores), and a fixed `checkpoint_overhead_s` covers the rest.
 """
 from __future__ import annotations
 
@@ -35,10 +38,13 @@ from typing import TYPE_CHECKING
 
 from placer.assemble import placed_estimate
 from placer.catalog import Resolved
-from placer.costmodel import GB, Calibration, Parallel
+from placer.costmodel import GB, Calibration, Efficiency, Parallel
+from placer.layercomm import optimizer_gather_time
+from placer.planfile import calibration_of
 from placer.roles import TRAINING_ROLES
 from placer.sharding import train_state_bytes
-from placer.spec import DeviceKind, ModelArch, Pool
+from placer.spec import DeviceKind, DeviceType, ModelArch, Pool
+from placer.timing import weight_tensors
 
 if TYPE_CHECKING:
     from placer.candidates import Candidate
@@ -243,3 +249,29 @@ def checkpoint_gb(res: Resolved) -> float:
 def checkpoint_s(res: Resolved) -> float:
     """Seconds one checkpoint blocks the job: its size over the cluster's storage bandwidth."""
     return checkpoint_gb(res) / res.job.cluster.storage_gbs
+
+
+def checkpoint_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency,
+                    storage_gbs: float) -> float:
+    """Seconds one trained model's checkpoint takes on its layout: its sharded optimizer state
+    gathered whole (`layercomm.optimizer_gather_time`), its 14 B/param written at
+    `storage_gbs`, and the fixed `checkpoint_overhead_s`."""
+    return (optimizer_gather_time(m, dev, par, weight_tensors(m), eff)
+            + CHECKPOINT_BYTES * m.params() / GB / storage_gbs + eff.checkpoint_overhead_s)
+
+
+def plan_checkpoint_s(plan: Plan, calib: Calibration | None = None) -> float:
+    """Seconds a checkpoint blocks the job under `plan` (`calib`: default the plan's own):
+    every trained role saves at once, so the slowest one's `checkpoint_time`; each sees the
+    cluster's storage bandwidth (the executor writes the actor's and critic's files side by
+    side). 0 without a trained role."""
+    res = plan.resolved()
+    calib = calib if calib is not None else calibration_of(plan)
+    out = 0.0
+    for role, p in plan.roles.items():
+        m = res.model_of(role) if role in TRAINING_ROLES else None
+        if m is not None:
+            dev = res.device_of(p.pool)
+            out = max(out, checkpoint_time(m, dev, p.par, calib.for_device(dev),
+                                           res.job.cluster.storage_gbs))
+    return out

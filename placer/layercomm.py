@@ -17,6 +17,7 @@ link, per-call and per-hop latencies) come from `placer.costmodel.Efficiency`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from placer.collectives import Link, all_gather, all_reduce, group_link
@@ -34,8 +35,10 @@ NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink 
 
 
 def tp_link(dev: DeviceType, eff: Efficiency) -> Link:
-    """The NVLink a TP group runs its all-reduces on (TP stays inside one node)."""
-    return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s)
+    """The NVLink a TP group runs its all-reduces on (TP stays inside one node); a call costs
+    the measured `tp_call_s` where the trainers' probe timed one, else `coll_base_s`."""
+    base = eff.tp_call_s if eff.tp_call_s > 0 else eff.coll_base_s
+    return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, base)
 
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
@@ -43,6 +46,13 @@ def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
     the NIC (`collectives.group_link`)."""
     return group_link(dev.intra_link_gbs, dev.nic_gbs, ranks, NODE_DEVICES, eff.link_eff,
                       eff.nvlink_hop_s, eff.net_hop_s, eff.coll_base_s)
+
+
+def gather_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
+    """`span_link` for a whole-tensor gather: its per-call cost is `gather_call_s` where the
+    probe measured one (else the collective's `coll_base_s`)."""
+    link = span_link(dev, ranks, eff)
+    return replace(link, base_s=eff.gather_call_s) if eff.gather_call_s > 0 else link
 
 
 def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
@@ -212,12 +222,33 @@ def weight_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors: in
     for the weight sync, one all-gather per tensor (`tensors`: `timing.weight_tensors`, a
     stage's share with pipeline stages) over the ranks that shard it, the ZeRO-3 group x TP
     (torch DTensor `full_tensor` per state-dict entry: executors/sharding.py `full_state`;
-    verl's FSDP sync likewise iterates the state dict). Each call pays `coll_base_s`; the
-    bytes are the whole model's once. 0 for an unsharded trainer (one rank, or ZeRO below 3
-    without TP: every rank already holds the full weights)."""
+    verl's FSDP sync likewise iterates the state dict). Each call pays `gather_link`'s
+    per-call cost; the bytes are the whole model's once. 0 for an unsharded trainer (one rank,
+    or ZeRO below 3 without TP: every rank already holds the full weights)."""
     ranks = (par.zero_group if par.zero >= 3 else 1) * par.tp
     if ranks <= 1 or tensors <= 0:
         return 0.0
     calls = tensors / par.pp
-    per_call = all_gather(m.params() * BYTES / tensors, ranks, span_link(dev, ranks, eff))
+    per_call = all_gather(m.params() * BYTES / tensors, ranks, gather_link(dev, ranks, eff))
+    return oversubscription(dev, par.devices, eff) * calls * per_call
+
+
+OPTIMIZER_MOMENT_BYTES = 4  # Adam's m and v, fp32 each
+
+
+def optimizer_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors: int,
+                          eff: Efficiency) -> float:
+    """A one-file checkpoint of a sharded trainer: Adam's two fp32 moments gathered whole, one
+    all-gather per moment and tensor (torch DTensor `full_tensor` per optimizer-state entry:
+    executors/trainer.py `_full_optim`; the weights are already whole, gathered for the weight
+    sync) over the ranks that shard them, the ZeRO group (any stage >= 1 shards the optimizer
+    state) x TP; a pipeline's stages gather their own share side by side. 0 for an unsharded
+    trainer. A framework that writes each rank's shard as it is (verl's FSDP checkpoint
+    manager) skips this gather; the write (`hostmem.checkpoint_time`) is the same bytes."""
+    ranks = (par.zero_group if par.zero >= 1 else 1) * par.tp
+    if ranks <= 1 or tensors <= 0:
+        return 0.0
+    calls = 2 * tensors / par.pp
+    per_call = all_gather(m.params() * OPTIMIZER_MOMENT_BYTES / tensors, ranks,
+                          gather_link(dev, ranks, eff))
     return oversubscription(dev, par.devices, eff) * calls * per_call

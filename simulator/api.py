@@ -20,6 +20,7 @@ from typing import Any
 from placer.catalog import Resolved
 from placer.costmodel import Calibration
 from placer.estimate import rollout_shape
+from placer.hostmem import plan_checkpoint_s
 from placer.planfile import Plan, calibration_of, check_plan, load_plan
 from placer.roles import Role
 from placer.spec import SpecError, check_tail_policy
@@ -146,10 +147,15 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
         if was_enabled:
             gc.enable()
     durs = iteration_durations(run, plan.mode)
-    tl = compose(durs, failure_rate_per_s(res, plan, cfg.failures), cfg.failures, seed)
+    rate = failure_rate_per_s(res, plan, cfg.failures)
+    ckpt_s = 0.0
+    if rate > 0:  # checkpoints cost wall time only where failures are composed (faults.compose)
+        ckpt_s = (cfg.failures.checkpoint_s if cfg.failures.checkpoint_s is not None
+                  else plan_checkpoint_s(plan, calib))
+    tl = compose(durs, rate, cfg.failures, seed, ckpt_s)
     metrics = compute(res, plan, run, tl)
     metrics["restart_s"] = cfg.failures.restart_s if tl.failures else 0.0
-    metrics["checkpoint_s"] = cfg.failures.checkpoint_s if tl.checkpoints else 0.0
+    metrics["checkpoint_s"] = ckpt_s if tl.checkpoints else 0.0
     metrics["events"] = len(rec)
     result = SimResult(metrics, run, tl, plan, seed, rec)
     if trace_path is not None:

@@ -63,7 +63,11 @@ class Failures(Strict):
         "(gpu/cpu/lpu), hours; absent types never fail. A job on n devices fails n times as often")
     restart_s: Number = _f(300.0, "seconds from a failure until the job runs again", ge=0)
     checkpoint_every: int = _f(10, "iterations between checkpoints", ge=1, strict=True)
-    checkpoint_s: Number = _f(30.0, "seconds a checkpoint blocks the step after training", ge=0)
+    checkpoint_s: Number | None = _f(
+        None, "seconds a checkpoint blocks the job after a step's training; unset: priced on the "
+        "plan's layouts (placer.hostmem.plan_checkpoint_s: the sharded optimizer state gathered, "
+        "14 B/param written at the cluster's storage_gbs, a fixed overhead)", ge=0,
+        le=MAX_NUMBER)
 
 
 class Network(Strict):

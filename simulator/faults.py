@@ -11,7 +11,8 @@ Failures, checkpoints and restarts are composed over the failure-free iterations
 issue 7 asks for): the simulation first produces each iteration's duration d_i; failures then
 arrive as a Poisson process whose rate is the sum over the plan's devices of 1 / MTBF of the
 device's type. Walking the iterations in wall time: an iteration that completes before the next
-failure commits (every `checkpoint_every` commits a checkpoint costs `checkpoint_s`); a failure
+failure commits (every `checkpoint_every` commits a checkpoint costs `checkpoint_s`, by default
+priced on the plan's layouts: `placer.hostmem.plan_checkpoint_s`); a failure
 throws away the partial iteration and everything since the last checkpoint, costs `restart_s`,
 and the walk resumes from the checkpoint. Re-run iterations take the same d_i (the same work
 again). Goodput = sum of d_i / wall time. This is exact for the model stated (a failure stops the
@@ -93,8 +94,10 @@ class Timeline:
         return self.useful_s / self.wall_s if self.wall_s > 0 else 1.0
 
 
-def compose(durations: list[float], rate_per_s: float, cfg: Failures, seed: int) -> Timeline:
-    """Wall-time timeline of running `durations` under failures and checkpoints."""
+def compose(durations: list[float], rate_per_s: float, cfg: Failures, seed: int,
+            checkpoint_s: float) -> Timeline:
+    """Wall-time timeline of running `durations` under failures and checkpoints of
+    `checkpoint_s` seconds each (`cfg.checkpoint_s`, or the plan's priced one)."""
     n = len(durations)
     if rate_per_s <= 0:
         starts: np.ndarray | list[float] = (np.concatenate([[0.0], np.cumsum(durations)[:-1]])
@@ -108,7 +111,7 @@ def compose(durations: list[float], rate_per_s: float, cfg: Failures, seed: int)
     next_fail = g.exponential(1 / rate_per_s)
     while i < n:
         d = durations[i]
-        c = cfg.checkpoint_s if (i + 1) % cfg.checkpoint_every == 0 else 0.0
+        c = checkpoint_s if (i + 1) % cfg.checkpoint_every == 0 else 0.0
         if wall + d + c <= next_fail:
             tl.attempts.append(Attempt(i, wall, d, True))
             wall += d

@@ -10,9 +10,11 @@ import pytest
 from placer import hostmem
 from placer.catalog import resolve, shipped_models
 from placer.cli import main
+from placer.commands import goodput
 from placer.costmodel import Calibration, Parallel
 from placer.errors import Infeasible
 from placer.explain import explain
+from placer.planfile import load_plan
 from placer.planner import plan_job
 from placer.spec import job_from_dict, load_job
 
@@ -115,8 +117,10 @@ def test_goodput_uses_the_derived_checkpoint_cost(tmp_path, capsys):
                  "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     res = resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml"))
-    assert doc["checkpoint_s"] == pytest.approx(hostmem.checkpoint_s(res))
-    assert doc["checkpoint"]["source"] == "size / storage_gbs"
+    # the write of its bytes, plus the gather of the dp-sharded optimizer state
+    assert doc["checkpoint_s"] == pytest.approx(hostmem.plan_checkpoint_s(load_plan(plan)))
+    assert doc["checkpoint_s"] > hostmem.checkpoint_s(res)
+    assert doc["checkpoint"]["source"] == goodput.PRICED
     assert main(["goodput", str(plan), "--steps", "200", "--trials", "5", "--iterations", "2",
                  "--checkpoint-cost", "30", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checkpoint_s"] == 30

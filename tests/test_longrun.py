@@ -69,7 +69,7 @@ def test_monte_carlo_matches_formula_and_the_simulator_walk() -> None:
     durs = [STEPS[i % len(STEPS)] for i in range(steps)]
     cfg = Failures(restart_s=COSTS.restart_s, checkpoint_every=every,
                    checkpoint_s=COSTS.checkpoint_s)
-    walls = [compose(durs, rate, cfg, seed).wall_s for seed in range(300)]
+    walls = [compose(durs, rate, cfg, seed, COSTS.checkpoint_s).wall_s for seed in range(300)]
     fixed = sum(math.expm1(rate * (sum(durs[j:j + every]) + COSTS.checkpoint_s))
                 * (1 / rate + COSTS.restart_s) for j in range(0, steps, every))
     assert np.mean(walls) == pytest.approx(fixed, rel=0.03)

@@ -10,9 +10,12 @@ model and the simulator, not the luck of the draw. It reports:
             the headline error is over the steady steps (the first step of an executed run pays
             one-off costs: lazy initialisation, first calls into every worker; it is reported
             but left out of the steady mean when there are later steps);
-  stages    sync, rollout, environment, score, train and "other" per step, mean over the steady
-            steps. "other" is the measured step time no stage covers (driver work between
-            stages, checkpoints); the simulator has no such time, so it is pure model error;
+  stages    sync, rollout, environment, score, train, checkpoint and "other" per step, mean over
+            the steady steps. A checkpoint (the executed run's `checkpoint` events) is priced
+            by the cost model (`hostmem.plan_checkpoint_s`) after the simulated steps that the
+            run saved one after, and those steps last that much longer; "other" is the
+            measured step time no stage covers (the driver's work between stages); the
+            simulator has no such time, so it is pure model error;
   roles     each role's busy time per step (per worker the sum of its events, the slowest worker
             of the role counts, as the stage waits for it); weight pushes count as `sync`, the
             single controller's batch dispatch before each pass (the simulator's `<role>
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from placer.costmodel import Calibration
+from placer.hostmem import plan_checkpoint_s
 from placer.planfile import Plan
 from placer.roles import Role
 from placer.spec import SpecError
@@ -52,7 +56,7 @@ from traces.record import rows_from_trace
 from traces.schema import Trace, TraceEvent
 from traces.workload import write_rows
 
-STAGES = ("sync", "rollout", "environment", "score", "train", "other")
+STAGES = ("sync", "rollout", "environment", "score", "train", "checkpoint", "other")
 ENV_GAP_S = 1e-3  # a gap between the rollout and score stages shorter than this is bookkeeping
 
 
@@ -160,6 +164,8 @@ def measured_stages(trace: Trace, spans: dict[int, tuple[float, float]]
             if e.cat == "stage" and e.name in STAGES:
                 st[e.name] += e.dur_s
                 first.setdefault(e.name, e)
+            elif e.cat == "checkpoint":  # after the train stage, inside the step
+                st["checkpoint"] += e.dur_s
         gap = (first["score"].ts_s - first["rollout"].end_s
                if "rollout" in first and "score" in first else 0.0)
         if gap > ENV_GAP_S:  # the environment ran between them (else inside a stage)
@@ -241,13 +247,25 @@ def _relation(points: list[tuple[int, float, float]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the simulated side
-def simulated_stages(sim: SimResult) -> dict[int, dict[str, float]]:
+def simulated_stages(sim: SimResult, checkpoints: dict[int, float] | None = None
+                     ) -> dict[int, dict[str, float]]:
+    """Per iteration, its stages' seconds; `checkpoints`: step -> the checkpoint's seconds
+    after the steps that save one (`checkpoint_steps`), which the step then lasts longer."""
     out = {}
     for rec in sim.run.iterations:
         st = {k: max(b - a, 0.0) for k, (a, b) in rec.stages.items()}
         st["other"] = max(rec.end - rec.start - sum(st.values()), 0.0)
+        if checkpoints and rec.index in checkpoints:
+            st["checkpoint"] = checkpoints[rec.index]
         out[rec.index] = st
     return out
+
+
+def checkpoint_steps(trace: Trace) -> set[int]:
+    """The executed steps that saved a checkpoint (a `checkpoint` event; executors/training.py
+    saves one every `checkpoint_every` steps, after the train stage)."""
+    return {e.fields.step for e in trace.events
+            if e.cat == "checkpoint" and e.fields.step is not None}
 
 
 def simulated_finishes(sim: SimResult) -> list[tuple[int, float, float]]:
@@ -318,8 +336,12 @@ def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
         sim = simulate_plan(plan, iterations=len(steps),
                             seed=res.job.seed if seed is None else seed,
                             calibration=calibration, workload=wl, trace_path=sim_trace_path)
-    mst, sst = measured_stages(trace, spans), simulated_stages(sim)
-    sim_span = {rec.index: rec.end - rec.start for rec in sim.run.iterations}
+    saved = checkpoint_steps(trace)
+    ckpt_s = plan_checkpoint_s(plan, calibration) if saved else 0.0
+    ckpts = {i: ckpt_s for i in saved}
+    mst, sst = measured_stages(trace, spans), simulated_stages(sim, ckpts)
+    sim_span = {rec.index: rec.end - rec.start + ckpts.get(rec.index, 0.0)
+                for rec in sim.run.iterations}
     pairs = {s: Pair(spans[s][1] - spans[s][0], sim_span[s]) for s in steps}
     steady = steps[warmup:] if len(steps) > warmup else steps[-1:]
     stages = {k: Pair(_mean(mst, steady, k), _mean(sst, steady, k)) for k in STAGES

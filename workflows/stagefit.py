@@ -4,7 +4,7 @@ the simulator's stage times match an executed run's measured ones.
 `placer calibrate` first fits the event-level factors (placer/fit.py: prefill, decode, generate,
 forward, train and transfer events, each priced by the cost model). Some of a step's time is in
 no such event: the executor's round trip around a weight push, the sandbox starting one
-interpreter per batch of tool calls, the driver's work between stages, the checkpoint. Four
+interpreter per batch of tool calls, the driver's work between stages. Four
 factors price that time; each is fitted on the stage it drives (mean over the steady steps of
 `workflows.fidelity`'s measured and simulated stage times):
 
@@ -20,7 +20,8 @@ factors price that time; each is fitted on the stage it drives (mean over the st
                                          in-process check's `rule_reward_s`
                                          (`placer.rulecheck`: the kinds are fitted apart)
   train_overhead_s (actor device)        train + "other": the optimizer step plus the driver's
-                                         work and the checkpoint after it
+                                         work after it (a checkpoint is its own stage, priced
+                                         by the event-level `checkpoint_overhead_s`)
 
 Each factor is found by Newton steps on the simulator itself (probe, solve, repeat: at most
 NEWTON_STEPS simulations of the run's replayed inputs, plus one probe each), so the fit never

@@ -4,8 +4,9 @@ Simulates a few steps of the plan (failures off) for its step-time distribution,
 failures per device type (Poisson, `--mtbf TYPE:HOURS` = one device's MTBF), restarts and
 checkpoints over the whole run with the exact renewal-reward formula and a seeded Monte Carlo
 (method: `simulator.longrun`). A checkpoint costs its size (the trained models' weights and
-optimizer state, `placer.hostmem.checkpoint_gb`) over the cluster's `storage_gbs` unless
-`--checkpoint-cost` gives the seconds. Prints goodput and the expected time to finish at the chosen
+optimizer state, `placer.hostmem.checkpoint_gb`) over the cluster's `storage_gbs`, after a sharded
+trainer gathers its optimizer state, plus a fixed overhead (`placer.hostmem.plan_checkpoint_s`),
+unless `--checkpoint-cost` gives the seconds. Prints goodput and the expected time to finish at the chosen
 checkpoint interval, at the best interval, and at Young/Daly's sqrt(2 C MTBF).
 
     placer goodput PLAN.json [--mtbf gpu:8090]... [--hours 72 | --steps N]
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     doc = report(plan, mtbf, costs, args.steps, args.hours,
                  args.checkpoint_interval, args.iterations, args.seed, args.trials)
     doc["checkpoint"] = ckpt | {"source": "--checkpoint-cost" if args.checkpoint_cost is not None
-                                else "size / storage_gbs"}
+                                else PRICED}
     if not args.mtbf:  # said once the run succeeded: an error stays the one line on stderr
         note(f"no --mtbf given: using {DEFAULT_MTBF} (per-GPU MTBF of 1,024-GPU jobs)")
     if args.json:
@@ -138,13 +139,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+PRICED = "priced on the plan's layouts: gather, size / storage_gbs, overhead"
+
+
 def checkpoint_doc(plan) -> dict[str, float]:
-    """The plan's checkpoint: size (GB), the storage bandwidth and the seconds it takes."""
-    from placer.hostmem import checkpoint_gb, checkpoint_s
+    """The plan's checkpoint: size (GB), the storage bandwidth and the seconds it takes on the
+    plan's layouts (`hostmem.plan_checkpoint_s`: sharded state gathered, written, overhead)."""
+    from placer.hostmem import checkpoint_gb, plan_checkpoint_s
 
     res = plan.resolved()
     return {"size_gb": round(checkpoint_gb(res), 3), "storage_gbs": res.job.cluster.storage_gbs,
-            "checkpoint_s": checkpoint_s(res)}
+            "checkpoint_s": plan_checkpoint_s(plan)}
 
 
 def _print(d: dict[str, Any]) -> None:
