@@ -134,3 +134,31 @@ def test_a_trace_that_is_not_an_executed_run_gets_the_event_fit_only(run_files, 
     assert main(["calibrate", str(run_files / "embedded.json"), "-o",
                  str(run_files / "e.yaml")]) == 0
     assert "stage fit skipped" in capsys.readouterr().err
+
+
+def test_the_table_shows_measured_values_and_fits_long_factor_names(tmp_path, capsys):
+    """A measured factor (the host's cores, from the trace's metadata) shows its value, not
+    "(prior)"; a factor name longer than the column (checkpoint_overhead_s) keeps the columns
+    aligned."""
+    from test_fidelity import executed
+
+    from placer.catalog import resolve
+    from placer.costmodel import Calibration
+    from placer.planner import plan_job
+    from placer.spec import load_job
+    plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
+    save_plan(plan, tmp_path / "run.plan.json")
+    trace = executed(plan, steps=4)
+    for s in range(4):  # a checkpoint after every step, as the executor saves by default
+        trace.add("checkpoint", "checkpoint", s + 0.9, 0.02, "driver", "loop", step=s)
+    trace.metadata.update(plan_path="run.plan.json", host_cores=2)
+    trace.write(tmp_path / "run.json")
+    assert main(["calibrate", str(tmp_path / "run.json"), "-o", str(tmp_path / "p.yaml"),
+                 "--events-only"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  emu-gpu ")]
+    cores = next(ln for ln in rows if " host_cores " in ln)
+    assert cores.split()[3] == "2"  # device, factor, prior, then the value
+    assert any(" checkpoint_overhead_s " in ln for ln in rows)
+    # every row's prior column ends at the same place as the header's
+    ends = {ln.index(ln.split()[2]) + len(ln.split()[2]) for ln in rows}
+    assert len(ends) == 1

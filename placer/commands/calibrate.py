@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from placer.cli import emit_json, note
 from placer.fileio import atomic_write_text
-from placer.fit import FitResult, fit_trace, profile_doc
+from placer.fit import MEASURED, FitResult, fit_trace, profile_doc
 from placer.inputs import SpecErrors, check_output
 from placer.planfile import Plan, check_plan, load_plan
 from placer.spec import SpecError, validation_lines
@@ -72,13 +72,15 @@ def write_profile(doc: dict[str, Any], path: str | Path) -> None:
 
 
 def table(result: FitResult) -> list[str]:
-    lines = [f"  {'device':<12} {'factor':<18} {'prior':>10} {'fitted':>10} {'rel RMS':>8} "
+    width = max([18, *(len(f.name) for f in result.factors)])  # the longest factor's name
+    lines = [f"  {'device':<12} {'factor':<{width}} {'prior':>10} {'fitted':>10} {'rel RMS':>8} "
              f"{'stderr':>7} {'events':>6}"]
     for f in result.factors:
-        fitted = f"{f.value:.4g}" if f.status == "fitted" else "(prior)"
+        # a measured value (the host's cores) is shown as it is, like a fitted one
+        fitted = f"{f.value:.4g}" if f.status in ("fitted", MEASURED) else "(prior)"
         rms = f"{f.rel_rms:.1%}" if f.rel_rms is not None else "-"
         se = f"{f.rel_stderr:.1%}" if f.rel_stderr is not None else "-"
-        lines.append(f"  {f.device:<12} {f.name:<18} {f.prior:>10.4g} {fitted:>10} {rms:>8} "
+        lines.append(f"  {f.device:<12} {f.name:<{width}} {f.prior:>10.4g} {fitted:>10} {rms:>8} "
                      f"{se:>7} {f.events:>6}" + ("" if f.status == "fitted" else f"  {f.status}"))
     if result.tool is not None:
         t = result.tool
