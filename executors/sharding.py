@@ -185,14 +185,28 @@ def recomputes(model: nn.Module) -> bool:
 
 def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
     """The column/row split of one decoder layer's linear projections (see the docstring)."""
-    from torch.distributed.tensor.parallel import (  # lazy: distributed only
+    from torch.distributed.tensor import Replicate  # lazy: distributed only
+    from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
     )
     modules = dict(layer.named_modules())
     names = {n for n, m in modules.items() if isinstance(m, nn.Linear)}
     plan: dict[str, Any] = {}
+    # The block's input enters as one replicated DTensor that its column-parallel projections
+    # share, so that their input gradients (partial sums on each TP rank) add up locally and are
+    # all-reduced once at the block's entry: Megatron's one backward all-reduce per block, which
+    # the cost model prices (`placer.layercomm.layer_comm`). Left to each projection, q, k and v
+    # (gate and up) would all-reduce their own.
+    entry = {"self_attn": PrepareModuleInput(
+                 input_kwarg_layouts={"hidden_states": Replicate()},
+                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                 use_local_output=False),
+             "mlp": PrepareModuleInput(input_layouts=(Replicate(),),
+                                       desired_input_layouts=(Replicate(),),
+                                       use_local_output=False)}
     # Qwen3's per-head q/k norms see only this rank's heads ([batch, seq, heads, head_dim]):
     # their weight is one replicated DTensor over the heads dim, so that its gradient, partial
     # on each TP rank, is summed (torchtitan's Qwen3 plan does the same).
@@ -205,6 +219,8 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
         if row in names and all(c in names for c in col):
             plan.update({c: ColwiseParallel() for c in col})
             plan[row] = RowwiseParallel()
+            block = row.split(".")[0]
+            plan[block] = entry[block]
     return plan
 
 
@@ -244,36 +260,44 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def _sharded(placement: Any) -> bool:
+    """A shard of any kind: `Shard`, or FSDP2's `_StridedShard` of a TP shard (its own class,
+    whose `is_shard()` is False in torch 2.13; a private name, so matched by name)."""
+    return bool(placement.is_shard()) or type(placement).__name__ == "_StridedShard"
+
+
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stages: Any = None) -> float:
     """Scale gradients so that their global L2 norm is at most `max_norm`; the norm before.
 
     Squared norms are summed locally per class of gradients that share a mesh and placements,
-    then each class's sum is all-reduced over the mesh dims its gradients are sharded on (a
-    replicated dim holds the same values on every rank: not summed): one collective per class
-    and sharded dim, as FSDP2's and torch's `clip_grad_norm_` reduce once, rather than one per
-    parameter, which over gloo costs a round trip each. A gradient placed otherwise (a partial
-    sum; FSDP2's strided shard of a TP shard, whose local pieces do not sum to the whole) is
-    reduced on its own (`full_tensor`); with pipeline stages, the squared norms are then summed
-    over the stages' group `stages` (each holds its own layers)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard  # lazy
+    then each class's sum is all-reduced over the mesh dims of more than one rank its gradients
+    are sharded on (a replicated dim holds the same values on every rank: not summed): one
+    collective per class and sharded dim, as FSDP2's and torch's `clip_grad_norm_` reduce once,
+    rather than one per parameter, which over gloo costs a round trip each. A shard of any kind
+    counts, FSDP2's strided shard of a TP shard too: every element lives on exactly one rank of
+    the sharded dims, so the local sums of squares add up to the whole. A partial sum (a pending
+    reduction) is reduced on its own (`full_tensor`); with pipeline stages, the squared norms are
+    then summed over the stages' group `stages` (each holds its own layers)."""
+    from torch.distributed.tensor import DTensor  # lazy
     grads = [p.grad for p in params if p.grad is not None]
     sq = 0.0
-    classes: dict[tuple[int, tuple[Any, ...]], tuple[Any, list[torch.Tensor]]] = {}
+    classes: dict[tuple[Any, tuple[Any, ...]], tuple[Any, list[torch.Tensor]]] = {}
     for g in grads:
         g = g.detach()
         if not isinstance(g, DTensor):
             sq += float(g.float().norm()) ** 2
-        elif not all(type(pl) in (Shard, Replicate) for pl in g.placements):
+        elif not all(_sharded(pl) or pl.is_replicate() for pl in g.placements):
             sq += float(g.full_tensor().float().norm()) ** 2
         else:
-            key = (id(g.device_mesh), tuple(g.placements))
+            # by the mesh's value: FSDP2 and TP hand equal meshes as distinct objects
+            key = (g.device_mesh, tuple(g.placements))
             classes.setdefault(key, (g, []))[1].append(g.to_local().float().norm() ** 2)
     if classes or stages is not None:
         import torch.distributed as dist  # lazy: distributed only
         for first, parts in classes.values():  # the same order on every rank (parameter order)
             t = torch.stack(parts).sum().to(torch.float64).reshape(1)
             for dim, pl in enumerate(first.placements):
-                if pl.is_shard():
+                if _sharded(pl) and first.device_mesh.size(dim) > 1:
                     dist.all_reduce(t, group=first.device_mesh.get_group(dim))
             sq += float(t)
         if stages is not None:

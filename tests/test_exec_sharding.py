@@ -155,3 +155,46 @@ def test_execute_refuses_the_layout_before_any_actor_starts(tmp_path: Path) -> N
                                         r"pipeline stages than the model's 2 decoder layers"):
         execute(plan, 1, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # refused before the run made anything
+
+
+def _count_tp_all_reduces(rank: int, tr: Trainer, q_out: Any) -> None:
+    """One forward and backward of the TP-sharded model, its functional all-reduces counted."""
+    ids = torch.tensor([[5, 9, 14, 3, 7, 11]])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        tr.model(input_ids=ids).logits.float().sum().backward()
+    q_out.put(sum(e.count for e in prof.key_averages()
+                  if e.key == "_c10d_functional::all_reduce"))
+
+
+def test_tp_all_reduces_once_per_block_and_pass(model_dir: Path) -> None:
+    """Megatron's count, which the cost model prices (`placer.layercomm.layer_comm`): per decoder
+    layer one all-reduce after the attention's and the MLP's row-parallel projection forward,
+    and one for each block's input gradient backward (its column-parallel projections' partial
+    sums added first, not all-reduced one by one)."""
+    cfg = config(model_dir, actor_layout=(1, 2, 1))
+    q_out = SPAWN.Queue()
+    run_world(_count_tp_all_reduces, cfg, q_out)
+    counts = [q_out.get(timeout=5) for _ in range(2)]
+    assert counts == [4 * ARCH.layers] * 2
+
+
+def _count_clip_collectives(rank: int, tr: Trainer, q_out: Any) -> None:
+    """The gradient clip's collectives after one backward of the dp x tp sharded model."""
+    from executors.sharding import clip_grad_norm
+    ids = torch.tensor([[5, 9, 14, 3, 7, 11]])
+    tr.model(input_ids=ids).logits.float().sum().backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        clip_grad_norm(list(tr.model.parameters()), 1.0)
+    q_out.put({e.key: e.count for e in prof.key_averages()
+               if e.key.startswith(("c10d::", "_c10d_functional::"))})
+
+
+def test_clip_reduces_once_per_class_of_gradients(model_dir: Path) -> None:
+    """dp 2 x tp 2: FSDP2's strided shards of TP shards sum their squares locally like any shard,
+    so the clip makes one all-reduce per class of gradients and sharded dim (column- and
+    row-parallel weights: dp and tp; the rest: dp), not a gather of every TP-sharded gradient."""
+    cfg = config(model_dir, actor_layout=(2, 2, 1))
+    q_out = SPAWN.Queue()
+    run_world(_count_clip_collectives, cfg, q_out)
+    for calls in (q_out.get(timeout=5) for _ in range(4)):
+        assert calls == {"c10d::allreduce_": 5}, calls
