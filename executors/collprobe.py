@@ -1,31 +1,32 @@
-"""A timed probe of the trainers' collectives: the per-call latency the cost model calls
-`coll_base_s`, measured on the group the training runs on, as the training framework calls it.
+"""A timed probe of the trainers' collectives: the per-call costs the cost model prices each kind
+of call at (`coll_base_s` and its kin), measured on the group the training runs on, as the
+training framework calls it.
 
 Right after the trainers' process group forms (`executors.training.Training.setup`), every rank
 times `REPS` rounds of four kinds of call on small messages, so that the time is the calls'
 latency, not bytes:
 
-  all_reduce  a plain all-reduce of a 1 KiB buffer (TP's row-parallel outputs, the clip norm);
+  all_reduce  a plain all-reduce of a 1 KiB buffer (the clip norm, any other plain call), which
+              fits `coll_base_s`;
   fsdp_unit   the forward and backward of one small linear layer under FSDP2 (`fully_shard`
               over the group, as `executors.sharding.shard` wraps each decoder layer): two calls
               a round, the parameter all-gather and the gradient reduce-scatter, each with the
-              framework's own work around it (copy-in, copy-out, hooks; on gloo ~2x a plain
-              call's time, and that is what a training step pays per FSDP unit).
+              framework's own work around it (copy-in, copy-out, hooks: what a training step
+              pays per FSDP unit), which fits `fsdp_call_s`;
+  gather      a whole-tensor gather of a sharded tensor to host memory (`DTensor.full_tensor`),
+              what the weight sync and a checkpoint call once per tensor: a plain all-gather (one
+              ring step where an all-reduce takes two), which fits `gather_call_s`;
   tp_pair     the forward and backward of a column- then row-parallel linear pair under
               DTensor TP (`parallelize_module`, as `executors.sharding.layer_tp_plan` splits
               each decoder layer's attention and MLP): two all-reduces a round with DTensor's
-              own work around them, which fits `tp_call_s`;
-  gather      a whole-tensor gather of a sharded tensor to host memory (`DTensor.full_tensor`),
-              what the weight sync and a checkpoint call once per tensor: a plain all-gather, on
-              gloo about half an all-reduce's time (one ring step against two), which fits
-              `gather_call_s`.
+              own work around them, which fits `tp_call_s`.
 
 Each kind becomes `BLOCKS` `collective` trace events per rank (args: collective, ranks, bytes,
-calls), which `placer calibrate` prices with `placer.collectives` and fits `coll_base_s` (from
-the gather: `gather_call_s`; from the TP pair: `tp_call_s`) from (placer/fit_events.py, group
-"collective"). Without the probe the calls' latency on a slow
-transport (gloo over loopback, ~1-3 ms a call against NCCL's 6.6 us) lands in the train fit's
-`train_overhead_s`, which a world of one then pays too.
+calls), which `placer calibrate` prices with `placer.collectives` and fits the per-call costs
+from (placer/fit_events.py, group "collective"): `coll_base_s` from the all-reduce, each other
+kind its own. Without the probe the calls' latency on a slow transport (gloo over loopback,
+~0.3-3 ms a call against NCCL's 6.6 us) lands in the train fit's `train_overhead_s`, which a
+world of one then pays too.
 """
 from __future__ import annotations
 

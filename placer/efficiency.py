@@ -110,6 +110,12 @@ class Efficiency:
     # the call) where it was measured; 0: a collective's `coll_base_s` (NCCL's launch dominates
     # on a GPU). The trainers' probe measures it (executors/collprobe.py, kind `tp_pair`).
     tp_call_s: float = 0.0
+    # Per-call cost of an FSDP unit's gather or reduce-scatter with the framework's work around
+    # it (copy-in, copy-out, hooks: `layercomm.zero3_gathers`) where it was measured; 0: a
+    # collective's `coll_base_s`. The trainers' probe measures it (executors/collprobe.py, kind
+    # `fsdp_unit`); on gloo it is steadier than a plain all-reduce, whose latency on a small
+    # host swings 0.3-1.8 ms a call with the scheduling of its two processes.
+    fsdp_call_s: float = 0.0
     nvlink_hop_s: float = 0.6e-6
     net_hop_s: float = 2.7e-6
     # Host overhead of one engine step: a fixed part (scheduler, CUDA-graph launch) plus a part

@@ -27,7 +27,8 @@ Event conventions relied on (traces/schema.py; the simulator and the executor wr
             gather and reduce-scatter, each a call; gather: a whole-tensor gather; tp_pair: a TP
             linear pair's all-reduces), ranks, bytes (the message as `placer.collectives`
             defines it), calls: the trainers' timed probe (executors/collprobe.py), which fits
-            `coll_base_s` (gather: `gather_call_s`; tp_pair: `tp_call_s`)
+            `coll_base_s` (gather: `gather_call_s`; tp_pair: `tp_call_s`; fsdp_unit:
+            `fsdp_call_s`)
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
                   ("step_overhead_s", ADD), ("lpu_step_s", ADD)),
     "train": (("mfu_train", INV), ("mfu_score", INV), ("train_overhead_s", ADD)),
     "transfer": (("link_eff", INV), ("sync_latency_s", ADD), ("sync_call_s", ADD)),
-    "collective": (("coll_base_s", ADD), ("gather_call_s", ADD), ("tp_call_s", ADD)),
+    "collective": (("coll_base_s", ADD), ("gather_call_s", ADD), ("tp_call_s", ADD),
+                   ("fsdp_call_s", ADD)),
     "checkpoint": (("checkpoint_overhead_s", ADD),),
 }
 GROUP_OF = {"prefill": "inference", "decode": "inference", "generate": "inference",
@@ -87,9 +89,9 @@ FIRST_GROUPS = ("collective",)
 COLLECTIVES = {"all_reduce": all_reduce, "all_gather": all_gather,
                "reduce_scatter": reduce_scatter, "fsdp_unit": all_gather, "gather": all_gather,
                "tp_pair": all_reduce}
-# probe kinds whose per-call cost is another factor than `coll_base_s` (`layercomm.gather_link`,
-# `layercomm.tp_link`; here without their fallback, so that each kind prices one unknown)
-OWN_CALL_COST = {"gather": "gather_call_s", "tp_pair": "tp_call_s"}
+# probe kinds whose per-call cost is another factor than `coll_base_s` (`layercomm.call_cost`;
+# here without its fallback, so that each kind prices one unknown)
+OWN_CALL_COST = {"gather": "gather_call_s", "tp_pair": "tp_call_s", "fsdp_unit": "fsdp_call_s"}
 KINDS = {n: k for group in GROUPS.values() for n, k in group}
 
 

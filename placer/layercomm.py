@@ -37,8 +37,8 @@ NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink 
 def tp_link(dev: DeviceType, eff: Efficiency) -> Link:
     """The NVLink a TP group runs its all-reduces on (TP stays inside one node); a call costs
     the measured `tp_call_s` where the trainers' probe timed one, else `coll_base_s`."""
-    base = eff.tp_call_s if eff.tp_call_s > 0 else eff.coll_base_s
-    return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, base)
+    return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s),
+                     eff.tp_call_s)
 
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
@@ -48,11 +48,17 @@ def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
                       eff.nvlink_hop_s, eff.net_hop_s, eff.coll_base_s)
 
 
+def call_cost(link: Link, measured_s: float) -> Link:
+    """`link` with a kind of call's own measured per-call cost (`gather_call_s`, `tp_call_s`,
+    `fsdp_call_s`: the trainers' probe, executors/collprobe.py); unmeasured (0), the
+    collective's `coll_base_s` it already carries."""
+    return replace(link, base_s=measured_s) if measured_s > 0 else link
+
+
 def gather_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
     """`span_link` for a whole-tensor gather: its per-call cost is `gather_call_s` where the
-    probe measured one (else the collective's `coll_base_s`)."""
-    link = span_link(dev, ranks, eff)
-    return replace(link, base_s=eff.gather_call_s) if eff.gather_call_s > 0 else link
+    probe measured one (`call_cost`)."""
+    return call_cost(span_link(dev, ranks, eff), eff.gather_call_s)
 
 
 def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
@@ -174,7 +180,7 @@ def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     data parallelism."""
     if par.zero < 3 or tokens <= 0:
         return 0.0
-    link = shard_link(dev, par, eff)
+    link = call_cost(shard_link(dev, par, eff), eff.fsdp_call_s)  # a unit's call, as probed
     dense, experts = grad_bytes(m, par)  # BF16 bytes of the device's weights, gathered
     units = fsdp_units(m)  # each unit one call (`fsdp_calls`), its share of the bytes
     if experts > 0 and par.expert_zero_group == par.zero_group:  # gathered with their layer
@@ -192,7 +198,8 @@ def fsdp_units(m: ModelArch) -> int:
     """FSDP units of a model: each decoder layer and the root (embeddings, final norm, LM
     head), as FSDP2 is applied (executors/sharding.py `shard`; verl wraps each decoder layer,
     verl/utils/fsdp_utils.py `apply_fsdp2`). Each unit gathers and reduce-scatters with its own
-    call, so a pass pays the per-call latency `coll_base_s` once per unit."""
+    call, so a pass pays the per-call latency (`fsdp_call_s` where probed, else `coll_base_s`)
+    once per unit."""
     return m.layers + 1
 
 

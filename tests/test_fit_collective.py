@@ -3,9 +3,12 @@ and the host oversubscription of emulated devices (placer/layercomm.py, placer/f
 placer/costmodel.py `oversubscription`, executors/collprobe.py)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from calibdata import hand_plan
 
+from executors.collprobe import BLOCKS
 from placer.catalog import shipped_devices, shipped_models
 from placer.collectives import all_gather, all_reduce
 from placer.costmodel import (
@@ -68,13 +71,14 @@ def plan():
 
 def _trace(plan, truth: Efficiency, probe: bool, metadata: dict | None = None) -> Trace:
     """Executor-style events timed by the cost model at `truth`: the collective probe's (two
-    kinds, two ranks) and train events of several sizes on the dp-2 actor."""
+    kinds, two ranks, in blocks) and train events of several sizes on the dp-2 actor."""
     res = plan.resolved()
     actor = plan.roles["actor"]
     events = []
     if probe:
-        for rank in range(2):
-            for kind, nbytes, n in (("all_reduce", 1024, 20), ("fsdp_unit", 1024, 40)):
+        # the probe's timed blocks (executors/collprobe.py: BLOCKS events per kind and rank)
+        for rank, _ in itertools.product(range(2), range(BLOCKS)):
+            for kind, nbytes, n in (("all_reduce", 1024, 10), ("fsdp_unit", 1024, 20)):
                 fn = all_reduce if kind == "all_reduce" else all_gather
                 # the executor's time: on an oversubscribed host, stretched
                 dur = n * fn(nbytes, 2, span_link(EMU, 2, truth)) * oversubscription(EMU, 2, truth)
@@ -173,3 +177,17 @@ def test_executor_train_events_price_their_weight_gather(plan):
               for e in trace.events]
     fits = _fits(fit_trace(Trace(trace.metadata, events), plan, "exec.json"))
     assert fits[("emu-gpu", "train_overhead_s")].value == pytest.approx(0.03, rel=1e-3)
+
+
+def test_a_probed_fsdp_call_cost_prices_the_fsdp_units_only():
+    """`fsdp_call_s`, when probed, is what each FSDP unit's gather and reduce-scatter cost; the
+    step's other collective (the gradient norm's all-reduce) still pays `coll_base_s`."""
+    par = Parallel(dp=2, recompute=False)  # 8 FSDP calls and 1 other a step (above)
+    fsdp_only = CALLS_ONLY.override({"fsdp_call_s": 1.0})
+    both = CALLS_ONLY.override({"fsdp_call_s": 1.0, "coll_base_s": 0.5})
+
+    def t(e: Efficiency) -> float:
+        return (train_time(TINY, EMU, par, 200.0, 20.0, 1, e)
+                - train_time(TINY, EMU, par, 200.0, 20.0, 1, CALLS_ONLY))
+    assert t(fsdp_only) == pytest.approx(8, abs=1e-9)
+    assert t(both) == pytest.approx(8 + 0.5, abs=1e-9)
