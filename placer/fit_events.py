@@ -55,10 +55,10 @@ from placer.costmodel import (
     weight_gather_time,
 )
 from placer.estimate import Estimate, mean_context
-from placer.hostmem import checkpoint_time
+from placer.hostmem import checkpoint_time, trained_layouts
 from placer.layercomm import span_link, tp_link
 from placer.planfile import Plan, calibration_of
-from placer.roles import TRAINING_ROLES, Role
+from placer.roles import Role
 from placer.spec import DeviceType, ModelArch, SpecError
 from placer.timing import Placed, sync_bandwidth, sync_calls, weight_tensors
 from traces.schema import TraceEvent
@@ -263,12 +263,10 @@ def _price_checkpoint(ctx: EventContext
     """A checkpoint of every trained role at once (`hostmem.plan_checkpoint_s`: the slowest
     role's gather, write and fixed cost), priced on the actor's device type (the first trained
     role's), whose factors the fit sets; None without a trained role."""
-    res = ctx.res
-    trained = [(m, res.device_of(p.pool), p.par) for r, p in ctx.plan.roles.items()
-               if r in TRAINING_ROLES and (m := res.model_of(r)) is not None]
+    trained = trained_layouts(ctx.plan)
     if not trained:
         return None
-    storage = res.job.cluster.storage_gbs
+    storage = ctx.res.job.cluster.storage_gbs
 
     def t(e: Efficiency) -> float:
         return max(checkpoint_time(m, dev, par, e, storage) for m, dev, par in trained)

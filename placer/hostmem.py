@@ -260,18 +260,20 @@ def checkpoint_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficienc
             + CHECKPOINT_BYTES * m.params() / GB / storage_gbs + eff.checkpoint_overhead_s)
 
 
+def trained_layouts(plan: Plan) -> list[tuple[ModelArch, DeviceType, Parallel]]:
+    """(model, device type, parallel config) of every trained role the plan places (actor;
+    critic under PPO): what a checkpoint saves."""
+    res = plan.resolved()
+    return [(m, res.device_of(p.pool), p.par) for role, p in plan.roles.items()
+            if role in TRAINING_ROLES and (m := res.model_of(role)) is not None]
+
+
 def plan_checkpoint_s(plan: Plan, calib: Calibration | None = None) -> float:
     """Seconds a checkpoint blocks the job under `plan` (`calib`: default the plan's own):
     every trained role saves at once, so the slowest one's `checkpoint_time`; each sees the
     cluster's storage bandwidth (the executor writes the actor's and critic's files side by
     side). 0 without a trained role."""
-    res = plan.resolved()
     calib = calib if calib is not None else calibration_of(plan)
-    out = 0.0
-    for role, p in plan.roles.items():
-        m = res.model_of(role) if role in TRAINING_ROLES else None
-        if m is not None:
-            dev = res.device_of(p.pool)
-            out = max(out, checkpoint_time(m, dev, p.par, calib.for_device(dev),
-                                           res.job.cluster.storage_gbs))
-    return out
+    storage = plan.resolved().job.cluster.storage_gbs
+    return max((checkpoint_time(m, dev, par, calib.for_device(dev), storage)
+                for m, dev, par in trained_layouts(plan)), default=0.0)

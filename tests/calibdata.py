@@ -39,3 +39,13 @@ def hand_plan(job: str = "examples/ppo-llama8b-hetero.yaml",
         placed.append(Placed(slot, est))
     return assemble(res, placed, calib, SolverInfo(name="hand", status="hand", objective=0.0,
                                                     bound=0.0, gap=0.0, solve_s=0.0))
+
+
+# tiny-cpu with a dp-2 actor: the emulated-GPU plan the collective and checkpoint tests price
+TINY_DP2 = {"actor": ("gpu", Parallel(dp=2), "g"), "rollout": ("gpu", Parallel(dp=2), "g"),
+            "reference": ("lpu", Parallel(dp=1), "l"), "reward": ("cpu", Parallel(dp=1), "c"),
+            "environment": ("cpu", Parallel(dp=1), "c")}
+
+
+def tiny_dp2_plan() -> Plan:
+    return hand_plan("examples/tiny-cpu.yaml", TINY_DP2)

@@ -4,7 +4,7 @@ gathers fit its factors (placer/hostmem.py `checkpoint_time`, placer/layercomm.p
 from __future__ import annotations
 
 import pytest
-from calibdata import hand_plan
+from calibdata import tiny_dp2_plan
 from test_fidelity import OTHER, executed
 
 from placer.catalog import shipped_devices, shipped_models
@@ -25,10 +25,7 @@ CALLS_ONLY = Efficiency(coll_base_s=1.0, nvlink_hop_s=0.0, net_hop_s=0.0, link_e
 
 @pytest.fixture(scope="module")
 def plan():
-    return hand_plan("examples/tiny-cpu.yaml", {
-        "actor": ("gpu", Parallel(dp=2), "g"), "rollout": ("gpu", Parallel(dp=2), "g"),
-        "reference": ("lpu", Parallel(dp=1), "l"), "reward": ("cpu", Parallel(dp=1), "c"),
-        "environment": ("cpu", Parallel(dp=1), "c")})
+    return tiny_dp2_plan()
 
 
 @pytest.mark.parametrize("par, per_tensor", [

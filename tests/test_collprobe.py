@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from calibdata import hand_plan
+from calibdata import tiny_dp2_plan
 from gloo_world import SPAWN, run_world
 
 from executors import collprobe
@@ -14,7 +14,6 @@ from executors.model import build_policy, save_model_dir
 from executors.roles import RunConfig
 from executors.trainer import Trainer
 from placer.catalog import shipped_models
-from placer.costmodel import Parallel
 from placer.fit import fit_trace
 from traces.schema import Trace, TraceEvent
 
@@ -49,10 +48,7 @@ def test_every_kind_is_timed_in_blocks(probed):
 def test_the_probe_fits_each_kind_of_call(probed):
     """Each factor comes out of its own kind's events: the fit finds per call what the probe
     measured per call (the two ranks' mean, within their spread)."""
-    plan = hand_plan("examples/tiny-cpu.yaml", {
-        "actor": ("gpu", Parallel(dp=2), "g"), "rollout": ("gpu", Parallel(dp=2), "g"),
-        "reference": ("lpu", Parallel(dp=1), "l"), "reward": ("cpu", Parallel(dp=1), "c"),
-        "environment": ("cpu", Parallel(dp=1), "c")})
+    plan = tiny_dp2_plan()
     events = [TraceEvent(f"probe {p['collective']}", "collective", p["t0"], p["dur"], "gpu:0",
                          f"actor{rank}", {"role": "actor", "devices": [f"gpu:0:{rank}"],
                                           **{k: p[k] for k in ("collective", "ranks", "bytes",

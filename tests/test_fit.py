@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from calibdata import TRUTH, hand_plan
+from calibdata import TRUTH, hand_plan, tiny_dp2_plan
 
 from placer.calibration import calibration_from_dict
-from placer.costmodel import Calibration, Efficiency, Parallel
+from placer.costmodel import Calibration, Efficiency
 from placer.fit import fit_tool_latency, fit_trace, profile_doc
 from placer.fit_events import GenerateRun
 from placer.spec import Distribution, SpecError
@@ -192,10 +192,7 @@ def _generate_trace(plan, truth: Efficiency, n: int = 8) -> Trace:
 def test_generate_events_fit_the_per_step_overhead_of_a_tiny_model():
     """A tiny model on a CPU core: per-step overhead is the whole story, the bandwidth and FLOP
     terms are far below 1% of the time and keep their priors, with the reason."""
-    plan = hand_plan("examples/tiny-cpu.yaml", {
-        "actor": ("gpu", Parallel(dp=2), "g"), "rollout": ("gpu", Parallel(dp=2), "g"),
-        "reference": ("lpu", Parallel(dp=1), "l"), "reward": ("cpu", Parallel(dp=1), "c"),
-        "environment": ("cpu", Parallel(dp=1), "c")})
+    plan = tiny_dp2_plan()
     truth = Efficiency(step_overhead_s=0.012)
     result = fit_trace(_generate_trace(plan, truth), plan, "exec.json")
     fits = _by_name(result)

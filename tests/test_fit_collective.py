@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from calibdata import hand_plan
+from calibdata import tiny_dp2_plan
 
 from executors.collprobe import BLOCKS
 from placer.catalog import shipped_devices, shipped_models
@@ -63,10 +63,7 @@ def test_calls_scale_with_optimizer_steps():
 
 @pytest.fixture(scope="module")
 def plan():
-    return hand_plan("examples/tiny-cpu.yaml", {
-        "actor": ("gpu", Parallel(dp=2), "g"), "rollout": ("gpu", Parallel(dp=2), "g"),
-        "reference": ("lpu", Parallel(dp=1), "l"), "reward": ("cpu", Parallel(dp=1), "c"),
-        "environment": ("cpu", Parallel(dp=1), "c")})
+    return tiny_dp2_plan()
 
 
 def _trace(plan, truth: Efficiency, probe: bool, metadata: dict | None = None) -> Trace:
