@@ -42,9 +42,11 @@ $(STAMP): pyproject.toml | sysdeps
 demo: $(STAMP)
 	$(PY) -m workflows.demo --out $(OUT)
 
-# ruff (rules in pyproject.toml) and mypy over the packages; `make test` fails on either.
+# ruff (rules in pyproject.toml), the import-linter contracts (the layers, docs/architecture.md)
+# and mypy over the packages; `make test` fails on any of them.
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
 
 # Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the

@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from placer.calibration import load_calibration
-from placer.catalog import resolve
-from placer.planner import plan_job
-from placer.spec import load_job
+from placer.cost.calibration import load_calibration
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 1.3

@@ -30,12 +30,13 @@ import time
 from pathlib import Path
 
 from bench.bench_solver import synthetic_job
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.moves import Move, moves
-from placer.planfile import Plan, calibration_of
-from placer.planner import plan_job, with_nodes
-from placer.spec import Job, load_job
+from placer.cost.efficiency import Calibration
+from placer.solve.moves import Move, moves
+from placer.solve.planfile import Plan, calibration_of
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve, with_nodes
+from placer.spec.job import Job
+from placer.spec.load import load_job
 from simulator import longrun as lr
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

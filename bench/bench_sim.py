@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.spec import job_from_dict
+from placer.cost.efficiency import Calibration
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.handplans import place

@@ -4,7 +4,7 @@ Prints a table (figures for the closing note; nothing here asserts a time). Each
 with a multi-turn environment (six roles: the largest model the ILP solves) on mixed pools of
 H100 and H20 GPUs, Groq LPU chips and CPU nodes, scaled from 8 to ~16k devices; the goal rows are
 8,192 GPUs of three types (H100, H20, L40S) + 1,024 LPU chips + 256 CPU nodes (so the rollout may
-be split over pools: `placer.split`), once with a dense 70B model and once with
+be split over pools: `placer.cost.split`), once with a dense 70B model and once with
 Qwen3-30B-A3B (a mixture of experts: expert-parallel candidates) and responses up to 32K tokens
 (context-parallel candidates). The re-plan row loses one H100 node of
 examples/large-1k-nodes.yaml (1,024 nodes) and re-solves warm-started from the first plan.
@@ -17,13 +17,13 @@ import argparse
 import time
 from pathlib import Path
 
-from placer.candidates import PARALLEL_DEVICES, layouts
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.ilp_solve import solve
-from placer.moves import moves
-from placer.planner import build_problem, hint_of, plan_job, to_plan, with_nodes
-from placer.spec import job_from_dict, load_job
+from placer.cost.efficiency import Calibration
+from placer.solve.candidates import PARALLEL_DEVICES, layouts
+from placer.solve.ilp_solve import solve
+from placer.solve.moves import moves
+from placer.solve.planner import build_problem, hint_of, plan_job, to_plan
+from placer.spec.catalog import resolve, with_nodes
+from placer.spec.load import job_from_dict, load_job
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

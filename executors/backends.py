@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from placer.errors import SpecError
+from placer.base.errors import SpecError
 
 if TYPE_CHECKING:
     from executors.sharding import Layout
-    from placer.spec import ModelArch
+    from placer.spec.arch import ModelArch
 
 # None when an engine can run the layout for the model, else why not.
 LayoutCheck = Callable[["Layout", "ModelArch"], "str | None"]

@@ -26,7 +26,7 @@ from executors.elastic import ClusterChanged
 from executors.placement import Member
 from executors.runtime import Handle
 from executors.stragglers import Call, race
-from placer.roles import Role
+from placer.base.roles import Role
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Getting a Ray cluster for a plan: an embedded one, or joining one at `--address`.
 
-Resources the plan's bundles ask for (see `placer.mapping.device_resources` and
+Resources the plan's bundles ask for (see `placer.solve.mapping.device_resources` and
 `executors.placement`):
   GPU / LPU / CPU           device counts (CPU: cores) of the pool's device kind;
   pool_<pool>               devices of that pool, so that a plan lands on the pool it names;
@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from executors import ray_private
-from placer.mapping import device_resources
-from placer.planfile import Plan
-from placer.spec import DeviceKind, SpecError
+from placer.base.errors import SpecError
+from placer.solve.mapping import device_resources
+from placer.solve.planfile import Plan
+from placer.spec.hardware import DeviceKind
 
 NODE_UNITS = 1000.0  # a plan node advertises this much of its key; a bundle takes 1
 

@@ -1,6 +1,6 @@
 """The code task: prompts with unit tests; a rule reward by running the answer's code on them.
 
-Data (`placer.localdata.Dataset`, `reward: code`): each row a prompt and its tests in verl's
+Data (`placer.spec.localdata.Dataset`, `reward: code`): each row a prompt and its tests in verl's
 format (what its `prime_code` and `sandbox_fusion` scorers read for APPS, TACO, CodeContests and
 Codeforces rows), a JSON string or an object:
   {"inputs": [...], "outputs": [...]}              a program: test i feeds inputs[i] on stdin and
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from executors.sandbox import Limits, Sandbox, SandboxUnavailable
-from placer.errors import SpecError
-from placer.fileio import atomic_write_text
-from placer.localdata import CodeReward, read_rows
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.spec.localdata import CodeReward, read_rows
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
 MAX_STDOUT = 16 * 1024  # characters of one test's output sent back whole (longer: a digest)

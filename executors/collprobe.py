@@ -22,8 +22,8 @@ latency, not bytes:
               own work around them, which fits `tp_call_s`.
 
 Each kind becomes `BLOCKS` `collective` trace events per rank (args: collective, ranks, bytes,
-calls), which `placer calibrate` prices with `placer.collectives` and fits the per-call costs
-from (placer/fit_events.py, group "collective"): `coll_base_s` from the all-reduce, each other
+calls), which `placer calibrate` prices with `placer.cost.collectives` and fits the per-call costs
+from (placer/calibrate/fit_events.py, group "collective"): `coll_base_s` from the all-reduce, each other
 kind its own. Without the probe the calls' latency on a slow transport (gloo over loopback,
 ~0.3-3 ms a call against NCCL's 6.6 us) lands in the train fit's `train_overhead_s`, which a
 world of one then pays too.
@@ -42,7 +42,7 @@ from torch import nn
 # rounds per kind: a mean over scheduling noise, ~0.5 s in all over gloo on two cores, where
 # blocks of ten rounds of one kind measured 1.0 and 1.5 ms a call back to back
 REPS = 40
-# timed blocks per kind, one event each: a fit needs 3 events of a kind (`placer.fit`), and two
+# timed blocks per kind, one event each: a fit needs 3 events of a kind (`placer.calibrate.fit`), and two
 # ranks with one block each would give two
 BLOCKS = 4
 ELEMENTS = 256  # float32 elements of the all-reduce's buffer (1 KiB): a latency-bound message
@@ -102,7 +102,7 @@ def _gather_round(world: int, dev: torch.device) -> tuple[Callable[[], None], in
 def probe(world: int, reps: int = REPS) -> list[dict[str, Any]]:
     """Per kind and block, {collective, ranks, bytes, calls, t0, dur}: `reps` rounds over
     the default group (every rank calls this, in the same order). `bytes` is the message the
-    cost model prices (`placer.collectives`): the summed buffer, or the gathered unit."""
+    cost model prices (`placer.cost.collectives`): the summed buffer, or the gathered unit."""
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
         else torch.device("cpu")
     x = torch.zeros(ELEMENTS, device=dev)

@@ -30,9 +30,9 @@ from executors.roles import RunConfig
 from executors.runtime import Runtime
 from executors.stragglers import Busy
 from executors.task import Target
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import Job
+from placer.base.roles import Role
+from placer.solve.planfile import Plan
+from placer.spec.job import Job
 from traces.schema import Trace
 
 

@@ -5,7 +5,7 @@ whole nodes of the pool (`devices_per_node`). When that differs from the plan's 
 one joined), the loop stops at the failure or at the next step boundary and asks `Elastic` for a
 new world:
 
-  1. re-plan: `placer.planner.plan_job` on `with_nodes(original job, alive counts)`, warm-started
+  1. re-plan: `placer.solve.planner.plan_job` on `with_nodes(original job, alive counts)`, warm-started
      from the running plan (`hint`), with a movement cost per role that changes config, so that a
      small change moves few roles;
   2. keep what survived unchanged: a slot whose roles (and their parallel layout) and bundles
@@ -33,9 +33,10 @@ from executors import placement as pl
 from executors.cluster import node_key, node_resources
 from executors.roles import RunConfig
 from executors.runtime import RayRuntime
-from placer.moves import layout, moves
-from placer.planfile import Plan, calibration_of
-from placer.planner import plan_job, with_nodes
+from placer.solve.moves import layout, moves
+from placer.solve.planfile import Plan, calibration_of
+from placer.solve.planner import plan_job
+from placer.spec.catalog import with_nodes
 
 MOVE_COST_S = 1.0  # a role that changes config is rebuilt: worth ~1 s of iteration time
 REPLAN_TIME_LIMIT_S = 5.0

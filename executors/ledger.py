@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from placer.fileio import atomic_write_text
+from placer.base.fileio import atomic_write_text
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 from executors import cluster, ray_private
 from executors.ray_private import LOOPBACK
 from executors.run import execute
-from placer.planfile import Plan
+from placer.solve.planfile import Plan
 
 FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
                "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}

@@ -47,8 +47,8 @@ from executors.tails import TailPolicies
 from executors.task import Target, task_of
 from executors.training import EXACT, Checkpoints, Scored, Training
 from executors.weights import WeightSync
-from placer.planfile import Plan
-from placer.roles import Role
+from placer.base.roles import Role
+from placer.solve.planfile import Plan
 from traces.schema import Trace
 
 __all__ = ["Fault", "Loop", "LoopConfig", "StepStat"]

@@ -1,6 +1,6 @@
 """The math task: prompts with reference answers from a dataset; a rule reward by equivalence.
 
-Data (`placer.localdata.Dataset`, `reward: math`): a JSONL or Parquet file with a prompt and an
+Data (`placer.spec.localdata.Dataset`, `reward: math`): a JSONL or Parquet file with a prompt and an
 answer column.
 Each step draws `n` prompts from the file with the job's seed and the step (the same prompts
 wherever they are drawn).
@@ -23,8 +23,8 @@ from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any
 
-from placer.localdata import read_rows
-from placer.sampling import rng
+from placer.spec.localdata import read_rows
+from placer.spec.sampling import rng
 
 ARITHMETIC = set("0123456789+-*/^(). ")
 TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?|\.\d+)|(.))")
@@ -40,7 +40,7 @@ class Row:
 @functools.lru_cache(maxsize=4)
 def load_rows(path: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
     """Every row of the JSONL or Parquet file; SpecError naming the field and the row of a bad
-    one (`placer.localdata.read_rows`)."""
+    one (`placer.spec.localdata.read_rows`)."""
     rows = read_rows(path, {"prompt": prompt_key, "answer": answer_key})
     return tuple(Row(str(r["prompt"]), str(r["answer"])) for r in rows)
 

@@ -1,6 +1,6 @@
 """The policy: a Hugging Face `LlamaForCausalLM` built from a catalog shape, with a local tokenizer.
 
-Nothing is downloaded. The architecture comes from `placer/catalog/models.yaml` (tiny-llama: 2
+Nothing is downloaded. The architecture comes from `placer/spec/catalog/models.yaml` (tiny-llama: 2
 layers, hidden 64, 4 heads, 2 KV heads, MLP 128, vocab 64), the weights are a seeded random init,
 and the tokenizer is a character-level `tokenizers` WordLevel model over a fixed 64-symbol
 alphabet (specials, digits, arithmetic operators, letters), wrapped as a
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from placer.spec import ModelArch
+from placer.spec.arch import ModelArch
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)

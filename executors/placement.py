@@ -11,8 +11,8 @@ Actors per role: the actor (trainer) role gets one actor per device of its layou
 each, environments one per bundle. A role's ranks are laid over its slot's bundles in
 order; roles that share a slot (colocation) share a bundle's resources in equal parts.
 
-A role split over pools (`placer.split`: a rollout whose engines run on several device types)
-sits alone in its slot, whose bundles come part by part (`placer.mapping`: each part's devices,
+A role split over pools (`placer.cost.split`: a rollout whose engines run on several device types)
+sits alone in its slot, whose bundles come part by part (`placer.solve.mapping`: each part's devices,
 one bundle per node of the part's pool). Its ranks run part by part too: part i's `dp` engine
 replicas get the ranks after part i-1's, each in the bundle holding its first device (replica k
 of a part with tensor parallelism t starts at the part's device k * t), so every engine sits on
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.cluster import node_key
-from placer.moves import role_counts
-from placer.planfile import Bundle, Plan
-from placer.roles import Role
+from placer.base.roles import Role
+from placer.solve.moves import role_counts
+from placer.solve.planfile import Bundle, Plan
 
 
 class PlacementError(RuntimeError):
@@ -64,7 +64,7 @@ def slot_bundles(plan: Plan) -> dict[str, list[Bundle]]:
 
 
 def member_counts(plan: Plan) -> dict[str, int]:
-    """Actors per role: `placer.moves.role_counts`, but training runs one process per device
+    """Actors per role: `placer.solve.moves.role_counts`, but training runs one process per device
     of its layout (its TP ranks are processes of one torch.distributed group), and a split role
     runs every part's replicas."""
     counts = role_counts(plan)

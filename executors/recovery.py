@@ -21,7 +21,7 @@ from collections.abc import Callable
 from executors.context import LoopContext, TrainingLost
 from executors.elastic import ClusterChanged, Elastic
 from executors.training import Checkpoints, Training
-from placer.roles import Role
+from placer.base.roles import Role
 
 __all__ = ["Recovery", "TrainingLost"]
 

@@ -10,7 +10,7 @@ cut into buckets of `bucket_bytes` (the cost model's `sync_bucket_gb`): ceil(byt
 sequential calls, a tensor straddling two buckets where the cut falls (checkpoint-engine's and
 Megatron's flat buckets). With buckets every pipeline stage is a sender streaming its own
 layers, in parallel; unbucketed (`bucket_bytes` 0) one sender (trainer rank 0, holding the
-gathered model) makes one call per tensor (verl's NCCL path). `placer.timing.sync_senders` and
+gathered model) makes one call per tensor (verl's NCCL path). `placer.cost.timing.sync_senders` and
 `sync_calls` price exactly these calls, so a trace's `calls` is what the planner counted.
 
 Reshard. An engine with tensor parallelism `tp` keeps, on TP rank r, its slice of each tensor

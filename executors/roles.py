@@ -35,9 +35,9 @@ from executors.reshard import BucketLoading, engine_state
 from executors.sandbox import Limits, Sandbox
 from executors.sharding import plan_layout, recompute_layers, recomputes
 from executors.task import Target, task_of
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import ModelArch
+from placer.base.roles import Role
+from placer.solve.planfile import Plan
+from placer.spec.arch import ModelArch
 
 
 @dataclass(frozen=True)

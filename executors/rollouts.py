@@ -15,7 +15,7 @@ A single-turn job without partial rollouts takes one round: generate, done.
 
 A rollout split over pools (the plan's `roles.rollout.parts`, `executors.placement` puts each
 part's engines on its pool) gets the plan's dispatch rule, the simulator's too
-(`placer.split.deal`): a step's trajectories are dealt to the parts in order as contiguous
+(`placer.cost.split.deal`): a step's trajectories are dealt to the parts in order as contiguous
 ranges, part i taking `parts[i].samples` of the batch (group-aligned: GRPO groups stay whole),
 extra ones (over-provisioning) by the same shares, and a step with fewer (a carried remainder,
 a smaller batch) all by the shares, largest remainder first. A trajectory stays on its part for
@@ -46,8 +46,8 @@ from executors.tails import TailPolicies, carry_steps, overprovision_extra
 from executors.task import task_of
 from executors.trajectory import Traj
 from executors.weights import WeightSync
-from placer.roles import Role
-from placer.split import deal
+from placer.base.roles import Role
+from placer.cost.split import deal
 
 
 def tool_text(result: dict[str, Any]) -> str:
@@ -270,7 +270,7 @@ class RolloutDriver:
             ctx.event("generate", "generate", timing["t0"], timing["dur"], ran.workers[k], step,
                       policy_version=s.version, sample_ids=s.ids, tokens=timing["tokens"],
                       batch=timing["batch"], os_pid=timing.get("pid"), round=r.round,
-                      # per sample, aligned with sample_ids (traces/record.py, placer/fit.py):
+                      # per sample, aligned with sample_ids (traces/record.py, placer/calibrate/fit.py):
                       # the context prefilled and the tokens generated in this call; steps:
                       # lockstep decode runs until the longest ends
                       prompt_tokens=[len(p) for p in s.prompts],

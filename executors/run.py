@@ -20,18 +20,19 @@ from typing import Any
 from executors import cluster
 from executors import placement as pl
 from executors.backends import backend_of
+from executors.context import Fault, LoopConfig, StepStat
 from executors.elastic import Elastic
-from executors.loop import Fault, Loop, LoopConfig, StepStat
+from executors.loop import Loop
 from executors.model import build_policy, save_model_dir, tokenizer_problem
 from executors.roles import Delay, RunConfig, actor_layout, plan_settings
 from executors.runtime import LocalRuntime, RayRuntime, Runtime
 from executors.sandbox import SandboxUnavailable, probe
 from executors.sharding import Layout, check_layout
 from executors.task import task_of
-from placer.errors import SpecError
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import ModelArch
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.solve.planfile import Plan
+from placer.spec.arch import ModelArch
 from traces.schema import Trace
 
 MAX_PARAMS_CPU = 200_000_000  # random-init models are built in RAM on every worker
@@ -257,7 +258,7 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         elastic = Elastic(plan, cfg, groups, rt, info.pinned, backend, max_restarts, placement=placement)
     trace.metadata.update(emulated_pools=emulated, cluster=info_text)
     if address is None:  # embedded: every emulated device's work runs on this host's cores,
-        # which calibration reads as the emulated devices' `host_cores` (placer/fit.py)
+        # which calibration reads as the emulated devices' `host_cores` (placer/calibrate/fit.py)
         trace.metadata["host_cores"] = len(os.sched_getaffinity(0))
     setup_s = time.time() - t0
     lc = LoopConfig(steps=steps, out_dir=out, mode=job.pipeline.mode,

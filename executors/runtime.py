@@ -22,7 +22,7 @@ from executors.backends import rollout_class
 from executors.placement import Member, PlacementError, actor_options, assign
 from executors.roles import Critic, EnvWorker, ModelReward, Reference, RuleReward, RunConfig
 from executors.trainer import Trainer
-from placer.planfile import Plan
+from placer.solve.planfile import Plan
 
 if TYPE_CHECKING:
     from ray import ObjectRef

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from placer.errors import SpecError
-from placer.planfile import Plan
+from placer.base.errors import SpecError
+from placer.solve.planfile import Plan
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
     # The block's input enters as one replicated DTensor that its column-parallel projections
     # share, so that their input gradients (partial sums on each TP rank) add up locally and are
     # all-reduced once at the block's entry: Megatron's one backward all-reduce per block, which
-    # the cost model prices (`placer.layercomm.layer_comm`). Left to each projection, q, k and v
+    # the cost model prices (`placer.cost.layercomm.layer_comm`). Left to each projection, q, k and v
     # (gate and up) would all-reduce their own.
     entry = {"self_attn": PrepareModuleInput(
                  input_kwarg_layouts={"hidden_states": Replicate()},

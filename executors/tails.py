@@ -36,8 +36,8 @@ from executors.context import LoopContext
 from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.trajectory import Traj
-from placer.fileio import atomic_write_text
-from placer.spec import TailPolicy
+from placer.base.fileio import atomic_write_text
+from placer.spec.sections import TailPolicy
 
 
 def overprovision_extra(tail_policy: TailPolicy, n: int) -> int:

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from placer.localdata import Dataset
-from placer.sampling import rng
+from placer.spec.localdata import Dataset
+from placer.spec.sampling import rng
 
 ARITHMETIC = set("0123456789+-*/%(). ")
 Target = int | str  # the arithmetic task's sum, or a dataset's reference answer
@@ -204,7 +204,7 @@ class CodeData:
 MAX_KEPT = 4096  # verdicts kept per process (oldest dropped first)
 _VERDICTS: dict[tuple[Dataset, str, int], Any] = {}  # (dataset, answer, row) -> Verdict
 
-# The dataset tasks by `data.reward` (placer.localdata.REWARDS names the same kinds).
+# The dataset tasks by `data.reward` (placer.spec.localdata.REWARDS names the same kinds).
 DATA_TASKS: dict[str, Callable[[Dataset, bool | None], Task]] = {
     "math": MathData, "code": CodeData}
 

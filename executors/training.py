@@ -32,9 +32,9 @@ from executors.stragglers import Call
 from executors.tails import TailPolicies
 from executors.task import Target
 from executors.trainer import MiniBatch
-from placer.fileio import atomic_write_text
-from placer.planfile import Plan
-from placer.roles import Role
+from placer.base.fileio import atomic_write_text
+from placer.base.roles import Role
+from placer.solve.planfile import Plan
 
 Scored = dict[str, list[Any]]  # role -> per-sample values (rewards, log-probs, values)
 EXACT = "exact"  # Scored key: a rule reward's per-sample verdict (exactly right), when it has one

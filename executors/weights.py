@@ -8,7 +8,7 @@ reference on; it never holds the tensors). The bucket size is each engine's own 
 parts of a split rollout on different device types each get a stream of their own. Each
 engine's `weight sync` trace event carries the bytes it received, the calls per sender
 (`calls`), the senders, and its node (`dst` pool:node); its time runs from the refresh's start
-to the engine's last bucket loaded, as `placer.fit_events` prices it
+to the engine's last bucket loaded, as `placer.calibrate.fit_events` prices it
 (`costmodel.transfer_time`: the wire, `sync_latency_s`, and `sync_call_s` per further call).
 The context's `known` records the version each rollout worker holds, so a worker that has v is
 skipped; one still busy with an abandoned straggler call is synced later (`known` None), and one
@@ -23,14 +23,14 @@ from typing import Any
 from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
 from executors.runtime import Handle
-from placer.costmodel import GB
-from placer.planfile import Plan, calibration_of
-from placer.roles import Role
+from placer.base.roles import Role
+from placer.cost.roofline import GB
+from placer.solve.planfile import Plan, calibration_of
 
 
 def bucket_bytes(plan: Plan, pool: str | None = None) -> int:
     """The refresh's bucket size in bytes for engines on `pool` (default: the rollout's pool):
-    the plan's `sync_bucket_gb` for that pool's device, as `placer.timing.sync_time` prices
+    the plan's `sync_bucket_gb` for that pool's device, as `placer.cost.timing.sync_time` prices
     each part of a split rollout with its own device's (0: a call per tensor)."""
     rollout = plan.roles.get(Role.ROLLOUT)
     if rollout is None:

@@ -10,7 +10,7 @@
     job2 = placer.import_run("verl", "run.sh")   # placer import (`import` is a keyword)
 
 Arguments take what the CLI reads (a path) or the object itself (a `Job`, a job dict, a `Plan`);
-errors are the CLI's (`placer.errors.SpecError`, `Infeasible`). This module is a front end:
+errors are the CLI's (`placer.base.errors.SpecError`, `Infeasible`). This module is a front end:
 `placer/__init__.py` exposes its names lazily, so `import placer` loads neither the solver nor
 the simulator nor Ray until one of them is called.
 """
@@ -20,16 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from placer.calibration import load_calibration
-from placer.catalog import Resolved, resolve
-from placer.costmodel import Calibration
+from placer.cost.calibration import load_calibration
+from placer.cost.efficiency import Calibration
 from placer.interop.common import Export
-from placer.planfile import Plan, load_plan
-from placer.spec import Job, job_from_dict, load_job
+from placer.solve.planfile import Plan, load_plan
+from placer.spec.catalog import Resolved, resolve
+from placer.spec.job import Job
+from placer.spec.load import job_from_dict, load_job
 
 if TYPE_CHECKING:
     from executors.run import ExecResult
-    from simulator.api import SimResult
+    from simulator.result import SimResult
 
 __all__ = ["compare", "execute", "export", "import_run", "load_job", "load_plan", "plan",
            "simulate", "validate"]
@@ -65,7 +66,7 @@ def plan(job: JobLike, *, time_limit: float = 10.0, objective: str | None = None
          calibration: Calibration | str | Path | None = None, workers: int = 2,
          seed: int = 0) -> Plan:
     """`placer plan`: every role of a job (a `Job`, a job dict or a job file) placed by the ILP."""
-    from placer.planner import plan_job  # lazy: the solver loads only when a plan is asked for
+    from placer.solve.planner import plan_job  # lazy: the solver loads only when a plan is asked for
 
     return plan_job(resolve(_job(job)), _calib(calibration), time_limit_s=time_limit,
                     objective=objective, workers=workers, seed=seed)
@@ -77,8 +78,8 @@ def compare(job: JobLike, *, time_limit: float = 10.0, objective: str | None = N
     """`placer compare`: the ILP's plan ("ilp") and every baseline's by name (None where a
     baseline cannot place the job; "current" when the job records its current placement),
     fastest first."""
-    from placer.baselines import baseline_assignments
-    from placer.planner import build_problem, plan_assignment, plan_job
+    from placer.solve.baselines import baseline_assignments
+    from placer.solve.planner import build_problem, plan_assignment, plan_job
 
     res, calib = validate(job), _calib(calibration)
     out: dict[str, Plan | None] = {
@@ -148,7 +149,7 @@ def _planned(x: PlanLike | Job) -> Plan:
 def export(plan: PlanLike, framework: str, **options: Any) -> Export:
     """`placer export`: the plan as a verl, OpenRLHF or KubeRay configuration (files are not
     written: `Export.files` maps names to text; `Export.warnings` names what does not fit)."""
-    from placer.errors import SpecError
+    from placer.base.errors import SpecError
     from placer.interop import EXPORTERS
     if framework not in EXPORTERS:
         raise SpecError(f"framework: one of {', '.join(EXPORTERS)} (got {framework!r})")
@@ -161,8 +162,8 @@ def import_run(framework: str, source: str | Path, *, device: str = "H100-SXM",
                name: str | None = None) -> Job:
     """`placer import`: a job (its `current` placement recorded) from a verl config or launch
     script, or an OpenRLHF command line or file. The assumptions made are in the CLI's notes."""
-    from placer.errors import SpecError
-    from placer.inputs import read_text
+    from placer.base.errors import SpecError
+    from placer.base.inputs import read_text
     from placer.interop import importer_table
 
     table = importer_table()

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from placer import __version__
-from placer.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, Infeasible, SpecError
-from placer.inputs import error_lines, escape
+from placer.base.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, Infeasible, SpecError
+from placer.base.inputs import error_lines, escape
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("placer.commands.validate", "check a job file and show its roles and memory floors"),

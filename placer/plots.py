@@ -7,47 +7,23 @@
                             part's devices labelled with the part's share of the samples
 
 Each function draws on a new figure and returns it; `save(fig, path)` writes a PNG atomically,
-`png(fig)` returns its bytes (for notebooks). `KIND_COLOURS` is the one palette of every
-timeline (the simulator's and the fidelity figures, `workflows.plots`, use it too); the
-figures of fidelity reports and what-if sweeps live beside them, in `workflows.plots`.
+`png(fig)` returns its bytes (for notebooks); both come from `placer.base.palette`, the one
+palette of every timeline. The figures of fidelity reports and what-if sweeps live in
+`workflows.plots`, the simulator's in `simulator.plots`.
 """
 from __future__ import annotations
 
-import io
-from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from placer.planfile import Plan
+from placer.base.palette import png, save
+from placer.solve.planfile import Plan
+
+__all__ = ["part_labels", "placement", "png", "save"]
 
 MAX_NODES_SHOWN = 12  # per pool; a 1000-node pool is drawn as its first nodes plus a count
-KIND_COLOURS = {"stage": "0.82", "environment": "C8", "generate": "C0", "prefill": "C9",
-                "decode": "#1f3b73", "tool": "C8", "forward": "C2",
-                "reward": "C4", "train": "C3", "transfer": "C1", "checkpoint": "C7"}
-
-
-def save(fig: Any, path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(p)  # readers never see half a figure
-    return p
-
-
-def png(fig: Any) -> bytes:
-    """The figure as PNG bytes (closed afterwards): `IPython.display.Image(png(fig))` shows it
-    whatever matplotlib backend the kernel runs."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def part_labels(plan: Plan) -> dict[tuple[str, int], list[tuple[list[int], str]]]:

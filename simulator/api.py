@@ -6,72 +6,30 @@
     result.trace.write("sim.json")            # Chrome trace, opens in Perfetto
 
 The plan must match its job (the roles it places, pools that exist); a bad plan, workload trace
-or config raises `placer.spec.SpecError` with one line naming the field.
+or config raises `placer.spec.job.SpecError` with one line naming the field.
 """
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from typing import Any
 
-from placer.catalog import Resolved
-from placer.costmodel import Calibration
-from placer.estimate import rollout_shape
-from placer.hostmem import plan_checkpoint_s
-from placer.planfile import Plan, calibration_of, check_plan, load_plan
-from placer.roles import Role
-from placer.spec import SpecError, check_tail_policy
-from placer.split import res_with_samples
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import rollout_shape
+from placer.cost.split import res_with_samples
+from placer.solve.hostmem import plan_checkpoint_s
+from placer.solve.planfile import Plan, calibration_of, check_plan, load_plan
+from placer.spec.catalog import Resolved
+from placer.spec.load import check_tail_policy
 from simulator.config import SimConfig
-from simulator.faults import Timeline, compose, failure_rate_per_s
-from simulator.iteration import Model, RunRecord
+from simulator.faults import compose, failure_rate_per_s
+from simulator.iteration import Model
 from simulator.metrics import compute, iteration_durations
 from simulator.recorder import Recorder
+from simulator.result import SimResult
 from simulator.workload import load_replay
-from traces.schema import Trace
-
-
-@dataclass
-class SimResult:
-    metrics: dict[str, Any]
-    run: RunRecord
-    timeline: Timeline
-    plan: Plan
-    seed: int
-    _rec: Recorder = field(repr=False, default_factory=Recorder)
-
-    @cached_property
-    def trace(self) -> Trace:
-        """The run as a Chrome trace (traces/ schema); built on first use."""
-        meta = {"source": "simulate", "job": self.plan.spec.name, "seed": self.seed,
-                "iterations": self.metrics["iterations"], "mode": self.plan.mode,
-                "emulated": False, "predicted_iteration_s": self.plan.predicted_iteration_s}
-        if not self.timeline.failures and not self.timeline.checkpoints:
-            return self._rec.to_trace(meta)
-        return self._rec.to_trace(meta, _wall_rows(self))
-
-
-def _wall_rows(r: SimResult) -> list[tuple]:
-    """Replay each attempt's events at its wall time; add failure, restart, checkpoint events."""
-    durs = iteration_durations(r.run, r.plan.mode)
-    starts = [0.0]
-    for d in durs[:-1]:
-        starts.append(starts[-1] + d)
-    rows: list[tuple] = []
-    for a in r.timeline.attempts:
-        s = starts[a.iteration]
-        rows += r._rec.shifted(s, s + a.dur_s, a.start_s - s)
-    restart = r.metrics.get("restart_s", 0.0)
-    for t, lost in r.timeline.failures:
-        rows.append(("failure", "failure", t, 0.0, "job", "faults", {"lost_s": lost}))
-        rows.append(("restart", "restart", t, restart, "job", "faults", {}))
-    for t in r.timeline.checkpoints:
-        rows.append(("checkpoint", "checkpoint", t, r.metrics.get("checkpoint_s", 0.0), "job",
-                     "faults", {}))
-    return rows
 
 
 def _check_runnable(res: Resolved, plan: Plan, calib: Calibration) -> None:

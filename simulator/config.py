@@ -5,7 +5,7 @@ distributions, no stragglers, no failures, the links as the plan's cluster state
 `SimConfig.no_variance()` turns every source of variance off (lengths and latencies at their
 means); with it the simulator reproduces the placer's prediction (the agreement contract).
 
-The models are pydantic like the job specs (`placer.specbase.Strict`: frozen, unknown keys are
+The models are pydantic like the job specs (`placer.spec.base.Strict`: frozen, unknown keys are
 errors, no inf/nan, strict types: a YAML `true` is not a number); a config file is the nested
 mapping of their fields (YAML or JSON), read by `config_from_dict`. Each field carries its meaning
 in its description; `describe()` lists them for `--help`-style output and the notebooks.
@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from placer.spec import SpecError, format_validation_error
-from placer.specbase import Strict
+from placer.base.errors import SpecError
+from placer.spec.base import Strict
+from placer.spec.errorlines import format_validation_error
 
 # strict numbers, as in the job specs (a YAML `true` or "8" is a wrong type); an int is accepted
 # where a float is meant. `MAX_NUMBER` is far beyond any real setting and keeps every product of
@@ -65,7 +66,7 @@ class Failures(Strict):
     checkpoint_every: int = _f(10, "iterations between checkpoints", ge=1, strict=True)
     checkpoint_s: Number | None = _f(
         None, "seconds a checkpoint blocks the job after a step's training; unset: priced on the "
-        "plan's layouts (placer.hostmem.plan_checkpoint_s: the sharded optimizer state gathered, "
+        "plan's layouts (placer.solve.hostmem.plan_checkpoint_s: the sharded optimizer state gathered, "
         "14 B/param written at the cluster's storage_gbs, a fixed overhead)", ge=0,
         le=MAX_NUMBER)
 

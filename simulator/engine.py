@@ -3,7 +3,7 @@
 What one engine does (vLLM-like, prefill-priority scheduling):
   * it admits sequences while its free KV covers their tokens and it holds fewer than
     `max_num_seqs`, and preempts the newest running ones (recomputed when readmitted) when the
-    batch's KV outgrows its memory (`placer.admission.engine`, the loop the planner runs too); a
+    batch's KV outgrows its memory (`placer.cost.admission.engine`, the loop the planner runs too); a
     sequence keeps its KV while it waits on a tool call, and frees it when its last turn ends;
   * whenever sequences are admitted (a new sample, or one whose tool call returned) the engine
     first runs one prefill step over all their new tokens (`costmodel.prefill_time`), then
@@ -19,7 +19,7 @@ fixed: B sequences whose total context grows by B tokens per step, so step i cos
 decode_step_time(B, C0 + B*i). The engine advances a whole run of steps as ONE simpy event. f is the
 max of a constant (compute-bound) and a line (memory-bound), plus constants, so a run is at most two
 arithmetic series; its time is summed in closed form from a few cost-model calls
-(`placer.batching.Run`, shared with the planner's tail model), the same sum
+(`placer.cost.batching.Run`, shared with the planner's tail model), the same sum
 `costmodel.decode_run_time` computes. Admissions that arrive mid-run (a tool call returning) are
 known in advance (their end times are fixed when submitted, FIFO), so the engine cuts its run at the
 first step boundary at or after the arrival (closed-form inversion of the run's cumulative time) -
@@ -41,11 +41,13 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from placer.admission import Hooks, engine
-from placer.batching import StepTerms
-from placer.costmodel import Efficiency, Parallel
-from placer.roles import Role
-from placer.spec import DeviceType, ModelArch
+from placer.base.roles import Role
+from placer.cost.admission import Hooks, engine
+from placer.cost.batching import StepTerms
+from placer.cost.efficiency import Efficiency
+from placer.cost.sharding import Parallel
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import DeviceType
 from simulator.environment import CorePool
 from simulator.recorder import Recorder
 from simulator.workload import Samples
@@ -126,7 +128,7 @@ class Engine:
             self.rec.cut(self._rows_from, f"{self.spec.slot}/engine{self.index}", now)
 
     def _loop(self, env: simpy.Environment) -> Generator:
-        """The shared scheduling loop (`placer.admission.engine`) on this replica's samples, one
+        """The shared scheduling loop (`placer.cost.admission.engine`) on this replica's samples, one
         row each; a prefill and the decode run after it are one simpy event unless a sequence
         arrives during the prefill (then it is admitted first)."""
         smp, s, rec, st = self.samples, self.spec, self.rec, self.stats

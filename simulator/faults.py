@@ -12,7 +12,7 @@ issue 7 asks for): the simulation first produces each iteration's duration d_i; 
 arrive as a Poisson process whose rate is the sum over the plan's devices of 1 / MTBF of the
 device's type. Walking the iterations in wall time: an iteration that completes before the next
 failure commits (every `checkpoint_every` commits a checkpoint costs `checkpoint_s`, by default
-priced on the plan's layouts: `placer.hostmem.plan_checkpoint_s`); a failure
+priced on the plan's layouts: `placer.solve.hostmem.plan_checkpoint_s`); a failure
 throws away the partial iteration and everything since the last checkpoint, costs `restart_s`,
 and the walk resumes from the checkpoint. Re-run iterations take the same d_i (the same work
 again). Goodput = sum of d_i / wall time. This is exact for the model stated (a failure stops the
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from placer.catalog import Resolved
-from placer.planfile import Plan
-from placer.sampling import rng
+from placer.solve.planfile import Plan
+from placer.spec.catalog import Resolved
+from placer.spec.sampling import rng
 from simulator.config import Failures, Stragglers
 
 STREAM_STRAGGLER, STREAM_FAILURE = 100, 200

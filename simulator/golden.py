@@ -27,11 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from placer.calibration import load_calibration
-from placer.catalog import resolve
-from placer.fileio import atomic_write_text
-from placer.planfile import Plan, check_plan
-from placer.spec import load_job, read_structured
+from placer.base.fileio import atomic_write_text
+from placer.cost.calibration import load_calibration
+from placer.solve.planfile import Plan, check_plan
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job, read_structured
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig, Stragglers
 from simulator.handplans import plan_for

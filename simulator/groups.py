@@ -3,9 +3,9 @@
 A rollout role on one pool is one group: `rollout_shape` of the role's layout gives its replicas
 and each replica's concurrency, and the iteration's rows are dealt round-robin over the replicas.
 
-A rollout role split over pools (`placer.split`, the plan's `roles.rollout.parts`) is one group
+A rollout role split over pools (`placer.cost.split`, the plan's `roles.rollout.parts`) is one group
 per part, each with its own device type, layout and replicas, priced as the planner prices the
-part: `rollout_shape` on the job of the part's own samples (`placer.split.res_with_samples`), so
+part: `rollout_shape` on the job of the part's own samples (`placer.cost.split.res_with_samples`), so
 a part's engines hold the concurrency the planner gave them. The dispatch rule (the plan
 contract): rows are dealt to the parts in order as contiguous index ranges, part i taking
 `parts[i].samples` rows of the kept batch (group-aligned counts keep GRPO groups whole); rows
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from placer.batching import StepTerms
-from placer.catalog import Resolved
-from placer.costmodel import Calibration, lpu_chips
-from placer.estimate import rollout_shape
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import DeviceKind
-from placer.split import deal, res_with_samples
+from placer.base.roles import Role
+from placer.cost.batching import StepTerms
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import rollout_shape
+from placer.cost.generation import lpu_chips
+from placer.cost.split import deal, res_with_samples
+from placer.solve.planfile import Plan
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind
 from simulator.engine import EngineSpec
 
 

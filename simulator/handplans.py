@@ -1,21 +1,21 @@
 """Plans for the examples, the golden files and the benchmark.
 
-`plan_for(res, calib)` asks the ILP (`placer.planner.plan_job`); `place(res, placement, calib)`
+`plan_for(res, calib)` asks the ILP (`placer.solve.planner.plan_job`); `place(res, placement, calib)`
 assembles a fixed, hand-written placement (`EXAMPLE_PLACEMENTS`: role -> pool, device count,
 slot) - no search: each role takes the fastest config the candidate enumeration offers for
 exactly that device count (the agreement tests and the benchmark use those). Every plan goes
-through `placer.assemble`, so its predicted time is the placer's own.
+through `placer.solve.assemble`, so its predicted time is the placer's own.
 """
 from __future__ import annotations
 
-from placer.assemble import assemble
-from placer.candidates import role_candidates
-from placer.catalog import Resolved
-from placer.costmodel import Calibration
-from placer.planfile import Plan, SolverInfo
-from placer.roles import Role
-from placer.spec import SpecError
-from placer.timing import Placed
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.cost.timing import Placed
+from placer.solve.assemble import assemble
+from placer.solve.candidates import role_candidates
+from placer.solve.planfile import Plan, SolverInfo
+from placer.spec.catalog import Resolved
 
 Placement = dict[str, tuple[str, int, str]]  # role -> (pool, devices, slot)
 
@@ -62,5 +62,5 @@ def place(res: Resolved, placement: Placement, calib: Calibration) -> Plan:
 
 def plan_for(res: Resolved, calib: Calibration) -> Plan:
     """The ILP's plan for the job."""
-    from placer.planner import plan_job  # lazy: ortools (~0.4 s) only when planning
+    from placer.solve.planner import plan_job  # lazy: ortools (~0.4 s) only when planning
     return plan_job(res, calib)

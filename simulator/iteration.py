@@ -9,7 +9,7 @@ share a slot take turns on it (and pay onload when their memory does not fit tog
 step first; different slots run side by side.
 
 sync mode   stages are barriers: sync, then rollout, then score, then train; a stage lasts as
-            long as its busiest slot. This is `placer.timing`'s sum over stages of the max over
+            long as its busiest slot. This is `placer.cost.timing`'s sum over stages of the max over
             slots, event by event.
 async mode  rollout of step i may start once the weights on the engines are at most
             `max_staleness` versions old (version v = after v training steps); before each
@@ -19,7 +19,7 @@ async mode  rollout of step i may start once the weights on the engines are at m
             waiting step first: step i's reference pass runs between rollouts i and i+1, so
             the slot is busy sync + onload + rollout + score per step, and one step's chain
             sync -> rollout -> score -> train is not cut by the next rollout (what
-            `placer.timing`'s async bounds price). In steady state the busiest slot
+            `placer.cost.timing`'s async bounds price). In steady state the busiest slot
             sets the pace - the placer's async rule - and the first iteration pays the pipeline
             fill. Iteration time in async mode is the time between consecutive training commits.
 
@@ -39,11 +39,11 @@ from typing import Any
 import simpy
 from simpy.resources.resource import PriorityRequest
 
-from placer.catalog import Resolved
-from placer.costmodel import Calibration
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.sampling import draw, rng
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.solve.planfile import Plan
+from placer.spec.catalog import Resolved
+from placer.spec.sampling import draw, rng
 from simulator import tails
 from simulator.config import SimConfig
 from simulator.engine import Engine, Quota

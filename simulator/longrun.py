@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placer.planfile import Plan
-from placer.sampling import rng
-from placer.spec import SpecError
+from placer.base.errors import SpecError
+from placer.solve.planfile import Plan
+from placer.spec.sampling import rng
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig
 from simulator.faults import failure_rate_per_s

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from placer.catalog import Resolved
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import DeviceKind
+from placer.base.roles import Role
+from placer.solve.planfile import Plan
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind
 from simulator.faults import Timeline
 from simulator.iteration import RunRecord
 

@@ -1,6 +1,6 @@
 """Weight sync over shared links: the actor pushes its weights to every rollout replica.
 
-Links are the ones the placer prices (`placer.timing.sync_links`):
+Links are the ones the placer prices (`placer.cost.timing.sync_links`):
   local  actor and rollout in one slot: each rank of a replica loads its shard (CUDA IPC);
   send   the actor's senders (one per pipeline stage), over the NIC or, inside one node, NVLink;
   recv   one rollout replica's links (every replica receives the broadcast in parallel);
@@ -15,11 +15,11 @@ whenever a transfer finishes. Each transfer also pays the setup latency, and LPU
 as `costmodel.weight_sync_time` does: with one flow this is exactly the placer's figure,
 bytes / (slowest link's achieved bandwidth) + latency.
 
-A rollout split over pools (`placer.split`): every part's replicas join the same pipelined
+A rollout split over pools (`placer.cost.split`): every part's replicas join the same pipelined
 broadcast, each part over its own links (`sync_links` of the actor and that part, named
 "recv@h20", "send@h20", ...: a part in the actor's node gets NVLink, one in another pool the NIC
 and the cross-pool cap). The one stream crosses every part's links, so it moves at the slowest
-of them all (the max over parts of each part's own transfer, `placer.timing.sync_time`); each
+of them all (the max over parts of each part's own transfer, `placer.cost.timing.sync_time`); each
 part then pays its own fixed cost (its device's latency, call count and an LPU's reload), and
 the refresh ends when the last part is done.
 """
@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from placer.catalog import Resolved
-from placer.costmodel import GB, Calibration, weight_bytes
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import DeviceKind
-from placer.timing import sync_calls, sync_links
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.cost.roofline import GB, weight_bytes
+from placer.cost.timing import sync_calls, sync_links
+from placer.solve.planfile import Plan
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind
 from simulator.config import Network as NetworkConfig
 
 

@@ -24,11 +24,11 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from placer.plots import KIND_COLOURS, save  # one palette and one writer for every figure
-from placer.roles import Role
+from placer.base.palette import KIND_COLOURS, save  # one palette and one writer for every figure
+from placer.base.roles import Role
 
 if TYPE_CHECKING:
-    from simulator.api import SimResult
+    from simulator.result import SimResult
 
 BINS = 200
 PIXELS = 1200  # the timeline's time bins: about its width in pixels at the saved dpi

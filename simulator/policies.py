@@ -3,7 +3,7 @@
     rows = compare_policies(plan, iterations=3, seed=0)   # best first
     rows[0]["kind"], rows[0]["samples_per_s"], rows[0]["why"]
 
-The policies (`placer.spec.TailPolicy`, modelled in `simulator.tails` and the CPU pool): none,
+The policies (`placer.spec.job.TailPolicy`, modelled in `simulator.tails` and the CPU pool): none,
 overprovision, partial and (with tool calls) reissue. A policy the job sets keeps its parameters;
 the others get defaults read off the job's own distributions with the same seed: over-provision
 10%, a partial-rollout budget at the 90th percentile of a sample's response tokens, a re-issue
@@ -21,8 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from placer.planfile import Plan, load_plan
-from placer.spec import Job, SpecError, TailPolicy, check_tail_policy
+from placer.base.errors import SpecError
+from placer.solve.planfile import Plan, load_plan
+from placer.spec.job import Job
+from placer.spec.load import check_tail_policy
+from placer.spec.sections import TailPolicy
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.workload import has_tools, samples_for

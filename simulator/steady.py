@@ -38,12 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from placer.costmodel import Calibration
-from placer.planfile import Plan, load_plan
-from placer.spec import SpecError
-from simulator.api import MAX_SAMPLE_TURNS, SimResult, simulate_plan
+from placer.base.errors import SpecError
+from placer.cost.efficiency import Calibration
+from placer.solve.planfile import Plan, load_plan
+from simulator.api import MAX_SAMPLE_TURNS, simulate_plan
 from simulator.config import SimConfig
 from simulator.metrics import iteration_durations, steady
+from simulator.result import SimResult
 
 MIN_BATCHES = 8  # batches of the first run: enough to size the next one from
 REL_CI = 0.05  # default target: the 95% interval's half width within 5% of the mean

@@ -1,4 +1,4 @@
-"""Long-tail policies on an iteration's samples (the job's `tail_policy`, `placer.spec.TailPolicy`).
+"""Long-tail policies on an iteration's samples (the job's `tail_policy`, `placer.spec.job.TailPolicy`).
 
 The engines (`simulator.engine`) run whatever rows they are given; the policies shape those rows
 and choose which finished samples the step trains on:

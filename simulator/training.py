@@ -1,43 +1,37 @@
 """Frozen inference and training: the work of every non-rollout role in one iteration.
 
 Scored over the tokens the iteration actually produced (every sample's final context), with the
-same cost-model calls as `placer.estimate`:
+same cost-model calls as `placer.cost.estimate`:
   score stage  reference / reward model / critic values / the actor's old log-probs:
                one forward pass (`costmodel.score_time`) per role;
                a rule reward checks each sample on the CPU pool's cores by its kind of check
-               (`placer.rulecheck.rule_reward_time`: sandboxed code or an in-process rule);
+               (`placer.cost.rulecheck.rule_reward_time`: sandboxed code or an in-process rule);
   train stage  actor and critic: `mini_batches` optimizer steps, one event each; `train_time` is
                linear in tokens apart from its per-step terms, so the steps sum to the placer's
                figure exactly.
 Every model pass (score or train) first pays the driver's dispatch of the batch padded to the
-job's longest context (`costmodel.dispatch_time`, as `placer.estimate.pass_dispatch`), once per
+job's longest context (`costmodel.dispatch_time`, as `placer.cost.estimate.pass_dispatch`), once per
 pass: `Work.dispatch_s`, recorded as an unsized transfer event (which no fitted factor prices,
 like an onload), so the steps' events stay the passes' compute alone.
 Roles sharing a slot run one after another on it (`simulator.iteration` holds the slot); when
-their memory does not fit together, a role pays its onload (`placer.timing.onload_time`: a GPU
+their memory does not fit together, a role pays its onload (`placer.cost.timing.onload_time`: a GPU
 rollout engine's sleep and wake, another role's state moved) the first time it takes the slot in
-an iteration - the rule `placer.timing.slot_switch` prices.
+an iteration - the rule `placer.cost.timing.slot_switch` prices.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from placer.catalog import Resolved
-from placer.costmodel import (
-    Calibration,
-    Efficiency,
-    Memory,
-    dispatch_time,
-    infer_memory,
-    score_time,
-    train_time,
-    weight_gather_time,
-)
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.rulecheck import rule_reward_time
-from placer.spec import DeviceKind
-from placer.timing import onload_time, weight_tensors
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.layercomm import weight_gather_time
+from placer.cost.model import dispatch_time, score_time, train_time
+from placer.cost.roofline import Memory, infer_memory, weight_tensors
+from placer.cost.rulecheck import rule_reward_time
+from placer.cost.timing import onload_time
+from placer.solve.planfile import Plan
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind
 from simulator.workload import Samples
 
 # Which stage each role works in besides rollout (the environment's work is its tool calls).
@@ -78,7 +72,7 @@ def stage_work(res: Resolved, plan: Plan, calib: Calibration, smp: Samples,
         m = res.model_of(role)
         steps: tuple[float, ...]
         ship = 0.0
-        if m is None:  # a rule reward: per-sample checks on CPU cores (`placer.rulecheck`)
+        if m is None:  # a rule reward: per-sample checks on CPU cores (`placer.cost.rulecheck`)
             steps = (rule_reward_time(res.job, smp.n, rp.par.devices,
                                       rp.par.devices * dev.cores, eff),)
         elif stage == "score":
@@ -112,8 +106,8 @@ def onload_costs(res: Resolved, plan: Plan, calib: Calibration) -> dict[str, flo
 
 
 def _onload_memory(res: Resolved, plan: Plan, role: str, eff: Efficiency) -> Memory:
-    """The memory `placer.timing.onload_time` prices: the plan's total, and for a GPU rollout
-    engine its weights per device as `placer.estimate` prices them (`infer_memory`)."""
+    """The memory `placer.cost.timing.onload_time` prices: the plan's total, and for a GPU rollout
+    engine its weights per device as `placer.cost.estimate` prices them (`infer_memory`)."""
     rp = plan.roles[role]
     dev = res.device_of(rp.pool)
     if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:

@@ -1,7 +1,7 @@
 """The work of one iteration, sample by sample: prompt length, response length per turn, and the
 latency of every tool call between turns.
 
-Drawn from the job's distributions through `placer.sampling` (one independent generator per
+Drawn from the job's distributions through `placer.spec.sampling` (one independent generator per
 (seed, iteration, stream), so that changing one draw never shifts another), set to the
 distributions' means (variance off), or replayed from a JSONL workload trace (`traces.workload`:
 one sample a line with `prompt_tokens`, `response_tokens` [per turn] and `tool_latency_s` [per
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from placer.estimate import generated_samples
-from placer.sampling import draw, draw_lengths, rng
-from placer.spec import Job, SpecError
+from placer.base.errors import SpecError
+from placer.cost.estimate import generated_samples
+from placer.spec.job import Job
+from placer.spec.sampling import draw, draw_lengths, rng
 from simulator.config import Workload as WorkloadConfig
 from traces.workload import read_rows
 

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from placer.assemble import assemble
-from placer.catalog import resolve
-from placer.costmodel import Calibration, Efficiency, Parallel
-from placer.estimate import estimate
-from placer.planfile import Plan, SolverInfo
-from placer.spec import load_job
-from placer.timing import Placed
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import estimate
+from placer.cost.sharding import Parallel
+from placer.cost.timing import Placed
+from placer.solve.assemble import assemble
+from placer.solve.planfile import Plan, SolverInfo
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 
 ROOT = Path(__file__).resolve().parents[1]
 

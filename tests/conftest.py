@@ -41,7 +41,7 @@ def grpo_cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
     from exec_util import GRPO_LAYOUT, execute_cli, hand_plan  # lazy: the planner, when asked
     from listening import listening
 
-    from placer.planfile import save_plan
+    from placer.solve.planfile import save_plan
     d = tmp_path_factory.mktemp("cli-run")
     plan, out, trace = d / "plan.json", d / "out", d / "trace.json"
     save_plan(hand_plan(GRPO_LAYOUT), plan)

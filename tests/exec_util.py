@@ -11,14 +11,15 @@ from typing import Any
 
 import yaml
 
-from placer.assemble import assemble
-from placer.catalog import Resolved, resolve
-from placer.costmodel import Calibration, Parallel
-from placer.estimate import Estimate, Part, estimate
-from placer.planfile import Plan, SolverInfo
-from placer.spec import job_from_dict, load_job
-from placer.split import join, res_with_samples
-from placer.timing import Placed
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import Estimate, Part, estimate
+from placer.cost.sharding import Parallel
+from placer.cost.split import join, res_with_samples
+from placer.cost.timing import Placed
+from placer.solve.assemble import assemble
+from placer.solve.planfile import Plan, SolverInfo
+from placer.spec.catalog import Resolved, resolve
+from placer.spec.load import job_from_dict, load_job
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny-cpu.yaml"
@@ -43,7 +44,7 @@ def job_dict(**changes: Any) -> dict[str, Any]:
 def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] | None = None,
               split: tuple[str, list[tuple[str, Parallel, int]]] | None = None) -> Plan:
     """`split`: (slot, [(pool, layout, samples), ...]) puts the rollout role in that slot split
-    over those pools (`placer.split.join`, each part priced on its own samples) instead of
+    over those pools (`placer.cost.split.join`, each part priced on its own samples) instead of
     `layout["rollout"]`."""
     res = resolve(job_from_dict(job) if job is not None else load_job(TINY))
     calib = Calibration()

@@ -1,14 +1,15 @@
-"""Plans for the simulator's tests: the ILP's when `placer.planner` exists, hand placements
+"""Plans for the simulator's tests: the ILP's when `placer.solve.planner` exists, hand placements
 otherwise and always for the fixed placements of `simulator.handplans.EXAMPLE_PLACEMENTS`."""
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
 
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.planfile import Plan
-from placer.spec import Job, job_from_dict, load_job
+from placer.cost.efficiency import Calibration
+from placer.solve.planfile import Plan
+from placer.spec.catalog import resolve
+from placer.spec.job import Job
+from placer.spec.load import job_from_dict, load_job
 from simulator.handplans import EXAMPLE_PLACEMENTS, place, plan_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -71,8 +72,8 @@ def hetero_split_plans() -> tuple[Plan, Plan]:
     splits the rollout over pools; the best plan with every split candidate dropped)."""
     from dataclasses import replace
 
-    from placer.ilp_solve import solve
-    from placer.planner import build_problem, to_plan
+    from placer.solve.ilp_solve import solve
+    from placer.solve.planner import build_problem, to_plan
 
     res = resolve(load_job(EXAMPLES / "hetero-split.yaml"), "hetero-split")
     problem = build_problem(res, Calibration())
@@ -84,8 +85,8 @@ def hetero_split_plans() -> tuple[Plan, Plan]:
 def for_job(plan: Plan, job: Job) -> Plan:
     """`plan`'s placement (pools, layouts, parts, slots) priced and mapped for `job` (the plan's
     job with, say, another pipeline mode or tail policy)."""
-    from placer.assemble import assemble, placed_estimate
-    from placer.timing import Placed
+    from placer.cost.timing import Placed
+    from placer.solve.assemble import assemble, placed_estimate
     from simulator.handplans import HAND
 
     res, calib = resolve(job, plan.spec.name), Calibration()

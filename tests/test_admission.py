@@ -1,4 +1,4 @@
-"""Engine admission by KV tokens with preemption by recompute (`placer.admission`), by hand:
+"""Engine admission by KV tokens with preemption by recompute (`placer.cost.admission`), by hand:
 sequences are admitted while their prompts fit (not the longest context), `max_num_seqs` caps
 them, the newest running sequence is preempted when the batch's KV outgrows the replica and its
 whole context is prefilled again when readmitted; and the simulator runs the same loop."""
@@ -10,23 +10,20 @@ from dataclasses import replace
 import pytest
 from simplans import small_job, small_plan
 
-from placer.admission import Hooks, engine, run_replica
-from placer.assemble import reprice
-from placer.batching import KvBudget, StepTerms, kv_budget
-from placer.calibration import calibration_from_dict
-from placer.catalog import resolve
-from placer.costmodel import (
-    Calibration,
-    Efficiency,
-    Parallel,
-    decode_step_time,
-    max_concurrency,
-    prefill_time,
-)
-from placer.estimate import rollout_shape
-from placer.roles import Role
-from placer.rollout_tail import Replicas, at_means, fits_lockstep, makespan
-from placer.spec import SpecError, job_from_dict
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.cost.admission import Hooks, engine, run_replica
+from placer.cost.batching import KvBudget, StepTerms, kv_budget
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import rollout_shape
+from placer.cost.generation import decode_step_time, max_concurrency, prefill_time
+from placer.cost.rollout_tail import Replicas, fits_lockstep, makespan
+from placer.cost.sharding import Parallel
+from placer.cost.tail_samples import at_means
+from placer.solve.assemble import reprice
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 

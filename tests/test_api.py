@@ -9,8 +9,8 @@ import pytest
 
 import placer
 from placer import api
-from placer.errors import SpecError
-from placer.planfile import Plan
+from placer.base.errors import SpecError
+from placer.solve.planfile import Plan
 
 TINY = "examples/tiny-cpu.yaml"
 
@@ -26,7 +26,7 @@ def test_plan_takes_a_path_a_job_or_a_dict_and_matches_the_cli(placer_cmd, tmp_p
     cli = Plan.model_validate(json.loads(out.stdout))
     assert cli.roles == by_path.roles
     assert cli.predicted_iteration_s == pytest.approx(by_path.predicted_iteration_s)
-    # the plan file's module (placer.planfile) does not shadow the API's call
+    # the plan file's module (placer.solve.planfile) does not shadow the API's call
     assert placer.plan is api.plan and placer.plan.__module__ == "placer.api"
 
 

@@ -10,24 +10,16 @@ import pytest
 import yaml
 from specdata import base
 
-from placer.catalog import shipped_devices, shipped_models
+from placer.base.errors import EXIT_INFEASIBLE, SpecError
 from placer.cli import main
-from placer.costmodel import (
-    GB,
-    Efficiency,
-    Parallel,
-    decode_read_bytes,
-    decode_step_time,
-    forward_time,
-    kv_bytes_per_token,
-    kv_capacity_tokens,
-    kv_split,
-    train_flops,
-    train_memory,
-    weight_bytes,
-)
-from placer.errors import EXIT_INFEASIBLE
-from placer.spec import ModelArch, SpecError, job_from_dict
+from placer.cost.efficiency import Efficiency
+from placer.cost.generation import decode_step_time, forward_time, kv_capacity_tokens
+from placer.cost.model import train_flops, train_memory
+from placer.cost.roofline import GB, decode_read_bytes, kv_bytes_per_token, kv_split, weight_bytes
+from placer.cost.sharding import Parallel
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import shipped_devices, shipped_models
+from placer.spec.load import job_from_dict
 
 M = shipped_models()
 H100 = shipped_devices()["H100-SXM"]

@@ -2,7 +2,7 @@
 
 The reference pass of step i runs on the rollout's devices between rollouts i and i+1, so the
 slot is busy sync + onloads + rollout + reference score per step, and with that slot the busiest
-the async period is exactly that sum (`placer.timing`: T >= the busiest slot's work). The
+the async period is exactly that sum (`placer.cost.timing`: T >= the busiest slot's work). The
 simulator must run the slot that way (oldest step first, `simulator.iteration`) and reach the
 same period with variance off. Before the fix, rollout i+1 took the slot at the instant rollout
 i ended, ahead of step i's reference pass: the commits alternated long and short and a short run
@@ -13,12 +13,13 @@ from __future__ import annotations
 import pytest
 from simplans import small_plan
 
-from placer.assemble import placed_estimate, reprice
-from placer.catalog import resolve
-from placer.costmodel import Calibration, engine_swap_time, switch_time
-from placer.roles import Role
-from placer.rollout_tail import at_means
-from placer.timing import Placed, async_chain_bound, onload_time, slot_switch, sync_time
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.cost.model import engine_swap_time, switch_time
+from placer.cost.tail_samples import at_means
+from placer.cost.timing import Placed, async_chain_bound, onload_time, slot_switch, sync_time
+from placer.solve.assemble import placed_estimate, reprice
+from placer.spec.catalog import resolve
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.metrics import iteration_durations

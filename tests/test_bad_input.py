@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from placer.cli import EXIT_BAD_INPUT, main
+from placer.base.errors import EXIT_BAD_INPUT
+from placer.cli import main
 
 HERE = Path(__file__).resolve().parent
 BAD = HERE / "bad_jobs"

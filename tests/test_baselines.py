@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from specdata import EXAMPLES, ROOT
 
-from placer.baselines import (
+from placer.cost.efficiency import Calibration
+from placer.solve.baselines import (
     BASELINES,
     HYBRID_FIRST,
     REGISTRY,
@@ -20,12 +21,11 @@ from placer.baselines import (
     standalone,
     training_pool,
 )
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.ilp_bound import score
-from placer.ilp_solve import solve
-from placer.planner import build_problem, plan_assignment, plan_job, to_plan
-from placer.spec import load_job
+from placer.solve.ilp_bound import score
+from placer.solve.ilp_solve import solve
+from placer.solve.planner import build_problem, plan_assignment, plan_job, to_plan
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 
 # the cost objective walks the (time, rate) frontier, which is long on the 1,000-node examples
 SLOW_COST = {"large-1k-nodes", "longtail-replay"}

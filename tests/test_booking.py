@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from placer.catalog import resolve
 from placer.cli import main
-from placer.costmodel import Calibration
-from placer.explain import releases
-from placer.planner import plan_job, with_nodes
-from placer.pricing import booked_per_hour
-from placer.spec import load_job
+from placer.cost.efficiency import Calibration
+from placer.solve.explain import releases
+from placer.solve.planner import plan_job
+from placer.solve.pricing import booked_per_hour
+from placer.spec.catalog import resolve, with_nodes
+from placer.spec.load import load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 HETERO = str(ROOT / "examples" / "ppo-llama8b-hetero.yaml")

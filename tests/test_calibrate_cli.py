@@ -7,10 +7,10 @@ import pytest
 import yaml
 from calibdata import ROOT, TRUTH, hand_plan
 
-from placer.calibration import load_calibration
+from placer.calibrate.synthetic import cost_model_trace
 from placer.cli import main
-from placer.planfile import save_plan
-from traces.synthetic import cost_model_trace
+from placer.cost.calibration import load_calibration
+from placer.solve.planfile import save_plan
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +106,10 @@ def test_stage_fit_from_the_cli_on_an_executed_run(tmp_path, capsys):
     simulated stages then match the measured ones; --events-only leaves the stages out."""
     from test_fidelity import SCORE, SYNC, executed
 
-    from placer.catalog import resolve
-    from placer.costmodel import Calibration
-    from placer.planner import plan_job
-    from placer.spec import load_job
+    from placer.cost.efficiency import Calibration
+    from placer.solve.planner import plan_job
+    from placer.spec.catalog import resolve
+    from placer.spec.load import load_job
     plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
     save_plan(plan, tmp_path / "run.plan.json")
     trace = executed(plan)
@@ -142,10 +142,10 @@ def test_the_table_shows_measured_values_and_fits_long_factor_names(tmp_path, ca
     aligned."""
     from test_fidelity import executed
 
-    from placer.catalog import resolve
-    from placer.costmodel import Calibration
-    from placer.planner import plan_job
-    from placer.spec import load_job
+    from placer.cost.efficiency import Calibration
+    from placer.solve.planner import plan_job
+    from placer.spec.catalog import resolve
+    from placer.spec.load import load_job
     plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
     save_plan(plan, tmp_path / "run.plan.json")
     trace = executed(plan, steps=4)

@@ -4,8 +4,11 @@ from __future__ import annotations
 import pytest
 from specdata import base
 
-from placer.catalog import pools_of_kind, resolve, shipped_devices, shipped_models
-from placer.spec import DeviceKind, DeviceType, ModelArch, SpecError, job_from_dict
+from placer.base.errors import SpecError
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import pools_of_kind, resolve, shipped_devices, shipped_models
+from placer.spec.hardware import DeviceKind, DeviceType
+from placer.spec.load import job_from_dict
 
 MODELS = shipped_models()
 PUBLISHED = [m for m in MODELS.values() if m.params_b is not None]

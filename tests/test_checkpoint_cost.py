@@ -1,19 +1,20 @@
 """What a checkpoint costs on a plan's layouts, and how a trace's checkpoints and whole-tensor
-gathers fit its factors (placer/hostmem.py `checkpoint_time`, placer/layercomm.py
-`optimizer_gather_time` and `gather_link`, placer/fit.py, workflows/fidelity.py)."""
+gathers fit its factors (placer/solve/hostmem.py `checkpoint_time`, placer/cost/layercomm.py
+`optimizer_gather_time` and `gather_link`, placer/calibrate/fit.py, workflows/fidelity.py)."""
 from __future__ import annotations
 
 import pytest
 from calibdata import tiny_dp2_plan
 from test_fidelity import OTHER, executed
 
-from placer.catalog import shipped_devices, shipped_models
-from placer.collectives import all_gather, all_reduce
-from placer.costmodel import GB, Calibration, Efficiency, Parallel, weight_gather_time
-from placer.fit import fit_trace
-from placer.hostmem import CHECKPOINT_BYTES, checkpoint_time, plan_checkpoint_s
-from placer.layercomm import gather_link, optimizer_gather_time, span_link
-from placer.timing import weight_tensors
+from placer.calibrate.fit import fit_trace
+from placer.cost.collectives import all_gather, all_reduce
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.layercomm import gather_link, optimizer_gather_time, span_link, weight_gather_time
+from placer.cost.roofline import GB, weight_tensors
+from placer.cost.sharding import Parallel
+from placer.solve.hostmem import CHECKPOINT_BYTES, checkpoint_time, plan_checkpoint_s
+from placer.spec.catalog import shipped_devices, shipped_models
 from traces.schema import Trace, TraceEvent
 from workflows.fidelity import fidelity, measured_spans, measured_stages
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from placer.catalog import resolve, shipped_devices, shipped_models
-from placer.collectives import (
+from placer.base.roles import Role
+from placer.cost.collectives import (
     Link,
     all_gather,
     all_reduce,
@@ -17,24 +17,15 @@ from placer.collectives import (
     group_link,
     reduce_scatter,
 )
-from placer.costmodel import (
-    Calibration,
-    Efficiency,
-    Memory,
-    Parallel,
-    decode_bw_eff,
-    decode_step_time,
-    decode_tp_comm,
-    device_ceiling,
-    forward_time,
-    gemm_eff,
-    step_overhead,
-    weight_bytes,
-)
-from placer.estimate import Estimate
-from placer.roles import Role
-from placer.spec import job_from_dict
-from placer.timing import Placed, sync_links, sync_time
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import Estimate
+from placer.cost.generation import decode_bw_eff, decode_step_time, forward_time, step_overhead
+from placer.cost.layercomm import decode_tp_comm
+from placer.cost.roofline import Memory, device_ceiling, gemm_eff, weight_bytes
+from placer.cost.sharding import Parallel
+from placer.cost.timing import Placed, sync_links, sync_time
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict
 
 DEV, M = shipped_devices(), shipped_models()
 H100, H20 = DEV["H100-SXM"], DEV["H20"]

@@ -1,6 +1,6 @@
 """The trainers' collective probe (executors/collprobe.py) on a real 2-rank gloo world: every kind
 it times, in blocks a fit can use, and the fit of its per-call factors from what it measured
-(placer/fit.py, group "collective")."""
+(placer/calibrate/fit.py, group "collective")."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +13,8 @@ from executors import collprobe
 from executors.model import build_policy, save_model_dir
 from executors.roles import RunConfig
 from executors.trainer import Trainer
-from placer.catalog import shipped_models
-from placer.fit import fit_trace
+from placer.calibrate.fit import fit_trace
+from placer.spec.catalog import shipped_models
 from traces.schema import Trace, TraceEvent
 
 ARCH = shipped_models()["tiny-llama"]

@@ -7,15 +7,15 @@ import json
 import pytest
 from simplans import example_names, example_plan, hand_plan
 
-from placer.calibration import calibration_from_dict
-from placer.errors import SpecError
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import Job
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.calibrate.synthetic import cost_model_trace
+from placer.cost.calibration import calibration_from_dict
+from placer.solve.planfile import Plan
+from placer.spec.job import Job
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig, Stragglers, config_from_dict, describe
 from traces.schema import STRICT_ENV, EventArgs, Trace, TraceError, TraceEvent, read_trace
-from traces.synthetic import cost_model_trace
 
 
 # ------------------------------------------------------------------------------ trace event args

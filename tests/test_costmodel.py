@@ -6,42 +6,47 @@ from dataclasses import replace
 
 import pytest
 
-from placer.batching import step_terms
-from placer.calibration import calibration_from_dict
-from placer.catalog import resolve, shipped_devices, shipped_models
-from placer.costmodel import (
-    GB,
-    Efficiency,
-    Parallel,
-    decode_read_bytes,
+from placer.base.errors import SpecError
+from placer.cost.batching import step_terms
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Efficiency
+from placer.cost.estimate import estimate, pass_dispatch
+from placer.cost.generation import (
     decode_run_time,
     decode_step_line,
     decode_step_time,
-    dispatch_time,
-    engine_swap_time,
     expert_read_eff,
     forward_time,
-    infer_memory,
-    kv_bytes_per_token,
     kv_capacity_tokens,
     lpu_chips,
     max_concurrency,
     prefill_line,
     prefill_time,
+)
+from placer.cost.layercomm import fsdp_calls, fsdp_units, weight_gather_time
+from placer.cost.model import (
+    dispatch_time,
+    engine_swap_time,
     score_time,
     switch_time,
     tool_waves,
     train_flops,
     train_memory,
     train_time,
-    weight_bytes,
-    weight_gather_time,
     weight_sync_time,
 )
-from placer.estimate import estimate, pass_dispatch
-from placer.layercomm import fsdp_calls, fsdp_units
-from placer.spec import ModelArch, SpecError, job_from_dict
-from placer.timing import weight_tensors
+from placer.cost.roofline import (
+    GB,
+    decode_read_bytes,
+    infer_memory,
+    kv_bytes_per_token,
+    weight_bytes,
+    weight_tensors,
+)
+from placer.cost.sharding import Parallel
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict
 
 DEV = shipped_devices()
 M = shipped_models()

@@ -8,19 +8,9 @@ from dataclasses import replace
 import pytest
 from specdata import ROOT, base
 
-from placer.batching import kv_budget
-from placer.catalog import resolve
-from placer.costmodel import (
-    Calibration,
-    Efficiency,
-    Parallel,
-    kv_bytes_per_token,
-    score_time,
-    train_memory,
-    train_time,
-    weight_gather_time,
-)
-from placer.estimate import (
+from placer.cost.batching import kv_budget
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import (
     can_host,
     estimate,
     mean_context,
@@ -28,9 +18,13 @@ from placer.estimate import (
     rollout_shape,
     wave_time,
 )
-from placer.rollout_tail import at_means
-from placer.spec import job_from_dict, load_job
-from placer.timing import weight_tensors
+from placer.cost.layercomm import weight_gather_time
+from placer.cost.model import score_time, train_memory, train_time
+from placer.cost.roofline import kv_bytes_per_token, weight_tensors
+from placer.cost.sharding import Parallel
+from placer.cost.tail_samples import at_means
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict, load_job
 
 CAL = Calibration()
 EFF = Efficiency()
@@ -108,7 +102,7 @@ def test_rule_reward_and_environment_estimates() -> None:
                                                                      "value": 0.5}})))
     cpu = res.cluster.pool("cpu")  # one laptop node, 2 cores; 8 samples
     reward = estimate(res, "reward", cpu, Parallel(dp=1), CAL)
-    # an in-process check on 2 cores, after the answers ran in one sandbox (placer.rulecheck)
+    # an in-process check on 2 cores, after the answers ran in one sandbox (placer.cost.rulecheck)
     assert reward.stage_s["score"] == pytest.approx(math.ceil(8 / 2) * EFF.rule_reward_s
                                                     + EFF.sandbox_batch_s
                                                     + 8 * EFF.sandbox_sample_s)

@@ -21,8 +21,8 @@ from executors.codetask import (
     write_code_data,
 )
 from executors.task import DATA_TASKS, CodeData, MathData, task_of
-from placer.errors import SpecError
-from placer.localdata import REWARDS, CodeReward, Dataset
+from placer.base.errors import SpecError
+from placer.spec.localdata import REWARDS, CodeReward, Dataset
 
 SHIPPED = ROOT / "examples" / "tiny-code" / "problems.jsonl"
 # A right answer to each shipped problem, in the shipped order (stdin, function and assert forms).

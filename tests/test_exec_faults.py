@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from exec_util import GRPO_LAYOUT, hand_plan, run_module
 
-from executors.loop import Fault
+from executors.context import Fault
 
 STEPS = 4
 pytestmark = pytest.mark.ray

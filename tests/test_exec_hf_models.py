@@ -17,9 +17,9 @@ from executors.roles import RunConfig
 from executors.sharding import Layout
 from executors.trainer import Trainer
 from executors.training import partition
-from placer.catalog import resolve
-from placer.errors import SpecError
-from placer.spec import job_from_dict
+from placer.base.errors import SpecError
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 
 
 @pytest.fixture(scope="module")

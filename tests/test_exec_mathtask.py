@@ -13,8 +13,8 @@ from exec_util import ROOT
 from executors.checkpoints import write_math_data
 from executors.mathtask import load_rows, math_score, parse_answer
 from executors.task import Arithmetic, MathData, task_of
+from placer.base.errors import SpecError
 from placer.cli import main
-from placer.errors import SpecError
 
 
 def test_equivalent_answers_score_one() -> None:

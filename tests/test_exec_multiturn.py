@@ -17,12 +17,13 @@ import pytest
 import yaml
 from exec_util import GRPO_LAYOUT, PPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict, spread_lengths
 
-from executors.loop import Loop, LoopConfig
+from executors.context import LoopConfig
+from executors.loop import Loop
 from executors.model import EOS, decode, encode
 from executors.rollouts import tool_text
 from executors.run import run_config
 from executors.runtime import LocalRuntime
-from placer.costmodel import Parallel
+from placer.cost.sharding import Parallel
 from traces.schema import Trace
 
 AGENT = yaml.safe_load((ROOT / "examples" / "tiny-agent.yaml").read_text())

@@ -40,7 +40,7 @@ from test_exec_split import split_plan
 
 from executors.localcluster import Change, run_with_changes
 from executors.weights import bucket_bytes
-from placer.costmodel import Parallel
+from placer.cost.sharding import Parallel
 from traces.schema import read_trace
 
 pytestmark = pytest.mark.ray

@@ -72,7 +72,7 @@ def test_trainer_weights_samples_by_their_behaviour_log_probs(tmp_path) -> None:
     from executors.sharding import Layout
     from executors.trainer import Trainer
     from executors.training import partition
-    from placer.catalog import shipped_models
+    from placer.spec.catalog import shipped_models
 
     arch = shipped_models()["tiny-llama"]
     path = save_model_dir(build_policy(arch, 5), arch, tmp_path / "m")

@@ -27,7 +27,7 @@ from executors.roles import RunConfig
 from executors.sharding import Layout, check_layout
 from executors.trainer import Trainer
 from executors.training import partition
-from placer.errors import SpecError
+from placer.base.errors import SpecError
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_execute_records_the_pipeline_layout(tmp_path: Path) -> None:
     from exec_util import GRPO_LAYOUT, hand_plan  # lazy: the plan helpers load the planner
 
     from executors.run import execute
-    from placer.costmodel import Parallel
+    from placer.cost.sharding import Parallel
     plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=2), "train")})
     r = execute(plan, 1, tmp_path / "out")
     assert r.trace.metadata["executed_layout"]["actor"] == {

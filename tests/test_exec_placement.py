@@ -14,7 +14,7 @@ from executors import cluster
 from executors import placement as pl
 from executors.run import prepare_model, run_config
 from executors.runtime import RayRuntime
-from placer.costmodel import Parallel
+from placer.cost.sharding import Parallel
 
 pytestmark = pytest.mark.ray
 

@@ -133,7 +133,7 @@ def test_executed_layout_records_the_plans_recompute(tmp_path: Path) -> None:
     from exec_util import PPO_LAYOUT, hand_plan, job_dict  # lazy: they load the planner
 
     from executors.run import execute
-    from placer.costmodel import Parallel
+    from placer.cost.sharding import Parallel
     plan = hand_plan({**PPO_LAYOUT, "actor": ("gpu", Parallel(dp=2, recompute=False), "train"),
                       "critic": ("gpu", Parallel(dp=1, recompute=True), "train")},
                      job_dict(algorithm="ppo"))

@@ -22,7 +22,7 @@ import time
 import pytest
 from exec_util import hand_plan, job_dict, run_module
 
-from placer.costmodel import Parallel
+from placer.cost.sharding import Parallel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.ray]
 

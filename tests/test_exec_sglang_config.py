@@ -23,8 +23,8 @@ from executors.model import build_policy, save_model_dir
 from executors.reshard import Stream
 from executors.run import check_layouts, execute, policy_arch, run_config
 from executors.sharding import Layout
-from placer.costmodel import Parallel
-from placer.errors import SpecError
+from placer.base.errors import SpecError
+from placer.cost.sharding import Parallel
 
 BACKEND_SRC = Path(sr.__file__)
 

@@ -20,9 +20,9 @@ from executors.roles import RunConfig
 from executors.sharding import Layout, check_layout
 from executors.trainer import Trainer
 from executors.training import partition
-from placer.catalog import shipped_models
-from placer.costmodel import Parallel
-from placer.errors import SpecError
+from placer.base.errors import SpecError
+from placer.cost.sharding import Parallel
+from placer.spec.catalog import shipped_models
 
 ARCH = shipped_models()["tiny-llama"]
 
@@ -167,7 +167,7 @@ def _count_tp_all_reduces(rank: int, tr: Trainer, q_out: Any) -> None:
 
 
 def test_tp_all_reduces_once_per_block_and_pass(model_dir: Path) -> None:
-    """Megatron's count, which the cost model prices (`placer.layercomm.layer_comm`): per decoder
+    """Megatron's count, which the cost model prices (`placer.cost.layercomm.layer_comm`): per decoder
     layer one all-reduce after the attention's and the MLP's row-parallel projection forward,
     and one for each block's input gradient backward (its column-parallel projections' partial
     sums added first, not all-reduced one by one)."""

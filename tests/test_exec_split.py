@@ -5,7 +5,7 @@ The tiny GRPO job runs on a multi-node Ray (`ray.cluster_utils`: one Ray node pe
 advertising only its pool's resources and its node key, as a real heterogeneous cluster does):
 trainer and reference on an emulated GPU, the reward and the sandbox on the CPU node, and the
 rollout split over an emulated 2-chip LPU node (part 0: 2 engines, 20 of the 32 samples) and a
-second emulated-GPU pool (part 1: 1 engine, 12 samples), as `placer.split.join` builds a split
+second emulated-GPU pool (part 1: 1 engine, 12 samples), as `placer.cost.split.join` builds a split
 estimate. Two steps. Cheap checks of the dealing rule, the rank layout and the refusals (exit 2)
 run without Ray.
 """
@@ -19,15 +19,16 @@ from exec_util import GRPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict, sp
 
 from executors import cluster
 from executors import placement as pl
-from executors.loop import Loop, LoopConfig
+from executors.context import LoopConfig
+from executors.loop import Loop
 from executors.run import check_layouts, execute, policy_arch, run_config
 from executors.runtime import worker_args
 from executors.vllm_rollout import engine_args
 from executors.weights import bucket_bytes
-from placer.costmodel import Parallel
-from placer.errors import SpecError
-from placer.planfile import save_plan
-from placer.split import deal
+from placer.base.errors import SpecError
+from placer.cost.sharding import Parallel
+from placer.cost.split import deal
+from placer.solve.planfile import save_plan
 from traces.schema import Trace
 
 POOLS = [{"name": "gpu", "device": "emu-gpu", "devices_per_node": 1, "nodes": 1},

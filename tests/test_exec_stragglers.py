@@ -14,10 +14,11 @@ from collections import Counter
 import pytest
 from exec_util import VirtualRuntime, hand_plan, job_dict, run_module
 
-from executors.loop import Loop, LoopConfig
+from executors.context import LoopConfig
+from executors.loop import Loop
 from executors.roles import Delay
 from executors.run import prepare_model, run_config
-from placer.costmodel import Parallel
+from placer.cost.sharding import Parallel
 from traces.schema import Trace
 
 STEPS = 4

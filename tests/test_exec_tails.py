@@ -20,14 +20,15 @@ import torch
 from exec_util import GRPO_LAYOUT, VirtualRuntime, hand_plan, job_dict, spread_lengths
 
 from executors import rl
+from executors.context import LoopConfig
 from executors.ledger import Ledger
-from executors.loop import Loop, LoopConfig
+from executors.loop import Loop
 from executors.model import EOS, build_policy
 from executors.run import execute, prepare_model, run_config, tail_deadlines
 from executors.runtime import LocalRuntime, Outcome
 from executors.tails import carry_steps, overprovision_extra
-from placer.costmodel import Parallel
-from placer.spec import job_from_dict
+from placer.cost.sharding import Parallel
+from placer.spec.load import job_from_dict
 from traces.schema import Trace
 
 STEPS = 2

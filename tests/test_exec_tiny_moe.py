@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from placer.planfile import load_plan
+from placer.solve.planfile import load_plan
 from traces.schema import read_trace
 
 STEPS = 10

@@ -20,9 +20,9 @@ from executors.run import execute, policy_arch
 from executors.sharding import Layout
 from executors.trainer import Trainer
 from executors.training import partition
-from placer.catalog import resolve
-from placer.errors import SpecError
-from placer.spec import job_from_dict
+from placer.base.errors import SpecError
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 
 VOCAB = 40  # embedding rows: more than the tokenizer's 30 ids (real checkpoints pad too)
 

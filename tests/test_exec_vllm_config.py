@@ -12,7 +12,7 @@ from exec_util import GRPO_LAYOUT, hand_plan
 
 from executors.run import run_config
 from executors.vllm_rollout import behaviour_logprobs, engine_args
-from placer.costmodel import Parallel
+from placer.cost.sharding import Parallel
 
 
 def test_engine_args_follow_the_plan_and_the_job() -> None:

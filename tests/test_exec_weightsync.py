@@ -251,10 +251,10 @@ def test_the_trace_records_each_refresh_and_calibrate_fits_it(bucket_gb: float, 
                                                              tmp_path: Path,
                                                              capsys: pytest.CaptureFixture) -> None:
     from executors.weights import bucket_bytes
+    from placer.base.roles import Role
     from placer.cli import main
-    from placer.planfile import save_plan
-    from placer.roles import Role
-    from placer.timing import weight_tensors
+    from placer.cost.roofline import weight_tensors
+    from placer.solve.planfile import save_plan
     plan, result = _executed(tmp_path, bucket_gb)
     result.trace.check()  # calls and senders are keys the schema names
     syncs = [e for e in result.trace.events if e.cat == "transfer" and e.name == "weight sync"]
@@ -292,7 +292,7 @@ def test_under_ray_each_pipeline_stage_streams_its_own_layers(tmp_path: Path) ->
 
     from executors.pipeline import stage_bounds
     from executors.run import execute
-    from placer.costmodel import Parallel
+    from placer.cost.sharding import Parallel
     plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=2), "train")})
     plan = plan.model_copy(update={"calibration": {"default": {"sync_bucket_gb": 64e-6}}})
     r = execute(plan, 1, tmp_path / "out")

@@ -9,7 +9,7 @@ import pytest
 from exec_util import GRPO_LAYOUT, hand_plan
 
 from placer.cli import main
-from placer.planfile import save_plan
+from placer.solve.planfile import save_plan
 from traces.schema import read_trace
 
 

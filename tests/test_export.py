@@ -14,16 +14,16 @@ from frameworks import crd_errors, k8s_errors, openrlhf_parse, pod_template, ver
 from omegaconf import OmegaConf
 from simplans import example_names, example_plan, small_plan
 
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.errors import SpecError
+from placer.base.errors import SpecError
+from placer.cost.efficiency import Calibration
 from placer.interop import EXPORTERS
 from placer.interop.common import hsdp_roles
 from placer.interop.kuberay import export_kuberay
 from placer.interop.openrlhf import command_args
 from placer.interop.verl import config_name, launch_args, overrides, uses_megatron
-from placer.planfile import Plan, calibration_of, save_plan
-from placer.spec import job_from_dict
+from placer.solve.planfile import Plan, calibration_of, save_plan
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 from simulator.handplans import plan_for
 
 SPLIT = {"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
@@ -85,7 +85,7 @@ def test_verl_overrides_compose_with_verls_own_config(name: str) -> None:
         assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == actor.tp
     roll = plan.roles["rollout"]
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == roll.tp
-    # the engine's admission cap the plan was priced with (placer.admission), not its first wave
+    # the engine's admission cap the plan was priced with (placer.cost.admission), not its first wave
     dev = plan.resolved().device_of(roll.pool)
     cap = calibration_of(plan).for_device(dev).max_num_seqs
     assert cfg.actor_rollout_ref.rollout.max_num_seqs == cap == 1024

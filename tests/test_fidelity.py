@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from placer.calibration import calibration_from_dict
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.planfile import Plan, save_plan
-from placer.planner import plan_job
-from placer.spec import SpecError, load_job
+from placer.base.errors import SpecError
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Calibration
+from placer.solve.planfile import Plan, save_plan
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 from traces.schema import Trace
 from workflows.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
 from workflows.fidelity_heldout import event_profile

@@ -6,13 +6,14 @@ import math
 import pytest
 from calibdata import TRUTH, hand_plan, tiny_dp2_plan
 
-from placer.calibration import calibration_from_dict
-from placer.costmodel import Calibration, Efficiency
-from placer.fit import fit_tool_latency, fit_trace, profile_doc
-from placer.fit_events import GenerateRun
-from placer.spec import Distribution, SpecError
+from placer.base.errors import SpecError
+from placer.calibrate.fit import fit_tool_latency, fit_trace, profile_doc
+from placer.calibrate.fit_events import GenerateRun
+from placer.calibrate.synthetic import cost_model_trace
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.spec.distributions import Distribution
 from traces.schema import Trace, TraceEvent
-from traces.synthetic import cost_model_trace
 
 EXPECTED = {("H100-SXM", "mfu_train"): 0.30, ("H100-SXM", "mfu_score"): 0.45,
             ("L40S", "mfu_score"): 0.50,

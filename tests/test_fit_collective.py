@@ -1,6 +1,6 @@
 """Collective calls as the executor makes them, the collective probe's fit of `coll_base_s`,
-and the host oversubscription of emulated devices (placer/layercomm.py, placer/fit.py,
-placer/costmodel.py `oversubscription`, executors/collprobe.py)."""
+and the host oversubscription of emulated devices (placer/cost/layercomm.py, placer/calibrate/fit.py,
+placer/cost/model.py `oversubscription`, executors/collprobe.py)."""
 from __future__ import annotations
 
 import itertools
@@ -9,18 +9,14 @@ import pytest
 from calibdata import tiny_dp2_plan
 
 from executors.collprobe import BLOCKS
-from placer.catalog import shipped_devices, shipped_models
-from placer.collectives import all_gather, all_reduce
-from placer.costmodel import (
-    Efficiency,
-    Parallel,
-    oversubscription,
-    train_time,
-    weight_gather_time,
-)
-from placer.fit import fit_trace
-from placer.layercomm import fsdp_calls, fsdp_units, span_link
-from placer.timing import weight_tensors
+from placer.calibrate.fit import fit_trace
+from placer.cost.collectives import all_gather, all_reduce
+from placer.cost.efficiency import Efficiency
+from placer.cost.layercomm import fsdp_calls, fsdp_units, oversubscription, span_link, weight_gather_time
+from placer.cost.model import train_time
+from placer.cost.roofline import weight_tensors
+from placer.cost.sharding import Parallel
+from placer.spec.catalog import shipped_devices, shipped_models
 from traces.schema import Trace, TraceEvent
 
 TINY = shipped_models()["tiny-llama"]  # 2 decoder layers: 3 FSDP units with the root

@@ -18,10 +18,10 @@ import yaml
 import executors.run
 from executors.model import load_policy
 from executors.run import MODEL_STAMP, prepare_model
+from placer.base.errors import SpecError
+from placer.base.inputs import MAX_YAML_NODES, check_output, escape, load_json, load_yaml
 from placer.cli import emit_json, main
-from placer.inputs import MAX_YAML_NODES, check_output, escape, load_json, load_yaml
-from placer.planfile import load_plan
-from placer.spec import SpecError
+from placer.solve.planfile import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny-cpu.yaml"

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from placer import hostmem
-from placer.catalog import resolve, shipped_models
+from placer.base.errors import Infeasible
 from placer.cli import main
 from placer.commands import goodput
-from placer.costmodel import Calibration, Parallel
-from placer.errors import Infeasible
-from placer.explain import explain
-from placer.planfile import load_plan
-from placer.planner import plan_job
-from placer.spec import job_from_dict, load_job
+from placer.cost.efficiency import Calibration
+from placer.cost.sharding import Parallel
+from placer.solve import hostmem
+from placer.solve.explain import explain
+from placer.solve.planfile import load_plan
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve, shipped_models
+from placer.spec.load import job_from_dict, load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +84,7 @@ def test_a_candidate_over_its_node_alone_is_refused():
     res = resolve(job_from_dict(ppo70b(host_gb=900)))  # < 847 GB optimizer + 200 object store
     with pytest.raises(Infeasible, match="do not fit host memory: without optimizer offload"):
         plan_job(res, Calibration(), time_limit_s=5)
-    from placer.candidates import all_candidates
+    from placer.solve.candidates import all_candidates
     kept, refused = hostmem.refuse_candidates(res, all_candidates(res, Calibration()))
     assert not kept["actor"] and refused["actor"].over
     assert refused["actor"].parts["optimizer"] > 800
@@ -127,7 +128,7 @@ def test_goodput_uses_the_derived_checkpoint_cost(tmp_path, capsys):
 
 
 def test_a_plan_over_host_memory_is_re_solved_without_offload():
-    from placer.planner import _host_checked, build_problem
+    from placer.solve.planner import _host_checked, build_problem
 
     big = resolve(job_from_dict(ppo70b(host_gb=8000)))
     plan = plan_job(big, Calibration(), time_limit_s=10)

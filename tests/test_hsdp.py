@@ -10,24 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from placer.candidates import hsdp_layouts, role_candidates
-from placer.catalog import resolve, shipped_devices, shipped_models
-from placer.costmodel import (
-    Calibration,
-    Efficiency,
-    Parallel,
-    grad_sync_time,
-    train_memory,
-    train_time,
-    zero3_gathers,
-)
-from placer.layercomm import fsdp_calls, fsdp_units, hsdp_all_reduce
-from placer.moves import dims
-from placer.planfile import Plan, load_plan, save_plan
-from placer.planner import plan_job
-from placer.render import render_plan
-from placer.sharding import train_state_bytes
-from placer.spec import Pool, SpecError, job_from_dict, load_job
+from placer.base.errors import SpecError
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.layercomm import fsdp_calls, fsdp_units, grad_sync_time, hsdp_all_reduce, zero3_gathers
+from placer.cost.model import train_memory, train_time
+from placer.cost.sharding import Parallel, train_state_bytes
+from placer.solve.candidates import hsdp_layouts, role_candidates
+from placer.solve.moves import dims
+from placer.solve.planfile import Plan, load_plan, save_plan
+from placer.solve.planner import plan_job
+from placer.solve.render import render_plan
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.hardware import Pool
+from placer.spec.load import job_from_dict, load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 M, D = shipped_models(), shipped_devices()

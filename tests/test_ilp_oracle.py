@@ -5,7 +5,7 @@ the async chain bound binds on some), fixed and long-tailed response lengths, ti
 objectives. The brute force enumerates, over the *same* cost table, every choice of one candidate
 per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
 respected) and prices each with the same `ilp_bound.score` (which is `timing.iteration_time`).
-A rollout split over two pools (`placer.split`) is drawn into the table whenever the cluster has
+A rollout split over two pools (`placer.cost.split`) is drawn into the table whenever the cluster has
 one: it must sit alone in its slot and holds devices on each of its pools.
 """
 from __future__ import annotations
@@ -16,15 +16,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from placer.baselines import partitions
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.errors import Infeasible
-from placer.ilp import Assignment, Problem, slot_names
-from placer.ilp_bound import score
-from placer.ilp_solve import solve
-from placer.planner import build_problem
-from placer.spec import job_from_dict
+from placer.base.errors import Infeasible
+from placer.cost.efficiency import Calibration
+from placer.solve.baselines import partitions
+from placer.solve.ilp import Assignment, Problem, slot_names
+from placer.solve.ilp_bound import score
+from placer.solve.ilp_solve import solve
+from placer.solve.planner import build_problem
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 
 DEVICES = ["H100-SXM", "A100-80G", "L40S", "H20", "groq-lpu", "cpu-node"]
 
@@ -125,7 +125,7 @@ def test_ilp_prices_a_negative_tool_term_like_timing() -> None:
     the rollout's slot only, as `timing` does, and still match the exhaustive search."""
     from simplans import small_job
 
-    from placer.timing import Placed, rollout_tool_time
+    from placer.cost.timing import Placed, rollout_tool_time
 
     job = job_from_dict(small_job(
         environment__turns=4, lengths__response={"kind": "fixed", "value": 256},

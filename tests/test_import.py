@@ -10,10 +10,11 @@ import pytest
 import yaml
 from simplans import example_plan
 
+from placer.base.errors import SpecError
 from placer.interop.importers import import_openrlhf, import_verl
 from placer.interop.openrlhf import export_openrlhf
 from placer.interop.verl import export_verl
-from placer.spec import SpecError, job_from_dict
+from placer.spec.load import job_from_dict
 
 DATA = Path(__file__).resolve().parent / "data" / "verl"
 MEGATRON = DATA / "run_qwen2_5-7b_math_megatron_diff_tp.sh"

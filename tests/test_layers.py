@@ -1,165 +1,103 @@
-"""Imports point one way, bottom up (DESIGN.md, "Layout"); this test is where the map lives.
+"""Imports point one way, bottom up (docs/architecture.md); import-linter enforces it.
 
-Layers, lowest first. A module may import its own layer and the layers below it, never above;
-siblings named on one line must not import each other.
-
-  0 foundation  placer.errors, placer.roles, placer.fileio, placer.inputs, placer.progress (error
-                types, the Role enum, atomic writes, guarded reading of input files, progress
-                bars) and the trace schema with its readers and recorder: traces (package),
-                traces.schema, traces.workload, traces.record. They import nothing else of the
-                project, so every layer can raise the errors, read its inputs, show progress
-                and read or write traces.
-  1 library     the `placer` library: every placer.* module not named in another layer (specs,
-                layout pins (placer.pins, under placer.spec: the job model holds them),
-                catalogs, cost model, candidates, ILP, plan, pricing, moves, render, plots of
-                plans, interop with verl/OpenRLHF/KubeRay), and traces.synthetic (traces made
-                from the cost model).
-  2 engines     simulator.* | executors.*  (siblings: neither imports the other)
-  3 workflows   workflows.*  (what crosses planner, simulator and executor; its own figures)
-  4 front ends  placer.cli, placer.__main__, placer.commands.*, placer.api and the package root
-                placer (its __init__: the version and the Python API, loaded lazily from
-                placer.api) | bench.*  (siblings)
-
-Every import counts: module level, inside functions and under `if TYPE_CHECKING:`. A module of the
-project that the map does not place is an error too, so a new package gets a layer on purpose.
-Notebooks are front ends that call the library or the Python API (placer, placer.api), not the
-command modules.
+The contracts live in pyproject.toml (`[tool.importlinter]`) and `make lint` runs `lint-imports`.
+These tests check the contracts themselves: they hold on the tree, they place every module of
+the project, and they break on a planted upward import and a planted cycle (so a contract that
+silently stopped matching anything would fail here, not pass).
 """
 from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("placer", "simulator", "executors", "traces", "workflows", "bench")
-FOUNDATION = {"placer.errors", "placer.roles", "placer.fileio", "placer.inputs", "placer.progress",
-              "traces", "traces.schema", "traces.workload", "traces.record"}
-FRONT_ENDS = ("placer.cli", "placer.__main__", "placer.commands", "placer.api")
-PYTHON_API = ("placer", "placer.api")  # what notebooks may import from the front-end layer
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+PACKAGES = CONFIG["root_packages"]
+LINT = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+        "lint_imports_command()"]
 
 
-@dataclass(frozen=True)
-class Layer:
-    rank: int
-    name: str  # siblings share a rank and differ in name
+def layer_modules() -> list[str]:
+    """Every module the layers contract names (siblings split out)."""
+    layers = next(c for c in CONFIG["contracts"] if c["type"] == "layers")["layers"]
+    return [m.strip() for layer in layers for m in layer.replace("|", ":").split(":")]
 
 
-def layer_of(module: str) -> Layer | None:
-    """The layer of a project module (None: not a module of the project's packages)."""
-    top = module.split(".")[0]
-    if top not in PACKAGES:
-        return None
-    if module in FOUNDATION:
-        return Layer(0, "foundation")
-    if module == "placer" or any(module == f or module.startswith(f + ".") for f in FRONT_ENDS):
-        return Layer(4, "cli")
-    if top in ("placer", "traces"):  # traces.synthetic: made from the cost model
-        return Layer(1, "library")
-    if top in ("simulator", "executors"):
-        return Layer(2, top)
-    if top == "workflows":
-        return Layer(3, "workflows")
-    return Layer(4, "bench")
-
-
-def imported(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
-    """(line, module) of every import in `source`, relative ones resolved against `module`."""
+def project_modules() -> list[str]:
     out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            # `from pkg import mod` imports pkg.mod when mod is a module: count the deeper name
-            out += [(node.lineno, f"{target}.{a.name}") for a in node.names
-                    if a.name != "*" and layer_of(f"{target}.{a.name}") is not None
-                    and _is_module(f"{target}.{a.name}")] or [(node.lineno, target)]
-    return out
-
-
-_MODULES: set[str] = set()  # every module of the tree, filled by `project_modules`
-
-
-def _is_module(name: str) -> bool:
-    return name in _MODULES
-
-
-def _allowed(src: Layer, dst: Layer) -> bool:
-    if dst.rank < src.rank:
-        return True
-    return dst.rank == src.rank and dst.name == src.name
-
-
-def violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
-    """Every upward or sideways import in `modules` (name -> (source, is a package)), and every
-    module the map does not place; one line each, naming module, line and target."""
-    _MODULES.clear()
-    _MODULES.update(modules)
-    out = []
-    for mod, (source, is_pkg) in sorted(modules.items()):
-        src = layer_of(mod)
-        if src is None:
-            out.append(f"{mod}: not placed in any layer")
-            continue
-        for line, target in imported(mod, source, is_pkg):
-            dst = layer_of(target)
-            if dst is not None and not _allowed(src, dst):
-                out.append(f"{mod}:{line} imports {target} ({src.name} {src.rank} -> "
-                           f"{dst.name} {dst.rank})")
-    return out
-
-
-def project_modules(root: Path = ROOT) -> dict[str, tuple[str, bool]]:
-    mods = {}
     for pkg in PACKAGES:
-        for f in sorted((root / pkg).rglob("*.py")):
-            parts = list(f.relative_to(root).with_suffix("").parts)
-            is_pkg = parts[-1] == "__init__"
-            name = ".".join(parts[:-1] if is_pkg else parts)
-            mods[name] = (f.read_text(), is_pkg)
-    return mods
-
-
-def notebook_sources(root: Path = ROOT) -> dict[str, str]:
-    out = {}
-    for nb in sorted((root / "notebooks").glob("*.ipynb")):
-        cells = json.loads(nb.read_text())["cells"]
-        out[nb.name] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(f.relative_to(ROOT).with_suffix("").parts)
+            out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return out
 
 
-# --------------------------------------------------------------------------- the project itself
-def test_the_project_imports_only_downwards() -> None:
-    bad = violations(project_modules())
-    assert not bad, "imports against the layer map (tests/test_layers.py):\n" + "\n".join(bad)
+def test_the_contracts_hold() -> None:
+    out = subprocess.run([*LINT, "--no-cache"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout or "broken" not in out.stdout.lower()
 
 
-def test_the_map_places_the_modules_it_names() -> None:
-    mods = project_modules()
-    for name in FOUNDATION:
-        assert name in mods, f"{name} is in the foundation layer but does not exist"
-    assert layer_of("traces.synthetic") == Layer(1, "library")
-    assert layer_of("placer.commands.plan") == layer_of("placer.cli") == Layer(4, "cli")
-    assert layer_of("placer") == layer_of("placer.api") == Layer(4, "cli")
-    assert layer_of("placer.interop.verl") == Layer(1, "library")
-    assert layer_of("placer.pins") == Layer(1, "library")
-    assert layer_of("placer.progress") == Layer(0, "foundation")
+def test_every_module_sits_in_a_layer() -> None:
+    named = layer_modules()
+    unplaced = [m for m in project_modules()
+                if m != "placer" and not any(m == n or m.startswith(n + ".") for n in named)]
+    assert not unplaced, f"modules in no layer of pyproject.toml's contracts: {unplaced}"
+
+
+def test_the_placer_package_has_at_most_twelve_modules_at_its_top() -> None:
+    top = sorted(p.name for p in (ROOT / "placer").iterdir()
+                 if (p.suffix == ".py" and p.name != "__init__.py")
+                 or (p.is_dir() and (p / "__init__.py").exists()))
+    assert len(top) <= 12, top
+
+
+def _planted(tmp: Path, files: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A copy of every module name of the project as an empty file, plus `files`, checked by
+    the project's own contracts."""
+    for mod in project_modules():
+        path = tmp.joinpath(*mod.split("."))
+        is_pkg = (ROOT.joinpath(*mod.split(".")) / "__init__.py").exists()
+        target = path / "__init__.py" if is_pkg else path.with_suffix(".py")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+    for mod, text in files.items():
+        path = tmp.joinpath(*mod.split(".")).with_suffix(".py")
+        path.write_text(text)
+    (tmp / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    return subprocess.run([*LINT, "--no-cache"], capture_output=True, text=True, cwd=tmp,
+                          env={"PYTHONPATH": str(tmp), "PATH": "/usr/bin:/bin"})
+
+
+def test_a_planted_upward_import_breaks_the_layers(tmp_path: Path) -> None:
+    out = _planted(tmp_path, {"placer.cost.split": "def f():\n    from placer.solve import planner\n"})
+    assert out.returncode == 1, out.stdout
+    assert "placer.cost.split -> placer.solve.planner" in out.stdout
+
+
+def test_the_simulator_and_the_executor_stay_apart(tmp_path: Path) -> None:
+    out = _planted(tmp_path, {"simulator.api": "from typing import TYPE_CHECKING\n"
+                                               "if TYPE_CHECKING:\n    import executors.run\n"})
+    assert out.returncode == 1, out.stdout
+    assert "simulator.api -> executors.run" in out.stdout
+
+
+def test_a_planted_cycle_inside_a_layer_breaks(tmp_path: Path) -> None:
+    out = _planted(tmp_path, {"placer.cost.timing": "from placer.cost import estimate\n",
+                              "placer.cost.estimate": "def f():\n    from placer.cost import timing\n"})
+    assert out.returncode == 1, out.stdout
+    assert "No cycles are allowed in placer.cost" in out.stdout
 
 
 def test_importing_the_package_loads_no_engine() -> None:
     """`import placer` (which every `placer.x` import runs first) and the API's names stay lazy:
     no solver, simulator, executor or Ray until a call needs them."""
-    import subprocess
-    import sys
     code = ("import sys, placer; placer.__version__; placer.compare; "
             "heavy = [m for m in sys.modules if m.split('.')[0] in "
             "('simulator', 'executors', 'workflows', 'ray', 'torch', 'ortools')]; print(heavy)")
@@ -168,53 +106,20 @@ def test_importing_the_package_loads_no_engine() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("name", sorted(notebook_sources()))
-def test_notebooks_call_the_library_not_the_commands(name: str) -> None:
-    _MODULES.clear()
-    _MODULES.update(project_modules())
-    targets = [t for _, t in imported("notebook", notebook_sources()[name])]
-    bad = [t for t in targets if layer_of(t) == Layer(4, "cli") and t not in PYTHON_API]
-    assert not bad, f"{name} imports command modules: {bad}"
+def _notebook_imports(nb: Path) -> list[str]:
+    cells = json.loads(nb.read_text())["cells"]
+    src = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    out = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return out
 
 
-# ------------------------------------------------------------------------ the test, tested
-def _tree(**sources: str) -> dict[str, tuple[str, bool]]:
-    return {name.replace("__", "."): (src, False) for name, src in sources.items()}
-
-
-def test_a_planted_upward_import_fails() -> None:
-    mods = _tree(placer__errors="", placer__planfile="from placer.errors import SpecError\n",
-                 simulator__api="from placer.planfile import Plan\n",
-                 traces__schema="from placer.planfile import Plan\n")  # foundation -> library
-    assert violations(mods) == [
-        "traces.schema:1 imports placer.planfile (foundation 0 -> library 1)"]
-
-
-def test_a_function_level_and_relative_import_count() -> None:
-    mods = _tree(placer__planfile="def f():\n    from workflows.fidelity import Report\n",
-                 workflows__fidelity="", placer__spec="",
-                 placer__cost="from .spec import Job\n", placer__commands__plan="",
-                 placer__render="from . import commands\nfrom .commands import plan\n")
-    mods["placer.commands"] = ("", True)
-    assert violations(mods) == [
-        "placer.planfile:2 imports workflows.fidelity (library 1 -> workflows 3)",
-        "placer.render:1 imports placer.commands (library 1 -> cli 4)",
-        "placer.render:2 imports placer.commands.plan (library 1 -> cli 4)"]
-
-
-def test_siblings_do_not_import_each_other() -> None:
-    mods = _tree(simulator__api="import executors.run\n", executors__run="",
-                 bench__b="from placer.cli import main\n", placer__cli="",
-                 workflows__demo="import bench.b\n")
-    assert violations(mods) == [
-        "bench.b:1 imports placer.cli (bench 4 -> cli 4)",
-        "simulator.api:1 imports executors.run (simulator 2 -> executors 2)",
-        "workflows.demo:1 imports bench.b (workflows 3 -> bench 4)"]
-
-
-def test_type_checking_imports_count_and_outside_names_do_not() -> None:
-    mods = _tree(executors__roles="from typing import TYPE_CHECKING\nimport numpy\n"
-                                  "if TYPE_CHECKING:\n    from workflows import demo\n",
-                 workflows__demo="")
-    assert violations(mods) == [
-        "executors.roles:4 imports workflows.demo (executors 2 -> workflows 3)"]
+@pytest.mark.parametrize("nb", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_call_the_library_not_the_commands(nb: Path) -> None:
+    bad = [m for m in _notebook_imports(nb)
+           if m.startswith(("placer.cli", "placer.commands"))]
+    assert not bad, f"{nb.name} imports command modules: {bad}"

@@ -8,29 +8,29 @@ from dataclasses import replace
 import pytest
 from specdata import base
 
-from placer.batching import Run, StepTerms
-from placer.catalog import resolve, shipped_devices, shipped_models
-from placer.costmodel import (
-    GB,
-    Calibration,
-    Efficiency,
-    Parallel,
-    attention_flops_per_token,
+from placer.base.errors import SpecError
+from placer.cost.batching import Run, StepTerms
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import estimate
+from placer.cost.generation import (
     decode_bw_eff,
     decode_run_time,
     decode_step_time,
+    kv_capacity_tokens,
+    max_concurrency,
+)
+from placer.cost.model import train_flops
+from placer.cost.roofline import (
+    GB,
+    attention_flops_per_token,
     infer_memory,
     kv_bytes_per_token,
-    kv_capacity_tokens,
-    linear_state_bytes,
-    max_concurrency,
-    state_split,
-    state_tokens,
-    train_flops,
+    weight_tensors,
 )
-from placer.estimate import estimate
-from placer.spec import ModelArch, SpecError, job_from_dict
-from placer.timing import weight_tensors
+from placer.cost.sharding import Parallel, linear_state_bytes, state_split, state_tokens
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict
 
 M = shipped_models()
 H200 = shipped_devices()["H200"]

@@ -11,7 +11,7 @@ import pytest
 from simplans import small_plan
 
 from placer.cli import main
-from placer.planfile import save_plan
+from placer.solve.planfile import save_plan
 from simulator import longrun as lr
 from simulator.config import Failures
 from simulator.faults import compose

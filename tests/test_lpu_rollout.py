@@ -8,15 +8,17 @@ from __future__ import annotations
 import pytest
 from simplans import small_job
 
-from placer import rollout_tail
-from placer.assemble import reprice
-from placer.batching import step_terms
-from placer.catalog import resolve
-from placer.costmodel import GB, Calibration, decode_read_bytes, lpu_chips
-from placer.estimate import rollout_shape
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import job_from_dict
+from placer.base.roles import Role
+from placer.cost import rollout_tail
+from placer.cost.batching import step_terms
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import rollout_shape
+from placer.cost.generation import lpu_chips
+from placer.cost.roofline import GB, decode_read_bytes
+from placer.solve.assemble import reprice
+from placer.solve.planfile import Plan
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.handplans import Placement, place

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from specdata import EXAMPLES
 
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.mapping import map_to_nodes, path_bandwidth, topology
-from placer.planfile import RolePlacement, SlotPlan
-from placer.planner import plan_job
-from placer.spec import SpecError, job_from_dict, load_job
+from placer.base.errors import SpecError
+from placer.cost.efficiency import Calibration
+from placer.solve.mapping import map_to_nodes, path_bandwidth, topology
+from placer.solve.planfile import RolePlacement, SlotPlan
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict, load_job
 
 
 def _res(pools: list[dict]):

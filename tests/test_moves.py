@@ -1,4 +1,4 @@
-"""What moved between two plans (`placer.moves`): the one definition `placer replan`, the
+"""What moved between two plans (`placer.solve.moves`): the one definition `placer replan`, the
 executor's elastic rebuild and the benchmarks share, pinned on a hand plan whose slots and bundles
 are known (agentic-code: actor + reference share `train`, eight one-core environment bundles)."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from simplans import hand_plan
 
-from placer.moves import Move, dims, layout, moves, role_counts
-from placer.planfile import Plan
-from placer.roles import Role
+from placer.base.roles import Role
+from placer.solve.moves import Move, dims, layout, moves, role_counts
+from placer.solve.planfile import Plan
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +92,8 @@ def test_a_role_only_one_plan_runs_moved_from_or_to_absent(plan: Plan) -> None:
 
 def test_explain_describes_layouts_the_same_way(plan: Plan) -> None:
     """`placer plan --explain`'s per-role layout uses the same `dims` (cp shown where above 1)."""
-    from placer.costmodel import Calibration
-    from placer.explain import breakdown
+    from placer.cost.efficiency import Calibration
+    from placer.solve.explain import breakdown
 
     cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
     rows = breakdown(cp, cp.resolved(), Calibration())

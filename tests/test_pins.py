@@ -1,4 +1,4 @@
-"""Layout pins (`pin:` in a job, placer/pins.py): the planner keeps to them, `--explain` says so,
+"""Layout pins (`pin:` in a job, placer/spec/pins.py): the planner keeps to them, `--explain` says so,
 a bad pin exits 2 naming the field and the value, and a pin nothing keeps to exits 3 naming the
 role, the pin and why.
 """
@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 import yaml
 
-from placer.catalog import resolve
 from placer.cli import main
-from placer.costmodel import Calibration, Parallel
-from placer.localdata import anchor
-from placer.pins import Pin, pinned_layouts
-from placer.planner import plan_job
-from placer.spec import job_from_dict
+from placer.cost.efficiency import Calibration
+from placer.cost.sharding import Parallel
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.job import pinned_layouts
+from placer.spec.load import job_from_dict
+from placer.spec.localdata import anchor
+from placer.spec.pins import Pin
 
 ROOT = Path(__file__).resolve().parent.parent
 MOE = ROOT / "examples" / "tiny-moe.yaml"
@@ -139,7 +141,7 @@ def test_a_pin_nothing_keeps_to_exits_3(tmp_path, capsys, path, pin, needles) ->
 
 def test_the_pin_travels_with_the_plan(tmp_path) -> None:
     """The plan file's job keeps the pin, so a re-plan from it keeps to it too."""
-    from placer.planfile import load_plan
+    from placer.solve.planfile import load_plan
 
     out = tmp_path / "plan.json"
     assert main(["plan", write_job(tmp_path, MOE, {"actor": {"tp": 2, "dp": 2}}), "-o",

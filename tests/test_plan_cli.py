@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from placer.cli import main
-from placer.planfile import load_plan
+from placer.solve.planfile import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 HETERO = str(ROOT / "examples" / "ppo-llama8b-hetero.yaml")

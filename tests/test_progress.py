@@ -83,7 +83,7 @@ def _simulate(placer_cmd, plan, env_value: str | None, *extra: str):
 def test_cli_bar_only_when_asked_and_stdout_unchanged(tmp_path, placer_cmd) -> None:
     from simplans import small_plan
 
-    from placer.planfile import save_plan
+    from placer.solve.planfile import save_plan
     plan = tmp_path / "plan.json"
     save_plan(small_plan(), plan)
     piped = _simulate(placer_cmd, plan, None)  # stderr is a pipe here: no bar

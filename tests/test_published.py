@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from placer.spec import load_job
+from placer.spec.load import load_job
 from workflows.published import EXAMPLES, ROWS, fidelity, main
 
 
@@ -116,7 +116,7 @@ def test_deepseek_v3_row_is_expressed_and_fits(doc: dict) -> None:
     # row 11: DeepSeek-V3 671B on 96 H20, trainer TP8 PP12 EP8 with optimizer offload, vLLM TP32
     # engines of 4 nodes. Its rollout was priced 63% long while concurrency was reserved at the
     # longest context (51 sequences per engine); admitted by the KV in use, with preemption, as
-    # vLLM does (`placer.admission`), it is +6%. The rest of its 1,700 s (650 s published outside
+    # vLLM does (`placer.cost.admission`), it is +6%. The rest of its 1,700 s (650 s published outside
     # the rollout) is priced ~250 s, so the row as a whole is now 20% short.
     r11 = next(r for r in doc["rows"] if r["name"].startswith("r11"))
     assert r11["fits"], r11["note"]

@@ -1,4 +1,4 @@
-"""The tail-aware rollout model (`placer.rollout_tail`, `placer.batching`) and the async chain rule:
+"""The tail-aware rollout model (`placer.cost.rollout_tail`, `placer.cost.batching`) and the async chain rule:
 cases checkable by hand, its reduction to lockstep waves, and the directions it must move in."""
 from __future__ import annotations
 
@@ -6,15 +6,19 @@ import numpy as np
 import pytest
 from simplans import small_job
 
-from placer.admission import run_replica
-from placer.batching import KvBudget, StepTerms
-from placer.catalog import resolve
-from placer.costmodel import Calibration, Efficiency, Parallel, decode_step_time, prefill_time
-from placer.estimate import estimate, rollout_shape, wave_time
-from placer.roles import Role
-from placer.rollout_tail import Replicas, at_means, has_variance, makespan, quantile
-from placer.spec import Distribution, job_from_dict
-from placer.timing import Placed, iteration_time
+from placer.base.roles import Role
+from placer.cost.admission import run_replica
+from placer.cost.batching import KvBudget, StepTerms
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import estimate, rollout_shape, wave_time
+from placer.cost.generation import decode_step_time, prefill_time
+from placer.cost.rollout_tail import Replicas, makespan
+from placer.cost.sharding import Parallel
+from placer.cost.tail_samples import at_means, has_variance, quantile
+from placer.cost.timing import Placed, iteration_time
+from placer.spec.catalog import resolve
+from placer.spec.distributions import Distribution
+from placer.spec.load import job_from_dict
 
 EFF = Efficiency()
 PAR = Parallel(tp=1)

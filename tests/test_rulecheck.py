@@ -1,5 +1,5 @@
-"""Rule rewards priced by their kind of check (placer/rulecheck.py) and fitted per kind
-(placer/fit_rule.py); no switch or offload on a device whose memory is host RAM."""
+"""Rule rewards priced by their kind of check (placer/cost/rulecheck.py) and fitted per kind
+(placer/calibrate/fit_rule.py); no switch or offload on a device whose memory is host RAM."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,15 +7,15 @@ from dataclasses import replace
 import pytest
 from specdata import base
 
-from placer.baselines import colocated
-from placer.catalog import resolve
-from placer.costmodel import Calibration, Efficiency
-from placer.fit_rule import fit_rule_factors
-from placer.localdata import Dataset
-from placer.planner import build_problem, plan_assignment, plan_job
-from placer.rulecheck import rule_reward_time, uses_sandbox
-from placer.spec import job_from_dict
-from placer.timing import Placed, slot_switch
+from placer.calibrate.fit_rule import fit_rule_factors
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.rulecheck import rule_reward_time, uses_sandbox
+from placer.cost.timing import Placed, slot_switch
+from placer.solve.baselines import colocated
+from placer.solve.planner import build_problem, plan_assignment, plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
+from placer.spec.localdata import Dataset
 from traces.schema import Trace, TraceEvent
 
 EFF = Efficiency(rule_reward_s=0.01, sandbox_batch_s=0.1, sandbox_sample_s=0.002)

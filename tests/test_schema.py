@@ -15,9 +15,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from placer import spec
 from placer.cli import main
 from placer.commands.schema import EXAMPLES, job_schema, markdown, sections
+from placer.spec import job as spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "job-format.md"

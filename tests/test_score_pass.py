@@ -8,8 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from placer.catalog import shipped_devices, shipped_models
-from placer.costmodel import Efficiency, Parallel, device_ceiling, forward_time, score_time
+from placer.cost.efficiency import Efficiency
+from placer.cost.generation import forward_time
+from placer.cost.model import score_time
+from placer.cost.roofline import device_ceiling
+from placer.cost.sharding import Parallel
+from placer.spec.catalog import shipped_devices, shipped_models
 
 DEV = shipped_devices()
 M = shipped_models()
@@ -50,7 +54,7 @@ def test_score_pass_scales_with_its_own_factor_only() -> None:
     base = score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0, FLAT)
     assert score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0,
                       replace(FLAT, mfu_prefill=0.9)) == base  # the engine's factor is not used
-    # 1 / ceiling is affine in 1 / mfu_score (what `placer.fit` relies on): halving mfu_score
+    # 1 / ceiling is affine in 1 / mfu_score (what `placer.calibrate.fit` relies on): halving mfu_score
     # adds 1/0.60 to 1/0.54550 = 1.83317 -> 3.49983, x1.90917
     slower = score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0, replace(FLAT, mfu_score=0.30))
     assert slower / base == pytest.approx(3.499833 / 1.833167, rel=1e-5)

@@ -1,4 +1,4 @@
-"""Parallel layouts (placer.sharding): expert, context and pipeline parallelism in memory, time and
+"""Parallel layouts (placer.cost.sharding): expert, context and pipeline parallelism in memory, time and
 candidates, checked against hand-computed values; multi-node engines and EP chosen by the ILP."""
 from __future__ import annotations
 
@@ -7,26 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from placer.candidates import device_counts, layouts, role_candidates
-from placer.catalog import resolve, shipped_devices, shipped_models
-from placer.collectives import Link
-from placer.costmodel import (
-    GB,
-    Calibration,
-    Efficiency,
+from placer.base.errors import SpecError
+from placer.cost.collectives import Link
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.generation import decode_step_time, kv_capacity_tokens
+from placer.cost.layercomm import decode_comm, zero3_gathers
+from placer.cost.model import train_flops, train_memory
+from placer.cost.roofline import GB, infer_memory, pass_compute
+from placer.cost.sharding import (
     Parallel,
-    decode_comm,
-    decode_step_time,
-    infer_memory,
-    kv_capacity_tokens,
-    pass_compute,
-    train_flops,
-    train_memory,
-    zero3_gathers,
-)
-from placer.planfile import RolePlacement
-from placer.planner import plan_job
-from placer.sharding import (
     active_expert_params,
     ep_all_to_all,
     expert_tokens,
@@ -34,7 +23,11 @@ from placer.sharding import (
     routed_expert_params,
     train_state_bytes,
 )
-from placer.spec import SpecError, job_from_dict, load_job
+from placer.solve.candidates import device_counts, layouts, role_candidates
+from placer.solve.planfile import RolePlacement
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict, load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 M, D = shipped_models(), shipped_devices()

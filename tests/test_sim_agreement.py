@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from simplans import example_names, example_plan, hand_plan
 
-from placer import rollout_tail
-from placer.assemble import reprice
-from placer.costmodel import Calibration
+from placer.cost import rollout_tail
+from placer.cost.efficiency import Calibration
+from placer.solve.assemble import reprice
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.handplans import EXAMPLE_PLACEMENTS

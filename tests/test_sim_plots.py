@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
 
-from placer.calibration import load_calibration
-from placer.catalog import resolve
-from placer.planner import plan_job
-from placer.spec import load_job
+from placer.cost.calibration import load_calibration
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 from simulator import plots
 from simulator.api import simulate_plan
 
@@ -66,7 +66,7 @@ def test_a_split_rollout_gets_one_timeline_row_per_part() -> None:
     from matplotlib.colors import to_rgba
     from simplans import hetero_split_plans
 
-    from placer.plots import KIND_COLOURS
+    from placer.base.palette import KIND_COLOURS
 
     plan = hetero_split_plans()[0]
     split = next(s for s in plan.slots if s.parts)

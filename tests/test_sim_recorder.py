@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 from simplans import small_plan
 
-from placer.batching import StepTerms
-from placer.catalog import resolve
-from placer.costmodel import Calibration, prefill_time
-from placer.spec import job_from_dict
+from placer.cost.batching import StepTerms
+from placer.cost.efficiency import Calibration
+from placer.cost.generation import prefill_time
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.engine import EngineSpec

@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 from simplans import EXAMPLES, for_job, hetero_split_plans
 
-from placer import rollout_tail
-from placer.assemble import reprice
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.planfile import Plan
-from placer.planner import plan_job
-from placer.roles import Role
-from placer.spec import TailPolicy, job_from_dict, read_structured
-from placer.split import deal
+from placer.base.roles import Role
+from placer.cost import rollout_tail
+from placer.cost.efficiency import Calibration
+from placer.cost.split import deal
+from placer.solve.assemble import reprice
+from placer.solve.planfile import Plan
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict, read_structured
+from placer.spec.sections import TailPolicy
 from simulator import iteration
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig

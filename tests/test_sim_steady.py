@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from simplans import small_plan
 
-from placer.spec import SpecError
+from placer.base.errors import SpecError
 from simulator.api import simulate_plan
 from simulator.metrics import iteration_durations
 from simulator.steady import MIN_BATCHES, cap_iterations, simulate_steady, steady_state, t95, window_of

@@ -6,7 +6,7 @@ import json
 from simplans import small_plan
 
 from placer.cli import main
-from placer.planfile import save_plan
+from placer.solve.planfile import save_plan
 from traces.schema import read_trace
 
 

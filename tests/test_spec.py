@@ -11,18 +11,12 @@ import yaml
 from pydantic import ValidationError
 from specdata import EXAMPLES, base
 
-from placer.catalog import resolve
-from placer.sampling import draw, rng
-from placer.spec import (
-    Distribution,
-    Job,
-    SpecError,
-    dump_job,
-    job_from_dict,
-    load_job,
-    read_structured,
-    save_job,
-)
+from placer.base.errors import SpecError
+from placer.spec.catalog import resolve
+from placer.spec.distributions import Distribution
+from placer.spec.job import Job
+from placer.spec.load import dump_job, job_from_dict, load_job, read_structured, save_job
+from placer.spec.sampling import draw, rng
 
 
 # ------------------------------------------------------------------------------------ loading

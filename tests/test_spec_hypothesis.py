@@ -15,11 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from specdata import EXAMPLES, base
 
-from placer.catalog import resolve, shipped_devices, shipped_models
+from placer.base.errors import SpecError
+from placer.base.inputs import SpecErrors
 from placer.commands.validate import describe
-from placer.costmodel import Calibration
-from placer.inputs import SpecErrors
-from placer.spec import SpecError, job_from_dict, read_structured
+from placer.cost.efficiency import Calibration
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict, read_structured
 
 # A job with its own catalog entries, so that mutations reach device and model figures too.
 WITH_CATALOG = base(

@@ -1,4 +1,4 @@
-"""Roles split over pools (`placer.split`): the balance point, the split candidate's pricing, the
+"""Roles split over pools (`placer.cost.split`): the balance point, the split candidate's pricing, the
 ILP's choice on a cluster where a split pays, and the plan file's checks of its parts."""
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ from dataclasses import replace
 
 import pytest
 
-from placer.assemble import placed_estimate
-from placer.catalog import resolve
-from placer.costmodel import Calibration, Memory, Parallel
-from placer.estimate import Estimate, estimate
-from placer.ilp import Problem
-from placer.ilp_bound import score
-from placer.ilp_solve import solve
-from placer.planfile import check_plan
-from placer.planner import build_problem, to_plan
-from placer.spec import SpecError, load_job
-from placer.split import PartTimer, balance, res_with_samples, thin
-from placer.timing import Placed, sync_time
+from placer.base.errors import SpecError
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import Estimate, estimate
+from placer.cost.roofline import Memory
+from placer.cost.sharding import Parallel
+from placer.cost.split import PartTimer, balance, res_with_samples, thin
+from placer.cost.timing import Placed, sync_time
+from placer.solve.assemble import placed_estimate
+from placer.solve.ilp import Problem
+from placer.solve.ilp_bound import score
+from placer.solve.ilp_solve import solve
+from placer.solve.planfile import check_plan
+from placer.solve.planner import build_problem, to_plan
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 
 EXAMPLE = "examples/hetero-split.yaml"
 

@@ -13,22 +13,22 @@ import pytest
 import yaml
 from simplans import example_plan
 
-from placer.assemble import assemble, placed_estimate
-from placer.catalog import Resolved
-from placer.costmodel import Calibration
-from placer.errors import SpecError
-from placer.estimate import Part
-from placer.explain import breakdown, render, split
-from placer.hostmem import plan_nodes
+from placer.base.errors import SpecError
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import Part
+from placer.cost.split import join, res_with_samples
+from placer.cost.timing import Placed
 from placer.interop import EXPORTERS
 from placer.interop.kuberay import export_kuberay
-from placer.moves import layout, moves, role_counts
-from placer.planfile import Plan, RolePart, RolePlacement, SolverInfo, save_plan
 from placer.plots import part_labels, placement
-from placer.render import render_frontier, render_plan, where
-from placer.spec import DeviceKind
-from placer.split import join, res_with_samples
-from placer.timing import Placed
+from placer.solve.assemble import assemble, placed_estimate
+from placer.solve.explain import breakdown, render, split
+from placer.solve.hostmem import plan_nodes
+from placer.solve.moves import layout, moves, role_counts
+from placer.solve.planfile import Plan, RolePart, RolePlacement, SolverInfo, save_plan
+from placer.solve.render import render_frontier, render_plan, where
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind
 from workflows.whatif import placement_summary
 
 CALIB = Calibration()

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from placer.base.errors import SpecError
 from placer.cli import main
-from placer.spec import SpecError, load_job
+from placer.spec.load import load_job
 from workflows import plots, whatif
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
-"""The cost table (`placer.planner.build_problem`): split candidates priced only where they may
-beat the heuristic plan (`placer.ilp_bound.split_keep`), and a large cluster's single-pool
-candidates priced in worker processes (`placer.candidates.single_candidates`), both without
+"""The cost table (`placer.solve.planner.build_problem`): split candidates priced only where they may
+beat the heuristic plan (`placer.solve.ilp_bound.split_keep`), and a large cluster's single-pool
+candidates priced in worker processes (`placer.solve.candidates.single_candidates`), both without
 changing what the solver finds."""
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import sys
 
 import pytest
 
-import placer.candidates as candidates
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.ilp import Problem, candidate_key
-from placer.ilp_bound import heuristic, score, split_keep
-from placer.ilp_solve import solve
-from placer.planner import build_problem
-from placer.roles import Role
-from placer.spec import load_job
+import placer.solve.candidates as candidates
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.solve.ilp import Problem, candidate_key
+from placer.solve.ilp_bound import heuristic, score, split_keep
+from placer.solve.ilp_solve import solve
+from placer.solve.planner import build_problem
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 
 HETERO = "examples/hetero-split.yaml"
 

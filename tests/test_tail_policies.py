@@ -9,13 +9,15 @@ import math
 import pytest
 from simplans import EXAMPLES, SMALL_PLACEMENT, example_names, small_job, small_plan
 
-from placer.assemble import reprice
-from placer.catalog import resolve
+from placer.base.errors import SpecError
 from placer.cli import main
-from placer.costmodel import Calibration
-from placer.planfile import save_plan
-from placer.rollout_tail import at_means
-from placer.spec import SpecError, TailPolicy, job_from_dict, load_job
+from placer.cost.efficiency import Calibration
+from placer.cost.tail_samples import at_means
+from placer.solve.assemble import reprice
+from placer.solve.planfile import save_plan
+from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict, load_job
+from placer.spec.sections import TailPolicy
 from simulator import tails
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
@@ -198,7 +200,7 @@ def test_overprovision_trains_the_shortest_kept_samples() -> None:
     """Over-provisioned, the trained samples are priced at the mean below the kept quantile:
     for a normal response N(1000, 100) keeping 80%, E[X | X < q_0.8] = 1000 - 100 phi(z) / 0.8
     (z = 0.8416: 965.0); no over-provisioning, or fixed lengths, keep the full mean."""
-    from placer.estimate import mean_context, trained_context
+    from placer.cost.estimate import mean_context, trained_context
 
     normal = {"kind": "normal", "mean": 1000, "std": 100, "min": 0}
     over = {"kind": "overprovision", "fraction": 0.25}

@@ -1,4 +1,4 @@
-"""Tool calls queueing for CPU cores while the engines decode (`placer.toolqueue`): the pool
+"""Tool calls queueing for CPU cores while the engines decode (`placer.cost.toolqueue`): the pool
 mirrors the simulator's FIFO core pool, and the pair term `timing.rollout_tool_time` prices the
 simulator's variance-off rollout when the replicas hold more sequences than the cores serve."""
 from __future__ import annotations
@@ -8,14 +8,17 @@ import random
 import pytest
 from simplans import SMALL_PLACEMENT, small_plan
 
-from placer.assemble import reprice
-from placer.batching import step_terms
-from placer.catalog import resolve
-from placer.costmodel import Calibration, Parallel, tool_waves
-from placer.estimate import estimate, rollout_shape
-from placer.rollout_tail import Replicas, at_means
-from placer.timing import Placed, rollout_tool_time
-from placer.toolqueue import FifoPool, queue_delay, rollout_span
+from placer.cost.batching import step_terms
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import estimate, rollout_shape
+from placer.cost.model import tool_waves
+from placer.cost.rollout_tail import Replicas
+from placer.cost.sharding import Parallel
+from placer.cost.tail_samples import at_means
+from placer.cost.timing import Placed, rollout_tool_time
+from placer.cost.toolqueue import FifoPool, queue_delay, rollout_span
+from placer.solve.assemble import reprice
+from placer.spec.catalog import resolve
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.environment import CorePool

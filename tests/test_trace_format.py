@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from placer.calibration import load_calibration
-from placer.catalog import resolve
 from placer.cli import main
-from placer.costmodel import Calibration
-from placer.planfile import Plan
-from placer.planner import plan_job
-from placer.spec import load_job
+from placer.cost.calibration import load_calibration
+from placer.cost.efficiency import Calibration
+from placer.solve.planfile import Plan
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 from simulator.api import simulate_plan
 from traces.schema import Trace, nesting_problems, read_trace
 
@@ -122,7 +122,7 @@ def test_async_steps_overlap_on_two_driver_tracks(tmp_path) -> None:
     from exec_util import job_dict
 
     from executors.run import execute
-    from placer.spec import job_from_dict
+    from placer.spec.load import job_from_dict
     job = job_from_dict(job_dict(pipeline={"mode": "async", "max_staleness": 1}))
     plan = plan_job(resolve(job), Calibration())
     execute(plan, 3, tmp_path / "out", local=True).trace.write(tmp_path / "run.json")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from specdata import EXAMPLES, ROOT
 
-from placer.catalog import resolve
 from placer.cli import main
-from placer.spec import load_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 
 
 def one_document(text: str):
@@ -134,7 +134,7 @@ def test_checks_across_fields_are_reported_together(tmp_path, capsys) -> None:
 def test_a_cpu_pool_in_cores(tmp_path, capsys) -> None:
     """cores_per_node gives a CPU pool's size in cores; devices_per_node is derived from it, and
     both together must agree; a GPU pool takes no cores_per_node."""
-    from placer.spec import load_job
+    from placer.spec.load import load_job
     base = (ROOT / "examples" / "grpo-qwen7b-h100.yaml").read_text()
     assert "device: cpu-node, devices_per_node: 1" in base
     job = tmp_path / "cores.yaml"

@@ -8,12 +8,14 @@ import math
 import pytest
 from simplans import small_job, small_plan
 
-from placer.catalog import resolve, shipped_devices, shipped_models
-from placer.costmodel import Calibration, Efficiency, Memory, Parallel, weight_bytes
-from placer.estimate import Estimate
-from placer.roles import Role
-from placer.spec import job_from_dict
-from placer.timing import Placed, sync_calls, sync_links, sync_senders, sync_time, weight_tensors
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import Estimate
+from placer.cost.roofline import Memory, weight_bytes, weight_tensors
+from placer.cost.sharding import Parallel
+from placer.cost.timing import Placed, sync_calls, sync_links, sync_senders, sync_time
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict
 from simulator.config import Network
 from simulator.network import sync_plan
 

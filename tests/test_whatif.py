@@ -7,10 +7,11 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from placer import plots
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.planner import plan_job
-from placer.spec import SpecError, load_job
+from placer.base.errors import SpecError
+from placer.cost.efficiency import Calibration
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 from simulator.api import simulate_plan
 from simulator.steady import simulate_steady, steady_state
 from workflows import whatif
@@ -90,7 +91,7 @@ def test_simulated_rows_are_the_steady_state_not_the_first_iterations():
     iterations over their steady window (warm-up and drain left out)."""
     from simplans import small_job
 
-    from placer.spec import job_from_dict
+    from placer.spec.load import job_from_dict
     job = job_from_dict(small_job(pipeline={"mode": "async", "max_staleness": 1}))
     res = resolve(job)
     row = whatif.evaluate(res, "k", "async")

@@ -7,12 +7,19 @@ import numpy as np
 import pytest
 from calibdata import ROOT
 
-from placer.sampling import draw, draw_lengths, rng
-from placer.spec import SpecError, load_job
+from placer.base.errors import SpecError
+from placer.calibrate.synthetic import (
+    LongTail,
+    longtail_rows,
+    solve_sigma,
+    summarize,
+    top_decile_share,
+)
+from placer.spec.load import load_job
+from placer.spec.sampling import draw, draw_lengths, rng
 from traces.record import main as record_main
 from traces.record import rows_from_trace
 from traces.schema import Trace
-from traces.synthetic import LongTail, longtail_rows, solve_sigma, summarize, top_decile_share
 from traces.workload import read_field, read_rows
 
 SHIPPED = ROOT / "traces/workloads/longtail-synthetic.jsonl"
@@ -21,7 +28,7 @@ JOB = ROOT / "examples/longtail-replay.yaml"
 
 def test_shipped_trace_is_what_the_generator_makes():
     rows = read_rows(SHIPPED)
-    assert rows == longtail_rows(LongTail())  # `python -m traces.synthetic` regenerates it exactly
+    assert rows == longtail_rows(LongTail())  # `python -m placer.calibrate.synthetic` regenerates it exactly
     assert len(rows) >= 2000
 
 

@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from placer.errors import SpecError
+from placer.base.errors import SpecError
 from traces.schema import EventArgs, Trace, TraceError, TraceEvent, read_trace
 from traces.workload import write_rows
 

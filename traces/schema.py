@@ -40,10 +40,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from placer.errors import SpecError
-from placer.fileio import atomic_write_text
-from placer.inputs import load_json, read_text
-from placer.roles import Role
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import load_json, read_text
+from placer.base.roles import Role
 
 STRICT_ENV = "PLACER_STRICT_TRACES"  # "1": a key EventArgs does not name is an error
 
@@ -64,7 +64,7 @@ class EventArgs(BaseModel):
     """The `args` of a trace event: every key a writer (executor, simulator, synthetic traces)
     puts there and a reader (recorder, calibration, fidelity) takes out. All optional: an event
     carries the keys its kind needs. Values are checked for type only; the readers that price
-    an event check ranges with their own messages (`placer.fit_events`)."""
+    an event check ranges with their own messages (`placer.calibrate.fit_events`)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -119,7 +119,7 @@ class EventArgs(BaseModel):
     resumed_from: int | None = _f("restart: the checkpoint step it resumed from")
     reason: str | None = _f("cluster restart: what changed")
     nodes: dict[str, int] | None = _f("cluster restart: alive nodes per pool")
-    moves: list[str] | None = _f("cluster restart: roles whose actors changed (placer.moves)")
+    moves: list[str] | None = _f("cluster restart: roles whose actors changed (placer.solve.moves)")
     kept: int | list[str] | None = _f("cluster restart: actors kept; overprovision: samples kept")
     detected_at: float | None = _f("cluster restart: when the change was seen (epoch s)")
     recovery_s: float | None = _f("cluster restart: seconds to recover")

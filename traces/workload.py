@@ -13,9 +13,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from placer.errors import SpecError
-from placer.fileio import atomic_write_text
-from placer.inputs import load_json, read_text
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import load_json, read_text
 
 MAX_VALUE = 1e15  # tokens or seconds; beyond it a value is corrupt (and a float overflows later)
 

@@ -24,19 +24,21 @@ import sys
 import time
 from pathlib import Path
 
-from placer.calibration import calibration_from_dict
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.fileio import atomic_write_text
-from placer.planfile import save_plan
-from placer.planner import plan_job
-from placer.render import where
-from placer.spec import SpecError, load_job
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Calibration
+from placer.solve.planfile import save_plan
+from placer.solve.planner import plan_job
+from placer.solve.render import where
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 from simulator.api import simulate_plan
 from traces.record import rows_from_trace
 from traces.workload import write_rows
 from workflows.fidelity import fidelity, write_figures
-from workflows.fidelity_heldout import event_profile, execute_plan, stage_calibrate
+from workflows.fidelity_heldout import event_profile, execute_plan
+from workflows.stagefit import stage_calibrate
 
 DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
 

@@ -14,7 +14,7 @@ cluster differs; a fresh Ray's first run is a short warm-up of the next plan, no
   response x2   responses up to twice as long
   colocated     the colocate-all baseline placement (every GPU role time-shares one slot)
   split         the split baseline placement (rollout engines on their own share of the pool)
-  tp 2          the job with its actor pinned to tensor parallelism 2 (`pin:`, placer/pins.py)
+  tp 2          the job with its actor pinned to tensor parallelism 2 (`pin:`, placer/spec/pins.py)
   moe           another job: a mixture of experts (examples/tiny-moe.yaml, a Qwen3-MoE-shaped
                 checkpoint, its actor pinned to dp 2 x tp 2), predicted with the base run's
                 profile: the factors are per device type, so they carry over to another model
@@ -25,7 +25,7 @@ cluster differs; a fresh Ray's first run is a short warm-up of the next plan, no
 
 Calibration has two levels, both fitted on the base run only:
 
-  event level   `placer calibrate` (placer/fit.py): the efficiency factors that price each
+  event level   `placer calibrate` (placer/calibrate/fit.py): the efficiency factors that price each
                 prefill/decode/generate, forward, train and transfer event;
   stage level   the factors the events cannot see (sync round trip, tool-call overhead, rule
                 reward, train overhead), fitted on the base run's stage times by Newton steps
@@ -54,16 +54,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from placer.baselines import colocated, split
-from placer.calibration import calibration_from_dict
-from placer.catalog import resolve
-from placer.costmodel import Calibration
-from placer.fileio import atomic_write_text
-from placer.fit import fit_trace, profile_doc
-from placer.pins import Pin, Pins
-from placer.planfile import Plan, load_plan, save_plan
-from placer.planner import build_problem, plan_assignment, plan_job
-from placer.spec import SpecError, load_job
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.calibrate.fit import fit_trace, profile_doc
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Calibration
+from placer.solve.baselines import colocated, split
+from placer.solve.planfile import Plan, load_plan, save_plan
+from placer.solve.planner import build_problem, plan_assignment, plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
+from placer.spec.pins import Pin, Pins
 from traces.schema import Trace, read_trace
 from workflows.fidelity import fidelity
 from workflows.stagefit import stage_calibrate

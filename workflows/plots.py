@@ -10,7 +10,7 @@
   pareto(points)            throughput against cost per sample, every point labelled, the
                             frontier joined
 
-Each function draws on a new figure and returns it; `placer.plots.save` / `png` write it.
+Each function draws on a new figure and returns it; `placer.base.palette.save` / `png` write it.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from placer.plots import KIND_COLOURS, png, save
+from placer.base.palette import KIND_COLOURS, png, save
 from traces.schema import Trace
 
 if TYPE_CHECKING:
-    from workflows.fidelity import Report
+    from workflows.report import Report
 
 __all__ = ["length_finish", "pareto", "png", "save", "step_bars", "sweep", "timelines"]
 

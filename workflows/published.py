@@ -6,8 +6,8 @@ numbers and every assumption: prompt lengths, the response distribution, layouts
 express) plus the layout the run used, written here as `Use` entries: pool, TP/PP/DP, ZeRO stage,
 optimizer offload, and which roles share devices (colocated) or have their own (split, async).
 The job format cannot pin a layout, so this is the planner's prediction *of the published
-layout*: every role is priced by `placer.estimate.estimate` with that layout and the roles are
-combined by `placer.timing.iteration_time`, exactly as `assemble` prices a plan the ILP or a
+layout*: every role is priced by `placer.cost.estimate.estimate` with that layout and the roles are
+combined by `placer.cost.timing.iteration_time`, exactly as `assemble` prices a plan the ILP or a
 baseline chose. No simulation runs: the predictions are the cost model's.
 
 Published stages map onto the model's as: generation -> the rollout role's `rollout` stage (verl's
@@ -54,13 +54,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from placer.calibration import load_calibration
-from placer.catalog import Resolved, resolve, shipped_devices, shipped_models
-from placer.costmodel import Calibration, Efficiency, Memory, Parallel, decode_step_time
-from placer.estimate import Estimate, estimate
-from placer.roles import Role
-from placer.spec import ModelArch, SpecError, job_from_dict, load_job
-from placer.timing import Placed, iteration_time, sync_time
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.cost.calibration import load_calibration
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import Estimate, estimate
+from placer.cost.generation import decode_step_time
+from placer.cost.roofline import Memory
+from placer.cost.sharding import Parallel
+from placer.cost.timing import Placed, iteration_time, sync_time
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved, resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict, load_job
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
 STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")

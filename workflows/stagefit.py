@@ -1,7 +1,7 @@
 """Stage-level calibration: the efficiency factors a trace's events cannot see, fitted so that
 the simulator's stage times match an executed run's measured ones.
 
-`placer calibrate` first fits the event-level factors (placer/fit.py: prefill, decode, generate,
+`placer calibrate` first fits the event-level factors (placer/calibrate/fit.py: prefill, decode, generate,
 forward, train and transfer events, each priced by the cost model). Some of a step's time is in
 no such event: the executor's round trip around a weight push, the sandbox starting one
 interpreter per batch of tool calls, the driver's work between stages. Four
@@ -18,7 +18,7 @@ factors price that time; each is fitted on the stage it drives (mean over the st
                                          driver's work around the check); `sandbox_batch_s`
                                          for a job whose answers run in a sandbox, else the
                                          in-process check's `rule_reward_s`
-                                         (`placer.rulecheck`: the kinds are fitted apart)
+                                         (`placer.cost.rulecheck`: the kinds are fitted apart)
   train_overhead_s (actor device)        train + "other": the optimizer step plus the driver's
                                          work after it (a checkpoint is its own stage, priced
                                          by the event-level `checkpoint_overhead_s`)
@@ -28,18 +28,18 @@ NEWTON_STEPS simulations of the run's replayed inputs, plus one probe each), so 
 re-derives the simulator's formulas; a stage that does not move with its factor keeps the
 prior and is not reported. The result is the profile with the factors set and a `fit.stages`
 section saying, per factor, its stage, value and the measured and simulated stage seconds.
-It needs the simulator, hence lives here (workflows) rather than in placer/fit.py.
+It needs the simulator, hence lives here (workflows) rather than in placer/calibrate/fit.py.
 """
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from placer.calibration import calibration_from_dict
-from placer.costmodel import Efficiency
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.rulecheck import uses_sandbox
+from placer.base.roles import Role
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Efficiency
+from placer.cost.rulecheck import uses_sandbox
+from placer.solve.planfile import Plan
 from traces.schema import Trace
 from workflows.fidelity import fidelity
 
@@ -86,7 +86,7 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int =
             continue
         dev = res.device_of(plan.roles[role].pool).name
         if name == "rule_reward_s" and uses_sandbox(res.job):
-            name = "sandbox_batch_s"  # the kind of check this job runs (placer.rulecheck)
+            name = "sandbox_batch_s"  # the kind of check this job runs (placer.cost.rulecheck)
         identified = True
         for k in range(NEWTON_STEPS):
             measured, simulated = _stage_means(plan, trace, doc, warmup)

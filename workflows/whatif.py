@@ -22,7 +22,7 @@ or, where the job cannot be placed, the planner's diagnosis in `infeasible`.
   response_tail(job, sigmas)           the lognormal response length's sigma (median kept)
   staleness(job, bounds)               sync (0) against async with a staleness bound
   frontier(job)                        the ILP's own time/cost frontier on the job's cluster
-  baselines(job)                       the ILP's plan against the baselines (placer/baselines.py)
+  baselines(job)                       the ILP's plan against the baselines (placer/solve/baselines.py)
   pareto(rows)                         the throughput/cost frontier of any rows
   grid(job, varies, simulate=...)      any fields at once: the cartesian product of `Vary`s
                                        (`parse_vary("POOL.nodes=1..8")`, a dotted path into the
@@ -30,7 +30,7 @@ or, where the job cannot be placed, the planner's diagnosis in `infeasible`.
                                        simulated; what `placer sweep` runs
 
 Rows also carry `booked_usd_per_hour` and `booked_cost_per_sample`: the whole cluster's price,
-idle nodes included (`placer.pricing`). Without simulation the throughput and cost per sample
+idle nodes included (`placer.solve.pricing`). Without simulation the throughput and cost per sample
 are the plan's predicted ones.
 
 Every random draw comes from the job's seed (`seed=` overrides it).
@@ -42,14 +42,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from placer.baselines import baseline_assignments
-from placer.catalog import Resolved, resolve
-from placer.costmodel import Calibration
-from placer.errors import Infeasible
-from placer.planfile import Plan
-from placer.planner import build_problem, plan_assignment, plan_job, sweep_job, with_nodes
-from placer.pricing import booked_per_hour, usd_per_hour
-from placer.spec import Job, SpecError, dump_job, job_from_dict
+from placer.base.errors import Infeasible, SpecError
+from placer.cost.efficiency import Calibration
+from placer.solve.baselines import baseline_assignments
+from placer.solve.planfile import Plan
+from placer.solve.planner import build_problem, plan_assignment, plan_job, sweep_job
+from placer.solve.pricing import booked_per_hour, usd_per_hour
+from placer.spec.catalog import Resolved, resolve, with_nodes
+from placer.spec.job import Job
+from placer.spec.load import dump_job, job_from_dict
 from simulator.api import check_size, simulate_plan
 from simulator.steady import simulate_steady, steady_state
 
@@ -162,7 +163,7 @@ def _row(plan: Plan, knob: str, value: Any, thr: float) -> dict[str, Any]:
 
 def baselines(job: Job, iterations: int | None = None, seed: int | None = None,
               time_limit_s: float = TIME_LIMIT_S) -> list[dict[str, Any]]:
-    """The ILP's plan and each baseline's (placer/baselines.py), all simulated."""
+    """The ILP's plan and each baseline's (placer/solve/baselines.py), all simulated."""
     res = resolve(job)
     rows = [evaluate(res, "planner", "ILP", iterations, seed, time_limit_s=time_limit_s)]
     problem = build_problem(res, Calibration())

@@ -5,7 +5,7 @@ Fits the cost model to an executed (or simulated) trace and writes a calibration
 
   events  the efficiency factors per device type that price each prefill, decode, generate,
           forward, train and transfer event, and the tool-latency distribution of the tool
-          events (method and equations: placer/fit.py);
+          events (method and equations: placer/calibrate/fit.py);
   stages  for an executed run, the factors no event shows (the sync round trip, a tool call's
           overhead, the rule reward, the train overhead), fitted so that the simulator's stage
           times match the run's (workflows/stagefit.py); `--events-only` skips it.
@@ -23,12 +23,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import SpecErrors, check_output
+from placer.calibrate.fit import MEASURED, FitResult, fit_trace, profile_doc
 from placer.cli import emit_json, note
-from placer.fileio import atomic_write_text
-from placer.fit import MEASURED, FitResult, fit_trace, profile_doc
-from placer.inputs import SpecErrors, check_output
-from placer.planfile import Plan, check_plan, load_plan
-from placer.spec import SpecError, validation_lines
+from placer.solve.planfile import Plan, check_plan, load_plan
+from placer.spec.errorlines import validation_lines
 from traces.schema import Trace, read_trace
 
 
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     provenance = {"trace": str(args.trace), "plan": plan_src,
                   "trace_source": trace.metadata.get("source", "unknown"),
                   "method": "weighted least squares on (cost model at factor 1, measured) pairs, "
-                            "relative residuals; see placer/fit.py"}
+                            "relative residuals; see placer/calibrate/fit.py"}
     doc = profile_doc(result, plan, provenance)
     staged = not args.events_only and executed_run(trace)
     if staged:

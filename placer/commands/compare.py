@@ -19,11 +19,11 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from placer.base.errors import SpecError
 from placer.cli import emit_json
 from placer.commands.plan import add_solver_arguments, load_inputs
 from placer.commands.simulate import add_steady_arguments, steady_targets
-from placer.planfile import Plan
-from placer.spec import SpecError
+from placer.solve.planfile import Plan
 
 if TYPE_CHECKING:
     from simulator.steady import SteadyState
@@ -65,9 +65,9 @@ def _same_placement(p: Plan) -> str:
 
 def placement(p: Plan) -> dict[str, str]:
     """Where each role sits: `POOLxN tpT ppP dpD [slot]`, with cp/ep/etp where above 1
-    (`placer.moves.dims`, the notation `placer explain` and `diff` print); a split role: each
+    (`placer.solve.moves.dims`, the notation `placer explain` and `diff` print); a split role: each
     part's `POOLxN tpT ppP dpD` joined by " + "."""
-    from placer.moves import dims
+    from placer.solve.moves import dims
 
     def one(x) -> str:
         if x.parts:
@@ -83,8 +83,8 @@ def _devices(placed: str) -> str:
 
 def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
     """The ILP's plan and every baseline's, all through `assemble`."""
-    from placer.baselines import baseline_assignments
-    from placer.planner import build_problem, plan_assignment, plan_job
+    from placer.solve.baselines import baseline_assignments
+    from placer.solve.planner import build_problem, plan_assignment, plan_job
 
     ilp = plan_job(res, calib, time_limit_s=args.time_limit, objective=args.objective,
                    workers=args.workers, seed=args.seed, calibration_doc=cdoc)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from placer.base.errors import SpecError
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
-from placer.inputs import check_output
-from placer.spec import SpecError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,12 +76,12 @@ def _is_job(path: str) -> bool:
 
 
 def _load(path: str):
-    from placer.planfile import load_plan
+    from placer.solve.planfile import load_plan
     if _is_job(path):
-        from placer.calibration import load_calibration
-        from placer.catalog import resolve
-        from placer.planner import plan_job
-        from placer.spec import load_job
+        from placer.cost.calibration import load_calibration
+        from placer.solve.planner import plan_job
+        from placer.spec.catalog import resolve
+        from placer.spec.load import load_job
         return plan_job(resolve(load_job(path), path), load_calibration(None))
     return load_plan(path)
 
@@ -95,7 +95,7 @@ def name_plan(trace, plan, plan_arg: str, trace_path: str) -> None:
     """Make the trace name its plan (metadata `plan_path`, relative to the trace's folder when
     it can be), saving the plan beside the trace when it was made from a job file, so that
     `placer calibrate TRACE` and `placer fidelity` need no --plan."""
-    from placer.planfile import save_plan
+    from placer.solve.planfile import save_plan
     if _is_job(plan_arg):
         where = plan_beside(trace_path)
         save_plan(plan, where)

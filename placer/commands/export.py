@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
-from placer.fileio import atomic_write_text
-from placer.inputs import check_output
-from placer.spec import SpecError
 
 FRAMEWORKS = ("verl", "openrlhf", "kuberay")
 NEEDS_DIR = ("verl", "kuberay")
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from placer.interop import EXPORTERS
     from placer.interop.kuberay import DEFAULT_IMAGE, export_kuberay
-    from placer.planfile import load_plan
+    from placer.solve.planfile import load_plan
 
     fw = args.framework
     if fw in NEEDS_DIR and not args.output and not args.json:

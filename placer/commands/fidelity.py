@@ -11,10 +11,10 @@ from __future__ import annotations
 # module to build `placer --help`, and a command pays only for what it runs.
 import argparse
 
-from placer.calibration import load_calibration
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
-from placer.inputs import check_output
-from placer.planfile import load_plan
+from placer.cost.calibration import load_calibration
+from placer.solve.planfile import load_plan
 from traces.schema import read_trace
 
 

@@ -4,8 +4,8 @@ Simulates a few steps of the plan (failures off) for its step-time distribution,
 failures per device type (Poisson, `--mtbf TYPE:HOURS` = one device's MTBF), restarts and
 checkpoints over the whole run with the exact renewal-reward formula and a seeded Monte Carlo
 (method: `simulator.longrun`). A checkpoint costs its size (the trained models' weights and
-optimizer state, `placer.hostmem.checkpoint_gb`) over the cluster's `storage_gbs`, after a sharded
-trainer gathers its optimizer state, plus a fixed overhead (`placer.hostmem.plan_checkpoint_s`),
+optimizer state, `placer.solve.hostmem.checkpoint_gb`) over the cluster's `storage_gbs`, after a sharded
+trainer gathers its optimizer state, plus a fixed overhead (`placer.solve.hostmem.plan_checkpoint_s`),
 unless `--checkpoint-cost` gives the seconds. Prints goodput and the expected time to finish at the chosen
 checkpoint interval, at the best interval, and at Young/Daly's sqrt(2 C MTBF).
 
@@ -22,9 +22,9 @@ import math
 from dataclasses import asdict
 from typing import Any
 
+from placer.base.errors import SpecError
 from placer.cli import emit_json, note
-from placer.planfile import load_plan
-from placer.spec import SpecError
+from placer.solve.planfile import load_plan
 
 # The Monte Carlo's work and memory are proportional to trials x steps; these bounds keep a run
 # within about a minute and a few hundred MB (72 h of the tiny example: 1.6M steps x 100 trials).
@@ -145,7 +145,7 @@ PRICED = "priced on the plan's layouts: gather, size / storage_gbs, overhead"
 def checkpoint_doc(plan) -> dict[str, float]:
     """The plan's checkpoint: size (GB), the storage bandwidth and the seconds it takes on the
     plan's layouts (`hostmem.plan_checkpoint_s`: sharded state gathered, written, overhead)."""
-    from placer.hostmem import checkpoint_gb, plan_checkpoint_s
+    from placer.solve.hostmem import checkpoint_gb, plan_checkpoint_s
 
     res = plan.resolved()
     return {"size_gb": round(checkpoint_gb(res), 3), "storage_gbs": res.job.cluster.storage_gbs,

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import yaml
 
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import check_output, read_text
 from placer.cli import emit_json, note
-from placer.fileio import atomic_write_text
-from placer.inputs import check_output, read_text
-from placer.spec import SpecError, job_from_dict
+from placer.spec.load import job_from_dict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
     job = job_from_dict(data, f"{source} (imported)")  # the job must be valid as written
     for n in notes:
         note(f"placer: assumed: {n}")
-    from placer.catalog import resolve
-    from placer.costmodel import Calibration
-    from placer.interop.current import current_assignment, unfit_roles
-    from placer.planner import build_problem
+    from placer.cost.efficiency import Calibration
+    from placer.solve.current import current_assignment, unfit_roles
+    from placer.solve.planner import build_problem
+    from placer.spec.catalog import resolve
     # the recorded placement is checked (and priced) now, as `placer compare` will
     assignment = current_assignment(build_problem(resolve(job), Calibration()))
     assert assignment is not None, "an imported job records its placement"

@@ -20,14 +20,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from placer.calibration import load_calibration
-from placer.catalog import resolve
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
-from placer.fileio import atomic_write_text
-from placer.inputs import check_output
-from placer.planfile import dumps
-from placer.render import render_frontier, render_plan
-from placer.spec import SpecError, load_job, read_structured
+from placer.cost.calibration import load_calibration
+from placer.solve.planfile import dumps
+from placer.solve.render import render_frontier, render_plan
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job, read_structured
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,7 +78,7 @@ def load_inputs(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from placer.planner import plan_job, sweep_job
+    from placer.solve.planner import plan_job, sweep_job
 
     check_output(args.output, "--output")  # before the solve, not after it
     check_plot(args)
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     out: Any = plan.model_dump(mode="json")
     text = None
     if args.explain:
-        from placer.explain import explain, render
+        from placer.solve.explain import explain, render
         ex = explain(plan, res, calib, time_limit_s=min(args.time_limit, 5.0))
         out, text = {"plan": out, "explain": ex}, render(ex)
     _write(args, plan.to_json())  # -o is always a plan that `simulate`/`execute` read
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(out)
         return 0
-    from placer.explain import releases
+    from placer.solve.explain import releases
     print(render_plan(plan, [r.line() for r in releases(plan, res, calib)]))
     if text:
         print(text)

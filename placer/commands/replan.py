@@ -18,13 +18,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from placer.base.errors import SpecError
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
 from placer.commands.plan import check_solver_arguments
-from placer.inputs import check_output
-from placer.moves import moves
-from placer.planfile import calibration_of, load_plan, save_plan
-from placer.render import render_plan
-from placer.spec import Job, SpecError, check_cluster_size
+from placer.solve.moves import moves
+from placer.solve.planfile import calibration_of, load_plan, save_plan
+from placer.solve.render import render_plan
+from placer.spec.hardware import check_cluster_size
+from placer.spec.job import Job
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,7 +75,8 @@ def new_node_counts(job: Job, lost: list[str], added: list[str]) -> dict[str, in
 
 
 def run(args: argparse.Namespace) -> int:
-    from placer.planner import plan_job, with_nodes
+    from placer.solve.planner import plan_job
+    from placer.spec.catalog import with_nodes
 
     if not args.lost and not args.added:
         raise SpecError("replan: give at least one --lost POOL:NODES or --added POOL:NODES")

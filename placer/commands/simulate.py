@@ -17,10 +17,11 @@ import argparse
 import sys
 from typing import Any
 
-from placer.calibration import load_calibration
+from placer.base.errors import SpecError
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
-from placer.inputs import check_output
-from placer.spec import SpecError, read_structured
+from placer.cost.calibration import load_calibration
+from placer.spec.load import read_structured
 
 POLICY_ITERATIONS = 1  # --compare-policies without --iterations (one run per policy)
 
@@ -83,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     calib = load_calibration(args.calibration) if args.calibration else None
     if args.compare_policies:
         return _compare(args, cfg, calib)
-    from placer.planfile import load_plan
     from placer.progress import count_callback, progress  # off under --json and into a pipe
+    from placer.solve.planfile import load_plan
 
     plan = load_plan(args.plan)
     # iterations of the (first) run: an adaptive run's longer re-run resets the bar's total

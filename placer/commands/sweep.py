@@ -24,10 +24,10 @@ import argparse
 import math
 from typing import Any
 
+from placer.base.errors import SpecError
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
 from placer.commands.plan import add_solver_arguments, check_solver_arguments
-from placer.inputs import check_output
-from placer.spec import SpecError
 
 MAX_ITERATIONS = 1000
 # The frontier ranks points by what their booking costs: a point with fewer nodes books less
@@ -52,8 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from placer.calibration import load_calibration
-    from placer.spec import load_job
+    from placer.cost.calibration import load_calibration
+    from placer.spec.load import load_job
     from workflows import whatif
 
     check_solver_arguments(args)

@@ -1,19 +1,19 @@
 """`placer validate JOB.yaml...`: check job files; show roles, memory floors, minimum devices and,
 for a training role whose smallest layouts need the optimizer offloaded, the host memory the
-fewest-device one puts on one node beside the node's RAM (`placer.hostmem.candidate_node`, the check
+fewest-device one puts on one node beside the node's RAM (`placer.solve.hostmem.candidate_node`, the check
 the planner makes before it refuses a candidate)."""
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from placer.calibration import load_calibration
-from placer.candidates import Candidate, memory_floor_gb, role_candidates
-from placer.catalog import Resolved, resolve
 from placer.cli import emit_json
-from placer.estimate import can_host
-from placer.hostmem import candidate_node
-from placer.spec import load_job
+from placer.cost.calibration import load_calibration
+from placer.cost.estimate import can_host
+from placer.solve.candidates import Candidate, memory_floor_gb, role_candidates
+from placer.solve.hostmem import candidate_node
+from placer.spec.catalog import Resolved, resolve
+from placer.spec.load import load_job
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

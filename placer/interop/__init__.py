@@ -15,7 +15,7 @@ from placer.interop.common import Export
 from placer.interop.kuberay import export_kuberay
 from placer.interop.openrlhf import export_openrlhf
 from placer.interop.verl import export_verl
-from placer.planfile import Plan
+from placer.solve.planfile import Plan
 
 EXPORTERS: dict[str, Callable[[Plan], Export]] = {
     "verl": export_verl,

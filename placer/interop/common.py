@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from placer.catalog import Resolved
-from placer.errors import SpecError
-from placer.planfile import Plan, RolePlacement
-from placer.spec import DeviceKind
+from placer.base.errors import SpecError
+from placer.solve.planfile import Plan, RolePlacement
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind
 
 _HF_REPO = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+) config\.json")
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from placer.catalog import shipped_models
-from placer.errors import SpecError
+from placer.base.errors import SpecError
 from placer.interop.common import catalog_name
+from placer.spec.catalog import shipped_models
 
 CPU_DEVICE = "cpu-node"
 VERL_ALGORITHMS = {"grpo": "grpo", "gae": "ppo", "rloo": "rloo"}
@@ -101,7 +101,7 @@ def verl_settings(text: str, source: str) -> dict[str, Any]:
                 key, _, value = tok.lstrip("+~").partition("=")
                 out[key] = _scalar(value)
         return out
-    from placer.inputs import load_yaml
+    from placer.base.inputs import load_yaml
     data = load_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a verl config mapping or a launch script")

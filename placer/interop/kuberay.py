@@ -1,7 +1,7 @@
 """A plan as a Kubernetes cluster: a KubeRay RayCluster, and a RayJob that runs `placer execute`.
 
 One worker group per pool, `nodes` replicas of one pod per node. Each pod's Ray node advertises
-what the plan's placement-group bundles ask for (`placer.mapping.device_resources` plus the
+what the plan's placement-group bundles ask for (`placer.solve.mapping.device_resources` plus the
 `pool_<name>` key; `executors.cluster.node_resources` is the same table for an embedded run):
   GPU pools  `num-gpus`, `nvidia.com/gpu` limits, a toleration for the NVIDIA taint and a node
              selector on the GPU's product label (NVIDIA GPU feature discovery) where the catalog
@@ -26,9 +26,9 @@ from typing import Any
 import yaml
 
 from placer.interop.common import Export
-from placer.mapping import device_resources
-from placer.planfile import Plan
-from placer.spec import DeviceKind, DeviceType, Pool
+from placer.solve.mapping import device_resources
+from placer.solve.planfile import Plan
+from placer.spec.hardware import DeviceKind, DeviceType, Pool
 
 RAY_VERSION = "2.52.0"  # the oldest Ray with token authentication (pyproject: ray>=2.52)
 DEFAULT_IMAGE = f"rayproject/ray:{RAY_VERSION}-py311-gpu"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shlex
 
+from placer.base.roles import Role
 from placer.interop.common import (
     Export,
     colocated,
@@ -31,9 +32,9 @@ from placer.interop.common import (
     refuse_split,
 )
 from placer.interop.verl import uses_megatron
-from placer.planfile import Plan
-from placer.roles import Role
-from placer.spec import Algorithm, DeviceKind
+from placer.solve.planfile import Plan
+from placer.spec.hardware import DeviceKind
+from placer.spec.sections import Algorithm
 
 ENTRYPOINT = "python3 -m openrlhf.cli.train_ppo_ray"
 ESTIMATOR = {Algorithm.grpo: "group_norm", Algorithm.ppo: "gae", Algorithm.rloo: "rloo"}

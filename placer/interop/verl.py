@@ -9,7 +9,7 @@ verl places roles in Ray *resource pools* counted in GPUs (`nnodes x n_gpus_per_
 Training layouts: FSDP (ZeRO-3 data parallel, `ppo_trainer`) when the actor has TP = PP = 1, else
 Megatron (`ppo_megatron_trainer`, TP and PP sizes). Rollout: vLLM with the plan's TP, its memory
 share as `gpu_memory_utilization` and the engine's `max_num_seqs` the plan was priced with (its
-calibration's admission cap: `placer.admission` admits by free KV up to that many sequences).
+calibration's admission cap: `placer.cost.admission` admits by free KV up to that many sequences).
 
 What verl cannot express is named in `Export.warnings`: LPU pools, a reference or critic outside
 the actor's pool, colocations other than the hybrid engine's, and device types (verl counts GPUs;
@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from placer.base.roles import Role
 from placer.interop.common import (
     Export,
     colocated,
@@ -38,9 +39,9 @@ from placer.interop.common import (
     refuse_hsdp,
     refuse_split,
 )
-from placer.planfile import Plan, calibration_of
-from placer.roles import Role
-from placer.spec import Algorithm, DeviceKind
+from placer.solve.planfile import Plan, calibration_of
+from placer.spec.hardware import DeviceKind
+from placer.spec.sections import Algorithm
 
 ADV_ESTIMATOR = {Algorithm.grpo: "grpo", Algorithm.ppo: "gae", Algorithm.rloo: "rloo"}
 ENTRYPOINT = "python3 -m verl.trainer.main_ppo"

@@ -1,0 +1,160 @@
+"""Continuous batching on one engine replica in closed form: the step arithmetic and KV budget.
+
+Shared by the planner's engine (`placer.cost.admission.engine`, run by `placer.cost.rollout_tail` and
+`placer.cost.toolqueue`) and the simulator's (`simulator.engine`, which drives the same loop), so
+the two agree exactly with variance off.
+
+Between two batch changes the batch B is fixed and its total KV context grows by B per step, so
+step i costs f(i) = decode_step_time(B, C0 + B i) = max(m0 + k C, floor): a run of steps is at most
+two arithmetic series, summed (and inverted, to stop at a tool call's return) in closed form from
+the cost model's (m0, k, floor) per batch size (`costmodel.decode_step_line`, kept per batch size
+in `StepTerms`). With identical sequences every wave starts and ends together and the result is
+`estimate.wave_time`'s lockstep waves exactly.
+
+`KvBudget` is what a replica admits: its KV-cache tokens (whole pages of `kv_block_tokens`) and
+`max_num_seqs` (`placer.cost.efficiency.Efficiency`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from placer.cost.efficiency import Efficiency
+from placer.cost.generation import (
+    decode_step_line,
+    decode_step_time,
+    kv_capacity_tokens,
+    prefill_line,
+)
+from placer.cost.sharding import Parallel, state_tokens
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import DeviceType
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """What one engine replica admits: `tokens` of KV cache (whole blocks) shared by every
+    sequence holding KV (running, or waiting on a tool call), at most `max_seqs` of them."""
+
+    tokens: int
+    max_seqs: int
+    block: int = 1  # KV page, tokens (`kv_block_tokens`)
+    seq: int = 0  # KV tokens' worth a sequence holds besides its context (a hybrid's GDN state)
+
+    def first_wave(self, prompt: int, count: int) -> int:
+        """Sequences of `count` identical ones (`prompt` tokens) an empty replica admits at once:
+        each needs its prompt, the token its first step writes and its state (`admission`)."""
+        return max(min(count, self.max_seqs, self.tokens // (max(prompt, 0) + 1 + self.seq)), 0)
+
+
+def kv_budget(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> KvBudget:
+    """The replica's KV capacity floored to whole `kv_block_tokens` pages, `max_num_seqs`, and
+    a sequence's recurrent state in KV tokens (`sharding.state_tokens`, rounded up)."""
+    block = max(int(eff.kv_block_tokens), 1)
+    pages = int(kv_capacity_tokens(m, dev, par, eff) // block)
+    return KvBudget(pages * block, max(int(eff.max_num_seqs), 1), block,
+                    math.ceil(state_tokens(m, dev, par, eff)))
+
+
+@dataclass
+class StepTerms:
+    """decode_step_time(B, C) of one replica as max(m0 + k C, flat), per batch size B."""
+
+    model: ModelArch
+    dev: DeviceType
+    par: Parallel  # one replica (dp = 1)
+    eff: Efficiency
+    terms: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    prefills: dict[float, tuple[float, float]] = field(default_factory=dict)
+    _kv: KvBudget | None = None
+
+    @property
+    def kv(self) -> KvBudget:
+        """The replica's admission budget (a function of the same model, device, layout, eff)."""
+        if self._kv is None:
+            self._kv = kv_budget(self.model, self.dev, self.par, self.eff)
+        return self._kv
+
+    def step(self, batch: int, context: float) -> float:
+        return decode_step_time(self.model, self.dev, self.par, batch, context, self.eff)
+
+    def of(self, batch: int) -> tuple[float, float, float]:
+        """(m0, k, flat) of a step of `batch` > 0 sequences (`costmodel.decode_step_line`)."""
+        terms = self.terms.get(batch)
+        if terms is None:
+            terms = self.terms[batch] = decode_step_line(self.model, self.dev, self.par, batch,
+                                                         self.eff)
+        return terms
+
+    def prefill(self, tokens: float, ctx: float) -> float:
+        """`costmodel.prefill_time` of `tokens` new tokens at mean context `ctx`, from its
+        line in ctx kept per token count (`costmodel.prefill_line`: the same prefill sizes
+        recur across replays and candidates, at ever different contexts)."""
+        line = self.prefills.get(tokens)
+        if line is None:
+            line = self.prefills[tokens] = prefill_line(self.model, self.dev, self.par, tokens,
+                                                        self.eff)
+        return line[0] + line[1] * ctx
+
+
+_SHARED: dict[tuple[int, int, Parallel, int], tuple[object, object, object, StepTerms]] = {}
+
+
+def step_terms(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> StepTerms:
+    """The replica's `StepTerms`, shared by every candidate with its layout (candidates differ
+    in dp; one replica's steps do not), so each batch size is probed once per plan."""
+    rep = replace(par, dp=1)  # the whole replica layout (EP, FP8, CUDA graphs), one replica
+    key = (id(m), id(dev), rep, id(eff))
+    hit = _SHARED.get(key)
+    if hit is not None and hit[0] is m and hit[1] is dev and hit[2] is eff:
+        return hit[3]
+    if len(_SHARED) > 256:
+        _SHARED.clear()
+    st = StepTerms(m, dev, rep, eff)
+    _SHARED[key] = (m, dev, eff, st)  # the objects too: their ids stay theirs while cached
+    return st
+
+
+class Run:
+    """Cumulative time T(k) of k decode steps of a fixed batch from total context c0."""
+
+    __slots__ = ("j", "f0", "a", "b")
+
+    def __init__(self, st: StepTerms, batch: int, c0: float, kmax: int) -> None:
+        m0, k, flat = st.of(batch)
+        u0, du = m0 + k * c0, k * batch
+        self.f0 = max(u0, flat)
+        if u0 >= flat:
+            self.j = 0
+        elif du <= 0:
+            self.j = kmax
+        else:
+            self.j = min(max(math.ceil((flat - u0) / du), 0), kmax)
+        self.a, self.b = u0 + du * self.j, du
+
+    def time(self, k: int) -> float:
+        if k <= self.j:
+            return k * self.f0
+        n = k - self.j
+        return self.j * self.f0 + n * self.a + self.b * n * (n - 1) / 2
+
+    def steps_to_reach(self, dt: float, kmax: int) -> int:
+        """Smallest k in [1, kmax] with time(k) >= dt."""
+        if dt <= 0:
+            return 1
+        if self.time(kmax) <= dt:
+            return kmax
+        if dt <= self.j * self.f0:
+            k = math.ceil(dt / self.f0)
+        elif self.b <= 0:
+            k = self.j + math.ceil((dt - self.j * self.f0) / self.a)
+        else:  # n a + b n (n - 1) / 2 = rest
+            q = self.a - self.b / 2
+            k = self.j + math.ceil((-q + math.sqrt(q * q + 2 * self.b * (dt - self.j * self.f0)))
+                                   / self.b)
+        k = min(max(k, 1), kmax)
+        while k > 1 and self.time(k - 1) >= dt:  # float guard: make k the smallest
+            k -= 1
+        while k < kmax and self.time(k) < dt:
+            k += 1
+        return k

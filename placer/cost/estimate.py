@@ -1,0 +1,414 @@
+"""Per-role estimates: what one role's work in one iteration costs on a pool and parallel config.
+
+This is the bridge from a job (batch, lengths, turns) to the cost model's primitives. The planner
+turns these estimates into its cost table; the simulator replays the same work sample by sample,
+so with every source of variance off both agree.
+
+Roles and the work they do each iteration (n samples, mean context s tokens):
+  rollout      generate n samples, `turns` turns each, on dp engine replicas (continuous batching,
+               concurrency capped by KV memory), sequences holding their slot through tool calls.
+               With the job's length and latency distributions: the expected makespan of the
+               replica holding the longest sample, its tail at shrinking batch, over-provisioning
+               and partial rollouts as the simulator runs them (`placer.cost.rollout_tail`). With every
+               distribution fixed: lockstep waves of mean sequences (`wave_time`), to which that
+               model reduces; over-provisioned (ceil(n (1 + f)) generated) the stage ends at the
+               wave in which the n-th finishes (`RolloutShape.waves_used`). Partial rollouts and
+               re-issue then change nothing: their settings may not cut the mean sample
+               (`spec.check_tail_policy`).
+  environment  (turns - 1) rounds of n tool calls on CPU cores
+  reference    forward over n*s tokens (KL log-probs)
+  reward       forward over n*s tokens (model) or a rule/verifier per sample on CPU cores
+  critic       forward (values) + training over n*s tokens (PPO)
+  actor        forward (old log-probs) + training over n*s tokens in `mini_batches` steps
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from placer.base.roles import TRAINING_ROLES, Role
+from placer.cost.batching import step_terms
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.generation import (
+    decode_run_time,
+    forward_time,
+    lpu_chips,
+    max_concurrency,
+    prefill_time,
+)
+from placer.cost.layercomm import weight_gather_time
+from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
+from placer.cost.rollout_tail import (
+    Replicas,
+    fits_lockstep,
+    identical_span,
+    makespan,
+    steady_concurrency,
+)
+from placer.cost.roofline import Memory, infer_memory, kv_bytes_per_token, kv_split, weight_tensors
+from placer.cost.rulecheck import rule_reward_time
+from placer.cost.sharding import Parallel, linear_state_bytes
+from placer.cost.tail_samples import has_variance, quantile, varies
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved
+from placer.spec.distributions import Distribution
+from placer.spec.hardware import DeviceKind, DeviceType, Pool
+
+# Which kinds of device may host a role (training needs can_train as well).
+HOSTS: dict[str, tuple[DeviceKind, ...]] = {
+    Role.ACTOR: (DeviceKind.gpu,),
+    Role.CRITIC: (DeviceKind.gpu,),
+    Role.ROLLOUT: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    Role.REFERENCE: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    Role.REWARD: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
+    Role.ENVIRONMENT: (DeviceKind.cpu,),
+}
+TRUNCATION_GRID = 4096  # quantiles (or draws) behind the trained samples' mean length
+RULE_REWARD_S = Efficiency().rule_reward_s  # default CPU seconds per rule-checked sample
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Time (s) of a role's work per iteration, split by stage, and its memory per device (GB)."""
+
+    role: str
+    pool: str
+    par: Parallel
+    memory: Memory
+    stage_s: dict[str, float]
+    feasible: bool = True
+    reason: str = ""
+    concurrency: int = 0  # rollout: sequences per replica at once
+    # A role split over pools (`placer.cost.split`): each part's own estimate and samples; the
+    # whole's `pool` names the parts' pools joined by "+", `par` is the first part's layout.
+    parts: tuple[Part, ...] = ()
+
+    @property
+    def time_s(self) -> float:
+        return sum(self.stage_s.values())
+
+    @property
+    def devices(self) -> int:
+        return sum(p.est.devices for p in self.parts) if self.parts else self.par.devices
+
+    def pool_devices(self) -> dict[str, int]:
+        """Devices held on each pool: one pool, or every part's."""
+        if not self.parts:
+            return {self.pool: self.devices}
+        out: dict[str, int] = {}
+        for p in self.parts:
+            out[p.est.pool] = out.get(p.est.pool, 0) + p.est.devices
+        return out
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a split role: its estimate for its `samples` of the batch's kept samples."""
+
+    est: Estimate
+    samples: int
+
+
+def can_host(res: Resolved, role: str, pool: Pool) -> bool:
+    dev = res.device_of(pool)
+    if dev.kind not in HOSTS[role]:
+        return False
+    if role in TRAINING_ROLES and not dev.can_train:
+        return False
+    if role == Role.REWARD and res.model_of(Role.REWARD) is None:
+        return dev.kind is DeviceKind.cpu  # a rule reward is CPU work
+    return True
+
+
+def mean_context(res: Resolved) -> float:
+    """Mean tokens of one finished sample: prompt, every turn's response and tool outputs."""
+    j = res.job
+    env = j.environment
+    return (j.lengths.prompt.mean_value() + env.turns * j.lengths.response.mean_value()
+            + (env.turns - 1) * env.tool_output_tokens)
+
+
+def estimate(res: Resolved, role: str, pool: Pool, par: Parallel, calib: Calibration,
+             env_cores: int | None = None) -> Estimate:
+    """Estimate one role on `pool` with `par`; `env_cores` prices tool calls inside the rollout."""
+    dev = res.device_of(pool)
+    eff = calib.for_device(dev)
+    fns: dict[str, Callable[..., Estimate]] = {
+        Role.ROLLOUT: _rollout, Role.ENVIRONMENT: _environment, Role.ACTOR: _train,
+        Role.CRITIC: _train, Role.REFERENCE: _forward, Role.REWARD: _reward}
+    fn = fns[role]
+    est = fn(res, role, pool, dev, par, eff, env_cores)
+    if est.feasible and est.memory.total > dev.memory_gb:
+        mem = est.memory
+        parts = ", ".join(f"{k} {getattr(mem, k):.1f}" for k in
+                          ("weights", "grads", "optimizer", "activations", "kv_cache", "overhead")
+                          if getattr(mem, k) > 0)
+        return _infeasible(est, f"needs {mem.total:.1f} GB per device ({parts}), "
+                                f"{dev.name} has {dev.memory_gb:g} GB")
+    return est
+
+
+def _lpu_short(m, dev: DeviceType, chips: int, par: Parallel) -> str:
+    return (f"{m.name} needs {chips} {dev.name} chips to hold {m.params() * 2 / 1e9:.1f} GB of "
+            f"weights plus KV reserve in {dev.memory_gb:g} GB of SRAM each, got {par.devices}")
+
+
+def _infeasible(est: Estimate, reason: str) -> Estimate:
+    return Estimate(est.role, est.pool, est.par, est.memory, est.stage_s, False, reason,
+                    est.concurrency)
+
+
+def _tokens(res: Resolved) -> tuple[float, float]:
+    s = trained_context(res)
+    return res.job.batch.samples * s, s
+
+
+def trained_context(res: Resolved) -> float:
+    """Mean tokens of one sample that the step scores and trains. Over-provisioned, the step
+    keeps the first n of the ceil(n (1 + f)) generated to finish, and with continuous batching
+    those are close to the n shortest: responses are then the mean below the n / generated
+    quantile of a sample's total response (the sum of its turns), not the distribution's mean
+    (the simulator trains exactly the committed samples; pricing full means put trained stages
+    20-45% high with lognormal responses)."""
+    j = res.job
+    full = mean_context(res)
+    gen = generated_samples(j)
+    if j.tail_policy.kind != "overprovision" or gen <= j.batch.samples or not varies(
+            j.lengths.response):
+        return full
+    return full - _shortest_cut(j.lengths.response, j.environment.turns,
+                                j.batch.samples / gen, j.seed)
+
+
+@lru_cache(maxsize=64)
+def _shortest_cut(resp: Distribution, turns: int, keep: float, seed: int) -> float:
+    """Mean total response of all samples minus that of the `keep` fraction with the shortest
+    totals (a pure function of its arguments, so cached across a plan's candidates)."""
+    if turns == 1:  # the exact truncated mean, on a fine grid of quantiles
+        totals = quantile(resp, (np.arange(TRUNCATION_GRID) + 0.5) / TRUNCATION_GRID)
+    else:  # a sum of turns: draws from the job's seed
+        u = np.random.default_rng(seed).random(TRUNCATION_GRID * turns)
+        totals = np.sort(quantile(resp, u).reshape(TRUNCATION_GRID, turns).sum(axis=1))
+    shortest = totals[:max(int(keep * TRUNCATION_GRID), 1)]
+    return float(np.mean(totals) - np.mean(shortest))
+
+
+def _train(res, role, pool, dev, par, eff, _env) -> Estimate:
+    m = res.model_of(role)
+    tokens, seq = _tokens(res)
+    mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
+    ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
+    fwd = score_time(m, dev, par, tokens, seq, eff) + ship
+    train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
+    train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
+    return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
+
+
+def _weight_tensors(m: ModelArch) -> int:
+    """`timing.weight_tensors` (imported here: placer.cost.timing imports this module)."""
+    from placer.cost.roofline import weight_tensors
+    return weight_tensors(m)
+
+
+def pass_dispatch(res: Resolved, eff: Efficiency) -> float:
+    """Seconds the driver spends shipping one trainer or forward pass's batch: every trained
+    sample padded to the job's longest context (`costmodel.dispatch_time`)."""
+    return dispatch_time(res.job.batch.samples, res.job.max_context, eff)
+
+
+def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
+    m = res.model_of(role)
+    tokens, seq = _tokens(res)
+    if dev.kind is DeviceKind.lpu:
+        chips = lpu_chips(m, dev, eff)
+        if par.devices < chips:
+            return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
+                               _lpu_short(m, dev, chips, par))
+        mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
+        return Estimate(role, pool.name, par, mem,
+                        {"score": forward_time(m, dev, par, tokens, seq, eff)
+                         + pass_dispatch(res, eff)})
+    mem = infer_memory(m, par, dev, eff)
+    mem = Memory(weights=mem.weights, overhead=mem.overhead,
+                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9)
+    return Estimate(role, pool.name, par, mem,
+                    {"score": score_time(m, dev, par, tokens, seq, eff)
+                     + pass_dispatch(res, eff)})
+
+
+def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
+    if res.model_of(Role.REWARD) is not None:
+        return _forward(res, role, pool, dev, par, eff, env)
+    # by its kind of check (`placer.cost.rulecheck`): one verify sandbox per CPU device
+    t = rule_reward_time(res.job, res.job.batch.samples, par.devices, par.devices * dev.cores,
+                         eff)
+    return Estimate(role, pool.name, par, Memory(), {"score": t})
+
+
+def _environment(res, role, pool, dev, par, eff, _env) -> Estimate:
+    env = res.job.environment
+    cores = par.devices * dev.cores
+    lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
+    every = tool_waves(generated_samples(res.job), env.cpu_per_call, cores)
+    # Calls queue first come, first served. Over-provisioned, the stage ends once n samples are
+    # done: every generated sample's calls run in the rounds before the last, but of the last
+    # round's only the first n (the rest are aborted); without it n is every sample.
+    last = tool_waves(res.job.batch.samples, env.cpu_per_call, cores)
+    rounds = env.turns - 1
+    t = (max(rounds - 1, 0) * every + last) * lat if rounds else 0.0
+    return Estimate(role, pool.name, par, Memory(), {"rollout": t})
+
+
+def generated_samples(job) -> int:
+    """Samples the rollout generates per iteration: the batch, plus the over-provisioned extra
+    (`tail_policy: overprovision` generates ceil(n (1 + fraction)) and keeps the first n)."""
+    n, tp = job.batch.samples, job.tail_policy
+    return math.ceil(n * (1 + tp.fraction)) if tp.kind == "overprovision" else n
+
+
+@dataclass(frozen=True)
+class RolloutShape:
+    """How samples flow through one engine replica. `concurrency`: the sequences an empty
+    replica admits at once (KV for their mean prompts, `max_num_seqs`, `batching.KvBudget`);
+    with variance off, the size of its lockstep waves while their KV fits to the end
+    (`rollout_tail.fits_lockstep`)."""
+
+    replicas: int
+    per_replica: int
+    concurrency: int
+    waves: int
+    generated: int = 0  # samples generated over all replicas (0: not given, = kept)
+    kept: int = 0  # samples the step waits for
+    steady: int = 0  # sequences at once in steady state (`rollout_tail.steady_concurrency`)
+
+    def waves_used(self) -> tuple[int, int]:
+        """(full waves, size of the last partial wave or 0) the busiest replica runs before the
+        `kept` samples are done, every source of variance off (all of a wave ends together).
+
+        Samples go round-robin, so replicas hold per_replica or per_replica - 1 of them; without
+        over-provisioning every wave is needed, as before."""
+        c, per = self.concurrency, self.per_replica
+        full, rest = divmod(per, c) if c > 0 else (0, 0)
+        if not self.overprovisioned:
+            return full, rest
+        lo, hi = 1, self.waves  # smallest w with done(w) >= kept
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if self._done(mid) < self.kept else (lo, mid)
+        return (lo, 0) if lo <= full else (full, rest)
+
+    @property
+    def overprovisioned(self) -> bool:
+        return self.generated > self.kept > 0 and self.concurrency > 0
+
+    def _done(self, w: int) -> int:
+        """Samples finished over all replicas after w waves (no variance)."""
+        c, per = self.concurrency, self.per_replica
+        big = self.generated - (per - 1) * self.replicas  # replicas holding `per` samples
+        return big * min(w * c, per) + (self.replicas - big) * min(w * c, per - 1)
+
+
+def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency) -> RolloutShape:
+    m = res.arch_of(Role.ROLLOUT)
+    replicas = (par.dp if dev.kind is not DeviceKind.lpu
+                else max(par.devices // lpu_chips(m, dev, eff), 1))
+    gen = generated_samples(res.job)
+    per = math.ceil(gen / replicas)
+    conc = steady = 0  # an engine that cannot hold one longest sequence runs none (infeasible)
+    if max_concurrency(m, dev, par, res.job.max_context, eff) >= 1:
+        prompt = max(int(round(res.job.lengths.prompt.mean_value())), 1)
+        kv = step_terms(m, dev, par, eff).kv
+        conc = kv.first_wave(prompt, per)
+        steady = steady_concurrency(res.job, kv, conc)
+    return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0, gen,
+                        res.job.batch.samples, steady)
+
+
+def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, batch: int,
+              env_cores: int | None) -> tuple[float, float]:
+    """(generation seconds, tool seconds) of one lockstep wave of `batch` sequences.
+
+    Turn k: prefill the new tokens (prompt, or the previous tool output) at the grown context,
+    decode `response` tokens; between turns every sequence waits on its tool call.
+    """
+    j, m = res.job, res.arch_of(Role.ROLLOUT)
+    env = j.environment
+    p, r, o = (j.lengths.prompt.mean_value(), j.lengths.response.mean_value(),
+               env.tool_output_tokens)
+    gen = tools = 0.0
+    ctx = 0.0
+    for turn in range(env.turns):
+        new = p if turn == 0 else o
+        if new > 0:
+            gen += prefill_time(m, dev, par, batch * new, ctx + new, eff)
+        ctx += new
+        gen += decode_run_time(m, dev, par, batch, ctx, int(round(r)), eff)
+        ctx += r
+        if turn < env.turns - 1 and env_cores:
+            lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
+            tools += tool_waves(batch, env.cpu_per_call, env_cores) * lat
+    return gen, tools
+
+
+def _waves(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency,
+           shape: RolloutShape) -> float:
+    """Lockstep waves of mean-length sequences (every source of variance off): generation, and
+    the tool waits of a wave's sequences when the CPU pool serves them all at once (their
+    queueing for cores is `timing.rollout_tool_time`'s pair term)."""
+    full, rest = shape.waves_used()
+    gen = 0.0
+    for batch, count in ((shape.concurrency, full), (rest, 1 if rest else 0)):
+        if count:
+            g, _ = wave_time(res, dev, par, eff, batch, None)
+            gen += count * g
+    env = res.job.environment
+    if env.kind != "none" and env.turns > 1:
+        lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
+        gen += (env.turns - 1) * (full + (1 if rest else 0)) * lat
+    return gen
+
+
+def _state_note(m, eff: Efficiency) -> str:
+    """' + X GB of linear-attention state' for a hybrid model (its per-sequence GDN state)."""
+    state = linear_state_bytes(m, eff)
+    return f" + {state / 1e9:.2f} GB of linear-attention state" if state > 0 else ""
+
+
+def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
+    m = res.arch_of(Role.ROLLOUT)
+    if dev.kind is DeviceKind.lpu:
+        chips = lpu_chips(m, dev, eff)
+        if par.devices < chips:
+            return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
+                               _lpu_short(m, dev, chips, par))
+        mem = Memory(weights=m.params() * 2 / chips / 1e9)
+    else:
+        mem = infer_memory(m, par, dev, eff)
+    shape = rollout_shape(res, dev, par, eff)
+    if shape.concurrency < 1:
+        ctx = res.job.max_context
+        free = max(dev.memory_gb * eff.kv_mem_fraction - mem.total, 0.0)
+        split = kv_split(m, par)  # devices holding distinct KV (a latent is not split by TP)
+        return _infeasible(Estimate(role, pool.name, par, mem, {}),
+                           f"one {ctx}-token sequence needs {ctx * kv_bytes_per_token(m) / 1e9:.2f}"
+                           f" GB of KV cache{_state_note(m, eff)} per replica, "
+                           f"{free * split:.2f} GB is left on "
+                           f"{split} x {dev.name} after {mem.total:.1f} GB of weights and "
+                           "engine per device")
+    if has_variance(res.job):  # the tail: continuous batching of drawn lengths
+        gen = makespan(res.job, m, dev, par, eff, Replicas(
+            shape.replicas, shape.per_replica, shape.steady, shape.generated, shape.kept))
+    else:
+        st = step_terms(m, dev, par, eff)
+        gen = (_waves(res, dev, par, eff, shape) if fits_lockstep(res.job, st.kv, shape.concurrency)
+               else identical_span(res.job, st, Replicas(shape.replicas, shape.per_replica,
+                                                         shape.steady, shape.generated,
+                                                         shape.kept), eff.tool_overhead_s))
+    kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
+    return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
+                                                 kv_cache=max(kv - mem.total, 0.0)),
+                    {"rollout": gen}, concurrency=shape.concurrency)

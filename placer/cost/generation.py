@@ -1,0 +1,253 @@
+"""Generation: the time and room of a rollout engine's steps, one replica of a layout at a time.
+
+An inference engine (vLLM, SGLang; an LPU's chip pipeline) runs a rollout as a sequence of steps:
+a prefill step over the new tokens of the sequences it admits (`prefill_time`, a forward pass,
+`forward_time`), then decode steps that each add one token to every running sequence
+(`decode_step_time`). A decode step reads the weights once for the whole batch and every
+sequence's KV cache, and multiplies the batch's tokens by the weights: its time is the larger of
+a memory line (weights + KV bytes, growing with the batch's total context) and a compute floor
+(the batch's FLOPs), plus fixed terms (collectives, stage sends, host overhead). The KV cache's
+room (`kv_capacity_tokens`) bounds the sequences an engine holds at once (`max_concurrency`;
+admission by the KV in use is `placer.cost.admission`). `placer.cost.batching` keeps the per-batch lines
+here (`decode_step_line`, `prefill_line`) from which the planner's replica replay
+(`placer.cost.rollout_tail`) and the simulator's engine (`simulator.engine`) price their steps.
+
+Notation as in `placer.cost.model` (which re-exports every name here); `placer.cost.roofline` holds
+the sizes (weight, KV bytes) and GEMM efficiency these formulas use.
+
+  decode step      max(R(batch)*b / tp / (bw * e) + KV bytes * context / (TP KV split) /
+                       (bw * e), 2*P_mm*batch / tp / (peak * decode_flops_eff))
+                   + TP comm + stage sends + step overhead (PP stages run in turn: /tp, not
+                   /n); memory-bound at small batch (Pope et al. 2022; the roofline view of
+                   decoding). e = `decode_bw_eff`(batch, tp) = decode_bw_eff *
+                   batch / (batch + decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp);
+                   TP comm = 2 * L all-reduce calls of batch*h*b bytes, each at least its
+                   latency (`decode_tp_comm`); step overhead = step_overhead_s +
+                   step_overhead_per_seq_s * batch (`step_overhead`), + eager_layer_s * L
+                   for an engine without CUDA graphs (`eager_overhead`). R(batch) =
+                   `ModelArch.decode_read_params`: P_mm with the k routed experts of each MoE
+                   layer replaced by the E * (1 - (1 - k/E)^batch) distinct experts a batch is
+                   expected to hit under balanced routing (<= min(E, batch*k)); = P_mm dense.
+                   A hybrid reads and writes each sequence's GDN state once per step: + 2 *
+                   state bytes * batch / min(tp, key_heads) in the memory term (a per-batch
+                   constant, so the step keeps its shape max(m0 + k C, floor)), and its state
+                   FLOPs join the FLOP term. The routed experts' bytes stream at e *
+                   `expert_read_eff` = e * w / (w +
+                   expert_read_half_width), w = expert_mlp / expert TP columns per rank
+                   (fused-MoE kernels run one small GEMM per expert hit)
+  continuous batch admission by the KV in use (`placer.cost.admission`, vLLM v1's scheduler): a
+                   waiting sequence enters while free KV covers its new tokens (+ a hybrid's
+                   GDN state in KV tokens, `state_tokens`) and fewer than `max_num_seqs` run;
+                   when the batch's KV outgrows the capacity the newest are preempted and
+                   recomputed. KV capacity = (memory * kv_mem_fraction - weights - engine) *
+                   pp * KV split / KV bytes per token (vLLM's gpu_memory_utilization, Kwon et
+                   al. 2023), in whole `kv_block_tokens` pages. An engine must hold one longest
+                   context (+ state): floor(capacity / that) >= 1 (`max_concurrency`)
+  LPU              weights live in SRAM: chips = ceil(P*b * (1 + lpu_kv_reserve) / SRAM) (230
+                   MB per GroqChip); KV room = chips * SRAM * reserve / (1 + reserve);
+                   decode step = lpu_step_s + chips * lpu_hop_s + (batch-1) * one chip's stage
+                   time (max of its weight reads and FLOPs); the two constants are fitted so that
+                   batch-1 decoding reproduces Groq's public ~300 tokens/s per user on
+                   Llama-2-70B and ~750 on Llama-2-7B (a stage reads R(1)*b / chips and
+                   computes 2*P_mm / chips); forward = 2*P_mm per token over the chips'
+                   FLOP/s * mfu_prefill, replicas = devices // chips, + chips * lpu_hop_s
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from placer.cost.efficiency import Efficiency
+from placer.cost.layercomm import decode_comm, layer_comm, pp_send
+from placer.cost.roofline import (
+    BYTES,
+    GB,
+    attention_flops_per_token,
+    decode_read_bytes,
+    gemm_eff,
+    gemm_peak_tflops,
+    infer_memory,
+    kv_bytes_per_token,
+    kv_split,
+    pass_compute,
+    weight_bytes,
+)
+from placer.cost.sharding import Parallel, linear_state_bytes, state_split, state_tokens
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import DeviceKind, DeviceType
+
+
+def lpu_chips(m: ModelArch, dev: DeviceType, eff: Efficiency) -> int:
+    """LPU chips one replica needs: the weights (plus a KV reserve) must sit in SRAM."""
+    return math.ceil(weight_bytes(m) * (1 + eff.lpu_kv_reserve) / (dev.memory_gb * GB))
+
+
+def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
+                 eff: Efficiency) -> float:
+    """A prefill-like forward pass over `tokens` tokens, spread over dp replicas."""
+    if dev.kind is DeviceKind.lpu:
+        chips = lpu_chips(m, dev, eff)
+        per_token = 2 * m.matmul_params() / (chips * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
+        replicas = max(par.devices // chips, 1)
+        return tokens * per_token / replicas + chips * eff.lpu_hop_s
+    compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff)
+    return compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
+
+
+def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """KV-cache tokens one replica can hold."""
+    if dev.kind is DeviceKind.lpu:
+        return lpu_chips(m, dev, eff) * dev.memory_gb * GB * eff.lpu_kv_reserve / (
+            1 + eff.lpu_kv_reserve) / kv_bytes_per_token(m)
+    free = (dev.memory_gb * eff.kv_mem_fraction - infer_memory(m, par, dev, eff).total)
+    return max(free, 0.0) * GB * kv_split(m, par) / (kv_bytes_per_token(m) * par.kv_scale)
+
+
+def max_concurrency(m: ModelArch, dev: DeviceType, par: Parallel, max_context: int,
+                    eff: Efficiency) -> int:
+    """Sequences one engine replica could hold if each reserved KV for its longest context,
+    plus a hybrid model's GDN state (`state_tokens`): < 1, the engine cannot run the job
+    (infeasible). Engines admit by the KV in use instead (`placer.cost.admission`)."""
+    per_seq = max(max_context, 1) + state_tokens(m, dev, par, eff)
+    return int(kv_capacity_tokens(m, dev, par, eff) // per_seq)
+
+
+def prefill_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, ctx: float,
+                 eff: Efficiency) -> float:
+    """One prefill of `tokens` new tokens on one replica (context `ctx` for attention)."""
+    rep = par if par.dp == 1 else replace(par, dp=1)
+    return forward_time(m, dev, rep, tokens, ctx, eff)
+
+
+def prefill_line(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
+                 eff: Efficiency) -> tuple[float, float]:
+    """(base, per_ctx) of a prefill of `tokens` new tokens on one replica: prefill_time(tokens,
+    ctx) = base + per_ctx * ctx. Only the attention FLOPs depend on the context, linearly
+    (`attention_flops_per_token`), at the GEMM efficiency of the pass's tokens (`pass_compute`,
+    2 passes); an LPU's forward does not depend on it. `batching.StepTerms` keeps this per
+    token count, so an engine replay prices each prefill size once."""
+    rep = par if par.dp == 1 else replace(par, dp=1)
+    base = forward_time(m, dev, rep, tokens, 0.0, eff)
+    if dev.kind is DeviceKind.lpu:
+        return base, 0.0
+    per_ctx_token = attention_flops_per_token(m, 1.0) - attention_flops_per_token(m, 0.0)
+    peak = rep.devices * gemm_peak_tflops(dev, rep) * 1e12
+    return base, per_ctx_token * tokens / (peak * gemm_eff(eff.mfu_prefill, tokens / rep.cp,
+                                                          dev, eff))
+
+
+def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
+                  eff: Efficiency) -> tuple[float, float, float, float]:
+    """A GPU/CPU decode step as max(a + k * context_tokens, c) + d: (a, k, c, d) in seconds.
+
+    a: read the weights the step uses (`decode_read_bytes`) over the tp ranks of a stage, and
+    a hybrid's GDN state of each sequence read and written (`linear_state_bytes`); k:
+    read one KV token (its TP share, `ModelArch.kv_tp_shards`); c: the batch's matmul FLOPs (2 *
+    `matmul_params` per sequence) over tp ranks; d: the step's collectives (`decode_comm`), the
+    stage-to-stage sends (`pp_send`) and the engine's per-step overhead. Pipeline stages do not
+    shorten a step: a token passes every stage in turn (or, with pp micro-batches in flight,
+    every stage reads its weights once per micro-batch), so a step of the whole batch reads
+    all the weights and KV at one stage's bandwidth; PP buys memory (KV room), not speed.
+    """
+    n = par.tp
+    bw = dev.mem_bw_gbs * GB
+    rate = bw * decode_bw_eff(batch, par.tp, eff)
+    # routed experts read at the efficiency of their own split: whole experts per rank under EP
+    routed = (m.decode_read_params(batch) - m.decode_read_params(0)) * BYTES
+    a = ((decode_read_bytes(m, batch) - routed) / n / rate
+         + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff)
+                         * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
+    # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
+    a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
+    k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.tp) / rate
+    c = ((2 * m.matmul_params() + m.linear_flops_per_token()) * batch / n
+         / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
+    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff)
+         + step_overhead(batch, eff) + eager_overhead(m, par, eff))
+    return a, k, c, d
+
+
+def decode_bw_eff(batch: int, tp: int, eff: Efficiency) -> float:
+    """Achieved fraction of HBM bandwidth of a decode step: decode_bw_eff * batch / (batch +
+    decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp) (see the `Efficiency` fields)."""
+    b = max(batch, 1)
+    return (eff.decode_bw_eff * b / (b + eff.decode_bw_half_batch)
+            / (1 + eff.decode_tp_bw_loss * math.log2(max(tp, 1))))
+
+
+def expert_read_eff(m: ModelArch, expert_tp: int, eff: Efficiency) -> float:
+    """Fraction of the dense decode bandwidth at which a step reads its routed experts: w / (w +
+    expert_read_half_width), w = expert_mlp / expert_tp (the columns of one expert's slice on a
+    rank; fused-MoE kernels run one small GEMM per expert hit). 1 for a dense model."""
+    if not m.moe or not m.expert_mlp:
+        return 1.0
+    w = m.expert_mlp / max(expert_tp, 1)
+    return w / (w + eff.expert_read_half_width)
+
+
+def step_overhead(batch: int, eff: Efficiency) -> float:
+    """Host time of one engine step of `batch` sequences: step_overhead_s +
+    step_overhead_per_seq_s * batch."""
+    return eff.step_overhead_s + eff.step_overhead_per_seq_s * max(batch, 0)
+
+
+def eager_overhead(m: ModelArch, par: Parallel, eff: Efficiency) -> float:
+    """Host time an eager engine (no CUDA graphs) adds to one decode step: eager_layer_s per
+    layer (a token passes every layer, whatever the TP or PP split). 0 with CUDA graphs."""
+    return 0.0 if par.cuda_graphs else eff.eager_layer_s * m.layers
+
+
+def _lpu_decode_step(m: ModelArch, dev: DeviceType, batch: int, eff: Efficiency) -> float:
+    """A token walks the chip pipeline; each further sequence adds one chip's stage time."""
+    chips = lpu_chips(m, dev, eff)
+    stage = max(decode_read_bytes(m, 1) / chips / (dev.mem_bw_gbs * GB * eff.decode_bw_eff),
+                2 * m.matmul_params() / chips / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff))
+    return eff.lpu_step_s + chips * eff.lpu_hop_s + (batch - 1) * stage
+
+
+def decode_step_line(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
+                     eff: Efficiency) -> tuple[float, float, float]:
+    """(m0, k, floor) of a decode step of `batch` (> 0) sequences: its time at C KV tokens in
+    total is max(m0 + k * C, floor) (`_decode_terms` with the fixed term d folded in; an LPU's
+    step does not depend on C). `batching.Run` sums runs of steps from these three numbers."""
+    if dev.kind is DeviceKind.lpu:
+        t = _lpu_decode_step(m, dev, batch, eff)
+        return t, 0.0, t
+    a, k, c, d = _decode_terms(m, dev, par, batch, eff)
+    return a + d, k, c + d
+
+
+def decode_step_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
+                     context_tokens: float, eff: Efficiency) -> float:
+    """One decode step of `batch` sequences holding `context_tokens` KV tokens in total."""
+    if batch <= 0:
+        return 0.0
+    m0, k, floor = decode_step_line(m, dev, par, batch, eff)
+    return max(m0 + k * context_tokens, floor)
+
+
+def decode_run_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int, ctx0: float,
+                    steps: int, eff: Efficiency) -> float:
+    """`steps` decode steps of a lockstep batch whose per-sequence context starts at `ctx0`.
+
+    Exactly the sum of `decode_step_time` over steps i = 0..steps-1 (context batch*(ctx0+i)),
+    in closed form: compute-bound steps while the memory term is below the FLOP term, then an
+    arithmetic series of memory-bound steps.
+    """
+    if steps <= 0 or batch <= 0:
+        return 0.0
+    if dev.kind is DeviceKind.lpu:
+        return steps * _lpu_decode_step(m, dev, batch, eff)
+    a, k, c, d = _decode_terms(m, dev, par, batch, eff)
+    u0, du = a + k * batch * ctx0, k * batch  # memory term of step 0 and its growth per step
+    # steps 0..j-1 are compute-bound (u0 + du*i < c), steps j..steps-1 memory-bound
+    if u0 >= c:
+        j = 0
+    elif du * steps <= c - u0:  # (also du == 0) still compute-bound at the last step
+        j = steps
+    else:
+        j = math.ceil((c - u0) / du)
+    mem_steps = steps - j
+    mem = mem_steps * u0 + du * (j + steps - 1) * mem_steps / 2
+    return j * c + mem + steps * d
+

@@ -1,0 +1,262 @@
+"""The collectives of a parallel layout's passes, priced with `placer.cost.collectives`: what each
+layer, micro-batch and optimizer step sends (`placer.cost.sharding` says how a layout splits the work).
+
+  layer_comm      one pass's TP all-reduces, EP all-to-alls and CP ring exchanges
+  decode_comm     one decode step's TP all-reduces (and EP all-to-alls), each a whole call
+  pp_send         the stage-to-stage sends of one micro-batch
+  grad_sync_time  one optimizer step's gradient reduction (dense over dp x cp, experts over
+                  expert DP)
+  zero3_gathers   ZeRO-3 / FSDP weight gathers and gradient reduce-scatters per micro-batch
+  hsdp_all_reduce HSDP: the gradient shards' all-reduce across the shard groups' replicas
+  fsdp_units, fsdp_calls  FSDP units (each decoder layer and the root) and a micro-batch's calls
+  weight_gather_time  the sharded trainer's full weights gathered per tensor for the sync
+  oversubscription    an emulated device's ranks / host cores (> 1: they time-share the cores)
+Links: a TP group stays on NVLink (`tp_link`); any other group is on NVLink while it fits one
+node of `NODE_DEVICES`, else on the NIC (`span_link`). Efficiency factors (achieved fraction of a
+link, per-call and per-hop latencies) come from `placer.cost.model.Efficiency`.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from placer.cost.collectives import Link, all_gather, all_reduce, group_link
+from placer.cost.sharding import BYTES, Parallel, cp_kv_exchange, ep_all_to_all, grad_bytes
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import DeviceType
+
+if TYPE_CHECKING:
+    from placer.cost.efficiency import Efficiency
+
+# Tokens a training or forward micro-batch holds on one device: verl's default
+# ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu (16,384). Each micro-batch runs its
+# own TP all-reduces, so it sets how many calls (and per-call latencies) a pass pays.
+MICRO_TOKENS = 16384
+NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink for the NIC
+
+
+def tp_link(dev: DeviceType, eff: Efficiency) -> Link:
+    """The NVLink a TP group runs its all-reduces on (TP stays inside one node); a call costs
+    the measured `tp_call_s` where the trainers' probe timed one, else `coll_base_s`."""
+    return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s),
+                     eff.tp_call_s)
+
+
+def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
+    """The link of a group spanning `ranks` consecutive devices: NVLink inside a node, else
+    the NIC (`collectives.group_link`)."""
+    return group_link(dev.intra_link_gbs, dev.nic_gbs, ranks, NODE_DEVICES, eff.link_eff,
+                      eff.nvlink_hop_s, eff.net_hop_s, eff.coll_base_s)
+
+
+def call_cost(link: Link, measured_s: float) -> Link:
+    """`link` with a kind of call's own measured per-call cost (`gather_call_s`, `tp_call_s`,
+    `fsdp_call_s`: the trainers' probe, executors/collprobe.py); unmeasured (0), the
+    collective's `coll_base_s` it already carries."""
+    return replace(link, base_s=measured_s) if measured_s > 0 else link
+
+
+def gather_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
+    """`span_link` for a whole-tensor gather: its per-call cost is `gather_call_s` where the
+    probe measured one (`call_cost`)."""
+    return call_cost(span_link(dev, ranks, eff), eff.gather_call_s)
+
+
+def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
+               eff: Efficiency) -> float:
+    """One pass's layer collectives over `tokens` tokens per dp rank, all layers, issued once
+    per micro-batch of `MICRO_TOKENS` (the call count kept fractional so that a pass split
+    into parts costs the sum of its parts; the simulator prices mini-batches one by one):
+      TP   2 all-reduces of the activations (tokens / cp * h * b bytes) per layer (Shoeybi et
+           al. 2019); a MoE layer under EP keeps only attention's
+      EP   per MoE layer a dispatch and a combine all-to-all (`sharding.ep_all_to_all`) of
+           each rank's tokens / (tp * cp), over ep * etp consecutive ranks
+      CP   per layer the ring exchange of K and V (`sharding.cp_kv_exchange`)"""
+    if tokens <= 0:
+        return 0.0
+    chunk = min(tokens, MICRO_TOKENS)
+    group = chunk / par.cp  # tokens each device of a TP group holds
+    out = 0.0
+    if par.tp > 1:
+        calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
+        out += calls * all_reduce(group * m.hidden * BYTES, par.tp, tp_link(dev, eff))
+    if par.ep > 1:
+        link = span_link(dev, par.ep * par.etp, eff)
+        out += m.moe_layers * ep_all_to_all(m, par, group / par.tp, link)
+    if par.cp > 1:
+        out += m.layers * cp_kv_exchange(m, par, chunk, span_link(dev, par.tp * par.cp, eff))
+    return out * tokens / chunk
+
+
+def _tp_comm(m: ModelArch, dev: DeviceType, tp: int, tokens: float, eff: Efficiency) -> float:
+    """One pass's TP all-reduces alone (`layer_comm` of a pure TP layout)."""
+    return layer_comm(m, dev, Parallel(tp=tp), tokens, eff)
+
+
+def decode_tp_comm(m: ModelArch, dev: DeviceType, tp: int, batch: int, eff: Efficiency) -> float:
+    """One decode step's TP traffic: 2 all-reduces per layer of batch * h * b bytes, each a
+    whole call, so even a batch of 1 pays 2 * L * (base + 2(tp-1) or 2 log2(tp) hops)."""
+    return decode_comm(m, dev, Parallel(tp=tp), batch, eff)
+
+
+def decode_comm(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
+                eff: Efficiency) -> float:
+    """One decode step's collectives: 2 TP all-reduces of batch * h * b bytes per layer, each a
+    whole call; with EP a MoE layer keeps attention's all-reduce and adds a dispatch and a
+    combine all-to-all of the batch's routed copies (each rank routes batch / tp tokens)."""
+    if batch <= 0 or par.tp == 1:
+        return 0.0
+    calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
+    out = calls * all_reduce(batch * m.hidden * BYTES, par.tp, tp_link(dev, eff))
+    if par.ep > 1:
+        out += m.moe_layers * ep_all_to_all(m, par, batch / par.tp,
+                                            span_link(dev, par.ep * par.etp, eff))
+    return out
+
+
+def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
+            eff: Efficiency) -> float:
+    """Stage-to-stage sends of one micro-batch of `tokens` tokens through pp stages: pp - 1
+    point-to-point sends of tokens * h * b bytes (the hidden state), each a call (latency +
+    bytes over the link; NVLink when a replica fits one node, else the NIC). On the critical
+    path of a decode step; for training `train_time` counts one per micro-batch and pass."""
+    if par.pp <= 1 or tokens <= 0:
+        return 0.0
+    link = span_link(dev, par.replica, eff)
+    return (par.pp - 1) * (link.base_s + link.alpha_s + link.bytes_s(tokens * m.hidden * BYTES))
+
+
+def shard_link(dev: DeviceType, par: Parallel, eff: Efficiency) -> Link:
+    """The link of one ZeRO shard group: its shard_dp x tp x cp x pp devices (every device of
+    the layout without HSDP), NVLink while that fits one node, else the NIC."""
+    return span_link(dev, par.shard_dp * par.replica, eff)
+
+
+def hsdp_all_reduce(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """HSDP's cross-group gradient sync: once its shard group has reduce-scattered, each rank
+    all-reduces its gradient shard (dense / `zero_group`, experts / `expert_zero_group`) with
+    the ranks that hold the same shard in the other `shard_replicas` groups (FSDP2's 2-D mesh:
+    reduce-scatter over the shard dim, then all-reduce over the replicate dim,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py `foreach_reduce`). The replicas
+    lie one shard group apart, so the call spans the whole layout: the NIC once it leaves a
+    node. 0 without HSDP."""
+    if not par.hsdp:
+        return 0.0
+    link = span_link(dev, par.devices, eff)
+    dense, experts = grad_bytes(m, par)
+    out = all_reduce(dense / par.zero_group, par.shard_replicas, link)
+    if experts > 0:
+        out += all_reduce(experts / par.expert_zero_group,
+                          max(par.expert_dp // par.expert_zero_group, 1), link)
+    return out
+
+
+def grad_sync_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """One optimizer step's gradient reduction: the dense grads over the dp * cp ranks of the
+    ZeRO group and the expert grads over `expert_dp` ranks (`sharding.grad_bytes`), each one
+    all-reduce (ZeRO's reduce-scatter + all-gather move what one all-reduce moves) on NVLink
+    or the NIC. With HSDP the groups are the shard group's (`shard_link`); below ZeRO-3 the
+    shards' cross-group all-reduce (`hsdp_all_reduce`) follows once per step (ZeRO-3 pays it
+    every backward, `zero3_gathers`)."""
+    link = shard_link(dev, par, eff)
+    dense, experts = grad_bytes(m, par)
+    out = all_reduce(dense, par.zero_group, link)
+    if experts > 0:
+        out += all_reduce(experts, par.expert_zero_group, link)
+    return out + (hsdp_all_reduce(m, dev, par, eff) if par.zero < 3 else 0.0)
+
+
+def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
+                  collectives: int, eff: Efficiency) -> float:
+    """ZeRO-3 / FSDP weight traffic of a pass over `tokens` tokens per dp rank: every
+    micro-batch of `MICRO_TOKENS` gathers the sharded weights before it uses them and the
+    backward reduce-scatters its gradients, `collectives` calls of the device's weight shard
+    each (2 forward + backward: gather, gather again, reduce-scatter -- the 1.5x of ZeRO-3 over
+    ZeRO-2, Rajbhandari et al. 2020, sec. 7.2.2; 1 for a forward pass), the dense part over
+    the ZeRO group's dp * cp ranks and the experts over `expert_dp` (expert parallelism shrinks
+    both the shard and the group). With HSDP the calls stay inside the shard group
+    (`shard_link`: NVLink when it fits a node) and every backward (collectives >= 3) adds the
+    shards' cross-group all-reduce (`hsdp_all_reduce`: FSDP2 runs it in each backward's
+    post-reduce, and verl never defers it over micro-batches). 0 below ZeRO stage 3 or without
+    data parallelism."""
+    if par.zero < 3 or tokens <= 0:
+        return 0.0
+    link = call_cost(shard_link(dev, par, eff), eff.fsdp_call_s)  # a unit's call, as probed
+    dense, experts = grad_bytes(m, par)  # BF16 bytes of the device's weights, gathered
+    units = fsdp_units(m)  # each unit one call (`fsdp_calls`), its share of the bytes
+    if experts > 0 and par.expert_zero_group == par.zero_group:  # gathered with their layer
+        dense, experts = dense + experts, 0.0
+    per_micro = fsdp_calls(m, collectives) * all_gather(dense / units, par.zero_group, link)
+    if experts > 0:  # expert parallelism: a MoE layer's experts gather over their own group
+        per_micro += collectives * m.moe_layers * all_gather(experts / m.moe_layers,
+                                                             par.expert_zero_group, link)
+    if collectives >= 3:
+        per_micro += hsdp_all_reduce(m, dev, par, eff)
+    return per_micro * tokens / min(tokens, MICRO_TOKENS)
+
+
+def fsdp_units(m: ModelArch) -> int:
+    """FSDP units of a model: each decoder layer and the root (embeddings, final norm, LM
+    head), as FSDP2 is applied (executors/sharding.py `shard`; verl wraps each decoder layer,
+    verl/utils/fsdp_utils.py `apply_fsdp2`). Each unit gathers and reduce-scatters with its own
+    call, so a pass pays the per-call latency (`fsdp_call_s` where probed, else `coll_base_s`)
+    once per unit."""
+    return m.layers + 1
+
+
+def fsdp_calls(m: ModelArch, collectives: int) -> int:
+    """Calls of one micro-batch's ZeRO-3 traffic: `collectives` per unit (a forward's gather;
+    forward + backward: gather, gather again, reduce-scatter), less the root's backward gather
+    (FSDP2 keeps the root's parameters gathered from its forward to its backward:
+    torch/distributed/fsdp/_fully_shard/_fsdp_state.py `_lazy_init`, the root's
+    `post_forward_mesh_info` is None)."""
+    return collectives * fsdp_units(m) - (1 if collectives >= 3 else 0)
+
+
+def oversubscription(dev: DeviceType, ranks: int, eff: Efficiency) -> float:
+    """How much a layout's `ranks` processes stretch on an emulated device's host: ranks /
+    `host_cores` when they outnumber its cores (each rank then gets that share of a core for
+    its compute, its collectives' polling and its framework work alike), else 1. Only for a
+    host-backed device (its work is the host's) with known cores; a real GPU's ranks have a
+    device each."""
+    if not dev.host_backed or eff.host_cores <= 0:
+        return 1.0
+    return max(ranks / eff.host_cores, 1.0)
+
+
+def weight_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors: int,
+                       eff: Efficiency) -> float:
+    """Once per RL step, after its optimizer steps: a sharded trainer gathers its full weights
+    for the weight sync, one all-gather per tensor (`tensors`: `timing.weight_tensors`, a
+    stage's share with pipeline stages) over the ranks that shard it, the ZeRO-3 group x TP
+    (torch DTensor `full_tensor` per state-dict entry: executors/sharding.py `full_state`;
+    verl's FSDP sync likewise iterates the state dict). Each call pays `gather_link`'s
+    per-call cost; the bytes are the whole model's once. 0 for an unsharded trainer (one rank,
+    or ZeRO below 3 without TP: every rank already holds the full weights)."""
+    ranks = (par.zero_group if par.zero >= 3 else 1) * par.tp
+    if ranks <= 1 or tensors <= 0:
+        return 0.0
+    calls = tensors / par.pp
+    per_call = all_gather(m.params() * BYTES / tensors, ranks, gather_link(dev, ranks, eff))
+    return oversubscription(dev, par.devices, eff) * calls * per_call
+
+
+OPTIMIZER_MOMENT_BYTES = 4  # Adam's m and v, fp32 each
+
+
+def optimizer_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors: int,
+                          eff: Efficiency) -> float:
+    """A one-file checkpoint of a sharded trainer: Adam's two fp32 moments gathered whole, one
+    all-gather per moment and tensor (torch DTensor `full_tensor` per optimizer-state entry:
+    executors/trainer.py `_full_optim`; the weights are already whole, gathered for the weight
+    sync) over the ranks that shard them, the ZeRO group (any stage >= 1 shards the optimizer
+    state) x TP; a pipeline's stages gather their own share side by side. 0 for an unsharded
+    trainer. A framework that writes each rank's shard as it is (verl's FSDP checkpoint
+    manager) skips this gather; the write (`hostmem.checkpoint_time`) is the same bytes."""
+    ranks = (par.zero_group if par.zero >= 1 else 1) * par.tp
+    if ranks <= 1 or tensors <= 0:
+        return 0.0
+    calls = 2 * tensors / par.pp
+    per_call = all_gather(m.params() * OPTIMIZER_MOMENT_BYTES / tensors, ranks,
+                          gather_link(dev, ranks, eff))
+    return oversubscription(dev, par.devices, eff) * calls * per_call

@@ -1,0 +1,310 @@
+"""Tail-aware rollout time: the expected makespan of one engine replica under continuous batching.
+
+Why. RL response lengths are long-tailed (GRPO/DAPO reasoning: a lognormal with a hard cap), and a
+step waits for its longest samples: the last few sequences decode alone, at batch 1-2, long after
+the batch emptied. Pricing lockstep waves of *mean*-length sequences (`estimate.wave_time`) misses
+that tail entirely (published DAPO/GRPO rollouts are 2-9x the mean-length estimate).
+
+Method. A deterministic miniature of the simulator's engine (`simulator.engine`, which the placer
+may not import: it is layer 1) run on a few representative sequences of one *critical* replica:
+  * samples (`placer.cost.tail_samples`): the critical replica (the one holding the batch's longest
+    sample) runs `per - 1` stratified samples of the job's distributions, at most `MAX_STRATA`
+    weighted rows in a low-discrepancy admission order, plus the longest sample (`longest`, by
+    the one-big-jump rule), placed at three queue positions once the replica runs more samples
+    than its concurrency (averaged over 1/6, 1/2, 5/6 of the queue).
+  * a replica with many samples runs a steady state in its middle: it is priced at n and n / 2
+    samples, both throughput-bound (`reduced_count`: past the first wave's preemption down to
+    the steady concurrency, and past the longest sample's span), the longest sample mid-queue,
+    and the line through them is extended to its count (candidates that differ only in dp
+    share those runs; measured against replaying all samples: within 6% on
+    tests/test_lpu_rollout.py's ppo-llama8b-hetero-like case, where a line through 2 and 4
+    concurrencies' worth was 16% short, the longest sample dominating both).
+  * engine: exactly the simulator's scheduling (`placer.cost.admission.engine`): admit while free KV
+    covers the new tokens and fewer than `max_num_seqs` run, one prefill step over every
+    admitted sequence's new tokens (`costmodel.prefill_time` at their mean context), then decode
+    the batch until the next sequence ends its turn, a tool call returns or the KV is full (then
+    the newest are preempted and recomputed later), each run of fixed batch summed in closed
+    form (`batching.Run`, decode_step_time is max(line, floor) in the total KV context); a
+    sequence holds its KV through its tool call (latency + overhead, no CPU queueing here:
+    `timing.rollout_tool_time` adds the queueing as a pair term).
+  * tail policies as the simulator runs them: over-provisioning ends the stage once `kept` of the
+    `generated` samples are done over all replicas (replicas hold `per` or `per - 1` samples, the
+    critical sample is not injected: the longest samples are the ones dropped); partial rollouts
+    cut every row at `token_budget` response tokens (`simulator.tails.cut_row`'s rule) and run the
+    carried rests of the previous step beside the fresh rows (steady state: one carried row per
+    row cut, its context prefilled again, at most `budget` tokens of it this step).
+With every distribution fixed (or the simulator's `--no-variance` run, priced on `at_means(job)`)
+the caller keeps the lockstep wave formula (`estimate.wave_time`), which this miniature reduces to
+exactly on identical sequences (tests/test_rollout_tail.py checks it).
+
+Assumptions and error. The max over replicas is taken to be the replica holding the batch's
+longest sample: other replicas' extra load (a replica with more long samples than average) is not
+priced, nor the joint tail of two long samples in one replica; this underestimates by a few percent
+when a replica runs many waves. Speculative re-issue of tool calls and CPU queueing inside the
+engine's timeline (only whole-wave queueing rounds are added, by `timing`) are not modelled; an
+over-provisioned rollout whose queued calls hide under the next wave is thus over-priced.
+Measured against `placer simulate --iterations 8` on the examples (variance on): within 10% of
+the simulated mean (longtail-replay -9%, whose iterations themselves range 357-640 s of rollout).
+Cost: at most MAX_STRATA + 1 sequences and six runs per candidate, O(K turns log K) events each,
+plus one per KV-full moment (at most one per `kv_block_tokens` steps while the KV is short).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from placer.cost.admission import run_replica
+from placer.cost.batching import KvBudget, StepTerms, step_terms
+from placer.cost.efficiency import Efficiency
+from placer.cost.sharding import Parallel
+from placer.cost.tail_samples import (
+    MAX_STRATA,
+    Rows,
+    at_means,
+    cut,
+    has_variance,
+    insert,
+    longest,
+    quantile,
+    strata,
+    tail,
+    tokens,
+    varies,
+)
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import DeviceType
+from placer.spec.job import Job
+
+# re-exported: the representative samples live in placer.cost.tail_samples
+__all__ = ["MAX_STRATA", "Rows", "at_means", "cut", "has_variance", "insert", "longest", "quantile",
+           "strata", "tail", "tokens", "varies"]
+
+POSITIONS = (1 / 6, 1 / 2, 5 / 6)  # queue positions of the longest sample, averaged
+# a replica with more than REDUCE x its throughput-bound count (`reduced_count`) is priced by
+# extrapolation; 2 keeps the solver benchmark's candidate table near HEAD's time (4 doubles it)
+REDUCE = 2
+# `identical_span` replays a replica's identical samples exactly up to this many (the simulator's
+# variance-off run; the replay costs ~50 us per sample, measured on ppo-llama8b-hetero's LPU
+# replica), and extends a line beyond: its spans are a sawtooth in the sample count (which wave
+# the last samples fall in), so a line through a few waves misses it by up to one wave
+IDENTICAL_EXACT = 1024
+
+
+# ------------------------------------------------------------------------------------ makespan
+@dataclass(frozen=True)
+class Replicas:
+    """How the rollout's samples meet its engines (`estimate.RolloutShape`'s counts)."""
+
+    replicas: int
+    per_replica: int  # samples of the busiest replica
+    concurrency: int
+    generated: int  # samples generated over all replicas
+    kept: int  # samples the step waits for
+
+
+def makespan(job: Job, m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency,
+             shape: Replicas) -> float:
+    """Expected rollout stage seconds (generation and un-queued tool waits) of the job on
+    `shape.replicas` replicas of `par` (module docstring: method and assumptions)."""
+    st = step_terms(m, dev, par, eff)
+    env, tp = job.environment, job.tail_policy
+    tools = env.kind != "none" and env.turns > 1
+    out_tokens = env.tool_output_tokens if tools else 0
+    over = shape.generated > shape.kept > 0
+    per = shape.per_replica
+
+    def run(rows: Rows) -> list[tuple[float, int]]:
+        if tp.kind == "partial" and tp.token_budget is not None:
+            rows = cut(rows, tp.token_budget, out_tokens)
+        return run_replica(st, rows.prompt, rows.response, rows.tool_s, rows.weight, out_tokens)
+
+    n2 = reduced_count(job, st, shape, eff.tool_overhead_s)
+    n1 = n2 // 2
+    if per <= n2:  # from n1 on, throughput-bound: the longest sample's position matters little
+        return _replica_s(job, per, shape, eff, st, run, over, reduced=per >= n1)
+    # many waves: the replica's middle is a steady state, so time grows linearly in samples;
+    # price n2 and n2 / 2 samples, both throughput-bound, and extend the line (bounds the work)
+    t1, t2 = (_replica_s(job, n, shape, eff, st, run, over, reduced=True) for n in (n1, n2))
+    return t2 + (t2 - t1) / (n2 - n1) * (per - n2)
+
+
+def reduced_count(job: Job, st: StepTerms, shape: Replicas, tool_overhead_s: float) -> int:
+    """Samples per replica past which `makespan` extends a line (through this many and n / 2).
+    Both points must be throughput-bound: past the start-up (a first wave admitted on its
+    prompts' KV, then preempted down to the steady concurrency `shape.concurrency`) and past the
+    longest sample's span (a replica drains about `concurrency` mean samples per mean sample's
+    solo duration, so the longest one dominates up to `concurrency` x its duration ratio).
+    So n / REDUCE is the larger of the two."""
+    env, lengths = job.environment, job.lengths
+    calls = env.turns - 1 if env.kind != "none" and env.turns > 1 else 0
+    ctx = lengths.prompt.mean_value() + lengths.response.mean_value()
+    step_s = st.step(1, ctx)
+    top = longest(job, shape.generated, tool_overhead_s, step_s)
+    solo_top = sum(top.response[0]) * step_s + sum(top.tool_s[0])
+    solo_mean = (env.turns * lengths.response.mean_value() * step_s
+                 + calls * (env.tool_latency_s.mean_value() + tool_overhead_s))
+    ratio = math.ceil(solo_top / solo_mean) if solo_mean > 0 else 1
+    kv = st.kv
+    prompt = max(int(round(lengths.prompt.mean_value())), 1)
+    first = min(kv.max_seqs, max(kv.tokens // (prompt + 1 + kv.seq), 1))
+    return REDUCE * max(shape.concurrency * max(ratio, 1), first)
+
+
+_SPANS: OrderedDict[tuple, Any] = OrderedDict()  # least recently used first
+SPANS_KEPT = 4096
+_TERMS: dict[int, StepTerms] = {}  # the terms whose ids key _SPANS (kept alive while they do)
+_T = TypeVar("_T")
+
+
+def _job_key(job: Job, st: StepTerms, tool_overhead_s: float) -> tuple:
+    """What a replay depends on, by value: the step terms (one object per model, device, layout
+    and efficiency: `batching.step_terms`), the job's lengths, environment and tail policy."""
+    return (id(st), job.lengths.model_dump_json(), job.environment.model_dump_json(),
+            job.tail_policy.model_dump_json(), tool_overhead_s)
+
+
+def _cached(key: tuple, st: StepTerms, compute: Callable[[], _T]) -> _T:
+    """`compute()` kept in an LRU of SPANS_KEPT entries; `st` is kept beside its id in
+    `_TERMS` so the id stays its own while any entry uses it."""
+    hit = _SPANS.get(key)
+    if hit is not None and _TERMS.get(key[0]) is st:
+        _SPANS.move_to_end(key)
+        return hit
+    t = compute()
+    _TERMS[id(st)] = st
+    _SPANS[key] = t
+    if len(_SPANS) > SPANS_KEPT:
+        _SPANS.popitem(last=False)
+        if len(_TERMS) > SPANS_KEPT:  # entries keyed by dropped terms simply miss
+            _TERMS.clear()
+            _SPANS.clear()
+    return t
+
+
+def _replica_s(job: Job, per: int, shape: Replicas, eff: Efficiency, st: StepTerms,
+               run: Callable[[Rows], list[tuple[float, int]]], over: bool,
+               reduced: bool = False) -> float:
+    """Seconds until the critical replica holding `per` samples is done (over-provisioned: until
+    the kept share of all samples is). Candidates that differ only in their replica count share
+    the reduced replicas' runs, so results are kept per (job, replica layout, counts). A reduced
+    replica (`reduced_count`) is throughput-bound: the longest sample's queue position no longer
+    decides its end, so it is placed mid-queue only."""
+    key = (*_job_key(job, st, eff.tool_overhead_s), per, shape.concurrency, shape.generated,
+           shape.kept, shape.replicas if over and per == shape.per_replica else 0, reduced)
+    return _cached(key, st, lambda: _replica_uncached(job, per, shape, eff, st, run, over,
+                                                      reduced))
+
+
+def _replica_uncached(job: Job, per: int, shape: Replicas, eff: Efficiency, st: StepTerms,
+                      run: Callable[[Rows], list[tuple[float, int]]], over: bool,
+                      reduced: bool) -> float:
+    if over:  # the stage ends when `kept` samples are done over all replicas
+        done = run(strata(job, per, eff.tool_overhead_s))
+        if per == shape.per_replica:
+            return _kept_done(done, shape)
+        need, count = per * shape.kept / shape.generated, 0  # a reduced replica: kept share
+        for t, w in sorted(done):
+            count += w
+            if count >= need:
+                return t
+        return max(t for t, _ in done)
+    base = strata(job, per - 1, eff.tool_overhead_s)
+    ctx = job.lengths.prompt.mean_value() + job.lengths.response.mean_value()
+    top = longest(job, shape.generated, eff.tool_overhead_s, st.step(1, ctx))
+    spots = (0.5,) if reduced else POSITIONS if per > shape.concurrency else (0.0,)
+    return sum(max(t for t, _ in run(insert(base, top, f))) for f in spots) / len(spots)
+
+
+def final_context(job: Job) -> int:
+    """A mean sample's context at its last token (the tokens variance-off samples draw)."""
+    env, lengths = job.environment, job.lengths
+    out = env.tool_output_tokens if env.kind != "none" and env.turns > 1 else 0
+    r = max(int(round(lengths.response.mean_value())), 1)
+    p = max(int(round(lengths.prompt.mean_value())), 1)
+    return p + env.turns * r + (env.turns - 1) * out
+
+
+def fits_lockstep(job: Job, kv: KvBudget, wave: int) -> bool:
+    """Whether `wave` identical mean samples (variance off) keep their KV within the replica's
+    until their last token: then no sequence is preempted and the replica runs lockstep waves
+    (`estimate.wave_time`); else `identical_span` replays it."""
+    return wave * (final_context(job) + kv.seq) <= kv.tokens
+
+
+def steady_concurrency(job: Job, kv: KvBudget, first_wave: int) -> int:
+    """Sequences a replica runs at once in its steady state: its first wave, or as many mean
+    samples as its KV holds at their last token when fewer (`REDUCE`'s unit)."""
+    return max(min(first_wave, kv.tokens // (final_context(job) + kv.seq)), 1 if first_wave else 0)
+
+
+def identical_span(job: Job, st: StepTerms, shape: Replicas, tool_overhead_s: float) -> float:
+    """Rollout seconds of a job at its means (variance off) whose waves outgrow the replica's KV:
+    the engine loop on identical samples (preemption and recompute included), the busiest
+    replica's `per` samples; over-provisioned, until `kept` samples are done over all replicas
+    (the `big` replicas holding `per` and the rest holding `per - 1`, each replayed)."""
+    per = shape.per_replica
+    if per <= max(REDUCE * shape.concurrency, IDENTICAL_EXACT):
+        return _identical_s(job, st, shape, tool_overhead_s, per)
+    # many samples: extend the line through IDENTICAL_EXACT / 2 and IDENTICAL_EXACT samples,
+    # both past the start (a first wave admitted on its prompts' KV, then preempted down to the
+    # steady concurrency), whose extra cost a line through a few steady waves would extend
+    n2 = IDENTICAL_EXACT
+    n1 = n2 // 2
+    t1, t2 = (_identical_s(job, st, shape, tool_overhead_s, n) for n in (n1, n2))
+    return t2 + (t2 - t1) / (n2 - n1) * (per - n2)
+
+
+def _identical_s(job: Job, st: StepTerms, shape: Replicas, tool_overhead_s: float,
+                 per: int) -> float:
+    """`identical_span` of a replica holding `per` samples (fewer than the busiest's: a reduced
+    replica, over-provisioned until its kept share is done)."""
+    reps, full = shape.replicas, per == shape.per_replica
+    done = _identical_done(job, st, tool_overhead_s, per)
+    span = max(t for t, _ in done)
+    if shape.generated > shape.kept > 0:
+        big = shape.generated - (per - 1) * reps if full else reps
+        need = shape.kept if full else per * reps * shape.kept / shape.generated
+        events = [(t, w * big) for t, w in done]
+        if reps > big:
+            events += [(t, w * (reps - big))
+                       for t, w in _identical_done(job, st, tool_overhead_s, per - 1)]
+        events.sort()
+        count = 0
+        for t, w in events:
+            count += w
+            if count >= need:
+                span = t
+                break
+    return span
+
+
+def _identical_done(job: Job, st: StepTerms, tool_overhead_s: float, n: int
+                    ) -> list[tuple[float, int]]:
+    """The engine loop on `n` identical mean samples: (finish time, sequences). Kept by value
+    (terms, the sample's lengths and waits, n), so every candidate and sample share with this
+    replica layout and count (`placer.cost.split` prices shares of the batch) replays it once."""
+    env = job.environment
+    out = env.tool_output_tokens if env.kind != "none" and env.turns > 1 else 0
+    row = strata(job, 1, tool_overhead_s)
+    if n <= 0:
+        return []
+    key = (id(st), "identical", row.prompt[0], tuple(row.response[0]), tuple(row.tool_s[0]),
+           out, n)
+    return _cached(key, st, lambda: run_replica(st, row.prompt, row.response, row.tool_s, [n],
+                                                out))
+
+
+def _kept_done(done: list[tuple[float, int]], shape: Replicas) -> float:
+    """When `kept` samples are done over all replicas: `big` replicas hold `per` samples and
+    finish them at the times of `done`, the rest hold `per - 1` (their first per - 1 finishes)."""
+    per, reps = shape.per_replica, shape.replicas
+    big = shape.generated - (per - 1) * reps
+    count = 0
+    for t, w in sorted(done):
+        count += w
+        if big * count + (reps - big) * min(count, per - 1) >= shape.kept:
+            return t
+    return max(t for t, _ in done)

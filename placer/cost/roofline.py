@@ -1,0 +1,143 @@
+"""Sizes and rates the cost model prices work with: the bytes a device holds or reads (weights, KV
+cache, the `Memory` record of one device), the FLOPs of a token's attention, and the fraction of
+peak a pass's GEMMs reach on a device (a roofline: small passes are bound by reading their
+weights, `gemm_eff`; memory-bound kernels cap a pass below its GEMMs, `device_ceiling`).
+
+The layer under `placer.cost.generation` (engine steps) and `placer.cost.model` (training, frozen
+passes, environment and sync), which re-exports every name here; the formulas and notation are
+in `placer.cost.model`'s docstring (memory; training: mfu = `gemm_eff`; forward).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from placer.cost.efficiency import Efficiency
+from placer.cost.layercomm import MICRO_TOKENS
+from placer.cost.sharding import Parallel, active_expert_params, expert_tokens, params_per_device
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import DeviceKind, DeviceType
+
+GB = 1e9
+BYTES = 2  # BF16
+
+
+@dataclass(frozen=True)
+class Memory:
+    weights: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    kv_cache: float = 0.0
+    overhead: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads + self.optimizer + self.activations + self.kv_cache
+                + self.overhead)
+
+
+def weight_bytes(m: ModelArch) -> float:
+    """BF16 bytes of every parameter (all experts, both embedding tables unless tied): what a
+    device holds and a weight sync moves."""
+    return m.params() * BYTES
+
+
+def decode_read_bytes(m: ModelArch, batch: float) -> float:
+    """BF16 bytes one decode step of `batch` sequences reads: `ModelArch.decode_read_params`
+    (the matmul weights, with the MoE experts the batch is expected to hit, not all of them;
+    not the input embedding table, of which a step gathers one row per sequence)."""
+    return m.decode_read_params(batch) * BYTES
+
+
+def kv_bytes_per_token(m: ModelArch) -> float:
+    """KV-cache bytes per token of one replica: `ModelArch.kv_elements_per_token` * b."""
+    return m.kv_elements_per_token() * BYTES
+
+
+def kv_split(m: ModelArch, par: Parallel) -> int:
+    """Devices of a replica that each hold a distinct part of the KV cache: pp stages times
+    the ways TP splits it (`ModelArch.kv_tp_shards`: KV heads, or 1 for a latent cache)."""
+    return par.pp * m.kv_tp_shards(par.tp)
+
+def attention_flops_per_token(m: ModelArch, seq: float) -> float:
+    """Forward attention-score FLOPs per token of a causal sequence of `seq` tokens: QK^T and
+    AV over the keys before it, 2 * 2 * L * w per key, and a causal token sees seq / 2 keys on
+    average, so 2 * L * w * seq (half of the full-matrix 4 * L * w * s of Narayanan et al.),
+    L the full-attention layers; a hybrid's GDN layers add their state update and readout
+    (`ModelArch.linear_flops_per_token`), the same for every token whatever `seq`."""
+    return (2 * m.full_attention_layers * m.attention_width() * seq
+            + m.linear_flops_per_token())
+
+
+def device_ceiling(ceiling: float, dev: DeviceType, eff: Efficiency) -> float:
+    """A pass's achievable fraction of peak on `dev`: its GEMMs at `ceiling` plus the memory-
+    bound kernels' `nongemm_bytes_per_flop` bytes per FLOP at HBM bandwidth, 1 / (1/ceiling +
+    nongemm * peak / bandwidth). A compute-poor, bandwidth-rich part (H20) keeps more of its
+    peak than a compute-rich one (H100, B200)."""
+    ridge = dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
+    return 1.0 / (1.0 / ceiling + eff.nongemm_bytes_per_flop * ridge)
+
+
+def gemm_eff(ceiling: float, tokens_per_device: float, dev: DeviceType, eff: Efficiency) -> float:
+    """Achieved fraction of peak of a pass over `tokens_per_device` tokens per device (one
+    micro-batch at most, `MICRO_TOKENS`): ceiling * t / (t + t_half), t_half =
+    gemm_half_ridge * peak / bandwidth (the ridge point in FLOP per byte, which is where a GEMM
+    over t tokens stops being bound by reading its weights)."""
+    t = min(max(tokens_per_device, 0.0), MICRO_TOKENS)
+    half = eff.gemm_half_ridge * dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
+    return ceiling * t / (t + half) if t > 0 else ceiling
+
+
+def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
+    """Peak TFLOP/s the layout's GEMMs run at: FP8 when its weights (inference) or its
+    training GEMMs are FP8 and the device has FP8 tensor cores, else BF16."""
+    if (par.fp8_weights or par.fp8_train) and dev.fp8_tflops is not None:
+        return dev.fp8_tflops
+    return dev.bf16_tflops
+
+
+def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
+                 passes: int, ceiling: float, group_tokens: float, eff: Efficiency) -> float:
+    """Seconds of `passes` matmul passes (2 a forward, 6 forward + backward, 8 with a recomputed
+    forward) over `tokens` tokens on the layout's devices: the dense, attention and LM-head
+    FLOPs at `gemm_eff` of the tokens a device's GEMMs see (`group_tokens` per dp rank / cp),
+    the routed experts' at `gemm_eff` of the tokens one expert sees (`sharding.expert_tokens`):
+    small for a mixture of many experts, which expert parallelism raises by gathering an EP
+    group's tokens."""
+    peak = par.devices * gemm_peak_tflops(dev, par) * 1e12
+    routed = active_expert_params(m)
+    dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
+    t = min(group_tokens, MICRO_TOKENS)
+    out = dense / (peak * gemm_eff(ceiling, group_tokens / par.cp, dev, eff))
+    if routed:
+        t_exp = expert_tokens(m, par, t)
+        out += passes * routed * tokens / (peak * gemm_eff(ceiling, t_exp, dev, eff))
+    return out
+
+
+def infer_memory(m: ModelArch, par: Parallel, dev: DeviceType, eff: Efficiency) -> Memory:
+    """Weights of a frozen model (reference, reward, critic forward, rollout engine)."""
+    over = eff.engine_mem_gb if dev.kind is DeviceKind.gpu else 0.0
+    return Memory(weights=sum(params_per_device(m, par)) * BYTES * par.weight_scale / GB,
+                  overhead=over)
+
+
+def weight_tensors(m: ModelArch) -> int:
+    """Tensors in a checkpoint of `m` (HF layout): what an unbucketed sync sends one call each.
+
+    Per layer: 2 RMSNorms; GQA attention q, k, v, o (+ 3 biases with `qkv_bias`, + q/k norms
+    with `qk_norm`) or MLA (q_a, q_a_norm, q_b -- or one q without a q rank -- kv_a, kv_a_norm,
+    kv_b, o); a dense SwiGLU MLP (gate, up, down) or an MoE block (router + 3 per routed and
+    per shared expert). Plus the embedding, the final norm and the LM head unless tied. A
+    hybrid's GDN layers hold 7 mixer tensors in place of attention's (in_proj_qkvz, in_proj_ba,
+    conv1d, dt_bias, A_log, norm, out_proj: transformers' Qwen3NextGatedDeltaNet).
+    Qwen2.5-7B: 28 x 12 + 3 = 339; Qwen3-30B-A3B: 48 x (8 + 1 + 384) + 3 = 18,867."""
+    if m.mla:
+        attn = (3 if m.q_lora_rank else 1) + 4
+    else:
+        attn = 4 + (3 if m.qkv_bias else 0) + (2 if m.qk_norm else 0)
+    moe = m.moe_layers
+    per_moe = 1 + 3 * (m.experts + m.shared_experts)
+    mixers = m.full_attention_layers * attn + m.linear_layers * 7
+    return mixers + 2 * m.layers + (m.layers - moe) * 3 + moe * per_moe + (
+        2 if m.tie_embeddings else 3)

@@ -1,0 +1,243 @@
+"""How a parallel layout splits one model over devices: its weights, training state, tokens, and
+the collectives that join the pieces (Megatron-Core's five dimensions; vLLM / SGLang engines).
+
+A layout (`Parallel`) has
+  tp   tensor parallelism: every matrix of attention and the dense MLP split over tp ranks
+       (Shoeybi et al. 2019), 2 all-reduces of the activations per layer and pass
+  cp   context parallelism (training): each sequence split over cp ranks, which exchange keys
+       and values in a ring (ring attention, Liu et al. 2023; Megatron-Core's CP): activations
+       and GEMM tokens / cp, weights replicated over cp
+  pp   pipeline stages: layers / pp per device
+  dp   data-parallel replicas (ZeRO/FSDP shards the training state over dp x cp ranks; with
+       HSDP, `shard`, over the shard x cp ranks of a shard group, and the dp / shard groups
+       replicate it)
+  ep   expert parallelism of a mixture of experts: the routed experts of a stage are dealt out
+       to ep ranks (each keeps E / ep whole experts), the tokens travel to their experts and
+       back in two all-to-alls per MoE layer and pass (GShard, Lepikhin et al. 2021; DeepSpeed-
+       MoE); ep = 1 splits every expert's matrices over tp like a dense MLP
+  etp  expert tensor parallelism: each expert's matrices further split over etp ranks (Megatron
+       `expert_tensor_parallel_size`; verl's MoE recipes use ETP 1)
+
+Devices: tp * cp * pp * dp. Training (Megatron-Core's rule) carves the expert grid out of the
+non-pipeline ranks: ep * etp divides tp * cp * dp, the rest (`expert_dp`) replicate each expert
+and shard its optimizer state. An inference engine replica is tp * pp devices; with ep > 1 its
+experts go to ep * etp = tp ranks (vLLM's --enable-expert-parallel, ETP 1), attention stays TP.
+
+Per device (P_d: every parameter but the routed experts, P_e: the routed experts):
+  weights     P_d / (tp * pp) + P_e / (pp * ep * etp)  (ep = 1: P_e / (pp * tp))
+  ZeRO shard  dense state over dp * cp ranks, expert state over tp * cp * dp / (ep * etp)
+  expert GEMM tokens: a routed expert sees the tokens of its expert group that chose it,
+              t * ep * etp / (tp * cp) * k / E for t tokens per TP x CP group, k of E experts
+              each (`expert_tokens`)
+  all-to-all  dispatch and combine, each a pairwise exchange of a rank's routed token copies,
+              t * k * h * b bytes, over ep ranks (`collectives.all_to_all`)
+  ring CP     per layer and pass, an all-gather of K and V of the cp ranks' chunks (the ring's
+              cp - 1 steps move what an all-gather moves), priced without overlap
+  GDN state   a hybrid model's per-sequence linear-attention state, split by head over
+              min(tp, key_heads) ranks and by layer over pp stages (`state_split`)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from placer.cost.collectives import Link, all_gather, all_to_all
+from placer.cost.efficiency import Efficiency
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import DeviceKind, DeviceType
+
+BYTES = 2  # BF16
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A parallel configuration of one role. `zero` is the ZeRO/FSDP stage (0: none, 3: full).
+
+    New fields come after the first six so that positional construction stays valid."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 3
+    recompute: bool = True
+    offload: bool = False  # optimizer state (training) kept on the host
+    cp: int = 1  # context parallelism (training)
+    ep: int = 1  # expert parallelism (MoE)
+    etp: int = 1  # expert tensor parallelism, with ep > 1
+    # FP8 (the job's `precision`, set only on devices with FP8 tensor cores)
+    fp8_weights: bool = False  # inference weights: half the bytes, GEMMs at the FP8 peak
+    fp8_kv: bool = False  # KV cache: half the bytes per token
+    fp8_train: bool = False  # training GEMMs at the FP8 peak
+    # Inference engine: decode steps replayed as CUDA graphs (vLLM's and SGLang's default);
+    # False is eager mode (vLLM `enforce_eager`), which launches every kernel from Python each
+    # step (`costmodel.eager_overhead`)
+    cuda_graphs: bool = True
+    # Hybrid sharded data parallelism (HSDP: FSDP2's 2-D (replicate, shard) mesh, verl's
+    # `fsdp_size`, DeepSpeed's MiCS; not ZeRO++ hpZ, whose state stays sharded over all of dp):
+    # dp ranks of one ZeRO shard group; the dp / shard groups replicate each other. 0 (or dp):
+    # ZeRO over all of dp.
+    shard: int = 0
+
+    @property
+    def shard_dp(self) -> int:
+        """dp ranks of one ZeRO shard group: `shard` when it splits dp, else all of dp."""
+        return self.shard if 0 < self.shard < self.dp else self.dp
+
+    @property
+    def shard_replicas(self) -> int:
+        """Shard groups that replicate each other (1 without HSDP)."""
+        return max(self.dp // self.shard_dp, 1)
+
+    @property
+    def hsdp(self) -> bool:
+        """Whether the training state is sharded inside groups smaller than dp."""
+        return self.shard_replicas > 1
+
+    @property
+    def zero_group(self) -> int:
+        """Ranks the dense training state is ZeRO-sharded over: the shard group's dp x cp."""
+        return self.shard_dp * self.cp
+
+    @property
+    def expert_zero_group(self) -> int:
+        """Ranks one expert shard's training state is ZeRO-sharded over: `expert_dp`, split
+        into the shard groups' replicas."""
+        return max(self.expert_dp // self.shard_replicas, 1)
+
+    @property
+    def weight_scale(self) -> float:
+        """Bytes of an inference weight relative to BF16."""
+        return 0.5 if self.fp8_weights else 1.0
+
+    @property
+    def kv_scale(self) -> float:
+        """Bytes of a KV element relative to BF16."""
+        return 0.5 if self.fp8_kv else 1.0
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def replica(self) -> int:
+        """Devices of one model copy's compute group (tp x cp x pp)."""
+        return self.tp * self.cp * self.pp
+
+    @property
+    def weight_shards(self) -> int:
+        """Ways the dense weights are split (CP replicates them)."""
+        return self.tp * self.pp
+
+    @property
+    def expert_shards(self) -> int:
+        """Ways the routed experts are split: pp stages x (ep x etp, or tp without EP)."""
+        return self.pp * (self.ep * self.etp if self.ep > 1 else self.tp)
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each expert's matrices are split over: etp with EP, else tp."""
+        return self.etp if self.ep > 1 else self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks that hold the same expert shard in training (its ZeRO group)."""
+        if self.ep == 1:
+            return self.dp * self.cp
+        return max(self.tp * self.cp * self.dp // (self.ep * self.etp), 1)
+
+
+def routed_expert_params(m: ModelArch) -> int:
+    """Parameters of every routed expert of every MoE layer (0 for a dense model)."""
+    return m.moe_layers * m.experts * m.expert_params()
+
+
+def active_expert_params(m: ModelArch) -> int:
+    """Routed-expert parameters one token multiplies by: k experts per MoE layer."""
+    return m.moe_layers * m.experts_per_token * m.expert_params()
+
+
+def params_per_device(m: ModelArch, par: Parallel) -> tuple[float, float]:
+    """(dense, routed-expert) parameters one device holds before any ZeRO sharding."""
+    experts = routed_expert_params(m)
+    return (m.params() - experts) / par.weight_shards, experts / par.expert_shards
+
+
+def train_state_bytes(m: ModelArch, par: Parallel) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per device of mixed-precision Adam (2 + 2 + 12 bytes a
+    parameter), ZeRO stage `zero` sharding optimizer (>= 1), grads (>= 2) and weights (3) over
+    each part's ZeRO group: dp * cp for the dense part, `expert_dp` for the experts (with HSDP
+    the shard group's: `zero_group`, `expert_zero_group`)."""
+    parts = zip(params_per_device(m, par), (par.zero_group, par.expert_zero_group))
+    shares = list(parts)
+
+    def sharded(stage: int) -> float:
+        return sum(p / (g if par.zero >= stage else 1) for p, g in shares)
+
+    return 2 * sharded(3), 2 * sharded(2), 12 * sharded(1)
+
+
+def grad_bytes(m: ModelArch, par: Parallel) -> tuple[float, float]:
+    """(dense, expert) BF16 gradient bytes per device that the optimizer step reduces, over
+    dp * cp and `expert_dp` ranks respectively."""
+    dense, experts = params_per_device(m, par)
+    return BYTES * dense, BYTES * experts
+
+
+def expert_tokens(m: ModelArch, par: Parallel, group_tokens: float) -> float:
+    """Tokens one routed expert's GEMM sees when every TP x CP group holds `group_tokens`: each
+    rank routes its share, group_tokens / (tp * cp), an expert's ep * etp ranks gather those of
+    the whole expert group, and k / E of them choose it (balanced routing): group_tokens * ep *
+    etp / (tp * cp) * k / E. Without EP (the experts split over TP) that is the group's own
+    tokens / cp * k / E."""
+    if not m.moe:
+        return group_tokens
+    share = par.ep * par.expert_tp / (par.tp * par.cp)
+    return group_tokens * share * m.experts_per_token / m.experts
+
+
+def ep_all_to_all(m: ModelArch, par: Parallel, tokens_per_rank: float, link: Link) -> float:
+    """One MoE layer's dispatch + combine of `tokens_per_rank` tokens (a call each): every
+    rank sends its k routed copies of each token, tokens * k * h * b bytes, over ep ranks."""
+    if par.ep <= 1 or not m.moe or tokens_per_rank <= 0:
+        return 0.0
+    nbytes = tokens_per_rank * m.experts_per_token * m.hidden * BYTES
+    return 2 * all_to_all(nbytes, par.ep, link)
+
+
+def cp_kv_exchange(m: ModelArch, par: Parallel, tokens_per_group: float, link: Link) -> float:
+    """One layer's ring-attention exchange in one pass: the K and V of the `tokens_per_group`
+    tokens of a cp group, gathered over cp ranks (KV bytes of one layer per token)."""
+    if par.cp <= 1 or tokens_per_group <= 0:
+        return 0.0
+    per_layer = m.kv_elements_per_token() / m.layers * BYTES
+    return all_gather(tokens_per_group * per_layer, par.cp, link)
+
+
+def linear_state_bytes(m: ModelArch, eff: Efficiency) -> float:
+    """Bytes of the fixed state one sequence keeps in a hybrid model's Gated DeltaNet layers
+    (whole replica): the recurrent state at `Efficiency.linear_state_bytes` per element and the
+    convolution window in BF16, as SGLang sizes it (python/sglang/srt/configs/mamba_utils.py
+    `mamba_cache_per_req`). 0 without linear attention."""
+    rec, conv = m.linear_state_elements()
+    return rec * eff.linear_state_bytes + conv * BYTES
+
+
+def state_split(m: ModelArch, par: Parallel) -> int:
+    """Devices of a replica that each hold a distinct part of a sequence's GDN state: pp stages
+    times the TP ranks, up to key_heads (SGLang and vLLM shard the state and the convolution
+    window by head: `Mamba2StateShape.create` divides both by the TP size)."""
+    la = m.linear_attention
+    return par.pp * (max(min(par.tp, la.key_heads), 1) if la is not None else 1)
+
+
+def state_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """A sequence's GDN state counted in KV tokens of the same devices (its bytes per device /
+    KV bytes per token per device, the KV split as `costmodel.kv_split`): the room it takes
+    from the KV pool besides its context. 0 without linear attention."""
+    state = linear_state_bytes(m, eff)
+    if state <= 0:
+        return 0.0
+    kv_token = m.kv_elements_per_token() * BYTES
+    if dev.kind is DeviceKind.lpu:  # one SRAM pool per replica (`kv_capacity_tokens`)
+        return state / kv_token
+    kv_dev = kv_token * par.kv_scale / (par.pp * m.kv_tp_shards(par.tp))
+    return state / state_split(m, par) / kv_dev

@@ -1,0 +1,288 @@
+"""Iteration time of a placement: how role estimates combine into one RL step.
+
+One iteration has four stages, in order: `sync` (actor weights to every rollout placement),
+`rollout` (generation and tool calls), `score` (reference, reward, critic values, old log-probs)
+and `train` (actor, critic).
+
+Roles in one *slot* time-share its devices, so inside a stage their times add; different slots run
+side by side, so a stage lasts as long as its busiest slot (HybridFlow's rule). When the memory of
+a slot's roles does not fit the devices together, each role pays an onload (`onload_time`) once
+per iteration: a GPU rollout engine (whose KV pool fills the devices) sleeps and wakes, the other
+roles move their state to the host and back.
+
+Multi-turn jobs: a sequence keeps its engine slot while its tool call runs, so the rollout
+estimate carries the tool latencies, and the rollout slot's rollout stage also carries the rounds
+calls queue for a core (`rollout_tool_time`, priced per (rollout, environment) pair like the
+weight sync).
+
+sync mode:   T = sum over stages of max over slots of (sum of the slot's roles' stage times)
+async mode:  with staleness s >= 1, rollout of step i+1 overlaps scoring and training of step i, so
+             the busiest slot bounds throughput: T >= max over slots of (its total work), where a
+             rollout slot also carries the weight sync. And rollout i starts only once step
+             i - s - 1 trained, so one step's chain sync -> rollout -> score -> train (the
+             sync-mode sum, `async_chain_bound`) fits in s + 1 iterations: T >= chain / (s + 1).
+             T is the larger of the two bounds.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from placer.base.roles import Role
+from placer.cost.batching import step_terms
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import Estimate, rollout_shape
+from placer.cost.model import engine_swap_time, switch_time, weight_sync_time
+from placer.cost.rollout_tail import Replicas
+from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
+from placer.cost.split import res_with_samples
+from placer.cost.tail_samples import at_means, strata
+from placer.cost.toolqueue import queue_delay
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind, DeviceType
+
+STAGES = ("sync", "rollout", "score", "train")
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A role's estimate together with the slot it sits in."""
+
+    slot: str
+    est: Estimate
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    iteration_s: float
+    stage_s: dict[str, float]
+    slot_busy_s: dict[str, float]
+    switch_s: dict[str, float] = field(default_factory=dict)
+    sync_s: float = 0.0
+
+
+def sync_senders(a_pp: int, eff: Efficiency) -> int:
+    """Parallel sender streams of a refresh: one per pipeline stage when bucketed (each stage
+    streams its own layers: Miles, NeMo-RL, checkpoint-engine); one when unbucketed (verl's NCCL
+    path: actor rank 0 gathers every tensor and broadcasts it)."""
+    return a_pp if eff.sync_bucket_gb > 0 else 1
+
+
+def sync_calls(m: ModelArch, a_pp: int, eff: Efficiency, nbytes: float | None = None) -> int:
+    """Sequential calls of one sender stream: its share of the weights in `sync_bucket_gb`
+    buckets, or every tensor (`weight_tensors`) when unbucketed (`sync_bucket_gb` = 0).
+    `nbytes` (default: all of `m`'s weights) prices a partial push, as a trace records one:
+    unbucketed, it sends that share of the tensors."""
+    full = weight_bytes(m)
+    nbytes = full if nbytes is None else nbytes
+    if eff.sync_bucket_gb <= 0:
+        tensors = weight_tensors(m)
+        return tensors if nbytes >= full else max(math.ceil(tensors * nbytes / full), 1)
+    return max(math.ceil(nbytes / GB / sync_senders(a_pp, eff) / eff.sync_bucket_gb), 1)
+
+
+def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: str,
+               r_devices: int, r_replica: int, same_slot: bool,
+               eff: Efficiency | None = None) -> dict[str, float]:
+    """Raw GB/s of every link one weight refresh crosses (achieved: x `link_eff`).
+
+    The refresh is one pipelined broadcast that every rollout replica joins (NCCL broadcast,
+    checkpoint-engine, CUDA IPC), so its time does not grow with the replicas: t = latency +
+    bytes / min(links) (relation 4 of the published runs: c + bytes / (BW_eff x senders)).
+      local  actor and rollout in one slot: each replica takes the full weights from the
+             co-located actor (CUDA IPC + the engine's weight loading), all replicas at once, at
+             `sync_local_gbs` per replica whatever its TP size (NeMo-RL's DP8 -> TP8 Qwen3-4B
+             refit in 0.21-0.34 s; Miles' 27B into one-GPU SGLang engines in 2.5 s)
+      send   the actor's senders (`sync_senders`): one per pipeline stage (each holds different
+             layers; a ZeRO / FSDP actor gathers every tensor to one sender; an unbucketed
+             sync has one sender whatever the layout), each at most `sync_sender_gbs`
+             over the NIC (verl's checkpoint-engine README: ~8.25 GB/s achieved for NCCL over
+             400 Gb/s IB), or over NVLink when actor and rollout share one node
+      recv   one rank's link: a broadcast hands every rank of every GPU replica the full
+             weights (each rank then loads its shard; Miles' p2p-weight-transfer.md: broadcast
+             sends "redundant copies of the same weights ... to multiple ranks"), all at once;
+             LPU chips each take their own slice
+      cross  between two pools, when the topology caps it: cross_pool_gbs per node x the fewer
+             nodes
+    LPUs: `r_replica` is every chip of the placement (loaded once).
+    """
+    eff = eff or Efficiency()
+    a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
+    if same_slot:
+        return {"local": eff.sync_local_gbs}
+    senders = sync_senders(a_pp, eff)
+    per_node = res.cluster.pool(a_pool).devices_per_node
+    fan_in = r_replica if r_dev.kind is DeviceKind.lpu else 1  # ranks sharing the stream
+    if a_pool == r_pool and a_devices + r_devices <= per_node:  # one node: NVLink both ways
+        return {"send": senders * a_dev.intra_link_gbs, "recv": fan_in * r_dev.intra_link_gbs}
+    links = {"send": senders * min(a_dev.nic_gbs, eff.sync_sender_gbs),
+             "recv": fan_in * r_dev.nic_gbs}
+    cross = res.cluster.topology.cross_pool_gbs
+    if a_pool != r_pool and cross is not None:
+        nodes = min(_nodes_of(res, a_pool, a_devices), _nodes_of(res, r_pool, r_devices))
+        links["cross"] = cross * nodes
+    return links
+
+
+def _nodes_of(res: Resolved, pool: str, devices: int) -> int:
+    per = res.cluster.pool(pool).devices_per_node
+    return -(-devices // per)
+
+
+def _links(res: Resolved, actor: Placed, rollout: Placed, eff: Efficiency) -> dict[str, float]:
+    r_dev = res.device_of(rollout.est.pool)
+    r_par = rollout.est.par
+    replica = rollout.est.devices if r_dev.kind is DeviceKind.lpu else r_par.replica
+    return sync_links(res, actor.est.pool, actor.est.devices, actor.est.par.pp,
+                      rollout.est.pool, rollout.est.devices, replica,
+                      actor.slot == rollout.slot, eff)
+
+
+def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed,
+                   eff: Efficiency | None = None) -> float:
+    """Raw GB/s of the refresh's slowest link (`sync_links`); achieved: x `link_eff`."""
+    return min(_links(res, actor, rollout, eff or Efficiency()).values())
+
+
+def sync_time(res: Resolved, actor: Placed, rollout: Placed, calib: Calibration) -> float:
+    """Time to refresh every rollout replica: one broadcast of the full weights that all of
+    them join (`sync_links`) in `sync_calls` calls per sender, priced by
+    `costmodel.weight_sync_time`. A rollout split over pools: every part's replicas join the one
+    broadcast, so the slowest part's links pace it (the max over parts)."""
+    if rollout.est.parts:
+        return max(sync_time(res, actor, Placed(rollout.slot, p.est), calib)
+                   for p in rollout.est.parts)
+    m = res.arch_of(Role.ROLLOUT)
+    dev = res.device_of(rollout.est.pool)
+    eff = calib.for_device(dev)
+    return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
+                            sync_calls(m, actor.est.par.pp, eff))
+
+
+def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> float:
+    """What one role pays per iteration to give its colocated slot up and take it back: a GPU
+    rollout engine sleeps and wakes (`costmodel.engine_swap_time`: its weights over the host
+    link, its KV pool discarded and re-allocated); any other role moves all its state
+    (`costmodel.switch_time`)."""
+    if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:
+        return engine_swap_time(mem.weights, eff)
+    return switch_time(mem.total, eff)
+
+
+def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict[str, float]:
+    """Onload cost per slot whose roles' memory does not fit on its devices together
+    (`onload_time` per member)."""
+    by_slot: dict[str, list[Placed]] = defaultdict(list)
+    for p in placed:
+        by_slot[p.slot].append(p)
+    out = {}
+    for slot, members in by_slot.items():
+        if len(members) < 2:
+            continue  # alone (a split role always is): nothing to switch
+        dev = res.device_of(members[0].est.pool)
+        if dev.host_backed:  # its memory is host RAM already: a switch moves nothing
+            continue
+        need = sum(p.est.memory.total for p in members)
+        if need > dev.memory_gb:
+            eff = calib.for_device(dev)
+            out[slot] = sum(onload_time(p.est.role, p.est.memory, dev, eff) for p in members)
+    return out
+
+
+def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibration) -> float:
+    """Seconds the rollout engines wait on tool calls queued for a CPU core (multi-turn jobs).
+
+    A sequence keeps its engine slot (its KV) while its tool call runs; the rollout estimate
+    already holds each call's latency as if served at once (`estimate._waves`,
+    `rollout_tail.makespan`). What the environment's size adds is queueing: when the replicas
+    hold more sequences than the cores serve at once, calls queue first come, first served while
+    the groups already back decode (`toolqueue.queue_delay`: the lockstep waves at the job's
+    means replayed on every replica with one shared pool, minus the same replay with unlimited
+    cores). Like `sync_time` this prices a pair of placements (rollout, environment).
+    Over-provisioned it can be negative: staggered returns let the first groups decode in a
+    smaller batch, so the stage reaches its kept count sooner (`toolqueue.queue_delay`).
+    A rollout split over pools: the cores are shared in proportion to each part's engine slots
+    and each part's queueing adds to that part's time, so the term is what the slowest part
+    (with its queueing) adds to the split estimate's rollout stage.
+    """
+    env_spec = res.job.environment
+    if env_spec.kind == "none" or env_spec.turns < 2:
+        return 0.0
+    if rollout.est.parts:
+        return _split_tool_time(res, rollout.est, env.est, calib)
+    return _queueing(res, rollout.est, env.est, calib, 1.0)
+
+
+def _queueing(res: Resolved, rollout: Estimate, env: Estimate, calib: Calibration,
+              core_share: float) -> float:
+    """The queueing of one rollout placement's tool calls on `core_share` of `env`'s cores."""
+    env_spec = res.job.environment
+    r_dev, e_dev = res.device_of(rollout.pool), res.device_of(env.pool)
+    r_eff = calib.for_device(r_dev)
+    shape = rollout_shape(res, r_dev, rollout.par, r_eff)
+    slots = max(int(env.devices * e_dev.cores * core_share // env_spec.cpu_per_call), 1)
+    if shape.concurrency < 1 or shape.replicas * shape.concurrency <= slots:
+        return 0.0  # every sequence's call finds a free core
+    job = at_means(res.job)
+    row = strata(job, 1, 0.0)
+    lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
+    st = step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.par, r_eff)
+    reps = Replicas(shape.replicas, shape.per_replica, shape.steady, shape.generated,
+                    shape.kept)
+    out = env_spec.tool_output_tokens
+    return queue_delay(st, reps, row.prompt[0], row.response[0], out, lat, slots)
+
+
+def _split_tool_time(res: Resolved, split: Estimate, env: Estimate, calib: Calibration) -> float:
+    """`rollout_tool_time` of a split rollout (see there): each part queues on its share of the
+    cores (its engine slots over all parts'), on the job of its own samples."""
+    jobs = [res_with_samples(res, p.samples) for p in split.parts]
+    slots = []
+    for p, pres in zip(split.parts, jobs):
+        dev = res.device_of(p.est.pool)
+        shape = rollout_shape(pres, dev, p.est.par, calib.for_device(dev))
+        slots.append(shape.replicas * max(shape.concurrency, 0))
+    total = sum(slots) or 1
+    worst = max(p.est.stage_s.get("rollout", 0.0) + _queueing(pres, p.est, env, calib, n / total)
+                for p, pres, n in zip(split.parts, jobs, slots))
+    return max(worst - split.stage_s.get("rollout", 0.0), 0.0)
+
+
+def async_chain_bound(chain_s: float, res: Resolved) -> float:
+    """The async pipeline's second bound: rollout i may start only once step i - s - 1 trained
+    (`simulator.iteration`: staleness s), and step i's weight sync, rollout, scoring and training
+    follow one another before step i trains, so that chain spans at most s + 1 iterations."""
+    return chain_s / (res.job.pipeline.max_staleness + 1)
+
+
+def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> Breakdown:
+    """Combine placed estimates into the iteration time of the job's pipeline mode."""
+    by_role = {p.est.role: p for p in placed}
+    sync = 0.0
+    if Role.ACTOR in by_role and Role.ROLLOUT in by_role:
+        sync = sync_time(res, by_role[Role.ACTOR], by_role[Role.ROLLOUT], calib)
+    switch = slot_switch(res, placed, calib)
+    per_slot_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for p in placed:
+        for stage, t in p.est.stage_s.items():
+            per_slot_stage[p.slot][stage] += t
+    rollout_slot = by_role[Role.ROLLOUT].slot if Role.ROLLOUT in by_role else None
+    if rollout_slot is not None:
+        per_slot_stage[rollout_slot]["sync"] += sync
+        if Role.ENVIRONMENT in by_role:  # engines hold their sequences through tool calls
+            per_slot_stage[rollout_slot]["rollout"] += rollout_tool_time(
+                res, by_role[Role.ROLLOUT], by_role[Role.ENVIRONMENT], calib)
+    for slot, t in switch.items():
+        per_slot_stage[slot]["switch"] += t
+    busy = {s: sum(st.values()) for s, st in per_slot_stage.items()}
+    stage_s = {st: max((v.get(st, 0.0) for v in per_slot_stage.values()), default=0.0)
+               for st in STAGES}
+    stage_s["switch"] = max(switch.values(), default=0.0)
+    chain = sum(stage_s.values())  # sync -> rollout -> score -> train of one step, in order
+    if res.job.pipeline.mode == "async":
+        total = max(max(busy.values(), default=0.0), async_chain_bound(chain, res))
+    else:
+        total = chain
+    return Breakdown(total, stage_s, busy, switch, sync)

@@ -1,0 +1,122 @@
+"""Assemble a `Plan` from chosen candidates: slots, predicted time, bundles and sync routes.
+
+The ILP, the baselines and hand-written test plans all end here, so every plan is priced by the
+same `timing.iteration_time` and mapped to nodes by the same `mapping.map_to_nodes`.
+"""
+from __future__ import annotations
+
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import Estimate, Part, estimate
+from placer.cost.split import join, res_with_samples
+from placer.cost.timing import Breakdown as Timing
+from placer.cost.timing import Placed, iteration_time
+from placer.solve.planfile import (
+    Breakdown,
+    Plan,
+    RolePart,
+    RolePlacement,
+    SlotPart,
+    SlotPlan,
+    SolverInfo,
+)
+from placer.solve.pricing import booked_per_hour, per_sample, slots_price
+from placer.spec.catalog import Resolved, resolve
+from placer.spec.job import Job
+from placer.spec.load import dump_job
+
+
+def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
+    """One slot per distinct slot name, sized by its largest role, in the job's role order."""
+    order: dict[str, int] = {r: i for i, r in enumerate(res.job.roles())}
+    slots: dict[str, SlotPlan] = {}
+    for p in sorted(placed, key=lambda p: order[p.est.role]):
+        cur = slots.get(p.slot)
+        if p.est.parts:  # a split role: alone in its slot, devices on each part's pool
+            if cur is not None:
+                raise ValueError(f"slot {p.slot}: role {p.est.role} is split over pools and "
+                                 "cannot share its slot")
+            parts = [SlotPart(pool=q.est.pool, devices=q.est.devices) for q in p.est.parts]
+            slots[p.slot] = SlotPlan(name=p.slot, pool=parts[0].pool, devices=p.est.devices,
+                                     roles=[p.est.role], parts=parts)
+        elif cur is None:
+            slots[p.slot] = SlotPlan(name=p.slot, pool=p.est.pool, devices=p.est.devices,
+                                     roles=[p.est.role])
+        else:
+            if cur.parts or cur.pool != p.est.pool:
+                raise ValueError(f"slot {p.slot} mixes pools {cur.pool} and {p.est.pool}")
+            slots[p.slot] = SlotPlan(name=p.slot, pool=cur.pool,
+                                     devices=max(cur.devices, p.est.devices),
+                                     roles=[*cur.roles, p.est.role])
+    return list(slots.values())
+
+
+def role_part(q: Part, total: int) -> RolePart:
+    e = q.est
+    return RolePart(pool=e.pool, devices=e.devices, tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
+                    ep=e.par.ep, fp8_weights=e.par.fp8_weights, fp8_kv=e.par.fp8_kv,
+                    share=q.samples / total, samples=q.samples, time_s=e.time_s,
+                    stage_s=dict(e.stage_s), memory_gb=e.memory.total,
+                    concurrency=e.concurrency)
+
+
+def role_placement(p: Placed) -> RolePlacement:
+    e: Estimate = p.est
+    total = sum(q.samples for q in e.parts)
+    parts = [role_part(q, total) for q in e.parts]
+    return RolePlacement(pool=parts[0].pool if parts else e.pool, devices=e.devices, parts=parts,
+                         tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
+                         zero=e.par.zero, recompute=e.par.recompute, offload=e.par.offload,
+                         cp=e.par.cp, ep=e.par.ep, etp=e.par.etp,
+                         shard=e.par.shard_dp if e.par.hsdp else 0,
+                         fp8_weights=e.par.fp8_weights,
+                         fp8_kv=e.par.fp8_kv, fp8_train=e.par.fp8_train,
+                         slot=p.slot, time_s=e.time_s, stage_s=dict(e.stage_s),
+                         memory_gb=e.memory.total, concurrency=e.concurrency)
+
+
+def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
+    """Price of the devices the plan holds (USD per hour)."""
+    return slots_price(res, (pd for s in slots for pd in s.pool_devices()))
+
+
+def assemble(res: Resolved, placed: list[Placed], calib: Calibration, solver: SolverInfo,
+             calibration_doc: dict | None = None) -> Plan:
+    """Price, slot and map a placement into a plan."""
+    from placer.solve.mapping import map_to_nodes  # lazy: networkx (~0.1 s) only when assembling
+
+    bd = iteration_time(res, placed, calib)
+    slots = slot_plans(res, placed)
+    roles = {p.est.role: role_placement(p) for p in placed}
+    slots, bundles, routes = map_to_nodes(res, slots, roles)
+    samples = res.job.batch.samples
+    per_hour, booked = cost_per_hour(res, slots), booked_per_hour(res)
+    return Plan(job=dump_job(res.job), mode=res.job.pipeline.mode, objective=res.job.objective,
+                predicted_iteration_s=bd.iteration_s,
+                throughput_samples_s=samples / bd.iteration_s,
+                cost_per_sample=per_sample(per_hour, bd.iteration_s, samples),
+                used_usd_per_hour=per_hour, booked_usd_per_hour=booked,
+                booked_cost_per_sample=per_sample(booked, bd.iteration_s, samples),
+                breakdown=Breakdown(stage_s=bd.stage_s, slot_busy_s=bd.slot_busy_s,
+                                    switch_s=bd.switch_s, sync_s=bd.sync_s),
+                roles={r: roles[r] for r in res.job.roles() if r in roles},
+                slots=slots, bundles=bundles, sync_routes=routes, solver=solver,
+                calibration=calibration_doc)
+
+
+def reprice(plan: Plan, job: Job, calib: Calibration) -> Timing:
+    """A plan's placement (every role's pool, layout and slot) priced for `job`: e.g. the job at
+    its means (`rollout_tail.at_means`), what a no-variance simulation of the plan runs."""
+    res = resolve(job, plan.job.get("name", "plan"))
+    placed = [Placed(r.slot, placed_estimate(res, role, r, calib)) for role, r in plan.roles.items()]
+    return iteration_time(res, placed, calib)
+
+
+def placed_estimate(res: Resolved, role: str, r: RolePlacement, calib: Calibration) -> Estimate:
+    """A plan's role priced again for `res` (its parts too, each on its own samples)."""
+    if not r.parts:
+        return estimate(res, role, res.cluster.pool(r.pool), r.par, calib)
+    parts = []
+    for q in r.parts:
+        pres = res_with_samples(res, q.samples)
+        parts.append(Part(estimate(pres, role, pres.cluster.pool(q.pool), q.par, calib), q.samples))
+    return join(parts)

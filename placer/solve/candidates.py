@@ -1,0 +1,363 @@
+"""Candidate configs: every memory-feasible, parallelism-valid way to run a role on a pool.
+
+For each (role, pool) that may host the role, enumerate device counts (every count inside one
+node, powers of two, and whole multiples of a node, up to the pool's size) and parallel layouts
+(`placer.cost.sharding` says what each dimension splits):
+  training (GPU, can_train): TP in powers of two inside one NVLink domain, PP stages from
+      `PP_CHOICES`, CP for sequences longer than a micro-batch, EP for a mixture of experts
+      (ETP 1), DP the rest, ZeRO-3 sharding (and, where dp spans nodes, HSDP with one node's
+      shard group: `hsdp_layouts`), activation recomputation on, optimizer offload where
+      nothing fits without it;
+  generation / forward on GPUs: TP inside a node, PP stages across whole nodes (engines larger
+      than a node), EP = TP for a mixture of experts, DP replicas;
+  LPUs: replicas of `lpu_chips` chips (the weights must sit in SRAM);
+  CPU pools: a number of nodes (environments, rule rewards, tiny models).
+Each candidate carries its `Estimate` from the one cost model. Dominated candidates (another one on
+the same pool with no more devices and no more time in every stage, and no more memory) are pruned.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from placer.base.roles import TRAINING_ROLES, Role
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import Estimate, can_host, estimate
+from placer.cost.generation import lpu_chips
+from placer.cost.layercomm import MICRO_TOKENS, NODE_DEVICES
+from placer.cost.roofline import GB, weight_bytes
+from placer.cost.sharding import Parallel
+from placer.cost.split import SplitKeep, split_estimates
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind, DeviceType, Pool
+from placer.spec.job import pin_of, pinned_layouts
+
+
+@dataclass(frozen=True)
+class Candidate:
+    role: str
+    pool: str
+    est: Estimate
+
+    @property
+    def devices(self) -> int:
+        return self.est.devices
+
+    @property
+    def time_s(self) -> float:
+        return self.est.time_s
+
+    @property
+    def split(self) -> bool:
+        """Split over pools (`placer.cost.split`): `pool` then joins the parts' pools by "+"."""
+        return bool(self.est.parts)
+
+    def pool_devices(self) -> dict[str, int]:
+        return self.est.pool_devices()
+
+
+def device_counts(total: int, per_node: int, step: int = 1, limit: int | None = None) -> list[int]:
+    """Counts that are multiples of `step`: every multiple inside one node (DP replicas need not
+    be a power of two), powers of two, and whole-node multiples up to `total`."""
+    top = min(total, limit or total)
+    out = set(range(step, min(per_node, top) + 1, step))
+    k = step
+    while k <= top:
+        out.add(k)
+        k *= 2
+    n = per_node
+    while n <= top:
+        if n % step == 0:
+            out.add(n)
+        n = n * 2 if n >= 8 * per_node else n + per_node
+    if top % step == 0 and top >= step:
+        out.add(top)
+    return sorted(out)
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+# Pipeline stages tried. Not only powers of two: a stage count need not divide the layers
+# (Megatron-Core places uneven first and last stages; the cost model prices the mean stage).
+PP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+# Context parallelism is tried for jobs whose longest sequence exceeds one micro-batch of
+# `MICRO_TOKENS` (the activations of one sequence no longer fit the usual per-device budget).
+CP_CHOICES = (1, 2, 4)
+EP_CHOICES = (1, 2, 4, 8)  # expert parallelism, inside one NVLink domain (all-to-all on NVLink)
+
+
+def _pps(layers: int, cap: int) -> list[int]:
+    return [p for p in PP_CHOICES if p == 1 or (p <= cap and 2 * p <= layers)]
+
+
+def _eps(m: ModelArch, ranks: int, domain: int) -> list[int]:
+    """EP degrees for `ranks` non-pipeline ranks: none, and the largest of `EP_CHOICES` that
+    divides the experts and the ranks inside one NVLink domain (a smaller one moves the same
+    all-to-all bytes per rank over fewer ranks and leaves bigger expert shards and ZeRO
+    gathers, so it is not tried)."""
+    if not m.moe:
+        return [1]
+    ok = [e for e in EP_CHOICES if m.experts % e == 0 and ranks % e == 0 and e <= domain]
+    return sorted({1, max(ok)})
+
+
+def _training_layouts(m: ModelArch, counts: list[int], tps: list[int], domain: int,
+                      cps: tuple[int, ...]) -> list[Parallel]:
+    """TP x CP x PP x DP (x EP for a mixture of experts, ETP 1); optimizer offload is tried by
+    `role_candidates` only where a layout does not fit without it."""
+    out = []
+    for n in counts:
+        for tp in tps:
+            for cp in cps:
+                for pp in _pps(m.layers, 16):
+                    if n % (tp * cp * pp):
+                        continue
+                    dp = n // (tp * cp * pp)
+                    for ep in _eps(m, tp * cp * dp, domain):
+                        out.append(Parallel(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep))
+    return out
+
+
+# An engine spans nodes (PP stages) only when one node's devices, TP over all of them, would
+# spend more than this share of their memory on weights: pipeline stages do not shorten a
+# decode step (`generation._decode_terms`), they only make room for weights and KV.
+MULTI_NODE_WEIGHT_SHARE = 0.5
+
+
+def _inference_layouts(m: ModelArch, dev: DeviceType, counts: list[int], tps: list[int],
+                       domain: int, nodes: int) -> list[Parallel]:
+    """Engine replicas of TP inside a node, PP stages across whole nodes when a node is tight
+    (an engine larger than a node: vLLM's and SGLang's multi-node serving), EP = TP for a
+    mixture of experts (vLLM's --enable-expert-parallel), DP replicas of that."""
+    tight = weight_bytes(m) / domain > MULTI_NODE_WEIGHT_SHARE * dev.memory_gb * GB
+    out = []
+    for n in counts:
+        for tp in tps:
+            # a stage of fewer than a node's devices gains nothing from crossing nodes
+            pps = _pps(m.layers, nodes) if tp == domain and tight else [1]
+            for pp in pps:
+                if n % (tp * pp):
+                    continue
+                eps = [1] + ([tp] if m.moe and tp > 1 and m.experts % tp == 0 else [])
+                for ep in eps:
+                    out.append(Parallel(tp=tp, pp=pp, dp=n // (tp * pp), ep=ep))
+    return out
+
+
+def layouts(res: Resolved, role: str, pool: Pool, calib: Calibration,
+            limit: int | None = None) -> list[Parallel]:
+    """Parallel layouts to try for `role` on `pool` (not yet checked for memory)."""
+    dev = res.device_of(pool)
+    total = pool.devices_per_node * pool.nodes
+    m = res.model_of(role)
+    if dev.kind is DeviceKind.cpu or m is None:
+        return [Parallel(dp=n) for n in device_counts(total, pool.devices_per_node, 1, limit)]
+    if dev.kind is DeviceKind.lpu:
+        chips = lpu_chips(m, dev, calib.for_device(dev))
+        return [Parallel(dp=n) for n in device_counts(total, pool.devices_per_node, chips, limit)
+                if n >= chips]
+    domain = min(pool.nvlink_domain or pool.devices_per_node, total)
+    tps = [t for t in _pow2_upto(domain) if m.heads % t == 0]
+    counts = device_counts(total, pool.devices_per_node, 1, limit)
+    if role in TRAINING_ROLES:
+        cps = CP_CHOICES if res.job.max_context > MICRO_TOKENS else (1,)
+        pars = _training_layouts(m, counts, tps, domain, cps)
+        pin = pin_of(res.job, role)
+        pars += hsdp_layouts(pars, pool, pin.shard if pin is not None else None)
+    else:
+        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes)
+    flags = fp8_flags(res, role, dev)
+    return [replace(p, **flags) for p in pars] if any(flags.values()) else pars
+
+
+def fp8_flags(res: Resolved, role: str, dev: DeviceType) -> dict[str, bool]:
+    """The job's FP8 options (`spec.Precision`) that apply to `role` on `dev`: only on devices
+    with FP8 tensor cores; rollout weights and KV cache for the rollout role, GEMMs for the
+    training roles."""
+    prec, fp8 = res.job.precision, dev.fp8_tflops is not None
+    if role in TRAINING_ROLES:
+        return {"fp8_train": fp8 and prec.training == "fp8"}
+    if role == Role.ROLLOUT:
+        return {"fp8_weights": fp8 and prec.rollout_weights == "fp8",
+                "fp8_kv": fp8 and prec.kv_cache == "fp8"}
+    return {}
+
+
+def role_candidates(res: Resolved, role: str, pool: Pool, calib: Calibration,
+                    limit: int | None = None, prune: bool = True) -> list[Candidate]:
+    """Feasible candidates of one role on one pool, fastest first per device count."""
+    if not can_host(res, role, pool):
+        return []
+    cands = []
+    dev = res.device_of(pool)  # on a host-RAM device an offload frees nothing
+    offload = role in TRAINING_ROLES and dev.kind is DeviceKind.gpu and not dev.host_backed
+    for par in pinned_layouts(res.job, role, pool.name, layouts(res, role, pool, calib, limit)):
+        est = estimate(res, role, pool, par, calib)
+        if not est.feasible and offload:
+            # optimizer state on the host: slower, so only worth it where nothing else fits
+            est = estimate(res, role, pool, replace(par, offload=True), calib)
+        if est.feasible:
+            cands.append(Candidate(role, pool.name, est))
+    return prune_dominated(cands) if prune else cands
+
+
+def hsdp_layouts(pars: list[Parallel], pool: Pool, pinned: int | None = None) -> list[Parallel]:
+    """HSDP variants (`Parallel.shard`) of the ZeRO-3 layouts whose devices span several nodes:
+    the shard group cut to one node's devices (shard x tp x cp x pp of them), so the parameter
+    gathers and gradient reduce-scatters stay on NVLink and only the shards' all-reduce crosses
+    nodes (`layercomm.hsdp_all_reduce`), at the price of state sharded over fewer ranks. Only
+    that size (and a job's pinned `shard`), to keep the ILP small; the estimate drops a variant
+    that does not fit and `prune_dominated` keeps the faster of it and plain ZeRO-3."""
+    node = min(pool.devices_per_node, NODE_DEVICES)
+    out = []
+    for par in pars:
+        if par.zero < 3 or par.shard:
+            continue
+        sizes = {pinned} if pinned is not None else set()
+        if par.devices > node and node % par.replica == 0:
+            sizes.add(node // par.replica)
+        out += [replace(par, shard=s) for s in sorted(sizes) if 0 < s < par.dp and par.dp % s == 0]
+    return out
+
+
+def prune_dominated(cands: list[Candidate]) -> list[Candidate]:
+    """Keep, for every device count, the fastest config (and the fastest HSDP one apart: its
+    larger state shard costs more to switch in a colocated slot, so the ILP weighs the two);
+    drop a candidate that another with no more devices dominates.
+
+    Safe for the ILP: a candidate with more devices, no less time in any stage and no less memory
+    than another on the same pool can never be needed in an optimal plan.
+    """
+    best: dict[tuple[int, bool], Candidate] = {}
+    for c in cands:
+        key = (c.devices, c.est.par.hsdp)
+        cur = best.get(key)
+        if cur is None or (c.time_s, c.est.memory.total) < (cur.time_s, cur.est.memory.total):
+            best[key] = c
+    kept: list[Candidate] = []
+    for key in sorted(best):
+        c = best[key]
+        if any(_dominates(k, c) for k in kept):
+            continue
+        kept.append(c)
+    return kept
+
+
+def _dominates(a: Candidate, b: Candidate) -> bool:
+    stages = set(a.est.stage_s) | set(b.est.stage_s)
+    return (a.devices <= b.devices and a.est.memory.total <= b.est.memory.total
+            and all(a.est.stage_s.get(s, 0.0) <= b.est.stage_s.get(s, 0.0) for s in stages))
+
+
+# role -> pool -> the role's candidates on that pool
+PerPool = dict[str, dict[str, list[Candidate]]]
+
+
+def all_candidates(res: Resolved, calib: Calibration,
+                   limit: int | None = None) -> dict[str, list[Candidate]]:
+    """Role -> candidates over every pool that may host it, then those split over two pools
+    (`placer.cost.split`)."""
+    return with_splits(res, calib, single_candidates(res, calib, limit))
+
+
+# Clusters of at least this many devices price their single-pool candidates in worker processes
+# (when the caller grants more than one): there a rollout's tail-aware replays take seconds per
+# pool, while starting a worker (a fresh interpreter importing the planner) takes ~0.5 s.
+PARALLEL_DEVICES = 4096
+
+
+def single_candidates(res: Resolved, calib: Calibration, limit: int | None = None,
+                      workers: int = 1) -> PerPool:
+    """Role -> pool -> the role's candidates on that one pool. On a large cluster
+    (`PARALLEL_DEVICES`) with `workers` > 1 each (role, pool) is priced in one of `workers`
+    processes; the table is the same either way (each pair is priced on its own)."""
+    tasks: list[tuple[str, Pool]] = [(role, pool) for role in res.job.roles()
+                                     for pool in res.cluster.pools]
+    devices = sum(p.devices_per_node * p.nodes for p in res.cluster.pools)
+    if workers > 1 and devices >= PARALLEL_DEVICES and not mp.current_process().daemon:
+        found = _priced_apart(res, calib, limit, tasks, workers)
+    else:
+        found = {(r, p.name): role_candidates(res, r, p, calib, limit) for r, p in tasks}
+    return {role: {pool.name: found[role, pool.name] for pool in res.cluster.pools}
+            for role in res.job.roles()}
+
+
+def _priced_apart(res: Resolved, calib: Calibration, limit: int | None,
+                  tasks: list[tuple[str, Pool]], workers: int
+                  ) -> dict[tuple[str, str], list[Candidate]]:
+    """`role_candidates` of every task in `workers` worker processes (`placer.solve.tablework`).
+    The rollout's tasks on accelerators dominate (tail-aware replays), so they are dealt out
+    first, one per worker in turn, then the rest; a worker that fails leaves its share to be
+    priced here (where any error in the job surfaces as it would without workers)."""
+    heavy = [t for t in tasks if t[0] == Role.ROLLOUT and res.device_of(t[1]).kind is not
+             DeviceKind.cpu]
+    order = heavy + [t for t in tasks if t not in heavy]
+    shares = [order[i::workers] for i in range(workers) if order[i::workers]]
+    found: dict[tuple[str, str], list[Candidate]] = {}
+    with tempfile.TemporaryDirectory(prefix="placer-table-") as tmp:
+        procs = []
+        for i, share in enumerate(shares):
+            src, dst = Path(tmp) / f"in{i}", Path(tmp) / f"out{i}"
+            src.write_bytes(pickle.dumps((res, calib, limit, [(r, p.name) for r, p in share])))
+            procs.append((share, dst, subprocess.Popen(
+                [sys.executable, "-m", "placer.solve.tablework", str(src), str(dst)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_child_env())))
+        for share, dst, proc in procs:
+            if proc.wait() == 0 and dst.exists():
+                found.update(pickle.loads(dst.read_bytes()))
+            else:
+                found.update({(r, p.name): role_candidates(res, r, p, calib, limit)
+                              for r, p in share})
+    return found
+
+
+def _child_env() -> dict[str, str]:
+    """The environment with this interpreter's import path, so a worker imports this placer."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def flat(per_pool: PerPool) -> dict[str, list[Candidate]]:
+    return {role: [c for cs in pools.values() for c in cs] for role, pools in per_pool.items()}
+
+
+def with_splits(res: Resolved, calib: Calibration, per_pool: PerPool,
+                keep: Callable[[str], SplitKeep] | None = None) -> dict[str, list[Candidate]]:
+    """Role -> its single-pool candidates, then those split over two pools (`placer.cost.split`);
+    `keep(role)` says which splits are worth pricing (`placer.solve.ilp_bound.split_keep`)."""
+    out: dict[str, list[Candidate]] = {}
+    for role, pools in per_pool.items():
+        splits = split_estimates(res, calib, role, {p: [c.est for c in cs] for p, cs in pools.items()},
+                                 keep(role) if keep is not None else None)
+        out[role] = [c for cs in pools.values() for c in cs] + [Candidate(role, e.pool, e)
+                                                               for e in splits]
+    return out
+
+
+def memory_floor_gb(res: Resolved, role: str) -> float:
+    """State the role must hold somewhere, whatever the sharding: 16 B/param to train, 2 to serve."""
+    m = res.model_of(role)
+    if m is None:
+        return 0.0
+    return m.params() * (16 if role in TRAINING_ROLES else 2) / 1e9
+
+
+def min_devices(res: Resolved, role: str, pool: Pool, calib: Calibration) -> int | None:
+    """Fewest devices of `pool` on which the role fits, or None if it cannot run there."""
+    cands = role_candidates(res, role, pool, calib, prune=False)
+    return min((c.devices for c in cands), default=None)

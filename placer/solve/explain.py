@@ -1,0 +1,339 @@
+"""Why a plan looks the way it does.
+
+  breakdown  per role: pool, layout, time per stage, memory per device by kind (re-estimated from
+             the one cost model, so the numbers are the ones the ILP used)
+  binding    the constraints that hold the plan where it is: pools used to the last device, slots
+             whose roles do not fit in memory together (they pay offload/onload), the slot that
+             sets each stage (sync) or the busiest slot (async), roles at their largest config
+  marginal   the value of one more node of each pool, by re-solving the ILP on the grown cluster
+  release    nodes the plan leaves idle, per pool, that can be given back at the same iteration
+             time: the plan's placement re-priced on the shrunk cluster through the cost table
+             (`releases`), and what they cost per hour
+  host       host memory of the busiest node of each GPU pool by part (`placer.solve.hostmem`)
+  split      per role split over pools (`placer.cost.split`): its parts (pool, layout, share of the
+             samples, time) and why: the best single-pool plan, re-solved with the split
+             candidates left out, against the split plan (`single_pool_alternative`)
+
+Why a job does not fit at all is `placer.solve.diagnose`, which the planner calls; this module
+sits above the planner, since `marginal` and `split` re-solve.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from placer.base.errors import Infeasible
+from placer.base.roles import TRAINING_ROLES
+from placer.cost.efficiency import Calibration
+from placer.cost.timing import Placed, iteration_time
+from placer.solve.assemble import placed_estimate
+from placer.solve.candidates import role_candidates
+from placer.solve.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
+from placer.solve.ilp import Unsolved
+from placer.solve.ilp_bound import score
+from placer.solve.ilp_solve import solve
+from placer.solve.moves import dims
+from placer.solve.planfile import Plan, RolePlacement
+from placer.solve.planner import build_problem, plan_job
+from placer.solve.pricing import device_price
+from placer.spec.catalog import Resolved, with_nodes
+from placer.spec.job import pin_of
+
+
+def breakdown(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[str, Any]]:
+    out = {}
+    for role, r in plan.roles.items():
+        pool = res.cluster.pool(r.pool)
+        est = placed_estimate(res, role, r, calib)  # a split role: its parts, each re-priced
+        mem = est.memory
+        if r.parts:  # the part whose memory the role reports (the fullest) sets the device
+            pool = res.cluster.pool(max(est.parts, key=lambda q: q.est.memory.total).est.pool)
+        out[role] = {"pool": r.pool, "device": pool.device, "devices": r.devices,
+                     "layout": dims(r) + (" offload" if r.offload else ""),
+                     "slot": r.slot, "stage_s": {k: round(v, 4) for k, v in r.stage_s.items()},
+                     "time_s": round(r.time_s, 4),
+                     "share": round(r.time_s / plan.predicted_iteration_s, 4),
+                     "memory_gb": {k: round(getattr(mem, k), 3) for k in
+                                   ("weights", "grads", "optimizer", "activations", "kv_cache",
+                                    "overhead")},
+                     "memory_total_gb": round(mem.total, 3),
+                     "device_memory_gb": res.device_of(pool).memory_gb,
+                     "host_optimizer_gb": round(_host_optimizer(res, role, r.par), 3),
+                     "pinned": pin.describe() if (pin := pin_of(res.job, role)) else None}
+        if r.parts:
+            out[role] |= {"pool": "+".join(q.pool for q in r.parts), "device": "+".join(
+                res.cluster.pool(q.pool).device for q in r.parts), "parts": _parts(res, r)}
+    return out
+
+
+def _parts(res: Resolved, r: RolePlacement) -> list[dict[str, Any]]:
+    """A split role's parts as `breakdown` and `split` report them."""
+    return [{"pool": q.pool, "device": res.cluster.pool(q.pool).device, "devices": q.devices,
+             "layout": dims(q.par), "share": round(q.share, 4), "samples": q.samples,
+             "time_s": round(q.time_s, 4), "memory_total_gb": round(q.memory_gb, 3),
+             "device_memory_gb": res.device_of(q.pool).memory_gb} for q in r.parts]
+
+
+def _host_optimizer(res: Resolved, role: str, par) -> float:
+    """GB per device of optimizer state the role keeps on the host (offloaded)."""
+    m = res.model_of(role)
+    return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
+
+
+@dataclass(frozen=True)
+class Release:
+    """Idle nodes of a pool that can go back at the same iteration time."""
+
+    pool: str
+    nodes: int
+    keep: int  # nodes the plan uses
+    usd_per_hour: float
+
+    def line(self) -> str:
+        return (f"release {self.nodes} node{'s' if self.nodes != 1 else ''} of {self.pool}: "
+                f"same time, {self.usd_per_hour:.2f} USD/h less")
+
+
+def releases(plan: Plan, res: Resolved, calib: Calibration) -> list[Release]:
+    """Per pool, the nodes no bundle of the plan uses, if giving them back keeps the time."""
+    used: dict[str, set[int]] = {}
+    for b in plan.bundles:
+        used.setdefault(b.pool, set()).add(b.node)
+    out = []
+    for p in res.cluster.pools:
+        keep = len(used.get(p.name, ()))
+        idle = p.nodes - keep
+        if idle > 0 and _same_time(plan, res, calib, p.name, keep):
+            out.append(Release(p.name, idle, keep,
+                               device_price(res, p.name) * p.devices_per_node * idle))
+    return out
+
+
+def _same_time(plan: Plan, res: Resolved, calib: Calibration, pool: str, keep: int) -> bool:
+    """The plan's placement priced by the cost table on the cluster with `pool` cut to `keep`
+    nodes (0: gone) has the plan's iteration time."""
+    try:
+        small = with_nodes(res.job, {pool: keep})
+    except Infeasible:  # no nodes left at all
+        return False
+    placed = []
+    for role, r in plan.roles.items():
+        est = placed_estimate(small, role, r, calib)  # a split role: every part on its pool
+        if not est.feasible:
+            return False
+        placed.append(Placed(r.slot, est))
+    t = iteration_time(small, placed, calib).iteration_s
+    return math.isclose(t, plan.predicted_iteration_s, rel_tol=1e-9)
+
+
+def host_memory(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[str, Any]]:
+    """Per checked GPU pool, its busiest node's host memory by part (GB) and capacity."""
+    return {pool: {"node": n.node, "parts_gb": {k: round(v, 1) for k, v in n.parts.items()},
+                   "total_gb": round(n.total_gb, 1), "capacity_gb": n.capacity_gb}
+            for pool, n in busiest_per_pool(plan_nodes(plan, res, calib)).items()}
+
+
+def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
+    notes = []
+    used: dict[str, int] = {}
+    for s in plan.slots:
+        for pool_name, n in s.pool_devices():  # a split role's slot: its devices on each pool
+            used[pool_name] = used.get(pool_name, 0) + n
+    for p in res.cluster.pools:
+        cap = p.devices_per_node * p.nodes
+        if used.get(p.name, 0) == cap:
+            notes.append(f"pool {p.name}: all {cap} devices used (capacity binds)")
+    for slot, t in plan.breakdown.switch_s.items():
+        notes.append(f"slot {slot}: its roles do not fit in memory together; "
+                     f"offload/onload costs {t:.2f} s per iteration")
+    busy = plan.breakdown.slot_busy_s
+    if plan.mode == "async" and busy:
+        top = max(busy, key=busy.__getitem__)
+        chain = sum(plan.breakdown.stage_s.values())
+        stale = plan.spec.pipeline.max_staleness
+        if chain / (stale + 1) > busy[top]:
+            notes.append(f"async: one step's sync -> rollout -> score -> train chain "
+                         f"({chain:.2f} s) must fit in staleness + 1 = {stale + 1} iterations "
+                         f"and sets the iteration time (busiest slot {top}: {busy[top]:.2f} s)")
+        else:
+            notes.append(f"async: slot {top} is the busiest ({busy[top]:.2f} s) and sets the "
+                         "iteration time")
+    else:
+        for stage, t in plan.breakdown.stage_s.items():
+            if t > 0:
+                notes.append(f"stage {stage}: {t:.2f} s, set by {_stage_setter(plan, stage)}")
+    for role, r in plan.roles.items():
+        if r.parts:  # a part that takes its whole pool: more of that pool would speed it up
+            notes += [f"role {role}: its part on pool {q.pool} uses the whole pool ({q.devices} "
+                      "devices)" for q in r.parts if q.devices == _capacity(res, q.pool)]
+            continue
+        biggest = max((c.devices for c in role_candidates(res, role, res.cluster.pool(r.pool),
+                                                          calib)), default=0)
+        if r.devices == biggest and r.devices == res.cluster.pool(r.pool).devices_per_node * \
+                res.cluster.pool(r.pool).nodes:
+            notes.append(f"role {role}: uses the whole pool {r.pool}; only more nodes would "
+                         "speed it up")
+    return notes
+
+
+def _capacity(res: Resolved, pool_name: str) -> int:
+    pool = res.cluster.pool(pool_name)
+    return pool.devices_per_node * pool.nodes
+
+
+def _stage_setter(plan: Plan, stage: str) -> str:
+    if stage == "sync":
+        return "weight sync actor -> rollout"
+    if stage == "switch":
+        return "offload/onload of a colocated slot"
+    per_slot: dict[str, float] = {}
+    for r in plan.roles.values():
+        per_slot[r.slot] = per_slot.get(r.slot, 0.0) + r.stage_s.get(stage, 0.0)
+    slot = max(per_slot, key=per_slot.__getitem__)
+    roles = [role for role, r in plan.roles.items() if r.slot == slot and r.stage_s.get(stage)]
+    return f"slot {slot} ({', '.join(roles)})"
+
+
+def marginal(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+             ) -> dict[str, dict[str, float]]:
+    """Per pool: iteration time and cost per sample with one more node (re-solved)."""
+    out = {}
+    for p in res.cluster.pools:
+        grown = with_nodes(res.job, {p.name: p.nodes + 1})
+        new = plan_job(grown, calib, time_limit_s=time_limit_s)
+        out[p.name] = {"iteration_s": new.predicted_iteration_s,
+                       "delta_s": new.predicted_iteration_s - plan.predicted_iteration_s,
+                       "cost_per_sample": new.cost_per_sample,
+                       "delta_cost_per_sample": new.cost_per_sample - plan.cost_per_sample}
+    return out
+
+
+def split(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+          ) -> dict[str, dict[str, Any]]:
+    """Per role split over pools: its parts, the split plan's figures and the best single-pool
+    plan's (`single_pool_alternative`, solved once for all split roles); {} when none is split."""
+    roles = {role: r for role, r in plan.roles.items() if r.parts}
+    if not roles:
+        return {}
+    alt = single_pool_alternative(res, calib, plan.objective, time_limit_s)
+    return {role: {"parts": _parts(res, r), "iteration_s": plan.predicted_iteration_s,
+                   "cost_per_sample": plan.cost_per_sample, "single_pool": alt}
+            for role, r in roles.items()}
+
+
+def single_pool_alternative(res: Resolved, calib: Calibration, objective: str,
+                            time_limit_s: float = 5.0) -> dict[str, Any] | None:
+    """The best plan with every role on one pool: the job's cost table with the split
+    candidates left out, solved for the same objective and priced by `ilp_bound.score` (what
+    `assemble` would predict); None when no such plan is found in the time limit."""
+    full = build_problem(res, calib, objective)
+    problem = replace(full, cands={r: [c for c in cs if not c.split]
+                                   for r, cs in full.cands.items()})
+    try:
+        sol = solve(problem, time_limit_s=time_limit_s)
+    except Unsolved:
+        return None
+    t, usd = score(problem, sol.assignment)
+    return {"iteration_s": t, "cost_per_sample": usd, "status": sol.status.lower(),
+            "placement": {r: f"{c.pool} x{c.devices} {dims(c.est.par)}"
+                          for r, c in sol.assignment.choice.items()}}
+
+
+def explain(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+            ) -> dict[str, Any]:
+    return {"roles": breakdown(plan, res, calib), "binding": binding(plan, res, calib),
+            "marginal_node": marginal(plan, res, calib, time_limit_s),
+            "booking": booking(plan, res, calib), "host_memory": host_memory(plan, res, calib),
+            "split": split(plan, res, calib, time_limit_s)}
+
+
+def booking(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, Any]:
+    """Booked against used USD/h and per sample, and the nodes that can be released."""
+    return {"booked_usd_per_hour": plan.booked_usd_per_hour,
+            "used_usd_per_hour": plan.used_usd_per_hour,
+            "booked_cost_per_sample": plan.booked_cost_per_sample,
+            "used_cost_per_sample": plan.cost_per_sample,
+            "release": [{"pool": r.pool, "nodes": r.nodes, "keep": r.keep,
+                         "usd_per_hour": round(r.usd_per_hour, 4), "line": r.line()}
+                        for r in releases(plan, res, calib)]}
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = ["per role:", f"  {'role':<12} {'pool':<8} {'devices':>7} {'layout':<16} "
+             f"{'time s':>9} {'share':>6} {'mem GB':>8}  memory by kind"]
+    for role, r in doc["roles"].items():
+        kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
+        host = r.get("host_optimizer_gb", 0.0)
+        if r.get("parts"):  # split over pools: the role's total, then one line per part
+            lines += _part_lines(role, r)
+            continue
+        lines.append(f"  {role:<12} {r['pool']:<8} {r['devices']:>7} {r['layout']:<16} "
+                     f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  "
+                     f"{kinds} (of {r['device_memory_gb']:g})"
+                     + (f"; on the host: optimizer {host:.1f} per device" if host else "")
+                     + (f"; pinned by the job ({r['pinned']})" if r.get("pinned") else ""))
+    if doc.get("host_memory"):
+        lines.append("host memory per node (GB, busiest node of each GPU pool):")
+        for pool, h in doc["host_memory"].items():
+            parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in h["parts_gb"].items()
+                              if v)
+            lines.append(f"  {pool:<8} node {h['node']}: {h['total_gb']:,.1f} of "
+                         f"{h['capacity_gb']:,.0f} ({parts})")
+    for role, sp in (doc.get("split") or {}).items():
+        lines += split_lines(role, sp)
+    if "booking" in doc:
+        lines += booking_lines(doc["booking"])
+    lines.append("binding:")
+    lines += [f"  - {b}" for b in doc["binding"]] or ["  (none)"]
+    lines.append("one more node of each pool (re-solved):")
+    for pool, m in doc["marginal_node"].items():
+        lines.append(f"  {pool:<8} iteration {m['iteration_s']:.3f} s ({m['delta_s']:+.3f} s), "
+                     f"cost/sample {m['cost_per_sample']:.6f} USD "
+                     f"({m['delta_cost_per_sample']:+.6f})")
+    return "\n".join(lines)
+
+
+def _part_lines(role: str, r: dict[str, Any]) -> list[str]:
+    """`render`'s rows of a split role: "split" and its total, then each part on its pool."""
+    kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
+    out = [f"  {role:<12} {'split':<8} {r['devices']:>7} {'over ' + str(len(r['parts'])) + ' pools':<16} "
+           f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  {kinds} (of "
+           f"{r['device_memory_gb']:g}, fullest part)"
+           + (f"; pinned by the job ({r['pinned']})" if r.get("pinned") else "")]
+    out += [f"    {'part':<10} {q['pool']:<8} {q['devices']:>7} {q['layout']:<16} "
+            f"{q['time_s']:>9.3f} {'':>6} {q['memory_total_gb']:>8.2f}  {q['share']:.1%} of the "
+            f"samples ({q['samples']}), {q['device']} (of {q['device_memory_gb']:g})"
+            for q in r["parts"]]
+    return out
+
+
+def split_lines(role: str, sp: dict[str, Any]) -> list[str]:
+    """Why a role is split: its shares, and the best single-pool plan against the split plan."""
+    parts = "; ".join(f"{q['pool']} x{q['devices']} {q['layout']}: {q['share']:.1%} of the "
+                      f"samples ({q['samples']}), {q['time_s']:.2f} s" for q in sp["parts"])
+    lines = [f"{role} is split over {len(sp['parts'])} pools: {parts}",
+             "  shares: group-aligned sample counts at which the parts finish together "
+             "(placer.cost.split)"]
+    alt = sp.get("single_pool")
+    if alt is None:
+        lines.append("  no single-pool plan was found within the time limit")
+        return lines
+    t, t_split = alt["iteration_s"], sp["iteration_s"]
+    gain = (t - t_split) / t if t > 0 else 0.0
+    where = ", ".join(f"{r} {w}" for r, w in alt["placement"].items())
+    lines.append(f"  why: the best single-pool plan ({alt['status']}; {where}) predicts "
+                 f"{t:.3f} s per iteration and {alt['cost_per_sample']:.6f} USD/sample; the split "
+                 f"plan {t_split:.3f} s and {sp['cost_per_sample']:.6f} USD/sample "
+                 + (f"({gain:.1%} faster)" if gain > 0 else f"({-gain:.1%} slower)"))
+    return lines
+
+
+def booking_lines(b: dict[str, Any]) -> list[str]:
+    """Booked vs used cost and the release advice, as `plan`'s summary and `--explain` print."""
+    lines = [f"booked {b['booked_usd_per_hour']:.2f} USD/h ({b['booked_cost_per_sample']:.6f} "
+             f"USD/sample), used {b['used_usd_per_hour']:.2f} USD/h "
+             f"({b['used_cost_per_sample']:.6f} USD/sample)"]
+    lines += [f"  {r['line']}" for r in b["release"]]
+    return lines
+

@@ -1,0 +1,280 @@
+"""Host memory and checkpoints: the model state that lives off the accelerator.
+
+A GPU node's host RAM (`Pool.host_memory_gb`, else the device type's `host_memory_gb`; GB = 1e9
+bytes) holds, per node:
+
+  optimizer     the optimizer state of every training role that offloads it (`Parallel.offload`;
+                the cost model moves exactly these bytes off the device): fp32 master weights,
+                Adam m and v, 12 B/param, per device as `sharding.train_state_bytes` shards it
+                (dense: 12 P / (tp pp) / (dp cp)), times the role's devices on the node
+  parked        a slot whose roles do not fit on its devices together switches them
+                (`timing.slot_switch`): while one role runs, the others' weights, gradients and
+                on-device optimizer state wait on the host (verl's param/optimizer offload of
+                colocated workers); the worst moment parks every member but the smallest
+  pinned        page-locked transfer buffers of every device that moves state to or from the host
+                (offload or switch): two 1 GB buckets (DeepSpeed's default reduce_bucket_size,
+                5e8 elements, in bf16; double-buffered), `PINNED_GB_PER_DEVICE`
+  object_store  Ray's shared-memory object store on every node the plan uses: 30% of the node's
+                RAM, at most 200 GB (Ray's defaults, `ray_constants`
+                DEFAULT_OBJECT_STORE_MEMORY_PROPORTION and DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES)
+
+The planner refuses a candidate whose own need on one node exceeds the node's RAM
+(`refuse_candidates`), then checks the assembled plan node by node (`over_nodes`), where
+colocated roles add up; a role whose offloaded candidates overflow a node is re-planned without
+offload (`planner.plan_job`). Only GPU nodes are checked: a CPU node's RAM is its `memory_gb`,
+LPUs hold weights in SRAM, and a device type without `host_memory_gb` is not checked.
+
+Checkpoints hold the trained roles' state (actor, and critic under PPO): bf16 weights (2) plus
+fp32 master weights and Adam m, v (12), 14 B/param; gradients are recomputed, not saved. Writing
+one takes size / `Cluster.storage_gbs` (`checkpoint_s`), which `placer goodput` uses. On a
+plan's layouts (`plan_checkpoint_s`: the simulator, fidelity, `placer goodput`) a sharded
+trainer first gathers its optimizer state whole (the executor writes one file that any layout
+restores), and a fixed `checkpoint_overhead_s` covers the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from placer.base.roles import TRAINING_ROLES
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.layercomm import optimizer_gather_time
+from placer.cost.roofline import GB, weight_tensors
+from placer.cost.sharding import Parallel, train_state_bytes
+from placer.solve.assemble import placed_estimate
+from placer.solve.planfile import calibration_of
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceKind, DeviceType, Pool
+
+if TYPE_CHECKING:
+    from placer.solve.candidates import Candidate
+    from placer.solve.planfile import Plan, RolePlacement
+
+CHECKPOINT_BYTES = 14  # bf16 weights 2 + the optimizer's 12; gradients are not saved
+PINNED_GB_PER_DEVICE = 2.0
+OBJECT_STORE_SHARE = 0.30
+OBJECT_STORE_MAX_GB = 200.0
+PARTS = ("optimizer", "parked", "pinned", "object_store")
+
+
+@dataclass
+class NodeHost:
+    """Host memory one node of a pool needs (GB, by part) against what it has."""
+
+    pool: str
+    node: int
+    capacity_gb: float
+    parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    roles: set[str] = field(default_factory=set)
+
+    @property
+    def total_gb(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def over(self) -> bool:
+        return self.total_gb > self.capacity_gb
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in self.parts.items() if v)
+        return (f"pool {self.pool} node {self.node} needs {self.total_gb:,.0f} GB of host memory "
+                f"({parts}) of {self.capacity_gb:,.0f} GB")
+
+
+def host_capacity_gb(res: Resolved, pool: Pool) -> float | None:
+    """A node's host RAM (GB), or None where it is not checked (see the module docstring)."""
+    dev = res.device_of(pool)
+    if dev.kind is not DeviceKind.gpu:
+        return None
+    return pool.host_memory_gb or dev.host_memory_gb
+
+
+def object_store_gb(capacity_gb: float) -> float:
+    return min(OBJECT_STORE_SHARE * capacity_gb, OBJECT_STORE_MAX_GB)
+
+
+def offloaded_gb_per_device(m: ModelArch, par: Parallel) -> float:
+    """Optimizer state one device of an offloading training role keeps on the host: the
+    optimizer part of the cost model's `train_state_bytes` (ZeRO-sharded, experts apart)."""
+    return train_state_bytes(m, par)[2] / GB if par.offload else 0.0
+
+
+def _offloaded(res: Resolved, role: str, par: Parallel) -> float:
+    m = res.model_of(role)
+    return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
+
+
+# ------------------------------------------------------------------------------ candidates
+def candidate_node(res: Resolved, c: Candidate) -> NodeHost | None:
+    """The host need of one candidate alone on its fullest node (None: not checked); of a
+    candidate split over pools, its neediest part's."""
+    placements = [(p.est.pool, p.est.devices, p.est.par) for p in c.est.parts] or [
+        (c.pool, c.devices, c.est.par)]
+    nodes = [n for pool, devices, par in placements
+             if (n := _alone_on_node(res, c.role, pool, devices, par)) is not None]
+    return max(nodes, key=lambda n: n.total_gb, default=None)
+
+
+def _alone_on_node(res: Resolved, role: str, pool_name: str, devices: int, par: Parallel
+                   ) -> NodeHost | None:
+    pool = res.cluster.pool(pool_name)
+    cap = host_capacity_gb(res, pool)
+    if cap is None:
+        return None
+    n = min(devices, pool.devices_per_node)
+    node = NodeHost(pool_name, 0, cap, roles={role})
+    per = _offloaded(res, role, par)
+    node.parts["optimizer"] = per * n
+    node.parts["pinned"] = PINNED_GB_PER_DEVICE * n if per else 0.0
+    node.parts["object_store"] = object_store_gb(cap)
+    return node
+
+
+def refuse_candidates(res: Resolved, cands: dict[str, list[Candidate]]
+                      ) -> tuple[dict[str, list[Candidate]], dict[str, NodeHost]]:
+    """(candidates that fit their node's host memory, role -> the smallest refused need)."""
+    kept: dict[str, list[Candidate]] = {}
+    refused: dict[str, NodeHost] = {}
+    for role, cs in cands.items():
+        kept[role] = []
+        for c in cs:
+            node = candidate_node(res, c)
+            if node is None or not node.over:
+                kept[role].append(c)
+            elif role not in refused or node.total_gb < refused[role].total_gb:
+                refused[role] = node
+    return kept, refused
+
+
+def without_offload(cands: dict[str, list[Candidate]], roles: set[str]
+                    ) -> dict[str, list[Candidate]]:
+    """The candidate table with the offloading candidates of `roles` dropped."""
+    return {r: [c for c in cs if not (r in roles and c.est.par.offload)] for r, cs in cands.items()}
+
+
+def refusal(res: Resolved, roles: list[str], why: dict[str, NodeHost]) -> str:
+    """Why roles have no candidate left once host memory is checked (an Infeasible message);
+    roles refused on the same node share one sentence."""
+    groups: dict[str, list[str]] = {}
+    for role in roles:
+        m = res.model_of(role)
+        node = why.get(role)
+        detail = (f"with the optimizer offloaded {node.describe()}" if node is not None
+                  else "no candidate fits host memory")
+        groups.setdefault(detail, []).append(f"{role} ({m.name})" if m else role)
+    return " | ".join(
+        f"{' and '.join(labels)} {'do' if len(labels) > 1 else 'does'} not fit host memory: "
+        f"without optimizer offload {'they do' if len(labels) > 1 else 'it does'} not fit "
+        f"device memory, and {detail}. Smallest change: nodes with more host memory (the "
+        "pool's host_memory_gb) or more devices to shard the state"
+        for detail, labels in groups.items())
+
+
+# ----------------------------------------------------------------------------------- plans
+def plan_nodes(plan: Plan, res: Resolved, calib: Calibration) -> list[NodeHost]:
+    """Every checked node the plan uses, with its host memory by part.
+
+    A role using fewer devices than its slot is spread evenly over the slot's bundles."""
+    slots = {s.name: s for s in plan.slots}
+    parked = _parked_per_device(plan, res, calib)
+    nodes: dict[tuple[str, int], NodeHost] = {}
+    for b in plan.bundles:
+        pool = res.cluster.pool(b.pool)
+        cap = host_capacity_gb(res, pool)
+        if cap is None:
+            continue
+        node = nodes.get((b.pool, b.node))
+        if node is None:
+            node = nodes[(b.pool, b.node)] = NodeHost(b.pool, b.node, cap)
+            node.parts["object_store"] = object_store_gb(cap)
+        slot = slots[b.slot]
+        slot_devices = dict(slot.pool_devices())[b.pool]
+        moves = b.slot in parked
+        for role in slot.roles:
+            devices, par = _on_pool(plan.roles[role], b.pool)
+            n = len(b.devices) * devices / slot_devices
+            per = _offloaded(res, role, par)
+            node.parts["optimizer"] += per * n
+            node.roles.add(role)
+            moves = moves or per > 0
+        if moves:
+            node.parts["pinned"] += PINNED_GB_PER_DEVICE * len(b.devices)
+        node.parts["parked"] += parked.get(b.slot, 0.0) * len(b.devices)
+    return list(nodes.values())
+
+
+def _on_pool(r: RolePlacement, pool: str) -> tuple[int, Parallel]:
+    """(devices, layout) a role has on `pool`: its own, or (split over pools) that part's."""
+    part = next((p for p in r.parts if p.pool == pool), None)
+    return (r.devices, r.par) if part is None else (part.devices, part.par)
+
+
+def _parked_per_device(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, float]:
+    """Per switching slot: GB per device parked on the host at its worst moment (a split role
+    sits alone in its slot, so never switches; its state would be its largest part's)."""
+    out = {}
+    slots = {s.name: s for s in plan.slots}
+    for name in plan.breakdown.switch_s:
+        slot = slots[name]
+        states = []
+        for role in slot.roles:
+            r = plan.roles[role]
+            mem = placed_estimate(res, role, r, calib).memory
+            share = r.devices / slot.devices  # per slot device, spread evenly
+            states.append((mem.weights + mem.grads + mem.optimizer) * share)
+        out[name] = sum(states) - min(states, default=0.0)
+    return out
+
+
+def over_nodes(plan: Plan, res: Resolved, calib: Calibration) -> list[NodeHost]:
+    return [n for n in plan_nodes(plan, res, calib) if n.over]
+
+
+def busiest_per_pool(nodes: list[NodeHost]) -> dict[str, NodeHost]:
+    """The node of each pool that needs the most host memory (a report's one row per pool)."""
+    out: dict[str, NodeHost] = {}
+    for n in nodes:
+        if n.pool not in out or n.total_gb > out[n.pool].total_gb:
+            out[n.pool] = n
+    return out
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def checkpoint_gb(res: Resolved) -> float:
+    """One checkpoint's size: 14 B/param of every trained model (actor; critic under PPO)."""
+    return sum(CHECKPOINT_BYTES * m.params() / GB for role in res.job.roles()
+               if role in TRAINING_ROLES and (m := res.model_of(role)) is not None)
+
+
+def checkpoint_s(res: Resolved) -> float:
+    """Seconds one checkpoint blocks the job: its size over the cluster's storage bandwidth."""
+    return checkpoint_gb(res) / res.job.cluster.storage_gbs
+
+
+def checkpoint_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency,
+                    storage_gbs: float) -> float:
+    """Seconds one trained model's checkpoint takes on its layout: its sharded optimizer state
+    gathered whole (`layercomm.optimizer_gather_time`), its 14 B/param written at
+    `storage_gbs`, and the fixed `checkpoint_overhead_s`."""
+    return (optimizer_gather_time(m, dev, par, weight_tensors(m), eff)
+            + CHECKPOINT_BYTES * m.params() / GB / storage_gbs + eff.checkpoint_overhead_s)
+
+
+def trained_layouts(plan: Plan) -> list[tuple[ModelArch, DeviceType, Parallel]]:
+    """(model, device type, parallel config) of every trained role the plan places (actor;
+    critic under PPO): what a checkpoint saves."""
+    res = plan.resolved()
+    return [(m, res.device_of(p.pool), p.par) for role, p in plan.roles.items()
+            if role in TRAINING_ROLES and (m := res.model_of(role)) is not None]
+
+
+def plan_checkpoint_s(plan: Plan, calib: Calibration | None = None) -> float:
+    """Seconds a checkpoint blocks the job under `plan` (`calib`: default the plan's own):
+    every trained role saves at once, so the slowest one's `checkpoint_time`; each sees the
+    cluster's storage bandwidth (the executor writes the actor's and critic's files side by
+    side). 0 without a trained role."""
+    calib = calib if calib is not None else calibration_of(plan)
+    storage = plan.resolved().job.cluster.storage_gbs
+    return max((checkpoint_time(m, dev, par, calib.for_device(dev), storage)
+                for m, dev, par in trained_layouts(plan)), default=0.0)

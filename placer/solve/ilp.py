@@ -1,0 +1,398 @@
+"""The placement ILP (OR-Tools CP-SAT): one config per role, colocation slots, pool capacities.
+
+The cost table (`Problem.cands`: per role, candidates with their `Estimate`) is the only thing the
+estimation side hands over; everything below is priced from it, and the chosen placement goes back
+through `assemble`, which re-prices it with `timing.iteration_time`. The model is exact for that
+timing rule (up to the integer time unit), so the solver's objective and the plan's predicted time
+agree.
+
+Notation
+  r in R         roles in the job's order (actor first); k in C_r its candidates
+  p              pools; cap_p devices in pool p (identical nodes are a count: the model's size
+                 depends on the number of candidates, i.e. log(cluster), never on node count)
+  n_k, t_ks, m_k candidate k: devices, stage-s time (s in rollout/score/train), memory per device
+  sw_k           onload_time(k): offload/onload if its slot's memory does not fit together
+  W_ak^same/diff weight-sync time actor cand a -> rollout cand k, same slot or not (incl. the LPU
+                 reload); from `timing.sync_time` itself
+  V_ke           seconds rollout cand k's tool calls wait for environment cand e's cores (multi-turn
+                 jobs; `timing.rollout_tool_time`, a replay of the FIFO core pool against the
+                 engines, `placer.cost.toolqueue`; the calls' latencies are in t_k): like W, a
+                 pair term. t_k (rollout) is tail-aware (`placer.cost.rollout_tail`), computed per
+                 candidate, so the cost table stays the only input and the model stays exact
+Variables
+  x_rk in {0,1}  role r runs candidate k;            sum_k x_rk = 1
+  z_rj in {0,1}  role r sits in slot j (j <= r);     sum_j z_rj = 1, z_rj <= z_jj
+                 (slot j is named by its lowest role: one representation per partition, no symmetry)
+  D_jp >= 0      devices slot j holds on pool p (the largest member's n_k)
+  over_j         slot j's members do not fit in memory together (they pay sw_k each)
+  T              iteration time
+Constraints (every product of binaries is linearised with enforcement literals, no big-M):
+  pool:       z_rj => u_rp = u_jp for all p, with u_rp = sum_{k on p} x_rk    (a slot is one pool)
+  split:      a candidate k split over pools (`placer.cost.split`: n_kp devices on each of its pools)
+              sits alone: x_rk => z_rr, and z_r'r => not x_rk for every later role r'
+  capacity:   z_rj => D_jp >= sum_k n_kp x_rk;            sum_j D_jp <= cap_p
+  stage work: z_rj => w_rjs >= sum_k t_ks x_rk;           S_js = sum_r w_rjs
+  memory:     z_rj => mm_rj >= sum_k m_k x_rk;            not over_j => sum_r mm_rj <= sum_p M_p u_jp
+  switch:     z_rj and over_j => v_rj >= sum_k sw_k x_rk; SW_j = sum_r v_rj
+  sync:       x_a and z_rollout,0 => Y >= sum_k W_ak^same x_rollout,k  (actor leads slot 0)
+              x_a and not z_rollout,0 => Y >= sum_k W_ak^diff x_rollout,k
+  tools:      x_rollout,k => V >= sum_e V_ke x_env,e;  z_rollout,j => S_j,rollout gets V
+              (V_ke < 0 where over-provisioning's kept samples finish sooner on the queue:
+              then not z_rollout,j => S_j,rollout gets 0, as a lower bound would not say)
+  sync mode:  T = Y + sum_s max_j S_js + max_j SW_j  (stages in sequence, slots overlap)
+  async mode: T >= sum_s S_js + SW_j + [rollout in j] Y  for every j  (the busiest slot), and
+              (s + 1) T >= Y + sum_s max_j S_js + max_j SW_j  (staleness s: one step's chain
+              sync -> rollout -> score -> train fits in s + 1 iterations, `timing`'s rule; the
+              maxima are the sync-mode M variables, lower bounds that only raise T)
+Objectives (driven by `placer.solve.ilp_solve`):
+  time        min T (+ move_cost per role whose config changed, when re-planning); a second
+              phase fixes that value and minimises rate = sum_p price_p sum_j D_jp, then devices
+              (the cheapest of the fastest plans);
+  cost        USD per sample = rate * T / samples, a product: instead of a weak
+              AddMultiplicationEquality, start B at the cheapest plan's rate * T, then walk the
+              (T, rate) Pareto frontier from the fastest end by epsilon constraints: point i+1 is
+              lexmin (T, rate) s.t. rate <= min(rate_i - 1, ceil(B / T_i) - 1) (every plan left
+              has T >= T_i, so it beats B only below that rate); keep the best product; the walk
+              is optimal once no plan is left under the cap;
+  --sweep     the same walk, filtered to the (T, cost per sample) frontier.
+Lower bounds suffice everywhere because every bounded quantity only raises the objective, so at
+an optimum they are tight.
+Candidates slower than a feasible plan's time (T >= every chosen role's own time), or dearer
+per sample than a feasible plan's cost (price_k n_k t_k), are dropped before the model is
+built (`placer.solve.ilp_bound`, which also bounds which split candidates are priced at all).
+The time unit is the heuristic plan's time / 1e6; memory is counted in kB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.cost.sharding import Parallel
+from placer.cost.timing import Placed, onload_time, rollout_tool_time, sync_time
+from placer.solve.candidates import Candidate
+from placer.solve.pricing import device_price
+from placer.spec.catalog import Resolved
+
+# A CP-SAT linear expression, or a plain int (an empty sum): the solver takes either.
+LinExpr = cp_model.LinearExpr | int
+WORK_STAGES = ("rollout", "score", "train")
+TIME_STEPS = 1_000_000  # integer time units per upper bound: relative resolution 1e-6
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The cost table and what the solver needs besides it."""
+
+    res: Resolved
+    calib: Calibration
+    cands: dict[str, list[Candidate]]
+    objective: str = "time"  # "time" | "cost"
+    # (rollout, environment) tool terms already priced, by the candidates' ids (the pair kept
+    # too, so an id is never read for another object): shared by the problems pruned or
+    # re-objectived from this one, whose models (the cost walk builds one per step) reuse them
+    tools: dict[tuple[int, int], tuple[Candidate, Candidate, float]] = field(
+        default_factory=dict, compare=False, repr=False)
+
+    @property
+    def roles(self) -> list[str]:
+        return [r for r in self.res.job.roles() if r in self.cands]
+
+    def capacity(self) -> dict[str, int]:
+        return {p.name: p.devices_per_node * p.nodes for p in self.res.cluster.pools}
+
+    def tool_s(self, k: Candidate, e: Candidate) -> float:
+        """`timing.rollout_tool_time` of rollout candidate `k` with environment candidate `e`."""
+        hit = self.tools.get((id(k), id(e)))
+        if hit is not None and hit[0] is k and hit[1] is e:
+            return hit[2]
+        t = rollout_tool_time(self.res, Placed("r", k.est), Placed("e", e.est), self.calib)
+        self.tools[id(k), id(e)] = (k, e, t)
+        return t
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A placement: the candidate of every role and its slot (named by the slot's roles)."""
+
+    choice: dict[str, Candidate]
+    slot_of: dict[str, str]
+
+    def placed(self) -> list[Placed]:
+        return [Placed(self.slot_of[r], c.est) for r, c in self.choice.items()]
+
+
+@dataclass(frozen=True)
+class Solution:
+    assignment: Assignment
+    status: str
+    objective: float  # seconds (time) or USD per sample (cost), incl. any movement cost
+    bound: float
+    gap: float
+    solve_s: float
+
+
+# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none); a split role: one such tuple per
+# part
+LayoutKey = tuple[Any, ...]
+
+
+def layout_key(pool: str, par: Parallel) -> LayoutKey:
+    """What a role keeps when it does not move: its pool and its parallel layout."""
+    return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
+            par.shard_dp if par.hsdp else 0)
+
+
+def candidate_key(c: Candidate) -> LayoutKey:
+    """`layout_key` of a candidate; of a split one, its parts' keys (the shares may move)."""
+    if c.split:
+        return tuple(layout_key(p.est.pool, p.est.par) for p in c.est.parts)
+    return layout_key(c.pool, c.est.par)
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A previous placement to warm-start from; `move_cost_s` is charged per role that changes
+    its layout (`layout_key`) or its colocation group."""
+
+    choice: dict[str, LayoutKey]  # role -> its layout_key
+    groups: list[list[str]]
+    move_cost_s: float = 0.0
+
+
+class Unsolved(Exception):
+    """No solution within the limits (infeasible, or the time limit hit before any solution)."""
+
+
+# ------------------------------------------------------------------------------------ scoring
+def slot_names(groups: list[list[str]]) -> dict[str, str]:
+    return {r: "+".join(g) for g in groups for r in g}
+
+
+# ------------------------------------------------------------------------------------- model
+class _Model:
+    """The CP-SAT model of one `Problem` (see the module docstring for the formulation)."""
+
+    def __init__(self, problem: Problem, unit_s: float) -> None:
+        self.p, self.unit = problem, unit_s
+        self.m = cp_model.CpModel()
+        self.roles = problem.roles
+        self.pools = [pl.name for pl in problem.res.cluster.pools]
+        self.tool_top = 0
+        self._choices()
+        self._slots()
+        self._capacity()
+        self._work()
+        self._memory()
+        self._sync()
+        self._tools()
+        self._iteration()
+
+    def ti(self, seconds: float) -> int:
+        return int(round(seconds / self.unit))
+
+    def _choices(self) -> None:
+        m = self.m
+        self.x = {r: [m.new_bool_var(f"x[{r},{i}]") for i in range(len(self.p.cands[r]))]
+                  for r in self.roles}
+        for r in self.roles:
+            m.add_exactly_one(self.x[r])
+
+    def on_pool(self, r: str, pool: str) -> LinExpr:
+        """1 when role `r`'s chosen candidate is on `pool` (what it counts there is `expr`'s)."""
+        return sum(v for c, v in zip(self.p.cands[r], self.x[r]) if c.pool == pool)
+
+    def expr(self, r: str, coef) -> LinExpr:
+        return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]))
+
+    def _slots(self) -> None:
+        m, R = self.m, self.roles
+        self.z = {(r, j): m.new_bool_var(f"z[{r},{j}]") for i, r in enumerate(R) for j in R[:i + 1]}
+        for i, r in enumerate(R):
+            m.add_exactly_one(self.z[r, j] for j in R[:i + 1])
+            for c, v in zip(self.p.cands[r], self.x[r]):
+                if c.split:  # alone in its own slot
+                    m.add_implication(v, self.z[r, r])
+                    for later in R[i + 1:]:
+                        m.add_implication(self.z[later, r], v.Not())
+            for j in R[:i]:
+                m.add_implication(self.z[r, j], self.z[j, j])
+                for pool in self.pools:  # a slot is on one pool: its members follow its leader
+                    m.add(self.on_pool(r, pool) == self.on_pool(j, pool)).OnlyEnforceIf(self.z[r, j])
+
+    def members(self, j: str) -> list[str]:
+        return [r for r in self.roles if (r, j) in self.z]
+
+    def _capacity(self) -> None:
+        m, cap = self.m, self.p.capacity()
+        self.D: dict[tuple[str, str], cp_model.IntVar] = {}
+        for j in self.roles:
+            for pool in sorted({p for c in self.p.cands[j] for p in c.pool_devices()}):
+                d = self.D[j, pool] = m.new_int_var(0, cap[pool], f"D[{j},{pool}]")
+                for r in self.members(j):
+                    m.add(d >= self.expr(r, lambda c, p=pool: c.pool_devices().get(p, 0))
+                          ).OnlyEnforceIf(self.z[r, j])
+        for pool in self.pools:
+            m.add(sum(d for (j, pl), d in self.D.items() if pl == pool) <= cap[pool])
+        price = {pl: int(device_price(self.p.res, pl, units=True)) for pl in self.pools}
+        self.price = price
+        self.rate = sum(price[pl] * d for (j, pl), d in self.D.items())
+        self.rate_max = sum(price[pl] * cap[pl] for pl in self.pools)
+        self.devices = sum(self.D.values())
+
+    def _work(self) -> None:
+        m = self.m
+        self.S: dict[tuple[str, str], LinExpr] = {}
+        for j in self.roles:
+            for s in WORK_STAGES:
+                terms = []
+                for r in self.members(j):
+                    top = max(self.ti(c.est.stage_s.get(s, 0.0)) for c in self.p.cands[r])
+                    if top == 0:
+                        continue
+                    w = m.new_int_var(0, top, f"w[{r},{j},{s}]")
+                    m.add(w >= self.expr(r, lambda c, s=s: self.ti(c.est.stage_s.get(s, 0.0)))
+                          ).OnlyEnforceIf(self.z[r, j])
+                    terms.append(w)
+                self.S[j, s] = sum(terms)
+
+    def _mem_kb(self, c: Candidate) -> int:
+        if c.split or self.p.res.device_of(c.pool).host_backed:
+            return 0  # host-RAM slots never pay a switch (timing.slot_switch); a split role is alone
+        return int(round(c.est.memory.total * 1e6))
+
+    def _switch(self, c: Candidate) -> int:
+        if c.split or self.p.res.device_of(c.pool).host_backed:
+            return 0
+        dev = self.p.res.device_of(c.pool)
+        return self.ti(onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev)))
+
+    def _memory(self) -> None:
+        m = self.m
+        self.SW: dict[str, LinExpr] = {}
+        for j in self.roles:
+            if len(self.members(j)) < 2:
+                self.SW[j] = 0
+                continue
+            over = m.new_bool_var(f"over[{j}]")
+            mm, sw = [], []
+            for r in self.members(j):
+                a = m.new_int_var(0, max(self._mem_kb(c) for c in self.p.cands[r]), f"mm[{r},{j}]")
+                m.add(a >= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
+                mm.append(a)
+                v = m.new_int_var(0, max(self._switch(c) for c in self.p.cands[r]), f"v[{r},{j}]")
+                m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
+                sw.append(v)
+            cap_kb = {pl: int(self.p.res.device_of(pl).memory_gb * 1e6) for pl in self.pools}
+            m.add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
+                  ).OnlyEnforceIf(over.Not())
+            self.SW[j] = sum(sw)
+
+    def _sync(self) -> None:
+        """Y >= weight-sync time of the chosen (actor, rollout) pair, same slot or not."""
+        self.Y: LinExpr = 0
+        self.y_top = 0
+        if Role.ACTOR not in self.roles or Role.ROLLOUT not in self.roles:
+            return
+        res, calib = self.p.res, self.p.calib
+        A, Rc = self.p.cands[Role.ACTOR], self.p.cands[Role.ROLLOUT]
+        same_slot = self.z[Role.ROLLOUT, Role.ACTOR]
+        table = {}
+        for a in A:
+            for k in Rc:
+                diff = sync_time(res, Placed("a", a.est), Placed("r", k.est), calib)
+                same = (sync_time(res, Placed("a", a.est), Placed("a", k.est), calib)
+                        if a.pool == k.pool else 0.0)
+                table[id(a), id(k)] = (self.ti(same), self.ti(diff))
+        top = self.y_top = max(max(v) for v in table.values())
+        y = self.Y = self.m.new_int_var(0, top, "Y")
+        for a, xa in zip(A, self.x[Role.ACTOR]):
+            for i, lit in ((0, same_slot), (1, same_slot.Not())):
+                self.m.add(y >= sum(table[id(a), id(k)][i] * xk
+                                    for k, xk in zip(Rc, self.x[Role.ROLLOUT]))).OnlyEnforceIf([xa, lit])
+
+    def _tools(self) -> None:
+        """Tool waits of the rollout engines: a (rollout, environment) pair term added to the
+        rollout slot's rollout stage (`timing.rollout_tool_time`)."""
+        if Role.ROLLOUT not in self.roles or Role.ENVIRONMENT not in self.roles:
+            return
+        R, E = self.p.cands[Role.ROLLOUT], self.p.cands[Role.ENVIRONMENT]
+        table = {(id(k), id(e)): self.ti(self.p.tool_s(k, e)) for k in R for e in E}
+        top = max(max(table.values()), 0)
+        low = min(min(table.values()), 0)  # < 0: the queue ends an over-provisioned stage sooner
+        if top == 0 and low == 0:
+            return
+        tool = self.m.new_int_var(low, top, "tool")
+        for k, xk in zip(R, self.x[Role.ROLLOUT]):
+            self.m.add(tool >= sum(table[id(k), id(e)] * xe for e, xe in
+                                   zip(E, self.x[Role.ENVIRONMENT]))).OnlyEnforceIf(xk)
+        for j in self.roles:
+            if (Role.ROLLOUT, j) in self.z:
+                tq = self.m.new_int_var(low, top, f"tool[{j}]")
+                self.m.add(tq >= tool).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
+                if low < 0:  # a slot without the rollout gets none (0 is the least otherwise)
+                    self.m.add(tq == 0).OnlyEnforceIf(self.z[Role.ROLLOUT, j].Not())
+                self.S[j, "rollout"] = self.S[j, "rollout"] + tq
+        self.tool_top = top
+
+    def _iteration(self) -> None:
+        m = self.m
+        top = (sum(max(self.ti(c.time_s) for c in self.p.cands[r]) for r in self.roles)
+               + self.y_top + self.tool_top
+               + sum(self._switch_max(r) for r in self.roles) + 1)
+        self.t_top = top
+        self.T = m.new_int_var(0, top, "T")
+        maxes = []
+        for s in WORK_STAGES:
+            ms = m.new_int_var(0, top, f"M[{s}]")
+            for j in self.roles:
+                m.add(ms >= self.S[j, s])
+            maxes.append(ms)
+        msw = m.new_int_var(0, top, "M[switch]")
+        for j in self.roles:
+            m.add(msw >= self.SW[j])
+        chain = self.Y + sum(maxes) + msw  # one step's stages in sequence
+        if self.p.res.job.pipeline.mode != "async":
+            m.add(self.T >= chain)
+            return
+        for j in self.roles:
+            q: LinExpr = 0
+            if self.y_top and (Role.ROLLOUT, j) in self.z:
+                q = m.new_int_var(0, top, f"q[{j}]")
+                m.add(q >= self.Y).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
+            m.add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
+        m.add((self.p.res.job.pipeline.max_staleness + 1) * self.T >= chain)
+
+    def _switch_max(self, r: str) -> int:
+        return max(self._switch(c) for c in self.p.cands[r])
+
+    def tie_breaker(self) -> LinExpr:
+        """Cheapest first, then fewest devices (lexicographic: rate dominates)."""
+        return self.rate * (sum(self.p.capacity().values()) + 1) + self.devices
+
+    # ------------------------------------------------------------------------ hints, reading
+    def hint(self, a: Assignment) -> None:
+        groups = _groups(a.slot_of, self.roles)
+        leader = {r: g[0] for g in groups for r in g}
+        for r in self.roles:
+            for c, v in zip(self.p.cands[r], self.x[r]):
+                self.m.add_hint(v, c is a.choice[r])
+            for j in self.roles[:self.roles.index(r) + 1]:
+                self.m.add_hint(self.z[r, j], leader[r] == j)
+
+    def read(self, solver: cp_model.CpSolver) -> Assignment:
+        choice = {r: next(c for c, v in zip(self.p.cands[r], self.x[r]) if solver.Value(v))
+                  for r in self.roles}
+        groups = [[r for r in self.members(j) if solver.Value(self.z[r, j])]
+                  for j in self.roles if solver.Value(self.z[j, j])]
+        return Assignment(choice, slot_names(groups))
+
+
+def _groups(slot_of: dict[str, str], roles: list[str]) -> list[list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in roles:
+        out.setdefault(slot_of[r], []).append(r)
+    return list(out.values())

@@ -1,0 +1,195 @@
+"""Bounds for the placement ILP: pricing a placement, a feasible heuristic plan, and pruning.
+
+`score` prices a placement exactly as `assemble` does (`timing.iteration_time`); `heuristic` gives
+a plan that always fits, whose time (or cost per sample) bounds the optimum from above. Two
+consumers use that bound:
+  * `prune_by_bound` drops candidates that cannot be in a plan better than it before the CP-SAT
+    model is built (`placer.solve.ilp_solve`);
+  * `split_keep` tells `placer.cost.split` which split candidates are worth pricing at all: a split's
+    tail-aware balance costs several rollout replays, and on large heterogeneous clusters most
+    pool pairs' cheapest balances are far slower than the heuristic plan (`bench.bench_solver`).
+Both rules rest on one fact of `timing.iteration_time`, in both pipeline modes: the iteration
+lasts at least as long as any chosen role's own time (not the rollout's when its tool term may
+be negative: `_tool_may_lower`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from placer.base.roles import Role
+from placer.cost.estimate import generated_samples
+from placer.cost.split import SplitKeep
+from placer.cost.timing import async_chain_bound, iteration_time
+from placer.solve.candidates import Candidate
+from placer.solve.ilp import Assignment, Problem, slot_names
+from placer.solve.pricing import device_price, slots_price
+
+
+def score(problem: Problem, a: Assignment) -> tuple[float, float]:
+    """(iteration seconds, USD per sample) of a placement, priced exactly as `assemble` does."""
+    bd = iteration_time(problem.res, a.placed(), problem.calib)
+    return bd.iteration_s, rate_per_hour(problem, a) / 3600 * bd.iteration_s / problem.res.job.batch.samples
+
+
+def rate_per_hour(problem: Problem, a: Assignment, units: bool = False) -> float:
+    """What a placement's devices cost per hour: each slot holds its largest role's devices
+    (colocated roles time-share them). USD, or (`units`) milli-dollars as the model counts."""
+    slots: dict[tuple[str, str], int] = {}
+    for r, c in a.choice.items():
+        for pool, n in c.pool_devices().items():
+            key = (a.slot_of[r], pool)
+            slots[key] = max(slots.get(key, 0), n)
+    return slots_price(problem.res, ((pool, n) for (_, pool), n in slots.items()), units)
+
+
+def heuristic(problem: Problem) -> Assignment:
+    """A plan that always fits: each role's best candidate, all roles of a pool in one slot,
+    then roles moved to their best candidate on other pools while that helps (`_descend_pools`).
+
+    One slot per pool holds max(n_k) <= cap_p devices, so this is feasible whenever every role has
+    a candidate; its time bounds the optimum and prunes candidates.
+    """
+    best: Assignment | None = None
+    best_val = float("inf")
+    pick = {"time": lambda c: c.time_s, "cost": lambda c: candidate_price(problem, c) * c.time_s}
+    for key in (pick["time"], pick["cost"]):
+        # split candidates are left out: one slot per pool must hold every chosen role
+        choice = {r: min(_singles(problem.cands[r]), key=lambda c: (key(c), c.devices))
+                  for r in problem.roles}
+        a, val = _descend_pools(problem, choice, key)
+        if val < best_val:
+            best, best_val = a, val
+    assert best is not None
+    return best
+
+
+def _pooled(problem: Problem, choice: dict[str, Candidate]) -> Assignment:
+    """All roles of a pool in one slot: feasible for any choice of single-pool candidates."""
+    by_pool: dict[str, list[str]] = {}
+    for r in problem.roles:
+        by_pool.setdefault(choice[r].pool, []).append(r)
+    return Assignment(dict(choice), slot_names(list(by_pool.values())))
+
+
+def _descend_pools(problem: Problem, choice: dict[str, Candidate], key
+                   ) -> tuple[Assignment, float]:
+    """Greedy moves from `choice`: a role to its best candidate (by `key`) on another pool while
+    the pooled plan's objective improves. Every plan tried is feasible (`_pooled`), so the result
+    still bounds the optimum; it is tighter where the fastest candidates all crowd one pool
+    (their times add in its one slot) and `prune_by_bound` then drops far more candidates."""
+    obj = 0 if problem.objective == "time" else 1
+    per_pool: dict[str, dict[str, Candidate]] = {}
+    for r in problem.roles:
+        per_pool[r] = {}
+        for c in _singles(problem.cands[r]):
+            cur = per_pool[r].get(c.pool)
+            if cur is None or (key(c), c.devices) < (key(cur), cur.devices):
+                per_pool[r][c.pool] = c
+    a = _pooled(problem, choice)
+    val = score(problem, a)[obj]
+    improved = True
+    while improved:  # each accepted move lowers `val` strictly: it ends
+        improved = False
+        for r in problem.roles:
+            for c in per_pool[r].values():
+                if c is a.choice[r]:
+                    continue
+                b = _pooled(problem, {**a.choice, r: c})
+                v = score(problem, b)[obj]
+                if v < val * (1 - 1e-9):
+                    a, val, improved = b, v, True
+    return a, val
+
+
+def _singles(cands: list[Candidate]) -> list[Candidate]:
+    return [c for c in cands if not c.split] or cands
+
+
+def candidate_price(problem: Problem, c: Candidate, units: bool = False) -> float:
+    return sum(device_price(problem.res, pool, units) * n for pool, n in c.pool_devices().items())
+
+
+def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
+    """Drop candidates that cannot be in any plan better than the bound.
+
+    Time: T >= a role's own time in both modes. Cost: rate >= price * n_k and T >= t_k.
+    Not the rollout's where its tool term may be negative (`_tool_may_lower`).
+    """
+    samples = problem.res.job.batch.samples
+    eps = 1e-9
+    keep = {}
+    floor = _stage_floors(problem)
+    for r, cs in problem.cands.items():
+        if r == Role.ROLLOUT and _tool_may_lower(problem):
+            kept = cs  # its slot's rollout stage may end before its own time: no bound by it
+        elif problem.objective == "time":
+            kept = [c for c in cs if _time_floor(problem, r, c, floor) <= ub_time * (1 + eps)]
+        else:
+            kept = [c for c in cs if candidate_price(problem, c) / 3600 * c.time_s / samples
+                    <= ub_cost * (1 + eps)]
+        keep[r] = kept or cs
+    return Problem(problem.res, problem.calib, keep, problem.objective, problem.tools)
+
+
+def _stage_floors(problem: Problem) -> dict[str, dict[str, float]]:
+    """Per role and stage, the least time any of its candidates spends in that stage (0 for the
+    rollout where its tool term may be negative: its slot's stage may end sooner)."""
+    low = _tool_may_lower(problem)
+    out: dict[str, dict[str, float]] = {}
+    for r, cs in problem.cands.items():
+        stages = {st for c in cs for st in c.est.stage_s}
+        out[r] = {st: 0.0 if low and r == Role.ROLLOUT else
+                  min(c.est.stage_s.get(st, 0.0) for c in cs) for st in stages}
+    return out
+
+
+def _time_floor(problem: Problem, role: str, c: Candidate,
+                floor: dict[str, dict[str, float]]) -> float:
+    """A lower bound on T of any plan where `role` runs candidate `c`: its own time (any mode);
+    in sync mode the stages run in sequence and each lasts at least its longest role's time in
+    it (`timing.iteration_time`), so T >= sum over stages of max(c's, the other roles' least);
+    async, a step's chain of those stages spans at most s + 1 iterations
+    (`timing.async_chain_bound`)."""
+    stages = set(c.est.stage_s).union(*(f for r, f in floor.items() if r != role))
+    chain = sum(max([c.est.stage_s.get(st, 0.0)]
+                    + [f.get(st, 0.0) for r, f in floor.items() if r != role]) for st in stages)
+    if problem.res.job.pipeline.mode == "async":
+        chain = async_chain_bound(chain, problem.res)
+    return max(c.time_s, chain)
+
+
+def _tool_may_lower(problem: Problem) -> bool:
+    """Whether the rollout's tool-queue term may be negative (`timing.rollout_tool_time`: an
+    over-provisioned multi-turn rollout can reach its kept count sooner on a shared pool), so
+    that T >= the rollout candidate's own time no longer holds."""
+    job = problem.res.job
+    env = job.environment
+    return (env.kind != "none" and env.turns > 1
+            and generated_samples(job) > job.batch.samples)
+
+
+def split_keep(problem: Problem, slack_s: float = 0.0) -> Callable[[str], SplitKeep]:
+    """Role -> `SplitKeep` for its candidates against the heuristic plan of `problem` (its cost
+    table without splits suffices: `heuristic` leaves them out; priced once, on first use).
+    `prune_by_bound`'s rule on the role's own time: any plan with the candidate has T >= its
+    time and, priced, a rate of at least its devices' price; the candidate is kept unless its
+    time's lower bound rules it out (by more than `slack_s` on time: a re-plan's move costs)."""
+    bound: list[tuple[float, float]] = []  # the heuristic plan's (seconds, USD per sample)
+    samples, eps = problem.res.job.batch.samples, 1e-9
+
+    def ub() -> tuple[float, float]:
+        if not bound:
+            bound.append(score(problem, heuristic(problem)))
+        return bound[0]
+
+    def cheap_enough(devices: dict[str, int], t_low: float) -> bool:
+        price = sum(device_price(problem.res, pool, False) * n for pool, n in devices.items())
+        return price / 3600 * t_low / samples <= ub()[1] * (1 + eps)
+
+    def for_role(role: str) -> SplitKeep:
+        if role == Role.ROLLOUT and _tool_may_lower(problem):
+            return lambda _devices, _t_low: True
+        if problem.objective == "time":
+            return lambda _devices, t_low: t_low <= (ub()[0] + slack_s) * (1 + eps)
+        return cheap_enough
+    return for_role

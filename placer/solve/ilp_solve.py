@@ -1,0 +1,272 @@
+"""Solve drivers for the placement ILP of `placer.solve.ilp`: time, cost per sample, the Pareto sweep.
+
+  solve(problem)      the job's objective: `time` is one lexicographic CP-SAT solve (min T, then
+                      the cheapest, fewest-device plan at that T); `cost` walks the (T, rate)
+                      frontier (see `placer.solve.ilp`'s docstring) and proves its optimum by a bound
+  frontier(problem)   the time/cost-per-sample Pareto frontier, fastest first
+Re-planning passes a `Hint`: the old placement seeds CP-SAT (add_hint) and every role whose
+candidate config (pool, TP/PP/DP, offload) changes costs `move_cost_s` in the objective; what
+moved between two plans is reported by `placer.solve.moves`. Every solve uses a fixed seed and at
+most `workers` search workers; the time limit covers the whole call.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from ortools.sat.python import cp_model
+
+from placer.solve.candidates import Candidate
+from placer.solve.ilp import (
+    TIME_STEPS,
+    Assignment,
+    Hint,
+    LayoutKey,
+    LinExpr,
+    Problem,
+    Solution,
+    Unsolved,
+    _Model,
+    candidate_key,
+    slot_names,
+)
+from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
+from placer.solve.pricing import PRICE_SCALE
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One lexicographic time solve: the plan, its status, objective and bound in seconds."""
+
+    assignment: Assignment
+    optimal: bool
+    objective_s: float
+    bound_s: float
+
+
+def _solver(time_limit_s: float, workers: int, seed: int) -> cp_model.CpSolver:
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+    s.parameters.num_workers = workers
+    s.parameters.random_seed = seed
+    return s
+
+
+def _key(c: Candidate) -> LayoutKey:
+    return candidate_key(c)
+
+
+def hint_assignment(problem: Problem, hint: Hint) -> Assignment | None:
+    """The old placement in the new cost table, if all its configs still exist."""
+    choice = {}
+    for r in problem.roles:
+        found = [c for c in problem.cands[r] if _key(c) == hint.choice.get(r)]
+        if not found:
+            return None
+        choice[r] = found[0]
+    groups = [[r for r in g if r in choice] for g in hint.groups]
+    slot_of = slot_names([g for g in groups if g])
+    if any(r not in slot_of for r in problem.roles):
+        return None
+    return Assignment(choice, slot_of)
+
+
+def _moves(model: _Model, hint: Hint | None) -> LinExpr:
+    """Number of roles that move: leave their old (pool, layout) or their old colocation group.
+
+    A slot's leader is its first role in role order (`_Model.z`), so the grouping is unchanged
+    exactly when every role keeps its old leader; a role counts once (`moved_r` >= either
+    change), as `placer.solve.moves` reports it."""
+    if hint is None or hint.move_cost_s <= 0:
+        return 0
+    leader = {r: g[0] for g in hint.groups for r in g}
+    total: LinExpr = 0
+    for r in model.roles:
+        same = [v for c, v in zip(model.p.cands[r], model.x[r]) if _key(c) == hint.choice.get(r)]
+        group = model.z.get((r, leader[r])) if r in leader else None
+        if not same or group is None:
+            total += 1
+            continue
+        moved = model.m.new_bool_var(f"moved[{r}]")
+        model.m.add(moved >= 1 - same[0])
+        model.m.add(moved >= 1 - group)
+        total += moved
+    return total
+
+
+def rate_units(problem: Problem, a: Assignment) -> int:
+    """Milli-dollars per hour of a placement, as the model counts it."""
+    return int(rate_per_hour(problem, a, units=True))
+
+
+def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap: int | None,
+                 prune: bool, workers: int, seed: int) -> _Step:
+    """min T (+ moves), then the cheapest plan at that T; `Unsolved` if none in time."""
+    tp = replace(problem, objective="time")
+    h = heuristic(tp)
+    ub = score(tp, h)[0]
+    if prune:  # the heuristic is feasible (no rate cap), so it bounds the optimum
+        slack = len(tp.roles) * hint.move_cost_s if hint else 0.0
+        tp = prune_by_bound(tp, ub + slack, math.inf)
+    model = _Model(tp, unit_s=max(ub, 1e-9) / TIME_STEPS)
+    start = hint_assignment(tp, hint) if hint else None
+    model.hint(start or h)
+    first = model.T + (model.ti(hint.move_cost_s) if hint else 0) * _moves(model, hint)
+    if rate_cap is not None:
+        model.m.add(model.rate <= rate_cap)
+    model.m.minimize(first)
+    solver = _solver(deadline - time.perf_counter(), workers, seed)
+    status = solver.Solve(model.m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise Unsolved("infeasible" if status == cp_model.INFEASIBLE else
+                       f"no solution in time ({solver.StatusName(status)})")
+    best = model.read(solver)
+    obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+    left = deadline - time.perf_counter()
+    if left > 0.02:  # second phase: the cheapest plan at that first objective
+        model.m.add(first <= int(round(obj)))
+        model.m.clear_hints()
+        model.hint(best)
+        model.m.minimize(model.tie_breaker())
+        s2 = _solver(left, workers, seed)
+        if s2.Solve(model.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            best = model.read(s2)
+    return _Step(best, status == cp_model.OPTIMAL, obj * model.unit, bound * model.unit)
+
+
+def solve(problem: Problem, time_limit_s: float = 10.0, hint: Hint | None = None,
+          workers: int = 2, seed: int = 0, prune: bool = True) -> Solution:
+    """Solve for the problem's objective; `Unsolved` if no solution is found within the limit.
+
+    `prune=False` keeps candidates slower than the heuristic plan (time objective; for
+    benchmarking the model without that help)."""
+    t0 = time.perf_counter()
+    try:
+        if problem.objective == "cost":
+            return _solve_cost(problem, t0 + time_limit_s, hint, workers, seed, t0)
+        step = _lexmin_time(problem, t0 + time_limit_s, hint, None, prune, workers, seed)
+    except Unsolved as e:
+        if str(e) == "infeasible":
+            raise
+        return _fallback(problem, t0)
+    gap = max(step.objective_s - step.bound_s, 0.0) / step.objective_s if step.objective_s else 0.0
+    return Solution(step.assignment, "OPTIMAL" if step.optimal else "FEASIBLE",
+                    step.objective_s, step.bound_s, gap, time.perf_counter() - t0)
+
+
+def _fallback(problem: Problem, t0: float) -> Solution:
+    """Out of time before any solution: the heuristic plan (always feasible), bound unknown."""
+    a = heuristic(problem)
+    t, c = score(problem, a)
+    return Solution(a, "FEASIBLE", t if problem.objective == "time" else c, 0.0, 1.0,
+                    time.perf_counter() - t0)
+
+
+def _descend(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int,
+             keep_all: bool = False, best: float = math.inf):
+    """Yield (step, T seconds, rate units) down the (T, rate) frontier, fastest first, then
+    (None, complete): complete when no cheaper-per-sample plan is left.
+
+    Step i+1 is min T s.t. rate <= cap with cap = min(rate_i - 1, ceil(B / T_i) - 1), where B is
+    the best rate * T so far and T_i the lower bound of step i: every plan left has T >= T_i, so
+    it beats B only if rate < B / T_i. `keep_all` walks every (T, rate) point instead; `best`
+    starts B at a known plan's rate * T.
+    """
+    slack = len(problem.roles) * hint.move_cost_s if hint else 0.0
+    cap: int | None = None
+    while time.perf_counter() < deadline:
+        try:
+            step = _lexmin_time(problem, deadline, hint, cap, False, workers, seed)
+        except Unsolved as e:
+            yield None, str(e) == "infeasible"
+            return
+        t, _ = score(problem, step.assignment)
+        rate = rate_units(problem, step.assignment)
+        best = min(best, rate * t)
+        yield step, (t, rate)
+        cap = rate - 1
+        t_low = (step.bound_s - slack) * (1 - 1e-6)
+        if not keep_all and t_low > 0:
+            cap = min(cap, math.ceil(best / t_low) - 1)
+        if cap < 0:
+            yield None, True
+            return
+    yield None, False
+
+
+def _cheap_end(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int
+               ) -> _Step | None:
+    """The cheapest plan (min rate, then min T): an early, good B for the descent."""
+    model = _Model(replace(problem, objective="time"), unit_s=1.0)
+    model.m.minimize(model.rate)
+    solver = _solver(deadline - time.perf_counter(), workers, seed)
+    if solver.Solve(model.m) != cp_model.OPTIMAL:
+        return None
+    try:
+        return _lexmin_time(problem, deadline, hint, int(round(solver.ObjectiveValue())), False,
+                            workers, seed)
+    except Unsolved:
+        return None
+
+
+def _rate_floor(problem: Problem) -> int:
+    """Any plan holds each role's devices somewhere: rate >= max over roles of its cheapest."""
+    return max(min(int(candidate_price(problem, c, units=True)) for c in problem.cands[r])
+               for r in problem.roles)
+
+
+def _solve_cost(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int,
+                t0: float) -> Solution:
+    per_unit = 1 / PRICE_SCALE / 3600 / problem.res.job.batch.samples  # (mUSD/h * s) -> USD/sample
+    ub = score(problem, heuristic(problem))[1]
+    problem = prune_by_bound(problem, math.inf, ub)
+    r_min = _rate_floor(problem)
+    best: tuple[float, _Step] | None = None
+    cheap = _cheap_end(problem, deadline, hint, workers, seed)
+    if cheap is not None:
+        t, _ = score(problem, cheap.assignment)
+        best = (rate_units(problem, cheap.assignment) * t * per_unit, cheap)
+    all_optimal, proven, rest_bound = True, False, 0.0
+    start = best[0] / per_unit if best else math.inf
+    for step, info in _descend(problem, deadline, hint, workers, seed, best=start):
+        if step is None:
+            proven = bool(info) and all_optimal
+            break
+        t, rate = info
+        all_optimal &= step.optimal
+        cost = rate * t * per_unit
+        if best is None or cost < best[0]:
+            best = (cost, step)
+        rest_bound = step.bound_s * r_min * per_unit  # every later point: T >= this, rate >= r_min
+    if best is None:
+        raise Unsolved("no solution in time")
+    cost, step = best
+    bound = cost if proven else min(cost, rest_bound)
+    return Solution(step.assignment, "OPTIMAL" if proven else "FEASIBLE", cost, bound,
+                    (cost - bound) / cost if cost else 0.0, time.perf_counter() - t0)
+
+
+def frontier(problem: Problem, time_limit_s: float = 10.0, max_points: int = 8,
+             workers: int = 2, seed: int = 0) -> list[Solution]:
+    """Time/cost-per-sample Pareto points, fastest first: each strictly cheaper per sample than
+    every faster one (a (T, cost) Pareto point is always a (T, rate) one, so the walk finds it).
+    Each point's objective/bound/gap are those of its time solve."""
+    t0 = time.perf_counter()
+    per_sample = 1 / PRICE_SCALE / 3600 / problem.res.job.batch.samples
+    out: list[Solution] = []
+    cheapest = math.inf
+    for step, info in _descend(problem, t0 + time_limit_s, None, workers, seed):
+        if step is None:
+            break
+        t, rate = info
+        cost = rate * t * per_sample
+        if cost >= cheapest * (1 - 1e-9):
+            continue  # slower and no cheaper per sample than a point already kept
+        cheapest = cost
+        gap = max(step.objective_s - step.bound_s, 0.0) / step.objective_s if step.objective_s else 0
+        out.append(Solution(step.assignment, "OPTIMAL" if step.optimal else "FEASIBLE",
+                            step.objective_s, step.bound_s, gap, time.perf_counter() - t0))
+        if len(out) >= max_points:
+            break
+    return out

@@ -1,0 +1,322 @@
+"""The plan: the one file that `plan` writes and `simulate`, `execute` and the notebooks read.
+
+A plan holds the job it was made for (so it stands alone), the chosen config of every role, the
+colocation slots, every device named in a Ray bundle (pool, node, device indices), the weight-sync
+routes, the predicted iteration time with its breakdown, and the solver's status, bound and gap.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
+
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.roles import TRAINING_ROLES
+from placer.cost.calibration import calibration_from_dict
+from placer.cost.efficiency import Calibration
+from placer.cost.sharding import Parallel
+from placer.spec.catalog import Resolved, resolve
+from placer.spec.errorlines import format_validation_error
+from placer.spec.job import Job
+from placer.spec.load import read_structured
+
+
+class _M(BaseModel):
+    # allow_inf_nan=False: a plan written as YAML could say `.inf` where JSON cannot; no plan field
+    # means an infinite or undefined number.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _Parted(_M):
+    """A role or slot that may be split over pools: its `parts` (each with `pool` and
+    `devices`), or none when it sits on its one `pool`."""
+
+    if TYPE_CHECKING:  # the subclasses' fields (declared there, so they keep their order)
+        pool: str
+        devices: int
+        parts: list[Any]
+
+    def pool_devices(self) -> list[tuple[str, int]]:
+        """(pool, devices) held: its pool, or each part's."""
+        return [(p.pool, p.devices) for p in self.parts] or [(self.pool, self.devices)]
+
+    @model_serializer(mode="wrap")
+    def _without_empty_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """One pool: written without `parts`, and a role without HSDP without `shard` (plan
+        files stay as they were)."""
+        out: dict[str, Any] = handler(self)
+        if not out.get("parts"):
+            out.pop("parts", None)
+        if not out.get("shard"):
+            out.pop("shard", None)
+        return out
+
+
+class RolePart(_M):
+    """One part of a role split over pools (`placer.cost.split`): its own devices, layout and share."""
+
+    pool: str
+    devices: int = Field(ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    fp8_weights: bool = False
+    fp8_kv: bool = False
+    share: float = Field(gt=0, le=1, description="fraction of the batch's samples it generates")
+    samples: int = Field(ge=1, description="samples of the batch it generates")
+    time_s: float = Field(0.0, ge=0)
+    stage_s: dict[str, float] = {}
+    memory_gb: float = Field(0.0, ge=0)
+    concurrency: int = Field(0, ge=0)
+
+    @property
+    def par(self) -> Parallel:
+        return Parallel(self.tp, self.pp, self.dp, ep=self.ep, fp8_weights=self.fp8_weights,
+                        fp8_kv=self.fp8_kv)
+
+
+class RolePlacement(_Parted):
+    pool: str
+    devices: int = Field(ge=0)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    zero: int = Field(3, ge=0, le=3)
+    recompute: bool = True
+    offload: bool = False
+    cp: int = Field(1, ge=1, description="context parallelism (training)")
+    ep: int = Field(1, ge=1, description="expert parallelism (mixture of experts)")
+    etp: int = Field(1, ge=1, description="expert tensor parallelism (with ep > 1)")
+    shard: int = Field(0, ge=0, description="HSDP: dp ranks of one ZeRO shard group, which the "
+                       "dp / shard groups replicate (0: ZeRO over all of dp; training roles)")
+    fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
+    fp8_kv: bool = Field(False, description="FP8 KV cache (job precision)")
+    fp8_train: bool = Field(False, description="FP8 training GEMMs (job precision)")
+    slot: str
+    time_s: float = Field(0.0, ge=0)
+    stage_s: dict[str, float] = {}
+    memory_gb: float = Field(0.0, ge=0)
+    concurrency: int = Field(0, ge=0, description="rollout: sequences per engine replica")
+    parts: list[RolePart] = Field([], description="a role split over pools: one entry per pool "
+                                  "(`pool`, `devices` and the layout above are the first part's "
+                                  "pool, the total and the first part's layout)")
+
+    @property
+    def par(self) -> Parallel:
+        return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
+                        self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
+                        shard=self.shard)
+
+
+class SlotPart(_M):
+    """The devices a split role's slot holds on one of its pools."""
+
+    pool: str
+    devices: int = Field(ge=1)
+    nodes: list[int] = []
+
+
+class SlotPlan(_Parted):
+    name: str
+    pool: str
+    devices: int = Field(ge=1)
+    roles: list[str]
+    nodes: list[int] = []
+    parts: list[SlotPart] = Field([], description="a split role's slot: its devices per pool "
+                                  "(`pool` is the first part's, `devices` the total)")
+
+
+class Bundle(_M):
+    """One Ray placement-group bundle: devices of one node that one slot uses."""
+
+    index: int = Field(ge=0)
+    slot: str
+    pool: str
+    node: int = Field(ge=0)
+    devices: list[int]
+    resources: dict[str, float]
+    group: str = Field("", description="tensor-parallel group id; a group never spans bundles")
+
+
+class SyncRoute(_M):
+    src: str = Field(description="pool:node of the sender")
+    dst: str = Field(description="pool:node of the receiver")
+    gbs: float = Field(gt=0)
+    hops: list[str] = []
+
+
+class SolverInfo(_M):
+    name: str = "cp-sat"
+    status: str
+    objective: float
+    bound: float
+    gap: float = Field(ge=0)
+    solve_s: float = Field(ge=0)
+
+
+class Breakdown(_M):
+    stage_s: dict[str, float]
+    slot_busy_s: dict[str, float]
+    switch_s: dict[str, float] = {}
+    sync_s: float = 0.0
+
+
+class Plan(_M):
+    version: Literal[1] = 1
+    job: dict[str, Any]
+    mode: Literal["sync", "async"]
+    objective: Literal["time", "cost"]
+    predicted_iteration_s: float = Field(gt=0)
+    throughput_samples_s: float = Field(0.0, ge=0)
+    cost_per_sample: float = Field(0.0, ge=0, description="USD per sample of the devices used")
+    # What the plan's devices cost against what the job's cluster books (every node of every
+    # pool, idle or not: `placer.solve.pricing`); 0 in plans written before they were recorded.
+    used_usd_per_hour: float = Field(0.0, ge=0)
+    booked_usd_per_hour: float = Field(0.0, ge=0)
+    booked_cost_per_sample: float = Field(0.0, ge=0)
+    breakdown: Breakdown
+    roles: dict[str, RolePlacement]
+    slots: list[SlotPlan]
+    bundles: list[Bundle] = []
+    sync_routes: list[SyncRoute] = []
+    solver: SolverInfo
+    calibration: dict[str, Any] | None = None
+
+    # `job` stays the plain dict it is in the plan file (the JSON format is the contract); `spec`
+    # and `resolved()` are its typed views, validated once per plan and cached. The cache is keyed
+    # on the dict's identity, so a `model_copy(update={"job": ...})` never sees a stale view.
+    _views: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
+
+    def _view(self, name: str, make: Callable[[], Any]) -> Any:
+        hit = self._views.get(name)
+        if hit is None or hit[0] is not self.job:
+            hit = (self.job, make())
+            self._views[name] = hit
+        return hit[1]
+
+    @property
+    def spec(self) -> Job:
+        """The plan's job, validated: the typed view every reader uses (cached)."""
+        job: Job = self._view("spec", lambda: Job.model_validate(self.job))
+        return job
+
+    def resolved(self) -> Resolved:
+        """The job with its cluster, device types and models looked up in the catalogs (cached)."""
+        res: Resolved = self._view("resolved", lambda: resolve(self.spec, "plan.job"))
+        return res
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields are equal plans, whichever cached views either has built."""
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # the job dict is not hashable anyway
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    atomic_write_text(path, plan.to_json())
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan and check it against its own job; SpecError naming the field otherwise."""
+    data = read_structured(path)
+    if isinstance(data, dict) and "roles" not in data and {"models", "cluster"} <= data.keys():
+        raise SpecError(f"{path}: this is a job file, not a plan: make one with "
+                        f"`placer plan {path} -o plan.json` and pass plan.json")
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, f"{path}: ")) from None
+    try:
+        res = plan.resolved()
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, f"{path}: job.")) from None
+    check_plan(plan, res, str(path))
+    return plan
+
+
+def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
+    """A plan must place exactly its job's roles on pools that exist, within their sizes."""
+    want = {str(r) for r in res.job.roles()}
+    have = set(plan.roles)
+    if want != have:
+        raise SpecError(f"{source}: roles: plan places {sorted(have)} but its job runs "
+                        f"{sorted(want)}")
+    slots = {s.name: s for s in plan.slots}
+    for name, r in plan.roles.items():
+        fields = [(f"roles.{name}", r.pool, r.devices)] if not r.parts else [
+            (f"roles.{name}.parts.{i}", p.pool, p.devices) for i, p in enumerate(r.parts)]
+        for field, pool_name, devices in fields:
+            try:
+                pool = res.cluster.pool(pool_name)
+            except KeyError:
+                raise SpecError(f"{source}: {field}.pool: no pool {pool_name!r} in the job's "
+                                "cluster") from None
+            if devices > pool.devices_per_node * pool.nodes:
+                raise SpecError(f"{source}: {field}.devices: {devices} exceeds pool "
+                                f"{pool.name}'s {pool.devices_per_node * pool.nodes}")
+        if r.slot not in slots:
+            raise SpecError(f"{source}: roles.{name}.slot: no slot {r.slot!r} in slots")
+        if r.parts:
+            _check_parts(name, r, res, source)
+        if r.shard:
+            _check_shard(name, r, source)
+    used: dict[str, int] = {}
+    for s in plan.slots:
+        for pool_name, n in s.pool_devices():
+            used[pool_name] = used.get(pool_name, 0) + n
+    for pool_name, n in used.items():
+        pool = res.cluster.pool(pool_name)
+        if n > pool.devices_per_node * pool.nodes:
+            raise SpecError(f"{source}: slots: pool {pool_name} given {n} devices, has "
+                            f"{pool.devices_per_node * pool.nodes}")
+
+
+def _check_parts(name: str, r: RolePlacement, res: Resolved, source: str) -> None:
+    """A split role's parts add up: devices to the role's, samples to the batch's."""
+    if len(r.parts) < 2:
+        raise SpecError(f"{source}: roles.{name}.parts: a split role has at least 2 parts, "
+                        f"got {len(r.parts)} (drop `parts` for a role on one pool)")
+    total = sum(p.devices for p in r.parts)
+    if total != r.devices:
+        raise SpecError(f"{source}: roles.{name}.devices: {r.devices}, but its parts hold "
+                        f"{total}")
+    samples, want = sum(p.samples for p in r.parts), res.job.batch.samples
+    if samples != want:
+        raise SpecError(f"{source}: roles.{name}.parts: the parts' samples add up to {samples}, "
+                        f"the batch has {want}")
+
+
+def _check_shard(name: str, r: RolePlacement, source: str) -> None:
+    """An HSDP shard group belongs to a training role and splits its dp ranks evenly."""
+    if name not in TRAINING_ROLES:
+        raise SpecError(f"{source}: roles.{name}.shard: {r.shard}, but only a training role "
+                        f"({', '.join(sorted(TRAINING_ROLES))}) shards its state (drop `shard`)")
+    if r.dp % r.shard:
+        raise SpecError(f"{source}: roles.{name}.shard: {r.shard} does not divide dp {r.dp} "
+                        "(the shard groups must split the data-parallel ranks evenly)")
+
+
+def calibration_of(plan: Plan) -> Calibration:
+    return calibration_from_dict(plan.calibration or {})
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=str)

@@ -1,0 +1,153 @@
+"""The planner: job -> candidates (cost table) -> ILP -> assemble -> Plan.
+
+This is the API the CLI, the notebooks, the simulator's tests and the executor's re-planning call:
+
+    plan_job(res, calib, time_limit_s=10, hint=None, move_cost_s=0) -> Plan
+    sweep_job(res, calib, ...) -> list[Plan]      # time/cost Pareto frontier, fastest first
+    with_nodes(job, {pool: nodes}) -> Resolved    # the job on a grown or shrunk cluster
+    build_problem(res, calib) -> Problem          # the cost table, for solving directly
+Re-planning is `plan_job(with_nodes(job, ...), calib, hint=old_plan, move_cost_s=...)`: the old
+plan seeds the solver and every role that changes config costs `move_cost_s`.
+
+The candidate table (`placer.solve.candidates`: single-pool candidates, then splits) is the only thing
+handed from estimation to the solver; every plan, the ILP's and the baselines', is priced and
+mapped by `assemble`.
+A job that cannot be placed raises `placer.base.errors.Infeasible` with a diagnosis naming what does not
+fit and the smallest change that would (see `placer.solve.explain.diagnose`).
+Host memory (`placer.solve.hostmem`): candidates over a node's host RAM on their own are refused before
+the solve; a solved plan whose colocated roles overflow a node is re-solved without the optimizer
+offload of the roles there (Infeasible naming host memory when nothing is left).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from placer.base.errors import Infeasible
+from placer.cost.efficiency import Calibration
+from placer.solve import hostmem
+from placer.solve.assemble import assemble
+from placer.solve.candidates import flat, single_candidates, with_splits
+from placer.solve.diagnose import diagnose
+from placer.solve.ilp import Assignment, Hint, Problem, Solution, Unsolved, layout_key
+from placer.solve.ilp_bound import score, split_keep
+from placer.solve.ilp_solve import frontier, solve
+from placer.solve.planfile import Plan, SolverInfo
+from placer.spec.catalog import Resolved, resolve
+
+DEFAULT_TIME_LIMIT_S = 10.0
+
+
+def build_problem(res: Resolved, calib: Calibration, objective: str | None = None,
+                  bounded: bool = True, slack_s: float = 0.0, workers: int = 1) -> Problem:
+    """The cost table of a job; Infeasible (with a diagnosis) if some role has no candidate.
+
+    `bounded`: split candidates that cannot beat the heuristic plan on the objective by more
+    than `slack_s` seconds (a re-plan's move costs; `placer.solve.ilp_bound.split_keep`) are not
+    priced. Solving gives the same optimum (the solver would prune them); a table for other
+    uses (the time/cost frontier, a narrower re-solve) keeps them all. `workers`: processes
+    a large cluster's single-pool candidates may be priced in (`candidates.single_candidates`)."""
+    if objective is not None and objective != res.job.objective:  # the plan records its objective
+        res = resolve(res.job.model_copy(update={"objective": objective}))
+    per_pool = single_candidates(res, calib, workers=workers)
+    missing = [r for r, cs in flat(per_pool).items() if not cs]
+    if missing:
+        raise Infeasible(diagnose(res, calib, missing))
+    keep = None
+    if bounded:
+        fit, _ = hostmem.refuse_candidates(res, flat(per_pool))
+        if all(fit.values()):  # else the table below is refused with its diagnosis
+            singles = Problem(res, calib, fit, objective or res.job.objective)
+            keep = split_keep(singles, slack_s)
+    # over a node's host memory alone
+    cands, refused = hostmem.refuse_candidates(res, with_splits(res, calib, per_pool, keep))
+    missing = [r for r, cs in cands.items() if not cs]
+    if missing:
+        raise Infeasible(hostmem.refusal(res, missing, refused))
+    return Problem(res, calib, cands, objective or res.job.objective)
+
+
+def to_plan(problem: Problem, sol: Solution, calibration_doc: dict | None = None) -> Plan:
+    info = SolverInfo(status=sol.status.lower(), objective=sol.objective, bound=sol.bound,
+                      gap=sol.gap, solve_s=sol.solve_s)
+    return assemble(problem.res, sol.assignment.placed(), problem.calib, info, calibration_doc)
+
+
+def plan_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+             hint: Plan | None = None, objective: str | None = None, move_cost_s: float = 0.0,
+             workers: int = 2, seed: int = 0, calibration_doc: dict | None = None) -> Plan:
+    """Place every role of the job with the ILP and return the assembled plan. `workers`: CP-SAT
+    search workers, and processes that price a large cluster's cost table (`build_problem`)."""
+    h = hint_of(hint, move_cost_s) if hint is not None else None
+    slack = len(res.job.roles()) * move_cost_s if hint is not None else 0.0  # as `ilp_solve`
+    problem = build_problem(res, calib, objective, slack_s=slack, workers=workers)
+    bounded = True
+    # The ILP sees each candidate's own host memory, not colocated roles adding up on one node:
+    # a plan over a node's host RAM is re-solved without the offload of the roles on that node.
+    for _ in range(len(problem.roles) + 1):
+        try:
+            sol = solve(problem, time_limit_s, hint=h, workers=workers, seed=seed)
+        except Unsolved as e:
+            raise Infeasible(f"the solver found no placement: {e}") from None
+        plan = to_plan(problem, sol, calibration_doc)
+        narrower = _host_checked(problem, plan)
+        if narrower is None:
+            return plan
+        if bounded:  # the narrower optimum may need splits the wider table's bound ruled out
+            bounded = False
+            full = build_problem(res, calib, objective, bounded=False, workers=workers)
+            narrower = _host_checked(full, plan)
+            assert narrower is not None  # the same plan over the same nodes
+        problem = narrower
+    raise Infeasible("host memory: no placement found that fits every node's host memory")
+
+
+def _host_checked(problem: Problem, plan: Plan) -> Problem | None:
+    """None if the plan fits every node's host memory, else the problem without the offload of
+    the roles on the nodes over it (Infeasible naming host memory if that leaves nothing)."""
+    over = hostmem.over_nodes(plan, problem.res, problem.calib)
+    if not over:
+        return None
+    roles = {r for n in over for r in n.roles if plan.roles[r].offload}
+    if not roles:
+        raise Infeasible(f"host memory: {over[0].describe()}; roles sharing its devices park "
+                         "their state there while another runs. Smallest change: nodes with "
+                         "more host memory (the pool's host_memory_gb) or more nodes")
+    cands = hostmem.without_offload(problem.cands, roles)
+    gone = [r for r in problem.roles if r in roles and not cands[r]]
+    if gone:
+        raise Infeasible(hostmem.refusal(problem.res, gone, {r: over[0] for r in gone}))
+    return replace(problem, cands=cands)
+
+
+def hint_of(plan: Plan, move_cost_s: float = 0.0) -> Hint:
+    """A previous plan as a CP-SAT hint: its configs and its colocation groups."""
+    choice = {r: (tuple(layout_key(q.pool, q.par) for q in p.parts) if p.parts
+                  else layout_key(p.pool, p.par)) for r, p in plan.roles.items()}
+    groups = [list(s.roles) for s in plan.slots]
+    return Hint(choice, groups, move_cost_s)
+
+
+def sweep_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+              max_points: int = 8, workers: int = 2, seed: int = 0,
+              calibration_doc: dict | None = None) -> list[Plan]:
+    """The time/cost-per-sample Pareto frontier, fastest first (`ilp_solve.frontier`)."""
+    # unbounded: the frontier's slow, cheap end may need any split
+    problem = build_problem(res, calib, "time", bounded=False, workers=workers)
+    sols = frontier(problem, time_limit_s, max_points, workers=workers, seed=seed)
+    if not sols:
+        raise Infeasible(f"the solver found no placement within {time_limit_s:g} s")
+    plans = [to_plan(problem, s, calibration_doc) for s in sols]
+    over = [hostmem.over_nodes(p, problem.res, problem.calib) for p in plans]
+    if all(over):  # every frontier point overflows some node's host memory
+        raise Infeasible(f"host memory: {over[0][0].describe()}")
+    return [p for p, o in zip(plans, over) if not o]
+
+
+def plan_assignment(problem: Problem, a: Assignment, name: str,
+                    calibration_doc: dict | None = None) -> Plan:
+    """Assemble a placement chosen by something other than the solver (a baseline)."""
+    t, c = score(problem, a)
+    obj = t if problem.objective == "time" else c
+    info = SolverInfo(name=name, status="heuristic", objective=obj, bound=0.0, gap=0.0, solve_s=0.0)
+    return assemble(problem.res, a.placed(), problem.calib, info, calibration_doc)
+

@@ -1,0 +1,30 @@
+"""A worker process of a cost table priced in parallel (`placer.solve.candidates.single_candidates`).
+
+    python -m placer.solve.tablework IN OUT
+
+IN holds a pickled (Resolved, Calibration, limit, [(role, pool name), ...]); the worker prices
+`candidates.role_candidates` of each pair and writes {(role, pool name): [Candidate, ...]} to
+OUT. A fresh interpreter, not a fork (a parent running a solver's or Ray's threads
+cannot fork safely) and not `multiprocessing`'s spawn (which re-runs the caller's main script,
+so a script without a `__main__` guard would plan recursively).
+"""
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+from placer.solve.candidates import role_candidates
+
+
+def main(argv: list[str]) -> int:
+    src, dst = argv
+    res, calib, limit, tasks = pickle.loads(Path(src).read_bytes())
+    found = {(role, pool): role_candidates(res, role, res.cluster.pool(pool), calib, limit)
+             for role, pool in tasks}
+    Path(dst).write_bytes(pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,196 @@
+"""Hardware and model catalogs: the shipped YAML files plus a job's own `catalog:` entries.
+
+Each shipped entry cites its source. A job may add device types and model architectures (or
+override a shipped one by name) in its `catalog:` section; `Resolved` is the job with every name
+looked up, which is what the cost model and the planner work from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from placer.base.errors import Infeasible, SpecError
+from placer.base.inputs import SpecErrors
+from placer.base.roles import Role
+from placer.spec.arch import ModelArch
+from placer.spec.hardware import Cluster, DeviceKind, DeviceType, Pool, check_cluster_size
+from placer.spec.job import Job
+
+_HERE = Path(__file__).parent
+
+
+@lru_cache(maxsize=1)
+def shipped_devices() -> dict[str, DeviceType]:
+    data = yaml.safe_load((_HERE / "devices.yaml").read_text())
+    return {d["name"]: DeviceType.model_validate(d) for d in data["devices"]}
+
+
+@lru_cache(maxsize=1)
+def shipped_models() -> dict[str, ModelArch]:
+    data = yaml.safe_load((_HERE / "models.yaml").read_text())
+    return {m["name"]: ModelArch.model_validate(m) for m in data["models"]}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A job with its device types and model architectures looked up."""
+
+    job: Job
+    devices: dict[str, DeviceType]
+    models: dict[str, ModelArch]
+
+    def device_of(self, pool: Pool | str) -> DeviceType:
+        p = self.job.cluster.pool(pool) if isinstance(pool, str) else pool
+        return self.devices[p.device]
+
+    def model_of(self, role: str) -> ModelArch | None:
+        """The architecture a role runs (None for rule rewards and environments)."""
+        m = self.job.models
+        names: dict[str, str | None] = {
+            Role.ACTOR: m.policy, Role.ROLLOUT: m.policy, Role.REFERENCE: m.reference or m.policy,
+            Role.REWARD: None if m.reward == "rule" else m.reward,
+            Role.CRITIC: m.critic or (m.reward if m.reward != "rule" else m.policy)}
+        name = names.get(role)
+        return self.models[name] if name else None
+
+    def arch_of(self, role: str) -> ModelArch:
+        """`model_of` for a role that runs a model (not a rule reward nor the environment)."""
+        m = self.model_of(role)
+        assert m is not None, f"{role}: runs no model"
+        return m
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.job.cluster
+
+
+def devices_of(job: Job) -> dict[str, DeviceType]:
+    """The device types a job may name: the shipped ones, overridden or extended by its own."""
+    return {**shipped_devices(), **{d.name: d for d in job.catalog.devices}}
+
+
+def resolve(job: Job, source: str = "job") -> Resolved:
+    """Look up every name the job uses; one SpecErrors with a line per unknown name or
+    inconsistent choice (all of them, not only the first)."""
+    devices = devices_of(job)
+    models = {**shipped_models(), **{m.name: m for m in job.catalog.models}}
+    bad: list[str] = []
+    for i, p in enumerate(job.cluster.pools):
+        if p.device not in devices:
+            bad.append(f"{source}: cluster.pools.{i}.device: unknown device type "
+                       f"{p.device!r}; known: {', '.join(sorted(devices))} (or add it under "
+                       "catalog.devices)")
+        dom = p.nvlink_domain
+        if dom is not None and dom % p.devices_per_node and p.devices_per_node % dom:
+            bad.append(f"{source}: cluster.pools.{i}.nvlink_domain: {dom} does not align with "
+                       f"devices_per_node {p.devices_per_node}")
+    m = job.models
+    for field in ("policy", "reference", "reward", "critic"):
+        name = getattr(m, field)
+        if name is None or (field == "reward" and name == "rule"):
+            continue
+        if name not in models:
+            bad.append(f"{source}: models.{field}: unknown model {name!r}; known: "
+                       f"{', '.join(sorted(models))} (or add it under catalog.models)")
+    if m.critic is not None and job.algorithm.value != "ppo":
+        bad.append(f"{source}: models.critic: only PPO has a critic (algorithm is "
+                   f"{job.algorithm.value!r})")
+    if job.algorithm.value in ("grpo", "rloo") and job.batch.samples_per_prompt < 2:
+        bad.append(f"{source}: batch.samples_per_prompt: {job.algorithm.value} compares "
+                   f"samples of one prompt and needs >= 2 (got "
+                   f"{job.batch.samples_per_prompt})")
+    if job.batch.samples % job.batch.mini_batches:
+        bad.append(f"{source}: batch.mini_batches: {job.batch.mini_batches} does not divide "
+                   f"the {job.batch.samples} samples (prompts x samples_per_prompt)")
+    if job.environment.kind == "none" and job.environment.turns > 1:
+        bad.append(f"{source}: environment.turns: {job.environment.turns} turns need an "
+                   "environment between them; set environment.kind to 'tool' or 'code'")
+    if bad:
+        raise SpecErrors(bad)
+    return Resolved(job, devices, models)
+
+
+# A CPU node beyond this many cores is a unit mistake (devices_per_node given as cores), not a
+# machine: the largest two-socket servers have 384 cores (768 hardware threads).
+MAX_CPU_NODE_CORES = 1024
+# devices_per_node equal to the device's own core count reads as cores when that count is this
+# large (64 devices of 64 cores); two 2-core devices per node is a plain small node.
+CORES_READ_AS_COUNT = 8
+
+
+def cpu_pools(job: Job, devices: dict[str, DeviceType], source: str) -> tuple[Job, list[str]]:
+    """A CPU pool's unit made explicit. Its device is a whole CPU (the device type's `cores`
+    cores, e.g. cpu-node: one 64-core node), so `devices_per_node` counts those, not cores; a
+    pool may give `cores_per_node` instead (devices_per_node = cores_per_node / cores) or both
+    (they must agree). A count that reads as cores (equal to the device's own `cores` of at least
+    CORES_READ_AS_COUNT, or a node beyond MAX_CPU_NODE_CORES cores) is refused unless
+    `cores_per_node` confirms it. Returns the
+    job with each CPU pool's devices_per_node derived, and one line per mistake."""
+    out: list[str] = []
+    pools = []
+    for i, p in enumerate(job.cluster.pools):
+        dev, where = devices.get(p.device), f"{source}: cluster.pools.{i}"
+        if dev is None:  # an unknown device: `resolve` names it
+            pools.append(p)
+            continue
+        if dev.kind is not DeviceKind.cpu:
+            if p.cores_per_node is not None:
+                out.append(f"{where}.cores_per_node: applies to CPU pools only ({p.device} is "
+                           f"a {dev.kind.value}; give devices_per_node) (got {p.cores_per_node})")
+            pools.append(p)
+            continue
+        if p.cores_per_node is not None:
+            n, rest = divmod(p.cores_per_node, dev.cores)
+            if rest or n == 0:
+                out.append(f"{where}.cores_per_node: not a whole number of {p.device} devices "
+                           f"({dev.cores} cores each); add a device type with these cores "
+                           f"under catalog.devices (got {p.cores_per_node})")
+            elif p.devices_given and n != p.devices_per_node:
+                out.append(f"{where}.devices_per_node: {p.devices_per_node} {p.device} devices "
+                           f"of {dev.cores} cores are {p.devices_per_node * dev.cores} cores, "
+                           f"not cores_per_node {p.cores_per_node} (give one of the two)")
+            else:
+                p = p.model_copy(update={"devices_per_node": n})
+        elif p.devices_per_node > 1 and (
+                p.devices_per_node == dev.cores >= CORES_READ_AS_COUNT
+                or p.devices_per_node * dev.cores > MAX_CPU_NODE_CORES):
+            out.append(f"{where}.devices_per_node: a CPU pool counts whole {p.device} devices of "
+                       f"{dev.cores} cores each, so this is {p.devices_per_node * dev.cores:,} "
+                       f"cores per node; to give cores write cores_per_node: "
+                       f"{p.devices_per_node} (or devices_per_node: 1 for one {dev.cores}-core "
+                       f"device per node) (got {p.devices_per_node})")
+        pools.append(p)
+    if out or all(a is b for a, b in zip(pools, job.cluster.pools)):
+        return job, out
+    try:  # the derived counts, bounded like given ones (the cluster checked placeholders)
+        check_cluster_size({p.name: (p.nodes, p.devices_per_node) for p in pools})
+    except ValueError as e:
+        return job, [f"{source}: cluster: {e}"]
+    cluster = job.cluster.model_copy(update={"pools": pools})
+    return job.model_copy(update={"cluster": cluster}), []
+
+
+def pools_of_kind(res: Resolved, kind: DeviceKind) -> list[Pool]:
+    return [p for p in res.cluster.pools if res.devices[p.device].kind is kind]
+
+
+def with_nodes(job: Job, nodes: dict[str, int], source: str = "job") -> Resolved:
+    """The job on a changed cluster: `nodes` gives the new node count of some pools (0: gone)."""
+    names = {p.name for p in job.cluster.pools}
+    for name, n in nodes.items():
+        if name not in names:
+            raise SpecError(f"{source}: no pool {name!r} in the cluster (pools: "
+                            f"{', '.join(sorted(names))})")
+        if n < 0:
+            raise SpecError(f"{source}: pool {name} would have {n} nodes (it has "
+                            f"{job.cluster.pool(name).nodes})")
+    # a pool that lost every node is gone; roles that only it could host make the job infeasible
+    pools = [p.model_copy(update={"nodes": nodes.get(p.name, p.nodes)}) for p in job.cluster.pools
+             if nodes.get(p.name, p.nodes) > 0]
+    if not pools:
+        raise Infeasible("the cluster has no nodes left")
+    cluster = job.cluster.model_copy(update={"pools": pools})
+    return resolve(job.model_copy(update={"cluster": cluster}), source)

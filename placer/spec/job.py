@@ -1,0 +1,115 @@
+"""The job: what the user writes in YAML, as one strict model.
+
+An RL post-training *job* names an algorithm (GRPO, PPO, RLOO), the models it trains and serves, the
+batch, the length distributions of prompts and responses, an optional multi-turn environment, the
+pipeline mode and the objective. A *cluster* is a set of *pools* of identical nodes plus the network
+that joins them. Every model is strict (unknown keys are errors) so that a typo never silently
+falls back to a default; `placer.spec.load` reads a file into a `Job` and turns validation failures
+into one `SpecError` that names the field path and the bad value.
+
+The *roles* an algorithm runs are derived here, not written by the user: see `Job.roles()`.
+The sections live in their own modules of this package: `hardware` (device types, pools, the
+cluster), `arch` (a model's shape), `sections` (algorithm, models, batch, lengths, environment,
+pipeline, tail policy, precision), `pins` (layout pins), `base` (the strict base model and bounded
+number types).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import Field
+
+from placer.base.roles import Role
+from placer.spec.arch import ModelArch
+from placer.spec.base import Strict
+from placer.spec.current import CurrentPlacement
+from placer.spec.distributions import Distribution
+from placer.spec.hardware import Cluster, DeviceType
+from placer.spec.localdata import Dataset
+from placer.spec.pins import Pin, Pins, _Layout
+from placer.spec.sections import (
+    Algorithm,
+    Batch,
+    Environment,
+    Lengths,
+    Models,
+    Pipeline,
+    Precision,
+    TailPolicy,
+)
+
+
+# ------------------------------------------------------------------------------------ the job
+class Catalog(Strict):
+    devices: list[DeviceType] = []
+    models: list[ModelArch] = []
+
+
+class Job(Strict):
+    name: str = "job"
+    algorithm: Algorithm
+    models: Models
+    batch: Batch
+    lengths: Lengths
+    environment: Environment = Environment()
+    pipeline: Pipeline = Pipeline()
+    objective: Literal["time", "cost"] = "time"
+    tail_policy: TailPolicy = TailPolicy()
+    precision: Precision = Field(Precision(), description="optional FP8 formats (Precision)")
+    cluster: Cluster
+    catalog: Catalog = Catalog()
+    seed: Annotated[int, Field(strict=True, ge=0, le=2**63)] = 0
+    data: Dataset | None = Field(None, description="JSONL or Parquet prompts with answers or "
+                                 "unit tests (the executor's math or code reward; "
+                                 "placer/spec/localdata.py)")
+    current: CurrentPlacement | None = Field(
+        None, description="the placement the job runs today (placer import); placer compare "
+                          "prices it as the baseline `current`")
+    pin: Pins | None = Field(
+        None, description="per-role layout pins the planner keeps to, e.g. {actor: {tp: 2, "
+                          "dp: 2}} (placer/spec/pins.py)")
+
+    def roles(self) -> list[Role]:
+        """Roles the algorithm runs, in a stable order."""
+        out = [Role.ACTOR, Role.ROLLOUT]
+        if self.models.use_reference:
+            out.append(Role.REFERENCE)
+        out.append(Role.REWARD)
+        if self.algorithm is Algorithm.ppo:
+            out.append(Role.CRITIC)
+        if self.environment.kind != "none":
+            out.append(Role.ENVIRONMENT)
+        return out
+
+    def max_context_float(self) -> float:
+        """Longest context a sample reaches: prompt + all turns' responses and tool outputs."""
+        env = self.environment
+        return (self.lengths.prompt.max_value() + env.turns * self.lengths.response.max_value()
+                + (env.turns - 1) * env.tool_output_tokens)
+
+    @property
+    def max_context(self) -> int:
+        """`max_context_float` in whole tokens (finite: checked when the job is loaded)."""
+        return int(self.max_context_float())
+
+
+def distributions(job: Job) -> list[tuple[str, Distribution]]:
+    """Every distribution of a job with its field path."""
+    return [("lengths.prompt", job.lengths.prompt), ("lengths.response", job.lengths.response),
+            ("environment.tool_latency_s", job.environment.tool_latency_s)]
+
+
+# ------------------------------------------------------------------------------------ pins
+L = TypeVar("L", bound=_Layout)
+
+
+def pin_of(job: Job, role: str) -> Pin | None:
+    """The job's pin of `role`, or None when the role is free."""
+    return job.pin.of(role) if job.pin is not None else None
+
+
+def pinned_layouts(job: Job, role: str, pool: str, pars: Iterable[L]) -> list[L]:
+    """The layouts of `role` on `pool` that keep to the job's pin (all of them when unpinned)."""
+    pin = pin_of(job, role)
+    return list(pars) if pin is None else [p for p in pars if pin.allows(pool, p)]

@@ -1,0 +1,178 @@
+"""Reading, checking and writing job files.
+
+`load_job` reads YAML or JSON (bounded and hostile-proof: `placer.base.inputs`), validates it as a
+`Job`, then runs the checks that span sections (replayed traces readable, contexts finite, tail
+policy budgets, pins, the catalog's names). Every mistake found is one line of one `SpecErrors`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import SpecErrors, load_json, load_yaml, read_text
+from placer.spec.base import MAX_CONTEXT_TOKENS
+from placer.spec.catalog import cpu_pools, devices_of, resolve
+from placer.spec.errorlines import validation_lines
+from placer.spec.job import Job, distributions
+from placer.spec.localdata import anchor, expand_model_dirs
+
+
+def check_pins(job: Job, source: str) -> list[str]:
+    """What the pin model alone cannot check: every pinned role is one the job runs, every
+    pinned pool is in the cluster. One line per mistake, naming the field and the value."""
+    if job.pin is None:
+        return []
+    out = []
+    runs = job.roles()
+    pools = [p.name for p in job.cluster.pools]
+    for role, pin in job.pin.items():
+        if role not in runs:
+            out.append(f"{source}: pin.{role}: the job runs no {role} (its roles: "
+                       f"{', '.join(runs)}) (got {pin.describe()!r})")
+        if pin.pool is not None and pin.pool not in pools:
+            out.append(f"{source}: pin.{role}.pool: no pool {pin.pool!r} in the cluster "
+                       f"(pools: {', '.join(pools)}) (got {pin.pool!r})")
+    return out
+
+
+# ------------------------------------------------------------------------------------ loading
+def read_structured(path: str | Path) -> dict[str, Any]:
+    """YAML or JSON file to a dict, or SpecError naming the file (bounded and hostile-proof:
+    `placer.base.inputs`)."""
+    p = Path(path)
+    text = read_text(p)
+    data = load_json(text, str(p)) if p.suffix == ".json" else load_yaml(text, str(p))
+    if data is None:
+        raise SpecError(f"{p}: the file is empty (expected a mapping of keys)")
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+def _check_job(job: Job, source: str) -> list[str]:
+    """Checks that need more than one field: replayed traces readable, contexts finite, tail
+    policy budgets. Every failing check gives one line; [] when all pass."""
+    out: list[str] = []
+    for where, dist in distributions(job):
+        if dist.kind != "empirical":
+            continue
+        try:
+            dist.samples()
+        except SpecError as e:
+            out.append(f"{source}: {where}.path: {e}")
+        except (OSError, UnicodeDecodeError) as e:
+            out.append(f"{source}: {where}.path: cannot read {dist.path!r}: {_first_line(e)}")
+    if out:  # the checks below draw on the distributions
+        return out
+    try:
+        check_tail_policy(job, source)
+    except SpecError as e:
+        out.append(str(e))
+    ctx = job.max_context_float()
+    if not ctx <= MAX_CONTEXT_TOKENS:
+        out.append(f"{source}: lengths: the longest context, prompt + turns x response + "
+                   f"tool outputs, is {ctx:.3g} tokens, beyond {MAX_CONTEXT_TOKENS:,}")
+    return out
+
+
+def check_tail_policy(job: Job, source: str) -> None:
+    """Budgets and deadlines below the mean would cut (or re-issue) the typical sample, not the
+    tail: carried-over work would then grow every step (partial) or every call would run twice
+    (reissue). Such a setting is an error, which also keeps the no-variance model unchanged."""
+    tp, env = job.tail_policy, job.environment
+    if tp.kind == "partial":
+        # whole tokens per turn, as the simulator rounds a no-variance response
+        mean = env.turns * math.ceil(job.lengths.response.mean_value())
+        assert tp.token_budget is not None, "a partial tail policy has token_budget (validated)"
+        if tp.token_budget < mean:
+            raise SpecError(f"{source}: tail_policy.token_budget: below the mean response of a "
+                            f"sample ({mean:.0f} tokens over {env.turns} turn(s)); carried-over "
+                            f"work would grow every step (got {tp.token_budget})")
+    if tp.kind == "reissue":
+        if env.kind == "none" or env.turns < 2:
+            raise SpecError(f"{source}: tail_policy.kind: reissue needs tool calls (an "
+                            f"environment with turns >= 2) (got {tp.kind!r})")
+        mean_s = env.tool_latency_s.mean_value()
+        assert tp.deadline_s is not None, "a reissue tail policy has deadline_s (validated)"
+        if tp.deadline_s < mean_s:
+            raise SpecError(f"{source}: tail_policy.deadline_s: below the mean tool latency "
+                            f"({mean_s:.3g} s); most calls would run twice (got {tp.deadline_s})")
+
+
+def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
+    """Validate a job; every mistake found is one line of one `SpecErrors` (field checks first,
+    then, when the fields are sound, the checks across fields and the catalog's names)."""
+    data = expand_model_dirs(data, source)  # models.<field>: {path: DIR} -> a catalog entry
+    try:
+        job = Job.model_validate(data)
+    except ValidationError as e:
+        raise SpecErrors(validation_lines(e, f"{source}: ", root=Job)) from None
+    problems = _check_job(job, source) + check_pins(job, source)
+    try:
+        resolve(job, source)  # checks the names
+    except SpecErrors as e:
+        problems += e.lines
+    except SpecError as e:
+        problems.append(str(e))
+    job, more = cpu_pools(job, devices_of(job), source)
+    problems += more
+    if problems:
+        raise SpecErrors(problems)
+    return job
+
+
+_DIST_PATHS = (("lengths", "prompt"), ("lengths", "response"), ("environment", "tool_latency_s"))
+
+
+def _anchor_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Empirical distributions' relative paths, made relative to the job file's folder."""
+    out = dict(data)
+    for section, key in _DIST_PATHS:
+        sec = out.get(section)
+        if not isinstance(sec, dict):
+            continue
+        dist = sec.get(key)
+        if (isinstance(dist, dict) and dist.get("kind") == "empirical"
+                and isinstance(dist.get("path"), str) and not Path(dist["path"]).is_absolute()):
+            out[section] = {**sec, key: {**dist, "path": str(base / dist["path"])}}
+    return out
+
+
+def load_job(path: str | Path) -> Job:
+    """Read and validate a job file (YAML or JSON); `cluster` may name a separate file."""
+    raw = read_structured(path)
+    if isinstance(raw, dict) and {"roles", "slots", "job"} <= raw.keys():
+        raise SpecError(f"{path}: this is a plan, not a job file: pass the job it was made from "
+                        f"(the plan's `job` section), or use a command that reads plans")
+    data = anchor(_anchor_paths(raw, Path(path).parent), Path(path).parent)
+    if isinstance(data.get("cluster"), str):
+        cpath = Path(path).parent / data["cluster"]
+        try:
+            cluster = read_structured(cpath)
+        except SpecError as e:
+            raise SpecError(f"{path}: cluster: {e}") from None
+        data = {**data, "cluster": cluster}
+    return job_from_dict(data, str(path))
+
+
+def dump_job(job: Job) -> dict[str, Any]:
+    return job.model_dump(mode="json", exclude_defaults=False)
+
+
+def save_job(job: Job, path: str | Path) -> None:
+    """Write a job as YAML, or JSON when the name ends in .json (atomically)."""
+    data = dump_job(job)
+    text = (json.dumps(data, indent=2) + "\n" if Path(path).suffix == ".json"
+            else yaml.safe_dump(data, sort_keys=False))
+    atomic_write_text(path, text)

@@ -1,0 +1,122 @@
+"""The sections of a job file that describe the RL workload itself.
+
+The algorithm (which decides the roles), the models each role runs, the batch, the token lengths
+of prompts and responses, the multi-turn tool environment, the pipeline mode (sync, or async with
+bounded staleness), the long-tail policy and the optional FP8 formats. The cluster is in
+`placer.spec.hardware`, the model shapes in `placer.spec.arch`; `placer.spec.job.Job` puts them together and
+runs the checks that span sections (`check_tail_policy`).
+
+Part of the job model (`placer.spec.job`, which re-exports every name here).
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictBool, model_validator
+
+from placer.spec.base import PosFloat, PosInt, Strict
+from placer.spec.distributions import Distribution
+
+
+class Algorithm(StrEnum):
+    grpo = "grpo"
+    ppo = "ppo"
+    rloo = "rloo"
+
+
+class Models(Strict):
+    policy: str
+    reference: str | None = Field(None, description="frozen KL model; default: same as policy")
+    reward: str = Field("rule", description="a model name, or 'rule' for a verifier on CPU")
+    critic: str | None = Field(None, description="PPO only; default: same shape as reward/policy")
+    use_reference: StrictBool = True
+    paths: dict[str, str] = Field({}, description="local Hugging Face checkpoint folder per "
+                                  "field (filled from `policy: {path: DIR}`; placer/spec/localdata.py)")
+
+
+class Batch(Strict):
+    prompts: PosInt
+    samples_per_prompt: PosInt = 1
+    mini_batches: PosInt = Field(1, description="optimizer steps per iteration")
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.samples_per_prompt
+
+
+class Lengths(Strict):
+    """Token counts, drawn per sample: the prompt once, the response once per turn."""
+
+    prompt: Distribution = Field(description="prompt tokens of a sample (its first context)")
+    response: Distribution = Field(
+        description="response tokens PER TURN: a multi-turn sample generates `environment.turns` "
+                    "of these (with tool outputs between them)")
+
+
+class Environment(Strict):
+    """Multi-turn tool use: after each turn but the last a tool call runs on a CPU pool."""
+
+    kind: Literal["none", "tool", "code"] = "none"
+    turns: Annotated[int, Field(strict=True, gt=0, le=10_000)] = 1  # estimates walk turns
+    tool_latency_s: Distribution = Distribution(kind="fixed", value=1.0)
+    cpu_per_call: PosFloat = 1.0
+    tool_output_tokens: Annotated[int, Field(strict=True, ge=0, le=1_000_000_000)] = 0
+
+
+class Pipeline(Strict):
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
+
+    @model_validator(mode="after")
+    def _staleness(self) -> Pipeline:
+        if self.mode == "async" and self.max_staleness < 1:
+            raise ValueError("async mode needs max_staleness >= 1")
+        return self
+
+
+class TailPolicy(Strict):
+    """How a step stops waiting on its slowest samples (issue 7); the simulator models each.
+
+    none           wait for every sample and every tool call
+    overprovision  generate ceil(n * (1 + fraction)) samples, keep the first n to finish and
+                   abort the rest (the kept samples lean short: a known bias of the method)
+    partial        cut a sample once it generated `token_budget` response tokens in this step;
+                   the rest of it resumes next step (its context prefilled again) and counts there
+    reissue        a tool call still running `deadline_s` after it started is issued again on
+                   another core; the first copy to finish wins and frees both cores
+    """
+
+    kind: Literal["none", "overprovision", "partial", "reissue"] = "none"
+    fraction: Annotated[float, Field(strict=True, gt=0, le=4)] | None = None
+    token_budget: PosInt | None = None
+    deadline_s: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> TailPolicy:
+        need = {"none": None, "overprovision": "fraction", "partial": "token_budget",
+                "reissue": "deadline_s"}[self.kind]
+        for name in ("fraction", "token_budget", "deadline_s"):
+            given = getattr(self, name) is not None
+            if name == need and not given:
+                raise ValueError(f"a {self.kind} tail policy needs {name}")
+            if name != need and given:
+                raise ValueError(f"{name} does not apply to a {self.kind} tail policy")
+        return self
+
+
+class Precision(Strict):
+    """Optional FP8 number formats (default: BF16 everywhere). Each applies only on devices with
+    FP8 tensor cores (`fp8_tflops`); elsewhere that role stays BF16."""
+
+    rollout_weights: Literal["bf16", "fp8"] = Field(
+        "bf16", description="weights of the rollout engines: fp8 halves their bytes (memory and "
+        "the weights a decode step reads) and runs their GEMMs at the FP8 peak (vLLM/SGLang FP8 "
+        "W8A8 rollout, verl docs/advance/fp8.md); the weight sync still sends BF16")
+    kv_cache: Literal["bf16", "fp8"] = Field(
+        "bf16", description="the rollout engines' KV cache: fp8 halves its bytes per token "
+        "(vLLM kv_cache_dtype=fp8): more sequences at once, less to read per decode step")
+    training: Literal["bf16", "fp8"] = Field(
+        "bf16", description="training GEMMs in FP8 (Transformer Engine; DeepSeek-V3's FP8 "
+        "training): the FP8 peak for matmul FLOPs; weights, gradients and optimizer state keep "
+        "their BF16/FP32 bytes")
