@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from placer.cost.calibration import load_calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
@@ -33,7 +34,7 @@ def measure(steps: int, job: Path) -> dict:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from executors.run import execute  # lazy: Ray and torch load after the environment is set
 
-    plan = plan_job(resolve(load_job(job), str(job)), load_calibration(None))
+    plan = plan_job(Pricer(resolve(load_job(job), str(job)), load_calibration(None)))
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
         for name, local in (("one process", True), ("ray", False)):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench.bench_solver import synthetic_job
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.moves import Move, moves
 from placer.solve.planfile import Plan, calibration_of
 from placer.solve.planner import plan_job
@@ -55,7 +56,7 @@ def replan_once(old: Plan, change: dict[str, int]) -> tuple[float, Plan, dict[st
     t0 = time.perf_counter()
     job = old.spec
     nodes = {p.name: p.nodes + change.get(p.name, 0) for p in job.cluster.pools}
-    new = plan_job(with_nodes(job, nodes), calibration_of(old), time_limit_s=5.0, hint=old,
+    new = plan_job(Pricer(with_nodes(job, nodes), calibration_of(old)), time_limit_s=5.0, hint=old,
                    move_cost_s=0.02 * old.predicted_iteration_s)
     moved = moves(old, new)
     return time.perf_counter() - t0, new, moved
@@ -66,7 +67,7 @@ def replan_table(repeats: int) -> None:
           f"{'old_iter_s':>10} {'new_iter_s':>10}  moved")
     for label, pools in REPLAN_SIZES:
         job = synthetic_job(label, "Llama-3-70B", pools, "sync")
-        old = plan_job(resolve(job), Calibration(), time_limit_s=10.0)
+        old = plan_job(Pricer(resolve(job), Calibration()), time_limit_s=10.0)
         devices = sum(per * n for _, _, per, n in pools)
         for name, change in CHANGES:
             runs = [replan_once(old, change) for _ in range(repeats)]
@@ -123,7 +124,7 @@ def recovery_table(runs: int) -> None:
     job = Job.model_validate({**job.model_dump(mode="json"), "cluster": {"pools": [
         {"name": "gpu", "device": "emu-gpu", "devices_per_node": 1, "nodes": 2},
         {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 2, "nodes": 1}]}})
-    plan = plan_job(resolve(job), Calibration(), time_limit_s=10.0)
+    plan = plan_job(Pricer(resolve(job), Calibration()), time_limit_s=10.0)
     print(f"executor recovery: {job.name} on 2 x 1-GPU nodes + 1 CPU node (local Ray cluster); "
           f"trainer rank 0's node removed before step 2; 4 steps")
     print(f"{'run':>3} {'noticed_s':>9} {'recovery_s':>10} {'replan_s':>8} {'groups_s':>8} "
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print("re-plan time (in process: plan -> changed cluster -> warm-started ILP -> moves)")
     replan_table(args.repeats)
-    plan = plan_job(resolve(load_job(EXAMPLES / "large-1k-nodes.yaml")), Calibration(),
+    plan = plan_job(Pricer(resolve(load_job(EXAMPLES / "large-1k-nodes.yaml")), Calibration()),
                     time_limit_s=10.0)
     t0 = time.perf_counter()
     durs = lr.step_durations(plan, args.iterations, seed=0)

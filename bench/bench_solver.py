@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.candidates import PARALLEL_DEVICES, layouts
 from placer.solve.ilp_solve import solve
 from placer.solve.moves import moves
 from placer.solve.planner import build_problem, hint_of, plan_job, to_plan
-from placer.spec.catalog import resolve, with_nodes
+from placer.spec.catalog import Resolved, resolve, with_nodes
 from placer.spec.load import job_from_dict, load_job
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -76,7 +77,7 @@ def synthetic_job(label: str, model: str, pools: list[tuple[str, str, int, int]]
 
 def row(label: str, res, calib, limit: float, workers: int) -> dict:
     t0 = time.perf_counter()
-    problem = build_problem(res, calib, workers=workers)
+    problem = build_problem(Pricer(res, calib), workers=workers)
     t1 = time.perf_counter()
     sol = solve(problem, time_limit_s=limit, workers=workers)
     plan = to_plan(problem, sol)
@@ -94,10 +95,11 @@ def row(label: str, res, calib, limit: float, workers: int) -> dict:
             "raw_agrees": abs(raw.objective - sol.objective) <= 1e-6 * sol.objective}
 
 
-def _tried(res, calib) -> str:
+def _tried(res: Resolved, calib: Calibration) -> str:
     """Layouts with expert / context parallelism enumerated before memory checks and pruning."""
+    px = Pricer(res, calib)
     pars = [p for role in res.job.roles() for pool in res.cluster.pools
-            for p in layouts(res, role, pool, calib)]
+            for p in layouts(px, role, pool)]
     return f"{sum(p.ep > 1 for p in pars)}/{sum(p.cp > 1 for p in pars)}"
 
 
@@ -105,11 +107,11 @@ def replan_row(limit: float, workers: int) -> dict:
     """Lose one H100 node of the 1,024-node example; re-plan warm-started from the old plan."""
     calib = Calibration()
     job = load_job(EXAMPLES / "large-1k-nodes.yaml")
-    old = plan_job(resolve(job), calib, time_limit_s=limit, workers=workers)
+    old = plan_job(Pricer(resolve(job), calib), time_limit_s=limit, workers=workers)
     t0 = time.perf_counter()
     new_res = with_nodes(job, {"h100": job.cluster.pool("h100").nodes - 1})
     move_s = 0.02 * old.predicted_iteration_s
-    problem = build_problem(new_res, calib, slack_s=len(job.roles()) * move_s, workers=workers)
+    problem = build_problem(Pricer(new_res, calib), slack_s=len(job.roles()) * move_s, workers=workers)
     t1 = time.perf_counter()
     sol = solve(problem, time_limit_s=limit, hint=hint_of(old, move_s), workers=workers)
     new = to_plan(problem, sol)

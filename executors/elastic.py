@@ -33,6 +33,7 @@ from executors import placement as pl
 from executors.cluster import node_key, node_resources
 from executors.roles import RunConfig
 from executors.runtime import RayRuntime
+from placer.cost.pricer import Pricer
 from placer.solve.moves import layout, moves
 from placer.solve.planfile import Plan, calibration_of
 from placer.solve.planner import plan_job
@@ -130,7 +131,7 @@ class Elastic:
 
     def replan(self, counts: dict[str, int]) -> Plan:
         res = with_nodes(self.original, counts, "alive cluster")
-        return plan_job(res, calibration_of(self.plan), time_limit_s=self.time_limit_s,
+        return plan_job(Pricer(res, calibration_of(self.plan)), time_limit_s=self.time_limit_s,
                         hint=self.plan, move_cost_s=self.move_cost_s, seed=self.original.seed)
 
     def rebuild(self, counts: dict[str, int]) -> tuple[Plan, RayRuntime, list[str]]:

@@ -66,9 +66,10 @@ def plan(job: JobLike, *, time_limit: float = 10.0, objective: str | None = None
          calibration: Calibration | str | Path | None = None, workers: int = 2,
          seed: int = 0) -> Plan:
     """`placer plan`: every role of a job (a `Job`, a job dict or a job file) placed by the ILP."""
-    from placer.solve.planner import plan_job  # lazy: the solver loads only when a plan is asked for
+    from placer.cost.pricer import Pricer  # lazy: the cost model loads only when a plan is asked for
+    from placer.solve.planner import plan_job
 
-    return plan_job(resolve(_job(job)), _calib(calibration), time_limit_s=time_limit,
+    return plan_job(Pricer(resolve(_job(job)), _calib(calibration)), time_limit_s=time_limit,
                     objective=objective, workers=workers, seed=seed)
 
 
@@ -78,14 +79,15 @@ def compare(job: JobLike, *, time_limit: float = 10.0, objective: str | None = N
     """`placer compare`: the ILP's plan ("ilp") and every baseline's by name (None where a
     baseline cannot place the job; "current" when the job records its current placement),
     fastest first."""
+    from placer.cost.pricer import Pricer
     from placer.solve.baselines import baseline_assignments
     from placer.solve.planner import build_problem, plan_assignment, plan_job
 
     res, calib = validate(job), _calib(calibration)
     out: dict[str, Plan | None] = {
-        "ilp": plan_job(res, calib, time_limit_s=time_limit, objective=objective,
+        "ilp": plan_job(Pricer(res, calib), time_limit_s=time_limit, objective=objective,
                         workers=workers, seed=seed)}
-    problem = build_problem(res, calib, objective)
+    problem = build_problem(Pricer(res, calib), objective)
     for name, a in baseline_assignments(problem).items():
         out[name] = None if a is None else plan_assignment(problem, a, name)
     return dict(sorted(out.items(), key=lambda kv: (

@@ -17,8 +17,7 @@ from pathlib import Path
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import rollout_shape
-from placer.cost.split import res_with_samples
+from placer.cost.pricer import Pricer
 from placer.solve.hostmem import plan_checkpoint_s
 from placer.solve.planfile import Plan, calibration_of, check_plan, load_plan
 from placer.spec.catalog import Resolved
@@ -32,17 +31,17 @@ from simulator.result import SimResult
 from simulator.workload import load_replay
 
 
-def _check_runnable(res: Resolved, plan: Plan, calib: Calibration) -> None:
+def _check_runnable(px: Pricer, plan: Plan) -> None:
+    res = px.res
     if Role.ROLLOUT not in plan.roles:
         raise SpecError("plan: roles.rollout: a plan must place the rollout role")
     r = plan.roles[Role.ROLLOUT]
     # a role split over pools: each part on the job of its own samples (`simulator.groups`)
     parts = ([(f"roles.rollout.parts.{i}", q.pool, q.devices, q.tp, q.par,
-               res_with_samples(res, q.samples)) for i, q in enumerate(r.parts)]
-             or [("roles.rollout", r.pool, r.devices, r.tp, r.par, res)])
-    for where, pool, devices, tp, par, pres in parts:
-        dev = res.device_of(pool)
-        if rollout_shape(pres, dev, par, calib.for_device(dev)).concurrency < 1:
+               px.with_samples(q.samples)) for i, q in enumerate(r.parts)]
+             or [("roles.rollout", r.pool, r.devices, r.tp, r.par, px)])
+    for where, pool, devices, tp, par, part in parts:
+        if part.rollout_shape(res.device_of(pool), par).concurrency < 1:
             raise SpecError(f"plan: {where}: {pool} x{devices} tp{tp} has no KV memory "
                             f"for one {res.job.max_context}-token sequence")
     for name, rp in plan.roles.items():
@@ -91,7 +90,8 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     check_plan(plan, res)
     check_tail_policy(res.job, "plan.job")
     calib = calibration if calibration is not None else calibration_of(plan)
-    _check_runnable(res, plan, calib)
+    px = Pricer(res, calib)  # this simulation's prices: the engines share its step terms
+    _check_runnable(px, plan)
     check_size(res, iterations)
     replay = load_replay(workload, res.job) if workload is not None else None
     rec = Recorder(record_tools=cfg.record_tools)
@@ -100,7 +100,7 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        run = Model(res, plan, calib, cfg, seed, rec, replay, on_iteration).run(iterations)
+        run = Model(px, plan, cfg, seed, rec, replay, on_iteration).run(iterations)
     finally:
         if was_enabled:
             gc.enable()

@@ -5,7 +5,7 @@ and each replica's concurrency, and the iteration's rows are dealt round-robin o
 
 A rollout role split over pools (`placer.cost.split`, the plan's `roles.rollout.parts`) is one group
 per part, each with its own device type, layout and replicas, priced as the planner prices the
-part: `rollout_shape` on the job of the part's own samples (`placer.cost.split.res_with_samples`), so
+part: `rollout_shape` on the job of the part's own samples (`Resolved.with_samples`), so
 a part's engines hold the concurrency the planner gave them. The dispatch rule (the plan
 contract): rows are dealt to the parts in order as contiguous index ranges, part i taking
 `parts[i].samples` rows of the kept batch (group-aligned counts keep GRPO groups whole); rows
@@ -25,12 +25,10 @@ from dataclasses import dataclass, replace
 
 from placer.base.roles import Role
 from placer.cost.batching import StepTerms
-from placer.cost.efficiency import Calibration
-from placer.cost.estimate import rollout_shape
 from placer.cost.generation import lpu_chips
-from placer.cost.split import deal, res_with_samples
+from placer.cost.pricer import Pricer
+from placer.cost.split import deal
 from placer.solve.planfile import Plan
-from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
 from simulator.engine import EngineSpec
 
@@ -51,17 +49,19 @@ class Group:
     part_div: float  # an engine's busy seconds / this = its share of the group's device-seconds
 
 
-def groups_of(res: Resolved, plan: Plan, calib: Calibration) -> list[Group]:
-    """The rollout role's engine groups, in part order (one group when it is on one pool)."""
+def groups_of(px: Pricer, plan: Plan) -> list[Group]:
+    """The rollout role's engine groups, in part order (one group when it is on one pool); each
+    group's replicas share the pricer's `StepTerms` of their layout."""
+    res, calib = px.res, px.calib
     r = plan.roles[Role.ROLLOUT]
     m = res.arch_of(Role.ROLLOUT)
     if not r.parts:
         dev = res.device_of(r.pool)
         eff = calib.for_device(dev)
-        shape = rollout_shape(res, dev, r.par, eff)
+        shape = px.rollout_shape(dev, r.par)
         spec = EngineSpec(m, dev, replace(r.par, dp=1), eff, r.pool, r.slot)
         size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
-        return [Group(spec, StepTerms(m, dev, spec.par, eff), shape.replicas, size, 0, 0, None,
+        return [Group(spec, px.step_terms(m, dev, spec.par, eff), shape.replicas, size, 0, 0, None,
                       res.job.batch.samples, shape.replicas, shape.replicas)]
     slot_devices = next(s.devices for s in plan.slots if s.name == r.slot)
     out: list[Group] = []
@@ -69,10 +69,10 @@ def groups_of(res: Resolved, plan: Plan, calib: Calibration) -> list[Group]:
     for q in r.parts:
         dev = res.device_of(q.pool)
         eff = calib.for_device(dev)
-        shape = rollout_shape(res_with_samples(res, q.samples), dev, q.par, eff)
+        shape = px.with_samples(q.samples).rollout_shape(dev, q.par)
         spec = EngineSpec(m, dev, replace(q.par, dp=1), eff, q.pool, r.slot)
         size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else q.tp * q.pp
-        out.append(Group(spec, StepTerms(m, dev, spec.par, eff), shape.replicas, size, first,
+        out.append(Group(spec, px.step_terms(m, dev, spec.par, eff), shape.replicas, size, first,
                          offset, q.devices, q.samples,
                          shape.replicas * slot_devices / q.devices, shape.replicas))
         first += shape.replicas

@@ -11,6 +11,7 @@ from __future__ import annotations
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.cost.timing import Placed
 from placer.solve.assemble import assemble
 from placer.solve.candidates import role_candidates
@@ -50,17 +51,17 @@ def place(res: Resolved, placement: Placement, calib: Calibration) -> Plan:
             raise SpecError(f"placement: no entry for role {str(role)!r}")
         pool_name, devices, slot = placement[role]
         pool = res.cluster.pool(pool_name)
-        cands = [c for c in role_candidates(res, role, pool, calib, prune=False)
+        cands = [c for c in role_candidates(Pricer(res, calib), role, pool, prune=False)
                  if c.devices == devices]
         if not cands:
             raise SpecError(f"placement: {role} has no feasible config on {devices} x "
                             f"{pool_name}")
         best = min(cands, key=lambda c: (c.time_s, c.est.memory.total))
         placed.append(Placed(slot, best.est))
-    return assemble(res, placed, calib, HAND)
+    return assemble(Pricer(res, calib), placed, HAND)
 
 
 def plan_for(res: Resolved, calib: Calibration) -> Plan:
     """The ILP's plan for the job."""
     from placer.solve.planner import plan_job  # lazy: ortools (~0.4 s) only when planning
-    return plan_job(res, calib)
+    return plan_job(Pricer(res, calib))

@@ -40,9 +40,8 @@ import simpy
 from simpy.resources.resource import PriorityRequest
 
 from placer.base.roles import Role
-from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planfile import Plan
-from placer.spec.catalog import Resolved
 from placer.spec.sampling import draw, rng
 from simulator import tails
 from simulator.config import SimConfig
@@ -98,18 +97,19 @@ class RunRecord:
 class Model:
     """A plan made runnable: engines, pools, links and slots for `run(iterations)`."""
 
-    def __init__(self, res: Resolved, plan: Plan, calib: Calibration, cfg: SimConfig, seed: int,
+    def __init__(self, px: Pricer, plan: Plan, cfg: SimConfig, seed: int,
                  rec: Recorder, replay: list[dict] | None = None,
                  on_iteration: Callable[[int, int], None] | None = None) -> None:
-        self.res, self.plan, self.calib, self.cfg, self.seed = res, plan, calib, cfg, seed
+        self.px, self.plan, self.cfg, self.seed = px, plan, cfg, seed
+        self.res, self.calib = px.res, px.calib
         self.rec, self.replay = rec, replay
         self.on_iteration = on_iteration  # (iterations done, of) as each one's train step ends
         self.env = simpy.Environment()
         # oldest step first: step i's score/train go before step i+1's sync/rollout on a
         # shared slot (the chain the placer's async bounds price; see the module doc)
         self.slot_res = {s.name: simpy.PriorityResource(self.env, 1) for s in plan.slots}
-        self.onload = onload_costs(res, plan, calib)
-        self.sync = sync_plan(res, plan, calib, cfg.network)
+        self.onload = onload_costs(px, plan)
+        self.sync = sync_plan(px, plan, cfg.network)
         self._rollout_setup()
         self.busy: list[tuple[str, float, float, float]] = []
         self.engine_busy: dict[str, float] = defaultdict(float)
@@ -127,7 +127,7 @@ class Model:
 
     def _rollout_setup(self) -> None:
         res, plan = self.res, self.plan
-        self.groups = groups_of(res, plan, self.calib)  # one per pool the rollout runs on
+        self.groups = groups_of(self.px, plan)  # one per pool the rollout runs on
         self.replicas = sum(g.replicas for g in self.groups)
         self.tools: CorePool | None = None  # one core pool for every group's tool calls
         job = res.job
@@ -346,7 +346,7 @@ class Model:
 
     def _stage(self, i: int, stage: str, factors: dict) -> Generator:
         by_slot: dict[str, list[Work]] = defaultdict(list)
-        for w in stage_work(self.res, self.plan, self.calib, self.committed[i], stage):
+        for w in stage_work(self.px, self.plan, self.committed[i], stage):
             by_slot[self.plan.roles[w.role].slot].append(w)
         procs = [self.env.process(self._slot_work(i, slot, works, factors[slot]))
                  for slot, works in by_slot.items()]

@@ -28,11 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from placer.base.roles import Role
-from placer.cost.efficiency import Calibration
+from placer.cost.context import PriceContext
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.timing import sync_calls, sync_links
 from placer.solve.planfile import Plan
-from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
 from simulator.config import Network as NetworkConfig
 
@@ -94,10 +93,11 @@ class SyncPlan:
     receivers: tuple[tuple[str, float], ...] = ()  # (pool, its fixed seconds) per rollout part
 
 
-def sync_plan(res: Resolved, plan: Plan, calib: Calibration, cfg: NetworkConfig) -> SyncPlan | None:
+def sync_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan | None:
     """The links and transfers of one weight sync, or None when there is nothing to sync."""
     if Role.ACTOR not in plan.roles or Role.ROLLOUT not in plan.roles:
         return None
+    res, calib = px.res, px.calib
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
     m = res.arch_of(Role.ROLLOUT)
     links: dict[str, float] = {}

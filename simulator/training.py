@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from placer.base.roles import Role
-from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.context import PriceContext
+from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import dispatch_time, score_time, train_time
 from placer.cost.roofline import Memory, infer_memory, weight_tensors
@@ -56,9 +57,9 @@ class Work:
         return self.dispatch_s + sum(self.steps)
 
 
-def stage_work(res: Resolved, plan: Plan, calib: Calibration, smp: Samples,
-               stage: str) -> list[Work]:
+def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[Work]:
     """Work of every role placed in `stage`, in the job's role order."""
+    res, calib = px.res, px.calib
     ctx = smp.context_tokens()
     tokens = sum(ctx)
     seq = tokens / max(len(ctx), 1)
@@ -90,8 +91,9 @@ def stage_work(res: Resolved, plan: Plan, calib: Calibration, smp: Samples,
     return out
 
 
-def onload_costs(res: Resolved, plan: Plan, calib: Calibration) -> dict[str, float]:
+def onload_costs(px: PriceContext, plan: Plan) -> dict[str, float]:
     """Role -> seconds it pays to onload when its slot's roles do not fit together."""
+    res, calib = px.res, px.calib
     out: dict[str, float] = {}
     for slot in plan.slots:
         members = [r for r in slot.roles if r in plan.roles]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import estimate
+from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
 from placer.solve.assemble import assemble
@@ -35,10 +35,10 @@ def hand_plan(job: str = "examples/ppo-llama8b-hetero.yaml",
     calib = Calibration()
     placed = []
     for role, (pool, par, slot) in (choices or CHOICES).items():
-        est = estimate(res, role, res.cluster.pool(pool), par, calib)
+        est = Pricer(res, calib).estimate(role, res.cluster.pool(pool), par)
         assert est.feasible, (role, est.reason)
         placed.append(Placed(slot, est))
-    return assemble(res, placed, calib, SolverInfo(name="hand", status="hand", objective=0.0,
+    return assemble(Pricer(res, calib), placed, SolverInfo(name="hand", status="hand", objective=0.0,
                                                     bound=0.0, gap=0.0, solve_s=0.0))
 
 

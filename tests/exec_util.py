@@ -12,9 +12,10 @@ from typing import Any
 import yaml
 
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate, Part, estimate
+from placer.cost.estimate import Estimate, Part
+from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
-from placer.cost.split import join, res_with_samples
+from placer.cost.split import join
 from placer.cost.timing import Placed
 from placer.solve.assemble import assemble
 from placer.solve.planfile import Plan, SolverInfo
@@ -54,11 +55,11 @@ def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] 
             placed.append(Placed(split[0], split_estimate(res, calib, split[1])))
             continue
         pool, par, slot = layout[role]
-        est = estimate(res, role, res.job.cluster.pool(pool), par, calib)
+        est = Pricer(res, calib).estimate(role, res.job.cluster.pool(pool), par)
         assert est.feasible, f"{role} on {pool}: {est.reason}"
         placed.append(Placed(slot, est))
     info = SolverInfo(name="hand", status="hand", objective=0.0, bound=0.0, gap=0.0, solve_s=0.0)
-    return assemble(res, placed, calib, info)
+    return assemble(Pricer(res, calib), placed, info)
 
 
 def split_estimate(res: Resolved, calib: Calibration, parts: list[tuple[str, Parallel, int]]
@@ -66,8 +67,8 @@ def split_estimate(res: Resolved, calib: Calibration, parts: list[tuple[str, Par
     """The rollout role split over pools: each part estimated on the job of its own samples."""
     out = []
     for pool, par, n in parts:
-        pres = res_with_samples(res, n)
-        est = estimate(pres, "rollout", pres.cluster.pool(pool), par, calib)
+        pres = res.with_samples(n)
+        est = Pricer(pres, calib).estimate("rollout", pres.cluster.pool(pool), par)
         assert est.feasible, f"rollout part on {pool}: {est.reason}"
         out.append(Part(est, n))
     return join(out)

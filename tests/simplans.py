@@ -6,6 +6,7 @@ from functools import cache
 from pathlib import Path
 
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planfile import Plan
 from placer.spec.catalog import resolve
 from placer.spec.job import Job
@@ -72,11 +73,12 @@ def hetero_split_plans() -> tuple[Plan, Plan]:
     splits the rollout over pools; the best plan with every split candidate dropped)."""
     from dataclasses import replace
 
+    from placer.cost.pricer import Pricer
     from placer.solve.ilp_solve import solve
     from placer.solve.planner import build_problem, to_plan
 
     res = resolve(load_job(EXAMPLES / "hetero-split.yaml"), "hetero-split")
-    problem = build_problem(res, Calibration())
+    problem = build_problem(Pricer(res, Calibration()))
     single = replace(problem, cands={r: [c for c in cs if not c.split]
                                      for r, cs in problem.cands.items()})
     return to_plan(problem, solve(problem)), to_plan(single, solve(single))
@@ -90,5 +92,6 @@ def for_job(plan: Plan, job: Job) -> Plan:
     from simulator.handplans import HAND
 
     res, calib = resolve(job, plan.spec.name), Calibration()
-    placed = [Placed(r.slot, placed_estimate(res, role, r, calib)) for role, r in plan.roles.items()]
-    return assemble(res, placed, calib, HAND)
+    px = Pricer(res, calib)
+    placed = [Placed(r.slot, placed_estimate(px, role, r)) for role, r in plan.roles.items()]
+    return assemble(px, placed, HAND)

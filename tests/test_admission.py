@@ -13,11 +13,12 @@ from simplans import small_job, small_plan
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.admission import Hooks, engine, run_replica
-from placer.cost.batching import KvBudget, StepTerms, kv_budget
+from placer.cost.batching import KvBudget, StepTerms, kv_budget, step_terms
 from placer.cost.calibration import calibration_from_dict
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import rollout_shape
 from placer.cost.generation import decode_step_time, max_concurrency, prefill_time
+from placer.cost.pricer import Pricer
 from placer.cost.rollout_tail import Replicas, fits_lockstep, makespan
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
@@ -138,7 +139,7 @@ def test_first_wave_is_prompts_not_longest_context() -> None:
     by max_num_seqs and its samples), not KV / longest context."""
     res = resolve(job_from_dict(small_job(batch__prompts=512)))
     m, dev, par = res.arch_of(Role.ROLLOUT), res.device_of("h100"), Parallel(dp=2)
-    shape = rollout_shape(res, dev, par, EFF)
+    shape = rollout_shape(Pricer(res), dev, par, EFF)
     kv = kv_budget(m, dev, Parallel(), EFF)
     assert shape.concurrency == min(shape.per_replica, int(EFF.max_num_seqs), kv.tokens // 257)
     assert shape.concurrency > max_concurrency(m, dev, par, res.job.max_context, EFF)
@@ -151,7 +152,7 @@ def test_simulator_runs_the_planners_preemptions() -> None:
     res = resolve(at_means(plan.spec))
     r = plan.roles["rollout"]
     st = StepTerms(res.arch_of(Role.ROLLOUT), res.device_of(r.pool), Parallel(r.tp, r.pp), EFF)
-    shape = rollout_shape(res, res.device_of(r.pool), Parallel(r.tp, r.pp, r.dp), EFF)
+    shape = rollout_shape(Pricer(res), res.device_of(r.pool), Parallel(r.tp, r.pp, r.dp), EFF)
     assert not fits_lockstep(res.job, st.kv, shape.concurrency)  # the preempting path
     pred = reprice(plan, at_means(plan.spec), Calibration()).stage_s["rollout"]
     sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
@@ -174,8 +175,8 @@ def test_cached_spans_follow_the_admission_settings() -> None:
     m, dev, par = res.arch_of(Role.ROLLOUT), res.device_of("h100"), Parallel(dp=2)
 
     def span(eff: Efficiency) -> float:
-        shape = rollout_shape(res, dev, par, eff)
-        return makespan(res.job, m, dev, par, eff, Replicas(
+        shape = rollout_shape(Pricer(res), dev, par, eff)
+        return makespan(res.job, step_terms(m, dev, par, eff), eff, Replicas(
             shape.replicas, shape.per_replica, shape.steady, shape.generated, shape.kept))
 
     first = span(EFF)

@@ -16,8 +16,9 @@ from simplans import small_plan
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
 from placer.cost.model import engine_swap_time, switch_time
+from placer.cost.pricer import Pricer
 from placer.cost.tail_samples import at_means
-from placer.cost.timing import Placed, async_chain_bound, onload_time, slot_switch, sync_time
+from placer.cost.timing import Placed, async_chain_bound, onload_time
 from placer.solve.assemble import placed_estimate, reprice
 from placer.spec.catalog import resolve
 from simulator.api import simulate_plan
@@ -42,9 +43,8 @@ def _by_hand(plan) -> tuple[float, float, float]:
     role estimates, summed by hand."""
     calib = Calibration()
     res = resolve(at_means(plan.spec))
-    est = {role: placed_estimate(res, role, r, calib) for role, r in plan.roles.items()}
-    sync = sync_time(res, Placed("train", est[Role.ACTOR]), Placed("gen", est[Role.ROLLOUT]),
-                     calib)
+    est = {role: placed_estimate(Pricer(res, calib), role, r) for role, r in plan.roles.items()}
+    sync = Pricer(res, calib).sync_time(Placed("train", est[Role.ACTOR]), Placed("gen", est[Role.ROLLOUT]))
     rollout, ref = est[Role.ROLLOUT], est[Role.REFERENCE]
     dev = res.device_of(rollout.pool)
     assert rollout.memory.total + ref.memory.total > dev.memory_gb  # they swap: both onload
@@ -109,7 +109,7 @@ def test_engine_sleeps_and_wakes_where_the_slot_swaps_in_planner_and_simulator()
     plan = _plan()
     calib = Calibration()
     res = resolve(at_means(plan.spec))
-    est = {role: placed_estimate(res, role, r, calib) for role, r in plan.roles.items()}
+    est = {role: placed_estimate(Pricer(res, calib), role, r) for role, r in plan.roles.items()}
     rollout, ref = est[Role.ROLLOUT], est[Role.REFERENCE]
     eff = calib.for_device(res.device_of(rollout.pool))
     engine = onload_time(Role.ROLLOUT, rollout.memory, res.device_of(rollout.pool), eff)
@@ -118,8 +118,8 @@ def test_engine_sleeps_and_wakes_where_the_slot_swaps_in_planner_and_simulator()
     assert engine == pytest.approx(by_hand, rel=1e-12)
     assert rollout.memory.kv_cache > 0 and engine != pytest.approx(
         switch_time(rollout.memory.total, eff))
-    sim = onload_costs(res, plan, calib)
+    sim = onload_costs(Pricer(res, calib), plan)
     assert sim[Role.ROLLOUT] == pytest.approx(engine, rel=1e-12)
     assert sim[Role.REFERENCE] == pytest.approx(switch_time(ref.memory.total, eff), rel=1e-12)
-    switch = slot_switch(res, [Placed(plan.roles[r].slot, e) for r, e in est.items()], calib)
+    switch = Pricer(res, calib).slot_switch([Placed(plan.roles[r].slot, e) for r, e in est.items()])
     assert switch["gen"] == pytest.approx(sim[Role.ROLLOUT] + sim[Role.REFERENCE], rel=1e-12)

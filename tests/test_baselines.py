@@ -10,6 +10,7 @@ import pytest
 from specdata import EXAMPLES, ROOT
 
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.baselines import (
     BASELINES,
     HYBRID_FIRST,
@@ -37,7 +38,7 @@ def _planned(path):
     ~8 s for the PPO example's groupings)."""
     res = resolve(load_job(path))
     calib = Calibration()
-    problem = build_problem(res, calib)
+    problem = build_problem(Pricer(res, calib))
     plan = to_plan(problem, solve(problem, time_limit_s=30.0))
     return res, calib, plan, problem, baseline_assignments(problem)
 
@@ -68,7 +69,7 @@ def test_ilp_never_slower_than_a_baseline(case) -> None:
     ids=lambda p: p.stem)
 def test_ilp_never_dearer_than_a_baseline_under_the_cost_objective(path) -> None:
     res = resolve(load_job(path))
-    problem = build_problem(res, Calibration(), "cost")
+    problem = build_problem(Pricer(res, Calibration()), "cost")
     sol = solve(problem, time_limit_s=60.0)
     assert sol.status == "OPTIMAL"
     got = score(problem, sol.assignment)[1]
@@ -143,7 +144,7 @@ def test_partitions_are_the_bell_numbers() -> None:
 def test_hetero_ilp_beats_every_homogeneous_baseline(hetero) -> None:
     """Using the LPU pool for the frozen models is worth something no homogeneous plan has."""
     res, calib, _, problem, baselines = hetero
-    ilp = plan_job(res, calib)
+    ilp = plan_job(Pricer(res, calib))
     for name, a in baselines.items():
         assert a is not None, name  # PPO on a GPU pool: every baseline applies
         assert ilp.predicted_iteration_s < score(problem, a)[0] * 0.95, name

@@ -8,6 +8,7 @@ import pytest
 
 from placer.cli import main
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.explain import releases
 from placer.solve.planner import plan_job
 from placer.solve.pricing import booked_per_hour
@@ -21,7 +22,7 @@ HETERO = str(ROOT / "examples" / "ppo-llama8b-hetero.yaml")
 @pytest.fixture(scope="module")
 def hetero():
     res = resolve(load_job(HETERO))
-    return res, plan_job(res, Calibration(), time_limit_s=10)
+    return res, plan_job(Pricer(res, Calibration()), time_limit_s=10)
 
 
 def test_plan_json_carries_booked_and_used_cost(capsys):
@@ -41,7 +42,7 @@ def test_plan_json_carries_booked_and_used_cost(capsys):
 def test_idle_nodes_get_a_release_line_that_keeps_the_time(hetero):
     res, plan = hetero
     used = {(b.pool, b.node) for b in plan.bundles}
-    got = {r.pool: r for r in releases(plan, res, Calibration())}
+    got = {r.pool: r for r in releases(plan, Pricer(res, Calibration()))}
     for p in res.cluster.pools:
         idle = p.nodes - sum(1 for pool, _ in used if pool == p.name)
         assert (p.name in got) == (idle > 0)
@@ -55,7 +56,7 @@ def test_idle_nodes_get_a_release_line_that_keeps_the_time(hetero):
     assert got, "the example leaves some nodes idle"
     # re-solved on the released cluster the ILP finds the same time and the smaller booking
     small = with_nodes(res.job, {r.pool: r.keep for r in got.values()})
-    again = plan_job(small, Calibration(), time_limit_s=10)
+    again = plan_job(Pricer(small, Calibration()), time_limit_s=10)
     assert again.predicted_iteration_s == pytest.approx(plan.predicted_iteration_s, rel=1e-6)
     assert again.booked_usd_per_hour == pytest.approx(
         plan.booked_usd_per_hour - sum(r.usd_per_hour for r in got.values()))

@@ -107,10 +107,11 @@ def test_stage_fit_from_the_cli_on_an_executed_run(tmp_path, capsys):
     from test_fidelity import SCORE, SYNC, executed
 
     from placer.cost.efficiency import Calibration
+    from placer.cost.pricer import Pricer
     from placer.solve.planner import plan_job
     from placer.spec.catalog import resolve
     from placer.spec.load import load_job
-    plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
+    plan = plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration()))
     save_plan(plan, tmp_path / "run.plan.json")
     trace = executed(plan)
     trace.metadata["plan_path"] = "run.plan.json"
@@ -143,10 +144,11 @@ def test_the_table_shows_measured_values_and_fits_long_factor_names(tmp_path, ca
     from test_fidelity import executed
 
     from placer.cost.efficiency import Calibration
+    from placer.cost.pricer import Pricer
     from placer.solve.planner import plan_job
     from placer.spec.catalog import resolve
     from placer.spec.load import load_job
-    plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
+    plan = plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration()))
     save_plan(plan, tmp_path / "run.plan.json")
     trace = executed(plan, steps=4)
     for s in range(4):  # a checkpoint after every step, as the executor saves by default

@@ -21,9 +21,10 @@ from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import Estimate
 from placer.cost.generation import decode_bw_eff, decode_step_time, forward_time, step_overhead
 from placer.cost.layercomm import decode_tp_comm
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory, device_ceiling, gemm_eff, weight_bytes
 from placer.cost.sharding import Parallel
-from placer.cost.timing import Placed, sync_links, sync_time
+from placer.cost.timing import Placed, sync_links
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict
 
@@ -156,8 +157,8 @@ def test_weight_sync_is_one_broadcast_at_the_sender_rate() -> None:
     assert m is not None
     cal = Calibration()
     actor = _placed("a", Role.ACTOR, Parallel(dp=2))
-    few = sync_time(res, actor, _placed("r", Role.ROLLOUT, Parallel(dp=8)), cal)  # 2 nodes
-    many = sync_time(res, actor, _placed("r", Role.ROLLOUT, Parallel(dp=30)), cal)
+    few = Pricer(res, cal).sync_time(actor, _placed("r", Role.ROLLOUT, Parallel(dp=8)))  # 2 nodes
+    many = Pricer(res, cal).sync_time(actor, _placed("r", Role.ROLLOUT, Parallel(dp=30)))
     # relation 4 of the published runs: c + bytes / (8.25 GB/s x 1 sender), whatever the replicas,
     # + one call per 1 GB bucket after the first (61.1 GB: 62 buckets)
     gb = weight_bytes(m) / 1e9
@@ -166,8 +167,8 @@ def test_weight_sync_is_one_broadcast_at_the_sender_rate() -> None:
     assert few == pytest.approx(many) == pytest.approx(expect)
     assert EFF.sync_sender_gbs * EFF.link_eff == pytest.approx(8.25, rel=0.01)
     # pipeline stages send their layers (and their buckets) in parallel
-    staged = sync_time(res, _placed("a", Role.ACTOR, Parallel(pp=4)),
-                       _placed("r", Role.ROLLOUT, Parallel(dp=8)), cal)
+    staged = Pricer(res, cal).sync_time(_placed("a", Role.ACTOR, Parallel(pp=4)),
+                                        _placed("r", Role.ROLLOUT, Parallel(dp=8)))
     assert staged == pytest.approx(EFF.sync_latency_s + wire / 4
                                    + (math.ceil(gb / 4) - 1) * EFF.sync_call_s)
 
@@ -185,8 +186,9 @@ def test_colocated_sync_loads_the_weights_into_each_replica_at_once() -> None:
     gb = weight_bytes(m) / 1e9
     expect = gb / 24.8 + EFF.sync_latency_s + (math.ceil(gb) - 1) * EFF.sync_call_s
     for tp in (8, 1):
-        t = sync_time(res, _placed("s", Role.ACTOR, Parallel(dp=8)),
-                      _placed("s", Role.ROLLOUT, Parallel(tp=tp, dp=8 // tp)), Calibration())
+        t = Pricer(res, Calibration()).sync_time(
+            _placed("s", Role.ACTOR, Parallel(dp=8)),
+            _placed("s", Role.ROLLOUT, Parallel(tp=tp, dp=8 // tp)))
         assert t == pytest.approx(expect)
     inside = sync_links(res, "g", 4, 1, "g", 4, 4, False, EFF)  # one node: NVLink
     assert inside["send"] == H100.intra_link_gbs

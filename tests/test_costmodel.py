@@ -10,7 +10,7 @@ from placer.base.errors import SpecError
 from placer.cost.batching import step_terms
 from placer.cost.calibration import calibration_from_dict
 from placer.cost.efficiency import Efficiency
-from placer.cost.estimate import estimate, pass_dispatch
+from placer.cost.estimate import pass_dispatch
 from placer.cost.generation import (
     decode_run_time,
     decode_step_line,
@@ -35,6 +35,7 @@ from placer.cost.model import (
     train_time,
     weight_sync_time,
 )
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import (
     GB,
     decode_read_bytes,
@@ -371,7 +372,7 @@ def test_every_trainer_and_forward_pass_pays_one_dispatch_whatever_the_devices(d
     ship = 256 * 1024 * 56 / 0.4e9
     assert pass_dispatch(res, EFF) == pytest.approx(ship, rel=1e-12)
     par = Parallel(dp=dp, zero=3, recompute=True)
-    actor = estimate(res, "actor", pool, par, calib)
+    actor = Pricer(res, calib).estimate("actor", pool, par)
     tokens = 256 * 1024.0
     assert actor.stage_s["score"] == pytest.approx(
         score_time(m, H100, par, tokens, 1024, EFF) + ship, rel=1e-9)
@@ -380,7 +381,7 @@ def test_every_trainer_and_forward_pass_pays_one_dispatch_whatever_the_devices(d
     assert gather > 0
     assert actor.stage_s["train"] == pytest.approx(
         train_time(m, H100, par, tokens, 1024, 2, EFF) + ship + gather, rel=1e-9)
-    ref = estimate(res, "reference", pool, Parallel(dp=dp), calib)
+    ref = Pricer(res, calib).estimate("reference", pool, Parallel(dp=dp))
     assert ref.stage_s["score"] == pytest.approx(
         score_time(m, H100, Parallel(dp=dp), tokens, 1024, EFF) + ship, rel=1e-9)
 

@@ -12,7 +12,6 @@ from placer.cost.batching import kv_budget
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import (
     can_host,
-    estimate,
     mean_context,
     pass_dispatch,
     rollout_shape,
@@ -20,6 +19,7 @@ from placer.cost.estimate import (
 )
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import score_time, train_memory, train_time
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import kv_bytes_per_token, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
@@ -48,7 +48,7 @@ def test_every_role_has_a_feasible_estimate(hetero, role: str) -> None:
     pool_name, par = PLACES[role]
     pool = hetero.cluster.pool(pool_name)
     assert can_host(hetero, role, pool)
-    est = estimate(hetero, role, pool, par, CAL)
+    est = Pricer(hetero, CAL).estimate(role, pool, par)
     assert est.feasible, est.reason
     assert set(est.stage_s) == STAGES[role]
     assert est.time_s > 0 and all(v >= 0 for v in est.stage_s.values())
@@ -75,7 +75,7 @@ def test_mean_context_counts_turns_and_tool_outputs(hetero) -> None:
 
 def test_frozen_forward_is_the_cost_models_score_pass(hetero) -> None:
     pool, par = hetero.cluster.pool("train"), Parallel(tp=2, dp=4)
-    est = estimate(hetero, "reference", pool, par, CAL)
+    est = Pricer(hetero, CAL).estimate("reference", pool, par)
     s = mean_context(hetero)
     m, dev = hetero.model_of("reference"), hetero.device_of(pool)
     assert est.stage_s["score"] == pytest.approx(  # + the driver's dispatch of the batch
@@ -85,7 +85,7 @@ def test_frozen_forward_is_the_cost_models_score_pass(hetero) -> None:
 
 def test_training_estimate_prices_forward_and_optimizer_steps(hetero) -> None:
     pool, par = hetero.cluster.pool("train"), Parallel(dp=16)
-    est = estimate(hetero, "actor", pool, par, CAL)
+    est = Pricer(hetero, CAL).estimate("actor", pool, par)
     s, m, dev = mean_context(hetero), hetero.model_of("actor"), hetero.device_of(pool)
     n = hetero.job.batch.samples
     # the passes, the batch's dispatch, and the sharded weights gathered once for the sync
@@ -101,12 +101,12 @@ def test_rule_reward_and_environment_estimates() -> None:
                                                   "tool_latency_s": {"kind": "fixed",
                                                                      "value": 0.5}})))
     cpu = res.cluster.pool("cpu")  # one laptop node, 2 cores; 8 samples
-    reward = estimate(res, "reward", cpu, Parallel(dp=1), CAL)
+    reward = Pricer(res, CAL).estimate("reward", cpu, Parallel(dp=1))
     # an in-process check on 2 cores, after the answers ran in one sandbox (placer.cost.rulecheck)
     assert reward.stage_s["score"] == pytest.approx(math.ceil(8 / 2) * EFF.rule_reward_s
                                                     + EFF.sandbox_batch_s
                                                     + 8 * EFF.sandbox_sample_s)
-    env = estimate(res, "environment", cpu, Parallel(dp=1), CAL)
+    env = Pricer(res, CAL).estimate("environment", cpu, Parallel(dp=1))
     assert env.stage_s["rollout"] == pytest.approx((3 - 1) * math.ceil(8 / 2) * 0.5)
 
 
@@ -121,11 +121,11 @@ def test_rollout_waves_follow_kv_concurrency(hetero) -> None:
     kv = kv_budget(means.arch_of("rollout"), dev, par, EFF)
     eff = replace(EFF, max_num_seqs=int(kv.tokens // ctx))
     assert 1 <= eff.max_num_seqs < 256
-    shape = rollout_shape(means, dev, par, eff)
+    shape = rollout_shape(Pricer(means), dev, par, eff)
     assert shape.replicas == 2 and shape.per_replica == 256
     assert shape.concurrency == eff.max_num_seqs
     assert shape.waves == math.ceil(256 / shape.concurrency)
-    est = estimate(means, "rollout", pool, par, Calibration(default=eff))
+    est = Pricer(means, Calibration(default=eff)).estimate("rollout", pool, par)
     full, rest = divmod(256, shape.concurrency)
     gen = full * wave_time(means, dev, par, eff, shape.concurrency, None)[0]
     if rest:
@@ -145,7 +145,7 @@ def test_training_that_does_not_fit_names_the_numbers() -> None:
     res = resolve(job_from_dict(base(models={"policy": "Qwen2.5-72B"}, cluster={"pools": [
         {"name": "h100", "device": "H100-SXM", "devices_per_node": 8, "nodes": 1}]})))
     pool, par = res.cluster.pool("h100"), Parallel(dp=1)
-    est = estimate(res, "actor", pool, par, CAL)
+    est = Pricer(res, CAL).estimate("actor", pool, par)
     assert not est.feasible
     need = train_memory(res.model_of("actor"), par, res.job.max_context, EFF).total
     assert f"needs {need:.1f} GB per device" in est.reason
@@ -156,7 +156,7 @@ def test_training_that_does_not_fit_names_the_numbers() -> None:
 def test_lpu_short_of_chips_names_the_counts() -> None:
     res = resolve(job_from_dict(base(models={"policy": "Llama-2-70B"}, cluster={"pools": [
         {"name": "lpu", "device": "groq-lpu", "devices_per_node": 8, "nodes": 100}]})))
-    est = estimate(res, "rollout", res.cluster.pool("lpu"), Parallel(dp=64), CAL)
+    est = Pricer(res, CAL).estimate("rollout", res.cluster.pool("lpu"), Parallel(dp=64))
     assert not est.feasible
     assert "needs 660 groq-lpu chips" in est.reason and "got 64" in est.reason
 
@@ -166,11 +166,11 @@ def test_context_beyond_the_kv_cache_names_both_sizes() -> None:
             "response": {"kind": "fixed", "value": 299_000}}
     res = resolve(job_from_dict(base(models={"policy": "Llama-3-8B"}, lengths=long, cluster={
         "pools": [{"name": "gen", "device": "L40S", "devices_per_node": 8, "nodes": 1}]})))
-    est = estimate(res, "rollout", res.cluster.pool("gen"), Parallel(dp=1), CAL)
+    est = Pricer(res, CAL).estimate("rollout", res.cluster.pool("gen"), Parallel(dp=1))
     assert not est.feasible
     need = 300_000 * kv_bytes_per_token(res.model_of("rollout")) / 1e9
     assert f"one 300000-token sequence needs {need:.2f} GB of KV cache" in est.reason
     free = 48 * EFF.kv_mem_fraction - 16.06 - EFF.engine_mem_gb
     assert _numbers(est.reason.split("GB is left")[0])[-1] == pytest.approx(free, abs=0.01)
     # with tensor parallelism over 4 cards the same sequence fits
-    assert estimate(res, "rollout", res.cluster.pool("gen"), Parallel(tp=4), CAL).feasible
+    assert Pricer(res, CAL).estimate("rollout", res.cluster.pool("gen"), Parallel(tp=4)).feasible

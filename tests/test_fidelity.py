@@ -17,6 +17,7 @@ import pytest
 from placer.base.errors import SpecError
 from placer.cost.calibration import calibration_from_dict
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planfile import Plan, save_plan
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
@@ -33,7 +34,7 @@ STEP_S = SYNC + ROLLOUT + ENV + SCORE + TRAIN + OTHER
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
-    return plan_job(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration())
+    return plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration()))
 
 
 def executed(plan: Plan, steps: int = 3, response: int = 8, gen_s: float = 0.11,
@@ -159,7 +160,7 @@ def test_stage_calibration_fits_tool_calls_of_a_multi_turn_run(tmp_path):
     their own run (one sandbox start per batch); the stage fit finds `tool_overhead_s` and the
     simulated rollout stage then matches the measured one (in-sample: fitted on this run)."""
     from executors.run import execute  # lazy: torch only for the one test that executes
-    plan = plan_job(resolve(load_job(ROOT / "examples" / "tiny-agent.yaml")), Calibration())
+    plan = plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-agent.yaml")), Calibration()))
     tr = execute(plan, 3, tmp_path, local=True).trace
     doc = stage_calibrate(plan, tr, event_profile(plan, tr, "tiny-agent run"))
     fit = doc["fit"]["stages"]["laptop-cpu.tool_overhead_s"]

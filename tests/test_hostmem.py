@@ -11,6 +11,7 @@ from placer.base.errors import Infeasible
 from placer.cli import main
 from placer.commands import goodput
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.solve import hostmem
 from placer.solve.explain import explain
@@ -68,14 +69,14 @@ def test_host_memory_from_the_pool_overrides_the_catalog():
     big = resolve(job_from_dict(ppo70b(host_gb=8000)))
     assert hostmem.host_capacity_gb(big, big.cluster.pool("a100")) == 8000
     assert hostmem.host_capacity_gb(big, big.cluster.pool("cpu")) is None  # CPU nodes: unchecked
-    plan = plan_job(big, Calibration(), time_limit_s=10)
+    plan = plan_job(Pricer(big, Calibration()), time_limit_s=10)
     assert plan.roles["actor"].offload and plan.roles["critic"].offload  # 16 B/param > 80 GB
-    nodes = hostmem.plan_nodes(plan, big, Calibration())
+    nodes = hostmem.plan_nodes(plan, Pricer(big, Calibration()))
     assert nodes and not any(n.over for n in nodes)
     node = nodes[0]
     assert node.parts["optimizer"] == pytest.approx(1693, rel=0.01)
     assert node.parts["object_store"] == 200.0  # Ray: 30% of RAM, at most 200 GB
-    ex = explain(plan, big, Calibration(), time_limit_s=1)
+    ex = explain(plan, Pricer(big, Calibration()), time_limit_s=1)
     assert ex["host_memory"]["a100"]["parts_gb"]["optimizer"] == pytest.approx(1693, rel=0.01)
     assert ex["roles"]["actor"]["host_optimizer_gb"] > 100
 
@@ -83,9 +84,9 @@ def test_host_memory_from_the_pool_overrides_the_catalog():
 def test_a_candidate_over_its_node_alone_is_refused():
     res = resolve(job_from_dict(ppo70b(host_gb=900)))  # < 847 GB optimizer + 200 object store
     with pytest.raises(Infeasible, match="do not fit host memory: without optimizer offload"):
-        plan_job(res, Calibration(), time_limit_s=5)
+        plan_job(Pricer(res, Calibration()), time_limit_s=5)
     from placer.solve.candidates import all_candidates
-    kept, refused = hostmem.refuse_candidates(res, all_candidates(res, Calibration()))
+    kept, refused = hostmem.refuse_candidates(res, all_candidates(Pricer(res, Calibration())))
     assert not kept["actor"] and refused["actor"].over
     assert refused["actor"].parts["optimizer"] > 800
 
@@ -93,8 +94,8 @@ def test_a_candidate_over_its_node_alone_is_refused():
 def test_examples_fit_host_memory():
     for name in ("grpo-qwen7b-h100", "ppo-llama8b-hetero"):
         res = resolve(load_job(ROOT / "examples" / f"{name}.yaml"))
-        plan = plan_job(res, Calibration(), time_limit_s=5)
-        assert not hostmem.over_nodes(plan, res, Calibration())
+        plan = plan_job(Pricer(res, Calibration()), time_limit_s=5)
+        assert not hostmem.over_nodes(plan, Pricer(res, Calibration()))
 
 
 def test_checkpoint_size_and_time_from_the_model_state():
@@ -131,12 +132,12 @@ def test_a_plan_over_host_memory_is_re_solved_without_offload():
     from placer.solve.planner import _host_checked, build_problem
 
     big = resolve(job_from_dict(ppo70b(host_gb=8000)))
-    plan = plan_job(big, Calibration(), time_limit_s=10)
-    assert _host_checked(build_problem(big, Calibration()), plan) is None  # it fits: kept
+    plan = plan_job(Pricer(big, Calibration()), time_limit_s=10)
+    assert _host_checked(build_problem(Pricer(big, Calibration())), plan) is None  # it fits: kept
     # the same plan against the catalog's 2,048 GB: its offloading roles lose offload, which
     # leaves them nothing (a 70B actor needs 16 B/param / 8 = 141 GB per A100 without it)
     small = resolve(job_from_dict(ppo70b()))
-    problem = build_problem(big, Calibration())
+    problem = build_problem(Pricer(big, Calibration()))
     problem = type(problem)(small, problem.calib, problem.cands, problem.objective)
     with pytest.raises(Infeasible, match="actor .* and critic .* do not fit host memory"):
         _host_checked(problem, plan)

@@ -14,6 +14,7 @@ from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.layercomm import fsdp_calls, fsdp_units, grad_sync_time, hsdp_all_reduce, zero3_gathers
 from placer.cost.model import train_memory, train_time
+from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel, train_state_bytes
 from placer.solve.candidates import hsdp_layouts, role_candidates
 from placer.solve.moves import dims
@@ -122,7 +123,7 @@ def _job(pin: dict | None = None) -> dict:
 def test_a_pinned_shard_keeps_every_actor_candidate_to_it() -> None:
     res = resolve(job_from_dict(_job({"actor": {"shard": 2}})))
     pool = res.cluster.pools[0]
-    cands = role_candidates(res, "actor", pool, Calibration())
+    cands = role_candidates(Pricer(res, Calibration()), "actor", pool)
     assert cands and all(c.est.par.shard_dp == 2 for c in cands)
 
 
@@ -134,7 +135,7 @@ def test_a_pinned_shard_that_does_not_divide_the_pinned_dp_is_refused() -> None:
 @pytest.fixture(scope="module")
 def plan() -> Plan:
     res = resolve(load_job(ROOT / "examples" / "grpo-qwen7b-h100.yaml"))
-    p = plan_job(res, Calibration(), time_limit_s=10)
+    p = plan_job(Pricer(res, Calibration()), time_limit_s=10)
     assert p.roles["actor"].shard == 8, "the example's actor is expected to take HSDP"
     return p
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from placer.base.errors import Infeasible
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.baselines import partitions
 from placer.solve.ilp import Assignment, Problem, slot_names
 from placer.solve.ilp_bound import score
@@ -98,7 +99,7 @@ def brute_force(problem: Problem) -> float:
 def test_ilp_matches_brute_force(job, data):
     res = resolve(job)
     try:
-        full = build_problem(res, Calibration())
+        full = build_problem(Pricer(res, Calibration()))
     except Infeasible:  # e.g. a 7B actor on 1 A100: the diagnosis has its own tests
         assume(False)
     # a random subset of at most 3 candidates per role keeps the brute force small
@@ -125,17 +126,17 @@ def test_ilp_prices_a_negative_tool_term_like_timing() -> None:
     the rollout's slot only, as `timing` does, and still match the exhaustive search."""
     from simplans import small_job
 
-    from placer.cost.timing import Placed, rollout_tool_time
+    from placer.cost.timing import Placed
 
     job = job_from_dict(small_job(
         environment__turns=4, lengths__response={"kind": "fixed", "value": 256},
         tail_policy={"kind": "overprovision", "fraction": 0.25},
         pipeline={"mode": "async", "max_staleness": 1}))
     res = resolve(job)
-    full = build_problem(res, Calibration())
+    full = build_problem(Pricer(res, Calibration()))
 
     def tool(k, e) -> float:
-        return rollout_tool_time(res, Placed("r", k.est), Placed("e", e.est), full.calib)
+        return Pricer(res, full.calib).tool_time(Placed("r", k.est), Placed("e", e.est))
 
     pairs = [(k, e) for k in full.cands["rollout"] if not k.split
              for e in full.cands["environment"] if tool(k, e) < 0]

@@ -11,7 +11,6 @@ from specdata import base
 from placer.base.errors import SpecError
 from placer.cost.batching import Run, StepTerms
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import estimate
 from placer.cost.generation import (
     decode_bw_eff,
     decode_run_time,
@@ -20,6 +19,7 @@ from placer.cost.generation import (
     max_concurrency,
 )
 from placer.cost.model import train_flops
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import (
     GB,
     attention_flops_per_token,
@@ -202,7 +202,7 @@ def test_a_context_that_fits_the_kv_but_not_kv_and_state_is_infeasible() -> None
                                          cluster={"pools": [{"name": "gen", "device": "H200",
                                                              "devices_per_node": 8,
                                                              "nodes": 1}]})))
-        est = estimate(res, "rollout", res.cluster.pool("gen"), Parallel(dp=1), Calibration())
+        est = Pricer(res, Calibration()).estimate("rollout", res.cluster.pool("gen"), Parallel(dp=1))
         # the state is worth 2,349 KV tokens: 3,000 spare tokens hold it, 1,000 do not
         assert est.feasible is feasible, est.reason
     assert "+ 0.15 GB of linear-attention state per replica" in est.reason

@@ -14,6 +14,7 @@ from placer.cost.batching import step_terms
 from placer.cost.efficiency import Calibration
 from placer.cost.estimate import rollout_shape
 from placer.cost.generation import lpu_chips
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, decode_read_bytes
 from placer.solve.assemble import reprice
 from placer.solve.planfile import Plan
@@ -54,7 +55,7 @@ def test_lockstep_lpu_rollout_by_hand() -> None:
     m, dev = res.arch_of(Role.ROLLOUT), res.device_of("lpu")
     eff = Calibration().for_device(dev)
     chips = lpu_chips(m, dev, eff)
-    shape = rollout_shape(res, dev, plan.roles[Role.ROLLOUT].par, eff)
+    shape = rollout_shape(Pricer(res), dev, plan.roles[Role.ROLLOUT].par, eff)
     assert (chips, shape.replicas, shape.concurrency, shape.waves) == (77, 2, 16, 1)
     stage = max(decode_read_bytes(m, 1) / chips / (dev.mem_bw_gbs * GB * eff.decode_bw_eff),
                 2 * m.matmul_params() / chips / (dev.bf16_tflops * 1e12 * eff.decode_flops_eff))
@@ -81,7 +82,7 @@ def test_preempting_lpu_rollout_agrees_exactly() -> None:
     dev = res.device_of("lpu")
     par = plan.roles[Role.ROLLOUT].par
     eff = Calibration().for_device(dev)
-    shape = rollout_shape(res, dev, par, eff)
+    shape = rollout_shape(Pricer(res), dev, par, eff)
     kv = step_terms(res.arch_of(Role.ROLLOUT), dev, par, eff).kv
     assert not rollout_tail.fits_lockstep(res.job, kv, shape.concurrency)
     assert shape.per_replica > rollout_tail.REDUCE * shape.steady
@@ -106,13 +107,13 @@ def test_many_waves_with_a_tail_match_the_exact_replay(monkeypatch: pytest.Monke
     res = resolve(plan.spec, "lpu-rollout")
     m, dev, par = res.arch_of(Role.ROLLOUT), res.device_of("lpu"), plan.roles[Role.ROLLOUT].par
     eff = Calibration().for_device(dev)
-    shape = rollout_shape(res, dev, par, eff)
+    shape = rollout_shape(Pricer(res), dev, par, eff)
     assert rollout_tail.has_variance(res.job) and shape.concurrency > 2 * shape.steady
     reps = rollout_tail.Replicas(shape.replicas, shape.per_replica, shape.steady, shape.generated,
                                  shape.kept)
     st = step_terms(m, dev, par, eff)
     assert shape.per_replica > rollout_tail.reduced_count(res.job, st, reps, eff.tool_overhead_s)
-    reduced = rollout_tail.makespan(res.job, m, dev, par, eff, reps)
+    reduced = rollout_tail.makespan(res.job, step_terms(m, dev, par, eff), eff, reps)
     monkeypatch.setattr(rollout_tail, "REDUCE", 10**6)  # every sample replayed
-    exact = rollout_tail.makespan(res.job, m, dev, par, eff, reps)
+    exact = rollout_tail.makespan(res.job, step_terms(m, dev, par, eff), eff, reps)
     assert reduced == pytest.approx(exact, rel=0.10)

@@ -7,6 +7,7 @@ from specdata import EXAMPLES
 
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.mapping import map_to_nodes, path_bandwidth, topology
 from placer.solve.planfile import RolePlacement, SlotPlan
 from placer.solve.planner import plan_job
@@ -31,7 +32,7 @@ def _role(pool: str, devices: int, tp: int, slot: str) -> RolePlacement:
 @pytest.fixture(scope="module", params=EXAMPLES, ids=lambda p: p.stem)
 def example_plan(request):
     res = resolve(load_job(request.param))
-    return res, plan_job(res, Calibration(), time_limit_s=30.0)
+    return res, plan_job(Pricer(res, Calibration()), time_limit_s=30.0)
 
 
 def test_every_device_named_once(example_plan) -> None:

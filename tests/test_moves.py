@@ -93,9 +93,10 @@ def test_a_role_only_one_plan_runs_moved_from_or_to_absent(plan: Plan) -> None:
 def test_explain_describes_layouts_the_same_way(plan: Plan) -> None:
     """`placer plan --explain`'s per-role layout uses the same `dims` (cp shown where above 1)."""
     from placer.cost.efficiency import Calibration
+    from placer.cost.pricer import Pricer
     from placer.solve.explain import breakdown
 
     cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
-    rows = breakdown(cp, cp.resolved(), Calibration())
+    rows = breakdown(cp, Pricer(cp.resolved(), Calibration()))
     assert rows[Role.ACTOR]["layout"] == "tp1 cp2 pp1 dp4"
     assert rows[Role.ROLLOUT]["layout"] == "tp4 pp1 dp2"

@@ -12,6 +12,7 @@ import yaml
 
 from placer.cli import main
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
@@ -41,7 +42,7 @@ def write_job(tmp_path: Path, path: Path, pin: Any) -> str:
 
 
 def plan_of(data: dict[str, Any]):
-    return plan_job(resolve(job_from_dict(data)), Calibration(), time_limit_s=10)
+    return plan_job(Pricer(resolve(job_from_dict(data)), Calibration()), time_limit_s=10)
 
 
 def layout(plan, role: str) -> tuple[str, int, int, int, int, int]:

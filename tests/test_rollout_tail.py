@@ -8,14 +8,15 @@ from simplans import small_job
 
 from placer.base.roles import Role
 from placer.cost.admission import run_replica
-from placer.cost.batching import KvBudget, StepTerms
+from placer.cost.batching import KvBudget, StepTerms, step_terms
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import estimate, rollout_shape, wave_time
+from placer.cost.estimate import rollout_shape, wave_time
 from placer.cost.generation import decode_step_time, prefill_time
+from placer.cost.pricer import Pricer
 from placer.cost.rollout_tail import Replicas, makespan
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means, has_variance, quantile
-from placer.cost.timing import Placed, iteration_time
+from placer.cost.timing import Placed
 from placer.spec.catalog import resolve
 from placer.spec.distributions import Distribution
 from placer.spec.load import job_from_dict
@@ -89,11 +90,11 @@ def _span(cap: float, replicas: int = 4, samples: int = 128, over: int = 0, **kw
     res = _res(lengths__response={"kind": "lognormal", "median": 256, "sigma": 1.0, "cap": cap},
                **kw)
     dev = res.device_of("h100")
-    shape = rollout_shape(res, dev, Parallel(dp=replicas), EFF)
+    shape = rollout_shape(Pricer(res), dev, Parallel(dp=replicas), EFF)
     gen = samples + over
     per = -(-gen // replicas)
-    return makespan(res.job, res.arch_of(Role.ROLLOUT), dev, Parallel(dp=replicas), EFF,
-                    Replicas(replicas, per, min(per, shape.concurrency), gen, samples))
+    st = step_terms(res.arch_of(Role.ROLLOUT), dev, Parallel(dp=replicas), EFF)
+    return makespan(res.job, st, EFF, Replicas(replicas, per, min(per, shape.concurrency), gen, samples))
 
 
 def test_makespan_grows_with_the_cap() -> None:
@@ -120,8 +121,8 @@ def test_long_tail_costs_more_than_mean_waves_in_one_wave() -> None:
     """All samples fit one wave: the step waits for the longest, far beyond the mean's wave."""
     res = _res(lengths__response={"kind": "lognormal", "median": 256, "sigma": 1.0, "cap": 4096})
     pool = res.cluster.pool("h100")
-    tail = estimate(res, Role.ROLLOUT, pool, Parallel(dp=4), Calibration())
-    mean = estimate(resolve(at_means(res.job)), Role.ROLLOUT, pool, Parallel(dp=4), Calibration())
+    tail = Pricer(res, Calibration()).estimate(Role.ROLLOUT, pool, Parallel(dp=4))
+    mean = Pricer(resolve(at_means(res.job)), Calibration()).estimate(Role.ROLLOUT, pool, Parallel(dp=4))
     assert tail.stage_s["rollout"] > 2 * mean.stage_s["rollout"]
 
 
@@ -131,12 +132,12 @@ def test_async_chain_fits_in_staleness_plus_one_cycles(staleness: int) -> None:
     res = _res(pipeline={"mode": "async", "max_staleness": staleness})
     cal = Calibration()
     h100, cpu = res.cluster.pool("h100"), res.cluster.pool("cpu")
-    placed = [Placed("train", estimate(res, Role.ACTOR, h100, Parallel(dp=2), cal)),
-              Placed("ref", estimate(res, Role.REFERENCE, h100, Parallel(dp=1), cal)),
-              Placed("gen", estimate(res, Role.ROLLOUT, h100, Parallel(dp=4), cal)),
-              Placed("cpu", estimate(res, Role.REWARD, cpu, Parallel(dp=1), cal)),
-              Placed("cpu", estimate(res, Role.ENVIRONMENT, cpu, Parallel(dp=1), cal))]
-    bd = iteration_time(res, placed, cal)
+    placed = [Placed("train", Pricer(res, cal).estimate(Role.ACTOR, h100, Parallel(dp=2))),
+              Placed("ref", Pricer(res, cal).estimate(Role.REFERENCE, h100, Parallel(dp=1))),
+              Placed("gen", Pricer(res, cal).estimate(Role.ROLLOUT, h100, Parallel(dp=4))),
+              Placed("cpu", Pricer(res, cal).estimate(Role.REWARD, cpu, Parallel(dp=1))),
+              Placed("cpu", Pricer(res, cal).estimate(Role.ENVIRONMENT, cpu, Parallel(dp=1)))]
+    bd = Pricer(res, cal).iteration_time(placed)
     chain = sum(bd.stage_s.values())
     assert bd.iteration_s == pytest.approx(max(max(bd.slot_busy_s.values()),
                                                chain / (staleness + 1)))

@@ -9,8 +9,9 @@ from specdata import base
 
 from placer.calibrate.fit_rule import fit_rule_factors
 from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.pricer import Pricer
 from placer.cost.rulecheck import rule_reward_time, uses_sandbox
-from placer.cost.timing import Placed, slot_switch
+from placer.cost.timing import Placed
 from placer.solve.baselines import colocated
 from placer.solve.planner import build_problem, plan_assignment, plan_job
 from placer.spec.catalog import resolve
@@ -61,7 +62,7 @@ def _trace(reward_s: list[float], verify: list[list[tuple[float, float]]]) -> Tr
 
 
 def _plan(job):
-    return plan_job(resolve(job), Calibration())
+    return plan_job(Pricer(resolve(job), Calibration()))
 
 
 def test_fit_per_kind_medians() -> None:
@@ -87,7 +88,7 @@ def test_no_switch_where_device_memory_is_host_ram() -> None:
     """The colocate-all slot is over the emulated GPU's memory: its roles switch, which moves
     nothing there (its memory is host RAM); on a real GPU of that size the onload is priced."""
     res = resolve(job_from_dict(base()))
-    problem = build_problem(res, Calibration())
+    problem = build_problem(Pricer(res, Calibration()))
     plan = plan_assignment(problem, colocated(problem), "colocated")
     slot = next(s for s in plan.slots if s.pool == "gpu" and len(s.roles) > 1)
     placed = [Placed(slot.name, next(c.est for c in problem.cands[r] if c.pool == "gpu"
@@ -95,7 +96,7 @@ def test_no_switch_where_device_memory_is_host_ram() -> None:
               for r in slot.roles]
     assert sum(p.est.memory.total for p in placed) > 16  # over the device's memory
     assert res.device_of("gpu").host_backed
-    assert slot_switch(res, placed, Calibration()) == {}
+    assert Pricer(res, Calibration()).slot_switch(placed) == {}
     gpu = res.devices["emu-gpu"].model_copy(update={"memory_is_host": False})
     real = replace(res, devices={**res.devices, "emu-gpu": gpu})
-    assert slot_switch(real, placed, Calibration())[slot.name] > 0
+    assert Pricer(real, Calibration()).slot_switch(placed)[slot.name] > 0

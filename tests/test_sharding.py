@@ -13,6 +13,7 @@ from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.generation import decode_step_time, kv_capacity_tokens
 from placer.cost.layercomm import decode_comm, zero3_gathers
 from placer.cost.model import train_flops, train_memory
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, infer_memory, pass_compute
 from placer.cost.sharding import (
     Parallel,
@@ -136,7 +137,7 @@ def _job(model: str, pools: list[dict], cap: int = 4096) -> dict:
 def test_llama2_70b_engines_span_l4_nodes_of_four() -> None:
     res = resolve(job_from_dict(_job("Llama-2-70B", [
         {"name": "l4", "device": "L4", "devices_per_node": 4, "nodes": 8}]), "t"))
-    cands = role_candidates(res, "rollout", res.cluster.pool("l4"), Calibration())
+    cands = role_candidates(Pricer(res, Calibration()), "rollout", res.cluster.pool("l4"))
     assert cands, "138 GB of weights fit two or more L4 nodes"
     assert all(c.est.par.pp >= 2 and c.est.par.tp == 4 for c in cands)
 
@@ -145,7 +146,7 @@ def test_long_sequences_and_moe_get_cp_and_ep_candidates() -> None:
     res = resolve(job_from_dict(_job("Qwen3-30B-A3B", [
         {"name": "h100", "device": "H100-SXM", "devices_per_node": 8, "nodes": 2}],
         cap=32768), "t"))
-    pars = layouts(res, "actor", res.cluster.pool("h100"), Calibration())
+    pars = layouts(Pricer(res, Calibration()), "actor", res.cluster.pool("h100"))
     assert any(p.cp > 1 for p in pars) and any(p.ep > 1 for p in pars)
     assert all((p.tp * p.cp * p.dp) % (p.ep * p.etp) == 0 for p in pars)
 
@@ -153,7 +154,7 @@ def test_long_sequences_and_moe_get_cp_and_ep_candidates() -> None:
 def test_deepseek_v3_plans_on_h100_nodes() -> None:
     res = resolve(job_from_dict(_job("DeepSeek-V3", [
         {"name": "h100", "device": "H100-SXM", "devices_per_node": 8, "nodes": 48}]), "t"))
-    plan = plan_job(res, Calibration(), time_limit_s=5)
+    plan = plan_job(Pricer(res, Calibration()), time_limit_s=5)
     r, a = plan.roles["rollout"], plan.roles["actor"]
     assert r.tp * r.pp > 8  # 1.34 TB of BF16 weights: an engine spans nodes
     assert a.ep > 1  # the experts' state would not fit, nor train in time, without EP
@@ -161,7 +162,7 @@ def test_deepseek_v3_plans_on_h100_nodes() -> None:
 
 def test_moe_example_chooses_expert_parallelism() -> None:
     res = resolve(load_job(ROOT / "examples" / "grpo-qwen3-30b-a3b.yaml"))
-    plan = plan_job(res, Calibration(), time_limit_s=5)
+    plan = plan_job(Pricer(res, Calibration()), time_limit_s=5)
     assert plan.roles["actor"].ep > 1
     assert plan.roles["actor"].par.ep == plan.roles["actor"].ep
 
@@ -179,7 +180,7 @@ def test_every_catalog_model_plans(name: str) -> None:
     nodes = max(2, -(-int(M[name].params() * 16) // int(141e9 * 0.6 * 8)))
     res = resolve(job_from_dict(_job(name, [
         {"name": "h200", "device": "H200", "devices_per_node": 8, "nodes": nodes}]), "t"))
-    plan = plan_job(res, Calibration(), time_limit_s=5)
+    plan = plan_job(Pricer(res, Calibration()), time_limit_s=5)
     assert plan.predicted_iteration_s > 0 and {"actor", "rollout"} <= set(plan.roles)
 
 
@@ -215,7 +216,7 @@ def test_job_precision_reaches_the_plan() -> None:
                              "nodes": 1}])
     job["precision"] = {"rollout_weights": "fp8", "kv_cache": "fp8", "training": "fp8"}
     res = resolve(job_from_dict(job, "t"))
-    plan = plan_job(res, Calibration(), time_limit_s=5)
+    plan = plan_job(Pricer(res, Calibration()), time_limit_s=5)
     for name, r in plan.roles.items():
         fp8 = D["H100-SXM" if r.pool == "h100" else "A100-80G"].fp8_tflops is not None
         if name == "rollout":

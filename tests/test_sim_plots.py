@@ -9,6 +9,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 
 from placer.cost.calibration import load_calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
@@ -44,7 +45,7 @@ def test_no_intervals_cover_nothing() -> None:
 def test_timeline_bars_are_bounded_by_pixels_not_events(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     job = ROOT / "examples" / "agentic-code.yaml"
-    plan = plan_job(resolve(load_job(job), str(job)), load_calibration(None))
+    plan = plan_job(Pricer(resolve(load_job(job), str(job)), load_calibration(None)))
     result = simulate_plan(plan, iterations=2, seed=0)
     drawn: list[int] = []
     real = plots.save

@@ -15,6 +15,7 @@ from simplans import EXAMPLES, for_job, hetero_split_plans
 from placer.base.roles import Role
 from placer.cost import rollout_tail
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.cost.split import deal
 from placer.solve.assemble import reprice
 from placer.solve.planfile import Plan
@@ -48,7 +49,7 @@ def tool_split_plan() -> Plan:
     d["environment"] = {"kind": "tool", "turns": 2, "cpu_per_call": 1, "tool_output_tokens": 64,
                         "tool_latency_s": {"kind": "fixed", "value": 1.0}}
     d["cluster"]["pools"][-1]["nodes"] = 8
-    return plan_job(resolve(job_from_dict(d), "hetero-split-tools"), Calibration())
+    return plan_job(Pricer(resolve(job_from_dict(d), "hetero-split-tools"), Calibration()))
 
 
 def engine_pools(result) -> dict[int, set[str]]:

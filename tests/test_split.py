@@ -9,11 +9,12 @@ import pytest
 
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate, estimate
+from placer.cost.estimate import Estimate
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
-from placer.cost.split import PartTimer, balance, res_with_samples, thin
-from placer.cost.timing import Placed, sync_time
+from placer.cost.split import PartTimer, balance, thin
+from placer.cost.timing import Placed
 from placer.solve.assemble import placed_estimate
 from placer.solve.ilp import Problem
 from placer.solve.ilp_bound import score
@@ -28,7 +29,7 @@ EXAMPLE = "examples/hetero-split.yaml"
 
 @pytest.fixture(scope="module")
 def problem() -> Problem:
-    return build_problem(resolve(load_job(EXAMPLE)), Calibration())
+    return build_problem(Pricer(resolve(load_job(EXAMPLE)), Calibration()))
 
 
 def _split_cands(problem: Problem):
@@ -51,7 +52,7 @@ def test_balance_is_the_crossing(problem):
     part; the table's candidates (balanced at the means, corrected once on the tail model) are
     within 5% of that exact balance."""
     res, calib = problem.res, problem.calib
-    timer = PartTimer.of(res, calib, "rollout")
+    timer = PartTimer.of(Pricer(res, calib), "rollout")
     group, total = res.job.batch.samples_per_prompt, res.job.batch.samples
     for c in _split_cands(problem)[:6]:
         a, b = (p.est for p in c.est.parts)
@@ -67,8 +68,8 @@ def test_part_is_the_single_estimate_on_its_samples(problem):
     """A part is priced exactly as a single-pool rollout on a job of its samples."""
     c = _split_cands(problem)[0]
     for p in c.est.parts:
-        pres = res_with_samples(problem.res, p.samples)
-        again = estimate(pres, "rollout", pres.cluster.pool(p.est.pool), p.est.par, problem.calib)
+        pres = problem.res.with_samples(p.samples)
+        again = Pricer(pres, problem.calib).estimate("rollout", pres.cluster.pool(p.est.pool), p.est.par)
         assert again.stage_s == p.est.stage_s
 
 
@@ -76,8 +77,8 @@ def test_sync_to_a_split_is_its_slowest_part(problem):
     res, calib = problem.res, problem.calib
     actor = Placed("actor", problem.cands["actor"][0].est)
     c = _split_cands(problem)[0]
-    per_part = [sync_time(res, actor, Placed("rollout", p.est), calib) for p in c.est.parts]
-    assert sync_time(res, actor, Placed("rollout", c.est), calib) == pytest.approx(max(per_part))
+    per_part = [Pricer(res, calib).sync_time(actor, Placed("rollout", p.est)) for p in c.est.parts]
+    assert Pricer(res, calib).sync_time(actor, Placed("rollout", c.est)) == pytest.approx(max(per_part))
 
 
 def test_thin_prefers_whole_nodes():
@@ -117,7 +118,7 @@ def test_plan_file_records_parts(problem):
         held = sum(len(b.devices) for b in plan.bundles if b.slot == slot.name and b.pool == p.pool)
         assert held == p.devices and p.nodes
     # re-pricing the plan's role gives the estimate the ILP priced
-    again = placed_estimate(problem.res, "rollout", r, problem.calib)
+    again = placed_estimate(Pricer(problem.res, problem.calib), "rollout", r)
     assert again.time_s == pytest.approx(r.time_s)
     # a part's pool gets a weight-sync route
     assert {route.dst.split(":")[0] for route in plan.sync_routes} >= {p.pool for p in r.parts}

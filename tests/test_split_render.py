@@ -16,7 +16,8 @@ from simplans import example_plan
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
 from placer.cost.estimate import Part
-from placer.cost.split import join, res_with_samples
+from placer.cost.pricer import Pricer
+from placer.cost.split import join
 from placer.cost.timing import Placed
 from placer.interop import EXPORTERS
 from placer.interop.kuberay import export_kuberay
@@ -78,7 +79,7 @@ def test_plan_json_carries_the_parts(plan: Plan) -> None:
 
 def test_explain_names_the_single_pool_alternative_and_its_time(plan: Plan, res: Resolved
                                                                 ) -> None:
-    doc: dict[str, Any] = {"roles": breakdown(plan, res, CALIB), "binding": [], "marginal_node": {},
+    doc: dict[str, Any] = {"roles": breakdown(plan, Pricer(res, CALIB)), "binding": [], "marginal_node": {},
            "split": split(plan, res, CALIB, time_limit_s=5.0)}
     sp = doc["split"]["rollout"]
     alt = sp["single_pool"]
@@ -146,7 +147,7 @@ def test_export_cli_exits_2_with_the_message(plan: Plan, tmp_path, placer_cmd) -
 
 
 def test_hostmem_counts_each_parts_devices_on_its_own_pool(plan: Plan, res: Resolved) -> None:
-    nodes = plan_nodes(plan, res, CALIB)
+    nodes = plan_nodes(plan, Pricer(res, CALIB))
     rollout = Counter(n.pool for n in nodes if "rollout" in n.roles)
     slot = next(s for s in plan.slots if s.name == plan.roles["rollout"].slot)
     assert set(rollout) == {pool for pool, _ in slot.pool_devices()
@@ -172,13 +173,13 @@ def test_a_hand_built_split_shows_the_same(res: Resolved) -> None:
     total = res.job.batch.samples
     n = total // 2
     planned = example_plan("hetero-split")
-    parts = [Part(placed_estimate(res_with_samples(res, k), "rollout", _single(q), CALIB), k)
+    parts = [Part(placed_estimate(Pricer(res.with_samples(k), CALIB), "rollout", _single(q)), k)
              for q, k in zip(planned.roles["rollout"].parts, (n, total - n))]
-    placed = [Placed(r.slot, placed_estimate(res, role, r, CALIB))
+    placed = [Placed(r.slot, placed_estimate(Pricer(res, CALIB), role, r))
               for role, r in planned.roles.items() if role != "rollout"]
     placed.append(Placed("rollout", join(parts)))
     info = SolverInfo(status="hand", objective=1.0, bound=1.0, gap=0.0, solve_s=0.0)
-    hand = assemble(res, placed, CALIB, info)
+    hand = assemble(Pricer(res, CALIB), placed, info)
     r = hand.roles["rollout"]
     assert [q.samples for q in r.parts] == [n, total - n]
     assert placement_summary(hand).count("+") == 1
@@ -186,7 +187,7 @@ def test_a_hand_built_split_shows_the_same(res: Resolved) -> None:
         placement_summary(hand)
     text = render_plan(hand)
     assert "50.0% of samples" in text
-    plan_nodes(hand, res, CALIB)  # does not raise
+    plan_nodes(hand, Pricer(res, CALIB))  # does not raise
 
 
 def _single(q: RolePart) -> RolePlacement:

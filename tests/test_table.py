@@ -11,6 +11,7 @@ import pytest
 import placer.solve.candidates as candidates
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.ilp import Problem, candidate_key
 from placer.solve.ilp_bound import heuristic, score, split_keep
 from placer.solve.ilp_solve import solve
@@ -28,8 +29,8 @@ def _splits(problem: Problem) -> int:
 @pytest.mark.parametrize("objective", ["time", "cost"])
 def test_a_bounded_table_prices_fewer_splits_and_keeps_the_optimum(objective: str) -> None:
     res = resolve(load_job(HETERO))
-    bounded = build_problem(res, Calibration(), objective)
-    full = build_problem(res, Calibration(), objective, bounded=False)
+    bounded = build_problem(Pricer(res, Calibration()), objective)
+    full = build_problem(Pricer(res, Calibration()), objective, bounded=False)
     assert _splits(bounded) <= _splits(full)
     if objective == "time":
         assert _splits(bounded) < _splits(full)  # the bound rules some out on this cluster
@@ -40,7 +41,7 @@ def test_a_bounded_table_prices_fewer_splits_and_keeps_the_optimum(objective: st
 
 def test_split_keep_is_the_heuristic_plans_bound_on_a_candidates_own_time() -> None:
     res = resolve(load_job(HETERO))
-    full = build_problem(res, Calibration(), bounded=False)
+    full = build_problem(Pricer(res, Calibration()), bounded=False)
     singles = Problem(res, full.calib, {r: [c for c in cs if not c.split]
                                         for r, cs in full.cands.items()})
     ub = score(singles, heuristic(singles))[0]
@@ -50,7 +51,7 @@ def test_split_keep_is_the_heuristic_plans_bound_on_a_candidates_own_time() -> N
     # a re-plan's move costs let a plan that slow win: kept within that slack
     assert split_keep(singles, slack_s=0.02 * ub)(Role.ROLLOUT)(devices, 1.01 * ub)
     # every split of the unbounded table that could beat the bound is in the bounded one, as is
-    bounded = {candidate_key(c): c.time_s for c in build_problem(res, Calibration()).cands["rollout"]
+    bounded = {candidate_key(c): c.time_s for c in build_problem(Pricer(res, Calibration())).cands["rollout"]
                if c.split}
     useful = {candidate_key(c): c.time_s for c in full.cands["rollout"] if c.split and c.time_s <= ub}
     assert useful and all(bounded.get(k) == t for k, t in useful.items())
@@ -63,7 +64,7 @@ def _table(problem: Problem) -> dict[str, list[tuple]]:
 
 def test_a_table_priced_in_worker_processes_is_the_same_table(monkeypatch) -> None:
     res = resolve(load_job(HETERO))
-    alone = build_problem(res, Calibration(), workers=1)
+    alone = build_problem(Pricer(res, Calibration()), workers=1)
     monkeypatch.setattr(candidates, "PARALLEL_DEVICES", 1)  # this cluster counts as large
     seen = []
     real = candidates._priced_apart
@@ -73,17 +74,17 @@ def test_a_table_priced_in_worker_processes_is_the_same_table(monkeypatch) -> No
     def not_here(*_a: object) -> None:  # the caller's fallback would price here: it must not
         raise AssertionError("a worker failed and left its share to the caller")
     monkeypatch.setattr(candidates, "role_candidates", not_here)
-    apart = build_problem(res, Calibration(), workers=2)
+    apart = build_problem(Pricer(res, Calibration()), workers=2)
     assert seen == [2]  # the workers priced all of it (they import role_candidates afresh)
     assert _table(apart) == _table(alone)
 
 
 def test_a_failed_worker_leaves_its_share_to_the_caller(monkeypatch) -> None:
     res = resolve(load_job(HETERO))
-    alone = candidates.single_candidates(res, Calibration())
+    alone = candidates.single_candidates(Pricer(res, Calibration()))
     monkeypatch.setattr(candidates, "PARALLEL_DEVICES", 1)
     monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits 1 at once
-    apart = candidates.single_candidates(res, Calibration(), workers=2)
+    apart = candidates.single_candidates(Pricer(res, Calibration()), workers=2)
     assert {r: {p: [c.est.stage_s for c in cs] for p, cs in pools.items()}
             for r, pools in apart.items()} == {
         r: {p: [c.est.stage_s for c in cs] for p, cs in pools.items()}

@@ -10,12 +10,13 @@ from simplans import SMALL_PLACEMENT, small_plan
 
 from placer.cost.batching import step_terms
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import estimate, rollout_shape
+from placer.cost.estimate import rollout_shape
 from placer.cost.model import tool_waves
+from placer.cost.pricer import Pricer
 from placer.cost.rollout_tail import Replicas
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
-from placer.cost.timing import Placed, rollout_tool_time
+from placer.cost.timing import Placed
 from placer.cost.toolqueue import FifoPool, queue_delay, rollout_span
 from placer.solve.assemble import reprice
 from placer.spec.catalog import resolve
@@ -48,16 +49,16 @@ def _pair(plan) -> tuple[float, float]:
     for role in ("rollout", "environment"):
         r = plan.roles[role]
         pool = res.cluster.pool(r.pool)
-        placed[role] = Placed(r.slot, estimate(res, role, pool, Parallel(r.tp, r.pp, r.dp), calib))
+        placed[role] = Placed(r.slot, Pricer(res, calib).estimate(role, pool, Parallel(r.tp, r.pp, r.dp)))
     env = res.job.environment
     dev = res.device_of(plan.roles["rollout"].pool)
-    shape = rollout_shape(res, dev, placed["rollout"].est.par, calib.for_device(dev))
+    shape = rollout_shape(Pricer(res), dev, placed["rollout"].est.par, calib.for_device(dev))
     cores = placed["environment"].est.devices * res.device_of(plan.roles["environment"].pool).cores
     lat = env.tool_latency_s.mean_value() + calib.for_device(
         res.device_of(plan.roles["environment"].pool)).tool_overhead_s
     rounds = tool_waves(shape.replicas * shape.concurrency, env.cpu_per_call, cores) - 1
     lockstep = (env.turns - 1) * shape.waves * rounds * lat
-    return rollout_tool_time(res, placed["rollout"], placed["environment"], calib), lockstep
+    return Pricer(res, calib).tool_time(placed["rollout"], placed["environment"]), lockstep
 
 
 @pytest.mark.parametrize("turns, prompts, latency", [(2, 32, 1.0), (3, 64, 1.0), (3, 128, 0.5),

@@ -15,6 +15,7 @@ import pytest
 from placer.cli import main
 from placer.cost.calibration import load_calibration
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planfile import Plan
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
-    return plan_job(resolve(load_job(ROOT / "examples" / "tiny-agent.yaml")), Calibration())
+    return plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-agent.yaml")), Calibration()))
 
 
 def _check_file(path: Path) -> Trace:
@@ -101,7 +102,7 @@ def test_execute_names_its_plan_and_calibrate_finds_it(tmp_path, capsys) -> None
 
     from placer.commands.execute import name_plan, plan_beside
     job = ROOT / "examples" / "tiny-cpu.yaml"
-    plan = plan_job(resolve(load_job(job)), Calibration())
+    plan = plan_job(Pricer(resolve(load_job(job)), Calibration()))
     trace_path = tmp_path / "runs" / "t.json"
     trace_path.parent.mkdir()
     trace = executed(plan)
@@ -124,7 +125,7 @@ def test_async_steps_overlap_on_two_driver_tracks(tmp_path) -> None:
     from executors.run import execute
     from placer.spec.load import job_from_dict
     job = job_from_dict(job_dict(pipeline={"mode": "async", "max_staleness": 1}))
-    plan = plan_job(resolve(job), Calibration())
+    plan = plan_job(Pricer(resolve(job), Calibration()))
     execute(plan, 3, tmp_path / "out", local=True).trace.write(tmp_path / "run.json")
     trace = _check_file(tmp_path / "run.json")
     steps = sorted((e for e in trace.events if e.cat == "step"), key=lambda e: e.fields.step or 0)

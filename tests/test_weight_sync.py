@@ -11,9 +11,10 @@ from simplans import small_job, small_plan
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import Estimate
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory, weight_bytes, weight_tensors
 from placer.cost.sharding import Parallel
-from placer.cost.timing import Placed, sync_calls, sync_links, sync_senders, sync_time
+from placer.cost.timing import Placed, sync_calls, sync_links, sync_senders
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict
 from simulator.config import Network
@@ -78,14 +79,14 @@ def test_unbucketed_sync_is_one_sender_paying_every_tensor() -> None:
     h20 = shipped_devices()["H20"]
     actor = _placed("a", Role.ACTOR, Parallel(tp=4, pp=4, dp=2))  # 32 GPUs, 4 nodes
     rollout = _placed("r", Role.ROLLOUT, Parallel(tp=4, dp=8))
-    t = sync_time(res, actor, rollout, Calibration(FLAT))
+    t = Pricer(res, Calibration(FLAT)).sync_time(actor, rollout)
     sender = min(h20.nic_gbs, FLAT.sync_sender_gbs)  # one sender whatever the pipeline stages
     expect = (weight_bytes(m) / (sender * 1e9 * FLAT.link_eff) + FLAT.sync_latency_s
               + (18867 - 1) * FLAT.sync_call_s)
     assert t == pytest.approx(expect)
     assert (18867 - 1) * FLAT.sync_call_s == pytest.approx(4.72, abs=0.01)  # of 15.76 s (verl)
     # bucketed, the 4 stages stream in parallel and pay 16 calls each
-    staged = sync_time(res, actor, rollout, Calibration(EFF))
+    staged = Pricer(res, Calibration(EFF)).sync_time(actor, rollout)
     assert staged == pytest.approx(weight_bytes(m) / (4 * sender * 1e9 * EFF.link_eff)
                                    + EFF.sync_latency_s + 15 * EFF.sync_call_s)
 
@@ -102,13 +103,13 @@ def test_simulator_sync_transfer_is_the_planners(eff: Efficiency) -> None:
                        "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
                        "environment": ("cpu", 1, "env")})
     res, calib = resolve(job_from_dict(small_job())), Calibration(eff)
-    sp = sync_plan(res, plan, calib, Network())
+    sp = sync_plan(Pricer(res, calib), plan, Network())
     assert sp is not None
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
     actor = Placed(a.slot, Estimate(Role.ACTOR, a.pool, Parallel(tp=a.tp, pp=a.pp), Memory(), {}))
     rollout = Placed(r.slot, Estimate(Role.ROLLOUT, r.pool, Parallel(tp=r.tp, pp=r.pp,
                                                                     dp=r.devices // r.tp),
                                       Memory(), {}))
-    assert sp.fixed_s + sp.alone_s == pytest.approx(sync_time(res, actor, rollout, calib))
+    assert sp.fixed_s + sp.alone_s == pytest.approx(Pricer(res, calib).sync_time(actor, rollout))
     if eff is FLAT:  # Qwen2.5-7B: 339 tensors, each after the first at sync_call_s
         assert sp.fixed_s == pytest.approx(eff.sync_latency_s + 338 * eff.sync_call_s)

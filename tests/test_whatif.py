@@ -9,6 +9,7 @@ from matplotlib.colors import to_rgba
 from placer import plots
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
@@ -57,7 +58,7 @@ def test_staleness_sweep_switches_the_pipeline_mode():
 
 
 def test_placement_figure_colours_every_placed_device():
-    plan = plan_job(resolve(load_job(TINY)), Calibration())
+    plan = plan_job(Pricer(resolve(load_job(TINY)), Calibration()))
     fig = plots.placement(plan)
     grey = to_rgba("0.85")
     cells = [p for p in fig.axes[0].patches if p.get_fill() and p.get_width() == 1.0]

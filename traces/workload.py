@@ -20,8 +20,18 @@ from placer.base.inputs import load_json, read_text
 MAX_VALUE = 1e15  # tokens or seconds; beyond it a value is corrupt (and a float overflows later)
 
 
+def file_version(path: str | Path) -> tuple[int, int] | None:
+    """(modification time in ns, size) of a file, None when it is missing: caches of what a file
+    holds are keyed by it, so an edited trace is read again."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 @lru_cache(maxsize=32)
-def _read(path: str) -> tuple[dict[str, Any], ...]:
+def _read(path: str, version: tuple[int, int] | None) -> tuple[dict[str, Any], ...]:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{path}: workload trace not found")
@@ -39,13 +49,13 @@ def _read(path: str) -> tuple[dict[str, Any], ...]:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    return list(_read(str(path)))
+    return list(_read(str(path), file_version(path)))
 
 
 def read_field(path: str | Path, field: str) -> list[float]:
     """All values of `field` in the trace, flattened, as floats (> 0 for lengths)."""
     out: list[float] = []
-    for i, row in enumerate(_read(str(path)), 1):
+    for i, row in enumerate(_read(str(path), file_version(path)), 1):
         if field not in row:
             raise SpecError(f"{path}:{i}: no field {field!r}")
         vals = row[field] if isinstance(row[field], list) else [row[field]]

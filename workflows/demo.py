@@ -28,6 +28,7 @@ from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
 from placer.cost.calibration import calibration_from_dict
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.planfile import save_plan
 from placer.solve.planner import plan_job
 from placer.solve.render import where
@@ -52,7 +53,7 @@ def demo(out: Path, job_path: Path, steps: int) -> str:
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     _say(f"[1/6] plan {job_path.name}")
-    plan = plan_job(resolve(load_job(job_path)), Calibration())
+    plan = plan_job(Pricer(resolve(load_job(job_path)), Calibration()))
     save_plan(plan, out / "plan.json")
     for name, r in plan.roles.items():
         _say(f"      {name:<12} {where(r)} (slot {r.slot})")

@@ -59,6 +59,7 @@ from placer.base.fileio import atomic_write_text
 from placer.calibrate.fit import fit_trace, profile_doc
 from placer.cost.calibration import calibration_from_dict
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.baselines import colocated, split
 from placer.solve.planfile import Plan, load_plan, save_plan
 from placer.solve.planner import build_problem, plan_assignment, plan_job
@@ -85,20 +86,20 @@ def variant_plans(job_path: str | Path = DEFAULT_JOB, moe_job: str | Path | None
     resp = job.lengths.response
     longer = resp.model_copy(update={k: getattr(resp, k) * 2 for k in ("value", "max")
                                      if getattr(resp, k, None) is not None})
-    plans = {"base": plan_job(resolve(job), calib),
-             "batch x2": plan_job(resolve(job.model_copy(update={"batch": job.batch.model_copy(
-                 update={"prompts": job.batch.prompts * 2})})), calib),
-             "response x2": plan_job(resolve(job.model_copy(update={
-                 "lengths": job.lengths.model_copy(update={"response": longer})})), calib)}
-    problem = build_problem(resolve(job), calib)
+    plans = {"base": plan_job(Pricer(resolve(job), calib)),
+             "batch x2": plan_job(Pricer(resolve(job.model_copy(update={"batch": job.batch.model_copy(
+                 update={"prompts": job.batch.prompts * 2})})), calib)),
+             "response x2": plan_job(Pricer(resolve(job.model_copy(update={
+                 "lengths": job.lengths.model_copy(update={"response": longer})})), calib))}
+    problem = build_problem(Pricer(resolve(job), calib))
     for name, fn in (("colocated", colocated), ("split", split)):
         a = fn(problem)
         if a is not None:
             plans[name] = plan_assignment(problem, a, name)
     pins = (job.pin or Pins()).model_copy(update={"actor": Pin(tp=TP)})
-    plans[f"tp {TP}"] = plan_job(resolve(job.model_copy(update={"pin": pins})), calib)
+    plans[f"tp {TP}"] = plan_job(Pricer(resolve(job.model_copy(update={"pin": pins})), calib))
     if moe_job is not None:
-        plans["moe"] = plan_job(resolve(load_job(moe_job)), calib)
+        plans["moe"] = plan_job(Pricer(resolve(load_job(moe_job)), calib))
     plans["base again"] = plans["base"]
     return plans
 

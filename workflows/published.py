@@ -58,13 +58,14 @@ from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.calibration import load_calibration
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate, estimate
+from placer.cost.estimate import Estimate
 from placer.cost.generation import decode_step_time
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
-from placer.cost.timing import Placed, iteration_time, sync_time
+from placer.cost.timing import Placed
 from placer.spec.arch import ModelArch
-from placer.spec.catalog import Resolved, resolve, shipped_devices, shipped_models
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
@@ -101,7 +102,7 @@ class Row:
     published_s: float
     stages: dict[str, float]
     layout: dict[Role, Use]
-    groups: list[list[Role]]  # roles sharing devices (one slot each list)
+    groups: tuple[tuple[Role, ...], ...]  # roles sharing devices (one slot each group)
     # False where the framework takes the old log-probs from the rollout engine instead of a
     # trainer forward pass: verl's fully_async_policy does by default ("we default to
     # old_log_prob being calculated by rollout rather than by trainer", fully_async.md;
@@ -133,10 +134,10 @@ class SyncRow:
 _UNBUCKETED = 0.0
 _CPU = Use("cpu")
 _R = Role
-_COLOC = [[_R.ACTOR, _R.ROLLOUT], [_R.REWARD]]
-_COLOC_REF = [[_R.ACTOR, _R.ROLLOUT, _R.REFERENCE], [_R.REWARD]]
-_SPLIT = [[_R.ACTOR], [_R.ROLLOUT], [_R.REWARD]]
-_SPLIT_REF = [[_R.ACTOR, _R.REFERENCE], [_R.ROLLOUT], [_R.REWARD]]
+_COLOC = ((_R.ACTOR, _R.ROLLOUT), (_R.REWARD,))
+_COLOC_REF = ((_R.ACTOR, _R.ROLLOUT, _R.REFERENCE), (_R.REWARD,))
+_SPLIT = ((_R.ACTOR,), (_R.ROLLOUT,), (_R.REWARD,))
+_SPLIT_REF = ((_R.ACTOR, _R.REFERENCE), (_R.ROLLOUT,), (_R.REWARD,))
 _FA = "verl docs/advance/fully_async.md"
 _OSO = "verl docs/advance/one_step_off.md"
 
@@ -296,20 +297,20 @@ class Result:
                 "fits": self.fits, "note": self.note}
 
 
-def _place(res: Resolved, role: str, use: Use, calib: Calibration) -> Estimate:
-    return estimate(res, role, res.cluster.pool(use.pool), use.parallel(), calib)
+def _place(px: Pricer, role: str, use: Use) -> Estimate:
+    return px.estimate(role, px.res.cluster.pool(use.pool), use.parallel())
 
 
 def predict_row(row: Row, calib: Calibration, folder: Path = EXAMPLES) -> Result:
     """Price the row's job with its published layout (see the module docstring)."""
-    res = resolve(load_job(folder / row.file), row.file)
+    px = Pricer(resolve(load_job(folder / row.file), row.file), calib)
     slot = {r: "+".join(g) for g in row.groups for r in g}
-    ests = {r: _place(res, r, use, calib) for r, use in row.layout.items()}
+    ests = {r: _place(px, r, use) for r, use in row.layout.items()}
     if not row.trainer_log_probs:  # old log-probs come from the engine (see `Row`)
         actor = ests[_R.ACTOR]
         ests[_R.ACTOR] = replace(actor, stage_s={k: v for k, v in actor.stage_s.items()
                                                  if k != "score"})
-    bd = iteration_time(res, [Placed(slot[r], e) for r, e in ests.items()], calib)
+    bd = px.iteration_time([Placed(slot[r], e) for r, e in ests.items()])
     predicted = {
         "rollout": ests[_R.ROLLOUT].stage_s.get("rollout", 0.0),
         "old_log_prob": ests[_R.ACTOR].stage_s.get("score", 0.0),
@@ -340,7 +341,7 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Result:
     bucket = {"sync_bucket_gb": row.bucket_gb, "sync_sender_gbs": row.sender_gbs}
     calib = Calibration(calib.default.override(bucket),
                         {k: e.override(bucket) for k, e in calib.per_device.items()})
-    return Result(row.name, row.published_s, sync_time(res, a, r, calib))
+    return Result(row.name, row.published_s, Pricer(res, calib).sync_time(a, r))
 
 
 def predict_decode(row: DecodeRow, calib: Calibration) -> Result:

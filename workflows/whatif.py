@@ -44,6 +44,7 @@ from typing import Any
 
 from placer.base.errors import Infeasible, SpecError
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve.baselines import baseline_assignments
 from placer.solve.planfile import Plan
 from placer.solve.planner import build_problem, plan_assignment, plan_job, sweep_job
@@ -71,7 +72,7 @@ def evaluate(res: Resolved, knob: str, value: Any, iterations: int | None = None
     `plan_job` options (objective, workers, seed)."""
     row: dict[str, Any] = {"knob": knob, "value": value}
     try:
-        plan = plan_job(res, calib or Calibration(), time_limit_s=time_limit_s, **(solver or {}))
+        plan = plan_job(Pricer(res, calib or Calibration()), time_limit_s=time_limit_s, **(solver or {}))
     except Infeasible as e:
         return row | {"infeasible": str(e).splitlines()[0]}
     if not simulate:
@@ -125,7 +126,7 @@ def frontier(job: Job, max_points: int = 5, iterations: int | None = None,
              seed: int | None = None,
              time_limit_s: float = TIME_LIMIT_S) -> list[dict[str, Any]]:
     """The ILP's own time/cost frontier on the job's cluster (`planner.sweep_job`), simulated."""
-    plans = sweep_job(resolve(job), Calibration(), time_limit_s=time_limit_s,
+    plans = sweep_job(Pricer(resolve(job), Calibration()), time_limit_s=time_limit_s,
                       max_points=max_points)
     return [_simulated(p, "ILP frontier", f"#{k}", iterations, job.seed if seed is None else seed)
             for k, p in enumerate(plans)]
@@ -166,7 +167,7 @@ def baselines(job: Job, iterations: int | None = None, seed: int | None = None,
     """The ILP's plan and each baseline's (placer/solve/baselines.py), all simulated."""
     res = resolve(job)
     rows = [evaluate(res, "planner", "ILP", iterations, seed, time_limit_s=time_limit_s)]
-    problem = build_problem(res, Calibration())
+    problem = build_problem(Pricer(res, Calibration()))
     for name, a in baseline_assignments(problem).items():
         if a is None:
             rows.append({"knob": "planner", "value": name, "infeasible": "cannot place the job"})

@@ -83,12 +83,13 @@ def _devices(placed: str) -> str:
 
 def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
     """The ILP's plan and every baseline's, all through `assemble`."""
+    from placer.cost.pricer import Pricer
     from placer.solve.baselines import baseline_assignments
     from placer.solve.planner import build_problem, plan_assignment, plan_job
 
-    ilp = plan_job(res, calib, time_limit_s=args.time_limit, objective=args.objective,
+    ilp = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, objective=args.objective,
                    workers=args.workers, seed=args.seed, calibration_doc=cdoc)
-    problem = build_problem(res, calib, args.objective)
+    problem = build_problem(Pricer(res, calib), args.objective)
     out: dict[str, Plan | None] = {"ilp": ilp}
     for name, a in baseline_assignments(problem).items():
         out[name] = None if a is None else plan_assignment(problem, a, name, cdoc)

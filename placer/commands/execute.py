@@ -79,10 +79,11 @@ def _load(path: str):
     from placer.solve.planfile import load_plan
     if _is_job(path):
         from placer.cost.calibration import load_calibration
+        from placer.cost.pricer import Pricer
         from placer.solve.planner import plan_job
         from placer.spec.catalog import resolve
         from placer.spec.load import load_job
-        return plan_job(resolve(load_job(path), path), load_calibration(None))
+        return plan_job(Pricer(resolve(load_job(path), path), load_calibration(None)))
     return load_plan(path)
 
 

@@ -55,11 +55,12 @@ def run(args: argparse.Namespace) -> int:
     for n in notes:
         note(f"placer: assumed: {n}")
     from placer.cost.efficiency import Calibration
+    from placer.cost.pricer import Pricer
     from placer.solve.current import current_assignment, unfit_roles
     from placer.solve.planner import build_problem
     from placer.spec.catalog import resolve
     # the recorded placement is checked (and priced) now, as `placer compare` will
-    assignment = current_assignment(build_problem(resolve(job), Calibration()))
+    assignment = current_assignment(build_problem(Pricer(resolve(job), Calibration())))
     assert assignment is not None, "an imported job records its placement"
     for role, why in unfit_roles(assignment).items():
         note(f"placer: note: current.roles.{role}: the cost model says it does not fit as "

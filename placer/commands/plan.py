@@ -78,13 +78,14 @@ def load_inputs(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from placer.cost.pricer import Pricer
     from placer.solve.planner import plan_job, sweep_job
 
     check_output(args.output, "--output")  # before the solve, not after it
     check_plot(args)
     res, calib, cdoc = load_inputs(args)
     if args.sweep:
-        plans = sweep_job(res, calib, time_limit_s=args.time_limit, max_points=args.points,
+        plans = sweep_job(Pricer(res, calib), time_limit_s=args.time_limit, max_points=args.points,
                           workers=args.workers, seed=args.seed, calibration_doc=cdoc)
         doc: Any = {"frontier": [p.model_dump(mode="json") for p in plans]}
         _write(args, dumps(doc))
@@ -93,13 +94,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(render_frontier(plans))
         return 0
-    plan = plan_job(res, calib, time_limit_s=args.time_limit, objective=args.objective,
+    plan = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, objective=args.objective,
                     workers=args.workers, seed=args.seed, calibration_doc=cdoc)
     out: Any = plan.model_dump(mode="json")
     text = None
     if args.explain:
         from placer.solve.explain import explain, render
-        ex = explain(plan, res, calib, time_limit_s=min(args.time_limit, 5.0))
+        ex = explain(plan, Pricer(res, calib), time_limit_s=min(args.time_limit, 5.0))
         out, text = {"plan": out, "explain": ex}, render(ex)
     _write(args, plan.to_json())  # -o is always a plan that `simulate`/`execute` read
     if args.plot:
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json(out)
         return 0
     from placer.solve.explain import releases
-    print(render_plan(plan, [r.line() for r in releases(plan, res, calib)]))
+    print(render_plan(plan, [r.line() for r in releases(plan, Pricer(res, calib))]))
     if text:
         print(text)
     return 0

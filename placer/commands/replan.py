@@ -75,6 +75,7 @@ def new_node_counts(job: Job, lost: list[str], added: list[str]) -> dict[str, in
 
 
 def run(args: argparse.Namespace) -> int:
+    from placer.cost.pricer import Pricer
     from placer.solve.planner import plan_job
     from placer.spec.catalog import with_nodes
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     res = with_nodes(job, nodes, "replan")
     move = args.move_cost if args.move_cost is not None else 0.02 * old.predicted_iteration_s
     calib = calibration_of(old)
-    new = plan_job(res, calib, time_limit_s=args.time_limit, hint=old, move_cost_s=move,
+    new = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, hint=old, move_cost_s=move,
                    workers=args.workers, calibration_doc=old.calibration)
     moved = {role: m.to_dict() for role, m in moves(old, new).items()}
     if args.output:

@@ -10,6 +10,7 @@ from typing import Any
 from placer.cli import emit_json
 from placer.cost.calibration import load_calibration
 from placer.cost.estimate import can_host
+from placer.cost.pricer import Pricer
 from placer.solve.candidates import Candidate, memory_floor_gb, role_candidates
 from placer.solve.hostmem import candidate_node
 from placer.spec.catalog import Resolved, resolve
@@ -31,7 +32,7 @@ def describe(res: Resolved, calib) -> dict[str, Any]:
         host_mem = {}
         for pool in job.cluster.pools:
             if can_host(res, role, pool):
-                cands = role_candidates(res, role, pool, calib, prune=False)
+                cands = role_candidates(Pricer(res, calib), role, pool, prune=False)
                 hosts[pool.name] = min((c.devices for c in cands), default=None)
                 if (need := _offload_host(res, cands)) is not None:
                     host_mem[pool.name] = need

@@ -13,11 +13,18 @@ in `StepTerms`). With identical sequences every wave starts and ends together an
 
 `KvBudget` is what a replica admits: its KV-cache tokens (whole pages of `kv_block_tokens`) and
 `max_num_seqs` (`placer.cost.efficiency.Efficiency`).
+
+A `StepTerms` is one replica layout's arithmetic and the memo of everything priced on it (step
+lines, prefill lines, engine replays): a pricing context (`placer.cost.context`) keeps one per
+(model, device, replica layout, efficiency), so the memo lives exactly as long as the problem.
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from placer.cost.efficiency import Efficiency
 from placer.cost.generation import (
@@ -56,9 +63,14 @@ def kv_budget(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> 
                     math.ceil(state_tokens(m, dev, par, eff)))
 
 
+REPLAYS_KEPT = 4096  # engine replays kept per replica layout, least recently used dropped first
+_T = TypeVar("_T")
+
+
 @dataclass
 class StepTerms:
-    """decode_step_time(B, C) of one replica as max(m0 + k C, flat), per batch size B."""
+    """decode_step_time(B, C) of one replica as max(m0 + k C, flat), per batch size B, and the
+    replays of the engine loop on this replica (`remember`)."""
 
     model: ModelArch
     dev: DeviceType
@@ -66,7 +78,21 @@ class StepTerms:
     eff: Efficiency
     terms: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     prefills: dict[float, tuple[float, float]] = field(default_factory=dict)
+    replays: OrderedDict[Hashable, Any] = field(default_factory=OrderedDict, repr=False)
     _kv: KvBudget | None = None
+
+    def remember(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """`compute()` kept by `key` (a replay's inputs, by value): a cost table's candidates
+        with this replica layout replay the same samples at the same counts again and again."""
+        hit = self.replays.get(key)
+        if hit is not None:
+            self.replays.move_to_end(key)
+            return hit
+        out = compute()
+        self.replays[key] = out
+        if len(self.replays) > REPLAYS_KEPT:
+            self.replays.popitem(last=False)
+        return out
 
     @property
     def kv(self) -> KvBudget:
@@ -97,22 +123,12 @@ class StepTerms:
         return line[0] + line[1] * ctx
 
 
-_SHARED: dict[tuple[int, int, Parallel, int], tuple[object, object, object, StepTerms]] = {}
 
 
 def step_terms(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> StepTerms:
-    """The replica's `StepTerms`, shared by every candidate with its layout (candidates differ
-    in dp; one replica's steps do not), so each batch size is probed once per plan."""
-    rep = replace(par, dp=1)  # the whole replica layout (EP, FP8, CUDA graphs), one replica
-    key = (id(m), id(dev), rep, id(eff))
-    hit = _SHARED.get(key)
-    if hit is not None and hit[0] is m and hit[1] is dev and hit[2] is eff:
-        return hit[3]
-    if len(_SHARED) > 256:
-        _SHARED.clear()
-    st = StepTerms(m, dev, rep, eff)
-    _SHARED[key] = (m, dev, eff, st)  # the objects too: their ids stay theirs while cached
-    return st
+    """Fresh `StepTerms` of one replica of `par` (dp 1). A pricing context keeps one per
+    layout (`placer.cost.context.PriceContext.step_terms`), so its memo is shared."""
+    return StepTerms(m, dev, replace(par, dp=1), eff)
 
 
 class Run:

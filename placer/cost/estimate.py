@@ -31,8 +31,8 @@ from functools import lru_cache
 import numpy as np
 
 from placer.base.roles import TRAINING_ROLES, Role
-from placer.cost.batching import step_terms
-from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.context import PriceContext
+from placer.cost.efficiency import Efficiency
 from placer.cost.generation import (
     decode_run_time,
     forward_time,
@@ -132,16 +132,16 @@ def mean_context(res: Resolved) -> float:
             + (env.turns - 1) * env.tool_output_tokens)
 
 
-def estimate(res: Resolved, role: str, pool: Pool, par: Parallel, calib: Calibration,
+def estimate(ctx: PriceContext, role: str, pool: Pool, par: Parallel,
              env_cores: int | None = None) -> Estimate:
     """Estimate one role on `pool` with `par`; `env_cores` prices tool calls inside the rollout."""
-    dev = res.device_of(pool)
-    eff = calib.for_device(dev)
+    dev = ctx.res.device_of(pool)
+    eff = ctx.calib.for_device(dev)
     fns: dict[str, Callable[..., Estimate]] = {
         Role.ROLLOUT: _rollout, Role.ENVIRONMENT: _environment, Role.ACTOR: _train,
         Role.CRITIC: _train, Role.REFERENCE: _forward, Role.REWARD: _reward}
     fn = fns[role]
-    est = fn(res, role, pool, dev, par, eff, env_cores)
+    est = fn(ctx, role, pool, dev, par, eff, env_cores)
     if est.feasible and est.memory.total > dev.memory_gb:
         mem = est.memory
         parts = ", ".join(f"{k} {getattr(mem, k):.1f}" for k in
@@ -197,8 +197,10 @@ def _shortest_cut(resp: Distribution, turns: int, keep: float, seed: int) -> flo
     return float(np.mean(totals) - np.mean(shortest))
 
 
-def _train(res, role, pool, dev, par, eff, _env) -> Estimate:
-    m = res.model_of(role)
+def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
+           eff: Efficiency, _env: int | None) -> Estimate:
+    res = ctx.res
+    m = res.arch_of(role)
     tokens, seq = _tokens(res)
     mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
@@ -220,8 +222,10 @@ def pass_dispatch(res: Resolved, eff: Efficiency) -> float:
     return dispatch_time(res.job.batch.samples, res.job.max_context, eff)
 
 
-def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
-    m = res.model_of(role)
+def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
+             eff: Efficiency, _env: int | None) -> Estimate:
+    res = ctx.res
+    m = res.arch_of(role)
     tokens, seq = _tokens(res)
     if dev.kind is DeviceKind.lpu:
         chips = lpu_chips(m, dev, eff)
@@ -240,16 +244,20 @@ def _forward(res, role, pool, dev, par, eff, _env) -> Estimate:
                      + pass_dispatch(res, eff)})
 
 
-def _reward(res, role, pool, dev, par, eff, env) -> Estimate:
+def _reward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
+            eff: Efficiency, env: int | None) -> Estimate:
+    res = ctx.res
     if res.model_of(Role.REWARD) is not None:
-        return _forward(res, role, pool, dev, par, eff, env)
+        return _forward(ctx, role, pool, dev, par, eff, env)
     # by its kind of check (`placer.cost.rulecheck`): one verify sandbox per CPU device
     t = rule_reward_time(res.job, res.job.batch.samples, par.devices, par.devices * dev.cores,
                          eff)
     return Estimate(role, pool.name, par, Memory(), {"score": t})
 
 
-def _environment(res, role, pool, dev, par, eff, _env) -> Estimate:
+def _environment(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
+                 eff: Efficiency, _env: int | None) -> Estimate:
+    res = ctx.res
     env = res.job.environment
     cores = par.devices * dev.cores
     lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
@@ -312,7 +320,9 @@ class RolloutShape:
         return big * min(w * c, per) + (self.replicas - big) * min(w * c, per - 1)
 
 
-def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency) -> RolloutShape:
+def rollout_shape(ctx: PriceContext, dev: DeviceType, par: Parallel, eff: Efficiency
+                  ) -> RolloutShape:
+    res = ctx.res
     m = res.arch_of(Role.ROLLOUT)
     replicas = (par.dp if dev.kind is not DeviceKind.lpu
                 else max(par.devices // lpu_chips(m, dev, eff), 1))
@@ -321,7 +331,7 @@ def rollout_shape(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency
     conc = steady = 0  # an engine that cannot hold one longest sequence runs none (infeasible)
     if max_concurrency(m, dev, par, res.job.max_context, eff) >= 1:
         prompt = max(int(round(res.job.lengths.prompt.mean_value())), 1)
-        kv = step_terms(m, dev, par, eff).kv
+        kv = ctx.step_terms(m, dev, par, eff).kv
         conc = kv.first_wave(prompt, per)
         steady = steady_concurrency(res.job, kv, conc)
     return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0, gen,
@@ -378,7 +388,9 @@ def _state_note(m, eff: Efficiency) -> str:
     return f" + {state / 1e9:.2f} GB of linear-attention state" if state > 0 else ""
 
 
-def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
+def _rollout(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
+             eff: Efficiency, env_cores: int | None) -> Estimate:
+    res = ctx.res
     m = res.arch_of(Role.ROLLOUT)
     if dev.kind is DeviceKind.lpu:
         chips = lpu_chips(m, dev, eff)
@@ -388,22 +400,23 @@ def _rollout(res, role, pool, dev, par, eff, env_cores) -> Estimate:
         mem = Memory(weights=m.params() * 2 / chips / 1e9)
     else:
         mem = infer_memory(m, par, dev, eff)
-    shape = rollout_shape(res, dev, par, eff)
+    shape = rollout_shape(ctx, dev, par, eff)
+    st = ctx.step_terms(m, dev, par, eff)
     if shape.concurrency < 1:
-        ctx = res.job.max_context
+        longest = res.job.max_context
         free = max(dev.memory_gb * eff.kv_mem_fraction - mem.total, 0.0)
         split = kv_split(m, par)  # devices holding distinct KV (a latent is not split by TP)
         return _infeasible(Estimate(role, pool.name, par, mem, {}),
-                           f"one {ctx}-token sequence needs {ctx * kv_bytes_per_token(m) / 1e9:.2f}"
+                           f"one {longest}-token sequence needs "
+                           f"{longest * kv_bytes_per_token(m) / 1e9:.2f}"
                            f" GB of KV cache{_state_note(m, eff)} per replica, "
                            f"{free * split:.2f} GB is left on "
                            f"{split} x {dev.name} after {mem.total:.1f} GB of weights and "
                            "engine per device")
     if has_variance(res.job):  # the tail: continuous batching of drawn lengths
-        gen = makespan(res.job, m, dev, par, eff, Replicas(
+        gen = makespan(res.job, st, eff, Replicas(
             shape.replicas, shape.per_replica, shape.steady, shape.generated, shape.kept))
     else:
-        st = step_terms(m, dev, par, eff)
         gen = (_waves(res, dev, par, eff, shape) if fits_lockstep(res.job, st.kv, shape.concurrency)
                else identical_span(res.job, st, Replicas(shape.replicas, shape.per_replica,
                                                          shape.steady, shape.generated,

@@ -51,15 +51,12 @@ plus one per KV-full moment (at most one per `kv_block_tokens` steps while the K
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from placer.cost.admission import run_replica
-from placer.cost.batching import KvBudget, StepTerms, step_terms
+from placer.cost.batching import KvBudget, StepTerms
 from placer.cost.efficiency import Efficiency
-from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import (
     MAX_STRATA,
     Rows,
@@ -74,8 +71,6 @@ from placer.cost.tail_samples import (
     tokens,
     varies,
 )
-from placer.spec.arch import ModelArch
-from placer.spec.hardware import DeviceType
 from placer.spec.job import Job
 
 # re-exported: the representative samples live in placer.cost.tail_samples
@@ -105,11 +100,9 @@ class Replicas:
     kept: int  # samples the step waits for
 
 
-def makespan(job: Job, m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency,
-             shape: Replicas) -> float:
+def makespan(job: Job, st: StepTerms, eff: Efficiency, shape: Replicas) -> float:
     """Expected rollout stage seconds (generation and un-queued tool waits) of the job on
-    `shape.replicas` replicas of `par` (module docstring: method and assumptions)."""
-    st = step_terms(m, dev, par, eff)
+    `shape.replicas` replicas of `st`'s layout (module docstring: method and assumptions)."""
     env, tp = job.environment, job.tail_policy
     tools = env.kind != "none" and env.turns > 1
     out_tokens = env.tool_output_tokens if tools else 0
@@ -153,35 +146,14 @@ def reduced_count(job: Job, st: StepTerms, shape: Replicas, tool_overhead_s: flo
     return REDUCE * max(shape.concurrency * max(ratio, 1), first)
 
 
-_SPANS: OrderedDict[tuple, Any] = OrderedDict()  # least recently used first
-SPANS_KEPT = 4096
-_TERMS: dict[int, StepTerms] = {}  # the terms whose ids key _SPANS (kept alive while they do)
-_T = TypeVar("_T")
 
 
-def _job_key(job: Job, st: StepTerms, tool_overhead_s: float) -> tuple:
-    """What a replay depends on, by value: the step terms (one object per model, device, layout
-    and efficiency: `batching.step_terms`), the job's lengths, environment and tail policy."""
-    return (id(st), job.lengths.model_dump_json(), job.environment.model_dump_json(),
+def _job_key(job: Job, tool_overhead_s: float) -> tuple[str, str, str, float]:
+    """What a replay on one `StepTerms` depends on, by value: the job's lengths, environment and
+    tail policy (`StepTerms.remember` keeps it per replica layout)."""
+    return (job.lengths.model_dump_json(), job.environment.model_dump_json(),
             job.tail_policy.model_dump_json(), tool_overhead_s)
 
-
-def _cached(key: tuple, st: StepTerms, compute: Callable[[], _T]) -> _T:
-    """`compute()` kept in an LRU of SPANS_KEPT entries; `st` is kept beside its id in
-    `_TERMS` so the id stays its own while any entry uses it."""
-    hit = _SPANS.get(key)
-    if hit is not None and _TERMS.get(key[0]) is st:
-        _SPANS.move_to_end(key)
-        return hit
-    t = compute()
-    _TERMS[id(st)] = st
-    _SPANS[key] = t
-    if len(_SPANS) > SPANS_KEPT:
-        _SPANS.popitem(last=False)
-        if len(_TERMS) > SPANS_KEPT:  # entries keyed by dropped terms simply miss
-            _TERMS.clear()
-            _SPANS.clear()
-    return t
 
 
 def _replica_s(job: Job, per: int, shape: Replicas, eff: Efficiency, st: StepTerms,
@@ -192,9 +164,9 @@ def _replica_s(job: Job, per: int, shape: Replicas, eff: Efficiency, st: StepTer
     the reduced replicas' runs, so results are kept per (job, replica layout, counts). A reduced
     replica (`reduced_count`) is throughput-bound: the longest sample's queue position no longer
     decides its end, so it is placed mid-queue only."""
-    key = (*_job_key(job, st, eff.tool_overhead_s), per, shape.concurrency, shape.generated,
+    key = (*_job_key(job, eff.tool_overhead_s), per, shape.concurrency, shape.generated,
            shape.kept, shape.replicas if over and per == shape.per_replica else 0, reduced)
-    return _cached(key, st, lambda: _replica_uncached(job, per, shape, eff, st, run, over,
+    return st.remember(key, lambda: _replica_uncached(job, per, shape, eff, st, run, over,
                                                       reduced))
 
 
@@ -291,9 +263,8 @@ def _identical_done(job: Job, st: StepTerms, tool_overhead_s: float, n: int
     row = strata(job, 1, tool_overhead_s)
     if n <= 0:
         return []
-    key = (id(st), "identical", row.prompt[0], tuple(row.response[0]), tuple(row.tool_s[0]),
-           out, n)
-    return _cached(key, st, lambda: run_replica(st, row.prompt, row.response, row.tool_s, [n],
+    key = ("identical", row.prompt[0], tuple(row.response[0]), tuple(row.tool_s[0]), out, n)
+    return st.remember(key, lambda: run_replica(st, row.prompt, row.response, row.tool_s, [n],
                                                 out))
 
 

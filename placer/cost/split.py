@@ -41,12 +41,11 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 
 from placer.base.roles import Role
-from placer.cost.efficiency import Calibration
+from placer.cost.context import PriceContext
 from placer.cost.estimate import Estimate, Part, estimate
+from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means, has_variance
-from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
-from placer.spec.job import Job
 
 SPLITTABLE = (Role.ROLLOUT,)
 PART_CHOICES = 4  # device counts per pool that a part may take (spread over the pool's range)
@@ -75,34 +74,24 @@ def deal(n: int, kept: list[int]) -> list[int]:
     return [b + w for b, w in zip(base, whole)]
 
 
-def job_with_samples(job: Job, n: int) -> Job:
-    """The job with a batch of `n` samples (one per prompt): what one part generates."""
-    batch = job.batch.model_copy(update={"prompts": n, "samples_per_prompt": 1})
-    return job.model_copy(update={"batch": batch})
-
-
-def res_with_samples(res: Resolved, n: int) -> Resolved:
-    return replace(res, job=job_with_samples(res.job, n))
-
 
 @dataclass
 class PartTimer:
     """t(n): a part's estimate for n samples, cached per (pool, layout, n) for one problem."""
 
-    res: Resolved
-    calib: Calibration
+    ctx: PriceContext
     role: str
-    _cache: dict[tuple, Estimate | None]
+    _cache: dict[tuple[str, Parallel, int], Estimate | None]
 
     @classmethod
-    def of(cls, res: Resolved, calib: Calibration, role: str) -> PartTimer:
-        return cls(res, calib, role, {})
+    def of(cls, ctx: PriceContext, role: str) -> PartTimer:
+        return cls(ctx, role, {})
 
     def __call__(self, single: Estimate, n: int) -> Estimate | None:
         key = (single.pool, single.par, n)
         if key not in self._cache:
-            res = res_with_samples(self.res, n)
-            est = estimate(res, self.role, res.cluster.pool(single.pool), single.par, self.calib)
+            part = self.ctx.with_samples(n)
+            est = estimate(part, self.role, part.res.cluster.pool(single.pool), single.par)
             self._cache[key] = est if est.feasible else None
         return self._cache[key]
 
@@ -170,7 +159,7 @@ def thin(ests: list[Estimate], per_node: int, k: int = PART_CHOICES) -> list[Est
     return sorted(kept.values(), key=lambda e: e.devices)[:k]
 
 
-def split_estimates(res: Resolved, calib: Calibration, role: str,
+def split_estimates(ctx: PriceContext, role: str,
                     singles: dict[str, list[Estimate]], keep: SplitKeep | None = None
                     ) -> list[Estimate]:
     """Split estimates of `role` over every pair of pools.
@@ -185,12 +174,13 @@ def split_estimates(res: Resolved, calib: Calibration, role: str,
     beat a known plan (`_refined`)."""
     if role not in SPLITTABLE:
         return []
+    res = ctx.res
     total, group = res.job.batch.samples, res.job.batch.samples_per_prompt
     usable = {p: thin(es, res.cluster.pool(p).devices_per_node) for p, es in singles.items()
               if es and res.device_of(p).kind is not DeviceKind.cpu}
-    exact = PartTimer.of(res, calib, role)
+    exact = PartTimer.of(ctx, role)
     tails = has_variance(res.job)
-    rough = PartTimer.of(replace(res, job=at_means(res.job)), calib, role) if tails else exact
+    rough = PartTimer.of(ctx.with_res(replace(res, job=at_means(res.job))), role) if tails else exact
     out = []
     for pa, pb in combinations(sorted(usable), 2):
         options = []

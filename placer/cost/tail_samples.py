@@ -35,6 +35,7 @@ import numpy as np
 
 from placer.spec.distributions import Distribution
 from placer.spec.job import Job
+from traces.workload import file_version
 
 MAX_STRATA = 48  # representative sequences per replica (besides the longest sample)
 _ND = NormalDist()
@@ -73,7 +74,8 @@ def at_means(job: Job) -> Job:
 
 
 @lru_cache(maxsize=64)
-def _sorted_values(path: str, field: str) -> np.ndarray:
+def _sorted_values(path: str, field: str, version: tuple[int, int] | None) -> np.ndarray:
+    """A trace field's values, sorted (cached by the file's version)."""
     return np.sort(np.asarray(Distribution(kind="empirical", path=path, field=field).samples(),
                               dtype=float))
 
@@ -87,7 +89,7 @@ def quantile(dist: Distribution, u: np.ndarray) -> np.ndarray:
         z = np.array([_ND.inv_cdf(float(min(max(x, 1e-12), 1 - 1e-12))) for x in u])
         out = a + b * z if dist.kind == "normal" else a * np.exp(b * z)
     else:
-        vals = _sorted_values(*dist.source())  # uniform over the values, as `sampling.draw`
+        vals = _sorted_values(*dist.source(), file_version(dist.source()[0]))  # as `sampling.draw`
         idx = np.minimum((np.asarray(u) * len(vals)).astype(int), len(vals) - 1)
         out = vals[idx]
     return np.clip(out, dist.min, dist.cap if dist.cap is not None else np.inf)
@@ -158,7 +160,7 @@ def tail(dist: Distribution, x: float) -> float:
         a, b = dist.params()
         z = (x - a if dist.kind == "normal" else math.log(x / a)) / b if b > 0 else math.inf
         return 1 - _ND.cdf(z) if math.isfinite(z) else float(z < 0)
-    vals = _sorted_values(*dist.source())
+    vals = _sorted_values(*dist.source(), file_version(dist.source()[0]))
     return float(len(vals) - np.searchsorted(vals, x, side="left")) / len(vals)
 
 

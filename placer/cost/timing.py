@@ -30,13 +30,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from placer.base.roles import Role
-from placer.cost.batching import step_terms
-from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.context import PriceContext
+from placer.cost.efficiency import Efficiency
 from placer.cost.estimate import Estimate, rollout_shape
 from placer.cost.model import engine_swap_time, switch_time, weight_sync_time
 from placer.cost.rollout_tail import Replicas
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
-from placer.cost.split import res_with_samples
 from placer.cost.tail_samples import at_means, strata
 from placer.cost.toolqueue import queue_delay
 from placer.spec.arch import ModelArch
@@ -146,17 +145,17 @@ def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed,
     return min(_links(res, actor, rollout, eff or Efficiency()).values())
 
 
-def sync_time(res: Resolved, actor: Placed, rollout: Placed, calib: Calibration) -> float:
+def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
     """Time to refresh every rollout replica: one broadcast of the full weights that all of
     them join (`sync_links`) in `sync_calls` calls per sender, priced by
     `costmodel.weight_sync_time`. A rollout split over pools: every part's replicas join the one
     broadcast, so the slowest part's links pace it (the max over parts)."""
     if rollout.est.parts:
-        return max(sync_time(res, actor, Placed(rollout.slot, p.est), calib)
-                   for p in rollout.est.parts)
+        return max(sync_time(ctx, actor, Placed(rollout.slot, p.est)) for p in rollout.est.parts)
+    res = ctx.res
     m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
-    eff = calib.for_device(dev)
+    eff = ctx.calib.for_device(dev)
     return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
                             sync_calls(m, actor.est.par.pp, eff))
 
@@ -171,9 +170,10 @@ def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> flo
     return switch_time(mem.total, eff)
 
 
-def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict[str, float]:
+def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
     """Onload cost per slot whose roles' memory does not fit on its devices together
     (`onload_time` per member)."""
+    res = ctx.res
     by_slot: dict[str, list[Placed]] = defaultdict(list)
     for p in placed:
         by_slot[p.slot].append(p)
@@ -186,12 +186,12 @@ def slot_switch(res: Resolved, placed: list[Placed], calib: Calibration) -> dict
             continue
         need = sum(p.est.memory.total for p in members)
         if need > dev.memory_gb:
-            eff = calib.for_device(dev)
+            eff = ctx.calib.for_device(dev)
             out[slot] = sum(onload_time(p.est.role, p.est.memory, dev, eff) for p in members)
     return out
 
 
-def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibration) -> float:
+def rollout_tool_time(ctx: PriceContext, rollout: Placed, env: Placed) -> float:
     """Seconds the rollout engines wait on tool calls queued for a CPU core (multi-turn jobs).
 
     A sequence keeps its engine slot (its KV) while its tool call runs; the rollout estimate
@@ -207,46 +207,46 @@ def rollout_tool_time(res: Resolved, rollout: Placed, env: Placed, calib: Calibr
     and each part's queueing adds to that part's time, so the term is what the slowest part
     (with its queueing) adds to the split estimate's rollout stage.
     """
-    env_spec = res.job.environment
+    env_spec = ctx.res.job.environment
     if env_spec.kind == "none" or env_spec.turns < 2:
         return 0.0
     if rollout.est.parts:
-        return _split_tool_time(res, rollout.est, env.est, calib)
-    return _queueing(res, rollout.est, env.est, calib, 1.0)
+        return _split_tool_time(ctx, rollout.est, env.est)
+    return _queueing(ctx, rollout.est, env.est, 1.0)
 
 
-def _queueing(res: Resolved, rollout: Estimate, env: Estimate, calib: Calibration,
-              core_share: float) -> float:
+def _queueing(ctx: PriceContext, rollout: Estimate, env: Estimate, core_share: float) -> float:
     """The queueing of one rollout placement's tool calls on `core_share` of `env`'s cores."""
+    res, calib = ctx.res, ctx.calib
     env_spec = res.job.environment
     r_dev, e_dev = res.device_of(rollout.pool), res.device_of(env.pool)
     r_eff = calib.for_device(r_dev)
-    shape = rollout_shape(res, r_dev, rollout.par, r_eff)
+    shape = rollout_shape(ctx, r_dev, rollout.par, r_eff)
     slots = max(int(env.devices * e_dev.cores * core_share // env_spec.cpu_per_call), 1)
     if shape.concurrency < 1 or shape.replicas * shape.concurrency <= slots:
         return 0.0  # every sequence's call finds a free core
     job = at_means(res.job)
     row = strata(job, 1, 0.0)
     lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
-    st = step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.par, r_eff)
+    st = ctx.step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.par, r_eff)
     reps = Replicas(shape.replicas, shape.per_replica, shape.steady, shape.generated,
                     shape.kept)
     out = env_spec.tool_output_tokens
     return queue_delay(st, reps, row.prompt[0], row.response[0], out, lat, slots)
 
 
-def _split_tool_time(res: Resolved, split: Estimate, env: Estimate, calib: Calibration) -> float:
+def _split_tool_time(ctx: PriceContext, split: Estimate, env: Estimate) -> float:
     """`rollout_tool_time` of a split rollout (see there): each part queues on its share of the
     cores (its engine slots over all parts'), on the job of its own samples."""
-    jobs = [res_with_samples(res, p.samples) for p in split.parts]
+    parts = [ctx.with_samples(p.samples) for p in split.parts]
     slots = []
-    for p, pres in zip(split.parts, jobs):
-        dev = res.device_of(p.est.pool)
-        shape = rollout_shape(pres, dev, p.est.par, calib.for_device(dev))
+    for p, part in zip(split.parts, parts):
+        dev = ctx.res.device_of(p.est.pool)
+        shape = rollout_shape(part, dev, p.est.par, ctx.calib.for_device(dev))
         slots.append(shape.replicas * max(shape.concurrency, 0))
     total = sum(slots) or 1
-    worst = max(p.est.stage_s.get("rollout", 0.0) + _queueing(pres, p.est, env, calib, n / total)
-                for p, pres, n in zip(split.parts, jobs, slots))
+    worst = max(p.est.stage_s.get("rollout", 0.0) + _queueing(part, p.est, env, n / total)
+                for p, part, n in zip(split.parts, parts, slots))
     return max(worst - split.stage_s.get("rollout", 0.0), 0.0)
 
 
@@ -257,13 +257,14 @@ def async_chain_bound(chain_s: float, res: Resolved) -> float:
     return chain_s / (res.job.pipeline.max_staleness + 1)
 
 
-def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> Breakdown:
+def iteration_time(ctx: PriceContext, placed: list[Placed]) -> Breakdown:
     """Combine placed estimates into the iteration time of the job's pipeline mode."""
+    res = ctx.res
     by_role = {p.est.role: p for p in placed}
     sync = 0.0
     if Role.ACTOR in by_role and Role.ROLLOUT in by_role:
-        sync = sync_time(res, by_role[Role.ACTOR], by_role[Role.ROLLOUT], calib)
-    switch = slot_switch(res, placed, calib)
+        sync = sync_time(ctx, by_role[Role.ACTOR], by_role[Role.ROLLOUT])
+    switch = slot_switch(ctx, placed)
     per_slot_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for p in placed:
         for stage, t in p.est.stage_s.items():
@@ -273,7 +274,7 @@ def iteration_time(res: Resolved, placed: list[Placed], calib: Calibration) -> B
         per_slot_stage[rollout_slot]["sync"] += sync
         if Role.ENVIRONMENT in by_role:  # engines hold their sequences through tool calls
             per_slot_stage[rollout_slot]["rollout"] += rollout_tool_time(
-                res, by_role[Role.ROLLOUT], by_role[Role.ENVIRONMENT], calib)
+                ctx, by_role[Role.ROLLOUT], by_role[Role.ENVIRONMENT])
     for slot, t in switch.items():
         per_slot_stage[slot]["switch"] += t
     busy = {s: sum(st.values()) for s, st in per_slot_stage.items()}

@@ -27,8 +27,6 @@ from placer.cost.admission import Hooks, engine
 from placer.cost.batching import StepTerms
 from placer.cost.rollout_tail import Replicas
 
-_CACHE: dict[tuple, tuple[StepTerms, float]] = {}
-
 
 class FifoPool:
     """`slots` servers, first come first served, every call `latency_s` long (None: unlimited)."""
@@ -67,12 +65,13 @@ def rollout_span(st: StepTerms, shape: Replicas, prompt: int, response: list[int
                  tool_output: int, latency_s: float, slots: int | None) -> float:
     """Seconds until the rollout stage ends (over-provisioned: `kept` samples done) when every
     replica runs lockstep waves of identical samples and their calls share `slots` servers."""
-    key = (id(st), shape, prompt, tuple(response), tool_output, latency_s, slots)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is st:
-        return hit[1]
-    if len(_CACHE) > 4096:
-        _CACHE.clear()
+    key = ("queue", shape, prompt, tuple(response), tool_output, latency_s, slots)
+    return st.remember(key, lambda: _span(st, shape, prompt, response, tool_output, latency_s,
+                                          slots))
+
+
+def _span(st: StepTerms, shape: Replicas, prompt: int, response: list[int], tool_output: int,
+          latency_s: float, slots: int | None) -> float:
     pool = FifoPool(slots, latency_s)
     done: list[tuple[float, int]] = []
     per, reps = shape.per_replica, shape.replicas
@@ -105,7 +104,6 @@ def rollout_span(st: StepTerms, shape: Replicas, prompt: int, response: list[int
             if count >= shape.kept:
                 span = t
                 break
-    _CACHE[key] = (st, span)
     return span
 
 

@@ -6,10 +6,11 @@ same `timing.iteration_time` and mapped to nodes by the same `mapping.map_to_nod
 from __future__ import annotations
 
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate, Part, estimate
-from placer.cost.split import join, res_with_samples
+from placer.cost.estimate import Estimate, Part
+from placer.cost.pricer import Pricer
+from placer.cost.split import join
 from placer.cost.timing import Breakdown as Timing
-from placer.cost.timing import Placed, iteration_time
+from placer.cost.timing import Placed
 from placer.solve.planfile import (
     Breakdown,
     Plan,
@@ -79,12 +80,13 @@ def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
     return slots_price(res, (pd for s in slots for pd in s.pool_devices()))
 
 
-def assemble(res: Resolved, placed: list[Placed], calib: Calibration, solver: SolverInfo,
+def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo,
              calibration_doc: dict | None = None) -> Plan:
     """Price, slot and map a placement into a plan."""
     from placer.solve.mapping import map_to_nodes  # lazy: networkx (~0.1 s) only when assembling
 
-    bd = iteration_time(res, placed, calib)
+    res = px.res
+    bd = px.iteration_time(placed)
     slots = slot_plans(res, placed)
     roles = {p.est.role: role_placement(p) for p in placed}
     slots, bundles, routes = map_to_nodes(res, slots, roles)
@@ -106,17 +108,17 @@ def assemble(res: Resolved, placed: list[Placed], calib: Calibration, solver: So
 def reprice(plan: Plan, job: Job, calib: Calibration) -> Timing:
     """A plan's placement (every role's pool, layout and slot) priced for `job`: e.g. the job at
     its means (`rollout_tail.at_means`), what a no-variance simulation of the plan runs."""
-    res = resolve(job, plan.job.get("name", "plan"))
-    placed = [Placed(r.slot, placed_estimate(res, role, r, calib)) for role, r in plan.roles.items()]
-    return iteration_time(res, placed, calib)
+    px = Pricer(resolve(job, plan.job.get("name", "plan")), calib)
+    placed = [Placed(r.slot, placed_estimate(px, role, r)) for role, r in plan.roles.items()]
+    return px.iteration_time(placed)
 
 
-def placed_estimate(res: Resolved, role: str, r: RolePlacement, calib: Calibration) -> Estimate:
-    """A plan's role priced again for `res` (its parts too, each on its own samples)."""
+def placed_estimate(px: Pricer, role: str, r: RolePlacement) -> Estimate:
+    """A plan's role priced again for `px`'s job (its parts too, each on its own samples)."""
     if not r.parts:
-        return estimate(res, role, res.cluster.pool(r.pool), r.par, calib)
+        return px.estimate(role, px.res.cluster.pool(r.pool), r.par)
     parts = []
     for q in r.parts:
-        pres = res_with_samples(res, q.samples)
-        parts.append(Part(estimate(pres, role, pres.cluster.pool(q.pool), q.par, calib), q.samples))
+        part = px.with_samples(q.samples)
+        parts.append(Part(part.estimate(role, part.res.cluster.pool(q.pool), q.par), q.samples))
     return join(parts)

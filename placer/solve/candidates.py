@@ -28,13 +28,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from placer.base.roles import TRAINING_ROLES, Role
-from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate, can_host, estimate
+from placer.cost.estimate import Estimate, can_host
 from placer.cost.generation import lpu_chips
 from placer.cost.layercomm import MICRO_TOKENS, NODE_DEVICES
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.sharding import Parallel
-from placer.cost.split import SplitKeep, split_estimates
+from placer.cost.split import SplitKeep
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind, DeviceType, Pool
@@ -158,16 +158,16 @@ def _inference_layouts(m: ModelArch, dev: DeviceType, counts: list[int], tps: li
     return out
 
 
-def layouts(res: Resolved, role: str, pool: Pool, calib: Calibration,
-            limit: int | None = None) -> list[Parallel]:
+def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list[Parallel]:
     """Parallel layouts to try for `role` on `pool` (not yet checked for memory)."""
+    res = px.res
     dev = res.device_of(pool)
     total = pool.devices_per_node * pool.nodes
     m = res.model_of(role)
     if dev.kind is DeviceKind.cpu or m is None:
         return [Parallel(dp=n) for n in device_counts(total, pool.devices_per_node, 1, limit)]
     if dev.kind is DeviceKind.lpu:
-        chips = lpu_chips(m, dev, calib.for_device(dev))
+        chips = lpu_chips(m, dev, px.calib.for_device(dev))
         return [Parallel(dp=n) for n in device_counts(total, pool.devices_per_node, chips, limit)
                 if n >= chips]
     domain = min(pool.nvlink_domain or pool.devices_per_node, total)
@@ -197,19 +197,20 @@ def fp8_flags(res: Resolved, role: str, dev: DeviceType) -> dict[str, bool]:
     return {}
 
 
-def role_candidates(res: Resolved, role: str, pool: Pool, calib: Calibration,
-                    limit: int | None = None, prune: bool = True) -> list[Candidate]:
+def role_candidates(px: Pricer, role: str, pool: Pool, limit: int | None = None,
+                    prune: bool = True) -> list[Candidate]:
     """Feasible candidates of one role on one pool, fastest first per device count."""
+    res = px.res
     if not can_host(res, role, pool):
         return []
     cands = []
     dev = res.device_of(pool)  # on a host-RAM device an offload frees nothing
     offload = role in TRAINING_ROLES and dev.kind is DeviceKind.gpu and not dev.host_backed
-    for par in pinned_layouts(res.job, role, pool.name, layouts(res, role, pool, calib, limit)):
-        est = estimate(res, role, pool, par, calib)
+    for par in pinned_layouts(res.job, role, pool.name, layouts(px, role, pool, limit)):
+        est = px.estimate(role, pool, par)
         if not est.feasible and offload:
             # optimizer state on the host: slower, so only worth it where nothing else fits
-            est = estimate(res, role, pool, replace(par, offload=True), calib)
+            est = px.estimate(role, pool, replace(par, offload=True))
         if est.feasible:
             cands.append(Candidate(role, pool.name, est))
     return prune_dominated(cands) if prune else cands
@@ -267,11 +268,10 @@ def _dominates(a: Candidate, b: Candidate) -> bool:
 PerPool = dict[str, dict[str, list[Candidate]]]
 
 
-def all_candidates(res: Resolved, calib: Calibration,
-                   limit: int | None = None) -> dict[str, list[Candidate]]:
+def all_candidates(px: Pricer, limit: int | None = None) -> dict[str, list[Candidate]]:
     """Role -> candidates over every pool that may host it, then those split over two pools
     (`placer.cost.split`)."""
-    return with_splits(res, calib, single_candidates(res, calib, limit))
+    return with_splits(px, single_candidates(px, limit))
 
 
 # Clusters of at least this many devices price their single-pool candidates in worker processes
@@ -280,30 +280,30 @@ def all_candidates(res: Resolved, calib: Calibration,
 PARALLEL_DEVICES = 4096
 
 
-def single_candidates(res: Resolved, calib: Calibration, limit: int | None = None,
-                      workers: int = 1) -> PerPool:
+def single_candidates(px: Pricer, limit: int | None = None, workers: int = 1) -> PerPool:
     """Role -> pool -> the role's candidates on that one pool. On a large cluster
     (`PARALLEL_DEVICES`) with `workers` > 1 each (role, pool) is priced in one of `workers`
     processes; the table is the same either way (each pair is priced on its own)."""
+    res = px.res
     tasks: list[tuple[str, Pool]] = [(role, pool) for role in res.job.roles()
                                      for pool in res.cluster.pools]
     devices = sum(p.devices_per_node * p.nodes for p in res.cluster.pools)
     if workers > 1 and devices >= PARALLEL_DEVICES and not mp.current_process().daemon:
-        found = _priced_apart(res, calib, limit, tasks, workers)
+        found = _priced_apart(px, limit, tasks, workers)
     else:
-        found = {(r, p.name): role_candidates(res, r, p, calib, limit) for r, p in tasks}
+        found = {(r, p.name): role_candidates(px, r, p, limit) for r, p in tasks}
     return {role: {pool.name: found[role, pool.name] for pool in res.cluster.pools}
             for role in res.job.roles()}
 
 
-def _priced_apart(res: Resolved, calib: Calibration, limit: int | None,
-                  tasks: list[tuple[str, Pool]], workers: int
+def _priced_apart(px: Pricer, limit: int | None, tasks: list[tuple[str, Pool]], workers: int
                   ) -> dict[tuple[str, str], list[Candidate]]:
     """`role_candidates` of every task in `workers` worker processes (`placer.solve.tablework`).
     The rollout's tasks on accelerators dominate (tail-aware replays), so they are dealt out
     first, one per worker in turn, then the rest; a worker that fails leaves its share to be
-    priced here (where any error in the job surfaces as it would without workers)."""
-    heavy = [t for t in tasks if t[0] == Role.ROLLOUT and res.device_of(t[1]).kind is not
+    priced here (where any error in the job surfaces as it would without workers). A worker
+    prices on its own `Pricer` of the same job and factors."""
+    heavy = [t for t in tasks if t[0] == Role.ROLLOUT and px.res.device_of(t[1]).kind is not
              DeviceKind.cpu]
     order = heavy + [t for t in tasks if t not in heavy]
     shares = [order[i::workers] for i in range(workers) if order[i::workers]]
@@ -312,7 +312,8 @@ def _priced_apart(res: Resolved, calib: Calibration, limit: int | None,
         procs = []
         for i, share in enumerate(shares):
             src, dst = Path(tmp) / f"in{i}", Path(tmp) / f"out{i}"
-            src.write_bytes(pickle.dumps((res, calib, limit, [(r, p.name) for r, p in share])))
+            src.write_bytes(pickle.dumps((px.res, px.calib, limit,
+                                          [(r, p.name) for r, p in share])))
             procs.append((share, dst, subprocess.Popen(
                 [sys.executable, "-m", "placer.solve.tablework", str(src), str(dst)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_child_env())))
@@ -320,8 +321,7 @@ def _priced_apart(res: Resolved, calib: Calibration, limit: int | None,
             if proc.wait() == 0 and dst.exists():
                 found.update(pickle.loads(dst.read_bytes()))
             else:
-                found.update({(r, p.name): role_candidates(res, r, p, calib, limit)
-                              for r, p in share})
+                found.update({(r, p.name): role_candidates(px, r, p, limit) for r, p in share})
     return found
 
 
@@ -336,14 +336,14 @@ def flat(per_pool: PerPool) -> dict[str, list[Candidate]]:
     return {role: [c for cs in pools.values() for c in cs] for role, pools in per_pool.items()}
 
 
-def with_splits(res: Resolved, calib: Calibration, per_pool: PerPool,
+def with_splits(px: Pricer, per_pool: PerPool,
                 keep: Callable[[str], SplitKeep] | None = None) -> dict[str, list[Candidate]]:
     """Role -> its single-pool candidates, then those split over two pools (`placer.cost.split`);
     `keep(role)` says which splits are worth pricing (`placer.solve.ilp_bound.split_keep`)."""
     out: dict[str, list[Candidate]] = {}
     for role, pools in per_pool.items():
-        splits = split_estimates(res, calib, role, {p: [c.est for c in cs] for p, cs in pools.items()},
-                                 keep(role) if keep is not None else None)
+        splits = px.split_estimates(role, {p: [c.est for c in cs] for p, cs in pools.items()},
+                                    keep(role) if keep is not None else None)
         out[role] = [c for cs in pools.values() for c in cs] + [Candidate(role, e.pool, e)
                                                                for e in splits]
     return out
@@ -357,7 +357,7 @@ def memory_floor_gb(res: Resolved, role: str) -> float:
     return m.params() * (16 if role in TRAINING_ROLES else 2) / 1e9
 
 
-def min_devices(res: Resolved, role: str, pool: Pool, calib: Calibration) -> int | None:
+def min_devices(px: Pricer, role: str, pool: Pool) -> int | None:
     """Fewest devices of `pool` on which the role fits, or None if it cannot run there."""
-    cands = role_candidates(res, role, pool, calib, prune=False)
+    cands = role_candidates(px, role, pool, prune=False)
     return min((c.devices for c in cands), default=None)

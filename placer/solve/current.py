@@ -12,7 +12,6 @@ and then is the one baseline that may look faster than the ILP's plan: `placer i
 from __future__ import annotations
 
 from placer.base.errors import SpecError
-from placer.cost.estimate import estimate
 from placer.cost.sharding import Parallel
 from placer.solve.candidates import Candidate
 from placer.solve.ilp import Assignment, Problem, slot_names
@@ -59,8 +58,7 @@ def _candidate(problem: Problem, role: str, at: CurrentRole) -> Candidate:
     if at.devices % (at.tp * at.pp):
         raise SpecError(f"job.current.roles.{role}: devices {at.devices} is not a multiple "
                         f"of tp x pp = {at.tp * at.pp}")
-    return Candidate(role, pool.name,
-                     estimate(res, role, pool, _parallel(res, role, at), problem.calib))
+    return Candidate(role, pool.name, problem.px.estimate(role, pool, _parallel(res, role, at)))
 
 
 def _parallel(res: Resolved, role: str, at: CurrentRole) -> Parallel:

@@ -10,9 +10,9 @@ import math
 from dataclasses import replace
 
 from placer.base.roles import TRAINING_ROLES, Role
-from placer.cost.efficiency import Calibration
-from placer.cost.estimate import HOSTS, can_host, estimate
+from placer.cost.estimate import HOSTS, can_host
 from placer.cost.generation import lpu_chips
+from placer.cost.pricer import Pricer
 from placer.solve.candidates import layouts, memory_floor_gb, role_candidates
 from placer.spec.catalog import Resolved, with_nodes
 from placer.spec.hardware import DeviceKind, Pool
@@ -35,8 +35,9 @@ def _what(role: str) -> str:
     return "weights and optimizer state" if role in TRAINING_ROLES else "its weights and KV cache"
 
 
-def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
+def diagnose(px: Pricer, roles: list[str]) -> str:
     """What cannot fit, for each role without a candidate, and the smallest change that would."""
+    res = px.res
     msgs = []
     for role in roles:
         hosts = [p for p in res.cluster.pools if can_host(res, role, p)]
@@ -44,7 +45,7 @@ def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
         label = f"{role} ({m.name})" if m else role
         if (pin := pin_of(res.job, role)) is not None:  # the pin, not the cluster, rules it out
             msgs.append(f"{label} is pinned to {pin.describe()} and no candidate keeps to the "
-                        f"pin: {_pin_reason(res, role, pin, calib)}; smallest change: change "
+                        f"pin: {_pin_reason(px, role, pin)}; smallest change: change "
                         f"or drop pin.{role}")
             continue
         if not hosts:
@@ -54,10 +55,10 @@ def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
         options: list[tuple[float, Pool, int | None, int, str]] = []
         for p in hosts:
             have = p.devices_per_node * p.nodes
-            why = _reason(res, role, p, calib)
+            why = _reason(px, role, p)
             for f in GROWTH:
                 grown = with_nodes(res.job, {p.name: p.nodes * f})
-                cands = role_candidates(grown, role, grown.cluster.pool(p.name), calib,
+                cands = role_candidates(px.with_res(grown), role, grown.cluster.pool(p.name),
                                         prune=False)
                 if cands:
                     n = min(c.devices for c in cands)
@@ -78,9 +79,10 @@ def diagnose(res: Resolved, calib: Calibration, roles: list[str]) -> str:
     return " | ".join(msgs)
 
 
-def _pin_reason(res: Resolved, role: str, pin: Pin, calib: Calibration) -> str:
+def _pin_reason(px: Pricer, role: str, pin: Pin) -> str:
     """Why no layout keeps to the pin, per pool it allows: the pool cannot host the role, no
     layout the pool offers matches (and what it offers), or the matching ones do not fit."""
+    res = px.res
     why = []
     for p in res.cluster.pools:
         if pin.pool is not None and p.name != pin.pool:
@@ -89,7 +91,7 @@ def _pin_reason(res: Resolved, role: str, pin: Pin, calib: Calibration) -> str:
             if pin.pool is not None:  # named by the pin: say why it cannot be
                 why.append(f"pool {p.name} cannot host {role} (it needs {_need(role, res)})")
             continue
-        pars = layouts(res, role, p, calib)
+        pars = layouts(px, role, p)
         match = [q for q in pars if pin.allows(p.name, q)]
         if not match:
             offered = {d: sorted({getattr(q, d) for q in pars}) for d in ("devices", *DIMS)}
@@ -100,21 +102,22 @@ def _pin_reason(res: Resolved, role: str, pin: Pin, calib: Calibration) -> str:
         q = max(match, key=lambda q: q.devices)  # the roomiest pinned layout
         offload = (role in TRAINING_ROLES and res.device_of(p).kind is DeviceKind.gpu
                    and not res.device_of(p).host_backed)
-        est = estimate(res, role, p, replace(q, offload=True) if offload else q, calib)
+        est = px.estimate(role, p, replace(q, offload=True) if offload else q)
         why.append(f"on pool {p.name} the pinned layout does not fit"
                    + (" even with the optimizer offloaded" if offload else "")
                    + f" ({est.reason or 'memory'})")
     return "; ".join(why) or f"no pool can host {role} (it needs {_need(role, res)})"
 
 
-def _reason(res: Resolved, role: str, pool, calib: Calibration) -> str:
+def _reason(px: Pricer, role: str, pool: Pool) -> str:
     """The cost model's reason at the largest layout the pool allows."""
-    pars = layouts(res, role, pool, calib)
+    res = px.res
+    pars = layouts(px, role, pool)
     if not pars:
         dev = res.device_of(pool)
         m = res.model_of(role)
         if dev.kind is DeviceKind.lpu and m is not None:
-            return f"one replica needs {lpu_chips(m, dev, calib.for_device(dev))} chips"
+            return f"one replica needs {lpu_chips(m, dev, px.calib.for_device(dev))} chips"
         return "no layout fits the pool"
-    est = estimate(res, role, pool, max(pars, key=lambda q: q.devices), calib)
+    est = px.estimate(role, pool, max(pars, key=lambda q: q.devices))
     return est.reason or "fits"

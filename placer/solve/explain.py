@@ -25,8 +25,8 @@ from typing import Any
 
 from placer.base.errors import Infeasible
 from placer.base.roles import TRAINING_ROLES
-from placer.cost.efficiency import Calibration
-from placer.cost.timing import Placed, iteration_time
+from placer.cost.pricer import Pricer
+from placer.cost.timing import Placed
 from placer.solve.assemble import placed_estimate
 from placer.solve.candidates import role_candidates
 from placer.solve.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
@@ -41,11 +41,12 @@ from placer.spec.catalog import Resolved, with_nodes
 from placer.spec.job import pin_of
 
 
-def breakdown(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[str, Any]]:
+def breakdown(plan: Plan, px: Pricer) -> dict[str, dict[str, Any]]:
+    res = px.res
     out = {}
     for role, r in plan.roles.items():
         pool = res.cluster.pool(r.pool)
-        est = placed_estimate(res, role, r, calib)  # a split role: its parts, each re-priced
+        est = placed_estimate(px, role, r)  # a split role: its parts, each re-priced
         mem = est.memory
         if r.parts:  # the part whose memory the role reports (the fullest) sets the device
             pool = res.cluster.pool(max(est.parts, key=lambda q: q.est.memory.total).est.pool)
@@ -95,46 +96,48 @@ class Release:
                 f"same time, {self.usd_per_hour:.2f} USD/h less")
 
 
-def releases(plan: Plan, res: Resolved, calib: Calibration) -> list[Release]:
+def releases(plan: Plan, px: Pricer) -> list[Release]:
     """Per pool, the nodes no bundle of the plan uses, if giving them back keeps the time."""
     used: dict[str, set[int]] = {}
     for b in plan.bundles:
         used.setdefault(b.pool, set()).add(b.node)
+    res = px.res
     out = []
     for p in res.cluster.pools:
         keep = len(used.get(p.name, ()))
         idle = p.nodes - keep
-        if idle > 0 and _same_time(plan, res, calib, p.name, keep):
+        if idle > 0 and _same_time(plan, px, p.name, keep):
             out.append(Release(p.name, idle, keep,
                                device_price(res, p.name) * p.devices_per_node * idle))
     return out
 
 
-def _same_time(plan: Plan, res: Resolved, calib: Calibration, pool: str, keep: int) -> bool:
+def _same_time(plan: Plan, px: Pricer, pool: str, keep: int) -> bool:
     """The plan's placement priced by the cost table on the cluster with `pool` cut to `keep`
     nodes (0: gone) has the plan's iteration time."""
     try:
-        small = with_nodes(res.job, {pool: keep})
+        small = px.with_res(with_nodes(px.res.job, {pool: keep}))
     except Infeasible:  # no nodes left at all
         return False
     placed = []
     for role, r in plan.roles.items():
-        est = placed_estimate(small, role, r, calib)  # a split role: every part on its pool
+        est = placed_estimate(small, role, r)  # a split role: every part on its pool
         if not est.feasible:
             return False
         placed.append(Placed(r.slot, est))
-    t = iteration_time(small, placed, calib).iteration_s
+    t = small.iteration_time(placed).iteration_s
     return math.isclose(t, plan.predicted_iteration_s, rel_tol=1e-9)
 
 
-def host_memory(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, dict[str, Any]]:
+def host_memory(plan: Plan, px: Pricer) -> dict[str, dict[str, Any]]:
     """Per checked GPU pool, its busiest node's host memory by part (GB) and capacity."""
     return {pool: {"node": n.node, "parts_gb": {k: round(v, 1) for k, v in n.parts.items()},
                    "total_gb": round(n.total_gb, 1), "capacity_gb": n.capacity_gb}
-            for pool, n in busiest_per_pool(plan_nodes(plan, res, calib)).items()}
+            for pool, n in busiest_per_pool(plan_nodes(plan, px)).items()}
 
 
-def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
+def binding(plan: Plan, px: Pricer) -> list[str]:
+    res = px.res
     notes = []
     used: dict[str, int] = {}
     for s in plan.slots:
@@ -168,8 +171,8 @@ def binding(plan: Plan, res: Resolved, calib: Calibration) -> list[str]:
             notes += [f"role {role}: its part on pool {q.pool} uses the whole pool ({q.devices} "
                       "devices)" for q in r.parts if q.devices == _capacity(res, q.pool)]
             continue
-        biggest = max((c.devices for c in role_candidates(res, role, res.cluster.pool(r.pool),
-                                                          calib)), default=0)
+        biggest = max((c.devices for c in role_candidates(px, role, res.cluster.pool(r.pool))),
+                      default=0)
         if r.devices == biggest and r.devices == res.cluster.pool(r.pool).devices_per_node * \
                 res.cluster.pool(r.pool).nodes:
             notes.append(f"role {role}: uses the whole pool {r.pool}; only more nodes would "
@@ -195,13 +198,13 @@ def _stage_setter(plan: Plan, stage: str) -> str:
     return f"slot {slot} ({', '.join(roles)})"
 
 
-def marginal(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+def marginal(plan: Plan, px: Pricer, time_limit_s: float = 5.0
              ) -> dict[str, dict[str, float]]:
     """Per pool: iteration time and cost per sample with one more node (re-solved)."""
     out = {}
-    for p in res.cluster.pools:
-        grown = with_nodes(res.job, {p.name: p.nodes + 1})
-        new = plan_job(grown, calib, time_limit_s=time_limit_s)
+    for p in px.res.cluster.pools:
+        grown = with_nodes(px.res.job, {p.name: p.nodes + 1})
+        new = plan_job(Pricer(grown, px.calib), time_limit_s=time_limit_s)
         out[p.name] = {"iteration_s": new.predicted_iteration_s,
                        "delta_s": new.predicted_iteration_s - plan.predicted_iteration_s,
                        "cost_per_sample": new.cost_per_sample,
@@ -209,25 +212,25 @@ def marginal(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float 
     return out
 
 
-def split(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+def split(plan: Plan, px: Pricer, time_limit_s: float = 5.0
           ) -> dict[str, dict[str, Any]]:
     """Per role split over pools: its parts, the split plan's figures and the best single-pool
     plan's (`single_pool_alternative`, solved once for all split roles); {} when none is split."""
     roles = {role: r for role, r in plan.roles.items() if r.parts}
     if not roles:
         return {}
-    alt = single_pool_alternative(res, calib, plan.objective, time_limit_s)
-    return {role: {"parts": _parts(res, r), "iteration_s": plan.predicted_iteration_s,
+    alt = single_pool_alternative(px, plan.objective, time_limit_s)
+    return {role: {"parts": _parts(px.res, r), "iteration_s": plan.predicted_iteration_s,
                    "cost_per_sample": plan.cost_per_sample, "single_pool": alt}
             for role, r in roles.items()}
 
 
-def single_pool_alternative(res: Resolved, calib: Calibration, objective: str,
+def single_pool_alternative(px: Pricer, objective: str,
                             time_limit_s: float = 5.0) -> dict[str, Any] | None:
     """The best plan with every role on one pool: the job's cost table with the split
     candidates left out, solved for the same objective and priced by `ilp_bound.score` (what
     `assemble` would predict); None when no such plan is found in the time limit."""
-    full = build_problem(res, calib, objective)
+    full = build_problem(px, objective)
     problem = replace(full, cands={r: [c for c in cs if not c.split]
                                    for r, cs in full.cands.items()})
     try:
@@ -240,15 +243,15 @@ def single_pool_alternative(res: Resolved, calib: Calibration, objective: str,
                           for r, c in sol.assignment.choice.items()}}
 
 
-def explain(plan: Plan, res: Resolved, calib: Calibration, time_limit_s: float = 5.0
+def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0
             ) -> dict[str, Any]:
-    return {"roles": breakdown(plan, res, calib), "binding": binding(plan, res, calib),
-            "marginal_node": marginal(plan, res, calib, time_limit_s),
-            "booking": booking(plan, res, calib), "host_memory": host_memory(plan, res, calib),
-            "split": split(plan, res, calib, time_limit_s)}
+    return {"roles": breakdown(plan, px), "binding": binding(plan, px),
+            "marginal_node": marginal(plan, px, time_limit_s),
+            "booking": booking(plan, px), "host_memory": host_memory(plan, px),
+            "split": split(plan, px, time_limit_s)}
 
 
-def booking(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, Any]:
+def booking(plan: Plan, px: Pricer) -> dict[str, Any]:
     """Booked against used USD/h and per sample, and the nodes that can be released."""
     return {"booked_usd_per_hour": plan.booked_usd_per_hour,
             "used_usd_per_hour": plan.used_usd_per_hour,
@@ -256,7 +259,7 @@ def booking(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, Any]:
             "used_cost_per_sample": plan.cost_per_sample,
             "release": [{"pool": r.pool, "nodes": r.nodes, "keep": r.keep,
                          "usd_per_hour": round(r.usd_per_hour, 4), "line": r.line()}
-                        for r in releases(plan, res, calib)]}
+                        for r in releases(plan, px)]}
 
 
 def render(doc: dict[str, Any]) -> str:

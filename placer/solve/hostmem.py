@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from placer.base.roles import TRAINING_ROLES
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.layercomm import optimizer_gather_time
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, weight_tensors
 from placer.cost.sharding import Parallel, train_state_bytes
 from placer.solve.assemble import placed_estimate
@@ -172,12 +173,13 @@ def refusal(res: Resolved, roles: list[str], why: dict[str, NodeHost]) -> str:
 
 
 # ----------------------------------------------------------------------------------- plans
-def plan_nodes(plan: Plan, res: Resolved, calib: Calibration) -> list[NodeHost]:
+def plan_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
     """Every checked node the plan uses, with its host memory by part.
 
     A role using fewer devices than its slot is spread evenly over the slot's bundles."""
+    res = px.res
     slots = {s.name: s for s in plan.slots}
-    parked = _parked_per_device(plan, res, calib)
+    parked = _parked_per_device(plan, px)
     nodes: dict[tuple[str, int], NodeHost] = {}
     for b in plan.bundles:
         pool = res.cluster.pool(b.pool)
@@ -210,7 +212,7 @@ def _on_pool(r: RolePlacement, pool: str) -> tuple[int, Parallel]:
     return (r.devices, r.par) if part is None else (part.devices, part.par)
 
 
-def _parked_per_device(plan: Plan, res: Resolved, calib: Calibration) -> dict[str, float]:
+def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
     """Per switching slot: GB per device parked on the host at its worst moment (a split role
     sits alone in its slot, so never switches; its state would be its largest part's)."""
     out = {}
@@ -220,15 +222,15 @@ def _parked_per_device(plan: Plan, res: Resolved, calib: Calibration) -> dict[st
         states = []
         for role in slot.roles:
             r = plan.roles[role]
-            mem = placed_estimate(res, role, r, calib).memory
+            mem = placed_estimate(px, role, r).memory
             share = r.devices / slot.devices  # per slot device, spread evenly
             states.append((mem.weights + mem.grads + mem.optimizer) * share)
         out[name] = sum(states) - min(states, default=0.0)
     return out
 
 
-def over_nodes(plan: Plan, res: Resolved, calib: Calibration) -> list[NodeHost]:
-    return [n for n in plan_nodes(plan, res, calib) if n.over]
+def over_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
+    return [n for n in plan_nodes(plan, px) if n.over]
 
 
 def busiest_per_pool(nodes: list[NodeHost]) -> dict[str, NodeHost]:

@@ -71,8 +71,9 @@ from ortools.sat.python import cp_model
 
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
-from placer.cost.timing import Placed, onload_time, rollout_tool_time, sync_time
+from placer.cost.timing import Placed, onload_time
 from placer.solve.candidates import Candidate
 from placer.solve.pricing import device_price
 from placer.spec.catalog import Resolved
@@ -87,8 +88,7 @@ TIME_STEPS = 1_000_000  # integer time units per upper bound: relative resolutio
 class Problem:
     """The cost table and what the solver needs besides it."""
 
-    res: Resolved
-    calib: Calibration
+    px: Pricer  # the job and its factors: every time below comes from it
     cands: dict[str, list[Candidate]]
     objective: str = "time"  # "time" | "cost"
     # (rollout, environment) tool terms already priced, by the candidates' ids (the pair kept
@@ -96,6 +96,14 @@ class Problem:
     # re-objectived from this one, whose models (the cost walk builds one per step) reuse them
     tools: dict[tuple[int, int], tuple[Candidate, Candidate, float]] = field(
         default_factory=dict, compare=False, repr=False)
+
+    @property
+    def res(self) -> Resolved:
+        return self.px.res
+
+    @property
+    def calib(self) -> Calibration:
+        return self.px.calib
 
     @property
     def roles(self) -> list[str]:
@@ -109,7 +117,7 @@ class Problem:
         hit = self.tools.get((id(k), id(e)))
         if hit is not None and hit[0] is k and hit[1] is e:
             return hit[2]
-        t = rollout_tool_time(self.res, Placed("r", k.est), Placed("e", e.est), self.calib)
+        t = self.px.tool_time(Placed("r", k.est), Placed("e", e.est))
         self.tools[id(k), id(e)] = (k, e, t)
         return t
 
@@ -297,14 +305,14 @@ class _Model:
         self.y_top = 0
         if Role.ACTOR not in self.roles or Role.ROLLOUT not in self.roles:
             return
-        res, calib = self.p.res, self.p.calib
+        px = self.p.px
         A, Rc = self.p.cands[Role.ACTOR], self.p.cands[Role.ROLLOUT]
         same_slot = self.z[Role.ROLLOUT, Role.ACTOR]
         table = {}
         for a in A:
             for k in Rc:
-                diff = sync_time(res, Placed("a", a.est), Placed("r", k.est), calib)
-                same = (sync_time(res, Placed("a", a.est), Placed("a", k.est), calib)
+                diff = px.sync_time(Placed("a", a.est), Placed("r", k.est))
+                same = (px.sync_time(Placed("a", a.est), Placed("a", k.est))
                         if a.pool == k.pool else 0.0)
                 table[id(a), id(k)] = (self.ti(same), self.ti(diff))
         top = self.y_top = max(max(v) for v in table.values())

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from placer.base.roles import Role
 from placer.cost.estimate import generated_samples
 from placer.cost.split import SplitKeep
-from placer.cost.timing import async_chain_bound, iteration_time
+from placer.cost.timing import async_chain_bound
 from placer.solve.candidates import Candidate
 from placer.solve.ilp import Assignment, Problem, slot_names
 from placer.solve.pricing import device_price, slots_price
@@ -27,7 +27,7 @@ from placer.solve.pricing import device_price, slots_price
 
 def score(problem: Problem, a: Assignment) -> tuple[float, float]:
     """(iteration seconds, USD per sample) of a placement, priced exactly as `assemble` does."""
-    bd = iteration_time(problem.res, a.placed(), problem.calib)
+    bd = problem.px.iteration_time(a.placed())
     return bd.iteration_s, rate_per_hour(problem, a) / 3600 * bd.iteration_s / problem.res.job.batch.samples
 
 
@@ -128,7 +128,7 @@ def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
             kept = [c for c in cs if candidate_price(problem, c) / 3600 * c.time_s / samples
                     <= ub_cost * (1 + eps)]
         keep[r] = kept or cs
-    return Problem(problem.res, problem.calib, keep, problem.objective, problem.tools)
+    return Problem(problem.px, keep, problem.objective, problem.tools)
 
 
 def _stage_floors(problem: Problem) -> dict[str, dict[str, float]]:

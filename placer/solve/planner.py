@@ -2,18 +2,21 @@
 
 This is the API the CLI, the notebooks, the simulator's tests and the executor's re-planning call:
 
-    plan_job(res, calib, time_limit_s=10, hint=None, move_cost_s=0) -> Plan
-    sweep_job(res, calib, ...) -> list[Plan]      # time/cost Pareto frontier, fastest first
+    plan_job(Pricer(res, calib), time_limit_s=10, hint=None, move_cost_s=0) -> Plan
+    sweep_job(Pricer(res, calib), ...) -> list[Plan]  # time/cost Pareto frontier, fastest first
+    build_problem(Pricer(res, calib)) -> Problem      # the cost table, for solving directly
     with_nodes(job, {pool: nodes}) -> Resolved    # the job on a grown or shrunk cluster
-    build_problem(res, calib) -> Problem          # the cost table, for solving directly
-Re-planning is `plan_job(with_nodes(job, ...), calib, hint=old_plan, move_cost_s=...)`: the old
+                                                  # (placer.spec.catalog)
+Each call makes one `Pricer` (`placer.cost.pricer`) for its job and prices everything through it.
+Re-planning is `plan_job(Pricer(with_nodes(job, ...), calib), hint=old_plan, move_cost_s=...)`:
+the old
 plan seeds the solver and every role that changes config costs `move_cost_s`.
 
 The candidate table (`placer.solve.candidates`: single-pool candidates, then splits) is the only thing
 handed from estimation to the solver; every plan, the ILP's and the baselines', is priced and
 mapped by `assemble`.
 A job that cannot be placed raises `placer.base.errors.Infeasible` with a diagnosis naming what does not
-fit and the smallest change that would (see `placer.solve.explain.diagnose`).
+fit and the smallest change that would (see `placer.solve.diagnose`).
 Host memory (`placer.solve.hostmem`): candidates over a node's host RAM on their own are refused before
 the solve; a solved plan whose colocated roles overflow a node is re-solved without the optimizer
 offload of the roles there (Infeasible naming host memory when nothing is left).
@@ -23,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from placer.base.errors import Infeasible
-from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.solve import hostmem
 from placer.solve.assemble import assemble
 from placer.solve.candidates import flat, single_candidates, with_splits
@@ -32,13 +35,13 @@ from placer.solve.ilp import Assignment, Hint, Problem, Solution, Unsolved, layo
 from placer.solve.ilp_bound import score, split_keep
 from placer.solve.ilp_solve import frontier, solve
 from placer.solve.planfile import Plan, SolverInfo
-from placer.spec.catalog import Resolved, resolve
+from placer.spec.catalog import resolve
 
 DEFAULT_TIME_LIMIT_S = 10.0
 
 
-def build_problem(res: Resolved, calib: Calibration, objective: str | None = None,
-                  bounded: bool = True, slack_s: float = 0.0, workers: int = 1) -> Problem:
+def build_problem(px: Pricer, objective: str | None = None, bounded: bool = True,
+                  slack_s: float = 0.0, workers: int = 1) -> Problem:
     """The cost table of a job; Infeasible (with a diagnosis) if some role has no candidate.
 
     `bounded`: split candidates that cannot beat the heuristic plan on the objective by more
@@ -46,40 +49,42 @@ def build_problem(res: Resolved, calib: Calibration, objective: str | None = Non
     priced. Solving gives the same optimum (the solver would prune them); a table for other
     uses (the time/cost frontier, a narrower re-solve) keeps them all. `workers`: processes
     a large cluster's single-pool candidates may be priced in (`candidates.single_candidates`)."""
-    if objective is not None and objective != res.job.objective:  # the plan records its objective
-        res = resolve(res.job.model_copy(update={"objective": objective}))
-    per_pool = single_candidates(res, calib, workers=workers)
+    job = px.res.job
+    if objective is not None and objective != job.objective:  # the plan records its objective
+        px = px.with_res(resolve(job.model_copy(update={"objective": objective})))
+    res = px.res
+    per_pool = single_candidates(px, workers=workers)
     missing = [r for r, cs in flat(per_pool).items() if not cs]
     if missing:
-        raise Infeasible(diagnose(res, calib, missing))
+        raise Infeasible(diagnose(px, missing))
     keep = None
     if bounded:
         fit, _ = hostmem.refuse_candidates(res, flat(per_pool))
         if all(fit.values()):  # else the table below is refused with its diagnosis
-            singles = Problem(res, calib, fit, objective or res.job.objective)
+            singles = Problem(px, fit, objective or res.job.objective)
             keep = split_keep(singles, slack_s)
     # over a node's host memory alone
-    cands, refused = hostmem.refuse_candidates(res, with_splits(res, calib, per_pool, keep))
+    cands, refused = hostmem.refuse_candidates(res, with_splits(px, per_pool, keep))
     missing = [r for r, cs in cands.items() if not cs]
     if missing:
         raise Infeasible(hostmem.refusal(res, missing, refused))
-    return Problem(res, calib, cands, objective or res.job.objective)
+    return Problem(px, cands, objective or res.job.objective)
 
 
 def to_plan(problem: Problem, sol: Solution, calibration_doc: dict | None = None) -> Plan:
     info = SolverInfo(status=sol.status.lower(), objective=sol.objective, bound=sol.bound,
                       gap=sol.gap, solve_s=sol.solve_s)
-    return assemble(problem.res, sol.assignment.placed(), problem.calib, info, calibration_doc)
+    return assemble(problem.px, sol.assignment.placed(), info, calibration_doc)
 
 
-def plan_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+def plan_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
              hint: Plan | None = None, objective: str | None = None, move_cost_s: float = 0.0,
              workers: int = 2, seed: int = 0, calibration_doc: dict | None = None) -> Plan:
     """Place every role of the job with the ILP and return the assembled plan. `workers`: CP-SAT
     search workers, and processes that price a large cluster's cost table (`build_problem`)."""
     h = hint_of(hint, move_cost_s) if hint is not None else None
-    slack = len(res.job.roles()) * move_cost_s if hint is not None else 0.0  # as `ilp_solve`
-    problem = build_problem(res, calib, objective, slack_s=slack, workers=workers)
+    slack = len(px.res.job.roles()) * move_cost_s if hint is not None else 0.0  # as `ilp_solve`
+    problem = build_problem(px, objective, slack_s=slack, workers=workers)
     bounded = True
     # The ILP sees each candidate's own host memory, not colocated roles adding up on one node:
     # a plan over a node's host RAM is re-solved without the offload of the roles on that node.
@@ -94,7 +99,7 @@ def plan_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TI
             return plan
         if bounded:  # the narrower optimum may need splits the wider table's bound ruled out
             bounded = False
-            full = build_problem(res, calib, objective, bounded=False, workers=workers)
+            full = build_problem(px, objective, bounded=False, workers=workers)
             narrower = _host_checked(full, plan)
             assert narrower is not None  # the same plan over the same nodes
         problem = narrower
@@ -104,7 +109,7 @@ def plan_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TI
 def _host_checked(problem: Problem, plan: Plan) -> Problem | None:
     """None if the plan fits every node's host memory, else the problem without the offload of
     the roles on the nodes over it (Infeasible naming host memory if that leaves nothing)."""
-    over = hostmem.over_nodes(plan, problem.res, problem.calib)
+    over = hostmem.over_nodes(plan, problem.px)
     if not over:
         return None
     roles = {r for n in over for r in n.roles if plan.roles[r].offload}
@@ -127,17 +132,17 @@ def hint_of(plan: Plan, move_cost_s: float = 0.0) -> Hint:
     return Hint(choice, groups, move_cost_s)
 
 
-def sweep_job(res: Resolved, calib: Calibration, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+def sweep_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
               max_points: int = 8, workers: int = 2, seed: int = 0,
               calibration_doc: dict | None = None) -> list[Plan]:
     """The time/cost-per-sample Pareto frontier, fastest first (`ilp_solve.frontier`)."""
     # unbounded: the frontier's slow, cheap end may need any split
-    problem = build_problem(res, calib, "time", bounded=False, workers=workers)
+    problem = build_problem(px, "time", bounded=False, workers=workers)
     sols = frontier(problem, time_limit_s, max_points, workers=workers, seed=seed)
     if not sols:
         raise Infeasible(f"the solver found no placement within {time_limit_s:g} s")
     plans = [to_plan(problem, s, calibration_doc) for s in sols]
-    over = [hostmem.over_nodes(p, problem.res, problem.calib) for p in plans]
+    over = [hostmem.over_nodes(p, problem.px) for p in plans]
     if all(over):  # every frontier point overflows some node's host memory
         raise Infeasible(f"host memory: {over[0][0].describe()}")
     return [p for p, o in zip(plans, over) if not o]
@@ -149,5 +154,5 @@ def plan_assignment(problem: Problem, a: Assignment, name: str,
     t, c = score(problem, a)
     obj = t if problem.objective == "time" else c
     info = SolverInfo(name=name, status="heuristic", objective=obj, bound=0.0, gap=0.0, solve_s=0.0)
-    return assemble(problem.res, a.placed(), problem.calib, info, calibration_doc)
+    return assemble(problem.px, a.placed(), info, calibration_doc)
 

@@ -14,13 +14,15 @@ import pickle
 import sys
 from pathlib import Path
 
+from placer.cost.pricer import Pricer
 from placer.solve.candidates import role_candidates
 
 
 def main(argv: list[str]) -> int:
     src, dst = argv
     res, calib, limit, tasks = pickle.loads(Path(src).read_bytes())
-    found = {(role, pool): role_candidates(res, role, res.cluster.pool(pool), calib, limit)
+    px = Pricer(res, calib)
+    found = {(role, pool): role_candidates(px, role, res.cluster.pool(pool), limit)
              for role, pool in tasks}
     Path(dst).write_bytes(pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL))
     return 0

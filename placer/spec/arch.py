@@ -11,7 +11,9 @@ Part of the job model (`placer.spec.job`, which re-exports `ModelArch`).
 """
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Annotated, Any, Self
 
 from pydantic import Field, StrictBool, model_validator
 
@@ -222,10 +224,27 @@ class ModelArch(Strict):
         return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
 
     # -------------------------------------------------------------------------- parameters
+    @cached_property
+    def param_counts(self) -> tuple[int, int, int]:
+        """(`params`, `active_params`, `matmul_params`), computed once per model: every estimate
+        asks for them (hundreds of thousands of times for a large cluster's cost table), and a
+        frozen model's counts never change (`model_copy` with changes drops them)."""
+        total = self._params()
+        active = self._active_params(total)
+        return total, active, self._matmul_params(active)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; one with changed fields counts its parameters again (pydantic copies the
+        cached counts with the other attributes)."""
+        out = super().model_copy(update=update, deep=deep)
+        if update:
+            out.__dict__.pop("param_counts", None)
+        return out
+
     def params(self) -> int:
         """Total parameters (memory, gradients, optimizer state, weight sync): every expert and
         both embedding tables (one when tied). The class docstring gives each term."""
-        return _counts(self)[0]
+        return self.param_counts[0]
 
     def _params(self) -> int:
         h = self.hidden
@@ -240,7 +259,7 @@ class ModelArch(Strict):
         """Parameters one token uses, as model cards publish "activated" counts (Qwen3-30B-A3B
         3.3B, DeepSeek-V3 37B): `params` less the routed experts it does not run (experts -
         experts_per_token per MoE layer); embeddings included. A dense model: `params`."""
-        return _counts(self)[1]
+        return self.param_counts[1]
 
     def _active_params(self, total: int) -> int:
         idle = self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params()
@@ -250,7 +269,7 @@ class ModelArch(Strict):
         """Parameters a token multiplies by, which the FLOP counts use (2 FLOPs each forward):
         `active_params` less the input embedding table, a gather of one row per token, not a
         matmul. A tied table stays: it is the LM head's matrix."""
-        return _counts(self)[2]
+        return self.param_counts[2]
 
     def _matmul_params(self, active: int) -> int:
         gather = 0 if self.tie_embeddings else self.vocab * self.hidden
@@ -295,22 +314,4 @@ class ModelArch(Strict):
         return max(min(tp, self.kv_heads), 1)
 
 
-# ModelArch object (by id, kept alive beside its counts) -> (params, active, matmul)
-_COUNTS: dict[int, tuple[ModelArch, tuple[int, int, int]]] = {}
-
-
-def _counts(m: ModelArch) -> tuple[int, int, int]:
-    """`params`, `active_params` and `matmul_params` of `m`, computed once per object: every
-    estimate asks for them (hundreds of thousands of times for a large cluster's cost table),
-    and a frozen model's counts never change (a copy with changes is another object)."""
-    hit = _COUNTS.get(id(m))
-    if hit is not None and hit[0] is m:
-        return hit[1]
-    if len(_COUNTS) >= 1024:
-        _COUNTS.clear()
-    total = m._params()
-    active = m._active_params(total)
-    counts = (total, active, m._matmul_params(active))
-    _COUNTS[id(m)] = (m, counts)
-    return counts
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from placer.spec.base import PosFloat, Strict
-from traces.workload import read_field
+from traces.workload import file_version, read_field
 
 
 class Distribution(Strict):
@@ -77,7 +77,7 @@ class Distribution(Strict):
             return _clipped_normal_mean(*self.params(), self.min, self.cap)
         if self.kind == "lognormal":
             return _clipped_lognormal_mean(*self.params(), self.min, self.cap)
-        return _empirical_stats(*self.source(), self.min, self.cap)[0]
+        return _empirical_stats(*self.source(), self.min, self.cap, file_version(self.source()[0]))[0]
 
     def max_value(self) -> float:
         """The largest value a draw can take: the cap, else a far (4 sigma) quantile."""
@@ -91,7 +91,7 @@ class Distribution(Strict):
         if self.kind == "lognormal":
             median, sigma = self.params()
             return self._clip(median * math.exp(4 * sigma))
-        return _empirical_stats(*self.source(), self.min, self.cap)[1]
+        return _empirical_stats(*self.source(), self.min, self.cap, file_version(self.source()[0]))[1]
 
     def samples(self) -> list[float]:
         """Values of an empirical distribution, read from its JSONL file."""
@@ -99,8 +99,10 @@ class Distribution(Strict):
 
 
 @lru_cache(maxsize=64)
-def _empirical_stats(path: str, field: str, lo: float, hi: float | None) -> tuple[float, float]:
-    """(mean, max) of a trace field's values clipped to [lo, hi]; cached, as estimates ask often."""
+def _empirical_stats(path: str, field: str, lo: float, hi: float | None,
+                     version: tuple[int, int] | None) -> tuple[float, float]:
+    """(mean, max) of a trace field's values clipped to [lo, hi]; cached by the file's version,
+    as estimates ask often."""
     vals = [min(max(v, lo), math.inf if hi is None else hi) for v in read_field(path, field)]
     return sum(vals) / len(vals), max(vals)
 

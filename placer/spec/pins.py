@@ -22,8 +22,8 @@ on one.
 Checks: keys and values are checked by the model here (unknown role or key, a value that is not a
 positive integer, `devices` that the pinned degrees do not divide); `check_pins` adds what needs
 the whole job (a role the algorithm does not run, a pool the cluster lacks). A pin that no
-candidate satisfies makes the job infeasible: `placer.solve.explain.diagnose` names the role, the pin
-and why.
+candidate satisfies makes the job infeasible: `placer.solve.diagnose` names the role, the pin and
+why.
 
 This module sits under `placer.spec.job` (the job model holds `Pins`), so it imports only the spec
 base and the roles; what pins mean for a job (`pin_of`, `pinned_layouts`) lives in

@@ -6,7 +6,7 @@ looked up, which is what the cost model and the planner work from.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -65,6 +65,12 @@ class Resolved:
     @property
     def cluster(self) -> Cluster:
         return self.job.cluster
+
+    def with_samples(self, n: int) -> Resolved:
+        """The job with a batch of `n` samples (one per prompt): what one part of a role split
+        over pools generates (`placer.cost.split`)."""
+        batch = self.job.batch.model_copy(update={"prompts": n, "samples_per_prompt": 1})
+        return replace(self, job=self.job.model_copy(update={"batch": batch}))
 
 
 def devices_of(job: Job) -> dict[str, DeviceType]:
