@@ -137,7 +137,8 @@ def table(rows: list[dict[str, Any]]) -> None:
 
 
 def goal_line(rows: list[dict[str, Any]]) -> None:
-    """The issue's goal, checked on the 65,536-sample variance-on row (when it ran)."""
+    """The simulator's speed and memory goal, checked on the 65,536-sample variance-on row (when
+    it ran)."""
     row = next((r for r in rows if r["samples"] == GOAL["samples"]), None)
     if row is None:
         return

@@ -1,38 +1,32 @@
 """Weight sync between layouts: each tensor as an engine's TP rank holds it, and the buckets it
 travels in from the trainer's shards to the rollout engines.
 
-Gather. The trainer (`executors.trainer`) holds its weights as FSDP2 shards over DP, DTensor
-shards over TP and pipeline stages over PP; after every step each tensor's full value is
-gathered (`executors.sharding.full_state`), per stage on the stage's first DP/TP rank.
+Gather. The trainer holds its weights as FSDP2 shards over DP, DTensor shards over TP and
+pipeline stages over PP; after every step each tensor's full value is gathered
+(`executors.sharding.full_state`), per stage on the stage's first DP/TP rank.
 
-Senders and buckets. A sender streams its tensors as one byte stream (`Stream`), in order,
-cut into buckets of `bucket_bytes` (the cost model's `sync_bucket_gb`): ceil(bytes / bucket)
-sequential calls, a tensor straddling two buckets where the cut falls (checkpoint-engine's and
-Megatron's flat buckets). With buckets every pipeline stage is a sender streaming its own
-layers, in parallel; unbucketed (`bucket_bytes` 0) one sender (trainer rank 0, holding the
-gathered model) makes one call per tensor (verl's NCCL path). `placer.cost.timing.sync_senders` and
-`sync_calls` price exactly these calls, so a trace's `calls` is what the planner counted.
+Senders and buckets. A sender streams its tensors as one byte stream (`Stream`) cut into buckets
+of `bucket_bytes` (the cost model's `sync_bucket_gb`): ceil(bytes / bucket) sequential calls, a
+tensor straddling two buckets where the cut falls (checkpoint-engine's and Megatron's flat
+buckets). With buckets every pipeline stage streams its own layers in parallel; unbucketed
+(`bucket_bytes` 0) trainer rank 0 makes one call per tensor (verl's NCCL path).
+`placer.cost.timing.sync_senders` and `sync_calls` price exactly these calls.
 
-Reshard. An engine with tensor parallelism `tp` keeps, on TP rank r, its slice of each tensor
-(`engine_shard`), as vLLM's parallel layers and Megatron cut them:
-  column  q, k, v projections (weight and bias), MLP gate and up (Mixtral w1, w3; every expert
-          of an MoE block, whose experts vLLM's fused MoE splits the same way): output rows
-          in tp equal parts; KV heads fewer than tp are replicated (rank r holds KV head
-          r // (tp / kv_heads), vLLM's QKVParallelLinear); a fused gate/up tensor (the
-          experts' `gate_up_proj` of transformers 5, [experts, 2 x mlp, hidden]) cuts each
-          half so, and a rank keeps its gate rows then its up rows
-  row     o projection, MLP down (Mixtral w2; the experts' `down_proj`): input columns, the
-          last dim (a row layer's bias is added once, after the all-reduce: replicated)
-  vocab   token embedding and LM head: vocabulary rows, dim 0, the vocabulary padded to a
-          multiple of 64, then cut in tp equal parts (vLLM's VocabParallelEmbedding and
-          ParallelLMHead; rank r keeps the real rows of its part, the engine pads the rest)
+Reshard. On TP rank r an engine keeps its slice of each tensor (`engine_shard`), as vLLM's
+parallel layers and Megatron cut them:
+  column  q, k, v (weight and bias), MLP gate and up (every expert's too): output rows in tp
+          parts; KV heads fewer than tp are replicated (rank r holds KV head r // (tp /
+          kv_heads), vLLM's QKVParallelLinear); a fused gate/up tensor (transformers 5's
+          experts' `gate_up_proj`) cuts each half so, a rank keeping its gate rows then its up rows
+  row     o projection, MLP down (the experts' `down_proj`): input columns, the last dim (a row
+          layer's bias is added once, after the all-reduce: replicated)
+  vocab   token embedding and LM head: vocabulary rows, padded to a multiple of 64, then cut in
+          tp parts (vLLM's VocabParallelEmbedding and ParallelLMHead)
   whole   norms (Qwen3's per-head q/k norms too), the MoE router, anything one-dimensional
 A tensor of more dimensions that no rule names is an error, never a silent copy. An engine that
-loads full tensors and cuts them itself (vLLM's `load_weights`, which makes the same cut) gets
-them whole; the torch backend runs engines at tp 1, whose shard is the full tensor.
-
-The receiving engine (`BucketLoading`) reassembles each tensor as its last byte arrives and
-loads it then, so an engine holds at most a bucket and the tensors it straddles in flight.
+loads full tensors and cuts them itself (vLLM's `load_weights`) gets them whole; the torch backend
+runs engines at tp 1. The receiving engine (`BucketLoading`) loads each tensor as its last byte
+arrives, so it holds at most a bucket and the tensors it straddles in flight.
 """
 from __future__ import annotations
 

@@ -3,34 +3,27 @@
 The engine (`sglang.srt.entrypoints.engine.Engine`, SGLang's offline engine: a tokenizer manager
 in the actor's process, the scheduler and its TP workers as subprocesses on the actor's GPUs) is
 configured from the plan and the job (`engine_kwargs`, every key a `ServerArgs` field): the
-rollout role's tensor parallel size (`tp_size`), the job's longest context (`context_length`:
-prompt, every turn's response and tool output, with BOS), the share of device memory the plan
-priced for the role (`mem_fraction_static` = the plan's memory_gb / the device's memory,
-clamped), and the run's seed per replica (`random_seed`). It loads the same model directory the
-torch workers load (the run's version 0). Token ids go in and come out (`skip_tokenizer_init`):
-the executor's codec owns the text. CUDA graphs are off, as the vLLM engine runs eager: the
-engines here are small and short-lived, and a graph capture per start would dominate.
+rollout's `tp_size`, the job's longest context (`context_length`, with BOS), the share of device
+memory the plan priced (`mem_fraction_static` = the plan's memory_gb / the device's, clamped)
+and the run's seed per replica (`random_seed`). It loads the run's version-0 model directory.
+Token ids go in and come out (`skip_tokenizer_init`): the executor's codec owns the text. CUDA
+graphs are off, as the vLLM engine runs eager: the engines here are small and short-lived.
 
-Weight sync uses SGLang's in-place update: each refresh is one weight-update session
-(`begin_weight_update` ... `end_weight_update`, which SGLang 0.5.23 requires around every
-`update_weights_from_tensor`), and each refresh's tensors, as their buckets complete
-(`executors.reshard`), go to `update_weights_from_tensor`. They travel whole: SGLang serializes
-the list once per TP rank and each rank's `model.load_weights` cuts its own shard (the split
-`reshard.engine_shard` follows, as vLLM's). They stay on the CPU (shared memory to the
-scheduler, which copies them to its GPU): a CUDA tensor here would open a CUDA context in the
-actor's process, on the GPU the engine shares. After the session the prefix (radix) cache is
-flushed: its KV entries were computed with the old weights. Bytes and times reach the trace as
-every engine's do (`executors.weights`: the `weight sync` event per engine).
+Weight sync: each refresh is one weight-update session (`begin_weight_update` ...
+`end_weight_update`, which SGLang 0.5.23 requires around every `update_weights_from_tensor`),
+and the refresh's tensors go to `update_weights_from_tensor` as their buckets complete
+(`executors.reshard`). They travel whole (each TP rank's `model.load_weights` cuts its own shard)
+and stay on the CPU: a CUDA tensor here would open a CUDA context in the actor's process, on the
+GPU the engine shares. After the session the prefix (radix) cache is flushed: its KV entries
+were computed with the old weights. Bytes and times reach the trace as every engine's do.
 
 Log-probs: every generated token's sampled log-prob comes back from the engine
-(`return_logprob`: `meta_info["output_token_logprobs"]`, one (logprob, token id, text) per
-output token, of the temperature-scaled distribution, as the torch backend's `rl.generate`);
-a missing one, or one for another token, is an error (`sample_logprobs`), never a zero, since
-the trainer's importance weights (`executors.rl`, OFF_POLICY) divide by them. Each sample's
-seed goes in `sampling_seed`; SGLang applies it only under `enable_deterministic_inference`
-(not set here: it restricts the attention kernels), so a re-generated sample may differ.
-
-SGLang is imported only when this backend is chosen; importing this module never loads it.
+(`meta_info["output_token_logprobs"]`, of the temperature-scaled distribution, as the torch
+backend's `rl.generate`); a missing one, or one for another token, is an error
+(`sample_logprobs`), never a zero, since the trainer's importance weights divide by them. Each
+sample's seed goes in `sampling_seed`; SGLang applies it only under
+`enable_deterministic_inference` (not set here: it restricts the attention kernels), so a
+re-generated sample may differ. SGLang is imported only when this backend is chosen.
 """
 from __future__ import annotations
 

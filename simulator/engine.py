@@ -1,38 +1,27 @@
 """Rollout engines: one continuous-batching generation engine per replica of the rollout role.
 
-What one engine does (vLLM-like, prefill-priority scheduling):
-  * it admits sequences while its free KV covers their tokens and it holds fewer than
-    `max_num_seqs`, and preempts the newest running ones (recomputed when readmitted) when the
-    batch's KV outgrows its memory (`placer.cost.admission.engine`, the loop the planner runs too); a
-    sequence keeps its KV while it waits on a tool call, and frees it when its last turn ends;
-  * whenever sequences are admitted (a new sample, or one whose tool call returned) the engine
-    first runs one prefill step over all their new tokens (`costmodel.prefill_time`), then
-    decodes every active sequence one token per step (`costmodel.decode_step_time` of the batch
-    and its total KV context);
-  * when a sequence finishes a turn it leaves the batch and, if turns remain, submits a tool call
-    to the CPU pool (`simulator.environment`); the tool's output tokens are prefilled on return.
+What one engine does (vLLM-like, prefill-priority scheduling, `placer.cost.admission.engine`,
+the loop the planner runs too): it admits sequences while its free KV covers their tokens and it
+holds fewer than `max_num_seqs`, and preempts the newest when the batch's KV outgrows its memory;
+admitted sequences (a new sample, or one whose tool call returned) get one prefill step over their
+new tokens, then every active sequence decodes one token per step; a sequence that ends a turn
+leaves the batch and, if turns remain, submits a tool call to the CPU pool
+(`simulator.environment`), keeping its KV while it waits.
 
-Method (why this is fast and still exact). Simulating each decode step of each sample as a simpy
-event is far too slow at 65,536 samples, and even one event per engine step is too many at 8,192
-GPUs. Between two *batch changes* (a sequence finishing its turn, or an admission) the batch is
-fixed: B sequences whose total context grows by B tokens per step, so step i costs f(i) =
-decode_step_time(B, C0 + B*i). The engine advances a whole run of steps as ONE simpy event. f is the
-max of a constant (compute-bound) and a line (memory-bound), plus constants, so a run is at most two
-arithmetic series; its time is summed in closed form from a few cost-model calls
-(`placer.cost.batching.Run`, shared with the planner's tail model), the same sum
-`costmodel.decode_run_time` computes. Admissions that arrive mid-run (a tool call returning) are
-known in advance (their end times are fixed when submitted, FIFO), so the engine cuts its run at the
-first step boundary at or after the arrival (closed-form inversion of the run's cumulative time) -
-no interrupts, no lost exactness. Active sequences sit in a heap by the engine step at which their
-turn ends, and the total context is kept as sum(ctx0 - s0) + B*s, so every batch change costs O(log
-B). With every source of variance off, all sequences of a lockstep wave start and end together, so
-an engine makes one prefill and one decode event per turn per wave: the placer's `wave_time`
-exactly.
+Why it is fast and still exact. One simpy event per decode step is far too slow at 65,536
+samples, and one per engine step too many at 8,192 GPUs. Between two batch changes the batch is
+fixed: B sequences whose total context grows by B tokens per step, so a run of steps is at most
+two arithmetic series (the step is the max of a compute floor and a memory line), summed in closed
+form (`placer.cost.batching.Run`, shared with the planner) and advanced as ONE simpy event.
+Admissions that arrive mid-run (a tool call returning) are known in advance, so the engine cuts
+its run at the first step boundary at or after the arrival (a closed-form inversion): no
+interrupts, no lost exactness. Active sequences sit in a heap by the step at which their turn
+ends, so every batch change costs O(log B). With every source of variance off an engine makes one
+prefill and one decode event per turn per wave: the planner's `wave_time` exactly.
 
 Rows may differ in their number of turns (partial rollouts carry a cut sample's rest into the next
 step, `simulator.tails`). An over-provisioned rollout gives every engine one shared `Quota`; once
-enough samples are done the rollout interrupts the engines, and each cuts the operation it was in
-(its busy time and its trace events end at that moment).
+enough samples are done the rollout interrupts the engines, and each cuts the operation it was in.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ the maximum over its tp*pp devices, a training or scoring role over all of its d
 split over pools holds its slot's devices part by part, so a slow device slows only a replica of
 the part it belongs to (`simulator.groups`).
 
-Failures, checkpoints and restarts are composed over the failure-free iterations (the method
-issue 7 asks for): the simulation first produces each iteration's duration d_i; failures then
+Failures, checkpoints and restarts are composed over the failure-free iterations: the
+simulation first produces each iteration's duration d_i; failures then
 arrive as a Poisson process whose rate is the sum over the plan's devices of 1 / MTBF of the
 device's type. Walking the iterations in wall time: an iteration that completes before the next
 failure commits (every `checkpoint_every` commits a checkpoint costs `checkpoint_s`, by default

@@ -4,10 +4,10 @@ The reference pass of step i runs on the rollout's devices between rollouts i an
 slot is busy sync + onloads + rollout + reference score per step, and with that slot the busiest
 the async period is exactly that sum (`placer.cost.timing`: T >= the busiest slot's work). The
 simulator must run the slot that way (oldest step first, `simulator.iteration`) and reach the
-same period with variance off. Before the fix, rollout i+1 took the slot at the instant rollout
-i ended, ahead of step i's reference pass: the commits alternated long and short and a short run
-disagreed with the planner by several percent (examples/agentic-code.yaml with
-over-provisioning: 56.8 s simulated vs 60.7 s predicted)."""
+same period with variance off. Were rollout i+1 to take the slot at the instant rollout i ended,
+ahead of step i's reference pass, the commits would alternate long and short and a short run
+would disagree with the planner by several percent (examples/agentic-code.yaml with
+over-provisioning: 56.8 s simulated against 60.7 s predicted)."""
 from __future__ import annotations
 
 import pytest

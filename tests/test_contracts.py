@@ -3,6 +3,7 @@ job (`Plan.spec`, validated once and cached) and the simulator's settings (`SimC
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from simplans import example_names, example_plan, hand_plan
@@ -29,6 +30,10 @@ def test_every_simulated_event_follows_the_schema(name: str) -> None:
 def test_synthetic_traces_follow_the_schema() -> None:
     trace = cost_model_trace(hand_plan("tiny-cpu"), calibration_from_dict({}), per_kind=3)
     trace.check()
+    # per_kind events of every kind the fit prices, for each role that does that work
+    kinds = Counter((e.cat, e.fields.role) for e in trace.events if e.cat != "tool")
+    assert set(kinds.values()) == {3}, kinds
+    assert {cat for cat, _ in kinds} == {"prefill", "decode", "forward", "train", "transfer"}
 
 
 def test_fields_are_typed_and_args_stay_as_written() -> None:

@@ -1,8 +1,9 @@
 """Hostile inputs, one by one: each exits 2 with one line naming the field or flag and the value
 (never a traceback, a hang or an exhausted memory), and output paths are checked before work.
 
-Each case here once failed (a hang, a MemoryError, a ZeroDivisionError, a traceback, or an error
-only after the work was done); `tests/test_fuzz_cli.py` searches for new ones.
+Each case guards against one kind of failure (a hang, a MemoryError, a ZeroDivisionError, a
+traceback, or an error only after the work was done); `tests/test_fuzz_cli.py` searches for new
+ones.
 """
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def test_preempting_lpu_rollout_agrees_exactly() -> None:
     """256 samples of 512 + 2 x 512 + 128 tokens on the same replicas: the first wave is admitted
     on its prompts' KV and preempted down to a steady seven sequences, 128 samples per replica
     (ppo-llama8b-hetero's shape at half its batch). The planner replays the engine exactly (a
-    line through a few steady waves was 12% high on the example)."""
+    line through a few steady waves would be 12% high on the example)."""
     plan = _plan(64, 512, 512)
     res = resolve(plan.spec, "lpu-rollout")
     dev = res.device_of("lpu")

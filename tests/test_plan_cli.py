@@ -194,7 +194,11 @@ def test_compare_simulate(capsys) -> None:
     assert rc == 0, err
     doc = one_document(out)
     assert doc["ranked_by"] == "simulated_iteration_s"
-    assert all(r["simulated_iteration_s"] > 0 for r in doc["plans"].values() if r["applicable"])
+    rows = {n: r for n, r in doc["plans"].items() if r["applicable"]}
+    assert all(r["simulation"]["iterations"] == 1 for r in rows.values())
+    # the ranking is by the simulated time, not the predicted one
+    ranked = [rows[n]["simulated_iteration_s"] for n in doc["ranking"] if n in rows]
+    assert len(ranked) == len(rows) >= 2 and ranked == sorted(ranked)
 
 
 def test_compare_simulate_without_the_simulator_exits_2(capsys, monkeypatch) -> None:

@@ -10,6 +10,7 @@ import pytest
 from placer.base.errors import SpecError
 from placer.cost.collectives import Link
 from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import trained_context
 from placer.cost.generation import decode_step_time, kv_capacity_tokens
 from placer.cost.layercomm import decode_comm, zero3_gathers
 from placer.cost.model import train_flops, train_memory
@@ -182,6 +183,20 @@ def test_every_catalog_model_plans(name: str) -> None:
         {"name": "h200", "device": "H200", "devices_per_node": 8, "nodes": nodes}]), "t"))
     plan = plan_job(Pricer(res, Calibration()), time_limit_s=5)
     assert plan.predicted_iteration_s > 0 and {"actor", "rollout"} <= set(plan.roles)
+    # a sync plan's iteration is its stages in sequence
+    assert plan.mode == "sync"
+    assert plan.predicted_iteration_s == pytest.approx(sum(plan.breakdown.stage_s.values()),
+                                                       rel=1e-9)
+    # closed-form floor of the actor's update: 6 * P_mm FLOPs per trained token (attention's
+    # FLOPs left out) at the GEMM ceiling mfu_train of the BF16 peak, which no pass exceeds
+    actor, h200 = plan.roles["actor"], D["H200"]
+    tokens = res.job.batch.samples * trained_context(res)
+    floor = 6 * M[name].matmul_params() * tokens / (
+        actor.devices * h200.bf16_tflops * 1e12 * EFF.mfu_train)
+    assert actor.stage_s["train"] >= floor, (actor.stage_s, floor)
+    assert plan.breakdown.stage_s["train"] >= actor.stage_s["train"]
+    # every role fits its devices' memory
+    assert all(r.memory_gb <= h200.memory_gb for r in plan.roles.values() if r.pool == "h200")
 
 
 def test_fp8_rollout_halves_weight_and_kv_bytes() -> None:

@@ -14,7 +14,6 @@ from specdata import EXAMPLES, base
 from placer.base.errors import SpecError
 from placer.spec.catalog import resolve
 from placer.spec.distributions import Distribution
-from placer.spec.job import Job
 from placer.spec.load import dump_job, job_from_dict, load_job, read_structured, save_job
 from placer.spec.sampling import draw, rng
 
@@ -160,7 +159,11 @@ def test_spec_objects_are_frozen() -> None:
     job = job_from_dict(base())
     with pytest.raises(ValidationError, match="frozen"):
         job.batch.prompts = 9  # type: ignore[misc]
-    assert isinstance(job, Job)
+    with pytest.raises(ValidationError, match="frozen"):
+        job.cluster.pools[0].nodes = 5  # type: ignore[misc]
+    # the refused assignments changed nothing: the job still equals a fresh load of its file
+    assert (job.batch.prompts, job.cluster.pools[0].nodes, job.batch.samples) == (4, 1, 8)
+    assert job == job_from_dict(base())
 
 
 @pytest.mark.parametrize("catalog,needle", [("x", "catalog: expected a mapping, got 'x'"),

@@ -1,41 +1,28 @@
 """Fidelity: a plan's simulation laid against the run that executed it.
 
-The simulator is only as useful as it is close to reality. `fidelity(plan, trace)` simulates the
-plan with the run's own seed-independent inputs -- every sample's prompt and response lengths and
-every tool call's latency, recorded from the executed trace (`traces.record`) and replayed by the
-simulator (`simulate_plan(..., workload=...)`) -- so that what is left between the two is the cost
-model and the simulator, not the luck of the draw. It reports:
+`fidelity(plan, trace)` simulates the plan with the run's own seed-independent inputs (every
+sample's prompt and response lengths and every tool call's latency, recorded from the executed
+trace by `traces.record` and replayed by `simulate_plan(..., workload=...)`), so that what is
+left between the two is the cost model and the simulator, not the luck of the draw. It reports:
 
   steps     each step's measured and simulated time and the relative error (simulated/measured-1);
-            the headline error is over the steady steps (the first step of an executed run pays
-            one-off costs: lazy initialisation, first calls into every worker; it is reported
-            but left out of the steady mean when there are later steps);
+            the headline is over the steady steps (the first step pays one-off costs and is left
+            out of the steady mean when there are later steps);
   stages    sync, rollout, environment, score, train, checkpoint and "other" per step, mean over
-            the steady steps. A checkpoint (the executed run's `checkpoint` events) is priced
-            by the cost model (`hostmem.plan_checkpoint_s`) after the simulated steps that the
-            run saved one after, and those steps last that much longer; "other" is the
-            measured step time no stage covers (the driver's work between stages); the
-            simulator has no such time, so it is pure model error;
-  roles     each role's busy time per step (per worker the sum of its events, the slowest worker
-            of the role counts, as the stage waits for it); weight pushes count as `sync`, the
-            single controller's batch dispatch before each pass (the simulator's `<role>
-            dispatch`; the executor times it inside no event) as `dispatch`; the
-            executed environment's time is its stage gap (below), or when it runs inside the
-            score stage, that stage less the reward's events; with a rule reward, reward and
-            environment are one entry, as the cost model prices the sandboxed check as reward;
-  lengths   the rollout length / finish-time relation: per sample, its response tokens against
-            when its generation finished after the rollout began; summarised by the rollout's
-            makespan (last finish) and the least-squares slope in seconds per response token.
+            the steady steps; a checkpoint is priced by `hostmem.plan_checkpoint_s` after the
+            steps that saved one; "other" is the measured time no stage covers (the driver's
+            work between stages), which the simulator does not have: pure model error;
+  roles     each role's busy time per step (its slowest worker); weight pushes count as `sync`,
+            the single controller's dispatch before each pass as `dispatch`; with a rule reward,
+            reward and environment are one entry, as the cost model prices the check as reward;
+  lengths   per sample, response tokens against when its generation finished: the rollout's
+            makespan and the least-squares slope in seconds per response token.
 
-How an executed trace is read (executors/loop.py writes it, traces/schema.py fixes the format):
-a step's span runs from its first `stage` event (its sync; the executor starts the `step` slice
-there too, so the stages nest in it) to the end of its `step` event; `stage` events give sync,
-rollout, score and train; the environment, when the executor runs it between the rollout and
-score stages, is that gap (when it runs inside the score stage, there is no gap and score holds
-it). A sample's finish time is the end of the `generate` event that produced it.
-
-Simulation needs the simulator and figures need matplotlib: both are imported where used, so
-`placer` itself keeps its one-way dependency (placer <- simulator, executors).
+Reading an executed trace (executors/loop.py writes it, traces/schema.py fixes the format): a
+step runs from its first `stage` event (its sync) to the end of its `step` event; `stage` events
+give sync, rollout, score and train; the environment, when it runs between rollout and score, is
+that gap (inside the score stage, score holds it). A sample's finish time is the end of the
+`generate` event that produced it. The simulator and matplotlib are imported where used.
 """
 from __future__ import annotations
 

@@ -6,41 +6,24 @@
     python -m workflows.fidelity_heldout --out out/heldout --reuse     # recompute from saved traces
     python -m workflows.fidelity_heldout --out out/h --runs 'tp 2,moe'  # base and these only
 
-Runs (on the job's own cluster, one embedded Ray for all of them but the `moe` run's, whose
-cluster differs; a fresh Ray's first run is a short warm-up of the next plan, not used):
+Runs (on the job's own cluster, one embedded Ray for all but the `moe` run's; a fresh Ray's first
+run is a short warm-up of the next plan, not used): `base` (the job as the ILP plans it: the
+calibration run), `batch x2` (twice the prompts), `response x2` (responses up to twice as long),
+`colocated` and `split` (the baseline placements), `tp 2` (the actor pinned to TP 2), `moe`
+(examples/tiny-moe.yaml, actor pinned to dp 2 x tp 2, predicted with the base run's profile: the
+factors are per device type, so they carry over to another model) and `base again` (the base
+plan once more, last: its error is the machine's own drift, the floor under every other row's).
 
-  base          the job as planned by the ILP: the calibration run
-  batch x2      twice the prompts per step (same kind of placement, re-planned)
-  response x2   responses up to twice as long
-  colocated     the colocate-all baseline placement (every GPU role time-shares one slot)
-  split         the split baseline placement (rollout engines on their own share of the pool)
-  tp 2          the job with its actor pinned to tensor parallelism 2 (`pin:`, placer/spec/pins.py)
-  moe           another job: a mixture of experts (examples/tiny-moe.yaml, a Qwen3-MoE-shaped
-                checkpoint, its actor pinned to dp 2 x tp 2), predicted with the base run's
-                profile: the factors are per device type, so they carry over to another model
-  base again    the base plan executed once more, last: it differs from the calibration run in
-                nothing but when it ran, so its error is the machine's own drift (on a shared
-                machine the same work can take twice as long a few minutes later), the floor
-                under every other row's error
+Calibration has two levels, both fitted on the base run only: the event level (`placer
+calibrate`, placer/calibrate/fit.py) and the stage level (workflows/stagefit.py, which `placer
+calibrate` also runs). Each run's first `--warmup` steps (default 1) are left out of the stage
+fit and of the means: the first step pays one-off costs, and on a small shared machine the next
+two or three still run slower.
 
-Calibration has two levels, both fitted on the base run only:
-
-  event level   `placer calibrate` (placer/calibrate/fit.py): the efficiency factors that price each
-                prefill/decode/generate, forward, train and transfer event;
-  stage level   the factors the events cannot see (sync round trip, tool-call overhead, rule
-                reward, train overhead), fitted on the base run's stage times by Newton steps
-                on the simulator: workflows/stagefit.py, which `placer calibrate` also runs.
-
-Each run's first `--warmup` steps (default 1) are left out of the stage fit and of the table's
-means: the first step pays one-off costs (first calls into every worker), and on a small shared
-machine the next two or three still run slower (lazy initialisation in the workers, the sandbox's
-first interpreters).
-
-The table reports, per held-out run, the machine's load average per core when it ended (above
-1, work queued for the cores: other processes' too, so measured times stretch), the measured
-steady step time, the simulation with the
-event-level profile and with both levels, and their errors. Everything is seeded by the job's
-seed; measured times are what they are on the machine that ran them.
+The table reports, per held-out run, the machine's load average per core when it ended (above 1,
+work queued for the cores, so measured times stretch), the measured steady step time, the
+simulation with the event-level profile and with both levels, and their errors. Everything is
+seeded by the job's seed; measured times are what they are on the machine that ran them.
 """
 from __future__ import annotations
 

@@ -4,44 +4,34 @@ RL frameworks (verl, Miles, NeMo-RL).
 Each step-time row is a job file under `examples/published/` (its header states the published
 numbers and every assumption: prompt lengths, the response distribution, layouts the model cannot
 express) plus the layout the run used, written here as `Use` entries: pool, TP/PP/DP, ZeRO stage,
-optimizer offload, and which roles share devices (colocated) or have their own (split, async).
-The job format cannot pin a layout, so this is the planner's prediction *of the published
-layout*: every role is priced by `placer.cost.estimate.estimate` with that layout and the roles are
-combined by `placer.cost.timing.iteration_time`, exactly as `assemble` prices a plan the ILP or a
-baseline chose. No simulation runs: the predictions are the cost model's.
+optimizer offload, engine settings (`cuda_graphs`: vLLM's enforce_eager), and which roles share
+devices. Every role is priced by `placer.cost.estimate.estimate` with that layout and the roles
+are combined by `placer.cost.timing.iteration_time`, exactly as `assemble` prices a plan. No
+simulation runs: the predictions are the cost model's.
 
-Published stages map onto the model's as: generation -> the rollout role's `rollout` stage (verl's
-`generate_sequences` where a row publishes it: its `gen` also holds the colocated engine's wake-up,
-resharding and sleep, which the model prices as sync and as the slot's switch,
-`timing.onload_time`; and verl's `generate_sequences` is the mean over ranks, `reduce_timing`'s AVG
-all-reduce, where `gen` waits for the slowest engine); old_log_prob -> the actor's `score` stage;
-ref -> the reference's `score` stage; update -> the actor's `train` stage; weight sync -> the
-plan's sync time. Every log-prob and update stage includes the driver's dispatch of the padded
-batch (`costmodel.dispatch_time`), which verl's single controller pays before each pass whatever
-the GPUs (the intercept of rows 1-3 and 5-6). The fully async rows publish the time the trainer
-waits for generation, not the generation itself, so only what they name is compared; their trainer
-takes the old log-probs from the engine (`Row.trainer_log_probs`). A trainer offloads
-(`Use.offload`) where its script sets the actor's optimizer_offload: the colocated one-step-off
-scripts (dapo_7b_math_fsdp2_colocate.sh, dapo_7b_math_megatron_colocate.sh: offload=True; their
-split 4_12 twins set actor_offload=False) and both 30B-A3B rows (offload=True and Megatron's
-optimizer_cpu_offload in grpo_30b_a3b_base_math_megatron_96_32.sh); the fully async doc names no
-script for its colocated 7B rows (1-3), which keep none. A row states the engine settings its
-script sets where they change the price (`Use.cuda_graphs`: vLLM's enforce_eager).
+Published stages map onto the model's as: generation -> the rollout's `rollout` stage (verl's
+`generate_sequences` where a row publishes it; it is the mean over ranks, and also holds the
+colocated engine's wake-up, resharding and sleep, which the model prices as sync and switch);
+old_log_prob -> the actor's `score` stage; ref -> the reference's `score` stage; update -> the
+actor's `train` stage; weight sync -> the plan's sync time. Every log-prob and update stage
+includes the driver's dispatch (`costmodel.dispatch_time`). The fully async rows publish the time
+the trainer waits for generation, so only what they name is compared; their trainer takes the
+old log-probs from the engine (`Row.trainer_log_probs`). A trainer offloads (`Use.offload`) where
+its script sets the actor's optimizer offload.
 
-The weight-sync rows (`SYNC_ROWS`) price one actor -> rollout refresh with `timing.sync_time` on
-the published hardware and mapping, with each framework's transport: verl's NCCL sync without
-checkpoint-engine sends tensor by tensor from rank 0 (`SyncRow.bucket_gb` = 0), the others stream
-buckets from every pipeline stage (`timing.sync_calls`, `timing.sync_senders`) at the framework's
-sender rate (`SyncRow.sender_gbs`), and a broadcast hands every rollout rank the full weights.
+The weight-sync rows (`SYNC_ROWS`) price one refresh with `timing.sync_time` on the published
+hardware and mapping, with each framework's transport (verl's NCCL sync sends tensor by tensor
+from rank 0, `SyncRow.bucket_gb` = 0; the others stream buckets from every pipeline stage at the
+framework's sender rate). The decode rows (`DECODE_ROWS`) are vLLM's and SGLang's per-step
+latency anchors. Several defaults were set on these rows (docs/cost-model.md marks them
+in-sample).
 
     python -m workflows.published [--json] [--calibration PROFILE]
 
-prints per row the published and predicted step and stage times and the relative error
-(predicted / published - 1), the median |error| over rows, and the sync rows. `--json` prints one
-document: {"rows": [{name, published_s, predicted_s, error, stages: {...}}], "median_abs_error",
-"max_abs_error", "sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error",
-"decode": [{name, published_s, predicted_s, error}]} (the decode list: vLLM's and SGLang's per-step
-latency anchors, `DECODE_ROWS`, which set the decode defaults).
+prints per row the published and predicted times and the relative error (predicted / published -
+1), the median |error|, and the sync and decode rows. `--json` prints one document: {"rows":
+[{name, published_s, predicted_s, error, stages: {...}}], "median_abs_error", "max_abs_error",
+"sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error", "decode": [...]}.
 """
 from __future__ import annotations
 

@@ -1,21 +1,17 @@
 """What-if sweeps: the questions asked before buying or booking hardware.
 
 Each sweep changes one thing about a job, re-plans it with the ILP (so every point shows the best
-placement for that hardware, not a fixed one) and simulates the plan, and returns one row per
-point:
+placement for that hardware, not a fixed one), simulates the plan, and returns one row per point:
+knob, value, predicted_s (the plan's), simulated_s / p99_s, samples_per_s, usd_per_hour and
+booked_usd_per_hour (the whole cluster, idle nodes included: `placer.solve.pricing`),
+cost_per_sample and booked_cost_per_sample, placement (slot@pool xdevices, ...); or, where the job
+cannot be placed, the planner's diagnosis in `infeasible`. Without simulation the throughput and
+cost per sample are the plan's predicted ones.
 
-    knob, value, predicted_s (the plan's), simulated_s / p99_s (the simulator's, with lengths and
-    tool latencies drawn from the job's distributions), samples_per_s (simulated), usd_per_hour,
-    cost_per_sample (USD, at the simulated throughput), placement (slot@pool xdevices, ...)
-
-Simulated figures are the steady state's (`simulator.steady`, what `placer simulate` and
-`placer compare --simulate` report): warm-up and drain left out, which matters in async mode,
-where the first iterations fill the pipeline and two of them alternate a long and a short step.
-`iterations=None` (the default) simulates until the mean's 95% interval is within 5%
-(`ci95_s`, `converged`, `iterations` say how it went); `iterations=N` simulates exactly N and
+Simulated figures are the steady state's (`simulator.steady`, as `placer simulate` reports):
+warm-up and drain left out, which matters in async mode. `iterations=None` (the default)
+simulates until the mean's 95% interval is within 5%; `iterations=N` simulates exactly N and
 measures their steady window. `p99_s` is over every simulated iteration.
-
-or, where the job cannot be placed, the planner's diagnosis in `infeasible`.
 
   pool_nodes(job, pool, counts)        LPU chip count (an LPU pool's nodes), CPU pool size, ...
   gpu_mix(job, a, b, mixes)            how many nodes of two GPU pools, e.g. H100 vs L40S
@@ -25,13 +21,8 @@ or, where the job cannot be placed, the planner's diagnosis in `infeasible`.
   baselines(job)                       the ILP's plan against the baselines (placer/solve/baselines.py)
   pareto(rows)                         the throughput/cost frontier of any rows
   grid(job, varies, simulate=...)      any fields at once: the cartesian product of `Vary`s
-                                       (`parse_vary("POOL.nodes=1..8")`, a dotted path into the
-                                       job and its values), each point planned and, if asked,
-                                       simulated; what `placer sweep` runs
-
-Rows also carry `booked_usd_per_hour` and `booked_cost_per_sample`: the whole cluster's price,
-idle nodes included (`placer.solve.pricing`). Without simulation the throughput and cost per sample
-are the plan's predicted ones.
+                                       (`parse_vary("POOL.nodes=1..8")`), each point planned and,
+                                       if asked, simulated; what `placer sweep` runs
 
 Every random draw comes from the job's seed (`seed=` overrides it).
 """

@@ -1,63 +1,31 @@
 """Fit the cost model's named efficiency factors to an executed (or simulated) trace.
 
-Every time the cost model prices is, for a fixed event, an affine function of a few unknowns:
-the reciprocals of the efficiency factors (theta = 1/factor) and the additive overheads
-(theta = seconds). With `pred_i(theta)` the cost model's time for event i,
+For a fixed event, every time the cost model prices is an affine function of a few unknowns: the
+reciprocals of the efficiency factors (theta = 1/factor) and the additive overheads (theta =
+seconds),
 
     pred_i(theta) = fixed_i + sum_k a_ik * theta_k
 
 where a_ik = pred_i(theta_k = 1, other unknowns off) - fixed_i and fixed_i = pred_i(all unknowns
 off) ("off": a factor at +inf, an overhead at 0; every other factor at its prior value). The
-coefficients are found by probing `placer.cost.model` itself, so the fit never re-derives a formula.
-For the three kinds of work (per device type):
+coefficients are found by probing `placer.cost.model` itself, so the fit never re-derives a
+formula. The unknowns come in groups by the kind of event (`fit_events.GROUPS`: collective,
+fitted first; inference; train; transfer; checkpoint), per device type. A decode event's steps
+are compute-bound up to some step j and memory-bound after it; j is found at the current
+estimate and the fit is repeated until no event's split moves.
 
-  inference   prefill, decode, generate (prefill + decode) events
-              prefill  t = F / (devices * peak * mfu_prefill) + TPcomm + step_overhead_s
-              decode (memory-bound)  t = sum_steps (W + KV(ctx)) / (replica * BW * decode_bw_eff)
-                                         + TPcomm + steps * step_overhead_s
-              decode (compute-bound) t = sum_steps 2 P batch / (replica * peak * decode_flops_eff)
-                                         + TPcomm + steps * step_overhead_s
-              on an LPU, steps * (lpu_step_s + chips * lpu_hop_s + (batch - 1) * stage) where the
-              stage is a chip's share of the weights over its bandwidth (or FLOPs)
-  train       train and forward events (the training framework's passes)
-              train    t = (F + bubble) / (devices * peak * mfu_train) + allreduce
-                           + steps * train_overhead_s
-              forward  t = F / (devices * peak * mfu_score) + TPcomm (`costmodel.score_time`; on
-                           a GPU, mfu_score through `device_ceiling`: 1 / ceiling is affine in
-                           1 / mfu_score, as for mfu_train)
-  collective  t = calls * (coll_base_s + hops * hop latency + bytes / (link GB/s * link_eff)):
-              the trainers' timed probe (executors/collprobe.py), `placer.cost.collectives`; fitted
-              before the other groups, whose events then price their collectives at it
-  checkpoint  t = the slowest trained role's optimizer-state gather + 14 B/param / storage GB/s
-                  + checkpoint_overhead_s (`hostmem.plan_checkpoint_s`); a run that recorded
-                  fewer than `min_events` checkpoints keeps the prior
-  transfer    t = bytes / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
-                  (+ lpu_reload_s to an LPU), `costmodel.transfer_time`; calls per sender stream
-                  from the bytes and the prior `sync_bucket_gb` (`timing.sync_calls`)
+Method: weighted least squares, each equation divided by its measured time (minimize
+sum_i ((pred_i(theta) - y_i) / y_i)^2), so a 10 s event does not drown a 10 ms one. An unknown is
+fitted only when at least `min_events` events give it a term of >= 1% of their time; every
+subset of the candidate unknowns is solved and the largest whose solution is physical (factors >
+0, overheads >= 0) and well conditioned wins; the others keep their prior, with the reason.
+Reported per factor: value, prior, events, relative RMS of the residuals over its events, and
+the relative standard error from the least-squares covariance.
 
-Decode takes the larger of its memory and compute terms at every step. The memory term grows with
-the context, so the steps of a decode event are compute-bound up to some step j and memory-bound
-after it; j is found at the current estimate, each part is probed with the other side switched off,
-and the fit is repeated until no event's split moves.
-
-Method: weighted least squares on the (predicted-at-factor-1, measured) pairs, each equation divided
-by its measured time, so that the fit minimizes the relative error and a 10 s event does not drown a
-10 ms one:  minimize sum_i ((pred_i(theta) - y_i) / y_i)^2.  An unknown is fitted only when at least
-`min_events` events give it a term of >= 1% of their time; every subset of the candidate unknowns
-is solved (there are at most five) and the largest subset whose solution is physical (factors > 0,
-overheads >= 0) and well conditioned wins; unknowns left out keep their prior value, with the reason.
-Reported per factor: value, prior, events, relative RMS of the residuals over its events, and the
-relative standard error from the least-squares covariance.
-
-Rule rewards: the per-sample factors of an in-process check and of a sandbox run, each from the
-events of its own kind of check (placer/calibrate/fit_rule.py).
-
-Tool latency: the durations of `tool` events fitted as a lognormal by the moments of their logs
-(median = exp(mean ln t), sigma = std ln t, the maximum-likelihood estimate), reported as a
-`placer.spec.job.Distribution` dict with the Kolmogorov-Smirnov distance as its fit error.
-
-Which device type, model and parallel config price an event, and the trace conventions relied on
-(args of prefill, decode, generate, forward, train and transfer events): placer/calibrate/fit_events.py.
+Also here: the rule rewards' per-sample factors (placer/calibrate/fit_rule.py), the tool
+latencies as a lognormal (maximum likelihood on the logs, with its Kolmogorov-Smirnov distance),
+and an executed trace's `host_cores`. Each group's formulas and what `placer calibrate` leaves at
+its prior: docs/cost-model.md, "Calibration"; how an event is priced: placer/calibrate/fit_events.py.
 """
 from __future__ import annotations
 
@@ -395,7 +363,7 @@ def fit_trace(trace: Trace, plan: Plan, source: str = "trace", min_events: int =
     factors, known = _host_cores(trace, ctx)
     groups = {}
     # the collective probe first: train and forward events then price their collectives at the
-    # measured latency, and their own fit no longer absorbs it into train_overhead_s
+    # measured latency, so that their own fit does not absorb it into train_overhead_s
     for (device, group), evs in sorted(by_key.items(),
                                        key=lambda kv: (kv[0][1] not in FIRST_GROUPS, kv[0])):
         f, summary = _fit_group(ctx, device, group, evs, min_events, known.get(device))

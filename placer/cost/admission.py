@@ -1,34 +1,19 @@
 """One engine replica's scheduling loop: admission by KV tokens, preemption by recompute.
 
-The one loop that the planner (`run_replica` for `placer.cost.rollout_tail`, `placer.cost.toolqueue`) and
-the simulator (`simulator.engine`) run, so they agree exactly with variance off. It follows vLLM's
-v1 scheduler (vllm/v1/core/sched/scheduler.py) at the granularity of batch changes:
-  * admission: the waiting queue is served first come, first served while the replica holds fewer
-    than `max_num_seqs` sequences and its free KV covers the sequence's new tokens plus one token
-    for every running sequence's next step (vLLM schedules running requests before waiting ones)
-    and the new one's first step; the first sequence that does not fit stops admission. An empty
-    replica always takes one (the job's longest context fits one, else the plan is infeasible).
-    A hybrid model's sequence also holds its recurrent state (`KvBudget.seq` tokens' worth).
-    A sequence holds its KV through its tool calls and frees it when its last turn ends.
-  * prefill: one step over every admitted sequence's new tokens at their mean context.
-  * decode: the batch B decodes one token per step until a turn ends, a tool call returns, or
-    the KV is full: between batch changes the KV in use grows by B tokens per step, so "full"
-    is one more event at the closed-form step floor((capacity - used) / B).
-  * preemption: when the next step does not fit, the most recently admitted running sequences
-    are preempted (`self.running.pop()`) until the others have room for `kv_block_tokens` more
-    steps (vLLM allocates a page of that many tokens when a sequence's last one is full, so a
-    shortfall is met for a page's worth of steps): their KV is freed and they go back to the
-    front of the waiting queue; readmitted, they prefill their whole context again (prompt, tool outputs
-    and the tokens generated so far: vLLM sets num_computed_tokens = 0) and continue their turn.
-    The oldest running sequence is never preempted (a lone sequence runs on).
+The one loop that the planner (`run_replica` for `placer.cost.rollout_tail`,
+`placer.cost.toolqueue`) and the simulator (`simulator.engine`) run, so they agree exactly with
+variance off. It follows vLLM's v1 scheduler (vllm/v1/core/sched/scheduler.py) at the
+granularity of batch changes: admit first come, first served while the free KV covers a
+sequence's new tokens and fewer than `max_num_seqs` run; prefill the admitted sequences in one
+step; decode until a turn ends, a tool call returns or the KV is full (a closed-form step, since
+the KV in use grows by the batch per step); then preempt the newest sequences, which prefill their
+whole context again when readmitted. A sequence holds its KV through its tool calls.
+
 Rows: row i stands for weight[i] identical sequences moving together; a row is split when only
 part of it is admitted, preempted, or returns from its tool calls at one time.
 
-Left out: KV is counted per token on a capacity of whole blocks (a sequence's partly filled
-last block is not charged; pages enter only through the preemption's margin); prefix caching of
-a preempted sequence's freed blocks (its recompute is charged in full); chunked prefill under
-`max_num_batched_tokens` (a prefill is one step, and admission needs all of its new tokens to
-fit, as SGLang's and vLLM v0's do).
+The rules in full and what is left out: docs/cost-model.md, "KV admission and continuous
+batching".
 """
 from __future__ import annotations
 

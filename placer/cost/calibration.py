@@ -6,20 +6,11 @@ A profile is YAML or JSON:
     devices:
       H100-SXM: {mfu_train: 0.45}
 
-`placer calibrate` writes one from an executed trace; `plan`, `simulate` and `compare` take it with
-`--calibration`. Unknown factor names are errors, so a typo never silently keeps a default.
-
-Every `costmodel.Efficiency` field may be set here. `placer calibrate` (placer/calibrate/fit.py) fits the
-achieved fractions and overheads it lists; it leaves at their defaults (or at a profile's values)
-the shape parameters of the size-dependent efficiencies (gemm_half_ridge, decode_bw_half_batch,
-decode_tp_bw_loss, expert_read_half_width), the per-sequence step overhead, the eager engines'
-per-layer launch overhead (eager_layer_s), the per-hop collective latencies (nvlink_hop_s,
-net_hop_s; the per-call `coll_base_s` it fits from a trace's collective probe,
-executors/collprobe.py, and an executed trace's `host_cores` it copies to the emulated device
-types), the weight-refresh rates (sync_sender_gbs, sync_local_gbs) and bucket
-size (sync_bucket_gb, which sets the calls that sync_call_s, a fitted overhead, multiplies): each
-scales a fitted factor's term, every event stays affine in the fitted unknowns, and a trace of one
-model on one layout does not separate a shape from the factor it scales.
+`placer calibrate` writes one from a trace; `plan`, `simulate` and `compare` take it with
+`--calibration`. Unknown factor names are errors, so a typo never silently keeps a default, and
+values the cost model cannot divide by are refused. Every `Efficiency` field may be set here;
+which ones `placer calibrate` fits, and why the others keep their defaults:
+docs/cost-model.md, "Calibration".
 """
 from __future__ import annotations
 

@@ -1,29 +1,14 @@
 """Collective communication as latency + size / bandwidth (the alpha-beta model), NCCL-style.
 
-A collective over n ranks moving a message of B bytes costs a fixed launch latency, a per-hop
-latency alpha for each step its algorithm takes, and the bytes each rank must send over its
-link's achieved bandwidth (Hockney's alpha-beta model; the per-algorithm counts are Thakur,
-Rabenseifner & Gropp 2005, "Optimization of collective communication operations in MPICH", and
-Patarasuk & Yuan 2009 for the bandwidth-optimal ring):
+A collective over n ranks moving B bytes costs a fixed launch latency (`coll_base_s`), a per-hop
+latency for each step its algorithm takes, and the bytes each rank sends over its link's achieved
+bandwidth (`link_eff`). All-reduce and broadcast take the faster of ring and tree for their size
+and rank count, as NCCL's tuner does; all-gather, reduce-scatter and all-to-all are rings or
+pairwise exchanges; n = 1 is free. A one-token message still pays its latencies: that bounds a TP
+decode all-reduce at batch 1.
 
-  all-reduce      ring  base + 2(n-1)*alpha + 2(n-1)/n * B/bw
-                  tree  base + 2*ceil(log2 n)*alpha + 2 * B/bw   (pipelined reduce + broadcast:
-                        NCCL's double binary tree, Sanders, Speck & Traeff 2009; NCCL 2.4 blog)
-  all-gather      ring  base + (n-1)*alpha + (n-1)/n * B/bw      (B: the gathered output)
-  reduce-scatter  ring  base + (n-1)*alpha + (n-1)/n * B/bw      (B: the input)
-  broadcast       ring  base + (n-1)*alpha + B/bw   (pipelined chain)
-                  tree  base + ceil(log2 n)*alpha + B/bw   (pipelined tree)
-  all-to-all      pairwise  base + (n-1)*alpha + (n-1)/n * B/bw   (B: one rank's send buffer)
-
-Like NCCL's tuner, every call takes the faster algorithm for its size and rank count; n = 1 is
-free. A message of one token still pays `base + hops * alpha`: that is what bounds a TP decode
-all-reduce at batch 1.
-
-Latency defaults are NCCL's own tuning model (`src/graph/tuning.cc`, `baseLat` / `hwLat`, LL
-protocol, microseconds): 6.6 us base per ring call; per hop 0.6 us over NVLink and 2.7 us over the
-network (ring) -- the figures NCCL uses to choose algorithms, and in line with nccl-tests'
-~10-20 us small-message all-reduce on 8 NVLink GPUs. Bandwidths are the device's link figures
-(catalog) times the achieved fraction `link_eff` (`placer.cost.model.Efficiency`).
+The per-algorithm formulas and the latency defaults' source (NCCL's src/graph/tuning.cc):
+docs/cost-model.md, "Collectives and layer communication".
 """
 from __future__ import annotations
 

@@ -5,21 +5,17 @@ turns these estimates into its cost table; the simulator replays the same work s
 so with every source of variance off both agree.
 
 Roles and the work they do each iteration (n samples, mean context s tokens):
-  rollout      generate n samples, `turns` turns each, on dp engine replicas (continuous batching,
-               concurrency capped by KV memory), sequences holding their slot through tool calls.
-               With the job's length and latency distributions: the expected makespan of the
-               replica holding the longest sample, its tail at shrinking batch, over-provisioning
-               and partial rollouts as the simulator runs them (`placer.cost.rollout_tail`). With every
-               distribution fixed: lockstep waves of mean sequences (`wave_time`), to which that
-               model reduces; over-provisioned (ceil(n (1 + f)) generated) the stage ends at the
-               wave in which the n-th finishes (`RolloutShape.waves_used`). Partial rollouts and
-               re-issue then change nothing: their settings may not cut the mean sample
-               (`spec.check_tail_policy`).
+  rollout      generate n samples, `turns` turns each, on dp engine replicas: the tail-aware
+               makespan of the critical replica (`placer.cost.rollout_tail`) with the job's
+               distributions, lockstep waves of mean sequences (`wave_time`) with every
+               distribution fixed
   environment  (turns - 1) rounds of n tool calls on CPU cores
   reference    forward over n*s tokens (KL log-probs)
   reward       forward over n*s tokens (model) or a rule/verifier per sample on CPU cores
   critic       forward (values) + training over n*s tokens (PPO)
   actor        forward (old log-probs) + training over n*s tokens in `mini_batches` steps
+Every trainer and frozen forward pass also pays the driver's dispatch (`pass_dispatch`).
+Formulas and sources: docs/cost-model.md.
 """
 from __future__ import annotations
 

@@ -1,56 +1,18 @@
 """Generation: the time and room of a rollout engine's steps, one replica of a layout at a time.
 
-An inference engine (vLLM, SGLang; an LPU's chip pipeline) runs a rollout as a sequence of steps:
-a prefill step over the new tokens of the sequences it admits (`prefill_time`, a forward pass,
-`forward_time`), then decode steps that each add one token to every running sequence
-(`decode_step_time`). A decode step reads the weights once for the whole batch and every
-sequence's KV cache, and multiplies the batch's tokens by the weights: its time is the larger of
-a memory line (weights + KV bytes, growing with the batch's total context) and a compute floor
+An inference engine (vLLM, SGLang; an LPU's chip pipeline) runs a rollout as steps: a prefill over
+the new tokens of the sequences it admits (`prefill_time`, a forward pass, `forward_time`), then
+decode steps that each add one token to every running sequence (`decode_step_time`). A decode step
+reads the weights once for the whole batch and every sequence's KV cache: its time is the larger
+of a memory line (weights + KV bytes, growing with the batch's total context) and a compute floor
 (the batch's FLOPs), plus fixed terms (collectives, stage sends, host overhead). The KV cache's
-room (`kv_capacity_tokens`) bounds the sequences an engine holds at once (`max_concurrency`;
-admission by the KV in use is `placer.cost.admission`). `placer.cost.batching` keeps the per-batch lines
-here (`decode_step_line`, `prefill_line`) from which the planner's replica replay
-(`placer.cost.rollout_tail`) and the simulator's engine (`simulator.engine`) price their steps.
+room (`kv_capacity_tokens`) bounds the sequences an engine can hold (`max_concurrency`; admission
+by the KV in use is `placer.cost.admission`). `placer.cost.batching` keeps the per-batch lines
+(`decode_step_line`, `prefill_line`) from which the planner's replica replay and the simulator's
+engine price their steps.
 
-Notation as in `placer.cost.model` (which re-exports every name here); `placer.cost.roofline` holds
-the sizes (weight, KV bytes) and GEMM efficiency these formulas use.
-
-  decode step      max(R(batch)*b / tp / (bw * e) + KV bytes * context / (TP KV split) /
-                       (bw * e), 2*P_mm*batch / tp / (peak * decode_flops_eff))
-                   + TP comm + stage sends + step overhead (PP stages run in turn: /tp, not
-                   /n); memory-bound at small batch (Pope et al. 2022; the roofline view of
-                   decoding). e = `decode_bw_eff`(batch, tp) = decode_bw_eff *
-                   batch / (batch + decode_bw_half_batch) / (1 + decode_tp_bw_loss * log2 tp);
-                   TP comm = 2 * L all-reduce calls of batch*h*b bytes, each at least its
-                   latency (`decode_tp_comm`); step overhead = step_overhead_s +
-                   step_overhead_per_seq_s * batch (`step_overhead`), + eager_layer_s * L
-                   for an engine without CUDA graphs (`eager_overhead`). R(batch) =
-                   `ModelArch.decode_read_params`: P_mm with the k routed experts of each MoE
-                   layer replaced by the E * (1 - (1 - k/E)^batch) distinct experts a batch is
-                   expected to hit under balanced routing (<= min(E, batch*k)); = P_mm dense.
-                   A hybrid reads and writes each sequence's GDN state once per step: + 2 *
-                   state bytes * batch / min(tp, key_heads) in the memory term (a per-batch
-                   constant, so the step keeps its shape max(m0 + k C, floor)), and its state
-                   FLOPs join the FLOP term. The routed experts' bytes stream at e *
-                   `expert_read_eff` = e * w / (w +
-                   expert_read_half_width), w = expert_mlp / expert TP columns per rank
-                   (fused-MoE kernels run one small GEMM per expert hit)
-  continuous batch admission by the KV in use (`placer.cost.admission`, vLLM v1's scheduler): a
-                   waiting sequence enters while free KV covers its new tokens (+ a hybrid's
-                   GDN state in KV tokens, `state_tokens`) and fewer than `max_num_seqs` run;
-                   when the batch's KV outgrows the capacity the newest are preempted and
-                   recomputed. KV capacity = (memory * kv_mem_fraction - weights - engine) *
-                   pp * KV split / KV bytes per token (vLLM's gpu_memory_utilization, Kwon et
-                   al. 2023), in whole `kv_block_tokens` pages. An engine must hold one longest
-                   context (+ state): floor(capacity / that) >= 1 (`max_concurrency`)
-  LPU              weights live in SRAM: chips = ceil(P*b * (1 + lpu_kv_reserve) / SRAM) (230
-                   MB per GroqChip); KV room = chips * SRAM * reserve / (1 + reserve);
-                   decode step = lpu_step_s + chips * lpu_hop_s + (batch-1) * one chip's stage
-                   time (max of its weight reads and FLOPs); the two constants are fitted so that
-                   batch-1 decoding reproduces Groq's public ~300 tokens/s per user on
-                   Llama-2-70B and ~750 on Llama-2-7B (a stage reads R(1)*b / chips and
-                   computes 2*P_mm / chips); forward = 2*P_mm per token over the chips'
-                   FLOP/s * mfu_prefill, replicas = devices // chips, + chips * lpu_hop_s
+Formulas (decode step, its bandwidth efficiency, fused-MoE reads, hybrid state, the LPU chip
+pipeline) and their sources: docs/cost-model.md, "Prefill and decode".
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ layer, micro-batch and optimizer step sends (`placer.cost.sharding` says how a l
   oversubscription    an emulated device's ranks / host cores (> 1: they time-share the cores)
 Links: a TP group stays on NVLink (`tp_link`); any other group is on NVLink while it fits one
 node of `NODE_DEVICES`, else on the NIC (`span_link`). Efficiency factors (achieved fraction of a
-link, per-call and per-hop latencies) come from `placer.cost.model.Efficiency`.
+link, per-call and per-hop latencies) come from `placer.cost.efficiency.Efficiency`; sources in
+docs/cost-model.md.
 """
 from __future__ import annotations
 

@@ -1,111 +1,19 @@
 """The one cost model: memory and time of every role's work on a device type and parallel config.
 
 The ILP, the baselines and the simulator all price work here, so their numbers agree on the same
-work. Formulas are first principles plus named efficiency factors (`Efficiency`), each with a
-default that a calibration profile overrides per device type.
+work. Formulas are first principles (bytes, FLOPs, messages) times named efficiency factors
+(`Efficiency`), each with a default that a calibration profile overrides per device type.
 
-Notation: P total parameters (`ModelArch.params`: embeddings, GQA or latent attention, SwiGLU
-MLP or every expert of a mixture, RMSNorm), the sizes memory, gradients, optimizer state and weight
-sync scale with; P_mm the parameters one token multiplies by (`ModelArch.matmul_params`: only the
-experts it is routed to plus the shared ones, and no input embedding, which is a gather of one row
-per token; = P - V*h for a dense model with untied embeddings), the size FLOPs scale with; L
-layers, h hidden, w attention width (`ModelArch.attention_width`, heads * (d_qk + d_v) / 2: h for
-standard heads), s context, b = 2 bytes per element (BF16), T tokens, n = tp*pp devices of one
-replica. GB = 1e9 bytes, TFLOP/s = 1e12 FLOP/s.
+This module prices training (`train_memory`, `train_time`: 6 or 8 matmul passes per token at the
+device's GEMM ceiling, pipeline bubble, gradient sync, optimizer offload, layer collectives,
+ZeRO-3 gathers), a training framework's forward-only passes (`score_time`), the single
+controller's dispatch of each pass (`dispatch_time`), tool-call waves, weight pushes
+(`transfer_time`), and colocated roles' switches (`switch_time`, `engine_swap_time`). It
+re-exports the engine steps (`placer.cost.generation`), the sizes and GEMM rates
+(`placer.cost.roofline`), the layouts (`placer.cost.sharding`) and their collectives
+(`placer.cost.layercomm`), so callers import one module.
 
-Memory (per device):
-  weights          P*b / n                                              (frozen / inference roles)
-  training states  16 bytes/param for mixed-precision Adam: bf16 weights 2 + bf16 grads 2 + fp32
-                   master 4 + Adam m 4 + v 4 (ZeRO, Rajbhandari et al. 2020, sec. 3.1); each /n,
-                   then /dp for the parts ZeRO shards (stage 1: optimizer 12; 2: + grads; 3: +
-                   weights); offload moves the 12 optimizer bytes to the host
-  activations      per token per layer 34*h bytes without recomputation (Korthikanti et al. 2022:
-                   s*b*h*(34 + 5*a*s/h) per layer; flash attention drops the 5*a*s/h term;
-                   tensor + sequence parallel divides it by tp), 2*h (the layer input) with full
-                   recomputation plus one layer's 34*h while it is recomputed; layers / pp
-  KV cache         2 * L * kv_heads * head_dim * b per token (keys and values of every layer);
-                   latent attention (MLA) L * (kv_lora_rank + qk_rope_head_dim) * b. A replica
-                   spreads it over pp * min(tp, kv_heads) devices: TP splits KV heads and
-                   replicates each beyond kv_heads ranks (vLLM, SGLang); an MLA latent is not
-                   split by TP at all (`kv_split`). A hybrid model's KV is its full-attention
-                   layers' only; each sequence also holds its Gated DeltaNet layers' fixed state
-                   (`linear_state_bytes`: recurrent state at `linear_state_bytes` per element +
-                   BF16 convolution window), split over pp * min(tp, key_heads) (`state_split`)
-  engine           a fixed `engine_mem_gb` per inference GPU, `train_mem_gb` per training device
-Time:
-  training         (6*P_mm + 6*L*w*s) FLOPs per token, (8*P_mm + 8*L*w*s) with full
-                   recomputation (one more forward): Narayanan et al. 2021 count
-                   96*B*s*L*h^2*(1 + s/6h + V/16Lh) per batch with recomputation, i.e.
-                   8*(12*L*h^2 + V*h) + 16*L*h*s per token (the V*h is the LM head, in P_mm; the
-                   input embedding is not); PaLM's MFU accounting (Chowdhery et al. 2022, app. B)
-                   is the 6*N + 12*L*h*s form; for a mixture of experts N is the activated
-                   parameters (DeepSeek-V3 report, Liu et al. 2024). Their attention term is the
-                   full s x s score matrix; a causal mask computes half of it (a token attends
-                   s/2 keys on average; FlashAttention skips the masked blocks), hence 6*L*w*s
-                   (`attention_flops_per_token`; a hybrid's L counts its full-attention layers,
-                   and its GDN layers add 6 * value_heads * d_k * d_v per layer and token, linear
-                   in s). / (devices * peak * mfu), mfu = `gemm_eff`:
-                   mfu_train * t / (t + t_half), t = tokens per device per optimizer step (at
-                   most one micro-batch, `MICRO_TOKENS`), t_half = gemm_half_ridge * peak / HBM
-                   bandwidth (the roofline ridge: a GEMM over t tokens does ~t FLOP per weight
-                   byte, Williams et al. 2009)
-                   + pipeline bubble compute * (pp-1)/m with m = 4*pp micro-batches (1F1B
-                   schedule, Narayanan et al. 2021)
-                   + per optimizer step: all-reduce of bf16 grads 2P/n bytes over dp ranks
-                   (`collectives.all_reduce`: min(ring, tree), latency + bytes / bandwidth) on
-                   NVLink (<= 8 devices) or the NIC, optimizer offload traffic 2 * 12P/(n*dp)
-                   bytes at `offload_gbs`, and `train_overhead_s`
-                   + TP: 2 all-reduces of the activations per layer per pass (Shoeybi et al.
-                   2019), one call per `MICRO_TOKENS` micro-batch, 3 passes with recomputation,
-                   2 without, layers / pp; ZeRO-3: per micro-batch one gather / reduce-scatter
-                   call per FSDP unit (`layercomm.fsdp_calls`); on an emulated (host-backed)
-                   device, all of it x `oversubscription` (ranks / host cores, when above 1)
-  forward          (2*P_mm + 2*L*w*s) FLOPs per token (causal) / (devices * peak * mfu), mfu =
-                   `gemm_eff` of mfu_prefill at the tokens per replica, + TP comm (one pass) +
-                   `step_overhead_s` (an engine's prefill, `forward_time`); a training
-                   framework's forward-only pass on a GPU (old log-probs, reference, reward,
-                   critic values, `score_time`): mfu = `gemm_eff` of `device_ceiling(mfu_score)`,
-                   + TP comm, no engine step
-  generation       engine steps (`placer.cost.generation`): prefill, decode step = max(memory line,
-                   compute floor) + fixed terms, KV capacity and continuous batch admission,
-                   the LPU chip pipeline
-  parallelism      `placer.cost.sharding`: TP, CP, PP, DP and expert parallelism (EP, ETP) split
-                   weights, state and tokens; memory scales with P (every expert), FLOPs with
-                   P_mm; the routed experts' GEMMs run at `gemm_eff` of the tokens one expert
-                   sees (`sharding.expert_tokens`), EP adds two all-to-alls per MoE layer and
-                   pass (`layer_comm`), CP a ring exchange of K and V, PP a send per stage
-                   boundary (`pp_send`), ZeRO-3 the per-micro-batch weight gathers
-                   (`zero3_gathers`; with HSDP, `Parallel.shard`, inside a shard group, plus
-                   the shards' all-reduce across the groups, `hsdp_all_reduce`); training
-                   runs at `device_ceiling` (GEMMs plus memory-
-                   bound kernels at HBM bandwidth). An engine's PP stages add KV room but do not
-                   shorten a decode step (a token passes every stage)
-  FP8              the job's `precision` (on devices with `fp8_tflops`): FP8 rollout weights
-                   halve their memory and the weights a decode step reads, FP8 KV halves the KV
-                   bytes per token, and FP8 weights or FP8 training run the GEMMs at the FP8 peak
-                   (`gemm_peak_tflops`); optimizer state, gradients and the sync stay as they are
-  environment      waves = ceil(calls / max(floor(cores / cpu_per_call), 1)), each the call's
-                   mean latency + tool_overhead_s; a rule reward is ceil(samples / cores) *
-                   rule_reward_s for an in-process check, plus sandbox_batch_s + ceil(samples
-                   / sandboxes) * sandbox_sample_s where answers run as code
-                   (`placer.cost.rulecheck`, by the job's kind of check)
-  weight sync      P*b / (path GB/s * link_eff) + sync_latency_s + (calls - 1) * sync_call_s
-                   (+ lpu_reload_s onto LPUs); the path is one broadcast every replica joins
-                   (`placer.cost.timing.sync_links`): pp senders at sync_sender_gbs each (1 when
-                   unbucketed), received whole by every rollout rank (one rank's link), or
-                   sync_local_gbs into each replica at once when colocated, so t = c + bytes /
-                   (BW_eff x parallel senders); calls per sender: its share in sync_bucket_gb
-                   buckets, or every tensor when sync_bucket_gb = 0
-  colocation       switching roles moves state host<->device at `offload_gbs`; nothing on a
-                   device whose memory is host RAM (`DeviceType.host_backed`: a CPU, an
-                   emulated device), which neither switches nor offloads; a GPU rollout engine
-                   sleeps and wakes instead (`engine_swap_time`): 2 * weights / offload_gbs +
-                   engine_sleep_s + engine_wake_s, its KV pool discarded, not moved
-  dispatch         every trainer or frozen forward pass (old log-probs, reference, reward model,
-                   critic values, each update) first ships the batch through a single
-                   controller: samples * padded context * dispatch_bytes_per_token /
-                   dispatch_gbs (`dispatch_time`), padded to the job's longest context, whatever
-                   the devices (verl's DataProto dispatch; `Efficiency.dispatch_gbs`)
+Notation, every formula and its source: docs/cost-model.md.
 """
 from __future__ import annotations
 

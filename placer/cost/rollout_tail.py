@@ -1,52 +1,16 @@
 """Tail-aware rollout time: the expected makespan of one engine replica under continuous batching.
 
-Why. RL response lengths are long-tailed (GRPO/DAPO reasoning: a lognormal with a hard cap), and a
-step waits for its longest samples: the last few sequences decode alone, at batch 1-2, long after
-the batch emptied. Pricing lockstep waves of *mean*-length sequences (`estimate.wave_time`) misses
-that tail entirely (published DAPO/GRPO rollouts are 2-9x the mean-length estimate).
+RL response lengths are long-tailed and a step waits for its longest samples, which decode alone
+at batch 1-2 long after the batch emptied; lockstep waves of mean-length sequences
+(`estimate.wave_time`) miss that tail. This module replays a deterministic miniature of the
+simulator's engine (`placer.cost.admission.engine`, the loop `simulator.engine` runs too) on a few
+representative rows of one critical replica, the one holding the batch's longest sample
+(`placer.cost.tail_samples`), and prices the tail policies as the simulator runs them
+(over-provisioning, partial rollouts). A replica with many samples is priced at two counts and
+extrapolated (`reduced_count`). With every distribution fixed the replay reduces exactly to the
+lockstep waves (tests/test_rollout_tail.py).
 
-Method. A deterministic miniature of the simulator's engine (`simulator.engine`, which the placer
-may not import: it is layer 1) run on a few representative sequences of one *critical* replica:
-  * samples (`placer.cost.tail_samples`): the critical replica (the one holding the batch's longest
-    sample) runs `per - 1` stratified samples of the job's distributions, at most `MAX_STRATA`
-    weighted rows in a low-discrepancy admission order, plus the longest sample (`longest`, by
-    the one-big-jump rule), placed at three queue positions once the replica runs more samples
-    than its concurrency (averaged over 1/6, 1/2, 5/6 of the queue).
-  * a replica with many samples runs a steady state in its middle: it is priced at n and n / 2
-    samples, both throughput-bound (`reduced_count`: past the first wave's preemption down to
-    the steady concurrency, and past the longest sample's span), the longest sample mid-queue,
-    and the line through them is extended to its count (candidates that differ only in dp
-    share those runs; measured against replaying all samples: within 6% on
-    tests/test_lpu_rollout.py's ppo-llama8b-hetero-like case, where a line through 2 and 4
-    concurrencies' worth was 16% short, the longest sample dominating both).
-  * engine: exactly the simulator's scheduling (`placer.cost.admission.engine`): admit while free KV
-    covers the new tokens and fewer than `max_num_seqs` run, one prefill step over every
-    admitted sequence's new tokens (`costmodel.prefill_time` at their mean context), then decode
-    the batch until the next sequence ends its turn, a tool call returns or the KV is full (then
-    the newest are preempted and recomputed later), each run of fixed batch summed in closed
-    form (`batching.Run`, decode_step_time is max(line, floor) in the total KV context); a
-    sequence holds its KV through its tool call (latency + overhead, no CPU queueing here:
-    `timing.rollout_tool_time` adds the queueing as a pair term).
-  * tail policies as the simulator runs them: over-provisioning ends the stage once `kept` of the
-    `generated` samples are done over all replicas (replicas hold `per` or `per - 1` samples, the
-    critical sample is not injected: the longest samples are the ones dropped); partial rollouts
-    cut every row at `token_budget` response tokens (`simulator.tails.cut_row`'s rule) and run the
-    carried rests of the previous step beside the fresh rows (steady state: one carried row per
-    row cut, its context prefilled again, at most `budget` tokens of it this step).
-With every distribution fixed (or the simulator's `--no-variance` run, priced on `at_means(job)`)
-the caller keeps the lockstep wave formula (`estimate.wave_time`), which this miniature reduces to
-exactly on identical sequences (tests/test_rollout_tail.py checks it).
-
-Assumptions and error. The max over replicas is taken to be the replica holding the batch's
-longest sample: other replicas' extra load (a replica with more long samples than average) is not
-priced, nor the joint tail of two long samples in one replica; this underestimates by a few percent
-when a replica runs many waves. Speculative re-issue of tool calls and CPU queueing inside the
-engine's timeline (only whole-wave queueing rounds are added, by `timing`) are not modelled; an
-over-provisioned rollout whose queued calls hide under the next wave is thus over-priced.
-Measured against `placer simulate --iterations 8` on the examples (variance on): within 10% of
-the simulated mean (longtail-replay -9%, whose iterations themselves range 357-640 s of rollout).
-Cost: at most MAX_STRATA + 1 sequences and six runs per candidate, O(K turns log K) events each,
-plus one per KV-full moment (at most one per `kv_block_tokens` steps while the KV is short).
+Method, assumptions and measured error: docs/cost-model.md, "Tails".
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ peak a pass's GEMMs reach on a device (a roofline: small passes are bound by rea
 weights, `gemm_eff`; memory-bound kernels cap a pass below its GEMMs, `device_ceiling`).
 
 The layer under `placer.cost.generation` (engine steps) and `placer.cost.model` (training, frozen
-passes, environment and sync), which re-exports every name here; the formulas and notation are
-in `placer.cost.model`'s docstring (memory; training: mfu = `gemm_eff`; forward).
+passes, environment and sync), which re-exports every name here; the formulas, notation and
+sources are in docs/cost-model.md ("Memory per device", "Training").
 """
 from __future__ import annotations
 

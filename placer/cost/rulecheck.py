@@ -2,8 +2,7 @@
 
 What the executor does (executors/loop.py `_verify`, executors/task.py, executors/roles.py):
 
-  verify      a job with an environment runs each final answer as code first (the arithmetic
-              task's expression, or the math task's answer kept as planned): one sandbox per
+  verify      a job with an environment runs each final answer as code first: one sandbox per
               environment worker (`EnvWorker.execute`, `Sandbox.run_batch`), its answers in
               turn, a forked child each;
   in process  the reward worker then checks each answer in its own process: a number compared
@@ -13,10 +12,10 @@ What the executor does (executors/loop.py `_verify`, executors/task.py, executor
 
 Priced with three factors of the reward's device type (`Efficiency`): `sandbox_batch_s` per
 sandbox started, `sandbox_sample_s` per answer run in a sandbox, `rule_reward_s` per in-process
-check; the checks of n samples on c cores take ceil(n / c) rounds, and a sandbox batch runs its
-answers one after another. The kinds are kept apart so that a calibration fitted on one kind of
-job (code checked in a sandbox) does not price another (math checked by sympy) with its figure:
-`placer.calibrate.fit_rule` fits each factor only from the events of its own kind.
+check; the checks of n samples on c cores take ceil(n / c) rounds. The kinds are kept apart so
+that a calibration fitted on one kind of job (code checked in a sandbox) does not price another
+(math checked by sympy) with its figure: `placer.calibrate.fit_rule` fits each factor only from
+the events of its own kind. Sources of the defaults: docs/cost-model.md.
 """
 from __future__ import annotations
 

@@ -1,40 +1,15 @@
 """How a parallel layout splits one model over devices: its weights, training state, tokens, and
 the collectives that join the pieces (Megatron-Core's five dimensions; vLLM / SGLang engines).
 
-A layout (`Parallel`) has
-  tp   tensor parallelism: every matrix of attention and the dense MLP split over tp ranks
-       (Shoeybi et al. 2019), 2 all-reduces of the activations per layer and pass
-  cp   context parallelism (training): each sequence split over cp ranks, which exchange keys
-       and values in a ring (ring attention, Liu et al. 2023; Megatron-Core's CP): activations
-       and GEMM tokens / cp, weights replicated over cp
-  pp   pipeline stages: layers / pp per device
-  dp   data-parallel replicas (ZeRO/FSDP shards the training state over dp x cp ranks; with
-       HSDP, `shard`, over the shard x cp ranks of a shard group, and the dp / shard groups
-       replicate it)
-  ep   expert parallelism of a mixture of experts: the routed experts of a stage are dealt out
-       to ep ranks (each keeps E / ep whole experts), the tokens travel to their experts and
-       back in two all-to-alls per MoE layer and pass (GShard, Lepikhin et al. 2021; DeepSpeed-
-       MoE); ep = 1 splits every expert's matrices over tp like a dense MLP
-  etp  expert tensor parallelism: each expert's matrices further split over etp ranks (Megatron
-       `expert_tensor_parallel_size`; verl's MoE recipes use ETP 1)
+A layout (`Parallel`) has tp, cp, pp, dp (with ZeRO stage, offload and an HSDP `shard` group), ep
+and etp, plus its precision and engine settings. This module says what each device holds
+(`params_per_device`, `train_state_bytes`, `grad_bytes`), the tokens a routed expert's GEMMs see
+(`expert_tokens`), a hybrid model's per-sequence state (`linear_state_bytes`, `state_split`), and
+the messages of expert and context parallelism (`ep_all_to_all`, `cp_kv_exchange`); the layer
+collectives are priced in `placer.cost.layercomm`.
 
-Devices: tp * cp * pp * dp. Training (Megatron-Core's rule) carves the expert grid out of the
-non-pipeline ranks: ep * etp divides tp * cp * dp, the rest (`expert_dp`) replicate each expert
-and shard its optimizer state. An inference engine replica is tp * pp devices; with ep > 1 its
-experts go to ep * etp = tp ranks (vLLM's --enable-expert-parallel, ETP 1), attention stays TP.
-
-Per device (P_d: every parameter but the routed experts, P_e: the routed experts):
-  weights     P_d / (tp * pp) + P_e / (pp * ep * etp)  (ep = 1: P_e / (pp * tp))
-  ZeRO shard  dense state over dp * cp ranks, expert state over tp * cp * dp / (ep * etp)
-  expert GEMM tokens: a routed expert sees the tokens of its expert group that chose it,
-              t * ep * etp / (tp * cp) * k / E for t tokens per TP x CP group, k of E experts
-              each (`expert_tokens`)
-  all-to-all  dispatch and combine, each a pairwise exchange of a rank's routed token copies,
-              t * k * h * b bytes, over ep ranks (`collectives.all_to_all`)
-  ring CP     per layer and pass, an all-gather of K and V of the cp ranks' chunks (the ring's
-              cp - 1 steps move what an all-gather moves), priced without overlap
-  GDN state   a hybrid model's per-sequence linear-attention state, split by head over
-              min(tp, key_heads) ranks and by layer over pp stages (`state_split`)
+The rules (Megatron-Core's expert grid, ZeRO groups, engine replicas) and their sources:
+docs/cost-model.md, "Parallel layouts".
 """
 from __future__ import annotations
 

@@ -1,37 +1,19 @@
 """Roles split over pools: rollout engines on several device types, each part with its own layout
 and its own share of the samples.
 
-On a heterogeneous cluster the fastest plan often serves generation from more than one pool: the
-training GPUs keep the actor, and the samples go to H20 and L40S engines in proportion to what
-each pool can do (StreamRL, AReaL-Hex and Helix report their wins from exactly this). A split
-candidate joins two single-pool candidates of the rollout role (each a layout and a number of
-engine replicas, from `placer.solve.candidates`) and divides the batch between them so that both parts
-finish together:
+On a heterogeneous cluster the fastest plan often serves generation from more than one pool (the
+training GPUs keep the actor, the samples go to H20 and L40S engines: StreamRL, AReaL-Hex and
+Helix report their wins from this). A split candidate joins two single-pool candidates of the
+rollout role and divides the batch so that both parts finish together: the group-aligned count n
+on part a minimising max(t_a(n), t_b(N - n)), found by bisection, each part priced by
+`placer.cost.estimate.estimate` with the tail model. GRPO groups stay whole on one part.
 
-  n* = the group-aligned count on part a minimising max(t_a(n), t_b(N - n)),
-
-where t_x(n) is the part's rollout stage for n of the batch's N kept samples, priced by
-`placer.cost.estimate.estimate` on the job with n samples (the tail-aware makespan of that part's
-replicas, `placer.cost.rollout_tail`). t_a grows and t_b shrinks with n, so bisection finds n* in
-O(log N) estimates; the shares are n / N ("proportional to throughput or better": this is the
-balance point itself, not a throughput ratio measured at full load). GRPO groups stay whole on
-one part (a group's prompt is prefilled once, and partial rollouts settle by group).
-
-How the rest of the model treats a split role (each rule stated where it is priced):
-  slot         a split role sits alone in its own slot (colocating half a role with another
-               role's devices on one pool only is not modelled); the ILP forces that;
-  weight sync  one broadcast that every part's replicas join, paced by the slowest part's links
-               (`timing.sync_time`: the max over parts);
-  tool calls   the environment's cores are shared in proportion to each part's engine slots
-               (`timing.rollout_tool_time`); each part's queueing adds to that part's time;
-  over-provisioning and partial rollouts run per part on its share (the simulator commits the
-               first n done over all parts: within a part's tail of the planner's rule).
-Which pairs: every two pools that can host the role (GPUs, LPUs); on each, the single
-candidates after dominance pruning, thinned to `PART_CHOICES` device counts that other roles
-leave free most often (the whole pool, whole nodes, halves of a node: `thin`);
-each pair balanced on the job at its means (cheap), the Pareto set per pair of pools thinned to
-`PAIR_CHOICES`, and only those priced with the tail model (`split_estimates`). The ILP picks
-among them, so the table stays small at thousands of devices.
+Which pairs: every two pools that can host the role; on each, the single candidates after
+dominance pruning thinned to `PART_CHOICES` device counts (`thin`); each pair balanced at the
+job's means, the Pareto set per pair of pools thinned to `PAIR_CHOICES`, and only those priced
+with the tail model (`split_estimates`). The ILP picks among them, so the table stays small at
+thousands of devices. How slots, weight sync and tool calls treat a split role:
+docs/cost-model.md, "How roles combine into one iteration".
 """
 from __future__ import annotations
 

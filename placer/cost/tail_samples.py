@@ -1,28 +1,15 @@
 """Representative samples of a job for the rollout's replica replay (`placer.cost.rollout_tail`).
 
 The replay cannot run every sample of a batch, so it runs a few weighted rows standing for them,
-drawn without randomness from the job's clipped distributions (`placer.spec.distributions`):
-  * samples: the rollout deals samples round-robin, so each replica holds `per` i.i.d. draws. The
-    critical replica is the one holding the batch's longest sample. Its other `per - 1` samples
-    are stratified quantiles of the job's clipped distributions (`placer.spec.distributions`; the
-    normal and lognormal by their inverse CDF, empirical ones by their sorted values) at the
-    midpoints of `K <= MAX_STRATA` equal-weight strata; a stratum of weight w is w identical
-    sequences (weights are whole sequences, so batch sizes stay integers). Prompt, every turn's
-    response and every tool latency get their levels through independent low-discrepancy
-    permutations (a Kronecker sequence per dimension), so the admission order mixes short and long
-    samples as a random order does, without a random draw.
-  * the longest sample (`longest`): a sum of independent heavy-tailed terms is large through one
-    big term ("one big jump"), so P(S > x) ~ sum over a sample's components (response turns at
-    a small-batch step time per token, tool calls) of P(that one exceeds x - the others' means).
-    x is set where the batch's samples put e^-0.5772 of them above it (the expected maximum of a
-    Gumbel-type tail); the likeliest component carries the excess. When a mass at the cap puts
-    m > 1 samples at that level, the longest of them has a second jump: another component at
-    the expected maximum over m. `insert` places it in the admission queue (`rollout_tail`
-    averages three positions once a replica runs more samples than its concurrency).
-Partial rollouts reshape the rows (`cut`: each row cut at the token budget, carried rests of
-the previous step beside the fresh rows, as `simulator.tails.cut_row` cuts a sample). The job at
-its means (`at_means`, with `has_variance` telling whether that is exact) is what the
-simulator's no-variance run draws.
+drawn without randomness from the job's clipped distributions (`placer.spec.distributions`): the
+critical replica's `per - 1` samples as stratified quantiles at the midpoints of at most
+`MAX_STRATA` equal-weight strata, in a low-discrepancy admission order (a Kronecker sequence per
+dimension), plus the batch's longest sample by the one-big-jump rule (`longest`, placed in the
+queue by `insert`). Partial rollouts reshape the rows (`cut`, as `simulator.tails.cut_row` cuts a
+sample). The job at its means (`at_means`, with `has_variance` telling whether that is exact) is
+what the simulator's no-variance run draws.
+
+The sampling rules and why: docs/cost-model.md, "Tails".
 """
 from __future__ import annotations
 

@@ -2,26 +2,18 @@
 
 One iteration has four stages, in order: `sync` (actor weights to every rollout placement),
 `rollout` (generation and tool calls), `score` (reference, reward, critic values, old log-probs)
-and `train` (actor, critic).
-
-Roles in one *slot* time-share its devices, so inside a stage their times add; different slots run
-side by side, so a stage lasts as long as its busiest slot (HybridFlow's rule). When the memory of
-a slot's roles does not fit the devices together, each role pays an onload (`onload_time`) once
-per iteration: a GPU rollout engine (whose KV pool fills the devices) sleeps and wakes, the other
-roles move their state to the host and back.
-
-Multi-turn jobs: a sequence keeps its engine slot while its tool call runs, so the rollout
-estimate carries the tool latencies, and the rollout slot's rollout stage also carries the rounds
-calls queue for a core (`rollout_tool_time`, priced per (rollout, environment) pair like the
-weight sync).
+and `train` (actor, critic). Roles in one *slot* time-share its devices, so inside a stage their
+times add; different slots run side by side, so a stage lasts as long as its busiest slot
+(HybridFlow's rule). A slot whose roles' memory does not fit its devices together pays an onload
+per role and iteration (`onload_time`). Two terms price a pair of placements: the weight sync
+(`sync_time`, one broadcast every rollout replica joins) and the queueing of tool calls for CPU
+cores (`rollout_tool_time`).
 
 sync mode:   T = sum over stages of max over slots of (sum of the slot's roles' stage times)
-async mode:  with staleness s >= 1, rollout of step i+1 overlaps scoring and training of step i, so
-             the busiest slot bounds throughput: T >= max over slots of (its total work), where a
-             rollout slot also carries the weight sync. And rollout i starts only once step
-             i - s - 1 trained, so one step's chain sync -> rollout -> score -> train (the
-             sync-mode sum, `async_chain_bound`) fits in s + 1 iterations: T >= chain / (s + 1).
-             T is the larger of the two bounds.
+async mode:  T = max(the busiest slot's total work, the sync -> rollout -> score -> train chain of
+             one step / (staleness + 1)) (`async_chain_bound`)
+
+Weight-sync links and calls, switching costs and their sources: docs/cost-model.md.
 """
 from __future__ import annotations
 

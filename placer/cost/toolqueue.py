@@ -7,15 +7,13 @@ round to a whole lockstep wave overprices this: the engine admits each group of 
 as its calls return, so the later rounds' waits overlap the earlier groups' prefill and decoding.
 
 Method: the lockstep waves of mean sequences (every source of variance off), replayed on all
-replicas at once with the simulator engine's scheduling (`placer.cost.admission.engine`: admit by KV,
-one prefill of the admitted sequences, decode until a turn ends, a call returns or the KV is full,
-preempt the newest when it is) and one shared FIFO pool of
-`slots` servers. Replicas are coroutines resumed in time order, ties in the order they were
-scheduled (simpy's rule), so calls reach the pool in the simulator's order. With equal call
-latencies a FIFO pool's next-free times are nondecreasing, so the pool is a queue of (free time,
-servers) chunks and a group of w identical calls is served in O(chunks). The queueing cost is this
-makespan minus the same replay with unlimited cores: with variance off the rollout estimate
-(`estimate._waves`) plus this difference is the simulator's rollout stage.
+replicas at once with the simulator engine's scheduling (`placer.cost.admission.engine`) and one
+shared FIFO pool of `slots` servers. Replicas are coroutines resumed in time order, ties in the
+order they were scheduled (simpy's rule), so calls reach the pool in the simulator's order. With
+equal call latencies a FIFO pool's next-free times are nondecreasing, so the pool is a queue of
+(free time, servers) chunks and a group of w identical calls is served in O(chunks). The queueing
+cost is this makespan minus the same replay with unlimited cores: with variance off the rollout
+estimate (`estimate._waves`) plus this difference is the simulator's rollout stage.
 """
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """Host memory and checkpoints: the model state that lives off the accelerator.
 
 A GPU node's host RAM (`Pool.host_memory_gb`, else the device type's `host_memory_gb`; GB = 1e9
-bytes) holds, per node:
-
-  optimizer     the optimizer state of every training role that offloads it (`Parallel.offload`;
-                the cost model moves exactly these bytes off the device): fp32 master weights,
-                Adam m and v, 12 B/param, per device as `sharding.train_state_bytes` shards it
-                (dense: 12 P / (tp pp) / (dp cp)), times the role's devices on the node
-  parked        a slot whose roles do not fit on its devices together switches them
-                (`timing.slot_switch`): while one role runs, the others' weights, gradients and
-                on-device optimizer state wait on the host (verl's param/optimizer offload of
-                colocated workers); the worst moment parks every member but the smallest
-  pinned        page-locked transfer buffers of every device that moves state to or from the host
-                (offload or switch): two 1 GB buckets (DeepSpeed's default reduce_bucket_size,
-                5e8 elements, in bf16; double-buffered), `PINNED_GB_PER_DEVICE`
-  object_store  Ray's shared-memory object store on every node the plan uses: 30% of the node's
-                RAM, at most 200 GB (Ray's defaults, `ray_constants`
-                DEFAULT_OBJECT_STORE_MEMORY_PROPORTION and DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES)
+bytes) holds, per node: the optimizer state of every training role that offloads it (12 B/param
+as `sharding.train_state_bytes` shards it); the state a slot parks while its colocated roles take
+turns (`timing.slot_switch`: the worst moment parks every member but the smallest); pinned
+transfer buffers of every device that moves state to or from the host (`PINNED_GB_PER_DEVICE`);
+and Ray's object store on every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults).
 
 The planner refuses a candidate whose own need on one node exceeds the node's RAM
 (`refuse_candidates`), then checks the assembled plan node by node (`over_nodes`), where
@@ -24,12 +13,11 @@ colocated roles add up; a role whose offloaded candidates overflow a node is re-
 offload (`planner.plan_job`). Only GPU nodes are checked: a CPU node's RAM is its `memory_gb`,
 LPUs hold weights in SRAM, and a device type without `host_memory_gb` is not checked.
 
-Checkpoints hold the trained roles' state (actor, and critic under PPO): bf16 weights (2) plus
-fp32 master weights and Adam m, v (12), 14 B/param; gradients are recomputed, not saved. Writing
-one takes size / `Cluster.storage_gbs` (`checkpoint_s`), which `placer goodput` uses. On a
-plan's layouts (`plan_checkpoint_s`: the simulator, fidelity, `placer goodput`) a sharded
-trainer first gathers its optimizer state whole (the executor writes one file that any layout
-restores), and a fixed `checkpoint_overhead_s` covers the rest.
+Checkpoints hold the trained roles' state (actor, and critic under PPO): 14 B/param (bf16
+weights 2, fp32 master weights and Adam m, v 12; gradients are recomputed, not saved). Writing
+one takes size / `Cluster.storage_gbs` (`checkpoint_s`, which `placer goodput` uses); on a plan's
+layouts (`plan_checkpoint_s`) a sharded trainer first gathers its optimizer state whole and a
+fixed `checkpoint_overhead_s` covers the rest. Sources: docs/cost-model.md.
 """
 from __future__ import annotations
 

@@ -1,66 +1,33 @@
 """The placement ILP (OR-Tools CP-SAT): one config per role, colocation slots, pool capacities.
 
-The cost table (`Problem.cands`: per role, candidates with their `Estimate`) is the only thing the
-estimation side hands over; everything below is priced from it, and the chosen placement goes back
-through `assemble`, which re-prices it with `timing.iteration_time`. The model is exact for that
-timing rule (up to the integer time unit), so the solver's objective and the plan's predicted time
-agree.
+The cost table (`Problem.cands`: per role, candidates with their `Estimate`) is the only input;
+the chosen placement goes back through `assemble`, which re-prices it with
+`timing.iteration_time`. The model is exact for that timing rule (up to the integer time unit),
+so the solver's objective and the plan's predicted time agree. Identical nodes are a count: the
+model's size depends on the candidates (log of the cluster), never on the node count.
 
-Notation
-  r in R         roles in the job's order (actor first); k in C_r its candidates
-  p              pools; cap_p devices in pool p (identical nodes are a count: the model's size
-                 depends on the number of candidates, i.e. log(cluster), never on node count)
-  n_k, t_ks, m_k candidate k: devices, stage-s time (s in rollout/score/train), memory per device
-  sw_k           onload_time(k): offload/onload if its slot's memory does not fit together
-  W_ak^same/diff weight-sync time actor cand a -> rollout cand k, same slot or not (incl. the LPU
-                 reload); from `timing.sync_time` itself
-  V_ke           seconds rollout cand k's tool calls wait for environment cand e's cores (multi-turn
-                 jobs; `timing.rollout_tool_time`, a replay of the FIFO core pool against the
-                 engines, `placer.cost.toolqueue`; the calls' latencies are in t_k): like W, a
-                 pair term. t_k (rollout) is tail-aware (`placer.cost.rollout_tail`), computed per
-                 candidate, so the cost table stays the only input and the model stays exact
-Variables
-  x_rk in {0,1}  role r runs candidate k;            sum_k x_rk = 1
-  z_rj in {0,1}  role r sits in slot j (j <= r);     sum_j z_rj = 1, z_rj <= z_jj
-                 (slot j is named by its lowest role: one representation per partition, no symmetry)
-  D_jp >= 0      devices slot j holds on pool p (the largest member's n_k)
-  over_j         slot j's members do not fit in memory together (they pay sw_k each)
-  T              iteration time
-Constraints (every product of binaries is linearised with enforcement literals, no big-M):
-  pool:       z_rj => u_rp = u_jp for all p, with u_rp = sum_{k on p} x_rk    (a slot is one pool)
-  split:      a candidate k split over pools (`placer.cost.split`: n_kp devices on each of its pools)
-              sits alone: x_rk => z_rr, and z_r'r => not x_rk for every later role r'
-  capacity:   z_rj => D_jp >= sum_k n_kp x_rk;            sum_j D_jp <= cap_p
-  stage work: z_rj => w_rjs >= sum_k t_ks x_rk;           S_js = sum_r w_rjs
-  memory:     z_rj => mm_rj >= sum_k m_k x_rk;            not over_j => sum_r mm_rj <= sum_p M_p u_jp
-  switch:     z_rj and over_j => v_rj >= sum_k sw_k x_rk; SW_j = sum_r v_rj
-  sync:       x_a and z_rollout,0 => Y >= sum_k W_ak^same x_rollout,k  (actor leads slot 0)
-              x_a and not z_rollout,0 => Y >= sum_k W_ak^diff x_rollout,k
-  tools:      x_rollout,k => V >= sum_e V_ke x_env,e;  z_rollout,j => S_j,rollout gets V
-              (V_ke < 0 where over-provisioning's kept samples finish sooner on the queue:
-              then not z_rollout,j => S_j,rollout gets 0, as a lower bound would not say)
-  sync mode:  T = Y + sum_s max_j S_js + max_j SW_j  (stages in sequence, slots overlap)
-  async mode: T >= sum_s S_js + SW_j + [rollout in j] Y  for every j  (the busiest slot), and
-              (s + 1) T >= Y + sum_s max_j S_js + max_j SW_j  (staleness s: one step's chain
-              sync -> rollout -> score -> train fits in s + 1 iterations, `timing`'s rule; the
-              maxima are the sync-mode M variables, lower bounds that only raise T)
-Objectives (driven by `placer.solve.ilp_solve`):
-  time        min T (+ move_cost per role whose config changed, when re-planning); a second
-              phase fixes that value and minimises rate = sum_p price_p sum_j D_jp, then devices
-              (the cheapest of the fastest plans);
-  cost        USD per sample = rate * T / samples, a product: instead of a weak
-              AddMultiplicationEquality, start B at the cheapest plan's rate * T, then walk the
-              (T, rate) Pareto frontier from the fastest end by epsilon constraints: point i+1 is
-              lexmin (T, rate) s.t. rate <= min(rate_i - 1, ceil(B / T_i) - 1) (every plan left
-              has T >= T_i, so it beats B only below that rate); keep the best product; the walk
-              is optimal once no plan is left under the cap;
-  --sweep     the same walk, filtered to the (T, cost per sample) frontier.
-Lower bounds suffice everywhere because every bounded quantity only raises the objective, so at
-an optimum they are tight.
-Candidates slower than a feasible plan's time (T >= every chosen role's own time), or dearer
-per sample than a feasible plan's cost (price_k n_k t_k), are dropped before the model is
-built (`placer.solve.ilp_bound`, which also bounds which split candidates are priced at all).
-The time unit is the heuristic plan's time / 1e6; memory is counted in kB.
+Data: candidate k of role r has devices n_k (n_kp per pool when split), stage times t_ks, memory
+per device m_k and onload sw_k; two pair terms come from `timing` itself: the weight sync W_ak
+(actor a -> rollout k, same slot or not) and the tool calls' queueing V_ke (rollout k on
+environment e's cores). t_k of a rollout is tail-aware (`placer.cost.rollout_tail`).
+Variables: x_rk (role r runs k, one each); z_rj (role r sits in slot j <= r, the slot named by
+its lowest role: one representation per partition); D_jp (devices slot j holds on pool p);
+over_j (slot j's members do not fit in memory together); T.
+Constraints (products of binaries by enforcement literals, no big-M):
+  pool        a slot is on one pool; a split candidate sits alone in its slot
+  capacity    D_jp >= every member's n_kp;  sum_j D_jp <= cap_p
+  stage work  S_js = sum of the members' t_ks;  memory: not over_j => the members' m_k fit
+  switch      over_j => every member pays sw_k (SW_j)
+  sync        Y >= W_ak^same or W_ak^diff, by whether the rollout shares the actor's slot 0
+  tools       the rollout's slot's rollout stage gets V (negative where over-provisioning's kept
+              samples finish sooner on the queue)
+  sync mode   T = Y + sum_s max_j S_js + max_j SW_j   (stages in sequence, slots overlap)
+  async mode  T >= every slot's total work (+ Y on the rollout's), and (s + 1) T >= the
+              sync-mode chain (staleness s: `timing`'s rule)
+Lower bounds suffice: every bounded quantity only raises the objective, so they are tight at an
+optimum. The objectives (time, cost per sample, the sweep): `placer.solve.ilp_solve`. Candidates
+slower or dearer than a feasible plan are dropped before the model is built
+(`placer.solve.ilp_bound`). The time unit is the heuristic plan's time / 1e6; memory is in kB.
 """
 from __future__ import annotations
 

@@ -2,8 +2,18 @@
 
   solve(problem)      the job's objective: `time` is one lexicographic CP-SAT solve (min T, then
                       the cheapest, fewest-device plan at that T); `cost` walks the (T, rate)
-                      frontier (see `placer.solve.ilp`'s docstring) and proves its optimum by a bound
+                      frontier (below) and proves its optimum by a bound
   frontier(problem)   the time/cost-per-sample Pareto frontier, fastest first
+
+Objectives. time: min T (+ `move_cost_s` per role whose config changed, when re-planning); a
+second phase fixes that value and minimises the rate sum_p price_p sum_j D_jp, then the devices.
+cost: USD per sample = rate * T / samples is a product, so instead of a weak
+AddMultiplicationEquality the driver starts a bound B at the cheapest plan's rate * T and walks
+the (T, rate) frontier from the fastest end by epsilon constraints: point i+1 is lexmin (T, rate)
+subject to rate <= min(rate_i - 1, ceil(B / T_i) - 1) (every plan left has T >= T_i, so it beats
+B only below that rate); the best product is kept, and the walk is optimal once no plan is left
+under the cap. `--sweep` is the same walk, filtered to the (T, cost per sample) frontier.
+
 Re-planning passes a `Hint`: the old placement seeds CP-SAT (add_hint) and every role whose
 candidate config (pool, TP/PP/DP, offload) changes costs `move_cost_s` in the objective; what
 moved between two plans is reported by `placer.solve.moves`. Every solve uses a fixed seed and at
