@@ -33,6 +33,7 @@ from executors.task import Target
 from placer.base.roles import Role
 from placer.solve.planfile import Plan
 from placer.spec.job import Job
+from placer.spec.pipeline import MODES, PipelineMode
 from traces.schema import Trace
 
 
@@ -52,6 +53,11 @@ class LoopConfig:
     out_dir: Path
     mode: str = "sync"
     max_staleness: int = 0
+
+    @property
+    def pipeline(self) -> PipelineMode:
+        """What the mode does (`placer.spec.pipeline`)."""
+        return MODES[self.mode](self.max_staleness)
     checkpoint_every: int = 1
     retries: int = 3
     faults: list[Fault] = field(default_factory=list)
@@ -141,7 +147,7 @@ class LoopContext:
         during step N: consecutive steps go on two driver tracks (loop0, loop1) so that each
         track's slices still nest."""
         if m is None:
-            tid = f"loop{step % 2}" if self.lc.mode == "async" else "loop"
+            tid = f"loop{step % 2}" if self.lc.pipeline.overlaps_steps else "loop"
             if cat == "stage":
                 self.step_began.setdefault(step, ts)
             elif cat == "restart":  # the step is redone: its slice starts with the redo

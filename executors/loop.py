@@ -164,7 +164,7 @@ class Loop:
         ctx.new_step()
         s = self.rollouts.collect(pending)
         nxt = None
-        if lc.mode == "async" and step + 1 < lc.steps:
+        if lc.pipeline.overlaps_steps and step + 1 < lc.steps:
             self.weights.sync(step + 1)  # version == step: one behind the next step
             nxt = self.rollouts.launch(step + 1)
         targets = [ctx.targets.pop(i) for i in s.ids]

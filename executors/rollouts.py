@@ -322,7 +322,7 @@ class RolloutDriver:
         lc = self.ctx.lc
         for v in versions:
             lag = step - v
-            ok = lag == 0 if lc.mode == "sync" else 0 <= lag <= lc.max_staleness
+            ok = 0 <= lag <= lc.pipeline.staleness
             if not ok:
                 raise RuntimeError(f"step {step}: samples from policy version {v} break the "
                                    f"{lc.mode} bound (staleness {lc.max_staleness})")
@@ -331,7 +331,7 @@ class RolloutDriver:
         """Partial rollouts: a trained sample's first tokens may be older than the mode allows
         by the steps it was carried (`carry_steps`), never more."""
         lc = self.ctx.lc
-        bound = (0 if lc.mode == "sync" else lc.max_staleness) + carry_steps(
+        bound = lc.pipeline.staleness + carry_steps(
             self.ctx.job.tail_policy, self.ctx.cfg.max_new_tokens * self.turns)
         old = min(s.started, default=step)
         if step - old > bound:

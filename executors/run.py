@@ -309,5 +309,5 @@ def resume_point(out_dir: str | Path, steps: int) -> int:
 
 def tail_deadlines(job: Any) -> dict[str, float]:
     """A `reissue` tail policy re-issues environment calls slower than its `deadline_s`."""
-    tp = job.tail_policy
-    return {"environment": tp.deadline_s} if tp.kind == "reissue" and tp.deadline_s else {}
+    deadline_s = job.tail_policy.mechanism.tool_deadline_s
+    return {"environment": deadline_s} if deadline_s else {}

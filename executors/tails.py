@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,26 +36,18 @@ from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.trajectory import Traj
 from placer.base.fileio import atomic_write_text
-from placer.spec.sections import TailPolicy
+from placer.spec.tailpolicy import TailPolicy
 
 
 def overprovision_extra(tail_policy: TailPolicy, n: int) -> int:
-    """Samples generated beyond the `n` a step trains on: ceil(n (1 + f)) - n for an
-    `overprovision` tail policy with fraction f, else 0."""
-    if tail_policy.kind != "overprovision" or not tail_policy.fraction:
-        return 0
-    return math.ceil(n * (1 + tail_policy.fraction) - 1e-9) - n
+    """Samples generated beyond the `n` a step trains on (`TailMechanism.generated`)."""
+    return tail_policy.mechanism.generated(n) - n
 
 
 def carry_steps(tail_policy: TailPolicy, max_tokens: int) -> int:
-    """Steps a partial rollout's sample may wait beyond its own: a carried sample gains at least
-    `token_budget` tokens per step until it is done (at most `max_tokens`: turns x per-turn
-    cap), so it (and the group it holds back) is done within ceil(max_tokens / budget) steps;
-    0 for other policies."""
-    budget = tail_policy.token_budget
-    if tail_policy.kind != "partial" or not budget:  # a partial policy always has a budget
-        return 0
-    return max(math.ceil(max_tokens / budget) - 1, 0)
+    """Steps a sample may wait beyond its own before it is done (`TailMechanism.carry_steps`:
+    a partial rollout's carry; 0 for the other policies)."""
+    return tail_policy.mechanism.carry_steps(max_tokens)
 
 
 
@@ -66,17 +57,17 @@ class TailPolicies:
 
     def __init__(self, ctx: LoopContext) -> None:
         self.ctx = ctx
-        self.policy = ctx.job.tail_policy
+        self.policy = ctx.job.tail_policy.mechanism
         self.carry: list[Traj] = []  # partial rollouts: samples not trained yet
 
     @property
     def budget(self) -> int | None:
         """Partial rollouts' tokens per sample and step; None under the other policies."""
-        return self.policy.token_budget if self.policy.kind == "partial" else None
+        return self.policy.token_budget
 
     @property
     def overprovision(self) -> bool:
-        return self.policy.kind == "overprovision"
+        return self.policy.keeps_first
 
     # ------------------------------------------------------------------ overprovision
     def first_shards(self, step: int, calls: Sequence[Call], keep: int

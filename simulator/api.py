@@ -104,7 +104,7 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     finally:
         if was_enabled:
             gc.enable()
-    durs = iteration_durations(run, plan.mode)
+    durs = iteration_durations(run, plan.pipeline)
     rate = failure_rate_per_s(res, plan, cfg.failures)
     ckpt_s = 0.0
     if rate > 0:  # checkpoints cost wall time only where failures are composed (faults.compose)

@@ -50,8 +50,8 @@ SCENARIOS: dict[str, SimConfig] = {
 }
 
 
-def iterations_for(mode: str) -> int:
-    return 4 if mode == "async" else 2  # async: fill, two steady steps, drain
+def iterations_for(plan: Plan) -> int:
+    return 4 if plan.pipeline.overlaps_steps else 2  # async: fill, two steady steps, drain
 
 
 def example_names() -> list[str]:
@@ -96,7 +96,7 @@ def simulate_golden(plan_path: Path) -> dict[str, Any]:
     plan = load_golden_plan(plan_path)
     out = {}
     for name, cfg in SCENARIOS.items():
-        m = simulate_plan(plan, iterations=iterations_for(plan.mode), seed=SEED, config=cfg).metrics
+        m = simulate_plan(plan, iterations=iterations_for(plan), seed=SEED, config=cfg).metrics
         out[name] = m
     return out
 

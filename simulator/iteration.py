@@ -123,7 +123,7 @@ class Model:
         job = self.res.job
         grpo = job.algorithm.value == "grpo"
         self.partial = (tails.Partial(job.batch.samples_per_prompt if grpo else 1)
-                        if job.tail_policy.kind == "partial" else None)
+                        if job.tail_policy.mechanism.carries_over else None)
 
     def _rollout_setup(self) -> None:
         res, plan = self.res, self.plan
@@ -136,12 +136,13 @@ class Model:
             cores = e.devices * res.device_of(e.pool).cores
             self.tools = CorePool(e.pool, pool_slots(cores, job.environment.cpu_per_call))
             self.tool_overhead = self.calib.for_device(res.device_of(e.pool)).tool_overhead_s
-            if job.tail_policy.kind == "reissue":
-                self._reissue_setup(self.tools)
+            deadline_s = job.tail_policy.mechanism.tool_deadline_s
+            if deadline_s is not None:
+                self._reissue_setup(self.tools, deadline_s)
         else:
             self.tool_overhead = 0.0
 
-    def _reissue_setup(self, pool: CorePool) -> None:
+    def _reissue_setup(self, pool: CorePool, deadline_s: float) -> None:
         """Copies of slow calls draw fresh latencies from their own seeded stream, in batches."""
         dist = self.res.job.environment.tool_latency_s
         mean = self.cfg.workload.tool_latency == "mean"
@@ -155,15 +156,13 @@ class Model:
                 buf.extend(draw(dist, g, 1024).tolist())
             return buf.pop() + self.tool_overhead
 
-        deadline_s = self.res.job.tail_policy.deadline_s
-        assert deadline_s is not None, "a reissue tail policy has deadline_s (validated)"
         pool.deadline_s = deadline_s + self.tool_overhead
         pool.redraw = redraw
 
     # ------------------------------------------------------------------------------ driver
     def run(self, iterations: int) -> RunRecord:
         self.records = [IterRecord(i) for i in range(iterations)]
-        if self.plan.mode == "async":
+        if self.plan.pipeline.overlaps_steps:
             self._start_async(iterations)
         else:
             self.env.process(self._sync_loop(iterations))
@@ -211,7 +210,7 @@ class Model:
         env = self.env
         rolled = [env.event() for _ in range(n)]
         trained = [env.event() for _ in range(n)]
-        staleness = self.res.job.pipeline.max_staleness
+        staleness = self.plan.pipeline.staleness
         prepared: dict[int, tuple[Samples, dict]] = {}
 
         def rollouts() -> Generator:
@@ -292,13 +291,12 @@ class Model:
     def _rollout(self, i: int, smp: Samples, factors: dict) -> Generator:
         env, r = self.env, self.plan.roles[Role.ROLLOUT]
         req = yield from self._hold(r.slot, Role.ROLLOUT, i)
-        policy, n = self.res.job.tail_policy, self.res.job.batch.samples
+        policy, n = self.res.job.tail_policy.mechanism, self.res.job.batch.samples
         cut = None
-        if policy.kind == "partial":
-            assert policy.token_budget is not None, "a partial tail policy has token_budget (validated)"
+        if policy.token_budget is not None:
             cut = tails.cut(tails.rows_of(smp), policy.token_budget, smp.tool_output)
             smp = self.samples[i] = cut.run
-        quota = Quota(n, env.event()) if policy.kind == "overprovision" else None
+        quota = Quota(n, env.event()) if policy.keeps_first else None
         engines: list[tuple[Group, Engine]] = []
         for g, rows in zip(self.groups, dispatch(smp.n, self.groups)):
             f = factors[r.slot]

@@ -85,7 +85,7 @@ def step_durations(plan: Plan, iterations: int = 8, seed: int = 0,
     """Per-step times of `plan` with failures off (a few simulated iterations)."""
     cfg = (config or SimConfig()).model_copy(update={"failures": Failures()})
     r = simulate_plan(plan, iterations=iterations, seed=seed, config=cfg)
-    return steady(iteration_durations(r.run, plan.mode), plan.mode)
+    return steady(iteration_durations(r.run, plan.pipeline), plan.pipeline)
 
 
 def job_failure_rate(plan: Plan, mtbf_hours: dict[str, float]) -> float:

@@ -30,15 +30,17 @@ from placer.base.roles import Role
 from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
+from placer.spec.pipeline import PipelineMode
 from simulator.faults import Timeline
 from simulator.iteration import RunRecord
 
 TAIL_QUANTILE = 0.9
 
 
-def iteration_durations(run: RunRecord, mode: str) -> list[float]:
-    """Failure-free duration of every iteration (async: time between training commits)."""
-    if mode == "async":
+def iteration_durations(run: RunRecord, mode: PipelineMode) -> list[float]:
+    """Failure-free duration of every iteration (overlapping steps: time between training
+    commits)."""
+    if mode.overlaps_steps:
         ends = [r.end for r in run.iterations]
         return [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
     return [r.end - r.start for r in run.iterations]
@@ -55,10 +57,11 @@ def goodput_rate(tl: Timeline) -> float:
     return tl.goodput if tl.goodput > 0 else 0.0
 
 
-def steady(durations: list, mode: str) -> list:
-    """Async: drop the pipeline fill (first) and, from three iterations on, the drain (last:
-    its rollout ran ahead while earlier steps trained, so its interval is short)."""
-    if mode != "async" or len(durations) < 2:
+def steady(durations: list, mode: PipelineMode) -> list:
+    """Overlapping steps (async): drop the pipeline fill (first) and, from three iterations on,
+    the drain (last: its rollout ran ahead while earlier steps trained, so its interval is
+    short)."""
+    if not mode.overlaps_steps or len(durations) < 2:
         return durations
     return durations[1:-1] if len(durations) >= 3 else durations[1:]
 
@@ -114,7 +117,7 @@ def why(run: RunRecord) -> dict[str, Any]:
 
 
 def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str, Any]:
-    mode = plan.mode
+    mode = plan.pipeline
     durs = iteration_durations(run, mode)
     per_slot, per_pool, bubble = utilization(res, plan, run)
     n = len(durs)
@@ -127,13 +130,13 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline) -> dict[str
     kept = steady(done, mode)  # the same iterations as st
     rate = float(goodput_rate(tl)) / float(np.mean(st)) if st else 0.0
     stage_s = {}
-    if mode == "sync":
+    if not mode.overlaps_steps:  # stages in sequence: each has its own span
         for stage in ("sync", "rollout", "score", "train"):
             stage_s[stage] = float(np.mean([r.stages[stage][1] - r.stages[stage][0]
                                             for r in run.iterations if stage in r.stages]))
     mean = float(np.mean(st))
     return {
-        "iterations": n, "mode": mode,
+        "iterations": n, "mode": plan.mode,
         "iteration_s": _stats(st),
         "first_iteration_s": durs[0],
         "predicted_iteration_s": plan.predicted_iteration_s,

@@ -25,31 +25,25 @@ from placer.base.errors import SpecError
 from placer.solve.planfile import Plan, load_plan
 from placer.spec.job import Job
 from placer.spec.load import check_tail_policy
-from placer.spec.sections import TailPolicy
+from placer.spec.tailpolicy import POLICIES, Draws, TailPolicy
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.workload import has_tools, samples_for
 
-OVERPROVISION = 0.1
-BUDGET_QUANTILE, DEADLINE_QUANTILE = 90, 95
-
 
 def policy_options(job: Job, seed: int = 0) -> list[TailPolicy]:
-    """The policies to compare for `job` (its own kind keeps its parameters)."""
+    """The policies to compare for `job` (its own kind keeps its parameters), each at defaults
+    read off the job's draws (`TailMechanism.option`)."""
     own = job.tail_policy
     base = job.model_copy(update={"tail_policy": TailPolicy()})
     smp = samples_for(base, SimConfig().workload, seed, 0)
-    totals = np.array([sum(r) for r in smp.response])
-    floor = job.environment.turns * math.ceil(job.lengths.response.mean_value())
-    out = [TailPolicy(),
-           TailPolicy(kind="overprovision", fraction=OVERPROVISION),
-           TailPolicy(kind="partial", token_budget=max(
-               int(np.percentile(totals, BUDGET_QUANTILE)), floor))]
-    if has_tools(job):
-        lat = np.array(smp.tool_s).ravel()
-        mean = job.environment.tool_latency_s.mean_value()
-        out.append(TailPolicy(kind="reissue", deadline_s=max(
-            float(np.percentile(lat, DEADLINE_QUANTILE)), mean)))
+    draws = Draws(response_totals=[float(sum(r)) for r in smp.response],
+                  tool_latencies_s=np.array(smp.tool_s).ravel().tolist(),
+                  response_floor=job.environment.turns * math.ceil(
+                      job.lengths.response.mean_value()),
+                  mean_tool_s=job.environment.tool_latency_s.mean_value(),
+                  has_tools=has_tools(job))
+    out = [p for mech in POLICIES.values() if (p := mech.option(draws)) is not None]
     return [own if p.kind == own.kind else p for p in out]
 
 
@@ -73,7 +67,7 @@ def compare_policies(plan: Plan | str, iterations: int = 3, seed: int = 0,
     for policy in policy_options(job, seed):
         m = simulate_plan(with_policy(plan, policy), iterations, seed, cfg).metrics
         rows.append(_row(policy, m))
-    base = next(r for r in rows if r["kind"] == "none")
+    base = next(r for r in rows if r["kind"] == TailPolicy().kind)  # the default: wait for all
     for r in rows:
         r["vs_none"] = r["samples_per_s"] / base["samples_per_s"] - 1 if base["samples_per_s"] else 0.0
         r["why"] = _why(r, base, job)
@@ -96,23 +90,4 @@ def _row(policy: TailPolicy, m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _why(r: dict[str, Any], base: dict[str, Any], job: Job) -> str:
-    p = r["policy"]
-    tail = f"long tail {base['long_tail_s']:.1f} -> {r['long_tail_s']:.1f} s"
-    step = f"step {base['iteration_s']:.1f} -> {r['iteration_s']:.1f} s"
-    if r["kind"] == "none":
-        return (f"baseline: every step waits for its slowest sample ({r['long_tail_s']:.1f} s "
-                f"after 90% were done)")
-    if r["kind"] == "overprovision":
-        return (f"generates {r['generated']:.0f} samples to keep the first "
-                f"{r['committed']:.0f}: {step}, {tail}; pays {p['fraction']:.0%} more generation "
-                "and keeps a sample set biased to short responses")
-    if r["kind"] == "partial":
-        return (f"cuts rows at {p['token_budget']} tokens, carrying {r['carried_tokens']:.0f} "
-                f"tokens per step (prefilled again next step): {step}, {tail}; trains "
-                f"{r['committed']:.0f} of {job.batch.samples} samples per step")
-    off = (abs(r["iteration_s"] - base["iteration_s"]) < 0.01 * base["iteration_s"])
-    return (f"re-issued {r['reissued_calls']} slow tool calls past {p['deadline_s']:.2f} s, "
-            f"{r['reissue_saved_s']:.1f} s of call time saved: tool queueing "
-            f"{base['queueing_s']:.2f} -> {r['queueing_s']:.2f} s/sample, {step}"
-            + ("; tool calls are off the critical path here (steps wait on generation)"
-               if off else ""))
+    return TailPolicy.model_validate(r["policy"]).mechanism.explain(r, base, job.batch.samples)

@@ -36,7 +36,7 @@ class SimResult:
 
 def _wall_rows(r: SimResult) -> list[tuple]:
     """Replay each attempt's events at its wall time; add failure, restart, checkpoint events."""
-    durs = iteration_durations(r.run, r.plan.mode)
+    durs = iteration_durations(r.run, r.plan.pipeline)
     starts = [0.0]
     for d in durs[:-1]:
         starts.append(starts[-1] + d)

@@ -82,10 +82,10 @@ class Window:
 
 def window_of(plan: Plan) -> Window:
     job = plan.spec
-    if plan.mode == "async":
-        s = job.pipeline.max_staleness
+    if plan.pipeline.overlaps_steps:
+        s = plan.pipeline.staleness
         return Window(s + 1, s, s + 1)
-    return Window(1 if job.tail_policy.kind == "partial" else 0, 0, 1)
+    return Window(1 if job.tail_policy.mechanism.carries_over else 0, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -130,14 +130,14 @@ def steady_state(result: SimResult, target_rel: float = REL_CI) -> SteadyState:
     """The steady-state window of a finished run and its interval (see the module doc)."""
     plan, run = result.plan, result.run
     w = window_of(plan)
-    durs = iteration_durations(run, plan.mode)
+    durs = iteration_durations(run, plan.pipeline)
     done = [run.committed.get(i, run.samples[i]).n for i in range(len(durs))]
     n = len(durs)
     if n >= w.warmup + w.drain + 1:
         lo, hi, excluded = w.warmup, n - w.drain, True
     else:  # too short for the window: fall back to the metrics' own steady part
-        kept = len(steady(durs, plan.mode))
-        lo = 1 if plan.mode == "async" and n >= 2 else 0
+        kept = len(steady(durs, plan.pipeline))
+        lo = 1 if plan.pipeline.overlaps_steps and n >= 2 else 0
         hi, excluded = lo + kept, w.warmup == 0 and w.drain == 0
     t = np.asarray(durs[lo:hi], dtype=float)
     c = np.asarray(done[lo:hi], dtype=float)

@@ -18,9 +18,10 @@ from placer.cost.efficiency import Calibration
 from placer.cost.model import engine_swap_time, switch_time
 from placer.cost.pricer import Pricer
 from placer.cost.tail_samples import at_means
-from placer.cost.timing import Placed, async_chain_bound, onload_time
+from placer.cost.timing import Placed, onload_time
 from placer.solve.assemble import placed_estimate, reprice
 from placer.spec.catalog import resolve
+from placer.spec.pipeline import Async
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.metrics import iteration_durations
@@ -57,7 +58,7 @@ def _by_hand(plan) -> tuple[float, float, float]:
     score = max(ref.stage_s["score"], est[Role.ACTOR].stage_s["score"],
                 est[Role.REWARD].stage_s["score"])
     chain = sync + rollout.stage_s["rollout"] + score + est[Role.ACTOR].stage_s["train"] + onload
-    return shared, actor, async_chain_bound(chain, res)
+    return shared, actor, res.job.pipeline.mechanism.chain_bound_s(chain)
 
 
 def test_planner_prices_the_shared_slot_as_its_summed_work() -> None:
@@ -79,7 +80,7 @@ def test_simulator_time_shares_the_slot_at_the_planned_period() -> None:
     s = plan.spec.pipeline.max_staleness
     # after the fill (s + 1 commits) and before the drain (the last s), every commit is one
     # period of the shared slot apart
-    steady = iteration_durations(run, "async")[s + 1:ITERATIONS - s]
+    steady = iteration_durations(run, Async(1))[s + 1:ITERATIONS - s]
     assert steady
     for d in steady:
         assert d == pytest.approx(shared, rel=1e-6)

@@ -22,7 +22,7 @@ from placer.solve.planfile import Plan
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict, read_structured
-from placer.spec.sections import TailPolicy
+from placer.spec.tailpolicy import TailPolicy
 from simulator import iteration
 from simulator.api import simulate_plan
 from simulator.config import Failures, SimConfig

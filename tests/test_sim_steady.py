@@ -9,6 +9,7 @@ import pytest
 from simplans import small_plan
 
 from placer.base.errors import SpecError
+from placer.spec.pipeline import Async
 from simulator.api import simulate_plan
 from simulator.metrics import iteration_durations
 from simulator.steady import MIN_BATCHES, cap_iterations, simulate_steady, steady_state, t95, window_of
@@ -44,7 +45,7 @@ def test_window_leaves_out_fill_and_drain_and_averages_the_rest():
     plan = _async(COLOCATED)
     r = simulate_plan(plan, iterations=12, seed=4)
     st = steady_state(r)
-    durs = iteration_durations(r.run, "async")
+    durs = iteration_durations(r.run, Async(1))
     assert (st.warmup, st.drain, st.measured) == (2, 1, 9) and st.warmup_excluded
     assert st.iteration_s == pytest.approx(sum(durs[2:11]) / 9, rel=1e-12)
     assert st.batch_size == 2 and st.batches == 4  # cycles of staleness + 1 steps
@@ -60,8 +61,8 @@ def test_window_leaves_out_fill_and_drain_and_averages_the_rest():
 def test_the_measured_prefix_does_not_depend_on_the_run_length():
     """Commit i depends on rollouts up to i + staleness only: a longer run repeats the window."""
     plan = _async(COLOCATED)
-    short = iteration_durations(simulate_plan(plan, iterations=8, seed=2).run, "async")
-    long = iteration_durations(simulate_plan(plan, iterations=14, seed=2).run, "async")
+    short = iteration_durations(simulate_plan(plan, iterations=8, seed=2).run, Async(1))
+    long = iteration_durations(simulate_plan(plan, iterations=14, seed=2).run, Async(1))
     assert short[:7] == long[:7]  # bit for bit, drain (the last one) aside
 
 
@@ -117,7 +118,7 @@ def test_two_iterations_misrank_async_plans_the_steady_state_does_not():
         return simulate_plan(plan, iterations=2, seed=0).metrics["iteration_s"]["mean"]
 
     def long_run(plan):
-        durs = iteration_durations(simulate_plan(plan, iterations=41, seed=0).run, "async")
+        durs = iteration_durations(simulate_plan(plan, iterations=41, seed=0).run, Async(1))
         return sum(durs[2:40]) / 38
 
     assert short(co) < short(sp)  # the old default's ranking
@@ -136,7 +137,8 @@ def test_on_iteration_is_called_once_per_iteration_in_order(mode):
     with_cb = simulate_plan(plan, iterations=5, seed=3, on_iteration=lambda d, n: calls.append((d, n)))
     assert calls == [(i, 5) for i in range(1, 6)]
     plain = simulate_plan(plan, iterations=5, seed=3)
-    assert iteration_durations(with_cb.run, mode) == iteration_durations(plain.run, mode)
+    assert (iteration_durations(with_cb.run, plan.pipeline)
+            == iteration_durations(plain.run, plan.pipeline))
 
 
 def test_steady_runs_report_every_iteration_of_every_run():

@@ -17,7 +17,7 @@ from placer.solve.assemble import reprice
 from placer.solve.planfile import save_plan
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict, load_job
-from placer.spec.sections import TailPolicy
+from placer.spec.tailpolicy import TailPolicy
 from simulator import tails
 from simulator.api import simulate_plan
 from simulator.config import SimConfig

@@ -173,7 +173,7 @@ def trained_context(res: Resolved) -> float:
     j = res.job
     full = mean_context(res)
     gen = generated_samples(j)
-    if j.tail_policy.kind != "overprovision" or gen <= j.batch.samples or not varies(
+    if not j.tail_policy.mechanism.keeps_first or gen <= j.batch.samples or not varies(
             j.lengths.response):
         return full
     return full - _shortest_cut(j.lengths.response, j.environment.turns,
@@ -270,8 +270,7 @@ def _environment(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par:
 def generated_samples(job) -> int:
     """Samples the rollout generates per iteration: the batch, plus the over-provisioned extra
     (`tail_policy: overprovision` generates ceil(n (1 + fraction)) and keeps the first n)."""
-    n, tp = job.batch.samples, job.tail_policy
-    return math.ceil(n * (1 + tp.fraction)) if tp.kind == "overprovision" else n
+    return job.tail_policy.mechanism.generated(job.batch.samples)
 
 
 @dataclass(frozen=True)

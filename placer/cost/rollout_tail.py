@@ -67,15 +67,15 @@ class Replicas:
 def makespan(job: Job, st: StepTerms, eff: Efficiency, shape: Replicas) -> float:
     """Expected rollout stage seconds (generation and un-queued tool waits) of the job on
     `shape.replicas` replicas of `st`'s layout (module docstring: method and assumptions)."""
-    env, tp = job.environment, job.tail_policy
+    env, budget = job.environment, job.tail_policy.mechanism.token_budget
     tools = env.kind != "none" and env.turns > 1
     out_tokens = env.tool_output_tokens if tools else 0
     over = shape.generated > shape.kept > 0
     per = shape.per_replica
 
     def run(rows: Rows) -> list[tuple[float, int]]:
-        if tp.kind == "partial" and tp.token_budget is not None:
-            rows = cut(rows, tp.token_budget, out_tokens)
+        if budget is not None:
+            rows = cut(rows, budget, out_tokens)
         return run_replica(st, rows.prompt, rows.response, rows.tool_s, rows.weight, out_tokens)
 
     n2 = reduced_count(job, st, shape, eff.tool_overhead_s)

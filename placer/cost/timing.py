@@ -11,7 +11,7 @@ cores (`rollout_tool_time`).
 
 sync mode:   T = sum over stages of max over slots of (sum of the slot's roles' stage times)
 async mode:  T = max(the busiest slot's total work, the sync -> rollout -> score -> train chain of
-             one step / (staleness + 1)) (`async_chain_bound`)
+             one step / (staleness + 1)) (`PipelineMode.chain_bound_s`, `placer.spec.pipeline`)
 
 Weight-sync links and calls, switching costs and their sources: docs/cost-model.md.
 """
@@ -242,13 +242,6 @@ def _split_tool_time(ctx: PriceContext, split: Estimate, env: Estimate) -> float
     return max(worst - split.stage_s.get("rollout", 0.0), 0.0)
 
 
-def async_chain_bound(chain_s: float, res: Resolved) -> float:
-    """The async pipeline's second bound: rollout i may start only once step i - s - 1 trained
-    (`simulator.iteration`: staleness s), and step i's weight sync, rollout, scoring and training
-    follow one another before step i trains, so that chain spans at most s + 1 iterations."""
-    return chain_s / (res.job.pipeline.max_staleness + 1)
-
-
 def iteration_time(ctx: PriceContext, placed: list[Placed]) -> Breakdown:
     """Combine placed estimates into the iteration time of the job's pipeline mode."""
     res = ctx.res
@@ -274,8 +267,5 @@ def iteration_time(ctx: PriceContext, placed: list[Placed]) -> Breakdown:
                for st in STAGES}
     stage_s["switch"] = max(switch.values(), default=0.0)
     chain = sum(stage_s.values())  # sync -> rollout -> score -> train of one step, in order
-    if res.job.pipeline.mode == "async":
-        total = max(max(busy.values(), default=0.0), async_chain_bound(chain, res))
-    else:
-        total = chain
+    total = res.job.pipeline.mechanism.iteration_s(chain, max(busy.values(), default=0.0))
     return Breakdown(total, stage_s, busy, switch, sync)

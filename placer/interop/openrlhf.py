@@ -158,7 +158,7 @@ def _batch(plan: Plan) -> list[str]:
         args += ["--algo.kl.init_coef", "0"]  # OpenRLHF builds no reference without a KL term
     elif job.algorithm is not Algorithm.ppo:
         args += ["--algo.kl.use_loss", "--algo.kl.estimator", "k3"]  # GRPO's KL loss
-    if job.pipeline.mode == "async":
+    if job.pipeline.mechanism.overlaps_steps:
         args += ["--train.async_enable", "--train.async_queue_size",
                  str(job.pipeline.max_staleness)]
     return args

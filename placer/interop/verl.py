@@ -221,15 +221,16 @@ def _environment(plan: Plan, warn: list[str]) -> dict[str, Any]:
 def _pipeline(plan: Plan, warn: list[str]) -> dict[str, Any]:
     job = plan.spec
     split = not colocated(plan, Role.ROLLOUT, Role.ACTOR)
-    if job.pipeline.mode == "sync" and not split:
+    overlaps = job.pipeline.mechanism.overlaps_steps
+    if not overlaps and not split:
         return {}
-    if split and job.pipeline.mode == "sync":
+    if split and not overlaps:
         warn.append("pipeline: verl runs a disaggregated rollout only asynchronously "
                     "(trainer.v1.trainer_mode=separate_async, one step off-policy); the plan's "
                     "sync pipeline becomes one-step-off")
     mode = "separate_async" if split else "colocate_async"
     o: dict[str, Any] = {"trainer.use_v1": True, "trainer.v1.trainer_mode": mode}
-    if job.pipeline.mode == "async":
+    if job.pipeline.mechanism.overlaps_steps:
         o["trainer.v1.sampler.max_off_policy_threshold"] = job.pipeline.max_staleness
     if split:
         o["trainer.v1.separate_async.parameter_sync_step"] = 1

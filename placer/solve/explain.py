@@ -151,11 +151,11 @@ def binding(plan: Plan, px: Pricer) -> list[str]:
         notes.append(f"slot {slot}: its roles do not fit in memory together; "
                      f"offload/onload costs {t:.2f} s per iteration")
     busy = plan.breakdown.slot_busy_s
-    if plan.mode == "async" and busy:
+    if plan.pipeline.overlaps_steps and busy:
         top = max(busy, key=busy.__getitem__)
         chain = sum(plan.breakdown.stage_s.values())
-        stale = plan.spec.pipeline.max_staleness
-        if chain / (stale + 1) > busy[top]:
+        stale = plan.pipeline.staleness
+        if plan.pipeline.chain_bound_s(chain) > busy[top]:
             notes.append(f"async: one step's sync -> rollout -> score -> train chain "
                          f"({chain:.2f} s) must fit in staleness + 1 = {stale + 1} iterations "
                          f"and sets the iteration time (busiest slot {top}: {busy[top]:.2f} s)")

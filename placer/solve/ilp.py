@@ -330,7 +330,8 @@ class _Model:
         for j in self.roles:
             m.add(msw >= self.SW[j])
         chain = self.Y + sum(maxes) + msw  # one step's stages in sequence
-        if self.p.res.job.pipeline.mode != "async":
+        mode = self.p.res.job.pipeline.mechanism
+        if not mode.overlaps_steps:
             m.add(self.T >= chain)
             return
         for j in self.roles:
@@ -339,7 +340,7 @@ class _Model:
                 q = m.new_int_var(0, top, f"q[{j}]")
                 m.add(q >= self.Y).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
             m.add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
-        m.add((self.p.res.job.pipeline.max_staleness + 1) * self.T >= chain)
+        m.add((mode.staleness + 1) * self.T >= chain)  # `PipelineMode.chain_bound_s`
 
     def _switch_max(self, r: str) -> int:
         return max(self._switch(c) for c in self.p.cands[r])

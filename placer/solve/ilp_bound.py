@@ -19,7 +19,6 @@ from collections.abc import Callable
 from placer.base.roles import Role
 from placer.cost.estimate import generated_samples
 from placer.cost.split import SplitKeep
-from placer.cost.timing import async_chain_bound
 from placer.solve.candidates import Candidate
 from placer.solve.ilp import Assignment, Problem, slot_names
 from placer.solve.pricing import device_price, slots_price
@@ -149,13 +148,11 @@ def _time_floor(problem: Problem, role: str, c: Candidate,
     in sync mode the stages run in sequence and each lasts at least its longest role's time in
     it (`timing.iteration_time`), so T >= sum over stages of max(c's, the other roles' least);
     async, a step's chain of those stages spans at most s + 1 iterations
-    (`timing.async_chain_bound`)."""
+    (`PipelineMode.chain_bound_s`)."""
     stages = set(c.est.stage_s).union(*(f for r, f in floor.items() if r != role))
     chain = sum(max([c.est.stage_s.get(st, 0.0)]
                     + [f.get(st, 0.0) for r, f in floor.items() if r != role]) for st in stages)
-    if problem.res.job.pipeline.mode == "async":
-        chain = async_chain_bound(chain, problem.res)
-    return max(c.time_s, chain)
+    return max(c.time_s, problem.res.job.pipeline.mechanism.chain_bound_s(chain))
 
 
 def _tool_may_lower(problem: Problem) -> bool:

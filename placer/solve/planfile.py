@@ -31,6 +31,7 @@ from placer.spec.catalog import Resolved, resolve
 from placer.spec.errorlines import format_validation_error
 from placer.spec.job import Job
 from placer.spec.load import read_structured
+from placer.spec.pipeline import PipelineMode
 
 
 class _M(BaseModel):
@@ -212,6 +213,11 @@ class Plan(_M):
         """The plan's job, validated: the typed view every reader uses (cached)."""
         job: Job = self._view("spec", lambda: Job.model_validate(self.job))
         return job
+
+    @property
+    def pipeline(self) -> PipelineMode:
+        """What the plan's pipeline mode does (`placer.spec.pipeline`)."""
+        return self.spec.pipeline.mechanism
 
     def resolved(self) -> Resolved:
         """The job with its cluster, device types and models looked up in the catalogs (cached)."""

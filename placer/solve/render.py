@@ -38,7 +38,7 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
     st = plan.breakdown.stage_s
     lines.append("")
     lines.append("stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in st.items()) +
-                 f" ({'busiest slot' if plan.mode == 'async' else 'sum of stages'})")
+                 f" ({'busiest slot' if plan.pipeline.overlaps_steps else 'sum of stages'})")
     lines.append(f"bundles: {len(plan.bundles)}, weight-sync routes: {len(plan.sync_routes)}")
     return "\n".join(lines)
 

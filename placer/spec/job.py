@@ -28,16 +28,9 @@ from placer.spec.distributions import Distribution
 from placer.spec.hardware import Cluster, DeviceType
 from placer.spec.localdata import Dataset
 from placer.spec.pins import Pin, Pins, _Layout
-from placer.spec.sections import (
-    Algorithm,
-    Batch,
-    Environment,
-    Lengths,
-    Models,
-    Pipeline,
-    Precision,
-    TailPolicy,
-)
+from placer.spec.pipeline import Pipeline
+from placer.spec.sections import Algorithm, Batch, Environment, Lengths, Models, Precision
+from placer.spec.tailpolicy import TailPolicy
 
 
 # ------------------------------------------------------------------------------------ the job

@@ -7,7 +7,6 @@ policy budgets, pins, the catalog's names). Every mistake found is one line of o
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -89,25 +88,9 @@ def _check_job(job: Job, source: str) -> list[str]:
 def check_tail_policy(job: Job, source: str) -> None:
     """Budgets and deadlines below the mean would cut (or re-issue) the typical sample, not the
     tail: carried-over work would then grow every step (partial) or every call would run twice
-    (reissue). Such a setting is an error, which also keeps the no-variance model unchanged."""
-    tp, env = job.tail_policy, job.environment
-    if tp.kind == "partial":
-        # whole tokens per turn, as the simulator rounds a no-variance response
-        mean = env.turns * math.ceil(job.lengths.response.mean_value())
-        assert tp.token_budget is not None, "a partial tail policy has token_budget (validated)"
-        if tp.token_budget < mean:
-            raise SpecError(f"{source}: tail_policy.token_budget: below the mean response of a "
-                            f"sample ({mean:.0f} tokens over {env.turns} turn(s)); carried-over "
-                            f"work would grow every step (got {tp.token_budget})")
-    if tp.kind == "reissue":
-        if env.kind == "none" or env.turns < 2:
-            raise SpecError(f"{source}: tail_policy.kind: reissue needs tool calls (an "
-                            f"environment with turns >= 2) (got {tp.kind!r})")
-        mean_s = env.tool_latency_s.mean_value()
-        assert tp.deadline_s is not None, "a reissue tail policy has deadline_s (validated)"
-        if tp.deadline_s < mean_s:
-            raise SpecError(f"{source}: tail_policy.deadline_s: below the mean tool latency "
-                            f"({mean_s:.3g} s); most calls would run twice (got {tp.deadline_s})")
+    (reissue). Such a setting is an error, which also keeps the no-variance model unchanged
+    (each policy's `check`, `placer.spec.tailpolicy`)."""
+    job.tail_policy.mechanism.check(job.lengths, job.environment, source)
 
 
 def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:

@@ -1,19 +1,17 @@
 """The sections of a job file that describe the RL workload itself.
 
 The algorithm (which decides the roles), the models each role runs, the batch, the token lengths
-of prompts and responses, the multi-turn tool environment, the pipeline mode (sync, or async with
-bounded staleness), the long-tail policy and the optional FP8 formats. The cluster is in
-`placer.spec.hardware`, the model shapes in `placer.spec.arch`; `placer.spec.job.Job` puts them together and
-runs the checks that span sections (`check_tail_policy`).
-
-Part of the job model (`placer.spec.job`, which re-exports every name here).
+of prompts and responses, the multi-turn tool environment and the optional FP8 formats. The
+cluster is in `placer.spec.hardware`, the model shapes in `placer.spec.arch`, the pipeline mode
+in `placer.spec.pipeline`, the long-tail policy in `placer.spec.tailpolicy`; `placer.spec.job.Job`
+puts them together and `placer.spec.load` runs the checks that span sections.
 """
 from __future__ import annotations
 
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool
 
 from placer.spec.base import PosFloat, PosInt, Strict
 from placer.spec.distributions import Distribution
@@ -62,47 +60,6 @@ class Environment(Strict):
     tool_latency_s: Distribution = Distribution(kind="fixed", value=1.0)
     cpu_per_call: PosFloat = 1.0
     tool_output_tokens: Annotated[int, Field(strict=True, ge=0, le=1_000_000_000)] = 0
-
-
-class Pipeline(Strict):
-    mode: Literal["sync", "async"] = "sync"
-    max_staleness: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
-
-    @model_validator(mode="after")
-    def _staleness(self) -> Pipeline:
-        if self.mode == "async" and self.max_staleness < 1:
-            raise ValueError("async mode needs max_staleness >= 1")
-        return self
-
-
-class TailPolicy(Strict):
-    """How a step stops waiting on its slowest samples (issue 7); the simulator models each.
-
-    none           wait for every sample and every tool call
-    overprovision  generate ceil(n * (1 + fraction)) samples, keep the first n to finish and
-                   abort the rest (the kept samples lean short: a known bias of the method)
-    partial        cut a sample once it generated `token_budget` response tokens in this step;
-                   the rest of it resumes next step (its context prefilled again) and counts there
-    reissue        a tool call still running `deadline_s` after it started is issued again on
-                   another core; the first copy to finish wins and frees both cores
-    """
-
-    kind: Literal["none", "overprovision", "partial", "reissue"] = "none"
-    fraction: Annotated[float, Field(strict=True, gt=0, le=4)] | None = None
-    token_budget: PosInt | None = None
-    deadline_s: PosFloat | None = None
-
-    @model_validator(mode="after")
-    def _fields_match_kind(self) -> TailPolicy:
-        need = {"none": None, "overprovision": "fraction", "partial": "token_budget",
-                "reissue": "deadline_s"}[self.kind]
-        for name in ("fraction", "token_budget", "deadline_s"):
-            given = getattr(self, name) is not None
-            if name == need and not given:
-                raise ValueError(f"a {self.kind} tail policy needs {name}")
-            if name != need and given:
-                raise ValueError(f"{name} does not apply to a {self.kind} tail policy")
-        return self
 
 
 class Precision(Strict):
