@@ -45,6 +45,7 @@ from placer.cost.estimate import Estimate, mean_context
 from placer.cost.generation import decode_run_time, decode_step_time, prefill_time
 from placer.cost.layercomm import oversubscription, span_link, tp_link, weight_gather_time
 from placer.cost.model import score_time, train_time, transfer_time
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, Memory, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_bandwidth, sync_calls
@@ -93,10 +94,11 @@ class EventContext:
 
     def __init__(self, plan: Plan, source: str):
         self.plan, self.source = plan, source
-        self.res: Resolved = plan.resolved()
-        self.calib: Calibration = calibration_of(plan)
+        self.px = Pricer(plan.resolved(), calibration_of(plan))  # the plan's prices, as planned
+        self.res: Resolved = self.px.res
+        self.calib: Calibration = self.px.calib
         self.pools = {p.name for p in self.res.cluster.pools}
-        self.sync_gbs = _plan_sync_gbs(plan, self.res, self.calib)
+        self.sync_gbs = _plan_sync_gbs(plan, self.px)
 
     def bad(self, i: int, ev: TraceEvent, what: str) -> SpecError:
         return SpecError(f"{self.source}: traceEvents.{i} ({ev.cat} {ev.name!r}): {what}")
@@ -265,10 +267,10 @@ def _price_checkpoint(ctx: EventContext
     return trained[0][1].name, trained[0][1], t
 
 
-def _plan_sync_gbs(plan: Plan, res: Resolved, calib: Calibration) -> float | None:
+def _plan_sync_gbs(plan: Plan, px: Pricer) -> float | None:
     """The plan's weight-sync bandwidth (raw GB/s of the broadcast's slowest link, with the
     rollout device's sender and local-load rates), as `timing.sync_time` prices it."""
-    roles = plan.roles
+    roles, res = plan.roles, px.res
     if Role.ACTOR not in roles or Role.ROLLOUT not in roles:
         return None
     actor, rollout = roles[Role.ACTOR], roles[Role.ROLLOUT]
@@ -277,7 +279,7 @@ def _plan_sync_gbs(plan: Plan, res: Resolved, calib: Calibration) -> float | Non
     # a split rollout: the broadcast every part joins runs at its slowest part's links
     return min(sync_bandwidth(res, a, Placed(rollout.slot, Estimate(Role.ROLLOUT, pool, par,
                                                                      Memory(), {})),
-                              calib.for_device(res.device_of(pool)))
+                              px.eff(pool))
                for pool, par in targets)
 
 
