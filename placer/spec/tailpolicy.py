@@ -33,7 +33,7 @@ TailKind = Literal["none", "overprovision", "partial", "reissue"]
 
 
 class TailPolicy(Strict):
-    """How a step stops waiting on its slowest samples (issue 7); the simulator models each.
+    """How a step stops waiting on its slowest samples; the simulator models each.
 
     none           wait for every sample and every tool call
     overprovision  generate ceil(n * (1 + fraction)) samples, keep the first n to finish and
