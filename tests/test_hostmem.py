@@ -138,7 +138,7 @@ def test_a_plan_over_host_memory_is_re_solved_without_offload():
     # leaves them nothing (a 70B actor needs 16 B/param / 8 = 141 GB per A100 without it)
     small = resolve(job_from_dict(ppo70b()))
     problem = build_problem(Pricer(big, Calibration()))
-    problem = type(problem)(small, problem.calib, problem.cands, problem.objective)
+    problem = type(problem)(Pricer(small, problem.calib), problem.cands, problem.objective)
     with pytest.raises(Infeasible, match="actor .* and critic .* do not fit host memory"):
         _host_checked(problem, plan)
     cands = hostmem.without_offload(problem.cands, {"actor"})

@@ -111,7 +111,7 @@ def test_ilp_matches_brute_force(job, data):
     splits = [c for c in full.cands.get("rollout", []) if c.split]
     if splits:
         cands["rollout"] = [*cands["rollout"][:2], data.draw(st.sampled_from(splits), "split")]
-    problem = Problem(res, full.calib, cands, full.objective)
+    problem = Problem(Pricer(res, full.calib), cands, full.objective)
     expect = brute_force(problem)
     sol = solve(problem, time_limit_s=20.0, workers=1)
     got = score(problem, sol.assignment)[0 if problem.objective == "time" else 1]
@@ -144,7 +144,7 @@ def test_ilp_prices_a_negative_tool_term_like_timing() -> None:
     k, e = pairs[0]
     cands = {r: cs[:2] for r, cs in full.cands.items()}
     cands["rollout"], cands["environment"] = [k], [e]  # the negative pair, every grouping
-    problem = Problem(res, full.calib, cands, "time")
+    problem = Problem(Pricer(res, full.calib), cands, "time")
     expect = brute_force(problem)
     sol = solve(problem, time_limit_s=20.0, workers=1)
     assert sol.status == "OPTIMAL"

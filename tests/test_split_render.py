@@ -79,8 +79,9 @@ def test_plan_json_carries_the_parts(plan: Plan) -> None:
 
 def test_explain_names_the_single_pool_alternative_and_its_time(plan: Plan, res: Resolved
                                                                 ) -> None:
-    doc: dict[str, Any] = {"roles": breakdown(plan, Pricer(res, CALIB)), "binding": [], "marginal_node": {},
-           "split": split(plan, res, CALIB, time_limit_s=5.0)}
+    px = Pricer(res, CALIB)
+    doc: dict[str, Any] = {"roles": breakdown(plan, px), "binding": [], "marginal_node": {},
+                           "split": split(plan, px, time_limit_s=5.0)}
     sp = doc["split"]["rollout"]
     alt = sp["single_pool"]
     assert alt is not None and "+" not in alt["placement"]["rollout"].split()[0]

@@ -42,7 +42,7 @@ def test_a_bounded_table_prices_fewer_splits_and_keeps_the_optimum(objective: st
 def test_split_keep_is_the_heuristic_plans_bound_on_a_candidates_own_time() -> None:
     res = resolve(load_job(HETERO))
     full = build_problem(Pricer(res, Calibration()), bounded=False)
-    singles = Problem(res, full.calib, {r: [c for c in cs if not c.split]
+    singles = Problem(Pricer(res, full.calib), {r: [c for c in cs if not c.split]
                                         for r, cs in full.cands.items()})
     ub = score(singles, heuristic(singles))[0]
     keep = split_keep(singles)(Role.ROLLOUT)
