@@ -161,7 +161,7 @@ def test_the_job_picks_the_reward_from_a_registry(tmp_path: Path) -> None:
     assert [j.reward for j in judged[:2]] == [1.0, 1.0] and judged[2].reward == 0.0
     assert [j.exact for j in judged] == [True, True, False]  # what the driver counts
     assert judged[2].reason.startswith("run ") and judged[0].reason == ""
-    assert task.exact(answers[0], {}, prompts[0].target)  # from the verdicts already made
+    assert task.exact(answers[0], {}, prompts[0].target)  # its own check of one answer
     assert task.score(answers[2], {}, prompts[2].target) == 0.0
     rows = load_rows(str(SHIPPED), "prompt", "tests")
     assert parse_tests(json.loads(SHIPPED.read_text().splitlines()[0])["tests"]) == rows[0].tests
@@ -207,9 +207,7 @@ def _code_plan(tmp_path: Path) -> Any:
 def _judged_once(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     """Every (answer, tests) this process's code judge runs; the driver's own checks of an
     answer (`CodeData.exact`, the environment's verify run) fail the test."""
-    from executors import task as task_mod
     from executors.codetask import CodeJudge
-    task_mod._VERDICTS.clear()
     runs: list[tuple[str, Any]] = []
     judge = CodeJudge.judge
 
