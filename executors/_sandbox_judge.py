@@ -241,7 +241,23 @@ def serve(code: str, req_fd: int, rep_fd: int) -> None:
 # ------------------------------------------------------------------------------- the harness
 
 class Remote(Exception):
-    """What the solution raised (its text), raised again where the harness called it."""
+    """What the solution raised (its text), raised again where the harness called it: as the
+    same built-in exception class when it is one, so that a test's `except ValueError` works."""
+
+    text = ""
+
+
+def remote_error(text: str) -> Remote:
+    name, _, message = text.partition(": ")
+    base = getattr(builtins, name, None)
+    err: Remote = Remote(text)
+    if isinstance(base, type) and issubclass(base, Exception):
+        try:  # a class of the harness's own making: nothing of the solution's runs here
+            err = type(name, (base, Remote), {})(message)
+        except Exception:  # noqa: BLE001 - a built-in whose constructor wants more than a text
+            pass
+    err.text = text
+    return err
 
 
 class Ended(BaseException):
@@ -312,7 +328,7 @@ class Channel:
             self.ended = str(e) or "the solution's process ended"
             raise Ended(self.ended) from None
         if "error" in rep:
-            raise Remote(str(rep["error"])[:ERROR_CHARS])
+            raise remote_error(str(rep["error"])[:ERROR_CHARS])
         return rep
 
     def value(self, rep: dict) -> Any:
@@ -384,7 +400,9 @@ def judge(tests: dict, chan: Channel, emit: Callable[[dict], None]) -> bool:
                 if asserts:
                     check(asserts[i], chan)
                 frame["ok"] = True
-            except (Ended, Remote) as e:
+            except Remote as e:
+                frame["error"] = e.text
+            except Ended as e:
                 frame["error"] = str(e)[:ERROR_CHARS]
             except Exception as e:  # noqa: BLE001 - the test failed here (an AssertionError)
                 frame["error"] = describe(e)
