@@ -1,10 +1,11 @@
 """The runner half of a sandboxed run: PID 1 of the sandbox runs the answers, each in a process of its own.
 
 `executors.sandbox` starts `_sandbox_setup.py`'s source followed by this file's as one program
-(`python -I -S -c SOURCE`); the set-up half has built and checked the sandbox when `main` reaches
-a mode. The host writes a stream of messages on stdin (`read_message`: ten decimal digits, a
-newline, the bytes): first the configuration, which PID 1 reads; then each answer's code, which
-the child that runs it reads itself, exactly, before closing stdin and running it. So PID 1
+(compiled by the host and sent first on stdin, or `python -I -S -c SOURCE`); the set-up half has
+built and checked the sandbox when `main` reaches a mode. The host writes a stream of messages on
+stdin (`read_message`: ten decimal digits, a newline, the bytes): first the configuration, which
+PID 1 reads; then each answer's code, which the child that runs it reads itself, exactly, before
+closing stdin and running it. So PID 1
 never holds an answer's text, and nothing of one answer is in another's address space (each is
 forked from PID 1 before its own text is read). Results leave as JSON lines on a pipe
 (`result_fd`) that only PID 1 holds.
@@ -27,6 +28,7 @@ scheduling out of the answers' reach.
 This file imports only the standard library and must stay that way.
 """
 import json
+import marshal
 import os
 import resource
 import select
@@ -45,7 +47,6 @@ if TYPE_CHECKING:  # in the sandbox the set-up half precedes this source and def
         drop_privileges,
         install_seccomp,
         mount_work,
-        stage,
         verify,
     )
 
@@ -325,8 +326,10 @@ def run_tests(cfg: dict, out: int) -> None:
     """Unit tests, graded outside the graded process: the solution is served by a child forked
     before the tests reach this process (it reads its code from stdin itself); this process then
     reads the tests and runs them, calling the solution over a pipe (`_sandbox_judge`)."""
+    blob = read_message(0)  # the judge's code, compiled or its source (trusted: the host's)
     judge: dict = {"__name__": "placer_sandbox_judge"}
-    exec(compile(cfg["judge_source"], "<judge>", "exec"), judge)
+    exec(marshal.loads(blob) if cfg["compiled"] else compile(blob.decode(), "<judge>", "exec"),
+         judge)
     deadline = time.monotonic() + cfg["limits"]["wall_s"]
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
@@ -371,9 +374,6 @@ MODES = {"exec": run_exec, "batch": run_batch, "tests": run_tests}
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "stage":
-        stage(json.loads(sys.argv[2]))
-        return
     cfg = json.loads(read_message(0))
     out = cfg["result_fd"]
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores what it has no handler for

@@ -1,9 +1,10 @@
 """The trusted set-up of a sandboxed run, inside the sandbox's namespaces, before any untrusted code.
 
-`executors.sandbox` starts this file's source followed by `_sandbox_runner.py`'s as one program,
-`python -I -S -c SOURCE` (never read from the project tree inside the sandbox), under `bwrap` or
-`unshare`, so that it is PID 1 of a new PID namespace, in new mount, network, IPC and UTS
-namespaces. This half builds and checks the sandbox; the runner half then runs the answers.
+`executors.sandbox` starts this file's source followed by `_sandbox_runner.py`'s as one program
+(compiled by the host and sent on stdin, or `python -I -S -c SOURCE`; never read from the project
+tree inside the sandbox), under `bwrap` or `unshare`, so that it is PID 1 of a new PID namespace,
+in new mount, network, IPC and UTS namespaces. This half builds and checks the sandbox; the runner
+half then runs the answers.
 
 Steps, all before any untrusted code runs:
   1. (`unshare` backend only) build the filesystem view that `bwrap` would build: a read-only tmpfs
@@ -19,7 +20,8 @@ Steps, all before any untrusted code runs:
      others it refuses `prlimit` and scheduling calls on any process but the caller, so no answer
      can lower PID 1's limits, which every later child would inherit;
   4. `verify` what the process can see of its own isolation; a missing protection fails the run.
-Stage mode (`stage ARGV_JSON`) is the root-only step before `bwrap`: it makes the interpreter's
+`stage` (this file alone, `python -I -S -c SOURCE stage ARGV_JSON`) is the root-only step before
+`bwrap`: it makes the interpreter's
 prefix reachable for the throwaway uid in a private mount namespace, drops to that uid and execs
 `bwrap`.
 

@@ -50,13 +50,14 @@ from executors.sandbox_launch import (
     RUNNER,
     UID_SLOTS,
     Collected,
+    boot,
     bwrap_argv,
     collect,
     filter_hex,
-    judge_source,
+    judge_code,
     kill_uid,
     message,
-    runner_source,
+    native,
     staged,
     uid_slots,
     unshare_argv,
@@ -243,25 +244,25 @@ class Sandbox:
                        "processes": lim.processes, "per_item_s": lim.per_item_s},
             "seccomp": filter_hex(not self.caps.capped), "ipcns": backend != "weak",
             "throwaway_uid": uid is not None,
-            "host_markers": [str(RUNNER), "/proc/self", "/tmp", "/etc"]}
-        if mode == "tests":
-            cfg["judge_source"] = judge_source()
+            "host_markers": [str(RUNNER), "/proc/self", "/tmp", "/etc"],
+            "compiled": native(self.python)}
         return cfg
 
     def _argv(self, cfg: dict[str, Any], backend: str, uid: int | None) -> list[str]:
         v, lim = view(self.python), self.limits
         work = {"bytes": lim.disk_bytes, "inodes": lim.files}
+        program = boot(self.python)[0]
         if backend == "bwrap":
             cfg["work_tmpfs"] = work
-            argv = bwrap_argv(self.python, v)
+            argv = bwrap_argv(self.python, v, program)
             # root: bwrap runs as the throwaway uid (a staging step first)
             return argv if uid is None else staged(self.python, v, uid, argv)
         if backend == "unshare":
             cfg["setup"] = {"binds": [(p, p) for p in v["ro"]], "links": v["links"],
                             "devices": list(DEVICES), "uid": uid, "work": work}
-            return unshare_argv(self.python, uid is not None)
+            return unshare_argv(self.python, uid is not None, program)
         cfg.update(ipcns=False, host_markers=[])
-        return [self.python, "-I", "-S", "-c", runner_source()]
+        return [self.python, "-I", "-S", "-c", program]
 
     def _start_as(self, mode: str, payload: list[str], wall_s: float, backend: str,
                   uid: int | None, items: int) -> tuple[Result, list[dict]] | str:
@@ -278,7 +279,8 @@ class Sandbox:
         cfg["workdir"] = workdir
         t0 = time.monotonic()
         try:
-            col = self._run(cg.wrap(argv) if cg else argv, cfg, payload, wall_s, workdir, uid)
+            col = self._run(cg.wrap(argv) if cg else argv, cfg, mode, payload, wall_s, workdir,
+                            uid)
             if isinstance(col, str):
                 return col
             oom, peak = (cg.oom_kills(), cg.peak_bytes()) if cg else (0, None)
@@ -305,14 +307,16 @@ class Sandbox:
         return Result(status, rc, clean_text(col.out[-keep:]), clean_text(col.err[-keep:]),
                       time.monotonic() - t0, protections + capped, None, name, peak), col.frames
 
-    def _run(self, argv: list[str], cfg: dict[str, Any], payload: list[str], wall_s: float,
-             workdir: str | None, uid: int | None) -> Collected | str:
-        """Start the launcher, feed it the configuration and the payload, collect what comes
-        back; a string says why it could not start."""
+    def _run(self, argv: list[str], cfg: dict[str, Any], mode: str, payload: list[str],
+             wall_s: float, workdir: str | None, uid: int | None) -> Collected | str:
+        """Start the launcher, feed it the runner (compiled), the configuration, the judge (tests
+        mode) and the payload, collect what comes back; a string says why it could not start."""
         res_r, res_w = os.pipe()
         cfg["result_fd"] = res_w
-        feed = b"".join(message(m.encode("utf-8", "surrogatepass"))
-                        for m in [json.dumps(cfg), *payload])
+        feed = boot(self.python)[1] + message(json.dumps(cfg).encode())
+        if mode == "tests":
+            feed += message(judge_code(self.python))
+        feed += b"".join(message(m.encode("utf-8", "surrogatepass")) for m in payload)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env={}, start_new_session=True,

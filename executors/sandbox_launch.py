@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import marshal
 import os
 import selectors
 import shutil
@@ -72,6 +73,21 @@ def uid_slots() -> UidSlots:
     return UidSlots()
 
 
+# PID 1 of a sandbox starts as this short program: it reads the runner, compiled, from the first
+# message on stdin and runs it, so that no sandbox compiles the runner's source again (marshal's
+# format is the interpreter's own: only for the interpreter this process runs on).
+BOOT = ("import marshal, os\n"
+        "def _take(n):\n"
+        "    b = b''\n"
+        "    while len(b) < n:\n"
+        "        c = os.read(0, n - len(b))\n"
+        "        if not c:\n"
+        "            raise SystemExit(70)\n"
+        "        b += c\n"
+        "    return b\n"
+        "exec(marshal.loads(_take(int(_take(11)))))\n")
+
+
 @cache
 def runner_source() -> str:
     """The sandbox's PID 1: the set-up half, then the runner half, as one program."""
@@ -79,8 +95,34 @@ def runner_source() -> str:
 
 
 @cache
-def judge_source() -> str:
-    return JUDGE.read_text()
+def stage_source() -> str:
+    """The root-only step before bwrap (`_sandbox_setup.stage`), as a program: argv[2] is its
+    JSON."""
+    return (SETUP.read_text() + "\n\nif __name__ == '__main__':\n    import json, sys\n"
+            "    stage(json.loads(sys.argv[2]))\n")
+
+
+@cache
+def _compiled(path: str, source: str) -> bytes:
+    return marshal.dumps(compile(source, path, "exec"))
+
+
+def native(python: str) -> bool:
+    """Whether `python` is the interpreter this process runs on (compiled code can be sent)."""
+    return os.path.realpath(python) == os.path.realpath(sys.executable)
+
+
+def boot(python: str) -> tuple[str, bytes]:
+    """PID 1's program text (`-c`) and what must precede the configuration on its stdin."""
+    if native(python):
+        return BOOT, message(_compiled("<sandbox runner>", runner_source()))
+    return runner_source(), b""
+
+
+def judge_code(python: str) -> bytes:
+    """The judge's code as PID 1 reads it in tests mode: compiled, or its source."""
+    source = JUDGE.read_text()
+    return _compiled("<sandbox judge>", source) if native(python) else source.encode()
 
 
 @cache
@@ -117,7 +159,7 @@ def view(python: str) -> dict:
     return {"prefix": prefix, "ro": ro, "links": links, "hide": hide}
 
 
-def bwrap_argv(python: str, v: dict) -> list[str]:
+def bwrap_argv(python: str, v: dict, program: str) -> list[str]:
     argv = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid",
             "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--as-pid-1", "--uid", "1000", "--gid", "1000",
@@ -131,22 +173,22 @@ def bwrap_argv(python: str, v: dict) -> list[str]:
     # /work is mounted by the runner (bwrap cannot cap a tmpfs's inodes), with the capability
     # kept for it and the one to empty the bounding set; all go before any untrusted code.
     argv += ["--dir", WORK, "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP",
-             "--remount-ro", "/", python, "-I", "-S", "-c", runner_source()]
+             "--remount-ro", "/", python, "-I", "-S", "-c", program]
     return argv
 
 
 def staged(python: str, v: dict, uid: int, argv: list[str]) -> list[str]:
     """`argv` started as the throwaway `uid` (root only), through the runner's stage step."""
     spec = {"uid": uid, "prefix": v["prefix"], "hide": v["hide"], "argv": argv}
-    return [python, "-I", "-S", "-c", runner_source(), "stage", json.dumps(spec)]
+    return [python, "-I", "-S", "-c", stage_source(), "stage", json.dumps(spec)]
 
 
-def unshare_argv(python: str, as_root: bool) -> list[str]:
+def unshare_argv(python: str, as_root: bool, program: str) -> list[str]:
     argv = [shutil.which("unshare") or "unshare", "--mount", "--pid", "--net", "--ipc",
             "--uts", "--fork", "--kill-child", "--propagation", "private"]
     if not as_root:
         argv[1:1] = ["--user", "--map-root-user"]
-    return argv + ["--", python, "-I", "-S", "-c", runner_source()]
+    return argv + ["--", python, "-I", "-S", "-c", program]
 
 
 def message(data: bytes) -> bytes:

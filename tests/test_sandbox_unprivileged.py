@@ -1,7 +1,7 @@
 """The sandbox holds for an unprivileged user too: the attack suites, run again as uid 65534.
 
 As root (CI), the suites run in a child that leaves root the way the sandbox's own staging step
-does (`_sandbox_setup.py stage`): a private mount namespace in which the interpreter's prefix is
+does (`_sandbox_setup.stage`): a private mount namespace in which the interpreter's prefix is
 reachable even when an ancestor such as /root is closed to other users, then uid and gid 65534
 with no supplementary groups. Without root, the suites already run unprivileged: the child is
 the same user. Either way the sandboxes inside are built without any privilege: user namespaces
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from executors import cgroups
-from executors.sandbox_launch import runner_source, view
+from executors.sandbox_launch import stage_source, view
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -64,7 +64,7 @@ def test_attack_suites_as_an_unprivileged_user(tmp_path: Path) -> None:
             return argv
         v = view(sys.executable)
         spec = {"uid": NOBODY, "prefix": v["prefix"], "hide": v["hide"], "argv": argv}
-        return [sys.executable, "-I", "-S", "-c", runner_source(), "stage", json.dumps(spec)]
+        return [sys.executable, "-I", "-S", "-c", stage_source(), "stage", json.dumps(spec)]
 
     with delegated_cgroup() as extra:
         who = subprocess.run(as_user(probe), cwd=ROOT, env={**env, **extra}, capture_output=True,
