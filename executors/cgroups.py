@@ -265,6 +265,19 @@ def _candidates() -> list[Support]:
     return out
 
 
+def _remove_stale(support: Support) -> None:
+    """Remove the empty cgroups that sandboxes of processes no longer alive left behind (a
+    process killed before it could remove its own)."""
+    for parent in support.parents.values():
+        for name in os.listdir(parent):
+            pid = name[len(PREFIX):].split("-")[0]
+            if name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.rmdir(os.path.join(parent, name))
+                except OSError:
+                    pass  # not empty, or not ours to remove
+
+
 @functools.cache
 def support() -> Support:
     """How sandboxes are capped in this process (found once; said once on stderr when none)."""
@@ -272,6 +285,7 @@ def support() -> Support:
     for cand in _candidates():
         why = _try(cand) if cand.capped else cand.reason
         if why is None:
+            _remove_stale(cand)
             return cand
         tried.append(f"{cand.kind}: {why}")
     reason = "; ".join(tried) or "no cgroup hierarchy is mounted"

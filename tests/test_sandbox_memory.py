@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,8 +155,13 @@ def test_a_delegated_cgroup_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(cgroups.ENV, ":".join(made))
         given = cgroups.support.__wrapped__()
         assert given.kind == found.kind and set(given.parents.values()) == set(made), given
-        r = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True)
-        assert r.returncode == 0
+        sb = Sandbox(LIMITS)
+        sb.caps = given
+        r = sb.run(MEMFD)
+        assert r.status == "memory_limit" and "cgroup_memory" in r.protections, r
+        assert r.memory_peak_bytes is not None and r.memory_peak_bytes <= 1.1 * CAP, r
+        assert all(not os.listdir(d) or all(not n.startswith(cgroups.PREFIX)
+                                             for n in os.listdir(d)) for d in made)
     finally:
         for d in made:
             os.rmdir(d)
@@ -190,3 +193,12 @@ def test_the_caps_each_kind_of_cgroup_gets(tmp_path: Path) -> None:
     assert argv[argv.index("--scope"):] == [
         "--scope", "--collect", "--unit", unit.name, "-p", f"MemoryMax={2**28}",
         "-p", "MemorySwapMax=0", "-p", "TasksMax=36", "--", "bwrap", "x"]
+
+
+def test_cgroups_left_by_dead_processes_are_removed(tmp_path: Path) -> None:
+    dead, mine, other = (f"{cgroups.PREFIX}999999999-ab", f"{cgroups.PREFIX}{os.getpid()}-cd",
+                         "someone-elses")
+    for name in (dead, mine, other):
+        (tmp_path / name).mkdir()
+    cgroups._remove_stale(cgroups.Support("v2", {"unified": str(tmp_path)}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine, other])
