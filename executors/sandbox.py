@@ -78,8 +78,9 @@ class SandboxUnavailable(RuntimeError):
 class Limits:
     wall_s: float = 5.0
     cpu_s: int = 2
-    memory_bytes: int = 512 * 2**20  # each process's address space, and the whole sandbox's
-    file_bytes: int = 16 * 2**20     # one file                          memory (its cgroup)
+    # each process's address space, and the whole sandbox's memory (its cgroup, where one is had)
+    memory_bytes: int = 512 * 2**20
+    file_bytes: int = 16 * 2**20     # one file
     disk_bytes: int = 32 * 2**20     # all files together (the size of the tmpfs)
     files: int = 4096                # inodes of the tmpfs
     processes: int = 32
