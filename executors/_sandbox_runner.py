@@ -1,226 +1,57 @@
-"""The trusted side of a sandboxed run, executed inside the sandbox's namespaces.
+"""The runner half of a sandboxed run: PID 1 of the sandbox runs the answers, each in a process of its own.
 
-`executors.sandbox` starts this file's source as `python -I -S -c SOURCE` (it is never read from
-the project tree inside the sandbox) under `bwrap` or `unshare`, so that it is PID 1 of a new PID
-namespace, in new mount, network, IPC and UTS namespaces. The configuration arrives as one JSON
-line on stdin; results leave as JSON lines on a pipe (`result_fd`) that no untrusted process holds.
+`executors.sandbox` starts `_sandbox_setup.py`'s source followed by this file's as one program
+(compiled by the host and sent first on stdin, or `python -I -S -c SOURCE`); the set-up half has
+built and checked the sandbox when `main` reaches a mode. The host writes a stream of messages on
+stdin (`read_message`: ten decimal digits, a newline, the bytes): first the configuration, which
+PID 1 reads; then each answer's code, which the child that runs it reads itself, exactly, before
+closing stdin and running it. So PID 1
+never holds an answer's text, and nothing of one answer is in another's address space (each is
+forked from PID 1 before its own text is read). Results leave as JSON lines on a pipe
+(`result_fd`) that only PID 1 holds.
 
-Steps, all before any untrusted code runs:
-  1. (`unshare` backend only) build the filesystem view that `bwrap` would build: a read-only tmpfs
-     root holding read-only binds of the interpreter's prefix and the system libraries it loads,
-     /dev/null, /dev/zero and /dev/urandom, and a size- and inode-capped tmpfs at /work; then
-     pivot_root into it, leave the host's uid when started as root (a throwaway uid), and enter a
-     new user namespace of our own in which the sandbox runs as uid 1000;
-     (`bwrap` backend: bwrap built the view and kept CAP_SYS_ADMIN and CAP_SETPCAP of its user
-     namespace for us; we mount /work, since bwrap cannot cap a tmpfs's inodes);
-  2. drop every capability and lock the securebits, set no_new_privs, make this process
-     non-dumpable (so no program can open its /proc files or memory), set the rlimits;
-  3. install the seccomp filter built by `executors.seccomp` (inherited by every child).
-Then each program (`exec` mode) or each expression (`batch` mode) runs in a forked child that
-first closes the result pipe. After each one, this process (PID 1) kills every other process of
-the namespace (`kill(-1)`), reaps them and empties /work, so nothing of one answer survives into the
-next. Signals sent from inside the namespace cannot kill PID 1. Stage mode (`stage ARGV_JSON`)
-is the root-only step before `bwrap`: it makes the interpreter's prefix reachable for the
-throwaway uid in a private mount namespace, drops to that uid and execs `bwrap`.
+Modes:
+  exec   one program in one child;
+  batch  many short expressions (tool calls, verify), one child each, one at a time: a child
+         writes its result on its own pipe, which PID 1 copies to the host unparsed through one
+         reused buffer that it zeroes; after each answer PID 1 kills every other process of the
+         namespace (`kill(-1)`), reaps them and returns /work to its first state in a child of
+         its own. A failure of
+         PID 1 on one answer is that answer's result; when it can no longer keep answers apart, it
+         stops and the host starts a fresh sandbox for the rest;
+  tests  unit tests graded outside the graded process (`_sandbox_judge.py`): the solution is served
+         by a child forked before the tests reach PID 1, which runs them and calls the solution
+         over a pipe.
+Signals sent from inside the namespace cannot kill PID 1, and seccomp keeps its limits and
+scheduling out of the answers' reach.
 
 This file imports only the standard library and must stay that way.
 """
-from __future__ import annotations
-
-import ctypes
-import io
 import json
+import marshal
 import os
 import resource
 import select
 import signal
-import socket
 import sys
 import time
 import traceback
 
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_READ, PR_CAPBSET_DROP = 1, 4, 23, 24
-PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 28, 38, 22
-PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-SECCOMP_MODE_FILTER = 2
-# NOROOT (uid 0 gains no capabilities on exec), KEEP_CAPS locked off, no ambient raise, each locked.
-SECUREBITS = 0x01 | 0x02 | 0x20 | 0x40 | 0x80
-CAP_VERSION_3 = 0x20080522
-SANDBOX_UID = 1000
-HOSTNAME = "sandbox"
-WORK = "/work"
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # in the sandbox the set-up half precedes this source and defines these
+    from executors._sandbox_setup import (
+        REQUIRED,
+        SANDBOX_UID,
+        WORK,
+        build_root,
+        drop_privileges,
+        install_seccomp,
+        mount_work,
+        verify,
+    )
 
-libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _enc(s: str | None) -> bytes | None:
-    return s.encode() if s is not None else None
-
-
-def _mount(src: str | None, dst: str, fstype: str | None, flags: int,
-           data: str | None = None) -> None:
-    enc = _enc
-    _check(libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {dst}")
-
-
-def _ro_remount(target: str, extra: int) -> None:
-    """Make a bind mount read-only, keeping the flags it already has: in a user namespace the
-    kernel refuses a remount that would clear a flag the host set (they are locked)."""
-    have = os.statvfs(target).f_flag
-    keep = have & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048)  # NOATIME, NODIRATIME
-    keep |= (1 << 21) if have & 4096 else 0  # ST_RELATIME is MS_RELATIME
-    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | extra | keep)
-
-
-# ----------------------------------------------------------------------------- filesystem view
-
-def build_root(setup: dict) -> None:
-    """The `unshare` backend's trusted setup: mounts, pivot_root, hostname (needs CAP_SYS_ADMIN)."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    # Sources are opened first and bound through /proc/self/fd, so that the tmpfs mounted below
-    # cannot hide one of them.
-    fds = [(os.open(src, os.O_PATH), dst) for src, dst in setup["binds"]]
-    dev_fds = [(os.open(d, os.O_PATH), d) for d in setup["devices"]]
-    new = "/tmp"
-    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=512,mode=0755")
-    for fd, dst in fds:
-        target = new + dst
-        os.makedirs(target, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-        _ro_remount(target, MS_NOSUID | MS_NODEV)
-        os.close(fd)
-    for link, target in setup["links"]:
-        os.makedirs(os.path.dirname(new + link), exist_ok=True)
-        os.symlink(target, new + link)
-    os.makedirs(new + "/dev", exist_ok=True)
-    for fd, dev in dev_fds:
-        open(new + dev, "w").close()
-        _mount(f"/proc/self/fd/{fd}", new + dev, None, MS_BIND)
-        _ro_remount(new + dev, MS_NOSUID | MS_NOEXEC)
-        os.close(fd)
-    os.makedirs(new + WORK)
-    owner = setup["uid"] if setup["uid"] is not None else os.geteuid()
-    mount_work(setup["work"], owner, new)
-    # /proc/self of the host, kept open to write our own user namespace's maps after the pivot.
-    proc_self = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
-    os.chdir(new)
-    _check(libc.syscall(155 if os.uname().machine == "x86_64" else 41, b".", b"."), "pivot_root")
-    _check(libc.umount2(b".", MNT_DETACH), "umount old root")
-    os.chdir("/")
-    _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    _check(libc.sethostname(HOSTNAME.encode(), len(HOSTNAME)), "sethostname")
-    if setup["uid"] is not None:  # started as root: become the throwaway uid before anything else
-        os.setgroups([])
-        os.setresgid(setup["uid"], setup["uid"], setup["uid"])
-        os.setresuid(setup["uid"], setup["uid"], setup["uid"])
-    euid, egid = os.geteuid(), os.getegid()
-    _check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")  # our map files must be ours
-    _check(libc.unshare(CLONE_NEWUSER), "unshare user namespace")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{SANDBOX_UID} {euid} 1"),
-                       ("gid_map", f"{SANDBOX_UID} {egid} 1")):
-        fd = os.open(name, os.O_WRONLY, dir_fd=proc_self)
-        os.write(fd, text.encode())
-        os.close(fd)
-    os.close(proc_self)
-
-
-def mount_work(spec: dict, owner: int, root: str = "") -> None:
-    """The program's only writable place: a tmpfs capped in bytes and in files (inodes)."""
-    _mount("tmpfs", root + WORK, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-           f"size={spec['bytes']},nr_inodes={spec['inodes']},mode=0700,uid={owner},gid={owner}")
-
-
-def stage(spec: dict) -> None:
-    """Root before `bwrap`: expose the interpreter to the throwaway uid, drop to it, exec bwrap."""
-    _check(libc.unshare(CLONE_NEWNS), "unshare mount namespace")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    fd = os.open(spec["prefix"], os.O_PATH)
-    for hidden in spec["hide"]:  # an ancestor the uid cannot traverse (e.g. /root): an empty one
-        _mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-    if spec["hide"]:
-        os.makedirs(spec["prefix"], exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", spec["prefix"], None, MS_BIND | MS_REC)
-    os.close(fd)
-    uid = spec["uid"]
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    os.execv(spec["argv"][0], spec["argv"])
-
-
-# ----------------------------------------------------------------------------- privileges
-
-def drop_privileges() -> list[str]:
-    """No capabilities (bounding, ambient, effective, permitted), locked securebits, no_new_privs."""
-    active = []
-    for cap in range(64):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
-            break  # EINVAL: past the last capability (EPERM: no CAP_SETPCAP, already dropped)
-    libc.prctl(PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0)
-    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    libc.capset(header, data)
-    libc.capget(header, data)
-    bounding = [c for c in range(64) if libc.prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1]
-    if not any(data) and not bounding:
-        active.append("no_caps")
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
-        active.append("no_new_privs")
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    # Credential changes cleared the parent-death signal: re-arm it (the launcher's death ends us).
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    return active
-
-
-def install_seccomp(program: bytes) -> None:
-    buf = ctypes.create_string_buffer(program, len(program))
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    prog = Prog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
-
-
-# What an isolated (not weak) run must have verified before any untrusted code runs.
-REQUIRED = frozenset({"pidns", "netns", "mountns", "private_root", "no_caps", "no_new_privs",
-                      "seccomp"})
-
-
-def verify(cfg: dict) -> list[str]:
-    """The namespaces this process can see it is in (cheap checks, no /proc needed)."""
-    found = []
-    if os.getpid() == 1:
-        found.append("pidns")
-    if os.getuid() == SANDBOX_UID:
-        found.append("userns")
-    if socket.gethostname() == HOSTNAME:
-        found.append("utsns")
-    if cfg["ipcns"]:
-        found.append("ipcns")
-    try:
-        if {name for _, name in socket.if_nameindex()} <= {"lo"}:
-            found.append("netns")
-    except OSError:
-        pass
-    if cfg["host_markers"] and not any(os.path.exists(p) for p in cfg["host_markers"]):
-        found += ["mountns", "private_root"]
-    st = os.statvfs(os.getcwd())
-    if os.getcwd() == WORK and st.f_blocks * st.f_frsize <= cfg["limits"]["disk_bytes"]:
-        found.append("tmpfs_work")
-    return found
+HEADER = 11  # a message's length: ten decimal digits and a newline
+RESULT_MAX = 4096  # bytes of one batch answer's result read (a well-formed one is far shorter)
 
 
 # ----------------------------------------------------------------------------- running code
@@ -236,48 +67,69 @@ def _user_processes() -> int:
     return n
 
 
+def _read_exact(fd: int, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_message(fd: int = 0) -> bytes:
+    """One message of the host's stream on stdin: ten decimal digits, a newline, the bytes.
+    Read exactly, never ahead: what follows belongs to another process."""
+    head = _read_exact(fd, HEADER)
+    if len(head) != HEADER or not head[:-1].isdigit() or head[-1:] != b"\n":
+        raise OSError("sandbox: the host's message stream is cut or malformed")
+    data = _read_exact(fd, int(head[:-1]))
+    if len(data) != int(head[:-1]):
+        raise OSError("sandbox: the host's message stream is cut")
+    return data
+
+
+def _take_message(ready_fd: int | None) -> str:
+    """In a forked child, before any untrusted code: its own message, then stdin closed (the
+    next messages are other answers' or the tests); a ready byte tells PID 1 it is done."""
+    data = read_message(0)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if ready_fd is not None:
+        os.write(ready_fd, b"R")
+    return data.decode("utf-8", "surrogatepass")
+
+
 def _set_child_limits(limits: dict, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"],) * 2)
 
 
-def _install_hook(allowed: tuple[str, ...]) -> None:
-    """An extra layer only: refuses spawning, sockets, ctypes and files outside the view."""
-    denied = ("socket.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
-              "ctypes.", "os.kill", "os.killpg")
-    paths = ("open", "os.listdir", "os.scandir", "os.rename", "os.symlink", "os.link")
-
-    def hook(event: str, args: tuple) -> None:
-        if event.startswith(denied):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args[0].split(".")[0] in ("ctypes", "_ctypes"):
-            raise PermissionError(f"sandbox: import {args[0]} is not allowed")
-        if event in paths and args and isinstance(args[0], (str, bytes)):
-            p = os.path.abspath(os.fsdecode(args[0]))
-            if not (p + "/").startswith(allowed):
-                raise PermissionError(f"sandbox: access to {p} is outside the working directory")
-
-    sys.addaudithook(hook)
-
-
-def _child_setup(cfg: dict, result_fd: int, cpu_s: int, quiet: bool) -> None:
-    """In the forked child, before untrusted code: no result pipe, limits, own process group."""
-    os.close(result_fd)
-    null = os.open("/dev/null", os.O_RDWR)
-    os.dup2(null, 0)
+def _child_setup(cfg: dict, keep: list[int], cpu_s: int, quiet: bool) -> None:
+    """In the forked child, before untrusted code: no descriptor but stdio and `keep` (never the
+    result pipe), limits, its own process group."""
+    top = max([2, *keep]) + 1
+    for fd in range(3, top):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.closerange(top, 1024)
     if quiet:
+        null = os.open("/dev/null", os.O_WRONLY)
         os.dup2(null, 1)
         os.dup2(null, 2)
-    os.close(null)
+        os.close(null)
     if not cfg["pid1"]:
         os.setpgid(0, 0)
     _set_child_limits(cfg["limits"], cpu_s)
-    if cfg["audit_hook"]:
-        _install_hook(tuple(p.rstrip("/") + "/" for p in cfg["allowed_paths"]))
 
 
-def _exec_child(cfg: dict, code: str) -> int:
+def _exec_child(code: str) -> int:
     try:
         exec(compile(code, "<untrusted>", "exec"), {"__name__": "__main__",
                                                    "__builtins__": __builtins__})
@@ -329,41 +181,68 @@ def _wait(pid: int, deadline: float) -> int | None:
         os.close(pidfd)
 
 
-def _wipe(top: str) -> None:
-    """Empty the working directory between answers (even of unwritable directories)."""
-    for root, dirs, _ in os.walk(top):
-        for d in dirs:
-            try:
-                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
-            except OSError:
-                pass
-    for root, dirs, files in os.walk(top, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for d in dirs:
-            p = os.path.join(root, d)
-            try:
-                os.unlink(p) if os.path.islink(p) else os.rmdir(p)
-            except OSError:
-                pass
+def _ended(status: int | None) -> dict:
+    if status is None:
+        return {"exit": None, "timeout": True}
+    if os.WIFSIGNALED(status):
+        return {"exit": -os.WTERMSIG(status)}
+    return {"exit": os.WEXITSTATUS(status)}
 
 
-def run_exec(cfg: dict, out: io.TextIOWrapper) -> None:
+def _empty_at(fd: int) -> None:
+    """Remove everything in the directory open at `fd` (even unwritable directories; symlinks
+    never followed; by names relative to open directories, so that depth cannot make a path
+    too long)."""
+    with os.scandir(fd) as entries:
+        names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    for name, is_dir in names:
+        if not is_dir:
+            os.unlink(name, dir_fd=fd)
+            continue
+        os.chmod(name, 0o700, dir_fd=fd)
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        try:
+            _empty_at(sub)
+        finally:
+            os.close(sub)
+        os.rmdir(name, dir_fd=fd)
+
+
+def _swept(cfg: dict) -> bool:
+    """Return the working directory to its first state between answers (no entry, no extended
+    attribute, its mode, fixed times: nothing an answer leaves there reaches the next), in a child
+    of its own, so that no name an answer wrote enters PID 1's memory; whether that worked."""
     pid = os.fork()
     if pid == 0:
-        _child_setup(cfg, cfg["result_fd"], cfg["limits"]["cpu_s"], quiet=False)
-        os._exit(_exec_child(cfg, cfg["payload"]) & 0xFF)
+        code = 1
+        try:
+            os.chmod(".", 0o700)
+            top = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+            _empty_at(top)
+            for name in os.listxattr(top):
+                os.removexattr(top, name)
+            os.utime(top, (0, 0))
+            code = 0 if not os.listdir(top) and not os.listxattr(top) else 1
+        finally:
+            os._exit(code)
+    status = _wait(pid, time.monotonic() + 10.0)
+    _kill_rest(cfg, pid)
+    return status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def run_exec(cfg: dict, out: int) -> None:
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            program = _take_message(None)
+            _child_setup(cfg, [], cfg["limits"]["cpu_s"], quiet=False)
+            code = _exec_child(program)
+        finally:
+            os._exit(code & 0xFF)
     status = _wait(pid, time.monotonic() + cfg["limits"]["wall_s"])
     _kill_rest(cfg, pid)
-    if status is None:
-        _emit(out, {"exit": None, "timeout": True})
-    elif os.WIFSIGNALED(status):
-        _emit(out, {"exit": -os.WTERMSIG(status)})
-    else:
-        _emit(out, {"exit": os.WEXITSTATUS(status)})
+    _send(out, _ended(status))
 
 
 def _eval_child(expr: str, w: int) -> None:
@@ -375,66 +254,128 @@ def _eval_child(expr: str, w: int) -> None:
     os.write(w, json.dumps(res).encode())
 
 
-def _item_result(data: bytes, status: int | None) -> dict:
-    if data:
-        try:  # the answer's own process wrote this: it can only describe itself, so check shape
-            res = json.loads(data)
-            if isinstance(res, dict) and res.get("status") in ("ok", "error"):
-                return {"status": res["status"], **{k: str(res[k])[:100] for k in ("value", "error")
-                                                    if k in res}}
-        except ValueError:
-            pass
-        return {"status": "error", "error": "malformed result"}
-    if status is None:
-        return {"status": "timeout", "error": "per-answer time limit"}
-    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-    return {"status": "timeout" if sig in (signal.SIGKILL, signal.SIGXCPU) else "error",
-            "error": f"killed by signal {sig}" if sig else "no result"}
-
-
-def run_batch(cfg: dict, out: io.TextIOWrapper) -> None:
-    per_item = cfg["limits"]["per_item_s"]
-    cpu_s = max(int(per_item + 0.999), 1)
-    for i, expr in enumerate(cfg["payload"]):
-        t0 = time.time()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
+def _batch_item(cfg: dict, cpu_s: int, buf: bytearray) -> tuple[int, dict]:
+    """Run the next answer in a child of its own: it reads its expression from stdin itself, so
+    that PID 1 never holds an answer's text. Its result is read into `buf`, never into a new
+    object; returns the bytes read (the ready byte first) and how the child ended."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
             os.close(r)
-            _child_setup(cfg, cfg["result_fd"], cpu_s, quiet=True)
-            _eval_child(str(expr), w)
+            expr = _take_message(w)
+            _child_setup(cfg, [w], cpu_s, quiet=True)
+            _eval_child(expr, w)
+        finally:
             os._exit(0)
-        os.close(w)
-        deadline = time.monotonic() + per_item
-        data, status = b"", None
-        while len(data) <= 4096:  # a well-formed answer is far shorter; more is not read
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                break
-            chunk = os.read(r, 4096)
-            if not chunk:
-                status = _wait(pid, deadline)
-                break
-            data += chunk
-        os.close(r)
-        _kill_rest(cfg, pid)
-        res = _item_result(data if status is not None or data else b"", status)
-        _wipe(os.getcwd())
-        _emit(out, {"item": i, **res, "ts": t0, "dur": time.time() - t0})
-    _emit(out, {"exit": 0})
+    os.close(w)
+    deadline = time.monotonic() + cfg["limits"]["per_item_s"]
+    got, status, ended = 0, None, False
+    view = memoryview(buf)
+    while got < len(buf):  # a well-formed result is far shorter; more is not read
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([r], [], [], left)[0]:
+            break
+        n = os.readv(r, [view[got:]])
+        if not n:  # every holder of the pipe is gone: the child ended
+            status, ended = _wait(pid, deadline), True
+            break
+        got += n
+    view.release()
+    os.close(r)
+    _kill_rest(cfg, pid)
+    if status is not None and os.WIFSIGNALED(status):
+        return got, {"signal": os.WTERMSIG(status)}
+    return got, {} if ended and status is not None else {"timeout": got < len(buf)}
 
 
-def _emit(out: io.TextIOWrapper, frame: dict) -> None:
-    out.write(json.dumps(frame) + "\n")
-    out.flush()
+def run_batch(cfg: dict, out: int) -> None:
+    """Each answer in its own forked child, one at a time; between answers every other process
+    of the namespace is killed and /work emptied. A per-answer failure is that answer's frame;
+    when this process can no longer keep answers apart (its input stream or /work), it stops and
+    the host starts a fresh sandbox for the rest."""
+    cpu_s = max(int(cfg["limits"]["per_item_s"] + 0.999), 1)
+    buf = bytearray(RESULT_MAX + 1)  # the ready byte and the result, reused and zeroed
+    os.utime(".", (0, 0))  # /work's first state, as the sweep leaves it after each answer
+    for i in range(cfg["items"]):
+        _send(out, {"start": i})
+        t0 = time.time()
+        try:
+            got, ended = _batch_item(cfg, cpu_s, buf)
+            ready = got > 0 and buf[0] == ord("R")
+            raw = memoryview(buf)[1:got] if ready else memoryview(buf)[0:0]
+            _send(out, {"item": i, "raw": len(raw), "ts": t0, "dur": time.time() - t0, **ended},
+                  raw)
+            raw.release()
+            buf[:got] = bytes(got)
+        except Exception as e:  # noqa: BLE001 - PID 1's own failure on this answer: its verdict
+            _kill_rest(cfg, 0)
+            _send(out, {"item": i, "failed": f"{type(e).__name__}: {e}"[:200], "ts": t0,
+                        "dur": time.time() - t0})
+            ready = False
+        if not ready:
+            _send(out, {"stopped": "an answer's input was not read whole"})
+            return
+        if not _swept(cfg):
+            _send(out, {"stopped": "the working directory could not be emptied"})
+            return
+    _send(out, {"exit": 0})
+
+
+def run_tests(cfg: dict, out: int) -> None:
+    """Unit tests, graded outside the graded process: the solution is served by a child forked
+    before the tests reach this process (it reads its code from stdin itself); this process then
+    reads the tests and runs them, calling the solution over a pipe (`_sandbox_judge`)."""
+    blob = read_message(0)  # the judge's code, compiled or its source (trusted: the host's)
+    judge: dict = {"__name__": "placer_sandbox_judge"}
+    exec(marshal.loads(blob) if cfg["compiled"] else compile(blob.decode(), "<judge>", "exec"),
+         judge)
+    deadline = time.monotonic() + cfg["limits"]["wall_s"]
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            os.close(req_w)
+            os.close(rep_r)
+            solution = _take_message(rep_w)
+            _child_setup(cfg, [req_r, rep_w], cfg["limits"]["cpu_s"], quiet=False)
+            judge["serve"](solution, req_r, rep_w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(req_r)
+    os.close(rep_w)
+    chan = judge["Channel"](req_w, rep_r, deadline)
+    timed_out = not chan.ready()
+    if not timed_out:
+        tests = json.loads(read_message(0))
+        timed_out = not judge["judge"](tests, chan, lambda frame: _send(out, frame))
+    os.close(req_w)  # the solution's process ends at the end of its requests
+    status = None if timed_out else _wait(pid, deadline)
+    _kill_rest(cfg, pid)
+    os.close(rep_r)
+    _send(out, _ended(status))
+
+
+def _send(out: int, frame: dict, raw: memoryview | None = None) -> None:
+    """A result frame: one JSON line, then `raw` bytes and a newline when given."""
+    parts: list[bytes | memoryview] = [json.dumps(frame).encode() + b"\n"]
+    if raw is not None:
+        parts += [raw, b"\n"]
+    for part in parts:
+        view = memoryview(part)
+        while view:
+            view = view[os.write(out, view):]
+
+
+MODES = {"exec": run_exec, "batch": run_batch, "tests": run_tests}
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "stage":
-        stage(json.loads(sys.argv[2]))
-        return
-    cfg = json.loads(sys.stdin.readline())
-    out = os.fdopen(cfg["result_fd"], "w")
+    cfg = json.loads(read_message(0))
+    out = cfg["result_fd"]
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores what it has no handler for
     try:
         if cfg.get("setup"):
@@ -456,17 +397,15 @@ def main() -> None:
         if cfg.get("seccomp"):
             install_seccomp(bytes.fromhex(cfg["seccomp"]))
             active.append("seccomp")
-        if cfg["audit_hook"]:
-            active.append("audit_hook")
         missing = [] if cfg["backend"] == "weak" else sorted(REQUIRED - set(active))
         if missing:  # a protection that did not verify is a sandbox that is not there
             raise OSError(f"protections not in force: {', '.join(missing)}")
     except OSError as e:
-        _emit(out, {"setup_error": str(e)})
+        _send(out, {"setup_error": str(e)})
         sys.exit(70)
-    _emit(out, {"protections": active})
+    _send(out, {"protections": active})
     cfg["pid1"] = os.getpid() == 1
-    (run_batch if cfg["mode"] == "batch" else run_exec)(cfg, out)
+    MODES[cfg["mode"]](cfg, out)
 
 
 if __name__ == "__main__":

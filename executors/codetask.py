@@ -13,15 +13,16 @@ Codeforces rows), a JSON string or an object:
                                                      outputs[i] is then not compared.
 
 Reward: the code is the last ```python fenced block of the answer (or any fenced block, or the
-whole text). All of an answer's tests run in ONE sandboxed program (`executors.sandbox`, kernel
-isolation, seccomp, rlimits; never outside it) under the job's `data.code` limits (wall clock,
-CPU seconds, address space). Inside, a harness runs the code once per test in fresh globals with
-the test's stdin, catches what the test raises, and prints one framed line per test: its stdout
-(or return value; an output over 16 KiB as a digest of its tokens) and whether it raised. The
-expected outputs never enter the sandbox: the comparison is made here, so code that prints a
-forged frame gains nothing on input/output tests.
-Frames carry a random per-run tag, so an answer cannot fake an `assert_case` pass by printing
-(it would have to read the harness's own frame; the input/output comparison is the robust form).
+whole text). All of an answer's tests run in ONE sandbox (`executors.sandbox`, kernel isolation,
+seccomp, rlimits, a memory cgroup; never outside it) under the job's `data.code` limits (wall
+clock, CPU seconds, memory), graded outside the graded process (`Sandbox.run_tests`): the
+solution runs in a process of its own, once per test as a fresh `__main__` on the test's stdin,
+and a harness in another process calls it over a pipe, runs the assert statements with the
+solution's return values as plain data, and reports per test whether it ran through, its
+stdout (or return value; an output over 16 KiB as a digest of its tokens) or its error. The
+expected outputs never enter the sandbox (the comparison is made here) and the assert
+statements never enter the solution's process: frame inspection, monkeypatching or printing
+there cannot change a verdict.
 
 The score is the fraction of tests passed (`scoring: fraction`, verl's continuous score) or 1
 only when all pass (`scoring: all`). A run that does not end normally (timeout, cpu, memory or
@@ -36,14 +37,13 @@ import json
 import math
 import os
 import re
-import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from executors.sandbox import Limits, Sandbox, SandboxUnavailable
+from executors.sandbox import Limits, Sandbox, SandboxUnavailable, clean_text
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
 from placer.spec.localdata import CodeReward, read_rows
@@ -163,77 +163,12 @@ def extract_code(answer: str) -> str:
     return answer
 
 
-_HARNESS = '''
-import io as _io, json as _json, sys as _sys
-_TAG, _SRC, _FN, _N = {tag!r}, {src!r}, {fn!r}, {n}
-_INPUTS, _ASSERTS = _json.loads({inputs!r}), _json.loads({asserts!r})
-_OUT, _IN = _sys.stdout, _sys.stdin
-
-def _plain(v):
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {{str(k): _plain(x) for k, x in v.items()}}
-    return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
-
-def _case(i):
-    g, buf, res = {{"__name__": "__main__"}}, _io.StringIO(), {{"i": i}}
-    _sys.stdin, _sys.stdout = _io.StringIO("" if _FN else _INPUTS[i]), buf
-    try:
-        try:
-            exec(compile(_SRC, "<solution>", "exec"), g)
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise
-        if _FN:
-            if not callable(g.get(_FN)):
-                raise NameError("no function " + _FN)
-            res["ret"] = _json.dumps(_plain(g[_FN](*_INPUTS[i])))
-        if _ASSERTS:
-            exec(compile(_ASSERTS[i], "<test>", "exec"), g)
-        res["ok"] = True
-    except BaseException as e:
-        res["error"] = (type(e).__name__ + ": " + str(e))[:200]
-    finally:
-        _sys.stdin, _sys.stdout = _IN, _OUT
-    text = buf.getvalue()
-    if len(text) <= {max_stdout}:
-        res["stdout"] = text
-    else:  # too long to send back whole: its whitespace-separated tokens' digest
-        import hashlib as _h
-        res["sha"] = _h.sha256(" ".join(text.split()).encode()).hexdigest()
-    _OUT.write("\\n" + _TAG + _json.dumps(res) + "\\n")
-    _OUT.flush()
-
-for _i in range(_N):
-    _case(_i)
-'''
-
-
-def harness(code: str, tests: Tests, tag: str) -> str:
-    """The program the sandbox runs: every test of `tests` on `code`, one framed line each.
-    Expected outputs are not in it."""
-    return _HARNESS.format(tag=tag, src=code, fn=tests.fn_name, n=len(tests),
-                           inputs=json.dumps(list(tests.inputs)),
-                           asserts=json.dumps(list(tests.asserts) if tests.asserts else None),
-                           max_stdout=MAX_STDOUT)
-
-
-def frames(stdout: str, tag: str, n: int) -> dict[int, dict[str, Any]]:
-    """Each test's first frame (by index) in the program's output."""
-    out: dict[int, dict[str, Any]] = {}
-    for line in stdout.splitlines():
-        at = line.find(tag)
-        if at < 0:
-            continue
-        try:
-            f = json.loads(line[at + len(tag):])
-        except ValueError:
-            continue
-        i = f.get("i") if isinstance(f, dict) else None
-        if isinstance(i, int) and 0 <= i < n and i not in out:
-            out[i] = f
-    return out
+def harness_spec(tests: Tests) -> dict[str, Any]:
+    """What the sandbox's harness runs (`Sandbox.run_tests`): every test's input (stdin text or
+    the function's arguments), the function's name, the assert statements. Expected outputs are
+    not in it."""
+    return {"fn": tests.fn_name, "inputs": list(tests.inputs),
+            "asserts": list(tests.asserts) if tests.asserts else None, "max_stdout": MAX_STDOUT}
 
 
 def _tokens_match(got: str, want: str) -> bool:
@@ -290,17 +225,16 @@ class CodeJudge:
                                allow_weak=allow_weak)
 
     def judge(self, answer: str, tests: Tests) -> Verdict:
-        tag = f"@@{secrets.token_hex(8)}@@"
         try:
-            res = self.sandbox.run(harness(extract_code(answer), tests, tag))
+            res = self.sandbox.run_tests(extract_code(answer), harness_spec(tests))
         except SandboxUnavailable as e:
-            return Verdict(0.0, 0, len(tests), f"sandbox refused: {e}")
-        got = frames(res.stdout, tag, len(tests))
+            return Verdict(0.0, 0, len(tests), clean_text(f"sandbox refused: {e}"))
+        got = {f["test"]: f for f in res.values or []}
         checks = [_passed(got.get(i), tests, i) for i in range(len(tests))]
         passed = sum(ok for ok, _ in checks)
         if res.status != "ok":  # the run as a whole failed: nothing it printed counts
             return Verdict(0.0, passed, len(tests), f"run {res.status}")
-        reason = next((why for ok, why in checks if not ok), "")
+        reason = clean_text(next((why for ok, why in checks if not ok), ""))
         frac = passed / len(tests)
         reward = frac if self.settings.scoring == "fraction" else float(passed == len(tests))
         return Verdict(reward, passed, len(tests), reason)

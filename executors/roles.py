@@ -253,12 +253,13 @@ class Reference(Worker):
 class RuleReward(Worker):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "reward", rank)
+        # the run's task, kept for the whole run: the code task's verdicts live in it
+        self.task = task_of(cfg.data, True if cfg.unsafe_sandbox else None)
 
     def score(self, s: rl.Samples, results: list[dict], targets: list[Target]) -> tuple[list[float], dict]:
         t0 = time.time()
         codec = self.cfg.codec
-        task = task_of(self.cfg.data, True if self.cfg.unsafe_sandbox else None)
-        judged = task.judge([codec.decode(s.answer(i)) for i in range(len(s.ids))], results,
+        judged = self.task.judge([codec.decode(s.answer(i)) for i in range(len(s.ids))], results,
                             targets)
         reasons = {sid: j.reason for sid, j in zip(s.ids, judged) if j.reason}
         # the verdicts' exactness travels back with the rewards: the driver never re-judges

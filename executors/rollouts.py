@@ -41,6 +41,7 @@ from executors.context import LoopContext, TrainingLost
 from executors.model import prompt_ids
 from executors.placement import Member
 from executors.runtime import Handle
+from executors.sandbox import clean_text
 from executors.stragglers import Call
 from executors.tails import TailPolicies, carry_steps, overprovision_extra
 from executors.task import task_of
@@ -51,9 +52,10 @@ from placer.cost.split import deal
 
 
 def tool_text(result: dict[str, Any]) -> str:
-    """What a tool call shows the policy: the value its code printed, or the failure."""
-    return f"={result.get('value', '')}" if result.get("status") == "ok" else \
-        f"!{result.get('status', 'error')}"
+    """What a tool call shows the policy: the value its code printed, or the failure; text any
+    tokenizer encodes (the sandbox cleans it already; a result from elsewhere is cleaned too)."""
+    return clean_text(f"={result.get('value', '')}" if result.get("status") == "ok" else
+                      f"!{result.get('status', 'error')}")
 
 
 @dataclass

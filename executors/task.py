@@ -163,15 +163,15 @@ class MathData(_EachScored):
 class CodeData:
     """A prompt set with unit tests; an answer's code runs on them in the sandbox
     (`executors.codetask`), once: the reward worker's verdicts carry `exact` back to the driver
-    with the rewards (`Judged`), and verdicts are kept per process (bounded), so a `score` or
-    `exact` of an answer this process judged does not run it again."""
+    with the rewards (`Judged`), and the same answer to the same row twice in one call (a GRPO
+    group that agrees) runs once. Nothing is kept between calls: no flow asks twice about an
+    answer, and on the tiny code set no answer repeated across steps (192 of 192 ran)."""
 
     reads_results = False  # the unit tests are the run: no separate verify call
 
     def __init__(self, data: Dataset, allow_weak: bool | None = None) -> None:
         from executors import codetask, mathtask  # lazy: the sandbox only for the code task
         self.c, self.m = codetask, mathtask
-        self.data = data
         self.rows = codetask.load_rows(data.path, data.prompt, data.answer)
         self.judge_ = codetask.CodeJudge(data.code, allow_weak)
 
@@ -181,14 +181,11 @@ class CodeData:
                 for i, k in enumerate(self.m.draw(self.rows, seed, step, n))]
 
     def _verdicts(self, answers: Sequence[str], targets: Sequence[Target]) -> list[Any]:
-        keys = [(self.data, a, int(t)) for a, t in zip(answers, targets)]
-        todo = [k for k in dict.fromkeys(keys) if k not in _VERDICTS]
-        for k, v in zip(todo, self.judge_.judge_all([a for _, a, _ in todo],
-                                                    [self.rows[t].tests for _, _, t in todo])):
-            if len(_VERDICTS) >= MAX_KEPT:
-                _VERDICTS.pop(next(iter(_VERDICTS)))
-            _VERDICTS[k] = v
-        return [_VERDICTS[k] for k in keys]
+        keys = [(a, int(t)) for a, t in zip(answers, targets)]
+        todo = list(dict.fromkeys(keys))
+        made = self.judge_.judge_all([a for a, _ in todo], [self.rows[t].tests for _, t in todo])
+        verdict = dict(zip(todo, made))
+        return [verdict[k] for k in keys]
 
     def score(self, answer: str, result: dict, target: Target) -> float:
         return float(self._verdicts([answer], [target])[0].reward)
@@ -200,9 +197,6 @@ class CodeData:
               targets: Sequence[Target]) -> list[Judged]:
         return [Judged(v.reward, v.reason, v.exact) for v in self._verdicts(answers, targets)]
 
-
-MAX_KEPT = 4096  # verdicts kept per process (oldest dropped first)
-_VERDICTS: dict[tuple[Dataset, str, int], Any] = {}  # (dataset, answer, row) -> Verdict
 
 # The dataset tasks by `data.reward` (placer.spec.localdata.REWARDS names the same kinds).
 DATA_TASKS: dict[str, Callable[[Dataset, bool | None], Task]] = {

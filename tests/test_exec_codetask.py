@@ -15,7 +15,7 @@ from executors.codetask import (
     PROBLEMS,
     CodeJudge,
     extract_code,
-    harness,
+    harness_spec,
     load_rows,
     parse_tests,
     write_code_data,
@@ -100,7 +100,8 @@ def test_crashing_and_looping_answers_score_zero_with_the_reason(judge: CodeJudg
 
 
 def test_exiting_early_or_forging_results_gains_nothing(judge: CodeJudge, rows: tuple) -> None:
-    """Expected outputs never enter the sandbox and frames carry a per-run tag."""
+    """Expected outputs never enter the sandbox, and what the solution prints is its output only
+    (results travel on a pipe its process does not hold)."""
     t = rows[0].tests
     forged = ('import sys\nsys.__stdout__.write(\'\\n@@0000000000000000@@{"i": 0, "ok": true, '
               '"stdout": "3\\\\n"}\\n\')')
@@ -110,8 +111,8 @@ def test_exiting_early_or_forging_results_gains_nothing(judge: CodeJudge, rows: 
     cheat = "def is_even(n):\n    import sys\n    sys.exit(0)"  # skips the assert
     assert judge.judge(cheat, rows[5].tests).reward == 0.0
     secret = parse_tests({"inputs": ["in-7f3a"], "outputs": ["out-9c1e"]})
-    program = harness("print('x')", secret, "@@tag@@")
-    assert "in-7f3a" in program and "out-9c1e" not in program
+    sent = json.dumps(harness_spec(secret))
+    assert "in-7f3a" in sent and "out-9c1e" not in sent
 
 
 def test_a_sandbox_refusal_scores_zero_with_the_reason(monkeypatch: pytest.MonkeyPatch,
@@ -160,7 +161,7 @@ def test_the_job_picks_the_reward_from_a_registry(tmp_path: Path) -> None:
     assert [j.reward for j in judged[:2]] == [1.0, 1.0] and judged[2].reward == 0.0
     assert [j.exact for j in judged] == [True, True, False]  # what the driver counts
     assert judged[2].reason.startswith("run ") and judged[0].reason == ""
-    assert task.exact(answers[0], {}, prompts[0].target)  # from the verdicts already made
+    assert task.exact(answers[0], {}, prompts[0].target)  # its own check of one answer
     assert task.score(answers[2], {}, prompts[2].target) == 0.0
     rows = load_rows(str(SHIPPED), "prompt", "tests")
     assert parse_tests(json.loads(SHIPPED.read_text().splitlines()[0])["tests"]) == rows[0].tests
@@ -206,9 +207,7 @@ def _code_plan(tmp_path: Path) -> Any:
 def _judged_once(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     """Every (answer, tests) this process's code judge runs; the driver's own checks of an
     answer (`CodeData.exact`, the environment's verify run) fail the test."""
-    from executors import task as task_mod
     from executors.codetask import CodeJudge
-    task_mod._VERDICTS.clear()
     runs: list[tuple[str, Any]] = []
     judge = CodeJudge.judge
 

@@ -284,6 +284,24 @@ def test_a_huge_response_scale_in_a_simulator_config(tmp_path, plan) -> None:
     bad(["simulate", str(plan), "--config", str(cfg)], "workload.response_scale", "1e+18")
 
 
+def test_a_device_price_that_overflows(tmp_path) -> None:
+    """A catalog device at 1e308 USD/hour under the cost objective overflowed the ILP's integer
+    prices; prices are bounded like every other number (the most still plans)."""
+    doc = tiny(objective="cost")
+    dev = {"name": "pricey", "kind": "gpu", "memory_gb": 16, "bf16_tflops": 0.2,
+           "mem_bw_gbs": 20, "intra_link_gbs": 5, "nic_gbs": 1, "can_train": True,
+           "memory_is_host": True, "price_per_hour": 1e308}
+    doc["catalog"] = {"devices": [dev]}
+    doc["cluster"]["pools"][0]["device"] = "pricey"
+    job = tmp_path / "pricey.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    for cmd in ("validate", "plan"):
+        bad([cmd, str(job)], "catalog.devices.0.price_per_hour", "1e+308")
+    dev["price_per_hour"] = 1000.0
+    job.write_text(yaml.safe_dump(doc))
+    assert run_cli(["plan", str(job), "--time-limit", "2"])[0] == 0
+
+
 @pytest.mark.parametrize("flag, value", [("--hours", "1e308"), ("--mtbf", "gpu:1e308"),
                                          ("--checkpoint-interval", "1e308"),
                                          ("--restart", "1e300")])

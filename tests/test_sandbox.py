@@ -10,7 +10,8 @@ import os
 import pytest
 
 from executors.roles import EnvWorker, RunConfig
-from executors.sandbox import UID_BASE, Limits, Sandbox, SandboxUnavailable, _uid_of, probe
+from executors.sandbox import Limits, Sandbox, SandboxUnavailable, probe
+from executors.sandbox_launch import UID_BASE, uid_of
 
 CFG = RunConfig(algorithm="grpo", arch={}, model_dir="", seed=0, max_new_tokens=4)
 LIMITS = Limits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20, file_bytes=8 * 2**20,
@@ -30,11 +31,12 @@ def _check_alive(w: EnvWorker) -> None:
 def test_protections_reported() -> None:
     active = probe()
     # Root or not: the kernel isolation (namespaces, the private view, seccomp, no capabilities)
-    # and the rlimits, with the audit hook as an extra layer; a throwaway uid when root.
+    # and the rlimits; a throwaway uid when root; a cgroup's caps, or memfd refused without one.
     assert {"pidns", "userns", "netns", "mountns", "ipcns", "utsns", "private_root", "seccomp",
-            "no_caps", "no_new_privs", "rlimit_cpu", "rlimit_as", "rlimit_fsize", "rlimit_nproc",
-            "audit_hook"} <= set(active)
+            "no_caps", "no_new_privs", "rlimit_cpu", "rlimit_as", "rlimit_fsize",
+            "rlimit_nproc"} <= set(active)
     assert ("uid" in active) == (os.geteuid() == 0)
+    assert {"cgroup_memory", "cgroup_pids"} <= set(active) or "memfd_refused" in active
 
 
 @pytest.mark.parametrize("name, code, statuses", [
@@ -59,7 +61,9 @@ def test_read_outside_directory(worker: EnvWorker, tmp_path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("s3cret")
     r = worker.run_code(f"print(open({str(secret)!r}).read())")
-    assert r["status"] == "access_denied" and "s3cret" not in r["stdout"]
+    # the file is not in the sandbox's view at all
+    assert r["status"] == "error" and "FileNotFoundError" in r["stderr"], r
+    assert "s3cret" not in r["stdout"]
     _check_alive(worker)
 
 
@@ -71,16 +75,15 @@ def test_no_process_left_behind(worker: EnvWorker) -> None:
     assert not leftover
 
 
-def test_network_blocked_without_the_hook() -> None:
-    """Below the audit hook, seccomp refuses the socket and the namespace has no route out."""
-    r = Sandbox(LIMITS, audit_hook=False).run(
-        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)")
-    assert r.status == "network_blocked" and "audit_hook" not in r.protections, r
+def test_network_blocked() -> None:
+    """Seccomp refuses the socket, and the namespace has no route out anyway."""
+    r = Sandbox(LIMITS).run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)")
+    assert r.status == "network_blocked", r
 
 
 def test_unavailable_isolation_is_refused_unless_opted_out(monkeypatch, capsys) -> None:
     """Without bwrap or unshare generated code is refused; the explicit opt-out runs it weakly,
-    says so loudly, and still applies seccomp and the rlimits."""
+    says so loudly, and still applies seccomp, the rlimits and the cgroup."""
     monkeypatch.setattr("executors.sandbox.shutil.which", lambda name: None)
     monkeypatch.delenv("PLACER_UNSAFE_SANDBOX", raising=False)
     with pytest.raises(SandboxUnavailable, match="kernel isolation unavailable"):
@@ -102,11 +105,11 @@ def test_batch_evaluates_answers_each_in_its_own_child() -> None:
 
 
 def _sandbox_uids() -> list[int]:
-    """Processes under this process's throwaway uids (see `executors.sandbox._take_slot`), so that
+    """Processes under this process's throwaway uids (see `executors.sandbox_launch.UidSlots`), so that
     sandboxes of other processes on the machine do not count."""
     first = UID_BASE + (os.getpid() % 1_000_000) * 16
     return [int(d) for d in os.listdir("/proc")
-            if d.isdigit() and first <= (_uid_of(d) or 0) < first + 16]
+            if d.isdigit() and first <= (uid_of(d) or 0) < first + 16]
 
 
 def _alive(pid: int) -> bool:

@@ -20,11 +20,11 @@ def no_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
     isolated start reports why it failed; the weak (opt-out) start still runs for real."""
     real = sbx.Sandbox._start
 
-    def start(self: sbx.Sandbox, mode: str, payload: object, wall_s: float,
-              backend: str) -> sbx.Result | str:
+    def start(self: sbx.Sandbox, mode: str, payload: list[str], wall_s: float, backend: str,
+              items: int) -> tuple[sbx.Result, list[dict]] | str:
         if backend != "weak":
             return "user namespaces are disabled"
-        return real(self, mode, payload, wall_s, backend)
+        return real(self, mode, payload, wall_s, backend, items)
 
     monkeypatch.setattr(sbx.Sandbox, "_start", start)
     monkeypatch.delenv(sbx.UNSAFE_ENV, raising=False)

@@ -81,3 +81,32 @@ def test_namespace_clone_and_terminal_injection_denied(prog: bytes, arch: str) -
 def test_other_abis_are_killed(prog: bytes) -> None:
     assert _run(prog, 11, I386) == sc.RET_KILL_PROCESS  # execve of the i386 ABI on x86-64
     assert _run(prog, sc.X32_SYSCALL_BIT | 59, sc.AUDIT_ARCH_X86_64) == sc.RET_KILL_PROCESS
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_limits_and_scheduling_of_other_processes_are_denied(prog: bytes, arch: str) -> None:
+    """prlimit, priorities, affinity, memory placement: on the caller (0) only, so no answer can
+    change PID 1 or another answer; the kernel reads the low 32 bits of a pid."""
+    nrs, audit = sc.NUMBERS[arch], sc.AUDIT_ARCH[arch]
+    for name, args in sc.SELF_ONLY.items():
+        ok = [args.get(i, 0) for i in range(3)]
+        assert _run(prog, nrs[name], audit, tuple(ok)) == sc.RET_ALLOW, (arch, name)
+        for i in args:
+            high = list(ok)
+            high[i] |= 2**32  # the same low word: the same process for the kernel
+            assert _run(prog, nrs[name], audit, tuple(high)) == sc.RET_ALLOW, (arch, name)
+            for other in (1, 2**32 + 1):  # pid 1; pid 1 with high bits set
+                bad = list(ok)
+                bad[i] = other if ok[i] != 1 else 0
+                assert _run(prog, nrs[name], audit, tuple(bad)) == sc.RET_ERRNO | errno.EPERM, \
+                    (arch, name, bad)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_memfd_is_refused_only_without_a_memory_cgroup(arch: str) -> None:
+    nrs, audit = sc.NUMBERS[arch], sc.AUDIT_ARCH[arch]
+    assert _run(sc.build_filter(), nrs["memfd_create"], audit) == sc.RET_ALLOW
+    assert _run(sc.build_filter(deny_memfd=True), nrs["memfd_create"], audit) == \
+        sc.RET_ERRNO | errno.EPERM
+    for name in ("shmget", "msgget", "semget", "mq_open"):  # refused either way
+        assert _run(sc.build_filter(), nrs[name], audit) == sc.RET_ERRNO | errno.EPERM

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "re-issued to another worker of the role (repeatable)")
     p.add_argument("--unsafe-sandbox", action="store_true",
                    help="run generated code even where kernel isolation cannot be set up "
-                        "(rlimits, seccomp and an audit hook only; UNSAFE, printed loudly)")
+                        "(rlimits, seccomp and the cgroup only; UNSAFE, printed loudly)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 

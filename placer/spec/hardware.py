@@ -19,6 +19,12 @@ from pydantic import ConfigDict, Field, StrictBool, model_validator
 
 from placer.spec.base import PosFloat, PosInt, Strict
 
+# USD per device-hour, far above any real part. The ILP counts prices in whole milli-dollars in
+# 64-bit integers and its tie-breaker multiplies a plan's rate by the cluster's device count, so
+# price x devices x devices (at most 1e6 x 1e6 x 1e6 milli-dollars with MAX_CLUSTER_DEVICES) must
+# stay below 2**63; every later product of prices is then a finite float too.
+MAX_PRICE_PER_HOUR = 1000.0
+
 
 class DeviceKind(StrEnum):
     gpu = "gpu"
@@ -40,7 +46,7 @@ class DeviceType(Strict):
     intra_link_gbs: PosFloat = Field(description="scale-up link per device, one direction")
     nic_gbs: PosFloat = Field(description="network bandwidth per device, one direction")
     can_train: StrictBool = False
-    price_per_hour: Annotated[float, Field(strict=True, ge=0)] = 0.0
+    price_per_hour: Annotated[float, Field(strict=True, ge=0, le=MAX_PRICE_PER_HOUR)] = 0.0
     cores: PosInt = Field(1, description="CPU cores per device (cpu kind)")
     host_memory_gb: PosFloat | None = Field(
         None, description="host RAM of one node of this device type, GB (placer/solve/hostmem.py "
