@@ -53,7 +53,7 @@ def describe(e: BaseException) -> str:
 # ------------------------------------------------------------------------------- values
 
 _PLAIN_BASES = (tuple, list, dict, set, frozenset, str, bytes, int, float)
-_COLLECTIONS: dict[type, str] = {tuple: "$t", set: "$s", frozenset: "$fs"}
+COLLECTION_TAGS: dict[type, str] = {tuple: "$t", set: "$s", frozenset: "$fs"}
 
 
 def encode(v: Any, other: Callable[[Any], Any], depth: int = 0) -> Any:
@@ -70,8 +70,8 @@ def encode(v: Any, other: Callable[[Any], Any], depth: int = 0) -> Any:
     d = depth + 1
     if t is list:
         return [encode(x, other, d) for x in v]
-    if t in _COLLECTIONS:
-        return {_COLLECTIONS[t]: [encode(x, other, d) for x in v]}
+    if t in COLLECTION_TAGS:
+        return {COLLECTION_TAGS[t]: [encode(x, other, d) for x in v]}
     if t is dict:
         return {"$d": [[encode(k, other, d), encode(x, other, d)] for k, x in v.items()]}
     if t in (bytes, bytearray):

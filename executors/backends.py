@@ -1,70 +1,114 @@
 """Rollout backends: the one registry that `--backend` (`placer execute`, `execute()`) names.
 
-A backend is the class that runs a rollout engine and the engine layouts it can run:
+A backend is one class here: the engine layouts it can run (`layout_problem`, checked before
+any actor starts, so a layout the engine cannot run exits 2) and the rollout worker the
+runtime starts for each engine replica group (`rollout_worker`):
 
   torch    `executors.roles.Rollout`: the sampling loop in the actor's process (tp 1, pp 1)
   vllm     `executors.vllm_rollout.VllmRollout`: a vLLM engine (the `gpu` extra)
   sglang   `executors.sglang_rollout.SglangRollout`: an SGLang engine (the `sglang` extra)
 
-The class is imported only when its backend is chosen (vLLM and SGLang load CUDA libraries);
-the layout check runs before any actor starts, so a layout the engine cannot run exits 2.
-Adding a backend is one `Backend` entry here: the CLI, `execute()`, the layout check and the
-runtimes all read `BACKENDS`.
+The worker class is imported only when its backend starts one (vLLM and SGLang load CUDA
+libraries), so this module stays light: the CLI reads its names for `--help`. Adding a backend
+is one class here (and its worker's module); nothing outside this module compares a backend's
+name.
 """
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from placer.base.errors import SpecError
 
 if TYPE_CHECKING:
-    from executors.sharding import Layout
+    from executors.roles import RunConfig
+    from executors.runplan import EngineGroup, Layout
     from placer.spec.arch import ModelArch
 
-# None when an engine can run the layout for the model, else why not.
-LayoutCheck = Callable[["Layout", "ModelArch"], "str | None"]
+DEFAULT_BACKEND = "torch"
 
 
-@dataclass(frozen=True)
 class Backend:
-    name: str
-    rollout: str  # "module:Class" of the rollout worker, imported when the backend is chosen
-    layout_problem: LayoutCheck
+    """A rollout backend: the engine that generates, and the layouts it can run."""
+
+    name: ClassVar[str]
+    extra: ClassVar[str | None] = None  # the package extra that installs its engine
+    worker: ClassVar[str]  # "module:Class" of the rollout worker, imported on first use
+    splits_tp: ClassVar[bool] = False  # whether one engine runs over several devices (tp > 1)
+
+    def layout_problem(self, lay: Layout, arch: ModelArch) -> str | None:
+        """None when an engine can run `lay` (dp, tp, pp) for the model, else why not."""
+        raise NotImplementedError
+
+    def worker_class(self) -> type:
+        """The rollout worker class, imported now."""
+        module, cls = self.worker.split(":")
+        out: type = getattr(importlib.import_module(module), cls)
+        return out
+
+    def rollout_worker(self, cfg: RunConfig, engines: EngineGroup, rank: int
+                       ) -> tuple[type, tuple[object, ...]]:
+        """The class and constructor arguments of rollout rank `rank`, one replica of the
+        engine group `engines` (a split rollout's part: its pool's TP and memory share)."""
+        return self.worker_class(), (cfg.for_engines(engines), rank)
+
+    def describe(self) -> str:
+        return self.name + (f" (the {self.extra} extra)" if self.extra else "")
 
 
-def _torch_engine(lay: Layout, arch: ModelArch) -> str | None:
-    """The torch backend generates with the whole model in the engine's one process."""
-    if lay.tp > 1 or lay.pp > 1:
-        return ("the torch rollout backend runs each engine whole in one process (tp 1, pp 1); "
-                "plan the rollout with tp 1 and pp 1, or use --backend vllm or sglang for tp > 1")
-    return None
+class TorchBackend(Backend):
+    name = "torch"
+    worker = "executors.roles:Rollout"
 
-
-def _tp_engine(name: str, engine: str) -> LayoutCheck:
-    """vLLM and SGLang split the query heads over TP and shard (or, below TP, replicate) the KV
-    heads (their QKVParallelLinear); both engines are started without pipeline stages
-    (`engine_args` of `executors.vllm_rollout`, `engine_kwargs` of `executors.sglang_rollout`)."""
-    def check(lay: Layout, arch: ModelArch) -> str | None:
-        if lay.pp > 1:
-            return f"the {name} rollout backend runs no pipeline-parallel engine (pp 1)"
-        if arch.heads % lay.tp or (arch.kv_heads % lay.tp and lay.tp % arch.kv_heads):
-            return (f"{engine} needs tp to divide the model's {arch.heads} query heads and to "
-                    f"divide, or be a multiple of, its {arch.kv_heads} KV heads")
+    def layout_problem(self, lay: Layout, arch: ModelArch) -> str | None:
+        """The torch backend generates with the whole model in the engine's one process."""
+        if lay.tp > 1 or lay.pp > 1:
+            others = _either([b.name for b in BACKENDS.values() if b.splits_tp])
+            return ("the torch rollout backend runs each engine whole in one process (tp 1, pp 1); "
+                    f"plan the rollout with tp 1 and pp 1, or use --backend {others} for tp > 1")
         return None
-    return check
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("torch", "executors.roles:Rollout", _torch_engine),
-    Backend("vllm", "executors.vllm_rollout:VllmRollout", _tp_engine("vllm", "vLLM")),
-    Backend("sglang", "executors.sglang_rollout:SglangRollout", _tp_engine("sglang", "SGLang")),
-)}
+class EngineBackend(Backend):
+    """An inference library's engine: vLLM and SGLang split the query heads over TP and shard
+    (or, below TP, replicate) the KV heads (their QKVParallelLinear); both engines are started
+    without pipeline stages (`engine_args` of `executors.vllm_rollout`, `engine_kwargs` of
+    `executors.sglang_rollout`)."""
+
+    engine: ClassVar[str]  # the library's own name, for messages
+    splits_tp = True
+
+    def layout_problem(self, lay: Layout, arch: ModelArch) -> str | None:
+        if lay.pp > 1:
+            return f"the {self.name} rollout backend runs no pipeline-parallel engine (pp 1)"
+        if arch.heads % lay.tp or (arch.kv_heads % lay.tp and lay.tp % arch.kv_heads):
+            return (f"{self.engine} needs tp to divide the model's {arch.heads} query heads and "
+                    f"to divide, or be a multiple of, its {arch.kv_heads} KV heads")
+        return None
 
 
-def backend_of(name: str) -> Backend:
+class VllmBackend(EngineBackend):
+    name = "vllm"
+    engine = "vLLM"
+    extra = "gpu"
+    worker = "executors.vllm_rollout:VllmRollout"
+
+
+class SglangBackend(EngineBackend):
+    name = "sglang"
+    engine = "SGLang"
+    extra = "sglang"
+    worker = "executors.sglang_rollout:SglangRollout"
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (TorchBackend(), VllmBackend(), SglangBackend())}
+
+
+def _either(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + (" or " if len(names) > 1 else "") + names[-1] if names else ""
+
+
+def backend_of(name: str = DEFAULT_BACKEND) -> Backend:
     """The backend `name`; SpecError (exit 2) naming the flag and the known ones otherwise."""
     b = BACKENDS.get(name)
     if b is None:
@@ -75,6 +119,9 @@ def backend_of(name: str) -> Backend:
 
 def rollout_class(name: str) -> type:
     """The rollout worker class of backend `name`, imported now."""
-    module, cls = backend_of(name).rollout.split(":")
-    out: type = getattr(importlib.import_module(module), cls)
-    return out
+    return backend_of(name).worker_class()
+
+
+def backends_help() -> str:
+    """The backends as `--help` lists them: "torch, vllm (the gpu extra) or sglang (...)"."""
+    return _either([b.describe() for b in BACKENDS.values()])

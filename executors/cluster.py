@@ -1,7 +1,7 @@
 """Getting a Ray cluster for a plan: an embedded one, or joining one at `--address`.
 
 Resources the plan's bundles ask for (see `placer.solve.mapping.device_resources` and
-`executors.placement`):
+`executors.placement`), read off the run plan (`executors.runplan`):
   GPU / LPU / CPU           device counts (CPU: cores) of the pool's device kind;
   pool_<pool>               devices of that pool, so that a plan lands on the pool it names;
   placer_node_<pool>_<i>    one key per plan node, so that a bundle lands on the very node the plan
@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from executors import ray_private
+from executors.runplan import RunPlan
 from placer.base.errors import SpecError
-from placer.solve.mapping import device_resources
-from placer.solve.planfile import Plan
-from placer.spec.hardware import DeviceKind
 
 NODE_UNITS = 1000.0  # a plan node advertises this much of its key; a bundle takes 1
 
@@ -60,31 +58,21 @@ def cuda_devices() -> int:
         return 0
 
 
-def emulated_pools(plan: Plan) -> list[str]:
+def emulated_pools(run: RunPlan) -> list[str]:
     """Pools the plan uses whose devices this machine does not have."""
-    res = plan.resolved()
-    used = {b.pool for b in plan.bundles}
-    out = []
-    for pool in res.job.cluster.pools:
-        kind = res.device_of(pool).kind
-        if pool.name in used and (kind is DeviceKind.lpu or (kind is DeviceKind.gpu
-                                                              and cuda_devices() == 0)):
-            out.append(pool.name)
-    return out
+    return [name for name in run.used_pools
+            if run.pools[name].kind == "lpu"
+            or (run.pools[name].kind == "gpu" and cuda_devices() == 0)]
 
 
-def node_resources(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
+def node_resources(run: RunPlan) -> dict[tuple[str, int], dict[str, float]]:
     """What each plan node must advertise: its pool's whole node plus its node key."""
-    res = plan.resolved()
     out: dict[tuple[str, int], dict[str, float]] = {}
-    for b in plan.bundles:
-        if (b.pool, b.node) in out:
-            continue
-        pool = res.cluster.pool(b.pool)
-        dev = res.device_of(pool)
-        out[(b.pool, b.node)] = {**device_resources(dev, pool.devices_per_node),
-                                 f"pool_{b.pool}": float(pool.devices_per_node),
-                                 node_key(b.pool, b.node): NODE_UNITS}
+    for pool_name, node in run.nodes:
+        pool = run.pools[pool_name]
+        out[(pool_name, node)] = {**pool.node_devices,
+                                  f"pool_{pool_name}": float(pool.devices_per_node),
+                                  node_key(pool_name, node): NODE_UNITS}
     return out
 
 
@@ -100,23 +88,23 @@ def ensure_token_auth() -> None:
     ray_private.reload_auth_config()
 
 
-def start(plan: Plan, address: str | None = None) -> ClusterInfo:
+def start(run: RunPlan, address: str | None = None) -> ClusterInfo:
     """Connect to `address`, or start an embedded Ray with everything the plan needs."""
     import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
 
     ensure_token_auth()
-    emulated = emulated_pools(plan)
+    emulated = emulated_pools(run)
     if ray.is_initialized():
-        return ClusterInfo(address or "current", False, emulated, _has_node_keys(plan))
+        return ClusterInfo(address or "current", False, emulated, _has_node_keys(run))
     if address:
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SpecError(f"--address: cannot join Ray at {address!r}: "
                             f"{str(e).splitlines()[0]}") from None
-        return ClusterInfo(address, False, emulated, _has_node_keys(plan))
+        return ClusterInfo(address, False, emulated, _has_node_keys(run))
     total: dict[str, float] = defaultdict(float)
-    for r in node_resources(plan).values():
+    for r in node_resources(run).values():
         for k, v in r.items():
             total[k] += v
     ray_private.loopback_only()
@@ -130,7 +118,7 @@ def start(plan: Plan, address: str | None = None) -> ClusterInfo:
     return ClusterInfo("embedded", True, emulated, True)
 
 
-def _has_node_keys(plan: Plan) -> bool:
+def _has_node_keys(run: RunPlan) -> bool:
     import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
     have = ray.cluster_resources()
-    return all(node_key(p, n) in have for p, n in node_resources(plan))
+    return all(node_key(p, n) in have for p, n in run.nodes)

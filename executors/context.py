@@ -11,8 +11,8 @@ interface over one `LoopContext`:
   training   `executors.training.Training`: score, advantages, train; and
              `executors.training.Checkpoints`: save, restore (with the carry);
   recovery   `executors.recovery.Recovery`: a lost training process, a changed cluster.
-The context holds only what several of them read or write: the plan and the runtime that runs it
-(a cluster recovery replaces both), the workers by role, the ledger, the trace, the weight
+The context holds only what several of them read or write: the run plan and the runtime that runs
+it (a cluster recovery replaces both), the workers by role, the ledger, the trace, the weight
 version each rollout worker holds, the workers busy with abandoned calls, the answers of samples
 not trained yet and the current step's counters. Everything else belongs to one part.
 """
@@ -27,12 +27,11 @@ from executors.elastic import Elastic
 from executors.ledger import Ledger
 from executors.placement import Member
 from executors.roles import RunConfig
+from executors.runplan import JobFacts, RunPlan
 from executors.runtime import Runtime
 from executors.stragglers import Busy
 from executors.task import Target
 from placer.base.roles import Role
-from placer.solve.planfile import Plan
-from placer.spec.job import Job
 from placer.spec.pipeline import MODES, PipelineMode
 from traces.schema import Trace
 
@@ -53,16 +52,16 @@ class LoopConfig:
     out_dir: Path
     mode: str = "sync"
     max_staleness: int = 0
-
-    @property
-    def pipeline(self) -> PipelineMode:
-        """What the mode does (`placer.spec.pipeline`)."""
-        return MODES[self.mode](self.max_staleness)
     checkpoint_every: int = 1
     retries: int = 3
     faults: list[Fault] = field(default_factory=list)
     deadlines: dict[str, float] = field(default_factory=dict)  # role -> per-call deadline (s)
     start: int = 0  # first step; > 0 resumes from the checkpoint of step `start - 1`
+
+    @property
+    def pipeline(self) -> PipelineMode:
+        """What the mode does (`placer.spec.pipeline`)."""
+        return MODES[self.mode](self.max_staleness)
 
 
 @dataclass
@@ -93,7 +92,7 @@ class StepCounters:
 class LoopContext:
     """The state the loop's parts share (see the module docstring for who reads what)."""
 
-    plan: Plan
+    run: RunPlan
     rt: Runtime
     cfg: RunConfig
     lc: LoopConfig
@@ -111,10 +110,10 @@ class LoopContext:
     by_role: defaultdict[str, list[Member]] = field(init=False)
     # The job of the plan the run started with: a re-plan changes the cluster, never the batch,
     # the lengths or the tail policy the loop reads from it.
-    job: Job = field(init=False)
+    job: JobFacts = field(init=False)
 
     def __post_init__(self) -> None:
-        self.job = self.plan.resolved().job
+        self.job = self.run.job
         self.by_role = self._index(self.rt)
 
     @staticmethod
@@ -128,9 +127,9 @@ class LoopContext:
         """The role's workers by rank; none when the plan has no such role."""
         return self.by_role.get(role) or []
 
-    def replace_world(self, plan: Plan, rt: Runtime) -> None:
+    def replace_world(self, run: RunPlan, rt: Runtime) -> None:
         """A rebuilt cluster: new workers hold no weights and run no abandoned calls."""
-        self.plan, self.rt = plan, rt
+        self.run, self.rt = run, rt
         self.by_role = self._index(rt)
         self.busy, self.known = Busy(), {}
 

@@ -7,7 +7,8 @@ new world:
 
   1. re-plan: `placer.solve.planner.plan_job` on `with_nodes(original job, alive counts)`, warm-started
      from the running plan (`hint`), with a movement cost per role that changes config, so that a
-     small change moves few roles;
+     small change moves few roles; the new plan is resolved into its run plan
+     (`executors.runplan`), the one place besides the run's start that reads a `Plan`;
   2. keep what survived unchanged: a slot whose roles (and their parallel layout) and bundles
      are the same in both plans, on pools that kept every node, with every actor alive, keeps its
      placement group and its actors (their processes, loaded models and sandboxes) -
@@ -30,11 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors import placement as pl
-from executors.cluster import node_key, node_resources
+from executors.backends import Backend, backend_of
+from executors.cluster import node_key
 from executors.roles import RunConfig
+from executors.runplan import RunPlan, resolve_plan
 from executors.runtime import RayRuntime
 from placer.cost.pricer import Pricer
-from placer.solve.moves import layout, moves
+from placer.solve.moves import moves
 from placer.solve.planfile import Plan, calibration_of
 from placer.solve.planner import plan_job
 from placer.spec.catalog import with_nodes
@@ -63,23 +66,24 @@ def alive_counts(plan_job_pools: list[Any]) -> dict[str, int]:
             for p in plan_job_pools}
 
 
-def slot_signature(plan: Plan, slot: str) -> tuple:
+def slot_signature(run: RunPlan, slot: str) -> tuple:
     """What a slot's actors depend on: its roles with their layouts and its bundles (pool, node,
     devices, resources, in order). Two slots with one signature get the same actors."""
-    roles = tuple(sorted((r, layout(plan, r)) for r, x in plan.roles.items() if x.slot == slot))
+    roles = tuple(sorted((r.name, r.arrangement) for r in run.roles.values() if r.slot == slot))
     bundles = tuple((b.pool, b.node, tuple(b.devices), tuple(sorted(b.resources.items())))
-                    for b in pl.slot_bundles(plan).get(slot, []))
+                    for b in run.slots[slot].bundles)
     return roles, bundles
 
 
-def kept_slots(old: Plan, new: Plan, counts: dict[str, int], dead: set[str]) -> dict[str, str]:
+def kept_slots(old: RunPlan, new: RunPlan, counts: dict[str, int], dead: set[str]
+               ) -> dict[str, str]:
     """New slot -> old slot for the slots a rebuild keeps: same signature, every pool of its
     bundles still has the node count it had (node numbers mean the same nodes), no actor of it
     dead (`dead`: old slot names with a dead actor)."""
-    was = {p.name: p.nodes for p in old.resolved().job.cluster.pools}
-    old_sig = {slot_signature(old, name): name for name in pl.slot_bundles(old)}
+    was = {name: p.nodes for name, p in old.pools.items()}
+    old_sig = {slot_signature(old, name): name for name in old.slots}
     out = {}
-    for name in pl.slot_bundles(new):
+    for name in new.slots:
         sig = slot_signature(new, name)
         prev = old_sig.get(sig)
         pools = {b[0] for b in sig[1]}
@@ -88,23 +92,25 @@ def kept_slots(old: Plan, new: Plan, counts: dict[str, int], dead: set[str]) -> 
     return out
 
 
-def keys_present(plan: Plan) -> bool:
+def keys_present(run: RunPlan) -> bool:
     """Every plan node's key is advertised by an alive node."""
     import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
     have = {k for n in ray.nodes() if n.get("Alive") for k in n.get("Resources", {})}
-    return all(node_key(p, n) in have for p, n in node_resources(plan))
+    return all(node_key(p, n) in have for p, n in run.nodes)
 
 
 @dataclass
 class Elastic:
-    """The run's current plan, placement groups and runtime, and how to rebuild them."""
+    """The run's current plan (what a re-plan starts from) and its run plan, placement groups
+    and runtime, and how to rebuild them."""
 
     plan: Plan
+    run: RunPlan
     cfg: RunConfig
     groups: dict[str, Any]
     rt: RayRuntime | None
     pinned: bool
-    backend: str = "torch"
+    backend: Backend = field(default_factory=backend_of)
     max_restarts: int = 3
     move_cost_s: float = MOVE_COST_S
     time_limit_s: float = REPLAN_TIME_LIMIT_S
@@ -116,11 +122,11 @@ class Elastic:
         self.original = self.plan.resolved().job  # pools that died keep their shape here
         # Watched: the pools the run started on. A pool the plan leaves unused may not be
         # advertised at all (an embedded Ray advertises what the plan's bundles ask for).
-        self.watched = sorted({b.pool for b in self.plan.bundles})
+        self.watched = sorted(self.run.used_pools)
 
     def planned(self) -> dict[str, int]:
-        pools = {p.name: p.nodes for p in self.plan.resolved().job.cluster.pools}
-        return {p: pools.get(p, 0) for p in self.watched}
+        pools = self.run.pools
+        return {p: pools[p].nodes if p in pools else 0 for p in self.watched}
 
     def changed(self) -> ClusterChanged | None:
         """A ClusterChanged (with the alive node count of every pool) when a watched pool's
@@ -134,46 +140,47 @@ class Elastic:
         return plan_job(Pricer(res, calibration_of(self.plan)), time_limit_s=self.time_limit_s,
                         hint=self.plan, move_cost_s=self.move_cost_s, seed=self.original.seed)
 
-    def rebuild(self, counts: dict[str, int]) -> tuple[Plan, RayRuntime, list[str]]:
+    def rebuild(self, counts: dict[str, int]) -> tuple[RunPlan, RayRuntime, list[str]]:
         """New plan for `counts`; unchanged slots keep their groups and actors (`kept_slots`),
         the others go and the new plan's are placed."""
         from ray.util.placement_group import remove_placement_group  # lazy: Ray run only
         t0 = time.monotonic()
         new = self.replan(counts)
+        run = resolve_plan(new)
         t1 = time.monotonic()
         dead = {m.slot for m in self.rt.dead_members()} if self.rt is not None else set()
-        keep = kept_slots(self.plan, new, counts, dead)
-        old_slot = {r: x.slot for r, x in self.plan.roles.items()}
+        keep = kept_slots(self.run, run, counts, dead)
+        old_slot = {r: x.slot for r, x in self.run.roles.items()}
         reuse = {(m.role, m.rank): m.handle for m in (self.rt.members if self.rt else [])
                  if old_slot.get(m.role) in keep.values()}
         kept_groups = {n: self.groups[o] for n, o in keep.items()}
         self.close(keep=set(keep.values()), keep_handles=list(reuse.values()))
-        pinned = self.pinned and keys_present(new)
-        fresh = pl.create_groups(new, pinned, skip=set(keep))
+        pinned = self.pinned and keys_present(run)
+        fresh = pl.create_groups(run, pinned, skip=set(keep))
         self.groups = {**fresh, **kept_groups}
         t2 = time.monotonic()
         # new trainers and engines take the new plan's layouts (a split rollout's per part)
-        self.cfg = self.cfg.for_plan(new)
+        self.cfg = self.cfg.for_run(run)
         try:
-            self.rt = RayRuntime(new, self.cfg, self.groups, pinned, self.backend,
+            self.rt = RayRuntime(run, self.cfg, self.groups, pinned, self.backend,
                                  self.max_restarts, reuse=reuse)
         except Exception:
             for pg in fresh.values():
                 remove_placement_group(pg)
             self.groups = kept_groups
             raise
-        self.placement = pl.verify(new, self.rt.members, self.groups)
+        self.placement = pl.verify(self.rt.members, self.groups)
         pl.check(self.placement, pinned)
         # roles whose actors change; a slot whose partners change is rebuilt via its signature
         changes = [str(m) for m in moves(self.plan, new, colocation=False).values()]
         if not pinned and self.pinned:
             changes.append("node pinning off: surviving nodes do not carry the new plan's keys")
-        self.plan, self.pinned = new, pinned
+        self.plan, self.run, self.pinned = new, run, pinned
         self.kept = sorted(f"{m.role}{m.rank}" for m in self.rt.members
                            if (m.role, m.rank) in reuse)
         self.timing = {"replan_s": round(t1 - t0, 3), "groups_s": round(t2 - t1, 3),
                        "actors_s": round(time.monotonic() - t2, 3)}
-        return new, self.rt, changes
+        return run, self.rt, changes
 
     def close(self, keep: AbstractSet[str] = frozenset(), keep_handles: Sequence[Any] = ()) -> None:
         """Kill the actors and remove the placement groups, but those of the `keep` slots."""

@@ -31,7 +31,7 @@ Step = TypeVar("Step")
 def engine_mem_fraction(cfg: RunConfig) -> float:
     """The plan's memory share of the rollout (memory_gb / device memory), clamped."""
     lo, hi = MEM_FRACTION
-    return min(max(cfg.rollout_mem_fraction, lo), hi)
+    return min(max(cfg.engines.mem_fraction, lo), hi)
 
 
 def checked_logprobs(engine: str, sample_id: str, tokens: list[int], steps: list[Step] | None,
@@ -65,7 +65,7 @@ class EngineRollout(Worker, BucketLoading):
         return self.version
 
     def executed_layout(self, replicas: int) -> dict[str, int]:
-        return {"dp": replicas, "tp": self.cfg.rollout_tp, "pp": 1}
+        return {"dp": replicas, "tp": self.cfg.engines.tp, "pp": 1}
 
     def _samples(self, t0: float, ids: list[str], groups: list[str],
                  contexts: list[list[int]], outputs: list[tuple[list[int], list[float]]]

@@ -23,6 +23,7 @@ from typing import Any
 from executors import cluster, ray_private
 from executors.ray_private import LOOPBACK
 from executors.run import execute
+from executors.runplan import RunPlan, resolve_plan
 from placer.solve.planfile import Plan
 
 FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
@@ -57,7 +58,7 @@ class Outcome:
 class LocalCluster:
     """One Ray node per plan node; `lose` and `join` change it while a run goes on."""
 
-    def __init__(self, plan: Plan, health: dict[str, int] | None = None,
+    def __init__(self, run: RunPlan, health: dict[str, int] | None = None,
                  quiet: bool = False) -> None:
         """`quiet`: keep Ray's own logs (workers', and the lost raylet's last words) off this
         process's output, as a benchmark's tables want."""
@@ -73,7 +74,7 @@ class LocalCluster:
             "num_cpus": 0, "include_dashboard": False, "node_ip_address": LOOPBACK,
             **ray_private.system_config_args(health or FAST_HEALTH)})
         self.nodes: dict[tuple[str, int], Any] = {}
-        self.spec = cluster.node_resources(plan)  # what each plan node advertises
+        self.spec = cluster.node_resources(run)  # what each plan node advertises
         for key in sorted(self.spec):
             self._add(key, self.spec[key])
         ray.init(address=self.c.address, log_to_driver=not quiet)
@@ -104,7 +105,7 @@ def run_with_changes(plan: Plan, steps: int, out: str | Path, changes: list[Chan
                      note: Callable[[str], None] | None = None, quiet: bool = False,
                      **execute_kw: Any) -> Outcome:
     """Run `plan` for `steps` on a fresh local cluster, applying `changes` at step boundaries."""
-    lc = LocalCluster(plan, quiet=quiet)
+    lc = LocalCluster(resolve_plan(plan), quiet=quiet)
     done: dict[Change, float] = {}
 
     def on_step(step: int) -> None:

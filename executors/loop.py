@@ -42,13 +42,13 @@ from executors.placement import Member
 from executors.recovery import Recovery
 from executors.roles import RunConfig
 from executors.rollouts import EnvironmentCalls, RolloutDriver, StepRollout
+from executors.runplan import RunPlan
 from executors.runtime import Runtime
 from executors.tails import TailPolicies
 from executors.task import Target, task_of
 from executors.training import EXACT, Checkpoints, Scored, Training
 from executors.weights import WeightSync
 from placer.base.roles import Role
-from placer.solve.planfile import Plan
 from traces.schema import Trace
 
 __all__ = ["Fault", "Loop", "LoopConfig", "StepStat"]
@@ -57,13 +57,13 @@ __all__ = ["Fault", "Loop", "LoopConfig", "StepStat"]
 class Loop:
     """The step sequence; its parts do the work over one shared `LoopContext`."""
 
-    def __init__(self, plan: Plan, rt: Runtime, cfg: RunConfig, lc: LoopConfig, trace: Trace,
+    def __init__(self, run: RunPlan, rt: Runtime, cfg: RunConfig, lc: LoopConfig, trace: Trace,
                  progress: Callable[[StepStat], None] | None = None, *,
                  elastic: Elastic | None = None, note: Callable[[str], None] | None = None,
                  on_step: Callable[[int], None] | None = None) -> None:
         """`progress`: called with each finished step's stats; `note`: one line per cluster
         recovery; `on_step`: called at every step boundary (tests change the cluster there)."""
-        self.ctx = ctx = LoopContext(plan, rt, cfg, lc, trace, elastic)
+        self.ctx = ctx = LoopContext(run, rt, cfg, lc, trace, elastic)
         self.task = task_of(cfg.data)
         self.calls = Dispatcher(ctx, lc.faults)
         self.weights = WeightSync(ctx)

@@ -72,8 +72,8 @@ class Recovery:
         grown = all(change.counts[p] >= n for p, n in was.items())
         if grown and self.checkpoints.last < step - 1:  # a join: nothing is lost, keep every step
             self.checkpoints.save(step - 1)
-        plan, rt, moved = elastic.rebuild(change.counts)
-        ctx.replace_world(plan, rt)
+        run, rt, moved = elastic.rebuild(change.counts)
+        ctx.replace_world(run, rt)
         resume = self._resume()
         rec: dict[str, object] = {
             "step": step, "reason": change.reason, "nodes": change.counts,

@@ -32,11 +32,11 @@ import torch
 from executors import rl
 from executors.model import Codec, ValueModel, codec_for, load_policy
 from executors.reshard import BucketLoading, engine_state
+from executors.runplan import EngineGroup, Layout, RunPlan
 from executors.sandbox import Limits, Sandbox
-from executors.sharding import plan_layout, recompute_layers, recomputes
+from executors.sharding import recompute_layers, recomputes
 from executors.task import Target, task_of
 from placer.base.roles import Role
-from placer.solve.planfile import Plan
 from placer.spec.arch import ModelArch
 
 
@@ -49,22 +49,6 @@ class Delay:
     rank: int
     call: int
     seconds: float
-
-
-@dataclass(frozen=True)
-class EnginePart:
-    """One part of a rollout split over pools, as its engines run: ranks `first` to
-    `first + replicas - 1`, on `pool`, each engine with tensor parallelism `tp` and the plan's
-    memory share of the part's device."""
-
-    pool: str
-    first: int
-    replicas: int
-    tp: int = 1
-    mem_fraction: float = 0.2
-
-    def holds(self, rank: int) -> bool:
-        return self.first <= rank < self.first + self.replicas
 
 
 @dataclass(frozen=True)
@@ -84,33 +68,27 @@ class RunConfig:
     threads: int = 1
     delays: tuple[Delay, ...] = ()
     unsafe_sandbox: bool = False  # `--unsafe-sandbox`: run answers even without kernel isolation
-    actor_layout: tuple[int, ...] = (1, 1, 1)  # the plan's (dp, tp, pp[, HSDP shard]) of the actor
+    trainer: Layout = Layout()  # the plan's actor layout (dp, tp, pp, HSDP shard, recompute)
     mini_batches: int = 1  # optimizer steps per RL step (the job's batch.mini_batches)
     data: dict[str, Any] | None = None  # the job's prompt set (`Dataset`); None: arithmetic
-    rollout_tp: int = 1  # the plan's rollout TP (vLLM's tensor_parallel_size, SGLang's tp_size)
+    engines: EngineGroup = EngineGroup()  # a rollout worker's engine replicas: TP, memory share
     max_model_len: int = 128  # the job's longest context, tokens (+1 for BOS)
-    rollout_mem_fraction: float = 0.2  # the plan's rollout memory / its device's memory
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
-    rollout_parts: tuple[EnginePart, ...] = ()  # a rollout split over pools; () for one pool
-    actor_recompute: bool = False  # the plan's actor `recompute` (activation checkpointing)
     critic_recompute: bool = False  # the plan's critic `recompute`
 
     @property
     def model_arch(self) -> ModelArch:
         return ModelArch(**self.arch)
 
-    def for_rollout(self, rank: int) -> RunConfig:
-        """The config of rollout engine `rank`: its part's TP and memory share when the rollout
-        is split over pools (the first part's are the defaults), else this one."""
-        for p in self.rollout_parts:
-            if p.holds(rank):
-                return replace(self, rollout_tp=p.tp, rollout_mem_fraction=p.mem_fraction)
-        return self
+    def for_engines(self, engines: EngineGroup) -> RunConfig:
+        """The config of a rollout worker of the engine group `engines` (a split rollout's
+        part)."""
+        return replace(self, engines=engines)
 
-    def for_plan(self, plan: Plan) -> RunConfig:
+    def for_run(self, run: RunPlan) -> RunConfig:
         """This run's config on another plan of its job (a re-plan after the cluster changed):
         the new plan's trainer layout and rollout engines (`plan_settings`)."""
-        return replace(self, **plan_settings(plan))
+        return replace(self, **plan_settings(run))
 
     @property
     def codec(self) -> Codec:
@@ -118,35 +96,31 @@ class RunConfig:
         return codec_for(self.model_dir, int(self.arch["vocab"]))
 
 
-def actor_layout(plan: Plan) -> tuple[int, ...]:
-    """The plan's (dp, tp, pp) of the training role, and its HSDP shard group where set."""
-    lay = plan_layout(plan, Role.ACTOR)
-    return (lay.dp, lay.tp, lay.pp) + ((lay.shard,) if lay.hsdp else ())
-
-
-def plan_settings(plan: Plan) -> dict[str, Any]:
-    """The `RunConfig` fields a plan decides: the trainer's layout, and the rollout engine's TP,
-    context length and memory share -- per part when the rollout is split over pools, and no
-    parts when it is not (a re-plan may join a split rollout: `RunConfig.for_plan`)."""
-    res = plan.resolved()
-    r = plan.roles.get(Role.ROLLOUT)
-    critic = plan.roles.get(Role.CRITIC)
-    out: dict[str, Any] = {"actor_layout": actor_layout(plan), "rollout_parts": (),
-                           "max_model_len": res.job.max_context + 1,  # + BOS
-                           "actor_recompute": plan_layout(plan, Role.ACTOR).recompute,
-                           "critic_recompute": critic is not None and critic.recompute}
-    if r is not None:
-        out.update(rollout_tp=r.tp,
-                   rollout_mem_fraction=r.memory_gb / res.device_of(r.pool).memory_gb)
-    if r is not None and r.parts:  # split over pools: each part's engines with its own
-        parts, first = [], 0
-        for p in r.parts:
-            parts.append(EnginePart(p.pool, first, p.dp, p.tp,
-                                    p.memory_gb / res.device_of(p.pool).memory_gb))
-            first += p.dp
-        out.update(rollout_parts=tuple(parts), rollout_tp=parts[0].tp,
-                   rollout_mem_fraction=parts[0].mem_fraction)
+def plan_settings(run: RunPlan) -> dict[str, Any]:
+    """The `RunConfig` fields a plan decides: the trainer's layout, the critic's recompute, the
+    engines' context length and the first engine group (a rollout worker gets its own group:
+    `RunConfig.for_engines`; a re-plan may join or split the rollout: `RunConfig.for_run`)."""
+    actor, critic = run.roles[Role.ACTOR], run.roles.get(Role.CRITIC)
+    rollout = run.roles.get(Role.ROLLOUT)
+    out: dict[str, Any] = {"trainer": actor.layout,
+                           "max_model_len": run.job.max_context + 1,  # + BOS
+                           "critic_recompute": critic is not None and critic.layout.recompute}
+    if rollout is not None:
+        out["engines"] = rollout.engines[0]
     return out
+
+
+def run_config(run: RunPlan, lr: float | None = None, model_dir: str = "",
+               delays: tuple[Delay, ...] = ()) -> RunConfig:
+    """What every worker of the run gets: the job's facts and the plan's layouts."""
+    job = run.job
+    cfg = RunConfig(algorithm=job.algorithm, arch=job.policy.model_dump(), model_dir=model_dir,
+                    seed=job.seed, max_new_tokens=job.max_new_tokens,
+                    reward_arch=job.reward.model_dump() if job.reward is not None else None,
+                    delays=tuple(delays), mini_batches=job.mini_batches,
+                    data=job.data.model_dump() if job.data is not None else None,
+                    **plan_settings(run))
+    return cfg if lr is None else replace(cfg, lr=lr)
 
 
 def _timing(t0: float, **extra: Any) -> dict[str, Any]:

@@ -136,15 +136,15 @@ class RolloutDriver:
 
     @property
     def turns(self) -> int:
-        return self.ctx.job.environment.turns if self.ctx.workers(Role.ENVIRONMENT) else 1
+        return self.ctx.job.turns if self.ctx.workers(Role.ENVIRONMENT) else 1
 
     def launch(self, step: int, fresh: bool = True) -> StepRollout:
         """Plan step `step`'s trajectories and start its first round. Partial rollouts resume
         carried trajectories first and fill the step with fresh prompts up to n samples, in
         whole groups; `fresh=False` is another round of carried ones only (no group complete)."""
         ctx, carry = self.ctx, self.tails.carry
-        spp = ctx.job.batch.samples_per_prompt
-        n = ctx.job.batch.prompts * spp
+        spp = ctx.job.samples_per_prompt
+        n = ctx.job.prompts * spp
         resumed = [t for t in carry if not t.done] if self.tails.budget else []
         count = (n - len(resumed)) // spp if fresh else 0
         prompts = self.task.prompts(ctx.cfg.seed, step, count)
@@ -190,7 +190,7 @@ class RolloutDriver:
         """The rollout engines per part of a split rollout; all of them as one team when the
         rollout is on one pool (or the runtime runs one engine for all: `LocalRuntime`)."""
         rollouts = self.ctx.by_role[Role.ROLLOUT]
-        r = self.ctx.plan.roles.get(Role.ROLLOUT)
+        r = self.ctx.run.roles.get(Role.ROLLOUT)
         teams = [[m for m in rollouts if m.part == i] for i in range(len(r.parts) if r else 0)]
         return teams if len(teams) > 1 and all(teams) else [rollouts]
 
@@ -199,7 +199,7 @@ class RolloutDriver:
         contiguous chunks over the team's engines that hold the synced weights."""
         ctx, teams = self.ctx, self._teams()
         if len(teams) > 1 and not r.part_of:  # the step's first round: deal to the parts
-            kept = [p.samples for p in ctx.plan.roles[Role.ROLLOUT].parts]
+            kept = [p.samples for p in ctx.run.roles[Role.ROLLOUT].parts]
             start = 0
             for i, count in enumerate(deal(len(r.trajs), kept)):
                 r.part_of.update({t.id: i for t in r.trajs[start:start + count]})
@@ -298,7 +298,7 @@ class RolloutDriver:
 
     def _tool_calls(self, step: int, trajs: list[Traj]) -> None:
         """Run each ended turn's code in the sandbox; append the output for the next turn."""
-        codec, room = self.ctx.cfg.codec, self.ctx.job.environment.tool_output_tokens
+        codec, room = self.ctx.cfg.codec, self.ctx.job.tool_output_tokens
         answers = [codec.decode(t.response[t.turn_start:]) for t in trajs]
         results = self.env.run(step, [t.id for t in trajs], answers, "tool call",
                                turn=[t.turn for t in trajs])

@@ -1,7 +1,11 @@
 """Execute a plan: cluster, placement groups, actors, the loop; traces, ledger and a summary.
 
-`execute()` is what `placer execute`, the tests and the benchmark call. With `local=True` the same
-loop runs every role in this process (no Ray): the benchmark's baseline.
+`execute()` is what `placer execute`, the tests and the benchmark call. It resolves the plan once
+into its run plan (`executors.runplan`) and hands each part its piece: the checks here read the
+job's facts and the roles' layouts, the cluster and placement the pools, slots and seats, the
+runtime the seats and engine groups, the loop the job. Only `executors.elastic` keeps the `Plan`
+(a re-plan starts from it). With `local=True` the same loop runs every role in this process (no
+Ray): the benchmark's baseline.
 """
 from __future__ import annotations
 
@@ -18,24 +22,27 @@ from pathlib import Path
 from typing import Any
 
 from executors import cluster
-from executors import placement as pl
-from executors.backends import backend_of
+from executors.backends import DEFAULT_BACKEND, Backend, backend_of
 from executors.context import Fault, LoopConfig, StepStat
-from executors.elastic import Elastic
 from executors.loop import Loop
 from executors.model import build_policy, save_model_dir, tokenizer_problem
-from executors.roles import Delay, RunConfig, actor_layout, plan_settings
-from executors.runtime import LocalRuntime, RayRuntime, Runtime
+from executors.roles import Delay, run_config
+from executors.runplan import JobFacts, RunPlan, resolve_plan
 from executors.sandbox import SandboxUnavailable, probe
-from executors.sharding import Layout, check_layout
+from executors.sharding import check_layout
 from executors.task import task_of
+from executors.world import World
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.solve.planfile import Plan
 from placer.spec.arch import ModelArch
+from placer.spec.tailpolicy import TailPolicy
 from traces.schema import Trace
 
 MAX_PARAMS_CPU = 200_000_000  # random-init models are built in RAM on every worker
+# Samples x turns of one executed step: each is a live sequence in a worker's memory, so a batch
+# beyond this would not fit in a worker (the largest example has 32,768 samples).
+MAX_STEP_SAMPLE_TURNS = 65_536
 
 
 def _cuda() -> bool:
@@ -70,41 +77,31 @@ class ExecResult:
                 "stragglers": self.stragglers}
 
 
-def run_config(plan: Plan, lr: float | None = None, model_dir: str = "",
-               delays: tuple[Delay, ...] = ()) -> RunConfig:
-    res = plan.resolved()
-    job = res.job
-    reward = res.model_of("reward")
-    cfg = RunConfig(algorithm=job.algorithm.value, arch=policy_arch(plan).model_dump(),
-                    model_dir=model_dir, seed=job.seed,
-                    max_new_tokens=int(job.lengths.response.max_value()),
-                    reward_arch=reward.model_dump() if reward is not None else None,
-                    delays=tuple(delays), mini_batches=job.batch.mini_batches,
-                    data=job.data.model_dump() if job.data is not None else None,
-                    **plan_settings(plan))
-    return cfg if lr is None else dataclasses.replace(cfg, lr=lr)
-
-
-def check_layouts(plan: Plan, arch: ModelArch, backend: str = "torch") -> None:
+def check_layouts(run: RunPlan, backend: Backend) -> None:
     """SpecError (exit 2) before any actor starts when the trainer's layout, or the layout of
     a rollout engine (each part's, for a rollout split over pools), cannot be run."""
-    check_layout(str(Role.ACTOR), Layout(*actor_layout(plan)), arch.heads, arch.kv_heads,
-                 arch.mlp, layers=arch.layers, tied=arch.tie_embeddings)
-    r = plan.roles.get(Role.ROLLOUT)
+    arch = run.job.policy
+    trainer = dataclasses.replace(run.roles[Role.ACTOR].layout, recompute=False)
+    check_layout(str(Role.ACTOR), trainer, arch.heads, arch.kv_heads, arch.mlp,
+                 layers=arch.layers, tied=arch.tie_embeddings)
+    r = run.roles.get(Role.ROLLOUT)
     if r is None:
         return
-    engines = [(f"plan.roles.{Role.ROLLOUT}.parts.{i} (pool {p.pool})", Layout(p.dp, p.tp, p.pp))
-               for i, p in enumerate(r.parts)] or [(f"plan.roles.{Role.ROLLOUT}",
-                                                    Layout(r.dp, r.tp, r.pp))]
+    engines = [(f"plan.roles.{Role.ROLLOUT}.parts.{p.index} (pool {p.pool})", p.layout)
+               for p in r.parts] or [(f"plan.roles.{Role.ROLLOUT}", r.layout.degrees)]
     for where, lay in engines:
-        why = backend_of(backend).layout_problem(lay, arch)
+        why = backend.layout_problem(lay, arch)
         if why:
             raise SpecError(f"{where}: layout {lay}: {why}")
-    if r.parts:
-        try:
-            pl.part_bundles(plan, Role.ROLLOUT)
-        except pl.PlacementError as e:
-            raise SpecError(f"plan: {e}") from None
+
+
+def check_batch(job: JobFacts) -> None:
+    """SpecError, before Ray starts, when one step's batch would not fit in a worker."""
+    work = job.samples * job.turns
+    if work > MAX_STEP_SAMPLE_TURNS:
+        raise SpecError(f"plan.job.batch: {job.samples:,} samples x {job.turns} turn(s) per "
+                        f"step exceed the {MAX_STEP_SAMPLE_TURNS:,} the executor holds in memory "
+                        f"(got {work:,})")
 
 
 def check_sandbox(unsafe: bool) -> None:
@@ -119,29 +116,23 @@ def check_sandbox(unsafe: bool) -> None:
               file=sys.stderr, flush=True)
 
 
-def check_data(plan: Plan) -> None:
+def check_data(job: JobFacts) -> None:
     """SpecError (exit 2) before any actor starts when the job's dataset cannot be used: a
     missing or unreadable file, a missing column, a null cell, tests that do not parse. Reads
     every row (the loop's task then finds them cached)."""
-    data = plan.resolved().job.data
-    if data is not None:
-        task_of(data.model_dump())
+    if job.data is not None:
+        task_of(job.data.model_dump())
 
 
-def policy_arch(plan: Plan) -> ModelArch:
+def policy_arch(job: JobFacts) -> ModelArch:
     """The policy's architecture (the reward model's is checked too), as the executor builds it."""
-    res = plan.resolved()
-    arch = res.model_of("actor")
-    if arch is None:  # every job has a policy; a plan without one is not this project's
-        raise SpecError("plan.job.models.policy: missing (the executor needs a policy model)")
-    paths = res.job.models.paths
+    arch, paths = job.policy, job.paths
     if "policy" not in paths:  # a checkpoint folder is loaded with its own model class
         _check_buildable(arch, "policy")
     elif (why := tokenizer_problem(paths["policy"], arch.vocab)) is not None:
         raise SpecError(f"plan.job.models.paths.policy: {paths['policy']!r}: {why}")
-    reward = res.model_of("reward")
-    if reward is not None and "reward" not in paths:
-        _check_buildable(reward, "reward")
+    if job.reward is not None and "reward" not in paths:
+        _check_buildable(job.reward, "reward")
     return arch
 
 
@@ -161,21 +152,18 @@ def _check_buildable(arch: ModelArch, field: str) -> None:
 MODEL_STAMP = "placer-model.json"  # what model-v0 was built from; written last
 
 
-def prepare_model(plan: Plan, out_dir: Path) -> str:
+def prepare_model(job: JobFacts, out_dir: Path) -> str:
     """Version 0 of the policy, written once: every worker loads the same weights from it.
 
     It is built in a temporary folder and renamed into place, and `MODEL_STAMP` (written last)
     records the architecture, the seed and every file's size: a `model-v0` without it (a run
     killed while writing it), with a file missing or cut short, or built for another job is
     rebuilt, so a later run into the same `--out` never loads it."""
-    res = plan.resolved()
-    if "policy" in res.job.models.paths:  # the job's own checkpoint is version 0 as it is
-        return res.job.models.paths["policy"]
-    arch = res.model_of("actor")
+    if "policy" in job.paths:  # the job's own checkpoint is version 0 as it is
+        return job.paths["policy"]
+    arch = job.policy
     path = out_dir / "model-v0"
-    if arch is None:  # every job trains a policy; a plan without one was not made by the planner
-        raise SpecError("plan.job.models.policy: the plan's job names no policy model")
-    stamp = {"arch": arch.model_dump(mode="json"), "seed": res.job.seed}
+    stamp = {"arch": arch.model_dump(mode="json"), "seed": job.seed}
     try:
         have = json.loads((path / MODEL_STAMP).read_text())
         if ({k: have.get(k) for k in stamp} == stamp and have["files"]
@@ -185,7 +173,7 @@ def prepare_model(plan: Plan, out_dir: Path) -> str:
         pass  # missing, unreadable or half-written: rebuild
     tmp = Path(tempfile.mkdtemp(prefix=".model-v0.", dir=out_dir))
     try:
-        save_model_dir(build_policy(arch, res.job.seed), arch, tmp)
+        save_model_dir(build_policy(arch, job.seed), arch, tmp)
         files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
         (tmp / MODEL_STAMP).write_text(json.dumps({**stamp, "files": files}))
         if path.is_dir() and not path.is_symlink():
@@ -200,7 +188,8 @@ def prepare_model(plan: Plan, out_dir: Path) -> str:
 
 
 def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None = None,
-            backend: str = "torch", local: bool = False, faults: list[Fault] | None = None,
+            backend: str = DEFAULT_BACKEND, local: bool = False,
+            faults: list[Fault] | None = None,
             progress: Callable[[StepStat], None] | None = None, max_restarts: int = 3,
             lr: float | None = None, checkpoint_every: int = 1,
             note: Callable[[str], None] | None = None,
@@ -215,68 +204,57 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
     delays     test-only: make a worker's n-th call slow (`executors.roles.Delay`);
     on_step    called at every step boundary with the next step (tests change the cluster there).
     """
-    backend_of(backend)  # SpecError (exit 2) for an unknown one
+    chosen = backend_of(backend)  # SpecError (exit 2) for an unknown one
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
-    arch = policy_arch(plan)  # the plan's own checks first, then the machine's
-    if not local:  # one process trains the whole batch locally: no layout to refuse
-        check_layouts(plan, arch, backend)
-    check_sandbox(unsafe_sandbox)
-    check_data(plan)
-    if arch.params() > MAX_PARAMS_CPU and not _cuda():
-        raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "
-                        f"parameters; without CUDA the executor runs models up to "
-                        f"{MAX_PARAMS_CPU / 1e6:.0f}M (use a tiny model, or run on GPUs)")
+    run = resolve_plan(plan)  # the one resolve: every part below takes its piece of `run`
+    preflight(run, chosen, local, unsafe_sandbox)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    res = plan.resolved()
-    job = res.job
-    cfg = run_config(plan, lr, prepare_model(plan, out), tuple(delays or ()))
+    job = run.job
+    cfg = run_config(run, lr, prepare_model(job, out), tuple(delays or ()))
     if unsafe_sandbox:
         cfg = dataclasses.replace(cfg, unsafe_sandbox=True)
     trace = Trace(metadata={"source": "execute", "job": job.name, "seed": job.seed,
-                            "algorithm": job.algorithm.value, "mode": job.pipeline.mode,
-                            "backend": backend, "runtime": "local" if local else "ray",
-                            "predicted_iteration_s": plan.predicted_iteration_s})
-    placement: list[dict[str, Any]] = []
-    rt: Runtime
-    elastic: Elastic | None = None
-    if local:
-        rt = LocalRuntime(plan, cfg, backend)
-        info_text, emulated = "local (one process, no Ray)", []
-    else:
-        info = cluster.start(plan, address)
-        emulated = info.emulated
-        info_text = info.describe()
-        if note:
-            note(f"cluster: {info_text}")
-        groups = pl.create_groups(plan, info.pinned)
-        rt = RayRuntime(plan, cfg, groups, info.pinned, backend, max_restarts)
-        placement = pl.verify(plan, rt.members, groups)
-        pl.check(placement, info.pinned)
-        elastic = Elastic(plan, cfg, groups, rt, info.pinned, backend, max_restarts, placement=placement)
-    trace.metadata.update(emulated_pools=emulated, cluster=info_text)
+                            "algorithm": job.algorithm, "mode": job.mode,
+                            "backend": chosen.name, "runtime": "local" if local else "ray",
+                            "predicted_iteration_s": run.predicted_iteration_s})
+    world = World.local(run, cfg, chosen) if local else World.ray(
+        plan, run, cfg, chosen, address, max_restarts, note)
+    trace.metadata.update(emulated_pools=world.emulated, cluster=world.described)
     if address is None:  # embedded: every emulated device's work runs on this host's cores,
         # which calibration reads as the emulated devices' `host_cores` (placer/calibrate/fit.py)
         trace.metadata["host_cores"] = len(os.sched_getaffinity(0))
     setup_s = time.time() - t0
-    lc = LoopConfig(steps=steps, out_dir=out, mode=job.pipeline.mode,
-                    max_staleness=job.pipeline.max_staleness, checkpoint_every=checkpoint_every,
-                    faults=list(faults or []), retries=max(max_restarts, 1),
-                    deadlines={**tail_deadlines(job), **(deadlines or {})}, start=start)
-    loop = Loop(plan, rt, cfg, lc, trace, progress, elastic=elastic, note=note, on_step=on_step)
+    lc = LoopConfig(steps=steps, out_dir=out, mode=job.mode, max_staleness=job.max_staleness,
+                    checkpoint_every=checkpoint_every, faults=list(faults or []),
+                    retries=max(max_restarts, 1), start=start,
+                    deadlines={**tail_deadlines(job.tail_policy), **(deadlines or {})})
+    loop = Loop(run, world.rt, cfg, lc, trace, progress, elastic=world.elastic, note=note,
+                on_step=on_step)
     try:
         stats = loop.run()
     finally:
-        if elastic is not None:
-            elastic.close()  # the current actors and groups (a rebuild replaced the first ones)
-            placement = elastic.placement
-        else:
-            rt.close()
+        placement = world.close()
     problems = loop.ledger.problems(steps, first=start)
-    return ExecResult(stats, not problems, problems, trace, placement, info_text, emulated,
-                      setup_s, str(out), loop.ledger, loop.recoveries, loop.stragglers)
+    return ExecResult(stats, not problems, problems, trace, placement, world.described,
+                      world.emulated, setup_s, str(out), loop.ledger, loop.recoveries,
+                      loop.stragglers)
+
+
+def preflight(run: RunPlan, backend: Backend, local: bool, unsafe_sandbox: bool) -> None:
+    """Every check that needs no actor: the plan's own first, then the machine's."""
+    arch = policy_arch(run.job)
+    if not local:  # one process trains the whole batch locally: no layout to refuse
+        check_layouts(run, backend)
+    check_batch(run.job)
+    check_sandbox(unsafe_sandbox)
+    check_data(run.job)
+    if arch.params() > MAX_PARAMS_CPU and not _cuda():
+        raise SpecError(f"plan.job.models.policy: {arch.name} has {arch.params() / 1e9:.2f}B "
+                        f"parameters; without CUDA the executor runs models up to "
+                        f"{MAX_PARAMS_CPU / 1e6:.0f}M (use a tiny model, or run on GPUs)")
 
 
 def resume_point(out_dir: str | Path, steps: int) -> int:
@@ -307,7 +285,7 @@ def resume_point(out_dir: str | Path, steps: int) -> int:
     return step + 1
 
 
-def tail_deadlines(job: Any) -> dict[str, float]:
+def tail_deadlines(tp: TailPolicy) -> dict[str, float]:
     """A `reissue` tail policy re-issues environment calls slower than its `deadline_s`."""
-    deadline_s = job.tail_policy.mechanism.tool_deadline_s
+    deadline_s = tp.mechanism.tool_deadline_s
     return {"environment": deadline_s} if deadline_s else {}

@@ -2,7 +2,8 @@
 
 The RL loop (`executors.loop`) is written once against `Runtime`: `call` starts a method on a
 worker and returns a handle, `results` waits for several and says which ones lost their worker.
-`RayRuntime` creates one actor per `placement.Member` in its placement-group bundle, with
+`RayRuntime` creates one actor per seat of the run plan (`placement.Member`) in its
+placement-group bundle, with
 `max_restarts` (Ray re-creates a dead actor in the same bundle; the loop re-runs its lost work);
 `LocalRuntime` holds the same worker classes in this process (the benchmark's baseline and quick
 tests of the math). Both satisfy the `Runtime` protocol, the only view of a runtime the loop and
@@ -18,11 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from executors.backends import rollout_class
+from executors.backends import Backend, backend_of
 from executors.placement import Member, PlacementError, actor_options, assign
 from executors.roles import Critic, EnvWorker, ModelReward, Reference, RuleReward, RunConfig
+from executors.runplan import RoleRun, RunPlan
 from executors.trainer import Trainer
-from placer.solve.planfile import Plan
+from placer.base.roles import Role
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -88,21 +90,21 @@ def _ran(h: Handle) -> Outcome:
     return h
 
 
-def worker_class(role: str, cfg: RunConfig, backend: str) -> type:
-    if role == "rollout":  # the backend's engine class (`executors.backends`), imported now
-        return rollout_class(backend)
-    if role == "reward":
-        return RuleReward if cfg.reward_arch is None else ModelReward
-    return {"actor": Trainer, "reference": Reference, "critic": Critic,
-            "environment": EnvWorker}[role]
-
-
-def worker_args(m: Member, cfg: RunConfig, members: list[Member]) -> tuple:
-    if m.role == "actor":
-        return cfg, m.rank, sum(1 for x in members if x.role == "actor")
-    if m.role == "rollout":  # a split rollout's engine: its own part's TP and memory share
-        return cfg.for_rollout(m.rank), m.rank
-    return cfg, m.rank
+def worker_spec(m: Member, cfg: RunConfig, rollout: RoleRun | None, backend: Backend,
+                members: Sequence[Member]) -> tuple[type, tuple[object, ...]]:
+    """The class of a member's worker and its constructor's arguments: a rollout engine is the
+    backend's, with its own engine group's config (`rollout`: the run plan's rollout role; a
+    split rollout's part); a trainer rank learns the world its runtime made (`members`: one
+    rank in the one-process runtime)."""
+    if m.role == Role.ROLLOUT and rollout is not None:
+        return backend.rollout_worker(cfg, rollout.group_of(m.rank), m.rank)
+    if m.role == Role.ACTOR:
+        return Trainer, (cfg, m.rank, sum(1 for x in members if x.role == Role.ACTOR))
+    if m.role == Role.REWARD:
+        return (RuleReward if cfg.reward_arch is None else ModelReward), (cfg, m.rank)
+    workers: dict[str, type] = {Role.REFERENCE: Reference, Role.CRITIC: Critic,
+                                Role.ENVIRONMENT: EnvWorker}
+    return workers[m.role], (cfg, m.rank)
 
 
 class LocalRuntime:
@@ -110,11 +112,13 @@ class LocalRuntime:
 
     kind = "local"
 
-    def __init__(self, plan: Plan, cfg: RunConfig, backend: str = "torch") -> None:
+    def __init__(self, run: RunPlan, cfg: RunConfig, backend: Backend | None = None) -> None:
         # One worker per role: a single process has one trainer over the whole batch.
-        self.members = [m for m in assign(plan) if m.rank == 0]
+        chosen, rollout = backend or backend_of(), run.roles.get(Role.ROLLOUT)
+        self.members = [m for m in assign(run.seats) if m.rank == 0]
         for m in self.members:
-            m.handle = worker_class(m.role, cfg, backend)(*worker_args(m, cfg, self.members))
+            cls, args = worker_spec(m, cfg, rollout, chosen, self.members)
+            m.handle = cls(*args)
 
     def call(self, m: Member, method: str, *args: object) -> Outcome:
         # An earlier call's result passed as an argument (Ray resolves object refs the same way).
@@ -161,23 +165,25 @@ class RayRuntime:
 
     kind = "ray"
 
-    def __init__(self, plan: Plan, cfg: RunConfig, groups: dict[str, Any], pinned: bool,
-                 backend: str = "torch", max_restarts: int = 3,
+    def __init__(self, run: RunPlan, cfg: RunConfig, groups: dict[str, Any], pinned: bool,
+                 backend: Backend | None = None, max_restarts: int = 3,
                  start_timeout_s: float = 180.0, reuse: dict[tuple[str, int], Any] | None = None
                  ) -> None:
         """`reuse`: (role, rank) -> a running actor to keep (a rebuild after a cluster change
         keeps the actors of unchanged slots; `executors.elastic.kept_slots`)."""
         import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
         self.ray = ray
-        self.members = assign(plan)
+        chosen, rollout = backend or backend_of(), run.roles.get(Role.ROLLOUT)
+        self.members = assign(run.seats)
         for m in self.members:
             if reuse and (m.role, m.rank) in reuse:
                 m.handle = reuse[(m.role, m.rank)]
                 continue
-            cls: Any = ray.remote(worker_class(m.role, cfg, backend))  # a Ray actor class
+            worker, args = worker_spec(m, cfg, rollout, chosen, self.members)
+            cls: Any = ray.remote(worker)  # a Ray actor class
             opts = actor_options(m, groups[m.slot], pinned)
             m.handle = cls.options(max_restarts=max_restarts, max_task_retries=0,
-                                   name=None, **opts).remote(*worker_args(m, cfg, self.members))
+                                   name=None, **opts).remote(*args)
         try:  # all constructed (an actor whose resources the bundle lacks would wait forever)
             wheres = ray.get([m.handle.where.remote() for m in self.members],
                              timeout=start_timeout_s)

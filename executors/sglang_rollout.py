@@ -47,7 +47,7 @@ def engine_kwargs(cfg: RunConfig, rank: int) -> dict[str, Any]:
     arch = cfg.model_arch
     kw: dict[str, Any] = dict(
         model_path=cfg.model_dir, skip_tokenizer_init=True, dtype="bfloat16",
-        random_seed=cfg.seed + rank, tp_size=cfg.rollout_tp, context_length=cfg.max_model_len,
+        random_seed=cfg.seed + rank, tp_size=cfg.engines.tp, context_length=cfg.max_model_len,
         mem_fraction_static=engine_mem_fraction(cfg),
         disable_cuda_graph=True, base_gpu_id=0,  # the actor's bundle GPUs (Ray's visible set)
         log_level="error")

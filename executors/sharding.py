@@ -33,64 +33,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from executors.runplan import Layout
 from placer.base.errors import SpecError
-from placer.solve.planfile import Plan
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A role's parallel layout: data-, tensor- and pipeline-parallel degrees, the HSDP
-    shard group (`shard` dp ranks; 0: FSDP over all of dp), and whether decoder layers recompute
-    their activations in the backward pass (`recompute`)."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    shard: int = 0
-    recompute: bool = field(default=False, kw_only=True)  # never from a positional tuple
-
-    @property
-    def hsdp(self) -> bool:
-        """Whether the dp ranks form dp / shard replicas of a `shard`-rank FSDP group."""
-        return 0 < self.shard < self.dp
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def coords(self, rank: int) -> tuple[int, int]:
-        """(dp index, tp index) of a rank (ranks are `(p * dp + d) * tp + t`)."""
-        return rank // self.tp % self.dp, rank % self.tp
-
-    def stage(self, rank: int) -> int:
-        """The pipeline stage of a rank."""
-        return rank // (self.dp * self.tp)
-
-    def leads(self, rank: int) -> bool:
-        """Whether the rank speaks for its DP group: TP index 0 on the last pipeline stage
-        (where the loss is computed)."""
-        return self.coords(rank)[1] == 0 and self.stage(rank) == self.pp - 1
-
-    def as_dict(self) -> dict[str, int]:
-        out = {"dp": self.dp, "tp": self.tp, "pp": self.pp}
-        return {**out, "shard": self.shard} if self.hsdp else out
-
-    def __str__(self) -> str:
-        return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" shard{self.shard}" if self.hsdp else "")
-                + (" recompute" if self.recompute else ""))
-
-
-def plan_layout(plan: Plan, role: str = "actor") -> Layout:
-    """A role's layout as the plan gives it."""
-    r = plan.roles[role]
-    return Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
-                  recompute=r.recompute)
 
 
 def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,

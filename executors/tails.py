@@ -50,8 +50,6 @@ def carry_steps(tail_policy: TailPolicy, max_tokens: int) -> int:
     return tail_policy.mechanism.carry_steps(max_tokens)
 
 
-
-
 class TailPolicies:
     """The job's tail policy over a step's trajectories; owns the partial-rollout carry."""
 

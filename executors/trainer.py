@@ -40,8 +40,8 @@ from executors.model import load_policy
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.reshard import Bucket, Stream
 from executors.roles import RunConfig, Worker, _interface_of, _node_ip, _timing, save_checkpoint
+from executors.runplan import Layout
 from executors.sharding import (
-    Layout,
     build_mesh,
     clip_grad_norm,
     full_state,
@@ -63,8 +63,7 @@ class Trainer(Worker):
         super().__init__(cfg, "actor", rank)
         self.world = world
         # a world of one trains the whole batch on one rank, recomputing as the plan says
-        self.layout = Layout(*cfg.actor_layout, recompute=cfg.actor_recompute) if world > 1 \
-            else Layout(recompute=cfg.actor_recompute)
+        self.layout = cfg.trainer if world > 1 else Layout(recompute=cfg.trainer.recompute)
         if self.layout.world != world:
             raise ValueError(f"trainer: layout {self.layout} needs {self.layout.world} ranks, "
                              f"the run made {world}")

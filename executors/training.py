@@ -26,15 +26,14 @@ import torch
 from executors import rl
 from executors.calls import Dispatcher
 from executors.context import LoopContext, TrainingLost
+from executors.runplan import Layout
 from executors.runtime import Handle
-from executors.sharding import Layout, plan_layout
 from executors.stragglers import Call
 from executors.tails import TailPolicies
 from executors.task import Target
 from executors.trainer import MiniBatch
 from placer.base.fileio import atomic_write_text
 from placer.base.roles import Role
-from placer.solve.planfile import Plan
 
 Scored = dict[str, list[Any]]  # role -> per-sample values (rewards, log-probs, values)
 EXACT = "exact"  # Scored key: a rule reward's per-sample verdict (exactly right), when it has one
@@ -171,7 +170,8 @@ class Training:
         """The step's mini-batches on every trainer rank (and the critic's step); the loss."""
         ctx, t = self.ctx, time.time()
         ranks = ctx.by_role[Role.ACTOR]
-        layout = trainer_layout(ctx.plan, len(ranks))
+        # the run plan's layout, or one plain rank (the one-process runtime)
+        layout = ctx.run.roles[Role.ACTOR].layout if len(ranks) > 1 else Layout()
         parts = partition(s, adv, ref, layout, ctx.cfg.mini_batches, ctx.cfg.accumulate)
         calls: list[Call] = [(m, "train", (part,)) for m, part in zip(ranks, parts)]
         critics = ctx.workers(Role.CRITIC)
@@ -197,12 +197,6 @@ class Training:
         ctx.event("train", "stage", t, time.time() - t, None, step, policy_version=step + 1)
         # Each DP group's loss is its share of every mini-batch's token mean: their sum is it.
         return float(sum(v[0]["loss"] for v in leaders))
-
-
-def trainer_layout(plan: Plan, ranks: int) -> Layout:
-    """The layout the trainer ranks run: the (current) plan's, or one plain rank (the local
-    runtime)."""
-    return plan_layout(plan, Role.ACTOR) if ranks > 1 else Layout()
 
 
 def _split(xs: list[int], k: int) -> list[list[int]]:

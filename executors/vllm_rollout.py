@@ -44,10 +44,10 @@ def engine_args(cfg: RunConfig, rank: int) -> dict[str, Any]:
     args: dict[str, Any] = dict(
         model=cfg.model_dir, tokenizer=cfg.model_dir, dtype="bfloat16", seed=cfg.seed + rank,
         enforce_eager=True, max_model_len=cfg.max_model_len,
-        tensor_parallel_size=cfg.rollout_tp,
+        tensor_parallel_size=cfg.engines.tp,
         gpu_memory_utilization=engine_mem_fraction(cfg),
         worker_extension_cls="executors.vllm_rollout.WeightSync")
-    if cfg.rollout_tp > 1:  # TP workers as processes on this actor's GPUs
+    if cfg.engines.tp > 1:  # TP workers as processes on this actor's GPUs
         args["distributed_executor_backend"] = "mp"
     return args
 

@@ -22,30 +22,27 @@ from typing import Any
 
 from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
+from executors.runplan import RunPlan
 from executors.runtime import Handle
 from placer.base.roles import Role
-from placer.cost.roofline import GB
-from placer.solve.planfile import Plan, calibration_of
 
 
-def bucket_bytes(plan: Plan, pool: str | None = None) -> int:
+def bucket_bytes(run: RunPlan, pool: str | None = None) -> int:
     """The refresh's bucket size in bytes for engines on `pool` (default: the rollout's pool):
     the plan's `sync_bucket_gb` for that pool's device, as `placer.cost.timing.sync_time` prices
     each part of a split rollout with its own device's (0: a call per tensor)."""
-    rollout = plan.roles.get(Role.ROLLOUT)
+    rollout = run.roles.get(Role.ROLLOUT)
     if rollout is None:
         return 0
-    dev = plan.resolved().device_of(pool if pool is not None else rollout.pool)
-    eff = calibration_of(plan).for_device(dev)
-    return max(int(eff.sync_bucket_gb * GB), 1) if eff.sync_bucket_gb > 0 else 0
+    return run.pools[pool if pool is not None else rollout.pool].sync_bucket_bytes
 
 
-def by_bucket(plan: Plan, targets: list[Member]) -> dict[int, list[Member]]:
+def by_bucket(run: RunPlan, targets: list[Member]) -> dict[int, list[Member]]:
     """The targets grouped by their bucket size (each engine's own pool's device: the parts of
     a split rollout may differ), in first-seen order."""
     out: dict[int, list[Member]] = {}
     for m in targets:
-        out.setdefault(bucket_bytes(plan, m.bundle.pool), []).append(m)
+        out.setdefault(bucket_bytes(run, m.bundle.pool), []).append(m)
     return out
 
 
@@ -77,7 +74,7 @@ class WeightSync:
         if not targets:
             return int(version)
         # one stream per bucket size: a split rollout's parts each get their device's buckets
-        groups = by_bucket(ctx.plan, targets)
+        groups = by_bucket(ctx.run, targets)
         outs = [o for size, ms in groups.items() for o in self._stream(ms, int(version), size)]
         targets = [m for ms in groups.values() for m in ms]
         failed = []

@@ -150,30 +150,21 @@ def _planned(x: PlanLike | Job) -> Plan:
 
 def export(plan: PlanLike, framework: str, **options: Any) -> Export:
     """`placer export`: the plan as a verl, OpenRLHF or KubeRay configuration (files are not
-    written: `Export.files` maps names to text; `Export.warnings` names what does not fit)."""
-    from placer.base.errors import SpecError
-    from placer.interop import EXPORTERS
-    if framework not in EXPORTERS:
-        raise SpecError(f"framework: one of {', '.join(EXPORTERS)} (got {framework!r})")
-    fn: Any = EXPORTERS[framework]
-    result: Export = fn(_plan(plan), **options)
-    return result
+    written: `Export.files` maps names to text; `Export.warnings` names what does not fit).
+    `options`: the target's own (`placer.interop.targets`; kuberay: image, steps)."""
+    from placer.interop.targets import target_of
+    target = target_of(framework)
+    target.check_options(options)
+    return target.export(_plan(plan), **options)
 
 
 def import_run(framework: str, source: str | Path, *, device: str = "H100-SXM",
                name: str | None = None) -> Job:
     """`placer import`: a job (its `current` placement recorded) from a verl config or launch
     script, or an OpenRLHF command line or file. The assumptions made are in the CLI's notes."""
-    from placer.base.errors import SpecError
-    from placer.base.inputs import read_text
-    from placer.interop import importer_table
-
-    table = importer_table()
-    if framework not in table:
-        raise SpecError(f"framework: one of {', '.join(table)} (got {framework!r})")
-    from placer.interop.common import names_a_file
-    inline = framework == "openrlhf" and not names_a_file(str(source))
-    text = str(source) if inline else read_text(Path(source))
-    data, _notes = table[framework](text, str(source), device=device,
-                                    name=name or f"imported-{framework}")
+    from placer.interop.targets import importer_of
+    target = importer_of(framework)
+    text, where = target.read_source(str(source))
+    data, _notes = target.import_run(text, where, device=device,
+                                     name=name or f"imported-{target.name}")
     return job_from_dict(data)

@@ -81,9 +81,10 @@ def run_module(plan: Plan, steps: int, out: Path, **kw: Any):
 
     from executors import cluster
     from executors.run import execute
+    from executors.runplan import resolve_plan
     if ray.is_initialized():
         ray.shutdown()
-    cluster.start(plan)
+    cluster.start(resolve_plan(plan))
     try:
         return execute(plan, steps, out, **kw)
     finally:
@@ -132,12 +133,15 @@ class VirtualRuntime:
 
     kind = "virtual"
 
-    def __init__(self, plan, cfg, slow: dict[tuple[str, int], float]) -> None:
-        from executors.placement import assign  # lazy: with the runtime (torch) below
-        from executors.runtime import worker_args, worker_class  # lazy: torch, as in run_module
-        self.members = assign(plan)
+    def __init__(self, run, cfg, slow: dict[tuple[str, int], float]) -> None:
+        from executors.backends import backend_of  # lazy: with the runtime (torch) below
+        from executors.placement import assign  # lazy: as above
+        from executors.runtime import worker_spec  # lazy: torch, as in run_module
+        self.members = assign(run.seats)
         for m in self.members:
-            m.handle = worker_class(m.role, cfg, "torch")(*worker_args(m, cfg, self.members))
+            cls, args = worker_spec(m, cfg, run.roles.get("rollout"), backend_of("torch"),
+                                    self.members)
+            m.handle = cls(*args)
         self.slow, self.took, self.cancelled = slow, {}, []
 
     def call(self, m, method, *args):

@@ -1,5 +1,5 @@
 """A world of trainer processes on gloo, for the executor's distributed tests: one spawned
-process per rank of `cfg.actor_layout`, joined into one process group the way the executor joins
+process per rank of `cfg.trainer`, joined into one process group the way the executor joins
 them (rank 0 opens the rendezvous, the others take its address), then running the test's body.
 
   run_world(body, cfg, *args)   spawn the ranks; each runs body(rank, trainer, *args); every
@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from executors.roles import RunConfig
-from executors.sharding import Layout
 from executors.trainer import Trainer
 
 SPAWN = mp.get_context("forkserver")
@@ -36,7 +35,7 @@ JOIN_TIMEOUT_S = 300
 def _joined(rank: int, cfg: RunConfig, q_addr: Any, body: Callable[..., None],
             args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)  # the ranks share the machine's few cores
-    world = Layout(*cfg.actor_layout).world
+    world = cfg.trainer.world
     tr = Trainer(cfg, rank, world)
     if rank == 0:
         addr = tr.rendezvous()
@@ -49,10 +48,10 @@ def _joined(rank: int, cfg: RunConfig, q_addr: Any, body: Callable[..., None],
 
 
 def run_world(body: Callable[..., None], cfg: RunConfig, *args: Any) -> None:
-    """Run body(rank, trainer, *args) on every rank of `cfg.actor_layout`'s world (`body` must be
+    """Run body(rank, trainer, *args) on every rank of `cfg.trainer`'s world (`body` must be
     a module-level function: the spawned processes import it)."""
     q_addr = SPAWN.Queue()
-    world = Layout(*cfg.actor_layout).world
+    world = cfg.trainer.world
     procs = [SPAWN.Process(target=_joined, args=(r, cfg, q_addr, body, args))
              for r in range(world)]
     for p in procs:

@@ -12,6 +12,7 @@ from gloo_world import SPAWN, run_world
 from executors import collprobe
 from executors.model import build_policy, save_model_dir
 from executors.roles import RunConfig
+from executors.runplan import Layout
 from executors.trainer import Trainer
 from placer.calibrate.fit import fit_trace
 from placer.spec.catalog import shipped_models
@@ -28,7 +29,7 @@ def _probe(rank: int, tr: Trainer, q_out: Any) -> None:
 def probed(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, list[dict]]]:
     model_dir = save_model_dir(build_policy(ARCH, 3), ARCH, tmp_path_factory.mktemp("m") / "v0")
     cfg = RunConfig(algorithm="grpo", arch=ARCH.model_dump(), model_dir=str(model_dir), seed=0,
-                    max_new_tokens=8, lr=1e-3, actor_layout=(2, 1, 1))
+                    max_new_tokens=8, lr=1e-3, trainer=Layout(2, 1, 1))
     q_out = SPAWN.Queue()
     run_world(_probe, cfg, q_out)
     return sorted((q_out.get(timeout=5) for _ in range(2)), key=lambda x: x[0])

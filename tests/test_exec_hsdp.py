@@ -19,7 +19,7 @@ from executors.training import partition
 
 
 def _train_and_report(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: str) -> None:
-    layout = Layout(*cfg.actor_layout)
+    layout = cfg.trainer
     s, adv = batch(1)
     info, timing = tr.train(partition(s, adv, None, layout, cfg.mini_batches,
                                       cfg.accumulate)[rank])
@@ -32,7 +32,7 @@ def _train_and_report(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: s
 
 
 def test_hsdp_2x2_step_matches_one_process(model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
-    cfg = config(model_dir, actor_layout=(4, 1, 1, 2), mini_batches=2)
+    cfg = config(model_dir, trainer=Layout(4, 1, 1, 2), mini_batches=2)
     want, info = one_process(cfg)
     q_out = SPAWN.Queue()
     out = tmp_path / "w.pt"

@@ -20,8 +20,9 @@ from exec_util import GRPO_LAYOUT, PPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, 
 from executors.context import LoopConfig
 from executors.loop import Loop
 from executors.model import EOS, decode, encode
+from executors.roles import run_config
 from executors.rollouts import tool_text
-from executors.run import run_config
+from executors.runplan import resolve_plan
 from executors.runtime import LocalRuntime
 from placer.cost.sharding import Parallel
 from traces.schema import Trace
@@ -35,10 +36,11 @@ N = 8 * 4
 def _loop(out, layout=GRPO_LAYOUT, steps: int = 2, runtime=None, deadlines=None, **job):
     plan = hand_plan(layout, job_dict(environment=ENV, **job))
     spread_lengths(plan, out)
-    cfg = run_config(plan, model_dir=str(out / "model-v0"))
-    rt = runtime(plan, cfg) if runtime else LocalRuntime(plan, cfg)
-    return Loop(plan, rt, cfg, LoopConfig(steps=steps, out_dir=out,
-                                          deadlines=deadlines or {}), Trace())
+    run = resolve_plan(plan)
+    cfg = run_config(run, model_dir=str(out / "model-v0"))
+    rt = runtime(run, cfg) if runtime else LocalRuntime(run, cfg)
+    return Loop(run, rt, cfg, LoopConfig(steps=steps, out_dir=out,
+                                         deadlines=deadlines or {}), Trace())
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +101,7 @@ def test_slow_environment_worker_tool_calls_are_reissued(tmp_path) -> None:
              {"name": "lpu", "device": "emu-lpu", "devices_per_node": 4, "nodes": 1},
              {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 1, "nodes": 2}]
     loop = _loop(tmp_path, layout, steps=1, cluster={"pools": pools},
-                 runtime=lambda plan, cfg: VirtualRuntime(plan, cfg, {("environment", 0): 5.0}),
+                 runtime=lambda run, cfg: VirtualRuntime(run, cfg, {("environment", 0): 5.0}),
                  deadlines={"environment": 1.0})
     loop.run()
     assert loop.ledger.balanced(1), loop.ledger.problems(1)

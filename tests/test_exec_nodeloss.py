@@ -39,6 +39,7 @@ from exec_util import hand_plan, job_dict
 from test_exec_split import split_plan
 
 from executors.localcluster import Change, run_with_changes
+from executors.runplan import resolve_plan
 from executors.weights import bucket_bytes
 from placer.cost.sharding import Parallel
 from traces.schema import read_trace
@@ -206,7 +207,7 @@ def test_node_loss_under_a_split_rollout_replans_and_finishes(lost) -> None:
         syncs = [e for e in rebuilt if e.name == "weight sync" and e.args["step"] == step]
         assert {e.tid for e in syncs} == set(engines)  # every rebuilt engine got the weights
         assert all(e.args["calls"] == math.ceil(e.args["bytes"] / size) for e in syncs
-                   if (size := bucket_bytes(plan, engines[e.tid])) > 0)
+                   if (size := bucket_bytes(resolve_plan(plan), engines[e.tid])) > 0)
 
 
 @pytest.mark.slow  # as above; kept actors: test_node_loss_keeps_the_actors_of_unchanged_slots

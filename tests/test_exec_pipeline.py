@@ -96,7 +96,7 @@ def test_pack_fills_short_micro_batches_at_weight_zero() -> None:
 
 def one_process(cfg: RunConfig) -> tuple[dict[str, torch.Tensor], dict]:
     s, adv = batch(1)
-    tr = Trainer(dataclasses.replace(cfg, actor_layout=(1, 1, 1)))
+    tr = Trainer(dataclasses.replace(cfg, trainer=Layout()))
     info, _ = tr.train(partition(s, adv, None, Layout(), cfg.mini_batches, cfg.accumulate)[0])
     return tr.weights(), info
 
@@ -117,7 +117,7 @@ def test_pipeline_step_matches_one_process(layout: tuple[int, int, int], accumul
                                            model: str, request: pytest.FixtureRequest,
                                            tmp_path: Path) -> None:
     model_dir = request.getfixturevalue(model)
-    cfg = config(model_dir, actor_layout=layout, mini_batches=2, accumulate=accumulate)
+    cfg = config(model_dir, trainer=Layout(*layout), mini_batches=2, accumulate=accumulate)
     want, info = one_process(cfg)
     got, ranks = distributed(cfg, tmp_path)
     start = load_policy(model_dir).state_dict()
@@ -138,7 +138,7 @@ def test_pipeline_step_matches_one_process(layout: tuple[int, int, int], accumul
     assert abs(sum(r[1]["loss"] for r in leaders) - info["loss"]) < 1e-5
     assert sorted(i for r in leaders for i in r[2]) == sorted(batch(1)[0].ids)
     # the checkpoint is in the one-process format: a plain trainer resumes it
-    plain = Trainer(dataclasses.replace(cfg, actor_layout=(1, 1, 1)))
+    plain = Trainer(dataclasses.replace(cfg, trainer=Layout()))
     assert plain.load(str(tmp_path / "w.pt.ckpt")) == 1
     for k, v in plain.weights().items():
         torch.testing.assert_close(v, got[k])

@@ -12,7 +12,9 @@ from exec_util import hand_plan, job_dict
 
 from executors import cluster
 from executors import placement as pl
-from executors.run import prepare_model, run_config
+from executors.roles import run_config
+from executors.run import prepare_model
+from executors.runplan import resolve_plan
 from executors.runtime import RayRuntime
 from placer.cost.sharding import Parallel
 
@@ -33,22 +35,22 @@ def placed(tmp_path_factory):
     import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
     from ray.cluster_utils import Cluster  # lazy: as above
 
-    plan = hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS}))
+    run = resolve_plan(hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS})))
     if ray.is_initialized():
         ray.shutdown()
     cluster.ensure_token_auth()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    for (_pool, _node), res in sorted(cluster.node_resources(plan).items()):
+    for (_pool, _node), res in sorted(cluster.node_resources(run).items()):
         res = dict(res)
         c.add_node(num_cpus=int(res.pop("CPU", 0)), num_gpus=int(res.pop("GPU", 0)), resources=res)
     ray.init(address=c.address)
     c.wait_for_nodes()
-    info = cluster.start(plan)  # joins the running cluster
-    groups = pl.create_groups(plan, info.pinned)
-    cfg = run_config(plan, model_dir=prepare_model(plan, tmp_path_factory.mktemp("placement")))
-    rt = RayRuntime(plan, cfg, groups, info.pinned)
-    rows = pl.verify(plan, rt.members, groups)
-    yield plan, info, groups, rows
+    info = cluster.start(run)  # joins the running cluster
+    groups = pl.create_groups(run, info.pinned)
+    cfg = run_config(run, model_dir=prepare_model(run.job, tmp_path_factory.mktemp("placement")))
+    rt = RayRuntime(run, cfg, groups, info.pinned)
+    rows = pl.verify(rt.members, groups)
+    yield run, info, groups, rows
     rt.close()
     ray.shutdown()
     c.shutdown()
@@ -75,11 +77,12 @@ def test_dp_ranks_and_environments_on_distinct_nodes(placed) -> None:
 
 
 def test_strategies_follow_the_plan(placed) -> None:
-    plan, _, _, _ = placed
-    bundles = pl.slot_bundles(plan)
-    assert pl.strategy(plan, "gen", bundles["gen"]) == "STRICT_PACK"
-    assert pl.strategy(plan, "env", bundles["env"]) == "SPREAD"
-    assert pl.strategy(plan, "train", bundles["train"]) == "PACK"
+    run, _, groups, _ = placed
+    want = {"gen": "STRICT_PACK", "env": "SPREAD", "train": "PACK"}
+    assert {name: s.strategy for name, s in run.slots.items()} == want
+    import ray  # lazy: as in `placed`
+    made = {name: ray.util.placement_group_table(pg)["strategy"] for name, pg in groups.items()}
+    assert made == want  # the groups Ray made are the run plan's
 
 
 def test_emulated_pools_are_named(placed) -> None:

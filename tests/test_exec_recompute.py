@@ -52,7 +52,7 @@ def _step(tr: Trainer, rank: int = 0, layout: Layout | None = None) -> tuple[dic
 
 def test_one_process_recompute_is_the_same_step(model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     plain = Trainer(config(model_dir, mini_batches=MINI))
-    rc = Trainer(config(model_dir, mini_batches=MINI, actor_recompute=True))
+    rc = Trainer(config(model_dir, mini_batches=MINI, trainer=Layout(recompute=True)))
     assert not recomputes(plain.model) and recomputes(rc.model)
     want, n_plain = _step(plain)
     got, n_rc = _step(rc)
@@ -69,7 +69,7 @@ def test_one_process_recompute_is_the_same_step(model_dir: Path, tmp_path: Path)
     for k, v in w_plain.items():
         torch.testing.assert_close(w_rc[k], v)
     # checkpoints stay in the one format: a recomputing trainer resumes a plain one's
-    resumed = Trainer(config(model_dir, actor_recompute=True))
+    resumed = Trainer(config(model_dir, trainer=Layout(recompute=True)))
     assert resumed.load(plain.save(str(tmp_path / "plain.pt"), 0)) == 1
     for k, v in w_plain.items():
         torch.testing.assert_close(resumed.weights()[k], v)
@@ -80,7 +80,7 @@ def test_one_process_recompute_is_the_same_step(model_dir: Path, tmp_path: Path)
 def _train_and_report(rank: int, tr: Trainer, cfg: Any, q_out: Any, out: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from torch.distributed.fsdp import FSDPModule
-    layout = Layout(*cfg.actor_layout)
+    layout = cfg.trainer
     info, calls = _step(tr, rank, layout)
     # checkpoint inside fully_shard: the layer FSDP holds is the checkpoint wrapper
     order = [isinstance(m, FSDPModule) and isinstance(m, CheckpointWrapper)
@@ -97,8 +97,9 @@ def _train_and_report(rank: int, tr: Trainer, cfg: Any, q_out: Any, out: str) ->
 def test_sharded_recompute_is_the_plain_step(layout: tuple[int, int, int], model_dir: Path,  # noqa: F811
                                              tmp_path: Path) -> None:
     """FSDP2 (and pipeline stages, TP) with recompute against one plain process."""
-    cfg = config(model_dir, actor_layout=layout, mini_batches=MINI, actor_recompute=True)
-    want, info = one_process(dataclasses.replace(cfg, actor_recompute=False))
+    cfg = config(model_dir, trainer=Layout(*layout, recompute=True), mini_batches=MINI)
+    plain = dataclasses.replace(cfg.trainer, recompute=False)
+    want, info = one_process(dataclasses.replace(cfg, trainer=plain))
     q_out = SPAWN.Queue()
     run_world(_train_and_report, cfg, cfg, q_out, str(tmp_path / "w.pt"))
     got = torch.load(tmp_path / "w.pt")
@@ -115,7 +116,7 @@ def test_sharded_recompute_is_the_plain_step(layout: tuple[int, int, int], model
 def test_recompute_wraps_once_and_keeps_names(model_dir: Path) -> None:  # noqa: F811
     """Twice is once; the state dict's names are the plain model's (weight sync, checkpoints);
     the critic's value model recomputes its backbone's layers."""
-    tr = Trainer(config(model_dir, actor_recompute=True))
+    tr = Trainer(config(model_dir, trainer=Layout(recompute=True)))
     names = sorted(tr.model.state_dict())
     recompute_layers(tr.model)
     inner = decoder_layers(tr.model)[0]
@@ -133,13 +134,14 @@ def test_executed_layout_records_the_plans_recompute(tmp_path: Path) -> None:
     from exec_util import PPO_LAYOUT, hand_plan, job_dict  # lazy: they load the planner
 
     from executors.run import execute
+    from executors.runplan import resolve_plan
     from placer.cost.sharding import Parallel
     plan = hand_plan({**PPO_LAYOUT, "actor": ("gpu", Parallel(dp=2, recompute=False), "train"),
                       "critic": ("gpu", Parallel(dp=1, recompute=True), "train")},
                      job_dict(algorithm="ppo"))
     assert (plan.roles["actor"].recompute, plan.roles["critic"].recompute) == (False, True)
-    settings = plan_settings(plan)
-    assert (settings["actor_recompute"], settings["critic_recompute"]) == (False, True)
+    settings = plan_settings(resolve_plan(plan))
+    assert (settings["trainer"].recompute, settings["critic_recompute"]) == (False, True)
     layouts = execute(plan, 1, tmp_path / "out", local=True).trace.metadata["executed_layout"]
     for role in ("actor", "critic"):
         assert layouts[role]["recompute"] is plan.roles[role].recompute, layouts

@@ -46,7 +46,8 @@ import torch  # noqa: E402 - after the skip: only where the engine can run
 from executors.checkpoints import build_checkpoint  # noqa: E402
 from executors.model import BOS, load_policy  # noqa: E402
 from executors.reshard import Stream  # noqa: E402
-from executors.run import run_config  # noqa: E402
+from executors.roles import run_config  # noqa: E402
+from executors.runplan import resolve_plan  # noqa: E402
 from executors.sglang_rollout import SglangRollout  # noqa: E402
 
 STEPS = 4
@@ -88,8 +89,9 @@ def test_engine_log_probs_and_in_place_update(tmp_path) -> None:
     old, new = load_policy(old_dir), load_policy(new_dir)
     with torch.no_grad():
         new.lm_head.weight.mul_(20.0)  # peaked distributions: far from the old model's
-    cfg = dataclasses.replace(run_config(_plan(), model_dir=str(old_dir)), temperature=0.0,
-                              max_model_len=256, rollout_mem_fraction=0.3)
+    cfg = run_config(resolve_plan(_plan()), model_dir=str(old_dir))
+    cfg = dataclasses.replace(cfg, temperature=0.0, max_model_len=256,
+                              engines=dataclasses.replace(cfg.engines, mem_fraction=0.3))
     r = SglangRollout(cfg, 0)
     try:
         contexts = [[BOS, 3 + i % 10, 4 + i % 7, 5] for i in range(8)]

@@ -21,8 +21,9 @@ from executors import sglang_rollout as sr
 from executors.backends import BACKENDS, backend_of, rollout_class
 from executors.model import build_policy, save_model_dir
 from executors.reshard import Stream
-from executors.run import check_layouts, execute, policy_arch, run_config
-from executors.sharding import Layout
+from executors.roles import run_config
+from executors.run import check_layouts, execute
+from executors.runplan import Layout, resolve_plan
 from placer.base.errors import SpecError
 from placer.cost.sharding import Parallel
 
@@ -32,7 +33,7 @@ BACKEND_SRC = Path(sr.__file__)
 def test_engine_kwargs_follow_the_plan_and_the_job() -> None:
     layout = {**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")}
     plan = hand_plan(layout)
-    cfg = run_config(plan, model_dir="/m")
+    cfg = run_config(resolve_plan(plan), model_dir="/m")
     r = plan.roles["rollout"]
     kw = sr.engine_kwargs(cfg, rank=1)
     assert kw["tp_size"] == 2 == r.tp
@@ -42,8 +43,7 @@ def test_engine_kwargs_follow_the_plan_and_the_job() -> None:
     assert kw["random_seed"] == cfg.seed + 1 and kw["model_path"] == "/m"
     assert kw["skip_tokenizer_init"] is True
     assert kw["attention_backend"] == "triton"  # tiny-llama's head dim is 16
-    big = run_config(plan, model_dir="/m")
-    big = type(big)(**{**big.__dict__, "arch": {**big.arch, "hidden": 1024, "heads": 8}})
+    big = type(cfg)(**{**cfg.__dict__, "arch": {**cfg.arch, "hidden": 1024, "heads": 8}})
     assert "attention_backend" not in sr.engine_kwargs(big, 0)  # head dim 128: SGLang's choice
 
 
@@ -52,14 +52,15 @@ def test_the_backend_is_chosen_from_the_registry() -> None:
     with pytest.raises(SpecError, match=r"--backend: unknown backend 'sgl' \(expected one of "
                                         r"torch, vllm, sglang\)"):
         backend_of("sgl")
-    plan = hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")})
-    check_layouts(plan, policy_arch(plan), "sglang")  # 4 heads, 2 KV heads over tp 2
+    run = resolve_plan(hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")}))
+    check_layouts(run, backend_of("sglang"))  # 4 heads, 2 KV heads over tp 2
     with pytest.raises(SpecError, match="torch rollout backend runs each engine whole"):
-        check_layouts(plan, policy_arch(plan), "torch")
+        check_layouts(run, backend_of("torch"))
     sglang = backend_of("sglang").layout_problem
-    assert "runs no pipeline-parallel engine" in str(sglang(Layout(1, 1, 2), policy_arch(plan)))
+    arch = run.job.policy
+    assert "runs no pipeline-parallel engine" in str(sglang(Layout(1, 1, 2), arch))
     assert "SGLang needs tp to divide the model's 4 query heads" in str(
-        sglang(Layout(1, 3, 1), policy_arch(plan)))
+        sglang(Layout(1, 3, 1), arch))
 
 
 def test_importing_the_backend_does_not_import_sglang() -> None:
@@ -137,12 +138,12 @@ class FakeEngine:
 
 @pytest.fixture
 def rollout(tmp_path, monkeypatch):
-    plan = hand_plan(GRPO_LAYOUT)
-    arch = policy_arch(plan)
+    run = resolve_plan(hand_plan(GRPO_LAYOUT))
+    arch = run.job.policy
     model = build_policy(arch, 0)
     save_model_dir(model, arch, tmp_path / "m")
     monkeypatch.setattr(sr, "start_engine", lambda kw: FakeEngine(**kw))
-    cfg = run_config(plan, model_dir=str(tmp_path / "m"))
+    cfg = run_config(run, model_dir=str(tmp_path / "m"))
     return sr.SglangRollout(cfg, 0), model.state_dict(), cfg
 
 
@@ -303,7 +304,7 @@ def sglang_root() -> Path:
 
 def test_every_name_the_backend_hands_sglang_exists(sglang_root: Path) -> None:
     plan = hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")})
-    kwargs = set(sr.engine_kwargs(run_config(plan, model_dir="/m"), 0))
+    kwargs = set(sr.engine_kwargs(run_config(resolve_plan(plan), model_dir="/m"), 0))
     calls = backend_engine_calls(BACKEND_SRC)
     used = {c[0] for c in calls}
     assert {"generate", "update_weights_from_tensor", "begin_weight_update",

@@ -63,7 +63,7 @@ def one_process(cfg: RunConfig, accumulate: int = 1) -> tuple[dict[str, torch.Te
 
 
 def _train_one_step(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: str) -> None:
-    layout = Layout(*cfg.actor_layout)
+    layout = cfg.trainer
     s, adv = batch(1)
     info, timing = tr.train(partition(s, adv, None, layout, cfg.mini_batches,
                                       cfg.accumulate)[rank])
@@ -74,12 +74,12 @@ def _train_one_step(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: str
 
 
 def distributed(cfg: RunConfig, tmp: Path) -> tuple[dict[str, torch.Tensor], list]:
-    """Train one step on `cfg.actor_layout`'s world of gloo processes: rank 0's full weights
+    """Train one step on `cfg.trainer`'s world of gloo processes: rank 0's full weights
     and, per rank, (rank, info, sample ids, executed layout)."""
     q_out = SPAWN.Queue()
     out = tmp / "w.pt"
     run_world(_train_one_step, cfg, cfg, q_out, str(out))
-    world = Layout(*cfg.actor_layout).world
+    world = cfg.trainer.world
     return torch.load(out), sorted((q_out.get(timeout=5) for _ in range(world)),
                                    key=lambda x: x[0])
 
@@ -88,7 +88,7 @@ def distributed(cfg: RunConfig, tmp: Path) -> tuple[dict[str, torch.Tensor], lis
 def test_fsdp2_tp_step_matches_one_process(kind: str, request: pytest.FixtureRequest,
                                            tmp_path: Path) -> None:
     path = request.getfixturevalue("model_dir" if kind == "llama" else "moe_dir")
-    cfg = config(path, actor_layout=(2, 2, 1), mini_batches=2)
+    cfg = config(path, trainer=Layout(2, 2, 1), mini_batches=2)
     want, info = one_process(cfg)
     got, ranks = distributed(cfg, tmp_path)
     start = load_policy(path).state_dict()
@@ -108,7 +108,7 @@ def test_fsdp2_tp_step_matches_one_process(kind: str, request: pytest.FixtureReq
     assert sorted(ranks[0][2] + ranks[2][2]) == sorted(batch(1)[0].ids)
     assert abs(sum(r[1]["loss"] for r in ranks[::2]) - info["loss"]) < 1e-5
     # the sharded run's checkpoint is in the one-process format: a plain trainer resumes it
-    plain = Trainer(dataclasses.replace(cfg, actor_layout=(1, 1, 1)))
+    plain = Trainer(dataclasses.replace(cfg, trainer=Layout()))
     assert plain.load(str(tmp_path / "w.pt.ckpt")) == 1
     for k, v in plain.weights().items():
         torch.testing.assert_close(v, got[k])
@@ -171,7 +171,7 @@ def test_tp_all_reduces_once_per_block_and_pass(model_dir: Path) -> None:
     layer one all-reduce after the attention's and the MLP's row-parallel projection forward,
     and one for each block's input gradient backward (its column-parallel projections' partial
     sums added first, not all-reduced one by one)."""
-    cfg = config(model_dir, actor_layout=(1, 2, 1))
+    cfg = config(model_dir, trainer=Layout(1, 2, 1))
     q_out = SPAWN.Queue()
     run_world(_count_tp_all_reduces, cfg, q_out)
     counts = [q_out.get(timeout=5) for _ in range(2)]
@@ -193,7 +193,7 @@ def test_clip_reduces_once_per_class_of_gradients(model_dir: Path) -> None:
     """dp 2 x tp 2: FSDP2's strided shards of TP shards sum their squares locally like any shard,
     so the clip makes one all-reduce per class of gradients and sharded dim (column- and
     row-parallel weights: dp and tp; the rest: dp), not a gather of every TP-sharded gradient."""
-    cfg = config(model_dir, actor_layout=(2, 2, 1))
+    cfg = config(model_dir, trainer=Layout(2, 2, 1))
     q_out = SPAWN.Queue()
     run_world(_count_clip_collectives, cfg, q_out)
     for calls in (q_out.get(timeout=5) for _ in range(4)):

@@ -19,10 +19,13 @@ from exec_util import GRPO_LAYOUT, ROOT, VirtualRuntime, hand_plan, job_dict, sp
 
 from executors import cluster
 from executors import placement as pl
+from executors.backends import backend_of
 from executors.context import LoopConfig
 from executors.loop import Loop
-from executors.run import check_layouts, execute, policy_arch, run_config
-from executors.runtime import worker_args
+from executors.roles import run_config
+from executors.run import check_layouts, execute
+from executors.runplan import EngineGroup, resolve_plan
+from executors.runtime import worker_spec
 from executors.vllm_rollout import engine_args
 from executors.weights import bucket_bytes
 from placer.base.errors import SpecError
@@ -53,31 +56,33 @@ def test_deal_follows_the_plan_contract() -> None:
 
 
 def test_engines_take_ranks_part_by_part() -> None:
-    plan = split_plan()
-    rows = [m for m in pl.assign(plan) if m.role == "rollout"]
+    run = resolve_plan(split_plan())
+    rows = [m for m in pl.assign(run.seats) if m.role == "rollout"]
     assert [(m.rank, m.part, m.bundle.pool) for m in rows] == [
         (0, 0, "lpu"), (1, 0, "lpu"), (2, 1, "gpu2")]
     assert [m.sharers for m in rows] == [2, 2, 1]  # two engines share the 2-chip LPU bundle
     assert all(f"pool_{m.bundle.pool}" in m.bundle.resources for m in rows)
-    bundles = pl.slot_bundles(plan)["gen"]
     # node 0 of two pools is two machines: the split slot's group must not be STRICT_PACK
-    assert pl.strategy(plan, "gen", bundles) == "PACK"
+    assert run.slots["gen"].strategy == "PACK"
 
 
 def test_a_part_layout_the_backend_cannot_run_exits_2(tmp_path) -> None:
     from placer.cli import main  # lazy: the CLI's imports, for this test only
     plan = split_plan([("lpu", Parallel(dp=2), 20), ("gpu2", Parallel(tp=2), 12)])
+    run = resolve_plan(plan)
     with pytest.raises(SpecError, match=r"plan\.roles\.rollout\.parts\.1 \(pool gpu2\): "
                                         r"layout dp1 tp2 pp1: the torch rollout backend"):
-        check_layouts(plan, policy_arch(plan), "torch")
-    check_layouts(plan, policy_arch(plan), "vllm")  # vLLM splits tiny-llama's heads over 2
+        check_layouts(run, backend_of("torch"))
+    check_layouts(run, backend_of("vllm"))  # vLLM splits tiny-llama's heads over 2
     # ... and each engine gets its own part's tensor parallelism and memory share
-    cfg = run_config(plan, model_dir="/m")
-    members = pl.assign(plan)
-    tps = [engine_args(worker_args(m, cfg, members)[0], m.rank)["tensor_parallel_size"]
-           for m in members if m.role == "rollout"]
+    cfg = run_config(run, model_dir="/m")
+    members = pl.assign(run.seats)
+    specs = [worker_spec(m, cfg, run.roles["rollout"], backend_of("vllm"), members)
+             for m in members if m.role == "rollout"]
+    assert [cls.__name__ for cls, _ in specs] == ["VllmRollout"] * 3
+    tps = [engine_args(args[0], args[1])["tensor_parallel_size"] for _, args in specs]
     assert tps == [1, 1, 2]
-    fractions = [cfg.for_rollout(k).rollout_mem_fraction for k in (0, 2)]
+    fractions = [specs[k][1][0].engines.mem_fraction for k in (0, 2)]
     assert fractions == [p.memory_gb / d for p, d in zip(plan.roles["rollout"].parts, (0.23, 16))]
     save_plan(plan, tmp_path / "plan.json")
     assert main(["execute", str(tmp_path / "plan.json"), "--steps", "1",
@@ -104,8 +109,9 @@ def test_a_trajectory_stays_on_its_part_over_turns(tmp_path) -> None:
                                       tail_policy={"kind": "overprovision", "fraction": 0.125}),
                      split=("gen", PARTS))
     spread_lengths(plan, tmp_path)
-    cfg = run_config(plan, model_dir=str(tmp_path / "model-v0"))
-    loop = Loop(plan, VirtualRuntime(plan, cfg, {}), cfg, LoopConfig(steps=1, out_dir=tmp_path),
+    run = resolve_plan(plan)
+    cfg = run_config(run, model_dir=str(tmp_path / "model-v0"))
+    loop = Loop(run, VirtualRuntime(run, cfg, {}), cfg, LoopConfig(steps=1, out_dir=tmp_path),
                 Trace())
     loop.sync_weights(0)
     loop.collect_rollout(loop.launch_rollout(0))
@@ -127,11 +133,12 @@ def test_each_part_syncs_in_its_own_devices_buckets(tmp_path) -> None:
     plan = split_plan()
     plan = plan.model_copy(update={"calibration": {
         "default": {"sync_bucket_gb": 1e-5}, "devices": {"emu-gpu": {"sync_bucket_gb": 4e-5}}}})
-    sizes = {q.pool: bucket_bytes(plan, q.pool) for q in plan.roles["rollout"].parts}
+    run = resolve_plan(plan)
+    sizes = {q.pool: bucket_bytes(run, q.pool) for q in plan.roles["rollout"].parts}
     assert sizes == {"lpu": 10_000, "gpu2": 40_000}
     spread_lengths(plan, tmp_path)
-    cfg = run_config(plan, model_dir=str(tmp_path / "model-v0"))
-    loop = Loop(plan, VirtualRuntime(plan, cfg, {}), cfg, LoopConfig(steps=1, out_dir=tmp_path),
+    cfg = run_config(run, model_dir=str(tmp_path / "model-v0"))
+    loop = Loop(run, VirtualRuntime(run, cfg, {}), cfg, LoopConfig(steps=1, out_dir=tmp_path),
                 Trace())
     loop.sync_weights(0)
     syncs = [e for e in loop.trace.events if e.name == "weight sync"]
@@ -149,10 +156,14 @@ def test_a_rebuilt_run_config_takes_the_new_plans_engines() -> None:
     split = split_plan()
     joined = hand_plan({**LAYOUT, "rollout": ("gpu2", Parallel(dp=2), "gen")},
                        job_dict(cluster={"pools": POOLS}))
-    for old, new in ((split, joined), (joined, split)):
-        cfg = run_config(old, model_dir="/m").for_plan(new)
+    for old, new in ((resolve_plan(split), resolve_plan(joined)),
+                     (resolve_plan(joined), resolve_plan(split))):
+        cfg = run_config(old, model_dir="/m").for_run(new)
         assert cfg == run_config(new, model_dir="/m")
-    assert run_config(split).for_plan(joined).rollout_parts == ()
+        assert cfg.engines == new.roles["rollout"].engines[0]
+    # the joined rollout is one engine group of both replicas, each engine tp 1 on gpu2
+    assert resolve_plan(joined).roles["rollout"].engines == (
+        EngineGroup("gpu2", 0, 2, 1, joined.roles["rollout"].memory_gb / 16),)
 
 
 # ------------------------------------------------------------------ on a multi-node Ray
@@ -167,7 +178,7 @@ def run(tmp_path_factory):
     cluster.ensure_token_auth()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     try:
-        for (_pool, _node), res in sorted(cluster.node_resources(plan).items()):
+        for (_pool, _node), res in sorted(cluster.node_resources(resolve_plan(plan)).items()):
             res = dict(res)
             c.add_node(num_cpus=int(res.pop("CPU", 0)), num_gpus=int(res.pop("GPU", 0)),
                        resources=res)

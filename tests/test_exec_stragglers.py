@@ -16,8 +16,9 @@ from exec_util import VirtualRuntime, hand_plan, job_dict, run_module
 
 from executors.context import LoopConfig
 from executors.loop import Loop
-from executors.roles import Delay
-from executors.run import prepare_model, run_config
+from executors.roles import Delay, run_config
+from executors.run import prepare_model
+from executors.runplan import resolve_plan
 from placer.cost.sharding import Parallel
 from traces.schema import Trace
 
@@ -96,9 +97,10 @@ def test_reissue_logic_without_ray(tmp_path) -> None:
     rollout rank 1 takes 5 s against a 1 s deadline; rank 0's copy wins; samples counted once."""
     plan = hand_plan({**LAYOUT, "environment": ("cpu", Parallel(dp=1), "cpu")},
                      job_dict(cluster={"pools": POOLS}))
-    cfg = run_config(plan, model_dir=prepare_model(plan, tmp_path))
-    rt = VirtualRuntime(plan, cfg, {("rollout", 1): 5.0})
-    loop = Loop(plan, rt, cfg, LoopConfig(steps=1, out_dir=tmp_path, deadlines={"rollout": 1.0}),
+    run = resolve_plan(plan)
+    cfg = run_config(run, model_dir=prepare_model(run.job, tmp_path))
+    rt = VirtualRuntime(run, cfg, {("rollout", 1): 5.0})
+    loop = Loop(run, rt, cfg, LoopConfig(steps=1, out_dir=tmp_path, deadlines={"rollout": 1.0}),
                 Trace())
     loop.run()
     assert loop.stragglers == [{"step": 0, "role": "rollout", "slow_worker": "rollout1",

@@ -24,7 +24,9 @@ from executors.context import LoopConfig
 from executors.ledger import Ledger
 from executors.loop import Loop
 from executors.model import EOS, build_policy
-from executors.run import execute, prepare_model, run_config, tail_deadlines
+from executors.roles import run_config
+from executors.run import execute, prepare_model, tail_deadlines
+from executors.runplan import resolve_plan
 from executors.runtime import LocalRuntime, Outcome
 from executors.tails import carry_steps, overprovision_extra
 from placer.cost.sharding import Parallel
@@ -65,17 +67,18 @@ def test_reissue_sets_environment_deadline() -> None:
     job = job_from_dict(job_dict(environment={"kind": "code", "turns": 2,
                                               "tool_latency_s": {"kind": "fixed", "value": 0.05}},
                                  tail_policy={"kind": "reissue", "deadline_s": 0.5}))
-    assert tail_deadlines(job) == {"environment": 0.5}
-    assert tail_deadlines(job_from_dict(job_dict())) == {}
+    assert tail_deadlines(job.tail_policy) == {"environment": 0.5}
+    assert tail_deadlines(job_from_dict(job_dict()).tail_policy) == {}
 
 
 def test_overprovision_abandons_the_slow_shard(tmp_path) -> None:
     layout = {**GRPO_LAYOUT, "actor": ("gpu", Parallel(dp=1), "train"),
               "rollout": ("lpu", Parallel(dp=2), "gen")}
     plan = hand_plan(layout, job_dict(tail_policy={"kind": "overprovision", "fraction": 1.0}))
-    cfg = run_config(plan, model_dir=prepare_model(plan, tmp_path))
-    rt = VirtualRuntime(plan, cfg, {("rollout", 0): 5.0})  # rank 0's shard is the straggler
-    loop = Loop(plan, rt, cfg, LoopConfig(steps=1, out_dir=tmp_path), Trace())
+    run = resolve_plan(plan)
+    cfg = run_config(run, model_dir=prepare_model(run.job, tmp_path))
+    rt = VirtualRuntime(run, cfg, {("rollout", 0): 5.0})  # rank 0's shard is the straggler
+    loop = Loop(run, rt, cfg, LoopConfig(steps=1, out_dir=tmp_path), Trace())
     loop.run()
     e = loop.ledger.steps[0]
     assert len(e.planned) == 2 * N and sum(e.trained.values()) == N
@@ -95,10 +98,11 @@ PARTIAL_JOB = job_dict(lengths={"prompt": {"kind": "fixed", "value": 12},
 def _partial_loop(out, rt_class=None, checkpoint_every: int = 1):
     plan = hand_plan(GRPO_LAYOUT, PARTIAL_JOB)
     spread_lengths(plan, out)
-    cfg = run_config(plan, model_dir=str(out / "model-v0"))
-    rt = (rt_class or LocalRuntime)(plan, cfg)
-    loop = Loop(plan, rt, cfg, LoopConfig(steps=PARTIAL_STEPS, out_dir=out,
-                                          checkpoint_every=checkpoint_every), Trace())
+    run = resolve_plan(plan)
+    cfg = run_config(run, model_dir=str(out / "model-v0"))
+    rt = (rt_class or LocalRuntime)(run, cfg)
+    loop = Loop(run, rt, cfg, LoopConfig(steps=PARTIAL_STEPS, out_dir=out,
+                                         checkpoint_every=checkpoint_every), Trace())
     loop.run()
     return loop
 

@@ -17,6 +17,7 @@ from executors.checkpoints import build_checkpoint, word_tokenizer
 from executors.model import CharCodec, HFCodec, codec_for, load_policy, prompt_ids
 from executors.roles import RuleReward, RunConfig
 from executors.run import execute, policy_arch
+from executors.runplan import resolve_plan
 from executors.sharding import Layout
 from executors.trainer import Trainer
 from executors.training import partition
@@ -96,9 +97,10 @@ def test_execute_runs_a_checkpoint_with_its_own_tokenizer(ckpt: Path, tmp_path: 
 def test_tokenizer_larger_than_the_embedding_is_refused(tmp_path: Path) -> None:
     small = build_checkpoint("llama", tmp_path / "small", seed=0, tokenizer=word_tokenizer(),
                              vocab=24)
+    plan = hand_plan(GRPO_LAYOUT, job_dict(models={"policy": {"path": str(small)}}))
     with pytest.raises(SpecError, match=r"models.paths.policy: .*its tokenizer has 30 tokens "
                                         r"\(eos id 1\) but the model's embedding has 24 rows"):
-        policy_arch(hand_plan(GRPO_LAYOUT, job_dict(models={"policy": {"path": str(small)}})))
+        policy_arch(resolve_plan(plan).job)
     (small / "tokenizer.json").write_text("{not json")
     with pytest.raises(SpecError, match=r"models.paths.policy: .*its tokenizer does not load"):
-        policy_arch(hand_plan(GRPO_LAYOUT, job_dict(models={"policy": {"path": str(small)}})))
+        policy_arch(resolve_plan(plan).job)

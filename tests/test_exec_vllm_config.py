@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 from exec_util import GRPO_LAYOUT, hand_plan
 
-from executors.run import run_config
+from executors.roles import run_config
+from executors.runplan import resolve_plan
 from executors.vllm_rollout import behaviour_logprobs, engine_args
 from placer.cost.sharding import Parallel
 
@@ -18,7 +19,7 @@ from placer.cost.sharding import Parallel
 def test_engine_args_follow_the_plan_and_the_job() -> None:
     layout = {**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")}
     plan = hand_plan(layout)
-    cfg = run_config(plan, model_dir="/m")
+    cfg = run_config(resolve_plan(plan), model_dir="/m")
     r = plan.roles["rollout"]
     args = engine_args(cfg, rank=1)
     assert args["tensor_parallel_size"] == 2 == r.tp

@@ -139,7 +139,7 @@ def test_buckets_rebuild_every_tensor_in_any_order_and_count_as_priced() -> None
 
 # ----------------------------------------------------------------------------- on gloo
 def _stream_every_size(rank: int, tr: Trainer, cfg: RunConfig, out: str) -> None:
-    layout = Layout(*cfg.actor_layout)
+    layout = cfg.trainer
     for size in SIZES:
         senders = tr.sync_senders(size > 0)
         if rank in senders:
@@ -180,7 +180,7 @@ def _run(cfg: RunConfig, tmp: Path) -> None:
 @pytest.mark.parametrize("layout", [(2, 1, 1), (1, 2, 1), (1, 1, 2)], ids=["dp2", "tp2", "pp2"])
 def test_a_sharded_trainer_streams_its_weights_exactly(layout: tuple[int, int, int],
                                                        model_dir: Path, tmp_path: Path) -> None:
-    cfg = config(model_dir, actor_layout=layout)
+    cfg = config(model_dir, trainer=Layout(*layout))
     _run(cfg, tmp_path)
     want = source(model_dir)
     total = sum(v.numel() * v.element_size() for v in want.values())
@@ -250,6 +250,7 @@ def _executed(tmp: Path, bucket_gb: float, steps: int = 2) -> tuple[Any, Any]:
 def test_the_trace_records_each_refresh_and_calibrate_fits_it(bucket_gb: float, model_dir: Path,
                                                              tmp_path: Path,
                                                              capsys: pytest.CaptureFixture) -> None:
+    from executors.runplan import resolve_plan
     from executors.weights import bucket_bytes
     from placer.base.roles import Role
     from placer.cli import main
@@ -259,7 +260,7 @@ def test_the_trace_records_each_refresh_and_calibrate_fits_it(bucket_gb: float, 
     result.trace.check()  # calls and senders are keys the schema names
     syncs = [e for e in result.trace.events if e.cat == "transfer" and e.name == "weight sync"]
     assert [e.args["policy_version"] for e in syncs] == [0, 1]  # one refresh per step
-    size = bucket_bytes(plan)
+    size = bucket_bytes(resolve_plan(plan))
     assert size == (int(bucket_gb * 1e9) if bucket_gb else 0)
     tensors = weight_tensors(plan.resolved().arch_of(Role.ROLLOUT))  # as the planner counts
     for e in syncs:

@@ -16,7 +16,7 @@ from simplans import example_names, example_plan, small_plan
 
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
-from placer.interop import EXPORTERS
+from placer.interop import target_of
 from placer.interop.common import hsdp_roles
 from placer.interop.kuberay import export_kuberay
 from placer.interop.openrlhf import command_args
@@ -130,12 +130,12 @@ def test_verl_composition_refuses_an_unknown_key() -> None:
 
 
 def test_verl_names_what_it_cannot_express() -> None:
-    e = EXPORTERS["verl"](PLANS["ppo-llama8b-hetero"])  # reference and reward on LPUs
+    e = target_of("verl").export(PLANS["ppo-llama8b-hetero"])  # reference and reward on LPUs
     text = "\n".join(e.warnings)
     assert "reference:" in text and "reward:" in text and "LPU" in text.upper()
     assert "environment:" in text
     assert all(f"# WARNING: {w}" in e.files["overrides.yaml"] for w in e.warnings)
-    sync = EXPORTERS["verl"](PLANS["split-sync"])
+    sync = target_of("verl").export(PLANS["split-sync"])
     assert any(w.startswith("pipeline:") for w in sync.warnings)
 
 
@@ -156,7 +156,7 @@ def test_verl_gives_a_reward_model_on_its_own_gpus_a_resource_pool() -> None:
 @pytest.mark.parametrize("name", OPENRLHF_OK + [f"{n}-noshard" for n in HSDP])
 def test_openrlhf_command_parses_with_openrlhfs_own_parser(name: str) -> None:
     plan = PLANS[name] if name in PLANS else without_hsdp(PLANS[name.removesuffix("-noshard")])
-    export = EXPORTERS["openrlhf"](plan)
+    export = target_of("openrlhf").export(plan)
     argv = shlex.split(export.command)[3:]  # after `python3 -m openrlhf.cli.train_ppo_ray`
     assert argv == command_args(plan)[0]
     args = openrlhf_parse(argv)  # OpenRLHF's argparse, its checks and train()'s asserts
@@ -177,7 +177,7 @@ def test_openrlhf_refuses_an_hsdp_plan_and_names_the_fix(name: str) -> None:
     plan = PLANS[name]
     hsdp = hsdp_roles(plan)
     with pytest.raises(SpecError, match=r"OpenRLHF cannot shard .* \(HSDP\).*--ds\.zpg") as e:
-        EXPORTERS["openrlhf"](plan)
+        target_of("openrlhf").export(plan)
     msg = str(e.value)
     assert msg.startswith(", ".join(f"roles.{n}.shard: {r.shard}" for n, r in hsdp.items()))
     for n, r in hsdp.items():
@@ -206,7 +206,7 @@ def test_openrlhf_parser_check_can_fail() -> None:
 
 
 def test_openrlhf_names_what_it_cannot_express() -> None:
-    e = EXPORTERS["openrlhf"](without_hsdp(PLANS["ppo-llama8b-hetero"]))
+    e = target_of("openrlhf").export(without_hsdp(PLANS["ppo-llama8b-hetero"]))
     text = "\n".join(e.warnings)
     assert "colocation:" in text and "reference:" in text and "environment:" in text
 

@@ -19,6 +19,8 @@ import yaml
 import executors.run
 from executors.model import load_policy
 from executors.run import MODEL_STAMP, prepare_model
+from executors.runplan import resolve_plan
+from executors.world import World
 from placer.base.errors import SpecError
 from placer.base.inputs import MAX_YAML_NODES, check_output, escape, load_json, load_yaml
 from placer.cli import emit_json, main
@@ -52,6 +54,9 @@ def plan(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("hostile") / "plan.json"
     assert run_cli(["plan", str(TINY), "-o", str(path), "--time-limit", "2"])[0] == 0
     return path
+
+
+EXECUTE = executors.run.execute  # the real one, for the tests that need its own checks
 
 
 @pytest.fixture(autouse=True)
@@ -182,7 +187,14 @@ def test_simulated_work_is_bounded(plan) -> None:
     bad(["simulate", str(plan), "--iterations", "100000000"], "--iterations", "100000000")
 
 
-def test_executed_batch_is_bounded(tmp_path, plan) -> None:
+def test_executed_batch_is_bounded(tmp_path, plan, monkeypatch) -> None:
+    """The executor's own check (`executors.run.preflight`), before it starts any worker."""
+    def started(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("execute got past validation")
+
+    monkeypatch.setattr(executors.run, "execute", EXECUTE)
+    monkeypatch.setattr(World, "local", started)
+    monkeypatch.setattr(World, "ray", started)
     doc = json.loads(plan.read_text())
     doc["job"]["batch"] = {"prompts": 10**6, "samples_per_prompt": 4}
     p = tmp_path / "big.json"
@@ -260,7 +272,7 @@ def test_check_output_accepts_new_files_and_folders(tmp_path) -> None:
 
 # ------------------------------------------------------------------- a half-written --out
 def test_a_half_written_model_dir_is_rebuilt(tmp_path, plan) -> None:
-    p = load_plan(plan)
+    p = resolve_plan(load_plan(plan)).job
     half = tmp_path / "model-v0"
     half.mkdir()
     (half / "config.json").write_text("{}")  # a run killed after the first file

@@ -3,7 +3,7 @@
 Tail policies (`placer.spec.tailpolicy.POLICIES`) and pipeline modes
 (`placer.spec.pipeline.MODES`): the job format's names and the registry agree, each variant
 answers the questions the three parts ask, and no library code outside the registry compares a
-variant's name.
+variant's name. Rollout backends and export targets: test_backends_targets.py.
 """
 from __future__ import annotations
 

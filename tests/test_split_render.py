@@ -19,7 +19,7 @@ from placer.cost.estimate import Part
 from placer.cost.pricer import Pricer
 from placer.cost.split import join
 from placer.cost.timing import Placed
-from placer.interop import EXPORTERS
+from placer.interop import target_of
 from placer.interop.kuberay import export_kuberay
 from placer.plots import part_labels, placement
 from placer.solve.assemble import assemble, placed_estimate
@@ -134,7 +134,7 @@ def test_kuberay_has_a_worker_group_for_each_parts_pool(plan: Plan) -> None:
 def test_verl_and_openrlhf_refuse_a_split_role(plan: Plan, framework: str) -> None:
     with pytest.raises(SpecError, match=r"roles\.rollout\.parts: .* cannot run one rollout role "
                                         r"over two device types.*pin: \{rollout: \{pool: h100\}"):
-        EXPORTERS[framework](plan)
+        target_of(framework).export(plan)
 
 
 def test_export_cli_exits_2_with_the_message(plan: Plan, tmp_path, placer_cmd) -> None:

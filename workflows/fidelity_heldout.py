@@ -95,9 +95,10 @@ def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], No
 
     from executors.cluster import node_resources
     from executors.run import execute
+    from executors.runplan import resolve_plan
     if ray.is_initialized():
         have, need = ray.cluster_resources(), Counter[str]()
-        for r in node_resources(plan).values():
+        for r in node_resources(resolve_plan(plan)).values():
             need.update(r)
         if any(have.get(k, 0.0) < v for k, v in need.items()):
             ray.shutdown()

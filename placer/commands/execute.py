@@ -27,8 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/execute", help="checkpoints, ledger, model (default out/execute)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint up to --steps steps")
-    p.add_argument("--backend", default="torch",
-                   help="rollout backend: torch, vllm (the gpu extra) or sglang (the sglang extra)")
+    from executors.backends import DEFAULT_BACKEND, backends_help  # a light module: the registry
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"rollout backend: {backends_help()}")
     p.add_argument("--max-restarts", type=int, default=3, help="actor restarts allowed (default 3)")
     p.add_argument("--deadline", action="append", default=[], metavar="ROLE=SECONDS",
                    help="per-call deadline for rollout or environment calls: a late call is "
@@ -53,22 +54,6 @@ def parse_deadlines(items: list[str]) -> dict[str, float]:
             raise SpecError(f"--deadline: seconds must be a positive number (got {item!r})")
         out[role] = secs
     return out
-
-
-# Samples x turns of one executed step: each is a live sequence in a worker's memory, so a batch
-# beyond this would not fit in a worker (the largest example has 32,768 samples).
-MAX_STEP_SAMPLE_TURNS = 65_536
-
-
-def check_batch(plan) -> None:
-    """SpecError, before Ray starts, when one step's batch would not fit in a worker."""
-    job = plan.resolved().job
-    work = job.batch.samples * job.environment.turns
-    if work > MAX_STEP_SAMPLE_TURNS:
-        raise SpecError(f"plan.job.batch: {job.batch.samples:,} samples x "
-                        f"{job.environment.turns} turn(s) per step exceed the "
-                        f"{MAX_STEP_SAMPLE_TURNS:,} the executor holds in memory (got "
-                        f"{work:,})")
 
 
 def _is_job(path: str) -> bool:
@@ -122,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and _is_job(args.plan):  # the plan made from the job is saved beside it
         check_output(plan_beside(args.trace), "--trace (its plan, beside it)")
     plan = _load(args.plan)
-    check_batch(plan)
     from executors.run import execute, resume_point
     start = resume_point(args.out, args.steps) if args.resume else 0  # checked before Ray starts
 

@@ -19,44 +19,43 @@ from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
 from placer.base.inputs import check_output
 from placer.cli import emit_json, note
+from placer.interop.targets import TARGETS, Target, names_help, target_of
 
-FRAMEWORKS = ("verl", "openrlhf", "kuberay")
-NEEDS_DIR = ("verl", "kuberay")
+STEPS_DEFAULT = 5
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("framework", choices=FRAMEWORKS, help="verl, openrlhf or kuberay")
+    p.add_argument("framework", help=names_help(list(TARGETS)))
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("-o", "--output", metavar="DIR|FILE",
-                   help="folder for verl/kuberay; launch script for openrlhf (default: stdout)")
+                   help="a folder for the targets that write several files "
+                        f"({names_help([t.name for t in TARGETS.values() if t.writes_folder])}); "
+                        "a launch script for the others (default: stdout)")
     p.add_argument("--image", help="kuberay: container image with Ray and placer installed")
-    p.add_argument("--steps", type=int, default=5, help="kuberay: RL steps the RayJob runs")
+    p.add_argument("--steps", type=int, default=STEPS_DEFAULT,
+                   help="kuberay: RL steps the RayJob runs")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def run(args: argparse.Namespace) -> int:
-    from placer.interop import EXPORTERS
-    from placer.interop.kuberay import DEFAULT_IMAGE, export_kuberay
     from placer.solve.planfile import load_plan
 
-    fw = args.framework
-    if fw in NEEDS_DIR and not args.output and not args.json:
+    target = target_of(args.framework)
+    fw = target.name
+    if target.writes_folder and not args.output and not args.json:
         raise SpecError(f"--output: {fw} writes several files: give a folder with -o DIR")
-    if fw != "kuberay" and (args.image or args.steps != 5):
-        raise SpecError(f"--{'image' if args.image else 'steps'}: applies to kuberay only "
-                        f"(got framework {fw!r})")
+    target.check_options([opt for opt, given in (("image", bool(args.image)),
+                                                 ("steps", args.steps != STEPS_DEFAULT))
+                          if given], "--")
     if args.steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {args.steps})")
-    check_output(args.output, "--output", folder=fw in NEEDS_DIR)
+    check_output(args.output, "--output", folder=target.writes_folder)
     plan = load_plan(args.plan)
-    if fw == "kuberay":
-        export = export_kuberay(plan, image=args.image or DEFAULT_IMAGE, steps=args.steps)
-    else:
-        export = EXPORTERS[fw](plan)
+    export = target.export(plan, **{opt: getattr(args, opt) for opt in target.options})
     for w in export.warnings:
         note(f"placer: warning: {w}")
     if args.output:
-        _write(fw, export.files, Path(args.output))
+        _write(target, export.files, Path(args.output))
     if args.json:
         emit_json({"framework": fw, "command": export.command, "files": export.files,
                    "warnings": export.warnings})
@@ -65,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(fw: str, files: dict[str, str], out: Path) -> None:
-    if fw not in NEEDS_DIR:  # one launch script
+def _write(target: Target, files: dict[str, str], out: Path) -> None:
+    if not target.writes_folder:  # one launch script
         atomic_write_text(out, next(iter(files.values())))
         out.chmod(0o755)
         note(f"wrote {out}")

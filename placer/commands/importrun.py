@@ -11,19 +11,19 @@ stderr and written at the top of the job file. (The module is not named `import`
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import yaml
 
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
-from placer.base.inputs import check_output, read_text
+from placer.base.inputs import check_output
 from placer.cli import emit_json, note
+from placer.interop.targets import importer_names, importer_of, names_help
 from placer.spec.load import job_from_dict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("framework", choices=("verl", "openrlhf"), help="verl or openrlhf")
+    p.add_argument("framework", help=names_help(importer_names()))
     p.add_argument("source", metavar="SOURCE",
                    help="verl: a config YAML or launch script; openrlhf: the train_ppo_ray "
                         "command line, or a file holding it")
@@ -34,23 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the job as one JSON document")
 
 
-def _text(args: argparse.Namespace) -> tuple[str, str]:
-    """(text, source name): a file's contents, or (openrlhf) the command line itself."""
-    from placer.interop.common import names_a_file
-    if args.framework == "openrlhf" and "--" in args.source and not names_a_file(args.source):
-        return args.source, "command line"
-    return read_text(Path(args.source)), args.source
-
-
 def run(args: argparse.Namespace) -> int:
-    from placer.interop import importer_table
-
+    target = importer_of(args.framework)
     check_output(args.output, "--output")
     if not args.output and not args.json:
         raise SpecError("--output: give the job file to write (-o JOB.yaml), or --json")
-    text, source = _text(args)
-    name = args.name or f"imported-{args.framework}"
-    data, notes = importer_table()[args.framework](text, source, device=args.device, name=name)
+    text, source = target.read_source(args.source)
+    name = args.name or f"imported-{target.name}"
+    data, notes = target.import_run(text, source, device=args.device, name=name)
     job = job_from_dict(data, f"{source} (imported)")  # the job must be valid as written
     for n in notes:
         note(f"placer: assumed: {n}")
@@ -66,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         note(f"placer: note: current.roles.{role}: the cost model says it does not fit as "
              f"configured ({why}); `placer compare` prices it anyway")
     if args.output:
-        head = (f"# imported from {args.framework}: {source} (placer import)\n"
+        head = (f"# imported from {target.name}: {source} (placer import)\n"
                 + "".join(f"# assumed: {n}\n" for n in notes))
         atomic_write_text(args.output, head + yaml.safe_dump(data, sort_keys=False))
         note(f"wrote {args.output}; `placer compare {args.output}` ranks its placement "

@@ -1,0 +1,326 @@
+"""The plan as the executor runs it: resolved once into a typed tree (`RunPlan`).
+
+A `Plan` (`placer.solve.planfile`) is the file the planner writes: its job is a dict, its roles
+are configs. The executor reads it once, at the start of a run (`resolve_plan`), into what each
+of its parts needs, and every part takes its own piece from then on:
+
+  job     `JobFacts`: the batch, lengths, algorithm, seed, pipeline mode, tail policy, dataset
+          and the models (architectures, local checkpoint folders) the loop and workers read;
+  pools   `PoolRun` per pool: device kind and memory, node shape, what one node advertises to
+          Ray, and the weight-sync bucket its engines receive in (the plan's calibration);
+  roles   `RoleRun` per role: slot, pool, `Layout` (dp, tp, pp, HSDP shard, recompute), the
+          other parallel degrees, precision and memory, its parts when split over pools (each
+          with its share of the samples and its bundles), and its rollout engines;
+  slots   `SlotRun` per slot: its roles, its bundles in the plan's order and the placement
+          group strategy they need;
+  seats   `Seat` per actor: the bundle each rank of each role runs in (`executors.seats`);
+  routes  the plan's weight-sync routes.
+
+The runtime, the trainers, the engines, placement, weight sync and the loop read these; only a
+re-plan (`executors.elastic`) goes back to a `Plan`, and it resolves the new one here too.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from executors.seats import Seat, place, strategy
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.cost.roofline import GB
+from placer.solve.moves import layout as arrangement_of
+from placer.solve.moves import role_counts
+from placer.solve.planfile import Bundle, Plan, RolePlacement, calibration_of
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved
+from placer.spec.localdata import Dataset
+from placer.spec.tailpolicy import TailPolicy
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A role's parallel layout: data-, tensor- and pipeline-parallel degrees, the HSDP
+    shard group (`shard` dp ranks; 0: FSDP over all of dp), and whether decoder layers recompute
+    their activations in the backward pass (`recompute`)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    shard: int = 0
+    recompute: bool = field(default=False, kw_only=True)  # never from a positional tuple
+
+    @property
+    def hsdp(self) -> bool:
+        """Whether the dp ranks form dp / shard replicas of a `shard`-rank FSDP group."""
+        return 0 < self.shard < self.dp
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(dp index, tp index) of a rank (ranks are `(p * dp + d) * tp + t`)."""
+        return rank // self.tp % self.dp, rank % self.tp
+
+    def stage(self, rank: int) -> int:
+        """The pipeline stage of a rank."""
+        return rank // (self.dp * self.tp)
+
+    def leads(self, rank: int) -> bool:
+        """Whether the rank speaks for its DP group: TP index 0 on the last pipeline stage
+        (where the loss is computed)."""
+        return self.coords(rank)[1] == 0 and self.stage(rank) == self.pp - 1
+
+    @property
+    def degrees(self) -> Layout:
+        """dp, tp and pp alone (no shard group, no recompute): what an engine runs."""
+        return Layout(self.dp, self.tp, self.pp)
+
+    def as_dict(self) -> dict[str, int]:
+        out = {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+        return {**out, "shard": self.shard} if self.hsdp else out
+
+    def __str__(self) -> str:
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" shard{self.shard}" if self.hsdp else "")
+                + (" recompute" if self.recompute else ""))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The plan's FP8 choices for a role (BF16 otherwise)."""
+
+    fp8_weights: bool = False
+    fp8_kv: bool = False
+    fp8_train: bool = False
+
+
+@dataclass(frozen=True)
+class EngineGroup:
+    """Rollout engine replicas as they run (a split rollout's part, or the whole rollout on one
+    pool): ranks `first` to `first + replicas - 1`, on `pool`, each engine with tensor
+    parallelism `tp` and the plan's memory share of its device."""
+
+    pool: str = ""
+    first: int = 0
+    replicas: int = 1
+    tp: int = 1
+    mem_fraction: float = 0.2
+
+    def holds(self, rank: int) -> bool:
+        return self.first <= rank < self.first + self.replicas
+
+
+@dataclass(frozen=True)
+class PoolRun:
+    """A pool of the job's cluster, as the executor asks Ray for it."""
+
+    name: str
+    kind: str  # gpu | cpu | lpu
+    device: str
+    memory_gb: float
+    devices_per_node: int
+    nodes: int
+    node_devices: Mapping[str, float]  # one whole node's devices as Ray resources
+    sync_bucket_bytes: int  # a weight refresh's bucket for engines here (0: a call per tensor)
+
+
+@dataclass(frozen=True)
+class PartRun:
+    """One part of a role split over pools (`placer.cost.split`)."""
+
+    index: int
+    pool: str
+    devices: int
+    layout: Layout  # dp, tp, pp
+    ep: int
+    precision: Precision
+    share: float  # of the batch's samples
+    samples: int
+    memory_gb: float
+    mem_fraction: float  # memory_gb over its device's memory
+    bundles: tuple[int, ...]  # positions in the slot's placement group
+
+
+@dataclass(frozen=True)
+class RoleRun:
+    """A role as the executor runs it."""
+
+    name: str
+    slot: str
+    pool: str  # the first part's, when split
+    devices: int
+    layout: Layout
+    cp: int
+    ep: int
+    etp: int
+    zero: int
+    offload: bool
+    precision: Precision
+    memory_gb: float
+    mem_fraction: float
+    actors: int  # processes the executor starts for it (`actor_counts`)
+    parts: tuple[PartRun, ...]  # () on one pool
+    engines: tuple[EngineGroup, ...]  # rollout: one per part (or one for all); else ()
+    arrangement: str  # pool and degrees as `placer.solve.moves.layout` names them
+
+    def group_of(self, rank: int) -> EngineGroup:
+        """The engine replica group holding rollout rank `rank` (the first by default)."""
+        return next((e for e in self.engines if e.holds(rank)), self.engines[0])
+
+
+@dataclass(frozen=True)
+class SlotRun:
+    """A colocation slot: one placement group of its bundles."""
+
+    name: str
+    roles: tuple[str, ...]
+    bundles: tuple[Bundle, ...]  # in the plan's bundle order: bundle k is the group's k-th
+    strategy: str  # STRICT_PACK | PACK | SPREAD (`executors.seats.strategy`)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A weight-sync route of the plan: sender and receiver node, link bandwidth, hops."""
+
+    src: str
+    dst: str
+    gbs: float
+    hops: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the loop and the workers read of the job (a re-plan never changes it)."""
+
+    name: str
+    algorithm: str
+    seed: int
+    mode: str  # sync | async
+    max_staleness: int
+    prompts: int
+    samples_per_prompt: int
+    mini_batches: int
+    turns: int
+    tool_output_tokens: int
+    max_new_tokens: int  # the longest response of one turn
+    max_context: int  # prompt, every turn's response and tool output
+    tail_policy: TailPolicy
+    data: Dataset | None
+    policy: ModelArch
+    reward: ModelArch | None  # None: the rule reward
+    paths: Mapping[str, str]  # model field -> local checkpoint folder
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.samples_per_prompt
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A plan as the executor runs it (see the module docstring)."""
+
+    job: JobFacts
+    pools: Mapping[str, PoolRun]  # every pool of the job's cluster, in its order
+    roles: Mapping[str, RoleRun]
+    slots: Mapping[str, SlotRun]
+    seats: tuple[Seat, ...]
+    nodes: tuple[tuple[str, int], ...]  # (pool, node) of every plan node a bundle is on
+    routes: tuple[Route, ...]
+    predicted_iteration_s: float
+
+    @property
+    def used_pools(self) -> list[str]:
+        """The pools the plan's bundles are on, in the cluster's order."""
+        used = {b.pool for s in self.slots.values() for b in s.bundles}
+        return [p for p in self.pools if p in used]
+
+
+def resolve_plan(plan: Plan) -> RunPlan:
+    """The run plan of `plan`; SpecError (exit 2) when the plan's job names no policy or its
+    bundles do not hold its roles (`executors.seats`)."""
+    res = plan.resolved()
+    job = _job(res)
+    pools = _pools(plan, res)
+    by_slot: dict[str, list[Bundle]] = {}
+    for b in sorted(plan.bundles, key=lambda b: b.index):
+        by_slot.setdefault(b.slot, []).append(b)
+    kinds = {name: p.kind for name, p in pools.items()}
+    roles_of = {s.name: tuple(s.roles) for s in plan.slots}
+    slots = {name: SlotRun(name, roles_of.get(name, ()), tuple(bs),
+                           strategy(roles_of.get(name, ()), bs, kinds))
+             for name, bs in by_slot.items()}  # in the order of their first bundles
+    counts = actor_counts(plan)
+    seats, part_bundles = place(plan.roles, by_slot, counts)
+    roles = {name: _role(plan, name, r, res, counts[name], part_bundles.get(name, ()))
+             for name, r in plan.roles.items()}
+    routes = tuple(Route(r.src, r.dst, r.gbs, tuple(r.hops)) for r in plan.sync_routes)
+    nodes = tuple(dict.fromkeys((b.pool, b.node) for b in plan.bundles))
+    return RunPlan(job, pools, roles, slots, seats, nodes, routes, plan.predicted_iteration_s)
+
+
+def actor_counts(plan: Plan) -> dict[str, int]:
+    """Actors per role: `placer.solve.moves.role_counts`, but training runs one process per
+    device of its layout (its TP ranks are processes of one torch.distributed group), and a
+    split role runs every part's replicas."""
+    counts = role_counts(plan)
+    actor = plan.roles.get(Role.ACTOR)
+    if actor is not None and Role.ACTOR in counts:
+        counts[Role.ACTOR] *= actor.tp * actor.pp
+    for role, r in plan.roles.items():
+        if r.parts:
+            counts[role] = sum(p.dp for p in r.parts)
+    return counts
+
+
+def _job(res: Resolved) -> JobFacts:
+    job = res.job
+    policy = res.model_of(Role.ACTOR)
+    if policy is None:  # every job has a policy; a plan without one is not this project's
+        raise SpecError("plan.job.models.policy: missing (the executor needs a policy model)")
+    return JobFacts(
+        name=job.name, algorithm=job.algorithm.value, seed=job.seed, mode=job.pipeline.mode,
+        max_staleness=job.pipeline.max_staleness, prompts=job.batch.prompts,
+        samples_per_prompt=job.batch.samples_per_prompt, mini_batches=job.batch.mini_batches,
+        turns=job.environment.turns, tool_output_tokens=job.environment.tool_output_tokens,
+        max_new_tokens=int(job.lengths.response.max_value()), max_context=job.max_context,
+        tail_policy=job.tail_policy, data=job.data, policy=policy,
+        reward=res.model_of(Role.REWARD), paths=dict(job.models.paths))
+
+
+def _pools(plan: Plan, res: Resolved) -> dict[str, PoolRun]:
+    from placer.solve.mapping import device_resources  # the bundles' own resource table
+    calib = calibration_of(plan)
+    out = {}
+    for p in res.cluster.pools:
+        dev = res.device_of(p)
+        bucket_gb = calib.for_device(dev).sync_bucket_gb
+        out[p.name] = PoolRun(p.name, dev.kind.value, dev.name, dev.memory_gb,
+                              p.devices_per_node, p.nodes,
+                              device_resources(dev, p.devices_per_node),
+                              max(int(bucket_gb * GB), 1) if bucket_gb > 0 else 0)
+    return out
+
+
+def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
+          bundles: tuple[tuple[int, ...], ...]) -> RoleRun:
+    def share_of(pool: str, memory_gb: float) -> float:
+        return memory_gb / res.device_of(pool).memory_gb
+
+    parts = tuple(PartRun(i, p.pool, p.devices, Layout(p.dp, p.tp, p.pp), p.ep,
+                          Precision(p.fp8_weights, p.fp8_kv), p.share, p.samples, p.memory_gb,
+                          share_of(p.pool, p.memory_gb), bundles[i] if i < len(bundles) else ())
+                  for i, p in enumerate(r.parts))
+    engines: tuple[EngineGroup, ...] = ()
+    if name == Role.ROLLOUT:  # the engines: each part's replicas after the previous part's
+        first, groups = 0, []
+        for q in parts:
+            groups.append(EngineGroup(q.pool, first, q.layout.dp, q.layout.tp, q.mem_fraction))
+            first += q.layout.dp
+        engines = tuple(groups) or (
+            EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb)),)
+    layout = Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
+                    recompute=r.recompute)
+    return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
+                   Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
+                   share_of(r.pool, r.memory_gb), actors, parts, engines,
+                   arrangement_of(plan, name))
