@@ -62,7 +62,7 @@ def demo(out: Path, job_path: Path, steps: int) -> str:
     _say("[2/6] simulate 3 iterations")
     sim = simulate_plan(plan, iterations=3, seed=plan.resolved().job.seed,
                         trace_path=out / "sim" / "trace.json", plots_dir=out / "sim")
-    _say(f"      simulated step {sim.metrics['iteration_s']['mean']:.3f} s -> {out / 'sim'}/")
+    _say(f"      simulated step {sim.metrics.iteration_s.mean:.3f} s -> {out / 'sim'}/")
 
     _say(f"[3/6] execute {steps} steps on a local embedded Ray (first start takes a while)")
     trace = execute_plan(plan, steps, out / "run", lambda m: _say(f"      {m}"))

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         from placer.solve.explain import explain, render
         ex = explain(plan, Pricer(res, calib), time_limit_s=min(args.time_limit, 5.0))
-        out, text = {"plan": out, "explain": ex}, render(ex)
+        out, text = {"plan": out, "explain": ex.to_dict()}, render(ex)
     _write(args, plan.to_json())  # -o is always a plan that `simulate`/`execute` read
     if args.plot:
         from placer import plots  # matplotlib only when a figure is asked for
