@@ -11,7 +11,7 @@ the run differs from the prediction (`Why`) and what the long-tail policy did
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import ConfigDict, SerializerFunctionWrapHandler, model_serializer, model_validator
@@ -27,6 +27,7 @@ from simulator.faults import Timeline
 from simulator.iteration import RunRecord
 
 TAIL_QUANTILE = 0.9
+T = TypeVar("T")
 SYNC_STAGES = ("sync", "rollout", "score", "train")
 
 
@@ -186,7 +187,7 @@ def goodput_rate(tl: Timeline) -> float:
     return tl.goodput if tl.goodput > 0 else 0.0
 
 
-def steady(durations: list, mode: PipelineMode) -> list:
+def steady(durations: list[T], mode: PipelineMode) -> list[T]:
     """Overlapping steps (async): drop the pipeline fill (first) and, from three iterations on,
     the drain (last: its rollout ran ahead while earlier steps trained, so its interval is
     short)."""
@@ -195,7 +196,8 @@ def steady(durations: list, mode: PipelineMode) -> list:
     return durations[1:-1] if len(durations) >= 3 else durations[1:]
 
 
-def utilization(res: Resolved, plan: Plan, run: RunRecord) -> tuple[dict, dict, float]:
+def utilization(res: Resolved, plan: Plan, run: RunRecord
+                ) -> tuple[dict[str, float], dict[str, float], float]:
     """(per slot, per pool, bubble seconds per iteration)."""
     span = max(run.end_s, 1e-12)
     busy: dict[str, float] = defaultdict(float)
