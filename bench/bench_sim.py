@@ -79,8 +79,8 @@ def case(samples: int, variance: bool) -> dict[str, Any]:
     trace_s = time.perf_counter() - t1
     gpus = sum(s.devices for s in plan.slots if s.pool == "h100")
     return {"samples": samples, "variance": variance, "gpus": gpus, "sim_s": sim_s, "cpu_s": cpu_s,
-            "trace_s": trace_s, "events": n_events, "decode_runs": r.metrics["decode_runs"],
-            "tool_calls": r.metrics["tool_calls"], "iteration_s": r.metrics["iteration_s"]["mean"],
+            "trace_s": trace_s, "events": n_events, "decode_runs": r.metrics.decode_runs,
+            "tool_calls": r.metrics.tool_calls, "iteration_s": r.metrics.iteration_s.mean,
             "predicted_s": plan.predicted_iteration_s, "sim_mb": sim_mb,
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 

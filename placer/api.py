@@ -3,7 +3,7 @@
     import placer
     job = placer.load_job("examples/grpo-qwen7b-h100.yaml")
     plan = placer.plan(job)                      # placer plan
-    sim = placer.simulate(plan, iterations=3)    # placer simulate (sim.metrics: the --json doc)
+    sim = placer.simulate(plan, iterations=3)    # placer simulate (sim.metrics: SimMetrics)
     rows = placer.compare(job)                   # placer compare: name -> Plan (None: n/a)
     run = placer.execute(plan, steps=2)          # placer execute (a local Ray on loopback)
     files = placer.export(plan, "verl")          # placer export (an Export: files, warnings)
@@ -98,7 +98,8 @@ def simulate(plan: PlanLike, *, iterations: int = 1, seed: int = 0, config: Any 
              trace: str | Path | None = None, plots: str | Path | None = None,
              calibration: Calibration | str | Path | None = None,
              workload: str | Path | None = None, progress: bool = False) -> SimResult:
-    """`placer simulate`: `iterations` simulated iterations; `.metrics` is the --json document.
+    """`placer simulate`: `iterations` simulated iterations; `.metrics` is a `SimMetrics`
+    (`.metrics.to_dict()`: the --json document, less its `steady_state`).
     `progress=True` shows a spinner on a terminal (see `placer.progress`)."""
     from placer.progress import progress as bar
     from simulator.api import simulate_plan

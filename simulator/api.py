@@ -2,7 +2,8 @@
 `placer compare --simulate` all call it).
 
     result = simulate_plan(plan, iterations=3, seed=0)
-    result.metrics["iteration_s"]["p99"], result.metrics["why"]
+    result.metrics.iteration_s.p99, result.metrics.why.dominant   # typed: `SimMetrics`
+    result.metrics.to_dict()                  # the JSON document (`placer simulate --json`)
     result.trace.write("sim.json")            # Chrome trace, opens in Perfetto
 
 The plan must match its job (the roles it places, pools that exist); a bad plan, workload trace
@@ -111,10 +112,8 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
         ckpt_s = (cfg.failures.checkpoint_s if cfg.failures.checkpoint_s is not None
                   else plan_checkpoint_s(plan, calib))
     tl = compose(durs, rate, cfg.failures, seed, ckpt_s)
-    metrics = compute(res, plan, run, tl)
-    metrics["restart_s"] = cfg.failures.restart_s if tl.failures else 0.0
-    metrics["checkpoint_s"] = ckpt_s if tl.checkpoints else 0.0
-    metrics["events"] = len(rec)
+    metrics = compute(res, plan, run, tl, restart_s=cfg.failures.restart_s if tl.failures else 0.0,
+                      checkpoint_s=ckpt_s if tl.checkpoints else 0.0, events=len(rec))
     result = SimResult(metrics, run, tl, plan, seed, rec)
     if trace_path is not None:
         result.trace.write(trace_path)

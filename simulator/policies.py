@@ -28,6 +28,7 @@ from placer.spec.load import check_tail_policy
 from placer.spec.tailpolicy import POLICIES, Draws, TailPolicy
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
+from simulator.metrics import SimMetrics
 from simulator.workload import has_tools, samples_for
 
 
@@ -65,8 +66,8 @@ def compare_policies(plan: Plan | str, iterations: int = 3, seed: int = 0,
     cfg = config if config is not None else SimConfig()
     rows = []
     for policy in policy_options(job, seed):
-        m = simulate_plan(with_policy(plan, policy), iterations, seed, cfg).metrics
-        rows.append(_row(policy, m))
+        rows.append(_row(policy, simulate_plan(with_policy(plan, policy), iterations, seed,
+                                               cfg).metrics))
     base = next(r for r in rows if r["kind"] == TailPolicy().kind)  # the default: wait for all
     for r in rows:
         r["vs_none"] = r["samples_per_s"] / base["samples_per_s"] - 1 if base["samples_per_s"] else 0.0
@@ -77,16 +78,16 @@ def compare_policies(plan: Plan | str, iterations: int = 3, seed: int = 0,
     return rows
 
 
-def _row(policy: TailPolicy, m: dict[str, Any]) -> dict[str, Any]:
-    tp = m["tail_policy"]
+def _row(policy: TailPolicy, m: SimMetrics) -> dict[str, Any]:
+    tp = m.tail_policy
     return {"kind": policy.kind, "policy": policy.model_dump(exclude_none=True),
-            "samples_per_s": m["samples_per_s"], "iteration_s": m["iteration_s"]["mean"],
-            "iteration_p99_s": m["iteration_s"]["p99"],
-            "rollout_s": m["stage_s"].get("rollout"), "long_tail_s": m["why"]["long_tail_s"],
-            "queueing_s": m["why"]["queueing_s"], "generated": tp["generated_per_iteration"],
-            "committed": tp["committed_per_iteration"],
-            "carried_tokens": tp["carried_tokens_per_iteration"],
-            "reissued_calls": tp["reissued_calls"], "reissue_saved_s": tp["reissue_saved_s"]}
+            "samples_per_s": m.samples_per_s, "iteration_s": m.iteration_s.mean,
+            "iteration_p99_s": m.iteration_s.p99,
+            "rollout_s": m.stage_s.rollout, "long_tail_s": m.why.long_tail_s,
+            "queueing_s": m.why.queueing_s, "generated": tp.generated_per_iteration,
+            "committed": tp.committed_per_iteration,
+            "carried_tokens": tp.carried_tokens_per_iteration,
+            "reissued_calls": tp.reissued_calls, "reissue_saved_s": tp.reissue_saved_s}
 
 
 def _why(r: dict[str, Any], base: dict[str, Any], job: Job) -> str:

@@ -156,7 +156,7 @@ def test_simulator_runs_the_planners_preemptions() -> None:
     assert not fits_lockstep(res.job, st.kv, shape.concurrency)  # the preempting path
     pred = reprice(plan, at_means(plan.spec), Calibration()).stage_s["rollout"]
     sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
-    assert sim.metrics["stage_s"]["rollout"] == pytest.approx(pred, rel=1e-6)
+    assert sim.metrics.stage_s.rollout == pytest.approx(pred, rel=1e-6)
 
 
 @pytest.mark.parametrize("field, value", [("max_num_seqs", 0), ("kv_block_tokens", 2.5)])

@@ -37,7 +37,7 @@ def test_compare_ranks_ilp_first_and_simulate_runs() -> None:
     assert times == sorted(times)
     assert plans["ilp"].predicted_iteration_s == min(times)
     sim = placer.simulate(plans["ilp"], iterations=1)
-    assert sim.metrics["iterations"] == 1
+    assert sim.metrics.iterations == 1
 
 
 def test_export_and_import_run(tmp_path) -> None:

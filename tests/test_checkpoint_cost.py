@@ -152,8 +152,8 @@ def test_the_simulated_failure_model_charges_the_priced_checkpoint(plan):
                           config=SimConfig.no_variance().model_copy(update={"failures": failures}))
         runs[name] = r
     work = runs["no failures"].timeline.useful_s
-    assert runs["no failures"].metrics["checkpoint_s"] == 0.0
+    assert runs["no failures"].metrics.checkpoint_s == 0.0
     assert runs["no failures"].timeline.wall_s == pytest.approx(work)
-    assert runs["priced"].metrics["checkpoint_s"] == pytest.approx(priced)
+    assert runs["priced"].metrics.checkpoint_s == pytest.approx(priced)
     assert runs["priced"].timeline.wall_s == pytest.approx(work + 2 * priced)
     assert runs["given"].timeline.wall_s == pytest.approx(work + 2 * 7.0)

@@ -29,6 +29,7 @@ from executors.runtime import worker_spec
 from executors.vllm_rollout import engine_args
 from executors.weights import bucket_bytes
 from placer.base.errors import SpecError
+from placer.cost.calibration import calibration_from_dict
 from placer.cost.sharding import Parallel
 from placer.cost.split import deal
 from placer.solve.planfile import save_plan
@@ -131,8 +132,8 @@ def test_each_part_syncs_in_its_own_devices_buckets(tmp_path) -> None:
     each engine's refresh is cut in its own device's buckets, as `timing.sync_time` prices each
     part, and every engine still receives the whole model."""
     plan = split_plan()
-    plan = plan.model_copy(update={"calibration": {
-        "default": {"sync_bucket_gb": 1e-5}, "devices": {"emu-gpu": {"sync_bucket_gb": 4e-5}}}})
+    plan = plan.model_copy(update={"calibration": calibration_from_dict({
+        "default": {"sync_bucket_gb": 1e-5}, "devices": {"emu-gpu": {"sync_bucket_gb": 4e-5}}})})
     run = resolve_plan(plan)
     sizes = {q.pool: bucket_bytes(run, q.pool) for q in plan.roles["rollout"].parts}
     assert sizes == {"lpu": 10_000, "gpu2": 40_000}

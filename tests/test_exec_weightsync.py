@@ -239,10 +239,12 @@ def _executed(tmp: Path, bucket_gb: float, steps: int = 2) -> tuple[Any, Any]:
     """A local run of the tiny CPU job with the plan's `sync_bucket_gb` set: (plan, result)."""
     from executors.run import execute
     from placer.api import plan as make_plan
+    from placer.cost.calibration import calibration_from_dict
+    from placer.solve.planfile import calibration_of
     plan = make_plan(str(ROOT / "examples" / "tiny-cpu.yaml"))
-    calib = dict(plan.calibration or {})
-    calib["default"] = {**(calib.get("default") or {}), "sync_bucket_gb": bucket_gb}
-    plan = plan.model_copy(update={"calibration": calib})
+    doc = calibration_of(plan).to_dict()
+    doc["default"] = {**(doc.get("default") or {}), "sync_bucket_gb": bucket_gb}
+    plan = plan.model_copy(update={"calibration": calibration_from_dict(doc)})
     return plan, execute(plan, steps, tmp / "out", local=True)
 
 
@@ -293,9 +295,11 @@ def test_under_ray_each_pipeline_stage_streams_its_own_layers(tmp_path: Path) ->
 
     from executors.pipeline import stage_bounds
     from executors.run import execute
+    from placer.cost.calibration import calibration_from_dict
     from placer.cost.sharding import Parallel
     plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=2), "train")})
-    plan = plan.model_copy(update={"calibration": {"default": {"sync_bucket_gb": 64e-6}}})
+    plan = plan.model_copy(update={"calibration": calibration_from_dict(
+        {"default": {"sync_bucket_gb": 64e-6}})})
     r = execute(plan, 1, tmp_path / "out")
     assert r.ledger_ok and r.trace.metadata["executed_layout"]["actor"]["pp"] == 2
     [sync] = [e for e in r.trace.events if e.name == "weight sync"]

@@ -25,6 +25,7 @@ from placer.spec.load import load_job
 from traces.schema import Trace
 from workflows.fidelity import fidelity, measured_spans, measured_stages, role_times, write_figures
 from workflows.fidelity_heldout import event_profile
+from workflows.report import Report
 from workflows.stagefit import stage_calibrate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,11 +122,20 @@ def test_report_lines_up_steps_and_is_json(plan):
         rec = sim.run.iterations[s]
         assert p.simulated == pytest.approx(rec.end - rec.start)
         assert p.error == pytest.approx(p.simulated / p.measured - 1)
-    assert rep.lengths["measured"]["samples"] == 2 * plan.resolved().job.batch.samples
-    assert rep.lengths["measured"]["makespan_s"] == pytest.approx(0.005 + 0.11)
-    doc = json.loads(json.dumps(rep.to_dict()))
+    assert rep.lengths.measured.samples == 2 * plan.resolved().job.batch.samples
+    assert rep.lengths.measured.makespan_s == pytest.approx(0.005 + 0.11)
+    doc = json.loads(rep.to_json())
     assert doc["step"]["measured_s"] == pytest.approx(STEP_S, abs=1e-5)
     assert "fidelity tiny-cpu" in rep.line()
+    # the JSON form reads back to the report at its precision (seconds to 6 decimals; a report
+    # already at that precision reads back equal: tests/test_typed_results.py)
+    back = Report.from_json(rep.to_json())
+    assert back.steady == rep.steady and back.lengths == rep.lengths and back.inputs == rep.inputs
+    for got, want in ((back.steps, rep.steps), (back.stages, rep.stages), (back.roles, rep.roles)):
+        assert list(got) == list(want) or sorted(got) == sorted(want)
+        for k, p in want.items():
+            assert (got[k].measured, got[k].simulated) == pytest.approx(
+                (p.measured, p.simulated), abs=1e-6)
 
 
 def test_replayed_lengths_drive_the_simulation(plan):
@@ -133,26 +143,27 @@ def test_replayed_lengths_drive_the_simulation(plan):
     short, _ = fidelity(plan, executed(plan, response=4))
     long, _ = fidelity(plan, executed(plan, response=64))
     assert long.stages["rollout"].simulated > short.stages["rollout"].simulated
-    assert long.lengths["simulated"]["makespan_s"] > short.lengths["simulated"]["makespan_s"]
+    assert long.lengths.simulated.makespan_s > short.lengths.simulated.makespan_s
 
 
 def test_missing_prompt_lengths_are_noted(plan):
     rep, _ = fidelity(plan, executed(plan, per_sample=False))
-    assert any("no recorded prompt length" in n for n in rep.inputs["notes"])
+    assert rep.inputs is not None
+    assert any("no recorded prompt length" in n for n in rep.inputs.notes)
 
 
 def test_stage_calibration_matches_the_stages_it_fits(plan):
     tr = executed(plan)
-    doc = stage_calibrate(plan, tr, {"default": {}, "devices": {}})
-    rep, _ = fidelity(plan, tr, calibration_from_dict({k: v for k, v in doc.items()
-                                                       if k != "fit"}))
+    calib = stage_calibrate(plan, tr, calibration_from_dict({"default": {}, "devices": {}}))
+    rep, _ = fidelity(plan, tr, calib)
     s = rep.stages
     assert s["sync"].simulated == pytest.approx(SYNC, rel=0.01)
     env_score = s["score"].simulated + (s["environment"].simulated if "environment" in s else 0)
     assert env_score == pytest.approx(ENV + SCORE, rel=0.01)
     assert s["train"].simulated == pytest.approx(TRAIN + OTHER, rel=0.01)  # "other" goes here
-    assert set(doc["fit"]["stages"]) == {"emu-gpu.sync_latency_s", "laptop-cpu.sandbox_batch_s",
-                                         "emu-gpu.train_overhead_s"}
+    assert calib.fit is not None
+    assert set(calib.fit.stages) == {"emu-gpu.sync_latency_s", "laptop-cpu.sandbox_batch_s",
+                                     "emu-gpu.train_overhead_s"}
 
 
 def test_stage_calibration_fits_tool_calls_of_a_multi_turn_run(tmp_path):
@@ -162,10 +173,11 @@ def test_stage_calibration_fits_tool_calls_of_a_multi_turn_run(tmp_path):
     from executors.run import execute  # lazy: torch only for the one test that executes
     plan = plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-agent.yaml")), Calibration()))
     tr = execute(plan, 3, tmp_path, local=True).trace
-    doc = stage_calibrate(plan, tr, event_profile(plan, tr, "tiny-agent run"))
-    fit = doc["fit"]["stages"]["laptop-cpu.tool_overhead_s"]
-    assert fit["stage"] == "rollout" and fit["value"] > 0
-    assert fit["simulated_s"] == pytest.approx(fit["measured_s"], rel=0.02)
+    calib = stage_calibrate(plan, tr, event_profile(plan, tr, "tiny-agent run"))
+    assert calib.fit is not None
+    fit = calib.fit.stages["laptop-cpu.tool_overhead_s"]
+    assert fit.stage == "rollout" and fit.value > 0
+    assert fit.simulated_s == pytest.approx(fit.measured_s, rel=0.02)
 
 
 def test_figures_are_written(plan, tmp_path):

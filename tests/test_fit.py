@@ -7,7 +7,7 @@ import pytest
 from calibdata import TRUTH, hand_plan, tiny_dp2_plan
 
 from placer.base.errors import SpecError
-from placer.calibrate.fit import fit_tool_latency, fit_trace, profile_doc
+from placer.calibrate.fit import fit_tool_latency, fit_trace, fitted_calibration
 from placer.calibrate.fit_events import GenerateRun
 from placer.calibrate.synthetic import cost_model_trace
 from placer.cost.calibration import calibration_from_dict
@@ -69,7 +69,8 @@ def test_noise_free_trace_recovers_the_per_call_sync_term(plan):
     (at the 0.25 ms default the term stays under 1% and keeps its prior, as the test above)."""
     truth = Calibration(per_device={**TRUTH.per_device, "L40S": TRUTH.per_device["L40S"].override(
         {"sync_call_s": 0.003})})
-    prior = plan.model_copy(update={"calibration": {"devices": {"L40S": {"sync_call_s": 0.001}}}})
+    prior = plan.model_copy(update={"calibration": calibration_from_dict(
+        {"devices": {"L40S": {"sync_call_s": 0.001}}})})
     trace = cost_model_trace(prior, truth, seed=3, noise=0.0, per_kind=12)
     fits = _by_name(fit_trace(trace, prior, "synthetic"))
     for name, true in (("sync_call_s", 0.003), ("sync_latency_s", 0.02), ("link_eff", 0.60)):
@@ -80,8 +81,8 @@ def test_noise_free_trace_recovers_the_per_call_sync_term(plan):
 def test_profile_reprices_work_like_the_truth(plan):
     trace = cost_model_trace(plan, TRUTH, seed=11, noise=0.02, per_kind=40)
     result = fit_trace(trace, plan, "synthetic")
-    doc = profile_doc(result, plan, {"trace": "synthetic"})
-    calib = calibration_from_dict(doc, "profile")
+    doc = fitted_calibration(result, plan, {"trace": "synthetic"}).to_dict()
+    calib = calibration_from_dict(doc, "profile")  # as `placer calibrate` writes and reads it
     res = plan.resolved()
     for name in ("H100-SXM", "L40S"):
         got, true = calib.for_device(res.devices[name]), TRUTH.for_device(res.devices[name])
@@ -162,15 +163,16 @@ def test_tool_latency_recovered_from_trace(plan):
 
 def test_priors_come_from_the_plans_calibration(plan):
     doc = {"default": {"mfu_train": 0.2}, "devices": {"L40S": {"kv_mem_fraction": 0.8}}}
-    primed = plan.model_copy(update={"calibration": doc})
+    primed = plan.model_copy(update={"calibration": calibration_from_dict(doc)})
     trace = cost_model_trace(plan, Calibration(default=Efficiency()), seed=2, per_kind=8)
     result = fit_trace(trace, primed, "t")
     assert _by_name(result)[("H100-SXM", "mfu_train")].prior == 0.2
-    prof = profile_doc(result, primed, {})
-    assert prof["default"] == {"mfu_train": 0.2}
-    assert prof["devices"]["L40S"]["kv_mem_fraction"] == 0.8  # carried over, not fitted
-    assert prof["devices"]["H100-SXM"]["mfu_train"] == pytest.approx(Efficiency().mfu_train,
-                                                                     rel=0.03)
+    prof = fitted_calibration(result, primed, {}).overrides
+    assert prof.default == {"mfu_train": 0.2}
+    assert prof.devices is not None
+    assert prof.devices["L40S"]["kv_mem_fraction"] == 0.8  # carried over, not fitted
+    assert prof.devices["H100-SXM"]["mfu_train"] == pytest.approx(Efficiency().mfu_train,
+                                                                  rel=0.03)
 
 
 def _generate_trace(plan, truth: Efficiency, n: int = 8) -> Trace:

@@ -2,6 +2,7 @@
 store) checked per node, and checkpoint size and time from the model's state."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -77,8 +78,8 @@ def test_host_memory_from_the_pool_overrides_the_catalog():
     assert node.parts["optimizer"] == pytest.approx(1693, rel=0.01)
     assert node.parts["object_store"] == 200.0  # Ray: 30% of RAM, at most 200 GB
     ex = explain(plan, Pricer(big, Calibration()), time_limit_s=1)
-    assert ex["host_memory"]["a100"]["parts_gb"]["optimizer"] == pytest.approx(1693, rel=0.01)
-    assert ex["roles"]["actor"]["host_optimizer_gb"] > 100
+    assert ex.host_memory["a100"].parts_gb["optimizer"] == pytest.approx(1693, rel=0.01)
+    assert ex.roles["actor"].host_optimizer_gb > 100
 
 
 def test_a_candidate_over_its_node_alone_is_refused():
@@ -138,7 +139,7 @@ def test_a_plan_over_host_memory_is_re_solved_without_offload():
     # leaves them nothing (a 70B actor needs 16 B/param / 8 = 141 GB per A100 without it)
     small = resolve(job_from_dict(ppo70b()))
     problem = build_problem(Pricer(big, Calibration()))
-    problem = type(problem)(Pricer(small, problem.calib), problem.cands, problem.objective)
+    problem = dataclasses.replace(problem, px=problem.px.with_res(small))
     with pytest.raises(Infeasible, match="actor .* and critic .* do not fit host memory"):
         _host_checked(problem, plan)
     cands = hostmem.without_offload(problem.cands, {"actor"})

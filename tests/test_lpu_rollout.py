@@ -44,7 +44,7 @@ def _both(plan: Plan) -> tuple[float, float]:
     """(planner's rollout stage at the job's means, the simulator's variance-off one)."""
     pred = reprice(plan, rollout_tail.at_means(plan.spec), Calibration()).stage_s["rollout"]
     run = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
-    return pred, run.metrics["stage_s"]["rollout"]
+    return pred, run.metrics.stage_s.rollout
 
 
 def test_lockstep_lpu_rollout_by_hand() -> None:

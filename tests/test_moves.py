@@ -98,5 +98,5 @@ def test_explain_describes_layouts_the_same_way(plan: Plan) -> None:
 
     cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
     rows = breakdown(cp, Pricer(cp.resolved(), Calibration()))
-    assert rows[Role.ACTOR]["layout"] == "tp1 cp2 pp1 dp4"
-    assert rows[Role.ROLLOUT]["layout"] == "tp4 pp1 dp2"
+    assert rows[Role.ACTOR].layout == "tp1 cp2 pp1 dp4"
+    assert rows[Role.ROLLOUT].layout == "tp4 pp1 dp2"

@@ -36,7 +36,7 @@ def _check(plan) -> None:
     # alternates a short and a long interval (large-1k-nodes: 253 and 548 s for a 401 s period)
     ends = [it.end for it in r.run.iterations]
     sim = ((ends[3] - ends[1]) / 2 if plan.mode == "async"
-           else r.metrics["iteration_s"]["mean"])
+           else r.metrics.iteration_s.mean)
     pred = at_means(plan)
     assert abs(sim - pred) <= TOL * pred, f"simulated {sim:.3f} s vs predicted {pred:.3f} s"
 

@@ -14,7 +14,7 @@ CFG = SimConfig(stragglers=Stragglers(fraction=0.2),
 
 def _metrics(seed: int) -> str:
     r = simulate_plan(small_plan(), iterations=3, seed=seed, config=CFG)
-    return json.dumps(r.metrics, sort_keys=True)  # repr of every float: bit-for-bit
+    return json.dumps(r.metrics.to_dict(), sort_keys=True)  # repr of every float: bit-for-bit
 
 
 def test_same_seed_same_metrics_bit_for_bit():

@@ -91,7 +91,7 @@ def _events_per_sample(samples: int) -> float:
                  "environment": ("cpu", 2, "env")}
     plan = place(resolve(job_from_dict(job)), placement, Calibration())
     r = simulate_plan(plan, iterations=1, seed=0, config=SimConfig())
-    return r.metrics["events"] / samples
+    return r.metrics.events / samples
 
 
 def test_work_grows_linearly_with_the_samples():

@@ -85,12 +85,12 @@ def test_no_variance_split_run_agrees_with_the_prediction(mode):
     assert plan.mode == mode and plan.roles[Role.ROLLOUT].parts
     r = simulate_plan(plan, iterations=5 if mode == "async" else 1, seed=0,
                       config=SimConfig.no_variance())
-    sim = r.metrics["iteration_s"]["p50" if mode == "async" else "mean"]
+    sim = (r.metrics.iteration_s.p50 if mode == "async" else r.metrics.iteration_s.mean)
     pred = reprice(plan, rollout_tail.at_means(plan.spec), Calibration()).iteration_s
     assert abs(sim - pred) <= TOL * pred, f"simulated {sim:.3f} s vs predicted {pred:.3f} s"
     if mode == "sync":  # the rollout stage itself: the slower part, as the planner prices it
         rollout = reprice(plan, rollout_tail.at_means(plan.spec), Calibration()).stage_s["rollout"]
-        assert abs(r.metrics["stage_s"]["rollout"] - rollout) <= TOL * rollout
+        assert abs(r.metrics.stage_s.rollout - rollout) <= TOL * rollout
 
 
 def test_each_part_runs_its_own_samples_on_its_own_pool():
@@ -108,7 +108,7 @@ def test_each_part_runs_its_own_samples_on_its_own_pool():
             for sid in range(first, end):
                 assert pools[rec.engine_of[sid]] == {pool}, (sid, pool)
     # every part's devices count on its own pool
-    util = r.metrics["utilization"]["pool"]
+    util = r.metrics.utilization.pool
     assert all(util[q.pool] > 0.3 for q in plan.roles[Role.ROLLOUT].parts), util
 
 
@@ -118,7 +118,7 @@ def test_every_parts_tool_calls_share_the_one_environment_pool():
     assert len(parts) >= 2 and Role.ENVIRONMENT in plan.roles
     r = simulate_plan(plan, iterations=5, seed=0, config=SimConfig.no_variance())
     pred = reprice(plan, rollout_tail.at_means(plan.spec), Calibration()).iteration_s
-    sim = r.metrics["iteration_s"]["p50"]
+    sim = r.metrics.iteration_s.p50
     assert abs(sim - pred) <= TOL * pred, f"simulated {sim:.3f} s vs predicted {pred:.3f} s"
     env_pool = plan.roles[Role.ENVIRONMENT].pool
     called: dict[str, set[int]] = defaultdict(set)
@@ -206,7 +206,7 @@ def test_partial_rollouts_run_over_the_split():
     n = plan.spec.batch.samples
     assert all(rec.generated <= n for rec in r.run.iterations)  # carried rows count in the n
     assert sum(rec.committed for rec in r.run.iterations) > 0
-    assert r.metrics["tail_policy"]["carried_tokens_per_iteration"] > 0
+    assert r.metrics.tail_policy.carried_tokens_per_iteration > 0
 
 
 @pytest.mark.parametrize(("n", "kept", "want"), [
@@ -223,6 +223,6 @@ def test_deal_follows_the_shares_by_largest_remainder(n, kept, want):
 def test_the_split_plan_beats_the_best_single_pool_plan_in_simulation():
     split, single = hetero_split_plans()
     assert not any(r.parts for r in single.roles.values())
-    sims = [simulate_plan(p, iterations=8, seed=0).metrics["iteration_s"]["mean"]
+    sims = [simulate_plan(p, iterations=8, seed=0).metrics.iteration_s.mean
             for p in (split, single)]
     assert sims[0] < sims[1], sims

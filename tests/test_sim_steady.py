@@ -115,7 +115,7 @@ def test_two_iterations_misrank_async_plans_the_steady_state_does_not():
     co, sp = _async(COLOCATED), _async()
 
     def short(plan):
-        return simulate_plan(plan, iterations=2, seed=0).metrics["iteration_s"]["mean"]
+        return simulate_plan(plan, iterations=2, seed=0).metrics.iteration_s.mean
 
     def long_run(plan):
         durs = iteration_durations(simulate_plan(plan, iterations=41, seed=0).run, Async(1))
@@ -152,4 +152,4 @@ def test_steady_runs_report_every_iteration_of_every_run():
             runs.append([])
         runs[-1].append((d, n))
     assert all(r == [(i, r[0][1]) for i in range(1, r[0][1] + 1)] for r in runs)
-    assert runs[-1][-1] == (result.metrics["iterations"],) * 2
+    assert runs[-1][-1] == (result.metrics.iterations,) * 2

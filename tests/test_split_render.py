@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import Counter
-from typing import Any
 
 import pytest
 import yaml
@@ -23,7 +22,7 @@ from placer.interop import target_of
 from placer.interop.kuberay import export_kuberay
 from placer.plots import part_labels, placement
 from placer.solve.assemble import assemble, placed_estimate
-from placer.solve.explain import breakdown, render, split
+from placer.solve.explain import Explanation, booking, breakdown, render, split
 from placer.solve.hostmem import plan_nodes
 from placer.solve.moves import layout, moves, role_counts
 from placer.solve.planfile import Plan, RolePart, RolePlacement, SolverInfo, save_plan
@@ -80,18 +79,20 @@ def test_plan_json_carries_the_parts(plan: Plan) -> None:
 def test_explain_names_the_single_pool_alternative_and_its_time(plan: Plan, res: Resolved
                                                                 ) -> None:
     px = Pricer(res, CALIB)
-    doc: dict[str, Any] = {"roles": breakdown(plan, px), "binding": [], "marginal_node": {},
-                           "split": split(plan, px, time_limit_s=5.0)}
-    sp = doc["split"]["rollout"]
-    alt = sp["single_pool"]
-    assert alt is not None and "+" not in alt["placement"]["rollout"].split()[0]
+    ex = Explanation(roles=breakdown(plan, px), binding=[], marginal_node={},
+                     booking=booking(plan, px), host_memory={},
+                     split=split(plan, px, time_limit_s=5.0))
+    sp = ex.split["rollout"]
+    alt = sp.single_pool
+    assert alt is not None and "+" not in alt.placement["rollout"].split()[0]
     # the example's split pays: the best plan on single pools is slower
-    assert alt["iteration_s"] > plan.predicted_iteration_s
-    assert [q["pool"] for q in doc["roles"]["rollout"]["parts"]] == [
+    assert alt.iteration_s > plan.predicted_iteration_s
+    parts = ex.roles["rollout"].parts
+    assert parts is not None and [q.pool for q in parts] == [
         q.pool for q in plan.roles["rollout"].parts]
-    text = render(doc)
+    text = render(ex)
     assert "rollout is split over 2 pools" in text
-    assert f"{alt['iteration_s']:.3f} s per iteration" in text
+    assert f"{alt.iteration_s:.3f} s per iteration" in text
     assert f"{plan.predicted_iteration_s:.3f} s" in text
     for q in plan.roles["rollout"].parts:
         assert f"{q.share:.1%} of the samples ({q.samples})" in text

@@ -41,12 +41,12 @@ def test_overprovision_cuts_the_tail() -> None:
     plan = small_plan(**LONG_RESPONSES)
     base = _sim(plan, None)
     over = _sim(plan, TailPolicy(kind="overprovision", fraction=0.1))
-    tp = over["tail_policy"]
-    assert tp["generated_per_iteration"] == 141 and tp["committed_per_iteration"] == 128
-    shrink = 1 - over["stage_s"]["rollout"] / base["stage_s"]["rollout"]
+    tp = over.tail_policy
+    assert tp.generated_per_iteration == 141 and tp.committed_per_iteration == 128
+    shrink = 1 - over.stage_s.rollout / base.stage_s.rollout
     assert shrink > 0.2, f"rollout only {shrink:.0%} shorter"  # measured (seed 4): 58%
-    assert over["why"]["long_tail_s"] < 0.5 * base["why"]["long_tail_s"]
-    assert over["samples_per_s"] > base["samples_per_s"]
+    assert over.why.long_tail_s < 0.5 * base.why.long_tail_s
+    assert over.samples_per_s > base.samples_per_s
 
 
 def test_overprovision_aborts_engine_work_at_the_stage_end() -> None:
@@ -63,13 +63,13 @@ def test_partial_rollout_cuts_and_carries() -> None:
     plan = small_plan(**LONG_RESPONSES)
     base = _sim(plan, None, iterations=4)
     part = _sim(plan, TailPolicy(kind="partial", token_budget=1500), iterations=4)
-    tp = part["tail_policy"]
-    assert tp["carried_tokens_per_iteration"] > 0
+    tp = part.tail_policy
+    assert tp.carried_tokens_per_iteration > 0
     # carried rows run first, fresh ones fill up to 128 in whole groups of 4
-    assert 128 - 3 <= tp["generated_per_iteration"] <= 128
-    shrink = 1 - part["stage_s"]["rollout"] / base["stage_s"]["rollout"]
+    assert 128 - 3 <= tp.generated_per_iteration <= 128
+    shrink = 1 - part.stage_s.rollout / base.stage_s.rollout
     assert shrink > 0.2, f"rollout only {shrink:.0%} shorter"  # measured (seed 4): 68%
-    assert part["iteration_s"]["mean"] < base["iteration_s"]["mean"]
+    assert part.iteration_s.mean < base.iteration_s.mean
 
 
 def test_partial_rollout_trains_whole_grpo_groups() -> None:
@@ -100,9 +100,9 @@ def test_reissue_shortens_tool_bound_steps() -> None:
     plan = small_plan(**SLOW_TOOLS)
     base = _sim(plan, None)
     again = _sim(plan, TailPolicy(kind="reissue", deadline_s=4.0))
-    tp = again["tail_policy"]
-    assert tp["reissued_calls"] > 0 and tp["reissue_saved_s"] > 0
-    gain = 1 - again["iteration_s"]["mean"] / base["iteration_s"]["mean"]
+    tp = again.tail_policy
+    assert tp.reissued_calls > 0 and tp.reissue_saved_s > 0
+    gain = 1 - again.iteration_s.mean / base.iteration_s.mean
     assert gain > 0.1, f"steps only {gain:.0%} shorter"  # measured (seed 4): 68%
 
 
@@ -144,7 +144,7 @@ def test_no_variance_agreement_with_policy(name: str, policy: str) -> None:
                       config=SimConfig.no_variance())
     # the plan is priced with the job's tails; a no-variance run is its placement at the means
     pred = reprice(plan, at_means(plan.spec), Calibration()).iteration_s
-    sim = r.metrics["iteration_s"]["mean"]
+    sim = r.metrics.iteration_s.mean
     assert abs(sim - pred) <= 0.02 * pred, f"simulated {sim:.3f} s vs predicted {pred:.3f} s"
 
 

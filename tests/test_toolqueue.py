@@ -70,7 +70,7 @@ def test_queued_tools_agree_with_simulator(turns: int, prompts: int, latency: fl
     assert 0 < tool < lockstep  # the calls queue, and the queueing overlaps decoding
     pred = reprice(plan, at_means(plan.spec), Calibration()).iteration_s
     sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
-    got = sim.metrics["iteration_s"]["mean"]
+    got = sim.metrics.iteration_s.mean
     assert abs(got - pred) <= 0.005 * pred, f"simulated {got:.3f} s vs predicted {pred:.3f} s"
 
 
@@ -85,7 +85,7 @@ def test_overprovisioned_queue_can_end_the_stage_sooner() -> None:
     assert _pair(plan)[0] < 0
     pred = reprice(plan, at_means(plan.spec), Calibration()).iteration_s
     sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
-    assert sim.metrics["iteration_s"]["mean"] == pytest.approx(pred, rel=1e-9)
+    assert sim.metrics.iteration_s.mean == pytest.approx(pred, rel=1e-9)
 
 
 def test_no_queue_no_charge() -> None:

@@ -19,14 +19,13 @@ one. The calibration is fitted on this same run (in-sample); for held-out runs s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
-from placer.cost.calibration import calibration_from_dict
+from placer.cost.calibration import write_calibration
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.solve.planfile import save_plan
@@ -62,7 +61,7 @@ def demo(out: Path, job_path: Path, steps: int) -> str:
     _say("[2/6] simulate 3 iterations")
     sim = simulate_plan(plan, iterations=3, seed=plan.resolved().job.seed,
                         trace_path=out / "sim" / "trace.json", plots_dir=out / "sim")
-    _say(f"      simulated step {sim.metrics['iteration_s']['mean']:.3f} s -> {out / 'sim'}/")
+    _say(f"      simulated step {sim.metrics.iteration_s.mean:.3f} s -> {out / 'sim'}/")
 
     _say(f"[3/6] execute {steps} steps on a local embedded Ray (first start takes a while)")
     trace = execute_plan(plan, steps, out / "run", lambda m: _say(f"      {m}"))
@@ -74,18 +73,17 @@ def demo(out: Path, job_path: Path, steps: int) -> str:
     _say(f"      {len(rows)} samples -> {out / 'run' / 'workload.jsonl'}")
 
     _say("[5/6] calibrate (event-level fit, then stage-level)")
-    event_doc = event_profile(plan, trace, str(out / "run" / "trace.json"))
-    doc = stage_calibrate(plan, trace, event_doc)
-    atomic_write_text(out / "profile.json", json.dumps(doc, indent=2))
-    for dev, values in sorted(doc["devices"].items()):
-        _say(f"      {dev}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items())))
+    calib = stage_calibrate(plan, trace, event_profile(plan, trace, str(out / "run" / "trace.json")))
+    write_calibration(calib, out / "profile.json")
+    for dev, values in sorted((calib.overrides.devices or {}).items()):
+        _say(f"      {dev}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted((values or {}).items())))
     _say(f"      -> {out / 'profile.json'}")
 
     _say("[6/6] fidelity: simulate with the run's inputs and the calibration")
-    report, fsim = fidelity(plan, trace, calibration_from_dict(doc), "run/trace.json",
+    report, fsim = fidelity(plan, trace, calib, "run/trace.json",
                             sim_trace_path=out / "fidelity" / "sim_trace.json")
     paths = write_figures(report, fsim, trace, out / "fidelity")
-    atomic_write_text(out / "fidelity" / "report.json", json.dumps(report.to_dict(), indent=2))
+    atomic_write_text(out / "fidelity" / "report.json", report.to_json())
     for line in report.table():
         _say("    " + line)
     _say(f"      figures: {', '.join(str(p) for p in paths)}")

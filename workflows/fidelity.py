@@ -30,7 +30,6 @@ import math
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from placer.base.errors import SpecError
 from placer.base.roles import Role
@@ -42,7 +41,7 @@ from simulator.result import SimResult
 from traces.record import rows_from_trace
 from traces.schema import Trace, TraceEvent
 from traces.workload import write_rows
-from workflows.report import Pair, Report
+from workflows.report import LengthRelation, Lengths, Pair, ReplayInputs, Report
 
 STAGES = ("sync", "rollout", "environment", "score", "train", "checkpoint", "other")
 ENV_GAP_S = 1e-3  # a gap between the rollout and score stages shorter than this is bookkeeping
@@ -148,10 +147,10 @@ def measured_finishes(trace: Trace, rows: list[dict], spans: dict[int, tuple[flo
             for r in rows if (r["step"], str(r["sample_id"])) in done]
 
 
-def _relation(points: list[tuple[int, float, float]]) -> dict[str, Any]:
+def _relation(points: list[tuple[int, float, float]]) -> LengthRelation:
     """Makespan (mean over steps of the last finish) and the least-squares slope s/token."""
     if not points:
-        return {"makespan_s": 0.0, "slope_s_per_token": 0.0, "samples": 0}
+        return LengthRelation(0.0, 0.0, 0)
     last: dict[int, float] = defaultdict(float)
     for step, _, t in points:
         last[step] = max(last[step], t)
@@ -160,9 +159,8 @@ def _relation(points: list[tuple[int, float, float]]) -> dict[str, Any]:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
-    return {"makespan_s": round(sum(last.values()) / len(last), 6),
-            "slope_s_per_token": float(f"{slope:.4g}"), "samples": len(points),
-            "points": [[s, x, round(t, 6)] for s, x, t in points]}
+    return LengthRelation(round(sum(last.values()) / len(last), 6), float(f"{slope:.4g}"),
+                          len(points), tuple((s, x, round(t, 6)) for s, x, t in points))
 
 
 # ------------------------------------------------------------------ the simulated side
@@ -279,11 +277,11 @@ def fidelity(plan: Plan, trace: Trace, calibration: Calibration | None = None,
                                                  + side[s].pop("environment", 0.0))
     names = sorted({r for s in steady for r in (*mrt.get(s, {}), *srt.get(s, {}))})
     roles = {r: Pair(_mean(mrt, steady, r), _mean(srt, steady, r)) for r in names}
-    lengths = {"measured": _relation([p for p in measured_finishes(trace, rows, spans)
-                                      if p[0] in steady]),
-               "simulated": _relation([p for p in simulated_finishes(sim) if p[0] in steady])}
-    inputs = {"samples_replayed": len(rows), "steps": len(steps), "notes": notes,
-              "calibration": "given" if calibration is not None else "the plan's own"}
+    lengths = Lengths(_relation([p for p in measured_finishes(trace, rows, spans)
+                                 if p[0] in steady]),
+                      _relation([p for p in simulated_finishes(sim) if p[0] in steady]))
+    inputs = ReplayInputs(len(rows), len(steps), tuple(notes),
+                          "given" if calibration is not None else "the plan's own")
     report = Report(res.job.name, plan.predicted_iteration_s, pairs, steady, stages, roles,
                     lengths, inputs)
     return report, sim

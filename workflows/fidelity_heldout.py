@@ -32,15 +32,15 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
-from placer.calibrate.fit import fit_trace, profile_doc
-from placer.cost.calibration import calibration_from_dict
+from placer.calibrate.fit import fit_trace, fitted_calibration
+from placer.cost.calibration import write_calibration
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.solve.baselines import colocated, split
@@ -51,6 +51,7 @@ from placer.spec.load import load_job
 from placer.spec.pins import Pin, Pins
 from traces.schema import Trace, read_trace
 from workflows.fidelity import fidelity
+from workflows.report import Pair
 from workflows.stagefit import stage_calibrate
 
 DEFAULT_JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
@@ -120,34 +121,53 @@ def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], No
     return result.trace
 
 
-def event_profile(plan: Plan, trace: Trace, source: str) -> dict[str, Any]:
+def event_profile(plan: Plan, trace: Trace, source: str) -> Calibration:
     """The `placer calibrate` profile of a run (event-level factors)."""
     result = fit_trace(trace, plan, source)
-    return profile_doc(result, plan, {"trace": source, "plan": "plan.json",
-                                      "trace_source": trace.metadata.get("source", "unknown")})
+    return fitted_calibration(result, plan, {"trace": source, "plan": "plan.json",
+                                             "trace_source": trace.metadata.get("source", "unknown")})
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
+    """One run of the held-out table. Its JSON form (heldout.json) rounds to 4 decimals and
+    adds each simulation's error (simulated / measured - 1)."""
+
     run: str
     what: str
     measured_s: float
     event_s: float  # simulated with the event-level profile
     stage_s: float  # simulated with event + stage level
     predicted_s: float  # the plan's own (uncalibrated) prediction
-    stages: dict[str, Any] | None = None  # per stage, measured vs simulated (both levels)
+    stages: dict[str, Pair] = field(default_factory=dict)  # per stage, measured vs simulated
     spread: float = 0.0  # std / mean of the measured steady steps: the run's own noise
     load: float | None = None  # the machine's 1-min load average per core at the run's end
+
+    @property
+    def event_error(self) -> float:
+        """simulated with the event-level profile / measured - 1 (to 4 decimals)"""
+        return round(self.event_s / self.measured_s - 1, 4)
+
+    @property
+    def stage_error(self) -> float:
+        """simulated with both levels / measured - 1 (to 4 decimals)"""
+        return round(self.stage_s / self.measured_s - 1, 4)
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "what": self.what, "measured_s": round(self.measured_s, 4),
                 "predicted_s": round(self.predicted_s, 4),
-                "simulated_event_s": round(self.event_s, 4),
-                "error_event": round(self.event_s / self.measured_s - 1, 4),
-                "simulated_stage_s": round(self.stage_s, 4),
-                "error_stage": round(self.stage_s / self.measured_s - 1, 4),
+                "simulated_event_s": round(self.event_s, 4), "error_event": self.event_error,
+                "simulated_stage_s": round(self.stage_s, 4), "error_stage": self.stage_error,
                 "measured_step_cv": round(self.spread, 4), "load_per_core": self.load,
-                "stages": self.stages or {}}
+                "stages": {k: v.to_dict() for k, v in self.stages.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Row:
+        """The row a `to_dict()` document describes (its errors are recomputed)."""
+        return cls(d["run"], d["what"], d["measured_s"], d["simulated_event_s"],
+                   d["simulated_stage_s"], d["predicted_s"],
+                   {k: Pair.from_dict(v) for k, v in d["stages"].items()},
+                   d["measured_step_cv"], d["load_per_core"])
 
 
 WHAT = {"base": "calibration run (in-sample)", "batch x2": "twice the prompts",
@@ -157,20 +177,17 @@ WHAT = {"base": "calibration run (in-sample)", "batch x2": "twice the prompts",
         "base again": "nothing: the base plan run again, last (drift)"}
 
 
-def table(plans: dict[str, Plan], traces: dict[str, Trace], event_doc: dict, stage_doc: dict,
-          warmup: int = 1) -> list[Row]:
+def table(plans: dict[str, Plan], traces: dict[str, Trace], event: Calibration,
+          stage: Calibration, warmup: int = 1) -> list[Row]:
     rows = []
     for name, plan in plans.items():
-        ev, _ = fidelity(plan, traces[name], calibration_from_dict(event_doc), name,
-                         warmup=warmup)
-        st, _ = fidelity(plan, traces[name], calibration_from_dict(stage_doc), name,
-                         warmup=warmup)
+        ev, _ = fidelity(plan, traces[name], event, name, warmup=warmup)
+        st, _ = fidelity(plan, traces[name], stage, name, warmup=warmup)
         ms = [st.steps[k].measured for k in st.steady]
         mean = sum(ms) / len(ms)
         cv = (sum((m - mean) ** 2 for m in ms) / len(ms)) ** 0.5 / mean
         rows.append(Row(name, WHAT.get(name, ""), st.step.measured, ev.step.simulated,
-                        st.step.simulated, plan.predicted_iteration_s,
-                        {k: v.to_dict() for k, v in st.stages.items()}, cv,
+                        st.step.simulated, plan.predicted_iteration_s, dict(st.stages), cv,
                         _load_per_core(traces[name])))
     return rows
 
@@ -189,12 +206,11 @@ def format_table(rows: list[Row]) -> str:
             "calib.) | error |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
-        d = r.to_dict()
         load = "-" if r.load is None else f"{r.load:.1f}"
         lines.append(f"| {r.run} | {r.what} | {load} | {r.measured_s:.3f} ({r.spread:.0%}) | "
                      f"{r.predicted_s:.3f} | "
-                     f"{r.event_s:.3f} | {d['error_event']:+.1%} | {r.stage_s:.3f} | "
-                     f"{d['error_stage']:+.1%} |")
+                     f"{r.event_s:.3f} | {r.event_error:+.1%} | {r.stage_s:.3f} | "
+                     f"{r.stage_error:+.1%} |")
     return "\n".join(lines)
 
 
@@ -216,11 +232,11 @@ def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
         for name, plan in plans.items():
             note(f"executing {name} ({WHAT.get(name, '')}): {steps} steps")
             traces[name] = execute_plan(plan, steps, out / name.replace(" ", "_"), note)
-    event_doc = event_profile(plans["base"], traces["base"], str(out / "base" / "trace.json"))
-    stage_doc = stage_calibrate(plans["base"], traces["base"], event_doc, warmup)
-    for name, doc in (("profile.event.json", event_doc), ("profile.json", stage_doc)):
-        atomic_write_text(out / name, json.dumps(doc, indent=2))
-    rows = table(plans, traces, event_doc, stage_doc, warmup)
+    event = event_profile(plans["base"], traces["base"], str(out / "base" / "trace.json"))
+    stage = stage_calibrate(plans["base"], traces["base"], event, warmup)
+    write_calibration(event, out / "profile.event.json")
+    write_calibration(stage, out / "profile.json")
+    rows = table(plans, traces, event, stage, warmup)
     atomic_write_text(out / "heldout.json", json.dumps([r.to_dict() for r in rows], indent=2))
     atomic_write_text(out / "heldout.md", format_table(rows) + "\n")
     return rows

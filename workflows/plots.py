@@ -82,10 +82,12 @@ def timelines(measured: Trace, simulated: Trace, step_edges: tuple[list[float], 
 
 def length_finish(report: Report) -> Any:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for side, colour, marker in (("measured", "C3", "o"), ("simulated", "C0", "x")):
-        pts = report.lengths[side].get("points", [])
+    lengths = report.lengths
+    for side, rel, colour, marker in (("measured", lengths.measured, "C3", "o"),
+                                      ("simulated", lengths.simulated, "C0", "x")):
+        pts = rel.points or ()
         ax.scatter([p[1] for p in pts], [p[2] for p in pts], s=16, c=colour, marker=marker,
-                   alpha=0.6, label=f"{side} (makespan {report.lengths[side]['makespan_s']:.3f} s)")
+                   alpha=0.6, label=f"{side} (makespan {rel.makespan_s:.3f} s)")
     ax.set_xlabel("response tokens of the sample")
     ax.set_ylabel("generation finished, s after rollout start")
     ax.set_title(f"{report.job}: rollout length vs finish time (steady steps)", fontsize=10)

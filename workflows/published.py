@@ -40,6 +40,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -266,25 +267,109 @@ DECODE_ROWS: list[DecodeRow] = [
 ]
 
 
-@dataclass
-class Result:
-    """Published beside predicted for one row; error = predicted / published - 1."""
+@dataclass(frozen=True)
+class Versus:
+    """A published time beside the cost model's; error = predicted / published - 1."""
 
-    name: str
     published_s: float
     predicted_s: float
-    stages: dict[str, dict[str, float]] = field(default_factory=dict)
-    fits: bool = True
-    note: str = ""
 
     @property
     def error(self) -> float:
         return self.predicted_s / self.published_s - 1
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        return {"published_s": self.published_s, "predicted_s": self.predicted_s,
+                "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Versus:
+        return cls(d["published_s"], d["predicted_s"])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One named row (a weight-sync or decode anchor): published beside predicted; error =
+    predicted / published - 1."""
+
+    name: str
+    published_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.published_s - 1
+
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "published_s": self.published_s,
-                "predicted_s": self.predicted_s, "error": self.error, "stages": self.stages,
+                "predicted_s": self.predicted_s, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Comparison:
+        return cls(d["name"], d["published_s"], d["predicted_s"])
+
+
+@dataclass(frozen=True)
+class Result(Comparison):
+    """One step-time row: the step and each published stage beside the prediction, and
+    whether the published layout fits the cost model's memory (`note`: why not)."""
+
+    stages: dict[str, Versus] = field(default_factory=dict)
+    fits: bool = True
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "stages": {k: v.to_dict() for k, v in self.stages.items()},
                 "fits": self.fits, "note": self.note}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Result:
+        return cls(d["name"], d["published_s"], d["predicted_s"],
+                   {k: Versus.from_dict(v) for k, v in d["stages"].items()}, d["fits"], d["note"])
+
+
+@dataclass(frozen=True)
+class PublishedReport:
+    """The whole comparison: the step-time rows, the weight-sync rows and the decode anchors,
+    with the median and largest |error|. `to_dict()` is the `--json` document."""
+
+    rows: list[Result]
+    sync: list[Comparison]
+    decode: list[Comparison]
+
+    @property
+    def median_abs_error(self) -> float:
+        return statistics.median(abs(r.error) for r in self.rows)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max(abs(r.error) for r in self.rows)
+
+    @property
+    def sync_median_abs_error(self) -> float:
+        return statistics.median(abs(r.error) for r in self.sync)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [r.to_dict() for r in self.rows],
+                "median_abs_error": self.median_abs_error,
+                "max_abs_error": self.max_abs_error,
+                "sync": [r.to_dict() for r in self.sync],
+                "sync_median_abs_error": self.sync_median_abs_error,
+                "decode": [r.to_dict() for r in self.decode]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PublishedReport:
+        """The report a `to_dict()` document describes (the errors are recomputed)."""
+        return cls([Result.from_dict(r) for r in d["rows"]],
+                   [Comparison.from_dict(r) for r in d["sync"]],
+                   [Comparison.from_dict(r) for r in d["decode"]])
+
+    @classmethod
+    def from_json(cls, text: str) -> PublishedReport:
+        return cls.from_dict(json.loads(text))
 
 
 def _place(px: Pricer, role: str, use: Use) -> Estimate:
@@ -308,14 +393,12 @@ def predict_row(row: Row, calib: Calibration, folder: Path = EXAMPLES) -> Result
         "update": ests[_R.ACTOR].stage_s.get("train", 0.0),
         "sync": bd.sync_s,
     }
-    stages = {k: {"published_s": row.stages[k], "predicted_s": predicted[k],
-                  "error": predicted[k] / row.stages[k] - 1} for k in STAGE_KEYS
-              if k in row.stages}
+    stages = {k: Versus(row.stages[k], predicted[k]) for k in STAGE_KEYS if k in row.stages}
     bad = [f"{e.role}: {e.reason}" for e in ests.values() if not e.feasible]
     return Result(row.name, row.published_s, bd.iteration_s, stages, not bad, "; ".join(bad))
 
 
-def predict_sync(row: SyncRow, calib: Calibration) -> Result:
+def predict_sync(row: SyncRow, calib: Calibration) -> Comparison:
     """One actor -> rollout weight refresh on the row's hardware."""
     job = job_from_dict({
         "name": "sync", "algorithm": "grpo", "models": {"policy": row.model},
@@ -331,63 +414,53 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Result:
     bucket = {"sync_bucket_gb": row.bucket_gb, "sync_sender_gbs": row.sender_gbs}
     calib = Calibration(calib.default.override(bucket),
                         {k: e.override(bucket) for k, e in calib.per_device.items()})
-    return Result(row.name, row.published_s, Pricer(res, calib).sync_time(a, r))
+    return Comparison(row.name, row.published_s, Pricer(res, calib).sync_time(a, r))
 
 
-def predict_decode(row: DecodeRow, calib: Calibration) -> Result:
+def predict_decode(row: DecodeRow, calib: Calibration) -> Comparison:
     """One decode step of the anchor's batch (the engine's per-step time)."""
     devs, models = shipped_devices(), shipped_models()
     dev, m = devs[row.device], row.arch or models[row.model]
     t = decode_step_time(m, dev, Parallel(tp=row.tp), row.batch, row.batch * row.context,
                          calib.for_device(dev))
-    return Result(row.name, row.published_s, t)
+    return Comparison(row.name, row.published_s, t)
 
 
-def fidelity(calib: Calibration | None = None, folder: Path = EXAMPLES) -> dict[str, Any]:
-    """The whole comparison as one JSON-ready document."""
+def fidelity(calib: Calibration | None = None, folder: Path = EXAMPLES) -> PublishedReport:
+    """The whole comparison (its `to_dict()`: the `--json` document)."""
     calib = calib or Calibration()
-    rows = [predict_row(r, calib, folder) for r in ROWS]
-    syncs = [predict_sync(r, calib) for r in SYNC_ROWS]
-    errs = [abs(r.error) for r in rows]
-    serrs = [abs(r.error) for r in syncs]
-    decodes = [predict_decode(r, calib) for r in DECODE_ROWS]
-    return {"rows": [r.as_dict() for r in rows],
-            "median_abs_error": statistics.median(errs),
-            "max_abs_error": max(errs),
-            "sync": [{k: v for k, v in r.as_dict().items() if k not in ("stages", "fits", "note")}
-                     for r in syncs],
-            "sync_median_abs_error": statistics.median(serrs),
-            "decode": [{k: v for k, v in r.as_dict().items()
-                        if k not in ("stages", "fits", "note")} for r in decodes]}
+    return PublishedReport([predict_row(r, calib, folder) for r in ROWS],
+                           [predict_sync(r, calib) for r in SYNC_ROWS],
+                           [predict_decode(r, calib) for r in DECODE_ROWS])
 
 
 def _pct(x: float) -> str:
     return f"{x * 100:+.0f}%" if math.isfinite(x) else "n/a"
 
 
-def render(doc: dict[str, Any]) -> str:
+def render(doc: PublishedReport) -> str:
     lines = [f"{'row':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}   stages "
              "(published/predicted s, error)"]
-    for r in doc["rows"]:
-        st = ", ".join(f"{k} {v['published_s']:.0f}/{v['predicted_s']:.0f} {_pct(v['error'])}"
-                       for k, v in r["stages"].items())
-        flag = "" if r["fits"] else f"  [does not fit: {r['note']}]"
-        lines.append(f"{r['name']:44s} {r['published_s']:9.1f} {r['predicted_s']:9.1f} "
-                     f"{_pct(r['error']):>6s}   {st}{flag}")
-    lines.append(f"median |error| {doc['median_abs_error'] * 100:.1f}% over {len(doc['rows'])} "
-                 f"rows, max {doc['max_abs_error'] * 100:.1f}%")
+    for r in doc.rows:
+        st = ", ".join(f"{k} {v.published_s:.0f}/{v.predicted_s:.0f} {_pct(v.error)}"
+                       for k, v in r.stages.items())
+        flag = "" if r.fits else f"  [does not fit: {r.note}]"
+        lines.append(f"{r.name:44s} {r.published_s:9.1f} {r.predicted_s:9.1f} "
+                     f"{_pct(r.error):>6s}   {st}{flag}")
+    lines.append(f"median |error| {doc.median_abs_error * 100:.1f}% over {len(doc.rows)} "
+                 f"rows, max {doc.max_abs_error * 100:.1f}%")
     lines.append("")
     lines.append(f"{'weight sync':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}")
-    for r in doc["sync"]:
-        lines.append(f"{r['name']:44s} {r['published_s']:9.2f} {r['predicted_s']:9.2f} "
-                     f"{_pct(r['error']):>6s}")
-    lines.append(f"median |error| {doc['sync_median_abs_error'] * 100:.1f}% over "
-                 f"{len(doc['sync'])} sync rows")
+    for s in doc.sync:
+        lines.append(f"{s.name:44s} {s.published_s:9.2f} {s.predicted_s:9.2f} "
+                     f"{_pct(s.error):>6s}")
+    lines.append(f"median |error| {doc.sync_median_abs_error * 100:.1f}% over "
+                 f"{len(doc.sync)} sync rows")
     lines.append("")
     lines.append(f"{'decode step (ms)':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}")
-    for r in doc["decode"]:
-        lines.append(f"{r['name']:44s} {r['published_s'] * 1e3:9.2f} "
-                     f"{r['predicted_s'] * 1e3:9.2f} {_pct(r['error']):>6s}")
+    for d in doc.decode:
+        lines.append(f"{d.name:44s} {d.published_s * 1e3:9.2f} "
+                     f"{d.predicted_s * 1e3:9.2f} {_pct(d.error):>6s}")
     return "\n".join(lines)
 
 
@@ -402,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    print(doc.to_json() if args.json else render(doc))
     return 0
 
 

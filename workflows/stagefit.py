@@ -32,12 +32,8 @@ It needs the simulator, hence lives here (workflows) rather than in placer/calib
 """
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 from placer.base.roles import Role
-from placer.cost.calibration import calibration_from_dict
-from placer.cost.efficiency import Efficiency
+from placer.cost.efficiency import Calibration, FitReport, StageReport
 from placer.cost.rulecheck import uses_sandbox
 from placer.solve.planfile import Plan
 from traces.schema import Trace
@@ -51,20 +47,19 @@ STAGE_FACTORS = (("sync", Role.ROLLOUT, "sync_latency_s"),
 NEWTON_STEPS = 4
 
 
-def _set(doc: dict[str, Any], device: str, name: str, value: float) -> None:
-    doc.setdefault("devices", {}).setdefault(device, {})[name] = float(f"{value:.6g}")
+def _set(calib: Calibration, device: str, name: str, value: float) -> Calibration:
+    return calib.with_factor(device, name, float(f"{value:.6g}"))
 
 
-def _get(doc: dict[str, Any], device: str, name: str) -> float:
-    cal = calibration_from_dict({k: v for k, v in doc.items() if k != "fit"})
-    return getattr(cal.per_device.get(device, cal.default or Efficiency()), name)
+def _get(calib: Calibration, device: str, name: str) -> float:
+    value: float = getattr(calib.per_device.get(device, calib.default), name)
+    return value
 
 
-def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int = 1
-                 ) -> tuple[dict, dict]:
+def _stage_means(plan: Plan, trace: Trace, calib: Calibration, warmup: int = 1
+                 ) -> tuple[dict[str, float], dict[str, float]]:
     """Measured and simulated stage seconds (steady mean), environment in score, other in train."""
-    rep, _ = fidelity(plan, trace, calibration_from_dict({k: v for k, v in doc.items()
-                                                          if k != "fit"}), warmup=warmup)
+    rep, _ = fidelity(plan, trace, calib, warmup=warmup)
     m = {k: v.measured for k, v in rep.stages.items()}
     s = {k: v.simulated for k, v in rep.stages.items()}
     for side in (m, s):  # the environment's work is priced as the rule check in `score`
@@ -73,14 +68,13 @@ def _stage_means(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int = 1
     return m, s
 
 
-def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int = 1
-                    ) -> dict[str, Any]:
-    """`doc` (a profile) plus the stage-level factors (module docstring), with a `fit.stages`
+def stage_calibrate(plan: Plan, trace: Trace, calib: Calibration, warmup: int = 1
+                    ) -> Calibration:
+    """`calib` (a profile) plus the stage-level factors (module docstring), with a `fit.stages`
     section saying what each was fitted from. `trace` must be an executed run of `plan`; its
     first `warmup` steps are not fitted (`workflows.fidelity.fidelity`)."""
-    doc = copy.deepcopy(doc)
     res = plan.resolved()
-    report: dict[str, Any] = {}
+    report: dict[str, StageReport] = {}
     for stage, role, name in STAGE_FACTORS:
         if role not in plan.roles:
             continue
@@ -89,25 +83,23 @@ def stage_calibrate(plan: Plan, trace: Trace, doc: dict[str, Any], warmup: int =
             name = "sandbox_batch_s"  # the kind of check this job runs (placer.cost.rulecheck)
         identified = True
         for k in range(NEWTON_STEPS):
-            measured, simulated = _stage_means(plan, trace, doc, warmup)
+            measured, simulated = _stage_means(plan, trace, calib, warmup)
             resid = measured.get(stage, 0.0) - simulated.get(stage, 0.0)
-            x = _get(doc, dev, name)
+            x = _get(calib, dev, name)
             if abs(resid) <= 1e-3 * max(measured.get(stage, 0.0), 1e-9):
                 break
             h = max(abs(x) * 0.1, 1e-3)
-            probe = copy.deepcopy(doc)
-            _set(probe, dev, name, x + h)
+            probe = _set(calib, dev, name, x + h)
             slope = (_stage_means(plan, trace, probe, warmup)[1].get(stage, 0.0)
                      - simulated.get(stage, 0.0)) / h
             if slope <= 0:  # the stage does not move with this factor here: keep it
                 identified = k > 0
                 break
-            _set(doc, dev, name, max(x + resid / slope, 0.0))
+            calib = _set(calib, dev, name, max(x + resid / slope, 0.0))
         if not identified:  # e.g. tool calls in a job that makes none: nothing to report
             continue
-        measured, simulated = _stage_means(plan, trace, doc, warmup)
-        report[f"{dev}.{name}"] = {"stage": stage, "value": _get(doc, dev, name),
-                                   "measured_s": round(measured.get(stage, 0.0), 6),
-                                   "simulated_s": round(simulated.get(stage, 0.0), 6)}
-    doc.setdefault("fit", {})["stages"] = report
-    return doc
+        measured, simulated = _stage_means(plan, trace, calib, warmup)
+        report[f"{dev}.{name}"] = StageReport(stage=stage, value=_get(calib, dev, name),
+                                              measured_s=round(measured.get(stage, 0.0), 6),
+                                              simulated_s=round(simulated.get(stage, 0.0), 6))
+    return calib.with_fit((calib.fit or FitReport()).with_stages(report))

@@ -133,7 +133,7 @@ def _simulated(plan: Plan, knob: str, value: Any, iterations: int | None,
         st = steady_state(sim)
     return _row(plan, knob, value, st.samples_per_s) | {
         "simulated_s": round(st.iteration_s, 3),
-        "p99_s": round(sim.metrics["iteration_s"]["p99"], 3),
+        "p99_s": round(sim.metrics.iteration_s.p99, 3),
         "ci95_s": None if st.ci95_s is None else [round(x, 3) for x in st.ci95_s],
         "converged": st.converged, "iterations": st.iterations}
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -53,8 +53,8 @@ from placer.calibrate.fit_events import (
     switch_off,
 )
 from placer.calibrate.fit_rule import fit_rule_factors
-from placer.cost.efficiency import Efficiency
-from placer.solve.planfile import Plan
+from placer.cost.efficiency import SECTIONS, Calibration, Efficiency, FitReport, Overrides
+from placer.solve.planfile import Plan, calibration_of
 from traces.schema import Trace, TraceEvent
 
 FITTED_CATEGORIES = (*GROUP_OF, "tool")
@@ -380,19 +380,23 @@ def fit_trace(trace: Trace, plan: Plan, source: str = "trace", min_events: int =
 
 
 # ---------------------------------------------------------------------------------- profile
-def profile_doc(result: FitResult, plan: Plan, provenance: dict[str, Any]) -> dict[str, Any]:
-    """A calibration profile (placer/cost/calibration.py format): the plan's own calibration, with the
-    fitted factors per device type on top, and a `fit` section that says how good each one is."""
-    prior = plan.calibration or {}
-    devices = {name: dict(v or {}) for name, v in (prior.get("devices") or {}).items()}
+def fitted_calibration(result: FitResult, plan: Plan, provenance: Mapping[str, str]
+                       ) -> Calibration:
+    """The calibration profile of a fit: the plan's own calibration, with the fitted factors per
+    device type on top, and a `fit` report (`FitReport`) that says where they came from
+    (`provenance`: trace, plan, trace_source, method) and how good each one is."""
+    prior = calibration_of(plan).overrides
+    devices = {name: dict(v or {}) for name, v in (prior.devices or {}).items()}
     for dev, values in result.fitted().items():
         devices.setdefault(dev, {}).update(values)
-    fit: dict[str, Any] = {**provenance, "counts": dict(sorted(result.counts.items())),
-                           "factors": {}, "groups": result.groups}
+    factors: dict[str, dict[str, Any]] = {}
     for f in result.factors:
-        fit["factors"].setdefault(f.device, {})[f.name] = f.to_dict()
+        factors.setdefault(f.device, {})[f.name] = f.to_dict()
+    fit: dict[str, Any] = {**provenance, "counts": dict(sorted(result.counts.items())),
+                           "factors": factors, "groups": result.groups}
     if result.tool is not None:
         fit["tool_latency_s"] = result.tool.to_dict()
     if result.skipped:
         fit["skipped"] = dict(sorted(result.skipped.items()))
-    return {"default": dict(prior.get("default") or {}), "devices": devices, "fit": fit}
+    return Calibration.of(Overrides(dict(prior.default or {}), devices, SECTIONS),
+                          FitReport.from_dict(fit))

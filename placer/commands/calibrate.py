@@ -16,18 +16,17 @@ it: `plan` (the plan document itself) or `plan_path` (a path, relative to the tr
 from __future__ import annotations
 
 import argparse
-import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from placer.base.errors import SpecError
-from placer.base.fileio import atomic_write_text
 from placer.base.inputs import SpecErrors, check_output
-from placer.calibrate.fit import MEASURED, FitResult, fit_trace, profile_doc
+from placer.calibrate.fit import MEASURED, FitResult, fit_trace, fitted_calibration
 from placer.cli import emit_json, note
+from placer.cost.calibration import write_calibration
+from placer.cost.efficiency import StageReport
 from placer.solve.planfile import Plan, check_plan, load_plan
 from placer.spec.errorlines import validation_lines
 from traces.schema import Trace, read_trace
@@ -66,12 +65,6 @@ def plan_for(trace: Trace, trace_path: str, plan_path: str | None) -> tuple[Plan
     raise SpecError(f"{trace_path}: metadata names no plan (plan or plan_path); pass --plan PLAN.json")
 
 
-def write_profile(doc: dict[str, Any], path: str | Path) -> None:
-    p = Path(path)
-    text = json.dumps(doc, indent=2) if p.suffix == ".json" else yaml.safe_dump(doc, sort_keys=False)
-    atomic_write_text(p, text)
-
-
 def table(result: FitResult) -> list[str]:
     width = max([18, *(len(f.name) for f in result.factors)])  # the longest factor's name
     lines = [f"  {'device':<12} {'factor':<{width}} {'prior':>10} {'fitted':>10} {'rel RMS':>8} "
@@ -96,12 +89,12 @@ def executed_run(trace: Trace) -> bool:
     return trace.metadata.get("source") == "execute" and {"step", "stage"} <= cats
 
 
-def stage_table(stages: dict[str, Any]) -> list[str]:
+def stage_table(stages: Mapping[str, StageReport]) -> list[str]:
     """The stage-level factors: which stage each was fitted on, measured vs simulated after."""
     lines = [f"  {'stage factor':<30} {'stage':<8} {'fitted':>10} {'measured s':>11} "
              f"{'simulated s':>11}"]
-    lines += [f"  {name:<30} {f['stage']:<8} {f['value']:>10.4g} {f['measured_s']:>11.4f} "
-              f"{f['simulated_s']:>11.4f}" for name, f in stages.items()]
+    lines += [f"  {name:<30} {f.stage:<8} {f.value:>10.4g} {f.measured_s:>11.4f} "
+              f"{f.simulated_s:>11.4f}" for name, f in stages.items()]
     return lines if stages else ["  stage factors: none identifiable from this run"]
 
 
@@ -115,23 +108,21 @@ def run(args: argparse.Namespace) -> int:
                   "trace_source": trace.metadata.get("source", "unknown"),
                   "method": "weighted least squares on (cost model at factor 1, measured) pairs, "
                             "relative residuals; see placer/calibrate/fit.py"}
-    doc = profile_doc(result, plan, provenance)
+    calib = fitted_calibration(result, plan, provenance)
     staged = not args.events_only and executed_run(trace)
     if staged:
         from workflows.stagefit import stage_calibrate  # lazy: the simulator
-        doc = stage_calibrate(plan, trace, doc)
-        provenance["method"] += "; stage factors by Newton steps on the simulator, see " \
-                                "workflows/stagefit.py"
-    write_profile(doc, out)
+        calib = stage_calibrate(plan, trace, calib)
+    write_calibration(calib, out)
     if args.json:
-        emit_json({"profile": str(out), **doc})
+        emit_json({"profile": str(out), **calib.to_dict()})
         return 0
     note(f"calibrated from {args.trace} ({sum(result.counts.values())} events; plan: {plan_src})")
     print("\n".join(table(result)))
     for why, n in sorted(result.skipped.items()):
         print(f"  skipped {n} event(s): {why}")
-    if staged:
-        print("\n".join(stage_table(doc["fit"].get("stages", {}))))
+    if staged and calib.fit is not None:
+        print("\n".join(stage_table(calib.fit.stages)))
     elif not args.events_only:
         note("stage fit skipped: not an executed run (metadata source "
              f"{trace.metadata.get('source', 'unknown')!r}, or no step and stage events)")

@@ -23,7 +23,9 @@ from placer.base.errors import SpecError
 from placer.cli import emit_json
 from placer.commands.plan import add_solver_arguments, load_inputs
 from placer.commands.simulate import add_steady_arguments, steady_targets
+from placer.cost.efficiency import Calibration
 from placer.solve.planfile import Plan
+from placer.spec.catalog import Resolved
 
 if TYPE_CHECKING:
     from simulator.steady import SteadyState
@@ -81,18 +83,19 @@ def _devices(placed: str) -> str:
     return "+".join(part.split(" ")[0] for part in placed.split(" [")[0].split(" + "))
 
 
-def plans_for(res, calib, args, cdoc) -> dict[str, Plan | None]:
-    """The ILP's plan and every baseline's, all through `assemble`."""
+def plans_for(res: Resolved, calib: Calibration, args: argparse.Namespace
+              ) -> dict[str, Plan | None]:
+    """The ILP's plan and every baseline's, all through `assemble` (each records `calib`)."""
     from placer.cost.pricer import Pricer
     from placer.solve.baselines import baseline_assignments
     from placer.solve.planner import build_problem, plan_assignment, plan_job
 
     ilp = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, objective=args.objective,
-                   workers=args.workers, seed=args.seed, calibration_doc=cdoc)
+                   workers=args.workers, seed=args.seed)
     problem = build_problem(Pricer(res, calib), args.objective)
     out: dict[str, Plan | None] = {"ilp": ilp}
     for name, a in baseline_assignments(problem).items():
-        out[name] = None if a is None else plan_assignment(problem, a, name, cdoc)
+        out[name] = None if a is None else plan_assignment(problem, a, name)
     return out
 
 
@@ -101,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--sim-seed: must be >= 0 (got {args.sim_seed})")
     simulate = _simulator(args) if args.simulate else None
     seen: dict[str, SteadyState] = {}
-    res, calib, cdoc = load_inputs(args)
-    plans = plans_for(res, calib, args, cdoc)
+    res, calib = load_inputs(args)
+    plans = plans_for(res, calib, args)
     base = plans["ilp"]
     assert base is not None, "plan_job returns a plan or raises Infeasible"
     rows: dict[str, dict[str, Any]] = {}

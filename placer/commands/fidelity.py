@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     calib = load_calibration(args.calibration) if args.calibration else None
     report, sim = fidelity(plan, trace, calib, args.trace, sim_trace_path=args.sim_trace)
-    for n in report.inputs["notes"]:
+    for n in report.inputs.notes if report.inputs is not None else ():
         note(f"note: {n}")
     if args.plots:
         paths = write_figures(report, sim, trace, args.plots)

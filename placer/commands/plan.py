@@ -25,10 +25,11 @@ from placer.base.fileio import atomic_write_text
 from placer.base.inputs import check_output
 from placer.cli import emit_json, note
 from placer.cost.calibration import load_calibration
+from placer.cost.efficiency import Calibration
 from placer.solve.planfile import dumps
 from placer.solve.render import render_frontier, render_plan
-from placer.spec.catalog import resolve
-from placer.spec.load import load_job, read_structured
+from placer.spec.catalog import Resolved, resolve
+from placer.spec.load import load_job
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,13 +69,10 @@ def check_solver_arguments(args: argparse.Namespace) -> None:
         raise SpecError(f"--points: a frontier needs 2 to 100 points (got {args.points})")
 
 
-def load_inputs(args: argparse.Namespace):
-    """(resolved job, calibration, calibration document) from the command line."""
+def load_inputs(args: argparse.Namespace) -> tuple[Resolved, Calibration]:
+    """(resolved job, calibration profile) from the command line."""
     check_solver_arguments(args)
-    res = resolve(load_job(args.job), args.job)
-    calib = load_calibration(args.calibration)
-    doc = read_structured(args.calibration) if args.calibration else None
-    return res, calib, doc
+    return resolve(load_job(args.job), args.job), load_calibration(args.calibration)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_output(args.output, "--output")  # before the solve, not after it
     check_plot(args)
-    res, calib, cdoc = load_inputs(args)
+    res, calib = load_inputs(args)
     if args.sweep:
         plans = sweep_job(Pricer(res, calib), time_limit_s=args.time_limit, max_points=args.points,
-                          workers=args.workers, seed=args.seed, calibration_doc=cdoc)
+                          workers=args.workers, seed=args.seed)
         doc: Any = {"frontier": [p.model_dump(mode="json") for p in plans]}
         _write(args, dumps(doc))
         if args.json:
@@ -95,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
             print(render_frontier(plans))
         return 0
     plan = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, objective=args.objective,
-                    workers=args.workers, seed=args.seed, calibration_doc=cdoc)
+                    workers=args.workers, seed=args.seed)
     out: Any = plan.model_dump(mode="json")
     text = None
     if args.explain:
         from placer.solve.explain import explain, render
         ex = explain(plan, Pricer(res, calib), time_limit_s=min(args.time_limit, 5.0))
-        out, text = {"plan": out, "explain": ex}, render(ex)
+        out, text = {"plan": out, "explain": ex.to_dict()}, render(ex)
     _write(args, plan.to_json())  # -o is always a plan that `simulate`/`execute` read
     if args.plot:
         from placer import plots  # matplotlib only when a figure is asked for

@@ -90,9 +90,8 @@ def run(args: argparse.Namespace) -> int:
     nodes = new_node_counts(job, args.lost, args.added)
     res = with_nodes(job, nodes, "replan")
     move = args.move_cost if args.move_cost is not None else 0.02 * old.predicted_iteration_s
-    calib = calibration_of(old)
-    new = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, hint=old, move_cost_s=move,
-                   workers=args.workers, calibration_doc=old.calibration)
+    new = plan_job(Pricer(res, calibration_of(old)), time_limit_s=args.time_limit, hint=old,
+                   move_cost_s=move, workers=args.workers)
     moved = {role: m.to_dict() for role, m in moves(old, new).items()}
     if args.output:
         save_plan(new, args.output)

@@ -15,13 +15,17 @@ from __future__ import annotations
 # module to build `placer --help`, and a command pays only for what it runs.
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from placer.base.errors import SpecError
 from placer.base.inputs import check_output
 from placer.cli import emit_json, note
 from placer.cost.calibration import load_calibration
 from placer.spec.load import read_structured
+
+if TYPE_CHECKING:
+    from simulator.metrics import SimMetrics
+    from simulator.steady import SteadyState
 
 POLICY_ITERATIONS = 1  # --compare-policies without --iterations (one run per policy)
 
@@ -102,13 +106,12 @@ def run(args: argparse.Namespace) -> int:
                                    config=cfg, trace_path=args.trace, calibration=calib,
                                    workload=args.workload, on_iteration=tick)
             st = steady_state(result, rel_ci)
-    metrics = {**result.metrics, "steady_state": st.to_dict()}
     if args.trace:
         note(f"trace: {args.trace} ({len(result.trace.events)} events)")
-    if args.json:
-        emit_json(metrics)
+    if args.json:  # the metrics' JSON form, the steady state beside them
+        emit_json({**result.metrics.to_dict(), "steady_state": st.to_dict()})
     else:
-        _print(metrics, st.describe())
+        _print(result.metrics, st)
     if args.plots:  # the numbers first: figures of a large run take a few seconds
         sys.stdout.flush()
         note(f"figures: writing {args.plots}/ ({len(result.trace.events):,} events) ...")
@@ -118,27 +121,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(m: dict[str, Any], steady: str) -> None:
-    it, ss = m["iteration_s"], m["steady_state"]
-    print(f"{m['iterations']} iteration(s), {m['mode']} mode")
-    print(f"  steady state {steady}")
-    rate_ci = ss["samples_per_s_ci95"]
-    print(f"               {ss['samples_per_s']:.2f} samples/s" + (
+def _print(m: SimMetrics, ss: SteadyState) -> None:
+    it, predicted = m.iteration_s, m.predicted_iteration_s
+    print(f"{m.iterations} iteration(s), {m.mode} mode")
+    print(f"  steady state {ss.describe()}")
+    rate_ci = ss.samples_per_s_ci95
+    print(f"               {ss.samples_per_s:.2f} samples/s" + (
         f" (95% CI {rate_ci[0]:.2f}..{rate_ci[1]:.2f})" if rate_ci else "") +
-        f", {(ss['iteration_s'] - m['predicted_iteration_s']) / m['predicted_iteration_s']:+.1%}"
-        " vs predicted")
-    print(f"  iteration    mean {it['mean']:.3f} s  p50 {it['p50']:.3f} s  p99 {it['p99']:.3f} s"
-          f"  (predicted {m['predicted_iteration_s']:.3f} s, {m['error_vs_predicted']:+.1%})")
-    print(f"  throughput   {m['samples_per_s']:.2f} samples/s, {m['tokens_per_s']:.0f} tokens/s")
-    print(f"  wall         {m['wall_s']:.1f} s, goodput {m['goodput']:.3f}, "
-          f"{m['failures']} failure(s), bubble {m['bubble_s']:.2f} s/iteration")
-    print("  utilization  " + ", ".join(f"{k} {v:.0%}" for k, v in
-                                       m["utilization"]["pool"].items()))
-    print("  role time    " + ", ".join(f"{k} {v:.2f} s" for k, v in m["role_s"].items()))
-    w = m["why"]
-    print(f"  why          long tail {w['long_tail_s']:.2f} s, tool queueing "
-          f"{w['queueing_s']:.2f} s/sample, link contention {w['link_contention_s']:.2f} s, "
-          f"slowest device x{w['max_slowdown']:.2f} -> {w['dominant']}")
+        f", {(ss.iteration_s - predicted) / predicted:+.1%} vs predicted")
+    print(f"  iteration    mean {it.mean:.3f} s  p50 {it.p50:.3f} s  p99 {it.p99:.3f} s"
+          f"  (predicted {predicted:.3f} s, {m.error_vs_predicted:+.1%})")
+    print(f"  throughput   {m.samples_per_s:.2f} samples/s, {m.tokens_per_s:.0f} tokens/s")
+    print(f"  wall         {m.wall_s:.1f} s, goodput {m.goodput:.3f}, "
+          f"{m.failures} failure(s), bubble {m.bubble_s:.2f} s/iteration")
+    print("  utilization  " + ", ".join(f"{k} {v:.0%}" for k, v in m.utilization.pool.items()))
+    print("  role time    " + ", ".join(f"{k} {v:.2f} s" for k, v in m.role_s.items()))
+    w = m.why
+    print(f"  why          long tail {w.long_tail_s:.2f} s, tool queueing "
+          f"{w.queueing_s:.2f} s/sample, link contention {w.link_contention_s:.2f} s, "
+          f"slowest device x{w.max_slowdown:.2f} -> {w.dominant}")
 
 
 def _compare(args: argparse.Namespace, cfg, calib) -> int:

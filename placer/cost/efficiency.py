@@ -1,15 +1,37 @@
 """Efficiency factors: the achieved fractions of peak and the fixed overheads the cost model
-multiplies its first-principles work by.
+multiplies its first-principles work by, and the calibration profile that overrides them.
 
-Every factor is a named field with a default from a public source; docs/cost-model.md lists each
-with its value, unit, source and how `placer calibrate` refits it (tests/test_cost_model_doc.py
-keeps that table and these fields in step). A calibration profile (`placer.cost.calibration`)
-overrides them per device type, and `Calibration.for_device` picks the set a device type runs
-with.
+Every factor is a named field of `Efficiency` with a default from a public source;
+docs/cost-model.md lists each with its value, unit, source and how `placer calibrate` refits it
+(tests/test_cost_model_doc.py keeps that table and these fields in step).
+
+`Calibration` is the one type of a calibration profile, wherever it travels (a profile file, a
+plan's `calibration`, the pricing context, `placer calibrate`'s output): the factor sets it
+resolves to per device type (`for_device` picks the set a device type runs with), the factors
+as the profile wrote them (`overrides`), and how `placer calibrate` fitted them (`fit`, a
+`FitReport`). Its JSON/YAML form (`to_dict()`) is the profile document, exactly as it was read
+or written (`placer.cost.calibration` reads it, with one message per mistake):
+
+    default: {mfu_train: 0.35, decode_bw_eff: 0.6}
+    devices:
+      H100-SXM: {mfu_train: 0.45}
+    fit: {...}                      # placer calibrate's report (FitReport)
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from typing import Any, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidatorFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from placer.spec.hardware import DeviceType
 
@@ -78,12 +100,195 @@ class Efficiency:
         return replace(self, **values)
 
 
+Factors = Mapping[str, float]  # factor name -> value, as a profile writes it (an int stays one)
+SECTIONS = ("default", "devices", "fit")  # the keys of a profile document
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """The factors a profile sets, as its document wrote them: `default` (every device type)
+    and `devices` (per device type, on top of `default`), each None where the document said
+    `null`, and the document's keys in its order (`SECTIONS`), so that writing a profile back
+    gives the text it was read from."""
+
+    default: Factors | None = None
+    devices: Mapping[str, Factors | None] | None = None
+    keys: tuple[str, ...] = ("default", "devices")
+
+    def resolve(self) -> tuple[Efficiency, dict[str, Efficiency]]:
+        """The factor sets they give: (every device type's, per device type). KeyError naming
+        an unknown factor."""
+        default = Efficiency().override({k: float(v) for k, v in (self.default or {}).items()})
+        return default, {name: default.override({k: float(v) for k, v in (f or {}).items()})
+                         for name, f in (self.devices or {}).items()}
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """Per-device-type efficiency overrides (fitted from traces by `placer calibrate`)."""
+    """A calibration profile: per-device-type efficiency overrides (fitted from traces by
+    `placer calibrate`, or written by hand) and, for a fitted one, how (`fit`). See the module
+    docstring; `to_dict()` is its document."""
 
     default: Efficiency = field(default_factory=Efficiency)
     per_device: dict[str, Efficiency] = field(default_factory=dict)
+    fit: FitReport | None = None
+    # the document's own spelling of its overrides (`Overrides`); None for factors set in code,
+    # whose `overrides` are the fields that differ from the defaults
+    written: Overrides | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, overrides: Overrides, fit: FitReport | None = None) -> Calibration:
+        """The profile with these overrides (KeyError naming an unknown factor)."""
+        default, per_device = overrides.resolve()
+        keys = overrides.keys if fit is None or "fit" in overrides.keys else (
+            *overrides.keys, "fit")
+        return cls(default, per_device, fit, replace(overrides, keys=keys))
 
     def for_device(self, dev: DeviceType) -> Efficiency:
         return self.per_device.get(dev.name, self.default)
+
+    @property
+    def is_default(self) -> bool:
+        """The shipped factors and nothing else, not read from a profile: what a plan made
+        without a profile records (its `calibration` is null)."""
+        return (self.written is None and self.fit is None and not self.per_device
+                and self.default == Efficiency())
+
+    @property
+    def overrides(self) -> Overrides:
+        """The factors this profile sets: as its document wrote them, else (set in code) every
+        factor that differs from the defaults, per device type from `default`."""
+        if self.written is not None and self.written.resolve() == (self.default, self.per_device):
+            return self.written
+        base = Efficiency()
+        return Overrides(_differing(self.default, base),
+                         {name: _differing(e, self.default) for name, e in self.per_device.items()},
+                         ("default", "devices") + (("fit",) if self.fit is not None else ()))
+
+    def with_factor(self, device: str, name: str, value: float) -> Calibration:
+        """The profile with one device type's factor set (added to its `devices` section)."""
+        o = self.overrides
+        devices = dict(o.devices or {})
+        devices[device] = {**(devices.get(device) or {}), name: value}
+        keys = o.keys if "devices" in o.keys else (*o.keys, "devices")
+        return Calibration.of(Overrides(o.default, devices, keys), self.fit)
+
+    def with_fit(self, fit: FitReport) -> Calibration:
+        return Calibration.of(self.overrides, fit)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile document (`placer.cost.calibration` reads it back to an equal profile)."""
+        o = self.overrides
+        values: dict[str, Any] = {
+            "default": None if o.default is None else dict(o.default),
+            "devices": None if o.devices is None else {
+                k: None if v is None else dict(v) for k, v in o.devices.items()},
+            "fit": None if self.fit is None else self.fit.to_dict()}
+        keys = o.keys if self.fit is None or "fit" in o.keys else (*o.keys, "fit")
+        return {k: values[k] for k in keys}
+
+
+def _differing(e: Efficiency, base: Efficiency) -> dict[str, float]:
+    return {f.name: getattr(e, f.name) for f in fields(e)
+            if getattr(e, f.name) != getattr(base, f.name)}
+
+
+# ------------------------------------------------------------------- the fit report
+class _AsWritten(BaseModel):
+    """A section of a profile's `fit` report: typed where `placer calibrate` writes it, other
+    keys kept; written back with the keys it was given, in their order."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    _keys: tuple[str, ...] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_keys(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        made = handler(data)
+        if isinstance(data, Mapping) and made is not data:
+            made._keys = tuple(data)
+        return made
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        keys = self._keys if self._keys is not None else tuple(out)
+        return {k: out[k] for k in keys if k in out}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.model_dump(mode="python")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        return cls.model_validate(data)
+
+
+class FactorReport(_AsWritten):
+    """One factor on one device type: fitted (or measured), or why it kept its prior."""
+
+    value: float
+    prior: float
+    events: int
+    """events where its term is at least 1% of the time"""
+    rel_rms: float | None
+    """relative RMS of the residuals over those events (None: not fitted)"""
+    rel_stderr: float | None
+    """relative standard error from the least-squares covariance (None: not fitted)"""
+    status: str  # "fitted", where a measured value came from, or "prior: <why it kept it>"
+
+
+class GroupReport(_AsWritten):
+    """One group of unknowns fitted together on one device type (`fit_events.GROUPS`)."""
+
+    events: int
+    rel_rms: float
+
+
+class ToolLatencyReport(_AsWritten):
+    """The tool calls' latency distribution fitted to the tool events."""
+
+    distribution: dict[str, str | float]
+    """a length distribution of the job format: lognormal (median, sigma) or fixed (value)"""
+    events: int
+    ks: float
+    """Kolmogorov-Smirnov distance to the empirical distribution"""
+    mean_measured_s: float
+    mean_fitted_s: float
+
+
+class StageReport(_AsWritten):
+    """A stage-level factor (workflows/stagefit.py): the stage it was fitted on, its value and
+    the stage's measured and simulated seconds after the fit."""
+
+    stage: str
+    value: float
+    measured_s: float
+    simulated_s: float
+
+
+class FitReport(_AsWritten):
+    """How `placer calibrate` fitted a profile: where from (the provenance keys), the events it
+    used, each factor, each group, the tool latency, what it skipped and the stage factors."""
+
+    trace: str | None = None
+    plan: str | None = None
+    trace_source: str | None = None
+    method: str | None = None
+    counts: dict[str, int] = {}
+    """events used per "category@device type" (and "tool")"""
+    factors: dict[str, dict[str, FactorReport]] = {}
+    """device type -> factor -> its fit"""
+    groups: dict[str, GroupReport] = {}
+    """"device type/group" -> its fit"""
+    tool_latency_s: ToolLatencyReport | None = None
+    skipped: dict[str, int] = {}
+    """why -> events not used"""
+    stages: dict[str, StageReport] = {}
+    """"device type.factor" -> the stage-level fit"""
+
+    def with_stages(self, stages: Mapping[str, StageReport]) -> FitReport:
+        """The report with its `stages` section (added last, or replaced where it is)."""
+        doc = self.to_dict()
+        doc["stages"] = {k: v.to_dict() for k, v in stages.items()}
+        return FitReport.from_dict(doc)

@@ -80,9 +80,9 @@ def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
     return slots_price(res, (pd for s in slots for pd in s.pool_devices()))
 
 
-def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo,
-             calibration_doc: dict | None = None) -> Plan:
-    """Price, slot and map a placement into a plan."""
+def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo) -> Plan:
+    """Price, slot and map a placement into a plan; the plan records the pricer's calibration
+    profile (none when it prices with the shipped factors)."""
     from placer.solve.mapping import map_to_nodes  # lazy: networkx (~0.1 s) only when assembling
 
     res = px.res
@@ -102,7 +102,7 @@ def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo,
                                     switch_s=bd.switch_s, sync_s=bd.sync_s),
                 roles={r: roles[r] for r in res.job.roles() if r in roles},
                 slots=slots, bundles=bundles, sync_routes=routes, solver=solver,
-                calibration=calibration_doc)
+                calibration=None if px.calib.is_default else px.calib)
 
 
 def reprice(plan: Plan, job: Job, calib: Calibration) -> Timing:

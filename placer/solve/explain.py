@@ -14,6 +14,10 @@
              samples, time) and why: the best single-pool plan, re-solved with the split
              candidates left out, against the split plan (`single_pool_alternative`)
 
+Each is a typed record (`placer.base.records.Record`) and `explain` gathers them in one
+`Explanation`; `to_dict()` is the `explain` document `placer plan --explain --json` prints and
+`render` the text it prints without `--json`.
+
 Why a job does not fit at all is `placer.solve.diagnose`, which the planner calls; this module
 sits above the planner, since `marginal` and `split` re-solve.
 """
@@ -23,9 +27,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import SerializerFunctionWrapHandler, model_serializer
+
 from placer.base.errors import Infeasible
+from placer.base.records import Record
 from placer.base.roles import TRAINING_ROLES
 from placer.cost.pricer import Pricer
+from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
 from placer.solve.assemble import placed_estimate
 from placer.solve.candidates import role_candidates
@@ -40,8 +48,66 @@ from placer.solve.pricing import device_price
 from placer.spec.catalog import Resolved, with_nodes
 from placer.spec.job import pin_of
 
+MEMORY_KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache", "overhead")
 
-def breakdown(plan: Plan, px: Pricer) -> dict[str, dict[str, Any]]:
+
+class MemoryByKind(Record):
+    """GB per device of each kind of memory a role holds."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    kv_cache: float
+    overhead: float
+
+
+class PartRow(Record):
+    """One part of a role split over pools, as `breakdown` and `split` report it."""
+
+    pool: str
+    device: str
+    devices: int
+    layout: str
+    share: float
+    samples: int
+    time_s: float
+    memory_total_gb: float
+    device_memory_gb: float
+
+
+class RoleRow(Record):
+    """One role of `breakdown`: where it sits, its time per stage and its memory per device.
+    A split role names every part's pool and device joined by "+" and lists its `parts` (a role
+    on one pool has none, and its JSON form no `parts` key)."""
+
+    pool: str
+    device: str
+    devices: int
+    layout: str
+    slot: str
+    stage_s: dict[str, float]
+    time_s: float
+    share: float
+    """of the predicted iteration time"""
+    memory_gb: MemoryByKind
+    memory_total_gb: float
+    device_memory_gb: float
+    host_optimizer_gb: float
+    """optimizer state per device kept on the host (offloaded)"""
+    pinned: str | None
+    """the job's pin on this role's layout, as `placer.spec.pins` describes it"""
+    parts: list[PartRow] | None = None
+
+    @model_serializer(mode="wrap")
+    def _parts_when_split(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if self.parts is None:
+            del out["parts"]
+        return out
+
+
+def breakdown(plan: Plan, px: Pricer) -> dict[str, RoleRow]:
     res = px.res
     out = {}
     for role, r in plan.roles.items():
@@ -50,33 +116,32 @@ def breakdown(plan: Plan, px: Pricer) -> dict[str, dict[str, Any]]:
         mem = est.memory
         if r.parts:  # the part whose memory the role reports (the fullest) sets the device
             pool = res.cluster.pool(max(est.parts, key=lambda q: q.est.memory.total).est.pool)
-        out[role] = {"pool": r.pool, "device": pool.device, "devices": r.devices,
-                     "layout": dims(r) + (" offload" if r.offload else ""),
-                     "slot": r.slot, "stage_s": {k: round(v, 4) for k, v in r.stage_s.items()},
-                     "time_s": round(r.time_s, 4),
-                     "share": round(r.time_s / plan.predicted_iteration_s, 4),
-                     "memory_gb": {k: round(getattr(mem, k), 3) for k in
-                                   ("weights", "grads", "optimizer", "activations", "kv_cache",
-                                    "overhead")},
-                     "memory_total_gb": round(mem.total, 3),
-                     "device_memory_gb": res.device_of(pool).memory_gb,
-                     "host_optimizer_gb": round(_host_optimizer(res, role, r.par), 3),
-                     "pinned": pin.describe() if (pin := pin_of(res.job, role)) else None}
-        if r.parts:
-            out[role] |= {"pool": "+".join(q.pool for q in r.parts), "device": "+".join(
-                res.cluster.pool(q.pool).device for q in r.parts), "parts": _parts(res, r)}
+        split = bool(r.parts)
+        out[role] = RoleRow(
+            pool="+".join(q.pool for q in r.parts) if split else r.pool,
+            device=("+".join(res.cluster.pool(q.pool).device for q in r.parts) if split
+                    else pool.device),
+            devices=r.devices, layout=dims(r) + (" offload" if r.offload else ""),
+            slot=r.slot, stage_s={k: round(v, 4) for k, v in r.stage_s.items()},
+            time_s=round(r.time_s, 4), share=round(r.time_s / plan.predicted_iteration_s, 4),
+            memory_gb=MemoryByKind(**{k: round(getattr(mem, k), 3) for k in MEMORY_KINDS}),
+            memory_total_gb=round(mem.total, 3),
+            device_memory_gb=res.device_of(pool).memory_gb,
+            host_optimizer_gb=round(_host_optimizer(res, role, r.par), 3),
+            pinned=pin.describe() if (pin := pin_of(res.job, role)) else None,
+            parts=_parts(res, r) if split else None)
     return out
 
 
-def _parts(res: Resolved, r: RolePlacement) -> list[dict[str, Any]]:
+def _parts(res: Resolved, r: RolePlacement) -> list[PartRow]:
     """A split role's parts as `breakdown` and `split` report them."""
-    return [{"pool": q.pool, "device": res.cluster.pool(q.pool).device, "devices": q.devices,
-             "layout": dims(q.par), "share": round(q.share, 4), "samples": q.samples,
-             "time_s": round(q.time_s, 4), "memory_total_gb": round(q.memory_gb, 3),
-             "device_memory_gb": res.device_of(q.pool).memory_gb} for q in r.parts]
+    return [PartRow(pool=q.pool, device=res.cluster.pool(q.pool).device, devices=q.devices,
+                    layout=dims(q.par), share=round(q.share, 4), samples=q.samples,
+                    time_s=round(q.time_s, 4), memory_total_gb=round(q.memory_gb, 3),
+                    device_memory_gb=res.device_of(q.pool).memory_gb) for q in r.parts]
 
 
-def _host_optimizer(res: Resolved, role: str, par) -> float:
+def _host_optimizer(res: Resolved, role: str, par: Parallel) -> float:
     """GB per device of optimizer state the role keeps on the host (offloaded)."""
     m = res.model_of(role)
     return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
@@ -129,10 +194,19 @@ def _same_time(plan: Plan, px: Pricer, pool: str, keep: int) -> bool:
     return math.isclose(t, plan.predicted_iteration_s, rel_tol=1e-9)
 
 
-def host_memory(plan: Plan, px: Pricer) -> dict[str, dict[str, Any]]:
+class HostMemoryRow(Record):
+    """The busiest node of a GPU pool: its host memory by part (GB) against its capacity."""
+
+    node: int
+    parts_gb: dict[str, float]
+    total_gb: float
+    capacity_gb: float
+
+
+def host_memory(plan: Plan, px: Pricer) -> dict[str, HostMemoryRow]:
     """Per checked GPU pool, its busiest node's host memory by part (GB) and capacity."""
-    return {pool: {"node": n.node, "parts_gb": {k: round(v, 1) for k, v in n.parts.items()},
-                   "total_gb": round(n.total_gb, 1), "capacity_gb": n.capacity_gb}
+    return {pool: HostMemoryRow(node=n.node, parts_gb={k: round(v, 1) for k, v in n.parts.items()},
+                                total_gb=round(n.total_gb, 1), capacity_gb=n.capacity_gb)
             for pool, n in busiest_per_pool(plan_nodes(plan, px)).items()}
 
 
@@ -198,35 +272,64 @@ def _stage_setter(plan: Plan, stage: str) -> str:
     return f"slot {slot} ({', '.join(roles)})"
 
 
-def marginal(plan: Plan, px: Pricer, time_limit_s: float = 5.0
-             ) -> dict[str, dict[str, float]]:
+class MarginalNode(Record):
+    """The plan re-solved with one more node of a pool."""
+
+    iteration_s: float
+    delta_s: float
+    cost_per_sample: float
+    delta_cost_per_sample: float
+
+
+def marginal(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> dict[str, MarginalNode]:
     """Per pool: iteration time and cost per sample with one more node (re-solved)."""
     out = {}
     for p in px.res.cluster.pools:
         grown = with_nodes(px.res.job, {p.name: p.nodes + 1})
         new = plan_job(Pricer(grown, px.calib), time_limit_s=time_limit_s)
-        out[p.name] = {"iteration_s": new.predicted_iteration_s,
-                       "delta_s": new.predicted_iteration_s - plan.predicted_iteration_s,
-                       "cost_per_sample": new.cost_per_sample,
-                       "delta_cost_per_sample": new.cost_per_sample - plan.cost_per_sample}
+        out[p.name] = MarginalNode(
+            iteration_s=new.predicted_iteration_s,
+            delta_s=new.predicted_iteration_s - plan.predicted_iteration_s,
+            cost_per_sample=new.cost_per_sample,
+            delta_cost_per_sample=new.cost_per_sample - plan.cost_per_sample)
     return out
 
 
-def split(plan: Plan, px: Pricer, time_limit_s: float = 5.0
-          ) -> dict[str, dict[str, Any]]:
+class SinglePool(Record):
+    """The best plan with every role on one pool, priced as `assemble` would predict it."""
+
+    iteration_s: float
+    cost_per_sample: float
+    status: str
+    """the solver's status, lower case"""
+    placement: dict[str, str]
+    """role -> `POOL xN layout`"""
+
+
+class SplitWhy(Record):
+    """A role split over pools: its parts, the split plan's figures and the best single-pool
+    plan's (None when none was found within the time limit)."""
+
+    parts: list[PartRow]
+    iteration_s: float
+    cost_per_sample: float
+    single_pool: SinglePool | None
+
+
+def split(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> dict[str, SplitWhy]:
     """Per role split over pools: its parts, the split plan's figures and the best single-pool
     plan's (`single_pool_alternative`, solved once for all split roles); {} when none is split."""
     roles = {role: r for role, r in plan.roles.items() if r.parts}
     if not roles:
         return {}
     alt = single_pool_alternative(px, plan.objective, time_limit_s)
-    return {role: {"parts": _parts(px.res, r), "iteration_s": plan.predicted_iteration_s,
-                   "cost_per_sample": plan.cost_per_sample, "single_pool": alt}
+    return {role: SplitWhy(parts=_parts(px.res, r), iteration_s=plan.predicted_iteration_s,
+                           cost_per_sample=plan.cost_per_sample, single_pool=alt)
             for role, r in roles.items()}
 
 
 def single_pool_alternative(px: Pricer, objective: str,
-                            time_limit_s: float = 5.0) -> dict[str, Any] | None:
+                            time_limit_s: float = 5.0) -> SinglePool | None:
     """The best plan with every role on one pool: the job's cost table with the split
     candidates left out, solved for the same objective and priced by `ilp_bound.score` (what
     `assemble` would predict); None when no such plan is found in the time limit."""
@@ -238,105 +341,142 @@ def single_pool_alternative(px: Pricer, objective: str,
     except Unsolved:
         return None
     t, usd = score(problem, sol.assignment)
-    return {"iteration_s": t, "cost_per_sample": usd, "status": sol.status.lower(),
-            "placement": {r: f"{c.pool} x{c.devices} {dims(c.est.par)}"
-                          for r, c in sol.assignment.choice.items()}}
+    return SinglePool(iteration_s=t, cost_per_sample=usd, status=sol.status.lower(),
+                      placement={r: f"{c.pool} x{c.devices} {dims(c.est.par)}"
+                                 for r, c in sol.assignment.choice.items()})
 
 
-def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0
-            ) -> dict[str, Any]:
-    return {"roles": breakdown(plan, px), "binding": binding(plan, px),
-            "marginal_node": marginal(plan, px, time_limit_s),
-            "booking": booking(plan, px), "host_memory": host_memory(plan, px),
-            "split": split(plan, px, time_limit_s)}
+class ReleaseRow(Record):
+    """A `Release` as the booking reports it: its figures (USD/h to 4 decimals) and its line."""
+
+    pool: str
+    nodes: int
+    keep: int
+    usd_per_hour: float
+    line: str
+
+    @classmethod
+    def of(cls, r: Release) -> ReleaseRow:
+        return cls(pool=r.pool, nodes=r.nodes, keep=r.keep,
+                   usd_per_hour=round(r.usd_per_hour, 4), line=r.line())
 
 
-def booking(plan: Plan, px: Pricer) -> dict[str, Any]:
+class Booking(Record):
+    """Booked (every node of the cluster) against used (the plan's devices) cost, and the idle
+    nodes that can be released at the same iteration time."""
+
+    booked_usd_per_hour: float
+    used_usd_per_hour: float
+    booked_cost_per_sample: float
+    used_cost_per_sample: float
+    release: list[ReleaseRow]
+
+
+def booking(plan: Plan, px: Pricer) -> Booking:
     """Booked against used USD/h and per sample, and the nodes that can be released."""
-    return {"booked_usd_per_hour": plan.booked_usd_per_hour,
-            "used_usd_per_hour": plan.used_usd_per_hour,
-            "booked_cost_per_sample": plan.booked_cost_per_sample,
-            "used_cost_per_sample": plan.cost_per_sample,
-            "release": [{"pool": r.pool, "nodes": r.nodes, "keep": r.keep,
-                         "usd_per_hour": round(r.usd_per_hour, 4), "line": r.line()}
-                        for r in releases(plan, px)]}
+    return Booking(booked_usd_per_hour=plan.booked_usd_per_hour,
+                   used_usd_per_hour=plan.used_usd_per_hour,
+                   booked_cost_per_sample=plan.booked_cost_per_sample,
+                   used_cost_per_sample=plan.cost_per_sample,
+                   release=[ReleaseRow.of(r) for r in releases(plan, px)])
 
 
-def render(doc: dict[str, Any]) -> str:
+class Explanation(Record):
+    """Why a plan looks the way it does: every section of the module docstring. The JSON form
+    is the `explain` document of `placer plan --explain --json`."""
+
+    roles: dict[str, RoleRow]
+    binding: list[str]
+    marginal_node: dict[str, MarginalNode]
+    booking: Booking
+    host_memory: dict[str, HostMemoryRow]
+    split: dict[str, SplitWhy]
+
+
+def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
+    return Explanation(roles=breakdown(plan, px), binding=binding(plan, px),
+                       marginal_node=marginal(plan, px, time_limit_s),
+                       booking=booking(plan, px), host_memory=host_memory(plan, px),
+                       split=split(plan, px, time_limit_s))
+
+
+def render(ex: Explanation) -> str:
     lines = ["per role:", f"  {'role':<12} {'pool':<8} {'devices':>7} {'layout':<16} "
              f"{'time s':>9} {'share':>6} {'mem GB':>8}  memory by kind"]
-    for role, r in doc["roles"].items():
-        kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
-        host = r.get("host_optimizer_gb", 0.0)
-        if r.get("parts"):  # split over pools: the role's total, then one line per part
+    for role, r in ex.roles.items():
+        if r.parts:  # split over pools: the role's total, then one line per part
             lines += _part_lines(role, r)
             continue
-        lines.append(f"  {role:<12} {r['pool']:<8} {r['devices']:>7} {r['layout']:<16} "
-                     f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  "
-                     f"{kinds} (of {r['device_memory_gb']:g})"
+        host = r.host_optimizer_gb
+        lines.append(f"  {role:<12} {r.pool:<8} {r.devices:>7} {r.layout:<16} "
+                     f"{r.time_s:>9.3f} {r.share:>6.0%} {r.memory_total_gb:>8.2f}  "
+                     f"{_kinds(r.memory_gb)} (of {r.device_memory_gb:g})"
                      + (f"; on the host: optimizer {host:.1f} per device" if host else "")
-                     + (f"; pinned by the job ({r['pinned']})" if r.get("pinned") else ""))
-    if doc.get("host_memory"):
+                     + (f"; pinned by the job ({r.pinned})" if r.pinned else ""))
+    if ex.host_memory:
         lines.append("host memory per node (GB, busiest node of each GPU pool):")
-        for pool, h in doc["host_memory"].items():
-            parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in h["parts_gb"].items()
+        for pool, h in ex.host_memory.items():
+            parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in h.parts_gb.items()
                               if v)
-            lines.append(f"  {pool:<8} node {h['node']}: {h['total_gb']:,.1f} of "
-                         f"{h['capacity_gb']:,.0f} ({parts})")
-    for role, sp in (doc.get("split") or {}).items():
+            lines.append(f"  {pool:<8} node {h.node}: {h.total_gb:,.1f} of "
+                         f"{h.capacity_gb:,.0f} ({parts})")
+    for role, sp in ex.split.items():
         lines += split_lines(role, sp)
-    if "booking" in doc:
-        lines += booking_lines(doc["booking"])
+    lines += booking_lines(ex.booking)
     lines.append("binding:")
-    lines += [f"  - {b}" for b in doc["binding"]] or ["  (none)"]
+    lines += [f"  - {b}" for b in ex.binding] or ["  (none)"]
     lines.append("one more node of each pool (re-solved):")
-    for pool, m in doc["marginal_node"].items():
-        lines.append(f"  {pool:<8} iteration {m['iteration_s']:.3f} s ({m['delta_s']:+.3f} s), "
-                     f"cost/sample {m['cost_per_sample']:.6f} USD "
-                     f"({m['delta_cost_per_sample']:+.6f})")
+    for pool, m in ex.marginal_node.items():
+        lines.append(f"  {pool:<8} iteration {m.iteration_s:.3f} s ({m.delta_s:+.3f} s), "
+                     f"cost/sample {m.cost_per_sample:.6f} USD "
+                     f"({m.delta_cost_per_sample:+.6f})")
     return "\n".join(lines)
 
 
-def _part_lines(role: str, r: dict[str, Any]) -> list[str]:
+def _kinds(mem: MemoryByKind) -> str:
+    """The kinds of memory a role holds, in GB per device (those above 0)."""
+    return ", ".join(f"{k} {v:.1f}" for k, v in mem.to_dict().items() if v > 0)
+
+
+def _part_lines(role: str, r: RoleRow) -> list[str]:
     """`render`'s rows of a split role: "split" and its total, then each part on its pool."""
-    kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gb"].items() if v > 0)
-    out = [f"  {role:<12} {'split':<8} {r['devices']:>7} {'over ' + str(len(r['parts'])) + ' pools':<16} "
-           f"{r['time_s']:>9.3f} {r['share']:>6.0%} {r['memory_total_gb']:>8.2f}  {kinds} (of "
-           f"{r['device_memory_gb']:g}, fullest part)"
-           + (f"; pinned by the job ({r['pinned']})" if r.get("pinned") else "")]
-    out += [f"    {'part':<10} {q['pool']:<8} {q['devices']:>7} {q['layout']:<16} "
-            f"{q['time_s']:>9.3f} {'':>6} {q['memory_total_gb']:>8.2f}  {q['share']:.1%} of the "
-            f"samples ({q['samples']}), {q['device']} (of {q['device_memory_gb']:g})"
-            for q in r["parts"]]
+    parts = r.parts or []
+    out = [f"  {role:<12} {'split':<8} {r.devices:>7} {'over ' + str(len(parts)) + ' pools':<16} "
+           f"{r.time_s:>9.3f} {r.share:>6.0%} {r.memory_total_gb:>8.2f}  {_kinds(r.memory_gb)} "
+           f"(of {r.device_memory_gb:g}, fullest part)"
+           + (f"; pinned by the job ({r.pinned})" if r.pinned else "")]
+    out += [f"    {'part':<10} {q.pool:<8} {q.devices:>7} {q.layout:<16} "
+            f"{q.time_s:>9.3f} {'':>6} {q.memory_total_gb:>8.2f}  {q.share:.1%} of the "
+            f"samples ({q.samples}), {q.device} (of {q.device_memory_gb:g})"
+            for q in parts]
     return out
 
 
-def split_lines(role: str, sp: dict[str, Any]) -> list[str]:
+def split_lines(role: str, sp: SplitWhy) -> list[str]:
     """Why a role is split: its shares, and the best single-pool plan against the split plan."""
-    parts = "; ".join(f"{q['pool']} x{q['devices']} {q['layout']}: {q['share']:.1%} of the "
-                      f"samples ({q['samples']}), {q['time_s']:.2f} s" for q in sp["parts"])
-    lines = [f"{role} is split over {len(sp['parts'])} pools: {parts}",
+    parts = "; ".join(f"{q.pool} x{q.devices} {q.layout}: {q.share:.1%} of the "
+                      f"samples ({q.samples}), {q.time_s:.2f} s" for q in sp.parts)
+    lines = [f"{role} is split over {len(sp.parts)} pools: {parts}",
              "  shares: group-aligned sample counts at which the parts finish together "
              "(placer.cost.split)"]
-    alt = sp.get("single_pool")
+    alt = sp.single_pool
     if alt is None:
         lines.append("  no single-pool plan was found within the time limit")
         return lines
-    t, t_split = alt["iteration_s"], sp["iteration_s"]
+    t, t_split = alt.iteration_s, sp.iteration_s
     gain = (t - t_split) / t if t > 0 else 0.0
-    where = ", ".join(f"{r} {w}" for r, w in alt["placement"].items())
-    lines.append(f"  why: the best single-pool plan ({alt['status']}; {where}) predicts "
-                 f"{t:.3f} s per iteration and {alt['cost_per_sample']:.6f} USD/sample; the split "
-                 f"plan {t_split:.3f} s and {sp['cost_per_sample']:.6f} USD/sample "
+    where = ", ".join(f"{r} {w}" for r, w in alt.placement.items())
+    lines.append(f"  why: the best single-pool plan ({alt.status}; {where}) predicts "
+                 f"{t:.3f} s per iteration and {alt.cost_per_sample:.6f} USD/sample; the split "
+                 f"plan {t_split:.3f} s and {sp.cost_per_sample:.6f} USD/sample "
                  + (f"({gain:.1%} faster)" if gain > 0 else f"({-gain:.1%} slower)"))
     return lines
 
 
-def booking_lines(b: dict[str, Any]) -> list[str]:
-    """Booked vs used cost and the release advice, as `plan`'s summary and `--explain` print."""
-    lines = [f"booked {b['booked_usd_per_hour']:.2f} USD/h ({b['booked_cost_per_sample']:.6f} "
-             f"USD/sample), used {b['used_usd_per_hour']:.2f} USD/h "
-             f"({b['used_cost_per_sample']:.6f} USD/sample)"]
-    lines += [f"  {r['line']}" for r in b["release"]]
+def booking_lines(b: Booking) -> list[str]:
+    """Booked vs used cost and the release advice, as `--explain` prints them."""
+    lines = [f"booked {b.booked_usd_per_hour:.2f} USD/h ({b.booked_cost_per_sample:.6f} "
+             f"USD/sample), used {b.used_usd_per_hour:.2f} USD/h "
+             f"({b.used_cost_per_sample:.6f} USD/sample)"]
+    lines += [f"  {r.line}" for r in b.release]
     return lines
-

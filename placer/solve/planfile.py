@@ -24,7 +24,7 @@ from pydantic import (
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
 from placer.base.roles import TRAINING_ROLES
-from placer.cost.calibration import calibration_from_dict
+from placer.cost.calibration import CalibrationField
 from placer.cost.efficiency import Calibration
 from placer.cost.sharding import Parallel
 from placer.spec.catalog import Resolved, resolve
@@ -194,7 +194,8 @@ class Plan(_M):
     bundles: list[Bundle] = []
     sync_routes: list[SyncRoute] = []
     solver: SolverInfo
-    calibration: dict[str, Any] | None = None
+    # The profile the plan was priced with (its document, as read); null: the shipped factors.
+    calibration: CalibrationField = None
 
     # `job` stays the plain dict it is in the plan file (the JSON format is the contract); `spec`
     # and `resolved()` are its typed views, validated once per plan and cached. The cache is keyed
@@ -321,7 +322,8 @@ def _check_shard(name: str, r: RolePlacement, source: str) -> None:
 
 
 def calibration_of(plan: Plan) -> Calibration:
-    return calibration_from_dict(plan.calibration or {})
+    """The factors the plan was priced with: its profile, or the shipped defaults."""
+    return plan.calibration if plan.calibration is not None else Calibration()
 
 
 def dumps(obj: Any) -> str:

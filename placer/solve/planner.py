@@ -71,17 +71,18 @@ def build_problem(px: Pricer, objective: str | None = None, bounded: bool = True
     return Problem(px, cands, objective or res.job.objective)
 
 
-def to_plan(problem: Problem, sol: Solution, calibration_doc: dict | None = None) -> Plan:
+def to_plan(problem: Problem, sol: Solution) -> Plan:
     info = SolverInfo(status=sol.status.lower(), objective=sol.objective, bound=sol.bound,
                       gap=sol.gap, solve_s=sol.solve_s)
-    return assemble(problem.px, sol.assignment.placed(), info, calibration_doc)
+    return assemble(problem.px, sol.assignment.placed(), info)
 
 
 def plan_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
              hint: Plan | None = None, objective: str | None = None, move_cost_s: float = 0.0,
-             workers: int = 2, seed: int = 0, calibration_doc: dict | None = None) -> Plan:
+             workers: int = 2, seed: int = 0) -> Plan:
     """Place every role of the job with the ILP and return the assembled plan. `workers`: CP-SAT
-    search workers, and processes that price a large cluster's cost table (`build_problem`)."""
+    search workers, and processes that price a large cluster's cost table (`build_problem`).
+    The plan records `px`'s calibration profile."""
     h = hint_of(hint, move_cost_s) if hint is not None else None
     slack = len(px.res.job.roles()) * move_cost_s if hint is not None else 0.0  # as `ilp_solve`
     problem = build_problem(px, objective, slack_s=slack, workers=workers)
@@ -93,7 +94,7 @@ def plan_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
             sol = solve(problem, time_limit_s, hint=h, workers=workers, seed=seed)
         except Unsolved as e:
             raise Infeasible(f"the solver found no placement: {e}") from None
-        plan = to_plan(problem, sol, calibration_doc)
+        plan = to_plan(problem, sol)
         narrower = _host_checked(problem, plan)
         if narrower is None:
             return plan
@@ -133,26 +134,24 @@ def hint_of(plan: Plan, move_cost_s: float = 0.0) -> Hint:
 
 
 def sweep_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-              max_points: int = 8, workers: int = 2, seed: int = 0,
-              calibration_doc: dict | None = None) -> list[Plan]:
+              max_points: int = 8, workers: int = 2, seed: int = 0) -> list[Plan]:
     """The time/cost-per-sample Pareto frontier, fastest first (`ilp_solve.frontier`)."""
     # unbounded: the frontier's slow, cheap end may need any split
     problem = build_problem(px, "time", bounded=False, workers=workers)
     sols = frontier(problem, time_limit_s, max_points, workers=workers, seed=seed)
     if not sols:
         raise Infeasible(f"the solver found no placement within {time_limit_s:g} s")
-    plans = [to_plan(problem, s, calibration_doc) for s in sols]
+    plans = [to_plan(problem, s) for s in sols]
     over = [hostmem.over_nodes(p, problem.px) for p in plans]
     if all(over):  # every frontier point overflows some node's host memory
         raise Infeasible(f"host memory: {over[0][0].describe()}")
     return [p for p, o in zip(plans, over) if not o]
 
 
-def plan_assignment(problem: Problem, a: Assignment, name: str,
-                    calibration_doc: dict | None = None) -> Plan:
+def plan_assignment(problem: Problem, a: Assignment, name: str) -> Plan:
     """Assemble a placement chosen by something other than the solver (a baseline)."""
     t, c = score(problem, a)
     obj = t if problem.objective == "time" else c
     info = SolverInfo(name=name, status="heuristic", objective=obj, bound=0.0, gap=0.0, solve_s=0.0)
-    return assemble(problem.px, a.placed(), info, calibration_doc)
+    return assemble(problem.px, a.placed(), info)
 
