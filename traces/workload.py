@@ -8,7 +8,7 @@ flattened (one value per turn).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -69,5 +69,5 @@ def read_field(path: str | Path, field: str) -> list[float]:
     return out
 
 
-def write_rows(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+def write_rows(path: str | Path, rows: Iterable[Mapping[str, object]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -24,7 +24,7 @@ import os
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -93,7 +93,8 @@ def read_text(path: str | Path, what: str = "file") -> str:
 
 
 # ----------------------------------------------------------------------------------------- YAML
-class _Loader(yaml.SafeLoader):
+# PyYAML ships no type information (its stubs are a separate package): its loader is untyped.
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
     """The safe loader, refusing duplicate keys and alias expansion beyond `MAX_YAML_NODES`."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -111,7 +112,8 @@ class _Loader(yaml.SafeLoader):
                 mark = key_node.start_mark
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", mark)
-        return super().construct_mapping(node, deep=deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
 
 
 def _expanded_size(root: yaml.Node, limit: int) -> int:
@@ -181,7 +183,7 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 
 
 # ----------------------------------------------------------------------------------------- JSON
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a number any field accepts")
 
 

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 KIND_COLOURS = {"stage": "0.82", "environment": "C8", "generate": "C0", "prefill": "C9",
                 "decode": "#1f3b73", "tool": "C8", "forward": "C2",
                 "reward": "C4", "train": "C3", "transfer": "C1", "checkpoint": "C7"}
 
 
-def save(fig: Any, path: str | Path) -> Path:
+def save(fig: Figure, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp.png")
@@ -30,7 +30,7 @@ def save(fig: Any, path: str | Path) -> Path:
     return p
 
 
-def png(fig: Any) -> bytes:
+def png(fig: Figure) -> bytes:
     """The figure as PNG bytes (closed afterwards): `IPython.display.Image(png(fig))` shows it
     whatever matplotlib backend the kernel runs."""
     buf = io.BytesIO()

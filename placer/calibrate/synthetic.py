@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
@@ -110,7 +111,16 @@ class LongTail:
         }
 
 
-def longtail_rows(p: LongTail) -> list[dict[str, Any]]:
+class WorkloadRow(TypedDict):
+    """One sample of a workload trace (a JSONL line; traces/workloads/README.md)."""
+
+    sample_id: int
+    prompt_tokens: int
+    response_tokens: list[int]  # one per turn
+    tool_latency_s: list[float]  # one per tool call between turns
+
+
+def longtail_rows(p: LongTail) -> list[WorkloadRow]:
     """Draw the workload with the project's own seeded sampler (placer.spec.sampling)."""
     d = p.distributions()
     prompts = draw_lengths(d["prompt"], rng(p.seed, 0), p.samples)
@@ -122,8 +132,9 @@ def longtail_rows(p: LongTail) -> list[dict[str, Any]]:
             for i in range(p.samples)]
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean, quantiles and the top-decile token share of the per-turn response lengths."""
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean, quantiles and the top-decile token share of the per-turn response lengths of
+    workload rows (`longtail_rows`, or a workload file's rows: `traces.workload.read_rows`)."""
     r = np.sort(np.concatenate([np.asarray(x["response_tokens"], float) for x in rows]))
     t = np.concatenate([np.asarray(x["tool_latency_s"], float) for x in rows] or [np.zeros(0)])
     top = r[int(math.floor(0.9 * len(r))):]
@@ -144,6 +155,14 @@ def _devices(plan: Plan, role: str) -> list[str]:
     return [f"{r.pool}:{i // 8}:{i % 8}" for i in range(r.devices)]
 
 
+EventArg = float | list[int]  # what this trace's events carry in `args`: counts, sizes, sample ids
+
+
+class _Add(Protocol):
+    def __call__(self, cat: str, role: str, secs: float, devs: list[str], **args: EventArg
+                 ) -> None: ...
+
+
 def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float = 0.02,
                      per_kind: int = 24) -> Trace:
     """Events whose durations are the cost model's times under `truth`, x exp(noise * N(0, 1)).
@@ -157,7 +176,7 @@ def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float
                             "emulated": False, "noise": noise})
     t = 0.0
 
-    def add(cat: str, role: str, secs: float, devs: list[str], **args: Any) -> None:
+    def add(cat: str, role: str, secs: float, devs: list[str], **args: EventArg) -> None:
         nonlocal t
         dur = secs * math.exp(noise * g.standard_normal())
         trace.add(cat, cat, t, dur, devs[0].rsplit(":", 1)[0], role, role=role, devices=devs,
@@ -199,7 +218,7 @@ def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float
     return trace
 
 
-def _transfers(plan: Plan, truth: Calibration, g: np.random.Generator, add, n: int) -> None:
+def _transfers(plan: Plan, truth: Calibration, g: np.random.Generator, add: _Add, n: int) -> None:
     if Role.ROLLOUT not in plan.roles or Role.ACTOR not in plan.roles:
         return
     res = plan.resolved()

@@ -24,7 +24,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 from placer.cost.efficiency import Efficiency
 from placer.cost.generation import (
@@ -64,7 +64,9 @@ def kv_budget(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> 
 
 
 REPLAYS_KEPT = 4096  # engine replays kept per replica layout, least recently used dropped first
-_T = TypeVar("_T")
+# What a replay keeps: a stage's seconds, or the engine loop's (finish time, sequences).
+Replay = float | list[tuple[float, int]]
+_R = TypeVar("_R", bound=Replay)
 
 
 @dataclass
@@ -78,16 +80,17 @@ class StepTerms:
     eff: Efficiency
     terms: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     prefills: dict[float, tuple[float, float]] = field(default_factory=dict)
-    replays: OrderedDict[Hashable, Any] = field(default_factory=OrderedDict, repr=False)
+    replays: OrderedDict[Hashable, Replay] = field(default_factory=OrderedDict, repr=False)
     _kv: KvBudget | None = None
 
-    def remember(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+    def remember(self, key: Hashable, compute: Callable[[], _R]) -> _R:
         """`compute()` kept by `key` (a replay's inputs, by value): a cost table's candidates
-        with this replica layout replay the same samples at the same counts again and again."""
+        with this replica layout replay the same samples at the same counts again and again.
+        Each caller's keys have their own shape, so a key's value is what its `compute` gives."""
         hit = self.replays.get(key)
         if hit is not None:
             self.replays.move_to_end(key)
-            return hit
+            return cast(_R, hit)
         out = compute()
         self.replays[key] = out
         if len(self.replays) > REPLAYS_KEPT:

@@ -53,6 +53,7 @@ from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.distributions import Distribution
 from placer.spec.hardware import DeviceKind, DeviceType, Pool
+from placer.spec.job import Job
 
 # Which kinds of device may host a role (training needs can_train as well).
 HOSTS: dict[str, tuple[DeviceKind, ...]] = {
@@ -128,12 +129,17 @@ def mean_context(res: Resolved) -> float:
             + (env.turns - 1) * env.tool_output_tokens)
 
 
+# One role's estimate on a pool: (context, role, pool, device, layout, factors, environment cores).
+RoleEstimator = Callable[[PriceContext, str, Pool, DeviceType, Parallel, Efficiency, int | None],
+                         Estimate]
+
+
 def estimate(ctx: PriceContext, role: str, pool: Pool, par: Parallel,
              env_cores: int | None = None) -> Estimate:
     """Estimate one role on `pool` with `par`; `env_cores` prices tool calls inside the rollout."""
     dev = ctx.res.device_of(pool)
     eff = ctx.calib.for_device(dev)
-    fns: dict[str, Callable[..., Estimate]] = {
+    fns: dict[str, RoleEstimator] = {
         Role.ROLLOUT: _rollout, Role.ENVIRONMENT: _environment, Role.ACTOR: _train,
         Role.CRITIC: _train, Role.REFERENCE: _forward, Role.REWARD: _reward}
     fn = fns[role]
@@ -148,7 +154,7 @@ def estimate(ctx: PriceContext, role: str, pool: Pool, par: Parallel,
     return est
 
 
-def _lpu_short(m, dev: DeviceType, chips: int, par: Parallel) -> str:
+def _lpu_short(m: ModelArch, dev: DeviceType, chips: int, par: Parallel) -> str:
     return (f"{m.name} needs {chips} {dev.name} chips to hold {m.params() * 2 / 1e9:.1f} GB of "
             f"weights plus KV reserve in {dev.memory_gb:g} GB of SRAM each, got {par.devices}")
 
@@ -267,7 +273,7 @@ def _environment(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par:
     return Estimate(role, pool.name, par, Memory(), {"rollout": t})
 
 
-def generated_samples(job) -> int:
+def generated_samples(job: Job) -> int:
     """Samples the rollout generates per iteration: the batch, plus the over-provisioned extra
     (`tail_policy: overprovision` generates ceil(n (1 + fraction)) and keeps the first n)."""
     return job.tail_policy.mechanism.generated(job.batch.samples)
@@ -377,7 +383,7 @@ def _waves(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency,
     return gen
 
 
-def _state_note(m, eff: Efficiency) -> str:
+def _state_note(m: ModelArch, eff: Efficiency) -> str:
     """' + X GB of linear-attention state' for a hybrid model (its per-sequence GDN state)."""
     state = linear_state_bytes(m, eff)
     return f" + {state / 1e9:.2f} GB of linear-attention state" if state > 0 else ""

@@ -19,6 +19,7 @@ from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
+import numpy.typing as npt
 
 from placer.spec.distributions import Distribution
 from placer.spec.job import Job
@@ -61,14 +62,16 @@ def at_means(job: Job) -> Job:
 
 
 @lru_cache(maxsize=64)
-def _sorted_values(path: str, field: str, version: tuple[int, int] | None) -> np.ndarray:
+def _sorted_values(path: str, field: str, version: tuple[int, int] | None
+                   ) -> npt.NDArray[np.float64]:
     """A trace field's values, sorted (cached by the file's version)."""
     return np.sort(np.asarray(Distribution(kind="empirical", path=path, field=field).samples(),
                               dtype=float))
 
 
-def quantile(dist: Distribution, u: np.ndarray) -> np.ndarray:
+def quantile(dist: Distribution, u: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """Inverse CDF of the clipped distribution at levels u in (0, 1)."""
+    out: npt.NDArray[np.float64]
     if dist.kind == "fixed":
         out = np.full(len(u), float(dist.fixed_value()))
     elif dist.kind in ("normal", "lognormal"):
@@ -82,7 +85,7 @@ def quantile(dist: Distribution, u: np.ndarray) -> np.ndarray:
     return np.clip(out, dist.min, dist.cap if dist.cap is not None else np.inf)
 
 
-def tokens(dist: Distribution, u: np.ndarray) -> np.ndarray:
+def tokens(dist: Distribution, u: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     """Token counts at levels u, rounded and at least 1 (as `sampling.draw_lengths`)."""
     return np.maximum(np.rint(quantile(dist, u)), 1).astype(np.int64)
 
@@ -103,7 +106,7 @@ class Rows:
         return sum(self.weight)
 
 
-def _levels(weights: np.ndarray, dim: int) -> np.ndarray:
+def _levels(weights: npt.NDArray[np.int64], dim: int) -> npt.NDArray[np.float64]:
     """Stratum midpoints in (0, 1), assigned to positions by a low-discrepancy permutation."""
     k = len(weights)
     alpha = math.sqrt((2, 3, 5, 7, 11, 13, 17, 19, 23, 29)[dim % 10]) % 1 + dim // 10 * 0.01
@@ -115,7 +118,7 @@ def _levels(weights: np.ndarray, dim: int) -> np.ndarray:
     return out
 
 
-def _split(total: int, parts: int) -> np.ndarray:
+def _split(total: int, parts: int) -> npt.NDArray[np.int64]:
     base, extra = divmod(total, parts)
     return np.array([base + 1] * extra + [base] * (parts - extra), dtype=np.int64)
 

@@ -20,10 +20,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from placer.cost.admission import Hooks, engine
 from placer.cost.batching import StepTerms
 from placer.cost.rollout_tail import Replicas
+
+
+@dataclass(slots=True)
+class _Free:
+    """`servers` servers that are free from time `at` on."""
+
+    at: float
+    servers: int
 
 
 class FifoPool:
@@ -31,7 +40,7 @@ class FifoPool:
 
     def __init__(self, slots: int | None, latency_s: float) -> None:
         self.lat = latency_s
-        self.free: deque[list] | None = None if slots is None else deque([[0.0, slots]])
+        self.free: deque[_Free] | None = None if slots is None else deque([_Free(0.0, slots)])
 
     def submit(self, t: float, calls: int) -> list[tuple[float, int]]:
         """(return time, calls) of `calls` identical calls arriving at `t`, earliest first."""
@@ -41,21 +50,21 @@ class FifoPool:
         free = self.free
         while calls:
             chunk = free[0]
-            take = min(chunk[1], calls)
-            end = max(chunk[0], t) + self.lat
-            if take == chunk[1]:
+            take = min(chunk.servers, calls)
+            end = max(chunk.at, t) + self.lat
+            if take == chunk.servers:
                 free.popleft()
             else:
-                chunk[1] -= take
+                chunk.servers -= take
             calls -= take
             if out and out[-1][0] == end:
                 out[-1] = (end, out[-1][1] + take)
             else:
                 out.append((end, take))
-            if free and free[-1][0] == end:  # the servers it took are free again at `end`
-                free[-1][1] += take
+            if free and free[-1].at == end:  # the servers it took are free again at `end`
+                free[-1].servers += take
             else:
-                free.append([end, take])
+                free.append(_Free(end, take))
         return out
 
 

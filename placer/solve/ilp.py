@@ -31,8 +31,9 @@ slower or dearer than a feasible plan are dropped before the model is built
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
 
 from ortools.sat.python import cp_model
 
@@ -110,12 +111,13 @@ class Solution:
     solve_s: float
 
 
-# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none); a split role: one such tuple per
-# part
-LayoutKey = tuple[Any, ...]
+# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none)
+Layout = tuple[str, int, int, int, int, int, int, bool, int]
+# a role's layout; a split role's: one per part
+LayoutKey = Layout | tuple[Layout, ...]
 
 
-def layout_key(pool: str, par: Parallel) -> LayoutKey:
+def layout_key(pool: str, par: Parallel) -> Layout:
     """What a role keeps when it does not move: its pool and its parallel layout."""
     return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
             par.shard_dp if par.hsdp else 0)
@@ -148,6 +150,10 @@ def slot_names(groups: list[list[str]]) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------- model
+def _devices_on(c: Candidate, pool: str) -> int:
+    return c.pool_devices().get(pool, 0)
+
+
 class _Model:
     """The CP-SAT model of one `Problem` (see the module docstring for the formulation)."""
 
@@ -180,7 +186,7 @@ class _Model:
         """1 when role `r`'s chosen candidate is on `pool` (what it counts there is `expr`'s)."""
         return sum(v for c, v in zip(self.p.cands[r], self.x[r]) if c.pool == pool)
 
-    def expr(self, r: str, coef) -> LinExpr:
+    def expr(self, r: str, coef: Callable[[Candidate], int]) -> LinExpr:
         return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]))
 
     def _slots(self) -> None:
@@ -208,7 +214,7 @@ class _Model:
             for pool in sorted({p for c in self.p.cands[j] for p in c.pool_devices()}):
                 d = self.D[j, pool] = m.new_int_var(0, cap[pool], f"D[{j},{pool}]")
                 for r in self.members(j):
-                    m.add(d >= self.expr(r, lambda c, p=pool: c.pool_devices().get(p, 0))
+                    m.add(d >= self.expr(r, partial(_devices_on, pool=pool))
                           ).OnlyEnforceIf(self.z[r, j])
         for pool in self.pools:
             m.add(sum(d for (j, pl), d in self.D.items() if pl == pool) <= cap[pool])
@@ -229,10 +235,13 @@ class _Model:
                     if top == 0:
                         continue
                     w = m.new_int_var(0, top, f"w[{r},{j},{s}]")
-                    m.add(w >= self.expr(r, lambda c, s=s: self.ti(c.est.stage_s.get(s, 0.0)))
+                    m.add(w >= self.expr(r, partial(self._stage_units, s))
                           ).OnlyEnforceIf(self.z[r, j])
                     terms.append(w)
                 self.S[j, s] = sum(terms)
+
+    def _stage_units(self, stage: str, c: Candidate) -> int:
+        return self.ti(c.est.stage_s.get(stage, 0.0))
 
     def _mem_kb(self, c: Candidate) -> int:
         if c.split or self.p.res.device_of(c.pool).host_backed:

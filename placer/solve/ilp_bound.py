@@ -50,7 +50,8 @@ def heuristic(problem: Problem) -> Assignment:
     """
     best: Assignment | None = None
     best_val = float("inf")
-    pick = {"time": lambda c: c.time_s, "cost": lambda c: candidate_price(problem, c) * c.time_s}
+    pick: dict[str, Callable[[Candidate], float]] = {
+        "time": lambda c: c.time_s, "cost": lambda c: candidate_price(problem, c) * c.time_s}
     for key in (pick["time"], pick["cost"]):
         # split candidates are left out: one slot per pool must hold every chosen role
         choice = {r: min(_singles(problem.cands[r]), key=lambda c: (key(c), c.devices))
@@ -70,8 +71,8 @@ def _pooled(problem: Problem, choice: dict[str, Candidate]) -> Assignment:
     return Assignment(dict(choice), slot_names(list(by_pool.values())))
 
 
-def _descend_pools(problem: Problem, choice: dict[str, Candidate], key
-                   ) -> tuple[Assignment, float]:
+def _descend_pools(problem: Problem, choice: dict[str, Candidate],
+                   key: Callable[[Candidate], float]) -> tuple[Assignment, float]:
     """Greedy moves from `choice`: a role to its best candidate (by `key`) on another pool while
     the pooled plan's objective improves. Every plan tried is feasible (`_pooled`), so the result
     still bounds the optimum; it is tighter where the fastest candidates all crowd one pool

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
@@ -53,6 +54,22 @@ class _Step:
     optimal: bool
     objective_s: float
     bound_s: float
+
+
+@dataclass(frozen=True)
+class _Point:
+    """A point of the (T, rate) walk: its time solve, T in seconds and the rate in units."""
+
+    step: _Step
+    t: float
+    rate: int
+
+
+@dataclass(frozen=True)
+class _End:
+    """The end of the walk: `complete` when no cheaper-per-sample plan is left."""
+
+    complete: bool
 
 
 def _solver(time_limit_s: float, workers: int, seed: int) -> cp_model.CpSolver:
@@ -174,9 +191,9 @@ def _fallback(problem: Problem, t0: float) -> Solution:
 
 
 def _descend(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int,
-             keep_all: bool = False, best: float = math.inf):
-    """Yield (step, T seconds, rate units) down the (T, rate) frontier, fastest first, then
-    (None, complete): complete when no cheaper-per-sample plan is left.
+             keep_all: bool = False, best: float = math.inf) -> Iterator[_Point | _End]:
+    """Yield the points (step, T seconds, rate units) down the (T, rate) frontier, fastest
+    first, then `_End`: complete when no cheaper-per-sample plan is left.
 
     Step i+1 is min T s.t. rate <= cap with cap = min(rate_i - 1, ceil(B / T_i) - 1), where B is
     the best rate * T so far and T_i the lower bound of step i: every plan left has T >= T_i, so
@@ -189,20 +206,20 @@ def _descend(problem: Problem, deadline: float, hint: Hint | None, workers: int,
         try:
             step = _lexmin_time(problem, deadline, hint, cap, False, workers, seed)
         except Unsolved as e:
-            yield None, str(e) == "infeasible"
+            yield _End(str(e) == "infeasible")
             return
         t, _ = score(problem, step.assignment)
         rate = rate_units(problem, step.assignment)
         best = min(best, rate * t)
-        yield step, (t, rate)
+        yield _Point(step, t, rate)
         cap = rate - 1
         t_low = (step.bound_s - slack) * (1 - 1e-6)
         if not keep_all and t_low > 0:
             cap = min(cap, math.ceil(best / t_low) - 1)
         if cap < 0:
-            yield None, True
+            yield _End(True)
             return
-    yield None, False
+    yield _End(False)
 
 
 def _cheap_end(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int
@@ -239,11 +256,11 @@ def _solve_cost(problem: Problem, deadline: float, hint: Hint | None, workers: i
         best = (rate_units(problem, cheap.assignment) * t * per_unit, cheap)
     all_optimal, proven, rest_bound = True, False, 0.0
     start = best[0] / per_unit if best else math.inf
-    for step, info in _descend(problem, deadline, hint, workers, seed, best=start):
-        if step is None:
-            proven = bool(info) and all_optimal
+    for point in _descend(problem, deadline, hint, workers, seed, best=start):
+        if isinstance(point, _End):
+            proven = point.complete and all_optimal
             break
-        t, rate = info
+        step, t, rate = point.step, point.t, point.rate
         all_optimal &= step.optimal
         cost = rate * t * per_unit
         if best is None or cost < best[0]:
@@ -266,10 +283,10 @@ def frontier(problem: Problem, time_limit_s: float = 10.0, max_points: int = 8,
     per_sample = 1 / PRICE_SCALE / 3600 / problem.res.job.batch.samples
     out: list[Solution] = []
     cheapest = math.inf
-    for step, info in _descend(problem, t0 + time_limit_s, None, workers, seed):
-        if step is None:
+    for point in _descend(problem, t0 + time_limit_s, None, workers, seed):
+        if isinstance(point, _End):
             break
-        t, rate = info
+        step, t, rate = point.step, point.t, point.rate
         cost = rate * t * per_sample
         if cost >= cheapest * (1 - 1e-9):
             continue  # slower and no cheaper per sample than a point already kept

@@ -14,13 +14,17 @@ import pickle
 import sys
 from pathlib import Path
 
+from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.solve.candidates import role_candidates
+from placer.spec.catalog import Resolved
 
 
 def main(argv: list[str]) -> int:
     src, dst = argv
-    res, calib, limit, tasks = pickle.loads(Path(src).read_bytes())
+    work: tuple[Resolved, Calibration, int | None, list[tuple[str, str]]]
+    work = pickle.loads(Path(src).read_bytes())  # written by `candidates._priced_apart`
+    res, calib, limit, tasks = work
     px = Pricer(res, calib)
     found = {(role, pool): role_candidates(px, role, res.cluster.pool(pool), limit)
              for role, pool in tasks}

@@ -285,7 +285,8 @@ class ModelArch(Strict):
         if not self.moe or tokens <= 0:
             return 0.0
         e, k = self.experts, self.experts_per_token
-        return e * (1.0 - (1.0 - k / e) ** tokens)
+        missed: float = (1.0 - k / e) ** tokens  # base >= 0 (k <= E): a real power
+        return e * (1.0 - missed)
 
     def decode_read_params(self, batch: float) -> float:
         """Parameters one decode step of `batch` sequences reads from memory: `matmul_params`

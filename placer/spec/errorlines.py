@@ -11,17 +11,18 @@ Part of the job model's surface (`placer.spec.job` re-exports `validation_lines`
 """
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import get_args
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 
-def _shown(value: Any, limit: int = 80) -> str:
+def _shown(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _model_in(ann: Any) -> type[BaseModel] | None:
+def _model_in(ann: object) -> type[BaseModel] | None:
     """The pydantic model inside an annotation such as `X`, `list[X]` or `X | None`."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
@@ -32,7 +33,7 @@ def _model_in(ann: Any) -> type[BaseModel] | None:
     return None
 
 
-def _keys_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+def _keys_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """The keys the model at `loc` (below `root`) accepts; [] when the path leaves the models."""
     cls: type[BaseModel] | None = root
     for part in loc:
@@ -45,7 +46,7 @@ def _keys_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(cls.model_fields) if cls is not None else []  # the loop returned on None
 
 
-def _error_line(e: Any, prefix: str, root: type[BaseModel] | None) -> str:
+def _error_line(e: ErrorDetails, prefix: str, root: type[BaseModel] | None) -> str:
     """One pydantic error as `field.path: message (got value)`; `root` lists keys for a typo.
     Key names come from the input: the CLI escapes each line (`placer.base.inputs.error_lines`)."""
     loc = ".".join(str(x) for x in e["loc"]) or "(top level)"

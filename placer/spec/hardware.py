@@ -15,7 +15,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, StrictBool, model_validator
+from pydantic import ConfigDict, Field, ModelWrapValidatorHandler, StrictBool, model_validator
 
 from placer.spec.base import PosFloat, PosInt, Strict
 
@@ -101,7 +101,7 @@ class Pool(Strict):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _cores_only(cls, data: Any, handler: Any) -> Pool:
+    def _cores_only(cls, data: Any, handler: ModelWrapValidatorHandler[Pool]) -> Pool:
         """A CPU pool that gives only cores_per_node: devices_per_node is filled in once the
         device's cores are known (`placer.spec.catalog.cpu_pools`); until then 1, not counted as given."""
         derive = (isinstance(data, dict) and "devices_per_node" not in data

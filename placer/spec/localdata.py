@@ -150,7 +150,7 @@ def _parquet_rows(p: Path, keys: dict[str, str]) -> list[dict[str, Any]]:
             for i in range(table.num_rows)]
 
 
-def arch_from_config(cfg: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+def arch_from_config(cfg: dict[str, Any], name: str, where: str) -> dict[str, str | int | bool]:
     """A catalog entry (ModelArch fields) from a Hugging Face config.json."""
     kind = cfg.get("model_type")
     if kind not in DENSE | MOE:
@@ -158,7 +158,7 @@ def arch_from_config(cfg: dict[str, Any], name: str, where: str) -> dict[str, An
                         f"{', '.join(sorted(DENSE | MOE))})")
     try:
         heads = int(cfg["num_attention_heads"])
-        arch: dict[str, Any] = {
+        arch: dict[str, str | int | bool] = {
             "name": name, "layers": int(cfg["num_hidden_layers"]),
             "hidden": int(cfg["hidden_size"]), "heads": heads,
             "kv_heads": int(cfg.get("num_key_value_heads") or heads),
@@ -204,7 +204,7 @@ def anchor(data: Any, base: Path) -> Any:
     return out
 
 
-def _relative(v: Any) -> bool:
+def _relative(v: object) -> bool:
     return isinstance(v, dict) and isinstance(v.get("path"), str) and not Path(v["path"]).is_absolute()
 
 

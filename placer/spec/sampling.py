@@ -6,6 +6,7 @@ sets (`--seed`, or the job's `seed`); nothing reads global random state.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from placer.spec.distributions import Distribution
 
@@ -16,8 +17,9 @@ def rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, *stream])
 
 
-def draw(dist: Distribution, gen: np.random.Generator, n: int) -> np.ndarray:
+def draw(dist: Distribution, gen: np.random.Generator, n: int) -> npt.NDArray[np.float64]:
     """`n` values of `dist` as floats, clipped to [min, cap]."""
+    out: npt.NDArray[np.float64]
     if dist.kind == "fixed":
         out = np.full(n, float(dist.fixed_value()))
     elif dist.kind == "normal":
@@ -33,6 +35,6 @@ def draw(dist: Distribution, gen: np.random.Generator, n: int) -> np.ndarray:
     return np.clip(out, dist.min, hi)
 
 
-def draw_lengths(dist: Distribution, gen: np.random.Generator, n: int) -> np.ndarray:
+def draw_lengths(dist: Distribution, gen: np.random.Generator, n: int) -> npt.NDArray[np.int64]:
     """Token counts: rounded, at least 1."""
     return np.maximum(np.rint(draw(dist, gen, n)), 1).astype(np.int64)

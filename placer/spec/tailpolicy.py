@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -64,6 +64,12 @@ class TailPolicy(Strict):
     def mechanism(self) -> TailMechanism:
         """What this policy does (`POLICIES`)."""
         return POLICIES[self.kind](self)
+
+
+# A simulated run's figures by name (`simulator.policies` rows: iteration_s, long_tail_s,
+# queueing_s, generated, committed, carried_tokens, reissued_calls, reissue_saved_s); `explain`
+# reads only these numbers from a row.
+Metrics = Mapping[str, float]
 
 
 @dataclass(frozen=True)
@@ -123,13 +129,13 @@ class TailMechanism:
         """This policy at defaults read off the job's draws (None: it does not apply)."""
         return TailPolicy()
 
-    def explain(self, row: Mapping[str, Any], base: Mapping[str, Any], train_samples: int) -> str:
+    def explain(self, row: Metrics, base: Metrics, train_samples: int) -> str:
         """One line on what the policy did in a simulated comparison against `none`."""
         return (f"baseline: every step waits for its slowest sample ({row['long_tail_s']:.1f} s "
                 f"after 90% were done)")
 
 
-def _step(row: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[str, str]:
+def _step(row: Metrics, base: Metrics) -> tuple[str, str]:
     return (f"step {base['iteration_s']:.1f} -> {row['iteration_s']:.1f} s",
             f"long tail {base['long_tail_s']:.1f} -> {row['long_tail_s']:.1f} s")
 
@@ -154,7 +160,7 @@ class Overprovision(TailMechanism):
     def option(cls, draws: Draws) -> TailPolicy:
         return TailPolicy(kind="overprovision", fraction=cls.DEFAULT_FRACTION)
 
-    def explain(self, row: Mapping[str, Any], base: Mapping[str, Any], train_samples: int) -> str:
+    def explain(self, row: Metrics, base: Metrics, train_samples: int) -> str:
         step, tail = _step(row, base)
         return (f"generates {row['generated']:.0f} samples to keep the first "
                 f"{row['committed']:.0f}: {step}, {tail}; pays {self.policy.fraction:.0%} more "
@@ -195,7 +201,7 @@ class Partial(TailMechanism):
         budget = np.percentile(np.asarray(draws.response_totals), cls.BUDGET_QUANTILE)
         return TailPolicy(kind="partial", token_budget=max(int(budget), draws.response_floor))
 
-    def explain(self, row: Mapping[str, Any], base: Mapping[str, Any], train_samples: int) -> str:
+    def explain(self, row: Metrics, base: Metrics, train_samples: int) -> str:
         step, tail = _step(row, base)
         return (f"cuts rows at {self.token_budget} tokens, carrying {row['carried_tokens']:.0f} "
                 f"tokens per step (prefilled again next step): {step}, {tail}; trains "
@@ -231,7 +237,7 @@ class Reissue(TailMechanism):
         deadline = float(np.percentile(np.asarray(draws.tool_latencies_s), cls.DEADLINE_QUANTILE))
         return TailPolicy(kind="reissue", deadline_s=max(deadline, draws.mean_tool_s))
 
-    def explain(self, row: Mapping[str, Any], base: Mapping[str, Any], train_samples: int) -> str:
+    def explain(self, row: Metrics, base: Metrics, train_samples: int) -> str:
         step, _ = _step(row, base)
         off = abs(row["iteration_s"] - base["iteration_s"]) < 0.01 * base["iteration_s"]
         return (f"re-issued {row['reissued_calls']} slow tool calls past "
