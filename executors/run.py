@@ -24,6 +24,7 @@ from typing import Any
 from executors import cluster
 from executors.backends import DEFAULT_BACKEND, Backend, backend_of
 from executors.context import Fault, LoopConfig, StepStat
+from executors.ledger import Ledger
 from executors.loop import Loop
 from executors.model import build_policy, save_model_dir, tokenizer_problem
 from executors.roles import Delay, run_config
@@ -55,14 +56,14 @@ class ExecResult:
     ledger_ok: bool
     ledger_problems: list[str]
     trace: Trace
+    ledger: Ledger  # every sample's record: planned, generated, trained, dropped, rolled back
     placement: list[dict[str, Any]] = field(default_factory=list)
     cluster: str = ""
     emulated: list[str] = field(default_factory=list)
     setup_s: float = 0.0
     out_dir: str = ""
-    ledger: Any = None
-    recoveries: list[dict[str, Any]] = field(default_factory=list)  # re-plans after node changes
-    stragglers: list[dict[str, Any]] = field(default_factory=list)  # re-issued slow calls
+    recoveries: list[dict[str, object]] = field(default_factory=list)  # re-plans after node loss
+    stragglers: list[dict[str, object]] = field(default_factory=list)  # re-issued slow calls
 
     def summary(self) -> dict[str, Any]:
         return {"steps": [{"step": s.step, "reward": round(s.reward, 4), "exact": s.exact,
@@ -238,8 +239,8 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
     finally:
         placement = world.close()
     problems = loop.ledger.problems(steps, first=start)
-    return ExecResult(stats, not problems, problems, trace, placement, world.described,
-                      world.emulated, setup_s, str(out), loop.ledger, loop.recoveries,
+    return ExecResult(stats, not problems, problems, trace, loop.ledger, placement,
+                      world.described, world.emulated, setup_s, str(out), loop.recoveries,
                       loop.stragglers)
 
 

@@ -166,7 +166,7 @@ def build_rows(events: list[Priced], eff: Efficiency) -> list[Row]:
 
 
 def _theta(eff: Efficiency, name: str, kind: str) -> float:
-    v = getattr(eff, name)
+    v = float(getattr(eff, name))
     return 1.0 / v if kind == INV else v
 
 
@@ -200,7 +200,8 @@ def solve(rows: list[Row], group: str, prior: Efficiency, min_events: int
         if best is not None:
             break
     theta = dict(theta0)
-    cov, fitted = None, []
+    cov: np.ndarray | None = None
+    fitted: list[str] = []
     if best is not None:
         values, _, fitted, cov = best
         theta.update(values)
@@ -213,7 +214,11 @@ def solve(rows: list[Row], group: str, prior: Efficiency, min_events: int
 
 
 def _solve_subset(A: np.ndarray, rhs: np.ndarray, names: list[str], subset: list[str],
-                  theta0: dict[str, float], spec: tuple[tuple[str, str], ...]):
+                  theta0: dict[str, float], spec: tuple[tuple[str, str], ...]
+                  ) -> tuple[dict[str, float], float, list[str], np.ndarray] | None:
+    """Least squares for the unknowns in `subset`, the others held at `theta0`: the values,
+    the residual sum of squares, the subset and the covariance; None where the subset is
+    under-determined, ill-conditioned or fits a negative (or, for an inverse, zero) value."""
     idx = [names.index(n) for n in subset]
     rest = [j for j in range(len(names)) if j not in idx]
     target = rhs - A[:, rest] @ np.array([theta0[names[j]] for j in rest])
