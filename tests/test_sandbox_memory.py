@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cgroup_util import child_cgroups
 
 from executors import cgroups
 from executors.sandbox import Limits, Sandbox
@@ -146,12 +147,7 @@ def test_a_delegated_cgroup_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     found = cgroups.support()
     if not found.capped or found.kind == "systemd-run":
         pytest.skip(f"no cgroup directory to delegate from here ({found.kind or found.reason})")
-    made = []
-    try:
-        for parent in found.parents.values():
-            d = os.path.join(parent, f"placer-test-{os.getpid()}")
-            os.mkdir(d)
-            made.append(d)
+    with child_cgroups(found, "test") as made:
         monkeypatch.setenv(cgroups.ENV, ":".join(made))
         given = cgroups.support.__wrapped__()
         assert given.kind == found.kind and set(given.parents.values()) == set(made), given
@@ -162,9 +158,6 @@ def test_a_delegated_cgroup_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
         assert r.memory_peak_bytes is not None and r.memory_peak_bytes <= 1.1 * CAP, r
         assert all(not os.listdir(d) or all(not n.startswith(cgroups.PREFIX)
                                              for n in os.listdir(d)) for d in made)
-    finally:
-        for d in made:
-            os.rmdir(d)
 
 
 def test_the_caps_each_kind_of_cgroup_gets(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from cgroup_util import child_cgroups
+
 from executors import cgroups
 from executors.sandbox_launch import stage_source, view
 
@@ -36,18 +38,8 @@ def delegated_cgroup() -> Iterator[dict[str, str]]:
     if os.geteuid() != 0 or found.kind != "v1":
         yield {}
         return
-    made = []
-    try:
-        for parent in found.parents.values():
-            d = os.path.join(parent, f"placer-nobody-{os.getpid()}")
-            os.mkdir(d)
-            made.append(d)
-            for name in [".", *os.listdir(d)]:
-                os.chown(os.path.join(d, name), NOBODY, NOBODY)
+    with child_cgroups(found, "nobody", owner=NOBODY) as made:
         yield {cgroups.ENV: ":".join(made)}
-    finally:
-        for d in made:
-            os.rmdir(d)
 
 
 def test_attack_suites_as_an_unprivileged_user(tmp_path: Path) -> None:

@@ -297,12 +297,15 @@ class Comparison:
     predicted_s: float
 
     @property
+    def versus(self) -> Versus:
+        return Versus(self.published_s, self.predicted_s)
+
+    @property
     def error(self) -> float:
-        return self.predicted_s / self.published_s - 1
+        return self.versus.error
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "published_s": self.published_s,
-                "predicted_s": self.predicted_s, "error": self.error}
+        return {"name": self.name, **self.versus.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Comparison:
