@@ -16,6 +16,7 @@ from simplans import example_plan
 
 from executors.runplan import Layout, RunPlan, actor_counts, resolve_plan
 from placer.base.errors import SpecError
+from placer.cost.calibration import calibration_from_dict
 from placer.solve.planfile import Plan, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,8 +137,8 @@ def test_job_facts_are_the_jobs() -> None:
 
 
 def test_sync_buckets_are_each_pools_calibrated_ones() -> None:
-    plan = hand_plan(GRPO_LAYOUT).model_copy(update={"calibration": {
-        "default": {"sync_bucket_gb": 1e-5}, "devices": {"emu-lpu": {"sync_bucket_gb": 0.0}}}})
+    plan = hand_plan(GRPO_LAYOUT).model_copy(update={"calibration": calibration_from_dict({
+        "default": {"sync_bucket_gb": 1e-5}, "devices": {"emu-lpu": {"sync_bucket_gb": 0.0}}})})
     run: RunPlan = resolve_plan(plan)
     assert {n: p.sync_bucket_bytes for n, p in run.pools.items()} == {
         "gpu": 10_000, "lpu": 0, "cpu": 10_000}  # 0: a call per tensor
