@@ -66,11 +66,19 @@ class LoopConfig:
 
 @dataclass
 class StepStat:
+    """One step's figures. Per role, two times that answer different questions:
+    `role_wall_s`  the wall time within the step that the role had a call running (the union
+                   of its calls' intervals, cut to the step): what the step spent on it, never
+                   more than `step_s`;
+    `role_rank_s`  its calls' seconds summed over its ranks (rank-seconds): the work done, as
+                   large as `role_wall_s` times the ranks busy at once."""
+
     step: int
     reward: float
     exact: float
     step_s: float
-    role_s: dict[str, float]
+    role_wall_s: dict[str, float]
+    role_rank_s: dict[str, float]
     versions: list[int]
     loss: float
     reruns: int = 0
@@ -80,12 +88,38 @@ class TrainingLost(RuntimeError):
     """A trainer or critic rank died; the loop rolls back to the last checkpoint."""
 
 
+Span = tuple[float, float]  # (start, seconds) of one call, on the wall clock (time.time())
+
+
 @dataclass
 class StepCounters:
-    """The current step's busy time per role (the slowest call of each batch) and re-runs."""
+    """The current step's calls per role, as (start, seconds) of each rank's call, and
+    re-runs. A call that began before the step (async mode: the next step's rollout, launched
+    during this one) counts its whole length in rank-seconds, only its part in the step in
+    wall time."""
 
-    role_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: defaultdict[str, list[Span]] = field(default_factory=lambda: defaultdict(list))
     reruns: int = 0
+
+    def busy(self, role: str, spans: list[Span]) -> None:
+        """The role's calls of one batch (one span per rank's call)."""
+        self.calls[str(role)] += [(float(t0), max(float(d), 0.0)) for t0, d in spans]
+
+    def rank_s(self) -> dict[str, float]:
+        return {r: sum(d for _, d in spans) for r, spans in self.calls.items()}
+
+    def wall_s(self, start: float, end: float) -> dict[str, float]:
+        """Per role, the length of the union of its calls' intervals within [start, end]."""
+        out = {}
+        for role, spans in self.calls.items():
+            total, reach = 0.0, start
+            for t0, d in sorted(spans):
+                lo, hi = max(t0, reach), min(t0 + d, end)
+                if hi > lo:
+                    total += hi - lo
+                reach = max(reach, min(t0 + d, end))
+            out[role] = total
+        return out
 
 
 @dataclass

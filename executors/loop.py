@@ -48,6 +48,7 @@ from executors.tails import TailPolicies
 from executors.task import Target, task_of
 from executors.training import EXACT, Checkpoints, Scored, Training
 from executors.weights import WeightSync
+from placer.base.phases import PhaseClock
 from placer.base.roles import Role
 from traces.schema import Trace
 
@@ -60,9 +61,11 @@ class Loop:
     def __init__(self, run: RunPlan, rt: Runtime, cfg: RunConfig, lc: LoopConfig, trace: Trace,
                  progress: Callable[[StepStat], None] | None = None, *,
                  elastic: Elastic | None = None, note: Callable[[str], None] | None = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None,
+                 phases: PhaseClock | None = None) -> None:
         """`progress`: called with each finished step's stats; `note`: one line per cluster
-        recovery; `on_step`: called at every step boundary (tests change the cluster there)."""
+        recovery; `on_step`: called at every step boundary (tests change the cluster there);
+        `phases`: the run's set-up phases, which the loop's own set-up continues and ends."""
         self.ctx = ctx = LoopContext(run, rt, cfg, lc, trace, elastic)
         self.task = task_of(cfg.data)
         self.calls = Dispatcher(ctx, lc.faults)
@@ -74,6 +77,7 @@ class Loop:
         self.checkpoints = Checkpoints(ctx, self.tails)
         self.recovery = Recovery(ctx, self.training, self.checkpoints, note)
         self.progress, self.on_step = progress, on_step
+        self.phases = phases or PhaseClock()
         self.stats: list[StepStat] = []
 
     # ------------------------------------------------------------------ what callers read
@@ -115,12 +119,16 @@ class Loop:
         """Every step, recovering from lost training processes and cluster changes (each
         recovery counts against the config's `retries`); the stats of the steps kept."""
         lc = self.ctx.lc
+        self.phases.begin("forming the trainers' process group"
+                          if len(self.ctx.workers(Role.ACTOR)) > 1 else "reading the workers' layouts")
         self.training.setup()
         self.rollouts.record_layout()  # a split rollout's parts (after the roles' layouts)
         step, pending, restarts = lc.start, None, 0
         if step:  # a resumed run: trainer, critic and carry from the checkpoint before `start`
+            self.phases.begin(f"restoring the checkpoint of step {step - 1}")
             self.checkpoints.last = step - 1
             self.checkpoints.restore()
+        self.phases.end()  # the set-up is over: the steps begin
         while step < lc.steps:
             try:
                 try:
@@ -197,13 +205,13 @@ class Loop:
         """The step's stats, its trace event and the progress callback. Exact answers are the
         reward worker's verdicts (a rule reward: judged once, never re-run here); with a
         reward model, the task's own check of the sandbox's results."""
-        counters, rewards = self.ctx.counters, scored[Role.REWARD]
+        counters, rewards, end = self.ctx.counters, scored[Role.REWARD], time.time()
         exact = scored.get(EXACT)
         if exact is None:
             exact = [self.task.exact(a, r, tg)
                      for a, r, tg in zip(self._answers(s), results, targets)]
         st = StepStat(step, sum(rewards) / len(rewards), sum(map(bool, exact)) / len(rewards),
-                      time.time() - t, {str(k): v for k, v in counters.role_s.items()},
+                      end - t, counters.wall_s(t, end), counters.rank_s(),
                       sorted({s.version, *s.started}), loss, counters.reruns)
         self.ctx.event(f"step {step}", "step", t, st.step_s, None, step,
                        policy_version=s.version, sample_ids=s.ids, tokens=s.tokens(),

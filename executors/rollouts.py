@@ -121,7 +121,7 @@ class EnvironmentCalls:
                 ctx.event("tool", "tool", ts, dur, m, step, policy_version=None,
                           sample_ids=[sid], status=v.get("status"), call=what, **extra)
             results += vals
-        ctx.counters.role_s[Role.ENVIRONMENT] += max(o[1]["dur"] for o in ran.values)
+        ctx.counters.busy(Role.ENVIRONMENT, [(o[1]["t0"], o[1]["dur"]) for o in ran.values])
         return results
 
 
@@ -293,7 +293,7 @@ class RolloutDriver:
                         t.done, t.done_at = True, (r.round, k, len(t.response))
                 else:  # stopped by the step's budget in mid-turn
                     r.cut.add(sid)
-        ctx.counters.role_s[Role.ROLLOUT] += max(o[1]["dur"] for o in ran.values)
+        ctx.counters.busy(Role.ROLLOUT, [(o[1]["t0"], o[1]["dur"]) for o in ran.values])
         return tools
 
     def _tool_calls(self, step: int, trajs: list[Traj]) -> None:

@@ -15,7 +15,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from executors.sharding import check_layout
 from executors.task import task_of
 from executors.world import World
 from placer.base.errors import SpecError
+from placer.base.phases import PhaseClock, PhaseListener
 from placer.base.roles import Role
 from placer.solve.planfile import Plan
 from placer.spec.arch import ModelArch
@@ -60,22 +60,42 @@ class ExecResult:
     placement: list[dict[str, Any]] = field(default_factory=list)
     cluster: str = ""
     emulated: list[str] = field(default_factory=list)
-    setup_s: float = 0.0
+    setup_s: float = 0.0  # from the call to the first step: the sum of `setup_phases`
     out_dir: str = ""
     recoveries: list[dict[str, object]] = field(default_factory=list)  # re-plans after node loss
     stragglers: list[dict[str, object]] = field(default_factory=list)  # re-issued slow calls
+    setup_phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, s), in order
 
     def summary(self) -> dict[str, Any]:
+        """The --json document. Per step and role: `role_wall_s`, the wall time within the step
+        the role had a call running (never above `step_s`), and `role_rank_s`, its calls'
+        seconds summed over its ranks (two trainer ranks busy 1 s: wall 1 s, rank-s 2 s)."""
         return {"steps": [{"step": s.step, "reward": round(s.reward, 4), "exact": s.exact,
                            "step_s": round(s.step_s, 4), "loss": round(s.loss, 5),
-                           "role_s": {k: round(v, 4) for k, v in s.role_s.items()},
+                           "role_wall_s": {k: round(v, 4) for k, v in s.role_wall_s.items()},
+                           "role_rank_s": {k: round(v, 4) for k, v in s.role_rank_s.items()},
                            "policy_versions": s.versions, "reruns": s.reruns}
                           for s in self.stats],
+                "mean_per_step": self.means(),
                 "ledger_balanced": self.ledger_ok, "ledger_problems": self.ledger_problems,
                 "cluster": self.cluster, "emulated_pools": self.emulated,
-                "setup_s": round(self.setup_s, 2), "out_dir": self.out_dir,
+                "setup_s": round(self.setup_s, 2),
+                "setup_phases": [{"phase": p, "s": round(t, 2)} for p, t in self.setup_phases],
+                "out_dir": self.out_dir,
                 "placement": self.placement, "recoveries": self.recoveries,
                 "stragglers": self.stragglers}
+
+    def means(self) -> dict[str, Any]:
+        """The steps' means: step time, and per role its wall time and rank-seconds per step
+        (a step the role had no call in counts as 0)."""
+        n = len(self.stats) or 1
+
+        def mean(key: str) -> dict[str, float]:
+            roles = sorted({r for s in self.stats for r in getattr(s, key)})
+            return {r: round(sum(getattr(s, key).get(r, 0.0) for s in self.stats) / n, 4)
+                    for r in roles}
+        return {"step_s": round(sum(s.step_s for s in self.stats) / n, 4),
+                "role_wall_s": mean("role_wall_s"), "role_rank_s": mean("role_rank_s")}
 
 
 def check_layouts(run: RunPlan, backend: Backend) -> None:
@@ -196,24 +216,29 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
             note: Callable[[str], None] | None = None,
             deadlines: dict[str, float] | None = None, delays: list[Delay] | None = None,
             on_step: Callable[[int], None] | None = None, start: int = 0,
-            unsafe_sandbox: bool = False) -> ExecResult:
+            unsafe_sandbox: bool = False, on_phase: PhaseListener | None = None) -> ExecResult:
     """Run `steps` RL steps of `plan` (from step `start`: a resumed run, see `resume_point`).
 
     deadlines  per-call deadlines in seconds for `rollout` and `environment` calls: a call still
                running then is re-issued to another worker of the role and the first result wins
                (a `reissue` tail policy sets the environment's from `deadline_s`);
     delays     test-only: make a worker's n-th call slow (`executors.roles.Delay`);
-    on_step    called at every step boundary with the next step (tests change the cluster there).
+    on_step    called at every step boundary with the next step (tests change the cluster there);
+    on_phase   told each set-up phase as it begins (checking the plan, starting Ray, placing
+               actors, loading models, ...) and None when the first step begins
+               (`placer.base.phases`); the result's `setup_phases` times them.
     """
     chosen = backend_of(backend)  # SpecError (exit 2) for an unknown one
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
+    clock = PhaseClock(on_phase)
+    clock.begin("checking the plan")
     run = resolve_plan(plan)  # the one resolve: every part below takes its piece of `run`
     preflight(run, chosen, local, unsafe_sandbox)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
     job = run.job
+    clock.begin("preparing the initial model")
     cfg = run_config(run, lr, prepare_model(job, out), tuple(delays or ()))
     if unsafe_sandbox:
         cfg = dataclasses.replace(cfg, unsafe_sandbox=True)
@@ -221,27 +246,27 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
                             "algorithm": job.algorithm, "mode": job.mode,
                             "backend": chosen.name, "runtime": "local" if local else "ray",
                             "predicted_iteration_s": run.predicted_iteration_s})
-    world = World.local(run, cfg, chosen) if local else World.ray(
-        plan, run, cfg, chosen, address, max_restarts, note)
+    world = World.local(run, cfg, chosen, clock) if local else World.ray(
+        plan, run, cfg, chosen, address, max_restarts, note, clock)
     trace.metadata.update(emulated_pools=world.emulated, cluster=world.described)
     if address is None:  # embedded: every emulated device's work runs on this host's cores,
         # which calibration reads as the emulated devices' `host_cores` (placer/calibrate/fit.py)
         trace.metadata["host_cores"] = len(os.sched_getaffinity(0))
-    setup_s = time.time() - t0
     lc = LoopConfig(steps=steps, out_dir=out, mode=job.mode, max_staleness=job.max_staleness,
                     checkpoint_every=checkpoint_every, faults=list(faults or []),
                     retries=max(max_restarts, 1), start=start,
                     deadlines={**tail_deadlines(job.tail_policy), **(deadlines or {})})
     loop = Loop(run, world.rt, cfg, lc, trace, progress, elastic=world.elastic, note=note,
-                on_step=on_step)
+                on_step=on_step, phases=clock)
     try:
-        stats = loop.run()
+        stats = loop.run()  # ends the clock's set-up phases when its first step begins
     finally:
+        clock.end()  # a run that failed in its set-up: the phase it failed in is timed too
         placement = world.close()
     problems = loop.ledger.problems(steps, first=start)
     return ExecResult(stats, not problems, problems, trace, loop.ledger, placement,
-                      world.described, world.emulated, setup_s, str(out), loop.recoveries,
-                      loop.stragglers)
+                      world.described, world.emulated, clock.total_s(), str(out), loop.recoveries,
+                      loop.stragglers, clock.spans)
 
 
 def preflight(run: RunPlan, backend: Backend, local: bool, unsafe_sandbox: bool) -> None:

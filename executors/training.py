@@ -131,7 +131,7 @@ class Training:
                           policy_version=s.version, sample_ids=timing["sample_ids"],
                           tokens=timing.get("tokens", 0),
                           **({"reasons": timing["reasons"]} if "reasons" in timing else {}))
-            ctx.counters.role_s[role] += max(v[1]["dur"] for v in vals)
+            ctx.counters.busy(role, [(v[1]["t0"], v[1]["dur"]) for v in vals])
             out[str(role)] = [x for v in vals for x in v[0]]
             if all(EXACT in v[1] for v in vals):  # a rule reward's verdicts: exact or not
                 out[EXACT] = [x for v in vals for x in v[1][EXACT]]
@@ -189,7 +189,7 @@ class Training:
                       policy_version=info.get("version", step + 1), os_pid=timing.get("pid"),
                       sample_ids=timing["sample_ids"], tokens=timing["tokens"],
                       gathers=int(m.role == Role.ACTOR and len(ranks) > 1))
-            ctx.counters.role_s[m.role] += timing["dur"]
+            ctx.counters.busy(m.role, [(timing["t0"], timing["dur"])])
         leaders = [o.value for k, o in enumerate(outs[:len(ranks)]) if layout.leads(k)]
         ctx.optimizer_steps += leaders[0][0]["optimizer_steps"]
         ctx.trace.metadata["optimizer_steps"] = ctx.optimizer_steps

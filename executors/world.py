@@ -19,6 +19,7 @@ from executors.elastic import Elastic
 from executors.roles import RunConfig
 from executors.runplan import RunPlan
 from executors.runtime import LocalRuntime, RayRuntime, Runtime
+from placer.base.phases import PhaseClock
 from placer.solve.planfile import Plan
 
 
@@ -33,17 +34,27 @@ class World:
     elastic: Elastic | None = None
 
     @staticmethod
-    def local(run: RunPlan, cfg: RunConfig, backend: Backend) -> World:
+    def local(run: RunPlan, cfg: RunConfig, backend: Backend,
+              phases: PhaseClock | None = None) -> World:
+        (phases or PhaseClock()).begin("starting workers, loading models")
         return World(LocalRuntime(run, cfg, backend), "local (one process, no Ray)")
 
     @staticmethod
     def ray(plan: Plan, run: RunPlan, cfg: RunConfig, backend: Backend, address: str | None,
-            max_restarts: int, note: Callable[[str], None] | None) -> World:
+            max_restarts: int, note: Callable[[str], None] | None,
+            phases: PhaseClock | None = None) -> World:
+        """`phases`: each step of the set-up begins a phase of its own (what a user waits for)."""
+        clock = phases or PhaseClock()
+        clock.begin(f"joining Ray at {address}" if address else "starting Ray")
         info = cluster.start(run, address)
         if note:
             note(f"cluster: {info.describe()}")
+        clock.begin("reserving placement groups")
         groups = pl.create_groups(run, info.pinned)
+        # an actor's constructor loads its model: Ray reports them started once all are loaded
+        clock.begin("starting actors, loading models")
         rt = RayRuntime(run, cfg, groups, info.pinned, backend, max_restarts)
+        clock.begin("checking placement")
         placement = pl.verify(rt.members, groups)
         pl.check(placement, info.pinned)
         elastic = Elastic(plan, run, cfg, groups, rt, info.pinned, backend, max_restarts,

@@ -116,8 +116,8 @@ def execute(plan: PlanLike | Job, *, steps: int = 5, out: str | Path = "out/exec
             on_step: Callable[[Any], None] | None = None, **options: Any) -> ExecResult:
     """`placer execute`: `steps` RL steps on Ray (an embedded local Ray unless `address`); a job
     is planned first. `on_step` gets each step's figures (`executors.run.StepStat`); `options`
-    go to `executors.run.execute` (deadlines, max_restarts, note, ...). `progress=True` shows a
-    bar of the steps on a terminal."""
+    go to `executors.run.execute` (deadlines, max_restarts, note, on_phase, ...). `progress=True`
+    shows the set-up phases, then a bar of the steps, on a terminal."""
     import ray  # lazy: Ray (~1 s) only for a run
 
     from executors.run import execute as run
@@ -129,14 +129,21 @@ def execute(plan: PlanLike | Job, *, steps: int = 5, out: str | Path = "out/exec
     # prints stack traces). So the Ray this call started, it stops.
     started_here = not ray.is_initialized()
     try:
-        with bar("execute", total=steps, unit="step", json_out=not progress) as b:
+        with bar("execute", total=steps, unit="step", json_out=not progress, setup=True) as b:
             def step_done(st: Any) -> None:
                 b.advance(info=f"reward {st.reward:.3f}")
                 if on_step is not None:
                     on_step(st)
 
+            theirs = options.pop("on_phase", None)
+
+            def on_phase(name: str | None) -> None:  # the bar's phase row, and the caller's
+                b.phase(name)
+                if theirs is not None:
+                    theirs(name)
+
             return run(p, steps, out, address=address, backend=backend, progress=step_done,
-                       **options)
+                       on_phase=on_phase, **options)
     finally:
         if started_here and ray.is_initialized():
             ray.shutdown()

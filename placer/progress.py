@@ -10,10 +10,17 @@ so the output of a run reads the same with or without it.
         ...; bar.advance(info="reward 0.41")
     bar.write(line)  # a stdout line printed above the bar (plain print when there is none)
     simulate_plan(..., on_iteration=count_callback(bar))  # (done, total): a total may change
+    execute(..., on_phase=bar.phase)  # a row naming the phase under way, with its own clock
+
+A phase (`placer.base.phases`) is what long work is waiting for: starting Ray, loading models,
+planning or simulating point i/n. It gets a row of its own under the bar, with a spinner and
+the time spent in it; `setup=True` keeps the bar itself hidden until the phases end
+(`bar.phase(None)`), so that a run's set-up does not read as "0/N steps".
 
 `total=None` is work whose length is not known in advance (the policy comparison): a spinner
-with the elapsed time, refreshed by rich's own thread while the work runs. Imports nothing of the
-project (foundation layer), so the engines and workflows may take a `Bar` or its callbacks.
+with the elapsed time, refreshed by rich's own thread while the work runs. A front end: the
+engines below it never import it; they take its callbacks (`Bar.phase` is a
+`placer.base.phases.PhaseListener`).
 """
 from __future__ import annotations
 
@@ -38,9 +45,13 @@ def enabled(json_out: bool = False, stream: TextIO | None = None) -> bool:
 class Bar:
     """One task's bar; a no-op (printing lines plainly) when bars are off."""
 
-    def __init__(self, live: Any | None, task: Any | None) -> None:
+    def __init__(self, live: Any | None, task: Any | None, label: str = "",
+                 hidden: bool = False) -> None:
         self._live = live  # rich.progress.Progress, or None when off
         self._task = task
+        self._label = label
+        self._hidden = hidden  # the bar waits for the set-up phases to end
+        self._phase: Any | None = None  # the phase row's task
         self.done = 0
 
     @property
@@ -63,6 +74,22 @@ class Bar:
         if self._live is not None:
             self._live.update(self._task, completed=done, total=total)
 
+    def phase(self, name: str | None) -> None:
+        """Show `name` as the phase under way, in its own row with its own elapsed time (a
+        `placer.base.phases.PhaseListener`); None removes the row and shows the bar."""
+        if self._live is None:
+            return
+        if self._phase is not None:
+            self._live.remove_task(self._phase)
+            self._phase = None
+        if name is not None:
+            self._phase = self._live.add_task(f"{self._label}: {name}", total=None, info="",
+                                              phase=True)
+        elif self._hidden:  # the set-up is over: the bar (and its clock) begins
+            self._hidden = False
+            self._live.reset(self._task, visible=True)
+        self._live.refresh()  # a phase changes seldom: show it now, not at the next tick
+
     def write(self, line: str) -> None:
         """A stdout line; with a bar on a terminal it is printed above the bar."""
         print(line, flush=True)
@@ -70,8 +97,10 @@ class Bar:
 
 @contextmanager
 def progress(label: str, total: int | None = None, *, unit: str = "it",
-             json_out: bool = False, stream: TextIO | None = None) -> Iterator[Bar]:
-    """A transient bar on `stream` (stderr) for `total` units of work, or a spinner."""
+             json_out: bool = False, stream: TextIO | None = None,
+             setup: bool = False) -> Iterator[Bar]:
+    """A transient bar on `stream` (stderr) for `total` units of work, or a spinner; with
+    `setup`, the bar is hidden until `bar.phase(None)` ends the set-up phases."""
     if not enabled(json_out, stream):
         yield Bar(None, None)
         return
@@ -80,27 +109,40 @@ def progress(label: str, total: int | None = None, *, unit: str = "it",
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        ProgressColumn,
         SpinnerColumn,
+        Task,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.text import Text
+
+    class CountsOnly(ProgressColumn):
+        """A column of the bar's row, blank in a phase's row (which counts nothing)."""
+
+        def __init__(self, inner: ProgressColumn) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def render(self, task: Task) -> Any:
+            return Text("") if task.fields.get("phase") else self.inner.render(task)
 
     out = stream if stream is not None else sys.stderr
     console = Console(file=out, force_terminal=os.environ.get("PLACER_PROGRESS") == "1" or None)
     columns: list[Any] = [SpinnerColumn(), TextColumn("[bold]{task.description}")]
     if total is not None:
-        columns += [BarColumn(), MofNCompleteColumn(), TextColumn(unit)]
+        columns += [CountsOnly(c) for c in (BarColumn(), MofNCompleteColumn(), TextColumn(unit))]
     columns += [TimeElapsedColumn()]
     if total is not None:
-        columns += [TextColumn("eta"), TimeRemainingColumn()]
+        columns += [CountsOnly(TextColumn("eta")), CountsOnly(TimeRemainingColumn())]
     columns += [TextColumn("{task.fields[info]}")]
     # stdout lines go above the bar only when stdout is that terminal; into a file they go as is
     live = Progress(*columns, console=console, transient=True,
                     redirect_stdout=sys.stdout.isatty(), redirect_stderr=False)
-    task = live.add_task(label, total=total, info="")
+    task = live.add_task(label, total=total, info="", visible=not setup)
     with live:
-        yield Bar(live, task)
+        yield Bar(live, task, label, hidden=setup)
 
 
 def grid_callback(bar: Bar) -> Callable[[int, int, str], None]:

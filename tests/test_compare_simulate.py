@@ -3,6 +3,8 @@ place the roles alike simulated once, `--iterations N` still exact, bad targets 
 from __future__ import annotations
 
 import json
+import re
+import sys
 
 from calibdata import hand_plan
 from specdata import ROOT
@@ -32,6 +34,28 @@ def test_every_plan_has_a_steady_state_and_an_interval(capsys):
     sims = [rows[n]["simulated_iteration_s"] for n in doc["ranking"]]
     assert sims == sorted(sims)
     assert doc["plans"] == _compare(capsys)["plans"]  # deterministic from the seed
+
+
+def test_a_terminal_sees_what_is_under_way(capsys, monkeypatch):
+    """On a terminal, stderr names each phase (planning, then simulating plan k/n) in order;
+    stdout is the same as into a pipe."""
+    monkeypatch.delenv("PLACER_PROGRESS", raising=False)
+    argv = ["compare", str(TINY), "--simulate", "--iterations", "1"]
+    assert main(argv) == 0
+    piped = capsys.readouterr()
+    assert "compare:" not in piped.err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    sims = re.findall(r"compare: simulating plan (\d+)/(\d+) \((\w[\w-]*)\)", shown.err)
+    n = int(sims[0][1])
+    assert [int(k) for k, _, _ in dict.fromkeys(sims)] == list(range(1, n + 1)), shown.err
+    assert sims[0][2] == "ilp"
+    at = [shown.err.find(p) for p in ("compare: planning: the ILP",
+                                      "compare: planning: the baselines",
+                                      "compare: simulating plan 1/")]
+    assert -1 not in at and at == sorted(at), shown.err
+    assert shown.out == piped.out
 
 
 def test_explicit_iterations_are_kept(capsys):

@@ -23,17 +23,20 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def api_run(tmp_path_factory):
-    """The run, the steps `on_step` saw, and whether Ray was still up after the call."""
+    """The run, the steps `on_step` saw, whether Ray was still up after the call, and the
+    set-up phases `on_phase` was told."""
     import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
 
     import placer
     if ray.is_initialized():  # so that this call starts the embedded Ray itself
         ray.shutdown()
     seen: list = []
+    phases: list[str | None] = []
     r = placer.execute(hand_plan(GRPO_LAYOUT), steps=STEPS, out=tmp_path_factory.mktemp("grpo"),
-                       on_step=seen.append)
+                       on_step=seen.append, on_phase=phases.append)
     print("GRPO reward curve:", curve(r))
-    return r, seen, ray.is_initialized()
+    print("set-up:", ", ".join(f"{p} {t:.1f}s" for p, t in r.setup_phases))
+    return r, seen, ray.is_initialized(), phases
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def result(api_run):
 
 def test_execute_stops_the_ray_it_started(api_run) -> None:
     """Killed with a notebook's kernel, a Ray left running prints SIGTERM stack traces."""
-    r, seen, ray_up = api_run
+    r, seen, ray_up, _ = api_run
     assert [s.step for s in seen] == list(range(STEPS)) and r.ledger_ok
     assert not ray_up
 
@@ -90,3 +93,40 @@ def test_trace_has_every_kind_of_event(result, tmp_path) -> None:
 def test_checkpoints_written(result) -> None:
     latest = json.loads((Path(result.out_dir) / "checkpoints" / "latest.json").read_text())
     assert latest["step"] == STEPS - 1 and Path(latest["actor"]).is_file()
+
+
+# The set-up of a Ray run, phase by phase: what `placer execute` shows before its step bar.
+RAY_SETUP = ["checking the plan", "preparing the initial model", "starting Ray",
+             "reserving placement groups", "starting actors, loading models", "checking placement",
+             "forming the trainers' process group"]
+
+
+def test_setup_phases_are_named_in_order_and_add_up(api_run) -> None:
+    r, _, _, phases = api_run
+    assert phases == [*RAY_SETUP, None]  # None: the set-up is over, the first step begins
+    assert [p for p, _ in r.setup_phases] == RAY_SETUP
+    assert r.setup_s == pytest.approx(sum(t for _, t in r.setup_phases))
+    doc = r.summary()
+    assert [p["phase"] for p in doc["setup_phases"]] == RAY_SETUP
+
+
+def test_role_times_per_step_add_up(result) -> None:
+    """Per role, the wall time within a step never exceeds the step and the rank-seconds are
+    never below it; both read against the trace's own events (the trainers' two ranks: their
+    `train` events summed are the rank-seconds, their union the wall time)."""
+    tr = result.trace
+    for st in result.stats:
+        assert set(st.role_wall_s) == set(st.role_rank_s) >= {"actor", "rollout", "reward"}
+        for role, wall in st.role_wall_s.items():
+            assert 0 < wall <= st.step_s, (st.step, role, wall, st.step_s)
+            assert st.role_rank_s[role] >= wall - 1e-9, (st.step, role)
+        train = [e for e in tr.of("train") if e.args["step"] == st.step
+                 and e.args["role"] == "actor"]
+        assert len(train) == 2  # data-parallel 2: one event per rank
+        assert st.role_rank_s["actor"] == pytest.approx(sum(e.dur_s for e in train), abs=1e-3)
+        lo, hi = min(e.ts_s for e in train), max(e.ts_s + e.dur_s for e in train)
+        assert st.role_wall_s["actor"] <= hi - lo + 1e-3
+        # the two ranks train at once: their sum is well above the wall time they took
+        assert st.role_rank_s["actor"] > 1.5 * st.role_wall_s["actor"]
+    means = result.summary()["mean_per_step"]
+    assert all(means["role_wall_s"][r] <= means["step_s"] for r in means["role_wall_s"])

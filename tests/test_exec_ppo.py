@@ -34,7 +34,7 @@ def test_async_versions_within_staleness(result) -> None:
 
 
 def test_critic_trained_and_ledger_balances(result) -> None:
-    assert all("critic" in s.role_s for s in result.stats)
+    assert all("critic" in s.role_wall_s for s in result.stats)
     assert result.ledger_ok, result.ledger_problems
     cats = {e.cat for e in result.trace.events if e.args.get("role") == "critic"}
     assert {"forward", "train"} <= cats

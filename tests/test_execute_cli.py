@@ -4,6 +4,7 @@ JSON document on stdout (progress on stderr), writes the trace and says which po
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from exec_util import GRPO_LAYOUT, hand_plan
@@ -64,3 +65,23 @@ def test_execute_runs_and_prints_one_json_document(grpo_cli_run) -> None:
     assert "step 0: reward" in stderr and "emulated" in stderr
     assert all(r["on_plan_node"] and r["in_bundle"] for r in doc["placement"])
     assert read_trace(grpo_cli_run.trace).metadata["source"] == "execute"
+
+
+@pytest.mark.ray
+def test_execute_names_its_set_up_on_stderr(grpo_cli_run) -> None:
+    """Under --json (no bar) stderr gets a line as each set-up phase begins, in order, before
+    the first step's line; the document times them, and they add up to the set-up time."""
+    stderr, doc = grpo_cli_run.stderr, grpo_cli_run.doc
+    phases = ["checking the plan", "preparing the initial model", "starting Ray",
+              "reserving placement groups", "starting actors, loading models",
+              "checking placement", "forming the trainers' process group"]
+    said = re.findall(r"^set-up [0-9.]+s: (.+)$", stderr, re.M)
+    assert said == phases, stderr[-2000:]
+    assert stderr.index(f": {phases[-1]}") < stderr.index("step 0: reward")
+    assert [p["phase"] for p in doc["setup_phases"]] == phases
+    assert doc["setup_s"] == pytest.approx(sum(p["s"] for p in doc["setup_phases"]), abs=0.05)
+    means = doc["mean_per_step"]
+    for step in doc["steps"]:
+        for role, wall in step["role_wall_s"].items():
+            assert wall <= step["step_s"] and step["role_rank_s"][role] >= wall
+    assert set(means["role_wall_s"]) == set(means["role_rank_s"]) >= {"actor", "rollout"}

@@ -25,6 +25,9 @@ def test_resume_continues_from_the_last_checkpoint(grpo_cli_run, capsys) -> None
     assert [s["policy_versions"] for s in again["steps"]] == [[2], [3]]
     assert again["ledger_balanced"], again["ledger_problems"]
     assert (out / "model-v0" / "model.safetensors").is_file()  # rebuilt, not loaded half-written
+    # its set-up ends restoring the checkpoint (after the trainers' process group is formed)
+    assert [p["phase"] for p in again["setup_phases"]][-2:] == [
+        "forming the trainers' process group", "restoring the checkpoint of step 1"]
 
     # finished: resuming it again is bad input, found before Ray starts
     assert main(["execute", str(plan), "--out", str(out), "--steps", "4", "--resume"]) == 2

@@ -52,6 +52,35 @@ def test_off_writes_nothing_and_still_counts() -> None:
     assert bar.done == 2 and out.getvalue() == ""
 
 
+def test_set_up_phases_show_before_the_bar() -> None:
+    """`setup=True`: each phase is named in a row of its own while the bar stays hidden (a
+    run's set-up is not "0/2 step"); `phase(None)` ends them and the bar counts."""
+    tty = Tty()
+    with progress("execute", total=2, unit="step", stream=tty, setup=True) as bar:
+        bar.phase("starting Ray")
+        bar.phase("starting actors, loading models")
+        during = tty.getvalue()
+        bar.phase(None)
+        bar.advance()
+        bar.advance()
+    assert during.index("execute: starting Ray") < during.index("execute: starting actors")
+    assert "0/2" not in during and "step" not in during.replace("execute:", "")
+    assert "2/2" in tty.getvalue()
+
+
+def test_phases_beside_a_visible_bar_and_off() -> None:
+    tty = Tty()
+    with progress("sweep", total=2, unit="points", stream=tty) as bar:
+        bar.phase("planning point 1/2 (a)")
+        assert "0/2" in tty.getvalue() and "sweep: planning point 1/2 (a)" in tty.getvalue()
+        bar.phase(None)
+    out = io.StringIO()
+    with progress("sweep", total=2, stream=out, setup=True) as off:
+        off.phase("planning")
+        off.phase(None)
+    assert out.getvalue() == ""
+
+
 def test_grid_callback_moves_to_the_point() -> None:
     bar = Bar(None, None)
     step = grid_callback(bar)

@@ -100,9 +100,11 @@ def test_bad_vary_exits_2_naming_it(capsys, vary, named):
 
 def test_progress_on_a_terminal_only(capsys, monkeypatch):
     """placer.progress's bar: on a terminal it counts the points (its last frame shows them
-    all done); into a pipe nothing is written; stdout is the same either way."""
+    all done) and names what is under way, point by point; into a pipe nothing is written;
+    stdout is the same either way."""
     monkeypatch.delenv("PLACER_PROGRESS", raising=False)
-    argv = ["sweep", TINY, "--vary", "batch.prompts=4,8", "--time-limit", "1"]
+    argv = ["sweep", TINY, "--vary", "batch.prompts=4,8", "--time-limit", "1", "--simulate",
+            "--iterations", "1"]
     assert main(argv) == 0
     piped = capsys.readouterr()
     assert "sweep" not in piped.err
@@ -110,6 +112,11 @@ def test_progress_on_a_terminal_only(capsys, monkeypatch):
     assert main(argv) == 0
     shown = capsys.readouterr()
     assert "sweep" in shown.err and "2/2" in shown.err and "points" in shown.err
+    phases = ["checking the 2 points' jobs", "planning point 1/2 (batch.prompts=4)",
+              "simulating point 1/2 (batch.prompts=4)", "planning point 2/2 (batch.prompts=8)",
+              "simulating point 2/2 (batch.prompts=8)"]
+    at = [shown.err.find(f"sweep: {p}") for p in phases]
+    assert -1 not in at and at == sorted(at), shown.err
     assert shown.out == piped.out
 
 

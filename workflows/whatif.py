@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from placer.base.errors import Infeasible, SpecError
+from placer.base.phases import PhaseClock, PhaseListener
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.solve.baselines import baseline_assignments
@@ -58,16 +59,21 @@ def placement_summary(plan: Plan) -> str:
 def evaluate(res: Resolved, knob: str, value: Any, iterations: int | None = None,
              seed: int | None = None,
              calib: Calibration | None = None, time_limit_s: float = TIME_LIMIT_S,
-             simulate: bool = True, solver: dict[str, Any] | None = None) -> dict[str, Any]:
+             simulate: bool = True, solver: dict[str, Any] | None = None,
+             phases: PhaseClock | None = None, what: str = "") -> dict[str, Any]:
     """Plan and (unless `simulate` is off) simulate one point of a sweep; `solver` holds more
-    `plan_job` options (objective, workers, seed)."""
+    `plan_job` options (objective, workers, seed); `phases` is told "planning WHAT" and
+    "simulating WHAT" as each begins (`what`: the point, by default its value)."""
     row: dict[str, Any] = {"knob": knob, "value": value}
+    clock, what = phases or PhaseClock(), what or str(value)
+    clock.begin(f"planning {what}")
     try:
         plan = plan_job(Pricer(res, calib or Calibration()), time_limit_s=time_limit_s, **(solver or {}))
     except Infeasible as e:
         return row | {"infeasible": str(e).splitlines()[0]}
     if not simulate:
         return _predicted(plan, knob, value)
+    clock.begin(f"simulating {what}")
     return _simulated(plan, knob, value, iterations, res.job.seed if seed is None else seed)
 
 
@@ -251,13 +257,18 @@ def point_label(varies: list[Vary], point: tuple[Any, ...]) -> str:
 def grid(job: Job, varies: list[Vary], simulate: bool = False, iterations: int | None = None,
          seed: int | None = None, calib: Calibration | None = None,
          time_limit_s: float = TIME_LIMIT_S, progress: Progress | None = None,
-         solver: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+         solver: dict[str, Any] | None = None,
+         on_phase: PhaseListener | None = None) -> list[dict[str, Any]]:
     """Every combination of the `varies`' values, planned (and simulated): one row each, with
-    `point` (path -> value). Every point's job is built and checked before the first solve."""
+    `point` (path -> value). Every point's job is built and checked before the first solve.
+    `on_phase` is told what is under way: checking the points, planning point i/n (label),
+    simulating point i/n (label); None at the end."""
     points = list(itertools.product(*(v.values for v in varies)))
     if len(points) > MAX_GRID_POINTS:
         raise SpecError(f"--vary: {len(points)} points exceed the {MAX_GRID_POINTS} a sweep "
                         "plans (one solve each)")
+    clock = PhaseClock(on_phase)
+    clock.begin(f"checking the {len(points)} points' jobs")
     jobs = []
     for pt in points:
         j = job
@@ -272,8 +283,9 @@ def grid(job: Job, varies: list[Vary], simulate: bool = False, iterations: int |
         if progress is not None:
             progress(i, len(points), label)
         row = evaluate(resolve(j), "sweep", label, iterations, seed, calib, time_limit_s,
-                       simulate, solver)
+                       simulate, solver, clock, f"point {i + 1}/{len(points)} ({label})")
         rows.append(row | {"point": dict(zip((v.path for v in varies), pt))})
+    clock.end()
     return rows
 
 

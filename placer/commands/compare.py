@@ -9,7 +9,9 @@ is also run through the simulator and ranked by its steady-state iteration time
 (`simulator.steady`: warm-up and drain excluded, iterations added until the 95% confidence
 interval is within `--ci` of the mean or a cap; `--iterations N` simulates exactly N). Plans that
 place every role the same way are simulated once. A plan whose interval overlaps the ILP's is
-marked tied with it: the simulation cannot tell them apart.
+marked tied with it: the simulation cannot tell them apart. On a terminal (not with `--json`)
+a spinner on stderr names what is under way (planning the ILP, the baselines, simulating plan
+k/n) with its elapsed time.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from placer.base.errors import SpecError
+from placer.base.phases import PhaseClock, PhaseListener
 from placer.cli import emit_json
 from placer.commands.plan import add_solver_arguments, load_inputs
 from placer.commands.simulate import add_steady_arguments, steady_targets
@@ -83,19 +86,24 @@ def _devices(placed: str) -> str:
     return "+".join(part.split(" ")[0] for part in placed.split(" [")[0].split(" + "))
 
 
-def plans_for(res: Resolved, calib: Calibration, args: argparse.Namespace
-              ) -> dict[str, Plan | None]:
-    """The ILP's plan and every baseline's, all through `assemble` (each records `calib`)."""
+def plans_for(res: Resolved, calib: Calibration, args: argparse.Namespace,
+              on_phase: PhaseListener | None = None) -> dict[str, Plan | None]:
+    """The ILP's plan and every baseline's, all through `assemble` (each records `calib`);
+    `on_phase` is told which is being planned."""
     from placer.cost.pricer import Pricer
     from placer.solve.baselines import baseline_assignments
     from placer.solve.planner import build_problem, plan_assignment, plan_job
 
+    clock = PhaseClock(on_phase)
+    clock.begin("planning: the ILP")
     ilp = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, objective=args.objective,
                    workers=args.workers, seed=args.seed)
+    clock.begin("planning: the baselines")
     problem = build_problem(Pricer(res, calib), args.objective)
     out: dict[str, Plan | None] = {"ilp": ilp}
     for name, a in baseline_assignments(problem).items():
         out[name] = None if a is None else plan_assignment(problem, a, name)
+    clock.end()
     return out
 
 
@@ -103,28 +111,14 @@ def run(args: argparse.Namespace) -> int:
     if args.sim_seed < 0:  # the simulator's seed sequences take non-negative integers only
         raise SpecError(f"--sim-seed: must be >= 0 (got {args.sim_seed})")
     simulate = _simulator(args) if args.simulate else None
-    seen: dict[str, SteadyState] = {}
     res, calib = load_inputs(args)
-    plans = plans_for(res, calib, args)
+    from placer.progress import progress  # a spinner on stderr, off under --json
+
+    with progress("compare", json_out=args.json) as bar:
+        plans = plans_for(res, calib, args, bar.phase)
+        rows = _rows(plans, simulate, bar.phase)
     base = plans["ilp"]
     assert base is not None, "plan_job returns a plan or raises Infeasible"
-    rows: dict[str, dict[str, Any]] = {}
-    for name, p in plans.items():
-        if p is None:
-            rows[name] = {"applicable": False}
-            continue
-        row = {"applicable": True, "predicted_iteration_s": p.predicted_iteration_s,
-               "throughput_samples_s": p.throughput_samples_s,
-               "cost_per_sample": p.cost_per_sample,
-               "ratio_to_ilp": p.predicted_iteration_s / base.predicted_iteration_s,
-               "cost_ratio_to_ilp": (p.cost_per_sample / base.cost_per_sample
-                                     if base.cost_per_sample else None),
-               "placement": placement(p)}
-        if simulate is not None:
-            key = _same_placement(p)
-            st = seen[key] = seen[key] if key in seen else simulate(p)
-            row.update(_simulated(st))
-        rows[name] = row
     if simulate is not None:
         ilp = rows["ilp"]
         for r in rows.values():
@@ -141,6 +135,38 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(doc))
     return 0
+
+
+def _rows(plans: dict[str, Plan | None], simulate: Callable[[Plan], SteadyState] | None,
+          on_phase: PhaseListener | None = None) -> dict[str, dict[str, Any]]:
+    """One row per plan: its predicted figures and, with `simulate`, its steady state (plans
+    placed the same way simulated once); `on_phase` is told "simulating plan k/n (NAME)"."""
+    base = plans["ilp"]
+    assert base is not None, "plan_job returns a plan or raises Infeasible"
+    clock = PhaseClock(on_phase)
+    seen: dict[str, SteadyState] = {}
+    distinct = len({_same_placement(p) for p in plans.values() if p is not None})
+    rows: dict[str, dict[str, Any]] = {}
+    for name, p in plans.items():
+        if p is None:
+            rows[name] = {"applicable": False}
+            continue
+        row = {"applicable": True, "predicted_iteration_s": p.predicted_iteration_s,
+               "throughput_samples_s": p.throughput_samples_s,
+               "cost_per_sample": p.cost_per_sample,
+               "ratio_to_ilp": p.predicted_iteration_s / base.predicted_iteration_s,
+               "cost_ratio_to_ilp": (p.cost_per_sample / base.cost_per_sample
+                                     if base.cost_per_sample else None),
+               "placement": placement(p)}
+        if simulate is not None:
+            key = _same_placement(p)
+            if key not in seen:
+                clock.begin(f"simulating plan {len(seen) + 1}/{distinct} ({name})")
+                seen[key] = simulate(p)
+            row.update(_simulated(seen[key]))
+        rows[name] = row
+    clock.end()
+    return rows
 
 
 def _simulated(st: SteadyState) -> dict[str, Any]:

@@ -1,8 +1,12 @@
 """`placer execute PLAN.json`: run a plan on Ray (embedded, or `--address` to join a cluster).
 
-Prints one line per step (mean reward, exact answers, step time, per-role time, policy versions)
-to stdout, or with `--json` one JSON document at the end (progress then goes to stderr). Pools
-whose devices this machine lacks run emulated and the output says so. A job file (YAML) may be
+Prints one line per step (mean reward, exact answers, step time, policy versions, and per role
+its wall time within the step beside its rank-seconds summed over its ranks) to stdout, then a
+summary: the set-up phase by phase and the per-role means; or with `--json` one JSON document at
+the end (the step lines, and a line as each set-up phase begins, then go to stderr). On a
+terminal the set-up phases (starting Ray, reserving placement groups, starting actors and loading
+models, ...) show with their elapsed time before the step bar starts. Pools whose devices this
+machine lacks run emulated and the output says so. A job file (YAML) may be
 given instead of a plan: it is planned first with the ILP. With `--trace T.json` the trace names
 its plan (metadata `plan_path`), saved beside it as T.plan.json when a job file was given, so
 `placer calibrate T.json` needs no --plan.
@@ -12,11 +16,18 @@ from __future__ import annotations
 # Heavy imports (ortools, simpy, torch, Ray) wait for `run`: the CLI imports every command
 # module to build `placer --help`, and a command pays only for what it runs.
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from placer.base.errors import SpecError
 from placer.base.inputs import check_output
+from placer.base.phases import PhaseListener
 from placer.cli import emit_json, note
+
+if TYPE_CHECKING:
+    from executors.context import StepStat
+    from executors.run import ExecResult
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,33 +123,73 @@ def run(args: argparse.Namespace) -> int:
 
     show = note if args.json else (lambda m: print(m, flush=True))
 
-    def progress(st) -> None:
-        roles = " ".join(f"{r}={t:.2f}s" for r, t in sorted(st.role_s.items()))
-        show(f"step {st.step}: reward {st.reward:.3f} exact {st.exact:.2f} "
-             f"time {st.step_s:.2f}s policy_version {st.versions} [{roles}]"
-             + (f" reruns {st.reruns}" if st.reruns else ""))
-
     from placer.progress import progress as bar_for  # a bar on stderr, off under --json
-    with bar_for("execute", total=args.steps - start, unit="step", json_out=args.json) as bar:
-        def step_done(st) -> None:
-            progress(st)
+    with bar_for("execute", total=args.steps - start, unit="step", json_out=args.json,
+                 setup=True) as bar:
+        def step_done(st: StepStat) -> None:
+            show(step_line(st))
             bar.advance(info=f"reward {st.reward:.3f}, {st.step_s:.1f} s/step")
 
         result = execute(plan, args.steps, args.out, address=args.address, backend=args.backend,
                          max_restarts=args.max_restarts, progress=step_done, note=show,
                          deadlines=deadlines or None, start=start,
-                         unsafe_sandbox=args.unsafe_sandbox)
+                         unsafe_sandbox=args.unsafe_sandbox,
+                         on_phase=phase_lines(note) if args.json else bar.phase)
     if args.trace:
         name_plan(result.trace, plan, args.plan, args.trace)
         result.trace.write(args.trace)
     if args.json:
         emit_json(result.summary())
     else:
-        tail = "balanced" if result.ledger_ok else "NOT balanced: " + "; ".join(result.ledger_problems)
-        emu = (f"emulated pools: {', '.join(result.emulated)}" if result.emulated
-               else "no emulated pools")
-        print(f"done: {len(result.stats)} steps, setup {result.setup_s:.1f}s, ledger {tail}, {emu}")
-        for s in result.stragglers:
-            print(f"straggler: step {s['step']} {s['slow_worker']} missed its {s['deadline_s']}s "
-                  f"deadline; re-issued to {s['reissued_to']} ({s['winner']} won)")
+        print("\n".join(summary_lines(result)))
     return 0 if result.ledger_ok else 1
+
+
+def _roles(times: dict[str, float], unit: str = "s") -> str:
+    return " ".join(f"{r}={t:.2f}{unit}" for r, t in sorted(times.items()))
+
+
+def step_line(st: StepStat) -> str:
+    """One step: its figures, then per role the wall time it was busy within the step (at most
+    the step's time) and its rank-seconds (summed over its ranks)."""
+    return (f"step {st.step}: reward {st.reward:.3f} exact {st.exact:.2f} "
+            f"time {st.step_s:.2f}s policy_version {st.versions} "
+            f"wall [{_roles(st.role_wall_s)}] rank-s [{_roles(st.role_rank_s, '')}]"
+            + (f" reruns {st.reruns}" if st.reruns else ""))
+
+
+def phase_lines(say: Callable[[str], None]) -> PhaseListener:
+    """Under --json, where no bar is shown: a line on stderr as each set-up phase begins, with
+    the set-up's time so far (the per-step lines go there too)."""
+    import time
+    began = time.monotonic()
+
+    def on_phase(name: str | None) -> None:
+        if name is not None:
+            say(f"set-up {time.monotonic() - began:.1f}s: {name}")
+    return on_phase
+
+
+def summary_lines(result: ExecResult) -> list[str]:
+    """The text summary: the run, its set-up phase by phase (they add up to the set-up time),
+    and per role the mean wall time per step beside the mean rank-seconds per step."""
+    tail = ("balanced" if result.ledger_ok
+            else "NOT balanced: " + "; ".join(result.ledger_problems))
+    emu = (f"emulated pools: {', '.join(result.emulated)}" if result.emulated
+           else "no emulated pools")
+    lines = [f"done: {len(result.stats)} steps, setup {result.setup_s:.1f}s, ledger {tail}, {emu}",
+             "set-up: " + ", ".join(f"{p} {t:.1f}s" for p, t in result.setup_phases)]
+    means = result.means()
+    if result.stats:
+        lines.append(f"per step (mean of {len(result.stats)}): {means['step_s']:.2f}s; per role, "
+                     "wall = time in the step the role was busy (at most the step), "
+                     "rank-s = its busy seconds summed over its ranks")
+        lines.append(f"  {'role':<12} {'wall s':>8} {'rank-s':>8}")
+        for role, rank_s in means["role_rank_s"].items():
+            lines.append(f"  {role:<12} {means['role_wall_s'].get(role, 0.0):>8.2f} "
+                         f"{rank_s:>8.2f}")
+    for s in result.stragglers:
+        lines.append(f"straggler: step {s['step']} {s['slow_worker']} missed its "
+                     f"{s['deadline_s']}s deadline; re-issued to {s['reissued_to']} "
+                     f"({s['winner']} won)")
+    return lines

@@ -14,7 +14,9 @@ cost per sample used and booked, and the best plan's shape (slot@pool xdevices);
 the points on the throughput / booked-cost-per-sample Pareto frontier (a point with fewer nodes
 books less even where its plan uses the same devices). `--plots DIR` writes `pareto.png` (every
 point labelled) and `sweep.png`. Progress goes to stderr when it is a terminal and `--json` is
-off. Every point's job is checked before the first solve: a bad PATH or value exits 2 naming it.
+off: the points done, and under them what is under way (planning or simulating point i/n) with
+its elapsed time. Every point's job is checked before the first solve: a bad PATH or value
+exits 2 naming it.
 """
 from __future__ import annotations
 
@@ -76,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
                            seed=args.sim_seed, calib=calib, time_limit_s=args.time_limit,
                            solver={"objective": args.objective, "workers": args.workers,
                                    "seed": args.seed},
-                           progress=grid_callback(bar) if bar.shown else None)
+                           progress=grid_callback(bar) if bar.shown else None,
+                           on_phase=bar.phase)
         bar.advance(total - bar.done)  # the callback moves to a point before solving it
     front = {id(r) for r in whatif.pareto(rows, cost=PARETO_COST)}
     if args.json:
