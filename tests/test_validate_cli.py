@@ -10,7 +10,7 @@ from specdata import EXAMPLES, ROOT
 
 from placer.cli import main
 from placer.spec.catalog import resolve
-from placer.spec.load import load_job
+from placer.spec.load import load_job, read_structured
 
 
 def one_document(text: str):
@@ -114,6 +114,72 @@ def test_every_mistake_is_reported_in_one_pass(tmp_path, capsys) -> None:
     for line, want in zip(sorted(lines), sorted(expected)):
         assert line.startswith(f"placer: error: {job}: ") and want in line, (line, want)
     assert any("(got 'many')" in line for line in lines)
+
+
+# A schema error, an unknown device and an unknown model: three lines in one pass
+THREE_MISTAKES = (("batch.prompts", "prompts: 128", "prompts: -5",
+                   "batch.prompts: Input should be greater than 0 (got -5)"),
+                  ("device", "device: H100-SXM", "device: H100",
+                   "cluster.pools.0.device: unknown device type 'H100' (did you mean "
+                   "'H100-SXM'?)"),
+                  ("model", "policy: Qwen3-30B-A3B", "policy: Qwen3-30B-A3B-Instruct-2507",
+                   "models.policy: unknown model 'Qwen3-30B-A3B-Instruct-2507' (did you mean "
+                   "'Qwen3-30B-A3B'?)"))
+
+
+def _three_mistakes(tmp_path: Path) -> Path:
+    text = (ROOT / "examples" / "grpo-qwen3-30b-a3b.yaml").read_text()
+    for _, good, bad, _ in THREE_MISTAKES:
+        assert text.count(good) == 1
+        text = text.replace(good, bad)
+    job = tmp_path / "three.yaml"
+    job.write_text(text)
+    return job
+
+
+def test_unknown_names_are_reported_with_the_schema_errors(tmp_path, placer_cmd) -> None:
+    """`placer validate` (a real process: exit 2, no traceback) and `placer plan` print the
+    three mistakes together, each naming its field and value, the names with a suggestion."""
+    job = _three_mistakes(tmp_path)
+    proc = subprocess.run([*placer_cmd, "validate", str(job)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    for line, (_, _, _, want) in zip(lines, THREE_MISTAKES):
+        assert line.startswith(f"placer: error: {job}: {want}"), (line, want)
+    assert main(["plan", str(job), "-o", str(tmp_path / "plan.json")]) == 2
+
+
+def test_the_api_raises_the_same_three_lines(tmp_path) -> None:
+    from placer import api
+    from placer.base.inputs import SpecErrors
+    job = _three_mistakes(tmp_path)
+    for given in (job, read_structured(job)):
+        with pytest.raises(SpecErrors) as e:
+            api.validate(given)
+        assert len(e.value.lines) == 3, e.value.lines
+        for line, (_, _, _, want) in zip(e.value.lines, THREE_MISTAKES):
+            assert want in line, (line, want)
+
+
+def test_names_the_schema_refused_are_not_looked_up_again(tmp_path, capsys) -> None:
+    """A device that is not text is the schema's one error; a pool naming the job's own device
+    type counts it as known even when that entry has its own mistake. (A guard against false
+    lines: before names were looked up beside the schema errors, this passed too.)"""
+    text = (ROOT / "examples" / "tiny-cpu.yaml").read_text()
+    text = text.replace("device: emu-gpu,", "device: 7,")
+    text = text.replace("device: emu-lpu,", "device: my-lpu,")
+    text += ("catalog:\n  devices:\n    - {name: my-lpu, kind: lpu, memory_gb: -1, "
+             "bf16_tflops: 100, mem_bw_gbs: 1000, intra_link_gbs: 10, nic_gbs: 10, "
+             "can_train: false}\n")
+    job = tmp_path / "refused.yaml"
+    job.write_text(text)
+    assert main(["validate", str(job)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert "cluster.pools.0.device: Input should be a valid string (got 7)" in lines[0]
+    assert "catalog.devices.0.memory_gb:" in lines[1]
 
 
 def test_checks_across_fields_are_reported_together(tmp_path, capsys) -> None:

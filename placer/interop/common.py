@@ -7,7 +7,6 @@ path; a plan describes devices as a count on a pool and a model as a catalog nam
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,8 +14,7 @@ from placer.base.errors import SpecError
 from placer.solve.planfile import Plan, RolePlacement
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
-
-_HF_REPO = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+) config\.json")
+from placer.spec.names import hf_repo
 
 
 @dataclass
@@ -34,25 +32,12 @@ def hf_path(res: Resolved, role: str, warnings: list[str]) -> str:
     """The Hugging Face repository of the model a role runs (from the catalog's source), or the
     catalog name with a warning when the catalog knows none (a local or test model)."""
     m = res.arch_of(role)
-    found = _HF_REPO.match(m.source)
-    if found:
-        return found.group(1)
+    repo = hf_repo(m.source)
+    if repo:
+        return repo
     warnings.append(f"{role}: model {m.name!r} has no Hugging Face repository in the catalog; "
                     f"the export uses {m.name!r} as its path (replace it with a local path)")
     return m.name
-
-
-def catalog_name(res_models: dict[str, object], path: str) -> str | None:
-    """The catalog model whose source names the Hugging Face repository `path` (the last path
-    components are compared, so a local copy `/models/Qwen/Qwen2.5-7B` matches too)."""
-    want = "/".join(path.rstrip("/").split("/")[-2:]).lower()
-    for name, m in res_models.items():
-        found = _HF_REPO.match(getattr(m, "source", ""))
-        if found and found.group(1).lower() == want:
-            return name
-        if name.lower() == path.rstrip("/").split("/")[-1].lower():
-            return name
-    return None
 
 
 def node_shape(plan: Plan, role: str, warnings: list[str]) -> tuple[int, int]:

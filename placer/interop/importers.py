@@ -1,12 +1,13 @@
 """An existing verl or OpenRLHF run as a job spec, its placement recorded under `current:`.
 
 What a run's configuration says is kept: the models (matched to the catalog by their Hugging Face
-repository; instruct/chat variants share their base model's architecture), the batch, the length
-caps, the algorithm, nodes x GPUs of every resource pool or actor group, TP/PP sizes and which
-roles share GPUs. What it does not say is assumed, and every assumption is returned as a note:
-the GPU type (`device`), the length distributions (a prompt at half its cap, responses
-lognormal with the median at a quarter of the cap: long-tailed reasoning), and one CPU node for
-rule rewards and tools (verl and OpenRLHF run them on the driver's and workers' CPUs).
+repository; release variants, instruct, chat, base or dated, share their base model's architecture:
+`placer.spec.names`), the batch, the length caps, the algorithm, nodes x GPUs of every resource
+pool or actor group, TP/PP sizes and which roles share GPUs. What it does not say is assumed, and
+every assumption is returned as a note: the GPU type (`device`), the length distributions (a prompt
+at half its cap, responses lognormal with the median at a quarter of the cap: long-tailed
+reasoning), and one CPU node for rule rewards and tools (verl and OpenRLHF run them on the
+driver's and workers' CPUs).
 
 verl's keys are read from a YAML config (nested, or flat dotted keys) or a launch script's
 `key=value` Hydra overrides; absent keys take verl 0.9's defaults (`VERL_DEFAULTS`). OpenRLHF's
@@ -15,15 +16,14 @@ flags are read from its command line, in 0.11's dotted form or the older undersc
 """
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Any
 
 import yaml
 
 from placer.base.errors import SpecError
-from placer.interop.common import catalog_name
 from placer.spec.catalog import shipped_models
+from placer.spec.names import catalog_model, did_you_mean, model_hint, suggest_model
 
 CPU_DEVICE = "cpu-node"
 VERL_ALGORITHMS = {"grpo": "grpo", "gae": "ppo", "rloo": "rloo"}
@@ -40,20 +40,21 @@ VERL_DEFAULTS: dict[str, Any] = {
     "reward.reward_model.rollout.tensor_model_parallel_size": 2,
     "actor_rollout_ref.rollout.multi_turn.enable": False,
 }
-_SUFFIXES = re.compile(r"-(instruct|chat|hf|base|it)$", re.IGNORECASE)
 
 
 def model_name(path: Any, field: str) -> str:
-    """The catalog model a Hugging Face path names; SpecError naming `field` otherwise."""
+    """The catalog model a Hugging Face path names, or a release variant of it (instruct, chat,
+    base, dated: `placer.spec.names.catalog_model`); SpecError naming `field` otherwise, with
+    the closest entries."""
     if not isinstance(path, str) or not path:
         raise SpecError(f"{field}: a model path is needed (got {path!r})")
-    models = shipped_models()
-    for candidate in (path, _SUFFIXES.sub("", path.rstrip("/"))):
-        found = catalog_name(dict(models), candidate)
-        if found:
-            return found
-    raise SpecError(f"{field}: model {path!r} is not in the catalog (known: "
-                    f"{', '.join(sorted(models))}); add it under the job's catalog.models")
+    sources = {name: m.source for name, m in shipped_models().items()}
+    found = catalog_model(sources, path)
+    if found:
+        return found
+    near = did_you_mean(suggest_model(path, sources), model_hint(path))
+    raise SpecError(f"{field}: model {path!r} is not in the catalog{near} (known: "
+                    f"{', '.join(sorted(sources))}); add it under the job's catalog.models")
 
 
 def _scalar(text: str) -> Any:

@@ -8,6 +8,7 @@
   hardware     device types, pools, topology and the cluster
   arch         `ModelArch`: a model's shape and its parameter, KV-cache and state counts
   catalog      the shipped device and model catalogs plus a job's own entries; `resolve(job)`
+  names        model and device names as people write them: variants, matching, suggestions
   pins         layout pins a job fixes for a role
   distributions, sampling   length and latency distributions and seeded draws from them
   localdata    local checkpoints and prompt datasets a job names

@@ -17,7 +17,7 @@ from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
 from placer.base.inputs import SpecErrors, load_json, load_yaml, read_text
 from placer.spec.base import MAX_CONTEXT_TOKENS
-from placer.spec.catalog import cpu_pools, devices_of, resolve
+from placer.spec.catalog import cpu_pools, devices_of, resolve, unknown_names_in
 from placer.spec.errorlines import validation_lines
 from placer.spec.job import Job, distributions
 from placer.spec.localdata import anchor, expand_model_dirs
@@ -95,12 +95,14 @@ def check_tail_policy(job: Job, source: str) -> None:
 
 def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
     """Validate a job; every mistake found is one line of one `SpecErrors` (field checks first,
-    then, when the fields are sound, the checks across fields and the catalog's names)."""
+    the catalog's names with them; when the fields are sound, the checks across fields)."""
     data = expand_model_dirs(data, source)  # models.<field>: {path: DIR} -> a catalog entry
     try:
         job = Job.model_validate(data)
-    except ValidationError as e:
-        raise SpecErrors(validation_lines(e, f"{source}: ", root=Job)) from None
+    except ValidationError as e:  # the names too: every mistake in one pass
+        reported = {".".join(str(x) for x in err["loc"]) for err in e.errors()}
+        raise SpecErrors(validation_lines(e, f"{source}: ", root=Job)
+                         + unknown_names_in(data, source, reported)) from None
     problems = _check_job(job, source) + check_pins(job, source)
     try:
         resolve(job, source)  # checks the names

@@ -6,9 +6,11 @@ looked up, which is what the cost model and the planner work from.
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -18,6 +20,8 @@ from placer.base.roles import Role
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import Cluster, DeviceKind, DeviceType, Pool, check_cluster_size
 from placer.spec.job import Job
+from placer.spec.localdata import MODEL_FIELDS
+from placer.spec.names import did_you_mean, model_hint, suggest_device, suggest_model
 
 _HERE = Path(__file__).parent
 
@@ -78,29 +82,75 @@ def devices_of(job: Job) -> dict[str, DeviceType]:
     return {**shipped_devices(), **{d.name: d for d in job.catalog.devices}}
 
 
+def unknown_names(devices_used: list[tuple[str, str]], models_used: list[tuple[str, str]],
+                  devices: Collection[str], models: Mapping[str, str], source: str) -> list[str]:
+    """One line per name the catalog lacks, naming its field and value with the closest entries
+    (`placer.spec.names`). `devices_used` and `models_used` are (field path, name) pairs;
+    `devices` the device type names a job may use, `models` its model entries (name -> source,
+    for the Hugging Face repository a name may be spelt as)."""
+    known = sorted(devices)
+    bad = [f"{source}: {where}: unknown device type {name!r}"
+           f"{did_you_mean(suggest_device(name, known))}; known: {', '.join(known)} (or add it "
+           "under catalog.devices)" for where, name in devices_used if name not in devices]
+    bad += [f"{source}: {where}: unknown model {name!r}"
+            f"{did_you_mean(suggest_model(name, models), model_hint(name))}; known: "
+            f"{', '.join(sorted(models))} (or add it under catalog.models)"
+            for where, name in models_used if name not in models]
+    return bad
+
+
+def names_used(job: Job) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(field path, name) of every device type and model a job names."""
+    devices = [(f"cluster.pools.{i}.device", p.device) for i, p in enumerate(job.cluster.pools)]
+    models = [(f"models.{field}", name) for field in MODEL_FIELDS
+              if (name := getattr(job.models, field)) is not None
+              and not (field == "reward" and name == "rule")]
+    return devices, models
+
+
+def _entries(data: Any, key: str) -> list[Any]:
+    """`data[key]` when data is a mapping holding a list there, else []."""
+    found = data.get(key) if isinstance(data, dict) else None
+    return found if isinstance(found, list) else []
+
+
+def unknown_names_in(data: dict[str, Any], source: str, reported: Collection[str]) -> list[str]:
+    """`unknown_names` for a job whose fields failed validation, read from its raw mapping, so
+    an unknown name is reported in the same pass as the schema's errors. Only names written as
+    text are looked up (another value is the schema's error), none at a field path in `reported`
+    (the schema's own lines); the job's catalog entries count by their names, whatever else is
+    wrong with them."""
+    pools = _entries(data.get("cluster"), "pools")
+    devices_used = [(f"cluster.pools.{i}.device", p["device"]) for i, p in enumerate(pools)
+                    if isinstance(p, dict) and isinstance(p.get("device"), str)]
+    given = data.get("models")
+    models_used = [(f"models.{field}", given[field]) for field in MODEL_FIELDS
+                   if isinstance(given, dict) and isinstance(given.get(field), str)
+                   and not (field == "reward" and given[field] == "rule")]
+    catalog = data.get("catalog")
+    own_devices = {d["name"] for d in _entries(catalog, "devices")
+                   if isinstance(d, dict) and isinstance(d.get("name"), str)}
+    own_models = {m["name"]: str(m.get("source") or "") for m in _entries(catalog, "models")
+                  if isinstance(m, dict) and isinstance(m.get("name"), str)}
+    models = {**{n: m.source for n, m in shipped_models().items()}, **own_models}
+    return unknown_names([u for u in devices_used if u[0] not in reported],
+                         [u for u in models_used if u[0] not in reported],
+                         {*shipped_devices(), *own_devices}, models, source)
+
+
 def resolve(job: Job, source: str = "job") -> Resolved:
     """Look up every name the job uses; one SpecErrors with a line per unknown name or
     inconsistent choice (all of them, not only the first)."""
     devices = devices_of(job)
     models = {**shipped_models(), **{m.name: m for m in job.catalog.models}}
-    bad: list[str] = []
+    bad = unknown_names(*names_used(job), devices,
+                        {name: m.source for name, m in models.items()}, source)
     for i, p in enumerate(job.cluster.pools):
-        if p.device not in devices:
-            bad.append(f"{source}: cluster.pools.{i}.device: unknown device type "
-                       f"{p.device!r}; known: {', '.join(sorted(devices))} (or add it under "
-                       "catalog.devices)")
         dom = p.nvlink_domain
         if dom is not None and dom % p.devices_per_node and p.devices_per_node % dom:
             bad.append(f"{source}: cluster.pools.{i}.nvlink_domain: {dom} does not align with "
                        f"devices_per_node {p.devices_per_node}")
     m = job.models
-    for field in ("policy", "reference", "reward", "critic"):
-        name = getattr(m, field)
-        if name is None or (field == "reward" and name == "rule"):
-            continue
-        if name not in models:
-            bad.append(f"{source}: models.{field}: unknown model {name!r}; known: "
-                       f"{', '.join(sorted(models))} (or add it under catalog.models)")
     if m.critic is not None and job.algorithm.value != "ppo":
         bad.append(f"{source}: models.critic: only PPO has a critic (algorithm is "
                    f"{job.algorithm.value!r})")
