@@ -14,7 +14,7 @@ EXTRAS := test$(if $(HAS_GPU),$(comma)gpu)
 comma := ,
 FRAMEWORKS := verl==0.9.1 openrlhf==0.11.2 sglang==0.5.23
 
-.PHONY: venv sysdeps demo lint test test-all test-fast bench golden clean
+.PHONY: venv sysdeps demo lint test test-all test-fast notebooks bench golden clean
 
 # The code sandbox isolates generated code with bubblewrap when it is installed (else with
 # util-linux `unshare`); as root with apt-get, install it. Cheap when present, so every build runs it.
@@ -60,6 +60,17 @@ test-all: lint
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not notebook"
+
+# Executes every notebook as a user would (`jupyter nbconvert --to notebook --execute`) on a kernel
+# of this venv's interpreter, into a new temporary folder: the executed copies and the files the
+# notebooks write go there (its path is printed); the stripped sources in notebooks/ stay as they are.
+notebooks: $(STAMP)
+	@d=$$(mktemp -d "$${TMPDIR:-/tmp}/placer-notebooks.XXXXXX") && \
+	$(PY) -m ipykernel install --name python3 --prefix "$$d/kernel" >/dev/null && \
+	JUPYTER_PATH="$$d/kernel/share/jupyter" PLACER_NOTEBOOK_OUT="$$d/files" \
+	  $(PY) -m nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 \
+	  --output-dir "$$d" notebooks/*.ipynb && \
+	echo "executed notebooks: $$d/*.ipynb; their figures and files: $$d/files"
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -82,3 +82,24 @@ def test_execute_stops_the_ray_it_started(tmp_path) -> None:
     run = placer.execute(TINY, steps=1, out=tmp_path / "run", on_step=seen.append)
     assert [s.step for s in seen] == [0] and run.ledger_ok
     assert not ray.is_initialized()
+
+
+def test_examples_are_found_from_the_package_whatever_the_directory(tmp_path, monkeypatch) -> None:
+    """`placer.example(NAME)` does not depend on the working directory (the notebooks use it
+    from a copy of notebooks/ anywhere); a bad name or folder is one SpecError naming it."""
+    monkeypatch.chdir(tmp_path)
+    root = placer.examples_dir()
+    assert (root / "tiny-cpu.yaml").is_file() and root.is_absolute()
+    assert placer.example("tiny-cpu.yaml") == root / "tiny-cpu.yaml"
+    assert placer.load_job(placer.example("tiny-cpu.yaml")).name == "tiny-cpu"
+    assert placer.example("published").is_dir()
+    with pytest.raises(SpecError, match="'no-such.yaml': no such example .*tiny-cpu.yaml"):
+        placer.example("no-such.yaml")
+    with pytest.raises(SpecError, match="not a path inside"):
+        placer.example("../pyproject.toml")
+    monkeypatch.setenv("PLACER_EXAMPLES", str(tmp_path))
+    (tmp_path / "mine.yaml").write_text("name: mine\n")
+    assert placer.example("mine.yaml") == tmp_path / "mine.yaml"
+    monkeypatch.setenv("PLACER_EXAMPLES", str(tmp_path / "nowhere"))
+    with pytest.raises(SpecError, match=r"nowhere: no such folder \(from \$PLACER_EXAMPLES"):
+        placer.examples_dir()

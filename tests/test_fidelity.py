@@ -252,3 +252,25 @@ def test_environment_inside_the_score_stage(plan):
     assert "environment" not in rep.stages
     assert rep.stages["score"].measured == pytest.approx(ENV + SCORE)
     assert rep.roles["reward+environment"].measured == pytest.approx(ENV + SCORE)
+
+
+def test_heldout_reuse_writes_its_table_and_figure(plan, tmp_path):
+    """`python -m workflows.fidelity_heldout --reuse` on two runs of the plan (the base and its
+    rerun): heldout.md, heldout.json and heldout.png, whose bars and labels are the table's rows."""
+    from workflows.fidelity_heldout import figure, run_heldout
+    for run, gen_s in (("base", 0.11), ("base_again", 0.2)):
+        (tmp_path / run).mkdir()
+        save_plan(plan, tmp_path / run / "plan.json")
+        executed(plan, gen_s=gen_s).write(tmp_path / run / "trace.json")
+    rows = run_heldout(tmp_path, 3, "unused with --reuse", reuse=True, note=print, moe_job=None)
+    assert [r.run for r in rows] == ["base", "base again"]
+    assert (tmp_path / "heldout.md").read_text().count("\n| base") == 2
+    png = tmp_path / "heldout.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    fig = figure(rows, "tiny-cpu")
+    ax = fig.axes[0]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == sorted(round(v, 6) for r in rows for v in
+                            (r.measured_s, r.predicted_s, r.event_s, r.stage_s))
+    errors = {t.get_text() for t in ax.texts}
+    assert errors == {f"{e:+.1%}" for r in rows for e in (r.event_error, r.stage_error)}

@@ -1,13 +1,16 @@
-"""The notebooks run top to bottom (nbclient) on a kernel of this interpreter, and each cell that
-should draw a figure does.
+"""The notebooks run top to bottom (nbclient) on a kernel of this interpreter, from a copy of the
+notebooks folder outside the checkout with the kernel's working directory elsewhere again (what a
+user who copies the folder does), and each cell that should draw a figure does.
 
 The kernel is a `python3` kernel pinned to `sys.executable` (the .venv running pytest), written
 to a temporary kernelspec folder, so the notebooks import this checkout's packages whatever
 kernels the machine has registered. Outputs are never written back: the notebooks stay stripped.
+`make notebooks` runs them in place with `jupyter nbconvert --execute`.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -53,12 +56,24 @@ def test_notebooks_are_stripped():
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, kernel_env):
+def test_notebook_runs_from_a_copy_elsewhere(path, kernel_env, tmp_path, monkeypatch):
+    """Executed from a copy of notebooks/ in a temporary folder, the kernel's working directory a
+    third, empty folder: the examples come from the package (`placer.example`), and every file a
+    notebook writes goes to $PLACER_NOTEBOOK_OUT/STEM, none beside the notebook nor in the
+    working directory."""
     if path.stem.startswith("03"):
         pytest.importorskip("ray")
-    nb = nbformat.read(path, as_version=4)
+    copy = tmp_path / "copy" / "notebooks"
+    shutil.copytree(ROOT / "notebooks", copy, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    before = sorted(p.name for p in copy.iterdir())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    monkeypatch.setenv("PLACER_NOTEBOOK_OUT", str(out))
+    monkeypatch.chdir(elsewhere)
+    nb = nbformat.read(copy / path.name, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=kernel_env,
-                                     resources={"metadata": {"path": str(ROOT / "notebooks")}})
+                                     resources={"metadata": {"path": str(elsewhere)}})
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
@@ -71,6 +86,34 @@ def test_notebook_runs(path, kernel_env):
     images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.outputs
                  if "image/png" in o.get("data", {}))
     assert images >= 2, f"{path.name}: expected figures, got {images}"
+    assert sorted(p.name for p in copy.iterdir()) == before  # nothing written beside it
+    assert not list(elsewhere.iterdir())  # nor in the working directory
+    assert f"outputs: {out / path.stem}" in streams  # the folder it wrote to, stated
+    # it ends with the figures for a design doc, saved as PNG files under its output folder
+    assert any("image/png" in o.get("data", {}) for o in nb.cells[-1].outputs), path.name
+    assert list((out / path.stem).rglob("*.png")), path.name
+
+
+def test_notebooks_end_with_their_design_doc_figures():
+    """The figures each notebook ends with (a regression guard on the notebooks' text): the
+    simulated timeline and utilisation, the cost Pareto, the fidelity and held-out figures."""
+    last = {"01_plan_and_simulate": ("timeline.png", "utilization.png"),
+            "02_what_if": ("plots.pareto(",),
+            "03_fidelity": ("fidelity_pngs", "heldout_png")}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        code = nb.cells[-1].source
+        for fig in last[path.stem]:
+            assert fig in code, (path.name, fig)
+
+
+def test_notebooks_find_the_examples_from_the_package():
+    """No notebook reads a path relative to the working directory or changes it."""
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        assert "os.chdir" not in code and '"examples/' not in code, path.name
+        assert "placer.example(" in code, path.name
 
 
 def test_notebooks_use_the_python_api():

@@ -20,10 +20,11 @@ calibrate` also runs). Each run's first `--warmup` steps (default 1) are left ou
 fit and of the means: the first step pays one-off costs, and on a small shared machine the next
 two or three still run slower.
 
-The table reports, per held-out run, the machine's load average per core when it ended (above 1,
-work queued for the cores, so measured times stretch), the measured steady step time, the
-simulation with the event-level profile and with both levels, and their errors. Everything is
-seeded by the job's seed; measured times are what they are on the machine that ran them.
+The table (heldout.md, heldout.json; drawn in heldout.png) reports, per held-out run, the
+machine's load average per core when it ended (above 1, work queued for the cores, so measured
+times stretch), the measured steady step time, the simulation with the event-level profile and
+with both levels, and their errors. Everything is seeded by the job's seed; measured times are
+what they are on the machine that ran them.
 """
 from __future__ import annotations
 
@@ -214,6 +215,36 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def figure(rows: list[Row], job: str = "") -> Any:
+    """The table as a figure (heldout.png): per run, the measured steady step time beside the
+    plan's uncalibrated prediction and the two calibrated simulations, each simulation's error
+    written at its bar. Drawn here, beside its table, on the palette of `workflows.plots`."""
+    import matplotlib.pyplot as plt  # lazy: matplotlib (~0.5 s) only when the figure is asked for
+
+    bars = (("measured", "measured_s", "C3"), ("predicted (uncalibrated)", "predicted_s", "0.6"),
+            ("simulated, event calib.", "event_s", "#9ecae1"),
+            ("simulated, event+stage calib.", "stage_s", "C0"))
+    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.75 * len(rows)))
+    h = 0.8 / len(bars)
+    for k, (label, attr, colour) in enumerate(bars):
+        ys = [i + (k - (len(bars) - 1) / 2) * h for i in range(len(rows))]
+        vals = [getattr(r, attr) for r in rows]
+        ax.barh(ys, vals, h, color=colour, label=label)
+        if attr in ("event_s", "stage_s"):
+            for y, v, r in zip(ys, vals, rows):
+                err = r.event_error if attr == "event_s" else r.stage_error
+                ax.annotate(f"{err:+.1%}", (v, y), xytext=(3, 0), textcoords="offset points",
+                            va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [f"{r.run}\n{r.what}" if r.what else r.run for r in rows],
+                  fontsize=8)
+    ax.invert_yaxis()  # the table's order, top to bottom
+    ax.set_xlabel("steady step time (s); % = simulated / measured - 1")
+    ax.set_title(f"{job + ': ' if job else ''}held-out fidelity, calibrated on the base run only",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return fig
+
+
 def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
                 note: Callable[[str], None], moe_job: str | Path | None = MOE_JOB,
                 warmup: int = 1, only: list[str] | None = None) -> list[Row]:
@@ -239,6 +270,8 @@ def run_heldout(out: Path, steps: int, job: str | Path, reuse: bool,
     rows = table(plans, traces, event, stage, warmup)
     atomic_write_text(out / "heldout.json", json.dumps([r.to_dict() for r in rows], indent=2))
     atomic_write_text(out / "heldout.md", format_table(rows) + "\n")
+    from placer.base.palette import save  # lazy, as in `figure`
+    save(figure(rows, plans["base"].spec.name), out / "heldout.png")
     return rows
 
 
