@@ -91,11 +91,15 @@ def _work_rows(result: SimResult, rows: list[Row]) -> list[tuple[int, float, flo
     index = {row: i for i, row in enumerate(rows)}
     split = {slot for slot, pool in rows if pool is not None}
     env = result.plan.roles.get(Role.ENVIRONMENT)
+    slots = {s.name for s in result.plan.slots}
     out = []
     rec = result._rec
     for cat, ts, dur, tid, pid in zip(rec.cats, rec.ts, rec.dur, rec.tids, rec.pids):
-        # tool calls are traced per CPU core ("env3"); draw them on the environment's slot
-        slot = env.slot if cat == "tool" and env is not None else tid.split("/")[0]
+        slot = tid.split("/")[0]
+        # tool calls are traced per CPU core ("env3"): draw them on the environment's slot (a
+        # verify held on a slot is traced on it)
+        if cat == "tool" and slot not in slots and env is not None:
+            slot = env.slot
         i = index.get((slot, pid if slot in split else None))
         if i is not None and dur > 0:
             out.append((i, ts, dur, cat, tid))
