@@ -27,7 +27,7 @@ __all__ = ["part_labels", "placement", "png", "save"]
 MAX_NODES_SHOWN = 12  # per pool; a 1000-node pool is drawn as its first nodes plus a count
 
 
-def slot_colours(n: int) -> list[str | tuple[float, ...]]:
+def slot_colours(n: int) -> list[str | tuple[float, float, float]]:
     """n colours, different up to 18 (none near the idle grey): the ten default ones, or tab20's
     without its two greys."""
     if n <= 10:
@@ -55,7 +55,7 @@ def placement(plan: Plan) -> Any:
     res = plan.resolved()
     pools = res.job.cluster.pools
     # keyed by slot name; an unused device looks up None and gets the default grey
-    slot_colour: dict[str | None, str | tuple[float, ...]] = dict(zip(
+    slot_colour: dict[str | None, str | tuple[float, float, float]] = dict(zip(
         (s.name for s in plan.slots), slot_colours(len(plan.slots))))
     used: dict[tuple[str, int, int], str] = {}
     for b in plan.bundles:

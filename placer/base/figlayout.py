@@ -27,7 +27,8 @@ FIT_ROUNDS = 6  # widening converges in one or two rounds; more only for texts w
 
 def renderer(fig: Figure) -> RendererBase:
     fig.canvas.draw()  # extents are those of the drawn figure
-    return fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    r: RendererBase = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    return r
 
 
 def legend_beside(ax: Axes, handles: Sequence[Artist] | None = None, **kw: Any) -> Legend:
@@ -42,7 +43,8 @@ def legend_beside(ax: Axes, handles: Sequence[Artist] | None = None, **kw: Any) 
 def legend_below(fig: Figure, handles: Sequence[Artist], **kw: Any) -> Legend:
     """One legend for the whole figure, centred under the lowest axes' tick and axis labels."""
     r = renderer(fig)
-    bottom = min(ax.get_tightbbox(r).y0 for ax in fig.axes)
+    boxes = [ax.get_tightbbox(r) for ax in fig.axes]
+    bottom = min(b.y0 for b in boxes if b is not None)
     kw.setdefault("fontsize", 8)
     kw.setdefault("frameon", False)
     kw.setdefault("ncol", max(len(handles), 1))
