@@ -18,12 +18,23 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
+from placer.base.figlayout import fit_texts, legend_beside
 from placer.base.palette import png, save
 from placer.solve.planfile import Plan
 
 __all__ = ["part_labels", "placement", "png", "save"]
 
 MAX_NODES_SHOWN = 12  # per pool; a 1000-node pool is drawn as its first nodes plus a count
+
+
+def slot_colours(n: int) -> list[str | tuple[float, float, float]]:
+    """n colours, different up to 18 (none near the idle grey): the ten default ones, or tab20's
+    without its two greys."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    tab20 = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
+    pairs = [c for i, c in enumerate(tab20) if i not in (14, 15)]
+    return [pairs[i % len(pairs)] for i in range(n)]
 
 
 def part_labels(plan: Plan) -> dict[tuple[str, int], list[tuple[list[int], str]]]:
@@ -44,11 +55,14 @@ def placement(plan: Plan) -> Any:
     res = plan.resolved()
     pools = res.job.cluster.pools
     # keyed by slot name; an unused device looks up None and gets the default grey
-    slot_colour: dict[str | None, str] = {s.name: f"C{i % 10}" for i, s in enumerate(plan.slots)}
+    slot_colour: dict[str | None, str | tuple[float, float, float]] = dict(zip(
+        (s.name for s in plan.slots), slot_colours(len(plan.slots))))
     used: dict[tuple[str, int, int], str] = {}
     for b in plan.bundles:
         for d in b.devices:
             used[(b.pool, b.node, d)] = b.slot
+    shown = {pool.name: min(pool.nodes, MAX_NODES_SHOWN) for pool in pools}
+    drawn = {slot for (pool, node, _d), slot in used.items() if node < shown[pool]}
     shares = part_labels(plan)
     width = max(min(p.nodes, MAX_NODES_SHOWN) * (p.devices_per_node + 1) for p in pools)
     fig, ax = plt.subplots(figsize=(min(2 + 0.35 * width, 16), 1.2 + 1.1 * len(pools)))
@@ -76,9 +90,13 @@ def placement(plan: Plan) -> Any:
     handles = [Patch(color=slot_colour[s.name], label=f"{' + '.join(s.roles)} ({s.devices}"
                      + ("" if not s.parts else ": " + " + ".join(f"{q.devices} {q.pool}"
                                                                  for q in s.parts)) + ")")
-               for s in plan.slots]
-    handles.append(Patch(color="0.85", label="idle"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
-              title="slot: roles (devices)")
-    ax.set_title(f"{res.job.name}: placement (one box per node, one cell per device)")
+               for s in plan.slots if s.name in drawn]  # an entry only for what is drawn
+    if any((p.name, n, d) not in used for p in pools for n in range(shown[p.name])
+           for d in range(p.devices_per_node)):
+        handles.append(Patch(color="0.85", label="idle"))
+    fit_texts(ax)  # pool names and node counts inside the axes: clear of the legend beside it
+    legend_beside(ax, handles, frameon=True, title="slot: roles (devices)")
+    hidden = [f"{' + '.join(s.roles)} ({s.devices})" for s in plan.slots if s.name not in drawn]
+    ax.set_title(f"{res.job.name}: placement (one box per node, one cell per device)"
+                 + (f"\non nodes not drawn: {', '.join(hidden)}" if hidden else ""))
     return fig

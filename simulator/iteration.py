@@ -364,6 +364,13 @@ class Model:
                                   rp.devices / self._slot_devices(slot)))
                 self.role_s[w.role] += w.dispatch_s
                 yield env.timeout(w.dispatch_s)
+            if w.verify_s > 0:  # the environment's sandbox runs the answers: its kind of work
+                dur = w.verify_s * slow
+                self.rec.add("environment verify", "tool", env.now, dur, rp.pool, slot,
+                             role=Role.ENVIRONMENT, step=i, policy_version=i, call="verify")
+                self.busy.append((slot, env.now, dur, rp.devices / self._slot_devices(slot)))
+                self.role_s[w.role] += dur
+                yield env.timeout(dur)
             for k, d in enumerate(w.steps):
                 dur = d * slow
                 self.rec.add(f"{w.role} {w.stage}", cat, env.now, dur, rp.pool, slot,

@@ -24,7 +24,8 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from placer.base.palette import KIND_COLOURS, save  # one palette and one writer for every figure
+from placer.base.figlayout import legend_below, legend_beside
+from placer.base.palette import kind_colour, kind_handles, save  # one palette, one writer
 from placer.base.roles import Role
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 BINS = 200
 PIXELS = 1200  # the timeline's time bins: about its width in pixels at the saved dpi
+MAX_ITERATION_COLOURS = 5
+SLOT_BUSY = "0.88"  # a slot held by work no event of its own shows (under the events' bars)
 
 
 def write_plots(result: SimResult, out_dir: str | Path) -> list[Path]:
@@ -91,11 +94,15 @@ def _work_rows(result: SimResult, rows: list[Row]) -> list[tuple[int, float, flo
     index = {row: i for i, row in enumerate(rows)}
     split = {slot for slot, pool in rows if pool is not None}
     env = result.plan.roles.get(Role.ENVIRONMENT)
+    slots = {s.name for s in result.plan.slots}
     out = []
     rec = result._rec
     for cat, ts, dur, tid, pid in zip(rec.cats, rec.ts, rec.dur, rec.tids, rec.pids):
-        # tool calls are traced per CPU core ("env3"); draw them on the environment's slot
-        slot = env.slot if cat == "tool" and env is not None else tid.split("/")[0]
+        slot = tid.split("/")[0]
+        # tool calls are traced per CPU core ("env3"): draw them on the environment's slot (a
+        # verify held on a slot is traced on it)
+        if cat == "tool" and slot not in slots and env is not None:
+            slot = env.slot
         i = index.get((slot, pid if slot in split else None))
         if i is not None and dur > 0:
             out.append((i, ts, dur, cat, tid))
@@ -161,17 +168,20 @@ def timeline_figure(result: SimResult) -> Figure:
     for r, spans in under.items():
         arr = np.array(spans)
         _bars(ax, r, edges, np.minimum(covered(arr[:, 0], arr[:, 1], edges) / width, 1.0),
-              "0.88", 1.0)
-    work: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
-    tracks: dict[tuple[int, str], set[str]] = defaultdict(set)
+              SLOT_BUSY, 1.0)
+    # keyed also by whether the slot itself did the work (a verify holds it whole) or its
+    # engines or cores did (tool calls): each is full when all of its tracks were busy
+    slots = {s.name for s in result.plan.slots}
+    work: dict[tuple[int, str, bool], list[tuple[float, float]]] = defaultdict(list)
+    tracks: dict[tuple[int, str, bool], set[str]] = defaultdict(set)
     for r, t, d, cat, track in _work_rows(result, rows):
-        work[(r, cat)].append((t, d))
-        tracks[(r, cat)].add(track)
-    for (r, cat), spans in sorted(work.items()):
+        key = (r, cat, track in slots)
+        work[key].append((t, d))
+        tracks[key].add(track)
+    for key, spans in sorted(work.items()):
         arr = np.array(spans)
-        # engines (or cores) that did this work side by side: a pixel is full when all were busy
-        share = covered(arr[:, 0], arr[:, 1], edges) / (width * len(tracks[(r, cat)]))
-        _bars(ax, r, edges, np.minimum(share, 1.0), KIND_COLOURS.get(cat, "C7"), 0.25)
+        share = covered(arr[:, 0], arr[:, 1], edges) / (width * len(tracks[key]))
+        _bars(ax, key[0], edges, np.minimum(share, 1.0), kind_colour(key[1]), 0.25)
     for rec in result.run.iterations:
         ax.axvline(rec.end, color="k", lw=0.5, ls=":")
     ax.set_xlim(0, edges[-1])
@@ -179,11 +189,10 @@ def timeline_figure(result: SimResult) -> Figure:
     ax.set_xlabel("simulated time (s)")
     ax.set_title(f"{result.plan.spec.name}: work per slot (dotted: iteration ends; paler: less "
                  f"of the slot busy)")
-    kinds = sorted({cat for _r, cat in work})
-    handles = [Patch(color=KIND_COLOURS.get(k, "C7"), label=k) for k in kinds]
-    handles.append(Patch(color="0.88", label="slot busy (other)"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25),
-              ncol=len(handles), fontsize=8, frameon=False)
+    handles = kind_handles(cat for _r, cat, _whole in work)  # colour and label from one table
+    if under:
+        handles.append(Patch(color=SLOT_BUSY, label="slot busy (other)"))
+    legend_below(fig, handles)
     return fig
 
 
@@ -206,23 +215,28 @@ def utilization(result: SimResult, path: Path) -> Path:
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("busy share of planned devices")
     ax.set_title(f"{plan.spec.name}: utilization per pool ({BINS} time bins)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the data
+    legend_beside(ax, fontsize=None)
     return save(fig, path)
 
 
 def response_vs_completion(result: SimResult, path: Path) -> Path:
+    """A colour per iteration up to `MAX_ITERATION_COLOURS`; more share one colour and one label
+    (a dozen colours would tell nothing apart)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for rec in result.run.iterations:
-        smp = result.run.samples.get(rec.index)
-        if smp is None or not rec.done_at:
-            continue
+    drawn = [rec for rec in result.run.iterations
+             if result.run.samples.get(rec.index) is not None and rec.done_at]
+    apart = len(drawn) <= MAX_ITERATION_COLOURS
+    for k, rec in enumerate(drawn):
+        smp = result.run.samples[rec.index]
         t0 = rec.stages.get("rollout", (rec.start, rec.start))[0]
         ids = sorted(rec.done_at)
+        label = (f"iteration {rec.index}" if apart else
+                 f"iterations {drawn[0].index}-{drawn[-1].index}" if k == 0 else None)
         ax.scatter([rec.done_at[i] - t0 for i in ids], [sum(smp.response[i]) for i in ids], s=4,
-                   alpha=0.5, label=f"iteration {rec.index}")
+                   alpha=0.5, color=f"C{k % 10}" if apart else "C0", label=label)
     ax.set_xlabel("rollout finish time after rollout start (s)")
     ax.set_ylabel("response tokens (all turns)")
     ax.set_title(f"{result.plan.spec.name}: response length vs finish time", fontsize=10)
-    if len(result.run.iterations) <= 5:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=3, frameon=False)
+    if drawn:
+        legend_beside(ax, markerscale=3, fontsize=None)
     return save(fig, path)

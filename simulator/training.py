@@ -5,7 +5,10 @@ same cost-model calls as `placer.cost.estimate`:
   score stage  reference / reward model / critic values / the actor's old log-probs:
                one forward pass (`costmodel.score_time`) per role;
                a rule reward checks each sample on the CPU pool's cores by its kind of check
-               (`placer.cost.rulecheck.rule_reward_time`: sandboxed code or an in-process rule);
+               (`placer.cost.rulecheck.rule_reward_time`: sandboxed code or an in-process rule),
+               after the environment's sandbox verify of the answers where the job has one
+               (`Work.verify_s`: charged to the reward, recorded as the environment's `tool`
+               event with `call: verify`, as the executor records it);
   train stage  actor and critic: `mini_batches` optimizer steps, one event each; `train_time` is
                linear in tokens apart from its per-step terms, so the steps sum to the placer's
                figure exactly.
@@ -28,7 +31,7 @@ from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import dispatch_time, score_time, train_time
 from placer.cost.roofline import Memory, infer_memory, weight_tensors
-from placer.cost.rulecheck import rule_reward_time
+from placer.cost.rulecheck import rule_check_time, sandbox_verify_time
 from placer.cost.timing import onload_time
 from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
@@ -51,10 +54,11 @@ class Work:
     steps: tuple[float, ...]
     tokens: int
     dispatch_s: float = 0.0  # the driver ships the batch first (its own unsized transfer event)
+    verify_s: float = 0.0  # a rule reward: the environment's sandbox verify before the checks
 
     @property
     def total_s(self) -> float:
-        return self.dispatch_s + sum(self.steps)
+        return self.dispatch_s + self.verify_s + sum(self.steps)
 
 
 def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[Work]:
@@ -72,10 +76,10 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[W
         eff = calib.for_device(dev)
         m = res.model_of(role)
         steps: tuple[float, ...]
-        ship = 0.0
+        ship = verify = 0.0
         if m is None:  # a rule reward: per-sample checks on CPU cores (`placer.cost.rulecheck`)
-            steps = (rule_reward_time(res.job, smp.n, rp.par.devices,
-                                      rp.par.devices * dev.cores, eff),)
+            verify = sandbox_verify_time(res.job, smp.n, rp.par.devices, eff)
+            steps = (rule_check_time(res.job, smp.n, rp.par.devices * dev.cores, eff),)
         elif stage == "score":
             steps = (score_time(m, dev, rp.par, tokens, seq, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
@@ -87,7 +91,7 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[W
             # (`costmodel.weight_gather_time`, as the planner's train stage prices it): kept
             # out of the mini-batches' train events, which calibration prices as train_time
             ship += weight_gather_time(m, dev, rp.par, weight_tensors(m), eff)
-        out.append(Work(role, stage, steps, tokens, ship))
+        out.append(Work(role, stage, steps, tokens, ship, verify))
     return out
 
 

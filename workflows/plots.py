@@ -22,15 +22,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.patches import Patch
 
-from placer.base.palette import KIND_COLOURS, png, save
+from placer.base.figlayout import fit_texts, legend_below, legend_beside, renderer
+from placer.base.palette import KIND_COLOURS, kind_colour, kind_handles, png, save
 from traces.schema import Trace
 
 if TYPE_CHECKING:
     from workflows.report import Report
 
 __all__ = ["length_finish", "pareto", "png", "save", "step_bars", "sweep", "timelines"]
+
+FRONTIER, OTHER_POINT, INFEASIBLE = "C3", "0.6", "C1"
 
 
 def _lanes(trace: Trace, t0: float, extra: Sequence[tuple[str, float, float, str]] = ()
@@ -65,18 +67,17 @@ def timelines(measured: Trace, simulated: Trace, step_edges: tuple[list[float], 
             by_colour[cat].append((lane, t, d))
         for cat, items in by_colour.items():
             for lane, t, d in items:
-                ax.broken_barh([(t, d)], (lane - 0.4, 0.8), color=KIND_COLOURS[cat])
+                ax.broken_barh([(t, d)], (lane - 0.4, 0.8), color=kind_colour(cat))
         for x in edges:
             ax.axvline(x, color="k", lw=0.7, ls=":")
         ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
         ax.set_ylim(-0.6, max(len(lanes), 1) - 0.4)
         ax.invert_yaxis()
         ax.set_title(name, fontsize=10, loc="left")
-    cats = sorted({b[3] for b in mb} | {b[3] for b in sb})
-    fig.legend(handles=[Patch(color=KIND_COLOURS[c], label=c) for c in cats], ncol=len(cats),
-               loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8)
     a2.set_xlabel("time since the first step began (s); dotted: step ends")
     fig.suptitle(title, x=0.01, ha="left", fontsize=11)
+    # a colour's label comes from the kind that chose it (a sandbox verify: environment work)
+    legend_below(fig, kind_handles({b[3] for b in mb} | {b[3] for b in sb}))
     return fig
 
 
@@ -91,7 +92,7 @@ def length_finish(report: Report) -> Any:
     ax.set_xlabel("response tokens of the sample")
     ax.set_ylabel("generation finished, s after rollout start")
     ax.set_title(f"{report.job}: rollout length vs finish time (steady steps)", fontsize=10)
-    ax.legend(fontsize=8)
+    legend_beside(ax)
     return fig
 
 
@@ -108,21 +109,23 @@ def step_bars(report: Report) -> Any:
     a1.set_xticks(steps)
     a1.set_xlabel("step")
     a1.set_ylabel("step time (s)")
-    a1.legend(fontsize=8)
+    a1.set_title("steps", fontsize=10)
     names = list(report.stages)
     xs = range(len(names))
     a2.bar([x - w / 2 for x in xs], [report.stages[n].measured for n in names], w, color="C3")
     a2.bar([x + w / 2 for x in xs], [report.stages[n].simulated for n in names], w, color="C0")
     a2.set_xticks(list(xs), names, fontsize=8)
+    a2.set_xlabel("stage")
     a2.set_ylabel("mean over steady steps (s)")
     a2.set_title("stages", fontsize=10)
     fig.suptitle(f"{report.job}: measured vs simulated", fontsize=11)
+    legend_below(fig, a1.get_legend_handles_labels()[0])  # both panels' colours
     return fig
 
 
 def sweep(rows: list[dict[str, Any]]) -> Any:
     """One sweep (workflows/whatif.py rows): predicted, simulated mean and p99 iteration time, and
-    simulated throughput, against the knob's value; infeasible points are marked on the axis."""
+    throughput, against the knob's value; infeasible points are marked on the time axis."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
     ok = [(str(r["value"]), r) for r in rows if "infeasible" not in r]
     xs = [str(r["value"]) for r in rows]
@@ -132,22 +135,27 @@ def sweep(rows: list[dict[str, Any]]) -> Any:
                              ("p99_s", "C3:o", "simulated p99")):
         if key == "predicted_s" or simulated:
             a1.plot([x for x, _ in ok], [r[key] for _, r in ok], style, label=name)
-    a2.bar([x for x, _ in ok], [r["samples_per_s"] for _, r in ok], color="C2")
-    for r in rows:
-        if "infeasible" in r:
-            a1.plot([str(r["value"])], [0], "rx", ms=9)
+    basis = "simulated" if simulated else "predicted"
+    a2.bar([x for x, _ in ok], [r["samples_per_s"] for _, r in ok], color="C2",
+           label=f"throughput ({basis})")
+    bad = [str(r["value"]) for r in rows if "infeasible" in r]
+    if bad:
+        a1.plot(bad, [0] * len(bad), "x", color=INFEASIBLE, ms=9, ls="none",
+                label="infeasible (no plan)")
     knob = rows[0]["knob"] if rows else ""
     a1.set_xlabel(knob)
     a1.set_ylabel("iteration time (s)")
-    a1.legend(fontsize=8)
+    a1.set_title("iteration time", fontsize=10)
     a2.set_xlabel(knob)
-    a2.set_ylabel(f"samples per s ({'simulated' if simulated else 'predicted'})")
+    a2.set_ylabel(f"samples per s ({basis})")
+    a2.set_title("throughput", fontsize=10)
     long = max((len(x) for x in xs), default=0) > 8  # grid labels: "gen.nodes=2, ..."
     for ax in (a1, a2):
         ax.set_xticks(range(len(xs)), xs, rotation=35 if long else 0,
                       ha="right" if long else "center", fontsize=7 if long else None)
-    fig.suptitle(f"sweep: {knob}" + ("  (x: infeasible)" if len(ok) < len(rows) else ""),
-                 fontsize=10)
+    fig.suptitle(f"sweep: {knob}", fontsize=10)
+    fig.tight_layout()  # the panels' rotated labels apart before the legend goes under them
+    legend_below(fig, [h for ax in (a1, a2) for h in ax.get_legend_handles_labels()[0]])
     return fig
 
 
@@ -155,16 +163,21 @@ def pareto(points: list[dict[str, Any]], x: str = "cost_per_sample",
            y: str = "samples_per_s", label: str = "label", title: str = "") -> Any:
     """Scatter of every point and the non-dominated ones (higher y, lower x) joined. Every point
     is labelled: short labels beside it, long ones (a sweep's "pool.nodes=2, ...") by a number
-    beside it and a key of the numbers beside the axes; points at the same place share one."""
+    beside it and a key of the numbers beside the axes; points at the same place share one.
+    The limits grow until every label lies inside the axes; the legend and the key sit outside
+    them (the key under the legend, placed from its drawn extent), so neither covers a point
+    or a label."""
     fig, ax = plt.subplots(figsize=(9, 5))
-    ax.scatter([p[x] for p in points], [p[y] for p in points], c="0.6", s=18, label="plans")
+    ax.scatter([p[x] for p in points], [p[y] for p in points], c=OTHER_POINT, s=18,
+               label="plans", zorder=2)
     labels: dict[tuple[float, float], list[str]] = defaultdict(list)
     for p in points:
         labels[(p[x], p[y])].append(str(p[label]))
     uniq = list(labels)
     front = sorted((q for q in uniq if not any(o[0] <= q[0] and o[1] >= q[1] and o != q
                                                 for o in uniq)), key=lambda q: q[0])
-    ax.plot([q[0] for q in front], [q[1] for q in front], "o-", c="C3", label="Pareto frontier")
+    ax.plot([q[0] for q in front], [q[1] for q in front], "o-", c=FRONTIER,
+            label="Pareto frontier (and its labels)", zorder=3)
     numbered = max((len(str(p[label])) for p in points), default=0) > 14
     key, n = [], 0
     for k, (at, names) in enumerate(sorted(labels.items())):
@@ -177,13 +190,15 @@ def pareto(points: list[dict[str, Any]], x: str = "cost_per_sample",
             text = "\n".join(names)
         # alternate above and below so that neighbours' labels do not sit on each other
         ax.annotate(text, at, fontsize=7, xytext=(5, 5 if k % 2 == 0 else -12),
-                    textcoords="offset points", color="C3" if at in front else "0.25")
+                    textcoords="offset points", color=FRONTIER if at in front else "0.25")
     ax.set_xlabel(x.replace("_", " ") + (" (USD)" if "cost" in x else ""))
     ax.set_ylabel(y.replace("_", " "))
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title or f"{y.replace('_', ' ')} against {x.replace('_', ' ')}", fontsize=10)
+    fit_texts(ax)  # every label inside the axes: none reaches the legend beside them
+    legend = legend_beside(ax)
     if key:
-        ax.text(1.02, 0.78, "\n".join(key), transform=ax.transAxes, fontsize=7, va="top",
-                family="monospace")
-    if title:
-        ax.set_title(title, fontsize=10)
+        r = renderer(fig)
+        below = ax.transAxes.inverted().transform(legend.get_window_extent(r))[0][1]
+        ax.text(1.02, below - 0.04, "\n".join(key), transform=ax.transAxes, fontsize=7,
+                va="top", family="monospace")
     return fig

@@ -45,10 +45,22 @@ def rule_reward_time(job: Job, samples: int, sandboxes: int, cores: int,
                      eff: Efficiency) -> float:
     """Seconds to check `samples` answers with the job's rule reward on `cores` CPU cores, with
     `sandboxes` verify batches at once (the environment's workers, at least one)."""
+    return (sandbox_verify_time(job, samples, sandboxes, eff)
+            + rule_check_time(job, samples, cores, eff))
+
+
+def sandbox_verify_time(job: Job, samples: int, sandboxes: int, eff: Efficiency) -> float:
+    """The verify part of `rule_reward_time`: the environment's sandbox running the answers as
+    code (zero where the job has no verify), environment work whatever role is charged for it."""
+    if not verifies_in_sandbox(job):
+        return 0.0
+    return eff.sandbox_batch_s + math.ceil(samples / max(sandboxes, 1)) * eff.sandbox_sample_s
+
+
+def rule_check_time(job: Job, samples: int, cores: int, eff: Efficiency) -> float:
+    """The reward's own part of `rule_reward_time`: its checks of every answer (a code reward's
+    own sandboxes included: the reward worker runs them)."""
     rounds = math.ceil(samples / max(cores, 1))
     if runs_code_reward(job):  # one sandbox per answer: it starts, then runs the answer
         return rounds * (eff.sandbox_batch_s + eff.sandbox_sample_s)
-    t = rounds * eff.rule_reward_s
-    if verifies_in_sandbox(job):
-        t += eff.sandbox_batch_s + math.ceil(samples / max(sandboxes, 1)) * eff.sandbox_sample_s
-    return t
+    return rounds * eff.rule_reward_s
