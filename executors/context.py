@@ -71,7 +71,10 @@ class StepStat:
                    of its calls' intervals, cut to the step): what the step spent on it, never
                    more than `step_s`;
     `role_rank_s`  its calls' seconds summed over its ranks (rank-seconds): the work done, as
-                   large as `role_wall_s` times the ranks busy at once."""
+                   large as `role_wall_s` times the ranks busy at once;
+    `role_device_s` the rank-seconds times the devices each rank holds in the plan
+                   (`RunPlan.devices_per_rank`: an engine replica its TP group): the
+                   device-seconds the step booked."""
 
     step: int
     reward: float
@@ -79,6 +82,7 @@ class StepStat:
     step_s: float
     role_wall_s: dict[str, float]
     role_rank_s: dict[str, float]
+    role_device_s: dict[str, float]
     versions: list[int]
     loss: float
     reruns: int = 0

@@ -210,8 +210,10 @@ class Loop:
         if exact is None:
             exact = [self.task.exact(a, r, tg)
                      for a, r, tg in zip(self._answers(s), results, targets)]
+        rank_s = counters.rank_s()
+        device_s = {r: v * self.ctx.run.devices_per_rank(r) for r, v in rank_s.items()}
         st = StepStat(step, sum(rewards) / len(rewards), sum(map(bool, exact)) / len(rewards),
-                      end - t, counters.wall_s(t, end), counters.rank_s(),
+                      end - t, counters.wall_s(t, end), rank_s, device_s,
                       sorted({s.version, *s.started}), loss, counters.reruns)
         self.ctx.event(f"step {step}", "step", t, st.step_s, None, step,
                        policy_version=s.version, sample_ids=s.ids, tokens=s.tokens(),

@@ -68,12 +68,16 @@ class ExecResult:
 
     def summary(self) -> dict[str, Any]:
         """The --json document. Per step and role: `role_wall_s`, the wall time within the step
-        the role had a call running (never above `step_s`), and `role_rank_s`, its calls'
-        seconds summed over its ranks (two trainer ranks busy 1 s: wall 1 s, rank-s 2 s)."""
+        the role had a call running (never above `step_s`), `role_rank_s`, its calls'
+        seconds summed over its ranks (two trainer ranks busy 1 s: wall 1 s, rank-s 2 s), and
+        `role_device_s`, those times the devices each rank holds (an engine replica of TP 2
+        busy 1 s: 2 device-s)."""
         return {"steps": [{"step": s.step, "reward": round(s.reward, 4), "exact": s.exact,
                            "step_s": round(s.step_s, 4), "loss": round(s.loss, 5),
                            "role_wall_s": {k: round(v, 4) for k, v in s.role_wall_s.items()},
                            "role_rank_s": {k: round(v, 4) for k, v in s.role_rank_s.items()},
+                           "role_device_s": {k: round(v, 4)
+                                             for k, v in s.role_device_s.items()},
                            "policy_versions": s.versions, "reruns": s.reruns}
                           for s in self.stats],
                 "mean_per_step": self.means(),
@@ -86,7 +90,7 @@ class ExecResult:
                 "stragglers": self.stragglers}
 
     def means(self) -> dict[str, Any]:
-        """The steps' means: step time, and per role its wall time and rank-seconds per step
+        """The steps' means: step time, and per role its wall time, rank- and device-seconds per step
         (a step the role had no call in counts as 0)."""
         n = len(self.stats) or 1
 
@@ -95,7 +99,8 @@ class ExecResult:
             return {r: round(sum(getattr(s, key).get(r, 0.0) for s in self.stats) / n, 4)
                     for r in roles}
         return {"step_s": round(sum(s.step_s for s in self.stats) / n, 4),
-                "role_wall_s": mean("role_wall_s"), "role_rank_s": mean("role_rank_s")}
+                "role_wall_s": mean("role_wall_s"), "role_rank_s": mean("role_rank_s"),
+                "role_device_s": mean("role_device_s")}
 
 
 def check_layouts(run: RunPlan, backend: Backend) -> None:

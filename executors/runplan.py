@@ -228,6 +228,12 @@ class RunPlan:
     routes: tuple[Route, ...]
     predicted_iteration_s: float
 
+    def devices_per_rank(self, role: str) -> float:
+        """Devices one of the role's processes holds in the plan: a trainer rank one, an
+        engine replica its TP x PP group (1 for a name the plan does not place)."""
+        r = self.roles.get(role)
+        return r.devices / r.actors if r is not None and r.actors else 1.0
+
     @property
     def used_pools(self) -> list[str]:
         """The pools the plan's bundles are on, in the cluster's order."""

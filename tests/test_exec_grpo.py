@@ -128,5 +128,7 @@ def test_role_times_per_step_add_up(result) -> None:
         assert st.role_wall_s["actor"] <= hi - lo + 1e-3
         # the two ranks train at once: their sum is well above the wall time they took
         assert st.role_rank_s["actor"] > 1.5 * st.role_wall_s["actor"]
+        # every role of GRPO_LAYOUT runs one device per rank (dp only, TP 1)
+        assert st.role_device_s == pytest.approx(st.role_rank_s)
     means = result.summary()["mean_per_step"]
     assert all(means["role_wall_s"][r] <= means["step_s"] for r in means["role_wall_s"])

@@ -150,3 +150,16 @@ def test_a_slot_without_bundles_exits_2() -> None:
     bad = plan.model_copy(update={"bundles": [b for b in plan.bundles if b.slot != "gen"]})
     with pytest.raises(SpecError, match=r"^plan: slot gen of role rollout has no bundles"):
         resolve_plan(bad)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_rank_holds_a_trainer_device_or_an_engine_replica(name: str) -> None:
+    """Device-seconds are rank-seconds times `devices_per_rank`: one device per trainer
+    process, an engine replica's TP x PP group per rollout rank (read from the plan's fields)."""
+    plan = CASES[name]
+    run = resolve_plan(plan)
+    actor, rollout = plan.roles["actor"], plan.roles["rollout"]
+    assert run.devices_per_rank("actor") == actor.cp
+    if not rollout.parts:
+        assert run.devices_per_rank("rollout") == rollout.tp * rollout.pp
+    assert run.devices_per_rank("a role the plan does not place") == 1.0

@@ -85,3 +85,4 @@ def test_execute_names_its_set_up_on_stderr(grpo_cli_run) -> None:
         for role, wall in step["role_wall_s"].items():
             assert wall <= step["step_s"] and step["role_rank_s"][role] >= wall
     assert set(means["role_wall_s"]) == set(means["role_rank_s"]) >= {"actor", "rollout"}
+    assert set(means["role_device_s"]) == set(means["role_rank_s"])

@@ -26,7 +26,7 @@ KIND_COLOURS = {"stage": "0.82", "environment": "C8", "generate": "C0", "prefill
 OTHER_COLOUR = "C5"  # a kind the table does not name
 ENVIRONMENT_WORK = "environment (tool calls, sandbox)"
 # Kinds whose legend label is not their name; kinds of one colour must share one label.
-_LABELS = {"stage": "driver stage", "environment": ENVIRONMENT_WORK, "tool": ENVIRONMENT_WORK}
+KIND_LABELS = {"stage": "driver stage", "environment": ENVIRONMENT_WORK, "tool": ENVIRONMENT_WORK}
 
 
 def kind_colour(kind: str) -> str:
@@ -35,7 +35,7 @@ def kind_colour(kind: str) -> str:
 
 def kind_label(kind: str) -> str:
     """The legend label of a kind of work: the same for every kind of `kind_colour`'s colour."""
-    return _LABELS.get(kind, kind) if kind in KIND_COLOURS else "other"
+    return KIND_LABELS.get(kind, kind) if kind in KIND_COLOURS else "other"
 
 
 def kind_handles(kinds: Iterable[str]) -> list[Patch]:

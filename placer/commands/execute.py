@@ -172,7 +172,7 @@ def phase_lines(say: Callable[[str], None]) -> PhaseListener:
 
 def summary_lines(result: ExecResult) -> list[str]:
     """The text summary: the run, its set-up phase by phase (they add up to the set-up time),
-    and per role the mean wall time per step beside the mean rank-seconds per step."""
+    and per role the mean wall time per step beside the mean rank- and device-seconds per step."""
     tail = ("balanced" if result.ledger_ok
             else "NOT balanced: " + "; ".join(result.ledger_problems))
     emu = (f"emulated pools: {', '.join(result.emulated)}" if result.emulated
@@ -183,11 +183,12 @@ def summary_lines(result: ExecResult) -> list[str]:
     if result.stats:
         lines.append(f"per step (mean of {len(result.stats)}): {means['step_s']:.2f}s; per role, "
                      "wall = time in the step the role was busy (at most the step), "
-                     "rank-s = its busy seconds summed over its ranks")
-        lines.append(f"  {'role':<12} {'wall s':>8} {'rank-s':>8}")
+                     "rank-s = its busy seconds summed over its ranks, "
+                     "device-s = rank-s x the devices each rank holds in the plan")
+        lines.append(f"  {'role':<12} {'wall s':>8} {'rank-s':>8} {'device-s':>9}")
         for role, rank_s in means["role_rank_s"].items():
             lines.append(f"  {role:<12} {means['role_wall_s'].get(role, 0.0):>8.2f} "
-                         f"{rank_s:>8.2f}")
+                         f"{rank_s:>8.2f} {means['role_device_s'].get(role, 0.0):>9.2f}")
     for s in result.stragglers:
         lines.append(f"straggler: step {s['step']} {s['slow_worker']} missed its "
                      f"{s['deadline_s']}s deadline; re-issued to {s['reissued_to']} "

@@ -114,12 +114,14 @@ def _entries(data: Any, key: str) -> list[Any]:
     return found if isinstance(found, list) else []
 
 
-def unknown_names_in(data: dict[str, Any], source: str, reported: Collection[str]) -> list[str]:
+def unknown_names_in(data: object, source: str, reported: Collection[str]) -> list[str]:
     """`unknown_names` for a job whose fields failed validation, read from its raw mapping, so
     an unknown name is reported in the same pass as the schema's errors. Only names written as
     text are looked up (another value is the schema's error), none at a field path in `reported`
     (the schema's own lines); the job's catalog entries count by their names, whatever else is
     wrong with them."""
+    if not isinstance(data, dict):  # not a mapping at all: the schema's one line says so
+        return []
     pools = _entries(data.get("cluster"), "pools")
     devices_used = [(f"cluster.pools.{i}.device", p["device"]) for i, p in enumerate(pools)
                     if isinstance(p, dict) and isinstance(p.get("device"), str)]
