@@ -58,6 +58,7 @@ from placer.cost.timing import Placed
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
+from placer.spec.weightsync import TransportKind
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
 STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")
@@ -120,6 +121,10 @@ class SyncRow:
     # One sender stream's raw GB/s (`Efficiency.sync_sender_gbs`): a framework's gather, convert
     # and send path; the default is verl's checkpoint-engine README figure.
     sender_gbs: float = Efficiency().sync_sender_gbs
+    # The job's `weight_sync` section (`placer.spec.weightsync`): the refit's transport and, for
+    # a paired one, whether an engine rank receives only its own slice.
+    transport: TransportKind = "broadcast"
+    shard_experts: bool = True
 
 
 _UNBUCKETED = 0.0
@@ -210,6 +215,15 @@ _MILES = "Miles docs/advanced/p2p-weight-transfer.md (NCCL broadcast, 1 GB bucke
 # the sender's own path binds): / `link_eff` 0.8 raw. A row not priced here, so the two Miles
 # rows below check it.
 _MILES_SENDER_GBS = 29.9
+_NEMO_REFIT = ("NeMo-RL docs/guides/checkpoint-engine-refit.md "
+               "@aa8bfb2e8b606f9ad5add01b52635edf9ab620f8 (DeepSeek-V3 Benchmark)")
+_NEMO_BUCKET_GB = 4096 * 2**20 / 1e9
+_NEMO_REFIT_ROWS: tuple[tuple[str, TransportKind, bool, float], ...] = (
+    ("NeMo-RL DSV3 NIXL sharded 256->32 H100", "nixl", True, 9.25),
+    ("NeMo-RL DSV3 NCCL sharded 256->32 H100", "nccl-p2p", True, 14.21),
+    ("NeMo-RL DSV3 NIXL sharded, sync 256->32", "nixl", True, 10.923),
+    ("NeMo-RL DSV3 NIXL full-expert, sync 256->32", "nixl", False, 36.812),
+)
 SYNC_ROWS: list[SyncRow] = [
     SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
             0.12, bucket_gb=_UNBUCKETED),
@@ -227,6 +241,15 @@ SYNC_ROWS: list[SyncRow] = [
     SyncRow("Miles 235B-A22B 8 nodes->8 nodes H100", _MILES, "Qwen3-235B-A22B", "H100-SXM", 16,
             Use("g", tp=4, pp=4, dp=2, zero=1, cp=2, ep=16), Use("g", tp=32, dp=2, ep=32), 10.75,
             sender_gbs=_MILES_SENDER_GBS),
+    # NeMo-RL's DeepSeek-V3 BF16 refit: 32 policy nodes (Megatron TP1 PP16 EP16) -> 4 rollout
+    # nodes (vLLM TP32), not colocated; 4096 MiB buckets (0.05 of an 80 GiB GPU: H100-SXM
+    # assumed, the doc names no GPU); each vLLM rank loaded 69.95 GiB in 18 batches (the slice
+    # `refit.slice_bytes` gives: 75.1 GB). The async timer's pair (NIXL, NCCL) and the matched
+    # synchronous verifier's pair (shard_expert_weights true, false).
+    *[SyncRow(name, _NEMO_REFIT, "DeepSeek-V3", "H100-SXM", 36,
+              Use("g", pp=16, dp=16, ep=16), Use("g", tp=32), t, bucket_gb=_NEMO_BUCKET_GB,
+              transport=transport, shard_experts=shard)
+      for name, transport, shard, t in _NEMO_REFIT_ROWS],
 ]
 
 
@@ -408,7 +431,9 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Comparison:
         "batch": {"prompts": 1, "samples_per_prompt": 2}, "lengths": {"prompt": {"kind": "fixed", "value": 1},
                                              "response": {"kind": "fixed", "value": 1}},
         "cluster": {"pools": [{"name": "g", "device": row.device, "devices_per_node": 8,
-                               "nodes": row.nodes}]}}, row.name)
+                               "nodes": row.nodes}]},
+        "weight_sync": {"transport": row.transport, "shard_experts": row.shard_experts}},
+        row.name)
     res = resolve(job, row.name)
     a = Placed("a+r" if row.colocated else "a",
                Estimate(_R.ACTOR, "g", row.actor.parallel(), Memory(), {}))

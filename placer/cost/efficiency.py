@@ -85,6 +85,9 @@ class Efficiency:
     sync_local_gbs: float = 31.0  # raw GB/s of one replica loading weights from a co-located actor
     sync_call_s: float = 2.5e-4  # each call of a refresh after the first
     sync_bucket_gb: float = 1.0  # bucket of a streamed refresh (0: one call per tensor, one sender)
+    # a paired refit's trainer-side export: GB/s at which a sender assembles the full weights
+    # from its PP / EP shards (NeMo-RL checkpoint-engine-refit.md, DeepSeek-V3: docs/cost-model.md)
+    sync_export_gbs: float = 165.0
     dispatch_bytes_per_token: float = 56.0  # bytes a single controller ships per padded token of a pass
     dispatch_gbs: float = 0.4  # the driver's dispatch rate
     train_mem_gb: float = 1.0  # per training device: CUDA context, allocator fragmentation

@@ -26,6 +26,7 @@ from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.estimate import Estimate, rollout_shape
 from placer.cost.model import engine_swap_time, switch_time, weight_sync_time
+from placer.cost.refit import paired_route, paired_time
 from placer.cost.rollout_tail import Replicas
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
 from placer.cost.tail_samples import at_means, strata
@@ -140,7 +141,8 @@ def sync_bandwidth(res: Resolved, actor: Placed, rollout: Placed,
 def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
     """Time to refresh every rollout replica: one broadcast of the full weights that all of
     them join (`sync_links`) in `sync_calls` calls per sender, priced by
-    `costmodel.weight_sync_time`. A rollout split over pools: every part's replicas join the one
+    `costmodel.weight_sync_time`; a paired transport (the job's `weight_sync`), one stream per
+    engine rank (`placer.cost.refit`). A rollout split over pools: every part's replicas join the one
     broadcast, so the slowest part's links pace it (the max over parts)."""
     if rollout.est.parts:
         return max(sync_time(ctx, actor, Placed(rollout.slot, p.est)) for p in rollout.est.parts)
@@ -148,6 +150,10 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
     m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
     eff = ctx.calib.for_device(dev)
+    if res.job.weight_sync.mechanism.paired:  # one stream per engine rank (`placer.cost.refit`)
+        a, r = actor.est, rollout.est
+        return paired_time(paired_route(res, m, a.pool, a.devices, r.pool, r.devices, r.par,
+                                        actor.slot == rollout.slot, eff), dev, eff)
     return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
                             sync_calls(m, actor.est.par.pp, eff))
 

@@ -10,8 +10,8 @@ into one `SpecError` that names the field path and the bad value.
 The *roles* an algorithm runs are derived here, not written by the user: see `Job.roles()`.
 The sections live in their own modules of this package: `hardware` (device types, pools, the
 cluster), `arch` (a model's shape), `sections` (algorithm, models, batch, lengths, environment,
-pipeline, tail policy, precision), `pins` (layout pins), `base` (the strict base model and bounded
-number types).
+pipeline, tail policy, precision), `weightsync` (the refit's transport), `pins` (layout pins),
+`base` (the strict base model and bounded number types).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from placer.spec.pins import Pin, Pins, _Layout
 from placer.spec.pipeline import Pipeline
 from placer.spec.sections import Algorithm, Batch, Environment, Lengths, Models, Precision
 from placer.spec.tailpolicy import TailPolicy
+from placer.spec.weightsync import WeightSync
 
 
 # ------------------------------------------------------------------------------------ the job
@@ -49,6 +50,7 @@ class Job(Strict):
     pipeline: Pipeline = Pipeline()
     objective: Literal["time", "cost"] = "time"
     tail_policy: TailPolicy = TailPolicy()
+    weight_sync: WeightSync = WeightSync()
     precision: Precision = Field(Precision(), description="optional FP8 formats (Precision)")
     cluster: Cluster
     catalog: Catalog = Catalog()

@@ -1,0 +1,89 @@
+"""Paired refit: each engine rank takes its share from its own trainer rank, all in parallel.
+
+The checkpoint engines of NeMo-RL (NIXL, `shard_expert_weights`) and verl pair every rollout
+rank with a trainer rank (NeMo-RL's `_source_rank_for_rollout`: rollout rank r reads from
+trainer rank r), so the refit is as many streams as engine ranks, not one broadcast. What a
+stream moves depends on the transport (`placer.spec.weightsync`):
+
+  sharded  the engine rank's own slice: every routed expert over the replica's expert shards
+           (`Parallel.expert_shards`: its pipeline stage and its TP or EP slice), the dense
+           tensors of its stage whole (NeMo-RL sends them to vLLM's standard loader)
+  full     the full weights (`shard_experts: false`, the reference loader)
+
+  t = weights / sync_export_gbs + share x slice / (stream GB/s x link_eff) + latency + calls
+
+The export term is the trainer's side: the sender assembles every full tensor from its PP / EP
+shards before it keeps the destination's slice, so it pays for the whole model whatever it
+sends (NeMo-RL's full-expert and sharded-expert refits differ by the wire bytes alone). A stream
+runs at the transport's rate over the network (`SyncTransport.stream_gbs`), NVLink inside one
+node, or `sync_local_gbs` when trainer and engine share the GPUs (CUDA IPC). A trainer with
+fewer ranks than the engines serves `share` receivers in turn. Sources: docs/cost-model.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from placer.cost.efficiency import Efficiency
+from placer.cost.model import transfer_time
+from placer.cost.roofline import GB, weight_bytes, weight_tensors
+from placer.cost.sharding import BYTES, Parallel
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved
+from placer.spec.hardware import DeviceType
+
+
+def slice_bytes(m: ModelArch, r_par: Parallel, sharded: bool) -> float:
+    """Bytes one engine rank receives: its destination-local slice, or the full weights."""
+    full = weight_bytes(m)
+    if not sharded:
+        return full
+    routed = m.moe_layers * m.experts * m.expert_params() * BYTES
+    return routed / r_par.expert_shards + (full - routed) / r_par.pp
+
+
+@dataclass(frozen=True)
+class PairedRoute:
+    """One stream of a paired refit (every stream alike, all at once)."""
+
+    links: dict[str, float]  # raw GB/s of each link one stream crosses (achieved: x link_eff)
+    gb: float  # GB one trainer rank sends: its receivers' slices, in turn
+    calls: int  # sequential calls of that stream (buckets; tensors when unbucketed)
+    export_s: float  # the trainer's export of the full weights
+
+
+def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_pool: str,
+                 r_devices: int, r_par: Parallel, same_slot: bool,
+                 eff: Efficiency) -> PairedRoute:
+    """The links, bytes and calls of one stream (see the module docstring)."""
+    ws = res.job.weight_sync
+    mech = ws.mechanism
+    a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
+    share = math.ceil(r_devices / max(a_devices, 1))  # receivers one trainer rank serves
+    gb = slice_bytes(m, r_par, mech.shards(ws.shard_experts)) * share / GB
+    per_node = res.job.cluster.pool(a_pool).devices_per_node
+    if same_slot:
+        links = {"local": eff.sync_local_gbs}
+    elif a_pool == r_pool and a_devices + r_devices <= per_node:
+        links = {"stream": min(a_dev.intra_link_gbs, r_dev.intra_link_gbs)}
+    else:
+        links = {"stream": mech.stream_gbs(min(a_dev.nic_gbs, r_dev.nic_gbs), eff.sync_sender_gbs)}
+        cross = res.job.cluster.topology.cross_pool_gbs
+        if a_pool != r_pool and cross is not None:  # every concurrent stream crosses it
+            nodes = min(_nodes(res, a_pool, a_devices), _nodes(res, r_pool, r_devices))
+            links["cross"] = cross * nodes / min(a_devices, r_devices)
+    full = weight_bytes(m)
+    calls = (math.ceil(gb / eff.sync_bucket_gb) if eff.sync_bucket_gb > 0  # unbucketed: its tensors
+             else math.ceil(weight_tensors(m) * min(gb * GB / full, 1.0)))
+    return PairedRoute(links, gb, max(calls, 1), full / (eff.sync_export_gbs * GB))
+
+
+def paired_time(route: PairedRoute, dst: DeviceType, eff: Efficiency) -> float:
+    """Seconds of a paired refit: the export, then the stream on its slowest link
+    (`costmodel.transfer_time`: latency, calls, an LPU's reload)."""
+    return route.export_s + transfer_time(route.gb * GB, min(route.links.values()), dst, eff,
+                                          route.calls)
+
+
+def _nodes(res: Resolved, pool: str, devices: int) -> int:
+    return -(-devices // res.job.cluster.pool(pool).devices_per_node)
