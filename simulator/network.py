@@ -22,6 +22,10 @@ and the cross-pool cap). The one stream crosses every part's links, so it moves 
 of them all (the max over parts of each part's own transfer, `placer.cost.timing.sync_time`); each
 part then pays its own fixed cost (its device's latency, call count and an LPU's reload), and
 the refresh ends when the last part is done.
+
+A paired transport (the job's `weight_sync`: NIXL or NCCL point-to-point, `placer.cost.refit`)
+is one stream per engine rank, all alike: one flow per rollout part stands for its streams, on
+that part's links ("stream", "local", "cross"), after the trainer's export.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
+from placer.cost.refit import paired_route
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.timing import sync_calls, sync_links
 from placer.solve.planfile import Plan
@@ -100,6 +105,8 @@ def sync_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan | No
     res, calib = px.res, px.calib
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
     m = res.arch_of(Role.ROLLOUT)
+    if res.job.weight_sync.mechanism.paired:
+        return _paired_plan(px, plan, cfg)
     links: dict[str, float] = {}
     receivers = []
     targets = ([(q.pool, q.devices, q.tp * q.pp) for q in r.parts] if r.parts
@@ -123,3 +130,30 @@ def sync_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan | No
     return SyncPlan(links, flows, max(f for _, f in receivers), gb / min(links.values()),
                     tuple(receivers))
 
+
+
+def _paired_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan:
+    """A paired refit (`placer.cost.refit`): every engine rank's stream alike, so one flow per
+    rollout part stands for its streams, on that part's own links; each part pays the export,
+    its latency and calls (the placer's `paired_time` with one part)."""
+    res = px.res
+    a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
+    m = res.arch_of(Role.ROLLOUT)
+    targets = ([(q.pool, q.devices, q.par) for q in r.parts] if r.parts
+               else [(r.pool, r.devices, r.par)])
+    links: dict[str, float] = {}
+    flows, receivers = [], []
+    for pool, devices, par in targets:
+        r_dev = res.device_of(pool)
+        eff = px.calib.for_device(r_dev)
+        route = paired_route(res, m, a.pool, a.devices, pool, devices, par, a.slot == r.slot, eff)
+        suffix = f"@{pool}" if r.parts else ""
+        own = {k + suffix: v * eff.link_eff * cfg.bandwidth_factor * cfg.link_factors.get(k, 1.0)
+               for k, v in route.links.items()}
+        links.update(own)
+        flows.append(Flow(f"paired{suffix}", route.gb, tuple(sorted(own))))
+        receivers.append((pool, route.export_s + eff.sync_latency_s
+                          + max(route.calls - 1, 0) * eff.sync_call_s
+                          + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)))
+    alone = max(f.gb / min(links[k] for k in f.path) for f in flows)
+    return SyncPlan(links, flows, max(f for _, f in receivers), alone, tuple(receivers))
