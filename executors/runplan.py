@@ -242,8 +242,8 @@ class RunPlan:
 
 
 def resolve_plan(plan: Plan) -> RunPlan:
-    """The run plan of `plan`; SpecError (exit 2) when the plan's job names no policy or its
-    bundles do not hold its roles (`executors.seats`)."""
+    """The run plan of `plan`; SpecError (exit 2) when the plan's job names no policy, asks for
+    a paired weight-sync transport, or its bundles do not hold its roles (`executors.seats`)."""
     res = plan.resolved()
     job = _job(res)
     pools = _pools(plan, res)
@@ -283,6 +283,10 @@ def _job(res: Resolved) -> JobFacts:
     policy = res.model_of(Role.ACTOR)
     if policy is None:  # every job has a policy; a plan without one is not this project's
         raise SpecError("plan.job.models.policy: missing (the executor needs a policy model)")
+    if job.weight_sync.mechanism.paired:  # its pricing would not be what runs
+        raise SpecError(f"plan.job.weight_sync.transport: {job.weight_sync.transport!r}: placer "
+                        "execute syncs weights by broadcast (NCCL, gloo, CUDA IPC); plan the "
+                        "job with transport: broadcast to execute it")
     return JobFacts(
         name=job.name, algorithm=job.algorithm.value, seed=job.seed, mode=job.pipeline.mode,
         max_staleness=job.pipeline.max_staleness, prompts=job.batch.prompts,

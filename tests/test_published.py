@@ -60,7 +60,8 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # sync: verl's unbucketed NCCL sync pays one call per tensor from one sender
     # (`timing.sync_calls`), a broadcast's receive is bound by one rank's NIC, Miles has its own
     # sender rate, a co-located replica one CUDA-IPC rate (sync_call_s, sync_sender_gbs and
-    # sync_local_gbs were set on these rows: in-sample)
+    # sync_local_gbs were set on these rows: in-sample; the NeMo-RL DeepSeek-V3 rows set
+    # sync_export_gbs, held out in tests/test_refit.py)
     assert doc.sync_median_abs_error < 0.14, doc.sync_median_abs_error
     assert all(abs(s.error) < 0.30 for s in doc.sync), doc.sync  # the goal
     verl = [s for s in doc.sync if s.name.startswith("verl")]

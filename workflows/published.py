@@ -22,7 +22,8 @@ its script sets the actor's optimizer offload.
 The weight-sync rows (`SYNC_ROWS`) price one refresh with `timing.sync_time` on the published
 hardware and mapping, with each framework's transport (verl's NCCL sync sends tensor by tensor
 from rank 0, `SyncRow.bucket_gb` = 0; the others stream buckets from every pipeline stage at the
-framework's sender rate). The decode rows (`DECODE_ROWS`) are vLLM's and SGLang's per-step
+framework's sender rate; NeMo-RL's checkpoint engine pairs each engine rank with a trainer rank,
+`SyncRow.transport`, `placer.cost.refit`). The decode rows (`DECODE_ROWS`) are vLLM's and SGLang's per-step
 latency anchors. Several defaults were set on these rows (docs/cost-model.md marks them
 in-sample).
 
@@ -245,7 +246,9 @@ SYNC_ROWS: list[SyncRow] = [
     # nodes (vLLM TP32), not colocated; 4096 MiB buckets (0.05 of an 80 GiB GPU: H100-SXM
     # assumed, the doc names no GPU); each vLLM rank loaded 69.95 GiB in 18 batches (the slice
     # `refit.slice_bytes` gives: 75.1 GB). The async timer's pair (NIXL, NCCL) and the matched
-    # synchronous verifier's pair (shard_expert_weights true, false).
+    # synchronous verifier's pair (shard_expert_weights true, false). The doc does not say which
+    # NCCL path its NCCL column ran; the full weights into every rank (1,342 GB in 14.21 s, 94
+    # GB/s) would outrun a rank's 400 Gb/s NIC, so it is priced as the same pairs over NCCL.
     *[SyncRow(name, _NEMO_REFIT, "DeepSeek-V3", "H100-SXM", 36,
               Use("g", pp=16, dp=16, ep=16), Use("g", tp=32), t, bucket_gb=_NEMO_BUCKET_GB,
               transport=transport, shard_experts=shard)
