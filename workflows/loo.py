@@ -37,20 +37,22 @@ from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
 from placer.cost.timing import Placed
-from placer.spec.catalog import Resolved, resolve
-from placer.spec.load import load_job
-from workflows.published import (
-    DECODE_ROWS,
-    EXAMPLES,
-    ROWS,
-    SYNC_ROWS,
-    DecodeRow,
-    Row,
-    SyncRow,
-    predict_decode,
-    predict_row,
-    predict_sync,
-)
+from placer.spec.catalog import Resolved
+
+# A row of workflows.published (its Row, SyncRow or DecodeRow: this module is handed them, so
+# that module can offer --loo without an import cycle).
+AnyRow = Any
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How each kind of row is priced: workflows.published's predict_row, predict_sync and
+    predict_decode (each returns a result with `predicted_s`)."""
+
+    step: Callable[[AnyRow, Calibration], Any]
+    sync: Callable[[AnyRow, Calibration], Any]
+    decode: Callable[[AnyRow, Calibration], Any]
+
 
 SWEEPS = 3
 GOLDEN_STEPS = 20  # the bracket shrinks by 0.618^20 ~ 6.6e-5 of its log width
@@ -105,36 +107,44 @@ SETTINGS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Rows:
-    """The data a fit may use: step rows (each with its resolved job), sync rows, decode rows."""
+    """The data a fit may use: step rows (each with its resolved job), sync rows, decode rows,
+    and how each kind is priced."""
 
-    step: tuple[Row, ...]
-    sync: tuple[SyncRow, ...]
-    decode: tuple[DecodeRow, ...]
+    step: tuple[AnyRow, ...]
+    sync: tuple[AnyRow, ...]
+    decode: tuple[AnyRow, ...]
     resolved: dict[str, Resolved] = field(compare=False, repr=False)
+    pricing: Pricing = field(compare=False, repr=False)
 
-    @classmethod
-    def published(cls, step: Sequence[Row] = ROWS, sync: Sequence[SyncRow] = SYNC_ROWS,
-                  decode: Sequence[DecodeRow] = DECODE_ROWS) -> Rows:
-        res = {r.name: resolve(load_job(EXAMPLES / r.file), r.file) for r in step}
-        return cls(tuple(step), tuple(sync), tuple(decode), res)
+    def replaced(self, step: Iterable[AnyRow], sync: Iterable[AnyRow],
+                 decode: Iterable[AnyRow]) -> Rows:
+        return Rows(tuple(step), tuple(sync), tuple(decode), self.resolved, self.pricing)
 
     def without(self, name: str) -> Rows:
         """The same data but the row called `name` (whatever its kind)."""
-        return Rows(tuple(r for r in self.step if r.name != name),
-                    tuple(r for r in self.sync if r.name != name),
-                    tuple(r for r in self.decode if r.name != name), self.resolved)
+        return self.replaced((r for r in self.step if r.name != name),
+                             (r for r in self.sync if r.name != name),
+                             (r for r in self.decode if r.name != name))
+
+    def of_kind(self, kind: str) -> tuple[AnyRow, ...]:
+        rows: tuple[AnyRow, ...] = {"step": self.step, "sync": self.sync,
+                                    "decode": self.decode}[kind]
+        return rows
 
     def names(self, kind: str) -> tuple[str, ...]:
-        rows: Iterable[Row | SyncRow | DecodeRow] = {
-            "step": self.step, "sync": self.sync, "decode": self.decode}[kind]
-        return tuple(r.name for r in rows)
+        return tuple(r.name for r in self.of_kind(kind))
+
+    def predict(self, kind: str, row: AnyRow, eff: Efficiency) -> float:
+        price = {"step": self.pricing.step, "sync": self.pricing.sync,
+                 "decode": self.pricing.decode}[kind]
+        return float(price(row, _calib(eff)).predicted_s)
 
 
 def _calib(eff: Efficiency) -> Calibration:
     return Calibration(eff)
 
 
-def stage_times(rows: Rows, row: Row, eff: Efficiency,
+def stage_times(rows: Rows, row: AnyRow, eff: Efficiency,
                 keys: Iterable[str]) -> dict[str, float]:
     """The trainer stages and the sync stage of a step row, priced without its rollout (which
     no row-fitted factor moves): what `predict_row` gives for them."""
@@ -162,17 +172,15 @@ def stage_times(rows: Rows, row: Row, eff: Efficiency,
 
 def _log_errors(rows: Rows, f: RowFactor, eff: Efficiency) -> list[float]:
     """|log(predicted / published)| of every datum that determines `f`."""
-    calib = _calib(eff)
     errs: list[float] = []
     if "step" in f.kinds:
         for r in rows.step:
             got = stage_times(rows, r, eff, f.stages)
             errs += [abs(math.log(v / r.stages[k])) for k, v in got.items() if v > 0]
     if "sync" in f.kinds:
-        errs += [abs(math.log(predict_sync(s, calib).predicted_s / s.published_s))
-                 for s in rows.sync]
+        errs += [abs(math.log(rows.predict("sync", s, eff) / s.published_s)) for s in rows.sync]
     if "decode" in f.kinds:
-        errs += [abs(math.log(predict_decode(d, calib).predicted_s / d.published_s))
+        errs += [abs(math.log(rows.predict("decode", d, eff) / d.published_s))
                  for d in rows.decode]
     return errs
 
@@ -211,10 +219,14 @@ def fit_group(rows: Rows, group: str, start: Efficiency, sweeps: int = SWEEPS) -
         for f in factors:
             if not _log_errors(rows, f, eff):
                 continue
-            best = golden_min(lambda x, f=f: objective(rows, f, eff.override({f.name: x})),
-                              f.lo, f.hi)
-            eff = eff.override({f.name: best})
+            eff = eff.override({f.name: _best(rows, f, eff)})
     return eff
+
+
+def _best(rows: Rows, f: RowFactor, eff: Efficiency) -> float:
+    def at(x: float) -> float:
+        return objective(rows, f, eff.override({f.name: x}))
+    return golden_min(at, f.lo, f.hi)
 
 
 def group_data(rows: Rows, group: str) -> frozenset[str]:
@@ -282,57 +294,45 @@ class LooRow:
                 "loo_s": self.loo_s, "loo_error": self.loo_error}
 
 
-def _predict(kind: str, row: Any, eff: Efficiency) -> float:
-    calib = _calib(eff)
-    if kind == "step":
-        return predict_row(row, calib).predicted_s
-    if kind == "sync":
-        return predict_sync(row, calib).predicted_s
-    return predict_decode(row, calib).predicted_s
-
-
 def loo_rows(fitter: Fitter) -> list[LooRow]:
     """Every row of every kind: shipped, in-sample and leave-one-out predictions."""
     rows, shipped, full = fitter.rows, fitter.start, fitter.fit()
     out: list[LooRow] = []
-    kinds: list[tuple[str, Sequence[Any]]] = [
-        ("step", rows.step), ("sync", rows.sync), ("decode", rows.decode)]
-    for kind, items in kinds:
-        for r in items:
-            out.append(LooRow(r.name, kind, r.published_s, _predict(kind, r, shipped),
-                              _predict(kind, r, full), _predict(kind, r, fitter.fit(r.name))))
+    for kind in ("step", "sync", "decode"):
+        for r in rows.of_kind(kind):
+            out.append(LooRow(r.name, kind, r.published_s, rows.predict(kind, r, shipped),
+                              rows.predict(kind, r, full),
+                              rows.predict(kind, r, fitter.fit(r.name))))
     return out
 
 
 def held_out_prediction(rows: Rows, name: str) -> float:
     """The LOO prediction of the row called `name` alone (a fit that never sees it)."""
-    fitter = Fitter(rows)
-    eff = fitter.fit(name)
-    for kind, items in (("step", rows.step), ("sync", rows.sync), ("decode", rows.decode)):
-        for r in items:
+    eff = Fitter(rows).fit(name)
+    for kind in ("step", "sync", "decode"):
+        for r in rows.of_kind(kind):
             if r.name == name:
-                return _predict(kind, r, eff)
+                return rows.predict(kind, r, eff)
     raise KeyError(name)
 
 
 def with_published(rows: Rows, name: str, scale: float) -> Rows:
     """`rows` with the row called `name`'s published times (step and stages) times `scale`."""
-    def step(r: Row) -> Row:
+    def step(r: AnyRow) -> AnyRow:
         return r if r.name != name else replace(
             r, published_s=r.published_s * scale,
             stages={k: v * scale for k, v in r.stages.items()})
-    return Rows(tuple(step(r) for r in rows.step),
-                tuple(r if r.name != name else replace(r, published_s=r.published_s * scale)
-                      for r in rows.sync),
-                tuple(r if r.name != name else replace(r, published_s=r.published_s * scale)
-                      for r in rows.decode), rows.resolved)
+
+    def other(r: AnyRow) -> AnyRow:
+        return r if r.name != name else replace(r, published_s=r.published_s * scale)
+    return rows.replaced(map(step, rows.step), map(other, rows.sync), map(other, rows.decode))
 
 
 # ------------------------------------------------------------------ residuals, report
 WRITE_BAND = "python -m workflows.published --loo --write-band"
 
 
-def row_tags(rows: Rows, row: Row) -> Tags:
+def row_tags(rows: Rows, row: AnyRow) -> Tags:
     """A step row's tags: its actor's device type, its policy's model class, its mode."""
     res = rows.resolved[row.name]
     slot = {r: g for g in row.groups for r in g}
@@ -392,9 +392,8 @@ def _loo_fields(r: LooRow) -> dict[str, float]:
             "loo_s": r.loo_s, "loo_error": r.loo_error}
 
 
-def loo_report(rows: Rows | None = None) -> LooReport:
+def loo_report(rows: Rows) -> LooReport:
     """Fit, predict in-sample and leave-one-out, and tabulate the residuals."""
-    rows = rows or Rows.published()
     fitter = Fitter(rows)
     loo = loo_rows(fitter)
     full = fitter.fit()

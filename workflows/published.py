@@ -61,6 +61,7 @@ from placer.cost.timing import Placed
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
+from workflows.loo import Pricing, Rows, loo_report, render_loo
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
 STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")
@@ -452,6 +453,13 @@ def fidelity(calib: Calibration | None = None, folder: Path = EXAMPLES) -> Publi
                            [predict_decode(r, calib) for r in DECODE_ROWS])
 
 
+def published_rows(step: list[Row] = ROWS, folder: Path = EXAMPLES) -> Rows:
+    """Every row of every kind, as the leave-one-out fit takes them (`workflows.loo`)."""
+    res = {r.name: resolve(load_job(folder / r.file), r.file) for r in step}
+    return Rows(tuple(step), tuple(SYNC_ROWS), tuple(DECODE_ROWS), res,
+                Pricing(lambda r, c: predict_row(r, c, folder), predict_sync, predict_decode))
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.0f}%" if math.isfinite(x) else "n/a"
 
@@ -508,9 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.loo:
         print(doc.to_json() if args.json else render(doc))
         return 0
-    from workflows.loo import loo_report, render_loo  # lazy: it imports this module
-
-    rep = loo_report()
+    rep = loo_report(published_rows())
     if args.write_band:
         rep.table.write()
     print(json.dumps(rep.extend(doc.to_dict()), indent=2) if args.json else render_loo(rep))

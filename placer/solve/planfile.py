@@ -256,6 +256,16 @@ class Plan(_M):
 
     __hash__ = None  # type: ignore[assignment]  # the job dict is not hashable anyway
 
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_band(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A plan written before bands were recorded is written back without them (its file
+        stays as it was)."""
+        out: dict[str, Any] = handler(self)
+        if out.get("predicted_iteration_s_band") is None and out.get("band_source") is None:
+            out.pop("predicted_iteration_s_band", None)
+            out.pop("band_source", None)
+        return out
+
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
