@@ -28,11 +28,14 @@ latency anchors. Several defaults were set on these rows (docs/cost-model.md mar
 in-sample).
 
     python -m workflows.published [--json] [--calibration PROFILE]
+    python -m workflows.published --loo [--json] [--write-band]
 
 prints per row the published and predicted times and the relative error (predicted / published -
 1), the median |error|, and the sync and decode rows. `--json` prints one document: {"rows":
 [{name, published_s, predicted_s, error, stages: {...}}], "median_abs_error", "max_abs_error",
 "sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error", "decode": [...]}.
+`--loo` fits the factors the rows determine and prints each row in-sample beside leave-one-out
+(`workflows.loo`; with `--json` the same document plus the LOO fields).
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
 from placer.spec.weightsync import TransportKind
+from workflows.loo import Pricing, Rows, loo_report, render_loo
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
 STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")
@@ -119,9 +123,9 @@ class SyncRow:
     # The transport's bucket size, GB (`Efficiency.sync_bucket_gb`): a framework setting; 0 for
     # verl's NCCL sync without checkpoint-engine, which broadcasts tensor by tensor from rank 0.
     bucket_gb: float = Efficiency().sync_bucket_gb
-    # One sender stream's raw GB/s (`Efficiency.sync_sender_gbs`): a framework's gather, convert
-    # and send path; the default is verl's checkpoint-engine README figure.
-    sender_gbs: float = Efficiency().sync_sender_gbs
+    # One sender stream's raw GB/s where the framework's own path sets it (Miles' broadcast
+    # sender); None: `Efficiency.sync_sender_gbs`, which the other rows determine.
+    sender_gbs: float | None = None
     # The job's `weight_sync` section (`placer.spec.weightsync`): the refit's transport and, for
     # a paired one, whether an engine rank receives only its own slice.
     transport: TransportKind = "broadcast"
@@ -269,6 +273,9 @@ class DecodeRow:
     context: float  # KV tokens per sequence, mean over the run
     published_s: float
     arch: ModelArch | None = None  # a model outside the shipped catalog (then `model` names it)
+    # The engine's fused-MoE read efficiency where this row alone sets it (a setting of that
+    # engine on that part, `Efficiency.expert_read_half_width`); None: the factor's value.
+    expert_read_half_width: float | None = None
 
 
 _VLLM = "vLLM performance dashboard, buildkite build 9515 (latency test: in 32, out 128, batch 8)"
@@ -276,6 +283,9 @@ _VLLM = "vLLM performance dashboard, buildkite build 9515 (latency test: in 32, 
 MIXTRAL = ModelArch(name="Mixtral-8x7B", layers=32, hidden=4096, heads=32, kv_heads=8,
                     mlp=14336, vocab=32000, experts=8, experts_per_token=2, expert_mlp=14336)
 _SGL = "BenHamm SGLang 0.5.8 benchmark gist (1K in / 1K out, TPOT at concurrency 1)"
+# SGLang 0.5.8's fused-MoE reads on B200: the half width that prices its Qwen3-235B-A22B TP8
+# TPOT (6.70 ms, same gist); the source of `Efficiency.expert_read_half_width`'s default
+_SGL_B200_EXPERT_HALF_WIDTH = 341.0
 DECODE_ROWS: list[DecodeRow] = [
     DecodeRow("vLLM Llama-3.1-8B TP1 H200 batch 8", _VLLM, "Llama-3.1-8B", "H200", 1, 8, 96,
               6.5e-3),
@@ -283,8 +293,10 @@ DECODE_ROWS: list[DecodeRow] = [
               16.2e-3),
     DecodeRow("vLLM Mixtral-8x7B TP2 H200 batch 8", _VLLM, "Mixtral-8x7B", "H200", 2, 8, 96,
               15.0e-3, arch=MIXTRAL),
+    # its fused-MoE reads set `expert_read_half_width` (the only anchor it moves: 192 columns
+    # per rank; Mixtral's 7,168 sit within 5% of the limit), so the row carries the setting
     DecodeRow("SGLang Qwen3-235B-A22B TP8 B200 batch 1", _SGL, "Qwen3-235B-A22B", "B200", 8, 1,
-              1500, 6.70e-3),
+              1500, 6.70e-3, expert_read_half_width=_SGL_B200_EXPERT_HALF_WIDTH),
     # a hybrid (Qwen3.8-27B = the Qwen3.5-27B shape): 1,855 tok/s per one-GPU engine at 39
     # running requests (Miles docs/models/qwen/qwen3-8.md, sec. 5.3): 39 / 1855 s per step;
     # context: a ~512-token prompt plus half the 4,585-token mean response (assumed)
@@ -442,7 +454,9 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Comparison:
                Estimate(_R.ACTOR, "g", row.actor.parallel(), Memory(), {}))
     r = Placed("a+r" if row.colocated else "r",
                Estimate(_R.ROLLOUT, "g", row.rollout.parallel(), Memory(), {}))
-    bucket = {"sync_bucket_gb": row.bucket_gb, "sync_sender_gbs": row.sender_gbs}
+    bucket = {"sync_bucket_gb": row.bucket_gb}
+    if row.sender_gbs is not None:
+        bucket["sync_sender_gbs"] = row.sender_gbs
     calib = Calibration(calib.default.override(bucket),
                         {k: e.override(bucket) for k, e in calib.per_device.items()})
     return Comparison(row.name, row.published_s, Pricer(res, calib).sync_time(a, r))
@@ -452,8 +466,10 @@ def predict_decode(row: DecodeRow, calib: Calibration) -> Comparison:
     """One decode step of the anchor's batch (the engine's per-step time)."""
     devs, models = shipped_devices(), shipped_models()
     dev, m = devs[row.device], row.arch or models[row.model]
-    t = decode_step_time(m, dev, Parallel(tp=row.tp), row.batch, row.batch * row.context,
-                         calib.for_device(dev))
+    eff = calib.for_device(dev)
+    if row.expert_read_half_width is not None:
+        eff = eff.override({"expert_read_half_width": row.expert_read_half_width})
+    t = decode_step_time(m, dev, Parallel(tp=row.tp), row.batch, row.batch * row.context, eff)
     return Comparison(row.name, row.published_s, t)
 
 
@@ -463,6 +479,13 @@ def fidelity(calib: Calibration | None = None, folder: Path = EXAMPLES) -> Publi
     return PublishedReport([predict_row(r, calib, folder) for r in ROWS],
                            [predict_sync(r, calib) for r in SYNC_ROWS],
                            [predict_decode(r, calib) for r in DECODE_ROWS])
+
+
+def published_rows(step: list[Row] = ROWS, folder: Path = EXAMPLES) -> Rows:
+    """Every row of every kind, as the leave-one-out fit takes them (`workflows.loo`)."""
+    res = {r.name: resolve(load_job(folder / r.file), r.file) for r in step}
+    return Rows(tuple(step), tuple(SYNC_ROWS), tuple(DECODE_ROWS), res,
+                Pricing(lambda r, c: predict_row(r, c, folder), predict_sync, predict_decode))
 
 
 def _pct(x: float) -> str:
@@ -500,13 +523,31 @@ def main(argv: list[str] | None = None) -> int:
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--calibration", default=None, help="calibration profile (YAML or JSON)")
+    ap.add_argument("--loo", action="store_true",
+                    help="fit the factors the rows determine and predict every row in-sample "
+                         "and leave-one-out (workflows.loo)")
+    ap.add_argument("--write-band", action="store_true",
+                    help="with --loo: write the leave-one-out residuals the planner's error "
+                         "band is taken from (placer/cost/data/band.json)")
     args = ap.parse_args(argv)
+    if args.write_band and not args.loo:
+        print("error: --write-band: needs --loo", file=sys.stderr)
+        return 2
+    if args.loo and args.calibration:
+        print("error: --calibration: --loo fits from the shipped factors", file=sys.stderr)
+        return 2
     try:
         doc = fidelity(load_calibration(args.calibration))
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(doc.to_json() if args.json else render(doc))
+    if not args.loo:
+        print(doc.to_json() if args.json else render(doc))
+        return 0
+    rep = loo_report(published_rows())
+    if args.write_band:
+        rep.table.write()
+    print(json.dumps(rep.extend(doc.to_dict()), indent=2) if args.json else render_loo(rep))
     return 0
 
 

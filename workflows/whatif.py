@@ -151,7 +151,9 @@ def _predicted(plan: Plan, knob: str, value: Any) -> dict[str, Any]:
 def _row(plan: Plan, knob: str, value: Any, thr: float) -> dict[str, Any]:
     """A sweep row at throughput `thr` (simulated or predicted samples per second)."""
     per_hour, booked = usd_per_hour(plan), booked_per_hour(plan.resolved())
+    band = plan.predicted_iteration_s_band
     return {"knob": knob, "value": value, "predicted_s": round(plan.predicted_iteration_s, 3),
+            "predicted_s_band": None if band is None else [round(x, 3) for x in band],
             "samples_per_s": round(thr, 3), "usd_per_hour": round(per_hour, 2),
             "cost_per_sample": per_hour / 3600 / thr if thr > 0 else float("inf"),
             "booked_usd_per_hour": round(booked, 2),

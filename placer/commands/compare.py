@@ -151,7 +151,9 @@ def _rows(plans: dict[str, Plan | None], simulate: Callable[[Plan], SteadyState]
         if p is None:
             rows[name] = {"applicable": False}
             continue
+        band = p.predicted_iteration_s_band
         row = {"applicable": True, "predicted_iteration_s": p.predicted_iteration_s,
+               "predicted_iteration_s_band": None if band is None else list(band),
                "throughput_samples_s": p.throughput_samples_s,
                "cost_per_sample": p.cost_per_sample,
                "ratio_to_ilp": p.predicted_iteration_s / base.predicted_iteration_s,
@@ -187,7 +189,7 @@ def _overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
 
 def render(doc: dict[str, Any]) -> str:
     sim = doc["ranked_by"] == "simulated_iteration_s"
-    head = (f"{'plan':<16} {'iteration s':>12} {'samples/s':>10} {'USD/sample':>11} "
+    head = (f"{'plan':<16} {'iteration s':>12} {'band s':>17} {'samples/s':>10} {'USD/sample':>11} "
             f"{'x ILP time':>10} {'x ILP cost':>10}"
             + (f" {'simulated s':>12} {'95% CI':>7} {'sim smp/s':>9} {'x ILP sim':>9}"
                if sim else "") + "  placement")
@@ -200,7 +202,9 @@ def render(doc: dict[str, Any]) -> str:
             continue
         where = ", ".join(f"{role}:{_devices(p)}" for role, p in r["placement"].items())
         cr = r["cost_ratio_to_ilp"]
+        b = r["predicted_iteration_s_band"]
         line = (f"{name:<16} {r['predicted_iteration_s']:>12.3f} "
+                f"{(f'{b[0]:.3f}-{b[1]:.3f}' if b else '-'):>17} "
                 f"{r['throughput_samples_s']:>10.2f} {r['cost_per_sample']:>11.6f} "
                 f"{r['ratio_to_ilp']:>10.2f} {(f'{cr:.2f}' if cr is not None else '-'):>10}")
         if sim:

@@ -9,7 +9,8 @@ Every combination of the `--vary` values is a point: the job with those fields c
 file, e.g. `batch.prompts`, `lengths.response.cap`, `pipeline.max_staleness`), re-planned by
 the ILP (`workflows.whatif.grid`) and, with `--simulate`, simulated (its steady state, until the
 mean is known, or exactly `--iterations N`). One row a point: iteration time (predicted;
-simulated steady-state mean and p99 with `--simulate`), throughput, USD/h used and booked,
+simulated steady-state mean and p99 with `--simulate`), the predicted time's error band
+(`placer.cost.band`), throughput, USD/h used and booked,
 cost per sample used and booked, and the best plan's shape (slot@pool xdevices); `*` marks
 the points on the throughput / booked-cost-per-sample Pareto frontier (a point with fewer nodes
 books less even where its plan uses the same devices). `--plots DIR` writes `pareto.png` (every
@@ -111,16 +112,18 @@ def _doc(r: dict[str, Any], pareto: bool) -> dict[str, Any]:
 def render(rows: list[dict[str, Any]], paths: list[str], front: set[int], simulated: bool) -> str:
     """The grid as a table, one point a line; `*` marks the Pareto frontier."""
     time_key, time_head = ("simulated_s", "sim s") if simulated else ("predicted_s", "time s")
-    heads = [*paths, time_head, "samples/s", "USD/h used", "USD/h booked", "USD/sample",
+    heads = [*paths, time_head, "band s", "samples/s", "USD/h used", "USD/h booked", "USD/sample",
              "booked/sample", "best plan"]
     cells = [heads]
     for r in rows:
         vals = [str(r["point"][p]) for p in paths]
         if "infeasible" in r:
-            cells.append([*vals, "infeasible", r["infeasible"][:90], "", "", "", "", ""])
+            cells.append([*vals, "infeasible", r["infeasible"][:90], "", "", "", "", "", ""])
             continue
         mark = "*" if id(r) in front else " "
-        cells.append([*vals, f"{r[time_key]:.3f}", f"{r['samples_per_s']:.2f}",
+        band = r.get("predicted_s_band")
+        cells.append([*vals, f"{r[time_key]:.3f}", f"{band[0]:.3f}-{band[1]:.3f}" if band else "-",
+                      f"{r['samples_per_s']:.2f}",
                       f"{r['usd_per_hour']:.2f}", f"{r['booked_usd_per_hour']:.2f}",
                       f"{r['cost_per_sample']:.6f}", f"{r['booked_cost_per_sample']:.6f}{mark}",
                       r["placement"]])

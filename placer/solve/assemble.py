@@ -5,6 +5,8 @@ same `timing.iteration_time` and mapped to nodes by the same `mapping.map_to_nod
 """
 from __future__ import annotations
 
+from placer.base.roles import Role
+from placer.cost.band import Tags, band, load_table, mode_of, model_class
 from placer.cost.efficiency import Calibration
 from placer.cost.estimate import Estimate, Part
 from placer.cost.pricer import Pricer
@@ -12,6 +14,8 @@ from placer.cost.split import join
 from placer.cost.timing import Breakdown as Timing
 from placer.cost.timing import Placed
 from placer.solve.planfile import (
+    BandRow,
+    BandSource,
     Breakdown,
     Plan,
     RolePart,
@@ -80,6 +84,26 @@ def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
     return slots_price(res, (pd for s in slots for pd in s.pool_devices()))
 
 
+def plan_tags(res: Resolved, roles: dict[str, RolePlacement]) -> Tags:
+    """What a plan is compared with published runs by (`placer.cost.band`): the actor's
+    device type, the policy's model class and the mode."""
+    actor, rollout = roles.get(Role.ACTOR), roles.get(Role.ROLLOUT)
+    device = res.device_of(actor.pool).name if actor is not None else ""
+    return Tags(device, model_class(res.model_of(Role.ACTOR)),
+                mode_of(res.job.pipeline.mode == "async", actor.slot if actor else None,
+                        rollout.slot if rollout else None))
+
+
+def error_band(res: Resolved, roles: dict[str, RolePlacement],
+               predicted_s: float) -> tuple[tuple[float, float], BandSource]:
+    """The predicted time's band and its source, from the shipped residual table."""
+    table = load_table()
+    b = band(predicted_s, plan_tags(res, roles), table)
+    return (b.lo, b.hi), BandSource(
+        tags=b.tags.to_dict(), widen=b.widen, table=table.source,
+        rows=[BandRow(name=n, error=e, differing_tags=d) for n, e, d in b.rows])
+
+
 def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo) -> Plan:
     """Price, slot and map a placement into a plan; the plan records the pricer's calibration
     profile (none when it prices with the shipped factors)."""
@@ -92,8 +116,10 @@ def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo) -> Plan:
     slots, bundles, routes = map_to_nodes(res, slots, roles)
     samples = res.job.batch.samples
     per_hour, booked = cost_per_hour(res, slots), booked_per_hour(res)
+    lohi, source = error_band(res, roles, bd.iteration_s)
     return Plan(job=dump_job(res.job), mode=res.job.pipeline.mode, objective=res.job.objective,
-                predicted_iteration_s=bd.iteration_s,
+                predicted_iteration_s=bd.iteration_s, predicted_iteration_s_band=lohi,
+                band_source=source,
                 throughput_samples_s=samples / bd.iteration_s,
                 cost_per_sample=per_sample(per_hour, bd.iteration_s, samples),
                 used_usd_per_hour=per_hour, booked_usd_per_hour=booked,

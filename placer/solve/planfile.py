@@ -175,12 +175,35 @@ class Breakdown(_M):
     sync_s: float = 0.0
 
 
+class BandRow(_M):
+    """A published run a band was taken from: its leave-one-out error and its tags unlike the
+    plan's."""
+
+    name: str
+    error: float
+    differing_tags: int = Field(ge=0)
+
+
+class BandSource(_M):
+    """Where a plan's band came from (`placer.cost.band`): the plan's tags, the published rows
+    used and the widening their dissimilarity gave."""
+
+    tags: dict[str, str]
+    widen: float = Field(ge=0)
+    rows: list[BandRow]
+    table: str = Field(description="the command that wrote the residual table")
+
+
 class Plan(_M):
     version: Literal[1] = 1
     job: dict[str, Any]
     mode: Literal["sync", "async"]
     objective: Literal["time", "cost"]
     predicted_iteration_s: float = Field(gt=0)
+    # [lo, hi]: the range the cost model was right within on comparable published runs,
+    # leave-one-out (`placer.cost.band`); None in plans written before it was recorded.
+    predicted_iteration_s_band: tuple[float, float] | None = None
+    band_source: BandSource | None = None
     throughput_samples_s: float = Field(0.0, ge=0)
     cost_per_sample: float = Field(0.0, ge=0, description="USD per sample of the devices used")
     # What the plan's devices cost against what the job's cluster books (every node of every
@@ -232,6 +255,16 @@ class Plan(_M):
         return self.__dict__ == other.__dict__
 
     __hash__ = None  # type: ignore[assignment]  # the job dict is not hashable anyway
+
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_band(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A plan written before bands were recorded is written back without them (its file
+        stays as it was)."""
+        out: dict[str, Any] = handler(self)
+        if out.get("predicted_iteration_s_band") is None and out.get("band_source") is None:
+            out.pop("predicted_iteration_s_band", None)
+            out.pop("band_source", None)
+        return out
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

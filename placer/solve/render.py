@@ -24,7 +24,7 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
              f"predicted iteration {plan.predicted_iteration_s:.3f} s | "
              f"{plan.throughput_samples_s:.2f} samples/s | {plan.cost_per_sample:.6f} USD/sample | "
              f"{usd_per_hour(plan):.2f} USD/h",
-             *_booking(plan, release), "",
+             *_band(plan), *_booking(plan, release), "",
              f"{'role':<12} {'pool':<8} {'devices':>7} {'tp':>3} {'pp':>3} {'dp':>5} "
              f"{'cp':>3} {'ep':>3} {'slot':<28} {'time s':>9} {'mem GB':>7}"]
     for name, r in plan.roles.items():
@@ -76,6 +76,22 @@ def where(r: RolePlacement) -> str:
     return " + ".join(f"{p.pool}x{p.devices} ({p.share:.0%})" for p in r.parts)
 
 
+def band_range(plan: Plan) -> str:
+    """The band as `lo-hi s`, or "-" for a plan written before bands were recorded."""
+    b = plan.predicted_iteration_s_band
+    return "-" if b is None else f"{b[0]:.3f}-{b[1]:.3f}"
+
+
+def _band(plan: Plan) -> list[str]:
+    src = plan.band_source
+    if plan.predicted_iteration_s_band is None or src is None:
+        return []
+    rows = ", ".join(f"{r.name.split(' ')[0]} {r.error:+.0%}" for r in src.rows)
+    return [f"band {band_range(plan)} s: leave-one-out errors of the {len(src.rows)} most "
+            f"similar published runs to {', '.join(f'{k} {v}' for k, v in src.tags.items())} "
+            f"({rows}), widened {src.widen:.0%} for the tags they do not share"]
+
+
 def _booking(plan: Plan, release: Sequence[str]) -> list[str]:
     if not plan.booked_usd_per_hour:  # a plan written before booking was recorded
         return []
@@ -87,10 +103,11 @@ def _booking(plan: Plan, release: Sequence[str]) -> list[str]:
 def render_frontier(plans: list[Plan]) -> str:
     """The time/cost Pareto frontier, one plan a line, fastest first."""
     lines = ["time/cost Pareto frontier (fastest first)",
-             f"{'#':>2} {'iteration s':>12} {'samples/s':>10} {'USD/sample':>11} {'USD/h':>9}  "
-             "placement"]
+             f"{'#':>2} {'iteration s':>12} {'band s':>17} {'samples/s':>10} {'USD/sample':>11} "
+             f"{'USD/h':>9}  placement"]
     for i, p in enumerate(plans):
         placed = ", ".join(f"{r}:{where(x)}" for r, x in p.roles.items())
-        lines.append(f"{i:>2} {p.predicted_iteration_s:>12.3f} {p.throughput_samples_s:>10.2f} "
+        lines.append(f"{i:>2} {p.predicted_iteration_s:>12.3f} {band_range(p):>17} "
+                     f"{p.throughput_samples_s:>10.2f} "
                      f"{p.cost_per_sample:>11.6f} {usd_per_hour(p):>9.2f}  {placed}")
     return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Leave-one-out fidelity of the published runs (workflows/loo.py): the fitter recovers known
+factors from rows generated with them, a row's LOO prediction never uses the row, and the
+honest (LOO) error is bounded."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from placer.cost.efficiency import Calibration, Efficiency
+from workflows.loo import (
+    ROW_FACTORS,
+    SETTINGS,
+    Fitter,
+    LooReport,
+    Rows,
+    golden_min,
+    held_out_prediction,
+    loo_report,
+    objective,
+    stage_times,
+    with_published,
+)
+from workflows.published import main, predict_decode, predict_row, predict_sync, published_rows
+
+
+@pytest.fixture(scope="module")
+def rows() -> Rows:
+    return published_rows()
+
+
+@pytest.fixture(scope="module")
+def rep(rows: Rows) -> LooReport:
+    return loo_report(rows)
+
+
+def test_golden_section_finds_a_known_minimum() -> None:
+    x = golden_min(lambda v: abs(math.log(v / 0.37)), 0.01, 10.0)
+    assert x == pytest.approx(0.37, rel=1e-3)
+
+
+def test_stage_times_are_what_the_full_row_prices(rows: Rows) -> None:
+    # the fit prices the trainer and sync stages without the rollout: same numbers as predict_row
+    for row in rows.step:
+        full = predict_row(row, Calibration())
+        got = stage_times(rows, row, Efficiency(), ("old_log_prob", "ref", "update", "sync"))
+        for k, v in got.items():
+            assert v == pytest.approx(full.stages[k].predicted_s, rel=1e-9), (row.name, k)
+
+
+def _synthetic(rows: Rows, truth: Efficiency) -> Rows:
+    """The published rows with every published figure replaced by the model's at `truth`."""
+    calib = Calibration(truth)
+    step = tuple(replace(r, stages={**r.stages, **stage_times(rows, r, truth, r.stages)})
+                 for r in rows.step)
+    sync = tuple(replace(s, published_s=predict_sync(s, calib).predicted_s) for s in rows.sync)
+    decode = tuple(replace(d, published_s=predict_decode(d, calib).predicted_s)
+                   for d in rows.decode)
+    return rows.replaced(step, sync, decode)
+
+
+def test_fit_recovers_the_factors_rows_were_generated_from(rows: Rows) -> None:
+    # an independent check of the fitter: rows made from known factors (none at the shipped
+    # value) give those factors back
+    truth = Efficiency().override({"mfu_train": 0.70, "mfu_score": 0.45, "dispatch_gbs": 0.25,
+                                   "sync_call_s": 4e-4, "sync_sender_gbs": 15.0,
+                                   "sync_local_gbs": 20.0, "step_overhead_s": 2.5e-3})
+    fitted = Fitter(_synthetic(rows, truth)).fit()
+    for f in ROW_FACTORS:
+        assert getattr(fitted, f.name) == pytest.approx(getattr(truth, f.name), rel=0.03), f.name
+
+
+@pytest.mark.parametrize("name", ["r02 DAPO 7B 64xH20 colocate", "verl 7B 4->4 H20",
+                                  "vLLM Llama-3.1-8B TP1 H200 batch 8"])
+def test_a_rows_loo_prediction_never_uses_the_row(rows: Rows, name: str) -> None:
+    before = held_out_prediction(rows, name)
+    moved = with_published(rows, name, 1.5)
+    assert held_out_prediction(moved, name) == before
+    # ...while the objective the in-sample fit minimises does see it (the check could fail)
+    eff = Efficiency()
+    assert any(objective(moved, f, eff) != objective(rows, f, eff) for f in ROW_FACTORS)
+
+
+def test_factors_fitted_on_rows_are_not_operator_level_or_settings() -> None:
+    names = {f.name for f in ROW_FACTORS}
+    assert not names & {"mfu_prefill", "decode_bw_eff", "decode_tp_bw_loss", "tp_call_s"}
+    assert not names & set(SETTINGS)
+    assert all(f.name in Efficiency.__dataclass_fields__ and 0 < f.lo < f.hi for f in ROW_FACTORS)
+
+
+def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
+    # The honest figure: each row predicted by factors fitted without it. The issue's goal is a
+    # LOO median |error| <= 0.15 and max <= 0.30 over >= 14 rows; today 12 step rows reach a
+    # median of 13.3% and a max of 55.6% (row r10: Miles' hybrid 27B on H200, whose 100 s
+    # reference pass and slow update the model does not price). A ratchet: tighten, never
+    # loosen.
+    step = rep.summary("step")
+    assert len(rep.kind("step")) == 12
+    assert step["loo_median_abs_error"] < 0.14, step
+    assert step["loo_max_abs_error"] < 0.58, step
+    sync = rep.summary("sync")  # 9.7% median; max 75% (verl 7B: 0.12 s, no other row like it)
+    assert sync["loo_median_abs_error"] < 0.11 and sync["loo_max_abs_error"] < 0.78, sync
+    decode = rep.summary("decode")  # 5.6% median, max 13.5% (Mixtral)
+    assert decode["loo_median_abs_error"] < 0.07 and decode["loo_max_abs_error"] < 0.15, decode
+
+
+def test_loo_json_adds_fields_and_keeps_the_plain_document(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["--loo", "--json"]) == 0
+    loo = json.loads(capsys.readouterr().out)
+    assert set(plain) < set(loo)
+    assert {"loo_median_abs_error", "loo_max_abs_error", "in_sample_median_abs_error",
+            "sync_loo"} <= set(loo)
+    for key in ("rows", "sync", "decode"):
+        for p, q in zip(plain[key], loo[key], strict=True):
+            assert {k: q[k] for k in p} == p and {"loo_error", "in_sample_error"} <= set(q)
+
+
+def test_write_band_needs_loo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--write-band"]) == 2
+    assert "--write-band" in capsys.readouterr().err
