@@ -100,8 +100,11 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     assert len(rep.kind("step")) == 12
     assert step["loo_median_abs_error"] < 0.14, step
     assert step["loo_max_abs_error"] < 0.58, step
-    sync = rep.summary("sync")  # 9.7% median; max 75% (verl 7B: 0.12 s, no other row like it)
-    assert sync["loo_median_abs_error"] < 0.11 and sync["loo_max_abs_error"] < 0.78, sync
+    # 11 rows, 12.3% median; max 75% (verl 7B: 0.12 s, no other row like it); the NeMo-RL
+    # DeepSeek-V3 rows are held out of `sync_export_gbs`'s fit too
+    sync = rep.summary("sync")
+    assert len(rep.kind("sync")) == 11
+    assert sync["loo_median_abs_error"] < 0.13 and sync["loo_max_abs_error"] < 0.78, sync
     decode = rep.summary("decode")  # 5.6% median, max 13.5% (Mixtral)
     assert decode["loo_median_abs_error"] < 0.07 and decode["loo_max_abs_error"] < 0.15, decode
 

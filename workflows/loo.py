@@ -88,6 +88,8 @@ ROW_FACTORS: tuple[RowFactor, ...] = (
               "checkpoint-engine rows; Miles' rows carry theirs)"),
     RowFactor("sync_local_gbs", "sync", ("sync", "step"), ("sync",), 3.0, 300.0,
               "colocated refreshes: NeMo-RL's DP8 -> TP8 row and row r10's sync stage"),
+    RowFactor("sync_export_gbs", "sync", ("sync",), (), 20.0, 2000.0,
+              "the paired refits (NeMo-RL's DeepSeek-V3 NIXL and NCCL rows)"),
     RowFactor("step_overhead_s", "decode", ("decode",), (), 1e-4, 1e-2,
               "the decode anchors' host time per engine step"),
 )
