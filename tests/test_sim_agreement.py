@@ -2,7 +2,13 @@
 2%) on every example, the placement priced with every length and latency at its mean
 (`rollout_tail.at_means`; the plan itself is priced with the job's tails): for the plan the
 planner makes and for the fixed hand placements that exercise colocation, LPUs, CPU pools and
-async mode."""
+async mode.
+
+What this checks and what it does not: both sides price a stage with the same cost-model
+functions, so it is no evidence that those prices are right (tests/test_operators.py and
+tests/test_loo.py check them against measured data). It is an independent check of the
+composition: the simulator's event schedule (barriers, overlap, colocated slots taking turns,
+async staleness) against the planner's closed-form `iteration_time`."""
 from __future__ import annotations
 
 import pytest

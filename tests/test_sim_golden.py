@@ -1,5 +1,11 @@
 """Golden metrics: re-simulating the stored plans under traces/golden/ gives the stored metrics.
 
+A regression guard, not evidence: the stored metrics are this simulator's own output. What
+checks the numbers against something independent: tests/test_operators.py (the cost model
+against measured operator times), tests/test_loo.py (published runs, leave-one-out),
+tests/test_ilp_oracle.py (the ILP against brute force) and tests/test_sim_agreement.py (the
+simulator's event schedule against the planner's closed-form composition).
+
 Regenerate after an intended model change with `python -m simulator.golden --write` (make golden)
 and review the diff of traces/golden/*.metrics.json."""
 from __future__ import annotations
