@@ -67,7 +67,7 @@ def role_placement(p: Placed) -> RolePlacement:
     return RolePlacement(pool=parts[0].pool if parts else e.pool, devices=e.devices, parts=parts,
                          tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
                          zero=e.par.zero, recompute=e.par.recompute, offload=e.par.offload,
-                         cp=e.par.cp, ep=e.par.ep, etp=e.par.etp,
+                         cp=e.par.cp, ep=e.par.ep, etp=e.par.etp, attn_dp=e.par.attn_dp,
                          shard=e.par.shard_dp if e.par.hsdp else 0,
                          fp8_weights=e.par.fp8_weights,
                          fp8_kv=e.par.fp8_kv, fp8_train=e.par.fp8_train,

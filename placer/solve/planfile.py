@@ -101,6 +101,8 @@ class RolePlacement(_Parted):
     cp: int = Field(1, ge=1, description="context parallelism (training)")
     ep: int = Field(1, ge=1, description="expert parallelism (mixture of experts)")
     etp: int = Field(1, ge=1, description="expert tensor parallelism (with ep > 1)")
+    attn_dp: int = Field(1, ge=1, description="rollout engine: data-parallel attention groups "
+                         "inside one replica of tp ranks (experts split over ep = tp)")
     shard: int = Field(0, ge=0, description="HSDP: dp ranks of one ZeRO shard group, which the "
                        "dp / shard groups replicate (0: ZeRO over all of dp; training roles)")
     fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
@@ -119,7 +121,7 @@ class RolePlacement(_Parted):
     def par(self) -> Parallel:
         return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
                         self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
-                        shard=self.shard)
+                        shard=self.shard, attn_dp=self.attn_dp)
 
 
 class SlotPart(_M):
