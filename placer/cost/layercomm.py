@@ -39,11 +39,13 @@ NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink 
 def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     """The link a TP group of `ranks` runs its all-reduces on: NVLink while the group fits one
     node, a call costing the measured `tp_call_s` where the trainers' probe timed one (on
-    NVLink), else `coll_base_s`; a group spanning nodes (an engine's TP 16 or 32) runs its
-    rings over the NIC (`span_link`: NCCL's ring crosses each node boundary, so the slowest
-    hop is the network)."""
+    NVLink), else `coll_base_s`; a group spanning nodes (an engine's TP 16 or 32) pays a
+    network hop per step and moves its bytes at a node's NICs together, one per device (NCCL
+    runs a ring per channel and each channel crosses the node boundary on its own rail's NIC),
+    or NVLink's rate where that is lower."""
     if ranks > NODE_DEVICES:
-        return span_link(dev, ranks, eff)
+        gbs = min(dev.intra_link_gbs, NODE_DEVICES * dev.nic_gbs)
+        return Link(eff.net_hop_s, gbs * eff.link_eff, eff.coll_base_s)
     return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s),
                      eff.tp_call_s)
 

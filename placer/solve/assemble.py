@@ -54,8 +54,8 @@ def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
 def role_part(q: Part, total: int) -> RolePart:
     e = q.est
     return RolePart(pool=e.pool, devices=e.devices, tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
-                    ep=e.par.ep, fp8_weights=e.par.fp8_weights, fp8_kv=e.par.fp8_kv,
-                    share=q.samples / total, samples=q.samples, time_s=e.time_s,
+                    ep=e.par.ep, attn_dp=e.par.attn_dp, fp8_weights=e.par.fp8_weights,
+                    fp8_kv=e.par.fp8_kv, share=q.samples / total, samples=q.samples, time_s=e.time_s,
                     stage_s=dict(e.stage_s), memory_gb=e.memory.total,
                     concurrency=e.concurrency)
 
