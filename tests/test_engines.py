@@ -9,7 +9,7 @@ import pytest
 from placer.cost.batching import kv_budget
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.generation import kv_capacity_tokens, max_concurrency
-from placer.cost.layercomm import NODE_DEVICES, decode_comm, ep_exchange, tp_link
+from placer.cost.layercomm import NODE_DEVICES, decode_comm, ep_exchange, pp_send, tp_link
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel, routed_expert_params
 from placer.solve.candidates import can_host, layouts
@@ -143,3 +143,16 @@ def test_kv_admission_counts_blocks_in_use_not_a_longest_context_reservation() -
     # data-parallel attention: every group schedules its own max_num_seqs
     wide = kv_budget(m, dev, Parallel(tp=8, ep=8, attn_dp=8), EFF)
     assert wide.max_seqs == 8 * kv.max_seqs
+
+
+def test_pipeline_hops_priced_on_their_own_link() -> None:
+    """Independent: TP 4 x PP 4 over 2 nodes of 8: stages 0-1 share node 0, 2-3 node 1, so of 3
+    hops one crosses the NIC and two stay on NVLink; each a call (base + one hop + bytes)."""
+    nbytes = 10 * 1024 * 2
+    nvl = 6.6e-6 + 0.6e-6 + nbytes / (450 * 0.8e9)
+    nic = 6.6e-6 + 2.7e-6 + nbytes / (50 * 0.8e9)
+    assert pp_send(SMALL_MOE, H100, Parallel(tp=4, pp=4), 10, EFF) == pytest.approx(
+        2 * nvl + nic, rel=1e-12)
+    # stages of a whole node each: every hop crosses
+    assert pp_send(SMALL_MOE, H100, Parallel(tp=8, pp=3), 10, EFF) == pytest.approx(
+        2 * nic, rel=1e-12)
