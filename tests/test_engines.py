@@ -156,3 +156,14 @@ def test_pipeline_hops_priced_on_their_own_link() -> None:
     # stages of a whole node each: every hop crosses
     assert pp_send(SMALL_MOE, H100, Parallel(tp=8, pp=3), 10, EFF) == pytest.approx(
         2 * nic, rel=1e-12)
+
+
+def test_wide_ep_only_for_the_rollout_engine() -> None:
+    """A frozen scorer (the reference) keeps the TP / PP layouts: data-parallel attention and
+    TP across nodes are engine layouts (vLLM / SGLang), not a trainer's forward pass."""
+    res = resolve(load_job(EXAMPLES / "grpo-qwen3-30b-a3b.yaml"), "grpo-qwen3-30b-a3b.yaml")
+    px = Pricer(res, Calibration())
+    for pool in res.cluster.pools:
+        if can_host(res, "reference", pool) and res.device_of(pool).kind.value == "gpu":
+            assert not [p for p in layouts(px, "reference", pool)
+                        if p.attn_dp > 1 or p.tp > NODE_DEVICES]

@@ -139,10 +139,11 @@ MULTI_NODE_WEIGHT_SHARE = 0.5
 
 
 def _inference_layouts(m: ModelArch, dev: DeviceType, counts: list[int], tps: list[int],
-                       domain: int, nodes: int) -> list[Parallel]:
-    """Engine replicas of TP inside a node, PP stages across whole nodes when a node is tight
-    (an engine larger than a node: vLLM's and SGLang's multi-node serving), EP = TP for a
-    mixture of experts (vLLM's --enable-expert-parallel), DP replicas of that."""
+                       domain: int, nodes: int, engine: bool) -> list[Parallel]:
+    """Replicas of TP inside a node, PP stages across whole nodes when a node is tight (an
+    engine larger than a node: vLLM's and SGLang's multi-node serving), EP = TP for a mixture
+    of experts (vLLM's --enable-expert-parallel), DP replicas of that; for a rollout `engine`
+    on a multi-node pool also the wide-EP engines (`_wide_ep_layouts`)."""
     tight = weight_bytes(m) / domain > MULTI_NODE_WEIGHT_SHARE * dev.memory_gb * GB
     out = []
     for n in counts:
@@ -155,7 +156,7 @@ def _inference_layouts(m: ModelArch, dev: DeviceType, counts: list[int], tps: li
                 eps = [1] + ([tp] if m.moe and tp > 1 and m.experts % tp == 0 else [])
                 for ep in eps:
                     out.append(Parallel(tp=tp, pp=pp, dp=n // (tp * pp), ep=ep))
-    return out + (_wide_ep_layouts(m, counts, domain) if nodes > 1 else [])
+    return out + (_wide_ep_layouts(m, counts, domain) if engine and nodes > 1 else [])
 
 
 def _wide_ep_degrees(m: ModelArch, domain: int, top: int) -> list[int]:
@@ -212,7 +213,7 @@ def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list
         pin = pin_of(res.job, role)
         pars += hsdp_layouts(pars, pool, pin.shard if pin is not None else None)
     else:
-        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes)
+        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes, role == Role.ROLLOUT)
     flags = fp8_flags(res, role, dev)
     return [replace(p, **flags) for p in pars] if any(flags.values()) else pars
 
