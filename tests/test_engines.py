@@ -90,16 +90,17 @@ def test_tp_group_across_nodes_runs_on_the_network() -> None:
 @pytest.mark.parametrize("row", SERVING_ROWS, ids=lambda r: r.name)
 def test_serving_anchors_within_their_bound(row) -> None:
     """Published SGLang wide-EP steps (workflows.serving, none of them fitted on). Measured
-    when written: decode EP72 -1%, prefill EP32 +37%. The prefill bound is one-sided and wide:
-    the run overlapped compute with the all-to-alls (two-batch overlap, worth 27-35% of prefill
-    throughput in the same post), which the model does not price."""
+    when written: decode EP72 -1%, prefill EP32 +19%. The prefill bound is wider: the run
+    overlapped compute with the all-to-alls (two-batch overlap, worth 27-35% of prefill
+    throughput in the same post), which the model does not price, and its GEMM ceiling
+    (`mfu_prefill`) is fitted elsewhere."""
     p = predict_serving(row, Calibration())
     assert p.fits
     err = p.predicted_s / p.published_s - 1
     if row.phase == "decode":
         assert abs(err) < 0.15, err
     else:
-        assert 0.0 <= err < 0.5, err
+        assert abs(err) < 0.4, err
 
 
 def _rollout_layouts(example: str) -> dict[str, list[Parallel]]:

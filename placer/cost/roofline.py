@@ -108,7 +108,8 @@ def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
     peak = par.devices * gemm_peak_tflops(dev, par) * 1e12
     routed = active_expert_params(m)
     dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
-    t = min(group_tokens, MICRO_TOKENS)
+    # a micro-batch per data-parallel attention group, its groups' tokens meeting at the experts
+    t = min(group_tokens / par.attn_dp, MICRO_TOKENS) * par.attn_dp
     # data-parallel attention: a device's dense GEMMs see its own group's share of the tokens
     out = dense / (peak * gemm_eff(ceiling, group_tokens / (par.cp * par.attn_dp), dev, eff))
     if routed:
