@@ -168,3 +168,16 @@ def test_wide_ep_only_for_the_rollout_engine() -> None:
         if can_host(res, "reference", pool) and res.device_of(pool).kind.value == "gpu":
             assert not [p for p in layouts(px, "reference", pool)
                         if p.attn_dp > 1 or p.tp > NODE_DEVICES]
+
+
+def test_published_report_carries_the_serving_rows() -> None:
+    """`python -m workflows.published --json` has a "serving" list, one entry a row, and the
+    document reads back (older documents without it read as none)."""
+    from workflows.published import PublishedReport, fidelity
+    doc = fidelity()
+    assert [s.name for s in doc.serving] == [r.name for r in SERVING_ROWS]
+    back = PublishedReport.from_json(doc.to_json())
+    assert [s.predicted_s for s in back.serving] == [s.predicted_s for s in doc.serving]
+    old = doc.to_dict()
+    del old["serving"]
+    assert PublishedReport.from_dict(old).serving == []
