@@ -16,6 +16,7 @@ from placer.solve.candidates import can_host, layouts
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import load_job
+from workflows.published import PublishedReport, fidelity
 from workflows.serving import SERVING_ROWS, predict_serving
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -173,7 +174,6 @@ def test_wide_ep_only_for_the_rollout_engine() -> None:
 def test_published_report_carries_the_serving_rows() -> None:
     """`python -m workflows.published --json` has a "serving" list, one entry a row, and the
     document reads back (older documents without it read as none)."""
-    from workflows.published import PublishedReport, fidelity
     doc = fidelity()
     assert [s.name for s in doc.serving] == [r.name for r in SERVING_ROWS]
     back = PublishedReport.from_json(doc.to_json())
