@@ -60,7 +60,7 @@ from placer.cost.timing import Placed
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
-from workflows.serving import SERVING_ROWS, ServingRow, predict_serving, step_tokens_per_node
+from workflows.serving import SERVING_ROWS, ServingRow, predict_serving, render_serving
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
 STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")
@@ -479,15 +479,8 @@ def render(doc: PublishedReport) -> str:
         lines.append(f"{d.name:44s} {d.published_s * 1e3:9.2f} "
                      f"{d.predicted_s * 1e3:9.2f} {_pct(d.error):>6s}")
     if doc.serving:
-        per_node = {r.name: step_tokens_per_node(r) for r in SERVING_ROWS}
-        lines.append("")
-        lines.append(f"{'serving step (s) / tokens/s per node':44s} {'published':>9s} "
-                     f"{'predicted':>9s} {'error':>6s}  {'tok/s/node':>10s} {'predicted':>9s}")
-        for s in doc.serving:
-            tok = per_node.get(s.name, 0)
-            lines.append(f"{s.name:44s} {s.published_s:9.4f} {s.predicted_s:9.4f} "
-                         f"{_pct(s.error):>6s}  {tok / s.published_s:10.0f} "
-                         f"{tok / s.predicted_s:9.0f}")
+        lines += ["", *render_serving([(s.name, s.published_s, s.predicted_s)
+                                       for s in doc.serving])]
     return "\n".join(lines)
 
 

@@ -101,3 +101,16 @@ def predict_serving(row: ServingRow, calib: Calibration) -> ServingPrediction:
     per_node = step_tokens_per_node(row)
     return ServingPrediction(row.name, per_node / row.published_tok_s_node, t,
                              row.published_tok_s_node, per_node / t, fits)
+
+
+def render_serving(rows: list[tuple[str, float, float]]) -> list[str]:
+    """Text lines of (name, published step s, predicted step s): the step seconds, the error
+    (predicted / published - 1) and tokens/s per node both ways."""
+    per_node = {r.name: step_tokens_per_node(r) for r in SERVING_ROWS}
+    lines = [f"{'serving step (s) / tokens/s per node':44s} {'published':>9s} {'predicted':>9s} "
+             f"{'error':>6s}  {'tok/s/node':>10s} {'predicted':>9s}"]
+    for name, pub, pred in rows:
+        tok = per_node.get(name, 0)
+        lines.append(f"{name:44s} {pub:9.4f} {pred:9.4f} {(pred / pub - 1) * 100:+5.0f}%  "
+                     f"{tok / pub:10.0f} {tok / pred:9.0f}")
+    return lines
