@@ -148,16 +148,19 @@ def test_kv_admission_counts_blocks_in_use_not_a_longest_context_reservation() -
 
 
 def test_pipeline_hops_priced_on_their_own_link() -> None:
-    """Independent: TP 4 x PP 4 over 2 nodes of 8: stages 0-1 share node 0, 2-3 node 1, so of 3
-    hops one crosses the NIC and two stay on NVLink; each a call (base + one hop + bytes)."""
+    """Independent: an engine replica of TP 4 x PP 4 over 2 nodes of 8: stages 0-1 share node 0,
+    2-3 node 1, so of 3 hops one crosses the NIC and two stay on NVLink; each a call (base +
+    one hop + bytes). Training keeps one link for every hop (its rank order is not fixed)."""
     nbytes = 10 * 1024 * 2
     nvl = 6.6e-6 + 0.6e-6 + nbytes / (450 * 0.8e9)
     nic = 6.6e-6 + 2.7e-6 + nbytes / (50 * 0.8e9)
-    assert pp_send(SMALL_MOE, H100, Parallel(tp=4, pp=4), 10, EFF) == pytest.approx(
+    assert pp_send(SMALL_MOE, H100, Parallel(tp=4, pp=4), 10, EFF, 4) == pytest.approx(
         2 * nvl + nic, rel=1e-12)
     # stages of a whole node each: every hop crosses
-    assert pp_send(SMALL_MOE, H100, Parallel(tp=8, pp=3), 10, EFF) == pytest.approx(
+    assert pp_send(SMALL_MOE, H100, Parallel(tp=8, pp=3), 10, EFF, 8) == pytest.approx(
         2 * nic, rel=1e-12)
+    assert pp_send(SMALL_MOE, H100, Parallel(tp=4, pp=4), 10, EFF) == pytest.approx(
+        3 * nic, rel=1e-12)
 
 
 def test_wide_ep_only_for_the_rollout_engine() -> None:

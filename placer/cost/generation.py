@@ -131,7 +131,7 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.attn_tp) / groups / rate
     c = ((2 * m.matmul_params() + m.linear_flops_per_token()) * batch / n
          / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
-    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff)
+    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff, par.tp)
          + step_overhead(math.ceil(batch / groups), eff) + eager_overhead(m, par, eff))
     return a, k, c, d
 

@@ -161,20 +161,24 @@ def ep_exchange(m: ModelArch, dev: DeviceType, par: Parallel, tokens_per_rank: f
 
 
 def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
-            eff: Efficiency) -> float:
+            eff: Efficiency, stage_devices: int = 0) -> float:
     """Stage-to-stage sends of one micro-batch of `tokens` tokens through pp stages: pp - 1
     point-to-point sends of tokens * h * b bytes (the hidden state), each a call (latency +
-    bytes over its hop's link: NVLink between two stages inside one node, the NIC where the
-    hop crosses nodes; stages of tp x cp consecutive devices). On the critical path of a
-    decode step; for training `train_time` counts one per micro-batch and pass."""
+    bytes over the link). With `stage_devices` (an engine replica: its stages are that many
+    consecutive devices each) every hop on its own link: NVLink between two stages inside one
+    node, the NIC where the hop crosses nodes. Without (training, whose rank order the layout
+    does not fix): NVLink when the replica fits one node, else the NIC for every hop. On the
+    critical path of a decode step; for training `train_time` counts one per micro-batch and
+    pass."""
     if par.pp <= 1 or tokens <= 0:
         return 0.0
-    width = par.tp * par.cp
     nbytes = tokens * m.hidden * BYTES
-    out = 0.0
+    if stage_devices <= 0:
+        link = span_link(dev, par.replica, eff)
+        return (par.pp - 1) * (link.base_s + link.alpha_s + link.bytes_s(nbytes))
+    w, out = stage_devices, 0.0
     for s in range(par.pp - 1):  # the hop from stage s to s + 1
-        crosses = width >= NODE_DEVICES or (s * width) // NODE_DEVICES != (
-            ((s + 2) * width - 1) // NODE_DEVICES)
+        crosses = w >= NODE_DEVICES or (s * w) // NODE_DEVICES != ((s + 2) * w - 1) // NODE_DEVICES
         link = span_link(dev, NODE_DEVICES + 1 if crosses else 2, eff)
         out += link.base_s + link.alpha_s + link.bytes_s(nbytes)
     return out
