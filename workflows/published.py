@@ -25,7 +25,8 @@ from rank 0, `SyncRow.bucket_gb` = 0; the others stream buckets from every pipel
 framework's sender rate; NeMo-RL's checkpoint engine pairs each engine rank with a trainer rank,
 `SyncRow.transport`, `placer.cost.refit`). The decode rows (`DECODE_ROWS`) are vLLM's and SGLang's per-step
 latency anchors. Several defaults were set on these rows (docs/cost-model.md marks them
-in-sample).
+in-sample). The serving rows (`workflows.serving.SERVING_ROWS`: multi-node engines' steps under
+wide expert parallelism) set no default.
 
     python -m workflows.published [--json] [--calibration PROFILE]
     python -m workflows.published --loo [--json] [--write-band]
@@ -33,9 +34,9 @@ in-sample).
 prints per row the published and predicted times and the relative error (predicted / published -
 1), the median |error|, and the sync and decode rows. `--json` prints one document: {"rows":
 [{name, published_s, predicted_s, error, stages: {...}}], "median_abs_error", "max_abs_error",
-"sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error", "decode": [...]}.
-`--loo` fits the factors the rows determine and prints each row in-sample beside leave-one-out
-(`workflows.loo`; with `--json` the same document plus the LOO fields).
+"sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error", "decode": [...],
+"serving": [...]}. `--loo` fits the factors the rows determine and prints each row in-sample
+beside leave-one-out (`workflows.loo`; with `--json` the same document plus the LOO fields).
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
 from placer.spec.weightsync import TransportKind
 from workflows.loo import Pricing, Rows, loo_report, render_loo
+from workflows.serving import SERVING_ROWS, ServingRow, predict_serving, render_serving
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
 STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")
@@ -377,6 +379,8 @@ class PublishedReport:
     rows: list[Result]
     sync: list[Comparison]
     decode: list[Comparison]
+    # multi-node engine anchors (`workflows.serving`): one engine step's seconds
+    serving: list[Comparison] = field(default_factory=list)
 
     @property
     def median_abs_error(self) -> float:
@@ -396,7 +400,8 @@ class PublishedReport:
                 "max_abs_error": self.max_abs_error,
                 "sync": [r.to_dict() for r in self.sync],
                 "sync_median_abs_error": self.sync_median_abs_error,
-                "decode": [r.to_dict() for r in self.decode]}
+                "decode": [r.to_dict() for r in self.decode],
+                "serving": [r.to_dict() for r in self.serving]}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -406,7 +411,8 @@ class PublishedReport:
         """The report a `to_dict()` document describes (the errors are recomputed)."""
         return cls([Result.from_dict(r) for r in d["rows"]],
                    [Comparison.from_dict(r) for r in d["sync"]],
-                   [Comparison.from_dict(r) for r in d["decode"]])
+                   [Comparison.from_dict(r) for r in d["decode"]],
+                   [Comparison.from_dict(r) for r in d.get("serving", [])])
 
     @classmethod
     def from_json(cls, text: str) -> PublishedReport:
@@ -478,7 +484,14 @@ def fidelity(calib: Calibration | None = None, folder: Path = EXAMPLES) -> Publi
     calib = calib or Calibration()
     return PublishedReport([predict_row(r, calib, folder) for r in ROWS],
                            [predict_sync(r, calib) for r in SYNC_ROWS],
-                           [predict_decode(r, calib) for r in DECODE_ROWS])
+                           [predict_decode(r, calib) for r in DECODE_ROWS],
+                           [_serving(r, calib) for r in SERVING_ROWS])
+
+
+def _serving(row: ServingRow, calib: Calibration) -> Comparison:
+    """A serving anchor's engine step (`workflows.serving`), published beside predicted."""
+    p = predict_serving(row, calib)
+    return Comparison(row.name, p.published_s, p.predicted_s)
 
 
 def published_rows(step: list[Row] = ROWS, folder: Path = EXAMPLES) -> Rows:
@@ -515,6 +528,9 @@ def render(doc: PublishedReport) -> str:
     for d in doc.decode:
         lines.append(f"{d.name:44s} {d.published_s * 1e3:9.2f} "
                      f"{d.predicted_s * 1e3:9.2f} {_pct(d.error):>6s}")
+    if doc.serving:
+        lines += ["", *render_serving([(s.name, s.published_s, s.predicted_s)
+                                       for s in doc.serving])]
     return "\n".join(lines)
 
 

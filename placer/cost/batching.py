@@ -59,7 +59,8 @@ def kv_budget(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> 
     a sequence's recurrent state in KV tokens (`sharding.state_tokens`, rounded up)."""
     block = max(int(eff.kv_block_tokens), 1)
     pages = int(kv_capacity_tokens(m, dev, par, eff) // block)
-    return KvBudget(pages * block, max(int(eff.max_num_seqs), 1), block,
+    # each data-parallel attention group schedules its own max_num_seqs (one engine core each)
+    return KvBudget(pages * block, max(int(eff.max_num_seqs), 1) * par.attn_dp, block,
                     math.ceil(state_tokens(m, dev, par, eff)))
 
 

@@ -94,13 +94,18 @@ def prefill_line(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
         return base, 0.0
     per_ctx_token = attention_flops_per_token(m, 1.0) - attention_flops_per_token(m, 0.0)
     peak = rep.devices * gemm_peak_tflops(dev, rep) * 1e12
-    return base, per_ctx_token * tokens / (peak * gemm_eff(eff.mfu_prefill, tokens / rep.cp,
-                                                          dev, eff))
+    return base, per_ctx_token * tokens / (peak * gemm_eff(
+        eff.mfu_prefill, tokens / (rep.cp * rep.attn_dp), dev, eff))
 
 
 def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                   eff: Efficiency) -> tuple[float, float, float, float]:
     """A GPU/CPU decode step as max(a + k * context_tokens, c) + d: (a, k, c, d) in seconds.
+
+    With data-parallel attention (`Parallel.attn_dp` groups of attn_tp ranks; DeepSeek-style
+    wide EP) the dense weights are read by every group at attn_tp ranks each, the KV of a
+    group's batch / attn_dp sequences by its own ranks, each group's scheduler steps its own
+    sequences, and the routed experts stay split over all tp = ep ranks.
 
     a: read the weights the step uses (`decode_read_bytes`) over the tp ranks of a stage, and
     a hybrid's GDN state of each sequence read and written (`linear_state_bytes`); k:
@@ -111,21 +116,23 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     every stage reads its weights once per micro-batch), so a step of the whole batch reads
     all the weights and KV at one stage's bandwidth; PP buys memory (KV room), not speed.
     """
-    n = par.tp
+    n, groups = par.tp, par.attn_dp
     bw = dev.mem_bw_gbs * GB
-    rate = bw * decode_bw_eff(batch, par.tp, eff)
+    # data-parallel attention: each of the attn_dp groups reads its own dense copy (split over
+    # attn_tp ranks) and its own sequences' KV, side by side, for batch / attn_dp sequences
+    rate = bw * decode_bw_eff(math.ceil(batch / groups), par.attn_tp, eff)
     # routed experts read at the efficiency of their own split: whole experts per rank under EP
     routed = (m.decode_read_params(batch) - m.decode_read_params(0)) * BYTES
-    a = ((decode_read_bytes(m, batch) - routed) / n / rate
+    a = ((decode_read_bytes(m, batch) - routed) / par.attn_tp / rate
          + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff)
                          * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
     # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
     a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
-    k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.tp) / rate
+    k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.attn_tp) / groups / rate
     c = ((2 * m.matmul_params() + m.linear_flops_per_token()) * batch / n
          / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
-    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff)
-         + step_overhead(batch, eff) + eager_overhead(m, par, eff))
+    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff, par.tp)
+         + step_overhead(math.ceil(batch / groups), eff) + eager_overhead(m, par, eff))
     return a, k, c, d
 
 

@@ -11,8 +11,8 @@ layer, micro-batch and optimizer step sends (`placer.cost.sharding` says how a l
   fsdp_units, fsdp_calls  FSDP units (each decoder layer and the root) and a micro-batch's calls
   weight_gather_time  the sharded trainer's full weights gathered per tensor for the sync
   oversubscription    an emulated device's ranks / host cores (> 1: they time-share the cores)
-Links: a TP group stays on NVLink (`tp_link`); any other group is on NVLink while it fits one
-node of `NODE_DEVICES`, else on the NIC (`span_link`). Efficiency factors (achieved fraction of a
+Links: any group (a TP group: `tp_link`) is on NVLink while it fits one node of
+`NODE_DEVICES`, else on the NIC (`span_link`). Efficiency factors (achieved fraction of a
 link, per-call and per-hop latencies) come from `placer.cost.efficiency.Efficiency`; sources in
 docs/cost-model.md.
 """
@@ -36,9 +36,16 @@ MICRO_TOKENS = 16384
 NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink for the NIC
 
 
-def tp_link(dev: DeviceType, eff: Efficiency) -> Link:
-    """The NVLink a TP group runs its all-reduces on (TP stays inside one node); a call costs
-    the measured `tp_call_s` where the trainers' probe timed one, else `coll_base_s`."""
+def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
+    """The link a TP group of `ranks` runs its all-reduces on: NVLink while the group fits one
+    node, a call costing the measured `tp_call_s` where the trainers' probe timed one (on
+    NVLink), else `coll_base_s`; a group spanning nodes (an engine's TP 16 or 32) pays a
+    network hop per step and moves its bytes at a node's NICs together, one per device (NCCL
+    runs a ring per channel and each channel crosses the node boundary on its own rail's NIC),
+    or NVLink's rate where that is lower."""
+    if ranks > NODE_DEVICES:
+        gbs = min(dev.intra_link_gbs, NODE_DEVICES * dev.nic_gbs)
+        return Link(eff.net_hop_s, gbs * eff.link_eff, eff.coll_base_s)
     return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s),
                      eff.tp_call_s)
 
@@ -69,21 +76,24 @@ def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     per micro-batch of `MICRO_TOKENS` (the call count kept fractional so that a pass split
     into parts costs the sum of its parts; the simulator prices mini-batches one by one):
       TP   2 all-reduces of the activations (tokens / cp * h * b bytes) per layer (Shoeybi et
-           al. 2019); a MoE layer under EP keeps only attention's
+           al. 2019); a MoE layer under EP keeps only attention's; with data-parallel
+           attention, inside each attn_dp group over its tokens / attn_dp (`tp_link`)
       EP   per MoE layer a dispatch and a combine all-to-all (`sharding.ep_all_to_all`) of
            each rank's tokens / (tp * cp), over ep * etp consecutive ranks
       CP   per layer the ring exchange of K and V (`sharding.cp_kv_exchange`)"""
     if tokens <= 0:
         return 0.0
-    chunk = min(tokens, MICRO_TOKENS)
+    # a micro-batch per attention group: data-parallel attention groups run theirs side by side
+    chunk = min(tokens / par.attn_dp, MICRO_TOKENS) * par.attn_dp
     group = chunk / par.cp  # tokens each device of a TP group holds
     out = 0.0
-    if par.tp > 1:
+    if par.attn_tp > 1:  # data-parallel attention: each group all-reduces its own tokens
         calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
-        out += calls * all_reduce(group * m.hidden * BYTES, par.tp, tp_link(dev, eff))
-    if par.ep > 1:
-        link = span_link(dev, par.ep * par.etp, eff)
-        out += m.moe_layers * ep_all_to_all(m, par, group / par.tp, link)
+        out += calls * all_reduce(group / par.attn_dp * m.hidden * BYTES, par.attn_tp,
+                                  tp_link(dev, eff, par.attn_tp))
+    if par.ep > 1:  # an engine with data-parallel attention dispatches with DeepEP's normal
+        out += m.moe_layers * ep_exchange(m, dev, par, group / par.tp, eff,
+                                          node_dedup=par.attn_dp > 1)  # kernels
     if par.cp > 1:
         out += m.layers * cp_kv_exchange(m, par, chunk, span_link(dev, par.tp * par.cp, eff))
     return out * tokens / chunk
@@ -104,27 +114,74 @@ def decode_comm(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                 eff: Efficiency) -> float:
     """One decode step's collectives: 2 TP all-reduces of batch * h * b bytes per layer, each a
     whole call; with EP a MoE layer keeps attention's all-reduce and adds a dispatch and a
-    combine all-to-all of the batch's routed copies (each rank routes batch / tp tokens)."""
+    combine all-to-all of the batch's routed copies (each rank routes batch / tp tokens). With
+    data-parallel attention the all-reduces run inside each of the attn_dp groups over its own
+    batch / attn_dp sequences (none at attn_tp 1), and the all-to-alls span all tp = ep ranks:
+    NVLink inside a node, the NIC across nodes (`span_link`)."""
     if batch <= 0 or par.tp == 1:
         return 0.0
-    calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
-    out = calls * all_reduce(batch * m.hidden * BYTES, par.tp, tp_link(dev, eff))
+    out = 0.0
+    if par.attn_tp > 1:  # data-parallel attention: each group all-reduces its own sequences
+        calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
+        out += calls * all_reduce(batch / par.attn_dp * m.hidden * BYTES, par.attn_tp,
+                                  tp_link(dev, eff, par.attn_tp))
     if par.ep > 1:
-        out += m.moe_layers * ep_all_to_all(m, par, batch / par.tp,
-                                            span_link(dev, par.ep * par.etp, eff))
+        out += m.moe_layers * ep_exchange(m, dev, par, batch / par.tp, eff)
+    return out
+
+
+def ep_exchange(m: ModelArch, dev: DeviceType, par: Parallel, tokens_per_rank: float,
+                eff: Efficiency, node_dedup: bool = False) -> float:
+    """One MoE layer's dispatch + combine of `tokens_per_rank` tokens per rank. Inside one node
+    `sharding.ep_all_to_all` on NVLink. An EP group over several nodes (DeepEP's kernels, which
+    vLLM and SGLang run for wide EP) moves the copies bound for other nodes over the rank's NIC
+    and those for its own node's ranks over NVLink at the same time, so the slower of the two
+    binds, plus a network hop per other node: of k copies a token sends, k (nodes - 1) / nodes
+    leave the node, or with `node_dedup` (DeepEP's normal, prefill kernels: one RDMA send per
+    destination node, forwarded over NVLink there) one per other node the token's experts sit
+    on, nodes (1 - (1 - 1/nodes)^k) - 1 of them on average (uniform routing, no node limit).
+    The dispatch sends FP8 where the weights are FP8 and the combine BF16 (DeepEP README:
+    "FP8 dispatching and BF16 combining")."""
+    ranks = par.ep * par.etp
+    if ranks <= 1 or not m.moe or tokens_per_rank <= 0:
+        return 0.0
+    if ranks <= NODE_DEVICES:
+        return ep_all_to_all(m, par, tokens_per_rank, span_link(dev, ranks, eff))
+    nodes = ranks / NODE_DEVICES
+    k = m.experts_per_token
+    remote = (nodes * (1 - (1 - 1 / nodes) ** k) - 1 if node_dedup else k * (nodes - 1) / nodes)
+    local = k * (NODE_DEVICES - 1) / ranks  # copies for the other ranks of its own node
+    nic, nvl = span_link(dev, ranks, eff), span_link(dev, NODE_DEVICES, eff)
+    out = 0.0
+    for width in (par.weight_scale * BYTES, BYTES):  # dispatch, combine
+        per_copy = tokens_per_rank * m.hidden * width
+        out += (nic.base_s + (nodes - 1) * nic.alpha_s
+                + max(nic.bytes_s(remote * per_copy), nvl.bytes_s(local * per_copy)))
     return out
 
 
 def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
-            eff: Efficiency) -> float:
+            eff: Efficiency, stage_devices: int = 0) -> float:
     """Stage-to-stage sends of one micro-batch of `tokens` tokens through pp stages: pp - 1
     point-to-point sends of tokens * h * b bytes (the hidden state), each a call (latency +
-    bytes over the link; NVLink when a replica fits one node, else the NIC). On the critical
-    path of a decode step; for training `train_time` counts one per micro-batch and pass."""
+    bytes over the link). With `stage_devices` (an engine replica: its stages are that many
+    consecutive devices each) every hop on its own link: NVLink between two stages inside one
+    node, the NIC where the hop crosses nodes. Without (training, whose rank order the layout
+    does not fix): NVLink when the replica fits one node, else the NIC for every hop. On the
+    critical path of a decode step; for training `train_time` counts one per micro-batch and
+    pass."""
     if par.pp <= 1 or tokens <= 0:
         return 0.0
-    link = span_link(dev, par.replica, eff)
-    return (par.pp - 1) * (link.base_s + link.alpha_s + link.bytes_s(tokens * m.hidden * BYTES))
+    nbytes = tokens * m.hidden * BYTES
+    if stage_devices <= 0:
+        link = span_link(dev, par.replica, eff)
+        return (par.pp - 1) * (link.base_s + link.alpha_s + link.bytes_s(nbytes))
+    w, out = stage_devices, 0.0
+    for s in range(par.pp - 1):  # the hop from stage s to s + 1
+        crosses = w >= NODE_DEVICES or (s * w) // NODE_DEVICES != ((s + 2) * w - 1) // NODE_DEVICES
+        link = span_link(dev, NODE_DEVICES + 1 if crosses else 2, eff)
+        out += link.base_s + link.alpha_s + link.bytes_s(nbytes)
+    return out
 
 
 def shard_link(dev: DeviceType, par: Parallel, eff: Efficiency) -> Link:

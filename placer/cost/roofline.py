@@ -56,8 +56,9 @@ def kv_bytes_per_token(m: ModelArch) -> float:
 
 def kv_split(m: ModelArch, par: Parallel) -> int:
     """Devices of a replica that each hold a distinct part of the KV cache: pp stages times
-    the ways TP splits it (`ModelArch.kv_tp_shards`: KV heads, or 1 for a latent cache)."""
-    return par.pp * m.kv_tp_shards(par.tp)
+    the ways TP splits it (`ModelArch.kv_tp_shards`: KV heads, or 1 for a latent cache), times
+    the data-parallel attention groups (`Parallel.attn_dp`), each holding its own sequences'."""
+    return par.attn_dp * par.pp * m.kv_tp_shards(par.attn_tp)
 
 def attention_flops_per_token(m: ModelArch, seq: float) -> float:
     """Forward attention-score FLOPs per token of a causal sequence of `seq` tokens: QK^T and
@@ -107,8 +108,10 @@ def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
     peak = par.devices * gemm_peak_tflops(dev, par) * 1e12
     routed = active_expert_params(m)
     dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
-    t = min(group_tokens, MICRO_TOKENS)
-    out = dense / (peak * gemm_eff(ceiling, group_tokens / par.cp, dev, eff))
+    # a micro-batch per data-parallel attention group, its groups' tokens meeting at the experts
+    t = min(group_tokens / par.attn_dp, MICRO_TOKENS) * par.attn_dp
+    # data-parallel attention: a device's dense GEMMs see its own group's share of the tokens
+    out = dense / (peak * gemm_eff(ceiling, group_tokens / (par.cp * par.attn_dp), dev, eff))
     if routed:
         t_exp = expert_tokens(m, par, t)
         out += passes * routed * tokens / (peak * gemm_eff(ceiling, t_exp, dev, eff))

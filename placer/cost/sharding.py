@@ -51,6 +51,17 @@ class Parallel:
     # dp ranks of one ZeRO shard group; the dp / shard groups replicate each other. 0 (or dp):
     # ZeRO over all of dp.
     shard: int = 0
+    # Inference engine: data-parallel attention inside one replica (SGLang --enable-dp-attention
+    # --dp N, vLLM --data-parallel-size N with --enable-expert-parallel): the replica's tp ranks
+    # form attn_dp groups of tp / attn_dp ranks, each group running attention (and the dense
+    # layers) on its own sequences with its own KV cache, while the routed experts are split
+    # over all tp ranks by EP (ep = tp). 1: attention is tensor-parallel over all of tp.
+    attn_dp: int = 1
+
+    @property
+    def attn_tp(self) -> int:
+        """Ranks one attention group's weights and heads are split over: tp / attn_dp."""
+        return max(self.tp // max(self.attn_dp, 1), 1)
 
     @property
     def shard_dp(self) -> int:
@@ -99,8 +110,9 @@ class Parallel:
 
     @property
     def weight_shards(self) -> int:
-        """Ways the dense weights are split (CP replicates them)."""
-        return self.tp * self.pp
+        """Ways the dense weights are split (CP replicates them; so do data-parallel attention
+        groups, each holding its own copy split over attn_tp ranks)."""
+        return self.attn_tp * self.pp
 
     @property
     def expert_shards(self) -> int:

@@ -58,8 +58,8 @@ def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
 def role_part(q: Part, total: int) -> RolePart:
     e = q.est
     return RolePart(pool=e.pool, devices=e.devices, tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
-                    ep=e.par.ep, fp8_weights=e.par.fp8_weights, fp8_kv=e.par.fp8_kv,
-                    share=q.samples / total, samples=q.samples, time_s=e.time_s,
+                    ep=e.par.ep, attn_dp=e.par.attn_dp, fp8_weights=e.par.fp8_weights,
+                    fp8_kv=e.par.fp8_kv, share=q.samples / total, samples=q.samples, time_s=e.time_s,
                     stage_s=dict(e.stage_s), memory_gb=e.memory.total,
                     concurrency=e.concurrency)
 
@@ -71,7 +71,7 @@ def role_placement(p: Placed) -> RolePlacement:
     return RolePlacement(pool=parts[0].pool if parts else e.pool, devices=e.devices, parts=parts,
                          tp=e.par.tp, pp=e.par.pp, dp=e.par.dp,
                          zero=e.par.zero, recompute=e.par.recompute, offload=e.par.offload,
-                         cp=e.par.cp, ep=e.par.ep, etp=e.par.etp,
+                         cp=e.par.cp, ep=e.par.ep, etp=e.par.etp, attn_dp=e.par.attn_dp,
                          shard=e.par.shard_dp if e.par.hsdp else 0,
                          fp8_weights=e.par.fp8_weights,
                          fp8_kv=e.par.fp8_kv, fp8_train=e.par.fp8_train,

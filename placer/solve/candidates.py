@@ -139,10 +139,11 @@ MULTI_NODE_WEIGHT_SHARE = 0.5
 
 
 def _inference_layouts(m: ModelArch, dev: DeviceType, counts: list[int], tps: list[int],
-                       domain: int, nodes: int) -> list[Parallel]:
-    """Engine replicas of TP inside a node, PP stages across whole nodes when a node is tight
-    (an engine larger than a node: vLLM's and SGLang's multi-node serving), EP = TP for a
-    mixture of experts (vLLM's --enable-expert-parallel), DP replicas of that."""
+                       domain: int, nodes: int, engine: bool) -> list[Parallel]:
+    """Replicas of TP inside a node, PP stages across whole nodes when a node is tight (an
+    engine larger than a node: vLLM's and SGLang's multi-node serving), EP = TP for a mixture
+    of experts (vLLM's --enable-expert-parallel), DP replicas of that; for a rollout `engine`
+    on a multi-node pool also the wide-EP engines (`_wide_ep_layouts`)."""
     tight = weight_bytes(m) / domain > MULTI_NODE_WEIGHT_SHARE * dev.memory_gb * GB
     out = []
     for n in counts:
@@ -155,6 +156,39 @@ def _inference_layouts(m: ModelArch, dev: DeviceType, counts: list[int], tps: li
                 eps = [1] + ([tp] if m.moe and tp > 1 and m.experts % tp == 0 else [])
                 for ep in eps:
                     out.append(Parallel(tp=tp, pp=pp, dp=n // (tp * pp), ep=ep))
+    return out + (_wide_ep_layouts(m, counts, domain) if engine and nodes > 1 else [])
+
+
+def _wide_ep_degrees(m: ModelArch, domain: int, top: int) -> list[int]:
+    """EP degrees of a multi-node MoE engine: one node's devices and whole powers of two of
+    nodes, up to `top` devices, that split the routed experts evenly (at least one a rank)."""
+    out, ep = [], domain
+    while ep <= min(top, m.experts):
+        if m.experts % ep == 0:
+            out.append(ep)
+        ep *= 2
+    return out
+
+
+def _wide_ep_layouts(m: ModelArch, counts: list[int], domain: int) -> list[Parallel]:
+    """Engines of a MoE on a multi-node pool as vLLM and SGLang serve DeepSeek-style models:
+    for each EP degree of `_wide_ep_degrees` (a node and more), one replica of ep ranks with
+    the experts split over them and either data-parallel attention (`Parallel.attn_dp` = ep:
+    SGLang --enable-dp-attention, vLLM --data-parallel-size with --enable-expert-parallel;
+    attention and its KV per rank) or, across nodes, tensor-parallel attention (TP = EP over
+    the NIC, vLLM's multi-node TP); DP replicas of that. A hybrid (linear-attention) model is
+    left to the TP layouts: its recurrent state is sharded by TP head (`state_split`).
+    At most 2 log2(nodes) + 1 layouts per device count."""
+    if not m.moe or m.linear_attention is not None:
+        return []
+    out = []
+    for n in counts:
+        for ep in _wide_ep_degrees(m, domain, n):
+            if n % ep:
+                continue
+            out.append(Parallel(tp=ep, dp=n // ep, ep=ep, attn_dp=ep))
+            if ep > domain and m.heads % ep == 0:  # in a node TP = EP is a layout above
+                out.append(Parallel(tp=ep, dp=n // ep, ep=ep))
     return out
 
 
@@ -179,7 +213,7 @@ def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list
         pin = pin_of(res.job, role)
         pars += hsdp_layouts(pars, pool, pin.shard if pin is not None else None)
     else:
-        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes)
+        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes, role == Role.ROLLOUT)
     flags = fp8_flags(res, role, dev)
     return [replace(p, **flags) for p in pars] if any(flags.values()) else pars
 

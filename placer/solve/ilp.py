@@ -111,8 +111,8 @@ class Solution:
     solve_s: float
 
 
-# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none)
-Layout = tuple[str, int, int, int, int, int, int, bool, int]
+# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none), data-parallel attention
+Layout = tuple[str, int, int, int, int, int, int, bool, int, int]
 # a role's layout; a split role's: one per part
 LayoutKey = Layout | tuple[Layout, ...]
 
@@ -120,7 +120,7 @@ LayoutKey = Layout | tuple[Layout, ...]
 def layout_key(pool: str, par: Parallel) -> Layout:
     """What a role keeps when it does not move: its pool and its parallel layout."""
     return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
-            par.shard_dp if par.hsdp else 0)
+            par.shard_dp if par.hsdp else 0, par.attn_dp)
 
 
 def candidate_key(c: Candidate) -> LayoutKey:

@@ -53,6 +53,9 @@ def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
         out += f" shard{shard}"
     if x.ep > 1:
         out += f" ep{x.ep}" + (f" etp{x.etp}" if x.etp > 1 else "")
+    attn_dp = getattr(x, "attn_dp", 1)  # a rollout engine's data-parallel attention
+    if attn_dp > 1:
+        out += f" attn-dp{attn_dp}"
     return out
 
 

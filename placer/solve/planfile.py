@@ -55,13 +55,15 @@ class _Parted(_M):
 
     @model_serializer(mode="wrap")
     def _without_empty_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """One pool: written without `parts`, and a role without HSDP without `shard` (plan
-        files stay as they were)."""
+        """One pool: written without `parts`, a role without HSDP without `shard`, and one
+        without data-parallel attention without `attn_dp` (plan files stay as they were)."""
         out: dict[str, Any] = handler(self)
         if not out.get("parts"):
             out.pop("parts", None)
         if not out.get("shard"):
             out.pop("shard", None)
+        if out.get("attn_dp") == 1:
+            out.pop("attn_dp", None)
         return out
 
 
@@ -74,6 +76,7 @@ class RolePart(_M):
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1)
     ep: int = Field(1, ge=1)
+    attn_dp: int = Field(1, ge=1, description="data-parallel attention groups of a replica")
     fp8_weights: bool = False
     fp8_kv: bool = False
     share: float = Field(gt=0, le=1, description="fraction of the batch's samples it generates")
@@ -86,7 +89,15 @@ class RolePart(_M):
     @property
     def par(self) -> Parallel:
         return Parallel(self.tp, self.pp, self.dp, ep=self.ep, fp8_weights=self.fp8_weights,
-                        fp8_kv=self.fp8_kv)
+                        fp8_kv=self.fp8_kv, attn_dp=self.attn_dp)
+
+    @model_serializer(mode="wrap")
+    def _without_default_attn_dp(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Written without `attn_dp` where it is 1 (plan files stay as they were)."""
+        out: dict[str, Any] = handler(self)
+        if out.get("attn_dp") == 1:
+            out.pop("attn_dp", None)
+        return out
 
 
 class RolePlacement(_Parted):
@@ -101,6 +112,8 @@ class RolePlacement(_Parted):
     cp: int = Field(1, ge=1, description="context parallelism (training)")
     ep: int = Field(1, ge=1, description="expert parallelism (mixture of experts)")
     etp: int = Field(1, ge=1, description="expert tensor parallelism (with ep > 1)")
+    attn_dp: int = Field(1, ge=1, description="rollout engine: data-parallel attention groups "
+                         "inside one replica of tp ranks (experts split over ep = tp)")
     shard: int = Field(0, ge=0, description="HSDP: dp ranks of one ZeRO shard group, which the "
                        "dp / shard groups replicate (0: ZeRO over all of dp; training roles)")
     fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
@@ -119,7 +132,7 @@ class RolePlacement(_Parted):
     def par(self) -> Parallel:
         return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
                         self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
-                        shard=self.shard)
+                        shard=self.shard, attn_dp=self.attn_dp)
 
 
 class SlotPart(_M):

@@ -32,6 +32,9 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
     lines += [f"{name}: dp {r.dp} (shard {r.shard}): HSDP, ZeRO inside {r.dp // r.shard} groups of "
               f"{r.shard} dp ranks that replicate each other" for name, r in plan.roles.items()
               if 0 < r.shard < r.dp]
+    lines += [f"{name}: attention data-parallel in {r.attn_dp} groups of {r.tp // r.attn_dp} "
+              f"rank(s) per replica, each with its own KV cache; experts over ep {r.ep}"
+              for name, r in plan.roles.items() if r.attn_dp > 1]
     lines += ["", f"{'slot':<28} {'pool':<8} {'devices':>7} {'nodes':>6}  busy s"]
     for sl in plan.slots:
         lines += _slot_lines(sl, plan.breakdown.slot_busy_s.get(sl.name, 0.0))
