@@ -246,6 +246,7 @@ def resolve_plan(plan: Plan) -> RunPlan:
     a paired weight-sync transport, or its bundles do not hold its roles (`executors.seats`)."""
     res = plan.resolved()
     job = _job(res)
+    _refuse_unlaunched_layouts(plan)
     pools = _pools(plan, res)
     by_slot: dict[str, list[Bundle]] = {}
     for b in sorted(plan.bundles, key=lambda b: b.index):
@@ -295,6 +296,21 @@ def _job(res: Resolved) -> JobFacts:
         max_new_tokens=int(job.lengths.response.max_value()), max_context=job.max_context,
         tail_policy=job.tail_policy, data=job.data, policy=policy,
         reward=res.model_of(Role.REWARD), paths=dict(job.models.paths))
+
+
+def _refuse_unlaunched_layouts(plan: Plan) -> None:
+    """SpecError (exit 2) for a layout the engines here cannot start as planned: data-parallel
+    attention (SGLang --enable-dp-attention, vLLM --data-parallel-size with expert parallelism)
+    would launch as plain TP, and run at another price than the plan's."""
+    for name, r in plan.roles.items():
+        where = [(f"plan.roles.{name}", r.attn_dp)] + [
+            (f"plan.roles.{name}.parts.{i}", p.attn_dp) for i, p in enumerate(r.parts)]
+        for field_path, attn_dp in where:
+            if attn_dp > 1:
+                raise SpecError(f"{field_path}.attn_dp: {attn_dp}: placer execute starts engines "
+                                "as TP x PP replicas, not with data-parallel attention; export "
+                                "the plan to a framework that runs it (placer export), or plan "
+                                "on a pool of one node to execute it here")
 
 
 def _pools(plan: Plan, res: Resolved) -> dict[str, PoolRun]:

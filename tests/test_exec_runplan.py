@@ -163,3 +163,14 @@ def test_a_rank_holds_a_trainer_device_or_an_engine_replica(name: str) -> None:
     if not rollout.parts:
         assert run.devices_per_rank("rollout") == rollout.tp * rollout.pp
     assert run.devices_per_rank("a role the plan does not place") == 1.0
+
+
+def test_execute_refuses_data_parallel_attention_it_does_not_launch() -> None:
+    """An engine planned with data-parallel attention would start as plain TP here (another
+    price than the plan's): exit 2 naming the field, before anything starts."""
+    plan = CASES[sorted(CASES)[0]]
+    rollout = plan.roles["rollout"]
+    dp_attn = plan.model_copy(update={"roles": {
+        **plan.roles, "rollout": rollout.model_copy(update={"attn_dp": 2})}})
+    with pytest.raises(SpecError, match=r"^plan\.roles\.rollout\.attn_dp: 2: placer execute"):
+        resolve_plan(dp_attn)
