@@ -58,7 +58,7 @@ def _synthetic(rows: Rows, truth: Efficiency) -> Rows:
     sync = tuple(replace(s, published_s=predict_sync(s, calib).predicted_s) for s in rows.sync)
     decode = tuple(replace(d, published_s=predict_decode(d, calib).predicted_s)
                    for d in rows.decode)
-    return rows.replaced(step, sync, decode)
+    return rows.replaced(step, sync, decode, rows.serving)
 
 
 def test_fit_recovers_the_factors_rows_were_generated_from(rows: Rows) -> None:
@@ -107,6 +107,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     assert sync["loo_median_abs_error"] < 0.13 and sync["loo_max_abs_error"] < 0.78, sync
     decode = rep.summary("decode")  # 5.6% median, max 13.5% (Mixtral)
     assert decode["loo_median_abs_error"] < 0.07 and decode["loo_max_abs_error"] < 0.15, decode
+    # the multi-node serving anchors: no factor is fitted on them (out-of-sample); -1% decode,
+    # +19% prefill (two-batch overlap is not priced)
+    serving = rep.summary("serving")
+    assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
+    # every row of every kind (the JSON headline): 30 rows, 11.5% median, max 75%
+    every = rep.summary()
+    assert len(rep.rows) == 30
+    assert every["loo_median_abs_error"] < 0.125 and every["loo_max_abs_error"] < 0.78, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(
@@ -117,8 +125,10 @@ def test_loo_json_adds_fields_and_keeps_the_plain_document(
     loo = json.loads(capsys.readouterr().out)
     assert set(plain) < set(loo)
     assert {"loo_median_abs_error", "loo_max_abs_error", "in_sample_median_abs_error",
-            "sync_loo"} <= set(loo)
-    for key in ("rows", "sync", "decode"):
+            "step_loo", "sync_loo", "decode_loo", "serving_loo"} <= set(loo)
+    assert loo["rows_loo"] == len(loo["rows"]) + len(loo["sync"]) + len(loo["decode"]) + len(
+        loo["serving"]) >= 14
+    for key in ("rows", "sync", "decode", "serving"):
         for p, q in zip(plain[key], loo[key], strict=True):
             assert {k: q[k] for k in p} == p and {"loo_error", "in_sample_error"} <= set(q)
 

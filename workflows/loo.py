@@ -46,12 +46,18 @@ AnyRow = Any
 
 @dataclass(frozen=True)
 class Pricing:
-    """How each kind of row is priced: workflows.published's predict_row, predict_sync and
-    predict_decode (each returns a result with `predicted_s`)."""
+    """How each kind of row is priced: workflows.published's predict_row, predict_sync,
+    predict_decode and its serving anchors' (each returns a result with `predicted_s`)."""
 
     step: Callable[[AnyRow, Calibration], Any]
     sync: Callable[[AnyRow, Calibration], Any]
     decode: Callable[[AnyRow, Calibration], Any]
+    serving: Callable[[AnyRow, Calibration], Any]
+
+
+# Every kind of row, in the report's order. No factor is fitted on the serving anchors
+# (multi-node engine steps), so their in-sample and leave-one-out predictions are out-of-sample.
+KINDS: tuple[str, ...] = ("step", "sync", "decode", "serving")
 
 
 SWEEPS = 3
@@ -110,27 +116,27 @@ SETTINGS: dict[str, str] = {
 @dataclass(frozen=True)
 class Rows:
     """The data a fit may use: step rows (each with its resolved job), sync rows, decode rows,
-    and how each kind is priced."""
+    serving anchors, and how each kind is priced."""
 
     step: tuple[AnyRow, ...]
     sync: tuple[AnyRow, ...]
     decode: tuple[AnyRow, ...]
+    serving: tuple[AnyRow, ...]
     resolved: dict[str, Resolved] = field(compare=False, repr=False)
     pricing: Pricing = field(compare=False, repr=False)
 
     def replaced(self, step: Iterable[AnyRow], sync: Iterable[AnyRow],
-                 decode: Iterable[AnyRow]) -> Rows:
-        return Rows(tuple(step), tuple(sync), tuple(decode), self.resolved, self.pricing)
+                 decode: Iterable[AnyRow], serving: Iterable[AnyRow]) -> Rows:
+        return Rows(tuple(step), tuple(sync), tuple(decode), tuple(serving), self.resolved,
+                    self.pricing)
 
     def without(self, name: str) -> Rows:
         """The same data but the row called `name` (whatever its kind)."""
-        return self.replaced((r for r in self.step if r.name != name),
-                             (r for r in self.sync if r.name != name),
-                             (r for r in self.decode if r.name != name))
+        return self.replaced(*((r for r in self.of_kind(k) if r.name != name) for k in KINDS))
 
     def of_kind(self, kind: str) -> tuple[AnyRow, ...]:
         rows: tuple[AnyRow, ...] = {"step": self.step, "sync": self.sync,
-                                    "decode": self.decode}[kind]
+                                    "decode": self.decode, "serving": self.serving}[kind]
         return rows
 
     def names(self, kind: str) -> tuple[str, ...]:
@@ -138,7 +144,7 @@ class Rows:
 
     def predict(self, kind: str, row: AnyRow, eff: Efficiency) -> float:
         price = {"step": self.pricing.step, "sync": self.pricing.sync,
-                 "decode": self.pricing.decode}[kind]
+                 "decode": self.pricing.decode, "serving": self.pricing.serving}[kind]
         return float(price(row, _calib(eff)).predicted_s)
 
 
@@ -275,7 +281,7 @@ class LooRow:
     """One row: published, the shipped defaults' prediction, in-sample and LOO predictions."""
 
     name: str
-    kind: str  # "step", "sync" or "decode"
+    kind: str  # one of KINDS
     published_s: float
     shipped_s: float
     in_sample_s: float
@@ -300,7 +306,7 @@ def loo_rows(fitter: Fitter) -> list[LooRow]:
     """Every row of every kind: shipped, in-sample and leave-one-out predictions."""
     rows, shipped, full = fitter.rows, fitter.start, fitter.fit()
     out: list[LooRow] = []
-    for kind in ("step", "sync", "decode"):
+    for kind in KINDS:
         for r in rows.of_kind(kind):
             out.append(LooRow(r.name, kind, r.published_s, rows.predict(kind, r, shipped),
                               rows.predict(kind, r, full),
@@ -311,7 +317,7 @@ def loo_rows(fitter: Fitter) -> list[LooRow]:
 def held_out_prediction(rows: Rows, name: str) -> float:
     """The LOO prediction of the row called `name` alone (a fit that never sees it)."""
     eff = Fitter(rows).fit(name)
-    for kind in ("step", "sync", "decode"):
+    for kind in KINDS:
         for r in rows.of_kind(kind):
             if r.name == name:
                 return rows.predict(kind, r, eff)
@@ -327,7 +333,11 @@ def with_published(rows: Rows, name: str, scale: float) -> Rows:
 
     def other(r: AnyRow) -> AnyRow:
         return r if r.name != name else replace(r, published_s=r.published_s * scale)
-    return rows.replaced(map(step, rows.step), map(other, rows.sync), map(other, rows.decode))
+    def serving(r: AnyRow) -> AnyRow:  # published as a rate: a longer step is a lower rate
+        return r if r.name != name else replace(
+            r, published_tok_s_node=r.published_tok_s_node / scale)
+    return rows.replaced(map(step, rows.step), map(other, rows.sync), map(other, rows.decode),
+                         map(serving, rows.serving))
 
 
 # ------------------------------------------------------------------ residuals, report
@@ -363,8 +373,9 @@ class LooReport:
     def kind(self, kind: str) -> list[LooRow]:
         return [r for r in self.rows if r.kind == kind]
 
-    def summary(self, kind: str) -> dict[str, float]:
-        rs = self.kind(kind)
+    def summary(self, kind: str | None = None) -> dict[str, float]:
+        """Median and max |error| of one kind's rows, in-sample and LOO (None: every row)."""
+        rs = self.rows if kind is None else self.kind(kind)
         return {"loo_median_abs_error": statistics.median(abs(r.loo_error) for r in rs),
                 "loo_max_abs_error": max(abs(r.loo_error) for r in rs),
                 "in_sample_median_abs_error": statistics.median(
@@ -375,11 +386,12 @@ class LooReport:
         """The published-runs document with the LOO fields added (nothing else changes)."""
         out = dict(doc)
         by_name = {r.name: r for r in self.rows}
-        for key in ("rows", "sync", "decode"):
+        for key in ("rows", "sync", "decode", "serving"):
             out[key] = [{**d, **_loo_fields(by_name[d["name"]])} for d in doc[key]]
-        out.update(self.summary("step"))
-        out["sync_loo"] = self.summary("sync")
-        out["decode_loo"] = self.summary("decode")
+        out.update(self.summary())  # the headline: every row of every kind
+        out["rows_loo"] = len(self.rows)
+        for kind in KINDS:
+            out[f"{kind}_loo"] = self.summary(kind)
         out["loo"] = {"fitted": self.fitted,
                       "factors": {f.name: {"group": f.group, "kinds": list(f.kinds),
                                            "stages": list(f.stages), "bounds": [f.lo, f.hi],
@@ -409,14 +421,14 @@ def _pct(x: float) -> str:
 
 def render_loo(rep: LooReport) -> str:
     """The side-by-side table: published, shipped defaults, in-sample fit, leave-one-out."""
-    scale = {"step": (1.0, "s"), "sync": (1.0, "s"), "decode": (1e3, "ms")}
+    scale = {"step": (1.0, "s"), "sync": (1.0, "s"), "decode": (1e3, "ms"), "serving": (1.0, "s")}
     lines = ["factors fitted on the rows (shipped -> fitted on all rows):"]
     base = Efficiency()
     lines += [f"  {f.name:16s} {getattr(base, f.name):.4g} -> {rep.fitted[f.name]:.4g}   "
               f"({f.why})" for f in ROW_FACTORS]
     lines.append("settings carried by their one row (not fitted): " + ", ".join(SETTINGS))
     lines.append("operator-level (not fitted on rows): " + ", ".join(OPERATOR_LEVEL))
-    for kind in ("step", "sync", "decode"):
+    for kind in KINDS:
         mul, unit = scale[kind]
         lines += ["", f"{kind + ' rows (' + unit + ')':44s} {'published':>9s} {'shipped':>9s} "
                   f"{'in-sample':>9s} {'LOO':>9s}  {'shipped':>7s} {'in-smp':>6s} {'LOO':>6s}"]
@@ -429,4 +441,8 @@ def render_loo(rep: LooReport) -> str:
         lines.append(f"median |error| in-sample {s['in_sample_median_abs_error'] * 100:.1f}%, "
                      f"leave-one-out {s['loo_median_abs_error'] * 100:.1f}% (max "
                      f"{s['loo_max_abs_error'] * 100:.1f}%) over {len(rep.kind(kind))} rows")
+    s = rep.summary()
+    lines += ["", f"every row: median |error| in-sample {s['in_sample_median_abs_error'] * 100:.1f}%, "
+              f"leave-one-out {s['loo_median_abs_error'] * 100:.1f}% (max "
+              f"{s['loo_max_abs_error'] * 100:.1f}%) over {len(rep.rows)} rows"]
     return "\n".join(lines)

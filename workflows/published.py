@@ -497,8 +497,9 @@ def _serving(row: ServingRow, calib: Calibration) -> Comparison:
 def published_rows(step: list[Row] = ROWS, folder: Path = EXAMPLES) -> Rows:
     """Every row of every kind, as the leave-one-out fit takes them (`workflows.loo`)."""
     res = {r.name: resolve(load_job(folder / r.file), r.file) for r in step}
-    return Rows(tuple(step), tuple(SYNC_ROWS), tuple(DECODE_ROWS), res,
-                Pricing(lambda r, c: predict_row(r, c, folder), predict_sync, predict_decode))
+    return Rows(tuple(step), tuple(SYNC_ROWS), tuple(DECODE_ROWS), tuple(SERVING_ROWS), res,
+                Pricing(lambda r, c: predict_row(r, c, folder), predict_sync, predict_decode,
+                        _serving))
 
 
 def _pct(x: float) -> str:

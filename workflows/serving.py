@@ -53,6 +53,11 @@ class ServingRow:
     context: int
     published_tok_s_node: float
 
+    @property
+    def published_s(self) -> float:
+        """The published step's seconds: a step's tokens per node over the published rate."""
+        return step_tokens_per_node(self) / self.published_tok_s_node
+
 
 SERVING_ROWS: list[ServingRow] = [
     # Decode table: 9 nodes x 8 H100, EP72 with DP attention, batch 256 per device, KV cache
