@@ -53,258 +53,21 @@ from typing import Any
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.calibration import load_calibration
-from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.efficiency import Calibration
 from placer.cost.estimate import Estimate
 from placer.cost.generation import decode_step_time
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
-from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
-from placer.spec.weightsync import TransportKind
 from workflows.loo import Pricing, Rows, loo_report, render_loo
+from workflows.published_rows import DECODE_ROWS, ROWS, SYNC_ROWS, DecodeRow, Row, SyncRow, Use
 from workflows.serving import SERVING_ROWS, ServingRow, predict_serving, render_serving
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "published"
 STAGE_KEYS = ("rollout", "old_log_prob", "ref", "update", "sync")
-
-
-@dataclass(frozen=True)
-class Use:
-    """The published layout of one role: its pool and parallel configuration."""
-
-    pool: str
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    zero: int = 3
-    offload: bool = False
-    cp: int = 1
-    ep: int = 1
-    cuda_graphs: bool = True  # rollout engines: False where the run set vLLM's enforce_eager
-    shard: int = 0  # trainer: HSDP shard group, the script's fsdp_config.fsdp_size (0: none)
-
-    def parallel(self) -> Parallel:
-        return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
-                        cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs, shard=self.shard)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One step-time row of the published-runs table."""
-
-    name: str
-    file: str
-    source: str
-    published_s: float
-    stages: dict[str, float]
-    layout: dict[Role, Use]
-    groups: tuple[tuple[Role, ...], ...]  # roles sharing devices (one slot each group)
-    # False where the framework takes the old log-probs from the rollout engine instead of a
-    # trainer forward pass: verl's fully_async_policy does by default ("we default to
-    # old_log_prob being calculated by rollout rather than by trainer", fully_async.md;
-    # its tables show no old_log_prob stage), so the actor's `score` stage is not run.
-    trainer_log_probs: bool = True
-
-
-@dataclass(frozen=True)
-class SyncRow:
-    """One weight-sync row: actor and rollout placements on a pool of `device` nodes."""
-
-    name: str
-    source: str
-    model: str
-    device: str
-    nodes: int
-    actor: Use
-    rollout: Use
-    published_s: float
-    colocated: bool = False
-    # The transport's bucket size, GB (`Efficiency.sync_bucket_gb`): a framework setting; 0 for
-    # verl's NCCL sync without checkpoint-engine, which broadcasts tensor by tensor from rank 0.
-    bucket_gb: float = Efficiency().sync_bucket_gb
-    # One sender stream's raw GB/s where the framework's own path sets it (Miles' broadcast
-    # sender); None: `Efficiency.sync_sender_gbs`, which the other rows determine.
-    sender_gbs: float | None = None
-    # The job's `weight_sync` section (`placer.spec.weightsync`): the refit's transport and, for
-    # a paired one, whether an engine rank receives only its own slice.
-    transport: TransportKind = "broadcast"
-    shard_experts: bool = True
-
-
-_UNBUCKETED = 0.0
-_CPU = Use("cpu")
-_R = Role
-_COLOC = ((_R.ACTOR, _R.ROLLOUT), (_R.REWARD,))
-_COLOC_REF = ((_R.ACTOR, _R.ROLLOUT, _R.REFERENCE), (_R.REWARD,))
-_SPLIT = ((_R.ACTOR,), (_R.ROLLOUT,), (_R.REWARD,))
-_SPLIT_REF = ((_R.ACTOR, _R.REFERENCE), (_R.ROLLOUT,), (_R.REWARD,))
-_FA = "verl docs/advance/fully_async.md"
-_OSO = "verl docs/advance/one_step_off.md"
-
-ROWS: list[Row] = [
-    Row("r01 DAPO 7B 32xH20 colocate", "r01-dapo7b-32xh20-colocate.yaml", _FA, 790.10,
-        {"rollout": 357.41, "old_log_prob": 107.71, "update": 269.80},
-        {_R.ACTOR: Use("h20", dp=32), _R.ROLLOUT: Use("h20", tp=4, dp=8), _R.REWARD: _CPU},
-        _COLOC),
-    Row("r02 DAPO 7B 64xH20 colocate", "r02-dapo7b-64xh20-colocate.yaml", _FA, 365.28,
-        {"rollout": 150.72, "old_log_prob": 70.26, "update": 133.41},
-        {_R.ACTOR: Use("h20", dp=64), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
-        _COLOC),
-    Row("r03 DAPO 7B 128xH20 colocate", "r03-dapo7b-128xh20-colocate.yaml", _FA, 356.30,
-        {"rollout": 177.85, "old_log_prob": 53.92, "update": 113.81},
-        {_R.ACTOR: Use("h20", dp=128), _R.ROLLOUT: Use("h20", tp=4, dp=32), _R.REWARD: _CPU},
-        _COLOC),
-    Row("r04 DAPO 7B 128xH20 async 64:64", "r04-dapo7b-128xh20-async.yaml", _FA, 150.63,
-        {"update": 113.16},
-        {_R.ACTOR: Use("h20", dp=64, shard=8), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
-        _SPLIT, trainer_log_probs=False),
-    Row("r05 GRPO 30B-A3B 128xH20 colocate", "r05-grpo30ba3b-128xh20-colocate.yaml", _FA, 497.89,
-        {"rollout": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update": 86.27},
-        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, offload=True, cp=2, ep=8),
-         _R.ROLLOUT: Use("h20", tp=4, dp=32, cuda_graphs=False),
-         _R.REFERENCE: Use("h20", tp=2, dp=32, cp=2, ep=8), _R.REWARD: _CPU},
-        _COLOC_REF),
-    Row("r06 GRPO 30B-A3B 128xH20 async 96:32", "r06-grpo30ba3b-128xh20-async.yaml", _FA, 282.75,
-        {"ref": 50.05, "update": 206.63},
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True, cp=2, ep=8),
-         _R.ROLLOUT: Use("h20", tp=4, dp=24, cuda_graphs=False),
-         _R.REFERENCE: Use("h20", tp=2, dp=8, cp=2, ep=8), _R.REWARD: _CPU},
-        _SPLIT_REF, trainer_log_probs=False),
-    Row("r07 DAPO 7B 16xH20 colocate", "r07-dapo7b-16xh20-colocate.yaml", _OSO, 749.0,
-        {"rollout": 247.0, "old_log_prob": 88.0, "update": 286.0},  # rollout: generate_sequences
-        {_R.ACTOR: Use("h20", dp=16, offload=True, shard=2), _R.ROLLOUT: Use("h20", tp=2, dp=8),
-         _R.REWARD: _CPU},
-        _COLOC),
-    Row("r08 DAPO 7B 16xH20 one-step-off 4+12", "r08-dapo7b-16xh20-one-step-off.yaml", _OSO, 520.0,
-        {"rollout": 458.0, "old_log_prob": 108.0, "update": 337.0},
-        {_R.ACTOR: Use("h20", dp=12, shard=2), _R.ROLLOUT: Use("h20", tp=2, dp=2), _R.REWARD: _CPU},
-        _SPLIT),
-    Row("r09a DAPO 7B Megatron 16xH20 colocate", "r09a-dapo7b-16xh20-megatron-colocate.yaml", _OSO,
-        699.0, {"rollout": 162.0, "old_log_prob": 119.0, "update": 344.0},  # (generate_sequences)
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True),
-         _R.ROLLOUT: Use("h20", tp=2, dp=8),
-         _R.REWARD: _CPU},
-        _COLOC),
-    Row("r09b DAPO 7B Megatron 16xH20 one-step-off", "r09b-dapo7b-16xh20-megatron-one-step-off.yaml",
-        _OSO, 566.0, {"rollout": 501.0, "old_log_prob": 120.0, "update": 347.0},
-        {_R.ACTOR: Use("h20", tp=2, dp=6, zero=1), _R.ROLLOUT: Use("h20", tp=2, dp=2),
-         _R.REWARD: _CPU},
-        _SPLIT),
-    Row("r10 GRPO 27B 8xH200 colocate", "r10-grpo27b-8xh200-colocate.yaml",
-        "Miles docs/models/qwen/qwen3-8.md", 720.0,
-        {"rollout": 307.0, "old_log_prob": 33.0, "ref": 100.0, "update": 282.0, "sync": 2.5},
-        {_R.ACTOR: Use("h200", tp=4, dp=2, zero=1, offload=True),
-         # one SGLang engine per GPU (`--rollout-num-gpus-per-engine 1`, the doc's sec. 5.3)
-         _R.ROLLOUT: Use("h200", dp=8), _R.REFERENCE: Use("h200", tp=4, dp=2),
-         _R.REWARD: _CPU},
-        _COLOC_REF),
-    Row("r11 GRPO 671B DeepSeek-V3 96xH20 colocate", "r11-grpo671b-96xh20-colocate.yaml",
-        "verl docs/perf/dpsk.md", 1700.0, {"rollout": 1050.0},
-        {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8),
-         _R.ROLLOUT: Use("h20", tp=32, dp=3, cuda_graphs=False),
-         _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8), _R.REWARD: _CPU},
-        _COLOC_REF),
-]
-# Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)
-# is not a row: its sleep and wake set the fixed costs of a colocated engine's swap
-# (`Efficiency.engine_sleep_s`, `engine_wake_s`, `timing.onload_time`), so a row of it would
-# check nothing, and its batch, lengths, GPU and rollout time are unpublished.
-
-_FAS = "verl docs/advance/fully_async.md (NCCL, no checkpoint-engine)"
-_MILES = "Miles docs/advanced/p2p-weight-transfer.md (NCCL broadcast, 1 GB buckets)"
-# Miles' broadcast sender (one per pipeline stage, `update_weight_from_distributed/broadcast.py`:
-# the DP = TP = 0 rank gathers its stage's TP / EP shards bucket by bucket, converts them to HF
-# names and broadcasts; stages take turns under a lock): 23.9 GB/s achieved, from the same doc's
-# GLM-4.7-Flash row (30B in 2.51 s, TP4 EP8 -> TP4 EP4 on one node, where the wire is NVLink and
-# the sender's own path binds): / `link_eff` 0.8 raw. A row not priced here, so the two Miles
-# rows below check it.
-_MILES_SENDER_GBS = 29.9
-_NEMO_REFIT = ("NeMo-RL docs/guides/checkpoint-engine-refit.md "
-               "@aa8bfb2e8b606f9ad5add01b52635edf9ab620f8 (DeepSeek-V3 Benchmark)")
-_NEMO_BUCKET_GB = 4096 * 2**20 / 1e9
-_NEMO_REFIT_ROWS: tuple[tuple[str, TransportKind, bool, float], ...] = (
-    ("NeMo-RL DSV3 NIXL sharded 256->32 H100", "nixl", True, 9.25),
-    ("NeMo-RL DSV3 NCCL sharded 256->32 H100", "nccl-p2p", True, 14.21),
-    ("NeMo-RL DSV3 NIXL sharded, sync 256->32", "nixl", True, 10.923),
-    ("NeMo-RL DSV3 NIXL full-expert, sync 256->32", "nixl", False, 36.812),
-)
-SYNC_ROWS: list[SyncRow] = [
-    SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
-            0.12, bucket_gb=_UNBUCKETED),
-    SyncRow("verl 30B-A3B 16->16 H20", _FAS, "Qwen3-30B-A3B", "H20", 4, Use("g", tp=2, dp=8),
-            Use("g", tp=4, dp=4), 15.76, bucket_gb=_UNBUCKETED),
-    SyncRow("verl 235B-A22B 64->64 H20", _FAS, "Qwen3-235B-A22B", "H20", 16,
-            Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8), 58.57, bucket_gb=_UNBUCKETED),
-    SyncRow("verl ckpt-engine 30B-A3B FSDP2->30 H100", "verl verl/checkpoint_engine/README.md",
-            "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0),
-    SyncRow("NeMo-RL 4B DP8->TP8 H100 colocated", "NeMo-RL docs/design-docs/nccl-reshard-refit.md",
-            "Qwen3-4B", "H100-SXM", 1, Use("g", dp=8), Use("g", tp=8), 0.275, colocated=True),
-    SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", _MILES, "Qwen3-30B-A3B", "H100-SXM", 4,
-            Use("g", tp=4, dp=4, zero=1, ep=8), Use("g", tp=8, dp=2, ep=8), 2.67,
-            sender_gbs=_MILES_SENDER_GBS),
-    SyncRow("Miles 235B-A22B 8 nodes->8 nodes H100", _MILES, "Qwen3-235B-A22B", "H100-SXM", 16,
-            Use("g", tp=4, pp=4, dp=2, zero=1, cp=2, ep=16), Use("g", tp=32, dp=2, ep=32), 10.75,
-            sender_gbs=_MILES_SENDER_GBS),
-    # NeMo-RL's DeepSeek-V3 BF16 refit: 32 policy nodes (Megatron TP1 PP16 EP16) -> 4 rollout
-    # nodes (vLLM TP32), not colocated; 4096 MiB buckets (0.05 of an 80 GiB GPU: H100-SXM
-    # assumed, the doc names no GPU); each vLLM rank loaded 69.95 GiB in 18 batches (the slice
-    # `refit.slice_bytes` gives: 75.1 GB). The async timer's pair (NIXL, NCCL) and the matched
-    # synchronous verifier's pair (shard_expert_weights true, false). The doc does not say which
-    # NCCL path its NCCL column ran; the full weights into every rank (1,342 GB in 14.21 s, 94
-    # GB/s) would outrun a rank's 400 Gb/s NIC, so it is priced as the same pairs over NCCL.
-    *[SyncRow(name, _NEMO_REFIT, "DeepSeek-V3", "H100-SXM", 36,
-              Use("g", pp=16, dp=16, ep=16), Use("g", tp=32), t, bucket_gb=_NEMO_BUCKET_GB,
-              transport=transport, shard_experts=shard)
-      for name, transport, shard, t in _NEMO_REFIT_ROWS],
-]
-
-
-@dataclass(frozen=True)
-class DecodeRow:
-    """One decode-step anchor: a serving engine's step time at a fixed batch (no RL loop)."""
-
-    name: str
-    source: str
-    model: str
-    device: str
-    tp: int
-    batch: int
-    context: float  # KV tokens per sequence, mean over the run
-    published_s: float
-    arch: ModelArch | None = None  # a model outside the shipped catalog (then `model` names it)
-    # The engine's fused-MoE read efficiency where this row alone sets it (a setting of that
-    # engine on that part, `Efficiency.expert_read_half_width`); None: the factor's value.
-    expert_read_half_width: float | None = None
-
-
-_VLLM = "vLLM performance dashboard, buildkite build 9515 (latency test: in 32, out 128, batch 8)"
-# Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1 config.json): 8 experts of 14,336, 2 per token.
-MIXTRAL = ModelArch(name="Mixtral-8x7B", layers=32, hidden=4096, heads=32, kv_heads=8,
-                    mlp=14336, vocab=32000, experts=8, experts_per_token=2, expert_mlp=14336)
-_SGL = "BenHamm SGLang 0.5.8 benchmark gist (1K in / 1K out, TPOT at concurrency 1)"
-# SGLang 0.5.8's fused-MoE reads on B200: the half width that prices its Qwen3-235B-A22B TP8
-# TPOT (6.70 ms, same gist); the source of `Efficiency.expert_read_half_width`'s default
-_SGL_B200_EXPERT_HALF_WIDTH = 341.0
-DECODE_ROWS: list[DecodeRow] = [
-    DecodeRow("vLLM Llama-3.1-8B TP1 H200 batch 8", _VLLM, "Llama-3.1-8B", "H200", 1, 8, 96,
-              6.5e-3),
-    DecodeRow("vLLM Llama-3-70B TP4 H200 batch 8", _VLLM, "Llama-3-70B", "H200", 4, 8, 96,
-              16.2e-3),
-    DecodeRow("vLLM Mixtral-8x7B TP2 H200 batch 8", _VLLM, "Mixtral-8x7B", "H200", 2, 8, 96,
-              15.0e-3, arch=MIXTRAL),
-    # its fused-MoE reads set `expert_read_half_width` (the only anchor it moves: 192 columns
-    # per rank; Mixtral's 7,168 sit within 5% of the limit), so the row carries the setting
-    DecodeRow("SGLang Qwen3-235B-A22B TP8 B200 batch 1", _SGL, "Qwen3-235B-A22B", "B200", 8, 1,
-              1500, 6.70e-3, expert_read_half_width=_SGL_B200_EXPERT_HALF_WIDTH),
-    # a hybrid (Qwen3.8-27B = the Qwen3.5-27B shape): 1,855 tok/s per one-GPU engine at 39
-    # running requests (Miles docs/models/qwen/qwen3-8.md, sec. 5.3): 39 / 1855 s per step;
-    # context: a ~512-token prompt plus half the 4,585-token mean response (assumed)
-    DecodeRow("SGLang Qwen3.8-27B hybrid TP1 H200 batch 39", "Miles docs/models/qwen/qwen3-8.md",
-              "Qwen3.5-27B", "H200", 1, 39, 2800, 39 / 1855),
-]
 
 
 @dataclass(frozen=True)
@@ -429,15 +192,15 @@ def predict_row(row: Row, calib: Calibration, folder: Path = EXAMPLES) -> Result
     slot = {r: "+".join(g) for g in row.groups for r in g}
     ests = {r: _place(px, r, use) for r, use in row.layout.items()}
     if not row.trainer_log_probs:  # old log-probs come from the engine (see `Row`)
-        actor = ests[_R.ACTOR]
-        ests[_R.ACTOR] = replace(actor, stage_s={k: v for k, v in actor.stage_s.items()
+        actor = ests[Role.ACTOR]
+        ests[Role.ACTOR] = replace(actor, stage_s={k: v for k, v in actor.stage_s.items()
                                                  if k != "score"})
     bd = px.iteration_time([Placed(slot[r], e) for r, e in ests.items()])
     predicted = {
-        "rollout": ests[_R.ROLLOUT].stage_s.get("rollout", 0.0),
-        "old_log_prob": ests[_R.ACTOR].stage_s.get("score", 0.0),
-        "ref": ests[_R.REFERENCE].stage_s.get("score", 0.0) if _R.REFERENCE in ests else 0.0,
-        "update": ests[_R.ACTOR].stage_s.get("train", 0.0),
+        "rollout": ests[Role.ROLLOUT].stage_s.get("rollout", 0.0),
+        "old_log_prob": ests[Role.ACTOR].stage_s.get("score", 0.0),
+        "ref": ests[Role.REFERENCE].stage_s.get("score", 0.0) if Role.REFERENCE in ests else 0.0,
+        "update": ests[Role.ACTOR].stage_s.get("train", 0.0),
         "sync": bd.sync_s,
     }
     stages = {k: Versus(row.stages[k], predicted[k]) for k in STAGE_KEYS if k in row.stages}
@@ -457,9 +220,9 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Comparison:
         row.name)
     res = resolve(job, row.name)
     a = Placed("a+r" if row.colocated else "a",
-               Estimate(_R.ACTOR, "g", row.actor.parallel(), Memory(), {}))
+               Estimate(Role.ACTOR, "g", row.actor.parallel(), Memory(), {}))
     r = Placed("a+r" if row.colocated else "r",
-               Estimate(_R.ROLLOUT, "g", row.rollout.parallel(), Memory(), {}))
+               Estimate(Role.ROLLOUT, "g", row.rollout.parallel(), Memory(), {}))
     bucket = {"sync_bucket_gb": row.bucket_gb}
     if row.sender_gbs is not None:
         bucket["sync_sender_gbs"] = row.sender_gbs
