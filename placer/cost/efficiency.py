@@ -45,6 +45,7 @@ class Efficiency:
     mfu_score: float = 0.60  # GEMM ceiling of a training framework's forward-only passes on a GPU
     nongemm_bytes_per_flop: float = 0.0045  # HBM bytes of training's non-GEMM kernels per GEMM FLOP
     gemm_half_ridge: float = 1.0  # tokens per device at half the ceiling, in ridge points (peak / bandwidth)
+    prefill_half_ridge: float = 1.0  # `gemm_half_ridge` of an inference engine's forward
     decode_bw_eff: float = 0.70  # achieved fraction of HBM bandwidth of a large-batch decode step
     decode_tp_bw_loss: float = 0.12  # decode bandwidth efficiency lost per doubling of TP
     decode_bw_half_batch: float = 0.15  # batch at which a decode step's weight read is half as efficient
@@ -55,7 +56,9 @@ class Efficiency:
     link_eff: float = 0.80  # achieved fraction of NVLink / NIC bandwidth in collectives and transfers
     coll_base_s: float = 6.6e-6  # launch latency of one collective call
     gather_call_s: float = 0.0  # per-call cost of a whole-tensor gather where probed (0: `coll_base_s`)
-    tp_call_s: float = 0.0  # per-call cost of a TP layer's all-reduce where probed (0: `coll_base_s`)
+    tp_call_s: float = 0.0  # per-call cost of a TP layer's all-reduce where probed (0: `tp_base_s`)
+    tp_base_s: float = 6.6e-6  # per-call cost of a TP all-reduce on NVLink
+    tp_link_eff: float = 0.80  # achieved fraction of NVLink bandwidth of a TP all-reduce
     # per-call cost of an FSDP unit's gather or reduce-scatter where probed (0: `coll_base_s`)
     fsdp_call_s: float = 0.0
     nvlink_hop_s: float = 0.6e-6  # per-hop latency of a collective over NVLink

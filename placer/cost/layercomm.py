@@ -37,10 +37,18 @@ NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink 
 
 
 def tp_link(dev: DeviceType, eff: Efficiency) -> Link:
-    """The NVLink a TP group runs its all-reduces on (TP stays inside one node); a call costs
-    the measured `tp_call_s` where the trainers' probe timed one, else `coll_base_s`."""
-    return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s),
+    """The NVLink a TP group runs its all-reduces on (TP stays inside one node), at the TP
+    all-reduce's own `tp_link_eff` and per-call `tp_base_s` (fitted on NCCL all-reduce kernels
+    of TP-sized groups, which other collectives' `link_eff` and `coll_base_s` are not); a call
+    costs the measured `tp_call_s` where the trainers' probe timed one."""
+    return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
                      eff.tp_call_s)
+
+
+def tp_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) -> float:
+    """One TP all-reduce of `nbytes` over tp ranks on `tp_link`: what `layer_comm` and
+    `decode_comm` pay per call, and workflows/operators.py prices a measured one with."""
+    return all_reduce(nbytes, tp, tp_link(dev, eff))
 
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
@@ -80,7 +88,7 @@ def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     out = 0.0
     if par.tp > 1:
         calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
-        out += calls * all_reduce(group * m.hidden * BYTES, par.tp, tp_link(dev, eff))
+        out += calls * tp_all_reduce(group * m.hidden * BYTES, par.tp, dev, eff)
     if par.ep > 1:
         link = span_link(dev, par.ep * par.etp, eff)
         out += m.moe_layers * ep_all_to_all(m, par, group / par.tp, link)
@@ -108,7 +116,7 @@ def decode_comm(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     if batch <= 0 or par.tp == 1:
         return 0.0
     calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
-    out = calls * all_reduce(batch * m.hidden * BYTES, par.tp, tp_link(dev, eff))
+    out = calls * tp_all_reduce(batch * m.hidden * BYTES, par.tp, dev, eff)
     if par.ep > 1:
         out += m.moe_layers * ep_all_to_all(m, par, batch / par.tp,
                                             span_link(dev, par.ep * par.etp, eff))
@@ -123,8 +131,13 @@ def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     path of a decode step; for training `train_time` counts one per micro-batch and pass."""
     if par.pp <= 1 or tokens <= 0:
         return 0.0
-    link = span_link(dev, par.replica, eff)
-    return (par.pp - 1) * (link.base_s + link.alpha_s + link.bytes_s(tokens * m.hidden * BYTES))
+    return (par.pp - 1) * stage_send(tokens * m.hidden * BYTES, span_link(dev, par.replica, eff))
+
+
+def stage_send(nbytes: float, link: Link) -> float:
+    """One point-to-point send of `nbytes` on `link`: its call, one hop and the bytes
+    (`pp_send` pays one per stage boundary; workflows/operators.py prices a measured one)."""
+    return link.base_s + link.alpha_s + link.bytes_s(nbytes)
 
 
 def shard_link(dev: DeviceType, par: Parallel, eff: Efficiency) -> Link:
