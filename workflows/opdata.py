@@ -21,6 +21,7 @@ from placer.spec.hardware import DeviceType
 
 DATA = Path(__file__).resolve().parent / "data" / "operators"
 CLASSES = ("prefill_linear", "decode", "attention", "all_reduce", "send_recv")
+LAYER_CLASSES = ("prefill_linear", "decode")
 PREFILL_MIN_TOKENS = 128  # a prefill chunk; below it a pass is decode-sized
 DECODE_MAX_TOKENS = 64  # a decode batch whose weight read still bounds its GEMMs on A100/H100
 LAYER_KERNELS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",

@@ -23,7 +23,8 @@ error says which factor is off. The classes:
                   `layercomm.stage_send` (`pp_send`'s piece) on `span_link`
 
 Error = predicted / measured - 1. `--fit` refits the factors of the first, second and fourth
-classes on these points (workflows/opfit.py) and prints them with the classes' errors after.
+classes on these points (workflows/opfit.py) and prints them with the classes' errors after
+(in-sample) and the layer classes' leave-one-model-out errors (held out).
 
     python -m workflows.operators [--json] [--fit]
 """
@@ -39,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from placer.cost.efficiency import Efficiency
-from workflows.opdata import CLASSES, Point, load, predict
-from workflows.opfit import fit_all
+from workflows.opdata import CLASSES, LAYER_CLASSES, Point, load, predict
+from workflows.opfit import fit_all, fit_layers
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,21 @@ def class_errors(rs: Sequence[Row]) -> dict[str, ClassError]:
     return out
 
 
+def leave_one_model_out(points: Sequence[Point], eff: Efficiency) -> dict[str, ClassError]:
+    """The layer classes' errors with each model's points priced by factors fitted on the
+    other models' (`opfit.fit_layers`): the held-out figure of the layer factors."""
+    held: list[Row] = []
+    for model in sorted({p.model for p in points if p.model}):
+        fitted = eff.override(fit_layers([p for p in points if p.model != model], eff))
+        held += rows([p for p in points if p.model == model], fitted)
+    return {k: v for k, v in class_errors(held).items() if k in LAYER_CLASSES}
+
+
 def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
                                              dict[str, float]] | None = None) -> dict[str, Any]:
     """The JSON document: sources, per-class errors and rows at `eff`; with `fit`, the
-    factors it fits on the points and the classes' errors at them."""
+    factors it fits on the points, the classes' errors at them (in-sample) and the layer
+    classes' leave-one-model-out errors."""
     provs, points = load()
     rs = rows(points, eff)
     doc: dict[str, Any] = {
@@ -98,7 +110,9 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
         doc["fit"] = {"factors": {k: {"before": getattr(eff, k), "after": v}
                                   for k, v in values.items()},
                       "classes": {k: asdict(v)
-                                  for k, v in class_errors(rows(points, after)).items()}}
+                                  for k, v in class_errors(rows(points, after)).items()},
+                      "leave_one_model_out": {
+                          k: asdict(v) for k, v in leave_one_model_out(points, eff).items()}}
     return doc
 
 
@@ -137,8 +151,11 @@ def render(doc: dict[str, Any]) -> str:
         out.append("\nfitted on these points (in-sample):")
         out += [f"  {k:22s} {v['before']:.6g} -> {v['after']:.6g}"
                 for k, v in doc["fit"]["factors"].items()]
-        out.append("per class after the fit:")
+        out.append("per class after the fit (in-sample):")
         out += ["  " + _class_line(k, v) for k, v in doc["fit"]["classes"].items()]
+        out.append("layer classes, each model priced by factors fitted on the others:")
+        out += ["  " + _class_line(k, v)
+                for k, v in doc["fit"]["leave_one_model_out"].items()]
     out.append("\nsources: " + "; ".join(
         f"{f}: {lines[0]}" for f, lines in doc["sources"].items()))
     return "\n".join(out)

@@ -9,10 +9,10 @@ functions the planner prices with.
                   linear least squares in (1/c, h/c)
   decode          `decode_bw_eff` (e), `decode_bw_half_batch` (b0), `decode_tp_bw_loss` (l):
                   the weight read prices at (1/e) Y1 + (b0/e) Y2 for a given l (Y1 at e = 1,
-                  b0 = 0; Y2 what b0 = 1 adds): least squares per l on a grid, then a finer
-                  grid around the best (the FLOP floor is off while fitting: at <= 64 tokens
+                  b0 = 0; Y2 what b0 = 1 adds): least squares per l on a grid, then a
+                  golden-section search around the best (the FLOP floor is off while fitting: at <= 64 tokens
                   the read bounds every point)
-  all_reduce      `tp_link_eff` (coarse, then fine grid) and `tp_base_s` (grid, 0-100 us)
+  all_reduce      `tp_link_eff` (grid, then golden section) and `tp_base_s` (grid, 0-100 us)
                   minimising the sum of |log(predicted / measured)| instead: NCCL kernel
                   times of small messages are bimodal (the same call 7 or 40 us, as the
                   ranks arrive), and squares let the fast mode pull the base below most
@@ -47,11 +47,22 @@ def _grid(lo: float, hi: float, step: float) -> np.ndarray:
     return lo + step * np.arange(round((hi - lo) / step) + 1)
 
 
+GOLDEN = (5 ** 0.5 - 1) / 2
+
+
 def _search(cost: Callable[[float], float], lo: float, hi: float, step: float) -> float:
-    """The grid value of least cost, refined on a 100x finer grid around it."""
-    coarse = min(_grid(lo, hi, step), key=cost)
-    fine = _grid(max(lo, coarse - step), min(hi, coarse + step), step / 100)
-    return float(min(fine, key=cost))
+    """The value of least cost: the best of a grid of `step`, then a golden-section search
+    within one step of it (to step / 1000)."""
+    best = float(min(_grid(lo, hi, step), key=cost))
+    a, b = max(lo, best - step), min(hi, best + step)
+    while b - a > step / 1000:
+        c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+        if cost(c) <= cost(d):
+            b = d
+        else:
+            a = c
+    mid = (a + b) / 2
+    return mid if cost(mid) <= cost(best) else best
 
 
 def fit_prefill(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
@@ -82,7 +93,7 @@ def _decode_at(ps: Sequence[Point], eff: Efficiency, loss: float) -> tuple[float
 
 def fit_decode(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
     ps = [p for p in points if p.cls == "decode"]
-    loss = _search(lambda x: _decode_at(ps, eff, x)[0], 0.0, 0.5, 0.005)
+    loss = _search(lambda x: _decode_at(ps, eff, x)[0], 0.0, 0.5, 0.02)
     _, e, half = _decode_at(ps, eff, loss)
     return {"decode_bw_eff": e, "decode_bw_half_batch": half, "decode_tp_bw_loss": loss}
 
@@ -111,3 +122,8 @@ def fit_all(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
     """Every operator-level factor, fitted on `points` (each class on its own)."""
     return {**fit_prefill(points, eff), **fit_decode(points, eff),
             **fit_all_reduce(points, eff)}
+
+
+def fit_layers(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
+    """The layer classes' factors alone (prefill and decode): what a held-out model refits."""
+    return {**fit_prefill(points, eff), **fit_decode(points, eff)}
