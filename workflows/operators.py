@@ -14,9 +14,9 @@ error says which factor is off. The classes:
   decode          the same layer at decode batches of <= DECODE_MAX_TOKENS sequences, priced
                   as a decode step prices its matmuls (`generation.decode_matmul_time`: the
                   weight read at `decode_bw_eff`, its batch and TP curve, or the FLOP floor)
-  attention       attention kernels: no public measured times in a usable form (Vidur's
-                  attention.csv blobs are absent from the mirror; FlashAttention's published
-                  figures are plots): n = 0
+  attention       attention kernels: none measured here (Vidur's attention.csv blobs are
+                  absent from its mirror, and no tabulated public attention-kernel times were
+                  found to price): n = 0
   all_reduce      one NCCL all-reduce over the 2-8 ranks of one node (a TP group), priced by
                   `layercomm.tp_all_reduce` (`tp_base_s`, `tp_link_eff`, `nvlink_hop_s`)
   send_recv       one send/recv between two ranks of a node or of two nodes, priced by
