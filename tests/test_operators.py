@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +136,24 @@ def test_layer_classes_meet_the_goal_held_out(capsys: pytest.CaptureFixture[str]
         assert held[cls]["n"] == doc["classes"][cls]["n"]  # every model's points held out once
         assert held[cls]["median_abs_error"] <= 0.15 and held[cls]["p90_abs_error"] <= 0.30, (
             cls, held[cls])
+
+
+VIDUR_MIRROR = Path("/work/.mirror/microsoft+vidur/repo")
+
+
+@pytest.mark.skipif(not VIDUR_MIRROR.is_dir(), reason="no local copy of Vidur")
+def test_the_extraction_reproduces_the_committed_data(tmp_path: Path) -> None:
+    # scripts/extract_operators.py run on Vidur gives the committed files byte for byte
+    script = Path(__file__).resolve().parent.parent / "scripts" / "extract_operators.py"
+    done = subprocess.run([sys.executable, str(script), "--source", str(VIDUR_MIRROR),
+                           "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    for f in DATA.glob("*.csv"):
+        assert (tmp_path / f.name).read_text() == f.read_text(), f.name
+
+
+def test_the_extraction_refuses_a_folder_that_is_not_vidur(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "extract_operators.py"
+    done = subprocess.run([sys.executable, str(script), "--source", str(tmp_path / "none"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "--source" in done.stderr and "Traceback" not in done.stderr
