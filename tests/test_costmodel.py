@@ -55,7 +55,8 @@ H100, LPU, CPU = DEV["H100-SXM"], DEV["groq-lpu"], DEV["cpu-node"]
 EFF = Efficiency()
 # No overheads, full bandwidth and FLOP/s: the bare first-principles formulas.
 IDEAL = replace(EFF, mfu_train=1.0, mfu_prefill=1.0, decode_bw_eff=1.0, decode_flops_eff=1.0,
-                link_eff=1.0, step_overhead_s=0.0, train_overhead_s=0.0, gemm_half_ridge=0.0,
+                link_eff=1.0, tp_link_eff=1.0, tp_base_s=0.0, prefill_half_ridge=0.0,
+                step_overhead_s=0.0, train_overhead_s=0.0, gemm_half_ridge=0.0,
                 decode_tp_bw_loss=0.0, decode_bw_half_batch=0.0, step_overhead_per_seq_s=0.0,
                 coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, nongemm_bytes_per_flop=0.0,
                 expert_read_half_width=0.0)

@@ -81,11 +81,16 @@ def test_mla_kv_grows_with_attention_dp_not_split_by_tp() -> None:
 
 
 def test_tp_group_across_nodes_runs_on_the_network() -> None:
-    """A TP group inside a node keeps NVLink; one of 16 or 32 ranks pays network hops and a
-    node's NICs together (8 x 50 GB/s x 0.8 = 320 GB/s on H100, below NVLink's 360)."""
+    """A TP group inside a node keeps NVLink (450 GB/s x `tp_link_eff`); one of 16 or 32 ranks
+    pays network hops and runs at the slower of a node's NICs together (8 x 50 GB/s x
+    `link_eff`) and its NVLink ring."""
     inside, across = tp_link(H100, EFF, NODE_DEVICES), tp_link(H100, EFF, 16)
-    assert inside.alpha_s == EFF.nvlink_hop_s and inside.gbs == pytest.approx(450 * 0.8)
-    assert across.alpha_s == EFF.net_hop_s and across.gbs == pytest.approx(8 * 50 * 0.8)
+    assert inside.alpha_s == EFF.nvlink_hop_s
+    assert inside.gbs == pytest.approx(450 * EFF.tp_link_eff)
+    assert across.alpha_s == EFF.net_hop_s
+    assert across.gbs == pytest.approx(min(450 * EFF.tp_link_eff, 8 * 50 * EFF.link_eff))
+    narrow = EFF.override({"tp_link_eff": 0.9, "link_eff": 0.5})  # the NICs bind
+    assert tp_link(H100, narrow, 16).gbs == pytest.approx(8 * 50 * 0.5)
 
 
 @pytest.mark.parametrize("row", SERVING_ROWS, ids=lambda r: r.name)

@@ -22,13 +22,15 @@ from traces.schema import Trace, TraceEvent
 TINY = shipped_models()["tiny-llama"]  # 2 decoder layers: 3 FSDP units with the root
 EMU = shipped_devices()["emu-gpu"]
 H100 = shipped_devices()["H100-SXM"]
-# latency only: every call costs exactly one unit of coll_base_s, nothing else
-CALLS_ONLY = Efficiency(coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, link_eff=1e30)
+# latency only: every call costs exactly one unit of its base (`coll_base_s`, or a TP
+# all-reduce's own `tp_base_s`), nothing else
+CALLS_ONLY = Efficiency(coll_base_s=0.0, tp_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0,
+                        link_eff=1e30, tp_link_eff=1e30)
 
 
 def calls(par: Parallel, steps: int = 1) -> float:
-    """d train_time / d coll_base_s: the collective calls a training step makes."""
-    one = CALLS_ONLY.override({"coll_base_s": 1.0})
+    """d train_time / d (coll_base_s and tp_base_s): the collective calls a training step makes."""
+    one = CALLS_ONLY.override({"coll_base_s": 1.0, "tp_base_s": 1.0})
     return (train_time(TINY, EMU, par, 200.0, 20.0, steps, one)
             - train_time(TINY, EMU, par, 200.0, 20.0, steps, CALLS_ONLY))
 

@@ -23,6 +23,7 @@ from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.handplans import place, plan_for
 from simulator.policies import compare_policies, with_policy
+from simulator.steady import steady_state
 
 LONG_RESPONSES = {"lengths__response": {"kind": "lognormal", "median": 256, "sigma": 1.2,
                                         "cap": 8192}}
@@ -144,7 +145,11 @@ def test_no_variance_agreement_with_policy(name: str, policy: str) -> None:
                       config=SimConfig.no_variance())
     # the plan is priced with the job's tails; a no-variance run is its placement at the means
     pred = reprice(plan, at_means(plan.spec), Calibration()).iteration_s
-    sim = r.metrics.iteration_s.mean
+    # async: the steady state's time-average over whole pipeline cycles (`simulator.steady`),
+    # not the short run's mean, which still holds the drain (agentic-code overprovision: 55.96 s
+    # over 5 iterations, 57.61 s steady, 57.62 s priced)
+    sim = (steady_state(r).iteration_s if plan.mode == "async"
+           else r.metrics.iteration_s.mean)
     assert abs(sim - pred) <= 0.02 * pred, f"simulated {sim:.3f} s vs predicted {pred:.3f} s"
 
 

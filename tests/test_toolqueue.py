@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from simplans import SMALL_PLACEMENT, small_plan
+from simplans import SMALL_PLACEMENT, small_job, small_plan
 
 from placer.cost.batching import step_terms
-from placer.cost.efficiency import Calibration
+from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import rollout_shape
 from placer.cost.model import tool_waves
 from placer.cost.pricer import Pricer
@@ -20,9 +20,11 @@ from placer.cost.timing import Placed
 from placer.cost.toolqueue import FifoPool, queue_delay, rollout_span
 from placer.solve.assemble import reprice
 from placer.spec.catalog import resolve
+from placer.spec.load import job_from_dict
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.environment import CorePool
+from simulator.handplans import place
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -41,10 +43,10 @@ def test_fifo_pool_matches_core_pool(seed: int) -> None:
         assert got == pytest.approx(want, abs=1e-9)
 
 
-def _pair(plan) -> tuple[float, float]:
+def _pair(plan, calib: Calibration | None = None) -> tuple[float, float]:
     """(the pair term, the lockstep charge: every queued round delays the whole wave)."""
     res = resolve(at_means(plan.spec))
-    calib = Calibration()
+    calib = calib or Calibration()
     placed = {}
     for role in ("rollout", "environment"):
         r = plan.roles[role]
@@ -78,13 +80,18 @@ def test_overprovisioned_queue_can_end_the_stage_sooner() -> None:
     """Over-provisioned, a pool a little short of cores staggers the last turn's returns: the
     first groups back decode in a smaller batch and the kept count is reached sooner than when
     every call returns at once. The replay's pair term is negative (not clipped to 0) and the
-    simulator agrees exactly."""
-    plan = small_plan(dict(SMALL_PLACEMENT, environment=("cpu", 2, "env")),
-                      environment__turns=4, lengths__response={"kind": "fixed", "value": 256},
-                      tail_policy={"kind": "overprovision", "fraction": 0.25})
-    assert _pair(plan)[0] < 0
-    pred = reprice(plan, at_means(plan.spec), Calibration()).iteration_s
-    sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
+    simulator agrees exactly. Whether the staggered returns end the stage sooner turns on the
+    decode step's speed, so the case fixes it (`decode_bw_eff` 0.70) rather than follow the
+    shipped defaults."""
+    calib = Calibration(default=Efficiency(decode_bw_eff=0.70))
+    job = job_from_dict(small_job(environment__turns=4,
+                                  lengths__response={"kind": "fixed", "value": 256},
+                                  tail_policy={"kind": "overprovision", "fraction": 0.25}))
+    plan = place(resolve(job), dict(SMALL_PLACEMENT, environment=("cpu", 2, "env")), calib)
+    assert _pair(plan, calib)[0] < 0
+    pred = reprice(plan, at_means(plan.spec), calib).iteration_s
+    sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance(),
+                        calibration=calib)
     assert sim.metrics.iteration_s.mean == pytest.approx(pred, rel=1e-9)
 
 

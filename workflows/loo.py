@@ -98,6 +98,8 @@ ROW_FACTORS: tuple[RowFactor, ...] = (
               "the paired refits (NeMo-RL's DeepSeek-V3 NIXL and NCCL rows)"),
     RowFactor("step_overhead_s", "decode", ("decode",), (), 1e-4, 1e-2,
               "the decode anchors' host time per engine step"),
+    RowFactor("engine_ar_base_s", "decode", ("decode",), (), 1e-6, 1e-4,
+              "the TP decode anchors' per-call all-reduce (the engines' custom all-reduce)"),
 )
 GROUPS: tuple[str, ...] = ("trainer", "sync", "decode")
 # Fitted on operator profiles (workflows.operators), never on RL steps.

@@ -41,13 +41,19 @@ class Efficiency:
     """Achieved fractions of peak and fixed overheads (docs/cost-model.md: sources)."""
 
     mfu_train: float = 0.86  # GEMM ceiling of training passes, before memory-bound kernels (`device_ceiling`)
-    mfu_prefill: float = 0.40  # GEMM ceiling of an inference engine's forward (prefill, frozen model off-GPU)
+    # GEMM ceiling of an inference engine's forward (prefill, frozen model off-GPU), with its
+    # half ridge below: fitted on Vidur's operator profiles (commit 7d47513), out-of-sample for
+    # the published runs (workflows/operators.py --fit)
+    mfu_prefill: float = 0.68
     mfu_score: float = 0.60  # GEMM ceiling of a training framework's forward-only passes on a GPU
     nongemm_bytes_per_flop: float = 0.0045  # HBM bytes of training's non-GEMM kernels per GEMM FLOP
     gemm_half_ridge: float = 1.0  # tokens per device at half the ceiling, in ridge points (peak / bandwidth)
-    decode_bw_eff: float = 0.70  # achieved fraction of HBM bandwidth of a large-batch decode step
-    decode_tp_bw_loss: float = 0.12  # decode bandwidth efficiency lost per doubling of TP
-    decode_bw_half_batch: float = 0.15  # batch at which a decode step's weight read is half as efficient
+    prefill_half_ridge: float = 0.525  # `gemm_half_ridge` of an inference engine's forward
+    # the decode step's weight-read curve: fitted on Vidur's operator profiles (commit 7d47513),
+    # out-of-sample for the published runs (workflows/operators.py --fit)
+    decode_bw_eff: float = 0.768  # achieved fraction of HBM bandwidth of a large-batch decode step
+    decode_tp_bw_loss: float = 0.144  # decode bandwidth efficiency lost per doubling of TP
+    decode_bw_half_batch: float = 0.0  # batch at which a decode step's weight read is half as efficient
     decode_flops_eff: float = 0.50  # achieved fraction of peak of a compute-bound decode step
     linear_state_bytes: float = 4.0  # bytes per element of a hybrid model's Gated DeltaNet recurrent state
     # expert columns per rank at which fused-MoE reads are half as efficient
@@ -55,7 +61,13 @@ class Efficiency:
     link_eff: float = 0.80  # achieved fraction of NVLink / NIC bandwidth in collectives and transfers
     coll_base_s: float = 6.6e-6  # launch latency of one collective call
     gather_call_s: float = 0.0  # per-call cost of a whole-tensor gather where probed (0: `coll_base_s`)
-    tp_call_s: float = 0.0  # per-call cost of a TP layer's all-reduce where probed (0: `coll_base_s`)
+    tp_call_s: float = 0.0  # per-call cost of a TP layer's all-reduce where probed (0: `tp_base_s`)
+    # the TP all-reduce's own alpha-beta: fitted on Vidur's NCCL all-reduce kernels (commit
+    # 7d47513), out-of-sample for the published runs (workflows/operators.py --fit)
+    tp_base_s: float = 3.34e-5  # per-call cost of a TP all-reduce on NVLink
+    tp_link_eff: float = 0.618  # achieved fraction of NVLink bandwidth of a TP all-reduce
+    # per-call cost of an engine's decode all-reduce inside a node (custom all-reduce in a CUDA graph)
+    engine_ar_base_s: float = 6.6e-6
     # per-call cost of an FSDP unit's gather or reduce-scatter where probed (0: `coll_base_s`)
     fsdp_call_s: float = 0.0
     nvlink_hop_s: float = 0.6e-6  # per-hop latency of a collective over NVLink

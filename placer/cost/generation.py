@@ -52,7 +52,8 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
         per_token = 2 * m.matmul_params() / (chips * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
         replicas = max(par.devices // chips, 1)
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
-    compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff)
+    compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff,
+                           eff.prefill_half_ridge)
     return compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
 
 
@@ -95,7 +96,7 @@ def prefill_line(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     per_ctx_token = attention_flops_per_token(m, 1.0) - attention_flops_per_token(m, 0.0)
     peak = rep.devices * gemm_peak_tflops(dev, rep) * 1e12
     return base, per_ctx_token * tokens / (peak * gemm_eff(
-        eff.mfu_prefill, tokens / (rep.cp * rep.attn_dp), dev, eff))
+        eff.mfu_prefill, tokens / (rep.cp * rep.attn_dp), dev, eff, eff.prefill_half_ridge))
 
 
 def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
@@ -123,17 +124,40 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     rate = bw * decode_bw_eff(math.ceil(batch / groups), par.attn_tp, eff)
     # routed experts read at the efficiency of their own split: whole experts per rank under EP
     routed = (m.decode_read_params(batch) - m.decode_read_params(0)) * BYTES
-    a = ((decode_read_bytes(m, batch) - routed) / par.attn_tp / rate
+    a = (weight_read_time(decode_read_bytes(m, batch) - routed, math.ceil(batch / groups),
+                          par.attn_tp, dev, eff)
          + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff)
                          * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
     # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
     a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
     k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.attn_tp) / groups / rate
-    c = ((2 * m.matmul_params() + m.linear_flops_per_token()) * batch / n
-         / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff))
+    c = decode_flops_time((2 * m.matmul_params() + m.linear_flops_per_token()) * batch, n,
+                          dev, par, eff)
     d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff, par.tp)
          + step_overhead(math.ceil(batch / groups), eff) + eager_overhead(m, par, eff))
     return a, k, c, d
+
+
+def weight_read_time(nbytes: float, batch: int, tp: int, dev: DeviceType,
+                     eff: Efficiency) -> float:
+    """Seconds a decode step of `batch` sequences reads `nbytes` of weights split over tp
+    ranks in: nbytes / tp / (HBM bandwidth * `decode_bw_eff`)."""
+    return nbytes / tp / (dev.mem_bw_gbs * GB * decode_bw_eff(batch, tp, eff))
+
+
+def decode_flops_time(flops: float, tp: int, dev: DeviceType, par: Parallel,
+                      eff: Efficiency) -> float:
+    """Seconds of a decode step's `flops` matmul FLOPs over tp ranks at `decode_flops_eff`."""
+    return flops / tp / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff)
+
+
+def decode_matmul_time(nbytes: float, flops: float, batch: int, dev: DeviceType, par: Parallel,
+                       eff: Efficiency) -> float:
+    """A decode step's matmuls over `nbytes` of weights doing `flops`, alone: the larger of
+    their read and their FLOPs (`_decode_terms`' a and c for these weights, no KV, no fixed
+    terms). workflows/operators.py prices one layer's linear layers with it."""
+    return max(weight_read_time(nbytes, batch, par.tp, dev, eff),
+               decode_flops_time(flops, par.tp, dev, par, eff))
 
 
 def decode_bw_eff(batch: int, tp: int, eff: Efficiency) -> float:

@@ -38,16 +38,24 @@ NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink 
 
 def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     """The link a TP group of `ranks` runs its all-reduces on: NVLink while the group fits one
-    node, a call costing the measured `tp_call_s` where the trainers' probe timed one (on
-    NVLink), else `coll_base_s`; a group spanning nodes (an engine's TP 16 or 32) pays a
-    network hop per step and moves its bytes at a node's NICs together, one per device (NCCL
-    runs a ring per channel and each channel crosses the node boundary on its own rail's NIC),
-    or NVLink's rate where that is lower."""
-    if ranks > NODE_DEVICES:
-        gbs = min(dev.intra_link_gbs, NODE_DEVICES * dev.nic_gbs)
-        return Link(eff.net_hop_s, gbs * eff.link_eff, eff.coll_base_s)
-    return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.link_eff, eff.coll_base_s),
+    node, at the TP all-reduce's own `tp_link_eff` and per-call `tp_base_s` (fitted on NCCL
+    all-reduce kernels of TP-sized groups, which other collectives' `link_eff` and
+    `coll_base_s` are not), a call costing the measured `tp_call_s` where the trainers' probe
+    timed one; a group spanning nodes (an engine's TP 16 or 32) pays a network hop per step and
+    moves its bytes at a node's NICs together, one per device (NCCL runs a ring per channel and
+    each channel crosses the node boundary on its own rail's NIC), or NVLink's rate where that
+    is lower."""
+    if ranks > NODE_DEVICES:  # the slower of the node's NICs and its own NVLink ring binds
+        gbs = min(dev.intra_link_gbs * eff.tp_link_eff, NODE_DEVICES * dev.nic_gbs * eff.link_eff)
+        return Link(eff.net_hop_s, gbs, eff.tp_base_s)
+    return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
                      eff.tp_call_s)
+
+
+def tp_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) -> float:
+    """One TP all-reduce of `nbytes` over tp ranks on `tp_link`: what `layer_comm` and
+    `decode_comm` pay per call, and workflows/operators.py prices a measured one with."""
+    return all_reduce(nbytes, tp, tp_link(dev, eff, tp))
 
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
@@ -89,8 +97,8 @@ def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     out = 0.0
     if par.attn_tp > 1:  # data-parallel attention: each group all-reduces its own tokens
         calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
-        out += calls * all_reduce(group / par.attn_dp * m.hidden * BYTES, par.attn_tp,
-                                  tp_link(dev, eff, par.attn_tp))
+        out += calls * tp_all_reduce(group / par.attn_dp * m.hidden * BYTES, par.attn_tp, dev,
+                                     eff)
     if par.ep > 1:  # an engine with data-parallel attention dispatches with DeepEP's normal
         out += m.moe_layers * ep_exchange(m, dev, par, group / par.tp, eff,
                                           node_dedup=par.attn_dp > 1)  # kernels
@@ -124,10 +132,21 @@ def decode_comm(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     if par.attn_tp > 1:  # data-parallel attention: each group all-reduces its own sequences
         calls = 2 * m.layers - (m.moe_layers if par.ep > 1 else 0)
         out += calls * all_reduce(batch / par.attn_dp * m.hidden * BYTES, par.attn_tp,
-                                  tp_link(dev, eff, par.attn_tp))
+                                  decode_tp_link(dev, eff, par.attn_tp))
     if par.ep > 1:
         out += m.moe_layers * ep_exchange(m, dev, par, batch / par.tp, eff)
     return out
+
+
+def decode_tp_link(dev: DeviceType, eff: Efficiency, ranks: int) -> Link:
+    """The link an engine's decode-step all-reduces run on: inside a node vLLM's and SGLang's
+    custom all-reduce (peer-to-peer over NVLink, captured in the step's CUDA graph; NCCL only
+    for tensors past its size limit, which a decode step's batch * h * b never reaches), whose
+    per-call cost is `engine_ar_base_s`, not the NCCL kernel's `tp_base_s`; across nodes NCCL
+    (`tp_link`)."""
+    if ranks > NODE_DEVICES:
+        return tp_link(dev, eff, ranks)
+    return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.engine_ar_base_s)
 
 
 def ep_exchange(m: ModelArch, dev: DeviceType, par: Parallel, tokens_per_rank: float,
@@ -174,14 +193,18 @@ def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
         return 0.0
     nbytes = tokens * m.hidden * BYTES
     if stage_devices <= 0:
-        link = span_link(dev, par.replica, eff)
-        return (par.pp - 1) * (link.base_s + link.alpha_s + link.bytes_s(nbytes))
+        return (par.pp - 1) * stage_send(nbytes, span_link(dev, par.replica, eff))
     w, out = stage_devices, 0.0
     for s in range(par.pp - 1):  # the hop from stage s to s + 1
         crosses = w >= NODE_DEVICES or (s * w) // NODE_DEVICES != ((s + 2) * w - 1) // NODE_DEVICES
-        link = span_link(dev, NODE_DEVICES + 1 if crosses else 2, eff)
-        out += link.base_s + link.alpha_s + link.bytes_s(nbytes)
+        out += stage_send(nbytes, span_link(dev, NODE_DEVICES + 1 if crosses else 2, eff))
     return out
+
+
+def stage_send(nbytes: float, link: Link) -> float:
+    """One point-to-point send of `nbytes` on `link`: its call, one hop and the bytes
+    (`pp_send` pays one per stage boundary; workflows/operators.py prices a measured one)."""
+    return link.base_s + link.alpha_s + link.bytes_s(nbytes)
 
 
 def shard_link(dev: DeviceType, par: Parallel, eff: Efficiency) -> Link:

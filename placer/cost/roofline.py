@@ -79,14 +79,26 @@ def device_ceiling(ceiling: float, dev: DeviceType, eff: Efficiency) -> float:
     return 1.0 / (1.0 / ceiling + eff.nongemm_bytes_per_flop * ridge)
 
 
-def gemm_eff(ceiling: float, tokens_per_device: float, dev: DeviceType, eff: Efficiency) -> float:
+def gemm_eff(ceiling: float, tokens_per_device: float, dev: DeviceType, eff: Efficiency,
+             half_ridge: float | None = None) -> float:
     """Achieved fraction of peak of a pass over `tokens_per_device` tokens per device (one
     micro-batch at most, `MICRO_TOKENS`): ceiling * t / (t + t_half), t_half =
-    gemm_half_ridge * peak / bandwidth (the ridge point in FLOP per byte, which is where a GEMM
-    over t tokens stops being bound by reading its weights)."""
+    half_ridge * peak / bandwidth (the ridge point in FLOP per byte, which is where a GEMM
+    over t tokens stops being bound by reading its weights); `half_ridge` is
+    `gemm_half_ridge` unless the pass has its own (an engine's forward: `prefill_half_ridge`)."""
     t = min(max(tokens_per_device, 0.0), MICRO_TOKENS)
-    half = eff.gemm_half_ridge * dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
+    ridges = eff.gemm_half_ridge if half_ridge is None else half_ridge
+    half = ridges * dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
     return ceiling * t / (t + half) if t > 0 else ceiling
+
+
+def matmul_time(flops: float, tokens_per_device: float, dev: DeviceType, par: Parallel,
+                ceiling: float, eff: Efficiency, half_ridge: float | None = None) -> float:
+    """Seconds of `flops` GEMM FLOPs spread over the layout's devices, at `gemm_eff` of the
+    tokens one device's GEMMs see: the piece `pass_compute` prices a pass with, and
+    workflows/operators.py one layer's linear layers."""
+    peak = par.devices * gemm_peak_tflops(dev, par) * 1e12
+    return flops / (peak * gemm_eff(ceiling, tokens_per_device, dev, eff, half_ridge))
 
 
 def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
@@ -98,23 +110,24 @@ def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
 
 
 def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
-                 passes: int, ceiling: float, group_tokens: float, eff: Efficiency) -> float:
+                 passes: int, ceiling: float, group_tokens: float, eff: Efficiency,
+                 half_ridge: float | None = None) -> float:
     """Seconds of `passes` matmul passes (2 a forward, 6 forward + backward, 8 with a recomputed
     forward) over `tokens` tokens on the layout's devices: the dense, attention and LM-head
     FLOPs at `gemm_eff` of the tokens a device's GEMMs see (`group_tokens` per dp rank / cp),
     the routed experts' at `gemm_eff` of the tokens one expert sees (`sharding.expert_tokens`):
     small for a mixture of many experts, which expert parallelism raises by gathering an EP
-    group's tokens."""
-    peak = par.devices * gemm_peak_tflops(dev, par) * 1e12
+    group's tokens. `half_ridge`: as `gemm_eff`'s."""
     routed = active_expert_params(m)
     dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
     # a micro-batch per data-parallel attention group, its groups' tokens meeting at the experts
     t = min(group_tokens / par.attn_dp, MICRO_TOKENS) * par.attn_dp
     # data-parallel attention: a device's dense GEMMs see its own group's share of the tokens
-    out = dense / (peak * gemm_eff(ceiling, group_tokens / (par.cp * par.attn_dp), dev, eff))
+    out = matmul_time(dense, group_tokens / (par.cp * par.attn_dp), dev, par, ceiling, eff,
+                      half_ridge)
     if routed:
         t_exp = expert_tokens(m, par, t)
-        out += passes * routed * tokens / (peak * gemm_eff(ceiling, t_exp, dev, eff))
+        out += matmul_time(passes * routed * tokens, t_exp, dev, par, ceiling, eff, half_ridge)
     return out
 
 

@@ -1,0 +1,159 @@
+"""Operator-level fidelity (`python -m workflows.operators`): Vidur's measured kernels load with
+their provenance, every point is priced by the cost model's own pieces, the JSON has its shape,
+the classes meet the issue's goals (median |error| <= 15%, p90 <= 30%) where the model reaches
+them, and the refit recovers known factors from points generated with them."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+
+from placer.cost.efficiency import Efficiency
+from workflows.opdata import CLASSES, DATA, LAYER_CLASSES, load, predict
+from workflows.operators import class_errors, main, rows
+from workflows.opfit import fit_all
+
+EFF = Efficiency()
+FITTED = ("mfu_prefill", "prefill_half_ridge", "decode_bw_eff", "decode_bw_half_batch",
+          "decode_tp_bw_loss", "tp_base_s", "tp_link_eff")
+
+
+def test_the_data_carries_its_provenance() -> None:
+    provs, points = load()
+    assert [p.file for p in provs] == ["layers.csv", "all_reduce.csv", "send_recv.csv"]
+    for p in provs:
+        assert p.lines[0].startswith("source: github.com/microsoft/vidur commit ")
+        assert re.fullmatch(r"[0-9a-f]{40}", p.commit)
+        assert any(ln.startswith("paths: data/profiling/") for ln in p.lines)
+        assert any("ms" in ln for ln in p.lines)  # the unit of every time
+    assert sum(f.stat().st_size for f in DATA.glob("*.csv")) < 300_000
+    counts = {c: sum(p.cls == c for p in points) for c in CLASSES}
+    assert counts["attention"] == 0  # no measured attention kernels are used
+    assert all(counts[c] >= 50 for c in CLASSES if c != "attention"), counts
+    # the points cover both devices, TP 1-8 and the token and size ranges
+    layer = [p for p in points if p.cls in LAYER_CLASSES]
+    assert {p.device for p in points} == {"A100-80G", "H100-SXM"}
+    assert {p.tp for p in layer} == {1, 2, 4, 8}
+    assert min(p.size for p in layer) == 1 and max(p.size for p in layer) == 4096
+    ar = [p for p in points if p.cls == "all_reduce"]
+    assert {p.tp for p in ar} == {2, 4, 8} and all(p.per_node == p.tp for p in ar)
+    assert min(p.size for p in ar) <= 4096 and max(p.size for p in ar) >= 64 * 2 ** 20
+
+
+def test_every_point_is_priced() -> None:
+    _, points = load()
+    for p in points:
+        t = predict(p, EFF)
+        assert math.isfinite(t) and t > 0, p
+    # the price follows the factor its class names (a check that each class reaches its piece)
+    slower = replace(EFF, mfu_prefill=EFF.mfu_prefill / 2, decode_bw_eff=EFF.decode_bw_eff / 2,
+                     tp_base_s=EFF.tp_base_s * 2, tp_link_eff=EFF.tp_link_eff / 2,
+                     coll_base_s=EFF.coll_base_s * 2)
+    assert all(predict(p, slower) > predict(p, EFF) for p in points)
+
+
+def test_json_document_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"sources", "classes", "rows"}
+    assert list(doc["classes"]) == list(CLASSES)
+    for c in doc["classes"].values():
+        assert set(c) == {"n", "median_abs_error", "p90_abs_error"}
+    assert doc["classes"]["attention"] == {"n": 0, "median_abs_error": None,
+                                           "p90_abs_error": None}
+    assert len(doc["rows"]) == len(load()[1])
+    assert set(doc["rows"][0]) == {"cls", "device", "model", "tp", "size", "per_node",
+                                   "measured_s", "predicted_s", "error"}
+    r = doc["rows"][0]
+    assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+
+
+def test_text_report_has_a_table_per_class(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for c in CLASSES:
+        assert f"\n{c}\n" in out
+    assert "measured" in out and "predicted" in out and "error" in out
+
+
+def test_class_errors_at_the_defaults() -> None:
+    # A regression guard: the defaults were fitted on these same points (in-sample).
+    # prefill_linear 7.9% / 27.4%, decode 9.3% / 20.7%. The all-reduce misses the goal
+    # (median <= 15%, p90 <= 30%): measured 24.5% / 79.5% -- NCCL's small-message kernels take
+    # either ~7 us or 35-60 us for the same call, and H100's 8-rank all-reduce outruns a ring
+    # over the catalog's NVLink figure. send/recv is not refitted (its factors price every
+    # other collective too): 33.1% / 61.7%.
+    _, points = load()
+    errs = class_errors(rows(points, EFF))
+    bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),
+              "all_reduce": (0.25, 0.80), "send_recv": (0.34, 0.62)}
+    for cls, (median, p90) in bounds.items():
+        c = errs[cls]
+        assert c.median_abs_error is not None and c.p90_abs_error is not None
+        assert c.median_abs_error <= median and c.p90_abs_error <= p90, (cls, c)
+
+
+def test_the_defaults_are_the_fit() -> None:
+    # a regression guard: the shipped factors are the refit's values, rounded
+    _, points = load()
+    fitted = fit_all(points, EFF)
+    for name in FITTED:
+        assert getattr(EFF, name) == pytest.approx(fitted[name], rel=0.01, abs=1e-9), name
+
+
+def test_fit_recovers_known_factors_from_synthetic_points() -> None:
+    # Independent of the measurements: points measured as the model prices them with known
+    # factors (every shape, TP, token count and size of the data set) give those factors back.
+    known = Efficiency(mfu_prefill=0.55, prefill_half_ridge=0.8, decode_bw_eff=0.62,
+                       decode_bw_half_batch=0.3, decode_tp_bw_loss=0.09, tp_base_s=12e-6,
+                       tp_link_eff=0.7)
+    _, points = load()
+    synthetic = [replace(p, measured_s=predict(p, known)) for p in points]
+    fitted = fit_all(synthetic, EFF)
+    assert set(fitted) == set(FITTED)
+    for name in FITTED:
+        assert fitted[name] == pytest.approx(getattr(known, name), rel=2e-3), name
+    assert {f.name for f in fields(Efficiency)} >= set(FITTED)
+
+
+def test_layer_classes_meet_the_goal_held_out(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--fit` reports the factors, the in-sample errors and the honest figure: each model's
+    # layers priced by factors fitted on the other models (leave-one-model-out; measured
+    # 7.9% / 29.0% prefill, 10.8% / 23.1% decode), which meets the goal
+    assert main(["--json", "--fit"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["fit"]) == {"factors", "classes", "leave_one_model_out"}
+    assert set(doc["fit"]["factors"]) == set(FITTED)
+    held = doc["fit"]["leave_one_model_out"]
+    assert set(held) == set(LAYER_CLASSES)
+    for cls in LAYER_CLASSES:
+        assert held[cls]["n"] == doc["classes"][cls]["n"]  # every model's points held out once
+        assert held[cls]["median_abs_error"] <= 0.15 and held[cls]["p90_abs_error"] <= 0.30, (
+            cls, held[cls])
+
+
+VIDUR_MIRROR = Path("/work/.mirror/microsoft+vidur/repo")
+
+
+@pytest.mark.skipif(not VIDUR_MIRROR.is_dir(), reason="no local copy of Vidur")
+def test_the_extraction_reproduces_the_committed_data(tmp_path: Path) -> None:
+    # scripts/extract_operators.py run on Vidur gives the committed files byte for byte
+    script = Path(__file__).resolve().parent.parent / "scripts" / "extract_operators.py"
+    done = subprocess.run([sys.executable, str(script), "--source", str(VIDUR_MIRROR),
+                           "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    for f in DATA.glob("*.csv"):
+        assert (tmp_path / f.name).read_text() == f.read_text(), f.name
+
+
+def test_the_extraction_refuses_a_folder_that_is_not_vidur(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "extract_operators.py"
+    done = subprocess.run([sys.executable, str(script), "--source", str(tmp_path / "none"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "--source" in done.stderr and "Traceback" not in done.stderr

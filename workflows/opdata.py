@@ -1,0 +1,128 @@
+"""The measured operators of `python -m workflows.operators` and how the cost model prices each:
+the points of workflows/data/operators/ (scripts/extract_operators.py wrote them from Vidur's
+profiles; each file's header names the source commit, paths and units) and `predict`, which
+prices a point with the cost-model function its class names (the classes: workflows/operators.py).
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from placer.cost.efficiency import Efficiency
+from placer.cost.generation import decode_matmul_time
+from placer.cost.layercomm import NODE_DEVICES, span_link, stage_send, tp_all_reduce
+from placer.cost.roofline import BYTES, matmul_time
+from placer.cost.sharding import Parallel
+from placer.spec.arch import ModelArch
+from placer.spec.catalog import shipped_devices
+from placer.spec.hardware import DeviceType
+
+DATA = Path(__file__).resolve().parent / "data" / "operators"
+CLASSES = ("prefill_linear", "decode", "attention", "all_reduce", "send_recv")
+LAYER_CLASSES = ("prefill_linear", "decode")
+PREFILL_MIN_TOKENS = 128  # a prefill chunk; below it a pass is decode-sized
+DECODE_MAX_TOKENS = 64  # a decode batch whose weight read still bounds its GEMMs on A100/H100
+LAYER_KERNELS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+                 "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured operator: its class, where it ran, its size and its time."""
+
+    cls: str
+    device: str
+    model: str  # the model (layers) or "" (collectives)
+    tp: int  # TP degree (layers) or ranks (collectives)
+    size: int  # tokens (layers) or bytes (collectives)
+    measured_s: float
+    per_node: int = 0  # collectives: ranks per node (send/recv: 1 = two nodes)
+    hidden: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    mlp: int = 0
+    vocab: int = 0
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """A data file's header: source, commit, paths and units, as written."""
+
+    file: str
+    lines: tuple[str, ...]
+
+    @property
+    def commit(self) -> str:
+        return next(w for ln in self.lines for w in ln.split() if len(w) == 40)
+
+
+def _read(name: str) -> tuple[Provenance, list[dict[str, str]]]:
+    path = DATA / name
+    lines = path.read_text().splitlines()
+    header = tuple(ln[2:] for ln in lines if ln.startswith("# "))
+    body = [ln for ln in lines if not ln.startswith("#")]
+    return Provenance(name, header), list(csv.DictReader(body))
+
+
+@cache
+def load() -> tuple[tuple[Provenance, ...], tuple[Point, ...]]:
+    """Every measured point, with the provenance of the files they came from."""
+    points: list[Point] = []
+    prov_layers, layers = _read("layers.csv")
+    for r in layers:
+        tokens = int(r["tokens"])
+        cls = ("decode" if tokens <= DECODE_MAX_TOKENS
+               else "prefill_linear" if tokens >= PREFILL_MIN_TOKENS else "")
+        if not cls:
+            continue
+        ms = sum(float(r[f"{k}_ms"]) for k in LAYER_KERNELS)
+        points.append(Point(cls, r["device"], r["model"], int(r["tp"]), tokens, ms / 1e3,
+                            hidden=int(r["n_embd"]), heads=int(r["n_head"]),
+                            kv_heads=int(r["n_kv_head"]), mlp=int(r["n_expanded_embd"]),
+                            vocab=int(r["vocab_size"])))
+    provs = [prov_layers]
+    for cls in ("all_reduce", "send_recv"):
+        prov, rows = _read(f"{cls}.csv")
+        provs.append(prov)
+        points += [Point(cls, r["device"], "", int(r["ranks"]), int(r["bytes"]),
+                         float(r["ms"]) / 1e3, per_node=int(r["per_node"])) for r in rows]
+    return tuple(provs), tuple(points)
+
+
+@cache
+def _device(name: str) -> DeviceType:
+    return shipped_devices()[name]
+
+
+@cache
+def layer_params(hidden: int, heads: int, kv_heads: int, mlp: int, vocab: int) -> int:
+    """Matmul parameters of one decoder layer of this shape: the model with two layers less
+    the model with one (`ModelArch.matmul_params`; the LM head and final norm cancel)."""
+    one = ModelArch(name="layer", layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                    mlp=mlp, vocab=vocab)
+    return one.model_copy(update={"layers": 2}).matmul_params() - one.matmul_params()
+
+
+def _params(p: Point) -> int:
+    return layer_params(p.hidden, p.heads, p.kv_heads, p.mlp, p.vocab)
+
+
+def predict(p: Point, eff: Efficiency) -> float:
+    """Seconds the cost model prices point `p` at, with the function its class names."""
+    dev = _device(p.device)
+    if p.cls == "prefill_linear":
+        return matmul_time(2 * _params(p) * p.size, p.size, dev, Parallel(tp=p.tp),
+                           eff.mfu_prefill, eff, eff.prefill_half_ridge)
+    if p.cls == "decode":
+        return decode_matmul_time(_params(p) * BYTES, 2 * _params(p) * p.size, p.size, dev,
+                                  Parallel(tp=p.tp), eff)
+    if p.cls == "all_reduce":
+        return tp_all_reduce(p.size, p.tp, dev, eff)
+    if p.cls == "send_recv":
+        # a pair inside a node is on NVLink; a pair on two nodes on the NIC (a group that
+        # spans more than a node)
+        ranks = p.tp if p.per_node >= p.tp else 2 * NODE_DEVICES
+        return stage_send(p.size, span_link(dev, ranks, eff))
+    raise ValueError(f"no pricing for class {p.cls!r}")

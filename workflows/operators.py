@@ -1,0 +1,177 @@
+"""Operator-level fidelity: the cost model's own pricing functions against measured kernel times
+(Vidur's public profiles of A100 and H100 nodes, extracted by scripts/extract_operators.py into
+workflows/data/operators/, whose headers name the source commit, paths and units).
+
+A run-level error mixes every factor; an operator is priced by one piece of the model, so its
+error says which factor is off. The classes:
+
+  prefill_linear  one decoder layer without its attention kernel (every kernel Vidur's mlp.csv
+                  times: the QKV, O, gate/up and down GEMMs and the norms, rope, activation and
+                  residual add between them) at pass sizes of >= PREFILL_MIN_TOKENS tokens,
+                  priced as an engine forward prices its GEMMs (`roofline.matmul_time` at
+                  `mfu_prefill`, `prefill_half_ridge`: the ceiling absorbs the elementwise
+                  kernels, as it does in `generation.forward_time`)
+  decode          the same layer at decode batches of <= DECODE_MAX_TOKENS sequences, priced
+                  as a decode step prices its matmuls (`generation.decode_matmul_time`: the
+                  weight read at `decode_bw_eff`, its batch and TP curve, or the FLOP floor)
+  attention       attention kernels: none measured here (Vidur's attention.csv blobs are
+                  absent from its mirror, and no tabulated public attention-kernel times were
+                  found to price): n = 0
+  all_reduce      one NCCL all-reduce over the 2-8 ranks of one node (a TP group), priced by
+                  `layercomm.tp_all_reduce` (`tp_base_s`, `tp_link_eff`, `nvlink_hop_s`)
+  send_recv       one send/recv between two ranks of a node or of two nodes, priced by
+                  `layercomm.stage_send` (`pp_send`'s piece) on `span_link`
+
+Error = predicted / measured - 1. `--fit` refits the factors of the first, second and fourth
+classes on these points (workflows/opfit.py) and prints them with the classes' errors after
+(in-sample) and the layer classes' leave-one-model-out errors (held out).
+
+    python -m workflows.operators [--json] [--fit]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from placer.cost.efficiency import Efficiency
+from workflows.opdata import CLASSES, LAYER_CLASSES, Point, load, predict
+from workflows.opfit import fit_all, fit_layers
+
+
+@dataclass(frozen=True)
+class Row:
+    cls: str
+    device: str
+    model: str
+    tp: int
+    size: int
+    per_node: int
+    measured_s: float
+    predicted_s: float
+    error: float
+
+
+@dataclass(frozen=True)
+class ClassError:
+    n: int
+    median_abs_error: float | None
+    p90_abs_error: float | None
+
+
+def rows(points: Sequence[Point], eff: Efficiency) -> list[Row]:
+    out = []
+    for p in points:
+        pred = predict(p, eff)
+        out.append(Row(p.cls, p.device, p.model, p.tp, p.size, p.per_node, p.measured_s, pred,
+                       pred / p.measured_s - 1))
+    return out
+
+
+def class_errors(rs: Sequence[Row]) -> dict[str, ClassError]:
+    """Per class: points, median and 90th percentile (linear interpolation) of |error|."""
+    out = {}
+    for cls in CLASSES:
+        errs = np.abs([r.error for r in rs if r.cls == cls])
+        out[cls] = (ClassError(len(errs), float(np.median(errs)), float(np.percentile(errs, 90)))
+                    if len(errs) else ClassError(0, None, None))
+    return out
+
+
+def leave_one_model_out(points: Sequence[Point], eff: Efficiency) -> dict[str, ClassError]:
+    """The layer classes' errors with each model's points priced by factors fitted on the
+    other models' (`opfit.fit_layers`): the held-out figure of the layer factors."""
+    held: list[Row] = []
+    for model in sorted({p.model for p in points if p.model}):
+        fitted = eff.override(fit_layers([p for p in points if p.model != model], eff))
+        held += rows([p for p in points if p.model == model], fitted)
+    return {k: v for k, v in class_errors(held).items() if k in LAYER_CLASSES}
+
+
+def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
+                                             dict[str, float]] | None = None) -> dict[str, Any]:
+    """The JSON document: sources, per-class errors and rows at `eff`; with `fit`, the
+    factors it fits on the points, the classes' errors at them (in-sample) and the layer
+    classes' leave-one-model-out errors."""
+    provs, points = load()
+    rs = rows(points, eff)
+    doc: dict[str, Any] = {
+        "sources": {p.file: list(p.lines) for p in provs},
+        "classes": {k: asdict(v) for k, v in class_errors(rs).items()},
+        "rows": [asdict(r) for r in rs]}
+    if fit is not None:
+        values = fit(points, eff)
+        after = eff.override(values)
+        doc["fit"] = {"factors": {k: {"before": getattr(eff, k), "after": v}
+                                  for k, v in values.items()},
+                      "classes": {k: asdict(v)
+                                  for k, v in class_errors(rows(points, after)).items()},
+                      "leave_one_model_out": {
+                          k: asdict(v) for k, v in leave_one_model_out(points, eff).items()}}
+    return doc
+
+
+def _size(r: dict[str, Any]) -> str:
+    if r["cls"] in ("prefill_linear", "decode"):
+        return f"{r['size']} tok"
+    b = r["size"]
+    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
+
+
+def _class_line(name: str, c: dict[str, Any]) -> str:
+    if not c["n"]:
+        return f"{name:15s} n=0"
+    return (f"{name:15s} n={c['n']:<4d} median |error| {c['median_abs_error']:.1%}, "
+            f"p90 {c['p90_abs_error']:.1%}")
+
+
+def render(doc: dict[str, Any]) -> str:
+    out = []
+    for cls in CLASSES:
+        out.append(f"\n{cls}")
+        rs = [r for r in doc["rows"] if r["cls"] == cls]
+        if not rs:
+            out.append("  no measured points (see the module docstring)")
+            continue
+        out.append(f"  {'device':9s} {'model':38s} {'TP/ranks':>8s} {'size':>11s} "
+                   f"{'measured':>10s} {'predicted':>10s} {'error':>7s}")
+        for r in rs:
+            where = r["model"] or ("2 nodes" if r["per_node"] == 1 else "")
+            out.append(f"  {r['device']:9s} {where:38s} {r['tp']:8d} {_size(r):>11s} "
+                       f"{r['measured_s'] * 1e3:8.4f}ms {r['predicted_s'] * 1e3:8.4f}ms "
+                       f"{r['error']:+7.1%}")
+    out.append("\nper class (error = predicted / measured - 1):")
+    out += ["  " + _class_line(k, v) for k, v in doc["classes"].items()]
+    if "fit" in doc:
+        out.append("\nfitted on these points (in-sample):")
+        out += [f"  {k:22s} {v['before']:.6g} -> {v['after']:.6g}"
+                for k, v in doc["fit"]["factors"].items()]
+        out.append("per class after the fit (in-sample):")
+        out += ["  " + _class_line(k, v) for k, v in doc["fit"]["classes"].items()]
+        out.append("layer classes, each model priced by factors fitted on the others:")
+        out += ["  " + _class_line(k, v)
+                for k, v in doc["fit"]["leave_one_model_out"].items()]
+    out.append("\nsources: " + "; ".join(
+        f"{f}: {lines[0]}" for f, lines in doc["sources"].items()))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workflows.operators",
+                                 description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON document")
+    ap.add_argument("--fit", action="store_true",
+                    help="refit the GEMM, decode-bandwidth and TP all-reduce factors on the points")
+    args = ap.parse_args(argv)
+    doc = document(Efficiency(), fit_all if args.fit else None)
+    print(json.dumps(doc, indent=1) if args.json else render(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
