@@ -18,6 +18,9 @@ Constraints (products of binaries by enforcement literals, no big-M):
   capacity    D_jp >= every member's n_kp;  sum_j D_jp <= cap_p
   stage work  S_js = sum of the members' t_ks;  memory: not over_j => the members' m_k fit
   switch      over_j => every member pays sw_k (SW_j)
+  host        over_j => for every member r, the other members' parked state plus every member's
+              offloaded optimizer, per device, fits the node's host RAM
+              (`hostmem.park_budget_gb`: sum - min is the largest sum - h_r, so linear)
   sync        Y >= W_ak^same or W_ak^diff, by whether the rollout shares the actor's slot 0
   tools       the rollout's slot's rollout stage gets V (negative where over-provisioning's kept
               samples finish sooner on the queue)
@@ -42,6 +45,7 @@ from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, onload_time
+from placer.solve import hostmem
 from placer.solve.candidates import Candidate
 from placer.solve.pricing import device_price
 from placer.spec.catalog import Resolved
@@ -147,6 +151,42 @@ class Unsolved(Exception):
 # ------------------------------------------------------------------------------------ scoring
 def slot_names(groups: list[list[str]]) -> dict[str, str]:
     return {r: "+".join(g) for g in groups for r in g}
+
+
+# -------------------------------------------------------------------------------- host memory
+def _host_kb(res: Resolved, c: Candidate) -> tuple[int, int]:
+    """(parked, offloaded) host kB per device of candidate `c` in a switching slot."""
+    if c.split or res.device_of(c.pool).host_backed:
+        return 0, 0
+    return (int(round(hostmem.parked_gb(c.est.memory) * 1e6)),
+            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * 1e6)))
+
+
+def _budget_kb(res: Resolved, pool: str) -> int | None:
+    b = hostmem.park_budget_gb(res, pool)
+    return None if b is None else max(int(b * 1e6), 0)
+
+
+def host_fits(problem: Problem, a: Assignment) -> bool:
+    """Whether a placement keeps to the model's host-memory rule (`_Model._host`): every slot
+    whose members do not fit on its devices together parks all but its smallest member, plus
+    its members' offloaded optimizer state, within `hostmem.park_budget_gb` per device. A
+    heuristic plan bounds the optimum only when it does."""
+    res = problem.res
+    slots: dict[str, list[Candidate]] = {}
+    for r, c in a.choice.items():
+        slots.setdefault(a.slot_of[r], []).append(c)
+    for members in slots.values():
+        pool = members[0].pool
+        budget = _budget_kb(res, pool)
+        if len(members) < 2 or budget is None or res.device_of(pool).host_backed:
+            continue
+        if sum(c.est.memory.total for c in members) <= res.device_of(pool).memory_gb:
+            continue  # they fit together: nothing is parked
+        kb = [_host_kb(res, c) for c in members]
+        if sum(k[0] for k in kb) - min(k[0] for k in kb) + sum(k[1] for k in kb) > budget:
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------------------- model
@@ -274,6 +314,34 @@ class _Model:
             m.add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
                   ).OnlyEnforceIf(over.Not())
             self.SW[j] = sum(sw)
+            self._host(j, over)
+
+    def _host(self, j: str, over: cp_model.IntVar) -> None:
+        """over_j => for every member r: the others' parked state plus every member's offloaded
+        optimizer, per device, fits `hostmem.park_budget_gb` (the most of sum - min is at the
+        smallest member, so one bound per member makes it linear). Per device of the slot, as if
+        every member used all of its devices: an upper bound of the exact, per-node check
+        (`hostmem.over_nodes`)."""
+        m = self.m
+        budget = {pl: _budget_kb(self.p.res, pl) for pl in self.pools}
+        if all(b is None for b in budget.values()):
+            return
+        park, held, loose = {}, [], 1
+        for r in self.members(j):
+            kb = [_host_kb(self.p.res, c) for c in self.p.cands[r]]
+            for i, name in enumerate(("park", "off")):
+                top = max(k[i] for k in kb)
+                v = m.new_int_var(0, top, f"{name}[{r},{j}]")
+                m.add(v >= sum(k[i] * x for k, x in zip(kb, self.x[r]))
+                      ).OnlyEnforceIf(self.z[r, j])
+                park[r] = v if i == 0 else park[r]
+                held += [v] if i == 1 else []
+                loose += top
+        bound = sum((loose if b is None else b) * self.on_pool(j, pl)
+                    for pl, b in budget.items())
+        for r in park:
+            others = sum(v for q, v in park.items() if q != r)
+            m.add(others + sum(held) <= bound).OnlyEnforceIf([self.z[r, j], over])
 
     def _sync(self) -> None:
         """Y >= weight-sync time of the chosen (actor, rollout) pair, same slot or not."""
