@@ -322,26 +322,28 @@ class _Model:
         smallest member, so one bound per member makes it linear). Per device of the slot, as if
         every member used all of its devices: an upper bound of the exact, per-node check
         (`hostmem.over_nodes`)."""
-        m = self.m
         budget = {pl: _budget_kb(self.p.res, pl) for pl in self.pools}
         if all(b is None for b in budget.values()):
             return
-        park, held, loose = {}, [], 1
+        park: dict[str, cp_model.IntVar] = {}
+        held: list[cp_model.IntVar] = []
+        loose = 1  # more than any slot's sum: the bound on an unchecked pool
         for r in self.members(j):
-            kb = [_host_kb(self.p.res, c) for c in self.p.cands[r]]
-            for i, name in enumerate(("park", "off")):
-                top = max(k[i] for k in kb)
-                v = m.new_int_var(0, top, f"{name}[{r},{j}]")
-                m.add(v >= sum(k[i] * x for k, x in zip(kb, self.x[r]))
-                      ).OnlyEnforceIf(self.z[r, j])
-                park[r] = v if i == 0 else park[r]
-                held += [v] if i == 1 else []
-                loose += top
+            parked, offloaded = zip(*(_host_kb(self.p.res, c) for c in self.p.cands[r]))
+            park[r] = self._at_least(r, j, "park", list(parked))
+            held.append(self._at_least(r, j, "off", list(offloaded)))
+            loose += max(parked) + max(offloaded)
         bound = sum((loose if b is None else b) * self.on_pool(j, pl)
                     for pl, b in budget.items())
         for r in park:
             others = sum(v for q, v in park.items() if q != r)
-            m.add(others + sum(held) <= bound).OnlyEnforceIf([self.z[r, j], over])
+            self.m.add(others + sum(held) <= bound).OnlyEnforceIf([self.z[r, j], over])
+
+    def _at_least(self, r: str, j: str, name: str, values: list[int]) -> cp_model.IntVar:
+        """A variable >= values[k] for role r's chosen candidate k while r sits in slot j."""
+        v = self.m.new_int_var(0, max(values), f"{name}[{r},{j}]")
+        self.m.add(v >= sum(a * x for a, x in zip(values, self.x[r]))).OnlyEnforceIf(self.z[r, j])
+        return v
 
     def _sync(self) -> None:
         """Y >= weight-sync time of the chosen (actor, rollout) pair, same slot or not."""
