@@ -103,8 +103,10 @@ def parked_gb(mem: Memory) -> float:
     """GB per device a member of a switching slot keeps on the host while another runs: its
     weights and on-device optimizer state as its layout shards them (TP/PP splits, ZeRO/FSDP
     over its shard group), so a node parks only its own ranks' shards. A trainer parks weights
-    and optimizer moments (verl verl/utils/fsdp_utils.py `offload_fsdp_model_to_cpu`,
-    `offload_fsdp_optimizer`); its gradients are freed after the step, not kept. A frozen model
+    and optimizer moments (volcengine/verl verl/utils/fsdp_utils.py `offload_fsdp_model_to_cpu`
+    moves the parameters, `offload_fsdp_optimizer` the optimizer state, at a4cf020); its
+    gradients are freed after the update (verl/workers/actor/dp_actor.py `update_policy` ends
+    with `zero_grad()`, at 0081137), not kept. A frozen model
     parks its weights; a GPU rollout engine its weights (vLLM sleep level 1, as
     `costmodel.engine_swap_time` prices it). KV caches and activations are discarded. An
     offloaded optimizer is on the host already (`offloaded_gb`), not parked again."""
