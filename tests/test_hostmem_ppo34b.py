@@ -100,3 +100,25 @@ def test_ppo_34b_on_small_host_memory_is_refused_naming_the_node_and_amounts() -
     with pytest.raises(Infeasible, match=r"host memory: .*pool a100 node \d needs [\d,]+ GB of "
                                          r"host memory \(parked [\d,]+.*\) of 400 GB"):
         plan_job(Pricer(res, Calibration()), time_limit_s=10, workers=1)
+
+
+def test_the_solvers_host_rule_agrees_with_the_node_check_on_the_baselines() -> None:
+    """`ilp.host_fits` (the rule the solver keeps to) and `hostmem.over_nodes` (the node-by-node
+    check of the assembled plan) agree on the baselines' placements of the 16-GPU job, where
+    every slot fills whole nodes: the fastest-config colocation is over, the others fit."""
+    from placer.solve.baselines import REGISTRY
+    from placer.solve.ilp import host_fits
+    from placer.solve.planner import build_problem, plan_assignment
+
+    res = resolve(job_from_dict(job(2)))
+    px = Pricer(res, Calibration())
+    problem = build_problem(px)
+    verdicts = {}
+    for name, rule in REGISTRY.items():
+        a = rule(problem)
+        if a is None:
+            continue
+        over = hostmem.over_nodes(plan_assignment(problem, a, name), px)
+        verdicts[name] = host_fits(problem, a)
+        assert verdicts[name] == (not over), name
+    assert verdicts["colocated"] is False and any(verdicts.values())
