@@ -20,6 +20,7 @@ PUBLISHED_COUNTS: dict[str, tuple[float, float, str]] = {
                                " 2023)"),
     "Llama-2-13B": (13.0, 13.0, "meta-llama/Llama-2-13b-hf; Touvron et al. 2023"),
     "Llama-2-70B": (69.0, 69.0, "meta-llama/Llama-2-70b-hf card (69B)"),
+    "CodeLlama-34B": (33.7, 33.7, "codellama/CodeLlama-34b-hf card: 33.7B (Roziere et al. 2023: 34B)"),
     "Llama-3-8B": (8.03, 8.03, "meta-llama/Meta-Llama-3-8B card"),
     "Llama-3-70B": (70.6, 70.6, "meta-llama/Meta-Llama-3-70B card"),
     "Llama-3.1-8B": (8.03, 8.03, "meta-llama/Llama-3.1-8B card: 8.03B"),

@@ -57,13 +57,30 @@ def test_offloaded_optimizer_is_sharded_over_dp_and_cp_not_tp_pp_replica():
     assert with_cp == pytest.approx(12 * m.params() / (2 * 2 * 2) / 1e9)
 
 
-def test_ppo_70b_on_one_a100_node_is_infeasible_on_host_memory(tmp_path, capsys):
+def test_ppo_70b_on_one_a100_node_is_infeasible_below_its_offloaded_optimizers(tmp_path, capsys):
+    """Actor and critic need their optimizer offloaded (16 B/param over 8 A100 is 141 GB a
+    device), 2 x 847 GB on the node whatever the layout; 1,700 GB of RAM cannot hold that."""
     job = tmp_path / "ppo70b.yaml"
-    job.write_text(json.dumps(ppo70b()))
+    job.write_text(json.dumps(ppo70b(host_gb=1700)))
     assert main(["plan", str(job)]) == 3
     err = capsys.readouterr().err
     assert "host memory" in err and "actor (Llama-3-70B)" in err and "critic" in err
-    assert "of 2,048 GB" in err  # the A100 node's host RAM from the catalog
+    assert "(optimizer 1,693, pinned 16, object store 200) of 1,700 GB" in err
+
+
+def test_ppo_70b_on_one_a100_node_fits_the_catalogs_host_memory_apart():
+    """With the catalog's 2,048 GB (DGX A100) the node holds both offloaded optimizers, 1,909 GB
+    in all, when actor and critic take 4 devices each and do not switch (colocated, their
+    switching slot would park one's weights beside both optimizers: over the node's RAM)."""
+    res = resolve(job_from_dict(ppo70b()))
+    px = Pricer(res, Calibration())
+    plan = plan_job(px, time_limit_s=10)
+    assert plan.roles["actor"].offload and plan.roles["critic"].offload
+    assert plan.roles["actor"].slot != plan.roles["critic"].slot
+    (node,) = [n for n in hostmem.plan_nodes(plan, px) if n.pool == "a100"]
+    assert node.capacity_gb == 2048  # the A100 node's host RAM from the catalog
+    assert node.parts["optimizer"] == pytest.approx(1693, rel=0.01) and not node.parts["parked"]
+    assert node.total_gb == pytest.approx(1909, rel=0.01)
 
 
 def test_host_memory_from_the_pool_overrides_the_catalog():

@@ -25,9 +25,12 @@ compute), as today's frameworks assume one homogeneous GPU pool; roles that cann
               only when the job has one (`placer.solve.current`).
 
 Each returns an `Assignment` (or None when it cannot place the job), so the ILP's search space
-contains every baseline plan: the ILP can only be as good or better. Baselines place every role
-on one pool: a candidate split over pools (`placer.cost.split`, pool "a+b") is never chosen (`_fastest`
-skips them; the others match a real pool's name, which a split candidate's never is).
+contains every baseline plan: the ILP can only be as good or better. A placement whose switching
+slots park more than their nodes' host RAM holds (`ilp.host_fits`) is no placement: the searching
+baselines skip it, and a fixed rule (`colocated`, `split`) that leads to one cannot place the job.
+Baselines place every role on one pool: a candidate split over pools (`placer.cost.split`, pool
+"a+b") is never chosen (`_fastest` skips them; the others match a real pool's name, which a split
+candidate's never is).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from placer.base.roles import Role
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import Assignment, Problem, slot_names
+from placer.solve.ilp import Assignment, Problem, host_fits, slot_names
 from placer.solve.ilp_bound import score
 from placer.spec.hardware import DeviceKind
 
@@ -161,6 +164,8 @@ def _best_grouping(problem: Problem, groupings: Iterable[list[list[str]]]) -> As
             if any(max(choice[r].devices for r in g) != n for g, n in zip(groups, alloc)):
                 continue  # the same choices under a smaller allocation: scored there
             a = _finish(problem, choice, groups, rest)
+            if not host_fits(problem, a):
+                continue  # its switching slots park more than a node's host RAM holds
             val = score(problem, a)[key]
             scored += 1
             if val < best_val:
@@ -197,7 +202,8 @@ def standalone(problem: Problem) -> Assignment | None:
 
 def baseline_assignments(problem: Problem) -> dict[str, Assignment | None]:
     """Every baseline by name (BASELINES order); None where it cannot place the job."""
-    made = {name: fn(problem) for name, fn in REGISTRY.items()}
+    made = {name: a if a is None or host_fits(problem, a) else None
+            for name, fn in REGISTRY.items() for a in [fn(problem)]}
     out = {name: made[name] for name in BASELINES}
     if problem.res.job.current is not None:  # the run the job was imported from (placer import)
         from placer.solve.current import current_assignment

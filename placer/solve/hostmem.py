@@ -3,15 +3,19 @@
 A GPU node's host RAM (`Pool.host_memory_gb`, else the device type's `host_memory_gb`; GB = 1e9
 bytes) holds, per node: the optimizer state of every training role that offloads it (12 B/param
 as `sharding.train_state_bytes` shards it); the state a slot parks while its colocated roles take
-turns (`timing.slot_switch`: the worst moment parks every member but the smallest); pinned
-transfer buffers of every device that moves state to or from the host (`PINNED_GB_PER_DEVICE`);
-and Ray's object store on every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults).
+turns (`timing.slot_switch`: the worst moment parks every member but the smallest; each member
+parks its own ranks' shards of what the framework moves off the device, `parked_gb`; a slot
+whose members fit on its devices together parks nothing); pinned transfer buffers of every
+device that moves state to or from the host (`PINNED_GB_PER_DEVICE`); and Ray's object store on
+every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults).
 
 The planner refuses a candidate whose own need on one node exceeds the node's RAM
-(`refuse_candidates`), then checks the assembled plan node by node (`over_nodes`), where
-colocated roles add up; a role whose offloaded candidates overflow a node is re-planned without
-offload (`planner.plan_job`). Only GPU nodes are checked: a CPU node's RAM is its `memory_gb`,
-LPUs hold weights in SRAM, and a device type without `host_memory_gb` is not checked.
+(`refuse_candidates`); the solver keeps each switching slot's parked and offloaded state within
+`park_budget_gb` per device (`placer.solve.ilp`); the assembled plan is checked node by node
+(`over_nodes`), where colocated roles add up, and a role whose offloaded candidates overflow a
+node is re-planned without offload (`planner.plan_job`). Only GPU nodes are checked: a CPU
+node's RAM is its `memory_gb`, LPUs hold weights in SRAM, and a device type without
+`host_memory_gb` is not checked.
 
 Checkpoints hold the trained roles' state (actor, and critic under PPO): 14 B/param (bf16
 weights 2, fp32 master weights and Adam m, v 12; gradients are recomputed, not saved). Writing
@@ -28,7 +32,7 @@ from placer.base.roles import TRAINING_ROLES
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.layercomm import optimizer_gather_time
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import GB, weight_tensors
+from placer.cost.roofline import GB, Memory, weight_tensors
 from placer.cost.sharding import Parallel, train_state_bytes
 from placer.solve.assemble import placed_estimate
 from placer.solve.planfile import calibration_of
@@ -89,9 +93,36 @@ def offloaded_gb_per_device(m: ModelArch, par: Parallel) -> float:
     return train_state_bytes(m, par)[2] / GB if par.offload else 0.0
 
 
-def _offloaded(res: Resolved, role: str, par: Parallel) -> float:
+def offloaded_gb(res: Resolved, role: str, par: Parallel) -> float:
+    """GB per device `role` keeps on the host on layout `par` (its offloaded optimizer state)."""
     m = res.model_of(role)
     return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
+
+
+def parked_gb(mem: Memory) -> float:
+    """GB per device a member of a switching slot keeps on the host while another runs: its
+    weights and on-device optimizer state as its layout shards them (TP/PP splits, ZeRO/FSDP
+    over its shard group), so a node parks only its own ranks' shards. A trainer parks weights
+    and optimizer moments (volcengine/verl verl/utils/fsdp_utils.py `offload_fsdp_model_to_cpu`
+    moves the parameters, `offload_fsdp_optimizer` the optimizer state, at a4cf020); its
+    gradients are freed after the update (verl/workers/actor/dp_actor.py `update_policy` ends
+    with `zero_grad()`, at 0081137), not kept. A frozen model
+    parks its weights; a GPU rollout engine its weights (vLLM sleep level 1, as
+    `costmodel.engine_swap_time` prices it). KV caches and activations are discarded. An
+    offloaded optimizer is on the host already (`offloaded_gb`), not parked again."""
+    return mem.weights + mem.optimizer
+
+
+def park_budget_gb(res: Resolved, pool_name: str) -> float | None:
+    """GB per device of a node's host RAM a switching slot on `pool_name` may fill with parked
+    and offloaded state: the RAM less Ray's object store, shared by the node's devices, less
+    each device's pinned buffers (None: the pool is not checked). The solver keeps to it
+    (`placer.solve.ilp`); the plan is then checked node by node (`over_nodes`)."""
+    pool = res.cluster.pool(pool_name)
+    cap = host_capacity_gb(res, pool)
+    if cap is None:
+        return None
+    return (cap - object_store_gb(cap)) / pool.devices_per_node - PINNED_GB_PER_DEVICE
 
 
 # ------------------------------------------------------------------------------ candidates
@@ -113,7 +144,7 @@ def _alone_on_node(res: Resolved, role: str, pool_name: str, devices: int, par: 
         return None
     n = min(devices, pool.devices_per_node)
     node = NodeHost(pool_name, 0, cap, roles={role})
-    per = _offloaded(res, role, par)
+    per = offloaded_gb(res, role, par)
     node.parts["optimizer"] = per * n
     node.parts["pinned"] = PINNED_GB_PER_DEVICE * n if per else 0.0
     node.parts["object_store"] = object_store_gb(cap)
@@ -184,7 +215,7 @@ def plan_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
         for role in slot.roles:
             devices, par = _on_pool(plan.roles[role], b.pool)
             n = len(b.devices) * devices / slot_devices
-            per = _offloaded(res, role, par)
+            per = offloaded_gb(res, role, par)
             node.parts["optimizer"] += per * n
             node.roles.add(role)
             moves = moves or per > 0
@@ -210,9 +241,8 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
         states = []
         for role in slot.roles:
             r = plan.roles[role]
-            mem = placed_estimate(px, role, r).memory
             share = r.devices / slot.devices  # per slot device, spread evenly
-            states.append((mem.weights + mem.grads + mem.optimizer) * share)
+            states.append(parked_gb(placed_estimate(px, role, r).memory) * share)
         out[name] = sum(states) - min(states, default=0.0)
     return out
 

@@ -18,6 +18,9 @@ Constraints (products of binaries by enforcement literals, no big-M):
   capacity    D_jp >= every member's n_kp;  sum_j D_jp <= cap_p
   stage work  S_js = sum of the members' t_ks;  memory: not over_j => the members' m_k fit
   switch      over_j => every member pays sw_k (SW_j)
+  host        over_j => for every member r, the other members' parked state plus every member's
+              offloaded optimizer fits the host RAM of the slot's M_j devices (M_j: its largest
+              member's; `hostmem.park_budget_gb` each): sum - min is the largest sum - h_r
   sync        Y >= W_ak^same or W_ak^diff, by whether the rollout shares the actor's slot 0
   tools       the rollout's slot's rollout stage gets V (negative where over-provisioning's kept
               samples finish sooner on the queue)
@@ -42,6 +45,7 @@ from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, onload_time
+from placer.solve import hostmem
 from placer.solve.candidates import Candidate
 from placer.solve.pricing import device_price
 from placer.spec.catalog import Resolved
@@ -147,6 +151,44 @@ class Unsolved(Exception):
 # ------------------------------------------------------------------------------------ scoring
 def slot_names(groups: list[list[str]]) -> dict[str, str]:
     return {r: "+".join(g) for g in groups for r in g}
+
+
+# -------------------------------------------------------------------------------- host memory
+def _host_mb(res: Resolved, c: Candidate) -> tuple[int, int]:
+    """(parked, offloaded) host MB of candidate `c` over all its devices in a switching slot."""
+    if c.split or res.device_of(c.pool).host_backed:
+        return 0, 0
+    return (int(round(hostmem.parked_gb(c.est.memory) * c.devices * 1e3)),
+            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * c.devices * 1e3)))
+
+
+def _budget_mb(res: Resolved, pool: str) -> int | None:
+    b = hostmem.park_budget_gb(res, pool)
+    return None if b is None else max(int(b * 1e3), 0)
+
+
+def host_fits(problem: Problem, a: Assignment) -> bool:
+    """Whether a placement keeps to the model's host-memory rule (`_Model._host`): every slot
+    whose members do not fit on its devices together parks all but its smallest member, plus
+    its members' offloaded optimizer state, within `hostmem.park_budget_gb` per slot device
+    (each member spread over the slot's devices, its largest member's count, as
+    `hostmem.plan_nodes` counts it). A heuristic plan bounds the optimum only when it does."""
+    res = problem.res
+    slots: dict[str, list[Candidate]] = {}
+    for r, c in a.choice.items():
+        slots.setdefault(a.slot_of[r], []).append(c)
+    for members in slots.values():
+        pool = members[0].pool
+        budget = _budget_mb(res, pool)
+        if len(members) < 2 or budget is None or res.device_of(pool).host_backed:
+            continue
+        if sum(c.est.memory.total for c in members) <= res.device_of(pool).memory_gb:
+            continue  # they fit together: nothing is parked
+        mb = [_host_mb(res, c) for c in members]
+        need = sum(k[0] for k in mb) - min(k[0] for k in mb) + sum(k[1] for k in mb)
+        if need > budget * max(c.devices for c in members):
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------------------- model
@@ -274,6 +316,48 @@ class _Model:
             m.add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
                   ).OnlyEnforceIf(over.Not())
             self.SW[j] = sum(sw)
+            self._host(j, over)
+
+    def _host(self, j: str, over: cp_model.IntVar) -> None:
+        """over_j => for every member r, the other members' parked state plus every member's
+        offloaded optimizer (MB over each member's devices) fits `hostmem.park_budget_gb` per
+        device of the slot: sum - min is the largest sum - h_r, so one bound per member keeps it
+        linear. The slot's devices M_j are its largest member's (`assemble`): M_j >= every
+        member's n and M_j <= the n of one member the solver names."""
+        m, res = self.m, self.p.res
+        budget = {pl: b for pl in self.pools if (b := _budget_mb(res, pl)) is not None}
+        if not budget:
+            return
+        members = self.members(j)
+        top = max(c.devices for r in members for c in self.p.cands[r])
+        size = m.new_int_var(0, top, f"M[{j}]")
+        largest = {r: m.new_bool_var(f"largest[{r},{j}]") for r in members}
+        park: dict[str, cp_model.IntVar] = {}
+        held: list[cp_model.IntVar] = []
+        for r in members:
+            n = self.expr(r, lambda c: c.devices)
+            m.add(size >= n).OnlyEnforceIf(self.z[r, j])
+            m.add(size <= n).OnlyEnforceIf(largest[r])
+            m.add_implication(largest[r], self.z[r, j])
+            parked, offloaded = zip(*(_host_mb(res, c) for c in self.p.cands[r]))
+            park[r] = self._at_least(r, j, "park", list(parked))
+            held.append(self._at_least(r, j, "off", list(offloaded)))
+        m.add(sum(largest.values()) == self.z[j, j])  # one names the size of a slot in use
+        for pl, b in budget.items():
+            if not any(c.pool == pl for c in self.p.cands[j]):
+                continue  # the slot is never on this pool
+            here = m.new_bool_var(f"on[{j},{pl}]")
+            m.add(self.on_pool(j, pl) == 1).OnlyEnforceIf(here)
+            m.add(self.on_pool(j, pl) == 0).OnlyEnforceIf(here.Not())
+            for r in park:
+                others = sum(v for q, v in park.items() if q != r)
+                m.add(others + sum(held) <= b * size).OnlyEnforceIf([self.z[r, j], over, here])
+
+    def _at_least(self, r: str, j: str, name: str, values: list[int]) -> cp_model.IntVar:
+        """A variable >= values[k] for role r's chosen candidate k while r sits in slot j."""
+        v = self.m.new_int_var(0, max(values), f"{name}[{r},{j}]")
+        self.m.add(v >= sum(a * x for a, x in zip(values, self.x[r]))).OnlyEnforceIf(self.z[r, j])
+        return v
 
     def _sync(self) -> None:
         """Y >= weight-sync time of the chosen (actor, rollout) pair, same slot or not."""

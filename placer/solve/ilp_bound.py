@@ -1,7 +1,8 @@
 """Bounds for the placement ILP: pricing a placement, a feasible heuristic plan, and pruning.
 
 `score` prices a placement exactly as `assemble` does (`timing.iteration_time`); `heuristic` gives
-a plan that always fits, whose time (or cost per sample) bounds the optimum from above. Two
+a plan that always fits the pools, whose time (or cost per sample) bounds the optimum from above
+when it also keeps to the model's host-memory rule (`ilp.host_fits`; else nothing is pruned). Two
 consumers use that bound:
   * `prune_by_bound` drops candidates that cannot be in a plan better than it before the CP-SAT
     model is built (`placer.solve.ilp_solve`);
@@ -14,13 +15,14 @@ be negative: `_tool_may_lower`).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from placer.base.roles import Role
 from placer.cost.estimate import generated_samples
 from placer.cost.split import SplitKeep
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import Assignment, Problem, slot_names
+from placer.solve.ilp import Assignment, Problem, host_fits, slot_names
 from placer.solve.pricing import device_price, slots_price
 
 
@@ -176,8 +178,9 @@ def split_keep(problem: Problem, slack_s: float = 0.0) -> Callable[[str], SplitK
     samples, eps = problem.res.job.batch.samples, 1e-9
 
     def ub() -> tuple[float, float]:
-        if not bound:
-            bound.append(score(problem, heuristic(problem)))
+        if not bound:  # a plan over host memory bounds nothing
+            h = heuristic(problem)
+            bound.append(score(problem, h) if host_fits(problem, h) else (math.inf, math.inf))
         return bound[0]
 
     def cheap_enough(devices: dict[str, int], t_low: float) -> bool:

@@ -40,6 +40,7 @@ from placer.solve.ilp import (
     Unsolved,
     _Model,
     candidate_key,
+    host_fits,
     slot_names,
 )
 from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
@@ -133,7 +134,7 @@ def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap:
     tp = replace(problem, objective="time")
     h = heuristic(tp)
     ub = score(tp, h)[0]
-    if prune:  # the heuristic is feasible (no rate cap), so it bounds the optimum
+    if prune and host_fits(tp, h):  # feasible (no rate cap), so it bounds the optimum
         slack = len(tp.roles) * hint.move_cost_s if hint else 0.0
         tp = prune_by_bound(tp, ub + slack, math.inf)
     model = _Model(tp, unit_s=max(ub, 1e-9) / TIME_STEPS)
@@ -246,7 +247,8 @@ def _rate_floor(problem: Problem) -> int:
 def _solve_cost(problem: Problem, deadline: float, hint: Hint | None, workers: int, seed: int,
                 t0: float) -> Solution:
     per_unit = 1 / PRICE_SCALE / 3600 / problem.res.job.batch.samples  # (mUSD/h * s) -> USD/sample
-    ub = score(problem, heuristic(problem))[1]
+    h = heuristic(problem)
+    ub = score(problem, h)[1] if host_fits(problem, h) else math.inf  # else no bound
     problem = prune_by_bound(problem, math.inf, ub)
     r_min = _rate_floor(problem)
     best: tuple[float, _Step] | None = None

@@ -18,8 +18,10 @@ mapped by `assemble`.
 A job that cannot be placed raises `placer.base.errors.Infeasible` with a diagnosis naming what does not
 fit and the smallest change that would (see `placer.solve.diagnose`).
 Host memory (`placer.solve.hostmem`): candidates over a node's host RAM on their own are refused before
-the solve; a solved plan whose colocated roles overflow a node is re-solved without the optimizer
-offload of the roles there (Infeasible naming host memory when nothing is left).
+the solve; the solver keeps what a switching slot parks within its nodes' RAM (Infeasible naming
+host memory when no placement does); a solved plan whose colocated roles still overflow a node
+is re-solved without the optimizer offload of the roles there (Infeasible naming host memory
+when nothing is left).
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from placer.solve import hostmem
 from placer.solve.assemble import assemble
 from placer.solve.candidates import flat, single_candidates, with_splits
 from placer.solve.diagnose import diagnose
-from placer.solve.ilp import Assignment, Hint, Problem, Solution, Unsolved, layout_key
-from placer.solve.ilp_bound import score, split_keep
+from placer.solve.ilp import Assignment, Hint, Problem, Solution, Unsolved, host_fits, layout_key
+from placer.solve.ilp_bound import heuristic, score, split_keep
 from placer.solve.ilp_solve import frontier, solve
 from placer.solve.planfile import Plan, SolverInfo
 from placer.spec.catalog import resolve
@@ -93,7 +95,7 @@ def plan_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
         try:
             sol = solve(problem, time_limit_s, hint=h, workers=workers, seed=seed)
         except Unsolved as e:
-            raise Infeasible(f"the solver found no placement: {e}") from None
+            raise Infeasible(_unsolved(problem, e)) from None
         plan = to_plan(problem, sol)
         narrower = _host_checked(problem, plan)
         if narrower is None:
@@ -105,6 +107,20 @@ def plan_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
             assert narrower is not None  # the same plan over the same nodes
         problem = narrower
     raise Infeasible("host memory: no placement found that fits every node's host memory")
+
+
+def _unsolved(problem: Problem, e: Unsolved) -> str:
+    """Why the solver found no placement. The heuristic plan keeps to every constraint but the
+    host-memory one (`ilp_bound.heuristic`), so when it breaks that one, host memory is why."""
+    h = heuristic(problem)
+    if str(e) != "infeasible" or host_fits(problem, h):
+        return f"the solver found no placement: {e}"
+    nodes = hostmem.plan_nodes(plan_assignment(problem, h, "heuristic"), problem.px)
+    worst = max(nodes, key=lambda n: n.total_gb)
+    return (f"host memory: no placement keeps the state its colocated roles park within a node's "
+            f"host RAM; with every role of a pool in one slot, {worst.describe()}. Smallest "
+            "change: nodes with more host memory (the pool's host_memory_gb), more nodes, or "
+            "a pool to put some roles apart")
 
 
 def _host_checked(problem: Problem, plan: Plan) -> Problem | None:
