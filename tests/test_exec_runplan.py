@@ -29,7 +29,13 @@ def _cases() -> list[tuple[str, Plan]]:
             + [(f"planned-{n}", example_plan(n)) for n in PLANNED])
 
 
-CASES = dict(_cases())
+def _dp_attention(plan: Plan) -> bool:
+    return any(r.attn_dp > 1 or any(p.attn_dp > 1 for p in r.parts) for r in plan.roles.values())
+
+
+# The plans the executor runs; one with data-parallel attention engines is refused (below)
+ALL_CASES = dict(_cases())
+CASES = {name: plan for name, plan in ALL_CASES.items() if not _dp_attention(plan)}
 
 
 def test_the_cases_hold_a_split_rollout_hsdp_a_critic_and_environments() -> None:
@@ -168,6 +174,10 @@ def test_a_rank_holds_a_trainer_device_or_an_engine_replica(name: str) -> None:
 def test_execute_refuses_data_parallel_attention_it_does_not_launch() -> None:
     """An engine planned with data-parallel attention would start as plain TP here (another
     price than the plan's): exit 2 naming the field, before anything starts."""
+    refused = [name for name, plan in ALL_CASES.items() if _dp_attention(plan)]
+    assert refused == ["grpo-qwen3-30b-a3b"]  # its 4-node H20 pool's engines
+    with pytest.raises(SpecError, match=r"^plan\.roles\.rollout\.attn_dp: "):
+        resolve_plan(ALL_CASES["grpo-qwen3-30b-a3b"])
     plan = CASES[sorted(CASES)[0]]
     rollout = plan.roles["rollout"]
     dp_attn = plan.model_copy(update={"roles": {

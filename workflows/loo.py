@@ -352,7 +352,7 @@ def row_tags(rows: Rows, row: AnyRow) -> Tags:
     slot = {r: g for g in row.groups for r in g}
     return Tags(res.device_of(row.layout[Role.ACTOR].pool).name,
                 model_class(res.model_of(Role.ACTOR)),
-                mode_of(res.job.pipeline.mode == "async", "+".join(slot[Role.ACTOR]),
+                mode_of(res.job.pipeline.mechanism.overlaps_steps, "+".join(slot[Role.ACTOR]),
                         "+".join(slot[Role.ROLLOUT])))
 
 

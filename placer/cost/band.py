@@ -41,10 +41,10 @@ def model_class(arch: ModelArch | None) -> str:
     return "moe" if arch.experts else "dense"
 
 
-def mode_of(async_mode: bool, actor_slot: str | None, rollout_slot: str | None) -> str:
-    """'async' (an asynchronous pipeline), 'colocate' (actor and rollout share a slot) or
-    'split' (they run on separate devices, in sync)."""
-    if async_mode:
+def mode_of(overlaps_steps: bool, actor_slot: str | None, rollout_slot: str | None) -> str:
+    """'async' (a pipeline whose steps overlap, `PipelineMode.overlaps_steps`), 'colocate'
+    (actor and rollout share a slot) or 'split' (they run on separate devices, in sync)."""
+    if overlaps_steps:
         return "async"
     return "colocate" if actor_slot is not None and actor_slot == rollout_slot else "split"
 

@@ -90,7 +90,7 @@ def plan_tags(res: Resolved, roles: dict[str, RolePlacement]) -> Tags:
     actor, rollout = roles.get(Role.ACTOR), roles.get(Role.ROLLOUT)
     device = res.device_of(actor.pool).name if actor is not None else ""
     return Tags(device, model_class(res.model_of(Role.ACTOR)),
-                mode_of(res.job.pipeline.mode == "async", actor.slot if actor else None,
+                mode_of(res.job.pipeline.mechanism.overlaps_steps, actor.slot if actor else None,
                         rollout.slot if rollout else None))
 
 
