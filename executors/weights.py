@@ -9,7 +9,7 @@ parts of a split rollout on different device types each get a stream of their ow
 engine's `weight sync` trace event carries the bytes it received, the calls per sender
 (`calls`), the senders, and its node (`dst` pool:node); its time runs from the refresh's start
 to the engine's last bucket loaded, as `placer.calibrate.fit_events` prices it
-(`costmodel.transfer_time`: the wire, `sync_latency_s`, and `sync_call_s` per further call).
+(`costmodel.transfer_time`: the wire, `sync_latency_s`, and per further call `costmodel.sync_call_cost`).
 The context's `known` records the version each rollout worker holds, so a worker that has v is
 skipped; one still busy with an abandoned straggler call is synced later (`known` None), and one
 that died while loading re-syncs before its next work.

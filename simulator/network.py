@@ -8,7 +8,7 @@ Links are the ones the placer prices (`placer.cost.timing.sync_links`):
 Every rollout replica needs the full weights; they get them from one pipelined broadcast that
 all of them join (an LPU placement is loaded once), so a refresh is one flow on its path.
 A refresh is `timing.sync_calls` sequential calls per sender stream (buckets, or tensors when
-unbucketed), each after the first paying `sync_call_s`, folded into the transfer's fixed cost.
+unbucketed), each after the first paying `costmodel.sync_call_cost`, folded into the transfer's fixed cost.
 Bandwidth is shared max-min fairly among the flows on a link (progressive filling: the most
 constrained link splits evenly among its flows, the others take what is left), recomputed
 whenever a transfer finishes. Each transfer also pays the setup latency, and LPU chips a reload,
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
+from placer.cost.model import sync_call_cost
 from placer.cost.refit import paired_route
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.timing import sync_calls, sync_links
@@ -122,7 +123,7 @@ def sync_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan | No
         links.update({k + suffix: v * eff.link_eff * cfg.bandwidth_factor
                       * cfg.link_factors.get(k, 1.0) for k, v in raw.items()})
         calls = max(sync_calls(m, a.pp, eff) - 1, 0)  # the first call is in sync_latency_s
-        receivers.append((pool, eff.sync_latency_s + calls * eff.sync_call_s
+        receivers.append((pool, eff.sync_latency_s + calls * sync_call_cost(m, eff)
                           + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)))
     gb = weight_bytes(m) / GB
     path = tuple(sorted(links))
@@ -153,7 +154,7 @@ def _paired_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan:
         links.update(own)
         flows.append(Flow(f"paired{suffix}", route.gb, tuple(sorted(own))))
         receivers.append((pool, route.export_s + eff.sync_latency_s
-                          + max(route.calls - 1, 0) * eff.sync_call_s
+                          + max(route.calls - 1, 0) * route.call_s
                           + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)))
     alone = max(f.gb / min(links[k] for k in f.path) for f in flows)
     return SyncPlan(links, flows, max(f for _, f in receivers), alone, tuple(receivers))

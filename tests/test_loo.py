@@ -65,7 +65,7 @@ def test_fit_recovers_the_factors_rows_were_generated_from(rows: Rows) -> None:
     # an independent check of the fitter: rows made from known factors (none at the shipped
     # value) give those factors back
     truth = Efficiency().override({"mfu_train": 0.70, "mfu_score": 0.45, "dispatch_gbs": 0.25,
-                                   "sync_call_s": 4e-4, "sync_sender_gbs": 15.0,
+                                   "sync_load_entry_s": 1.5e-6, "sync_sender_gbs": 15.0,
                                    "sync_local_gbs": 20.0, "step_overhead_s": 2.5e-3})
     fitted = Fitter(_synthetic(rows, truth)).fit()
     for f in ROW_FACTORS:
@@ -100,21 +100,23 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     assert len(rep.kind("step")) == 12
     assert step["loo_median_abs_error"] < 0.14, step
     assert step["loo_max_abs_error"] < 0.58, step
-    # 11 rows, 12.3% median; max 75% (verl 7B: 0.12 s, no other row like it); the NeMo-RL
+    # 11 rows, 11.4% median; verl's three per-tensor NCCL rows -5% / +10% / -8% (each tensor
+    # one engine loader walk: `sync_load_entry_s`); max 39% (NeMo-RL's Qwen3-4B, 0.275 s: the
+    # non-colocated shard-to-shard reshard, priced as a colocated refresh); the NeMo-RL
     # DeepSeek-V3 rows are held out of `sync_export_gbs`'s fit too
     sync = rep.summary("sync")
     assert len(rep.kind("sync")) == 11
-    assert sync["loo_median_abs_error"] < 0.13 and sync["loo_max_abs_error"] < 0.78, sync
+    assert sync["loo_median_abs_error"] < 0.12 and sync["loo_max_abs_error"] < 0.40, sync
     decode = rep.summary("decode")  # 5.6% median, max 13.5% (Mixtral)
     assert decode["loo_median_abs_error"] < 0.07 and decode["loo_max_abs_error"] < 0.15, decode
     # the multi-node serving anchors: no factor is fitted on them (out-of-sample); -1% decode,
     # +19% prefill (two-batch overlap is not priced)
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
-    # every row of every kind (the JSON headline): 30 rows, 11.5% median, max 75%
+    # every row of every kind (the JSON headline): 30 rows, 9.8% median, max 56% (row r10)
     every = rep.summary()
     assert len(rep.rows) == 30
-    assert every["loo_median_abs_error"] < 0.125 and every["loo_max_abs_error"] < 0.78, every
+    assert every["loo_median_abs_error"] < 0.10 and every["loo_max_abs_error"] < 0.58, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

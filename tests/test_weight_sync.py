@@ -12,7 +12,7 @@ from placer.base.roles import Role
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import Memory, weight_bytes, weight_tensors
+from placer.cost.roofline import Memory, engine_load_entries, weight_bytes, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_calls, sync_links, sync_senders
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
@@ -80,15 +80,26 @@ def test_unbucketed_sync_is_one_sender_paying_every_tensor() -> None:
     actor = _placed("a", Role.ACTOR, Parallel(tp=4, pp=4, dp=2))  # 32 GPUs, 4 nodes
     rollout = _placed("r", Role.ROLLOUT, Parallel(tp=4, dp=8))
     t = Pricer(res, Calibration(FLAT)).sync_time(actor, rollout)
-    sender = min(h20.nic_gbs, FLAT.sync_sender_gbs)  # one sender whatever the pipeline stages
-    expect = (weight_bytes(m) / (sender * 1e9 * FLAT.link_eff) + FLAT.sync_latency_s
-              + (18867 - 1) * FLAT.sync_call_s)
+    # one sender whatever the pipeline stages, straight from its GPU at the NIC; each of the
+    # 18,867 tensors after the first pays the engine's loader walk: 48 x 9 + 3 parameters and
+    # the 3 x 128 expert mapping (vLLM's Qwen3-MoE load_weights, rebuilt every call)
+    assert engine_load_entries(m) == 48 * 9 + 3 + 3 * 128
+    per_tensor = engine_load_entries(m) * FLAT.sync_load_entry_s
+    expect = (weight_bytes(m) / (h20.nic_gbs * 1e9 * FLAT.link_eff) + FLAT.sync_latency_s
+              + (18867 - 1) * per_tensor)
     assert t == pytest.approx(expect)
-    assert (18867 - 1) * FLAT.sync_call_s == pytest.approx(4.72, abs=0.01)  # of 15.76 s (verl)
-    # bucketed, the 4 stages stream in parallel and pay 16 calls each
+    assert (18867 - 1) * per_tensor == pytest.approx(15.45, abs=0.01)  # of 15.76 s (verl)
+    # bucketed, the 4 stages stream in parallel at the bucketed sender's rate, 16 calls each
+    sender = min(h20.nic_gbs, EFF.sync_sender_gbs)
     staged = Pricer(res, Calibration(EFF)).sync_time(actor, rollout)
     assert staged == pytest.approx(weight_bytes(m) / (4 * sender * 1e9 * EFF.link_eff)
                                    + EFF.sync_latency_s + 15 * EFF.sync_call_s)
+
+
+def test_a_dense_models_loader_walk_is_its_fused_parameters() -> None:
+    # Qwen2.5-7B in vLLM: per layer qkv weight and bias, o, gate_up, down and 2 norms; plus
+    # embedding, final norm and LM head; no expert mapping
+    assert engine_load_entries(MODELS["Qwen2.5-7B"]) == 28 * 7 + 3
 
 
 def test_one_node_unbucketed_sends_over_one_nvlink() -> None:
@@ -111,5 +122,6 @@ def test_simulator_sync_transfer_is_the_planners(eff: Efficiency) -> None:
                                                                     dp=r.devices // r.tp),
                                       Memory(), {}))
     assert sp.fixed_s + sp.alone_s == pytest.approx(Pricer(res, calib).sync_time(actor, rollout))
-    if eff is FLAT:  # Qwen2.5-7B: 339 tensors, each after the first at sync_call_s
-        assert sp.fixed_s == pytest.approx(eff.sync_latency_s + 338 * eff.sync_call_s)
+    if eff is FLAT:  # Qwen2.5-7B: 339 tensors, each after the first one loader walk (199)
+        assert sp.fixed_s == pytest.approx(eff.sync_latency_s
+                                           + 338 * 199 * eff.sync_load_entry_s)

@@ -87,11 +87,11 @@ ROW_FACTORS: tuple[RowFactor, ...] = (
               "the log-prob and reference forward passes"),
     RowFactor("dispatch_gbs", "trainer", ("step",), ("old_log_prob", "ref", "update"), 0.05, 5.0,
               "the fixed part of every pass the driver dispatches"),
-    RowFactor("sync_call_s", "sync", ("sync",), (), 1e-5, 1e-2,
-              "verl's unbucketed NCCL rows (one call per tensor)"),
+    RowFactor("sync_load_entry_s", "sync", ("sync",), (), 1e-8, 1e-4,
+              "verl's unbucketed NCCL rows (the engine's loader walk once per tensor)"),
     RowFactor("sync_sender_gbs", "sync", ("sync",), (), 1.0, 100.0,
-              "the sync rows without a sender rate of their own (verl's NCCL and "
-              "checkpoint-engine rows; Miles' rows carry theirs)"),
+              "the bucketed sync rows without a sender rate of their own (verl's "
+              "checkpoint-engine row, NeMo-RL's NCCL pairs; Miles' rows carry theirs)"),
     RowFactor("sync_local_gbs", "sync", ("sync", "step"), ("sync",), 3.0, 300.0,
               "colocated refreshes: NeMo-RL's DP8 -> TP8 row and row r10's sync stage"),
     RowFactor("sync_export_gbs", "sync", ("sync",), (), 20.0, 2000.0,

@@ -184,6 +184,11 @@ SYNC_ROWS: list[SyncRow] = [
             Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8), 58.57, bucket_gb=_UNBUCKETED),
     SyncRow("verl ckpt-engine 30B-A3B FSDP2->30 H100", "verl verl/checkpoint_engine/README.md",
             "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0),
+    # The doc's "Expected Performance" row (0.21-0.34 s, @7ea279ab) is its nccl_reshard refit,
+    # which it requires non-colocated ("the colocated path uses IPC and is unaffected"): the FFN
+    # (66.9% of the bytes) shard-to-shard, each engine rank receiving its TP slice, the rest a
+    # packed broadcast. No transport here moves a dense FFN by engine TP slice, so the row is
+    # priced as a colocated refresh, as named: it checks `sync_local_gbs` only loosely.
     SyncRow("NeMo-RL 4B DP8->TP8 H100 colocated", "NeMo-RL docs/design-docs/nccl-reshard-refit.md",
             "Qwen3-4B", "H100-SXM", 1, Use("g", dp=8), Use("g", tp=8), 0.275, colocated=True),
     SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", _MILES, "Qwen3-30B-A3B", "H100-SXM", 4,

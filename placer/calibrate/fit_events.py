@@ -44,7 +44,7 @@ from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import Estimate, mean_context
 from placer.cost.generation import decode_run_time, decode_step_time, prefill_time
 from placer.cost.layercomm import oversubscription, span_link, tp_link, weight_gather_time
-from placer.cost.model import score_time, train_time, transfer_time
+from placer.cost.model import score_time, sync_call_cost, train_time, transfer_time
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, Memory, weight_tensors
 from placer.cost.sharding import Parallel
@@ -62,7 +62,8 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
     "inference": (("mfu_prefill", INV), ("decode_bw_eff", INV), ("decode_flops_eff", INV),
                   ("step_overhead_s", ADD), ("lpu_step_s", ADD)),
     "train": (("mfu_train", INV), ("mfu_score", INV), ("train_overhead_s", ADD)),
-    "transfer": (("link_eff", INV), ("sync_latency_s", ADD), ("sync_call_s", ADD)),
+    "transfer": (("link_eff", INV), ("sync_latency_s", ADD), ("sync_call_s", ADD),
+                 ("sync_load_entry_s", ADD)),
     "collective": (("coll_base_s", ADD), ("gather_call_s", ADD), ("tp_call_s", ADD),
                    ("fsdp_call_s", ADD)),
     "checkpoint": (("checkpoint_overhead_s", ADD),),
@@ -225,7 +226,13 @@ def _price_transfer(ctx: EventContext, i: int, ev: TraceEvent
         calls = sync_calls(ctx.res.arch_of(Role.ROLLOUT), ctx.plan.roles[Role.ACTOR].pp,
                            ctx.calib.for_device(dev), nbytes)
     n = int(ctx.num(i, ev, "calls", calls if calls is not None else 1, positive=True))
-    return dev.name, dev, partial(transfer_time, nbytes, gbs, dev, calls=n)
+    if Role.ROLLOUT not in ctx.plan.roles:
+        return dev.name, dev, partial(transfer_time, nbytes, gbs, dev, calls=n)
+    m = ctx.res.arch_of(Role.ROLLOUT)
+
+    def push(e: Efficiency) -> float:  # a call: a bucket's, or one tensor's loader walk
+        return transfer_time(nbytes, gbs, dev, e, n, sync_call_cost(m, e))
+    return dev.name, dev, push
 
 
 def _price_collective(ctx: EventContext, i: int, ev: TraceEvent

@@ -28,7 +28,7 @@ import numpy as np
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
 from placer.cost.generation import decode_run_time, prefill_time
-from placer.cost.model import score_time, train_time, transfer_time
+from placer.cost.model import score_time, sync_call_cost, train_time, transfer_time
 from placer.cost.roofline import weight_bytes
 from placer.cost.timing import sync_calls
 from placer.solve.planfile import Plan
@@ -229,7 +229,8 @@ def _transfers(plan: Plan, truth: Calibration, g: np.random.Generator, add: _Add
     gbs = min((s.gbs for s in plan.sync_routes), default=dev.nic_gbs)
     for _ in range(n):
         nbytes = float(w * g.uniform(0.05, 1.5))
-        secs = transfer_time(nbytes, gbs, dev, eff, sync_calls(m, a_pp, eff, nbytes))
+        secs = transfer_time(nbytes, gbs, dev, eff, sync_calls(m, a_pp, eff, nbytes),
+                             sync_call_cost(m, eff))
         add("transfer", Role.ROLLOUT, secs, _devices(plan, Role.ROLLOUT), bytes=nbytes, gbs=gbs)
 
 

@@ -95,7 +95,11 @@ class Efficiency:
     sync_latency_s: float = 0.01  # per weight-sync transfer (setup, NCCL/RPC)
     sync_sender_gbs: float = 10.3  # raw GB/s of one weight-refresh sender over the NIC
     sync_local_gbs: float = 31.0  # raw GB/s of one replica loading weights from a co-located actor
-    sync_call_s: float = 2.5e-4  # each call of a refresh after the first
+    sync_call_s: float = 2.5e-4  # each bucket call of a refresh after the first
+    # an unbucketed refresh's per-tensor call: s per entry of the engine's loader walk
+    # (`roofline.engine_load_entries`; vLLM's load_weights rebuilds its parameter dict and expert
+    # mapping every call), fitted on verl's unbucketed NCCL rows (fully_async.md): ~1 us
+    sync_load_entry_s: float = 1.0e-6
     sync_bucket_gb: float = 1.0  # bucket of a streamed refresh (0: one call per tensor, one sender)
     # a paired refit's trainer-side export: GB/s at which a sender assembles the full weights
     # from its PP / EP shards (NeMo-RL checkpoint-engine-refit.md, DeepSeek-V3: docs/cost-model.md)

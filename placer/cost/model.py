@@ -56,6 +56,7 @@ from placer.cost.roofline import (
     attention_flops_per_token,
     decode_read_bytes,
     device_ceiling,
+    engine_load_entries,
     gemm_eff,
     gemm_peak_tflops,
     infer_memory,
@@ -173,20 +174,34 @@ def tool_waves(calls: int, cpu_per_call: float, cores: int) -> int:
     return math.ceil(calls / per_wave)
 
 
+def sync_call_cost(m: ModelArch, eff: Efficiency) -> float:
+    """Seconds of each call of a refresh after the first: a bucket's call (`sync_call_s`), or,
+    unbucketed, one tensor's: the engine's `load_weights` walk over its parameters and expert
+    mapping for every tensor it is handed (`engine_load_entries` x `sync_load_entry_s`; verl's
+    `_sync_vllm_weights` broadcasts one tensor and calls `load_weights([(key, tensor)])` per
+    tensor, so a bucket pays the walk once and an unbucketed sync once per tensor)."""
+    if eff.sync_bucket_gb > 0:
+        return eff.sync_call_s
+    return engine_load_entries(m) * eff.sync_load_entry_s
+
+
 def weight_sync_time(m: ModelArch, path_gbs: float, dst: DeviceType, eff: Efficiency,
-                     calls: int = 1) -> float:
+                     calls: int = 1, call_s: float | None = None) -> float:
     """Push BF16 weights over a path of `path_gbs` GB/s in `calls` sequential calls per sender
-    (`placer.cost.timing.sync_calls`; the first is in `sync_latency_s`); LPUs also pay a reload."""
-    return transfer_time(weight_bytes(m), path_gbs, dst, eff, calls)
+    (`placer.cost.timing.sync_calls`; the first is in `sync_latency_s`) of `call_s` each
+    (`placer.cost.timing.sync_call_cost`); LPUs also pay a reload."""
+    return transfer_time(weight_bytes(m), path_gbs, dst, eff, calls, call_s)
 
 
 def transfer_time(nbytes: float, path_gbs: float, dst: DeviceType, eff: Efficiency,
-                  calls: int = 1) -> float:
+                  calls: int = 1, call_s: float | None = None) -> float:
     """One weight push of `nbytes` to a `dst` device: the wire at `path_gbs` x `link_eff`, the
-    first call's `sync_latency_s`, `sync_call_s` for each later call, an LPU's reload. The one
-    formula the planner, the calibration fit and the synthetic traces price transfers with."""
+    first call's `sync_latency_s`, `call_s` (default `sync_call_s`, a bucket's call) for each
+    later call, an LPU's reload. The one formula the planner, the calibration fit and the
+    synthetic traces price transfers with."""
+    per_call = eff.sync_call_s if call_s is None else call_s
     t = (nbytes / (path_gbs * GB * eff.link_eff) + eff.sync_latency_s
-         + max(calls - 1, 0) * eff.sync_call_s)
+         + max(calls - 1, 0) * per_call)
     if dst.kind is DeviceKind.lpu:
         t += eff.lpu_reload_s
     return t

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from placer.cost.efficiency import Efficiency
-from placer.cost.model import transfer_time
+from placer.cost.model import sync_call_cost, transfer_time
 from placer.cost.roofline import GB, weight_bytes, weight_tensors
 from placer.cost.sharding import BYTES, Parallel
 from placer.spec.arch import ModelArch
@@ -50,6 +50,7 @@ class PairedRoute:
     gb: float  # GB one trainer rank sends: its receivers' slices, in turn
     calls: int  # sequential calls of that stream (buckets; tensors when unbucketed)
     export_s: float  # the trainer's export of the full weights
+    call_s: float  # each call after the first (`costmodel.sync_call_cost`)
 
 
 def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_pool: str,
@@ -75,14 +76,15 @@ def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_poo
     full = weight_bytes(m)
     calls = (math.ceil(gb / eff.sync_bucket_gb) if eff.sync_bucket_gb > 0  # unbucketed: its tensors
              else math.ceil(weight_tensors(m) * min(gb * GB / full, 1.0)))
-    return PairedRoute(links, gb, max(calls, 1), full / (eff.sync_export_gbs * GB))
+    return PairedRoute(links, gb, max(calls, 1), full / (eff.sync_export_gbs * GB),
+                       sync_call_cost(m, eff))
 
 
 def paired_time(route: PairedRoute, dst: DeviceType, eff: Efficiency) -> float:
     """Seconds of a paired refit: the export, then the stream on its slowest link
     (`costmodel.transfer_time`: latency, calls, an LPU's reload)."""
     return route.export_s + transfer_time(route.gb * GB, min(route.links.values()), dst, eff,
-                                          route.calls)
+                                          route.calls, route.call_s)
 
 
 def _nodes(res: Resolved, pool: str, devices: int) -> int:

@@ -157,3 +157,26 @@ def weight_tensors(m: ModelArch) -> int:
     mixers = m.full_attention_layers * attn + m.linear_layers * 7
     return mixers + 2 * m.layers + (m.layers - moe) * 3 + moe * per_moe + (
         2 if m.tie_embeddings else 3)
+
+
+def engine_load_entries(m: ModelArch) -> int:
+    """Entries an engine's `load_weights` walks on every call, whatever it is handed: its
+    parameter dict (`dict(self.named_parameters())`: the engine's fused parameters) and, for an
+    MoE model, the expert mapping it rebuilds (`get_expert_mapping()`: 3 per routed expert) and
+    scans for an expert tensor (vLLM model_executor/models/qwen3_moe.py `load_weights`). An
+    unbucketed refresh pays this walk once per tensor (`timing.sync_call_cost`).
+
+    Engine parameters per layer: 2 RMSNorms; GQA attention fused into qkv (+ its bias with
+    `qkv_bias`) and o (+ q/k norms with `qk_norm`), MLA as in `weight_tensors`; a dense MLP as
+    gate_up and down; an MoE block as router, w13 and w2 (+ gate_up and down per shared expert).
+    Plus embedding, final norm and LM head unless tied. Qwen2.5-7B: 28 x 7 + 3 = 199;
+    Qwen3-30B-A3B: 48 x 9 + 3 + 384 = 819; Qwen3-235B-A22B: 94 x 9 + 3 + 384 = 1,233."""
+    if m.mla:
+        attn = (3 if m.q_lora_rank else 1) + 4
+    else:
+        attn = 2 + (1 if m.qkv_bias else 0) + (2 if m.qk_norm else 0)
+    moe = m.moe_layers
+    mixers = m.full_attention_layers * attn + m.linear_layers * 7
+    params = (mixers + 2 * m.layers + (m.layers - moe) * 2 + moe * (3 + 2 * m.shared_experts)
+              + (2 if m.tie_embeddings else 3))
+    return params + 3 * m.experts

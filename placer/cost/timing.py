@@ -25,7 +25,7 @@ from placer.base.roles import Role
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.estimate import Estimate, rollout_shape
-from placer.cost.model import engine_swap_time, switch_time, weight_sync_time
+from placer.cost.model import engine_swap_time, switch_time, sync_call_cost, weight_sync_time
 from placer.cost.refit import paired_route, paired_time
 from placer.cost.rollout_tail import Replicas
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
@@ -109,8 +109,11 @@ def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: st
     fan_in = r_replica if r_dev.kind is DeviceKind.lpu else 1  # ranks sharing the stream
     if a_pool == r_pool and a_devices + r_devices <= per_node:  # one node: NVLink both ways
         return {"send": senders * a_dev.intra_link_gbs, "recv": fan_in * r_dev.intra_link_gbs}
-    links = {"send": senders * min(a_dev.nic_gbs, eff.sync_sender_gbs),
-             "recv": fan_in * r_dev.nic_gbs}
+    # unbucketed: each tensor goes straight from the sender's GPU into one NCCL ring broadcast
+    # over every actor and rollout rank, at the NIC; `sync_sender_gbs` is a bucketed sender's
+    # rate (staging buckets through pinned host memory: verl's checkpoint engine)
+    cap = eff.sync_sender_gbs if eff.sync_bucket_gb > 0 else a_dev.nic_gbs
+    links = {"send": senders * min(a_dev.nic_gbs, cap), "recv": fan_in * r_dev.nic_gbs}
     cross = res.cluster.topology.cross_pool_gbs
     if a_pool != r_pool and cross is not None:
         nodes = min(_nodes_of(res, a_pool, a_devices), _nodes_of(res, r_pool, r_devices))
@@ -155,7 +158,7 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
         return paired_time(paired_route(res, m, a.pool, a.devices, r.pool, r.devices, r.par,
                                         actor.slot == rollout.slot, eff), dev, eff)
     return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
-                            sync_calls(m, actor.est.par.pp, eff))
+                            sync_calls(m, actor.est.par.pp, eff), sync_call_cost(m, eff))
 
 
 def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> float:
