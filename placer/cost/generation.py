@@ -26,11 +26,11 @@ from placer.cost.roofline import (
     GB,
     attention_flops_per_token,
     decode_read_bytes,
-    gemm_eff,
     gemm_peak_tflops,
     infer_memory,
     kv_bytes_per_token,
     kv_split,
+    matmul_time,
     pass_compute,
     weight_bytes,
 )
@@ -93,10 +93,31 @@ def prefill_line(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     base = forward_time(m, dev, rep, tokens, 0.0, eff)
     if dev.kind is DeviceKind.lpu:
         return base, 0.0
-    per_ctx_token = attention_flops_per_token(m, 1.0) - attention_flops_per_token(m, 0.0)
-    peak = rep.devices * gemm_peak_tflops(dev, rep) * 1e12
-    return base, per_ctx_token * tokens / (peak * gemm_eff(
-        eff.mfu_prefill, tokens / (rep.cp * rep.attn_dp), dev, eff, eff.prefill_half_ridge))
+    return base, prefill_attention_time(m, dev, rep, tokens, 1.0, eff)
+
+
+def prefill_attention_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
+                           seq: float, eff: Efficiency) -> float:
+    """Seconds of the attention-score FLOPs of `tokens` new tokens of a causal sequence of
+    `seq` tokens on the layout's devices (`attention_flops_per_token` less its part that does
+    not depend on `seq`), at the GEMM efficiency of the pass's tokens, as `pass_compute`
+    prices them in a forward: `prefill_line`'s per-context term (at seq = 1), and the
+    attention kernel of workflows/operators.py."""
+    flops = (attention_flops_per_token(m, seq) - attention_flops_per_token(m, 0.0)) * tokens
+    return matmul_time(flops, tokens / (par.cp * par.attn_dp), dev, par, eff.mfu_prefill, eff,
+                       eff.prefill_half_ridge)
+
+
+def kv_read_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int, kv_tokens: float,
+                 eff: Efficiency) -> float:
+    """Seconds a decode step of `batch` sequences reads `kv_tokens` KV tokens in (each device
+    its TP share, `ModelArch.kv_tp_shards`, of its data-parallel attention group's), at the
+    step's HBM bandwidth efficiency (`decode_bw_eff` of the group's batch): `_decode_terms`'
+    k (at kv_tokens = 1), and the decode attention kernel of workflows/operators.py."""
+    groups = par.attn_dp
+    rate = dev.mem_bw_gbs * GB * decode_bw_eff(math.ceil(batch / groups), par.attn_tp, eff)
+    return (kv_tokens * kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.attn_tp)
+            / groups / rate)
 
 
 def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
@@ -130,7 +151,7 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                          * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
     # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
     a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
-    k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.attn_tp) / groups / rate
+    k = kv_read_time(m, dev, par, batch, 1.0, eff)
     c = decode_flops_time((2 * m.matmul_params() + m.linear_flops_per_token()) * batch, n,
                           dev, par, eff)
     d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff, par.tp)
