@@ -8,6 +8,10 @@ H100 nodes. Writes a compact, committed subset to workflows/data/operators/:
                   (data/profiling/network/<dev>_dgx/all_reduce.csv)
   send_recv.csv   per (device, devices per node, bytes): one send/recv between two ranks
                   (data/profiling/network/<dev>_dgx/send_recv.csv)
+  attention.csv   per (prefill chunk or decode batch, KV context): the median ms of one layer's
+                  FlashAttention kernel on an A100 (data/profiling/a100/attention.csv as first
+                  published, at ATTENTION_COMMIT: the later per-model attention.csv files are
+                  absent from the mirror; this one is present there and in the public history)
 
 Each file starts with '#' lines naming the source repository, its commit, the paths and units.
 Points are picked to cover the range, not every row: tokens 1, 2, 4, ... 4096; every TP degree;
@@ -44,6 +48,12 @@ LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
              "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 TOKENS = tuple(2 ** k for k in range(13))  # 1 .. 4096
 SIZE_TARGETS = tuple(2 ** k for k in range(12, 28))  # 4 KiB .. 128 MiB
+ATTENTION_COMMIT = "e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a"  # "Copy files fromm internal fork"
+ATTENTION_PATH = "data/profiling/a100/attention.csv"
+CHUNKS = (128, 256, 512, 1024, 2048, 4096)  # prefill chunk tokens
+CHUNK_CONTEXTS = (0, 512, 1024, 2048, 3072)  # KV tokens before the chunk
+DECODE_BATCHES = tuple(2 ** k for k in range(8))  # 1 .. 128 sequences
+DECODE_CONTEXTS = (128, 512, 1024, 2048, 4032)  # KV tokens per sequence (4032: Vidur's largest)
 SHAPE = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size")
 OUT = Path(__file__).resolve().parent.parent / "workflows" / "data" / "operators"
 
@@ -65,9 +75,9 @@ class Source:
         return sorted(subprocess.run(cmd, capture_output=True, text=True, check=True)
                       .stdout.split())
 
-    def rows(self, rel: str) -> list[dict[str, str]]:
-        if self.bare:
-            text = subprocess.run(["git", "-C", str(self.path), "show", f"HEAD:{rel}"],
+    def rows(self, rel: str, commit: str = "HEAD") -> list[dict[str, str]]:
+        if self.bare or commit != "HEAD":
+            text = subprocess.run(["git", "-C", str(self.path), "show", f"{commit}:{rel}"],
                                   capture_output=True, text=True, check=True).stdout
         else:
             text = (self.path / rel).read_text()
@@ -127,6 +137,30 @@ def collective_rows(src: Source, name: str) -> tuple[list[list[object]], list[st
     return out, paths
 
 
+def attention_rows(src: Source) -> list[list[object]]:
+    """One layer's attention kernel (TP 2, Vidur's only shape in this file): a prefill chunk
+    after a KV context (time_stats.attn_prefill) or a decode batch whose every sequence holds
+    a KV context (time_stats.attn_decode); the reshapes around the kernel are left out."""
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    shape: dict[str, str] = {}
+    for r in src.rows(ATTENTION_PATH, ATTENTION_COMMIT):
+        prefill = r["is_prefill"] == "True"
+        size = int(r["prefill_chunk_size"] if prefill else r["batch_size"])
+        kv = int(r["kv_cache_size"])
+        wanted = ((size in CHUNKS and kv in CHUNK_CONTEXTS) if prefill
+                  else (size in DECODE_BATCHES and kv in DECODE_CONTEXTS))
+        if not wanted:
+            continue
+        kind = "prefill" if prefill else "decode"
+        groups.setdefault((kind, size, kv), []).append(
+            float(r[f"time_stats.attn_{kind}.median"]))
+        shape = {k: r[k] for k in ("n_embd", "n_q_head", "n_kv_head",
+                                   "num_tensor_parallel_workers", "attention_backend")}
+    return [[DEVICES["a100"], shape["n_embd"], shape["n_q_head"], shape["n_kv_head"],
+             shape["num_tensor_parallel_workers"], kind, size, kv, round(_median(ts), 5)]
+            for (kind, size, kv), ts in sorted(groups.items())]
+
+
 def write(path: Path, header: list[str], columns: list[str], rows: list[list[object]]) -> None:
     buf = io.StringIO()
     buf.writelines(f"# {line}\n" for line in header)
@@ -167,6 +201,17 @@ def main(argv: list[str] | None = None) -> int:
             "bytes: Vidur's size column (bytes: collectives_wrapper.py writes size * 2 of an "
             "fp16 buffer); ranks: num_workers; per_node: devices_per_node"],
             ["device", "ranks", "per_node", "bytes", "ms"], rows)
+    attn = attention_rows(src)
+    write(args.out / "attention.csv", [
+        f"source: github.com/microsoft/vidur commit {ATTENTION_COMMIT}",
+        f"paths: {ATTENTION_PATH}",
+        "one layer's attention kernel (attention_backend FLASH_ATTENTION, fp16, kineto timer), median ms "
+        "(time_stats.attn_prefill / attn_decode.median);",
+        "kind prefill: one sequence, size = chunk tokens after kv KV tokens (prefill_chunk_size, "
+        "kv_cache_size); kind decode: size = batch sequences of kv KV tokens each;",
+        "shape: n_embd, n_q_head, n_kv_head of the whole layer, split over tp ranks "
+        "(num_tensor_parallel_workers); device: the catalog's name for Vidur's a100"],
+        ["device", "n_embd", "n_head", "n_kv_head", "tp", "kind", "size", "kv", "ms"], attn)
     print(f"wrote {len(layers)} layer rows and the collectives to {args.out} "
           f"(vidur {src.commit[:12]})")
     return 0

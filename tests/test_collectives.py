@@ -136,7 +136,7 @@ def test_step_overhead_grows_with_the_batch() -> None:
 def test_causal_attention_is_half_the_full_score_matrix() -> None:
     m = M["Llama-3-8B"]
     ideal = Efficiency(gemm_half_ridge=0.0, prefill_half_ridge=0.0, step_overhead_s=0.0,
-                       mfu_prefill=1.0, nongemm_bytes_per_flop=0.0)
+                       mfu_prefill=1.0, mfu_attention=1.0, nongemm_bytes_per_flop=0.0)
     extra = (forward_time(m, H100, Parallel(), 1e5, 4096, ideal)
              - forward_time(m, H100, Parallel(), 1e5, 0, ideal))
     assert extra == pytest.approx(2 * m.layers * m.hidden * 4096 * 1e5 / 989e12)

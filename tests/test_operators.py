@@ -1,7 +1,8 @@
 """Operator-level fidelity (`python -m workflows.operators`): Vidur's measured kernels load with
 their provenance, every point is priced by the cost model's own pieces, the JSON has its shape,
 the classes meet the issue's goals (median |error| <= 15%, p90 <= 30%) where the model reaches
-them, and the refit recovers known factors from points generated with them."""
+them and are bounded at their measured figures where it does not, and the refit recovers known
+factors from points generated with them."""
 from __future__ import annotations
 
 import json
@@ -15,18 +16,23 @@ from pathlib import Path
 import pytest
 
 from placer.cost.efficiency import Efficiency
-from workflows.opdata import CLASSES, DATA, LAYER_CLASSES, load, predict
+from placer.cost.generation import decode_step_line, prefill_line
+from placer.cost.sharding import Parallel
+from placer.spec.catalog import shipped_devices
+from workflows.opdata import CLASSES, DATA, LAYER_CLASSES, attention_layer, load, predict
 from workflows.operators import class_errors, main, rows
 from workflows.opfit import fit_all
 
 EFF = Efficiency()
 FITTED = ("mfu_prefill", "prefill_half_ridge", "decode_bw_eff", "decode_bw_half_batch",
-          "decode_tp_bw_loss", "tp_base_s", "tp_link_eff")
+          "decode_tp_bw_loss", "tp_base_s", "tp_link_eff", "attn_kernel_s", "mfu_attention")
+NOT_SHIPPED = ("attn_kernel_s",)  # fitted, left at 0 (docs/cost-model.md: Operator-level fidelity)
 
 
 def test_the_data_carries_its_provenance() -> None:
     provs, points = load()
-    assert [p.file for p in provs] == ["layers.csv", "all_reduce.csv", "send_recv.csv"]
+    assert [p.file for p in provs] == ["layers.csv", "all_reduce.csv", "send_recv.csv",
+                                       "attention.csv"]
     for p in provs:
         assert p.lines[0].startswith("source: github.com/microsoft/vidur commit ")
         assert re.fullmatch(r"[0-9a-f]{40}", p.commit)
@@ -34,11 +40,22 @@ def test_the_data_carries_its_provenance() -> None:
         assert any("ms" in ln for ln in p.lines)  # the unit of every time
     assert sum(f.stat().st_size for f in DATA.glob("*.csv")) < 300_000
     counts = {c: sum(p.cls == c for p in points) for c in CLASSES}
-    assert counts["attention"] == 0  # no measured attention kernels are used
-    assert all(counts[c] >= 50 for c in CLASSES if c != "attention"), counts
+    assert all(counts[c] >= 50 for c in CLASSES), counts
     # the points cover both devices, TP 1-8 and the token and size ranges
     layer = [p for p in points if p.cls in LAYER_CLASSES]
     assert {p.device for p in points} == {"A100-80G", "H100-SXM"}
+    # attention: one A100 layer shape at TP 2, prefill chunks after a KV context and decode
+    # batches of sequences holding one
+    att = [p for p in points if p.cls == "attention"]
+    assert {(p.device, p.hidden, p.heads, p.kv_heads, p.tp) for p in att} == {
+        ("A100-80G", 8192, 64, 8, 2)}
+    assert {p.kind for p in att} == {"prefill", "decode"}
+    pre = [p for p in att if p.kind == "prefill"]
+    assert min(p.size for p in pre) == 128 and max(p.size for p in pre) == 4096
+    assert {p.context for p in pre} == {0, 512, 1024, 2048, 3072}
+    dec = [p for p in att if p.kind == "decode"]
+    assert {p.size for p in dec} == {1, 2, 4, 8, 16, 32, 64, 128}
+    assert max(p.context for p in dec) == 4032
     assert {p.tp for p in layer} == {1, 2, 4, 8}
     assert min(p.size for p in layer) == 1 and max(p.size for p in layer) == 4096
     ar = [p for p in points if p.cls == "all_reduce"]
@@ -53,6 +70,7 @@ def test_every_point_is_priced() -> None:
         assert math.isfinite(t) and t > 0, p
     # the price follows the factor its class names (a check that each class reaches its piece)
     slower = replace(EFF, mfu_prefill=EFF.mfu_prefill / 2, decode_bw_eff=EFF.decode_bw_eff / 2,
+                     mfu_attention=EFF.mfu_attention / 2,
                      tp_base_s=EFF.tp_base_s * 2, tp_link_eff=EFF.tp_link_eff / 2,
                      coll_base_s=EFF.coll_base_s * 2)
     assert all(predict(p, slower) > predict(p, EFF) for p in points)
@@ -65,11 +83,10 @@ def test_json_document_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert list(doc["classes"]) == list(CLASSES)
     for c in doc["classes"].values():
         assert set(c) == {"n", "median_abs_error", "p90_abs_error"}
-    assert doc["classes"]["attention"] == {"n": 0, "median_abs_error": None,
-                                           "p90_abs_error": None}
+    assert doc["classes"]["attention"]["n"] == 65
     assert len(doc["rows"]) == len(load()[1])
     assert set(doc["rows"][0]) == {"cls", "device", "model", "tp", "size", "per_node",
-                                   "measured_s", "predicted_s", "error"}
+                                   "measured_s", "predicted_s", "error", "kind", "context"}
     r = doc["rows"][0]
     assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
 
@@ -88,11 +105,13 @@ def test_class_errors_at_the_defaults() -> None:
     # (median <= 15%, p90 <= 30%): measured 24.5% / 79.5% -- NCCL's small-message kernels take
     # either ~7 us or 35-60 us for the same call, and H100's 8-rank all-reduce outruns a ring
     # over the catalog's NVLink figure. send/recv is not refitted (its factors price every
-    # other collective too): 33.1% / 61.7%.
+    # other collective too): 33.1% / 61.7%. Attention misses it too: 41.8% / 89.2%, its
+    # fitted kernel floor (`attn_kernel_s`) not shipped, so the small decode kernels (12-18
+    # us whatever their KV) are priced at their KV read alone.
     _, points = load()
     errs = class_errors(rows(points, EFF))
     bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),
-              "all_reduce": (0.25, 0.80), "send_recv": (0.34, 0.62)}
+              "all_reduce": (0.25, 0.80), "send_recv": (0.34, 0.62), "attention": (0.42, 0.90)}
     for cls, (median, p90) in bounds.items():
         c = errs[cls]
         assert c.median_abs_error is not None and c.p90_abs_error is not None
@@ -100,11 +119,14 @@ def test_class_errors_at_the_defaults() -> None:
 
 
 def test_the_defaults_are_the_fit() -> None:
-    # a regression guard: the shipped factors are the refit's values, rounded
+    # a regression guard: the shipped factors are the refit's values, rounded, but the one
+    # left out (the attention kernel floor: fitted at 15.3 us, shipped at 0)
     _, points = load()
     fitted = fit_all(points, EFF)
     for name in FITTED:
-        assert getattr(EFF, name) == pytest.approx(fitted[name], rel=0.01, abs=1e-9), name
+        if name not in NOT_SHIPPED:
+            assert getattr(EFF, name) == pytest.approx(fitted[name], rel=0.01, abs=1e-9), name
+    assert EFF.attn_kernel_s == 0.0 and fitted["attn_kernel_s"] == pytest.approx(1.53e-5)
 
 
 def test_fit_recovers_known_factors_from_synthetic_points() -> None:
@@ -112,7 +134,7 @@ def test_fit_recovers_known_factors_from_synthetic_points() -> None:
     # factors (every shape, TP, token count and size of the data set) give those factors back.
     known = Efficiency(mfu_prefill=0.55, prefill_half_ridge=0.8, decode_bw_eff=0.62,
                        decode_bw_half_batch=0.3, decode_tp_bw_loss=0.09, tp_base_s=12e-6,
-                       tp_link_eff=0.7)
+                       tp_link_eff=0.7, attn_kernel_s=9e-6, mfu_attention=0.45)
     _, points = load()
     synthetic = [replace(p, measured_s=predict(p, known)) for p in points]
     fitted = fit_all(synthetic, EFF)
@@ -128,7 +150,8 @@ def test_layer_classes_meet_the_goal_held_out(capsys: pytest.CaptureFixture[str]
     # 7.9% / 29.0% prefill, 10.8% / 23.1% decode), which meets the goal
     assert main(["--json", "--fit"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["fit"]) == {"factors", "classes", "leave_one_model_out"}
+    assert set(doc["fit"]) == {"factors", "classes", "leave_one_model_out",
+                               "attention_leave_one_context_out"}
     assert set(doc["fit"]["factors"]) == set(FITTED)
     held = doc["fit"]["leave_one_model_out"]
     assert set(held) == set(LAYER_CLASSES)
@@ -157,3 +180,35 @@ def test_the_extraction_refuses_a_folder_that_is_not_vidur(tmp_path: Path) -> No
     done = subprocess.run([sys.executable, str(script), "--source", str(tmp_path / "none"),
                            "--out", str(tmp_path)], capture_output=True, text=True, check=False)
     assert done.returncode == 2 and "--source" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_attention_priced_by_the_forward_and_the_decode_step() -> None:
+    # The attention kernels are priced with the pieces the model's steps use: a prefill
+    # chunk's time is linear in its context at `prefill_line`'s per-context slope, and a decode
+    # batch's grows with its KV at `decode_step_line`'s k (one layer of the data's shape).
+    _, points = load()
+    m, par = attention_layer(8192, 64, 8), Parallel(tp=2)
+    dev = shipped_devices()["A100-80G"]
+    pre = {(p.size, p.context): p for p in points if p.cls == "attention" and p.kind == "prefill"}
+    slope = (predict(pre[(128, 1024)], EFF) - predict(pre[(128, 0)], EFF)) / 1024
+    # a chunk after c KV tokens is a causal sequence of 2c + chunk: 2 per context token
+    assert slope == pytest.approx(2 * prefill_line(m, dev, par, 128, EFF)[1], rel=1e-9)
+    dec = {(p.size, p.context): p for p in points if p.cls == "attention" and p.kind == "decode"}
+    per_kv = (predict(dec[(8, 2048)], EFF) - predict(dec[(8, 1024)], EFF)) / (8 * 1024)
+    assert per_kv == pytest.approx(decode_step_line(m, dev, par, 8, EFF)[1], rel=1e-9)
+
+
+def test_attention_with_its_fitted_factors_held_out(capsys: pytest.CaptureFixture[str]) -> None:
+    # The honest figure of the attention factors: each KV context's kernels priced by
+    # `attn_kernel_s` and `mfu_attention` fitted on the other contexts' (measured 13.6% /
+    # 40.5%; in-sample 12.2% / 37.3%). The median meets the goal, the p90 does not: prefill
+    # kernels speed up with the keys each query sees (8 TFLOP/s at 128 new tokens and no
+    # context, 108 after 3072 KV tokens), which the forward's token curve does not follow.
+    assert main(["--json", "--fit"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    held = doc["fit"]["attention_leave_one_context_out"]
+    assert held["n"] == doc["classes"]["attention"]["n"]
+    assert held["median_abs_error"] <= 0.15 and held["p90_abs_error"] <= 0.41, held
+    fitted = doc["fit"]["factors"]
+    assert 0.3 < fitted["mfu_attention"]["after"] < 0.45  # about half the GEMMs' ceiling
+    assert 1e-5 < fitted["attn_kernel_s"]["after"] < 2e-5

@@ -2,6 +2,7 @@
 the points of workflows/data/operators/ (scripts/extract_operators.py wrote them from Vidur's
 profiles; each file's header names the source commit, paths and units) and `predict`, which
 prices a point with the cost-model function its class names (the classes: workflows/operators.py).
+An attention point prices one layer of its shape (`attention_layer`) split over its TP ranks.
 """
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from functools import cache
 from pathlib import Path
 
 from placer.cost.efficiency import Efficiency
-from placer.cost.generation import decode_matmul_time
+from placer.cost.generation import (
+    decode_attention_time,
+    decode_matmul_time,
+    prefill_attention_kernels_time,
+)
 from placer.cost.layercomm import NODE_DEVICES, span_link, stage_send, tp_all_reduce
 from placer.cost.roofline import BYTES, matmul_time
 from placer.cost.sharding import Parallel
@@ -44,6 +49,8 @@ class Point:
     kv_heads: int = 0
     mlp: int = 0
     vocab: int = 0
+    kind: str = ""  # attention: "prefill" (size = chunk tokens) or "decode" (size = batch)
+    context: int = 0  # attention: KV tokens before the chunk, or held by each decode sequence
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,12 @@ def load() -> tuple[tuple[Provenance, ...], tuple[Point, ...]]:
         provs.append(prov)
         points += [Point(cls, r["device"], "", int(r["ranks"]), int(r["bytes"]),
                          float(r["ms"]) / 1e3, per_node=int(r["per_node"])) for r in rows]
+    prov, rows = _read("attention.csv")
+    provs.append(prov)
+    points += [Point("attention", r["device"], "", int(r["tp"]), int(r["size"]),
+                     float(r["ms"]) / 1e3, hidden=int(r["n_embd"]), heads=int(r["n_head"]),
+                     kv_heads=int(r["n_kv_head"]), kind=r["kind"], context=int(r["kv"]))
+               for r in rows]
     return tuple(provs), tuple(points)
 
 
@@ -105,6 +118,26 @@ def layer_params(hidden: int, heads: int, kv_heads: int, mlp: int, vocab: int) -
     return one.model_copy(update={"layers": 2}).matmul_params() - one.matmul_params()
 
 
+@cache
+def attention_layer(hidden: int, heads: int, kv_heads: int) -> ModelArch:
+    """One decoder layer of this attention shape (its MLP and vocabulary do not enter the
+    attention kernel's price)."""
+    return ModelArch(name="layer", layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                     mlp=hidden, vocab=1)
+
+
+def _attention(p: Point, dev: DeviceType, eff: Efficiency) -> float:
+    """A prefill chunk of `size` tokens after `context` KV tokens sees context + size / 2 keys
+    per token on average: a causal sequence of 2 * context + size in
+    `attention_flops_per_token`'s terms. A decode batch reads its sequences' KV. Either
+    kernel adds its fixed time (`generation.attention_floor`)."""
+    m, par = attention_layer(p.hidden, p.heads, p.kv_heads), Parallel(tp=p.tp)
+    if p.kind == "prefill":
+        return prefill_attention_kernels_time(m, dev, par, p.size, 2 * p.context + p.size,
+                                              eff)
+    return decode_attention_time(m, dev, par, p.size, p.size * p.context, eff)
+
+
 def _params(p: Point) -> int:
     return layer_params(p.hidden, p.heads, p.kv_heads, p.mlp, p.vocab)
 
@@ -118,6 +151,8 @@ def predict(p: Point, eff: Efficiency) -> float:
     if p.cls == "decode":
         return decode_matmul_time(_params(p) * BYTES, 2 * _params(p) * p.size, p.size, dev,
                                   Parallel(tp=p.tp), eff)
+    if p.cls == "attention":
+        return _attention(p, dev, eff)
     if p.cls == "all_reduce":
         return tp_all_reduce(p.size, p.tp, dev, eff)
     if p.cls == "send_recv":

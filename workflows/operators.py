@@ -14,17 +14,23 @@ error says which factor is off. The classes:
   decode          the same layer at decode batches of <= DECODE_MAX_TOKENS sequences, priced
                   as a decode step prices its matmuls (`generation.decode_matmul_time`: the
                   weight read at `decode_bw_eff`, its batch and TP curve, or the FLOP floor)
-  attention       attention kernels: none measured here (Vidur's attention.csv blobs are
-                  absent from its mirror, and no tabulated public attention-kernel times were
-                  found to price): n = 0
+  attention       one layer's FlashAttention kernel on an A100 at TP 2 (Vidur's first
+                  published attention profile, commit e2d00e9; its later per-model files are
+                  absent from the mirror): prefill chunks after a KV context, priced as an
+                  engine forward prices its attention scores
+                  (`generation.prefill_attention_kernels_time`: `mfu_attention` on the
+                  forward's token curve), and decode batches, priced as a decode step reads
+                  their KV (`generation.decode_attention_time`: the decode bandwidth curve);
+                  either adds `attention_floor` (`attn_kernel_s` per layer)
   all_reduce      one NCCL all-reduce over the 2-8 ranks of one node (a TP group), priced by
                   `layercomm.tp_all_reduce` (`tp_base_s`, `tp_link_eff`, `nvlink_hop_s`)
   send_recv       one send/recv between two ranks of a node or of two nodes, priced by
                   `layercomm.stage_send` (`pp_send`'s piece) on `span_link`
 
-Error = predicted / measured - 1. `--fit` refits the factors of the first, second and fourth
-classes on these points (workflows/opfit.py) and prints them with the classes' errors after
-(in-sample) and the layer classes' leave-one-model-out errors (held out).
+Error = predicted / measured - 1. `--fit` refits the factors of every class but send_recv on
+these points (workflows/opfit.py) and prints them with the classes' errors after
+(in-sample), the layer classes' leave-one-model-out errors and the attention class's
+leave-one-context-out error (held out).
 
     python -m workflows.operators [--json] [--fit]
 """
@@ -41,7 +47,7 @@ import numpy as np
 
 from placer.cost.efficiency import Efficiency
 from workflows.opdata import CLASSES, LAYER_CLASSES, Point, load, predict
-from workflows.opfit import fit_all, fit_layers
+from workflows.opfit import fit_all, fit_attention, fit_layers
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Row:
     measured_s: float
     predicted_s: float
     error: float
+    kind: str = ""  # attention: prefill or decode
+    context: int = 0  # attention: KV tokens (before the chunk, or of each decode sequence)
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ def rows(points: Sequence[Point], eff: Efficiency) -> list[Row]:
     for p in points:
         pred = predict(p, eff)
         out.append(Row(p.cls, p.device, p.model, p.tp, p.size, p.per_node, p.measured_s, pred,
-                       pred / p.measured_s - 1))
+                       pred / p.measured_s - 1, p.kind, p.context))
     return out
 
 
@@ -93,11 +101,24 @@ def leave_one_model_out(points: Sequence[Point], eff: Efficiency) -> dict[str, C
     return {k: v for k, v in class_errors(held).items() if k in LAYER_CLASSES}
 
 
+def leave_one_context_out(points: Sequence[Point], eff: Efficiency) -> ClassError:
+    """The attention class's error with the kernels of each KV context priced by attention
+    factors fitted on the other contexts' (`opfit.fit_attention`): the held-out figure of
+    `attn_kernel_s` and `mfu_attention` (the attention data hold one shape on one device)."""
+    att = [p for p in points if p.cls == "attention"]
+    held: list[Row] = []
+    for ctx in sorted({p.context for p in att}):
+        fitted = eff.override(fit_attention([p for p in att if p.context != ctx], eff))
+        held += rows([p for p in att if p.context == ctx], fitted)
+    return class_errors(held)["attention"]
+
+
 def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
                                              dict[str, float]] | None = None) -> dict[str, Any]:
     """The JSON document: sources, per-class errors and rows at `eff`; with `fit`, the
-    factors it fits on the points, the classes' errors at them (in-sample) and the layer
-    classes' leave-one-model-out errors."""
+    factors it fits on the points, the classes' errors at them (in-sample), the layer
+    classes' leave-one-model-out errors and the attention class's leave-one-context-out
+    error."""
     provs, points = load()
     rs = rows(points, eff)
     doc: dict[str, Any] = {
@@ -112,13 +133,18 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
                       "classes": {k: asdict(v)
                                   for k, v in class_errors(rows(points, after)).items()},
                       "leave_one_model_out": {
-                          k: asdict(v) for k, v in leave_one_model_out(points, eff).items()}}
+                          k: asdict(v) for k, v in leave_one_model_out(points, eff).items()},
+                      "attention_leave_one_context_out": asdict(
+                          leave_one_context_out(points, after))}
     return doc
 
 
 def _size(r: dict[str, Any]) -> str:
     if r["cls"] in ("prefill_linear", "decode"):
         return f"{r['size']} tok"
+    if r["cls"] == "attention":
+        return (f"{r['size']}+{r['context']}" if r["kind"] == "prefill"
+                else f"{r['size']}x{r['context']}")
     b = r["size"]
     return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
 
@@ -142,6 +168,9 @@ def render(doc: dict[str, Any]) -> str:
                    f"{'measured':>10s} {'predicted':>10s} {'error':>7s}")
         for r in rs:
             where = r["model"] or ("2 nodes" if r["per_node"] == 1 else "")
+            if r["kind"]:
+                where = ("prefill: tokens+KV" if r["kind"] == "prefill"
+                         else "decode: sequences x KV each")
             out.append(f"  {r['device']:9s} {where:38s} {r['tp']:8d} {_size(r):>11s} "
                        f"{r['measured_s'] * 1e3:8.4f}ms {r['predicted_s'] * 1e3:8.4f}ms "
                        f"{r['error']:+7.1%}")
@@ -156,6 +185,8 @@ def render(doc: dict[str, Any]) -> str:
         out.append("layer classes, each model priced by factors fitted on the others:")
         out += ["  " + _class_line(k, v)
                 for k, v in doc["fit"]["leave_one_model_out"].items()]
+        out.append("attention, each KV context priced by factors fitted on the others:")
+        out.append("  " + _class_line("attention", doc["fit"]["attention_leave_one_context_out"]))
     out.append("\nsources: " + "; ".join(
         f"{f}: {lines[0]}" for f, lines in doc["sources"].items()))
     return "\n".join(out)
@@ -166,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--fit", action="store_true",
-                    help="refit the GEMM, decode-bandwidth and TP all-reduce factors on the points")
+                    help="refit the GEMM, decode-bandwidth, TP all-reduce and attention factors on "
+                         "the points")
     args = ap.parse_args(argv)
     doc = document(Efficiency(), fit_all if args.fit else None)
     print(json.dumps(doc, indent=1) if args.json else render(doc))

@@ -18,6 +18,12 @@ functions the planner prices with.
                   ranks arrive), and squares let the fast mode pull the base below most
                   calls; `nvlink_hop_s` stays (shared with every NVLink collective, and
                   too noisy to separate here)
+  attention       `attn_kernel_s` (grid, 0-100 us) on the decode kernels: their KV read is
+                  the decode step's (`kv_read_time` on the decode class's bandwidth curve,
+                  as fitted), the fit adds the fixed time each kernel takes; then
+                  `mfu_attention` (a) on the prefill kernels at that fixed time f: a point
+                  prices at Z / a + f, Z its FLOP time at a = 1 (on the prefill class's token
+                  curve, as fitted): linear least squares in 1 / a
 """
 from __future__ import annotations
 
@@ -118,10 +124,26 @@ def fit_all_reduce(points: Sequence[Point], eff: Efficiency) -> dict[str, float]
     return {"tp_base_s": _all_reduce_at(ps, eff, link)[1], "tp_link_eff": link}
 
 
+def fit_attention(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
+    ps = [p for p in points if p.cls == "attention" and p.kind == "decode"]
+    read = np.asarray([predict(p, eff.override({"attn_kernel_s": 0.0})) for p in ps])
+    m = np.asarray([p.measured_s for p in ps])
+    costs = (((read[None, :] + BASE_GRID_S[:, None]) / m[None, :] - 1.0) ** 2).sum(axis=1)
+    floor = float(BASE_GRID_S[int(np.argmin(costs))])
+    pre = [p for p in points if p.cls == "attention" and p.kind == "prefill"]
+    at = eff.override({"attn_kernel_s": 0.0, "mfu_attention": 1.0})
+    z = np.asarray([predict(p, at) for p in pre])
+    m = np.asarray([p.measured_s for p in pre])
+    # minimise sum((z / a + floor) / m - 1)^2 over 1 / a
+    inv_a = float(np.sum((z / m) * (1 - floor / m)) / np.sum((z / m) ** 2))
+    return {"attn_kernel_s": floor, "mfu_attention": 1 / inv_a}
+
+
 def fit_all(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
     """Every operator-level factor, fitted on `points` (each class on its own)."""
-    return {**fit_prefill(points, eff), **fit_decode(points, eff),
-            **fit_all_reduce(points, eff)}
+    layers = fit_layers(points, eff)
+    return {**layers, **fit_all_reduce(points, eff),
+            **fit_attention(points, eff.override(layers))}
 
 
 def fit_layers(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:

@@ -26,11 +26,11 @@ from placer.cost.roofline import (
     GB,
     attention_flops_per_token,
     decode_read_bytes,
-    gemm_eff,
     gemm_peak_tflops,
     infer_memory,
     kv_bytes_per_token,
     kv_split,
+    matmul_time,
     pass_compute,
     weight_bytes,
 )
@@ -53,8 +53,9 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
         replicas = max(par.devices // chips, 1)
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
     compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff,
-                           eff.prefill_half_ridge)
-    return compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
+                           eff.prefill_half_ridge, eff.mfu_attention)
+    return (compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
+            + attention_floor(m, eff))
 
 
 def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
@@ -93,10 +94,40 @@ def prefill_line(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     base = forward_time(m, dev, rep, tokens, 0.0, eff)
     if dev.kind is DeviceKind.lpu:
         return base, 0.0
-    per_ctx_token = attention_flops_per_token(m, 1.0) - attention_flops_per_token(m, 0.0)
-    peak = rep.devices * gemm_peak_tflops(dev, rep) * 1e12
-    return base, per_ctx_token * tokens / (peak * gemm_eff(
-        eff.mfu_prefill, tokens / (rep.cp * rep.attn_dp), dev, eff, eff.prefill_half_ridge))
+    return base, prefill_attention_time(m, dev, rep, tokens, 1.0, eff)
+
+
+def prefill_attention_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
+                           seq: float, eff: Efficiency) -> float:
+    """Seconds of the attention-score FLOPs of `tokens` new tokens of a causal sequence of
+    `seq` tokens on the layout's devices (`attention_flops_per_token` less its part that does
+    not depend on `seq`), at `mfu_attention` on the forward's token curve, as `pass_compute`
+    prices them in an engine's forward: `prefill_line`'s per-context term (at seq = 1), and
+    the prefill attention kernel of workflows/operators.py."""
+    flops = (attention_flops_per_token(m, seq) - attention_flops_per_token(m, 0.0)) * tokens
+    return matmul_time(flops, tokens / (par.cp * par.attn_dp), dev, par, eff.mfu_attention, eff,
+                       eff.prefill_half_ridge)
+
+
+def prefill_attention_kernels_time(m: ModelArch, dev: DeviceType, par: Parallel,
+                                   tokens: float, seq: float, eff: Efficiency) -> float:
+    """An engine forward's attention kernels alone: their score FLOPs
+    (`prefill_attention_time`) plus their fixed time (`attention_floor`), the two terms
+    `forward_time` prices them with. workflows/operators.py prices one layer's prefill
+    attention with it."""
+    return prefill_attention_time(m, dev, par, tokens, seq, eff) + attention_floor(m, eff)
+
+
+def kv_read_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int, kv_tokens: float,
+                 eff: Efficiency) -> float:
+    """Seconds a decode step of `batch` sequences reads `kv_tokens` KV tokens in (each device
+    its TP share, `ModelArch.kv_tp_shards`, of its data-parallel attention group's), at the
+    step's HBM bandwidth efficiency (`decode_bw_eff` of the group's batch): `_decode_terms`'
+    k (at kv_tokens = 1), and the decode attention kernel of workflows/operators.py."""
+    groups = par.attn_dp
+    rate = dev.mem_bw_gbs * GB * decode_bw_eff(math.ceil(batch / groups), par.attn_tp, eff)
+    return (kv_tokens * kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.attn_tp)
+            / groups / rate)
 
 
 def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
@@ -112,7 +143,8 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     a hybrid's GDN state of each sequence read and written (`linear_state_bytes`); k:
     read one KV token (its TP share, `ModelArch.kv_tp_shards`); c: the batch's matmul FLOPs (2 *
     `matmul_params` per sequence) over tp ranks; d: the step's collectives (`decode_comm`), the
-    stage-to-stage sends (`pp_send`) and the engine's per-step overhead. Pipeline stages do not
+    stage-to-stage sends (`pp_send`), the attention kernels' fixed time
+    (`attention_floor`) and the engine's per-step overhead. Pipeline stages do not
     shorten a step: a token passes every stage in turn (or, with pp micro-batches in flight,
     every stage reads its weights once per micro-batch), so a step of the whole batch reads
     all the weights and KV at one stage's bandwidth; PP buys memory (KV room), not speed.
@@ -130,12 +162,28 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                          * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
     # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
     a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
-    k = kv_bytes_per_token(m) * par.kv_scale / m.kv_tp_shards(par.attn_tp) / groups / rate
+    k = kv_read_time(m, dev, par, batch, 1.0, eff)
     c = decode_flops_time((2 * m.matmul_params() + m.linear_flops_per_token()) * batch, n,
                           dev, par, eff)
     d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff, par.tp)
-         + step_overhead(math.ceil(batch / groups), eff) + eager_overhead(m, par, eff))
+         + step_overhead(math.ceil(batch / groups), eff) + eager_overhead(m, par, eff)
+         + attention_floor(m, eff))
     return a, k, c, d
+
+
+def attention_floor(m: ModelArch, eff: Efficiency) -> float:
+    """GPU time a decode step's attention kernels take whatever their KV: `attn_kernel_s` per
+    full-attention layer (a token passes every layer; each layer's kernel runs on every rank
+    of its group at once)."""
+    return eff.attn_kernel_s * m.full_attention_layers
+
+
+def decode_attention_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
+                          kv_tokens: float, eff: Efficiency) -> float:
+    """A decode step's attention kernels alone over `kv_tokens` KV tokens: their KV read
+    (`kv_read_time`) plus their fixed time (`attention_floor`), the two terms `_decode_terms`
+    prices them with. workflows/operators.py prices one layer's decode attention with it."""
+    return kv_read_time(m, dev, par, batch, kv_tokens, eff) + attention_floor(m, eff)
 
 
 def weight_read_time(nbytes: float, batch: int, tp: int, dev: DeviceType,
