@@ -4,9 +4,11 @@
                             [--time-limit S] [--calibration F] [--objective time|cost]
 
 For each plan: predicted iteration time, throughput, cost per sample, where the roles sit, and
-the ratio of its time to the ILP's (> 1: the baseline is slower). With `--simulate`, every plan
-is also run through the simulator and ranked by its steady-state iteration time
-(`simulator.steady`: warm-up and drain excluded, iterations added until the 95% confidence
+the ratio of its time to the ILP's (> 1: the baseline is slower), and its rank (1 = fastest)
+by predicted time, by its error band's low end and by its high end (`placer.solve.robust.ranks`):
+where they differ, which plan is fastest depends on where in the band the truth lies. With
+`--simulate`, every plan is also run through the simulator and ranked by its steady-state
+iteration time (`simulator.steady`: warm-up and drain excluded, iterations added until the 95% confidence
 interval is within `--ci` of the mean or a cap; `--iterations N` simulates exactly N). Plans that
 place every role the same way are simulated once. A plan whose interval overlaps the ILP's is
 marked tied with it: the simulation cannot tell them apart. On a terminal (not with `--json`)
@@ -91,18 +93,15 @@ def plans_for(res: Resolved, calib: Calibration, args: argparse.Namespace,
     """The ILP's plan and every baseline's, all through `assemble` (each records `calib`);
     `on_phase` is told which is being planned."""
     from placer.cost.pricer import Pricer
-    from placer.solve.baselines import baseline_assignments
-    from placer.solve.planner import build_problem, plan_assignment, plan_job
+    from placer.solve.planner import plan_job
+    from placer.solve.robust import alternatives
 
     clock = PhaseClock(on_phase)
     clock.begin("planning: the ILP")
     ilp = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, objective=args.objective,
                    workers=args.workers, seed=args.seed)
     clock.begin("planning: the baselines")
-    problem = build_problem(Pricer(res, calib), args.objective)
-    out: dict[str, Plan | None] = {"ilp": ilp}
-    for name, a in baseline_assignments(problem).items():
-        out[name] = None if a is None else plan_assignment(problem, a, name)
+    out = alternatives(Pricer(res, calib), ilp, args.objective)
     clock.end()
     return out
 
@@ -113,10 +112,13 @@ def run(args: argparse.Namespace) -> int:
     simulate = _simulator(args) if args.simulate else None
     res, calib = load_inputs(args)
     from placer.progress import progress  # a spinner on stderr, off under --json
+    from placer.solve.robust import ranks
 
     with progress("compare", json_out=args.json) as bar:
         plans = plans_for(res, calib, args, bar.phase)
         rows = _rows(plans, simulate, bar.phase)
+    for name, rk in ranks(plans).items():
+        rows[name]["rank"] = rk
     base = plans["ilp"]
     assert base is not None, "plan_job returns a plan or raises Infeasible"
     if simulate is not None:
@@ -189,7 +191,8 @@ def _overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
 
 def render(doc: dict[str, Any]) -> str:
     sim = doc["ranked_by"] == "simulated_iteration_s"
-    head = (f"{'plan':<16} {'iteration s':>12} {'band s':>17} {'samples/s':>10} {'USD/sample':>11} "
+    head = (f"{'plan':<16} {'iteration s':>12} {'band s':>17} {'rank p/lo/hi':>12} "
+            f"{'samples/s':>10} {'USD/sample':>11} "
             f"{'x ILP time':>10} {'x ILP cost':>10}"
             + (f" {'simulated s':>12} {'95% CI':>7} {'sim smp/s':>9} {'x ILP sim':>9}"
                if sim else "") + "  placement")
@@ -203,8 +206,10 @@ def render(doc: dict[str, Any]) -> str:
         where = ", ".join(f"{role}:{_devices(p)}" for role, p in r["placement"].items())
         cr = r["cost_ratio_to_ilp"]
         b = r["predicted_iteration_s_band"]
+        rk = "/".join(str(r["rank"][k]) for k in ("predicted", "lo", "hi"))
         line = (f"{name:<16} {r['predicted_iteration_s']:>12.3f} "
                 f"{(f'{b[0]:.3f}-{b[1]:.3f}' if b else '-'):>17} "
+                f"{rk:>12} "
                 f"{r['throughput_samples_s']:>10.2f} {r['cost_per_sample']:>11.6f} "
                 f"{r['ratio_to_ilp']:>10.2f} {(f'{cr:.2f}' if cr is not None else '-'):>10}")
         if sim:

@@ -1,7 +1,7 @@
 """`placer plan JOB.yaml`: place every role with the ILP; print a table, write the plan.
 
     placer plan JOB.yaml [-o plan.json] [--plot FILE.png] [--json] [--explain] [--sweep]
-                         [--time-limit S] [--calibration F] [--objective time|cost] [--workers N]
+                         [--robust] [--time-limit S] [--calibration F] [--objective time|cost] [--workers N]
                          [--seed S]
 
 The plan carries `used_usd_per_hour` (its slots' devices) and `booked_usd_per_hour` (every node
@@ -11,6 +11,11 @@ nodes of each pool that can be released at the same iteration time.
 {"frontier": [plan, ...]}, fastest first). `-o` writes the plan atomically (with `--sweep`, the
 frontier document). `--plot` draws the plan's placement (`placer.plots.placement`: pools, nodes
 and devices coloured by slot) as a PNG, written atomically; it draws one plan, so not with `--sweep`.
+`--robust` picks, among the ILP's plan and the baselines `placer compare` lines up, the one whose
+error band's upper end is smallest (`placer.solve.robust`), says which and what the
+predicted-time choice would have been, and records `choice` in the plan; with `--explain` it
+also names the inputs whose plausible range flips which of the chosen plan and the runner-up
+is faster. The band is on iteration time, so `--robust` needs the time objective.
 Exit 2 for bad input, 3 for a job that cannot be placed (the message says why).
 """
 from __future__ import annotations
@@ -26,7 +31,7 @@ from placer.base.inputs import check_output
 from placer.cli import emit_json, note
 from placer.cost.calibration import load_calibration
 from placer.cost.efficiency import Calibration
-from placer.solve.planfile import dumps
+from placer.solve.planfile import Plan, dumps
 from placer.solve.render import render_frontier, render_plan
 from placer.spec.catalog import Resolved, resolve
 from placer.spec.load import load_job
@@ -42,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true",
                    help="per-role breakdown, binding constraints, value of one more node per pool")
     p.add_argument("--sweep", action="store_true", help="the time/cost Pareto frontier")
+    p.add_argument("--robust", action="store_true",
+                   help="pick the plan whose error band's upper end is smallest")
     p.add_argument("--points", type=int, default=8, help="most frontier points with --sweep")
     add_solver_arguments(p)
 
@@ -82,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, "--output")  # before the solve, not after it
     check_plot(args)
     res, calib = load_inputs(args)
+    check_robust(args, res)
     if args.sweep:
         plans = sweep_job(Pricer(res, calib), time_limit_s=args.time_limit, max_points=args.points,
                           workers=args.workers, seed=args.seed)
@@ -94,12 +102,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plan = plan_job(Pricer(res, calib), time_limit_s=args.time_limit, objective=args.objective,
                     workers=args.workers, seed=args.seed)
+    robust: dict[str, Any] | None = None
+    if args.robust:
+        plan, robust = _robust(plan, res, calib, args)
     out: Any = plan.model_dump(mode="json")
     text = None
     if args.explain:
         from placer.solve.explain import explain, render
         ex = explain(plan, Pricer(res, calib), time_limit_s=min(args.time_limit, 5.0))
         out, text = {"plan": out, "explain": ex.to_dict()}, render(ex)
+        if robust is not None:
+            out["robust"] = robust
+            text += "\n" + render_sensitivity(robust)
     _write(args, plan.to_json())  # -o is always a plan that `simulate`/`execute` read
     if args.plot:
         from placer import plots  # matplotlib only when a figure is asked for
@@ -110,9 +124,71 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from placer.solve.explain import releases
     print(render_plan(plan, [r.line() for r in releases(plan, Pricer(res, calib))]))
+    if plan.choice is not None:
+        print(render_choice(plan))
     if text:
         print(text)
     return 0
+
+
+def check_robust(args: argparse.Namespace, res: Resolved) -> None:
+    """`--robust` chooses one plan by its time band: not a frontier, not the cost objective."""
+    if not args.robust:
+        return
+    if args.sweep:
+        raise SpecError("--robust: chooses one plan, not a --sweep frontier")
+    objective = args.objective or res.job.objective
+    if objective != "time":
+        raise SpecError(f"--robust: the error band is on iteration time; needs objective time "
+                        f"(got {objective!r})")
+
+
+def _robust(plan: Plan, res: Resolved, calib: Calibration, args: argparse.Namespace
+            ) -> tuple[Plan, dict[str, Any]]:
+    """The robust choice among the ILP's plan and the baselines; with `--explain`, the inputs
+    that flip it against the runner-up (`placer.solve.robust`)."""
+    from placer.cost.pricer import Pricer
+    from placer.solve import robust as rb
+
+    plans = rb.alternatives(Pricer(res, calib), plan, args.objective)
+    name, chosen = rb.robust_choice(plans)
+    doc: dict[str, Any] = {"chosen": name, "runner_up": None, "flips": []}
+    other = rb.runner_up(plans, name)
+    if args.explain and other is not None:
+        second = plans[other]
+        assert second is not None
+        doc["runner_up"] = other
+        doc["flips"] = [f.to_dict() for f in rb.sensitivity(chosen, second, calib)]
+    return chosen, doc
+
+
+def render_choice(plan: Plan) -> str:
+    """Which alternative `--robust` chose and what the predicted-time rule would have chosen."""
+    c = plan.choice
+    assert c is not None and plan.predicted_iteration_s_band is not None
+    lo, hi = plan.predicted_iteration_s_band
+    line = (f"robust choice: {c.chosen} (smallest band upper end among {len(c.candidates)} plans: "
+            f"{', '.join(c.candidates)}): predicted {plan.predicted_iteration_s:.3f} s, band "
+            f"{lo:.3f}-{hi:.3f} s")
+    plo, phi = c.plain_band
+    if c.plain == c.chosen:
+        return line + "; the predicted-time choice is the same plan"
+    return (line + f"\npredicted-time choice would be {c.plain}: predicted "
+            f"{c.plain_predicted_s:.3f} s, band {plo:.3f}-{phi:.3f} s")
+
+
+def render_sensitivity(doc: dict[str, Any]) -> str:
+    """The inputs whose plausible range flips the chosen plan against the runner-up."""
+    if doc["runner_up"] is None:
+        return "sensitivity: no other placement among the alternatives to compare with"
+    head = f"sensitivity of the choice ({doc['chosen']} against {doc['runner_up']}): "
+    if not doc["flips"]:
+        return head + "no input's plausible range flips which is faster"
+    lines = [head + "inputs whose range flips which is faster"]
+    lines += [f"  {f['input']} {f['nominal']:.4g} -> {f['value']:.4g}: {doc['chosen']} "
+              f"{f['chosen_s']:.3f} s, {doc['runner_up']} {f['other_s']:.3f} s"
+              for f in doc["flips"]]
+    return "\n".join(lines)
 
 
 def check_plot(args: argparse.Namespace) -> None:

@@ -207,6 +207,19 @@ class BandSource(_M):
     table: str = Field(description="the command that wrote the residual table")
 
 
+class Choice(_M):
+    """How a plan was picked among alternatives (`placer.solve.robust`): by `rule` "robust", the
+    smallest band upper end; `plain` is the plan the predicted-time rule would have picked, with
+    its predicted time and band."""
+
+    rule: Literal["robust"]
+    chosen: str = Field(description="the chosen alternative's name (ilp or a baseline)")
+    candidates: list[str] = Field(description="the alternatives it was chosen among")
+    plain: str
+    plain_predicted_s: float = Field(gt=0)
+    plain_band: tuple[float, float]
+
+
 class Plan(_M):
     version: Literal[1] = 1
     job: dict[str, Any]
@@ -232,6 +245,8 @@ class Plan(_M):
     solver: SolverInfo
     # The profile the plan was priced with (its document, as read); null: the shipped factors.
     calibration: CalibrationField = None
+    # How the plan was picked among alternatives; None: the ILP's plan as solved.
+    choice: Choice | None = None
 
     # `job` stays the plain dict it is in the plan file (the JSON format is the contract); `spec`
     # and `resolved()` are its typed views, validated once per plan and cached. The cache is keyed
@@ -277,6 +292,8 @@ class Plan(_M):
         if out.get("predicted_iteration_s_band") is None and out.get("band_source") is None:
             out.pop("predicted_iteration_s_band", None)
             out.pop("band_source", None)
+        if out.get("choice") is None:  # a plan not chosen among alternatives has no `choice`
+            out.pop("choice", None)
         return out
 
     def to_json(self) -> str:
