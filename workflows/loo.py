@@ -33,6 +33,7 @@ from typing import Any
 from placer.base.roles import Role
 from placer.cost.band import Residual, ResidualTable, Tags, mode_of, model_class
 from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.factor_ranges import FactorRanges
 from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
@@ -371,6 +372,7 @@ class LooReport:
     rows: list[LooRow]
     fitted: dict[str, float]
     table: ResidualTable
+    ranges: FactorRanges
 
     def kind(self, kind: str) -> list[LooRow]:
         return [r for r in self.rows if r.kind == kind]
@@ -414,7 +416,16 @@ def loo_report(rows: Rows) -> LooReport:
     loo = loo_rows(fitter)
     full = fitter.fit()
     return LooReport(loo, {f.name: getattr(full, f.name) for f in ROW_FACTORS},
-                     residual_table(rows, loo))
+                     residual_table(rows, loo), factor_ranges(fitter))
+
+
+def factor_ranges(fitter: Fitter) -> FactorRanges:
+    """Each row factor's least and greatest value over the leave-one-out fits (memoised in
+    `fitter`: the fits `loo_rows` made)."""
+    fits = [fitter.fit(n) for kind in KINDS for n in fitter.rows.names(kind)]
+    return FactorRanges({f.name: (min(getattr(e, f.name) for e in fits),
+                                  max(getattr(e, f.name) for e in fits)) for f in ROW_FACTORS},
+                        WRITE_BAND)
 
 
 def _pct(x: float) -> str:

@@ -308,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                          "and leave-one-out (workflows.loo)")
     ap.add_argument("--write-band", action="store_true",
                     help="with --loo: write the leave-one-out residuals the planner's error "
-                         "band is taken from (placer/cost/data/band.json)")
+                         "band is taken from (placer/cost/data/band.json) and each row "
+                         "factor's range over the leave-one-out fits "
+                         "(placer/cost/data/factor_ranges.json)")
     args = ap.parse_args(argv)
     if args.write_band and not args.loo:
         print("error: --write-band: needs --loo", file=sys.stderr)
@@ -327,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = loo_report(published_rows())
     if args.write_band:
         rep.table.write()
+        rep.ranges.write()
     print(json.dumps(rep.extend(doc.to_dict()), indent=2) if args.json else render_loo(rep))
     return 0
 

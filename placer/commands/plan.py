@@ -147,6 +147,7 @@ def _robust(plan: Plan, res: Resolved, calib: Calibration, args: argparse.Namesp
             ) -> tuple[Plan, dict[str, Any]]:
     """The robust choice among the ILP's plan and the baselines; with `--explain`, the inputs
     that flip it against the runner-up (`placer.solve.robust`)."""
+    from placer.cost.factor_ranges import load_ranges
     from placer.cost.pricer import Pricer
     from placer.solve import robust as rb
 
@@ -158,7 +159,8 @@ def _robust(plan: Plan, res: Resolved, calib: Calibration, args: argparse.Namesp
         second = plans[other]
         assert second is not None
         doc["runner_up"] = other
-        doc["flips"] = [f.to_dict() for f in rb.sensitivity(chosen, second, calib)]
+        ranges = load_ranges().ranges  # the row factors' leave-one-out ranges
+        doc["flips"] = [f.to_dict() for f in rb.sensitivity(chosen, second, calib, ranges)]
     return chosen, doc
 
 

@@ -12,8 +12,9 @@ be the one with the best worst case.
   predicted-time rule would have picked.
 - `sensitivity`: the chosen plan and the runner-up re-priced as fixed placements
   (`assemble.reprice`, no re-solving) at the ends of each input's plausible range: the length
-  distributions' parameters +-`LENGTH_SPREAD`, and any efficiency-factor ranges the caller
-  gives. An input whose end makes the other plan the faster is a flip, reported with both times.
+  distributions' parameters +-`LENGTH_SPREAD`, and the efficiency-factor ranges the caller
+  gives (`placer plan` gives the row factors' leave-one-out ranges,
+  `placer.cost.factor_ranges`). An input whose end makes the other plan the faster is a flip, reported with both times.
 """
 from __future__ import annotations
 
