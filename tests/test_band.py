@@ -10,7 +10,9 @@ import pytest
 
 from placer.cli import main
 from placer.cost.band import Residual, ResidualTable, Tags, band, load_table
+from placer.cost.factor_ranges import load_ranges
 from placer.solve.planfile import load_plan
+from workflows.loo import LooReport
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "examples" / "tiny-moe.yaml")
@@ -22,16 +24,34 @@ def _table(errors: list[float], tags: list[Tags]) -> ResidualTable:
                                for i, (e, t) in enumerate(zip(errors, tags, strict=True))), "test")
 
 
-def test_shipped_table_equals_a_fresh_leave_one_out_computation() -> None:
-    # A regression guard: the file is this computation's output (python -m workflows.published
-    # --loo --write-band); it fails when the cost model moves and the file was not rewritten.
+@pytest.fixture(scope="module")
+def fresh_loo() -> LooReport:
     from workflows.loo import loo_report
     from workflows.published import published_rows
+    return loo_report(published_rows())
 
-    fresh, shipped = loo_report(published_rows()).table, load_table()
+
+def test_shipped_table_equals_a_fresh_leave_one_out_computation(fresh_loo: LooReport) -> None:
+    # A regression guard: the file is this computation's output (python -m workflows.published
+    # --loo --write-band); it fails when the cost model moves and the file was not rewritten.
+    fresh, shipped = fresh_loo.table, load_table()
     assert [(r.name, r.tags) for r in shipped.rows] == [(r.name, r.tags) for r in fresh.rows]
     for s, f in zip(shipped.rows, fresh.rows, strict=True):
         assert s.error == pytest.approx(f.error, rel=1e-9, abs=1e-12), s.name
+    assert shipped.source == fresh.source
+
+
+def test_shipped_factor_ranges_equal_a_fresh_leave_one_out_computation(
+        fresh_loo: LooReport) -> None:
+    # A regression guard like the table's: the ranges `plan --robust --explain` re-prices at are
+    # the leave-one-out fits' spread, written by the same command.
+    from workflows.loo import ROW_FACTORS
+
+    fresh, shipped = fresh_loo.ranges, load_ranges()
+    assert list(shipped.ranges) == [f.name for f in ROW_FACTORS] == list(fresh.ranges)
+    for name, (lo, hi) in shipped.ranges.items():
+        assert 0 < lo <= hi
+        assert (lo, hi) == pytest.approx(fresh.ranges[name], rel=1e-9), name
     assert shipped.source == fresh.source
 
 

@@ -14,7 +14,8 @@ be the one with the best worst case.
   (`assemble.reprice`, no re-solving) at the ends of each input's plausible range: the length
   distributions' parameters +-`LENGTH_SPREAD`, and the efficiency-factor ranges the caller
   gives (`placer plan` gives the row factors' leave-one-out ranges,
-  `placer.cost.factor_ranges`). An input whose end makes the other plan the faster is a flip, reported with both times.
+  `placer.cost.factor_ranges`). An input whose end makes the other plan the faster is a flip,
+  reported with both times.
 """
 from __future__ import annotations
 
