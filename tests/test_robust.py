@@ -95,6 +95,14 @@ def test_plain_and_robust_agree_on_the_shipped_table(capsys: pytest.CaptureFixtu
     assert "sensitivity of the choice (ilp against " in out
 
 
+def test_explain_json_carries_the_choice_and_its_flips(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", TINY, "--robust", "--explain", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["choice"]["chosen"] == doc["robust"]["chosen"] == "ilp"
+    assert doc["robust"]["runner_up"] in doc["plan"]["choice"]["candidates"]
+    assert doc["robust"]["flips"] == []  # the ILP's plan is no slower anywhere on tiny-cpu
+
+
 def test_choice_round_trips_and_old_plans_write_back_unchanged(tmp_path: Path) -> None:
     golden = ROOT / "traces" / "golden" / "tiny-moe.plan.json"
     doc = json.loads(golden.read_text())
