@@ -14,7 +14,7 @@ EXTRAS := test$(if $(HAS_GPU),$(comma)gpu)
 comma := ,
 FRAMEWORKS := verl==0.9.1 openrlhf==0.11.2 sglang==0.5.23
 
-.PHONY: venv sysdeps demo lint test test-all test-fast notebooks bench golden clean
+.PHONY: venv sysdeps demo lint test test-slow test-all test-fast notebooks bench golden clean
 
 # The code sandbox isolates generated code with bubblewrap when it is installed (else with
 # util-linux `unshare`); as root with apt-get, install it. Cheap when present, so every build runs it.
@@ -50,10 +50,13 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the
-# 1,000-node examples, the larger pipeline layouts, the Ray twins of local executor tests) run
-# with `make test-all`.
+# large examples, the larger pipeline layouts, the Ray twins of local executor tests, the second
+# and third notebooks) run with `make test-slow` (CI runs it after `make test`) or `make test-all`.
 test: lint
 	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 test-all: lint
 	$(PY) -m pytest -q

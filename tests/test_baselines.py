@@ -30,7 +30,7 @@ from placer.spec.catalog import resolve
 from placer.spec.load import load_job
 
 # the cost objective walks the (time, rate) frontier, which is long on the 1,000-node examples
-SLOW_COST = {"large-1k-nodes", "longtail-replay"}
+SLOW_COST = {"large-1k-nodes", "longtail-replay", "ppo-llama8b-hetero"}
 HETERO = ROOT / "examples" / "ppo-llama8b-hetero.yaml"
 
 
