@@ -88,8 +88,10 @@ def test_a_tool_call_keeps_its_kv() -> None:
     holding 30 tokens, nor after (34 + 1 + 31 > 40): it starts when A is done."""
     m, dev, st = _model()
     done = run_replica(st, [10, 30], [[20, 5], [10]], [[1.0], []], [1, 1], 4, KvBudget(40, 8))
+    # (A's second prefill: 4 new tokens after 30 cached see 30 + 2 keys each on average,
+    # the keys of a causal sequence of 2 * 34 - 4: `chunk_seq`.)
     a_end = (prefill_time(m, dev, PAR, 10, 10, EFF) + _steps(m, dev, 1, 10, 20) + 1.0
-             + prefill_time(m, dev, PAR, 4, 34, EFF) + _steps(m, dev, 1, 34, 5))
+             + prefill_time(m, dev, PAR, 4, 2 * 34 - 4, EFF) + _steps(m, dev, 1, 34, 5))
     b_end = a_end + prefill_time(m, dev, PAR, 30, 30, EFF) + _steps(m, dev, 1, 30, 10)
     assert [t for t, _ in done] == pytest.approx([a_end, b_end], rel=1e-9)
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from specdata import ROOT, base
 
+from placer.base.roles import Role
 from placer.cost.batching import kv_budget
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import (
@@ -20,7 +21,12 @@ from placer.cost.estimate import (
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import score_time, train_memory, train_time
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import kv_bytes_per_token, weight_tensors
+from placer.cost.roofline import (
+    attention_flops_per_token,
+    chunk_seq,
+    kv_bytes_per_token,
+    weight_tensors,
+)
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
 from placer.spec.catalog import resolve
@@ -174,3 +180,17 @@ def test_context_beyond_the_kv_cache_names_both_sizes() -> None:
     assert _numbers(est.reason.split("GB is left")[0])[-1] == pytest.approx(free, abs=0.01)
     # with tensor parallelism over 4 cards the same sequence fits
     assert Pricer(res, CAL).estimate("rollout", res.cluster.pool("gen"), Parallel(tp=4)).feasible
+
+
+@pytest.mark.parametrize(("ctx", "new"), [(0, 7), (5, 3), (100, 1), (64, 64)])
+def test_a_prefill_chunk_prices_every_key_its_tokens_see(hetero, ctx: int, new: int) -> None:
+    # Independent count: new token i (0-based) of a chunk after `ctx` cached tokens attends to
+    # ctx + i + 1 keys, 4 * L * w FLOPs per key (QK^T and AV, 2 FLOPs a multiply-add). The
+    # closed form `attention_flops_per_token` at `chunk_seq` must match the sum (up to the
+    # diagonal's half key per token, which the causal mean seq / 2 leaves out).
+    m = hetero.arch_of(Role.ROLLOUT)
+    per_key = 4 * m.full_attention_layers * m.attention_width()
+    counted = sum(per_key * (ctx + i + 0.5) for i in range(new))
+    priced = (attention_flops_per_token(m, chunk_seq(ctx + new, new))
+              - attention_flops_per_token(m, 0.0)) * new
+    assert priced == pytest.approx(counted, rel=1e-12)

@@ -46,7 +46,7 @@ from placer.cost.generation import decode_run_time, decode_step_time, prefill_ti
 from placer.cost.layercomm import oversubscription, span_link, tp_link, weight_gather_time
 from placer.cost.model import score_time, sync_call_cost, train_time, transfer_time
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import GB, Memory, weight_tensors
+from placer.cost.roofline import GB, Memory, chunk_seq, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_bandwidth, sync_calls
 from placer.solve.hostmem import checkpoint_time, trained_layouts
@@ -172,7 +172,7 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
     if ev.cat in ("prefill", "decode", "generate"):
         batch = ctx.num(i, ev, "batch", positive=True)
         if ev.cat == "prefill":  # context: the attention span after the prefill, summed
-            span = max(ctx.num(i, ev, "context", 0.0), tokens) / batch
+            span = chunk_seq(max(ctx.num(i, ev, "context", 0.0), tokens) / batch, tokens / batch)
             return dev.name, dev, lambda e: prefill_time(m, dev, par, tokens, span, e)
         steps = max(int(round(ctx.num(i, ev, "steps", tokens / batch, positive=True))), 1)
         if ev.cat == "decode":

@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from placer.cost.batching import KvBudget, Run, StepTerms
+from placer.cost.roofline import chunk_seq
 
 # (time, source row, call index, sequences) -> [(return time, sequences)], earliest first
 Calls = Callable[[float, int, int, int], list[tuple[float, int]]]
@@ -100,7 +101,8 @@ def engine(st: StepTerms, kv: KvBudget, prompt: list[int], response: list[list[i
                 toks += w * n
                 ctx_sum += w * (ctx[i] + n)
             if toks > 0:
-                dur = st.prefill(toks, ctx_sum / seqs) * slow
+                # mean over sequences of chunk_seq(c, n) = 2 (c + n) - n
+                dur = st.prefill(toks, chunk_seq(ctx_sum / seqs, toks / seqs)) * slow
                 if on_prefill is not None:
                     on_prefill(t, dur, seqs, toks, ctx_sum)
                 t += dur

@@ -45,7 +45,14 @@ from placer.cost.rollout_tail import (
     makespan,
     steady_concurrency,
 )
-from placer.cost.roofline import Memory, infer_memory, kv_bytes_per_token, kv_split, weight_tensors
+from placer.cost.roofline import (
+    Memory,
+    chunk_seq,
+    infer_memory,
+    kv_bytes_per_token,
+    kv_split,
+    weight_tensors,
+)
 from placer.cost.rulecheck import rule_reward_time
 from placer.cost.sharding import Parallel, linear_state_bytes
 from placer.cost.tail_samples import has_variance, quantile, varies
@@ -355,7 +362,7 @@ def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, ba
     for turn in range(env.turns):
         new = p if turn == 0 else o
         if new > 0:
-            gen += prefill_time(m, dev, par, batch * new, ctx + new, eff)
+            gen += prefill_time(m, dev, par, batch * new, chunk_seq(ctx + new, new), eff)
         ctx += new
         gen += decode_run_time(m, dev, par, batch, ctx, int(round(r)), eff)
         ctx += r

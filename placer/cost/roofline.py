@@ -70,6 +70,15 @@ def attention_flops_per_token(m: ModelArch, seq: float) -> float:
             + m.linear_flops_per_token())
 
 
+def chunk_seq(span: float, new: float) -> float:
+    """The causal sequence length whose `attention_flops_per_token` prices a prefill chunk of
+    `new` tokens whose attention span after the prefill is `span` (span - new cached tokens):
+    each new token sees the cache and on average half the chunk, span - new / 2 keys, where a
+    causal sequence of `seq` tokens sees seq / 2; so seq = 2 * span - new (pricing it at `span`
+    would count the cache at half its keys). Linear, so it holds for means over sequences."""
+    return 2.0 * span - new
+
+
 def device_ceiling(ceiling: float, dev: DeviceType, eff: Efficiency) -> float:
     """A pass's achievable fraction of peak on `dev`: its GEMMs at `ceiling` plus the memory-
     bound kernels' `nongemm_bytes_per_flop` bytes per FLOP at HBM bandwidth, 1 / (1/ceiling +
