@@ -26,7 +26,7 @@ from placer.solve.planfile import Plan
 from placer.solve.planner import framework_check
 from placer.spec.catalog import resolve
 from placer.spec.framework import PROFILES, FrameworkName, profile_of
-from placer.spec.load import dump_job, job_from_dict
+from placer.spec.load import dump_job, job_from_dict, load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -224,3 +224,25 @@ def test_compare_all_frameworks_has_one_plan_per_framework(capsys) -> None:
             assert row["cost_per_sample"] == plan.cost_per_sample
             assert row["usd_per_hour"] == plan.used_usd_per_hour
             assert row["ratio_to_fastest"] >= 1.0
+
+
+# ------------------------------------------------- published rows priced with their own profile
+# The framework a row's source names (its first word) -> the profiles it may be priced with.
+RAN_UNDER = {"verl": ("verl", "verl-megatron"), "miles": ("miles",), "nemo-rl": ("nemo-rl",)}
+
+
+def test_published_rows_name_the_framework_they_ran_and_its_profile_can_run_their_layout() -> None:
+    from placer.base.roles import TRAINING_ROLES
+    from workflows.published_rows import ROWS, SYNC_ROWS
+
+    for row in ROWS:
+        job = load_job(EXAMPLES / "published" / row.file)
+        assert job.framework in RAN_UNDER[row.source.split()[0].lower()], row.name
+        for role, use in row.layout.items():
+            if use.pool == "cpu":
+                continue
+            assert job.profile.layout_problem(
+                role, training=role in TRAINING_ROLES, has_model=True, on_gpu=True, tp=use.tp,
+                pp=use.pp, ep=use.ep, shard=use.shard, attn_dp=1) is None, (row.name, role)
+    for sync in SYNC_ROWS:
+        assert sync.framework in RAN_UNDER[sync.name.split()[0].lower()], sync.name
