@@ -64,13 +64,15 @@ def validate(job: JobLike) -> Resolved:
 
 def plan(job: JobLike, *, time_limit: float = 10.0, objective: str | None = None,
          calibration: Calibration | str | Path | None = None, workers: int = 2,
-         seed: int = 0) -> Plan:
-    """`placer plan`: every role of a job (a `Job`, a job dict or a job file) placed by the ILP."""
+         seed: int = 0, framework: str | None = None) -> Plan:
+    """`placer plan`: every role of a job (a `Job`, a job dict or a job file) placed by the ILP;
+    `framework`: plan for that framework in place of the job's (`placer.spec.framework`)."""
+    from placer.commands.plan import with_framework
     from placer.cost.pricer import Pricer  # lazy: the cost model loads only when a plan is asked for
     from placer.solve.planner import plan_job
 
-    return plan_job(Pricer(resolve(_job(job)), _calib(calibration)), time_limit_s=time_limit,
-                    objective=objective, workers=workers, seed=seed)
+    return plan_job(Pricer(resolve(with_framework(_job(job), framework)), _calib(calibration)),
+                    time_limit_s=time_limit, objective=objective, workers=workers, seed=seed)
 
 
 def compare(job: JobLike, *, time_limit: float = 10.0, objective: str | None = None,

@@ -20,7 +20,8 @@ Not fitted here:
 - operator-level factors (`OPERATOR_LEVEL`: the prefill GEMM ceiling, the TP all-reduce's
   alpha-beta, the decode bandwidth curve): they are fitted on operator profiles, not on RL steps;
 - settings (`SETTINGS`): a factor only one row supports is a property of that framework or part,
-  carried by its row (e.g. `SyncRow.sender_gbs`), not evidence for a default.
+  carried by its row or its framework's profile (e.g. Miles' sender rate, `placer.spec.framework`),
+  not evidence for a default.
 """
 from __future__ import annotations
 

@@ -13,8 +13,11 @@ Published stages map onto the model's as: generation -> the rollout's `rollout` 
 `generate_sequences` where a row publishes it; it is the mean over ranks, and also holds the
 colocated engine's wake-up, resharding and sleep, which the model prices as sync and switch);
 old_log_prob -> the actor's `score` stage; ref -> the reference's `score` stage; update -> the
-actor's `train` stage; weight sync -> the plan's sync time. Every log-prob and update stage
-includes the driver's dispatch (`costmodel.dispatch_time`). The fully async rows publish the time
+actor's `train` stage; weight sync -> the plan's sync time. Each row's job file names the
+framework it ran under (`framework:`), and the row is priced with that framework's profile
+(`placer.spec.framework`): verl's log-prob and update stages include its driver's dispatch
+(`costmodel.dispatch_time`); Miles' (row r10, and its sync rows) have none and use Miles'
+broadcast sender rate. The fully async rows publish the time
 the trainer waits for generation, so only what they name is compared; their trainer takes the
 old log-probs from the engine (`Row.trainer_log_probs`). A trainer offloads (`Use.offload`) where
 its script sets the actor's optimizer offload.
@@ -216,16 +219,14 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Comparison:
                                              "response": {"kind": "fixed", "value": 1}},
         "cluster": {"pools": [{"name": "g", "device": row.device, "devices_per_node": 8,
                                "nodes": row.nodes}]},
-        "weight_sync": {"transport": row.transport, "shard_experts": row.shard_experts}},
-        row.name)
+        "weight_sync": {"transport": row.transport, "shard_experts": row.shard_experts},
+        "framework": row.framework}, row.name)
     res = resolve(job, row.name)
     a = Placed("a+r" if row.colocated else "a",
                Estimate(Role.ACTOR, "g", row.actor.parallel(), Memory(), {}))
     r = Placed("a+r" if row.colocated else "r",
                Estimate(Role.ROLLOUT, "g", row.rollout.parallel(), Memory(), {}))
     bucket = {"sync_bucket_gb": row.bucket_gb}
-    if row.sender_gbs is not None:
-        bucket["sync_sender_gbs"] = row.sender_gbs
     calib = Calibration(calib.default.override(bucket),
                         {k: e.override(bucket) for k, e in calib.per_device.items()})
     return Comparison(row.name, row.published_s, Pricer(res, calib).sync_time(a, r))

@@ -12,6 +12,7 @@ from placer.base.roles import Role
 from placer.cost.efficiency import Efficiency
 from placer.cost.sharding import Parallel
 from placer.spec.arch import ModelArch
+from placer.spec.framework import FrameworkName
 from placer.spec.weightsync import TransportKind
 
 
@@ -69,9 +70,9 @@ class SyncRow:
     # The transport's bucket size, GB (`Efficiency.sync_bucket_gb`): a framework setting; 0 for
     # verl's NCCL sync without checkpoint-engine, which broadcasts tensor by tensor from rank 0.
     bucket_gb: float = Efficiency().sync_bucket_gb
-    # One sender stream's raw GB/s where the framework's own path sets it (Miles' broadcast
-    # sender); None: `Efficiency.sync_sender_gbs`, which the other rows determine.
-    sender_gbs: float | None = None
+    # The framework the row ran under: its profile's factors (`placer.spec.framework`; Miles'
+    # broadcast sender rate) replace the shared ones, which the other rows determine.
+    framework: FrameworkName = "verl"
     # The job's `weight_sync` section (`placer.spec.weightsync`): the refit's transport and, for
     # a paired one, whether an engine rank receives only its own slice.
     transport: TransportKind = "broadcast"
@@ -159,13 +160,9 @@ ROWS: list[Row] = [
 
 _FAS = "verl docs/advance/fully_async.md (NCCL, no checkpoint-engine)"
 _MILES = "Miles docs/advanced/p2p-weight-transfer.md (NCCL broadcast, 1 GB buckets)"
-# Miles' broadcast sender (one per pipeline stage, `update_weight_from_distributed/broadcast.py`:
-# the DP = TP = 0 rank gathers its stage's TP / EP shards bucket by bucket, converts them to HF
-# names and broadcasts; stages take turns under a lock): 23.9 GB/s achieved, from the same doc's
-# GLM-4.7-Flash row (30B in 2.51 s, TP4 EP8 -> TP4 EP4 on one node, where the wire is NVLink and
-# the sender's own path binds): / `link_eff` 0.8 raw. A row not priced here, so the two Miles
-# rows below check it.
-_MILES_SENDER_GBS = 29.9
+# Miles' rows are priced with the miles profile, whose broadcast sender rate
+# (`placer.spec.framework.MILES_SENDER_GBS`) comes from the same doc's GLM-4.7-Flash row: a row
+# not priced here, so the two Miles rows below check it.
 _NEMO_REFIT = ("NeMo-RL docs/guides/checkpoint-engine-refit.md "
                "@aa8bfb2e8b606f9ad5add01b52635edf9ab620f8 (DeepSeek-V3 Benchmark)")
 _NEMO_BUCKET_GB = 4096 * 2**20 / 1e9
@@ -190,13 +187,14 @@ SYNC_ROWS: list[SyncRow] = [
     # packed broadcast. No transport here moves a dense FFN by engine TP slice, so the row is
     # priced as a colocated refresh, as named: it checks `sync_local_gbs` only loosely.
     SyncRow("NeMo-RL 4B DP8->TP8 H100 colocated", "NeMo-RL docs/design-docs/nccl-reshard-refit.md",
-            "Qwen3-4B", "H100-SXM", 1, Use("g", dp=8), Use("g", tp=8), 0.275, colocated=True),
+            "Qwen3-4B", "H100-SXM", 1, Use("g", dp=8), Use("g", tp=8), 0.275, colocated=True,
+            framework="nemo-rl"),
     SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", _MILES, "Qwen3-30B-A3B", "H100-SXM", 4,
             Use("g", tp=4, dp=4, zero=1, ep=8), Use("g", tp=8, dp=2, ep=8), 2.67,
-            sender_gbs=_MILES_SENDER_GBS),
+            framework="miles"),
     SyncRow("Miles 235B-A22B 8 nodes->8 nodes H100", _MILES, "Qwen3-235B-A22B", "H100-SXM", 16,
             Use("g", tp=4, pp=4, dp=2, zero=1, cp=2, ep=16), Use("g", tp=32, dp=2, ep=32), 10.75,
-            sender_gbs=_MILES_SENDER_GBS),
+            framework="miles"),
     # NeMo-RL's DeepSeek-V3 BF16 refit: 32 policy nodes (Megatron TP1 PP16 EP16) -> 4 rollout
     # nodes (vLLM TP32), not colocated; 4096 MiB buckets (0.05 of an 80 GiB GPU: H100-SXM
     # assumed, the doc names no GPU); each vLLM rank loaded 69.95 GiB in 18 batches (the slice
@@ -206,7 +204,7 @@ SYNC_ROWS: list[SyncRow] = [
     # GB/s) would outrun a rank's 400 Gb/s NIC, so it is priced as the same pairs over NCCL.
     *[SyncRow(name, _NEMO_REFIT, "DeepSeek-V3", "H100-SXM", 36,
               Use("g", pp=16, dp=16, ep=16), Use("g", tp=32), t, bucket_gb=_NEMO_BUCKET_GB,
-              transport=transport, shard_experts=shard)
+              transport=transport, shard_experts=shard, framework="nemo-rl")
       for name, transport, shard, t in _NEMO_REFIT_ROWS],
 ]
 

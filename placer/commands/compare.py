@@ -2,6 +2,7 @@
 
     placer compare JOB.yaml [--json] [--simulate [--iterations N] [--ci F] [--sim-seed S]]
                             [--time-limit S] [--calibration F] [--objective time|cost]
+                            [--framework F|all]
 
 For each plan: predicted iteration time, throughput, cost per sample, where the roles sit, and
 the ratio of its time to the ILP's (> 1: the baseline is slower), and its rank (1 = fastest)
@@ -13,7 +14,9 @@ interval is within `--ci` of the mean or a cap; `--iterations N` simulates exact
 place every role the same way are simulated once. A plan whose interval overlaps the ILP's is
 marked tied with it: the simulation cannot tell them apart. On a terminal (not with `--json`)
 a spinner on stderr names what is under way (planning the ILP, the baselines, simulating plan
-k/n) with its elapsed time.
+k/n) with its elapsed time. `--framework F` compares the plans of framework F
+(`placer.spec.framework`); `--framework all` instead shows the ILP's best plan for each
+framework side by side (`placer.commands.frameworks`).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from placer.base.errors import SpecError
 from placer.base.phases import PhaseClock, PhaseListener
 from placer.cli import emit_json
-from placer.commands.plan import add_solver_arguments, load_inputs
+from placer.commands.plan import add_framework_argument, add_solver_arguments, load_inputs
 from placer.commands.simulate import add_steady_arguments, steady_targets
 from placer.cost.efficiency import Calibration
 from placer.solve.planfile import Plan
@@ -43,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_steady_arguments(p)
     p.add_argument("--sim-seed", type=int, default=0, help="simulator seed (default 0)")
     add_solver_arguments(p)
+    add_framework_argument(p, every=True)
 
 
 def _simulator(args: argparse.Namespace) -> Callable[[Plan], SteadyState]:
@@ -109,6 +113,11 @@ def plans_for(res: Resolved, calib: Calibration, args: argparse.Namespace,
 def run(args: argparse.Namespace) -> int:
     if args.sim_seed < 0:  # the simulator's seed sequences take non-negative integers only
         raise SpecError(f"--sim-seed: must be >= 0 (got {args.sim_seed})")
+    if args.framework == "all":
+        if args.simulate:
+            raise SpecError("--simulate: compares one framework's plans (got --framework all)")
+        from placer.commands.frameworks import compare_frameworks
+        return compare_frameworks(args)
     simulate = _simulator(args) if args.simulate else None
     res, calib = load_inputs(args)
     from placer.progress import progress  # a spinner on stderr, off under --json

@@ -34,6 +34,8 @@ from placer.cost.efficiency import Calibration
 from placer.solve.planfile import Plan, dumps
 from placer.solve.render import render_frontier, render_plan
 from placer.spec.catalog import Resolved, resolve
+from placer.spec.framework import PROFILES
+from placer.spec.job import Job
 from placer.spec.load import load_job
 
 
@@ -51,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pick the plan whose error band's upper end is smallest")
     p.add_argument("--points", type=int, default=8, help="most frontier points with --sweep")
     add_solver_arguments(p)
+    add_framework_argument(p)
 
 
 def add_solver_arguments(p: argparse.ArgumentParser, time_limit_s: float = 10.0) -> None:
@@ -62,6 +65,25 @@ def add_solver_arguments(p: argparse.ArgumentParser, time_limit_s: float = 10.0)
                    help="CP-SAT search workers, and the processes that price a large cluster's "
                    "cost table (default 2)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+
+
+def add_framework_argument(p: argparse.ArgumentParser, *, every: bool = False) -> None:
+    """`--framework F`: plan for framework F in place of the job's `framework:` (`every`:
+    also `all`, each framework side by side)."""
+    names = [*PROFILES, "all"] if every else list(PROFILES)
+    p.add_argument("--framework", choices=names, metavar="F",
+                   help="the framework the plan runs under, overriding the job's framework: "
+                   f"({', '.join(names)}; default: the job's, else native)")
+
+
+def with_framework(job: Job, framework: str | None) -> Job:
+    """The job planned for `framework` (None: as it says); SpecError naming an unknown one."""
+    if framework is None:
+        return job
+    if framework not in PROFILES:
+        raise SpecError(f"--framework: unknown framework {framework!r} (known: "
+                        f"{', '.join(PROFILES)})")
+    return job.model_copy(update={"framework": framework})
 
 
 def check_solver_arguments(args: argparse.Namespace) -> None:
@@ -79,7 +101,8 @@ def check_solver_arguments(args: argparse.Namespace) -> None:
 def load_inputs(args: argparse.Namespace) -> tuple[Resolved, Calibration]:
     """(resolved job, calibration profile) from the command line."""
     check_solver_arguments(args)
-    return resolve(load_job(args.job), args.job), load_calibration(args.calibration)
+    job = with_framework(load_job(args.job), getattr(args, "framework", None))
+    return resolve(job, args.job), load_calibration(args.calibration)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -117,7 +117,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "Job": [{"name": "grpo-qwen7b", "algorithm": "grpo", "objective": "cost", "seed": 7,
              "models": {}, "batch": {}, "lengths": {}, "cluster": {}, "environment": {},
              "pipeline": {}, "tail_policy": {}, "weight_sync": {}, "catalog": {}, "data": {}, "precision": {},
-             "pin": {}}],
+             "pin": {}, "framework": "verl"}],
     "Precision": [{"rollout_weights": "fp8", "kv_cache": "fp8", "training": "bf16"}],
     "Models": [{"policy": "Qwen2.5-7B", "reference": "Qwen2.5-7B", "reward": "rule",
                 "critic": "Qwen2.5-1.5B", "use_reference": False,

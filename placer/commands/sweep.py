@@ -30,7 +30,12 @@ from typing import Any
 from placer.base.errors import SpecError
 from placer.base.inputs import check_output
 from placer.cli import emit_json, note
-from placer.commands.plan import add_solver_arguments, check_solver_arguments
+from placer.commands.plan import (
+    add_framework_argument,
+    add_solver_arguments,
+    check_solver_arguments,
+    with_framework,
+)
 
 MAX_ITERATIONS = 1000
 # The frontier ranks points by what their booking costs: a point with fewer nodes books less
@@ -51,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulator seed (default: the job's seed)")
     p.add_argument("--plots", metavar="DIR", help="write pareto.png and sweep.png here")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    add_framework_argument(p)
     add_solver_arguments(p, time_limit_s=2.0)  # per point: `placer plan` solves properly
 
 
@@ -69,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     paths = [v.path for v in varies]
     if len(set(paths)) < len(paths):
         raise SpecError(f"--vary: a field given twice (got {', '.join(paths)})")
-    job = load_job(args.job)
+    job = with_framework(load_job(args.job), args.framework)
     calib = load_calibration(args.calibration)
     from placer.progress import grid_callback, progress  # off under --json and into a pipe
 

@@ -11,9 +11,15 @@ The cost modules take a `PriceContext` where they used to take the pair (res, ca
 `placer.cost.pricer.Pricer` adds the entry points the solver, the baselines and the simulator
 call. They are two classes so that the modules between them can take the context without
 importing their own callers.
+
+The job's framework profile (`placer.spec.framework`) sets some factors of its own (its
+dispatch, its weight-sync bucket and sender): `calib` is the given calibration with those
+replaced (`framework_calibration`), the one every price reads; `given` is the calibration as
+given, the one a plan records.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Self
 
@@ -33,7 +39,8 @@ class PriceContext:
     def __init__(self, res: Resolved, calib: Calibration | None = None,
                  _terms: dict[TermsKey, StepTerms] | None = None) -> None:
         self.res = res
-        self.calib = calib if calib is not None else Calibration()
+        self.given = calib if calib is not None else Calibration()
+        self.calib = framework_calibration(self.given, res.job.profile.factors)
         self._terms: dict[TermsKey, StepTerms] = {} if _terms is None else _terms
         # The same objects come back for every candidate: look them up by identity first (the
         # entry holds them, so their ids stay theirs), by value (a hash of every field) else.
@@ -68,4 +75,13 @@ class PriceContext:
     def with_res(self, res: Resolved) -> Self:
         """The context of another resolved job that shares this one's models and devices (the
         same table: it is keyed by value)."""
-        return type(self)(res, self.calib, self._terms)
+        return type(self)(res, self.given, self._terms)
+
+
+def framework_calibration(calib: Calibration, factors: Mapping[str, float]) -> Calibration:
+    """`calib` with a framework profile's own factors in place of its values (itself, the same
+    object, when the profile sets none: native plans price exactly as before)."""
+    if not factors:
+        return calib
+    return replace(calib, default=calib.default.override(dict(factors)),
+                   per_device={k: e.override(dict(factors)) for k, e in calib.per_device.items()})

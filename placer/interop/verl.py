@@ -57,9 +57,11 @@ MEGATRON_HSDP = ("verl 0.9 builds Megatron's data-parallel groups without partia
 
 
 def uses_megatron(plan: Plan) -> bool:
-    """Megatron when any trained model needs tensor or pipeline parallelism (FSDP has neither)."""
-    return any(plan.roles[r].tp > 1 or plan.roles[r].pp > 1
-               for r in (Role.ACTOR, Role.CRITIC) if r in plan.roles)
+    """Megatron when the plan was made for a Megatron trainer (`--framework verl-megatron`) or
+    any trained model needs tensor or pipeline parallelism (FSDP has neither)."""
+    return plan.spec.profile.megatron_trainer or any(
+        plan.roles[r].tp > 1 or plan.roles[r].pp > 1
+        for r in (Role.ACTOR, Role.CRITIC) if r in plan.roles)
 
 
 def config_name(plan: Plan) -> str:

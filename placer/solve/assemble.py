@@ -128,7 +128,7 @@ def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo) -> Plan:
                                     switch_s=bd.switch_s, sync_s=bd.sync_s),
                 roles={r: roles[r] for r in res.job.roles() if r in roles},
                 slots=slots, bundles=bundles, sync_routes=routes, solver=solver,
-                calibration=None if px.calib.is_default else px.calib)
+                calibration=None if px.given.is_default else px.given)
 
 
 def reprice(plan: Plan, job: Job, calib: Calibration) -> Timing:

@@ -240,7 +240,8 @@ def role_candidates(px: Pricer, role: str, pool: Pool, limit: int | None = None,
     cands = []
     dev = res.device_of(pool)  # on a host-RAM device an offload frees nothing
     offload = role in TRAINING_ROLES and dev.kind is DeviceKind.gpu and not dev.host_backed
-    for par in pinned_layouts(res.job, role, pool.name, layouts(px, role, pool, limit)):
+    for par in framework_layouts(res, role, dev, pinned_layouts(res.job, role, pool.name,
+                                                                  layouts(px, role, pool, limit))):
         est = px.estimate(role, pool, par)
         if not est.feasible and offload:
             # optimizer state on the host: slower, so only worth it where nothing else fits
@@ -248,6 +249,17 @@ def role_candidates(px: Pricer, role: str, pool: Pool, limit: int | None = None,
         if est.feasible:
             cands.append(Candidate(role, pool.name, est))
     return prune_dominated(cands) if prune else cands
+
+
+def framework_layouts(res: Resolved, role: str, dev: DeviceType, pars: list[Parallel]
+                      ) -> list[Parallel]:
+    """The layouts the job's framework can run (`placer.spec.framework`): all of them for
+    `native`, the planner's own executor."""
+    profile = res.job.profile
+    training, has_model = role in TRAINING_ROLES, res.model_of(role) is not None
+    return [p for p in pars if profile.layout_problem(
+        role, training=training, has_model=has_model, on_gpu=dev.kind is DeviceKind.gpu, tp=p.tp,
+        pp=p.pp, ep=p.ep, shard=p.shard, attn_dp=p.attn_dp) is None]
 
 
 def hsdp_layouts(pars: list[Parallel], pool: Pool, pinned: int | None = None) -> list[Parallel]:
@@ -346,7 +358,7 @@ def _priced_apart(px: Pricer, limit: int | None, tasks: list[tuple[str, Pool]], 
         procs = []
         for i, share in enumerate(shares):
             src, dst = Path(tmp) / f"in{i}", Path(tmp) / f"out{i}"
-            src.write_bytes(pickle.dumps((px.res, px.calib, limit,
+            src.write_bytes(pickle.dumps((px.res, px.given, limit,
                                           [(r, p.name) for r, p in share])))
             procs.append((share, dst, subprocess.Popen(
                 [sys.executable, "-m", "placer.solve.tablework", str(src), str(dst)],
@@ -375,7 +387,11 @@ def with_splits(px: Pricer, per_pool: PerPool,
     """Role -> its single-pool candidates, then those split over two pools (`placer.cost.split`);
     `keep(role)` says which splits are worth pricing (`placer.solve.ilp_bound.split_keep`)."""
     out: dict[str, list[Candidate]] = {}
+    splits_roles = px.res.job.profile.splits_roles  # a framework that runs a role on one pool
     for role, pools in per_pool.items():
+        if not splits_roles:
+            out[role] = [c for cs in pools.values() for c in cs]
+            continue
         splits = px.split_estimates(role, {p: [c.est for c in cs] for p, cs in pools.items()},
                                     keep(role) if keep is not None else None)
         out[role] = [c for cs in pools.values() for c in cs] + [Candidate(role, e.pool, e)

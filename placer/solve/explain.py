@@ -286,7 +286,7 @@ def marginal(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> dict[str, Mar
     out = {}
     for p in px.res.cluster.pools:
         grown = with_nodes(px.res.job, {p.name: p.nodes + 1})
-        new = plan_job(Pricer(grown, px.calib), time_limit_s=time_limit_s)
+        new = plan_job(Pricer(grown, px.given), time_limit_s=time_limit_s)
         out[p.name] = MarginalNode(
             iteration_s=new.predicted_iteration_s,
             delta_s=new.predicted_iteration_s - plan.predicted_iteration_s,

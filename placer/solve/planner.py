@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from placer.base.errors import Infeasible
+from placer.base.roles import TRAINING_ROLES, Role
 from placer.cost.pricer import Pricer
 from placer.solve import hostmem
 from placer.solve.assemble import assemble
@@ -38,6 +39,7 @@ from placer.solve.ilp_bound import heuristic, score, split_keep
 from placer.solve.ilp_solve import frontier, solve
 from placer.solve.planfile import Plan, SolverInfo
 from placer.spec.catalog import resolve
+from placer.spec.job import Job, pin_of
 
 DEFAULT_TIME_LIMIT_S = 10.0
 
@@ -55,10 +57,11 @@ def build_problem(px: Pricer, objective: str | None = None, bounded: bool = True
     if objective is not None and objective != job.objective:  # the plan records its objective
         px = px.with_res(resolve(job.model_copy(update={"objective": objective})))
     res = px.res
+    framework_check(res.job)
     per_pool = single_candidates(px, workers=workers)
     missing = [r for r, cs in flat(per_pool).items() if not cs]
     if missing:
-        raise Infeasible(diagnose(px, missing))
+        raise Infeasible(framework_refusal(res.job, missing) + diagnose(px, missing))
     keep = None
     if bounded:
         fit, _ = hostmem.refuse_candidates(res, flat(per_pool))
@@ -71,6 +74,36 @@ def build_problem(px: Pricer, objective: str | None = None, bounded: bool = True
     if missing:
         raise Infeasible(hostmem.refusal(res, missing, refused))
     return Problem(px, cands, objective or res.job.objective)
+
+
+def framework_check(job: Job) -> None:
+    """Infeasible (exit 3) naming what the job's framework cannot run at all."""
+    profile = job.profile
+    why = profile.job_problem(critic=Role.CRITIC in job.roles(),
+                              async_steps=job.pipeline.mechanism.overlaps_steps,
+                              partial_rollout=job.tail_policy.mechanism.carries_over)
+    for role in job.roles():  # a pin the framework cannot run: say so, not "does not fit"
+        pin = pin_of(job, role)
+        if why is None and pin is not None:
+            hsdp = pin.shard is not None and (pin.dp is None or pin.shard < pin.dp)
+            why = profile.layout_problem(
+                role, training=role in TRAINING_ROLES, has_model=False, on_gpu=True,
+                tp=pin.tp or 1, pp=pin.pp or 1, ep=pin.ep or 1, shard=(pin.shard or 0) if hsdp else 0,
+                attn_dp=1)
+            why = why and f"{why}, which pin.{role} asks for"
+    if why is not None:
+        raise Infeasible(f"framework: {profile.name} ({profile.title}) {why}; plan the job for "
+                         "another framework (placer compare JOB --framework all)")
+
+
+def framework_refusal(job: Job, roles: list[str]) -> str:
+    """What a named framework's layout rules left without a candidate ("" for a job that names
+    none: the diagnosis alone)."""
+    if job.framework is None:
+        return ""
+    p = job.profile
+    return (f"framework: {p.name} ({p.title}) runs no layout of {', '.join(roles)} that fits "
+            f"this cluster within its rules ({p.limits()}); ")
 
 
 def to_plan(problem: Problem, sol: Solution) -> Plan:

@@ -16,15 +16,16 @@ pipeline, tail policy, precision), `weightsync` (the refit's transport), `pins` 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from placer.base.roles import Role
 from placer.spec.arch import ModelArch
 from placer.spec.base import Strict
 from placer.spec.current import CurrentPlacement
 from placer.spec.distributions import Distribution
+from placer.spec.framework import FrameworkName, FrameworkProfile, profile_of
 from placer.spec.hardware import Cluster, DeviceType
 from placer.spec.localdata import Dataset
 from placer.spec.pins import Pin, Pins, _Layout
@@ -64,6 +65,23 @@ class Job(Strict):
     pin: Pins | None = Field(
         None, description="per-role layout pins the planner keeps to, e.g. {actor: {tp: 2, "
                           "dp: 2}} (placer/spec/pins.py)")
+    framework: FrameworkName | None = Field(
+        None, description="the framework the job runs under (placer/spec/framework.py): the "
+                          "planner searches only the layouts it can run and prices its "
+                          "overheads; none: native (placer execute)")
+
+    @model_serializer(mode="wrap")
+    def _without_framework(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A job without a framework is written without the key (files stay as they were)."""
+        out: dict[str, Any] = handler(self)
+        if out.get("framework", "") is None:
+            out.pop("framework")
+        return out
+
+    @property
+    def profile(self) -> FrameworkProfile:
+        """The framework profile the job is planned for (`placer.spec.framework`)."""
+        return profile_of(self.framework)
 
     def roles(self) -> list[Role]:
         """Roles the algorithm runs, in a stable order."""

@@ -1,0 +1,257 @@
+"""Framework profiles: what each RL framework a plan targets can run and what it costs.
+
+A job names its target with `framework:` (or `--framework` on plan, compare and sweep); without
+one it is planned for `native`, `placer execute` itself, exactly as before profiles existed.
+Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, never its name:
+
+  layout_problem(...)   why a role's layout (device kind, trainer / engine TP, PP, EP, HSDP
+                        shard group, data-parallel attention) cannot run there, or None;
+                        the candidate table keeps only the layouts it can run
+  splits_roles          whether one role may be split over pools (a split part per pool)
+  job_problem(...)      why the job itself cannot run there (a critic, async steps, partial
+                        rollout), or None: `placer plan` then exits 3 naming it
+  factors               its overheads as efficiency factors that replace the shared ones
+                        (`placer.cost.efficiency.Efficiency`): the driver's dispatch, the
+                        weight-sync bucket and sender
+
+Every rule and overhead cites the file and version of the framework it was read from
+(`SOURCES`). Colocation forms, the old-log-prob source and engine sleep/wake are recorded
+(`colocation`, `old_log_probs`, `sleep_wake`) but priced by the shared model: every profile
+here colocates the roles it shares devices between, recomputes old log-probs with the trainer by
+default and sleeps its engine with the engine library's own call.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+FrameworkName = Literal["native", "verl", "verl-megatron", "openrlhf", "nemo-rl", "miles"]
+DEFAULT_FRAMEWORK = "native"
+
+VERL = "verl 0.8.0.dev @b178a3cd56f58b2d502255daba591e92833930a7"
+OPENRLHF = "OpenRLHF v0.11.0 @3c3be6234e0cb353e76bb8019947db9dfe99fca7"
+NEMO_RL = "NeMo-RL 0.6.0 @7ea279abfbeb698b092856d0dab61e7cf39bc909"
+MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
+
+# Miles' broadcast sender (one per pipeline stage, miles/backends/megatron_utils/
+# update_weight/update_weight_from_distributed/broadcast.py: the DP = TP = 0 rank gathers its
+# stage's TP / EP shards bucket by bucket and broadcasts them): 23.9 GB/s achieved in Miles'
+# docs/advanced/p2p-weight-transfer.md GLM-4.7-Flash row (30B in 2.51 s on one node, where the
+# sender's own path binds) / link efficiency 0.8 = 29.9 GB/s raw.
+MILES_SENDER_GBS = 29.9
+
+
+def _frozen(d: Mapping[str, float] | None = None) -> Mapping[str, float]:
+    return MappingProxyType(dict(d or {}))
+
+
+def _no_sources() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """One framework target: the layouts it runs and the overheads it adds.
+
+    Limits are the largest degree the framework's configuration can express (None: any the
+    planner tries); `sources` maps each rule and factor to where it was read."""
+
+    name: str
+    title: str
+    version: str
+    exporter: str | None  # the `placer export` target that writes its configuration
+    gpu_models: bool = True  # roles with a model run on GPUs only (no LPU or CPU engines)
+    hsdp: bool = True  # trainer shard groups (`roles.NAME.shard`)
+    megatron_trainer: bool = False  # trains with Megatron-Core whatever the layout
+    splits_roles: bool = False  # one role over several pools
+    trainer_tp: int | None = None
+    trainer_pp: int | None = None
+    trainer_ep: int | None = None
+    engine_tp: int | None = None
+    engine_pp: int | None = None
+    engine_ep: int | None = None
+    attn_dp: bool = True  # engines with data-parallel attention
+    critic: bool = True
+    async_steps: bool = True  # rollout ahead of training (pipeline mode async)
+    partial_rollout: bool = True  # the `partial` tail policy: cut long samples, carry them over
+    colocation: str = ""
+    old_log_probs: str = "trainer"
+    sleep_wake: str = ""
+    factors: Mapping[str, float] = field(default_factory=_frozen)
+    sources: Mapping[str, str] = field(default_factory=_no_sources)
+
+    def layout_problem(self, role: str, *, training: bool, has_model: bool, on_gpu: bool,
+                       tp: int, pp: int, ep: int, shard: int, attn_dp: int) -> str | None:
+        """Why `role` cannot run this layout under the framework, or None when it can."""
+        if has_model and self.gpu_models and not on_gpu:
+            return f"runs {role}'s model on GPUs only"
+        if training and shard and not self.hsdp:
+            return "has no HSDP shard group for a trainer"
+        limits = ((self.trainer_tp, self.trainer_pp, self.trainer_ep) if training
+                  else (self.engine_tp, self.engine_pp, self.engine_ep))
+        kind = "trainer" if training else "engine"
+        for dim, value, top in zip(("tp", "pp", "ep"), (tp, pp, ep), limits):
+            if top is not None and value > top:
+                return f"runs {kind}s with {dim} <= {top} (got {dim} {value} for {role})"
+        if attn_dp > 1 and not self.attn_dp:
+            return f"has no data-parallel attention for the {role}'s engines"
+        return None
+
+    def job_problem(self, *, critic: bool, async_steps: bool, partial_rollout: bool
+                    ) -> str | None:
+        """Why the job cannot run under the framework at all, or None."""
+        if critic and not self.critic:
+            return "has no critic (the ppo algorithm's value model)"
+        if async_steps and not self.async_steps:
+            return "has no asynchronous pipeline (pipeline.mode async)"
+        if partial_rollout and not self.partial_rollout:
+            return "has no partial rollout (tail_policy.kind partial)"
+        return None
+
+    def limits(self) -> str:
+        """The layout rules, in one line for messages."""
+        out = []
+        if self.gpu_models:
+            out.append("models on GPUs")
+        if not self.hsdp:
+            out.append("no HSDP")
+        if not self.splits_roles:
+            out.append("no role split over pools")
+        for kind, dims in (("trainer", (self.trainer_tp, self.trainer_pp, self.trainer_ep)),
+                           ("engine", (self.engine_tp, self.engine_pp, self.engine_ep))):
+            out += [f"{kind} {d} <= {v}" for d, v in zip(("tp", "pp", "ep"), dims)
+                    if v is not None]
+        if not self.attn_dp:
+            out.append("no data-parallel attention")
+        return ", ".join(out) or "any layout"
+
+
+_NATIVE = FrameworkProfile(
+    "native", "placer execute", "this repository", "kuberay", gpu_models=False,
+    splits_roles=True,
+    colocation="any roles share a slot (executors/placement.py)",
+    sleep_wake="vLLM / SGLang sleep when colocated (executors/vllm_rollout.py)",
+    sources=MappingProxyType({
+        "dispatch": "executors/runtime.py: the loop's driver passes each pass's samples to "
+                    "every trainer rank as Ray call arguments (the shared dispatch factors)",
+    }))
+
+_VERL_SOURCES = {
+    "splits_roles": f"{VERL} verl/trainer/ppo/ray_trainer.py: one rollout worker group in one "
+                    "resource pool",
+    "hsdp": f"{VERL} verl/trainer/config/engine/fsdp.yaml fsdp_size (FSDP2); the Megatron "
+            "engine builds no partial distributed-optimizer groups "
+            "(verl/workers/engine/megatron/transformer_impl.py)",
+    "engine": f"{VERL} verl/trainer/config/rollout/rollout.yaml tensor_model_parallel_size, "
+              "pipeline_model_parallel_size, expert_parallel_size, data_parallel_size",
+    "async_steps": f"{VERL} docs/advance/one_step_off.md, docs/advance/fully_async.md",
+    "gpu_models": f"{VERL} verl/single_controller/ray/base.py: resource pools of GPUs (vLLM / "
+                  "SGLang engines, FSDP / Megatron workers)",
+    "partial_rollout": f"{VERL} docs/advance/fully_async.md (async_training.partial_rollout)",
+    "old_log_probs": f"{VERL} rollout.yaml calculate_log_probs: False (the trainer recomputes)",
+    "dispatch": f"{VERL} verl/single_controller (DataProto dispatched from the driver); the "
+                "shared dispatch factors were fitted on verl's rows",
+    "sync_bucket_gb": f"{VERL} rollout.yaml checkpoint_engine.update_weights_bucket_megabytes "
+                      "(2048) is SGLang's only; vLLM rollouts keep the shared factors",
+}
+
+
+def _verl(name: str, title: str, trainer: str, **layout: int | bool | None) -> FrameworkProfile:
+    """verl with one trainer backend (`trainer`: where its layouts come from)."""
+    return FrameworkProfile(
+        name, title, VERL, "verl", **layout,  # type: ignore[arg-type]
+        colocation="actor, rollout and reference in one hybrid engine; critic with the actor; "
+                   "rollout apart in the one-step-off / fully async recipes",
+        sleep_wake=f"{VERL} rollout.yaml free_cache_engine (engine sleep between phases)",
+        sources=MappingProxyType({**_VERL_SOURCES, "trainer": f"{VERL} {trainer}"}))
+
+
+_VERL_FSDP = _verl("verl", "verl (FSDP2)", "verl/trainer/config/engine/fsdp.yaml: FSDP2 "
+                   "shards data-parallel only (Ulysses sequence parallelism for long contexts)",
+                   trainer_tp=1, trainer_pp=1, trainer_ep=1)
+_VERL_MEGATRON = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
+                       "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
+                       hsdp=False, megatron_trainer=True)
+
+_OPENRLHF = FrameworkProfile(
+    "openrlhf", "OpenRLHF", OPENRLHF, "openrlhf", hsdp=False, trainer_pp=1, trainer_ep=1,
+    engine_pp=1, engine_ep=1, attn_dp=False,
+    colocation="--train.colocate_all, --train.colocate_actor_ref, colocated critic/reward "
+               "(openrlhf/cli/train_ppo_ray.py)",
+    sleep_wake="--vllm.enable_sleep, --ds.enable_sleep (colocate_all only)",
+    sources=MappingProxyType({
+        "trainer": f"{OPENRLHF} openrlhf/cli/train_ppo_ray.py: DeepSpeed ZeRO with "
+                   "--ds.tensor_parallel_size and --ds.ring_attn_size; no pipeline or expert "
+                   "parallelism, no hybrid shard groups",
+        "engine": f"{OPENRLHF} train_ppo_ray.py: --vllm.num_engines x "
+                  "--vllm.tensor_parallel_size only (no pipeline or expert parallel engine)",
+        "splits_roles": f"{OPENRLHF} train_ppo_ray.py: one vLLM engine group",
+        "gpu_models": f"{OPENRLHF} openrlhf/trainer/ray/vllm_engine.py: vLLM engines on GPU "
+                      "bundles; DeepSpeed models on GPUs",
+        "async_steps": f"{OPENRLHF} train_ppo_ray.py --train.async_enable",
+        "partial_rollout": f"{OPENRLHF} train_ppo_ray.py --train.partial_rollout_enable",
+        "dispatch": f"{OPENRLHF} openrlhf/trainer/ray/launcher.py async_run_method_batch: the "
+                    "driver slices every pass's batch and ray.put()s each rank's chunk",
+        "old_log_probs": f"{OPENRLHF} openrlhf/trainer/ppo_utils/experience_maker.py (actor "
+                         "forward)",
+    }))
+
+_NEMO = FrameworkProfile(
+    "nemo-rl", "NeMo-RL", NEMO_RL, None, hsdp=False, partial_rollout=False,
+    colocation="policy and generation colocated (cluster shared) or apart "
+               "(policy.generation.colocated.enabled)",
+    sleep_wake="vLLM sleep between phases when colocated",
+    sources=MappingProxyType({
+        "trainer": f"{NEMO_RL} DTensor (tensor, context parallel) or Megatron (tensor, "
+                   "pipeline, context, expert parallel): examples/configs/grpo_math_1B.yaml",
+        "engine": f"{NEMO_RL} nemo_rl/models/generation/vllm/config.py tensor_, pipeline_, "
+                  "expert_parallel_size",
+        "hsdp": f"{NEMO_RL} dtensor_cfg has no replicate (shard-group) size",
+        "critic": f"{NEMO_RL} nemo_rl/algorithms/ppo.py (value model)",
+        "async_steps": f"{NEMO_RL} grpo.async_grpo (max_trajectory_age_steps)",
+        "partial_rollout": f"{NEMO_RL} examples/configs/grpo_math_1B.yaml: async_grpo has "
+                           "max_trajectory_age_steps and in_flight_weight_updates, no partial "
+                           "rollout (none in the repository)",
+        "splits_roles": f"{NEMO_RL} one generation cluster (policy.generation.colocated)",
+        "gpu_models": f"{NEMO_RL} nemo_rl/distributed/virtual_cluster.py: GPU bundles",
+        "dispatch": f"{NEMO_RL} nemo_rl/models/policy/lm_policy.py: the driver shards each "
+                    "pass's batch (shard_by_batch_size) to the workers",
+    }))
+
+_MILES = FrameworkProfile(
+    "miles", "Miles (slime)", MILES, None, hsdp=False, megatron_trainer=True, engine_pp=1,
+    colocation="--colocate: actor and rollout share GPUs; else separate "
+               "--actor-num-gpus-per-node / --rollout-num-gpus",
+    sleep_wake="--offload-rollout (SGLang release_memory_occupation)",
+    factors=_frozen({"dispatch_bytes_per_token": 0.0, "sync_sender_gbs": MILES_SENDER_GBS,
+                     "sync_bucket_gb": 1.0}),
+    sources=MappingProxyType({
+        "trainer": f"{MILES} Megatron actor (tensor, pipeline, context, expert parallel)",
+        "engine": f"{MILES} miles/utils/arguments.py --rollout-num-gpus-per-engine (one SGLang "
+                  "TP group per engine; expert and data-parallel attention via SGLang args)",
+        "critic": f"{MILES} miles/utils/arguments.py --critic-num-nodes, --critic-load",
+        "splits_roles": f"{MILES} miles/utils/arguments.py: one rollout engine pool "
+                        "(--rollout-num-gpus)",
+        "hsdp": f"{MILES} Megatron distributed optimizer without partial instances",
+        "gpu_models": f"{MILES} miles/ray/placement_group.py: GPU bundles for actor and "
+                      "SGLang engines",
+        "partial_rollout": f"{MILES} miles/utils/arguments.py --partial-rollout",
+        "dispatch_bytes_per_token": f"{MILES} miles/backends/training_utils/data.py "
+                                    "get_rollout_data: each "
+                    "rank fetches the rollout batch from the object store itself, once per "
+                    "step (no driver dispatch per pass)",
+        "sync_sender_gbs": f"{MILES} docs/advanced/p2p-weight-transfer.md (broadcast sender, "
+                           "GLM-4.7-Flash row)",
+        "sync_bucket_gb": f"{MILES} docs/advanced/p2p-weight-transfer.md (1 GB buckets)",
+    }))
+
+PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType(
+    {p.name: p for p in (_NATIVE, _VERL_FSDP, _VERL_MEGATRON, _OPENRLHF, _NEMO, _MILES)})
+
+
+def profile_of(name: str | None) -> FrameworkProfile:
+    """The profile `name` names (None: `native`). KeyError for an unknown one: the job format's
+    Literal refuses those first."""
+    return PROFILES[name or DEFAULT_FRAMEWORK]
