@@ -36,6 +36,7 @@ from placer.solve.planfile import Plan
 from placer.spec.hardware import DeviceKind
 from placer.spec.sections import Algorithm
 
+OPENRLHF_VERSION = "0.11.2"  # the release whose parser and checks the command is written for
 ENTRYPOINT = "python3 -m openrlhf.cli.train_ppo_ray"
 ESTIMATOR = {Algorithm.grpo: "group_norm", Algorithm.ppo: "gae", Algorithm.rloo: "rloo"}
 # plan role -> OpenRLHF's argument prefix for a model's actor group
@@ -203,7 +204,9 @@ def export_openrlhf(plan: Plan) -> Export:
     command = ENTRYPOINT + " " + " ".join(shlex.quote(a) for a in args)
     script = ("#!/bin/sh\n# OpenRLHF with the plan's placement (placer export openrlhf); append "
               "--data.prompt_dataset ... and any other flag.\n"
+              f"# written for OpenRLHF {OPENRLHF_VERSION} (its train_ppo_ray flags and checks)\n"
               + "".join(f"# WARNING: {w}\n" for w in warn) + "set -e\n"
               + ENTRYPOINT + " \\\n  " + " \\\n  ".join(shlex.quote(a) for a in args)
               + ' \\\n  "$@"\n')
-    return Export("openrlhf", {"train_ppo_ray.sh": script}, command, warn)
+    return Export("openrlhf", {"train_ppo_ray.sh": script}, command, warn,
+                  version=OPENRLHF_VERSION)
