@@ -314,6 +314,25 @@ def test_openrlhf_parser_check_can_fail() -> None:
         openrlhf_parse(["--vllm.tp_size", "2"])  # not an OpenRLHF flag
 
 
+def test_openrlhf_carries_micro_batches_and_context_parallelism_and_names_ep() -> None:
+    """CP as ring attention (parsed by OpenRLHF, and imported back as cp); EP, which DeepSpeed
+    ZeRO has not, named in a warning with its field."""
+    from placer.interop.importers import import_openrlhf
+    plan = without_hsdp(PLANS["tiny-cpu"])
+    roles = dict(plan.roles)
+    roles["actor"] = roles["actor"].model_copy(update={"cp": 2, "dp": 1})
+    cp = plan.model_copy(update={"roles": roles})
+    argv, _ = command_args(cp)
+    args = openrlhf_parse(argv)
+    assert args.ds.ring_attn_size == 2 and args.train.micro_batch_size >= 1
+    assert args.rollout.micro_batch_size == args.train.micro_batch_size
+    data, _ = import_openrlhf(" ".join(shlex.quote(a) for a in argv), "cmd")
+    assert data["current"]["roles"]["actor"]["cp"] == 2
+    moe = without_hsdp(PLANS["grpo-qwen3-30b-a3b"])
+    _, warn = command_args(moe)
+    assert any(w.startswith("roles.actor.ep: OpenRLHF 0.11.2") for w in warn)
+
+
 def test_openrlhf_names_what_it_cannot_express() -> None:
     e = target_of("openrlhf").export(without_hsdp(PLANS["ppo-llama8b-hetero"]))
     text = "\n".join(e.warnings)

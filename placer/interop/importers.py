@@ -327,7 +327,7 @@ OPENRLHF_ALIASES = {
     "advantage_estimator": "algo.advantage.estimator", "init_kl_coef": "algo.kl.init_coef",
     "use_kl_loss": "algo.kl.use_loss", "async_train": "train.async_enable",
     "zero_stage": "ds.zero_stage", "adam_offload": "ds.adam_offload",
-    "ds_tensor_parallel_size": "ds.tensor_parallel_size",
+    "ds_tensor_parallel_size": "ds.tensor_parallel_size", "ring_attn_size": "ds.ring_attn_size",
     **{f"{g}_{k}": f"{g}.{k}" for g in ("actor", "ref", "critic", "reward")
        for k in ("num_nodes", "num_gpus_per_node")},
 }
@@ -336,6 +336,7 @@ OPENRLHF_DEFAULTS: dict[str, Any] = {
     "rollout.batch_size": 1024, "rollout.n_samples_per_prompt": 1, "train.batch_size": 128,
     "data.max_len": 2048, "algo.advantage.estimator": "gae", "algo.kl.init_coef": 0.01,
     "vllm.tensor_parallel_size": 1, "train.async_queue_size": 1, "ds.tensor_parallel_size": 1,
+    "ds.ring_attn_size": 1,
     **{f"{g}.{k}": d for g in ("actor", "ref", "critic", "reward")
        for k, d in (("num_nodes", 1), ("num_gpus_per_node", 8))},
 }
@@ -417,9 +418,11 @@ def import_openrlhf(text: str, source: str, device: str = "H100-SXM",
             shared["critic"].append("reward")
     roles: dict[str, Any] = {r: {"pool": "gpu", "devices": n} for r, n in groups.items()}
     roles["actor"]["offload"] = bool(a.get("ds.adam_offload"))
-    for r in ("actor", "critic"):  # DeepSpeed AutoTP applies to the trained models
+    for r in ("actor", "critic"):  # DeepSpeed AutoTP and ring attention: the trained models
         if r in roles:
             roles[r]["tp"] = num("ds.tensor_parallel_size")
+            if num("ds.ring_attn_size") > 1:  # OpenRLHF's context parallelism
+                roles[r]["cp"] = num("ds.ring_attn_size")
     if engines and not all_:
         roles["rollout"] = {"pool": "gpu", "devices": engines * tp, "tp": tp}
     else:  # colocate_all, or no vLLM: generation on the actor's GPUs
