@@ -15,7 +15,7 @@ Training layouts: FSDP (ZeRO-3 data parallel, `ppo_trainer`) when the trained ro
 TP = PP = CP = EP = 1, else Megatron (`ppo_megatron_trainer`: TP, PP, CP, EP and expert TP sizes).
 Micro-batches (`micro_batch`): whole sequences at the job's longest context, as many as fit in the
 tokens of the micro-batch the cost model prices (`MICRO_TOKENS`, verl's own default token budget
-per GPU), at least one, and dividing a rank's share of a mini-batch. Offload: verl's
+per GPU), at least one, dividing a rank's share of a mini-batch, and fitting the device. Offload: verl's
 `param_offload` / `optimizer_offload` park a role's state in host memory between phases and run the
 optimizer step on the GPU; the plan prices exactly that when colocated roles do not fit together
 (`Plan.breakdown.switch_s` of the slot), so those are exported as verl's offload. The plan's own
@@ -43,6 +43,7 @@ import yaml
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.layercomm import MICRO_TOKENS
+from placer.cost.model import train_memory
 from placer.interop.common import (
     Export,
     colocated,
@@ -83,14 +84,23 @@ def uses_megatron(plan: Plan) -> bool:
 def micro_batch(plan: Plan, role: Role) -> int:
     """Sequences per micro-batch on one GPU of `role`: as many whole sequences at the job's
     longest context as fit in `MICRO_TOKENS` (the micro-batch the cost model prices,
-    `placer.cost.layercomm`; verl's default ppo_max_token_len_per_gpu), at least one, and the
-    largest such count that divides a data-parallel rank's share of one mini-batch (verl splits
-    each rank's mini-batch into micro-batches of this size)."""
+    `placer.cost.layercomm`; verl's default ppo_max_token_len_per_gpu), at least one; the largest
+    such count that divides a data-parallel rank's share of one mini-batch (verl splits each
+    rank's mini-batch into micro-batches of this size) and whose activations still fit the
+    device beside the role's state (`train_memory`: the plan checked one sequence's)."""
     r = plan.roles[role]
-    cap = max(MICRO_TOKENS // max(plan.spec.max_context, 1), 1)
     job = plan.spec
+    ctx = max(job.max_context, 1)
+    cap = max(MICRO_TOKENS // ctx, 1)
     share = max(mini_batch_prompts(plan) * job.batch.samples_per_prompt // max(r.dp, 1), 1)
-    return max(d for d in range(1, min(cap, share) + 1) if share % d == 0)
+    res = plan.resolved()
+    dev = res.device_of(r.pool)
+    eff = calibration_of(plan).for_device(dev)
+    m = res.arch_of(role)
+    for k in range(min(cap, share), 1, -1):
+        if share % k == 0 and train_memory(m, r.par, k * ctx, eff).total <= dev.memory_gb:
+            return k
+    return 1
 
 
 def config_name(plan: Plan) -> str:
