@@ -1,8 +1,12 @@
 """The frameworks' own validators, for the export and import tests.
 
 verl: Hydra composes verl's shipped trainer config (`verl/trainer/config/ppo_trainer.yaml` or
-`ppo_megatron_trainer.yaml`, from the installed verl package) with the exported overrides; a key
-the config lacks is a `ConfigCompositionException`, as it is for `verl.trainer.main_ppo`.
+`ppo_megatron_trainer.yaml`, from the installed verl 0.9.1 package) with the exported overrides;
+a key the config lacks is a `ConfigCompositionException`, as it is for `verl.trainer.main_ppo`.
+`verl_validate` then runs what main_ppo runs next, verl's own `validate_config` and the config
+dataclasses' checks, from the installed package's files: its packages' `__init__.py` bodies are
+skipped (they import tensordict and GPU timers), two helpers of verl/utils/model.py (tensordict,
+model loading) are stubbed, and HFModelConfig's download from the Hub is skipped (no network).
 
 OpenRLHF: `openrlhf/cli/train_ppo_ray.py` builds its parser and checks its arguments under
 `if __name__ == "__main__":`, and `train()` asserts the colocation shapes before it starts Ray.
