@@ -1,8 +1,12 @@
 """The frameworks' own validators, for the export and import tests.
 
 verl: Hydra composes verl's shipped trainer config (`verl/trainer/config/ppo_trainer.yaml` or
-`ppo_megatron_trainer.yaml`, from the installed verl package) with the exported overrides; a key
-the config lacks is a `ConfigCompositionException`, as it is for `verl.trainer.main_ppo`.
+`ppo_megatron_trainer.yaml`, from the installed verl 0.9.1 package) with the exported overrides;
+a key the config lacks is a `ConfigCompositionException`, as it is for `verl.trainer.main_ppo`.
+`verl_validate` then runs what main_ppo runs next, verl's own `validate_config` and the config
+dataclasses' checks, from the installed package's files: its packages' `__init__.py` bodies are
+skipped (they import tensordict and GPU timers), two helpers of verl/utils/model.py (tensordict,
+model loading) are stubbed, and HFModelConfig's download from the Hub is skipped (no network).
 
 OpenRLHF: `openrlhf/cli/train_ppo_ray.py` builds its parser and checks its arguments under
 `if __name__ == "__main__":`, and `train()` asserts the colocation shapes before it starts Ray.
@@ -21,11 +25,14 @@ from __future__ import annotations
 
 import ast
 import gzip
+import importlib.abc
+import importlib.machinery
 import importlib.util
+import re
 import sys
 from functools import cache
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import yaml
@@ -46,6 +53,102 @@ def verl_compose(config_name: str, overrides: list[str]) -> Any:
     cfg_dir = package_dir("verl") / "trainer" / "config"
     with initialize_config_dir(str(cfg_dir), version_base=None):
         return compose(config_name=config_name, overrides=overrides)
+
+
+class _VerlPackages(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """verl's packages without their `__init__.py` bodies: verl/__init__.py imports
+    `verl.protocol` (tensordict) and verl/utils/profiler/__init__.py its GPU timers, none of which
+    the config checks use. A package's names resolve on first use from the submodules its
+    `__init__.py` imports them from, so `from verl.trainer.config import CheckpointConfig` runs
+    verl's own verl/trainer/config/config.py. Modules are verl's own files; nothing is copied."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "verl" and not fullname.startswith("verl."):
+            return None
+        d = self.root.joinpath(*fullname.split(".")[1:])
+        if d.is_dir() and not d.with_suffix(".py").exists():  # config/algorithm/ is YAML
+            spec = importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+            spec.submodule_search_locations = [str(d)]
+            return spec
+        return None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        name = module.__name__
+        d = self.root.joinpath(*name.split(".")[1:])
+        module.__path__ = [str(d)]
+        init = d / "__init__.py"
+        text = init.read_text() if init.exists() else ""
+        subs = re.findall(r"^from (?:\.|" + re.escape(name) + r"\.)(\w+) import", text, re.M)
+
+        def lookup(attr: str) -> Any:
+            for sub in subs:
+                try:
+                    found = importlib.import_module(f"{name}.{sub}")
+                except ImportError:  # a submodule needing what is not installed (tensordict)
+                    continue
+                if hasattr(found, attr):
+                    return getattr(found, attr)
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+
+        module.__getattr__ = lookup  # type: ignore[method-assign]
+
+
+# verl/workers/config/model.py imports two helpers of verl/utils/model.py (tensordict, CUDA
+# model loading); HFModelConfig is built only when a worker loads its model, never by the checks
+_VERL_STUBS = {"verl.utils.model": ("get_generation_config", "update_model_config")}
+
+
+@cache
+def _verl_checks() -> tuple[Any, Any, Any]:
+    """verl's `validate_config` (verl/utils/config.py, what `verl.trainer.main_ppo.main` runs
+    first) and the two predicates main_ppo gives it (verl/trainer/ppo/utils.py)."""
+    sys.meta_path.insert(0, _VerlPackages(package_dir("verl")))
+    for mod, names in _VERL_STUBS.items():
+        stub = ModuleType(mod)
+        for n in names:
+            def stubbed(*_a: Any, _n: str = f"{mod}.{n}", **_k: Any) -> Any:
+                raise RuntimeError(f"{_n} is stubbed in the tests (needs CUDA/tensordict)")
+            setattr(stub, n, stubbed)
+        sys.modules[mod] = stub
+    config = importlib.import_module("verl.utils.config")
+    # a critic's config builds its HFModelConfig, whose __post_init__ downloads the checkpoint's
+    # tokenizer and config.json from the Hugging Face Hub (no network here): skipped; the model
+    # path itself the exporter takes from the catalog
+    model = importlib.import_module("verl.workers.config.model")
+    model.HFModelConfig.__post_init__ = lambda self: None
+    # verl/trainer/ppo/utils.py and core_algos.py import the Ray worker and verl's torch helpers
+    # (verl.protocol: tensordict) at the top; the two predicates main_ppo uses, and the enum they
+    # read, are run from those files' own source
+    ns: dict[str, Any] = {"warnings": __import__("warnings"), "DictConfig": Any,
+                          "Enum": __import__("enum").Enum}
+    _run_defs(("trainer", "ppo", "core_algos.py"), {"AdvantageEstimator"}, ns)
+    _run_defs(("trainer", "ppo", "utils.py"), {"need_reference_policy", "need_critic"}, ns)
+    return config.validate_config, ns["need_reference_policy"], ns["need_critic"]
+
+
+def _run_defs(where: tuple[str, ...], names: set[str], ns: dict[str, Any]) -> None:
+    """Run the top-level `def`s and `class`es called `names` of verl's file `where` in `ns`."""
+    path = package_dir("verl").joinpath(*where)
+    tree = ast.parse(path.read_text())
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and n.name in names]
+    assert {d.name for d in defs} == names, f"{path}: {names} not all found"
+    exec(compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec"), ns)
+
+
+def verl_validate(cfg: Any) -> None:
+    """verl 0.9's own checks of a composed config, as `verl.trainer.main_ppo.main` runs them
+    before it starts Ray: the batch divisibility, the micro-batch settings, every config
+    dataclass's `__post_init__` and `validate` (verl/workers/config/actor.py, critic.py).
+    Raises what verl raises (AssertionError, ValueError)."""
+    validate, need_ref, need_critic = _verl_checks()
+    validate(config=cfg, use_reference_policy=need_ref(cfg), use_critic=need_critic(cfg))
 
 
 # ---------------------------------------------------------------------------------- OpenRLHF

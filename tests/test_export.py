@@ -10,7 +10,14 @@ import subprocess
 import pytest
 import yaml
 from calibdata import hand_plan
-from frameworks import crd_errors, k8s_errors, openrlhf_parse, pod_template, verl_compose
+from frameworks import (
+    crd_errors,
+    k8s_errors,
+    openrlhf_parse,
+    pod_template,
+    verl_compose,
+    verl_validate,
+)
 from omegaconf import OmegaConf
 from simplans import example_names, example_plan, small_plan
 
@@ -19,8 +26,10 @@ from placer.cost.efficiency import Calibration
 from placer.interop import target_of
 from placer.interop.common import hsdp_roles
 from placer.interop.kuberay import export_kuberay
+from placer.interop.noderesources import allocatable_cpu, allocatable_memory_gib
 from placer.interop.openrlhf import command_args
-from placer.interop.verl import config_name, launch_args, overrides, uses_megatron
+from placer.interop.verl import VERL_VERSION, config_name, launch_args, overrides, uses_megatron
+from placer.solve.hostmem import host_capacity_gb
 from placer.solve.planfile import Plan, calibration_of, save_plan
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
@@ -43,7 +52,18 @@ PLANS = dict(plans())
 ONE_POOL = sorted(n for n, p in PLANS.items() if not any(r.parts for r in p.roles.values()))
 # ... and an HSDP shard group where they have none: OpenRLHF always, verl under Megatron
 HSDP = [n for n in ONE_POOL if hsdp_roles(PLANS[n])]
-VERL_OK = [n for n in ONE_POOL if n not in HSDP or not uses_megatron(PLANS[n])]
+VERL_LAYOUT_OK = [n for n in ONE_POOL if n not in HSDP or not uses_megatron(PLANS[n])]
+
+
+def uneven_for_verl(plan: Plan) -> bool:
+    """verl's validate_config asks an iteration's samples to divide over the trainer pool."""
+    b, a = plan.spec.batch, plan.roles["actor"]
+    return (b.prompts * b.samples_per_prompt) % a.devices != 0
+
+
+# ... and a batch that does not divide over the actor's GPUs (verl's validate_config)
+UNEVEN = [n for n in VERL_LAYOUT_OK if uneven_for_verl(PLANS[n])]
+VERL_OK = [n for n in VERL_LAYOUT_OK if n not in UNEVEN]
 OPENRLHF_OK = [n for n in ONE_POOL if n not in HSDP]
 
 
@@ -84,7 +104,8 @@ def test_verl_overrides_compose_with_verls_own_config(name: str) -> None:
     if config_name(plan) == "ppo_megatron_trainer":
         assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == actor.tp
     roll = plan.roles["rollout"]
-    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == roll.tp
+    r = cfg.actor_rollout_ref.rollout  # data-parallel attention: verl's rollout TP x DP
+    assert r.tensor_model_parallel_size * r.data_parallel_size == roll.tp
     # the engine's admission cap the plan was priced with (placer.cost.admission), not its first wave
     dev = plan.resolved().device_of(roll.pool)
     cap = calibration_of(plan).for_device(dev).max_num_seqs
@@ -120,6 +141,94 @@ def test_verl_refuses_hsdp_under_megatron_and_its_fix_exports(name: str) -> None
     assert not hsdp_roles(again) and uses_megatron(again)
     flat, _ = overrides(again)
     verl_compose(config_name(again), launch_args(again, flat)[1:])
+
+
+@pytest.mark.parametrize("name", VERL_OK)
+def test_verl_export_passes_verls_own_config_checks(name: str) -> None:
+    """What `verl.trainer.main_ppo.main` runs before it starts Ray: validate_config and every
+    config dataclass's checks (tests/frameworks.py `verl_validate`, verl 0.9.1's own code)."""
+    plan = PLANS[name]
+    flat, _ = overrides(plan)
+    cfg = verl_compose(config_name(plan), launch_args(plan, flat)[1:])
+    verl_validate(cfg)
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.ppo_micro_batch_size_per_gpu >= 1
+    assert cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu >= 1
+    if "reference" in plan.roles:
+        assert cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu >= 1
+    # a micro-batch of sequences at the longest context stays within the priced tokens
+    from placer.cost.layercomm import MICRO_TOKENS
+    mbs = actor.ppo_micro_batch_size_per_gpu
+    assert mbs == 1 or mbs * plan.spec.max_context <= MICRO_TOKENS
+
+
+def test_verls_own_checks_can_fail() -> None:
+    """The validator refuses what the issue reported: no micro-batch size."""
+    plan = PLANS["tiny-cpu"]
+    flat, _ = overrides(plan)
+    flat = {k: v for k, v in flat.items() if "micro_batch" not in k}
+    cfg = verl_compose(config_name(plan), launch_args(plan, flat)[1:])
+    with pytest.raises(Exception, match="ppo_micro_batch_size"):
+        verl_validate(cfg)
+
+
+def test_verl_carries_expert_and_context_parallelism() -> None:
+    """The MoE example's actor trains with EP 8 and its rollout serves with EP 16 over
+    data-parallel attention; a CP 2 actor gets Megatron's context_parallel_size."""
+    plan = PLANS["grpo-qwen3-30b-a3b"]
+    actor, roll = plan.roles["actor"], plan.roles["rollout"]
+    assert actor.ep == 8 and roll.ep == 16 and roll.attn_dp == 16, "the example's plan moved"
+    flat, _ = overrides(plan)
+    cfg = verl_compose(config_name(plan), launch_args(plan, flat)[1:])
+    meg = cfg.actor_rollout_ref.actor.megatron
+    assert (meg.expert_model_parallel_size, meg.pipeline_model_parallel_size) == (8, actor.pp)
+    r = cfg.actor_rollout_ref.rollout
+    assert (r.tensor_model_parallel_size * r.data_parallel_size, r.expert_parallel_size) == (16, 16)
+    roles = dict(plan.roles)
+    roles["actor"] = actor.model_copy(update={"cp": 2, "ep": 1, "pp": 1,
+                                              "dp": actor.devices // 2})
+    cp = plan.model_copy(update={"roles": roles})
+    flat, _ = overrides(cp)
+    assert flat["actor_rollout_ref.actor.megatron.context_parallel_size"] == 2
+    verl_validate(verl_compose(config_name(cp), launch_args(cp, flat)[1:]))
+
+
+def test_verl_offload_is_verls_parking_and_a_host_step_is_warned() -> None:
+    """verl's offload parks state between phases (the plan's slot switch); the plan's own
+    offload (optimizer state on the host through the step) is named in a warning."""
+    plan = PLANS["ppo-34b-a100"]
+    assert plan.breakdown.switch_s.get(plan.roles["actor"].slot, 0) > 0
+    flat, warn = overrides(plan)
+    assert flat["actor_rollout_ref.actor.fsdp_config.optimizer_offload"] is True
+    assert not any("offload" in w for w in warn)
+    roles = dict(plan.roles)
+    roles["actor"] = plan.roles["actor"].model_copy(update={"offload": True})
+    _, warn = overrides(plan.model_copy(update={"roles": roles}))
+    assert any(w.startswith("roles.actor.offload:") for w in warn)
+
+
+@pytest.mark.parametrize("name", UNEVEN)
+def test_verl_refuses_a_batch_its_trainer_pool_cannot_split_and_its_fix_exports(name) -> None:
+    plan = PLANS[name]
+    with pytest.raises(SpecError, match=r"roles\.actor\.devices: \d+: verl 0\.9\.1 needs") as e:
+        overrides(plan)
+    again = replanned(plan, str(e.value))
+    flat, _ = overrides(again)
+    verl_validate(verl_compose(config_name(again), launch_args(again, flat)[1:]))
+
+
+def test_the_examples_cover_an_uneven_verl_batch() -> None:
+    assert UNEVEN
+
+
+def test_every_export_names_its_framework_version() -> None:
+    plan = without_hsdp(PLANS["tiny-cpu"])
+    for name, version in (("verl", VERL_VERSION), ("openrlhf", "0.11.2"),
+                          ("kuberay", "KubeRay 1.7.0, Ray 2.52.0")):
+        e = target_of(name).export(plan)
+        assert e.version == version
+        number = version.split(",")[0].split()[-1]
+        assert all(number in text for text in e.files.values()), name
 
 
 def test_verl_composition_refuses_an_unknown_key() -> None:
@@ -205,6 +314,25 @@ def test_openrlhf_parser_check_can_fail() -> None:
         openrlhf_parse(["--vllm.tp_size", "2"])  # not an OpenRLHF flag
 
 
+def test_openrlhf_carries_micro_batches_and_context_parallelism_and_names_ep() -> None:
+    """CP as ring attention (parsed by OpenRLHF, and imported back as cp); EP, which DeepSpeed
+    ZeRO has not, named in a warning with its field."""
+    from placer.interop.importers import import_openrlhf
+    plan = without_hsdp(PLANS["tiny-cpu"])
+    roles = dict(plan.roles)
+    roles["actor"] = roles["actor"].model_copy(update={"cp": 2, "dp": 1})
+    cp = plan.model_copy(update={"roles": roles})
+    argv, _ = command_args(cp)
+    args = openrlhf_parse(argv)
+    assert args.ds.ring_attn_size == 2 and args.train.micro_batch_size >= 1
+    assert args.rollout.micro_batch_size == args.train.micro_batch_size
+    data, _ = import_openrlhf(" ".join(shlex.quote(a) for a in argv), "cmd")
+    assert data["current"]["roles"]["actor"]["cp"] == 2
+    moe = without_hsdp(PLANS["grpo-qwen3-30b-a3b"])
+    _, warn = command_args(moe)
+    assert any(w.startswith("roles.actor.ep: OpenRLHF 0.11.2") for w in warn)
+
+
 def test_openrlhf_names_what_it_cannot_express() -> None:
     e = target_of("openrlhf").export(without_hsdp(PLANS["ppo-llama8b-hetero"]))
     text = "\n".join(e.warnings)
@@ -265,12 +393,62 @@ def test_kuberay_gpu_lpu_and_cpu_pools() -> None:
     groups = {g["groupName"]: g for g in
               yaml.safe_load(e.files["raycluster.yaml"])["spec"]["workerGroupSpecs"]}
     gpu = groups["train"]["template"]["spec"]
-    assert gpu["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert gpu["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert gpu["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert '\\"LPU\\": 8' in groups["lpu"]["rayStartParams"]["resources"]
     assert groups["lpu"]["template"]["spec"]["nodeSelector"] == {"placer.dev/device": "groq-lpu"}
     assert "requests" in groups["cpu"]["template"]["spec"]["containers"][0]["resources"]
+
+
+def quantity(text: str) -> float:
+    """A Kubernetes quantity as cores or GiB (the forms the export writes: 500m, 12, 460Gi)."""
+    if text.endswith("m"):
+        return int(text[:-1]) / 1000
+    return float(text.removesuffix("Gi"))
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_kuberay_requests_fit_each_nodes_allocatable_resources(name: str) -> None:
+    """Every worker pod's requests fit its node's allocatable share (capacity less the
+    kubelet's reserve); GPU pods request CPU and the host memory the plan keeps there, with
+    Ray's object store at the size the plan assumed."""
+    from placer.cost.pricer import Pricer
+    from placer.solve.hostmem import busiest_per_pool, plan_nodes
+    plan = PLANS[name]
+    res = plan.resolved()
+    cluster = yaml.safe_load(export_kuberay(plan).files["raycluster.yaml"])
+    groups = {g["template"]["metadata"]["labels"]["placer.dev/pool"]: g
+              for g in cluster["spec"]["workerGroupSpecs"]}
+    busiest = busiest_per_pool(plan_nodes(plan, Pricer(res, calibration_of(plan))))
+    for pool in res.cluster.pools:
+        dev, g = res.device_of(pool), groups[pool.name]
+        req = g["template"]["spec"]["containers"][0].get("resources", {}).get("requests", {})
+        if dev.kind == "cpu":
+            cores, mem_gb = dev.cores * pool.devices_per_node, dev.memory_gb * pool.devices_per_node
+        elif dev.kind == "gpu" and host_capacity_gb(res, pool):
+            cores, mem_gb = 8 * pool.devices_per_node + 8, host_capacity_gb(res, pool)
+            node = busiest.get(pool.name)
+            if node is not None:
+                assert quantity(req["memory"]) * 2**30 >= min(
+                    node.total_gb * 1e9, allocatable_memory_gib(mem_gb) * 2**30 - 2**30)
+                store = int(g["rayStartParams"]["object-store-memory"])
+                assert store == pytest.approx(node.parts["object_store"] * 1e9, rel=1e-6)
+            assert quantity(req["cpu"]) >= 1
+        else:
+            continue
+        assert quantity(req["memory"]) <= allocatable_memory_gib(mem_gb) < mem_gb * 1e9 / 2**30
+        assert quantity(req["cpu"]) <= allocatable_cpu(cores) < cores
+
+
+def test_kuberay_cpu_node_leaves_the_system_its_reserve() -> None:
+    """The issue's case: a 64-core, 512 GB CPU node may not be asked for 64 cores and 512Gi."""
+    plan = PLANS["agentic-code"]
+    cluster = yaml.safe_load(export_kuberay(plan).files["raycluster.yaml"])
+    cpu = next(g for g in cluster["spec"]["workerGroupSpecs"]
+               if g["template"]["spec"]["nodeSelector"]["placer.dev/device"] == "cpu-node")
+    req = cpu["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert quantity(req["cpu"]) < 64 and quantity(req["memory"]) < 512e9 / 2**30
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -281,10 +459,12 @@ def test_cli_writes_files_and_warns_on_stderr(tmp_path, placer_cmd) -> None:
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("python3 -m verl.trainer.main_ppo --config-name=")
+    assert f"placer: written for verl {VERL_VERSION}" in out.stderr
     assert "placer: warning: reference:" in out.stderr
     assert (tmp_path / "v" / "launch.sh").stat().st_mode & 0o100
-    script = shlex.split((tmp_path / "v" / "launch.sh").read_text().split("set -e\n")[1]
-                         .replace("\\\n", " "))
+    text = (tmp_path / "v" / "launch.sh").read_text()
+    assert f"written for verl {VERL_VERSION}" in text and "installed=" in text
+    script = shlex.split(text[text.index("python3 -m verl"):].replace("\\\n", " "))
     assert script[:3] == ["python3", "-m", "verl.trainer.main_ppo"] and script[-1] == "$@"
     refused = subprocess.run(placer_cmd + ["export", "openrlhf", str(plan), "--json"],
                              capture_output=True, text=True)  # HSDP actor and critic
@@ -295,7 +475,7 @@ def test_cli_writes_files_and_warns_on_stderr(tmp_path, placer_cmd) -> None:
     cmd = subprocess.run(placer_cmd + ["export", "openrlhf", str(plain), "--json"],
                          capture_output=True, text=True)
     doc = json.loads(cmd.stdout)
-    assert doc["framework"] == "openrlhf" and doc["warnings"]
+    assert doc["framework"] == "openrlhf" and doc["warnings"] and doc["version"] == "0.11.2"
     kr = subprocess.run(placer_cmd + ["export", "kuberay", str(plan), "-o", str(tmp_path / "k"),
                                       "--image", "example.com/p:1"], capture_output=True, text=True)
     assert kr.returncode == 0, kr.stderr

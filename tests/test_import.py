@@ -18,6 +18,9 @@ from placer.spec.load import job_from_dict
 
 DATA = Path(__file__).resolve().parent / "data" / "verl"
 MEGATRON = DATA / "run_qwen2_5-7b_math_megatron_diff_tp.sh"
+MOE = DATA / "run_qwen3moe-30b_megatron_96gb.sh"  # Qwen3-30B-A3B, EP 8, offload
+BIG_MOE = DATA / "run_qwen3-235b_megatron_96gb.sh"  # TP 4 x PP 8 x EP 4; needs $HOME
+CPU_OPTIMIZER = "optimizer_cpu_offload=True"
 
 
 def _compare(placer_cmd, job: Path) -> dict:
@@ -62,6 +65,68 @@ def test_verl_export_then_import_keeps_the_placement() -> None:
         assert (got.devices, got.tp, got.pp) == (want.devices, want.tp, want.pp), role
     assert job.batch == plan.spec.batch
     assert job.lengths.response.max_value() == plan.spec.lengths.response.max_value()
+
+
+def test_qwen3_moe_megatron_script_keeps_ep_and_verls_offload_meaning(tmp_path, placer_cmd) -> None:
+    """verl's run_qwen3moe-30b_megatron_96gb.sh: its shell variables expanded (adv_estimator,
+    ${COMMON_EP:-8}, $((1024 * 8))), EP 8 kept, verl's param/grad/optimizer offload read as
+    state parked between phases (the colocated slot's switch), and only Megatron's CPU optimizer
+    (`override_optimizer_config.optimizer_cpu_offload=True`, which the script also sets) as the
+    job's `offload`."""
+    data, notes = import_verl(MOE.read_text(), "moe.sh", device="H20")
+    job = job_from_dict(data)
+    assert job.algorithm == "grpo" and job.models.policy == "Qwen3-30B-A3B"
+    assert job.lengths.response.max_value() == 8192 and job.batch.prompts == 512
+    actor = job.current.roles["actor"]
+    assert (actor.devices, actor.tp, actor.pp, actor.cp, actor.ep) == (8, 1, 1, 1, 8)
+    assert actor.offload  # the CPU optimizer, named in a note
+    assert any("optimizer_cpu_offload" in n for n in notes)
+    assert any("parks state" in n for n in notes)
+    parked_only, notes = import_verl(MOE.read_text().replace(CPU_OPTIMIZER, "x=1"), "moe.sh")
+    assert not job_from_dict(parked_only).current.roles["actor"].offload  # verl's meaning
+    assert not any("optimizer_cpu_offload" in n for n in notes)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    doc = _compare(placer_cmd, path)
+    row = doc["plans"]["current"]
+    assert row["applicable"] and "ep8" in row["placement"]["actor"], row["placement"]
+
+
+def test_an_unset_shell_variable_is_named_and_set_supplies_it(tmp_path, placer_cmd) -> None:
+    """run_qwen3-235b_megatron_96gb.sh takes its model path from ${HOME}: exit 2 naming HOME and
+    --set; given, the job keeps TP 4 x PP 8 x EP 4 on the script's ${NNODES:-4} nodes."""
+    job = tmp_path / "j.yaml"
+    out = subprocess.run(placer_cmd + ["import", "verl", str(BIG_MOE), "-o", str(job)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert ("actor_rollout_ref.model.path: '${HOME}/verl/models/Qwen3-235B-A22B' needs the shell "
+            "variable HOME" in out.stderr and "--set HOME=VALUE" in out.stderr), out.stderr
+    assert not job.exists()
+    out = subprocess.run(placer_cmd + ["import", "verl", str(BIG_MOE), "-o", str(job), "--set",
+                                       "HOME=/root", "--set", "EP=2", "--device", "H20"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    data = yaml.safe_load(job.read_text())
+    assert data["models"]["policy"] == "Qwen3-235B-A22B"
+    assert data["cluster"]["pools"][0]["nodes"] == 4
+    actor = data["current"]["roles"]["actor"]
+    assert (actor["tp"], actor["pp"], actor["ep"]) == (4, 8, 2)  # EP from the environment
+    assert data["current"]["roles"]["reference"]["ep"] == 2
+    out = subprocess.run(placer_cmd + ["import", "verl", str(BIG_MOE), "--json", "--set",
+                                       "HOME=/root", "--set", "EP=8"], capture_output=True, text=True)
+    assert out.returncode == 2  # EP 8 does not divide a stage's TP 4 x DP 1 ranks
+    assert "job.current.roles.actor: ep x etp = 8 does not divide the 4 ranks" in out.stderr
+    bad = subprocess.run(placer_cmd + ["import", "verl", str(BIG_MOE), "--json", "--set", "1X=2"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--set: expected VAR=VALUE" in bad.stderr
+
+
+def test_verl_export_then_import_keeps_expert_parallelism() -> None:
+    plan = example_plan("grpo-qwen3-30b-a3b")
+    data, _ = import_verl(export_verl(plan).files["overrides.yaml"], "overrides.yaml")
+    got, want = job_from_dict(data).current.roles["actor"], plan.roles["actor"]
+    assert (got.tp, got.pp, got.cp, got.ep) == (want.tp, want.pp, want.cp, want.ep)
+    assert want.ep > 1
 
 
 def test_verl_split_rollout_is_its_own_pool_and_async() -> None:
@@ -185,5 +250,5 @@ def test_a_placement_the_cluster_cannot_hold_is_refused_at_import(tmp_path, plac
     out = subprocess.run(placer_cmd + ["import", "verl", str(src), "-o", str(tmp_path / "j.yaml")],
                          capture_output=True, text=True)
     assert out.returncode == 2
-    assert "job.current.roles.actor: devices 2 is not a multiple of tp x pp = 4" in out.stderr
+    assert "job.current.roles.actor: devices 2 is not a multiple of tp x cp x pp = 4" in out.stderr
     assert not (tmp_path / "j.yaml").exists()

@@ -7,8 +7,10 @@
                        [--image IMAGE] [--steps N]
 
 Every role or layout the framework cannot express is named on stderr as `placer: warning: ...`
-(and in `--json` output); nothing is dropped silently. `--json` prints {"framework", "command",
-"files": {name: text}, "warnings"} and writes the files too when `-o` is given.
+(and in `--json` output); nothing is dropped silently. Every export names the framework release
+it was written for (in its files, on stderr, and as `version`). `--json` prints {"framework",
+"version", "command", "files": {name: text}, "warnings"} and writes the files too when `-o` is
+given.
 """
 from __future__ import annotations
 
@@ -52,13 +54,15 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, "--output", folder=target.writes_folder)
     plan = load_plan(args.plan)
     export = target.export(plan, **{opt: getattr(args, opt) for opt in target.options})
+    note(f"placer: written for {target.title} {export.version}" if target.title not in
+         export.version else f"placer: written for {export.version}")
     for w in export.warnings:
         note(f"placer: warning: {w}")
     if args.output:
         _write(target, export.files, Path(args.output))
     if args.json:
-        emit_json({"framework": fw, "command": export.command, "files": export.files,
-                   "warnings": export.warnings})
+        emit_json({"framework": fw, "version": export.version, "command": export.command,
+                   "files": export.files, "warnings": export.warnings})
     else:
         print(export.command)
     return 0

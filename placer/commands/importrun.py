@@ -1,7 +1,13 @@
 """`placer import verl|openrlhf SOURCE -o JOB.yaml`: a job spec from a run you already have.
 
     placer import verl CONFIG.yaml|LAUNCH.sh -o JOB.yaml [--device H100-SXM] [--name NAME]
-    placer import openrlhf "CMDLINE"|FILE -o JOB.yaml [--device ...] [--name ...]
+                       [--set VAR=VALUE ...]
+    placer import openrlhf "CMDLINE"|FILE -o JOB.yaml [--device ...] [--name ...] [--set ...]
+
+A launch script's shell variables are expanded as its shell would (assignments earlier in the
+script, `${VAR:-default}`, `$((arithmetic))`); `--set VAR=VALUE` gives what the script takes
+from its environment. A setting the importer reads that still names an unset variable exits 2
+naming it.
 
 The job records the run's placement under `current:`, so `placer compare JOB.yaml` prices it as
 the baseline `current` beside the ILP's plan. What the run's configuration does not say (GPU type,
@@ -11,6 +17,7 @@ stderr and written at the top of the job file. (The module is not named `import`
 from __future__ import annotations
 
 import argparse
+import re
 
 import yaml
 
@@ -31,7 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="H100-SXM",
                    help="GPU type of the run's nodes (catalog name; default H100-SXM)")
     p.add_argument("--name", help="job name (default: imported-<framework>)")
+    p.add_argument("--set", action="append", default=[], metavar="VAR=VALUE",
+                   help="a shell variable the script takes from its environment (repeatable)")
     p.add_argument("--json", action="store_true", help="print the job as one JSON document")
+
+
+def _variables(given: list[str]) -> dict[str, str]:
+    """`--set VAR=VALUE` pairs; SpecError (exit 2) naming a malformed one."""
+    out = {}
+    for pair in given:
+        name, eq, value = pair.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SpecError(f"--set: expected VAR=VALUE with a shell variable name (got {pair!r})")
+        out[name] = value
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--output: give the job file to write (-o JOB.yaml), or --json")
     text, source = target.read_source(args.source)
     name = args.name or f"imported-{target.name}"
-    data, notes = target.import_run(text, source, device=args.device, name=name)
+    data, notes = target.import_run(text, source, device=args.device, name=name,
+                                    variables=_variables(args.set))
     job = job_from_dict(data, f"{source} (imported)")  # the job must be valid as written
     for n in notes:
         note(f"placer: assumed: {n}")

@@ -20,12 +20,14 @@ from placer.spec.names import hf_repo
 @dataclass
 class Export:
     """One framework's rendering of a plan: `files` (relative name -> text), the launch
-    `command`, and `warnings` naming every role or layout the framework cannot express."""
+    `command`, `warnings` naming every role or layout the framework cannot express, and the
+    framework `version` the files were written for (their keys and checks are that release's)."""
 
     framework: str
     files: dict[str, str]
     command: str
     warnings: list[str] = field(default_factory=list)
+    version: str = ""
 
 
 def hf_path(res: Resolved, role: str, warnings: list[str]) -> str:

@@ -12,16 +12,29 @@ driver's and workers' CPUs).
 verl's keys are read from a YAML config (nested, or flat dotted keys) or a launch script's
 `key=value` Hydra overrides; absent keys take verl 0.9's defaults (`VERL_DEFAULTS`). OpenRLHF's
 flags are read from its command line, in 0.11's dotted form or the older underscore form
-(`OPENRLHF_ALIASES`).
+(`OPENRLHF_ALIASES`). A script's shell variables are expanded as its shell would
+(`placer.interop.shellvars`: assignments earlier in the script, `${VAR:-default}`, arithmetic),
+the environment given as `variables` (`placer import --set VAR=VALUE`); a key the importer reads
+whose value still names a variable is an error naming it (`Settings`).
+
+Layouts keep their meaning: Megatron's TP, PP, CP, EP and expert TP of the actor, reference and
+critic. verl's `param_offload` / `grad_offload` / `optimizer_offload` (FSDP or Megatron) park
+state in host memory between phases and run the optimizer step on the GPU
+(verl/workers/megatron_workers.py and fsdp_workers.py offload before the rollout and load back
+before `update_actor`): that is the job model's colocated slot switch, priced when the slot's
+roles do not fit together, not its `offload` (optimizer state on the host through the step).
+Megatron's CPU optimizer (`actor.optim.override_optimizer_config.optimizer_cpu_offload`, Megatron-
+Core's HybridDeviceOptimizer: the step runs on the host for `optimizer_offload_fraction` of the
+state) is the job model's `offload`, and said in a note.
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import yaml
 
 from placer.base.errors import SpecError
+from placer.interop.shellvars import script_words, unresolved
 from placer.spec.catalog import shipped_models
 from placer.spec.names import catalog_model, did_you_mean, model_hint, suggest_model
 
@@ -68,14 +81,6 @@ def _scalar(text: str) -> Any:
         return text
 
 
-def _split(text: str, source: str) -> list[str]:
-    """Shell words of a command line or script (line continuations joined, comments dropped)."""
-    try:
-        return shlex.split(text.replace("\\\n", " "), comments=True)
-    except ValueError as e:  # "No closing quotation"
-        raise SpecError(f"{source}: cannot read it as a command line: {e}") from None
-
-
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in data.items():
@@ -87,11 +92,44 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def verl_settings(text: str, source: str) -> dict[str, Any]:
+class Settings(dict[str, Any]):
+    """A run's settings (key -> value); reading one whose value still names a shell variable
+    the script did not set is a SpecError naming the key, the variable and `--set`."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        super().__init__(data)
+        self.source = source
+
+    def _checked(self, key: str, value: Any) -> Any:
+        name = unresolved(value) if isinstance(value, str) else None
+        if name is not None:
+            raise SpecError(f"{self.source}: {key}: {value!r} needs the shell variable {name}, "
+                            f"which the script does not set; give its value with "
+                            f"--set {name}=VALUE")
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._checked(key, super().get(key, default))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._checked(key, super().__getitem__(key))
+
+
+def _script_argv(text: str, source: str, marker: str | None, variables: dict[str, str] | None
+                 ) -> list[str] | None:
+    """The words of the script's `marker` command, its variables expanded (None: no such line)."""
+    try:
+        return script_words(text, dict(variables or {}), marker)
+    except ValueError as e:  # "No closing quotation"
+        raise SpecError(f"{source}: cannot read it as a command line: {e}") from None
+
+
+def verl_settings(text: str, source: str, variables: dict[str, str] | None = None
+                  ) -> Settings:
     """Dotted key -> value from a verl YAML config or a launch script's Hydra overrides."""
     if "verl.trainer.main_ppo" in text:
-        argv = _split(text, source)
-        if "verl.trainer.main_ppo" not in argv:
+        argv = _script_argv(text, source, "verl.trainer.main_ppo", variables)
+        if argv is None or "verl.trainer.main_ppo" not in argv:
             raise SpecError(f"{source}: no `python3 -m verl.trainer.main_ppo` command in it")
         start = argv.index("verl.trainer.main_ppo") + 1
         out: dict[str, Any] = {}
@@ -101,12 +139,12 @@ def verl_settings(text: str, source: str) -> dict[str, Any]:
             elif "=" in tok and not tok.startswith("-"):
                 key, _, value = tok.lstrip("+~").partition("=")
                 out[key] = _scalar(value)
-        return out
+        return Settings(out, source)
     from placer.base.inputs import load_yaml
     data = load_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a verl config mapping or a launch script")
-    return _flatten(data)
+    return Settings(_flatten(data), source)
 
 
 def _int(cfg: dict[str, Any], key: str, source: str) -> int:
@@ -146,10 +184,49 @@ def _assumed(device: str) -> list[str]:
             f"cluster: one {CPU_DEVICE} node for rule rewards and tools (the driver's CPUs)"]
 
 
+MEGATRON_SIZES = (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
+                  ("cp", "context_parallel_size"), ("ep", "expert_model_parallel_size"),
+                  ("etp", "expert_tensor_parallel_size"))
+CPU_OPTIMIZER = "optim.override_optimizer_config.optimizer_cpu_offload"
+
+
+def _layout(cfg: Settings, prefix: str, megatron: bool, source: str,
+            notes: list[str]) -> dict[str, Any]:
+    """A trained or forward role's Megatron sizes (those above 1) and its `offload`: Megatron's
+    CPU optimizer only; verl's own offload flags park state between phases (module docstring)."""
+    out: dict[str, Any] = {}
+    for short, key in MEGATRON_SIZES if megatron else ():
+        full = f"{prefix}.megatron.{key}"
+        v = cfg.get(full)
+        if v is None:  # unset, or null (expert TP: follows TP)
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpecError(f"{source}: {full}: expected a whole number (got {v!r})")
+        if v > 1:
+            out[short] = v
+    parks = [k for k in (f"{prefix}.{sec}.{flag}" for sec in ("megatron", "fsdp_config", "fsdp")
+                         for flag in ("param_offload", "grad_offload", "optimizer_offload"))
+             if _bool(cfg, k)]
+    if parks:
+        notes.append(f"{parks[0].rsplit('.', 1)[0]}: verl's offload parks state in host memory "
+                     "between phases and steps on the GPU; the job prices that as its colocated "
+                     "slot's switch, not as `offload`")
+    out["offload"] = _bool(cfg, f"{prefix}.{CPU_OPTIMIZER}")
+    if out["offload"]:
+        frac = cfg.get(f"{prefix}.optim.override_optimizer_config.optimizer_offload_fraction", 1.0)
+        notes.append(f"{prefix}.{CPU_OPTIMIZER}: Megatron's CPU optimizer ({frac} of the state "
+                     "stepped on the host) is priced as `offload` (optimizer state on the host "
+                     "through the step)")
+    return out
+
+
 def import_verl(text: str, source: str, device: str = "H100-SXM",
-                name: str = "imported-verl") -> tuple[dict[str, Any], list[str]]:
-    """(job dict, notes) from a verl config or launch script's text."""
-    cfg = verl_settings(text, source)
+                name: str = "imported-verl", variables: dict[str, str] | None = None
+                ) -> tuple[dict[str, Any], list[str]]:
+    """(job dict, notes) from a verl config or launch script's text; `variables`: the
+    environment the script's shell variables are expanded in (`--set`)."""
+    cfg = verl_settings(text, source, variables)
+    notes: list[str] = []
     key = "algorithm.adv_estimator"
     est = cfg.get(key, VERL_DEFAULTS[key])
     if est not in VERL_ALGORITHMS:
@@ -165,11 +242,8 @@ def import_verl(text: str, source: str, device: str = "H100-SXM",
              {"name": "cpu", "device": CPU_DEVICE, "devices_per_node": 1, "nodes": 1}]
 
     def par(prefix: str) -> dict[str, Any]:
-        tp = cfg.get(f"{prefix}.megatron.tensor_model_parallel_size", 1) if megatron else 1
-        pp = cfg.get(f"{prefix}.megatron.pipeline_model_parallel_size", 1) if megatron else 1
-        off = any(_bool(cfg, f"{prefix}.{s}") for s in (
-            "fsdp_config.optimizer_offload", "megatron.optimizer_offload", "fsdp.optimizer_offload"))
-        return {"pool": "gpu", "devices": total, "tp": tp, "pp": pp, "offload": off}
+        return {"pool": "gpu", "devices": total, "tp": 1, "pp": 1,
+                **_layout(cfg, prefix, megatron, source, notes)}
 
     actor = par("actor_rollout_ref.actor")
     roles: dict[str, Any] = {"actor": actor}
@@ -190,8 +264,8 @@ def import_verl(text: str, source: str, device: str = "H100-SXM",
     if use_ref:
         ref = par("actor_rollout_ref.ref")
         if megatron and "actor_rollout_ref.ref.megatron.tensor_model_parallel_size" not in cfg:
-            ref.update(tp=actor["tp"], pp=actor["pp"])  # verl: the ref follows the actor's
-        roles["reference"] = {**ref, "offload": False}
+            ref.update({k: v for k, v in actor.items() if k in ("tp", "pp", "cp", "ep", "etp")})
+        roles["reference"] = {**ref, "offload": False}  # verl: the ref follows the actor's
         shared.append("reference")
     models: dict[str, Any] = {"policy": policy, "use_reference": use_ref, "reward": "rule"}
     cpu_roles = []
@@ -236,7 +310,7 @@ def import_verl(text: str, source: str, device: str = "H100-SXM",
         key = "trainer.v1.sampler.max_off_policy_threshold"  # what `placer export verl` sets
         job["pipeline"] = {"mode": "async",
                            "max_staleness": max(_int(cfg, key, source), 1) if key in cfg else 1}
-    return job, _assumed(device)
+    return job, _assumed(device) + notes
 
 
 # ---------------------------------------------------------------------------------- OpenRLHF
@@ -253,7 +327,7 @@ OPENRLHF_ALIASES = {
     "advantage_estimator": "algo.advantage.estimator", "init_kl_coef": "algo.kl.init_coef",
     "use_kl_loss": "algo.kl.use_loss", "async_train": "train.async_enable",
     "zero_stage": "ds.zero_stage", "adam_offload": "ds.adam_offload",
-    "ds_tensor_parallel_size": "ds.tensor_parallel_size",
+    "ds_tensor_parallel_size": "ds.tensor_parallel_size", "ring_attn_size": "ds.ring_attn_size",
     **{f"{g}_{k}": f"{g}.{k}" for g in ("actor", "ref", "critic", "reward")
        for k in ("num_nodes", "num_gpus_per_node")},
 }
@@ -262,16 +336,19 @@ OPENRLHF_DEFAULTS: dict[str, Any] = {
     "rollout.batch_size": 1024, "rollout.n_samples_per_prompt": 1, "train.batch_size": 128,
     "data.max_len": 2048, "algo.advantage.estimator": "gae", "algo.kl.init_coef": 0.01,
     "vllm.tensor_parallel_size": 1, "train.async_queue_size": 1, "ds.tensor_parallel_size": 1,
+    "ds.ring_attn_size": 1,
     **{f"{g}.{k}": d for g in ("actor", "ref", "critic", "reward")
        for k, d in (("num_nodes", 1), ("num_gpus_per_node", 8))},
 }
 
 
-def openrlhf_settings(text: str, source: str = "command line") -> dict[str, Any]:
+def openrlhf_settings(text: str, source: str = "command line",
+                      variables: dict[str, str] | None = None) -> Settings:
     """Flag -> value (True for a switch) from an OpenRLHF command line or script."""
-    argv = _split(text, source)
-    if "openrlhf.cli.train_ppo_ray" in argv:
-        argv = argv[argv.index("openrlhf.cli.train_ppo_ray") + 1:]
+    marker = "openrlhf.cli.train_ppo_ray"
+    argv = _script_argv(text, source, marker if marker in text else None, variables) or []
+    if marker in argv:
+        argv = argv[argv.index(marker) + 1:]
     out: dict[str, Any] = {}
     i = 0
     while i < len(argv):
@@ -288,13 +365,14 @@ def openrlhf_settings(text: str, source: str = "command line") -> dict[str, Any]
             i += 1
         else:
             out[flag] = True
-    return out
+    return Settings(out, source)
 
 
 def import_openrlhf(text: str, source: str, device: str = "H100-SXM",
-                    name: str = "imported-openrlhf") -> tuple[dict[str, Any], list[str]]:
+                    name: str = "imported-openrlhf", variables: dict[str, str] | None = None
+                    ) -> tuple[dict[str, Any], list[str]]:
     """(job dict, notes) from an OpenRLHF train_ppo_ray command line."""
-    a = {**OPENRLHF_DEFAULTS, **openrlhf_settings(text, source)}
+    a = Settings({**OPENRLHF_DEFAULTS, **openrlhf_settings(text, source, variables)}, source)
 
     def num(flag: str) -> int:
         v = a.get(flag)
@@ -340,9 +418,11 @@ def import_openrlhf(text: str, source: str, device: str = "H100-SXM",
             shared["critic"].append("reward")
     roles: dict[str, Any] = {r: {"pool": "gpu", "devices": n} for r, n in groups.items()}
     roles["actor"]["offload"] = bool(a.get("ds.adam_offload"))
-    for r in ("actor", "critic"):  # DeepSpeed AutoTP applies to the trained models
+    for r in ("actor", "critic"):  # DeepSpeed AutoTP and ring attention: the trained models
         if r in roles:
             roles[r]["tp"] = num("ds.tensor_parallel_size")
+            if num("ds.ring_attn_size") > 1:  # OpenRLHF's context parallelism
+                roles[r]["cp"] = num("ds.ring_attn_size")
     if engines and not all_:
         roles["rollout"] = {"pool": "gpu", "devices": engines * tp, "tp": tp}
     else:  # colocate_all, or no vLLM: generation on the actor's GPUs

@@ -7,7 +7,10 @@ what the plan's placement-group bundles ask for (`placer.solve.mapping.device_re
              selector on the GPU's product label (NVIDIA GPU feature discovery) where the catalog
              device has a known one;
   LPU pools  the `LPU` custom resource (no device plugin is assumed);
-  CPU pools  `num-cpus` and CPU/memory requests from the device type (cores, host RAM).
+  CPU pools  `num-cpus` and CPU/memory requests of the node's allocatable share;
+  GPU pods also request CPU and the host memory the plan keeps on the node (parked and offloaded
+  state, pinned buffers, Ray's object store, fixed with `object-store-memory`): every request fits
+  the node's allocatable resources, not its capacity (`placer.interop.noderesources`).
 Every pod also carries the node label `placer.dev/device` in its node selector (the catalog
 device name: label your nodes with it), the pod label `placer.dev/pool` and the annotation
 `placer.dev/slots` (the plan's slots on the pool and their devices there). A role split over
@@ -15,7 +18,8 @@ pools (`roles.NAME.parts`) needs nothing more: each part's bundles ask for its o
 Ray places them on that pool's worker group, and each part's pool's group says so.
 
 The RayJob mounts the plan from a ConfigMap and runs `placer execute plan.json --address auto`:
-the image must have placer installed (`--image`).
+the image must have placer installed (`--image`). Written for KubeRay `KUBERAY_VERSION` (its
+ray.io/v1 CRDs) and Ray `RAY_VERSION`; every file says so.
 """
 from __future__ import annotations
 
@@ -26,11 +30,13 @@ from typing import Any
 import yaml
 
 from placer.interop.common import Export
+from placer.interop.noderesources import PodRequest, cpu_pod, gpu_pods
 from placer.solve.mapping import device_resources
 from placer.solve.planfile import Plan
 from placer.spec.hardware import DeviceKind, DeviceType, Pool
 
 RAY_VERSION = "2.52.0"  # the oldest Ray with token authentication (pyproject: ray>=2.52)
+KUBERAY_VERSION = "1.7.0"  # the CRDs the objects are written for (tests/data/kuberay)
 DEFAULT_IMAGE = f"rayproject/ray:{RAY_VERSION}-py311-gpu"
 DEVICE_LABEL = "placer.dev/device"
 POOL_LABEL = "placer.dev/pool"
@@ -60,19 +66,24 @@ def ray_resources(pool: Pool, dev: DeviceType) -> dict[str, float]:
             f"pool_{pool.name}": float(pool.devices_per_node)}
 
 
-def _start_params(pool: Pool, dev: DeviceType) -> dict[str, str]:
+def _start_params(pool: Pool, dev: DeviceType, req: PodRequest | None) -> dict[str, str]:
     have = ray_resources(pool, dev)
     params = {}
     if "GPU" in have:
         params["num-gpus"] = str(int(have.pop("GPU")))
     if "CPU" in have:
         params["num-cpus"] = str(int(have.pop("CPU")))
+    elif req is not None:  # a GPU pod: the cores it requests, for its worker processes
+        params["num-cpus"] = str(req.cpu_milli // 1000)
+    if req is not None and req.object_store_bytes:  # the store the plan's host memory assumed
+        params["object-store-memory"] = str(req.object_store_bytes)
     # KubeRay passes `resources` through to `ray start --resources`: a quoted JSON object
     params["resources"] = '"' + json.dumps({k: v for k, v in have.items()}).replace('"', '\\"') + '"'
     return params
 
 
-def _container(name: str, image: str, pool: Pool | None, dev: DeviceType | None) -> dict[str, Any]:
+def _container(name: str, image: str, pool: Pool | None, dev: DeviceType | None,
+               req: PodRequest | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "image": image}
     if pool is None or dev is None:  # the head: schedules nothing, runs the driver
         c["resources"] = {"requests": {"cpu": "2", "memory": "8Gi"},
@@ -81,14 +92,12 @@ def _container(name: str, image: str, pool: Pool | None, dev: DeviceType | None)
                       {"containerPort": 8265, "name": "dashboard"},
                       {"containerPort": 10001, "name": "client"}]
         return c
+    asks = req.quantities() if req is not None else {}
     if dev.kind is DeviceKind.gpu:
         n = str(pool.devices_per_node)
-        c["resources"] = {"limits": {"nvidia.com/gpu": n}, "requests": {"nvidia.com/gpu": n}}
-    elif dev.kind is DeviceKind.cpu:
-        cpu = str(dev.cores * pool.devices_per_node)
-        mem = f"{int(dev.memory_gb * pool.devices_per_node)}Gi"
-        c["resources"] = {"requests": {"cpu": cpu, "memory": mem},
-                          "limits": {"cpu": cpu, "memory": mem}}
+        asks["nvidia.com/gpu"] = n
+    if asks:
+        c["resources"] = {"requests": dict(asks), "limits": dict(asks)}
     return c
 
 
@@ -123,20 +132,22 @@ def pool_uses(plan: Plan) -> dict[str, str]:
     return {pool: "; ".join(w) for pool, w in out.items()}
 
 
-def cluster_spec(plan: Plan, image: str) -> dict[str, Any]:
+def cluster_spec(plan: Plan, image: str, warn: list[str]) -> dict[str, Any]:
     """The RayCluster `spec`: a CPU-only head and one worker group per pool."""
     res = plan.resolved()
     job = plan.spec.name
     uses = pool_uses(plan)
     groups = []
+    gpu = gpu_pods(plan, warn)
     for pool in res.cluster.pools:
         dev = res.device_of(pool)
-        template = _pod(_container("ray-worker", image, pool, dev), pool, dev, job)
+        req = cpu_pod(pool, dev) if dev.kind is DeviceKind.cpu else gpu.get(pool.name)
+        template = _pod(_container("ray-worker", image, pool, dev, req), pool, dev, job)
         template["metadata"]["annotations"] = {USES_ANNOTATION: uses.get(pool.name, "idle")}
         groups.append({
             "groupName": dns_name(pool.name, 50),
             "replicas": pool.nodes, "minReplicas": pool.nodes, "maxReplicas": pool.nodes,
-            "rayStartParams": _start_params(pool, dev),
+            "rayStartParams": _start_params(pool, dev, req),
             "template": template})
     head = {"rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
             "template": _pod(_container("ray-head", image, None, None), None, None, job)}
@@ -156,7 +167,7 @@ def _with_plan_mount(spec: dict[str, Any], configmap: str) -> dict[str, Any]:
 def export_kuberay(plan: Plan, image: str = DEFAULT_IMAGE, steps: int = 5) -> Export:
     name = dns_name(f"placer-{plan.spec.name}", 40)
     warn: list[str] = []
-    spec = cluster_spec(plan, image)
+    spec = cluster_spec(plan, image, warn)
     meta = {"name": name, "labels": {"app.kubernetes.io/managed-by": "placer"}}
     raycluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": meta, "spec": spec}
     plan_json = plan.to_json()
@@ -177,10 +188,12 @@ def export_kuberay(plan: Plan, image: str = DEFAULT_IMAGE, steps: int = 5) -> Ex
                     "needs an image with it (--image)")
 
     def dump(doc: dict[str, Any]) -> str:
-        return yaml.safe_dump(doc, sort_keys=False, width=100)
+        return (f"# written for KubeRay {KUBERAY_VERSION} (ray.io/v1) and Ray {RAY_VERSION} "
+                "(placer export kuberay)\n" + yaml.safe_dump(doc, sort_keys=False, width=100))
 
     files = {"raycluster.yaml": dump(raycluster), "rayjob.yaml": dump(rayjob),
              "plan-configmap.yaml": dump(configmap)}
     command = ("kubectl apply -f raycluster.yaml   # or: kubectl apply -f plan-configmap.yaml "
                "-f rayjob.yaml")
-    return Export("kuberay", files, command, warn)
+    return Export("kuberay", files, command, warn,
+                  version=f"KubeRay {KUBERAY_VERSION}, Ray {RAY_VERSION}")

@@ -6,7 +6,9 @@ vLLM engines of `--vllm.tensor_parallel_size` GPUs, and shares GPUs only in thre
 `--train.colocate_all` (every model and the engines on the actor's GPUs, which must equal
 engines x TP), `--train.colocate_actor_ref` and `--train.colocate_critic_reward` (same shapes).
 Training is DeepSpeed ZeRO (`--ds.zero_stage`, `--ds.adam_offload`, AutoTP as
-`--ds.tensor_parallel_size`); there is no pipeline parallelism.
+`--ds.tensor_parallel_size`, context parallelism as ring attention `--ds.ring_attn_size`,
+micro-batches per GPU as verl's export derives them); there is no pipeline or expert parallelism
+(warned, naming the field).
 
 Anything else the plan does (other colocations, LPU or CPU pools for models, pipeline stages,
 a rule reward or an environment, which OpenRLHF runs as a reward function or agent script) is
@@ -31,11 +33,12 @@ from placer.interop.common import (
     refuse_hsdp,
     refuse_split,
 )
-from placer.interop.verl import uses_megatron
+from placer.interop.verl import micro_batch, uses_megatron
 from placer.solve.planfile import Plan
 from placer.spec.hardware import DeviceKind
 from placer.spec.sections import Algorithm
 
+OPENRLHF_VERSION = "0.11.2"  # the release whose parser and checks the command is written for
 ENTRYPOINT = "python3 -m openrlhf.cli.train_ppo_ray"
 ESTIMATOR = {Algorithm.grpo: "group_norm", Algorithm.ppo: "gae", Algorithm.rloo: "rloo"}
 # plan role -> OpenRLHF's argument prefix for a model's actor group
@@ -134,11 +137,21 @@ def _rollout(plan: Plan, warn: list[str], colocate_all: bool) -> list[str]:
 
 def _training(plan: Plan, warn: list[str]) -> list[str]:
     a = plan.roles[Role.ACTOR]
-    args = ["--ds.zero_stage", str(a.zero), "--actor.gradient_checkpointing_enable"]
+    mbs = str(micro_batch(plan, Role.ACTOR))  # the derivation verl's export uses
+    args = ["--ds.zero_stage", str(a.zero), "--actor.gradient_checkpointing_enable",
+            "--train.micro_batch_size", mbs, "--rollout.micro_batch_size", mbs]
     if a.offload:
         args.append("--ds.adam_offload")
     if a.tp > 1:
         args += ["--ds.tensor_parallel_size", str(a.tp)]
+    if a.cp > 1:  # ring attention is OpenRLHF's context parallelism (it packs samples for it)
+        args += ["--ds.ring_attn_size", str(a.cp)]
+    for role in (Role.ACTOR, Role.CRITIC):
+        r = plan.roles.get(role)
+        if r is not None and r.ep > 1:
+            warn.append(f"roles.{role}.ep: OpenRLHF {OPENRLHF_VERSION} trains with DeepSpeed "
+                        f"ZeRO, which has no expert parallelism; the plan's EP {r.ep} is "
+                        "dropped and every rank holds its ZeRO shard of all experts")
     return args
 
 
@@ -203,7 +216,9 @@ def export_openrlhf(plan: Plan) -> Export:
     command = ENTRYPOINT + " " + " ".join(shlex.quote(a) for a in args)
     script = ("#!/bin/sh\n# OpenRLHF with the plan's placement (placer export openrlhf); append "
               "--data.prompt_dataset ... and any other flag.\n"
+              f"# written for OpenRLHF {OPENRLHF_VERSION} (its train_ppo_ray flags and checks)\n"
               + "".join(f"# WARNING: {w}\n" for w in warn) + "set -e\n"
               + ENTRYPOINT + " \\\n  " + " \\\n  ".join(shlex.quote(a) for a in args)
               + ' \\\n  "$@"\n')
-    return Export("openrlhf", {"train_ppo_ray.sh": script}, command, warn)
+    return Export("openrlhf", {"train_ppo_ray.sh": script}, command, warn,
+                  version=OPENRLHF_VERSION)

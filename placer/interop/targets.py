@@ -51,8 +51,10 @@ class Target:
                 raise SpecError(f"{flag}{opt}: applies to {names_help(takers) or 'no target'} "
                                 f"only (got framework {self.name!r})")
 
-    def import_run(self, text: str, source: str, *, device: str, name: str) -> Imported:
-        """The job `text` (read from `source`) describes; SpecError naming what is wrong."""
+    def import_run(self, text: str, source: str, *, device: str, name: str,
+                   variables: dict[str, str] | None = None) -> Imported:
+        """The job `text` (read from `source`) describes; SpecError naming what is wrong.
+        `variables`: the environment a script's shell variables expand in (`--set`)."""
         raise SpecError(f"framework: {self.name} has no importer (import from one of "
                         f"{', '.join(importer_names())})")
 
@@ -72,9 +74,10 @@ class Verl(Target):
         from placer.interop.verl import export_verl
         return export_verl(plan, **options)
 
-    def import_run(self, text: str, source: str, *, device: str, name: str) -> Imported:
+    def import_run(self, text: str, source: str, *, device: str, name: str,
+                   variables: dict[str, str] | None = None) -> Imported:
         from placer.interop.importers import import_verl
-        return import_verl(text, source, device=device, name=name)
+        return import_verl(text, source, device=device, name=name, variables=variables)
 
 
 class OpenRLHF(Target):
@@ -86,9 +89,10 @@ class OpenRLHF(Target):
         from placer.interop.openrlhf import export_openrlhf
         return export_openrlhf(plan, **options)
 
-    def import_run(self, text: str, source: str, *, device: str, name: str) -> Imported:
+    def import_run(self, text: str, source: str, *, device: str, name: str,
+                   variables: dict[str, str] | None = None) -> Imported:
         from placer.interop.importers import import_openrlhf
-        return import_openrlhf(text, source, device=device, name=name)
+        return import_openrlhf(text, source, device=device, name=name, variables=variables)
 
     def read_source(self, source: str) -> tuple[str, str]:
         """The command line itself when `source` is one (it has flags and names no file)."""

@@ -1,4 +1,9 @@
-"""A plan as a verl run: Hydra overrides of `verl.trainer.main_ppo` (verl 0.9) and its launch line.
+"""A plan as a verl run: Hydra overrides of `verl.trainer.main_ppo` (verl 0.9.1) and its launch line.
+
+Written for verl `VERL_VERSION` (0.9.1): every key exists in that release's trainer config and the
+result passes its `validate_config` (verl/utils/config.py) and config dataclasses' checks; other
+releases rename keys (verl's main has no `actor_rollout_ref.rollout.nnodes`), so the files name the
+version and launch.sh warns when another is installed.
 
 verl places roles in Ray *resource pools* counted in GPUs (`nnodes x n_gpus_per_node`):
   * the trainer pool (`trainer.nnodes`, `trainer.n_gpus_per_node`) hosts the actor, the reference
@@ -6,10 +11,19 @@ verl places roles in Ray *resource pools* counted in GPUs (`nnodes x n_gpus_per_
   * a disaggregated rollout gets its own pool (`actor_rollout_ref.rollout.nnodes`,
     `n_gpus_per_node`) under the v1 trainer's `separate_async` mode (one step off-policy);
   * a reward model may get its own pool (`reward.reward_model.enable_resource_pool`).
-Training layouts: FSDP (ZeRO-3 data parallel, `ppo_trainer`) when the actor has TP = PP = 1, else
-Megatron (`ppo_megatron_trainer`, TP and PP sizes). Rollout: vLLM with the plan's TP, its memory
-share as `gpu_memory_utilization` and the engine's `max_num_seqs` the plan was priced with (its
-calibration's admission cap: `placer.cost.admission` admits by free KV up to that many sequences).
+Training layouts: FSDP (ZeRO-3 data parallel, `ppo_trainer`) when the trained roles have
+TP = PP = CP = EP = 1, else Megatron (`ppo_megatron_trainer`: TP, PP, CP, EP and expert TP sizes).
+Micro-batches (`micro_batch`): whole sequences at the job's longest context, as many as fit in the
+tokens of the micro-batch the cost model prices (`MICRO_TOKENS`, verl's own default token budget
+per GPU), at least one, dividing a rank's share of a mini-batch, and fitting the device. Offload: verl's
+`param_offload` / `optimizer_offload` park a role's state in host memory between phases and run the
+optimizer step on the GPU; the plan prices exactly that when colocated roles do not fit together
+(`Plan.breakdown.switch_s` of the slot), so those are exported as verl's offload. The plan's own
+`offload` (optimizer state kept on the host through the step) has no verl form: warned.
+Rollout: vLLM with the plan's TP (data-parallel attention and EP as verl's rollout DP and EP),
+its memory share as `gpu_memory_utilization` and the engine's `max_num_seqs` the plan was priced
+with (its calibration's admission cap: `placer.cost.admission` admits by free KV up to that many
+sequences).
 
 What verl cannot express is named in `Export.warnings`: LPU pools, a reference or critic outside
 the actor's pool, colocations other than the hybrid engine's, and device types (verl counts GPUs;
@@ -26,7 +40,10 @@ from typing import Any
 
 import yaml
 
+from placer.base.errors import SpecError
 from placer.base.roles import Role
+from placer.cost.layercomm import MICRO_TOKENS
+from placer.cost.model import train_memory
 from placer.interop.common import (
     Export,
     colocated,
@@ -39,12 +56,13 @@ from placer.interop.common import (
     refuse_hsdp,
     refuse_split,
 )
-from placer.solve.planfile import Plan, calibration_of
+from placer.solve.planfile import Plan, RolePlacement, calibration_of
 from placer.spec.hardware import DeviceKind
 from placer.spec.sections import Algorithm
 
 ADV_ESTIMATOR = {Algorithm.grpo: "grpo", Algorithm.ppo: "gae", Algorithm.rloo: "rloo"}
 ENTRYPOINT = "python3 -m verl.trainer.main_ppo"
+VERL_VERSION = "0.9.1"  # the release whose trainer config and checks the overrides are written for
 # Megatron-Core's HSDP is the partial distributed optimizer (`num_distributed_optimizer_instances`:
 # the optimizer sharded inside each instance, the gradients all-reduced across them), whose groups
 # `mpu.initialize_model_parallel` must build; verl 0.9.1's Megatron engine calls it without that
@@ -58,10 +76,33 @@ MEGATRON_HSDP = ("verl 0.9 builds Megatron's data-parallel groups without partia
 
 def uses_megatron(plan: Plan) -> bool:
     """Megatron when the plan was made for a Megatron trainer (`--framework verl-megatron`) or
-    any trained model needs tensor or pipeline parallelism (FSDP has neither)."""
+    any trained model needs tensor, pipeline, context or expert parallelism (verl's FSDP engine
+    has none of them)."""
     return plan.spec.profile.megatron_trainer or any(
-        plan.roles[r].tp > 1 or plan.roles[r].pp > 1
+        max(plan.roles[r].tp, plan.roles[r].pp, plan.roles[r].cp, plan.roles[r].ep) > 1
         for r in (Role.ACTOR, Role.CRITIC) if r in plan.roles)
+
+
+def micro_batch(plan: Plan, role: Role) -> int:
+    """Sequences per micro-batch on one GPU of `role`: as many whole sequences at the job's
+    longest context as fit in `MICRO_TOKENS` (the micro-batch the cost model prices,
+    `placer.cost.layercomm`; verl's default ppo_max_token_len_per_gpu), at least one; the largest
+    such count that divides a data-parallel rank's share of one mini-batch (verl splits each
+    rank's mini-batch into micro-batches of this size) and whose activations still fit the
+    device beside the role's state (`train_memory`: the plan checked one sequence's)."""
+    r = plan.roles[role]
+    job = plan.spec
+    ctx = max(job.max_context, 1)
+    cap = max(MICRO_TOKENS // ctx, 1)
+    share = max(mini_batch_prompts(plan) * job.batch.samples_per_prompt // max(r.dp, 1), 1)
+    res = plan.resolved()
+    dev = res.device_of(r.pool)
+    eff = calibration_of(plan).for_device(dev)
+    m = res.arch_of(role)
+    for k in range(min(cap, share), 1, -1):
+        if share % k == 0 and train_memory(m, r.par, k * ctx, eff).total <= dev.memory_gb:
+            return k
+    return 1
 
 
 def config_name(plan: Plan) -> str:
@@ -89,11 +130,15 @@ def overrides(plan: Plan) -> tuple[dict[str, Any], list[str]]:
         + (turns - 1) * job.environment.tool_output_tokens,
         "actor_rollout_ref.model.path": hf_path(plan.resolved(), Role.ACTOR, warn),
         "actor_rollout_ref.actor.ppo_mini_batch_size": mini_batch_prompts(plan),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro_batch(plan, Role.ACTOR),
+        # the old log-probs: the actor's forward on its own GPUs
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu":
+            micro_batch(plan, Role.ACTOR),
         "actor_rollout_ref.rollout.n": job.batch.samples_per_prompt,
     }
     o.update(_kl(plan))
     o.update(_pools(plan, warn))
-    o.update(_training(plan, Role.ACTOR, "actor_rollout_ref.actor"))
+    o.update(_training(plan, Role.ACTOR, "actor_rollout_ref.actor", warn))
     if Role.REFERENCE in plan.roles:
         o.update(_reference(plan, warn))
     if Role.CRITIC in plan.roles:
@@ -104,12 +149,35 @@ def overrides(plan: Plan) -> tuple[dict[str, Any], list[str]]:
                         "export colocates it with the actor")
         o["critic.model.path"] = hf_path(plan.resolved(), Role.CRITIC, warn)
         o["critic.ppo_mini_batch_size"] = mini_batch_prompts(plan)
-        o.update(_training(plan, Role.CRITIC, "critic"))
+        o["critic.ppo_micro_batch_size_per_gpu"] = micro_batch(plan, Role.CRITIC)
+        o.update(_training(plan, Role.CRITIC, "critic", warn))
     o.update(_rollout(plan, warn))
     o.update(_reward(plan, warn))
     o.update(_environment(plan, warn))
     o.update(_pipeline(plan, warn))
+    _refuse_uneven_batch(plan, o)
     return o, warn
+
+
+def _refuse_uneven_batch(plan: Plan, o: dict[str, Any]) -> None:
+    """SpecError (exit 2) when verl would refuse the trainer pool's batch split: verl 0.9.1's
+    `validate_config` (verl/utils/config.py) asserts an iteration's samples divide by the
+    trainer pool's GPUs (FSDP) or by its Megatron data-parallel ranks x the micro-batch."""
+    gpus = o["trainer.nnodes"] * o["trainer.n_gpus_per_node"]
+    a = plan.roles[Role.ACTOR]
+    unit = gpus
+    if uses_megatron(plan):
+        unit = gpus // (a.tp * a.pp * a.cp) * o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]
+    samples = plan.spec.batch.prompts * plan.spec.batch.samples_per_prompt
+    if samples % unit == 0:
+        return
+    fits = [d for d in range(1, gpus + 1) if samples % d == 0 and d % (a.tp * a.pp * a.cp) == 0]
+    raise SpecError(
+        f"roles.actor.devices: {a.devices}: verl {VERL_VERSION} needs an iteration's {samples} "
+        f"samples to divide evenly over the trainer pool ({gpus} GPUs; its validate_config, "
+        f"verl/utils/config.py, asks a multiple of {unit}). Re-plan with the actor on "
+        f"{max(fits or [1])} GPUs (add `pin: {{actor: {{devices: {max(fits or [1])}}}}}` to the "
+        "job), or export kuberay, which runs this plan as it is (`placer execute`)")
 
 
 def _kl(plan: Plan) -> dict[str, Any]:
@@ -129,18 +197,49 @@ def _pools(plan: Plan, warn: list[str]) -> dict[str, Any]:
     return {"trainer.nnodes": nodes, "trainer.n_gpus_per_node": per}
 
 
-def _training(plan: Plan, role: Role, key: str) -> dict[str, Any]:
+def parked(plan: Plan, role: Role) -> bool:
+    """Whether the plan prices `role`'s state moved to host memory and back each iteration:
+    its slot's roles do not fit on its devices together (`Plan.breakdown.switch_s`)."""
+    return plan.breakdown.switch_s.get(plan.roles[role].slot, 0.0) > 0.0
+
+
+def _offload(plan: Plan, role: Role, warn: list[str]) -> bool:
+    """verl's param_offload / optimizer_offload for a trained role: parked between phases (see
+    the module docstring). A plan that keeps the optimizer state on the host through the step
+    (`roles.NAME.offload`) is warned about: verl steps on the GPU, so the state the plan kept off
+    the device is back on it for the step."""
     r = plan.roles[role]
+    if r.offload:
+        warn.append(f"roles.{role}.offload: the plan keeps the {role}'s optimizer state in host "
+                    "memory through the optimizer step, which verl cannot run (its "
+                    "optimizer_offload parks the state between phases and steps on the GPU); "
+                    "exported as verl's offload, which needs the optimizer state's memory on "
+                    "the GPU during the step")
+    return r.offload or parked(plan, role)
+
+
+def _megatron_layout(r: RolePlacement, key: str) -> dict[str, Any]:
+    """The Megatron parallel sizes of a role's layout (verl 0.9.1 engine/megatron.yaml)."""
+    out: dict[str, Any] = {f"{key}.megatron.tensor_model_parallel_size": r.tp,
+                           f"{key}.megatron.pipeline_model_parallel_size": r.pp,
+                           f"{key}.megatron.context_parallel_size": r.cp,
+                           f"{key}.megatron.expert_model_parallel_size": r.ep}
+    if r.ep > 1:
+        out[f"{key}.megatron.expert_tensor_parallel_size"] = r.etp
+    return out
+
+
+def _training(plan: Plan, role: Role, key: str, warn: list[str]) -> dict[str, Any]:
+    r = plan.roles[role]
+    off = _offload(plan, role, warn)
     if uses_megatron(plan):
-        return {f"{key}.megatron.tensor_model_parallel_size": r.tp,
-                f"{key}.megatron.pipeline_model_parallel_size": r.pp,
-                f"{key}.megatron.param_offload": r.offload,
-                f"{key}.megatron.optimizer_offload": r.offload}
+        return {**_megatron_layout(r, key), f"{key}.megatron.param_offload": off,
+                f"{key}.megatron.optimizer_offload": off}
     # FSDP shards over all the role's devices (fsdp_size -1), which is the plan's ZeRO-3; an
     # HSDP plan's shard group is verl's fsdp_size (`create_device_mesh`: (ddp, fsdp) mesh)
     fsdp = "fsdp_config" if role is Role.ACTOR else "fsdp"
-    out: dict[str, Any] = {f"{key}.{fsdp}.param_offload": r.offload,
-                           f"{key}.{fsdp}.optimizer_offload": r.offload}
+    out: dict[str, Any] = {f"{key}.{fsdp}.param_offload": off,
+                           f"{key}.{fsdp}.optimizer_offload": off}
     if 0 < r.shard < r.dp:
         out[f"{key}.{fsdp}.fsdp_size"] = r.shard * r.tp * r.cp
     return out
@@ -152,19 +251,33 @@ def _reference(plan: Plan, warn: list[str]) -> dict[str, Any]:
         warn.append(f"reference: verl runs the reference in the actor's pool (colocated); the "
                     f"plan's {ref.pool}x{ref.devices} [{ref.slot}] is not expressible and the "
                     "export colocates it with the actor")
+    key = "actor_rollout_ref.ref"
+    o: dict[str, Any] = {f"{key}.log_prob_micro_batch_size_per_gpu":
+                         micro_batch(plan, Role.REFERENCE)}
     if uses_megatron(plan):
-        return {"actor_rollout_ref.ref.megatron.tensor_model_parallel_size": ref.tp,
-                "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size": ref.pp}
-    return {}
+        o.update(_megatron_layout(ref, key))
+        o[f"{key}.megatron.param_offload"] = parked(plan, Role.REFERENCE)
+    else:
+        o[f"{key}.fsdp_config.param_offload"] = parked(plan, Role.REFERENCE)
+    return o
 
 
 def _rollout(plan: Plan, warn: list[str]) -> dict[str, Any]:
     r = plan.roles[Role.ROLLOUT]
+    key = "actor_rollout_ref.rollout"
     o: dict[str, Any] = {
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": r.tp,
-        "actor_rollout_ref.rollout.gpu_memory_utilization": memory_fraction(plan, Role.ROLLOUT),
+        f"{key}.name": "vllm",
+        # data-parallel attention: attn_dp groups of tp / attn_dp ranks (verl: TP x DP, the
+        # experts over EP = TP x DP, verl 0.9.1 rollout/rollout.yaml)
+        f"{key}.tensor_model_parallel_size": r.par.attn_tp,
+        f"{key}.gpu_memory_utilization": memory_fraction(plan, Role.ROLLOUT),
     }
+    if r.attn_dp > 1:
+        o[f"{key}.data_parallel_size"] = r.attn_dp
+    if r.ep > 1:
+        o[f"{key}.expert_parallel_size"] = r.ep
+    if r.pp > 1:
+        o[f"{key}.pipeline_model_parallel_size"] = r.pp
     dev = plan.resolved().device_of(r.pool)
     o["actor_rollout_ref.rollout.max_num_seqs"] = int(
         calibration_of(plan).for_device(dev).max_num_seqs)
@@ -276,18 +389,29 @@ def launch_args(plan: Plan, flat: dict[str, Any]) -> list[str]:
     return [f"--config-name={config_name(plan)}"] + [f"{k}={hydra_value(v)}" for k, v in flat.items()]
 
 
+def version_check(version: str) -> str:
+    """Shell lines that warn on stderr when the installed verl is not `version`."""
+    probe = "python3 -c 'import importlib.metadata as m; print(m.version(\"verl\"))'"
+    return (f'installed=$({probe} 2>/dev/null || echo none)\n'
+            f'[ "$installed" = {version} ] || echo "warning: written for verl {version}; '
+            'found $installed (keys may differ)" >&2\n')
+
+
 def export_verl(plan: Plan) -> Export:
     flat, warn = overrides(plan)
     _lpu_and_types(plan, warn)
     args = launch_args(plan, flat)
     command = ENTRYPOINT + " " + " ".join(shlex.quote(a) for a in args)
     header = (f"# verl overrides for plan of job {plan.spec.name!r} (placer export verl)\n"
+              f"# written for verl {VERL_VERSION} (pip install verl=={VERL_VERSION}): its keys "
+              "and its config checks\n"
               f"# config: verl/trainer/config/{config_name(plan)}.yaml; launch: launch.sh\n"
               + "".join(f"# WARNING: {w}\n" for w in warn))
     script = ("#!/bin/sh\n# Launch verl with the plan's placement; append data.train_files=... "
-              "data.val_files=... and any other override.\nset -e\n"
+              f"data.val_files=... and any other override.\n# Written for verl {VERL_VERSION}.\n"
+              "set -e\n" + version_check(VERL_VERSION)
               + ENTRYPOINT + " \\\n  " + " \\\n  ".join(shlex.quote(a) for a in args)
               + ' \\\n  "$@"\n')
     files = {"overrides.yaml": header + yaml.safe_dump(to_nested(flat), sort_keys=False),
              "launch.sh": script}
-    return Export("verl", files, command, warn)
+    return Export("verl", files, command, warn, version=VERL_VERSION)

@@ -1,10 +1,11 @@
 """The `current` baseline: a job's recorded placement (`job.current`), priced like any plan.
 
-Each role's recorded (pool, devices, TP, PP, offload) becomes a candidate: the cost table's own
-when it holds that config, else one estimated now with the same cost model (the table prunes
-dominated configs, and a run as it is configured today may well be one of them). Roles in one
-`colocate` group share a slot; the others get one each. The result is an `Assignment`, so
-`plan_assignment` assembles and prices it exactly as it does the ILP's and the other baselines'.
+Each role's recorded (pool, devices, TP, PP, CP, EP, expert TP, offload) becomes a candidate: the
+cost table's own when it holds that config, else one estimated now with the same cost model (the
+table prunes dominated configs, and a run as it is configured today may well be one of them).
+Roles in one `colocate` group share a slot; the others get one each. The result is an
+`Assignment`, so `plan_assignment` assembles and prices it exactly as it does the ILP's and the
+other baselines'.
 A recorded config the cost model finds over memory is priced all the same (it is the user's run),
 and then is the one baseline that may look faster than the ILP's plan: `placer import` says so
 (`unfit_roles`).
@@ -53,11 +54,15 @@ def _candidate(problem: Problem, role: str, at: CurrentRole) -> Candidate:
     for c in problem.cands[role]:
         p = c.est.par
         if (c.pool == pool.name and c.devices == at.devices and p.tp == at.tp and p.pp == at.pp
-                and p.offload == at.offload):
+                and (p.cp, p.ep, p.etp) == (at.cp, at.ep, at.etp) and p.offload == at.offload):
             return c
-    if at.devices % (at.tp * at.pp):
+    model = at.tp * at.cp * at.pp
+    if at.devices % model:
         raise SpecError(f"job.current.roles.{role}: devices {at.devices} is not a multiple "
-                        f"of tp x pp = {at.tp * at.pp}")
+                        f"of tp x cp x pp = {model}")
+    if (at.devices // at.pp) % (at.ep * at.etp):
+        raise SpecError(f"job.current.roles.{role}: ep x etp = {at.ep * at.etp} does not divide "
+                        f"the {at.devices // at.pp} ranks of a pipeline stage")
     return Candidate(role, pool.name, problem.px.estimate(role, pool, _parallel(res, role, at)))
 
 
@@ -65,7 +70,8 @@ def _parallel(res: Resolved, role: str, at: CurrentRole) -> Parallel:
     """The recorded layout: TP x PP x DP on GPUs; a count of devices elsewhere."""
     pool = res.cluster.pool(at.pool)
     if res.device_of(pool).kind is DeviceKind.gpu and res.model_of(role) is not None:
-        return Parallel(tp=at.tp, pp=at.pp, dp=at.devices // (at.tp * at.pp), offload=at.offload)
+        return Parallel(tp=at.tp, pp=at.pp, dp=at.devices // (at.tp * at.cp * at.pp),
+                        offload=at.offload, cp=at.cp, ep=at.ep, etp=at.etp)
     return Parallel(dp=at.devices)
 
 

@@ -14,13 +14,20 @@ from placer.spec.base import PosInt, Strict
 
 
 class CurrentRole(Strict):
-    """Where one role runs: `devices` of pool `pool`, split `tp` x `pp` (data parallel the rest)."""
+    """Where one role runs: `devices` of pool `pool`, split `tp` x `cp` x `pp` (data parallel the
+    rest), the experts over `ep` x `etp` of those ranks."""
 
     pool: str
     devices: PosInt
     tp: PosInt = 1
     pp: PosInt = 1
-    offload: StrictBool = Field(False, description="optimizer state offloaded to host memory")
+    cp: PosInt = Field(1, description="context parallelism (training)")
+    ep: PosInt = Field(1, description="expert parallelism (mixture of experts)")
+    etp: PosInt = Field(1, description="expert tensor parallelism (with ep > 1)")
+    offload: StrictBool = Field(
+        False, description="optimizer state kept in host memory through the optimizer step "
+                           "(state parked only between phases, as verl's offload does, is the "
+                           "colocated slot's switch, not this)")
 
 
 class CurrentPlacement(Strict):
