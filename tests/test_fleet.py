@@ -2,6 +2,7 @@
 tiny jobs, bad fleet files (exit 2, one line per mistake) and fleets that cannot fit (exit 3)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from placer.cost.calibration import load_calibration
 from placer.fleet.alloc import NoAllocation, allocate
 from placer.fleet.inner import levels
 from placer.fleet.planner import plan_fleet
-from placer.fleet.spec import fleet_from_dict
+from placer.fleet.spec import fleet_from_dict, load_fleet
+from placer.solve.planfile import Plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -150,3 +152,30 @@ def test_deadline_missed_names_the_job() -> None:
     doc["jobs"][2]["deadline"] = {"iterations": 10**6, "hours": 1}
     with pytest.raises(Infeasible, match="job b2: misses its deadline"):
         plan_fleet(fleet_from_dict(doc, EXAMPLES, "tiny"), load_calibration(None), workers=1)
+
+
+def test_json_is_one_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fleet.json"
+    assert main(["fleet", _write(tmp_path, _tiny_fleet()), "--json", "-o", str(out),
+                 "--workers", "1"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc == json.loads(out.read_text())
+    assert doc["optimal"] and doc["gap"] == 0.0 and len(doc["jobs"]) == 3
+    assert "fleet: round 1:" in captured.err  # progress on stderr, not stdout
+    Plan.model_validate(doc["jobs"][0]["plan"])  # each job's plan as `placer simulate` reads it
+
+
+def test_the_example_fleet_loads() -> None:
+    fleet = load_fleet(EXAMPLES / "fleets" / "mixed.yaml")
+    assert len(fleet.jobs) == 6 and len(fleet.teams) == 3
+    assert {p.name for p in fleet.cluster.pools} == {"h100", "h20", "l40s", "cpu"}
+    assert all(j.job.cluster == fleet.cluster for j in fleet.jobs)
+
+
+@pytest.mark.slow
+def test_the_example_fleet_plans() -> None:
+    res = plan_fleet(load_fleet(EXAMPLES / "fleets" / "mixed.yaml"), load_calibration(None))
+    assert res.optimal and res.plans_priced < res.grid_size
+    for u in res.usage:
+        assert u.used <= u.cap

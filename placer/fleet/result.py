@@ -126,7 +126,7 @@ class FleetResult:
                      f"{'used':>4}  note"]
         for u in self.usage:
             note = (f"borrows {u.borrowed}" if u.borrowed
-                    else f"lends {u.unused} unused" if u.unused and u.cohort else "")
+                    else f"{u.unused} unused, lendable" if u.unused and u.cohort else "")
             lines.append(f"{u.team:<12} {u.cohort or '-':<10} {u.pool:<8} {u.nominal:>7} "
                          f"{u.cap:>4} {u.used:>4}  {note}")
         lines.append("")
