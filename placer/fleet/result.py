@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from placer.fleet.alloc import Vec
 from placer.fleet.spec import Fleet, FleetJobSpec
 from placer.solve.planfile import Plan
 
@@ -66,7 +65,7 @@ class TeamUse:
                 "borrowed": self.borrowed}
 
 
-def team_usage(fleet: Fleet, vectors: list[Vec]) -> list[TeamUse]:
+def team_usage(fleet: Fleet, vectors: list[tuple[int, ...]]) -> list[TeamUse]:
     """Every (team, pool) the team has a quota on, with the nodes its jobs hold there."""
     pools = [p.name for p in fleet.cluster.pools]
     out = []

@@ -218,7 +218,9 @@ def _job(ff: FleetFile, i: int, cluster: Cluster, base: Path, source: str,
     job = _job_on(fj.job, cluster, base, where, errors)
     if job is None or len(errors) > before:
         return None
-    return FleetJobSpec(fj.name or job.name, fj.team, job, fj.weight, fj.iterations,
+    if fj.name is not None:  # the job's plan and its exports carry the fleet's name for it
+        job = job.model_copy(update={"name": fj.name})
+    return FleetJobSpec(job.name, fj.team, job, fj.weight, fj.iterations,
                         fj.deadline, fj.min_iterations_per_hour)
 
 
