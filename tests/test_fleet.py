@@ -179,3 +179,16 @@ def test_the_example_fleet_plans() -> None:
     assert res.optimal and res.plans_priced < res.grid_size
     for u in res.usage:
         assert u.used <= u.cap
+
+
+def test_a_cluster_mistake_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                       ) -> None:
+    """Every job is validated on the fleet's cluster; a bad device there is said once."""
+    doc = _tiny_fleet()
+    doc["cluster"]["pools"][0]["device"] = "emu-gpx"
+    doc["jobs"][2]["job"] = "missing.yaml"
+    assert main(["fleet", _write(tmp_path, doc)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert "cluster.pools.0.device: unknown device type 'emu-gpx'" in lines[0]
+    assert "jobs.2 (b2): job: " in lines[1] and "missing.yaml" in lines[1]

@@ -11,10 +11,10 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-
 from frameworks import _strict, crd_errors, k8s_errors
-from placer.cli import main
 from test_fleet import _tiny_fleet, _write
+
+from placer.cli import main
 
 DATA = Path(__file__).resolve().parent / "data" / "kueue"
 

@@ -157,6 +157,7 @@ def fleet_from_dict(data: dict[str, Any], base: Path, source: str = "fleet") -> 
         raise SpecErrors(errors)
     errors += _check_teams(ff, cluster, source)
     jobs = [_job(ff, i, cluster, base, source, errors) for i in range(len(ff.jobs))]
+    errors = _cluster_once(errors, source)
     names = [j.name for j in jobs if j is not None]
     for n in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"{source}: jobs: job name {n!r} appears more than once (give each a "
@@ -164,6 +165,19 @@ def fleet_from_dict(data: dict[str, Any], base: Path, source: str = "fleet") -> 
     if errors:
         raise SpecErrors(errors)
     return Fleet(ff.name, ff.objective, cluster, ff.teams, [j for j in jobs if j is not None])
+
+
+def _cluster_once(errors: list[str], source: str) -> list[str]:
+    """A mistake in the fleet's cluster shows in every job validated on it: one line, naming the
+    cluster, not one per job."""
+    out: list[str] = []
+    for line in errors:
+        head, sep, rest = line.partition(": job: cluster.")
+        if sep and head.startswith(f"{source}: jobs."):
+            line = f"{source}: cluster.{rest}"
+        if line not in out:
+            out.append(line)
+    return out
 
 
 def _cluster(ff: FleetFile, base: Path, source: str, errors: list[str]) -> Cluster | None:
@@ -237,5 +251,5 @@ def _job_on(raw: str | dict[str, Any], cluster: Cluster, base: Path, where: str,
     except SpecErrors as e:
         errors += [f"{where}: {line}" for line in e.lines]
     except ValueError as e:  # SpecError: an unreadable file, a plan given as a job
-        errors.append(f"{where}: {e}")
+        errors.append(f"{where}: job: {e}")
     return None
