@@ -2,10 +2,11 @@
 
 Notation. Jobs j (team t(j), weight w_j, iterations I_j), pools p of N_p nodes, teams t with
 nominal quota n_tp, cap c_tp (nominal plus borrowing limit, `Fleet.team_cap`) and cohort k(t).
-Each job chooses one allocation vector a in a finite grid A_j: per pool, 0, the powers of two
-below its cap, and the cap (0 only, for a pool none of its roles can use). T_j(a) is the job's
-iteration time on the cluster restricted to a, from the job-level planner (`FleetProblem.time`),
-computed only at the vectors the search visits and memoised.
+Each job chooses one allocation vector a in a finite grid A_j (`placer.fleet.inner`): per
+pool, 0, the powers of two below its cap, and the cap (0 only, for a pool none of its roles can
+use), less the vectors on which some role has no candidate layout that fits. T_j(a) is the
+job's iteration time on the cluster restricted to a, from the job-level planner
+(`JobPlanner.time`), computed only at the vectors the search visits and memoised.
 
 Model. x_ja in {0, 1}, sum_a x_ja = 1. u_tp = sum_{j of t} sum_a a_p x_ja, and
   capacity       sum_j sum_a a_p x_ja <= N_p
@@ -24,10 +25,12 @@ slower (it may leave nodes idle), so T_j(a) >= T_j(b) for every evaluated b >= a
 infeasible when an evaluated b >= a is. Each round solves the model with T_j(a) replaced by this
 optimistic bound where a is not evaluated, evaluates the vectors it chose, and stops when every
 chosen vector was already evaluated: the solution is then optimal over the grids (up to CP-SAT's
-own gap). The bound the report gives (the best objective still possible) is the last round's
-optimistic bound; the incumbent is the best solution whose times are all evaluated. So the gap is
-relative to (1) the grids of allocation vectors, (2) the job-level plans being optimal (each
-plan's own gap is reported), (3) the integer scaling of the coefficients (1e-9 of the largest).
+own gap). The bound reported (the best objective still possible) is the tightest of the
+rounds' optimistic bounds; the incumbent is the best solution whose times are all evaluated. So
+the gap is relative to (1) the grids of allocation vectors, (2) the job-level plans being optimal
+(their own largest gap is reported), (3) the integer scaling of the coefficients (1e-9 of the
+largest). Of the allocations as good as the incumbent, the one holding the fewest nodes is kept
+(`fewest_nodes`): a node that no job would run faster with stays free.
 """
 from __future__ import annotations
 
