@@ -168,7 +168,7 @@ def test_json_is_one_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_the_example_fleet_loads() -> None:
     fleet = load_fleet(EXAMPLES / "fleets" / "mixed.yaml")
-    assert len(fleet.jobs) == 6 and len(fleet.teams) == 3
+    assert len(fleet.jobs) == 6 and len(fleet.teams) == 4
     assert {p.name for p in fleet.cluster.pools} == {"h100", "h20", "l40s", "cpu"}
     assert all(j.job.cluster == fleet.cluster for j in fleet.jobs)
 

@@ -126,6 +126,10 @@ class NoAllocation(Exception):
     """The master model has no solution (over the optimistic bounds: truly none on the grids)."""
 
 
+class OutOfTime(NoAllocation):
+    """The time limit passed before any allocation whose times were all evaluated was found."""
+
+
 @dataclass
 class _Round:
     vectors: list[Vec]
@@ -244,7 +248,7 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
         if r.exact or time.monotonic() - start > time_limit_s:
             break
     if best is None:
-        raise NoAllocation(f"no allocation found within {time_limit_s:g} s")
+        raise OutOfTime(f"no allocation found within the time limit ({time_limit_s:g} s)")
     obj, vecs = best
     vecs = fewest_nodes(pr, vecs, workers, seed)
     times = [t for j, a in enumerate(vecs) if (t := pr.known[j][a]) is not None]

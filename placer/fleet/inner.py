@@ -13,7 +13,6 @@ below the team's cap and the cap; 0 alone for a pool that no role of the job has
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from placer.base.errors import Infeasible, SpecError
@@ -46,7 +45,6 @@ class JobPlanner:
     seed: int = 0
     plans: dict[tuple[int, Vec], Plan] = field(default_factory=dict)
     why: dict[tuple[int, Vec], str] = field(default_factory=dict)
-    on_plan: Callable[[int], None] | None = None
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -69,9 +67,6 @@ class JobPlanner:
         except (Infeasible, SpecError) as e:  # SpecError: a pin naming a pool given 0 nodes
             self.why[key] = str(e).split("\n")[0]
             return None
-        finally:
-            if self.on_plan is not None:
-                self.on_plan(len(self.plans) + len(self.why) + 1)
         self.plans[key] = plan
         return plan.predicted_iteration_s
 

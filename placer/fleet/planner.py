@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from placer.base.errors import Infeasible
 from placer.cost.efficiency import Calibration
-from placer.fleet.alloc import AllocProblem, NoAllocation, Vec, allocate, solve_round
+from placer.fleet.alloc import AllocProblem, NoAllocation, OutOfTime, Vec, allocate, solve_round
 from placer.fleet.inner import JobPlanner, alloc_problem
 from placer.fleet.result import FleetResult, JobResult, team_usage
 from placer.fleet.spec import Fleet
@@ -28,6 +28,9 @@ def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
                progress: Progress | None = None) -> FleetResult:
     """The fleet's allocation and each job's plan on it (module docstring)."""
     planner = JobPlanner(fleet, calib, job_time_limit_s, seed)
+    if progress is not None:
+        progress(f"fleet: {len(fleet.jobs)} jobs: their allocation grids, then each on all its "
+                 "team may hold")
     pr = alloc_problem(planner)
     _check_jobs(pr, planner)
 
@@ -40,6 +43,8 @@ def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
     try:
         a = allocate(pr, time_limit_s=time_limit_s, workers=workers, seed=seed,
                      on_round=on_round)
+    except OutOfTime as e:
+        raise Infeasible(f"{e}; a longer --time-limit may find one") from None
     except NoAllocation as e:
         raise Infeasible(diagnose(pr, planner, str(e))) from None
     jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plans[(j, v)])
