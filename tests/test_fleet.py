@@ -12,7 +12,7 @@ from fleet_oracle import brute_force, random_fleet, violations
 from placer.base.errors import Infeasible
 from placer.cli import main
 from placer.cost.calibration import load_calibration
-from placer.fleet.alloc import NoAllocation, allocate
+from placer.fleet.alloc import AllocJob, AllocProblem, NoAllocation, TeamQuota, allocate
 from placer.fleet.inner import levels
 from placer.fleet.planner import plan_fleet
 from placer.fleet.spec import fleet_from_dict, load_fleet
@@ -34,7 +34,7 @@ def test_allocation_agrees_with_brute_force(objective: str) -> None:
                 allocate(pr, workers=1, seed=seed)
             continue
         a = allocate(pr, workers=1, seed=seed)
-        assert a.optimal and a.gap == 0.0, seed
+        assert a.optimal and a.gap == 0.0 and a.not_monotone == 0, seed
         assert a.objective == pytest.approx(best, rel=1e-6), seed
         assert violations(pr, a.vectors) == [], seed
         planned += a.evaluated
@@ -192,3 +192,17 @@ def test_a_cluster_mistake_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(lines) == 2, lines
     assert "cluster.pools.0.device: unknown device type 'emu-gpx'" in lines[0]
     assert "jobs.2 (b2): job: " in lines[1] and "missing.yaml" in lines[1]
+
+
+def test_a_broken_bound_is_reported() -> None:
+    """A job faster on fewer nodes breaks the bound the lazy search relies on: counted, and the
+    allocation is then not called optimal."""
+    times = {(1,): 10.0, (2,): 20.0}
+    pr = AllocProblem(("p",), (2,), {"t": TeamQuota("t", None, (2,), (2,))},
+                      [AllocJob("j", "t", 1.0, 1, ((1,), (2,)))], "throughput",
+                      lambda j, a: times[a])
+    pr.evaluate(0, (2,))
+    pr.evaluate(0, (1,))
+    assert pr.not_monotone == 1
+    a = allocate(pr, workers=1)
+    assert a.vectors == [(1,)] and not a.optimal

@@ -75,15 +75,21 @@ class AllocProblem:
     objective: str  # "throughput" | "makespan"
     time_of: Callable[[int, Vec], float | None]  # job index, vector -> seconds (None: no plan)
     known: list[dict[Vec, float | None]] = field(default_factory=list)
+    not_monotone: int = 0  # evaluated pairs where fewer nodes were faster (the bound failed)
 
     def __post_init__(self) -> None:
         if not self.known:
             self.known = [{} for _ in self.jobs]
 
     def evaluate(self, j: int, a: Vec) -> float | None:
-        """T_j(a), memoised."""
+        """T_j(a), memoised; counts each pair of evaluated vectors that breaks the monotone
+        bound (fewer nodes faster, or placed where more nodes were not)."""
         if a not in self.known[j]:
-            self.known[j][a] = self.time_of(j, a)
+            t = self.time_of(j, a)
+            for b, tb in self.known[j].items():
+                if (_within(a, b) and _faster(t, tb)) or (_within(b, a) and _faster(tb, t)):
+                    self.not_monotone += 1
+            self.known[j][a] = t
         return self.known[j][a]
 
     def bound(self, j: int, a: Vec) -> tuple[float | None, bool]:
@@ -116,7 +122,8 @@ class Allocation:
     objective: float
     bound: float
     gap: float
-    optimal: bool  # every chosen time evaluated and CP-SAT proved its model optimal
+    optimal: bool  # every chosen time evaluated, CP-SAT proved its model, the bound held
+    not_monotone: int  # evaluated pairs that broke the monotone bound
     rounds: int
     evaluated: int
     solve_s: float
@@ -255,7 +262,7 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     obj = _objective(pr, times)
     gap = _gap(pr.objective, obj, bound)
     return Allocation(vecs, times, obj, bound, gap,
-                      r.exact and r.proven, rounds,
+                      r.exact and r.proven and pr.not_monotone == 0, pr.not_monotone, rounds,
                       sum(len(k) for k in pr.known), time.monotonic() - start)
 
 
@@ -295,6 +302,18 @@ def _keep_best(pr: AllocProblem, best: tuple[float, list[Vec]] | None, vecs: lis
     if best is None or (obj > best[0] if pr.objective == "throughput" else obj < best[0]):
         return obj, list(vecs)
     return best
+
+
+def _within(a: Vec, b: Vec) -> bool:
+    """Whether `a` takes no more nodes of any pool than `b`."""
+    return all(x <= y for x, y in zip(a, b))
+
+
+def _faster(fewer: float | None, more: float | None) -> bool:
+    """Whether the time on fewer nodes beats the time on more (beyond rounding)."""
+    if fewer is None:
+        return False
+    return more is None or fewer < more * (1 - 1e-9)
 
 
 def _objective(pr: AllocProblem, times: list[float]) -> float:

@@ -51,7 +51,7 @@ def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
             for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
     inner_gap = max(planner.plans[(j, v)].solver.gap for j, v in enumerate(a.vectors))
     return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, a.vectors),
-                       a.objective, a.bound, a.gap, a.optimal, inner_gap, a.rounds,
+                       a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
                        a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s)
 
 

@@ -89,6 +89,7 @@ class FleetResult:
     bound: float
     gap: float  # relative to the allocation grids and the job plans (placer.fleet.alloc)
     optimal: bool
+    not_monotone: int  # job plans where fewer nodes were faster: the bound did not hold there
     plan_gap: float  # the largest gap of the jobs' own plans
     rounds: int
     plans_priced: int
@@ -98,6 +99,7 @@ class FleetResult:
     def to_dict(self) -> dict[str, Any]:
         return {"fleet": self.name, "objective": self.objective, "value": self.value,
                 "bound": self.bound, "gap": self.gap, "optimal": self.optimal,
+                "not_monotone": self.not_monotone,
                 "gap_relative_to": "the allocation grids (0, powers of two and the cap per pool) "
                                    "with each job's plan taken as optimal",
                 "plan_gap": self.plan_gap, "rounds": self.rounds,
@@ -108,6 +110,9 @@ class FleetResult:
     def render(self) -> str:
         unit = "weighted iterations/h" if self.objective == "throughput" else "s makespan"
         status = "optimal" if self.optimal else f"gap {self.gap:.1%}"
+        if self.not_monotone:
+            status += (f"; {self.not_monotone} pairs of job plans ran faster on fewer nodes, so "
+                       "the bound, and the gap, may not hold")
         lines = [f"fleet {self.name}: {self.objective} {self.value:.4g} {unit} ({status} over "
                  f"the allocation grids; bound {self.bound:.4g}; job plans' largest gap "
                  f"{self.plan_gap:.1%}); {self.plans_priced} of {self.grid_size} allocations "
