@@ -206,3 +206,12 @@ def test_a_broken_bound_is_reported() -> None:
     assert pr.not_monotone == 1
     a = allocate(pr, workers=1)
     assert a.vectors == [(1,)] and not a.optimal
+
+
+def test_makespan_is_the_last_job_to_finish() -> None:
+    doc = _tiny_fleet(objective="makespan")
+    for job, n in zip(doc["jobs"], (1000, 500, 200)):
+        job["iterations"] = n
+    res = plan_fleet(fleet_from_dict(doc, EXAMPLES, "tiny"), load_calibration(None), workers=1)
+    finish = [j.iterations * j.iteration_s for j in res.jobs if j.iterations is not None]
+    assert res.optimal and res.value == pytest.approx(max(finish))

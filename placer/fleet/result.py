@@ -108,21 +108,25 @@ class FleetResult:
                 "teams": [u.to_dict() for u in self.usage]}
 
     def render(self) -> str:
-        unit = "weighted iterations/h" if self.objective == "throughput" else "s makespan"
+        head = (f"throughput {self.value:.4g} weighted iterations/h"
+                if self.objective == "throughput" else f"makespan {self.value:.4g} s")
         status = "optimal" if self.optimal else f"gap {self.gap:.1%}"
         if self.not_monotone:
             status += (f"; {self.not_monotone} pairs of job plans ran faster on fewer nodes, so "
                        "the bound, and the gap, may not hold")
-        lines = [f"fleet {self.name}: {self.objective} {self.value:.4g} {unit} ({status} over "
-                 f"the allocation grids; bound {self.bound:.4g}; job plans' largest gap "
-                 f"{self.plan_gap:.1%}); {self.plans_priced} of {self.grid_size} allocations "
-                 f"planned in {self.rounds} rounds, {self.solve_s:.1f} s", ""]
-        w = max(len(j.name) for j in self.jobs)
-        lines.append(f"{'job':<{w}}  {'team':<12} {'weight':>6} {'s/iter':>9} {'iter/h':>8}  nodes")
+        lines = [f"fleet {self.name}: {head} ({status} over the allocation grids; bound "
+                 f"{self.bound:.4g}; job plans' largest gap {self.plan_gap:.1%}); "
+                 f"{self.plans_priced} of {self.grid_size} allocations planned in {self.rounds} "
+                 f"rounds, {self.solve_s:.1f} s", ""]
+        w = max(3, *(len(j.name) for j in self.jobs))
+        lines.append(f"{'job':<{w}}  {'team':<12} {'weight':>6} {'s/iter':>9} {'iter/h':>8} "
+                     f"{'done h':>7}  nodes")
         for j in self.jobs:
             nodes = ", ".join(f"{p} {n}" for p, n in j.nodes.items())
+            done = j.finish_h()
             lines.append(f"{j.name:<{w}}  {j.team:<12} {j.weight:>6g} {j.iteration_s:>9.2f} "
-                         f"{j.iterations_per_hour:>8.1f}  {nodes}")
+                         f"{j.iterations_per_hour:>8.1f} {'-' if done is None else f'{done:.2f}':>7}"
+                         f"  {nodes}")
         return "\n".join(lines)
 
     def explain(self) -> str:
