@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("placer.commands.export", "a plan as a verl, OpenRLHF or KubeRay configuration"),
     "import": ("placer.commands.importrun", "a job spec (with its current placement) from a verl "
                "or OpenRLHF run"),
+    "fleet": ("placer.commands.fleet", "many jobs on one cluster: whole nodes to each job under "
+              "team quotas"),
     "schema": ("placer.commands.schema", "the job format: JSON Schema, or the Markdown reference"),
 }
 

@@ -29,6 +29,7 @@ HOLDS = {
     "placer.cost": "the cost model: memory and time of every role's work",
     "placer.solve": "candidates, the ILP, baselines, mapping, the Plan",
     "placer.calibrate": "event-level fits of the efficiency factors",
+    "placer.fleet": "many jobs on one cluster under team quotas (Kueue)",
     "simulator": "simpy model of RL iterations",
     "executors": "runs a plan on Ray",
     "workflows": "demo, fidelity, stage-level fit, what-if, published runs",

@@ -1,0 +1,115 @@
+"""`placer fleet FLEET.yaml`: give every job of a fleet whole nodes under its team's quota.
+
+    placer fleet FLEET.yaml [--json] [--explain] [-o FLEET.json] [--time-limit S]
+                            [--job-time-limit S] [--calibration F] [--workers N] [--seed S]
+                            [--export kueue DIR [--image IMAGE] [--namespace NS] [--steps N]]
+
+Each job is planned on the nodes the allocation model visits for it (`placer.fleet`); the table
+gives each job's nodes, iteration time and iterations per hour, and the objective with its proven
+gap over the allocation grids. `--explain` adds each team's use of each pool against its
+nominal quota and cap (what it borrows or lends) and each job's roles. `--json` prints one
+document (`FleetResult.to_dict`, each job's plan included); `-o` writes it atomically.
+`--export kueue DIR` writes Kueue's ResourceFlavors, ClusterQueues (quotas and cohorts) and
+LocalQueues, and one KubeRay RayJob per job placed by its plan (`placer.interop.kueue`).
+Progress goes to stderr. Exit 2 for a bad fleet file (one line per mistake, naming the job and
+the field), 3 for a fleet that cannot fit (naming the job and the resource).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from placer.base.errors import SpecError
+from placer.base.fileio import atomic_write_text
+from placer.base.inputs import check_output
+from placer.cli import emit_json, note
+from placer.commands.plan import check_solver_arguments
+from placer.fleet.result import FleetResult
+from placer.fleet.spec import Fleet
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("fleet", metavar="FLEET.yaml")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--explain", action="store_true",
+                   help="each team's use of each pool against its quota, each job's roles")
+    p.add_argument("-o", "--output", metavar="FLEET.json", help="write the JSON document here")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="the allocation search's time limit in seconds (default 60)")
+    p.add_argument("--job-time-limit", type=float, default=5.0, metavar="S",
+                   help="each job plan's solver time limit in seconds (default 5)")
+    p.add_argument("--calibration", metavar="F", help="calibration profile (YAML/JSON)")
+    p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    p.add_argument("--export", nargs=2, metavar=("kueue", "DIR"),
+                   help="write Kueue queues and one KubeRay RayJob per job into DIR")
+    p.add_argument("--image", help="the RayJobs' image (needs placer installed)")
+    p.add_argument("--namespace", default="default",
+                   help="the LocalQueues' and RayJobs' namespace (default: default)")
+    p.add_argument("--steps", type=int, default=5, help="RL steps each RayJob runs (default 5)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from placer.cost.calibration import load_calibration
+    from placer.fleet.planner import plan_fleet
+    from placer.fleet.spec import load_fleet
+
+    check_solver_arguments(args)
+    if not 0 < args.job_time_limit <= 3600:
+        raise SpecError(f"--job-time-limit: must be > 0 and at most 3600 seconds (got "
+                        f"{args.job_time_limit!r})")
+    check_output(args.output, "--output")
+    check_export(args)
+    fleet = load_fleet(args.fleet)
+    calib = load_calibration(args.calibration)
+    result = plan_fleet(fleet, calib, time_limit_s=args.time_limit,
+                        job_time_limit_s=args.job_time_limit, workers=args.workers,
+                        seed=args.seed, progress=note)
+    doc = result.to_dict()
+    if args.export:
+        _export(args, fleet, result)
+    if args.output:
+        atomic_write_text(args.output, json.dumps(doc, indent=2, default=str) + "\n")
+        note(f"wrote {args.output}")
+    if args.json:
+        emit_json(doc)
+        return 0
+    print(result.render())
+    if args.explain:
+        print(result.explain())
+    return 0
+
+
+def check_export(args: argparse.Namespace) -> None:
+    from placer.interop.kuberay import dns_name
+
+    if not args.export:
+        for flag in ("image", "steps", "namespace"):
+            default = {"image": None, "steps": 5, "namespace": "default"}[flag]
+            if getattr(args, flag) != default:
+                raise SpecError(f"--{flag}: applies to --export only (got {getattr(args, flag)!r})")
+        return
+    target, folder = args.export
+    if target != "kueue":
+        raise SpecError(f"--export: the one target is kueue (got {target!r})")
+    check_output(folder, "--export", folder=True)
+    if dns_name(args.namespace) != args.namespace:
+        raise SpecError(f"--namespace: must be a DNS-1123 label (got {args.namespace!r})")
+    if not 1 <= args.steps <= 10**6:
+        raise SpecError(f"--steps: must be 1 to 1000000 (got {args.steps})")
+
+
+def _export(args: argparse.Namespace, fleet: Fleet, result: FleetResult) -> None:
+    from pathlib import Path
+
+    from placer.interop.kuberay import DEFAULT_IMAGE
+    from placer.interop.kueue import export_kueue
+
+    out = export_kueue(fleet, result, image=args.image or DEFAULT_IMAGE,
+                       namespace=args.namespace, steps=args.steps)
+    folder = Path(args.export[1])
+    for name, text in out.files.items():
+        atomic_write_text(folder / name, text)
+    for w in out.warnings:
+        note(f"placer: warning: {w}")
+    note(f"wrote {len(out.files)} files to {folder}: {out.command}")

@@ -1,0 +1,334 @@
+"""The fleet's allocation model: whole nodes of each pool to each job, under team quotas (CP-SAT).
+
+Notation. Jobs j (team t(j), weight w_j, iterations I_j), pools p of N_p nodes, teams t with
+nominal quota n_tp, cap c_tp (nominal plus borrowing limit, `Fleet.team_cap`) and cohort k(t).
+Each job chooses one allocation vector a in a finite grid A_j (`placer.fleet.inner`): per
+pool, 0, the powers of two below its cap, and the cap (0 only, for a pool none of its roles can
+use), less the vectors on which some role has no candidate layout that fits. T_j(a) is the
+job's iteration time on the cluster restricted to a, from the job-level planner
+(`JobPlanner.time`), computed only at the vectors the search visits and memoised.
+
+Model. x_ja in {0, 1}, sum_a x_ja = 1. u_tp = sum_{j of t} sum_a a_p x_ja, and
+  capacity       sum_j sum_a a_p x_ja <= N_p
+  quota          u_tp <= c_tp
+  cohort         sum_{t in k} u_tp <= sum_{t in k} n_tp  (a team alone: u_tp <= n_tp)
+  fairness       b_kp = 1 if any team of cohort k borrows pool p (u_tp <= n_tp + c_tp b_kp);
+                 then every team of k holds at least min(n_tp, D_tp) (u_tp >= min(n, D) b_kp),
+                 D_tp = the most its jobs could use (the sum of their grids' largest a_p): no
+                 team falls below its nominal share while another borrows
+  service        x_ja = 0 where T_j(a) exceeds the job's deadline or minimum throughput.
+Objective: throughput, max sum_j w_j 3600 / T_j(a) x_ja (iterations per hour); or makespan,
+min M with M >= sum_a I_j T_j(a) x_ja. Both are linear in x, the coefficients scaled to integers.
+
+Lazy evaluation. T_j is known only where evaluated. More nodes never make the planner's optimum
+slower (it may leave nodes idle), so T_j(a) >= T_j(b) for every evaluated b >= a, and a is
+infeasible when an evaluated b >= a is. Each round solves the model with T_j(a) replaced by this
+optimistic bound where a is not evaluated, evaluates the vectors it chose, and stops when every
+chosen vector was already evaluated: the solution is then optimal over the grids (up to CP-SAT's
+own gap). The bound reported (the best objective still possible) is the tightest of the
+rounds' optimistic bounds; the incumbent is the best solution whose times are all evaluated. So
+the gap is relative to (1) the grids of allocation vectors, (2) the job-level plans being optimal
+(their own largest gap is reported), (3) the integer scaling of the coefficients (1e-9 of the
+largest). Of the allocations as good as the incumbent, the one holding the fewest nodes is kept
+(`fewest_nodes`): a node that no job would run faster with stays free.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+Vec = tuple[int, ...]
+SCALE = 1_000_000_000  # the largest objective coefficient, after scaling to integers
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    """One team's quota per pool (in the pools' order), in nodes."""
+
+    name: str
+    cohort: str | None
+    nominal: Vec
+    cap: Vec
+
+
+@dataclass(frozen=True)
+class AllocJob:
+    name: str
+    team: str
+    weight: float
+    iterations: int
+    grid: tuple[Vec, ...]
+    max_iteration_s: float | None = None
+
+
+@dataclass
+class AllocProblem:
+    """What the master model needs: pools, teams, jobs with grids, and the time function."""
+
+    pools: tuple[str, ...]
+    nodes: Vec
+    teams: dict[str, TeamQuota]
+    jobs: list[AllocJob]
+    objective: str  # "throughput" | "makespan"
+    time_of: Callable[[int, Vec], float | None]  # job index, vector -> seconds (None: no plan)
+    known: list[dict[Vec, float | None]] = field(default_factory=list)
+    not_monotone: int = 0  # evaluated pairs where fewer nodes were faster (the bound failed)
+
+    def __post_init__(self) -> None:
+        if not self.known:
+            self.known = [{} for _ in self.jobs]
+
+    def evaluate(self, j: int, a: Vec) -> float | None:
+        """T_j(a), memoised; counts each pair of evaluated vectors that breaks the monotone
+        bound (fewer nodes faster, or placed where more nodes were not)."""
+        if a not in self.known[j]:
+            t = self.time_of(j, a)
+            for b, tb in self.known[j].items():
+                if (_within(a, b) and _faster(t, tb)) or (_within(b, a) and _faster(tb, t)):
+                    self.not_monotone += 1
+            self.known[j][a] = t
+        return self.known[j][a]
+
+    def bound(self, j: int, a: Vec) -> tuple[float | None, bool]:
+        """(the optimistic time of `a`, whether it is exact); None: `a` cannot be placed."""
+        if a in self.known[j]:
+            return self.known[j][a], True
+        best = 0.0
+        for b, t in self.known[j].items():
+            if all(x <= y for x, y in zip(a, b)):
+                if t is None:
+                    return None, True
+                best = max(best, t)
+        return best, False
+
+    def value(self, j: int, t: float) -> float:
+        """Job j's term of the objective at iteration time t."""
+        job = self.jobs[j]
+        return job.weight * 3600 / t if self.objective == "throughput" else job.iterations * t
+
+    def demand(self, team: str, p: int) -> int:
+        return sum(max(a[p] for a in job.grid) for job in self.jobs if job.team == team)
+
+
+@dataclass
+class Allocation:
+    """The result: a vector per job, its time, the objective, the bound and the gap."""
+
+    vectors: list[Vec]
+    times: list[float]
+    objective: float
+    bound: float
+    gap: float
+    optimal: bool  # every chosen time evaluated, CP-SAT proved its model, the bound held
+    not_monotone: int  # evaluated pairs that broke the monotone bound
+    rounds: int
+    evaluated: int
+    solve_s: float
+
+
+class NoAllocation(Exception):
+    """The master model has no solution (over the optimistic bounds: truly none on the grids)."""
+
+
+class OutOfTime(NoAllocation):
+    """The time limit passed before any allocation whose times were all evaluated was found."""
+
+
+@dataclass
+class _Round:
+    vectors: list[Vec]
+    exact: bool
+    objective: float  # of the model's values (optimistic where not exact)
+    bound: float
+    proven: bool
+
+
+def _model(pr: AllocProblem, values: list[dict[Vec, float]]
+           ) -> tuple[cp_model.CpModel, list[dict[Vec, cp_model.IntVar]], float,
+                      cp_model.LinearExprT]:
+    """The master model over the vectors with a value; returns (model, x, objective scale,
+    the objective's expression)."""
+    m = cp_model.CpModel()
+    x = [{a: m.new_bool_var(f"x{j}_{i}") for i, a in enumerate(vals)}
+         for j, vals in enumerate(values)]
+    for xs in x:
+        m.add_exactly_one(xs.values())
+    for p, n in enumerate(pr.nodes):
+        m.add(sum(a[p] * v for xs in x for a, v in xs.items()) <= n)
+    use: dict[str, list[cp_model.LinearExprT]] = {}
+    for t in pr.teams:
+        use[t] = [sum(a[p] * v for j, xs in enumerate(x) if pr.jobs[j].team == t
+                      for a, v in xs.items()) for p in range(len(pr.pools))]
+    _quotas(pr, m, use)
+    top = max((v for vals in values for v in vals.values()), default=1.0) or 1.0
+    k = SCALE / top
+    terms = [int(round(vals[a] * k)) * v for vals, xs in zip(values, x) for a, v in xs.items()]
+    if pr.objective == "throughput":
+        total = sum(terms)
+        m.maximize(total)
+        return m, x, k, total
+    mk = m.new_int_var(0, SCALE, "makespan")
+    for vals, xs in zip(values, x):
+        m.add(mk >= sum(int(round(vals[a] * k)) * v for a, v in xs.items()))
+    m.minimize(mk)
+    return m, x, k, mk
+
+
+def _quotas(pr: AllocProblem, m: cp_model.CpModel,
+            use: dict[str, list[cp_model.LinearExprT]]) -> None:
+    cohorts: dict[str | None, list[TeamQuota]] = {}
+    for tq in pr.teams.values():
+        cohorts.setdefault(tq.cohort, []).append(tq)
+    for cohort, teams in cohorts.items():
+        for p in range(len(pr.pools)):
+            for tq in teams:
+                m.add(use[tq.name][p] <= tq.cap[p])
+                if cohort is None:
+                    m.add(use[tq.name][p] <= tq.nominal[p])
+            if cohort is None:
+                continue
+            m.add(sum(use[tq.name][p] for tq in teams) <= sum(tq.nominal[p] for tq in teams))
+            borrows = m.new_bool_var(f"borrow_{cohort}_{p}")
+            for tq in teams:
+                m.add(use[tq.name][p] <= tq.nominal[p] + tq.cap[p] * borrows)
+                floor = min(tq.nominal[p], pr.demand(tq.name, p))
+                m.add(use[tq.name][p] >= floor * borrows)
+
+
+def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int) -> _Round:
+    values: list[dict[Vec, float]] = []
+    exact: list[dict[Vec, bool]] = []
+    for j, job in enumerate(pr.jobs):
+        vals, ex = {}, {}
+        for a in job.grid:
+            t, is_exact = pr.bound(j, a)
+            if t is None:
+                continue
+            if job.max_iteration_s is not None and t > job.max_iteration_s:
+                continue  # the bound already misses the deadline: so does the time
+            vals[a], ex[a] = pr.value(j, t), is_exact
+        values.append(vals)
+        exact.append(ex)
+    if any(not v for v in values):
+        raise NoAllocation("a job has no allocation left")
+    m, x, k, _ = _model(pr, values)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(limit_s, 0.1)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    status = solver.solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise NoAllocation("no allocation meets the quotas" if status == cp_model.INFEASIBLE
+                           else "the allocation model found no solution in its time limit")
+    chosen = [next(a for a, v in xs.items() if solver.value(v)) for xs in x]
+    return _Round(chosen, all(exact[j][a] for j, a in enumerate(chosen)),
+                  solver.objective_value / k, solver.best_objective_bound / k,
+                  status == cp_model.OPTIMAL)
+
+
+def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: float = 5.0,
+             workers: int = 2, seed: int = 0,
+             on_round: Callable[[int, int, float | None, float], None] | None = None
+             ) -> Allocation:
+    """The lazy loop (module docstring). `on_round(round, evaluated, incumbent, bound)` reports
+    progress; stops early at `time_limit_s` with the incumbent and its gap."""
+    start = time.monotonic()
+    for j, job in enumerate(pr.jobs):  # the top of each grid bounds every vector below it
+        for a in _maximal(job.grid):
+            pr.evaluate(j, a)
+    best: tuple[float, list[Vec]] | None = None
+    bound = float("inf") if pr.objective == "throughput" else 0.0
+    rounds = 0
+    while True:
+        rounds += 1
+        r = solve_round(pr, round_limit_s, workers, seed)
+        better = min if pr.objective == "throughput" else max
+        bound = better(bound, r.bound)  # CP-SAT's bound holds whether or not it proved it
+        for j, a in enumerate(r.vectors):
+            pr.evaluate(j, a)
+        best = _keep_best(pr, best, r.vectors)
+        if on_round is not None:
+            on_round(rounds, sum(len(k) for k in pr.known), best[0] if best else None, bound)
+        if r.exact or time.monotonic() - start > time_limit_s:
+            break
+    if best is None:
+        raise OutOfTime(f"no allocation found within the time limit ({time_limit_s:g} s)")
+    obj, vecs = best
+    vecs = fewest_nodes(pr, vecs, workers, seed)
+    times = [t for j, a in enumerate(vecs) if (t := pr.known[j][a]) is not None]
+    obj = _objective(pr, times)
+    gap = _gap(pr.objective, obj, bound)
+    return Allocation(vecs, times, obj, bound, gap,
+                      r.exact and r.proven and pr.not_monotone == 0, pr.not_monotone, rounds,
+                      sum(len(k) for k in pr.known), time.monotonic() - start)
+
+
+def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> list[Vec]:
+    """Among the evaluated allocations as good as `vecs` (the same scaled objective), one that
+    holds the fewest nodes: nodes that no job's plan would be faster with go back to the pool."""
+    values: list[dict[Vec, float]] = []
+    for j, job in enumerate(pr.jobs):
+        ok = {a: t for a, t in pr.known[j].items() if t is not None and a in set(job.grid)
+              and (job.max_iteration_s is None or t <= job.max_iteration_s)}
+        values.append({a: pr.value(j, t) for a, t in ok.items()})
+    m, x, k, objective = _model(pr, values)
+    now = [int(round(vals[a] * k)) for vals, a in zip(values, vecs)]
+    m.add(objective >= sum(now) if pr.objective == "throughput" else objective <= max(now))
+    m.minimize(sum(sum(a) * v for xs in x for a, v in xs.items()))
+    for xs, a in zip(x, vecs):
+        m.add_hint(xs[a], 1)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 5.0
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return vecs
+    return [next(a for a, v in xs.items() if solver.value(v)) for xs in x]
+
+
+def _keep_best(pr: AllocProblem, best: tuple[float, list[Vec]] | None, vecs: list[Vec]
+               ) -> tuple[float, list[Vec]] | None:
+    """The incumbent: the chosen vectors, now evaluated, if each placed and met its limits."""
+    times = [pr.known[j][a] for j, a in enumerate(vecs)]
+    if any(t is None for t in times):
+        return best
+    if any(job.max_iteration_s is not None and t is not None and t > job.max_iteration_s
+           for job, t in zip(pr.jobs, times)):
+        return best
+    obj = _objective(pr, [t for t in times if t is not None])
+    if best is None or (obj > best[0] if pr.objective == "throughput" else obj < best[0]):
+        return obj, list(vecs)
+    return best
+
+
+def _within(a: Vec, b: Vec) -> bool:
+    """Whether `a` takes no more nodes of any pool than `b`."""
+    return all(x <= y for x, y in zip(a, b))
+
+
+def _faster(fewer: float | None, more: float | None) -> bool:
+    """Whether the time on fewer nodes beats the time on more (beyond rounding)."""
+    if fewer is None:
+        return False
+    return more is None or fewer < more * (1 - 1e-9)
+
+
+def _objective(pr: AllocProblem, times: list[float]) -> float:
+    vals = [pr.value(j, t) for j, t in enumerate(times)]
+    return sum(vals) if pr.objective == "throughput" else max(vals)
+
+
+def _gap(objective: str, obj: float, bound: float) -> float:
+    """Relative gap between the incumbent and the best value still possible (below the
+    coefficients' scaling error: 0)."""
+    gap = (bound - obj) / bound if objective == "throughput" else (obj - bound) / obj
+    return 0.0 if gap < 1e-6 else min(gap, 1.0)
+
+
+def _maximal(grid: Sequence[Vec]) -> list[Vec]:
+    """The vectors of the grid no other vector of it dominates."""
+    return [a for a in grid if not any(b != a and all(x <= y for x, y in zip(a, b))
+                                       for b in grid)]

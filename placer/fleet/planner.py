@@ -1,0 +1,148 @@
+"""`plan_fleet`: every job of a fleet given whole nodes, each job planned on its share.
+
+    plan_fleet(load_fleet("examples/fleet-mixed.yaml"), calib) -> FleetResult
+
+The allocation is `placer.fleet.alloc`'s lazy CP-SAT loop over `placer.fleet.inner`'s grids and
+job planner. A fleet that cannot fit raises `Infeasible` naming the job and the resource: a job
+that no pool its team may use can host, a job its team's whole quota cannot place (the job
+planner's diagnosis), a deadline missed even on the whole quota, or the pool, quota or cohort
+that the jobs' smallest allocations already overflow.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from placer.base.errors import Infeasible
+from placer.cost.efficiency import Calibration
+from placer.fleet.alloc import AllocProblem, NoAllocation, OutOfTime, Vec, allocate, solve_round
+from placer.fleet.inner import JobPlanner, alloc_problem
+from placer.fleet.result import FleetResult, JobResult, team_usage
+from placer.fleet.spec import Fleet
+
+Progress = Callable[[str], None]
+
+
+def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
+               job_time_limit_s: float = 5.0, workers: int = 2, seed: int = 0,
+               progress: Progress | None = None) -> FleetResult:
+    """The fleet's allocation and each job's plan on it (module docstring)."""
+    planner = JobPlanner(fleet, calib, job_time_limit_s, seed)
+    if progress is not None:
+        progress(f"fleet: {len(fleet.jobs)} jobs: their allocation grids, then each on all its "
+                 "team may hold")
+    pr = alloc_problem(planner)
+    _check_jobs(pr, planner)
+
+    def on_round(r: int, evaluated: int, best: float | None, bound: float) -> None:
+        if progress is not None:
+            shown = "none yet" if best is None else f"{best:.4g}"
+            progress(f"fleet: round {r}: {evaluated} job plans priced; best {fleet.objective} "
+                     f"{shown}, bound {bound:.4g}")
+
+    try:
+        a = allocate(pr, time_limit_s=time_limit_s, workers=workers, seed=seed,
+                     on_round=on_round)
+    except OutOfTime as e:
+        raise Infeasible(f"{e}; a longer --time-limit may find one") from None
+    except NoAllocation as e:
+        raise Infeasible(diagnose(pr, planner, str(e))) from None
+    jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plans[(j, v)])
+            for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
+    inner_gap = max(planner.plans[(j, v)].solver.gap for j, v in enumerate(a.vectors))
+    return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, a.vectors),
+                       a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
+                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s)
+
+
+def _nodes(planner: JobPlanner, a: Vec) -> str:
+    return ", ".join(f"{p}: {n} node{'s' * (n != 1)}" for p, n in planner.nodes_of(a).items()
+                     if n) or "no nodes"
+
+
+def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
+    """Each job alone on the most its team may hold: placed, and within its limits."""
+    for j, job in enumerate(pr.jobs):
+        if not job.grid:
+            raise Infeasible(f"job {job.name}: team {job.team}'s quota gives it no nodes of a "
+                             "pool its roles can run on")
+        top = max(job.grid, key=sum)
+        t = pr.evaluate(j, top)
+        if t is None:
+            raise Infeasible(f"job {job.name}: cannot be placed even on all its team "
+                             f"{job.team} may hold ({_nodes(planner, top)}): "
+                             f"{planner.why[(j, top)]}")
+        if job.max_iteration_s is not None and t > job.max_iteration_s:
+            raise Infeasible(f"job {job.name}: misses its deadline or minimum throughput even on "
+                             f"all its team {job.team} may hold ({_nodes(planner, top)}): an "
+                             f"iteration takes {t:.4g} s, it may take at most "
+                             f"{job.max_iteration_s:.4g} s")
+
+
+def diagnose(pr: AllocProblem, planner: JobPlanner, why: str) -> str:
+    """Which pool, quota or cohort the jobs' smallest allocations overflow; else the job whose
+    removal lets the others fit."""
+    least = [_least(pr, j) for j in range(len(pr.jobs))]
+    for p, pool in enumerate(pr.pools):
+        need = {job.name: m[p] for job, m in zip(pr.jobs, least) if m[p]}
+        if sum(need.values()) > pr.nodes[p]:
+            return (f"pool {pool}: the jobs need at least {sum(need.values())} nodes "
+                    f"({_named(need)}); it has {pr.nodes[p]}")
+        for tq in pr.teams.values():
+            mine = {job.name: m[p] for job, m in zip(pr.jobs, least) if job.team == tq.name
+                    and m[p]}
+            if sum(mine.values()) > tq.cap[p]:
+                return (f"pool {pool}: team {tq.name}'s jobs need at least {sum(mine.values())} "
+                        f"nodes ({_named(mine)}); its quota allows {tq.cap[p]}")
+    fair = _fairness(pr, least)
+    if fair is not None:
+        return fair
+    for j, job in enumerate(pr.jobs):
+        rest = replace(pr, jobs=pr.jobs[:j] + pr.jobs[j + 1:],
+                       known=pr.known[:j] + pr.known[j + 1:])
+        try:
+            solve_round(rest, 5.0, 1, 0)
+        except NoAllocation:
+            continue
+        return (f"job {job.name} (team {job.team}): does not fit beside the others; its "
+                f"smallest allocation is {_nodes(planner, least[j])}: {why}")
+    return f"no allocation of the fleet meets the quotas: {why}"
+
+
+def _fairness(pr: AllocProblem, least: list[Vec]) -> str | None:
+    """A team that must borrow a pool where the others' nominal shares, which they keep while
+    anyone borrows, leave too little for it."""
+    for p, pool in enumerate(pr.pools):
+        for tq in pr.teams.values():
+            mine = {job.name: m[p] for job, m in zip(pr.jobs, least) if job.team == tq.name
+                    and m[p]}
+            if tq.cohort is None or sum(mine.values()) <= tq.nominal[p]:
+                continue
+            others = [o for o in pr.teams.values() if o.cohort == tq.cohort and o is not tq]
+            kept = {o.name: max(min(o.nominal[p], pr.demand(o.name, p)),
+                                sum(m[p] for job, m in zip(pr.jobs, least) if job.team == o.name))
+                    for o in others}
+            if sum(mine.values()) + sum(kept.values()) > sum(
+                    t.nominal[p] for t in pr.teams.values() if t.cohort == tq.cohort):
+                total = sum(t.nominal[p] for t in pr.teams.values() if t.cohort == tq.cohort)
+                return (f"pool {pool}: team {tq.name}'s jobs need at least {sum(mine.values())} "
+                        f"nodes ({_named(mine)}), beyond its nominal {tq.nominal[p]}; the other "
+                        f"teams of cohort {tq.cohort} keep their nominal shares while a team "
+                        f"borrows ({_named(kept)}), and the cohort has {total}")
+    return None
+
+
+def _least(pr: AllocProblem, j: int) -> Vec:
+    """Per pool, the fewest nodes any still-possible vector of job j takes."""
+    ok = [a for a in pr.jobs[j].grid if _possible(pr, j, a)]
+    return tuple(min((a[p] for a in ok), default=0) for p in range(len(pr.pools)))
+
+
+def _possible(pr: AllocProblem, j: int, a: Vec) -> bool:
+    t, _ = pr.bound(j, a)
+    limit = pr.jobs[j].max_iteration_s
+    return t is not None and (limit is None or t <= limit)
+
+
+def _named(need: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in need.items())

@@ -1,0 +1,144 @@
+"""A fleet's plan: each job's nodes, its own plan on them, each team's usage against its quota.
+
+`FleetResult.to_dict()` is `placer fleet --json`'s document (with each job's plan, `Plan`'s
+JSON, under `jobs[].plan`: the file `placer simulate` and `placer export` read); `render()` is its
+table; `explain()` lists, per team and pool, nominal, cap, use and what is borrowed or lent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from placer.fleet.spec import Fleet, FleetJobSpec
+from placer.solve.planfile import Plan
+
+
+@dataclass(frozen=True)
+class JobResult:
+    name: str
+    team: str
+    weight: float
+    nodes: dict[str, int]  # pool -> nodes allocated (0 left out)
+    iteration_s: float
+    iterations: int | None
+    plan: Plan
+
+    @classmethod
+    def of(cls, fj: FleetJobSpec, nodes: dict[str, int], plan: Plan) -> JobResult:
+        return cls(fj.name, fj.team, fj.weight, {p: n for p, n in nodes.items() if n},
+                   plan.predicted_iteration_s, fj.iterations, plan)
+
+    @property
+    def iterations_per_hour(self) -> float:
+        return 3600 / self.iteration_s
+
+    def finish_h(self) -> float | None:
+        return None if self.iterations is None else self.iterations * self.iteration_s / 3600
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "team": self.team, "weight": self.weight, "nodes": self.nodes,
+                "iteration_s": self.iteration_s, "iterations_per_hour": self.iterations_per_hour,
+                "iterations": self.iterations, "finish_h": self.finish_h(),
+                "plan_gap": self.plan.solver.gap, "plan": self.plan.model_dump(mode="json")}
+
+
+@dataclass(frozen=True)
+class TeamUse:
+    team: str
+    cohort: str | None
+    pool: str
+    nominal: int
+    cap: int
+    used: int
+
+    @property
+    def borrowed(self) -> int:
+        return max(self.used - self.nominal, 0)
+
+    @property
+    def unused(self) -> int:
+        return max(self.nominal - self.used, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"team": self.team, "cohort": self.cohort, "pool": self.pool,
+                "nominal": self.nominal, "cap": self.cap, "used": self.used,
+                "borrowed": self.borrowed}
+
+
+def team_usage(fleet: Fleet, vectors: list[tuple[int, ...]]) -> list[TeamUse]:
+    """Every (team, pool) the team has a quota on, with the nodes its jobs hold there."""
+    pools = [p.name for p in fleet.cluster.pools]
+    out = []
+    for team, t in fleet.teams.items():
+        for i, pool in enumerate(pools):
+            if pool not in t.quota:
+                continue
+            used = sum(v[i] for fj, v in zip(fleet.jobs, vectors) if fj.team == team)
+            out.append(TeamUse(team, t.cohort, pool, t.quota[pool].nominal,
+                               fleet.team_cap(team, pool), used))
+    return out
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    name: str
+    objective: str  # "throughput" (iterations per hour, weighted) | "makespan" (seconds)
+    jobs: list[JobResult]
+    usage: list[TeamUse]
+    value: float
+    bound: float
+    gap: float  # relative to the allocation grids and the job plans (placer.fleet.alloc)
+    optimal: bool
+    not_monotone: int  # job plans where fewer nodes were faster: the bound did not hold there
+    plan_gap: float  # the largest gap of the jobs' own plans
+    rounds: int
+    plans_priced: int
+    grid_size: int
+    solve_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fleet": self.name, "objective": self.objective, "value": self.value,
+                "bound": self.bound, "gap": self.gap, "optimal": self.optimal,
+                "not_monotone": self.not_monotone,
+                "gap_relative_to": "the allocation grids (0, powers of two and the cap per pool) "
+                                   "with each job's plan taken as optimal",
+                "plan_gap": self.plan_gap, "rounds": self.rounds,
+                "plans_priced": self.plans_priced, "grid_size": self.grid_size,
+                "solve_s": self.solve_s, "jobs": [j.to_dict() for j in self.jobs],
+                "teams": [u.to_dict() for u in self.usage]}
+
+    def render(self) -> str:
+        head = (f"throughput {self.value:.4g} weighted iterations/h"
+                if self.objective == "throughput" else f"makespan {self.value:.4g} s")
+        status = "optimal" if self.optimal else f"gap {self.gap:.1%}"
+        if self.not_monotone:
+            status += (f"; {self.not_monotone} pairs of job plans ran faster on fewer nodes, so "
+                       "the bound, and the gap, may not hold")
+        lines = [f"fleet {self.name}: {head} ({status} over the allocation grids; bound "
+                 f"{self.bound:.4g}; job plans' largest gap {self.plan_gap:.1%}); "
+                 f"{self.plans_priced} of {self.grid_size} allocations planned in {self.rounds} "
+                 f"rounds, {self.solve_s:.1f} s", ""]
+        w = max(3, *(len(j.name) for j in self.jobs))
+        lines.append(f"{'job':<{w}}  {'team':<12} {'weight':>6} {'s/iter':>9} {'iter/h':>8} "
+                     f"{'done h':>7}  nodes")
+        for j in self.jobs:
+            nodes = ", ".join(f"{p} {n}" for p, n in j.nodes.items())
+            done = j.finish_h()
+            lines.append(f"{j.name:<{w}}  {j.team:<12} {j.weight:>6g} {j.iteration_s:>9.2f} "
+                         f"{j.iterations_per_hour:>8.1f} {'-' if done is None else f'{done:.2f}':>7}"
+                         f"  {nodes}")
+        return "\n".join(lines)
+
+    def explain(self) -> str:
+        lines = ["", f"{'team':<12} {'cohort':<10} {'pool':<8} {'nominal':>7} {'cap':>4} "
+                     f"{'used':>4}  note"]
+        for u in self.usage:
+            note = (f"borrows {u.borrowed}" if u.borrowed
+                    else f"{u.unused} unused, lendable" if u.unused and u.cohort else "")
+            lines.append(f"{u.team:<12} {u.cohort or '-':<10} {u.pool:<8} {u.nominal:>7} "
+                         f"{u.cap:>4} {u.used:>4}  {note}")
+        lines.append("")
+        for j in self.jobs:
+            roles = ", ".join(f"{r} on {p.pool} x{p.devices}" for r, p in j.plan.roles.items())
+            lines.append(f"{j.name}: {roles}")
+        return "\n".join(lines)

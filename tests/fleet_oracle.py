@@ -1,0 +1,97 @@
+"""A brute-force oracle for the fleet allocation: every combination of the jobs' grids, each
+checked against the quota rules written out here on their own (not through the CP-SAT model),
+and seeded random small fleets with monotone synthetic iteration times to run it on."""
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+from placer.fleet.alloc import AllocJob, AllocProblem, TeamQuota, Vec
+
+
+def violations(pr: AllocProblem, vectors: list[Vec]) -> list[str]:
+    """Every rule an allocation breaks: pool capacity, team cap, cohort nominal sum, and no
+    team below min(nominal, demand) while a team of its cohort borrows."""
+    out = []
+    pools = range(len(pr.pools))
+    for p in pools:
+        if sum(v[p] for v in vectors) > pr.nodes[p]:
+            out.append(f"capacity {pr.pools[p]}")
+    use = {t: [sum(v[p] for job, v in zip(pr.jobs, vectors) if job.team == t) for p in pools]
+           for t in pr.teams}
+    cohorts: dict[str | None, list[TeamQuota]] = {}
+    for tq in pr.teams.values():
+        cohorts.setdefault(tq.cohort, []).append(tq)
+    for cohort, teams in cohorts.items():
+        for p in pools:
+            for tq in teams:
+                limit = tq.nominal[p] if cohort is None else tq.cap[p]
+                if use[tq.name][p] > limit:
+                    out.append(f"quota {tq.name} {pr.pools[p]}")
+            if cohort is None:
+                continue
+            if sum(use[t.name][p] for t in teams) > sum(t.nominal[p] for t in teams):
+                out.append(f"cohort {cohort} {pr.pools[p]}")
+            if any(use[t.name][p] > t.nominal[p] for t in teams):
+                for t in teams:
+                    demand = sum(max(a[p] for a in job.grid) for job in pr.jobs
+                                 if job.team == t.name)
+                    if use[t.name][p] < min(t.nominal[p], demand):
+                        out.append(f"fairness {t.name} {pr.pools[p]}")
+    return out
+
+
+def brute_force(pr: AllocProblem, time_of: Callable[[int, Vec], float | None]
+                ) -> float | None:
+    """The best objective over every combination (None: no combination is allowed)."""
+    best: float | None = None
+    for vectors in itertools.product(*(job.grid for job in pr.jobs)):
+        times = [time_of(j, a) for j, a in enumerate(vectors)]
+        if any(t is None for t in times):
+            continue
+        if any(job.max_iteration_s is not None and t is not None and t > job.max_iteration_s
+               for job, t in zip(pr.jobs, times)):
+            continue
+        if violations(pr, list(vectors)):
+            continue
+        vals = [pr.value(j, t) for j, t in enumerate(times) if t is not None]
+        obj = sum(vals) if pr.objective == "throughput" else max(vals)
+        if best is None or (obj > best if pr.objective == "throughput" else obj < best):
+            best = obj
+    return best
+
+
+def random_fleet(seed: int, objective: str) -> tuple[AllocProblem, Callable[[int, Vec], float | None]]:
+    """2-3 jobs, 2 pools of 1-4 nodes, 1-3 teams (a cohort or none), synthetic times that
+    never grow with more nodes: T = c / (sum_p s_p a_p)^alpha + d, None below a need."""
+    rng = random.Random(seed)
+    pools = ("p0", "p1")
+    nodes = tuple(rng.randint(2, 5) for _ in pools)
+    names = [f"t{i}" for i in range(rng.randint(1, 3))]
+    cohort = rng.choice(["c", None])
+    teams = {}
+    left = list(nodes)
+    for t in names:
+        nominal = tuple(rng.randint(min(1, n), n) for n in left)
+        left = [n - k for n, k in zip(left, nominal)]
+        cap = tuple(min(n, k + rng.randint(0, 2)) if cohort else k
+                    for n, k in zip(nodes, nominal))
+        teams[t] = TeamQuota(t, cohort, nominal, cap)
+    jobs, params = [], []
+    for j in range(rng.randint(2, 3)):
+        team = rng.choice(names)
+        axes = [sorted({0, *[k for k in (1, 2, 4) if k < c], c}) for c in teams[team].cap]
+        grid = tuple(a for a in itertools.product(*axes) if any(a))
+        limit = rng.choice([None, None, rng.uniform(5, 30)])
+        jobs.append(AllocJob(f"j{j}", team, rng.choice([1.0, 2.0, 0.5]), rng.randint(1, 50),
+                             grid, limit))
+        params.append((rng.uniform(10, 50), [rng.uniform(0.2, 2) for _ in pools],
+                       rng.uniform(0.5, 1.0), rng.uniform(0, 5), rng.uniform(0, 0.8)))
+
+    def time_of(j: int, a: Vec) -> float | None:
+        c, s, alpha, d, need = params[j]
+        work = sum(si * ai for si, ai in zip(s, a))
+        return None if work < need else c / work ** alpha + d
+
+    return AllocProblem(pools, nodes, teams, jobs, objective, time_of), time_of
