@@ -243,10 +243,12 @@ class RunPlan:
 
 def resolve_plan(plan: Plan) -> RunPlan:
     """The run plan of `plan`; SpecError (exit 2) when the plan's job names no policy, asks for
-    a paired weight-sync transport, or its bundles do not hold its roles (`executors.seats`)."""
+    a paired weight-sync transport or a sharded frozen model, or its bundles do not hold its
+    roles (`executors.seats`)."""
     res = plan.resolved()
     job = _job(res)
     _refuse_unlaunched_layouts(plan)
+    _refuse_sharded_frozen(plan, res)
     pools = _pools(plan, res)
     by_slot: dict[str, list[Bundle]] = {}
     for b in sorted(plan.bundles, key=lambda b: b.index):
@@ -311,6 +313,23 @@ def _refuse_unlaunched_layouts(plan: Plan) -> None:
                                 "as TP x PP replicas, not with data-parallel attention; export "
                                 "the plan to a framework that runs it (placer export), or plan "
                                 "on a pool of one node to execute it here")
+
+
+def _refuse_sharded_frozen(plan: Plan, res: Resolved) -> None:
+    """SpecError (exit 2) for a frozen model (reference, reward model) planned FSDP-sharded over
+    its dp ranks on GPUs: the workers here hold whole copies, which would run at another
+    memory and time than the plan's."""
+    for name in (Role.REFERENCE, Role.REWARD):
+        r = plan.roles.get(str(name))
+        if r is None or res.model_of(name) is None:
+            continue
+        if res.device_of(res.cluster.pool(r.pool)).kind.value != "gpu":
+            continue
+        if r.sharded_weights and r.dp > 1:
+            raise SpecError(f"plan.roles.{name}.sharded_weights: true (over dp {r.dp}): "
+                            "placer execute runs frozen models as whole copies; plan "
+                            f"with `pin: {{{name}: {{sharded: false}}}}` to execute here, or "
+                            "export the plan to a framework that shards them (placer export)")
 
 
 def _pools(plan: Plan, res: Resolved) -> dict[str, PoolRun]:

@@ -36,7 +36,7 @@ from placer.cost.generation import (
     max_concurrency,
     prefill_time,
 )
-from placer.cost.layercomm import weight_gather_time
+from placer.cost.layercomm import fsdp_units, weight_gather_time
 from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
 from placer.cost.rollout_tail import (
     Replicas,
@@ -46,6 +46,8 @@ from placer.cost.rollout_tail import (
     steady_concurrency,
 )
 from placer.cost.roofline import (
+    BYTES,
+    GB,
     Memory,
     chunk_seq,
     infer_memory,
@@ -54,7 +56,7 @@ from placer.cost.roofline import (
     weight_tensors,
 )
 from placer.cost.rulecheck import rule_reward_time
-from placer.cost.sharding import Parallel, linear_state_bytes
+from placer.cost.sharding import Parallel, linear_state_bytes, train_state_bytes
 from placer.cost.tail_samples import has_variance, quantile, varies
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
@@ -246,11 +248,33 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                         {"score": forward_time(m, dev, par, tokens, seq, eff)
                          + pass_dispatch(res, eff)})
     mem = infer_memory(m, par, dev, eff)
-    mem = Memory(weights=mem.weights, overhead=mem.overhead,
-                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9)
-    return Estimate(role, pool.name, par, mem,
-                    {"score": score_time(m, dev, par, tokens, seq, eff)
-                     + pass_dispatch(res, eff)})
+    score = score_time(m, dev, par, tokens, seq, eff)
+    weights, gathered = mem.weights, 0.0
+    if dev.kind is DeviceKind.gpu and frozen_sharded(par):
+        # the same pass time: `mfu_score` is fitted on verl's old-log-prob passes, which run on
+        # the FSDP-sharded actor, so it holds the per-unit gathers (a whole copy, which skips
+        # them, is priced no faster: a known bias)
+        weights, gathered = frozen_shard_gb(m, par)
+    mem = Memory(weights=weights, overhead=mem.overhead,
+                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9 + gathered)
+    return Estimate(role, pool.name, par, mem, {"score": score + pass_dispatch(res, eff)})
+
+
+def frozen_sharded(par: Parallel) -> bool:
+    """Whether a frozen model's forward (reference, reward model) holds its weights FSDP /
+    ZeRO-3 sharded over its data-parallel ranks, as verl's and NeMo-RL's reference workers do
+    (the actor's FSDP / Megatron wrapping applied to the reference), rather than a whole copy
+    (over tp x pp) on every rank: `Parallel.sharded_weights` over more than one dp rank."""
+    return par.sharded_weights and par.dp > 1
+
+
+def frozen_shard_gb(m: ModelArch, par: Parallel) -> tuple[float, float]:
+    """(shard, gathered) GB per device of a sharded frozen model: its BF16 shard
+    (`train_state_bytes`' weights over the ZeRO group), which is what a colocated slot parks,
+    and two FSDP units gathered whole while the pass runs (the unit in use and the one
+    prefetched: FSDP2's default forward prefetch), freed after it like activations."""
+    unit = m.params() * BYTES / fsdp_units(m) / par.weight_shards
+    return train_state_bytes(m, par)[0] / GB, 2 * unit / GB
 
 
 def _reward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,

@@ -57,6 +57,11 @@ class Parallel:
     # layers) on its own sequences with its own KV cache, while the routed experts are split
     # over all tp ranks by EP (ep = tp). 1: attention is tensor-parallel over all of tp.
     attn_dp: int = 1
+    # A frozen model's forward (reference, reward model) on GPUs: weights FSDP-sharded over the
+    # dp ranks, as verl's and NeMo-RL's reference workers hold them (the actor's wrapping applied
+    # to the reference), rather than a whole copy on every tp x pp group
+    # (`placer.cost.estimate.frozen_sharded`)
+    sharded_weights: bool = False
 
     @property
     def attn_tp(self) -> int:

@@ -192,6 +192,14 @@ def _wide_ep_layouts(m: ModelArch, counts: list[int], domain: int) -> list[Paral
     return out
 
 
+def _sharded_frozen(pars: list[Parallel]) -> list[Parallel]:
+    """A frozen model's forward (reference, reward model) FSDP-sharded over all its dp ranks,
+    as verl's and NeMo-RL's reference workers hold it (`estimate.frozen_sharded`), beside the
+    whole copies `pars` (only where the job's framework runs it: `FrameworkProfile.frozen_shards`;
+    `placer execute`'s workers hold whole copies)."""
+    return [replace(p, sharded_weights=True) for p in pars if p.dp > 1]
+
+
 def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list[Parallel]:
     """Parallel layouts to try for `role` on `pool` (not yet checked for memory)."""
     res = px.res
@@ -212,8 +220,11 @@ def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list
         pars = _training_layouts(m, counts, tps, domain, cps)
         pin = pin_of(res.job, role)
         pars += hsdp_layouts(pars, pool, pin.shard if pin is not None else None)
+    elif role == Role.ROLLOUT:
+        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes, True)
     else:
-        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes, role == Role.ROLLOUT)
+        pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes, False)
+        pars += _sharded_frozen(pars) if res.job.profile.frozen_shards else []
     flags = fp8_flags(res, role, dev)
     return [replace(p, **flags) for p in pars] if any(flags.values()) else pars
 
@@ -283,15 +294,17 @@ def hsdp_layouts(pars: list[Parallel], pool: Pool, pinned: int | None = None) ->
 
 def prune_dominated(cands: list[Candidate]) -> list[Candidate]:
     """Keep, for every device count, the fastest config (and the fastest HSDP one apart: its
-    larger state shard costs more to switch in a colocated slot, so the ILP weighs the two);
-    drop a candidate that another with no more devices dominates.
+    larger state shard costs more to switch in a colocated slot, so the ILP weighs the two; and
+    a frozen model's fastest whole copy apart from its fastest sharded one, whose smaller
+    weights leave more room beside the roles it shares devices with); drop a candidate that
+    another with no more devices dominates.
 
     Safe for the ILP: a candidate with more devices, no less time in any stage and no less memory
     than another on the same pool can never be needed in an optimal plan.
     """
-    best: dict[tuple[int, bool], Candidate] = {}
+    best: dict[tuple[int, bool, bool], Candidate] = {}
     for c in cands:
-        key = (c.devices, c.est.par.hsdp)
+        key = (c.devices, c.est.par.hsdp, c.est.par.sharded_weights)
         cur = best.get(key)
         if cur is None or (c.time_s, c.est.memory.total) < (cur.time_s, cur.est.memory.total):
             best[key] = c

@@ -55,13 +55,16 @@ class _Parted(_M):
 
     @model_serializer(mode="wrap")
     def _without_empty_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """One pool: written without `parts`, a role without HSDP without `shard`, and one
-        without data-parallel attention without `attn_dp` (plan files stay as they were)."""
+        """One pool: written without `parts`, a role without HSDP without `shard`, one without
+        data-parallel attention without `attn_dp`, and a whole frozen copy without
+        `sharded_weights` (plan files stay as they were)."""
         out: dict[str, Any] = handler(self)
         if not out.get("parts"):
             out.pop("parts", None)
         if not out.get("shard"):
             out.pop("shard", None)
+        if not out.get("sharded_weights", True):
+            out.pop("sharded_weights", None)
         if out.get("attn_dp") == 1:
             out.pop("attn_dp", None)
         return out
@@ -114,6 +117,9 @@ class RolePlacement(_Parted):
     etp: int = Field(1, ge=1, description="expert tensor parallelism (with ep > 1)")
     attn_dp: int = Field(1, ge=1, description="rollout engine: data-parallel attention groups "
                          "inside one replica of tp ranks (experts split over ep = tp)")
+    sharded_weights: bool = Field(False, description="a frozen model (reference, reward) on "
+                                  "GPUs: weights FSDP-sharded over its dp ranks, not a whole "
+                                  "copy on each tp x pp group")
     shard: int = Field(0, ge=0, description="HSDP: dp ranks of one ZeRO shard group, which the "
                        "dp / shard groups replicate (0: ZeRO over all of dp; training roles)")
     fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
@@ -132,7 +138,8 @@ class RolePlacement(_Parted):
     def par(self) -> Parallel:
         return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
                         self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
-                        shard=self.shard, attn_dp=self.attn_dp)
+                        shard=self.shard, attn_dp=self.attn_dp,
+                        sharded_weights=self.sharded_weights)
 
 
 class SlotPart(_M):

@@ -76,6 +76,9 @@ class FrameworkProfile:
     critic: bool = True
     async_steps: bool = True  # rollout ahead of training (pipeline mode async)
     partial_rollout: bool = True  # the `partial` tail policy: cut long samples, carry them over
+    # a frozen model's forward (reference, reward model) FSDP / ZeRO-3-sharded over its dp ranks
+    # (`Parallel.sharded_weights`) as well as whole copies
+    frozen_shards: bool = False
     colocation: str = ""
     old_log_probs: str = "trainer"
     sleep_wake: str = ""
@@ -150,6 +153,9 @@ _VERL_SOURCES = {
     "gpu_models": f"{VERL} verl/single_controller/ray/base.py: resource pools of GPUs (vLLM / "
                   "SGLang engines, FSDP / Megatron workers)",
     "partial_rollout": f"{VERL} docs/advance/fully_async.md (async_training.partial_rollout)",
+    "frozen_shards": f"{VERL} verl/workers/fsdp_workers.py: ref_module_fsdp = "
+                     "_build_model_optimizer(role='ref'), the actor's FSDP wrapping (FSDP2 "
+                     "engine; the Megatron engine replicates it over data parallelism)",
     "old_log_probs": f"{VERL} rollout.yaml calculate_log_probs: False (the trainer recomputes)",
     "dispatch": f"{VERL} verl/single_controller (DataProto dispatched from the driver); the "
                 "shared dispatch factors were fitted on verl's rows",
@@ -170,14 +176,14 @@ def _verl(name: str, title: str, trainer: str, **layout: int | bool | None) -> F
 
 _VERL_FSDP = _verl("verl", "verl (FSDP2)", "verl/trainer/config/engine/fsdp.yaml: FSDP2 "
                    "shards data-parallel only (Ulysses sequence parallelism for long contexts)",
-                   trainer_tp=1, trainer_pp=1, trainer_ep=1)
+                   trainer_tp=1, trainer_pp=1, trainer_ep=1, frozen_shards=True)
 _VERL_MEGATRON = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
                        "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
                        hsdp=False, megatron_trainer=True)
 
 _OPENRLHF = FrameworkProfile(
     "openrlhf", "OpenRLHF", OPENRLHF, "openrlhf", hsdp=False, trainer_pp=1, trainer_ep=1,
-    engine_pp=1, engine_ep=1, attn_dp=False,
+    engine_pp=1, engine_ep=1, attn_dp=False, frozen_shards=True,
     colocation="--train.colocate_all, --train.colocate_actor_ref, colocated critic/reward "
                "(openrlhf/cli/train_ppo_ray.py)",
     sleep_wake="--vllm.enable_sleep, --ds.enable_sleep (colocate_all only)",
@@ -196,10 +202,13 @@ _OPENRLHF = FrameworkProfile(
                     "driver slices every pass's batch and ray.put()s each rank's chunk",
         "old_log_probs": f"{OPENRLHF} openrlhf/trainer/ppo_utils/experience_maker.py (actor "
                          "forward)",
+        "frozen_shards": f"{OPENRLHF} openrlhf/utils/deepspeed/deepspeed.py "
+                         "get_ds_eval_config: the reference's DeepSpeed stage is 3 under "
+                         "--ds.zero_stage 3, else 0",
     }))
 
 _NEMO = FrameworkProfile(
-    "nemo-rl", "NeMo-RL", NEMO_RL, None, hsdp=False, partial_rollout=False,
+    "nemo-rl", "NeMo-RL", NEMO_RL, None, hsdp=False, partial_rollout=False, frozen_shards=True,
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
@@ -216,6 +225,9 @@ _NEMO = FrameworkProfile(
                            "rollout (none in the repository)",
         "splits_roles": f"{NEMO_RL} one generation cluster (policy.generation.colocated)",
         "gpu_models": f"{NEMO_RL} nemo_rl/distributed/virtual_cluster.py: GPU bundles",
+        "frozen_shards": f"{NEMO_RL} nemo_rl/models/policy/workers/dtensor_policy_worker.py: "
+                         "the reference is a state dict of the policy's sharded model, swapped "
+                         "in for its pass (use_reference_model)",
         "dispatch": f"{NEMO_RL} nemo_rl/models/policy/lm_policy.py: the driver shards each "
                     "pass's batch (shard_by_batch_size) to the workers",
     }))

@@ -9,6 +9,9 @@ that restarts from it. A job says so under `pin:`, one entry per role, with any 
     tp pp dp cp ep   its tensor, pipeline, data, context and expert parallel degrees
     shard     a trainer's ZeRO shard group in dp ranks (HSDP, verl's `fsdp_size`; = dp: plain
               ZeRO over all of dp)
+    sharded   a frozen model (reference, reward model): true holds its weights FSDP-sharded
+              over its dp ranks (verl's and NeMo-RL's reference workers), false a whole copy on
+              every tp x pp group
 
 for example `pin: {actor: {tp: 2, dp: 2}, rollout: {tp: 1}}`. A dimension left out stays free.
 
@@ -53,12 +56,15 @@ class Pin(Strict):
     ep: PosInt | None = Field(None, description="expert-parallel degree (a mixture of experts)")
     shard: PosInt | None = Field(None, description="HSDP: dp ranks of one ZeRO shard group "
                                  "(verl's fsdp_size; training roles)")
+    sharded: bool | None = Field(None, description="frozen models (reference, reward): weights "
+                                 "FSDP-sharded over the dp ranks (true) or a whole copy on each "
+                                 "tp x pp group (false)")
 
     @model_validator(mode="after")
     def _consistent(self) -> Pin:
         if not self.fixed():
             raise ValueError("a pin fixes at least one of pool, devices, " + ", ".join(DIMS)
-                             + ", shard")
+                             + ", shard, sharded")
         factors = {d: getattr(self, d) for d in ("tp", "cp", "pp", "dp") if getattr(self, d)}
         product = 1
         for v in factors.values():
@@ -72,7 +78,7 @@ class Pin(Strict):
 
     def fixed(self) -> dict[str, str | int]:
         """The pinned keys and their values, in display order."""
-        keys = ("pool", "devices", *DIMS, "shard")
+        keys = ("pool", "devices", *DIMS, "shard", "sharded")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     def describe(self) -> str:
@@ -86,6 +92,8 @@ class Pin(Strict):
         if self.devices is not None and par.devices != self.devices:
             return False
         if self.shard is not None and par.shard_dp != self.shard:
+            return False
+        if self.sharded is not None and (par.sharded_weights and par.dp > 1) != self.sharded:
             return False
         return all(getattr(self, d) is None or getattr(par, d) == getattr(self, d) for d in DIMS)
 
@@ -105,6 +113,16 @@ class Pins(Strict):
     def of(self, role: str) -> Pin | None:
         return getattr(self, str(role), None) if str(role) in type(self).model_fields else None
 
+    @model_validator(mode="after")
+    def _sharded_only_frozen(self) -> Pins:
+        for role in ("actor", "rollout", "critic", "environment"):
+            pin = getattr(self, role)
+            if pin is not None and pin.sharded is not None:
+                raise ValueError(f"{role}.sharded: {pin.sharded}: only a frozen model "
+                                 "(reference, reward) is sharded or whole by choice; a trainer's "
+                                 "sharding is its `shard` group")
+        return self
+
     def items(self) -> list[tuple[Role, Pin]]:
         return [(Role(r), p) for r in type(self).model_fields
                 if (p := getattr(self, r)) is not None]
@@ -123,6 +141,8 @@ class _Layout(Protocol):
     def cp(self) -> int: ...
     @property
     def ep(self) -> int: ...
+    @property
+    def sharded_weights(self) -> bool: ...
     @property
     def devices(self) -> int: ...
     @property
