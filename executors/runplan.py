@@ -327,9 +327,9 @@ def _refuse_sharded_frozen(plan: Plan, res: Resolved) -> None:
             continue
         if r.sharded_weights and r.dp > 1:
             raise SpecError(f"plan.roles.{name}.sharded_weights: true (over dp {r.dp}): "
-                            "placer execute runs frozen models as whole copies; plan "
-                            f"with `pin: {{{name}: {{sharded: false}}}}` to execute here, or "
-                            "export the plan to a framework that shards them (placer export)")
+                            "placer execute runs frozen models as whole copies; plan with "
+                            f"--framework native (or `pin: {{{name}: {{sharded: false}}}}`) to "
+                            "execute here, or export the plan to the framework it was made for")
 
 
 def _pools(plan: Plan, res: Resolved) -> dict[str, PoolRun]:
