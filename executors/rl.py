@@ -1,4 +1,5 @@
-"""The RL math, free of Ray: sampling, log-probs, GRPO and PPO losses, GAE.
+"""The RL math, free of Ray: sampling, log-probs at a temperature, GRPO and PPO losses, GAE,
+the KL estimators and where the job's KL term counts (`KLTerm`).
 
 Role actors (`executors.roles`) and the one-process baseline (`executors.local`) call these same
 functions, so the benchmark compares orchestration, not different math.

@@ -14,7 +14,10 @@ this rank's part, itself cut into `accumulate` micro-batches whose gradients add
 step (gradient accumulation). Every rank runs the same number of micro-batches, so that FSDP's
 and TP's collectives pair up; a rank with no samples in a micro-batch runs one sample at weight
 zero. Before the first optimizer step the trainer computes the proximal ("old") log-probs of its
-samples (`executors.rl`, OFF_POLICY). With pipeline stages, a mini-batch's micro-batches are one
+samples (`executors.rl`, OFF_POLICY). Every log-prob (old and new) is of softmax(logits / T), T
+the job's `sampling.temperature` that the rollout sampled at; the job's KL enters the loss only
+when it is not in the reward (`rl.KLTerm`). A step reports the token means of `STATS` and the
+gradient norm of each optimizer step. With pipeline stages, a mini-batch's micro-batches are one
 schedule step and the loss, its statistics and the old log-probs live on the last stage.
 
 After every step, load and the group's forming, every rank joins the gather of the full weights
