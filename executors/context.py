@@ -74,7 +74,10 @@ class StepStat:
                    large as `role_wall_s` times the ranks busy at once;
     `role_device_s` the rank-seconds times the devices each rank holds in the plan
                    (`RunPlan.devices_per_rank`: an engine replica its TP group): the
-                   device-seconds the step booked."""
+                   device-seconds the step booked.
+    `rl` holds the step's RL statistics (`executors.loop.rl_stats`): the trainer's clip and
+    truncation fractions, KL, entropy and gradient norm, and the samples' response lengths
+    and rewards (mean, min, max)."""
 
     step: int
     reward: float
@@ -86,6 +89,7 @@ class StepStat:
     versions: list[int]
     loss: float
     reruns: int = 0
+    rl: dict[str, float] = field(default_factory=dict)
 
 
 class TrainingLost(RuntimeError):

@@ -9,9 +9,10 @@ One step, in the plan's four stages:
            token carries the version it was generated with; then each final answer runs in
            the sandbox for the verifier;
   score    rule or model reward, reference log-probs (KL), critic values (PPO);
-  train    advantages (GRPO: group-normalised rewards; PPO: GAE over critic values with a KL
-           penalty), one optimizer step on each data-parallel rank (gradients all-reduced), critic
-           step; checkpoint every `checkpoint_every` steps (atomic files).
+  train    advantages (GRPO: group-normalised rewards; PPO: GAE over critic values; the job's
+           KL once, in the reward or in the loss), one optimizer step on each data-parallel
+           rank (gradients all-reduced), critic step; the step's RL statistics (`rl_stats`) go
+           to the trace as counter events; checkpoint every `checkpoint_every` steps (atomic files).
 Sync mode: a step's samples are generated with version == step. Async mode: the rollout of step
 s+1 starts before step s scores and trains (its first round runs meanwhile), so its version is s
 (staleness 1 <= max_staleness).
@@ -180,12 +181,12 @@ class Loop:
         results = self._verify(step, s)
         scored = self.training.score(step, s, results, targets, started)
         adv, extra = self.training.advantages(s, scored)
-        loss = self.training.train(step, s, adv, extra, scored.get(Role.REFERENCE))
+        loss, trained = self.training.train(step, s, adv, extra, scored.get(Role.REFERENCE))
         ctx.ledger.commit(step)
         if self.checkpoints.due(step):
             self.checkpoints.save(step)
         ctx.ledger.write(lc.out_dir / "ledger.json")
-        self._record(step, t, s, scored, results, targets, loss)
+        self._record(step, t, s, scored, results, targets, loss, trained)
         return nxt
 
     def _answers(self, s: rl.Samples) -> list[str]:
@@ -201,8 +202,10 @@ class Loop:
         return self.env.run(step, s.ids, self._answers(s), "verify")
 
     def _record(self, step: int, t: float, s: rl.Samples, scored: Scored,
-                results: list[dict[str, Any]], targets: list[Target], loss: float) -> None:
-        """The step's stats, its trace event and the progress callback. Exact answers are the
+                results: list[dict[str, Any]], targets: list[Target], loss: float,
+                trained: dict[str, float]) -> None:
+        """The step's stats, its trace event and `rl` counter, and the progress callback
+        (`trained`: the trainer's statistics, `training.trainer_stats`). Exact answers are the
         reward worker's verdicts (a rule reward: judged once, never re-run here); with a
         reward model, the task's own check of the sandbox's results."""
         counters, rewards, end = self.ctx.counters, scored[Role.REWARD], time.time()
@@ -214,10 +217,24 @@ class Loop:
         device_s = {r: v * self.ctx.run.devices_per_rank(r) for r, v in rank_s.items()}
         st = StepStat(step, sum(rewards) / len(rewards), sum(map(bool, exact)) / len(rewards),
                       end - t, counters.wall_s(t, end), rank_s, device_s,
-                      sorted({s.version, *s.started}), loss, counters.reruns)
+                      sorted({s.version, *s.started}), loss, counters.reruns,
+                      rl_stats(s, rewards, trained))
         self.ctx.event(f"step {step}", "step", t, st.step_s, None, step,
                        policy_version=s.version, sample_ids=s.ids, tokens=s.tokens(),
                        reward=st.reward)
+        self.trace.count("rl", max(end - self.ctx.t0, 0.0), "driver", **st.rl)
         self.stats.append(st)
         if self.progress:
             self.progress(st)
+
+
+def rl_stats(s: rl.Samples, rewards: list[float], trained: dict[str, float]) -> dict[str, float]:
+    """A step's RL statistics: the trainer's (clip and truncation fractions, KL, entropy,
+    gradient norm) and its samples' generated response tokens and rewards (mean, min, max)."""
+    gens = s.gen_mask or [[1] * len(r) for r in s.responses]
+    out = dict(trained)
+    for key, xs in (("response_len", [float(sum(g)) for g in gens]), ("reward", list(rewards))):
+        xs = xs or [0.0]
+        out.update({f"{key}_mean": sum(xs) / len(xs), f"{key}_min": min(xs),
+                    f"{key}_max": max(xs)})
+    return out

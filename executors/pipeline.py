@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from executors import rl
@@ -145,12 +144,13 @@ def pack(micros: list[tuple[rl.Samples, list[list[float]], list[list[float]] | N
     return Packed(ids, mask, t, len(micros), rows)
 
 
-def token_logprobs(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Each response token's log-prob (masked), from the logits over the whole sequence."""
+def token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1.0,
+                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each response token's log-prob at `temperature` and, with `entropy`, each position's
+    entropy (masked), from the logits over the whole sequence (`rl.scaled_logprobs`)."""
     w = target.shape[1]
-    lp = F.log_softmax(logits[:, -w - 1:-1].float(), -1)
-    tok = target[..., TOKEN].long().to(lp.device)
-    return lp.gather(-1, tok[..., None]).squeeze(-1).cpu() * target[..., MASK]
+    return rl.scaled_logprobs(logits[:, -w - 1:-1], target[..., TOKEN].long(),
+                              target[..., MASK].cpu(), temperature, entropy)
 
 
 class PolicyLoss:
@@ -158,16 +158,20 @@ class PolicyLoss:
     mini-batch's tokens, 0 for a stand-in), as the one-process trainer's; records each call's
     (loss, per-token statistics, scale)."""
 
-    def __init__(self, kl_coef: float, has_ref: bool, has_behaviour: bool) -> None:
-        self.kl_coef, self.has_ref, self.has_behaviour = kl_coef, has_ref, has_behaviour
+    def __init__(self, kl: rl.KLTerm, temperature: float, has_ref: bool,
+                 has_behaviour: bool) -> None:
+        self.kl, self.temperature = kl, temperature
+        self.has_ref, self.has_behaviour = has_ref, has_behaviour
         self.calls: list[tuple[float, dict, float]] = []
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         t = target.cpu()
-        logp = token_logprobs(logits, t)
+        logp, ent = token_logprobs(logits, t, self.temperature, entropy=True)
         loss, info = rl.policy_loss(
             logp, t[..., OLD], t[..., ADV], t[..., MASK], t[..., REF] if self.has_ref else None,
-            self.kl_coef, denom=1.0, behaviour=t[..., BEHAVIOUR] if self.has_behaviour else None)
+            self.kl.loss_coef, denom=1.0,
+            behaviour=t[..., BEHAVIOUR] if self.has_behaviour else None,
+            kl_estimator=self.kl.estimator, entropy=ent)
         scale = float(t[0, 0, SCALE])
         self.calls.append((float(loss.detach()), info, scale))
         return (loss * scale).to(logits.device)
@@ -206,10 +210,10 @@ class Pipeline:
         return sched.step(*args, attention_mask=pk.mask.to(self.device), **kw)
 
     @torch.no_grad()
-    def logprobs(self, pk: Packed) -> torch.Tensor | None:
+    def logprobs(self, pk: Packed, temperature: float = 1.0) -> torch.Tensor | None:
         """The packed batch's response log-probs (last stage; None elsewhere): forward only."""
         logits = self._step(self._schedule(pk, None), pk)
-        return token_logprobs(logits, pk.target) if self.stage.last else None
+        return token_logprobs(logits, pk.target, temperature)[0] if self.stage.last else None
 
     def train(self, pk: Packed, old: torch.Tensor | None, loss: PolicyLoss
               ) -> list[tuple[float, dict, float]]:

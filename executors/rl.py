@@ -1,4 +1,5 @@
-"""The RL math, free of Ray: sampling, log-probs, GRPO and PPO losses, GAE.
+"""The RL math, free of Ray: sampling, log-probs at a temperature, GRPO and PPO losses, GAE,
+the KL estimators and where the job's KL term counts (`KLTerm`).
 
 Role actors (`executors.roles`) and the one-process baseline (`executors.local`) call these same
 functions, so the benchmark compares orchestration, not different math.
@@ -184,16 +185,36 @@ def pack(s: Samples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.tensor(ids), torch.tensor(mask), torch.tensor(rmask, dtype=torch.float32)
 
 
-def response_logprobs(model, s: Samples) -> torch.Tensor:
-    """Log-prob of every response token under `model` ([batch, response width])."""
+def response_logprobs(model, s: Samples, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of every response token under `model` at `temperature` ([batch, response
+    width]): the logits divided by the rollout's temperature, as the rollout sampled them."""
+    return response_logprobs_entropy(model, s, temperature, entropy=False)[0]
+
+
+def response_logprobs_entropy(model, s: Samples, temperature: float = 1.0, entropy: bool = True
+                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` and, with `entropy`, the entropy of each response position's
+    distribution (detached: a statistic, not a loss term), both masked."""
     ids, mask, rmask = pack(s)
     rw = rmask.shape[1]
     dev = next(model.parameters()).device  # a trainer on a GPU: the batch goes there, and only
     ids, mask = ids.to(dev), mask.to(dev)  # the [batch, width] log-probs come back
     logits = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask)).logits
-    logits = logits[:, -rw - 1:-1].float()
-    tgt = ids[:, -rw:]
-    return F.log_softmax(logits, -1).gather(-1, tgt[..., None]).squeeze(-1).cpu() * rmask
+    return scaled_logprobs(logits[:, -rw - 1:-1], ids[:, -rw:], rmask, temperature, entropy)
+
+
+def scaled_logprobs(logits: torch.Tensor, tgt: torch.Tensor, rmask: torch.Tensor,
+                    temperature: float, entropy: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-prob of each target, entropy of each position or None), masked, on the CPU, of
+    softmax(logits / temperature): the trainer's and the pipeline's one definition."""
+    lp_all = F.log_softmax(logits.float() / temperature, -1)
+    lp = lp_all.gather(-1, tgt.to(lp_all.device)[..., None]).squeeze(-1).cpu() * rmask
+    if not entropy:
+        return lp, None
+    with torch.no_grad():
+        ent = -(lp_all.exp() * lp_all).sum(-1).cpu() * rmask
+    return lp, ent
 
 
 def response_values(vmodel, s: Samples) -> torch.Tensor:
@@ -244,27 +265,65 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, rmask: torch.Tensor, gamma:
     return adv, adv + values * rmask
 
 
+def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from the sampled token, d = logp - ref (Schulman
+    2020; placer/spec/rlterms.py): k1 d, k2 d^2 / 2, k3 exp(-d) - 1 + d."""
+    d = logp - ref
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return (-d).exp() - 1 + d
+    raise ValueError(f"kl estimator {estimator!r}: expected k1, k2 or k3")
+
+
+@dataclass(frozen=True)
+class KLTerm:
+    """The job's KL penalty (`placer.spec.rlterms.KL`): counted once, in the reward or in the
+    loss, never both."""
+
+    coef: float = 0.0
+    where: str = "loss"  # reward | loss
+    estimator: str = "k3"
+
+    @property
+    def loss_coef(self) -> float:
+        """The coefficient of the KL term in the policy loss (0 when it is in the reward)."""
+        return self.coef if self.where == "loss" else 0.0
+
+    def reward_penalty(self, behaviour: torch.Tensor, ref: torch.Tensor,
+                       rmask: torch.Tensor) -> torch.Tensor:
+        """The per-token reward penalty -coef * KL_t at the sampled log-probs (0 when the KL
+        is in the loss)."""
+        if self.where != "reward" or self.coef == 0:
+            return torch.zeros_like(behaviour)
+        return -self.coef * kl_estimate(behaviour, ref, self.estimator) * rmask
+
+
 def policy_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, rmask: torch.Tensor,
                 ref: torch.Tensor | None, kl_coef: float, clip: float = 0.2,
                 denom: float | None = None, behaviour: torch.Tensor | None = None,
-                tis_cap: float = TIS_CAP) -> tuple[torch.Tensor, dict]:
-    """Clipped surrogate, truncated-IS weighted, plus a k3 KL penalty to the reference, averaged
-    over response tokens (see `OFF_POLICY` in this module for the objective).
+                tis_cap: float = TIS_CAP, kl_estimator: str = "k3",
+                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Clipped surrogate, truncated-IS weighted, plus `kl_coef` times a KL estimate to the
+    reference, averaged over response tokens (see `OFF_POLICY` in this module for the
+    objective). `kl_coef` is `KLTerm.loss_coef`: 0 when the job puts the KL in the reward.
 
     `old`: the proximal policy's log-probs (the trainer's weights at the start of the RL step;
     equal to `behaviour` when rollout and trainer agree and the sample is fresh); the ratio
     `pi / old` is clipped to [1 - clip, 1 + clip]. `behaviour`: the log-probs the rollout worker
     sampled with (None: `old`); each token's surrogate is weighted by min(old / behaviour,
     tis_cap), detached. `denom`: the token count of the whole mini-batch when this is one
-    data-parallel shard, so that summing the shards' gradients gives the mini-batch gradient."""
+    data-parallel shard, so that summing the shards' gradients gives the mini-batch gradient.
+    The statistics (token sums over `denom`): `kl` (the estimator's value whenever `ref` is
+    given, in the loss or not), `clip_frac`, `tis_truncated` and `entropy` (when given)."""
     ratio = (logp - old).exp()
     surr = torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     weight = torch.ones_like(logp) if behaviour is None else tis_weights(old, behaviour, tis_cap)
     per_tok = -weight * surr
-    kl = torch.zeros_like(logp)
+    kl = torch.zeros_like(logp) if ref is None else kl_estimate(logp, ref, kl_estimator)
     if ref is not None and kl_coef > 0:
-        d = ref - logp
-        kl = d.exp() - d - 1
         per_tok = per_tok + kl_coef * kl
     n = rmask.sum().clamp(min=1) if denom is None else torch.tensor(float(max(denom, 1)))
     loss = (per_tok * rmask).sum() / n
@@ -272,7 +331,8 @@ def policy_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, rmask:
         clipped = ((ratio - 1).abs() > clip).float() * (adv != 0).float()
         info = {"kl": float((kl * rmask).sum() / n),
                 "clip_frac": float((clipped * rmask).sum() / n),
-                "tis_truncated": float(((weight >= tis_cap).float() * rmask).sum() / n)}
+                "tis_truncated": float(((weight >= tis_cap).float() * rmask).sum() / n),
+                "entropy": float((entropy * rmask).sum() / n) if entropy is not None else 0.0}
     return loss, info
 
 

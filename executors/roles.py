@@ -5,7 +5,7 @@
   Rollout      generation with the `torch` backend (sampling loop with a KV cache, in the actor);
                `executors.vllm_rollout.VllmRollout` (`vllm`) and `executors.sglang_rollout.
                SglangRollout` (`sglang`) have the same methods (`executors.backends`).
-  Reference    frozen policy copy: log-probs for the KL term.
+  Reference    frozen policy copy: log-probs for the KL term (at the rollout's temperature).
   RuleReward   the verifier: scores the sandbox's result of each answer (`executors.task`).
   ModelReward  a reward model (Llama backbone + scalar head, frozen).
   Critic       PPO value model: values for GAE, trained on returns (one process; its layers
@@ -62,8 +62,10 @@ class RunConfig:
     max_new_tokens: int
     lr: float = 1e-2  # measured: reward rises steadily on tiny-llama (3e-2 plateaus at 0.2)
     critic_lr: float = 1e-2
-    kl_coef: float = 0.0
-    temperature: float = 1.0
+    kl_coef: float = 0.0  # the job's `kl`: counted once, in the reward or the loss
+    kl_in: str = "loss"  # reward | loss
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    temperature: float = 1.0  # rollout sampling; the trainer's log-probs divide by it too
     reward_arch: dict[str, Any] | None = None  # a reward model's shape, None for the rule
     threads: int = 1
     delays: tuple[Delay, ...] = ()
@@ -75,6 +77,10 @@ class RunConfig:
     max_model_len: int = 128  # the job's longest context, tokens (+1 for BOS)
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
     critic_recompute: bool = False  # the plan's critic `recompute`
+
+    @property
+    def kl(self) -> rl.KLTerm:
+        return rl.KLTerm(self.kl_coef, self.kl_in, self.kl_estimator)
 
     @property
     def model_arch(self) -> ModelArch:
@@ -119,6 +125,8 @@ def run_config(run: RunPlan, lr: float | None = None, model_dir: str = "",
                     reward_arch=job.reward.model_dump() if job.reward is not None else None,
                     delays=tuple(delays), mini_batches=job.mini_batches,
                     data=job.data.model_dump() if job.data is not None else None,
+                    kl_coef=job.kl.coef, kl_in=job.kl.where, kl_estimator=job.kl.estimator,
+                    temperature=job.temperature,
                     **plan_settings(run))
     return cfg if lr is None else replace(cfg, lr=lr)
 
@@ -219,7 +227,7 @@ class Reference(Worker):
     @torch.no_grad()
     def logprobs(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
         t0 = time.time()
-        lp = rl.response_logprobs(self.model, s)
+        lp = rl.response_logprobs(self.model, s, self.cfg.temperature)
         rows = [lp[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
         return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
 

@@ -71,14 +71,15 @@ class ExecResult:
         the role had a call running (never above `step_s`), `role_rank_s`, its calls'
         seconds summed over its ranks (two trainer ranks busy 1 s: wall 1 s, rank-s 2 s), and
         `role_device_s`, those times the devices each rank holds (an engine replica of TP 2
-        busy 1 s: 2 device-s)."""
+        busy 1 s: 2 device-s); `rl`, the step's RL statistics (`executors.loop.rl_stats`)."""
         return {"steps": [{"step": s.step, "reward": round(s.reward, 4), "exact": s.exact,
                            "step_s": round(s.step_s, 4), "loss": round(s.loss, 5),
                            "role_wall_s": {k: round(v, 4) for k, v in s.role_wall_s.items()},
                            "role_rank_s": {k: round(v, 4) for k, v in s.role_rank_s.items()},
                            "role_device_s": {k: round(v, 4)
                                              for k, v in s.role_device_s.items()},
-                           "policy_versions": s.versions, "reruns": s.reruns}
+                           "policy_versions": s.versions, "reruns": s.reruns,
+                           "rl": {k: round(v, 6) for k, v in s.rl.items()}}
                           for s in self.stats],
                 "mean_per_step": self.means(),
                 "ledger_balanced": self.ledger_ok, "ledger_problems": self.ledger_problems,

@@ -4,8 +4,9 @@ A `Plan` (`placer.solve.planfile`) is the file the planner writes: its job is a 
 are configs. The executor reads it once, at the start of a run (`resolve_plan`), into what each
 of its parts needs, and every part takes its own piece from then on:
 
-  job     `JobFacts`: the batch, lengths, algorithm, seed, pipeline mode, tail policy, dataset
-          and the models (architectures, local checkpoint folders) the loop and workers read;
+  job     `JobFacts`: the batch, lengths, algorithm, seed, pipeline mode, tail policy, dataset,
+          the KL term, the sampling temperature and the models (architectures, local checkpoint
+          folders) the loop and workers read;
   pools   `PoolRun` per pool: device kind and memory, node shape, what one node advertises to
           Ray, and the weight-sync bucket its engines receive in (the plan's calibration);
   roles   `RoleRun` per role: slot, pool, `Layout` (dp, tp, pp, HSDP shard, recompute), the
@@ -34,6 +35,7 @@ from placer.solve.planfile import Bundle, Plan, RolePlacement, calibration_of
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.localdata import Dataset
+from placer.spec.rlterms import KL
 from placer.spec.tailpolicy import TailPolicy
 
 
@@ -209,6 +211,8 @@ class JobFacts:
     policy: ModelArch
     reward: ModelArch | None  # None: the rule reward
     paths: Mapping[str, str]  # model field -> local checkpoint folder
+    kl: KL = KL()  # the KL penalty to the reference: coefficient, place, estimator
+    temperature: float = 1.0  # the rollout's, which the trainer's log-probs use too
 
     @property
     def samples(self) -> int:
@@ -297,7 +301,8 @@ def _job(res: Resolved) -> JobFacts:
         turns=job.environment.turns, tool_output_tokens=job.environment.tool_output_tokens,
         max_new_tokens=int(job.lengths.response.max_value()), max_context=job.max_context,
         tail_policy=job.tail_policy, data=job.data, policy=policy,
-        reward=res.model_of(Role.REWARD), paths=dict(job.models.paths))
+        reward=res.model_of(Role.REWARD), paths=dict(job.models.paths), kl=job.kl,
+        temperature=job.sampling.temperature)
 
 
 def _refuse_unlaunched_layouts(plan: Plan) -> None:

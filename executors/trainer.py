@@ -14,7 +14,10 @@ this rank's part, itself cut into `accumulate` micro-batches whose gradients add
 step (gradient accumulation). Every rank runs the same number of micro-batches, so that FSDP's
 and TP's collectives pair up; a rank with no samples in a micro-batch runs one sample at weight
 zero. Before the first optimizer step the trainer computes the proximal ("old") log-probs of its
-samples (`executors.rl`, OFF_POLICY). With pipeline stages, a mini-batch's micro-batches are one
+samples (`executors.rl`, OFF_POLICY). Every log-prob (old and new) is of softmax(logits / T), T
+the job's `sampling.temperature` that the rollout sampled at; the job's KL enters the loss only
+when it is not in the reward (`rl.KLTerm`). A step reports the token means of `STATS` and the
+gradient norm of each optimizer step. With pipeline stages, a mini-batch's micro-batches are one
 schedule step and the loss, its statistics and the old log-probs live on the last stage.
 
 After every step, load and the group's forming, every rank joins the gather of the full weights
@@ -54,6 +57,8 @@ from executors.sharding import (
 # The scale is 1 / (the mini-batch's generated tokens), or 0 for a stand-in sample.
 Micro = tuple[rl.Samples, list[list[float]], list[list[float]] | None, float]
 MiniBatch = list[Micro]
+# the per-token statistics of `rl.policy_loss` a step reports (token means over the step)
+STATS = ("kl", "clip_frac", "tis_truncated", "entropy")
 
 
 class Trainer(Worker):
@@ -187,7 +192,7 @@ class Trainer(Worker):
         old = [[self._logprobs(m[0]) for m in mb] for mb in minis]
         losses: list[float] = []
         norms: list[float] = []  # global gradient norm of each mini-batch, before clipping
-        stats = dict.fromkeys(("kl", "clip_frac", "tis_truncated"), 0.0)
+        stats = dict.fromkeys(STATS, 0.0)
         for mb, olds in zip(minis, old):
             self.opt.zero_grad()
             loss_sum = 0.0
@@ -212,12 +217,14 @@ class Trainer(Worker):
         assert self.pipe is not None
         t0 = time.time()
         packed = [pack(mb) for mb in minis]
-        old = [self.pipe.logprobs(pk) for pk in packed]  # before the first optimizer step
+        # before the first optimizer step
+        old = [self.pipe.logprobs(pk, self.cfg.temperature) for pk in packed]
         first = minis[0][0]
-        loss_fn = PolicyLoss(self.cfg.kl_coef, first[2] is not None, bool(first[0].logprobs))
+        loss_fn = PolicyLoss(self.cfg.kl, self.cfg.temperature, first[2] is not None,
+                             bool(first[0].logprobs))
         losses: list[float] = []
         norms: list[float] = []
-        stats = dict.fromkeys(("kl", "clip_frac", "tis_truncated"), 0.0)
+        stats = dict.fromkeys(STATS, 0.0)
         for pk, o in zip(packed, old):
             self.opt.zero_grad()
             calls = self.pipe.train(pk, o, loss_fn)
@@ -243,19 +250,20 @@ class Trainer(Worker):
 
     @torch.no_grad()
     def _logprobs(self, s: rl.Samples) -> torch.Tensor:
-        return rl.response_logprobs(self.model, s)
+        return rl.response_logprobs(self.model, s, self.cfg.temperature)
 
     def _micro_loss(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
                     old: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The micro-batch's summed token loss (the caller scales it by 1 / mini-batch tokens)."""
-        logp = rl.response_logprobs(self.model, s)
+        logp, ent = rl.response_logprobs_entropy(self.model, s, self.cfg.temperature)
         _, _, rmask = rl.pack(s)
         w = rmask.shape[1]
         a = rl.to_padded(adv, w)
         r = rl.to_padded(ref, w) if ref is not None else None
         behaviour = rl.to_padded(s.logprobs, w) if s.logprobs else None
-        return rl.policy_loss(logp, old, a, rmask, r, self.cfg.kl_coef, denom=1.0,
-                              behaviour=behaviour)
+        kl = self.cfg.kl  # in the loss, or counted in the reward (`executors.training`)
+        return rl.policy_loss(logp, old, a, rmask, r, kl.loss_coef, denom=1.0,
+                              behaviour=behaviour, kl_estimator=kl.estimator, entropy=ent)
 
     def weights(self) -> dict[str, torch.Tensor]:
         if self.world == 1:

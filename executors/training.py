@@ -3,7 +3,8 @@
   score       rule or model reward (on the sandbox's results), reference log-probs (KL) and
               critic values (PPO); reference and critic work starts before the environment's
               (`dispatch_score`), so that the two overlap;
-  advantages  GRPO: group-normalised rewards; PPO: GAE over the critic's values with a KL penalty;
+  advantages  GRPO: group-normalised rewards; PPO: GAE over the critic's values; the job's KL
+              penalty here when it is in the reward (in the loss: the trainer's);
   train       the step's samples cut into the job's mini-batches (one optimizer step each), each
               cut over the trainer's data-parallel ranks and into micro-batches (`partition`);
               the ranks of the plan's layout train together (`executors.trainer`), and the
@@ -31,7 +32,7 @@ from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.tails import TailPolicies
 from executors.task import Target
-from executors.trainer import MiniBatch
+from executors.trainer import STATS, MiniBatch
 from placer.base.fileio import atomic_write_text
 from placer.base.roles import Role
 
@@ -141,18 +142,24 @@ class Training:
 
     def advantages(self, s: rl.Samples, scored: Scored
                    ) -> tuple[list[list[float]], dict[str, list[Any]]]:
-        """Per-token advantages, and for PPO the critic's returns and values."""
-        rewards = scored[Role.REWARD]
+        """Per-token advantages, and for PPO the critic's returns and values.
+
+        The job's KL in the reward (`kl.in: reward`) is a per-token penalty at the rollout's
+        log-probs: PPO's GAE reads it token by token, GRPO's group baseline its sum per
+        sample. In the loss it is the trainer's (`rl.policy_loss`): never both."""
+        rewards = list(scored[Role.REWARD])
         cfg = self.ctx.cfg
-        if cfg.algorithm != "ppo":
-            adv = rl.grpo_advantages(rewards, s.group)
-            return [[a] * len(r) for a, r in zip(adv, s.responses)], {}
-        w = max(len(r) for r in s.responses)
+        w = max(max((len(r) for r in s.responses), default=1), 1)
         _, _, rmask = rl.pack(s)
-        old = rl.to_padded(s.logprobs, w)
-        ref = rl.to_padded(scored[Role.REFERENCE], w) if Role.REFERENCE in scored else old
+        tok_r = torch.zeros_like(rmask)
+        if Role.REFERENCE in scored and s.logprobs:
+            tok_r = cfg.kl.reward_penalty(rl.to_padded(s.logprobs, w),
+                                          rl.to_padded(scored[Role.REFERENCE], w), rmask)
+        if cfg.algorithm != "ppo":
+            pen = tok_r.sum(-1).tolist()
+            adv = rl.grpo_advantages([r + p for r, p in zip(rewards, pen)], s.group)
+            return [[a] * len(r) for a, r in zip(adv, s.responses)], {}
         values = rl.to_padded(scored[Role.CRITIC], w)
-        tok_r = -cfg.kl_coef * (old - ref) * rmask
         last = torch.tensor([len(r) - 1 for r in s.responses])
         tok_r[torch.arange(len(rewards)), last] += torch.tensor(rewards)
         gae, ret = rl.gae(tok_r, values, rmask)
@@ -166,8 +173,10 @@ class Training:
         return rows(gae), {"returns": rows(ret), "values": scored[Role.CRITIC]}
 
     def train(self, step: int, s: rl.Samples, adv: list[list[float]],
-              extra: dict[str, list[Any]], ref: list[list[float]] | None) -> float:
-        """The step's mini-batches on every trainer rank (and the critic's step); the loss."""
+              extra: dict[str, list[Any]], ref: list[list[float]] | None
+              ) -> tuple[float, dict[str, float]]:
+        """The step's mini-batches on every trainer rank (and the critic's step); the loss and
+        the trainer's statistics (`trainer_stats`)."""
         ctx, t = self.ctx, time.time()
         ranks = ctx.by_role[Role.ACTOR]
         # the run plan's layout, or one plain rank (the one-process runtime)
@@ -196,7 +205,18 @@ class Training:
         ctx.ledger.trained(step, list(dict.fromkeys(i for v in leaders for i in v[1]["sample_ids"])))
         ctx.event("train", "stage", t, time.time() - t, None, step, policy_version=step + 1)
         # Each DP group's loss is its share of every mini-batch's token mean: their sum is it.
-        return float(sum(v[0]["loss"] for v in leaders))
+        return float(sum(v[0]["loss"] for v in leaders)), trainer_stats([v[0] for v in leaders])
+
+
+def trainer_stats(leaders: list[dict[str, Any]]) -> dict[str, float]:
+    """The step's policy statistics from each DP group's leading rank: the token means of
+    `STATS` (each group reports its share of the step's mean: they add up) and the mean over
+    the step's optimizer steps of the gradient norm before clipping (global: every rank has
+    the same)."""
+    out = {k: float(sum(v.get(k, 0.0) for v in leaders)) for k in STATS}
+    norms = leaders[0].get("grad_norms", []) if leaders else []
+    out["grad_norm"] = float(sum(norms) / len(norms)) if norms else 0.0
+    return out
 
 
 def _split(xs: list[int], k: int) -> list[list[int]]:

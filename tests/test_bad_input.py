@@ -54,6 +54,10 @@ EXPECT: dict[str, tuple[str, str]] = {
     "turns_without_env": ("environment.turns", "3 turns"),
     "cluster_file_missing": ("cluster", "no-such-cluster.yaml: no such file"),
     "cpu_pool_cores_as_devices": ("cluster.pools.1.devices_per_node", "cores_per_node: 64"),
+    "kl_bad_place": ("kl.in", "'both'"),
+    "kl_bad_estimator": ("kl.estimator", "'k4'"),
+    "kl_field_name": ("kl.where: unknown key", "expected one of coef, in, estimator"),
+    "zero_temperature": ("sampling.temperature", "got 0"),
 }
 FILES = sorted(BAD.glob("*.yaml"))
 JSON_TOO = ("malformed_yaml", "empty", "unknown_nested_key", "negative_size", "unknown_device")

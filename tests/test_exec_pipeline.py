@@ -136,6 +136,11 @@ def test_pipeline_step_matches_one_process(layout: tuple[int, int, int], accumul
     leaders = [r for r in ranks if lay.leads(r[0])]
     assert len(leaders) == lay.dp
     assert abs(sum(r[1]["loss"] for r in leaders) - info["loss"]) < 1e-5
+    # the last stage's statistics (token means: the DP groups' shares add up), entropy
+    # from the stage's logits, as one process computes them from the whole model's
+    for k in ("entropy", "kl", "clip_frac"):
+        assert sum(r[1][k] for r in leaders) == pytest.approx(info[k], rel=1e-4, abs=1e-7)
+    assert info["entropy"] > 0
     assert sorted(i for r in leaders for i in r[2]) == sorted(batch(1)[0].ids)
     # the checkpoint is in the one-process format: a plain trainer resumes it
     plain = Trainer(dataclasses.replace(cfg, trainer=Layout()))

@@ -86,3 +86,27 @@ def test_execute_names_its_set_up_on_stderr(grpo_cli_run) -> None:
             assert wall <= step["step_s"] and step["role_rank_s"][role] >= wall
     assert set(means["role_wall_s"]) == set(means["role_rank_s"]) >= {"actor", "rollout"}
     assert set(means["role_device_s"]) == set(means["role_rank_s"])
+
+
+@pytest.mark.ray
+def test_execute_reports_the_rl_statistics(grpo_cli_run) -> None:
+    """Every step's RL statistics (traces/schema.py RL_SERIES: clip and truncation fractions,
+    KL, entropy, gradient norm, response lengths and rewards) are in the --json document, in
+    the trace as one `rl` counter per step with the same values, and on the step's line."""
+    from traces.schema import RL_SERIES
+    doc, trace = grpo_cli_run.doc, read_trace(grpo_cli_run.trace)
+    counters = [c for c in trace.counters if c.name == "rl"]
+    assert len(counters) == len(doc["steps"]) == 2
+    for step, c in zip(doc["steps"], counters):
+        rl = step["rl"]
+        assert set(rl) == set(RL_SERIES) == set(c.values)
+        assert rl == {k: pytest.approx(v, abs=1e-6) for k, v in c.values.items()}
+        assert 0 <= rl["clip_frac"] <= 1 and 0 <= rl["tis_truncated"] <= 1
+        assert rl["entropy"] > 0 and rl["grad_norm"] > 0  # a live policy and a real step
+        assert rl["kl"] >= 0  # k3 (the default estimator) is never negative
+        assert rl["response_len_min"] <= rl["response_len_mean"] <= rl["response_len_max"]
+        assert rl["reward_min"] <= rl["reward_mean"] <= rl["reward_max"]
+        assert rl["reward_mean"] == pytest.approx(step["reward"], abs=1e-4)
+    steps = re.findall(r"^step \d+: .*\| kl [0-9.]+ entropy [0-9.]+ clip .* grad-norm [0-9.]+",
+                       grpo_cli_run.stderr, re.M)
+    assert len(steps) == 2, grpo_cli_run.stderr[-2000:]

@@ -73,6 +73,33 @@ def test_an_executed_trace_nests_its_steps(plan, tmp_path) -> None:
         assert all(e.end_s <= slice_.end_s + 1e-6 for e in stages)
     tools = trace.of("tool")
     assert tools and all(e.dur_s > 0 for e in tools)
+    # one `rl` counter per step on the driver's process, at the step's end, read back
+    rl = [c for c in trace.counters if c.name == "rl" and c.pid == "driver"]
+    steps = sorted(trace.of("step"), key=lambda e: e.ts_s)
+    assert len(rl) == 2 and all(c.ts_s >= s.end_s - 1e-3 for c, s in zip(rl, steps))
+    assert all(c.values["grad_norm"] > 0 and c.values["entropy"] > 0 for c in rl)
+
+
+def test_counters_round_trip_and_bad_values_are_refused(tmp_path) -> None:
+    """Counter events (`ph: "C"`) are written after the complete events, on a numbered and
+    named process, and read back; a non-number or non-finite value is a TraceError."""
+    from traces.schema import TraceError
+    tr = Trace()
+    tr.add("step 0", "step", 0.0, 1.0, "driver", "loop")
+    tr.count("rl", 1.0, "driver", kl=0.25, grad_norm=2)
+    tr.write(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert [e["ph"] for e in doc["traceEvents"]][:2] == ["X", "C"]
+    back = read_trace(tmp_path / "t.json")
+    (c,) = back.counters
+    assert (c.name, c.ts_s, c.pid, c.values) == ("rl", 1.0, "driver", {"kl": 0.25,
+                                                                        "grad_norm": 2.0})
+    with pytest.raises(TraceError, match="args.kl"):
+        tr.count("rl", 2.0, "driver", kl=float("nan"))
+    doc["traceEvents"][1]["args"] = {"kl": "high"}
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"traceEvents.1: counter 'rl': args.kl"):
+        read_trace(tmp_path / "bad.json")
 
 
 def test_the_nesting_check_finds_an_overlap() -> None:

@@ -22,6 +22,11 @@ A key `EventArgs` does not name is kept (a trace from another tool still reads),
 error when `PLACER_STRICT_TRACES=1` (the test suite sets it): the schema is the one convention
 every writer follows.
 
+Counter events (`ph: "C"`, `CounterEvent`): numbers sampled over time, one Perfetto track per
+series. The executor writes one `rl` counter per step on the driver's process, at the step's
+end: the series `RL_SERIES` names (clip and truncation fractions, KL, entropy, gradient norm,
+response lengths and rewards). Complete events come first in the file, counters after them.
+
 Event names (`cat`): step, stage, generate, prefill, decode, tool, forward, train, transfer,
 reward, checkpoint, failure, restart (a recovery), straggler (a re-issued call, on the slow
 worker's track), tail (what a tail policy dropped or carried) and collective (the trainers'
@@ -50,6 +55,21 @@ STRICT_ENV = "PLACER_STRICT_TRACES"  # "1": a key EventArgs does not name is an 
 CATEGORIES = ("step", "prefill", "decode", "tool", "forward", "train", "transfer", "reward",
               "checkpoint", "failure", "restart", "stage", "generate", "straggler", "tail",
               "collective")
+
+
+RL_SERIES = {
+    "clip_frac": "fraction of response tokens whose PPO ratio was clipped",
+    "tis_truncated": "fraction of response tokens whose importance weight hit its cap",
+    "kl": "mean per-token KL estimate to the reference (the job's estimator)",
+    "entropy": "mean per-token entropy of the policy at the rollout's temperature",
+    "grad_norm": "policy gradient norm before clipping, mean over the step's optimizer steps",
+    "response_len_mean": "response tokens per sample, mean",
+    "response_len_min": "response tokens per sample, min",
+    "response_len_max": "response tokens per sample, max",
+    "reward_mean": "reward per sample, mean",
+    "reward_min": "reward per sample, min",
+    "reward_max": "reward per sample, max",
+}
 
 
 class TraceError(SpecError):
@@ -182,16 +202,45 @@ class TraceEvent:
         return self.ts_s + self.dur_s
 
 
+@dataclass(frozen=True)
+class CounterEvent:
+    """A counter event (`ph: "C"`): the values of named series at `ts_s`, on process `pid`."""
+
+    name: str
+    ts_s: float
+    pid: str
+    values: dict[str, float]
+
+    def to_chrome(self, pid: int) -> dict[str, Any]:
+        return {"name": self.name, "ph": "C", "ts": self.ts_s * 1e6, "pid": pid, "tid": 0,
+                "args": self.values}
+
+
+def _counter_values(name: str, values: Any) -> dict[str, float]:
+    """A counter's values checked: a mapping of series names to finite numbers."""
+    if not isinstance(values, dict):
+        raise TraceError(f"counter {name!r}: args: expected a mapping of series to numbers")
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise TraceError(f"counter {name!r}: args.{k}: expected a finite number (got {v!r:.40})")
+    return {str(k): float(v) for k, v in values.items()}
+
+
 @dataclass
 class Trace:
-    """Events plus metadata; built by a run, written once, atomically."""
+    """Events, counters and metadata; built by a run, written once, atomically."""
 
     metadata: dict[str, Any] = field(default_factory=dict)
     events: list[TraceEvent] = field(default_factory=list)
+    counters: list[CounterEvent] = field(default_factory=list)
 
     def add(self, name: str, cat: str, ts_s: float, dur_s: float, pid: str, tid: str,
             **args: Any) -> None:
         self.events.append(TraceEvent(name, cat, ts_s, dur_s, pid, tid, args))
+
+    def count(self, name: str, ts_s: float, pid: str, **values: float) -> None:
+        """A counter event: each value a series of counter `name` on process `pid`."""
+        self.counters.append(CounterEvent(name, ts_s, pid, _counter_values(name, values)))
 
     def of(self, cat: str) -> list[TraceEvent]:
         return [e for e in self.events if e.cat == cat]
@@ -212,6 +261,7 @@ class Trace:
             if tid is None:
                 tid = tids[(e.pid, e.tid)] = per_pid[e.pid] = per_pid.get(e.pid, 0) + 1
             out.append(e.to_chrome(pid, tid))
+        out += [c.to_chrome(pids.setdefault(c.pid, len(pids) + 1)) for c in self.counters]
         out += [{"name": "process_name", "ph": "M", "pid": n, "tid": 0, "args": {"name": name}}
                 for name, n in pids.items()]
         out += [{"name": "thread_name", "ph": "M", "pid": pids[p], "tid": n, "args": {"name": t}}
@@ -285,8 +335,11 @@ def read_trace(path: str | Path) -> Trace:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{p}: traceEvents: expected a list of events (Chrome trace format)")
     procs, threads = _names(data["traceEvents"])
-    events = []
+    events, counters = [], []
     for i, ev in enumerate(data["traceEvents"]):
+        if isinstance(ev, dict) and ev.get("ph") == "C":
+            counters.append(_read_counter(p, i, ev, procs))
+            continue
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue  # metadata or instant events from other tools are ignored
         try:
@@ -305,4 +358,18 @@ def read_trace(path: str | Path) -> Trace:
     if not isinstance(meta, dict):
         raise TraceError(f"{p}: metadata: expected a mapping (got {type(meta).__name__} "
                          f"{meta!r:.60})")
-    return Trace(dict(meta), events)
+    return Trace(dict(meta), events, counters)
+
+
+def _read_counter(p: Path, i: int, ev: dict[str, Any], procs: dict[str, str]) -> CounterEvent:
+    """Counter event `i` of file `p` (TraceError naming it when malformed)."""
+    try:
+        name, ts, pid = str(ev["name"]), float(ev["ts"]) / 1e6, str(ev["pid"])
+        values = _counter_values(name, ev.get("args") or {})
+    except TraceError as e:  # before ValueError, which it is
+        raise TraceError(f"{p}: traceEvents.{i}: {e}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise TraceError(f"{p}: traceEvents.{i}: bad counter ({type(e).__name__}: {e})") from None
+    if not math.isfinite(ts):
+        raise TraceError(f"{p}: traceEvents.{i}.ts: expected a finite number (got {ev['ts']!r:.40})")
+    return CounterEvent(name, ts, procs.get(pid, pid), values)

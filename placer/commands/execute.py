@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
                  setup=True) as bar:
         def step_done(st: StepStat) -> None:
             show(step_line(st))
-            bar.advance(info=f"reward {st.reward:.3f}, {st.step_s:.1f} s/step")
+            kl = f", kl {st.rl['kl']:.4f}" if "kl" in st.rl else ""
+            bar.advance(info=f"reward {st.reward:.3f}{kl}, {st.step_s:.1f} s/step")
 
         result = execute(plan, args.steps, args.out, address=args.address, backend=args.backend,
                          max_restarts=args.max_restarts, progress=step_done, note=show,
@@ -155,7 +156,18 @@ def step_line(st: StepStat) -> str:
     return (f"step {st.step}: reward {st.reward:.3f} exact {st.exact:.2f} "
             f"time {st.step_s:.2f}s policy_version {st.versions} "
             f"wall [{_roles(st.role_wall_s)}] rank-s [{_roles(st.role_rank_s, '')}]"
-            + (f" reruns {st.reruns}" if st.reruns else ""))
+            + (f" reruns {st.reruns}" if st.reruns else "") + rl_line(st.rl))
+
+
+def rl_line(rl: dict[str, float]) -> str:
+    """The step's RL statistics, short (empty when the step has none)."""
+    if not rl:
+        return ""
+    return (f" | kl {rl['kl']:.4f} entropy {rl['entropy']:.3f} clip {rl['clip_frac']:.3f} "
+            f"tis-cut {rl['tis_truncated']:.3f} grad-norm {rl['grad_norm']:.3f} "
+            f"len {rl['response_len_mean']:.1f} [{rl['response_len_min']:.0f}, "
+            f"{rl['response_len_max']:.0f}] reward [{rl['reward_min']:.3f}, "
+            f"{rl['reward_max']:.3f}]")
 
 
 def phase_lines(say: Callable[[str], None]) -> PhaseListener:

@@ -11,7 +11,7 @@ Part of the job model's surface (`placer.spec.job` re-exports `validation_lines`
 """
 from __future__ import annotations
 
-from typing import get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
@@ -39,11 +39,17 @@ def _keys_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     for part in loc:
         if isinstance(part, int):
             continue  # a list index: the element type is already `cls`
-        field = cls.model_fields.get(part) if cls is not None else None
+        fields = _by_key(cls) if cls is not None else {}
+        field = fields.get(str(part))
         cls = _model_in(field.annotation) if field is not None else None
         if cls is None:
             return []
-    return list(cls.model_fields) if cls is not None else []  # the loop returned on None
+    return list(_by_key(cls)) if cls is not None else []  # the loop returned on None
+
+
+def _by_key(cls: type[BaseModel]) -> dict[str, Any]:
+    """A model's fields by the key a file writes (the alias where there is one: `kl.in`)."""
+    return {f.alias or name: f for name, f in cls.model_fields.items()}
 
 
 def _error_line(e: ErrorDetails, prefix: str, root: type[BaseModel] | None) -> str:

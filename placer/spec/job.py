@@ -10,8 +10,8 @@ into one `SpecError` that names the field path and the bad value.
 The *roles* an algorithm runs are derived here, not written by the user: see `Job.roles()`.
 The sections live in their own modules of this package: `hardware` (device types, pools, the
 cluster), `arch` (a model's shape), `sections` (algorithm, models, batch, lengths, environment,
-pipeline, tail policy, precision), `weightsync` (the refit's transport), `pins` (layout pins),
-`base` (the strict base model and bounded number types).
+pipeline, tail policy, precision), `rlterms` (KL and sampling), `weightsync` (the refit's
+transport), `pins` (layout pins), `base` (the strict base model and bounded number types).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from placer.spec.hardware import Cluster, DeviceType
 from placer.spec.localdata import Dataset
 from placer.spec.pins import Pin, Pins, _Layout
 from placer.spec.pipeline import Pipeline
+from placer.spec.rlterms import KL, Sampling
 from placer.spec.sections import Algorithm, Batch, Environment, Lengths, Models, Precision
 from placer.spec.tailpolicy import TailPolicy
 from placer.spec.weightsync import WeightSync
@@ -52,6 +53,10 @@ class Job(Strict):
     objective: Literal["time", "cost"] = "time"
     tail_policy: TailPolicy = TailPolicy()
     weight_sync: WeightSync = WeightSync()
+    kl: KL = Field(KL(), description="the KL penalty to the reference: coef, in (reward | "
+                   "loss), estimator (k1 | k2 | k3) (placer/spec/rlterms.py)")
+    sampling: Sampling = Field(Sampling(), description="the rollout's temperature, which "
+                               "the trainer's log-probs use too (placer/spec/rlterms.py)")
     precision: Precision = Field(Precision(), description="optional FP8 formats (Precision)")
     cluster: Cluster
     catalog: Catalog = Catalog()
