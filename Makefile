@@ -14,7 +14,7 @@ EXTRAS := test$(if $(HAS_GPU),$(comma)gpu)
 comma := ,
 FRAMEWORKS := verl==0.9.1 openrlhf==0.11.2 sglang==0.5.23
 
-.PHONY: venv sysdeps demo lint test test-slow test-all test-fast notebooks bench golden clean
+.PHONY: venv sysdeps demo lint test test-slow test-notebooks test-all test-fast notebooks bench golden clean
 
 # The code sandbox isolates generated code with bubblewrap when it is installed (else with
 # util-linux `unshare`); as root with apt-get, install it. Cheap when present, so every build runs it.
@@ -51,12 +51,16 @@ lint: $(STAMP)
 
 # Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the
 # large examples, the larger pipeline layouts, the Ray twins of local executor tests, the second
-# and third notebooks) run with `make test-slow` (CI runs it after `make test`) or `make test-all`.
+# and third notebooks) run with `make test-slow` or `make test-all`; `make test-notebooks` runs
+# the two notebooks `make test` leaves out (CI runs it after `make test`).
 test: lint
 	$(PY) -m pytest -q -m "not slow"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+test-notebooks: $(STAMP)
+	$(PY) -m pytest -q -m "slow and notebook"
 
 test-all: lint
 	$(PY) -m pytest -q
