@@ -49,6 +49,7 @@ from simulator.engine import Engine, Quota
 from simulator.environment import CorePool, pool_slots
 from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
 from simulator.groups import Group, dispatch, groups_of
+from simulator.judge import verdict_tokens
 from simulator.network import max_min_durations, sync_plan
 from simulator.recorder import Recorder
 from simulator.training import Work, onload_costs, stage_work
@@ -344,7 +345,11 @@ class Model:
 
     def _stage(self, i: int, stage: str, factors: dict) -> Generator:
         by_slot: dict[str, list[Work]] = defaultdict(list)
-        for w in stage_work(self.px, self.plan, self.committed[i], stage):
+        smp = self.committed[i]
+        verdicts = (verdict_tokens(self.px, smp.n, self.seed, i,
+                                   self.cfg.workload.lengths == "mean")
+                    if self.res.job.judge is not None else None)
+        for w in stage_work(self.px, self.plan, smp, stage, verdicts):
             by_slot[self.plan.roles[w.role].slot].append(w)
         procs = [self.env.process(self._slot_work(i, slot, works, factors[slot]))
                  for slot, works in by_slot.items()]

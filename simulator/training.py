@@ -23,7 +23,7 @@ an iteration - the rule `placer.cost.timing.slot_switch` prices.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
@@ -36,6 +36,7 @@ from placer.cost.timing import onload_time
 from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
+from simulator.judge import judge_stage_s, verdict_tokens
 from simulator.workload import Samples
 
 # Which stage each role works in besides rollout (the environment's work is its tool calls).
@@ -61,8 +62,10 @@ class Work:
         return self.dispatch_s + self.verify_s + sum(self.steps)
 
 
-def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[Work]:
-    """Work of every role placed in `stage`, in the job's role order."""
+def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
+               verdicts: list[int] | None = None) -> list[Work]:
+    """Work of every role placed in `stage`, in the job's role order; a generative judge
+    decodes `verdicts` (one per sample of `smp`: `simulator.judge`)."""
     res, calib = px.res, px.calib
     ctx = smp.context_tokens()
     tokens = sum(ctx)
@@ -80,6 +83,10 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[W
         if m is None:  # a rule reward: per-sample checks on CPU cores (`placer.cost.rulecheck`)
             verify = sandbox_verify_time(res.job, smp.n, rp.par.devices, eff)
             steps = (rule_check_time(res.job, smp.n, rp.par.devices * dev.cores, eff),)
+        elif role == Role.REWARD and res.job.judge is not None:  # a decode queue
+            steps = (judge_stage_s(px, plan, smp, verdicts or verdict_tokens(
+                px, smp.n, res.job.seed, 0, mean=True)),)
+            ship = dispatch_time(smp.n, res.job.max_context, eff)
         elif stage == "score":
             steps = (score_time(m, dev, rp.par, tokens, seq, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
@@ -118,4 +125,7 @@ def _onload_memory(res: Resolved, plan: Plan, role: str, eff: Efficiency) -> Mem
     dev = res.device_of(rp.pool)
     if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:
         return infer_memory(res.arch_of(Role.ROLLOUT), rp.par, dev, eff)
+    if role == Role.REWARD and res.job.judge is not None and dev.kind is DeviceKind.gpu:
+        eng = infer_memory(res.arch_of(Role.REWARD), rp.par, dev, eff)  # a judge's engine
+        return replace(eng, kv_cache=max(rp.memory_gb - eng.total, 1e-9))
     return Memory(overhead=rp.memory_gb)

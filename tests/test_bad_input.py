@@ -54,6 +54,8 @@ EXPECT: dict[str, tuple[str, str]] = {
     "turns_without_env": ("environment.turns", "3 turns"),
     "cluster_file_missing": ("cluster", "no-such-cluster.yaml: no such file"),
     "cpu_pool_cores_as_devices": ("cluster.pools.1.devices_per_node", "cores_per_node: 64"),
+    "judge_on_rule": ("reward_model.kind", "'rule'"),
+    "judge_without_verdict": ("reward_model", "kind 'generative' needs verdict"),
 }
 FILES = sorted(BAD.glob("*.yaml"))
 JSON_TOO = ("malformed_yaml", "empty", "unknown_nested_key", "negative_size", "unknown_device")

@@ -132,6 +132,8 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "Environment": [{"kind": "code", "turns": 3, "tool_latency_s": {"kind": "fixed", "value": 2.0},
                      "cpu_per_call": 2, "tool_output_tokens": 64}],
     "Pipeline": [{"mode": "async", "max_staleness": 1}],
+    "RewardModel": [{"kind": "generative", "rubric_tokens": 384,
+                     "verdict": {"kind": "lognormal", "median": 160, "sigma": 0.5, "cap": 1024}}],
     "TailPolicy": [{"kind": "overprovision", "fraction": 0.1},
                    {"kind": "partial", "token_budget": 2048},
                    {"kind": "reissue", "deadline_s": 10.0}],

@@ -11,7 +11,9 @@ Roles and the work they do each iteration (n samples, mean context s tokens):
                distribution fixed
   environment  (turns - 1) rounds of n tool calls on CPU cores
   reference    forward over n*s tokens (KL log-probs)
-  reward       forward over n*s tokens (model) or a rule/verifier per sample on CPU cores
+  reward       forward over n*s tokens (model), a generative judge's decode queue (prefill of
+               context + rubric, decode of its verdict: `placer.cost.judge`), or a
+               rule/verifier per sample on CPU cores
   critic       forward (values) + training over n*s tokens (PPO)
   actor        forward (old log-probs) + training over n*s tokens in `mini_batches` steps
 Every trainer and frozen forward pass also pays the driver's dispatch (`pass_dispatch`).
@@ -36,6 +38,7 @@ from placer.cost.generation import (
     max_concurrency,
     prefill_time,
 )
+from placer.cost.judge import judge_cost
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
 from placer.cost.rollout_tail import (
@@ -249,6 +252,13 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
 def _reward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
             eff: Efficiency, env: int | None) -> Estimate:
     res = ctx.res
+    if res.job.judge is not None:  # a generative judge: a decode queue (`placer.cost.judge`)
+        m = res.arch_of(Role.REWARD)
+        jc = judge_cost(ctx.step_terms(m, dev, par, eff), m, dev, par, eff, res.job.judge,
+                        res.job.batch.samples, trained_context(res), res.job.max_context)
+        est = Estimate(role, pool.name, par, jc.memory,
+                       {"score": jc.seconds + pass_dispatch(res, eff)}, concurrency=jc.concurrency)
+        return _infeasible(est, jc.reason) if jc.reason else est
     if res.model_of(Role.REWARD) is not None:
         return _forward(ctx, role, pool, dev, par, eff, env)
     # by its kind of check (`placer.cost.rulecheck`): one verify sandbox per CPU device

@@ -58,7 +58,11 @@ def at_means(job: Job) -> Job:
     lengths = job.lengths.model_copy(update={"prompt": fixed(job.lengths.prompt),
                                              "response": fixed(job.lengths.response)})
     env = job.environment.model_copy(update={"tool_latency_s": fixed(job.environment.tool_latency_s)})
-    return job.model_copy(update={"lengths": lengths, "environment": env})
+    update: dict[str, object] = {"lengths": lengths, "environment": env}
+    rm = job.reward_model
+    if rm is not None and rm.verdict is not None:  # a generative judge's verdicts too
+        update["reward_model"] = rm.model_copy(update={"verdict": fixed(rm.verdict)})
+    return job.model_copy(update=update)
 
 
 @lru_cache(maxsize=64)

@@ -20,6 +20,7 @@ from placer.spec.base import MAX_CONTEXT_TOKENS
 from placer.spec.catalog import cpu_pools, devices_of, resolve, unknown_names_in
 from placer.spec.errorlines import validation_lines
 from placer.spec.job import Job, distributions
+from placer.spec.judge import check_judge
 from placer.spec.localdata import anchor, expand_model_dirs
 
 
@@ -103,7 +104,8 @@ def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
         reported = {".".join(str(x) for x in err["loc"]) for err in e.errors()}
         raise SpecErrors(validation_lines(e, f"{source}: ", root=Job)
                          + unknown_names_in(data, source, reported)) from None
-    problems = _check_job(job, source) + check_pins(job, source)
+    problems = (_check_job(job, source) + check_pins(job, source)
+                + check_judge(job.models.reward, job.reward_model, job.max_context_float(), source))
     try:
         resolve(job, source)  # checks the names
     except SpecErrors as e:
@@ -151,8 +153,16 @@ def load_job(path: str | Path) -> Job:
     return job_from_dict(data, str(path))
 
 
+# Optional sections written only when set, so that jobs without them dump (and plan) as before.
+_OMIT_WHEN_NONE = ("reward_model",)
+
+
 def dump_job(job: Job) -> dict[str, Any]:
-    return job.model_dump(mode="json", exclude_defaults=False)
+    data = job.model_dump(mode="json", exclude_defaults=False)
+    for key in _OMIT_WHEN_NONE:
+        if data.get(key, 0) is None:
+            del data[key]
+    return data
 
 
 def save_job(job: Job, path: str | Path) -> None:
