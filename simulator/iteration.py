@@ -41,6 +41,7 @@ from simpy.resources.resource import PriorityRequest
 
 from placer.base.roles import Role
 from placer.cost.pricer import Pricer
+from placer.cost.vision import rollout_encode_s
 from placer.solve.planfile import Plan
 from placer.spec.sampling import draw, rng
 from simulator import tails
@@ -299,13 +300,20 @@ class Model:
             smp = self.samples[i] = cut.run
         quota = Quota(n, env.event()) if policy.keeps_first else None
         engines: list[tuple[Group, Engine]] = []
+        imgs = self.res.job.lengths.images_per_prompt
+
+        def encode_s(g: Group, samples: int) -> float:  # a VLM's images (`placer.cost.vision`)
+            sp = g.spec
+            return rollout_encode_s(sp.model, sp.dev, sp.par.devices, samples, imgs, sp.eff)
+
         for g, rows in zip(self.groups, dispatch(smp.n, self.groups)):
             f = factors[r.slot]
             if g.devices is not None:  # a part: its own devices of the slot
                 f = f[g.offset:g.offset + g.devices]
             slow = replica_slowdowns(f, g.replicas, g.replica_size)
             engines += [(g, Engine(g.spec, g.first + k, smp, rows[k], slow[k], self.tools,
-                                   self.tool_overhead, self.rec, i, g.steps, quota=quota))
+                                   self.tool_overhead, self.rec, i, g.steps, quota=quota,
+                                   encode_s=slow[k] * encode_s(g, len(rows[k]))))
                         for k in range(g.replicas)]
         wait0 = self.tools.wait_s if self.tools else 0.0
         calls0 = self.tools.calls if self.tools else 0

@@ -33,6 +33,7 @@ from placer.cost.model import dispatch_time, score_time, train_time
 from placer.cost.roofline import Memory, infer_memory, weight_tensors
 from placer.cost.rulecheck import rule_check_time, sandbox_verify_time
 from placer.cost.timing import onload_time
+from placer.cost.vision import pass_encode_s
 from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
@@ -71,6 +72,7 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
     tokens = sum(ctx)
     seq = tokens / max(len(ctx), 1)
     out = []
+    imgs = res.job.lengths.images_per_prompt
     for role in res.job.roles():
         if stage not in ROLE_STAGES.get(role, ()) or role not in plan.roles:
             continue
@@ -87,12 +89,15 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
             steps = (judge_stage_s(px, plan, smp, verdicts or verdict_tokens(
                 px, smp.n, res.job.seed, 0, mean=True)),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
-        elif stage == "score":
-            steps = (score_time(m, dev, rp.par, tokens, seq, eff),)
+        elif stage == "score":  # (+ a VLM's encoder over the samples' images)
+            steps = (score_time(m, dev, rp.par, tokens, seq, eff)
+                     + pass_encode_s(m, dev, rp.par, smp.n, imgs, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         else:
             mb = res.job.batch.mini_batches
-            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff) for _ in range(mb))
+            enc = pass_encode_s(m, dev, rp.par, smp.n, imgs, eff, train=True) / mb
+            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff) + enc
+                          for _ in range(mb))
             ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step
             # and once per RL step the sharded trainer's weights gathered for the sync
             # (`costmodel.weight_gather_time`, as the planner's train stage prices it): kept

@@ -56,6 +56,7 @@ EXPECT: dict[str, tuple[str, str]] = {
     "cpu_pool_cores_as_devices": ("cluster.pools.1.devices_per_node", "cores_per_node: 64"),
     "judge_on_rule": ("reward_model.kind", "'rule'"),
     "judge_without_verdict": ("reward_model", "kind 'generative' needs verdict"),
+    "images_without_vision": ("lengths.images_per_prompt", "'tiny-llama' has no vision encoder"),
 }
 FILES = sorted(BAD.glob("*.yaml"))
 JSON_TOO = ("malformed_yaml", "empty", "unknown_nested_key", "negative_size", "unknown_device")

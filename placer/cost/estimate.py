@@ -16,6 +16,8 @@ Roles and the work they do each iteration (n samples, mean context s tokens):
                rule/verifier per sample on CPU cores
   critic       forward (values) + training over n*s tokens (PPO)
   actor        forward (old log-probs) + training over n*s tokens in `mini_batches` steps
+A vision-language model's encoder adds its FLOPs per image to each of these passes and its
+activations to their memory (`placer.cost.vision`); the image tokens are in the prompt's length.
 Every trainer and frozen forward pass also pays the driver's dispatch (`pass_dispatch`).
 Formulas and sources: docs/cost-model.md.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -52,6 +54,7 @@ from placer.cost.roofline import Memory, infer_memory, kv_bytes_per_token, kv_sp
 from placer.cost.rulecheck import rule_reward_time
 from placer.cost.sharding import Parallel, linear_state_bytes
 from placer.cost.tail_samples import has_variance, quantile, varies
+from placer.cost.vision import encoder_activation_gb, pass_encode_s, rollout_encode_s
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.distributions import Distribution
@@ -208,9 +211,16 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     m = res.arch_of(role)
     tokens, seq = _tokens(res)
     mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
+    imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
+    if m.vision is not None and imgs:
+        mem = replace(mem, activations=mem.activations
+                      + encoder_activation_gb(m, par, imgs, train=True))
+    n = res.job.batch.samples
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
-    fwd = score_time(m, dev, par, tokens, seq, eff) + ship
-    train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
+    fwd = score_time(m, dev, par, tokens, seq, eff) + ship + pass_encode_s(m, dev, par, n, imgs,
+                                                                           eff)
+    train = (train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
+             + pass_encode_s(m, dev, par, n, imgs, eff, train=True))
     train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
 
@@ -240,13 +250,18 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
         mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
         return Estimate(role, pool.name, par, mem,
                         {"score": forward_time(m, dev, par, tokens, seq, eff)
-                         + pass_dispatch(res, eff)})
+                         + pass_dispatch(res, eff)
+                         + pass_encode_s(m, dev, par, res.job.batch.samples,
+                                         res.job.lengths.images_per_prompt, eff)})
     mem = infer_memory(m, par, dev, eff)
+    imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
     mem = Memory(weights=mem.weights, overhead=mem.overhead,
-                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9)
+                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9
+                 + encoder_activation_gb(m, par, imgs))
     return Estimate(role, pool.name, par, mem,
                     {"score": score_time(m, dev, par, tokens, seq, eff)
-                     + pass_dispatch(res, eff)})
+                     + pass_dispatch(res, eff)
+                     + pass_encode_s(m, dev, par, res.job.batch.samples, imgs, eff)})
 
 
 def _reward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
@@ -432,7 +447,16 @@ def _rollout(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                else identical_span(res.job, st, Replicas(shape.replicas, shape.per_replica,
                                                          shape.steady, shape.generated,
                                                          shape.kept), eff.tool_overhead_s))
+    gen += rollout_encode_s(m, dev, replica_devices(m, dev, par, eff), shape.per_replica,
+                            res.job.lengths.images_per_prompt, eff)  # a VLM's images first
     kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
     return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
                                                  kv_cache=max(kv - mem.total, 0.0)),
                     {"rollout": gen}, concurrency=shape.concurrency)
+
+
+def replica_devices(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> int:
+    """Devices of one engine replica: a set of `lpu_chips` on LPUs, tp x pp elsewhere."""
+    if dev.kind is DeviceKind.lpu:
+        return min(lpu_chips(m, dev, eff), par.devices)
+    return par.replica
