@@ -7,6 +7,7 @@ from specdata import ROOT, base
 
 from placer.base.inputs import SpecErrors
 from placer.base.roles import Role
+from placer.commands.validate import describe
 from placer.cost.estimate import estimate, pass_dispatch, trained_context
 from placer.cost.judge import JUDGE_LEVELS, judge_cost, judge_queue_s, verdict_rows
 from placer.cost.pricer import Pricer
@@ -103,3 +104,11 @@ def test_a_verdict_beyond_the_context_limit_is_one_line() -> None:
     with pytest.raises(SpecErrors) as e:
         judge_job({"kind": "fixed", "value": 1e9})
     assert len(e.value.lines) == 1 and "reward_model.verdict" in e.value.lines[0]
+
+
+def test_validate_says_what_the_judge_needs() -> None:
+    res = resolve(load_job(ROOT / "examples" / "judge-72b-h100-l40s.yaml"), "judge")
+    judge = describe(res, None)["roles"][Role.REWARD]["judge"]
+    # a request is the longest sample (1024 + 4096), the rubric (384) and the verdict's cap
+    assert judge == {"rubric_tokens": 384, "verdict_mean_tokens": pytest.approx(181.3, abs=0.1),
+                     "longest_request_tokens": 1024 + 4096 + 384 + 1024}

@@ -9,6 +9,7 @@ import pytest
 from specdata import ROOT
 
 from placer.base.roles import Role
+from placer.commands.validate import describe
 from placer.cost.estimate import estimate, replica_devices
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
@@ -91,3 +92,10 @@ def test_vlm_example_plans_with_the_encoder_priced() -> None:
     plan = plan_job(Pricer(res), time_limit_s=10, workers=1)
     assert {Role.ACTOR, Role.ROLLOUT, Role.REFERENCE} <= set(plan.roles)
     assert plan.spec.lengths.images_per_prompt == 1
+
+
+def test_validate_counts_the_image_tokens() -> None:
+    res = resolve(load_job(ROOT / "examples" / "vlm-qwen25vl-7b.yaml"), "vlm")
+    doc = describe(res, None)
+    assert doc["image_tokens_per_prompt"] == 256
+    assert doc["max_context"] == 1024 + 256 + 2048  # prompt cap, image tokens, response cap
