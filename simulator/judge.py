@@ -11,8 +11,6 @@ is the mean, and the replay is the planner's.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
 from placer.cost.judge import judge_queue_s, judge_replicas
@@ -44,4 +42,4 @@ def judge_stage_s(px: PriceContext, plan: Plan, smp: Samples, verdicts: list[int
     eff = px.calib.for_device(dev)
     st = px.step_terms(m, dev, rp.par, eff)
     return judge_queue_s(st, judge_replicas(m, dev, rp.par, eff), smp.context_tokens(),
-                         list(np.asarray(verdicts[:smp.n]).tolist()), spec.rubric_tokens)
+                         verdicts[:smp.n], spec.rubric_tokens)
