@@ -43,6 +43,11 @@ def test_verdict_rows_cover_every_request() -> None:
     assert w == [1] * 10 and v == sorted(v) and v[-1] > 2 * v[0]
     v, w = verdict_rows(tail, 1000)
     assert len(v) == JUDGE_LEVELS and sum(w) == 1000
+    # the busiest of 8 replicas (10 requests each) holds the step's longest of 80 verdicts,
+    # and every one of its rows is longer than a lone replica's of 10
+    busiest, _ = verdict_rows(tail, 10, replicas=8)
+    assert busiest[-1] == verdict_rows(tail, 80)[0][-1]
+    assert all(b > a for a, b in zip(verdict_rows(tail, 10)[0], busiest))
 
 
 def test_a_judge_is_priced_as_a_decode_queue() -> None:

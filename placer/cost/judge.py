@@ -9,11 +9,12 @@ continuously, admitting by KV exactly as a rollout engine does: the same schedul
 (`placer.cost.batching.StepTerms`) on the judge's own model and layout. The stage lasts as long
 as the busiest replica (samples are dealt round-robin).
 
-The planner replays one replica's share with the mean judged context, its verdicts at evenly
-spaced quantiles of their distribution: one row per request up to `JUDGE_LEVELS` of them (the
-longest then sits near the expected longest of the draws, which ends the queue), one row at the
-mean when the verdict does not vary. The simulator replays the step's actual samples with drawn
-verdicts (`judge_queue_s`). With every source of variance off the two are the same replay.
+The planner replays the busiest replica's share with the mean judged context and, of the
+step's verdicts at evenly spaced quantiles of their distribution, every replicas-th one from the
+top (the busiest replica is the one that drew the longest verdict, which ends the stage): one row
+per request up to `JUDGE_LEVELS` of them, one row at the mean when the verdict does not vary.
+The simulator replays the step's actual samples with drawn verdicts (`judge_queue_s`). With
+every source of variance off the two are the same replay.
 
 Not modelled: prefix caching of the shared rubric (vLLM would prefill it once per replica; here
 every request prefills it), and streaming a sample to the judge before the rollout stage ends
@@ -59,16 +60,18 @@ def judge_replicas(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency
     return par.dp
 
 
-def verdict_rows(verdict: Distribution, count: int) -> tuple[list[int], list[int]]:
-    """(verdict tokens, requests) rows for `count` requests: `JUDGE_LEVELS` evenly spaced
-    quantiles (the longest last, as a long verdict admitted last ends the queue), or one row at
-    the mean when the verdict does not vary."""
+def verdict_rows(verdict: Distribution, count: int, replicas: int = 1
+                 ) -> tuple[list[int], list[int]]:
+    """(verdict tokens, requests) rows for the busiest of `replicas` replicas, `count` requests
+    each: of the step's count x replicas verdicts at evenly spaced quantiles, every replica-th
+    one from the top (the busiest replica is the one that drew the longest), at most
+    `JUDGE_LEVELS` rows, the longest last; one row at the mean when the verdict does not vary."""
     if count <= 0:
         return [], []
     if not varies(verdict):
         return [max(int(round(verdict.mean_value())), 1)], [count]
     g = min(count, JUDGE_LEVELS)
-    levels = (np.arange(g) + 0.5) / g
+    levels = ((np.arange(g) + 1) * replicas - 0.5) / (g * replicas)
     base, extra = divmod(count, g)
     return tokens(verdict, levels).tolist(), [base + (1 if i < extra else 0) for i in range(g)]
 
@@ -109,7 +112,7 @@ def judge_cost(st: StepTerms, m: ModelArch, dev: DeviceType, par: Parallel, eff:
                          f"of KV cache per replica; {dev.name} has too little left after "
                          f"{mem.total:.1f} GB of weights and engine per device")
     prompt = max(int(round(context + spec.rubric_tokens)), 1)
-    verdicts, weights = verdict_rows(spec.verdict, math.ceil(samples / reps))
+    verdicts, weights = verdict_rows(spec.verdict, math.ceil(samples / reps), reps)
     span = replica_span(st, [prompt] * len(verdicts), verdicts, weights)
     kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
     held = Memory(weights=mem.weights, overhead=mem.overhead, kv_cache=max(kv - mem.total, 0.0))
