@@ -103,6 +103,7 @@ class Engine:
     done_at: dict[int, float] = field(default_factory=dict)
     stats: EngineStats = field(default_factory=EngineStats)
     quota: Quota | None = None
+    encode_s: float = 0.0  # a VLM's images of this replica's samples, encoded first
     _busy_end: float = 0.0  # end of the busy part of the wait in progress
     _rows_from: int = 0  # first trace row of the operation in progress
 
@@ -110,6 +111,11 @@ class Engine:
         """The engine's process; an over-provisioned rollout interrupts it once enough samples
         are done: the operation in progress is cut at that moment (busy time and trace)."""
         try:
+            if self.encode_s > 0:  # the vision encoder over this replica's images (busy time;
+                # no trace event: no event category's fitted factor prices an encoder)
+                self.stats.busy_s += self.encode_s
+                self._busy_end = env.now + self.encode_s
+                yield env.timeout(self.encode_s)
             yield from self._loop(env)
         except simpy.Interrupt:
             now = env.now

@@ -41,6 +41,7 @@ from simpy.resources.resource import PriorityRequest
 
 from placer.base.roles import Role
 from placer.cost.pricer import Pricer
+from placer.cost.vision import rollout_encode_s
 from placer.solve.planfile import Plan
 from placer.spec.sampling import draw, rng
 from simulator import tails
@@ -49,6 +50,7 @@ from simulator.engine import Engine, Quota
 from simulator.environment import CorePool, pool_slots
 from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
 from simulator.groups import Group, dispatch, groups_of
+from simulator.judge import verdict_tokens
 from simulator.network import max_min_durations, sync_plan
 from simulator.recorder import Recorder
 from simulator.training import Work, onload_costs, stage_work
@@ -298,13 +300,20 @@ class Model:
             smp = self.samples[i] = cut.run
         quota = Quota(n, env.event()) if policy.keeps_first else None
         engines: list[tuple[Group, Engine]] = []
+        imgs = self.res.job.lengths.images_per_prompt
+
+        def encode_s(g: Group, samples: int) -> float:  # a VLM's images (`placer.cost.vision`)
+            sp = g.spec
+            return rollout_encode_s(sp.model, sp.dev, sp.par.devices, samples, imgs, sp.eff)
+
         for g, rows in zip(self.groups, dispatch(smp.n, self.groups)):
             f = factors[r.slot]
             if g.devices is not None:  # a part: its own devices of the slot
                 f = f[g.offset:g.offset + g.devices]
             slow = replica_slowdowns(f, g.replicas, g.replica_size)
             engines += [(g, Engine(g.spec, g.first + k, smp, rows[k], slow[k], self.tools,
-                                   self.tool_overhead, self.rec, i, g.steps, quota=quota))
+                                   self.tool_overhead, self.rec, i, g.steps, quota=quota,
+                                   encode_s=slow[k] * encode_s(g, len(rows[k]))))
                         for k in range(g.replicas)]
         wait0 = self.tools.wait_s if self.tools else 0.0
         calls0 = self.tools.calls if self.tools else 0
@@ -344,7 +353,11 @@ class Model:
 
     def _stage(self, i: int, stage: str, factors: dict) -> Generator:
         by_slot: dict[str, list[Work]] = defaultdict(list)
-        for w in stage_work(self.px, self.plan, self.committed[i], stage):
+        smp = self.committed[i]
+        verdicts = (verdict_tokens(self.px, smp.n, self.seed, i,
+                                   self.cfg.workload.lengths == "mean")
+                    if self.res.job.judge is not None else None)
+        for w in stage_work(self.px, self.plan, smp, stage, verdicts):
             by_slot[self.plan.roles[w.role].slot].append(w)
         procs = [self.env.process(self._slot_work(i, slot, works, factors[slot]))
                  for slot, works in by_slot.items()]

@@ -23,7 +23,7 @@ an iteration - the rule `placer.cost.timing.slot_switch` prices.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
@@ -33,9 +33,11 @@ from placer.cost.model import dispatch_time, score_time, train_time
 from placer.cost.roofline import Memory, infer_memory, weight_tensors
 from placer.cost.rulecheck import rule_check_time, sandbox_verify_time
 from placer.cost.timing import onload_time
+from placer.cost.vision import pass_encode_s
 from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
+from simulator.judge import judge_stage_s, verdict_tokens
 from simulator.workload import Samples
 
 # Which stage each role works in besides rollout (the environment's work is its tool calls).
@@ -61,13 +63,16 @@ class Work:
         return self.dispatch_s + self.verify_s + sum(self.steps)
 
 
-def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[Work]:
-    """Work of every role placed in `stage`, in the job's role order."""
+def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
+               verdicts: list[int] | None = None) -> list[Work]:
+    """Work of every role placed in `stage`, in the job's role order; a generative judge
+    decodes `verdicts` (one per sample of `smp`: `simulator.judge`)."""
     res, calib = px.res, px.calib
     ctx = smp.context_tokens()
     tokens = sum(ctx)
     seq = tokens / max(len(ctx), 1)
     out = []
+    imgs = res.job.lengths.images_per_prompt
     for role in res.job.roles():
         if stage not in ROLE_STAGES.get(role, ()) or role not in plan.roles:
             continue
@@ -80,12 +85,19 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str) -> list[W
         if m is None:  # a rule reward: per-sample checks on CPU cores (`placer.cost.rulecheck`)
             verify = sandbox_verify_time(res.job, smp.n, rp.par.devices, eff)
             steps = (rule_check_time(res.job, smp.n, rp.par.devices * dev.cores, eff),)
-        elif stage == "score":
-            steps = (score_time(m, dev, rp.par, tokens, seq, eff),)
+        elif role == Role.REWARD and res.job.judge is not None:  # a decode queue
+            steps = (judge_stage_s(px, plan, smp, verdicts or verdict_tokens(
+                px, smp.n, res.job.seed, 0, mean=True)),)
+            ship = dispatch_time(smp.n, res.job.max_context, eff)
+        elif stage == "score":  # (+ a VLM's encoder over the samples' images)
+            steps = (score_time(m, dev, rp.par, tokens, seq, eff)
+                     + pass_encode_s(m, dev, rp.par, smp.n, imgs, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         else:
             mb = res.job.batch.mini_batches
-            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff) for _ in range(mb))
+            enc = pass_encode_s(m, dev, rp.par, smp.n, imgs, eff, train=True) / mb
+            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff) + enc
+                          for _ in range(mb))
             ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step
             # and once per RL step the sharded trainer's weights gathered for the sync
             # (`costmodel.weight_gather_time`, as the planner's train stage prices it): kept
@@ -118,4 +130,7 @@ def _onload_memory(res: Resolved, plan: Plan, role: str, eff: Efficiency) -> Mem
     dev = res.device_of(rp.pool)
     if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:
         return infer_memory(res.arch_of(Role.ROLLOUT), rp.par, dev, eff)
+    if role == Role.REWARD and res.job.judge is not None and dev.kind is DeviceKind.gpu:
+        eng = infer_memory(res.arch_of(Role.REWARD), rp.par, dev, eff)  # a judge's engine
+        return replace(eng, kv_cache=max(rp.memory_gb - eng.total, 1e-9))
     return Memory(overhead=rp.memory_gb)

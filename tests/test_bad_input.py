@@ -58,6 +58,9 @@ EXPECT: dict[str, tuple[str, str]] = {
     "kl_bad_estimator": ("kl.estimator", "'k4'"),
     "kl_field_name": ("kl.where: unknown key", "expected one of coef, in, estimator"),
     "zero_temperature": ("sampling.temperature", "got 0"),
+    "judge_on_rule": ("reward_model.kind", "'rule'"),
+    "judge_without_verdict": ("reward_model", "kind 'generative' needs verdict"),
+    "images_without_vision": ("lengths.images_per_prompt", "'tiny-llama' has no vision encoder"),
 }
 FILES = sorted(BAD.glob("*.yaml"))
 JSON_TOO = ("malformed_yaml", "empty", "unknown_nested_key", "negative_size", "unknown_device")

@@ -38,6 +38,10 @@ PUBLISHED_COUNTS: dict[str, tuple[float, float, str]] = {
     "Qwen3-Next-80B-A3B": (80.0, 3.0, "Qwen/Qwen3-Next-80B-A3B-Instruct card: 80B total, 3B "
                                       "activated (a round figure: see ROUNDED_ACTIVE)"),
     "Qwen3.5-27B": (27.0, 27.0, "Qwen/Qwen3.5-27B card: 27B (dense hybrid)"),
+    # vision-language models: the language model plus the vision encoder and merger
+    "Qwen2.5-VL-7B": (8.29, 8.29, "Qwen/Qwen2.5-VL-7B-Instruct card: 8.29B (safetensors)"),
+    "Qwen2.5-VL-32B": (33.5, 33.5, "Qwen/Qwen2.5-VL-32B-Instruct card: 33.5B (safetensors)"),
+    "Qwen2.5-VL-72B": (73.4, 73.4, "Qwen/Qwen2.5-VL-72B-Instruct card: 73.4B (safetensors)"),
 }
 # Cards whose activated figure is only the name's whole number of billions ("A3B"): no published
 # figure has two significant digits, so the check is that the activated count without the
@@ -53,7 +57,7 @@ def test_catalogs_hold_the_required_entries() -> None:
     for name in ("Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B",
                  "Qwen2.5-7B", "Qwen2.5-32B", "Qwen2.5-72B", "tiny-llama", "Llama-3.1-8B",
                  "Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "DeepSeek-V3",
-                 "Qwen3-Next-80B-A3B", "Qwen3.5-27B"):
+                 "Qwen3-Next-80B-A3B", "Qwen3.5-27B", "Qwen2.5-VL-7B", "Qwen2.5-VL-72B"):
         assert name in MODELS
 
 
@@ -89,7 +93,8 @@ def test_total_and_active_parameters_within_2_percent_of_published(name: str) ->
 def test_dense_models_activate_everything_and_multiply_all_but_the_input_table(model) -> None:
     assert model.active_params() == model.params()
     table = model.vocab * model.hidden
-    assert model.matmul_params() == model.params() - (0 if model.tie_embeddings else table)
+    vision = model.vision.params() if model.vision is not None else 0  # per image, not token
+    assert model.matmul_params() == model.params() - (0 if model.tie_embeddings else table) - vision
 
 
 def test_parameter_count_by_hand() -> None:
@@ -152,3 +157,16 @@ def test_user_model_must_have_consistent_heads() -> None:
     with pytest.raises(SpecError,
                        match=r"catalog\.models\.0: heads 4 is not divisible by kv_heads 3"):
         job_from_dict(base(catalog={"models": [bad]}))
+
+
+def test_vision_encoder_parameters_by_hand() -> None:
+    # Qwen2.5-VL-7B's vision tower, from its modules (Conv3d patch embed without bias; per block
+    # two RMSNorms, qkv and proj with biases, a SwiGLU MLP with biases; a two-linear merger of
+    # 2 x 2 patches): 676,550,144 parameters, the card's 8.29B less Qwen2.5-7B's 7.62B.
+    v = MODELS["Qwen2.5-VL-7B"].vision
+    assert v is not None
+    h, f = 1280, 3420
+    block = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * (h * f + f) + (f * h + h)
+    merger = h + (4 * h) * (4 * h) + 4 * h + 4 * h * 3584 + 3584
+    assert v.params() == 3 * 2 * 14 * 14 * h + 32 * block + merger == 676_550_144
+    assert MODELS["Qwen2.5-VL-7B"].matmul_params() == MODELS["Qwen2.5-7B"].matmul_params()

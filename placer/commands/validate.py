@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from placer.base.roles import Role
 from placer.cli import emit_json
 from placer.cost.calibration import load_calibration
 from placer.cost.estimate import can_host
@@ -14,6 +15,7 @@ from placer.cost.pricer import Pricer
 from placer.solve.candidates import Candidate, memory_floor_gb, role_candidates
 from placer.solve.hostmem import candidate_node
 from placer.spec.catalog import Resolved, resolve
+from placer.spec.judge import judge_max_context
 from placer.spec.load import load_job
 
 
@@ -25,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def describe(res: Resolved, calib) -> dict[str, Any]:
     job = res.job
-    roles = {}
+    roles: dict[str, dict[str, Any]] = {}
     for role in job.roles():
         m = res.model_of(role)
         hosts: dict[str, int | None] = {}
@@ -43,9 +45,18 @@ def describe(res: Resolved, calib) -> dict[str, Any]:
     pools = {p.name: {"device": p.device, "kind": res.device_of(p).kind.value,
                       "devices": p.devices_per_node * p.nodes, "nodes": p.nodes}
              for p in job.cluster.pools}
-    return {"name": job.name, "algorithm": job.algorithm.value, "samples": job.batch.samples,
-            "mode": job.pipeline.mode, "objective": job.objective,
-            "max_context": job.max_context, "pools": pools, "roles": roles}
+    out = {"name": job.name, "algorithm": job.algorithm.value, "samples": job.batch.samples,
+           "mode": job.pipeline.mode, "objective": job.objective,
+           "max_context": job.max_context, "pools": pools, "roles": roles}
+    judge = job.judge
+    if judge is not None and judge.verdict is not None and Role.REWARD in roles:
+        roles[Role.REWARD]["judge"] = {
+            "rubric_tokens": judge.rubric_tokens,
+            "verdict_mean_tokens": round(judge.verdict.mean_value(), 1),
+            "longest_request_tokens": int(judge_max_context(job.max_context, judge))}
+    if job.lengths.images_per_prompt:
+        out["image_tokens_per_prompt"] = int(job.lengths.prompt.offset)
+    return out
 
 
 def _offload_host(res: Resolved, cands: list[Candidate]) -> dict[str, Any] | None:
@@ -72,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
     for d in docs:
         print(f"{d['name']}: {d['algorithm']}, {d['samples']} samples/iteration, {d['mode']} mode, "
               f"objective {d['objective']}, longest context {d['max_context']} tokens")
+        if d.get("image_tokens_per_prompt"):
+            print(f"  images: {d['image_tokens_per_prompt']} image tokens in every prompt "
+                  "(counted in every context; the vision encoder runs in every pass)")
         print("  pools: " + ", ".join(f"{n} ({p['devices']} x {p['device']})"
                                      for n, p in d["pools"].items()))
         print(f"  {'role':<12} {'model':<14} {'floor GB':>9}  min devices per pool")
@@ -81,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {role:<12} {r['model'] or '-':<14} {r['memory_floor_gb']:>9.1f}  {hosts}")
             for pool, h in r["offload_host_memory"].items():
                 print(f"  {'':<12} {'':<14} {'':>9}  {_host_line(pool, h)}")
+            if (j := r.get("judge")) is not None:
+                print(f"  {'':<12} {'':<14} {'':>9}  generative judge: reads sample + "
+                      f"{j['rubric_tokens']} rubric tokens, decodes a "
+                      f"{j['verdict_mean_tokens']:g}-token verdict on average; longest request "
+                      f"{j['longest_request_tokens']} tokens of KV per sequence")
     return 0
 
 

@@ -11,9 +11,13 @@ Roles and the work they do each iteration (n samples, mean context s tokens):
                distribution fixed
   environment  (turns - 1) rounds of n tool calls on CPU cores
   reference    forward over n*s tokens (KL log-probs)
-  reward       forward over n*s tokens (model) or a rule/verifier per sample on CPU cores
+  reward       forward over n*s tokens (model), a generative judge's decode queue (prefill of
+               context + rubric, decode of its verdict: `placer.cost.judge`), or a
+               rule/verifier per sample on CPU cores
   critic       forward (values) + training over n*s tokens (PPO)
   actor        forward (old log-probs) + training over n*s tokens in `mini_batches` steps
+A vision-language model's encoder adds its FLOPs per image to each of these passes and its
+activations to their memory (`placer.cost.vision`); the image tokens are in the prompt's length.
 Every trainer and frozen forward pass also pays the driver's dispatch (`pass_dispatch`).
 Formulas and sources: docs/cost-model.md.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -36,6 +40,7 @@ from placer.cost.generation import (
     max_concurrency,
     prefill_time,
 )
+from placer.cost.judge import judge_cost
 from placer.cost.layercomm import fsdp_units, weight_gather_time
 from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
 from placer.cost.rollout_tail import (
@@ -58,6 +63,7 @@ from placer.cost.roofline import (
 from placer.cost.rulecheck import rule_reward_time
 from placer.cost.sharding import Parallel, linear_state_bytes, train_state_bytes
 from placer.cost.tail_samples import has_variance, quantile, varies
+from placer.cost.vision import encoder_activation_gb, pass_encode_s, rollout_encode_s
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.distributions import Distribution
@@ -214,9 +220,16 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     m = res.arch_of(role)
     tokens, seq = _tokens(res)
     mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
+    imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
+    if m.vision is not None and imgs:
+        mem = replace(mem, activations=mem.activations
+                      + encoder_activation_gb(m, par, imgs, train=True))
+    n = res.job.batch.samples
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
-    fwd = score_time(m, dev, par, tokens, seq, eff) + ship
-    train = train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
+    fwd = score_time(m, dev, par, tokens, seq, eff) + ship + pass_encode_s(m, dev, par, n, imgs,
+                                                                           eff)
+    train = (train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
+             + pass_encode_s(m, dev, par, n, imgs, eff, train=True))
     train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
 
@@ -246,8 +259,11 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
         mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
         return Estimate(role, pool.name, par, mem,
                         {"score": forward_time(m, dev, par, tokens, seq, eff)
-                         + pass_dispatch(res, eff)})
+                         + pass_dispatch(res, eff)
+                         + pass_encode_s(m, dev, par, res.job.batch.samples,
+                                         res.job.lengths.images_per_prompt, eff)})
     mem = infer_memory(m, par, dev, eff)
+    imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
     score = score_time(m, dev, par, tokens, seq, eff)
     weights, gathered = mem.weights, 0.0
     if dev.kind is DeviceKind.gpu and frozen_sharded(par):
@@ -256,8 +272,11 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
         # them, is priced no faster: a known bias)
         weights, gathered = frozen_shard_gb(m, par)
     mem = Memory(weights=weights, overhead=mem.overhead,
-                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9 + gathered)
-    return Estimate(role, pool.name, par, mem, {"score": score + pass_dispatch(res, eff)})
+                 activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9 + gathered
+                 + encoder_activation_gb(m, par, imgs))
+    return Estimate(role, pool.name, par, mem,
+                    {"score": score + pass_dispatch(res, eff)
+                     + pass_encode_s(m, dev, par, res.job.batch.samples, imgs, eff)})
 
 
 def frozen_sharded(par: Parallel) -> bool:
@@ -280,6 +299,13 @@ def frozen_shard_gb(m: ModelArch, par: Parallel) -> tuple[float, float]:
 def _reward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
             eff: Efficiency, env: int | None) -> Estimate:
     res = ctx.res
+    if res.job.judge is not None:  # a generative judge: a decode queue (`placer.cost.judge`)
+        m = res.arch_of(Role.REWARD)
+        jc = judge_cost(ctx.step_terms(m, dev, par, eff), m, dev, par, eff, res.job.judge,
+                        res.job.batch.samples, trained_context(res), res.job.max_context)
+        est = Estimate(role, pool.name, par, jc.memory,
+                       {"score": jc.seconds + pass_dispatch(res, eff)}, concurrency=jc.concurrency)
+        return _infeasible(est, jc.reason) if jc.reason else est
     if res.model_of(Role.REWARD) is not None:
         return _forward(ctx, role, pool, dev, par, eff, env)
     # by its kind of check (`placer.cost.rulecheck`): one verify sandbox per CPU device
@@ -453,7 +479,16 @@ def _rollout(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                else identical_span(res.job, st, Replicas(shape.replicas, shape.per_replica,
                                                          shape.steady, shape.generated,
                                                          shape.kept), eff.tool_overhead_s))
+    gen += rollout_encode_s(m, dev, replica_devices(m, dev, par, eff), shape.per_replica,
+                            res.job.lengths.images_per_prompt, eff)  # a VLM's images first
     kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
     return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
                                                  kv_cache=max(kv - mem.total, 0.0)),
                     {"rollout": gen}, concurrency=shape.concurrency)
+
+
+def replica_devices(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> int:
+    """Devices of one engine replica: a set of `lpu_chips` on LPUs, tp x pp elsewhere."""
+    if dev.kind is DeviceKind.lpu:
+        return min(lpu_chips(m, dev, eff), par.devices)
+    return par.replica

@@ -50,15 +50,20 @@ def at_means(job: Job) -> Job:
     no-variance run draws. Each keeps its largest value as a cap (a lognormal of zero spread), so
     the job's longest context, and with it the engines' KV reservation, is unchanged."""
     def fixed(d: Distribution) -> Distribution:
-        mean = d.mean_value()
+        mean = d.mean_value() - d.offset  # the offset (a prompt's image tokens) stays apart
         if mean <= 0:  # nothing to fix (a zero latency stays zero)
             return d
-        return Distribution(kind="lognormal", median=mean, sigma=0.0, cap=max(d.max_value(), mean))
+        return Distribution(kind="lognormal", median=mean, sigma=0.0,
+                            cap=max(d.max_value() - d.offset, mean), offset=d.offset)
 
     lengths = job.lengths.model_copy(update={"prompt": fixed(job.lengths.prompt),
                                              "response": fixed(job.lengths.response)})
     env = job.environment.model_copy(update={"tool_latency_s": fixed(job.environment.tool_latency_s)})
-    return job.model_copy(update={"lengths": lengths, "environment": env})
+    update: dict[str, object] = {"lengths": lengths, "environment": env}
+    rm = job.reward_model
+    if rm is not None and rm.verdict is not None:  # a generative judge's verdicts too
+        update["reward_model"] = rm.model_copy(update={"verdict": fixed(rm.verdict)})
+    return job.model_copy(update=update)
 
 
 @lru_cache(maxsize=64)
@@ -82,7 +87,8 @@ def quantile(dist: Distribution, u: npt.NDArray[np.float64]) -> npt.NDArray[np.f
         vals = _sorted_values(*dist.source(), file_version(dist.source()[0]))  # as `sampling.draw`
         idx = np.minimum((np.asarray(u) * len(vals)).astype(int), len(vals) - 1)
         out = vals[idx]
-    return np.clip(out, dist.min, dist.cap if dist.cap is not None else np.inf)
+    out = np.clip(out, dist.min, dist.cap if dist.cap is not None else np.inf)
+    return out + dist.offset if dist.offset else out
 
 
 def tokens(dist: Distribution, u: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -138,7 +144,8 @@ def strata(job: Job, count: int, tool_overhead_s: float) -> Rows:
 
 
 def tail(dist: Distribution, x: float) -> float:
-    """P(X >= x) of the clipped distribution (its mass at the cap included)."""
+    """P(X >= x) of the clipped distribution (its mass at the cap included), plus its offset."""
+    x -= dist.offset
     hi = dist.cap if dist.cap is not None else math.inf
     if x > hi:
         return 0.0

@@ -165,8 +165,9 @@ def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> flo
     """What one role pays per iteration to give its colocated slot up and take it back: a GPU
     rollout engine sleeps and wakes (`costmodel.engine_swap_time`: its weights over the host
     link, its KV pool discarded and re-allocated); any other role moves all its state
-    (`costmodel.switch_time`)."""
-    if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:
+    (`costmodel.switch_time`). A generative judge's engines (the reward's estimate then holds a
+    KV pool) sleep and wake as the rollout's do."""
+    if dev.kind is DeviceKind.gpu and (role == Role.ROLLOUT or mem.kv_cache > 0):
         return engine_swap_time(mem.weights, eff)
     return switch_time(mem.total, eff)
 

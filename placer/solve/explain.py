@@ -10,6 +10,8 @@
              time: the plan's placement re-priced on the shrunk cluster through the cost table
              (`releases`), and what they cost per hour
   host       host memory of the busiest node of each GPU pool by part (`placer.solve.hostmem`)
+  judge      a generative judge: its placement, its queue and the best plan with it held to each
+             pool (`placer.solve.judgewhy`)
   split      per role split over pools (`placer.cost.split`): its parts (pool, layout, share of the
              samples, time) and why: the best single-pool plan, re-solved with the split
              candidates left out, against the split plan (`single_pool_alternative`)
@@ -41,6 +43,7 @@ from placer.solve.hostmem import busiest_per_pool, offloaded_gb_per_device, plan
 from placer.solve.ilp import Unsolved
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
+from placer.solve.judgewhy import JudgeWhy, judge_lines, judge_why
 from placer.solve.moves import dims
 from placer.solve.planfile import Plan, RolePlacement
 from placer.solve.planner import build_problem, plan_job
@@ -391,13 +394,15 @@ class Explanation(Record):
     booking: Booking
     host_memory: dict[str, HostMemoryRow]
     split: dict[str, SplitWhy]
+    judge: JudgeWhy | None = None
 
 
 def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
     return Explanation(roles=breakdown(plan, px), binding=binding(plan, px),
                        marginal_node=marginal(plan, px, time_limit_s),
                        booking=booking(plan, px), host_memory=host_memory(plan, px),
-                       split=split(plan, px, time_limit_s))
+                       split=split(plan, px, time_limit_s),
+                       judge=judge_why(plan, px, time_limit_s))
 
 
 def render(ex: Explanation) -> str:
@@ -422,6 +427,8 @@ def render(ex: Explanation) -> str:
                          f"{h.capacity_gb:,.0f} ({parts})")
     for role, sp in ex.split.items():
         lines += split_lines(role, sp)
+    if ex.judge is not None:
+        lines += judge_lines(ex.judge)
     lines += booking_lines(ex.booking)
     lines.append("binding:")
     lines += [f"  - {b}" for b in ex.binding] or ["  (none)"]

@@ -19,6 +19,7 @@ from pydantic import Field, StrictBool, model_validator
 
 from placer.spec.base import PosInt, Strict
 from placer.spec.linear_attention import LinearAttention
+from placer.spec.vision import VisionEncoder
 
 # Counts that may be zero (a dense model has no experts); bounded like PosInt.
 NonNegInt = Annotated[int, Field(strict=True, ge=0, le=1_000_000_000)]
@@ -71,6 +72,9 @@ class ModelArch(Strict):
         False, description="gated attention: q_proj also emits a sigmoid gate over the attention "
                            "output, h*heads*head_dim more weights (Qwen3-Next, Qwen3.5) "
                            "[attn_output_gate]")
+    vision: VisionEncoder | None = Field(
+        None, description="a vision-language model's vision encoder [vision_config] "
+                          "(placer/spec/vision.py); none: text only")
     linear_attention: LinearAttention | None = Field(
         None, description="hybrid model: Gated DeltaNet linear attention in all but one layer "
                           "in `every` (Qwen3-Next, Qwen3.5); none: full attention everywhere")
@@ -231,7 +235,11 @@ class ModelArch(Strict):
         frozen model's counts never change (`model_copy` with changes drops them)."""
         total = self._params()
         active = self._active_params(total)
-        return total, active, self._matmul_params(active)
+        # a vision encoder's weights are held, trained and synced with the rest (and counted
+        # as activated, as model cards count them), but a text token never multiplies by
+        # them: their FLOPs are per image (`placer.cost.vision`)
+        vis = self.vision.params() if self.vision is not None else 0
+        return total + vis, active + vis, self._matmul_params(active)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy; one with changed fields counts its parameters again (pydantic copies the

@@ -36,6 +36,10 @@ class Distribution(Strict):
     cap: PosFloat | None = None
     path: str | None = None
     field: str | None = None
+    offset: Annotated[float, Field(strict=True, ge=0, le=1e9)] = Field(
+        0.0, description="tokens added to every draw after clipping; on lengths.prompt of a "
+        "vision-language job, set when the job is resolved to its image tokens "
+        "(images_per_prompt x the policy's vision.tokens_per_image)")
 
     @model_validator(mode="after")
     def _params_present(self) -> Distribution:
@@ -70,7 +74,11 @@ class Distribution(Strict):
         return min(max(x, self.min), self.cap if self.cap is not None else math.inf)
 
     def mean_value(self) -> float:
-        """Expected value of a draw clipped to [min, cap] (closed form for normal and lognormal)."""
+        """Expected value of a draw clipped to [min, cap] (closed form for normal and lognormal),
+        plus `offset`."""
+        return self._clipped_mean() + self.offset
+
+    def _clipped_mean(self) -> float:
         if self.kind == "fixed":
             return self._clip(float(self.fixed_value()))
         if self.kind == "normal":
@@ -80,7 +88,11 @@ class Distribution(Strict):
         return _empirical_stats(*self.source(), self.min, self.cap, file_version(self.source()[0]))[0]
 
     def max_value(self) -> float:
-        """The largest value a draw can take: the cap, else a far (4 sigma) quantile."""
+        """The largest value a draw can take: the cap, else a far (4 sigma) quantile; plus
+        `offset`."""
+        return self._clipped_max() + self.offset
+
+    def _clipped_max(self) -> float:
         if self.kind == "fixed":
             return self._clip(float(self.fixed_value()))
         if self.cap is not None:

@@ -27,6 +27,7 @@ from placer.spec.current import CurrentPlacement
 from placer.spec.distributions import Distribution
 from placer.spec.framework import FrameworkName, FrameworkProfile, profile_of
 from placer.spec.hardware import Cluster, DeviceType
+from placer.spec.judge import RewardModel
 from placer.spec.localdata import Dataset
 from placer.spec.pins import Pin, Pins, _Layout
 from placer.spec.pipeline import Pipeline
@@ -58,6 +59,9 @@ class Job(Strict):
     sampling: Sampling = Field(Sampling(), description="the rollout's temperature, which "
                                "the trainer's log-probs use too (placer/spec/rlterms.py)")
     precision: Precision = Field(Precision(), description="optional FP8 formats (Precision)")
+    reward_model: RewardModel | None = Field(
+        None, description="how the reward model scores: a scalar forward pass (default) or a "
+                          "generative judge that decodes a verdict (placer/spec/judge.py)")
     cluster: Cluster
     catalog: Catalog = Catalog()
     seed: Annotated[int, Field(strict=True, ge=0, le=2**63)] = 0
@@ -107,6 +111,12 @@ class Job(Strict):
                 + (env.turns - 1) * env.tool_output_tokens)
 
     @property
+    def judge(self) -> RewardModel | None:
+        """The generative judge's settings, or None for a rule or scalar reward."""
+        rm = self.reward_model
+        return rm if rm is not None and rm.generative else None
+
+    @property
     def max_context(self) -> int:
         """`max_context_float` in whole tokens (finite: checked when the job is loaded)."""
         return int(self.max_context_float())
@@ -115,7 +125,9 @@ class Job(Strict):
 def distributions(job: Job) -> list[tuple[str, Distribution]]:
     """Every distribution of a job with its field path."""
     return [("lengths.prompt", job.lengths.prompt), ("lengths.response", job.lengths.response),
-            ("environment.tool_latency_s", job.environment.tool_latency_s)]
+            ("environment.tool_latency_s", job.environment.tool_latency_s)] + (
+        [("reward_model.verdict", job.judge.verdict)]
+        if job.judge is not None and job.judge.verdict is not None else [])
 
 
 # ------------------------------------------------------------------------------------ pins

@@ -20,6 +20,7 @@ from placer.spec.base import MAX_CONTEXT_TOKENS
 from placer.spec.catalog import cpu_pools, devices_of, resolve, unknown_names_in
 from placer.spec.errorlines import validation_lines
 from placer.spec.job import Job, distributions
+from placer.spec.judge import check_judge
 from placer.spec.localdata import anchor, expand_model_dirs
 
 
@@ -82,7 +83,7 @@ def _check_job(job: Job, source: str) -> list[str]:
     if not ctx <= MAX_CONTEXT_TOKENS:
         out.append(f"{source}: lengths: the longest context, prompt + turns x response + "
                    f"tool outputs, is {ctx:.3g} tokens, beyond {MAX_CONTEXT_TOKENS:,}")
-    return out
+    return out + check_judge(job.models.reward, job.reward_model, ctx, source)
 
 
 def check_tail_policy(job: Job, source: str) -> None:
@@ -151,8 +152,25 @@ def load_job(path: str | Path) -> Job:
     return job_from_dict(data, str(path))
 
 
+# Optional fields written only when set, so that jobs without them dump (and plan) as before:
+# (key, value it is left out at), wherever the key appears in the job's document.
+_OMIT_AT_DEFAULT = (("reward_model", None), ("vision", None), ("images_per_prompt", 0),
+                    ("offset", 0.0))
+
+
 def dump_job(job: Job) -> dict[str, Any]:
-    return job.model_dump(mode="json", exclude_defaults=False)
+    data: dict[str, Any] = _omit_defaults(job.model_dump(mode="json", exclude_defaults=False))
+    return data
+
+
+def _omit_defaults(doc: Any) -> Any:
+    if isinstance(doc, list):
+        return [_omit_defaults(x) for x in doc]
+    if not isinstance(doc, dict):
+        return doc
+    return {k: _omit_defaults(v) for k, v in doc.items()
+            if not any(k == key and v == at and type(v) is type(at)
+                       for key, at in _OMIT_AT_DEFAULT)}
 
 
 def save_job(job: Job, path: str | Path) -> None:

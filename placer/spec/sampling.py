@@ -18,7 +18,7 @@ def rng(seed: int, *stream: int) -> np.random.Generator:
 
 
 def draw(dist: Distribution, gen: np.random.Generator, n: int) -> npt.NDArray[np.float64]:
-    """`n` values of `dist` as floats, clipped to [min, cap]."""
+    """`n` values of `dist` as floats, clipped to [min, cap], plus its `offset`."""
     out: npt.NDArray[np.float64]
     if dist.kind == "fixed":
         out = np.full(n, float(dist.fixed_value()))
@@ -32,7 +32,7 @@ def draw(dist: Distribution, gen: np.random.Generator, n: int) -> npt.NDArray[np
         vals = np.asarray(dist.samples(), dtype=float)
         out = vals[gen.integers(0, len(vals), n)]
     hi = dist.cap if dist.cap is not None else np.inf
-    return np.clip(out, dist.min, hi)
+    return np.clip(out, dist.min, hi) + dist.offset if dist.offset else np.clip(out, dist.min, hi)
 
 
 def draw_lengths(dist: Distribution, gen: np.random.Generator, n: int) -> npt.NDArray[np.int64]:

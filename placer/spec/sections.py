@@ -50,6 +50,9 @@ class Lengths(Strict):
     response: Distribution = Field(
         description="response tokens PER TURN: a multi-turn sample generates `environment.turns` "
                     "of these (with tool outputs between them)")
+    images_per_prompt: Annotated[int, Field(strict=True, ge=0, le=10_000)] = Field(
+        0, description="images in every prompt (a vision-language policy: each adds its "
+                       "vision encoder's tokens_per_image to the prompt and runs the encoder)")
 
 
 class Environment(Strict):

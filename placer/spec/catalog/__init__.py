@@ -22,6 +22,7 @@ from placer.spec.hardware import Cluster, DeviceKind, DeviceType, Pool, check_cl
 from placer.spec.job import Job
 from placer.spec.localdata import MODEL_FIELDS
 from placer.spec.names import did_you_mean, model_hint, suggest_device, suggest_model
+from placer.spec.vision import with_image_tokens
 
 _HERE = Path(__file__).parent
 
@@ -166,8 +167,15 @@ def resolve(job: Job, source: str = "job") -> Resolved:
     if job.environment.kind == "none" and job.environment.turns > 1:
         bad.append(f"{source}: environment.turns: {job.environment.turns} turns need an "
                    "environment between them; set environment.kind to 'tool' or 'code'")
+    policy = models.get(m.policy)
+    if job.lengths.images_per_prompt and policy is not None and policy.vision is None:
+        bad.append(f"{source}: lengths.images_per_prompt: {job.lengths.images_per_prompt} "
+                   f"images need a vision-language policy; {m.policy!r} has no vision encoder")
     if bad:
         raise SpecErrors(bad)
+    if policy is not None:  # the prompts' image tokens counted in their length
+        lengths = with_image_tokens(job.lengths, policy.vision)
+        job = job if lengths is job.lengths else job.model_copy(update={"lengths": lengths})
     return Resolved(job, devices, models)
 
 
