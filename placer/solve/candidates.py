@@ -268,9 +268,11 @@ def framework_layouts(res: Resolved, role: str, dev: DeviceType, pars: list[Para
     `native`, the planner's own executor."""
     profile = res.job.profile
     training, has_model = role in TRAINING_ROLES, res.model_of(role) is not None
+    batch = res.job.batch
     return [p for p in pars if profile.layout_problem(
         role, training=training, has_model=has_model, on_gpu=dev.kind is DeviceKind.gpu, tp=p.tp,
-        pp=p.pp, ep=p.ep, shard=p.shard, attn_dp=p.attn_dp) is None]
+        pp=p.pp, ep=p.ep, shard=p.shard, attn_dp=p.attn_dp, dp=p.dp,
+        mini_batch_samples=batch.samples // batch.mini_batches) is None]
 
 
 def hsdp_layouts(pars: list[Parallel], pool: Pool, pinned: int | None = None) -> list[Parallel]:

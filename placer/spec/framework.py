@@ -79,6 +79,8 @@ class FrameworkProfile:
     # a frozen model's forward (reference, reward model) FSDP / ZeRO-3-sharded over its dp ranks
     # (`Parallel.sharded_weights`) as well as whole copies
     frozen_shards: bool = False
+    # a trainer's dp ranks take equal shares of every mini-batch's samples
+    even_batch: bool = False
     colocation: str = ""
     old_log_probs: str = "trainer"
     sleep_wake: str = ""
@@ -86,10 +88,14 @@ class FrameworkProfile:
     sources: Mapping[str, str] = field(default_factory=_no_sources)
 
     def layout_problem(self, role: str, *, training: bool, has_model: bool, on_gpu: bool,
-                       tp: int, pp: int, ep: int, shard: int, attn_dp: int) -> str | None:
+                       tp: int, pp: int, ep: int, shard: int, attn_dp: int, dp: int = 1,
+                       mini_batch_samples: int = 0) -> str | None:
         """Why `role` cannot run this layout under the framework, or None when it can."""
         if has_model and self.gpu_models and not on_gpu:
             return f"runs {role}'s model on GPUs only"
+        if training and self.even_batch and mini_batch_samples % dp:
+            return (f"splits each mini-batch's {mini_batch_samples} samples evenly over a "
+                    f"trainer's data-parallel ranks (got dp {dp} for {role})")
         if training and shard and not self.hsdp:
             return "has no HSDP shard group for a trainer"
         limits = ((self.trainer_tp, self.trainer_pp, self.trainer_ep) if training
@@ -141,7 +147,7 @@ _NATIVE = FrameworkProfile(
                     "every trainer rank as Ray call arguments (the shared dispatch factors)",
     }))
 
-_VERL_SOURCES = {
+_VERL_SOURCES: Mapping[str, str] = MappingProxyType({
     "splits_roles": f"{VERL} verl/trainer/ppo/ray_trainer.py: one rollout worker group in one "
                     "resource pool",
     "hsdp": f"{VERL} verl/trainer/config/engine/fsdp.yaml fsdp_size (FSDP2); the Megatron "
@@ -153,6 +159,8 @@ _VERL_SOURCES = {
     "gpu_models": f"{VERL} verl/single_controller/ray/base.py: resource pools of GPUs (vLLM / "
                   "SGLang engines, FSDP / Megatron workers)",
     "partial_rollout": f"{VERL} docs/advance/fully_async.md (async_training.partial_rollout)",
+    "even_batch": f"{VERL} verl/utils/config.py validate_config: the train batch divisible by "
+                  "the trainer's GPUs (FSDP) or Megatron data-parallel ranks x micro-batch",
     "frozen_shards": f"{VERL} verl/workers/fsdp_workers.py: ref_module_fsdp = "
                      "_build_model_optimizer(role='ref'), the actor's FSDP wrapping (FSDP2 "
                      "engine; the Megatron engine replicates it over data parallelism)",
@@ -161,7 +169,7 @@ _VERL_SOURCES = {
                 "shared dispatch factors were fitted on verl's rows",
     "sync_bucket_gb": f"{VERL} rollout.yaml checkpoint_engine.update_weights_bucket_megabytes "
                       "(2048) is SGLang's only; vLLM rollouts keep the shared factors",
-}
+})
 
 
 def _verl(name: str, title: str, trainer: str, **layout: int | bool | None) -> FrameworkProfile:
@@ -176,10 +184,11 @@ def _verl(name: str, title: str, trainer: str, **layout: int | bool | None) -> F
 
 _VERL_FSDP = _verl("verl", "verl (FSDP2)", "verl/trainer/config/engine/fsdp.yaml: FSDP2 "
                    "shards data-parallel only (Ulysses sequence parallelism for long contexts)",
-                   trainer_tp=1, trainer_pp=1, trainer_ep=1, frozen_shards=True)
+                   trainer_tp=1, trainer_pp=1, trainer_ep=1, frozen_shards=True,
+                   even_batch=True)
 _VERL_MEGATRON = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
                        "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
-                       hsdp=False, megatron_trainer=True)
+                       hsdp=False, megatron_trainer=True, even_batch=True)
 
 _OPENRLHF = FrameworkProfile(
     "openrlhf", "OpenRLHF", OPENRLHF, "openrlhf", hsdp=False, trainer_pp=1, trainer_ep=1,
