@@ -54,8 +54,12 @@ def test_the_backend_is_chosen_from_the_registry() -> None:
         backend_of("sgl")
     run = resolve_plan(hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")}))
     check_layouts(run, backend_of("sglang"))  # 4 heads, 2 KV heads over tp 2
-    with pytest.raises(SpecError, match="torch rollout backend runs each engine whole"):
-        check_layouts(run, backend_of("torch"))
+    check_layouts(run, backend_of("torch"))  # the torch engine holds its TP shards too
+    torch_engine = backend_of("torch").layout_problem
+    assert "torch rollout backend runs no pipeline-parallel engine" in str(
+        torch_engine(Layout(1, 1, 2), run.job.policy))
+    assert "needs tp to divide the model's 4 query heads" in str(
+        torch_engine(Layout(1, 3, 1), run.job.policy))
     sglang = backend_of("sglang").layout_problem
     arch = run.job.policy
     assert "runs no pipeline-parallel engine" in str(sglang(Layout(1, 1, 2), arch))
