@@ -222,6 +222,14 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
     def _expected_names(self) -> set[str]:
         return set(self._own)
 
+    def sleep_engine(self) -> bool:
+        """A colocated engine's training-phase sleep: the torch engine keeps its weights
+        in host memory already (nothing to free)."""
+        return False
+
+    def wake_engine(self) -> bool:
+        return False
+
     def engine_shards(self) -> list[dict[str, torch.Tensor]]:
         """Each TP rank's weights, as the engine holds them."""
         return self._shards if self.tp > 1 else [self._own]

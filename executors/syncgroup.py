@@ -260,9 +260,10 @@ class GroupSender:
     def _kv_heads(self) -> int | None:
         return None
 
-    def sync_device(self) -> str:
-        """Where this member's side of a broadcast lives (NCCL needs every member on a GPU)."""
-        return _device_kind()
+    def sync_member(self) -> tuple[str, int]:
+        """Where this member's side of a broadcast lives (NCCL needs every member on a GPU),
+        and its ranks in a group (a sender: one)."""
+        return _device_kind(), 1
 
     def sync_host(self) -> tuple[str, int]:
         """Address and port of a new group's store, which this sender (index 0) hosts."""
@@ -315,8 +316,9 @@ class GroupReceiver:
     def _expected_names(self) -> set[str] | None:
         return None
 
-    def sync_device(self) -> str:
-        return "cpu"
+    def sync_member(self) -> tuple[str, int]:
+        """The engine's device for the group (the torch engine's CPU) and its TP ranks in it."""
+        return "cpu", self._engine_tp()
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         if spec.tps[engine] != self._engine_tp():

@@ -89,19 +89,20 @@ class GroupRefresh:
         self.control_bytes += sum(_pickled(o.value) for o in outs if o.ok)
         return outs
 
-    def group(self, path: int, senders: list[Member], targets: list[Member], tps: list[int]
-              ) -> GroupSpec:
-        """The path's group of these senders and targets (formed now if it differs)."""
-        key = (tuple(m.rank for m in senders), tuple(m.rank for m in targets), tuple(tps))
+    def group(self, path: int, senders: list[Member], targets: list[Member]) -> GroupSpec:
+        """The path's group of these senders and targets (formed now if it differs); each
+        target joins with the ranks it says it holds (a torch engine: its TP ranks)."""
+        key = (tuple(m.rank for m in senders), tuple(m.rank for m in targets))
         held = self.groups.get(path)
         if held is not None and held[0] == key:
             return held[1]
         self.groups.pop(path, None)
-        outs = self._all([(m, "sync_device", ()) for m in senders + targets])
+        outs = self._all([(m, "sync_member", ()) for m in senders + targets])
         bad = next((o.error for o in outs if not o.ok), None)
         if bad is not None:
             raise TrainingLost(bad)
-        backend = "nccl" if all(o.value == "cuda" for o in outs) else "gloo"
+        backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
+        tps = [int(o.value[1]) for o in outs[len(senders):]]
         addr, port = self.one(senders[0], "sync_host")
         self.formed += 1
         spec = GroupSpec(f"wsync{self.formed}", path, addr, port, len(senders), tuple(tps),
@@ -155,10 +156,31 @@ class WeightSync:
             raise TrainingLost(out.error)
         return out.value
 
+    def _colocated(self) -> list[Member]:
+        """The rollout engines that share their slot with the trainer."""
+        r = self.ctx.run.roles.get(Role.ROLLOUT)
+        return [m for m in self.ctx.by_role[Role.ROLLOUT]
+                if r is not None and r.group_of(m.rank).colocated]
+
+    def sleep(self) -> None:
+        """A colocated engine frees its device memory for the training phase (vLLM's `sleep`,
+        SGLang's `release_memory_occupation`); a lost engine re-syncs before its next work."""
+        self._engines("sleep_engine")
+
+    def _engines(self, method: str) -> None:
+        ms = self._colocated()
+        if not ms:
+            return
+        outs = self.ctx.rt.results([self.ctx.rt.call(m, method) for m in ms])
+        for m, o in zip(ms, outs):
+            if not o.ok:
+                self.ctx.known[m.rank] = None
+
     def sync(self, step: int, force: Member | None = None) -> int:
         """Send the trainer's version to the free rollout workers without it (and to `force`);
-        returns the version."""
+        returns the version. Colocated engines wake first (`sleep`)."""
         ctx = self.ctx
+        self._engines("wake_engine")
         t = time.time()
         actors = ctx.by_role[Role.ACTOR]
         version = int(self._trainer_call(actors[0], "weights_info")[0])
@@ -204,9 +226,7 @@ class WeightSync:
         actors = {m.rank: m for m in ctx.by_role[Role.ACTOR]}
         ranks = self.group.one(actors[min(actors)], "sync_senders", size > 0)
         senders = [actors[r] for r in ranks]
-        rollout = ctx.run.roles[Role.ROLLOUT]
-        spec = self.group.group(size, senders, targets,
-                                [rollout.group_of(m.rank).tp for m in targets])
+        spec = self.group.group(size, senders, targets)
         self.refreshes += 1
         return self.group.refresh(spec, senders, targets, version, size)
 

@@ -312,8 +312,11 @@ def test_every_name_the_backend_hands_sglang_exists(sglang_root: Path) -> None:
     calls = backend_engine_calls(BACKEND_SRC)
     used = {c[0] for c in calls}
     assert {"generate", "update_weights_from_tensor", "begin_weight_update",
-            "end_weight_update", "flush_cache"} <= used  # the reader sees the calls
-    assert {"tp_size", "context_length", "mem_fraction_static", "random_seed"} <= kwargs
+            "end_weight_update", "flush_cache", "release_memory_occupation",
+            "resume_memory_occupation"} <= used  # the reader sees the calls
+    # the rollout shares the actor's slot: colocated, it releases its memory while training
+    assert {"tp_size", "context_length", "mem_fraction_static", "random_seed",
+            "enable_memory_saver"} <= kwargs
     sampling = backend_sampling_keys(BACKEND_SRC)
     assert "sampling_seed" in sampling
     assert contract_problems(sglang_root, kwargs, calls, sampling) == []

@@ -195,7 +195,8 @@ def test_a_dp2_tp2_trainer_refreshes_a_tp2_torch_engine_over_gloo(tmp_path: Path
         actors = [_RayMember("actor", r, t) for r, t in enumerate(trainers)]
         target = _RayMember("rollout", 0, engine)
         group = GroupRefresh(rt)  # type: ignore[arg-type]
-        spec = group.group(0, actors[:1], [target], [2])
+        spec = group.group(0, actors[:1], [target])
+        assert spec.tps == (2,)
         before = group.control_bytes
         [(err, got)] = group.refresh(spec, actors[:1], [target], 1, 64_000)
         assert err is None and got["backend"] == "gloo"
