@@ -25,6 +25,7 @@ size) is the refresh's only control payload; the receivers rebuild the bucket ra
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -260,10 +261,10 @@ class GroupSender:
     def _kv_heads(self) -> int | None:
         return None
 
-    def sync_member(self) -> tuple[str, int]:
+    def sync_member(self) -> tuple[str, int, int]:
         """Where this member's side of a broadcast lives (NCCL needs every member on a GPU),
-        and its ranks in a group (a sender: one)."""
-        return _device_kind(), 1
+        its ranks in a group (a sender: one) and its process (a restarted one is in no group)."""
+        return _device_kind(), 1, os.getpid()
 
     def sync_host(self) -> tuple[str, int]:
         """Address and port of a new group's store, which this sender (index 0) hosts."""
@@ -316,9 +317,10 @@ class GroupReceiver:
     def _expected_names(self) -> set[str] | None:
         return None
 
-    def sync_member(self) -> tuple[str, int]:
-        """The engine's device for the group (the torch engine's CPU) and its TP ranks in it."""
-        return "cpu", self._engine_tp()
+    def sync_member(self) -> tuple[str, int, int]:
+        """The engine's device for the group (the torch engine's CPU), its TP ranks in it and
+        its process."""
+        return "cpu", self._engine_tp(), os.getpid()
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         if spec.tps[engine] != self._engine_tp():

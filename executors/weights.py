@@ -90,17 +90,19 @@ class GroupRefresh:
         return outs
 
     def group(self, path: int, senders: list[Member], targets: list[Member]) -> GroupSpec:
-        """The path's group of these senders and targets (formed now if it differs); each
-        target joins with the ranks it says it holds (a torch engine: its TP ranks)."""
-        key = (tuple(m.rank for m in senders), tuple(m.rank for m in targets))
-        held = self.groups.get(path)
-        if held is not None and held[0] == key:
-            return held[1]
-        self.groups.pop(path, None)
+        """The path's group of these senders and targets, formed anew when they changed (a
+        member's process too: a restarted one is in no group); each target joins with the
+        ranks it says it holds (a torch engine: its TP ranks)."""
         outs = self._all([(m, "sync_member", ()) for m in senders + targets])
         bad = next((o.error for o in outs if not o.ok), None)
         if bad is not None:
             raise TrainingLost(bad)
+        key: tuple[Any, ...] = (len(senders), *((m.rank, o.value[2])
+                                                for m, o in zip(senders + targets, outs)))
+        held = self.groups.get(path)
+        if held is not None and held[0] == key:
+            return held[1]
+        self.groups.pop(path, None)
         backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
         tps = [int(o.value[1]) for o in outs[len(senders):]]
         addr, port = self.one(senders[0], "sync_host")
