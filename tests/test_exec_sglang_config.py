@@ -127,6 +127,12 @@ class FakeEngine:
         self.loaded.update({n: t.clone() for n, t in kw["named_tensors"]})
         return True, "Success"
 
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("release_memory_occupation", {}))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("resume_memory_occupation", {}))
+
     def flush_cache(self) -> Any:
         self.calls.append(("flush_cache", {}))
         return type("FlushCacheReqOutput", (), {"success": True, "message": ""})()
@@ -176,6 +182,46 @@ def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
         r.receive_bucket(stream.bucket(k), 4, 1, "v4.2")
     assert [c[0] for c in eng.calls[:2]] == ["end_weight_update", "begin_weight_update"]
     assert not eng.open and r.current_version() == 4
+
+
+def test_a_group_refresh_is_one_session_and_a_colocated_engine_releases_its_memory(rollout
+                                                                                   ) -> None:
+    """Over the weight-sync group the actor is one rank: the refresh's full tensors reach the
+    engine inside one session, then the cache is flushed; colocated, the engine releases and
+    resumes its memory around training (once each)."""
+    import threading
+    from dataclasses import replace
+
+    from executors.syncgroup import GroupSender, GroupSpec
+
+    r, state, cfg = rollout
+
+    class Sender(GroupSender):
+        def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
+            return state
+    sender = Sender()
+    assert r.sync_member()[:2] == ("cpu", 1)
+    addr, port = sender.sync_host()
+    spec = GroupSpec("g", 0, addr, port, 1, (1,), "gloo", timeout_s=30)
+    joined = threading.Thread(target=sender.sync_join, args=(spec, 0))
+    joined.start()
+    r.sync_join(spec, 0)
+    joined.join(timeout=60)
+    manifests = sender.sync_prepare("g", 40_000, 0)
+    sent = threading.Thread(target=sender.sync_send, args=("g",))
+    sent.start()
+    got = r.sync_receive("g", manifests, 7)
+    sent.join(timeout=60)
+    names = [c[0] for c in r.engine.calls]
+    assert names[0] == "begin_weight_update" and names[-2:] == ["end_weight_update", "flush_cache"]
+    assert got["done"] and r.current_version() == 7
+    assert all(torch.equal(r.engine.loaded[k], v) for k, v in state.items())
+    assert not r.sleep_engine()  # its own slot: never released
+    r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True))
+    r.engine.calls.clear()
+    assert r.sleep_engine() and not r.sleep_engine() and r.wake_engine() and not r.wake_engine()
+    assert [c[0] for c in r.engine.calls] == ["release_memory_occupation",
+                                              "resume_memory_occupation"]
 
 
 def test_a_failed_update_is_an_error(rollout) -> None:
