@@ -4,7 +4,8 @@ A backend is one class here: the engine layouts it can run (`layout_problem`, ch
 any actor starts, so a layout the engine cannot run exits 2) and the rollout worker the
 runtime starts for each engine replica group (`rollout_worker`):
 
-  torch    `executors.roles.Rollout`: the sampling loop in the actor's process (tp 1, pp 1)
+  torch    `executors.roles.Rollout`: the sampling loop in the actor's process; at tp > 1 it
+           holds each TP rank's shards, gathered for the forward (pp 1)
   vllm     `executors.vllm_rollout.VllmRollout`: a vLLM engine (the `gpu` extra)
   sglang   `executors.sglang_rollout.SglangRollout`: an SGLang engine (the `sglang` extra)
 
@@ -59,14 +60,21 @@ class Backend:
 class TorchBackend(Backend):
     name = "torch"
     worker = "executors.roles:Rollout"
+    splits_tp = True
 
     def layout_problem(self, lay: Layout, arch: ModelArch) -> str | None:
-        """The torch backend generates with the whole model in the engine's one process."""
-        if lay.tp > 1 or lay.pp > 1:
-            others = _either([b.name for b in BACKENDS.values() if b.splits_tp])
-            return ("the torch rollout backend runs each engine whole in one process (tp 1, pp 1); "
-                    f"plan the rollout with tp 1 and pp 1, or use --backend {others} for tp > 1")
-        return None
+        """The torch backend holds an engine's TP shards in one process (no pipeline stages);
+        the cut is vLLM's (`executors.reshard`), so TP must divide the heads as there."""
+        if lay.pp > 1:
+            return "the torch rollout backend runs no pipeline-parallel engine (pp 1)"
+        return _heads_problem("the torch rollout backend", lay, arch)
+
+
+def _heads_problem(engine: str, lay: Layout, arch: ModelArch) -> str | None:
+    if arch.heads % lay.tp or (arch.kv_heads % lay.tp and lay.tp % arch.kv_heads):
+        return (f"{engine} needs tp to divide the model's {arch.heads} query heads and "
+                f"to divide, or be a multiple of, its {arch.kv_heads} KV heads")
+    return None
 
 
 class EngineBackend(Backend):
@@ -81,10 +89,7 @@ class EngineBackend(Backend):
     def layout_problem(self, lay: Layout, arch: ModelArch) -> str | None:
         if lay.pp > 1:
             return f"the {self.name} rollout backend runs no pipeline-parallel engine (pp 1)"
-        if arch.heads % lay.tp or (arch.kv_heads % lay.tp and lay.tp % arch.kv_heads):
-            return (f"{self.engine} needs tp to divide the model's {arch.heads} query heads and "
-                    f"to divide, or be a multiple of, its {arch.kv_heads} KV heads")
-        return None
+        return _heads_problem(self.engine, lay, arch)
 
 
 class VllmBackend(EngineBackend):

@@ -18,12 +18,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
+
 from executors import rl
 from executors.reshard import BucketLoading
 from executors.roles import RunConfig, Worker, _timing
+from executors.syncgroup import GroupReceiver
 
 # vLLM refuses 0 and SGLang needs some static memory; both need headroom below 1
 MEM_FRACTION = (0.05, 0.95)
+# A group refresh's tensors go to the engine's loader in loads of about this many bytes
+LOAD_BYTES = 1 << 28
 
 Step = TypeVar("Step")
 
@@ -53,13 +58,57 @@ def checked_logprobs(engine: str, sample_id: str, tokens: list[int], steps: list
     return out
 
 
-class EngineRollout(Worker, BucketLoading):
+class EngineRollout(Worker, BucketLoading, GroupReceiver):
     """A rollout worker whose engine is an inference library's: the subclass starts the engine
-    and implements loading and generation; this holds the version and builds the samples."""
+    and implements loading (`_load_part`: full tensors, the engine's loaders cut each TP
+    worker's shard) and generation; this holds the version and builds the samples. On the
+    weight-sync group the actor is one rank that receives full tensors and hands them to the
+    loader in loads of `LOAD_BYTES` (`_load_shard`), the rest when the refresh completes."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
         self.version = 0
+        self._pending: list[tuple[str, torch.Tensor]] = []
+        self._pending_bytes = 0
+
+    def _load_shard(self, t: int, name: str, shard: torch.Tensor) -> None:
+        self._pending.append((name, shard))
+        self._pending_bytes += shard.numel() * shard.element_size()
+        if self._pending_bytes >= LOAD_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        if pending:
+            self._load_part(pending)
+
+    def _refreshed(self) -> None:
+        self._flush()
+
+    def sleep_engine(self) -> bool:
+        """Free the engine's device memory for the trainer (a colocated slot's training
+        phase); whether it slept. The subclass's `_sleep` / `_wake` call the engine."""
+        if not self.cfg.engines.colocated or self._asleep:
+            return False
+        self._sleep()
+        self._asleep = True
+        return True
+
+    def wake_engine(self) -> bool:
+        """Take the memory back before a refresh or generation; whether it woke."""
+        if not self._asleep:
+            return False
+        self._wake()
+        self._asleep = False
+        return True
+
+    _asleep = False
+
+    def _sleep(self) -> None:
+        raise NotImplementedError
+
+    def _wake(self) -> None:
+        raise NotImplementedError
 
     def current_version(self) -> int:
         return self.version

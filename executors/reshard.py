@@ -24,9 +24,11 @@ parallel layers and Megatron cut them:
           tp parts (vLLM's VocabParallelEmbedding and ParallelLMHead)
   whole   norms (Qwen3's per-head q/k norms too), the MoE router, anything one-dimensional
 A tensor of more dimensions that no rule names is an error, never a silent copy. An engine that
-loads full tensors and cuts them itself (vLLM's `load_weights`) gets them whole; the torch backend
-runs engines at tp 1. The receiving engine (`BucketLoading`) loads each tensor as its last byte
-arrives, so it holds at most a bucket and the tensors it straddles in flight.
+loads full tensors and cuts them itself (vLLM's `load_weights`) gets them whole; a torch engine at
+tp > 1 keeps each rank's cut and gathers them whole for its forward (`engine_unshard`). The
+receiving engine loads each tensor as its last byte arrives, so it holds at most a bucket and
+the tensors it straddles in flight: over the weight-sync group (`executors.syncgroup`), or
+bucket by bucket as call arguments in one process (`BucketLoading`).
 """
 from __future__ import annotations
 
@@ -124,6 +126,22 @@ def engine_state(state: dict[str, torch.Tensor], tp: int, rank: int,
     return {k: engine_shard(k, v, tp, rank, kv_heads) for k, v in state.items()}
 
 
+def engine_unshard(name: str, shards: list[torch.Tensor], kv_heads: int | None = None
+                   ) -> torch.Tensor:
+    """The full tensor `name` from every TP rank's `engine_shard` of it, in rank order (the
+    inverse cut: a torch engine gathers its shards whole for a forward on one device)."""
+    tp = len(shards)
+    kind, dim = split_of(name, shards[0].dim()) if tp > 1 else ("whole", None)
+    if dim is None:
+        return shards[0]
+    if _unit(name) in ("k_proj", "v_proj") and kv_heads and kv_heads < tp:
+        shards = shards[::tp // kv_heads]  # each KV head once: replicated over tp / kv_heads
+    if kind == "fused":  # each rank holds its gate rows then its up rows
+        halves = [s.chunk(2, dim) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim)
+    return torch.cat(shards, dim)
+
+
 # ----------------------------------------------------------------------------- buckets
 @dataclass(frozen=True)
 class Entry:
@@ -154,7 +172,7 @@ class Bucket:
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def bucket_count(nbytes: int, tensors: int, bucket_bytes: int) -> int:
@@ -164,17 +182,15 @@ def bucket_count(nbytes: int, tensors: int, bucket_bytes: int) -> int:
     return max(math.ceil(nbytes / bucket_bytes), 1)
 
 
-class Stream:
-    """A sender's tensors as one byte stream in buckets (`bucket(k)` builds bucket k)."""
+class StreamLayout:
+    """A sender's byte stream as its receivers know it: the tensors (`Entry`), the buckets'
+    byte ranges and the tensors overlapping each. The manifest of a refresh over the
+    weight-sync group (`executors.syncgroup`) is the entries and the bucket size: a control
+    message; the receivers rebuild the rest from it."""
 
-    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, sender: int = 0) -> None:
-        self.state, self.sender = state, sender
-        self.entries: list[Entry] = []
-        at = 0
-        for name, t in state.items():
-            n = t.numel() * t.element_size()
-            self.entries.append(Entry(name, t.dtype, tuple(t.shape), at, n))
-            at += n
+    def __init__(self, entries: list[Entry], bucket_bytes: int, sender: int = 0) -> None:
+        self.entries, self.bucket_bytes, self.sender = entries, bucket_bytes, sender
+        at = sum(e.nbytes for e in entries)
         self.nbytes = at
         if bucket_bytes <= 0:  # one call per tensor
             self.ranges = [(e.offset, e.offset + e.nbytes) for e in self.entries]
@@ -205,15 +221,37 @@ class Stream:
     def count(self) -> int:
         return len(self.ranges)
 
-    def bucket(self, k: int) -> Bucket:
+    def received(self, k: int, data: torch.Tensor) -> Bucket:
+        """Bucket `k` with the bytes `data` that arrived for it."""
+        return Bucket(self.sender, k, self.count, self.ranges[k][0], data, list(self.members[k]))
+
+
+def entries_of(state: dict[str, torch.Tensor]) -> list[Entry]:
+    """The tensors of `state` laid end to end in one byte stream."""
+    out, at = [], 0
+    for name, t in state.items():
+        n = t.numel() * t.element_size()
+        out.append(Entry(name, t.dtype, tuple(t.shape), at, n))
+        at += n
+    return out
+
+
+class Stream(StreamLayout):
+    """A sender's tensors as one byte stream in buckets (`bucket(k)` builds bucket k)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, sender: int = 0) -> None:
+        super().__init__(entries_of(state), bucket_bytes, sender)
+        self.state = state
+
+    def bucket(self, k: int, device: torch.device | str = "cpu") -> Bucket:
+        """Bucket k, its bytes on `device` (a GPU sender's for NCCL: no host copy)."""
         lo, hi = self.ranges[k]
-        data = torch.empty(hi - lo, dtype=torch.uint8)
+        data = torch.empty(hi - lo, dtype=torch.uint8, device=device)
         for e in self.members[k]:
             a, b = max(e.offset, lo), min(e.offset + e.nbytes, hi)
             if a < b:
                 data[a - lo:b - lo] = _bytes(self.state[e.name])[a - e.offset:b - e.offset]
-        entries = list(self.members[k])
-        return Bucket(self.sender, k, self.count, lo, data, entries)
+        return self.received(k, data)
 
 
 @dataclass
@@ -231,7 +269,8 @@ class Assembler:
         done = []
         hi = b.start + b.nbytes
         for e in b.entries:
-            buf, filled = self.partial.get(e.name) or (torch.empty(e.nbytes, dtype=torch.uint8), 0)
+            buf, filled = self.partial.get(e.name) or (
+                torch.empty(e.nbytes, dtype=torch.uint8, device=b.data.device), 0)
             lo_, hi_ = max(e.offset, b.start), min(e.offset + e.nbytes, hi)
             if lo_ < hi_:
                 buf[lo_ - e.offset:hi_ - e.offset] = b.data[lo_ - b.start:hi_ - b.start]
@@ -268,6 +307,9 @@ class BucketLoading:
         """The tensors a refresh must bring (None: the engine does not say)."""
         return None
 
+    def _refreshed(self) -> None:
+        """Called once every tensor of a refresh arrived."""
+
     def receive_bucket(self, b: Bucket, version: int, senders: int, refresh: str
                        ) -> dict[str, Any]:
         """Load bucket `b` of refresh `refresh` (to `version`, from `senders` parallel
@@ -290,6 +332,7 @@ class BucketLoading:
             if missing:
                 raise RuntimeError(f"weight sync to version {version}: {len(missing)} tensors "
                                    f"never arrived ({missing[0]}, ...)")
+            self._refreshed()
             self.version = version
         return {"t0": t0, "dur": time.time() - t0, "bytes": b.nbytes, "sender": b.sender,
                 "done": done, "version": version}

@@ -14,14 +14,12 @@
 
 Every method that does work returns `(result, timing)` where timing is `{"t0": wall-clock start,
 "dur": seconds, ...}`, so that the driver writes trace events with the worker's own times.
-Weights travel as a `{name: tensor}` dict (through Ray's object store between actors).
+Weights reach rollout engines over the weight-sync group (`executors.syncgroup`) under Ray, and
+as call arguments in one process.
 """
 from __future__ import annotations
 
-import fcntl
 import os
-import socket
-import struct
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,10 +29,11 @@ import torch
 
 from executors import rl
 from executors.model import Codec, ValueModel, codec_for, load_policy
-from executors.reshard import BucketLoading, engine_state
+from executors.reshard import BucketLoading, engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup, Layout, RunPlan
 from executors.sandbox import Limits, Sandbox
 from executors.sharding import recompute_layers, recomputes
+from executors.syncgroup import GroupReceiver
 from executors.task import Target, task_of
 from placer.base.roles import Role
 from placer.spec.arch import ModelArch
@@ -170,40 +169,85 @@ class Worker:
         return os.getpid()
 
 
-class Rollout(Worker, BucketLoading):
-    """Generation with the torch backend."""
+class Rollout(Worker, BucketLoading, GroupReceiver):
+    """Generation with the torch backend. At tp > 1 the engine holds each TP rank's shards
+    of the weights (`executors.reshard.engine_shard`), as a refresh delivers them, and gathers
+    them whole for its forward on one device (`engine_unshard`): the shards are the engine's
+    weights, the model its view of them."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
         self.model = load_policy(cfg.model_dir)
         self._own = self.model.state_dict()  # views of the weights, for a refresh to fill
         self.version = 0
+        self.tp, self._kv = cfg.engines.tp, cfg.model_arch.kv_heads
+        self._shards = [{k: v.clone() for k, v in engine_state(self._own, self.tp, t,
+                                                               self._kv).items()}
+                        for t in range(self.tp)] if self.tp > 1 else []
+        self._touched: set[str] = set()  # tensors a refresh in progress replaced
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
         t0 = time.time()
-        self.model.load_state_dict(state)
+        for name, t in state.items():
+            for r in range(self.tp):
+                self._load_shard(r, name, engine_shard(name, t, self.tp, r, self._kv))
+        self._refreshed()
         self.version = version
         return _timing(t0, version=version)
 
     def _load_part(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Tensors of a refresh (`executors.reshard`), each into its place as it arrives; the
-        torch backend's engine is one device (tp 1), whose shard is the whole tensor."""
-        own = self._own
+        """Full tensors of a refresh bucket by bucket (`executors.reshard`): each TP rank's
+        cut of each, as it arrives."""
+        for name, t in tensors:
+            for r in range(self.tp):
+                self._load_shard(r, name, engine_shard(name, t, self.tp, r, self._kv))
+
+    def _engine_tp(self) -> int:
+        return self.tp
+
+    def _kv_heads(self) -> int | None:
+        return self._kv
+
+    def _load_shard(self, t: int, name: str, shard: torch.Tensor) -> None:
+        """TP rank `t`'s shard of tensor `name` into its place (at tp 1 the model's own)."""
+        if name not in self._own:
+            raise KeyError(f"weight sync: the engine has no tensor {name!r}")
         with torch.no_grad():
-            for name, t in engine_state(dict(tensors), 1, 0).items():
-                if name not in own:
-                    raise KeyError(f"weight sync: the engine has no tensor {name!r}")
-                own[name].copy_(t)
+            if self.tp == 1:
+                self._own[name].copy_(shard)
+            else:
+                self._shards[t][name].copy_(shard)
+                self._touched.add(name)
+
+    def _refreshed(self) -> None:
+        """The forward's weights: every replaced tensor gathered whole from its shards."""
+        with torch.no_grad():
+            for name in self._touched:
+                self._own[name].copy_(engine_unshard(name, [s[name] for s in self._shards],
+                                                     self._kv))
+        self._touched.clear()
 
     def _expected_names(self) -> set[str]:
         return set(self._own)
+
+    def sleep_engine(self) -> bool:
+        """A colocated engine's training-phase sleep: the torch engine keeps its weights
+        in host memory already (nothing to free)."""
+        return False
+
+    def wake_engine(self) -> bool:
+        return False
+
+    def engine_shards(self) -> list[dict[str, torch.Tensor]]:
+        """Each TP rank's weights, as the engine holds them."""
+        return self._shards if self.tp > 1 else [self._own]
 
     def current_version(self) -> int:
         return self.version
 
     def executed_layout(self, replicas: int) -> dict[str, int]:
-        """One engine per data-parallel replica; the torch backend runs each on one device."""
-        return {"dp": replicas, "tp": 1, "pp": 1}
+        """One engine per data-parallel replica, each holding the plan's TP shards."""
+        return {"dp": replicas, "tp": self.tp, "pp": 1}
 
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
@@ -327,35 +371,6 @@ class EnvWorker(Worker):
         r = self.sandbox.run(code)
         return {"status": r.status, "stdout": r.stdout, "stderr": r.stderr[-500:],
                 "protections": r.protections, "wall_s": r.wall_s}
-
-
-def _interface_of(ip: str) -> str | None:
-    """The network interface whose (IPv4) address is `ip`, or None: gloo otherwise picks the
-    interface of the host name's address, which may be a public one."""
-    siocgifaddr = 0x8915  # Linux: an interface's IPv4 address
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return None
-    for name in names:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
-            except OSError:
-                continue  # no IPv4 address on it
-        if socket.inet_ntoa(packed[20:24]) == ip:
-            return name
-    return None
-
-
-def _node_ip() -> str:
-    try:
-        import ray  # lazy: the one-process runtime uses these workers without Ray
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - no Ray, or no node address: the loopback
-        pass
-    return "127.0.0.1"
 
 
 def save_checkpoint(path: str, state: dict) -> str:

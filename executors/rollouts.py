@@ -259,6 +259,8 @@ class RolloutDriver:
         self.ctx.event("rollout", "stage", r.t, time.time() - r.t, None, step,
                        policy_version=samples.version, sample_ids=samples.ids,
                        tokens=samples.tokens())
+        if not self.ctx.lc.pipeline.overlaps_steps:  # no generation until the next refresh
+            self.weights.sleep()
         return samples
 
     def _absorb(self, r: StepRollout, calls: list[Call], ran: Ran) -> list[Traj]:

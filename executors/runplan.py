@@ -107,6 +107,7 @@ class EngineGroup:
     replicas: int = 1
     tp: int = 1
     mem_fraction: float = 0.2
+    colocated: bool = False  # shares its slot with the trainer: sleeps while it trains
 
     def holds(self, rank: int) -> bool:
         return self.first <= rank < self.first + self.replicas
@@ -363,11 +364,14 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
     engines: tuple[EngineGroup, ...] = ()
     if name == Role.ROLLOUT:  # the engines: each part's replicas after the previous part's
         first, groups = 0, []
+        actor = plan.roles.get(Role.ACTOR)
+        shared = actor is not None and actor.slot == r.slot
         for q in parts:
-            groups.append(EngineGroup(q.pool, first, q.layout.dp, q.layout.tp, q.mem_fraction))
+            groups.append(EngineGroup(q.pool, first, q.layout.dp, q.layout.tp, q.mem_fraction,
+                                      shared))
             first += q.layout.dp
         engines = tuple(groups) or (
-            EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb)),)
+            EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb), shared),)
     layout = Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
                     recompute=r.recompute)
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,

@@ -48,6 +48,7 @@ class Runtime(Protocol):
 
     kind: str  # local | ray (a test's runtime names itself too)
     members: list[Member]
+    concurrent: bool  # calls run at once (collectives across workers can pair up)
 
     def call(self, m: Member, method: str, *args: object) -> Handle:
         """Start `method` on the member's worker; a handle's argument is resolved first."""
@@ -111,6 +112,7 @@ class LocalRuntime:
     """All workers as plain objects in this process; calls run when made."""
 
     kind = "local"
+    concurrent = False  # a call runs when made: a collective's peers would wait forever
 
     def __init__(self, run: RunPlan, cfg: RunConfig, backend: Backend | None = None) -> None:
         # One worker per role: a single process has one trainer over the whole batch.
@@ -164,6 +166,7 @@ class RayRuntime:
     """One Ray actor per member, in its placement-group bundle."""
 
     kind = "ray"
+    concurrent = True
 
     def __init__(self, run: RunPlan, cfg: RunConfig, groups: dict[str, Any], pinned: bool,
                  backend: Backend | None = None, max_restarts: int = 3,

@@ -15,7 +15,12 @@ and the refresh's tensors go to `update_weights_from_tensor` as their buckets co
 (`executors.reshard`). They travel whole (each TP rank's `model.load_weights` cuts its own shard)
 and stay on the CPU: a CUDA tensor here would open a CUDA context in the actor's process, on the
 GPU the engine shares. After the session the prefix (radix) cache is flushed: its KV entries
-were computed with the old weights. Bytes and times reach the trace as every engine's do.
+were computed with the old weights. Under Ray the tensors come from the weight-sync group
+(`executors.syncgroup`), the whole refresh in one session. A colocated engine
+(`EngineGroup.colocated`) starts with `enable_memory_saver` and releases its memory
+(`release_memory_occupation`) while the trainer trains, resuming it
+(`resume_memory_occupation`) before the refresh. Bytes and times reach the trace as every
+engine's do.
 
 Log-probs: every generated token's sampled log-prob comes back from the engine
 (`meta_info["output_token_logprobs"]`, of the temperature-scaled distribution, as the torch
@@ -36,6 +41,7 @@ from executors import rl
 from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
 from executors.reshard import Bucket
 from executors.roles import RunConfig, _timing
+from executors.syncgroup import Manifest
 
 # FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
 # 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
@@ -51,6 +57,8 @@ def engine_kwargs(cfg: RunConfig, rank: int) -> dict[str, Any]:
         mem_fraction_static=engine_mem_fraction(cfg),
         disable_cuda_graph=True, base_gpu_id=0,  # the actor's bundle GPUs (Ray's visible set)
         log_level="error")
+    if cfg.engines.colocated:  # releases its memory while the trainer on its devices trains
+        kw["enable_memory_saver"] = True
     if (arch.head_dim or arch.hidden // arch.heads) < TRITON_BELOW_HEAD_DIM:
         kw["attention_backend"] = "triton"
     return kw
@@ -129,6 +137,21 @@ class SglangRollout(EngineRollout):
         if out["done"]:
             self._close()
         return {**out, "t0": t0, "dur": time.time() - t0}
+
+    def sync_receive(self, name: str, manifests: list[Manifest], version: int
+                     ) -> dict[str, Any]:
+        """`GroupReceiver.sync_receive` inside one weight-update session."""
+        t0 = time.time()
+        self._open(f"{name}-v{version}")
+        out = super().sync_receive(name, manifests, version)
+        self._close()
+        return {**out, "t0": t0, "dur": time.time() - t0}
+
+    def _sleep(self) -> None:
+        self.engine.release_memory_occupation()
+
+    def _wake(self) -> None:
+        self.engine.resume_memory_occupation()
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
         """A whole state in one session (the unbucketed path)."""

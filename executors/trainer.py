@@ -23,9 +23,11 @@ schedule step and the loss, its statistics and the old log-probs live on the las
 After every step, load and the group's forming, every rank joins the gather of the full weights
 (a collective; with stages, the first DP/TP coordinate's stages send theirs to rank 0); rank 0
 keeps them for weight sync and checkpoints, and each stage's first rank its stage's, which it
-streams itself when the sync is bucketed (`executors.reshard`). A checkpoint is in the
-one-process format (full weights, full Adam state by parameter index), whatever the layout that
-wrote it, so a run re-planned onto another layout (a lost node) restores it.
+streams itself when the sync is bucketed (`executors.reshard`): over the weight-sync group
+(`executors.syncgroup.GroupSender`) under Ray, bucket by bucket as call results in one process.
+A checkpoint is in the one-process format (full weights, full Adam state by parameter index),
+whatever the layout that wrote it, so a run re-planned onto another layout (a lost node)
+restores it.
 """
 from __future__ import annotations
 
@@ -40,9 +42,10 @@ import torch.distributed as dist
 
 from executors import collprobe, rl
 from executors.model import load_policy
+from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.reshard import Bucket, Stream
-from executors.roles import RunConfig, Worker, _interface_of, _node_ip, _timing, save_checkpoint
+from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
 from executors.sharding import (
     build_mesh,
@@ -52,6 +55,7 @@ from executors.sharding import (
     recomputes,
     shard,
 )
+from executors.syncgroup import GroupSender
 
 # One micro-batch of one rank: (samples, advantages, reference log-probs or None, loss scale).
 # The scale is 1 / (the mini-batch's generated tokens), or 0 for a stand-in sample.
@@ -61,7 +65,7 @@ MiniBatch = list[Micro]
 STATS = ("kl", "clip_frac", "tis_truncated", "entropy")
 
 
-class Trainer(Worker):
+class Trainer(Worker, GroupSender):
     """One rank of policy training."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0, world: int = 1) -> None:
@@ -285,6 +289,14 @@ class Trainer(Worker):
         state = self._stage_full if bucket_bytes > 0 and self.pipe is not None else None
         self._stream = Stream(state if state is not None else self.weights(), bucket_bytes, sender)
         return self.version, self._stream.nbytes, self._stream.count
+
+    def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
+        """What this rank streams over the weight-sync group: as `sync_open`."""
+        state = self._stage_full if bucket_bytes > 0 and self.pipe is not None else None
+        return state if state is not None else self.weights()
+
+    def _kv_heads(self) -> int | None:
+        return self.cfg.model_arch.kv_heads
 
     def sync_bucket(self, k: int) -> Bucket:
         """Bucket `k` of the stream `sync_open` started."""

@@ -8,8 +8,11 @@ and tool output, with BOS), and the share of device memory the plan priced for t
 same model directory the torch workers load (the run's version 0: a built model or the job's
 checkpoint folder). Weight sync goes through vLLM's weight-loading API: a worker extension
 (`WeightSync`) runs `model.load_weights` on every engine worker via `LLM.collective_rpc`, so
-each refresh's tensors, bucket by bucket as they complete (`executors.reshard`), replace the
-engine's in place (each TP worker keeps its shard).
+each refresh's tensors, bucket by bucket as they complete (`executors.reshard`; under Ray from the
+weight-sync group, `executors.syncgroup`), replace the engine's in place (each TP worker keeps
+its shard); then `reset_prefix_cache` drops the KV the old weights computed. A colocated engine
+(`EngineGroup.colocated`) starts with `enable_sleep_mode` and sleeps (`sleep(level=1)`) while
+the trainer trains, waking (`wake_up`) before the refresh.
 
 Log-probs: every generated token's sampled log-prob comes back from the engine (`logprobs=0`:
 the sampled token's own); a missing one is an error (`behaviour_logprobs`), never a zero, since
@@ -47,6 +50,8 @@ def engine_args(cfg: RunConfig, rank: int) -> dict[str, Any]:
         tensor_parallel_size=cfg.engines.tp,
         gpu_memory_utilization=engine_mem_fraction(cfg),
         worker_extension_cls="executors.vllm_rollout.WeightSync")
+    if cfg.engines.colocated:  # sleeps while the trainer on its devices trains
+        args["enable_sleep_mode"] = True
     if cfg.engines.tp > 1:  # TP workers as processes on this actor's GPUs
         args["distributed_executor_backend"] = "mp"
     return args
@@ -72,8 +77,21 @@ class VllmRollout(EngineRollout):
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> dict:
         t0 = time.time()
         self.llm.collective_rpc("update_weights", args=(list(state.items()),))
+        self._refreshed()
         self.version = version
         return _timing(t0, version=version)
+
+    def _refreshed(self) -> None:
+        """Every tensor in: drop the prefix cache, whose KV the old weights computed (prefix
+        caching is on by default; `LLM.reset_prefix_cache` names this RLHF case)."""
+        super()._refreshed()
+        self.llm.reset_prefix_cache()
+
+    def _sleep(self) -> None:
+        self.llm.sleep(level=1)  # weights to host memory, KV cache dropped
+
+    def _wake(self) -> None:
+        self.llm.wake_up()
 
     def _load_part(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """A refresh's tensors as they complete (`executors.reshard`), whole: vLLM's loaders cut

@@ -2,9 +2,14 @@
 
 Version v is the number of optimizer steps so far. A refresh streams the weights from the
 trainer's senders (each pipeline stage's first rank when bucketed, rank 0 otherwise) in buckets
-of the plan's `sync_bucket_gb` to every rollout engine of every part (`executors.reshard`): one
-call per bucket and engine, through Ray's object store (the driver passes each bucket's
-reference on; it never holds the tensors). The bucket size is each engine's own device's: the
+of the plan's `sync_bucket_gb` to every rollout engine of every part (`executors.reshard`).
+Under Ray (a runtime whose calls run at once) the senders and every TP rank of the target
+engines form a weight-sync group (`executors.syncgroup`; gloo on CPU, NCCL on GPUs), one per
+refresh path, kept while its members are: the driver sends each member one control call per
+refresh (the manifests: names, shapes, offsets), the buckets go by broadcast rank to rank, and
+Ray's object store carries no weight bytes (`GroupRefresh.control_bytes` counts what it does
+carry). In one process (`LocalRuntime`) a call per bucket and engine hands the bucket over as
+an argument. The bucket size is each engine's own device's: the
 parts of a split rollout on different device types each get a stream of their own. Each
 engine's `weight sync` trace event carries the bytes it received, the calls per sender
 (`calls`), the senders, and its node (`dst` pool:node); its time runs from the refresh's start
@@ -16,15 +21,19 @@ that died while loading re-syncs before its next work.
 """
 from __future__ import annotations
 
+import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
 from executors.runplan import RunPlan
-from executors.runtime import Handle
+from executors.runtime import Handle, Runtime
+from executors.syncgroup import GroupSpec
 from placer.base.roles import Role
+
+Outcomes = list[tuple[str | None, dict[str, Any]]]  # per target: (error or None, its figures)
 
 
 def bucket_bytes(run: RunPlan, pool: str | None = None) -> int:
@@ -46,10 +55,102 @@ def by_bucket(run: RunPlan, targets: list[Member]) -> dict[int, list[Member]]:
     return out
 
 
+def _pickled(obj: object) -> int:
+    return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class GroupRefresh:
+    """The driver's side of refreshes over the weight-sync group: forms a group per refresh
+    path (its senders and target engines; re-formed when they change, or after a failure or a
+    restart: `drop`), then per refresh prepares the senders' streams, and starts every sender's
+    broadcasts and every engine's receipt at once. `control_bytes`: the pickled size of every
+    control message and result so far (what Ray's object store carries for weight sync)."""
+
+    def __init__(self, rt: Runtime, send_shards: bool = False) -> None:
+        self.rt, self.send_shards = rt, send_shards
+        self.groups: dict[int, tuple[tuple[Any, ...], GroupSpec]] = {}  # by path
+        self.formed = 0
+        self.control_bytes = 0
+
+    def drop(self) -> None:
+        """Forget every group: the next refresh forms them anew."""
+        self.groups.clear()
+
+    def one(self, m: Member, method: str, *args: object) -> Any:
+        out = self.rt.results([self.rt.call(m, method, *args)])[0]
+        if not out.ok:
+            raise TrainingLost(out.error)
+        self.control_bytes += _pickled(args) + _pickled(out.value)
+        return out.value
+
+    def _all(self, calls: Sequence[tuple[Member, str, tuple[object, ...]]]) -> list[Any]:
+        outs = self.rt.results([self.rt.call(m, meth, *a) for m, meth, a in calls])
+        self.control_bytes += sum(_pickled(a) for _, _, a in calls)
+        self.control_bytes += sum(_pickled(o.value) for o in outs if o.ok)
+        return outs
+
+    def group(self, path: int, senders: list[Member], targets: list[Member]) -> GroupSpec:
+        """The path's group of these senders and targets, formed anew when they changed (a
+        member's process too: a restarted one is in no group); each target joins with the
+        ranks it says it holds (a torch engine: its TP ranks)."""
+        outs = self._all([(m, "sync_member", ()) for m in senders + targets])
+        bad = next((o.error for o in outs if not o.ok), None)
+        if bad is not None:
+            raise TrainingLost(bad)
+        key: tuple[Any, ...] = (len(senders), *((m.rank, o.value[2])
+                                                for m, o in zip(senders + targets, outs)))
+        held = self.groups.get(path)
+        if held is not None and held[0] == key:
+            return held[1]
+        self.groups.pop(path, None)
+        backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
+        tps = [int(o.value[1]) for o in outs[len(senders):]]
+        addr, port = self.one(senders[0], "sync_host")
+        self.formed += 1
+        spec = GroupSpec(f"wsync{self.formed}", path, addr, port, len(senders), tuple(tps),
+                         backend, self.send_shards)
+        outs = self._all([(s, "sync_join", (spec, i)) for i, s in enumerate(senders)]
+                         + [(m, "sync_join", (spec, j)) for j, m in enumerate(targets)])
+        bad = next((o.error for o in outs if not o.ok), None)
+        if bad is not None:
+            raise TrainingLost(f"weight sync: forming group {spec.name}: {bad}")
+        self.groups[path] = (key, spec)
+        return spec
+
+    def refresh(self, spec: GroupSpec, senders: list[Member], targets: list[Member],
+                version: int, size: int) -> Outcomes:
+        """One refresh of `version` in buckets of `size` bytes over the group `spec`."""
+        before = self.control_bytes
+        prepared = [self.one(s, "sync_prepare", spec.name, size, i)
+                    for i, s in enumerate(senders)]
+        counts = [max(len(m.layout().ranges) for m in ms) for ms in prepared]
+        manifests = [m for ms in prepared for m in ms]
+        calls = ([(s, "sync_send", (spec.name,)) for s in senders]
+                 + [(m, "sync_receive", (spec.name, manifests, version)) for m in targets])
+        outs = self._all(calls)
+        sent, got = outs[:len(senders)], outs[len(senders):]
+        failed = next((o.error for o in sent if not o.ok), None)
+        if failed is not None or not all(o.ok for o in got):
+            self.drop()  # a member may have lost its place in the group: form it anew
+        src = ",".join(f"{s.role}{s.rank}" for s in senders)
+        control = self.control_bytes - before
+        out: Outcomes = []
+        for o in got:
+            err = o.error if not o.ok else failed
+            v = o.value if o.ok else {"t0": 0.0, "dur": 0.0, "bytes": 0}
+            out.append((err, {"end": v["t0"] + v["dur"], "bytes": v["bytes"],
+                              "calls": max(counts), "senders": len(senders), "src": src,
+                              "backend": spec.backend, "control_bytes": control}))
+        return out
+
+
 class WeightSync:
-    def __init__(self, ctx: LoopContext) -> None:
+    def __init__(self, ctx: LoopContext, send_shards: bool = False) -> None:
+        """`send_shards`: the senders cut each engine TP rank's slice (`executors.syncgroup`);
+        the broadcast transport `placer execute` runs reshards on the receiving side."""
         self.ctx = ctx
         self.refreshes = 0
+        self.group = GroupRefresh(ctx.rt, send_shards)
 
     def _trainer_call(self, m: Member, method: str, *args: object) -> Any:
         out = self.ctx.rt.results([self.ctx.rt.call(m, method, *args)])[0]
@@ -57,10 +158,31 @@ class WeightSync:
             raise TrainingLost(out.error)
         return out.value
 
+    def _colocated(self) -> list[Member]:
+        """The rollout engines that share their slot with the trainer."""
+        r = self.ctx.run.roles.get(Role.ROLLOUT)
+        return [m for m in self.ctx.by_role[Role.ROLLOUT]
+                if r is not None and r.group_of(m.rank).colocated]
+
+    def sleep(self) -> None:
+        """A colocated engine frees its device memory for the training phase (vLLM's `sleep`,
+        SGLang's `release_memory_occupation`); a lost engine re-syncs before its next work."""
+        self._engines("sleep_engine")
+
+    def _engines(self, method: str) -> None:
+        ms = self._colocated()
+        if not ms:
+            return
+        outs = self.ctx.rt.results([self.ctx.rt.call(m, method) for m in ms])
+        for m, o in zip(ms, outs):
+            if not o.ok:
+                self.ctx.known[m.rank] = None
+
     def sync(self, step: int, force: Member | None = None) -> int:
         """Send the trainer's version to the free rollout workers without it (and to `force`);
-        returns the version."""
+        returns the version. Colocated engines wake first (`sleep`)."""
         ctx = self.ctx
+        self._engines("wake_engine")
         t = time.time()
         actors = ctx.by_role[Role.ACTOR]
         version = int(self._trainer_call(actors[0], "weights_info")[0])
@@ -75,7 +197,8 @@ class WeightSync:
             return int(version)
         # one stream per bucket size: a split rollout's parts each get their device's buckets
         groups = by_bucket(ctx.run, targets)
-        outs = [o for size, ms in groups.items() for o in self._stream(ms, int(version), size)]
+        stream = self._stream_group if ctx.rt.concurrent else self._stream
+        outs = [o for size, ms in groups.items() for o in stream(ms, int(version), size)]
         targets = [m for ms in groups.values() for m in ms]
         failed = []
         for m, (err, got) in zip(targets, outs):
@@ -86,7 +209,8 @@ class WeightSync:
             ctx.known[m.rank] = version
             ctx.event("weight sync", "transfer", t, max(got["end"] - t, 0.0), m, step,
                       policy_version=version, bytes=got["bytes"], calls=got["calls"],
-                      senders=got["senders"], src=got["src"], dst=m.trace_pid)
+                      senders=got["senders"], src=got["src"], dst=m.trace_pid,
+                      backend=got["backend"], control_bytes=got.get("control_bytes"))
         if failed and not any(ctx.known.get(m.rank) == version for m in rollouts):
             # No rollout worker holds version v: the trainer's copy was lost with its process or
             # its node (a process can answer for a moment after its node is gone). Rolling
@@ -98,8 +222,17 @@ class WeightSync:
         ctx.synced = version
         return int(version)
 
-    def _stream(self, targets: list[Member], version: int, size: int
-                ) -> list[tuple[str | None, dict[str, Any]]]:
+    def _stream_group(self, targets: list[Member], version: int, size: int) -> Outcomes:
+        """One refresh over the path's weight-sync group (`GroupRefresh`)."""
+        ctx = self.ctx
+        actors = {m.rank: m for m in ctx.by_role[Role.ACTOR]}
+        ranks = self.group.one(actors[min(actors)], "sync_senders", size > 0)
+        senders = [actors[r] for r in ranks]
+        spec = self.group.group(size, senders, targets)
+        self.refreshes += 1
+        return self.group.refresh(spec, senders, targets, version, size)
+
+    def _stream(self, targets: list[Member], version: int, size: int) -> Outcomes:
         """One refresh (`executors.reshard`): every sender's buckets of `size` bytes, in order,
         to every target; per target (error or None, {end, bytes, calls, senders, src}). The
         trainer holds one open stream per sender: a second refresh opens after the first's
@@ -121,7 +254,7 @@ class WeightSync:
                         hs.append(rt.call(m, "receive_bucket", ref, version, len(senders), refresh))
                     rt.forget(ref)
         src = ",".join(f"{s.role}{s.rank}" for s in senders)
-        out: list[tuple[str | None, dict[str, Any]]] = []
+        out: Outcomes = []
         for hs in handles:
             res = rt.results(hs)
             bad = next((o.error for o in res if not o.ok), None)
@@ -130,12 +263,13 @@ class WeightSync:
             vals = [o.value for o in res if o.ok]
             out.append((bad, {"end": max((v["t0"] + v["dur"] for v in vals), default=0.0),
                               "bytes": sum(v["bytes"] for v in vals), "calls": max(counts),
-                              "senders": len(senders), "src": src}))
+                              "senders": len(senders), "src": src, "backend": "in-process"}))
         return out
 
     def resync(self, step: int) -> Callable[[Member], None]:
         """What a rollout call's re-run needs first: its restarted worker holds no weights."""
         def fix(m: Member) -> None:
             self.ctx.known[m.rank] = None
+            self.group.drop()  # a restarted process is in no group
             self.sync(step, force=m)
         return fix

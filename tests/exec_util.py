@@ -132,6 +132,7 @@ class VirtualRuntime:
     virtual duration per worker: which call finishes first is decided by `slow`, not by load."""
 
     kind = "virtual"
+    concurrent = False  # calls run when made, as in LocalRuntime
 
     def __init__(self, run, cfg, slow: dict[tuple[str, int], float]) -> None:
         from executors.backends import backend_of  # lazy: with the runtime (torch) below

@@ -54,8 +54,12 @@ def test_the_backend_is_chosen_from_the_registry() -> None:
         backend_of("sgl")
     run = resolve_plan(hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(tp=2, dp=1), "train")}))
     check_layouts(run, backend_of("sglang"))  # 4 heads, 2 KV heads over tp 2
-    with pytest.raises(SpecError, match="torch rollout backend runs each engine whole"):
-        check_layouts(run, backend_of("torch"))
+    check_layouts(run, backend_of("torch"))  # the torch engine holds its TP shards too
+    torch_engine = backend_of("torch").layout_problem
+    assert "torch rollout backend runs no pipeline-parallel engine" in str(
+        torch_engine(Layout(1, 1, 2), run.job.policy))
+    assert "needs tp to divide the model's 4 query heads" in str(
+        torch_engine(Layout(1, 3, 1), run.job.policy))
     sglang = backend_of("sglang").layout_problem
     arch = run.job.policy
     assert "runs no pipeline-parallel engine" in str(sglang(Layout(1, 1, 2), arch))
@@ -123,6 +127,12 @@ class FakeEngine:
         self.loaded.update({n: t.clone() for n, t in kw["named_tensors"]})
         return True, "Success"
 
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("release_memory_occupation", {}))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("resume_memory_occupation", {}))
+
     def flush_cache(self) -> Any:
         self.calls.append(("flush_cache", {}))
         return type("FlushCacheReqOutput", (), {"success": True, "message": ""})()
@@ -172,6 +182,46 @@ def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
         r.receive_bucket(stream.bucket(k), 4, 1, "v4.2")
     assert [c[0] for c in eng.calls[:2]] == ["end_weight_update", "begin_weight_update"]
     assert not eng.open and r.current_version() == 4
+
+
+def test_a_group_refresh_is_one_session_and_a_colocated_engine_releases_its_memory(rollout
+                                                                                   ) -> None:
+    """Over the weight-sync group the actor is one rank: the refresh's full tensors reach the
+    engine inside one session, then the cache is flushed; colocated, the engine releases and
+    resumes its memory around training (once each)."""
+    import threading
+    from dataclasses import replace
+
+    from executors.syncgroup import GroupSender, GroupSpec
+
+    r, state, cfg = rollout
+
+    class Sender(GroupSender):
+        def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
+            return state
+    sender = Sender()
+    assert r.sync_member()[:2] == ("cpu", 1)
+    addr, port = sender.sync_host()
+    spec = GroupSpec("g", 0, addr, port, 1, (1,), "gloo", timeout_s=30)
+    joined = threading.Thread(target=sender.sync_join, args=(spec, 0))
+    joined.start()
+    r.sync_join(spec, 0)
+    joined.join(timeout=60)
+    manifests = sender.sync_prepare("g", 40_000, 0)
+    sent = threading.Thread(target=sender.sync_send, args=("g",))
+    sent.start()
+    got = r.sync_receive("g", manifests, 7)
+    sent.join(timeout=60)
+    names = [c[0] for c in r.engine.calls]
+    assert names[0] == "begin_weight_update" and names[-2:] == ["end_weight_update", "flush_cache"]
+    assert got["done"] and r.current_version() == 7
+    assert all(torch.equal(r.engine.loaded[k], v) for k, v in state.items())
+    assert not r.sleep_engine()  # its own slot: never released
+    r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True))
+    r.engine.calls.clear()
+    assert r.sleep_engine() and not r.sleep_engine() and r.wake_engine() and not r.wake_engine()
+    assert [c[0] for c in r.engine.calls] == ["release_memory_occupation",
+                                              "resume_memory_occupation"]
 
 
 def test_a_failed_update_is_an_error(rollout) -> None:
@@ -308,8 +358,11 @@ def test_every_name_the_backend_hands_sglang_exists(sglang_root: Path) -> None:
     calls = backend_engine_calls(BACKEND_SRC)
     used = {c[0] for c in calls}
     assert {"generate", "update_weights_from_tensor", "begin_weight_update",
-            "end_weight_update", "flush_cache"} <= used  # the reader sees the calls
-    assert {"tp_size", "context_length", "mem_fraction_static", "random_seed"} <= kwargs
+            "end_weight_update", "flush_cache", "release_memory_occupation",
+            "resume_memory_occupation"} <= used  # the reader sees the calls
+    # the rollout shares the actor's slot: colocated, it releases its memory while training
+    assert {"tp_size", "context_length", "mem_fraction_static", "random_seed",
+            "enable_memory_saver"} <= kwargs
     sampling = backend_sampling_keys(BACKEND_SRC)
     assert "sampling_seed" in sampling
     assert contract_problems(sglang_root, kwargs, calls, sampling) == []

@@ -71,9 +71,7 @@ def test_a_part_layout_the_backend_cannot_run_exits_2(tmp_path) -> None:
     from placer.cli import main  # lazy: the CLI's imports, for this test only
     plan = split_plan([("lpu", Parallel(dp=2), 20), ("gpu2", Parallel(tp=2), 12)])
     run = resolve_plan(plan)
-    with pytest.raises(SpecError, match=r"plan\.roles\.rollout\.parts\.1 \(pool gpu2\): "
-                                        r"layout dp1 tp2 pp1: the torch rollout backend"):
-        check_layouts(run, backend_of("torch"))
+    check_layouts(run, backend_of("torch"))  # the torch engine holds its 2 TP shards
     check_layouts(run, backend_of("vllm"))  # vLLM splits tiny-llama's heads over 2
     # ... and each engine gets its own part's tensor parallelism and memory share
     cfg = run_config(run, model_dir="/m")
@@ -85,7 +83,11 @@ def test_a_part_layout_the_backend_cannot_run_exits_2(tmp_path) -> None:
     assert tps == [1, 1, 2]
     fractions = [specs[k][1][0].engines.mem_fraction for k in (0, 2)]
     assert fractions == [p.memory_gb / d for p, d in zip(plan.roles["rollout"].parts, (0.23, 16))]
-    save_plan(plan, tmp_path / "plan.json")
+    staged = split_plan([("lpu", Parallel(dp=2), 20), ("gpu2", Parallel(pp=2), 12)])
+    with pytest.raises(SpecError, match=r"plan\.roles\.rollout\.parts\.1 \(pool gpu2\): "
+                                        r"layout dp1 tp1 pp2: the torch rollout backend"):
+        check_layouts(resolve_plan(staged), backend_of("torch"))
+    save_plan(staged, tmp_path / "plan.json")
     assert main(["execute", str(tmp_path / "plan.json"), "--steps", "1",
                  "--out", str(tmp_path / "run")]) == 2
     assert not (tmp_path / "run" / "model-v0").exists()  # refused before anything started

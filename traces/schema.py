@@ -121,6 +121,10 @@ class EventArgs(BaseModel):
     calls: int | None = _f("weight sync: sequential calls (buckets) of each sender's stream; "
                              "collective probe: calls timed")
     senders: int | None = _f("weight sync: parallel sender streams (pipeline stages)")
+    backend: str | None = _f("weight sync: how the bytes went (gloo, nccl: the weight-sync "
+                             "group; in-process: call arguments)")
+    control_bytes: int | None = _f("weight sync: pickled bytes of the refresh's control "
+                                   "messages (all Ray's object store carried for it)")
     collective: str | None = _f("collective probe: the kind timed (all_reduce, fsdp_unit, "
                                 "...; executors/collprobe.py)")
     ranks: int | None = _f("collective probe: ranks of the group")

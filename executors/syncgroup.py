@@ -1,0 +1,350 @@
+"""The weight-sync group: trainer senders and rollout-engine ranks in torch.distributed process
+groups of their own, so that a refresh's bytes go rank to rank and Ray carries only control
+messages (the manifests below, the calls' small results).
+
+As verl, OpenRLHF and NeMo-RL do it: a group separate from the trainers' own, formed over an
+explicit TCP store that trainer rank 0 hosts on its node's address (loopback when embedded; the
+store's socket is bound there, never to every interface), its ranks the refresh's senders and
+every TP rank of every target engine. The process groups are built directly on that store
+(`ProcessGroupGloo` / `ProcessGroupNCCL`), not through `init_process_group`: a trainer already
+has its default group, and a torch engine process holds all its TP ranks. The backend is NCCL
+when every member sends or receives on a GPU, gloo otherwise; the code is the same.
+
+Channels. Each sender (a pipeline stage's first rank, `executors.reshard`) streams on channels
+of its own, so the stages' streams run in parallel:
+  receiving-side reshard  one channel per sender, its ranks the sender and every engine TP
+                          rank; the sender broadcasts its full tensors in buckets, and each TP
+                          rank keeps its cut (`engine_shard`), as vLLM's loaders do
+  sending-side reshard    one channel per sender and TP rank t (`GroupSpec.send_shards`): the
+                          sender cuts every tensor to rank t's shard and broadcasts that stream
+                          to the engines' rank t only (a destination-local slice, as the
+                          paired transports' `shards` price it)
+A channel's manifest (`Manifest`: each tensor's name, dtype, shape and offset, and the bucket
+size) is the refresh's only control payload; the receivers rebuild the bucket ranges from it
+(`StreamLayout`), post one broadcast per bucket and load each tensor as its last byte arrives.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executors.nodeaddr import _interface_of, _node_ip
+from executors.reshard import Assembler, Entry, Stream, StreamLayout, engine_shard, engine_state
+
+Channel = tuple[int, int | None]  # (sender index, the TP rank it carries; None: every one)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What every member needs to join: the store's address, the senders, each engine's TP."""
+
+    name: str
+    path: int  # the refresh path (its engines' bucket size): a member's new group replaces
+    addr: str  # its old one of the same path
+    port: int
+    senders: int
+    tps: tuple[int, ...]  # each target engine's TP ranks, in engine order
+    backend: str  # gloo | nccl
+    send_shards: bool = False
+    timeout_s: float = 300.0
+
+    def channels(self) -> list[Channel]:
+        if not self.send_shards:
+            return [(s, None) for s in range(self.senders)]
+        if len(set(self.tps)) != 1:
+            raise ValueError(f"weight sync: sending-side resharding needs one engine TP, got "
+                             f"{sorted(set(self.tps))}")
+        return [(s, t) for s in range(self.senders) for t in range(self.tps[0])]
+
+    def world(self, ch: Channel) -> int:
+        return 1 + (sum(self.tps) if ch[1] is None else len(self.tps))
+
+    def engine_rank(self, ch: Channel, engine: int, t: int) -> int | None:
+        """The group rank of engine `engine`'s TP rank `t` on channel `ch` (None: not in it);
+        the sender is rank 0."""
+        if ch[1] is None:
+            return 1 + sum(self.tps[:engine]) + t
+        return 1 + engine if t == ch[1] else None
+
+    def key(self, ch: Channel) -> str:
+        return f"{self.name}/s{ch[0]}/t{'all' if ch[1] is None else ch[1]}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A channel's stream as a control message: its tensors and its bucket size."""
+
+    channel: Channel
+    entries: tuple[Entry, ...]
+    bucket_bytes: int
+
+    def layout(self) -> StreamLayout:
+        return StreamLayout(list(self.entries), self.bucket_bytes, self.channel[0])
+
+
+def listen() -> socket.socket:
+    """A listening socket on this node's address only, for the group's store to take."""
+    ip = _node_ip()
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((ip, 0))
+    s.listen(128)
+    return s
+
+
+def group_device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+        else torch.device("cpu")
+
+
+def _process_group(store: dist.Store, backend: str, rank: int, world: int,
+                   timeout: timedelta) -> Any:
+    if backend == "nccl":
+        nccl_opts = dist.ProcessGroupNCCL.Options()
+        nccl_opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, nccl_opts)
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._timeout = timeout
+    ifname = _interface_of(_node_ip())
+    if ifname:  # gloo's pairs listen on the node's interface only (loopback when embedded)
+        opts._devices = [dist.ProcessGroupGloo.create_device(interface=ifname)]
+    return dist.ProcessGroupGloo(store, rank, world, opts)
+
+
+class Peer:
+    """One process's membership: its process groups by (channel, local TP rank)."""
+
+    def __init__(self, spec: GroupSpec, ranks: dict[tuple[Channel, int], int],
+                 host: socket.socket | None = None) -> None:
+        """Join every channel in `ranks` ((channel, local index) -> group rank) at once: each
+        group forms only when all its ranks join, and this process may hold several."""
+        self.spec = spec
+        timeout = timedelta(seconds=spec.timeout_s)
+
+        def store(master: bool = False) -> dist.TCPStore:
+            return dist.TCPStore(spec.addr, spec.port, None, master, timeout=timeout,
+                                 wait_for_workers=False,
+                                 master_listen_fd=host.fileno() if master and host else None,
+                                 use_libuv=True)
+        # the host's server; then a client per group: a client blocks in its waits, so groups
+        # forming at once in threads must not share one
+        self._server = store(True) if host is not None else None
+        if host is not None:
+            host.detach()  # the store owns the descriptor now
+
+        def form(item: tuple[tuple[Channel, int], int]) -> Any:
+            (ch, _), rank = item
+            return _process_group(dist.PrefixStore(spec.key(ch), store()), spec.backend, rank,
+                                  spec.world(ch), timeout)
+        items = sorted(ranks.items(), key=lambda kv: (kv[0][0][0], kv[0][0][1] or 0, kv[0][1]))
+        with ThreadPoolExecutor(max(len(items), 1)) as pool:
+            self.groups = dict(zip([k for k, _ in items], pool.map(form, items)))
+
+
+def _bcast(pg: Any, buf: torch.Tensor) -> Any:
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    return pg.broadcast([buf], opts)
+
+
+def join_sender(spec: GroupSpec, index: int, host: socket.socket | None) -> Peer:
+    return Peer(spec, {(ch, 0): 0 for ch in spec.channels() if ch[0] == index}, host)
+
+
+def join_engine(spec: GroupSpec, engine: int) -> Peer:
+    ranks = {}
+    for ch in spec.channels():
+        for t in range(spec.tps[engine]):
+            r = spec.engine_rank(ch, engine, t)
+            if r is not None:
+                ranks[(ch, t)] = r
+    return Peer(spec, ranks)
+
+
+class Sending:
+    """A sender's refresh: its streams (one per channel) and their manifests."""
+
+    def __init__(self, peer: Peer, index: int, state: dict[str, torch.Tensor], bucket_bytes: int,
+                 kv_heads: int | None) -> None:
+        self.peer = peer
+        self.streams: dict[Channel, Stream] = {}
+        for ch, _ in peer.groups:
+            mine = state if ch[1] is None else engine_state(state, peer.spec.tps[0], ch[1],
+                                                            kv_heads)
+            self.streams[ch] = Stream(mine, bucket_bytes, index)
+
+    def manifests(self) -> list[Manifest]:
+        return [Manifest(ch, tuple(s.entries), s.bucket_bytes) for ch, s in self.streams.items()]
+
+    def send(self) -> dict[str, Any]:
+        """Broadcast every channel's buckets, the channels' k-th buckets together."""
+        t0 = time.time()
+        dev = group_device(self.peer.spec.backend)
+        sent = 0
+        for k in range(max(s.count for s in self.streams.values())):
+            works, bufs = [], []
+            for ch, s in self.streams.items():
+                lo, hi = s.ranges[k] if k < s.count else (0, 0)
+                if hi > lo:  # an empty bucket (an empty tensor, unbucketed) moves nothing
+                    bufs.append(s.bucket(k, dev).data)
+                    works.append(_bcast(self.peer.groups[(ch, 0)], bufs[-1]))
+                    sent += hi - lo
+            for w in works:
+                w.wait()
+        return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
+
+
+def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None,
+            load: Callable[[int, str, torch.Tensor], None]) -> dict[str, Any]:
+    """Receive a refresh on every (channel, TP rank) this process holds; `load(t, name,
+    shard)` each tensor's TP-rank-t shard as it completes. RuntimeError when a stream ends
+    with tensors unfinished. The bytes are the most one TP rank received (what one engine rank
+    of a real TP engine takes off the wire)."""
+    t0 = time.time()
+    dev = group_device(peer.spec.backend)
+    by_ch = {m.channel: m.layout() for m in manifests}
+    mine = [(ch, t, by_ch[ch]) for ch, t in peer.groups]
+    asm = {t: Assembler() for _, t in peer.groups}
+    got = dict.fromkeys(asm, 0)
+    for k in range(max((lay.count for _, _, lay in mine), default=0)):
+        posted = []
+        for ch, t, lay in mine:
+            if k < lay.count:
+                lo, hi = lay.ranges[k]
+                buf = torch.empty(hi - lo, dtype=torch.uint8, device=dev)
+                work = _bcast(peer.groups[(ch, t)], buf) if hi > lo else None
+                posted.append((ch, t, lay, buf, work))
+        for ch, t, lay, buf, work in posted:
+            if work is not None:
+                work.wait()
+            got[t] += buf.numel()
+            for name, full in asm[t].add(lay.received(k, buf)):
+                load(t, name, full if ch[1] is not None else
+                     engine_shard(name, full, tp, t, kv_heads))
+    senders = len({ch[0] for ch, _, _ in mine})
+    if not all(a.complete(senders) for a in asm.values()):
+        raise RuntimeError("weight sync: a stream of the group ended with tensors unfinished")
+    return {"t0": t0, "dur": time.time() - t0, "bytes": max(got.values(), default=0)}
+
+
+def _peer(peers: dict[int, Peer] | None, name: str) -> Peer:
+    """This member's group `name` (a restarted process has none: the driver forms anew)."""
+    found = [p for p in (peers or {}).values() if p.spec.name == name]
+    if not found:
+        raise RuntimeError(f"weight sync: this process is not in group {name!r}")
+    return found[0]
+
+
+def _device_kind() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class GroupSender:
+    """Mixed into the trainer: a refresh's sender on the weight-sync group. The class defines
+    `_sync_state(bucket_bytes)`, the full tensors it streams, and `_kv_heads()`."""
+
+    _sync_listen: socket.socket | None = None
+    _sync_peers: dict[int, Peer] | None = None  # by refresh path
+    _sync_sending: Sending | None = None
+
+    def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _kv_heads(self) -> int | None:
+        return None
+
+    def sync_member(self) -> tuple[str, int, int]:
+        """Where this member's side of a broadcast lives (NCCL needs every member on a GPU),
+        its ranks in a group (a sender: one) and its process (a restarted one is in no group)."""
+        return _device_kind(), 1, os.getpid()
+
+    def sync_host(self) -> tuple[str, int]:
+        """Address and port of a new group's store, which this sender (index 0) hosts."""
+        self._sync_listen = listen()
+        addr, port = self._sync_listen.getsockname()[:2]
+        return str(addr), int(port)
+
+    def sync_join(self, spec: GroupSpec, index: int) -> bool:
+        host = self._sync_listen if index == 0 else None
+        if index == 0 and host is None:  # without it the store would bind to every interface
+            raise RuntimeError("weight sync: sender 0 joins before sync_host")
+        self._sync_listen = None
+        self._sync_peers = {**(self._sync_peers or {}), spec.path: join_sender(spec, index, host)}
+        return True
+
+    def sync_prepare(self, name: str, bucket_bytes: int, index: int) -> list[Manifest]:
+        """Cut the current version into this sender's streams; their manifests."""
+        peer = _peer(self._sync_peers, name)
+        self._sync_sending = Sending(peer, index, self._sync_state(bucket_bytes), bucket_bytes,
+                                     self._kv_heads())
+        return self._sync_sending.manifests()
+
+    def sync_send(self, name: str) -> dict[str, Any]:
+        sending, self._sync_sending = self._sync_sending, None
+        if sending is None or sending.peer.spec.name != name:
+            raise RuntimeError(f"weight sync: sync_send on {name!r} before sync_prepare")
+        return sending.send()
+
+
+class GroupReceiver:
+    """Mixed into a rollout engine: a refresh's receiver, every TP rank of the engine in the
+    group. The class defines `_engine_tp()`, `_kv_heads()`, `_load_shard(t, name, shard)`,
+    `_refreshed()` (the refresh is complete) and `_expected_names()`."""
+
+    version: int
+    _sync_peers: dict[int, Peer] | None = None  # by refresh path
+
+    def _engine_tp(self) -> int:
+        return 1
+
+    def _kv_heads(self) -> int | None:
+        return None
+
+    def _load_shard(self, t: int, name: str, shard: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _refreshed(self) -> None:
+        """Called once every tensor of a refresh arrived."""
+
+    def _expected_names(self) -> set[str] | None:
+        return None
+
+    def sync_member(self) -> tuple[str, int, int]:
+        """The engine's device for the group (the torch engine's CPU), its TP ranks in it and
+        its process."""
+        return "cpu", self._engine_tp(), os.getpid()
+
+    def sync_join(self, spec: GroupSpec, engine: int) -> bool:
+        if spec.tps[engine] != self._engine_tp():
+            raise RuntimeError(f"weight sync: engine {engine} runs tp {self._engine_tp()}, the "
+                               f"group expects {spec.tps[engine]}")
+        self._sync_peers = {**(self._sync_peers or {}), spec.path: join_engine(spec, engine)}
+        return True
+
+    def sync_receive(self, name: str, manifests: list[Manifest], version: int
+                     ) -> dict[str, Any]:
+        """Receive the refresh to `version`; the call's timing and the bytes one rank took."""
+        peer = _peer(self._sync_peers, name)
+        names: list[set[str]] = [set() for _ in range(self._engine_tp())]
+
+        def load(t: int, tensor_name: str, shard: torch.Tensor) -> None:
+            names[t].add(tensor_name)
+            self._load_shard(t, tensor_name, shard)
+        out = receive(peer, manifests, self._engine_tp(), self._kv_heads(), load)
+        want = self._expected_names()
+        for got in names:
+            missing = sorted(want - got) if want is not None else []
+            if missing:
+                raise RuntimeError(f"weight sync to version {version}: {len(missing)} tensors "
+                                   f"never arrived ({missing[0]}, ...)")
+        self._refreshed()
+        self.version = version
+        return {**out, "done": True, "version": version}
