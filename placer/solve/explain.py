@@ -42,7 +42,7 @@ from placer.solve.ilp import Unsolved
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.moves import dims
-from placer.solve.planfile import Plan, RolePlacement
+from placer.solve.planfile import Plan, RolePlacement, SearchSpace
 from placer.solve.planner import build_problem, plan_job
 from placer.solve.pricing import device_price
 from placer.spec.catalog import Resolved, with_nodes
@@ -391,17 +391,32 @@ class Explanation(Record):
     booking: Booking
     host_memory: dict[str, HostMemoryRow]
     split: dict[str, SplitWhy]
+    search_space: SearchSpace | None = None
+    """what the solver searched, the space its status and gap are relative to (plans written
+    before it was recorded: None)"""
 
 
 def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
     return Explanation(roles=breakdown(plan, px), binding=binding(plan, px),
                        marginal_node=marginal(plan, px, time_limit_s),
                        booking=booking(plan, px), host_memory=host_memory(plan, px),
-                       split=split(plan, px, time_limit_s))
+                       split=split(plan, px, time_limit_s),
+                       search_space=plan.solver.search_space)
+
+
+def search_lines(sp: SearchSpace | None) -> list[str]:
+    """What the solver's gap is relative to, in words."""
+    if sp is None:
+        return []
+    return [f"searched: {sp.roles} roles, {sp.layouts} single-pool layouts, {sp.split_counts} "
+            f"split pairs of layouts ({sp.pruned_by_bound} pruned by the bound, {sp.dominated} "
+            "beaten by another split)",
+            f"  the gap is relative to {sp.relative_to}"]
 
 
 def render(ex: Explanation) -> str:
-    lines = ["per role:", f"  {'role':<12} {'pool':<8} {'devices':>7} {'layout':<16} "
+    lines = [*search_lines(ex.search_space), "per role:",
+             f"  {'role':<12} {'pool':<8} {'devices':>7} {'layout':<16} "
              f"{'time s':>9} {'share':>6} {'mem GB':>8}  memory by kind"]
     for role, r in ex.roles.items():
         if r.parts:  # split over pools: the role's total, then one line per part
