@@ -6,7 +6,9 @@ objectives. The brute force enumerates, over the *same* cost table, every choice
 per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
 respected) and prices each with the same `ilp_bound.score` (which is `timing.iteration_time`).
 A rollout split over two pools (`placer.cost.split`) is drawn into the table whenever the cluster has
-one: it must sit alone in its slot and holds devices on each of its pools.
+one: it must sit alone in its slot and holds devices on each of its pools. On two-GPU-pool
+clusters every split the pools allow (each part at every layout and device count it has alone)
+goes into the table at once (`test_split_parts_at_every_count_match_brute_force`).
 """
 from __future__ import annotations
 
@@ -150,3 +152,70 @@ def test_ilp_prices_a_negative_tool_term_like_timing() -> None:
     assert sol.status == "OPTIMAL"
     assert score(problem, sol.assignment)[0] == pytest.approx(expect, rel=1e-5)
     assert sol.objective == pytest.approx(expect, rel=1e-4)
+
+
+@st.composite
+def split_jobs(draw):
+    """A small GRPO job on two GPU pools that can both generate (so the rollout may split) and
+    a CPU pool for the rule reward."""
+    gen = draw(st.sampled_from(["H20", "L40S", "A100-80G"]))
+    pools = [{"name": "p0", "device": draw(st.sampled_from(["H100-SXM", "A100-80G"])),
+              "devices_per_node": draw(st.sampled_from([4, 8])), "nodes": draw(st.integers(1, 2))},
+             {"name": "p1", "device": gen, "devices_per_node": draw(st.sampled_from([2, 4, 8])),
+              "nodes": draw(st.integers(1, 2))},
+             {"name": "cpu", "device": "cpu-node", "devices_per_node": 1, "nodes": 1}]
+    mode = draw(st.sampled_from(["sync", "async"]))
+    return job_from_dict({
+        "name": "oracle-split", "algorithm": "grpo",
+        "models": {"policy": draw(st.sampled_from(["Qwen2.5-7B", "Llama-3-8B"])),
+                   "reward": "rule", "use_reference": False},
+        "batch": {"prompts": draw(st.sampled_from([32, 64])), "samples_per_prompt": 4},
+        "lengths": {"prompt": {"kind": "fixed", "value": 256},
+                    "response": draw(st.sampled_from([
+                        {"kind": "fixed", "value": 256},
+                        {"kind": "lognormal", "median": 256, "sigma": 1.0, "cap": 2048}]))},
+        "pipeline": {"mode": mode, "max_staleness": 1 if mode == "async" else 0},
+        "objective": draw(st.sampled_from(["time", "cost"])),
+        "cluster": {"pools": pools},
+    })
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(job=split_jobs(), data=st.data())
+def test_split_parts_at_every_count_match_brute_force(job, data):
+    """Every split the pools allow: the unbounded table pairs every layout (so every device
+    count) the rollout has alone on one pool with every one on the other (none pruned; only
+    splits another split beats on devices and every stage are left out), and the ILP over all
+    of those splits (with a few single-pool candidates per role) equals the exhaustive search.
+    The planner's bounded table reaches the same optimum: its bound prunes no split a better
+    plan needs."""
+    res = resolve(job)
+    try:
+        full = build_problem(Pricer(res, Calibration()), bounded=False)
+        bounded = build_problem(Pricer(res, Calibration()))
+    except Infeasible:
+        assume(False)
+    rollout_singles = [c for c in full.cands["rollout"] if not c.split]
+    per_pool = {p: len([c for c in rollout_singles if c.pool == p]) for p in ("p0", "p1")}
+    space = full.space
+    assert space is not None and space.pruned_by_bound == 0
+    assert space.split_counts == per_pool["p0"] * per_pool["p1"]
+    splits = [c for c in full.cands["rollout"] if c.split]
+    assert len(splits) == space.split_counts - space.dominated
+    assume(splits)
+    singles = {r: [c for c in cs if not c.split] for r, cs in full.cands.items()}
+    cands = {r: data.draw(st.lists(st.sampled_from(cs), min_size=1, max_size=2, unique_by=id),
+                          label=r) for r, cs in singles.items()}
+    cands["rollout"] = [*cands["rollout"], *splits]
+    problem = Problem(Pricer(res, full.calib), cands, full.objective)
+    key = 0 if problem.objective == "time" else 1
+    expect = brute_force(problem)
+    sol = solve(problem, time_limit_s=30.0, workers=1)
+    assert sol.status == "OPTIMAL"
+    assert score(problem, sol.assignment)[key] == pytest.approx(expect, rel=1e-5)
+    # the whole tables: the bounded one loses nothing the unbounded one's optimum needs
+    a, b = solve(bounded, 60.0, workers=1), solve(full, 60.0, workers=1)
+    assert a.status == b.status == "OPTIMAL"
+    assert score(bounded, a.assignment)[key] == pytest.approx(score(full, b.assignment)[key],
+                                                              rel=1e-6)

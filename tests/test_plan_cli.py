@@ -89,6 +89,23 @@ def test_explain_json(capsys) -> None:
     train = ex["marginal_node"]["train"]  # training is the bottleneck: one more H100 node helps
     assert train["delta_s"] < 0
     assert ex["marginal_node"]["cpu"]["delta_s"] <= 1e-9
+    # what the gap is relative to: the plan's record, repeated by explain
+    space = doc["plan"]["solver"]["search_space"]
+    assert ex["search_space"] == space
+    assert set(space) == {"roles", "layouts", "split_counts", "pruned_by_bound", "dominated",
+                          "relative_to"}
+    assert space["roles"] == len(doc["plan"]["roles"]) and space["layouts"] > 0
+    # the cluster's GPU pools: H100 and L40S (the LPUs and CPUs do not pair for a split)
+    assert space["split_counts"] >= space["pruned_by_bound"] + space["dominated"]
+    assert "split" in space["relative_to"] and "bound" in space["relative_to"]
+
+
+def test_explain_text_says_what_was_searched(capsys) -> None:
+    rc, out, _ = run(capsys, "plan", HETERO, "--explain", "--time-limit", "5")
+    assert rc == 0
+    line = next(x for x in out.splitlines() if x.startswith("searched: "))
+    assert "split pairs of layouts" in line and "pruned by the bound" in line
+    assert "the gap is relative to every placement" in out
 
 
 def test_sweep_is_a_frontier(capsys) -> None:

@@ -9,11 +9,8 @@ import pytest
 
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import Memory
-from placer.cost.sharding import Parallel
-from placer.cost.split import PartTimer, balance, thin
+from placer.cost.split import PartTimer, SplitSpace, _cap, balance, split_estimates
 from placer.cost.timing import Placed
 from placer.solve.assemble import placed_estimate
 from placer.solve.ilp import Problem
@@ -81,12 +78,39 @@ def test_sync_to_a_split_is_its_slowest_part(problem):
     assert Pricer(res, calib).sync_time(actor, Placed("rollout", c.est)) == pytest.approx(max(per_part))
 
 
-def test_thin_prefers_whole_nodes():
-    ests = [Estimate("rollout", "p", Parallel(dp=d), Memory(), {"rollout": 1.0})
-            for d in range(1, 33)]
-    assert [e.devices for e in thin(ests, 8, 4)] == [8, 16, 24, 32]
-    assert [e.devices for e in thin(ests[:8], 8, 4)] == [1, 2, 4, 8]
-    assert len(thin(ests[:3], 8, 4)) == 3
+def test_splits_cover_every_count_each_pool_has_alone(problem):
+    """Without a bound every pair of single-pool layouts is searched and priced: the parts of
+    the splits kept take every device count the role has alone on their pools, and each pair
+    of pools has one split per pair of counts less those another split beats."""
+    res, calib = problem.res, problem.calib
+    singles = {p: [c.est for c in problem.cands["rollout"] if not c.split and c.pool == p]
+               for p in ("h100", "h20", "l40s")}
+    space = SplitSpace()
+    splits = split_estimates(Pricer(res, calib), "rollout", singles, None, space)
+    counts = {p: {e.devices for e in es} for p, es in singles.items()}
+    pairs = sum(len(a) * len(b) for a, b in
+                ((singles["h100"], singles["h20"]), (singles["h100"], singles["l40s"]),
+                 (singles["h20"], singles["l40s"])))
+    assert space.pairs == pairs and space.pruned_by_bound == 0
+    assert space.kept == len(splits) == pairs - space.dominated
+    used = {p: {q.est.devices for s in splits for q in s.parts if q.est.pool == p} for p in counts}
+    assert any(len(used[p]) > 4 for p in used)  # more counts than a thinned list had
+    assert all(used[p] <= counts[p] for p in counts)
+
+
+def test_cap_is_the_most_groups_within_the_limit(problem):
+    """`_cap`: the largest group count whose tail-aware time `keep` accepts, found by a doubling
+    search and bisection, equals a scan over every count."""
+    res, calib = problem.res, problem.calib
+    timer = PartTimer.of(Pricer(res, calib), "rollout")
+    group, total = res.job.batch.samples_per_prompt, res.job.batch.samples
+    part = next(c.est for c in problem.cands["rollout"] if c.pool == "l40s" and not c.split)
+    other = next(c.est for c in problem.cands["rollout"] if c.pool == "h20" and not c.split)
+    times = [timer(part, g * group).time_s for g in range(1, total // group + 1)]
+    for limit in (times[0] * 0.5, times[len(times) // 3], times[-1] * 2):
+        keep = lambda _parts, t, limit=limit: t <= limit  # noqa: E731
+        want = max((g for g, t in enumerate(times, 1) if t <= limit), default=0)
+        assert _cap(part, (part, other), total, group, timer, keep) == want
 
 
 def test_ilp_splits_rollout_when_it_pays(problem):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from placer.cost.context import PriceContext
 from placer.cost.estimate import Estimate, RolloutShape, estimate, rollout_shape
 from placer.cost.sharding import Parallel
-from placer.cost.split import SplitKeep, split_estimates
+from placer.cost.split import SplitKeep, SplitSpace, split_estimates
 from placer.cost.timing import (
     Breakdown,
     Placed,
@@ -31,10 +31,11 @@ class Pricer(PriceContext):
         return estimate(self, role, pool, par, env_cores)
 
     def split_estimates(self, role: str, singles: dict[str, list[Estimate]],
-                        keep: SplitKeep | None = None) -> list[Estimate]:
+                        keep: SplitKeep | None = None, space: SplitSpace | None = None
+                        ) -> list[Estimate]:
         """`role` split over every pair of pools, from its single-pool estimates
-        (`placer.cost.split`)."""
-        return split_estimates(self, role, singles, keep)
+        (`placer.cost.split`); `space` counts what was searched."""
+        return split_estimates(self, role, singles, keep, space)
 
     def rollout_shape(self, dev: DeviceType, par: Parallel) -> RolloutShape:
         """How the batch's samples meet the rollout's engine replicas."""

@@ -8,11 +8,14 @@ rollout role and divides the batch so that both parts finish together: the group
 on part a minimising max(t_a(n), t_b(N - n)), found by bisection, each part priced by
 `placer.cost.estimate.estimate` with the tail model. GRPO groups stay whole on one part.
 
-Which pairs: every two pools that can host the role; on each, the single candidates after
-dominance pruning thinned to `PART_CHOICES` device counts (`thin`); each pair balanced at the
-job's means, the Pareto set per pair of pools thinned to `PAIR_CHOICES`, and only those priced
-with the tail model (`split_estimates`). The ILP picks among them, so the table stays small at
-thousands of devices. How slots, weight sync and tool calls treat a split role:
+Which pairs: every two accelerator pools that can host the role, and on each every layout (so
+every device count) the role has there alone, after dominance pruning. No pair is left out
+unpriced unless a bound shows it cannot be in a plan better than a known one (`SplitKeep`, from
+`placer.solve.ilp_bound.split_keep`): a part's time grows with its samples, so each part can run
+at most so many groups within the time a better plan allows, and a pair whose two parts cannot
+cover the batch between them is pruned (`split_estimates`). The rest are balanced, priced with
+the tail model, and those another split of the same pools beats on devices and every stage are
+dropped; `SplitSpace` counts each. How slots, weight sync and tool calls treat a split role:
 docs/cost-model.md, "How roles combine into one iteration".
 """
 from __future__ import annotations
@@ -30,12 +33,11 @@ from placer.cost.tail_samples import at_means, has_variance
 from placer.spec.hardware import DeviceKind
 
 SPLITTABLE = (Role.ROLLOUT,)
-PART_CHOICES = 4  # device counts per pool that a part may take (spread over the pool's range)
-PAIR_CHOICES = 8  # split candidates kept per pair of pools (spread over their total devices)
 
-# Whether a split candidate holding these devices (pool -> count), whose time is at least this
-# many seconds, may be in a plan better than a known one (`placer.solve.ilp_bound.split_keep`)
-SplitKeep = Callable[[dict[str, int], float], bool]
+# Whether a split candidate of these parts (their single-pool estimates: pool, layout, devices),
+# whose time is at least this many seconds, may be in a plan better than a known one
+# (`placer.solve.ilp_bound.split_keep`); it must be monotone: false at t, false at every t' > t
+SplitKeep = Callable[[tuple[Estimate, ...], float], bool]
 
 
 def deal(n: int, kept: list[int]) -> list[int]:
@@ -124,59 +126,121 @@ def join(parts: list[Part]) -> Estimate:
                     dict(slow.stage_s), concurrency=first.concurrency, parts=tuple(parts))
 
 
-def thin(ests: list[Estimate], per_node: int, k: int = PART_CHOICES) -> list[Estimate]:
-    """At most k estimates, the counts other roles leave free most often first: the whole pool,
-    whole nodes (spread over the range), then halves, quarters, ... of a node."""
-    ests = sorted(ests, key=lambda e: e.devices)
-    if len(ests) <= k:
-        return ests
-    nodes = [e for e in ests[:-1] if e.devices % per_node == 0]
-    pick = [ests[-1]] + [nodes[round(j * (len(nodes) - 1) / max(k - 2, 1))]
-                         for j in range(min(k - 1, len(nodes)))]
-    size = per_node // 2
-    while len({id(e) for e in pick}) < k and size >= 1:
-        pick += [e for e in ests if e.devices == size]
-        size //= 2
-    kept = {id(e): e for e in pick}
-    return sorted(kept.values(), key=lambda e: e.devices)[:k]
+@dataclass
+class SplitSpace:
+    """What `split_estimates` searched: layout pairs over every pair of pools (`pairs`), those
+    the bound showed cannot be in a better plan (`pruned_by_bound`), those another priced split
+    of the same pools beats on devices and time (`dominated`), and the candidates kept."""
+
+    pairs: int = 0
+    pruned_by_bound: int = 0
+    dominated: int = 0
+    kept: int = 0
+
+    def add(self, other: SplitSpace) -> None:
+        self.pairs += other.pairs
+        self.pruned_by_bound += other.pruned_by_bound
+        self.dominated += other.dominated
+        self.kept += other.kept
 
 
-def split_estimates(ctx: PriceContext, role: str,
-                    singles: dict[str, list[Estimate]], keep: SplitKeep | None = None
+def _cap(e: Estimate, pair: tuple[Estimate, Estimate], total: int, group: int,
+         timer: Callable[[Estimate, int], Estimate | None], keep: SplitKeep | None) -> int:
+    """Most groups part `e` can run (at least `_min_groups`; 0 when even those cannot) and
+    still end in a time `keep` accepts for a split of `pair`: its time grows with its
+    samples, so a doubling search then bisection on the tail-aware timer (cached per count)."""
+    groups, lo = total // group, _min_groups(e, group)
+
+    def fits(g: int) -> bool:
+        t = _time(timer(e, g * group))
+        return math.isfinite(t) and (keep is None or keep(pair, t))
+
+    if lo > groups or not fits(lo):
+        return 0
+    if keep is None or fits(groups):
+        return groups
+    good, step = lo, 1
+    while good + step <= groups and fits(good + step):
+        good, step = good + step, step * 2
+    bad = min(good + step, groups + 1)  # fits(good), not fits(bad) (groups + 1: past the end)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
+def split_estimates(ctx: PriceContext, role: str, singles: dict[str, list[Estimate]],
+                    keep: SplitKeep | None = None, space: SplitSpace | None = None
                     ) -> list[Estimate]:
-    """Split estimates of `role` over every pair of pools.
+    """Split estimates of `role` over every pair of pools, each part at every layout (device
+    count) it has alone.
 
     `singles`: pool -> the role's single-pool estimates there (already pruned). CPU pools are
-    left out: a CPU engine next to accelerators only adds a long tail. Every pair of parts is
-    balanced first on the job at its means (`rollout_tail.at_means`: lockstep waves, cheap); per
-    pair of pools the Pareto set of (devices on a, devices on b, time) is thinned to
-    `PAIR_CHOICES`; those are priced on the job itself (the tail-aware makespan) and their split
-    corrected once in proportion to the parts' measured rates, keeping the better of the two.
-    `keep` skips the refinement of a pair whose first tail-aware point already shows it cannot
-    beat a known plan (`_refined`)."""
+    left out: a CPU engine next to accelerators only adds a long tail. For every pair of parts:
+      1. the bound (`keep`): each part's most groups within the time a better plan allows
+         (`_cap`, tail-aware); a pair whose parts cannot cover the batch between them is
+         pruned (every share leaves one part past that time);
+      2. the balance there on the job at its means (`rollout_tail.at_means`: lockstep waves,
+         cheap), then priced on the job itself (tail-aware) and corrected by secant steps
+         (`_refined`), which also drops a pair that `keep` rules out at its first point;
+      3. per pair of pools, a split that another beats on devices of each pool and on every
+         stage is dropped (`prune_dominated`'s rule for single-pool candidates).
+    `space` (when given) counts what was searched, pruned and kept."""
     if role not in SPLITTABLE:
         return []
     res = ctx.res
     total, group = res.job.batch.samples, res.job.batch.samples_per_prompt
-    usable = {p: thin(es, res.cluster.pool(p).devices_per_node) for p, es in singles.items()
+    usable = {p: sorted(es, key=lambda e: e.devices) for p, es in singles.items()
               if es and res.device_of(p).kind is not DeviceKind.cpu}
     exact = PartTimer.of(ctx, role)
     tails = has_variance(res.job)
     rough = PartTimer.of(ctx.with_res(replace(res, job=at_means(res.job))), role) if tails else exact
-    out = []
-    for pa, pb in combinations(sorted(usable), 2):
-        options = []
+    seen = space if space is not None else SplitSpace()
+    out: list[Estimate] = []
+    for pa, pb in combinations(sorted(usable, key=lambda p: _pool_order(ctx, p)), 2):
+        found = []
         for a in usable[pa]:
             for b in usable[pb]:
-                found = balance(a, b, total, group, rough)
-                if found is not None:
-                    options.append((a, b, *found))
-        for a, b, n, _ in _pareto(options, PAIR_CHOICES):
-            parts = (_refined(a, b, n, total, group, exact, keep) if tails
-                     else _parts(a, b, n, total, exact))
-            if parts is not None:
-                out.append(join(parts))
+                seen.pairs += 1
+                est = _pair(a, b, total, group, exact, rough, keep, tails)
+                if est is None:
+                    seen.pruned_by_bound += 1
+                else:
+                    found.append(est)
+        front = _undominated(found)
+        seen.dominated += len(found) - len(front)
+        out += front
+    seen.kept += len(out)
     return out
+
+
+def _pool_order(ctx: PriceContext, pool: str) -> tuple[str, str]:
+    """Pools by what they are, then by name: which part of a pair comes first (and so where the
+    balance search starts) must not depend on what the pools are called."""
+    return ctx.res.cluster.pool(pool).model_dump_json(exclude={"name"}), pool
+
+
+def _pair(a: Estimate, b: Estimate, total: int, group: int,
+          exact: Callable[[Estimate, int], Estimate | None],
+          rough: Callable[[Estimate, int], Estimate | None],
+          keep: SplitKeep | None, tails: bool) -> Estimate | None:
+    """The split of parts a and b, or None when the bound shows no split of them can be in a
+    better plan (or a part cannot get a share of its own)."""
+    if keep is not None and not keep((a, b), 0.0):
+        return None  # ruled out whatever its time (the other roles do not fit beside it)
+    groups = total // group
+    cap_a = _cap(a, (a, b), total, group, exact, keep)
+    cap_b = _cap(b, (a, b), total, group, exact, keep)
+    lo = max(_min_groups(a, group), groups - cap_b)
+    hi = min(cap_a, groups - _min_groups(b, group))
+    if lo > hi or not cap_a or not cap_b:
+        return None
+    found = balance(a, b, total, group, rough)  # over every share: as an unbounded table
+    if found is None:
+        return None
+    parts = (_refined(a, b, found[0], total, group, exact, keep) if tails
+             else _parts(a, b, found[0], total, exact))
+    return None if parts is None else join(parts)
 
 
 def _parts(a: Estimate, b: Estimate, n: int, total: int,
@@ -213,7 +277,7 @@ def _refined(a: Estimate, b: Estimate, n: int, total: int, group: int,
     if first is None:
         return None
     ta, tb = first[2][0].est.time_s, first[2][1].est.time_s
-    if keep is not None and not keep({a.pool: a.devices, b.pool: b.devices}, min(ta, tb)):
+    if keep is not None and not keep((a, b), min(ta, tb)):
         return None
     rate_a, rate_b = g0 / ta, (total // group - g0) / tb
     g1 = min(max(round(total // group * rate_a / (rate_a + rate_b)), lo), hi)
@@ -228,15 +292,21 @@ def _refined(a: Estimate, b: Estimate, n: int, total: int, group: int,
     return min(seen.values(), key=lambda v: v[0])[2]
 
 
-def _pareto(options: list[tuple[Estimate, Estimate, int, float]], k: int
-            ) -> list[tuple[Estimate, Estimate, int, float]]:
-    """Options no other beats on devices of each pool and time, thinned to k over total devices."""
-    front = [o for o in options
-             if not any(q is not o and q[0].devices <= o[0].devices
-                        and q[1].devices <= o[1].devices and q[3] <= o[3]
-                        and (q[0].devices, q[1].devices, q[3]) != (o[0].devices, o[1].devices, o[3])
-                        for q in options)]
-    front.sort(key=lambda o: (o[0].devices + o[1].devices, o[3]))
-    if len(front) <= k:
-        return front
-    return [front[i] for i in sorted({round(j * (len(front) - 1) / (k - 1)) for j in range(k)})]
+def _undominated(splits: list[Estimate]) -> list[Estimate]:
+    """Splits of one pair of pools that no other beats: none with no more devices on each pool
+    and no more time in any stage (the first of equals kept). Safe for the ILP as
+    `candidates.prune_dominated` is: a split sits alone in its slot, so its devices and stage
+    times are all it brings to a plan besides its weight-sync and tool terms."""
+    order = sorted(splits, key=lambda e: (sum(e.pool_devices().values()), e.time_s))
+    kept: list[Estimate] = []
+    for e in order:
+        if not any(_beats(k, e) for k in kept):
+            kept.append(e)
+    return kept
+
+
+def _beats(a: Estimate, b: Estimate) -> bool:
+    da, db = a.pool_devices(), b.pool_devices()
+    stages = set(a.stage_s) | set(b.stage_s)
+    return (all(da.get(p, 0) <= n for p, n in db.items())
+            and all(a.stage_s.get(s, 0.0) <= b.stage_s.get(s, 0.0) for s in stages))

@@ -34,7 +34,7 @@ from placer.cost.layercomm import MICRO_TOKENS, NODE_DEVICES
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.sharding import Parallel
-from placer.cost.split import SplitKeep
+from placer.cost.split import SplitKeep, SplitSpace
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind, DeviceType, Pool
@@ -398,9 +398,11 @@ def flat(per_pool: PerPool) -> dict[str, list[Candidate]]:
 
 
 def with_splits(px: Pricer, per_pool: PerPool,
-                keep: Callable[[str], SplitKeep] | None = None) -> dict[str, list[Candidate]]:
+                keep: Callable[[str], SplitKeep] | None = None, space: SplitSpace | None = None
+                ) -> dict[str, list[Candidate]]:
     """Role -> its single-pool candidates, then those split over two pools (`placer.cost.split`);
-    `keep(role)` says which splits are worth pricing (`placer.solve.ilp_bound.split_keep`)."""
+    `keep(role)` says which splits are worth pricing (`placer.solve.ilp_bound.split_keep`);
+    `space` counts the splits searched, pruned and kept."""
     out: dict[str, list[Candidate]] = {}
     splits_roles = px.res.job.profile.splits_roles  # a framework that runs a role on one pool
     for role, pools in per_pool.items():
@@ -408,7 +410,7 @@ def with_splits(px: Pricer, per_pool: PerPool,
             out[role] = [c for cs in pools.values() for c in cs]
             continue
         splits = px.split_estimates(role, {p: [c.est for c in cs] for p, cs in pools.items()},
-                                    keep(role) if keep is not None else None)
+                                    keep(role) if keep is not None else None, space)
         out[role] = [c for cs in pools.values() for c in cs] + [Candidate(role, e.pool, e)
                                                                for e in splits]
     return out

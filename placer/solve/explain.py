@@ -45,7 +45,7 @@ from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.judgewhy import JudgeWhy, judge_lines, judge_why
 from placer.solve.moves import dims
-from placer.solve.planfile import Plan, RolePlacement
+from placer.solve.planfile import Plan, RolePlacement, SearchSpace
 from placer.solve.planner import build_problem, plan_job
 from placer.solve.pricing import device_price
 from placer.spec.catalog import Resolved, with_nodes
@@ -395,6 +395,9 @@ class Explanation(Record):
     host_memory: dict[str, HostMemoryRow]
     split: dict[str, SplitWhy]
     judge: JudgeWhy | None = None
+    search_space: SearchSpace | None = None
+    """what the solver searched, the space its status and gap are relative to (plans written
+    before it was recorded: None)"""
 
 
 def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
@@ -402,11 +405,23 @@ def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
                        marginal_node=marginal(plan, px, time_limit_s),
                        booking=booking(plan, px), host_memory=host_memory(plan, px),
                        split=split(plan, px, time_limit_s),
-                       judge=judge_why(plan, px, time_limit_s))
+                       judge=judge_why(plan, px, time_limit_s),
+                       search_space=plan.solver.search_space)
+
+
+def search_lines(sp: SearchSpace | None) -> list[str]:
+    """What the solver's gap is relative to, in words."""
+    if sp is None:
+        return []
+    return [f"searched: {sp.roles} roles, {sp.layouts} single-pool layouts, {sp.split_counts} "
+            f"split pairs of layouts ({sp.pruned_by_bound} pruned by the bound, {sp.dominated} "
+            "beaten by another split)",
+            f"  the gap is relative to {sp.relative_to}"]
 
 
 def render(ex: Explanation) -> str:
-    lines = ["per role:", f"  {'role':<12} {'pool':<8} {'devices':>7} {'layout':<16} "
+    lines = [*search_lines(ex.search_space), "per role:",
+             f"  {'role':<12} {'pool':<8} {'devices':>7} {'layout':<16} "
              f"{'time s':>9} {'share':>6} {'mem GB':>8}  memory by kind"]
     for role, r in ex.roles.items():
         if r.parts:  # split over pools: the role's total, then one line per part

@@ -47,6 +47,7 @@ from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, onload_time
 from placer.solve import hostmem
 from placer.solve.candidates import Candidate
+from placer.solve.planfile import SearchSpace
 from placer.solve.pricing import device_price
 from placer.spec.catalog import Resolved
 
@@ -68,6 +69,11 @@ class Problem:
     # re-objectived from this one, whose models (the cost walk builds one per step) reuse them
     tools: dict[tuple[int, int], tuple[Candidate, Candidate, float]] = field(
         default_factory=dict, compare=False, repr=False)
+    # (actor, rollout) weight syncs already priced, (same slot, apart), kept as `tools` is
+    syncs: dict[tuple[int, int], tuple[Candidate, Candidate, tuple[float, float]]] = field(
+        default_factory=dict, compare=False, repr=False)
+    # what the table was built from (`placer.solve.planner.build_problem`); None when built by hand
+    space: SearchSpace | None = field(default=None, compare=False, repr=False)
 
     @property
     def res(self) -> Resolved:
@@ -83,6 +89,22 @@ class Problem:
 
     def capacity(self) -> dict[str, int]:
         return {p.name: p.devices_per_node * p.nodes for p in self.res.cluster.pools}
+
+    def sync_s(self, a: Candidate, k: Candidate) -> tuple[float, float]:
+        """`timing.sync_time` of actor candidate `a` to rollout candidate `k`: (in the actor's
+        slot, 0 unless on its pool; in a slot of its own)."""
+        hit = self.syncs.get((id(a), id(k)))
+        if hit is not None and hit[0] is a and hit[1] is k:
+            return hit[2]
+        diff = self.px.sync_time(Placed("a", a.est), Placed("r", k.est))
+        same = (self.px.sync_time(Placed("a", a.est), Placed("a", k.est))
+                if a.pool == k.pool else 0.0)
+        self.syncs[id(a), id(k)] = (a, k, (same, diff))
+        return same, diff
+
+    def has_tool(self, k: Candidate, e: Candidate) -> bool:
+        hit = self.tools.get((id(k), id(e)))
+        return hit is not None and hit[0] is k and hit[1] is e
 
     def tool_s(self, k: Candidate, e: Candidate) -> float:
         """`timing.rollout_tool_time` of rollout candidate `k` with environment candidate `e`."""
@@ -199,8 +221,8 @@ def _devices_on(c: Candidate, pool: str) -> int:
 class _Model:
     """The CP-SAT model of one `Problem` (see the module docstring for the formulation)."""
 
-    def __init__(self, problem: Problem, unit_s: float) -> None:
-        self.p, self.unit = problem, unit_s
+    def __init__(self, problem: Problem, unit_s: float, lazy_tools: bool = False) -> None:
+        self.p, self.unit, self.lazy_tools = problem, unit_s, lazy_tools
         self.m = cp_model.CpModel()
         self.roles = problem.roles
         self.pools = [pl.name for pl in problem.res.cluster.pools]
@@ -365,15 +387,12 @@ class _Model:
         self.y_top = 0
         if Role.ACTOR not in self.roles or Role.ROLLOUT not in self.roles:
             return
-        px = self.p.px
         A, Rc = self.p.cands[Role.ACTOR], self.p.cands[Role.ROLLOUT]
         same_slot = self.z[Role.ROLLOUT, Role.ACTOR]
         table = {}
         for a in A:
             for k in Rc:
-                diff = px.sync_time(Placed("a", a.est), Placed("r", k.est))
-                same = (px.sync_time(Placed("a", a.est), Placed("a", k.est))
-                        if a.pool == k.pool else 0.0)
+                same, diff = self.p.sync_s(a, k)
                 table[id(a), id(k)] = (self.ti(same), self.ti(diff))
         top = self.y_top = max(max(v) for v in table.values())
         y = self.Y = self.m.new_int_var(0, top, "Y")
@@ -388,7 +407,8 @@ class _Model:
         if Role.ROLLOUT not in self.roles or Role.ENVIRONMENT not in self.roles:
             return
         R, E = self.p.cands[Role.ROLLOUT], self.p.cands[Role.ENVIRONMENT]
-        table = {(id(k), id(e)): self.ti(self.p.tool_s(k, e)) for k in R for e in E}
+        table = {(id(k), id(e)): self.ti(self.p.tool_s(k, e) if self.priced(k, e) else 0.0)
+                 for k in R for e in E}
         top = max(max(table.values()), 0)
         low = min(min(table.values()), 0)  # < 0: the queue ends an over-provisioned stage sooner
         if top == 0 and low == 0:
@@ -405,6 +425,23 @@ class _Model:
                     self.m.add(tq == 0).OnlyEnforceIf(self.z[Role.ROLLOUT, j].Not())
                 self.S[j, "rollout"] = self.S[j, "rollout"] + tq
         self.tool_top = top
+
+    def priced(self, k: Candidate, e: Candidate) -> bool:
+        """Whether the model prices the tool term of rollout `k` with environment `e`: always,
+        unless `lazy_tools` and `k` is a split whose term is not priced yet; that term is then
+        0, a lower bound (`timing._split_tool_time` is never negative), so the model's optimum
+        bounds the true one from below (`placer.solve.ilp_solve` prices what it chose, and
+        re-solves until its choice is priced)."""
+        return not (self.lazy_tools and k.split) or self.p.has_tool(k, e)
+
+    def forbid_unpriced(self) -> None:
+        """No (rollout, environment) pair whose tool term the model does not price."""
+        if Role.ROLLOUT not in self.roles or Role.ENVIRONMENT not in self.roles:
+            return
+        for k, xk in zip(self.p.cands[Role.ROLLOUT], self.x[Role.ROLLOUT]):
+            for e, xe in zip(self.p.cands[Role.ENVIRONMENT], self.x[Role.ENVIRONMENT]):
+                if not self.priced(k, e):
+                    self.m.add_bool_or([xk.Not(), xe.Not()])
 
     def _iteration(self) -> None:
         m = self.m

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from placer.base.roles import Role
-from placer.cost.estimate import generated_samples
+from placer.cost.estimate import Estimate, generated_samples
 from placer.cost.split import SplitKeep
+from placer.cost.timing import Placed
 from placer.solve.candidates import Candidate
 from placer.solve.ilp import Assignment, Problem, host_fits, slot_names
 from placer.solve.pricing import device_price, slots_price
@@ -121,16 +123,18 @@ def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
     eps = 1e-9
     keep = {}
     floor = _stage_floors(problem)
+    sync = sync_floor(problem)
     for r, cs in problem.cands.items():
         if r == Role.ROLLOUT and _tool_may_lower(problem):
             kept = cs  # its slot's rollout stage may end before its own time: no bound by it
         elif problem.objective == "time":
-            kept = [c for c in cs if _time_floor(problem, r, c, floor) <= ub_time * (1 + eps)]
+            kept = [c for c in cs
+                    if _time_floor(problem, r, c, floor, sync) <= ub_time * (1 + eps)]
         else:
             kept = [c for c in cs if candidate_price(problem, c) / 3600 * c.time_s / samples
                     <= ub_cost * (1 + eps)]
         keep[r] = kept or cs
-    return Problem(problem.px, keep, problem.objective, problem.tools)
+    return replace(problem, cands=keep)
 
 
 def _stage_floors(problem: Problem) -> dict[str, dict[str, float]]:
@@ -145,17 +149,20 @@ def _stage_floors(problem: Problem) -> dict[str, dict[str, float]]:
     return out
 
 
-def _time_floor(problem: Problem, role: str, c: Candidate,
-                floor: dict[str, dict[str, float]]) -> float:
-    """A lower bound on T of any plan where `role` runs candidate `c`: its own time (any mode);
+def _time_floor(problem: Problem, role: str, c: Candidate, floor: dict[str, dict[str, float]],
+                sync: Callable[[Estimate], float] | None = None) -> float:
+    """A lower bound on T of any plan where `role` runs candidate `c`: its own time (any mode),
+    plus for a split rollout its least weight sync (`sync_floor`: it sits alone in its slot);
     in sync mode the stages run in sequence and each lasts at least its longest role's time in
     it (`timing.iteration_time`), so T >= sum over stages of max(c's, the other roles' least);
     async, a step's chain of those stages spans at most s + 1 iterations
     (`PipelineMode.chain_bound_s`)."""
     stages = set(c.est.stage_s).union(*(f for r, f in floor.items() if r != role))
-    chain = sum(max([c.est.stage_s.get(st, 0.0)]
-                    + [f.get(st, 0.0) for r, f in floor.items() if r != role]) for st in stages)
-    return max(c.time_s, problem.res.job.pipeline.mechanism.chain_bound_s(chain))
+    y = (max(sync(p.est) for p in c.est.parts)
+         if sync is not None and role == Role.ROLLOUT and c.split else 0.0)
+    chain = y + sum(max([c.est.stage_s.get(st, 0.0)]
+                        + [f.get(st, 0.0) for r, f in floor.items() if r != role]) for st in stages)
+    return max(c.time_s + y, problem.res.job.pipeline.mechanism.chain_bound_s(chain))
 
 
 def _tool_may_lower(problem: Problem) -> bool:
@@ -171,11 +178,19 @@ def _tool_may_lower(problem: Problem) -> bool:
 def split_keep(problem: Problem, slack_s: float = 0.0) -> Callable[[str], SplitKeep]:
     """Role -> `SplitKeep` for its candidates against the heuristic plan of `problem` (its cost
     table without splits suffices: `heuristic` leaves them out; priced once, on first use).
-    `prune_by_bound`'s rule on the role's own time: any plan with the candidate has T >= its
-    time and, priced, a rate of at least its devices' price; the candidate is kept unless its
-    time's lower bound rules it out (by more than `slack_s` on time: a re-plan's move costs)."""
+
+    A split sits alone in its slot, so every other role runs on the devices it leaves free: of
+    each other role only the candidates that fit there count (`_left_floors`; none: no plan).
+    Any plan with the split then has T >= its time plus its weight sync (`sync_floor`), T >=
+    each other role's least time there, and, in either mode, T >= `chain_bound_s` of the split's
+    time and sync plus the other roles' least time in the stages it has none of (as
+    `_time_floor`); priced, a rate of at least its devices' price. The split is kept unless
+    that lower bound on T rules it out (by more than `slack_s` on time: a re-plan's move
+    costs)."""
     bound: list[tuple[float, float]] = []  # the heuristic plan's (seconds, USD per sample)
     samples, eps = problem.res.job.batch.samples, 1e-9
+    chain_bound = problem.res.job.pipeline.mechanism.chain_bound_s
+    sync = sync_floor(problem)
 
     def ub() -> tuple[float, float]:
         if not bound:  # a plan over host memory bounds nothing
@@ -183,14 +198,77 @@ def split_keep(problem: Problem, slack_s: float = 0.0) -> Callable[[str], SplitK
             bound.append(score(problem, h) if host_fits(problem, h) else (math.inf, math.inf))
         return bound[0]
 
-    def cheap_enough(devices: dict[str, int], t_low: float) -> bool:
-        price = sum(device_price(problem.res, pool, False) * n for pool, n in devices.items())
-        return price / 3600 * t_low / samples <= ub()[1] * (1 + eps)
+    def time_floor(role: str) -> Callable[[tuple[Estimate, ...], float], float]:
+        left = _left_floors(problem, role)
+
+        def low(parts: tuple[Estimate, ...], t_low: float) -> float:
+            others = left(tuple((p.pool, p.devices) for p in parts))
+            if others is None:
+                return math.inf  # the other roles do not fit beside it
+            rest, slowest = others
+            t = t_low + (max(sync(p) for p in parts) if role == Role.ROLLOUT else 0.0)
+            return max(t, slowest, chain_bound(t + rest))
+        return low
 
     def for_role(role: str) -> SplitKeep:
         if role == Role.ROLLOUT and _tool_may_lower(problem):
-            return lambda _devices, _t_low: True
+            return lambda _parts, _t_low: True
+        low = time_floor(role)
         if problem.objective == "time":
-            return lambda _devices, t_low: t_low <= (ub()[0] + slack_s) * (1 + eps)
+            return lambda parts, t_low: low(parts, t_low) <= (ub()[0] + slack_s) * (1 + eps)
+
+        def cheap_enough(parts: tuple[Estimate, ...], t_low: float) -> bool:
+            price = sum(device_price(problem.res, p.pool, False) * p.devices for p in parts)
+            return price / 3600 * low(parts, t_low) / samples <= ub()[1] * (1 + eps)
         return cheap_enough
     return for_role
+
+
+def _left_floors(problem: Problem, role: str
+                 ) -> Callable[[tuple[tuple[str, int], ...]], tuple[float, float] | None]:
+    """(pool, devices) held by a split of `role` -> (the sum over the stages `role` has none of
+    of the other roles' least time in each, the largest of the other roles' least own time),
+    counting only candidates that fit on the devices the split leaves free; None when some
+    other role has none that does. Cached per holding."""
+    cap = problem.capacity()
+    own = {st for c in problem.cands.get(role, []) for st in c.est.stage_s}
+    seen: dict[tuple[tuple[str, int], ...], tuple[float, float] | None] = {}
+
+    def of(held: tuple[tuple[str, int], ...]) -> tuple[float, float] | None:
+        if held not in seen:
+            free = dict(cap)
+            for pool, n in held:
+                free[pool] = free.get(pool, 0) - n
+            stage: dict[str, float] = {}
+            slowest = 0.0
+            for r, cs in problem.cands.items():
+                if r == role:
+                    continue
+                fit = [c for c in cs
+                       if all(n <= free.get(p, 0) for p, n in c.pool_devices().items())]
+                if not fit:
+                    seen[held] = None
+                    return None
+                slowest = max(slowest, min(c.time_s for c in fit))
+                for st in {st for c in fit for st in c.est.stage_s} - own:
+                    stage[st] = max(stage.get(st, 0.0), min(c.est.stage_s.get(st, 0.0) for c in fit))
+            seen[held] = (sum(stage.values()), slowest)
+        return seen[held]
+    return of
+
+
+def sync_floor(problem: Problem) -> Callable[[Estimate], float]:
+    """The least weight sync to a rollout part on its own slot (a split sits alone), over every
+    actor candidate: a split's sync is its slowest part's (`timing.sync_time`), and a part's
+    depends on its pool and layout only, so the max over its parts bounds the split's from
+    below. Cached per (pool, layout); 0 without an actor."""
+    actors = problem.cands.get(Role.ACTOR, [])
+    seen: dict[tuple[str, object], float] = {}
+
+    def of(part: Estimate) -> float:
+        key = (part.pool, part.par)
+        if key not in seen:
+            seen[key] = min((problem.px.sync_time(Placed("a", a.est), Placed("r", part))
+                             for a in actors), default=0.0)
+        return seen[key]
+    return of

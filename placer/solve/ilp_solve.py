@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
+from placer.base.roles import Role
 from placer.solve.candidates import Candidate
 from placer.solve.ilp import (
     TIME_STEPS,
@@ -130,30 +131,47 @@ def rate_units(problem: Problem, a: Assignment) -> int:
 
 def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap: int | None,
                  prune: bool, workers: int, seed: int) -> _Step:
-    """min T (+ moves), then the cheapest plan at that T; `Unsolved` if none in time."""
+    """min T (+ moves), then the cheapest plan at that T; `Unsolved` if none in time.
+
+    A split rollout's tool terms are priced lazily (`_Model.priced`): solved with 0 for those
+    not yet priced (a lower bound), the chosen split's terms priced (with every environment
+    candidate), and re-solved until the plan chosen has its terms priced; its T is then
+    optimal for the true terms too (it is the relaxed optimum, which no plan beats). The
+    cheapest plan at that T is sought among the pairs priced. Pricing a (split, environment)
+    pair replays the tool queue, and on a large cluster most splits are never chosen."""
     tp = replace(problem, objective="time")
     h = heuristic(tp)
     ub = score(tp, h)[0]
     if prune and host_fits(tp, h):  # feasible (no rate cap), so it bounds the optimum
         slack = len(tp.roles) * hint.move_cost_s if hint else 0.0
         tp = prune_by_bound(tp, ub + slack, math.inf)
-    model = _Model(tp, unit_s=max(ub, 1e-9) / TIME_STEPS)
-    start = hint_assignment(tp, hint) if hint else None
-    model.hint(start or h)
-    first = model.T + (model.ti(hint.move_cost_s) if hint else 0) * _moves(model, hint)
-    if rate_cap is not None:
-        model.m.add(model.rate <= rate_cap)
-    model.m.minimize(first)
-    solver = _solver(deadline - time.perf_counter(), workers, seed)
-    status = solver.Solve(model.m)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise Unsolved("infeasible" if status == cp_model.INFEASIBLE else
-                       f"no solution in time ({solver.StatusName(status)})")
-    best = model.read(solver)
-    obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+    while True:
+        model = _Model(tp, unit_s=max(ub, 1e-9) / TIME_STEPS, lazy_tools=True)
+        start = hint_assignment(tp, hint) if hint else None
+        model.hint(start or h)
+        first = model.T + (model.ti(hint.move_cost_s) if hint else 0) * _moves(model, hint)
+        if rate_cap is not None:
+            model.m.add(model.rate <= rate_cap)
+        model.m.minimize(first)
+        solver = _solver(deadline - time.perf_counter(), workers, seed)
+        status = solver.Solve(model.m)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            raise Unsolved("infeasible" if status == cp_model.INFEASIBLE else
+                           f"no solution in time ({solver.StatusName(status)})")
+        best = model.read(solver)
+        obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+        k = _unpriced_split(tp, best)
+        if k is None:
+            break
+        for e in tp.cands[Role.ENVIRONMENT]:  # its terms: the next model has them
+            tp.tool_s(k, e)
+        if time.perf_counter() >= deadline - 0.02:
+            t = score(tp, best)[0]  # priced as assembled; moves left out of the objective
+            return _Step(best, False, max(t, obj * model.unit), bound * model.unit)
     left = deadline - time.perf_counter()
-    if left > 0.02:  # second phase: the cheapest plan at that first objective
+    if left > 0.02:  # second phase: the cheapest plan at that first objective, terms priced
         model.m.add(first <= int(round(obj)))
+        model.forbid_unpriced()
         model.m.clear_hints()
         model.hint(best)
         model.m.minimize(model.tie_breaker())
@@ -161,6 +179,14 @@ def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap:
         if s2.Solve(model.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             best = model.read(s2)
     return _Step(best, status == cp_model.OPTIMAL, obj * model.unit, bound * model.unit)
+
+
+def _unpriced_split(problem: Problem, a: Assignment) -> Candidate | None:
+    """The chosen split rollout when its tool term with the chosen environment is not priced."""
+    k, e = a.choice.get(Role.ROLLOUT), a.choice.get(Role.ENVIRONMENT)
+    if k is None or e is None or not k.split or problem.has_tool(k, e):
+        return None
+    return k
 
 
 def solve(problem: Problem, time_limit_s: float = 10.0, hint: Hint | None = None,

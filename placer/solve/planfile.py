@@ -179,6 +179,24 @@ class SyncRoute(_M):
     hops: list[str] = []
 
 
+class SearchSpace(_M):
+    """The space the solver's status and gap are relative to: every plan that picks, for each of
+    `roles`, one of the `layouts` single-pool candidates (every parallel layout and device count
+    the role's pools allow, less those another candidate on the same pool beats on devices,
+    every stage and memory) or one of the split candidates, with any grouping into slots that
+    fits the pools. `split_counts`: pairs of parts over every pair of pools, each part at every
+    layout it has alone; `pruned_by_bound` of them are proven unable to be in a plan better than
+    a feasible one (`placer.solve.ilp_bound.split_keep`), `dominated` are beaten by another
+    split of the same pools on devices and every stage."""
+
+    roles: int = Field(ge=0)
+    layouts: int = Field(ge=0)
+    split_counts: int = Field(ge=0)
+    pruned_by_bound: int = Field(ge=0)
+    dominated: int = Field(0, ge=0)
+    relative_to: str = ""
+
+
 class SolverInfo(_M):
     name: str = "cp-sat"
     status: str
@@ -186,6 +204,16 @@ class SolverInfo(_M):
     bound: float
     gap: float = Field(ge=0)
     solve_s: float = Field(ge=0)
+    # None in plans written before it was recorded, and for plans no solver chose (baselines)
+    search_space: SearchSpace | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_space(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A plan written before the search space was recorded is written back without it."""
+        out: dict[str, Any] = handler(self)
+        if out.get("search_space") is None:
+            out.pop("search_space", None)
+        return out
 
 
 class Breakdown(_M):

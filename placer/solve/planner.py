@@ -30,14 +30,15 @@ from dataclasses import replace
 from placer.base.errors import Infeasible
 from placer.base.roles import TRAINING_ROLES, Role
 from placer.cost.pricer import Pricer
+from placer.cost.split import SplitSpace
 from placer.solve import hostmem
 from placer.solve.assemble import assemble
-from placer.solve.candidates import flat, single_candidates, with_splits
+from placer.solve.candidates import PerPool, flat, single_candidates, with_splits
 from placer.solve.diagnose import diagnose
 from placer.solve.ilp import Assignment, Hint, Problem, Solution, Unsolved, host_fits, layout_key
 from placer.solve.ilp_bound import heuristic, score, split_keep
 from placer.solve.ilp_solve import frontier, solve
-from placer.solve.planfile import Plan, SolverInfo
+from placer.solve.planfile import Plan, SearchSpace, SolverInfo
 from placer.spec.catalog import resolve
 from placer.spec.job import Job, pin_of
 
@@ -69,11 +70,27 @@ def build_problem(px: Pricer, objective: str | None = None, bounded: bool = True
             singles = Problem(px, fit, objective or res.job.objective)
             keep = split_keep(singles, slack_s)
     # over a node's host memory alone
-    cands, refused = hostmem.refuse_candidates(res, with_splits(px, per_pool, keep))
+    space = SplitSpace()
+    cands, refused = hostmem.refuse_candidates(res, with_splits(px, per_pool, keep, space))
     missing = [r for r, cs in cands.items() if not cs]
     if missing:
         raise Infeasible(hostmem.refusal(res, missing, refused))
-    return Problem(px, cands, objective or res.job.objective)
+    return Problem(px, cands, objective or res.job.objective,
+                   space=search_space(per_pool, space, bounded and keep is not None))
+
+
+def search_space(per_pool: PerPool, split: SplitSpace, bounded: bool) -> SearchSpace:
+    """The record of what a cost table covers (`planfile.SearchSpace`)."""
+    pruned = ("; split pairs pruned only where a bound proves they cannot beat the heuristic "
+              "plan" if bounded and split.pruned_by_bound else "")
+    return SearchSpace(
+        roles=len(per_pool), layouts=sum(len(cs) for cs in flat(per_pool).values()),
+        split_counts=split.pairs, pruned_by_bound=split.pruned_by_bound,
+        dominated=split.dominated,
+        relative_to="every placement of the roles on one layout each (every parallel layout and "
+                    "device count on every pool that may host them, or a split over two pools "
+                    "with each part at every such count) in any slots that fit; candidates "
+                    "another beats on devices, every stage and memory left out" + pruned)
 
 
 def framework_check(job: Job) -> None:
@@ -108,7 +125,7 @@ def framework_refusal(job: Job, roles: list[str]) -> str:
 
 def to_plan(problem: Problem, sol: Solution) -> Plan:
     info = SolverInfo(status=sol.status.lower(), objective=sol.objective, bound=sol.bound,
-                      gap=sol.gap, solve_s=sol.solve_s)
+                      gap=sol.gap, solve_s=sol.solve_s, search_space=problem.space)
     return assemble(problem.px, sol.assignment.placed(), info)
 
 
