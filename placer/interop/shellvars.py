@@ -84,12 +84,18 @@ def _closing(text: str, i: int, open_: str, close: str) -> int:
     raise Unresolved(text[i:])
 
 
-def _braced(body: str, env: dict[str, str]) -> str:
+def _braced(body: str, env: dict[str, str], quoted: bool = False) -> str:
     whole = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]$", body)
     if whole:  # an array's elements (ELEMENTS-separated: `script_words` splits them)
         if whole.group(1) not in env:
             raise Unresolved(whole.group(1))
-        return env[whole.group(1)]
+        if quoted:
+            return env[whole.group(1)]
+        # unquoted, bash splits each element at blanks too
+        parts = [w for e in env[whole.group(1)].split(ELEMENTS) for w in e.split()]
+        if not parts:
+            return ELEMENTS  # no word (see `_assign_array`)
+        return parts[0] if len(parts) == 1 else ELEMENTS.join(parts)
     m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=+?])?(.*)$", body, re.S)
     if not m:
         raise Unresolved(body)
@@ -137,7 +143,7 @@ def expand(text: str, env: dict[str, str], quoted: bool = False) -> str:
                 i = end + 1
             elif nxt == "{":
                 end = _closing(text, i + 1, "{", "}")
-                out.append(_braced(text[i + 2:end], env))
+                out.append(_braced(text[i + 2:end], env, quoted))
                 i = end + 1
             elif NAME.match(text, i + 1):
                 m = NAME.match(text, i + 1)
