@@ -1,8 +1,10 @@
-"""`placer export verl|openrlhf|kuberay PLAN.json`: a plan as another framework's configuration.
+"""`placer export verl|openrlhf|nemo-rl|miles|kuberay PLAN.json`: a plan as a framework's configuration.
 
     placer export verl PLAN.json -o DIR        overrides.yaml + launch.sh (verl.trainer.main_ppo)
     placer export openrlhf PLAN.json [-o FILE] the openrlhf.cli.train_ppo_ray command line (stdout,
                                                or a launch script at FILE)
+    placer export nemo-rl PLAN.json [-o FILE]  a NeMo-RL recipe YAML (over a shipped base recipe)
+    placer export miles PLAN.json [-o FILE]    the Miles train.py command line (stdout, or a script)
     placer export kuberay PLAN.json -o DIR     raycluster.yaml, rayjob.yaml, plan-configmap.yaml
                        [--image IMAGE] [--steps N]
 
