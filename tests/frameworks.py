@@ -367,6 +367,40 @@ def nemo_rl_errors(text: str) -> list[str]:
         error = _nemo_field_error(classes, key, value)
         if error:
             errors.append(error)
+    return errors + _nemo_setup_errors({**base, **_flat(data)})
+
+
+def _nemo_setup_errors(cfg: dict[str, Any]) -> list[str]:
+    """The asserts NeMo-RL 0.6.0 makes on these sections before it starts (restated, as its
+    modules import CUDA libraries): nemo_rl/algorithms/grpo.py `setup` (a non-colocated
+    generation takes GPUs of a one-node cluster or whole nodes, and leaves the policy some) and
+    nemo_rl/models/generation/vllm/vllm_generation.py (world size a multiple of TP x PP; EP a
+    multiple of TP; PP needs the async engine, DP inside vLLM refuses it)."""
+    g = "policy.generation"
+    tp, pp = cfg[f"{g}.vllm_cfg.tensor_parallel_size"], cfg[f"{g}.vllm_cfg.pipeline_parallel_size"]
+    ep, eng = cfg[f"{g}.vllm_cfg.expert_parallel_size"], cfg[f"{g}.vllm_cfg.async_engine"]
+    nodes, per = cfg["cluster.num_nodes"], cfg["cluster.gpus_per_node"]
+    errors = []
+    world = nodes * per
+    if not cfg[f"{g}.colocated.enabled"]:
+        r_per = cfg[f"{g}.colocated.resources.gpus_per_node"]
+        r_nodes = cfg[f"{g}.colocated.resources.num_nodes"]
+        if nodes == 1:
+            world = r_per
+            if r_nodes not in (None, 1) or not 0 < r_per < per:
+                errors.append(f"colocated.resources: {r_nodes} x {r_per} on one node of {per}")
+        else:
+            world = r_nodes * per
+            if r_per != per or not 0 < r_nodes < nodes:
+                errors.append(f"colocated.resources: {r_nodes} x {r_per} of {nodes} x {per}")
+    if world % (tp * pp):
+        errors.append(f"vllm_cfg: {world} GPUs are not a multiple of TP {tp} x PP {pp}")
+    if ep > 1 and ep % tp:
+        errors.append(f"vllm_cfg.expert_parallel_size: {ep} is not a multiple of TP {tp}")
+    if pp > 1 and not eng:
+        errors.append("vllm_cfg: pipeline_parallel_size > 1 needs async_engine")
+    if ep > 1 and ep != tp and eng:
+        errors.append("vllm_cfg: DP inside vLLM (EP > TP) refuses async_engine")
     return errors
 
 

@@ -219,8 +219,14 @@ def test_hsdp_and_split_plans_are_refused_naming_the_field(framework, tmp_path, 
         assert field in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_what_the_frameworks_cannot_express_is_warned_naming_the_field() -> None:
+def test_data_parallel_attention_is_vllms_dp_inside_the_engine_and_types_are_warned() -> None:
+    """NeMo-RL runs vLLM DP x TP with EP over both (EP = DP x TP): the plan's attention groups
+    are expressed, not dropped; the GPU types of two pools are a warning naming `cluster`."""
     plan = _plan("grpo-qwen3-30b-a3b", "nemo-rl")
-    assert plan.roles["rollout"].attn_dp > 1
-    assert any(w.startswith("roles.rollout.attn_dp:") for w in export_nemo_rl(plan).warnings)
-    assert any(w.startswith("cluster: NeMo-RL") for w in export_nemo_rl(plan).warnings)
+    r = plan.roles["rollout"]
+    assert r.attn_dp > 1 and r.ep == r.tp
+    export = export_nemo_rl(plan)
+    vllm = yaml.safe_load(next(iter(export.files.values())))["policy"]["generation"]["vllm_cfg"]
+    assert (vllm["tensor_parallel_size"], vllm["expert_parallel_size"]) == (r.par.attn_tp, r.ep)
+    assert not any("attn_dp" in w for w in export.warnings)
+    assert any(w.startswith("cluster: NeMo-RL sizes pools in GPUs") for w in export.warnings)

@@ -45,12 +45,12 @@ from placer.interop.common import (
 from placer.interop.importers import (
     CPU_DEVICE,
     Settings,
-    _assumed,
-    _job,
-    _lengths,
-    _scalar,
-    _script_argv,
+    assumed_lengths,
+    assumed_notes,
+    job_dict,
     model_name,
+    scalar,
+    script_argv,
 )
 from placer.interop.verl import micro_batch, parked
 from placer.solve.planfile import Plan
@@ -144,6 +144,10 @@ def _outside(plan: Plan, warn: list[str], colocate: bool) -> None:
     if plan.spec.pipeline.mechanism.overlaps_steps and colocate:
         warn.append("pipeline: Miles' async trainer (train_async.py) refuses --colocate; the "
                     "plan's colocated async pipeline is exported as train.py (synchronous)")
+    elif plan.spec.pipeline.mechanism.overlaps_steps and plan.spec.pipeline.max_staleness > 1:
+        warn.append(f"pipeline.max_staleness: Miles' train_async.py generates one rollout ahead "
+                    f"of training; the plan's staleness {plan.spec.pipeline.max_staleness} "
+                    "becomes 1")
     if kind_of(plan, Role.ROLLOUT) is not DeviceKind.gpu:
         warn.append(f"rollout: Miles generates with SGLang on GPUs; the plan's "
                     f"{plan.roles[Role.ROLLOUT].pool} rollout is exported on the actor's GPUs")
@@ -206,7 +210,7 @@ def miles_settings(text: str, source: str, variables: dict[str, str] | None = No
     script's `train*.py` command, its shell variables and arrays expanded."""
     for entry in (ASYNC_ENTRY, SYNC_ENTRY):
         if entry in text:
-            argv = _script_argv(text, source, entry, variables)
+            argv = script_argv(text, source, entry, variables)
             if argv and any(w.endswith(entry) for w in argv):
                 break
     else:
@@ -220,13 +224,13 @@ def miles_settings(text: str, source: str, variables: dict[str, str] | None = No
             flag = None
         elif tok.startswith("--"):
             flag, eq, value = tok[2:].partition("=")
-            out[flag] = _scalar(value) if eq else True
+            out[flag] = scalar(value) if eq else True
             if eq:
                 flag = None
         elif flag is not None:
             prev = out[flag]
-            out[flag] = _scalar(tok) if prev is True else (
-                prev + [_scalar(tok)] if isinstance(prev, list) else [prev, _scalar(tok)])
+            out[flag] = scalar(tok) if prev is True else (
+                prev + [scalar(tok)] if isinstance(prev, list) else [prev, scalar(tok)])
     return entry, Settings(out, source)
 
 
@@ -305,7 +309,7 @@ def import_miles(text: str, source: str, device: str = "H100-SXM",
              {"name": "cpu", "device": CPU_DEVICE, "devices_per_node": 1, "nodes": 1}]
     colocate_groups = [shared] if len(shared) > 1 else []
     current = {"source": f"miles: {source}", "roles": roles, "colocate": colocate_groups}
-    job = _job(name, algorithm, models, batch, _lengths(prompt, response), pools, current)
+    job = job_dict(name, algorithm, models, batch, assumed_lengths(prompt, response), pools, current)
     if entry == ASYNC_ENTRY or a.get("fully-async"):
         job["pipeline"] = {"mode": "async", "max_staleness": 1}
-    return job, _assumed(device) + notes
+    return job, assumed_notes(device) + notes

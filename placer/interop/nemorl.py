@@ -50,7 +50,14 @@ from placer.interop.common import (
     refuse_hsdp,
     refuse_split,
 )
-from placer.interop.importers import CPU_DEVICE, Settings, _assumed, _job, _lengths, model_name
+from placer.interop.importers import (
+    CPU_DEVICE,
+    Settings,
+    assumed_lengths,
+    assumed_notes,
+    job_dict,
+    model_name,
+)
 from placer.interop.verl import micro_batch, to_nested
 from placer.solve.planfile import Plan
 from placer.spec.hardware import DeviceKind
@@ -119,19 +126,42 @@ def _caps(plan: Plan) -> tuple[int, int]:
     return prompt, env.turns * response + (env.turns - 1) * env.tool_output_tokens
 
 
+def _engine(plan: Plan, warn: list[str]) -> tuple[int, int]:
+    """(vLLM TP, EP) of the rollout. NeMo-RL runs vLLM's data parallelism inside an engine as
+    EP = DP x TP (nemo_rl/models/generation/vllm/vllm_generation.py asserts EP % TP == 0): the
+    plan's data-parallel attention (attn_dp groups of attn_tp, experts over all its TP) is
+    TP attn_tp with EP = the engine's GPUs; other layouts it cannot express are warned."""
+    r = plan.roles[Role.ROLLOUT]
+    tp, ep = r.par.attn_tp, r.ep
+    if r.attn_dp > 1 and ep != r.tp:
+        warn.append(f"roles.rollout.attn_dp: NeMo-RL runs data-parallel attention only as vLLM's "
+                    f"DP x TP with the experts over all of them (EP = DP x TP); the plan's "
+                    f"{r.attn_dp} attention groups with EP {ep} become one TP {r.tp} group")
+        tp = r.tp
+    if ep > 1 and ep % tp:
+        warn.append(f"roles.rollout.ep: NeMo-RL needs vLLM's EP to be a multiple of its TP "
+                    f"(EP = DP x TP); the plan's EP {ep} with TP {tp} is exported as EP {tp}")
+        ep = tp
+    return tp, ep
+
+
 def _generation(plan: Plan, warn: list[str]) -> dict[str, Any]:
     r = plan.roles[Role.ROLLOUT]
     key = "policy.generation"
+    tp, ep = _engine(plan, warn)
     o: dict[str, Any] = {
         f"{key}.backend": "vllm", f"{key}.max_new_tokens": _caps(plan)[1],
-        f"{key}.vllm_cfg.tensor_parallel_size": r.tp,
+        f"{key}.vllm_cfg.tensor_parallel_size": tp,
         f"{key}.vllm_cfg.pipeline_parallel_size": r.pp,
-        f"{key}.vllm_cfg.expert_parallel_size": r.ep,
+        f"{key}.vllm_cfg.expert_parallel_size": ep,
         f"{key}.vllm_cfg.gpu_memory_utilization": memory_fraction(plan, Role.ROLLOUT)}
-    if r.attn_dp > 1:
-        warn.append(f"roles.rollout.attn_dp: NeMo-RL {NEMO_RL_VERSION[8:]}'s vllm_cfg has no "
-                    f"data-parallel attention; the plan's {r.attn_dp} attention groups become "
-                    f"one TP {r.tp} group")
+    if r.pp > 1:  # NeMo-RL asserts the async engine for pipeline stages (vllm_generation.py)
+        o[f"{key}.vllm_cfg.async_engine"] = True
+        if ep not in (1, tp):  # ... and asserts it off for DP inside vLLM
+            warn.append(f"roles.rollout.pp: NeMo-RL runs vLLM pipeline stages only with its async "
+                        f"engine, which it refuses with DP inside vLLM (EP {ep} > TP {tp}); the "
+                        f"plan's EP is exported as EP {tp}")
+            o[f"{key}.vllm_cfg.expert_parallel_size"] = tp
     if kind_of(plan, Role.ROLLOUT) is not DeviceKind.gpu:
         warn.append(f"rollout: NeMo-RL generates with vLLM on GPUs; the plan's {r.pool} "
                     f"({kind_of(plan, Role.ROLLOUT)}) rollout is exported colocated")
@@ -359,8 +389,14 @@ def import_nemo_rl(text: str, source: str, device: str = "H100-SXM",
     gen = "policy.generation.vllm_cfg"
     rollout: dict[str, Any] = {"pool": "gpu", "tp": _num(cfg, f"{gen}.tensor_parallel_size", 1),
                                "pp": _num(cfg, f"{gen}.pipeline_parallel_size", 1)}
-    if _num(cfg, f"{gen}.expert_parallel_size", 1) > 1:
-        rollout["ep"] = cfg.get(f"{gen}.expert_parallel_size")
+    ep = _num(cfg, f"{gen}.expert_parallel_size", 1)
+    if ep > 1:
+        rollout["ep"] = ep
+    if ep > rollout["tp"]:  # vLLM's DP inside the engine (EP = DP x TP): one engine of EP GPUs
+        notes.append(f"{gen}.expert_parallel_size: {ep} over TP {rollout['tp']} is vLLM data "
+                     f"parallelism inside the engine (data-parallel attention); `current` "
+                     f"records it as engines of {ep} GPUs")
+        rollout["tp"] = ep
     shared = ["actor"]
     if cfg.get("policy.generation.colocated.enabled", True) in (False, "false", "False"):
         res = "policy.generation.colocated.resources"
@@ -417,9 +453,9 @@ def import_nemo_rl(text: str, source: str, device: str = "H100-SXM",
              {"name": "cpu", "device": CPU_DEVICE, "devices_per_node": 1, "nodes": 1}]
     colocate = [g for g in (shared, cpu_roles) if len(g) > 1]
     current = {"source": f"nemo-rl: {source}", "roles": roles, "colocate": colocate}
-    job = _job(name, algo, models, batch, _lengths(total_len - response, response), pools,
+    job = job_dict(name, algo, models, batch, assumed_lengths(total_len - response, response), pools,
                current, environment)
     if _on(cfg, f"{algo}.async_{algo}.enabled"):
         key = f"{algo}.async_{algo}.max_trajectory_age_steps"
         job["pipeline"] = {"mode": "async", "max_staleness": max(_num(cfg, key, 1), 1)}
-    return job, _assumed(device) + notes
+    return job, assumed_notes(device) + notes
