@@ -230,3 +230,18 @@ def test_data_parallel_attention_is_vllms_dp_inside_the_engine_and_types_are_war
     assert (vllm["tensor_parallel_size"], vllm["expert_parallel_size"]) == (r.par.attn_tp, r.ep)
     assert not any("attn_dp" in w for w in export.warnings)
     assert any(w.startswith("cluster: NeMo-RL sizes pools in GPUs") for w in export.warnings)
+
+
+def test_cli_writes_the_recipe_and_the_script_and_names_the_version(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(_plan("grpo-qwen7b-h100", "nemo-rl").model_dump_json())
+    recipe = tmp_path / "grpo-placer.yaml"
+    assert main(["export", "nemo-rl", str(path), "-o", str(recipe), "--json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["version"] == "NeMo-RL 0.6.0" and "written for NeMo-RL 0.6.0" in out.err
+    assert recipe.read_text() == next(iter(doc["files"].values()))
+    assert not recipe.stat().st_mode & 0o111  # a recipe, not a program
+    script = tmp_path / "run.sh"
+    assert main(["export", "miles", str(path), "-o", str(script)]) == 0
+    assert script.stat().st_mode & 0o100 and "python3 train.py" in capsys.readouterr().out

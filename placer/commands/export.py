@@ -71,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(target: Target, files: dict[str, str], out: Path) -> None:
-    if not target.writes_folder:  # one launch script
-        atomic_write_text(out, next(iter(files.values())))
-        out.chmod(0o755)
+    if not target.writes_folder:  # one file: a launch script (executable) or a recipe
+        name, text = next(iter(files.items()))
+        atomic_write_text(out, text)
+        if name.endswith(".sh"):
+            out.chmod(0o755)
         note(f"wrote {out}")
         return
     for name, text in files.items():

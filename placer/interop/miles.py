@@ -176,6 +176,17 @@ def command_args(plan: Plan) -> tuple[str, list[str], list[str]]:
     return entry, args, warn
 
 
+def _flag_lines(args: list[str]) -> list[str]:
+    """One line per flag with its values, quoted for the shell."""
+    lines: list[str] = []
+    for a in args:
+        if a.startswith("--") or not lines:
+            lines.append(shlex.quote(a))
+        else:
+            lines[-1] += " " + shlex.quote(a)
+    return lines
+
+
 def export_miles(plan: Plan) -> Export:
     entry, args, warn = command_args(plan)
     command = f"python3 {entry} " + " ".join(shlex.quote(a) for a in args)
@@ -183,7 +194,7 @@ def export_miles(plan: Plan) -> Export:
               "model's Megatron arguments\n# (scripts/models/*.sh), --ref-load, --prompt-data "
               f"and any other flag.\n# written for {MILES_VERSION} (its train.py flags)\n"
               + "".join(f"# WARNING: {w}\n" for w in warn) + "set -e\n"
-              + f"python3 {entry} \\\n  " + " \\\n  ".join(shlex.quote(a) for a in args)
+              + f"python3 {entry} \\\n  " + " \\\n  ".join(_flag_lines(args))
               + ' \\\n  "$@"\n')
     return Export("miles", {"run-miles.sh": script}, command, warn, version=MILES_VERSION)
 
