@@ -105,6 +105,7 @@ def test_nemo_rl_recipes_from_its_repository_import(recipe: str) -> None:
     data, _ = _current(path.read_text(), import_nemo_rl, str(path))
     cur = data["current"]["roles"]
     assert data["models"]["policy"] == model and data["models"]["use_reference"] is ref
+    assert data["framework"] == "nemo-rl"  # compare prices it with NeMo-RL's profile
     assert sum(p["devices_per_node"] * p["nodes"] for p in data["cluster"]["pools"]
                if p["name"] == "gpu") == gpus
     assert {k: v for k, v in cur["actor"].items() if k in ("tp", "pp", "ep") and v > 1} == layout
@@ -176,6 +177,7 @@ def test_miles_scripts_from_its_repository_import(script: str) -> None:
     data, notes = _current((MILES / script).read_text(), import_miles, script)
     cur = data["current"]["roles"]
     assert data["models"]["policy"] == model and data["models"]["use_reference"]
+    assert data["framework"] == "miles"
     assert cur["actor"]["devices"] == gpus
     assert {k: v for k, v in cur["actor"].items() if k in ("tp", "pp", "cp", "ep")} == layout
     assert (cur["rollout"]["devices"], cur["rollout"]["tp"]) == (r_devices, r_tp)

@@ -321,6 +321,8 @@ def import_miles(text: str, source: str, device: str = "H100-SXM",
     colocate_groups = [shared] if len(shared) > 1 else []
     current = {"source": f"miles: {source}", "roles": roles, "colocate": colocate_groups}
     job = job_dict(name, algorithm, models, batch, assumed_lengths(prompt, response), pools, current)
+    # priced with the framework's profile: the ILP searches what miles can run
+    job = {"name": job["name"], "framework": "miles", **job}
     if entry == ASYNC_ENTRY or a.get("fully-async"):
         job["pipeline"] = {"mode": "async", "max_staleness": 1}
     return job, assumed_notes(device) + notes

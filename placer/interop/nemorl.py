@@ -455,6 +455,8 @@ def import_nemo_rl(text: str, source: str, device: str = "H100-SXM",
     current = {"source": f"nemo-rl: {source}", "roles": roles, "colocate": colocate}
     job = job_dict(name, algo, models, batch, assumed_lengths(total_len - response, response), pools,
                current, environment)
+    # priced with the framework's profile: the ILP searches what nemo-rl can run
+    job = {"name": job["name"], "framework": "nemo-rl", **job}
     if _on(cfg, f"{algo}.async_{algo}.enabled"):
         key = f"{algo}.async_{algo}.max_trajectory_age_steps"
         job["pipeline"] = {"mode": "async", "max_staleness": max(_num(cfg, key, 1), 1)}
