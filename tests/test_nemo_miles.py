@@ -247,3 +247,11 @@ def test_cli_writes_the_recipe_and_the_script_and_names_the_version(tmp_path, ca
     script = tmp_path / "run.sh"
     assert main(["export", "miles", str(path), "-o", str(script)]) == 0
     assert script.stat().st_mode & 0o100 and "python3 train.py" in capsys.readouterr().out
+
+
+def test_without_output_the_recipe_itself_is_printed(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(_plan("grpo-qwen7b-h100", "nemo-rl").model_dump_json())
+    assert main(["export", "nemo-rl", str(path)]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["defaults"].startswith("grpo_math_1B") and "policy" in printed

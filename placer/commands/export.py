@@ -3,7 +3,8 @@
     placer export verl PLAN.json -o DIR        overrides.yaml + launch.sh (verl.trainer.main_ppo)
     placer export openrlhf PLAN.json [-o FILE] the openrlhf.cli.train_ppo_ray command line (stdout,
                                                or a launch script at FILE)
-    placer export nemo-rl PLAN.json [-o FILE]  a NeMo-RL recipe YAML (over a shipped base recipe)
+    placer export nemo-rl PLAN.json [-o FILE]  a NeMo-RL recipe YAML over a shipped base recipe
+                                               (stdout, or FILE; then its run command)
     placer export miles PLAN.json [-o FILE]    the Miles train.py command line (stdout, or a script)
     placer export kuberay PLAN.json -o DIR     raycluster.yaml, rayjob.yaml, plan-configmap.yaml
                        [--image IMAGE] [--steps N]
@@ -65,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"framework": fw, "version": export.version, "command": export.command,
                    "files": export.files, "warnings": export.warnings})
+    elif not args.output and not target.writes_folder and \
+            not next(iter(export.files)).endswith(".sh"):
+        print(next(iter(export.files.values())), end="")  # a recipe: the file is the output
     else:
         print(export.command)
     return 0
