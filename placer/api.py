@@ -159,8 +159,8 @@ def _planned(x: PlanLike | Job) -> Plan:
 
 
 def export(plan: PlanLike, framework: str, **options: Any) -> Export:
-    """`placer export`: the plan as a verl, OpenRLHF or KubeRay configuration (files are not
-    written: `Export.files` maps names to text; `Export.warnings` names what does not fit).
+    """`placer export`: the plan as a verl, OpenRLHF, NeMo-RL, Miles or KubeRay configuration (not
+    written to disk: `Export.files` maps names to text; `Export.warnings` names what does not fit).
     `options`: the target's own (`placer.interop.targets`; kuberay: image, steps)."""
     from placer.interop.targets import target_of
     target = target_of(framework)
@@ -171,8 +171,9 @@ def export(plan: PlanLike, framework: str, **options: Any) -> Export:
 def import_run(framework: str, source: str | Path, *, device: str = "H100-SXM",
                name: str | None = None, variables: dict[str, str] | None = None) -> Job:
     """`placer import`: a job (its `current` placement recorded) from a verl config or launch
-    script, or an OpenRLHF command line or file. The assumptions made are in the CLI's notes.
-    `variables`: shell variables the script takes from its environment (`--set`)."""
+    script, an OpenRLHF command line or file, a NeMo-RL recipe or a Miles launch script. The
+    assumptions made are in the CLI's notes. `variables`: shell variables the script takes from
+    its environment (`--set`)."""
     from placer.interop.targets import importer_of
     target = importer_of(framework)
     text, where = target.read_source(str(source))

@@ -39,9 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fidelity": ("placer.commands.fidelity", "simulated against measured for a plan and its trace"),
     "sweep": ("placer.commands.sweep", "the what-if grid on a job: re-plan at every combination "
               "of --vary values"),
-    "export": ("placer.commands.export", "a plan as a verl, OpenRLHF or KubeRay configuration"),
-    "import": ("placer.commands.importrun", "a job spec (with its current placement) from a verl "
-               "or OpenRLHF run"),
+    "export": ("placer.commands.export", "a plan as a verl, OpenRLHF, NeMo-RL, Miles or KubeRay "
+               "configuration"),
+    "import": ("placer.commands.importrun", "a job spec (with its current placement) from a verl, "
+               "OpenRLHF, NeMo-RL or Miles run"),
     "fleet": ("placer.commands.fleet", "many jobs on one cluster: whole nodes to each job under "
               "team quotas"),
     "schema": ("placer.commands.schema", "the job format: JSON Schema, or the Markdown reference"),

@@ -18,6 +18,18 @@ KubeRay: the RayCluster/RayJob CRDs of KubeRay v1.7.0 (tests/data/kuberay, SOURC
 the objects with jsonschema, strictly (an unknown field fails, as `kubectl --validate=strict`);
 kubernetes-validate checks the core objects (the plan's ConfigMap, every pod template) against
 Kubernetes' own schemas.
+NeMo-RL (not installable without CUDA): `nemo_rl_errors` merges an exported recipe onto the
+shipped base recipe its `defaults:` names (tests/data/nemo-rl, NeMo-RL 0.6.0 at 7ea279ab) as
+NeMo-RL's `load_config_with_inheritance` does, and checks that every key it sets exists there with
+a value of the same type, and is a field of NeMo-RL's config classes (MasterConfig down to
+the vLLM and Megatron sections; excerpts in config_classes.py.txt, read with ast).
+
+Miles (its parser imports SGLang and Megatron): `miles_parse` builds an argparse parser from
+every `add_argument` / `reset_arg` call of miles/utils/arguments.py (flag, type, action, nargs,
+choices; tests/data/miles/arguments.json, Miles 31f1ca96) plus the Megatron-LM and SGLang flags
+Miles' own launch scripts pass to train.py, and parses the exported argv strictly (an unknown
+flag, a wrong type or a choice outside Miles' list fails).
+
 verl and openrlhf are installed without dependencies by the Makefile (`make venv`): their import
 chains need CUDA builds; the tests only read their files.
 """
@@ -282,3 +294,143 @@ def pod_template(template: dict[str, Any]) -> dict[str, Any]:
     """A worker group's pod template as a core PodTemplate object, for `k8s_errors`."""
     return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
             "template": template}
+
+
+# ------------------------------------------------------------------------------------- NeMo-RL
+NEMO_RL_CONFIGS = DATA / "nemo-rl" / "examples" / "configs"
+
+
+@cache
+def _nemo_classes(ppo: bool) -> dict[str, ast.ClassDef]:
+    """The config classes by name; PPO's MasterConfig (nemo_rl/algorithms/ppo.py) replaces
+    GRPO's for a PPO recipe."""
+    files = ["config_classes.py.txt"] + (["config_classes_ppo.py.txt"] if ppo else [])
+    out: dict[str, ast.ClassDef] = {}
+    for name in files:
+        tree = ast.parse((DATA / "nemo-rl" / name).read_text())
+        out.update({n.name: n for n in tree.body if isinstance(n, ast.ClassDef)})
+    return out
+
+
+def _nemo_fields(classes: dict[str, ast.ClassDef], name: str) -> dict[str, ast.expr]:
+    """A config class's annotated fields, its bases' (in the excerpt) and its subclasses'
+    (VllmConfig extends GenerationConfig with vllm_cfg)."""
+    out: dict[str, ast.expr] = {}
+    related = [name] + [b.id for b in classes[name].bases if isinstance(b, ast.Name)] + [
+        c for c, node in classes.items()
+        if any(isinstance(b, ast.Name) and b.id == name for b in node.bases)]
+    for cls in related:
+        for stmt in classes.get(cls, ast.ClassDef(name="", body=[])).body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                out.setdefault(stmt.target.id, stmt.annotation)
+    return out
+
+
+def _nemo_field_error(classes: dict[str, ast.ClassDef], key: str, value: Any) -> str | None:
+    """Why `key` (dotted, from MasterConfig) is not a field of NeMo-RL's config classes with
+    `value`'s type, or None."""
+    owners = ["MasterConfig"]
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        ann = next((f[part] for f in (_nemo_fields(classes, o) for o in owners) if part in f),
+                   None)
+        if ann is None:
+            return f"{key}: {part!r} is not a field of {' | '.join(owners)}"
+        if i == len(parts) - 1:
+            text = ast.unparse(ann)
+            want = {bool: "bool", int: "int", float: "float", str: "str"}.get(type(value), "")
+            ok = want in text or (want == "int" and "float" in text) or repr(value) in text
+            return None if ok else f"{key}: {value!r} does not fit {text}"
+        owners = [n.id for n in ast.walk(ann) if isinstance(n, ast.Name) and n.id in classes]
+        if not owners:
+            return f"{key}: {part!r} is not a section ({ast.unparse(ann)})"
+    return None
+
+
+def nemo_rl_errors(text: str) -> list[str]:
+    """What NeMo-RL 0.6.0 would not accept in an exported recipe (module docstring)."""
+    from placer.interop.nemorl import _flat, load_recipe
+
+    data = yaml.safe_load(text)
+    base_name = data.pop("defaults")
+    base = _flat(load_recipe((NEMO_RL_CONFIGS / base_name).read_text(),
+                             str(NEMO_RL_CONFIGS / base_name)))
+    classes = _nemo_classes("ppo" in data)
+    errors = []
+    for key, value in _flat(data).items():
+        if key not in base:
+            errors.append(f"{key}: not in {base_name}")
+        elif base[key] is not None and not isinstance(base[key], str) and \
+                type(base[key]) is not type(value) and \
+                not (isinstance(base[key], float) and type(value) is int):
+            errors.append(f"{key}: {value!r} is not a {type(base[key]).__name__} as in {base_name}")
+        error = _nemo_field_error(classes, key, value)
+        if error:
+            errors.append(error)
+    return errors + _nemo_setup_errors({**base, **_flat(data)})
+
+
+def _nemo_setup_errors(cfg: dict[str, Any]) -> list[str]:
+    """The asserts NeMo-RL 0.6.0 makes on these sections before it starts (restated, as its
+    modules import CUDA libraries): nemo_rl/algorithms/grpo.py `setup` (a non-colocated
+    generation takes GPUs of a one-node cluster or whole nodes, and leaves the policy some) and
+    nemo_rl/models/generation/vllm/vllm_generation.py (world size a multiple of TP x PP; EP a
+    multiple of TP; PP needs the async engine, DP inside vLLM refuses it)."""
+    g = "policy.generation"
+    tp, pp = cfg[f"{g}.vllm_cfg.tensor_parallel_size"], cfg[f"{g}.vllm_cfg.pipeline_parallel_size"]
+    ep, eng = cfg[f"{g}.vllm_cfg.expert_parallel_size"], cfg[f"{g}.vllm_cfg.async_engine"]
+    nodes, per = cfg["cluster.num_nodes"], cfg["cluster.gpus_per_node"]
+    errors = []
+    world = nodes * per
+    if not cfg[f"{g}.colocated.enabled"]:
+        r_per = cfg[f"{g}.colocated.resources.gpus_per_node"]
+        r_nodes = cfg[f"{g}.colocated.resources.num_nodes"]
+        if nodes == 1:
+            world = r_per
+            if r_nodes not in (None, 1) or not 0 < r_per < per:
+                errors.append(f"colocated.resources: {r_nodes} x {r_per} on one node of {per}")
+        else:
+            world = r_nodes * per
+            if r_per != per or not 0 < r_nodes < nodes:
+                errors.append(f"colocated.resources: {r_nodes} x {r_per} of {nodes} x {per}")
+    if world % (tp * pp):
+        errors.append(f"vllm_cfg: {world} GPUs are not a multiple of TP {tp} x PP {pp}")
+    if ep > 1 and ep % tp:
+        errors.append(f"vllm_cfg.expert_parallel_size: {ep} is not a multiple of TP {tp}")
+    if pp > 1 and not eng:
+        errors.append("vllm_cfg: pipeline_parallel_size > 1 needs async_engine")
+    if ep > 1 and ep != tp and eng:
+        errors.append("vllm_cfg: DP inside vLLM (EP > TP) refuses async_engine")
+    return errors
+
+
+# --------------------------------------------------------------------------------------- Miles
+@cache
+def _miles_table() -> dict[str, Any]:
+    import json
+    return json.loads((DATA / "miles" / "arguments.json").read_text())
+
+
+def miles_parse(argv: list[str]) -> Any:
+    """The Namespace Miles' parser gives `argv` (module docstring); SystemExit on an unknown
+    flag, a wrong type or a value outside a flag's choices, as argparse exits."""
+    import argparse
+
+    table = _miles_table()
+    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    types = {"int": int, "float": float, "str": str}
+    actions = {"BooleanOptionalAction": argparse.BooleanOptionalAction}
+    for flag, spec in table["miles_flags"].items():
+        kw: dict[str, Any] = {}
+        if "action" in spec:
+            kw["action"] = actions.get(spec["action"], spec["action"])
+        if spec.get("type") in types:
+            kw["type"] = types[spec["type"]]
+        for k in ("nargs", "choices"):
+            if k in spec:
+                kw[k] = spec[k]
+        parser.add_argument(flag, **kw)
+    for flag in table["passed_by_scripts"]:  # Megatron-LM's and SGLang's: a switch or values
+        if flag not in parser._option_string_actions:  # not a --no-X of Miles' own flags
+            parser.add_argument(flag, nargs="*")
+    return parser.parse_args(argv)

@@ -25,9 +25,10 @@ def test_each_variant_is_one_class() -> None:
     assert list(BACKENDS) == ["torch", "vllm", "sglang"]
     assert all(isinstance(b, Backend) and type(b).name == n for n, b in BACKENDS.items())
     assert len({type(b) for b in BACKENDS.values()}) == len(BACKENDS)
-    assert list(TARGETS) == ["verl", "openrlhf", "kuberay"]
+    assert list(TARGETS) == ["verl", "openrlhf", "nemo-rl", "miles", "kuberay"]
     assert all(isinstance(t, Target) and type(t).name == n for n, t in TARGETS.items())
-    assert [t.name for t in TARGETS.values() if t.imports] == ["verl", "openrlhf"]
+    assert [t.name for t in TARGETS.values() if t.imports] == ["verl", "openrlhf", "nemo-rl",
+                                                               "miles"]
     assert backends_help() == "torch, vllm (the gpu extra) or sglang (the sglang extra)"
 
 
@@ -35,11 +36,11 @@ def test_unknown_names_name_the_field_and_the_known_ones() -> None:
     with pytest.raises(SpecError, match=r"^--backend: unknown backend 'tpu' \(expected one of "
                                         r"torch, vllm, sglang\)$"):
         backend_of("tpu")
-    with pytest.raises(SpecError, match=r"^framework: unknown export target 'slime' \(expected "
-                                        r"one of verl, openrlhf, kuberay\)$"):
-        target_of("slime")
+    with pytest.raises(SpecError, match=r"^framework: unknown export target 'trlx' \(expected "
+                                        r"one of verl, openrlhf, nemo-rl, miles, kuberay\)$"):
+        target_of("trlx")
     with pytest.raises(SpecError, match=r"^framework: no importer for 'kuberay' \(expected one "
-                                        r"of verl, openrlhf\)$"):
+                                        r"of verl, openrlhf, nemo-rl, miles\)$"):
         importer_of("kuberay")
 
 
@@ -53,12 +54,12 @@ def test_a_target_takes_its_own_options_only() -> None:
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["export", "slime", "{plan}"], "framework: unknown export target 'slime' (expected one of "
-                                    "verl, openrlhf, kuberay)"),
+    (["export", "trlx", "{plan}"], "framework: unknown export target 'trlx' (expected one of "
+                                   "verl, openrlhf, nemo-rl, miles, kuberay)"),
     (["import", "kuberay", "{plan}", "--json"], "framework: no importer for 'kuberay' (expected "
-                                                "one of verl, openrlhf)"),
-    (["import", "slime", "{plan}", "--json"], "framework: unknown framework 'slime' (expected "
-                                              "one of verl, openrlhf)"),
+                                                "one of verl, openrlhf, nemo-rl, miles)"),
+    (["import", "trlx", "{plan}", "--json"], "framework: unknown framework 'trlx' (expected "
+                                             "one of verl, openrlhf, nemo-rl, miles)"),
     (["execute", "{plan}", "--backend", "tpu"], "--backend: unknown backend 'tpu' (expected one "
                                                 "of torch, vllm, sglang)"),
 ])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from frameworks import openrlhf_parse, verl_compose
+from frameworks import miles_parse, nemo_rl_errors, openrlhf_parse, verl_compose
 from simplans import small_job
 
 from placer import api
@@ -162,14 +162,15 @@ def test_an_unknown_framework_is_bad_input(capsys) -> None:
 
 
 # ------------------------------------------- plans made for a framework export to it as they are
-EXPORTERS = ("verl", "verl-megatron", "openrlhf")
+EXPORTERS = ("verl", "verl-megatron", "openrlhf", "nemo-rl", "miles")
 # The examples the exporters refused before profiles (a split rollout; HSDP under OpenRLHF or
 # verl's Megatron trainer) with the framework that refused them, and two small ones; every
 # other (example, framework) pair runs in the slow matrix below.
 FAST = [("grpo-qwen3-next", "verl"), ("grpo-qwen3-next", "verl-megatron"),
         ("grpo-qwen7b-h100", "openrlhf"), ("longtail-replay", "openrlhf"),
         ("ppo-llama8b-hetero", "openrlhf"), ("tiny-moe", "verl-megatron"),
-        ("hetero-split", "verl")]
+        ("hetero-split", "verl"), ("grpo-qwen3-next", "nemo-rl"), ("hetero-split", "miles"),
+        ("ppo-34b-a100", "nemo-rl"), ("grpo-qwen3-30b-a3b", "miles")]
 SLOW = [(n, f) for n in sorted(p.stem for p in EXAMPLES.glob("*.yaml")) for f in EXPORTERS
         if (n, f) not in FAST]
 
@@ -182,6 +183,10 @@ def _export_checked(plan: Plan, framework: str) -> None:
     if target == "verl":
         flat, _ = overrides(plan)
         verl_compose(config_name(plan), launch_args(plan, flat)[1:])
+    elif target == "nemo-rl":
+        assert nemo_rl_errors(next(iter(export.files.values()))) == []
+    elif target == "miles":
+        miles_parse(shlex.split(export.command)[2:])
     else:
         openrlhf_parse(shlex.split(export.command)[3:])
 

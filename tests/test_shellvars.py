@@ -56,3 +56,42 @@ def test_the_environment_and_what_stays_unexpanded() -> None:
 def test_an_open_quote_is_an_error() -> None:
     with pytest.raises(ValueError, match="No closing quotation"):
         words('a="open', {})
+
+
+ARRAYS = """ARGS=(
+   --tp 2      # comment (with parentheses)
+   # --commented-out 1
+   --name "a b"
+)
+ARGS+=(--more)
+EMPTY=(
+)
+JSON='{
+  "env": 1
+}'
+# a comment naming train.py is not the command
+ray job submit --runtime-env-json="${JSON}" \\
+   -- python3 train.py --x 1 ${ARGS[@]} ${EMPTY[@]} "${MODEL[@]}" --y
+"""
+
+
+def test_bash_arrays_and_quoted_strings_over_several_lines() -> None:
+    """Miles' scripts: flags gathered in arrays (`+=` appends, comments inside), a JSON value
+    quoted over several lines, and the command found on its line, not in a comment."""
+    argv = script_words(ARRAYS, {}, "train.py")
+    assert argv is not None
+    # unquoted, bash splits the elements at blanks again ("a b" is two words)
+    assert argv[argv.index("train.py"):] == ["train.py", "--x", "1", "--tp", "2", "--name", "a",
+                                             "b", "--more", "${MODEL[@]}", "--y"]
+    assert argv[3] == '--runtime-env-json={\n  "env": 1\n}'
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_the_same_array_words_as_bash_prints() -> None:
+    """The reference: bash itself (words NUL-separated, as one holds newlines)."""
+    text = ARRAYS.replace("ray job submit", "printf '%s\\0' ray job submit").replace(
+        ' "${MODEL[@]}"', "")
+    out = subprocess.run(["bash", "-c", text], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"}, check=True)
+    mine = script_words(ARRAYS.replace(' "${MODEL[@]}"', ""), {}, "train.py")
+    assert mine == out.stdout.split("\0")[:-1]

@@ -1,8 +1,11 @@
-"""`placer export verl|openrlhf|kuberay PLAN.json`: a plan as another framework's configuration.
+"""`placer export verl|openrlhf|nemo-rl|miles|kuberay PLAN.json`: a plan as a framework's configuration.
 
     placer export verl PLAN.json -o DIR        overrides.yaml + launch.sh (verl.trainer.main_ppo)
     placer export openrlhf PLAN.json [-o FILE] the openrlhf.cli.train_ppo_ray command line (stdout,
                                                or a launch script at FILE)
+    placer export nemo-rl PLAN.json [-o FILE]  a NeMo-RL recipe YAML over a shipped base recipe
+                                               (stdout, or FILE; then its run command)
+    placer export miles PLAN.json [-o FILE]    the Miles train.py command line (stdout, or a script)
     placer export kuberay PLAN.json -o DIR     raycluster.yaml, rayjob.yaml, plan-configmap.yaml
                        [--image IMAGE] [--steps N]
 
@@ -63,15 +66,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"framework": fw, "version": export.version, "command": export.command,
                    "files": export.files, "warnings": export.warnings})
+    elif not args.output and not target.writes_folder and \
+            not next(iter(export.files)).endswith(".sh"):
+        print(next(iter(export.files.values())), end="")  # a recipe: the file is the output
     else:
         print(export.command)
     return 0
 
 
 def _write(target: Target, files: dict[str, str], out: Path) -> None:
-    if not target.writes_folder:  # one launch script
-        atomic_write_text(out, next(iter(files.values())))
-        out.chmod(0o755)
+    if not target.writes_folder:  # one file: a launch script (executable) or a recipe
+        name, text = next(iter(files.items()))
+        atomic_write_text(out, text)
+        if name.endswith(".sh"):
+            out.chmod(0o755)
         note(f"wrote {out}")
         return
     for name, text in files.items():

@@ -1,11 +1,13 @@
-"""`placer import verl|openrlhf SOURCE -o JOB.yaml`: a job spec from a run you already have.
+"""`placer import verl|openrlhf|nemo-rl|miles SOURCE -o JOB.yaml`: a job spec from a run you have.
 
     placer import verl CONFIG.yaml|LAUNCH.sh -o JOB.yaml [--device H100-SXM] [--name NAME]
                        [--set VAR=VALUE ...]
     placer import openrlhf "CMDLINE"|FILE -o JOB.yaml [--device ...] [--name ...] [--set ...]
+    placer import nemo-rl RECIPE.yaml -o JOB.yaml      (its `defaults:` read beside it)
+    placer import miles SCRIPT.sh -o JOB.yaml [--set ...]
 
 A launch script's shell variables are expanded as its shell would (assignments earlier in the
-script, `${VAR:-default}`, `$((arithmetic))`); `--set VAR=VALUE` gives what the script takes
+script, `${VAR:-default}`, `$((arithmetic))`, bash arrays); `--set VAR=VALUE` gives what the script takes
 from its environment. A setting the importer reads that still names an unset variable exits 2
 naming it.
 
@@ -33,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("framework", help=names_help(importer_names()))
     p.add_argument("source", metavar="SOURCE",
                    help="verl: a config YAML or launch script; openrlhf: the train_ppo_ray "
-                        "command line, or a file holding it")
+                        "command line, or a file holding it; nemo-rl: a recipe YAML; miles: a "
+                        "launch script")
     p.add_argument("-o", "--output", metavar="JOB.yaml", help="write the job here")
     p.add_argument("--device", default="H100-SXM",
                    help="GPU type of the run's nodes (catalog name; default H100-SXM)")

@@ -1,4 +1,5 @@
-"""Plans in and out of the frameworks RL teams already run: verl, OpenRLHF and KubeRay.
+"""Plans in and out of the frameworks RL teams already run: verl, OpenRLHF, NeMo-RL, Miles
+and KubeRay.
 
 Each framework is one export target in one registry (`placer.interop.targets`: `TARGETS`,
 `target_of`, `importer_of`): its exporter turns a plan into the framework's own configuration

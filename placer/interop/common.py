@@ -144,3 +144,21 @@ def refuse_hsdp(plan: Plan, framework: str, why: str, instead: str) -> None:
         f"{fields}: {framework} cannot shard the {role}'s training state in groups of {r.shard} "
         f"of its {r.dp} data-parallel ranks (HSDP): {why}. Re-plan with plain ZeRO over all dp "
         f"ranks (add `pin: {{{pins}}}` to the job), or {instead}")
+
+
+def device_warnings(plan: Plan, warn: list[str], framework: str) -> None:
+    """Warnings for what a GPU framework cannot place: a role on an LPU pool (once per role that
+    has no warning yet) and several GPU types (the framework counts GPUs; which type a role
+    lands on is the Ray cluster's business)."""
+    res = plan.resolved()
+    for role, r in plan.roles.items():
+        said = any(w.startswith(f"{role}:") for w in warn)  # one warning per role is enough
+        if res.device_of(r.pool).kind is DeviceKind.lpu and not said:
+            warn.append(f"{role}: {framework} has no LPU backend; the plan's {r.pool} (LPU) "
+                        "placement is not expressible")
+    types = {res.device_of(r.pool).name for r in plan.roles.values()
+             if res.device_of(r.pool).kind is DeviceKind.gpu}
+    if len(types) > 1:
+        warn.append(f"cluster: {framework} sizes pools in GPUs, not GPU types "
+                    f"({', '.join(sorted(types))}); start the Ray cluster so each pool's nodes "
+                    "carry its type (placer export kuberay)")

@@ -70,7 +70,7 @@ def model_name(path: Any, field: str) -> str:
                     f"{', '.join(sorted(sources))}); add it under the job's catalog.models")
 
 
-def _scalar(text: str) -> Any:
+def scalar(text: str) -> Any:
     """A command-line value as YAML reads it (1024, true, 0.6, [a, b]); a shell variable or
     text YAML cannot read stays the string it is."""
     if "$" in text:
@@ -115,7 +115,7 @@ class Settings(dict[str, Any]):
         return self._checked(key, super().__getitem__(key))
 
 
-def _script_argv(text: str, source: str, marker: str | None, variables: dict[str, str] | None
+def script_argv(text: str, source: str, marker: str | None, variables: dict[str, str] | None
                  ) -> list[str] | None:
     """The words of the script's `marker` command, its variables expanded (None: no such line)."""
     try:
@@ -128,7 +128,7 @@ def verl_settings(text: str, source: str, variables: dict[str, str] | None = Non
                   ) -> Settings:
     """Dotted key -> value from a verl YAML config or a launch script's Hydra overrides."""
     if "verl.trainer.main_ppo" in text:
-        argv = _script_argv(text, source, "verl.trainer.main_ppo", variables)
+        argv = script_argv(text, source, "verl.trainer.main_ppo", variables)
         if argv is None or "verl.trainer.main_ppo" not in argv:
             raise SpecError(f"{source}: no `python3 -m verl.trainer.main_ppo` command in it")
         start = argv.index("verl.trainer.main_ppo") + 1
@@ -138,7 +138,7 @@ def verl_settings(text: str, source: str, variables: dict[str, str] | None = Non
                 out["_config_name"] = tok.partition("=")[2]
             elif "=" in tok and not tok.startswith("-"):
                 key, _, value = tok.lstrip("+~").partition("=")
-                out[key] = _scalar(value)
+                out[key] = scalar(value)
         return Settings(out, source)
     from placer.base.inputs import load_yaml
     data = load_yaml(text, source)
@@ -159,13 +159,13 @@ def _bool(cfg: dict[str, Any], key: str) -> bool:
     return v is True or (isinstance(v, str) and v.lower() == "true")
 
 
-def _lengths(prompt_cap: int, response_cap: int) -> dict[str, Any]:
+def assumed_lengths(prompt_cap: int, response_cap: int) -> dict[str, Any]:
     return {"prompt": {"kind": "fixed", "value": max(prompt_cap // 2, 1)},
             "response": {"kind": "lognormal", "median": max(response_cap // 4, 1), "sigma": 0.8,
                          "cap": response_cap}}
 
 
-def _job(name: str, algorithm: str, models: dict[str, Any], batch: dict[str, Any],
+def job_dict(name: str, algorithm: str, models: dict[str, Any], batch: dict[str, Any],
          lengths: dict[str, Any], pools: list[dict[str, Any]], current: dict[str, Any],
          environment: dict[str, Any] | None = None) -> dict[str, Any]:
     job: dict[str, Any] = {"name": name, "algorithm": algorithm, "models": models,
@@ -177,7 +177,7 @@ def _job(name: str, algorithm: str, models: dict[str, Any], batch: dict[str, Any
     return job
 
 
-def _assumed(device: str) -> list[str]:
+def assumed_notes(device: str) -> list[str]:
     return [f"device: the GPUs are taken to be {device} (--device)",
             "lengths: prompts at half their cap, responses lognormal with the median at a quarter "
             "of their cap; replace them with your data's",
@@ -301,16 +301,16 @@ def import_verl(text: str, source: str, device: str = "H100-SXM",
     batch = {"prompts": prompts, "samples_per_prompt": _int(cfg, "actor_rollout_ref.rollout.n",
                                                               source),
              "mini_batches": max(prompts // mini, 1)}
-    lengths = _lengths(_int(cfg, "data.max_prompt_length", source),
+    lengths = assumed_lengths(_int(cfg, "data.max_prompt_length", source),
                        _int(cfg, "data.max_response_length", source))
     colocate = [g for g in (shared, cpu_roles) if len(g) > 1]
     current = {"source": f"verl: {source}", "roles": roles, "colocate": colocate}
-    job = _job(name, algorithm, models, batch, lengths, pools, current, environment)
+    job = job_dict(name, algorithm, models, batch, lengths, pools, current, environment)
     if cfg.get("trainer.v1.trainer_mode", "sync") != "sync" or r_nodes > 0:
         key = "trainer.v1.sampler.max_off_policy_threshold"  # what `placer export verl` sets
         job["pipeline"] = {"mode": "async",
                            "max_staleness": max(_int(cfg, key, source), 1) if key in cfg else 1}
-    return job, _assumed(device) + notes
+    return job, assumed_notes(device) + notes
 
 
 # ---------------------------------------------------------------------------------- OpenRLHF
@@ -346,7 +346,7 @@ def openrlhf_settings(text: str, source: str = "command line",
                       variables: dict[str, str] | None = None) -> Settings:
     """Flag -> value (True for a switch) from an OpenRLHF command line or script."""
     marker = "openrlhf.cli.train_ppo_ray"
-    argv = _script_argv(text, source, marker if marker in text else None, variables) or []
+    argv = script_argv(text, source, marker if marker in text else None, variables) or []
     if marker in argv:
         argv = argv[argv.index(marker) + 1:]
     out: dict[str, Any] = {}
@@ -359,9 +359,9 @@ def openrlhf_settings(text: str, source: str = "command line",
         flag, eq, value = tok[2:].partition("=")
         flag = OPENRLHF_ALIASES.get(flag, flag)
         if eq:
-            out[flag] = _scalar(value)
+            out[flag] = scalar(value)
         elif i < len(argv) and not argv[i].startswith("--"):
-            out[flag] = _scalar(argv[i])
+            out[flag] = scalar(argv[i])
             i += 1
         else:
             out[flag] = True
@@ -448,7 +448,7 @@ def import_openrlhf(text: str, source: str, device: str = "H100-SXM",
              "samples_per_prompt": num("rollout.n_samples_per_prompt"),
              "mini_batches": max(samples // max(num("train.batch_size"), 1), 1)}
     current = {"source": f"openrlhf: {source}", "roles": roles, "colocate": colocate}
-    job = _job(name, algorithm, models, batch, _lengths(prompt, response), pools, current)
+    job = job_dict(name, algorithm, models, batch, assumed_lengths(prompt, response), pools, current)
     if a.get("train.async_enable"):
         job["pipeline"] = {"mode": "async", "max_staleness": max(num("train.async_queue_size"), 1)}
-    return job, _assumed(device)
+    return job, assumed_notes(device)

@@ -12,6 +12,8 @@ line (continuations joined, comments dropped) as a POSIX shell does for what the
   $((expression))                  integer arithmetic (+ - * / % and parentheses; bare names
                                    are variables)
   '...'  "..."  \\x                 quoting: no expansion inside single quotes
+  NAME=( words ... )  NAME+=(...)  arrays (bash, over several lines: Miles' scripts gather
+                                   their flags in them); "${NAME[@]}" gives one word per element
 
 What a script computes by running commands (`$(...)`, backquotes) or takes from the caller
 (`$1`, an environment variable it never sets) stays as its original text; `unresolved` names the
@@ -22,10 +24,14 @@ from __future__ import annotations
 import ast
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+ARRAY = re.compile(r"^\s*(?:export\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)$", re.S)
+# An array's elements in one variable's value, split into words again when "${NAME[@]}" is
+# expanded (a control character no script's word holds)
+ELEMENTS = "\x1f"
 OPS: dict[type, Callable[[int, int], int]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
@@ -78,7 +84,18 @@ def _closing(text: str, i: int, open_: str, close: str) -> int:
     raise Unresolved(text[i:])
 
 
-def _braced(body: str, env: dict[str, str]) -> str:
+def _braced(body: str, env: dict[str, str], quoted: bool = False) -> str:
+    whole = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]$", body)
+    if whole:  # an array's elements (ELEMENTS-separated: `script_words` splits them)
+        if whole.group(1) not in env:
+            raise Unresolved(whole.group(1))
+        if quoted:
+            return env[whole.group(1)]
+        # unquoted, bash splits each element at blanks too
+        parts = [w for e in env[whole.group(1)].split(ELEMENTS) for w in e.split()]
+        if not parts:
+            return ELEMENTS  # no word (see `_assign_array`)
+        return parts[0] if len(parts) == 1 else ELEMENTS.join(parts)
     m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=+?])?(.*)$", body, re.S)
     if not m:
         raise Unresolved(body)
@@ -126,7 +143,7 @@ def expand(text: str, env: dict[str, str], quoted: bool = False) -> str:
                 i = end + 1
             elif nxt == "{":
                 end = _closing(text, i + 1, "{", "}")
-                out.append(_braced(text[i + 2:end], env))
+                out.append(_braced(text[i + 2:end], env, quoted))
                 i = end + 1
             elif NAME.match(text, i + 1):
                 m = NAME.match(text, i + 1)
@@ -213,10 +230,16 @@ def script_words(text: str, env: dict[str, str], marker: str | None) -> list[str
     `marker` None: the words of every line that is not an assignment, in order (a command line
     given inline, over several lines). `env` (the environment) gets the script's assignments."""
     found: list[str] = []
-    for line in logical_lines(text):
-        if marker is not None and marker in line:
-            return words(line, env)
-        ws = words(line, env)
+    lines = iter(logical_lines(text))
+    for line in lines:
+        array = ARRAY.match(line)
+        if array:
+            _assign_array(array, lines, env)
+            continue
+        line = _complete(line, lines, env)
+        if marker is not None and marker in _uncommented(line):  # not one a comment names
+            return _split_elements(words(line, env))
+        ws = _split_elements(words(line, env))
         names = ws[1:] if ws and ws[0] in ("export", "local", "readonly", "declare") else ws
         assigns = [ASSIGNMENT.match(w) for w in names]
         if names and all(assigns):
@@ -226,3 +249,60 @@ def script_words(text: str, env: dict[str, str], marker: str | None) -> list[str
         else:
             found += ws
     return None if marker is not None else found
+
+
+def _uncommented(line: str) -> str:
+    """`line` without its comment: from a `#` that starts a word outside quotes."""
+    quote = ""
+    for i, c in enumerate(line):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line
+
+
+def _complete(line: str, lines: Iterator[str], env: dict[str, str]) -> str:
+    """`line` and, when a quoted string in it goes on over the next lines (a JSON value in
+    quotes), those lines up to the one that closes it, as the shell reads them. The line as it
+    is when the script ends first (`words` then says which quote is open)."""
+    while True:
+        try:
+            words(line, dict(env))  # a copy: `${X:=y}` assigns when the line runs, not here
+            return line
+        except ValueError:
+            nxt = next(lines, None)
+            if nxt is None:
+                return line
+            line += "\n" + nxt
+
+
+def _split_elements(ws: list[str]) -> list[str]:
+    """Words with expanded arrays split into their elements (an empty array gives none)."""
+    return [e for w in ws for e in (w.split(ELEMENTS) if ELEMENTS in w else [w]) if e or
+            ELEMENTS not in w]
+
+
+def _assign_array(m: re.Match[str], lines: Iterator[str], env: dict[str, str]) -> None:
+    """`NAME=(` ... `)`: the elements up to the closing parenthesis, one line at a time (each
+    line's comment dropped), stored ELEMENTS-separated; `+=(` appends."""
+    name, append, rest = m.group(1), m.group(2), m.group(3)
+    elements: list[str] = []
+    line = rest
+    while True:
+        body = _uncommented(line)
+        closing = body.rstrip().endswith(")")
+        if closing:
+            body = body.rstrip()[:-1]
+        elements += _split_elements(words(body, env))
+        if closing:
+            break
+        nxt = next(lines, None)
+        if nxt is None:
+            break
+        line = nxt
+    old = env.get(name, "") if append else ""
+    # an empty array is a lone separator, so that its expansion gives no word
+    env[name] = ELEMENTS.join(([old] if old else []) + elements) or ELEMENTS

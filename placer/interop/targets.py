@@ -8,6 +8,9 @@ job whose `current` section records the run's placement) where the framework has
   verl      `placer.interop.verl`: overrides.yaml + launch.sh; imports a config or launch script
   openrlhf  `placer.interop.openrlhf`: the train_ppo_ray command line; imports one (inline, or
             a file holding it)
+  nemo-rl   `placer.interop.nemorl`: a GRPO recipe YAML over a shipped base recipe; imports a
+            recipe (its `defaults` read beside it)
+  miles     `placer.interop.miles`: the train.py launch script; imports one
   kuberay   `placer.interop.kuberay`: RayCluster, RayJob and the plan's ConfigMap (--image,
             --steps); no import
 
@@ -102,6 +105,36 @@ class OpenRLHF(Target):
         return super().read_source(source)
 
 
+class NemoRL(Target):
+    name = "nemo-rl"
+    title = "NeMo-RL"
+    imports = True
+
+    def export(self, plan: Plan, **options: Any) -> Export:
+        from placer.interop.nemorl import export_nemo_rl
+        return export_nemo_rl(plan, **options)
+
+    def import_run(self, text: str, source: str, *, device: str, name: str,
+                   variables: dict[str, str] | None = None) -> Imported:
+        from placer.interop.nemorl import import_nemo_rl
+        return import_nemo_rl(text, source, device=device, name=name, variables=variables)
+
+
+class Miles(Target):
+    name = "miles"
+    title = "Miles"
+    imports = True
+
+    def export(self, plan: Plan, **options: Any) -> Export:
+        from placer.interop.miles import export_miles
+        return export_miles(plan, **options)
+
+    def import_run(self, text: str, source: str, *, device: str, name: str,
+                   variables: dict[str, str] | None = None) -> Imported:
+        from placer.interop.miles import import_miles
+        return import_miles(text, source, device=device, name=name, variables=variables)
+
+
 class KubeRay(Target):
     name = "kuberay"
     title = "KubeRay"
@@ -116,7 +149,7 @@ class KubeRay(Target):
         return export_kuberay(plan, image=image, **options)
 
 
-TARGETS: dict[str, Target] = {t.name: t for t in (Verl(), OpenRLHF(), KubeRay())}
+TARGETS: dict[str, Target] = {t.name: t for t in (Verl(), OpenRLHF(), NemoRL(), Miles(), KubeRay())}
 
 
 def target_of(name: str) -> Target:

@@ -47,6 +47,7 @@ from placer.cost.model import train_memory
 from placer.interop.common import (
     Export,
     colocated,
+    device_warnings,
     hf_path,
     kind_of,
     lengths,
@@ -352,21 +353,6 @@ def _pipeline(plan: Plan, warn: list[str]) -> dict[str, Any]:
     return o
 
 
-def _lpu_and_types(plan: Plan, warn: list[str]) -> None:
-    res = plan.resolved()
-    for role, r in plan.roles.items():
-        said = any(w.startswith(f"{role}:") for w in warn)  # one warning per role is enough
-        if res.device_of(r.pool).kind is DeviceKind.lpu and not said:
-            warn.append(f"{role}: verl has no LPU backend; the plan's {r.pool} (LPU) placement "
-                        "is not expressible")
-    types = {res.device_of(r.pool).name for r in plan.roles.values()
-             if res.device_of(r.pool).kind is DeviceKind.gpu}
-    if len(types) > 1:
-        warn.append(f"cluster: verl sizes pools in GPUs, not GPU types ({', '.join(sorted(types))}); "
-                    "start the Ray cluster so each pool's nodes carry its type "
-                    "(placer export kuberay)")
-
-
 def to_nested(flat: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in flat.items():
@@ -399,7 +385,7 @@ def version_check(version: str) -> str:
 
 def export_verl(plan: Plan) -> Export:
     flat, warn = overrides(plan)
-    _lpu_and_types(plan, warn)
+    device_warnings(plan, warn, "verl")
     args = launch_args(plan, flat)
     command = ENTRYPOINT + " " + " ".join(shlex.quote(a) for a in args)
     header = (f"# verl overrides for plan of job {plan.spec.name!r} (placer export verl)\n"

@@ -217,7 +217,7 @@ _OPENRLHF = FrameworkProfile(
     }))
 
 _NEMO = FrameworkProfile(
-    "nemo-rl", "NeMo-RL", NEMO_RL, None, hsdp=False, partial_rollout=False, frozen_shards=True,
+    "nemo-rl", "NeMo-RL", NEMO_RL, "nemo-rl", hsdp=False, partial_rollout=False, frozen_shards=True,
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
@@ -242,7 +242,7 @@ _NEMO = FrameworkProfile(
     }))
 
 _MILES = FrameworkProfile(
-    "miles", "Miles (slime)", MILES, None, hsdp=False, megatron_trainer=True, engine_pp=1,
+    "miles", "Miles (slime)", MILES, "miles", hsdp=False, megatron_trainer=True, engine_pp=1,
     colocation="--colocate: actor and rollout share GPUs; else separate "
                "--actor-num-gpus-per-node / --rollout-num-gpus",
     sleep_wake="--offload-rollout (SGLang release_memory_occupation)",
