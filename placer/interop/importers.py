@@ -114,6 +114,21 @@ class Settings(dict[str, Any]):
     def __getitem__(self, key: str) -> Any:
         return self._checked(key, super().__getitem__(key))
 
+    def whole(self, flag: str) -> int:
+        """The command-line flag `--flag`'s value, which must be a whole number."""
+        v = self.get(flag)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise SpecError(f"{self.source}: --{flag}: expected a whole number (got {v!r})")
+        return v
+
+    def choice(self, flag: str, table: dict[str, Any]) -> Any:
+        """What the flag `--flag`'s value maps to in `table`, or a SpecError naming the choices."""
+        v = self[flag]
+        if v not in table:
+            raise SpecError(f"{self.source}: --{flag}: placer plans {', '.join(table)} "
+                            f"(got {v!r})")
+        return table[v]
+
 
 def script_argv(text: str, source: str, marker: str | None, variables: dict[str, str] | None
                  ) -> list[str] | None:
@@ -373,18 +388,8 @@ def import_openrlhf(text: str, source: str, device: str = "H100-SXM",
                     ) -> tuple[dict[str, Any], list[str]]:
     """(job dict, notes) from an OpenRLHF train_ppo_ray command line."""
     a = Settings({**OPENRLHF_DEFAULTS, **openrlhf_settings(text, source, variables)}, source)
-
-    def num(flag: str) -> int:
-        v = a.get(flag)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise SpecError(f"{source}: --{flag}: expected a whole number (got {v!r})")
-        return v
-
-    est = a["algo.advantage.estimator"]
-    if est not in OPENRLHF_ALGORITHMS:
-        raise SpecError(f"{source}: --algo.advantage.estimator: placer plans "
-                        f"{', '.join(OPENRLHF_ALGORITHMS)} (got {est!r})")
-    algorithm = OPENRLHF_ALGORITHMS[est]
+    num = a.whole
+    algorithm = a.choice("algo.advantage.estimator", OPENRLHF_ALGORITHMS)
     policy = model_name(a.get("actor.model_name_or_path"), f"{source}: --actor.model_name_or_path")
     coef = a["algo.kl.init_coef"]
     if isinstance(coef, bool) or not isinstance(coef, (int, float)):

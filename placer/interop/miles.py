@@ -251,18 +251,8 @@ def import_miles(text: str, source: str, device: str = "H100-SXM",
     """(job dict, notes) from a Miles launch script."""
     entry, given = miles_settings(text, source, variables)
     a = Settings({**MILES_DEFAULTS, **given}, source)
-
-    def num(flag: str) -> int:
-        v = a.get(flag)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise SpecError(f"{source}: --{flag}: expected a whole number (got {v!r})")
-        return v
-
-    est = a["advantage-estimator"]
-    if est not in ALGORITHMS:
-        raise SpecError(f"{source}: --advantage-estimator: placer plans "
-                        f"{', '.join(ALGORITHMS)} (got {est!r})")
-    algorithm = ALGORITHMS[est]
+    num = a.whole
+    algorithm = a.choice("advantage-estimator", ALGORITHMS)
     policy = model_name(a.get("hf-checkpoint"), f"{source}: --hf-checkpoint")
     per = num("actor-num-gpus-per-node")
     actor: dict[str, Any] = {"pool": "gpu", "devices": num("actor-num-nodes") * per}
