@@ -38,6 +38,7 @@ from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
 from placer.solve.assemble import placed_estimate
+from placer.solve.asyncwhy import AsyncWhy, async_lines, async_why
 from placer.solve.candidates import role_candidates
 from placer.solve.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
 from placer.solve.ilp import Unsolved
@@ -395,6 +396,8 @@ class Explanation(Record):
     host_memory: dict[str, HostMemoryRow]
     split: dict[str, SplitWhy]
     judge: JudgeWhy | None = None
+    async_alternative: AsyncWhy | None = None
+    """a sync plan that leaves accelerators idle: the async plan's time and idle devices"""
     search_space: SearchSpace | None = None
     """what the solver searched, the space its status and gap are relative to (plans written
     before it was recorded: None)"""
@@ -406,6 +409,7 @@ def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
                        booking=booking(plan, px), host_memory=host_memory(plan, px),
                        split=split(plan, px, time_limit_s),
                        judge=judge_why(plan, px, time_limit_s),
+                       async_alternative=async_why(plan, px, time_limit_s),
                        search_space=plan.solver.search_space)
 
 
@@ -444,6 +448,7 @@ def render(ex: Explanation) -> str:
         lines += split_lines(role, sp)
     if ex.judge is not None:
         lines += judge_lines(ex.judge)
+    lines += async_lines(ex.async_alternative)
     lines += booking_lines(ex.booking)
     lines.append("binding:")
     lines += [f"  - {b}" for b in ex.binding] or ["  (none)"]
