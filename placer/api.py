@@ -169,14 +169,18 @@ def export(plan: PlanLike, framework: str, **options: Any) -> Export:
 
 
 def import_run(framework: str, source: str | Path, *, device: str = "H100-SXM",
-               name: str | None = None, variables: dict[str, str] | None = None) -> Job:
+               name: str | None = None, variables: dict[str, str] | None = None,
+               models: dict[str, str] | None = None) -> Job:
     """`placer import`: a job (its `current` placement recorded) from a verl config or launch
     script, an OpenRLHF command line or file, a NeMo-RL recipe or a Miles launch script. The
     assumptions made are in the CLI's notes. `variables`: shell variables the script takes from
-    its environment (`--set`)."""
+    its environment (`--set`); `models`: fine-tuned checkpoints -> the catalog models they were
+    tuned from (`--model`)."""
+    from placer.interop.importers import with_models
     from placer.interop.targets import importer_of
     target = importer_of(framework)
     text, where = target.read_source(str(source))
+    text = with_models(text, models or {})
     data, _notes = target.import_run(text, where, device=device,
                                      name=name or f"imported-{target.name}", variables=variables)
     return job_from_dict(data)

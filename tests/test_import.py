@@ -252,3 +252,36 @@ def test_a_placement_the_cluster_cannot_hold_is_refused_at_import(tmp_path, plac
     assert out.returncode == 2
     assert "job.current.roles.actor: devices 2 is not a multiple of tp x cp x pp = 4" in out.stderr
     assert not (tmp_path / "j.yaml").exists()
+
+
+OPENRLHF_DATA = Path(__file__).resolve().parent / "data" / "openrlhf"
+
+
+def test_openrlhf_dapo_script_with_its_fine_tune_named() -> None:
+    # examples/scripts/train_dapo_ray_hybrid_engine.sh (tests/data/openrlhf/SOURCE.md): a
+    # fine-tune the catalog does not know is refused with the way out, then priced as the
+    # model it was tuned from; `1e-3` (YAML reads it as text) is the number argparse reads
+    from placer.api import import_run
+    script = OPENRLHF_DATA / "train_dapo_ray_hybrid_engine.sh"
+    with pytest.raises(SpecError, match=r"--model OpenRLHF/Llama-3-8b-sft-mixture=NAME"):
+        import_run("openrlhf", script)
+    job = import_run("openrlhf", script,
+                     models={"OpenRLHF/Llama-3-8b-sft-mixture": "Llama-3-8B"})
+    assert job.models.policy == "Llama-3-8B" and job.algorithm.value == "grpo"
+    assert job.current is not None and job.current.roles["actor"].devices == 8
+    with pytest.raises(SpecError, match=r"--model: 'Llama-9' is not in the catalog"):
+        import_run("openrlhf", script, models={"OpenRLHF/Llama-3-8b-sft-mixture": "Llama-9"})
+
+
+def test_openrlhf_reinforce_baseline_script_with_its_shell_variables() -> None:
+    # examples/scripts/train_reinforce_baseline_hybrid_engine.sh: MODEL_PATH set in the script
+    # (Qwen/Qwen3-4B-Thinking-2507, a release variant of the catalog's Qwen3-4B) and read back
+    # from ${MODEL_PATH} (an assignment in the script wins over --set, as in bash);
+    # REINFORCE++-baseline is critic-free, placed as GRPO; 4 GPUs
+    from placer.api import import_run
+    script = OPENRLHF_DATA / "train_reinforce_baseline_hybrid_engine.sh"
+    for variables in (None, {"MODEL_PATH": "Qwen/Qwen3-8B"}):
+        job = import_run("openrlhf", script, variables=variables)
+        assert job.models.policy == "Qwen3-4B" and job.algorithm.value == "grpo"
+        assert job.models.critic is None
+        assert job.current is not None and job.current.roles["actor"].devices == 4

@@ -27,6 +27,7 @@ from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
 from placer.base.inputs import check_output
 from placer.cli import emit_json, note
+from placer.interop.importers import with_models
 from placer.interop.targets import importer_names, importer_of, names_help
 from placer.spec.load import job_from_dict
 
@@ -43,7 +44,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="job name (default: imported-<framework>)")
     p.add_argument("--set", action="append", default=[], metavar="VAR=VALUE",
                    help="a shell variable the script takes from its environment (repeatable)")
+    p.add_argument("--model", action="append", default=[], metavar="PATH=NAME",
+                   help="a fine-tuned checkpoint the source names, priced as the catalog model "
+                        "NAME it was tuned from (repeatable)")
     p.add_argument("--json", action="store_true", help="print the job as one JSON document")
+
+
+def _models(given: list[str]) -> dict[str, str]:
+    """`--model PATH=NAME` pairs; SpecError (exit 2) naming a malformed one."""
+    out = {}
+    for pair in given:
+        path, eq, name = pair.rpartition("=")
+        if not eq or not path or not name:
+            raise SpecError(f"--model: expected PATH=NAME, a checkpoint and its catalog model "
+                            f"(got {pair!r})")
+        out[path] = name
+    return out
 
 
 def _variables(given: list[str]) -> dict[str, str]:
@@ -63,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output and not args.json:
         raise SpecError("--output: give the job file to write (-o JOB.yaml), or --json")
     text, source = target.read_source(args.source)
+    text = with_models(text, _models(args.model))
     name = args.name or f"imported-{target.name}"
     data, notes = target.import_run(text, source, device=args.device, name=name,
                                     variables=_variables(args.set))

@@ -29,6 +29,7 @@ state) is the job model's `offload`, and said in a note.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -40,7 +41,11 @@ from placer.spec.names import catalog_model, did_you_mean, model_hint, suggest_m
 
 CPU_DEVICE = "cpu-node"
 VERL_ALGORITHMS = {"grpo": "grpo", "gae": "ppo", "rloo": "rloo"}
-OPENRLHF_ALGORITHMS = {"group_norm": "grpo", "dr_grpo": "grpo", "gae": "ppo", "rloo": "rloo"}
+# REINFORCE++-baseline (openrlhf/trainer/ppo_utils/experience_maker.py: the group's mean reward
+# as baseline) needs no critic and several responses a prompt: placed as GRPO is. Plain
+# REINFORCE++ (a batch baseline, one response a prompt) has no placer algorithm yet.
+OPENRLHF_ALGORITHMS = {"group_norm": "grpo", "dr_grpo": "grpo", "gae": "ppo", "rloo": "rloo",
+                       "reinforce_baseline": "grpo"}
 # verl 0.9.1's defaults (verl/trainer/config/_generated_ppo_trainer.yaml) for the keys read here
 VERL_DEFAULTS: dict[str, Any] = {
     "algorithm.adv_estimator": "gae", "data.train_batch_size": 1024,
@@ -67,14 +72,40 @@ def model_name(path: Any, field: str) -> str:
         return found
     near = did_you_mean(suggest_model(path, sources), model_hint(path))
     raise SpecError(f"{field}: model {path!r} is not in the catalog{near} (known: "
-                    f"{', '.join(sorted(sources))}); add it under the job's catalog.models")
+                    f"{', '.join(sorted(sources))}); a fine-tune of one of them: "
+                    f"--model {path}=NAME")
+
+
+def with_models(text: str, models: dict[str, str]) -> str:
+    """The source with each fine-tune's path (`--model PATH=CATALOG`) replaced, wherever it
+    stands as a whole word, by the catalog model it was tuned from, so the importer prices it as
+    that model: a checkpoint's name says nothing of its shape, and a guess would price another
+    model. SpecError naming `--model` for a name the catalog lacks or a path the source never
+    mentions."""
+    for path, name in models.items():
+        if name not in shipped_models():
+            raise SpecError(f"--model: {name!r} is not in the catalog (known: "
+                            f"{', '.join(sorted(shipped_models()))})")
+        pattern = re.compile(rf"(?<![\w./-]){re.escape(path)}(?![\w./-])")
+        if not pattern.search(text):
+            raise SpecError(f"--model: {path!r} does not appear in the source")
+        text = pattern.sub(name, text)
+    return text
+
+
+# a float as Python and argparse read it, exponent without a dot included (YAML 1.1 reads
+# `1e-3`, which OpenRLHF's scripts write, as a string)
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def scalar(text: str) -> Any:
-    """A command-line value as YAML reads it (1024, true, 0.6, [a, b]); a shell variable or
-    text YAML cannot read stays the string it is."""
+    """A command-line value as YAML reads it (1024, true, 0.6, [a, b]; and 1e-3 as a number, as
+    the frameworks' argparse reads it); a shell variable or text YAML cannot read stays the
+    string it is."""
     if "$" in text:
         return text
+    if _EXPONENT.fullmatch(text.strip()):
+        return float(text)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
