@@ -52,7 +52,7 @@ def async_why(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> AsyncWhy | N
     """The async alternative of a sync plan that leaves accelerators idle; None for an async
     plan, a plan that uses every accelerator, or an async plan not found in the time limit."""
     job = px.res.job
-    if job.pipeline.mode != "sync":
+    if job.pipeline.mechanism.overlaps_steps:  # already async
         return None
     idle = idle_accelerators(plan, px)
     if not idle:
