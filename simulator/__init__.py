@@ -9,4 +9,7 @@ latencies), engine (continuous-batching rollout replicas, compressed decode runs
 iteration (sync / async pipelines on slots), faults (stragglers, failures and checkpoints),
 metrics, steady (steady-state window and interval), recorder (trace rows, kept in columns),
 plots, golden (regression files), handplans (plans for examples and benchmarks).
+A fleet of jobs: fleet (`simulate_fleet`: every job's iterations on one clock, with shared CPU
+pools, links and storage, and preemptions), fabric (links shared over time), fleetresult,
+fleetplots (the fleet's Gantt chart and quota use).
 """

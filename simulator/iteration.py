@@ -101,12 +101,16 @@ class Model:
 
     def __init__(self, px: Pricer, plan: Plan, cfg: SimConfig, seed: int,
                  rec: Recorder, replay: list[dict] | None = None,
-                 on_iteration: Callable[[int, int], None] | None = None) -> None:
+                 on_iteration: Callable[[int, int], None] | None = None,
+                 env: simpy.Environment | None = None) -> None:
         self.px, self.plan, self.cfg, self.seed = px, plan, cfg, seed
         self.res, self.calib = px.res, px.calib
         self.rec, self.replay = rec, replay
         self.on_iteration = on_iteration  # (iterations done, of) as each one's train step ends
-        self.env = simpy.Environment()
+        # a fleet's jobs share one environment (`simulator.fleet`); a job alone has its own
+        self.env = env if env is not None else simpy.Environment()
+        self.stopped = False  # set when the job loses its nodes: no new stage starts
+        self.started_at = self.env.now
         # oldest step first: step i's score/train go before step i+1's sync/rollout on a
         # shared slot (the chain the placer's async bounds price; see the module doc)
         self.slot_res = {s.name: simpy.PriorityResource(self.env, 1) for s in plan.slots}
@@ -163,12 +167,21 @@ class Model:
 
     # ------------------------------------------------------------------------------ driver
     def run(self, iterations: int) -> RunRecord:
+        self.start(iterations)
+        self.env.run()
+        return self.record()
+
+    def start(self, iterations: int) -> simpy.Event:
+        """Start `iterations` iterations on the environment; the event fires when the last one
+        has trained (`run` runs the environment to its end; a fleet runs many jobs' at once)."""
+        self.started_at = self.env.now
         self.records = [IterRecord(i) for i in range(iterations)]
         if self.plan.pipeline.overlaps_steps:
-            self._start_async(iterations)
-        else:
-            self.env.process(self._sync_loop(iterations))
-        self.env.run()
+            return self._start_async(iterations)
+        return self.env.process(self._sync_loop(iterations))
+
+    def record(self) -> RunRecord:
+        """What the run did so far."""
         groups = [(g.spec.pool, g.replicas, g.devices or 0) for g in self.groups]
         return RunRecord(self.records, self.samples, self.busy, dict(self.engine_busy),
                          dict(self.role_s), self.env.now, [self.tools] if self.tools else [],
@@ -195,6 +208,8 @@ class Model:
     def _sync_loop(self, n: int) -> Generator:
         env = self.env
         for i in range(n):
+            if self.stopped:
+                return
             rec = self.records[i]
             rec.start = env.now
             smp, factors = self._prepare(i)
@@ -202,13 +217,15 @@ class Model:
                                 ("rollout", partial(self._rollout, i, smp, factors)),
                                 ("score", partial(self._stage, i, "score", factors)),
                                 ("train", partial(self._stage, i, "train", factors))):
+                if self.stopped:
+                    return
                 t0 = env.now
                 yield env.process(proc())
                 rec.stages[stage] = (t0, env.now)
             rec.end = env.now
             self._ended(i)
 
-    def _start_async(self, n: int) -> None:
+    def _start_async(self, n: int) -> simpy.Event:
         env = self.env
         rolled = [env.event() for _ in range(n)]
         trained = [env.event() for _ in range(n)]
@@ -221,6 +238,8 @@ class Model:
                 need = i - staleness  # oldest version rollout i may use
                 if need > synced:
                     yield trained[need - 1]
+                if self.stopped:
+                    return
                 newest = sum(1 for e in trained if e.triggered)
                 if newest > synced:
                     synced = newest
@@ -238,12 +257,16 @@ class Model:
         def step(i: int) -> Generator:
             """Score step i as soon as its rollout is done; train after step i-1 trained."""
             yield rolled[i]
+            if self.stopped:
+                return
             factors = prepared[i][1]
             t0 = env.now
             yield env.process(self._stage(i, "score", factors))
             self.records[i].stages["score"] = (t0, env.now)
             if i > 0:
                 yield trained[i - 1]
+            if self.stopped:
+                return
             t0 = env.now
             yield env.process(self._stage(i, "train", factors))
             self.records[i].stages["train"] = (t0, env.now)
@@ -254,6 +277,7 @@ class Model:
         env.process(rollouts())
         for i in range(n):
             env.process(step(i))
+        return trained[-1]
 
     # ------------------------------------------------------------------------------- work
     def _hold(self, slot: str, role: str, i: int) -> Generator[simpy.Event, Any, PriorityRequest]:

@@ -3,6 +3,7 @@
     placer fleet FLEET.yaml [--json] [--explain] [-o FLEET.json] [--time-limit S]
                             [--job-time-limit S] [--calibration F] [--workers N] [--seed S]
                             [--export kueue DIR [--image IMAGE] [--namespace NS] [--steps N]]
+                            [--simulate [--iterations N] [--no-variance] [--plots DIR]]
 
 Each job is planned on the nodes the allocation model visits for it (`placer.fleet`); the table
 gives each job's nodes, iteration time and iterations per hour, and the objective with its proven
@@ -11,6 +12,11 @@ nominal quota and cap (what it borrows or lends) and each job's roles. `--json` 
 document (`FleetResult.to_dict`, each job's plan included); `-o` writes it atomically.
 `--export kueue DIR` writes Kueue's ResourceFlavors, ClusterQueues (quotas and cohorts) and
 LocalQueues, and one KubeRay RayJob per job placed by its plan (`placer.interop.kueue`).
+`--simulate` then runs every job's iterations side by side in one simulation, sharing what the
+fleet file's `contention` section names (CPU pools, spine links, checkpoint storage,
+preemptions; `simulator.fleet`), and reports each job's iteration time alone and in the fleet,
+its slowdown and lost work, and the fleet's goodput (`--json`: under `simulation`); `--plots DIR`
+writes the fleet's Gantt chart and each team's usage against its quota (`simulator.fleetplots`).
 Progress goes to stderr. Exit 2 for a bad fleet file (one line per mistake, naming the job and
 the field), 3 for a fleet that cannot fit (naming the job and the resource).
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
@@ -26,6 +33,10 @@ from placer.cli import emit_json, note
 from placer.commands.plan import check_solver_arguments
 from placer.fleet.result import FleetResult
 from placer.fleet.spec import Fleet
+
+if TYPE_CHECKING:
+    from placer.cost.efficiency import Calibration
+    from simulator.fleetresult import FleetSimResult
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,13 +51,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="each job plan's solver time limit in seconds (default 5)")
     p.add_argument("--calibration", metavar="F", help="calibration profile (YAML/JSON)")
     p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="CP-SAT's random seed and --simulate's (default 0)")
     p.add_argument("--export", nargs=2, metavar=("kueue", "DIR"),
                    help="write Kueue queues and one KubeRay RayJob per job into DIR")
     p.add_argument("--image", help="the RayJobs' image (needs placer installed)")
     p.add_argument("--namespace", default="default",
                    help="the LocalQueues' and RayJobs' namespace (default: default)")
     p.add_argument("--steps", type=int, default=5, help="RL steps each RayJob runs (default 5)")
+    p.add_argument("--simulate", action="store_true",
+                   help="simulate the jobs side by side: slowdowns, lost work, goodput")
+    p.add_argument("--iterations", type=int, default=None,
+                   help="iterations of each job --simulate runs (default 4)")
+    p.add_argument("--no-variance", action="store_true",
+                   help="--simulate with mean lengths and latencies, no stragglers or failures")
+    p.add_argument("--plots", metavar="DIR",
+                   help="with --simulate: write fleet_gantt.png and fleet_usage.png here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,12 +80,16 @@ def run(args: argparse.Namespace) -> int:
                         f"{args.job_time_limit!r})")
     check_output(args.output, "--output")
     check_export(args)
+    check_simulate(args)
     fleet = load_fleet(args.fleet)
     calib = load_calibration(args.calibration)
     result = plan_fleet(fleet, calib, time_limit_s=args.time_limit,
                         job_time_limit_s=args.job_time_limit, workers=args.workers,
                         seed=args.seed, progress=note)
     doc = result.to_dict()
+    sim = _simulate(args, fleet, result, calib) if args.simulate else None
+    if sim is not None:
+        doc["simulation"] = sim.to_dict()
     if args.export:
         _export(args, fleet, result)
     if args.output:
@@ -77,7 +101,39 @@ def run(args: argparse.Namespace) -> int:
     print(result.render())
     if args.explain:
         print(result.explain())
+    if sim is not None:
+        print()
+        print(sim.render())
     return 0
+
+
+def check_simulate(args: argparse.Namespace) -> None:
+    if not args.simulate:
+        for flag in ("iterations", "plots", "no_variance"):
+            if getattr(args, flag) not in (None, False):
+                raise SpecError(f"--{flag.replace('_', '-')}: applies to --simulate only (got "
+                                f"{getattr(args, flag)!r})")
+        return
+    if args.iterations is not None and not 1 <= args.iterations <= 10**4:
+        raise SpecError(f"--iterations: must be 1 to 10000 (got {args.iterations})")
+    check_output(args.plots, "--plots", folder=True)
+
+
+def _simulate(args: argparse.Namespace, fleet: Fleet, result: FleetResult,
+              calib: Calibration) -> FleetSimResult:
+    from simulator.config import SimConfig
+    from simulator.fleet import simulate_fleet
+
+    note(f"fleet: simulating {len(result.jobs)} jobs side by side, then each alone")
+    cfg = SimConfig.no_variance() if args.no_variance else SimConfig()
+    sim = simulate_fleet(fleet, result, calib, iterations=args.iterations or 4, seed=args.seed,
+                         config=cfg, job_time_limit_s=args.job_time_limit)
+    if args.plots:
+        from simulator.fleetplots import write_fleet_plots
+
+        for path in write_fleet_plots(sim, args.plots):
+            note(f"wrote {path}")
+    return sim
 
 
 def check_export(args: argparse.Namespace) -> None:

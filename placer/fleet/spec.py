@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from placer.base.inputs import SpecErrors
+from placer.fleet.contention import Contention, contention_errors
 from placer.spec.base import Strict
 from placer.spec.errorlines import validation_lines
 from placer.spec.hardware import Cluster
@@ -92,6 +93,9 @@ class FleetFile(Strict):
                                                       "section, or a path to one)")
     teams: dict[str, Team] = Field(min_length=1, description="team name -> its cohort and quota")
     jobs: list[FleetJob] = Field(min_length=1, description="the jobs to place")
+    contention: Contention | None = Field(None, description="what the jobs share when "
+                                                            "simulated side by side "
+                                                            "(`placer fleet --simulate`)")
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ class Fleet:
     cluster: Cluster
     teams: dict[str, Team]
     jobs: list[FleetJobSpec]
+    contention: Contention | None = None
 
     def pool_nodes(self) -> dict[str, int]:
         return {p.name: p.nodes for p in self.cluster.pools}
@@ -162,9 +167,14 @@ def fleet_from_dict(data: dict[str, Any], base: Path, source: str = "fleet") -> 
     for n in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"{source}: jobs: job name {n!r} appears more than once (give each a "
                       f"`name`) (got {n!r})")
+    if ff.contention is not None:
+        errors += contention_errors(ff.contention, names, {t: list(v.quota)
+                                                           for t, v in ff.teams.items()},
+                                    [p.name for p in cluster.pools], source)
     if errors:
         raise SpecErrors(errors)
-    return Fleet(ff.name, ff.objective, cluster, ff.teams, [j for j in jobs if j is not None])
+    return Fleet(ff.name, ff.objective, cluster, ff.teams, [j for j in jobs if j is not None],
+                 ff.contention)
 
 
 def _cluster_once(errors: list[str], source: str) -> list[str]:
