@@ -18,7 +18,9 @@
               nodes it keeps (`placer.fleet.inner.JobPlanner`), pays the restart
               (`SimConfig.failures.restart_s`) and runs on; a job no plan fits is suspended.
 
-Each job is also simulated alone on its allocation (the same runs, nothing shared, no
+Stragglers and the workload's variance are the single-job simulator's (`SimConfig`); random
+failures are not composed here (`placer goodput` prices them per job). Each job is also simulated
+alone on its allocation (the same runs, nothing shared, no
 preemption): the slowdown is its median iteration time in the fleet over that. Work in flight
 when a job is preempted finishes its current stage in the simulation and is thrown away. Every
 draw comes from the seed: a job's k-th run of iterations uses a seed derived from (seed, job,
@@ -29,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Any
 
 import numpy as np
 import simpy
@@ -117,7 +120,7 @@ class _Job:
     next_plan: Plan | None = None
     why: str | None = None
     durations: dict[int, list[float]] = field(default_factory=dict)  # plan version -> steady
-    out: dict = field(default_factory=dict)  # JobSim fields measured
+    out: dict[str, Any] = field(default_factory=dict)  # JobSim fields measured
     done: bool = False
 
 

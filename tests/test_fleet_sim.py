@@ -228,6 +228,8 @@ def test_cli_simulate_json_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureF
     assert sorted(p.name for p in plots.iterdir()) == ["fleet_gantt.png", "fleet_usage.png"]
     assert main(["fleet", str(path), "--plots", str(plots)]) == 2
     assert "--plots: applies to --simulate only" in capsys.readouterr().err
+    assert main(["fleet", str(path), "--simulate", "--iterations", "0"]) == 2
+    assert "--iterations: must be 1 to 10000 (got 0)" in capsys.readouterr().err
     doc["contention"] = {"cpu_pools": [{"jobs": ["a1", "zz"]}]}
     path.write_text(yaml.safe_dump(doc))
     assert main(["fleet", str(path), "--simulate"]) == 2

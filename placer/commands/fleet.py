@@ -3,7 +3,8 @@
     placer fleet FLEET.yaml [--json] [--explain] [-o FLEET.json] [--time-limit S]
                             [--job-time-limit S] [--calibration F] [--workers N] [--seed S]
                             [--export kueue DIR [--image IMAGE] [--namespace NS] [--steps N]]
-                            [--simulate [--iterations N] [--no-variance] [--plots DIR]]
+                            [--simulate [--iterations N] [--no-variance | --config SIM.yaml]
+                                        [--plots DIR]]
 
 Each job is planned on the nodes the allocation model visits for it (`placer.fleet`); the table
 gives each job's nodes, iteration time and iterations per hour, and the objective with its proven
@@ -36,6 +37,7 @@ from placer.fleet.spec import Fleet
 
 if TYPE_CHECKING:
     from placer.cost.efficiency import Calibration
+    from simulator.config import SimConfig
     from simulator.fleetresult import FleetSimResult
 
 
@@ -65,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="iterations of each job --simulate runs (default 4)")
     p.add_argument("--no-variance", action="store_true",
                    help="--simulate with mean lengths and latencies, no stragglers or failures")
+    p.add_argument("--config", metavar="SIM.yaml",
+                   help="--simulate's settings (simulator.config; failures.restart_s is a "
+                        "preempted job's restart)")
     p.add_argument("--plots", metavar="DIR",
                    help="with --simulate: write fleet_gantt.png and fleet_usage.png here")
 
@@ -80,14 +85,14 @@ def run(args: argparse.Namespace) -> int:
                         f"{args.job_time_limit!r})")
     check_output(args.output, "--output")
     check_export(args)
-    check_simulate(args)
+    cfg = check_simulate(args)
     fleet = load_fleet(args.fleet)
     calib = load_calibration(args.calibration)
     result = plan_fleet(fleet, calib, time_limit_s=args.time_limit,
                         job_time_limit_s=args.job_time_limit, workers=args.workers,
                         seed=args.seed, progress=note)
     doc = result.to_dict()
-    sim = _simulate(args, fleet, result, calib) if args.simulate else None
+    sim = _simulate(args, fleet, result, calib, cfg) if cfg is not None else None
     if sim is not None:
         doc["simulation"] = sim.to_dict()
     if args.export:
@@ -107,25 +112,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_simulate(args: argparse.Namespace) -> None:
+def check_simulate(args: argparse.Namespace) -> SimConfig | None:
+    """--simulate's settings, checked before any work (None: no simulation)."""
+    from placer.spec.load import read_structured
+    from simulator.config import SimConfig, config_from_dict
+
     if not args.simulate:
-        for flag in ("iterations", "plots", "no_variance"):
+        for flag in ("iterations", "plots", "no_variance", "config"):
             if getattr(args, flag) not in (None, False):
                 raise SpecError(f"--{flag.replace('_', '-')}: applies to --simulate only (got "
                                 f"{getattr(args, flag)!r})")
-        return
+        return None
     if args.iterations is not None and not 1 <= args.iterations <= 10**4:
         raise SpecError(f"--iterations: must be 1 to 10000 (got {args.iterations})")
     check_output(args.plots, "--plots", folder=True)
+    if args.no_variance and args.config:
+        raise SpecError("--no-variance: cannot be combined with --config")
+    if args.config:
+        return config_from_dict(read_structured(args.config), args.config)
+    return SimConfig.no_variance() if args.no_variance else SimConfig()
 
 
 def _simulate(args: argparse.Namespace, fleet: Fleet, result: FleetResult,
-              calib: Calibration) -> FleetSimResult:
-    from simulator.config import SimConfig
+              calib: Calibration, cfg: SimConfig) -> FleetSimResult:
     from simulator.fleet import simulate_fleet
 
     note(f"fleet: simulating {len(result.jobs)} jobs side by side, then each alone")
-    cfg = SimConfig.no_variance() if args.no_variance else SimConfig()
     sim = simulate_fleet(fleet, result, calib, iterations=args.iterations or 4, seed=args.seed,
                          config=cfg, job_time_limit_s=args.job_time_limit)
     if args.plots:
