@@ -73,6 +73,15 @@ def test_a_shared_cpu_pool_slows_two_agentic_jobs(agents: tuple[Fleet, FleetResu
     assert shared.goodput < apart.goodput
 
 
+def test_same_seed_same_fleet_simulation(agents: tuple[Fleet, FleetResult]) -> None:
+    """With the default variance on, a seed fixes every draw of every job's runs."""
+    fleet, res = agents
+    shared = _with(fleet, cpu_pools=[{"jobs": ["a1", "b1"]}], checkpoint_every=1)
+    calib = load_calibration(None)
+    runs = [simulate_fleet(shared, res, calib, iterations=2, seed=3).to_dict() for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
 def test_with_nothing_shared_each_job_runs_as_alone() -> None:
     """Three jobs, one of them async, no contention section and no variance: each job's
     iterations in the fleet are the single-job simulator's, to rounding."""
