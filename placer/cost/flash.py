@@ -5,7 +5,9 @@ blocks fill) and what a decode step's attention kernels add to their KV read (a 
 FlashAttention-2's split-KV kernel, the one paged-KV prefill and decode run
 (github.com/Dao-AILab/flash-attention, csrc/flash_attn/src/flash_fwd_launch_template.h
 `run_mha_fwd_splitkv_dispatch`, flash_api.cpp `num_splits_heuristic`, flash_fwd_kernel.h
-`compute_attn_1rowblock_splitkv`; commit 0251105a2fb19d2957484b7f023cd8c115286ced):
+`compute_attn_1rowblock_splitkv`; tag v2.5.6, commit 6c9e60de566800538fedad2ad5e6b7b55ca7f0c5,
+the version of the measured kernels, whose heuristic counts SMs; from v2.5.7 it counts
+2 x SMs, which splits grids up to twice as large):
 
 - a thread block computes `TILE_M` query rows of one head against key tiles of `key_tile`
   keys (128 at head dim <= 128), `BLOCKS_PER_SM` blocks resident per multiprocessor;
@@ -35,7 +37,7 @@ from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceKind, DeviceType
 
 TILE_M = 64  # query rows per thread block of the split-KV kernel (`kBlockM`)
-BLOCKS_PER_SM = 2  # 128-thread blocks resident per SM (flash_api.cpp: "num_sm * 2")
+BLOCKS_PER_SM = 2  # 128-thread blocks resident per SM (flash_api.cpp from v2.5.7: "num_sm * 2")
 SPLIT_BELOW = 0.8  # a grid below this share of the SMs splits its keys (`num_splits_heuristic`)
 # Streaming multiprocessors per catalog GPU (NVIDIA architecture whitepapers and datasheets:
 # A100 108, H100 SXM5 and H200 132, H20 78, B200 148, L40S 142, L4 58). A device type not
