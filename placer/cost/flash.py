@@ -105,7 +105,10 @@ def kernel_floor(m: ModelArch, blocks: float, dev: DeviceType, eff: Efficiency,
                  split: bool | None = None) -> float:
     """Fixed GPU time of the attention kernels of one step: `attn_kernel_s` per full-attention
     layer, plus `attn_split_s` where the grid splits its keys (its combine kernel); `split`
-    forces the choice (a sequence whose keys fit one tile has nothing to split)."""
+    forces the choice (a sequence whose keys fit one tile has nothing to split). None off a
+    GPU (a CPU's or an LPU's attention is no FlashAttention kernel)."""
+    if dev.kind is not DeviceKind.gpu:
+        return 0.0
     split = splits_keys(blocks, dev) if split is None else split
     return (eff.attn_kernel_s + (eff.attn_split_s if split else 0.0)) * m.full_attention_layers
 
