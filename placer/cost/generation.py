@@ -53,7 +53,7 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
     # the GEMMs (attention's score FLOPs apart, seq = 0) and the attention kernels
     compute = pass_compute(m, dev, par, tokens, 0.0, 2, eff.mfu_prefill, tokens / par.dp, eff,
-                           eff.prefill_half_ridge, eff.mfu_attention)
+                           eff.prefill_half_ridge)
     return (compute + prefill_kernel_time(m, dev, par, tokens, seq, eff)
             + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s)
 
