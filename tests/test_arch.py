@@ -13,6 +13,7 @@ from specdata import base
 from placer.base.errors import EXIT_INFEASIBLE, SpecError
 from placer.cli import main
 from placer.cost.efficiency import Efficiency
+from placer.cost.flash import prefill_kernel_time
 from placer.cost.generation import decode_step_time, forward_time, kv_capacity_tokens
 from placer.cost.model import train_flops, train_memory
 from placer.cost.roofline import GB, decode_read_bytes, kv_bytes_per_token, kv_split, weight_bytes
@@ -29,7 +30,7 @@ IDEAL = replace(EFF, mfu_train=1.0, mfu_prefill=1.0, decode_bw_eff=1.0, decode_f
                 step_overhead_s=0.0, train_overhead_s=0.0, gemm_half_ridge=0.0,
                 decode_tp_bw_loss=0.0, decode_bw_half_batch=0.0, step_overhead_per_seq_s=0.0,
                 coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, nongemm_bytes_per_flop=0.0,
-                expert_read_half_width=0.0)
+                expert_read_half_width=0.0, attn_kernel_s=0.0, attn_split_s=0.0)
 
 
 def arch(**kw) -> ModelArch:
@@ -156,7 +157,9 @@ def test_moe_decode_reads_the_experts_the_batch_hits() -> None:
 def test_moe_prefill_flops_use_active_parameters() -> None:
     m = M["Qwen3-30B-A3B"]
     t = forward_time(m, H100, Parallel(), 1e5, seq=0, eff=IDEAL)
-    assert t == pytest.approx(2 * m.matmul_params() * 1e5 / 989e12)
+    # plus the attention kernel's diagonal key tiles, which seq 0 still computes
+    attention = prefill_kernel_time(m, H100, Parallel(), 1e5, 0.0, IDEAL)
+    assert t == pytest.approx(2 * m.matmul_params() * 1e5 / 989e12 + attention)
 
 
 @pytest.mark.parametrize("kw, match", [

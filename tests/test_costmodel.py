@@ -11,7 +11,9 @@ from placer.cost.batching import step_terms
 from placer.cost.calibration import calibration_from_dict
 from placer.cost.efficiency import Efficiency
 from placer.cost.estimate import pass_dispatch
+from placer.cost.flash import prefill_kernel_time
 from placer.cost.generation import (
+    attention_floor,
     decode_run_time,
     decode_step_line,
     decode_step_time,
@@ -59,7 +61,7 @@ IDEAL = replace(EFF, mfu_train=1.0, mfu_prefill=1.0, decode_bw_eff=1.0, decode_f
                 step_overhead_s=0.0, train_overhead_s=0.0, gemm_half_ridge=0.0,
                 decode_tp_bw_loss=0.0, decode_bw_half_batch=0.0, step_overhead_per_seq_s=0.0,
                 coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, nongemm_bytes_per_flop=0.0,
-                expert_read_half_width=0.0)
+                expert_read_half_width=0.0, attn_kernel_s=0.0, attn_split_s=0.0)
 
 
 # -------------------------------------------------------------------------------------- memory
@@ -189,7 +191,9 @@ def test_pipeline_adds_a_bubble() -> None:
 def test_forward_is_two_flops_per_parameter_per_token() -> None:
     m, tokens = M["Llama-3-8B"], 1e5
     t = forward_time(m, H100, Parallel(), tokens, seq=0, eff=IDEAL)
-    assert t == pytest.approx(2 * m.matmul_params() * tokens / 989e12)
+    # plus the attention kernel's diagonal key tiles, which seq 0 still computes
+    attention = prefill_kernel_time(m, H100, Parallel(), tokens, 0.0, IDEAL)
+    assert t == pytest.approx(2 * m.matmul_params() * tokens / 989e12 + attention)
     assert prefill_time(m, H100, Parallel(dp=4), tokens, 0, IDEAL) == pytest.approx(t)  # 1 replica
 
 
@@ -202,7 +206,8 @@ def test_decode_at_batch_one_reads_the_weights() -> None:
     t = decode_step_time(m, H100, Parallel(), 1, 0, EFF)
     bw_eff = EFF.decode_bw_eff / (1 + EFF.decode_bw_half_batch)  # batch 1: GEMV, less efficient
     assert t == pytest.approx(read / (3350 * GB * bw_eff) + EFF.step_overhead_s
-                              + EFF.step_overhead_per_seq_s)
+                              + EFF.step_overhead_per_seq_s
+                              + attention_floor(m, H100, Parallel(), 1, EFF))
     assert decode_step_time(m, H100, Parallel(), 1, 0, IDEAL) == pytest.approx(
         read / (3350 * GB))  # ~4.5 ms
     # the KV cache is read as well
@@ -331,7 +336,7 @@ def test_calibration_overrides_factors_per_device() -> None:
     m = M["Llama-3-8B"]
     assert decode_step_time(m, H100, Parallel(), 1, 0, h) == pytest.approx(
         decode_read_bytes(m, 1) / (3350 * GB * 0.5 / (1 + h.decode_bw_half_batch))
-        + h.step_overhead_per_seq_s)
+        + h.step_overhead_per_seq_s + attention_floor(m, H100, Parallel(), 1, h))
 
 
 @pytest.mark.parametrize("data, field", [({"default": {"mfu_trian": 0.3}}, "mfu_trian"),

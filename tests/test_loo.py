@@ -107,16 +107,20 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     sync = rep.summary("sync")
     assert len(rep.kind("sync")) == 11
     assert sync["loo_median_abs_error"] < 0.12 and sync["loo_max_abs_error"] < 0.40, sync
-    decode = rep.summary("decode")  # 5.6% median, max 13.5% (Mixtral)
-    assert decode["loo_median_abs_error"] < 0.07 and decode["loo_max_abs_error"] < 0.15, decode
+    # 7.7% median, max 19.3% (Llama-3.1-8B TP1: with the attention kernels' fixed time
+    # measured on A100 FlashAttention-2 kernels, `attn_kernel_s` + `attn_split_s` per layer,
+    # the deep models' rows (70B, 235B) refit `step_overhead_s` lower than the 8B one needs;
+    # 4.6% / 9.9% before that floor was priced, which left the attention operators at 41.8%)
+    decode = rep.summary("decode")
+    assert decode["loo_median_abs_error"] < 0.08 and decode["loo_max_abs_error"] < 0.20, decode
     # the multi-node serving anchors: no factor is fitted on them (out-of-sample); -1% decode,
     # +19% prefill (two-batch overlap is not priced)
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
-    # every row of every kind (the JSON headline): 30 rows, 9.8% median, max 56% (row r10)
+    # every row of every kind (the JSON headline): 30 rows, 10.9% median, max 57% (row r10)
     every = rep.summary()
     assert len(rep.rows) == 30
-    assert every["loo_median_abs_error"] < 0.10 and every["loo_max_abs_error"] < 0.58, every
+    assert every["loo_median_abs_error"] < 0.11 and every["loo_max_abs_error"] < 0.58, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

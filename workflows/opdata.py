@@ -12,11 +12,8 @@ from functools import cache
 from pathlib import Path
 
 from placer.cost.efficiency import Efficiency
-from placer.cost.generation import (
-    decode_attention_time,
-    decode_matmul_time,
-    prefill_attention_kernels_time,
-)
+from placer.cost.flash import prefill_kernel_time
+from placer.cost.generation import decode_attention_time, decode_matmul_time
 from placer.cost.layercomm import NODE_DEVICES, span_link, stage_send, tp_all_reduce
 from placer.cost.roofline import BYTES, matmul_time
 from placer.cost.sharding import Parallel
@@ -129,12 +126,14 @@ def attention_layer(hidden: int, heads: int, kv_heads: int) -> ModelArch:
 def _attention(p: Point, dev: DeviceType, eff: Efficiency) -> float:
     """A prefill chunk of `size` tokens after `context` KV tokens sees context + size / 2 keys
     per token on average: a causal sequence of 2 * context + size in
-    `attention_flops_per_token`'s terms. A decode batch reads its sequences' KV. Either
-    kernel adds its fixed time (`generation.attention_floor`)."""
+    `attention_flops_per_token`'s terms; Vidur's kernel is handed the chunk's keys and values
+    and writes them into the cache itself (`flash.prefill_kernel_time`'s append). A decode
+    batch reads its sequences' KV (`generation.decode_attention_time`). Either kernel adds
+    its fixed time (`flash.kernel_floor`)."""
     m, par = attention_layer(p.hidden, p.heads, p.kv_heads), Parallel(tp=p.tp)
     if p.kind == "prefill":
-        return prefill_attention_kernels_time(m, dev, par, p.size, 2 * p.context + p.size,
-                                              eff)
+        return prefill_kernel_time(m, dev, par, p.size, 2 * p.context + p.size, eff,
+                                   chunk=p.size, append=True)
     return decode_attention_time(m, dev, par, p.size, p.size * p.context, eff)
 
 

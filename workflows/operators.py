@@ -16,21 +16,25 @@ error says which factor is off. The classes:
                   weight read at `decode_bw_eff`, its batch and TP curve, or the FLOP floor)
   attention       one layer's FlashAttention kernel on an A100 at TP 2 (Vidur's first
                   published attention profile, commit e2d00e9; its later per-model files are
-                  absent from the mirror): prefill chunks after a KV context, priced as an
-                  engine forward prices its attention scores
-                  (`generation.prefill_attention_kernels_time`: `mfu_attention` on the
-                  forward's token curve), and decode batches, priced as a decode step reads
+                  absent from the mirror): prefill chunks after a KV context, priced by the
+                  kernel model an engine forward prices its attention with
+                  (`flash.prefill_kernel_time`: score FLOPs at `mfu_attention` over the share
+                  of the SMs the grid fills, the chunk's own keys appended at
+                  `attn_append_factor`), and decode batches, priced as a decode step reads
                   their KV (`generation.decode_attention_time`: the decode bandwidth curve);
-                  either adds `attention_floor` (`attn_kernel_s` per layer)
+                  either adds the kernel's fixed time (`flash.kernel_floor`: `attn_kernel_s`,
+                  and `attn_split_s` where the grid splits its keys)
   all_reduce      one NCCL all-reduce over the 2-8 ranks of one node (a TP group), priced by
                   `layercomm.tp_all_reduce` (`tp_base_s`, `tp_link_eff`, `nvlink_hop_s`)
   send_recv       one send/recv between two ranks of a node or of two nodes, priced by
                   `layercomm.stage_send` (`pp_send`'s piece) on `span_link`
 
-Error = predicted / measured - 1. `--fit` refits the factors of every class but send_recv on
-these points (workflows/opfit.py) and prints them with the classes' errors after
-(in-sample), the layer classes' leave-one-model-out errors and the attention class's
-leave-one-context-out error (held out).
+Error = predicted / measured - 1. The attention class also reports its held-out errors
+(`attention_held_out`: in-sample, each KV context priced by factors fitted on the others,
+and half the chunk sizes / decode batches priced by factors fitted on the other half).
+`--fit` refits the factors of every class but send_recv on these points (workflows/opfit.py)
+and prints them with the classes' errors after (in-sample), the layer classes'
+leave-one-model-out errors and the attention class's leave-one-context-out error (held out).
 
     python -m workflows.operators [--json] [--fit]
 """
@@ -101,16 +105,45 @@ def leave_one_model_out(points: Sequence[Point], eff: Efficiency) -> dict[str, C
     return {k: v for k, v in class_errors(held).items() if k in LAYER_CLASSES}
 
 
-def leave_one_context_out(points: Sequence[Point], eff: Efficiency) -> ClassError:
-    """The attention class's error with the kernels of each KV context priced by attention
-    factors fitted on the other contexts' (`opfit.fit_attention`): the held-out figure of
-    `attn_kernel_s` and `mfu_attention` (the attention data hold one shape on one device)."""
+def _attention_held_out(points: Sequence[Point], eff: Efficiency,
+                        fold: Callable[[Point], int]) -> ClassError:
+    """The attention class's error with each fold's kernels priced by the attention factors
+    (`opfit.fit_attention`) fitted on the other folds' (the attention data hold one shape on
+    one device, so the folds split its sizes or its KV contexts)."""
     att = [p for p in points if p.cls == "attention"]
     held: list[Row] = []
-    for ctx in sorted({p.context for p in att}):
-        fitted = eff.override(fit_attention([p for p in att if p.context != ctx], eff))
-        held += rows([p for p in att if p.context == ctx], fitted)
+    for k in sorted({fold(p) for p in att}):
+        fitted = eff.override(fit_attention([p for p in att if fold(p) != k], eff))
+        held += rows([p for p in att if fold(p) == k], fitted)
     return class_errors(held)["attention"]
+
+
+def _rank(points: Sequence[Point], p: Point, key: Callable[[Point], int]) -> int:
+    """`key(p)`'s place among the values of its kind's points (prefill or decode)."""
+    return sorted({key(q) for q in points if q.cls == "attention" and q.kind == p.kind}).index(
+        key(p))
+
+
+def leave_one_context_out(points: Sequence[Point], eff: Efficiency) -> ClassError:
+    """Held out: each KV context's kernels (its place among its kind's five contexts) priced
+    by factors fitted on the other contexts'."""
+    return _attention_held_out(points, eff,
+                               lambda p: _rank(points, p, lambda q: q.context))
+
+
+def half_sizes_out(points: Sequence[Point], eff: Efficiency) -> ClassError:
+    """Held out: the kernels of every other chunk size or decode batch priced by factors
+    fitted on the rest, and the other way round (two folds, half the shapes each)."""
+    return _attention_held_out(points, eff,
+                               lambda p: _rank(points, p, lambda q: q.size) % 2)
+
+
+def attention_held_out(points: Sequence[Point], eff: Efficiency) -> dict[str, ClassError]:
+    """The attention factors' held-out figures, next to the in-sample one (the shipped
+    factors are the fit on every point): leave-one-context-out and half the shapes out."""
+    return {"in_sample": class_errors(rows(points, eff))["attention"],
+            "leave_one_context_out": leave_one_context_out(points, eff),
+            "half_sizes_out": half_sizes_out(points, eff)}
 
 
 def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
@@ -124,6 +157,7 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
     doc: dict[str, Any] = {
         "sources": {p.file: list(p.lines) for p in provs},
         "classes": {k: asdict(v) for k, v in class_errors(rs).items()},
+        "attention_held_out": {k: asdict(v) for k, v in attention_held_out(points, eff).items()},
         "rows": [asdict(r) for r in rs]}
     if fit is not None:
         values = fit(points, eff)
@@ -152,7 +186,7 @@ def _size(r: dict[str, Any]) -> str:
 def _class_line(name: str, c: dict[str, Any]) -> str:
     if not c["n"]:
         return f"{name:15s} n=0"
-    return (f"{name:15s} n={c['n']:<4d} median |error| {c['median_abs_error']:.1%}, "
+    return (f"{name:26s} n={c['n']:<4d} median |error| {c['median_abs_error']:.1%}, "
             f"p90 {c['p90_abs_error']:.1%}")
 
 
@@ -176,6 +210,11 @@ def render(doc: dict[str, Any]) -> str:
                        f"{r['error']:+7.1%}")
     out.append("\nper class (error = predicted / measured - 1):")
     out += ["  " + _class_line(k, v) for k, v in doc["classes"].items()]
+    out.append("attention, in-sample (the shipped factors are fitted on these points) and held "
+               "out (priced by factors fitted without them):")
+    labels = {"in_sample": "in-sample", "leave_one_context_out": "each KV context held out",
+              "half_sizes_out": "half the sizes held out"}
+    out += ["  " + _class_line(labels[k], v) for k, v in doc["attention_held_out"].items()]
     if "fit" in doc:
         out.append("\nfitted on these points (in-sample):")
         out += [f"  {k:22s} {v['before']:.6g} -> {v['after']:.6g}"

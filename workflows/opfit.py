@@ -18,12 +18,10 @@ functions the planner prices with.
                   ranks arrive), and squares let the fast mode pull the base below most
                   calls; `nvlink_hop_s` stays (shared with every NVLink collective, and
                   too noisy to separate here)
-  attention       `attn_kernel_s` (grid, 0-100 us) on the decode kernels: their KV read is
-                  the decode step's (`kv_read_time` on the decode class's bandwidth curve,
-                  as fitted), the fit adds the fixed time each kernel takes; then
-                  `mfu_attention` (a) on the prefill kernels at that fixed time f: a point
-                  prices at Z / a + f, Z its FLOP time at a = 1 (on the prefill class's token
-                  curve, as fitted): linear least squares in 1 / a
+  attention       the FlashAttention kernel's (placer/cost/flash.py) `attn_kernel_s`,
+                  `attn_split_s`, `mfu_attention` and `attn_append_factor` on the prefill and
+                  decode kernels together: a point is linear in (f, s, 1/e, a/e) (`fit_attention`),
+                  a decode kernel's KV read on the decode class's bandwidth curve, as fitted
 """
 from __future__ import annotations
 
@@ -124,19 +122,31 @@ def fit_all_reduce(points: Sequence[Point], eff: Efficiency) -> dict[str, float]
     return {"tp_base_s": _all_reduce_at(ps, eff, link)[1], "tp_link_eff": link}
 
 
+ATTENTION = ("attn_kernel_s", "attn_split_s", "mfu_attention", "attn_append_factor")
+
+
 def fit_attention(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
-    ps = [p for p in points if p.cls == "attention" and p.kind == "decode"]
-    read = np.asarray([predict(p, eff.override({"attn_kernel_s": 0.0})) for p in ps])
+    """The FlashAttention kernel's factors on the attention points, by linear least squares:
+    a point prices at f X_f + s X_s + (1/e) X_c + (a/e) X_a + X_0 (f `attn_kernel_s`, s
+    `attn_split_s`, e `mfu_attention`, a `attn_append_factor`; X_0 what no factor scales: a
+    decode kernel's KV read), each column read off `predict` at unit factors."""
+    ps = [p for p in points if p.cls == "attention"]
+    zero = {"attn_kernel_s": 0.0, "attn_split_s": 0.0, "mfu_attention": 1.0,
+            "attn_append_factor": 0.0}
+
+    def at(**values: float) -> np.ndarray:
+        return np.asarray([predict(p, eff.override({**zero, **values})) for p in ps])
+
+    base = at()
+    scores = at(mfu_attention=0.5) - base  # the FLOP terms at e = 1 (twice at e = 0.5)
+    cols = [at(attn_kernel_s=1.0) - base, at(attn_split_s=1.0) - base, scores,
+            at(attn_append_factor=1.0) - base]
     m = np.asarray([p.measured_s for p in ps])
-    costs = (((read[None, :] + BASE_GRID_S[:, None]) / m[None, :] - 1.0) ** 2).sum(axis=1)
-    floor = float(BASE_GRID_S[int(np.argmin(costs))])
-    pre = [p for p in points if p.cls == "attention" and p.kind == "prefill"]
-    at = eff.override({"attn_kernel_s": 0.0, "mfu_attention": 1.0})
-    z = np.asarray([predict(p, at) for p in pre])
-    m = np.asarray([p.measured_s for p in pre])
-    # minimise sum((z / a + floor) / m - 1)^2 over 1 / a
-    inv_a = float(np.sum((z / m) * (1 - floor / m)) / np.sum((z / m) ** 2))
-    return {"attn_kernel_s": floor, "mfu_attention": 1 / inv_a}
+    a = np.asarray(cols).T / m[:, None]
+    theta, *_ = np.linalg.lstsq(a, 1.0 - (base - scores) / m, rcond=None)
+    f, split, inv_e, append_over_e = (float(x) for x in theta)
+    return {"attn_kernel_s": f, "attn_split_s": split, "mfu_attention": 1 / inv_e,
+            "attn_append_factor": append_over_e / inv_e}
 
 
 def fit_all(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:

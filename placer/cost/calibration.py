@@ -59,7 +59,8 @@ def calibration_from_dict(data: Mapping[str, Any], source: str = "calibration") 
 
 
 # Factors the cost model divides by (achieved fractions, bandwidths): 0 would be a division by zero.
-POSITIVE = frozenset({"mfu_train", "mfu_prefill", "mfu_score", "decode_bw_eff", "decode_flops_eff",
+POSITIVE = frozenset({"mfu_train", "mfu_prefill", "mfu_score", "mfu_attention", "decode_bw_eff",
+                      "decode_flops_eff",
                       "link_eff", "tp_link_eff", "offload_gbs", "kv_mem_fraction", "sync_sender_gbs",
                       "sync_local_gbs", "dispatch_gbs"})
 FRACTIONS = {"kv_mem_fraction": (0.0, 1.0), "lpu_kv_reserve": (0.0, 0.99)}  # shares of memory

@@ -45,12 +45,12 @@ class Efficiency:
     # half ridge below: fitted on Vidur's operator profiles (commit 7d47513), out-of-sample for
     # the published runs (workflows/operators.py --fit)
     mfu_prefill: float = 0.68
-    # ceiling of an engine forward's attention-score FLOPs (FlashAttention: softmax and masking
-    # between its two GEMMs), on the forward's token curve: fitted on Vidur's A100 prefill
-    # attention kernels at attn_kernel_s = 1.53e-5 (commit
+    # the FlashAttention kernel (placer/cost/flash.py): fraction of BF16 peak its score FLOPs
+    # reach on the share of the device its grid fills, fitted with `attn_kernel_s`,
+    # `attn_split_s` and `attn_append_factor` on Vidur's A100 attention kernels (commit
     # e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a, data/profiling/a100/attention.csv;
     # workflows/operators.py --fit), out-of-sample for the published runs
-    mfu_attention: float = 0.373
+    mfu_attention: float = 0.599
     mfu_score: float = 0.60  # GEMM ceiling of a training framework's forward-only passes on a GPU
     nongemm_bytes_per_flop: float = 0.0045  # HBM bytes of training's non-GEMM kernels per GEMM FLOP
     gemm_half_ridge: float = 1.0  # tokens per device at half the ceiling, in ridge points (peak / bandwidth)
@@ -60,13 +60,10 @@ class Efficiency:
     decode_bw_eff: float = 0.768  # achieved fraction of HBM bandwidth of a large-batch decode step
     decode_tp_bw_loss: float = 0.144  # decode bandwidth efficiency lost per doubling of TP
     decode_bw_half_batch: float = 0.0  # batch at which a decode step's weight read is half as efficient
-    # fixed GPU time of one layer's attention kernel per forward or decode step (Vidur's A100
-    # FlashAttention decode kernels take 12-18 us at 128-4032 KV tokens of one sequence):
-    # fitted there at 1.53e-5 (Vidur commit e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a,
-    # data/profiling/a100/attention.csv; workflows/operators.py --fit) but not shipped: on the
-    # published decode rows it worsens the leave-one-out median (4.6% to 7.9%), their fitted
-    # `step_overhead_s` already holding their engines' fixed time
-    attn_kernel_s: float = 0.0
+    attn_kernel_s: float = 9.63e-6  # fixed GPU time of one layer's attention kernel per step
+    attn_split_s: float = 5.84e-6  # a split-KV attention kernel's combine step, per layer
+    # cost of a key tile a prefill kernel also writes into the paged cache, per cached tile
+    attn_append_factor: float = 2.78
     decode_flops_eff: float = 0.50  # achieved fraction of peak of a compute-bound decode step
     linear_state_bytes: float = 4.0  # bytes per element of a hybrid model's Gated DeltaNet recurrent state
     # expert columns per rank at which fused-MoE reads are half as efficient

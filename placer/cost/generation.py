@@ -20,17 +20,16 @@ import math
 from dataclasses import replace
 
 from placer.cost.efficiency import Efficiency
+from placer.cost.flash import decode_blocks, kernel_floor, prefill_kernel_time
 from placer.cost.layercomm import decode_comm, layer_comm, pp_send
 from placer.cost.roofline import (
     BYTES,
     GB,
-    attention_flops_per_token,
     decode_read_bytes,
     gemm_peak_tflops,
     infer_memory,
     kv_bytes_per_token,
     kv_split,
-    matmul_time,
     pass_compute,
     weight_bytes,
 )
@@ -52,10 +51,11 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
         per_token = 2 * m.matmul_params() / (chips * dev.bf16_tflops * 1e12 * eff.mfu_prefill)
         replicas = max(par.devices // chips, 1)
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
-    compute = pass_compute(m, dev, par, tokens, seq, 2, eff.mfu_prefill, tokens / par.dp, eff,
-                           eff.prefill_half_ridge, eff.mfu_attention)
-    return (compute + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s
-            + attention_floor(m, eff))
+    # the GEMMs (attention's score FLOPs apart, seq = 0) and the attention kernels
+    compute = pass_compute(m, dev, par, tokens, 0.0, 2, eff.mfu_prefill, tokens / par.dp, eff,
+                           eff.prefill_half_ridge)
+    return (compute + prefill_kernel_time(m, dev, par, tokens, seq, eff)
+            + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s)
 
 
 def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
@@ -86,36 +86,16 @@ def prefill_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, ct
 def prefill_line(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
                  eff: Efficiency) -> tuple[float, float]:
     """(base, per_ctx) of a prefill of `tokens` new tokens on one replica: prefill_time(tokens,
-    ctx) = base + per_ctx * ctx. Only the attention FLOPs depend on the context, linearly
-    (`attention_flops_per_token`), at the GEMM efficiency of the pass's tokens (`pass_compute`,
-    2 passes); an LPU's forward does not depend on it. `batching.StepTerms` keeps this per
+    ctx) = base + per_ctx * ctx. Only the attention kernels' score FLOPs depend on the
+    context, linearly at a fixed token count (`flash.prefill_kernel_time`); an LPU's forward
+    does not depend on it. `batching.StepTerms` keeps this per
     token count, so an engine replay prices each prefill size once."""
     rep = par if par.dp == 1 else replace(par, dp=1)
     base = forward_time(m, dev, rep, tokens, 0.0, eff)
     if dev.kind is DeviceKind.lpu:
         return base, 0.0
-    return base, prefill_attention_time(m, dev, rep, tokens, 1.0, eff)
-
-
-def prefill_attention_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
-                           seq: float, eff: Efficiency) -> float:
-    """Seconds of the attention-score FLOPs of `tokens` new tokens of a causal sequence of
-    `seq` tokens on the layout's devices (`attention_flops_per_token` less its part that does
-    not depend on `seq`), at `mfu_attention` on the forward's token curve, as `pass_compute`
-    prices them in an engine's forward: `prefill_line`'s per-context term (at seq = 1), and
-    the prefill attention kernel of workflows/operators.py."""
-    flops = (attention_flops_per_token(m, seq) - attention_flops_per_token(m, 0.0)) * tokens
-    return matmul_time(flops, tokens / (par.cp * par.attn_dp), dev, par, eff.mfu_attention, eff,
-                       eff.prefill_half_ridge)
-
-
-def prefill_attention_kernels_time(m: ModelArch, dev: DeviceType, par: Parallel,
-                                   tokens: float, seq: float, eff: Efficiency) -> float:
-    """An engine forward's attention kernels alone: their score FLOPs
-    (`prefill_attention_time`) plus their fixed time (`attention_floor`), the two terms
-    `forward_time` prices them with. workflows/operators.py prices one layer's prefill
-    attention with it."""
-    return prefill_attention_time(m, dev, par, tokens, seq, eff) + attention_floor(m, eff)
+    return base, (prefill_kernel_time(m, dev, rep, tokens, 1.0, eff)
+                  - prefill_kernel_time(m, dev, rep, tokens, 0.0, eff))
 
 
 def kv_read_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int, kv_tokens: float,
@@ -167,15 +147,16 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
                           dev, par, eff)
     d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff, par.tp)
          + step_overhead(math.ceil(batch / groups), eff) + eager_overhead(m, par, eff)
-         + attention_floor(m, eff))
+         + attention_floor(m, dev, par, batch, eff))
     return a, k, c, d
 
 
-def attention_floor(m: ModelArch, eff: Efficiency) -> float:
-    """GPU time a decode step's attention kernels take whatever their KV: `attn_kernel_s` per
-    full-attention layer (a token passes every layer; each layer's kernel runs on every rank
-    of its group at once)."""
-    return eff.attn_kernel_s * m.full_attention_layers
+def attention_floor(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
+                    eff: Efficiency) -> float:
+    """GPU time a decode step's attention kernels take whatever their KV (`flash.kernel_floor`
+    of the step's grid: a token passes every layer; each layer's kernel runs on every rank of
+    its group at once)."""
+    return kernel_floor(m, decode_blocks(m, par, batch), dev, eff)
 
 
 def decode_attention_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
@@ -183,7 +164,8 @@ def decode_attention_time(m: ModelArch, dev: DeviceType, par: Parallel, batch: i
     """A decode step's attention kernels alone over `kv_tokens` KV tokens: their KV read
     (`kv_read_time`) plus their fixed time (`attention_floor`), the two terms `_decode_terms`
     prices them with. workflows/operators.py prices one layer's decode attention with it."""
-    return kv_read_time(m, dev, par, batch, kv_tokens, eff) + attention_floor(m, eff)
+    return kv_read_time(m, dev, par, batch, kv_tokens, eff) + attention_floor(m, dev, par, batch,
+                                                                              eff)
 
 
 def weight_read_time(nbytes: float, batch: int, tp: int, dev: DeviceType,

@@ -120,26 +120,19 @@ def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
 
 def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
                  passes: int, ceiling: float, group_tokens: float, eff: Efficiency,
-                 half_ridge: float | None = None, attn_ceiling: float | None = None) -> float:
+                 half_ridge: float | None = None) -> float:
     """Seconds of `passes` matmul passes (2 a forward, 6 forward + backward, 8 with a recomputed
     forward) over `tokens` tokens on the layout's devices: the dense, attention and LM-head
     FLOPs at `gemm_eff` of the tokens a device's GEMMs see (`group_tokens` per dp rank / cp),
     the routed experts' at `gemm_eff` of the tokens one expert sees (`sharding.expert_tokens`):
     small for a mixture of many experts, which expert parallelism raises by gathering an EP
-    group's tokens. `half_ridge`: as `gemm_eff`'s. `attn_ceiling`: the attention-score FLOPs'
-    own ceiling (an engine's forward: `mfu_attention`); none, the GEMMs' `ceiling`."""
+    group's tokens. `half_ridge`: as `gemm_eff`'s. An engine's forward prices its attention
+    scores apart (`flash.prefill_kernel_time`) and passes seq = 0."""
     routed = active_expert_params(m)
     # data-parallel attention: a device's dense GEMMs see its own group's share of the tokens
     per_device = group_tokens / (par.cp * par.attn_dp)
-    if attn_ceiling is None:
-        dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
-        out = matmul_time(dense, per_device, dev, par, ceiling, eff, half_ridge)
-    else:
-        scores = attention_flops_per_token(m, seq) - attention_flops_per_token(m, 0.0)
-        dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, 0.0) / 2)
-        out = (matmul_time(dense * tokens, per_device, dev, par, ceiling, eff, half_ridge)
-               + matmul_time(passes * scores / 2 * tokens, per_device, dev, par, attn_ceiling,
-                             eff, half_ridge))
+    dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
+    out = matmul_time(dense, per_device, dev, par, ceiling, eff, half_ridge)
     # a micro-batch per data-parallel attention group, its groups' tokens meeting at the experts
     t = min(group_tokens / par.attn_dp, MICRO_TOKENS) * par.attn_dp
     if routed:
