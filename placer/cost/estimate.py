@@ -219,7 +219,8 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     res = ctx.res
     m = res.arch_of(role)
     tokens, seq = _tokens(res)
-    mem = train_memory(m, par, micro_tokens=res.job.max_context, eff=eff)
+    # the largest micro-batch's activations: `micro_batch` sequences at the longest context
+    mem = train_memory(m, par, micro_tokens=max(par.micro_batch, 1) * res.job.max_context, eff=eff)
     imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
     if m.vision is not None and imgs:
         mem = replace(mem, activations=mem.activations

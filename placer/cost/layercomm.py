@@ -36,6 +36,13 @@ MICRO_TOKENS = 16384
 NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink for the NIC
 
 
+def micro_tokens(par: Parallel, seq: float) -> float:
+    """Tokens of one training micro-batch on a device's data-parallel rank: `micro_batch`
+    sequences of `seq` tokens (a fixed count, verl's ppo_micro_batch_size_per_gpu), or the
+    `MICRO_TOKENS` budget where the layout sets none."""
+    return par.micro_batch * seq if par.micro_batch > 0 else MICRO_TOKENS
+
+
 def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     """The link a TP group of `ranks` runs its all-reduces on: NVLink while the group fits one
     node, at the TP all-reduce's own `tp_link_eff` and per-call `tp_base_s` (fitted on NCCL
@@ -79,9 +86,9 @@ def gather_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
 
 
 def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
-               eff: Efficiency) -> float:
+               eff: Efficiency, micro: float = MICRO_TOKENS) -> float:
     """One pass's layer collectives over `tokens` tokens per dp rank, all layers, issued once
-    per micro-batch of `MICRO_TOKENS` (the call count kept fractional so that a pass split
+    per micro-batch of `micro` tokens (`micro_tokens`; the call count kept fractional so that a pass split
     into parts costs the sum of its parts; the simulator prices mini-batches one by one):
       TP   2 all-reduces of the activations (tokens / cp * h * b bytes) per layer (Shoeybi et
            al. 2019); a MoE layer under EP keeps only attention's; with data-parallel
@@ -92,7 +99,7 @@ def layer_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     if tokens <= 0:
         return 0.0
     # a micro-batch per attention group: data-parallel attention groups run theirs side by side
-    chunk = min(tokens / par.attn_dp, MICRO_TOKENS) * par.attn_dp
+    chunk = min(tokens / par.attn_dp, micro) * par.attn_dp
     group = chunk / par.cp  # tokens each device of a TP group holds
     out = 0.0
     if par.attn_tp > 1:  # data-parallel attention: each group all-reduces its own tokens
@@ -248,9 +255,9 @@ def grad_sync_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency
 
 
 def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
-                  collectives: int, eff: Efficiency) -> float:
+                  collectives: int, eff: Efficiency, micro: float = MICRO_TOKENS) -> float:
     """ZeRO-3 / FSDP weight traffic of a pass over `tokens` tokens per dp rank: every
-    micro-batch of `MICRO_TOKENS` gathers the sharded weights before it uses them and the
+    micro-batch of `micro` tokens (`micro_tokens`) gathers the sharded weights before it uses them and the
     backward reduce-scatters its gradients, `collectives` calls of the device's weight shard
     each (2 forward + backward: gather, gather again, reduce-scatter -- the 1.5x of ZeRO-3 over
     ZeRO-2, Rajbhandari et al. 2020, sec. 7.2.2; 1 for a forward pass), the dense part over
@@ -273,7 +280,7 @@ def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
                                                              par.expert_zero_group, link)
     if collectives >= 3:
         per_micro += hsdp_all_reduce(m, dev, par, eff)
-    return per_micro * tokens / min(tokens, MICRO_TOKENS)
+    return per_micro * tokens / min(tokens, micro)
 
 
 def fsdp_units(m: ModelArch) -> int:

@@ -42,6 +42,7 @@ from placer.cost.layercomm import (
     decode_tp_comm,
     grad_sync_time,
     layer_comm,
+    micro_tokens,
     oversubscription,
     pp_send,
     span_link,
@@ -79,7 +80,7 @@ from placer.spec.hardware import DeviceKind, DeviceType
 # placer.cost.layercomm, the efficiency factors in placer.cost.efficiency, the sizes and GEMM rates in
 # placer.cost.roofline, the engine steps (prefill, decode, KV capacity) in placer.cost.generation
 __all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm",
-           "decode_tp_comm", "grad_sync_time", "layer_comm", "linear_state_bytes", "pp_send",
+           "decode_tp_comm", "grad_sync_time", "layer_comm", "micro_tokens", "linear_state_bytes", "pp_send",
            "span_link", "state_split", "state_tokens", "tp_link", "zero3_gathers", "oversubscription",
            "weight_gather_time",
            "BYTES", "GB", "Memory", "attention_flops_per_token", "decode_bw_eff", "decode_read_bytes",
@@ -122,18 +123,22 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     cost calibratable (`placer.calibrate.fit` probes each factor's term; a max() would hide one side)."""
     passes = 8 if par.recompute else 6
     per_step = tokens / max(steps, 1) / par.dp
+    mt = micro_tokens(par, seq)
     ceiling = device_ceiling(eff.mfu_train, dev, eff)
-    compute = pass_compute(m, dev, par, tokens, seq, passes, ceiling, per_step, eff)
-    # micro-batches are cut per optimizer step: a step's tokens / MICRO_TOKENS, at least one
-    gathers = zero3_gathers(m, dev, par, per_step, 3, eff) * max(steps, 1)
+    compute = pass_compute(m, dev, par, tokens, seq, passes, ceiling,
+                           _micro_group(par, per_step, mt), eff)
+    # micro-batches are cut per optimizer step: a step's tokens / the micro-batch's, at least one
+    gathers = zero3_gathers(m, dev, par, per_step, 3, eff, mt) * max(steps, 1)
     compute += gathers
-    micro = max(4 * par.pp, 1)
+    # 1F1B's bubble: (pp - 1) stage times over the step's micro-batches; a token budget
+    # (`micro_batch` unset) is priced with 4 x pp of them
+    micro = max(per_step / mt, 1.0) if par.micro_batch > 0 else max(4 * par.pp, 1)
     bubble = compute * (par.pp - 1) / micro
     # Megatron TP: 2 all-reduces per layer in the forward, 2 in the backward, 2 more in the
     # recomputed forward (likewise the EP all-to-alls and CP exchanges); layers / pp per device.
-    comm = layer_comm(m, dev, par, tokens / par.dp, eff) * (passes // 2 - 1) / par.pp
+    comm = layer_comm(m, dev, par, tokens / par.dp, eff, mt) * (passes // 2 - 1) / par.pp
     # 1F1B: each micro-batch crosses every stage boundary forward and back once per pass
-    chunk = min(tokens / par.dp, MICRO_TOKENS)
+    chunk = min(tokens / par.dp, mt)
     comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
     offload = 0.0
     if par.offload and not dev.host_backed:  # on host RAM already: the offload moves nothing
@@ -154,9 +159,17 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     if dev.kind is not DeviceKind.gpu:
         return forward_time(m, dev, par, tokens, seq, eff)
     ceiling = device_ceiling(eff.mfu_score, dev, eff)
-    compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling, tokens / par.dp, eff)
+    mt = micro_tokens(par, seq)  # a trained role's forward runs its training micro-batches
+    compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling,
+                           _micro_group(par, tokens / par.dp, mt), eff)
     return oversubscription(dev, par.devices, eff) * (
-        compute + layer_comm(m, dev, par, tokens / par.dp, eff))
+        compute + layer_comm(m, dev, par, tokens / par.dp, eff, mt))
+
+
+def _micro_group(par: Parallel, rank_tokens: float, micro: float) -> float:
+    """Tokens a dp rank's GEMMs see at once: its tokens, cut to a micro-batch of a fixed
+    `micro_batch` count (a token budget, unset, is `gemm_eff`'s own `MICRO_TOKENS` cap)."""
+    return min(rank_tokens, micro) if par.micro_batch > 0 else rank_tokens
 
 
 def dispatch_time(samples: float, padded_tokens: float, eff: Efficiency) -> float:

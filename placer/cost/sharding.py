@@ -62,6 +62,11 @@ class Parallel:
     # to the reference), rather than a whole copy on every tp x pp group
     # (`placer.cost.estimate.frozen_sharded`)
     sharded_weights: bool = False
+    # Training: sequences per micro-batch on one device (verl's ppo_micro_batch_size_per_gpu),
+    # chosen by the planner (`placer.solve.candidates.micro_batches`); 0: micro-batches of a
+    # token budget of `layercomm.MICRO_TOKENS` (verl's use_dynamic_bsz), activations priced for
+    # one longest sequence
+    micro_batch: int = 0
 
     @property
     def attn_tp(self) -> int:

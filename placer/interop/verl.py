@@ -13,7 +13,8 @@ verl places roles in Ray *resource pools* counted in GPUs (`nnodes x n_gpus_per_
   * a reward model may get its own pool (`reward.reward_model.enable_resource_pool`).
 Training layouts: FSDP (ZeRO-3 data parallel, `ppo_trainer`) when the trained roles have
 TP = PP = CP = EP = 1, else Megatron (`ppo_megatron_trainer`: TP, PP, CP, EP and expert TP sizes).
-Micro-batches (`micro_batch`): whole sequences at the job's longest context, as many as fit in the
+Micro-batches (`micro_batch`): the plan's own (`roles.NAME.micro_batch`, chosen and priced by the
+planner); in a plan without one, whole sequences at the job's longest context, as many as fit in the
 tokens of the micro-batch the cost model prices (`MICRO_TOKENS`, verl's own default token budget
 per GPU), at least one, dividing a rank's share of a mini-batch, and fitting the device. Offload: verl's
 `param_offload` / `optimizer_offload` park a role's state in host memory between phases and run the
@@ -90,8 +91,11 @@ def micro_batch(plan: Plan, role: Role) -> int:
     `placer.cost.layercomm`; verl's default ppo_max_token_len_per_gpu), at least one; the largest
     such count that divides a data-parallel rank's share of one mini-batch (verl splits each
     rank's mini-batch into micro-batches of this size) and whose activations still fit the
-    device beside the role's state (`train_memory`: the plan checked one sequence's)."""
+    device beside the role's state (`train_memory`: the plan checked one sequence's). A plan
+    that chose and priced a micro-batch (`roles.NAME.micro_batch`) gets that one."""
     r = plan.roles[role]
+    if r.micro_batch > 0:
+        return r.micro_batch
     job = plan.spec
     ctx = max(job.max_context, 1)
     cap = max(MICRO_TOKENS // ctx, 1)

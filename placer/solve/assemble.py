@@ -73,7 +73,7 @@ def role_placement(p: Placed) -> RolePlacement:
                          zero=e.par.zero, recompute=e.par.recompute, offload=e.par.offload,
                          cp=e.par.cp, ep=e.par.ep, etp=e.par.etp, attn_dp=e.par.attn_dp,
                          shard=e.par.shard_dp if e.par.hsdp else 0,
-                         sharded_weights=e.par.sharded_weights,
+                         sharded_weights=e.par.sharded_weights, micro_batch=e.par.micro_batch,
                          fp8_weights=e.par.fp8_weights,
                          fp8_kv=e.par.fp8_kv, fp8_train=e.par.fp8_train,
                          slot=p.slot, time_s=e.time_s, stage_s=dict(e.stage_s),

@@ -250,16 +250,59 @@ def role_candidates(px: Pricer, role: str, pool: Pool, limit: int | None = None,
         return []
     cands = []
     dev = res.device_of(pool)  # on a host-RAM device an offload frees nothing
-    offload = role in TRAINING_ROLES and dev.kind is DeviceKind.gpu and not dev.host_backed
+    trained = role in TRAINING_ROLES and dev.kind is DeviceKind.gpu
+    offload = trained and not dev.host_backed
     for par in framework_layouts(res, role, dev, pinned_layouts(res.job, role, pool.name,
                                                                   layouts(px, role, pool, limit))):
-        est = px.estimate(role, pool, par)
+        est = _micro_batched(px, role, pool, par) if trained else px.estimate(role, pool, par)
         if not est.feasible and offload:
             # optimizer state on the host: slower, so only worth it where nothing else fits
-            est = px.estimate(role, pool, replace(par, offload=True))
+            est = _micro_batched(px, role, pool, replace(par, offload=True))
         if est.feasible:
             cands.append(Candidate(role, pool.name, est))
     return prune_dominated(cands) if prune else cands
+
+
+# Micro-batch sizes (sequences per device) a trained role is priced with. A larger one runs
+# its GEMMs on more tokens at once (`roofline.gemm_eff`) and issues fewer layer collectives and
+# ZeRO-3 gathers (`layercomm.layer_comm`, `zero3_gathers`: once per micro-batch); it holds more
+# activations (`model.train_memory`) and, with pipeline stages, leaves fewer micro-batches to
+# fill the 1F1B bubble (`model.train_time`).
+MICRO_BATCH_CHOICES = (8, 4, 2, 1)
+
+
+def micro_batches(res: Resolved, par: Parallel) -> list[int]:
+    """The micro-batch sizes to try for a trained layout, largest first: those of
+    `MICRO_BATCH_CHOICES` that divide a data-parallel rank's share of one mini-batch (verl,
+    OpenRLHF and NeMo-RL cut each rank's share into whole micro-batches), 1 at least."""
+    batch = res.job.batch
+    share = batch.samples // max(batch.mini_batches, 1) // max(par.dp, 1)
+    return [k for k in MICRO_BATCH_CHOICES if k <= share and share % k == 0] or [1]
+
+
+def _micro_batched(px: Pricer, role: str, pool: Pool, par: Parallel) -> Estimate:
+    """The trained role's estimate at its fastest micro-batch of `micro_batches` that fits the
+    device, else the smallest's (infeasible) estimate. Without pipeline stages the time never
+    rises with the micro-batch (every term above falls or stays), so the largest that fits is
+    taken without pricing the rest; with stages the bubble grows with it, so each that fits is
+    priced. One candidate per layout either way. A layout that sets its own (`micro_batch` > 0:
+    a pin or an imported run) is priced as it is."""
+    if par.micro_batch > 0:
+        return px.estimate(role, pool, par)
+    best: Estimate | None = None
+    est = None
+    for k in micro_batches(px.res, par):
+        est = px.estimate(role, pool, replace(par, micro_batch=k))
+        if not est.feasible:
+            continue
+        if best is None or est.time_s < best.time_s:
+            best = est
+        if par.pp == 1:
+            break
+    if best is not None:
+        return best
+    assert est is not None  # micro_batches is never empty
+    return est
 
 
 def framework_layouts(res: Resolved, role: str, dev: DeviceType, pars: list[Parallel]

@@ -12,6 +12,7 @@
   host       host memory of the busiest node of each GPU pool by part (`placer.solve.hostmem`)
   judge      a generative judge: its placement, its queue and the best plan with it held to each
              pool (`placer.solve.judgewhy`)
+  micro      per trained role, its layout at each micro-batch size tried (`placer.solve.microwhy`)
   split      per role split over pools (`placer.cost.split`): its parts (pool, layout, share of the
              samples, time) and why: the best single-pool plan, re-solved with the split
              candidates left out, against the split plan (`single_pool_alternative`)
@@ -45,6 +46,7 @@ from placer.solve.ilp import Unsolved
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.judgewhy import JudgeWhy, judge_lines, judge_why
+from placer.solve.microwhy import MicroTry, micro_lines, micro_why
 from placer.solve.moves import dims
 from placer.solve.planfile import Plan, RolePlacement, SearchSpace
 from placer.solve.planner import build_problem, plan_job
@@ -401,6 +403,8 @@ class Explanation(Record):
     search_space: SearchSpace | None = None
     """what the solver searched, the space its status and gap are relative to (plans written
     before it was recorded: None)"""
+    micro_batch: dict[str, list[MicroTry]] = {}
+    """per trained role, each micro-batch size tried on its layout (`placer.solve.microwhy`)"""
 
 
 def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
@@ -410,7 +414,7 @@ def explain(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> Explanation:
                        split=split(plan, px, time_limit_s),
                        judge=judge_why(plan, px, time_limit_s),
                        async_alternative=async_why(plan, px, time_limit_s),
-                       search_space=plan.solver.search_space)
+                       search_space=plan.solver.search_space, micro_batch=micro_why(plan, px))
 
 
 def search_lines(sp: SearchSpace | None) -> list[str]:
@@ -437,6 +441,7 @@ def render(ex: Explanation) -> str:
                      f"{_kinds(r.memory_gb)} (of {r.device_memory_gb:g})"
                      + (f"; on the host: optimizer {host:.1f} per device" if host else "")
                      + (f"; pinned by the job ({r.pinned})" if r.pinned else ""))
+    lines += micro_lines(ex.micro_batch, {k: r.device_memory_gb for k, r in ex.roles.items()})
     if ex.host_memory:
         lines.append("host memory per node (GB, busiest node of each GPU pool):")
         for pool, h in ex.host_memory.items():

@@ -45,7 +45,8 @@ def role_counts(plan: Plan) -> dict[str, int]:
 def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
     """`tpT ppP dpD`, with `cpC` after tp and `epE` (and `etpF`) last where they are above 1
     (Megatron-Core's order; most layouts have neither, so they are left out there), and
-    `shardS` after dp for a trainer's HSDP shard group. A split role's part: `dims(part.par)`."""
+    `shardS` after dp for a trainer's HSDP shard group, `mbsM` last for a trainer's chosen
+    micro-batch (sequences per device). A split role's part: `dims(part.par)`."""
     out = (f"tp{x.tp}" + (f" cp{x.cp}" if x.cp > 1 else "")
            + f" pp{x.pp} dp{x.dp if dp is None else dp}")
     shard = getattr(x, "shard", 0)  # HSDP (a training role's; a split part has none)
@@ -56,6 +57,9 @@ def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
     attn_dp = getattr(x, "attn_dp", 1)  # a rollout engine's data-parallel attention
     if attn_dp > 1:
         out += f" attn-dp{attn_dp}"
+    micro = getattr(x, "micro_batch", 0)  # a trainer's micro-batch, where the plan chose one
+    if micro > 0:
+        out += f" mbs{micro}"
     return out
 
 

@@ -55,14 +55,17 @@ class _Parted(_M):
 
     @model_serializer(mode="wrap")
     def _without_empty_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """One pool: written without `parts`, a role without HSDP without `shard`, one without
-        data-parallel attention without `attn_dp`, and a whole frozen copy without
-        `sharded_weights` (plan files stay as they were)."""
+        """One pool: written without `parts`, a role without HSDP without `shard`, one without a
+        chosen micro-batch without `micro_batch`, one without data-parallel attention without
+        `attn_dp`, and a whole frozen copy without `sharded_weights` (plan files stay as they
+        were)."""
         out: dict[str, Any] = handler(self)
         if not out.get("parts"):
             out.pop("parts", None)
         if not out.get("shard"):
             out.pop("shard", None)
+        if not out.get("micro_batch", 1):
+            out.pop("micro_batch", None)
         if not out.get("sharded_weights", True):
             out.pop("sharded_weights", None)
         if out.get("attn_dp") == 1:
@@ -122,6 +125,9 @@ class RolePlacement(_Parted):
                                   "copy on each tp x pp group")
     shard: int = Field(0, ge=0, description="HSDP: dp ranks of one ZeRO shard group, which the "
                        "dp / shard groups replicate (0: ZeRO over all of dp; training roles)")
+    micro_batch: int = Field(0, ge=0, description="training: sequences per micro-batch on one "
+                             "device, chosen and priced by the planner (0: micro-batches of a "
+                             "token budget)")
     fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
     fp8_kv: bool = Field(False, description="FP8 KV cache (job precision)")
     fp8_train: bool = Field(False, description="FP8 training GEMMs (job precision)")
@@ -139,7 +145,7 @@ class RolePlacement(_Parted):
         return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
                         self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
                         shard=self.shard, attn_dp=self.attn_dp,
-                        sharded_weights=self.sharded_weights)
+                        sharded_weights=self.sharded_weights, micro_batch=self.micro_batch)
 
 
 class SlotPart(_M):

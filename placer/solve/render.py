@@ -35,6 +35,8 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
     lines += [f"{name}: attention data-parallel in {r.attn_dp} groups of {r.tp // r.attn_dp} "
               f"rank(s) per replica, each with its own KV cache; experts over ep {r.ep}"
               for name, r in plan.roles.items() if r.attn_dp > 1]
+    lines += [f"{name}: micro-batch {r.micro_batch} sequence(s) per device (the fastest tried "
+              "that fits the device)" for name, r in plan.roles.items() if r.micro_batch > 0]
     lines += ["", f"{'slot':<28} {'pool':<8} {'devices':>7} {'nodes':>6}  busy s"]
     for sl in plan.slots:
         lines += _slot_lines(sl, plan.breakdown.slot_busy_s.get(sl.name, 0.0))
