@@ -14,7 +14,8 @@ Images enter the prompt as `image_token_id` placeholders (`images_per_prompt` x
 placeholder is replaced by the encoder's output for its image (`VisionLlamaForCausalLM`), so the
 encoder runs wherever the policy reads a prompt: the rollout's prefill, every log-prob pass
 (reference, the trainer's old log-probs) and training, where gradients flow into it (its
-weights are trained and synced with the LM's, as the cost model prices them). The placeholder
+weights are trained and synced with the LM's, as the cost model prices them; with the plan's
+`recompute`, its blocks recompute their activations as the LM's layers do). The placeholder
 is input-only: its logit is held at `MASKED_LOGIT`, so the policy never samples it.
 
 Each image is random, drawn from the job's seed and its prompt (`image_pixels`: a generator
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executors.sharding import recomputes
 from placer.spec.arch import ModelArch
 from placer.spec.vision import VisionEncoder
 
@@ -152,13 +154,18 @@ class TinyViT(nn.Module):
                                      bias=False)
         self.blocks = nn.ModuleList(VisionBlock(v) for _ in range(v.layers))
         self.merger = PatchMerger(v)
+        self.recompute = False  # blocks keep only their inputs in training (the LM's layers do)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         patches, pos = patchify(pixels, self.spec)
         cos, sin = rotary_2d(pos, self.spec.hidden // self.spec.heads)
         x = self.patch_embed(patches.to(self.patch_embed.weight.dtype))
         for block in self.blocks:
-            x = block(x, cos, sin)
+            if self.recompute and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint  # lazy: training only
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
         return self.merger(x)
 
 
@@ -193,6 +200,8 @@ def _vlm_class() -> Any:
                 key = [int(t) for t in input_ids[row, :int(at[0])] if int(t) != cfg.pad_token_id]
                 images += [image_pixels(cfg.image_seed, key, k, v)
                            for k in range(at.numel() // v.tokens_per_image)]
+            # the plan's recompute: the decoder layers' wrappers (`executors.sharding`) say it
+            self.visual.recompute = self.training and recomputes(self)
             t0 = time.time()
             feats = self.visual(torch.stack(images).to(emb.device))
             self.encodes.append({"t0": t0, "dur": time.time() - t0, "images": len(images),

@@ -155,3 +155,26 @@ def test_encoder_runs_in_every_pass_and_the_trace_calibrates(run) -> None:
     fit = fit_trace(r.trace, plan)
     assert fit.counts["generate@emu-gpu"] >= STEPS and fit.counts["train@emu-gpu"] >= STEPS
     assert not any("encode" in why for why in fit.skipped)  # not a fitted category: left out
+
+
+def test_encoder_recomputes_with_the_layers(arch: ModelArch) -> None:
+    """With the plan's recompute (the LM's layers wrapped, `executors.sharding`), every ViT
+    block runs its forward again in the backward pass; the gradients are the same."""
+    from executors.sharding import recompute_layers  # lazy: torch.distributed's wrappers
+    prompts = [[1, 12, 20, 13] + image_slots(arch, 2)]
+    s = rl.Samples(["a"], prompts, [[14, 15, 2]], [[0.0] * 3], 0, ["p0"])
+    grads, calls = [], []
+    for recompute in (False, True):
+        model = build_vlm(arch, 0)
+        if recompute:
+            recompute_layers(model)
+        model.train()
+        runs: list[int] = []  # the block's forward body, counted (hooks skip a recompute)
+        block = model.visual.blocks[0]
+        block.forward = lambda *a, seen=runs, f=block.forward: (seen.append(1), f(*a))[1]
+        rl.response_logprobs(model, s).sum().backward()
+        grads.append(model.visual.patch_embed.weight.grad.clone())
+        calls.append(len(runs))
+        assert model.visual.recompute is recompute
+    assert calls == [1, 2]
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
