@@ -281,7 +281,7 @@ def preflight(run: RunPlan, backend: Backend, local: bool, unsafe_sandbox: bool)
     arch = policy_arch(run.job)
     if not local:  # one process trains the whole batch locally: no layout to refuse
         check_layouts(run, backend)
-    if (why := vision_problem(run, backend.name)) is not None:
+    if (why := vision_problem(run, backend)) is not None:
         raise SpecError(why)
     check_batch(run.job)
     check_sandbox(unsafe_sandbox)

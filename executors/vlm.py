@@ -285,9 +285,10 @@ def encoder_spans(model: nn.Module) -> dict[str, list[dict[str, Any]]]:
     return {"encodes": out}
 
 
-def vision_problem(run: Any, backend: str) -> str | None:
+def vision_problem(run: Any, backend: Any) -> str | None:
     """Why the executor cannot run the plan's vision-language policy as planned (None: it can,
-    or the policy reads no images). `run`: the `executors.runplan.RunPlan`."""
+    or the policy reads no images). `run`: the `executors.runplan.RunPlan`; `backend`: the
+    rollout backend (`executors.backends.Backend`)."""
     job = run.job
     if job.policy.vision is None or job.images_per_prompt <= 0:
         return None
@@ -295,9 +296,9 @@ def vision_problem(run: Any, backend: str) -> str | None:
         return (f"plan.job.models.paths.policy: {job.paths['policy']!r}: the executor builds "
                 "vision-language policies from the architecture (models.policy with vision:), "
                 "not from a checkpoint folder")
-    if backend != "torch":
-        return (f"--backend: {backend!r} engines here load text-only models; a vision-language "
-                "policy runs on the torch backend")
+    if not backend.reads_images:
+        return (f"--backend: {backend.name!r} engines here load text-only models; a "
+                "vision-language policy runs on a backend that reads images (torch)")
     try:
         grid(job.policy.vision)
     except ValueError as e:

@@ -178,3 +178,27 @@ def test_encoder_recomputes_with_the_layers(arch: ModelArch) -> None:
         assert model.visual.recompute is recompute
     assert calls == [1, 2]
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_what_the_executor_cannot_run_is_refused_before_it_starts() -> None:
+    """`placer execute` exits 2 (a SpecError from `preflight`) with these messages."""
+    import yaml
+    from exec_util import hand_plan  # lazy: the planner's assembly
+
+    import placer
+    from executors.backends import backend_of
+    from executors.runplan import resolve_plan
+    from executors.vlm import vision_problem
+    from placer.cost.sharding import Parallel
+    run = resolve_plan(placer.plan(str(EXAMPLE)))
+    assert vision_problem(run, backend_of("torch")) is None
+    assert "--backend: 'vllm'" in (vision_problem(run, backend_of("vllm")) or "")
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["catalog"]["models"][0]["vision"]["tokens_per_image"] = 2  # no square grid
+    plan = hand_plan({"actor": ("gpu", Parallel(dp=2), "train"),
+                      "rollout": ("gpu", Parallel(dp=2), "train"),
+                      "reference": ("gpu", Parallel(dp=1), "train"),
+                      "reward": ("cpu", Parallel(), "cpu"),
+                      "environment": ("cpu", Parallel(), "cpu")}, job)
+    why = vision_problem(resolve_plan(plan), backend_of("torch")) or ""
+    assert "tokens_per_image 2 is not a square" in why
