@@ -36,6 +36,7 @@ class Backend:
     extra: ClassVar[str | None] = None  # the package extra that installs its engine
     worker: ClassVar[str]  # "module:Class" of the rollout worker, imported on first use
     splits_tp: ClassVar[bool] = False  # whether one engine runs over several devices (tp > 1)
+    reads_images: ClassVar[bool] = False  # whether its engines run a vision-language policy
 
     def layout_problem(self, lay: Layout, arch: ModelArch) -> str | None:
         """None when an engine can run `lay` (dp, tp, pp) for the model, else why not."""
@@ -61,6 +62,7 @@ class TorchBackend(Backend):
     name = "torch"
     worker = "executors.roles:Rollout"
     splits_tp = True
+    reads_images = True  # the torch engine loads the policy's model class (`executors.vlm`)
 
     def layout_problem(self, lay: Layout, arch: ModelArch) -> str | None:
         """The torch backend holds an engine's TP shards in one process (no pipeline stages);

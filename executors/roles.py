@@ -28,13 +28,14 @@ from typing import Any
 import torch
 
 from executors import rl
-from executors.model import Codec, ValueModel, codec_for, load_policy
+from executors.model import Codec, ValueModel, codec_for
 from executors.reshard import BucketLoading, engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup, Layout, RunPlan
 from executors.sandbox import Limits, Sandbox
 from executors.sharding import recompute_layers, recomputes
 from executors.syncgroup import GroupReceiver
 from executors.task import Target, task_of
+from executors.vlm import encoder_spans, load_model
 from placer.base.roles import Role
 from placer.spec.arch import ModelArch
 
@@ -66,6 +67,8 @@ class RunConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3
     temperature: float = 1.0  # rollout sampling; the trainer's log-probs divide by it too
     reward_arch: dict[str, Any] | None = None  # a reward model's shape, None for the rule
+    images_per_prompt: int = 0  # a vision-language policy's images in every prompt (executors.vlm)
+    judge: dict[str, Any] | None = None  # a generative judge's `reward_model` (executors.judge)
     threads: int = 1
     delays: tuple[Delay, ...] = ()
     unsafe_sandbox: bool = False  # `--unsafe-sandbox`: run answers even without kernel isolation
@@ -126,6 +129,8 @@ def run_config(run: RunPlan, lr: float | None = None, model_dir: str = "",
                     data=job.data.model_dump() if job.data is not None else None,
                     kl_coef=job.kl.coef, kl_in=job.kl.where, kl_estimator=job.kl.estimator,
                     temperature=job.temperature,
+                    judge=job.judge.model_dump() if job.judge is not None else None,
+                    images_per_prompt=job.images_per_prompt,
                     **plan_settings(run))
     return cfg if lr is None else replace(cfg, lr=lr)
 
@@ -177,7 +182,7 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
-        self.model = load_policy(cfg.model_dir)
+        self.model = load_model(cfg.model_dir)
         self._own = self.model.state_dict()  # views of the weights, for a refresh to fill
         self.version = 0
         self.tp, self._kv = cfg.engines.tp, cfg.model_arch.kv_heads
@@ -260,20 +265,21 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
                                 self.cfg.temperature, limits, eos=self.cfg.codec.eos)
         s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
         return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
-                          version=self.version, batch=len(ids), delayed_s=delayed)
+                          version=self.version, batch=len(ids), delayed_s=delayed,
+                          **encoder_spans(self.model))
 
 
 class Reference(Worker):
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "reference", rank)
-        self.model = load_policy(cfg.model_dir)
+        self.model = load_model(cfg.model_dir)
 
     @torch.no_grad()
     def logprobs(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
         t0 = time.time()
         lp = rl.response_logprobs(self.model, s, self.cfg.temperature)
         rows = [lp[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
-        return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
+        return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids, **encoder_spans(self.model))
 
 
 class RuleReward(Worker):

@@ -46,6 +46,7 @@ from executors.stragglers import Call
 from executors.tails import TailPolicies, carry_steps, overprovision_extra
 from executors.task import task_of
 from executors.trajectory import Traj
+from executors.vlm import image_slots, record_encodes
 from executors.weights import WeightSync
 from placer.base.roles import Role
 from placer.cost.split import deal
@@ -153,7 +154,8 @@ class RolloutDriver:
         slots = [(p, j) for j in range(spp) for p in prompts]
         slots += [(prompts[k % len(prompts)], spp + k // len(prompts)) for k in range(extra)]
         slots.sort(key=lambda x: (int(x[0].id.rsplit("p", 1)[1]), x[1]))
-        new = [Traj(f"{p.id}.{j}", p.id, prompt_ids(ctx.cfg.codec, p.text),
+        images = image_slots(ctx.job.policy, ctx.job.images_per_prompt)  # a VLM's prompts
+        new = [Traj(f"{p.id}.{j}", p.id, prompt_ids(ctx.cfg.codec, p.text) + images,
                     p.target, (ctx.cfg.seed * 1_000_003 + step * 100_003 + i) % 2**63)
                for i, (p, j) in enumerate(slots)]
         if fresh:
@@ -280,6 +282,7 @@ class RolloutDriver:
                       prompt_tokens=[len(p) for p in s.prompts],
                       response_tokens=[len(x) for x in s.responses],
                       steps=max((len(x) for x in s.responses), default=1))
+            record_encodes(ctx.event, ran.workers[k], step, timing, "rollout prefill", s.version)
             for sid, new, lps in zip(s.ids, s.responses, s.logprobs):
                 t = by_id[sid]
                 t.response += new

@@ -25,12 +25,13 @@ from executors.backends import DEFAULT_BACKEND, Backend, backend_of
 from executors.context import Fault, LoopConfig, StepStat
 from executors.ledger import Ledger
 from executors.loop import Loop
-from executors.model import build_policy, save_model_dir, tokenizer_problem
+from executors.model import save_model_dir, tokenizer_problem
 from executors.roles import Delay, run_config
 from executors.runplan import JobFacts, RunPlan, resolve_plan
 from executors.sandbox import SandboxUnavailable, probe
 from executors.sharding import check_layout
 from executors.task import task_of
+from executors.vlm import build_model, vision_problem
 from executors.world import World
 from placer.base.errors import SpecError
 from placer.base.phases import PhaseClock, PhaseListener
@@ -200,7 +201,7 @@ def prepare_model(job: JobFacts, out_dir: Path) -> str:
         pass  # missing, unreadable or half-written: rebuild
     tmp = Path(tempfile.mkdtemp(prefix=".model-v0.", dir=out_dir))
     try:
-        save_model_dir(build_policy(arch, job.seed), arch, tmp)
+        save_model_dir(build_model(arch, job.seed), arch, tmp)
         files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
         (tmp / MODEL_STAMP).write_text(json.dumps({**stamp, "files": files}))
         if path.is_dir() and not path.is_symlink():
@@ -280,6 +281,8 @@ def preflight(run: RunPlan, backend: Backend, local: bool, unsafe_sandbox: bool)
     arch = policy_arch(run.job)
     if not local:  # one process trains the whole batch locally: no layout to refuse
         check_layouts(run, backend)
+    if (why := vision_problem(run, backend)) is not None:
+        raise SpecError(why)
     check_batch(run.job)
     check_sandbox(unsafe_sandbox)
     check_data(run.job)

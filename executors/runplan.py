@@ -34,6 +34,7 @@ from placer.solve.moves import role_counts
 from placer.solve.planfile import Bundle, Plan, RolePlacement, calibration_of
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
+from placer.spec.judge import RewardModel
 from placer.spec.localdata import Dataset
 from placer.spec.rlterms import KL
 from placer.spec.tailpolicy import TailPolicy
@@ -214,6 +215,8 @@ class JobFacts:
     paths: Mapping[str, str]  # model field -> local checkpoint folder
     kl: KL = KL()  # the KL penalty to the reference: coefficient, place, estimator
     temperature: float = 1.0  # the rollout's, which the trainer's log-probs use too
+    judge: RewardModel | None = None  # a generative judge's settings (None: rule or scalar)
+    images_per_prompt: int = 0  # a vision-language policy's images in every prompt
 
     @property
     def samples(self) -> int:
@@ -303,7 +306,8 @@ def _job(res: Resolved) -> JobFacts:
         max_new_tokens=int(job.lengths.response.max_value()), max_context=job.max_context,
         tail_policy=job.tail_policy, data=job.data, policy=policy,
         reward=res.model_of(Role.REWARD), paths=dict(job.models.paths), kl=job.kl,
-        temperature=job.sampling.temperature)
+        temperature=job.sampling.temperature, judge=job.judge,
+        images_per_prompt=job.lengths.images_per_prompt)
 
 
 def _refuse_unlaunched_layouts(plan: Plan) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from executors.backends import Backend, backend_of
+from executors.judge import Judge
 from executors.placement import Member, PlacementError, actor_options, assign
 from executors.roles import Critic, EnvWorker, ModelReward, Reference, RuleReward, RunConfig
 from executors.runplan import RoleRun, RunPlan
@@ -102,6 +103,8 @@ def worker_spec(m: Member, cfg: RunConfig, rollout: RoleRun | None, backend: Bac
     if m.role == Role.ACTOR:
         return Trainer, (cfg, m.rank, sum(1 for x in members if x.role == Role.ACTOR))
     if m.role == Role.REWARD:
+        if cfg.judge is not None:
+            return Judge, (cfg, m.rank)
         return (RuleReward if cfg.reward_arch is None else ModelReward), (cfg, m.rank)
     workers: dict[str, type] = {Role.REFERENCE: Reference, Role.CRITIC: Critic,
                                 Role.ENVIRONMENT: EnvWorker}

@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 
 from executors import collprobe, rl
-from executors.model import load_policy
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.reshard import Bucket, Stream
@@ -56,6 +55,7 @@ from executors.sharding import (
     shard,
 )
 from executors.syncgroup import GroupSender
+from executors.vlm import encoder_spans, load_model
 
 # One micro-batch of one rank: (samples, advantages, reference log-probs or None, loss scale).
 # The scale is 1 / (the mini-batch's generated tokens), or 0 for a stand-in sample.
@@ -86,7 +86,7 @@ class Trainer(Worker, GroupSender):
 
     def _build(self, sharded: bool) -> None:
         """The model (version 0) and its optimizer; sharded over the mesh once a group exists."""
-        self.model = load_policy(self.cfg.model_dir)
+        self.model = load_model(self.cfg.model_dir)
         self.model.train()
         if torch.cuda.is_available():  # Ray gives each rank its own GPU (CUDA_VISIBLE_DEVICES)
             self.model.cuda()
@@ -250,7 +250,8 @@ class Trainer(Worker, GroupSender):
         ids = list(dict.fromkeys(i for s in seen for i in s.ids))
         return ({"loss": sum(losses) / max(len(losses), 1), "version": self.version,
                  "optimizer_steps": len(minis), "grad_norms": norms, **stats},
-                _timing(t0, tokens=sum(s.tokens() for s in seen), sample_ids=ids))
+                _timing(t0, tokens=sum(s.tokens() for s in seen), sample_ids=ids,
+                        **encoder_spans(self.model)))
 
     @torch.no_grad()
     def _logprobs(self, s: rl.Samples) -> torch.Tensor:

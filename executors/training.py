@@ -27,12 +27,14 @@ import torch
 from executors import rl
 from executors.calls import Dispatcher
 from executors.context import LoopContext, TrainingLost
+from executors.judge import judge_calls, spans_of
 from executors.runplan import Layout
 from executors.runtime import Handle
 from executors.stragglers import Call
 from executors.tails import TailPolicies
 from executors.task import Target
 from executors.trainer import STATS, MiniBatch
+from executors.vlm import record_encodes
 from placer.base.fileio import atomic_write_text
 from placer.base.roles import Role
 
@@ -84,7 +86,8 @@ class Training:
     def record_layouts(self) -> None:
         """`metadata.executed_layout`: per role, the layout its workers report running."""
         rt, out = self.ctx.rt, {}
-        for role in (Role.ACTOR, Role.CRITIC, Role.ROLLOUT):
+        judge = (Role.REWARD,) if self.ctx.cfg.judge is not None else ()
+        for role in (Role.ACTOR, Role.CRITIC, Role.ROLLOUT, *judge):
             members = self.ctx.workers(role)
             if members:
                 got = rt.results([rt.call(members[0], "executed_layout", len(members))])[0]
@@ -117,8 +120,10 @@ class Training:
               started: ScoreJobs) -> Scored:
         """The reward (now) and the started scoring's values, per role."""
         ctx, out = self.ctx, {}
-        reward: tuple[Role, list[Call]] = (
-            Role.REWARD, [(ctx.by_role[Role.REWARD][0], "score", (s, results, targets))])
+        judges = ctx.workers(Role.REWARD) if ctx.cfg.judge is not None else []
+        reward: tuple[Role, list[Call]] = (Role.REWARD, judge_calls(judges, s, results, targets)
+                                           if judges else [(ctx.by_role[Role.REWARD][0], "score",
+                                                            (s, results, targets))])
         handles: list[list[Handle] | None] = [None, *started.handles]
         for (role, calls), hs in zip([reward, *started.jobs], handles):
             try:
@@ -128,10 +133,11 @@ class Training:
                     raise TrainingLost(str(e)) from None
                 raise
             for (m, _, _), (_, timing) in zip(calls, vals):
-                ctx.event(str(role), EVENT_CAT[role], timing["t0"], timing["dur"], m, step,
-                          policy_version=s.version, sample_ids=timing["sample_ids"],
-                          tokens=timing.get("tokens", 0),
-                          **({"reasons": timing["reasons"]} if "reasons" in timing else {}))
+                # a judge's call is two spans (its verdicts' generation, their reading)
+                for cat, t0, dur, args in spans_of(timing, EVENT_CAT[role]):
+                    ctx.event(str(role), cat, t0, dur, m, step, policy_version=s.version,
+                              sample_ids=timing["sample_ids"], **args)
+                record_encodes(ctx.event, m, step, timing, "log-probs", s.version)
             ctx.counters.busy(role, [(v[1]["t0"], v[1]["dur"]) for v in vals])
             out[str(role)] = [x for v in vals for x in v[0]]
             if all(EXACT in v[1] for v in vals):  # a rule reward's verdicts: exact or not
@@ -198,6 +204,7 @@ class Training:
                       policy_version=info.get("version", step + 1), os_pid=timing.get("pid"),
                       sample_ids=timing["sample_ids"], tokens=timing["tokens"],
                       gathers=int(m.role == Role.ACTOR and len(ranks) > 1))
+            record_encodes(ctx.event, m, step, timing, "training", info.get("version", step + 1))
             ctx.counters.busy(m.role, [(timing["t0"], timing["dur"])])
         leaders = [o.value for k, o in enumerate(outs[:len(ranks)]) if layout.leads(k)]
         ctx.optimizer_steps += leaders[0][0]["optimizer_steps"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placer.base.errors import SpecError
+from placer.base.roles import Role
 from traces.schema import EventArgs, Trace, TraceError, TraceEvent, read_trace
 from traces.workload import write_rows
 
@@ -110,8 +111,8 @@ def rows_from_trace(trace: Trace, source: str = "trace") -> list[dict[str, Any]]
     """Workload rows, ordered by step and sample id."""
     timeline: dict[tuple[int, Any], list[tuple[float, int, str, float]]] = defaultdict(list)
     for i, ev in enumerate(trace.events):
-        if ev.cat not in CATS:
-            continue
+        if ev.cat not in CATS or ev.args.get("role") == Role.REWARD:
+            continue  # a generative judge's generation reads a sample: it is not one
         shares = _shares(ev, i, source)
         step = ev.fields.step or 0
         for sid, part, value in shares:

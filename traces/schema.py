@@ -29,8 +29,9 @@ response lengths and rewards). Complete events come first in the file, counters 
 
 Event names (`cat`): step, stage, generate, prefill, decode, tool, forward, train, transfer,
 reward, checkpoint, failure, restart (a recovery), straggler (a re-issued call, on the slow
-worker's track), tail (what a tail policy dropped or carried) and collective (the trainers'
-timed collective probe, executors/collprobe.py). Metadata says where it came from
+worker's track), tail (what a tail policy dropped or carried), collective (the trainers'
+timed collective probe, executors/collprobe.py) and encode (a vision encoder's run inside a
+pass, executors/vlm.py). Metadata says where it came from
 (`source`: simulate | execute), the plan's job name, the seed, and whether devices were emulated.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ STRICT_ENV = "PLACER_STRICT_TRACES"  # "1": a key EventArgs does not name is an 
 
 CATEGORIES = ("step", "prefill", "decode", "tool", "forward", "train", "transfer", "reward",
               "checkpoint", "failure", "restart", "stage", "generate", "straggler", "tail",
-              "collective")
+              "collective", "encode")
 
 
 RL_SERIES = {
@@ -133,7 +134,8 @@ class EventArgs(BaseModel):
     # environments
     wait_s: float | None = _f("tool call: seconds queued before a CPU slot took it")
     status: str | None = _f("tool call: the sandbox's status (ok, error, timeout, ...)")
-    call: str | None = _f("tool call: what ran (tool call, verify)")
+    call: str | None = _f("tool call: what ran (tool call, verify); encode: the pass it ran in")
+    images: int | None = _f("encode: images the vision encoder encoded")
     reasons: dict[str, str] | None = _f("reward: why a sample lost reward, by sample id (the "
                                         "code task: a failing test, a timeout, a crash)")
     # failures, stragglers, recoveries and tails

@@ -139,7 +139,8 @@ def measured_finishes(trace: Trace, rows: list[dict], spans: dict[int, tuple[flo
     done: dict[tuple[int, str], float] = {}
     for e in trace.events:
         step = e.fields.step
-        if e.cat in ("generate", "decode") and step is not None and step in spans:
+        if (e.cat in ("generate", "decode") and step is not None and step in spans
+                and e.fields.role != Role.REWARD):  # a generative judge's: not a sample's
             for sid in e.fields.sample_ids or []:
                 t0 = starts.get(step, spans[step][0])
                 done[(step, str(sid))] = max(done.get((step, str(sid)), 0.0), e.end_s - t0)

@@ -3,7 +3,8 @@ rebuild and the benchmarks share.
 
 A role's *layout* is its actors as the executor builds them: pool, TP, PP, how many actors
 (`role_counts`) and whether it offloads. The actor count is one per data-parallel rank for the
-actor, rollout and reference roles (of every part, for a role split over pools), one per bundle
+actor, rollout and reference roles (of every part, for a role split over pools) and for a
+generative judge's reward role (one engine per replica, `executors.judge`), one per bundle
 of its slot for the environment (whatever dp the plan records: the executor starts one
 environment worker per bundle), one otherwise.
 
@@ -32,8 +33,10 @@ ABSENT = "absent"
 def role_counts(plan: Plan) -> dict[str, int]:
     """Actors the executor builds per role (see the module docstring)."""
     out = {}
+    judge = (plan.job.get("reward_model") or {}).get("kind") == "generative"
+    engines = (Role.ACTOR, Role.ROLLOUT, Role.REFERENCE, *((Role.REWARD,) if judge else ()))
     for role, r in plan.roles.items():
-        if role in (Role.ACTOR, Role.ROLLOUT, Role.REFERENCE):  # a split role: every part's
+        if role in engines:  # a split role: every part's
             out[role] = sum(max(p.dp, 1) for p in r.parts) or max(r.dp, 1)
         elif role == Role.ENVIRONMENT:
             out[role] = sum(1 for b in plan.bundles if b.slot == r.slot)
