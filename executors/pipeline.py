@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from executors import rl
+from executors.precision import autocast, compute_dtype
 
 # target columns of a packed mini-batch (one float per response position)
 TOKEN, MASK, ADV, OLD, REF, BEHAVIOUR, SCALE = range(7)
@@ -180,8 +181,10 @@ class PolicyLoss:
 class Pipeline:
     """This rank's stage of one pipeline and the schedules that run it."""
 
-    def __init__(self, stage: Stage, p: int, pp: int, group: Any, device: torch.device) -> None:
+    def __init__(self, stage: Stage, p: int, pp: int, group: Any, device: torch.device,
+                 precision: str = "fp32") -> None:
         self.stage, self.p, self.pp, self.group, self.device = stage, p, pp, group, device
+        self.precision = precision
 
     def _schedule(self, pk: Packed, loss: PolicyLoss | None) -> Any:
         """A fresh stage and schedule for this packed shape (static shapes: no inference)."""
@@ -192,7 +195,8 @@ class Pipeline:
         )
         train = loss is not None
         cfg = self.stage.config
-        dtype = next(self.stage.parameters()).dtype
+        # what crosses a stage boundary: FSDP2's BF16 parameters make BF16 activations
+        dtype = compute_dtype(self.precision)
         seq = pk.ids.shape[1]
 
         def meta(*shape: int, dt: torch.dtype = dtype, grad: bool = train) -> torch.Tensor:
@@ -207,7 +211,8 @@ class Pipeline:
 
     def _step(self, sched: Any, pk: Packed, **kw: Any) -> Any:
         args = (pk.ids.to(self.device),) if self.stage.first else ()
-        return sched.step(*args, attention_mask=pk.mask.to(self.device), **kw)
+        with autocast(self.precision):
+            return sched.step(*args, attention_mask=pk.mask.to(self.device), **kw)
 
     @torch.no_grad()
     def logprobs(self, pk: Packed, temperature: float = 1.0) -> torch.Tensor | None:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from executors.precision import fsdp_policy
 from executors.runplan import Layout
 from placer.base.errors import SpecError
 
@@ -173,11 +174,13 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
     return plan
 
 
-def shard(model: nn.Module, mesh: Any, recompute: bool = False) -> nn.Module:
+def shard(model: nn.Module, mesh: Any, recompute: bool = False,
+          precision: str = "fp32") -> nn.Module:
     """Apply TP over mesh["tp"], activation checkpointing of every decoder layer when
     `recompute`, then FSDP2 over mesh["dp"], in place; returns the model. With HSDP, FSDP2 over
     the 2-D mesh ("rep", "shard"): parameters sharded over "shard" and replicated over "rep",
-    gradients reduce-scattered in the group, then all-reduced across."""
+    gradients reduce-scattered in the group, then all-reduced across. `precision` bf16:
+    FSDP2 gathers BF16 parameters and reduces FP32 gradients (`executors.precision`)."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed only
     from torch.distributed.tensor.parallel import parallelize_module  # lazy
     hsdp = "rep" in (mesh.mesh_dim_names or ())
@@ -192,9 +195,11 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False) -> nn.Module:
     if recompute:  # checkpoint inside fully_shard: FSDP's hooks stay outside the recompute
         recompute_layers(model)
         layers = decoder_layers(model)
+    policy = fsdp_policy(precision)
+    mp: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
     for layer in layers:
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(layer, mesh=dp_mesh, **mp)
+    fully_shard(model, mesh=dp_mesh, **mp)
     # Each DP shard's loss already carries 1 / (the mini-batch's tokens): gradients are summed
     # over DP ranks, not averaged (FSDP2 divides by the DP size unless told otherwise), with a
     # plain SUM (gloo has no pre-multiplied sum).

@@ -6,7 +6,9 @@ model is then re-loaded from the run's version-0 folder, cut to the rank's pipel
 `pp > 1` (`executors.pipeline`), and sharded: TP over the mesh's "tp" dim, FSDP2 over "dp". A
 world of one trains the plain model. When the plan's layout says `recompute`, every decoder layer
 (of the whole model, or of the rank's stage) recomputes its activations in the backward pass
-(`executors.sharding.recompute_layers`, inside FSDP2), whatever the world.
+(`executors.sharding.recompute_layers`, inside FSDP2), whatever the world. The plan's BF16
+computes under autocast over FP32 master weights, FSDP2 gathering BF16 parameters
+(`executors.precision`); a `RunConfig` built by hand trains in FP32.
 
 Each RL step (`train`) runs the step's mini-batches, one optimizer step each (the job's
 `batch.mini_batches`); the driver (`executors.training`) has already cut every mini-batch into
@@ -44,6 +46,7 @@ from executors import collprobe, rl
 from executors.model import load_policy
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
+from executors.precision import autocast
 from executors.reshard import Bucket, Stream
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
@@ -95,7 +98,8 @@ class Trainer(Worker, GroupSender):
             mesh = build_mesh(self.layout)
             if self.layout.pp > 1:  # keep this rank's stage only
                 self._stage_of(mesh)
-            shard(self.model, mesh, recompute=self.layout.recompute)
+            shard(self.model, mesh, recompute=self.layout.recompute,
+                  precision=self.cfg.precision)
         elif self.layout.recompute:
             recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
@@ -114,7 +118,8 @@ class Trainer(Worker, GroupSender):
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.model = stage
-        self.pipe = Pipeline(stage, p, self.layout.pp, mesh["pp"].get_group(), dev)
+        self.pipe = Pipeline(stage, p, self.layout.pp, mesh["pp"].get_group(), dev,
+                             self.cfg.precision)
 
     def _gather(self) -> None:
         """Full weights onto rank 0 (every rank joins when sharded)."""
@@ -254,12 +259,14 @@ class Trainer(Worker, GroupSender):
 
     @torch.no_grad()
     def _logprobs(self, s: rl.Samples) -> torch.Tensor:
-        return rl.response_logprobs(self.model, s, self.cfg.temperature)
+        with autocast(self.cfg.precision):
+            return rl.response_logprobs(self.model, s, self.cfg.temperature)
 
     def _micro_loss(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
                     old: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The micro-batch's summed token loss (the caller scales it by 1 / mini-batch tokens)."""
-        logp, ent = rl.response_logprobs_entropy(self.model, s, self.cfg.temperature)
+        with autocast(self.cfg.precision):  # the backward follows the forward's dtypes
+            logp, ent = rl.response_logprobs_entropy(self.model, s, self.cfg.temperature)
         _, _, rmask = rl.pack(s)
         w = rmask.shape[1]
         a = rl.to_padded(adv, w)
