@@ -99,7 +99,7 @@ class Trainer(Worker, GroupSender):
             if self.layout.pp > 1:  # keep this rank's stage only
                 self._stage_of(mesh)
             shard(self.model, mesh, recompute=self.layout.recompute,
-                  precision=self.cfg.precision)
+                  precision=self.cfg.precision, ep=self.layout.ep)
         elif self.layout.recompute:
             recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
