@@ -7,11 +7,12 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       Qwen3's per-head q/k norms replicated with their gradients summed over the heads' ranks)
       and a dense MLP (gate, up column-parallel, down row-parallel) are split over the `tp`
       ranks with `parallelize_module` (Megatron-style: one all-reduce after o and after down;
-      heads and MLP columns are divided, so `tp` must divide the query heads, the KV heads and
-      the MLP width). A mixture-of-experts block keeps its experts whole on every TP rank
+      heads and MLP columns are divided, so `tp` must divide the query heads, the KV heads,
+      the MLP width and the vocabulary). A mixture-of-experts block keeps its experts whole on every TP rank
       (replicated over `tp`, sharded over `dp` by FSDP, or split over the dp ranks by expert
-      parallelism, `ep == dp`: `executors.experts`); embeddings, norms and the LM head
-      too. TP ranks of one DP group see the same samples.
+      parallelism, `ep == dp`: `executors.experts`); norms are replicated; the embedding and
+      LM head are split by vocabulary rows, and log-probs computed from the logits' shards
+      (`executors.vocab`). TP ranks of one DP group see the same samples.
   dp  `fully_shard` (FSDP2) on each decoder layer and the root over the `dp` dim: parameters,
       gradients and Adam state sharded, gradients reduce-scattered. A plan's HSDP `shard`
       splits the dim into ("rep", "shard") and FSDP2 shards over "shard" and replicates over
@@ -42,11 +43,13 @@ from torch import nn
 from executors.experts import shard_experts
 from executors.precision import fsdp_policy
 from executors.runplan import Layout
+from executors.vocab import shard_vocab
 from placer.base.errors import SpecError
 
 
 def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
-                 layers: int | None = None, tied: bool = False, experts: int = 0) -> None:
+                 layers: int | None = None, tied: bool = False, experts: int = 0,
+                 vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
     if layout.ep > 1 and (layout.ep != layout.dp or layout.hsdp or experts % layout.ep):
@@ -61,7 +64,8 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
         raise SpecError(f"{where}: pp {layout.pp} is more pipeline stages than the model's "
                         f"{layers} decoder layers")
     bad = [f"{name} {n}" for name, n in (("query heads", heads), ("KV heads", kv_heads),
-                                          ("MLP width", mlp)) if n % layout.tp]
+                                          ("MLP width", mlp), ("vocabulary", vocab))
+           if n % layout.tp]
     if bad:
         raise SpecError(f"{where}: tp {layout.tp} does not divide the model's "
                         f"{', '.join(bad)}; tensor parallelism splits them evenly")
@@ -200,6 +204,7 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False,
     if tp_mesh.size() > 1:
         for layer in layers:
             parallelize_module(layer, tp_mesh, layer_tp_plan(layer))
+        shard_vocab(model, tp_mesh)
     if recompute:  # checkpoint inside fully_shard: FSDP's hooks stay outside the recompute
         recompute_layers(model)
         layers = decoder_layers(model)

@@ -100,6 +100,8 @@ class Trainer(Worker, GroupSender):
                 self._stage_of(mesh)
             shard(self.model, mesh, recompute=self.layout.recompute,
                   precision=self.cfg.precision, ep=self.layout.ep)
+            if self.pipe is not None and self.layout.tp > 1:
+                self.pipe.split_vocab(mesh["tp"])
         elif self.layout.recompute:
             recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
