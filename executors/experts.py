@@ -124,11 +124,13 @@ def shard_experts(model: nn.Module, mesh: Any) -> list[nn.Parameter]:
 
 
 def experts_per_rank(model: nn.Module) -> int | None:
-    """The experts each rank holds, read off the model's first experts module (None: no
-    mixture of experts)."""
+    """The experts each rank computes with, read off the model's first experts module: its
+    share of the ep shards (`ParallelExperts`), else every expert (FSDP2 may store a slice,
+    but gathers them all for the forward). None: no mixture of experts."""
     found = expert_modules(model)
     if not found:
         return None
-    w = found[0][2].gate_up_proj
-    from torch.distributed.tensor import DTensor  # lazy: distributed only
-    return int((w.to_local() if isinstance(w, DTensor) else w).shape[0])
+    m = found[0][2]
+    if isinstance(m, ParallelExperts):
+        return int(m.gate_up_proj.to_local().shape[0])
+    return int(m.num_experts)

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from executors import collprobe, rl
+from executors.layoutread import mismatch, read_layout
 from executors.model import load_policy
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
@@ -55,7 +56,6 @@ from executors.sharding import (
     clip_grad_norm,
     full_state,
     recompute_layers,
-    recomputes,
     shard,
 )
 from executors.syncgroup import GroupSender
@@ -94,6 +94,7 @@ class Trainer(Worker, GroupSender):
         if torch.cuda.is_available():  # Ray gives each rank its own GPU (CUDA_VISIBLE_DEVICES)
             self.model.cuda()
         self.pipe = None
+        self._pp_mesh: Any = None  # the mesh dim the pipeline's stages were cut over
         if sharded:
             mesh = build_mesh(self.layout)
             if self.layout.pp > 1:  # keep this rank's stage only
@@ -120,6 +121,7 @@ class Trainer(Worker, GroupSender):
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.model = stage
+        self._pp_mesh = mesh["pp"]
         self.pipe = Pipeline(stage, p, self.layout.pp, mesh["pp"].get_group(), dev,
                              self.cfg.precision)
 
@@ -148,12 +150,17 @@ class Trainer(Worker, GroupSender):
         dist.gather_object(obj, out, group=self.pipe.group, group_dst=0)
         return out
 
-    def executed_layout(self, ranks: int) -> dict[str, int | bool]:
-        """The layout this rank's group trains with (`ranks`: the role's processes), and
-        whether its decoder layers recompute activations (read off the model, not the plan)."""
+    def executed_layout(self, ranks: int) -> dict[str, Any]:
+        """The layout this rank trains with, read off the model it built (`ranks`: the role's
+        processes; `executors.layoutread`): mesh, placements, experts held, its stage's
+        layers. A build that differs from the plan's layout is an error, not a report."""
         if ranks != self.layout.world:
             raise RuntimeError(f"trainer: {ranks} ranks for layout {self.layout}")
-        return {**self.layout.as_dict(), "recompute": recomputes(self.model)}
+        read = read_layout(self.model, self._pp_mesh)
+        why = mismatch(read, self.layout)
+        if why:
+            raise RuntimeError(f"trainer rank {self.rank}: the built model runs {why}")
+        return {**read, "precision": self.cfg.precision, "stage": self.layout.stage(self.rank)}
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and port of the process group's store, which this rank (0) hosts.
