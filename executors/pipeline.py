@@ -34,6 +34,8 @@ import torch
 from torch import nn
 
 from executors import rl
+from executors.precision import autocast, compute_dtype
+from executors.vocab import is_vocab_sharded, parallel_logprobs
 
 # target columns of a packed mini-batch (one float per response position)
 TOKEN, MASK, ADV, OLD, REF, BEHAVIOUR, SCALE = range(7)
@@ -102,7 +104,9 @@ class Stage(nn.Module):
                       position_ids=pos)
         if self.head is None or self.norm is None:
             return h
-        return self.head(self.norm(h))
+        logits = self.head(self.norm(h))
+        # split by vocabulary under TP (`executors.vocab`): the stage sends its own shard
+        return logits.to_local() if is_vocab_sharded(logits) else logits
 
 
 @dataclass
@@ -145,12 +149,19 @@ def pack(micros: list[tuple[rl.Samples, list[list[float]], list[list[float]] | N
 
 
 def token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1.0,
-                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy: bool = False, shard: tuple[torch.Tensor, int, Any] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each response token's log-prob at `temperature` and, with `entropy`, each position's
-    entropy (masked), from the logits over the whole sequence (`rl.scaled_logprobs`)."""
+    entropy (masked), from the logits over the whole sequence (`rl.scaled_logprobs`), or
+    from this TP rank's vocabulary shard of them (`shard`: the logits, first row, group)."""
     w = target.shape[1]
-    return rl.scaled_logprobs(logits[:, -w - 1:-1], target[..., TOKEN].long(),
-                              target[..., MASK].cpu(), temperature, entropy)
+    tokens, mask = target[..., TOKEN].long(), target[..., MASK].cpu()
+    if shard is None:
+        return rl.scaled_logprobs(logits[:, -w - 1:-1], tokens, mask, temperature, entropy)
+    z, start, group = shard
+    lp, ent = parallel_logprobs(logits, tokens, temperature, entropy,
+                                (z[:, -w - 1:-1], start, group))
+    return lp.cpu() * mask, None if ent is None else ent.cpu() * mask
 
 
 class PolicyLoss:
@@ -163,10 +174,13 @@ class PolicyLoss:
         self.kl, self.temperature = kl, temperature
         self.has_ref, self.has_behaviour = has_ref, has_behaviour
         self.calls: list[tuple[float, dict, float]] = []
+        self.vocab: tuple[int, Any] | None = None  # (TP rank, group): logits are a vocab shard
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         t = target.cpu()
-        logp, ent = token_logprobs(logits, t, self.temperature, entropy=True)
+        shard = None if self.vocab is None else (
+            logits, self.vocab[0] * logits.shape[-1], self.vocab[1])
+        logp, ent = token_logprobs(logits, t, self.temperature, entropy=True, shard=shard)
         loss, info = rl.policy_loss(
             logp, t[..., OLD], t[..., ADV], t[..., MASK], t[..., REF] if self.has_ref else None,
             self.kl.loss_coef, denom=1.0,
@@ -180,8 +194,20 @@ class PolicyLoss:
 class Pipeline:
     """This rank's stage of one pipeline and the schedules that run it."""
 
-    def __init__(self, stage: Stage, p: int, pp: int, group: Any, device: torch.device) -> None:
+    def __init__(self, stage: Stage, p: int, pp: int, group: Any, device: torch.device,
+                 precision: str = "fp32") -> None:
         self.stage, self.p, self.pp, self.group, self.device = stage, p, pp, group, device
+        self.precision = precision
+        self.vocab: tuple[int, int, Any] | None = None  # TP's vocabulary split: `split_vocab`
+
+    def split_vocab(self, tp_mesh: Any) -> None:
+        """The last stage's logits are this TP rank's vocabulary shard (`executors.vocab`)."""
+        self.vocab = (tp_mesh.size(), tp_mesh.get_local_rank(), tp_mesh.get_group())
+
+    def _vocab_shard(self, logits: torch.Tensor) -> tuple[torch.Tensor, int, Any] | None:
+        if self.vocab is None:
+            return None
+        return logits, self.vocab[1] * logits.shape[-1], self.vocab[2]
 
     def _schedule(self, pk: Packed, loss: PolicyLoss | None) -> Any:
         """A fresh stage and schedule for this packed shape (static shapes: no inference)."""
@@ -192,14 +218,16 @@ class Pipeline:
         )
         train = loss is not None
         cfg = self.stage.config
-        dtype = next(self.stage.parameters()).dtype
+        # what crosses a stage boundary: FSDP2's BF16 parameters make BF16 activations
+        dtype = compute_dtype(self.precision)
         seq = pk.ids.shape[1]
 
         def meta(*shape: int, dt: torch.dtype = dtype, grad: bool = train) -> torch.Tensor:
             return torch.empty(pk.rows, *shape, dtype=dt, device="meta", requires_grad=grad)
         hidden = meta(seq, cfg.hidden_size)
         inp = meta(seq, dt=torch.long, grad=False) if self.stage.first else hidden
-        out = meta(seq, cfg.vocab_size) if self.stage.last else hidden
+        vocab = cfg.vocab_size // (self.vocab[0] if self.vocab else 1)
+        out = meta(seq, vocab) if self.stage.last else hidden
         st = PipelineStage(self.stage, self.p, self.pp, self.device, input_args=inp,
                            output_args=out, group=self.group)
         kind = Schedule1F1B if train and pk.micro >= self.pp else ScheduleGPipe
@@ -207,13 +235,16 @@ class Pipeline:
 
     def _step(self, sched: Any, pk: Packed, **kw: Any) -> Any:
         args = (pk.ids.to(self.device),) if self.stage.first else ()
-        return sched.step(*args, attention_mask=pk.mask.to(self.device), **kw)
+        with autocast(self.precision):
+            return sched.step(*args, attention_mask=pk.mask.to(self.device), **kw)
 
     @torch.no_grad()
     def logprobs(self, pk: Packed, temperature: float = 1.0) -> torch.Tensor | None:
         """The packed batch's response log-probs (last stage; None elsewhere): forward only."""
         logits = self._step(self._schedule(pk, None), pk)
-        return token_logprobs(logits, pk.target, temperature)[0] if self.stage.last else None
+        if not self.stage.last:
+            return None
+        return token_logprobs(logits, pk.target, temperature, shard=self._vocab_shard(logits))[0]
 
     def train(self, pk: Packed, old: torch.Tensor | None, loss: PolicyLoss
               ) -> list[tuple[float, dict, float]]:
@@ -223,6 +254,7 @@ class Pipeline:
             pk.target[..., OLD] = old
         target = pk.target.to(self.device) if self.stage.last else None
         loss.calls.clear()
+        loss.vocab = None if self.vocab is None else (self.vocab[1], self.vocab[2])
         self._step(self._schedule(pk, loss), pk, target=target, losses=[] if target is not None
                    else None, return_outputs=False)
         return list(loss.calls)

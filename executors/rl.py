@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from executors.model import EOS, PAD
+from executors.vocab import is_vocab_sharded, parallel_logprobs
 
 T = TypeVar("T")
 TIS_CAP = 2.0  # truncation of the importance weight old / behaviour (Yao et al. 2025 use 2)
@@ -207,7 +208,11 @@ def scaled_logprobs(logits: torch.Tensor, tgt: torch.Tensor, rmask: torch.Tensor
                     temperature: float, entropy: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-prob of each target, entropy of each position or None), masked, on the CPU, of
-    softmax(logits / temperature): the trainer's and the pipeline's one definition."""
+    softmax(logits / temperature): the trainer's and the pipeline's one definition. Logits
+    split by vocabulary over TP ranks (a DTensor) never gather (`executors.vocab`)."""
+    if is_vocab_sharded(logits):
+        lp, ent = parallel_logprobs(logits, tgt, temperature, entropy)
+        return lp.cpu() * rmask, None if ent is None else ent.cpu() * rmask
     lp_all = F.log_softmax(logits.float() / temperature, -1)
     lp = lp_all.gather(-1, tgt.to(lp_all.device)[..., None]).squeeze(-1).cpu() * rmask
     if not entropy:

@@ -29,6 +29,7 @@ import torch
 
 from executors import rl
 from executors.model import Codec, ValueModel, codec_for
+from executors.precision import of_job
 from executors.reshard import BucketLoading, engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup, Layout, RunPlan
 from executors.sandbox import Limits, Sandbox
@@ -79,6 +80,7 @@ class RunConfig:
     max_model_len: int = 128  # the job's longest context, tokens (+1 for BOS)
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
     critic_recompute: bool = False  # the plan's critic `recompute`
+    precision: str = "fp32"  # the trainer's: bf16 (as the plan prices) | fp32 (`executors.precision`)
 
     @property
     def kl(self) -> rl.KLTerm:
@@ -105,14 +107,17 @@ class RunConfig:
 
 
 def plan_settings(run: RunPlan) -> dict[str, Any]:
-    """The `RunConfig` fields a plan decides: the trainer's layout, the critic's recompute, the
-    engines' context length and the first engine group (a rollout worker gets its own group:
-    `RunConfig.for_engines`; a re-plan may join or split the rollout: `RunConfig.for_run`)."""
+    """The `RunConfig` fields a plan decides: the trainer's layout and precision, the critic's
+    recompute, the engines' context length and the first engine group (a rollout worker gets
+    its own group: `RunConfig.for_engines`; a re-plan may join or split the rollout:
+    `RunConfig.for_run`)."""
     actor, critic = run.roles[Role.ACTOR], run.roles.get(Role.CRITIC)
     rollout = run.roles.get(Role.ROLLOUT)
+    # the plan prices training in BF16 (FP8 GEMMs, where it chose them, also run in BF16 here)
     out: dict[str, Any] = {"trainer": actor.layout,
                            "max_model_len": run.job.max_context + 1,  # + BOS
-                           "critic_recompute": critic is not None and critic.layout.recompute}
+                           "critic_recompute": critic is not None and critic.layout.recompute,
+                           "precision": of_job("fp8" if actor.precision.fp8_train else "bf16")}
     if rollout is not None:
         out["engines"] = rollout.engines[0]
     return out

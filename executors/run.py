@@ -111,7 +111,8 @@ def check_layouts(run: RunPlan, backend: Backend) -> None:
     arch = run.job.policy
     trainer = dataclasses.replace(run.roles[Role.ACTOR].layout, recompute=False)
     check_layout(str(Role.ACTOR), trainer, arch.heads, arch.kv_heads, arch.mlp,
-                 layers=arch.layers, tied=arch.tie_embeddings)
+                 layers=arch.layers, tied=arch.tie_embeddings, experts=arch.experts,
+                 vocab=arch.vocab)
     r = run.roles.get(Role.ROLLOUT)
     if r is None:
         return

@@ -43,14 +43,16 @@ from placer.spec.tailpolicy import TailPolicy
 @dataclass(frozen=True)
 class Layout:
     """A role's parallel layout: data-, tensor- and pipeline-parallel degrees, the HSDP
-    shard group (`shard` dp ranks; 0: FSDP over all of dp), and whether decoder layers recompute
-    their activations in the backward pass (`recompute`)."""
+    shard group (`shard` dp ranks; 0: FSDP over all of dp), whether decoder layers recompute
+    their activations in the backward pass (`recompute`), and the expert-parallel degree of a
+    mixture of experts (`ep`, `executors.experts`)."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
     shard: int = 0
     recompute: bool = field(default=False, kw_only=True)  # never from a positional tuple
+    ep: int = field(default=1, kw_only=True)  # expert parallelism, over the dp ranks
 
     @property
     def hsdp(self) -> bool:
@@ -81,11 +83,12 @@ class Layout:
 
     def as_dict(self) -> dict[str, int]:
         out = {"dp": self.dp, "tp": self.tp, "pp": self.pp}
-        return {**out, "shard": self.shard} if self.hsdp else out
+        out = {**out, "shard": self.shard} if self.hsdp else out
+        return {**out, "ep": self.ep} if self.ep > 1 else out
 
     def __str__(self) -> str:
         return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" shard{self.shard}" if self.hsdp else "")
-                + (" recompute" if self.recompute else ""))
+                + (f" ep{self.ep}" if self.ep > 1 else "") + (" recompute" if self.recompute else ""))
 
 
 @dataclass(frozen=True)
@@ -377,7 +380,7 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
         engines = tuple(groups) or (
             EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb), shared),)
     layout = Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
-                    recompute=r.recompute)
+                    recompute=r.recompute, ep=r.ep if name == Role.ACTOR else 1)
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
                    Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
                    share_of(r.pool, r.memory_gb), actors, parts, engines,

@@ -7,10 +7,12 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       Qwen3's per-head q/k norms replicated with their gradients summed over the heads' ranks)
       and a dense MLP (gate, up column-parallel, down row-parallel) are split over the `tp`
       ranks with `parallelize_module` (Megatron-style: one all-reduce after o and after down;
-      heads and MLP columns are divided, so `tp` must divide the query heads, the KV heads and
-      the MLP width). A mixture-of-experts block keeps its experts whole on every TP rank
-      (replicated over `tp`, sharded over `dp` by FSDP); embeddings, norms and the LM head
-      too. TP ranks of one DP group see the same samples.
+      heads and MLP columns are divided, so `tp` must divide the query heads, the KV heads,
+      the MLP width and the vocabulary). A mixture-of-experts block keeps its experts whole on every TP rank
+      (replicated over `tp`, sharded over `dp` by FSDP, or split over the dp ranks by expert
+      parallelism, `ep == dp`: `executors.experts`); norms are replicated; the embedding and
+      LM head are split by vocabulary rows, and log-probs computed from the logits' shards
+      (`executors.vocab`). TP ranks of one DP group see the same samples.
   dp  `fully_shard` (FSDP2) on each decoder layer and the root over the `dp` dim: parameters,
       gradients and Adam state sharded, gradients reduce-scattered. A plan's HSDP `shard`
       splits the dim into ("rep", "shard") and FSDP2 shards over "shard" and replicates over
@@ -38,14 +40,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from executors.experts import shard_experts
+from executors.precision import fsdp_policy
 from executors.runplan import Layout
+from executors.vocab import shard_vocab
 from placer.base.errors import SpecError
 
 
 def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
-                 layers: int | None = None, tied: bool = False) -> None:
+                 layers: int | None = None, tied: bool = False, experts: int = 0,
+                 vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
+    if layout.ep > 1 and (layout.ep != layout.dp or layout.hsdp or experts % layout.ep):
+        raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep equal to dp, "
+                        f"without an HSDP shard group) and must divide the model's {experts} "
+                        f"experts; plan with ep 1 or ep {layout.dp}")
     if layout.pp > 1 and tied:
         raise SpecError(f"{where}: pipeline parallelism (pp > 1) with tied input and output "
                         f"embeddings is not run by the executor (the first and last stage would "
@@ -54,7 +64,8 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
         raise SpecError(f"{where}: pp {layout.pp} is more pipeline stages than the model's "
                         f"{layers} decoder layers")
     bad = [f"{name} {n}" for name, n in (("query heads", heads), ("KV heads", kv_heads),
-                                          ("MLP width", mlp)) if n % layout.tp]
+                                          ("MLP width", mlp), ("vocabulary", vocab))
+           if n % layout.tp]
     if bad:
         raise SpecError(f"{where}: tp {layout.tp} does not divide the model's "
                         f"{', '.join(bad)}; tensor parallelism splits them evenly")
@@ -173,11 +184,14 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
     return plan
 
 
-def shard(model: nn.Module, mesh: Any, recompute: bool = False) -> nn.Module:
+def shard(model: nn.Module, mesh: Any, recompute: bool = False,
+          precision: str = "fp32", ep: int = 1) -> nn.Module:
     """Apply TP over mesh["tp"], activation checkpointing of every decoder layer when
     `recompute`, then FSDP2 over mesh["dp"], in place; returns the model. With HSDP, FSDP2 over
     the 2-D mesh ("rep", "shard"): parameters sharded over "shard" and replicated over "rep",
-    gradients reduce-scattered in the group, then all-reduced across."""
+    gradients reduce-scattered in the group, then all-reduced across. `precision` bf16:
+    FSDP2 gathers BF16 parameters and reduces FP32 gradients (`executors.precision`). `ep`
+    (equal to the dp size): the experts split over the dp ranks first (`executors.experts`)."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed only
     from torch.distributed.tensor.parallel import parallelize_module  # lazy
     hsdp = "rep" in (mesh.mesh_dim_names or ())
@@ -185,16 +199,22 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False) -> nn.Module:
     # DTensor warns on every 2-D norm and gather that it runs two collectives where one could
     # do; at these sizes that is noise in the run's output, once per parameter per step.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    experts = shard_experts(model, mesh["dp"]) if ep > 1 else []
     layers = decoder_layers(model)
     if tp_mesh.size() > 1:
         for layer in layers:
             parallelize_module(layer, tp_mesh, layer_tp_plan(layer))
+        shard_vocab(model, tp_mesh)
     if recompute:  # checkpoint inside fully_shard: FSDP's hooks stay outside the recompute
         recompute_layers(model)
         layers = decoder_layers(model)
+    policy = fsdp_policy(precision)
+    mp: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
+    if experts:  # each rank holds its own experts whole (EP over the dp dim)
+        mp["ignored_params"] = set(experts)
     for layer in layers:
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(layer, mesh=dp_mesh, **mp)
+    fully_shard(model, mesh=dp_mesh, **mp)
     # Each DP shard's loss already carries 1 / (the mini-batch's tokens): gradients are summed
     # over DP ranks, not averaged (FSDP2 divides by the DP size unless told otherwise), with a
     # plain SUM (gloo has no pre-multiplied sum).

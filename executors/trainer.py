@@ -6,7 +6,9 @@ model is then re-loaded from the run's version-0 folder, cut to the rank's pipel
 `pp > 1` (`executors.pipeline`), and sharded: TP over the mesh's "tp" dim, FSDP2 over "dp". A
 world of one trains the plain model. When the plan's layout says `recompute`, every decoder layer
 (of the whole model, or of the rank's stage) recomputes its activations in the backward pass
-(`executors.sharding.recompute_layers`, inside FSDP2), whatever the world.
+(`executors.sharding.recompute_layers`, inside FSDP2), whatever the world. The plan's BF16
+computes under autocast over FP32 master weights, FSDP2 gathering BF16 parameters
+(`executors.precision`); a `RunConfig` built by hand trains in FP32.
 
 Each RL step (`train`) runs the step's mini-batches, one optimizer step each (the job's
 `batch.mini_batches`); the driver (`executors.training`) has already cut every mini-batch into
@@ -41,8 +43,10 @@ import torch
 import torch.distributed as dist
 
 from executors import collprobe, rl
+from executors.layoutread import mismatch, read_layout
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
+from executors.precision import autocast
 from executors.reshard import Bucket, Stream
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
@@ -51,7 +55,6 @@ from executors.sharding import (
     clip_grad_norm,
     full_state,
     recompute_layers,
-    recomputes,
     shard,
 )
 from executors.syncgroup import GroupSender
@@ -91,11 +94,15 @@ class Trainer(Worker, GroupSender):
         if torch.cuda.is_available():  # Ray gives each rank its own GPU (CUDA_VISIBLE_DEVICES)
             self.model.cuda()
         self.pipe = None
+        self._pp_mesh: Any = None  # the mesh dim the pipeline's stages were cut over
         if sharded:
             mesh = build_mesh(self.layout)
             if self.layout.pp > 1:  # keep this rank's stage only
                 self._stage_of(mesh)
-            shard(self.model, mesh, recompute=self.layout.recompute)
+            shard(self.model, mesh, recompute=self.layout.recompute,
+                  precision=self.cfg.precision, ep=self.layout.ep)
+            if self.pipe is not None and self.layout.tp > 1:
+                self.pipe.split_vocab(mesh["tp"])
         elif self.layout.recompute:
             recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
@@ -114,7 +121,9 @@ class Trainer(Worker, GroupSender):
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.model = stage
-        self.pipe = Pipeline(stage, p, self.layout.pp, mesh["pp"].get_group(), dev)
+        self._pp_mesh = mesh["pp"]
+        self.pipe = Pipeline(stage, p, self.layout.pp, mesh["pp"].get_group(), dev,
+                             self.cfg.precision)
 
     def _gather(self) -> None:
         """Full weights onto rank 0 (every rank joins when sharded)."""
@@ -141,12 +150,17 @@ class Trainer(Worker, GroupSender):
         dist.gather_object(obj, out, group=self.pipe.group, group_dst=0)
         return out
 
-    def executed_layout(self, ranks: int) -> dict[str, int | bool]:
-        """The layout this rank's group trains with (`ranks`: the role's processes), and
-        whether its decoder layers recompute activations (read off the model, not the plan)."""
+    def executed_layout(self, ranks: int) -> dict[str, Any]:
+        """The layout this rank trains with, read off the model it built (`ranks`: the role's
+        processes; `executors.layoutread`): mesh, placements, experts held, its stage's
+        layers. A build that differs from the plan's layout is an error, not a report."""
         if ranks != self.layout.world:
             raise RuntimeError(f"trainer: {ranks} ranks for layout {self.layout}")
-        return {**self.layout.as_dict(), "recompute": recomputes(self.model)}
+        read = read_layout(self.model, self._pp_mesh)
+        why = mismatch(read, self.layout)
+        if why:
+            raise RuntimeError(f"trainer rank {self.rank}: the built model runs {why}")
+        return {**read, "precision": self.cfg.precision, "stage": self.layout.stage(self.rank)}
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and port of the process group's store, which this rank (0) hosts.
@@ -255,12 +269,14 @@ class Trainer(Worker, GroupSender):
 
     @torch.no_grad()
     def _logprobs(self, s: rl.Samples) -> torch.Tensor:
-        return rl.response_logprobs(self.model, s, self.cfg.temperature)
+        with autocast(self.cfg.precision):
+            return rl.response_logprobs(self.model, s, self.cfg.temperature)
 
     def _micro_loss(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
                     old: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The micro-batch's summed token loss (the caller scales it by 1 / mini-batch tokens)."""
-        logp, ent = rl.response_logprobs_entropy(self.model, s, self.cfg.temperature)
+        with autocast(self.cfg.precision):  # the backward follows the forward's dtypes
+            logp, ent = rl.response_logprobs_entropy(self.model, s, self.cfg.temperature)
         _, _, rmask = rl.pack(s)
         w = rmask.shape[1]
         a = rl.to_padded(adv, w)

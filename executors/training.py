@@ -84,16 +84,22 @@ class Training:
                                bytes=p["bytes"], calls=p["calls"])
 
     def record_layouts(self) -> None:
-        """`metadata.executed_layout`: per role, the layout its workers report running."""
+        """`metadata.executed_layout`: per role, the layout its workers report running; the
+        trainer's read off its ranks' models (`executors.layoutread`), with each pipeline
+        stage's decoder layers (`stage_layers`) from the stage's ranks."""
         rt, out = self.ctx.rt, {}
         judge = (Role.REWARD,) if self.ctx.cfg.judge is not None else ()
         for role in (Role.ACTOR, Role.CRITIC, Role.ROLLOUT, *judge):
             members = self.ctx.workers(role)
-            if members:
-                got = rt.results([rt.call(members[0], "executed_layout", len(members))])[0]
-                if not got.ok:
-                    raise TrainingLost(got.error)
-                out[str(role)] = got.value
+            if not members:
+                continue
+            asked = members if role == Role.ACTOR else members[:1]
+            got = rt.results([rt.call(m, "executed_layout", len(members)) for m in asked])
+            if not all(g.ok for g in got):
+                raise TrainingLost(next(g.error for g in got if not g.ok))
+            out[str(role)] = got[0].value
+            if role == Role.ACTOR:
+                out[str(role)] = with_stages([g.value for g in got])
         self.ctx.trace.metadata["executed_layout"] = out
 
     def _score_jobs(self, s: rl.Samples) -> list[tuple[Role, list[Call]]]:
@@ -213,6 +219,16 @@ class Training:
         ctx.event("train", "stage", t, time.time() - t, None, step, policy_version=step + 1)
         # Each DP group's loss is its share of every mini-batch's token mean: their sum is it.
         return float(sum(v[0]["loss"] for v in leaders)), trainer_stats([v[0] for v in leaders])
+
+
+def with_stages(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's read layout, its own stage's `layers` and `stage` replaced by every stage's
+    decoder layers in stage order (`stage_layers`, from the first rank of each stage)."""
+    stages: dict[int, list[int]] = {}
+    for r in ranks:
+        stages.setdefault(int(r["stage"]), list(r["layers"]))
+    first = {k: v for k, v in ranks[0].items() if k not in ("layers", "stage")}
+    return {**first, "stage_layers": [stages[p] for p in sorted(stages)]}
 
 
 def trainer_stats(leaders: list[dict[str, Any]]) -> dict[str, float]:

@@ -129,8 +129,11 @@ def test_pipeline_step_matches_one_process(layout: tuple[int, int, int], accumul
     assert diff < 5e-5  # a wrong sum or a stale stage shows as ~1e-3 (Adam moves ~lr)
     lay = Layout(*layout)
     assert [r[1]["optimizer_steps"] for r in ranks] == [2] * lay.world  # the job's mini-batches
-    assert all(r[3] == {"dp": layout[0], "tp": layout[1], "pp": layout[2], "recompute": False}
-               for r in ranks)
+    want_layout = {"dp": layout[0], "tp": layout[1], "pp": layout[2], "recompute": False}
+    assert all({k: r[3][k] for k in want_layout} == want_layout for r in ranks)
+    # read off each rank's stage: its decoder layers
+    assert [r[3]["layers"] for r in ranks] == [
+        list(range(*stage_bounds(2, lay.pp, lay.stage(r[0])))) for r in ranks]
     for r in ranks:  # the global norm sums every stage's gradients
         assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
     leaders = [r for r in ranks if lay.leads(r[0])]
@@ -171,8 +174,28 @@ def test_execute_records_the_pipeline_layout(tmp_path: Path) -> None:
     from placer.cost.sharding import Parallel
     plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=2), "train")})
     r = execute(plan, 1, tmp_path / "out")
-    assert r.trace.metadata["executed_layout"]["actor"] == {
-        "dp": 1, "tp": 1, "pp": 2, "recompute": plan.roles["actor"].recompute}
+    executed = r.trace.metadata["executed_layout"]["actor"]
+    want = {"dp": 1, "tp": 1, "pp": 2, "recompute": plan.roles["actor"].recompute}
+    assert {k: executed[k] for k in want} == want
+    assert executed["stage_layers"] == [[0], [1]]  # one layer per stage, read off the stages
     assert r.trace.metadata["optimizer_steps"] == plan.resolved().job.batch.mini_batches
     assert len([p for p in r.placement if p["role"] == "actor"]) == 2
     assert r.ledger_ok and r.stats[0].loss != 0.0  # the last stage's loss, not stage 0's
+
+
+def test_the_planner_offers_one_layer_per_stage() -> None:
+    """A 2-layer model pinned to pp 2 gets a plan (a stage of one layer each), which the
+    executor accepts and runs (pp2-1f1b above: tiny-llama's two layers on two stages); the
+    unpinned search keeps two layers per stage."""
+    from exec_util import job_dict  # lazy: the helpers load the planner
+
+    from placer.api import plan
+    from placer.solve.candidates import _pps
+    assert _pps(2, 16, per_stage=1) == [1, 2] and _pps(1, 16, per_stage=1) == [1]
+    assert _pps(2, 16) == [1] and _pps(4, 16) == [1, 2]
+    p = plan(job_dict(pin={"actor": {"pp": 2}}), time_limit=5.0)
+    actor = p.roles["actor"]
+    assert actor.pp == 2
+    layout = Layout(actor.dp, actor.tp, actor.pp)
+    check_layout("actor", layout, ARCH.heads, ARCH.kv_heads, ARCH.mlp, layers=ARCH.layers,
+                 vocab=ARCH.vocab)

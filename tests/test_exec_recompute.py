@@ -73,7 +73,8 @@ def test_one_process_recompute_is_the_same_step(model_dir: Path, tmp_path: Path)
     assert resumed.load(plain.save(str(tmp_path / "plain.pt"), 0)) == 1
     for k, v in w_plain.items():
         torch.testing.assert_close(resumed.weights()[k], v)
-    assert rc.executed_layout(1) == {"dp": 1, "tp": 1, "pp": 1, "recompute": True}
+    want = {"dp": 1, "tp": 1, "pp": 1, "recompute": True}
+    assert {k: rc.executed_layout(1)[k] for k in want} == want
     assert plain.executed_layout(1)["recompute"] is False
 
 
@@ -108,7 +109,8 @@ def test_sharded_recompute_is_the_plain_step(layout: tuple[int, int, int], model
     assert not bad, bad
     for _, r_info, executed, calls, order in (q_out.get(timeout=5) for _ in range(2)):
         assert r_info["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
-        assert executed == {**Layout(*layout).as_dict(), "recompute": True}
+        want = {**Layout(*layout).as_dict(), "recompute": True}
+        assert {k: executed[k] for k in want} == want  # read off the model
         assert calls == 3 * MINI  # every rank's layers ran again in its backward passes
         assert order and all(order)
 
@@ -145,4 +147,6 @@ def test_executed_layout_records_the_plans_recompute(tmp_path: Path) -> None:
     layouts = execute(plan, 1, tmp_path / "out", local=True).trace.metadata["executed_layout"]
     for role in ("actor", "critic"):
         assert layouts[role]["recompute"] is plan.roles[role].recompute, layouts
-    assert layouts["actor"] == {"dp": 1, "tp": 1, "pp": 1, "recompute": False}  # one process
+    want = {"dp": 1, "tp": 1, "pp": 1, "recompute": False}  # one process
+    assert {k: layouts["actor"][k] for k in want} == want
+    assert layouts["actor"]["stage_layers"] == [[0, 1]] and layouts["actor"]["mesh"]["dims"] == []

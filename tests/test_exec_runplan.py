@@ -57,7 +57,9 @@ def test_every_role_with_the_plans_layout(name: str) -> None:
         got = run.roles[role]
         assert (got.slot, got.pool, got.devices) == (r.slot, r.pool, r.devices)
         shard = r.shard if 0 < r.shard < r.dp else 0
-        assert got.layout == Layout(r.dp, r.tp, r.pp, shard, recompute=r.recompute)
+        # the trainer's expert parallelism is part of its layout (`executors.experts`)
+        ep = r.ep if role == "actor" else 1
+        assert got.layout == Layout(r.dp, r.tp, r.pp, shard, recompute=r.recompute, ep=ep)
         assert (got.cp, got.ep, got.etp, got.zero, got.offload) == (r.cp, r.ep, r.etp, r.zero,
                                                                    r.offload)
         assert (got.precision.fp8_weights, got.precision.fp8_kv, got.precision.fp8_train) == (

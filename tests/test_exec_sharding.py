@@ -100,6 +100,14 @@ def test_fsdp2_tp_step_matches_one_process(kind: str, request: pytest.FixtureReq
            if not torch.allclose(got[k], want[k], atol=5e-5, rtol=1e-4)}
     assert not bad, bad
     assert [r[1]["optimizer_steps"] for r in ranks] == [2] * 4
+    # the layout read off each rank's model: the mesh, and the attention's DTensor placements
+    # (FSDP2's strided shard over dp of TP's row shard), the LM head split by vocabulary
+    for r in ranks:
+        assert r[3]["mesh"] == {"dims": ["dp", "tp"], "shape": [2, 2]}, r[3]
+        assert r[3]["placements"]["attention"]["placements"] == ["_S(0, 2)", "S(0)"], r[3]
+        assert r[3]["placements"]["lm_head"]["placements"][-1] == "S(0)", r[3]
+        assert (r[3]["dp"], r[3]["tp"], r[3]["pp"]) == (2, 2, 1)
+        assert r[3].get("experts_per_rank") == (4 if kind == "qwen3_moe" else None)
     # Adam hides a uniform gradient scale: the global norms before clipping must agree too
     for r in ranks:
         assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
@@ -132,6 +140,14 @@ def test_gradient_accumulation_matches_whole_micro_batch(model_dir: Path) -> Non
     accum, _ = one_process(dataclasses.replace(cfg, accumulate=3), accumulate=3)
     for k in whole:
         torch.testing.assert_close(accum[k], whole[k], atol=2e-5, rtol=1e-4, msg=k)
+
+
+def test_a_build_that_differs_from_the_plan_is_named() -> None:
+    from executors.layoutread import mismatch
+    read = {"dp": 2, "tp": 1, "pp": 1, "ep": 1}  # TP not applied
+    assert mismatch(read, Layout(2, 2, 1)) == "tp 1 (plan: 2)"
+    assert mismatch({**read, "tp": 2}, Layout(2, 2, 1)) is None
+    assert mismatch({**read, "tp": 2}, Layout(2, 2, 1, ep=2)) == "ep 1 (plan: 2)"
 
 
 def test_layout_the_executor_cannot_run_is_refused() -> None:
@@ -175,7 +191,9 @@ def test_tp_all_reduces_once_per_block_and_pass(model_dir: Path) -> None:
     q_out = SPAWN.Queue()
     run_world(_count_tp_all_reduces, cfg, q_out)
     counts = [q_out.get(timeout=5) for _ in range(2)]
-    assert counts == [4 * ARCH.layers] * 2
+    # + the vocabulary split's two (`executors.vocab`): the embedding's partial lookups summed
+    # forward, the LM head's input gradient backward (Megatron's; not priced per layer)
+    assert counts == [4 * ARCH.layers + 2] * 2
 
 
 def _count_clip_collectives(rank: int, tr: Trainer, q_out: Any) -> None:

@@ -53,7 +53,11 @@ def test_executed_layout_is_the_plans(run) -> None:
     want = {role: {"dp": plan.roles[role].dp, "tp": plan.roles[role].tp, "pp": plan.roles[role].pp}
             for role in ("actor", "rollout")}
     want["actor"]["recompute"] = plan.roles["actor"].recompute  # a training role's
-    assert trace.metadata["executed_layout"] == want
+    executed = trace.metadata["executed_layout"]
+    assert {r: {k: executed[r][k] for k in want[r]} for r in want} == want
+    # read off the trainer's model: four experts whole on each rank (ep 1), TP-split attention
+    assert (executed["actor"]["ep"], executed["actor"]["experts_per_rank"]) == (1, 4)
+    assert executed["actor"]["mesh"] == {"dims": ["dp", "tp"], "shape": [2, 2]}
     assert (want["actor"]["dp"], want["actor"]["tp"], want["actor"]["pp"]) == (2, 2, 1)
     assert trace.metadata["optimizer_steps"] == 2 * STEPS  # mini_batches: 2 in the example
     assert len([p for p in run["doc"]["placement"] if p["role"] == "actor"]) == 4

@@ -100,8 +100,11 @@ CP_CHOICES = (1, 2, 4)
 EP_CHOICES = (1, 2, 4, 8)  # expert parallelism, inside one NVLink domain (all-to-all on NVLink)
 
 
-def _pps(layers: int, cap: int) -> list[int]:
-    return [p for p in PP_CHOICES if p == 1 or (p <= cap and 2 * p <= layers)]
+def _pps(layers: int, cap: int, per_stage: int = 2) -> list[int]:
+    """Stage counts of at most `cap` with at least `per_stage` decoder layers per stage. The
+    search keeps two (a one-layer stage is rarely worth its pipeline bubble); a job that pins
+    `pp` may ask for one layer per stage, which the executor runs (executors/pipeline.py)."""
+    return [p for p in PP_CHOICES if p == 1 or (p <= cap and per_stage * p <= layers)]
 
 
 def _eps(m: ModelArch, ranks: int, domain: int) -> list[int]:
@@ -116,14 +119,14 @@ def _eps(m: ModelArch, ranks: int, domain: int) -> list[int]:
 
 
 def _training_layouts(m: ModelArch, counts: list[int], tps: list[int], domain: int,
-                      cps: tuple[int, ...]) -> list[Parallel]:
+                      cps: tuple[int, ...], per_stage: int = 2) -> list[Parallel]:
     """TP x CP x PP x DP (x EP for a mixture of experts, ETP 1); optimizer offload is tried by
     `role_candidates` only where a layout does not fit without it."""
     out = []
     for n in counts:
         for tp in tps:
             for cp in cps:
-                for pp in _pps(m.layers, 16):
+                for pp in _pps(m.layers, 16, per_stage):
                     if n % (tp * cp * pp):
                         continue
                     dp = n // (tp * cp * pp)
@@ -217,8 +220,9 @@ def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list
     counts = device_counts(total, pool.devices_per_node, 1, limit)
     if role in TRAINING_ROLES:
         cps = CP_CHOICES if res.job.max_context > MICRO_TOKENS else (1,)
-        pars = _training_layouts(m, counts, tps, domain, cps)
         pin = pin_of(res.job, role)
+        pars = _training_layouts(m, counts, tps, domain, cps,
+                                 per_stage=1 if pin is not None and pin.pp else 2)
         pars += hsdp_layouts(pars, pool, pin.shard if pin is not None else None)
     elif role == Role.ROLLOUT:
         pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes, True)
