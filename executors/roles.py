@@ -120,7 +120,19 @@ def plan_settings(run: RunPlan) -> dict[str, Any]:
                            "precision": of_job("fp8" if actor.precision.fp8_train else "bf16")}
     if rollout is not None:
         out["engines"] = rollout.engines[0]
+    out["accumulate"] = accumulation(run.job.samples, run.job.mini_batches, actor.layout.dp,
+                                     actor.micro_batch)
     return out
+
+
+def accumulation(samples: int, mini_batches: int, dp: int, micro_batch: int) -> int:
+    """Micro-batches per mini-batch on one data-parallel rank when each holds `micro_batch`
+    sequences (the plan's chosen size, as verl's `ppo_micro_batch_size_per_gpu`): the rank's
+    share of a mini-batch over the size, rounded up. An unset size (0) trains the share as one."""
+    if micro_batch <= 0:
+        return 1
+    share = -(-samples // max(mini_batches, 1) // max(dp, 1))
+    return max(1, -(-share // micro_batch))
 
 
 def run_config(run: RunPlan, lr: float | None = None, model_dir: str = "",

@@ -169,6 +169,7 @@ class RoleRun:
     parts: tuple[PartRun, ...]  # () on one pool
     engines: tuple[EngineGroup, ...]  # rollout: one per part (or one for all); else ()
     arrangement: str  # pool and degrees as `placer.solve.moves.layout` names them
+    micro_batch: int = 0  # trained roles: sequences per micro-batch on one rank (0: one)
 
     def group_of(self, rank: int) -> EngineGroup:
         """The engine replica group holding rollout rank `rank` (the first by default)."""
@@ -384,4 +385,4 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
                    Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
                    share_of(r.pool, r.memory_gb), actors, parts, engines,
-                   arrangement_of(plan, name))
+                   arrangement_of(plan, name), r.micro_batch)

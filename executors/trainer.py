@@ -160,7 +160,8 @@ class Trainer(Worker, GroupSender):
         why = mismatch(read, self.layout)
         if why:
             raise RuntimeError(f"trainer rank {self.rank}: the built model runs {why}")
-        return {**read, "precision": self.cfg.precision, "stage": self.layout.stage(self.rank)}
+        return {**read, "precision": self.cfg.precision, "stage": self.layout.stage(self.rank),
+                "micro_batches": self.cfg.accumulate}
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and port of the process group's store, which this rank (0) hosts.

@@ -150,3 +150,20 @@ def test_executed_layout_records_the_plans_recompute(tmp_path: Path) -> None:
     want = {"dp": 1, "tp": 1, "pp": 1, "recompute": False}  # one process
     assert {k: layouts["actor"][k] for k in want} == want
     assert layouts["actor"]["stage_layers"] == [[0, 1]] and layouts["actor"]["mesh"]["dims"] == []
+
+
+def test_trainer_accumulates_the_plans_micro_batches() -> None:
+    """The plan's chosen micro-batch size becomes the trainer's gradient accumulation: the
+    rank's share of one mini-batch over the size, rounded up (checked by hand below)."""
+    from executors.roles import accumulation
+    from executors.runplan import resolve_plan
+    assert accumulation(32, 1, 2, 8) == 2  # 16 sequences a rank, 8 a micro-batch
+    assert accumulation(32, 2, 2, 8) == 1  # 8 a rank per mini-batch
+    assert accumulation(30, 1, 4, 4) == 2  # 8 (7.5 rounded up) a rank
+    assert accumulation(32, 1, 2, 0) == 1  # unset: the share in one
+    import placer  # lazy: the planner
+    plan = placer.plan(str(Path(__file__).parents[1] / "examples" / "tiny-cpu.yaml"))
+    run, actor = resolve_plan(plan), plan.roles["actor"]
+    share = run.job.samples // run.job.mini_batches // actor.dp
+    assert actor.micro_batch > 0 and share % actor.micro_batch == 0
+    assert plan_settings(run)["accumulate"] == share // actor.micro_batch
