@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Self
 
+from placer.base.errors import SpecError
 from placer.cost.batching import StepTerms, step_terms
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.sharding import Parallel
@@ -38,6 +39,10 @@ class PriceContext:
 
     def __init__(self, res: Resolved, calib: Calibration | None = None,
                  _terms: dict[TermsKey, StepTerms] | None = None) -> None:
+        if res.job.agents is not None:  # refused, not priced as its first agent alone
+            raise SpecError(f"{res.job.name}: agents: the cost model prices single-policy jobs; "
+                            "a multi-agent job is checked and sized per agent by `placer "
+                            "validate`, not yet planned or simulated")
         self.res = res
         self.given = calib if calib is not None else Calibration()
         self.calib = framework_calibration(self.given, res.job.profile.factors)

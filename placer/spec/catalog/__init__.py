@@ -17,6 +17,7 @@ import yaml
 from placer.base.errors import Infeasible, SpecError
 from placer.base.inputs import SpecErrors
 from placer.base.roles import Role
+from placer.spec.agents import model_names
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import Cluster, DeviceKind, DeviceType, Pool, check_cluster_size
 from placer.spec.job import Job
@@ -106,6 +107,8 @@ def names_used(job: Job) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     models = [(f"models.{field}", name) for field in MODEL_FIELDS
               if (name := getattr(job.models, field)) is not None
               and not (field == "reward" and name == "rule")]
+    if job.agents is not None:  # `models` repeats the first agent's: its own fields name it
+        models = model_names(job.agents) + [m for m in models if m[0] == "models.critic"]
     return devices, models
 
 
