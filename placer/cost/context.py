@@ -37,12 +37,14 @@ TermsKey = tuple[ModelArch, DeviceType, Parallel, Efficiency]
 class PriceContext:
     """A resolved job and its calibration, with the problem's `StepTerms` table."""
 
+    prices_agents = False  # a multi-agent job: `placer.cost.agents.AgentPricer` only
+
     def __init__(self, res: Resolved, calib: Calibration | None = None,
                  _terms: dict[TermsKey, StepTerms] | None = None) -> None:
-        if res.job.agents is not None:  # refused, not priced as its first agent alone
-            raise SpecError(f"{res.job.name}: agents: the cost model prices single-policy jobs; "
-                            "a multi-agent job is checked and sized per agent by `placer "
-                            "validate`, not yet planned or simulated")
+        if res.job.agents is not None and not self.prices_agents:  # never as one agent alone
+            raise SpecError(f"{res.job.name}: agents: a multi-agent job is priced per agent "
+                            "(placer.cost.agents.AgentPricer); this command does not run such "
+                            "jobs yet")
         self.res = res
         self.given = calib if calib is not None else Calibration()
         self.calib = framework_calibration(self.given, res.job.profile.factors)

@@ -7,6 +7,7 @@ order, get the numbers each gets alone (tests/test_pricer.py).
 """
 from __future__ import annotations
 
+from placer.base.roles import Role
 from placer.cost.context import PriceContext
 from placer.cost.estimate import Estimate, RolloutShape, estimate, rollout_shape
 from placer.cost.sharding import Parallel
@@ -56,3 +57,23 @@ class Pricer(PriceContext):
     def slot_switch(self, placed: list[Placed]) -> dict[str, float]:
         """Onload seconds per slot whose roles do not fit on its devices together."""
         return slot_switch(self, placed)
+
+    def sync_pairs(self) -> list[tuple[str, str]]:
+        """(actor, rollout) of every weight sync the job runs (one: the policy's)."""
+        return [(Role.ACTOR, Role.ROLLOUT)]
+
+    def sequential_rollouts(self) -> list[str]:
+        """Rollout roles whose stage times add wherever they sit (several agents' engines,
+        `placer.cost.agents`); none for a single-policy job."""
+        return []
+
+    def colocated_roles(self) -> list[list[str]]:
+        """Groups of roles that must share one slot (agents' shared engine pools); none for a
+        single-policy job."""
+        return []
+
+    def onloads_per_step(self, role: str) -> int:
+        """Onloads a role pays per step in a slot whose members do not fit together: one,
+        unless its engines hand the slot to another agent's several times a step
+        (`placer.cost.agents.swap_runs`)."""
+        return 1
