@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from placer.base.errors import EXIT_BAD_INPUT
 from placer.base.inputs import SpecErrors
 from placer.cli import main
 from placer.spec.agentjob import agent_job, gaps_of
@@ -107,7 +106,9 @@ def test_validate_explains_every_agents_roles(capsys) -> None:
     assert "agent verifier: Qwen3-4B, trained, 1 turn" in text and "verifier.rollout" in text
 
 
-def test_planning_an_agent_job_is_refused_not_priced_as_one_agent(capsys) -> None:
-    assert main(["plan", str(JOB)]) == EXIT_BAD_INPUT
-    err = capsys.readouterr().err
-    assert "agents:" in err and len(err.strip().splitlines()) == 1
+def test_plan_places_every_agents_roles_by_their_names(capsys) -> None:
+    assert main(["plan", str(JOB), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert list(plan["roles"]) == load_job(JOB).role_names()
+    assert all(r in plan["breakdown"]["slot_busy_s"] for r in {v["slot"] for v in
+                                                                 plan["roles"].values()})

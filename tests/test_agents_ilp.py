@@ -12,20 +12,22 @@ which is `AgentPricer.iteration_time`.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from placer.base.errors import Infeasible
-from placer.cost.agents import AgentPricer, swap_runs
+from placer.cost.agents import swap_runs
+from placer.cost.pricer import AgentPricer, Pricer
 from placer.solve.agentplan import build_agent_problem
 from placer.solve.baselines import partitions
 from placer.solve.ilp import Assignment, Problem, slot_names
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.spec.catalog import resolve
-from placer.spec.load import job_from_dict
+from placer.spec.load import job_from_dict, load_job
 
 
 def agent_job(verifier: dict, shared: str | None, mode: str, pools: list[dict],
@@ -114,6 +116,13 @@ def _two_h100_job(**verifier) -> AgentPricer:
          "response": {"kind": "fixed", "value": 128}, **verifier}
     return AgentPricer(resolve(job_from_dict(agent_job(v, None, "sync", pools,
                                                        ["solver", "verifier", "solver"]))))
+
+
+def test_a_pricer_of_an_agent_job_is_an_agent_pricer() -> None:
+    res = _two_h100_job().res
+    assert type(Pricer(res)) is AgentPricer
+    single = resolve(load_job(Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"))
+    assert type(Pricer(single)) is Pricer
 
 
 def test_each_agent_is_priced_with_its_own_model_and_turns() -> None:

@@ -5,7 +5,7 @@ episode (`placer.spec.agentjob.agent_job`: A's policy, A's response length per t
 A takes, the other agents' turns as context it reads), so a 4B verifier's engines are priced
 with the 4B model and its short verdicts, a 7B solver's with its own. `AgentPricer` holds one
 `Pricer` per agent (sharing one `StepTerms` table) and answers the planner under role names
-`AGENT.ROLE`.
+`AGENT.ROLE` (`placer.cost.pricer.AgentPricer`; `Pricer(res)` of a multi-agent job is one).
 
 How the agents' work combines into one step (`agent_iteration_time`), beside the single-policy
 rule of `placer.cost.timing` (roles in one slot add, slots run side by side):
@@ -16,7 +16,10 @@ rule of `placer.cost.timing` (roles in one slot add, slots run side by side):
   sync     each trained agent refreshes its own engines; the refreshes run one after another
            (a sum: they may cross the same links);
   score, train  per-agent references, rewards and actors follow the slot rule: apart they
-           overlap, in one slot they add.
+           overlap, in one slot they add;
+  switch   a slot whose members do not fit together onloads each of them once per step: the
+           engines' onloads come with their rollouts, one agent after another (a sum); the
+           other roles' follow the slot rule (`switch_stage_s`).
 Agents on one shared engine pool (`agents.shared_engines`) sit in one slot. Full weights swapped
 in turn (`adapters: none`) reload the engines whenever the turn passes between them, when they
 do not fit together (each agent's `engine_swap_time` once per run of its turns, `swap_runs`);
@@ -30,19 +33,11 @@ from collections import defaultdict
 from dataclasses import replace
 
 from placer.base.roles import Role
-from placer.cost.batching import StepTerms
-from placer.cost.context import TermsKey
-from placer.cost.efficiency import Calibration
+from placer.cost.context import PriceContext
 from placer.cost.estimate import Estimate
-from placer.cost.model import engine_swap_time
-from placer.cost.pricer import Pricer
-from placer.cost.sharding import Parallel
-from placer.cost.timing import Breakdown, Placed, slot_switch
-from placer.spec.agentjob import agent_job
+from placer.cost.timing import Breakdown, Placed, onload_time
 from placer.spec.agents import Agents, role_name, split_role
 from placer.spec.arch import ModelArch
-from placer.spec.catalog import Resolved, resolve
-from placer.spec.hardware import Pool
 
 BF16_BYTES = 2
 
@@ -56,92 +51,6 @@ def adapter_bytes(m: ModelArch, rank: int) -> float:
     return float(m.layers * sum(rank * (i + o) for i, o in dims) * BF16_BYTES)
 
 
-class AgentPricer(Pricer):
-    """A multi-agent job's prices: every `AGENT.ROLE` on its agent's own `Pricer`."""
-
-    prices_agents = True
-
-    def __init__(self, res: Resolved, calib: Calibration | None = None,
-                 _terms: dict[TermsKey, StepTerms] | None = None) -> None:
-        super().__init__(res, calib, _terms)
-        assert res.job.agents is not None, "AgentPricer prices multi-agent jobs"
-        self.agents: Agents = res.job.agents
-        self.subs: dict[str, Pricer] = {
-            a: Pricer(resolve(agent_job(res.job, a), a), self.given, self._terms)
-            for a in self.agents.members}
-
-    def role_names(self) -> list[str]:
-        return self.res.job.role_names()
-
-    def sub_of(self, role: str) -> tuple[Pricer, str]:
-        """(the agent's pricer, the role's own name) of `AGENT.ROLE`."""
-        agent, base = split_role(role)
-        assert agent is not None, f"{role}: not an agent's role"
-        return self.subs[agent], base
-
-    def estimate(self, role: str, pool: Pool, par: Parallel,
-                 env_cores: int | None = None) -> Estimate:
-        sub, base = self.sub_of(role)
-        return self.qualify(role, sub.estimate(base, pool, par, env_cores))
-
-    def qualify(self, role: str, est: Estimate) -> Estimate:
-        """An estimate by the agent's own pricer as `AGENT.ROLE`'s (a LoRA pool's later agents
-        holding their adapters only)."""
-        if split_role(role)[1] == Role.ROLLOUT:
-            est = self._lora_share(role, est)
-        return replace(est, role=role)
-
-    def _lora_share(self, role: str, est: Estimate) -> Estimate:
-        """A later agent on a LoRA pool holds its adapter, not another copy of the base."""
-        agent = split_role(role)[0]
-        i = self.agents.shared_of(agent or "")
-        if i is None:
-            return est
-        pool = self.agents.shared_engines[i]
-        if pool.adapters != "lora" or pool.agents[0] == agent:
-            return est
-        sub, _ = self.sub_of(role)
-        per_device = adapter_bytes(sub.res.arch_of(Role.ROLLOUT), pool.adapter_rank) / 1e9 / max(
-            est.par.tp * est.par.pp, 1)
-        return replace(est, memory=replace(est.memory, weights=per_device))
-
-    def sync_time(self, actor: Placed, rollout: Placed) -> float:
-        sub, _ = self.sub_of(actor.est.role)
-        return sub.sync_time(_base(actor), _base(rollout))
-
-    def iteration_time(self, placed: list[Placed]) -> Breakdown:
-        return agent_iteration_time(self, placed)
-
-    def slot_switch(self, placed: list[Placed]) -> dict[str, float]:
-        return agent_slot_switch(self, placed)
-
-    def onloads_per_step(self, role: str) -> int:
-        agent, base = split_role(role)
-        i = self.agents.shared_of(agent or "")
-        if base != Role.ROLLOUT or i is None or self.agents.shared_engines[i].adapters != "none":
-            return 1
-        return swap_runs(self.agents, i, agent or "")
-
-    def sync_pairs(self) -> list[tuple[str, str]]:
-        """(actor, rollout) of every trained agent."""
-        return [(role_name(a, Role.ACTOR), role_name(a, Role.ROLLOUT))
-                for a, m in self.agents.members.items() if m.trained]
-
-    def sequential_rollouts(self) -> list[str]:
-        """Every agent's engines: their rollouts run one after another (module text)."""
-        return [role_name(a, Role.ROLLOUT) for a in self.agents.members]
-
-    def colocated_roles(self) -> list[list[str]]:
-        """Every shared engine pool's rollouts, in one slot."""
-        order = self.role_names()
-        return [sorted((role_name(a, Role.ROLLOUT) for a in s.agents), key=order.index)
-                for s in self.agents.shared_engines]
-
-
-def _base(p: Placed) -> Placed:
-    return Placed(p.slot, replace(p.est, role=split_role(p.est.role)[1]))
-
-
 def swap_runs(agents: Agents, i: int, name: str) -> int:
     """Runs of consecutive turns agent `name` takes on shared pool `i` in the cyclic schedule
     (the engines keep the last agent's weights into the next step): each run starts with its
@@ -153,26 +62,88 @@ def swap_runs(agents: Agents, i: int, name: str) -> int:
     return sum(1 for a, b in zip(on, on[1:] + on[:1]) if b == name and a != name)
 
 
-def agent_slot_switch(px: AgentPricer, placed: list[Placed]) -> dict[str, float]:
-    """Onload seconds per slot (`timing.slot_switch` on the roles' own names, one onload per
-    member); an agent's engines on a full-weight shared pool in a slot that does not fit pay
-    one per run of its turns (`swap_runs`)."""
-    out = slot_switch(px, [_base(p) for p in placed])
+def onloads_per_step(agents: Agents, role: str) -> int:
+    """`Pricer.onloads_per_step` of `AGENT.ROLE`: `swap_runs` for engines on a full-weight
+    shared pool, else one."""
+    agent, base = split_role(role)
+    i = agents.shared_of(agent or "")
+    if base != Role.ROLLOUT or i is None or agents.shared_engines[i].adapters != "none":
+        return 1
+    return swap_runs(agents, i, agent or "")
+
+
+def lora_share(agents: Agents, role: str, m: ModelArch, est: Estimate) -> Estimate:
+    """A later agent's engines on a LoRA pool hold its adapter, not another copy of the base
+    (`est` as the agent's own pricer made it)."""
+    agent, base = split_role(role)
+    i = agents.shared_of(agent or "")
+    if base != Role.ROLLOUT or i is None:
+        return est
+    pool = agents.shared_engines[i]
+    if pool.adapters != "lora" or pool.agents[0] == agent:
+        return est
+    per_device = adapter_bytes(m, pool.adapter_rank) / 1e9 / max(est.par.tp * est.par.pp, 1)
+    return replace(est, memory=replace(est.memory, weights=per_device))
+
+
+def base_placed(p: Placed) -> Placed:
+    """`p` under its role's own name (what the single-policy cost functions compare)."""
+    return Placed(p.slot, replace(p.est, role=split_role(p.est.role)[1]))
+
+
+def agent_onloads(ctx: PriceContext, agents: Agents, placed: list[Placed]) -> dict[str, float]:
+    """Role -> onload seconds per step, for the members of every slot whose roles (of every
+    agent) do not fit its devices together (`timing.slot_switch`'s rule, `onload_time` on the
+    role's own name): once per step, an agent's engines on a full-weight shared pool once per
+    run of its turns (`swap_runs`)."""
+    by_slot: dict[str, list[Placed]] = defaultdict(list)
     for p in placed:
-        runs = px.onloads_per_step(p.est.role)
-        if runs > 1 and p.slot in out:
-            eff = px.calib.for_device(px.res.device_of(p.est.pool))
-            out[p.slot] += (runs - 1) * engine_swap_time(p.est.memory.weights, eff)
+        by_slot[p.slot].append(p)
+    out: dict[str, float] = {}
+    for members in by_slot.values():
+        dev = ctx.res.device_of(members[0].est.pool)
+        if len(members) < 2 or dev.host_backed:
+            continue
+        if sum(p.est.memory.total for p in members) <= dev.memory_gb:
+            continue
+        eff = ctx.calib.for_device(dev)
+        for p in members:
+            once = onload_time(split_role(p.est.role)[1], p.est.memory, dev, eff)
+            out[p.est.role] = once * onloads_per_step(agents, p.est.role)
     return out
 
 
-def agent_iteration_time(px: AgentPricer, placed: list[Placed]) -> Breakdown:
+def agent_slot_switch(ctx: PriceContext, agents: Agents, placed: list[Placed]
+                      ) -> dict[str, float]:
+    """Onload seconds per slot: its members' `agent_onloads`."""
+    slot_of = {p.est.role: p.slot for p in placed}
+    out: dict[str, float] = defaultdict(float)
+    for r, t in agent_onloads(ctx, agents, placed).items():
+        out[slot_of[r]] += t
+    return dict(out)
+
+
+def switch_stage_s(agents: Agents, placed: list[Placed], onloads: dict[str, float]) -> float:
+    """The step's onload time: the agents' engines onload as their rollouts run, one agent
+    after another (a sum); every other role onloads on its slot, slots side by side (the max
+    over slots of their other members' sum)."""
+    seq = set(rollout_roles(agents))
+    slot_of = {p.est.role: p.slot for p in placed}
+    others: dict[str, float] = defaultdict(float)
+    for r, t in onloads.items():
+        if r not in seq:
+            others[slot_of[r]] += t
+    return sum(t for r, t in onloads.items() if r in seq) + max(others.values(), default=0.0)
+
+
+def agent_iteration_time(ctx: PriceContext, agents: Agents, placed: list[Placed],
+                         syncs: dict[str, float]) -> Breakdown:
     """One step of a multi-agent job (the module text: rollouts in sequence, syncs in sequence,
-    the slot rule otherwise; the pipeline mode's rule over the chain and the busiest slot)."""
+    the slot rule otherwise; the pipeline mode's rule over the chain and the busiest slot).
+    `syncs`: each trained agent's weight sync by its rollout's name."""
     by_role = {p.est.role: p for p in placed}
-    syncs = {r: px.sync_time(by_role[a], by_role[r]) for a, r in px.sync_pairs()
-             if a in by_role and r in by_role}
-    switch = px.slot_switch(placed)
+    onloads = agent_onloads(ctx, agents, placed)
+    switch = agent_slot_switch(ctx, agents, placed)
     per_slot: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for p in placed:
         for stage, t in p.est.stage_s.items():
@@ -186,9 +157,26 @@ def agent_iteration_time(px: AgentPricer, placed: list[Placed]) -> Breakdown:
                for st in ("sync", "rollout", "score", "train")}
     stage_s["sync"] = sum(syncs.values())
     stage_s["rollout"] = max(stage_s["rollout"], sum(
-        by_role[r].est.stage_s.get("rollout", 0.0) for r in px.sequential_rollouts() if r in by_role))
-    stage_s["switch"] = max(switch.values(), default=0.0)
+        by_role[r].est.stage_s.get("rollout", 0.0) for r in rollout_roles(agents) if r in by_role))
+    stage_s["switch"] = switch_stage_s(agents, placed, onloads)
     chain = sum(stage_s.values())
-    total = px.res.job.pipeline.mechanism.iteration_s(chain, max(busy.values(), default=0.0))
+    total = ctx.res.job.pipeline.mechanism.iteration_s(chain, max(busy.values(), default=0.0))
     return Breakdown(total, stage_s, busy, switch, stage_s["sync"])
 
+
+
+def rollout_roles(agents: Agents) -> list[str]:
+    """Every agent's engines: their rollouts run one after another (module text)."""
+    return [role_name(a, Role.ROLLOUT) for a in agents.members]
+
+
+def sync_pairs(agents: Agents) -> list[tuple[str, str]]:
+    """(actor, rollout) of every trained agent."""
+    return [(role_name(a, Role.ACTOR), role_name(a, Role.ROLLOUT))
+            for a, m in agents.members.items() if m.trained]
+
+
+def shared_slots(agents: Agents) -> list[list[str]]:
+    """Every shared engine pool's rollouts (to sit in one slot), in role order."""
+    return [[role_name(a, Role.ROLLOUT) for a in agents.members if a in s.agents]
+            for s in agents.shared_engines]

@@ -33,7 +33,7 @@ from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from placer.base.errors import Infeasible
 from placer.base.records import Record
-from placer.base.roles import TRAINING_ROLES
+from placer.base.roles import is_training
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
@@ -148,7 +148,7 @@ def _parts(res: Resolved, r: RolePlacement) -> list[PartRow]:
 def _host_optimizer(res: Resolved, role: str, par: Parallel) -> float:
     """GB per device of optimizer state the role keeps on the host (offloaded)."""
     m = res.model_of(role)
-    return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
+    return offloaded_gb_per_device(m, par) if is_training(role) and m is not None else 0.0
 
 
 @dataclass(frozen=True)

@@ -336,9 +336,14 @@ class _Model:
     def _memory(self) -> None:
         m = self.m
         self.SW: dict[str, LinExpr] = {}
+        # several agents' engines onload as their rollouts run, one after another: their
+        # onloads add over slots (SWR); every other member's follow the slot rule (SWN_j)
+        seq = set(self.p.px.sequential_rollouts())
+        self.SWN: dict[str, LinExpr] = {}
+        self.SWR: LinExpr = 0
         for j in self.roles:
             if len(self.members(j)) < 2:
-                self.SW[j] = 0
+                self.SW[j] = self.SWN[j] = 0
                 continue
             over = m.new_bool_var(f"over[{j}]")
             mm, sw = [], []
@@ -349,10 +354,14 @@ class _Model:
                 v = m.new_int_var(0, max(self._switch(c) for c in self.p.cands[r]), f"v[{r},{j}]")
                 m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
                 sw.append(v)
+                if r in seq:
+                    self.SWR += v
             cap_kb = {pl: int(self.p.res.device_of(pl).memory_gb * 1e6) for pl in self.pools}
             m.add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
                   ).OnlyEnforceIf(over.Not())
             self.SW[j] = sum(sw)
+            self.SWN[j] = (self.SW[j] if not seq else
+                           sum(v for r, v in zip(self.members(j), sw) if r not in seq))
             self._host(j, over)
 
     def _host(self, j: str, over: cp_model.IntVar) -> None:
@@ -505,8 +514,10 @@ class _Model:
                 self.expr(r, partial(self._stage_units, "rollout")) for r in seq))
         msw = m.new_int_var(0, top, "M[switch]")
         for j in self.roles:
-            m.add(msw >= self.SW[j])
+            m.add(msw >= self.SWN[j])
         chain = self.Y + sum(maxes) + msw  # one step's stages in sequence
+        if seq:
+            chain = chain + self.SWR
         mode = self.p.res.job.pipeline.mechanism
         if not mode.overlaps_steps:
             m.add(self.T >= chain)

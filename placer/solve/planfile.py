@@ -359,7 +359,7 @@ def load_plan(path: str | Path) -> Plan:
 
 def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
     """A plan must place exactly its job's roles on pools that exist, within their sizes."""
-    want = {str(r) for r in res.job.roles()}
+    want = {str(r) for r in res.job.role_names()}
     have = set(plan.roles)
     if want != have:
         raise SpecError(f"{source}: roles: plan places {sorted(have)} but its job runs "
