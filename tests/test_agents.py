@@ -17,7 +17,7 @@ from placer.spec.agents import split_role
 from placer.spec.load import dump_job, job_from_dict, load_job
 
 HERE = Path(__file__).resolve().parent
-JOB = HERE / "agent_jobs" / "solver-verifier.yaml"
+JOB = HERE.parent / "examples" / "multiagent-solver-verifier.yaml"
 
 
 def _raw() -> dict:
@@ -79,6 +79,9 @@ def test_an_agent_job_round_trips_through_its_dump() -> None:
     (lambda r: r["agents"]["members"]["verifier"].update(trained=False, reference="Qwen3-4B"),
      "agents.members.verifier.reference"),
     (lambda r: r.update(environment={"kind": "tool", "turns": 2}), "environment.kind"),
+    (lambda r: r.update(tail_policy={"kind": "partial", "token_budget": 4096}),
+     "tail_policy.kind"),
+    (lambda r: r.update(framework="verl"), "framework"),
 ])
 def test_bad_agent_settings_name_the_field(change, field) -> None:
     raw = _raw()

@@ -20,7 +20,7 @@ from simulator.api import simulate_plan
 from simulator.config import SimConfig
 
 HERE = Path(__file__).resolve().parent
-JOB = HERE / "agent_jobs" / "solver-verifier.yaml"
+JOB = HERE.parent / "examples" / "multiagent-solver-verifier.yaml"
 
 
 def _agrees(plan, iterations: int = 2) -> None:

@@ -264,6 +264,13 @@ def _capacity(res: Resolved, pool_name: str) -> int:
 
 
 def _stage_setter(plan: Plan, stage: str) -> str:
+    agents = plan.resolved().job.agents
+    if agents is not None and stage in ("sync", "rollout"):  # `placer.cost.agents`
+        what = "weight syncs" if stage == "sync" else "rollouts"
+        parts = [f"{r} {rp.stage_s.get('rollout', 0.0):.2f} s" for r, rp in plan.roles.items()
+                 if r.endswith(".rollout")] if stage == "rollout" else []
+        return (f"every agent's {what}, one agent after another"
+                + (f" ({' + '.join(parts)})" if parts else ""))
     if stage == "sync":
         return "weight sync actor -> rollout"
     if stage == "switch":

@@ -60,6 +60,11 @@ def build_problem(px: Pricer, objective: str | None = None, bounded: bool = True
         px = px.with_res(resolve(job.model_copy(update={"objective": objective})))
     res = px.res
     if isinstance(px, AgentPricer):  # every agent's roles, on its own pricer
+        if res.job.framework is not None:
+            p = res.job.profile
+            raise Infeasible(f"framework: {p.name} ({p.title}) runs one policy per job; this "
+                             f"job co-trains {len(px.agents.members)} agents (agents.members): "
+                             "plan it without a framework")
         return build_agent_problem(px, objective)
     framework_check(res.job)
     per_pool = single_candidates(px, workers=workers)

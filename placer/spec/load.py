@@ -109,6 +109,11 @@ def check_agent_job(job: Job, source: str) -> list[str]:
     if job.algorithm.value == "ppo":
         out.append(f"{source}: algorithm: a multi-agent job trains its agents with grpo or rloo "
                    "(no per-agent critic), got 'ppo'")
+    tails = job.tail_policy.mechanism
+    if tails.carries_over or tails.tool_deadline_s is not None:
+        out.append(f"{source}: tail_policy.kind: a multi-agent job cuts its long tail by "
+                   f"over-provisioning or not at all (got {job.tail_policy.kind!r}): a partial "
+                   "rollout or a re-issued call would cut one agent's turns mid-episode")
     if job.pin is not None:
         out.append(f"{source}: pin: a multi-agent job's roles are pinned by AGENT.ROLE, which "
                    "pins do not name yet; drop pin")
