@@ -28,7 +28,7 @@ def test_roles_are_named_per_agent_and_models_follow_the_first_turn() -> None:
     job = load_job(JOB)
     assert job.role_names() == [
         "solver.actor", "solver.rollout", "solver.reference", "solver.reward",
-        "verifier.actor", "verifier.rollout", "verifier.reference", "verifier.reward"]
+        "verifier.actor", "verifier.rollout", "verifier.reward"]  # the verifier: no KL term
     assert job.models.policy == "Qwen2.5-7B"  # the solver takes the first turn
     assert split_role("solver.rollout") == ("solver", "rollout")
     assert split_role("rollout") == (None, "rollout")

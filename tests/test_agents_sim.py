@@ -68,7 +68,7 @@ def test_full_weights_swapped_on_shared_engines_simulate_as_priced() -> None:
 def test_an_agents_view_of_the_plan_keeps_its_roles_and_slots() -> None:
     plan = plan_job(Pricer(resolve(load_job(JOB))))
     view = agent_plan(plan, "verifier")
-    assert set(view.roles) == {"actor", "rollout", "reference", "reward"}
+    assert set(view.roles) == {"actor", "rollout", "reward"}
     assert view.roles["rollout"] == plan.roles["verifier.rollout"]
     assert {s.name for s in view.slots} <= {s.name for s in plan.slots}
     assert view.resolved().job.models.policy == "Qwen3-4B"
