@@ -72,3 +72,14 @@ def test_an_agents_view_of_the_plan_keeps_its_roles_and_slots() -> None:
     assert view.roles["rollout"] == plan.roles["verifier.rollout"]
     assert {s.name for s in view.slots} <= {s.name for s in plan.slots}
     assert view.resolved().job.models.policy == "Qwen3-4B"
+
+
+def test_an_agents_trainer_may_shard_its_state_in_a_plan() -> None:
+    """An HSDP shard group on `solver.actor` is a training role's (the colocated baseline of
+    `placer compare --simulate` places one)."""
+    from placer.solve.planfile import check_plan
+    plan = plan_job(Pricer(resolve(load_job(JOB))))
+    actor = plan.roles["solver.actor"]
+    sharded = plan.model_copy(update={"roles": {**plan.roles, "solver.actor": actor.model_copy(
+        update={"shard": 1})}})
+    check_plan(sharded, sharded.resolved())
