@@ -18,11 +18,12 @@ from pathlib import Path
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
-from placer.cost.pricer import Pricer
+from placer.cost.pricer import AgentPricer, Pricer
 from placer.solve.hostmem import plan_checkpoint_s
 from placer.solve.planfile import Plan, calibration_of, check_plan, load_plan
 from placer.spec.catalog import Resolved
 from placer.spec.load import check_tail_policy
+from simulator.agents import AgentModel, check_agent_plan
 from simulator.config import SimConfig
 from simulator.faults import compose, failure_rate_per_s
 from simulator.iteration import Model
@@ -34,6 +35,9 @@ from simulator.workload import load_replay
 
 def _check_runnable(px: Pricer, plan: Plan) -> None:
     res = px.res
+    if isinstance(px, AgentPricer):
+        check_agent_plan(px, plan)
+        return
     if Role.ROLLOUT not in plan.roles:
         raise SpecError("plan: roles.rollout: a plan must place the rollout role")
     r = plan.roles[Role.ROLLOUT]
@@ -101,7 +105,9 @@ def simulate_plan(plan: Plan | str | Path, iterations: int = 1, seed: int = 0,
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        run = Model(px, plan, cfg, seed, rec, replay, on_iteration).run(iterations)
+        run = (AgentModel(px, plan, cfg, seed, rec, on_iteration).run(iterations)
+               if isinstance(px, AgentPricer) else
+               Model(px, plan, cfg, seed, rec, replay, on_iteration).run(iterations))
     finally:
         if was_enabled:
             gc.enable()

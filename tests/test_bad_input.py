@@ -61,6 +61,10 @@ EXPECT: dict[str, tuple[str, str]] = {
     "judge_on_rule": ("reward_model.kind", "'rule'"),
     "judge_without_verdict": ("reward_model", "kind 'generative' needs verdict"),
     "images_without_vision": ("lengths.images_per_prompt", "'tiny-llama' has no vision encoder"),
+    "agent_without_turn": ("agents.members.verifier", "takes no turn"),
+    "agent_turn_unknown": ("agents.turns.2", "'critic' is no agent"),
+    "agent_shared_models_differ": ("agents.shared_engines.0.agents",
+                                   "'verifier' runs 'tiny-llama-rm'"),
 }
 FILES = sorted(BAD.glob("*.yaml"))
 JSON_TOO = ("malformed_yaml", "empty", "unknown_nested_key", "negative_size", "unknown_device")

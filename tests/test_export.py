@@ -48,8 +48,11 @@ def plans() -> list[tuple[str, Plan]]:
 
 
 PLANS = dict(plans())
+# several agents co-trained: every target that runs one policy per job refuses them (below)
+AGENT_PLANS = sorted(n for n, p in PLANS.items() if p.spec.agents is not None)
 # verl and OpenRLHF refuse a role split over pools (tests/test_split_render.py checks how)
-ONE_POOL = sorted(n for n, p in PLANS.items() if not any(r.parts for r in p.roles.values()))
+ONE_POOL = sorted(n for n, p in PLANS.items() if not any(r.parts for r in p.roles.values())
+                  and n not in AGENT_PLANS)
 # ... and an HSDP shard group where they have none: OpenRLHF always, verl under Megatron
 HSDP = [n for n in ONE_POOL if hsdp_roles(PLANS[n])]
 VERL_LAYOUT_OK = [n for n in ONE_POOL if n not in HSDP or not uses_megatron(PLANS[n])]
@@ -81,6 +84,22 @@ def replanned(plan: Plan, refusal: str) -> Plan:
     job = plan.spec.model_dump(mode="json", exclude_none=True)
     job["pin"] = {**job.get("pin", {}), **pin}
     return plan_for(resolve(job_from_dict(job), plan.spec.name), Calibration())
+
+
+@pytest.mark.parametrize("name", AGENT_PLANS)
+def test_a_multi_agent_plan_is_refused_by_every_one_policy_target_naming_agents(name: str) -> None:
+    from placer.interop.targets import TARGETS
+    plan = PLANS[name]
+    for target in TARGETS.values():
+        if target.runs_agents:
+            continue
+        with pytest.raises(SpecError, match=rf"^agents: {re.escape(target.title)} runs one "
+                                            r"policy per job; this plan co-trains 2 agents"):
+            target.export(plan)
+
+
+def test_the_examples_hold_a_multi_agent_plan() -> None:
+    assert AGENT_PLANS
 
 
 def test_the_examples_cover_hsdp_with_fsdp_and_with_megatron() -> None:

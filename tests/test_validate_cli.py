@@ -39,14 +39,14 @@ def test_each_example_describes_its_roles(path: Path, capsys) -> None:
     job = res.job
     assert doc["name"] == job.name and doc["algorithm"] == job.algorithm.value
     assert doc["samples"] == job.batch.samples and doc["max_context"] == job.max_context
-    assert list(doc["roles"]) == job.roles()
+    assert list(doc["roles"]) == job.role_names()  # AGENT.ROLE for a multi-agent job
     assert set(doc["pools"]) == {p.name for p in job.cluster.pools}
     for role, r in doc["roles"].items():
         m = res.model_of(role)
         if m is None:
             assert r["model"] is None and r["memory_floor_gb"] == 0
         else:
-            per_param = 16 if role in ("actor", "critic") else 2
+            per_param = 16 if role.rpartition(".")[2] in ("actor", "critic") else 2
             assert r["memory_floor_gb"] == pytest.approx(per_param * m.params() / 1e9, abs=1e-3)
         assert r["min_devices"], f"{role}: no pool can host it"
         for pool, n in r["min_devices"].items():

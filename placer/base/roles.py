@@ -19,3 +19,14 @@ class Role(StrEnum):
 
 
 TRAINING_ROLES: frozenset[Role] = frozenset({Role.ACTOR, Role.CRITIC})
+
+
+def base_role(name: str) -> str:
+    """The role a plan's role name runs: `actor` of `solver.actor` (a multi-agent job's
+    `AGENT.ROLE`), the name itself otherwise."""
+    return name.rpartition(".")[2]
+
+
+def is_training(name: str) -> bool:
+    """Whether a role name (`actor`, `solver.actor`) trains its model."""
+    return base_role(name) in TRAINING_ROLES

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Self
 
+from placer.base.errors import SpecError
 from placer.cost.batching import StepTerms, step_terms
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.sharding import Parallel
@@ -36,8 +37,14 @@ TermsKey = tuple[ModelArch, DeviceType, Parallel, Efficiency]
 class PriceContext:
     """A resolved job and its calibration, with the problem's `StepTerms` table."""
 
+    prices_agents = False  # a multi-agent job: `placer.cost.agents.AgentPricer` only
+
     def __init__(self, res: Resolved, calib: Calibration | None = None,
                  _terms: dict[TermsKey, StepTerms] | None = None) -> None:
+        if res.job.agents is not None and not self.prices_agents:  # never as one agent alone
+            raise SpecError(f"{res.job.name}: agents: a multi-agent job is priced per agent "
+                            "(placer.cost.agents.AgentPricer); this command does not run such "
+                            "jobs yet")
         self.res = res
         self.given = calib if calib is not None else Calibration()
         self.calib = framework_calibration(self.given, res.job.profile.factors)

@@ -7,7 +7,22 @@ order, get the numbers each gets alone (tests/test_pricer.py).
 """
 from __future__ import annotations
 
-from placer.cost.context import PriceContext
+from dataclasses import replace
+
+from placer.base.roles import Role
+from placer.cost.agents import (
+    agent_iteration_time,
+    agent_slot_switch,
+    base_placed,
+    lora_share,
+    onloads_per_step,
+    rollout_roles,
+    shared_slots,
+    sync_pairs,
+)
+from placer.cost.batching import StepTerms
+from placer.cost.context import PriceContext, TermsKey
+from placer.cost.efficiency import Calibration
 from placer.cost.estimate import Estimate, RolloutShape, estimate, rollout_shape
 from placer.cost.sharding import Parallel
 from placer.cost.split import SplitKeep, SplitSpace, split_estimates
@@ -19,11 +34,21 @@ from placer.cost.timing import (
     slot_switch,
     sync_time,
 )
+from placer.spec.agentjob import agent_job
+from placer.spec.agents import Agents, split_role
+from placer.spec.catalog import Resolved, resolve
 from placer.spec.hardware import DeviceType, Pool
 
 
 class Pricer(PriceContext):
-    """A problem's prices: estimates of roles, their iteration time and the weight sync."""
+    """A problem's prices: estimates of roles, their iteration time and the weight sync. A
+    multi-agent job's pricer is an `AgentPricer`, whoever makes it."""
+
+    def __new__(cls, res: Resolved, calib: Calibration | None = None,
+                _terms: dict[TermsKey, StepTerms] | None = None) -> Pricer:
+        if cls is Pricer and res.job.agents is not None:
+            cls = AgentPricer
+        return super().__new__(cls)
 
     def estimate(self, role: str, pool: Pool, par: Parallel,
                  env_cores: int | None = None) -> Estimate:
@@ -56,3 +81,90 @@ class Pricer(PriceContext):
     def slot_switch(self, placed: list[Placed]) -> dict[str, float]:
         """Onload seconds per slot whose roles do not fit on its devices together."""
         return slot_switch(self, placed)
+
+    def sync_pairs(self) -> list[tuple[str, str]]:
+        """(actor, rollout) of every weight sync the job runs (one: the policy's)."""
+        return [(Role.ACTOR, Role.ROLLOUT)]
+
+    def sequential_rollouts(self) -> list[str]:
+        """Rollout roles whose stage times add wherever they sit (several agents' engines,
+        `placer.cost.agents`); none for a single-policy job."""
+        return []
+
+    def colocated_roles(self) -> list[list[str]]:
+        """Groups of roles that must share one slot (agents' shared engine pools); none for a
+        single-policy job."""
+        return []
+
+    def onloads_per_step(self, role: str) -> int:
+        """Onloads a role pays per step in a slot whose members do not fit together: one,
+        unless its engines hand the slot to another agent's several times a step
+        (`placer.cost.agents.swap_runs`)."""
+        return 1
+
+
+class AgentPricer(Pricer):
+    """A multi-agent job's prices (`placer.cost.agents`): every `AGENT.ROLE` on its agent's
+    own `Pricer` (its view of the episode, `placer.spec.agentjob`), one `StepTerms` table."""
+
+    prices_agents = True
+
+    def __init__(self, res: Resolved, calib: Calibration | None = None,
+                 _terms: dict[TermsKey, StepTerms] | None = None) -> None:
+        super().__init__(res, calib, _terms)
+        assert res.job.agents is not None, "AgentPricer prices multi-agent jobs"
+        self.agents: Agents = res.job.agents
+        self.subs: dict[str, Pricer] = {
+            a: Pricer(resolve(agent_job(res.job, a), a), self.given, self._terms)
+            for a in self.agents.members}
+
+    def sub_of(self, role: str) -> tuple[Pricer, str]:
+        """(the agent's pricer, the role's own name) of `AGENT.ROLE`."""
+        agent, base = split_role(role)
+        assert agent is not None, f"{role}: not an agent's role"
+        return self.subs[agent], base
+
+    def estimate(self, role: str, pool: Pool, par: Parallel,
+                 env_cores: int | None = None) -> Estimate:
+        sub, base = self.sub_of(role)
+        return self.qualify(role, sub.estimate(base, pool, par, env_cores))
+
+    def qualify(self, role: str, est: Estimate) -> Estimate:
+        """An estimate by the agent's own pricer as `AGENT.ROLE`'s (`agents.lora_share`)."""
+        sub, base = self.sub_of(role)
+        if base == Role.ROLLOUT:
+            est = lora_share(self.agents, role, sub.res.arch_of(Role.ROLLOUT), est)
+        return replace(est, role=role)
+
+    def sync_time(self, actor: Placed, rollout: Placed) -> float:
+        sub, _ = self.sub_of(actor.est.role)
+        return sub.sync_time(base_placed(actor), base_placed(rollout))
+
+    def iteration_time(self, placed: list[Placed]) -> Breakdown:
+        by_role = {p.est.role: p for p in placed}
+        syncs = {r: self.sync_time(by_role[a], by_role[r]) for a, r in self.sync_pairs()
+                 if a in by_role and r in by_role}
+        return agent_iteration_time(self, self.agents, placed, syncs)
+
+    def slot_switch(self, placed: list[Placed]) -> dict[str, float]:
+        return agent_slot_switch(self, self.agents, placed)
+
+    def tool_time(self, rollout: Placed, env: Placed) -> float:
+        raise AssertionError("a multi-agent job runs no tool environment")
+
+    def split_estimates(self, role: str, singles: dict[str, list[Estimate]],
+                        keep: SplitKeep | None = None, space: SplitSpace | None = None
+                        ) -> list[Estimate]:
+        return []  # an agent's role is not split over pools (`placer.solve.agentplan`)
+
+    def sync_pairs(self) -> list[tuple[str, str]]:
+        return sync_pairs(self.agents)
+
+    def sequential_rollouts(self) -> list[str]:
+        return rollout_roles(self.agents)
+
+    def colocated_roles(self) -> list[list[str]]:
+        return shared_slots(self.agents)
+
+    def onloads_per_step(self, role: str) -> int:
+        return onloads_per_step(self.agents, role)

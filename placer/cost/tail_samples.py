@@ -63,6 +63,10 @@ def at_means(job: Job) -> Job:
     rm = job.reward_model
     if rm is not None and rm.verdict is not None:  # a generative judge's verdicts too
         update["reward_model"] = rm.model_copy(update={"verdict": fixed(rm.verdict)})
+    if job.agents is not None:  # every agent's own turn lengths too
+        members = {n: a.model_copy(update={"response": fixed(a.response)})
+                   if a.response is not None else a for n, a in job.agents.members.items()}
+        update["agents"] = job.agents.model_copy(update={"members": members})
     return job.model_copy(update=update)
 
 

@@ -42,7 +42,15 @@ class Target:
     options: ClassVar[tuple[str, ...]] = ()  # export options beyond the plan (CLI flags too)
     imports: ClassVar[bool] = False
 
+    runs_agents: ClassVar[bool] = False  # a multi-agent plan (`job.agents`): several policies
+
     def export(self, plan: Plan, **options: Any) -> Export:
+        """The plan as the framework's configuration (`render`); SpecError (exit 2) naming
+        `agents` for a multi-agent plan the framework cannot express."""
+        refuse_agents(plan, self)
+        return self.render(plan, **options)
+
+    def render(self, plan: Plan, **options: Any) -> Export:
         raise NotImplementedError
 
     def check_options(self, given: Iterable[str], flag: str = "") -> None:
@@ -67,13 +75,25 @@ class Target:
         return read_text(Path(source)), source
 
 
+def refuse_agents(plan: Plan, target: Target) -> None:
+    """SpecError naming `agents` when a multi-agent plan goes to a target that runs one policy
+    per job: exporting the first agent alone would silently drop the others' roles."""
+    agents = plan.spec.agents
+    if agents is None or target.runs_agents:
+        return
+    raise SpecError(f"agents: {target.title} runs one policy per job; this plan co-trains "
+                    f"{len(agents.members)} agents ({', '.join(agents.members)}) in turns "
+                    f"{' -> '.join(agents.turns)} and cannot be exported to it (plan and "
+                    "simulate it with placer)")
+
+
 class Verl(Target):
     name = "verl"
     title = "verl"
     writes_folder = True
     imports = True
 
-    def export(self, plan: Plan, **options: Any) -> Export:
+    def render(self, plan: Plan, **options: Any) -> Export:
         from placer.interop.verl import export_verl
         return export_verl(plan, **options)
 
@@ -88,7 +108,7 @@ class OpenRLHF(Target):
     title = "OpenRLHF"
     imports = True
 
-    def export(self, plan: Plan, **options: Any) -> Export:
+    def render(self, plan: Plan, **options: Any) -> Export:
         from placer.interop.openrlhf import export_openrlhf
         return export_openrlhf(plan, **options)
 
@@ -110,7 +130,7 @@ class NemoRL(Target):
     title = "NeMo-RL"
     imports = True
 
-    def export(self, plan: Plan, **options: Any) -> Export:
+    def render(self, plan: Plan, **options: Any) -> Export:
         from placer.interop.nemorl import export_nemo_rl
         return export_nemo_rl(plan, **options)
 
@@ -125,7 +145,7 @@ class Miles(Target):
     title = "Miles"
     imports = True
 
-    def export(self, plan: Plan, **options: Any) -> Export:
+    def render(self, plan: Plan, **options: Any) -> Export:
         from placer.interop.miles import export_miles
         return export_miles(plan, **options)
 
@@ -141,7 +161,7 @@ class KubeRay(Target):
     writes_folder = True
     options = ("image", "steps")
 
-    def export(self, plan: Plan, **options: Any) -> Export:
+    def render(self, plan: Plan, **options: Any) -> Export:
         """`image`: the container image (None: Ray's own, with a warning); `steps`: the RL
         steps the RayJob runs."""
         from placer.interop.kuberay import DEFAULT_IMAGE, export_kuberay

@@ -32,7 +32,7 @@ from placer.spec.load import dump_job
 
 def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
     """One slot per distinct slot name, sized by its largest role, in the job's role order."""
-    order: dict[str, int] = {r: i for i, r in enumerate(res.job.roles())}
+    order: dict[str, int] = {r: i for i, r in enumerate(res.job.role_names())}
     slots: dict[str, SlotPlan] = {}
     for p in sorted(placed, key=lambda p: order[p.est.role]):
         cur = slots.get(p.slot)
@@ -88,9 +88,11 @@ def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:
 def plan_tags(res: Resolved, roles: dict[str, RolePlacement]) -> Tags:
     """What a plan is compared with published runs by (`placer.cost.band`): the actor's
     device type, the policy's model class and the mode."""
-    actor, rollout = roles.get(Role.ACTOR), roles.get(Role.ROLLOUT)
+    agents = res.job.agents  # a multi-agent job: its first turn's agent's
+    first = f"{agents.first()}." if agents is not None else ""
+    actor, rollout = roles.get(f"{first}{Role.ACTOR}"), roles.get(f"{first}{Role.ROLLOUT}")
     device = res.device_of(actor.pool).name if actor is not None else ""
-    return Tags(device, model_class(res.model_of(Role.ACTOR)),
+    return Tags(device, model_class(res.model_of(f"{first}{Role.ACTOR}")),
                 mode_of(res.job.pipeline.mechanism.overlaps_steps, actor.slot if actor else None,
                         rollout.slot if rollout else None))
 
@@ -127,7 +129,7 @@ def assemble(px: Pricer, placed: list[Placed], solver: SolverInfo) -> Plan:
                 booked_cost_per_sample=per_sample(booked, bd.iteration_s, samples),
                 breakdown=Breakdown(stage_s=bd.stage_s, slot_busy_s=bd.slot_busy_s,
                                     switch_s=bd.switch_s, sync_s=bd.sync_s),
-                roles={r: roles[r] for r in res.job.roles() if r in roles},
+                roles={r: roles[r] for r in res.job.role_names() if r in roles},
                 slots=slots, bundles=bundles, sync_routes=routes, solver=solver,
                 calibration=None if px.given.is_default else px.given)
 

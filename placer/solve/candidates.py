@@ -31,7 +31,7 @@ from placer.base.roles import TRAINING_ROLES, Role
 from placer.cost.estimate import Estimate, can_host
 from placer.cost.generation import lpu_chips
 from placer.cost.layercomm import MICRO_TOKENS, NODE_DEVICES
-from placer.cost.pricer import Pricer
+from placer.cost.pricer import AgentPricer, Pricer
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.sharding import Parallel
 from placer.cost.split import SplitKeep, SplitSpace
@@ -248,7 +248,12 @@ def fp8_flags(res: Resolved, role: str, dev: DeviceType) -> dict[str, bool]:
 
 def role_candidates(px: Pricer, role: str, pool: Pool, limit: int | None = None,
                     prune: bool = True) -> list[Candidate]:
-    """Feasible candidates of one role on one pool, fastest first per device count."""
+    """Feasible candidates of one role on one pool, fastest first per device count (an agent's
+    role `AGENT.ROLE`: its agent's own, under that name)."""
+    if isinstance(px, AgentPricer):
+        sub, base = px.sub_of(role)
+        return [Candidate(role, c.pool, px.qualify(role, c.est))
+                for c in role_candidates(sub, base, pool, limit, prune)]
     res = px.res
     if not can_host(res, role, pool):
         return []

@@ -34,7 +34,7 @@ from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from placer.base.errors import Infeasible
 from placer.base.records import Record
-from placer.base.roles import TRAINING_ROLES
+from placer.base.roles import is_training
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
@@ -150,7 +150,7 @@ def _parts(res: Resolved, r: RolePlacement) -> list[PartRow]:
 def _host_optimizer(res: Resolved, role: str, par: Parallel) -> float:
     """GB per device of optimizer state the role keeps on the host (offloaded)."""
     m = res.model_of(role)
-    return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
+    return offloaded_gb_per_device(m, par) if is_training(role) and m is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -266,6 +266,13 @@ def _capacity(res: Resolved, pool_name: str) -> int:
 
 
 def _stage_setter(plan: Plan, stage: str) -> str:
+    agents = plan.resolved().job.agents
+    if agents is not None and stage in ("sync", "rollout"):  # `placer.cost.agents`
+        what = "weight syncs" if stage == "sync" else "rollouts"
+        parts = [f"{r} {rp.stage_s.get('rollout', 0.0):.2f} s" for r, rp in plan.roles.items()
+                 if r.endswith(".rollout")] if stage == "rollout" else []
+        return (f"every agent's {what}, one agent after another"
+                + (f" ({' + '.join(parts)})" if parts else ""))
     if stage == "sync":
         return "weight sync actor -> rollout"
     if stage == "switch":

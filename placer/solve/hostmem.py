@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from placer.base.roles import TRAINING_ROLES
+from placer.base.roles import is_training
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.layercomm import optimizer_gather_time
 from placer.cost.pricer import Pricer
@@ -96,7 +96,7 @@ def offloaded_gb_per_device(m: ModelArch, par: Parallel) -> float:
 def offloaded_gb(res: Resolved, role: str, par: Parallel) -> float:
     """GB per device `role` keeps on the host on layout `par` (its offloaded optimizer state)."""
     m = res.model_of(role)
-    return offloaded_gb_per_device(m, par) if role in TRAINING_ROLES and m is not None else 0.0
+    return offloaded_gb_per_device(m, par) if is_training(role) and m is not None else 0.0
 
 
 def parked_gb(mem: Memory) -> float:
@@ -263,8 +263,8 @@ def busiest_per_pool(nodes: list[NodeHost]) -> dict[str, NodeHost]:
 # ----------------------------------------------------------------------------- checkpoints
 def checkpoint_gb(res: Resolved) -> float:
     """One checkpoint's size: 14 B/param of every trained model (actor; critic under PPO)."""
-    return sum(CHECKPOINT_BYTES * m.params() / GB for role in res.job.roles()
-               if role in TRAINING_ROLES and (m := res.model_of(role)) is not None)
+    return sum(CHECKPOINT_BYTES * m.params() / GB for role in res.job.role_names()
+               if is_training(role) and (m := res.model_of(role)) is not None)
 
 
 def checkpoint_s(res: Resolved) -> float:
@@ -286,7 +286,7 @@ def trained_layouts(plan: Plan) -> list[tuple[ModelArch, DeviceType, Parallel]]:
     critic under PPO): what a checkpoint saves."""
     res = plan.resolved()
     return [(m, res.device_of(p.pool), p.par) for role, p in plan.roles.items()
-            if role in TRAINING_ROLES and (m := res.model_of(role)) is not None]
+            if is_training(role) and (m := res.model_of(role)) is not None]
 
 
 def plan_checkpoint_s(plan: Plan, calib: Calibration | None = None) -> float:

@@ -85,7 +85,9 @@ class Problem:
 
     @property
     def roles(self) -> list[str]:
-        return [r for r in self.res.job.roles() if r in self.cands]
+        job = self.res.job
+        order = job.roles() if job.agents is None else job.role_names()
+        return [r for r in order if r in self.cands]
 
     def capacity(self) -> dict[str, int]:
         return {p.name: p.devices_per_node * p.nodes for p in self.res.cluster.pools}
@@ -189,6 +191,13 @@ def _budget_mb(res: Resolved, pool: str) -> int | None:
     return None if b is None else max(int(b * 1e3), 0)
 
 
+def keeps_groups(problem: Problem, a: Assignment) -> bool:
+    """Whether a placement keeps every group of roles that must share a slot in one slot
+    (`Pricer.colocated_roles`); a heuristic plan bounds the optimum only when it does."""
+    return all(len({a.slot_of[r] for r in g if r in a.slot_of}) <= 1
+               for g in problem.px.colocated_roles())
+
+
 def host_fits(problem: Problem, a: Assignment) -> bool:
     """Whether a placement keeps to the model's host-memory rule (`_Model._host`): every slot
     whose members do not fit on its devices together parks all but its smallest member, plus
@@ -267,6 +276,11 @@ class _Model:
                 m.add_implication(self.z[r, j], self.z[j, j])
                 for pool in self.pools:  # a slot is on one pool: its members follow its leader
                     m.add(self.on_pool(r, pool) == self.on_pool(j, pool)).OnlyEnforceIf(self.z[r, j])
+        for group in self.p.px.colocated_roles():  # shared engines: one slot, the first's
+            first, *rest = [r for r in group if r in R]
+            for r in rest:
+                for j in R[:R.index(first) + 1]:
+                    m.add(self.z[r, j] == self.z[first, j])
 
     def members(self, j: str) -> list[str]:
         return [r for r in self.roles if (r, j) in self.z]
@@ -316,14 +330,20 @@ class _Model:
         if c.split or self.p.res.device_of(c.pool).host_backed:
             return 0
         dev = self.p.res.device_of(c.pool)
-        return self.ti(onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev)))
+        once = onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev))
+        return self.ti(once * self.p.px.onloads_per_step(c.est.role))
 
     def _memory(self) -> None:
         m = self.m
         self.SW: dict[str, LinExpr] = {}
+        # several agents' engines onload as their rollouts run, one after another: their
+        # onloads add over slots (SWR); every other member's follow the slot rule (SWN_j)
+        seq = set(self.p.px.sequential_rollouts())
+        self.SWN: dict[str, LinExpr] = {}
+        self.SWR: LinExpr = 0
         for j in self.roles:
             if len(self.members(j)) < 2:
-                self.SW[j] = 0
+                self.SW[j] = self.SWN[j] = 0
                 continue
             over = m.new_bool_var(f"over[{j}]")
             mm, sw = [], []
@@ -334,10 +354,14 @@ class _Model:
                 v = m.new_int_var(0, max(self._switch(c) for c in self.p.cands[r]), f"v[{r},{j}]")
                 m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
                 sw.append(v)
+                if r in seq:
+                    self.SWR += v
             cap_kb = {pl: int(self.p.res.device_of(pl).memory_gb * 1e6) for pl in self.pools}
             m.add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
                   ).OnlyEnforceIf(over.Not())
             self.SW[j] = sum(sw)
+            self.SWN[j] = (self.SW[j] if not seq else
+                           sum(v for r, v in zip(self.members(j), sw) if r not in seq))
             self._host(j, over)
 
     def _host(self, j: str, over: cp_model.IntVar) -> None:
@@ -382,24 +406,52 @@ class _Model:
         return v
 
     def _sync(self) -> None:
-        """Y >= weight-sync time of the chosen (actor, rollout) pair, same slot or not."""
+        """Y >= the weight-sync time of every chosen (actor, rollout) pair, same slot or not
+        (one pair per trained agent; several add: `placer.cost.agents`)."""
         self.Y: LinExpr = 0
         self.y_top = 0
-        if Role.ACTOR not in self.roles or Role.ROLLOUT not in self.roles:
-            return
-        A, Rc = self.p.cands[Role.ACTOR], self.p.cands[Role.ROLLOUT]
-        same_slot = self.z[Role.ROLLOUT, Role.ACTOR]
+        self.Ys: dict[str, LinExpr] = {}  # rollout -> its sync
+        pairs = [(a, r) for a, r in self.p.px.sync_pairs() if a in self.roles and r in self.roles]
+        for actor, rollout in pairs:
+            self.Ys[rollout] = self._pair_sync(actor, rollout,
+                                               "Y" if len(pairs) == 1 else f"Y[{rollout}]")
+        ys = list(self.Ys.values())
+        self.Y = ys[0] if len(ys) == 1 else sum(ys)
+
+    def _pair_sync(self, actor: str, rollout: str, name: str) -> cp_model.IntVar:
+        A, Rc = self.p.cands[actor], self.p.cands[rollout]
+        same_slot = self._same_slot(actor, rollout)
         table = {}
         for a in A:
             for k in Rc:
                 same, diff = self.p.sync_s(a, k)
                 table[id(a), id(k)] = (self.ti(same), self.ti(diff))
-        top = self.y_top = max(max(v) for v in table.values())
-        y = self.Y = self.m.new_int_var(0, top, "Y")
-        for a, xa in zip(A, self.x[Role.ACTOR]):
+        top = max(max(v) for v in table.values())
+        self.y_top += top
+        y = self.m.new_int_var(0, top, name)
+        for a, xa in zip(A, self.x[actor]):
             for i, lit in ((0, same_slot), (1, same_slot.Not())):
                 self.m.add(y >= sum(table[id(a), id(k)][i] * xk
-                                    for k, xk in zip(Rc, self.x[Role.ROLLOUT]))).OnlyEnforceIf([xa, lit])
+                                    for k, xk in zip(Rc, self.x[rollout]))).OnlyEnforceIf([xa, lit])
+        return y
+
+    def _same_slot(self, actor: str, rollout: str) -> cp_model.IntVar:
+        """1 when the two roles share a slot: the actor's own when it leads every slot it is
+        in (the first role); else one of the slots both may sit in (another agent's role may
+        lead it)."""
+        R = self.roles
+        if R.index(actor) == 0:
+            return self.z[rollout, actor]
+        same = self.m.new_bool_var(f"same[{actor},{rollout}]")
+        both = []
+        for j in R[:R.index(actor) + 1]:
+            b = self.m.new_bool_var(f"both[{actor},{rollout},{j}]")
+            self.m.add_bool_and([self.z[actor, j], self.z[rollout, j]]).OnlyEnforceIf(b)
+            self.m.add_bool_or([self.z[actor, j].Not(), self.z[rollout, j].Not()]
+                               ).OnlyEnforceIf(b.Not())
+            both.append(b)
+        self.m.add(sum(both) == same)
+        return same
 
     def _tools(self) -> None:
         """Tool waits of the rollout engines: a (rollout, environment) pair term added to the
@@ -456,19 +508,27 @@ class _Model:
             for j in self.roles:
                 m.add(ms >= self.S[j, s])
             maxes.append(ms)
+        seq = [r for r in self.p.px.sequential_rollouts() if r in self.roles]
+        if seq:  # several agents' engines: their rollouts add wherever they sit
+            m.add(maxes[WORK_STAGES.index("rollout")] >= sum(
+                self.expr(r, partial(self._stage_units, "rollout")) for r in seq))
         msw = m.new_int_var(0, top, "M[switch]")
         for j in self.roles:
-            m.add(msw >= self.SW[j])
+            m.add(msw >= self.SWN[j])
         chain = self.Y + sum(maxes) + msw  # one step's stages in sequence
+        if seq:
+            chain = chain + self.SWR
         mode = self.p.res.job.pipeline.mechanism
         if not mode.overlaps_steps:
             m.add(self.T >= chain)
             return
         for j in self.roles:
             q: LinExpr = 0
-            if self.y_top and (Role.ROLLOUT, j) in self.z:
-                q = m.new_int_var(0, top, f"q[{j}]")
-                m.add(q >= self.Y).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
+            for r, y in self.Ys.items():  # each rollout's slot does its own refresh
+                if self.y_top and (r, j) in self.z:
+                    qr = m.new_int_var(0, top, f"q[{j}]" if len(self.Ys) == 1 else f"q[{r},{j}]")
+                    m.add(qr >= y).OnlyEnforceIf(self.z[r, j])
+                    q = q + qr if len(self.Ys) > 1 else qr
             m.add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
         m.add((mode.staleness + 1) * self.T >= chain)  # `PipelineMode.chain_bound_s`
 

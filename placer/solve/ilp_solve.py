@@ -42,6 +42,7 @@ from placer.solve.ilp import (
     _Model,
     candidate_key,
     host_fits,
+    keeps_groups,
     slot_names,
 )
 from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
@@ -142,7 +143,7 @@ def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap:
     tp = replace(problem, objective="time")
     h = heuristic(tp)
     ub = score(tp, h)[0]
-    if prune and host_fits(tp, h):  # feasible (no rate cap), so it bounds the optimum
+    if prune and host_fits(tp, h) and keeps_groups(tp, h):  # feasible (no rate cap), so it bounds the optimum
         slack = len(tp.roles) * hint.move_cost_s if hint else 0.0
         tp = prune_by_bound(tp, ub + slack, math.inf)
     while True:
@@ -274,7 +275,8 @@ def _solve_cost(problem: Problem, deadline: float, hint: Hint | None, workers: i
                 t0: float) -> Solution:
     per_unit = 1 / PRICE_SCALE / 3600 / problem.res.job.batch.samples  # (mUSD/h * s) -> USD/sample
     h = heuristic(problem)
-    ub = score(problem, h)[1] if host_fits(problem, h) else math.inf  # else no bound
+    ub = (score(problem, h)[1] if host_fits(problem, h) and keeps_groups(problem, h)
+          else math.inf)  # else no bound
     problem = prune_by_bound(problem, math.inf, ub)
     r_min = _rate_floor(problem)
     best: tuple[float, _Step] | None = None

@@ -24,7 +24,7 @@ from collections import defaultdict
 import networkx as nx
 
 from placer.base.errors import SpecError
-from placer.base.roles import TRAINING_ROLES, Role
+from placer.base.roles import Role, is_training
 from placer.solve.planfile import Bundle, RolePlacement, SlotPlan, SyncRoute
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind, DeviceType
@@ -97,7 +97,8 @@ def map_to_nodes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlac
     """Give every slot nodes and devices; return slots (with nodes), bundles and sync routes.
     A split role's slot is mapped part by part, each on its own pool."""
     free: dict[str, list[int]] = {p.name: [p.devices_per_node] * p.nodes for p in res.cluster.pools}
-    order = sorted(slots, key=lambda s: (-s.devices, not (set(s.roles) & TRAINING_ROLES), s.name))
+    order = sorted(slots, key=lambda s: (-s.devices, not any(map(is_training, s.roles)),
+                                         s.name))
     bundles: list[Bundle] = []
     placed: dict[str, SlotPlan] = {}
     for slot in order:
@@ -181,11 +182,18 @@ def _spread(free: list[int], devices: int) -> list[tuple[int, int]] | None:
 
 def _sync_routes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlacement]
                  ) -> list[SyncRoute]:
-    """Each rollout node pulls the weights from the actor node with the widest path to it."""
-    if Role.ACTOR not in roles or Role.ROLLOUT not in roles:
-        return []
+    """Each rollout node pulls the weights from the actor node with the widest path to it; a
+    multi-agent job's every trained agent from its own actor (`AGENT.actor` -> `AGENT.rollout`)."""
+    pairs = ([(Role.ACTOR.value, Role.ROLLOUT.value)] if res.job.agents is None else
+             [(f"{a}.{Role.ACTOR}", f"{a}.{Role.ROLLOUT}") for a in res.job.agents.members])
+    return [route for actor, rollout in pairs if actor in roles and rollout in roles
+            for route in _pair_routes(res, slots, roles, actor, rollout)]
+
+
+def _pair_routes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlacement],
+                 actor: str, rollout: str) -> list[SyncRoute]:
     by_name = {s.name: s for s in slots}
-    a, r = by_name[roles[Role.ACTOR].slot], by_name[roles[Role.ROLLOUT].slot]
+    a, r = by_name[roles[actor].slot], by_name[roles[rollout].slot]
     used: dict[str, set[int]] = defaultdict(set)
     used[a.pool].update(a.nodes)
     targets = [(p.pool, p.nodes) for p in r.parts] or [(r.pool, r.nodes)]

@@ -23,7 +23,7 @@ from pydantic import (
 
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
-from placer.base.roles import TRAINING_ROLES
+from placer.base.roles import TRAINING_ROLES, is_training
 from placer.cost.calibration import CalibrationField
 from placer.cost.efficiency import Calibration
 from placer.cost.sharding import Parallel
@@ -365,7 +365,7 @@ def load_plan(path: str | Path) -> Plan:
 
 def check_plan(plan: Plan, res: Resolved, source: str = "plan") -> None:
     """A plan must place exactly its job's roles on pools that exist, within their sizes."""
-    want = {str(r) for r in res.job.roles()}
+    want = {str(r) for r in res.job.role_names()}
     have = set(plan.roles)
     if want != have:
         raise SpecError(f"{source}: roles: plan places {sorted(have)} but its job runs "
@@ -417,7 +417,7 @@ def _check_parts(name: str, r: RolePlacement, res: Resolved, source: str) -> Non
 
 def _check_shard(name: str, r: RolePlacement, source: str) -> None:
     """An HSDP shard group belongs to a training role and splits its dp ranks evenly."""
-    if name not in TRAINING_ROLES:
+    if not is_training(name):
         raise SpecError(f"{source}: roles.{name}.shard: {r.shard}, but only a training role "
                         f"({', '.join(sorted(TRAINING_ROLES))}) shards its state (drop `shard`)")
     if r.dp % r.shard:

@@ -29,9 +29,10 @@ from dataclasses import replace
 
 from placer.base.errors import Infeasible
 from placer.base.roles import TRAINING_ROLES, Role
-from placer.cost.pricer import Pricer
+from placer.cost.pricer import AgentPricer, Pricer
 from placer.cost.split import SplitSpace
 from placer.solve import hostmem
+from placer.solve.agentplan import build_agent_problem
 from placer.solve.assemble import assemble
 from placer.solve.candidates import PerPool, flat, single_candidates, with_splits
 from placer.solve.diagnose import diagnose
@@ -58,6 +59,13 @@ def build_problem(px: Pricer, objective: str | None = None, bounded: bool = True
     if objective is not None and objective != job.objective:  # the plan records its objective
         px = px.with_res(resolve(job.model_copy(update={"objective": objective})))
     res = px.res
+    if isinstance(px, AgentPricer):  # every agent's roles, on its own pricer
+        if res.job.framework is not None:
+            p = res.job.profile
+            raise Infeasible(f"framework: {p.name} ({p.title}) runs one policy per job; this "
+                             f"job co-trains {len(px.agents.members)} agents (agents.members): "
+                             "plan it without a framework")
+        return build_agent_problem(px, objective)
     framework_check(res.job)
     per_pool = single_candidates(px, workers=workers)
     missing = [r for r, cs in flat(per_pool).items() if not cs]
@@ -136,7 +144,7 @@ def plan_job(px: Pricer, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     search workers, and processes that price a large cluster's cost table (`build_problem`).
     The plan records `px`'s calibration profile."""
     h = hint_of(hint, move_cost_s) if hint is not None else None
-    slack = len(px.res.job.roles()) * move_cost_s if hint is not None else 0.0  # as `ilp_solve`
+    slack = len(px.res.job.role_names()) * move_cost_s if hint is not None else 0.0  # as `ilp_solve`
     problem = build_problem(px, objective, slack_s=slack, workers=workers)
     bounded = True
     # The ILP sees each candidate's own host memory, not colocated roles adding up on one node:

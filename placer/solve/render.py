@@ -17,6 +17,7 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
     s = plan.solver
     job = plan.spec
     unit = "s" if plan.objective == "time" else "USD/sample"
+    w = max([12, *(len(n) for n in plan.roles)])  # an agent's roles are AGENT.ROLE
     lines = [f"plan for {job.name}: {job.algorithm.value}, {plan.mode} "
              f"mode, objective {plan.objective}",
              f"solver: {s.name} {s.status}, objective {s.objective:.6g} {unit}, bound "
@@ -25,10 +26,10 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
              f"{plan.throughput_samples_s:.2f} samples/s | {plan.cost_per_sample:.6f} USD/sample | "
              f"{usd_per_hour(plan):.2f} USD/h",
              *_band(plan), *_booking(plan, release), "",
-             f"{'role':<12} {'pool':<8} {'devices':>7} {'tp':>3} {'pp':>3} {'dp':>5} "
+             f"{'role':<{w}} {'pool':<8} {'devices':>7} {'tp':>3} {'pp':>3} {'dp':>5} "
              f"{'cp':>3} {'ep':>3} {'slot':<28} {'time s':>9} {'mem GB':>7}"]
     for name, r in plan.roles.items():
-        lines += _role_lines(name, r)
+        lines += _role_lines(name, r, w)
     lines += [f"{name}: dp {r.dp} (shard {r.shard}): HSDP, ZeRO inside {r.dp // r.shard} groups of "
               f"{r.shard} dp ranks that replicate each other" for name, r in plan.roles.items()
               if 0 < r.shard < r.dp]
@@ -48,17 +49,17 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def _role_lines(name: str, r: RolePlacement) -> list[str]:
+def _role_lines(name: str, r: RolePlacement, w: int = 12) -> list[str]:
     """A role's row; a role split over pools shows "split" and its total, then one row per part
     (its pool, devices, layout, share of the samples and time), so no row claims one pool holds
     devices it does not."""
     if not r.parts:
-        return [f"{name:<12} {r.pool:<8} {r.devices:>7} {r.tp:>3} {r.pp:>3} {r.dp:>5} "
+        return [f"{name:<{w}} {r.pool:<8} {r.devices:>7} {r.tp:>3} {r.pp:>3} {r.dp:>5} "
                 f"{r.cp:>3} {r.ep:>3} {r.slot:<28} {r.time_s:>9.3f} {r.memory_gb:>7.1f}"]
-    head = (f"{name:<12} {'split':<8} {r.devices:>7} {'':>3} {'':>3} {'':>5} {'':>3} {'':>3} "
+    head = (f"{name:<{w}} {'split':<8} {r.devices:>7} {'':>3} {'':>3} {'':>5} {'':>3} {'':>3} "
             f"{r.slot:<28} {r.time_s:>9.3f} {r.memory_gb:>7.1f}")
     return [head] + [
-        f"{f'  part {i + 1}':<12} {p.pool:<8} {p.devices:>7} {p.tp:>3} {p.pp:>3} {p.dp:>5} "
+        f"{f'  part {i + 1}':<{w}} {p.pool:<8} {p.devices:>7} {p.tp:>3} {p.pp:>3} {p.dp:>5} "
         f"{1:>3} {p.ep:>3} {f'{p.share:.1%} of samples ({p.samples})':<28} {p.time_s:>9.3f} "
         f"{p.memory_gb:>7.1f}" for i, p in enumerate(r.parts)]
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from placer.base.roles import Role
+from placer.spec.agents import Agents, role_name
 from placer.spec.arch import ModelArch
 from placer.spec.base import Strict
 from placer.spec.current import CurrentPlacement
@@ -74,17 +75,45 @@ class Job(Strict):
     pin: Pins | None = Field(
         None, description="per-role layout pins the planner keeps to, e.g. {actor: {tp: 2, "
                           "dp: 2}} (placer/spec/pins.py)")
+    agents: Agents | None = Field(
+        None, description="several agents taking turns in one episode, each with its own "
+                          "policy, trainer, engines and reward (placer/spec/agents.py); "
+                          "`models` then describes the first turn's agent and may be left out")
     framework: FrameworkName | None = Field(
         None, description="the framework the job runs under (placer/spec/framework.py): the "
                           "planner searches only the layouts it can run and prices its "
                           "overheads; none: native (placer execute)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _models_of_first_agent(cls, data: Any) -> Any:
+        """A multi-agent job without `models`: those of the agent that takes the first turn."""
+        if not isinstance(data, dict) or "models" in data:
+            return data
+        agents = data.get("agents")
+        if not isinstance(agents, dict):
+            return data
+        members, turns = agents.get("members"), agents.get("turns")
+        if not (isinstance(members, dict) and isinstance(turns, list) and turns
+                and isinstance(members.get(turns[0]), dict)):
+            return data  # the agents' own errors say what is wrong
+        first = members[turns[0]]
+        models = {k: first[k] for k in ("policy", "reference", "reward", "use_reference")
+                  if k in first}
+        if models.get("reward") == "none":
+            models["reward"] = "rule"
+        if first.get("trained") is False:
+            models["use_reference"] = False
+        return {**data, "models": models}
+
     @model_serializer(mode="wrap")
     def _without_framework(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A job without a framework is written without the key (files stay as they were)."""
+        """A job without a framework or agents is written without the key (files stay as they
+        were)."""
         out: dict[str, Any] = handler(self)
-        if out.get("framework", "") is None:
-            out.pop("framework")
+        for key in ("framework", "agents"):
+            if out.get(key, "") is None:
+                out.pop(key)
         return out
 
     @property
@@ -104,8 +133,26 @@ class Job(Strict):
             out.append(Role.ENVIRONMENT)
         return out
 
+    def role_names(self) -> list[str]:
+        """Every role the job runs by the name plans use: `roles()` for a single-policy job,
+        `AGENT.ROLE` per agent (agents in their written order) for a multi-agent one; the
+        environment, shared by every agent, keeps its own name."""
+        if self.agents is None:
+            return [str(r) for r in self.roles()]
+        out = [role_name(a, r) for a in self.agents.members for r in self.agents.roles_of(a)]
+        return out + ([Role.ENVIRONMENT.value] if self.environment.kind != "none" else [])
+
+    def response_of(self, agent: str) -> Distribution:
+        """Tokens agent `agent` generates per turn (its own, else `lengths.response`)."""
+        assert self.agents is not None, "a single-policy job has no agents"
+        return self.agents.members[agent].response or self.lengths.response
+
     def max_context_float(self) -> float:
         """Longest context a sample reaches: prompt + all turns' responses and tool outputs."""
+        if self.agents is not None:  # every turn's response, in schedule order
+            return self.lengths.prompt.max_value() + sum(
+                self.response_of(t).max_value() for t in self.agents.turns
+                if t in self.agents.members)
         env = self.environment
         return (self.lengths.prompt.max_value() + env.turns * self.lengths.response.max_value()
                 + (env.turns - 1) * env.tool_output_tokens)
@@ -127,7 +174,9 @@ def distributions(job: Job) -> list[tuple[str, Distribution]]:
     return [("lengths.prompt", job.lengths.prompt), ("lengths.response", job.lengths.response),
             ("environment.tool_latency_s", job.environment.tool_latency_s)] + (
         [("reward_model.verdict", job.judge.verdict)]
-        if job.judge is not None and job.judge.verdict is not None else [])
+        if job.judge is not None and job.judge.verdict is not None else []) + (
+        [(f"agents.members.{n}.response", a.response) for n, a in job.agents.members.items()
+         if a.response is not None] if job.agents is not None else [])
 
 
 # ------------------------------------------------------------------------------------ pins

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
 from placer.base.inputs import SpecErrors, load_json, load_yaml, read_text
+from placer.spec.agents import check_agents
 from placer.spec.base import MAX_CONTEXT_TOKENS
 from placer.spec.catalog import cpu_pools, devices_of, resolve, unknown_names_in
 from placer.spec.errorlines import validation_lines
@@ -86,6 +87,43 @@ def _check_job(job: Job, source: str) -> list[str]:
     return out + check_judge(job.models.reward, job.reward_model, ctx, source)
 
 
+def check_agent_job(job: Job, source: str) -> list[str]:
+    """A multi-agent job's graph (`placer.spec.agents.check_agents`) and what it cannot combine
+    with yet: between its turns the agents read each other, not a tool, and its rewards are
+    each agent's own. [] for a single-policy job."""
+    if job.agents is None:
+        return []
+    out = check_agents(job.agents, source)
+    first = job.agents.members.get(job.agents.first())
+    if first is not None and job.models.policy != first.policy:
+        out.append(f"{source}: models.policy: {job.models.policy!r} is not the first turn's "
+                   f"agent's policy ({job.agents.first()!r} runs {first.policy!r}); a "
+                   "multi-agent job may leave models out")
+    if job.environment.kind != "none" or job.environment.turns != 1:
+        out.append(f"{source}: environment.kind: a multi-agent job's turns are its agents' "
+                   f"(agents.turns), not tool calls (got kind {job.environment.kind!r}, turns "
+                   f"{job.environment.turns})")
+    if job.reward_model is not None:
+        out.append(f"{source}: reward_model: a multi-agent job names each agent's reward "
+                   "(agents.members.NAME.reward); drop reward_model")
+    if job.algorithm.value == "ppo":
+        out.append(f"{source}: algorithm: a multi-agent job trains its agents with grpo or rloo "
+                   "(no per-agent critic), got 'ppo'")
+    tails = job.tail_policy.mechanism
+    if tails.carries_over or tails.tool_deadline_s is not None:
+        out.append(f"{source}: tail_policy.kind: a multi-agent job cuts its long tail by "
+                   f"over-provisioning or not at all (got {job.tail_policy.kind!r}): a partial "
+                   "rollout or a re-issued call would cut one agent's turns mid-episode")
+    if job.pin is not None:
+        out.append(f"{source}: pin: a multi-agent job's roles are pinned by AGENT.ROLE, which "
+                   "pins do not name yet; drop pin")
+    if job.current is not None or job.framework is not None:
+        field = "current" if job.current is not None else "framework"
+        out.append(f"{source}: {field}: a multi-agent job is planned for placer's own runner; "
+                   f"drop {field}")
+    return out
+
+
 def check_tail_policy(job: Job, source: str) -> None:
     """Budgets and deadlines below the mean would cut (or re-issue) the typical sample, not the
     tail: carried-over work would then grow every step (partial) or every call would run twice
@@ -104,7 +142,7 @@ def job_from_dict(data: dict[str, Any], source: str = "job") -> Job:
         reported = {".".join(str(x) for x in err["loc"]) for err in e.errors()}
         raise SpecErrors(validation_lines(e, f"{source}: ", root=Job)
                          + unknown_names_in(data, source, reported)) from None
-    problems = _check_job(job, source) + check_pins(job, source)
+    problems = (check_agent_job(job, source) or _check_job(job, source)) + check_pins(job, source)
     try:
         resolve(job, source)  # checks the names
     except SpecErrors as e:

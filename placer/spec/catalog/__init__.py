@@ -17,6 +17,7 @@ import yaml
 from placer.base.errors import Infeasible, SpecError
 from placer.base.inputs import SpecErrors
 from placer.base.roles import Role
+from placer.spec.agents import model_names
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import Cluster, DeviceKind, DeviceType, Pool, check_cluster_size
 from placer.spec.job import Job
@@ -52,13 +53,27 @@ class Resolved:
         return self.devices[p.device]
 
     def model_of(self, role: str) -> ModelArch | None:
-        """The architecture a role runs (None for rule rewards and environments)."""
+        """The architecture a role runs (None for rule rewards and environments); an agent's
+        role (`AGENT.ROLE`) runs its agent's."""
+        agents = self.job.agents
+        if agents is not None and "." in role:
+            return self._agent_model(role)
         m = self.job.models
         names: dict[str, str | None] = {
             Role.ACTOR: m.policy, Role.ROLLOUT: m.policy, Role.REFERENCE: m.reference or m.policy,
             Role.REWARD: None if m.reward == "rule" else m.reward,
             Role.CRITIC: m.critic or (m.reward if m.reward != "rule" else m.policy)}
         name = names.get(role)
+        return self.models[name] if name else None
+
+    def _agent_model(self, role: str) -> ModelArch | None:
+        agent, _, base = role.partition(".")
+        assert self.job.agents is not None
+        a = self.job.agents.members[agent]
+        names = {Role.ACTOR: a.policy, Role.ROLLOUT: a.policy,
+                 Role.REFERENCE: a.reference or a.policy,
+                 Role.REWARD: None if a.reward in ("rule", "none") else a.reward}
+        name = names.get(Role(base))
         return self.models[name] if name else None
 
     def arch_of(self, role: str) -> ModelArch:
@@ -106,6 +121,8 @@ def names_used(job: Job) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     models = [(f"models.{field}", name) for field in MODEL_FIELDS
               if (name := getattr(job.models, field)) is not None
               and not (field == "reward" and name == "rule")]
+    if job.agents is not None:  # `models` repeats the first agent's: its own fields name it
+        models = model_names(job.agents) + [m for m in models if m[0] == "models.critic"]
     return devices, models
 
 
