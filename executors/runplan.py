@@ -255,9 +255,13 @@ class RunPlan:
 
 def resolve_plan(plan: Plan) -> RunPlan:
     """The run plan of `plan`; SpecError (exit 2) when the plan's job names no policy, asks for
-    a paired weight-sync transport or a sharded frozen model, or its bundles do not hold its
-    roles (`executors.seats`)."""
+    a paired weight-sync transport or a sharded frozen model, is a multi-agent job, or its
+    bundles do not hold its roles (`executors.seats`)."""
     res = plan.resolved()
+    if res.job.agents is not None:  # before `_job`, which reads the one policy
+        names = ", ".join(res.job.agents.members)
+        raise SpecError(f"job.agents: [{names}]: placer execute runs one policy; a multi-agent "
+                        "plan can be planned, compared and simulated (placer simulate)")
     job = _job(res)
     _refuse_unlaunched_layouts(plan)
     _refuse_sharded_frozen(plan, res)

@@ -39,6 +39,10 @@ def test_the_solver_verifier_plan_simulates_as_priced() -> None:
     assert set(plan.roles) == set(plan.resolved().job.role_names())
     assert len(plan.sync_routes) >= 2  # each trained agent's actor -> its engines
     _agrees(plan)
+    from executors.runplan import resolve_plan  # lazy: the executor's side
+    from placer.base.errors import SpecError
+    with pytest.raises(SpecError, match=r"job.agents: \[solver, verifier\]: placer execute"):
+        resolve_plan(plan)  # the executor runs one policy: refused, not run as the first agent
 
 
 def test_full_weights_swapped_on_shared_engines_simulate_as_priced() -> None:
