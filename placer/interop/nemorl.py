@@ -104,6 +104,18 @@ def _layout(plan: Plan, role: Role, key: str) -> dict[str, Any]:
             f"{d}.context_parallel_size": a.cp, f"{d}.cpu_offload": a.offload}
 
 
+def _park(plan: Plan, role: Role, key: str) -> dict[str, Any]:
+    """The policy's optimizer parked between phases (`park_optimizer`): NeMo-RL's
+    `offload_optimizer_for_logprob` (examples/configs/grpo_math_1B.yaml:139) and
+    `offload_optimizer_for_refit` (nemo_rl/models/megatron/setup.py, default on), at 7ea279a.
+    The value model has no such key; its profile never parks it."""
+    a = plan.roles[role]
+    if not a.park_optimizer:
+        return {}
+    return {f"{key}.offload_optimizer_for_logprob": True,
+            f"{key}.offload_optimizer_for_refit": True}
+
+
 def _policy(plan: Plan, warn: list[str]) -> dict[str, Any]:
     b = plan.spec.batch
     prompt, response = _caps(plan)
@@ -116,6 +128,7 @@ def _policy(plan: Plan, warn: list[str]) -> dict[str, Any]:
         "policy.max_total_sequence_length": prompt + response,
     }
     o.update(_layout(plan, Role.ACTOR, "policy"))
+    o.update(_park(plan, Role.ACTOR, "policy"))
     return o
 
 
