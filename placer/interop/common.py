@@ -172,5 +172,5 @@ def refuse_park(plan: Plan, framework: str, instead: str) -> None:
     if parked:
         fields = ", ".join(f"roles.{n}.park_optimizer: true" for n in parked)
         raise SpecError(f"{fields}: {framework} cannot park a trained role's optimizer state in "
-                        "host memory between phases and step on the GPU. Re-plan with "
-                        f"`framework: {framework.lower()}` in the job, or {instead}")
+                        "host memory between phases and step on the GPU. Re-plan under it "
+                        f"(the job's `framework`), or {instead}")

@@ -105,15 +105,13 @@ def _layout(plan: Plan, role: Role, key: str) -> dict[str, Any]:
 
 
 def _park(plan: Plan, role: Role, key: str) -> dict[str, Any]:
-    """The policy's optimizer parked between phases (`park_optimizer`): NeMo-RL's
-    `offload_optimizer_for_logprob` (examples/configs/grpo_math_1B.yaml:139) and
-    `offload_optimizer_for_refit` (nemo_rl/models/megatron/setup.py, default on), at 7ea279a.
-    The value model has no such key; its profile never parks it."""
-    a = plan.roles[role]
-    if not a.park_optimizer:
-        return {}
-    return {f"{key}.offload_optimizer_for_logprob": True,
-            f"{key}.offload_optimizer_for_refit": True}
+    """The policy's optimizer parked between phases (`park_optimizer`): NeMo-RL moves it off
+    the GPU before every refit in a colocated run already (`offload_optimizer_for_refit`, on
+    unless set: nemo_rl/models/megatron/setup.py), and `offload_optimizer_for_logprob` keeps it
+    off through the log-prob passes (examples/configs/grpo_math_1B.yaml:139; read by
+    nemo_rl/models/policy/workers/dtensor_policy_worker.py:269 and megatron_policy_worker.py:514),
+    at 7ea279a. The value model has no such key; its profile never parks it."""
+    return {f"{key}.offload_optimizer_for_logprob": True} if plan.roles[role].park_optimizer else {}
 
 
 def _policy(plan: Plan, warn: list[str]) -> dict[str, Any]:

@@ -357,6 +357,10 @@ class _Model:
                 m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
                 if any(self._park(c) for c in self.p.cands[r]):
                     m.add(v >= self.expr(r, self._park)).OnlyEnforceIf([self.z[r, j], over.Not()])
+                    for c, x in zip(self.p.cands[r], self.x[r]):
+                        if c.est.par.park_optimizer:  # a whole switch moves it anyway: the
+                            # plan says so with the unparked twin, which prices the same
+                            m.add_bool_or([x.Not(), self.z[r, j].Not(), over.Not()])
                     pk[r] = self._at_least(r, j, "pk", [self._park_kb(c) for c in self.p.cands[r]])
                 sw.append(v)
             cap = sum(int(self.p.res.device_of(pl).memory_gb * 1e6) * self.on_pool(j, pl)
@@ -383,7 +387,8 @@ class _Model:
         for r, p in zip(owners, pk):
             m.add(p <= self.expr(r, self._park_kb)).OnlyEnforceIf(self.z[r, j])
             m.add(p == 0).OnlyEnforceIf(self.z[r, j].Not())
-        peak = m.new_int_var(0, max(v.Proto().domain[-1] for v in pk), f"peak[{j}]")
+        top = max(self._park_kb(c) for r in owners for c in self.p.cands[r])
+        peak = m.new_int_var(0, top, f"peak[{j}]")
         m.add_max_equality(peak, pk)
         m.add(sum(mm) + peak >= cap + 1).OnlyEnforceIf(over)
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
+from placer.cost import optpark
 from placer.cost.estimate import Estimate
+from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
 
@@ -51,3 +53,21 @@ def park_twins(res: Resolved, cands: list[C]) -> list[tuple[C, Estimate]]:
     fastest = sorted((c for c in cands if parkable(res, c)), key=lambda c: c.est.time_s)
     return [(c, replace(c.est, par=replace(c.est.par, park_optimizer=True)))
             for c in fastest[:PARK_TWINS]]
+
+
+def park_note(plan: Plan, res: Resolved, slot: str, switch_s: float) -> str | None:
+    """The `--explain` note of a slot that parks optimizers and fits on its devices so (None:
+    it does not, or it parks nothing): who parks how much, the peak, and the copies' time."""
+    sl = next(s for s in plan.slots if s.name == slot)
+    rs = {r: plan.roles[r] for r in sl.roles if r in plan.roles}
+    parked = {r: p.parked_gb for r, p in rs.items() if p.park_optimizer}
+    dev_gb = res.device_of(sl.pool).memory_gb
+    peak = optpark.slot_peak_gb((p.memory_gb, p.parked_gb) for p in rs.values())
+    if not parked or peak > dev_gb:
+        return None
+    who = ", ".join(f"{r} {gb:.1f} GB" for r, gb in parked.items())
+    whole = sum(p.memory_gb for p in rs.values())
+    return (f"slot {slot}: optimizer state parked in host memory between phases ({who} per "
+            f"device), stepped on the GPU: its roles peak at {peak:.1f} of {dev_gb:g} GB per "
+            f"device ({whole:.1f} GB with every optimizer resident); the copies out and back "
+            f"cost {switch_s:.2f} s per iteration")
