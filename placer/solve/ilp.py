@@ -18,6 +18,10 @@ Constraints (products of binaries by enforcement literals, no big-M):
   capacity    D_jp >= every member's n_kp;  sum_j D_jp <= cap_p
   stage work  S_js = sum of the members' t_ks;  memory: not over_j => the members' m_k fit
   switch      over_j => every member pays sw_k (SW_j)
+  parking     not over_j => the members' resident memory plus any one parked optimizer fits,
+              each parked member pays its copies (`placer.cost.optpark`); a parked twin only
+              where the slot would not fit unparked (else its unparked twin, which the table
+              always holds, is no worse) and not in a slot that switches whole
   host        over_j => for every member r, the other members' parked state plus every member's
               offloaded optimizer fits the host RAM of the slot's M_j devices (M_j: its largest
               member's; `hostmem.park_budget_gb` each): sum - min is the largest sum - h_r
@@ -344,7 +348,10 @@ class _Model:
         self.SW: dict[str, LinExpr] = {}
         for j in self.roles:
             if len(self.members(j)) < 2:
-                self.SW[j] = self._parked_alone(j)
+                for c, x in zip(self.p.cands[j], self.x[j]):
+                    if c.est.par.park_optimizer:  # alone it fits unparked: never worth it
+                        m.add_implication(x, self.z[j, j].Not())
+                self.SW[j] = 0
                 continue
             over = m.new_bool_var(f"over[{j}]")
             mm, sw, pk = [], [], {}
@@ -391,14 +398,22 @@ class _Model:
         peak = m.new_int_var(0, top, f"peak[{j}]")
         m.add_max_equality(peak, pk)
         m.add(sum(mm) + peak >= cap + 1).OnlyEnforceIf(over)
+        # a parked twin only where its slot would not fit with every optimizer resident: else
+        # it buys nothing and costs its copies (which a slower slot's switch can hide, a tie
+        # the plan would then report as parking)
+        whole = []
+        for r in self.members(j):
+            t = m.new_int_var(0, max(self._total_kb(c) for c in self.p.cands[r]), f"tot[{r},{j}]")
+            m.add(t == self.expr(r, self._total_kb)).OnlyEnforceIf(self.z[r, j])
+            m.add(t == 0).OnlyEnforceIf(self.z[r, j].Not())
+            whole.append(t)
+        for r in owners:
+            for c, x in zip(self.p.cands[r], self.x[r]):
+                if c.est.par.park_optimizer:
+                    m.add(sum(whole) >= cap + 1).OnlyEnforceIf([x, self.z[r, j]])
 
-    def _parked_alone(self, j: str) -> LinExpr:
-        """The copy out and back of a parked optimizer alone in slot j."""
-        if not any(self._park(c) for c in self.p.cands[j]):
-            return 0
-        v = self.m.new_int_var(0, max(self._park(c) for c in self.p.cands[j]), f"v[{j},{j}]")
-        self.m.add(v >= self.expr(j, self._park)).OnlyEnforceIf(self.z[j, j])
-        return v
+    def _total_kb(self, c: Candidate) -> int:
+        return self._mem_kb(c) + self._park_kb(c) if self._mem_kb(c) else 0
 
     def _host(self, j: str, over: cp_model.IntVar) -> None:
         """over_j => for every member r, the other members' parked state plus every member's
