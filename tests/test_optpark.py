@@ -137,3 +137,15 @@ def test_exports_carry_or_refuse_parking() -> None:
     for export in (miles.command_args, openrlhf.export_openrlhf, kuberay.export_kuberay):
         with pytest.raises(SpecError, match=r"roles\.actor\.park_optimizer: true"):
             export(plan)
+
+
+def test_plan_file_and_text_show_parking() -> None:
+    from placer.solve.planfile import Plan
+    from placer.solve.render import render_plan
+    plan = _plan_with_parked_actor()
+    assert "actor: optimizer state parked in host memory between phases (1.0 GB per device)" \
+        in render_plan(plan)
+    back = Plan.model_validate_json(plan.to_json())
+    assert back.roles["actor"].park_optimizer and back.roles["actor"].parked_gb == 1.0
+    # a role that does not park writes neither field (plan files stay as they were)
+    assert "park_optimizer" not in plan.roles["critic"].model_dump()
