@@ -149,3 +149,11 @@ def test_plan_file_and_text_show_parking() -> None:
     assert back.roles["actor"].park_optimizer and back.roles["actor"].parked_gb == 1.0
     # a role that does not park writes neither field (plan files stay as they were)
     assert "park_optimizer" not in plan.roles["critic"].model_dump()
+
+
+def test_explain_note_names_the_parked_state_and_its_cost() -> None:
+    from placer.solve.parktwins import park_note
+    plan = _plan_with_parked_actor()
+    note = park_note(plan, plan.resolved(), plan.roles["actor"].slot, 0.5)
+    assert note is not None and "actor 1.0 GB per device" in note and "0.50 s per iteration" in note
+    assert park_note(plan, plan.resolved(), plan.roles["critic"].slot, 0.5) is None  # parks nothing
