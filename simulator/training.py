@@ -19,13 +19,15 @@ like an onload), so the steps' events stay the passes' compute alone.
 Roles sharing a slot run one after another on it (`simulator.iteration` holds the slot); when
 their memory does not fit together, a role pays its onload (`placer.cost.timing.onload_time`: a GPU
 rollout engine's sleep and wake, another role's state moved) the first time it takes the slot in
-an iteration - the rule `placer.cost.timing.slot_switch` prices.
+an iteration; a trainer whose optimizer is parked (`placer.cost.optpark`) pays its copy out and
+back there instead - the rule `placer.cost.timing.slot_switch` prices.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from placer.base.roles import Role
+from placer.cost import optpark
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import weight_gather_time
@@ -108,18 +110,25 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
 
 
 def onload_costs(px: PriceContext, plan: Plan) -> dict[str, float]:
-    """Role -> seconds it pays to onload when its slot's roles do not fit together."""
+    """Role -> seconds it pays per iteration to take its slot: its onload when its slot's roles
+    do not fit together even with parked optimizers, else its parked optimizer's copy out and
+    back (`placer.cost.timing.slot_switch`'s rule, on the plan's memory)."""
     res, calib = px.res, px.calib
     out: dict[str, float] = {}
     for slot in plan.slots:
         members = [r for r in slot.roles if r in plan.roles]
         dev = res.device_of(slot.pool)
-        if len(members) < 2 or dev.host_backed:  # host RAM already: nothing to move
+        if not members or dev.host_backed:  # host RAM already: nothing to move
             continue
-        if sum(plan.roles[r].memory_gb for r in members) > dev.memory_gb:
-            eff = calib.for_device(dev)
+        eff = calib.for_device(dev)
+        rows = [(plan.roles[r].memory_gb, plan.roles[r].parked_gb) for r in members]
+        if len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb:
             for r in members:
                 out[r] = onload_time(r, _onload_memory(res, plan, r, eff), dev, eff)
+            continue
+        for r, (_, parked) in zip(members, rows):
+            if parked:
+                out[r] = optpark.park_time(parked, eff)
     return out
 
 

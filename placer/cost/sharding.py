@@ -67,6 +67,10 @@ class Parallel:
     # token budget of `layercomm.MICRO_TOKENS` (verl's use_dynamic_bsz), activations priced for
     # one longest sequence
     micro_batch: int = 0
+    # Training on GPUs: the optimizer state parked in host memory between phases and brought
+    # back for the step, which runs on the GPU (verl's `optimizer_offload`, NeMo-RL's colocated
+    # default; `placer.cost.optpark`), unlike `offload`, whose step runs on the host
+    park_optimizer: bool = False
 
     @property
     def attn_tp(self) -> int:

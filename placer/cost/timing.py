@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from placer.base.roles import Role
+from placer.cost import optpark
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.estimate import Estimate, rollout_shape
@@ -173,23 +174,27 @@ def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> flo
 
 
 def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
-    """Onload cost per slot whose roles' memory does not fit on its devices together
-    (`onload_time` per member)."""
+    """Per slot, what its roles pay per RL step to take turns on its devices: when they do not
+    fit together even with parked optimizers (`optpark.slot_peak_gb`), every member's onload
+    (`onload_time`: all its state, a parked optimizer included); else each parked optimizer's
+    copy out and back (`optpark.park_time`). Slots paying nothing are left out."""
     res = ctx.res
     by_slot: dict[str, list[Placed]] = defaultdict(list)
     for p in placed:
         by_slot[p.slot].append(p)
     out = {}
     for slot, members in by_slot.items():
-        if len(members) < 2:
-            continue  # alone (a split role always is): nothing to switch
+        if members[0].est.parts:
+            continue  # a split role is alone in its slot and parks nothing
         dev = res.device_of(members[0].est.pool)
         if dev.host_backed:  # its memory is host RAM already: a switch moves nothing
             continue
-        need = sum(p.est.memory.total for p in members)
-        if need > dev.memory_gb:
-            eff = ctx.calib.for_device(dev)
+        eff = ctx.calib.for_device(dev)
+        rows = [(p.est.memory.total, optpark.parked_gb(p.est.memory, p.est.par)) for p in members]
+        if len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb:
             out[slot] = sum(onload_time(p.est.role, p.est.memory, dev, eff) for p in members)
+        elif parked := sum(optpark.park_time(p, eff) for _, p in rows):
+            out[slot] = parked
     return out
 
 

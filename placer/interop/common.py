@@ -162,3 +162,15 @@ def device_warnings(plan: Plan, warn: list[str], framework: str) -> None:
         warn.append(f"cluster: {framework} sizes pools in GPUs, not GPU types "
                     f"({', '.join(sorted(types))}); start the Ray cluster so each pool's nodes "
                     "carry its type (placer export kuberay)")
+
+
+def refuse_park(plan: Plan, framework: str, instead: str) -> None:
+    """SpecError (exit 2) when the plan parks a trained role's optimizer in host memory between
+    phases (`roles.NAME.park_optimizer`, `placer.cost.optpark`) and `framework` has no such
+    mode: exporting it without would need memory the plan's slot does not have."""
+    parked = [n for n, r in plan.roles.items() if r.park_optimizer]
+    if parked:
+        fields = ", ".join(f"roles.{n}.park_optimizer: true" for n in parked)
+        raise SpecError(f"{fields}: {framework} cannot park a trained role's optimizer state in "
+                        "host memory between phases and step on the GPU. Re-plan under it "
+                        f"(the job's `framework`), or {instead}")

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from placer.interop.common import Export
+from placer.interop.common import Export, refuse_park
 from placer.interop.noderesources import PodRequest, cpu_pod, gpu_pods
 from placer.solve.mapping import device_resources
 from placer.solve.planfile import Plan
@@ -165,6 +165,7 @@ def _with_plan_mount(spec: dict[str, Any], configmap: str) -> dict[str, Any]:
 
 
 def export_kuberay(plan: Plan, image: str = DEFAULT_IMAGE, steps: int = 5) -> Export:
+    refuse_park(plan, "placer execute", "export verl or nemo-rl (optimizer_offload)")
     name = dns_name(f"placer-{plan.spec.name}", 40)
     warn: list[str] = []
     spec = cluster_spec(plan, image, warn)

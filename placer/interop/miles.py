@@ -40,6 +40,7 @@ from placer.interop.common import (
     memory_fraction,
     node_shape,
     refuse_hsdp,
+    refuse_park,
     refuse_split,
 )
 from placer.interop.importers import (
@@ -157,6 +158,7 @@ def command_args(plan: Plan) -> tuple[str, list[str], list[str]]:
     """(entry script, argv after it, warnings); SpecError for a role split over pools or an
     HSDP shard group (`HSDP_REFUSAL`)."""
     refuse_split(plan, "Miles")
+    refuse_park(plan, "Miles", "export verl or nemo-rl (optimizer_offload)")
     refuse_hsdp(plan, "Miles", HSDP_REFUSAL,
                 "export kuberay, which runs this plan as it is (`placer execute`)")
     warn: list[str] = []

@@ -104,6 +104,16 @@ def _layout(plan: Plan, role: Role, key: str) -> dict[str, Any]:
             f"{d}.context_parallel_size": a.cp, f"{d}.cpu_offload": a.offload}
 
 
+def _park(plan: Plan, role: Role, key: str) -> dict[str, Any]:
+    """The policy's optimizer parked between phases (`park_optimizer`): NeMo-RL moves it off
+    the GPU before every refit in a colocated run already (`offload_optimizer_for_refit`, on
+    unless set: nemo_rl/models/megatron/setup.py), and `offload_optimizer_for_logprob` keeps it
+    off through the log-prob passes (examples/configs/grpo_math_1B.yaml:139; read by
+    nemo_rl/models/policy/workers/dtensor_policy_worker.py:269 and megatron_policy_worker.py:514),
+    at 7ea279a. The value model has no such key; its profile never parks it."""
+    return {f"{key}.offload_optimizer_for_logprob": True} if plan.roles[role].park_optimizer else {}
+
+
 def _policy(plan: Plan, warn: list[str]) -> dict[str, Any]:
     b = plan.spec.batch
     prompt, response = _caps(plan)
@@ -116,6 +126,7 @@ def _policy(plan: Plan, warn: list[str]) -> dict[str, Any]:
         "policy.max_total_sequence_length": prompt + response,
     }
     o.update(_layout(plan, Role.ACTOR, "policy"))
+    o.update(_park(plan, Role.ACTOR, "policy"))
     return o
 
 

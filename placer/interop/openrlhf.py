@@ -31,6 +31,7 @@ from placer.interop.common import (
     memory_fraction,
     node_shape,
     refuse_hsdp,
+    refuse_park,
     refuse_split,
 )
 from placer.interop.verl import micro_batch, uses_megatron
@@ -200,6 +201,7 @@ def command_args(plan: Plan) -> tuple[list[str], list[str]]:
     state is sharded in HSDP groups (`HSDP_REFUSAL`)."""
     refuse_split(plan, "OpenRLHF")
     kuberay = "kuberay, which runs this plan as it is (`placer execute`)"
+    refuse_park(plan, "OpenRLHF", "export verl or nemo-rl (optimizer_offload)")
     refuse_hsdp(plan, "OpenRLHF", HSDP_REFUSAL, "export " + kuberay if uses_megatron(plan)
                 else f"export verl (FSDP's fsdp_size is the shard group) or {kuberay}")
     warn: list[str] = []

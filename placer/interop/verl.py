@@ -220,7 +220,7 @@ def _offload(plan: Plan, role: Role, warn: list[str]) -> bool:
                     "optimizer_offload parks the state between phases and steps on the GPU); "
                     "exported as verl's offload, which needs the optimizer state's memory on "
                     "the GPU during the step")
-    return r.offload or parked(plan, role)
+    return r.offload or r.park_optimizer or parked(plan, role)
 
 
 def _megatron_layout(r: RolePlacement, key: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ same `timing.iteration_time` and mapped to nodes by the same `mapping.map_to_nod
 from __future__ import annotations
 
 from placer.base.roles import Role
+from placer.cost import optpark
 from placer.cost.band import Tags, band, load_table, mode_of, model_class
 from placer.cost.efficiency import Calibration
 from placer.cost.estimate import Estimate, Part
@@ -74,10 +75,11 @@ def role_placement(p: Placed) -> RolePlacement:
                          cp=e.par.cp, ep=e.par.ep, etp=e.par.etp, attn_dp=e.par.attn_dp,
                          shard=e.par.shard_dp if e.par.hsdp else 0,
                          sharded_weights=e.par.sharded_weights, micro_batch=e.par.micro_batch,
-                         fp8_weights=e.par.fp8_weights,
+                         park_optimizer=e.par.park_optimizer, fp8_weights=e.par.fp8_weights,
                          fp8_kv=e.par.fp8_kv, fp8_train=e.par.fp8_train,
                          slot=p.slot, time_s=e.time_s, stage_s=dict(e.stage_s),
-                         memory_gb=e.memory.total, concurrency=e.concurrency)
+                         memory_gb=e.memory.total, concurrency=e.concurrency,
+                         parked_gb=optpark.parked_gb(e.memory, e.par))
 
 
 def cost_per_hour(res: Resolved, slots: list[SlotPlan]) -> float:

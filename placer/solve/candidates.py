@@ -35,6 +35,7 @@ from placer.cost.pricer import AgentPricer, Pricer
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.sharding import Parallel
 from placer.cost.split import SplitKeep, SplitSpace
+from placer.solve.parktwins import park_twins
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind, DeviceType, Pool
@@ -405,8 +406,13 @@ def single_candidates(px: Pricer, limit: int | None = None, workers: int = 1) ->
         found = _priced_apart(px, limit, tasks, workers)
     else:
         found = {(r, p.name): role_candidates(px, r, p, limit) for r, p in tasks}
-    return {role: {pool.name: found[role, pool.name] for pool in res.cluster.pools}
-            for role in res.job.roles()}
+    return {role: {pool.name: with_park_twins(res, found[role, pool.name])
+                   for pool in res.cluster.pools} for role in res.job.roles()}
+
+
+def with_park_twins(res: Resolved, cands: list[Candidate]) -> list[Candidate]:
+    """`cands` and the parked-optimizer twins of its fastest (`parktwins.park_twins`)."""
+    return cands + [Candidate(c.role, c.pool, est) for c, est in park_twins(res, cands)]
 
 
 def _priced_apart(px: Pricer, limit: int | None, tasks: list[tuple[str, Pool]], workers: int

@@ -48,6 +48,7 @@ from placer.solve.ilp_solve import solve
 from placer.solve.judgewhy import JudgeWhy, judge_lines, judge_why
 from placer.solve.microwhy import MicroTry, micro_lines, micro_why
 from placer.solve.moves import dims
+from placer.solve.parktwins import park_note
 from placer.solve.planfile import Plan, RolePlacement, SearchSpace
 from placer.solve.planner import build_problem, plan_job
 from placer.solve.pricing import device_price
@@ -228,7 +229,8 @@ def binding(plan: Plan, px: Pricer) -> list[str]:
         if used.get(p.name, 0) == cap:
             notes.append(f"pool {p.name}: all {cap} devices used (capacity binds)")
     for slot, t in plan.breakdown.switch_s.items():
-        notes.append(f"slot {slot}: its roles do not fit in memory together; "
+        notes.append(park_note(plan, res, slot, t) or
+                     f"slot {slot}: its roles do not fit in memory together; "
                      f"offload/onload costs {t:.2f} s per iteration")
     busy = plan.breakdown.slot_busy_s
     if plan.pipeline.overlaps_steps and busy:

@@ -5,7 +5,8 @@ bytes) holds, per node: the optimizer state of every training role that offloads
 as `sharding.train_state_bytes` shards it); the state a slot parks while its colocated roles take
 turns (`timing.slot_switch`: the worst moment parks every member but the smallest; each member
 parks its own ranks' shards of what the framework moves off the device, `parked_gb`; a slot
-whose members fit on its devices together parks nothing); pinned transfer buffers of every
+whose members fit on its devices together parks only its parked optimizers,
+`placer.cost.optpark`); pinned transfer buffers of every
 device that moves state to or from the host (`PINNED_GB_PER_DEVICE`); and Ray's object store on
 every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults).
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from placer.base.roles import is_training
+from placer.cost import optpark
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.layercomm import optimizer_gather_time
 from placer.cost.pricer import Pricer
@@ -169,8 +171,11 @@ def refuse_candidates(res: Resolved, cands: dict[str, list[Candidate]]
 
 def without_offload(cands: dict[str, list[Candidate]], roles: set[str]
                     ) -> dict[str, list[Candidate]]:
-    """The candidate table with the offloading candidates of `roles` dropped."""
-    return {r: [c for c in cs if not (r in roles and c.est.par.offload)] for r, cs in cands.items()}
+    """The candidate table with the candidates of `roles` that keep optimizer state on the
+    host (offloaded, or parked between phases) dropped."""
+    return {r: [c for c in cs if not (r in roles and (c.est.par.offload
+                                                      or c.est.par.park_optimizer))]
+            for r, cs in cands.items()}
 
 
 def refusal(res: Resolved, roles: list[str], why: dict[str, NodeHost]) -> str:
@@ -238,11 +243,14 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
     slots = {s.name: s for s in plan.slots}
     for name in plan.breakdown.switch_s:
         slot = slots[name]
-        states = []
-        for role in slot.roles:
-            r = plan.roles[role]
-            share = r.devices / slot.devices  # per slot device, spread evenly
-            states.append(parked_gb(placed_estimate(px, role, r).memory) * share)
+        rs = [plan.roles[role] for role in slot.roles]
+        shares = [r.devices / slot.devices for r in rs]  # per slot device, spread evenly
+        if optpark.slot_peak_gb((r.memory_gb, r.parked_gb) for r in rs) <= px.res.device_of(
+                slot.pool).memory_gb:  # they fit together: only parked optimizers are moved
+            out[name] = sum(r.parked_gb * k for r, k in zip(rs, shares))
+            continue
+        states = [parked_gb(placed_estimate(px, role, r).memory) * k
+                  for role, r, k in zip(slot.roles, rs, shares)]
         out[name] = sum(states) - min(states, default=0.0)
     return out
 

@@ -18,6 +18,10 @@ Constraints (products of binaries by enforcement literals, no big-M):
   capacity    D_jp >= every member's n_kp;  sum_j D_jp <= cap_p
   stage work  S_js = sum of the members' t_ks;  memory: not over_j => the members' m_k fit
   switch      over_j => every member pays sw_k (SW_j)
+  parking     not over_j => the members' resident memory plus any one parked optimizer fits,
+              each parked member pays its copies (`placer.cost.optpark`); a parked twin only
+              where the slot would not fit unparked (else its unparked twin, which the table
+              always holds, is no worse) and not in a slot that switches whole
   host        over_j => for every member r, the other members' parked state plus every member's
               offloaded optimizer fits the host RAM of the slot's M_j devices (M_j: its largest
               member's; `hostmem.park_budget_gb` each): sum - min is the largest sum - h_r
@@ -41,6 +45,7 @@ from functools import partial
 from ortools.sat.python import cp_model
 
 from placer.base.roles import Role
+from placer.cost import optpark
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
@@ -178,12 +183,14 @@ def slot_names(groups: list[list[str]]) -> dict[str, str]:
 
 
 # -------------------------------------------------------------------------------- host memory
-def _host_mb(res: Resolved, c: Candidate) -> tuple[int, int]:
-    """(parked, offloaded) host MB of candidate `c` over all its devices in a switching slot."""
+def _host_mb(res: Resolved, c: Candidate) -> tuple[int, int, int]:
+    """(parked when its slot switches, offloaded, parked optimizer when it does not) host MB of
+    candidate `c` over all its devices."""
     if c.split or res.device_of(c.pool).host_backed:
-        return 0, 0
+        return 0, 0, 0
     return (int(round(hostmem.parked_gb(c.est.memory) * c.devices * 1e3)),
-            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * c.devices * 1e3)))
+            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * c.devices * 1e3)),
+            int(round(optpark.parked_gb(c.est.memory, c.est.par) * c.devices * 1e3)))
 
 
 def _budget_mb(res: Resolved, pool: str) -> int | None:
@@ -213,10 +220,12 @@ def host_fits(problem: Problem, a: Assignment) -> bool:
         budget = _budget_mb(res, pool)
         if len(members) < 2 or budget is None or res.device_of(pool).host_backed:
             continue
-        if sum(c.est.memory.total for c in members) <= res.device_of(pool).memory_gb:
-            continue  # they fit together: nothing is parked
         mb = [_host_mb(res, c) for c in members]
-        need = sum(k[0] for k in mb) - min(k[0] for k in mb) + sum(k[1] for k in mb)
+        rows = [(c.est.memory.total, optpark.parked_gb(c.est.memory, c.est.par)) for c in members]
+        if optpark.slot_peak_gb(rows) <= res.device_of(pool).memory_gb:
+            need = sum(k[2] + k[1] for k in mb)  # they fit together: only optimizers are parked
+        else:
+            need = sum(k[0] for k in mb) - min(k[0] for k in mb) + sum(k[1] for k in mb)
         if need > budget * max(c.devices for c in members):
             return False
     return True
@@ -322,9 +331,14 @@ class _Model:
         return self.ti(c.est.stage_s.get(stage, 0.0))
 
     def _mem_kb(self, c: Candidate) -> int:
+        """kB per device the candidate holds beside its slot's other members (its parked
+        optimizer left out: `optpark.resident_gb`)."""
         if c.split or self.p.res.device_of(c.pool).host_backed:
             return 0  # host-RAM slots never pay a switch (timing.slot_switch); a split role is alone
-        return int(round(c.est.memory.total * 1e6))
+        return int(round(optpark.resident_gb(c.est.memory, c.est.par) * 1e6))
+
+    def _park_kb(self, c: Candidate) -> int:
+        return int(round(optpark.parked_gb(c.est.memory, c.est.par) * 1e6))
 
     def _switch(self, c: Candidate) -> int:
         if c.split or self.p.res.device_of(c.pool).host_backed:
@@ -333,7 +347,18 @@ class _Model:
         once = onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev))
         return self.ti(once * self.p.px.onloads_per_step(c.est.role))
 
+    def _park(self, c: Candidate) -> int:
+        """Time units of the candidate's parked optimizer's copy out and back per RL step."""
+        if not c.est.par.park_optimizer:
+            return 0
+        dev = self.p.res.device_of(c.pool)
+        eff = self.p.calib.for_device(dev)
+        return self.ti(optpark.park_time(optpark.parked_gb(c.est.memory, c.est.par), eff))
+
     def _memory(self) -> None:
+        """not over_j => every member's resident memory plus any one member's parked optimizer
+        fits (`optpark.slot_peak_gb`: one bound per member keeps the max linear) and each
+        parked member pays its copy out and back; over_j => every member pays its onload."""
         m = self.m
         self.SW: dict[str, LinExpr] = {}
         # several agents' engines onload as their rollouts run, one after another: their
@@ -343,33 +368,84 @@ class _Model:
         self.SWR: LinExpr = 0
         for j in self.roles:
             if len(self.members(j)) < 2:
+                for c, x in zip(self.p.cands[j], self.x[j]):
+                    if c.est.par.park_optimizer:  # alone it fits unparked: never worth it
+                        m.add_implication(x, self.z[j, j].Not())
                 self.SW[j] = self.SWN[j] = 0
                 continue
             over = m.new_bool_var(f"over[{j}]")
-            mm, sw = [], []
+            mm, sw, pk = [], [], {}
             for r in self.members(j):
                 a = m.new_int_var(0, max(self._mem_kb(c) for c in self.p.cands[r]), f"mm[{r},{j}]")
                 m.add(a >= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
                 mm.append(a)
-                v = m.new_int_var(0, max(self._switch(c) for c in self.p.cands[r]), f"v[{r},{j}]")
+                top = max(max(self._switch(c), self._park(c)) for c in self.p.cands[r])
+                v = m.new_int_var(0, top, f"v[{r},{j}]")
                 m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
+                if any(self._park(c) for c in self.p.cands[r]):
+                    m.add(v >= self.expr(r, self._park)).OnlyEnforceIf([self.z[r, j], over.Not()])
+                    for c, x in zip(self.p.cands[r], self.x[r]):
+                        if c.est.par.park_optimizer:  # a whole switch moves it anyway: the
+                            # plan says so with the unparked twin, which prices the same
+                            m.add_bool_or([x.Not(), self.z[r, j].Not(), over.Not()])
+                    pk[r] = self._at_least(r, j, "pk", [self._park_kb(c) for c in self.p.cands[r]])
                 sw.append(v)
                 if r in seq:
                     self.SWR += v
-            cap_kb = {pl: int(self.p.res.device_of(pl).memory_gb * 1e6) for pl in self.pools}
-            m.add(sum(mm) <= sum(cap_kb[pl] * self.on_pool(j, pl) for pl in self.pools)
-                  ).OnlyEnforceIf(over.Not())
+            cap = sum(int(self.p.res.device_of(pl).memory_gb * 1e6) * self.on_pool(j, pl)
+                      for pl in self.pools)
+            m.add(sum(mm) <= cap).OnlyEnforceIf(over.Not())
+            for p in pk.values():
+                m.add(sum(mm) + p <= cap).OnlyEnforceIf(over.Not())
+            if pk:
+                self._over_only_if_over(j, over, mm, list(pk.values()), cap)
             self.SW[j] = sum(sw)
             self.SWN[j] = (self.SW[j] if not seq else
                            sum(v for r, v in zip(self.members(j), sw) if r not in seq))
             self._host(j, over)
 
+    def _over_only_if_over(self, j: str, over: cp_model.IntVar, mm: list[cp_model.IntVar],
+                           pk: list[cp_model.IntVar], cap: LinExpr) -> None:
+        """over_j => the slot's peak exceeds the device. Parking can cost more than the whole
+        switch it avoids (both copies of the optimizer against one of all the state), so with a
+        parked member the solver must not call a slot over that fits: the memory terms are
+        pinned to their values (0 off the slot) and the peak's max is exact."""
+        m = self.m
+        for r, a in zip(self.members(j), mm):
+            m.add(a <= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
+            m.add(a == 0).OnlyEnforceIf(self.z[r, j].Not())
+        owners = [r for r in self.members(j) if any(self._park(c) for c in self.p.cands[r])]
+        for r, p in zip(owners, pk):
+            m.add(p <= self.expr(r, self._park_kb)).OnlyEnforceIf(self.z[r, j])
+            m.add(p == 0).OnlyEnforceIf(self.z[r, j].Not())
+        top = max(self._park_kb(c) for r in owners for c in self.p.cands[r])
+        peak = m.new_int_var(0, top, f"peak[{j}]")
+        m.add_max_equality(peak, pk)
+        m.add(sum(mm) + peak >= cap + 1).OnlyEnforceIf(over)
+        # a parked twin only where its slot would not fit with every optimizer resident: else
+        # it buys nothing and costs its copies (which a slower slot's switch can hide, a tie
+        # the plan would then report as parking)
+        whole = []
+        for r in self.members(j):
+            t = m.new_int_var(0, max(self._total_kb(c) for c in self.p.cands[r]), f"tot[{r},{j}]")
+            m.add(t == self.expr(r, self._total_kb)).OnlyEnforceIf(self.z[r, j])
+            m.add(t == 0).OnlyEnforceIf(self.z[r, j].Not())
+            whole.append(t)
+        for r in owners:
+            for c, x in zip(self.p.cands[r], self.x[r]):
+                if c.est.par.park_optimizer:
+                    m.add(sum(whole) >= cap + 1).OnlyEnforceIf([x, self.z[r, j]])
+
+    def _total_kb(self, c: Candidate) -> int:
+        return self._mem_kb(c) + self._park_kb(c) if self._mem_kb(c) else 0
+
     def _host(self, j: str, over: cp_model.IntVar) -> None:
         """over_j => for every member r, the other members' parked state plus every member's
         offloaded optimizer (MB over each member's devices) fits `hostmem.park_budget_gb` per
         device of the slot: sum - min is the largest sum - h_r, so one bound per member keeps it
-        linear. The slot's devices M_j are its largest member's (`assemble`): M_j >= every
-        member's n and M_j <= the n of one member the solver names."""
+        linear; not over_j => the parked optimizers plus the offloaded ones fit it. The slot's
+        devices M_j are its largest member's (`assemble`): M_j >= every member's n and
+        M_j <= the n of one member the solver names."""
         m, res = self.m, self.p.res
         budget = {pl: b for pl in self.pools if (b := _budget_mb(res, pl)) is not None}
         if not budget:
@@ -380,14 +456,17 @@ class _Model:
         largest = {r: m.new_bool_var(f"largest[{r},{j}]") for r in members}
         park: dict[str, cp_model.IntVar] = {}
         held: list[cp_model.IntVar] = []
+        opt: list[cp_model.IntVar] = []
         for r in members:
             n = self.expr(r, lambda c: c.devices)
             m.add(size >= n).OnlyEnforceIf(self.z[r, j])
             m.add(size <= n).OnlyEnforceIf(largest[r])
             m.add_implication(largest[r], self.z[r, j])
-            parked, offloaded = zip(*(_host_mb(res, c) for c in self.p.cands[r]))
+            parked, offloaded, opt_mb = zip(*(_host_mb(res, c) for c in self.p.cands[r]))
             park[r] = self._at_least(r, j, "park", list(parked))
             held.append(self._at_least(r, j, "off", list(offloaded)))
+            if any(opt_mb):
+                opt.append(self._at_least(r, j, "opt", list(opt_mb)))
         m.add(sum(largest.values()) == self.z[j, j])  # one names the size of a slot in use
         for pl, b in budget.items():
             if not any(c.pool == pl for c in self.p.cands[j]):
@@ -398,6 +477,8 @@ class _Model:
             for r in park:
                 others = sum(v for q, v in park.items() if q != r)
                 m.add(others + sum(held) <= b * size).OnlyEnforceIf([self.z[r, j], over, here])
+            if opt:
+                m.add(sum(opt) + sum(held) <= b * size).OnlyEnforceIf([over.Not(), here])
 
     def _at_least(self, r: str, j: str, name: str, values: list[int]) -> cp_model.IntVar:
         """A variable >= values[k] for role r's chosen candidate k while r sits in slot j."""

@@ -70,6 +70,9 @@ class _Parted(_M):
             out.pop("sharded_weights", None)
         if out.get("attn_dp") == 1:
             out.pop("attn_dp", None)
+        if not out.get("park_optimizer", True):
+            out.pop("park_optimizer", None)
+            out.pop("parked_gb", None)
         return out
 
 
@@ -128,6 +131,9 @@ class RolePlacement(_Parted):
     micro_batch: int = Field(0, ge=0, description="training: sequences per micro-batch on one "
                              "device, chosen and priced by the planner (0: micro-batches of a "
                              "token budget)")
+    park_optimizer: bool = Field(False, description="training: the optimizer state parked in "
+                                 "host memory between phases and brought back for the step, "
+                                 "which runs on the GPU (unlike `offload`)")
     fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
     fp8_kv: bool = Field(False, description="FP8 KV cache (job precision)")
     fp8_train: bool = Field(False, description="FP8 training GEMMs (job precision)")
@@ -135,6 +141,8 @@ class RolePlacement(_Parted):
     time_s: float = Field(0.0, ge=0)
     stage_s: dict[str, float] = {}
     memory_gb: float = Field(0.0, ge=0)
+    parked_gb: float = Field(0.0, ge=0, description="GB per device of optimizer state parked in "
+                             "host memory between phases (`park_optimizer`), within memory_gb")
     concurrency: int = Field(0, ge=0, description="rollout: sequences per engine replica")
     parts: list[RolePart] = Field([], description="a role split over pools: one entry per pool "
                                   "(`pool`, `devices` and the layout above are the first part's "
@@ -145,7 +153,8 @@ class RolePlacement(_Parted):
         return Parallel(self.tp, self.pp, self.dp, self.zero, self.recompute, self.offload,
                         self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
                         shard=self.shard, attn_dp=self.attn_dp,
-                        sharded_weights=self.sharded_weights, micro_batch=self.micro_batch)
+                        sharded_weights=self.sharded_weights, micro_batch=self.micro_batch,
+                        park_optimizer=self.park_optimizer)
 
 
 class SlotPart(_M):

@@ -38,6 +38,9 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
               for name, r in plan.roles.items() if r.attn_dp > 1]
     lines += [f"{name}: micro-batch {r.micro_batch} sequence(s) per device (the fastest tried "
               "that fits the device)" for name, r in plan.roles.items() if r.micro_batch > 0]
+    lines += [f"{name}: optimizer state parked in host memory between phases ({r.parked_gb:.1f} "
+              "GB per device), brought back for the step on the GPU" for name, r in
+              plan.roles.items() if r.park_optimizer]
     lines += ["", f"{'slot':<28} {'pool':<8} {'devices':>7} {'nodes':>6}  busy s"]
     for sl in plan.slots:
         lines += _slot_lines(sl, plan.breakdown.slot_busy_s.get(sl.name, 0.0))

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from placer.base.roles import Role
+
 FrameworkName = Literal["native", "verl", "verl-megatron", "openrlhf", "nemo-rl", "miles"]
 DEFAULT_FRAMEWORK = "native"
 
@@ -79,6 +81,9 @@ class FrameworkProfile:
     # a frozen model's forward (reference, reward model) FSDP / ZeRO-3-sharded over its dp ranks
     # (`Parallel.sharded_weights`) as well as whole copies
     frozen_shards: bool = False
+    # trained roles whose optimizer state it parks in host memory between phases, stepped on
+    # the GPU (`Parallel.park_optimizer`, `placer.cost.optpark`)
+    park_optimizer: tuple[str, ...] = ()
     # a trainer's dp ranks take equal shares of every mini-batch's samples
     even_batch: bool = False
     colocation: str = ""
@@ -167,12 +172,16 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
     "old_log_probs": f"{VERL} rollout.yaml calculate_log_probs: False (the trainer recomputes)",
     "dispatch": f"{VERL} verl/single_controller (DataProto dispatched from the driver); the "
                 "shared dispatch factors were fitted on verl's rows",
+    "park_optimizer": f"{VERL} verl/workers/megatron_workers.py update_actor: "
+                      "load_megatron_optimizer before update_policy, offload_megatron_optimizer "
+                      "after (optimizer_offload; fsdp_workers.py likewise)",
     "sync_bucket_gb": f"{VERL} rollout.yaml checkpoint_engine.update_weights_bucket_megabytes "
                       "(2048) is SGLang's only; vLLM rollouts keep the shared factors",
 })
 
 
-def _verl(name: str, title: str, trainer: str, **layout: int | bool | None) -> FrameworkProfile:
+def _verl(name: str, title: str, trainer: str,
+          **layout: int | bool | tuple[str, ...] | None) -> FrameworkProfile:
     """verl with one trainer backend (`trainer`: where its layouts come from)."""
     return FrameworkProfile(
         name, title, VERL, "verl", **layout,  # type: ignore[arg-type]
@@ -185,10 +194,11 @@ def _verl(name: str, title: str, trainer: str, **layout: int | bool | None) -> F
 _VERL_FSDP = _verl("verl", "verl (FSDP2)", "verl/trainer/config/engine/fsdp.yaml: FSDP2 "
                    "shards data-parallel only (Ulysses sequence parallelism for long contexts)",
                    trainer_tp=1, trainer_pp=1, trainer_ep=1, frozen_shards=True,
-                   even_batch=True)
+                   even_batch=True, park_optimizer=(Role.ACTOR, Role.CRITIC))
 _VERL_MEGATRON = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
                        "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
-                       hsdp=False, megatron_trainer=True, even_batch=True)
+                       hsdp=False, megatron_trainer=True, even_batch=True,
+                       park_optimizer=(Role.ACTOR, Role.CRITIC))
 
 _OPENRLHF = FrameworkProfile(
     "openrlhf", "OpenRLHF", OPENRLHF, "openrlhf", hsdp=False, trainer_pp=1, trainer_ep=1,
@@ -218,6 +228,7 @@ _OPENRLHF = FrameworkProfile(
 
 _NEMO = FrameworkProfile(
     "nemo-rl", "NeMo-RL", NEMO_RL, "nemo-rl", hsdp=False, partial_rollout=False, frozen_shards=True,
+    park_optimizer=(Role.ACTOR,),
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
@@ -234,6 +245,10 @@ _NEMO = FrameworkProfile(
                            "rollout (none in the repository)",
         "splits_roles": f"{NEMO_RL} one generation cluster (policy.generation.colocated)",
         "gpu_models": f"{NEMO_RL} nemo_rl/distributed/virtual_cluster.py: GPU bundles",
+        "park_optimizer": f"{NEMO_RL} examples/configs/grpo_math_1B.yaml:139 "
+                          "offload_optimizer_for_logprob (colocated generation always moves "
+                          "the optimizer off the GPU before the refit; the value model's section "
+                          "has no such key)",
         "frozen_shards": f"{NEMO_RL} nemo_rl/models/policy/workers/dtensor_policy_worker.py: "
                          "the reference is a state dict of the policy's sharded model, swapped "
                          "in for its pass (use_reference_model)",
@@ -259,6 +274,8 @@ _MILES = FrameworkProfile(
         "gpu_models": f"{MILES} miles/ray/placement_group.py: GPU bundles for actor and "
                       "SGLang engines",
         "partial_rollout": f"{MILES} miles/utils/arguments.py --partial-rollout",
+        "park_optimizer": f"{MILES} miles/utils/arguments.py has no --offload-optimizer-states "
+                          "(--offload-train moves the whole train state: the slot switch)",
         "dispatch_bytes_per_token": f"{MILES} miles/backends/training_utils/data.py "
                                     "get_rollout_data: each "
                     "rank fetches the rollout batch from the object store itself, once per "
