@@ -12,7 +12,15 @@ from fleet_oracle import brute_force, random_fleet, violations
 from placer.base.errors import Infeasible
 from placer.cli import main
 from placer.cost.calibration import load_calibration
-from placer.fleet.alloc import AllocJob, AllocProblem, NoAllocation, TeamQuota, allocate, twins
+from placer.fleet.alloc import (
+    AllocJob,
+    AllocProblem,
+    NoAllocation,
+    TeamQuota,
+    allocate,
+    fair_shares,
+    twins,
+)
 from placer.fleet.inner import JobPlanner, ladder, levels, thinned
 from placer.fleet.planner import plan_fleet
 from placer.fleet.spec import fleet_from_dict, load_fleet
@@ -61,6 +69,20 @@ def test_identical_jobs_agree_with_brute_force(objective: str) -> None:
         assert a.evaluated == len(pr.known[0]) + len(pr.known[-1])
 
 
+def test_fair_shares_keep_the_quotas() -> None:
+    """The first incumbent (each job within an equal split of its team's nominal quota) breaks
+    no rule the oracle checks, and is found on most random fleets."""
+    found = 0
+    for seed in range(40):
+        pr, _ = random_fleet(seed, "throughput")
+        shares = fair_shares(pr)
+        if shares is not None:
+            found += 1
+            assert violations(pr, shares) == [], seed
+            assert all(a in job.grid for a, job in zip(shares, pr.jobs))
+    assert found >= 10
+
+
 def test_thinned_grid() -> None:
     assert ladder(640, 4) == [0, 1, 9, 74, 640]
     assert ladder(1, 5) == [0, 1]
@@ -69,6 +91,8 @@ def test_thinned_grid() -> None:
     assert all(max(c) == max(a) and 0 in c and 1 in c for c, a in zip(cut, axes) if len(a) > 1)
     assert len(cut[0]) * len(cut[1]) * len(cut[3]) <= 256 < len(axes[0]) * len(axes[1]) * 3
     assert thinned(axes[2:], 256) == axes[2:]  # small grids are kept whole
+    kept = thinned(axes, 256, [80, 64, 0, 3])  # a fair share stays a rung of a thinned axis
+    assert 80 in kept[0] and 64 in kept[1] and kept[2] == [0] and kept[3] == axes[3]
 
 
 def test_levels() -> None:

@@ -303,9 +303,18 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     progress; stops early at `time_limit_s` with the incumbent and its gap."""
     start = time.monotonic()
     tops = [(j, a) for j, job in enumerate(pr.jobs) for a in _maximal(job.grid)]
-    pr.fetch(tops)  # the top of each grid bounds every vector below it
+    shares = fair_shares(pr)
+    # the top of each grid bounds every vector below it; the fair shares, an incumbent from the
+    # start, bound the vectors below them
+    pr.fetch(tops + [(j, a) for j, a in enumerate(shares or [])])
     best: tuple[float, list[Vec]] | None = None
-    bound = float("inf") if pr.objective == "throughput" else 0.0
+    if shares is not None:
+        best = _keep_best(pr, None, shares)
+    # every job at its top's time: a bound before any round (T_j(a) >= T_j(top) on the grid)
+    fastest = [min((t for a in _maximal(job.grid) if (t := pr.known[j].get(a)) is not None),
+                   default=None) for j, job in enumerate(pr.jobs)]
+    bound = (_objective(pr, [t for t in fastest if t is not None]) if None not in fastest
+             else float("inf") if pr.objective == "throughput" else 0.0)
     rounds, proven = 0, False
     while True:
         rounds += 1
@@ -341,6 +350,24 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     return Allocation(vecs, times, obj, bound, gap,
                       proven and pr.not_monotone == 0, pr.not_monotone, rounds,
                       pr.evaluated(), time.monotonic() - start)
+
+
+def fair_shares(pr: AllocProblem) -> list[Vec] | None:
+    """Each job's largest grid vector within an equal split of its team's nominal quota among
+    the team's jobs (None if some job has none): no team borrows and every pool holds them, so
+    the quotas hold; a first incumbent, and a first bound below the tops."""
+    out = []
+    for job in pr.jobs:
+        tq = pr.teams[job.team]
+        n = sum(1 for o in pr.jobs if o.team == job.team)
+        share = [k // n for k in tq.nominal]
+        fit = [a for a in job.grid if all(x <= y for x, y in zip(a, share))]
+        if not fit:
+            return None
+        out.append(max(fit, key=lambda a: (sum(a), a)))
+    if any(sum(a[p] for a in out) > n for p, n in enumerate(pr.nodes)):
+        return None
+    return out
 
 
 def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> list[Vec]:

@@ -15,8 +15,10 @@ independent and single-threaded.
 team's cap and the cap; 0 alone for a pool that no role of the job has a candidate on (its
 single-pool cost table on the cap's nodes), so idle pools never multiply the grid. Where the
 product of those axes passes `max_grid` vectors, each axis is thinned to 0 and a geometric
-ladder from 1 node to the cap (`ladder`), as few rungs as keep the product within `max_grid`:
-a large fleet's model stays small, and its gap is reported relative to the thinned grid.
+ladder from 1 node to the cap (`ladder`), as few rungs as keep the product within `max_grid`,
+plus the job's fair share (its team's nominal quota split equally among the team's jobs, the
+allocation search's first incumbent): a large fleet's model stays small, and its gap is
+reported relative to the thinned grid.
 """
 from __future__ import annotations
 
@@ -57,9 +59,18 @@ def ladder(cap: int, rungs: int) -> list[int]:
     return sorted({0, *(round(cap ** (i / (rungs - 1))) for i in range(rungs))})
 
 
-def thinned(axes: list[list[int]], max_grid: int) -> list[list[int]]:
+def thinned(axes: list[list[int]], max_grid: int, keep: list[int] | None = None
+            ) -> list[list[int]]:
     """The axes, each cut to a ladder of as many rungs as keep their product within
-    `max_grid` (at least two rungs: 1 node and the cap)."""
+    `max_grid` (at least two rungs: 1 node and the cap), plus the count `keep[i]` on axis i
+    where it lies inside the axis (a job's fair share)."""
+    if keep is not None:
+        axes_in = axes
+        cut = thinned(axes, max_grid)
+        if cut == axes_in:
+            return axes
+        return [sorted(set(c) | ({k} if 0 < k < max(a) else set()))
+                for c, a, k in zip(cut, axes_in, keep)]
     def size(xs: list[list[int]]) -> int:
         out = 1
         for x in xs:
@@ -199,8 +210,12 @@ class JobPlanner:
         cap = self.cap(j)
         use = (set(self.pools) if roles is None
                else {p for cs in roles for c in cs for p in c})
+        team = self.fleet.jobs[j].team
+        mates = sum(1 for fj in self.fleet.jobs if fj.team == team)
+        quota = self.fleet.teams[team].quota
+        share = [quota[p].nominal // mates if p in quota else 0 for p in self.pools]
         axes = thinned([levels(c) if p in use else [0] for p, c in zip(self.pools, cap)],
-                       self.max_grid)
+                       self.max_grid, share)
         per_node = {p.name: p.devices_per_node for p in self.fleet.cluster.pools}
 
         def fits(a: Vec) -> bool:
