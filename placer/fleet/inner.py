@@ -59,32 +59,30 @@ def ladder(cap: int, rungs: int) -> list[int]:
     return sorted({0, *(round(cap ** (i / (rungs - 1))) for i in range(rungs))})
 
 
+def _size(axes: list[list[int]]) -> int:
+    out = 1
+    for x in axes:
+        out *= len(x)
+    return out
+
+
 def thinned(axes: list[list[int]], max_grid: int, keep: list[int] | None = None
             ) -> list[list[int]]:
     """The axes, each cut to a ladder of as many rungs as keep their product within
-    `max_grid` (at least two rungs: 1 node and the cap), plus the count `keep[i]` on axis i
-    where it lies inside the axis (a job's fair share)."""
-    if keep is not None:
-        axes_in = axes
-        cut = thinned(axes, max_grid)
-        if cut == axes_in:
-            return axes
-        return [sorted(set(c) | ({k} if 0 < k < max(a) else set()))
-                for c, a, k in zip(cut, axes_in, keep)]
-    def size(xs: list[list[int]]) -> int:
-        out = 1
-        for x in xs:
-            out *= len(x)
-        return out
-    if size(axes) <= max_grid:
+    `max_grid` (at least two rungs: 1 node and the cap), plus the count `keep[i]` on a cut
+    axis i where it lies inside it (a job's fair share). Axes within `max_grid` are kept."""
+    if _size(axes) <= max_grid:
         return axes
     rungs = max(len(x) for x in axes)
+    cut = [ladder(max(x), 2) if len(x) > 3 else x for x in axes]
     while rungs > 2:
         rungs -= 1
-        cut = [ladder(max(x), rungs) if len(x) > rungs + 1 else x for x in axes]
-        if size(cut) <= max_grid:
-            return cut
-    return [ladder(max(x), 2) if len(x) > 3 else x for x in axes]
+        trial = [ladder(max(x), rungs) if len(x) > rungs + 1 else x for x in axes]
+        if _size(trial) <= max_grid:
+            cut = trial
+            break
+    return [sorted({*c, k}) if keep is not None and 0 < (k := keep[i]) < max(c) and c != a
+            else c for i, (c, a) in enumerate(zip(cut, axes))]
 
 
 def plan_on(job: Job, nodes: dict[str, int], calib: Calibration, time_limit_s: float,
