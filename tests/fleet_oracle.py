@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 from placer.fleet.alloc import AllocJob, AllocProblem, TeamQuota, Vec
 
@@ -62,9 +63,12 @@ def brute_force(pr: AllocProblem, time_of: Callable[[int, Vec], float | None]
     return best
 
 
-def random_fleet(seed: int, objective: str) -> tuple[AllocProblem, Callable[[int, Vec], float | None]]:
+def random_fleet(seed: int, objective: str, twins: bool = False
+                 ) -> tuple[AllocProblem, Callable[[int, Vec], float | None]]:
     """2-3 jobs, 2 pools of 1-4 nodes, 1-3 teams (a cohort or none), synthetic times that
-    never grow with more nodes: T = c / (sum_p s_p a_p)^alpha + d, None below a need."""
+    never grow with more nodes: T = c / (sum_p s_p a_p)^alpha + d, None below a need.
+    `twins`: the first job is repeated once or twice as the same kind (one time function, the
+    same team, weight and limits), so the model's symmetry breaking is exercised."""
     rng = random.Random(seed)
     pools = ("p0", "p1")
     nodes = tuple(rng.randint(2, 5) for _ in pools)
@@ -88,6 +92,11 @@ def random_fleet(seed: int, objective: str) -> tuple[AllocProblem, Callable[[int
                              grid, limit))
         params.append((rng.uniform(10, 50), [rng.uniform(0.2, 2) for _ in pools],
                        rng.uniform(0.5, 1.0), rng.uniform(0, 5), rng.uniform(0, 0.8)))
+
+    if twins:
+        copies = rng.randint(1, 2)
+        jobs = [replace(jobs[0], kind=0)] * (copies + 1) + jobs[1:2]
+        params = [params[0]] * (copies + 1) + params[1:2]
 
     def time_of(j: int, a: Vec) -> float | None:
         c, s, alpha, d, need = params[j]

@@ -12,8 +12,16 @@ from fleet_oracle import brute_force, random_fleet, violations
 from placer.base.errors import Infeasible
 from placer.cli import main
 from placer.cost.calibration import load_calibration
-from placer.fleet.alloc import AllocJob, AllocProblem, NoAllocation, TeamQuota, allocate
-from placer.fleet.inner import levels
+from placer.fleet.alloc import (
+    AllocJob,
+    AllocProblem,
+    NoAllocation,
+    TeamQuota,
+    allocate,
+    fair_shares,
+    twins,
+)
+from placer.fleet.inner import JobPlanner, ladder, levels, thinned
 from placer.fleet.planner import plan_fleet
 from placer.fleet.spec import fleet_from_dict, load_fleet
 from placer.solve.planfile import Plan
@@ -40,6 +48,51 @@ def test_allocation_agrees_with_brute_force(objective: str) -> None:
         planned += a.evaluated
         total += sum(len(job.grid) for job in pr.jobs)
     assert 0 < planned < total  # the grids are visited lazily, not swept
+
+
+@pytest.mark.parametrize("objective", ["throughput", "makespan"])
+def test_identical_jobs_agree_with_brute_force(objective: str) -> None:
+    """Jobs of one kind share one memo of times and are ordered by symmetry breaking: the
+    optimum over every combination is still found, and each kind is planned once per vector."""
+    for seed in range(12):
+        pr, time_of = random_fleet(seed, objective, twins=True)
+        assert twins(pr)
+        best = brute_force(pr, time_of)
+        if best is None:
+            with pytest.raises(NoAllocation):
+                allocate(pr, workers=1, seed=seed)
+            continue
+        a = allocate(pr, workers=1, seed=seed)
+        assert a.optimal and a.objective == pytest.approx(best, rel=1e-6), seed
+        assert violations(pr, a.vectors) == [], seed
+        assert pr.known[0] is pr.known[1]  # one kind, one memo
+        assert a.evaluated == len(pr.known[0]) + len(pr.known[-1])
+
+
+def test_fair_shares_keep_the_quotas() -> None:
+    """The first incumbent (each job within an equal split of its team's nominal quota) breaks
+    no rule the oracle checks, and is found on most random fleets."""
+    found = 0
+    for seed in range(40):
+        pr, _ = random_fleet(seed, "throughput")
+        shares = fair_shares(pr)
+        if shares is not None:
+            found += 1
+            assert violations(pr, shares) == [], seed
+            assert all(a in job.grid for a, job in zip(shares, pr.jobs))
+    assert found >= 10
+
+
+def test_thinned_grid() -> None:
+    assert ladder(640, 4) == [0, 1, 9, 74, 640]
+    assert ladder(1, 5) == [0, 1]
+    axes = [levels(640), levels(512), [0], levels(3)]
+    cut = thinned(axes, 256)
+    assert all(max(c) == max(a) and 0 in c and 1 in c for c, a in zip(cut, axes) if len(a) > 1)
+    assert len(cut[0]) * len(cut[1]) * len(cut[3]) <= 256 < len(axes[0]) * len(axes[1]) * 3
+    assert thinned(axes[2:], 256) == axes[2:]  # small grids are kept whole
+    kept = thinned(axes, 256, [80, 64, 0, 3])  # a fair share stays a rung of a thinned axis
+    assert 80 in kept[0] and 64 in kept[1] and kept[2] == [0] and kept[3] == axes[3]
 
 
 def test_levels() -> None:
@@ -87,6 +140,24 @@ def test_quotas_hold_on_a_real_fleet() -> None:
         assert set(used) <= set(j.nodes)
         doc = j.plan.job["cluster"]["pools"]
         assert {p["name"]: p["nodes"] for p in doc} == j.nodes
+
+
+def test_kinds_planned_once_in_parallel() -> None:
+    """Two jobs of one job file are one kind (planned once per vector); a batch of vectors
+    planned in worker processes gives the plans a sequential planner gives."""
+    fleet = fleet_from_dict(_tiny_fleet(), EXAMPLES, "tiny")
+    calib = load_calibration(None)
+    par = JobPlanner(fleet, calib, workers=2)
+    assert par.kind_of == [0, 0, 2]
+    pairs = [(0, (1, 1)), (1, (1, 1)), (2, (2, 1)), (2, (1, 0))]
+    try:
+        par.prefetch(pairs)
+    finally:
+        par.close()
+    assert len(par.plans) + len(par.why) == 3  # (0, (1, 1)) and (1, (1, 1)): one plan
+    seq = JobPlanner(fleet, calib)
+    for j, a in pairs:
+        assert par.time(j, a) == seq.time(j, a)
 
 
 def _write(tmp_path: Path, doc: dict) -> str:

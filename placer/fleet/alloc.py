@@ -16,7 +16,12 @@ Model. x_ja in {0, 1}, sum_a x_ja = 1. u_tp = sum_{j of t} sum_a a_p x_ja, and
                  then every team of k holds at least min(n_tp, D_tp) (u_tp >= min(n, D) b_kp),
                  D_tp = the most its jobs could use (the sum of their grids' largest a_p): no
                  team falls below its nominal share while another borrows
-  service        x_ja = 0 where T_j(a) exceeds the job's deadline or minimum throughput.
+  service        x_ja = 0 where T_j(a) exceeds the job's deadline or minimum throughput
+  symmetry       jobs j < k of one kind (`AllocJob.kind`: one time function, the same team,
+                 weight, iterations, limit and grid; `twins`) take vectors in grid order,
+                 sum_a r(a) x_ja <= sum_a r(a) x_ka with r(a) a's index in the grid: swapping
+                 their vectors changes no constraint and no objective, so this cuts only
+                 permutations of one allocation.
 Objective: throughput, max sum_j w_j 3600 / T_j(a) x_ja (iterations per hour); or makespan,
 min M with M >= sum_a I_j T_j(a) x_ja. Both are linear in x, the coefficients scaled to integers.
 
@@ -25,10 +30,14 @@ slower (it may leave nodes idle), so T_j(a) >= T_j(b) for every evaluated b >= a
 infeasible when an evaluated b >= a is. Each round solves the model with T_j(a) replaced by this
 optimistic bound where a is not evaluated, evaluates the vectors it chose, and stops when every
 chosen vector was already evaluated: the solution is then optimal over the grids (up to CP-SAT's
-own gap). The bound reported (the best objective still possible) is the tightest of the
-rounds' optimistic bounds; the incumbent is the best solution whose times are all evaluated. So
-the gap is relative to (1) the grids of allocation vectors, (2) the job-level plans being optimal
-(their own largest gap is reported), (3) the integer scaling of the coefficients (1e-9 of the
+own gap). One kind's jobs share one memo (`known`), and a round's new vectors are computed
+together (`prefetch`, in parallel by the caller). A round whose model finds no solution in its
+time limit (a large model's presolve) is retried with twice the limit; until an incumbent
+exists a round gets its full limit. The bound reported (the best objective still possible) is
+the tightest of the rounds' optimistic bounds; the incumbent is the best solution whose times
+are all evaluated. So the gap is relative to (1) the grids of allocation vectors (thinned on a
+large fleet: `placer.fleet.inner`), (2) the job-level plans being optimal (their own largest gap
+is reported), (3) the integer scaling of the coefficients (1e-9 of the
 largest). Of the allocations as good as the incumbent, the one holding the fewest nodes is kept
 (`fewest_nodes`): a node that no job would run faster with stays free.
 """
@@ -42,6 +51,7 @@ from ortools.sat.python import cp_model
 
 Vec = tuple[int, ...]
 SCALE = 1_000_000_000  # the largest objective coefficient, after scaling to integers
+MAX_ROUND_S = 80.0  # the longest one round's model may run before the search gives up
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,7 @@ class AllocJob:
     iterations: int
     grid: tuple[Vec, ...]
     max_iteration_s: float | None = None
+    kind: int | None = None  # jobs of one kind are interchangeable (one time function)
 
 
 @dataclass
@@ -74,12 +85,16 @@ class AllocProblem:
     jobs: list[AllocJob]
     objective: str  # "throughput" | "makespan"
     time_of: Callable[[int, Vec], float | None]  # job index, vector -> seconds (None: no plan)
+    # computes a batch of (job, vector) pairs ahead of `time_of` (in parallel, say)
+    prefetch: Callable[[list[tuple[int, Vec]]], None] | None = None
     known: list[dict[Vec, float | None]] = field(default_factory=list)
     not_monotone: int = 0  # evaluated pairs where fewer nodes were faster (the bound failed)
 
     def __post_init__(self) -> None:
-        if not self.known:
-            self.known = [{} for _ in self.jobs]
+        if not self.known:  # one memo per kind: an identical job's times are the same
+            shared: dict[int, dict[Vec, float | None]] = {}
+            self.known = [{} if job.kind is None else shared.setdefault(job.kind, {})
+                          for job in self.jobs]
 
     def evaluate(self, j: int, a: Vec) -> float | None:
         """T_j(a), memoised; counts each pair of evaluated vectors that breaks the monotone
@@ -91,6 +106,18 @@ class AllocProblem:
                     self.not_monotone += 1
             self.known[j][a] = t
         return self.known[j][a]
+
+    def fetch(self, pairs: list[tuple[int, Vec]]) -> None:
+        """Evaluate these pairs (the new ones computed together first, by `prefetch`)."""
+        new = [(j, a) for j, a in pairs if a not in self.known[j]]
+        if self.prefetch is not None and len(new) > 1:
+            self.prefetch(new)
+        for j, a in new:
+            self.evaluate(j, a)
+
+    def evaluated(self) -> int:
+        """Time functions evaluated: each kind's once."""
+        return sum(len(k) for k in {id(k): k for k in self.known}.values())
 
     def bound(self, j: int, a: Vec) -> tuple[float | None, bool]:
         """(the optimistic time of `a`, whether it is exact); None: `a` cannot be placed."""
@@ -133,6 +160,10 @@ class NoAllocation(Exception):
     """The master model has no solution (over the optimistic bounds: truly none on the grids)."""
 
 
+class Unsolved(NoAllocation):
+    """One round's model found no solution in its time limit (not proof that none exists)."""
+
+
 class OutOfTime(NoAllocation):
     """The time limit passed before any allocation whose times were all evaluated was found."""
 
@@ -156,6 +187,7 @@ def _model(pr: AllocProblem, values: list[dict[Vec, float]]
          for j, vals in enumerate(values)]
     for xs in x:
         m.add_exactly_one(xs.values())
+    _symmetry(pr, m, x)
     for p, n in enumerate(pr.nodes):
         m.add(sum(a[p] * v for xs in x for a, v in xs.items()) <= n)
     use: dict[str, list[cp_model.LinearExprT]] = {}
@@ -175,6 +207,32 @@ def _model(pr: AllocProblem, values: list[dict[Vec, float]]
         m.add(mk >= sum(int(round(vals[a] * k)) * v for a, v in xs.items()))
     m.minimize(mk)
     return m, x, k, mk
+
+
+def twins(pr: AllocProblem) -> list[tuple[int, int]]:
+    """Pairs (j, k), j < k, of jobs of one kind, each with the next of its kind: the same time
+    function, team, weight, iterations, limit and grid, so swapping their vectors changes
+    nothing."""
+    last: dict[tuple[object, ...], int] = {}
+    out = []
+    for k, job in enumerate(pr.jobs):
+        if job.kind is None:
+            continue
+        key = (job.kind, job.team, job.weight, job.iterations, job.max_iteration_s, job.grid)
+        if key in last:
+            out.append((last[key], k))
+        last[key] = k
+    return out
+
+
+def _symmetry(pr: AllocProblem, m: cp_model.CpModel,
+              x: list[dict[Vec, cp_model.IntVar]]) -> None:
+    """Symmetry breaking: of two interchangeable jobs the first takes a vector no later in their
+    grid than the second's, so CP-SAT does not search the permutations of one allocation."""
+    for j, k in twins(pr):
+        rank = {a: i for i, a in enumerate(pr.jobs[j].grid)}
+        m.add(sum(rank[a] * v for a, v in x[j].items())
+              <= sum(rank[a] * v for a, v in x[k].items()))
 
 
 def _quotas(pr: AllocProblem, m: cp_model.CpModel,
@@ -198,7 +256,10 @@ def _quotas(pr: AllocProblem, m: cp_model.CpModel,
                 m.add(use[tq.name][p] >= floor * borrows)
 
 
-def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int) -> _Round:
+def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int,
+                hint: list[Vec] | None = None) -> _Round:
+    """The master model over the optimistic times; `hint`: the last round's vectors. Raises
+    NoAllocation when the model has no solution, Unsolved when its time limit passed first."""
     values: list[dict[Vec, float]] = []
     exact: list[dict[Vec, bool]] = []
     for j, job in enumerate(pr.jobs):
@@ -215,14 +276,19 @@ def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int) -> _R
     if any(not v for v in values):
         raise NoAllocation("a job has no allocation left")
     m, x, k, _ = _model(pr, values)
+    for xs, a in zip(x, hint or []):
+        if a in xs:
+            m.add_hint(xs[a], 1)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(limit_s, 0.1)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
+    solver.parameters.cp_model_probing_level = 0  # probing a large fleet's model outlasts a round
     status = solver.solve(m)
+    if status == cp_model.INFEASIBLE:
+        raise NoAllocation("no allocation meets the quotas")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise NoAllocation("no allocation meets the quotas" if status == cp_model.INFEASIBLE
-                           else "the allocation model found no solution in its time limit")
+        raise Unsolved("the allocation model found no solution in its time limit")
     chosen = [next(a for a, v in xs.items() if solver.value(v)) for xs in x]
     return _Round(chosen, all(exact[j][a] for j, a in enumerate(chosen)),
                   solver.objective_value / k, solver.best_objective_bound / k,
@@ -236,22 +302,42 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     """The lazy loop (module docstring). `on_round(round, evaluated, incumbent, bound)` reports
     progress; stops early at `time_limit_s` with the incumbent and its gap."""
     start = time.monotonic()
-    for j, job in enumerate(pr.jobs):  # the top of each grid bounds every vector below it
-        for a in _maximal(job.grid):
-            pr.evaluate(j, a)
+    tops = [(j, a) for j, job in enumerate(pr.jobs) for a in _maximal(job.grid)]
+    shares = fair_shares(pr)
+    # the top of each grid bounds every vector below it; the fair shares, an incumbent from the
+    # start, bound the vectors below them
+    pr.fetch(tops + [(j, a) for j, a in enumerate(shares or [])])
     best: tuple[float, list[Vec]] | None = None
-    bound = float("inf") if pr.objective == "throughput" else 0.0
-    rounds = 0
+    if shares is not None:
+        best = _keep_best(pr, None, shares)
+    # every job at its top's time: a bound before any round (T_j(a) >= T_j(top) on the grid)
+    fastest = [min((t for a in _maximal(job.grid) if (t := pr.known[j].get(a)) is not None),
+                   default=None) for j, job in enumerate(pr.jobs)]
+    bound = (_objective(pr, [t for t in fastest if t is not None]) if None not in fastest
+             else float("inf") if pr.objective == "throughput" else 0.0)
+    rounds, proven = 0, False
     while True:
         rounds += 1
-        r = solve_round(pr, round_limit_s, workers, seed)
+        left = time_limit_s - (time.monotonic() - start)
+        # until there is an incumbent, a round gets its full limit whatever time is left
+        limit = round_limit_s if best is None else min(round_limit_s, max(left, 1.0))
+        try:
+            r = solve_round(pr, limit, workers, seed, best[1] if best else None)
+        except Unsolved:
+            if best is not None and left <= round_limit_s:
+                break
+            if round_limit_s >= MAX_ROUND_S:
+                raise OutOfTime(f"the allocation model found no solution in {limit:g} s"
+                                ) from None
+            round_limit_s *= 2  # a large model's presolve alone may outlast a round
+            continue
         better = min if pr.objective == "throughput" else max
         bound = better(bound, r.bound)  # CP-SAT's bound holds whether or not it proved it
-        for j, a in enumerate(r.vectors):
-            pr.evaluate(j, a)
+        pr.fetch(list(enumerate(r.vectors)))
         best = _keep_best(pr, best, r.vectors)
         if on_round is not None:
-            on_round(rounds, sum(len(k) for k in pr.known), best[0] if best else None, bound)
+            on_round(rounds, pr.evaluated(), best[0] if best else None, bound)
+        proven = r.exact and r.proven
         if r.exact or time.monotonic() - start > time_limit_s:
             break
     if best is None:
@@ -262,8 +348,26 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     obj = _objective(pr, times)
     gap = _gap(pr.objective, obj, bound)
     return Allocation(vecs, times, obj, bound, gap,
-                      r.exact and r.proven and pr.not_monotone == 0, pr.not_monotone, rounds,
-                      sum(len(k) for k in pr.known), time.monotonic() - start)
+                      proven and pr.not_monotone == 0, pr.not_monotone, rounds,
+                      pr.evaluated(), time.monotonic() - start)
+
+
+def fair_shares(pr: AllocProblem) -> list[Vec] | None:
+    """Each job's largest grid vector within an equal split of its team's nominal quota among
+    the team's jobs (None if some job has none): no team borrows and every pool holds them, so
+    the quotas hold; a first incumbent, and a first bound below the tops."""
+    out = []
+    for job in pr.jobs:
+        tq = pr.teams[job.team]
+        n = sum(1 for o in pr.jobs if o.team == job.team)
+        share = [k // n for k in tq.nominal]
+        fit = [a for a in job.grid if all(x <= y for x, y in zip(a, share))]
+        if not fit:
+            return None
+        out.append(max(fit, key=lambda a: (sum(a), a)))
+    if any(sum(a[p] for a in out) > n for p, n in enumerate(pr.nodes)):
+        return None
+    return out
 
 
 def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> list[Vec]:
@@ -284,6 +388,7 @@ def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> 
     solver.parameters.max_time_in_seconds = 5.0
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
+    solver.parameters.cp_model_probing_level = 0  # probing a large fleet's model outlasts a round
     if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return vecs
     return [next(a for a, v in xs.items() if solver.value(v)) for xs in x]

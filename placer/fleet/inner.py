@@ -6,13 +6,26 @@ is gone) and keeps the plan: the allocation model (`placer.fleet.alloc`) asks on
 its search visits, and each is planned once. A vector the job cannot be placed on is None, with
 the planner's diagnosis kept for the report.
 
-`grid(fleet, j)` is the job's finite set of allocation vectors: per pool 0, the powers of two
-below the team's cap and the cap; 0 alone for a pool that no role of the job has a candidate on
-(its single-pool cost table on the cap's nodes), so idle pools never multiply the grid.
+Jobs with the same job document (a sweep's seeds, say) are one kind: their time function is
+planned once (`kind_of`), and the allocation model treats them as interchangeable. `prefetch`
+plans a round's new vectors in parallel worker processes (`workers`), as each plan is
+independent and single-threaded.
+
+`grid(j)` is the job's finite set of allocation vectors: per pool 0, the powers of two below the
+team's cap and the cap; 0 alone for a pool that no role of the job has a candidate on (its
+single-pool cost table on the cap's nodes), so idle pools never multiply the grid. Where the
+product of those axes passes `max_grid` vectors, each axis is thinned to 0 and a geometric
+ladder from 1 node to the cap (`ladder`), as few rungs as keep the product within `max_grid`,
+plus the job's fair share (its team's nominal quota split equally among the team's jobs, the
+allocation search's first incumbent): a large fleet's model stays small, and its gap is
+reported relative to the thinned grid.
 """
 from __future__ import annotations
 
 import itertools
+import json
+import multiprocessing
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from placer.base.errors import Infeasible, SpecError
@@ -24,6 +37,9 @@ from placer.solve.candidates import flat, single_candidates
 from placer.solve.planfile import Plan
 from placer.solve.planner import plan_job
 from placer.spec.catalog import with_nodes
+from placer.spec.job import Job
+
+MAX_GRID = 256  # allocation vectors per job before its axes are thinned
 
 
 def levels(cap: int) -> list[int]:
@@ -35,6 +51,71 @@ def levels(cap: int) -> list[int]:
     return sorted(out)
 
 
+def ladder(cap: int, rungs: int) -> list[int]:
+    """0 and `rungs` whole-node counts from 1 to `cap`, spaced geometrically (fewer if they
+    round to the same count)."""
+    if cap <= 1 or rungs <= 1:
+        return sorted({0, cap})
+    return sorted({0, *(round(cap ** (i / (rungs - 1))) for i in range(rungs))})
+
+
+def _size(axes: list[list[int]]) -> int:
+    out = 1
+    for x in axes:
+        out *= len(x)
+    return out
+
+
+def thinned(axes: list[list[int]], max_grid: int, keep: list[int] | None = None
+            ) -> list[list[int]]:
+    """The axes, each cut to a ladder of as many rungs as keep their product within
+    `max_grid` (at least two rungs: 1 node and the cap), plus the count `keep[i]` on a cut
+    axis i where it lies inside it (a job's fair share). Axes within `max_grid` are kept."""
+    if _size(axes) <= max_grid:
+        return axes
+    rungs = max(len(x) for x in axes)
+    cut = [ladder(max(x), 2) if len(x) > 3 else x for x in axes]
+    while rungs > 2:
+        rungs -= 1
+        trial = [ladder(max(x), rungs) if len(x) > rungs + 1 else x for x in axes]
+        if _size(trial) <= max_grid:
+            cut = trial
+            break
+    return [sorted({*c, k}) if keep is not None and 0 < (k := keep[i]) < max(c) and c != a
+            else c for i, (c, a) in enumerate(zip(cut, axes))]
+
+
+def plan_on(job: Job, nodes: dict[str, int], calib: Calibration, time_limit_s: float,
+            seed: int) -> Plan | str:
+    """The job's plan on these nodes, or the first line of why it has none (a worker's task)."""
+    try:
+        res = with_nodes(job, nodes, job.name)
+        return plan_job(Pricer(res, calib), time_limit_s=time_limit_s, workers=1, seed=seed)
+    except (Infeasible, SpecError) as e:  # SpecError: a pin naming a pool given 0 nodes
+        return str(e).split("\n")[0]
+
+
+def least_devices(job: Job, nodes: dict[str, int], calib: Calibration
+                  ) -> list[list[dict[str, int]]] | None:
+    """Per role of the job, the devices per pool of each of its single-pool candidates on these
+    nodes (None: the table cannot be built there; the planner will say why)."""
+    if not any(nodes.values()):
+        return None
+    try:
+        res = with_nodes(job, nodes, job.name)
+        cands = flat(single_candidates(Pricer(res, calib)))
+    except (Infeasible, SpecError):
+        return None
+    return [[c.pool_devices() for c in cs] for cs in cands.values()]
+
+
+def kinds(jobs: list[Job]) -> list[int]:
+    """Each job's kind: the index of the first job with the same document but for its name."""
+    first: dict[str, int] = {}
+    return [first.setdefault(json.dumps(job.model_dump(mode="json", exclude={"name"}),
+                                        sort_keys=True), i) for i, job in enumerate(jobs)]
+
+
 @dataclass
 class JobPlanner:
     """Each job's planner on its allocation, memoised (`plans`, `why`)."""
@@ -43,8 +124,33 @@ class JobPlanner:
     calib: Calibration
     time_limit_s: float = 5.0
     seed: int = 0
-    plans: dict[tuple[int, Vec], Plan] = field(default_factory=dict)
+    workers: int = 1
+    max_grid: int = MAX_GRID
+    plans: dict[tuple[int, Vec], Plan] = field(default_factory=dict)  # (kind, vector) ->
     why: dict[tuple[int, Vec], str] = field(default_factory=dict)
+    kind_of: list[int] = field(default_factory=list)
+    pool: Executor | None = None
+
+    def __post_init__(self) -> None:
+        self.kind_of = kinds([fj.job for fj in self.fleet.jobs])
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def _pool(self) -> Executor:
+        if self.pool is None:  # forked (a spawned worker would re-run a caller's script) at
+            # the first batch, the grids' tables, before this fleet's first CP-SAT solve
+            self.pool = ProcessPoolExecutor(self.workers,
+                                            mp_context=multiprocessing.get_context("fork"))
+        return self.pool
+
+    def plan(self, j: int, a: Vec) -> Plan:
+        return self.plans[(self.kind_of[j], a)]
+
+    def reason(self, j: int, a: Vec) -> str:
+        return self.why[(self.kind_of[j], a)]
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -54,45 +160,60 @@ class JobPlanner:
         return dict(zip(self.pools, a))
 
     def time(self, j: int, a: Vec) -> float | None:
-        key = (j, a)
-        if key in self.plans:
-            return self.plans[key].predicted_iteration_s
-        if key in self.why:
-            return None
-        job = self.fleet.jobs[j].job
-        try:
-            res = with_nodes(job, self.nodes_of(a), job.name)
-            plan = plan_job(Pricer(res, self.calib), time_limit_s=self.time_limit_s,
-                            workers=1, seed=self.seed)
-        except (Infeasible, SpecError) as e:  # SpecError: a pin naming a pool given 0 nodes
-            self.why[key] = str(e).split("\n")[0]
-            return None
-        self.plans[key] = plan
-        return plan.predicted_iteration_s
+        key = (self.kind_of[j], a)
+        if key not in self.plans and key not in self.why:
+            self._keep(key, plan_on(self.fleet.jobs[j].job, self.nodes_of(a), self.calib,
+                                    self.time_limit_s, self.seed))
+        return self.plans[key].predicted_iteration_s if key in self.plans else None
 
-    def least_devices(self, j: int, cap: Vec) -> list[list[dict[str, int]]] | None:
-        """Per role of job j, the devices per pool of each of its single-pool candidates on the
-        cap's nodes (None: the table cannot be built there; the planner will say why)."""
-        if not any(cap):
-            return None
-        job = self.fleet.jobs[j].job
-        try:
-            res = with_nodes(job, self.nodes_of(cap), job.name)
-            cands = flat(single_candidates(Pricer(res, self.calib)))
-        except (Infeasible, SpecError):
-            return None
-        return [[c.pool_devices() for c in cs] for cs in cands.values()]
+    def _keep(self, key: tuple[int, Vec], got: Plan | str) -> None:
+        if isinstance(got, str):
+            self.why[key] = got
+        else:
+            self.plans[key] = got
 
-    def grid(self, j: int) -> tuple[Vec, ...]:
+    def prefetch(self, pairs: list[tuple[int, Vec]]) -> None:
+        """Plan the new (job, vector) pairs, in `workers` processes when there are several."""
+        todo = sorted({(self.kind_of[j], a) for j, a in pairs} - set(self.plans) - set(self.why))
+        if self.workers < 2 or len(todo) < 2:
+            return
+        futures = {key: self._pool().submit(plan_on, self.fleet.jobs[key[0]].job,
+                                         self.nodes_of(key[1]), self.calib, self.time_limit_s,
+                                         self.seed) for key in todo}
+        for key, fut in futures.items():
+            self._keep(key, fut.result())
+
+    def cap(self, j: int) -> Vec:
+        """The most nodes of each pool job j's team may hold."""
+        return tuple(self.fleet.team_cap(self.fleet.jobs[j].team, p) for p in self.pools)
+
+    def grids(self) -> list[tuple[Vec, ...]]:
+        """Every job's grid: each kind's candidate table on each cap built once, in `workers`
+        processes when there are several."""
+        keys = sorted({(self.kind_of[j], self.cap(j)) for j in range(len(self.fleet.jobs))})
+        args = [(self.fleet.jobs[k].job, self.nodes_of(cap), self.calib) for k, cap in keys]
+        if self.workers > 1 and len(keys) > 1:
+            tables = list(self._pool().map(least_devices, *zip(*args)))
+        else:
+            tables = [least_devices(*a) for a in args]
+        found = dict(zip(keys, tables))
+        return [self.grid(j, found[(self.kind_of[j], self.cap(j))])
+                for j in range(len(self.fleet.jobs))]
+
+    def grid(self, j: int, roles: list[list[dict[str, int]]] | None) -> tuple[Vec, ...]:
         """Job j's allocation vectors (module docstring), less those on which some role has no
-        single-pool candidate that fits its devices: no placement exists there (a split role's
-        parts are each a layout a single pool also offers)."""
-        fj = self.fleet.jobs[j]
-        cap = tuple(self.fleet.team_cap(fj.team, p) for p in self.pools)
-        roles = self.least_devices(j, cap)
+        single-pool candidate that fits its devices (`roles`, from `least_devices`): no
+        placement exists there (a split role's parts are each a layout a single pool also
+        offers)."""
+        cap = self.cap(j)
         use = (set(self.pools) if roles is None
                else {p for cs in roles for c in cs for p in c})
-        axes = [levels(c) if p in use else [0] for p, c in zip(self.pools, cap)]
+        team = self.fleet.jobs[j].team
+        mates = sum(1 for fj in self.fleet.jobs if fj.team == team)
+        quota = self.fleet.teams[team].quota
+        share = [quota[p].nominal // mates if p in quota else 0 for p in self.pools]
+        axes = thinned([levels(c) if p in use else [0] for p, c in zip(self.pools, cap)],
+                       self.max_grid, share)
         per_node = {p.name: p.devices_per_node for p in self.fleet.cluster.pools}
 
         def fits(a: Vec) -> bool:
@@ -111,8 +232,9 @@ def alloc_problem(planner: JobPlanner) -> AllocProblem:
         name, t.cohort,
         tuple(t.quota[p].nominal if p in t.quota else 0 for p in pools),
         tuple(fleet.team_cap(name, p) for p in pools)) for name, t in fleet.teams.items()}
-    jobs = [AllocJob(fj.name, fj.team, fj.weight, fj.iterations or 1, planner.grid(j),
-                     fj.max_iteration_s()) for j, fj in enumerate(fleet.jobs)]
+    jobs = [AllocJob(fj.name, fj.team, fj.weight, fj.iterations or 1, grid,
+                     fj.max_iteration_s(), planner.kind_of[j])
+            for j, (fj, grid) in enumerate(zip(fleet.jobs, planner.grids()))]
     return AllocProblem(pools, tuple(fleet.pool_nodes()[p] for p in pools), teams, jobs,
                         "throughput" if fleet.objective == "throughput" else "makespan",
-                        planner.time)
+                        planner.time, prefetch=planner.prefetch)

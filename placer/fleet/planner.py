@@ -10,6 +10,7 @@ that the jobs' smallest allocations already overflow.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -27,12 +28,26 @@ def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
                job_time_limit_s: float = 5.0, workers: int = 2, seed: int = 0,
                progress: Progress | None = None) -> FleetResult:
     """The fleet's allocation and each job's plan on it (module docstring)."""
-    planner = JobPlanner(fleet, calib, job_time_limit_s, seed)
+    planner = JobPlanner(fleet, calib, job_time_limit_s, seed, workers)
+    try:
+        return _plan(planner, time.monotonic() + time_limit_s, workers, seed, progress)
+    finally:
+        planner.close()
+
+
+def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
+          progress: Progress | None) -> FleetResult:
+    fleet = planner.fleet
     if progress is not None:
         progress(f"fleet: {len(fleet.jobs)} jobs: their allocation grids, then each on all its "
                  "team may hold")
     pr = alloc_problem(planner)
+    if progress is not None:
+        progress(f"fleet: grids of {sum(len(job.grid) for job in pr.jobs)} allocations; "
+                 f"{len(set(planner.kind_of))} kinds of job to plan")
     _check_jobs(pr, planner)
+    if progress is not None:
+        progress(f"fleet: {pr.evaluated()} job plans priced on their caps")
 
     def on_round(r: int, evaluated: int, best: float | None, bound: float) -> None:
         if progress is not None:
@@ -41,15 +56,15 @@ def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
                      f"{shown}, bound {bound:.4g}")
 
     try:
-        a = allocate(pr, time_limit_s=time_limit_s, workers=workers, seed=seed,
-                     on_round=on_round)
+        a = allocate(pr, time_limit_s=max(deadline - time.monotonic(), 1.0), workers=workers,
+                     seed=seed, on_round=on_round)
     except OutOfTime as e:
         raise Infeasible(f"{e}; a longer --time-limit may find one") from None
     except NoAllocation as e:
         raise Infeasible(diagnose(pr, planner, str(e))) from None
-    jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plans[(j, v)])
+    jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plan(j, v))
             for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
-    inner_gap = max(planner.plans[(j, v)].solver.gap for j, v in enumerate(a.vectors))
+    inner_gap = max(planner.plan(j, v).solver.gap for j, v in enumerate(a.vectors))
     return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, a.vectors),
                        a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
                        a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s)
@@ -62,6 +77,7 @@ def _nodes(planner: JobPlanner, a: Vec) -> str:
 
 def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
     """Each job alone on the most its team may hold: placed, and within its limits."""
+    pr.fetch([(j, max(job.grid, key=sum)) for j, job in enumerate(pr.jobs) if job.grid])
     for j, job in enumerate(pr.jobs):
         if not job.grid:
             raise Infeasible(f"job {job.name}: team {job.team}'s quota gives it no nodes of a "
@@ -71,7 +87,7 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
         if t is None:
             raise Infeasible(f"job {job.name}: cannot be placed even on all its team "
                              f"{job.team} may hold ({_nodes(planner, top)}): "
-                             f"{planner.why[(j, top)]}")
+                             f"{planner.reason(j, top)}")
         if job.max_iteration_s is not None and t > job.max_iteration_s:
             raise Infeasible(f"job {job.name}: misses its deadline or minimum throughput even on "
                              f"all its team {job.team} may hold ({_nodes(planner, top)}): an "
