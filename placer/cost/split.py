@@ -8,6 +8,14 @@ rollout role and divides the batch so that both parts finish together: the group
 on part a minimising max(t_a(n), t_b(N - n)), found by bisection, each part priced by
 `placer.cost.estimate.estimate` with the tail model. GRPO groups stay whole on one part.
 
+The step ends when its slowest part ends, and its longest sample, the longest of the step's N
+draws, may land on either part: so each part's busiest replica is priced holding that sample
+(`PriceContext.with_samples` keeps the step's draws), as one pool's busiest replica is. A part
+priced on its own n draws would end sooner, and max over parts of those expectations is below
+the step's expected end (E max >= max E): two halves of a pool were priced faster than the
+pool. With the step's draws, two identical pools split at any share cost no less than the
+merged pool (some part's busiest replica holds at least as many samples as the merged pool's).
+
 Which pairs: every two accelerator pools that can host the role, and on each every layout (so
 every device count) the role has there alone, after dominance pruning. No pair is left out
 unpriced unless a bound shows it cannot be in a plan better than a known one (`SplitKeep`, from
