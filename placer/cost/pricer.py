@@ -31,11 +31,12 @@ class Pricer(PriceContext):
         return estimate(self, role, pool, par, env_cores)
 
     def split_estimates(self, role: str, singles: dict[str, list[Estimate]],
-                        keep: SplitKeep | None = None, space: SplitSpace | None = None
-                        ) -> list[Estimate]:
+                        keep: SplitKeep | None = None, space: SplitSpace | None = None,
+                        shared: frozenset[str] = frozenset()) -> list[Estimate]:
         """`role` split over every pair of pools, from its single-pool estimates
-        (`placer.cost.split`); `space` counts what was searched."""
-        return split_estimates(self, role, singles, keep, space)
+        (`placer.cost.split`); `space` counts what was searched; `shared`: pools where a part
+        may time-share a slot."""
+        return split_estimates(self, role, singles, keep, space, shared)
 
     def rollout_shape(self, dev: DeviceType, par: Parallel) -> RolloutShape:
         """How the batch's samples meet the rollout's engine replicas."""

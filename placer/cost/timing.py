@@ -146,9 +146,12 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
     them join (`sync_links`) in `sync_calls` calls per sender, priced by
     `costmodel.weight_sync_time`; a paired transport (the job's `weight_sync`), one stream per
     engine rank (`placer.cost.refit`). A rollout split over pools: every part's replicas join the one
-    broadcast, so the slowest part's links pace it (the max over parts)."""
+    broadcast, so the slowest part's links pace it (the max over parts). A mixed rollout (a
+    part in the actor's slot, `placer.cost.split.colocated`): that part takes the weights
+    locally, the others over their own links."""
     if rollout.est.parts:
-        return max(sync_time(ctx, actor, Placed(rollout.slot, p.est)) for p in rollout.est.parts)
+        return max(sync_time(ctx, actor, Placed(_part_slot(actor, rollout, p.est), p.est))
+                   for p in rollout.est.parts)
     res = ctx.res
     m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
@@ -159,6 +162,14 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
                                         actor.slot == rollout.slot, eff), dev, eff)
     return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
                             sync_calls(m, actor.est.par.pp, eff), sync_call_cost(m, eff))
+
+
+def _part_slot(actor: Placed, rollout: Placed, part: Estimate) -> str:
+    """The slot a split rollout's part runs in: the role's slot on the pool that slot is on
+    (where the actor may sit too), a slot of its own on any other pool."""
+    if part.pool == rollout.est.parts[0].est.pool:
+        return rollout.slot
+    return f"{rollout.slot}/{part.pool}"
 
 
 def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> float:
@@ -182,8 +193,11 @@ def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
     out = {}
     for slot, members in by_slot.items():
         if len(members) < 2:
-            continue  # alone (a split role always is): nothing to switch
-        dev = res.device_of(members[0].est.pool)
+            continue  # alone: nothing to switch
+        # a split role in a shared slot (a mixed rollout): its memory is its part's on the
+        # slot's pool (`placer.cost.split.colocated`), the pool its first part is on
+        first = members[0].est
+        dev = res.device_of(first.parts[0].est.pool if first.parts else first.pool)
         if dev.host_backed:  # its memory is host RAM already: a switch moves nothing
             continue
         need = sum(p.est.memory.total for p in members)

@@ -233,7 +233,7 @@ def _on_pool(r: RolePlacement, pool: str) -> tuple[int, Parallel]:
 
 def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
     """Per switching slot: GB per device parked on the host at its worst moment (a split role
-    sits alone in its slot, so never switches; its state would be its largest part's)."""
+    alone in its slot never switches; a mixed rollout parks its part on the slot's pool)."""
     out = {}
     slots = {s.name: s for s in plan.slots}
     for name in plan.breakdown.switch_s:
@@ -241,8 +241,10 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
         states = []
         for role in slot.roles:
             r = plan.roles[role]
-            share = r.devices / slot.devices  # per slot device, spread evenly
-            states.append(parked_gb(placed_estimate(px, role, r).memory) * share)
+            held = r.parts[0].devices if r.parts else r.devices  # on the slot's pool
+            home = slot.parts[0].devices if slot.parts else slot.devices
+            share = held / home  # per slot device, spread evenly
+            states.append(parked_gb(placed_estimate(px, role, r, True).memory) * share)
         out[name] = sum(states) - min(states, default=0.0)
     return out
 
