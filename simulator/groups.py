@@ -63,10 +63,18 @@ def groups_of(px: Pricer, plan: Plan) -> list[Group]:
         size = lpu_chips(m, dev, eff) if dev.kind is DeviceKind.lpu else r.tp * r.pp
         return [Group(spec, px.step_terms(m, dev, spec.par, eff), shape.replicas, size, 0, 0, None,
                       res.job.batch.samples, shape.replicas, shape.replicas)]
-    slot_devices = next(s.devices for s in plan.slots if s.name == r.slot)
+    slot = next(s for s in plan.slots if s.name == r.slot)
+    slot_devices = slot.devices
+    # part i's devices start where the slot's devices on its pool do (a mixed rollout's first
+    # part shares the slot's first pool with the slot's other roles)
+    starts, at = {}, 0
+    for sp in slot.parts:
+        starts[sp.pool] = at
+        at += sp.devices
     out: list[Group] = []
     first = offset = 0
     for q in r.parts:
+        offset = starts.get(q.pool, offset)
         dev = res.device_of(q.pool)
         eff = calib.for_device(dev)
         shape = px.with_samples(q.samples).rollout_shape(dev, q.par)

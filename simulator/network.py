@@ -37,7 +37,7 @@ from placer.cost.model import sync_call_cost
 from placer.cost.refit import paired_route
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.timing import sync_calls, sync_links
-from placer.solve.planfile import Plan
+from placer.solve.planfile import Plan, RolePlacement
 from placer.spec.hardware import DeviceKind
 from simulator.config import Network as NetworkConfig
 
@@ -117,8 +117,8 @@ def sync_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan | No
         eff = calib.for_device(r_dev)
         if r_dev.kind is DeviceKind.lpu:
             replica = devices  # an LPU placement is loaded once, over all of its chips
-        raw = sync_links(res, a.pool, a.devices, a.pp, pool, devices, replica, a.slot == r.slot,
-                         eff)
+        raw = sync_links(res, a.pool, a.devices, a.pp, pool, devices, replica,
+                         _in_actor_slot(a, r, pool), eff)
         suffix = f"@{pool}" if r.parts else ""  # each part's own links
         links.update({k + suffix: v * eff.link_eff * cfg.bandwidth_factor
                       * cfg.link_factors.get(k, 1.0) for k, v in raw.items()})
@@ -131,6 +131,12 @@ def sync_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan | No
     return SyncPlan(links, flows, max(f for _, f in receivers), gb / min(links.values()),
                     tuple(receivers))
 
+
+
+def _in_actor_slot(a: RolePlacement, r: RolePlacement, pool: str) -> bool:
+    """Whether the rollout's engines on `pool` share the actor's slot: the whole rollout in it,
+    or a mixed rollout's first part, on the slot's pool (`placer.cost.timing._part_slot`)."""
+    return a.slot == r.slot and pool == (r.parts[0].pool if r.parts else r.pool)
 
 
 def _paired_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan:
@@ -147,7 +153,8 @@ def _paired_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan:
     for pool, devices, par in targets:
         r_dev = res.device_of(pool)
         eff = px.calib.for_device(r_dev)
-        route = paired_route(res, m, a.pool, a.devices, pool, devices, par, a.slot == r.slot, eff)
+        route = paired_route(res, m, a.pool, a.devices, pool, devices, par,
+                             _in_actor_slot(a, r, pool), eff)
         suffix = f"@{pool}" if r.parts else ""
         own = {k + suffix: v * eff.link_eff * cfg.bandwidth_factor * cfg.link_factors.get(k, 1.0)
                for k, v in route.links.items()}

@@ -6,7 +6,9 @@ objectives. The brute force enumerates, over the *same* cost table, every choice
 per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
 respected) and prices each with the same `ilp_bound.score` (which is `timing.iteration_time`).
 A rollout split over two pools (`placer.cost.split`) is drawn into the table whenever the cluster has
-one: it must sit alone in its slot and holds devices on each of its pools. On two-GPU-pool
+one: it must sit alone in its slot and holds devices on each of its pools; in sync mode it may
+instead be mixed (`Candidate.colocated`): its first part shares a slot with other roles on that
+part's pool, and that slot holds the other part's devices on its pool. On two-GPU-pool
 clusters every split the pools allow (each part at every layout and device count it has alone)
 goes into the table at once (`test_split_parts_at_every_count_match_brute_force`).
 """
@@ -83,8 +85,10 @@ def brute_force(problem: Problem) -> float:
         for groups in partitions(roles):
             if any(len({choice[r].pool for r in g}) > 1 for g in groups):
                 continue
-            if any(len(g) > 1 and any(choice[r].split for r in g) for g in groups):
+            if any(len(g) > 1 and any(_alone(choice[r]) for r in g) for g in groups):
                 continue  # a split role sits alone
+            if any(len(g) == 1 and choice[g[0]].colocated for g in groups):
+                continue  # a mixed rollout shares its slot
             used: dict[str, int] = {}
             for g in groups:
                 for pool in {p for r in g for p in choice[r].pool_devices()}:
@@ -94,6 +98,10 @@ def brute_force(problem: Problem) -> float:
                 continue
             best = min(best, score(problem, Assignment(choice, slot_names(groups)))[key])
     return best
+
+
+def _alone(c) -> bool:
+    return c.split and not c.colocated
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -202,7 +210,7 @@ def test_split_parts_at_every_count_match_brute_force(job, data):
     assert space is not None and space.pruned_by_bound == 0
     assert space.split_counts == per_pool["p0"] * per_pool["p1"]
     splits = [c for c in full.cands["rollout"] if c.split]
-    assert len(splits) == space.split_counts - space.dominated
+    assert len([c for c in splits if not c.colocated]) == space.split_counts - space.dominated
     assume(splits)
     singles = {r: [c for c in cs if not c.split] for r, cs in full.cands.items()}
     cands = {r: data.draw(st.lists(st.sampled_from(cs), min_size=1, max_size=2, unique_by=id),

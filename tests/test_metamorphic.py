@@ -13,12 +13,9 @@ Plans are the planner's own (`plan_job`), each solved to optimality; times are c
 relative 1e-5 (a few of the solver's time units: `placer.solve.ilp.TIME_STEPS`, so plans tied
 within a unit may differ by that much).
 
-Known failure, marked xfail (strict): on examples/agentic-code.yaml the H100 pool written as two
-gives a plan 7% faster, by splitting the rollout over the two halves. A split's time is the
-slower of its parts' expected makespans (`placer.cost.split.join`), which is below the expected
-makespan of the slower part (E max >= max E), so two small parts on identical devices are
-priced faster than the same engines as one single-pool candidate. The cost model's treatment of
-a split's tail is to be fixed there; this test says when it is.
+A split's tail: each part's busiest replica is priced with the longest sample of the whole
+step's draws, as one pool's busiest replica is (`placer.cost.split`), so two halves of a pool
+are never priced faster than the pool (its busiest replica holds at most what theirs do).
 """
 from __future__ import annotations
 
@@ -136,14 +133,8 @@ def test_renaming_and_reordering_pools_gives_the_same_plan(path: Path, example_p
     assert_same_plan(plan, plan_of(reordered(job)))
 
 
-# the split's tail priced as the max of its parts' expected makespans (module docstring)
-SPLIT_TAIL = {"agentic-code.yaml"}
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="a split's time is the max of "
-                                            "its parts' expected makespans"))
-    if p.name in SPLIT_TAIL else p for p in EXAMPLES if p.name not in LARGE], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.name not in LARGE],
+                         ids=lambda p: p.name)
 def test_writing_a_pool_as_two_never_gives_a_better_plan(path: Path, example_plans) -> None:
     job, plan = _example(path, example_plans)
     pool = splittable(job)
@@ -210,9 +201,8 @@ def _objective(plan: Plan) -> float:
           suppress_health_check=[HealthCheck.too_slow])
 @given(case=clusters(), data=st.data())
 def test_random_clusters_do_not_depend_on_how_they_are_written(case, data) -> None:
-    """Fixed lengths: the split relation fails with long tails (module docstring). The time
-    only: where two plans tie, which one the solver returns may differ (the examples check
-    layouts too)."""
+    """Fixed lengths (the examples cover long tails). The time only: where two plans tie, which
+    one the solver returns may differ (the examples check layouts too)."""
     job, name = case
     try:
         plan = plan_of(job)

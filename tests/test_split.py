@@ -10,6 +10,7 @@ import pytest
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
+from placer.cost.sharding import Parallel
 from placer.cost.split import PartTimer, SplitSpace, _cap, balance, split_estimates
 from placer.cost.timing import Placed
 from placer.solve.assemble import placed_estimate
@@ -33,15 +34,23 @@ def _split_cands(problem: Problem):
     return [c for c in problem.cands["rollout"] if c.split]
 
 
+def _unbounded_splits(problem: Problem):
+    singles = {p: [c.est for c in problem.cands["rollout"] if not c.split and c.pool == p]
+               for p in ("h100", "h20", "l40s")}
+    return split_estimates(Pricer(problem.res, problem.calib), "rollout", singles)
+
+
 def test_split_candidates_cover_pool_pairs(problem):
-    splits = _split_cands(problem)
-    pairs = {tuple(p.est.pool for p in c.est.parts) for c in splits}
+    """Unbounded, every pair of pools has splits (the table's bound may prune some: on this
+    job, the splits with the L40S cannot beat the H100 + H20 one)."""
+    splits = _unbounded_splits(problem)
+    pairs = {tuple(p.est.pool for p in e.parts) for e in splits}
     assert {("h100", "h20"), ("h100", "l40s"), ("h20", "l40s")} <= pairs
-    for c in splits:
-        assert c.devices == sum(p.est.devices for p in c.est.parts)
-        assert sum(p.samples for p in c.est.parts) == problem.res.job.batch.samples
-        assert all(p.samples % problem.res.job.batch.samples_per_prompt == 0 for p in c.est.parts)
-        assert c.time_s == pytest.approx(max(p.est.time_s for p in c.est.parts))
+    for e in splits + [c.est for c in _split_cands(problem)]:
+        assert e.devices == sum(p.est.devices for p in e.parts)
+        assert sum(p.samples for p in e.parts) == problem.res.job.batch.samples
+        assert all(p.samples % problem.res.job.batch.samples_per_prompt == 0 for p in e.parts)
+        assert e.time_s == pytest.approx(max(p.est.time_s for p in e.parts))
 
 
 def test_balance_is_the_crossing(problem):
@@ -62,12 +71,44 @@ def test_balance_is_the_crossing(problem):
 
 
 def test_part_is_the_single_estimate_on_its_samples(problem):
-    """A part is priced exactly as a single-pool rollout on a job of its samples."""
+    """A part is priced exactly as a single-pool rollout on a job of its samples, except that
+    its tail is the longest sample of the whole step's draws (`PriceContext.with_samples`):
+    on a job of its own samples alone, the part is priced no slower (a longest sample no
+    longer; here both reach the cap), which made two halves of a pool faster than the pool."""
     c = _split_cands(problem)[0]
     for p in c.est.parts:
-        pres = problem.res.with_samples(p.samples)
-        again = Pricer(pres, problem.calib).estimate("rollout", pres.cluster.pool(p.est.pool), p.est.par)
+        part = Pricer(problem.res, problem.calib).with_samples(p.samples)
+        assert part.step_draws == problem.res.job.batch.samples
+        again = part.estimate("rollout", part.res.cluster.pool(p.est.pool), p.est.par)
         assert again.stage_s == p.est.stage_s
+        pres = problem.res.with_samples(p.samples)
+        alone = Pricer(pres, problem.calib).estimate("rollout", pres.cluster.pool(p.est.pool),
+                                                     p.est.par)
+        assert alone.time_s <= p.est.time_s
+
+
+def test_two_halves_of_a_pool_are_priced_as_the_pool():
+    """The invariance at its cause: a rollout on 2k identical replicas of one pool, and the
+    same replicas as two parts of k on two copies of the pool with half the batch each, are
+    priced the same (each part's busiest replica holds as many samples as the pool's and the
+    step's longest sample), on a long-tailed job."""
+    job = load_job("examples/agentic-code.yaml")
+    h100 = job.cluster.pool("h100")
+    halves = [h100.model_copy(update={"nodes": 1}),
+              h100.model_copy(update={"name": "h100-b", "nodes": 1})]
+    px = Pricer(resolve(job.model_copy(update={"cluster": job.cluster.model_copy(
+        update={"pools": [p for p in job.cluster.pools if p.name != "h100"] + halves})})),
+        Calibration())
+    whole = Pricer(resolve(job.model_copy(update={"cluster": job.cluster.model_copy(
+        update={"pools": [p for p in job.cluster.pools if p.name != "h100"]
+                + [h100.model_copy(update={"nodes": 2})]})})), Calibration())
+    total = job.batch.samples
+    single = whole.estimate("rollout", whole.res.cluster.pool("h100"), Parallel(tp=2, dp=8))
+    part = px.with_samples(total // 2)
+    parts = [part.estimate("rollout", part.res.cluster.pool(p.name), Parallel(tp=2, dp=4))
+             for p in halves]
+    assert single.feasible and all(p.feasible for p in parts)
+    assert max(p.time_s for p in parts) == pytest.approx(single.time_s, rel=1e-12)
 
 
 def test_sync_to_a_split_is_its_slowest_part(problem):

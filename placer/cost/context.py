@@ -40,12 +40,15 @@ class PriceContext:
     prices_agents = False  # a multi-agent job: `placer.cost.agents.AgentPricer` only
 
     def __init__(self, res: Resolved, calib: Calibration | None = None,
-                 _terms: dict[TermsKey, StepTerms] | None = None) -> None:
+                 _terms: dict[TermsKey, StepTerms] | None = None, step_draws: int = 0) -> None:
         if res.job.agents is not None and not self.prices_agents:  # never as one agent alone
             raise SpecError(f"{res.job.name}: agents: a multi-agent job is priced per agent "
                             "(placer.cost.agents.AgentPricer); this command does not run such "
                             "jobs yet")
         self.res = res
+        # a split role's part (`with_samples`): the samples the whole step generates, which its
+        # batch's longest sample is drawn from (0: the job's own batch)
+        self.step_draws = step_draws
         self.given = calib if calib is not None else Calibration()
         self.calib = framework_calibration(self.given, res.job.profile.factors)
         self._terms: dict[TermsKey, StepTerms] = {} if _terms is None else _terms
@@ -76,13 +79,17 @@ class PriceContext:
     def with_samples(self, n: int) -> Self:
         """This problem's context on the job with a batch of `n` samples (a split role's part):
         the same factors and the same `StepTerms` table (a replica's steps do not depend on the
-        batch; replays are kept by their sample counts)."""
-        return self.with_res(self.res.with_samples(n))
+        batch; replays are kept by their sample counts). The step still draws the whole job's
+        samples: the part's tail is priced with the longest of those (`step_draws`), so a part
+        is priced as the same engines within one pool would be (`placer.cost.split`)."""
+        draws = self.step_draws or self.res.job.tail_policy.mechanism.generated(
+            self.res.job.batch.samples)
+        return type(self)(self.res.with_samples(n), self.given, self._terms, draws)
 
     def with_res(self, res: Resolved) -> Self:
         """The context of another resolved job that shares this one's models and devices (the
         same table: it is keyed by value)."""
-        return type(self)(res, self.given, self._terms)
+        return type(self)(res, self.given, self._terms, self.step_draws)
 
 
 def framework_calibration(calib: Calibration, factors: Mapping[str, float]) -> Calibration:

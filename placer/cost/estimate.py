@@ -474,7 +474,8 @@ def _rollout(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                            "engine per device")
     if has_variance(res.job):  # the tail: continuous batching of drawn lengths
         gen = makespan(res.job, st, eff, Replicas(
-            shape.replicas, shape.per_replica, shape.steady, shape.generated, shape.kept))
+            shape.replicas, shape.per_replica, shape.steady, shape.generated, shape.kept,
+            ctx.step_draws))
     else:
         gen = (_waves(res, dev, par, eff, shape) if fits_lockstep(res.job, st.kv, shape.concurrency)
                else identical_span(res.job, st, Replicas(shape.replicas, shape.per_replica,

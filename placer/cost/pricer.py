@@ -56,11 +56,12 @@ class Pricer(PriceContext):
         return estimate(self, role, pool, par, env_cores)
 
     def split_estimates(self, role: str, singles: dict[str, list[Estimate]],
-                        keep: SplitKeep | None = None, space: SplitSpace | None = None
-                        ) -> list[Estimate]:
+                        keep: SplitKeep | None = None, space: SplitSpace | None = None,
+                        shared: frozenset[str] = frozenset()) -> list[Estimate]:
         """`role` split over every pair of pools, from its single-pool estimates
-        (`placer.cost.split`); `space` counts what was searched."""
-        return split_estimates(self, role, singles, keep, space)
+        (`placer.cost.split`); `space` counts what was searched; `shared`: pools where a part
+        may time-share a slot."""
+        return split_estimates(self, role, singles, keep, space, shared)
 
     def rollout_shape(self, dev: DeviceType, par: Parallel) -> RolloutShape:
         """How the batch's samples meet the rollout's engine replicas."""
@@ -110,8 +111,8 @@ class AgentPricer(Pricer):
     prices_agents = True
 
     def __init__(self, res: Resolved, calib: Calibration | None = None,
-                 _terms: dict[TermsKey, StepTerms] | None = None) -> None:
-        super().__init__(res, calib, _terms)
+                 _terms: dict[TermsKey, StepTerms] | None = None, step_draws: int = 0) -> None:
+        super().__init__(res, calib, _terms, step_draws)
         assert res.job.agents is not None, "AgentPricer prices multi-agent jobs"
         self.agents: Agents = res.job.agents
         self.subs: dict[str, Pricer] = {
@@ -153,8 +154,8 @@ class AgentPricer(Pricer):
         raise AssertionError("a multi-agent job runs no tool environment")
 
     def split_estimates(self, role: str, singles: dict[str, list[Estimate]],
-                        keep: SplitKeep | None = None, space: SplitSpace | None = None
-                        ) -> list[Estimate]:
+                        keep: SplitKeep | None = None, space: SplitSpace | None = None,
+                        shared: frozenset[str] = frozenset()) -> list[Estimate]:
         return []  # an agent's role is not split over pools (`placer.solve.agentplan`)
 
     def sync_pairs(self) -> list[tuple[str, str]]:

@@ -62,6 +62,15 @@ class Replicas:
     concurrency: int
     generated: int  # samples generated over all replicas
     kept: int  # samples the step waits for
+    # samples of the whole step the batch's longest sample is drawn from (0: `generated`); a
+    # split role's part runs a share of the step's batch, and its busiest replica is priced
+    # with the longest of the step's draws, as one pool's busiest replica is
+    # (`placer.cost.split`)
+    step_draws: int = 0
+
+    @property
+    def draws(self) -> int:
+        return self.step_draws or self.generated
 
 
 def makespan(job: Job, st: StepTerms, eff: Efficiency, shape: Replicas) -> float:
@@ -99,7 +108,7 @@ def reduced_count(job: Job, st: StepTerms, shape: Replicas, tool_overhead_s: flo
     calls = env.turns - 1 if env.kind != "none" and env.turns > 1 else 0
     ctx = lengths.prompt.mean_value() + lengths.response.mean_value()
     step_s = st.step(1, ctx)
-    top = longest(job, shape.generated, tool_overhead_s, step_s)
+    top = longest(job, shape.draws, tool_overhead_s, step_s)
     solo_top = sum(top.response[0]) * step_s + sum(top.tool_s[0])
     solo_mean = (env.turns * lengths.response.mean_value() * step_s
                  + calls * (env.tool_latency_s.mean_value() + tool_overhead_s))
@@ -129,7 +138,7 @@ def _replica_s(job: Job, per: int, shape: Replicas, eff: Efficiency, st: StepTer
     replica (`reduced_count`) is throughput-bound: the longest sample's queue position no longer
     decides its end, so it is placed mid-queue only."""
     key = (*_job_key(job, eff.tool_overhead_s), per, shape.concurrency, shape.generated,
-           shape.kept, shape.replicas if over and per == shape.per_replica else 0, reduced)
+           shape.kept, shape.draws, shape.replicas if over and per == shape.per_replica else 0, reduced)
     return st.remember(key, lambda: _replica_uncached(job, per, shape, eff, st, run, over,
                                                       reduced))
 
@@ -149,7 +158,7 @@ def _replica_uncached(job: Job, per: int, shape: Replicas, eff: Efficiency, st: 
         return max(t for t, _ in done)
     base = strata(job, per - 1, eff.tool_overhead_s)
     ctx = job.lengths.prompt.mean_value() + job.lengths.response.mean_value()
-    top = longest(job, shape.generated, eff.tool_overhead_s, st.step(1, ctx))
+    top = longest(job, shape.draws, eff.tool_overhead_s, st.step(1, ctx))
     spots = (0.5,) if reduced else POSITIONS if per > shape.concurrency else (0.0,)
     return sum(max(t for t, _ in run(insert(base, top, f))) for f in spots) / len(spots)
 

@@ -8,6 +8,14 @@ rollout role and divides the batch so that both parts finish together: the group
 on part a minimising max(t_a(n), t_b(N - n)), found by bisection, each part priced by
 `placer.cost.estimate.estimate` with the tail model. GRPO groups stay whole on one part.
 
+The step ends when its slowest part ends, and its longest sample, the longest of the step's N
+draws, may land on either part: so each part's busiest replica is priced holding that sample
+(`PriceContext.with_samples` keeps the step's draws), as one pool's busiest replica is. A part
+priced on its own n draws would end sooner, and max over parts of those expectations is below
+the step's expected end (E max >= max E): two halves of a pool were priced faster than the
+pool. With the step's draws, two identical pools split at any share cost no less than the
+merged pool (some part's busiest replica holds at least as many samples as the merged pool's).
+
 Which pairs: every two accelerator pools that can host the role, and on each every layout (so
 every device count) the role has there alone, after dominance pruning. No pair is left out
 unpriced unless a bound shows it cannot be in a plan better than a known one (`SplitKeep`, from
@@ -36,8 +44,18 @@ SPLITTABLE = (Role.ROLLOUT,)
 
 # Whether a split candidate of these parts (their single-pool estimates: pool, layout, devices),
 # whose time is at least this many seconds, may be in a plan better than a known one
-# (`placer.solve.ilp_bound.split_keep`); it must be monotone: false at t, false at every t' > t
-SplitKeep = Callable[[tuple[Estimate, ...], float], bool]
+# (`placer.solve.ilp_bound.split_keep`); it must be monotone: false at t, false at every t' > t.
+# The third argument names the pool of the part that time-shares a slot (a mixed rollout,
+# `colocated`), None for a split alone in its slot.
+SplitKeep = Callable[[tuple[Estimate, ...], float, str | None], bool]
+
+
+def kept_as(keep: SplitKeep | None, parts: tuple[Estimate, ...], t: float,
+            shared: frozenset[str]) -> list[str | None]:
+    """How a split of `parts` lasting `t` may be in a better plan: alone (None) and/or with its
+    part on each pool of `shared` time-sharing a slot there."""
+    ways: list[str | None] = [None, *sorted(p.pool for p in parts if p.pool in shared)]
+    return ways if keep is None else [w for w in ways if keep(parts, t, w)]
 
 
 def deal(n: int, kept: list[int]) -> list[int]:
@@ -117,13 +135,28 @@ def _replicas(e: Estimate) -> int:
     return max(e.par.dp, 1)
 
 
-def join(parts: list[Part]) -> Estimate:
-    """The split role's estimate: the slower part's stages, the parts' devices and memory."""
+def join(parts: list[Part], shared: bool = False) -> Estimate:
+    """The split role's estimate: the slower part's stages, the parts' devices and memory (the
+    neediest part's; `shared`: the first part's, the one that time-shares a slot)."""
     first = parts[0].est
     slow = max(parts, key=lambda p: p.est.time_s).est
-    mem = max((p.est.memory for p in parts), key=lambda m: m.total)
+    mem = first.memory if shared else max((p.est.memory for p in parts), key=lambda m: m.total)
     return Estimate(first.role, "+".join(p.est.pool for p in parts), first.par, mem,
                     dict(slow.stage_s), concurrency=first.concurrency, parts=tuple(parts))
+
+
+def colocated(split: Estimate, pool: str) -> Estimate:
+    """A mixed rollout: `split` with its part on `pool` time-sharing a slot with the roles there
+    (the actor's phases, in sync mode) while its other part runs on its own pool alongside. The
+    part on `pool` comes first (its layout is the role's, its pool the slot's) and its memory
+    is the role's, what the slot must hold beside its other members or switch (`timing`)."""
+    home = next(p for p in split.parts if p.est.pool == pool)
+    return join([home, *[p for p in split.parts if p is not home]], shared=True)
+
+
+def home_pool(est: Estimate) -> str:
+    """The pool an estimate occupies in its slot: its own, or a split's first part's."""
+    return est.parts[0].est.pool if est.parts else est.pool
 
 
 @dataclass
@@ -145,7 +178,8 @@ class SplitSpace:
 
 
 def _cap(e: Estimate, pair: tuple[Estimate, Estimate], total: int, group: int,
-         timer: Callable[[Estimate, int], Estimate | None], keep: SplitKeep | None) -> int:
+         timer: Callable[[Estimate, int], Estimate | None],
+         keep: Callable[[tuple[Estimate, ...], float], bool] | None) -> int:
     """Most groups part `e` can run (at least `_min_groups`; 0 when even those cannot) and
     still end in a time `keep` accepts for a split of `pair`: its time grows with its
     samples, so a doubling search then bisection on the tail-aware timer (cached per count)."""
@@ -170,8 +204,8 @@ def _cap(e: Estimate, pair: tuple[Estimate, Estimate], total: int, group: int,
 
 
 def split_estimates(ctx: PriceContext, role: str, singles: dict[str, list[Estimate]],
-                    keep: SplitKeep | None = None, space: SplitSpace | None = None
-                    ) -> list[Estimate]:
+                    keep: SplitKeep | None = None, space: SplitSpace | None = None,
+                    shared: frozenset[str] = frozenset()) -> list[Estimate]:
     """Split estimates of `role` over every pair of pools, each part at every layout (device
     count) it has alone.
 
@@ -185,7 +219,10 @@ def split_estimates(ctx: PriceContext, role: str, singles: dict[str, list[Estima
          (`_refined`), which also drops a pair that `keep` rules out at its first point;
       3. per pair of pools, a split that another beats on devices of each pool and on every
          stage is dropped (`prune_dominated`'s rule for single-pool candidates).
-    `space` (when given) counts what was searched, pruned and kept."""
+    `space` (when given) counts what was searched, pruned and kept. `shared`: pools where a
+    part may time-share a slot (`colocated`): a pair is kept while it may be in a better plan
+    either way (`kept_as`), and a split beats another only if its parts there also hold no
+    more weights per device (what a shared slot switches)."""
     if role not in SPLITTABLE:
         return []
     res = ctx.res
@@ -196,22 +233,30 @@ def split_estimates(ctx: PriceContext, role: str, singles: dict[str, list[Estima
     tails = has_variance(res.job)
     rough = PartTimer.of(ctx.with_res(replace(res, job=at_means(res.job))), role) if tails else exact
     seen = space if space is not None else SplitSpace()
+    either = None if keep is None else _either(keep, shared)
     out: list[Estimate] = []
     for pa, pb in combinations(sorted(usable, key=lambda p: _pool_order(ctx, p)), 2):
         found = []
         for a in usable[pa]:
             for b in usable[pb]:
                 seen.pairs += 1
-                est = _pair(a, b, total, group, exact, rough, keep, tails)
+                est = _pair(a, b, total, group, exact, rough, either, tails)
                 if est is None:
                     seen.pruned_by_bound += 1
                 else:
                     found.append(est)
-        front = _undominated(found)
+        front = _undominated(found, shared)
         seen.dominated += len(found) - len(front)
         out += front
     seen.kept += len(out)
     return out
+
+
+def _either(keep: SplitKeep, shared: frozenset[str]
+            ) -> Callable[[tuple[Estimate, ...], float], bool]:
+    """Whether a split may be in a better plan in any of the ways `kept_as` lists (monotone in
+    the time, as each way is)."""
+    return lambda parts, t: bool(kept_as(keep, parts, t, shared))
 
 
 def _pool_order(ctx: PriceContext, pool: str) -> tuple[str, str]:
@@ -223,7 +268,8 @@ def _pool_order(ctx: PriceContext, pool: str) -> tuple[str, str]:
 def _pair(a: Estimate, b: Estimate, total: int, group: int,
           exact: Callable[[Estimate, int], Estimate | None],
           rough: Callable[[Estimate, int], Estimate | None],
-          keep: SplitKeep | None, tails: bool) -> Estimate | None:
+          keep: Callable[[tuple[Estimate, ...], float], bool] | None, tails: bool
+          ) -> Estimate | None:
     """The split of parts a and b, or None when the bound shows no split of them can be in a
     better plan (or a part cannot get a share of its own)."""
     if keep is not None and not keep((a, b), 0.0):
@@ -250,7 +296,8 @@ def _parts(a: Estimate, b: Estimate, n: int, total: int,
 
 
 def _refined(a: Estimate, b: Estimate, n: int, total: int, group: int,
-             timer: Callable[[Estimate, int], Estimate | None], keep: SplitKeep | None = None,
+             timer: Callable[[Estimate, int], Estimate | None],
+             keep: Callable[[tuple[Estimate, ...], float], bool] | None = None,
              steps: int = 4) -> list[Part] | None:
     """The balance on the tail model, from the guess n: a rate-proportional step, then secant
     steps on t_a(n) - t_b(N - n) (the tail adds a near-constant term that the means miss, so
@@ -292,7 +339,8 @@ def _refined(a: Estimate, b: Estimate, n: int, total: int, group: int,
     return min(seen.values(), key=lambda v: v[0])[2]
 
 
-def _undominated(splits: list[Estimate]) -> list[Estimate]:
+def _undominated(splits: list[Estimate], shared: frozenset[str] = frozenset()
+                 ) -> list[Estimate]:
     """Splits of one pair of pools that no other beats: none with no more devices on each pool
     and no more time in any stage (the first of equals kept). Safe for the ILP as
     `candidates.prune_dominated` is: a split sits alone in its slot, so its devices and stage
@@ -300,13 +348,16 @@ def _undominated(splits: list[Estimate]) -> list[Estimate]:
     order = sorted(splits, key=lambda e: (sum(e.pool_devices().values()), e.time_s))
     kept: list[Estimate] = []
     for e in order:
-        if not any(_beats(k, e) for k in kept):
+        if not any(_beats(k, e, shared) for k in kept):
             kept.append(e)
     return kept
 
 
-def _beats(a: Estimate, b: Estimate) -> bool:
+def _beats(a: Estimate, b: Estimate, shared: frozenset[str] = frozenset()) -> bool:
     da, db = a.pool_devices(), b.pool_devices()
     stages = set(a.stage_s) | set(b.stage_s)
+    wa = {p.est.pool: p.est.memory.weights for p in a.parts if p.est.pool in shared}
+    wb = {p.est.pool: p.est.memory.weights for p in b.parts if p.est.pool in shared}
     return (all(da.get(p, 0) <= n for p, n in db.items())
-            and all(a.stage_s.get(s, 0.0) <= b.stage_s.get(s, 0.0) for s in stages))
+            and all(a.stage_s.get(s, 0.0) <= b.stage_s.get(s, 0.0) for s in stages)
+            and all(w <= wb.get(p, w) for p, w in wa.items()))

@@ -147,9 +147,12 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
     them join (`sync_links`) in `sync_calls` calls per sender, priced by
     `costmodel.weight_sync_time`; a paired transport (the job's `weight_sync`), one stream per
     engine rank (`placer.cost.refit`). A rollout split over pools: every part's replicas join the one
-    broadcast, so the slowest part's links pace it (the max over parts)."""
+    broadcast, so the slowest part's links pace it (the max over parts). A mixed rollout (a
+    part in the actor's slot, `placer.cost.split.colocated`): that part takes the weights
+    locally, the others over their own links."""
     if rollout.est.parts:
-        return max(sync_time(ctx, actor, Placed(rollout.slot, p.est)) for p in rollout.est.parts)
+        return max(sync_time(ctx, actor, Placed(_part_slot(actor, rollout, p.est), p.est))
+                   for p in rollout.est.parts)
     res = ctx.res
     m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
@@ -160,6 +163,14 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
                                         actor.slot == rollout.slot, eff), dev, eff)
     return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
                             sync_calls(m, actor.est.par.pp, eff), sync_call_cost(m, eff))
+
+
+def _part_slot(actor: Placed, rollout: Placed, part: Estimate) -> str:
+    """The slot a split rollout's part runs in: the role's slot on the pool that slot is on
+    (where the actor may sit too), a slot of its own on any other pool."""
+    if part.pool == rollout.est.parts[0].est.pool:
+        return rollout.slot
+    return f"{rollout.slot}/{part.pool}"
 
 
 def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> float:
@@ -184,9 +195,12 @@ def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
         by_slot[p.slot].append(p)
     out = {}
     for slot, members in by_slot.items():
-        if members[0].est.parts:
-            continue  # a split role is alone in its slot and parks nothing
-        dev = res.device_of(members[0].est.pool)
+        first = members[0].est
+        if first.parts and len(members) < 2:
+            continue  # a split role alone in its slot parks nothing
+        # a split role in a shared slot (a mixed rollout): its memory is its part's on the
+        # slot's pool (`placer.cost.split.colocated`), the pool its first part is on
+        dev = res.device_of(first.parts[0].est.pool if first.parts else first.pool)
         if dev.host_backed:  # its memory is host RAM already: a switch moves nothing
             continue
         eff = ctx.calib.for_device(dev)

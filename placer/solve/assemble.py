@@ -32,28 +32,37 @@ from placer.spec.load import dump_job
 
 
 def slot_plans(res: Resolved, placed: list[Placed]) -> list[SlotPlan]:
-    """One slot per distinct slot name, sized by its largest role, in the job's role order."""
+    """One slot per distinct slot name, in the job's role order, on its first role's pool and
+    holding on each pool its largest role's devices there. A split role's slot lists its
+    devices per pool (`parts`): alone, its parts'; a mixed rollout sharing a slot
+    (`placer.cost.split.colocated`), its first part with the slot's other roles on their pool,
+    its other parts on theirs."""
     order: dict[str, int] = {r: i for i, r in enumerate(res.job.role_names())}
-    slots: dict[str, SlotPlan] = {}
+    held: dict[str, dict[str, int]] = {}  # slot -> pool -> devices, the slot's pool first
+    roles: dict[str, list[str]] = {}
+    split_in: dict[str, str] = {}  # slot -> its role split over pools (one at most)
     for p in sorted(placed, key=lambda p: order[p.est.role]):
-        cur = slots.get(p.slot)
-        if p.est.parts:  # a split role: alone in its slot, devices on each part's pool
-            if cur is not None:
-                raise ValueError(f"slot {p.slot}: role {p.est.role} is split over pools and "
-                                 "cannot share its slot")
-            parts = [SlotPart(pool=q.est.pool, devices=q.est.devices) for q in p.est.parts]
-            slots[p.slot] = SlotPlan(name=p.slot, pool=parts[0].pool, devices=p.est.devices,
-                                     roles=[p.est.role], parts=parts)
-        elif cur is None:
-            slots[p.slot] = SlotPlan(name=p.slot, pool=p.est.pool, devices=p.est.devices,
-                                     roles=[p.est.role])
-        else:
-            if cur.parts or cur.pool != p.est.pool:
-                raise ValueError(f"slot {p.slot} mixes pools {cur.pool} and {p.est.pool}")
-            slots[p.slot] = SlotPlan(name=p.slot, pool=cur.pool,
-                                     devices=max(cur.devices, p.est.devices),
-                                     roles=[*cur.roles, p.est.role])
-    return list(slots.values())
+        pools = ([(q.est.pool, q.est.devices) for q in p.est.parts] if p.est.parts
+                 else [(p.est.pool, p.est.devices)])
+        cur = held.setdefault(p.slot, {})
+        if cur and next(iter(cur)) != pools[0][0]:
+            raise ValueError(f"slot {p.slot} mixes pools {next(iter(cur))} and {pools[0][0]}")
+        if p.est.parts and p.slot in split_in:
+            raise ValueError(f"slot {p.slot}: roles {split_in[p.slot]} and {p.est.role} are "
+                             "both split over pools")
+        if p.est.parts:
+            split_in[p.slot] = p.est.role
+        for pool, n in pools:
+            cur[pool] = max(cur.get(pool, 0), n)
+        roles.setdefault(p.slot, []).append(p.est.role)
+    out = []
+    for name, cur in held.items():
+        first = next(iter(cur))
+        parts = ([SlotPart(pool=pool, devices=n) for pool, n in cur.items()] if len(cur) > 1
+                 else [])
+        out.append(SlotPlan(name=name, pool=first, devices=sum(cur.values()),
+                            roles=roles[name], parts=parts))
+    return out
 
 
 def role_part(q: Part, total: int) -> RolePart:
@@ -140,16 +149,24 @@ def reprice(plan: Plan, job: Job, calib: Calibration) -> Timing:
     """A plan's placement (every role's pool, layout and slot) priced for `job`: e.g. the job at
     its means (`rollout_tail.at_means`), what a no-variance simulation of the plan runs."""
     px = Pricer(resolve(job, plan.job.get("name", "plan")), calib)
-    placed = [Placed(r.slot, placed_estimate(px, role, r)) for role, r in plan.roles.items()]
+    placed = [Placed(r.slot, placed_estimate(px, role, r, shares_slot(plan, role)))
+              for role, r in plan.roles.items()]
     return px.iteration_time(placed)
 
 
-def placed_estimate(px: Pricer, role: str, r: RolePlacement) -> Estimate:
-    """A plan's role priced again for `px`'s job (its parts too, each on its own samples)."""
+def shares_slot(plan: Plan, role: str) -> bool:
+    """Whether `role` time-shares its slot with another role of the plan."""
+    slot = plan.roles[role].slot
+    return any(r.slot == slot for name, r in plan.roles.items() if name != role)
+
+
+def placed_estimate(px: Pricer, role: str, r: RolePlacement, shared: bool = False) -> Estimate:
+    """A plan's role priced again for `px`'s job (its parts too, each on its own samples; a
+    split role sharing its slot, `shared`, as a mixed rollout: `placer.cost.split.colocated`)."""
     if not r.parts:
         return px.estimate(role, px.res.cluster.pool(r.pool), r.par)
     parts = []
     for q in r.parts:
         part = px.with_samples(q.samples)
         parts.append(Part(part.estimate(role, part.res.cluster.pool(q.pool), q.par), q.samples))
-    return join(parts)
+    return join(parts, shared)

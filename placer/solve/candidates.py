@@ -34,7 +34,7 @@ from placer.cost.layercomm import MICRO_TOKENS, NODE_DEVICES
 from placer.cost.pricer import AgentPricer, Pricer
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.sharding import Parallel
-from placer.cost.split import SplitKeep, SplitSpace
+from placer.cost.split import SplitKeep, SplitSpace, colocated, kept_as
 from placer.solve.parktwins import park_twins
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
@@ -60,6 +60,12 @@ class Candidate:
     def split(self) -> bool:
         """Split over pools (`placer.cost.split`): `pool` then joins the parts' pools by "+"."""
         return bool(self.est.parts)
+
+    @property
+    def colocated(self) -> bool:
+        """A mixed rollout (`placer.cost.split.colocated`): split over pools, its first part
+        time-sharing a slot on `pool` with other roles, the others on pools of their own."""
+        return self.split and self.pool in self.est.pool_devices()
 
     def pool_devices(self) -> dict[str, int]:
         return self.est.pool_devices()
@@ -460,18 +466,42 @@ def with_splits(px: Pricer, per_pool: PerPool,
                 ) -> dict[str, list[Candidate]]:
     """Role -> its single-pool candidates, then those split over two pools (`placer.cost.split`);
     `keep(role)` says which splits are worth pricing (`placer.solve.ilp_bound.split_keep`);
-    `space` counts the splits searched, pruned and kept."""
+    `space` counts the splits searched, pruned and kept.
+
+    Each split is a candidate alone in its slot and, in sync mode, a mixed one per pool of its
+    parts where another role may run (`shared_pools`): that part time-shares the slot there
+    (`placer.cost.split.colocated`), the other runs alongside on its own pool. The ILP prices
+    both from the same table; `keep` drops either where it cannot be in a better plan."""
     out: dict[str, list[Candidate]] = {}
     splits_roles = px.res.job.profile.splits_roles  # a framework that runs a role on one pool
     for role, pools in per_pool.items():
         if not splits_roles:
             out[role] = [c for cs in pools.values() for c in cs]
             continue
+        shared = shared_pools(px, per_pool, role)
+        rule = keep(role) if keep is not None else None
         splits = px.split_estimates(role, {p: [c.est for c in cs] for p, cs in pools.items()},
-                                    keep(role) if keep is not None else None, space)
-        out[role] = [c for cs in pools.values() for c in cs] + [Candidate(role, e.pool, e)
-                                                               for e in splits]
+                                    rule, space, shared)
+        found: list[Candidate] = []
+        for e in splits:
+            for way in kept_as(rule, tuple(p.est for p in e.parts), e.time_s, shared):
+                found.append(Candidate(role, e.pool, e) if way is None
+                             else Candidate(role, way, colocated(e, way)))
+        out[role] = [c for cs in pools.values() for c in cs] + found
     return out
+
+
+def shared_pools(px: Pricer, per_pool: PerPool, role: str) -> frozenset[str]:
+    """Pools where a part of a split `role` may time-share a slot with other roles: in sync
+    mode (the phases run in turn, so the shared devices serve each in its stage), accelerator
+    pools where another role has candidates; none in async mode, where the part would wait on
+    the slot's training while its other part runs on."""
+    if px.res.job.pipeline.mechanism.overlaps_steps:
+        return frozenset()
+    return frozenset(p for r, pools in per_pool.items() if r != role
+                     for p, cs in pools.items()
+                     if cs and not px.res.device_of(p).host_backed
+                     and px.res.device_of(p).kind is not DeviceKind.cpu)
 
 
 def memory_floor_gb(res: Resolved, role: str) -> float:

@@ -15,7 +15,8 @@
   micro      per trained role, its layout at each micro-batch size tried (`placer.solve.microwhy`)
   split      per role split over pools (`placer.cost.split`): its parts (pool, layout, share of the
              samples, time) and why: the best single-pool plan, re-solved with the split
-             candidates left out, against the split plan (`single_pool_alternative`)
+             candidates left out, against the split plan (`single_pool_alternative`); a mixed
+             rollout names the roles its first part time-shares its slot with
 
 Each is a typed record (`placer.base.records.Record`) and `explain` gathers them in one
 `Explanation`; `to_dict()` is the `explain` document `placer plan --explain --json` prints and
@@ -38,7 +39,7 @@ from placer.base.roles import is_training
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
-from placer.solve.assemble import placed_estimate
+from placer.solve.assemble import placed_estimate, shares_slot
 from placer.solve.asyncwhy import AsyncWhy, async_lines, async_why
 from placer.solve.candidates import role_candidates
 from placer.solve.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
@@ -119,7 +120,7 @@ def breakdown(plan: Plan, px: Pricer) -> dict[str, RoleRow]:
     out = {}
     for role, r in plan.roles.items():
         pool = res.cluster.pool(r.pool)
-        est = placed_estimate(px, role, r)  # a split role: its parts, each re-priced
+        est = placed_estimate(px, role, r, shares_slot(plan, role))  # a split: parts re-priced
         mem = est.memory
         if r.parts:  # the part whose memory the role reports (the fullest) sets the device
             pool = res.cluster.pool(max(est.parts, key=lambda q: q.est.memory.total).est.pool)
@@ -193,7 +194,7 @@ def _same_time(plan: Plan, px: Pricer, pool: str, keep: int) -> bool:
         return False
     placed = []
     for role, r in plan.roles.items():
-        est = placed_estimate(small, role, r)  # a split role: every part on its pool
+        est = placed_estimate(small, role, r, shares_slot(plan, role))  # every part priced
         if not est.feasible:
             return False
         placed.append(Placed(r.slot, est))
@@ -329,6 +330,8 @@ class SplitWhy(Record):
     iteration_s: float
     cost_per_sample: float
     single_pool: SinglePool | None
+    shares_with: list[str] = []
+    """a mixed rollout (sync mode): the roles its first part time-shares its slot with"""
 
 
 def split(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> dict[str, SplitWhy]:
@@ -339,7 +342,9 @@ def split(plan: Plan, px: Pricer, time_limit_s: float = 5.0) -> dict[str, SplitW
         return {}
     alt = single_pool_alternative(px, plan.objective, time_limit_s)
     return {role: SplitWhy(parts=_parts(px.res, r), iteration_s=plan.predicted_iteration_s,
-                           cost_per_sample=plan.cost_per_sample, single_pool=alt)
+                           cost_per_sample=plan.cost_per_sample, single_pool=alt,
+                           shares_with=[o for o, q in plan.roles.items()
+                                        if o != role and q.slot == r.slot])
             for role, r in roles.items()}
 
 
@@ -500,6 +505,11 @@ def split_lines(role: str, sp: SplitWhy) -> list[str]:
     lines = [f"{role} is split over {len(sp.parts)} pools: {parts}",
              "  shares: group-aligned sample counts at which the parts finish together "
              "(placer.cost.split)"]
+    if sp.shares_with:
+        home, rest = sp.parts[0], ", ".join(f"{q.pool} x{q.devices}" for q in sp.parts[1:])
+        lines.append(f"  mixed rollout: its part on {home.pool} x{home.devices} time-shares "
+                     f"its slot with {', '.join(sp.shares_with)} (their phases in turn); "
+                     f"{rest} runs alongside on devices of its own")
     alt = sp.single_pool
     if alt is None:
         lines.append("  no single-pool plan was found within the time limit")

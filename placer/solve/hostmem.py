@@ -238,18 +238,21 @@ def _on_pool(r: RolePlacement, pool: str) -> tuple[int, Parallel]:
 
 def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
     """Per switching slot: GB per device parked on the host at its worst moment (a split role
-    sits alone in its slot, so never switches; its state would be its largest part's)."""
+    alone in its slot never switches; a mixed rollout parks its part on the slot's pool)."""
     out = {}
     slots = {s.name: s for s in plan.slots}
     for name in plan.breakdown.switch_s:
         slot = slots[name]
         rs = [plan.roles[role] for role in slot.roles]
-        shares = [r.devices / slot.devices for r in rs]  # per slot device, spread evenly
-        if optpark.slot_peak_gb((r.memory_gb, r.parked_gb) for r in rs) <= px.res.device_of(
+        home = slot.parts[0].devices if slot.parts else slot.devices
+        # on the slot's pool (a mixed rollout: its first part), per slot device, spread evenly
+        shares = [(r.parts[0].devices if r.parts else r.devices) / home for r in rs]
+        mems = [(r.parts[0].memory_gb if r.parts else r.memory_gb, r.parked_gb) for r in rs]
+        if optpark.slot_peak_gb(mems) <= px.res.device_of(
                 slot.pool).memory_gb:  # they fit together: only parked optimizers are moved
             out[name] = sum(r.parked_gb * k for r, k in zip(rs, shares))
             continue
-        states = [parked_gb(placed_estimate(px, role, r).memory) * k
+        states = [parked_gb(placed_estimate(px, role, r, True).memory) * k
                   for role, r, k in zip(slot.roles, rs, shares)]
         out[name] = sum(states) - min(states, default=0.0)
     return out

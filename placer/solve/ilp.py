@@ -14,7 +14,9 @@ Variables: x_rk (role r runs k, one each); z_rj (role r sits in slot j <= r, the
 its lowest role: one representation per partition); D_jp (devices slot j holds on pool p);
 over_j (slot j's members do not fit in memory together); T.
 Constraints (products of binaries by enforcement literals, no big-M):
-  pool        a slot is on one pool; a split candidate sits alone in its slot
+  pool        a slot is on one pool; a split candidate sits alone in its slot, a mixed one
+              (`Candidate.colocated`) in another role's slot on its shared part's pool, its
+              other part's devices held by that slot on their own pool (D_jq)
   capacity    D_jp >= every member's n_kp;  sum_j D_jp <= cap_p
   stage work  S_js = sum of the members' t_ks;  memory: not over_j => the members' m_k fit
   switch      over_j => every member pays sw_k (SW_j)
@@ -185,12 +187,24 @@ def slot_names(groups: list[list[str]]) -> dict[str, str]:
 # -------------------------------------------------------------------------------- host memory
 def _host_mb(res: Resolved, c: Candidate) -> tuple[int, int, int]:
     """(parked when its slot switches, offloaded, parked optimizer when it does not) host MB of
-    candidate `c` over all its devices."""
-    if c.split or res.device_of(c.pool).host_backed:
+    candidate `c` over all its devices in its slot (a mixed rollout's: its part on the slot's
+    pool)."""
+    if _alone(c) or res.device_of(c.pool).host_backed:
         return 0, 0, 0
-    return (int(round(hostmem.parked_gb(c.est.memory) * c.devices * 1e3)),
-            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * c.devices * 1e3)),
-            int(round(optpark.parked_gb(c.est.memory, c.est.par) * c.devices * 1e3)))
+    n = _slot_devices(c)
+    return (int(round(hostmem.parked_gb(c.est.memory) * n * 1e3)),
+            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * n * 1e3)),
+            int(round(optpark.parked_gb(c.est.memory, c.est.par) * n * 1e3)))
+
+
+def _alone(c: Candidate) -> bool:
+    """A split that sits alone in its slot (a mixed one shares its slot: `Candidate.colocated`)."""
+    return c.split and not c.colocated
+
+
+def _slot_devices(c: Candidate) -> int:
+    """Devices `c` holds on its slot's pool: all of them, or a mixed rollout's shared part's."""
+    return c.pool_devices().get(c.pool, c.devices)
 
 
 def _budget_mb(res: Resolved, pool: str) -> int | None:
@@ -226,7 +240,7 @@ def host_fits(problem: Problem, a: Assignment) -> bool:
             need = sum(k[2] + k[1] for k in mb)  # they fit together: only optimizers are parked
         else:
             need = sum(k[0] for k in mb) - min(k[0] for k in mb) + sum(k[1] for k in mb)
-        if need > budget * max(c.devices for c in members):
+        if need > budget * max(_slot_devices(c) for c in members):
             return False
     return True
 
@@ -277,7 +291,10 @@ class _Model:
         for i, r in enumerate(R):
             m.add_exactly_one(self.z[r, j] for j in R[:i + 1])
             for c, v in zip(self.p.cands[r], self.x[r]):
-                if c.split:  # alone in its own slot
+                if c.colocated:  # not alone: it shares its slot (on its first part's pool)
+                    m.add_bool_or([v.Not(), self.z[r, r].Not(),
+                                   *(self.z[later, r] for later in R[i + 1:])])
+                elif c.split:  # alone in its own slot
                     m.add_implication(v, self.z[r, r])
                     for later in R[i + 1:]:
                         m.add_implication(self.z[later, r], v.Not())
@@ -297,8 +314,10 @@ class _Model:
     def _capacity(self) -> None:
         m, cap = self.m, self.p.capacity()
         self.D: dict[tuple[str, str], cp_model.IntVar] = {}
-        for j in self.roles:
-            for pool in sorted({p for c in self.p.cands[j] for p in c.pool_devices()}):
+        for j in self.roles:  # a mixed rollout's slot holds devices on its parts' pools too
+            for pool in sorted({p for c in self.p.cands[j] for p in c.pool_devices()}
+                               | {p for r in self.members(j) for c in self.p.cands[r]
+                                  if c.colocated for p in c.pool_devices()}):
                 d = self.D[j, pool] = m.new_int_var(0, cap[pool], f"D[{j},{pool}]")
                 for r in self.members(j):
                     m.add(d >= self.expr(r, partial(_devices_on, pool=pool))
@@ -331,9 +350,9 @@ class _Model:
         return self.ti(c.est.stage_s.get(stage, 0.0))
 
     def _mem_kb(self, c: Candidate) -> int:
-        """kB per device the candidate holds beside its slot's other members (its parked
-        optimizer left out: `optpark.resident_gb`)."""
-        if c.split or self.p.res.device_of(c.pool).host_backed:
+        """kB per device the candidate holds on its slot's pool beside the slot's other members
+        (a mixed rollout's: its shared part's; a parked optimizer left out: `optpark.resident_gb`)."""
+        if _alone(c) or self.p.res.device_of(c.pool).host_backed:
             return 0  # host-RAM slots never pay a switch (timing.slot_switch); a split role is alone
         return int(round(optpark.resident_gb(c.est.memory, c.est.par) * 1e6))
 
@@ -341,7 +360,7 @@ class _Model:
         return int(round(optpark.parked_gb(c.est.memory, c.est.par) * 1e6))
 
     def _switch(self, c: Candidate) -> int:
-        if c.split or self.p.res.device_of(c.pool).host_backed:
+        if _alone(c) or self.p.res.device_of(c.pool).host_backed:
             return 0
         dev = self.p.res.device_of(c.pool)
         once = onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev))
@@ -451,14 +470,14 @@ class _Model:
         if not budget:
             return
         members = self.members(j)
-        top = max(c.devices for r in members for c in self.p.cands[r])
+        top = max(_slot_devices(c) for r in members for c in self.p.cands[r])
         size = m.new_int_var(0, top, f"M[{j}]")
         largest = {r: m.new_bool_var(f"largest[{r},{j}]") for r in members}
         park: dict[str, cp_model.IntVar] = {}
         held: list[cp_model.IntVar] = []
         opt: list[cp_model.IntVar] = []
         for r in members:
-            n = self.expr(r, lambda c: c.devices)
+            n = self.expr(r, _slot_devices)
             m.add(size >= n).OnlyEnforceIf(self.z[r, j])
             m.add(size <= n).OnlyEnforceIf(largest[r])
             m.add_implication(largest[r], self.z[r, j])

@@ -158,7 +158,8 @@ def _time_floor(problem: Problem, role: str, c: Candidate, floor: dict[str, dict
     async, a step's chain of those stages spans at most s + 1 iterations
     (`PipelineMode.chain_bound_s`)."""
     stages = set(c.est.stage_s).union(*(f for r, f in floor.items() if r != role))
-    y = (max(sync(p.est) for p in c.est.parts)
+    apart = c.est.parts[1:] if c.colocated else c.est.parts  # a mixed part may sync locally
+    y = (max((sync(p.est) for p in apart), default=0.0)
          if sync is not None and role == Role.ROLLOUT and c.split else 0.0)
     chain = y + sum(max([c.est.stage_s.get(st, 0.0)]
                         + [f.get(st, 0.0) for r, f in floor.items() if r != role]) for st in stages)
@@ -186,7 +187,9 @@ def split_keep(problem: Problem, slack_s: float = 0.0) -> Callable[[str], SplitK
     time and sync plus the other roles' least time in the stages it has none of (as
     `_time_floor`); priced, a rate of at least its devices' price. The split is kept unless
     that lower bound on T rules it out (by more than `slack_s` on time: a re-plan's move
-    costs)."""
+    costs). A mixed rollout (its part on the `shared` pool time-sharing a slot there,
+    `placer.cost.split.colocated`) holds only its other parts' devices alone, and only their
+    sync is bounded (the shared part may take its weights locally)."""
     bound: list[tuple[float, float]] = []  # the heuristic plan's (seconds, USD per sample)
     samples, eps = problem.res.job.batch.samples, 1e-9
     chain_bound = problem.res.job.pipeline.mechanism.chain_bound_s
@@ -198,28 +201,31 @@ def split_keep(problem: Problem, slack_s: float = 0.0) -> Callable[[str], SplitK
             bound.append(score(problem, h) if host_fits(problem, h) else (math.inf, math.inf))
         return bound[0]
 
-    def time_floor(role: str) -> Callable[[tuple[Estimate, ...], float], float]:
+    def time_floor(role: str) -> Callable[[tuple[Estimate, ...], float, str | None], float]:
         left = _left_floors(problem, role)
 
-        def low(parts: tuple[Estimate, ...], t_low: float) -> float:
-            others = left(tuple((p.pool, p.devices) for p in parts))
+        def low(parts: tuple[Estimate, ...], t_low: float, shared: str | None) -> float:
+            alone = tuple(p for p in parts if p.pool != shared)
+            others = left(tuple((p.pool, p.devices) for p in alone))
             if others is None:
                 return math.inf  # the other roles do not fit beside it
             rest, slowest = others
-            t = t_low + (max(sync(p) for p in parts) if role == Role.ROLLOUT else 0.0)
+            y = max((sync(p) for p in alone), default=0.0) if role == Role.ROLLOUT else 0.0
+            t = t_low + y
             return max(t, slowest, chain_bound(t + rest))
         return low
 
     def for_role(role: str) -> SplitKeep:
         if role == Role.ROLLOUT and _tool_may_lower(problem):
-            return lambda _parts, _t_low: True
+            return lambda _parts, _t_low, _shared: True
         low = time_floor(role)
         if problem.objective == "time":
-            return lambda parts, t_low: low(parts, t_low) <= (ub()[0] + slack_s) * (1 + eps)
+            return lambda parts, t_low, shared: (low(parts, t_low, shared)
+                                                 <= (ub()[0] + slack_s) * (1 + eps))
 
-        def cheap_enough(parts: tuple[Estimate, ...], t_low: float) -> bool:
+        def cheap_enough(parts: tuple[Estimate, ...], t_low: float, shared: str | None) -> bool:
             price = sum(device_price(problem.res, p.pool, False) * p.devices for p in parts)
-            return price / 3600 * low(parts, t_low) / samples <= ub()[1] * (1 + eps)
+            return price / 3600 * low(parts, t_low, shared) / samples <= ub()[1] * (1 + eps)
         return cheap_enough
     return for_role
 

@@ -95,7 +95,8 @@ def _group_unit(res: Resolved, slot: SlotPlan, roles: dict[str, RolePlacement]) 
 def map_to_nodes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlacement]
                  ) -> tuple[list[SlotPlan], list[Bundle], list[SyncRoute]]:
     """Give every slot nodes and devices; return slots (with nodes), bundles and sync routes.
-    A split role's slot is mapped part by part, each on its own pool."""
+    A split role's slot is mapped part by part, each on its own pool (a mixed rollout's first
+    part with the slot's other roles, in groups of their largest TP)."""
     free: dict[str, list[int]] = {p.name: [p.devices_per_node] * p.nodes for p in res.cluster.pools}
     order = sorted(slots, key=lambda s: (-s.devices, not any(map(is_training, s.roles)),
                                          s.name))
@@ -107,10 +108,13 @@ def map_to_nodes(res: Resolved, slots: list[SlotPlan], roles: dict[str, RolePlac
                            free, bundles)
             placed[slot.name] = slot.model_copy(update={"nodes": nodes})
             continue
-        role = roles[slot.roles[0]]
+        # the slot's split role (a mixed rollout shares the first part's pool with the others)
+        role = next(roles[r] for r in slot.roles if r in roles and roles[r].parts)
         parts = []
-        for sp, rp in zip(slot.parts, role.parts):
-            unit = (min(rp.tp, res.cluster.pool(sp.pool).devices_per_node)
+        for i, (sp, rp) in enumerate(zip(slot.parts, role.parts)):
+            tp = max([rp.tp] + ([roles[r].tp for r in slot.roles if r in roles
+                                 and not roles[r].parts] if i == 0 else []))
+            unit = (min(tp, res.cluster.pool(sp.pool).devices_per_node)
                     if res.device_of(sp.pool).kind is DeviceKind.gpu else 1)
             nodes = _place(res, slot, sp.pool, sp.devices, unit, free, bundles)
             parts.append(sp.model_copy(update={"nodes": nodes}))
