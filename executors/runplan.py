@@ -321,8 +321,16 @@ def _job(res: Resolved) -> JobFacts:
 def _refuse_unlaunched_layouts(plan: Plan) -> None:
     """SpecError (exit 2) for a layout the engines here cannot start as planned: data-parallel
     attention (SGLang --enable-dp-attention, vLLM --data-parallel-size with expert parallelism)
-    would launch as plain TP, and run at another price than the plan's."""
+    would launch as plain TP, and run at another price than the plan's; a mixed rollout (one
+    part time-sharing another role's slot, `placer.cost.split.colocated`) has no seats here."""
+    shared = {s.name: s.roles for s in plan.slots if len(s.roles) > 1}
     for name, r in plan.roles.items():
+        if r.parts and r.slot in shared:
+            others = ", ".join(x for x in shared[r.slot] if x != name)
+            raise SpecError(f"plan.roles.{name}.parts: split over {len(r.parts)} pools with a "
+                            f"part sharing slot {r.slot} with {others}: placer execute does not "
+                            "run a mixed rollout yet; pin the rollout to one pool (`pin: "
+                            f"{{{name}: {{pool: ...}}}}`) or export the plan")
         where = [(f"plan.roles.{name}", r.attn_dp)] + [
             (f"plan.roles.{name}.parts.{i}", p.attn_dp) for i, p in enumerate(r.parts)]
         for field_path, attn_dp in where:

@@ -154,3 +154,13 @@ def test_explain_names_the_mixed_rollout():
     assert why.shares_with == [Role.ACTOR]
     text = "\n".join(explain.split_lines(Role.ROLLOUT, why))
     assert "mixed rollout: its part on h100" in text and "time-shares its slot with actor" in text
+
+
+def test_execute_refuses_a_mixed_rollout_naming_the_field():
+    """The executor has no seats for a part time-sharing another role's slot: the plan is
+    refused before any actor starts (exit 2), naming the role's parts and the way out."""
+    from executors.runplan import resolve_plan  # lazy: the executor's side
+
+    from placer.base.errors import SpecError
+    with pytest.raises(SpecError, match=r"plan\.roles\.rollout\.parts: .*shar.* actor.*pin"):
+        resolve_plan(mixed_plan())

@@ -45,7 +45,7 @@ class Pricer(PriceContext):
     multi-agent job's pricer is an `AgentPricer`, whoever makes it."""
 
     def __new__(cls, res: Resolved, calib: Calibration | None = None,
-                _terms: dict[TermsKey, StepTerms] | None = None) -> Pricer:
+                _terms: dict[TermsKey, StepTerms] | None = None, step_draws: int = 0) -> Pricer:
         if cls is Pricer and res.job.agents is not None:
             cls = AgentPricer
         return super().__new__(cls)
