@@ -57,22 +57,22 @@ def test_a_config_change_is_a_move_either_way(plan: Plan) -> None:
         moved = moves(plan, smaller, colocation=colocation)
         assert list(moved) == [Role.ACTOR] and moved[Role.ACTOR].why == "config"
     assert str(moves(plan, smaller, colocation=False)[Role.ACTOR]) == \
-        "actor: h100 tp1 pp1 dp8 -> h100 tp1 pp1 dp4"
+        "actor: h100 tp1 pp1 dp8 mbs8 -> h100 tp1 pp1 dp4 mbs8"
     assert moves(plan, _with_role(plan, Role.ACTOR, offload=True))[Role.ACTOR].after == \
-        "h100 tp1 pp1 dp8 offload [train]"
+        "h100 tp1 pp1 dp8 mbs8 offload [train]"
 
 
 def test_context_and_expert_parallelism_show_and_move(plan: Plan) -> None:
     """cp and ep (and etp) appear where above 1, in Megatron-Core's order; changing them moves
     the role (its actors are built differently), while layouts without them read as before."""
     cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
-    assert layout(cp, Role.ACTOR) == "h100 tp1 cp2 pp1 dp4"
+    assert layout(cp, Role.ACTOR) == "h100 tp1 cp2 pp1 dp4 mbs8"
     moe = _with_role(plan, Role.ACTOR, tp=2, dp=4, ep=4, etp=2)
-    assert layout(moe, Role.ACTOR) == "h100 tp2 pp1 dp4 ep4 etp2"
-    assert dims(moe.roles[Role.ACTOR]) == "tp2 pp1 dp4 ep4 etp2"
+    assert layout(moe, Role.ACTOR) == "h100 tp2 pp1 dp4 ep4 etp2 mbs8"
+    assert dims(moe.roles[Role.ACTOR]) == "tp2 pp1 dp4 ep4 etp2 mbs8"
     only_cp = _with_role(cp, Role.ACTOR, cp=1)  # same tp, pp, dp: only cp differs
     moved = moves(cp, only_cp, colocation=False)
-    assert str(moved[Role.ACTOR]) == "actor: h100 tp1 cp2 pp1 dp4 -> h100 tp1 pp1 dp4"
+    assert str(moved[Role.ACTOR]) == "actor: h100 tp1 cp2 pp1 dp4 mbs8 -> h100 tp1 pp1 dp4 mbs8"
 
 
 def test_an_environment_moves_with_its_bundles_not_its_dp(plan: Plan) -> None:
@@ -98,5 +98,5 @@ def test_explain_describes_layouts_the_same_way(plan: Plan) -> None:
 
     cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
     rows = breakdown(cp, Pricer(cp.resolved(), Calibration()))
-    assert rows[Role.ACTOR].layout == "tp1 cp2 pp1 dp4"
+    assert rows[Role.ACTOR].layout == "tp1 cp2 pp1 dp4 mbs8"
     assert rows[Role.ROLLOUT].layout == "tp4 pp1 dp2"
