@@ -23,9 +23,9 @@ from placer.cost.agents import swap_runs
 from placer.cost.pricer import AgentPricer, Pricer
 from placer.solve.agentplan import build_agent_problem
 from placer.solve.baselines import partitions
-from placer.solve.ilp import Assignment, Problem, slot_names
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
+from placer.solve.problem import Assignment, Problem, slot_names
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict, load_job
 

@@ -22,10 +22,10 @@ from placer.solve.baselines import (
     standalone,
     training_pool,
 )
-from placer.solve.ilp import host_fits
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.planner import build_problem, plan_assignment, plan_job, to_plan
+from placer.solve.problem import host_fits
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
 

@@ -103,12 +103,12 @@ def test_ppo_34b_on_small_host_memory_is_refused_naming_the_node_and_amounts() -
 
 
 def test_the_solvers_host_rule_agrees_with_the_node_check_on_the_baselines() -> None:
-    """`ilp.host_fits` (the rule the solver keeps to) and `hostmem.over_nodes` (the node-by-node
+    """`problem.host_fits` (the rule the solver keeps to) and `hostmem.over_nodes` (the node-by-node
     check of the assembled plan) agree on the baselines' placements of the 16-GPU job, where
     every slot fills whole nodes: the fastest-config colocation is over, the others fit."""
     from placer.solve.baselines import REGISTRY
-    from placer.solve.ilp import host_fits
     from placer.solve.planner import build_problem, plan_assignment
+    from placer.solve.problem import host_fits
 
     res = resolve(job_from_dict(job(2)))
     px = Pricer(res, Calibration())

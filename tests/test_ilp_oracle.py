@@ -24,10 +24,10 @@ from placer.base.errors import Infeasible
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.solve.baselines import partitions
-from placer.solve.ilp import Assignment, Problem, slot_names
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.planner import build_problem
+from placer.solve.problem import Assignment, Problem, slot_names
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
 

@@ -19,11 +19,11 @@ from placer.cost.pricer import Pricer
 from placer.cost.timing import Placed
 from placer.solve import explain
 from placer.solve.assemble import reprice
-from placer.solve.ilp import Problem
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.planfile import Plan, check_plan
 from placer.solve.planner import build_problem, to_plan
+from placer.solve.problem import Problem
 from placer.spec.catalog import resolve
 from placer.spec.job import Job
 from placer.spec.load import job_from_dict
@@ -160,7 +160,6 @@ def test_execute_refuses_a_mixed_rollout_naming_the_field():
     """The executor has no seats for a part time-sharing another role's slot: the plan is
     refused before any actor starts (exit 2), naming the role's parts and the way out."""
     from executors.runplan import resolve_plan  # lazy: the executor's side
-
     from placer.base.errors import SpecError
     with pytest.raises(SpecError, match=r"plan\.roles\.rollout\.parts: .*shar.* actor.*pin"):
         resolve_plan(mixed_plan())

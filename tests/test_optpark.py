@@ -15,10 +15,10 @@ from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
 from placer.solve.baselines import partitions
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import Assignment, Problem, slot_names
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.parktwins import PARK_TWINS, park_twins
+from placer.solve.problem import Assignment, Problem, slot_names
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
 

@@ -14,11 +14,11 @@ from placer.cost.sharding import Parallel
 from placer.cost.split import PartTimer, SplitSpace, _cap, balance, split_estimates
 from placer.cost.timing import Placed
 from placer.solve.assemble import placed_estimate
-from placer.solve.ilp import Problem
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.planfile import check_plan
 from placer.solve.planner import build_problem, to_plan
+from placer.solve.problem import Problem
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
 

@@ -12,10 +12,10 @@ import placer.solve.candidates as candidates
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
-from placer.solve.ilp import Problem, candidate_key
 from placer.solve.ilp_bound import heuristic, score, split_keep
 from placer.solve.ilp_solve import solve
 from placer.solve.planner import build_problem
+from placer.solve.problem import Problem, candidate_key
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
 
@@ -55,15 +55,17 @@ def test_split_keep_is_the_heuristic_plans_bound_on_a_plans_time() -> None:
     keep = split_keep(singles)(Role.ROLLOUT)
     parts = tuple(next(c.est for c in singles.cands["rollout"] if c.pool == p)
                   for p in ("h100", "h20"))
-    assert keep(parts, 0.0) and not keep(parts, 1.01 * ub)
-    seen = [keep(parts, t * ub / 50) for t in range(60)]
+    # None: the split alone in its slot (no part time-sharing another role's slot)
+    assert keep(parts, 0.0, None) and not keep(parts, 1.01 * ub, None)
+    seen = [keep(parts, t * ub / 50, None) for t in range(60)]
     assert seen == sorted(seen, reverse=True)  # true, then false from some time on
     # a re-plan's move costs let a plan that slow win: kept within that slack
-    assert split_keep(singles, slack_s=ub)(Role.ROLLOUT)(parts, 1.01 * ub)
+    assert split_keep(singles, slack_s=ub)(Role.ROLLOUT)(parts, 1.01 * ub, None)
     bounded = {candidate_key(c): c.time_s for c in build_problem(Pricer(res, Calibration())).cands["rollout"]
                if c.split}
     useful = {candidate_key(c): c.time_s for c in full.cands["rollout"]
-              if c.split and keep(tuple(p.est for p in c.est.parts), c.time_s)}
+              if c.split and keep(tuple(p.est for p in c.est.parts), c.time_s,
+                                  c.pool if c.colocated else None)}
     assert useful and all(bounded.get(k) == t for k, t in useful.items())
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from placer.base.errors import Infeasible
 from placer.cost.pricer import AgentPricer
 from placer.solve.candidates import Candidate, single_candidates
-from placer.solve.ilp import Problem
+from placer.solve.problem import Problem
 from placer.spec.agents import role_name
 
 

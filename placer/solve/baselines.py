@@ -26,7 +26,7 @@ compute), as today's frameworks assume one homogeneous GPU pool; roles that cann
 
 Each returns an `Assignment` (or None when it cannot place the job), so the ILP's search space
 contains every baseline plan: the ILP can only be as good or better. A placement whose switching
-slots park more than their nodes' host RAM holds (`ilp.host_fits`) is no placement: the searching
+slots park more than their nodes' host RAM holds (`problem.host_fits`) is no placement: the searching
 baselines skip it, and a fixed rule (`colocated`, `split`) that leads to one cannot place the job.
 Baselines place every role on one pool: a candidate split over pools (`placer.cost.split`, pool
 "a+b") is never chosen (`_fastest` skips them; the others match a real pool's name, which a split
@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from placer.base.roles import Role
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import Assignment, Problem, host_fits, slot_names
 from placer.solve.ilp_bound import score
+from placer.solve.problem import Assignment, Problem, host_fits, slot_names
 from placer.spec.hardware import DeviceKind
 
 BASELINES = ("colocated", "split", "enumerate", "hybridflow-split", "standalone")

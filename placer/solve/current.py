@@ -15,7 +15,7 @@ from __future__ import annotations
 from placer.base.errors import SpecError
 from placer.cost.sharding import Parallel
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import Assignment, Problem, slot_names
+from placer.solve.problem import Assignment, Problem, slot_names
 from placer.spec.catalog import Resolved
 from placer.spec.current import CurrentPlacement, CurrentRole
 from placer.spec.hardware import DeviceKind

@@ -43,7 +43,6 @@ from placer.solve.assemble import placed_estimate, shares_slot
 from placer.solve.asyncwhy import AsyncWhy, async_lines, async_why
 from placer.solve.candidates import role_candidates
 from placer.solve.hostmem import busiest_per_pool, offloaded_gb_per_device, plan_nodes
-from placer.solve.ilp import Unsolved
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.judgewhy import JudgeWhy, judge_lines, judge_why
@@ -53,6 +52,7 @@ from placer.solve.parktwins import park_note
 from placer.solve.planfile import Plan, RolePlacement, SearchSpace
 from placer.solve.planner import build_problem, plan_job
 from placer.solve.pricing import device_price
+from placer.solve.problem import Unsolved
 from placer.spec.catalog import Resolved, with_nodes
 from placer.spec.job import pin_of
 

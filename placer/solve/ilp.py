@@ -41,208 +41,29 @@ slower or dearer than a feasible plan are dropped before the model is built
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 from ortools.sat.python import cp_model
 
 from placer.base.roles import Role
 from placer.cost import optpark
-from placer.cost.efficiency import Calibration
-from placer.cost.pricer import Pricer
-from placer.cost.sharding import Parallel
-from placer.cost.timing import Placed, onload_time
-from placer.solve import hostmem
+from placer.cost.timing import onload_time
 from placer.solve.candidates import Candidate
-from placer.solve.planfile import SearchSpace
 from placer.solve.pricing import device_price
-from placer.spec.catalog import Resolved
+from placer.solve.problem import (
+    Assignment,
+    Problem,
+    alone,
+    budget_mb,
+    host_mb,
+    slot_devices,
+    slot_names,
+)
 
 # A CP-SAT linear expression, or a plain int (an empty sum): the solver takes either.
 LinExpr = cp_model.LinearExpr | int
 WORK_STAGES = ("rollout", "score", "train")
 TIME_STEPS = 1_000_000  # integer time units per upper bound: relative resolution 1e-6
-
-
-@dataclass(frozen=True)
-class Problem:
-    """The cost table and what the solver needs besides it."""
-
-    px: Pricer  # the job and its factors: every time below comes from it
-    cands: dict[str, list[Candidate]]
-    objective: str = "time"  # "time" | "cost"
-    # (rollout, environment) tool terms already priced, by the candidates' ids (the pair kept
-    # too, so an id is never read for another object): shared by the problems pruned or
-    # re-objectived from this one, whose models (the cost walk builds one per step) reuse them
-    tools: dict[tuple[int, int], tuple[Candidate, Candidate, float]] = field(
-        default_factory=dict, compare=False, repr=False)
-    # (actor, rollout) weight syncs already priced, (same slot, apart), kept as `tools` is
-    syncs: dict[tuple[int, int], tuple[Candidate, Candidate, tuple[float, float]]] = field(
-        default_factory=dict, compare=False, repr=False)
-    # what the table was built from (`placer.solve.planner.build_problem`); None when built by hand
-    space: SearchSpace | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def res(self) -> Resolved:
-        return self.px.res
-
-    @property
-    def calib(self) -> Calibration:
-        return self.px.calib
-
-    @property
-    def roles(self) -> list[str]:
-        job = self.res.job
-        order = job.roles() if job.agents is None else job.role_names()
-        return [r for r in order if r in self.cands]
-
-    def capacity(self) -> dict[str, int]:
-        return {p.name: p.devices_per_node * p.nodes for p in self.res.cluster.pools}
-
-    def sync_s(self, a: Candidate, k: Candidate) -> tuple[float, float]:
-        """`timing.sync_time` of actor candidate `a` to rollout candidate `k`: (in the actor's
-        slot, 0 unless on its pool; in a slot of its own)."""
-        hit = self.syncs.get((id(a), id(k)))
-        if hit is not None and hit[0] is a and hit[1] is k:
-            return hit[2]
-        diff = self.px.sync_time(Placed("a", a.est), Placed("r", k.est))
-        same = (self.px.sync_time(Placed("a", a.est), Placed("a", k.est))
-                if a.pool == k.pool else 0.0)
-        self.syncs[id(a), id(k)] = (a, k, (same, diff))
-        return same, diff
-
-    def has_tool(self, k: Candidate, e: Candidate) -> bool:
-        hit = self.tools.get((id(k), id(e)))
-        return hit is not None and hit[0] is k and hit[1] is e
-
-    def tool_s(self, k: Candidate, e: Candidate) -> float:
-        """`timing.rollout_tool_time` of rollout candidate `k` with environment candidate `e`."""
-        hit = self.tools.get((id(k), id(e)))
-        if hit is not None and hit[0] is k and hit[1] is e:
-            return hit[2]
-        t = self.px.tool_time(Placed("r", k.est), Placed("e", e.est))
-        self.tools[id(k), id(e)] = (k, e, t)
-        return t
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """A placement: the candidate of every role and its slot (named by the slot's roles)."""
-
-    choice: dict[str, Candidate]
-    slot_of: dict[str, str]
-
-    def placed(self) -> list[Placed]:
-        return [Placed(self.slot_of[r], c.est) for r, c in self.choice.items()]
-
-
-@dataclass(frozen=True)
-class Solution:
-    assignment: Assignment
-    status: str
-    objective: float  # seconds (time) or USD per sample (cost), incl. any movement cost
-    bound: float
-    gap: float
-    solve_s: float
-
-
-# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none), data-parallel attention
-Layout = tuple[str, int, int, int, int, int, int, bool, int, int]
-# a role's layout; a split role's: one per part
-LayoutKey = Layout | tuple[Layout, ...]
-
-
-def layout_key(pool: str, par: Parallel) -> Layout:
-    """What a role keeps when it does not move: its pool and its parallel layout."""
-    return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
-            par.shard_dp if par.hsdp else 0, par.attn_dp)
-
-
-def candidate_key(c: Candidate) -> LayoutKey:
-    """`layout_key` of a candidate; of a split one, its parts' keys (the shares may move)."""
-    if c.split:
-        return tuple(layout_key(p.est.pool, p.est.par) for p in c.est.parts)
-    return layout_key(c.pool, c.est.par)
-
-
-@dataclass(frozen=True)
-class Hint:
-    """A previous placement to warm-start from; `move_cost_s` is charged per role that changes
-    its layout (`layout_key`) or its colocation group."""
-
-    choice: dict[str, LayoutKey]  # role -> its layout_key
-    groups: list[list[str]]
-    move_cost_s: float = 0.0
-
-
-class Unsolved(Exception):
-    """No solution within the limits (infeasible, or the time limit hit before any solution)."""
-
-
-# ------------------------------------------------------------------------------------ scoring
-def slot_names(groups: list[list[str]]) -> dict[str, str]:
-    return {r: "+".join(g) for g in groups for r in g}
-
-
-# -------------------------------------------------------------------------------- host memory
-def _host_mb(res: Resolved, c: Candidate) -> tuple[int, int, int]:
-    """(parked when its slot switches, offloaded, parked optimizer when it does not) host MB of
-    candidate `c` over all its devices in its slot (a mixed rollout's: its part on the slot's
-    pool)."""
-    if _alone(c) or res.device_of(c.pool).host_backed:
-        return 0, 0, 0
-    n = _slot_devices(c)
-    return (int(round(hostmem.parked_gb(c.est.memory) * n * 1e3)),
-            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * n * 1e3)),
-            int(round(optpark.parked_gb(c.est.memory, c.est.par) * n * 1e3)))
-
-
-def _alone(c: Candidate) -> bool:
-    """A split that sits alone in its slot (a mixed one shares its slot: `Candidate.colocated`)."""
-    return c.split and not c.colocated
-
-
-def _slot_devices(c: Candidate) -> int:
-    """Devices `c` holds on its slot's pool: all of them, or a mixed rollout's shared part's."""
-    return c.pool_devices().get(c.pool, c.devices)
-
-
-def _budget_mb(res: Resolved, pool: str) -> int | None:
-    b = hostmem.park_budget_gb(res, pool)
-    return None if b is None else max(int(b * 1e3), 0)
-
-
-def keeps_groups(problem: Problem, a: Assignment) -> bool:
-    """Whether a placement keeps every group of roles that must share a slot in one slot
-    (`Pricer.colocated_roles`); a heuristic plan bounds the optimum only when it does."""
-    return all(len({a.slot_of[r] for r in g if r in a.slot_of}) <= 1
-               for g in problem.px.colocated_roles())
-
-
-def host_fits(problem: Problem, a: Assignment) -> bool:
-    """Whether a placement keeps to the model's host-memory rule (`_Model._host`): every slot
-    whose members do not fit on its devices together parks all but its smallest member, plus
-    its members' offloaded optimizer state, within `hostmem.park_budget_gb` per slot device
-    (each member spread over the slot's devices, its largest member's count, as
-    `hostmem.plan_nodes` counts it). A heuristic plan bounds the optimum only when it does."""
-    res = problem.res
-    slots: dict[str, list[Candidate]] = {}
-    for r, c in a.choice.items():
-        slots.setdefault(a.slot_of[r], []).append(c)
-    for members in slots.values():
-        pool = members[0].pool
-        budget = _budget_mb(res, pool)
-        if len(members) < 2 or budget is None or res.device_of(pool).host_backed:
-            continue
-        mb = [_host_mb(res, c) for c in members]
-        rows = [(c.est.memory.total, optpark.parked_gb(c.est.memory, c.est.par)) for c in members]
-        if optpark.slot_peak_gb(rows) <= res.device_of(pool).memory_gb:
-            need = sum(k[2] + k[1] for k in mb)  # they fit together: only optimizers are parked
-        else:
-            need = sum(k[0] for k in mb) - min(k[0] for k in mb) + sum(k[1] for k in mb)
-        if need > budget * max(_slot_devices(c) for c in members):
-            return False
-    return True
 
 
 # ------------------------------------------------------------------------------------- model
@@ -352,7 +173,7 @@ class _Model:
     def _mem_kb(self, c: Candidate) -> int:
         """kB per device the candidate holds on its slot's pool beside the slot's other members
         (a mixed rollout's: its shared part's; a parked optimizer left out: `optpark.resident_gb`)."""
-        if _alone(c) or self.p.res.device_of(c.pool).host_backed:
+        if alone(c) or self.p.res.device_of(c.pool).host_backed:
             return 0  # host-RAM slots never pay a switch (timing.slot_switch); a split role is alone
         return int(round(optpark.resident_gb(c.est.memory, c.est.par) * 1e6))
 
@@ -360,7 +181,7 @@ class _Model:
         return int(round(optpark.parked_gb(c.est.memory, c.est.par) * 1e6))
 
     def _switch(self, c: Candidate) -> int:
-        if _alone(c) or self.p.res.device_of(c.pool).host_backed:
+        if alone(c) or self.p.res.device_of(c.pool).host_backed:
             return 0
         dev = self.p.res.device_of(c.pool)
         once = onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev))
@@ -466,22 +287,22 @@ class _Model:
         devices M_j are its largest member's (`assemble`): M_j >= every member's n and
         M_j <= the n of one member the solver names."""
         m, res = self.m, self.p.res
-        budget = {pl: b for pl in self.pools if (b := _budget_mb(res, pl)) is not None}
+        budget = {pl: b for pl in self.pools if (b := budget_mb(res, pl)) is not None}
         if not budget:
             return
         members = self.members(j)
-        top = max(_slot_devices(c) for r in members for c in self.p.cands[r])
+        top = max(slot_devices(c) for r in members for c in self.p.cands[r])
         size = m.new_int_var(0, top, f"M[{j}]")
         largest = {r: m.new_bool_var(f"largest[{r},{j}]") for r in members}
         park: dict[str, cp_model.IntVar] = {}
         held: list[cp_model.IntVar] = []
         opt: list[cp_model.IntVar] = []
         for r in members:
-            n = self.expr(r, _slot_devices)
+            n = self.expr(r, slot_devices)
             m.add(size >= n).OnlyEnforceIf(self.z[r, j])
             m.add(size <= n).OnlyEnforceIf(largest[r])
             m.add_implication(largest[r], self.z[r, j])
-            parked, offloaded, opt_mb = zip(*(_host_mb(res, c) for c in self.p.cands[r]))
+            parked, offloaded, opt_mb = zip(*(host_mb(res, c) for c in self.p.cands[r]))
             park[r] = self._at_least(r, j, "park", list(parked))
             held.append(self._at_least(r, j, "off", list(offloaded)))
             if any(opt_mb):

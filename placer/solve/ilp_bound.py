@@ -2,7 +2,7 @@
 
 `score` prices a placement exactly as `assemble` does (`timing.iteration_time`); `heuristic` gives
 a plan that always fits the pools, whose time (or cost per sample) bounds the optimum from above
-when it also keeps to the model's host-memory rule (`ilp.host_fits`; else nothing is pruned). Two
+when it also keeps to the model's host-memory rule (`problem.host_fits`; else nothing is pruned). Two
 consumers use that bound:
   * `prune_by_bound` drops candidates that cannot be in a plan better than it before the CP-SAT
     model is built (`placer.solve.ilp_solve`);
@@ -24,8 +24,8 @@ from placer.cost.estimate import Estimate, generated_samples
 from placer.cost.split import SplitKeep
 from placer.cost.timing import Placed
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import Assignment, Problem, host_fits, slot_names
 from placer.solve.pricing import device_price, slots_price
+from placer.solve.problem import Assignment, Problem, host_fits, slot_names
 
 
 def score(problem: Problem, a: Assignment) -> tuple[float, float]:

@@ -30,23 +30,21 @@ from ortools.sat.python import cp_model
 
 from placer.base.roles import Role
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import (
-    TIME_STEPS,
+from placer.solve.ilp import TIME_STEPS, LinExpr, _Model
+from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
+from placer.solve.pricing import PRICE_SCALE
+from placer.solve.problem import (
     Assignment,
     Hint,
     LayoutKey,
-    LinExpr,
     Problem,
     Solution,
     Unsolved,
-    _Model,
     candidate_key,
     host_fits,
     keeps_groups,
     slot_names,
 )
-from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
-from placer.solve.pricing import PRICE_SCALE
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from placer.base.records import Record
 from placer.base.roles import Role
 from placer.cost.judge import judge_replicas
 from placer.cost.pricer import Pricer
-from placer.solve.ilp import Unsolved
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.moves import dims
 from placer.solve.planfile import Plan
 from placer.solve.planner import build_problem
+from placer.solve.problem import Unsolved
 
 
 class JudgeOption(Record):

@@ -36,10 +36,10 @@ from placer.solve.agentplan import build_agent_problem
 from placer.solve.assemble import assemble
 from placer.solve.candidates import PerPool, flat, single_candidates, with_splits
 from placer.solve.diagnose import diagnose
-from placer.solve.ilp import Assignment, Hint, Problem, Solution, Unsolved, host_fits, layout_key
 from placer.solve.ilp_bound import heuristic, score, split_keep
 from placer.solve.ilp_solve import frontier, solve
 from placer.solve.planfile import Plan, SearchSpace, SolverInfo
+from placer.solve.problem import Assignment, Hint, Problem, Solution, Unsolved, host_fits, layout_key
 from placer.spec.catalog import resolve
 from placer.spec.job import Job, pin_of
 
