@@ -5,7 +5,9 @@ messages (the manifests below, the calls' small results).
 As verl, OpenRLHF and NeMo-RL do it: a group separate from the trainers' own, formed over an
 explicit TCP store that trainer rank 0 hosts on its node's address (loopback when embedded; the
 store's socket is bound there, never to every interface), its ranks the refresh's senders and
-every TP rank of every target engine. The process groups are built directly on that store
+every TP rank of every target engine (a torch engine's process holds all its TP ranks; each of
+a vLLM engine's workers holds its own, `join_engine(..., tp_ranks)`, and loads whole tensors,
+`receive(..., cut=False)`). The process groups are built directly on that store
 (`ProcessGroupGloo` / `ProcessGroupNCCL`), not through `init_process_group`: a trainer already
 has its default group, and a torch engine process holds all its TP ranks. The backend is NCCL
 when every member sends or receives on a GPU, gloo otherwise; the code is the same.
@@ -106,14 +108,14 @@ def group_device(backend: str) -> torch.device:
 
 
 def _process_group(store: dist.Store, backend: str, rank: int, world: int,
-                   timeout: timedelta) -> Any:
+                   timeout: timedelta, ip: str | None = None) -> Any:
     if backend == "nccl":
         nccl_opts = dist.ProcessGroupNCCL.Options()
         nccl_opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world, nccl_opts)
     opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._timeout = timeout
-    ifname = _interface_of(_node_ip())
+    ifname = _interface_of(ip or _node_ip())
     if ifname:  # gloo's pairs listen on the node's interface only (loopback when embedded)
         opts._devices = [dist.ProcessGroupGloo.create_device(interface=ifname)]
     return dist.ProcessGroupGloo(store, rank, world, opts)
@@ -123,9 +125,10 @@ class Peer:
     """One process's membership: its process groups by (channel, local TP rank)."""
 
     def __init__(self, spec: GroupSpec, ranks: dict[tuple[Channel, int], int],
-                 host: socket.socket | None = None) -> None:
+                 host: socket.socket | None = None, ip: str | None = None) -> None:
         """Join every channel in `ranks` ((channel, local index) -> group rank) at once: each
-        group forms only when all its ranks join, and this process may hold several."""
+        group forms only when all its ranks join, and this process may hold several. `ip`:
+        this node's address for gloo, where the process cannot ask Ray (an engine's worker)."""
         self.spec = spec
         timeout = timedelta(seconds=spec.timeout_s)
 
@@ -143,7 +146,7 @@ class Peer:
         def form(item: tuple[tuple[Channel, int], int]) -> Any:
             (ch, _), rank = item
             return _process_group(dist.PrefixStore(spec.key(ch), store()), spec.backend, rank,
-                                  spec.world(ch), timeout)
+                                  spec.world(ch), timeout, ip)
         items = sorted(ranks.items(), key=lambda kv: (kv[0][0][0], kv[0][0][1] or 0, kv[0][1]))
         with ThreadPoolExecutor(max(len(items), 1)) as pool:
             self.groups = dict(zip([k for k, _ in items], pool.map(form, items)))
@@ -159,14 +162,17 @@ def join_sender(spec: GroupSpec, index: int, host: socket.socket | None) -> Peer
     return Peer(spec, {(ch, 0): 0 for ch in spec.channels() if ch[0] == index}, host)
 
 
-def join_engine(spec: GroupSpec, engine: int) -> Peer:
+def join_engine(spec: GroupSpec, engine: int, tp_ranks: list[int] | None = None,
+                ip: str | None = None) -> Peer:
+    """Engine `engine`'s membership: its TP ranks `tp_ranks` (default every one: the torch
+    engine holds them all; a vLLM worker holds its own)."""
     ranks = {}
     for ch in spec.channels():
-        for t in range(spec.tps[engine]):
+        for t in range(spec.tps[engine]) if tp_ranks is None else tp_ranks:
             r = spec.engine_rank(ch, engine, t)
             if r is not None:
                 ranks[(ch, t)] = r
-    return Peer(spec, ranks)
+    return Peer(spec, ranks, ip=ip)
 
 
 class Sending:
@@ -203,9 +209,11 @@ class Sending:
 
 
 def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None,
-            load: Callable[[int, str, torch.Tensor], None]) -> dict[str, Any]:
+            load: Callable[[int, str, torch.Tensor], None], cut: bool = True
+            ) -> dict[str, Any]:
     """Receive a refresh on every (channel, TP rank) this process holds; `load(t, name,
-    shard)` each tensor's TP-rank-t shard as it completes. RuntimeError when a stream ends
+    shard)` each tensor's TP-rank-t shard as it completes (`cut` False: the whole tensor, for
+    an engine whose loaders cut their own shard, as vLLM's do). RuntimeError when a stream ends
     with tensors unfinished. The bytes are the most one TP rank received (what one engine rank
     of a real TP engine takes off the wire)."""
     t0 = time.time()
@@ -227,7 +235,7 @@ def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None
                 work.wait()
             got[t] += buf.numel()
             for name, full in asm[t].add(lay.received(k, buf)):
-                load(t, name, full if ch[1] is not None else
+                load(t, name, full if ch[1] is not None or not cut else
                      engine_shard(name, full, tp, t, kv_heads))
     senders = len({ch[0] for ch, _, _ in mine})
     if not all(a.complete(senders) for a in asm.values()):
@@ -235,7 +243,7 @@ def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None
     return {"t0": t0, "dur": time.time() - t0, "bytes": max(got.values(), default=0)}
 
 
-def _peer(peers: dict[int, Peer] | None, name: str) -> Peer:
+def find_peer(peers: dict[int, Peer] | None, name: str) -> Peer:
     """This member's group `name` (a restarted process has none: the driver forms anew)."""
     found = [p for p in (peers or {}).values() if p.spec.name == name]
     if not found:
@@ -282,7 +290,7 @@ class GroupSender:
 
     def sync_prepare(self, name: str, bucket_bytes: int, index: int) -> list[Manifest]:
         """Cut the current version into this sender's streams; their manifests."""
-        peer = _peer(self._sync_peers, name)
+        peer = find_peer(self._sync_peers, name)
         self._sync_sending = Sending(peer, index, self._sync_state(bucket_bytes), bucket_bytes,
                                      self._kv_heads())
         return self._sync_sending.manifests()
@@ -332,7 +340,7 @@ class GroupReceiver:
     def sync_receive(self, name: str, manifests: list[Manifest], version: int
                      ) -> dict[str, Any]:
         """Receive the refresh to `version`; the call's timing and the bytes one rank took."""
-        peer = _peer(self._sync_peers, name)
+        peer = find_peer(self._sync_peers, name)
         names: list[set[str]] = [set() for _ in range(self._engine_tp())]
 
         def load(t: int, tensor_name: str, shard: torch.Tensor) -> None:
