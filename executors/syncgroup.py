@@ -7,9 +7,12 @@ explicit TCP store that trainer rank 0 hosts on its node's address (loopback whe
 store's socket is bound there, never to every interface), its ranks the refresh's senders and
 every TP rank of every target engine (a torch engine's process holds all its TP ranks; each of
 a vLLM engine's workers holds its own, `join_engine(..., tp_ranks)`, and loads whole tensors,
-`receive(..., cut=False)`). The process groups are built directly on that store
-(`ProcessGroupGloo` / `ProcessGroupNCCL`), not through `init_process_group`: a trainer already
-has its default group, and a torch engine process holds all its TP ranks. The backend is NCCL
+`receive(..., cut=False)`; an SGLang engine's ranks join and receive in SGLang's own code, so
+for it (`GroupSpec.protocol` "sglang") the senders form each group as SGLang does
+(`sglang_group`) and broadcast tensor by tensor, `update_weights_from_distributed`'s
+protocol). Otherwise the process groups are built directly on that store (`ProcessGroupGloo` /
+`ProcessGroupNCCL`), not through `init_process_group`: a trainer already has its default group,
+and a torch engine process holds all its TP ranks. The backend is NCCL
 when every member sends or receives on a GPU, gloo otherwise; the code is the same.
 
 Channels. Each sender (a pipeline stage's first rank, `executors.reshard`) streams on channels
@@ -58,6 +61,7 @@ class GroupSpec:
     backend: str  # gloo | nccl
     send_shards: bool = False
     timeout_s: float = 300.0
+    protocol: str = "buckets"  # buckets | sglang (SGLang's engine joins and receives itself)
 
     def channels(self) -> list[Channel]:
         if not self.send_shards:
@@ -121,6 +125,26 @@ def _process_group(store: dist.Store, backend: str, rank: int, world: int,
     return dist.ProcessGroupGloo(store, rank, world, opts)
 
 
+def sglang_group(store: dist.Store, group_name: str, backend: str, rank: int, world: int,
+                 timeout: timedelta) -> Any:
+    """A process group formed as SGLang's engine forms its weight-update group
+    (`sglang.srt.utils.common.init_custom_process_group`, SGLang 0.5.23: the store under the
+    group's name, then torch's `_new_process_group_helper`, ranks as global ranks), so that the
+    sender's side and the engine's meet in one group."""
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        GroupName,
+        _new_process_group_helper,
+        _world,
+    )
+    pg, _ = _new_process_group_helper(world, rank, [], Backend(backend),
+                                      dist.PrefixStore(group_name, store),
+                                      group_name=GroupName(group_name), backend_options=None,
+                                      timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    return pg
+
+
 class Peer:
     """One process's membership: its process groups by (channel, local TP rank)."""
 
@@ -145,6 +169,9 @@ class Peer:
 
         def form(item: tuple[tuple[Channel, int], int]) -> Any:
             (ch, _), rank = item
+            if spec.protocol == "sglang":
+                return sglang_group(store(), spec.key(ch), spec.backend, rank, spec.world(ch),
+                                    timeout)
             return _process_group(dist.PrefixStore(spec.key(ch), store()), spec.backend, rank,
                                   spec.world(ch), timeout, ip)
         items = sorted(ranks.items(), key=lambda kv: (kv[0][0][0], kv[0][0][1] or 0, kv[0][1]))
@@ -182,16 +209,20 @@ class Sending:
                  kv_heads: int | None) -> None:
         self.peer = peer
         self.streams: dict[Channel, Stream] = {}
+        self.states: dict[Channel, dict[str, torch.Tensor]] = {}
         for ch, _ in peer.groups:
             mine = state if ch[1] is None else engine_state(state, peer.spec.tps[0], ch[1],
                                                             kv_heads)
             self.streams[ch] = Stream(mine, bucket_bytes, index)
+            self.states[ch] = mine
 
     def manifests(self) -> list[Manifest]:
         return [Manifest(ch, tuple(s.entries), s.bucket_bytes) for ch, s in self.streams.items()]
 
     def send(self) -> dict[str, Any]:
         """Broadcast every channel's buckets, the channels' k-th buckets together."""
+        if self.peer.spec.protocol == "sglang":
+            return self.send_tensors()
         t0 = time.time()
         dev = group_device(self.peer.spec.backend)
         sent = 0
@@ -205,6 +236,20 @@ class Sending:
                     sent += hi - lo
             for w in works:
                 w.wait()
+        return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
+
+
+    def send_tensors(self) -> dict[str, Any]:
+        """SGLang's protocol (`update_weights_from_distributed`, default load format): one
+        broadcast per tensor, of its own dtype and shape, in the manifest's order."""
+        t0 = time.time()
+        dev = group_device(self.peer.spec.backend)
+        sent = 0
+        for ch, s in self.streams.items():
+            for e in s.entries:  # one at a time: a device copy of one tensor at most
+                _bcast(self.peer.groups[(ch, 0)],
+                       self.states[ch][e.name].detach().to(dev).contiguous()).wait()
+                sent += e.nbytes
         return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
 
 
@@ -325,9 +370,9 @@ class GroupReceiver:
     def _expected_names(self) -> set[str] | None:
         return None
 
-    def sync_member(self) -> tuple[str, int, int]:
+    def sync_member(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
         """The engine's device for the group (the torch engine's CPU), its TP ranks in it and
-        its process."""
+        its process (an engine that joins and receives in its own code adds its protocol)."""
         return "cpu", self._engine_tp(), os.getpid()
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:

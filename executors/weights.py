@@ -105,10 +105,14 @@ class GroupRefresh:
         self.groups.pop(path, None)
         backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
         tps = [int(o.value[1]) for o in outs[len(senders):]]
+        # an engine that joins and receives itself names its protocol (SGLang's)
+        protocols = {o.value[3] if len(o.value) > 3 else "buckets" for o in outs[len(senders):]}
+        if len(protocols) > 1:
+            raise TrainingLost(f"weight sync: one group's engines speak {sorted(protocols)}")
         addr, port = self.one(senders[0], "sync_host")
         self.formed += 1
         spec = GroupSpec(f"wsync{self.formed}", path, addr, port, len(senders), tuple(tps),
-                         backend, self.send_shards)
+                         backend, self.send_shards, protocol=next(iter(protocols), "buckets"))
         outs = self._all([(s, "sync_join", (spec, i)) for i, s in enumerate(senders)]
                          + [(m, "sync_join", (spec, j)) for j, m in enumerate(targets)])
         bad = next((o.error for o in outs if not o.ok), None)

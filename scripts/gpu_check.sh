@@ -15,8 +15,11 @@
 #         torch 2.14.1 and flashinfer 0.7.2, vLLM's torch-2.13 releases torch 2.13.0 and
 #         flashinfer 0.7.0.post1, so the two engines cannot share one environment.
 #         tests/test_exec_sglang.py (log-probs against the Hugging Face model, an in-place update
-#         in buckets, a GRPO run on Ray) and tests/test_exec_sglang_config.py; prints
-#         SGLANG_FIGURES (engine tokens/s, in-place update time, the run's tokens/s and sync time).
+#         in buckets, a GRPO run on Ray whose refreshes go over the weight-sync group into
+#         SGLang's ranks: init_weights_update_group, update_weights_from_distributed) and
+#         tests/test_exec_sglang_config.py; prints SGLANG_FIGURES (engine tokens/s, in-place
+#         update time, the run's tokens/s and sync time) and SGLANG_GROUP (weight bytes against
+#         Ray's control bytes; gloo, the engine sharing the trainer's one GPU).
 # Exit 0 only when both pass. ONLY=vllm or ONLY=sglang runs one of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +34,7 @@ status=0
 tests() {  # python, log, files...: the tests' summary and figure lines
   local py=$1 log=$2; shift 2
   timeout 540 "$py" -m pytest -q -s -p no:cacheprovider "$@" 2>&1 | tee "$log" \
-    | grep -E "VLLM_FIGURES|VLLM_GROUP|SGLANG_FIGURES|passed|failed|skipped|Error"
+    | grep -E "VLLM_FIGURES|VLLM_GROUP|SGLANG_FIGURES|SGLANG_GROUP|passed|failed|skipped|Error"
 }
 
 all_passed() {  # log: pytest's summary says passed, and nothing failed, errored or was skipped
