@@ -127,7 +127,9 @@ class GroupRefresh:
         before = self.control_bytes
         prepared = [self.one(s, "sync_prepare", spec.name, size, i)
                     for i, s in enumerate(senders)]
-        counts = [max(len(m.layout().ranges) for m in ms) for ms in prepared]
+        # calls per sender: its buckets, or under SGLang's protocol one broadcast per tensor
+        counts = [max(len(m.entries) if spec.protocol == "sglang" else len(m.layout().ranges)
+                      for m in ms) for ms in prepared]
         manifests = [m for ms in prepared for m in ms]
         calls = ([(s, "sync_send", (spec.name,)) for s in senders]
                  + [(m, "sync_receive", (spec.name, manifests, version)) for m in targets])

@@ -255,17 +255,52 @@ class GroupEngine(FakeEngine):
         return True, "Succeeded to update parameter online."
 
 
+class _Member:
+    def __init__(self, role: str, rank: int, obj: Any) -> None:
+        self.role, self.rank, self.obj = role, rank, obj
+
+
+class _ThreadCalls:
+    """The runtime's `call`/`results` over objects of this process, each call in its own
+    thread (as Ray runs each member's call in its own process)."""
+
+    kind = "threads"
+    concurrent = True
+
+    def call(self, m: _Member, method: str, *args: object) -> Any:
+        return lambda: getattr(m.obj, method)(*args)
+
+    def results(self, handles: list[Any]) -> list[Any]:
+        import threading
+
+        from executors.runtime import Outcome
+        out: list[Any] = [None] * len(handles)
+
+        def run(i: int) -> None:
+            try:
+                out[i] = Outcome(True, handles[i]())
+            except Exception as e:  # noqa: BLE001 - the outcome carries it
+                out[i] = Outcome(False, error=str(e))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(handles))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        return out
+
+
 def test_a_group_refresh_reaches_sglangs_own_receiver_in_one_session(rollout, sglang_root,
                                                                      tmp_path) -> None:
-    """Over the weight-sync group the engine joins and receives itself (SGLang's protocol):
+    """Over the weight-sync group the engine joins and receives itself: the driver
+    (`GroupRefresh`) forms the group with SGLang's protocol, the engine calls
     `init_weights_update_group` and `update_weights_from_distributed` with names, dtypes and
     shapes only; SGLang's own join and receive code gets every tensor exactly from the sender,
     inside one weight-update session, then the cache is flushed; colocated, the engine releases
     and resumes its memory around training (once each)."""
-    import threading
     from dataclasses import replace
 
-    from executors.syncgroup import GroupSender, GroupSpec
+    from executors.syncgroup import GroupSender
+    from executors.weights import GroupRefresh
 
     r, state, cfg = rollout
     state = {**state, "lm_head.weight": state["lm_head.weight"].to(torch.bfloat16)}
@@ -277,18 +312,12 @@ def test_a_group_refresh_reaches_sglangs_own_receiver_in_one_session(rollout, sg
     sender = Sender()
     # its own slot: its TP ranks on their GPUs (the CPU sender here makes the group gloo)
     assert r.sync_member() == ("cuda", 1, os.getpid(), "sglang")
-    addr, port = sender.sync_host()
-    spec = GroupSpec("g", 0, addr, port, 1, (1,), "gloo", timeout_s=60, protocol="sglang")
-    joined = threading.Thread(target=sender.sync_join, args=(spec, 0))
-    joined.start()
-    r.sync_join(spec, 0)  # SGLang's rank joins in its process; the group forms with both
-    joined.join(timeout=120)
-    manifests = sender.sync_prepare("g", 40_000, 0)
-    sent: list[dict[str, Any]] = []
-    sending = threading.Thread(target=lambda: sent.append(sender.sync_send("g")))
-    sending.start()
-    got = r.sync_receive("g", manifests, 7)
-    sending.join(timeout=120)
+    drive = GroupRefresh(_ThreadCalls())  # type: ignore[arg-type]
+    members = [_Member("actor", 0, sender), _Member("rollout", 0, r)]
+    spec = drive.group(40_000, members[:1], members[1:])
+    assert (spec.protocol, spec.backend, spec.tps) == ("sglang", "gloo", (1,))
+    [(err, got)] = drive.refresh(spec, members[:1], members[1:], 7, 40_000)
+    assert err is None, err
     names = [c[0] for c in r.engine.calls]
     assert names == ["init_weights_update_group", "begin_weight_update",
                      "update_weights_from_distributed", "end_weight_update", "flush_cache"]
@@ -296,7 +325,9 @@ def test_a_group_refresh_reaches_sglangs_own_receiver_in_one_session(rollout, sg
     assert (init["rank_offset"], init["world_size"], init["backend"]) == (1, 2, "gloo")
     assert upd["group_name"] == init["group_name"] and upd["flush_cache"] is False
     assert upd["dtypes"][upd["names"].index("lm_head.weight")] == "bfloat16"
-    assert got["done"] and r.current_version() == 7 and got["bytes"] == sent[0]["bytes"]
+    assert r.current_version() == 7 and got["calls"] == len(state)  # one broadcast a tensor
+    assert got["bytes"] == sum(v.numel() * v.element_size() for v in state.values())
+    assert got["control_bytes"] < got["bytes"] / 10  # names, dtypes, shapes only
     assert set(r.engine.loaded) == set(state)
     assert all(torch.equal(r.engine.loaded[k], v) and r.engine.loaded[k].dtype == v.dtype
                for k, v in state.items())
