@@ -15,8 +15,11 @@ and the refresh's tensors go to `update_weights_from_tensor` as their buckets co
 (`executors.reshard`). They travel whole (each TP rank's `model.load_weights` cuts its own shard)
 and stay on the CPU: a CUDA tensor here would open a CUDA context in the actor's process, on the
 GPU the engine shares. After the session the prefix (radix) cache is flushed: its KV entries
-were computed with the old weights. Under Ray the tensors come from the weight-sync group
-(`executors.syncgroup`), the whole refresh in one session. A colocated engine
+were computed with the old weights. Under Ray the engine's TP ranks are members of the weight-sync group
+(`executors.syncgroup`, SGLang's protocol): they join each sender's group
+(`init_weights_update_group`) and receive the refresh themselves, one broadcast per tensor
+(`update_weights_from_distributed` with the names, dtypes and shapes: the control message),
+the whole refresh in one session. A colocated engine
 (`EngineGroup.colocated`) starts with `enable_memory_saver` and releases its memory
 (`release_memory_occupation`) while the trainer trains, resuming it
 (`resume_memory_occupation`) before the refresh. Bytes and times reach the trace as every
@@ -32,6 +35,7 @@ re-generated sample may differ. SGLang is imported only when this backend is cho
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -41,7 +45,7 @@ from executors import rl
 from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
 from executors.reshard import Bucket
 from executors.roles import RunConfig, _timing
-from executors.syncgroup import Manifest
+from executors.syncgroup import GroupSpec, Manifest
 
 # FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
 # 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
@@ -106,6 +110,7 @@ class SglangRollout(EngineRollout):
         super().__init__(cfg, rank)
         self.engine = start_engine(engine_kwargs(cfg, rank))
         self._session: str | None = None  # the refresh whose weight-update session is open
+        self._groups: dict[str, GroupSpec] = {}  # the weight-sync groups it joined, by name
 
     def _open(self, refresh: str) -> None:
         """Open refresh `refresh`'s weight-update session (closing one a broken refresh left)."""
@@ -138,14 +143,53 @@ class SglangRollout(EngineRollout):
             self._close()
         return {**out, "t0": t0, "dur": time.time() - t0}
 
+    def sync_member(self) -> tuple[str, int, int, str]:
+        """The engine's TP ranks join the group themselves, on their GPUs, with SGLang's
+        protocol; a colocated engine shares the trainer's GPUs, and NCCL holds no two ranks of
+        a group on one device, so it joins over gloo."""
+        kind = "cpu" if self.cfg.engines.colocated else "cuda"
+        return kind, self.cfg.engines.tp, os.getpid(), "sglang"
+
+    def sync_join(self, spec: GroupSpec, engine: int) -> bool:
+        """Every TP rank joins each channel's group (`init_weights_update_group`: rank
+        `rank_offset` + its TP rank; the sender is rank 0)."""
+        if spec.send_shards:
+            raise RuntimeError("weight sync: the sglang backend loads whole tensors (its "
+                               "loaders cut each TP rank's shard); sending-side resharding is "
+                               "not supported")
+        if spec.tps[engine] != self.cfg.engines.tp:
+            raise RuntimeError(f"weight sync: engine {engine} runs tp {self.cfg.engines.tp}, "
+                               f"the group expects {spec.tps[engine]}")
+        for ch in spec.channels():
+            _ok("init_weights_update_group", self.engine.init_weights_update_group(
+                master_address=spec.addr, master_port=spec.port,
+                rank_offset=spec.engine_rank(ch, engine, 0), world_size=spec.world(ch),
+                group_name=spec.key(ch), backend=spec.backend))
+        self._groups = {**self._groups, spec.name: spec}
+        return True
+
     def sync_receive(self, name: str, manifests: list[Manifest], version: int
                      ) -> dict[str, Any]:
-        """`GroupReceiver.sync_receive` inside one weight-update session."""
+        """The refresh off the group in one weight-update session: per channel (sender)
+        `update_weights_from_distributed` with its tensors' names, dtypes and shapes (the
+        engine's TP ranks receive and load them); then the prefix cache is flushed."""
+        spec = self._groups.get(name)
+        if spec is None:
+            raise RuntimeError(f"weight sync: this engine is not in group {name!r}")
         t0 = time.time()
         self._open(f"{name}-v{version}")
-        out = super().sync_receive(name, manifests, version)
+        got = 0
+        for m in sorted(manifests, key=lambda m: m.channel[0]):
+            _ok("update_weights_from_distributed", self.engine.update_weights_from_distributed(
+                names=[e.name for e in m.entries],
+                dtypes=[str(e.dtype).removeprefix("torch.") for e in m.entries],
+                shapes=[list(e.shape) for e in m.entries], group_name=spec.key(m.channel),
+                flush_cache=False))
+            got += sum(e.nbytes for e in m.entries)
         self._close()
-        return {**out, "t0": t0, "dur": time.time() - t0}
+        self.version = version
+        return {"t0": t0, "dur": time.time() - t0, "bytes": got, "done": True,
+                "version": version}
 
     def _sleep(self) -> None:
         self.engine.release_memory_occupation()

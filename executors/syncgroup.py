@@ -5,9 +5,14 @@ messages (the manifests below, the calls' small results).
 As verl, OpenRLHF and NeMo-RL do it: a group separate from the trainers' own, formed over an
 explicit TCP store that trainer rank 0 hosts on its node's address (loopback when embedded; the
 store's socket is bound there, never to every interface), its ranks the refresh's senders and
-every TP rank of every target engine. The process groups are built directly on that store
-(`ProcessGroupGloo` / `ProcessGroupNCCL`), not through `init_process_group`: a trainer already
-has its default group, and a torch engine process holds all its TP ranks. The backend is NCCL
+every TP rank of every target engine (a torch engine's process holds all its TP ranks; each of
+a vLLM engine's workers holds its own, `join_engine(..., tp_ranks)`, and loads whole tensors,
+`receive(..., cut=False)`; an SGLang engine's ranks join and receive in SGLang's own code, so
+for it (`GroupSpec.protocol` "sglang") the senders form each group as SGLang does
+(`sglang_group`) and broadcast tensor by tensor, `update_weights_from_distributed`'s
+protocol). Otherwise the process groups are built directly on that store (`ProcessGroupGloo` /
+`ProcessGroupNCCL`), not through `init_process_group`: a trainer already has its default group,
+and a torch engine process holds all its TP ranks. The backend is NCCL
 when every member sends or receives on a GPU, gloo otherwise; the code is the same.
 
 Channels. Each sender (a pipeline stage's first rank, `executors.reshard`) streams on channels
@@ -56,6 +61,7 @@ class GroupSpec:
     backend: str  # gloo | nccl
     send_shards: bool = False
     timeout_s: float = 300.0
+    protocol: str = "buckets"  # buckets | sglang (SGLang's engine joins and receives itself)
 
     def channels(self) -> list[Channel]:
         if not self.send_shards:
@@ -106,26 +112,47 @@ def group_device(backend: str) -> torch.device:
 
 
 def _process_group(store: dist.Store, backend: str, rank: int, world: int,
-                   timeout: timedelta) -> Any:
+                   timeout: timedelta, ip: str | None = None) -> Any:
     if backend == "nccl":
         nccl_opts = dist.ProcessGroupNCCL.Options()
         nccl_opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world, nccl_opts)
     opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._timeout = timeout
-    ifname = _interface_of(_node_ip())
+    ifname = _interface_of(ip or _node_ip())
     if ifname:  # gloo's pairs listen on the node's interface only (loopback when embedded)
         opts._devices = [dist.ProcessGroupGloo.create_device(interface=ifname)]
     return dist.ProcessGroupGloo(store, rank, world, opts)
+
+
+def sglang_group(store: dist.Store, group_name: str, backend: str, rank: int, world: int,
+                 timeout: timedelta) -> Any:
+    """A process group formed as SGLang's engine forms its weight-update group
+    (`sglang.srt.utils.common.init_custom_process_group`, SGLang 0.5.23: the store under the
+    group's name, then torch's `_new_process_group_helper`, ranks as global ranks), so that the
+    sender's side and the engine's meet in one group."""
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        GroupName,
+        _new_process_group_helper,
+        _world,
+    )
+    pg, _ = _new_process_group_helper(world, rank, [], Backend(backend),
+                                      dist.PrefixStore(group_name, store),
+                                      group_name=GroupName(group_name), backend_options=None,
+                                      timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    return pg
 
 
 class Peer:
     """One process's membership: its process groups by (channel, local TP rank)."""
 
     def __init__(self, spec: GroupSpec, ranks: dict[tuple[Channel, int], int],
-                 host: socket.socket | None = None) -> None:
+                 host: socket.socket | None = None, ip: str | None = None) -> None:
         """Join every channel in `ranks` ((channel, local index) -> group rank) at once: each
-        group forms only when all its ranks join, and this process may hold several."""
+        group forms only when all its ranks join, and this process may hold several. `ip`:
+        this node's address for gloo, where the process cannot ask Ray (an engine's worker)."""
         self.spec = spec
         timeout = timedelta(seconds=spec.timeout_s)
 
@@ -142,8 +169,11 @@ class Peer:
 
         def form(item: tuple[tuple[Channel, int], int]) -> Any:
             (ch, _), rank = item
+            if spec.protocol == "sglang":
+                return sglang_group(store(), spec.key(ch), spec.backend, rank, spec.world(ch),
+                                    timeout)
             return _process_group(dist.PrefixStore(spec.key(ch), store()), spec.backend, rank,
-                                  spec.world(ch), timeout)
+                                  spec.world(ch), timeout, ip)
         items = sorted(ranks.items(), key=lambda kv: (kv[0][0][0], kv[0][0][1] or 0, kv[0][1]))
         with ThreadPoolExecutor(max(len(items), 1)) as pool:
             self.groups = dict(zip([k for k, _ in items], pool.map(form, items)))
@@ -159,14 +189,17 @@ def join_sender(spec: GroupSpec, index: int, host: socket.socket | None) -> Peer
     return Peer(spec, {(ch, 0): 0 for ch in spec.channels() if ch[0] == index}, host)
 
 
-def join_engine(spec: GroupSpec, engine: int) -> Peer:
+def join_engine(spec: GroupSpec, engine: int, tp_ranks: list[int] | None = None,
+                ip: str | None = None) -> Peer:
+    """Engine `engine`'s membership: its TP ranks `tp_ranks` (default every one: the torch
+    engine holds them all; a vLLM worker holds its own)."""
     ranks = {}
     for ch in spec.channels():
-        for t in range(spec.tps[engine]):
+        for t in range(spec.tps[engine]) if tp_ranks is None else tp_ranks:
             r = spec.engine_rank(ch, engine, t)
             if r is not None:
                 ranks[(ch, t)] = r
-    return Peer(spec, ranks)
+    return Peer(spec, ranks, ip=ip)
 
 
 class Sending:
@@ -176,16 +209,20 @@ class Sending:
                  kv_heads: int | None) -> None:
         self.peer = peer
         self.streams: dict[Channel, Stream] = {}
+        self.states: dict[Channel, dict[str, torch.Tensor]] = {}
         for ch, _ in peer.groups:
             mine = state if ch[1] is None else engine_state(state, peer.spec.tps[0], ch[1],
                                                             kv_heads)
             self.streams[ch] = Stream(mine, bucket_bytes, index)
+            self.states[ch] = mine
 
     def manifests(self) -> list[Manifest]:
         return [Manifest(ch, tuple(s.entries), s.bucket_bytes) for ch, s in self.streams.items()]
 
     def send(self) -> dict[str, Any]:
         """Broadcast every channel's buckets, the channels' k-th buckets together."""
+        if self.peer.spec.protocol == "sglang":
+            return self.send_tensors()
         t0 = time.time()
         dev = group_device(self.peer.spec.backend)
         sent = 0
@@ -202,10 +239,26 @@ class Sending:
         return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
 
 
+    def send_tensors(self) -> dict[str, Any]:
+        """SGLang's protocol (`update_weights_from_distributed`, default load format): one
+        broadcast per tensor, of its own dtype and shape, in the manifest's order."""
+        t0 = time.time()
+        dev = group_device(self.peer.spec.backend)
+        sent = 0
+        for ch, s in self.streams.items():
+            for e in s.entries:  # one at a time: a device copy of one tensor at most
+                _bcast(self.peer.groups[(ch, 0)],
+                       self.states[ch][e.name].detach().to(dev).contiguous()).wait()
+                sent += e.nbytes
+        return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
+
+
 def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None,
-            load: Callable[[int, str, torch.Tensor], None]) -> dict[str, Any]:
+            load: Callable[[int, str, torch.Tensor], None], cut: bool = True
+            ) -> dict[str, Any]:
     """Receive a refresh on every (channel, TP rank) this process holds; `load(t, name,
-    shard)` each tensor's TP-rank-t shard as it completes. RuntimeError when a stream ends
+    shard)` each tensor's TP-rank-t shard as it completes (`cut` False: the whole tensor, for
+    an engine whose loaders cut their own shard, as vLLM's do). RuntimeError when a stream ends
     with tensors unfinished. The bytes are the most one TP rank received (what one engine rank
     of a real TP engine takes off the wire)."""
     t0 = time.time()
@@ -227,7 +280,7 @@ def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None
                 work.wait()
             got[t] += buf.numel()
             for name, full in asm[t].add(lay.received(k, buf)):
-                load(t, name, full if ch[1] is not None else
+                load(t, name, full if ch[1] is not None or not cut else
                      engine_shard(name, full, tp, t, kv_heads))
     senders = len({ch[0] for ch, _, _ in mine})
     if not all(a.complete(senders) for a in asm.values()):
@@ -235,7 +288,7 @@ def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None
     return {"t0": t0, "dur": time.time() - t0, "bytes": max(got.values(), default=0)}
 
 
-def _peer(peers: dict[int, Peer] | None, name: str) -> Peer:
+def find_peer(peers: dict[int, Peer] | None, name: str) -> Peer:
     """This member's group `name` (a restarted process has none: the driver forms anew)."""
     found = [p for p in (peers or {}).values() if p.spec.name == name]
     if not found:
@@ -282,7 +335,7 @@ class GroupSender:
 
     def sync_prepare(self, name: str, bucket_bytes: int, index: int) -> list[Manifest]:
         """Cut the current version into this sender's streams; their manifests."""
-        peer = _peer(self._sync_peers, name)
+        peer = find_peer(self._sync_peers, name)
         self._sync_sending = Sending(peer, index, self._sync_state(bucket_bytes), bucket_bytes,
                                      self._kv_heads())
         return self._sync_sending.manifests()
@@ -317,9 +370,9 @@ class GroupReceiver:
     def _expected_names(self) -> set[str] | None:
         return None
 
-    def sync_member(self) -> tuple[str, int, int]:
+    def sync_member(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
         """The engine's device for the group (the torch engine's CPU), its TP ranks in it and
-        its process."""
+        its process (an engine that joins and receives in its own code adds its protocol)."""
         return "cpu", self._engine_tp(), os.getpid()
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
@@ -332,7 +385,7 @@ class GroupReceiver:
     def sync_receive(self, name: str, manifests: list[Manifest], version: int
                      ) -> dict[str, Any]:
         """Receive the refresh to `version`; the call's timing and the bytes one rank took."""
-        peer = _peer(self._sync_peers, name)
+        peer = find_peer(self._sync_peers, name)
         names: list[set[str]] = [set() for _ in range(self._engine_tp())]
 
         def load(t: int, tensor_name: str, shard: torch.Tensor) -> None:

@@ -6,11 +6,15 @@ actor's bundle GPUs), the job's longest context (`max_model_len`: prompt, every 
 and tool output, with BOS), and the share of device memory the plan priced for the role
 (`gpu_memory_utilization` = the plan's memory_gb / the device's memory, clamped). It loads the
 same model directory the torch workers load (the run's version 0: a built model or the job's
-checkpoint folder). Weight sync goes through vLLM's weight-loading API: a worker extension
-(`WeightSync`) runs `model.load_weights` on every engine worker via `LLM.collective_rpc`, so
-each refresh's tensors, bucket by bucket as they complete (`executors.reshard`; under Ray from the
-weight-sync group, `executors.syncgroup`), replace the engine's in place (each TP worker keeps
-its shard); then `reset_prefix_cache` drops the KV the old weights computed. A colocated engine
+checkpoint folder). Weight sync: under Ray the engine's workers are members of the
+weight-sync group (`executors.syncgroup`), one rank per TP rank, as in vLLM's RLHF example: a
+worker extension (`WeightSync`, `worker_extension_cls`) joins the group
+(`init_weight_update_group`) and receives each refresh's buckets straight from the trainer's
+senders (`receive_weights`), loading whole tensors with `model.load_weights` (vLLM's loaders
+keep each TP worker's shard). `LLM.collective_rpc` carries only control messages: the group's
+spec, and per refresh its manifests (names, dtypes, shapes, offsets). Then `reset_prefix_cache`
+drops the KV the old weights computed. The one-process runtime has no group: there the
+tensors go as `collective_rpc` arguments (`update_weights`). A colocated engine
 (`EngineGroup.colocated`) starts with `enable_sleep_mode` and sleeps (`sleep(level=1)`) while
 the trainer trains, waking (`wake_up`) before the refresh.
 
@@ -29,14 +33,68 @@ from typing import Any
 import torch
 
 from executors import rl
-from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
+from executors.engine_common import (
+    LOAD_BYTES,
+    EngineRollout,
+    checked_logprobs,
+    engine_mem_fraction,
+)
+from executors.nodeaddr import _node_ip
 from executors.roles import RunConfig, _timing
+from executors.syncgroup import GroupSpec, Manifest, Peer, find_peer, join_engine, receive
 
 
 class WeightSync:
-    """Mixed into vLLM's GPU worker (`worker_extension_cls`): receives new weights."""
+    """Mixed into vLLM's GPU worker (`worker_extension_cls`): each engine worker (one per TP
+    rank) is a member of the weight-sync group, as in vLLM's RLHF example
+    (examples/offline_inference/rlhf_utils.py, `WorkerExtension.init_weight_update_group` /
+    `update_weight`): the bytes come off the group into the worker, and `collective_rpc` carries
+    only the group's spec and the refresh's manifests (names, dtypes, shapes, offsets)."""
+
+    _wsync_peers: dict[int, Peer] | None = None  # by refresh path
+
+    def _tp_rank(self) -> int:
+        """This worker's rank in the engine, as the example takes it (`get_world_group().rank`:
+        the engine runs TP only, so its world is its TP group)."""
+        from vllm.distributed.parallel_state import get_world_group  # lazy: in vLLM's worker
+        return int(get_world_group().rank)
+
+    def init_weight_update_group(self, spec: GroupSpec, engine: int, ip: str) -> int:
+        """Join group `spec` as engine `engine`'s TP rank (`ip`: the node's address for gloo,
+        which a worker process cannot ask Ray); the rank joined."""
+        t = self._tp_rank()
+        self._wsync_peers = {**(self._wsync_peers or {}),
+                             spec.path: join_engine(spec, engine, [t], ip)}
+        return t
+
+    def receive_weights(self, name: str, manifests: list[Manifest]) -> dict[str, Any]:
+        """Receive a refresh on group `name` and load it with `model.load_weights` in loads of
+        `LOAD_BYTES`, whole tensors (vLLM's loaders cut this rank's shard); the timing, the
+        bytes taken and the tensors loaded."""
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        pending: list[tuple[str, torch.Tensor]] = []
+        size, loaded = 0, 0
+
+        def flush() -> None:
+            nonlocal size, loaded
+            if pending:
+                model.load_weights(weights=list(pending))
+                loaded += len(pending)
+                pending.clear()
+                size = 0
+
+        def load(t: int, tensor_name: str, full: torch.Tensor) -> None:
+            nonlocal size
+            pending.append((tensor_name, full))
+            size += full.numel() * full.element_size()
+            if size >= LOAD_BYTES:
+                flush()
+        out = receive(find_peer(self._wsync_peers, name), manifests, 1, None, load, cut=False)
+        flush()
+        return {**out, "tensors": loaded}
 
     def update_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        """The one-process runtime's path (no group): tensors as `collective_rpc` arguments."""
         model = self.model_runner.model  # type: ignore[attr-defined]
         loaded = model.load_weights(weights=weights)
         return len(loaded) if loaded is not None else len(weights)
@@ -80,6 +138,44 @@ class VllmRollout(EngineRollout):
         self._refreshed()
         self.version = version
         return _timing(t0, version=version)
+
+    def sync_member(self) -> tuple[str, int, int]:
+        """The engine's workers join the group on their GPUs, one rank per TP rank; a colocated
+        engine shares the trainer's GPUs, and NCCL holds no two ranks of a group on one
+        device, so it joins over gloo (host buffers, copied in by `load_weights`)."""
+        return ("cpu" if self.cfg.engines.colocated else "cuda"), self.cfg.engines.tp, os.getpid()
+
+    def sync_join(self, spec: GroupSpec, engine: int) -> bool:
+        """Every engine worker joins group `spec` (`WeightSync.init_weight_update_group`)."""
+        if spec.send_shards:
+            raise RuntimeError("weight sync: the vllm backend loads whole tensors (its loaders "
+                               "cut each TP worker's shard); sending-side resharding is not "
+                               "supported")
+        if spec.tps[engine] != self.cfg.engines.tp:
+            raise RuntimeError(f"weight sync: engine {engine} runs tp {self.cfg.engines.tp}, "
+                               f"the group expects {spec.tps[engine]}")
+        ranks = self.llm.collective_rpc("init_weight_update_group",
+                                        args=(spec, engine, _node_ip()))
+        if sorted(ranks) != list(range(self.cfg.engines.tp)):
+            raise RuntimeError(f"weight sync: vllm workers joined as TP ranks {ranks}")
+        return True
+
+    def sync_receive(self, name: str, manifests: list[Manifest], version: int
+                     ) -> dict[str, Any]:
+        """Every worker receives the refresh off the group and loads it (`WeightSync.
+        receive_weights`); then the prefix cache is dropped. RuntimeError when a worker loaded
+        fewer tensors than the manifests name."""
+        t0 = time.time()
+        outs = self.llm.collective_rpc("receive_weights", args=(name, manifests))
+        want = sum(len(m.entries) for m in manifests)
+        short = [o["tensors"] for o in outs if o["tensors"] != want]
+        if short:
+            raise RuntimeError(f"weight sync to version {version}: a vllm worker loaded "
+                               f"{short[0]} of {want} tensors")
+        self._refreshed()
+        self.version = version
+        return {"t0": t0, "dur": time.time() - t0, "bytes": max(o["bytes"] for o in outs),
+                "done": True, "version": version}
 
     def _refreshed(self) -> None:
         """Every tensor in: drop the prefix cache, whose KV the old weights computed (prefix

@@ -3,16 +3,23 @@
 #
 # vllm    in .venv (the gpu extra, installed when vllm is missing): tests/test_exec_vllm.py (the
 #         engine in its Ray actor with the plan's TP, the job's max_model_len and the plan's
-#         memory share; real log-probs) and tests/test_exec_vllm_config.py; prints VLLM_FIGURES
-#         (tokens/s, mean weight-update time through collective_rpc -> model.load_weights). If the
-#         default attention backend rejects the tiny model's head size (16), it retries once
-#         with vLLM's Triton attention backend.
+#         memory share; real log-probs; every refresh over the weight-sync group into vLLM's
+#         workers, `collective_rpc` carrying only the spec and the manifests) and
+#         tests/test_exec_vllm_config.py; prints VLLM_FIGURES (tokens/s, mean weight-update time:
+#         group broadcast -> WeightSync.receive_weights -> model.load_weights) and VLLM_GROUP (the
+#         group's backend use: weight bytes against Ray's control bytes). One GPU: the engine
+#         shares the trainer's device, so the group is gloo (NCCL holds no two ranks on one
+#         device); the NCCL path needs two GPUs. If the default attention backend rejects the
+#         tiny model's head size (16), it retries once with vLLM's Triton attention backend.
 # sglang  in .venv-sglang (the sglang extra, made when SGLang is missing): SGLang 0.5.23 pins
 #         torch 2.14.1 and flashinfer 0.7.2, vLLM's torch-2.13 releases torch 2.13.0 and
 #         flashinfer 0.7.0.post1, so the two engines cannot share one environment.
 #         tests/test_exec_sglang.py (log-probs against the Hugging Face model, an in-place update
-#         in buckets, a GRPO run on Ray) and tests/test_exec_sglang_config.py; prints
-#         SGLANG_FIGURES (engine tokens/s, in-place update time, the run's tokens/s and sync time).
+#         in buckets, a GRPO run on Ray whose refreshes go over the weight-sync group into
+#         SGLang's ranks: init_weights_update_group, update_weights_from_distributed) and
+#         tests/test_exec_sglang_config.py; prints SGLANG_FIGURES (engine tokens/s, in-place
+#         update time, the run's tokens/s and sync time) and SGLANG_GROUP (weight bytes against
+#         Ray's control bytes; gloo, the engine sharing the trainer's one GPU).
 # Exit 0 only when both pass. ONLY=vllm or ONLY=sglang runs one of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +34,7 @@ status=0
 tests() {  # python, log, files...: the tests' summary and figure lines
   local py=$1 log=$2; shift 2
   timeout 540 "$py" -m pytest -q -s -p no:cacheprovider "$@" 2>&1 | tee "$log" \
-    | grep -E "VLLM_FIGURES|SGLANG_FIGURES|passed|failed|skipped|Error"
+    | grep -E "VLLM_FIGURES|VLLM_GROUP|SGLANG_FIGURES|SGLANG_GROUP|passed|failed|skipped|Error"
 }
 
 all_passed() {  # log: pytest's summary says passed, and nothing failed, errored or was skipped

@@ -7,6 +7,7 @@ in tests/test_exec_sglang.py on a GPU machine (scripts/gpu_check.sh)."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -184,38 +185,152 @@ def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
     assert not eng.open and r.current_version() == 4
 
 
-def test_a_group_refresh_is_one_session_and_a_colocated_engine_releases_its_memory(rollout
-                                                                                   ) -> None:
-    """Over the weight-sync group the actor is one rank: the refresh's full tensors reach the
-    engine inside one session, then the cache is flushed; colocated, the engine releases and
-    resumes its memory around training (once each)."""
-    import threading
+# SGLang's receiving side, run from the installed package's own source (sglang itself cannot be
+# imported here: it needs its CUDA dependencies): `init_custom_process_group` joins the group as
+# `WeightUpdater.init_weights_update_group` does, `receive_weights_from_distributed` receives as
+# `update_weights_from_distributed` does; the tensors it got are saved for the test to compare.
+SGLANG_SIDE = r"""
+import ast, json, sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
+import torch
+from packaging import version
+
+root, out = Path(sys.argv[1]), sys.argv[2]
+def source(path, name, cls=None):
+    text = path.read_text()
+    scope = ast.parse(text)
+    if cls:
+        scope = next(n for n in scope.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    fn = next(n for n in scope.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return "from __future__ import annotations\n" + __import__("textwrap").dedent(
+        ast.get_source_segment(text, fn))
+ns = {"torch": torch, "Optional": Optional,
+      "torch_release": version.parse(torch.__version__).release}
+exec(source(root / "srt/utils/common.py", "init_custom_process_group"), ns)
+exec(source(root / "srt/model_executor/model_runner_components/weight_updater.py",
+            "receive_weights_from_distributed", "WeightUpdater"), ns)
+kw = json.loads(sys.stdin.readline())
+pg = ns["init_custom_process_group"](
+    backend=kw["backend"], init_method=f"tcp://{kw['master_address']}:{kw['master_port']}",
+    world_size=kw["world_size"], rank=kw["rank_offset"], group_name=kw["group_name"])
+me = SimpleNamespace(_model_update_group={kw["group_name"]: pg}, device="cpu")
+req = json.loads(sys.stdin.readline())
+got = ns["receive_weights_from_distributed"](
+    me, names=req["names"], dtypes=req["dtypes"], shapes=req["shapes"],
+    group_name=req["group_name"], load_format=req["load_format"])
+torch.save(dict(got), out)
+sys.stdout.flush()
+__import__("os")._exit(0)  # SGLang's scheduler keeps its group; skip the group's teardown at exit
+"""
+
+
+class GroupEngine(FakeEngine):
+    """`FakeEngine` whose distributed weight update is SGLang's own code in a subprocess (one
+    TP rank, as SGLang's scheduler runs it)."""
+
+    def __init__(self, root: Path, out: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root, self.out, self.proc = root, out, None
+
+    def init_weights_update_group(self, **kw: Any) -> tuple[bool, str]:
+        import json
+        self.calls.append(("init_weights_update_group", kw))
+        self.proc = subprocess.Popen([sys.executable, "-c", SGLANG_SIDE, str(self.root),
+                                      str(self.out)], stdin=subprocess.PIPE, text=True)
+        self.proc.stdin.write(json.dumps(kw) + "\n")
+        self.proc.stdin.flush()
+        return True, "Succeeded to initialize custom process group."
+
+    def update_weights_from_distributed(self, **kw: Any) -> tuple[bool, str]:
+        import json
+        self.calls.append(("update_weights_from_distributed", kw))
+        if not self.open:
+            return False, "update_weights_from_distributed must run between begin and end"
+        self.proc.stdin.write(json.dumps({**kw, "load_format": kw.get("load_format")}) + "\n")
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=120) == 0
+        self.loaded.update(torch.load(self.out))
+        return True, "Succeeded to update parameter online."
+
+
+class _Member:
+    def __init__(self, role: str, rank: int, obj: Any) -> None:
+        self.role, self.rank, self.obj = role, rank, obj
+
+
+class _ThreadCalls:
+    """The runtime's `call`/`results` over objects of this process, each call in its own
+    thread (as Ray runs each member's call in its own process)."""
+
+    kind = "threads"
+    concurrent = True
+
+    def call(self, m: _Member, method: str, *args: object) -> Any:
+        return lambda: getattr(m.obj, method)(*args)
+
+    def results(self, handles: list[Any]) -> list[Any]:
+        import threading
+
+        from executors.runtime import Outcome
+        out: list[Any] = [None] * len(handles)
+
+        def run(i: int) -> None:
+            try:
+                out[i] = Outcome(True, handles[i]())
+            except Exception as e:  # noqa: BLE001 - the outcome carries it
+                out[i] = Outcome(False, error=str(e))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(handles))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        return out
+
+
+def test_a_group_refresh_reaches_sglangs_own_receiver_in_one_session(rollout, sglang_root,
+                                                                     tmp_path) -> None:
+    """Over the weight-sync group the engine joins and receives itself: the driver
+    (`GroupRefresh`) forms the group with SGLang's protocol, the engine calls
+    `init_weights_update_group` and `update_weights_from_distributed` with names, dtypes and
+    shapes only; SGLang's own join and receive code gets every tensor exactly from the sender,
+    inside one weight-update session, then the cache is flushed; colocated, the engine releases
+    and resumes its memory around training (once each)."""
     from dataclasses import replace
 
-    from executors.syncgroup import GroupSender, GroupSpec
+    from executors.syncgroup import GroupSender
+    from executors.weights import GroupRefresh
 
     r, state, cfg = rollout
+    state = {**state, "lm_head.weight": state["lm_head.weight"].to(torch.bfloat16)}
+    r.engine = GroupEngine(sglang_root, tmp_path / "got.pt", **r.engine.kwargs)
 
     class Sender(GroupSender):
         def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
             return state
     sender = Sender()
-    assert r.sync_member()[:2] == ("cpu", 1)
-    addr, port = sender.sync_host()
-    spec = GroupSpec("g", 0, addr, port, 1, (1,), "gloo", timeout_s=30)
-    joined = threading.Thread(target=sender.sync_join, args=(spec, 0))
-    joined.start()
-    r.sync_join(spec, 0)
-    joined.join(timeout=60)
-    manifests = sender.sync_prepare("g", 40_000, 0)
-    sent = threading.Thread(target=sender.sync_send, args=("g",))
-    sent.start()
-    got = r.sync_receive("g", manifests, 7)
-    sent.join(timeout=60)
+    # its own slot: its TP ranks on their GPUs (the CPU sender here makes the group gloo)
+    assert r.sync_member() == ("cuda", 1, os.getpid(), "sglang")
+    drive = GroupRefresh(_ThreadCalls())  # type: ignore[arg-type]
+    members = [_Member("actor", 0, sender), _Member("rollout", 0, r)]
+    spec = drive.group(40_000, members[:1], members[1:])
+    assert (spec.protocol, spec.backend, spec.tps) == ("sglang", "gloo", (1,))
+    [(err, got)] = drive.refresh(spec, members[:1], members[1:], 7, 40_000)
+    assert err is None, err
     names = [c[0] for c in r.engine.calls]
-    assert names[0] == "begin_weight_update" and names[-2:] == ["end_weight_update", "flush_cache"]
-    assert got["done"] and r.current_version() == 7
-    assert all(torch.equal(r.engine.loaded[k], v) for k, v in state.items())
+    assert names == ["init_weights_update_group", "begin_weight_update",
+                     "update_weights_from_distributed", "end_weight_update", "flush_cache"]
+    init, upd = r.engine.calls[0][1], r.engine.calls[2][1]
+    assert (init["rank_offset"], init["world_size"], init["backend"]) == (1, 2, "gloo")
+    assert upd["group_name"] == init["group_name"] and upd["flush_cache"] is False
+    assert upd["dtypes"][upd["names"].index("lm_head.weight")] == "bfloat16"
+    assert r.current_version() == 7 and got["calls"] == len(state)  # one broadcast a tensor
+    assert got["bytes"] == sum(v.numel() * v.element_size() for v in state.values())
+    assert got["control_bytes"] < got["bytes"] / 10  # names, dtypes, shapes only
+    assert set(r.engine.loaded) == set(state)
+    assert all(torch.equal(r.engine.loaded[k], v) and r.engine.loaded[k].dtype == v.dtype
+               for k, v in state.items())
     assert not r.sleep_engine()  # its own slot: never released
     r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True))
     r.engine.calls.clear()
@@ -359,7 +474,8 @@ def test_every_name_the_backend_hands_sglang_exists(sglang_root: Path) -> None:
     used = {c[0] for c in calls}
     assert {"generate", "update_weights_from_tensor", "begin_weight_update",
             "end_weight_update", "flush_cache", "release_memory_occupation",
-            "resume_memory_occupation"} <= used  # the reader sees the calls
+            "resume_memory_occupation", "init_weights_update_group",
+            "update_weights_from_distributed"} <= used  # the reader sees the calls
     # the rollout shares the actor's slot: colocated, it releases its memory while training
     assert {"tp_size", "context_length", "mem_fraction_static", "random_seed",
             "enable_memory_saver"} <= kwargs

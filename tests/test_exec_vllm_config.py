@@ -8,11 +8,13 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 from exec_util import GRPO_LAYOUT, hand_plan
+from test_exec_syncgroup import _together
 
 from executors.roles import run_config
 from executors.runplan import resolve_plan
-from executors.vllm_rollout import behaviour_logprobs, engine_args
+from executors.vllm_rollout import WeightSync, behaviour_logprobs, engine_args
 from placer.cost.sharding import Parallel
 
 
@@ -101,6 +103,96 @@ def test_a_colocated_engine_sleeps_for_training_and_wakes_once() -> None:
     assert [(c[0], c[2]) for c in r.llm.calls] == [("sleep", {"level": 1}), ("wake_up", {})]
 
 
+# ------------------------------------------------------- the weight-sync group into the workers
+class _Model:
+    """What `model.load_weights` of a vLLM model receives, by name (whole tensors)."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights):
+        self.loaded.update({k: v.clone() for k, v in weights})
+        return {k for k, _ in weights}
+
+
+class _Worker(WeightSync):
+    """`WeightSync` as vLLM mixes it into a GPU worker: the worker's model and its rank (vLLM's
+    world group, which this process does not have)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.model_runner = SimpleNamespace(model=_Model())
+
+    def _tp_rank(self) -> int:
+        return self.rank
+
+
+class WorkerLLM(FakeLLM):
+    """`LLM.collective_rpc` as vLLM runs it: the method on every worker at once, their results
+    in rank order; the arguments are kept to check that no tensor travels in them."""
+
+    def __init__(self, tp: int) -> None:
+        super().__init__()
+        self.workers = [_Worker(r) for r in range(tp)]
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(("collective_rpc", (method, *args), {}))
+        return _together([lambda w=w: getattr(w, method)(*args) for w in self.workers])
+
+
+def _tensors_in(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return 1
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensors_in(o) for o in obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return sum(_tensors_in(getattr(obj, f)) for f in obj.__dataclass_fields__)
+    return 0
+
+
+@pytest.mark.parametrize("size", [0, 4096], ids=["whole", "buckets"])
+def test_the_workers_receive_from_the_group_and_rpc_carries_no_weights(size: int) -> None:
+    """A trainer sender and a tp 2 vLLM engine (its two workers in threads, as vLLM runs them):
+    each worker joins the gloo group and loads every tensor whole and exactly; collective_rpc
+    carries only the spec and the manifests; then the prefix cache is reset."""
+    from test_exec_syncgroup import _Sender
+
+    from executors.syncgroup import GroupSpec
+    g = torch.Generator().manual_seed(3)
+    want = {f"layers.{i}.w": torch.randn(8, 6, generator=g) for i in range(5)}
+    want["embed"] = torch.randn(32, 6, generator=g).to(torch.bfloat16)
+    sender = _Sender(want, kv_heads=2)
+    r = _fake_rollout(colocated=True)
+    r.llm = WorkerLLM(2)
+    assert r.sync_member()[:2] == ("cpu", 2)  # colocated: gloo, never NCCL on a shared GPU
+    addr, port = sender.sync_host()
+    spec = GroupSpec("g1", 0, addr, port, 1, (2,), "gloo", timeout_s=30)
+    _together([lambda: sender.sync_join(spec, 0), lambda: r.sync_join(spec, 0)])
+    manifests = sender.sync_prepare("g1", size, 0)
+    sent, got = _together([lambda: sender.sync_send("g1"),
+                           lambda: r.sync_receive("g1", manifests, 1)])
+    assert got["done"] and r.version == 1
+    full = sum(v.numel() * v.element_size() for v in want.values())
+    assert sent["bytes"] == got["bytes"] == full  # each TP worker takes the whole tensors
+    for w in r.llm.workers:
+        m = w.model_runner.model
+        assert set(m.loaded) == set(want)
+        assert all(torch.equal(m.loaded[k], v) and m.loaded[k].dtype == v.dtype
+                   for k, v in want.items())
+    rpcs = [c[1] for c in r.llm.calls if c[0] == "collective_rpc"]
+    assert [a[0] for a in rpcs] == ["init_weight_update_group", "receive_weights"]
+    assert sum(_tensors_in(a) for a in rpcs) == 0  # control messages only
+    assert r.llm.calls[-1][0] == "reset_prefix_cache"
+
+
+def test_sending_side_resharding_is_refused_for_vllm() -> None:
+    from executors.syncgroup import GroupSpec
+    r = _fake_rollout(colocated=False)
+    assert r.sync_member()[:2] == ("cuda", 2)
+    with pytest.raises(RuntimeError, match="vllm backend loads whole tensors"):
+        r.sync_join(GroupSpec("g", 0, "127.0.0.1", 1, 1, (2,), "gloo", send_shards=True), 0)
+
+
 # ---------------------------------------------------------------------- the API contract
 # `vllm.LLM`'s methods and their parameters, read from vLLM's source at the pinned commit
 # (github.com/vllm-project/vllm, vllm/entrypoints/llm.py, 0012cf691b7e69423244d2b1405f4b6832156e19:
@@ -140,3 +232,53 @@ def test_every_llm_call_names_a_method_of_the_pinned_vllm() -> None:
     bad = [(m, kw - LLM_METHODS.get(m, set())) for m, kw in calls
            if m not in LLM_METHODS or kw - LLM_METHODS[m]]
     assert bad == [], f"calls vLLM {VLLM_COMMIT[:10]}'s LLM does not take: {bad}"
+
+
+# The worker side: what `WeightSync`, mixed into vLLM's GPU worker, reads of vLLM, recorded from
+# vLLM's source (github.com/vllm-project/vllm; vLLM's files are stored at different commits):
+#   examples/offline_inference/rlhf_utils.py @ 081b8e32277e01f1f759601c714f808b5e9676b2: the
+#     pattern (`WorkerExtension.init_weight_update_group` takes `get_world_group().rank` from
+#     `vllm.distributed.parallel_state`; `update_weight` broadcasts from rank 0, then
+#     `self.model_runner.model.load_weights(weights=[(name, weight)])`)
+#   vllm/distributed/parallel_state.py @ 0c175ae9295b575078961a68c4d3a2a838dce5ef:
+#     `def get_world_group() -> GroupCoordinator`, whose `rank` is the worker's global rank
+#   vllm/config/parallel.py @ 840e7972c6ab74061696e81e17d8a74db2aefd7e: `worker_extension_cls:
+#     str`, "dynamically inherited by the worker class ... for use in collective_rpc calls"
+WORKER_READS = {("vllm.distributed.parallel_state", "get_world_group"), ("self", "model_runner"),
+                ("model", "load_weights")}
+
+
+def _worker_ast():
+    import ast
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1] / "executors" / "vllm_rollout.py"
+    return ast.parse(src.read_text())
+
+
+def test_every_worker_method_rpc_names_exists_and_takes_no_tensors() -> None:
+    """The methods `collective_rpc` names are `WeightSync`'s (a regression guard on our own
+    names: vLLM resolves them on the worker, which inherits the extension); the group path
+    names only control-message methods, the one-process path `update_weights`."""
+    import ast
+    tree = _worker_ast()
+    named = {n.args[0].value for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "collective_rpc" and isinstance(n.args[0], ast.Constant)}
+    assert named == {"init_weight_update_group", "receive_weights", "update_weights"}
+    assert all(callable(getattr(WeightSync, m, None)) for m in named)
+
+
+def test_the_worker_extension_reads_only_recorded_vllm_names() -> None:
+    """Every vLLM import and worker attribute `WeightSync` uses is in the recorded table."""
+    import ast
+    cls = next(n for n in ast.walk(_worker_ast())
+               if isinstance(n, ast.ClassDef) and n.name == "WeightSync")
+    used = {(n.module, a.name) for n in ast.walk(cls) if isinstance(n, ast.ImportFrom)
+            and (n.module or "").startswith("vllm") for a in n.names}
+    used |= {(n.value.id, n.attr) for n in ast.walk(cls) if isinstance(n, ast.Attribute)
+             and isinstance(n.value, ast.Name) and n.value.id in ("self", "model")
+             and n.attr in ("model_runner", "load_weights", "device", "rank")}
+    assert used == WORKER_READS, used ^ WORKER_READS
+    loads = [n for n in ast.walk(cls) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "load_weights"]
+    assert loads and all({k.arg for k in n.keywords} == {"weights"} for n in loads)
