@@ -178,3 +178,10 @@ def test_members_of_two_teams_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["fleet", str(path)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "shared.cpu_pools.0.jobs" in lines[0] and "a, b" in lines[0]
+
+
+def test_infeasible_counts_a_shared_pool_once() -> None:
+    """On 1 CPU node the pair's shared node and z's own do not fit: the diagnosis names the
+    pool and counts the pair's node once."""
+    with pytest.raises(Infeasible, match=r"pool cpu: the jobs need at least 2 nodes \(x 1, z 1\)"):
+        plan_fleet(fleet_from_dict(_fleet(1), EXAMPLES, "t"), load_calibration(None), workers=1)

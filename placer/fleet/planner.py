@@ -117,7 +117,7 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
 def diagnose(pr: AllocProblem, planner: JobPlanner, why: str) -> str:
     """Which pool, quota or cohort the jobs' smallest allocations overflow; else the job whose
     removal lets the others fit."""
-    least = [_least(pr, j) for j in range(len(pr.jobs))]
+    least = [pr.held(j, _least(pr, j)) for j in range(len(pr.jobs))]  # a shared pool once
     for p, pool in enumerate(pr.pools):
         need = {job.name: m[p] for job, m in zip(pr.jobs, least) if m[p]}
         if sum(need.values()) > pr.nodes[p]:
