@@ -364,8 +364,12 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
     c = fleet.contention or Contention()
     pools = [p.name for p in fleet.cluster.pools]
     index = {fj.name: j for j, fj in enumerate(fleet.jobs)}
-    plans = [(index[jr.name], jr.plan, tuple(jr.nodes.get(p, 0) for p in pools))
-             for jr in result.jobs]
+    # a CPU pool the allocation shares is shared here too, its nodes held by its first member
+    tails = {(n, s.pool) for s in result.shared for n in s.jobs[1:]}
+    plans = [(index[jr.name], jr.plan, tuple(0 if (jr.name, p) in tails else jr.nodes.get(p, 0)
+                                             for p in pools)) for jr in result.jobs]
+    c = c.model_copy(update={"cpu_pools": [SharedCpuPool(jobs=s.jobs, nodes=s.nodes)
+                                           for s in result.shared] + c.cpu_pools})
     for _, plan, _ in plans:
         check_size(plan.resolved(), iterations)
     planner = JobPlanner(fleet, calib, job_time_limit_s, seed) if c.preemptions else None
@@ -375,7 +379,8 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
     alone_c = c.model_copy(update={"cpu_pools": [], "preemptions": []})
     jobs = []
     for js, jr in zip(together.jobs, result.jobs):
-        solo = _Sim(fleet, [(js.index, jr.plan, plans[js.index][2])], calib, cfg, seed,
+        own = tuple(jr.nodes.get(p, 0) for p in pools)  # alone: a shared pool its own
+        solo = _Sim(fleet, [(js.index, jr.plan, own)], calib, cfg, seed,
                     iterations, alone_c, None)
         solo.run([])
         alone = median(solo.jobs[0].durations[0])

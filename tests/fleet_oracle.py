@@ -1,6 +1,7 @@
 """A brute-force oracle for the fleet allocation: every combination of the jobs' grids, each
 checked against the quota rules written out here on their own (not through the CP-SAT model),
-and seeded random small fleets with monotone synthetic iteration times to run it on."""
+and seeded random small fleets with monotone synthetic iteration times to run it on (a shared
+CPU pool among them, optionally)."""
 from __future__ import annotations
 
 import itertools
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from placer.fleet.alloc import AllocJob, AllocProblem, TeamQuota, Vec
+from placer.fleet.sharing import ShareGroup
 
 
 def violations(pr: AllocProblem, vectors: list[Vec]) -> list[str]:
@@ -16,6 +18,11 @@ def violations(pr: AllocProblem, vectors: list[Vec]) -> list[str]:
     team below min(nominal, demand) while a team of its cohort borrows."""
     out = []
     pools = range(len(pr.pools))
+    for g in pr.shared:  # one count of the shared pool, held by the group as a whole
+        if len({vectors[j][g.pool] for j in g.members}) > 1:
+            out.append(f"shared {pr.pools[g.pool]}")
+        vectors = [tuple(0 if p == g.pool and j in g.members[1:] else n
+                         for p, n in enumerate(v)) for j, v in enumerate(vectors)]
     for p in pools:
         if sum(v[p] for v in vectors) > pr.nodes[p]:
             out.append(f"capacity {pr.pools[p]}")
@@ -36,11 +43,16 @@ def violations(pr: AllocProblem, vectors: list[Vec]) -> list[str]:
                 out.append(f"cohort {cohort} {pr.pools[p]}")
             if any(use[t.name][p] > t.nominal[p] for t in teams):
                 for t in teams:
-                    demand = sum(max(a[p] for a in job.grid) for job in pr.jobs
-                                 if job.team == t.name)
+                    demand = sum(max(a[p] for a in job.grid) for j, job in enumerate(pr.jobs)
+                                 if job.team == t.name and not _tail(pr, j, p))
                     if use[t.name][p] < min(t.nominal[p], demand):
                         out.append(f"fairness {t.name} {pr.pools[p]}")
     return out
+
+
+def _tail(pr: AllocProblem, j: int, p: int) -> bool:
+    """Whether job j shares pool p with an earlier job (the group's count is that job's)."""
+    return any(g.pool == p and j in g.members and j != min(g.members) for g in pr.shared)
 
 
 def brute_force(pr: AllocProblem, time_of: Callable[[int, Vec], float | None]
@@ -63,12 +75,13 @@ def brute_force(pr: AllocProblem, time_of: Callable[[int, Vec], float | None]
     return best
 
 
-def random_fleet(seed: int, objective: str, twins: bool = False
+def random_fleet(seed: int, objective: str, twins: bool = False, shared: bool = False
                  ) -> tuple[AllocProblem, Callable[[int, Vec], float | None]]:
     """2-3 jobs, 2 pools of 1-4 nodes, 1-3 teams (a cohort or none), synthetic times that
     never grow with more nodes: T = c / (sum_p s_p a_p)^alpha + d, None below a need.
     `twins`: the first job is repeated once or twice as the same kind (one time function, the
-    same team, weight and limits), so the model's symmetry breaking is exercised."""
+    same team, weight and limits), so the model's symmetry breaking is exercised. `shared`: the
+    first two jobs are of one team and share pool p1 (their grids' p1 axes the team's)."""
     rng = random.Random(seed)
     pools = ("p0", "p1")
     nodes = tuple(rng.randint(2, 5) for _ in pools)
@@ -84,7 +97,7 @@ def random_fleet(seed: int, objective: str, twins: bool = False
         teams[t] = TeamQuota(t, cohort, nominal, cap)
     jobs, params = [], []
     for j in range(rng.randint(2, 3)):
-        team = rng.choice(names)
+        team = names[0] if shared and j < 2 else rng.choice(names)
         axes = [sorted({0, *[k for k in (1, 2, 4) if k < c], c}) for c in teams[team].cap]
         grid = tuple(a for a in itertools.product(*axes) if any(a))
         limit = rng.choice([None, None, rng.uniform(5, 30)])
@@ -103,4 +116,5 @@ def random_fleet(seed: int, objective: str, twins: bool = False
         work = sum(si * ai for si, ai in zip(s, a))
         return None if work < need else c / work ** alpha + d
 
-    return AllocProblem(pools, nodes, teams, jobs, objective, time_of), time_of
+    groups = (ShareGroup(1, (0, 1)),) if shared else ()
+    return AllocProblem(pools, nodes, teams, jobs, objective, time_of, shared=groups), time_of

@@ -16,6 +16,9 @@ Model. x_ja in {0, 1}, sum_a x_ja = 1. u_tp = sum_{j of t} sum_a a_p x_ja, and
                  then every team of k holds at least min(n_tp, D_tp) (u_tp >= min(n, D) b_kp),
                  D_tp = the most its jobs could use (the sum of their grids' largest a_p): no
                  team falls below its nominal share while another borrows
+  shared pool    the members of a shared CPU pool g on pool P hold one count of it,
+                 sum_a a_P x_ja = sum_a a_P x_ka, charged once (`placer.fleet.sharing`): a_p
+                 above, in capacity, quotas and demand, is `charged(j, a)`
   service        x_ja = 0 where T_j(a) exceeds the job's deadline or minimum throughput
   symmetry       jobs j < k of one kind (`AllocJob.kind`: one time function, the same team,
                  weight, iterations, limit and grid; `twins`) take vectors in grid order,
@@ -48,6 +51,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
+
+from placer.fleet.sharing import ShareGroup, charged, consistent
 
 Vec = tuple[int, ...]
 SCALE = 1_000_000_000  # the largest objective coefficient, after scaling to integers
@@ -89,6 +94,7 @@ class AllocProblem:
     prefetch: Callable[[list[tuple[int, Vec]]], None] | None = None
     known: list[dict[Vec, float | None]] = field(default_factory=list)
     not_monotone: int = 0  # evaluated pairs where fewer nodes were faster (the bound failed)
+    shared: tuple[ShareGroup, ...] = ()  # CPU pools several jobs share (one count, charged once)
 
     def __post_init__(self) -> None:
         if not self.known:  # one memo per kind: an identical job's times are the same
@@ -137,7 +143,12 @@ class AllocProblem:
         return job.weight * 3600 / t if self.objective == "throughput" else job.iterations * t
 
     def demand(self, team: str, p: int) -> int:
-        return sum(max(a[p] for a in job.grid) for job in self.jobs if job.team == team)
+        return sum(max(charged(self.shared, j, a)[p] for a in job.grid)
+                   for j, job in enumerate(self.jobs) if job.team == team)
+
+    def held(self, j: int, a: Vec) -> Vec:
+        """The nodes job j's vector `a` is charged (a shared pool at its first member only)."""
+        return charged(self.shared, j, a)
 
 
 @dataclass
@@ -188,11 +199,15 @@ def _model(pr: AllocProblem, values: list[dict[Vec, float]]
     for xs in x:
         m.add_exactly_one(xs.values())
     _symmetry(pr, m, x)
+    for g in pr.shared:
+        for first, second in zip(g.members, g.members[1:]):
+            m.add(sum(a[g.pool] * v for a, v in x[first].items())
+                  == sum(a[g.pool] * v for a, v in x[second].items()))
     for p, n in enumerate(pr.nodes):
-        m.add(sum(a[p] * v for xs in x for a, v in xs.items()) <= n)
+        m.add(sum(pr.held(j, a)[p] * v for j, xs in enumerate(x) for a, v in xs.items()) <= n)
     use: dict[str, list[cp_model.LinearExprT]] = {}
     for t in pr.teams:
-        use[t] = [sum(a[p] * v for j, xs in enumerate(x) if pr.jobs[j].team == t
+        use[t] = [sum(pr.held(j, a)[p] * v for j, xs in enumerate(x) if pr.jobs[j].team == t
                       for a, v in xs.items()) for p in range(len(pr.pools))]
     _quotas(pr, m, use)
     top = max((v for vals in values for v in vals.values()), default=1.0) or 1.0
@@ -211,14 +226,15 @@ def _model(pr: AllocProblem, values: list[dict[Vec, float]]
 
 def twins(pr: AllocProblem) -> list[tuple[int, int]]:
     """Pairs (j, k), j < k, of jobs of one kind, each with the next of its kind: the same time
-    function, team, weight, iterations, limit and grid, so swapping their vectors changes
-    nothing."""
+    function, team, weight, iterations, limit, grid and shared pool (a shared pool's first
+    member is charged its nodes: it has no twin), so swapping their vectors changes nothing."""
     last: dict[tuple[object, ...], int] = {}
     out = []
     for k, job in enumerate(pr.jobs):
-        if job.kind is None:
+        group = next((g for g in pr.shared if k in g.members), None)
+        if job.kind is None or (group is not None and k == group.members[0]):
             continue
-        key = (job.kind, job.team, job.weight, job.iterations, job.max_iteration_s, job.grid)
+        key = (job.kind, group, job.team, job.weight, job.iterations, job.max_iteration_s, job.grid)
         if key in last:
             out.append((last[key], k))
         last[key] = k
@@ -365,7 +381,8 @@ def fair_shares(pr: AllocProblem) -> list[Vec] | None:
         if not fit:
             return None
         out.append(max(fit, key=lambda a: (sum(a), a)))
-    if any(sum(a[p] for a in out) > n for p, n in enumerate(pr.nodes)):
+    if not consistent(pr.shared, out) or any(
+            sum(pr.held(j, a)[p] for j, a in enumerate(out)) > n for p, n in enumerate(pr.nodes)):
         return None
     return out
 
@@ -381,7 +398,7 @@ def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> 
     m, x, k, objective = _model(pr, values)
     now = [int(round(vals[a] * k)) for vals, a in zip(values, vecs)]
     m.add(objective >= sum(now) if pr.objective == "throughput" else objective <= max(now))
-    m.minimize(sum(sum(a) * v for xs in x for a, v in xs.items()))
+    m.minimize(sum(sum(pr.held(j, a)) * v for j, xs in enumerate(x) for a, v in xs.items()))
     for xs, a in zip(x, vecs):
         m.add_hint(xs[a], 1)
     solver = cp_model.CpSolver()

@@ -32,6 +32,7 @@ from placer.base.errors import Infeasible, SpecError
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.fleet.alloc import AllocJob, AllocProblem, TeamQuota, Vec
+from placer.fleet.sharing import ShareGroup, shared_job
 from placer.fleet.spec import Fleet
 from placer.solve.candidates import flat, single_candidates
 from placer.solve.planfile import Plan
@@ -130,9 +131,11 @@ class JobPlanner:
     why: dict[tuple[int, Vec], str] = field(default_factory=dict)
     kind_of: list[int] = field(default_factory=list)
     pool: Executor | None = None
+    priced: list[Job] = field(default_factory=list)  # each job as planned (shared pools priced)
 
     def __post_init__(self) -> None:
-        self.kind_of = kinds([fj.job for fj in self.fleet.jobs])
+        self.priced = priced_jobs(self.fleet)
+        self.kind_of = kinds(self.priced)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -162,9 +165,16 @@ class JobPlanner:
     def time(self, j: int, a: Vec) -> float | None:
         key = (self.kind_of[j], a)
         if key not in self.plans and key not in self.why:
-            self._keep(key, plan_on(self.fleet.jobs[j].job, self.nodes_of(a), self.calib,
+            self._keep(key, plan_on(self.priced[j], self.nodes_of(a), self.calib,
                                     self.time_limit_s, self.seed))
         return self.plans[key].predicted_iteration_s if key in self.plans else None
+
+    def alone(self, j: int, a: Vec) -> float | None:
+        """Job j's iteration time on `a` as written: a shared pool's member with the pool to
+        itself (what sharing costs it is its priced time against this)."""
+        got = plan_on(self.fleet.jobs[j].job, self.nodes_of(a), self.calib, self.time_limit_s,
+                      self.seed)
+        return None if isinstance(got, str) else got.predicted_iteration_s
 
     def _keep(self, key: tuple[int, Vec], got: Plan | str) -> None:
         if isinstance(got, str):
@@ -177,7 +187,7 @@ class JobPlanner:
         todo = sorted({(self.kind_of[j], a) for j, a in pairs} - set(self.plans) - set(self.why))
         if self.workers < 2 or len(todo) < 2:
             return
-        futures = {key: self._pool().submit(plan_on, self.fleet.jobs[key[0]].job,
+        futures = {key: self._pool().submit(plan_on, self.priced[key[0]],
                                          self.nodes_of(key[1]), self.calib, self.time_limit_s,
                                          self.seed) for key in todo}
         for key, fut in futures.items():
@@ -191,7 +201,7 @@ class JobPlanner:
         """Every job's grid: each kind's candidate table on each cap built once, in `workers`
         processes when there are several."""
         keys = sorted({(self.kind_of[j], self.cap(j)) for j in range(len(self.fleet.jobs))})
-        args = [(self.fleet.jobs[k].job, self.nodes_of(cap), self.calib) for k, cap in keys]
+        args = [(self.priced[k], self.nodes_of(cap), self.calib) for k, cap in keys]
         if self.workers > 1 and len(keys) > 1:
             tables = list(self._pool().map(least_devices, *zip(*args)))
         else:
@@ -224,6 +234,27 @@ class JobPlanner:
         return tuple(a for a in itertools.product(*axes) if any(a) and (a == top or fits(a)))
 
 
+def share_groups(fleet: Fleet) -> tuple[ShareGroup, ...]:
+    """The fleet's shared CPU pools as the allocation model's groups (members in fleet order)."""
+    if fleet.shared is None:
+        return ()
+    pools = [p.name for p in fleet.cluster.pools]
+    index = {fj.name: j for j, fj in enumerate(fleet.jobs)}
+    return tuple(ShareGroup(pools.index(cp.pool), tuple(sorted(index[n] for n in cp.jobs)))
+                 for cp in fleet.shared.cpu_pools)
+
+
+def priced_jobs(fleet: Fleet) -> list[Job]:
+    """Each job as the allocation prices it: a shared pool's member with its share of the
+    cores (`placer.fleet.sharing.shared_job`), the others as written."""
+    out = [fj.job for fj in fleet.jobs]
+    for g in share_groups(fleet):
+        for j in g.members:
+            out[j] = shared_job(fleet.jobs[j].job, [fleet.jobs[k].job for k in g.members
+                                                    if k != j])
+    return out
+
+
 def alloc_problem(planner: JobPlanner) -> AllocProblem:
     """The allocation model of `planner.fleet`, timed by `planner`."""
     fleet = planner.fleet
@@ -237,4 +268,5 @@ def alloc_problem(planner: JobPlanner) -> AllocProblem:
             for j, (fj, grid) in enumerate(zip(fleet.jobs, planner.grids()))]
     return AllocProblem(pools, tuple(fleet.pool_nodes()[p] for p in pools), teams, jobs,
                         "throughput" if fleet.objective == "throughput" else "makespan",
-                        planner.time, prefetch=planner.prefetch)
+                        planner.time, prefetch=planner.prefetch,
+                        shared=share_groups(fleet))

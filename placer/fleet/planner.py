@@ -18,8 +18,10 @@ from placer.base.errors import Infeasible
 from placer.cost.efficiency import Calibration
 from placer.fleet.alloc import AllocProblem, NoAllocation, OutOfTime, Vec, allocate, solve_round
 from placer.fleet.inner import JobPlanner, alloc_problem
-from placer.fleet.result import FleetResult, JobResult, team_usage
+from placer.fleet.result import FleetResult, JobResult, SharedUse, team_usage
 from placer.fleet.spec import Fleet
+from placer.solve.planfile import Plan
+from placer.spec.job import Job
 
 Progress = Callable[[str], None]
 
@@ -64,10 +66,27 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
         raise Infeasible(diagnose(pr, planner, str(e))) from None
     jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plan(j, v))
             for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
+    shared = []
+    for g in pr.shared:  # each member's cost: its time shared against alone on its nodes
+        alone = [planner.alone(j, a.vectors[j]) for j in g.members]
+        for j, t in zip(g.members, alone):
+            jobs[j] = replace(jobs[j], shared_pool=pr.pools[g.pool], alone_iteration_s=t,
+                              plan=as_written(jobs[j].plan, fleet.jobs[j].job))
+        shared.append(SharedUse(pr.pools[g.pool], a.vectors[g.members[0]][g.pool],
+                                [jobs[j].name for j in g.members],
+                                [jobs[j].iteration_s for j in g.members], alone))
     inner_gap = max(planner.plan(j, v).solver.gap for j, v in enumerate(a.vectors))
     return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, a.vectors),
                        a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
-                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s)
+                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s, shared)
+
+
+def as_written(plan: Plan, job: Job) -> Plan:
+    """A shared pool member's plan with its job's own `cpu_per_call` (it was priced with its
+    share of the cores): what it runs, exports and simulates is the job as written; its
+    predicted time stays the shared one."""
+    env = {**plan.job["environment"], "cpu_per_call": job.environment.cpu_per_call}
+    return plan.model_copy(update={"job": {**plan.job, "environment": env}})
 
 
 def _nodes(planner: JobPlanner, a: Vec) -> str:
@@ -98,7 +117,7 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
 def diagnose(pr: AllocProblem, planner: JobPlanner, why: str) -> str:
     """Which pool, quota or cohort the jobs' smallest allocations overflow; else the job whose
     removal lets the others fit."""
-    least = [_least(pr, j) for j in range(len(pr.jobs))]
+    least = [pr.held(j, _least(pr, j)) for j in range(len(pr.jobs))]  # a shared pool once
     for p, pool in enumerate(pr.pools):
         need = {job.name: m[p] for job, m in zip(pr.jobs, least) if m[p]}
         if sum(need.values()) > pr.nodes[p]:

@@ -6,9 +6,10 @@ table; `explain()` lists, per team and pool, nominal, cap, use and what is borro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from placer.fleet.sharing import ShareGroup, charged
 from placer.fleet.spec import Fleet, FleetJobSpec
 from placer.solve.planfile import Plan
 
@@ -22,6 +23,8 @@ class JobResult:
     iteration_s: float
     iterations: int | None
     plan: Plan
+    shared_pool: str | None = None  # the CPU pool its environment shares (`placer.fleet.sharing`)
+    alone_iteration_s: float | None = None  # on the same nodes with the pool to itself
 
     @classmethod
     def of(cls, fj: FleetJobSpec, nodes: dict[str, int], plan: Plan) -> JobResult:
@@ -39,7 +42,9 @@ class JobResult:
         return {"name": self.name, "team": self.team, "weight": self.weight, "nodes": self.nodes,
                 "iteration_s": self.iteration_s, "iterations_per_hour": self.iterations_per_hour,
                 "iterations": self.iterations, "finish_h": self.finish_h(),
-                "plan_gap": self.plan.solver.gap, "plan": self.plan.model_dump(mode="json")}
+                "plan_gap": self.plan.solver.gap, "shared_pool": self.shared_pool,
+                "alone_iteration_s": self.alone_iteration_s,
+                "plan": self.plan.model_dump(mode="json")}
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,35 @@ class TeamUse:
                 "borrowed": self.borrowed}
 
 
+@dataclass(frozen=True)
+class SharedUse:
+    """A CPU pool shared by jobs: its nodes, and each member's iteration time shared and alone."""
+
+    pool: str
+    nodes: int
+    jobs: list[str]
+    iteration_s: list[float]  # each member's, priced on the shared pool
+    alone_iteration_s: list[float | None]  # each member's on the same nodes, the pool its own
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "nodes": self.nodes, "jobs": self.jobs,
+                "iteration_s": self.iteration_s, "alone_iteration_s": self.alone_iteration_s}
+
+    def render(self) -> str:
+        costs = ", ".join(f"{n} {t:.2f} s/iter (alone {'-' if a is None else f'{a:.2f}'})"
+                          for n, t, a in zip(self.jobs, self.iteration_s,
+                                             self.alone_iteration_s))
+        return f"shared {self.pool} x{self.nodes}: {costs}"
+
+
 def team_usage(fleet: Fleet, vectors: list[tuple[int, ...]]) -> list[TeamUse]:
-    """Every (team, pool) the team has a quota on, with the nodes its jobs hold there."""
+    """Every (team, pool) the team has a quota on, with the nodes its jobs hold there (a shared
+    pool's nodes counted once, at its first member)."""
     pools = [p.name for p in fleet.cluster.pools]
+    names = [fj.name for fj in fleet.jobs]
+    groups = tuple(ShareGroup(pools.index(cp.pool), tuple(sorted(map(names.index, cp.jobs))))
+                   for cp in (fleet.shared.cpu_pools if fleet.shared else []))
+    vectors = [charged(groups, j, v) for j, v in enumerate(vectors)]
     out = []
     for team, t in fleet.teams.items():
         for i, pool in enumerate(pools):
@@ -95,6 +126,7 @@ class FleetResult:
     plans_priced: int
     grid_size: int
     solve_s: float
+    shared: list[SharedUse] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"fleet": self.name, "objective": self.objective, "value": self.value,
@@ -105,7 +137,8 @@ class FleetResult:
                 "plan_gap": self.plan_gap, "rounds": self.rounds,
                 "plans_priced": self.plans_priced, "grid_size": self.grid_size,
                 "solve_s": self.solve_s, "jobs": [j.to_dict() for j in self.jobs],
-                "teams": [u.to_dict() for u in self.usage]}
+                "teams": [u.to_dict() for u in self.usage],
+                "shared": [s.to_dict() for s in self.shared]}
 
     def render(self) -> str:
         head = (f"throughput {self.value:.4g} weighted iterations/h"
@@ -122,11 +155,13 @@ class FleetResult:
         lines.append(f"{'job':<{w}}  {'team':<12} {'weight':>6} {'s/iter':>9} {'iter/h':>8} "
                      f"{'done h':>7}  nodes")
         for j in self.jobs:
-            nodes = ", ".join(f"{p} {n}" for p, n in j.nodes.items())
+            nodes = ", ".join(f"{p} {n}{' shared' * (p == j.shared_pool)}"
+                              for p, n in j.nodes.items())
             done = j.finish_h()
             lines.append(f"{j.name:<{w}}  {j.team:<12} {j.weight:>6g} {j.iteration_s:>9.2f} "
                          f"{j.iterations_per_hour:>8.1f} {'-' if done is None else f'{done:.2f}':>7}"
                          f"  {nodes}")
+        lines += [s.render() for s in self.shared]
         return "\n".join(lines)
 
     def explain(self) -> str:

@@ -32,6 +32,7 @@ from pydantic import Field, ValidationError
 
 from placer.base.inputs import SpecErrors
 from placer.fleet.contention import Contention, contention_errors
+from placer.fleet.sharing import Shared, shared_errors
 from placer.spec.base import Strict
 from placer.spec.errorlines import validation_lines
 from placer.spec.hardware import Cluster
@@ -96,6 +97,8 @@ class FleetFile(Strict):
     contention: Contention | None = Field(None, description="what the jobs share when "
                                                             "simulated side by side "
                                                             "(`placer fleet --simulate`)")
+    shared: Shared | None = Field(None, description="CPU environment pools several jobs share "
+                                                    "(`placer.fleet.sharing`)")
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class Fleet:
     teams: dict[str, Team]
     jobs: list[FleetJobSpec]
     contention: Contention | None = None
+    shared: Shared | None = None
 
     def pool_nodes(self) -> dict[str, int]:
         return {p.name: p.nodes for p in self.cluster.pools}
@@ -171,10 +175,25 @@ def fleet_from_dict(data: dict[str, Any], base: Path, source: str = "fleet") -> 
         errors += contention_errors(ff.contention, names, {t: list(v.quota)
                                                            for t, v in ff.teams.items()},
                                     [p.name for p in cluster.pools], source)
+    if ff.shared is not None:
+        errors += shared_errors(ff.shared, {j.name: j.team for j in jobs if j is not None},
+                                [p.name for p in cluster.pools], source)
+        errors += _shared_twice(ff, source)
     if errors:
         raise SpecErrors(errors)
     return Fleet(ff.name, ff.objective, cluster, ff.teams, [j for j in jobs if j is not None],
-                 ff.contention)
+                 ff.contention, ff.shared)
+
+
+def _shared_twice(ff: FleetFile, source: str) -> list[str]:
+    """A job the allocation already shares a CPU pool for (`shared`) named again in the
+    simulation's `contention.cpu_pools` (the allocation's sharing is simulated as it is)."""
+    if ff.shared is None or ff.contention is None:
+        return []
+    allocated = {n for cp in ff.shared.cpu_pools for n in cp.jobs}
+    return [f"{source}: contention.cpu_pools.{i}.jobs: job {n!r} shares a CPU pool in the "
+            f"allocation (shared.cpu_pools), which the simulation shares too (got {n!r})"
+            for i, cp in enumerate(ff.contention.cpu_pools) for n in cp.jobs if n in allocated]
 
 
 def _cluster_once(errors: list[str], source: str) -> list[str]:
