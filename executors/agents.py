@@ -14,7 +14,17 @@ the shared context and each agent's sample are tested on their own:
   turn_plan        the schedule as `Turn`s: index, agent, that agent's token budget;
   Episode          one sample's episode: its prompt and turns so far, the next turn's context;
   agent_samples    an agent's training samples from a batch of episodes;
-  roles_by_agent   the plan's `AGENT.ROLE` names grouped by agent.
+  roles_by_agent   the plan's `AGENT.ROLE` names grouped by agent;
+  answerer, judged_turn, literal_result, verdict_score: the agents' rule rewards.
+
+The rule rewards (`reward: rule`). The agent of the episode's last turn answers: its last turn
+is the answer, scored by the job's task as a single policy's answer is, except that it is read
+as a number rather than run as code (a multi-agent plan has no environment role, so no answer
+runs in the sandbox). Every other agent reviews: its last turn is a verdict on the answer just
+before it, rewarded when the verdict agrees with the task's exactness of that answer (1.0),
+less when it states the wrong verdict (0.4), and by the share of its characters that are verdict
+words when it states none (up to 0.2), shaped as the arithmetic task's reward is so that a
+random policy gets a signal from its first step.
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from executors import rl
+from executors.judge import parse_verdict
 from placer.spec.agents import Agents, split_role
 from placer.spec.distributions import Distribution
 
@@ -108,3 +119,44 @@ def roles_by_agent(role_names: Iterable[str]) -> dict[str, dict[str, str]]:
         agent, role = split_role(name)
         out.setdefault(agent or "", {})[role] = name
     return out
+
+
+def answerer(agents: Agents) -> str:
+    """The agent whose last turn is the episode's answer: the agent of the last turn."""
+    return agents.turns[-1]
+
+
+def judged_turn(agents: Agents, agent: str) -> int:
+    """The turn reviewer `agent`'s verdict is about: the last turn before its last one that
+    another agent took; ValueError when it reviews nothing (it takes the first turn only)."""
+    last = max(i for i, t in enumerate(agents.turns) if t == agent)
+    before = [i for i in range(last) if agents.turns[i] != agent]
+    if not before:
+        raise ValueError(f"agent {agent!r} takes no turn after another agent's: nothing to "
+                         "review")
+    return before[-1]
+
+
+def literal_result(answer: str) -> dict[str, str]:
+    """The result an answer gives read as a number (nothing runs): its text when it is one."""
+    text = answer.strip()
+    try:
+        float(text)
+    except ValueError:
+        return {"status": "error", "value": ""}
+    return {"status": "ok", "value": text}
+
+
+VERDICT_CHARS = set("yesnorightwrongcorrectincorrect /0123456789")
+
+
+def verdict_score(verdict: str, answer_exact: bool) -> float:
+    """A reviewer's reward: 1.0 when its stated verdict (`executors.judge.parse_verdict`: a
+    score, a final yes or no) agrees with the answer's exactness, 0.4 when it states the wrong
+    one, else 0.2 x the share of its characters that verdicts are written in."""
+    stated = parse_verdict(verdict)
+    if stated is not None:
+        return 1.0 if (stated >= 0.5) == answer_exact else 0.4
+    if not verdict:
+        return 0.0
+    return 0.2 * sum(c in VERDICT_CHARS for c in verdict.lower()) / len(verdict)
