@@ -241,6 +241,16 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
     clock = PhaseClock(on_phase)
     clock.begin("checking the plan")
+    if plan.resolved().job.agents is not None:  # several policies: `executors.agentrun`
+        if local or faults or delays or deadlines or start or unsafe_sandbox:
+            raise SpecError("a multi-agent plan executes on Ray, from step 0, without fault "
+                            "injection, deadlines or the sandbox (drop --local, --resume, "
+                            "--deadline, --unsafe-sandbox)")
+        try:
+            return _execute_agents(plan, steps, Path(out_dir), chosen, address, lr, progress,
+                                   note, clock)
+        finally:
+            clock.end()
     run = resolve_plan(plan)  # the one resolve: every part below takes its piece of `run`
     preflight(run, chosen, local, unsafe_sandbox)
     out = Path(out_dir)
@@ -275,6 +285,39 @@ def execute(plan: Plan, steps: int, out_dir: str | Path, *, address: str | None 
     return ExecResult(stats, not problems, problems, trace, loop.ledger, placement,
                       world.described, world.emulated, clock.total_s(), str(out), loop.recoveries,
                       loop.stragglers, clock.spans)
+
+
+def _execute_agents(plan: Plan, steps: int, out: Path, backend: Backend, address: str | None,
+                    lr: float | None, progress: Callable[[StepStat], None] | None,
+                    note: Callable[[str], None] | None, clock: PhaseClock) -> ExecResult:
+    """A multi-agent plan (`executors.agentrun`): refused, one line, when it asks for what
+    that driver does not run; each agent's policy checked as a single policy's is."""
+    from executors.agentrun import agent_problem, run_agents  # lazy: multi-agent runs only
+    run = resolve_plan(plan, agents=True)
+    res = plan.resolved()
+    if (why := agent_problem(res, run)) is not None:
+        raise SpecError(why)
+    check_batch(run.job)
+    for role in run.roles:
+        arch = res.model_of(role)
+        if arch is not None:
+            _check_buildable(arch, f"{role} policy")
+            if arch.params() > MAX_PARAMS_CPU and not _cuda():
+                raise SpecError(f"plan.roles.{role}: {arch.name} has {arch.params() / 1e9:.2f}B "
+                                f"parameters; without CUDA the executor runs models up to "
+                                f"{MAX_PARAMS_CPU / 1e6:.0f}M")
+    out.mkdir(parents=True, exist_ok=True)
+    job = run.job
+    trace = Trace(metadata={"source": "execute", "job": job.name, "seed": job.seed,
+                            "algorithm": job.algorithm, "mode": job.mode,
+                            "backend": backend.name, "runtime": "ray", "agents": True,
+                            "predicted_iteration_s": run.predicted_iteration_s})
+    loop, stats, placement, described, emulated = run_agents(
+        run, res, out, backend, address, lr, steps, trace, prepare_model, clock, progress, note)
+    problems = loop.ledger.problems(steps)
+    loop.ledger.write(out / "ledger.json")
+    return ExecResult(stats, not problems, problems, trace, loop.ledger, placement, described,
+                      emulated, clock.total_s(), str(out), setup_phases=clock.spans)
 
 
 def preflight(run: RunPlan, backend: Backend, local: bool, unsafe_sandbox: bool) -> None:

@@ -32,6 +32,7 @@ from placer.cost.roofline import GB
 from placer.solve.moves import layout as arrangement_of
 from placer.solve.moves import role_counts
 from placer.solve.planfile import Bundle, Plan, RolePlacement, calibration_of
+from placer.spec.agents import split_role
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.judge import RewardModel
@@ -253,15 +254,17 @@ class RunPlan:
         return [p for p in self.pools if p in used]
 
 
-def resolve_plan(plan: Plan) -> RunPlan:
+def resolve_plan(plan: Plan, *, agents: bool = False) -> RunPlan:
     """The run plan of `plan`; SpecError (exit 2) when the plan's job names no policy, asks for
-    a paired weight-sync transport or a sharded frozen model, is a multi-agent job, or its
-    bundles do not hold its roles (`executors.seats`)."""
+    a paired weight-sync transport or a sharded frozen model, is a multi-agent job (unless
+    `agents`: the multi-agent driver, `executors.agentrun`, whose run plan's roles are named
+    `AGENT.ROLE` and whose job facts are the first agent's), or its bundles do not hold its
+    roles (`executors.seats`)."""
     res = plan.resolved()
-    if res.job.agents is not None:  # before `_job`, which reads the one policy
+    if res.job.agents is not None and not agents:  # the single-policy loop reads one policy
         names = ", ".join(res.job.agents.members)
-        raise SpecError(f"job.agents: [{names}]: placer execute runs one policy; a multi-agent "
-                        "plan can be planned, compared and simulated (placer simulate)")
+        raise SpecError(f"job.agents: [{names}]: placer execute runs one policy in this loop; "
+                        "a multi-agent plan runs in executors.agentrun")
     job = _job(res)
     _refuse_unlaunched_layouts(plan)
     _refuse_sharded_frozen(plan, res)
@@ -288,9 +291,9 @@ def actor_counts(plan: Plan) -> dict[str, int]:
     device of its layout (its TP ranks are processes of one torch.distributed group), and a
     split role runs every part's replicas."""
     counts = role_counts(plan)
-    actor = plan.roles.get(Role.ACTOR)
-    if actor is not None and Role.ACTOR in counts:
-        counts[Role.ACTOR] *= actor.tp * actor.pp
+    for role, r in plan.roles.items():  # the actor, or each agent's (`AGENT.actor`)
+        if split_role(role)[1] == Role.ACTOR and role in counts:
+            counts[role] *= r.tp * r.pp
     for role, r in plan.roles.items():
         if r.parts:
             counts[role] = sum(p.dp for p in r.parts)
@@ -382,9 +385,10 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
                           share_of(p.pool, p.memory_gb), bundles[i] if i < len(bundles) else ())
                   for i, p in enumerate(r.parts))
     engines: tuple[EngineGroup, ...] = ()
-    if name == Role.ROLLOUT:  # the engines: each part's replicas after the previous part's
+    agent, base = split_role(name)
+    if base == Role.ROLLOUT:  # the engines: each part's replicas after the previous part's
         first, groups = 0, []
-        actor = plan.roles.get(Role.ACTOR)
+        actor = plan.roles.get(f"{agent}.{Role.ACTOR}" if agent else Role.ACTOR)
         shared = actor is not None and actor.slot == r.slot
         for q in parts:
             groups.append(EngineGroup(q.pool, first, q.layout.dp, q.layout.tp, q.mem_fraction,
@@ -393,7 +397,7 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
         engines = tuple(groups) or (
             EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb), shared),)
     layout = Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
-                    recompute=r.recompute, ep=r.ep if name == Role.ACTOR else 1)
+                    recompute=r.recompute, ep=r.ep if base == Role.ACTOR else 1)
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
                    Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
                    share_of(r.pool, r.memory_gb), actors, parts, engines,

@@ -84,7 +84,7 @@ def run_module(plan: Plan, steps: int, out: Path, **kw: Any):
     from executors.runplan import resolve_plan
     if ray.is_initialized():
         ray.shutdown()
-    cluster.start(resolve_plan(plan))
+    cluster.start(resolve_plan(plan, agents=True))
     try:
         return execute(plan, steps, out, **kw)
     finally:

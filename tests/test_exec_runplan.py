@@ -18,6 +18,7 @@ from executors.runplan import Layout, RunPlan, actor_counts, resolve_plan
 from placer.base.errors import SpecError
 from placer.cost.calibration import calibration_from_dict
 from placer.solve.planfile import Plan, load_plan
+from placer.spec.agents import split_role
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = sorted((ROOT / "traces" / "golden").glob("*.plan.json"))
@@ -50,7 +51,7 @@ def test_the_cases_hold_a_split_rollout_hsdp_a_critic_and_environments() -> None
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_role_with_the_plans_layout(name: str) -> None:
     plan = CASES[name]
-    run = resolve_plan(plan)
+    run = resolve_plan(plan, agents=True)
     assert set(run.roles) == set(plan.roles)
     res = plan.resolved()
     for role, r in plan.roles.items():
@@ -73,7 +74,7 @@ def test_every_role_with_the_plans_layout(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_slots_hold_the_plans_bundles_in_order(name: str) -> None:
     plan = CASES[name]
-    run = resolve_plan(plan)
+    run = resolve_plan(plan, agents=True)
     want: dict[str, list[int]] = {}
     for b in sorted(plan.bundles, key=lambda b: b.index):
         want.setdefault(b.slot, []).append(b.index)
@@ -93,7 +94,7 @@ def test_slots_hold_the_plans_bundles_in_order(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_actor_is_seated_in_its_roles_slot(name: str) -> None:
     plan = CASES[name]
-    run = resolve_plan(plan)
+    run = resolve_plan(plan, agents=True)
     counts = actor_counts(plan)
     assert Counter(s.role for s in run.seats) == Counter(counts)
     for role, n in counts.items():
@@ -116,17 +117,20 @@ def test_every_actor_is_seated_in_its_roles_slot(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rollout_engine_groups_cover_its_ranks(name: str) -> None:
-    run = resolve_plan(CASES[name])
-    rollout = run.roles["rollout"]
-    groups = rollout.engines
-    assert [g.first for g in groups] == [sum(g.replicas for g in groups[:i])
-                                         for i in range(len(groups))]
-    assert sum(g.replicas for g in groups) == rollout.actors
-    want = [(p.pool, p.layout.tp, p.mem_fraction) for p in rollout.parts] or [
-        (rollout.pool, rollout.layout.tp, rollout.mem_fraction)]
-    assert [(g.pool, g.tp, g.mem_fraction) for g in groups] == want
-    for s in (s for s in run.seats if s.role == "rollout"):
-        assert rollout.group_of(s.rank).pool == s.bundle.pool
+    run = resolve_plan(CASES[name], agents=True)
+    names = [n for n in run.roles if split_role(n)[1] == "rollout"]  # each agent's, if several
+    assert names
+    for name in names:
+        rollout = run.roles[name]
+        groups = rollout.engines
+        assert [g.first for g in groups] == [sum(g.replicas for g in groups[:i])
+                                             for i in range(len(groups))]
+        assert sum(g.replicas for g in groups) == rollout.actors
+        want = [(p.pool, p.layout.tp, p.mem_fraction) for p in rollout.parts] or [
+            (rollout.pool, rollout.layout.tp, rollout.mem_fraction)]
+        assert [(g.pool, g.tp, g.mem_fraction) for g in groups] == want
+        for s in (s for s in run.seats if s.role == name):
+            assert rollout.group_of(s.rank).pool == s.bundle.pool
 
 
 def test_job_facts_are_the_jobs() -> None:
@@ -165,11 +169,14 @@ def test_a_rank_holds_a_trainer_device_or_an_engine_replica(name: str) -> None:
     """Device-seconds are rank-seconds times `devices_per_rank`: one device per trainer
     process, an engine replica's TP x PP group per rollout rank (read from the plan's fields)."""
     plan = CASES[name]
-    run = resolve_plan(plan)
-    actor, rollout = plan.roles["actor"], plan.roles["rollout"]
-    assert run.devices_per_rank("actor") == actor.cp
-    if not rollout.parts:
-        assert run.devices_per_rank("rollout") == rollout.tp * rollout.pp
+    run = resolve_plan(plan, agents=True)
+    agents = sorted({split_role(n)[0] or "" for n in plan.roles})  # [""]: one policy
+    for a in agents:
+        actor_name, rollout_name = (f"{a}.actor", f"{a}.rollout") if a else ("actor", "rollout")
+        actor, rollout = plan.roles[actor_name], plan.roles[rollout_name]
+        assert run.devices_per_rank(actor_name) == actor.cp
+        if not rollout.parts:
+            assert run.devices_per_rank(rollout_name) == rollout.tp * rollout.pp
     assert run.devices_per_rank("a role the plan does not place") == 1.0
 
 

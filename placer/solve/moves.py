@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from placer.base.roles import Role
+from placer.base.roles import Role, base_role
 from placer.cost.sharding import Parallel
 from placer.solve.planfile import Plan, RolePlacement
 
@@ -36,9 +36,10 @@ def role_counts(plan: Plan) -> dict[str, int]:
     judge = (plan.job.get("reward_model") or {}).get("kind") == "generative"
     engines = (Role.ACTOR, Role.ROLLOUT, Role.REFERENCE, *((Role.REWARD,) if judge else ()))
     for role, r in plan.roles.items():
-        if role in engines:  # a split role: every part's
+        base = base_role(role)  # a multi-agent job's `AGENT.ROLE` counts as its role does
+        if base in engines:  # a split role: every part's
             out[role] = sum(max(p.dp, 1) for p in r.parts) or max(r.dp, 1)
-        elif role == Role.ENVIRONMENT:
+        elif base == Role.ENVIRONMENT:
             out[role] = sum(1 for b in plan.bundles if b.slot == r.slot)
         else:
             out[role] = 1
