@@ -50,8 +50,8 @@ JUDGE_SEED = 41  # the judge's weights: the job's seed plus this (the policy's i
 # "7/10", "3 / 4", "0.5/1": a stated score over its scale (the last one counts)
 _SCORE = re.compile(r"(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
 _WORD = re.compile(r"[a-z]+")
-_YES_WORDS = {"y", "yes", "right", "correct"}
-_NO_WORDS = {"n", "no", "wrong", "incorrect"}
+_YES_WORDS = frozenset({"y", "yes", "right", "correct"})
+_NO_WORDS = frozenset({"n", "no", "wrong", "incorrect"})
 
 
 def sample_key(seed: int, sample_id: str) -> int:

@@ -150,7 +150,7 @@ def test_plan_file_round_trip_carries_the_shard(plan: Plan, tmp_path: Path) -> N
     assert back.roles["actor"].shard == 8 and back.roles["actor"].par == plan.roles["actor"].par
     assert back.roles["actor"].par.hsdp
     assert "dp 16 (shard 8)" in render_plan(back)
-    assert dims(back.roles["actor"]).endswith("dp16 shard8")
+    assert "dp16 shard8" in dims(back.roles["actor"])  # before the micro-batch, if chosen
 
 
 def test_old_plans_load_without_shard() -> None:
