@@ -233,7 +233,9 @@ def test_compare_all_frameworks_has_one_plan_per_framework(capsys) -> None:
 
 # ------------------------------------------------- published rows priced with their own profile
 # The framework a row's source names (its first word) -> the profiles it may be priced with.
-RAN_UNDER = {"verl": ("verl", "verl-megatron"), "miles": ("miles",), "nemo-rl": ("nemo-rl",)}
+# EasyR1 forked verl's single-controller trainer and FSDP workers: its rows take verl's profile.
+RAN_UNDER = {"verl": ("verl", "verl-megatron"), "easyr1": ("verl",), "miles": ("miles",),
+             "nemo-rl": ("nemo-rl",)}
 
 
 def test_published_rows_name_the_framework_they_ran_and_its_profile_can_run_their_layout() -> None:

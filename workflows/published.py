@@ -1,5 +1,5 @@
 """Published-runs fidelity: the cost model's step and stage times beside measured runs of real
-RL frameworks (verl, Miles, NeMo-RL).
+RL frameworks (verl, EasyR1, Miles, NeMo-RL).
 
 Each step-time row is a job file under `examples/published/` (its header states the published
 numbers and every assumption: prompt lengths, the response distribution, layouts the model cannot

@@ -152,6 +152,17 @@ ROWS: list[Row] = [
          _R.ROLLOUT: Use("h20", tp=32, dp=3, cuda_graphs=False),
          _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8), _R.REWARD: _CPU},
         _COLOC_REF),
+    Row("r13 GRPO Qwen2.5-VL-7B 8xH100 colocate", "r13-grpo-vl7b-8xh100-colocate.yaml",
+        "EasyR1 assets/baselines.md (b44b311b, v0.3.2)", 145.0, {},
+        # FSDP full shard with the actor's params and optimizer offloaded; vLLM TP2 x 4
+        {_R.ACTOR: Use("h100", dp=8, offload=True), _R.ROLLOUT: Use("h100", tp=2, dp=4),
+         _R.REFERENCE: Use("h100", dp=8), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r14 GRPO Qwen2.5-VL-32B 8xH100 colocate", "r14-grpo-vl32b-8xh100-colocate.yaml",
+        "EasyR1 assets/baselines.md (b44b311b, v0.3.2)", 530.0, {},
+        {_R.ACTOR: Use("h100", dp=8, offload=True), _R.ROLLOUT: Use("h100", tp=8),
+         _R.REFERENCE: Use("h100", dp=8), _R.REWARD: _CPU},
+        _COLOC_REF),
 ]
 # Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)
 # is not a row: its sleep and wake set the fixed costs of a colocated engine's swap
