@@ -90,8 +90,9 @@ def agent_problem(res: Resolved, run: RunPlan) -> str | None:
             return f"plan.roles.{name}.parts: placer execute runs an agent's engines on one pool"
     if job.algorithm.value != "grpo":
         return f"job.algorithm: {job.algorithm.value!r}: multi-agent jobs execute with grpo"
-    if job.pipeline.mode != "sync":
-        return f"job.pipeline.mode: {job.pipeline.mode!r}: multi-agent jobs execute in sync mode"
+    if job.pipeline.mechanism.overlaps_steps:
+        return (f"job.pipeline.mode: {job.pipeline.mode!r}: multi-agent jobs execute with one "
+                "step's stages in sequence (sync mode)")
     if job.environment.turns != 1:
         return "job.environment.turns: multi-agent jobs execute without tool calls"
     if job.data is not None and job.data.reward != "math":

@@ -45,7 +45,7 @@ from executors import rl
 from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
 from executors.reshard import Bucket
 from executors.roles import RunConfig, _timing
-from executors.syncgroup import GroupSpec, Manifest
+from executors.syncgroup import PER_TENSOR, GroupSpec, Manifest
 
 # FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
 # 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
@@ -148,7 +148,7 @@ class SglangRollout(EngineRollout):
         protocol; a colocated engine shares the trainer's GPUs, and NCCL holds no two ranks of
         a group on one device, so it joins over gloo."""
         kind = "cpu" if self.cfg.engines.colocated else "cuda"
-        return kind, self.cfg.engines.tp, os.getpid(), "sglang"
+        return kind, self.cfg.engines.tp, os.getpid(), PER_TENSOR
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         """Every TP rank joins each channel's group (`init_weights_update_group`: rank

@@ -8,7 +8,7 @@ store's socket is bound there, never to every interface), its ranks the refresh'
 every TP rank of every target engine (a torch engine's process holds all its TP ranks; each of
 a vLLM engine's workers holds its own, `join_engine(..., tp_ranks)`, and loads whole tensors,
 `receive(..., cut=False)`; an SGLang engine's ranks join and receive in SGLang's own code, so
-for it (`GroupSpec.protocol` "sglang") the senders form each group as SGLang does
+for it (`GroupSpec.protocol` PER_TENSOR) the senders form each group as SGLang does
 (`sglang_group`) and broadcast tensor by tensor, `update_weights_from_distributed`'s
 protocol). Otherwise the process groups are built directly on that store (`ProcessGroupGloo` /
 `ProcessGroupNCCL`), not through `init_process_group`: a trainer already has its default group,
@@ -48,6 +48,13 @@ from executors.reshard import Assembler, Entry, Stream, StreamLayout, engine_sha
 Channel = tuple[int, int | None]  # (sender index, the TP rank it carries; None: every one)
 
 
+# How a group's receivers take a refresh: byte buckets cut by the sender (the torch and vLLM
+# engines), or one broadcast per tensor into groups formed as the engine forms them (SGLang's
+# `update_weights_from_distributed`); an engine names its own in `sync_member`.
+BUCKETS = "buckets"
+PER_TENSOR = "per-tensor"
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     """What every member needs to join: the store's address, the senders, each engine's TP."""
@@ -61,7 +68,7 @@ class GroupSpec:
     backend: str  # gloo | nccl
     send_shards: bool = False
     timeout_s: float = 300.0
-    protocol: str = "buckets"  # buckets | sglang (SGLang's engine joins and receives itself)
+    protocol: str = BUCKETS  # BUCKETS | PER_TENSOR (an engine that joins and receives itself)
 
     def channels(self) -> list[Channel]:
         if not self.send_shards:
@@ -169,7 +176,7 @@ class Peer:
 
         def form(item: tuple[tuple[Channel, int], int]) -> Any:
             (ch, _), rank = item
-            if spec.protocol == "sglang":
+            if spec.protocol == PER_TENSOR:
                 return sglang_group(store(), spec.key(ch), spec.backend, rank, spec.world(ch),
                                     timeout)
             return _process_group(dist.PrefixStore(spec.key(ch), store()), spec.backend, rank,
@@ -221,7 +228,7 @@ class Sending:
 
     def send(self) -> dict[str, Any]:
         """Broadcast every channel's buckets, the channels' k-th buckets together."""
-        if self.peer.spec.protocol == "sglang":
+        if self.peer.spec.protocol == PER_TENSOR:
             return self.send_tensors()
         t0 = time.time()
         dev = group_device(self.peer.spec.backend)

@@ -30,7 +30,7 @@ from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
 from executors.runplan import RunPlan
 from executors.runtime import Handle, Runtime
-from executors.syncgroup import GroupSpec
+from executors.syncgroup import BUCKETS, PER_TENSOR, GroupSpec
 from placer.base.roles import Role
 
 Outcomes = list[tuple[str | None, dict[str, Any]]]  # per target: (error or None, its figures)
@@ -106,13 +106,13 @@ class GroupRefresh:
         backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
         tps = [int(o.value[1]) for o in outs[len(senders):]]
         # an engine that joins and receives itself names its protocol (SGLang's)
-        protocols = {o.value[3] if len(o.value) > 3 else "buckets" for o in outs[len(senders):]}
+        protocols = {o.value[3] if len(o.value) > 3 else BUCKETS for o in outs[len(senders):]}
         if len(protocols) > 1:
             raise TrainingLost(f"weight sync: one group's engines speak {sorted(protocols)}")
         addr, port = self.one(senders[0], "sync_host")
         self.formed += 1
         spec = GroupSpec(f"wsync{self.formed}", path, addr, port, len(senders), tuple(tps),
-                         backend, self.send_shards, protocol=next(iter(protocols), "buckets"))
+                         backend, self.send_shards, protocol=next(iter(protocols), BUCKETS))
         outs = self._all([(s, "sync_join", (spec, i)) for i, s in enumerate(senders)]
                          + [(m, "sync_join", (spec, j)) for j, m in enumerate(targets)])
         bad = next((o.error for o in outs if not o.ok), None)
@@ -128,7 +128,7 @@ class GroupRefresh:
         prepared = [self.one(s, "sync_prepare", spec.name, size, i)
                     for i, s in enumerate(senders)]
         # calls per sender: its buckets, or under SGLang's protocol one broadcast per tensor
-        counts = [max(len(m.entries) if spec.protocol == "sglang" else len(m.layout().ranges)
+        counts = [max(len(m.entries) if spec.protocol == PER_TENSOR else len(m.layout().ranges)
                       for m in ms) for ms in prepared]
         manifests = [m for ms in prepared for m in ms]
         calls = ([(s, "sync_send", (spec.name,)) for s in senders]

@@ -82,6 +82,8 @@ def test_an_agent_job_round_trips_through_its_dump() -> None:
     (lambda r: r.update(tail_policy={"kind": "partial", "token_budget": 4096}),
      "tail_policy.kind"),
     (lambda r: r.update(framework="verl"), "framework"),
+    # a turn that is no name (found by tests/test_spec_hypothesis.py): an error, not a TypeError
+    (lambda r: r["agents"]["turns"].__setitem__(0, []), "agents.turns.0"),
 ])
 def test_bad_agent_settings_name_the_field(change, field) -> None:
     raw = _raw()

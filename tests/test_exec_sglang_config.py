@@ -25,6 +25,7 @@ from executors.reshard import Stream
 from executors.roles import run_config
 from executors.run import check_layouts, execute
 from executors.runplan import Layout, resolve_plan
+from executors.syncgroup import PER_TENSOR
 from placer.base.errors import SpecError
 from placer.cost.sharding import Parallel
 
@@ -311,11 +312,11 @@ def test_a_group_refresh_reaches_sglangs_own_receiver_in_one_session(rollout, sg
             return state
     sender = Sender()
     # its own slot: its TP ranks on their GPUs (the CPU sender here makes the group gloo)
-    assert r.sync_member() == ("cuda", 1, os.getpid(), "sglang")
+    assert r.sync_member() == ("cuda", 1, os.getpid(), PER_TENSOR)
     drive = GroupRefresh(_ThreadCalls())  # type: ignore[arg-type]
     members = [_Member("actor", 0, sender), _Member("rollout", 0, r)]
     spec = drive.group(40_000, members[:1], members[1:])
-    assert (spec.protocol, spec.backend, spec.tps) == ("sglang", "gloo", (1,))
+    assert (spec.protocol, spec.backend, spec.tps) == (PER_TENSOR, "gloo", (1,))
     [(err, got)] = drive.refresh(spec, members[:1], members[1:], 7, 40_000)
     assert err is None, err
     names = [c[0] for c in r.engine.calls]

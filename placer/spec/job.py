@@ -95,7 +95,7 @@ class Job(Strict):
             return data
         members, turns = agents.get("members"), agents.get("turns")
         if not (isinstance(members, dict) and isinstance(turns, list) and turns
-                and isinstance(members.get(turns[0]), dict)):
+                and isinstance(turns[0], str) and isinstance(members.get(turns[0]), dict)):
             return data  # the agents' own errors say what is wrong
         first = members[turns[0]]
         models = {k: first[k] for k in ("policy", "reference", "reward", "use_reference")
