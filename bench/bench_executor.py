@@ -2,8 +2,10 @@
 
 The baseline (`bench.plain_loop`) is written apart from the executor: the same tiny model class
 and initial weights, the same batch (prompts x samples per prompt, prompt and response lengths),
-the same optimizer (Adam at the executor's learning rate, gradient clipping at 1.0) and
-mini-batches, one process, one thread, no Ray, no sandbox, no weight sync. The executor runs the
+the same optimizer (Adam at the executor's learning rate, gradient clipping at 1.0),
+mini-batches, precision and micro-batches (the plan's: BF16 autocast over FP32 weights, and the
+trainer's gradient accumulation, `executors.roles.plan_settings`), one process, one thread, no
+Ray, no sandbox, no weight sync. The executor runs the
 plan `placer plan` makes of examples/tiny-cpu.yaml (its own one-process runtime is shown too:
 the executor's work without Ray).
 
@@ -110,8 +112,9 @@ def serialisation_s(plan: Plan, samples: int, tokens: int) -> float:
 def measure(steps: int, job: Path) -> dict[str, Any]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from bench import plain_loop
-    from executors.roles import RunConfig
+    from executors.roles import RunConfig, plan_settings
     from executors.run import execute  # lazy: Ray and torch load after the environment is set
+    from executors.runplan import resolve_plan
 
     loaded = load_job(job)
     plan = plan_job(Pricer(resolve(loaded, str(job)), load_calibration(None)))
@@ -119,12 +122,17 @@ def measure(steps: int, job: Path) -> dict[str, Any]:
     arch = res.model_of("actor")
     assert arch is not None
     out: dict[str, Any] = {}
+    trainer = plan_settings(resolve_plan(plan))  # what the executor's trainer runs
     plain = plain_loop.run(arch, loaded.seed, loaded.batch.prompts,
                            loaded.batch.samples_per_prompt,
                            int(loaded.lengths.prompt.max_value()),
                            int(loaded.lengths.response.max_value()), steps,
-                           lr=RunConfig.lr, mini_batches=loaded.batch.mini_batches)
+                           lr=RunConfig.lr, mini_batches=loaded.batch.mini_batches,
+                           bf16=trainer["precision"] == "bf16",
+                           micro_batches=trainer["accumulate"])
     out["plain torch"] = {"median_step_s": _median(plain.step_s[1:]),
+                          "precision": trainer["precision"],
+                          "micro_batches": trainer["accumulate"],
                           "phases_s": {k: _median(v[1:]) for k, v in plain.phase_s.items()}}
     with tempfile.TemporaryDirectory() as d:
         for name, local in (("one process", True), ("ray", False)):
@@ -162,8 +170,9 @@ def report(res: dict[str, Any], steps: int, job: str) -> list[str]:
              f"  {'executor, one process':<26} {res['one process']['median_step_s']:>14.3f} "
              f"{res['ratio_one_process']:>8.2f}x",
              f"  {'executor, Ray':<26} {ray['median_step_s']:>14.3f} {res['ratio']:>8.2f}x",
-             "  plain loop's step: " + ", ".join(f"{k} {v:.3f} s"
-                                                 for k, v in base["phases_s"].items()),
+             f"  plain loop's step ({base['precision']}, {base['micro_batches']} micro-batch(es) "
+             "per mini-batch, as the executor's trainer): " + ", ".join(
+                 f"{k} {v:.3f} s" for k, v in base["phases_s"].items()),
              "  where the Ray step goes (s): "
              f"compute {p['compute_s']:.3f} (generate {p['generate_s']:.3f}, reference "
              f"{p['reference_s']:.3f} beside the verifier, train {p['train_s']:.3f}; "

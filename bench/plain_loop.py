@@ -7,11 +7,16 @@ sync), a frozen copy as the reference, no Ray, no sandbox. Each step: prompts of
 length, `samples_per_prompt` samples each, sampled with a KV cache up to `max_new` tokens
 (stopping at EOS); a rule reward on the tokens; the reference's and the proximal log-probs
 (no-grad forwards); group-normalised advantages; one clipped-surrogate step per mini-batch with
-Adam and gradient clipping at 1.0 (the executor's optimizer and clip). Every draw is from the
-seed. Returns per-step wall times and the time each phase took.
+Adam and gradient clipping at 1.0 (the executor's optimizer and clip). As the executor trains
+what the plan prices, so can this loop: `bf16` runs the log-prob and training forwards under
+BF16 autocast over FP32 weights and Adam (sampling stays FP32, as the executor's torch engine),
+and `micro_batches` accumulates each mini-batch's gradient over that many micro-batches, each
+loss scaled by the mini-batch's response tokens. Every draw is from the seed. Returns per-step
+wall times and the time each phase took.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import time
@@ -78,9 +83,13 @@ def _rule_reward(resp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def run(arch: ModelArch, seed: int, prompts: int, samples_per_prompt: int, prompt_len: int,
         max_new: int, steps: int, lr: float, mini_batches: int = 1, clip: float = 0.2,
-        threads: int = 1) -> PlainRun:
+        threads: int = 1, bf16: bool = False, micro_batches: int = 1) -> PlainRun:
     """`steps` GRPO steps of the plain loop (see the module docstring)."""
     torch.set_num_threads(threads)
+
+    def cast() -> contextlib.AbstractContextManager[None]:
+        return (torch.autocast(device_type="cpu", dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext())
     model = build_policy(arch, seed)
     model.train()
     ref = copy.deepcopy(model).eval()
@@ -102,18 +111,23 @@ def run(arch: ModelArch, seed: int, prompts: int, samples_per_prompt: int, promp
         reward = _rule_reward(seqs[:, -w:], rmask).view(prompts, samples_per_prompt)
         adv = ((reward - reward.mean(1, keepdim=True)) / (reward.std(1, keepdim=True) + 1e-4))
         adv = adv.reshape(n, 1)
-        with torch.no_grad():
+        with torch.no_grad(), cast():
             _token_logprobs(ref, seqs, w)  # the reference's log-probs (the KL term's input)
-            old = _token_logprobs(model, seqs, w)
+            old = _token_logprobs(model, seqs, w).float()
         t = phase("reference and old log-probs", t)
         for k in range(mini_batches):
-            idx = slice(k * n // mini_batches, (k + 1) * n // mini_batches)
-            logp = _token_logprobs(model, seqs[idx], w)
-            ratio = (logp - old[idx]).exp()
-            surr = torch.min(ratio * adv[idx], ratio.clamp(1 - clip, 1 + clip) * adv[idx])
-            loss = -(surr * rmask[idx]).sum() / rmask[idx].sum().clamp(min=1)
+            lo, hi = k * n // mini_batches, (k + 1) * n // mini_batches
+            tokens = rmask[lo:hi].sum().clamp(min=1)
             opt.zero_grad()
-            loss.backward()
+            for j in range(micro_batches):
+                a, b = lo + j * (hi - lo) // micro_batches, lo + (j + 1) * (hi - lo) // micro_batches
+                if a == b:
+                    continue
+                with cast():
+                    logp = _token_logprobs(model, seqs[a:b], w).float()
+                ratio = (logp - old[a:b]).exp()
+                surr = torch.min(ratio * adv[a:b], ratio.clamp(1 - clip, 1 + clip) * adv[a:b])
+                (-(surr * rmask[a:b]).sum() / tokens).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         phase("train", t)

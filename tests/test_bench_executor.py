@@ -58,3 +58,19 @@ def test_the_plain_loop_trains_the_same_model_class() -> None:
     assert run.model is not None
     end = run.model.state_dict()
     assert max(float((end[k] - start[k]).abs().max()) for k in start) > 1e-4
+
+
+def test_the_plain_loops_micro_batches_sum_to_the_mini_batchs_gradient() -> None:
+    """One step in two micro-batches trains the weights one batch does (each micro-batch's loss
+    is scaled by the mini-batch's tokens); in BF16 autocast the weights still move, and stay
+    close to FP32's (within what BF16's rounding of the forward allows)."""
+    from bench import plain_loop
+    from placer.spec.catalog import shipped_models
+    arch = shipped_models()["tiny-llama"]
+    kw = dict(prompts=2, samples_per_prompt=2, prompt_len=6, max_new=4, steps=1, lr=1e-3)
+    one = plain_loop.run(arch, 0, **kw).model.state_dict()  # type: ignore[union-attr]
+    two = plain_loop.run(arch, 0, micro_batches=2, **kw).model.state_dict()  # type: ignore[union-attr]
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-5  # 1% of a step
+    bf = plain_loop.run(arch, 0, bf16=True, **kw).model.state_dict()  # type: ignore[union-attr]
+    assert all(v.dtype == one[k].dtype for k, v in bf.items())  # FP32 master weights
+    assert max(float((one[k] - bf[k]).abs().max()) for k in one) <= 2.5e-3  # 2 x lr at most
