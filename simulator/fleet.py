@@ -225,14 +225,11 @@ class _Sim:
             if not work.triggered or js.preempted.triggered and kept + count < n:
                 if not work.triggered:
                     model.stopped = True
-                    o["lost_iterations"] += kept - saved + len(done)
+                    lost = kept - saved + len(done)
                 else:
-                    kept += count
-                    o["lost_iterations"] += kept - saved
-                o["lost_s"] += env.now - safe_t
-                kept = o["kept"] = saved
-                ok = yield from self._restart(js)
-                if not ok:
+                    lost = kept + count - saved
+                kept = saved
+                if not (yield from self._lose(js, lost, safe_t, saved)):
                     return
                 version += 1
                 safe_t = env.now
@@ -244,11 +241,8 @@ class _Sim:
                 write = self.fabric.send(gb, (STORAGE,))
                 yield write | js.preempted
                 if not write.triggered:
-                    o["lost_iterations"] += kept - saved
-                    o["lost_s"] += env.now - safe_t
-                    kept = o["kept"] = saved
-                    ok = yield from self._restart(js)
-                    if not ok:
+                    lost, kept = kept - saved, saved
+                    if not (yield from self._lose(js, lost, safe_t, saved)):
                         return
                     version += 1
                     safe_t = env.now
@@ -263,6 +257,16 @@ class _Sim:
             for node, holder in enumerate(self.owner[p]):
                 if holder == js.name:
                     self._release(p, node)
+
+    def _lose(self, js: _Job, iterations: int, since: float, saved: int
+              ) -> Generator[simpy.Event, object, bool]:
+        """A preemption: the iterations since the last checkpoint (at `since`, `saved` kept)
+        are lost, then the job re-plans (`_restart`); False when it is suspended."""
+        o = js.out
+        o["lost_iterations"] += iterations
+        o["lost_s"] += self.env.now - since
+        o["kept"] = saved
+        return (yield from self._restart(js))
 
     def _restart(self, js: _Job) -> Generator[simpy.Event, object, bool]:
         """After a preemption: the re-plan, or suspension when none fits."""
