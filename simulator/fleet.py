@@ -13,10 +13,13 @@
               drains the job's pipeline (the iterations after it start afresh);
   preemption  at a scripted time a lending team takes back its unused nominal nodes of a pool:
               free nodes first, then nodes of the borrowing teams' jobs of its cohort, lowest
-              weight first. A preempted job stops at once, loses the work since its last
-              checkpoint (it is counted and redone), re-plans with the job-level planner on the
-              nodes it keeps (`placer.fleet.inner.JobPlanner`), pays the restart
-              (`SimConfig.failures.restart_s`) and runs on; a job no plan fits is suspended.
+              weight first. A preempted job stops at once and loses the work since its last
+              checkpoint (counted, and redone). It is re-planned by the job-level planner on
+              the nodes it keeps (`JobPlanner.replan`: the planner's own optimum there, warm-
+              started from the running plan), pays the re-plan and restart
+              (`SimConfig.failures.restart_s`), holding its kept nodes meanwhile, and runs on
+              at the new plan's pace from its checkpoint. Only a job that no plan fits on what
+              it keeps is suspended (its nodes freed; the result says why).
 
 Stragglers and the workload's variance are the single-job simulator's (`SimConfig`); random
 failures are not composed here (`placer goodput` prices them per job). Each job is also simulated
@@ -42,6 +45,7 @@ from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.fleet.contention import Contention, Preemption, SharedCpuPool
 from placer.fleet.inner import JobPlanner
+from placer.fleet.planner import as_written
 from placer.fleet.result import FleetResult, TeamUse
 from placer.fleet.spec import Fleet
 from placer.solve.hostmem import plan_checkpoint_s
@@ -114,7 +118,8 @@ class _Job:
     team: str
     weight: float
     plan: Plan
-    vector: tuple[int, ...]
+    vector: tuple[int, ...]  # nodes held in the simulation (a shared pool by its first member)
+    alloc: tuple[int, ...]  # nodes it is planned on (a shared pool counted for every member)
     preempted: simpy.Event
     shared: CorePool | None = None
     next_plan: Plan | None = None
@@ -131,7 +136,8 @@ def seed_of(seed: int, job: int, run: int) -> int:
 class _Sim:
     """One environment, its fabric, the jobs' drivers and the scripted preemptions."""
 
-    def __init__(self, fleet: Fleet, plans: list[tuple[int, Plan, tuple[int, ...]]],
+    def __init__(self, fleet: Fleet,
+                 plans: list[tuple[int, Plan, tuple[int, ...], tuple[int, ...]]],
                  calib: Calibration, cfg: SimConfig, seed: int, iterations: int,
                  contention: Contention, planner: JobPlanner | None) -> None:
         self.fleet, self.calib, self.cfg, self.seed = fleet, calib, cfg, seed
@@ -140,10 +146,11 @@ class _Sim:
         self.fabric = Fabric(self.env, {STORAGE: fleet.cluster.storage_gbs})
         self.pools = [p.name for p in fleet.cluster.pools]
         self.jobs = [_Job(j, fleet.jobs[j].name, fleet.jobs[j].team, fleet.jobs[j].weight,
-                          plan, vec, self.env.event()) for j, plan, vec in plans]
+                          plan, vec, alloc, self.env.event()) for j, plan, vec, alloc in plans]
         self.owner: dict[str, list[str | None]] = {p.name: [None] * p.nodes
                                                    for p in fleet.cluster.pools}
-        self.opened: dict[tuple[str, int], tuple[str, float, bool]] = {}
+        # (pool, node) -> (holder, since, reclaimed, restarting)
+        self.opened: dict[tuple[str, int], tuple[str, float, bool, bool]] = {}
         self.spans: list[Span] = []
         self.events: list[PreemptionEvent] = []
         self.shared_pools: list[tuple[SharedCpuPool, CorePool]] = []
@@ -153,14 +160,29 @@ class _Sim:
                     self._hold(p, self.owner[p].index(None), js.name)
 
     # ------------------------------------------------------------------- node bookkeeping
-    def _hold(self, pool: str, node: int, holder: str, reclaimed: bool = False) -> None:
+    def _hold(self, pool: str, node: int, holder: str, reclaimed: bool = False,
+              restarting: bool = False) -> None:
         self.owner[pool][node] = holder
-        self.opened[(pool, node)] = (holder, self.env.now, reclaimed)
+        self.opened[(pool, node)] = (holder, self.env.now, reclaimed, restarting)
 
     def _release(self, pool: str, node: int) -> None:
-        holder, start, reclaimed = self.opened.pop((pool, node))
-        self.spans.append(Span(pool, node, holder, start, self.env.now, reclaimed))
+        holder, start, reclaimed, restarting = self.opened.pop((pool, node))
+        self.spans.append(Span(pool, node, holder, start, self.env.now, reclaimed, restarting))
         self.owner[pool][node] = None
+
+    def _held(self, js: _Job) -> list[tuple[str, int]]:
+        return [(p, node) for p in self.pools for node, h in enumerate(self.owner[p])
+                if h == js.name]
+
+    def _free(self, js: _Job) -> None:
+        for p, node in self._held(js):
+            self._release(p, node)
+
+    def _relabel(self, js: _Job, restarting: bool) -> None:
+        """The job's nodes, from now on, as restarting (re-plan and restart) or running."""
+        for p, node in self._held(js):
+            self._release(p, node)
+            self._hold(p, node, js.name, restarting=restarting)
 
     def close(self) -> None:
         for key in list(self.opened):
@@ -221,7 +243,8 @@ class _Sim:
             work = model.start(count)
             yield work | js.preempted
             done = _durations(model)
-            js.durations.setdefault(version, []).extend(steady(done, js.plan.pipeline) or done)
+            js.durations.setdefault(version, []).extend(
+                _paced(done, count, work.triggered, js.plan))
             if not work.triggered or js.preempted.triggered and kept + count < n:
                 if not work.triggered:
                     model.stopped = True
@@ -253,10 +276,7 @@ class _Sim:
                 saved, safe_t = kept, env.now
         o["finish_s"] = env.now
         js.done = True
-        for p in self.pools:  # its nodes go back to the pool
-            for node, holder in enumerate(self.owner[p]):
-                if holder == js.name:
-                    self._release(p, node)
+        self._free(js)  # its nodes go back to the pool
 
     def _lose(self, js: _Job, iterations: int, since: float, saved: int
               ) -> Generator[simpy.Event, object, bool]:
@@ -269,19 +289,23 @@ class _Sim:
         return (yield from self._restart(js))
 
     def _restart(self, js: _Job) -> Generator[simpy.Event, object, bool]:
-        """After a preemption: the re-plan, or suspension when none fits."""
+        """After a preemption: the re-plan and restart on the nodes kept (which it holds
+        meanwhile), or suspension when no plan fits them."""
         js.preempted = self.env.event()
         if js.next_plan is None:
             js.out["suspended"] = js.why or "no plan fits the nodes it kept"
+            js.out["suspended_at_s"] = self.env.now
             js.done = True
-            for p in self.pools:
-                for node, holder in enumerate(self.owner[p]):
-                    if holder == js.name:
-                        self._release(p, node)
+            self._free(js)
             return False
         js.plan, js.next_plan = js.next_plan, None
-        js.out["restart_s"] += self.cfg.failures.restart_s
-        yield self.env.timeout(self.cfg.failures.restart_s)
+        wait = self.cfg.failures.restart_s
+        js.out["restart_s"] += wait
+        if wait > 0:
+            self._relabel(js, restarting=True)
+            yield self.env.timeout(wait)
+            if not js.done:
+                self._relabel(js, restarting=False)
         return True
 
     # -------------------------------------------------------------------------- preemption
@@ -291,7 +315,7 @@ class _Sim:
         team = self.fleet.teams[ev.team]
         active = [js for js in self.jobs if not js.done]
         used = {t: sum(js.vector[p] for js in active if js.team == t) for t in self.fleet.teams}
-        reclaimed = sum(1 for (q, _), (h, _, back) in self.opened.items()
+        reclaimed = sum(1 for (q, _), (h, _, back, _) in self.opened.items()
                         if q == ev.pool and back and h == f"team {ev.team}")
         lendable = team.quota[ev.pool].nominal - used[ev.team] - reclaimed
         want = min(ev.nodes, max(lendable, 0))
@@ -318,24 +342,33 @@ class _Sim:
             for node in mine[-k:]:
                 self._release(ev.pool, node)
                 self._hold(ev.pool, node, f"team {ev.team}", reclaimed=True)
-            self._replan(js, p, js.vector[p] - k)
+            self._replan(js, p, k)
         for node in free[:from_free]:
             self._hold(ev.pool, node, f"team {ev.team}", reclaimed=True)
         self.events.append(PreemptionEvent(self.env.now, ev.team, ev.pool, taken, from_free))
 
-    def _replan(self, js: _Job, p: int, keep: int) -> None:
+    def _replan(self, js: _Job, p: int, lost: int) -> None:
+        """Job `js` lost `lost` nodes of pool `p`: its plan on what it keeps (the job-level
+        planner, warm-started from the plan it runs), or why none fits (it is suspended)."""
         assert self.planner is not None, "preemptions need the job planner"
-        js.vector = js.vector[:p] + (keep,) + js.vector[p + 1:]
-        js.out["preempted_at_s"] = self.env.now
-        js.out["nodes_after"] = {q: n for q, n in zip(self.pools, js.vector) if n}
-        t = self.planner.time(js.index, js.vector) if any(js.vector) else None
-        if t is None:
-            js.next_plan, js.why = None, self.planner.why.get((js.index, js.vector),
-                                                              "it kept no nodes")
+        js.vector = js.vector[:p] + (js.vector[p] - lost,) + js.vector[p + 1:]
+        js.alloc = js.alloc[:p] + (js.alloc[p] - lost,) + js.alloc[p + 1:]
+        o = js.out
+        o["preempted_at_s"] = self.env.now
+        o["preemptions"] = o.get("preemptions", 0) + 1
+        o["nodes_after"] = kept = {q: n for q, n in zip(self.pools, js.alloc) if n}
+        o.pop("replanned_predicted_s", None)
+        running = js.next_plan or js.plan  # a second preemption before the restart: the re-plan
+        got = self.planner.replan(js.index, js.alloc, running) if kept else "it kept no nodes"
+        if isinstance(got, str):
+            shown = ", ".join(f"{q} {n}" for q, n in kept.items())
+            js.next_plan = None
+            js.why = got if not kept else f"no plan fits the nodes it kept ({shown}): {got}"
         else:
-            js.next_plan = self.planner.plans[(js.index, js.vector)]
-            js.out["replanned_predicted_s"] = t
-        js.preempted.succeed()
+            js.next_plan = as_written(got, self.fleet.jobs[js.index].job)
+            o["replanned_predicted_s"] = got.predicted_iteration_s
+        if not js.preempted.triggered:  # two preemptions at one instant: one roll-back
+            js.preempted.succeed()
 
     def run(self, preemptions: list[Preemption]) -> None:
         for js in self.jobs:
@@ -356,6 +389,15 @@ def _durations(model: Model) -> list[float]:
     return [r.end - r.start for r in recs]
 
 
+def _paced(done: list[float], count: int, complete: bool, plan: Plan) -> list[float]:
+    """A run's iterations that measure the job's pace, as a run of `count` iterations alone
+    gives them (`steady`): a run cut short by a preemption drops the pipeline fill where the
+    whole run would have, and has no drain."""
+    if complete:
+        return steady(done, plan.pipeline) or done
+    return done[1:] if plan.pipeline.overlaps_steps and count >= 2 else done
+
+
 def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
                    iterations: int = 4, seed: int = 0, config: SimConfig | None = None,
                    job_time_limit_s: float = 5.0) -> FleetSimResult:
@@ -371,10 +413,11 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
     # a CPU pool the allocation shares is shared here too, its nodes held by its first member
     tails = {(n, s.pool) for s in result.shared for n in s.jobs[1:]}
     plans = [(index[jr.name], jr.plan, tuple(0 if (jr.name, p) in tails else jr.nodes.get(p, 0)
-                                             for p in pools)) for jr in result.jobs]
+                                             for p in pools),
+              tuple(jr.nodes.get(p, 0) for p in pools)) for jr in result.jobs]
     c = c.model_copy(update={"cpu_pools": [SharedCpuPool(jobs=s.jobs, nodes=s.nodes)
                                            for s in result.shared] + c.cpu_pools})
-    for _, plan, _ in plans:
+    for _, plan, _, _ in plans:
         check_size(plan.resolved(), iterations)
     planner = JobPlanner(fleet, calib, job_time_limit_s, seed) if c.preemptions else None
     together = _Sim(fleet, plans, calib, cfg, seed, iterations, c, planner)
@@ -384,20 +427,22 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
     jobs = []
     for js, jr in zip(together.jobs, result.jobs):
         own = tuple(jr.nodes.get(p, 0) for p in pools)  # alone: a shared pool its own
-        solo = _Sim(fleet, [(js.index, jr.plan, own)], calib, cfg, seed,
+        solo = _Sim(fleet, [(js.index, jr.plan, own, own)], calib, cfg, seed,
                     iterations, alone_c, None)
         solo.run([])
         alone = median(solo.jobs[0].durations[0])
         o = js.out
         kept = iterations if o.get("finish_s") is not None else o.get("kept", 0)
+        last = max(js.durations, default=0)  # the plan it ran last
         jobs.append(JobSim(js.name, js.team, iterations, dict(jr.nodes), alone,
                            median(js.durations[0]) if js.durations.get(0) else None,
-                           median(js.durations[1]) if js.durations.get(1) else None,
+                           median(js.durations[last]) if last and js.durations[last] else None,
                            o.get("replanned_predicted_s"), o.get("nodes_after"),
                            o.get("preempted_at_s"), o["lost_s"], o["lost_iterations"],
                            o["restart_s"], o["checkpoints"], o["checkpoint_s"],
                            o["checkpoint_alone_s"], o.get("finish_s"), o.get("suspended"),
-                           kept * alone))
+                           kept * alone, o.get("preemptions", 0), o.get("suspended_at_s"),
+                           js.plan if last else None))
     shared = [SharedPoolUse(tuple(sp.jobs), cp.name, cp.slots, cp.calls,
                             cp.wait_s / cp.calls if cp.calls else 0.0)
               for sp, cp in together.shared_pools]

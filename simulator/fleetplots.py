@@ -2,7 +2,10 @@
 
   fleet_gantt.png   one row per node, grouped by pool; time across; each node's bar coloured by
                     the job holding it (a lending team's own work on a node it took back is
-                    grey and hatched); a black cross marks each node a preemption took
+                    grey and hatched); a black cross marks each node a preemption took from a
+                    job; the preempted job's kept nodes are light grey and dotted while it
+                    re-plans and restarts, then its bar runs on in its colour on those fewer
+                    nodes; a grey square ends the bars of a job suspended (no plan fit)
   fleet_usage.png   per team and pool, the nodes its jobs hold against its nominal quota and its
                     cap (nominal plus borrowing limit): as allocated and, where a preemption
                     moved nodes, after it
@@ -17,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -27,6 +31,8 @@ from simulator.fleetresult import FleetSimResult
 
 MAX_NODES_SHOWN = 24  # per pool
 RECLAIMED = "0.6"
+RESTARTING = "0.85"
+SUSPENDED = "0.3"
 ROW = 0.8  # bar height, in rows
 
 
@@ -67,7 +73,7 @@ def gantt(result: FleetSimResult) -> Figure:
     bars: dict[str, list[tuple[float, float, int]]] = {}
     for s in result.spans:
         if (s.pool, s.node) in row and s.end_s > s.start_s:
-            key = "reclaimed" if s.reclaimed else s.holder
+            key = "reclaimed" if s.reclaimed else "restarting" if s.restarting else s.holder
             bars.setdefault(key, []).append((s.start_s, s.end_s - s.start_s, row[(s.pool, s.node)]))
     handles: list[Patch | Line2D] = []
     for name, colour in colours.items():
@@ -81,18 +87,13 @@ def gantt(result: FleetSimResult) -> Figure:
                            edgecolor="white")
         handles.append(Patch(facecolor=RECLAIMED, hatch="//", edgecolor="white",
                              label="taken back by the lending team"))
-    xs, ys = [], []
-    for ev in result.preemptions:
-        for s in result.spans:
-            if (s.reclaimed and s.pool == ev.pool and abs(s.start_s - ev.at_s) < 1e-9
-                    and (s.pool, s.node) in row):
-                xs.append(ev.at_s)
-                ys.append(row[(s.pool, s.node)])
-    if xs:
-        ax.plot(xs, ys, linestyle="none", marker="X", markersize=9, color="black",
-                label="preemption")
-        handles.append(Line2D([], [], linestyle="none", marker="X", color="black",
-                              label="preemption"))
+    if "restarting" in bars:
+        for x, w, y in bars["restarting"]:
+            ax.broken_barh([(x, w)], (y - ROW / 2, ROW), facecolors=RESTARTING, hatch="..",
+                           edgecolor="white")
+        handles.append(Patch(facecolor=RESTARTING, hatch="..", edgecolor="white",
+                             label="preempted job re-planning and restarting on the nodes it kept"))
+    handles += _marks(ax, result, row)
     for _pool, y0 in first[1:]:
         ax.axhline(y0 - 0.5, color="black", linewidth=0.6)
     ax.set_yticks([y0 + (min(result.pools[p], MAX_NODES_SHOWN) - 1) / 2 for p, y0 in first])
@@ -106,6 +107,28 @@ def gantt(result: FleetSimResult) -> Figure:
     ax.set_title(f"fleet {result.fleet}: who holds each node{note}")
     legend_beside(ax, handles)
     return fig
+
+
+def _marks(ax: Axes, result: FleetSimResult, row: dict[tuple[str, int], int]) -> list[Line2D]:
+    """A cross on each node a preemption took from a job, a square where a suspended job's bars
+    end; their legend entries."""
+    ended = {(s.pool, s.node, s.end_s) for s in result.spans if not s.reclaimed}
+    took = [(s.start_s, row[(s.pool, s.node)]) for s in result.spans
+            if s.reclaimed and (s.pool, s.node) in row and (s.pool, s.node, s.start_s) in ended
+            and any(ev.pool == s.pool and ev.at_s == s.start_s for ev in result.preemptions)]
+    names = {j.name: j.suspended_at_s for j in result.jobs if j.suspended_at_s is not None}
+    stopped = [(s.end_s, row[(s.pool, s.node)]) for s in result.spans
+               if (s.pool, s.node) in row and names.get(s.holder) == s.end_s
+               and (s.end_s, row[(s.pool, s.node)]) not in took]
+    out = []
+    for points, marker, colour, label in ((took, "X", "black", "preemption"),
+                                          (stopped, "s", SUSPENDED,
+                                           "suspended: no plan fits what it kept")):
+        if points:
+            ax.plot([x for x, _ in points], [y for _, y in points], linestyle="none",
+                    marker=marker, markersize=9, color=colour, label=label)
+            out.append(Line2D([], [], linestyle="none", marker=marker, color=colour, label=label))
+    return out
 
 
 def usage(result: FleetSimResult) -> Figure:

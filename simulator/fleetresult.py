@@ -4,8 +4,10 @@ and the node timeline the Gantt chart draws (`simulator.fleetplots`).
 
 Goodput is the share of the jobs' time that makes progress at their own pace: per job, its
 iterations times its iteration time alone, over the time it took to finish them in the fleet
-(slowdown, lost work, restarts and checkpoints all lower it); the fleet's is the sum of the
-former over the sum of the latter.
+(slowdown, lost work, restarts, the slower pace of a re-plan on fewer nodes and checkpoints all
+lower it); the fleet's is the sum of the former over the sum of the latter. A suspended job's
+iterations kept at its last checkpoint count as useful, over the time until the last job
+finished.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from placer.fleet.result import TeamUse
+from placer.solve.planfile import Plan
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Span:
     start_s: float
     end_s: float
     reclaimed: bool = False  # a lending team's work on a node it took back
+    restarting: bool = False  # the job re-planning and restarting after a preemption
 
 
 @dataclass(frozen=True)
@@ -45,19 +49,23 @@ class JobSim:
     alone_s: float  # median iteration time, the job alone on its allocation
     fleet_s: float | None  # median iteration time beside the others, on its allocation (None:
     # preempted before it finished one there)
-    replanned_s: float | None = None  # after a preemption, on what it kept (simulated)
-    replanned_predicted_s: float | None = None  # the re-plan's own prediction
-    nodes_after: dict[str, int] | None = None
-    preempted_at_s: float | None = None
-    lost_s: float = 0.0  # work since the last checkpoint that a preemption threw away
+    replanned_s: float | None = None  # after its last preemption, on what it kept (simulated
+    # median; None: it ran no iteration there)
+    replanned_predicted_s: float | None = None  # that re-plan's own prediction (None: none fits)
+    nodes_after: dict[str, int] | None = None  # what it kept (the last preemption)
+    preempted_at_s: float | None = None  # the last preemption
+    lost_s: float = 0.0  # work since the last checkpoint that preemptions threw away
     lost_iterations: int = 0
-    restart_s: float = 0.0
+    restart_s: float = 0.0  # re-planning and restarting (failures.restart_s per preemption)
     checkpoints: int = 0
     checkpoint_s: float = 0.0  # time spent writing checkpoints
     checkpoint_alone_s: float = 0.0  # the same checkpoints, storage to itself
     finish_s: float | None = None  # None: suspended (no plan fits what it kept)
-    suspended: str | None = None
+    suspended: str | None = None  # why no plan fits what it kept
     useful_s: float = 0.0  # iterations kept x iteration time alone
+    preemptions: int = 0  # times it lost nodes
+    suspended_at_s: float | None = None
+    replanned_plan: Plan | None = None  # the plan it ran last, when a preemption re-planned it
 
     @property
     def slowdown(self) -> float | None:
@@ -78,7 +86,27 @@ class JobSim:
                 "lost_iterations": self.lost_iterations, "restart_s": self.restart_s,
                 "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
                 "checkpoint_alone_s": self.checkpoint_alone_s, "finish_s": self.finish_s,
-                "suspended": self.suspended, "goodput": self.goodput}
+                "preemptions": self.preemptions, "suspended": self.suspended,
+                "suspended_at_s": self.suspended_at_s, "goodput": self.goodput,
+                "replanned_plan": (None if self.replanned_plan is None
+                                   else self.replanned_plan.model_dump(mode="json"))}
+
+    def note(self) -> str:
+        """What preemptions did to it, in words ('' when none did)."""
+        if not self.preemptions:
+            return ""
+        lost = (f"{self.lost_iterations} iteration(s) lost ({self.lost_s:.1f} s since its last "
+                "checkpoint)")
+        if self.suspended:
+            return (f"preempted at {self.preempted_at_s:.1f} s, {lost}; suspended: "
+                    f"{self.suspended}")
+        kept = ", ".join(f"{p} {n}" for p, n in (self.nodes_after or {}).items())
+        pace = ("no iteration there" if self.replanned_s is None
+                else f"{self.replanned_s:.2f} s/iter")
+        predicted = ("" if self.replanned_predicted_s is None
+                     else f", {self.replanned_predicted_s:.2f} predicted")
+        return (f"preempted at {self.preempted_at_s:.1f} s, {lost}; re-planned on {kept} "
+                f"and restarted ({self.restart_s:.0f} s): {pace}{predicted}")
 
 
 @dataclass(frozen=True)
@@ -132,18 +160,15 @@ class FleetSimResult:
         lines.append(f"{'job':<{w}}  {'alone s':>9} {'fleet s':>9} {'slowdown':>8} "
                      f"{'lost s':>8} {'goodput':>7}  note")
         for j in self.jobs:
-            note = ""
-            if j.suspended:
-                note = f"suspended at {j.preempted_at_s:.1f} s: {j.suspended}"
-            elif j.preempted_at_s is not None and j.nodes_after is not None \
-                    and j.replanned_s is not None:
-                kept = ", ".join(f"{p} {n}" for p, n in j.nodes_after.items())
-                note = (f"preempted at {j.preempted_at_s:.1f} s ({j.lost_iterations} "
-                        f"iteration(s) lost), re-planned on {kept}: {j.replanned_s:.2f} s/iter")
             fleet_s = "-" if j.fleet_s is None else f"{j.fleet_s:.2f}"
             slow = "-" if j.slowdown is None else f"{j.slowdown:.2f}x"
             lines.append(f"{j.name:<{w}}  {j.alone_s:>9.2f} {fleet_s:>9} {slow:>8} "
-                         f"{j.lost_s:>8.1f} {j.goodput:>7.1%}  {note}")
+                         f"{j.lost_s:>8.1f} {j.goodput:>7.1%}  {j.note()}")
+        for p in self.preemptions:
+            took = ", ".join(f"{n} from {job}" for job, n in p.taken.items())
+            free = f"{p.free} free" if p.free else ""
+            lines.append(f"at {p.at_s:.1f} s team {p.team} took back {sum(p.taken.values()) + p.free}"
+                         f" {p.pool} node(s): {', '.join(x for x in (free, took) if x)}")
         for c in self.cpu_pools:
             lines.append(f"shared CPU pool ({', '.join(c.jobs)}) on {c.pool}: {c.slots} calls at "
                          f"once, {c.calls} calls, mean wait {c.mean_wait_s * 1e3:.1f} ms")

@@ -1,7 +1,9 @@
 """`placer fleet --simulate`: jobs side by side in one simulation. A shared CPU pool slows two
-agentic jobs (separate pools do not), a preemption re-plans the borrower on what it keeps and
-counts its lost work, and with nothing shared each job runs exactly as the single-job simulator
-runs it alone. The figures are written with the artists they should have."""
+agentic jobs (separate pools do not), a preemption re-plans the borrower on what it keeps (at
+the job-level plan's pace there, its lost work and restart counted in its finish and goodput),
+a borrower left with nothing its job fits on is suspended and says why, and with nothing shared
+each job runs exactly as the single-job simulator runs it alone. The figures are written with
+the artists they should have."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +24,7 @@ from placer.fleet.contention import Contention
 from placer.fleet.inner import JobPlanner
 from placer.fleet.planner import plan_fleet
 from placer.fleet.result import FleetResult
-from placer.fleet.spec import Fleet, fleet_from_dict
-from placer.solve.planfile import Plan
+from placer.fleet.spec import Fleet, fleet_from_dict, load_fleet
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
 from simulator.fabric import Fabric
@@ -147,26 +148,46 @@ def _borrower() -> dict[str, Any]:
     }
 
 
+RESTART = QUIET.model_copy(update={"failures": QUIET.failures.model_copy(
+    update={"restart_s": 1.0})})
+
+
 def test_a_preemption_replans_the_borrower(tmp_path: Path) -> None:
     fleet = fleet_from_dict(_borrower(), EXAMPLES, "borrow")
     calib = load_calibration(None)
     res = plan_fleet(fleet, calib, workers=1)
     assert res.jobs[0].nodes["gpu"] == 4  # it borrows
-    cfg = QUIET.model_copy(update={"failures": QUIET.failures.model_copy(
-        update={"restart_s": 1.0})})
-    sim = simulate_fleet(fleet, res, calib, iterations=6, config=cfg)
+    n = 6
+    sim = simulate_fleet(fleet, res, calib, iterations=n, config=RESTART)
     (job,) = sim.jobs
     assert job.preempted_at_s == 0.65 and job.nodes_after == {"gpu": 2, "cpu": 2}
-    assert job.lost_s > 0 and job.lost_iterations >= 1 and job.checkpoints >= 1
-    assert job.finish_s is not None and job.restart_s == 1.0
+    assert job.preemptions == 1 and job.suspended is None and job.restart_s == 1.0
     # the re-plan is the job-level planner's on the nodes it kept, and it runs at that plan's pace
     planner = JobPlanner(fleet, calib, 5.0, 0)
-    assert planner.time(0, (2, 2)) == pytest.approx(job.replanned_predicted_s)
-    plan: Plan = planner.plans[(0, (2, 2))]
-    one = simulate_plan(plan, iterations=2, seed=0, config=cfg)
-    assert job.replanned_s == pytest.approx(median(iteration_durations(one.run, plan.pipeline)),
-                                            rel=1e-9)
+    assert planner.time(0, (2, 2)) == pytest.approx(job.replanned_predicted_s, rel=1e-9)
+    assert job.replanned_plan is not None
+    assert job.replanned_plan.predicted_iteration_s == job.replanned_predicted_s
+    assert {r.pool for r in job.replanned_plan.roles.values()} == {"gpu", "cpu"}
+    assert sum(sl.devices for sl in job.replanned_plan.slots if sl.pool == "gpu") <= 2
+    one = simulate_plan(job.replanned_plan, iterations=2, seed=0, config=RESTART)
+    assert job.replanned_s == pytest.approx(
+        median(iteration_durations(one.run, job.replanned_plan.pipeline)), rel=1e-9)
     assert job.replanned_s != pytest.approx(job.fleet_s, rel=1e-6)
+    # lost work: the first checkpoint (2 iterations) was written at 0.395 s; the third
+    # iteration, done by 0.65 s, is thrown away and run again on the re-plan
+    assert job.checkpoints == 2 and job.lost_iterations == 1
+    assert 0.2 < job.lost_s < 0.65 - 2 * job.fleet_s
+    # its finish (and so its goodput) pays exactly for the preemption: against the same fleet
+    # with no preemption, the lost work, the restart, and the re-plan's pace over the four
+    # iterations run after it
+    calm = simulate_fleet(_with(fleet, checkpoint_every=2), res, calib, iterations=n,
+                          config=RESTART).jobs[0]
+    assert calm.checkpoints == job.checkpoints and calm.preemptions == 0
+    assert job.finish_s == pytest.approx(calm.finish_s + job.lost_s + job.restart_s
+                                         + (n - 2) * (job.replanned_s - calm.fleet_s), rel=1e-9)
+    assert job.goodput == pytest.approx(n * job.alone_s / job.finish_s, rel=1e-12)
+    assert job.goodput < calm.goodput and sim.goodput == pytest.approx(job.goodput)
+    assert "re-planned on gpu 2, cpu 2" in sim.render() and "1 iteration(s) lost" in sim.render()
     (ev,) = sim.preemptions
     assert ev.taken == {"b1": 2} and ev.free == 0
     after = {(u.team, u.pool): u.used for u in sim.usage_after}
@@ -187,8 +208,41 @@ def _check_gantt(sim: Any) -> None:
     marks = [ln for ln in ax.lines if ln.get_label() == "preemption"]
     assert len(marks) == 1 and list(marks[0].get_xdata()) == [0.65, 0.65]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["gpu (4 nodes)", "cpu (2 nodes)"]
+    # the job's bar: on all 6 nodes, then restarting on the 4 it kept, then running on them
+    mine = [s for s in sim.spans if s.holder == "b1"]
+    assert sorted((s.start_s, s.restarting) for s in mine) == (
+        [(0, False)] * 6 + [(0.65, True)] * 4 + [(1.65, False)] * 4)
     legend = check_figure(fig)
-    assert sorted(legend.values()) == ["b1", "preemption", "taken back by the lending team"]
+    assert sorted(legend.values()) == ["b1", "preempted job re-planning and restarting on the "
+                                       "nodes it kept", "preemption",
+                                       "taken back by the lending team"]
+
+
+def test_a_borrower_left_with_no_gpu_is_suspended() -> None:
+    """Team b borrows every GPU node; team a takes them all back: its job cannot train on the
+    CPU nodes it keeps, so it is suspended (and says why), its nodes freed at once; only the
+    iterations of its last checkpoint count as useful."""
+    doc = _borrower()
+    doc["teams"]["a"]["quota"]["gpu"]["nominal"] = 4
+    doc["teams"]["b"]["quota"]["gpu"] = {"nominal": 0, "borrowing_limit": 4}
+    doc["contention"]["preemptions"][0]["nodes"] = 4
+    fleet = fleet_from_dict(doc, EXAMPLES, "borrow-all")
+    calib = load_calibration(None)
+    res = plan_fleet(fleet, calib, workers=1)
+    sim = simulate_fleet(fleet, res, calib, iterations=6, config=RESTART)
+    (job,) = sim.jobs
+    assert job.nodes_after == {"cpu": 2} and job.finish_s is None and job.goodput == 0.0
+    assert job.suspended is not None and job.suspended.startswith(
+        "no plan fits the nodes it kept (cpu 2): actor (tiny-llama) cannot run on any pool")
+    assert job.suspended_at_s == 0.65 and job.restart_s == 0.0 and job.replanned_plan is None
+    assert job.lost_iterations == 1 and job.useful_s == pytest.approx(2 * job.alone_s)
+    assert all(s.end_s == 0.65 for s in sim.spans if s.holder == "b1")
+    assert "suspended: no plan fits the nodes it kept" in sim.render()
+    assert sim.to_dict()["jobs"][0]["suspended"] == job.suspended
+    fig = gantt(sim)
+    (stop,) = [ln for ln in fig.axes[0].lines if ln.get_label().startswith("suspended")]
+    assert list(stop.get_xdata()) == [0.65, 0.65]  # on the two CPU nodes it held
+    check_figure(fig)
 
 
 def _check_usage(sim: Any) -> None:
@@ -244,3 +298,20 @@ def test_cli_simulate_json_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["fleet", str(path), "--simulate"]) == 2
     err = capsys.readouterr().err
     assert "contention.cpu_pools.0.jobs: no job 'zz' in the fleet" in err
+
+
+@pytest.mark.slow
+def test_the_example_fleet_replans_its_preempted_job() -> None:
+    """examples/fleets/mixed.yaml: the evaluation team takes back the H100 node of hetero-split,
+    which is re-planned on the H20 and CPU nodes it keeps (not suspended) and finishes there."""
+    fleet = load_fleet(EXAMPLES / "fleets" / "mixed.yaml")
+    calib = load_calibration(None)
+    res = plan_fleet(fleet, calib)
+    sim = simulate_fleet(fleet, res, calib, iterations=4)
+    (ev,) = sim.preemptions
+    assert ev.taken == {"hetero-split": 1} and ev.free == 0
+    job = next(j for j in sim.jobs if j.name == "hetero-split")
+    assert job.suspended is None and job.finish_s is not None
+    assert job.nodes_after == {"h20": 1, "cpu": 1} and job.lost_iterations >= 1
+    assert job.fleet_s is not None and job.replanned_s is not None
+    assert job.replanned_s > job.fleet_s  # fewer, slower nodes

@@ -87,11 +87,13 @@ def thinned(axes: list[list[int]], max_grid: int, keep: list[int] | None = None
 
 
 def plan_on(job: Job, nodes: dict[str, int], calib: Calibration, time_limit_s: float,
-            seed: int) -> Plan | str:
-    """The job's plan on these nodes, or the first line of why it has none (a worker's task)."""
+            seed: int, hint: Plan | None = None) -> Plan | str:
+    """The job's plan on these nodes, or the first line of why it has none (a worker's task).
+    `hint`: a plan whose configs seed the solver where they still exist (a warm start)."""
     try:
         res = with_nodes(job, nodes, job.name)
-        return plan_job(Pricer(res, calib), time_limit_s=time_limit_s, workers=1, seed=seed)
+        return plan_job(Pricer(res, calib), time_limit_s=time_limit_s, hint=hint, workers=1,
+                        seed=seed)
     except (Infeasible, SpecError) as e:  # SpecError: a pin naming a pool given 0 nodes
         return str(e).split("\n")[0]
 
@@ -175,6 +177,14 @@ class JobPlanner:
         got = plan_on(self.fleet.jobs[j].job, self.nodes_of(a), self.calib, self.time_limit_s,
                       self.seed)
         return None if isinstance(got, str) else got.predicted_iteration_s
+
+    def replan(self, j: int, a: Vec, running: Plan) -> Plan | str:
+        """Job j planned again on `a` (the nodes it kept after a preemption), warm-started from
+        its `running` plan: the same optimum as `time(j, a)`'s, reached from the old configs
+        where they still exist. The plan, or why none fits there; not memoised (the hint
+        differs per call)."""
+        return plan_on(self.priced[j], self.nodes_of(a), self.calib, self.time_limit_s,
+                       self.seed, hint=running)
 
     def _keep(self, key: tuple[int, Vec], got: Plan | str) -> None:
         if isinstance(got, str):
