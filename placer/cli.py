@@ -9,7 +9,8 @@ Conventions every command follows:
     notes go to stderr);
   * bad input exits 2 with one line `placer: error: <field>: <what> (got <value>)` on stderr per
     mistake (a job's are all reported at once), never a traceback; an infeasible job exits 3
-    with its diagnosis.
+    with its diagnosis (only when infeasibility is proven); a search that runs out of time
+    before any solution exits 4 saying which limit to raise.
 """
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from placer import __version__
-from placer.base.errors import EXIT_BAD_INPUT, EXIT_INFEASIBLE, Infeasible, SpecError
+from placer.base.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INFEASIBLE,
+    EXIT_TIMED_OUT,
+    Infeasible,
+    SpecError,
+    TimedOut,
+)
 from placer.base.inputs import error_lines, escape
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -120,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         diagnosis = "\n".join(escape(line) for line in str(e).split("\n"))  # may span lines
         print(f"placer: infeasible: {diagnosis}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    except TimedOut as e:
+        print(f"placer: timed out: {escape(str(e))}", file=sys.stderr)
+        return EXIT_TIMED_OUT
     except KeyboardInterrupt:
         print("placer: interrupted", file=sys.stderr)
         return 130

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
+EXIT_TIMED_OUT = 4
 
 
 class SpecError(ValueError):
@@ -15,3 +16,8 @@ class SpecError(ValueError):
 
 class Infeasible(Exception):
     """A job that fits nowhere; `str()` is the diagnosis (what cannot fit, the smallest change)."""
+
+
+class TimedOut(Exception):
+    """A search that ran out of time before it found any solution: no proof that none exists.
+    `str()` says which limit ran out and how to give it more time."""

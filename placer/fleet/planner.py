@@ -6,7 +6,9 @@ The allocation is `placer.fleet.alloc`'s lazy CP-SAT loop over `placer.fleet.inn
 job planner. A fleet that cannot fit raises `Infeasible` naming the job and the resource: a job
 that no pool its team may use can host, a job its team's whole quota cannot place (the job
 planner's diagnosis), a deadline missed even on the whole quota, or the pool, quota or cohort
-that the jobs' smallest allocations already overflow.
+that the jobs' smallest allocations already overflow. `Infeasible` means proven: a search that
+runs out of time before it finds any allocation raises `TimedOut` instead, naming the limit to
+raise, and a diagnosis whose own checks run out of time says which it could not settle.
 """
 from __future__ import annotations
 
@@ -14,9 +16,18 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from placer.base.errors import Infeasible
+from placer.base.errors import Infeasible, TimedOut
 from placer.cost.efficiency import Calibration
-from placer.fleet.alloc import AllocProblem, NoAllocation, OutOfTime, Vec, allocate, solve_round
+from placer.fleet.alloc import (
+    MAX_ROUND_S,
+    AllocProblem,
+    NoAllocation,
+    OutOfTime,
+    Unsolved,
+    Vec,
+    allocate,
+    solve_round,
+)
 from placer.fleet.inner import JobPlanner, alloc_problem
 from placer.fleet.result import FleetResult, JobResult, SharedUse, team_usage
 from placer.fleet.spec import Fleet
@@ -24,6 +35,8 @@ from placer.solve.planfile import Plan
 from placer.spec.job import Job
 
 Progress = Callable[[str], None]
+CHECK_S = 5.0  # the most one diagnosis check (the fleet less one job) may solve for
+DIAGNOSIS_S = 30.0  # the diagnosis's time when the search has used up its own
 
 
 def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
@@ -32,13 +45,14 @@ def plan_fleet(fleet: Fleet, calib: Calibration, *, time_limit_s: float = 60.0,
     """The fleet's allocation and each job's plan on it (module docstring)."""
     planner = JobPlanner(fleet, calib, job_time_limit_s, seed, workers)
     try:
-        return _plan(planner, time.monotonic() + time_limit_s, workers, seed, progress)
+        return _plan(planner, time_limit_s, workers, seed, progress)
     finally:
         planner.close()
 
 
-def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
+def _plan(planner: JobPlanner, time_limit_s: float, workers: int, seed: int,
           progress: Progress | None) -> FleetResult:
+    deadline = time.monotonic() + time_limit_s
     fleet = planner.fleet
     if progress is not None:
         progress(f"fleet: {len(fleet.jobs)} jobs: their allocation grids, then each on all its "
@@ -61,9 +75,10 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
         a = allocate(pr, time_limit_s=max(deadline - time.monotonic(), 1.0), workers=workers,
                      seed=seed, on_round=on_round)
     except OutOfTime as e:
-        raise Infeasible(f"{e}; a longer --time-limit may find one") from None
-    except NoAllocation as e:
-        raise Infeasible(diagnose(pr, planner, str(e))) from None
+        raise TimedOut(timed_out(str(e), time_limit_s, time.monotonic() >= deadline)) from None
+    except NoAllocation as e:  # proven: the model over the optimistic times has no solution
+        budget = max(deadline - time.monotonic(), DIAGNOSIS_S)
+        raise Infeasible(diagnose(pr, planner, str(e), budget)) from None
     jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plan(j, v))
             for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
     shared = []
@@ -114,9 +129,24 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
                              f"{job.max_iteration_s:.4g} s")
 
 
-def diagnose(pr: AllocProblem, planner: JobPlanner, why: str) -> str:
+def timed_out(what: str, time_limit_s: float, spent: bool) -> str:
+    """Why the allocation search stopped without an allocation, and how to give it more time:
+    `--time-limit` when the search used it up (`spent`), else a single round of the model ran
+    its longest (`MAX_ROUND_S`) without a solution, which more search workers may find."""
+    more = (f"give it more time with --time-limit S (it had {time_limit_s:g} s)" if spent else
+            f"a round of the allocation model may run at most {MAX_ROUND_S:g} s; more CP-SAT "
+            "search workers (--workers N) may find a first solution sooner")
+    return (f"the allocation search found no allocation before its time ran out ({what}); "
+            f"this is not proof that the fleet cannot fit: {more}")
+
+
+def diagnose(pr: AllocProblem, planner: JobPlanner, why: str, limit_s: float = DIAGNOSIS_S
+             ) -> str:
     """Which pool, quota or cohort the jobs' smallest allocations overflow; else the job whose
-    removal lets the others fit."""
+    removal lets the others fit, each removal solved for at most `CHECK_S` seconds and all of
+    them within `limit_s`. A removal whose model runs out of time settles nothing: the
+    diagnosis names the jobs it could not try instead of reading them as not fitting."""
+    end = time.monotonic() + limit_s
     least = [pr.held(j, _least(pr, j)) for j in range(len(pr.jobs))]  # a shared pool once
     for p, pool in enumerate(pr.pools):
         need = {job.name: m[p] for job, m in zip(pr.jobs, least) if m[p]}
@@ -132,16 +162,33 @@ def diagnose(pr: AllocProblem, planner: JobPlanner, why: str) -> str:
     fair = _fairness(pr, least)
     if fair is not None:
         return fair
+    unsettled = []
     for j, job in enumerate(pr.jobs):
+        left = end - time.monotonic()
+        if left <= 0:
+            unsettled.append(job.name)
+            continue
         rest = replace(pr, jobs=pr.jobs[:j] + pr.jobs[j + 1:],
                        known=pr.known[:j] + pr.known[j + 1:])
         try:
-            solve_round(rest, 5.0, 1, 0)
+            solve_round(rest, min(CHECK_S, left), 1, 0)
+        except Unsolved:  # out of time: not proof that the others do not fit either
+            unsettled.append(job.name)
+            continue
         except NoAllocation:
             continue
         return (f"job {job.name} (team {job.team}): does not fit beside the others; its "
                 f"smallest allocation is {_nodes(planner, least[j])}: {why}")
+    if unsettled:
+        return (f"no allocation of the fleet meets the quotas: {why}; whether the others fit "
+                f"without {_listed(unsettled)} was not settled in the diagnosis's "
+                f"{limit_s:g} s (a longer --time-limit gives it more)")
     return f"no allocation of the fleet meets the quotas: {why}"
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(f"job {n}" for n in names[:5])
+    return shown + (f" or {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _fairness(pr: AllocProblem, least: list[Vec]) -> str | None:
