@@ -218,6 +218,28 @@ def _check_gantt(sim: Any) -> None:
                                        "taken back by the lending team"]
 
 
+def test_a_preempted_job_of_another_jobs_kind_is_replanned() -> None:
+    """Two jobs of one document (one kind, planned once per vector): the second, of lower
+    weight, loses one of its two GPU nodes and is re-planned as itself on the node it keeps."""
+    doc = _borrower()
+    doc["cluster"]["pools"][0]["nodes"] = 6
+    doc["teams"]["b"]["quota"]["gpu"] = {"nominal": 3, "borrowing_limit": 3}
+    doc["jobs"] = [{"name": "b0", "team": "b", "job": "tiny-cpu.yaml", "weight": 2},
+                   {"name": "b1", "team": "b", "job": "tiny-cpu.yaml", "weight": 1}]
+    doc["contention"]["preemptions"][0]["nodes"] = 1
+    fleet = fleet_from_dict(doc, EXAMPLES, "twins")
+    calib = load_calibration(None)
+    res = plan_fleet(fleet, calib, workers=1)
+    assert [j.nodes for j in res.jobs] == [{"gpu": 4, "cpu": 1}, {"gpu": 2, "cpu": 1}]
+    sim = simulate_fleet(fleet, res, calib, iterations=6, config=RESTART)
+    b0, b1 = sim.jobs
+    assert b0.preemptions == 0 and b1.nodes_after == {"gpu": 1, "cpu": 1}
+    assert b1.suspended is None and b1.finish_s is not None
+    planner = JobPlanner(fleet, calib, 5.0, 0)
+    assert planner.kind_of == [0, 0]
+    assert b1.replanned_predicted_s == pytest.approx(planner.time(1, (1, 1)), rel=1e-9)
+
+
 def test_a_borrower_left_with_no_gpu_is_suspended() -> None:
     """Team b borrows every GPU node; team a takes them all back: its job cannot train on the
     CPU nodes it keeps, so it is suspended (and says why), its nodes freed at once; only the
