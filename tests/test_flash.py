@@ -44,6 +44,15 @@ def test_waves_and_split_kv_follow_the_heuristic() -> None:
     assert kernel_floor(LAYER, 512, A100, EFF) == EFF.attn_kernel_s
 
 
+def test_the_sm_count_is_the_device_types_own() -> None:
+    # a user's GPU with its SMs given rounds waves on them; the same part without is filled
+    mine = A100.model_copy(update={"name": "my-gpu", "sm_count": 10})
+    assert wave_occupancy(2 * 10 + 1, mine) == pytest.approx(21 / 40)
+    assert wave_occupancy(21, mine.model_copy(update={"sm_count": None})) == 1.0
+    gpus = [d for d in shipped_devices().values() if d.kind == "gpu" and not d.memory_is_host]
+    assert gpus and all(d.sm_count for d in gpus)  # every shipped (real) GPU carries its count
+
+
 def test_prefill_is_linear_in_context_and_appending_costs_more() -> None:
     par = Parallel(tp=2)
     t = [prefill_kernel_time(LAYER, A100, par, 1024, s, EFF) for s in (0.0, 1000.0, 2000.0)]

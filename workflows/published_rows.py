@@ -139,7 +139,7 @@ ROWS: list[Row] = [
          _R.REWARD: _CPU},
         _SPLIT),
     Row("r10 GRPO 27B 8xH200 colocate", "r10-grpo27b-8xh200-colocate.yaml",
-        "Miles docs/models/qwen/qwen3-8.md", 720.0,
+        "Miles docs/models/qwen/qwen3-8.md @31f1ca96", 720.0,
         {"rollout": 307.0, "old_log_prob": 33.0, "ref": 100.0, "update": 282.0, "sync": 2.5},
         {_R.ACTOR: Use("h200", tp=4, dp=2, zero=1, offload=True),
          # one SGLang engine per GPU (`--rollout-num-gpus-per-engine 1`, the doc's sec. 5.3)
@@ -259,7 +259,8 @@ DECODE_ROWS: list[DecodeRow] = [
               1500, 6.70e-3, expert_read_half_width=_SGL_B200_EXPERT_HALF_WIDTH),
     # a hybrid (Qwen3.8-27B = the Qwen3.5-27B shape): 1,855 tok/s per one-GPU engine at 39
     # running requests (Miles docs/models/qwen/qwen3-8.md, sec. 5.3): 39 / 1855 s per step;
-    # context: a ~512-token prompt plus half the 4,585-token mean response (assumed)
+    # context: a ~256-token prompt (as row r10 prices DAPO-Math-17k) plus half the 4,585-token
+    # mean response (assumed)
     DecodeRow("SGLang Qwen3.8-27B hybrid TP1 H200 batch 39", "Miles docs/models/qwen/qwen3-8.md",
-              "Qwen3.5-27B", "H200", 1, 39, 2800, 39 / 1855),
+              "Qwen3.5-27B", "H200", 1, 39, 2550, 39 / 1855),
 ]

@@ -38,7 +38,8 @@ UNITS: dict[tuple[str, str], str] = {
     ("Pool", "nvlink_domain"): "devices", ("Pool", "nodes_per_rack"): "nodes",
     ("DeviceType", "bf16_tflops"): "TFLOP/s", ("DeviceType", "price_per_hour"): "USD/device-hour",
     ("DeviceType", "fp8_tflops"): "TFLOP/s",
-    ("DeviceType", "cores"): "CPU cores", ("CurrentRole", "devices"): "devices",
+    ("DeviceType", "cores"): "CPU cores", ("DeviceType", "sm_count"): "SMs",
+    ("CurrentRole", "devices"): "devices",
     ("ModelArch", "params_b"): "billions of parameters", ("CodeReward", "memory_mb"): "MiB",
     ("Distribution", "value"): "of the field: tokens (lengths; response per turn) or s (latency)",
 }
@@ -162,7 +163,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "DeviceType": [{"name": "my-gpu", "kind": "gpu", "memory_gb": 96, "bf16_tflops": 400,
                     "fp8_tflops": 800, "mem_bw_gbs": 3000, "intra_link_gbs": 450, "nic_gbs": 50,
                     "can_train": True,
-                    "price_per_hour": 2.0, "host_memory_gb": 1024,
+                    "price_per_hour": 2.0, "host_memory_gb": 1024, "sm_count": 132,
                     "source": "vendor datasheet"},
                    {"name": "my-cpu", "kind": "cpu", "memory_gb": 256, "bf16_tflops": 2,
                     "mem_bw_gbs": 200, "intra_link_gbs": 200, "nic_gbs": 12.5, "cores": 32}],

@@ -39,16 +39,12 @@ from placer.spec.hardware import DeviceKind, DeviceType
 TILE_M = 64  # query rows per thread block of the split-KV kernel (`kBlockM`)
 BLOCKS_PER_SM = 2  # 128-thread blocks resident per SM (flash_api.cpp from v2.5.7: "num_sm * 2")
 SPLIT_BELOW = 0.8  # a grid below this share of the SMs splits its keys (`num_splits_heuristic`)
-# Streaming multiprocessors per catalog GPU (NVIDIA architecture whitepapers and datasheets:
-# A100 108, H100 SXM5 and H200 132, H20 78, B200 148, L40S 142, L4 58). A device type not
-# listed is taken as filled by any grid (no wave rounding, no split).
-SMS: dict[str, int] = {"A100-80G": 108, "H100-SXM": 132, "H200": 132, "H20": 78,
-                       "B200": 148, "L40S": 142, "L4": 58}
 
 
 def sm_count(dev: DeviceType) -> int | None:
-    """The device's streaming multiprocessors, or None (not a listed GPU)."""
-    return SMS.get(dev.name) if dev.kind is DeviceKind.gpu else None
+    """The GPU's streaming multiprocessors (`DeviceType.sm_count`, set per shipped GPU in the
+    catalog with its source), or None: not a GPU, or its SMs are not given (any grid fills it)."""
+    return dev.sm_count if dev.kind is DeviceKind.gpu else None
 
 
 def head_dim(m: ModelArch) -> float:

@@ -48,6 +48,9 @@ class DeviceType(Strict):
     can_train: StrictBool = False
     price_per_hour: Annotated[float, Field(strict=True, ge=0, le=MAX_PRICE_PER_HOUR)] = 0.0
     cores: PosInt = Field(1, description="CPU cores per device (cpu kind)")
+    sm_count: PosInt | None = Field(
+        None, description="streaming multiprocessors of a GPU: an attention kernel's grid fills "
+                          "them in waves (placer/cost/flash.py); none: any grid fills the device")
     host_memory_gb: PosFloat | None = Field(
         None, description="host RAM of one node of this device type, GB (placer/solve/hostmem.py "
                           "checks offloaded state against it); none: not checked")
