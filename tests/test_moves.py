@@ -94,7 +94,7 @@ def test_explain_describes_layouts_the_same_way(plan: Plan) -> None:
     """`placer plan --explain`'s per-role layout uses the same `dims` (cp shown where above 1)."""
     from placer.cost.efficiency import Calibration
     from placer.cost.pricer import Pricer
-    from placer.solve.explain import breakdown
+    from placer.solve.breakdown import breakdown
 
     cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
     rows = breakdown(cp, Pricer(cp.resolved(), Calibration()))
