@@ -30,8 +30,9 @@ from ortools.sat.python import cp_model
 
 from placer.base.roles import Role
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import TIME_STEPS, LinExpr, _Model
+from placer.solve.ilp import TIME_STEPS, _Model
 from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
+from placer.solve.ilp_vars import LinExpr
 from placer.solve.pricing import PRICE_SCALE
 from placer.solve.problem import (
     Assignment,

@@ -178,7 +178,7 @@ def keeps_groups(problem: Problem, a: Assignment) -> bool:
 
 
 def host_fits(problem: Problem, a: Assignment) -> bool:
-    """Whether a placement keeps to the model's host-memory rule (`_Model._host`): every slot
+    """Whether a placement keeps to the model's host-memory rule (`SlotMemory._host`): every slot
     whose members do not fit on its devices together parks all but its smallest member, plus
     its members' offloaded optimizer state, within `hostmem.park_budget_gb` per slot device
     (each member spread over the slot's devices, its largest member's count, as
