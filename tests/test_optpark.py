@@ -16,9 +16,16 @@ from placer.cost.timing import Placed
 from placer.solve.baselines import partitions
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_bound import score
-from placer.solve.ilp_solve import solve
+from placer.solve.ilp_solve import hint_assignment, solve
 from placer.solve.parktwins import PARK_TWINS, park_twins
-from placer.solve.problem import Assignment, Problem, slot_names
+from placer.solve.problem import (
+    Assignment,
+    Hint,
+    Problem,
+    candidate_key,
+    layout_key,
+    slot_names,
+)
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
 
@@ -157,3 +164,40 @@ def test_explain_note_names_the_parked_state_and_its_cost() -> None:
     note = park_note(plan, plan.resolved(), plan.roles["actor"].slot, 0.5)
     assert note is not None and "actor 1.0 GB per device" in note and "0.50 s per iteration" in note
     assert park_note(plan, plan.resolved(), plan.roles["critic"].slot, 0.5) is None  # parks nothing
+
+
+# A candidate and its parked twin differ only in `park_optimizer`, and two trained layouts may
+# differ only in their micro-batch: `problem.layout_key` tells both apart, so a re-plan's hint
+# finds the very candidate the old plan ran and its move cost counts a change of either.
+
+def test_micro_batch_and_parking_are_part_of_the_key() -> None:
+    base = Parallel(tp=2, dp=4, micro_batch=4)
+    assert layout_key("h", base) == layout_key("h", replace(base))
+    assert layout_key("h", base) != layout_key("h", replace(base, micro_batch=2))
+    assert layout_key("h", base) != layout_key("h", replace(base, park_optimizer=True))
+
+
+def test_the_hint_finds_the_parked_twin_the_old_plan_ran() -> None:
+    """A candidate and its parked twin share every other field; the old plan ran the twin, so
+    the hint must name the twin, not the unparked candidate listed first."""
+    px = Pricer(resolve(_job()), Calibration())
+    cands = {r: [_trainer(px, r, False), _trainer(px, r, True)] for r in ("actor", "critic")}
+    problem = Problem(px, cands)
+    assert candidate_key(cands["actor"][0]) != candidate_key(cands["actor"][1])
+    hint = Hint({r: candidate_key(cs[1]) for r, cs in cands.items()}, [["actor", "critic"]])
+    a = hint_assignment(problem, hint)
+    assert a is not None
+    assert all(a.choice[r] is cs[1] for r, cs in cands.items())
+
+
+def test_the_hint_misses_a_micro_batch_the_new_table_lacks() -> None:
+    """An old plan's micro-batch that the new table does not hold is no warm start (the role
+    moves), rather than a candidate of another micro-batch taken for it."""
+    px = Pricer(resolve(_job()), Calibration())
+    c = _trainer(px, "actor", False)
+    other = Candidate(c.role, c.pool, replace(c.est, par=replace(c.est.par, micro_batch=2)))
+    c4 = Candidate(c.role, c.pool, replace(c.est, par=replace(c.est.par, micro_batch=4)))
+    problem = Problem(px, {"actor": [c4]})
+    assert hint_assignment(problem, Hint({"actor": candidate_key(other)}, [["actor"]])) is None
+    assert hint_assignment(problem, Hint({"actor": candidate_key(c4)}, [["actor"]])) is not None
+

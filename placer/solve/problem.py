@@ -104,16 +104,20 @@ class Solution:
     solve_s: float
 
 
-# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none), data-parallel attention
-Layout = tuple[str, int, int, int, int, int, int, bool, int, int]
+# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none), data-parallel attention,
+# micro-batch (0: token-budgeted), optimizer parked
+Layout = tuple[str, int, int, int, int, int, int, bool, int, int, int, bool]
 # a role's layout; a split role's: one per part
 LayoutKey = Layout | tuple[Layout, ...]
 
 
 def layout_key(pool: str, par: Parallel) -> Layout:
-    """What a role keeps when it does not move: its pool and its parallel layout."""
+    """What a role keeps when it does not move: its pool, its parallel layout and the trainer's
+    choices priced with it (micro-batch, optimizer parked); a candidate and its parked twin
+    (`placer.solve.parktwins`) differ only in the last, and `placer.solve.moves` reports a
+    change of either."""
     return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
-            par.shard_dp if par.hsdp else 0, par.attn_dp)
+            par.shard_dp if par.hsdp else 0, par.attn_dp, par.micro_batch, par.park_optimizer)
 
 
 def candidate_key(c: Candidate) -> LayoutKey:
