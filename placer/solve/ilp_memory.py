@@ -101,10 +101,10 @@ class SlotMemory(ModelVars):
 
     def _over_only_if_over(self, j: str, over: cp_model.IntVar, mm: list[cp_model.IntVar],
                            pk: list[cp_model.IntVar], cap: LinExpr) -> None:
-        """over_j => the slot's peak exceeds the device. Parking can cost more than the whole
-        switch it avoids (both copies of the optimizer against one of all the state), so with a
-        parked member the solver must not call a slot over that fits: the memory terms are
-        pinned to their values (0 off the slot) and the peak's max is exact."""
+        """over_j => the slot's peak exceeds the device, as `timing.slot_switch` decides it, so
+        the solver never calls a slot that fits with a parked member over (its host-memory rule
+        differs from a fitting slot's): the memory terms are pinned to their values (0 off the
+        slot) and the peak's max is exact."""
         m = self.m
         for r, a in zip(self.members(j), mm):
             m.add(a <= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
