@@ -19,8 +19,9 @@ from pathlib import Path
 
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
-from placer.solve.candidates import PARALLEL_DEVICES, layouts
+from placer.solve.candidates import PARALLEL_DEVICES
 from placer.solve.ilp_solve import solve
+from placer.solve.layouts import layouts
 from placer.solve.moves import moves
 from placer.solve.planner import build_problem, hint_of, plan_job, to_plan
 from placer.spec.catalog import Resolved, resolve, with_nodes

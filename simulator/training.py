@@ -18,9 +18,10 @@ pass: `Work.dispatch_s`, recorded as an unsized transfer event (which no fitted 
 like an onload), so the steps' events stay the passes' compute alone.
 Roles sharing a slot run one after another on it (`simulator.iteration` holds the slot); when
 their memory does not fit together, a role pays its onload (`placer.cost.timing.onload_time`: a GPU
-rollout engine's sleep and wake, another role's state moved) the first time it takes the slot in
-an iteration; a trainer whose optimizer is parked (`placer.cost.optpark`) pays its copy out and
-back there instead - the rule `placer.cost.timing.slot_switch` prices.
+rollout engine's sleep and wake, another role's weights and optimizer out and back) the first
+time it takes the slot in an iteration; a trainer whose optimizer is parked
+(`placer.cost.optpark`) pays its copy out and back there instead - the rule
+`placer.cost.timing.slot_switch` prices.
 """
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import dispatch_time, score_time, train_time
+from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory, infer_memory, weight_tensors
 from placer.cost.rulecheck import rule_check_time, sandbox_verify_time
 from placer.cost.timing import onload_time
 from placer.cost.vision import pass_encode_s
+from placer.solve.assemble import placed_estimate, shares_slot
 from placer.solve.planfile import Plan
-from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
 from simulator.judge import judge_stage_s, verdict_tokens
 from simulator.workload import Samples
@@ -109,7 +111,7 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
     return out
 
 
-def onload_costs(px: PriceContext, plan: Plan) -> dict[str, float]:
+def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
     """Role -> seconds it pays per iteration to take its slot: its onload when its slot's roles
     do not fit together even with parked optimizers, else its parked optimizer's copy out and
     back (`placer.cost.timing.slot_switch`'s rule, on the plan's memory)."""
@@ -124,7 +126,7 @@ def onload_costs(px: PriceContext, plan: Plan) -> dict[str, float]:
         rows = [(plan.roles[r].memory_gb, plan.roles[r].parked_gb) for r in members]
         if len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb:
             for r in members:
-                out[r] = onload_time(r, _onload_memory(res, plan, r, eff), dev, eff)
+                out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff)
             continue
         for r, (_, parked) in zip(members, rows):
             if parked:
@@ -132,9 +134,12 @@ def onload_costs(px: PriceContext, plan: Plan) -> dict[str, float]:
     return out
 
 
-def _onload_memory(res: Resolved, plan: Plan, role: str, eff: Efficiency) -> Memory:
-    """The memory `placer.cost.timing.onload_time` prices: the plan's total, and for a GPU rollout
-    engine its weights per device as `placer.cost.estimate` prices them (`infer_memory`)."""
+def _onload_memory(px: Pricer, plan: Plan, role: str, eff: Efficiency) -> Memory:
+    """The memory `placer.cost.timing.onload_time` prices: for a GPU rollout engine its weights
+    per device as `placer.cost.estimate` prices them (`infer_memory`), for any other role its
+    placement priced again (`assemble.placed_estimate`: the weights and optimizer a switch
+    copies, `model.switched_gb`)."""
+    res = px.res
     rp = plan.roles[role]
     dev = res.device_of(rp.pool)
     if role == Role.ROLLOUT and dev.kind is DeviceKind.gpu:
@@ -142,4 +147,4 @@ def _onload_memory(res: Resolved, plan: Plan, role: str, eff: Efficiency) -> Mem
     if role == Role.REWARD and res.job.judge is not None and dev.kind is DeviceKind.gpu:
         eng = infer_memory(res.arch_of(Role.REWARD), rp.par, dev, eff)  # a judge's engine
         return replace(eng, kv_cache=max(rp.memory_gb - eng.total, 1e-9))
-    return Memory(overhead=rp.memory_gb)
+    return placed_estimate(px, role, rp, shares_slot(plan, role)).memory

@@ -51,8 +51,8 @@ def _by_hand(plan) -> tuple[float, float, float]:
     assert rollout.memory.total + ref.memory.total > dev.memory_gb  # they swap: both onload
     eff = calib.for_device(dev)
     # the engine sleeps and wakes (weights over the host link, KV discarded); the reference
-    # moves all its state
-    onload = engine_swap_time(rollout.memory.weights, eff) + switch_time(ref.memory.total, eff)
+    # copies its weights out and back
+    onload = engine_swap_time(rollout.memory.weights, eff) + switch_time(ref.memory, eff)
     shared = sync + onload + rollout.stage_s["rollout"] + ref.stage_s["score"]
     actor = sum(est[Role.ACTOR].stage_s.values())
     score = max(ref.stage_s["score"], est[Role.ACTOR].stage_s["score"],
@@ -118,9 +118,9 @@ def test_engine_sleeps_and_wakes_where_the_slot_swaps_in_planner_and_simulator()
                + eff.engine_wake_s)
     assert engine == pytest.approx(by_hand, rel=1e-12)
     assert rollout.memory.kv_cache > 0 and engine != pytest.approx(
-        switch_time(rollout.memory.total, eff))
+        switch_time(rollout.memory, eff))
     sim = onload_costs(Pricer(res, calib), plan)
     assert sim[Role.ROLLOUT] == pytest.approx(engine, rel=1e-12)
-    assert sim[Role.REFERENCE] == pytest.approx(switch_time(ref.memory.total, eff), rel=1e-12)
+    assert sim[Role.REFERENCE] == pytest.approx(switch_time(ref.memory, eff), rel=1e-12)
     switch = Pricer(res, calib).slot_switch([Placed(plan.roles[r].slot, e) for r, e in est.items()])
     assert switch["gen"] == pytest.approx(sim[Role.ROLLOUT] + sim[Role.REFERENCE], rel=1e-12)

@@ -9,7 +9,7 @@ import pytest
 from placer.cli import main
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
-from placer.solve.explain import releases
+from placer.solve.booking import releases
 from placer.solve.planner import plan_job
 from placer.solve.pricing import booked_per_hour
 from placer.spec.catalog import resolve, with_nodes

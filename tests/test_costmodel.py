@@ -37,9 +37,11 @@ from placer.cost.model import (
     train_time,
     weight_sync_time,
 )
+from placer.cost.optpark import park_time
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import (
     GB,
+    Memory,
     decode_read_bytes,
     infer_memory,
     kv_bytes_per_token,
@@ -295,8 +297,17 @@ def test_weight_sync_time() -> None:
     assert weight_sync_time(m, 100.0, H100, EFF) < t
 
 
-def test_switch_time_moves_state_at_offload_bandwidth() -> None:
-    assert switch_time(50.0, EFF) == pytest.approx(50 / EFF.offload_gbs)
+def test_switch_time_copies_weights_and_optimizer_out_and_back() -> None:
+    # 10 GB weights + 30 GB optimizer, out and back: 80 GB of copies at offload_gbs; gradients,
+    # activations, KV and overhead are freed or stay, never copied (written out, not re-run)
+    mem = Memory(weights=10.0, grads=10.0, optimizer=30.0, activations=7.0, kv_cache=3.0,
+                 overhead=2.0)
+    assert switch_time(mem, EFF) == pytest.approx(80.0 / EFF.offload_gbs)
+    # one price per GB for every move off a slot: the switch, the engine's sleep and wake and a
+    # parked optimizer are the same round trip
+    assert switch_time(mem, EFF) == pytest.approx(park_time(40.0, EFF))
+    assert engine_swap_time(10.0, EFF) - EFF.engine_sleep_s - EFF.engine_wake_s == \
+        pytest.approx(park_time(10.0, EFF))
 
 
 def test_engine_swap_moves_weights_both_ways_and_pays_fixed_calls() -> None:

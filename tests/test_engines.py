@@ -8,11 +8,12 @@ import pytest
 
 from placer.cost.batching import kv_budget
 from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import can_host
 from placer.cost.generation import kv_capacity_tokens, max_concurrency
 from placer.cost.layercomm import NODE_DEVICES, decode_comm, ep_exchange, pp_send, tp_link
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel, routed_expert_params
-from placer.solve.candidates import can_host, layouts
+from placer.solve.layouts import layouts
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import load_job

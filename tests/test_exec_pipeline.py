@@ -190,7 +190,7 @@ def test_the_planner_offers_one_layer_per_stage() -> None:
     from exec_util import job_dict  # lazy: the helpers load the planner
 
     from placer.api import plan
-    from placer.solve.candidates import _pps
+    from placer.solve.layouts import _pps
     assert _pps(2, 16, per_stage=1) == [1, 2] and _pps(1, 16, per_stage=1) == [1]
     assert _pps(2, 16) == [1] and _pps(4, 16) == [1, 2]
     p = plan(job_dict(pin={"actor": {"pp": 2}}), time_limit=5.0)

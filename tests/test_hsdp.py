@@ -16,7 +16,8 @@ from placer.cost.layercomm import fsdp_calls, fsdp_units, grad_sync_time, hsdp_a
 from placer.cost.model import train_memory, train_time
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel, train_state_bytes
-from placer.solve.candidates import hsdp_layouts, role_candidates
+from placer.solve.candidates import role_candidates
+from placer.solve.layouts import hsdp_layouts
 from placer.solve.moves import dims
 from placer.solve.planfile import Plan, load_plan, save_plan
 from placer.solve.planner import plan_job

@@ -17,7 +17,7 @@ from placer.cost import rollout_tail
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.cost.timing import Placed
-from placer.solve import explain
+from placer.solve import splitwhy
 from placer.solve.assemble import reprice
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
@@ -150,9 +150,9 @@ def test_the_simulator_agrees_with_a_mixed_plan():
 def test_explain_names_the_mixed_rollout():
     plan = mixed_plan()
     px = Pricer(plan.resolved(), Calibration())
-    why = explain.split(plan, px, time_limit_s=10.0)[Role.ROLLOUT]
+    why = splitwhy.split(plan, px, time_limit_s=10.0)[Role.ROLLOUT]
     assert why.shares_with == [Role.ACTOR]
-    text = "\n".join(explain.split_lines(Role.ROLLOUT, why))
+    text = "\n".join(splitwhy.split_lines(Role.ROLLOUT, why))
     assert "mixed rollout: its part on h100" in text and "time-shares its slot with actor" in text
 
 

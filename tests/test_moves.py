@@ -62,6 +62,17 @@ def test_a_config_change_is_a_move_either_way(plan: Plan) -> None:
         "h100 tp1 pp1 dp8 mbs8 offload [train]"
 
 
+def test_a_parking_or_micro_batch_change_is_a_config_move(plan: Plan) -> None:
+    """A trainer that parks its optimizer, or runs another micro-batch, has moved
+    (`problem.layout_key` holds both, so the re-plan's move cost counts them too)."""
+    role = "actor"
+    for update, shown in (({"park_optimizer": True}, " park-optimizer"),
+                          ({"micro_batch": plan.roles[role].micro_batch + 1}, " mbs")):
+        got = moves(plan, _with_role(plan, role, **update))
+        assert set(got) == {role} and got[role].why == "config"
+        assert shown in got[role].after and got[role].before != got[role].after
+
+
 def test_context_and_expert_parallelism_show_and_move(plan: Plan) -> None:
     """cp and ep (and etp) appear where above 1, in Megatron-Core's order; changing them moves
     the role (its actors are built differently), while layouts without them read as before."""
@@ -94,7 +105,7 @@ def test_explain_describes_layouts_the_same_way(plan: Plan) -> None:
     """`placer plan --explain`'s per-role layout uses the same `dims` (cp shown where above 1)."""
     from placer.cost.efficiency import Calibration
     from placer.cost.pricer import Pricer
-    from placer.solve.explain import breakdown
+    from placer.solve.breakdown import breakdown
 
     cp = _with_role(plan, Role.ACTOR, cp=2, dp=4)
     rows = breakdown(cp, Pricer(cp.resolved(), Calibration()))

@@ -16,9 +16,16 @@ from placer.cost.timing import Placed
 from placer.solve.baselines import partitions
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_bound import score
-from placer.solve.ilp_solve import solve
+from placer.solve.ilp_solve import hint_assignment, solve
 from placer.solve.parktwins import PARK_TWINS, park_twins
-from placer.solve.problem import Assignment, Problem, slot_names
+from placer.solve.problem import (
+    Assignment,
+    Hint,
+    Problem,
+    candidate_key,
+    layout_key,
+    slot_names,
+)
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
 
@@ -58,8 +65,9 @@ def test_parking_makes_a_colocated_slot_fit_and_prices_the_copies() -> None:
     px = Pricer(resolve(_job()), Calibration())
     eff = px.calib.for_device(px.res.device_of("h"))
     whole = [Placed("s", _trainer(px, r, False).est) for r in ("actor", "critic")]
-    # 90 GB > 80 GB: the slot switches whole, each member moving all its 45 GB once
-    assert px.slot_switch(whole) == {"s": pytest.approx(90.0 / eff.offload_gbs)}
+    # 90 GB > 80 GB: the slot switches whole, each member copying its 4 GB of weights and 12 GB
+    # of optimizer out and back: 4 x 16 GB of copies
+    assert px.slot_switch(whole) == {"s": pytest.approx(64.0 / eff.offload_gbs)}
     parked = [Placed("s", _trainer(px, r, True).est) for r in ("actor", "critic")]
     # resident 33 + 33, plus one 12 GB optimizer brought back at a time: 78 GB <= 80 GB. Each
     # parked optimizer goes out and back: 4 copies of 12 GB
@@ -69,7 +77,7 @@ def test_parking_makes_a_colocated_slot_fit_and_prices_the_copies() -> None:
     assert px.slot_switch(big) == {"s": pytest.approx(80.0 / eff.offload_gbs)}
     # one member parked: 45 - 12 + 45 + 12 = 90 GB, no better than none; it switches whole
     one = [Placed("s", _trainer(px, "actor", True).est), whole[1]]
-    assert px.slot_switch(one) == {"s": pytest.approx(90.0 / eff.offload_gbs)}
+    assert px.slot_switch(one) == {"s": pytest.approx(64.0 / eff.offload_gbs)}
 
 
 def _brute_force(problem: Problem) -> float:
@@ -99,7 +107,7 @@ def test_ilp_chooses_parking_where_it_wins_and_matches_brute_force() -> None:
     assert score(problem, sol.assignment)[0] == pytest.approx(expect, rel=1e-5)
     assert sol.objective == pytest.approx(expect, rel=1e-4)
     # both on all 8 H100s: sharing them is the only way, and parking (80 GB of copies) beats
-    # the whole switch (90 GB of moves)
+    # the whole switch (2 x (4 + 20) GB out and back each: 96 GB)
     a = sol.assignment
     assert a.slot_of["actor"] == a.slot_of["critic"]
     assert all(c.est.par.park_optimizer for c in a.choice.values())
@@ -157,3 +165,40 @@ def test_explain_note_names_the_parked_state_and_its_cost() -> None:
     note = park_note(plan, plan.resolved(), plan.roles["actor"].slot, 0.5)
     assert note is not None and "actor 1.0 GB per device" in note and "0.50 s per iteration" in note
     assert park_note(plan, plan.resolved(), plan.roles["critic"].slot, 0.5) is None  # parks nothing
+
+
+# A candidate and its parked twin differ only in `park_optimizer`, and two trained layouts may
+# differ only in their micro-batch: `problem.layout_key` tells both apart, so a re-plan's hint
+# finds the very candidate the old plan ran and its move cost counts a change of either.
+
+def test_micro_batch_and_parking_are_part_of_the_key() -> None:
+    base = Parallel(tp=2, dp=4, micro_batch=4)
+    assert layout_key("h", base) == layout_key("h", replace(base))
+    assert layout_key("h", base) != layout_key("h", replace(base, micro_batch=2))
+    assert layout_key("h", base) != layout_key("h", replace(base, park_optimizer=True))
+
+
+def test_the_hint_finds_the_parked_twin_the_old_plan_ran() -> None:
+    """A candidate and its parked twin share every other field; the old plan ran the twin, so
+    the hint must name the twin, not the unparked candidate listed first."""
+    px = Pricer(resolve(_job()), Calibration())
+    cands = {r: [_trainer(px, r, False), _trainer(px, r, True)] for r in ("actor", "critic")}
+    problem = Problem(px, cands)
+    assert candidate_key(cands["actor"][0]) != candidate_key(cands["actor"][1])
+    hint = Hint({r: candidate_key(cs[1]) for r, cs in cands.items()}, [["actor", "critic"]])
+    a = hint_assignment(problem, hint)
+    assert a is not None
+    assert all(a.choice[r] is cs[1] for r, cs in cands.items())
+
+
+def test_the_hint_misses_a_micro_batch_the_new_table_lacks() -> None:
+    """An old plan's micro-batch that the new table does not hold is no warm start (the role
+    moves), rather than a candidate of another micro-batch taken for it."""
+    px = Pricer(resolve(_job()), Calibration())
+    c = _trainer(px, "actor", False)
+    other = Candidate(c.role, c.pool, replace(c.est, par=replace(c.est.par, micro_batch=2)))
+    c4 = Candidate(c.role, c.pool, replace(c.est, par=replace(c.est.par, micro_batch=4)))
+    problem = Problem(px, {"actor": [c4]})
+    assert hint_assignment(problem, Hint({"actor": candidate_key(other)}, [["actor"]])) is None
+    assert hint_assignment(problem, Hint({"actor": candidate_key(c4)}, [["actor"]])) is not None
+

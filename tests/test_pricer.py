@@ -15,7 +15,7 @@ from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
 from placer.cost.timing import Placed
-from placer.solve.candidates import layouts
+from placer.solve.layouts import layouts
 from placer.spec.catalog import Resolved, resolve
 from placer.spec.load import load_job
 

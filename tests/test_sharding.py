@@ -25,7 +25,8 @@ from placer.cost.sharding import (
     routed_expert_params,
     train_state_bytes,
 )
-from placer.solve.candidates import device_counts, layouts, role_candidates
+from placer.solve.candidates import role_candidates
+from placer.solve.layouts import device_counts, layouts
 from placer.solve.planfile import RolePlacement
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve, shipped_devices, shipped_models

@@ -22,11 +22,14 @@ from placer.interop import target_of
 from placer.interop.kuberay import export_kuberay
 from placer.plots import part_labels, placement
 from placer.solve.assemble import assemble, placed_estimate
-from placer.solve.explain import Explanation, booking, breakdown, render, split
+from placer.solve.booking import booking
+from placer.solve.breakdown import breakdown
+from placer.solve.explain import Explanation, render
 from placer.solve.hostmem import plan_nodes
 from placer.solve.moves import layout, moves, role_counts
 from placer.solve.planfile import Plan, RolePart, RolePlacement, SolverInfo, save_plan
 from placer.solve.render import render_frontier, render_plan, where
+from placer.solve.splitwhy import split
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
 from workflows.whatif import placement_summary

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(out)
         return 0
-    from placer.solve.explain import releases
+    from placer.solve.booking import releases
     print(render_plan(plan, [r.line() for r in releases(plan, Pricer(res, calib))]))
     if plan.choice is not None:
         print(render_choice(plan))

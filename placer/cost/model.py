@@ -8,7 +8,8 @@ This module prices training (`train_memory`, `train_time`: 6 or 8 matmul passes 
 device's GEMM ceiling, pipeline bubble, gradient sync, optimizer offload, layer collectives,
 ZeRO-3 gathers), a training framework's forward-only passes (`score_time`), the single
 controller's dispatch of each pass (`dispatch_time`), tool-call waves, weight pushes
-(`transfer_time`), and colocated roles' switches (`switch_time`, `engine_swap_time`). It
+(`transfer_time`), and colocated roles' switches (`switch_time`, `engine_swap_time`, both
+`host_round_trip_time`). It
 re-exports the engine steps (`placer.cost.generation`), the sizes and GEMM rates
 (`placer.cost.roofline`), the layouts (`placer.cost.sharding`) and their collectives
 (`placer.cost.layercomm`), so callers import one module.
@@ -220,9 +221,30 @@ def transfer_time(nbytes: float, path_gbs: float, dst: DeviceType, eff: Efficien
     return t
 
 
-def switch_time(mem_gb: float, eff: Efficiency) -> float:
-    """Offload one role's state to the host and onload the next (colocated roles)."""
-    return mem_gb * GB / (eff.offload_gbs * GB)
+def host_round_trip_time(gb: float, eff: Efficiency) -> float:
+    """Seconds to copy `gb` GB per device to the host and back (every device at once): one copy
+    each way over the host link at `offload_gbs`, one after the other. Every move of state off a
+    colocated slot's devices is priced by it: a role's switch (`switch_time`), an engine's sleep
+    and wake (`engine_swap_time`) and a parked optimizer (`optpark.park_time`). The copies are
+    synchronous and the two directions run at different times (verl offloads after a phase and
+    loads before the next: volcengine/verl verl/workers/fsdp_workers.py `update_actor`, ~894-935
+    at b178a3c, v0.8.0.dev), so a full-duplex link's other direction does not shorten them."""
+    return 2.0 * gb / eff.offload_gbs
+
+
+def switched_gb(mem: Memory) -> float:
+    """GB per device a role copies to the host when it gives its colocated slot up: its weights
+    and its on-device optimizer state. Gradients are freed, not copied (verl's Megatron offload
+    resizes `grad_data` to 0 and re-allocates it zeroed on load, verl/utils/megatron_utils.py
+    `offload_megatron_model_to_cpu` / `load_megatron_model_to_gpu` at b178a3c; its FSDP actor
+    ends `update_policy` with `zero_grad()`); activations and KV caches are discarded."""
+    return mem.weights + mem.optimizer
+
+
+def switch_time(mem: Memory, eff: Efficiency) -> float:
+    """A colocated role's state (`switched_gb`) to the host after its phase and back before its
+    next (`host_round_trip_time`)."""
+    return host_round_trip_time(switched_gb(mem), eff)
 
 
 def engine_swap_time(weights_gb: float, eff: Efficiency) -> float:
@@ -232,4 +254,4 @@ def engine_swap_time(weights_gb: float, eff: Efficiency) -> float:
     `offload_gbs` and pays its fixed cost (`engine_sleep_s`, `engine_wake_s`: pinned-buffer
     allocation, unmapping / re-mapping every allocation); the KV pool is discarded and
     re-allocated, never copied."""
-    return 2 * weights_gb / eff.offload_gbs + eff.engine_sleep_s + eff.engine_wake_s
+    return host_round_trip_time(weights_gb, eff) + eff.engine_sleep_s + eff.engine_wake_s

@@ -16,13 +16,15 @@ less its optimizer state) plus the largest parked state brought back at a time f
 the state's copy to the host and back over the host link once per RL step (`park_time`: the
 optimizer steps of one RL step run back to back with the state on the GPU), and the host memory
 it occupies (`placer.solve.hostmem`). A slot whose members do not fit even so switches whole
-(`timing.slot_switch`), which moves a parked member's optimizer with the rest of its state.
+(`timing.slot_switch`), which moves a parked member's optimizer with its weights, each GB at the
+same price (`model.host_round_trip_time`): parking never costs more than the switch it avoids.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from placer.cost.efficiency import Efficiency
+from placer.cost.model import host_round_trip_time
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 
@@ -46,7 +48,7 @@ def slot_peak_gb(members: Iterable[tuple[float, float]]) -> float:
 
 
 def park_time(parked: float, eff: Efficiency) -> float:
-    """Seconds per RL step to park `parked` GB per device and bring it back: one copy to the
-    host and one back over the host link (`offload_gbs`, every device at once), in sequence with
-    the step (verl loads and offloads synchronously)."""
-    return 2.0 * parked / eff.offload_gbs
+    """Seconds per RL step to park `parked` GB per device and bring it back: the round trip a
+    whole switch pays for the same state (`model.host_round_trip_time`), in sequence with the
+    step (verl loads and offloads synchronously)."""
+    return host_round_trip_time(parked, eff)

@@ -176,19 +176,20 @@ def _part_slot(actor: Placed, rollout: Placed, part: Estimate) -> str:
 def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> float:
     """What one role pays per iteration to give its colocated slot up and take it back: a GPU
     rollout engine sleeps and wakes (`costmodel.engine_swap_time`: its weights over the host
-    link, its KV pool discarded and re-allocated); any other role moves all its state
-    (`costmodel.switch_time`). A generative judge's engines (the reward's estimate then holds a
-    KV pool) sleep and wake as the rollout's do."""
+    link, its KV pool discarded and re-allocated); any other role copies its weights and
+    optimizer state out and back (`costmodel.switch_time`). A generative judge's engines (the
+    reward's estimate then holds a KV pool) sleep and wake as the rollout's do."""
     if dev.kind is DeviceKind.gpu and (role == Role.ROLLOUT or mem.kv_cache > 0):
         return engine_swap_time(mem.weights, eff)
-    return switch_time(mem.total, eff)
+    return switch_time(mem, eff)
 
 
 def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
     """Per slot, what its roles pay per RL step to take turns on its devices: when they do not
     fit together even with parked optimizers (`optpark.slot_peak_gb`), every member's onload
-    (`onload_time`: all its state, a parked optimizer included); else each parked optimizer's
-    copy out and back (`optpark.park_time`). Slots paying nothing are left out."""
+    (`onload_time`: its weights and optimizer, a parked one included, out and back); else each
+    parked optimizer's copy out and back (`optpark.park_time`), the same round trip. Slots
+    paying nothing are left out."""
     res = ctx.res
     by_slot: dict[str, list[Placed]] = defaultdict(list)
     for p in placed:

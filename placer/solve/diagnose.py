@@ -13,7 +13,8 @@ from placer.base.roles import TRAINING_ROLES, Role
 from placer.cost.estimate import HOSTS, can_host
 from placer.cost.generation import lpu_chips
 from placer.cost.pricer import Pricer
-from placer.solve.candidates import layouts, memory_floor_gb, role_candidates
+from placer.solve.candidates import memory_floor_gb, role_candidates
+from placer.solve.layouts import layouts
 from placer.spec.catalog import Resolved, with_nodes
 from placer.spec.hardware import DeviceKind, Pool
 from placer.spec.job import pin_of

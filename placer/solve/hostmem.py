@@ -33,6 +33,7 @@ from placer.base.roles import is_training
 from placer.cost import optpark
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.layercomm import optimizer_gather_time
+from placer.cost.model import switched_gb
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, Memory, weight_tensors
 from placer.cost.sharding import Parallel, train_state_bytes
@@ -111,8 +112,9 @@ def parked_gb(mem: Memory) -> float:
     with `zero_grad()`, at 0081137), not kept. A frozen model
     parks its weights; a GPU rollout engine its weights (vLLM sleep level 1, as
     `costmodel.engine_swap_time` prices it). KV caches and activations are discarded. An
-    offloaded optimizer is on the host already (`offloaded_gb`), not parked again."""
-    return mem.weights + mem.optimizer
+    offloaded optimizer is on the host already (`offloaded_gb`), not parked again. What a
+    switch copies and what it parks are one figure (`model.switched_gb`)."""
+    return switched_gb(mem)
 
 
 def park_budget_gb(res: Resolved, pool_name: str) -> float | None:

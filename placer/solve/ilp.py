@@ -37,119 +37,40 @@ Lower bounds suffice: every bounded quantity only raises the objective, so they 
 optimum. The objectives (time, cost per sample, the sweep): `placer.solve.ilp_solve`. Candidates
 slower or dearer than a feasible plan are dropped before the model is built
 (`placer.solve.ilp_bound`). The time unit is the heuristic plan's time / 1e6; memory is in kB.
+The variables x, z, D and capacity are built in `placer.solve.ilp_vars`; memory, switch, parking
+and host in `placer.solve.ilp_memory`; the rest here.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 from ortools.sat.python import cp_model
 
 from placer.base.roles import Role
-from placer.cost import optpark
-from placer.cost.timing import onload_time
 from placer.solve.candidates import Candidate
-from placer.solve.pricing import device_price
-from placer.solve.problem import (
-    Assignment,
-    Problem,
-    alone,
-    budget_mb,
-    host_mb,
-    slot_devices,
-    slot_names,
-)
+from placer.solve.ilp_memory import SlotMemory
+from placer.solve.ilp_vars import LinExpr
+from placer.solve.problem import Assignment, Problem, slot_names
 
-# A CP-SAT linear expression, or a plain int (an empty sum): the solver takes either.
-LinExpr = cp_model.LinearExpr | int
 WORK_STAGES = ("rollout", "score", "train")
 TIME_STEPS = 1_000_000  # integer time units per upper bound: relative resolution 1e-6
 
 
 # ------------------------------------------------------------------------------------- model
-def _devices_on(c: Candidate, pool: str) -> int:
-    return c.pool_devices().get(pool, 0)
-
-
-class _Model:
-    """The CP-SAT model of one `Problem` (see the module docstring for the formulation)."""
+class _Model(SlotMemory):
+    """The CP-SAT model of one `Problem` (see the module docstring for the formulation): the
+    variables (`ilp_vars`), the slots' memory (`ilp_memory`), the stage work, the weight sync,
+    the tool calls and the iteration time."""
 
     def __init__(self, problem: Problem, unit_s: float, lazy_tools: bool = False) -> None:
-        self.p, self.unit, self.lazy_tools = problem, unit_s, lazy_tools
-        self.m = cp_model.CpModel()
-        self.roles = problem.roles
-        self.pools = [pl.name for pl in problem.res.cluster.pools]
+        self.lazy_tools = lazy_tools
         self.tool_top = 0
-        self._choices()
-        self._slots()
-        self._capacity()
+        super().__init__(problem, unit_s)
         self._work()
         self._memory()
         self._sync()
         self._tools()
         self._iteration()
-
-    def ti(self, seconds: float) -> int:
-        return int(round(seconds / self.unit))
-
-    def _choices(self) -> None:
-        m = self.m
-        self.x = {r: [m.new_bool_var(f"x[{r},{i}]") for i in range(len(self.p.cands[r]))]
-                  for r in self.roles}
-        for r in self.roles:
-            m.add_exactly_one(self.x[r])
-
-    def on_pool(self, r: str, pool: str) -> LinExpr:
-        """1 when role `r`'s chosen candidate is on `pool` (what it counts there is `expr`'s)."""
-        return sum(v for c, v in zip(self.p.cands[r], self.x[r]) if c.pool == pool)
-
-    def expr(self, r: str, coef: Callable[[Candidate], int]) -> LinExpr:
-        return sum(coef(c) * v for c, v in zip(self.p.cands[r], self.x[r]))
-
-    def _slots(self) -> None:
-        m, R = self.m, self.roles
-        self.z = {(r, j): m.new_bool_var(f"z[{r},{j}]") for i, r in enumerate(R) for j in R[:i + 1]}
-        for i, r in enumerate(R):
-            m.add_exactly_one(self.z[r, j] for j in R[:i + 1])
-            for c, v in zip(self.p.cands[r], self.x[r]):
-                if c.colocated:  # not alone: it shares its slot (on its first part's pool)
-                    m.add_bool_or([v.Not(), self.z[r, r].Not(),
-                                   *(self.z[later, r] for later in R[i + 1:])])
-                elif c.split:  # alone in its own slot
-                    m.add_implication(v, self.z[r, r])
-                    for later in R[i + 1:]:
-                        m.add_implication(self.z[later, r], v.Not())
-            for j in R[:i]:
-                m.add_implication(self.z[r, j], self.z[j, j])
-                for pool in self.pools:  # a slot is on one pool: its members follow its leader
-                    m.add(self.on_pool(r, pool) == self.on_pool(j, pool)).OnlyEnforceIf(self.z[r, j])
-        for group in self.p.px.colocated_roles():  # shared engines: one slot, the first's
-            first, *rest = [r for r in group if r in R]
-            for r in rest:
-                for j in R[:R.index(first) + 1]:
-                    m.add(self.z[r, j] == self.z[first, j])
-
-    def members(self, j: str) -> list[str]:
-        return [r for r in self.roles if (r, j) in self.z]
-
-    def _capacity(self) -> None:
-        m, cap = self.m, self.p.capacity()
-        self.D: dict[tuple[str, str], cp_model.IntVar] = {}
-        for j in self.roles:  # a mixed rollout's slot holds devices on its parts' pools too
-            for pool in sorted({p for c in self.p.cands[j] for p in c.pool_devices()}
-                               | {p for r in self.members(j) for c in self.p.cands[r]
-                                  if c.colocated for p in c.pool_devices()}):
-                d = self.D[j, pool] = m.new_int_var(0, cap[pool], f"D[{j},{pool}]")
-                for r in self.members(j):
-                    m.add(d >= self.expr(r, partial(_devices_on, pool=pool))
-                          ).OnlyEnforceIf(self.z[r, j])
-        for pool in self.pools:
-            m.add(sum(d for (j, pl), d in self.D.items() if pl == pool) <= cap[pool])
-        price = {pl: int(device_price(self.p.res, pl, units=True)) for pl in self.pools}
-        self.price = price
-        self.rate = sum(price[pl] * d for (j, pl), d in self.D.items())
-        self.rate_max = sum(price[pl] * cap[pl] for pl in self.pools)
-        self.devices = sum(self.D.values())
 
     def _work(self) -> None:
         m = self.m
@@ -169,162 +90,6 @@ class _Model:
 
     def _stage_units(self, stage: str, c: Candidate) -> int:
         return self.ti(c.est.stage_s.get(stage, 0.0))
-
-    def _mem_kb(self, c: Candidate) -> int:
-        """kB per device the candidate holds on its slot's pool beside the slot's other members
-        (a mixed rollout's: its shared part's; a parked optimizer left out: `optpark.resident_gb`)."""
-        if alone(c) or self.p.res.device_of(c.pool).host_backed:
-            return 0  # host-RAM slots never pay a switch (timing.slot_switch); a split role is alone
-        return int(round(optpark.resident_gb(c.est.memory, c.est.par) * 1e6))
-
-    def _park_kb(self, c: Candidate) -> int:
-        return int(round(optpark.parked_gb(c.est.memory, c.est.par) * 1e6))
-
-    def _switch(self, c: Candidate) -> int:
-        if alone(c) or self.p.res.device_of(c.pool).host_backed:
-            return 0
-        dev = self.p.res.device_of(c.pool)
-        once = onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev))
-        return self.ti(once * self.p.px.onloads_per_step(c.est.role))
-
-    def _park(self, c: Candidate) -> int:
-        """Time units of the candidate's parked optimizer's copy out and back per RL step."""
-        if not c.est.par.park_optimizer:
-            return 0
-        dev = self.p.res.device_of(c.pool)
-        eff = self.p.calib.for_device(dev)
-        return self.ti(optpark.park_time(optpark.parked_gb(c.est.memory, c.est.par), eff))
-
-    def _memory(self) -> None:
-        """not over_j => every member's resident memory plus any one member's parked optimizer
-        fits (`optpark.slot_peak_gb`: one bound per member keeps the max linear) and each
-        parked member pays its copy out and back; over_j => every member pays its onload."""
-        m = self.m
-        self.SW: dict[str, LinExpr] = {}
-        # several agents' engines onload as their rollouts run, one after another: their
-        # onloads add over slots (SWR); every other member's follow the slot rule (SWN_j)
-        seq = set(self.p.px.sequential_rollouts())
-        self.SWN: dict[str, LinExpr] = {}
-        self.SWR: LinExpr = 0
-        for j in self.roles:
-            if len(self.members(j)) < 2:
-                for c, x in zip(self.p.cands[j], self.x[j]):
-                    if c.est.par.park_optimizer:  # alone it fits unparked: never worth it
-                        m.add_implication(x, self.z[j, j].Not())
-                self.SW[j] = self.SWN[j] = 0
-                continue
-            over = m.new_bool_var(f"over[{j}]")
-            mm, sw, pk = [], [], {}
-            for r in self.members(j):
-                a = m.new_int_var(0, max(self._mem_kb(c) for c in self.p.cands[r]), f"mm[{r},{j}]")
-                m.add(a >= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
-                mm.append(a)
-                top = max(max(self._switch(c), self._park(c)) for c in self.p.cands[r])
-                v = m.new_int_var(0, top, f"v[{r},{j}]")
-                m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
-                if any(self._park(c) for c in self.p.cands[r]):
-                    m.add(v >= self.expr(r, self._park)).OnlyEnforceIf([self.z[r, j], over.Not()])
-                    for c, x in zip(self.p.cands[r], self.x[r]):
-                        if c.est.par.park_optimizer:  # a whole switch moves it anyway: the
-                            # plan says so with the unparked twin, which prices the same
-                            m.add_bool_or([x.Not(), self.z[r, j].Not(), over.Not()])
-                    pk[r] = self._at_least(r, j, "pk", [self._park_kb(c) for c in self.p.cands[r]])
-                sw.append(v)
-                if r in seq:
-                    self.SWR += v
-            cap = sum(int(self.p.res.device_of(pl).memory_gb * 1e6) * self.on_pool(j, pl)
-                      for pl in self.pools)
-            m.add(sum(mm) <= cap).OnlyEnforceIf(over.Not())
-            for p in pk.values():
-                m.add(sum(mm) + p <= cap).OnlyEnforceIf(over.Not())
-            if pk:
-                self._over_only_if_over(j, over, mm, list(pk.values()), cap)
-            self.SW[j] = sum(sw)
-            self.SWN[j] = (self.SW[j] if not seq else
-                           sum(v for r, v in zip(self.members(j), sw) if r not in seq))
-            self._host(j, over)
-
-    def _over_only_if_over(self, j: str, over: cp_model.IntVar, mm: list[cp_model.IntVar],
-                           pk: list[cp_model.IntVar], cap: LinExpr) -> None:
-        """over_j => the slot's peak exceeds the device. Parking can cost more than the whole
-        switch it avoids (both copies of the optimizer against one of all the state), so with a
-        parked member the solver must not call a slot over that fits: the memory terms are
-        pinned to their values (0 off the slot) and the peak's max is exact."""
-        m = self.m
-        for r, a in zip(self.members(j), mm):
-            m.add(a <= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
-            m.add(a == 0).OnlyEnforceIf(self.z[r, j].Not())
-        owners = [r for r in self.members(j) if any(self._park(c) for c in self.p.cands[r])]
-        for r, p in zip(owners, pk):
-            m.add(p <= self.expr(r, self._park_kb)).OnlyEnforceIf(self.z[r, j])
-            m.add(p == 0).OnlyEnforceIf(self.z[r, j].Not())
-        top = max(self._park_kb(c) for r in owners for c in self.p.cands[r])
-        peak = m.new_int_var(0, top, f"peak[{j}]")
-        m.add_max_equality(peak, pk)
-        m.add(sum(mm) + peak >= cap + 1).OnlyEnforceIf(over)
-        # a parked twin only where its slot would not fit with every optimizer resident: else
-        # it buys nothing and costs its copies (which a slower slot's switch can hide, a tie
-        # the plan would then report as parking)
-        whole = []
-        for r in self.members(j):
-            t = m.new_int_var(0, max(self._total_kb(c) for c in self.p.cands[r]), f"tot[{r},{j}]")
-            m.add(t == self.expr(r, self._total_kb)).OnlyEnforceIf(self.z[r, j])
-            m.add(t == 0).OnlyEnforceIf(self.z[r, j].Not())
-            whole.append(t)
-        for r in owners:
-            for c, x in zip(self.p.cands[r], self.x[r]):
-                if c.est.par.park_optimizer:
-                    m.add(sum(whole) >= cap + 1).OnlyEnforceIf([x, self.z[r, j]])
-
-    def _total_kb(self, c: Candidate) -> int:
-        return self._mem_kb(c) + self._park_kb(c) if self._mem_kb(c) else 0
-
-    def _host(self, j: str, over: cp_model.IntVar) -> None:
-        """over_j => for every member r, the other members' parked state plus every member's
-        offloaded optimizer (MB over each member's devices) fits `hostmem.park_budget_gb` per
-        device of the slot: sum - min is the largest sum - h_r, so one bound per member keeps it
-        linear; not over_j => the parked optimizers plus the offloaded ones fit it. The slot's
-        devices M_j are its largest member's (`assemble`): M_j >= every member's n and
-        M_j <= the n of one member the solver names."""
-        m, res = self.m, self.p.res
-        budget = {pl: b for pl in self.pools if (b := budget_mb(res, pl)) is not None}
-        if not budget:
-            return
-        members = self.members(j)
-        top = max(slot_devices(c) for r in members for c in self.p.cands[r])
-        size = m.new_int_var(0, top, f"M[{j}]")
-        largest = {r: m.new_bool_var(f"largest[{r},{j}]") for r in members}
-        park: dict[str, cp_model.IntVar] = {}
-        held: list[cp_model.IntVar] = []
-        opt: list[cp_model.IntVar] = []
-        for r in members:
-            n = self.expr(r, slot_devices)
-            m.add(size >= n).OnlyEnforceIf(self.z[r, j])
-            m.add(size <= n).OnlyEnforceIf(largest[r])
-            m.add_implication(largest[r], self.z[r, j])
-            parked, offloaded, opt_mb = zip(*(host_mb(res, c) for c in self.p.cands[r]))
-            park[r] = self._at_least(r, j, "park", list(parked))
-            held.append(self._at_least(r, j, "off", list(offloaded)))
-            if any(opt_mb):
-                opt.append(self._at_least(r, j, "opt", list(opt_mb)))
-        m.add(sum(largest.values()) == self.z[j, j])  # one names the size of a slot in use
-        for pl, b in budget.items():
-            if not any(c.pool == pl for c in self.p.cands[j]):
-                continue  # the slot is never on this pool
-            here = m.new_bool_var(f"on[{j},{pl}]")
-            m.add(self.on_pool(j, pl) == 1).OnlyEnforceIf(here)
-            m.add(self.on_pool(j, pl) == 0).OnlyEnforceIf(here.Not())
-            for r in park:
-                others = sum(v for q, v in park.items() if q != r)
-                m.add(others + sum(held) <= b * size).OnlyEnforceIf([self.z[r, j], over, here])
-            if opt:
-                m.add(sum(opt) + sum(held) <= b * size).OnlyEnforceIf([over.Not(), here])
-
-    def _at_least(self, r: str, j: str, name: str, values: list[int]) -> cp_model.IntVar:
-        """A variable >= values[k] for role r's chosen candidate k while r sits in slot j."""
-        v = self.m.new_int_var(0, max(values), f"{name}[{r},{j}]")
-        self.m.add(v >= sum(a * x for a, x in zip(values, self.x[r]))).OnlyEnforceIf(self.z[r, j])
-        return v
 
     def _sync(self) -> None:
         """Y >= the weight-sync time of every chosen (actor, rollout) pair, same slot or not

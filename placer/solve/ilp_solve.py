@@ -15,9 +15,10 @@ B only below that rate); the best product is kept, and the walk is optimal once 
 under the cap. `--sweep` is the same walk, filtered to the (T, cost per sample) frontier.
 
 Re-planning passes a `Hint`: the old placement seeds CP-SAT (add_hint) and every role whose
-candidate config (pool, TP/PP/DP, offload) changes costs `move_cost_s` in the objective; what
-moved between two plans is reported by `placer.solve.moves`. Every solve uses a fixed seed and at
-most `workers` search workers; the time limit covers the whole call.
+candidate config (`problem.layout_key`: pool, layout, offload, micro-batch, parked optimizer)
+changes costs `move_cost_s` in the objective; what moved between two plans is reported by
+`placer.solve.moves`. Every solve uses a fixed seed and at most `workers` search workers; the
+time limit covers the whole call.
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ from ortools.sat.python import cp_model
 
 from placer.base.roles import Role
 from placer.solve.candidates import Candidate
-from placer.solve.ilp import TIME_STEPS, LinExpr, _Model
+from placer.solve.ilp import TIME_STEPS, _Model
 from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
+from placer.solve.ilp_vars import LinExpr
 from placer.solve.pricing import PRICE_SCALE
 from placer.solve.problem import (
     Assignment,

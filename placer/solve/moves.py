@@ -68,7 +68,8 @@ def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
 
 
 def layout(plan: Plan, role: str) -> str:
-    """A role's actors: `pool tpT ppP dpN` (`dims`: cp and ep where above 1; + ` offload`), or
+    """A role's actors: `pool tpT ppP dpN` (`dims`: cp and ep where above 1; + ` offload`,
+    + ` park-optimizer` where its optimizer is parked between phases), or
     "absent" when the plan lacks it; a role split over pools: each part's `pool tpT ppP dpN`
     joined by " + " (a new share of the samples alone is no move: the same actors serve it)."""
     x = plan.roles.get(role)
@@ -76,7 +77,8 @@ def layout(plan: Plan, role: str) -> str:
         return ABSENT
     if x.parts:  # split over pools: each part's actors on its pool (its share is not a layout)
         return " + ".join(f"{p.pool} {dims(p.par)}" for p in x.parts)
-    return f"{x.pool} {dims(x, role_counts(plan)[role])}" + (" offload" if x.offload else "")
+    return (f"{x.pool} {dims(x, role_counts(plan)[role])}" + (" offload" if x.offload else "")
+            + (" park-optimizer" if x.park_optimizer else ""))
 
 
 def partners(plan: Plan, role: str) -> frozenset[str]:

@@ -104,16 +104,20 @@ class Solution:
     solve_s: float
 
 
-# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none), data-parallel attention
-Layout = tuple[str, int, int, int, int, int, int, bool, int, int]
+# pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none), data-parallel attention,
+# micro-batch (0: token-budgeted), optimizer parked
+Layout = tuple[str, int, int, int, int, int, int, bool, int, int, int, bool]
 # a role's layout; a split role's: one per part
 LayoutKey = Layout | tuple[Layout, ...]
 
 
 def layout_key(pool: str, par: Parallel) -> Layout:
-    """What a role keeps when it does not move: its pool and its parallel layout."""
+    """What a role keeps when it does not move: its pool, its parallel layout and the trainer's
+    choices priced with it (micro-batch, optimizer parked); a candidate and its parked twin
+    (`placer.solve.parktwins`) differ only in the last, and `placer.solve.moves` reports a
+    change of either."""
     return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
-            par.shard_dp if par.hsdp else 0, par.attn_dp)
+            par.shard_dp if par.hsdp else 0, par.attn_dp, par.micro_batch, par.park_optimizer)
 
 
 def candidate_key(c: Candidate) -> LayoutKey:
@@ -178,7 +182,7 @@ def keeps_groups(problem: Problem, a: Assignment) -> bool:
 
 
 def host_fits(problem: Problem, a: Assignment) -> bool:
-    """Whether a placement keeps to the model's host-memory rule (`_Model._host`): every slot
+    """Whether a placement keeps to the model's host-memory rule (`SlotMemory._host`): every slot
     whose members do not fit on its devices together parks all but its smallest member, plus
     its members' offloaded optimizer state, within `hostmem.park_budget_gb` per slot device
     (each member spread over the slot's devices, its largest member's count, as

@@ -12,8 +12,8 @@ from placer.solve.pricing import usd_per_hour
 
 
 def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
-    """The readable table of one plan; `release` lines (`placer.solve.explain.releases`) follow the
-    booked-against-used cost."""
+    """The readable table of one plan; `release` lines (`placer.solve.booking.releases`) follow
+    the booked-against-used cost."""
     s = plan.solver
     job = plan.spec
     unit = "s" if plan.objective == "time" else "USD/sample"
