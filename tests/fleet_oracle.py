@@ -51,8 +51,9 @@ def violations(pr: AllocProblem, vectors: list[Vec]) -> list[str]:
 
 
 def _tail(pr: AllocProblem, j: int, p: int) -> bool:
-    """Whether job j shares pool p with an earlier job (the group's count is that job's)."""
-    return any(g.pool == p and j in g.members and j != min(g.members) for g in pr.shared)
+    """Whether job j shares pool p and is not its group's first member (the group's count is
+    that member's: the charged one)."""
+    return any(g.pool == p and j in g.members and j != g.members[0] for g in pr.shared)
 
 
 def brute_force(pr: AllocProblem, time_of: Callable[[int, Vec], float | None]
@@ -75,13 +76,15 @@ def brute_force(pr: AllocProblem, time_of: Callable[[int, Vec], float | None]
     return best
 
 
-def random_fleet(seed: int, objective: str, twins: bool = False, shared: bool = False
-                 ) -> tuple[AllocProblem, Callable[[int, Vec], float | None]]:
+def random_fleet(seed: int, objective: str, twins: bool = False, shared: bool = False,
+                 charged: int = 0) -> tuple[AllocProblem, Callable[[int, Vec], float | None]]:
     """2-3 jobs, 2 pools of 1-4 nodes, 1-3 teams (a cohort or none), synthetic times that
     never grow with more nodes: T = c / (sum_p s_p a_p)^alpha + d, None below a need.
     `twins`: the first job is repeated once or twice as the same kind (one time function, the
     same team, weight and limits), so the model's symmetry breaking is exercised. `shared`: the
-    first two jobs are of one team and share pool p1 (their grids' p1 axes the team's)."""
+    first two jobs are of one team and share pool p1 (their grids' p1 axes the team's), the
+    group's count charged to job `charged` (0 or 1; a shared rollout pool charges the first of
+    its `charge` team's members, who need not come first)."""
     rng = random.Random(seed)
     pools = ("p0", "p1")
     nodes = tuple(rng.randint(2, 5) for _ in pools)
@@ -116,5 +119,5 @@ def random_fleet(seed: int, objective: str, twins: bool = False, shared: bool = 
         work = sum(si * ai for si, ai in zip(s, a))
         return None if work < need else c / work ** alpha + d
 
-    groups = (ShareGroup(1, (0, 1)),) if shared else ()
+    groups = (ShareGroup(1, (charged, 1 - charged)),) if shared else ()
     return AllocProblem(pools, nodes, teams, jobs, objective, time_of, shared=groups), time_of

@@ -99,12 +99,12 @@ def test_explain_says_a_role_was_pinned(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("pin, needle", [
-    ({"actor": {"tpp": 2}}, "pin.actor.tpp: unknown key; expected one of pool, devices, tp, pp, dp, "
+    ({"actor": {"tpp": 2}}, "pin.actor.tpp: unknown key; expected one of pool, avoid, devices, tp, pp, dp, "
                             "cp, ep"),
     ({"actr": {"tp": 2}}, "pin.actr: unknown key; expected one of actor, rollout, reference"),
     ({"actor": {"tp": 0}}, "pin.actor.tp: Input should be greater than 0 (got 0)"),
     ({"actor": {"tp": "2"}}, "pin.actor.tp: Input should be a valid integer (got '2')"),
-    ({"actor": {}}, "pin.actor: a pin fixes at least one of pool, devices"),
+    ({"actor": {}}, "pin.actor: a pin fixes at least one of pool, avoid, devices"),
     ({"actor": {"devices": 3, "tp": 2}}, "pin.actor: devices 3 is not a multiple of tp = 2"),
     ({"critic": {"tp": 1}}, "pin.critic: the job runs no critic (its roles: actor, rollout, "
                             "reward) (got 'tp 1')"),

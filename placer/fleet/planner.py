@@ -19,6 +19,7 @@ from placer.cost.efficiency import Calibration
 from placer.fleet.alloc import AllocProblem, NoAllocation, OutOfTime, Vec, allocate, solve_round
 from placer.fleet.inner import JobPlanner, alloc_problem
 from placer.fleet.result import FleetResult, JobResult, SharedUse, team_usage
+from placer.fleet.sharedplan import SharedRollouts, rollout_uses
 from placer.fleet.spec import Fleet
 from placer.solve.planfile import Plan
 from placer.spec.job import Job
@@ -43,11 +44,12 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
     if progress is not None:
         progress(f"fleet: {len(fleet.jobs)} jobs: their allocation grids, then each on all its "
                  "team may hold")
-    pr = alloc_problem(planner)
+    rollouts = SharedRollouts(planner)
+    pr = rollouts.extend(alloc_problem(planner))
     if progress is not None:
         progress(f"fleet: grids of {sum(len(job.grid) for job in pr.jobs)} allocations; "
                  f"{len(set(planner.kind_of))} kinds of job to plan")
-    _check_jobs(pr, planner)
+    _check_jobs(pr, planner, rollouts)
     if progress is not None:
         progress(f"fleet: {pr.evaluated()} job plans priced on their caps")
 
@@ -64,10 +66,12 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
         raise Infeasible(f"{e}; a longer --time-limit may find one") from None
     except NoAllocation as e:
         raise Infeasible(diagnose(pr, planner, str(e))) from None
-    jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plan(j, v))
+    jobs = [JobResult.of(fj, planner.nodes_of(v), rollouts.plan(j, v))
             for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
+    jobs, engines = rollout_uses(rollouts, jobs, a.vectors, a.times)
     shared = []
-    for g in pr.shared:  # each member's cost: its time shared against alone on its nodes
+    cpu_groups = pr.shared[:len(pr.shared) - len(rollouts.groups)]
+    for g in cpu_groups:  # each member's cost: its time shared against alone on its nodes
         alone = [planner.alone(j, a.vectors[j]) for j in g.members]
         for j, t in zip(g.members, alone):
             jobs[j] = replace(jobs[j], shared_pool=pr.pools[g.pool], alone_iteration_s=t,
@@ -75,10 +79,11 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
         shared.append(SharedUse(pr.pools[g.pool], a.vectors[g.members[0]][g.pool],
                                 [jobs[j].name for j in g.members],
                                 [jobs[j].iteration_s for j in g.members], alone))
-    inner_gap = max(planner.plan(j, v).solver.gap for j, v in enumerate(a.vectors))
+    inner_gap = max(rollouts.plan(j, v).solver.gap for j, v in enumerate(a.vectors))
     return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, a.vectors),
                        a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
-                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s, shared)
+                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s, shared,
+                       engines)
 
 
 def as_written(plan: Plan, job: Job) -> Plan:
@@ -94,7 +99,7 @@ def _nodes(planner: JobPlanner, a: Vec) -> str:
                      if n) or "no nodes"
 
 
-def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
+def _check_jobs(pr: AllocProblem, planner: JobPlanner, rollouts: SharedRollouts) -> None:
     """Each job alone on the most its team may hold: placed, and within its limits."""
     pr.fetch([(j, max(job.grid, key=sum)) for j, job in enumerate(pr.jobs) if job.grid])
     for j, job in enumerate(pr.jobs):
@@ -106,7 +111,7 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
         if t is None:
             raise Infeasible(f"job {job.name}: cannot be placed even on all its team "
                              f"{job.team} may hold ({_nodes(planner, top)}): "
-                             f"{planner.reason(j, top)}")
+                             f"{rollouts.reason(j, top)}")
         if job.max_iteration_s is not None and t > job.max_iteration_s:
             raise Infeasible(f"job {job.name}: misses its deadline or minimum throughput even on "
                              f"all its team {job.team} may hold ({_nodes(planner, top)}): an "

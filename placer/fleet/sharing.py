@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
+from placer.fleet.rolloutpool import SharedRolloutPoolDecl, charged_first, rollout_errors
 from placer.spec.base import Strict
 from placer.spec.job import Job
 
@@ -47,6 +48,9 @@ class Shared(Strict):
     cpu_pools: list[SharedCpuPoolDecl] = Field(default_factory=list,
                                                description="CPU environment pools shared by "
                                                            "jobs")
+    rollout_pools: list[SharedRolloutPoolDecl] = Field(
+        default_factory=list, description="inference engines time-shared by jobs rolling out "
+                                          "one model (`placer.fleet.rolloutpool`)")
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,29 @@ def shared_job(job: Job, mates: list[Job]) -> Job:
     return job.model_copy(update={"environment": env})
 
 
-def shared_errors(s: Shared, jobs: dict[str, str], pools: list[str], source: str) -> list[str]:
-    """One line per mistake in `shared` (`jobs`: fleet name -> team)."""
+def groups_of(s: Shared | None, pools: list[str], names: list[str], teams: dict[str, str]
+              ) -> tuple[ShareGroup, ...]:
+    """Every shared pool of `s` as the allocation's groups: CPU pools' members in fleet order,
+    a rollout pool's with the charged team's first (`rolloutpool.charged_first`)."""
+    if s is None:
+        return ()
+    out = [ShareGroup(pools.index(cp.pool), tuple(sorted(names.index(n) for n in cp.jobs)))
+           for cp in s.cpu_pools]
+    for rp in s.rollout_pools:
+        ordered = charged_first([n for n in names if n in rp.jobs], teams, rp.charge)
+        out.append(ShareGroup(pools.index(rp.pool), tuple(names.index(n) for n in ordered)))
+    return tuple(out)
+
+
+def shared_errors(s: Shared, jobs: dict[str, Job], teams: dict[str, str], pools: list[str],
+                  source: str) -> list[str]:
+    """One line per mistake in `shared` (`jobs`: fleet name -> job; `teams`: -> its team)."""
+    out = _cpu_errors(s, teams, pools, source)
+    taken = {n: f"shared.cpu_pools.{i}" for i, cp in enumerate(s.cpu_pools) for n in cp.jobs}
+    return out + rollout_errors(s.rollout_pools, jobs, teams, pools, taken, source)
+
+
+def _cpu_errors(s: Shared, jobs: dict[str, str], pools: list[str], source: str) -> list[str]:
     out = []
     seen: dict[str, int] = {}
     for i, cp in enumerate(s.cpu_pools):

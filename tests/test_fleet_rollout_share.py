@@ -1,0 +1,202 @@
+"""A rollout pool shared by a fleet's jobs (`shared.rollout_pools`): a member's iteration priced by
+hand from the cost model's functions (its plan with the rollout on the engines, plus the other
+member's generation and one weight swap), sharing that loses where engines are plentiful, sharing
+that alone lets the fleet fit, the brute-force oracle with the group charged to its second job,
+and bad `shared.rollout_pools` input as one line each."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from fleet_oracle import brute_force, random_fleet, violations
+
+from placer.base.errors import Infeasible
+from placer.cli import main
+from placer.cost.calibration import load_calibration
+from placer.cost.model import sync_call_cost, weight_sync_time
+from placer.cost.pricer import Pricer
+from placer.cost.timing import sync_calls, sync_links
+from placer.fleet.alloc import NoAllocation, allocate
+from placer.fleet.planner import plan_fleet
+from placer.fleet.result import FleetResult
+from placer.fleet.spec import fleet_from_dict
+from placer.solve.candidates import role_candidates
+from placer.solve.planner import plan_job
+from placer.spec.catalog import with_nodes
+from placer.spec.job import Job
+from placer.spec.pins import Pin, Pins
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# the tiny GRPO job with long responses, so that generation weighs in its iteration
+JOB = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+JOB.pop("cluster")
+JOB["lengths"]["response"]["value"] = 1024
+
+
+def _fleet(share: bool = True, pin: bool = False, gpu: int = 2) -> dict:
+    """Jobs x and y (the job above) of team a on `gpu` emulated-GPU nodes for their trainers and
+    one H100 node for inference engines; `pin`: both pin their rollout to the H100 pool."""
+    job = copy.deepcopy(JOB)
+    if pin:
+        job["pin"] = {"rollout": {"pool": "eng"}}
+    doc: dict = {
+        "name": "rollshare",
+        "cluster": {"pools": [
+            {"name": "gpu", "device": "emu-gpu", "devices_per_node": 2, "nodes": gpu},
+            {"name": "eng", "device": "H100-SXM", "devices_per_node": 8, "nodes": 1},
+            {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 1, "nodes": 2}]},
+        "teams": {"a": {"quota": {"gpu": {"nominal": gpu}, "eng": {"nominal": 1},
+                                  "cpu": {"nominal": 2}}}},
+        "jobs": [{"name": n, "team": "a", "job": copy.deepcopy(job)} for n in ("x", "y")],
+    }
+    if share:
+        doc["shared"] = {"rollout_pools": [{"pool": "eng", "jobs": ["x", "y"]}]}
+    return doc
+
+
+@pytest.fixture(scope="module")
+def shared() -> FleetResult:
+    return plan_fleet(fleet_from_dict(_fleet(), EXAMPLES, "t"), load_calibration(None),
+                      workers=1)
+
+
+def _by_hand(job: Job, nodes: dict[str, int]) -> float:
+    """A member's sync iteration on one H100 engine node shared with one identical job, from
+    the cost model's own functions: its plan with the rollout on the engines and its other roles
+    off them, plus the other's generation (its rollout's fastest candidate on the node) and one
+    swap of the model into the engines (the weight sync over the node's fabric)."""
+    calib = load_calibration(None)
+    pins = Pins(rollout=Pin(pool="eng"), actor=Pin(avoid=["eng"]),
+                reference=Pin(avoid=["eng"]), reward=Pin(avoid=["eng"]),
+                environment=Pin(avoid=["eng"]))
+    own = plan_job(Pricer(with_nodes(job.model_copy(update={"pin": pins}), nodes), calib),
+                   time_limit_s=5, workers=1)
+    px = Pricer(with_nodes(job, {"eng": 1}), calib)
+    eng = px.res.cluster.pool("eng")
+    other = min(c.time_s for c in role_candidates(px, "rollout", eng) if c.est.feasible)
+    eff = px.eff(eng)
+    m = px.res.arch_of("rollout")
+    links = sync_links(px.res, "eng", 8, 1, "eng", 8, 1, False, eff)
+    swap = weight_sync_time(m, min(links.values()), px.res.device_of(eng), eff,
+                            sync_calls(m, 1, eff), sync_call_cost(m, eff))
+    return own.predicted_iteration_s + other + swap
+
+
+def test_member_priced_by_hand(shared: FleetResult) -> None:
+    """Each member's iteration is its own plan on its nodes plus the other's generation and one
+    swap (sync pipeline: the queue adds to the chain); the engines count once."""
+    fleet = fleet_from_dict(_fleet(), EXAMPLES, "t")
+    for j in shared.jobs:
+        assert j.rollout_pool == "eng" and j.nodes["eng"] == 1
+        nodes = {"gpu": j.nodes.get("gpu", 0), "eng": 1, "cpu": j.nodes.get("cpu", 0)}
+        assert j.iteration_s == pytest.approx(_by_hand(fleet.jobs[0].job, nodes), rel=1e-9)
+        assert j.plan.roles["rollout"].pool == "eng"
+        assert all(r.pool != "eng" for name, r in j.plan.roles.items() if name != "rollout")
+    assert [u.used for u in shared.usage if u.pool == "eng"] == [1]
+    engines = shared.engines[0]
+    assert (engines.pool, engines.nodes, engines.team) == ("eng", 1, "a")
+    for m in engines.members:
+        assert m.iteration_s > m.alone_iteration_s
+        assert m.queue_s == pytest.approx(m.generation_s + engines.swap_s)
+
+
+def test_sharing_loses_where_engines_are_plentiful(shared: FleetResult) -> None:
+    """With two trainer nodes each job can have a node of its own and the H100 node to one of
+    them: unshared, no job queues behind the other's generation, and the fleet runs more
+    iterations an hour than shared (sum of 3600 / the hand-priced times)."""
+    alone = plan_fleet(fleet_from_dict(_fleet(share=False), EXAMPLES, "t"),
+                       load_calibration(None), workers=1)
+    assert alone.optimal and shared.optimal
+    assert shared.value == pytest.approx(sum(3600 / j.iteration_s for j in shared.jobs))
+    assert alone.value > shared.value
+    doc = shared.to_dict()
+    assert doc["shared_rollout"][0]["jobs"][0]["job"] == "x"
+    assert "shared rollout engines eng x1" in shared.render()
+
+
+def test_only_sharing_fits() -> None:
+    """Both jobs generate on the H100 pool (pinned) and it has one node: each needs it, so
+    unshared they do not fit (exit 3's diagnosis names the pool); shared they do, the node
+    counted once against the team's quota."""
+    calib = load_calibration(None)
+    with pytest.raises(Infeasible, match="pool eng"):
+        plan_fleet(fleet_from_dict(_fleet(share=False, pin=True), EXAMPLES, "t"), calib,
+                   workers=1)
+    res = plan_fleet(fleet_from_dict(_fleet(pin=True), EXAMPLES, "t"), calib, workers=1)
+    assert {j.name: j.nodes["eng"] for j in res.jobs} == {"x": 1, "y": 1}
+    assert [u.used for u in res.usage if u.pool == "eng"] == [1]
+
+
+@pytest.mark.parametrize("charged", [0, 1])
+def test_oracle_agrees_with_the_group_charged_to_either_member(charged: int) -> None:
+    """Random small fleets whose first two jobs share pool p1, its count charged to job
+    `charged` (a rollout pool's `charge` team's first member need not come first): the lazy
+    CP-SAT loop finds the brute-force optimum and breaks no rule."""
+    solved = 0
+    for seed in range(16):
+        pr, time_of = random_fleet(seed, "throughput", shared=True, charged=charged)
+        best = brute_force(pr, time_of)
+        if best is None:
+            with pytest.raises(NoAllocation):
+                allocate(pr, workers=1, seed=seed)
+            continue
+        a = allocate(pr, workers=1, seed=seed)
+        assert a.optimal and a.objective == pytest.approx(best, rel=1e-6), seed
+        assert violations(pr, a.vectors) == [], seed
+        solved += 1
+    assert solved >= 8
+
+
+def _write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("change, field, named", [
+    (lambda d: d["shared"]["rollout_pools"][0].update(pool="tpu"),
+     "shared.rollout_pools.0.pool", "'tpu'"),
+    (lambda d: d["shared"]["rollout_pools"][0].update(jobs=["x", "nobody"]),
+     "shared.rollout_pools.0.jobs", "'nobody'"),
+    (lambda d: d["jobs"][1]["job"]["models"].update(policy="tiny-llama-rm"),
+     "shared.rollout_pools.0.jobs", "different models"),
+    (lambda d: d["shared"].update(cpu_pools=[{"pool": "cpu", "jobs": ["x", "y"]}]),
+     "shared.rollout_pools.0.jobs", "job 'x' already shares shared.cpu_pools.0"),
+    (lambda d: d["jobs"][0]["job"].update(pin={"actor": {"pool": "eng"}}),
+     "shared.rollout_pools.0.jobs", "pins its actor"),
+    (lambda d: d["shared"]["rollout_pools"][0].update(charge="b"),
+     "shared.rollout_pools.0.charge", "'b'"),
+    (lambda d: d["jobs"][1].update(team="b"), "shared.rollout_pools.0.charge", "a, b"),
+    (lambda d: d["shared"]["rollout_pools"][0].update(engines=2),
+     "shared.rollout_pools.0.engines", "unknown key"),
+])
+def test_bad_rollout_pool_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      change, field: str, named: str) -> None:
+    doc = _fleet()
+    doc["teams"]["b"] = {"quota": {"gpu": {"nominal": 0}}}
+    change(doc)
+    assert main(["fleet", str(_write(tmp_path, doc))]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    if "already shares" in named:  # both jobs are in both sections: a line for each
+        assert len(lines) == 2 and "job 'y' already shares" in lines[1], lines
+    else:
+        assert len(lines) == 1, lines
+    assert field in lines[0] and named in lines[0], lines[0]
+
+
+def test_two_teams_with_a_charge(shared: FleetResult) -> None:
+    """Jobs of two teams share once a `charge` team is named: the engines count against its
+    quota alone (the other team holds none of the pool)."""
+    doc = _fleet()
+    doc["teams"]["b"] = {"quota": {"gpu": {"nominal": 1}, "cpu": {"nominal": 1}}}
+    doc["teams"]["a"]["quota"]["gpu"]["nominal"] = 1
+    doc["teams"]["a"]["quota"]["cpu"]["nominal"] = 1
+    doc["jobs"][0]["team"] = "b"
+    doc["shared"]["rollout_pools"][0]["charge"] = "a"
+    res = plan_fleet(fleet_from_dict(doc, EXAMPLES, "t"), load_calibration(None), workers=1)
+    used = {(u.team, u.pool): u.used for u in res.usage}
+    assert used[("a", "eng")] == 1 and ("b", "eng") not in used
+    assert res.engines[0].team == "a"
+    assert {j.name: j.nodes["eng"] for j in res.jobs} == {"x": 1, "y": 1}
