@@ -200,3 +200,46 @@ def test_two_teams_with_a_charge(shared: FleetResult) -> None:
     assert used[("a", "eng")] == 1 and ("b", "eng") not in used
     assert res.engines[0].team == "a"
     assert {j.name: j.nodes["eng"] for j in res.jobs} == {"x": 1, "y": 1}
+
+
+def test_kueue_export_holds_the_engines_once(tmp_path: Path) -> None:
+    """The export writes one RayCluster of the engines' node on the charged team's queue
+    (passing KubeRay's RayCluster schema) and leaves the engines' group out of both members'
+    RayJobs (passing the RayJob schema), with a warning that the members cannot reach it."""
+    from frameworks import crd_errors
+
+    from placer.interop.kueue import export_kueue
+
+    fleet = fleet_from_dict(_fleet(pin=True), EXAMPLES, "t")
+    res = plan_fleet(fleet, load_calibration(None), workers=1)
+    out = export_kueue(fleet, res, namespace="rl")
+    engines = yaml.safe_load(out.files["shared/eng-engines-raycluster.yaml"])
+    assert crd_errors(engines, "rayclusters") == []
+    assert engines["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "a"
+    [group] = engines["spec"]["workerGroupSpecs"]
+    assert (group["groupName"], group["replicas"]) == ("eng", 1)
+    for name in ("x", "y"):
+        job = yaml.safe_load(out.files[f"jobs/{name}-rayjob.yaml"])
+        assert crd_errors(job, "rayjobs") == []
+        groups = [g["groupName"] for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
+        assert "eng" not in groups and "gpu" in groups
+    assert any("cannot reach the shared engines" in w for w in out.warnings)
+
+
+def test_the_simulation_time_shares_the_engines() -> None:
+    """Simulated side by side (no variance), the members take the engines' one slot in turn:
+    each runs slower than with the engines to itself, and no slower than priced (the pricing
+    has every member's generation wait at once; in the simulation one trains while the other
+    generates). The engines' node is held once."""
+    from simulator.config import SimConfig
+    from simulator.fleet import simulate_fleet
+
+    calib = load_calibration(None)
+    fleet = fleet_from_dict(_fleet(pin=True), EXAMPLES, "t")
+    res = plan_fleet(fleet, calib, workers=1)
+    sim = simulate_fleet(fleet, res, calib, iterations=4, config=SimConfig.no_variance())
+    for j, jr in zip(sim.jobs, res.jobs):
+        assert jr.alone_iteration_s is not None
+        assert j.alone_s == pytest.approx(jr.alone_iteration_s, rel=1e-6)
+        assert j.fleet_s is not None and j.alone_s * 1.2 < j.fleet_s <= jr.iteration_s * 1.001
+    assert [u.used for u in sim.usage_after if u.pool == "eng"] == [1]
