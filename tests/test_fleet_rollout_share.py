@@ -243,3 +243,60 @@ def test_the_simulation_time_shares_the_engines() -> None:
         assert j.alone_s == pytest.approx(jr.alone_iteration_s, rel=1e-6)
         assert j.fleet_s is not None and j.alone_s * 1.2 < j.fleet_s <= jr.iteration_s * 1.001
     assert [u.used for u in sim.usage_after if u.pool == "eng"] == [1]
+
+
+@pytest.mark.parametrize("objective", ["throughput", "makespan"])
+def test_oracle_agrees_on_the_sharing_choice(objective: str) -> None:
+    """Random small fleets whose first two jobs may share pool p1 (their shared flavours slower
+    but holding one count of it) or not: the model's choice and allocation reach the brute-force
+    optimum over both options, and break no rule (one option, all or nothing)."""
+    chose = set()
+    for seed in range(20):
+        pr, time_of = random_fleet(seed, objective, shared=True, choice=True)
+        best = brute_force(pr, time_of)
+        if best is None:
+            with pytest.raises(NoAllocation):
+                allocate(pr, workers=1, seed=seed)
+            continue
+        a = allocate(pr, workers=1, seed=seed)
+        assert a.optimal and a.objective == pytest.approx(best, rel=1e-6), seed
+        assert violations(pr, a.vectors) == [], seed
+        chose.add(any(a.vectors[-1]))
+    assert chose == {True, False}  # both options won somewhere
+
+
+def _choose(doc: dict) -> dict:
+    doc["shared"]["rollout_pools"][0]["choose"] = True
+    return doc
+
+
+def test_the_allocator_declines_sharing_that_loses(shared: FleetResult) -> None:
+    """Asked to choose on the plentiful fleet, the allocation does not share: its objective is
+    the unshared fleet's, and the priced alternative is sharing's, each member at its hand-priced
+    time (3600 / T summed)."""
+    calib = load_calibration(None)
+    alone = plan_fleet(fleet_from_dict(_fleet(share=False), EXAMPLES, "t"), calib, workers=1)
+    res = plan_fleet(fleet_from_dict(_choose(_fleet()), EXAMPLES, "t"), calib, workers=1)
+    [c] = res.choices
+    assert (c.pool, c.jobs, c.shared) == ("eng", ["x", "y"], False)
+    assert res.value == pytest.approx(alone.value, rel=1e-9) == c.value
+    job = fleet_from_dict(_fleet(), EXAMPLES, "t").jobs[0].job
+    by_hand = sum(3600 / _by_hand(job, {"gpu": j.nodes.get("gpu", 0), "eng": 1,
+                                        "cpu": j.nodes.get("cpu", 0)}) for j in shared.jobs)
+    assert c.alternative == pytest.approx(by_hand, rel=1e-9)
+    assert res.engines == [] and all(j.rollout_pool is None for j in res.jobs)
+    assert "does not share rollout engines on eng" in res.render()
+    assert res.to_dict()["sharing_choices"][0]["shared"] is False
+
+
+def test_the_allocator_shares_where_only_sharing_fits() -> None:
+    """With both rollouts pinned to the one H100 node, the allocation chooses to share; the
+    other option is priced as not fitting, and the engines count once."""
+    res = plan_fleet(fleet_from_dict(_choose(_fleet(pin=True)), EXAMPLES, "t"),
+                     load_calibration(None), workers=1)
+    [c] = res.choices
+    assert c.shared and c.alternative is None
+    assert [e.nodes for e in res.engines] == [1]
+    assert [u.used for u in res.usage if u.pool == "eng"] == [1]
+    assert {j.name: j.rollout_pool for j in res.jobs} == {"x": "eng", "y": "eng"}
+    assert "shares rollout engines on eng" in res.render() and "does not fit" in res.render()

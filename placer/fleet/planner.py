@@ -18,8 +18,8 @@ from placer.base.errors import Infeasible
 from placer.cost.efficiency import Calibration
 from placer.fleet.alloc import AllocProblem, NoAllocation, OutOfTime, Vec, allocate, solve_round
 from placer.fleet.inner import JobPlanner, alloc_problem
-from placer.fleet.result import FleetResult, JobResult, SharedUse, team_usage
-from placer.fleet.sharedplan import SharedRollouts, rollout_uses
+from placer.fleet.result import FleetResult, SharedUse, team_usage
+from placer.fleet.sharedplan import SharedRollouts
 from placer.fleet.spec import Fleet
 from placer.solve.planfile import Plan
 from placer.spec.job import Job
@@ -66,9 +66,8 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
         raise Infeasible(f"{e}; a longer --time-limit may find one") from None
     except NoAllocation as e:
         raise Infeasible(diagnose(pr, planner, str(e))) from None
-    jobs = [JobResult.of(fj, planner.nodes_of(v), rollouts.plan(j, v))
-            for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
-    jobs, engines = rollout_uses(rollouts, jobs, a.vectors, a.times)
+    jobs, engines, vectors = rollouts.results(a)
+    choices = rollouts.priced_alternatives(pr, a, deadline, workers, seed)
     shared = []
     cpu_groups = pr.shared[:len(pr.shared) - len(rollouts.groups)]
     for g in cpu_groups:  # each member's cost: its time shared against alone on its nodes
@@ -79,11 +78,12 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
         shared.append(SharedUse(pr.pools[g.pool], a.vectors[g.members[0]][g.pool],
                                 [jobs[j].name for j in g.members],
                                 [jobs[j].iteration_s for j in g.members], alone))
-    inner_gap = max(rollouts.plan(j, v).solver.gap for j, v in enumerate(a.vectors))
-    return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, a.vectors),
+    inner_gap = max(j.plan.solver.gap for j in jobs)
+    groups = pr.shared[:len(cpu_groups)] + rollouts.active_groups(a.vectors)
+    return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, vectors, groups),
                        a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
                        a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s, shared,
-                       engines)
+                       engines, choices)
 
 
 def as_written(plan: Plan, job: Job) -> Plan:
@@ -103,6 +103,8 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner, rollouts: SharedRollouts)
     """Each job alone on the most its team may hold: placed, and within its limits."""
     pr.fetch([(j, max(job.grid, key=sum)) for j, job in enumerate(pr.jobs) if job.grid])
     for j, job in enumerate(pr.jobs):
+        if j in pr.optional():
+            continue  # either flavour may be the one that fits
         if not job.grid:
             raise Infeasible(f"job {job.name}: team {job.team}'s quota gives it no nodes of a "
                              "pool its roles can run on")
@@ -122,7 +124,8 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner, rollouts: SharedRollouts)
 def diagnose(pr: AllocProblem, planner: JobPlanner, why: str) -> str:
     """Which pool, quota or cohort the jobs' smallest allocations overflow; else the job whose
     removal lets the others fit."""
-    least = [pr.held(j, _least(pr, j)) for j in range(len(pr.jobs))]  # a shared pool once
+    least = [pr.zero if j in pr.optional() else pr.held(j, _least(pr, j))  # a shared pool once
+             for j in range(len(pr.jobs))]
     for p, pool in enumerate(pr.pools):
         need = {job.name: m[p] for job, m in zip(pr.jobs, least) if m[p]}
         if sum(need.values()) > pr.nodes[p]:
@@ -138,6 +141,8 @@ def diagnose(pr: AllocProblem, planner: JobPlanner, why: str) -> str:
     if fair is not None:
         return fair
     for j, job in enumerate(pr.jobs):
+        if pr.choices:
+            break  # a choice's jobs are indexed: removing one would leave it pointing astray
         rest = replace(pr, jobs=pr.jobs[:j] + pr.jobs[j + 1:],
                        known=pr.known[:j] + pr.known[j + 1:])
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from placer.fleet.sharing import charged, groups_of
+from placer.fleet.sharing import ShareGroup, charged, groups_of
 from placer.fleet.spec import Fleet, FleetJobSpec
 from placer.solve.planfile import Plan
 
@@ -130,12 +130,35 @@ class SharedRolloutUse:
                 f"each swap {self.swap_s:.2f} s): {rows}")
 
 
-def team_usage(fleet: Fleet, vectors: list[tuple[int, ...]]) -> list[TeamUse]:
+@dataclass(frozen=True)
+class SharingChoice:
+    """A shared pool the allocation chose to use or not, with the other option priced."""
+
+    pool: str
+    jobs: list[str]
+    shared: bool  # what the allocation chose
+    value: float  # the fleet's objective as chosen
+    alternative: float | None  # the best objective with the other option (None: none fits)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "jobs": self.jobs, "shared": self.shared,
+                "value": self.value, "alternative": self.alternative}
+
+    def render(self, objective: str) -> str:
+        chose, other = ("shares", "not sharing") if self.shared else ("does not share", "sharing")
+        alt = "does not fit" if self.alternative is None else f"{self.alternative:.4g}"
+        return (f"choice: {', '.join(self.jobs)} {chose} rollout engines on {self.pool} "
+                f"({objective} {self.value:.4g}; {other}: {alt})")
+
+
+def team_usage(fleet: Fleet, vectors: list[tuple[int, ...]],
+               groups: tuple[ShareGroup, ...] | None = None) -> list[TeamUse]:
     """Every (team, pool) the team has a quota on, with the nodes its jobs hold there (a shared
     pool's nodes counted once, at its first member)."""
     pools = [p.name for p in fleet.cluster.pools]
     names = [fj.name for fj in fleet.jobs]
-    groups = groups_of(fleet.shared, pools, names, {fj.name: fj.team for fj in fleet.jobs})
+    if groups is None:  # every declared group shares
+        groups = groups_of(fleet.shared, pools, names, {fj.name: fj.team for fj in fleet.jobs})
     vectors = [charged(groups, j, v) for j, v in enumerate(vectors)]
     out = []
     for team, t in fleet.teams.items():
@@ -166,6 +189,7 @@ class FleetResult:
     solve_s: float
     shared: list[SharedUse] = field(default_factory=list)
     engines: list[SharedRolloutUse] = field(default_factory=list)
+    choices: list[SharingChoice] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"fleet": self.name, "objective": self.objective, "value": self.value,
@@ -178,7 +202,8 @@ class FleetResult:
                 "solve_s": self.solve_s, "jobs": [j.to_dict() for j in self.jobs],
                 "teams": [u.to_dict() for u in self.usage],
                 "shared": [s.to_dict() for s in self.shared],
-                "shared_rollout": [e.to_dict() for e in self.engines]}
+                "shared_rollout": [e.to_dict() for e in self.engines],
+                "sharing_choices": [c.to_dict() for c in self.choices]}
 
     def render(self) -> str:
         head = (f"throughput {self.value:.4g} weighted iterations/h"
@@ -203,6 +228,7 @@ class FleetResult:
                          f"  {nodes}")
         lines += [s.render() for s in self.shared]
         lines += [e.render() for e in self.engines]
+        lines += [c.render(self.objective) for c in self.choices]
         return "\n".join(lines)
 
     def explain(self) -> str:

@@ -5,6 +5,7 @@ inference engines, time-shared, each switch between jobs a weight swap.
       rollout_pools:
         - {pool: h20, jobs: [grpo-7b-lr1, grpo-7b-lr2]}
         - {pool: h20, jobs: [grpo-a, grpo-b], charge: research}       # jobs of two teams
+        - {pool: h20, jobs: [grpo-c, grpo-d], choose: true}            # the allocator decides
 
 The members' rollout roles run on one set of nodes of `pool` (the engines), whose size E the
 allocation chooses as it does a shared CPU pool's (`placer.fleet.sharing`: one count, charged
@@ -12,7 +13,10 @@ once); their other roles keep off those nodes (`pin.avoid`) and run on the membe
 The members must roll out one model (their rollouts' architectures equal) and be single-policy
 jobs. The engines' nodes count against one team's quota: the members' team, or, for members of
 several teams, `charge` (one of theirs): Kueue admits the engines' RayCluster in that team's
-ClusterQueue alone.
+ClusterQueue alone. With `choose: true` the group is a candidate: the allocation model prices
+both options, each job with the engines shared or planned as written on nodes of its own, and
+chooses (one boolean per group, `placer.fleet.alloc`); the report says which it chose and the
+best objective of the other.
 
 Pricing (the CPU pool's lockstep convention, `placer.fleet.sharing`: every member's work waits
 at once). G_k(E) is member k's generation on the E engine nodes: the fastest of its rollout's
@@ -62,6 +66,9 @@ class SharedRolloutPoolDecl(Strict):
     charge: str | None = Field(None, description="the team whose quota the engines' nodes count "
                                                  "against (needed when the jobs are of several "
                                                  "teams; one of theirs)")
+    choose: bool = Field(False, description="let the allocation choose whether the jobs share "
+                                            "(each option priced, the report names both); "
+                                            "false: they share")
 
 
 def engines_job(job: Job, pool: str) -> Job:

@@ -5,18 +5,29 @@ the group's engines (`placer.fleet.rolloutpool`), every other job by its own pla
 added to its shared pools (one count of the engines' pool per group, charged once) and its time
 function and prefetch dispatching: a member's vector is planned as `engines_job` (rollout on the
 engines' pool, its other roles off it) and its time is `shared_iteration_s` with the group's
-queueing at that many engine nodes; any other job's goes to `JobPlanner`. `plan`, `reason` and
-`alone_s` answer for every job alike, so the fleet's result reads plans through this object.
+queueing at that many engine nodes; any other job's goes to `JobPlanner`.
+
+A group declared with `choose: true` is a choice (`placer.fleet.sharing.Choice`): its members
+are extra jobs of the problem, the shared flavours of the fleet's jobs, and the allocation picks
+one flavour per job, all of the group's shared or none (`placer.fleet.alloc`). `results` maps
+the allocation back to the fleet's jobs (each job's active flavour), and `priced_alternatives`
+solves each choice again with its other option forced, so the report prices both.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
-from placer.fleet.alloc import AllocProblem, Vec
+from placer.fleet.alloc import Allocation, AllocProblem, NoAllocation, Vec, allocate
 from placer.fleet.inner import JobPlanner, plan_on
-from placer.fleet.result import EngineShare, JobResult, SharedRolloutUse
+from placer.fleet.result import (
+    EngineShare,
+    JobResult,
+    SharedRolloutUse,
+    SharingChoice,
+)
 from placer.fleet.rolloutpool import EngineQueue, engines_job, shared_iteration_s
-from placer.fleet.sharing import ShareGroup, groups_of
+from placer.fleet.sharing import Choice, ShareGroup, groups_of
 from placer.solve.planfile import Plan
 from placer.spec.job import Job
 
@@ -24,38 +35,58 @@ from placer.spec.job import Job
 @dataclass
 class SharedRollouts:
     planner: JobPlanner
-    groups: tuple[ShareGroup, ...] = ()  # the rollout groups (charged member first)
+    groups: tuple[ShareGroup, ...] = ()  # the rollout groups (problem indices, charged first)
+    choose: list[bool] = field(default_factory=list)  # per group: a choice (extra jobs)
     queues: list[EngineQueue] = field(default_factory=list)
-    member: dict[int, tuple[int, int]] = field(default_factory=dict)  # job -> (group, place)
+    member: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (group, place)
+    base: dict[int, int] = field(default_factory=dict)  # problem index -> the fleet's job
     jobs: dict[int, Job] = field(default_factory=dict)  # each member as planned (engines_job)
     plans: dict[tuple[int, Vec], Plan] = field(default_factory=dict)
     why: dict[tuple[int, Vec], str] = field(default_factory=dict)
+    offset: int = 0  # where the rollout groups start among the problem's shared groups
 
     def __post_init__(self) -> None:
         fleet = self.planner.fleet
         pools = list(self.planner.pools)
         names = [fj.name for fj in fleet.jobs]
         every = groups_of(fleet.shared, pools, names, {fj.name: fj.team for fj in fleet.jobs})
-        self.groups = every[len(fleet.shared.cpu_pools if fleet.shared else []):]
-        for g_index, g in enumerate(self.groups):
-            pool = pools[g.pool]
-            self.queues.append(EngineQueue([fleet.jobs[j].job for j in g.members], pool,
+        decls = fleet.shared.rollout_pools if fleet.shared else []
+        extra = len(fleet.jobs)
+        groups: list[ShareGroup] = []
+        for g, decl in zip(every[len(every) - len(decls):], decls):
+            index = len(groups)
+            members = tuple(range(extra, extra + len(g.members))) if decl.choose else g.members
+            extra += len(g.members) if decl.choose else 0
+            self.queues.append(EngineQueue([fleet.jobs[j].job for j in g.members], decl.pool,
                                            self.planner.calib))
-            for place, j in enumerate(g.members):
-                self.member[j] = (g_index, place)
-                self.jobs[j] = engines_job(fleet.jobs[j].job, pool)
+            for place, (k, j) in enumerate(zip(members, g.members)):
+                self.member[k] = (index, place)
+                self.base[k] = j
+                self.jobs[k] = engines_job(fleet.jobs[j].job, decl.pool)
+            groups.append(ShareGroup(g.pool, members))
+            self.choose.append(decl.choose)
+        self.groups = tuple(groups)
 
     def extend(self, pr: AllocProblem) -> AllocProblem:
-        """`pr` with the rollout groups shared and this object's time function."""
+        """`pr` with the rollout groups shared (a choice's shared flavours appended as jobs)
+        and this object's time function."""
         if not self.groups:
             return pr
+        self.offset = len(pr.shared)
         jobs = list(pr.jobs)
-        for g in self.groups:
-            for j in g.members[1:]:
-                jobs[j] = replace(jobs[j], grid=engines_axis(jobs[g.members[0]].grid,
-                                                             jobs[j].grid, g.pool))
+        choices = []
+        for index, (g, choose) in enumerate(zip(self.groups, self.choose)):
+            if choose:
+                jobs += [replace(pr.jobs[self.base[k]], kind=None,
+                                 name=f"{pr.jobs[self.base[k]].name} (shared)")
+                         for k in g.members]
+                choices.append(Choice(self.offset + index,
+                                      tuple(self.base[k] for k in g.members)))
+            for k in g.members[1:]:
+                jobs[k] = replace(jobs[k], grid=engines_axis(jobs[g.members[0]].grid,
+                                                             jobs[k].grid, g.pool))
         return replace(pr, jobs=jobs, time_of=self.time, prefetch=self.prefetch, known=[],
-                       shared=pr.shared + self.groups)
+                       shared=pr.shared + self.groups, choices=tuple(choices))
 
     def time(self, j: int, a: Vec) -> float | None:
         if j not in self.member:
@@ -101,26 +132,64 @@ class SharedRollouts:
         assert own is not None and queue is not None
         return own, swap, queue
 
+    def active(self, vectors: list[Vec]) -> list[int]:
+        """Per fleet job, the problem index of its flavour in use (its shared flavour where a
+        choice shares)."""
+        out = list(range(len(self.planner.fleet.jobs)))
+        for k, j in self.base.items():
+            if k != j and any(vectors[k]):
+                out[j] = k
+        return out
 
-def rollout_uses(rollouts: SharedRollouts, jobs: list[JobResult], vectors: list[Vec],
-                 times: list[float]) -> tuple[list[JobResult], list[SharedRolloutUse]]:
-    """The jobs with each member's shared iteration time and engines' pool, and each rollout
-    group's engines: nodes, each member's generation, queueing and time against alone."""
-    jobs = list(jobs)
-    out = []
-    pools = rollouts.planner.pools
-    for g in rollouts.groups:
-        pool = pools[g.pool]
-        rows = []
-        for j in g.members:
-            own, swap, queue = rollouts.parts(j, vectors[j])
-            alone = rollouts.plan(j, vectors[j]).predicted_iteration_s
-            jobs[j] = replace(jobs[j], iteration_s=times[j], rollout_pool=pool,
-                              alone_iteration_s=alone)
-            rows.append(EngineShare(jobs[j].name, own, queue, times[j], alone))
-        out.append(SharedRolloutUse(pool, vectors[g.members[0]][g.pool], jobs[g.members[0]].team,
-                                    swap, rows))
-    return jobs, out
+    def results(self, a: Allocation
+                ) -> tuple[list[JobResult], list[SharedRolloutUse], list[tuple[int, ...]]]:
+        """The fleet's jobs on their active flavours, each shared group's engines, and each
+        fleet job's vector."""
+        fleet, pools = self.planner.fleet, self.planner.pools
+        active = self.active(a.vectors)
+        jobs = [JobResult.of(fleet.jobs[j], self.planner.nodes_of(a.vectors[k]),
+                             self.plan(k, a.vectors[k])) for j, k in enumerate(active)]
+        out = []
+        for g in self.groups:
+            if not any(a.vectors[g.members[0]]):
+                continue  # a choice not to share
+            rows = []
+            for k in g.members:
+                j = self.base[k]
+                own, swap, queue = self.parts(k, a.vectors[k])
+                alone = self.plan(k, a.vectors[k]).predicted_iteration_s
+                jobs[j] = replace(jobs[j], iteration_s=a.times[k], rollout_pool=pools[g.pool],
+                                  alone_iteration_s=alone)
+                rows.append(EngineShare(jobs[j].name, own, queue, a.times[k], alone))
+            first = self.base[g.members[0]]
+            out.append(SharedRolloutUse(pools[g.pool], a.vectors[g.members[0]][g.pool],
+                                        jobs[first].team, swap, rows))
+        return jobs, out, [a.vectors[k] for k in active]
+
+    def active_groups(self, vectors: list[Vec]) -> tuple[ShareGroup, ...]:
+        """The rollout groups that share, in the fleet's job indices (for the teams' usage)."""
+        return tuple(ShareGroup(g.pool, tuple(self.base[k] for k in g.members))
+                     for g in self.groups if any(vectors[g.members[0]]))
+
+    def priced_alternatives(self, pr: AllocProblem, a: Allocation, deadline: float,
+                            workers: int, seed: int) -> list[SharingChoice]:
+        """Each choice: what the allocation chose, and the best allocation with the other
+        option forced (None: none exists there)."""
+        out = []
+        pools = self.planner.pools
+        for c, choice in enumerate(pr.choices):
+            g = pr.shared[choice.group]
+            shares = any(a.vectors[g.members[0]])
+            try:
+                alt: float | None = allocate(
+                    replace(pr, forced={c: not shares}),
+                    time_limit_s=max(deadline - time.monotonic(), 1.0), workers=workers,
+                    seed=seed).objective
+            except NoAllocation:
+                alt = None
+            out.append(SharingChoice(pools[g.pool], [pr.jobs[j].name for j in choice.alone],
+                                     shares, a.objective, alt))
+        return out
 
 
 def engines_axis(charged: tuple[Vec, ...], grid: tuple[Vec, ...], pool: int) -> tuple[Vec, ...]:

@@ -61,6 +61,16 @@ class ShareGroup:
     members: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A shared pool the allocation may or may not use: `group` indexes the problem's shared
+    groups, whose members are the shared flavours of the jobs `alone` (the same order); each job
+    of the choice takes the zero vector (off) in the flavour not chosen."""
+
+    group: int
+    alone: tuple[int, ...]
+
+
 def charged(groups: tuple[ShareGroup, ...], j: int, a: tuple[int, ...]) -> tuple[int, ...]:
     """The nodes job j's vector `a` holds on its own: the shared pool counts at its first
     member only."""
