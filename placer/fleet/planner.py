@@ -20,9 +20,8 @@ from placer.fleet.alloc import AllocProblem, NoAllocation, OutOfTime, Vec, alloc
 from placer.fleet.inner import JobPlanner, alloc_problem
 from placer.fleet.result import FleetResult, SharedUse, team_usage
 from placer.fleet.sharedplan import SharedRollouts
+from placer.fleet.sharing import as_written
 from placer.fleet.spec import Fleet
-from placer.solve.planfile import Plan
-from placer.spec.job import Job
 
 Progress = Callable[[str], None]
 
@@ -66,10 +65,10 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
         raise Infeasible(f"{e}; a longer --time-limit may find one") from None
     except NoAllocation as e:
         raise Infeasible(diagnose(pr, planner, str(e))) from None
-    jobs, engines, vectors = rollouts.results(a)
+    jobs, engines, vectors, chosen = rollouts.results(a)
     choices = rollouts.priced_alternatives(pr, a, deadline, workers, seed)
     shared = []
-    cpu_groups = pr.shared[:len(pr.shared) - len(rollouts.groups)]
+    cpu_groups = pr.shared[:rollouts.offset]  # declared CPU pools; chosen ones: `results`
     for g in cpu_groups:  # each member's cost: its time shared against alone on its nodes
         alone = [planner.alone(j, a.vectors[j]) for j in g.members]
         for j, t in zip(g.members, alone):
@@ -82,16 +81,8 @@ def _plan(planner: JobPlanner, deadline: float, workers: int, seed: int,
     groups = pr.shared[:len(cpu_groups)] + rollouts.active_groups(a.vectors)
     return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, vectors, groups),
                        a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
-                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s, shared,
-                       engines, choices)
-
-
-def as_written(plan: Plan, job: Job) -> Plan:
-    """A shared pool member's plan with its job's own `cpu_per_call` (it was priced with its
-    share of the cores): what it runs, exports and simulates is the job as written; its
-    predicted time stays the shared one."""
-    env = {**plan.job["environment"], "cpu_per_call": job.environment.cpu_per_call}
-    return plan.model_copy(update={"job": {**plan.job, "environment": env}})
+                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s,
+                       shared + chosen, engines, choices)
 
 
 def _nodes(planner: JobPlanner, a: Vec) -> str:

@@ -139,15 +139,16 @@ class SharingChoice:
     shared: bool  # what the allocation chose
     value: float  # the fleet's objective as chosen
     alternative: float | None  # the best objective with the other option (None: none fits)
+    kind: str = "rollout engines"  # or "CPU nodes"
 
     def to_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "jobs": self.jobs, "shared": self.shared,
-                "value": self.value, "alternative": self.alternative}
+                "value": self.value, "alternative": self.alternative, "kind": self.kind}
 
     def render(self, objective: str) -> str:
         chose, other = ("shares", "not sharing") if self.shared else ("does not share", "sharing")
         alt = "does not fit" if self.alternative is None else f"{self.alternative:.4g}"
-        return (f"choice: {', '.join(self.jobs)} {chose} rollout engines on {self.pool} "
+        return (f"choice: {', '.join(self.jobs)} {chose} {self.kind} on {self.pool} "
                 f"({objective} {self.value:.4g}; {other}: {alt})")
 
 

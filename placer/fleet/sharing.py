@@ -6,7 +6,8 @@ and how the allocation model counts the shared nodes.
         - {pool: cpu, jobs: [agentic-code, agentic-tool]}
 
 The listed jobs' environment roles run on one set of nodes of `pool`, whose size the allocation
-chooses (declared, not chosen by the allocator: a team asks for its jobs to share). The jobs must
+chooses. Declared, the jobs share; with `choose: true` the allocation prices both options and
+picks one (`placer.fleet.alloc`'s choices, `placer.fleet.sharedplan`). The jobs must
 be of one team, whose quota of the pool the shared nodes count against once (Kueue charges a
 workload to one ClusterQueue).
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from placer.fleet.rolloutpool import SharedRolloutPoolDecl, charged_first, rollout_errors
+from placer.solve.planfile import Plan
 from placer.spec.base import Strict
 from placer.spec.job import Job
 
@@ -40,6 +42,9 @@ class SharedCpuPoolDecl(Strict):
     pool: str = Field(description="the CPU pool (a pool of the cluster) the jobs share")
     jobs: list[str] = Field(min_length=2, description="the jobs (fleet names, one team) sharing "
                                                       "it")
+    choose: bool = Field(False, description="let the allocation choose whether the jobs share "
+                                            "(each option priced, the report names both); "
+                                            "false: they share")
 
 
 class Shared(Strict):
@@ -117,6 +122,14 @@ def groups_of(s: Shared | None, pools: list[str], names: list[str], teams: dict[
         ordered = charged_first([n for n in names if n in rp.jobs], teams, rp.charge)
         out.append(ShareGroup(pools.index(rp.pool), tuple(names.index(n) for n in ordered)))
     return tuple(out)
+
+
+def as_written(plan: Plan, job: Job) -> Plan:
+    """A shared pool member's plan with its job's own `cpu_per_call` (it was priced with its
+    share of the cores): what it runs, exports and simulates is the job as written; its
+    predicted time stays the shared one."""
+    env = {**plan.job["environment"], "cpu_per_call": job.environment.cpu_per_call}
+    return plan.model_copy(update={"job": {**plan.job, "environment": env}})
 
 
 def shared_errors(s: Shared, jobs: dict[str, Job], teams: dict[str, str], pools: list[str],
