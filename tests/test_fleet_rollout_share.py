@@ -300,3 +300,19 @@ def test_the_allocator_shares_where_only_sharing_fits() -> None:
     assert [u.used for u in res.usage if u.pool == "eng"] == [1]
     assert {j.name: j.rollout_pool for j in res.jobs} == {"x": "eng", "y": "eng"}
     assert "shares rollout engines on eng" in res.render() and "does not fit" in res.render()
+
+
+def test_a_member_is_not_priced_as_its_unshared_twin() -> None:
+    """z runs the same job document as the members x and y but does not share: it is priced
+    as written (its plan's own time), the members at their shared time, and no member is of a
+    kind with z (an identical job's memo would hand one the other's time)."""
+    doc = _fleet(gpu=3)
+    doc["cluster"]["pools"][2]["nodes"] = 3
+    doc["teams"]["a"]["quota"]["cpu"]["nominal"] = 3
+    doc["jobs"].append({"name": "z", "team": "a", "job": copy.deepcopy(doc["jobs"][0]["job"])})
+    res = plan_fleet(fleet_from_dict(doc, EXAMPLES, "t"), load_calibration(None), workers=1)
+    by = {j.name: j for j in res.jobs}
+    assert by["z"].rollout_pool is None
+    assert by["z"].iteration_s == by["z"].plan.predicted_iteration_s
+    for name in ("x", "y"):
+        assert by[name].iteration_s > by[name].plan.predicted_iteration_s

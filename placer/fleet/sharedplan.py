@@ -94,11 +94,12 @@ class SharedRollouts:
         choices = []
         for index, (g, choose) in enumerate(zip(self.groups, self.choose)):
             if choose:
-                jobs += [replace(pr.jobs[self.base[k]], kind=None,
-                                 name=f"{pr.jobs[self.base[k]].name} (shared)")
-                         for k in g.members]
+                jobs += [replace(pr.jobs[self.base[k]], name=f"{pr.jobs[self.base[k]].name} "
+                                                             "(shared)") for k in g.members]
                 choices.append(Choice(self.offset + index,
                                       tuple(self.base[k] for k in g.members)))
+            for k in g.members:  # priced here, not by the planner: no kind shared with it
+                jobs[k] = replace(jobs[k], kind=None)
             for k in g.members[1:]:
                 jobs[k] = replace(jobs[k], grid=engines_axis(jobs[g.members[0]].grid,
                                                              jobs[k].grid, g.pool))
