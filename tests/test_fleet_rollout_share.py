@@ -285,7 +285,7 @@ def test_the_allocator_declines_sharing_that_loses(shared: FleetResult) -> None:
                                         "cpu": j.nodes.get("cpu", 0)}) for j in shared.jobs)
     assert c.alternative == pytest.approx(by_hand, rel=1e-9)
     assert res.engines == [] and all(j.rollout_pool is None for j in res.jobs)
-    assert "does not share rollout engines on eng" in res.render()
+    assert "x, y do not share rollout engines on eng" in res.render()
     assert res.to_dict()["sharing_choices"][0]["shared"] is False
 
 
@@ -299,7 +299,7 @@ def test_the_allocator_shares_where_only_sharing_fits() -> None:
     assert [e.nodes for e in res.engines] == [1]
     assert [u.used for u in res.usage if u.pool == "eng"] == [1]
     assert {j.name: j.rollout_pool for j in res.jobs} == {"x": "eng", "y": "eng"}
-    assert "shares rollout engines on eng" in res.render() and "does not fit" in res.render()
+    assert "x, y share rollout engines on eng" in res.render() and "does not fit" in res.render()
 
 
 def test_a_member_is_not_priced_as_its_unshared_twin() -> None:
@@ -316,3 +316,18 @@ def test_a_member_is_not_priced_as_its_unshared_twin() -> None:
     assert by["z"].iteration_s == by["z"].plan.predicted_iteration_s
     for name in ("x", "y"):
         assert by[name].iteration_s > by[name].plan.predicted_iteration_s
+
+
+def test_the_example_prices_both_options() -> None:
+    """examples/fleets/shared-rollout.yaml: two Qwen2.5-7B GRPO jobs of two teams that may
+    time-share the H20 node's engines; the allocation prices both options and keeps the better
+    (on this cluster each job generating on its own H100s: sharing queues each behind the
+    other's generation)."""
+    from placer.fleet.spec import load_fleet
+
+    res = plan_fleet(load_fleet(EXAMPLES / "fleets" / "shared-rollout.yaml"),
+                     load_calibration(None), workers=1)
+    [c] = res.choices
+    assert c.alternative is not None and res.optimal
+    assert res.value >= c.alternative
+    assert c.shared == bool(res.engines)

@@ -204,4 +204,4 @@ def test_the_allocator_chooses_the_cpu_pool(shared3: FleetResult) -> None:
         assert sum(u.used for u in res.usage if u.pool == "cpu") <= cpu
         if cpu == 3:
             assert res.value == pytest.approx(shared3.value, rel=1e-9)
-            assert "choice: x, y shares CPU nodes on cpu" in res.render()
+            assert "choice: x, y share CPU nodes on cpu" in res.render()

@@ -146,7 +146,7 @@ class SharingChoice:
                 "value": self.value, "alternative": self.alternative, "kind": self.kind}
 
     def render(self, objective: str) -> str:
-        chose, other = ("shares", "not sharing") if self.shared else ("does not share", "sharing")
+        chose, other = ("share", "not sharing") if self.shared else ("do not share", "sharing")
         alt = "does not fit" if self.alternative is None else f"{self.alternative:.4g}"
         return (f"choice: {', '.join(self.jobs)} {chose} {self.kind} on {self.pool} "
                 f"({objective} {self.value:.4g}; {other}: {alt})")
