@@ -86,8 +86,10 @@ class Pin(Strict):
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     def describe(self) -> str:
-        """`pool gpu, tp 2, dp 2`: how messages and `--explain` name the pin."""
-        return ", ".join(f"{k} {v}" for k, v in self.fixed().items())
+        """`pool gpu, tp 2, dp 2` (`avoid h20/l40s`): how messages and `--explain` name the
+        pin."""
+        return ", ".join(f"{k} {'/'.join(v) if isinstance(v, list) else v}"
+                         for k, v in self.fixed().items())
 
     def allows(self, pool: str, par: _Layout) -> bool:
         """Whether a layout of the role on `pool` keeps to the pin."""
