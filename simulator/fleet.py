@@ -154,6 +154,8 @@ class _Sim:
         self.spans: list[Span] = []
         self.events: list[PreemptionEvent] = []
         self.shared_pools: list[tuple[SharedCpuPool, CorePool]] = []
+        # a shared rollout pool's engines: one slot its members' rollouts and syncs take in turn
+        self.engines: dict[str, tuple[str, simpy.PriorityResource]] = {}
         for js in self.jobs:
             for p, n in zip(self.pools, js.vector):
                 for _ in range(n):
@@ -218,11 +220,21 @@ class _Sim:
             for js in members:
                 js.shared = core_pool
 
+    def share_engines(self, groups: list[tuple[str, list[str]]]) -> None:
+        """Each (pool, members) shared rollout pool: one engines slot for all its members."""
+        for pool, members in groups:
+            slot = simpy.PriorityResource(self.env, 1)
+            self.engines.update({name: (pool, slot) for name in members})
+
     # ----------------------------------------------------------------------------- driving
     def _model(self, js: _Job, version: int, run: int) -> Model:
         px = Pricer(js.plan.resolved(), self.calib)
         m = FleetModel(px, js.plan, self.cfg, seed_of(self.seed, js.index, run), self.env,
                        self.fabric, f"{js.name}#{version}/", self.c.spine_gbs)
+        rollout = js.plan.roles.get(Role.ROLLOUT)
+        if js.name in self.engines and rollout is not None \
+                and rollout.pool == self.engines[js.name][0]:
+            m.slot_res[rollout.slot] = self.engines[js.name][1]
         if js.shared is not None and m.tools is not None:
             if js.shared.redraw is None and m.tools.redraw is not None:  # re-issue, as planned
                 js.shared.deadline_s, js.shared.redraw = m.tools.deadline_s, m.tools.redraw
@@ -412,6 +424,7 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
     index = {fj.name: j for j, fj in enumerate(fleet.jobs)}
     # a CPU pool the allocation shares is shared here too, its nodes held by its first member
     tails = {(n, s.pool) for s in result.shared for n in s.jobs[1:]}
+    tails |= {(m.job, e.pool) for e in result.engines for m in e.members[1:]}  # engines: once
     plans = [(index[jr.name], jr.plan, tuple(0 if (jr.name, p) in tails else jr.nodes.get(p, 0)
                                              for p in pools),
               tuple(jr.nodes.get(p, 0) for p in pools)) for jr in result.jobs]
@@ -422,6 +435,7 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
     planner = JobPlanner(fleet, calib, job_time_limit_s, seed) if c.preemptions else None
     together = _Sim(fleet, plans, calib, cfg, seed, iterations, c, planner)
     together.share_cpu(c.cpu_pools)
+    together.share_engines([(e.pool, [m.job for m in e.members]) for e in result.engines])
     together.run(c.preemptions)
     alone_c = c.model_copy(update={"cpu_pools": [], "preemptions": []})
     jobs = []

@@ -185,3 +185,23 @@ def test_infeasible_counts_a_shared_pool_once() -> None:
     pool and counts the pair's node once."""
     with pytest.raises(Infeasible, match=r"pool cpu: the jobs need at least 2 nodes \(x 1, z 1\)"):
         plan_fleet(fleet_from_dict(_fleet(1), EXAMPLES, "t"), load_calibration(None), workers=1)
+
+
+def test_the_allocator_chooses_the_cpu_pool(shared3: FleetResult) -> None:
+    """With `choose: true` the allocation prices both options: on 3 CPU nodes sharing wins
+    (the declared pool's objective; the alternative is the fleet of a node each), on 2 only
+    sharing fits (the alternative does not)."""
+    calib = load_calibration(None)
+    alone = plan_fleet(fleet_from_dict(_fleet(3, share=False), EXAMPLES, "t"), calib, workers=1)
+    for cpu, other in ((3, alone.value), (2, None)):
+        doc = _fleet(cpu)
+        doc["shared"]["cpu_pools"][0]["choose"] = True
+        res = plan_fleet(fleet_from_dict(doc, EXAMPLES, "t"), calib, workers=1)
+        [c] = res.choices
+        assert (c.pool, c.jobs, c.shared, c.kind) == ("cpu", ["x", "y"], True, "CPU nodes")
+        assert c.alternative == (None if other is None else pytest.approx(other, rel=1e-9))
+        assert [s.jobs for s in res.shared] == [["x", "y"]]
+        assert sum(u.used for u in res.usage if u.pool == "cpu") <= cpu
+        if cpu == 3:
+            assert res.value == pytest.approx(shared3.value, rel=1e-9)
+            assert "choice: x, y share CPU nodes on cpu" in res.render()

@@ -55,6 +55,7 @@ def layout(plan, role: str) -> tuple[str, int, int, int, int, int]:
     ({"actor": {"tp": 4}}, {"actor": ("gpu", 4, 4, 1, 1, None)}),
     ({"actor": {"devices": 2}, "rollout": {"pool": "lpu", "dp": 1}},
      {"actor": ("gpu", 2, None, 1, None, None), "rollout": ("lpu", None, 1, 1, 1, None)}),
+    ({"rollout": {"avoid": ["gpu", "cpu"]}}, {"rollout": ("lpu", None, None, None, None, None)}),
 ])
 def test_a_pinned_plan_has_the_pinned_layout(pin, want) -> None:
     plan = plan_of(job_data(MOE, pin))
@@ -85,6 +86,9 @@ def test_pinned_layouts_filters_by_every_key() -> None:
     assert pinned_layouts(job, "rollout", "gpu", pars) == pars  # an unpinned role is free
     assert not Pin(pool="lpu").allows("gpu", Parallel())
     assert Pin(pool="gpu", cp=1).describe() == "pool gpu, cp 1"
+    assert not Pin(avoid=["gpu", "lpu"]).allows("lpu", Parallel())
+    assert Pin(avoid=["gpu"]).allows("lpu", Parallel())
+    assert Pin(avoid=["gpu", "lpu"], tp=2).describe() == "avoid gpu/lpu, tp 2"
 
 
 def test_explain_says_a_role_was_pinned(tmp_path, capsys) -> None:
@@ -99,17 +103,20 @@ def test_explain_says_a_role_was_pinned(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("pin, needle", [
-    ({"actor": {"tpp": 2}}, "pin.actor.tpp: unknown key; expected one of pool, devices, tp, pp, dp, "
+    ({"actor": {"tpp": 2}}, "pin.actor.tpp: unknown key; expected one of pool, avoid, devices, tp, pp, dp, "
                             "cp, ep"),
     ({"actr": {"tp": 2}}, "pin.actr: unknown key; expected one of actor, rollout, reference"),
     ({"actor": {"tp": 0}}, "pin.actor.tp: Input should be greater than 0 (got 0)"),
     ({"actor": {"tp": "2"}}, "pin.actor.tp: Input should be a valid integer (got '2')"),
-    ({"actor": {}}, "pin.actor: a pin fixes at least one of pool, devices"),
+    ({"actor": {}}, "pin.actor: a pin fixes at least one of pool, avoid, devices"),
     ({"actor": {"devices": 3, "tp": 2}}, "pin.actor: devices 3 is not a multiple of tp = 2"),
     ({"critic": {"tp": 1}}, "pin.critic: the job runs no critic (its roles: actor, rollout, "
                             "reward) (got 'tp 1')"),
     ({"actor": {"pool": "gpux"}}, "pin.actor.pool: no pool 'gpux' in the cluster (pools: gpu, "
                                   "lpu, cpu) (got 'gpux')"),
+    ({"rollout": {"avoid": ["gpux"]}}, "pin.rollout.avoid: no pool 'gpux' in the cluster "
+                                       "(pools: gpu, lpu, cpu) (got 'gpux')"),
+    ({"rollout": {"avoid": []}}, "pin.rollout.avoid: List should have at least 1 item"),
     ([1], "pin: Input should be a valid dictionary"),
 ])
 def test_a_bad_pin_exits_2_naming_the_field(tmp_path, capsys, pin, needle) -> None:

@@ -191,7 +191,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "CurrentRole": [{"pool": "h100", "devices": 8, "tp": 2, "pp": 2, "offload": True}],
     "Pins": [{"actor": {"tp": 2, "dp": 2}, "rollout": {"pool": "h100", "tp": 1}}],
     "Pin": [{"pool": "h100", "devices": 8, "tp": 2, "pp": 1, "dp": 4, "cp": 1, "ep": 1, "shard": 2},
-            {"sharded": False}],
+            {"sharded": False}, {"avoid": ["h20"]}],
 }
 
 

@@ -19,6 +19,11 @@ Model. x_ja in {0, 1}, sum_a x_ja = 1. u_tp = sum_{j of t} sum_a a_p x_ja, and
   shared pool    the members of a shared CPU pool g on pool P hold one count of it,
                  sum_a a_P x_ja = sum_a a_P x_ka, charged once (`placer.fleet.sharing`): a_p
                  above, in capacity, quotas and demand, is `charged(j, a)`
+  choice         a shared pool the allocation may use or not (`Choice`): its members are extra
+                 jobs, the shared flavours of the jobs `alone`; each of both flavours may take
+                 the zero vector z (off, time infinite, objective term 0), and a boolean s_c
+                 per choice ties them: x_jz = s_c for every alone flavour, x_ez = 1 - s_c for
+                 every shared one (`forced` fixes s_c, to price the option not chosen)
   service        x_ja = 0 where T_j(a) exceeds the job's deadline or minimum throughput
   symmetry       jobs j < k of one kind (`AllocJob.kind`: one time function, the same team,
                  weight, iterations, limit and grid; `twins`) take vectors in grid order,
@@ -46,13 +51,14 @@ largest). Of the allocations as good as the incumbent, the one holding the fewes
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from placer.fleet.sharing import ShareGroup, charged, consistent
+from placer.fleet.sharing import Choice, ShareGroup, charged, consistent
 
 Vec = tuple[int, ...]
 SCALE = 1_000_000_000  # the largest objective coefficient, after scaling to integers
@@ -94,13 +100,30 @@ class AllocProblem:
     prefetch: Callable[[list[tuple[int, Vec]]], None] | None = None
     known: list[dict[Vec, float | None]] = field(default_factory=list)
     not_monotone: int = 0  # evaluated pairs where fewer nodes were faster (the bound failed)
-    shared: tuple[ShareGroup, ...] = ()  # CPU pools several jobs share (one count, charged once)
+    shared: tuple[ShareGroup, ...] = ()  # pools several jobs share (one count, charged once)
+    choices: tuple[Choice, ...] = ()  # shared pools the allocation may use or not
+    forced: dict[int, bool] = field(default_factory=dict)  # choice -> fixed share or not
 
     def __post_init__(self) -> None:
         if not self.known:  # one memo per kind: an identical job's times are the same
             shared: dict[int, dict[Vec, float | None]] = {}
             self.known = [{} if job.kind is None else shared.setdefault(job.kind, {})
                           for job in self.jobs]
+        for j in self.optional():
+            self.known[j][self.zero] = math.inf  # off: no time, no term in the objective
+
+    @property
+    def zero(self) -> Vec:
+        return (0,) * len(self.pools)
+
+    def optional(self) -> set[int]:
+        """The jobs that may be off: both flavours of every choice's jobs."""
+        return {j for c in self.choices for j in (*c.alone, *self.shared[c.group].members)}
+
+    def options(self, j: int) -> tuple[Vec, ...]:
+        """Job j's vectors: its grid, and the zero vector (off) for a choice's job."""
+        grid = self.jobs[j].grid
+        return grid + (self.zero,) if j in self.optional() else grid
 
     def evaluate(self, j: int, a: Vec) -> float | None:
         """T_j(a), memoised; counts each pair of evaluated vectors that breaks the monotone
@@ -108,6 +131,8 @@ class AllocProblem:
         if a not in self.known[j]:
             t = self.time_of(j, a)
             for b, tb in self.known[j].items():
+                if tb is not None and math.isinf(tb):
+                    continue  # off (a choice's zero vector): no plan to compare with
                 if (_within(a, b) and _faster(t, tb)) or (_within(b, a) and _faster(tb, t)):
                     self.not_monotone += 1
             self.known[j][a] = t
@@ -122,8 +147,9 @@ class AllocProblem:
             self.evaluate(j, a)
 
     def evaluated(self) -> int:
-        """Time functions evaluated: each kind's once."""
-        return sum(len(k) for k in {id(k): k for k in self.known}.values())
+        """Time functions evaluated: each kind's once (a choice's zero vector is none)."""
+        return sum(1 for k in {id(k): k for k in self.known}.values() for t in k.values()
+                   if t is None or not math.isinf(t))
 
     def bound(self, j: int, a: Vec) -> tuple[float | None, bool]:
         """(the optimistic time of `a`, whether it is exact); None: `a` cannot be placed."""
@@ -138,13 +164,23 @@ class AllocProblem:
         return best, False
 
     def value(self, j: int, t: float) -> float:
-        """Job j's term of the objective at iteration time t."""
+        """Job j's term of the objective at iteration time t (infinite: off, no term)."""
+        if math.isinf(t):
+            return 0.0
         job = self.jobs[j]
         return job.weight * 3600 / t if self.objective == "throughput" else job.iterations * t
 
     def demand(self, team: str, p: int) -> int:
-        return sum(max(charged(self.shared, j, a)[p] for a in job.grid)
-                   for j, job in enumerate(self.jobs) if job.team == team)
+        """The most nodes of pool p the team's jobs could use (a choice's job: the larger of
+        its two flavours, counted once)."""
+        flavour = {e: c.alone[i] for c in self.choices
+                   for i, e in enumerate(self.shared[c.group].members)}
+        most: dict[int, int] = {}
+        for j, job in enumerate(self.jobs):
+            if job.team == team:
+                k = flavour.get(j, j)
+                most[k] = max(most.get(k, 0), *(charged(self.shared, j, a)[p] for a in job.grid))
+        return sum(most.values())
 
     def held(self, j: int, a: Vec) -> Vec:
         """The nodes job j's vector `a` is charged (a shared pool at its first member only)."""
@@ -199,6 +235,7 @@ def _model(pr: AllocProblem, values: list[dict[Vec, float]]
     for xs in x:
         m.add_exactly_one(xs.values())
     _symmetry(pr, m, x)
+    _choices(pr, m, x)
     for g in pr.shared:
         for first, second in zip(g.members, g.members[1:]):
             m.add(sum(a[g.pool] * v for a, v in x[first].items())
@@ -224,15 +261,29 @@ def _model(pr: AllocProblem, values: list[dict[Vec, float]]
     return m, x, k, mk
 
 
+def _choices(pr: AllocProblem, m: cp_model.CpModel, x: list[dict[Vec, cp_model.IntVar]]
+             ) -> None:
+    """Per choice, one boolean: share (every shared flavour on, every alone flavour off) or not."""
+    z = pr.zero
+    for c, ch in enumerate(pr.choices):
+        share = m.new_bool_var(f"share_{c}")
+        if c in pr.forced:
+            m.add(share == int(pr.forced[c]))
+        for j, e in zip(ch.alone, pr.shared[ch.group].members):
+            m.add(x[j][z] == share)
+            m.add(x[e][z] == 1 - share)
+
+
 def twins(pr: AllocProblem) -> list[tuple[int, int]]:
     """Pairs (j, k), j < k, of jobs of one kind, each with the next of its kind: the same time
     function, team, weight, iterations, limit, grid and shared pool (a shared pool's first
     member is charged its nodes: it has no twin), so swapping their vectors changes nothing."""
     last: dict[tuple[object, ...], int] = {}
     out = []
+    optional = pr.optional()
     for k, job in enumerate(pr.jobs):
         group = next((g for g in pr.shared if k in g.members), None)
-        if job.kind is None or (group is not None and k == group.members[0]):
+        if job.kind is None or (group is not None and k == group.members[0]) or k in optional:
             continue
         key = (job.kind, group, job.team, job.weight, job.iterations, job.max_iteration_s, job.grid)
         if key in last:
@@ -280,11 +331,11 @@ def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int,
     exact: list[dict[Vec, bool]] = []
     for j, job in enumerate(pr.jobs):
         vals, ex = {}, {}
-        for a in job.grid:
+        for a in pr.options(j):
             t, is_exact = pr.bound(j, a)
             if t is None:
                 continue
-            if job.max_iteration_s is not None and t > job.max_iteration_s:
+            if _misses(job, t):
                 continue  # the bound already misses the deadline: so does the time
             vals[a], ex[a] = pr.value(j, t), is_exact
         values.append(vals)
@@ -329,7 +380,8 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     # every job at its top's time: a bound before any round (T_j(a) >= T_j(top) on the grid)
     fastest = [min((t for a in _maximal(job.grid) if (t := pr.known[j].get(a)) is not None),
                    default=None) for j, job in enumerate(pr.jobs)]
-    bound = (_objective(pr, [t for t in fastest if t is not None]) if None not in fastest
+    bound = (_objective(pr, [t for t in fastest if t is not None])
+             if None not in fastest and not (pr.choices and pr.objective == "makespan")
              else float("inf") if pr.objective == "throughput" else 0.0)
     rounds, proven = 0, False
     while True:
@@ -372,10 +424,16 @@ def fair_shares(pr: AllocProblem) -> list[Vec] | None:
     """Each job's largest grid vector within an equal split of its team's nominal quota among
     the team's jobs (None if some job has none): no team borrows and every pool holds them, so
     the quotas hold; a first incumbent, and a first bound below the tops."""
-    out = []
-    for job in pr.jobs:
+    if any(pr.forced.values()):
+        return None  # an allocation that must share: the alone fair shares are not one
+    off = {e for c in pr.choices for e in pr.shared[c.group].members}
+    out: list[Vec] = []
+    for j, job in enumerate(pr.jobs):
+        if j in off:
+            out.append(pr.zero)
+            continue
         tq = pr.teams[job.team]
-        n = sum(1 for o in pr.jobs if o.team == job.team)
+        n = sum(1 for k, o in enumerate(pr.jobs) if o.team == job.team and k not in off)
         share = [k // n for k in tq.nominal]
         fit = [a for a in job.grid if all(x <= y for x, y in zip(a, share))]
         if not fit:
@@ -392,8 +450,8 @@ def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> 
     holds the fewest nodes: nodes that no job's plan would be faster with go back to the pool."""
     values: list[dict[Vec, float]] = []
     for j, job in enumerate(pr.jobs):
-        ok = {a: t for a, t in pr.known[j].items() if t is not None and a in set(job.grid)
-              and (job.max_iteration_s is None or t <= job.max_iteration_s)}
+        ok = {a: t for a, t in pr.known[j].items() if t is not None
+              and a in set(pr.options(j)) and not _misses(job, t)}
         values.append({a: pr.value(j, t) for a, t in ok.items()})
     m, x, k, objective = _model(pr, values)
     now = [int(round(vals[a] * k)) for vals, a in zip(values, vecs)]
@@ -417,13 +475,17 @@ def _keep_best(pr: AllocProblem, best: tuple[float, list[Vec]] | None, vecs: lis
     times = [pr.known[j][a] for j, a in enumerate(vecs)]
     if any(t is None for t in times):
         return best
-    if any(job.max_iteration_s is not None and t is not None and t > job.max_iteration_s
-           for job, t in zip(pr.jobs, times)):
+    if any(t is not None and _misses(job, t) for job, t in zip(pr.jobs, times)):
         return best
     obj = _objective(pr, [t for t in times if t is not None])
     if best is None or (obj > best[0] if pr.objective == "throughput" else obj < best[0]):
         return obj, list(vecs)
     return best
+
+
+def _misses(job: AllocJob, t: float) -> bool:
+    """Whether time t misses the job's deadline or minimum throughput (off never does)."""
+    return job.max_iteration_s is not None and not math.isinf(t) and t > job.max_iteration_s
 
 
 def _within(a: Vec, b: Vec) -> bool:

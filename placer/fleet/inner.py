@@ -251,7 +251,7 @@ def share_groups(fleet: Fleet) -> tuple[ShareGroup, ...]:
     pools = [p.name for p in fleet.cluster.pools]
     index = {fj.name: j for j, fj in enumerate(fleet.jobs)}
     return tuple(ShareGroup(pools.index(cp.pool), tuple(sorted(index[n] for n in cp.jobs)))
-                 for cp in fleet.shared.cpu_pools)
+                 for cp in fleet.shared.cpu_pools if not cp.choose)  # chosen: `sharedplan`
 
 
 def priced_jobs(fleet: Fleet) -> list[Job]:

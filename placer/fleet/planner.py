@@ -29,10 +29,10 @@ from placer.fleet.alloc import (
     solve_round,
 )
 from placer.fleet.inner import JobPlanner, alloc_problem
-from placer.fleet.result import FleetResult, JobResult, SharedUse, team_usage
+from placer.fleet.result import FleetResult, SharedUse, team_usage
+from placer.fleet.sharedplan import SharedRollouts
+from placer.fleet.sharing import as_written
 from placer.fleet.spec import Fleet
-from placer.solve.planfile import Plan
-from placer.spec.job import Job
 
 Progress = Callable[[str], None]
 CHECK_S = 5.0  # the most one diagnosis check (the fleet less one job) may solve for
@@ -57,11 +57,12 @@ def _plan(planner: JobPlanner, time_limit_s: float, workers: int, seed: int,
     if progress is not None:
         progress(f"fleet: {len(fleet.jobs)} jobs: their allocation grids, then each on all its "
                  "team may hold")
-    pr = alloc_problem(planner)
+    rollouts = SharedRollouts(planner)
+    pr = rollouts.extend(alloc_problem(planner))
     if progress is not None:
         progress(f"fleet: grids of {sum(len(job.grid) for job in pr.jobs)} allocations; "
                  f"{len(set(planner.kind_of))} kinds of job to plan")
-    _check_jobs(pr, planner)
+    _check_jobs(pr, planner, rollouts)
     if progress is not None:
         progress(f"fleet: {pr.evaluated()} job plans priced on their caps")
 
@@ -79,10 +80,11 @@ def _plan(planner: JobPlanner, time_limit_s: float, workers: int, seed: int,
     except NoAllocation as e:  # proven: the model over the optimistic times has no solution
         budget = max(deadline - time.monotonic(), DIAGNOSIS_S)
         raise Infeasible(diagnose(pr, planner, str(e), budget)) from None
-    jobs = [JobResult.of(fj, planner.nodes_of(v), planner.plan(j, v))
-            for j, (fj, v) in enumerate(zip(fleet.jobs, a.vectors))]
+    jobs, engines, vectors, chosen = rollouts.results(a)
+    choices = rollouts.priced_alternatives(pr, a, deadline, workers, seed)
     shared = []
-    for g in pr.shared:  # each member's cost: its time shared against alone on its nodes
+    cpu_groups = pr.shared[:rollouts.offset]  # declared CPU pools; chosen ones: `results`
+    for g in cpu_groups:  # each member's cost: its time shared against alone on its nodes
         alone = [planner.alone(j, a.vectors[j]) for j in g.members]
         for j, t in zip(g.members, alone):
             jobs[j] = replace(jobs[j], shared_pool=pr.pools[g.pool], alone_iteration_s=t,
@@ -90,18 +92,12 @@ def _plan(planner: JobPlanner, time_limit_s: float, workers: int, seed: int,
         shared.append(SharedUse(pr.pools[g.pool], a.vectors[g.members[0]][g.pool],
                                 [jobs[j].name for j in g.members],
                                 [jobs[j].iteration_s for j in g.members], alone))
-    inner_gap = max(planner.plan(j, v).solver.gap for j, v in enumerate(a.vectors))
-    return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, a.vectors),
+    inner_gap = max(j.plan.solver.gap for j in jobs)
+    groups = pr.shared[:len(cpu_groups)] + rollouts.active_groups(a.vectors)
+    return FleetResult(fleet.name, fleet.objective, jobs, team_usage(fleet, vectors, groups),
                        a.objective, a.bound, a.gap, a.optimal, a.not_monotone, inner_gap, a.rounds,
-                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s, shared)
-
-
-def as_written(plan: Plan, job: Job) -> Plan:
-    """A shared pool member's plan with its job's own `cpu_per_call` (it was priced with its
-    share of the cores): what it runs, exports and simulates is the job as written; its
-    predicted time stays the shared one."""
-    env = {**plan.job["environment"], "cpu_per_call": job.environment.cpu_per_call}
-    return plan.model_copy(update={"job": {**plan.job, "environment": env}})
+                       a.evaluated, sum(len(job.grid) for job in pr.jobs), a.solve_s,
+                       shared + chosen, engines, choices)
 
 
 def _nodes(planner: JobPlanner, a: Vec) -> str:
@@ -109,10 +105,12 @@ def _nodes(planner: JobPlanner, a: Vec) -> str:
                      if n) or "no nodes"
 
 
-def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
+def _check_jobs(pr: AllocProblem, planner: JobPlanner, rollouts: SharedRollouts) -> None:
     """Each job alone on the most its team may hold: placed, and within its limits."""
     pr.fetch([(j, max(job.grid, key=sum)) for j, job in enumerate(pr.jobs) if job.grid])
     for j, job in enumerate(pr.jobs):
+        if j in pr.optional():
+            continue  # either flavour may be the one that fits
         if not job.grid:
             raise Infeasible(f"job {job.name}: team {job.team}'s quota gives it no nodes of a "
                              "pool its roles can run on")
@@ -121,7 +119,7 @@ def _check_jobs(pr: AllocProblem, planner: JobPlanner) -> None:
         if t is None:
             raise Infeasible(f"job {job.name}: cannot be placed even on all its team "
                              f"{job.team} may hold ({_nodes(planner, top)}): "
-                             f"{planner.reason(j, top)}")
+                             f"{rollouts.reason(j, top)}")
         if job.max_iteration_s is not None and t > job.max_iteration_s:
             raise Infeasible(f"job {job.name}: misses its deadline or minimum throughput even on "
                              f"all its team {job.team} may hold ({_nodes(planner, top)}): an "
@@ -147,7 +145,8 @@ def diagnose(pr: AllocProblem, planner: JobPlanner, why: str, limit_s: float = D
     them within `limit_s`. A removal whose model runs out of time settles nothing: the
     diagnosis names the jobs it could not try instead of reading them as not fitting."""
     end = time.monotonic() + limit_s
-    least = [pr.held(j, _least(pr, j)) for j in range(len(pr.jobs))]  # a shared pool once
+    least = [pr.zero if j in pr.optional() else pr.held(j, _least(pr, j))  # a shared pool once
+             for j in range(len(pr.jobs))]
     for p, pool in enumerate(pr.pools):
         need = {job.name: m[p] for job, m in zip(pr.jobs, least) if m[p]}
         if sum(need.values()) > pr.nodes[p]:
@@ -164,6 +163,8 @@ def diagnose(pr: AllocProblem, planner: JobPlanner, why: str, limit_s: float = D
         return fair
     unsettled = []
     for j, job in enumerate(pr.jobs):
+        if pr.choices:
+            break  # a choice's jobs are indexed: removing one would leave it pointing astray
         left = end - time.monotonic()
         if left <= 0:
             unsettled.append(job.name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from placer.fleet.sharing import ShareGroup, charged
+from placer.fleet.sharing import ShareGroup, charged, groups_of
 from placer.fleet.spec import Fleet, FleetJobSpec
 from placer.solve.planfile import Plan
 
@@ -25,6 +25,7 @@ class JobResult:
     plan: Plan
     shared_pool: str | None = None  # the CPU pool its environment shares (`placer.fleet.sharing`)
     alone_iteration_s: float | None = None  # on the same nodes with the pool to itself
+    rollout_pool: str | None = None  # the pool of the rollout engines it shares (`rolloutpool`)
 
     @classmethod
     def of(cls, fj: FleetJobSpec, nodes: dict[str, int], plan: Plan) -> JobResult:
@@ -43,7 +44,7 @@ class JobResult:
                 "iteration_s": self.iteration_s, "iterations_per_hour": self.iterations_per_hour,
                 "iterations": self.iterations, "finish_h": self.finish_h(),
                 "plan_gap": self.plan.solver.gap, "shared_pool": self.shared_pool,
-                "alone_iteration_s": self.alone_iteration_s,
+                "alone_iteration_s": self.alone_iteration_s, "rollout_pool": self.rollout_pool,
                 "plan": self.plan.model_dump(mode="json")}
 
 
@@ -91,13 +92,74 @@ class SharedUse:
         return f"shared {self.pool} x{self.nodes}: {costs}"
 
 
-def team_usage(fleet: Fleet, vectors: list[tuple[int, ...]]) -> list[TeamUse]:
+@dataclass(frozen=True)
+class EngineShare:
+    """One member of a shared rollout pool: its generation on the engines, its queueing behind
+    the others' generation and swaps, and its iteration shared and with the engines its own."""
+
+    job: str
+    generation_s: float
+    queue_s: float
+    iteration_s: float
+    alone_iteration_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "generation_s": self.generation_s, "queue_s": self.queue_s,
+                "iteration_s": self.iteration_s, "alone_iteration_s": self.alone_iteration_s}
+
+
+@dataclass(frozen=True)
+class SharedRolloutUse:
+    """Inference engines time-shared by jobs rolling out one model (`placer.fleet.rolloutpool`)."""
+
+    pool: str
+    nodes: int
+    team: str  # whose quota the engines' nodes count against
+    swap_s: float  # one weight swap into the engines
+    members: list[EngineShare]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "nodes": self.nodes, "team": self.team, "swap_s": self.swap_s,
+                "jobs": [m.to_dict() for m in self.members]}
+
+    def render(self) -> str:
+        rows = ", ".join(f"{m.job} {m.iteration_s:.2f} s/iter (generates {m.generation_s:.2f} s, "
+                         f"queues {m.queue_s:.2f} s; engines alone {m.alone_iteration_s:.2f})"
+                         for m in self.members)
+        return (f"shared rollout engines {self.pool} x{self.nodes} (team {self.team}'s quota; "
+                f"each swap {self.swap_s:.2f} s): {rows}")
+
+
+@dataclass(frozen=True)
+class SharingChoice:
+    """A shared pool the allocation chose to use or not, with the other option priced."""
+
+    pool: str
+    jobs: list[str]
+    shared: bool  # what the allocation chose
+    value: float  # the fleet's objective as chosen
+    alternative: float | None  # the best objective with the other option (None: none fits)
+    kind: str = "rollout engines"  # or "CPU nodes"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "jobs": self.jobs, "shared": self.shared,
+                "value": self.value, "alternative": self.alternative, "kind": self.kind}
+
+    def render(self, objective: str) -> str:
+        chose, other = ("share", "not sharing") if self.shared else ("do not share", "sharing")
+        alt = "does not fit" if self.alternative is None else f"{self.alternative:.4g}"
+        return (f"choice: {', '.join(self.jobs)} {chose} {self.kind} on {self.pool} "
+                f"({objective} {self.value:.4g}; {other}: {alt})")
+
+
+def team_usage(fleet: Fleet, vectors: list[tuple[int, ...]],
+               groups: tuple[ShareGroup, ...] | None = None) -> list[TeamUse]:
     """Every (team, pool) the team has a quota on, with the nodes its jobs hold there (a shared
     pool's nodes counted once, at its first member)."""
     pools = [p.name for p in fleet.cluster.pools]
     names = [fj.name for fj in fleet.jobs]
-    groups = tuple(ShareGroup(pools.index(cp.pool), tuple(sorted(map(names.index, cp.jobs))))
-                   for cp in (fleet.shared.cpu_pools if fleet.shared else []))
+    if groups is None:  # every declared group shares
+        groups = groups_of(fleet.shared, pools, names, {fj.name: fj.team for fj in fleet.jobs})
     vectors = [charged(groups, j, v) for j, v in enumerate(vectors)]
     out = []
     for team, t in fleet.teams.items():
@@ -127,6 +189,8 @@ class FleetResult:
     grid_size: int
     solve_s: float
     shared: list[SharedUse] = field(default_factory=list)
+    engines: list[SharedRolloutUse] = field(default_factory=list)
+    choices: list[SharingChoice] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"fleet": self.name, "objective": self.objective, "value": self.value,
@@ -138,7 +202,9 @@ class FleetResult:
                 "plans_priced": self.plans_priced, "grid_size": self.grid_size,
                 "solve_s": self.solve_s, "jobs": [j.to_dict() for j in self.jobs],
                 "teams": [u.to_dict() for u in self.usage],
-                "shared": [s.to_dict() for s in self.shared]}
+                "shared": [s.to_dict() for s in self.shared],
+                "shared_rollout": [e.to_dict() for e in self.engines],
+                "sharing_choices": [c.to_dict() for c in self.choices]}
 
     def render(self) -> str:
         head = (f"throughput {self.value:.4g} weighted iterations/h"
@@ -155,13 +221,15 @@ class FleetResult:
         lines.append(f"{'job':<{w}}  {'team':<12} {'weight':>6} {'s/iter':>9} {'iter/h':>8} "
                      f"{'done h':>7}  nodes")
         for j in self.jobs:
-            nodes = ", ".join(f"{p} {n}{' shared' * (p == j.shared_pool)}"
+            nodes = ", ".join(f"{p} {n}{' shared' * (p in (j.shared_pool, j.rollout_pool))}"
                               for p, n in j.nodes.items())
             done = j.finish_h()
             lines.append(f"{j.name:<{w}}  {j.team:<12} {j.weight:>6g} {j.iteration_s:>9.2f} "
                          f"{j.iterations_per_hour:>8.1f} {'-' if done is None else f'{done:.2f}':>7}"
                          f"  {nodes}")
         lines += [s.render() for s in self.shared]
+        lines += [e.render() for e in self.engines]
+        lines += [c.render(self.objective) for c in self.choices]
         return "\n".join(lines)
 
     def explain(self) -> str:

@@ -6,7 +6,8 @@ and how the allocation model counts the shared nodes.
         - {pool: cpu, jobs: [agentic-code, agentic-tool]}
 
 The listed jobs' environment roles run on one set of nodes of `pool`, whose size the allocation
-chooses (declared, not chosen by the allocator: a team asks for its jobs to share). The jobs must
+chooses. Declared, the jobs share; with `choose: true` the allocation prices both options and
+picks one (`placer.fleet.alloc`'s choices, `placer.fleet.sharedplan`). The jobs must
 be of one team, whose quota of the pool the shared nodes count against once (Kueue charges a
 workload to one ClusterQueue).
 
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
+from placer.fleet.rolloutpool import SharedRolloutPoolDecl, charged_first, rollout_errors
+from placer.solve.planfile import Plan
 from placer.spec.base import Strict
 from placer.spec.job import Job
 
@@ -39,6 +42,9 @@ class SharedCpuPoolDecl(Strict):
     pool: str = Field(description="the CPU pool (a pool of the cluster) the jobs share")
     jobs: list[str] = Field(min_length=2, description="the jobs (fleet names, one team) sharing "
                                                       "it")
+    choose: bool = Field(False, description="let the allocation choose whether the jobs share "
+                                            "(each option priced, the report names both); "
+                                            "false: they share")
 
 
 class Shared(Strict):
@@ -47,6 +53,9 @@ class Shared(Strict):
     cpu_pools: list[SharedCpuPoolDecl] = Field(default_factory=list,
                                                description="CPU environment pools shared by "
                                                            "jobs")
+    rollout_pools: list[SharedRolloutPoolDecl] = Field(
+        default_factory=list, description="inference engines time-shared by jobs rolling out "
+                                          "one model (`placer.fleet.rolloutpool`)")
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,16 @@ class ShareGroup:
 
     pool: int
     members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A shared pool the allocation may or may not use: `group` indexes the problem's shared
+    groups, whose members are the shared flavours of the jobs `alone` (the same order); each job
+    of the choice takes the zero vector (off) in the flavour not chosen."""
+
+    group: int
+    alone: tuple[int, ...]
 
 
 def charged(groups: tuple[ShareGroup, ...], j: int, a: tuple[int, ...]) -> tuple[int, ...]:
@@ -91,8 +110,37 @@ def shared_job(job: Job, mates: list[Job]) -> Job:
     return job.model_copy(update={"environment": env})
 
 
-def shared_errors(s: Shared, jobs: dict[str, str], pools: list[str], source: str) -> list[str]:
-    """One line per mistake in `shared` (`jobs`: fleet name -> team)."""
+def groups_of(s: Shared | None, pools: list[str], names: list[str], teams: dict[str, str]
+              ) -> tuple[ShareGroup, ...]:
+    """Every shared pool of `s` as the allocation's groups: CPU pools' members in fleet order,
+    a rollout pool's with the charged team's first (`rolloutpool.charged_first`)."""
+    if s is None:
+        return ()
+    out = [ShareGroup(pools.index(cp.pool), tuple(sorted(names.index(n) for n in cp.jobs)))
+           for cp in s.cpu_pools]
+    for rp in s.rollout_pools:
+        ordered = charged_first([n for n in names if n in rp.jobs], teams, rp.charge)
+        out.append(ShareGroup(pools.index(rp.pool), tuple(names.index(n) for n in ordered)))
+    return tuple(out)
+
+
+def as_written(plan: Plan, job: Job) -> Plan:
+    """A shared pool member's plan with its job's own `cpu_per_call` (it was priced with its
+    share of the cores): what it runs, exports and simulates is the job as written; its
+    predicted time stays the shared one."""
+    env = {**plan.job["environment"], "cpu_per_call": job.environment.cpu_per_call}
+    return plan.model_copy(update={"job": {**plan.job, "environment": env}})
+
+
+def shared_errors(s: Shared, jobs: dict[str, Job], teams: dict[str, str], pools: list[str],
+                  source: str) -> list[str]:
+    """One line per mistake in `shared` (`jobs`: fleet name -> job; `teams`: -> its team)."""
+    out = _cpu_errors(s, teams, pools, source)
+    taken = {n: f"shared.cpu_pools.{i}" for i, cp in enumerate(s.cpu_pools) for n in cp.jobs}
+    return out + rollout_errors(s.rollout_pools, jobs, teams, pools, taken, source)
+
+
+def _cpu_errors(s: Shared, jobs: dict[str, str], pools: list[str], source: str) -> list[str]:
     out = []
     seen: dict[str, int] = {}
     for i, cp in enumerate(s.cpu_pools):

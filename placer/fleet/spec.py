@@ -97,7 +97,8 @@ class FleetFile(Strict):
     contention: Contention | None = Field(None, description="what the jobs share when "
                                                             "simulated side by side "
                                                             "(`placer fleet --simulate`)")
-    shared: Shared | None = Field(None, description="CPU environment pools several jobs share "
+    shared: Shared | None = Field(None, description="CPU environment pools and rollout engines "
+                                                    "several jobs share "
                                                     "(`placer.fleet.sharing`)")
 
 
@@ -176,7 +177,8 @@ def fleet_from_dict(data: dict[str, Any], base: Path, source: str = "fleet") -> 
                                                            for t, v in ff.teams.items()},
                                     [p.name for p in cluster.pools], source)
     if ff.shared is not None:
-        errors += shared_errors(ff.shared, {j.name: j.team for j in jobs if j is not None},
+        errors += shared_errors(ff.shared, {j.name: j.job for j in jobs if j is not None},
+                                {j.name: j.team for j in jobs if j is not None},
                                 [p.name for p in cluster.pools], source)
         errors += _shared_twice(ff, source)
     if errors:

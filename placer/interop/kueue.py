@@ -17,7 +17,15 @@ config/components/crd/bases at commit ff69552, v0.20.0-devel):
                         each job's RayJob (`placer.interop.kuberay`, its RayCluster sized by the
                         job's plan on its allocated nodes), labelled `kueue.x-k8s.io/queue-name`
                         with its team's LocalQueue and created suspended: Kueue unsuspends it when
-                        it admits it.
+                        it admits it;
+  shared/POOL-engines-raycluster.yaml
+                        per shared rollout pool (`placer.fleet.rolloutpool`), one suspended
+                        RayCluster of the engines' nodes (its pool's worker group, the size the
+                        allocation gave the group), labelled with the charged team's LocalQueue:
+                        Kueue admits and counts the engines once, and the members' RayJobs leave
+                        that group out. `placer execute` runs a job's rollout inside its own Ray
+                        cluster, so the members cannot reach the shared engines yet: a warning
+                        says so.
 What Kueue cannot account is a warning: an LPU pool (no Kubernetes resource; its nodes are held by
 the plan alone) and a team with jobs but no CPU quota (the Ray head's 2 CPUs need one).
 """
@@ -90,10 +98,14 @@ def export_kueue(fleet: Fleet, result: FleetResult, image: str = DEFAULT_IMAGE,
                       "spec": {"clusterQueue": dns_name(team)}})
     files = {"resourceflavors.yaml": _dump_all(flavors),
              "clusterqueues.yaml": _dump_all(queues), "localqueues.yaml": _dump_all(local)}
+    engines: dict[str, dict[str, Any]] = {}
     for job in result.jobs:
         ray = export_kuberay(job.plan, image=image, steps=steps)
         warn += [w for w in ray.warnings if w not in warn]
         rayjob = yaml.safe_load(ray.files["rayjob.yaml"])
+        if job.rollout_pool is not None:
+            cluster = yaml.safe_load(ray.files["raycluster.yaml"])
+            _leave_out_engines(rayjob, cluster, job.rollout_pool, engines)
         rayjob["metadata"]["namespace"] = namespace
         rayjob["metadata"]["labels"] = {**rayjob["metadata"]["labels"],
                                         QUEUE_LABEL: dns_name(job.team)}
@@ -103,9 +115,43 @@ def export_kueue(fleet: Fleet, result: FleetResult, image: str = DEFAULT_IMAGE,
         base = dns_name(job.name)
         files[f"jobs/{base}-rayjob.yaml"] = yaml.safe_dump(rayjob, sort_keys=False, width=100)
         files[f"jobs/{base}-plan-configmap.yaml"] = yaml.safe_dump(cm, sort_keys=False, width=100)
+    for use in result.engines:
+        files[f"shared/{dns_name(use.pool)}-engines-raycluster.yaml"] = yaml.safe_dump(
+            _engines_cluster(engines[use.pool], use.pool, use.team, namespace), sort_keys=False,
+            width=100)
+        members = ", ".join(m.job for m in use.members)
+        warn.append(f"shared rollout engines on pool {use.pool} ({members}): their "
+                    "RayCluster is admitted and counted once; `placer execute` runs a job's "
+                    "rollout in its own Ray cluster, so the members' RayJobs cannot reach the "
+                    "shared engines: serve them with an engine that takes weights from several "
+                    "trainers")
     command = ("kubectl apply -f resourceflavors.yaml -f clusterqueues.yaml -f localqueues.yaml "
-               "&& kubectl apply -f jobs/")
+               "&& kubectl apply -f jobs/" + (" -f shared/" if result.engines else ""))
     return Export("kueue", files, command, warn)
+
+
+def _leave_out_engines(rayjob: dict[str, Any], cluster: dict[str, Any], pool: str,
+                       engines: dict[str, dict[str, Any]]) -> None:
+    """A shared rollout pool's member: its RayJob without the engines' worker group, which the
+    pool's one RayCluster holds (kept from the first member's cluster in `engines`)."""
+    name = dns_name(pool, 50)
+    spec = rayjob["spec"]["rayClusterSpec"]
+    spec["workerGroupSpecs"] = [g for g in spec["workerGroupSpecs"] if g["groupName"] != name]
+    if pool not in engines:
+        cluster["spec"]["workerGroupSpecs"] = [g for g in cluster["spec"]["workerGroupSpecs"]
+                                               if g["groupName"] == name]
+        engines[pool] = cluster
+
+
+def _engines_cluster(cluster: dict[str, Any], pool: str, team: str, namespace: str
+                     ) -> dict[str, Any]:
+    """The shared engines' RayCluster, queued on the charged team's LocalQueue (suspended until
+    Kueue admits it)."""
+    return {"apiVersion": cluster["apiVersion"], "kind": "RayCluster",
+            "metadata": {"name": dns_name(f"placer-shared-{pool}-engines"),
+                         "namespace": namespace,
+                         "labels": {**MANAGED, QUEUE_LABEL: dns_name(team)}},
+            "spec": {**cluster["spec"], "suspend": True}}
 
 
 def _cluster_queue(fleet: Fleet, team: str, pools: dict[str, Pool],

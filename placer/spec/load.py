@@ -40,6 +40,10 @@ def check_pins(job: Job, source: str) -> list[str]:
         if pin.pool is not None and pin.pool not in pools:
             out.append(f"{source}: pin.{role}.pool: no pool {pin.pool!r} in the cluster "
                        f"(pools: {', '.join(pools)}) (got {pin.pool!r})")
+        for name in pin.avoid or []:
+            if name not in pools:
+                out.append(f"{source}: pin.{role}.avoid: no pool {name!r} in the cluster "
+                           f"(pools: {', '.join(pools)}) (got {name!r})")
     return out
 
 

@@ -5,6 +5,8 @@ TP 2, an inference engine config is the one known to work, the trainer's mesh is
 that restarts from it. A job says so under `pin:`, one entry per role, with any of
 
     pool      the pool the role runs on
+    avoid     pools the role may not run on (a fleet's shared rollout pool keeps the members'
+              other roles off its engines' nodes)
     devices   how many devices it takes (tp x cp x pp x dp)
     tp pp dp cp ep   its tensor, pipeline, data, context and expert parallel degrees
     shard     a trainer's ZeRO shard group in dp ranks (HSDP, verl's `fsdp_size`; = dp: plain
@@ -48,6 +50,8 @@ class Pin(Strict):
     """One role's pinned placement: any of pool, device count and parallel degrees."""
 
     pool: str | None = Field(None, description="the pool the role runs on")
+    avoid: list[str] | None = Field(None, min_length=1,
+                                    description="pools the role may not run on")
     devices: PosInt | None = Field(None, description="devices the role takes (tp x cp x pp x dp)")
     tp: PosInt | None = Field(None, description="tensor-parallel degree")
     pp: PosInt | None = Field(None, description="pipeline stages")
@@ -63,7 +67,7 @@ class Pin(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Pin:
         if not self.fixed():
-            raise ValueError("a pin fixes at least one of pool, devices, " + ", ".join(DIMS)
+            raise ValueError("a pin fixes at least one of pool, avoid, devices, " + ", ".join(DIMS)
                              + ", shard, sharded")
         factors = {d: getattr(self, d) for d in ("tp", "cp", "pp", "dp") if getattr(self, d)}
         product = 1
@@ -76,18 +80,22 @@ class Pin(Strict):
             raise ValueError(f"shard {self.shard} does not divide dp {self.dp}")
         return self
 
-    def fixed(self) -> dict[str, str | int]:
+    def fixed(self) -> dict[str, str | int | list[str]]:
         """The pinned keys and their values, in display order."""
-        keys = ("pool", "devices", *DIMS, "shard", "sharded")
+        keys = ("pool", "avoid", "devices", *DIMS, "shard", "sharded")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     def describe(self) -> str:
-        """`pool gpu, tp 2, dp 2`: how messages and `--explain` name the pin."""
-        return ", ".join(f"{k} {v}" for k, v in self.fixed().items())
+        """`pool gpu, tp 2, dp 2` (`avoid h20/l40s`): how messages and `--explain` name the
+        pin."""
+        return ", ".join(f"{k} {'/'.join(v) if isinstance(v, list) else v}"
+                         for k, v in self.fixed().items())
 
     def allows(self, pool: str, par: _Layout) -> bool:
         """Whether a layout of the role on `pool` keeps to the pin."""
         if self.pool is not None and pool != self.pool:
+            return False
+        if self.avoid is not None and pool in self.avoid:
             return False
         if self.devices is not None and par.devices != self.devices:
             return False
