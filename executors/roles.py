@@ -34,7 +34,7 @@ from executors.reshard import BucketLoading, engine_shard, engine_state, engine_
 from executors.runplan import EngineGroup, Layout, RunPlan
 from executors.sandbox import Limits, Sandbox
 from executors.sharding import recompute_layers, recomputes
-from executors.syncgroup import GroupReceiver
+from executors.syncgroup import BUCKETS, IPC, GroupReceiver
 from executors.task import Target, task_of
 from executors.vlm import encoder_spans, load_model
 from placer.base.roles import Role
@@ -226,6 +226,12 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
 
     def _engine_tp(self) -> int:
         return self.tp
+
+    def sync_member(self) -> tuple[str, int, int, str]:
+        """As `GroupReceiver.sync_member`, with the protocol the plan implies: an engine
+        colocated with the trainer takes its refreshes as shared memory (`executors.ipc`),
+        others over the group in buckets."""
+        return "cpu", self.tp, os.getpid(), IPC if self.cfg.engines.colocated else BUCKETS
 
     def _kv_heads(self) -> int | None:
         return self._kv

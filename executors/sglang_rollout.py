@@ -45,7 +45,7 @@ from executors import rl
 from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
 from executors.reshard import Bucket
 from executors.roles import RunConfig, _timing
-from executors.syncgroup import PER_TENSOR, GroupSpec, Manifest
+from executors.syncgroup import IPC, PER_TENSOR, GroupSpec, Manifest
 
 # FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
 # 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
@@ -145,10 +145,12 @@ class SglangRollout(EngineRollout):
 
     def sync_member(self) -> tuple[str, int, int, str]:
         """The engine's TP ranks join the group themselves, on their GPUs, with SGLang's
-        protocol; a colocated engine shares the trainer's GPUs, and NCCL holds no two ranks of
-        a group on one device, so it joins over gloo."""
-        kind = "cpu" if self.cfg.engines.colocated else "cuda"
-        return kind, self.cfg.engines.tp, os.getpid(), PER_TENSOR
+        protocol; a colocated engine takes its refreshes handed over in host shared memory
+        (`executors.ipc`): this process maps each bucket (one handle per TP rank) and passes
+        the tensors it completes to `update_weights_from_tensor` in the refresh's session."""
+        if self.cfg.engines.colocated:
+            return "cpu", self.cfg.engines.tp, os.getpid(), IPC
+        return "cuda", self.cfg.engines.tp, os.getpid(), PER_TENSOR
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         """Every TP rank joins each channel's group (`init_weights_update_group`: rank

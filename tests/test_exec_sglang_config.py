@@ -186,6 +186,32 @@ def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
     assert not eng.open and r.current_version() == 4
 
 
+def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout) -> None:
+    """Colocated, the engine names the hand-over: each bucket is mapped in this process (one
+    handle per TP rank, each consumed, so the sender frees it at once) and the tensors it
+    completes go to `update_weights_from_tensor` inside one weight-update session; the cache
+    is flushed once. The calls are the contract's (`test_every_name_the_backend_hands_sglang_
+    exists`)."""
+    from dataclasses import replace
+
+    from executors import ipc
+    from executors.syncgroup import IPC
+    r, state, cfg = rollout
+    r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True))
+    assert r.sync_member() == ("cpu", cfg.engines.tp, os.getpid(), IPC)
+    ho = ipc.HandOver("h", Stream(state, 40_000), torch.device("cpu"))
+    for k in range(ho.stream.count):
+        ack = r.handover_receive(ho.export(k, cfg.engines.tp), 0, ho.stream.head(k), 3, 1, "h")
+        ho.acked(k, ack["receivers"])
+        assert not ho.live
+    names = [c[0] for c in r.engine.calls]
+    assert names[0] == "begin_weight_update" and names[-2:] == ["end_weight_update", "flush_cache"]
+    assert set(names) == {"begin_weight_update", "update_weights_from_tensor",
+                          "end_weight_update", "flush_cache"}
+    assert all(torch.equal(r.engine.loaded[k], v) for k, v in state.items())
+    assert ack["done"] and r.current_version() == 3
+
+
 # SGLang's receiving side, run from the installed package's own source (sglang itself cannot be
 # imported here: it needs its CUDA dependencies): `init_custom_process_group` joins the group as
 # `WeightUpdater.init_weights_update_group` does, `receive_weights_from_distributed` receives as
