@@ -174,14 +174,16 @@ class GroupRefresh:
     def handover(self, actors: list[Member], targets: list[Member], infos: list[tuple[Any, ...]],
                  version: int, size: int) -> Outcomes:
         """A refresh handed over as shared memory to colocated engines (`executors.ipc`): each
-        engine's senders (the trainer rank beside it, `Trainer.handover_senders`) export every
+        engine's senders (the trainer rank on its first device, `device_of`;
+        `HandOverSender.handover_senders`) export every
         bucket once per engine TP rank, the engine maps and loads it and acknowledges, and a
         sender builds bucket k only after bucket k - `WINDOW`'s acknowledgements (passed as
         arguments: the runtime orders the calls, no round trip through here). Only handles and
         acknowledgements travel (`control_bytes`)."""
         before = self.control_bytes
         by_rank = {a.rank: a for a in actors}
-        beside = [[a.rank for a in actors if a.bundle.index == m.bundle.index] for m in targets]
+        beside = [[a.rank for a in actors if device_of(a, actors) == device_of(m, targets)]
+                  for m in targets]
         plan = [[by_rank[r] for r in rs] for rs in
                 self.one(by_rank[min(by_rank)], "handover_senders", size > 0, beside)]
         tps = [int(i[1]) for i in infos]
@@ -236,6 +238,17 @@ class GroupRefresh:
                               "src": ",".join(f"{s.role}{s.rank}" for s in plan[j]),
                               "backend": backend, "control_bytes": self.control_bytes - before}))
         return out
+
+
+def device_of(m: Member, role: list[Member]) -> tuple[int, Any]:
+    """The (bundle, device) a member's first device is: a bundle's devices go to the role's
+    members in it in rank order, an equal share each (a trainer rank one, an engine replica
+    its TP group)."""
+    same = sorted(x.rank for x in role if x.bundle.index == m.bundle.index)
+    devices = list(m.bundle.devices)
+    per = max(len(devices) // max(len(same), 1), 1)
+    at = same.index(m.rank) * per if m.rank in same else 0
+    return m.bundle.index, devices[min(at, len(devices) - 1)] if devices else None
 
 
 def _protocol(infos: list[tuple[Any, ...]]) -> Protocol:

@@ -57,6 +57,19 @@ def test_the_rank_beside_each_engine_hands_it_over() -> None:
     assert ipc.handover_senders([], [0], True) == [0]
 
 
+def test_each_member_sits_on_its_share_of_its_bundle() -> None:
+    """Two trainer ranks and two engine replicas in one two-device bundle (a node's): rank r
+    and replica r are on device r; a tp 2 replica takes both devices, its first the rank 0's."""
+    from executors.weights import device_of
+
+    def m(role: str, rank: int) -> Member:
+        return Member(role, rank, "train", SimpleNamespace(index=0, devices=[4, 5]), 0)
+    actors, engines = [m("actor", 0), m("actor", 1)], [m("rollout", 0), m("rollout", 1)]
+    assert [device_of(a, actors) for a in actors] == [(0, 4), (0, 5)]
+    assert [device_of(e, engines) for e in engines] == [(0, 4), (0, 5)]
+    assert device_of(engines[0], engines[:1]) == (0, 4)  # one tp 2 replica: devices 4 and 5
+
+
 def test_an_unconsumed_handle_is_reclaimed() -> None:
     """A bucket whose receiver never mapped it (it died) is released by the sender: no
     segment of this process outlives the hand-over."""
@@ -199,3 +212,28 @@ def test_a_receiver_takes_every_handle_of_its_tp_ranks(model_dir: Path) -> None:
     assert acks[-1]["done"] and engine.version == 5
     assert torch.equal(engine._shards[1]["w"], state["w"])  # 1-D: every rank holds it whole
     assert ho.reclaim() == ho.stream.count
+
+
+@pytest.mark.slow  # a whole run on Ray (~2 min on 2 cores); the tests above run the protocol fast
+@pytest.mark.ray
+def test_a_colocated_run_on_ray_hands_each_engine_its_weights(tmp_path: Path) -> None:
+    """Two steps of the whole loop on Ray, the rollout planned in the actor's slot (dp 2 each):
+    every refresh is a hand-over (no group), each engine's from the trainer rank in its bundle,
+    the whole model in 64 kB buckets, and what Ray carried is a bounded size per bucket."""
+    from exec_util import GRPO_LAYOUT, hand_plan  # lazy: the plan helpers load the planner
+
+    from executors.model import load_policy
+    from executors.run import execute
+    from placer.cost.calibration import calibration_from_dict
+    from placer.cost.sharding import Parallel
+    plan = hand_plan({**GRPO_LAYOUT, "rollout": ("gpu", Parallel(dp=2), "train")})
+    plan = plan.model_copy(update={"calibration": calibration_from_dict(
+        {"default": {"sync_bucket_gb": 64e-6}})})
+    r = execute(plan, 2, tmp_path / "out")
+    assert r.ledger_ok and [s.versions for s in r.stats][-1] == [1]
+    syncs = [e for e in r.trace.events if e.name == "weight sync"]
+    assert syncs and all(e.args["backend"] == "shm" for e in syncs)
+    total = _nbytes(load_policy(str(tmp_path / "out" / "model-v0")).state_dict())
+    assert all(e.args["bytes"] == total and e.args["calls"] > 1 for e in syncs)
+    assert {e.args["src"] for e in syncs} == {"actor0", "actor1"}  # the rank beside each
+    assert all(e.args["control_bytes"] < 2048 * 2 * e.args["calls"] for e in syncs)
