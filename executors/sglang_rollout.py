@@ -19,7 +19,8 @@ were computed with the old weights. Under Ray the engine's TP ranks are members 
 (`executors.syncgroup`, SGLang's protocol): they join each sender's group
 (`init_weights_update_group`) and receive the refresh themselves, one broadcast per tensor
 (`update_weights_from_distributed` with the names, dtypes and shapes: the control message),
-the whole refresh in one session. A colocated engine
+the whole refresh in one session; when the driver re-forms a path's group, the engine first
+destroys the old one (`destroy_weights_update_group`). A colocated engine
 (`EngineGroup.colocated`) starts with `enable_memory_saver` and releases its memory
 (`release_memory_occupation`) while the trainer trains, resuming it
 (`resume_memory_occupation`) before the refresh. Bytes and times reach the trace as every
@@ -162,6 +163,7 @@ class SglangRollout(EngineRollout):
         if spec.tps[engine] != self.cfg.engines.tp:
             raise RuntimeError(f"weight sync: engine {engine} runs tp {self.cfg.engines.tp}, "
                                f"the group expects {spec.tps[engine]}")
+        self._destroy_path(spec.path)
         for ch in spec.channels():
             _ok("init_weights_update_group", self.engine.init_weights_update_group(
                 master_address=spec.addr, master_port=spec.port,
@@ -169,6 +171,21 @@ class SglangRollout(EngineRollout):
                 group_name=spec.key(ch), backend=spec.backend))
         self._groups = {**self._groups, spec.name: spec}
         return True
+
+    def _destroy_path(self, path: int) -> list[str]:
+        """Destroy the groups an earlier spec of refresh path `path` formed (the driver
+        re-forms a path's group when its members change, or after a failure): SGLang keeps
+        every group it joined until `destroy_weights_update_group`. A group SGLang no longer
+        holds (its scheduler restarted) is not an error; the groups destroyed."""
+        gone = []
+        for old in [sp for sp in self._groups.values() if sp.path == path]:
+            del self._groups[old.name]
+            for ch in old.channels():
+                out = self.engine.destroy_weights_update_group(group_name=old.key(ch))
+                ok = out[0] if isinstance(out, tuple) else getattr(out, "success", True)
+                if ok:
+                    gone.append(old.key(ch))
+        return gone
 
     def sync_receive(self, name: str, manifests: list[Manifest], version: int
                      ) -> dict[str, Any]:
