@@ -29,7 +29,7 @@ import torch
 
 from executors import rl
 from executors.model import Codec, ValueModel, codec_for
-from executors.precision import of_job
+from executors.precision import autocast, of_job
 from executors.reshard import BucketLoading, engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup, Layout, RunPlan
 from executors.sandbox import Limits, Sandbox
@@ -338,6 +338,9 @@ class ModelReward(Worker):
 
 
 class Critic(Worker):
+    """PPO's value model: one process, its forward in the job's training precision
+    (`cfg.precision`: BF16 autocast over FP32 weights and Adam, as the actor trains)."""
+
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "critic", rank)
         self.model = ValueModel(cfg.model_arch, cfg.seed + 29)
@@ -349,10 +352,17 @@ class Critic(Worker):
         """One process trains the whole value model (the role's other ranks stand by)."""
         return {"dp": 1, "tp": 1, "pp": 1, "recompute": recomputes(self.model)}
 
+    def _values(self, s: rl.Samples) -> torch.Tensor:
+        """Values in the job's training precision (BF16 autocast over the FP32 weights, as the
+        actor: `executors.precision`), returned in FP32 for the loss and GAE."""
+        with autocast(self.cfg.precision):
+            v = rl.response_values(self.model, s)
+        return v.float()
+
     @torch.no_grad()
     def values(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
         t0 = time.time()
-        v = rl.response_values(self.model, s)
+        v = self._values(s)
         rows = [v[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
         return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
 
@@ -360,7 +370,7 @@ class Critic(Worker):
               ) -> tuple[dict, dict]:
         t0 = time.time()
         self.opt.zero_grad()
-        v = rl.response_values(self.model, s)
+        v = self._values(s)
         _, _, rmask = rl.pack(s)
         w = rmask.shape[1]
         loss = rl.value_loss(v, rl.to_padded(old, w), rl.to_padded(returns, w), rmask)
