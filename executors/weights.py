@@ -32,8 +32,9 @@ from typing import Any
 
 from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
+from executors.reshard import StreamLayout
 from executors.runplan import RunPlan
-from executors.runtime import Handle, Runtime
+from executors.runtime import Handle, Outcome, Runtime
 from executors.syncgroup import BUCKETS, PROTOCOLS, GroupSpec, Protocol
 from placer.base.roles import Role
 
@@ -175,33 +176,56 @@ class GroupRefresh:
                  version: int, size: int) -> Outcomes:
         """A refresh handed over as shared memory to colocated engines (`executors.ipc`): each
         engine's senders (the trainer rank on its first device, `device_of`;
-        `HandOverSender.handover_senders`) export every
-        bucket once per engine TP rank, the engine maps and loads it and acknowledges, and a
-        sender builds bucket k only after bucket k - `WINDOW`'s acknowledgements (passed as
-        arguments: the runtime orders the calls, no round trip through here). Only handles and
-        acknowledgements travel (`control_bytes`)."""
+        `HandOverSender.handover_senders`) export every bucket once per engine TP rank, the
+        engine maps and loads it and acknowledges, and a sender builds bucket k only after
+        bucket k - `WINDOW`'s acknowledgements (passed as arguments: the runtime orders the
+        calls, no round trip through here). Only handles, bucket heads and acknowledgements
+        travel (`control_bytes`); what no engine acknowledged its sender reclaims."""
         before = self.control_bytes
         by_rank = {a.rank: a for a in actors}
         beside = [[a.rank for a in actors if device_of(a, actors) == device_of(m, targets)]
                   for m in targets]
         plan = [[by_rank[r] for r in rs] for rs in
                 self.one(by_rank[min(by_rank)], "handover_senders", size > 0, beside)]
-        tps = [int(i[1]) for i in infos]
         device = "cuda" if all(i[0] == "cuda" for i in infos) else "cpu"
         self.formed += 1
         refresh = f"handover{self.formed}-v{version}"
         senders = list({s.rank: s for ss in plan for s in ss}.values())
+        layouts = {s.rank: self.one(s, "handover_prepare", refresh, size,
+                                    next(ss.index(s) for ss in plan if s in ss), device).layout()
+                   for s in senders}
+        acks, got = self._hand_over(refresh, version, plan, senders, targets, layouts,
+                                    [int(i[1]) for i in infos])
+        for s in senders:  # the rest acknowledged here; what nobody took is reclaimed
+            mine = [o.value for (r, _), hs in acks.items() if r == s.rank
+                    for o in self.rt.results(hs) if o.ok]
+            self.reclaimed += int(self.one(s, "handover_release", refresh, *mine))
+        backend = "cuda-ipc" if device == "cuda" else "shm"
+        out: Outcomes = []
+        for ss, os_ in zip(plan, got):
+            bad = next((o.error for o in os_ if not o.ok), None)
+            if bad is None and not (os_ and os_[-1].value["done"]):
+                bad = "the refresh ended before every stream was handed over"
+            vals = [o.value for o in os_ if o.ok]
+            out.append((bad, {"end": max((v["t0"] + v["dur"] for v in vals), default=0.0),
+                              "bytes": sum(v["bytes"] for v in vals),
+                              "calls": max(layouts[s.rank].count for s in ss),
+                              "senders": len(ss), "src": ",".join(f"{s.role}{s.rank}" for s in ss),
+                              "backend": backend, "control_bytes": self.control_bytes - before}))
+        return out
+
+    def _hand_over(self, refresh: str, version: int, plan: list[list[Member]],
+                   senders: list[Member], targets: list[Member], layouts: dict[int, StreamLayout],
+                   tps: list[int]) -> tuple[dict[tuple[int, int], list[Handle]], list[list[Outcome]]]:
+        """Issue every bucket's export and receipts at once, the k-th buckets of the senders
+        together; the receipts by (sender rank, bucket), and each engine's outcomes."""
         served: dict[int, list[tuple[int, int]]] = {s.rank: [] for s in senders}
         for j, ss in enumerate(plan):  # engine j's TP ranks take handles off..off + tp - 1
             for s in ss:
                 served[s.rank].append((j, sum(tps[i] for i, _ in served[s.rank])))
-        manifests = {s.rank: self.one(s, "handover_prepare", refresh, size,
-                                      next(ss.index(s) for ss in plan if s in ss), device)
-                     for s in senders}
         acks: dict[tuple[int, int], list[Handle]] = {}
         got: list[list[Handle]] = [[] for _ in targets]
         exports: list[Handle] = []
-        layouts = {r: m.layout() for r, m in manifests.items()}
         for k in range(max((lay.count for lay in layouts.values()), default=0)):
             for s in senders:
                 if k >= layouts[s.rank].count:
@@ -220,24 +244,7 @@ class GroupRefresh:
         # what travels: the handles, the acknowledgements, each call's bucket head
         self.control_bytes += sum(_pickled(o.value) for o in self.rt.results(exports) if o.ok)
         self.control_bytes += sum(_pickled(o.value) for os_ in outs for o in os_ if o.ok)
-        for s in senders:  # the rest acknowledged here; what nobody took is reclaimed
-            mine = [o.value for (r, _), hs in acks.items() if r == s.rank
-                    for o in self.rt.results(hs) if o.ok]
-            self.reclaimed += int(self.one(s, "handover_release", refresh, *mine))
-        backend = "cuda-ipc" if device == "cuda" else "shm"
-        out: Outcomes = []
-        for j, os_ in enumerate(outs):
-            bad = next((o.error for o in os_ if not o.ok), None)
-            if bad is None and not (os_ and os_[-1].value["done"]):
-                bad = "the refresh ended before every stream was handed over"
-            vals = [o.value for o in os_ if o.ok]
-            out.append((bad, {"end": max((v["t0"] + v["dur"] for v in vals), default=0.0),
-                              "bytes": sum(v["bytes"] for v in vals),
-                              "calls": max(layouts[s.rank].count for s in plan[j]),
-                              "senders": len(plan[j]),
-                              "src": ",".join(f"{s.role}{s.rank}" for s in plan[j]),
-                              "backend": backend, "control_bytes": self.control_bytes - before}))
-        return out
+        return acks, outs
 
 
 def device_of(m: Member, role: list[Member]) -> tuple[int, Any]:
