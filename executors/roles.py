@@ -195,7 +195,9 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
     """Generation with the torch backend. At tp > 1 the engine holds each TP rank's shards
     of the weights (`executors.reshard.engine_shard`), as a refresh delivers them, and gathers
     them whole for its forward on one device (`engine_unshard`): the shards are the engine's
-    weights, the model its view of them."""
+    weights, the model its view of them. It generates in the plan's precision (`cfg.precision`:
+    BF16 autocast, as vLLM and SGLang run `dtype=bfloat16`, its sampled log-probs from FP32
+    log-softmax); its weights stay FP32, so a refresh leaves them exactly the trainer's."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
@@ -284,8 +286,9 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
         contexts as prompts and the new tokens as responses."""
         t0 = time.time()
         delayed = self._straggle()
-        resp, lps = rl.generate(self.model, contexts, self.cfg.max_new_tokens, seeds,
-                                self.cfg.temperature, limits, eos=self.cfg.codec.eos)
+        with autocast(self.cfg.precision):  # the plan's BF16, over the refreshed FP32 weights
+            resp, lps = rl.generate(self.model, contexts, self.cfg.max_new_tokens, seeds,
+                                    self.cfg.temperature, limits, eos=self.cfg.codec.eos)
         s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
         return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
                           version=self.version, batch=len(ids), delayed_s=delayed,

@@ -2,7 +2,8 @@
 master weights, FSDP2 gathering BF16 parameters and reducing FP32 gradients. On gloo, dp 2 x
 tp 2 and pp 2 in bf16 take the same optimizer step as one process in bf16 within BF16's rounding; the
 master weights and Adam's state stay FP32; bf16 differs from fp32 (the format is really used);
-fp32 stays exact (tests/test_exec_sharding.py). The PPO critic trains in the same precision.
+fp32 stays exact (tests/test_exec_sharding.py). The PPO critic trains, and the torch rollout
+engine generates, in the same precision.
 
 Measured (tiny-llama, 8 samples, 2 mini-batches, lr 1e-3; `python -m pytest -q -s
 tests/test_exec_bf16.py`): the summed |weight difference| from one process in bf16 is 0.92%
@@ -113,3 +114,24 @@ def test_a_bf16_critic_matches_fp32_within_bf16(model_dir: Path) -> None:
     assert 0 < diff / moved < 0.05
     assert l16 == pytest.approx(l32, rel=2e-2, abs=1e-3)
     assert v16 == pytest.approx(v32, rel=5e-2, abs=2e-2)
+
+
+def test_a_bf16_rollout_samples_as_fp32_within_bf16(model_dir: Path) -> None:
+    """The torch rollout engine generates in the plan's precision (BF16 autocast, as vLLM and
+    SGLang run `dtype=bfloat16`; its weights stay the trainer's FP32, so a refresh is exact):
+    from the same seeds it samples nearly the same tokens as in FP32, its log-probs within
+    BF16's rounding where the tokens agree, and not exactly FP32's (the format is really used)."""
+    from executors.roles import Rollout
+    prompts = [[1, 5 + i, 9, 14 + i] for i in range(16)]
+    out = {}
+    for p in ("fp32", "bf16"):
+        engine = Rollout(config(model_dir, precision=p))
+        s, _ = engine.generate([f"s{i}" for i in range(16)], ["g"] * 16, prompts,
+                               list(range(16)))
+        assert all(v.dtype == torch.float32 for v in engine.model.state_dict().values())
+        out[p] = s
+    same = [i for i in range(16) if out["fp32"].responses[i] == out["bf16"].responses[i]]
+    assert len(same) >= 12  # a near-tie may flip a draw, and the rest of that sample with it
+    pairs = [(a, b) for i in same for a, b in zip(out["fp32"].logprobs[i],
+                                                   out["bf16"].logprobs[i])]
+    assert max(abs(a - b) for a, b in pairs) < 0.1 and any(a != b for a, b in pairs)
