@@ -237,3 +237,20 @@ def test_a_colocated_run_on_ray_hands_each_engine_its_weights(tmp_path: Path) ->
     assert all(e.args["bytes"] == total and e.args["calls"] > 1 for e in syncs)
     assert {e.args["src"] for e in syncs} == {"actor0", "actor1"}  # the rank beside each
     assert all(e.args["control_bytes"] < 2048 * 2 * e.args["calls"] for e in syncs)
+
+
+def test_no_executor_code_compares_a_protocols_name() -> None:
+    """The protocol an engine names is looked up in `syncgroup.PROTOCOLS` and asked what to do
+    (`forms_group`, `form`, `send`, `calls`); no module compares a protocol's name."""
+    import ast
+
+    names = set(PROTOCOLS) | {"BUCKETS", "PER_TENSOR", "IPC"}
+    found = []
+    for f in sorted((Path(__file__).resolve().parents[1] / "executors").glob("*.py")):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Compare):
+                parts = [n.left, *n.comparators]
+                if any(isinstance(p, ast.Constant) and p.value in names
+                       or isinstance(p, ast.Name) and p.id in names for p in parts):
+                    found.append(f"{f.name}:{n.lineno}")
+    assert found == []
