@@ -9,7 +9,7 @@ length, `samples_per_prompt` samples each, sampled with a KV cache up to `max_ne
 (no-grad forwards); group-normalised advantages; one clipped-surrogate step per mini-batch with
 Adam and gradient clipping at 1.0 (the executor's optimizer and clip). As the executor trains
 what the plan prices, so can this loop: `bf16` runs the log-prob and training forwards under
-BF16 autocast over FP32 weights and Adam (sampling stays FP32, as the executor's torch engine),
+BF16 autocast over FP32 weights and Adam (sampling too, as the executor's torch engine samples),
 and `micro_batches` accumulates each mini-batch's gradient over that many micro-batches, each
 loss scaled by the mini-batch's response tokens. Every draw is from the seed. Returns per-step
 wall times and the time each phase took.
@@ -105,7 +105,9 @@ def run(arch: ModelArch, seed: int, prompts: int, samples_per_prompt: int, promp
     for _ in range(steps):
         t0 = t = time.perf_counter()
         base = torch.randint(4, arch.vocab, (prompts, prompt_len), generator=gen)
-        seqs, rmask = _sample(model, base.repeat_interleave(samples_per_prompt, 0), max_new, gen)
+        with cast():
+            seqs, rmask = _sample(model, base.repeat_interleave(samples_per_prompt, 0), max_new,
+                                  gen)
         t = phase("generate", t)
         w = rmask.shape[1]
         reward = _rule_reward(seqs[:, -w:], rmask).view(prompts, samples_per_prompt)

@@ -71,6 +71,10 @@ class EngineRollout(Worker, BucketLoading, GroupReceiver):
         self._pending: list[tuple[str, torch.Tensor]] = []
         self._pending_bytes = 0
 
+    def _engine_tp(self) -> int:
+        """The engine's TP ranks: each takes its own hand-over handle (`executors.ipc`)."""
+        return self.cfg.engines.tp
+
     def _load_shard(self, t: int, name: str, shard: torch.Tensor) -> None:
         self._pending.append((name, shard))
         self._pending_bytes += shard.numel() * shard.element_size()

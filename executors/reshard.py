@@ -171,6 +171,21 @@ class Bucket:
         return int(self.data.numel())
 
 
+@dataclass(frozen=True)
+class BucketHead:
+    """A bucket without its bytes: what a shared-memory hand-over's control message says of
+    it (`executors.ipc`); the bytes are mapped where they lie (`with_data`)."""
+
+    sender: int
+    index: int
+    count: int
+    start: int
+    entries: tuple[Entry, ...]
+
+    def with_data(self, data: torch.Tensor) -> Bucket:
+        return Bucket(self.sender, self.index, self.count, self.start, data, list(self.entries))
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
@@ -223,7 +238,25 @@ class StreamLayout:
 
     def received(self, k: int, data: torch.Tensor) -> Bucket:
         """Bucket `k` with the bytes `data` that arrived for it."""
-        return Bucket(self.sender, k, self.count, self.ranges[k][0], data, list(self.members[k]))
+        return self.head(k).with_data(data)
+
+    def head(self, k: int) -> BucketHead:
+        return BucketHead(self.sender, k, self.count, self.ranges[k][0], tuple(self.members[k]))
+
+
+Channel = tuple[int, int | None]  # (sender index, the TP rank it carries; None: every one)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A channel's stream as a control message: its tensors and its bucket size."""
+
+    channel: Channel
+    entries: tuple[Entry, ...]
+    bucket_bytes: int
+
+    def layout(self) -> StreamLayout:
+        return StreamLayout(list(self.entries), self.bucket_bytes, self.channel[0])
 
 
 def entries_of(state: dict[str, torch.Tensor]) -> list[Entry]:
@@ -243,10 +276,14 @@ class Stream(StreamLayout):
         super().__init__(entries_of(state), bucket_bytes, sender)
         self.state = state
 
-    def bucket(self, k: int, device: torch.device | str = "cpu") -> Bucket:
-        """Bucket k, its bytes on `device` (a GPU sender's for NCCL: no host copy)."""
+    def bucket(self, k: int, device: torch.device | str = "cpu", shared: bool = False
+               ) -> Bucket:
+        """Bucket k, its bytes on `device` (a GPU sender's for NCCL: no host copy); `shared`:
+        in host memory another process can map (`executors.ipc`), filled in place."""
         lo, hi = self.ranges[k]
         data = torch.empty(hi - lo, dtype=torch.uint8, device=device)
+        if shared and not data.is_cuda:
+            data.share_memory_()
         for e in self.members[k]:
             a, b = max(e.offset, lo), min(e.offset + e.nbytes, hi)
             if a < b:

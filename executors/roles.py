@@ -29,12 +29,12 @@ import torch
 
 from executors import rl
 from executors.model import Codec, ValueModel, codec_for
-from executors.precision import of_job
+from executors.precision import autocast, of_job
 from executors.reshard import BucketLoading, engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup, Layout, RunPlan
 from executors.sandbox import Limits, Sandbox
 from executors.sharding import recompute_layers, recomputes
-from executors.syncgroup import GroupReceiver
+from executors.syncgroup import BUCKETS, IPC, GroupReceiver
 from executors.task import Target, task_of
 from executors.vlm import encoder_spans, load_model
 from placer.base.roles import Role
@@ -195,7 +195,9 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
     """Generation with the torch backend. At tp > 1 the engine holds each TP rank's shards
     of the weights (`executors.reshard.engine_shard`), as a refresh delivers them, and gathers
     them whole for its forward on one device (`engine_unshard`): the shards are the engine's
-    weights, the model its view of them."""
+    weights, the model its view of them. It generates in the plan's precision (`cfg.precision`:
+    BF16 autocast, as vLLM and SGLang run `dtype=bfloat16`, its sampled log-probs from FP32
+    log-softmax); its weights stay FP32, so a refresh leaves them exactly the trainer's."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
@@ -226,6 +228,12 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
 
     def _engine_tp(self) -> int:
         return self.tp
+
+    def sync_member(self) -> tuple[str, int, int, str]:
+        """As `GroupReceiver.sync_member`, with the protocol the plan implies: an engine
+        colocated with the trainer takes its refreshes as shared memory (`executors.ipc`),
+        others over the group in buckets."""
+        return "cpu", self.tp, os.getpid(), IPC if self.cfg.engines.colocated else BUCKETS
 
     def _kv_heads(self) -> int | None:
         return self._kv
@@ -278,8 +286,9 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
         contexts as prompts and the new tokens as responses."""
         t0 = time.time()
         delayed = self._straggle()
-        resp, lps = rl.generate(self.model, contexts, self.cfg.max_new_tokens, seeds,
-                                self.cfg.temperature, limits, eos=self.cfg.codec.eos)
+        with autocast(self.cfg.precision):  # the plan's BF16, over the refreshed FP32 weights
+            resp, lps = rl.generate(self.model, contexts, self.cfg.max_new_tokens, seeds,
+                                    self.cfg.temperature, limits, eos=self.cfg.codec.eos)
         s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))
         return s, _timing(t0, tokens=sum(len(r) for r in resp), sample_ids=list(ids),
                           version=self.version, batch=len(ids), delayed_s=delayed,
@@ -332,6 +341,9 @@ class ModelReward(Worker):
 
 
 class Critic(Worker):
+    """PPO's value model: one process, its forward in the job's training precision
+    (`cfg.precision`: BF16 autocast over FP32 weights and Adam, as the actor trains)."""
+
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "critic", rank)
         self.model = ValueModel(cfg.model_arch, cfg.seed + 29)
@@ -343,10 +355,17 @@ class Critic(Worker):
         """One process trains the whole value model (the role's other ranks stand by)."""
         return {"dp": 1, "tp": 1, "pp": 1, "recompute": recomputes(self.model)}
 
+    def _values(self, s: rl.Samples) -> torch.Tensor:
+        """Values in the job's training precision (BF16 autocast over the FP32 weights, as the
+        actor: `executors.precision`), returned in FP32 for the loss and GAE."""
+        with autocast(self.cfg.precision):
+            v = rl.response_values(self.model, s)
+        return v.float()
+
     @torch.no_grad()
     def values(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
         t0 = time.time()
-        v = rl.response_values(self.model, s)
+        v = self._values(s)
         rows = [v[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
         return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
 
@@ -354,7 +373,7 @@ class Critic(Worker):
               ) -> tuple[dict, dict]:
         t0 = time.time()
         self.opt.zero_grad()
-        v = rl.response_values(self.model, s)
+        v = self._values(s)
         _, _, rmask = rl.pack(s)
         w = rmask.shape[1]
         loss = rl.value_loss(v, rl.to_padded(old, w), rl.to_padded(returns, w), rmask)

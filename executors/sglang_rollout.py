@@ -19,7 +19,8 @@ were computed with the old weights. Under Ray the engine's TP ranks are members 
 (`executors.syncgroup`, SGLang's protocol): they join each sender's group
 (`init_weights_update_group`) and receive the refresh themselves, one broadcast per tensor
 (`update_weights_from_distributed` with the names, dtypes and shapes: the control message),
-the whole refresh in one session. A colocated engine
+the whole refresh in one session; when the driver re-forms a path's group, the engine first
+destroys the old one (`destroy_weights_update_group`). A colocated engine
 (`EngineGroup.colocated`) starts with `enable_memory_saver` and releases its memory
 (`release_memory_occupation`) while the trainer trains, resuming it
 (`resume_memory_occupation`) before the refresh. Bytes and times reach the trace as every
@@ -45,7 +46,7 @@ from executors import rl
 from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
 from executors.reshard import Bucket
 from executors.roles import RunConfig, _timing
-from executors.syncgroup import PER_TENSOR, GroupSpec, Manifest
+from executors.syncgroup import IPC, PER_TENSOR, GroupSpec, Manifest
 
 # FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
 # 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
@@ -145,10 +146,12 @@ class SglangRollout(EngineRollout):
 
     def sync_member(self) -> tuple[str, int, int, str]:
         """The engine's TP ranks join the group themselves, on their GPUs, with SGLang's
-        protocol; a colocated engine shares the trainer's GPUs, and NCCL holds no two ranks of
-        a group on one device, so it joins over gloo."""
-        kind = "cpu" if self.cfg.engines.colocated else "cuda"
-        return kind, self.cfg.engines.tp, os.getpid(), PER_TENSOR
+        protocol; a colocated engine takes its refreshes handed over in host shared memory
+        (`executors.ipc`): this process maps each bucket (one handle per TP rank) and passes
+        the tensors it completes to `update_weights_from_tensor` in the refresh's session."""
+        if self.cfg.engines.colocated:
+            return "cpu", self.cfg.engines.tp, os.getpid(), IPC
+        return "cuda", self.cfg.engines.tp, os.getpid(), PER_TENSOR
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         """Every TP rank joins each channel's group (`init_weights_update_group`: rank
@@ -160,6 +163,7 @@ class SglangRollout(EngineRollout):
         if spec.tps[engine] != self.cfg.engines.tp:
             raise RuntimeError(f"weight sync: engine {engine} runs tp {self.cfg.engines.tp}, "
                                f"the group expects {spec.tps[engine]}")
+        self._destroy_path(spec.path)
         for ch in spec.channels():
             _ok("init_weights_update_group", self.engine.init_weights_update_group(
                 master_address=spec.addr, master_port=spec.port,
@@ -167,6 +171,21 @@ class SglangRollout(EngineRollout):
                 group_name=spec.key(ch), backend=spec.backend))
         self._groups = {**self._groups, spec.name: spec}
         return True
+
+    def _destroy_path(self, path: int) -> list[str]:
+        """Destroy the groups an earlier spec of refresh path `path` formed (the driver
+        re-forms a path's group when its members change, or after a failure): SGLang keeps
+        every group it joined until `destroy_weights_update_group`. A group SGLang no longer
+        holds (its scheduler restarted) is not an error; the groups destroyed."""
+        gone = []
+        for old in [sp for sp in self._groups.values() if sp.path == path]:
+            del self._groups[old.name]
+            for ch in old.channels():
+                out = self.engine.destroy_weights_update_group(group_name=old.key(ch))
+                ok = out[0] if isinstance(out, tuple) else getattr(out, "success", True)
+                if ok:
+                    gone.append(old.key(ch))
+        return gone
 
     def sync_receive(self, name: str, manifests: list[Manifest], version: int
                      ) -> dict[str, Any]:

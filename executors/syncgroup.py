@@ -27,6 +27,11 @@ of its own, so the stages' streams run in parallel:
 A channel's manifest (`Manifest`: each tensor's name, dtype, shape and offset, and the bucket
 size) is the refresh's only control payload; the receivers rebuild the bucket ranges from it
 (`StreamLayout`), post one broadcast per bucket and load each tensor as its last byte arrives.
+
+Protocols. An engine names how it takes a refresh (`sync_member`); `PROTOCOLS` holds one class
+per protocol, and nothing else compares their names: `Protocol` (byte buckets over the group),
+`PerTensor` (SGLang's), and `SharedMemory`, which forms no group: an engine the plan colocates
+with the trainer is handed each bucket as shared memory (`executors.ipc`).
 """
 from __future__ import annotations
 
@@ -37,22 +42,30 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
+from executors.ipc import HandOverReceiver, HandOverSender
 from executors.nodeaddr import _interface_of, _node_ip
-from executors.reshard import Assembler, Entry, Stream, StreamLayout, engine_shard, engine_state
+from executors.reshard import (
+    Assembler,
+    Channel,
+    Manifest,
+    Stream,
+    engine_shard,
+    engine_state,
+)
 
-Channel = tuple[int, int | None]  # (sender index, the TP rank it carries; None: every one)
-
-
-# How a group's receivers take a refresh: byte buckets cut by the sender (the torch and vLLM
-# engines), or one broadcast per tensor into groups formed as the engine forms them (SGLang's
-# `update_weights_from_distributed`); an engine names its own in `sync_member`.
+# How an engine takes a refresh (it names its own in `sync_member`; `PROTOCOLS` says what each
+# does): byte buckets broadcast over the group (the torch and vLLM engines), one broadcast per
+# tensor into groups formed as the engine forms them (SGLang's `update_weights_from_distributed`),
+# or, when the plan colocates engine and trainer, the buckets handed over as shared memory
+# (`executors.ipc`: no group at all).
 BUCKETS = "buckets"
 PER_TENSOR = "per-tensor"
+IPC = "ipc"
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,11 @@ class GroupSpec:
     backend: str  # gloo | nccl
     send_shards: bool = False
     timeout_s: float = 300.0
-    protocol: str = BUCKETS  # BUCKETS | PER_TENSOR (an engine that joins and receives itself)
+    protocol: str = BUCKETS  # a name in `PROTOCOLS` that forms a group
+
+    @property
+    def mechanism(self) -> Protocol:
+        return PROTOCOLS[self.protocol]
 
     def channels(self) -> list[Channel]:
         if not self.send_shards:
@@ -90,18 +107,6 @@ class GroupSpec:
 
     def key(self, ch: Channel) -> str:
         return f"{self.name}/s{ch[0]}/t{'all' if ch[1] is None else ch[1]}"
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A channel's stream as a control message: its tensors and its bucket size."""
-
-    channel: Channel
-    entries: tuple[Entry, ...]
-    bucket_bytes: int
-
-    def layout(self) -> StreamLayout:
-        return StreamLayout(list(self.entries), self.bucket_bytes, self.channel[0])
 
 
 def listen() -> socket.socket:
@@ -176,11 +181,7 @@ class Peer:
 
         def form(item: tuple[tuple[Channel, int], int]) -> Any:
             (ch, _), rank = item
-            if spec.protocol == PER_TENSOR:
-                return sglang_group(store(), spec.key(ch), spec.backend, rank, spec.world(ch),
-                                    timeout)
-            return _process_group(dist.PrefixStore(spec.key(ch), store()), spec.backend, rank,
-                                  spec.world(ch), timeout, ip)
+            return spec.mechanism.form(store(), spec, ch, rank, timeout, ip)
         items = sorted(ranks.items(), key=lambda kv: (kv[0][0][0], kv[0][0][1] or 0, kv[0][1]))
         with ThreadPoolExecutor(max(len(items), 1)) as pool:
             self.groups = dict(zip([k for k, _ in items], pool.map(form, items)))
@@ -227,9 +228,10 @@ class Sending:
         return [Manifest(ch, tuple(s.entries), s.bucket_bytes) for ch, s in self.streams.items()]
 
     def send(self) -> dict[str, Any]:
+        return self.peer.spec.mechanism.send(self)
+
+    def send_buckets(self) -> dict[str, Any]:
         """Broadcast every channel's buckets, the channels' k-th buckets together."""
-        if self.peer.spec.protocol == PER_TENSOR:
-            return self.send_tensors()
         t0 = time.time()
         dev = group_device(self.peer.spec.backend)
         sent = 0
@@ -295,6 +297,61 @@ def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None
     return {"t0": t0, "dur": time.time() - t0, "bytes": max(got.values(), default=0)}
 
 
+class Protocol:
+    """How a refresh path's engines take a refresh; the base: byte buckets broadcast over the
+    path's group, which every member forms. `PROTOCOLS` holds one instance of each."""
+
+    name: ClassVar[str] = BUCKETS
+    forms_group: ClassVar[bool] = True  # False: no process group (the hand-over)
+
+    def form(self, store: dist.Store, spec: GroupSpec, ch: Channel, rank: int,
+             timeout: timedelta, ip: str | None) -> Any:
+        return _process_group(dist.PrefixStore(spec.key(ch), store), spec.backend, rank,
+                              spec.world(ch), timeout, ip)
+
+    def send(self, sending: Sending) -> dict[str, Any]:
+        return sending.send_buckets()
+
+    def calls(self, m: Manifest) -> int:
+        """Sequential calls of a sender's stream (what `costmodel.sync_call_cost` prices)."""
+        return len(m.layout().ranges)
+
+
+class PerTensor(Protocol):
+    """SGLang's: the engine's TP ranks join groups formed as SGLang forms them and receive one
+    broadcast per tensor (`update_weights_from_distributed`)."""
+
+    name = PER_TENSOR
+
+    def form(self, store: dist.Store, spec: GroupSpec, ch: Channel, rank: int,
+             timeout: timedelta, ip: str | None) -> Any:
+        return sglang_group(store, spec.key(ch), spec.backend, rank, spec.world(ch), timeout)
+
+    def send(self, sending: Sending) -> dict[str, Any]:
+        return sending.send_tensors()
+
+    def calls(self, m: Manifest) -> int:
+        return len(m.entries)
+
+
+class SharedMemory(Protocol):
+    """A colocated engine's: each bucket handed over as shared memory (`executors.ipc`); the
+    driver runs it (`executors.weights.GroupRefresh.handover`), no group is formed."""
+
+    name = IPC
+    forms_group = False
+
+    def form(self, store: dist.Store, spec: GroupSpec, ch: Channel, rank: int,
+             timeout: timedelta, ip: str | None) -> Any:
+        raise RuntimeError("weight sync: the shared-memory hand-over forms no process group")
+
+    def send(self, sending: Sending) -> dict[str, Any]:
+        raise RuntimeError("weight sync: the shared-memory hand-over broadcasts nothing")
+
+
+PROTOCOLS: dict[str, Protocol] = {p.name: p() for p in (Protocol, PerTensor, SharedMemory)}
+
+
 def find_peer(peers: dict[int, Peer] | None, name: str) -> Peer:
     """This member's group `name` (a restarted process has none: the driver forms anew)."""
     found = [p for p in (peers or {}).values() if p.spec.name == name]
@@ -307,7 +364,7 @@ def _device_kind() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class GroupSender:
+class GroupSender(HandOverSender):
     """Mixed into the trainer: a refresh's sender on the weight-sync group. The class defines
     `_sync_state(bucket_bytes)`, the full tensors it streams, and `_kv_heads()`."""
 
@@ -354,7 +411,7 @@ class GroupSender:
         return sending.send()
 
 
-class GroupReceiver:
+class GroupReceiver(HandOverReceiver):
     """Mixed into a rollout engine: a refresh's receiver, every TP rank of the engine in the
     group. The class defines `_engine_tp()`, `_kv_heads()`, `_load_shard(t, name, shard)`,
     `_refreshed()` (the refresh is complete) and `_expected_names()`."""

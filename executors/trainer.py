@@ -138,7 +138,7 @@ class Trainer(Worker, GroupSender):
                 self._stage_full = mine
             parts = self._from_stages(mine)
             full = {k: v for part in parts or [] for k, v in part.items()}
-        self._full = full if self.rank == 0 else None
+        self._full = full if self.rank == 0 or self._whole_everywhere() else None
 
     def _from_stages(self, obj: Any) -> list[Any] | None:
         """Every stage's `obj`, on rank 0 (None elsewhere): the first DP and TP coordinate's
@@ -300,6 +300,12 @@ class Trainer(Worker, GroupSender):
         if not bucketed or self.pipe is None:
             return [0]
         return [p * self.layout.dp * self.layout.tp for p in range(self.layout.pp)]
+
+    def _whole_everywhere(self) -> bool:
+        """Whether every rank keeps the full weights after the gather (it computes them
+        anyway): under a colocated engine without stages, so that the rank beside each engine
+        hands it over (`executors.ipc`)."""
+        return self.cfg.engines.colocated and self.pipe is None
 
     def sync_open(self, bucket_bytes: int, sender: int) -> tuple[int, int, int]:
         """Start streaming this rank's share of the current version as stream `sender` in

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from executors import rl
+from executors import ipc, rl
 from executors.engine_common import (
     LOAD_BYTES,
     EngineRollout,
@@ -40,8 +40,17 @@ from executors.engine_common import (
     engine_mem_fraction,
 )
 from executors.nodeaddr import _node_ip
+from executors.reshard import Assembler, BucketHead
 from executors.roles import RunConfig, _timing
-from executors.syncgroup import GroupSpec, Manifest, Peer, find_peer, join_engine, receive
+from executors.syncgroup import (
+    IPC,
+    GroupSpec,
+    Manifest,
+    Peer,
+    find_peer,
+    join_engine,
+    receive,
+)
 
 
 class WeightSync:
@@ -93,6 +102,29 @@ class WeightSync:
         flush()
         return {**out, "tensors": loaded}
 
+    _wsync_handover: tuple[str, Assembler] | None = None  # the hand-over in progress
+
+    def receive_handover(self, handles: list[bytes], first: int, head: BucketHead,
+                         senders: int, refresh: str) -> dict[str, Any]:
+        """Bucket `head` of a colocated refresh, handed over as CUDA IPC (`executors.ipc`, verl's
+        `update_weights_from_ipc`): this worker maps its own handle (`handles[first + t]`) on
+        its device, copies the bucket's bytes out, drops the mapping and loads the tensors it
+        completed, whole; `done` once every sender's stream is in."""
+        if self._wsync_handover is None or self._wsync_handover[0] != refresh:
+            self._wsync_handover = (refresh, Assembler())
+        asm = self._wsync_handover[1]
+        dev = torch.cuda.current_device() if torch.cuda.is_available() else None
+        view = ipc.rebuild(handles[first + self._tp_rank()], dev)
+        nbytes = view.numel()
+        tensors = asm.add(head.with_data(view))
+        del view
+        if tensors:
+            self.model_runner.model.load_weights(weights=tensors)  # type: ignore[attr-defined]
+        done = asm.complete(senders)
+        if done:
+            self._wsync_handover = None
+        return {"bytes": nbytes, "tensors": len(tensors), "done": done}
+
     def update_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
         """The one-process runtime's path (no group): tensors as `collective_rpc` arguments."""
         model = self.model_runner.model  # type: ignore[attr-defined]
@@ -139,11 +171,29 @@ class VllmRollout(EngineRollout):
         self.version = version
         return _timing(t0, version=version)
 
-    def sync_member(self) -> tuple[str, int, int]:
+    def sync_member(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
         """The engine's workers join the group on their GPUs, one rank per TP rank; a colocated
-        engine shares the trainer's GPUs, and NCCL holds no two ranks of a group on one
-        device, so it joins over gloo (host buffers, copied in by `load_weights`)."""
-        return ("cpu" if self.cfg.engines.colocated else "cuda"), self.cfg.engines.tp, os.getpid()
+        engine shares the trainer's GPUs and takes its refreshes as CUDA IPC handles instead
+        (`executors.ipc`; NCCL holds no two ranks of a group on one device)."""
+        if self.cfg.engines.colocated:
+            return "cuda", self.cfg.engines.tp, os.getpid(), IPC
+        return "cuda", self.cfg.engines.tp, os.getpid()
+
+    def handover_receive(self, handles: list[bytes], first: int, head: BucketHead,
+                         version: int, senders: int, refresh: str) -> dict[str, Any]:
+        """A colocated refresh's bucket `head`: every worker maps its handle and loads what it
+        completes (`WeightSync.receive_handover`; `collective_rpc` carries the handles and the
+        manifest, no tensor); after the last, the prefix cache is dropped."""
+        t0 = time.time()
+        outs = self.llm.collective_rpc("receive_handover",
+                                       args=(handles, first, head, senders, refresh))
+        done = all(o["done"] for o in outs)
+        if done:
+            self._refreshed()
+            self.version = version
+        return {"t0": t0, "dur": time.time() - t0, "bytes": max(o["bytes"] for o in outs),
+                "done": done, "version": version, "bucket": head.index,
+                "receivers": list(range(first, first + len(outs)))}
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         """Every engine worker joins group `spec` (`WeightSync.init_weight_update_group`)."""

@@ -8,16 +8,20 @@ engines form a weight-sync group (`executors.syncgroup`; gloo on CPU, NCCL on GP
 refresh path, kept while its members are: the driver sends each member one control call per
 refresh (the manifests: names, shapes, offsets), the buckets go by broadcast rank to rank, and
 Ray's object store carries no weight bytes (`GroupRefresh.control_bytes` counts what it does
-carry). In one process (`LocalRuntime`) a call per bucket and engine hands the bucket over as
-an argument. The bucket size is each engine's own device's: the
-parts of a split rollout on different device types each get a stream of their own. Each
-engine's `weight sync` trace event carries the bytes it received, the calls per sender
-(`calls`), the senders, and its node (`dst` pool:node); its time runs from the refresh's start
-to the engine's last bucket loaded, as `placer.calibrate.fit_events` prices it
-(`costmodel.transfer_time`: the wire, `sync_latency_s`, and per further call `costmodel.sync_call_cost`).
-The context's `known` records the version each rollout worker holds, so a worker that has v is
-skipped; one still busy with an abandoned straggler call is synced later (`known` None), and one
-that died while loading re-syncs before its next work.
+carry). An engine the plan colocates with the trainer (one slot, priced at `sync_local_gbs`)
+forms no group: the trainer rank beside it hands it each bucket as shared memory (CUDA IPC on a
+GPU, a named segment on the CPU: `executors.ipc`, `GroupRefresh.handover`); the protocol is the
+one the engines name, looked up in `executors.syncgroup.PROTOCOLS`. In one process
+(`LocalRuntime`) a call per bucket and engine hands the bucket over as an argument. The bucket
+size is each engine's own device's: the parts of a split rollout on different device types each
+get a stream of their own. Each engine's `weight sync` trace event carries the bytes it
+received, the calls per sender (`calls`), the senders, and its node (`dst` pool:node); its time
+runs from the refresh's start to the engine's last bucket loaded, as
+`placer.calibrate.fit_events` prices it (`costmodel.transfer_time`: the wire, `sync_latency_s`,
+and per further call `costmodel.sync_call_cost`). The context's `known` records the version each
+rollout worker holds, so a worker that has v is skipped; one still busy with an abandoned
+straggler call is synced later (`known` None), and one that died while loading re-syncs before
+its next work.
 """
 from __future__ import annotations
 
@@ -28,12 +32,15 @@ from typing import Any
 
 from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
+from executors.reshard import StreamLayout
 from executors.runplan import RunPlan
-from executors.runtime import Handle, Runtime
-from executors.syncgroup import BUCKETS, PER_TENSOR, GroupSpec
+from executors.runtime import Handle, Outcome, Runtime
+from executors.syncgroup import BUCKETS, PROTOCOLS, GroupSpec, Protocol
 from placer.base.roles import Role
 
 Outcomes = list[tuple[str | None, dict[str, Any]]]  # per target: (error or None, its figures)
+# buckets a hand-over sender has out unacknowledged (NeMo-RL's two ping-pong buffers)
+WINDOW = 2
 
 
 def bucket_bytes(run: RunPlan, pool: str | None = None) -> int:
@@ -71,6 +78,7 @@ class GroupRefresh:
         self.groups: dict[int, tuple[tuple[Any, ...], GroupSpec]] = {}  # by path
         self.formed = 0
         self.control_bytes = 0
+        self.reclaimed = 0  # hand-over buckets a sender released unacknowledged
 
     def drop(self) -> None:
         """Forget every group: the next refresh forms them anew."""
@@ -105,14 +113,11 @@ class GroupRefresh:
         self.groups.pop(path, None)
         backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
         tps = [int(o.value[1]) for o in outs[len(senders):]]
-        # an engine that joins and receives itself names its protocol (SGLang's)
-        protocols = {o.value[3] if len(o.value) > 3 else BUCKETS for o in outs[len(senders):]}
-        if len(protocols) > 1:
-            raise TrainingLost(f"weight sync: one group's engines speak {sorted(protocols)}")
+        protocol = _protocol([o.value for o in outs[len(senders):]])
         addr, port = self.one(senders[0], "sync_host")
         self.formed += 1
         spec = GroupSpec(f"wsync{self.formed}", path, addr, port, len(senders), tuple(tps),
-                         backend, self.send_shards, protocol=next(iter(protocols), BUCKETS))
+                         backend, self.send_shards, protocol=protocol.name)
         outs = self._all([(s, "sync_join", (spec, i)) for i, s in enumerate(senders)]
                          + [(m, "sync_join", (spec, j)) for j, m in enumerate(targets)])
         bad = next((o.error for o in outs if not o.ok), None)
@@ -128,8 +133,7 @@ class GroupRefresh:
         prepared = [self.one(s, "sync_prepare", spec.name, size, i)
                     for i, s in enumerate(senders)]
         # calls per sender: its buckets, or under SGLang's protocol one broadcast per tensor
-        counts = [max(len(m.entries) if spec.protocol == PER_TENSOR else len(m.layout().ranges)
-                      for m in ms) for ms in prepared]
+        counts = [max(spec.mechanism.calls(m) for m in ms) for ms in prepared]
         manifests = [m for ms in prepared for m in ms]
         calls = ([(s, "sync_send", (spec.name,)) for s in senders]
                  + [(m, "sync_receive", (spec.name, manifests, version)) for m in targets])
@@ -148,6 +152,123 @@ class GroupRefresh:
                               "calls": max(counts), "senders": len(senders), "src": src,
                               "backend": spec.backend, "control_bytes": control}))
         return out
+
+
+    def run(self, path: int, actors: list[Member], senders: list[Member],
+            targets: list[Member], version: int) -> Outcomes:
+        """One refresh of the path's `targets` by the protocol they name (`PROTOCOLS`): over
+        the path's group from `senders`, or handed over as shared memory (`handover`)."""
+        infos = self._infos(targets)
+        protocol = _protocol(infos)
+        if protocol.forms_group:
+            spec = self.group(path, senders, targets)
+            return self.refresh(spec, senders, targets, version, path)
+        return self.handover(actors, targets, infos, version, path)
+
+    def _infos(self, ms: list[Member]) -> list[tuple[Any, ...]]:
+        outs = self._all([(m, "sync_member", ()) for m in ms])
+        bad = next((o.error for o in outs if not o.ok), None)
+        if bad is not None:
+            raise TrainingLost(bad)
+        return [tuple(o.value) for o in outs]
+
+    def handover(self, actors: list[Member], targets: list[Member], infos: list[tuple[Any, ...]],
+                 version: int, size: int) -> Outcomes:
+        """A refresh handed over as shared memory to colocated engines (`executors.ipc`): each
+        engine's senders (the trainer rank on its first device, `device_of`;
+        `HandOverSender.handover_senders`) export every bucket once per engine TP rank, the
+        engine maps and loads it and acknowledges, and a sender builds bucket k only after
+        bucket k - `WINDOW`'s acknowledgements (passed as arguments: the runtime orders the
+        calls, no round trip through here). Only handles, bucket heads and acknowledgements
+        travel (`control_bytes`); what no engine acknowledged its sender reclaims."""
+        before = self.control_bytes
+        by_rank = {a.rank: a for a in actors}
+        beside = [[a.rank for a in actors if device_of(a, actors) == device_of(m, targets)]
+                  for m in targets]
+        plan = [[by_rank[r] for r in rs] for rs in
+                self.one(by_rank[min(by_rank)], "handover_senders", size > 0, beside)]
+        device = "cuda" if all(i[0] == "cuda" for i in infos) else "cpu"
+        self.formed += 1
+        refresh = f"handover{self.formed}-v{version}"
+        senders = list({s.rank: s for ss in plan for s in ss}.values())
+        layouts = {s.rank: self.one(s, "handover_prepare", refresh, size,
+                                    next(ss.index(s) for ss in plan if s in ss), device).layout()
+                   for s in senders}
+        acks, got = self._hand_over(refresh, version, plan, senders, targets, layouts,
+                                    [int(i[1]) for i in infos])
+        for s in senders:  # the rest acknowledged here; what nobody took is reclaimed
+            mine = [o.value for (r, _), hs in acks.items() if r == s.rank
+                    for o in self.rt.results(hs) if o.ok]
+            self.reclaimed += int(self.one(s, "handover_release", refresh, *mine))
+        backend = "cuda-ipc" if device == "cuda" else "shm"
+        out: Outcomes = []
+        for ss, os_ in zip(plan, got):
+            bad = next((o.error for o in os_ if not o.ok), None)
+            if bad is None and not (os_ and os_[-1].value["done"]):
+                bad = "the refresh ended before every stream was handed over"
+            vals = [o.value for o in os_ if o.ok]
+            out.append((bad, {"end": max((v["t0"] + v["dur"] for v in vals), default=0.0),
+                              "bytes": sum(v["bytes"] for v in vals),
+                              "calls": max(layouts[s.rank].count for s in ss),
+                              "senders": len(ss), "src": ",".join(f"{s.role}{s.rank}" for s in ss),
+                              "backend": backend, "control_bytes": self.control_bytes - before}))
+        return out
+
+    def _hand_over(self, refresh: str, version: int, plan: list[list[Member]],
+                   senders: list[Member], targets: list[Member], layouts: dict[int, StreamLayout],
+                   tps: list[int]) -> tuple[dict[tuple[int, int], list[Handle]], list[list[Outcome]]]:
+        """Issue every bucket's export and receipts at once, the k-th buckets of the senders
+        together; the receipts by (sender rank, bucket), and each engine's outcomes."""
+        served: dict[int, list[tuple[int, int]]] = {s.rank: [] for s in senders}
+        for j, ss in enumerate(plan):  # engine j's TP ranks take handles off..off + tp - 1
+            for s in ss:
+                served[s.rank].append((j, sum(tps[i] for i, _ in served[s.rank])))
+        acks: dict[tuple[int, int], list[Handle]] = {}
+        got: list[list[Handle]] = [[] for _ in targets]
+        exports: list[Handle] = []
+        for k in range(max((lay.count for lay in layouts.values()), default=0)):
+            for s in senders:
+                if k >= layouts[s.rank].count:
+                    continue
+                head = layouts[s.rank].head(k)
+                exports.append(self.rt.call(s, "handover_export", refresh, k,
+                                            sum(tps[j] for j, _ in served[s.rank]),
+                                            *acks.get((s.rank, k - WINDOW), [])))
+                self.control_bytes += _pickled((refresh, k, head, version))
+                for j, off in served[s.rank]:
+                    a = self.rt.call(targets[j], "handover_receive", exports[-1], off, head,
+                                     version, len(plan[j]), refresh)
+                    acks.setdefault((s.rank, k), []).append(a)
+                    got[j].append(a)
+        outs = [self.rt.results(hs) for hs in got]
+        # what travels: the handles, the acknowledgements, each call's bucket head
+        self.control_bytes += sum(_pickled(o.value) for o in self.rt.results(exports) if o.ok)
+        self.control_bytes += sum(_pickled(o.value) for os_ in outs for o in os_ if o.ok)
+        return acks, outs
+
+
+def device_of(m: Member, role: list[Member]) -> tuple[int, Any]:
+    """The (bundle, device) a member's first device is: a bundle's devices go to the role's
+    members in it in rank order, an equal share each (a trainer rank one, an engine replica
+    its TP group)."""
+    same = sorted(x.rank for x in role if x.bundle.index == m.bundle.index)
+    devices = list(m.bundle.devices)
+    per = max(len(devices) // max(len(same), 1), 1)
+    at = same.index(m.rank) * per if m.rank in same else 0
+    return m.bundle.index, devices[min(at, len(devices) - 1)] if devices else None
+
+
+def _protocol(infos: list[tuple[Any, ...]]) -> Protocol:
+    """The protocol the engines name (`sync_member`'s fourth field; the buckets' without one):
+    one per refresh path."""
+    names = {i[3] if len(i) > 3 else BUCKETS for i in infos}
+    if len(names) > 1:
+        raise TrainingLost(f"weight sync: one refresh path's engines speak {sorted(names)}")
+    name = next(iter(names), BUCKETS)
+    if name not in PROTOCOLS:
+        raise TrainingLost(f"weight sync: an engine speaks {name!r}, not one of "
+                           f"{sorted(PROTOCOLS)}")
+    return PROTOCOLS[name]
 
 
 class WeightSync:
@@ -234,9 +355,8 @@ class WeightSync:
         actors = {m.rank: m for m in ctx.by_role[Role.ACTOR]}
         ranks = self.group.one(actors[min(actors)], "sync_senders", size > 0)
         senders = [actors[r] for r in ranks]
-        spec = self.group.group(size, senders, targets)
         self.refreshes += 1
-        return self.group.refresh(spec, senders, targets, version, size)
+        return self.group.run(size, list(actors.values()), senders, targets, version)
 
     def _stream(self, targets: list[Member], version: int, size: int) -> Outcomes:
         """One refresh (`executors.reshard`): every sender's buckets of `size` bytes, in order,

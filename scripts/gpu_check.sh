@@ -3,23 +3,22 @@
 #
 # vllm    in .venv (the gpu extra, installed when vllm is missing): tests/test_exec_vllm.py (the
 #         engine in its Ray actor with the plan's TP, the job's max_model_len and the plan's
-#         memory share; real log-probs; every refresh over the weight-sync group into vLLM's
-#         workers, `collective_rpc` carrying only the spec and the manifests) and
-#         tests/test_exec_vllm_config.py; prints VLLM_FIGURES (tokens/s, mean weight-update time:
-#         group broadcast -> WeightSync.receive_weights -> model.load_weights) and VLLM_GROUP (the
-#         group's backend use: weight bytes against Ray's control bytes). One GPU: the engine
-#         shares the trainer's device, so the group is gloo (NCCL holds no two ranks on one
-#         device); the NCCL path needs two GPUs. If the default attention backend rejects the
+#         memory share; real log-probs; the engine shares the trainer's one GPU (colocated), so
+#         every refresh is handed over as CUDA IPC into vLLM's workers, `collective_rpc` carrying
+#         only handles and bucket heads) and tests/test_exec_vllm_config.py; prints VLLM_FIGURES
+#         (tokens/s, mean weight-update time: CUDA IPC -> WeightSync.receive_handover ->
+#         model.load_weights) and VLLM_GROUP (weight bytes against Ray's control bytes); the
+#         group's NCCL path needs two GPUs. If the default attention backend rejects the
 #         tiny model's head size (16), it retries once with vLLM's Triton attention backend.
 # sglang  in .venv-sglang (the sglang extra, made when SGLang is missing): SGLang 0.5.23 pins
 #         torch 2.14.1 and flashinfer 0.7.2, vLLM's torch-2.13 releases torch 2.13.0 and
 #         flashinfer 0.7.0.post1, so the two engines cannot share one environment.
 #         tests/test_exec_sglang.py (log-probs against the Hugging Face model, an in-place update
-#         in buckets, a GRPO run on Ray whose refreshes go over the weight-sync group into
-#         SGLang's ranks: init_weights_update_group, update_weights_from_distributed) and
+#         in buckets, a GRPO run on Ray whose refreshes, the engine sharing the trainer's one
+#         GPU, are handed over in shared memory and loaded with update_weights_from_tensor) and
 #         tests/test_exec_sglang_config.py; prints SGLANG_FIGURES (engine tokens/s, in-place
 #         update time, the run's tokens/s and sync time) and SGLANG_GROUP (weight bytes against
-#         Ray's control bytes; gloo, the engine sharing the trainer's one GPU).
+#         Ray's control bytes).
 # Exit 0 only when both pass. ONLY=vllm or ONLY=sglang runs one of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."

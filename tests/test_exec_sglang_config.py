@@ -129,6 +129,14 @@ class FakeEngine:
         self.loaded.update({n: t.clone() for n, t in kw["named_tensors"]})
         return True, "Success"
 
+    def init_weights_update_group(self, **kw: Any) -> tuple[bool, str]:
+        self.calls.append(("init_weights_update_group", kw))
+        return True, "Succeeded to initialize custom process group."
+
+    def destroy_weights_update_group(self, **kw: Any) -> tuple[bool, str]:
+        self.calls.append(("destroy_weights_update_group", kw))
+        return True, "Succeeded to destroy custom process group."
+
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.calls.append(("release_memory_occupation", {}))
 
@@ -184,6 +192,32 @@ def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
         r.receive_bucket(stream.bucket(k), 4, 1, "v4.2")
     assert [c[0] for c in eng.calls[:2]] == ["end_weight_update", "begin_weight_update"]
     assert not eng.open and r.current_version() == 4
+
+
+def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout) -> None:
+    """Colocated, the engine names the hand-over: each bucket is mapped in this process (one
+    handle per TP rank, each consumed, so the sender frees it at once) and the tensors it
+    completes go to `update_weights_from_tensor` inside one weight-update session; the cache
+    is flushed once. The calls are the contract's (`test_every_name_the_backend_hands_sglang_
+    exists`)."""
+    from dataclasses import replace
+
+    from executors import ipc
+    from executors.syncgroup import IPC
+    r, state, cfg = rollout
+    r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True))
+    assert r.sync_member() == ("cpu", cfg.engines.tp, os.getpid(), IPC)
+    ho = ipc.HandOver("h", Stream(state, 40_000), torch.device("cpu"))
+    for k in range(ho.stream.count):
+        ack = r.handover_receive(ho.export(k, cfg.engines.tp), 0, ho.stream.head(k), 3, 1, "h")
+        ho.acked(k, ack["receivers"])
+        assert not ho.live
+    names = [c[0] for c in r.engine.calls]
+    assert names[0] == "begin_weight_update" and names[-2:] == ["end_weight_update", "flush_cache"]
+    assert set(names) == {"begin_weight_update", "update_weights_from_tensor",
+                          "end_weight_update", "flush_cache"}
+    assert all(torch.equal(r.engine.loaded[k], v) for k, v in state.items())
+    assert ack["done"] and r.current_version() == 3
 
 
 # SGLang's receiving side, run from the installed package's own source (sglang itself cannot be
@@ -340,6 +374,28 @@ def test_a_group_refresh_reaches_sglangs_own_receiver_in_one_session(rollout, sg
                                               "resume_memory_occupation"]
 
 
+def test_a_reformed_group_destroys_the_paths_old_one(rollout) -> None:
+    """When the driver forms a path's group anew (a member restarted, a refresh failed), the
+    engine destroys the groups of that path's old spec before joining; another path's stay."""
+    from executors.syncgroup import GroupSpec
+    r, _, _ = rollout
+    eng = r.engine
+    old = GroupSpec("wsync1", 0, "127.0.0.1", 1, 2, (1,), "gloo", protocol=PER_TENSOR)
+    other = GroupSpec("wsync2", 9, "127.0.0.1", 2, 1, (1,), "gloo", protocol=PER_TENSOR)
+    new = GroupSpec("wsync3", 0, "127.0.0.1", 3, 2, (1,), "gloo", protocol=PER_TENSOR)
+    for spec in (old, other, new):
+        assert r.sync_join(spec, 0)
+    names = [(n, kw["group_name"]) for n, kw in eng.calls]
+    assert names == [("init_weights_update_group", "wsync1/s0/tall"),
+                     ("init_weights_update_group", "wsync1/s1/tall"),
+                     ("init_weights_update_group", "wsync2/s0/tall"),
+                     ("destroy_weights_update_group", "wsync1/s0/tall"),
+                     ("destroy_weights_update_group", "wsync1/s1/tall"),
+                     ("init_weights_update_group", "wsync3/s0/tall"),
+                     ("init_weights_update_group", "wsync3/s1/tall")]
+    assert set(r._groups) == {"wsync2", "wsync3"}
+
+
 def test_a_failed_update_is_an_error(rollout) -> None:
     r, state, _ = rollout
     r.engine.update_weights_from_tensor = lambda **kw: (False, "Failed to update parameter")
@@ -476,7 +532,8 @@ def test_every_name_the_backend_hands_sglang_exists(sglang_root: Path) -> None:
     assert {"generate", "update_weights_from_tensor", "begin_weight_update",
             "end_weight_update", "flush_cache", "release_memory_occupation",
             "resume_memory_occupation", "init_weights_update_group",
-            "update_weights_from_distributed"} <= used  # the reader sees the calls
+            "update_weights_from_distributed",
+            "destroy_weights_update_group"} <= used  # the reader sees the calls
     # the rollout shares the actor's slot: colocated, it releases its memory while training
     assert {"tp_size", "context_length", "mem_fraction_static", "random_seed",
             "enable_memory_saver"} <= kwargs

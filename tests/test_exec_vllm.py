@@ -1,6 +1,7 @@
 """The vllm rollout backend on a real GPU: the engine runs in a Ray actor, weights are updated
-every step over the weight-sync group into vLLM's workers (`WeightSync`, then
-`model.load_weights`), and every rollout has the step's policy version.
+every step into vLLM's workers, handed over as CUDA IPC (the engine shares the trainer's GPU:
+`WeightSync.receive_handover`, then `model.load_weights`), and every rollout has the step's
+policy version.
 Skipped without CUDA or without vllm (the `gpu` extra). Prints tokens/s and weight-update time.
 """
 from __future__ import annotations
@@ -59,12 +60,13 @@ def test_vllm_figures(result) -> None:
     assert tokens > 0 and len(sync) == STEPS - 1
 
 
-def test_vllm_weights_come_off_the_sync_group(result) -> None:
-    """Every refresh went over the weight-sync group into the engine's workers (here the
-    engine shares the trainer's GPU, so the group is gloo: NCCL holds no two ranks on one
-    device); Ray carried only control messages, far fewer bytes than the weights."""
+def test_vllm_weights_are_handed_over_as_cuda_ipc(result) -> None:
+    """The engine shares the trainer's GPU (one slot): every refresh was handed over as CUDA
+    IPC into the engine's workers (`WeightSync.receive_handover`), no group formed; Ray
+    carried only handles, bucket heads and acknowledgements, far fewer bytes than the
+    weights."""
     sync = [e for e in result.trace.of("transfer") if e.args["policy_version"] > 0]
-    assert sync and {e.args["backend"] for e in sync} == {"gloo"}
+    assert sync and {e.args["backend"] for e in sync} == {"cuda-ipc"}
     assert all(e.args["control_bytes"] < e.args["bytes"] / 10 for e in sync)
     print(f"VLLM_GROUP refreshes={len(sync)} bytes={sync[-1].args['bytes']} "
           f"control_bytes={sync[-1].args['control_bytes']}")

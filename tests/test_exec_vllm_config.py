@@ -3,6 +3,7 @@ an error (CPU-only: vLLM itself is exercised by tests/test_exec_vllm.py on a GPU
 scripts/gpu_check.sh runs). Importing the backend never imports vLLM."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -162,9 +163,9 @@ def test_the_workers_receive_from_the_group_and_rpc_carries_no_weights(size: int
     want = {f"layers.{i}.w": torch.randn(8, 6, generator=g) for i in range(5)}
     want["embed"] = torch.randn(32, 6, generator=g).to(torch.bfloat16)
     sender = _Sender(want, kv_heads=2)
-    r = _fake_rollout(colocated=True)
+    r = _fake_rollout(colocated=False)
     r.llm = WorkerLLM(2)
-    assert r.sync_member()[:2] == ("cpu", 2)  # colocated: gloo, never NCCL on a shared GPU
+    assert r.sync_member() == ("cuda", 2, os.getpid())  # its own GPUs: the group's buckets
     addr, port = sender.sync_host()
     spec = GroupSpec("g1", 0, addr, port, 1, (2,), "gloo", timeout_s=30)
     _together([lambda: sender.sync_join(spec, 0), lambda: r.sync_join(spec, 0)])
@@ -182,6 +183,39 @@ def test_the_workers_receive_from_the_group_and_rpc_carries_no_weights(size: int
     rpcs = [c[1] for c in r.llm.calls if c[0] == "collective_rpc"]
     assert [a[0] for a in rpcs] == ["init_weight_update_group", "receive_weights"]
     assert sum(_tensors_in(a) for a in rpcs) == 0  # control messages only
+    assert r.llm.calls[-1][0] == "reset_prefix_cache"
+
+
+def test_a_colocated_engine_is_handed_each_bucket_as_shared_memory() -> None:
+    """Colocated, the engine names the hand-over (CUDA IPC on its GPUs): per bucket one
+    `collective_rpc("receive_handover")` with the handles and the bucket's head, each worker
+    maps its own handle, loads what the bucket completes whole and exactly, and acknowledges
+    its handle; the prefix cache is dropped once, after the last bucket."""
+    from executors import ipc
+    from executors.reshard import Stream
+    from executors.syncgroup import IPC
+    g = torch.Generator().manual_seed(5)
+    want = {f"layers.{i}.w": torch.randn(8, 6, generator=g) for i in range(5)}
+    want["embed"] = torch.randn(32, 6, generator=g).to(torch.bfloat16)
+    r = _fake_rollout(colocated=True)
+    r.llm = WorkerLLM(2)
+    assert r.sync_member() == ("cuda", 2, os.getpid(), IPC)
+    ho = ipc.HandOver("h1", Stream(want, 100), torch.device("cpu"))
+    for k in range(ho.stream.count):
+        ack = r.handover_receive(ho.export(k, 2), 0, ho.stream.head(k), 3, 1, "h1")
+        assert ack["receivers"] == [0, 1] and ack["bucket"] == k
+        ho.acked(k, ack["receivers"])
+        assert not ho.live  # both workers mapped their handle: the bucket is freed
+    assert ack["done"] and r.version == 3
+    for w in r.llm.workers:
+        m = w.model_runner.model
+        assert set(m.loaded) == set(want)
+        assert all(torch.equal(m.loaded[k], v) and m.loaded[k].dtype == v.dtype
+                   for k, v in want.items())
+    rpcs = [c[1] for c in r.llm.calls if c[0] == "collective_rpc"]
+    assert {a[0] for a in rpcs} == {"receive_handover"} and len(rpcs) == ho.stream.count
+    assert sum(_tensors_in(a) for a in rpcs) == 0  # handles and heads: control messages
+    assert [c[0] for c in r.llm.calls].count("reset_prefix_cache") == 1
     assert r.llm.calls[-1][0] == "reset_prefix_cache"
 
 
@@ -264,7 +298,8 @@ def test_every_worker_method_rpc_names_exists_and_takes_no_tensors() -> None:
     named = {n.args[0].value for n in ast.walk(tree)
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr == "collective_rpc" and isinstance(n.args[0], ast.Constant)}
-    assert named == {"init_weight_update_group", "receive_weights", "update_weights"}
+    assert named == {"init_weight_update_group", "receive_weights", "update_weights",
+                     "receive_handover"}
     assert all(callable(getattr(WeightSync, m, None)) for m in named)
 
 
