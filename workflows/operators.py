@@ -268,7 +268,7 @@ def render(doc: dict[str, Any]) -> str:
                + ", ".join(f"{d} {s * 1e6:.0f} us" for d, s in modes["host_period_s"].items())
                + "); the factors price the synchronised one, as a step runs it:")
     labels = {"synchronised": "synchronised (in-sample)",
-              "synchronised_rank_count_held_out": "synchronised, each TP held out",
+              "synchronised_rank_count_held_out": "synchronised, TP held out",
               "host_bound": "host-bound vs host period"}
     out += ["  " + _class_line(labels[k], modes[k]) for k in labels]
     if "fit" in doc:
