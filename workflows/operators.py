@@ -25,7 +25,9 @@ error says which factor is off. The classes:
                   either adds the kernel's fixed time (`flash.kernel_floor`: `attn_kernel_s`,
                   and `attn_split_s` where the grid splits its keys)
   all_reduce      one NCCL all-reduce over the 2-8 ranks of one node (a TP group), priced by
-                  `layercomm.tp_all_reduce`: a ring (`tp_base_s`, `tp_hop_s`, `tp_link_eff`).
+                  `layercomm.tp_all_reduce`: a ring (`tp_base_s`, `tp_hop_s`, `tp_link_eff`),
+                  or NCCL's NVLS where the node's NVSwitches reduce and it is faster
+                  (`nvls_base_s`).
                   Vidur's kernels below ~4 MiB are bimodal (`all_reduce_modes`: a kernel is
                   the collective, or waits out a peer's host launch period, ~60 us on its
                   A100 node and ~40 us on its H100 node, whatever the size); the factors
@@ -292,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--fit", action="store_true",
-                    help="refit the GEMM, decode-bandwidth, TP all-reduce and attention factors on "
-                         "the points")
+                    help="refit the GEMM, decode-bandwidth, TP all-reduce, two-node send and "
+                         "attention factors on the points")
     args = ap.parse_args(argv)
     doc = document(Efficiency(), fit_all if args.fit else None)
     print(json.dumps(doc, indent=1) if args.json else render(doc))

@@ -12,8 +12,9 @@ functions the planner prices with.
                   b0 = 0; Y2 what b0 = 1 adds): least squares per l on a grid, then a
                   golden-section search around the best (the FLOP floor is off while fitting: at <= 64 tokens
                   the read bounds every point)
-  all_reduce      `tp_base_s`, `tp_hop_s`, `tp_link_eff` (a ring: linear in the three) by
-                  relative least squares on the points in the synchronised mode
+  all_reduce      `tp_base_s`, `tp_hop_s`, `tp_link_eff` and `nvls_base_s` (the ring, or NVLS
+                  where the device has NVLink SHARP and it is faster: each linear in the four)
+                  by relative least squares on the points in the synchronised mode
                   (`all_reduce_modes`: the kernels of small messages are bimodal, the
                   collective itself or a peer's host launch period, and the split alternates
                   with the fit to a fixed point); `nvlink_hop_s` stays (other collectives')
@@ -103,7 +104,10 @@ def fit_decode(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
     return {"decode_bw_eff": e, "decode_bw_half_batch": half, "decode_tp_bw_loss": loss}
 
 
-AR_ZERO = {"tp_base_s": 0.0, "tp_call_s": 0.0, "tp_hop_s": 0.0, "tp_link_eff": 1.0}
+AR_ZERO = {"tp_base_s": 0.0, "tp_call_s": 0.0, "tp_hop_s": 0.0, "tp_link_eff": 1.0,
+           "nvls_base_s": 0.0}
+AR_FACTORS = ("tp_base_s", "tp_hop_s", "nvls_base_s")
+OFF = 1e3  # seconds: a per-call cost that takes one algorithm out of `min`
 HOST_SPLIT = 1.3  # a first guess: measured above 1.3x the all-point fit is host-bound
 MAX_ROUNDS = 50
 
@@ -119,47 +123,62 @@ class AllReduceModes:
     host: tuple[bool, ...]
 
 
-def _all_reduce_columns(ps: Sequence[Point], eff: Efficiency) -> np.ndarray:
-    """Per point the seconds one unit of `tp_base_s`, `tp_hop_s` and 1 / `tp_link_eff` adds:
-    a ring inside a node prices linearly in the three."""
-    zero = eff.override(AR_ZERO)
-    x0 = np.asarray([predict(p, zero) for p in ps])  # the bytes at tp_link_eff = 1
-    cols = [np.asarray([predict(p, zero.override({name: 1.0})) for p in ps]) - x0
-            for name in ("tp_base_s", "tp_hop_s")]
-    return np.asarray([*cols, x0]).T
+def _all_reduce_rows(ps: Sequence[Point], eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
+    """Per point the seconds one unit of `tp_base_s`, `tp_hop_s`, `nvls_base_s` and 1 /
+    `tp_link_eff` adds, for the ring and for NVLS (NaN where the device has none): each
+    prices linearly in the four."""
+    def at(**values: float) -> np.ndarray:
+        return np.asarray([predict(p, eff.override({**AR_ZERO, **values})) for p in ps])
+
+    ring0, nvls0 = at(nvls_base_s=OFF), at(tp_base_s=OFF)
+    ring = [at(nvls_base_s=OFF, tp_base_s=1.0) - ring0,
+            at(nvls_base_s=OFF, tp_hop_s=1.0) - ring0, np.zeros(len(ps)), ring0]
+    has = nvls0 < OFF / 2
+    nvls = [np.zeros(len(ps)), np.zeros(len(ps)), np.ones(len(ps)), nvls0]
+    return np.asarray(ring).T, np.where(has[:, None], np.asarray(nvls).T, np.nan)
 
 
 def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes:
-    """The TP all-reduce's `tp_base_s`, `tp_hop_s` and `tp_link_eff`, fitted on the points
-    in the synchronised mode, and which points are in the other mode. Vidur's harness times
-    rank 0's kernels in a burst of eager calls: where rank 0 issues its call before a peer,
-    its kernel waits for that peer's host to issue its own and lasts the host's launch period,
-    whatever the size and rank count (A100 node ~60 us, H100 node ~40 us); where it issues
-    last, the kernel is the collective itself, as in a training or serving step, whose ranks
-    issue their calls ahead of the GPU. The split alternates to a fixed point: fit the
-    factors by relative least squares on the synchronised points, set each device's host
-    period to the median of its host-bound points, and put each point in the mode whose
+    """The TP all-reduce's `tp_base_s`, `tp_hop_s`, `nvls_base_s` and `tp_link_eff`, fitted
+    on the points in the synchronised mode, and which points are in the other mode. Vidur's
+    harness times rank 0's kernels in a burst of eager calls: where rank 0 issues its call
+    before a peer, its kernel waits for that peer's host to issue its own and lasts the host's
+    launch period, whatever the size and rank count (A100 node ~60 us, H100 node ~40 us);
+    where it issues last, the kernel is the collective itself, as in a training or serving
+    step, whose ranks issue their calls ahead of the GPU. The split alternates to a fixed
+    point: fit the factors by relative least squares on the synchronised points (each priced
+    by the algorithm, ring or NVLS, that is faster at the current factors), set each device's
+    host period to the median of its host-bound points, and put each point in the mode whose
     price (the collective, or the host period where that is longer) is nearer in log."""
     ps = [p for p in points if p.cls == "all_reduce"]
-    cols = _all_reduce_columns(ps, eff)
+    ring, nvls = _all_reduce_rows(ps, eff)
     m = np.asarray([p.measured_s for p in ps])
     devices = np.asarray([p.device for p in ps])
-    theta = _relative_lstsq(list(cols.T), list(m))
-    host = m > HOST_SPLIT * (cols @ theta)
+    theta = np.asarray([eff.tp_base_s, eff.tp_hop_s, eff.nvls_base_s, 1 / eff.tp_link_eff])
+    host = np.zeros(len(ps), dtype=bool)
     host_s: dict[str, float] = {}
-    for _ in range(MAX_ROUNDS):
-        theta = _relative_lstsq(list(cols[~host].T), list(m[~host]))
-        sync = cols @ theta
-        host_s = {str(d): float(np.median(m[host & (devices == d)]))
-                  for d in sorted(set(devices[host]))}
-        period = np.asarray([host_s.get(str(d), np.inf) for d in devices])
-        new = np.abs(np.log(np.maximum(sync, period) / m)) < np.abs(np.log(sync / m))
-        if (new == host).all():
+    for rnd in range(MAX_ROUNDS):
+        sync = np.fmin(ring @ theta, nvls @ theta)  # NaN (no NVLS): the ring
+        rows = np.where((nvls @ theta < ring @ theta)[:, None], nvls, ring)
+        use = ~host
+        cols = [0, 1, 3] + ([2] if rows[use, 2].any() else [])
+        fitted = _relative_lstsq(list(rows[use][:, cols].T), list(m[use]))
+        theta = theta.copy()
+        theta[cols] = fitted
+        sync = np.fmin(ring @ theta, nvls @ theta)
+        if rnd == 0:
+            new = m > HOST_SPLIT * sync
+        else:
+            host_s = {str(d): float(np.median(m[host & (devices == d)]))
+                      for d in sorted(set(devices[host]))}
+            period = np.asarray([host_s.get(str(d), np.inf) for d in devices])
+            new = np.abs(np.log(np.maximum(sync, period) / m)) < np.abs(np.log(sync / m))
+        if rnd > 1 and (new == host).all():
             break
         host = new
-    base, hop, inv_eff = (float(x) for x in theta)
-    return AllReduceModes({"tp_base_s": base, "tp_hop_s": hop, "tp_link_eff": 1 / inv_eff},
-                          host_s, tuple(bool(h) for h in host))
+    base, hop, nvls_base, inv_eff = (float(x) for x in theta)
+    return AllReduceModes({"tp_base_s": base, "tp_hop_s": hop, "nvls_base_s": nvls_base,
+                           "tp_link_eff": 1 / inv_eff}, host_s, tuple(bool(h) for h in host))
 
 
 def fit_all_reduce(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:

@@ -75,9 +75,11 @@ class Efficiency:
     # the TP all-reduce's own alpha-beta, a ring inside one node: fitted on Vidur's NCCL
     # all-reduce kernels (commit 7d47513) in the mode a step sees (every rank's call issued
     # before its data is needed; workflows/opfit.py), out-of-sample for the published runs
-    tp_base_s: float = 5.29e-6  # per-call cost of a TP all-reduce on NVLink
-    tp_hop_s: float = 1.52e-6  # per ring step of a TP all-reduce on NVLink
-    tp_link_eff: float = 0.608  # achieved fraction of NVLink bandwidth of a TP all-reduce
+    tp_base_s: float = 4.63e-6  # per-call cost of a TP all-reduce on NVLink
+    tp_hop_s: float = 1.78e-6  # per ring step of a TP all-reduce on NVLink
+    tp_link_eff: float = 0.498  # achieved fraction of NVLink bandwidth of a TP all-reduce
+    # per-call cost of NCCL's NVLS all-reduce (NVLink SHARP, `DeviceType.nvlink_sharp`)
+    nvls_base_s: float = 2.45e-5
     # per-call cost of an engine's decode all-reduce inside a node (custom all-reduce in a CUDA graph)
     engine_ar_base_s: float = 6.6e-6
     # per-call cost of an FSDP unit's gather or reduce-scatter where probed (0: `coll_base_s`)

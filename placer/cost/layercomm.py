@@ -64,8 +64,23 @@ def tp_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) -> f
     call, and workflows/operators.py prices a measured one with. Inside one node NCCL runs
     the ring (`collectives.ring_all_reduce`); across nodes the faster of ring and tree."""
     link = tp_link(dev, eff, tp)
-    return (ring_all_reduce(nbytes, tp, link) if tp <= NODE_DEVICES
-            else all_reduce(nbytes, tp, link))
+    if tp > NODE_DEVICES:
+        return all_reduce(nbytes, tp, link)
+    return min(ring_all_reduce(nbytes, tp, link), nvls_all_reduce(nbytes, tp, dev, eff))
+
+
+def nvls_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) -> float:
+    """NCCL's NVLS all-reduce inside a node whose NVSwitches reduce in the fabric
+    (`DeviceType.nvlink_sharp`): each rank sends its buffer to the switch, which reduces and
+    multicasts the sum back, so a rank moves the buffer once each way whatever the rank count
+    (NCCL 2.17 release notes: NVLink SHARP all-reduce on H100 NVSwitch systems), at the TP
+    all-reduce's `tp_link_eff` and the algorithm's own per-call `nvls_base_s` (fitted on
+    Vidur's H100 kernels: their 4- and 8-rank all-reduces of 16-64 MB grow at one rate, 222
+    GB/s, where rings of 4 and 8 would differ by 7/6). Infinite without NVLink SHARP or for
+    a single rank, so `min` leaves the ring."""
+    if not dev.nvlink_sharp or tp <= 1:
+        return float("inf")
+    return eff.nvls_base_s + nbytes / (dev.intra_link_gbs * eff.tp_link_eff * 1e9)
 
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
