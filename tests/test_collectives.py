@@ -27,7 +27,7 @@ from placer.cost.generation import (
     forward_time,
     step_overhead,
 )
-from placer.cost.layercomm import decode_tp_comm
+from placer.cost.layercomm import decode_tp_comm, tp_all_reduce
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory, device_ceiling, gemm_eff, weight_bytes
 from placer.cost.sharding import Parallel
@@ -221,3 +221,25 @@ def test_broadcast_receive_is_one_ranks_nic_however_wide_the_engine() -> None:
     assert links == {"send": 4 * EFF.sync_sender_gbs, "recv": H100.nic_gbs}
     fast = replace(EFF, sync_sender_gbs=29.9)  # Miles' sender stream
     assert min(sync_links(res, "g", 64, 4, "g", 64, 32, False, fast).values()) == H100.nic_gbs
+
+
+def test_tp_all_reduce_is_a_ring_or_nvls_where_the_switch_reduces() -> None:
+    """Independent (by hand): inside a node a TP all-reduce is the ring, base + 2 (n-1) steps +
+    2 (n-1)/n of the buffer; where the NVSwitches reduce (`nvlink_sharp`) NCCL's NVLS,
+    `nvls_base_s` + the buffer once, when that is faster: at 64 MiB over 8 H100s, not at 64 KiB
+    over 2 (the ring's two steps cost less than NVLS's call) and never on an A100 node."""
+    a100 = shipped_devices()["A100-80G"]
+    assert H100.nvlink_sharp and not a100.nvlink_sharp
+
+    def ring(nbytes: float, n: int, gbs: float) -> float:
+        return (EFF.tp_base_s + 2 * (n - 1) * EFF.tp_hop_s
+                + 2 * (n - 1) / n * nbytes / (gbs * 1e9 * EFF.tp_link_eff))
+
+    big, small = 64 * 2 ** 20, 64 * 2 ** 10
+    nvls = EFF.nvls_base_s + big / (450e9 * EFF.tp_link_eff)
+    assert nvls < ring(big, 8, 450)
+    assert tp_all_reduce(big, 8, H100, EFF) == pytest.approx(nvls)
+    assert tp_all_reduce(small, 2, H100, EFF) == pytest.approx(ring(small, 2, 450))
+    assert tp_all_reduce(big, 8, a100, EFF) == pytest.approx(ring(big, 8, 300))
+    no_sharp = H100.model_copy(update={"nvlink_sharp": False})
+    assert tp_all_reduce(big, 8, no_sharp, EFF) == pytest.approx(ring(big, 8, 450))

@@ -86,7 +86,7 @@ def test_tp_group_across_nodes_runs_on_the_network() -> None:
     pays network hops and runs at the slower of a node's NICs together (8 x 50 GB/s x
     `link_eff`) and its NVLink ring."""
     inside, across = tp_link(H100, EFF, NODE_DEVICES), tp_link(H100, EFF, 16)
-    assert inside.alpha_s == EFF.nvlink_hop_s
+    assert inside.alpha_s == EFF.tp_hop_s
     assert inside.gbs == pytest.approx(450 * EFF.tp_link_eff)
     assert across.alpha_s == EFF.net_hop_s
     assert across.gbs == pytest.approx(min(450 * EFF.tp_link_eff, 8 * 50 * EFF.link_eff))
@@ -156,10 +156,11 @@ def test_kv_admission_counts_blocks_in_use_not_a_longest_context_reservation() -
 def test_pipeline_hops_priced_on_their_own_link() -> None:
     """Independent: an engine replica of TP 4 x PP 4 over 2 nodes of 8: stages 0-1 share node 0,
     2-3 node 1, so of 3 hops one crosses the NIC and two stay on NVLink; each a call (base +
-    one hop + bytes). Training keeps one link for every hop (its rank order is not fixed)."""
+    one hop + bytes on NVLink; across nodes a send/recv's own `p2p_net_s` + bytes). Training
+    keeps one link for every hop (its rank order is not fixed)."""
     nbytes = 10 * 1024 * 2
     nvl = 6.6e-6 + 0.6e-6 + nbytes / (450 * 0.8e9)
-    nic = 6.6e-6 + 2.7e-6 + nbytes / (50 * 0.8e9)
+    nic = EFF.p2p_net_s + nbytes / (50 * 0.8e9)
     assert pp_send(SMALL_MOE, H100, Parallel(tp=4, pp=4), 10, EFF, 4) == pytest.approx(
         2 * nvl + nic, rel=1e-12)
     # stages of a whole node each: every hop crosses

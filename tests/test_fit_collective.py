@@ -24,7 +24,7 @@ EMU = shipped_devices()["emu-gpu"]
 H100 = shipped_devices()["H100-SXM"]
 # latency only: every call costs exactly one unit of its base (`coll_base_s`, or a TP
 # all-reduce's own `tp_base_s`), nothing else
-CALLS_ONLY = Efficiency(coll_base_s=0.0, tp_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0,
+CALLS_ONLY = Efficiency(coll_base_s=0.0, tp_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, tp_hop_s=0.0,
                         link_eff=1e30, tp_link_eff=1e30)
 
 

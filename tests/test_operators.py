@@ -22,12 +22,12 @@ from placer.cost.sharding import Parallel
 from placer.spec.catalog import shipped_devices
 from workflows.opdata import CLASSES, DATA, LAYER_CLASSES, attention_layer, load, predict
 from workflows.operators import class_errors, main, rows
-from workflows.opfit import fit_all, fit_attention
+from workflows.opfit import all_reduce_modes, fit_all, fit_attention
 
 EFF = Efficiency()
 FITTED = ("mfu_prefill", "prefill_half_ridge", "decode_bw_eff", "decode_bw_half_batch",
-          "decode_tp_bw_loss", "tp_base_s", "tp_link_eff", "attn_kernel_s", "attn_split_s",
-          "mfu_attention", "attn_append_factor")
+          "decode_tp_bw_loss", "tp_base_s", "tp_hop_s", "tp_link_eff", "nvls_base_s", "p2p_net_s",
+          "attn_kernel_s", "attn_split_s", "mfu_attention", "attn_append_factor")
 
 
 def test_the_data_carries_its_provenance() -> None:
@@ -73,14 +73,14 @@ def test_every_point_is_priced() -> None:
     slower = replace(EFF, mfu_prefill=EFF.mfu_prefill / 2, decode_bw_eff=EFF.decode_bw_eff / 2,
                      mfu_attention=EFF.mfu_attention / 2,
                      tp_base_s=EFF.tp_base_s * 2, tp_link_eff=EFF.tp_link_eff / 2,
-                     coll_base_s=EFF.coll_base_s * 2)
+                     coll_base_s=EFF.coll_base_s * 2, p2p_net_s=EFF.p2p_net_s * 2)
     assert all(predict(p, slower) > predict(p, EFF) for p in points)
 
 
 def test_json_document_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"sources", "classes", "attention_held_out", "rows"}
+    assert set(doc) == {"sources", "classes", "attention_held_out", "all_reduce_modes", "rows"}
     assert set(doc["attention_held_out"]) == {"in_sample", "leave_one_context_out",
                                               "half_sizes_out"}
     assert doc["attention_held_out"]["in_sample"] == doc["classes"]["attention"]
@@ -105,21 +105,68 @@ def test_text_report_has_a_table_per_class(capsys: pytest.CaptureFixture[str]) -
 
 def test_class_errors_at_the_defaults() -> None:
     # A regression guard: the defaults were fitted on these same points (in-sample; the
-    # attention class's held-out figures: test_attention_with_its_fitted_factors_held_out).
+    # attention class's held-out figures: test_attention_with_its_fitted_factors_held_out;
+    # the all-reduce's: test_all_reduce_by_mode).
     # prefill_linear 7.9% / 27.4%, decode 9.3% / 20.7%, attention 8.3% / 23.0% (the
     # FlashAttention kernel model, placer/cost/flash.py). The all-reduce misses the goal
-    # (median <= 15%, p90 <= 30%): measured 24.5% / 79.5% -- NCCL's small-message kernels take
-    # either ~7 us or 35-60 us for the same call, and H100's 8-rank all-reduce outruns a ring
-    # over the catalog's NVLink figure. send/recv is not refitted (its factors price every
-    # other collective too): 33.1% / 61.7%.
+    # (median <= 15%, p90 <= 30%) over every point: 21.3% / 75.1%, its kernels below ~4 MiB
+    # being bimodal (the collective, or a peer's host launch period; no model of the size,
+    # rank count and device can put 90% of them within 30%), and the factors pricing the
+    # synchronised collective a step sees. send/recv 14.4% / 54.6%: the A100 node pair's
+    # network moves 7.9 GB/s (a third of the catalog's 200 Gb/s NIC at `link_eff`, which
+    # prices every network transfer and stays), and an A100 node's small NVLink sends take
+    # 13-17 us where an H100 node's take 6-8.
     _, points = load()
     errs = class_errors(rows(points, EFF))
     bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),
-              "all_reduce": (0.25, 0.80), "send_recv": (0.34, 0.62), "attention": (0.15, 0.30)}
+              "all_reduce": (0.22, 0.76), "send_recv": (0.15, 0.55), "attention": (0.15, 0.30)}
     for cls, (median, p90) in bounds.items():
         c = errs[cls]
         assert c.median_abs_error is not None and c.p90_abs_error is not None
         assert c.median_abs_error <= median and c.p90_abs_error <= p90, (cls, c)
+
+
+def test_all_reduce_by_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    # The all-reduce class split by mode (`opfit.all_reduce_modes`): every point is in one of
+    # the two, a device's host launch period is one figure whatever the size and rank count
+    # (measured: A100 node 58 us, H100 node 40 us), the synchronised points meet the goal
+    # in-sample (13.4% / 21.0%) and are reported with each rank count held out (priced by
+    # factors fitted on the other two: 14.9% / 47.0%, the honest figure, short of the p90
+    # goal: the per-step latency extrapolates poorly from two rank counts).
+    assert main(["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    modes = doc["all_reduce_modes"]
+    assert set(modes) == {"host_period_s", "synchronised", "host_bound",
+                          "synchronised_rank_count_held_out"}
+    assert modes["synchronised"]["n"] + modes["host_bound"]["n"] == doc["classes"][
+        "all_reduce"]["n"]
+    assert modes["synchronised"]["n"] >= 40 and modes["host_bound"]["n"] >= 40
+    assert 50e-6 <= modes["host_period_s"]["A100-80G"] <= 70e-6
+    assert 35e-6 <= modes["host_period_s"]["H100-SXM"] <= 45e-6
+    assert modes["synchronised"]["median_abs_error"] <= 0.14
+    assert modes["synchronised"]["p90_abs_error"] <= 0.22
+    assert modes["host_bound"]["median_abs_error"] <= 0.10
+    held = modes["synchronised_rank_count_held_out"]
+    assert held["median_abs_error"] <= 0.15 and held["p90_abs_error"] <= 0.48, held
+
+
+def test_all_reduce_modes_leave_a_synchronised_set_alone() -> None:
+    # Independent of the measurements: all-reduce points priced with known factors, a third
+    # of them replaced by a host period of 50 us where that is longer, give back the factors
+    # (the ring's and NVLS's: the H100 points take the faster of the two)
+    # and exactly the replaced points as host-bound.
+    known = EFF.override({"tp_base_s": 8e-6, "tp_hop_s": 1e-6, "tp_link_eff": 0.7,
+                          "nvls_base_s": 20e-6})
+    ar = [p for p in load()[1] if p.cls == "all_reduce"]
+    sync = [predict(p, known) for p in ar]
+    hosted = [i % 3 == 0 and t < 30e-6 for i, t in enumerate(sync)]
+    pts = [replace(p, measured_s=50e-6 if h else t) for p, t, h in zip(ar, sync, hosted,
+                                                                       strict=True)]
+    modes = all_reduce_modes(pts, EFF)
+    assert modes.host == tuple(hosted) and any(hosted)
+    assert modes.host_s == {d: pytest.approx(50e-6) for d in {p.device for p in ar}}
+    for name in ("tp_base_s", "tp_hop_s", "tp_link_eff", "nvls_base_s"):
+        assert modes.factors[name] == pytest.approx(getattr(known, name), rel=1e-6), name
 
 
 def test_the_defaults_are_the_fit() -> None:
@@ -135,8 +182,9 @@ def test_fit_recovers_known_factors_from_synthetic_points() -> None:
     # factors (every shape, TP, token count and size of the data set) give those factors back.
     known = Efficiency(mfu_prefill=0.55, prefill_half_ridge=0.8, decode_bw_eff=0.62,
                        decode_bw_half_batch=0.3, decode_tp_bw_loss=0.09, tp_base_s=12e-6,
-                       tp_link_eff=0.7, attn_kernel_s=9e-6, attn_split_s=3e-6,
-                       mfu_attention=0.45, attn_append_factor=2.0)
+                       tp_hop_s=1.1e-6, tp_link_eff=0.7, nvls_base_s=20e-6, p2p_net_s=15e-6,
+                       attn_kernel_s=9e-6,
+                       attn_split_s=3e-6, mfu_attention=0.45, attn_append_factor=2.0)
     _, points = load()
     synthetic = [replace(p, measured_s=predict(p, known)) for p in points]
     fitted = fit_all(synthetic, EFF)

@@ -14,7 +14,7 @@ from pathlib import Path
 from placer.cost.efficiency import Efficiency
 from placer.cost.flash import prefill_kernel_time
 from placer.cost.generation import decode_attention_time, decode_matmul_time
-from placer.cost.layercomm import NODE_DEVICES, span_link, stage_send, tp_all_reduce
+from placer.cost.layercomm import NODE_DEVICES, p2p_link, stage_send, tp_all_reduce
 from placer.cost.roofline import BYTES, matmul_time
 from placer.cost.sharding import Parallel
 from placer.spec.arch import ModelArch
@@ -158,5 +158,5 @@ def predict(p: Point, eff: Efficiency) -> float:
         # a pair inside a node is on NVLink; a pair on two nodes on the NIC (a group that
         # spans more than a node)
         ranks = p.tp if p.per_node >= p.tp else 2 * NODE_DEVICES
-        return stage_send(p.size, span_link(dev, ranks, eff))
+        return stage_send(p.size, p2p_link(dev, ranks, eff))
     raise ValueError(f"no pricing for class {p.cls!r}")

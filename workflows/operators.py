@@ -25,14 +25,23 @@ error says which factor is off. The classes:
                   either adds the kernel's fixed time (`flash.kernel_floor`: `attn_kernel_s`,
                   and `attn_split_s` where the grid splits its keys)
   all_reduce      one NCCL all-reduce over the 2-8 ranks of one node (a TP group), priced by
-                  `layercomm.tp_all_reduce` (`tp_base_s`, `tp_link_eff`, `nvlink_hop_s`)
+                  `layercomm.tp_all_reduce`: a ring (`tp_base_s`, `tp_hop_s`, `tp_link_eff`),
+                  or NCCL's NVLS where the node's NVSwitches reduce and it is faster
+                  (`nvls_base_s`).
+                  Vidur's kernels below ~4 MiB are bimodal (`all_reduce_modes`: a kernel is
+                  the collective, or waits out a peer's host launch period, ~60 us on its
+                  A100 node and ~40 us on its H100 node, whatever the size); the factors
+                  price the synchronised collective, as a step runs it, and the class figure
+                  covers every point
   send_recv       one send/recv between two ranks of a node or of two nodes, priced by
-                  `layercomm.stage_send` (`pp_send`'s piece) on `span_link`
+                  `layercomm.stage_send` (`pp_send`'s piece) on `p2p_link` (two nodes: the
+                  call's `p2p_net_s`)
 
 Error = predicted / measured - 1. The attention class also reports its held-out errors
 (`attention_held_out`: in-sample, each KV context priced by factors fitted on the others,
 and half the chunk sizes / decode batches priced by factors fitted on the other half).
-`--fit` refits the factors of every class but send_recv on these points (workflows/opfit.py)
+`all_reduce_modes` reports the all-reduce class by mode, with the synchronised points held out
+by rank count. `--fit` refits the factors of every class on these points (workflows/opfit.py)
 and prints them with the classes' errors after (in-sample), the layer classes'
 leave-one-model-out errors and the attention class's leave-one-context-out error (held out).
 
@@ -51,7 +60,7 @@ import numpy as np
 
 from placer.cost.efficiency import Efficiency
 from workflows.opdata import CLASSES, LAYER_CLASSES, Point, load, predict
-from workflows.opfit import fit_all, fit_attention, fit_layers
+from workflows.opfit import all_reduce_modes, fit_all, fit_attention, fit_layers
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,45 @@ def attention_held_out(points: Sequence[Point], eff: Efficiency) -> dict[str, Cl
             "half_sizes_out": half_sizes_out(points, eff)}
 
 
+def _mode_errors(points: Sequence[Point], eff: Efficiency,
+                 host_s: dict[str, float]) -> tuple[list[float], list[float]]:
+    """|error| of each all-reduce point priced at `eff`, split by the mode it is nearer
+    (`opfit.all_reduce_modes`' rule): (synchronised, host-bound against its host period)."""
+    sync: list[float] = []
+    host: list[float] = []
+    for p in points:
+        t, period = predict(p, eff), host_s.get(p.device, float("inf"))
+        if abs(np.log(max(t, period) / p.measured_s)) < abs(np.log(t / p.measured_s)):
+            host.append(abs(period / p.measured_s - 1))
+        else:
+            sync.append(abs(t / p.measured_s - 1))
+    return sync, host
+
+
+def _errors(errs: Sequence[float]) -> ClassError:
+    return (ClassError(len(errs), float(np.median(errs)), float(np.percentile(errs, 90)))
+            if len(errs) else ClassError(0, None, None))
+
+
+def all_reduce_split(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
+    """The all-reduce class by mode (the class figure covers every point; this says why it
+    misses the goal): each device's host launch period, the synchronised points' errors at
+    `eff`, the host-bound points' errors against their host period, and the synchronised
+    points' errors with each rank count priced by factors fitted on the other two (held
+    out)."""
+    ar = [p for p in points if p.cls == "all_reduce"]
+    modes = all_reduce_modes(ar, eff)
+    sync, host = _mode_errors(ar, eff, modes.host_s)
+    held: list[float] = []
+    for k in sorted({p.tp for p in ar}):
+        fitted = all_reduce_modes([p for p in ar if p.tp != k], eff)
+        held += _mode_errors([p for p in ar if p.tp == k], eff.override(fitted.factors),
+                             fitted.host_s)[0]
+    return {"host_period_s": modes.host_s, "synchronised": asdict(_errors(sync)),
+            "host_bound": asdict(_errors(host)),
+            "synchronised_rank_count_held_out": asdict(_errors(held))}
+
+
 def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
                                              dict[str, float]] | None = None) -> dict[str, Any]:
     """The JSON document: sources, per-class errors and rows at `eff`; with `fit`, the
@@ -158,6 +206,7 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
         "sources": {p.file: list(p.lines) for p in provs},
         "classes": {k: asdict(v) for k, v in class_errors(rs).items()},
         "attention_held_out": {k: asdict(v) for k, v in attention_held_out(points, eff).items()},
+        "all_reduce_modes": all_reduce_split(points, eff),
         "rows": [asdict(r) for r in rs]}
     if fit is not None:
         values = fit(points, eff)
@@ -215,6 +264,15 @@ def render(doc: dict[str, Any]) -> str:
     labels = {"in_sample": "in-sample", "leave_one_context_out": "each KV context held out",
               "half_sizes_out": "half the sizes held out"}
     out += ["  " + _class_line(labels[k], v) for k, v in doc["attention_held_out"].items()]
+    modes = doc["all_reduce_modes"]
+    out.append("all_reduce by mode (a kernel of Vidur's burst either is the synchronised "
+               "collective or waits out a peer's host launch: "
+               + ", ".join(f"{d} {s * 1e6:.0f} us" for d, s in modes["host_period_s"].items())
+               + "); the factors price the synchronised one, as a step runs it:")
+    labels = {"synchronised": "synchronised (in-sample)",
+              "synchronised_rank_count_held_out": "synchronised, TP held out",
+              "host_bound": "host-bound vs host period"}
+    out += ["  " + _class_line(labels[k], modes[k]) for k in labels]
     if "fit" in doc:
         out.append("\nfitted on these points (in-sample):")
         out += [f"  {k:22s} {v['before']:.6g} -> {v['after']:.6g}"
@@ -236,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--fit", action="store_true",
-                    help="refit the GEMM, decode-bandwidth, TP all-reduce and attention factors on "
-                         "the points")
+                    help="refit the GEMM, decode-bandwidth, TP all-reduce, two-node send and "
+                         "attention factors on the points")
     args = ap.parse_args(argv)
     doc = document(Efficiency(), fit_all if args.fit else None)
     print(json.dumps(doc, indent=1) if args.json else render(doc))

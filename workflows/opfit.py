@@ -1,6 +1,6 @@
 """Refit of the operator-level factors on the measured operators (`python -m workflows.operators
 --fit`): each fit minimises the sum of squared relative errors (predicted / measured - 1) of one
-class (the all-reduce: of |log| errors), deterministically (closed-form least squares, grids for
+class (send/recv: of |log| errors), deterministically (closed-form least squares, grids for
 the non-linear factors), and reads the model only through `opdata.predict`, so it fits the
 functions the planner prices with.
 
@@ -12,12 +12,13 @@ functions the planner prices with.
                   b0 = 0; Y2 what b0 = 1 adds): least squares per l on a grid, then a
                   golden-section search around the best (the FLOP floor is off while fitting: at <= 64 tokens
                   the read bounds every point)
-  all_reduce      `tp_link_eff` (grid, then golden section) and `tp_base_s` (grid, 0-100 us)
-                  minimising the sum of |log(predicted / measured)| instead: NCCL kernel
-                  times of small messages are bimodal (the same call 7 or 40 us, as the
-                  ranks arrive), and squares let the fast mode pull the base below most
-                  calls; `nvlink_hop_s` stays (shared with every NVLink collective, and
-                  too noisy to separate here)
+  all_reduce      `tp_base_s`, `tp_hop_s`, `tp_link_eff` and `nvls_base_s` (the ring, or NVLS
+                  where the device has NVLink SHARP and it is faster: each linear in the four)
+                  by relative least squares on the points in the synchronised mode
+                  (`all_reduce_modes`: the kernels of small messages are bimodal, the
+                  collective itself or a peer's host launch period, and the split alternates
+                  with the fit to a fixed point); `nvlink_hop_s` stays (other collectives')
+  send_recv       `p2p_net_s` on the two-node points (`fit_send_recv`, |log| errors)
   attention       the FlashAttention kernel's (placer/cost/flash.py) `attn_kernel_s`,
                   `attn_split_s`, `mfu_attention` and `attn_append_factor` on the prefill and
                   decode kernels together: a point is linear in (f, s, 1/e, a/e) (`fit_attention`),
@@ -26,6 +27,7 @@ functions the planner prices with.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -102,24 +104,101 @@ def fit_decode(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
     return {"decode_bw_eff": e, "decode_bw_half_batch": half, "decode_tp_bw_loss": loss}
 
 
-BASE_GRID_S = _grid(0.0, 100e-6, 0.05e-6)  # tp_base_s candidates: 0-100 us
+AR_ZERO = {"tp_base_s": 0.0, "tp_call_s": 0.0, "tp_hop_s": 0.0, "tp_link_eff": 1.0,
+           "nvls_base_s": 0.0}
+AR_FACTORS = ("tp_base_s", "tp_hop_s", "nvls_base_s")
+OFF = 1e3  # seconds: a per-call cost that takes one algorithm out of `min`
+HOST_SPLIT = 1.3  # a first guess: measured above 1.3x the all-point fit is host-bound
+MAX_ROUNDS = 50
 
 
-def _all_reduce_at(ps: Sequence[Point], eff: Efficiency, link_eff: float) -> tuple[float, float]:
-    """(cost, tp_base_s) best for this `tp_link_eff`: the base is added to every call, so
-    one pricing per point serves every base on the grid."""
-    no_base = eff.override({"tp_base_s": 0.0, "tp_call_s": 0.0, "tp_link_eff": link_eff})
-    g = np.asarray([predict(p, no_base) for p in ps])
+@dataclass(frozen=True)
+class AllReduceModes:
+    """The all-reduce points split into their two modes: `host[i]` where point i's kernel
+    spans its device's host launch period (`host_s[device]`, the median of the points in
+    that mode), else the synchronised collective the factors price."""
+
+    factors: dict[str, float]
+    host_s: dict[str, float]
+    host: tuple[bool, ...]
+
+
+def _all_reduce_rows(ps: Sequence[Point], eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
+    """Per point the seconds one unit of `tp_base_s`, `tp_hop_s`, `nvls_base_s` and 1 /
+    `tp_link_eff` adds, for the ring and for NVLS (NaN where the device has none): each
+    prices linearly in the four."""
+    def at(**values: float) -> np.ndarray:
+        return np.asarray([predict(p, eff.override({**AR_ZERO, **values})) for p in ps])
+
+    ring0, nvls0 = at(nvls_base_s=OFF), at(tp_base_s=OFF)
+    ring = [at(nvls_base_s=OFF, tp_base_s=1.0) - ring0,
+            at(nvls_base_s=OFF, tp_hop_s=1.0) - ring0, np.zeros(len(ps)), ring0]
+    has = nvls0 < OFF / 2
+    nvls = [np.zeros(len(ps)), np.zeros(len(ps)), np.ones(len(ps)), nvls0]
+    return np.asarray(ring).T, np.where(has[:, None], np.asarray(nvls).T, np.nan)
+
+
+def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes:
+    """The TP all-reduce's `tp_base_s`, `tp_hop_s`, `nvls_base_s` and `tp_link_eff`, fitted
+    on the points in the synchronised mode, and which points are in the other mode. Vidur's
+    harness times rank 0's kernels in a burst of eager calls: where rank 0 issues its call
+    before a peer, its kernel waits for that peer's host to issue its own and lasts the host's
+    launch period, whatever the size and rank count (A100 node ~60 us, H100 node ~40 us);
+    where it issues last, the kernel is the collective itself, as in a training or serving
+    step, whose ranks issue their calls ahead of the GPU. The split alternates to a fixed
+    point: fit the factors by relative least squares on the synchronised points (each priced
+    by the algorithm, ring or NVLS, that is faster at the current factors), set each device's
+    host period to the median of its host-bound points, and put each point in the mode whose
+    price (the collective, or the host period where that is longer) is nearer in log."""
+    ps = [p for p in points if p.cls == "all_reduce"]
+    ring, nvls = _all_reduce_rows(ps, eff)
     m = np.asarray([p.measured_s for p in ps])
-    costs = np.abs(np.log((g[None, :] + BASE_GRID_S[:, None]) / m[None, :])).sum(axis=1)
-    best = int(np.argmin(costs))
-    return float(costs[best]), float(BASE_GRID_S[best])
+    devices = np.asarray([p.device for p in ps])
+    theta = np.asarray([eff.tp_base_s, eff.tp_hop_s, eff.nvls_base_s, 1 / eff.tp_link_eff])
+    host = np.zeros(len(ps), dtype=bool)
+    host_s: dict[str, float] = {}
+    for rnd in range(MAX_ROUNDS):
+        sync = np.fmin(ring @ theta, nvls @ theta)  # NaN (no NVLS): the ring
+        rows = np.where((nvls @ theta < ring @ theta)[:, None], nvls, ring)
+        use = ~host
+        cols = [0, 1, 3] + ([2] if rows[use, 2].any() else [])
+        fitted = _relative_lstsq(list(rows[use][:, cols].T), list(m[use]))
+        theta = theta.copy()
+        theta[cols] = fitted
+        sync = np.fmin(ring @ theta, nvls @ theta)
+        if rnd == 0:
+            new = m > HOST_SPLIT * sync
+        else:
+            host_s = {str(d): float(np.median(m[host & (devices == d)]))
+                      for d in sorted(set(devices[host]))}
+            period = np.asarray([host_s.get(str(d), np.inf) for d in devices])
+            new = np.abs(np.log(np.maximum(sync, period) / m)) < np.abs(np.log(sync / m))
+        if rnd > 1 and (new == host).all():
+            break
+        host = new
+    base, hop, nvls_base, inv_eff = (float(x) for x in theta)
+    return AllReduceModes({"tp_base_s": base, "tp_hop_s": hop, "nvls_base_s": nvls_base,
+                           "tp_link_eff": 1 / inv_eff}, host_s, tuple(bool(h) for h in host))
 
 
 def fit_all_reduce(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
-    ps = [p for p in points if p.cls == "all_reduce"]
-    link = _search(lambda x: _all_reduce_at(ps, eff, x)[0], 0.05, 3.0, 0.01)
-    return {"tp_base_s": _all_reduce_at(ps, eff, link)[1], "tp_link_eff": link}
+    return all_reduce_modes(points, eff).factors
+
+
+def fit_send_recv(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
+    """`p2p_net_s` on the two-node send/recv points, minimising the sum of |log(predicted /
+    measured)| (a grid of 0.05 us, then a golden-section search): a large message's price
+    hardly moves with it, so the small ones set it, and no one device's bandwidth drags it.
+    The bandwidth stays the NIC's at `link_eff`, which prices every transfer over the network
+    (the weight-sync rows fit their own rates)."""
+    ps = [p for p in points if p.cls == "send_recv" and p.per_node == 1]
+    m = np.asarray([p.measured_s for p in ps])
+
+    def cost(base: float) -> float:
+        e = eff.override({"p2p_net_s": base})
+        return float(np.abs(np.log(np.asarray([predict(p, e) for p in ps]) / m)).sum())
+
+    return {"p2p_net_s": _search(cost, 0.0, 100e-6, 0.5e-6)}
 
 
 ATTENTION = ("attn_kernel_s", "attn_split_s", "mfu_attention", "attn_append_factor")
@@ -152,7 +231,7 @@ def fit_attention(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
 def fit_all(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
     """Every operator-level factor, fitted on `points` (each class on its own)."""
     layers = fit_layers(points, eff)
-    return {**layers, **fit_all_reduce(points, eff),
+    return {**layers, **fit_all_reduce(points, eff), **fit_send_recv(points, eff),
             **fit_attention(points, eff.override(layers))}
 
 

@@ -40,9 +40,18 @@ def all_reduce(nbytes: float, n: int, link: Link) -> float:
     """Sum a `nbytes` buffer over n ranks (every rank ends with the sum): min(ring, tree)."""
     if n <= 1:
         return 0.0
-    ring = link.base_s + 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * link.bytes_s(nbytes)
     tree = link.base_s + 2 * _log2(n) * link.alpha_s + 2 * link.bytes_s(nbytes)
-    return min(ring, tree)
+    return min(ring_all_reduce(nbytes, n, link), tree)
+
+
+def ring_all_reduce(nbytes: float, n: int, link: Link) -> float:
+    """`all_reduce` as a ring: 2 (n - 1) steps, each rank sending 2 (n - 1) / n of the buffer.
+    NCCL's trees span nodes; inside one node a tree is a chain through the node's GPUs (NCCL
+    2.4, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA developer blog,
+    2019), which saves no step over the ring, so a group inside one node runs the ring."""
+    if n <= 1:
+        return 0.0
+    return link.base_s + 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * link.bytes_s(nbytes)
 
 
 def all_gather(nbytes: float, n: int, link: Link) -> float:

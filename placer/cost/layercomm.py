@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from placer.cost.collectives import Link, all_gather, all_reduce, group_link
+from placer.cost.collectives import Link, all_gather, all_reduce, group_link, ring_all_reduce
 from placer.cost.sharding import BYTES, Parallel, cp_kv_exchange, ep_all_to_all, grad_bytes
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceType
@@ -45,24 +45,42 @@ def micro_tokens(par: Parallel, seq: float) -> float:
 
 def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     """The link a TP group of `ranks` runs its all-reduces on: NVLink while the group fits one
-    node, at the TP all-reduce's own `tp_link_eff` and per-call `tp_base_s` (fitted on NCCL
-    all-reduce kernels of TP-sized groups, which other collectives' `link_eff` and
-    `coll_base_s` are not), a call costing the measured `tp_call_s` where the trainers' probe
-    timed one; a group spanning nodes (an engine's TP 16 or 32) pays a network hop per step and
-    moves its bytes at a node's NICs together, one per device (NCCL runs a ring per channel and
-    each channel crosses the node boundary on its own rail's NIC), or NVLink's rate where that
-    is lower."""
+    node, at the TP all-reduce's own `tp_link_eff`, per-call `tp_base_s` and per-step
+    `tp_hop_s` (fitted on NCCL all-reduce kernels of TP-sized groups, which other
+    collectives' `link_eff`, `coll_base_s` and `nvlink_hop_s` are not), a call costing the
+    measured `tp_call_s` where the trainers' probe timed one; a group spanning nodes (an
+    engine's TP 16 or 32) pays a network hop per step and moves its bytes at a node's NICs
+    together, one per device (NCCL runs a ring per channel and each channel crosses the node
+    boundary on its own rail's NIC), or NVLink's rate where that is lower."""
     if ranks > NODE_DEVICES:  # the slower of the node's NICs and its own NVLink ring binds
         gbs = min(dev.intra_link_gbs * eff.tp_link_eff, NODE_DEVICES * dev.nic_gbs * eff.link_eff)
         return Link(eff.net_hop_s, gbs, eff.tp_base_s)
-    return call_cost(Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
+    return call_cost(Link(eff.tp_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
                      eff.tp_call_s)
 
 
 def tp_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) -> float:
-    """One TP all-reduce of `nbytes` over tp ranks on `tp_link`: what `layer_comm` and
-    `decode_comm` pay per call, and workflows/operators.py prices a measured one with."""
-    return all_reduce(nbytes, tp, tp_link(dev, eff, tp))
+    """One TP all-reduce of `nbytes` over tp ranks on `tp_link`: what `layer_comm` pays per
+    call, and workflows/operators.py prices a measured one with. Inside one node NCCL runs
+    the ring (`collectives.ring_all_reduce`); across nodes the faster of ring and tree."""
+    link = tp_link(dev, eff, tp)
+    if tp > NODE_DEVICES:
+        return all_reduce(nbytes, tp, link)
+    return min(ring_all_reduce(nbytes, tp, link), nvls_all_reduce(nbytes, tp, dev, eff))
+
+
+def nvls_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) -> float:
+    """NCCL's NVLS all-reduce inside a node whose NVSwitches reduce in the fabric
+    (`DeviceType.nvlink_sharp`): each rank sends its buffer to the switch, which reduces and
+    multicasts the sum back, so a rank moves the buffer once each way whatever the rank count
+    (NCCL 2.17 release notes: NVLink SHARP all-reduce on H100 NVSwitch systems), at the TP
+    all-reduce's `tp_link_eff` and the algorithm's own per-call `nvls_base_s` (fitted on
+    Vidur's H100 kernels: their 4- and 8-rank all-reduces of 16-64 MB grow at one rate, 222
+    GB/s, where rings of 4 and 8 would differ by 7/6). Infinite without NVLink SHARP or for
+    a single rank, so `min` leaves the ring."""
+    if not dev.nvlink_sharp or tp <= 1:
+        return float("inf")
+    return eff.nvls_base_s + nbytes / (dev.intra_link_gbs * eff.tp_link_eff * 1e9)
 
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
@@ -70,6 +88,15 @@ def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
     the NIC (`collectives.group_link`)."""
     return group_link(dev.intra_link_gbs, dev.nic_gbs, ranks, NODE_DEVICES, eff.link_eff,
                       eff.nvlink_hop_s, eff.net_hop_s, eff.coll_base_s)
+
+
+def p2p_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
+    """`span_link` for one point-to-point send: across nodes its fixed time is the NCCL
+    send/recv's own `p2p_net_s` (the network proxy's RDMA write and completion, fitted on
+    two-node send/recv kernels), standing for the call and its one hop; inside a node the
+    collective's `coll_base_s` and NVLink hop."""
+    link = span_link(dev, ranks, eff)
+    return replace(link, alpha_s=0.0, base_s=eff.p2p_net_s) if ranks > NODE_DEVICES else link
 
 
 def call_cost(link: Link, measured_s: float) -> Link:
@@ -200,11 +227,11 @@ def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
         return 0.0
     nbytes = tokens * m.hidden * BYTES
     if stage_devices <= 0:
-        return (par.pp - 1) * stage_send(nbytes, span_link(dev, par.replica, eff))
+        return (par.pp - 1) * stage_send(nbytes, p2p_link(dev, par.replica, eff))
     w, out = stage_devices, 0.0
     for s in range(par.pp - 1):  # the hop from stage s to s + 1
         crosses = w >= NODE_DEVICES or (s * w) // NODE_DEVICES != ((s + 2) * w - 1) // NODE_DEVICES
-        out += stage_send(nbytes, span_link(dev, NODE_DEVICES + 1 if crosses else 2, eff))
+        out += stage_send(nbytes, p2p_link(dev, NODE_DEVICES + 1 if crosses else 2, eff))
     return out
 
 

@@ -45,6 +45,10 @@ class DeviceType(Strict):
     mem_bw_gbs: PosFloat = Field(description="memory bandwidth per device")
     intra_link_gbs: PosFloat = Field(description="scale-up link per device, one direction")
     nic_gbs: PosFloat = Field(description="network bandwidth per device, one direction")
+    nvlink_sharp: StrictBool = Field(
+        False, description="the node's NVLink switches reduce in the fabric (NVLink SHARP, "
+                           "third-generation NVSwitch and later): NCCL's NVLS all-reduce moves "
+                           "each rank's buffer once, not 2 (n-1)/n times as a ring does")
     can_train: StrictBool = False
     price_per_hour: Annotated[float, Field(strict=True, ge=0, le=MAX_PRICE_PER_HOUR)] = 0.0
     cores: PosInt = Field(1, description="CPU cores per device (cpu kind)")
