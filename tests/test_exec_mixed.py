@@ -88,14 +88,20 @@ def test_each_part_refreshes_by_its_own_path() -> None:
 
 def test_in_one_process_both_parts_generate_and_take_the_weights(tmp_path) -> None:
     """Every rank an in-process worker: a refresh gives both engines the trainer's weights
-    exactly, and the step's 32 samples go 20 / 12 to the parts."""
+    exactly, the step's 32 samples go 20 / 12 to the parts, and only the colocated part's
+    engine is woken for the refresh and put to sleep for the training phase."""
     plan = mixed_plan()
     run = resolve_plan(plan)
     cfg = run_config(run, model_dir=prepare_model(run.job, tmp_path))
     rt = VirtualRuntime(run, cfg, {})
+    calls: list[tuple[str, int]] = []
+    for m in (m for m in rt.members if m.role == "rollout"):
+        for method in ("sleep_engine", "wake_engine"):
+            setattr(m.handle, method, lambda m=m, method=method: calls.append((method, m.rank)))
     loop = Loop(run, rt, cfg, LoopConfig(steps=1, out_dir=tmp_path), Trace())
     loop.sync_weights(0)
     loop.collect_rollout(loop.launch_rollout(0))
+    assert calls == [("wake_engine", 0), ("sleep_engine", 0)]
     got = {p: sum(len(e.args["sample_ids"]) for e in loop.trace.of("generate")
                   if e.args["part"] == p) for p in (0, 1)}
     assert got == {0: 20, 1: 12}
@@ -148,8 +154,9 @@ def ray_run(tmp_path_factory):
 def test_a_mixed_plan_runs_two_steps_on_ray(ray_run) -> None:
     """Two steps with a balanced ledger; every actor in its planned bundle (the verifier,
     `placement.check`, passed before the first step), the colocated part's engine in the
-    trainer's bundle; each part generates its share every step; each refresh reaches both
-    parts, and after the last one every engine holds the trainer's weights exactly."""
+    trainer's bundle, the executed layout the plan's parts; each part generates its share
+    every step; each refresh reaches both parts, and after the last one every engine holds the
+    trainer's weights exactly."""
     plan, run, loop, stats, placement, same = ray_run
     assert len(stats) == STEPS
     assert not loop.ledger.problems(STEPS), loop.ledger.problems(STEPS)
@@ -168,3 +175,5 @@ def test_a_mixed_plan_runs_two_steps_on_ray(ray_run) -> None:
         assert {(e.tid, e.args["part"]) for e in syncs if e.args["step"] == step} == {
             ("rollout0", 0), ("rollout1", 1)}
     assert same == {0: True, 1: True}
+    assert loop.trace.metadata["executed_layout"]["rollout"] == {"parts": [
+        {"pool": "gpu", "dp": 1, "tp": 1, "pp": 1}, {"pool": "lpu", "dp": 1, "tp": 1, "pp": 1}]}
