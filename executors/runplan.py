@@ -11,7 +11,8 @@ of its parts needs, and every part takes its own piece from then on:
           Ray, and the weight-sync bucket its engines receive in (the plan's calibration);
   roles   `RoleRun` per role: slot, pool, `Layout` (dp, tp, pp, HSDP shard, recompute), the
           other parallel degrees, precision and memory, its parts when split over pools (each
-          with its share of the samples and its bundles), and its rollout engines;
+          with its share of the samples and its bundles), and its rollout engines (a mixed
+          rollout's first part colocated with the actor, its other part not);
   slots   `SlotRun` per slot: its roles, its bundles in the plan's order and the placement
           group strategy they need;
   seats   `Seat` per actor: the bundle each rank of each role runs in (`executors.seats`);
@@ -324,16 +325,8 @@ def _job(res: Resolved) -> JobFacts:
 def _refuse_unlaunched_layouts(plan: Plan) -> None:
     """SpecError (exit 2) for a layout the engines here cannot start as planned: data-parallel
     attention (SGLang --enable-dp-attention, vLLM --data-parallel-size with expert parallelism)
-    would launch as plain TP, and run at another price than the plan's; a mixed rollout (one
-    part time-sharing another role's slot, `placer.cost.split.colocated`) has no seats here."""
-    shared = {s.name: s.roles for s in plan.slots if len(s.roles) > 1}
+    would launch as plain TP, and run at another price than the plan's."""
     for name, r in plan.roles.items():
-        if r.parts and r.slot in shared:
-            others = ", ".join(x for x in shared[r.slot] if x != name)
-            raise SpecError(f"plan.roles.{name}.parts: split over {len(r.parts)} pools with a "
-                            f"part sharing slot {r.slot} with {others}: placer execute does not "
-                            "run a mixed rollout yet; pin the rollout to one pool (`pin: "
-                            f"{{{name}: {{pool: ...}}}}`) or export the plan")
         where = [(f"plan.roles.{name}", r.attn_dp)] + [
             (f"plan.roles.{name}.parts.{i}", p.attn_dp) for i, p in enumerate(r.parts)]
         for field_path, attn_dp in where:
@@ -390,9 +383,9 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
         first, groups = 0, []
         actor = plan.roles.get(f"{agent}.{Role.ACTOR}" if agent else Role.ACTOR)
         shared = actor is not None and actor.slot == r.slot
-        for q in parts:
+        for q in parts:  # a mixed rollout's first part time-shares the slot, the rest run apart
             groups.append(EngineGroup(q.pool, first, q.layout.dp, q.layout.tp, q.mem_fraction,
-                                      shared))
+                                      shared and q.index == 0))
             first += q.layout.dp
         engines = tuple(groups) or (
             EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb), shared),)

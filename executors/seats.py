@@ -13,6 +13,12 @@ i's `dp` engine replicas get the ranks after part i-1's, each in the bundle hold
 device (replica k of a part with tensor parallelism t starts at the part's device k * t), so
 every engine sits on its own part's pool with that pool's resources (`Seat.part`).
 
+A mixed rollout (`placer.cost.split.colocated`) shares its slot with other roles (the actor's,
+in sync mode): the slot's bundles on its first part's pool hold the larger of that part's and
+the other roles' devices (`placer.solve.assemble.slot_plans`). The other roles sit on those
+bundles alone, and the rollout's first part takes all of them (its engines from the first
+device on, beside the trainer's ranks); its other parts take the bundles on their own pools.
+
 The placement group of a slot (`strategy`): STRICT_PACK when all its bundles are on one node
 (a TP group must share a node), SPREAD for environment workers on CPU pools, PACK otherwise.
 """
@@ -40,19 +46,21 @@ class Seat:
     part: int | None = None  # index in the role's `parts` when the role is split over pools
 
 
-def part_bundles(role: str, r: RolePlacement, bundles: Sequence[Bundle]
+def part_bundles(role: str, r: RolePlacement, bundles: Sequence[Bundle], mixed: bool = False
                  ) -> list[list[tuple[int, Bundle]]]:
     """Per part of split role `role` (`r`), its (position in the slot's group, bundle) pairs:
     the slot's `bundles` in order, each part taking its own device count; SpecError when they
-    do not match the parts (another pool, too few or too many devices)."""
+    do not match the parts (another pool, too few or too many devices). `mixed`: the role
+    shares its slot (a mixed rollout), and its first part takes every leading bundle on its
+    pool, which may hold more devices than it uses (the other roles' there)."""
     bs = list(enumerate(bundles))
     out: list[list[tuple[int, Bundle]]] = []
     for i, p in enumerate(r.parts):
         got, have = [], 0
-        while have < p.devices and bs and bs[0][1].pool == p.pool:
+        while (have < p.devices or (mixed and i == 0)) and bs and bs[0][1].pool == p.pool:
             got.append(bs.pop(0))
             have += len(got[-1][1].devices)
-        if have != p.devices:
+        if have != p.devices and not (mixed and i == 0 and have > p.devices):
             raise SpecError(f"plan: roles.{role}.parts.{i}: {p.devices} device(s) of pool "
                             f"{p.pool}, but slot {r.slot}'s bundles give it {have} there")
         out.append(got)
@@ -92,14 +100,17 @@ def place(roles: Mapping[str, RolePlacement], slot_bundles: Mapping[str, Sequenc
     role's do not match its parts."""
     ranks: list[_Rank] = []
     split: dict[str, tuple[tuple[int, ...], ...]] = {}
+    mixed = _mixed_slots(roles, counts)
     for role, n in counts.items():
         slot = roles[role].slot
         bs = list(slot_bundles.get(slot, []))
         if roles[role].parts:
-            parts = part_bundles(role, roles[role], bs)
+            parts = part_bundles(role, roles[role], bs, slot in mixed)
             split[role] = tuple(tuple(pos for pos, _ in got) for got in parts)
             ranks += _split_ranks(role, roles[role], parts)
             continue
+        if slot in mixed and bs:  # beside a mixed rollout: on its first part's pool only
+            bs = [b for b in bs if b.pool == bs[0].pool]
         if not bs:
             raise SpecError(f"plan: slot {slot} of role {role} has no bundles in the plan")
         ranks += [(role, rank, slot, bs[rank * len(bs) // n], rank * len(bs) // n, None)
@@ -110,6 +121,14 @@ def place(roles: Mapping[str, RolePlacement], slot_bundles: Mapping[str, Sequenc
     seats = tuple(Seat(role, rank, slot, b, pos, sharers[b.index], part)
                   for role, rank, slot, b, pos, part in ranks)
     return seats, split
+
+
+def _mixed_slots(roles: Mapping[str, RolePlacement], counts: Mapping[str, int]) -> set[str]:
+    """The slots where a role split over pools shares its slot with another role (a mixed
+    rollout)."""
+    placed = [name for name in counts if name in roles]
+    return {roles[a].slot for a in placed if roles[a].parts
+            and any(roles[b].slot == roles[a].slot for b in placed if b != a)}
 
 
 def strategy(roles: Sequence[str], bundles: Sequence[Bundle], kinds: Mapping[str, str]) -> str:

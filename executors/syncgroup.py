@@ -73,7 +73,7 @@ class GroupSpec:
     """What every member needs to join: the store's address, the senders, each engine's TP."""
 
     name: str
-    path: int  # the refresh path (its engines' bucket size): a member's new group replaces
+    path: int  # the refresh path (`path_key`: bucket size, colocation): a new group replaces
     addr: str  # its old one of the same path
     port: int
     senders: int

@@ -53,13 +53,24 @@ def bucket_bytes(run: RunPlan, pool: str | None = None) -> int:
     return run.pools[pool if pool is not None else rollout.pool].sync_bucket_bytes
 
 
-def by_bucket(run: RunPlan, targets: list[Member]) -> dict[int, list[Member]]:
-    """The targets grouped by their bucket size (each engine's own pool's device: the parts of
-    a split rollout may differ), in first-seen order."""
-    out: dict[int, list[Member]] = {}
+def by_path(run: RunPlan, targets: list[Member]) -> dict[tuple[int, bool], list[Member]]:
+    """The targets grouped by refresh path, in first-seen order: their bucket size (each
+    engine's own pool's device: the parts of a split rollout may differ) and whether the plan
+    colocates them with the trainer (a mixed rollout's parts take their weights apart: the
+    colocated one by its colocated path, the other over the group)."""
+    rollout = run.roles.get(Role.ROLLOUT)
+    out: dict[tuple[int, bool], list[Member]] = {}
     for m in targets:
-        out.setdefault(bucket_bytes(run, m.bundle.pool), []).append(m)
+        colocated = rollout is not None and rollout.group_of(m.rank).colocated
+        out.setdefault((bucket_bytes(run, m.bundle.pool), colocated), []).append(m)
     return out
+
+
+def path_key(size: int, colocated: bool) -> int:
+    """A refresh path's key (`GroupSpec.path`): its engines' bucket size, or for colocated
+    engines -1 - size (no bucket size is negative), so that the two parts of a mixed rollout
+    on devices of one bucket size never share a group."""
+    return -1 - size if colocated else size
 
 
 def _pickled(obj: object) -> int:
@@ -153,17 +164,18 @@ class GroupRefresh:
                               "backend": spec.backend, "control_bytes": control}))
         return out
 
-
     def run(self, path: int, actors: list[Member], senders: list[Member],
-            targets: list[Member], version: int) -> Outcomes:
-        """One refresh of the path's `targets` by the protocol they name (`PROTOCOLS`): over
-        the path's group from `senders`, or handed over as shared memory (`handover`)."""
+            targets: list[Member], version: int, size: int) -> Outcomes:
+        """One refresh of the path's `targets` in buckets of `size` bytes by the protocol they
+        name (`PROTOCOLS`): over the path's group from `senders`, or handed over as shared
+        memory (`handover`). `path` keys the group (`path_key`: the bucket size, and whether
+        the engines share the actor's slot)."""
         infos = self._infos(targets)
         protocol = _protocol(infos)
         if protocol.forms_group:
             spec = self.group(path, senders, targets)
-            return self.refresh(spec, senders, targets, version, path)
-        return self.handover(actors, targets, infos, version, path)
+            return self.refresh(spec, senders, targets, version, size)
+        return self.handover(actors, targets, infos, version, size)
 
     def _infos(self, ms: list[Member]) -> list[tuple[Any, ...]]:
         outs = self._all([(m, "sync_member", ()) for m in ms])
@@ -322,11 +334,13 @@ class WeightSync:
         ctx.synced = version
         if not targets:
             return int(version)
-        # one stream per bucket size: a split rollout's parts each get their device's buckets
-        groups = by_bucket(ctx.run, targets)
-        stream = self._stream_group if ctx.rt.concurrent else self._stream
-        outs = [o for size, ms in groups.items() for o in stream(ms, int(version), size)]
-        targets = [m for ms in groups.values() for m in ms]
+        # one stream per path: a split rollout's parts each get their device's buckets, a mixed
+        # rollout's colocated part its own
+        paths = by_path(ctx.run, targets)
+        outs = [o for (size, colocated), ms in paths.items()
+                for o in (self._stream_group(ms, int(version), size, path_key(size, colocated))
+                          if ctx.rt.concurrent else self._stream(ms, int(version), size))]
+        targets = [m for ms in paths.values() for m in ms]
         failed = []
         for m, (err, got) in zip(targets, outs):
             if err is not None:  # a rollout worker died while loading: it re-syncs first
@@ -349,14 +363,15 @@ class WeightSync:
         ctx.synced = version
         return int(version)
 
-    def _stream_group(self, targets: list[Member], version: int, size: int) -> Outcomes:
+    def _stream_group(self, targets: list[Member], version: int, size: int, path: int
+                      ) -> Outcomes:
         """One refresh over the path's weight-sync group (`GroupRefresh`)."""
         ctx = self.ctx
         actors = {m.rank: m for m in ctx.by_role[Role.ACTOR]}
         ranks = self.group.one(actors[min(actors)], "sync_senders", size > 0)
         senders = [actors[r] for r in ranks]
         self.refreshes += 1
-        return self.group.run(size, list(actors.values()), senders, targets, version)
+        return self.group.run(path, list(actors.values()), senders, targets, version, size)
 
     def _stream(self, targets: list[Member], version: int, size: int) -> Outcomes:
         """One refresh (`executors.reshard`): every sender's buckets of `size` bytes, in order,

@@ -15,7 +15,7 @@ from placer.cost.efficiency import Calibration
 from placer.cost.estimate import Estimate, Part
 from placer.cost.pricer import Pricer
 from placer.cost.sharding import Parallel
-from placer.cost.split import join
+from placer.cost.split import colocated, join
 from placer.cost.timing import Placed
 from placer.solve.assemble import assemble
 from placer.solve.planfile import Plan, SolverInfo
@@ -46,13 +46,17 @@ def hand_plan(layout: dict[str, tuple[str, Parallel, str]], job: dict[str, Any] 
               split: tuple[str, list[tuple[str, Parallel, int]]] | None = None) -> Plan:
     """`split`: (slot, [(pool, layout, samples), ...]) puts the rollout role in that slot split
     over those pools (`placer.cost.split.join`, each part priced on its own samples) instead of
-    `layout["rollout"]`."""
+    `layout["rollout"]`; in another role's slot, a mixed rollout whose first part time-shares
+    the slot (`placer.cost.split.colocated`)."""
     res = resolve(job_from_dict(job) if job is not None else load_job(TINY))
     calib = Calibration()
     placed = []
     for role in res.job.roles():
         if split is not None and role == "rollout":
-            placed.append(Placed(split[0], split_estimate(res, calib, split[1])))
+            est = split_estimate(res, calib, split[1])
+            if any(slot == split[0] for r, (_, _, slot) in layout.items() if r != role):
+                est = colocated(est, split[1][0][0])
+            placed.append(Placed(split[0], est))
             continue
         pool, par, slot = layout[role]
         est = Pricer(res, calib).estimate(role, res.job.cluster.pool(pool), par)

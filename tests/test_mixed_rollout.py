@@ -2,7 +2,8 @@
 time-shares the actor's slot (its devices serve the actor's phases in turn), the other runs on
 a pool of its own alongside. The ILP prices it from the same cost table as every candidate;
 the brute-force oracle covers it on a small cluster; the plan it makes passes the plan checks,
-the simulator (variance off) agrees with its prediction, and `--explain` names it."""
+the simulator (variance off) agrees with its prediction, `--explain` names it, and the executor
+seats it as planned."""
 from __future__ import annotations
 
 from functools import cache
@@ -156,10 +157,21 @@ def test_explain_names_the_mixed_rollout():
     assert "mixed rollout: its part on h100" in text and "time-shares its slot with actor" in text
 
 
-def test_execute_refuses_a_mixed_rollout_naming_the_field():
-    """The executor has no seats for a part time-sharing another role's slot: the plan is
-    refused before any actor starts (exit 2), naming the role's parts and the way out."""
+def test_the_executor_seats_the_planned_mixed_rollout():
+    """The planner's mixed plan, as `placer execute` runs it (tests/test_exec_mixed.py runs one
+    on Ray): the actor on the slot's h100 bundles only, the shared part's engines in those same
+    bundles and asleep while it trains, the other part's on the h20 bundles, running apart."""
     from executors.runplan import resolve_plan  # lazy: the executor's side
-    from placer.base.errors import SpecError
-    with pytest.raises(SpecError, match=r"plan\.roles\.rollout\.parts: .*shar.* actor.*pin"):
-        resolve_plan(mixed_plan())
+    plan = mixed_plan()
+    run = resolve_plan(plan)
+    r = plan.roles[Role.ROLLOUT]
+    pools = {b.index: b.pool for b in plan.bundles}
+    seats = [(s.role, s.part, pools[s.bundle.index], s.bundle.index) for s in run.seats]
+    actor = {b for role, _, _, b in seats if role == Role.ACTOR}
+    assert {pools[b] for b in actor} == {"h100"}
+    engines = [(part, pool, b) for role, part, pool, b in seats if role == Role.ROLLOUT]
+    assert [part for part, _, _ in engines] == [0] * r.parts[0].dp + [1] * r.parts[1].dp
+    assert all(b in actor for part, _, b in engines if part == 0)
+    assert all(pool == "h20" and b not in actor for part, pool, b in engines if part == 1)
+    assert [(g.pool, g.colocated) for g in run.roles[Role.ROLLOUT].engines] == [
+        ("h100", True), ("h20", False)]
