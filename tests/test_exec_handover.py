@@ -27,7 +27,7 @@ from executors.roles import Rollout, RunConfig
 from executors.runplan import EngineGroup
 from executors.runtime import Outcome
 from executors.syncgroup import BUCKETS, IPC, PROTOCOLS
-from executors.weights import GroupRefresh
+from executors.weights import GroupRefresh, path_key
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_colocated_engines_take_the_trainers_weights_as_shared_memory(model_dir:
         pids = [os.getpid()] + [e.proc.pid for e in engines]
         before = {p: set(ipc.segments(p)) for p in pids}
         drive = GroupRefresh(_InOrder())  # type: ignore[arg-type]
-        outs = drive.run(size, actors, actors[:1], targets, 1)
+        outs = drive.run(path_key(size, True), actors, actors[:1], targets, 1, size)
         for j, (err, got) in enumerate(outs):
             assert err is None, err
             assert got["src"] == f"actor{j}" and got["backend"] == "shm"
