@@ -1,7 +1,7 @@
 """Expert parallelism in the trainer (`executors.experts`): a Qwen3-MoE's experts split over
 the dp ranks (ep 2: two experts of four on each), tokens dispatched and combined by all-to-all
 on gloo, take the same optimizer steps as one process holding every expert, in fp32, alone and
-with TP 2 or (marked slow) PP 2 (4 processes each); the executed layout reports the experts each rank holds
+with TP 2 or PP 2 (4 processes each); the executed layout reports the experts each rank holds
 and its expert group; layouts EP cannot run are refused.
 
 Measured (tiny Qwen3-MoE, 8 samples, 2 mini-batches, lr 1e-3; `python -m pytest -q -s
@@ -98,8 +98,7 @@ def test_layouts_ep_cannot_run_are_refused() -> None:
 # (d * tp + t)), under PP the dp ranks of its own stage (ranks (p * dp + d))
 @pytest.mark.parametrize("layout,groups", [
     ((2, 2, 1), [[0, 2], [1, 3], [0, 2], [1, 3]]),
-    pytest.param((2, 1, 2), [[0, 1], [0, 1], [2, 3], [2, 3]], marks=pytest.mark.slow)],
-    ids=["ep2xtp2", "ep2xpp2"])
+    ((2, 1, 2), [[0, 1], [0, 1], [2, 3], [2, 3]])], ids=["ep2xtp2", "ep2xpp2"])
 def test_ep2_with_tp_or_pp_matches_one_process(layout: tuple[int, int, int],
                                                groups: list[list[int]], moe_dir: Path,
                                                tmp_path: Path) -> None:
