@@ -19,9 +19,15 @@ forward is the dispatch and combine of Megatron's and torchtitan's token dispatc
 
 EP runs over the trainer's data-parallel ranks (`ep == dp`, as torchtitan borrows the expert
 dims from data parallelism): each rank routes its own samples, and each expert's gradient is
-its whole batch's, so FSDP2 leaves the experts alone (`ignored_params`); TP ranks of one DP
-group hold the same experts and route the same tokens. The gradient clip sums the experts'
-squared norms over the ep group like any shard (`executors.sharding.clip_grad_norm`).
+its whole batch's, so FSDP2 leaves the experts alone (`ignored_params`). Under TP the expert
+groups are orthogonal to TP: an ep group holds one TP index across the dp ranks (the mesh's
+"dp" dim; ranks {t, tp + t} at dp 2), as Megatron-Core's default builds them (NVIDIA/Megatron-LM
+megatron/core/parallel_state.py @ d98e8a6: `expert_tensor_parallel_size` defaults to the TP
+size and the expert RankGenerator's order is tp-ep-dp-pp); the TP ranks of one DP group hold
+the same experts whole and route the same tokens. Under PP each stage's experts split over its
+own dp ranks. `executed_layout` reports the group (`expert_ranks`, `executors.layoutread`).
+The gradient clip sums the experts' squared norms over the ep group like any shard
+(`executors.sharding.clip_grad_norm`).
 """
 from __future__ import annotations
 

@@ -8,7 +8,10 @@ layers of its pipeline stage (`metadata.executed_layout.actor`).
              layer TP left whole reads tp 1);
   pp         the size of the mesh's "pp" dim that the pipeline's stages were cut over, with
              `layers`, the decoder layers this rank's stage holds;
-  ep         the layer's experts over the experts this rank holds (`executors.experts`);
+  ep         the layer's experts over the experts this rank holds (`executors.experts`), with
+             `expert_ranks`, the global ranks of this rank's expert-parallel group, read off
+             the experts' mesh: under TP one TP index across the dp ranks (groups orthogonal
+             to TP), under PP within this rank's stage;
   placements per representative parameter (first attention projection, embedding, LM head,
              experts), its mesh dims and placements as DTensor prints them.
 
@@ -51,6 +54,7 @@ def _size(dims: tuple[str, ...], shape: tuple[int, ...], name: str) -> int:
 def read_layout(model: nn.Module, pp_mesh: Any = None) -> dict[str, Any]:
     """The layout the built `model` (a whole model, or this rank's pipeline stage) runs;
     `pp_mesh`: the mesh dim its pipeline stages were cut over (None: no pipeline)."""
+    from torch.distributed.tensor import DTensor  # lazy: distributed only
     reps = _placements(model)
     dims, shape, placements = reps.get("attention", ((), (), ()))
     out: dict[str, Any] = {"dp": 1, "tp": 1, "pp": pp_mesh.size() if pp_mesh is not None else 1}
@@ -65,6 +69,9 @@ def read_layout(model: nn.Module, pp_mesh: Any = None) -> dict[str, Any]:
     if held:
         out["ep"] = int(expert_modules(model)[0][2].num_experts) // held
         out["experts_per_rank"] = held
+        w = expert_modules(model)[0][2].gate_up_proj
+        if isinstance(w, DTensor):
+            out["expert_ranks"] = [int(r) for r in w.device_mesh.mesh.flatten().tolist()]
     out["recompute"] = recomputes(model)
     out["mesh"] = {"dims": list(dims), "shape": list(shape)}
     out["placements"] = {k: {"mesh": list(v[0]), "placements": [str(p) for p in v[2]]}

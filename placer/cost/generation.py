@@ -34,6 +34,7 @@ from placer.cost.roofline import (
     weight_bytes,
 )
 from placer.cost.sharding import Parallel, linear_state_bytes, state_split, state_tokens
+from placer.cost.vocabcomm import decode_vocab_comm, prefill_vocab_comm
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceKind, DeviceType
 
@@ -55,7 +56,8 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
     compute = pass_compute(m, dev, par, tokens, 0.0, 2, eff.mfu_prefill, tokens / par.dp, eff,
                            eff.prefill_half_ridge)
     return (compute + prefill_kernel_time(m, dev, par, tokens, seq, eff)
-            + layer_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s)
+            + layer_comm(m, dev, par, tokens / par.dp, eff)
+            + prefill_vocab_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s)
 
 
 def kv_capacity_tokens(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
@@ -122,7 +124,8 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     a: read the weights the step uses (`decode_read_bytes`) over the tp ranks of a stage, and
     a hybrid's GDN state of each sequence read and written (`linear_state_bytes`); k:
     read one KV token (its TP share, `ModelArch.kv_tp_shards`); c: the batch's matmul FLOPs (2 *
-    `matmul_params` per sequence) over tp ranks; d: the step's collectives (`decode_comm`), the
+    `matmul_params` per sequence) over tp ranks; d: the step's collectives (`decode_comm`, and
+    the vocabulary split's `decode_vocab_comm`), the
     stage-to-stage sends (`pp_send`), the attention kernels' fixed time
     (`attention_floor`) and the engine's per-step overhead. Pipeline stages do not
     shorten a step: a token passes every stage in turn (or, with pp micro-batches in flight,
@@ -145,7 +148,8 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     k = kv_read_time(m, dev, par, batch, 1.0, eff)
     c = decode_flops_time((2 * m.matmul_params() + m.linear_flops_per_token()) * batch, n,
                           dev, par, eff)
-    d = (decode_comm(m, dev, par, batch, eff) + pp_send(m, dev, par, batch, eff, par.tp)
+    d = (decode_comm(m, dev, par, batch, eff) + decode_vocab_comm(m, dev, par, batch, eff)
+         + pp_send(m, dev, par, batch, eff, par.tp)
          + step_overhead(math.ceil(batch / groups), eff) + eager_overhead(m, par, eff)
          + attention_floor(m, dev, par, batch, eff))
     return a, k, c, d

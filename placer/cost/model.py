@@ -74,6 +74,7 @@ from placer.cost.sharding import (
     state_tokens,
     train_state_bytes,
 )
+from placer.cost.vocabcomm import score_vocab_comm, train_vocab_comm
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceKind, DeviceType
 
@@ -138,6 +139,9 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     # Megatron TP: 2 all-reduces per layer in the forward, 2 in the backward, 2 more in the
     # recomputed forward (likewise the EP all-to-alls and CP exchanges); layers / pp per device.
     comm = layer_comm(m, dev, par, tokens / par.dp, eff, mt) * (passes // 2 - 1) / par.pp
+    # the embedding's and LM head's vocabulary split: on the first and last stage, which every
+    # micro-batch passes, so not shared out over the stages; recomputation does not repeat them
+    comm += train_vocab_comm(m, dev, par, tokens / par.dp, eff, mt)
     # 1F1B: each micro-batch crosses every stage boundary forward and back once per pass
     chunk = min(tokens / par.dp, mt)
     comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
@@ -164,7 +168,8 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling,
                            _micro_group(par, tokens / par.dp, mt), eff)
     return oversubscription(dev, par.devices, eff) * (
-        compute + layer_comm(m, dev, par, tokens / par.dp, eff, mt))
+        compute + layer_comm(m, dev, par, tokens / par.dp, eff, mt)
+        + score_vocab_comm(m, dev, par, tokens / par.dp, eff, mt))
 
 
 def _micro_group(par: Parallel, rank_tokens: float, micro: float) -> float:
