@@ -99,11 +99,10 @@ def test_slot_strategies_follow_the_plan() -> None:
 @pytest.mark.slow  # as above: every Ray run makes its groups with these strategies
 def test_strategies_follow_the_plan(placed) -> None:
     run, _, groups, _ = placed
-    want = STRATEGIES
-    assert {name: s.strategy for name, s in run.slots.items()} == want
+    assert {name: s.strategy for name, s in run.slots.items()} == STRATEGIES
     import ray  # lazy: as in `placed`
     made = {name: ray.util.placement_group_table(pg)["strategy"] for name, pg in groups.items()}
-    assert made == want  # the groups Ray made are the run plan's
+    assert made == STRATEGIES  # the groups Ray made are the run plan's
 
 
 @pytest.mark.slow  # as above; emulated pools named: tests/test_exec_grpo.py, test_execute_cli.py
