@@ -49,10 +49,10 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
 
-# Every part, Ray and notebooks included; the few `slow` tests (node join, cost objective on the
-# large examples, the larger pipeline layouts, the Ray twins of local executor tests, the second
-# and third notebooks) run with `make test-slow` or `make test-all`; `make test-notebooks` runs
-# the two notebooks `make test` leaves out (CI runs it after `make test`).
+# Every part, Ray and notebooks included; the few `slow` tests (node join, the five-node placement
+# check, cost objective on the large examples, the larger pipeline layouts, the Ray twins of local
+# executor tests, the second and third notebooks) run with `make test-slow` or `make test-all`;
+# `make test-notebooks` runs the two notebooks `make test` leaves out (CI runs it after `make test`).
 test: lint
 	$(PY) -m pytest -q -m "not slow"
 

@@ -19,6 +19,35 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
+class ApiRun:
+    result: Any  # the executor's RunResult
+    seen: list[Any]  # the steps `on_step` was given
+    ray_up: bool  # whether Ray was still up after the call
+    phases: list[str | None]  # the set-up phases `on_phase` was told
+
+
+@pytest.fixture(scope="session")
+def grpo_api_run(tmp_path_factory: pytest.TempPathFactory) -> ApiRun:
+    """`placer.execute` (the Python API, which starts the embedded Ray and must stop it) of the
+    GRPO hand plan (tests/exec_util.py), GRPO_STEPS steps: tests/test_exec_grpo.py checks the
+    run, and `grpo_cli_run` continues a copy of its --out through the CLI."""
+    import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
+    from exec_util import GRPO_LAYOUT, GRPO_STEPS, curve, hand_plan  # lazy: the planner
+
+    import placer
+    if ray.is_initialized():  # so that this call starts the embedded Ray itself
+        ray.shutdown()
+    seen: list[Any] = []
+    phases: list[str | None] = []
+    r = placer.execute(hand_plan(GRPO_LAYOUT), steps=GRPO_STEPS,
+                       out=tmp_path_factory.mktemp("grpo"), on_step=seen.append,
+                       on_phase=phases.append)
+    print("GRPO reward curve:", curve(r))
+    print("set-up:", ", ".join(f"{p} {t:.1f}s" for p, t in r.setup_phases))
+    return ApiRun(r, seen, ray.is_initialized(), phases)
+
+
+@dataclass(frozen=True)
 class CliRun:
     plan: Path  # the plan file run
     out: Path  # its --out
@@ -26,29 +55,36 @@ class CliRun:
     doc: dict[str, Any]  # the JSON document it printed
     stderr: str
     listening: dict[str, str]  # every socket its process tree listened on -> process names
+    first: Any  # the API run it resumed (`grpo_api_run`'s RunResult)
 
 
 @pytest.fixture(scope="session")
-def grpo_cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
-    """`placer execute` of the GRPO hand plan (tests/exec_util.py) through the real CLI, 2 steps,
-    its listening sockets read while it runs (with `ss`): tests/test_execute_cli.py checks what
-    it prints and writes, tests/test_listeners.py where it listened, and
-    tests/test_execute_resume.py then continues its --out with --resume, so that the three share
-    one Ray run. (The resume changes the --out in place; the other checks read only `doc`,
-    `stderr`, `trace` and `listening`.)"""
+def grpo_cli_run(tmp_path_factory: pytest.TempPathFactory, grpo_api_run: ApiRun) -> CliRun:
+    """`placer execute PLAN --resume --steps GRPO_STEPS+2` through the real CLI: it continues a
+    copy of `grpo_api_run`'s --out (the same plan), whose model folder is first left
+    half-written (its weights file removed), for two more steps, its listening sockets read
+    while it runs (with `ss`). One Ray run serves the CLI's checks (tests/test_execute_cli.py:
+    what it prints and writes), tests/test_listeners.py (where it listened) and
+    tests/test_execute_resume.py (that it resumed). A fresh CLI run's path (no --resume) runs
+    by default in tests/test_exec_tiny_moe.py."""
     import shutil
 
-    from exec_util import GRPO_LAYOUT, execute_cli, hand_plan  # lazy: the planner, when asked
+    from exec_util import GRPO_LAYOUT, GRPO_STEPS, execute_cli, hand_plan  # lazy: as above
     from listening import listening
 
     from placer.solve.planfile import save_plan
     d = tmp_path_factory.mktemp("cli-run")
     plan, out, trace = d / "plan.json", d / "out", d / "trace.json"
     save_plan(hand_plan(GRPO_LAYOUT), plan)
+    # a copy, so that tests/test_exec_grpo.py reads its own run's checkpoints whatever the order
+    # (latest.json names absolute paths: the resume restores the original's checkpoint file)
+    shutil.copytree(grpo_api_run.result.out_dir, out)
+    (out / "model-v0" / "model.safetensors").unlink()  # a half-written --out: weights missing
     seen: dict[str, str] = {}
     watch = (lambda pid: seen.update(listening(pid))) if shutil.which("ss") else None
-    doc, stderr = execute_cli(plan, out, "--steps", "2", "--trace", str(trace), watch=watch)
-    return CliRun(plan, out, trace, doc, stderr, seen)
+    doc, stderr = execute_cli(plan, out, "--steps", str(GRPO_STEPS + 2), "--resume",
+                              "--trace", str(trace), watch=watch)
+    return CliRun(plan, out, trace, doc, stderr, seen, grpo_api_run.result)
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ GRPO_LAYOUT = {"actor": ("gpu", Parallel(dp=2), "train"),
                "reward": ("cpu", Parallel(), "cpu"),
                "environment": ("cpu", Parallel(), "cpu")}
 PPO_LAYOUT = {**GRPO_LAYOUT, "critic": ("gpu", Parallel(dp=1), "train")}
+GRPO_STEPS = 10  # the shared GRPO run's (tests/conftest.py `grpo_api_run`)
 
 
 def job_dict(**changes: Any) -> dict[str, Any]:

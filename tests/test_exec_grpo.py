@@ -1,7 +1,8 @@
 """GRPO on Ray (embedded, emulated GPU/LPU pools): the reward rises, versions are in sync,
 every step/role/batch/transfer/tool call is a trace event, the ledger balances, checkpoints exist.
 The run goes through the Python API (`placer.execute`), which starts the embedded Ray and must
-stop it again (a notebook's kernel outlives the run).
+stop it again (a notebook's kernel outlives the run); it is the suite's shared GRPO run
+(tests/conftest.py `grpo_api_run`), which tests/test_execute_cli.py then resumes through the CLI.
 
 Measured (tiny-llama, seed 0, lr 1e-2, 8 prompts x 4 samples, 10 steps): mean reward
 0.069 0.063 0.075 0.099 0.102 0.129 0.150 0.163 0.181 0.187 -- the same as the one-process run
@@ -13,30 +14,20 @@ import json
 from pathlib import Path
 
 import pytest
-from exec_util import GRPO_LAYOUT, curve, hand_plan
+from exec_util import GRPO_STEPS, curve
 
 from traces.schema import read_trace
 
-STEPS = 10
+STEPS = GRPO_STEPS
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def api_run(tmp_path_factory):
+def api_run(grpo_api_run):
     """The run, the steps `on_step` saw, whether Ray was still up after the call, and the
     set-up phases `on_phase` was told."""
-    import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
-
-    import placer
-    if ray.is_initialized():  # so that this call starts the embedded Ray itself
-        ray.shutdown()
-    seen: list = []
-    phases: list[str | None] = []
-    r = placer.execute(hand_plan(GRPO_LAYOUT), steps=STEPS, out=tmp_path_factory.mktemp("grpo"),
-                       on_step=seen.append, on_phase=phases.append)
-    print("GRPO reward curve:", curve(r))
-    print("set-up:", ", ".join(f"{p} {t:.1f}s" for p, t in r.setup_phases))
-    return r, seen, ray.is_initialized(), phases
+    a = grpo_api_run
+    return a.result, a.seen, a.ray_up, a.phases
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,13 @@ CPU pool resources: every role actor lands on the node and in the bundle the pla
 The job has two 1-GPU nodes (the trainer's two data-parallel ranks must go one per node), one
 4-chip LPU node (two rollout replicas packed in one bundle) and two CPU nodes (environment
 workers spread one per node).
+
+The Ray run here is `slow` (its own five-node cluster and nine actors, no step): its paths run by
+default in tests/test_exec_split.py (the same `ray.cluster_utils` cluster joined by
+`cluster.start`, node-keyed placement groups, `RayRuntime`, `placement.verify` and `check`: every
+rollout engine on its plan node and bundle, one Ray node per pool) and tests/test_exec_nodeloss.py
+(the trainer's two data-parallel ranks on two 1-GPU nodes, every actor in its bundle). The
+slots' strategies and the misplacement report are checked here without Ray, by default.
 """
 from __future__ import annotations
 
@@ -30,12 +37,16 @@ POOLS = [{"name": "gpu", "device": "emu-gpu", "devices_per_node": 1, "nodes": 2}
          {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 1, "nodes": 2}]
 
 
+def _run():
+    return resolve_plan(hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS})))
+
+
 @pytest.fixture(scope="module")
 def placed(tmp_path_factory):
     import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
     from ray.cluster_utils import Cluster  # lazy: as above
 
-    run = resolve_plan(hand_plan(LAYOUT, job_dict(cluster={"pools": POOLS})))
+    run = _run()
     if ray.is_initialized():
         ray.shutdown()
     cluster.ensure_token_auth()
@@ -56,6 +67,7 @@ def placed(tmp_path_factory):
     c.shutdown()
 
 
+@pytest.mark.slow  # see the module docstring: tests/test_exec_split.py runs these paths
 def test_every_actor_on_its_plan_node_and_bundle(placed) -> None:
     plan, info, _, rows = placed
     assert info.pinned
@@ -64,6 +76,7 @@ def test_every_actor_on_its_plan_node_and_bundle(placed) -> None:
     pl.check(rows, info.pinned)
 
 
+@pytest.mark.slow  # as above; two trainer ranks on two nodes: tests/test_exec_nodeloss.py
 def test_dp_ranks_and_environments_on_distinct_nodes(placed) -> None:
     _, _, _, rows = placed
 
@@ -76,15 +89,23 @@ def test_dp_ranks_and_environments_on_distinct_nodes(placed) -> None:
     assert len({(r["ray_node"], r["bundle"]) for r in by("rollout")}) == 1  # one LPU bundle
 
 
+STRATEGIES = {"gen": "STRICT_PACK", "env": "SPREAD", "train": "PACK"}
+
+
+def test_slot_strategies_follow_the_plan() -> None:
+    assert {name: s.strategy for name, s in _run().slots.items()} == STRATEGIES
+
+
+@pytest.mark.slow  # as above: every Ray run makes its groups with these strategies
 def test_strategies_follow_the_plan(placed) -> None:
     run, _, groups, _ = placed
-    want = {"gen": "STRICT_PACK", "env": "SPREAD", "train": "PACK"}
-    assert {name: s.strategy for name, s in run.slots.items()} == want
+    assert {name: s.strategy for name, s in run.slots.items()} == STRATEGIES
     import ray  # lazy: as in `placed`
     made = {name: ray.util.placement_group_table(pg)["strategy"] for name, pg in groups.items()}
-    assert made == want  # the groups Ray made are the run plan's
+    assert made == STRATEGIES  # the groups Ray made are the run plan's
 
 
+@pytest.mark.slow  # as above; emulated pools named: tests/test_exec_grpo.py, test_execute_cli.py
 def test_emulated_pools_are_named(placed) -> None:
     _, info, _, _ = placed
     assert set(info.emulated) == {"gpu", "lpu"}

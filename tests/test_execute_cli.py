@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from exec_util import GRPO_LAYOUT, hand_plan
+from exec_util import GRPO_LAYOUT, GRPO_STEPS, hand_plan
 
 from placer.cli import main
 from placer.solve.planfile import save_plan
@@ -57,12 +57,12 @@ def test_too_large_model_is_refused(tmp_path, plan_file, capsys) -> None:
 
 @pytest.mark.ray
 def test_execute_runs_and_prints_one_json_document(grpo_cli_run) -> None:
-    """The suite's shared CLI run (tests/conftest.py): `placer execute PLAN --steps 2 --json
-    --trace T --out O`."""
+    """The suite's shared CLI run (tests/conftest.py): `placer execute PLAN --steps 12 --resume
+    --json --trace T --out O`, two steps after the shared API run's ten."""
     doc, stderr = grpo_cli_run.doc, grpo_cli_run.stderr
-    assert [s["step"] for s in doc["steps"]] == [0, 1]
+    assert [s["step"] for s in doc["steps"]] == [GRPO_STEPS, GRPO_STEPS + 1]
     assert doc["ledger_balanced"] and set(doc["emulated_pools"]) == {"gpu", "lpu"}
-    assert "step 0: reward" in stderr and "emulated" in stderr
+    assert f"step {GRPO_STEPS}: reward" in stderr and "emulated" in stderr
     assert all(r["on_plan_node"] and r["in_bundle"] for r in doc["placement"])
     assert read_trace(grpo_cli_run.trace).metadata["source"] == "execute"
 
@@ -74,10 +74,11 @@ def test_execute_names_its_set_up_on_stderr(grpo_cli_run) -> None:
     stderr, doc = grpo_cli_run.stderr, grpo_cli_run.doc
     phases = ["checking the plan", "preparing the initial model", "starting Ray",
               "reserving placement groups", "starting actors, loading models",
-              "checking placement", "forming the trainers' process group"]
+              "checking placement", "forming the trainers' process group",
+              f"restoring the checkpoint of step {GRPO_STEPS - 1}"]  # a resumed run's last
     said = re.findall(r"^set-up [0-9.]+s: (.+)$", stderr, re.M)
     assert said == phases, stderr[-2000:]
-    assert stderr.index(f": {phases[-1]}") < stderr.index("step 0: reward")
+    assert stderr.index(f": {phases[-1]}") < stderr.index(f"step {GRPO_STEPS}: reward")
     assert [p["phase"] for p in doc["setup_phases"]] == phases
     assert doc["setup_s"] == pytest.approx(sum(p["s"] for p in doc["setup_phases"]), abs=0.05)
     means = doc["mean_per_step"]

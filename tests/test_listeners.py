@@ -42,8 +42,8 @@ def test_is_loopback() -> None:
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_execute_listens_on_loopback_only(grpo_cli_run) -> None:
-    """The suite's shared CLI run (tests/conftest.py), watched while it ran (trainer DP=2: the
-    process group is formed)."""
+    """The suite's shared CLI run (tests/conftest.py: a resumed run), watched while it ran
+    (trainer DP=2: the process group is formed)."""
     seen = grpo_cli_run.listening  # local address -> process names
     names = " ".join(seen.values())
     # the poll saw the run: Ray's daemons and the trainer's store were listening
