@@ -185,6 +185,29 @@ def test_both_agents_weights_were_trained(run) -> None:
         "solver", "verifier"}
 
 
+def test_each_agents_engines_take_its_own_trainers_weights_by_the_sync_group(run) -> None:
+    """Each agent's engines are refreshed from its own trainer by the single-policy machinery
+    (`executors.weights.refresh_paths`): every sync carries exactly that agent's weight bytes
+    (the two policies differ in size), from its own trainer ranks, over a weight-sync group or
+    the colocated hand-over; Ray carried only control messages, a small fraction of them."""
+    import torch
+    _, result = run
+    out = Path(result.out_dir)
+    for agent in ("solver", "verifier"):
+        model = torch.load(out / agent / "final.pt", weights_only=False)["model"]
+        syncs = [e for e in result.trace.of("sync") if e.args.get("role") == f"{agent}.rollout"]
+        engines = sum(1 for r in result.placement if r["role"] == f"{agent}.rollout")
+        assert len(syncs) == engines * (STEPS - 1), agent  # from step 1 on, every engine
+        for e in syncs:
+            assert e.args["backend"] in ("gloo", "shm"), e.args
+            assert set(e.args["src"].split(",")) <= {
+                f"{agent}.actor{r['rank']}" for r in result.placement
+                if r["role"] == f"{agent}.actor"}, e.args
+            assert e.args["bytes"] == sum(v.numel() * v.element_size() for v in model.values()
+                                          ), (agent, e.args["bytes"])
+            assert 0 < e.args["control_bytes"] * 10 < e.args["bytes"], e.args
+
+
 def test_what_the_driver_does_not_run_is_refused_before_ray(tmp_path: Path) -> None:
     from executors.run import execute
     from placer.base.errors import SpecError
