@@ -214,3 +214,16 @@ def test_what_the_driver_does_not_run_is_refused_before_ray(tmp_path: Path) -> N
     plan = _planned(verifier={"use_reference": True})
     with pytest.raises(SpecError, match=r"job.agents.members.verifier.use_reference: true"):
         execute(plan, 1, tmp_path)
+
+
+def test_resuming_a_multi_agent_run_is_refused_before_ray(tmp_path: Path, capsys) -> None:
+    """Its driver keeps no per-step checkpoint: `--resume` is bad input, one line, exit 2."""
+    from placer.cli import main
+    from placer.solve.planfile import save_plan
+    plan = tmp_path / "plan.json"
+    save_plan(_planned(), plan)
+    assert main(["execute", str(plan), "--out", str(tmp_path / "out"), "--steps", "3",
+                 "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume: a multi-agent plan (job.agents)" in err[0], err
+    assert not (tmp_path / "out").exists()
