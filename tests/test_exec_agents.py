@@ -83,6 +83,46 @@ def test_roles_group_by_agent() -> None:
                    "verifier": {"actor": "verifier.actor"}, "": {"environment": "environment"}}
 
 
+class _Answers:
+    """Workers that answer the group-forming calls at once (`executors.runtime.Calls`)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+
+    def call(self, m, method: str, *args: object):
+        from executors.runtime import Outcome
+        return Outcome(True, {"sync_member": ("cpu", 1, self.pids[m.role] + m.rank),
+                              "sync_host": ("127.0.0.1", 29500), "sync_join": True}[method])
+
+    def results(self, handles):
+        return list(handles)
+
+    def forget(self, handle) -> None:
+        pass
+
+
+def test_two_agents_refresh_paths_of_one_key_keep_groups_of_their_own() -> None:
+    """Both agents' engines take the same path key (bucket size, colocation): under their own
+    scopes each keeps its group across refreshes; under one scope they would evict each
+    other's group and re-form it every sync."""
+    from types import SimpleNamespace
+
+    from executors.weights import GroupRefresh
+    ms = {a: ([SimpleNamespace(role=f"{a}.actor", rank=0)],
+              [SimpleNamespace(role=f"{a}.rollout", rank=0)]) for a in ("solver", "verifier")}
+    rt = _Answers({"solver.actor": 100, "solver.rollout": 200, "verifier.actor": 300,
+                   "verifier.rollout": 400})
+    scoped = GroupRefresh(rt)  # type: ignore[arg-type]
+    specs = {a: [scoped.group(0, *ms[a], scope=a) for _ in range(3)] for a in ms}
+    assert scoped.formed == 2 and specs["solver"][0].name != specs["verifier"][0].name
+    assert all(len(set(v)) == 1 for v in specs.values())
+    shared = GroupRefresh(rt)  # type: ignore[arg-type]
+    for _ in range(3):
+        for a in ms:
+            shared.group(0, *ms[a])
+    assert shared.formed == 6
+
+
 def test_the_last_turns_agent_answers_and_the_others_review_the_turn_before() -> None:
     job = load_job(TINY)
     assert job.agents is not None
