@@ -9,8 +9,13 @@ layout and engines), so that its trainer ranks, engines and reward worker are th
 workers (`Trainer`, the backend's rollout worker) or the agents' rule reward (`AgentReward`).
 
 One GRPO step, in sync mode:
-  sync     each agent's trainer rank 0's weights to every engine of that agent (from step 1;
-           version v = optimizer steps so far);
+  sync     each agent's trainer weights to every engine of that agent (from step 1; version
+           v = optimizer steps so far), by the single-policy refresh (`executors.weights.
+           refresh_paths`): per agent its own refresh paths, its trainer ranks the senders and
+           its engines the targets, over a weight-sync group (or, for engines the plan
+           colocates with the trainer, handed over as shared memory), the groups held under
+           the agent's name so that no two agents share one; Ray's object store carries only
+           the control messages (each sync event's `control_bytes`), no weight bytes;
   rollout  every sample's episode, turn by turn in schedule order (`executors.agents`): each
            turn's contexts dealt in contiguous shares over the engines of its agent, its
            responses appended to the shared contexts;
@@ -44,15 +49,17 @@ from executors.agents import (
     verdict_score,
 )
 from executors.backends import Backend
-from executors.context import StepCounters, StepStat
+from executors.context import StepCounters, StepStat, TrainingLost
 from executors.ledger import Ledger
 from executors.model import prompt_ids
 from executors.placement import Member
 from executors.roles import RunConfig, Worker, _timing, run_config
 from executors.runplan import JobFacts, Layout, RunPlan
+from executors.runtime import RayCalls
 from executors.task import Target, task_of
 from executors.trainer import Trainer
 from executors.training import partition, trainer_stats, with_stages
+from executors.weights import GroupRefresh, refresh_paths
 from placer.base.errors import SpecError
 from placer.base.phases import PhaseClock
 from placer.base.roles import Role
@@ -127,10 +134,11 @@ class AgentReward(Worker):
 
 @dataclasses.dataclass
 class AgentRun:
-    """One agent as it runs: its config, workers and turns."""
+    """One agent as it runs: its config, its view of the run plan, its workers."""
 
     name: str
     cfg: RunConfig
+    view: RunPlan  # the run plan over its own roles, named without the agent (`agent_view`)
     trainers: list[Member]
     engines: list[Member]
     rewards: list[Member]
@@ -145,13 +153,11 @@ def agent_facts(res: Resolved, base: JobFacts, agent: str, turns: Sequence[Turn]
     return dataclasses.replace(base, policy=policy, max_new_tokens=budget, paths={})
 
 
-def agent_config(run: RunPlan, facts: JobFacts, agent: str, model_dir: str,
-                 lr: float | None) -> RunConfig:
-    """`run_config` over the agent's own roles (named without the agent) and facts."""
+def agent_view(run: RunPlan, facts: JobFacts, agent: str) -> RunPlan:
+    """The run plan as the agent's own: its roles (named without the agent) and facts."""
     mine = roles_by_agent(run.roles)[agent]
-    view = dataclasses.replace(run, job=facts, roles={base: run.roles[full]
+    return dataclasses.replace(run, job=facts, roles={base: run.roles[full]
                                                       for base, full in mine.items()})
-    return run_config(view, lr, model_dir)
 
 
 def worker_of(m: Member, cfg: RunConfig, run: RunPlan, backend: Backend,
@@ -206,6 +212,7 @@ class AgentLoop:
         self.task = task_of(agents[self.answerer].cfg.data)
         self.t0 = time.time()
         self.counters = StepCounters()
+        self.weights = GroupRefresh(RayCalls())
 
     def event(self, name: str, cat: str, timing: dict[str, Any], m: Member | None, step: int,
               **args: object) -> None:
@@ -235,16 +242,23 @@ class AgentLoop:
         self.trace.metadata["executed_layout"] = layouts
 
     def sync(self, step: int) -> None:
-        """Every agent's weights of version `step` to its engines (none before step 1)."""
-        import ray  # lazy: Ray run only
+        """Every agent's weights of version `step` to its engines (none before step 1), one
+        agent after the other, each by its own refresh paths (`refresh_paths`)."""
         if step == 0:
             return
         t = time.time()
         for a in self.agents.values():
-            state = a.trainers[0].handle.weights.remote()
-            outs = ray.get([m.handle.load_weights.remote(state, step) for m in a.engines])
-            for m, timing in zip(a.engines, outs):
-                self.event(f"sync {m.role}", "sync", timing, m, step, policy_version=step)
+            t_agent = time.time()
+            for m, err, got in refresh_paths(self.weights, a.view, a.trainers, a.engines, step,
+                                             scope=a.name):
+                if err is not None:
+                    raise TrainingLost(f"weight sync of {a.name}'s version {step} to "
+                                       f"{m.role}{m.rank}: {err}")
+                self.event(f"sync {m.role}", "sync",
+                           {"t0": t_agent, "dur": max(got["end"] - t_agent, 0.0)}, m, step,
+                           policy_version=step, bytes=got["bytes"], calls=got["calls"],
+                           senders=got["senders"], src=got["src"], backend=got["backend"],
+                           control_bytes=got["control_bytes"])
         self.event("sync", "stage", {"t0": t, "dur": time.time() - t}, None, step)
 
     def rollout(self, step: int) -> tuple[list[Episode], list[str], list[str], list[Target]]:
@@ -388,9 +402,10 @@ def run_agents(run: RunPlan, res: Resolved, out: Path, backend: Backend, address
         facts = agent_facts(res, run.job, name, turns)
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
-        cfg = agent_config(run, facts, name, prepare(facts, folder), lr)
+        view = agent_view(run, facts, name)
+        cfg = run_config(view, lr, prepare(facts, folder))
         actor = run.roles[role_name(name, Role.ACTOR)]
-        agents[name] = AgentRun(name, cfg, [], [], [],
+        agents[name] = AgentRun(name, cfg, view, [], [], [],
                                 actor.layout if actor.actors > 1 else Layout())
     clock.begin(f"joining Ray at {address}" if address else "starting Ray")
     info = cluster.start(run, address)

@@ -336,10 +336,16 @@ def preflight(run: RunPlan, backend: Backend, local: bool, unsafe_sandbox: bool)
                         f"{MAX_PARAMS_CPU / 1e6:.0f}M (use a tiny model, or run on GPUs)")
 
 
-def resume_point(out_dir: str | Path, steps: int) -> int:
+def resume_point(out_dir: str | Path, steps: int, plan: Plan | None = None) -> int:
     """The step a run resumed in `out_dir` starts at: the one after its last checkpoint
     (`checkpoints/latest.json`, written after the files it names). SpecError, before anything
-    starts, when there is no complete checkpoint or the run already reached `steps`."""
+    starts, when there is no complete checkpoint, the run already reached `steps`, or `plan`
+    is a multi-agent one (its driver writes each agent's weights after the last step only,
+    `executors.agentrun`: nothing to resume from)."""
+    if plan is not None and plan.resolved().job.agents is not None:
+        raise SpecError("--resume: a multi-agent plan (job.agents) keeps no per-step "
+                        "checkpoint to resume from (each agent's OUT/AGENT/final.pt is written "
+                        "after its last step only): run it again without --resume")
     d = Path(out_dir) / "checkpoints"
     try:
         latest = json.loads((d / "latest.json").read_text())

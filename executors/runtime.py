@@ -44,18 +44,25 @@ class Outcome:
 Handle = object
 
 
-class Runtime(Protocol):
-    """Where the loop's calls run: one worker per `Member`, called by method name."""
-
-    kind: str  # local | ray (a test's runtime names itself too)
-    members: list[Member]
-    concurrent: bool  # calls run at once (collectives across workers can pair up)
+class Calls(Protocol):
+    """Calls to workers by method name: what a weight refresh (`executors.weights`) needs."""
 
     def call(self, m: Member, method: str, *args: object) -> Handle:
         """Start `method` on the member's worker; a handle's argument is resolved first."""
 
     def results(self, handles: Sequence[Handle]) -> list[Outcome]:
         """Wait for every call; which ones failed, and which lost their worker's node."""
+
+    def forget(self, handle: Handle) -> None:
+        """A call whose result is consumed elsewhere (passed on to other workers)."""
+
+
+class Runtime(Calls, Protocol):
+    """Where the loop's calls run: one worker per `Member`, called by method name."""
+
+    kind: str  # local | ray (a test's runtime names itself too)
+    members: list[Member]
+    concurrent: bool  # calls run at once (collectives across workers can pair up)
 
     def wait(self, handles: Sequence[Handle], timeout_s: float) -> list[bool]:
         """Which calls finished within `timeout_s` (from now)."""
@@ -65,9 +72,6 @@ class Runtime(Protocol):
 
     def cancel(self, handle: Handle) -> None:
         """Best effort: an abandoned call is dropped, or left to finish unread."""
-
-    def forget(self, handle: Handle) -> None:
-        """A call whose result is consumed elsewhere (passed on to other workers)."""
 
     def dead_members(self) -> list[Member]:
         """Members whose node is no longer alive."""
@@ -165,11 +169,45 @@ class LocalRuntime:
         self.members = []
 
 
-class RayRuntime:
+class RayCalls:
+    """Calls to started Ray actors (`Member.handle`) by method name, each outcome read as the
+    loop reads it: a failed call or a dead actor is an `Outcome` with its error, not a raise.
+    The multi-agent driver's weight refreshes (`executors.agentrun`) run over this alone."""
+
+    concurrent = True
+
+    def __init__(self) -> None:
+        import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
+        self.ray = ray
+        self._owner: dict[Handle, Member] = {}  # in-flight call -> the member running it
+
+    def call(self, m: Member, method: str, *args: object) -> Handle:
+        h: Handle = getattr(m.handle, method).remote(*args)
+        self._owner[h] = m
+        return h
+
+    def forget(self, handle: Handle) -> None:
+        """A call whose result is consumed elsewhere (passed on to other actors)."""
+        self._owner.pop(handle, None)
+
+    def _outcome(self, h: Handle) -> Outcome:
+        self._owner.pop(h, None)
+        try:
+            return Outcome(True, self.ray.get(cast("ObjectRef[Any]", h)))
+        except self.ray.exceptions.RayActorError as e:
+            return Outcome(False, error=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        except self.ray.exceptions.RayTaskError as e:
+            # A dying peer (a gloo rank whose partner was killed) fails the call, not the actor.
+            return Outcome(False, error=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
+    def results(self, handles: Sequence[Handle]) -> list[Outcome]:
+        return [self._outcome(h) for h in handles]
+
+
+class RayRuntime(RayCalls):
     """One Ray actor per member, in its placement-group bundle."""
 
     kind = "ray"
-    concurrent = True
 
     def __init__(self, run: RunPlan, cfg: RunConfig, groups: dict[str, Any], pinned: bool,
                  backend: Backend | None = None, max_restarts: int = 3,
@@ -177,8 +215,8 @@ class RayRuntime:
                  ) -> None:
         """`reuse`: (role, rank) -> a running actor to keep (a rebuild after a cluster change
         keeps the actors of unchanged slots; `executors.elastic.kept_slots`)."""
-        import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
-        self.ray = ray
+        super().__init__()
+        ray = self.ray
         chosen, rollout = backend or backend_of(), run.roles.get(Role.ROLLOUT)
         self.members = assign(run.seats)
         for m in self.members:
@@ -200,14 +238,8 @@ class RayRuntime:
         # nothing else, and an actor on a dead node answers nothing at all.
         self.pids = {id(m): w["pid"] for m, w in zip(self.members, wheres)}
         self.nodes = {id(m): w.get("node_id") for m, w in zip(self.members, wheres)}
-        self._owner: dict[Handle, Member] = {}  # in-flight call -> the member running it
         # (monotonic time, alive node ids): a cached ray.nodes()
         self._alive_at: tuple[float, set[str]] = (0.0, set())
-
-    def call(self, m: Member, method: str, *args: object) -> Handle:
-        h: Handle = getattr(m.handle, method).remote(*args)
-        self._owner[h] = m
-        return h
 
     def alive_nodes(self, max_age_s: float = 0.5) -> set[str]:
         t, alive = self._alive_at
@@ -235,10 +267,6 @@ class RayRuntime:
             self.ray.cancel(handle)
         except Exception:  # noqa: BLE001 - already finished, or not cancellable
             pass
-
-    def forget(self, handle: Handle) -> None:
-        """A call whose result is consumed elsewhere (passed on to other actors)."""
-        self._owner.pop(handle, None)
 
     def first(self, handles: Sequence[Handle], poll_s: float = 0.5) -> int:
         """Index of the first of `handles` to finish; a copy whose node died loses the race."""
@@ -272,20 +300,9 @@ class RayRuntime:
 
     def results(self, handles: Sequence[Handle]) -> list[Outcome]:
         lost = self._settle(handles)
-        out = []
-        for h in handles:
+        for h in lost:
             self._owner.pop(h, None)
-            if h in lost:
-                out.append(lost[h])
-                continue
-            try:
-                out.append(Outcome(True, self.ray.get(cast("ObjectRef[Any]", h))))
-            except self.ray.exceptions.RayActorError as e:
-                out.append(Outcome(False, error=f"{type(e).__name__}: {str(e).splitlines()[0]}"))
-            except self.ray.exceptions.RayTaskError as e:
-                # A dying peer (a gloo rank whose partner was killed) fails the call, not the actor.
-                out.append(Outcome(False, error=f"{type(e).__name__}: {str(e).splitlines()[0]}"))
-        return out
+        return [lost[h] if h in lost else self._outcome(h) for h in handles]
 
     def kill(self, m: Member, how: str) -> None:
         """Fault injection: `ray.kill` (Ray restarts it) or SIGKILL to the worker process."""

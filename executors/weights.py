@@ -34,7 +34,7 @@ from executors.context import LoopContext, TrainingLost
 from executors.placement import Member
 from executors.reshard import StreamLayout
 from executors.runplan import RunPlan
-from executors.runtime import Handle, Outcome, Runtime
+from executors.runtime import Calls, Handle, Outcome
 from executors.syncgroup import BUCKETS, PROTOCOLS, GroupSpec, Protocol
 from placer.base.roles import Role
 
@@ -57,7 +57,8 @@ def by_path(run: RunPlan, targets: list[Member]) -> dict[tuple[int, bool], list[
     """The targets grouped by refresh path, in first-seen order: their bucket size (each
     engine's own pool's device: the parts of a split rollout may differ) and whether the plan
     colocates them with the trainer (a mixed rollout's parts take their weights apart: the
-    colocated one by its colocated path, the other over the group)."""
+    colocated one by its colocated path, the other over the group). `run`'s rollout role is
+    the targets' (a multi-agent run passes each agent's view, `executors.agentrun`)."""
     rollout = run.roles.get(Role.ROLLOUT)
     out: dict[tuple[int, bool], list[Member]] = {}
     for m in targets:
@@ -82,11 +83,13 @@ class GroupRefresh:
     path (its senders and target engines; re-formed when they change, or after a failure or a
     restart: `drop`), then per refresh prepares the senders' streams, and starts every sender's
     broadcasts and every engine's receipt at once. `control_bytes`: the pickled size of every
-    control message and result so far (what Ray's object store carries for weight sync)."""
+    control message and result so far (what Ray's object store carries for weight sync).
+    Groups are held by (scope, path): a multi-agent run refreshes each agent's engines from its
+    own trainer under its own scope (the agent), so that two agents' paths never share one."""
 
-    def __init__(self, rt: Runtime, send_shards: bool = False) -> None:
+    def __init__(self, rt: Calls, send_shards: bool = False) -> None:
         self.rt, self.send_shards = rt, send_shards
-        self.groups: dict[int, tuple[tuple[Any, ...], GroupSpec]] = {}  # by path
+        self.groups: dict[tuple[str, int], tuple[tuple[Any, ...], GroupSpec]] = {}
         self.formed = 0
         self.control_bytes = 0
         self.reclaimed = 0  # hand-over buckets a sender released unacknowledged
@@ -108,20 +111,21 @@ class GroupRefresh:
         self.control_bytes += sum(_pickled(o.value) for o in outs if o.ok)
         return outs
 
-    def group(self, path: int, senders: list[Member], targets: list[Member]) -> GroupSpec:
+    def group(self, path: int, senders: list[Member], targets: list[Member], scope: str = ""
+              ) -> GroupSpec:
         """The path's group of these senders and targets, formed anew when they changed (a
         member's process too: a restarted one is in no group); each target joins with the
-        ranks it says it holds (a torch engine: its TP ranks)."""
+        ranks it says it holds (a torch engine: its TP ranks). `scope`: whose path it is."""
         outs = self._all([(m, "sync_member", ()) for m in senders + targets])
         bad = next((o.error for o in outs if not o.ok), None)
         if bad is not None:
             raise TrainingLost(bad)
         key: tuple[Any, ...] = (len(senders), *((m.rank, o.value[2])
                                                 for m, o in zip(senders + targets, outs)))
-        held = self.groups.get(path)
+        held = self.groups.get((scope, path))
         if held is not None and held[0] == key:
             return held[1]
-        self.groups.pop(path, None)
+        self.groups.pop((scope, path), None)
         backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
         tps = [int(o.value[1]) for o in outs[len(senders):]]
         protocol = _protocol([o.value for o in outs[len(senders):]])
@@ -134,7 +138,7 @@ class GroupRefresh:
         bad = next((o.error for o in outs if not o.ok), None)
         if bad is not None:
             raise TrainingLost(f"weight sync: forming group {spec.name}: {bad}")
-        self.groups[path] = (key, spec)
+        self.groups[(scope, path)] = (key, spec)
         return spec
 
     def refresh(self, spec: GroupSpec, senders: list[Member], targets: list[Member],
@@ -165,15 +169,15 @@ class GroupRefresh:
         return out
 
     def run(self, path: int, actors: list[Member], senders: list[Member],
-            targets: list[Member], version: int, size: int) -> Outcomes:
+            targets: list[Member], version: int, size: int, scope: str = "") -> Outcomes:
         """One refresh of the path's `targets` in buckets of `size` bytes by the protocol they
         name (`PROTOCOLS`): over the path's group from `senders`, or handed over as shared
-        memory (`handover`). `path` keys the group (`path_key`: the bucket size, and whether
-        the engines share the actor's slot)."""
+        memory (`handover`). `path` keys the group within `scope` (`path_key`: the bucket
+        size, and whether the engines share the actor's slot)."""
         infos = self._infos(targets)
         protocol = _protocol(infos)
         if protocol.forms_group:
-            spec = self.group(path, senders, targets)
+            spec = self.group(path, senders, targets, scope)
             return self.refresh(spec, senders, targets, version, size)
         return self.handover(actors, targets, infos, version, size)
 
@@ -259,6 +263,24 @@ class GroupRefresh:
         return acks, outs
 
 
+def refresh_paths(group: GroupRefresh, run: RunPlan, actors: list[Member],
+                  targets: list[Member], version: int, scope: str = ""
+                  ) -> list[tuple[Member, str | None, dict[str, Any]]]:
+    """One refresh of `version` from the trainer ranks `actors` to `targets` over the
+    weight-sync machinery, one stream per refresh path (`by_path`: a split rollout's parts each
+    get their device's buckets, a mixed rollout's colocated part its own): the senders the
+    trainer names (`sync_senders`), then `GroupRefresh.run` under `scope`. Per target, in path
+    order: (it, error or None, its figures)."""
+    by_rank = {m.rank: m for m in actors}
+    out: list[tuple[Member, str | None, dict[str, Any]]] = []
+    for (size, colocated), ms in by_path(run, targets).items():
+        senders = [by_rank[r] for r in group.one(by_rank[min(by_rank)], "sync_senders", size > 0)]
+        outs = group.run(path_key(size, colocated), list(by_rank.values()), senders, ms,
+                         version, size, scope)
+        out.extend((m, err, got) for m, (err, got) in zip(ms, outs))
+    return out
+
+
 def device_of(m: Member, role: list[Member]) -> tuple[int, Any]:
     """The (bundle, device) a member's first device is: a bundle's devices go to the role's
     members in it in rank order, an equal share each (a trainer rank one, an engine replica
@@ -334,15 +356,15 @@ class WeightSync:
         ctx.synced = version
         if not targets:
             return int(version)
-        # one stream per path: a split rollout's parts each get their device's buckets, a mixed
-        # rollout's colocated part its own
-        paths = by_path(ctx.run, targets)
-        outs = [o for (size, colocated), ms in paths.items()
-                for o in (self._stream_group(ms, int(version), size, path_key(size, colocated))
-                          if ctx.rt.concurrent else self._stream(ms, int(version), size))]
-        targets = [m for ms in paths.values() for m in ms]
+        if ctx.rt.concurrent:  # over the weight-sync groups, one stream per path
+            self.refreshes += 1
+            done = refresh_paths(self.group, ctx.run, ctx.by_role[Role.ACTOR], targets,
+                                 int(version))
+        else:  # one call per bucket and engine, one stream per path
+            done = [(m, err, got) for (size, _), ms in by_path(ctx.run, targets).items()
+                    for m, (err, got) in zip(ms, self._stream(ms, int(version), size))]
         failed = []
-        for m, (err, got) in zip(targets, outs):
+        for m, err, got in done:
             if err is not None:  # a rollout worker died while loading: it re-syncs first
                 ctx.known[m.rank] = None
                 failed.append(err)
@@ -362,16 +384,6 @@ class WeightSync:
         ctx.event("sync", "stage", t, time.time() - t, None, step, policy_version=version)
         ctx.synced = version
         return int(version)
-
-    def _stream_group(self, targets: list[Member], version: int, size: int, path: int
-                      ) -> Outcomes:
-        """One refresh over the path's weight-sync group (`GroupRefresh`)."""
-        ctx = self.ctx
-        actors = {m.rank: m for m in ctx.by_role[Role.ACTOR]}
-        ranks = self.group.one(actors[min(actors)], "sync_senders", size > 0)
-        senders = [actors[r] for r in ranks]
-        self.refreshes += 1
-        return self.group.run(path, list(actors.values()), senders, targets, version, size)
 
     def _stream(self, targets: list[Member], version: int, size: int) -> Outcomes:
         """One refresh (`executors.reshard`): every sender's buckets of `size` bytes, in order,

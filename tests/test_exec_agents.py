@@ -83,6 +83,46 @@ def test_roles_group_by_agent() -> None:
                    "verifier": {"actor": "verifier.actor"}, "": {"environment": "environment"}}
 
 
+class _Answers:
+    """Workers that answer the group-forming calls at once (`executors.runtime.Calls`)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+
+    def call(self, m, method: str, *args: object):
+        from executors.runtime import Outcome
+        return Outcome(True, {"sync_member": ("cpu", 1, self.pids[m.role] + m.rank),
+                              "sync_host": ("127.0.0.1", 29500), "sync_join": True}[method])
+
+    def results(self, handles):
+        return list(handles)
+
+    def forget(self, handle) -> None:
+        pass
+
+
+def test_two_agents_refresh_paths_of_one_key_keep_groups_of_their_own() -> None:
+    """Both agents' engines take the same path key (bucket size, colocation): under their own
+    scopes each keeps its group across refreshes; under one scope they would evict each
+    other's group and re-form it every sync."""
+    from types import SimpleNamespace
+
+    from executors.weights import GroupRefresh
+    ms = {a: ([SimpleNamespace(role=f"{a}.actor", rank=0)],
+              [SimpleNamespace(role=f"{a}.rollout", rank=0)]) for a in ("solver", "verifier")}
+    rt = _Answers({"solver.actor": 100, "solver.rollout": 200, "verifier.actor": 300,
+                   "verifier.rollout": 400})
+    scoped = GroupRefresh(rt)  # type: ignore[arg-type]
+    specs = {a: [scoped.group(0, *ms[a], scope=a) for _ in range(3)] for a in ms}
+    assert scoped.formed == 2 and specs["solver"][0].name != specs["verifier"][0].name
+    assert all(len(set(v)) == 1 for v in specs.values())
+    shared = GroupRefresh(rt)  # type: ignore[arg-type]
+    for _ in range(3):
+        for a in ms:
+            shared.group(0, *ms[a])
+    assert shared.formed == 6
+
+
 def test_the_last_turns_agent_answers_and_the_others_review_the_turn_before() -> None:
     job = load_job(TINY)
     assert job.agents is not None
@@ -185,9 +225,45 @@ def test_both_agents_weights_were_trained(run) -> None:
         "solver", "verifier"}
 
 
+def test_each_agents_engines_take_its_own_trainers_weights_by_the_sync_group(run) -> None:
+    """Each agent's engines are refreshed from its own trainer by the single-policy machinery
+    (`executors.weights.refresh_paths`): every sync carries exactly that agent's weight bytes
+    (the two policies differ in size), from its own trainer ranks, over a weight-sync group or
+    the colocated hand-over; Ray carried only control messages, a small fraction of them."""
+    import torch
+    _, result = run
+    out = Path(result.out_dir)
+    for agent in ("solver", "verifier"):
+        model = torch.load(out / agent / "final.pt", weights_only=False)["model"]
+        syncs = [e for e in result.trace.of("sync") if e.args.get("role") == f"{agent}.rollout"]
+        engines = sum(1 for r in result.placement if r["role"] == f"{agent}.rollout")
+        assert len(syncs) == engines * (STEPS - 1), agent  # from step 1 on, every engine
+        for e in syncs:
+            assert e.args["backend"] in ("gloo", "shm"), e.args
+            assert set(e.args["src"].split(",")) <= {
+                f"{agent}.actor{r['rank']}" for r in result.placement
+                if r["role"] == f"{agent}.actor"}, e.args
+            assert e.args["bytes"] == sum(v.numel() * v.element_size() for v in model.values()
+                                          ), (agent, e.args["bytes"])
+            assert 0 < e.args["control_bytes"] * 10 < e.args["bytes"], e.args
+
+
 def test_what_the_driver_does_not_run_is_refused_before_ray(tmp_path: Path) -> None:
     from executors.run import execute
     from placer.base.errors import SpecError
     plan = _planned(verifier={"use_reference": True})
     with pytest.raises(SpecError, match=r"job.agents.members.verifier.use_reference: true"):
         execute(plan, 1, tmp_path)
+
+
+def test_resuming_a_multi_agent_run_is_refused_before_ray(tmp_path: Path, capsys) -> None:
+    """Its driver keeps no per-step checkpoint: `--resume` is bad input, one line, exit 2."""
+    from placer.cli import main
+    from placer.solve.planfile import save_plan
+    plan = tmp_path / "plan.json"
+    save_plan(_planned(), plan)
+    assert main(["execute", str(plan), "--out", str(tmp_path / "out"), "--steps", "3",
+                 "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume: a multi-agent plan (job.agents)" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(plan_beside(args.trace), "--trace (its plan, beside it)")
     plan = _load(args.plan)
     from executors.run import execute, resume_point
-    start = resume_point(args.out, args.steps) if args.resume else 0  # checked before Ray starts
+    start = resume_point(args.out, args.steps, plan) if args.resume else 0  # checked before Ray starts
 
     show = note if args.json else (lambda m: print(m, flush=True))
 
