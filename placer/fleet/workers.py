@@ -1,10 +1,10 @@
-"""Job plans of many allocations, each kind of job on one pricing memo, in worker processes.
+"""Job plans of many allocations on one pricing memo, in worker processes that keep theirs.
 
 Planning one job on many allocations walks the same engine replays again and again: a
-`Pricer`'s `StepTerms` table (`placer.cost.context`) is keyed by value, not by the cluster, so
-one kind's pricer serves all its allocations (`Pricer.with_res`) and each later plan skips the
-replays the earlier ones priced (about a third of a plan's time on the bench fleet). A
-`Pricers` is that memo per kind; `plan_on` and `least_devices` take one.
+`Pricer`'s `StepTerms` table (`placer.cost.context`) is keyed by value, not by the cluster or
+the job, so one table serves every allocation of every job (`Pricers`), and each later plan
+skips the lines and replays the earlier ones priced (about a third of a plan's time on the
+bench fleet). `plan_on` and `least_devices` take one.
 
 A process pool forgets the memo between tasks, so `KindWorkers` runs `workers` forked
 processes that each keep their own `Pricers` for the life of the fleet's search: a kind's tasks
@@ -23,6 +23,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from placer.base.errors import Infeasible, SpecError
+from placer.cost.batching import StepTerms
+from placer.cost.context import TermsKey
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
 from placer.solve.candidates import flat, single_candidates
@@ -36,43 +38,39 @@ Task = tuple[str, int, dict[str, int]]  # ("plan" | "least", kind, nodes)
 
 @dataclass
 class Pricers:
-    """One pricer per kind of job, on whichever allocation it was first asked for: a later
-    allocation's pricer shares its memo (`Pricer.with_res`)."""
+    """One pricing memo for every job planned here: each pricer made on it shares its
+    `StepTerms` table, keyed by value (model, device, replica layout, factors; a replay by the
+    job's lengths, environment and tail policy too), so jobs that share models and devices (a
+    sweep's batch sizes) reuse each other's lines and replays, and none gets another's price."""
 
     calib: Calibration
-    of: dict[int, Pricer] = field(default_factory=dict)
+    terms: dict[TermsKey, StepTerms] = field(default_factory=dict)
 
-    def on(self, kind: int, job: Job, nodes: dict[str, int]) -> Pricer:
-        """The kind's pricer on the job restricted to `nodes` (SpecError, Infeasible: as
+    def on(self, job: Job, nodes: dict[str, int]) -> Pricer:
+        """A pricer of the job restricted to `nodes`, on the memo (SpecError, Infeasible: as
         `with_nodes`)."""
-        res = with_nodes(job, nodes, job.name)
-        px = self.of.get(kind)
-        if px is None:
-            px = self.of[kind] = Pricer(res, self.calib)
-            return px
-        return px.with_res(res)
+        return Pricer(with_nodes(job, nodes, job.name), self.calib, _terms=self.terms)
 
 
 def plan_on(job: Job, nodes: dict[str, int], calib: Calibration, time_limit_s: float,
-            seed: int, memo: Pricers | None = None, kind: int = 0) -> Plan | str:
-    """The job's plan on these nodes, or the first line of why it has none; priced on `memo`'s
-    pricer of `kind` where given (the same plan, sooner)."""
+            seed: int, memo: Pricers | None = None) -> Plan | str:
+    """The job's plan on these nodes, or the first line of why it has none; priced on `memo`
+    where given (the same plan, sooner)."""
     try:
-        px = (memo or Pricers(calib)).on(kind, job, nodes)
+        px = (memo or Pricers(calib)).on(job, nodes)
         return plan_job(px, time_limit_s=time_limit_s, workers=1, seed=seed)
     except (Infeasible, SpecError) as e:  # SpecError: a pin naming a pool given 0 nodes
         return str(e).split("\n")[0]
 
 
 def least_devices(job: Job, nodes: dict[str, int], calib: Calibration,
-                  memo: Pricers | None = None, kind: int = 0
-                  ) -> list[list[dict[str, int]]] | None:
+                  memo: Pricers | None = None) -> list[list[dict[str, int]]] | None:
     """Per role of the job, the devices per pool of each of its single-pool candidates on these
     nodes (None: the table cannot be built there; the planner will say why)."""
     if not any(nodes.values()):
         return None
     try:
-        cands = flat(single_candidates((memo or Pricers(calib)).on(kind, job, nodes)))
+        cands = flat(single_candidates((memo or Pricers(calib)).on(job, nodes)))
     except (Infeasible, SpecError):
         return None
     return [[c.pool_devices() for c in cs] for cs in cands.values()]
@@ -83,8 +81,8 @@ def run_task(task: Task, jobs: Sequence[Job], memo: Pricers, time_limit_s: float
     """One task on `memo`: `jobs[kind]` planned on (or its table on) the task's nodes."""
     what, kind, nodes = task
     if what == "plan":
-        return plan_on(jobs[kind], nodes, memo.calib, time_limit_s, seed, memo, kind)
-    return least_devices(jobs[kind], nodes, memo.calib, memo, kind)
+        return plan_on(jobs[kind], nodes, memo.calib, time_limit_s, seed, memo)
+    return least_devices(jobs[kind], nodes, memo.calib, memo)
 
 
 def _serve(conn: Connection, jobs: Sequence[Job], calib: Calibration, time_limit_s: float,
