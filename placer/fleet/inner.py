@@ -7,9 +7,10 @@ its search visits, and each is planned once. A vector the job cannot be placed o
 the planner's diagnosis kept for the report.
 
 Jobs with the same job document (a sweep's seeds, say) are one kind: their time function is
-planned once (`kind_of`), and the allocation model treats them as interchangeable. `prefetch`
-plans a round's new vectors in parallel worker processes (`workers`), as each plan is
-independent and single-threaded.
+planned once (`kind_of`), and the allocation model treats them as interchangeable. Each kind
+is priced on one memo for the whole search (`placer.fleet.workers`): its cost table on the cap
+and each later plan reuse the engine replays priced before. `prefetch` plans a round's new
+vectors in `workers` worker processes, each kind on the worker that holds its memo.
 
 `grid(j)` is the job's finite set of allocation vectors: per pool 0, the powers of two below the
 team's cap and the cap; 0 alone for a pool that no role of the job has a candidate on (its
@@ -24,21 +25,19 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing
-from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
-from placer.base.errors import Infeasible, SpecError
 from placer.cost.efficiency import Calibration
-from placer.cost.pricer import Pricer
 from placer.fleet.alloc import AllocJob, AllocProblem, TeamQuota, Vec
 from placer.fleet.sharing import ShareGroup, shared_job
 from placer.fleet.spec import Fleet
-from placer.solve.candidates import flat, single_candidates
+from placer.fleet.workers import KindWorkers, Pricers, Task, least_devices, plan_on, run_task
 from placer.solve.planfile import Plan
-from placer.solve.planner import plan_job
-from placer.spec.catalog import with_nodes
 from placer.spec.job import Job
+
+__all__ = ["MAX_GRID", "JobPlanner", "alloc_problem", "kinds", "ladder", "least_devices",
+           "levels", "plan_on", "priced_jobs", "share_groups", "thinned"]
 
 MAX_GRID = 256  # allocation vectors per job before its axes are thinned
 
@@ -86,32 +85,6 @@ def thinned(axes: list[list[int]], max_grid: int, keep: list[int] | None = None
             else c for i, (c, a) in enumerate(zip(cut, axes))]
 
 
-def plan_on(job: Job, nodes: dict[str, int], calib: Calibration, time_limit_s: float,
-            seed: int, hint: Plan | None = None) -> Plan | str:
-    """The job's plan on these nodes, or the first line of why it has none (a worker's task).
-    `hint`: a plan whose configs seed the solver where they still exist (a warm start)."""
-    try:
-        res = with_nodes(job, nodes, job.name)
-        return plan_job(Pricer(res, calib), time_limit_s=time_limit_s, hint=hint, workers=1,
-                        seed=seed)
-    except (Infeasible, SpecError) as e:  # SpecError: a pin naming a pool given 0 nodes
-        return str(e).split("\n")[0]
-
-
-def least_devices(job: Job, nodes: dict[str, int], calib: Calibration
-                  ) -> list[list[dict[str, int]]] | None:
-    """Per role of the job, the devices per pool of each of its single-pool candidates on these
-    nodes (None: the table cannot be built there; the planner will say why)."""
-    if not any(nodes.values()):
-        return None
-    try:
-        res = with_nodes(job, nodes, job.name)
-        cands = flat(single_candidates(Pricer(res, calib)))
-    except (Infeasible, SpecError):
-        return None
-    return [[c.pool_devices() for c in cs] for cs in cands.values()]
-
-
 def kinds(jobs: list[Job]) -> list[int]:
     """Each job's kind: the index of the first job with the same document but for its name."""
     first: dict[str, int] = {}
@@ -132,24 +105,34 @@ class JobPlanner:
     plans: dict[tuple[int, Vec], Plan] = field(default_factory=dict)  # (kind, vector) ->
     why: dict[tuple[int, Vec], str] = field(default_factory=dict)
     kind_of: list[int] = field(default_factory=list)
-    pool: Executor | None = None
     priced: list[Job] = field(default_factory=list)  # each job as planned (shared pools priced)
+    memo: Pricers | None = None  # each kind's pricing memo, planning here (`workers` < 2)
+    pool: KindWorkers | None = None  # else the worker processes, each with its own memos
+    computed: int = 0  # plans and tables computed (not found in `plans`, `why`)
 
     def __post_init__(self) -> None:
         self.priced = priced_jobs(self.fleet)
         self.kind_of = kinds(self.priced)
+        self.memo = Pricers(self.calib)
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            self.pool.close()
             self.pool = None
 
-    def _pool(self) -> Executor:
-        if self.pool is None:  # forked (a spawned worker would re-run a caller's script) at
-            # the first batch, the grids' tables, before this fleet's first CP-SAT solve
-            self.pool = ProcessPoolExecutor(self.workers,
-                                            mp_context=multiprocessing.get_context("fork"))
-        return self.pool
+    def _run(self, tasks: list[Task]) -> list[object]:
+        """The tasks' results: in the worker processes when there are several workers and
+        tasks, else here (each kind on its memo either way)."""
+        self.computed += len(tasks)
+        if self.workers < 2 or len(tasks) < 2:
+            assert self.memo is not None
+            return [run_task(t, self.priced, self.memo, self.time_limit_s, self.seed)
+                    for t in tasks]
+        if self.pool is None:  # forked at the first batch, the grids' tables, before this
+            # fleet's first CP-SAT solve
+            self.pool = KindWorkers(self.priced, self.calib, self.time_limit_s, self.seed,
+                                    self.workers)
+        return self.pool.run(tasks)
 
     def plan(self, j: int, a: Vec) -> Plan:
         return self.plans[(self.kind_of[j], a)]
@@ -167,8 +150,7 @@ class JobPlanner:
     def time(self, j: int, a: Vec) -> float | None:
         key = (self.kind_of[j], a)
         if key not in self.plans and key not in self.why:
-            self._keep(key, plan_on(self.priced[j], self.nodes_of(a), self.calib,
-                                    self.time_limit_s, self.seed))
+            self._keep(key, self._run([("plan", key[0], self.nodes_of(a))])[0])
         return self.plans[key].predicted_iteration_s if key in self.plans else None
 
     def alone(self, j: int, a: Vec) -> float | None:
@@ -184,12 +166,13 @@ class JobPlanner:
         where they still exist. The plan, or why none fits there; not memoised (the hint
         differs per call)."""
         return plan_on(self.priced[j], self.nodes_of(a), self.calib, self.time_limit_s,
-                       self.seed, hint=running)
+                       self.seed, self.memo, hint=running)
 
-    def _keep(self, key: tuple[int, Vec], got: Plan | str) -> None:
+    def _keep(self, key: tuple[int, Vec], got: object) -> None:
         if isinstance(got, str):
             self.why[key] = got
         else:
+            assert isinstance(got, Plan)
             self.plans[key] = got
 
     def prefetch(self, pairs: list[tuple[int, Vec]]) -> None:
@@ -197,11 +180,9 @@ class JobPlanner:
         todo = sorted({(self.kind_of[j], a) for j, a in pairs} - set(self.plans) - set(self.why))
         if self.workers < 2 or len(todo) < 2:
             return
-        futures = {key: self._pool().submit(plan_on, self.priced[key[0]],
-                                         self.nodes_of(key[1]), self.calib, self.time_limit_s,
-                                         self.seed) for key in todo}
-        for key, fut in futures.items():
-            self._keep(key, fut.result())
+        got = self._run([("plan", k, self.nodes_of(a)) for k, a in todo])
+        for key, g in zip(todo, got):
+            self._keep(key, g)
 
     def cap(self, j: int) -> Vec:
         """The most nodes of each pool job j's team may hold."""
@@ -209,14 +190,11 @@ class JobPlanner:
 
     def grids(self) -> list[tuple[Vec, ...]]:
         """Every job's grid: each kind's candidate table on each cap built once, in `workers`
-        processes when there are several."""
+        processes when there are several (its prices kept in the kind's memo, where the plans
+        on its grid find them)."""
         keys = sorted({(self.kind_of[j], self.cap(j)) for j in range(len(self.fleet.jobs))})
-        args = [(self.priced[k], self.nodes_of(cap), self.calib) for k, cap in keys]
-        if self.workers > 1 and len(keys) > 1:
-            tables = list(self._pool().map(least_devices, *zip(*args)))
-        else:
-            tables = [least_devices(*a) for a in args]
-        found = dict(zip(keys, tables))
+        tables = self._run([("least", k, self.nodes_of(cap)) for k, cap in keys])
+        found: dict[tuple[int, Vec], Any] = dict(zip(keys, tables))
         return [self.grid(j, found[(self.kind_of[j], self.cap(j))])
                 for j in range(len(self.fleet.jobs))]
 
