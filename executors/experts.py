@@ -24,13 +24,26 @@ groups are orthogonal to TP: an ep group holds one TP index across the dp ranks 
 "dp" dim; ranks {t, tp + t} at dp 2), as Megatron-Core's default builds them (NVIDIA/Megatron-LM
 megatron/core/parallel_state.py @ d98e8a6: `expert_tensor_parallel_size` defaults to the TP
 size and the expert RankGenerator's order is tp-ep-dp-pp); the TP ranks of one DP group hold
-the same experts whole and route the same tokens. Under PP each stage's experts split over its
-own dp ranks. `executed_layout` reports the group (`expert_ranks`, `executors.layoutread`).
-The gradient clip sums the experts' squared norms over the ep group like any shard
-(`executors.sharding.clip_grad_norm`).
+the same experts whole and compute the same routing. Each TP rank dispatches only its slice of
+the tokens (rows [t * c, (t + 1) * c), c = ceil(tokens / tp): `_TPSlice`), and the combined
+outputs are all-gathered back over TP (`_TPGather`), so a rank's all-to-all carries tokens / tp,
+as the cost model prices it (`placer.cost.layercomm`'s tokens / (tp x cp) per rank) and as
+Megatron-Core runs it: EP with TP requires sequence parallelism there (`TransformerConfig`,
+megatron/core/transformer/transformer_config.py: "When using expert parallelism and tensor
+parallelism, sequence parallelism must be used"), so each TP rank's token dispatcher permutes
+and all-to-alls its own sequence shard (megatron/core/transformer/moe/token_dispatcher.py,
+`MoEAlltoAllTokenDispatcher`). The slice's backward all-gathers the slices' input gradients (the
+layer's input is replicated over TP, its gradient must be whole on every TP rank), the
+gather's backward keeps the rank's own rows (the output's gradient is the same on every TP
+rank), and `sync_expert_grads` sums the experts' gradients over TP before the optimizer step
+(each TP rank's copy of an expert saw its slice of the tokens). Under PP each stage's experts
+split over its own dp ranks. `executed_layout` reports the group (`expert_ranks`,
+`executors.layoutread`). The gradient clip sums the experts' squared norms over the ep group
+like any shard (`executors.sharding.clip_grad_norm`).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -57,14 +70,58 @@ def experts_of(model: nn.Module) -> int:
     return int(found[0][2].num_experts) if found else 0
 
 
+def _gather_rows(x: torch.Tensor, rows: int, total: int, group: Any) -> torch.Tensor:
+    """Every TP rank's `x` (at most `rows` rows each, rank order) stacked, trimmed to `total`
+    rows: each padded to `rows` for the equal-sized all-gather."""
+    import torch.distributed as dist  # lazy: distributed only
+    pad = x.new_zeros((rows - x.shape[0], *x.shape[1:]))
+    parts = [x.new_empty((rows, *x.shape[1:])) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, torch.cat([x, pad]).contiguous(), group=group)
+    return torch.cat(parts)[:total]
+
+
+class _TPSlice(torch.autograd.Function):
+    """Forward: this TP rank's rows [lo, hi) of a tensor replicated over TP. Backward: the
+    slices' gradients all-gathered, so the input's gradient is whole on every TP rank."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, lo: int, hi: int, rows: int,
+                group: Any) -> torch.Tensor:
+        ctx.shape, ctx.rows, ctx.group = x.shape[0], rows, group
+        return x[lo:hi]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return (_gather_rows(grad.contiguous(), ctx.rows, ctx.shape, ctx.group),
+                None, None, None, None)
+
+
+class _TPGather(torch.autograd.Function):
+    """Forward: every TP rank's rows all-gathered into the whole tensor. Backward: this rank's
+    rows [lo, hi) of the gradient (the same on every TP rank)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, lo: int, hi: int, rows: int, total: int,
+                group: Any) -> torch.Tensor:
+        ctx.lo, ctx.hi = lo, hi
+        return _gather_rows(x.contiguous(), rows, total, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad[ctx.lo:ctx.hi], None, None, None, None, None
+
+
 class ParallelExperts(nn.Module):
     """One layer's experts, this rank's share of them held (see the module docstring)."""
 
     gate_up_proj: Any  # DTensor parameters, Shard(0) over the ep mesh
     down_proj: Any
 
-    def __init__(self, experts: Any, mesh: Any) -> None:
+    def __init__(self, experts: Any, mesh: Any, tp_mesh: Any = None) -> None:
         super().__init__()
+        self.tp = 1 if tp_mesh is None else tp_mesh.size()
+        self.tp_group = None if self.tp == 1 else tp_mesh.get_group()
+        self.tp_rank = 0 if self.tp == 1 else tp_mesh.get_local_rank()
         from torch.distributed.tensor import Shard, distribute_tensor  # lazy: distributed only
         self.num_experts = int(experts.num_experts)
         self.ep = mesh.size()
@@ -79,6 +136,20 @@ class ParallelExperts(nn.Module):
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        if self.tp == 1:
+            return self._dispatch_combine(hidden, top_k_index, top_k_weights)
+        total = hidden.shape[0]
+        rows = math.ceil(total / self.tp)
+        lo = min(self.tp_rank * rows, total)
+        hi = min(lo + rows, total)
+        out = self._dispatch_combine(
+            _TPSlice.apply(hidden, lo, hi, rows, self.tp_group), top_k_index[lo:hi],
+            _TPSlice.apply(top_k_weights, lo, hi, rows, self.tp_group))
+        return _TPGather.apply(out, lo, hi, rows, total, self.tp_group)
+
+    def _dispatch_combine(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                          top_k_weights: torch.Tensor) -> torch.Tensor:
+        """Dispatch `hidden`'s rows to their experts' ranks, compute, combine back."""
         import torch.distributed as dist  # lazy: distributed only
         from torch.distributed._functional_collectives import (  # lazy: differentiable a2a
             all_to_all_single_autograd,
@@ -118,15 +189,29 @@ class ParallelExperts(nn.Module):
         return out
 
 
-def shard_experts(model: nn.Module, mesh: Any) -> list[nn.Parameter]:
-    """Replace every experts module by `ParallelExperts` over the 1-D `mesh`, in place; the
-    experts' parameters (for FSDP2 to leave alone)."""
+def shard_experts(model: nn.Module, mesh: Any, tp_mesh: Any = None) -> list[nn.Parameter]:
+    """Replace every experts module by `ParallelExperts` over the 1-D `mesh`, in place, each TP
+    rank of `tp_mesh` (None: TP 1) dispatching its slice of the tokens; the experts'
+    parameters (for FSDP2 to leave alone)."""
     params: list[nn.Parameter] = []
     for parent, name, m in expert_modules(model):
-        par = ParallelExperts(m, mesh)
+        par = ParallelExperts(m, mesh, tp_mesh)
         parent.register_module(name, par)
         params += [par.gate_up_proj, par.down_proj]
     return params
+
+
+def sync_expert_grads(model: nn.Module) -> None:
+    """Sum the experts' gradients over TP, in place, before the optimizer step: the TP ranks of
+    a DP group hold the same experts and each computed them on its own slice of the tokens (as
+    Megatron-Core's `finalize_model_grads` reduces expert gradients over their expert-data-
+    parallel group, which holds the TP ranks when the experts are not TP-split). No-op at TP 1."""
+    import torch.distributed as dist  # lazy: distributed only
+    for m in model.modules():
+        if isinstance(m, ParallelExperts) and m.tp > 1:
+            for w in (m.gate_up_proj, m.down_proj):
+                if w.grad is not None:
+                    dist.all_reduce(w.grad.to_local(), group=m.tp_group)
 
 
 def experts_per_rank(model: nn.Module) -> int | None:

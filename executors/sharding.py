@@ -8,9 +8,10 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       and a dense MLP (gate, up column-parallel, down row-parallel) are split over the `tp`
       ranks with `parallelize_module` (Megatron-style: one all-reduce after o and after down;
       heads and MLP columns are divided, so `tp` must divide the query heads, the KV heads,
-      the MLP width and the vocabulary). A mixture-of-experts block keeps its experts whole on every TP rank
-      (replicated over `tp`, sharded over `dp` by FSDP, or split over the dp ranks by expert
-      parallelism, `ep == dp`: `executors.experts`); norms are replicated; the embedding and
+      the MLP width and the vocabulary). A mixture-of-experts block keeps its experts whole
+      on every TP rank (replicated over `tp`, sharded over `dp` by FSDP, or split over the dp
+      ranks by expert parallelism, `ep == dp`, each TP rank then dispatching its 1/tp of the
+      tokens: `executors.experts`); norms are replicated; the embedding and
       LM head are split by vocabulary rows, and log-probs computed from the logits' shards
       (`executors.vocab`). TP ranks of one DP group see the same samples.
   dp  `fully_shard` (FSDP2) on each decoder layer and the root over the `dp` dim: parameters,
@@ -199,7 +200,9 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False,
     # DTensor warns on every 2-D norm and gather that it runs two collectives where one could
     # do; at these sizes that is noise in the run's output, once per parameter per step.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    experts = shard_experts(model, mesh["dp"]) if ep > 1 else []
+    # under TP each TP rank dispatches its slice of the tokens (`executors.experts`)
+    ep_tp = tp_mesh if tp_mesh.size() > 1 else None
+    experts = shard_experts(model, mesh["dp"], ep_tp) if ep > 1 else []
     layers = decoder_layers(model)
     if tp_mesh.size() > 1:
         for layer in layers:

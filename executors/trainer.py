@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from executors import collprobe, rl
+from executors.experts import sync_expert_grads
 from executors.layoutread import mismatch, read_layout
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
@@ -221,6 +222,7 @@ class Trainer(Worker, GroupSender):
                 loss_sum += float(loss.detach()) * scale
                 for k in stats:  # token sums: scaled, they are this rank's mini-batch means
                     stats[k] += info[k] * scale / len(minis)
+            sync_expert_grads(self.model)  # under EP x TP each TP rank ran a slice of tokens
             params = list(self.model.parameters())
             norms.append(clip_grad_norm(params, 1.0) if self.world > 1
                          else float(torch.nn.utils.clip_grad_norm_(params, 1.0)))
@@ -251,6 +253,7 @@ class Trainer(Worker, GroupSender):
                 for k in stats:
                     stats[k] += info[k] * scale / len(minis)
             losses.append(sum(v * scale for v, _, scale in calls))
+            sync_expert_grads(self.model)
             norms.append(clip_grad_norm(list(self.model.parameters()), 1.0, self.pipe.group))
             self.opt.step()
             self.optimizer_steps += 1

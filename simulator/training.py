@@ -38,6 +38,7 @@ from placer.cost.roofline import Memory, infer_memory, weight_tensors
 from placer.cost.rulecheck import rule_check_time, sandbox_verify_time
 from placer.cost.timing import onload_time
 from placer.cost.vision import pass_encode_s
+from placer.cost.vocabcomm import head_of
 from placer.solve.assemble import placed_estimate, shares_slot
 from placer.solve.planfile import Plan
 from placer.spec.hardware import DeviceKind
@@ -94,13 +95,13 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
                 px, smp.n, res.job.seed, 0, mean=True)),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         elif stage == "score":  # (+ a VLM's encoder over the samples' images)
-            steps = (score_time(m, dev, rp.par, tokens, seq, eff)
+            steps = (score_time(m, dev, rp.par, tokens, seq, eff, head_of(role))
                      + pass_encode_s(m, dev, rp.par, smp.n, imgs, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         else:
             mb = res.job.batch.mini_batches
             enc = pass_encode_s(m, dev, rp.par, smp.n, imgs, eff, train=True) / mb
-            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff) + enc
+            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff, head_of(role)) + enc
                           for _ in range(mb))
             ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step
             # and once per RL step the sharded trainer's weights gathered for the sync

@@ -1,22 +1,27 @@
 """Expert parallelism in the trainer (`executors.experts`): a Qwen3-MoE's experts split over
 the dp ranks (ep 2: two experts of four on each), tokens dispatched and combined by all-to-all
 on gloo, take the same optimizer steps as one process holding every expert, in fp32, alone and
-with TP 2 or PP 2 (4 processes each); the executed layout reports the experts each rank holds
-and its expert group; layouts EP cannot run are refused.
+with TP 2 or PP 2 (4 processes each); under TP each TP rank dispatches half the tokens (the
+bytes its all-to-alls send, counted at the collective); the executed layout reports the experts
+each rank holds and its expert group; layouts EP cannot run are refused.
 
 Measured (tiny Qwen3-MoE, 8 samples, 2 mini-batches, lr 1e-3; `python -m pytest -q -s
 tests/test_exec_experts.py`): fp32, max |weight difference| from one process 2.2e-6 (the weights
 moved 2.0e-3); bf16, summed |difference| from one process in bf16 4.06% of the summed move
 (dp 2 without EP: 4.05%; fp32 against bf16 in one process: 5.70%); ep 2 x tp 2, max |weight
-difference| 1.1e-5, ep 2 x pp 2, 2.2e-6.
+difference| 1.1e-5, ep 2 x pp 2, 2.2e-6; ep 2 x tp 2, each rank's dispatch 24 of the 48 tokens'
+routed copies (24,576 bytes; every TP rank sent all 48, 49,152 bytes, before each TP rank
+dispatched its slice).
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from gloo_world import SPAWN, run_world
 from test_exec_sharding import config, distributed, one_process
 
 from executors.checkpoints import build_checkpoint
@@ -118,3 +123,46 @@ def test_ep2_with_tp_or_pp_matches_one_process(layout: tuple[int, int, int],
         assert (r[3]["ep"], r[3]["experts_per_rank"]) == (2, 2), r[3]
         assert r[3]["placements"]["experts"] == {"mesh": ["dp"], "placements": ["S(0)"]}
     assert [r[3]["expert_ranks"] for r in ranks] == groups
+
+
+
+
+def _count_dispatch_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
+    """The bytes this rank's all-to-alls send in one forward of a fixed batch of TOKENS
+    tokens, counted at the collective (`all_to_all_single_autograd`'s inputs; its backward,
+    the reverse all-to-all of the same sizes, runs inside the op): (the dispatches, every
+    call), and a token's routed copies' bytes over the MoE layers (k copies, h FP32 values
+    each). A layer's calls alternate dispatch (the rank's own tokens' routed copies) and
+    combine (the copies it received, computed). The backward runs too, to check it goes."""
+    from torch.distributed import _functional_collectives as fc
+    sent: list[int] = []
+    real = fc.all_to_all_single_autograd
+
+    def counting(x: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        sent.append(x.numel() * x.element_size())
+        return real(x, *args, **kw)
+    fc.all_to_all_single_autograd = counting  # type: ignore[assignment]
+    ids = torch.arange(TOKENS).reshape(2, -1) % 97 + 3  # the same on every rank
+    out = tr.model(input_ids=ids).logits.float().sum()
+    out.backward()
+    c = tr.model.config
+    copy = c.num_experts_per_tok * c.hidden_size * 4 * c.num_hidden_layers
+    q_out.put((rank, sum(sent[0::2]), sum(sent), copy))
+
+
+TOKENS = 48
+
+
+def test_each_tp_rank_dispatches_its_slice_of_the_tokens(moe_dir: Path) -> None:
+    """EP 2 x TP 2: each TP rank dispatches its half of its DP group's tokens, as the cost model
+    prices a rank's all-to-all (tokens / (tp x cp)); every TP rank sent all of them before.
+    The combine sends back what a rank received, which depends on the routing, so per rank only
+    the dispatch is exact; over the world the dispatches and the combines each move every
+    routed copy of the two DP groups' tokens once."""
+    q_out = SPAWN.Queue()
+    run_world(_count_dispatch_bytes, config(moe_dir, trainer=Layout(2, 2, 1, ep=2)), q_out)
+    got = sorted(q_out.get(timeout=5) for _ in range(4))
+    print(f"all-to-all bytes per rank (rank, dispatch, all calls, a token's copies): {got}")
+    copy = got[0][3]  # a token's routed copies over the MoE layers, in bytes
+    assert [dispatch for _, dispatch, _, _ in got] == [TOKENS // 2 * copy] * 4  # TOKENS before
+    assert sum(total for _, _, total, _ in got) == 2 * 2 * TOKENS * copy

@@ -49,6 +49,7 @@ from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, Memory, chunk_seq, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_bandwidth, sync_calls
+from placer.cost.vocabcomm import head_of
 from placer.solve.hostmem import checkpoint_time, trained_layouts
 from placer.solve.planfile import Plan, calibration_of
 from placer.spec.arch import ModelArch
@@ -192,13 +193,14 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
     ids = ev.args.get("sample_ids")
     seq = tokens / len(ids) if isinstance(ids, list) and ids else mean_context(ctx.res)
     if ev.cat == "forward":
-        return dev.name, dev, lambda e: score_time(m, dev, par, tokens, seq, e)
+        head = head_of(role)
+        return dev.name, dev, lambda e: score_time(m, dev, par, tokens, seq, e, head)
     steps = int(round(ctx.num(i, ev, "steps", 1.0, positive=True)))
     # an executor's train event ends with the weights' gather for the sync (`args.gathers`)
     gathers, tensors = ctx.num(i, ev, "gathers", 0.0), weight_tensors(m)
 
     def train(e: Efficiency) -> float:
-        return train_time(m, dev, par, tokens, seq, steps, e) + gathers * weight_gather_time(
+        return train_time(m, dev, par, tokens, seq, steps, e, head_of(role)) + gathers * weight_gather_time(
             m, dev, par, tensors, e)
     return dev.name, dev, train
 

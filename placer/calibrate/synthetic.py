@@ -31,6 +31,7 @@ from placer.cost.generation import decode_run_time, prefill_time
 from placer.cost.model import score_time, sync_call_cost, train_time, transfer_time
 from placer.cost.roofline import weight_bytes
 from placer.cost.timing import sync_calls
+from placer.cost.vocabcomm import head_of
 from placer.solve.planfile import Plan
 from placer.spec.distributions import Distribution
 from placer.spec.sampling import draw, draw_lengths, rng
@@ -194,10 +195,10 @@ def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float
             seqs = int(g.integers(2, 200))
             tokens = 1024 * seqs
             if role in (Role.ACTOR, Role.CRITIC):
-                add("train", role, train_time(m, dev, r.par, tokens, 1024, 1, eff), devs,
+                add("train", role, train_time(m, dev, r.par, tokens, 1024, 1, eff, head_of(role)), devs,
                     tokens=tokens, sample_ids=list(range(seqs)), step=k)
             if role != Role.ROLLOUT:
-                add("forward", role, score_time(m, dev, r.par, tokens, 1024, eff), devs,
+                add("forward", role, score_time(m, dev, r.par, tokens, 1024, eff, head_of(role)), devs,
                     tokens=tokens, sample_ids=list(range(seqs)), step=k)
                 continue
             # small batches decode memory-bound, large ones compute-bound while their contexts are short

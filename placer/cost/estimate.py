@@ -64,6 +64,7 @@ from placer.cost.rulecheck import rule_reward_time
 from placer.cost.sharding import Parallel, linear_state_bytes, train_state_bytes
 from placer.cost.tail_samples import has_variance, quantile, varies
 from placer.cost.vision import encoder_activation_gb, pass_encode_s, rollout_encode_s
+from placer.cost.vocabcomm import head_of
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.distributions import Distribution
@@ -227,9 +228,10 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
                       + encoder_activation_gb(m, par, imgs, train=True))
     n = res.job.batch.samples
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
-    fwd = score_time(m, dev, par, tokens, seq, eff) + ship + pass_encode_s(m, dev, par, n, imgs,
+    head = head_of(role)
+    fwd = score_time(m, dev, par, tokens, seq, eff, head) + ship + pass_encode_s(m, dev, par, n, imgs,
                                                                            eff)
-    train = (train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff) + ship
+    train = (train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff, head) + ship
              + pass_encode_s(m, dev, par, n, imgs, eff, train=True))
     train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
@@ -265,7 +267,7 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                                          res.job.lengths.images_per_prompt, eff)})
     mem = infer_memory(m, par, dev, eff)
     imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
-    score = score_time(m, dev, par, tokens, seq, eff)
+    score = score_time(m, dev, par, tokens, seq, eff, head_of(role))
     weights, gathered = mem.weights, 0.0
     if dev.kind is DeviceKind.gpu and frozen_sharded(par):
         # the same pass time: `mfu_score` is fitted on verl's old-log-prob passes, which run on

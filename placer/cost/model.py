@@ -74,7 +74,7 @@ from placer.cost.sharding import (
     state_tokens,
     train_state_bytes,
 )
-from placer.cost.vocabcomm import score_vocab_comm, train_vocab_comm
+from placer.cost.vocabcomm import Head, score_vocab_comm, train_vocab_comm
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceKind, DeviceType
 
@@ -118,8 +118,9 @@ def train_flops(m: ModelArch, tokens: float, seq: float, recompute: bool) -> flo
 
 
 def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
-               steps: int, eff: Efficiency) -> float:
-    """Seconds for `steps` optimizer steps over `tokens` tokens in total. ZeRO-3's weight
+               steps: int, eff: Efficiency, head: Head = Head.LOGPROB) -> float:
+    """Seconds for `steps` optimizer steps over `tokens` tokens in total; `head` what the pass
+    computes at the top (`vocabcomm.head_of` the role). ZeRO-3's weight
     gathers (`zero3_gathers`) are added without overlap, like every collective of the model:
     FSDP prefetches them under the compute (Zhao et al. 2023), but an affine price keeps the
     cost calibratable (`placer.calibrate.fit` probes each factor's term; a max() would hide one side)."""
@@ -141,7 +142,7 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     comm = layer_comm(m, dev, par, tokens / par.dp, eff, mt) * (passes // 2 - 1) / par.pp
     # the embedding's and LM head's vocabulary split: on the first and last stage, which every
     # micro-batch passes, so not shared out over the stages; recomputation does not repeat them
-    comm += train_vocab_comm(m, dev, par, tokens / par.dp, eff, mt)
+    comm += train_vocab_comm(m, dev, par, tokens / par.dp, eff, mt, head)
     # 1F1B: each micro-batch crosses every stage boundary forward and back once per pass
     chunk = min(tokens / par.dp, mt)
     comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
@@ -156,11 +157,12 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
 
 # ----------------------------------------------------------------------------- frozen forward
 def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
-               eff: Efficiency) -> float:
+               eff: Efficiency, head: Head = Head.LOGPROB) -> float:
     """A training framework's forward-only pass over `tokens` tokens (old log-probs, reference,
     reward model, critic values) on a GPU: 2 passes of FLOPs at `device_ceiling(mfu_score)` (the
     training module's kernels and roofline, not an engine's prefill) + the layers' collectives.
-    Elsewhere (an LPU or CPU serving a frozen model) the engine's `forward_time`."""
+    Elsewhere (an LPU or CPU serving a frozen model) the engine's `forward_time`. `head`: what
+    the pass computes at the top (`vocabcomm.head_of` the role)."""
     if dev.kind is not DeviceKind.gpu:
         return forward_time(m, dev, par, tokens, seq, eff)
     ceiling = device_ceiling(eff.mfu_score, dev, eff)
@@ -169,7 +171,7 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
                            _micro_group(par, tokens / par.dp, mt), eff)
     return oversubscription(dev, par.devices, eff) * (
         compute + layer_comm(m, dev, par, tokens / par.dp, eff, mt)
-        + score_vocab_comm(m, dev, par, tokens / par.dp, eff, mt))
+        + score_vocab_comm(m, dev, par, tokens / par.dp, eff, mt, head))
 
 
 def _micro_group(par: Parallel, rank_tokens: float, micro: float) -> float:

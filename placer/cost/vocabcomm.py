@@ -24,13 +24,21 @@ link (`layercomm.tp_link`, or an engine's decode link), on top of the layers' al
                       `Platform.use_all_gather()`, which vllm/platforms/interface.py makes true
                       under the V1 engine).
 
+What a training framework's pass computes at the top is its role's `Head` (`head_of`): log-probs
+over the vocabulary (actor, reference), or a scalar per token (a critic's value head, a reward
+model's score head: `nn.Linear(hidden, 1)`, replicated over TP, as verl's and OpenRLHF's critics
+and Megatron-Core's `output_layer` of a value model hold it). A scalar head runs no vocabulary-
+parallel LM head, log-softmax or entropy, so its pass has the embedding's all-reduce alone.
+
 Calls are counted per micro-batch as `layercomm.layer_comm` counts the layers'; with data-parallel
 attention each attention group runs its own over its share of the tokens. TP 1: nothing.
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from placer.base.roles import Role, base_role
 from placer.cost.collectives import all_gather, all_reduce
 from placer.cost.layercomm import MICRO_TOKENS, decode_tp_link, tp_all_reduce, tp_link
 from placer.cost.sharding import BYTES, Parallel
@@ -46,6 +54,18 @@ FP32 = 4
 # (the max; the sum and the weighted sum stacked in one call)
 LOGPROB_REDUCES = (FP32, FP32, FP32)
 ENTROPY_REDUCES = (FP32, 2 * FP32)
+
+
+class Head(StrEnum):
+    """What a training framework's pass computes at the top of the model."""
+    LOGPROB = "logprob"  # the LM head over the vocabulary, then log-probs (and entropy)
+    SCALAR = "scalar"  # a value or score head: one number per token, no vocabulary
+
+
+def head_of(role: str) -> Head:
+    """The head a role's passes run: a critic's values and a reward model's scores are scalar,
+    every other model role (actor, reference) computes log-probs."""
+    return Head.SCALAR if base_role(role) in (Role.CRITIC, Role.REWARD) else Head.LOGPROB
 
 
 def _per_micro(par: Parallel, tokens: float, micro: float) -> tuple[float, float]:
@@ -69,16 +89,23 @@ def _pass(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, eff: Effi
 
 
 def train_vocab_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
-                     eff: Efficiency, micro: float = MICRO_TOKENS) -> float:
+                     eff: Efficiency, micro: float = MICRO_TOKENS,
+                     head: Head = Head.LOGPROB) -> float:
     """A training pass's (forward and backward) vocabulary collectives over `tokens` tokens per
-    dp rank. Activation recomputation re-runs the decoder layers only, so it adds none."""
+    dp rank. Activation recomputation re-runs the decoder layers only, so it adds none. A scalar
+    head: the embedding's forward all-reduce alone (no LM head to back-propagate through)."""
+    if head is Head.SCALAR:
+        return _pass(m, dev, par, tokens, eff, micro, 1, ())
     return _pass(m, dev, par, tokens, eff, micro, 2, LOGPROB_REDUCES + ENTROPY_REDUCES)
 
 
 def score_vocab_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
-                     eff: Efficiency, micro: float = MICRO_TOKENS) -> float:
-    """A forward-only log-prob pass's vocabulary collectives over `tokens` tokens per dp rank."""
-    return _pass(m, dev, par, tokens, eff, micro, 1, LOGPROB_REDUCES)
+                     eff: Efficiency, micro: float = MICRO_TOKENS,
+                     head: Head = Head.LOGPROB) -> float:
+    """A forward-only pass's vocabulary collectives over `tokens` tokens per dp rank: the
+    embedding's all-reduce, and for log-probs the log-softmax's 3."""
+    return _pass(m, dev, par, tokens, eff, micro, 1,
+                 LOGPROB_REDUCES if head is Head.LOGPROB else ())
 
 
 def prefill_vocab_comm(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
