@@ -282,6 +282,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stages: Any = No
     return total
 
 
+def whole_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole on its device (an all-gather of a sharded one: a collective)."""
+    return _local(t.detach())
+
+
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict; a collective: every rank of the group calls it."""
     return {k: _local(v.detach()).cpu().clone() for k, v in model.state_dict().items()}
