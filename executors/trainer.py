@@ -132,7 +132,9 @@ class Trainer(Worker, GroupSender):
         """Full weights onto rank 0 (every rank joins when sharded)."""
         if self.world == 1:
             return  # the plain model is its own full copy: `weights` reads it directly
-        full = full_state(self.model)
+        # only the ranks that keep the weights hold them whole, even while gathering
+        first = self.pipe is not None and self.layout.coords(self.rank) == (0, 0)
+        full = full_state(self.model, keep=self.rank == 0 or first)
         self._stage_full = None
         if self.pipe is not None:
             stage = self.pipe.stage
