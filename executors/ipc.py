@@ -5,8 +5,10 @@ rollout and actor in one slot, and prices the refresh at `sync_local_gbs`, "CUDA
 engine's weight loading", `placer.cost.timing.sync_links`) takes each bucket by a handle to the
 sender's memory, as verl and NeMo-RL refresh a colocated vLLM or SGLang engine:
 
-  export   the sender cuts its stream into buckets (`executors.reshard.Stream`) and exports
-           each, once per receiving process, with torch's `reduce_tensor` (pickled by
+  export   the sender cuts its stream into buckets (`executors.reshard.Stream`; a sharded
+           trainer gathers each bucket's tensors from its group's shards as it builds the
+           bucket, every rank taking part, `handover_gathers`) and exports each, once per
+           receiving process, with torch's `reduce_tensor` (pickled by
            `ForkingPickler`, the format of SGLang's `MultiprocessingSerializer`): on a GPU a
            CUDA IPC handle to the bucket's device memory; on the CPU the name of a shared-memory
            segment (sharing strategy `file_system`: a name any process of the node opens; the
@@ -107,7 +109,12 @@ class HandOver:
             use_file_system()
 
     def export(self, k: int, receivers: int) -> list[bytes]:
-        """One handle to bucket k for each of `receivers` processes (an engine TP rank each)."""
+        """One handle to bucket k for each of `receivers` processes (an engine TP rank each).
+        With none (a rank that only takes part in a gathering stream's collectives) the bucket
+        is built and dropped."""
+        if receivers == 0:
+            self.stream.bucket(k, self.device)
+            return []
         data = self.stream.bucket(k, self.device, shared=True).data
         ex = Exported(data, {r: export(data) for r in range(receivers)})
         self.live[k] = ex
@@ -144,8 +151,8 @@ class HandOver:
 def handover_senders(beside: list[int], streaming: list[int], whole_everywhere: bool
                      ) -> list[int]:
     """The trainer ranks that hand a colocated engine its refresh: the one on its own
-    device (the first rank sharing its bundle, `beside`), when every rank holds the whole
-    model (a CUDA IPC handle opens on the device it was made on); else the ranks that stream
+    device (the first rank sharing its bundle, `beside`), when every rank can build the whole
+    model's buckets (a CUDA IPC handle opens on the device it was made on); else the ranks that stream
     the refresh (each pipeline stage's first rank, or rank 0)."""
     return [min(beside)] if beside and whole_everywhere else list(streaming)
 
@@ -165,19 +172,31 @@ def segments(pid: int) -> list[str]:
 
 class HandOverSender:
     """Mixed into the trainer (`executors.syncgroup.GroupSender`): a hand-over's sender. The
-    class defines `_sync_state(bucket_bytes)`, the full tensors it hands over."""
+    class defines `_sync_state(bucket_bytes)`, the full tensors it hands over, or
+    `_handover_stream` when it builds each bucket at export (a sharded trainer's all-gather:
+    then every rank of its group takes part in every export, `handover_gathers`)."""
 
     _handover: HandOver | None = None
 
     def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def _handover_stream(self, bucket_bytes: int, index: int) -> Stream:
+        """The stream a hand-over exports: the full tensors held (`_sync_state`)."""
+        return Stream(self._sync_state(bucket_bytes), bucket_bytes, index)
+
+    def handover_gathers(self) -> bool:
+        """Whether each bucket is gathered from the ranks' shards as it is exported (every rank
+        then prepares, exports and releases every bucket; only the senders' have receivers)."""
+        return False
+
     def sync_senders(self, bucketed: bool) -> list[int]:
         """The ranks that stream a refresh (the trainer's: each pipeline stage's first)."""
         return [0]
 
     def _whole_everywhere(self) -> bool:
-        """Whether every rank holds the whole model between steps."""
+        """Whether every rank can build any bucket of the whole model (it holds the model, or
+        gathers each bucket at export), so the rank beside an engine can hand it over."""
         return False
 
     def handover_senders(self, bucketed: bool, beside: list[list[int]]) -> list[list[int]]:
@@ -194,7 +213,7 @@ class HandOverSender:
         self.handover_release("")
         dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
             else torch.device("cpu")
-        stream = Stream(self._sync_state(bucket_bytes), bucket_bytes, index)
+        stream = self._handover_stream(bucket_bytes, index)
         self._handover = HandOver(refresh, stream, dev)
         return Manifest((index, None), tuple(stream.entries), bucket_bytes)
 

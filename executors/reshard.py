@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,11 +271,15 @@ def entries_of(state: dict[str, torch.Tensor]) -> list[Entry]:
 
 
 class Stream(StreamLayout):
-    """A sender's tensors as one byte stream in buckets (`bucket(k)` builds bucket k)."""
+    """A sender's tensors as one byte stream in buckets (`bucket(k)` builds bucket k).
+    `whole`, when given, makes each tensor whole as the bucket it is in is built (a sharded
+    trainer's all-gather, `executors.trainer`: a collective, so every rank of the group builds
+    the same buckets in the same order); the tensors' global shapes lay out the stream."""
 
-    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, sender: int = 0) -> None:
+    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, sender: int = 0,
+                 whole: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__(entries_of(state), bucket_bytes, sender)
-        self.state = state
+        self.state, self.whole = state, whole
 
     def bucket(self, k: int, device: torch.device | str = "cpu", shared: bool = False
                ) -> Bucket:
@@ -286,8 +291,11 @@ class Stream(StreamLayout):
             data.share_memory_()
         for e in self.members[k]:
             a, b = max(e.offset, lo), min(e.offset + e.nbytes, hi)
+            t = self.state[e.name]
+            if self.whole is not None:  # every member, even one with no bytes here: collective
+                t = self.whole(t)
             if a < b:
-                data[a - lo:b - lo] = _bytes(self.state[e.name])[a - e.offset:b - e.offset]
+                data[a - lo:b - lo] = _bytes(t)[a - e.offset:b - e.offset]
         return self.received(k, data)
 
 

@@ -296,6 +296,10 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
 
 
 class Reference(Worker):
+    """The frozen reference policy's log-probs, its forward in the plan's precision
+    (`cfg.precision`: BF16 autocast over its FP32 weights, as the actor's old-log-prob pass;
+    the log-softmax in FP32, `rl.scaled_logprobs`)."""
+
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "reference", rank)
         self.model = load_model(cfg.model_dir)
@@ -303,7 +307,8 @@ class Reference(Worker):
     @torch.no_grad()
     def logprobs(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
         t0 = time.time()
-        lp = rl.response_logprobs(self.model, s, self.cfg.temperature)
+        with autocast(self.cfg.precision):
+            lp = rl.response_logprobs(self.model, s, self.cfg.temperature)
         rows = [lp[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
         return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids, **encoder_spans(self.model))
 

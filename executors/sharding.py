@@ -285,6 +285,16 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stages: Any = No
     return total
 
 
-def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict; a collective: every rank of the group calls it."""
+def whole_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole on its device (an all-gather of a sharded one: a collective)."""
+    return _local(t.detach())
+
+
+def full_state(model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict; a collective: every rank of the group calls it. A rank
+    that does not `keep` it takes part tensor by tensor and holds none of it (empty dict)."""
+    if not keep:
+        for v in model.state_dict().values():
+            whole_tensor(v)  # this rank's part of the gather, dropped at once
+        return {}
     return {k: _local(v.detach()).cpu().clone() for k, v in model.state_dict().items()}

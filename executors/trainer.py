@@ -27,6 +27,8 @@ After every step, load and the group's forming, every rank joins the gather of t
 keeps them for weight sync and checkpoints, and each stage's first rank its stage's, which it
 streams itself when the sync is bucketed (`executors.reshard`): over the weight-sync group
 (`executors.syncgroup.GroupSender`) under Ray, bucket by bucket as call results in one process.
+The other ranks keep their shards only: a colocated engine's hand-over gathers each bucket from
+the shards as it is exported (`_handover_stream`), every rank taking part.
 A checkpoint is in the one-process format (full weights, full Adam state by parameter index),
 whatever the layout that wrote it, so a run re-planned onto another layout (a lost node)
 restores it.
@@ -57,6 +59,7 @@ from executors.sharding import (
     full_state,
     recompute_layers,
     shard,
+    whole_tensor,
 )
 from executors.syncgroup import GroupSender
 from executors.vlm import encoder_spans, load_model
@@ -130,7 +133,9 @@ class Trainer(Worker, GroupSender):
         """Full weights onto rank 0 (every rank joins when sharded)."""
         if self.world == 1:
             return  # the plain model is its own full copy: `weights` reads it directly
-        full = full_state(self.model)
+        # only the ranks that keep the weights hold them whole, even while gathering
+        first = self.pipe is not None and self.layout.coords(self.rank) == (0, 0)
+        full = full_state(self.model, keep=self.rank == 0 or first)
         self._stage_full = None
         if self.pipe is not None:
             stage = self.pipe.stage
@@ -139,7 +144,7 @@ class Trainer(Worker, GroupSender):
                 self._stage_full = mine
             parts = self._from_stages(mine)
             full = {k: v for part in parts or [] for k, v in part.items()}
-        self._full = full if self.rank == 0 or self._whole_everywhere() else None
+        self._full = full if self.rank == 0 else None
 
     def _from_stages(self, obj: Any) -> list[Any] | None:
         """Every stage's `obj`, on rank 0 (None elsewhere): the first DP and TP coordinate's
@@ -305,10 +310,24 @@ class Trainer(Worker, GroupSender):
         return [p * self.layout.dp * self.layout.tp for p in range(self.layout.pp)]
 
     def _whole_everywhere(self) -> bool:
-        """Whether every rank keeps the full weights after the gather (it computes them
-        anyway): under a colocated engine without stages, so that the rank beside each engine
-        hands it over (`executors.ipc`)."""
+        """Whether every rank can build any bucket of the whole model: under a colocated engine
+        without stages, each bucket is gathered from the shards as it is exported
+        (`handover_gathers`), so the rank beside each engine hands it over (`executors.ipc`)
+        and no rank but rank 0 keeps the full weights between steps."""
         return self.cfg.engines.colocated and self.pipe is None
+
+    def handover_gathers(self) -> bool:
+        return self.world > 1 and self._whole_everywhere()
+
+    def _handover_stream(self, bucket_bytes: int, index: int) -> Stream:
+        """The hand-over's stream: the sharded parameters, each made whole (`full_tensor`,
+        every rank taking part) as the bucket it is in is built, as verl gathers a colocated
+        engine's refresh tensor by tensor while the engine loads it (verl @ b178a3cd,
+        verl/workers/fsdp_workers.py `rollout_mode`: each parameter's `full_tensor()` in the
+        generator `rollout.update_weights` consumes); a world of one hands over its model."""
+        if not self.handover_gathers():
+            return super()._handover_stream(bucket_bytes, index)
+        return Stream(self.model.state_dict(), bucket_bytes, index, whole=whole_tensor)
 
     def sync_open(self, bucket_bytes: int, sender: int) -> tuple[int, int, int]:
         """Start streaming this rank's share of the current version as stream `sender` in

@@ -207,9 +207,11 @@ class GroupRefresh:
         self.formed += 1
         refresh = f"handover{self.formed}-v{version}"
         senders = list({s.rank: s for ss in plan for s in ss}.values())
+        if self.one(by_rank[min(by_rank)], "handover_gathers"):  # every rank joins each gather
+            senders += [a for a in actors if a.rank not in {s.rank for s in senders}]
         layouts = {s.rank: self.one(s, "handover_prepare", refresh, size,
-                                    next(ss.index(s) for ss in plan if s in ss), device).layout()
-                   for s in senders}
+                                    next((ss.index(s) for ss in plan if s in ss), 0),
+                                    device).layout() for s in senders}
         acks, got = self._hand_over(refresh, version, plan, senders, targets, layouts,
                                     [int(i[1]) for i in infos])
         for s in senders:  # the rest acknowledged here; what nobody took is reclaimed

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from gloo_world import SPAWN
-from test_exec_sharding import ARCH, config
+from test_exec_sharding import ARCH, batch, config
 from test_exec_syncgroup import _moved, _Sender
 
 from executors import ipc
@@ -26,7 +26,9 @@ from executors.reshard import Stream, engine_shard
 from executors.roles import Rollout, RunConfig
 from executors.runplan import EngineGroup
 from executors.runtime import Outcome
+from executors.sharding import full_state
 from executors.syncgroup import BUCKETS, IPC, PROTOCOLS
+from executors.training import partition
 from executors.weights import GroupRefresh, path_key
 
 
@@ -144,7 +146,8 @@ class _InOrder:
 
 
 class _Beside(_Sender):
-    """A trainer rank that keeps the whole model, as every rank does under a colocated engine."""
+    """A trainer rank that can build any bucket of the whole model, as every rank can under a
+    colocated engine (it gathers each bucket at export)."""
 
     def _whole_everywhere(self) -> bool:
         return True
@@ -212,6 +215,56 @@ def test_a_receiver_takes_every_handle_of_its_tp_ranks(model_dir: Path) -> None:
     assert acks[-1]["done"] and engine.version == 5
     assert torch.equal(engine._shards[1]["w"], state["w"])  # 1-D: every rank holds it whole
     assert ho.reclaim() == ho.stream.count
+
+
+def _held_bytes(tr: Any) -> tuple[int, int, int]:
+    """(bytes of parameters and full copies this rank holds, of its parameters' local shards,
+    of the whole model's parameters)."""
+    from torch.distributed.tensor import DTensor
+    local = sum(p.to_local().nbytes if isinstance(p, DTensor) else p.nbytes
+                for p in tr.model.parameters())
+    whole = sum(p.numel() * p.element_size() for p in tr.model.parameters())
+    kept = [t for full in (tr._full, tr._stage_full) if full for t in full.values()]
+    return local + sum(t.nbytes for t in kept), local, whole
+
+
+def _step_then_hand_over(rank: int, tr: Any, cfg: RunConfig, size: int, q_out: Any) -> None:
+    """One training step, what the rank holds, then a hand-over on which every rank exports
+    (each beside an engine): the buckets it exported, against the gathered full weights'."""
+    s, adv = batch(1)
+    tr.train(partition(s, adv, None, cfg.trainer, cfg.mini_batches, cfg.accumulate)[rank])
+    held = _held_bytes(tr)
+    gathers = tr.handover_gathers()
+    lay = tr.handover_prepare("r", size, 0, "cpu").layout()
+    got, acks = [], []
+    for k in range(lay.count):  # the engine takes each bucket; its ack rides the next export
+        got.append(ipc.rebuild(tr.handover_export("r", k, 1, *acks)[0]).clone())
+        acks = [{"bucket": k, "receivers": [0]}]
+    left = tr.handover_release("r", *acks)
+    want = Stream(full_state(tr.model), size)  # a collective: every rank gathers
+    same = lay.count == want.count and all(torch.equal(g, want.bucket(k).data)
+                                           for k, g in enumerate(got))
+    q_out.put((rank, held, gathers, same, left, lay.count))
+
+
+def test_no_rank_but_the_first_keeps_the_full_weights_under_a_colocated_engine(
+        model_dir: Path) -> None:
+    """dp 2 trainer under a colocated engine, after a step: rank 1 holds its parameters' shard
+    and nothing more, rank 0 its shard and the one full copy every layout keeps there (the
+    checkpoint's and a group stream's source); each bucket a rank hands over is gathered from
+    the shards as it is exported, every rank taking part, and equals the full weights' bucket
+    byte for byte."""
+    from gloo_world import run_world
+
+    from executors.sharding import Layout
+    cfg = config(model_dir, engines=EngineGroup(tp=2, colocated=True), trainer=Layout(2, 1, 1))
+    q_out = SPAWN.Queue()
+    run_world(_step_then_hand_over, cfg, cfg, 4096, q_out)
+    out = sorted((q_out.get(timeout=5) for _ in range(2)), key=lambda x: x[0])
+    for rank, (held, local, whole), gathers, same, left, count in out:
+        assert gathers and same and left == 0 and count > 1, rank
+        assert local < whole  # FSDP's shard: about half
+        assert held == (local if rank else local + whole), (rank, held, local, whole)
 
 
 @pytest.mark.slow  # a whole run on Ray (~2 min on 2 cores); the tests above run the protocol fast
