@@ -78,7 +78,7 @@ def _critic_steps(cfg, steps: int) -> tuple[dict[str, torch.Tensor], list[float]
     and the values it then gives."""
     import random
 
-    from executors.roles import Critic
+    from executors.modelroles import Critic
     s, _ = batch(2)
     rng = random.Random(4)
     returns = [[rng.uniform(-1, 1) for _ in r] for r in s.responses]
@@ -97,7 +97,7 @@ def test_a_bf16_critic_matches_fp32_within_bf16(model_dir: Path) -> None:
     in BF16 over FP32 weights and Adam; three steps land within BF16's rounding of FP32's (the
     summed weight difference a few % of the summed move, losses and values to ~1e-2), and
     differ from it (the format is really used)."""
-    from executors.roles import Critic
+    from executors.modelroles import Critic
     cfg = dataclasses.replace(config(model_dir, critic_lr=1e-3), algorithm="ppo")
     critic = Critic(dataclasses.replace(cfg, precision="bf16"))
     s, _ = batch(2)
@@ -121,7 +121,7 @@ def test_a_bf16_rollout_samples_as_fp32_within_bf16(model_dir: Path) -> None:
     SGLang run `dtype=bfloat16`; its weights stay the trainer's FP32, so a refresh is exact):
     from the same seeds it samples nearly the same tokens as in FP32, its log-probs within
     BF16's rounding where the tokens agree, and not exactly FP32's (the format is really used)."""
-    from executors.roles import Rollout
+    from executors.modelroles import Rollout
     prompts = [[1, 5 + i, 9, 14 + i] for i in range(16)]
     out = {}
     for p in ("fp32", "bf16"):
