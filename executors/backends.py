@@ -4,7 +4,7 @@ A backend is one class here: the engine layouts it can run (`layout_problem`, ch
 any actor starts, so a layout the engine cannot run exits 2) and the rollout worker the
 runtime starts for each engine replica group (`rollout_worker`):
 
-  torch    `executors.roles.Rollout`: the sampling loop in the actor's process; at tp > 1 it
+  torch    `executors.modelroles.Rollout`: the sampling loop in the actor's process; at tp > 1 it
            holds each TP rank's shards, gathered for the forward (pp 1)
   vllm     `executors.vllm_rollout.VllmRollout`: a vLLM engine (the `gpu` extra)
   sglang   `executors.sglang_rollout.SglangRollout`: an SGLang engine (the `sglang` extra)
@@ -60,7 +60,7 @@ class Backend:
 
 class TorchBackend(Backend):
     name = "torch"
-    worker = "executors.roles:Rollout"
+    worker = "executors.modelroles:Rollout"
     splits_tp = True
     reads_images = True  # the torch engine loads the policy's model class (`executors.vlm`)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from executors import cluster
 from executors.backends import DEFAULT_BACKEND, Backend, backend_of
+from executors.ckptindex import read_latest
 from executors.context import Fault, LoopConfig, StepStat
 from executors.ledger import Ledger
 from executors.loop import Loop
@@ -348,7 +349,7 @@ def resume_point(out_dir: str | Path, steps: int, plan: Plan | None = None) -> i
                         "after its last step only): run it again without --resume")
     d = Path(out_dir) / "checkpoints"
     try:
-        latest = json.loads((d / "latest.json").read_text())
+        latest = read_latest(out_dir)
         step = latest["step"]
         files = [latest["actor"], latest.get("critic"), latest.get("carry")]
     except FileNotFoundError:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from executors.backends import Backend, backend_of
 from executors.judge import Judge
+from executors.modelroles import Critic, ModelReward, Reference
 from executors.placement import Member, PlacementError, actor_options, assign
-from executors.roles import Critic, EnvWorker, ModelReward, Reference, RuleReward, RunConfig
+from executors.roles import EnvWorker, RuleReward, RunConfig
 from executors.runplan import RoleRun, RunPlan
 from executors.trainer import Trainer
 from placer.base.roles import Role

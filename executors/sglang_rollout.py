@@ -227,7 +227,7 @@ class SglangRollout(EngineRollout):
 
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
-        """As `executors.roles.Rollout.generate`: continue each context by up to `limits[i]`."""
+        """As `executors.modelroles.Rollout.generate`: continue each context by up to `limits[i]`."""
         t0 = time.time()
         limits = limits or [self.cfg.max_new_tokens] * len(ids)
         outs = self.engine.generate(input_ids=[list(c) for c in contexts],

@@ -17,7 +17,6 @@ checkpoint (`executors.recovery`).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 
 from executors import rl
 from executors.calls import Dispatcher
+from executors.ckptindex import read_latest, write_latest
 from executors.context import LoopContext, TrainingLost
 from executors.judge import judge_calls, spans_of
 from executors.runplan import Layout
@@ -35,7 +35,6 @@ from executors.tails import TailPolicies
 from executors.task import Target
 from executors.trainer import STATS, MiniBatch
 from executors.vlm import record_encodes
-from placer.base.fileio import atomic_write_text
 from placer.base.roles import Role
 
 Scored = dict[str, list[Any]]  # role -> per-sample values (rewards, log-probs, values)
@@ -298,9 +297,8 @@ class Checkpoints:
         if not all(o.ok for o in outs):
             raise TrainingLost(next(o.error for o in outs if not o.ok))
         carry = self.tails.save_carry(d, step) if self.tails.budget else None
-        atomic_write_text(d / "latest.json", json.dumps(
-            {"step": step, "actor": outs[0].value,
-             "critic": outs[len(actors)].value if critics else None, "carry": carry}))
+        write_latest(ctx.lc.out_dir, step, outs[0].value,
+                     outs[len(actors)].value if critics else None, carry)
         self.last = step
         ctx.event("checkpoint", "checkpoint", t, time.time() - t, None, step,
                   policy_version=step + 1)
@@ -312,7 +310,7 @@ class Checkpoints:
         if self.last < 0:
             self.tails.load_carry(None)
             return
-        latest = json.loads((ctx.lc.out_dir / "checkpoints" / "latest.json").read_text())
+        latest = read_latest(ctx.lc.out_dir)
         self.tails.load_carry(latest)
         rt = ctx.rt
         outs = rt.results([rt.call(m, "load", latest["actor"]) for m in ctx.by_role[Role.ACTOR]]

@@ -246,7 +246,7 @@ class VllmRollout(EngineRollout):
 
     def generate(self, ids: list[str], groups: list[str], contexts: list[list[int]],
                  seeds: list[int], limits: list[int] | None = None) -> tuple[rl.Samples, dict]:
-        """As `executors.roles.Rollout.generate`: continue each context by up to `limits[i]`."""
+        """As `executors.modelroles.Rollout.generate`: continue each context by up to `limits[i]`."""
         from vllm import SamplingParams  # lazy: vLLM (gpu extra)
         t0 = time.time()
         limits = limits or [self.cfg.max_new_tokens] * len(ids)

@@ -77,7 +77,6 @@ def grpo_cli_run(tmp_path_factory: pytest.TempPathFactory, grpo_api_run: ApiRun)
     plan, out, trace = d / "plan.json", d / "out", d / "trace.json"
     save_plan(hand_plan(GRPO_LAYOUT), plan)
     # a copy, so that tests/test_exec_grpo.py reads its own run's checkpoints whatever the order
-    # (latest.json names absolute paths: the resume restores the original's checkpoint file)
     shutil.copytree(grpo_api_run.result.out_dir, out)
     (out / "model-v0" / "model.safetensors").unlink()  # a half-written --out: weights missing
     seen: dict[str, str] = {}

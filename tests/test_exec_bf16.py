@@ -79,7 +79,7 @@ def _critic_steps(cfg, steps: int) -> tuple[dict[str, torch.Tensor], list[float]
     and the values it then gives."""
     import random
 
-    from executors.roles import Critic
+    from executors.modelroles import Critic
     s, _ = batch(2)
     rng = random.Random(4)
     returns = [[rng.uniform(-1, 1) for _ in r] for r in s.responses]
@@ -98,7 +98,7 @@ def test_a_bf16_critic_matches_fp32_within_bf16(model_dir: Path) -> None:
     in BF16 over FP32 weights and Adam; three steps land within BF16's rounding of FP32's (the
     summed weight difference a few % of the summed move, losses and values to ~1e-2), and
     differ from it (the format is really used)."""
-    from executors.roles import Critic
+    from executors.modelroles import Critic
     cfg = dataclasses.replace(config(model_dir, critic_lr=1e-3), algorithm="ppo")
     critic = Critic(dataclasses.replace(cfg, precision="bf16"))
     s, _ = batch(2)
@@ -122,7 +122,7 @@ def test_a_bf16_rollout_samples_as_fp32_within_bf16(model_dir: Path) -> None:
     SGLang run `dtype=bfloat16`; its weights stay the trainer's FP32, so a refresh is exact):
     from the same seeds it samples nearly the same tokens as in FP32, its log-probs within
     BF16's rounding where the tokens agree, and not exactly FP32's (the format is really used)."""
-    from executors.roles import Rollout
+    from executors.modelroles import Rollout
     prompts = [[1, 5 + i, 9, 14 + i] for i in range(16)]
     out = {}
     for p in ("fp32", "bf16"):
@@ -142,7 +142,7 @@ def test_a_bf16_reference_matches_fp32_within_bf16(model_dir: Path) -> None:
     """The reference model's forward runs in the plan's precision, as the actor's old-log-prob
     pass does: under bf16 its log-probs are FP32's within BF16's rounding and not identical to
     them (the format is really used); its weights stay FP32."""
-    from executors.roles import Reference
+    from executors.modelroles import Reference
     s, _ = batch(4)
     got = {p: Reference(config(model_dir, precision=p)).logprobs(s)[0] for p in ("fp32", "bf16")}
     pairs = [(a, b) for r32, r16 in zip(got["fp32"], got["bf16"]) for a, b in zip(r32, r16)]

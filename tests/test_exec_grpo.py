@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from exec_util import GRPO_STEPS, curve
 
+from executors.ckptindex import read_latest
 from traces.schema import read_trace
 
 STEPS = GRPO_STEPS
@@ -82,7 +83,10 @@ def test_trace_has_every_kind_of_event(result, tmp_path) -> None:
 
 
 def test_checkpoints_written(result) -> None:
-    latest = json.loads((Path(result.out_dir) / "checkpoints" / "latest.json").read_text())
+    out = Path(result.out_dir)
+    stored = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert stored["actor"] == f"checkpoints/actor-{STEPS - 1:06d}.pt"  # relative to the folder
+    latest = read_latest(out)
     assert latest["step"] == STEPS - 1 and Path(latest["actor"]).is_file()
 
 

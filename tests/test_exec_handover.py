@@ -21,9 +21,10 @@ from test_exec_syncgroup import _moved, _Sender
 
 from executors import ipc
 from executors.model import build_policy, save_model_dir
+from executors.modelroles import Rollout
 from executors.placement import Member
 from executors.reshard import Stream, engine_shard
-from executors.roles import Rollout, RunConfig
+from executors.roles import RunConfig
 from executors.runplan import EngineGroup
 from executors.runtime import Outcome
 from executors.sharding import full_state

@@ -21,7 +21,8 @@ from test_exec_sharding import ARCH, batch, config, model_dir, one_process  # no
 from torch import nn
 
 from executors.model import ValueModel
-from executors.roles import Critic, plan_settings
+from executors.modelroles import Critic
+from executors.roles import plan_settings
 from executors.sharding import Layout, decoder_layers, recompute_layers, recomputes
 from executors.trainer import Trainer
 from executors.training import partition

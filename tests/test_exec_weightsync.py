@@ -20,6 +20,7 @@ from gloo_world import run_world
 from test_exec_sharding import ARCH, config
 
 from executors.model import build_policy, load_policy, save_model_dir
+from executors.modelroles import Rollout
 from executors.reshard import (
     Assembler,
     Stream,
@@ -29,7 +30,7 @@ from executors.reshard import (
     shard_range,
     split_of,
 )
-from executors.roles import Rollout, RunConfig
+from executors.roles import RunConfig
 from executors.sharding import Layout
 from executors.trainer import Trainer
 

@@ -3,11 +3,14 @@ half-written (a model folder missing its weights) does not break the runs that f
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from exec_util import GRPO_STEPS
 
+from executors.ckptindex import read_latest, write_latest
+from executors.run import resume_point
 from placer.cli import main
 
 
@@ -36,3 +39,39 @@ def test_resume_continues_from_the_last_checkpoint(grpo_cli_run, capsys) -> None
                  "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--steps" in err[0] and f"already finished step {last}" in err[0]
+
+
+def _checkpoint(out: Path, step: int) -> dict[str, Path]:
+    """The files of a checkpoint of `step` in `out` (their contents stand in for weights)."""
+    d = out / "checkpoints"
+    d.mkdir(parents=True)
+    files = {k: d / f"{k}-{step:06d}.{ext}" for k, ext in
+             (("actor", "pt"), ("critic", "pt"), ("carry", "json"))}
+    for k, f in files.items():
+        f.write_text(k)
+    return files
+
+
+def test_a_moved_output_folder_resumes_from_its_own_files(tmp_path) -> None:
+    """latest.json names its files relative to the output folder: a copy resumes after the
+    original is gone, and reads the copy's files, not the original's."""
+    first, moved = tmp_path / "first", tmp_path / "elsewhere" / "moved"
+    files = _checkpoint(first, 3)
+    write_latest(first, 3, str(files["actor"]), str(files["critic"]), None)
+    stored = json.loads((first / "checkpoints" / "latest.json").read_text())
+    assert stored["actor"] == "checkpoints/actor-000003.pt" and stored["carry"] is None
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)
+    assert resume_point(moved, 6) == 4
+    latest = read_latest(moved)
+    assert latest["actor"] == str(moved / "checkpoints" / "actor-000003.pt")
+    assert Path(latest["critic"]).read_text() == "critic"
+
+
+def test_an_index_of_absolute_paths_still_reads(tmp_path) -> None:
+    """An output folder written when latest.json held absolute paths resumes as before."""
+    files = _checkpoint(tmp_path, 2)
+    (tmp_path / "checkpoints" / "latest.json").write_text(json.dumps(
+        {"step": 2, **{k: str(f) for k, f in files.items()}}))
+    assert resume_point(tmp_path, 5) == 3
+    assert read_latest(tmp_path)["carry"] == str(files["carry"])

@@ -135,7 +135,7 @@ def test_trainer_log_probs_use_the_rollout_temperature(policy) -> None:
     """The trainer's (old and new) and the reference's log-probs are those of softmax(logits /
     T), the distribution the rollout sampled from: computed here from the raw logits."""
     from executors.model import load_policy
-    from executors.roles import Reference
+    from executors.modelroles import Reference
     from executors.trainer import Trainer
     temp = 0.7
     cfg = _cfg(policy, temperature=temp)
@@ -158,7 +158,7 @@ def test_trainer_log_probs_use_the_rollout_temperature(policy) -> None:
 def test_rollout_samples_at_the_temperature_it_reports(policy) -> None:
     """The torch rollout's behaviour log-probs at temperature T are the trainer's at T for the
     same tokens: a fresh sample's importance weight is 1."""
-    from executors.roles import Rollout
+    from executors.modelroles import Rollout
     from executors.trainer import Trainer
     cfg = _cfg(policy, temperature=0.6)
     s, _ = Rollout(cfg).generate(["a", "b"], ["g", "g"], PROMPTS, [3, 4])
