@@ -81,18 +81,16 @@ def gantt(result: FleetSimResult) -> Figure:
             ax.broken_barh([(x, w)], (y - ROW / 2, ROW), facecolors=colour, label=name)
         if name in bars:
             handles.append(Patch(color=colour, label=name))
-    if "reclaimed" in bars:
-        for x, w, y in bars["reclaimed"]:
-            ax.broken_barh([(x, w)], (y - ROW / 2, ROW), facecolors=RECLAIMED, hatch="//",
+    for kind, colour, hatch, label in (
+            ("reclaimed", RECLAIMED, "//", "taken back by the lending team"),
+            ("restarting", RESTARTING, "..",
+             "preempted job re-planning and restarting on the nodes it kept")):
+        if kind not in bars:
+            continue
+        for x, w, y in bars[kind]:
+            ax.broken_barh([(x, w)], (y - ROW / 2, ROW), facecolors=colour, hatch=hatch,
                            edgecolor="white")
-        handles.append(Patch(facecolor=RECLAIMED, hatch="//", edgecolor="white",
-                             label="taken back by the lending team"))
-    if "restarting" in bars:
-        for x, w, y in bars["restarting"]:
-            ax.broken_barh([(x, w)], (y - ROW / 2, ROW), facecolors=RESTARTING, hatch="..",
-                           edgecolor="white")
-        handles.append(Patch(facecolor=RESTARTING, hatch="..", edgecolor="white",
-                             label="preempted job re-planning and restarting on the nodes it kept"))
+        handles.append(Patch(facecolor=colour, hatch=hatch, edgecolor="white", label=label))
     handles += _marks(ax, result, row)
     for _pool, y0 in first[1:]:
         ax.axhline(y0 - 0.5, color="black", linewidth=0.6)

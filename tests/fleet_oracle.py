@@ -10,7 +10,9 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
-from placer.fleet.alloc import AllocJob, AllocProblem, TeamQuota, Vec
+import pytest
+
+from placer.fleet.alloc import Allocation, AllocJob, AllocProblem, NoAllocation, TeamQuota, Vec, allocate
 from placer.fleet.sharing import Choice, ShareGroup
 
 
@@ -171,3 +173,19 @@ def random_fleet(seed: int, objective: str, twins: bool = False, shared: bool = 
     pr = AllocProblem(pools, nodes, teams, jobs, objective, either,
                       shared=(ShareGroup(1, (n, n + 1)),), choices=(Choice(0, (0, 1)),))
     return pr, either
+
+
+def oracle_checked(pr: AllocProblem, time_of: Callable[[int, Vec], float], seed: int
+                   ) -> Allocation | None:
+    """The CP-SAT loop's allocation of `pr`, checked against the brute-force optimum: proven
+    optimal, at the oracle's objective and breaking no rule; None where the oracle finds no
+    allocation (and the loop must prove there is none)."""
+    best = brute_force(pr, time_of)
+    if best is None:
+        with pytest.raises(NoAllocation):
+            allocate(pr, workers=1, seed=seed)
+        return None
+    a = allocate(pr, workers=1, seed=seed)
+    assert a.optimal and a.objective == pytest.approx(best, rel=1e-6), seed
+    assert violations(pr, a.vectors) == [], seed
+    return a
