@@ -32,6 +32,7 @@ from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory, device_ceiling, gemm_eff, weight_bytes
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_links
+from placer.cost.vocabcomm import decode_vocab_comm
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict
 
@@ -95,7 +96,11 @@ def test_decode_all_reduce_at_batch_one_costs_at_least_the_call_latency() -> Non
     floor = [attention_floor(m, H100, Parallel(tp=tp), 1, EFF) for tp in (1, 4)]
     reads = t1 - step_overhead(1, EFF) - floor[0]
     tp_loss = 1 + EFF.decode_tp_bw_loss * 2  # log2(4)
-    assert t4 == pytest.approx(reads * tp_loss / 4 + comm + step_overhead(1, EFF) + floor[1])
+    # the vocabulary split's embedding all-reduce and logits gather at TP 4, none at TP 1
+    vocab = decode_vocab_comm(m, H100, Parallel(tp=4), 1, EFF)
+    assert vocab > 0 and decode_vocab_comm(m, H100, Parallel(tp=1), 1, EFF) == 0.0
+    assert t4 == pytest.approx(reads * tp_loss / 4 + comm + vocab + step_overhead(1, EFF)
+                               + floor[1])
 
 
 def test_tp_comm_grows_with_layers_not_with_batch_at_small_batch() -> None:
