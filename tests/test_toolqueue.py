@@ -81,9 +81,9 @@ def test_overprovisioned_queue_can_end_the_stage_sooner() -> None:
     first groups back decode in a smaller batch and the kept count is reached sooner than when
     every call returns at once. The replay's pair term is negative (not clipped to 0) and the
     simulator agrees exactly. Whether the staggered returns end the stage sooner turns on the
-    decode step's speed, so the case fixes it (`decode_bw_eff` 0.70) rather than follow the
-    shipped defaults."""
-    calib = Calibration(default=Efficiency(decode_bw_eff=0.70))
+    decode step's speed, so the case fixes it (`decode_bw_eff` 0.60, where they win from 0.50
+    to 0.65 on today's pricing and not from 0.70) rather than follow the shipped defaults."""
+    calib = Calibration(default=Efficiency(decode_bw_eff=0.60))
     job = job_from_dict(small_job(environment__turns=4,
                                   lengths__response={"kind": "fixed", "value": 256},
                                   tail_policy={"kind": "overprovision", "fraction": 0.25}))
