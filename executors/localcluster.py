@@ -13,7 +13,10 @@ Token auth stays on (`cluster.ensure_token_auth`) and every node listens on loop
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,7 +90,15 @@ class LocalCluster:
                                           node_ip_address=LOOPBACK)
 
     def lose(self, pool: str, node: int) -> None:
-        self.c.remove_node(self.nodes.pop((pool, node)), allow_graceful=False)
+        """The node dies as a host does: its raylet and every process below it (the workers
+        and what they started) are killed at once. Killing the raylet alone leaves its workers
+        running until they notice, long enough on a quiet machine to finish the run's steps."""
+        n = self.nodes.pop((pool, node))
+        doomed = _descendants(n.all_processes["raylet"][0].process.pid)
+        self.c.remove_node(n, allow_graceful=False)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def join(self, pool: str, node: int) -> None:
         """A node like the pool's first, advertising the pool and its own node key."""
@@ -119,3 +130,23 @@ def run_with_changes(plan: Plan, steps: int, out: str | Path, changes: list[Chan
     finally:
         lc.close()
     return Outcome(result, done)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from Linux's /proc (each process's parent in its `stat`)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or unreadable
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
