@@ -162,20 +162,9 @@ def rollout_errors(pools: list[SharedRolloutPoolDecl], jobs: dict[str, Job],
     out = []
     for i, rp in enumerate(pools):
         where = f"{source}: shared.rollout_pools.{i}"
-        if rp.pool not in cluster_pools:
-            out.append(f"{where}.pool: no pool {rp.pool!r} in the cluster (pools: "
-                       f"{', '.join(cluster_pools)}) (got {rp.pool!r})")
-        known = []
-        for name in rp.jobs:
-            if name not in jobs:
-                out.append(f"{where}.jobs: no job {name!r} in the fleet (jobs: "
-                           f"{', '.join(jobs)}) (got {name!r})")
-            elif name in taken:
-                out.append(f"{where}.jobs: job {name!r} already shares {taken[name]} "
-                           f"(got {name!r})")
-            else:
-                taken[name] = f"shared.rollout_pools.{i}"
-                known.append(name)
+        errors, known = section_errors(where, f"shared.rollout_pools.{i}", rp.pool, rp.jobs,
+                                       cluster_pools, list(jobs), taken)
+        out += errors
         out += _member_errors(rp, known, jobs, where)
         out += _charge_errors(rp, [n for n in rp.jobs if n in teams], teams, where)
     return out
@@ -231,3 +220,24 @@ def charged_first(names: list[str], teams: dict[str, str], charge: str | None) -
     first = next(n for n in names if teams[n] == charge)
     return [first, *(n for n in names if n != first)]
 
+
+def section_errors(where: str, section: str, pool: str, names: list[str],
+                   cluster_pools: list[str], jobs: list[str], taken: dict[str, str]
+                   ) -> tuple[list[str], list[str]]:
+    """A shared section's pool and members checked (a CPU pool's or a rollout pool's): one
+    line per mistake, and the members that are jobs of the fleet and in no earlier section.
+    `taken`: job -> the section already holding it; this section's members are added."""
+    out, known = [], []
+    if pool not in cluster_pools:
+        out.append(f"{where}.pool: no pool {pool!r} in the cluster (pools: "
+                   f"{', '.join(cluster_pools)}) (got {pool!r})")
+    for name in names:
+        if name not in jobs:
+            out.append(f"{where}.jobs: no job {name!r} in the fleet (jobs: "
+                       f"{', '.join(jobs)}) (got {name!r})")
+        elif name in taken:
+            out.append(f"{where}.jobs: job {name!r} already shares {taken[name]} (got {name!r})")
+        else:
+            taken[name] = section
+            known.append(name)
+    return out, known

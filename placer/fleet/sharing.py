@@ -30,7 +30,12 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from placer.fleet.rolloutpool import SharedRolloutPoolDecl, charged_first, rollout_errors
+from placer.fleet.rolloutpool import (
+    SharedRolloutPoolDecl,
+    charged_first,
+    rollout_errors,
+    section_errors,
+)
 from placer.solve.planfile import Plan
 from placer.spec.base import Strict
 from placer.spec.job import Job
@@ -141,22 +146,12 @@ def shared_errors(s: Shared, jobs: dict[str, Job], teams: dict[str, str], pools:
 
 
 def _cpu_errors(s: Shared, jobs: dict[str, str], pools: list[str], source: str) -> list[str]:
-    out = []
-    seen: dict[str, int] = {}
+    out: list[str] = []
+    taken: dict[str, str] = {}
     for i, cp in enumerate(s.cpu_pools):
         where = f"{source}: shared.cpu_pools.{i}"
-        if cp.pool not in pools:
-            out.append(f"{where}.pool: no pool {cp.pool!r} in the cluster (pools: "
-                       f"{', '.join(pools)}) (got {cp.pool!r})")
-        for name in cp.jobs:
-            if name not in jobs:
-                out.append(f"{where}.jobs: no job {name!r} in the fleet (jobs: "
-                           f"{', '.join(jobs)}) (got {name!r})")
-            elif name in seen:
-                out.append(f"{where}.jobs: job {name!r} already shares shared.cpu_pools."
-                           f"{seen[name]} (got {name!r})")
-            else:
-                seen[name] = i
+        out += section_errors(where, f"shared.cpu_pools.{i}", cp.pool, cp.jobs, pools,
+                              list(jobs), taken)[0]
         teams = sorted({jobs[n] for n in cp.jobs if n in jobs})
         if len(teams) > 1:
             out.append(f"{where}.jobs: the jobs are of teams {', '.join(teams)}; a shared "
