@@ -18,11 +18,12 @@ import pytest
 from placer.cost.efficiency import Efficiency
 from placer.cost.flash import prefill_kernel_time
 from placer.cost.generation import decode_step_line, forward_time, prefill_line
+from placer.cost.layercomm import NODE_DEVICES, p2p_link, stage_send
 from placer.cost.sharding import Parallel
 from placer.spec.catalog import shipped_devices
 from workflows.opdata import CLASSES, DATA, LAYER_CLASSES, attention_layer, load, predict
 from workflows.operators import class_errors, main, rows
-from workflows.opfit import all_reduce_modes, fit_all, fit_attention
+from workflows.opfit import HOP_PER_BASE, all_reduce_modes, calibrate_nic, fit_all, fit_attention
 
 EFF = Efficiency()
 FITTED = ("mfu_prefill", "prefill_half_ridge", "decode_bw_eff", "decode_bw_half_batch",
@@ -80,7 +81,8 @@ def test_every_point_is_priced() -> None:
 def test_json_document_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"sources", "classes", "attention_held_out", "all_reduce_modes", "rows"}
+    assert set(doc) == {"sources", "classes", "attention_held_out", "all_reduce_modes",
+                        "send_recv_by_link", "rows"}
     assert set(doc["attention_held_out"]) == {"in_sample", "leave_one_context_out",
                                               "half_sizes_out"}
     assert doc["attention_held_out"]["in_sample"] == doc["classes"]["attention"]
@@ -106,20 +108,20 @@ def test_text_report_has_a_table_per_class(capsys: pytest.CaptureFixture[str]) -
 def test_class_errors_at_the_defaults() -> None:
     # A regression guard: the defaults were fitted on these same points (in-sample; the
     # attention class's held-out figures: test_attention_with_its_fitted_factors_held_out;
-    # the all-reduce's: test_all_reduce_by_mode).
+    # the all-reduce's: test_all_reduce_by_mode; send/recv's: test_send_recv_by_link).
     # prefill_linear 7.9% / 27.4%, decode 9.3% / 20.7%, attention 8.3% / 23.0% (the
     # FlashAttention kernel model, placer/cost/flash.py). The all-reduce misses the goal
-    # (median <= 15%, p90 <= 30%) over every point: 21.3% / 75.1%, its kernels below ~4 MiB
+    # (median <= 15%, p90 <= 30%) over every point: 21.2% / 75.3%, its kernels below ~4 MiB
     # being bimodal (the collective, or a peer's host launch period; no model of the size,
     # rank count and device can put 90% of them within 30%), and the factors pricing the
-    # synchronised collective a step sees. send/recv 14.4% / 54.6%: the A100 node pair's
-    # network moves 7.9 GB/s (a third of the catalog's 200 Gb/s NIC at `link_eff`, which
-    # prices every network transfer and stays), and an A100 node's small NVLink sends take
-    # 13-17 us where an H100 node's take 6-8.
+    # synchronised collective a step sees. send/recv 13.3% / 56.3%: the A100 node pair's
+    # network runs at ~9.5 GB/s of the catalog's 25 (its testbed's: test_send_recv_by_link;
+    # the catalog NIC is the default, so the class prices it there), and an A100 node's
+    # small NVLink sends take 13-17 us where an H100 node's take 6-8.
     _, points = load()
     errs = class_errors(rows(points, EFF))
     bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),
-              "all_reduce": (0.22, 0.76), "send_recv": (0.15, 0.55), "attention": (0.15, 0.30)}
+              "all_reduce": (0.22, 0.76), "send_recv": (0.15, 0.57), "attention": (0.15, 0.30)}
     for cls, (median, p90) in bounds.items():
         c = errs[cls]
         assert c.median_abs_error is not None and c.p90_abs_error is not None
@@ -130,14 +132,24 @@ def test_all_reduce_by_mode(capsys: pytest.CaptureFixture[str]) -> None:
     # The all-reduce class split by mode (`opfit.all_reduce_modes`): every point is in one of
     # the two, a device's host launch period is one figure whatever the size and rank count
     # (measured: A100 node 58 us, H100 node 40 us), the synchronised points meet the goal
-    # in-sample (13.4% / 21.0%) and are reported with each rank count held out (priced by
-    # factors fitted on the other two: 14.9% / 47.0%, the honest figure, short of the p90
-    # goal: the per-step latency extrapolates poorly from two rank counts).
+    # in-sample (13.4% / 21.0%) and with each rank count held out (priced by factors fitted
+    # on the other two: 15.8% / 25.7%; 14.9% / 47.0% before the ring's per-step latency was
+    # tied to its per-call one at NCCL's ratio, opfit.HOP_PER_BASE: fitted freely on two
+    # rank counts, the third's extrapolated badly).
+    # Split by the price instead of the measured time (no measured value chooses a point's
+    # mode), held out: the 29 points priced at or above their host period, which the price
+    # predicts, meet the goal's p90 (14.9% / 22.0%); every one priced below its period lies
+    # within [price, period] +-30% (that interval is the prediction: the launch phase picks).
     assert main(["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     modes = doc["all_reduce_modes"]
     assert set(modes) == {"host_period_s", "synchronised", "host_bound",
-                          "synchronised_rank_count_held_out"}
+                          "synchronised_rank_count_held_out", "gpu_bound_rank_count_held_out",
+                          "below_host_period"}
+    gpu, below = modes["gpu_bound_rank_count_held_out"], modes["below_host_period"]
+    assert gpu["n"] + below["n"] == doc["classes"]["all_reduce"]["n"] and gpu["n"] >= 25
+    assert gpu["median_abs_error"] <= 0.15 and gpu["p90_abs_error"] <= 0.30, gpu
+    assert below["share_within_band"] >= 0.95 and below["median_period_over_price"] > 1
     assert modes["synchronised"]["n"] + modes["host_bound"]["n"] == doc["classes"][
         "all_reduce"]["n"]
     assert modes["synchronised"]["n"] >= 40 and modes["host_bound"]["n"] >= 40
@@ -147,7 +159,7 @@ def test_all_reduce_by_mode(capsys: pytest.CaptureFixture[str]) -> None:
     assert modes["synchronised"]["p90_abs_error"] <= 0.22
     assert modes["host_bound"]["median_abs_error"] <= 0.10
     held = modes["synchronised_rank_count_held_out"]
-    assert held["median_abs_error"] <= 0.15 and held["p90_abs_error"] <= 0.48, held
+    assert held["median_abs_error"] <= 0.16 and held["p90_abs_error"] <= 0.30, held
 
 
 def test_all_reduce_modes_leave_a_synchronised_set_alone() -> None:
@@ -155,8 +167,8 @@ def test_all_reduce_modes_leave_a_synchronised_set_alone() -> None:
     # of them replaced by a host period of 50 us where that is longer, give back the factors
     # (the ring's and NVLS's: the H100 points take the faster of the two)
     # and exactly the replaced points as host-bound.
-    known = EFF.override({"tp_base_s": 8e-6, "tp_hop_s": 1e-6, "tp_link_eff": 0.7,
-                          "nvls_base_s": 20e-6})
+    known = EFF.override({"tp_base_s": 8e-6, "tp_hop_s": 8e-6 * HOP_PER_BASE,
+                          "tp_link_eff": 0.7, "nvls_base_s": 20e-6})
     ar = [p for p in load()[1] if p.cls == "all_reduce"]
     sync = [predict(p, known) for p in ar]
     hosted = [i % 3 == 0 and t < 30e-6 for i, t in enumerate(sync)]
@@ -182,7 +194,8 @@ def test_fit_recovers_known_factors_from_synthetic_points() -> None:
     # factors (every shape, TP, token count and size of the data set) give those factors back.
     known = Efficiency(mfu_prefill=0.55, prefill_half_ridge=0.8, decode_bw_eff=0.62,
                        decode_bw_half_batch=0.3, decode_tp_bw_loss=0.09, tp_base_s=12e-6,
-                       tp_hop_s=1.1e-6, tp_link_eff=0.7, nvls_base_s=20e-6, p2p_net_s=15e-6,
+                       tp_hop_s=12e-6 * HOP_PER_BASE, tp_link_eff=0.7, nvls_base_s=20e-6,
+                       p2p_net_s=15e-6,
                        attn_kernel_s=9e-6,
                        attn_split_s=3e-6, mfu_attention=0.45, attn_append_factor=2.0)
     _, points = load()
@@ -271,3 +284,37 @@ def test_attention_with_its_fitted_factors_held_out(capsys: pytest.CaptureFixtur
     assert 0.5 < fitted["mfu_attention"] < 0.7  # a FlashAttention-2 tile's share of peak
     assert 5e-6 < fitted["attn_kernel_s"] < 2e-5
     assert 2.0 < fitted["attn_append_factor"] < 4.0
+
+
+def test_send_recv_by_link(capsys: pytest.CaptureFixture[str]) -> None:
+    # The send/recv class by link: the H100 node pair's network runs near the catalog's NIC
+    # (calibrated 46-47 GB/s of 50), the A100 pair's at ~9.5 GB/s of the catalog's 25 (one
+    # 200 Gb/s HDR NIC per GPU): a property of that testbed's network, which a user sets as
+    # the device's `nic_gbs` (a per-cluster setting, calibrated), not a catalog default.
+    # Held out (`p2p_net_s` fitted on the other device's pair, the NIC on every other size):
+    # the A100 pair 4.9% / 21.7%, where the catalog's NIC leaves it 48.7% / 60.8% fast; the
+    # H100 pair 17.0% / 36.5% (its small sends take 17-20 us, the A100 pair's 24-27 us: the
+    # per-call time differs by testbed too).
+    assert main(["--json"]) == 0
+    by_link = json.loads(capsys.readouterr().out)["send_recv_by_link"]
+    a100, h100 = (by_link[f"{d} two_nodes, testbed NIC held out"]
+                  for d in ("A100-80G", "H100-SXM"))
+    assert all(r < 0.5 * a100["catalog_nic_gbs"] for r in a100["calibrated_nic_gbs"])
+    assert all(0.85 * h100["catalog_nic_gbs"] < r < 1.05 * h100["catalog_nic_gbs"]
+               for r in h100["calibrated_nic_gbs"])
+    assert a100["median_abs_error"] <= 0.10 and a100["p90_abs_error"] <= 0.25, a100
+    assert h100["median_abs_error"] <= 0.20 and h100["p90_abs_error"] <= 0.40, h100
+    assert by_link["A100-80G two_nodes"]["median_abs_error"] >= 0.4
+    assert sum(v["n"] for k, v in by_link.items() if "testbed" not in k) == 60
+
+
+def test_nic_calibration_recovers_a_known_rate() -> None:
+    # Independent of the measurements: two-node sends priced on a known 12 GB/s NIC give
+    # that rate back.
+    _, points = load()
+    pair = [p for p in points if p.cls == "send_recv" and p.per_node == 1
+            and p.device == "A100-80G"]
+    slow = shipped_devices()["A100-80G"].model_copy(update={"nic_gbs": 12.0})
+    synthetic = [replace(p, measured_s=stage_send(p.size, p2p_link(slow, 2 * NODE_DEVICES, EFF)))
+                 for p in pair]
+    assert calibrate_nic(synthetic, EFF) == pytest.approx(12.0, rel=1e-3)

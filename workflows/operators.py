@@ -32,10 +32,17 @@ error says which factor is off. The classes:
                   the collective, or waits out a peer's host launch period, ~60 us on its
                   A100 node and ~40 us on its H100 node, whatever the size); the factors
                   price the synchronised collective, as a step runs it, and the class figure
-                  covers every point
+                  covers every point at that price. `all_reduce_split` splits the points by
+                  the price, held out by rank count: priced at or above the host period,
+                  the price is the prediction; below it, the model bounds the kernel by
+                  [price, period] and the ranks' launch phase, which no input sets, picks
+                  the mode
   send_recv       one send/recv between two ranks of a node or of two nodes, priced by
                   `layercomm.stage_send` (`pp_send`'s piece) on `p2p_link` (two nodes: the
-                  call's `p2p_net_s`)
+                  call's `p2p_net_s`) over the catalog's NIC; `send_recv_split` also prices
+                  each two-node pair held out on its testbed's NIC (`opfit.calibrate_nic`:
+                  Vidur's A100 pair runs at ~9.5 GB/s of the catalog's 25, a property of that
+                  network, which a user sets per cluster as the device's `nic_gbs`)
 
 Error = predicted / measured - 1. The attention class also reports its held-out errors
 (`attention_held_out`: in-sample, each KV context priced by factors fitted on the others,
@@ -59,8 +66,10 @@ from typing import Any
 import numpy as np
 
 from placer.cost.efficiency import Efficiency
+from placer.cost.layercomm import NODE_DEVICES, p2p_link, stage_send
+from placer.spec.catalog import shipped_devices
 from workflows.opdata import CLASSES, LAYER_CLASSES, Point, load, predict
-from workflows.opfit import all_reduce_modes, fit_all, fit_attention, fit_layers
+from workflows.opfit import all_reduce_modes, calibrate_nic, fit_all, fit_attention, fit_layers, fit_send_recv
 
 
 @dataclass(frozen=True)
@@ -191,7 +200,75 @@ def all_reduce_split(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]
                              fitted.host_s)[0]
     return {"host_period_s": modes.host_s, "synchronised": asdict(_errors(sync)),
             "host_bound": asdict(_errors(host)),
-            "synchronised_rank_count_held_out": asdict(_errors(held))}
+            "synchronised_rank_count_held_out": asdict(_errors(held)),
+            **_by_price(ar, eff)}
+
+
+def _by_price(ar: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
+    """The all-reduce points split by the model's own price, not by the measured time: with
+    each rank count held out (factors and host periods fitted on the other two), a point whose
+    collective prices at or above its device's host period cannot wait out a peer's launch
+    (the GPU is the bottleneck of the burst), so the price is the prediction: its errors. A
+    point priced below the period is in either mode by the phase of the ranks' launches,
+    which no input fixes: the model bounds it by [price, period], and the share of those
+    points measured inside that interval (widened by `BAND_SLACK` each way) is reported."""
+    gpu: list[float] = []
+    inside: list[bool] = []
+    width: list[float] = []
+    for k in sorted({p.tp for p in ar}):
+        fitted = all_reduce_modes([p for p in ar if p.tp != k], eff)
+        priced = eff.override(fitted.factors)
+        for p in (q for q in ar if q.tp == k):
+            t, period = predict(p, priced), fitted.host_s.get(p.device, 0.0)
+            if t >= period:
+                gpu.append(abs(t / p.measured_s - 1))
+            else:
+                inside.append(t / (1 + BAND_SLACK) <= p.measured_s <= period * (1 + BAND_SLACK))
+                width.append(period / t)
+    return {"gpu_bound_rank_count_held_out": asdict(_errors(gpu)),
+            "below_host_period": {
+                "n": len(inside),
+                "share_within_band": sum(inside) / len(inside) if inside else None,
+                "median_period_over_price": float(np.median(width)) if width else None}}
+
+
+BAND_SLACK = 0.3  # the class goal's p90 bound: a point within it of [price, period] is "inside"
+
+
+def _two_node_send(p: Point, eff: Efficiency, nic_gbs: float) -> float:
+    """A two-node send/recv point priced as `opdata.predict` prices it, on a NIC of
+    `nic_gbs` (the device's per-cluster setting) instead of the catalog's."""
+    dev = shipped_devices()[p.device].model_copy(update={"nic_gbs": nic_gbs})
+    return stage_send(p.size, p2p_link(dev, 2 * NODE_DEVICES, eff))
+
+
+def send_recv_split(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
+    """The send/recv class by link and device at `eff` (the two-node pairs on the catalog's
+    NIC), and each device's two-node pairs held out: `p2p_net_s` fitted on the other
+    devices' pairs (`opfit.fit_send_recv`), the pair's own NIC calibrated on every other
+    message size and priced on the rest (two folds), the calibrated rate next to the
+    catalog's."""
+    sr = [p for p in points if p.cls == "send_recv"]
+    out: dict[str, Any] = {}
+    for dev in sorted({p.device for p in sr}):
+        for label, two in (("one_node", False), ("two_nodes", True)):
+            ps = [p for p in sr if p.device == dev and (p.per_node == 1) == two]
+            out[f"{dev} {label}"] = asdict(_errors([abs(r.error) for r in rows(ps, eff)]))
+        pair = sorted((p for p in sr if p.device == dev and p.per_node == 1),
+                      key=lambda p: p.size)
+        others = eff.override(fit_send_recv([p for p in sr if p.device != dev], eff))
+        held: list[float] = []
+        rates = []
+        for fold in (0, 1):
+            gbs = calibrate_nic([p for i, p in enumerate(pair) if i % 2 != fold], others)
+            rates.append(gbs)
+            held += [abs(_two_node_send(p, others, gbs) / p.measured_s - 1)
+                     for i, p in enumerate(pair) if i % 2 == fold]
+        out[f"{dev} two_nodes, testbed NIC held out"] = {
+            **asdict(_errors(held)), "catalog_nic_gbs": shipped_devices()[dev].nic_gbs,
+            "calibrated_nic_gbs": [round(r, 2) for r in rates],
+            "p2p_net_s_from_others": others.p2p_net_s}
+    return out
 
 
 def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
@@ -207,6 +284,7 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
         "classes": {k: asdict(v) for k, v in class_errors(rs).items()},
         "attention_held_out": {k: asdict(v) for k, v in attention_held_out(points, eff).items()},
         "all_reduce_modes": all_reduce_split(points, eff),
+        "send_recv_by_link": send_recv_split(points, eff),
         "rows": [asdict(r) for r in rs]}
     if fit is not None:
         values = fit(points, eff)
@@ -235,8 +313,46 @@ def _size(r: dict[str, Any]) -> str:
 def _class_line(name: str, c: dict[str, Any]) -> str:
     if not c["n"]:
         return f"{name:15s} n=0"
-    return (f"{name:26s} n={c['n']:<4d} median |error| {c['median_abs_error']:.1%}, "
+    return (f"{name:40s} n={c['n']:<4d} median |error| {c['median_abs_error']:.1%}, "
             f"p90 {c['p90_abs_error']:.1%}")
+
+
+def _all_reduce_lines(modes: dict[str, Any]) -> list[str]:
+    """The all-reduce class by mode, held-out figures first."""
+    periods = ", ".join(f"{d} {s * 1e6:.0f} us" for d, s in modes["host_period_s"].items())
+    below = modes["below_host_period"]
+    share = below["share_within_band"]
+    out = ["all_reduce by mode (a kernel of Vidur's burst is the collective, or waits out a "
+           f"peer's host launch: {periods});",
+           "the factors price the collective, as a step runs it. Held out (each TP priced by "
+           "factors and host periods fitted on the other two), split by the price:",
+           "  " + _class_line("priced >= host period", modes["gpu_bound_rank_count_held_out"])
+           + "  (the price is the prediction)",
+           f"  {'priced < host period':40s} n={below['n']:<4d} "
+           + (f"{share:.0%} measured within [price, period] +-{BAND_SLACK:.0%} (period / "
+              f"price: median {below['median_period_over_price']:.1f}x)"
+              if share is not None else "")
+           + "; the ranks' launch phase, which no input sets, picks the mode"]
+    labels = {"synchronised_rank_count_held_out": "synchronised, TP held out",
+              "synchronised": "synchronised (in-sample)",
+              "host_bound": "host-bound vs host period"}
+    out.append("  split by the measured time (which mode is nearer), for comparison:")
+    return out + ["  " + _class_line(labels[k], modes[k]) for k in labels]
+
+
+def _send_recv_lines(by_link: dict[str, Any]) -> list[str]:
+    """The send/recv class by link; two-node pairs also on their testbed's calibrated NIC."""
+    out = ["send_recv by link (two nodes: the catalog NIC; 'testbed NIC held out': p2p_net_s "
+           "fitted on the other device's pair, the NIC rate calibrated on every other size, "
+           "priced on the rest):"]
+    for k, v in by_link.items():
+        line = "  " + _class_line(k, v)
+        if "calibrated_nic_gbs" in v:
+            line += (f"  NIC {'/'.join(f'{r:.1f}' for r in v['calibrated_nic_gbs'])} GB/s "
+                     f"calibrated vs {v['catalog_nic_gbs']:g} catalog, p2p_net_s "
+                     f"{v['p2p_net_s_from_others'] * 1e6:.1f} us")
+        out.append(line)
+    return out
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -264,15 +380,8 @@ def render(doc: dict[str, Any]) -> str:
     labels = {"in_sample": "in-sample", "leave_one_context_out": "each KV context held out",
               "half_sizes_out": "half the sizes held out"}
     out += ["  " + _class_line(labels[k], v) for k, v in doc["attention_held_out"].items()]
-    modes = doc["all_reduce_modes"]
-    out.append("all_reduce by mode (a kernel of Vidur's burst either is the synchronised "
-               "collective or waits out a peer's host launch: "
-               + ", ".join(f"{d} {s * 1e6:.0f} us" for d, s in modes["host_period_s"].items())
-               + "); the factors price the synchronised one, as a step runs it:")
-    labels = {"synchronised": "synchronised (in-sample)",
-              "synchronised_rank_count_held_out": "synchronised, TP held out",
-              "host_bound": "host-bound vs host period"}
-    out += ["  " + _class_line(labels[k], modes[k]) for k in labels]
+    out += _all_reduce_lines(doc["all_reduce_modes"])
+    out += _send_recv_lines(doc["send_recv_by_link"])
     if "fit" in doc:
         out.append("\nfitted on these points (in-sample):")
         out += [f"  {k:22s} {v['before']:.6g} -> {v['after']:.6g}"

@@ -17,8 +17,11 @@ functions the planner prices with.
                   by relative least squares on the points in the synchronised mode
                   (`all_reduce_modes`: the kernels of small messages are bimodal, the
                   collective itself or a peer's host launch period, and the split alternates
-                  with the fit to a fixed point); `nvlink_hop_s` stays (other collectives')
-  send_recv       `p2p_net_s` on the two-node points (`fit_send_recv`, |log| errors)
+                  with the fit to a fixed point), the ring's per-step latency tied to its
+                  per-call one at NCCL's ratio (`HOP_PER_BASE`); `nvlink_hop_s` stays (other
+                  collectives')
+  send_recv       `p2p_net_s` on the two-node points (`fit_send_recv`, |log| errors), each
+                  device's pair on its testbed's NIC (`calibrate_nic`: a cluster setting)
   attention       the FlashAttention kernel's (placer/cost/flash.py) `attn_kernel_s`,
                   `attn_split_s`, `mfu_attention` and `attn_append_factor` on the prefill and
                   decode kernels together: a point is linear in (f, s, 1/e, a/e) (`fit_attention`),
@@ -31,7 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from placer.cost.collectives import NCCL_SIMPLE_BASE_S, NCCL_SIMPLE_NVLINK_HOP_S
 from placer.cost.efficiency import Efficiency
+from placer.spec.catalog import shipped_devices
 from workflows.opdata import Point, predict
 
 NO_FLOOR = 1e9  # a `decode_flops_eff` that takes the FLOP floor out of a decode price
@@ -109,6 +114,11 @@ AR_ZERO = {"tp_base_s": 0.0, "tp_call_s": 0.0, "tp_hop_s": 0.0, "tp_link_eff": 1
 AR_FACTORS = ("tp_base_s", "tp_hop_s", "nvls_base_s")
 OFF = 1e3  # seconds: a per-call cost that takes one algorithm out of `min`
 HOST_SPLIT = 1.3  # a first guess: measured above 1.3x the all-point fit is host-bound
+# `tp_hop_s` / `tp_base_s`: NCCL's own model of its ring (Simple protocol, NVLink; the
+# constants' source: placer/cost/collectives.py). Three rank counts cannot pin a per-call and
+# a per-step latency apart: fitted freely on two of them, the third's kernels miss by up to
+# 47% (p90); the free fit on all three lands at 2.6, NCCL's ratio is 2.47.
+HOP_PER_BASE = NCCL_SIMPLE_NVLINK_HOP_S / NCCL_SIMPLE_BASE_S
 MAX_ROUNDS = 50
 
 
@@ -138,6 +148,15 @@ def _all_reduce_rows(ps: Sequence[Point], eff: Efficiency) -> tuple[np.ndarray, 
     return np.asarray(ring).T, np.where(has[:, None], np.asarray(nvls).T, np.nan)
 
 
+def _tied(ring: np.ndarray, nvls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows with the per-step column folded into the per-call one at `HOP_PER_BASE`
+    (one latency factor, `tp_base_s`; the per-step column left at 0)."""
+    ring = ring.copy()
+    ring[:, 0] += HOP_PER_BASE * ring[:, 1]
+    ring[:, 1] = 0.0
+    return ring, nvls
+
+
 def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes:
     """The TP all-reduce's `tp_base_s`, `tp_hop_s`, `nvls_base_s` and `tp_link_eff`, fitted
     on the points in the synchronised mode, and which points are in the other mode. Vidur's
@@ -151,17 +170,17 @@ def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes
     host period to the median of its host-bound points, and put each point in the mode whose
     price (the collective, or the host period where that is longer) is nearer in log."""
     ps = [p for p in points if p.cls == "all_reduce"]
-    ring, nvls = _all_reduce_rows(ps, eff)
+    ring, nvls = _tied(*_all_reduce_rows(ps, eff))
     m = np.asarray([p.measured_s for p in ps])
     devices = np.asarray([p.device for p in ps])
-    theta = np.asarray([eff.tp_base_s, eff.tp_hop_s, eff.nvls_base_s, 1 / eff.tp_link_eff])
+    theta = np.asarray([eff.tp_base_s, 0.0, eff.nvls_base_s, 1 / eff.tp_link_eff])
     host = np.zeros(len(ps), dtype=bool)
     host_s: dict[str, float] = {}
     for rnd in range(MAX_ROUNDS):
         sync = np.fmin(ring @ theta, nvls @ theta)  # NaN (no NVLS): the ring
         rows = np.where((nvls @ theta < ring @ theta)[:, None], nvls, ring)
         use = ~host
-        cols = [0, 1, 3] + ([2] if rows[use, 2].any() else [])
+        cols = [0, 3] + ([2] if rows[use, 2].any() else [])
         fitted = _relative_lstsq(list(rows[use][:, cols].T), list(m[use]))
         theta = theta.copy()
         theta[cols] = fitted
@@ -176,8 +195,9 @@ def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes
         if rnd > 1 and (new == host).all():
             break
         host = new
-    base, hop, nvls_base, inv_eff = (float(x) for x in theta)
-    return AllReduceModes({"tp_base_s": base, "tp_hop_s": hop, "nvls_base_s": nvls_base,
+    base, _, nvls_base, inv_eff = (float(x) for x in theta)
+    return AllReduceModes({"tp_base_s": base, "tp_hop_s": HOP_PER_BASE * base,
+                           "nvls_base_s": nvls_base,
                            "tp_link_eff": 1 / inv_eff}, host_s, tuple(bool(h) for h in host))
 
 
@@ -185,18 +205,48 @@ def fit_all_reduce(points: Sequence[Point], eff: Efficiency) -> dict[str, float]
     return all_reduce_modes(points, eff).factors
 
 
+def _send_terms(ps: Sequence[Point], eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
+    """Per two-node send/recv point: the seconds its bytes take over its device's catalog
+    NIC at `link_eff` (its price less `p2p_net_s`), and its measured seconds."""
+    x = np.asarray([predict(p, eff.override({"p2p_net_s": 0.0})) for p in ps])
+    return x, np.asarray([p.measured_s for p in ps])
+
+
+def _log_cost(pred: np.ndarray, m: np.ndarray) -> float:
+    return float(np.abs(np.log(pred / m)).sum())
+
+
+def _nic_scale(base: float, x: np.ndarray, m: np.ndarray) -> float:
+    """The factor k on the catalog NIC's time (the testbed's NIC runs at catalog / k) that
+    prices these sends best at per-call `base`."""
+    return _search(lambda k: _log_cost(base + k * x, m), 0.1, 10.0, 0.01)
+
+
+def calibrate_nic(points: Sequence[Point], eff: Efficiency) -> float:
+    """The NIC GB/s (`DeviceType.nic_gbs`) that prices one device's two-node send/recv
+    points best at `eff` (least sum of |log(predicted / measured)|): a cluster's network as a
+    user calibrates it, a property of that cluster and not a catalog default."""
+    ps = [p for p in points if p.cls == "send_recv" and p.per_node == 1]
+    devices = {p.device for p in ps}
+    if len(devices) != 1:
+        raise ValueError(f"calibrate_nic: the points must be one device's, got {sorted(devices)}")
+    x, m = _send_terms(ps, eff)
+    return shipped_devices()[devices.pop()].nic_gbs / _nic_scale(eff.p2p_net_s, x, m)
+
+
 def fit_send_recv(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
     """`p2p_net_s` on the two-node send/recv points, minimising the sum of |log(predicted /
-    measured)| (a grid of 0.05 us, then a golden-section search): a large message's price
-    hardly moves with it, so the small ones set it, and no one device's bandwidth drags it.
-    The bandwidth stays the NIC's at `link_eff`, which prices every transfer over the network
-    (the weight-sync rows fit their own rates)."""
+    measured)| (a grid of 0.5 us, then a golden-section search) with each device's pair on
+    its own testbed's NIC (`calibrate_nic`, refitted at every trial value): the network rate
+    is that cluster's setting, so a testbed whose NIC runs below the catalog's (Vidur's A100
+    pair: ~9.6 GB/s of 25) does not pass its shortfall into the per-call time. Priced on
+    the catalog NICs instead, the fit gives 23.5 us; on each pair's own, 20.4 us."""
     ps = [p for p in points if p.cls == "send_recv" and p.per_node == 1]
-    m = np.asarray([p.measured_s for p in ps])
+    groups = [_send_terms([p for p in ps if p.device == d], eff)
+              for d in sorted({p.device for p in ps})]
 
     def cost(base: float) -> float:
-        e = eff.override({"p2p_net_s": base})
-        return float(np.abs(np.log(np.asarray([predict(p, e) for p in ps]) / m)).sum())
+        return sum(_log_cost(base + _nic_scale(base, x, m) * x, m) for x, m in groups)
 
     return {"p2p_net_s": _search(cost, 0.0, 100e-6, 0.5e-6)}
 

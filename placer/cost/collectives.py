@@ -18,6 +18,16 @@ from dataclasses import dataclass
 NCCL_BASE_S = 6.6e-6  # NCCL tuning.cc baseLat, ring LL: fixed cost of one collective call
 NVLINK_HOP_S = 0.6e-6  # NCCL tuning.cc hwLat[NVLINK], ring/tree LL: one step over NVLink
 NET_HOP_S = 2.7e-6  # NCCL tuning.cc hwLat[NET], ring LL: one step over the node NIC (IB/RoCE)
+# NCCL's own cost model of its ring all-reduce in the Simple protocol (the one that carries
+# large messages) on NVLink: baseLat[RING][SIMPLE] 8.4 us per call plus hwLat[NVLINK][RING]
+# [SIMPLE] 3.4 us per step; and of its NVLS all-reduce inside a node, hwLat[NVLINK][NVLS]
+# [SIMPLE] 23 us a call whatever the rank count (github.com/NVIDIA/nccl src/graph/tuning.cc,
+# commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2; the ring's two figures are the same in
+# the 2020 file, commit 01afd20a77b5804e0ecf1042509dd9d20ebf9e93). The TP all-reduce's fit
+# (workflows/opfit.py) keeps the ring's per-step to per-call ratio, 3.4 / 8.4.
+NCCL_SIMPLE_BASE_S = 8.4e-6
+NCCL_SIMPLE_NVLINK_HOP_S = 3.4e-6
+NCCL_NVLS_NVLINK_S = 23e-6
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,8 @@ class Efficiency:
     # the TP all-reduce's own alpha-beta, a ring inside one node: fitted on Vidur's NCCL
     # all-reduce kernels (commit 7d47513) in the mode a step sees (every rank's call issued
     # before its data is needed; workflows/opfit.py), out-of-sample for the published runs
-    tp_base_s: float = 4.63e-6  # per-call cost of a TP all-reduce on NVLink
-    tp_hop_s: float = 1.78e-6  # per ring step of a TP all-reduce on NVLink
+    tp_base_s: float = 4.48e-6  # per-call cost of a TP all-reduce on NVLink
+    tp_hop_s: float = 1.81e-6  # per ring step of a TP all-reduce on NVLink (NCCL ratio to tp_base_s)
     tp_link_eff: float = 0.498  # achieved fraction of NVLink bandwidth of a TP all-reduce
     # per-call cost of NCCL's NVLS all-reduce (NVLink SHARP, `DeviceType.nvlink_sharp`)
     nvls_base_s: float = 2.45e-5
@@ -87,8 +87,9 @@ class Efficiency:
     nvlink_hop_s: float = 0.6e-6  # per-hop latency of a collective over NVLink
     net_hop_s: float = 2.7e-6  # per-hop latency of a collective over the network
     # fixed time of one NCCL send/recv between two nodes (the proxy-driven RDMA write and its
-    # completion): fitted on Vidur's two-node send/recv kernels (commit 7d47513)
-    p2p_net_s: float = 2.35e-5
+    # completion): fitted on Vidur's two-node send/recv kernels (commit 7d47513), each node
+    # pair on its own testbed's calibrated NIC rate (workflows/opfit.py `fit_send_recv`)
+    p2p_net_s: float = 2.04e-5
     step_overhead_s: float = 0.0015  # fixed host time of one engine step
     step_overhead_per_seq_s: float = 1.0e-5  # host time per running sequence of one engine step
     eager_layer_s: float = 3.4e-4  # host time per layer of a decode step without CUDA graphs

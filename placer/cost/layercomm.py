@@ -76,8 +76,9 @@ def nvls_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) ->
     (NCCL 2.17 release notes: NVLink SHARP all-reduce on H100 NVSwitch systems), at the TP
     all-reduce's `tp_link_eff` and the algorithm's own per-call `nvls_base_s` (fitted on
     Vidur's H100 kernels: their 4- and 8-rank all-reduces of 16-64 MB grow at one rate, 222
-    GB/s, where rings of 4 and 8 would differ by 7/6). Infinite without NVLink SHARP or for
-    a single rank, so `min` leaves the ring."""
+    GB/s, where rings of 4 and 8 would differ by 7/6; NCCL's own tuner puts NVLS's latency
+    inside a node at 23 us, `collectives.NCCL_NVLS_NVLINK_S`). Infinite without NVLink SHARP
+    or for a single rank, so `min` leaves the ring."""
     if not dev.nvlink_sharp or tp <= 1:
         return float("inf")
     return eff.nvls_base_s + nbytes / (dev.intra_link_gbs * eff.tp_link_eff * 1e9)
