@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -361,7 +361,7 @@ class SharedMemory(Protocol):
 PROTOCOLS: dict[str, Protocol] = {p.name: p() for p in (Protocol, PerTensor, SharedMemory)}
 
 
-def find_peer(peers: dict[tuple[str, int], Peer] | None, name: str) -> Peer:
+def find_peer(peers: Mapping[Any, Peer] | None, name: str) -> Peer:
     """This member's group `name` (a restarted process has none: the driver forms anew)."""
     found = [p for p in (peers or {}).values() if p.spec.name == name]
     if not found:
