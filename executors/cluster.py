@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,8 +104,17 @@ def start(run: RunPlan, address: str | None = None) -> ClusterInfo:
             raise SpecError(f"--address: cannot join Ray at {address!r}: "
                             f"{str(e).splitlines()[0]}") from None
         return ClusterInfo(address, False, emulated, _has_node_keys(run))
+    embed(node_resources(run).values())
+    return ClusterInfo("embedded", True, emulated, True)
+
+
+def embed(nodes: Iterable[dict[str, float]]) -> None:
+    """Start an embedded Ray advertising every one of `nodes`' resources (each a plan node's
+    `node_resources`; a fleet's jobs' nodes together, `executors.fleetrun`)."""
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
+
     total: dict[str, float] = defaultdict(float)
-    for r in node_resources(run).values():
+    for r in nodes:
         for k, v in r.items():
             total[k] += v
     ray_private.loopback_only()
@@ -115,7 +125,6 @@ def start(run: RunPlan, address: str | None = None) -> ClusterInfo:
     ray.init(address="local", num_cpus=int(cpus), num_gpus=int(gpus), resources=dict(total),
              include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
              configure_logging=True, **ray_private.loopback_init_args())
-    return ClusterInfo("embedded", True, emulated, True)
 
 
 def _has_node_keys(run: RunPlan) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from executors import rl
 from executors.calls import Dispatcher
@@ -53,7 +53,20 @@ from placer.base.phases import PhaseClock
 from placer.base.roles import Role
 from traces.schema import Trace
 
-__all__ = ["Fault", "Loop", "LoopConfig", "StepStat"]
+__all__ = ["EngineTurn", "Fault", "Loop", "LoopConfig", "StepStat"]
+
+
+class EngineTurn(Protocol):
+    """A job's turn on rollout engines it time-shares with other jobs (`executors.fleetrun`)."""
+
+    def take(self, step: int) -> None:
+        """Wait for this job's turn before step `step`'s weight sync."""
+
+    def synced(self, step: int) -> None:
+        """Step `step`'s weights are in the engines (its rollout launches next)."""
+
+    def done(self, step: int) -> None:
+        """Step `step`'s rollout is collected: the engines go to the next job."""
 
 
 class Loop:
@@ -63,10 +76,12 @@ class Loop:
                  progress: Callable[[StepStat], None] | None = None, *,
                  elastic: Elastic | None = None, note: Callable[[str], None] | None = None,
                  on_step: Callable[[int], None] | None = None,
-                 phases: PhaseClock | None = None) -> None:
+                 phases: PhaseClock | None = None, turn: EngineTurn | None = None) -> None:
         """`progress`: called with each finished step's stats; `note`: one line per cluster
         recovery; `on_step`: called at every step boundary (tests change the cluster there);
-        `phases`: the run's set-up phases, which the loop's own set-up continues and ends."""
+        `phases`: the run's set-up phases, which the loop's own set-up continues and ends;
+        `turn`: the rollout engines are time-shared with other jobs (`executors.fleetrun`):
+        each weight sync waits for this job's turn on them, which its rollout's end hands on."""
         self.ctx = ctx = LoopContext(run, rt, cfg, lc, trace, elastic)
         self.task = task_of(cfg.data)
         self.calls = Dispatcher(ctx, lc.faults)
@@ -79,6 +94,7 @@ class Loop:
         self.recovery = Recovery(ctx, self.training, self.checkpoints, note)
         self.progress, self.on_step = progress, on_step
         self.phases = phases or PhaseClock()
+        self.turn = turn
         self.stats: list[StepStat] = []
 
     # ------------------------------------------------------------------ what callers read
@@ -135,7 +151,7 @@ class Loop:
                 try:
                     if pending is None or pending.step != step:
                         self._boundary(step)
-                        self.weights.sync(step)
+                        self._sync(step)
                         pending = self.rollouts.launch(step)
                     pending = self._step(step, pending)
                     step += 1
@@ -159,6 +175,15 @@ class Loop:
             self.stats = [st for st in self.stats if st.step < step]
         return self.stats
 
+    def _sync(self, step: int) -> None:
+        """The weight sync before step `step`'s rollout; on time-shared engines it first
+        waits for this job's turn (a swap when another job's weights are in them)."""
+        if self.turn is not None:
+            self.turn.take(step)
+        self.weights.sync(step)
+        if self.turn is not None:
+            self.turn.synced(step)
+
     def _boundary(self, step: int) -> None:
         """Between steps: the test hook, then a check that the cluster is still the plan's (a
         joined node is used from here on; a lost one is usually noticed earlier, by a call)."""
@@ -172,9 +197,11 @@ class Loop:
         ctx, lc, t = self.ctx, self.ctx.lc, time.time()
         ctx.new_step()
         s = self.rollouts.collect(pending)
+        if self.turn is not None:
+            self.turn.done(step)
         nxt = None
         if lc.pipeline.overlaps_steps and step + 1 < lc.steps:
-            self.weights.sync(step + 1)  # version == step: one behind the next step
+            self._sync(step + 1)  # version == step: one behind the next step
             nxt = self.rollouts.launch(step + 1)
         targets = [ctx.targets.pop(i) for i in s.ids]
         started = self.training.dispatch_score(s)

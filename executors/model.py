@@ -98,3 +98,17 @@ def load_policy(path: str | Path) -> nn.Module:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     return model
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """A digest of a set of weights: every tensor's name, shape and FP32 bytes, in name order
+    (equal digests: the same weights; a fleet's shared engines are checked against the trainer
+    of the job they serve with it, `executors.fleetrun`)."""
+    import hashlib
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu", torch.float32).contiguous()
+        h.update(f"{name}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+

@@ -19,7 +19,7 @@ import time
 import torch
 
 from executors import rl
-from executors.model import ValueModel
+from executors.model import ValueModel, state_digest
 from executors.precision import autocast
 from executors.reshard import BucketLoading, engine_shard, engine_state, engine_unshard
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
@@ -106,6 +106,10 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
 
     def wake_engine(self) -> bool:
         return False
+
+    def weights_digest(self) -> str:
+        """`executors.model.state_digest` of the weights the engine generates with."""
+        return state_digest(self._own)
 
     def engine_shards(self) -> list[dict[str, torch.Tensor]]:
         """Each TP rank's weights, as the engine holds them."""

@@ -88,8 +88,10 @@ def actor_options(m: Member, pg: Any, pinned: bool) -> dict[str, Any]:
 
 
 def create_groups(run: RunPlan, pinned: bool, timeout_s: float = 120.0,
-                  skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
-    """One ready placement group per slot (but the `skip` slots: a rebuild keeps their groups)."""
+                  skip: frozenset[str] | set[str] = frozenset(), prefix: str = ""
+                  ) -> dict[str, Any]:
+    """One ready placement group per slot (but the `skip` slots: a rebuild keeps their groups),
+    named `placer-PREFIXSLOT` (`prefix`: a fleet's job, `executors.fleetrun`)."""
     import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
     from ray.util.placement_group import placement_group  # lazy: Ray run only
     groups = {}
@@ -97,7 +99,7 @@ def create_groups(run: RunPlan, pinned: bool, timeout_s: float = 120.0,
         if name in skip:
             continue
         pg = placement_group([bundle_request(b, pinned) for b in slot.bundles],
-                             strategy=slot.strategy, name=f"placer-{name}")
+                             strategy=slot.strategy, name=f"placer-{prefix}{name}")
         groups[name] = pg
     for name, pg in groups.items():
         try:

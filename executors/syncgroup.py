@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -82,6 +82,15 @@ class GroupSpec:
     send_shards: bool = False
     timeout_s: float = 300.0
     protocol: str = BUCKETS  # a name in `PROTOCOLS` that forms a group
+    # whose weights the path carries: engines time-shared by several jobs (`executors.fleetrun`)
+    # hold one group per (scope, path), so that a swap between jobs re-sends over a held group
+    scope: str = ""
+
+    @property
+    def slot(self) -> tuple[str, int]:
+        """Where a member holds its side of the group: a new group replaces the old one of
+        the same scope and path."""
+        return self.scope, self.path
 
     @property
     def mechanism(self) -> Protocol:
@@ -352,7 +361,7 @@ class SharedMemory(Protocol):
 PROTOCOLS: dict[str, Protocol] = {p.name: p() for p in (Protocol, PerTensor, SharedMemory)}
 
 
-def find_peer(peers: dict[int, Peer] | None, name: str) -> Peer:
+def find_peer(peers: Mapping[Any, Peer] | None, name: str) -> Peer:
     """This member's group `name` (a restarted process has none: the driver forms anew)."""
     found = [p for p in (peers or {}).values() if p.spec.name == name]
     if not found:
@@ -369,7 +378,7 @@ class GroupSender(HandOverSender):
     `_sync_state(bucket_bytes)`, the full tensors it streams, and `_kv_heads()`."""
 
     _sync_listen: socket.socket | None = None
-    _sync_peers: dict[int, Peer] | None = None  # by refresh path
+    _sync_peers: dict[tuple[str, int], Peer] | None = None  # by (scope, refresh path)
     _sync_sending: Sending | None = None
 
     def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
@@ -394,7 +403,7 @@ class GroupSender(HandOverSender):
         if index == 0 and host is None:  # without it the store would bind to every interface
             raise RuntimeError("weight sync: sender 0 joins before sync_host")
         self._sync_listen = None
-        self._sync_peers = {**(self._sync_peers or {}), spec.path: join_sender(spec, index, host)}
+        self._sync_peers = {**(self._sync_peers or {}), spec.slot: join_sender(spec, index, host)}
         return True
 
     def sync_prepare(self, name: str, bucket_bytes: int, index: int) -> list[Manifest]:
@@ -417,7 +426,7 @@ class GroupReceiver(HandOverReceiver):
     `_refreshed()` (the refresh is complete) and `_expected_names()`."""
 
     version: int
-    _sync_peers: dict[int, Peer] | None = None  # by refresh path
+    _sync_peers: dict[tuple[str, int], Peer] | None = None  # by (scope, refresh path)
 
     def _engine_tp(self) -> int:
         return 1
@@ -443,7 +452,7 @@ class GroupReceiver(HandOverReceiver):
         if spec.tps[engine] != self._engine_tp():
             raise RuntimeError(f"weight sync: engine {engine} runs tp {self._engine_tp()}, the "
                                f"group expects {spec.tps[engine]}")
-        self._sync_peers = {**(self._sync_peers or {}), spec.path: join_engine(spec, engine)}
+        self._sync_peers = {**(self._sync_peers or {}), spec.slot: join_engine(spec, engine)}
         return True
 
     def sync_receive(self, name: str, manifests: list[Manifest], version: int

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from executors import collprobe, rl
 from executors.experts import sync_expert_grads
 from executors.layoutread import mismatch, read_layout
+from executors.model import state_digest
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.precision import autocast
@@ -353,6 +354,10 @@ class Trainer(Worker, GroupSender):
     def probe_collectives(self) -> list[dict[str, Any]]:
         """Time the group's collectives (`executors.collprobe`); every rank calls it."""
         return collprobe.probe(self.world) if self.world > 1 else []
+
+    def weights_digest(self) -> str:
+        """`executors.model.state_digest` of the weights `weights()` would send."""
+        return state_digest(self.weights())
 
     def weights_info(self) -> tuple[int, int]:
         """(version, bytes) of the weights `weights()` would send."""

@@ -87,8 +87,10 @@ class GroupRefresh:
     Groups are held by (scope, path): a multi-agent run refreshes each agent's engines from its
     own trainer under its own scope (the agent), so that two agents' paths never share one."""
 
-    def __init__(self, rt: Calls, send_shards: bool = False) -> None:
-        self.rt, self.send_shards = rt, send_shards
+    def __init__(self, rt: Calls, send_shards: bool = False, scope: str = "") -> None:
+        """`scope`: the default scope of this driver's groups (a fleet's job whose engines
+        other jobs share, `executors.fleetrun`); it names the groups too, unique per scope."""
+        self.rt, self.send_shards, self.scope = rt, send_shards, scope
         self.groups: dict[tuple[str, int], tuple[tuple[Any, ...], GroupSpec]] = {}
         self.formed = 0
         self.control_bytes = 0
@@ -122,6 +124,7 @@ class GroupRefresh:
             raise TrainingLost(bad)
         key: tuple[Any, ...] = (len(senders), *((m.rank, o.value[2])
                                                 for m, o in zip(senders + targets, outs)))
+        scope = scope or self.scope
         held = self.groups.get((scope, path))
         if held is not None and held[0] == key:
             return held[1]
@@ -131,8 +134,9 @@ class GroupRefresh:
         protocol = _protocol([o.value for o in outs[len(senders):]])
         addr, port = self.one(senders[0], "sync_host")
         self.formed += 1
-        spec = GroupSpec(f"wsync{self.formed}", path, addr, port, len(senders), tuple(tps),
-                         backend, self.send_shards, protocol=protocol.name)
+        spec = GroupSpec(f"wsync{'-' + scope if scope else ''}{self.formed}", path, addr, port,
+                         len(senders), tuple(tps), backend, self.send_shards,
+                         protocol=protocol.name, scope=scope)
         outs = self._all([(s, "sync_join", (spec, i)) for i, s in enumerate(senders)]
                          + [(m, "sync_join", (spec, j)) for j, m in enumerate(targets)])
         bad = next((o.error for o in outs if not o.ok), None)

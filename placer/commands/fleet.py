@@ -5,6 +5,8 @@
                             [--export kueue DIR [--image IMAGE] [--namespace NS] [--steps N]]
                             [--simulate [--iterations N] [--no-variance | --config SIM.yaml]
                                         [--plots DIR]]
+                            [--execute [--steps N] [--out DIR] [--trace T.json]
+                                       [--check-weights]]
 
 Each job is planned on the nodes the allocation model visits for it (`placer.fleet`); the table
 gives each job's nodes, iteration time and iterations per hour, and the objective with its proven
@@ -18,6 +20,14 @@ fleet file's `contention` section names (CPU pools, spine links, checkpoint stor
 preemptions; `simulator.fleet`), and reports each job's iteration time alone and in the fleet,
 its slowdown and lost work, and the fleet's goodput (`--json`: under `simulation`); `--plots DIR`
 writes the fleet's Gantt chart and each team's usage against its quota (`simulator.fleetplots`).
+`--execute` runs the plan on an embedded Ray (`executors.fleetrun`): every job its own RL
+loop on its plan's nodes, all at once; a shared rollout pool's engines serve its jobs in turns,
+each job's weights swapped in before its rollout; it reports each job's step times beside its
+planned iteration and each swap measured beside its price (`--json`: under `execution`);
+`--trace` writes the engines' turns (each swap, each rollout) as a Chrome trace.
+It is a flag of `placer fleet`, not `placer execute`: the fleet's plan is the allocation and
+every job's plan together (what `placer execute` reads is one job's plan), and the shared
+pools' turns and prices come from the same `FleetResult` the flag runs.
 Progress goes to stderr. Exit 2 for a bad fleet file (one line per mistake, naming the job and
 the field), 3 for a fleet that cannot fit (naming the job and the resource).
 """
@@ -36,6 +46,7 @@ from placer.fleet.result import FleetResult
 from placer.fleet.spec import Fleet
 
 if TYPE_CHECKING:
+    from executors.fleetrun import FleetExecResult
     from placer.cost.efficiency import Calibration
     from simulator.config import SimConfig
     from simulator.fleetresult import FleetSimResult
@@ -60,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="the RayJobs' image (needs placer installed)")
     p.add_argument("--namespace", default="default",
                    help="the LocalQueues' and RayJobs' namespace (default: default)")
-    p.add_argument("--steps", type=int, default=5, help="RL steps each RayJob runs (default 5)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="RL steps each RayJob runs, or --execute runs per job (default 5)")
     p.add_argument("--simulate", action="store_true",
                    help="simulate the jobs side by side: slowdowns, lost work, goodput")
     p.add_argument("--iterations", type=int, default=None,
@@ -72,6 +84,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "preempted job's restart)")
     p.add_argument("--plots", metavar="DIR",
                    help="with --simulate: write fleet_gantt.png and fleet_usage.png here")
+    p.add_argument("--execute", action="store_true",
+                   help="run every job's plan on an embedded Ray, shared rollout engines "
+                        "time-shared with weight swaps")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="with --execute: each job's checkpoints, ledger, model and trace "
+                        "(default out/fleet)")
+    p.add_argument("--trace", metavar="T.json",
+                   help="with --execute: the shared engines' turns as a Chrome trace")
+    p.add_argument("--check-weights", action="store_true",
+                   help="with --execute: after each swap, compare the engines' weights with "
+                        "the job's trainer's")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, "--output")
     check_export(args)
     cfg = check_simulate(args)
+    check_execute(args)
     fleet = load_fleet(args.fleet)
     calib = load_calibration(args.calibration)
     result = plan_fleet(fleet, calib, time_limit_s=args.time_limit,
@@ -97,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         doc["simulation"] = sim.to_dict()
     if args.export:
         _export(args, fleet, result)
+    ran = _execute(args, fleet, result) if args.execute else None
+    if ran is not None:
+        doc["execution"] = ran.summary()
     if args.output:
         atomic_write_text(args.output, json.dumps(doc, indent=2, default=str) + "\n")
         note(f"wrote {args.output}")
@@ -109,7 +136,40 @@ def run(args: argparse.Namespace) -> int:
     if sim is not None:
         print()
         print(sim.render())
-    return 0
+    if ran is not None:
+        print()
+        print("\n".join(ran.render()))
+    return 0 if ran is None or ran.ledger_ok else 1
+
+
+def check_execute(args: argparse.Namespace) -> None:
+    """--execute's flags, checked before any planning."""
+    if not args.execute:
+        for flag in ("out", "trace", "check_weights"):
+            if getattr(args, flag) not in (None, False):
+                raise SpecError(f"--{flag.replace('_', '-')}: applies to --execute only (got "
+                                f"{getattr(args, flag)!r})")
+        return
+    if args.steps is not None and args.steps < 1:
+        raise SpecError(f"--steps: must be at least 1 (got {args.steps})")
+    check_output(args.out or "out/fleet", "--out", folder=True)
+    check_output(args.trace, "--trace")
+
+
+def _execute(args: argparse.Namespace, fleet: Fleet, result: FleetResult) -> FleetExecResult:
+    from executors.fleetrun import execute_fleet
+
+    say = note if args.json else (lambda m: print(m, flush=True))
+    steps = args.steps or 5
+    note(f"fleet: executing {len(result.jobs)} jobs, {steps} steps each")
+    ran = execute_fleet(fleet, result, steps, args.out or "out/fleet",
+                        check_weights=args.check_weights, note=say,
+                        progress=lambda job, st: say(f"{job}: step {st.step}: reward "
+                                                     f"{st.reward:.3f} time {st.step_s:.2f}s"))
+    if args.trace:
+        ran.trace.write(args.trace)
+        note(f"wrote {args.trace}")
+    return ran
 
 
 def check_simulate(args: argparse.Namespace) -> SimConfig | None:
@@ -152,8 +212,8 @@ def check_export(args: argparse.Namespace) -> None:
     from placer.interop.kuberay import dns_name
 
     if not args.export:
-        for flag in ("image", "steps", "namespace"):
-            default = {"image": None, "steps": 5, "namespace": "default"}[flag]
+        for flag in ("image", "namespace") if args.execute else ("image", "steps", "namespace"):
+            default = {"image": None, "steps": None, "namespace": "default"}[flag]
             if getattr(args, flag) != default:
                 raise SpecError(f"--{flag}: applies to --export only (got {getattr(args, flag)!r})")
         return
@@ -163,7 +223,10 @@ def check_export(args: argparse.Namespace) -> None:
     check_output(folder, "--export", folder=True)
     if dns_name(args.namespace) != args.namespace:
         raise SpecError(f"--namespace: must be a DNS-1123 label (got {args.namespace!r})")
-    if not 1 <= args.steps <= 10**6:
+    if args.execute:
+        raise SpecError("--export: cannot be combined with --execute (its --steps would be "
+                        "both)")
+    if args.steps is not None and not 1 <= args.steps <= 10**6:
         raise SpecError(f"--steps: must be 1 to 1000000 (got {args.steps})")
 
 
@@ -174,7 +237,7 @@ def _export(args: argparse.Namespace, fleet: Fleet, result: FleetResult) -> None
     from placer.interop.kueue import export_kueue
 
     out = export_kueue(fleet, result, image=args.image or DEFAULT_IMAGE,
-                       namespace=args.namespace, steps=args.steps)
+                       namespace=args.namespace, steps=args.steps or 5)
     folder = Path(args.export[1])
     for name, text in out.files.items():
         atomic_write_text(folder / name, text)

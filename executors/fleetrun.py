@@ -1,0 +1,349 @@
+"""Execute a fleet's plan on Ray: every job's own loop, shared rollout pools time-shared.
+
+`placer fleet FLEET.yaml --execute` runs what `placer fleet` planned (`placer.fleet`): each job
+on its plan (`FleetResult.jobs[k].plan`: its roles on its own nodes), all at once on one Ray
+cluster, every job with its own trainer, reward, reference and environment workers and its own
+RL loop (`executors.loop.Loop`, one thread per job). A shared rollout pool (`shared.
+rollout_pools`, `placer.fleet.rolloutpool`) runs as one set of engines, started once with the
+rollout layout of the group's first job (the one whose team's quota holds them, as the plan
+lists the members); every member's loop uses those engines, in turns (`executors.engineturns`):
+before a job's rollout the engines hold that job's current weights, re-sent over its own
+weight-sync group when another job's were in them (the pricing's weight swap,
+`placer.fleet.rolloutpool.swap_s`: no copy of another job's weights is kept on the engines).
+
+One embedded Ray advertises every job's plan nodes (`executors.cluster.embed`); each job's plan
+numbers its nodes of a pool from 0, so two jobs' node 0 of one pool are two fleet nodes that
+advertise the same key (twice its units): each job's actors land on its plan's nodes and
+bundles, checked as a single job's are (`executors.placement.verify`/`check`). Joining a
+cluster (`--address`) is not offered: the fleet's nodes would need one numbering there.
+
+What cannot run this way is refused before Ray starts, one line naming the field and value
+(`fleet_problem`, the executor's own checks per job): a CPU pool the fleet shares (simulated
+only), a member whose rollout shares its slot with another role or is split over pools, or
+members whose engines would sample differently (response budget, context, temperature,
+precision: the engines are started with one job's).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executors import cluster
+from executors import placement as pl
+from executors.backends import DEFAULT_BACKEND, backend_of
+from executors.context import LoopConfig, StepStat
+from executors.engineturns import EngineGate, JobTurn, TurnRecord
+from executors.loop import Loop
+from executors.roles import RunConfig, run_config
+from executors.run import preflight, prepare_model, tail_deadlines
+from executors.runplan import RunPlan, resolve_plan
+from executors.runtime import RayRuntime
+from executors.weights import GroupRefresh
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.fleet.result import FleetResult, SharedRolloutUse
+from placer.fleet.spec import Fleet
+from traces.schema import Trace
+
+# seconds a job's actors may take to start: every job's start at once (each actor loads torch)
+START_TIMEOUT_S = 600.0
+# what a rollout engine takes from its job's config: members of a pool must agree on it
+ENGINE_FIELDS = ("max_new_tokens", "max_model_len", "temperature", "precision",
+                 "images_per_prompt")
+
+
+@dataclass
+class FleetJobRun:
+    """One job of the fleet as it runs: its run plan (a member's with the group's engines),
+    its config, runtime, loop, and what its thread returned."""
+
+    name: str
+    run: RunPlan
+    cfg: RunConfig
+    group: int | None = None  # its shared rollout pool (index in `FleetResult.engines`)
+    rt: RayRuntime | None = None
+    loop: Loop | None = None
+    turn: JobTurn | None = None
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    stats: list[StepStat] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+@dataclass
+class FleetExecResult:
+    """Every job's steps, its placement and ledger; every shared pool's turns, each swap and
+    rollout measured beside the plan's prices."""
+
+    jobs: dict[str, list[StepStat]]
+    planned_s: dict[str, float]  # each job's priced iteration (shared pool included)
+    placement: dict[str, list[dict[str, Any]]]
+    ledger_problems: dict[str, list[str]]
+    pools: list[SharedRolloutUse]
+    turns: list[list[TurnRecord]]  # per shared pool
+    trace: Trace
+    described: str = ""
+
+    @property
+    def ledger_ok(self) -> bool:
+        return not any(self.ledger_problems.values())
+
+    def swaps(self, group: int) -> list[TurnRecord]:
+        return [t for t in self.turns[group] if t.swapped]
+
+    def summary(self) -> dict[str, Any]:
+        def mean(xs: list[float]) -> float | None:
+            return round(sum(xs) / len(xs), 4) if xs else None
+        return {
+            "jobs": {name: {"step_s": [round(s.step_s, 4) for s in stats],
+                            "mean_step_s": mean([s.step_s for s in stats]),
+                            "planned_iteration_s": round(self.planned_s[name], 4),
+                            "reward": [round(s.reward, 4) for s in stats],
+                            "ledger_problems": self.ledger_problems[name],
+                            "placement": self.placement[name]}
+                     for name, stats in self.jobs.items()},
+            "shared_rollout": [
+                {"pool": use.pool, "nodes": use.nodes, "order": [m.job for m in use.members],
+                 "priced_swap_s": round(use.swap_s, 4),
+                 "measured_swap_s": mean([t.sync_s for t in self.swaps(g)]),
+                 "swaps": len(self.swaps(g)),
+                 "priced_generation_s": {m.job: round(m.generation_s, 4) for m in use.members},
+                 "measured_rollout_s": {m.job: mean([t.rollout_s for t in self.turns[g]
+                                                     if t.job == m.job]) for m in use.members},
+                 "turns": [t.to_dict() for t in self.turns[g]]}
+                for g, use in enumerate(self.pools)],
+            "ledger_balanced": self.ledger_ok, "cluster": self.described}
+
+    def render(self) -> list[str]:
+        doc = self.summary()
+        lines = ["job          steps  mean s/step  planned s/iter  ledger"]
+        for name, j in doc["jobs"].items():
+            ok = "balanced" if not j["ledger_problems"] else "NOT balanced"
+            lines.append(f"{name:<12} {len(j['step_s']):>5} {j['mean_step_s'] or 0:>12.2f} "
+                         f"{j['planned_iteration_s']:>15.2f}  {ok}")
+        for p in doc["shared_rollout"]:
+            lines.append(f"shared engines {p['pool']} x{p['nodes']} ({' -> '.join(p['order'])}):"
+                         f" {p['swaps']} swaps, measured {p['measured_swap_s'] or 0:.3f} s each,"
+                         f" priced {p['priced_swap_s']:.3f} s")
+            for job, got in p["measured_rollout_s"].items():
+                lines.append(f"  {job}: rollout on the engines {got or 0:.2f} s per turn "
+                             f"(priced generation {p['priced_generation_s'][job]:.3f} s)")
+        return lines
+
+
+def fleet_problem(fleet: Fleet, result: FleetResult, runs: dict[str, RunPlan],
+                  cfgs: dict[str, RunConfig]) -> str | None:
+    """One line naming the field and value of what this driver cannot run; None: it runs."""
+    if result.shared:
+        cpu = result.shared[0]
+        return (f"shared.cpu_pools: pool {cpu.pool!r} shared by {', '.join(cpu.jobs)}: placer "
+                f"fleet --execute runs shared rollout pools; a shared CPU pool is simulated "
+                f"only (--simulate) (got {cpu.pool!r})")
+    decls = fleet.shared.rollout_pools if fleet.shared is not None else []
+    for use in result.engines:
+        names = [m.job for m in use.members]
+        i = next((k for k, d in enumerate(decls) if set(d.jobs) == set(names)), 0)
+        where = f"shared.rollout_pools.{i}.jobs"
+        for name in names:
+            r = runs[name].roles.get(Role.ROLLOUT)
+            if r is None:
+                return f"{where}: job {name!r} plans no rollout (got {name!r})"
+            if r.parts:
+                return (f"{where}: job {name!r}'s rollout is split over pools; the shared "
+                        f"engines run on one (got {name!r})")
+            if runs[name].slots[r.slot].roles != (Role.ROLLOUT,):
+                return (f"{where}: job {name!r}'s rollout shares slot {r.slot} with "
+                        f"{', '.join(x for x in runs[name].slots[r.slot].roles if x != 'rollout')};"
+                        f" the shared engines hold their nodes alone (got {name!r})")
+        first = cfgs[names[0]]
+        for name in names[1:]:
+            for f in ENGINE_FIELDS:
+                mine, theirs = getattr(cfgs[name], f), getattr(first, f)
+                if mine != theirs:
+                    return (f"{where}: job {name!r} samples with {f} {mine}, the engines are "
+                            f"started with {names[0]!r}'s {theirs}; members of a shared pool "
+                            f"must agree (got {name!r})")
+    return None
+
+
+def shared_view(run: RunPlan, engines: RunPlan) -> RunPlan:
+    """A member's run plan on the group's engines: its own roles and slots but the rollout,
+    whose role and seats are those of the job whose layout the engines run (`engines`)."""
+    own = run.roles[Role.ROLLOUT].slot
+    return dataclasses.replace(
+        run, roles={**run.roles, Role.ROLLOUT: engines.roles[Role.ROLLOUT]},
+        slots={k: v for k, v in run.slots.items() if k != own},
+        seats=tuple(s for s in run.seats if s.role != Role.ROLLOUT)
+        + tuple(s for s in engines.seats if s.role == Role.ROLLOUT))
+
+
+def own_nodes(run: RunPlan) -> list[dict[str, float]]:
+    """What the nodes of the run's own slots advertise (`executors.cluster.node_resources`)."""
+    res = cluster.node_resources(run)
+    used = dict.fromkeys((b.pool, b.node) for s in run.slots.values() for b in s.bundles)
+    return [res[k] for k in used]
+
+
+def prepare(fleet: Fleet, result: FleetResult, out: Path, backend: str,
+            unsafe_sandbox: bool) -> list[FleetJobRun]:
+    """Every job's run plan, checked (SpecError naming the job, or `fleet_problem`), its
+    version-0 model written, its config; a member's view on its group's engines."""
+    chosen = backend_of(backend)
+    runs: dict[str, RunPlan] = {}
+    for j in result.jobs:
+        try:
+            runs[j.name] = resolve_plan(j.plan)
+            preflight(runs[j.name], chosen, False, unsafe_sandbox)
+        except SpecError as e:
+            raise SpecError(f"jobs.{j.name}: {e}") from None
+    groups = {m.job: g for g, use in enumerate(result.engines) for m in use.members}
+    cfgs = {name: run_config(r) for name, r in runs.items()}
+    why = fleet_problem(fleet, result, runs, cfgs)
+    if why is not None:
+        raise SpecError(why)
+    out_jobs = []
+    for j in result.jobs:
+        g = groups.get(j.name)
+        run = runs[j.name]
+        if g is not None and result.engines[g].members[0].job != j.name:
+            run = shared_view(run, runs[result.engines[g].members[0].job])
+        folder = out / j.name
+        folder.mkdir(parents=True, exist_ok=True)
+        out_jobs.append(FleetJobRun(j.name, run, run_config(run, None,
+                                                            prepare_model(run.job, folder)), g))
+    return out_jobs
+
+
+def start(jobs: list[FleetJobRun], leaders: set[str], backend: str, max_restarts: int
+          ) -> tuple[list[Any], bool]:
+    """The embedded cluster, every job's placement groups and actors (a member's engines: its
+    group's, started with the group's first job, `leaders`); every actor checked on its plan
+    node and bundle. The placement groups made, and whether bundles are pinned to nodes."""
+    import ray  # lazy: Ray run only
+
+    cluster.ensure_token_auth()
+    pinned = True
+    if not ray.is_initialized():
+        cluster.embed([r for j in jobs for r in own_nodes(j.run)])
+    else:
+        have = ray.cluster_resources()
+        pinned = all(cluster.node_key(p, n) in have for j in jobs for p, n in j.run.nodes)
+    made: list[Any] = []
+    engines: dict[int, dict[tuple[str, int], Any]] = {}
+    chosen = backend_of(backend)
+    for j in sorted(jobs, key=lambda j: j.name not in leaders):
+        mine = pl.create_groups(j.run, pinned, prefix=f"{j.name}-")
+        made += mine.values()
+        reuse = engines.get(j.group) if j.group is not None else None
+        j.rt = RayRuntime(j.run, j.cfg, mine, pinned, chosen, max_restarts,
+                          start_timeout_s=START_TIMEOUT_S, reuse=reuse)
+        if j.name in leaders and j.group is not None:
+            engines[j.group] = {(m.role, m.rank): m.handle for m in j.rt.members
+                                if m.role == Role.ROLLOUT}
+        j.placement = pl.verify([m for m in j.rt.members if m.slot in mine], mine)
+        pl.check(j.placement, pinned)
+    return made, pinned
+
+
+def job_loop(j: FleetJobRun, steps: int, out: Path, gates: list[EngineGate],
+             check_weights: bool, progress: Callable[[str, StepStat], None] | None) -> Loop:
+    """The job's RL loop over its runtime; a member's takes turns on its group's engines and
+    forms its weight-sync groups under its own name (the engines hold one per job)."""
+    assert j.rt is not None
+    job = j.run.job
+    trace = Trace(metadata={"source": "execute", "job": job.name, "fleet_job": j.name,
+                            "seed": job.seed, "algorithm": job.algorithm, "mode": job.mode,
+                            "backend": DEFAULT_BACKEND, "runtime": "ray",
+                            "predicted_iteration_s": j.run.predicted_iteration_s})
+    lc = LoopConfig(steps=steps, out_dir=out / j.name, mode=job.mode,
+                    max_staleness=job.max_staleness, retries=1,
+                    deadlines=tail_deadlines(job.tail_policy))
+    report = (lambda st: progress(j.name, st)) if progress is not None else None
+    loop = Loop(j.run, j.rt, j.cfg, lc, trace, report)
+    if j.group is not None:
+        loop.weights.group = GroupRefresh(j.rt, scope=j.name)
+        j.turn = gates[j.group].turn_of(j.name, loop.ctx, check_weights)
+        loop.turn = j.turn
+    return loop
+
+
+def _run_one(j: FleetJobRun) -> None:
+    assert j.loop is not None
+    try:
+        j.stats = j.loop.run()
+    except BaseException as e:  # noqa: BLE001 - re-raised by the driver's thread
+        j.error = e
+    finally:
+        if j.turn is not None:
+            j.turn.leave()
+
+
+def fleet_trace(gates: list[EngineGate], t0: float, result: FleetResult) -> Trace:
+    """Each shared pool's turns on one track: a job's swap (or sync), then its rollout."""
+    trace = Trace(metadata={"source": "execute", "fleet": result.name, "runtime": "ray"})
+    for gate in gates:
+        for r in gate.records:
+            at = max(r.t0 - t0, 0.0)
+            kind = "swap" if r.swapped else "sync"
+            trace.add(f"{kind} {r.job}", "transfer", at, r.sync_s, f"engines {gate.pool}",
+                      "turns", step=r.step, role=Role.ROLLOUT, src=r.previous)
+            trace.add(f"rollout {r.job}", "generate", at + r.sync_s, r.rollout_s,
+                      f"engines {gate.pool}", "turns", step=r.step, role=Role.ROLLOUT)
+    return trace
+
+
+def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | Path, *,
+                  backend: str = DEFAULT_BACKEND, max_restarts: int = 3,
+                  check_weights: bool = False, unsafe_sandbox: bool = False,
+                  progress: Callable[[str, StepStat], None] | None = None,
+                  note: Callable[[str], None] | None = None) -> FleetExecResult:
+    """Run `steps` RL steps of every job of the planned fleet at once (see the module
+    docstring). `check_weights`: after each sync on shared engines, compare the engines'
+    weights with the job's trainer's (`TurnRecord.weights_match`)."""
+    import ray  # lazy: Ray run only
+
+    if steps < 1:
+        raise SpecError(f"--steps: must be at least 1 (got {steps})")
+    out = Path(out_dir)
+    jobs = prepare(fleet, result, out, backend, unsafe_sandbox)
+    leaders = {use.members[0].job for use in result.engines}
+    gates = [EngineGate(use.pool, [m.job for m in use.members], use.members[0].job)
+             for use in result.engines]
+    made: list[Any] = []
+    try:
+        made, pinned = start(jobs, leaders, backend, max_restarts)
+        if note is not None:
+            note(f"fleet: {len(jobs)} jobs started on embedded Ray"
+                 + ("" if pinned else " (node pinning off)"))
+        for j in jobs:
+            j.loop = job_loop(j, steps, out, gates, check_weights, progress)
+        t0 = time.time()
+        threads = [threading.Thread(target=_run_one, args=(j,), name=f"fleet-{j.name}")
+                   for j in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for j in sorted(jobs, key=lambda j: j.name in leaders):  # the engines' owner last
+            if j.rt is not None:
+                j.rt.close(spare=[] if j.name in leaders or j.group is None else
+                           [m.handle for m in j.rt.members if m.role == Role.ROLLOUT])
+        for pg in made:
+            ray.util.remove_placement_group(pg)
+    failed = next((j for j in jobs if j.error is not None), None)
+    if failed is not None:
+        raise RuntimeError(f"fleet job {failed.name}: {failed.error}") from failed.error
+    for j in jobs:
+        assert j.loop is not None
+        j.loop.trace.write(out / j.name / "trace.json")
+    priced = {j.name: j.iteration_s for j in result.jobs}
+    return FleetExecResult(
+        {j.name: j.stats for j in jobs}, priced, {j.name: j.placement for j in jobs},
+        {j.name: j.loop.ledger.problems(steps) if j.loop else [] for j in jobs},
+        list(result.engines), [g.records for g in gates], fleet_trace(gates, t0, result),
+        "embedded Ray on 127.0.0.1")
