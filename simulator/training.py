@@ -114,8 +114,9 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
 
 def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
     """Role -> seconds it pays per iteration to take its slot: its onload when its slot's roles
-    do not fit together even with parked optimizers, else its parked optimizer's copy out and
-    back (`placer.cost.timing.slot_switch`'s rule, on the plan's memory)."""
+    do not fit together even with parked optimizers, else its parked optimizer's copies out and
+    back as the job's framework moves it (`placer.cost.timing.slot_switch`'s rule, on the plan's
+    memory)."""
     res, calib = px.res, px.calib
     out: dict[str, float] = {}
     for slot in plan.slots:
@@ -129,9 +130,11 @@ def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
             for r in members:
                 out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff)
             continue
+        fw = res.job.profile.name
         for r, (_, parked) in zip(members, rows):
-            if parked:
-                out[r] = optpark.park_time(parked, eff)
+            if parked:  # as its framework copies it (`optpark.moved_gb`, `timing.member_switch`)
+                est = placed_estimate(px, r, plan.roles[r], shares_slot(plan, r))
+                out[r] = optpark.park_time(optpark.moved_gb(est, fw), eff)
     return out
 
 

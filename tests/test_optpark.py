@@ -70,12 +70,15 @@ def test_parking_makes_a_colocated_slot_fit_and_prices_the_copies() -> None:
     assert px.slot_switch(whole) == {"s": pytest.approx(64.0 / eff.offload_gbs)}
     parked = [Placed("s", _trainer(px, r, True).est) for r in ("actor", "critic")]
     # resident 33 + 33, plus one 12 GB optimizer brought back at a time: 78 GB <= 80 GB. Each
-    # parked optimizer goes out and back: 4 copies of 12 GB
-    assert px.slot_switch(parked) == {"s": pytest.approx(4 * 12.0 / eff.offload_gbs)}
-    # a 20 GB optimizer each: 25 + 25 + 20 = 70 GB fits too, 80 GB of copies
+    # parked optimizer goes out and back as verl's FSDP worker moves it: Adam's two fp32 moments,
+    # 8 of the model's 12 B a parameter (its fp32 module parameters are the master copy and stay;
+    # placer.cost.offload.PARK_SCHEMES): 4 copies of 8 GB (12 GB before the schemes were read)
+    assert px.slot_switch(parked) == {"s": pytest.approx(4 * 8.0 / eff.offload_gbs)}
+    # a 20 GB optimizer each: 25 + 25 + 20 = 70 GB fits too, 4 copies of 20 x 8 / 12 GB
     big = [Placed("s", _trainer(px, r, True, optimizer=20.0).est) for r in ("actor", "critic")]
-    assert px.slot_switch(big) == {"s": pytest.approx(80.0 / eff.offload_gbs)}
-    # one member parked: 45 - 12 + 45 + 12 = 90 GB, no better than none; it switches whole
+    assert px.slot_switch(big) == {"s": pytest.approx(4 * 20.0 * 8 / 12 / eff.offload_gbs)}
+    # one member parked: 45 - 12 + 45 + 12 = 90 GB, no better than none; it switches whole and
+    # its onload (weights and optimizer out and back) is at least what it parks
     one = [Placed("s", _trainer(px, "actor", True).est), whole[1]]
     assert px.slot_switch(one) == {"s": pytest.approx(64.0 / eff.offload_gbs)}
 
@@ -106,8 +109,9 @@ def test_ilp_chooses_parking_where_it_wins_and_matches_brute_force() -> None:
     assert sol.status == "OPTIMAL"
     assert score(problem, sol.assignment)[0] == pytest.approx(expect, rel=1e-5)
     assert sol.objective == pytest.approx(expect, rel=1e-4)
-    # both on all 8 H100s: sharing them is the only way, and parking (80 GB of copies) beats
-    # the whole switch (2 x (4 + 20) GB out and back each: 96 GB)
+    # both on all 8 H100s: sharing them is the only way, and parking (53 GB of copies: verl's
+    # 8 B of the optimizer's 12 B a parameter) beats the whole switch (2 x (4 + 20) GB out and
+    # back each: 96 GB)
     a = sol.assignment
     assert a.slot_of["actor"] == a.slot_of["critic"]
     assert all(c.est.par.park_optimizer for c in a.choice.values())

@@ -57,7 +57,11 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # operator profiles (`python -m workflows.operators --fit`; out-of-sample here, was 12.4%
     # with them in-sample); the run-level factors were not retuned to compensate.
     assert doc.median_abs_error < 0.175, doc.median_abs_error
-    assert doc.max_abs_error < 0.57, doc.max_abs_error
+    # 0.575 (was 0.57): row 10's CPU Adam is now priced as Megatron's HybridDeviceOptimizer
+    # copies it, an fp32 gradient out and parameter in per optimizer step (8 B a parameter,
+    # placer.cost.offload.HOST_STEP_BYTES, was twice the 12 B of optimizer state), which takes
+    # 2 s off its update: -56.8% -> -57.1%, a gap the copies never explained (see above)
+    assert doc.max_abs_error < 0.575, doc.max_abs_error
     h20 = [r for r in doc.rows if "xH20 " in r.name]
     assert len(h20) == 11 and all(abs(r.error) < 0.27 for r in h20), [
         (r.name, r.error) for r in h20]  # the goal: every row within 30%

@@ -19,8 +19,11 @@ framework it ran under (`framework:`), and the row is priced with that framework
 (`costmodel.dispatch_time`); Miles' (row r10, and its sync rows) have none and use Miles'
 broadcast sender rate. The fully async rows publish the time
 the trainer waits for generation, so only what they name is compared; their trainer takes the
-old log-probs from the engine (`Row.trainer_log_probs`). A trainer offloads (`Use.offload`) where
-its script sets the actor's optimizer offload.
+old log-probs from the engine (`Row.trainer_log_probs`). A trainer steps its optimizer on the host
+(`Use.offload`) where its script sets Megatron's `optimizer_cpu_offload`, and parks its weights or
+optimizer between phases (`Use.park_params`, `Use.park_optimizer`) where it sets verl's or
+EasyR1's `param_offload` / `optimizer_offload`, each priced as that framework copies it
+(`placer.cost.offload`).
 
 The weight-sync rows (`SYNC_ROWS`) price one refresh with `timing.sync_time` on the published
 hardware and mapping, with each framework's transport (verl's NCCL sync sends tensor by tensor

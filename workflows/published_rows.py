@@ -30,10 +30,17 @@ class Use:
     ep: int = 1
     cuda_graphs: bool = True  # rollout engines: False where the run set vLLM's enforce_eager
     shard: int = 0  # trainer: HSDP shard group, the script's fsdp_config.fsdp_size (0: none)
+    # verl's / EasyR1's parking between phases (`placer.cost.offload`): `param_offload` (the
+    # weights, loaded for every phase that runs the module) and `optimizer_offload` (the
+    # optimizer state, loaded for the update); `offload` is a host-stepped optimizer (Megatron's
+    # optimizer_cpu_offload), whose state never comes back to the GPU
+    park_params: bool = False
+    park_optimizer: bool = False
 
     def parallel(self) -> Parallel:
         return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
-                        cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs, shard=self.shard)
+                        cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs, shard=self.shard,
+                        park_params=self.park_params, park_optimizer=self.park_optimizer)
 
 
 @dataclass(frozen=True)
@@ -108,19 +115,20 @@ ROWS: list[Row] = [
         _SPLIT, trainer_log_probs=False),
     Row("r05 GRPO 30B-A3B 128xH20 colocate", "r05-grpo30ba3b-128xh20-colocate.yaml", _FA, 497.89,
         {"rollout": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update": 86.27},
-        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, offload=True, cp=2, ep=8),
+        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, offload=True, cp=2, ep=8, park_params=True),
          _R.ROLLOUT: Use("h20", tp=4, dp=32, cuda_graphs=False),
-         _R.REFERENCE: Use("h20", tp=2, dp=32, cp=2, ep=8), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("h20", tp=2, dp=32, cp=2, ep=8, park_params=True), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r06 GRPO 30B-A3B 128xH20 async 96:32", "r06-grpo30ba3b-128xh20-async.yaml", _FA, 282.75,
         {"ref": 50.05, "update": 206.63},
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True, cp=2, ep=8),
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True, cp=2, ep=8, park_params=True),
          _R.ROLLOUT: Use("h20", tp=4, dp=24, cuda_graphs=False),
-         _R.REFERENCE: Use("h20", tp=2, dp=8, cp=2, ep=8), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("h20", tp=2, dp=8, cp=2, ep=8, park_params=True), _R.REWARD: _CPU},
         _SPLIT_REF, trainer_log_probs=False),
     Row("r07 DAPO 7B 16xH20 colocate", "r07-dapo7b-16xh20-colocate.yaml", _OSO, 749.0,
         {"rollout": 247.0, "old_log_prob": 88.0, "update": 286.0},  # rollout: generate_sequences
-        {_R.ACTOR: Use("h20", dp=16, offload=True, shard=2), _R.ROLLOUT: Use("h20", tp=2, dp=8),
+        {_R.ACTOR: Use("h20", dp=16, shard=2, park_params=True, park_optimizer=True),
+         _R.ROLLOUT: Use("h20", tp=2, dp=8),
          _R.REWARD: _CPU},
         _COLOC),
     Row("r08 DAPO 7B 16xH20 one-step-off 4+12", "r08-dapo7b-16xh20-one-step-off.yaml", _OSO, 520.0,
@@ -129,7 +137,7 @@ ROWS: list[Row] = [
         _SPLIT),
     Row("r09a DAPO 7B Megatron 16xH20 colocate", "r09a-dapo7b-16xh20-megatron-colocate.yaml", _OSO,
         699.0, {"rollout": 162.0, "old_log_prob": 119.0, "update": 344.0},  # (generate_sequences)
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True),
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, park_params=True, park_optimizer=True),
          _R.ROLLOUT: Use("h20", tp=2, dp=8),
          _R.REWARD: _CPU},
         _COLOC),
@@ -148,19 +156,22 @@ ROWS: list[Row] = [
         _COLOC_REF),
     Row("r11 GRPO 671B DeepSeek-V3 96xH20 colocate", "r11-grpo671b-96xh20-colocate.yaml",
         "verl docs/perf/dpsk.md", 1700.0, {"rollout": 1050.0},
-        {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8),
+        {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8, park_params=True),
          _R.ROLLOUT: Use("h20", tp=32, dp=3, cuda_graphs=False),
-         _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8, park_params=True), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r13 GRPO Qwen2.5-VL-7B 8xH100 colocate", "r13-grpo-vl7b-8xh100-colocate.yaml",
         "EasyR1 assets/baselines.md (b44b311b, v0.3.2)", 145.0, {},
-        # FSDP full shard with the actor's params and optimizer offloaded; vLLM TP2 x 4
-        {_R.ACTOR: Use("h100", dp=8, offload=True), _R.ROLLOUT: Use("h100", tp=2, dp=4),
+        # FSDP full shard with the actor's params and optimizer parked (EasyR1's offload_params,
+        # offload_optimizer: the same copies as verl's FSDP worker); vLLM TP2 x 4
+        {_R.ACTOR: Use("h100", dp=8, park_params=True, park_optimizer=True),
+         _R.ROLLOUT: Use("h100", tp=2, dp=4),
          _R.REFERENCE: Use("h100", dp=8), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r14 GRPO Qwen2.5-VL-32B 8xH100 colocate", "r14-grpo-vl32b-8xh100-colocate.yaml",
         "EasyR1 assets/baselines.md (b44b311b, v0.3.2)", 530.0, {},
-        {_R.ACTOR: Use("h100", dp=8, offload=True), _R.ROLLOUT: Use("h100", tp=8),
+        {_R.ACTOR: Use("h100", dp=8, park_params=True, park_optimizer=True),
+         _R.ROLLOUT: Use("h100", tp=8),
          _R.REFERENCE: Use("h100", dp=8), _R.REWARD: _CPU},
         _COLOC_REF),
 ]

@@ -5,7 +5,8 @@ work. Formulas are first principles (bytes, FLOPs, messages) times named efficie
 (`Efficiency`), each with a default that a calibration profile overrides per device type.
 
 This module prices training (`train_memory`, `train_time`: 6 or 8 matmul passes per token at the
-device's GEMM ceiling, pipeline bubble, gradient sync, optimizer offload, layer collectives,
+device's GEMM ceiling, pipeline bubble, gradient sync, a host-stepped optimizer's copies
+(`placer.cost.offload.host_step_gb`), layer collectives,
 ZeRO-3 gathers), a training framework's forward-only passes (`score_time`), the single
 controller's dispatch of each pass (`dispatch_time`), tool-call waves, weight pushes
 (`transfer_time`), and colocated roles' switches (`switch_time`, `engine_swap_time`, both
@@ -51,6 +52,7 @@ from placer.cost.layercomm import (
     weight_gather_time,
     zero3_gathers,
 )
+from placer.cost.offload import host_step_gb
 from placer.cost.roofline import (
     BYTES,
     GB,
@@ -148,7 +150,8 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
     offload = 0.0
     if par.offload and not dev.host_backed:  # on host RAM already: the offload moves nothing
-        offload = 2 * train_state_bytes(m, par)[2] / (eff.offload_gbs * GB)
+        # a host-stepped optimizer: each step's gradients out and parameters back
+        offload = host_step_gb(train_state_bytes(m, par)[2] / GB) / eff.offload_gbs
     return oversubscription(dev, par.devices, eff) * (
         compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload
                                     + eff.train_overhead_s) + comm)

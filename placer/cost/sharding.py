@@ -71,6 +71,10 @@ class Parallel:
     # back for the step, which runs on the GPU (verl's `optimizer_offload`, NeMo-RL's colocated
     # default; `placer.cost.optpark`), unlike `offload`, whose step runs on the host
     park_optimizer: bool = False
+    # The role's parameters parked in host memory between phases and loaded for each phase that
+    # runs the module (verl's `param_offload`; `placer.cost.offload`, which prices each
+    # framework's copies): a published run's setting, not a planner candidate
+    park_params: bool = False
 
     @property
     def attn_tp(self) -> int:

@@ -26,7 +26,14 @@ from placer.cost import optpark
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.estimate import Estimate, rollout_shape
-from placer.cost.model import engine_swap_time, switch_time, sync_call_cost, weight_sync_time
+from placer.cost.model import (
+    engine_swap_time,
+    host_round_trip_time,
+    switch_time,
+    sync_call_cost,
+    weight_sync_time,
+)
+from placer.cost.offload import parked_states, unparked_gb
 from placer.cost.refit import paired_route, paired_time
 from placer.cost.rollout_tail import Replicas
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
@@ -185,10 +192,10 @@ def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> flo
 
 
 def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
-    """Per slot, what its roles pay per RL step to take turns on its devices: when they do not
-    fit together even with parked optimizers (`optpark.slot_peak_gb`), every member's onload
-    (`onload_time`: its weights and optimizer, a parked one included, out and back); else each
-    parked optimizer's copy out and back (`optpark.park_time`), the same round trip. Slots
+    """Per slot, what its roles pay per RL step to take turns on its devices (`member_switch`):
+    when they do not fit together even with parked state (`optpark.slot_peak_gb`), every
+    member's onload (`onload_time`: its weights and optimizer out and back); a member that
+    parks state pays its framework's copies of it (`placer.cost.offload`) either way. Slots
     paying nothing are left out."""
     res = ctx.res
     by_slot: dict[str, list[Placed]] = defaultdict(list)
@@ -206,11 +213,30 @@ def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
             continue
         eff = ctx.calib.for_device(dev)
         rows = [(p.est.memory.total, optpark.parked_gb(p.est.memory, p.est.par)) for p in members]
-        if len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb:
-            out[slot] = sum(onload_time(p.est.role, p.est.memory, dev, eff) for p in members)
-        elif parked := sum(optpark.park_time(p, eff) for _, p in rows):
-            out[slot] = parked
+        whole = len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb
+        fw = res.job.profile.name
+        if t := sum(member_switch(p.est, dev, eff, fw, whole) for p in members):
+            out[slot] = t
     return out
+
+
+def member_switch(est: Estimate, dev: DeviceType, eff: Efficiency, framework: str,
+                  whole: bool) -> float:
+    """What one member of a shared slot pays per RL step: the copies of what it parks, as its
+    framework moves them (`optpark.moved_gb`: verl loads parked weights for every phase that
+    runs the module, whether or not the slot would fit without), and, when the slot switches
+    whole, its onload (`onload_time`): all of its state leaves the devices once at least, so a
+    parking member pays the larger of its onload and its copies plus the round trip of what it
+    does not park (`offload.unparked_gb`). A parked twin in a switching slot so never prices
+    below its unparked twin (the ILP's parking rule, `placer.solve.ilp_memory`, relies on it)."""
+    parks = bool(parked_states(est.par))
+    moved = optpark.park_time(optpark.moved_gb(est, framework), eff) if parks else 0.0
+    if not whole:
+        return moved
+    onload = onload_time(est.role, est.memory, dev, eff)
+    if not parks:
+        return onload
+    return max(onload, moved + host_round_trip_time(unparked_gb(est.memory, est.par), eff))
 
 
 def rollout_tool_time(ctx: PriceContext, rollout: Placed, env: Placed) -> float:

@@ -43,12 +43,14 @@ class SlotMemory(ModelVars):
         return self.ti(once * self.p.px.onloads_per_step(c.est.role))
 
     def _park(self, c: Candidate) -> int:
-        """Time units of the candidate's parked optimizer's copy out and back per RL step."""
+        """Time units of the candidate's parked optimizer's copies out and back per RL step, as
+        the job's framework moves it (`optpark.moved_gb`, as `timing.member_switch` prices it)."""
         if not c.est.par.park_optimizer:
             return 0
         dev = self.p.res.device_of(c.pool)
         eff = self.p.calib.for_device(dev)
-        return self.ti(optpark.park_time(optpark.parked_gb(c.est.memory, c.est.par), eff))
+        fw = self.p.res.job.profile.name
+        return self.ti(optpark.park_time(optpark.moved_gb(c.est, fw), eff))
 
     def _memory(self) -> None:
         """not over_j => every member's resident memory plus any one member's parked optimizer

@@ -1,0 +1,182 @@
+"""Offloaded training state as each framework moves it: what crosses the host link, and when.
+
+Two mechanisms keep a role's state in host memory, and they cost different copies.
+
+Parking (`Parallel.park_params`, `Parallel.park_optimizer`): the state lives on the host between
+phases and is loaded onto the GPU before each phase that uses it and offloaded after, all
+synchronous (verl's `param_offload` / `grad_offload` / `optimizer_offload`, EasyR1's
+`offload_params` / `offload_optimizer`, NeMo-RL's optimizer offload before the refit). Each
+framework moves its own tensors, at its own precision, before its own phases; `PARK_SCHEMES`
+records them per framework (`Move`: the state, its bytes per parameter, the phases that load
+it), and `parked_moves_gb` prices one RL step of a role: every load is one copy in and one out.
+The phases of a role are read off its estimate's stages (`phases_of`).
+
+  verl, FSDP (volcengine/verl @b178a3cd56f58b2d502255daba591e92833930a7,
+  verl/workers/fsdp_workers.py): the actor's module is built in fp32 (`_build_model_optimizer`,
+  lines 324-326: `torch.float32 if self._is_actor`), so its FSDP flat-parameter shard is 4 B a
+  parameter and is the optimizer's master copy; `optimizer_offload` moves Adam's `exp_avg` and
+  `exp_avg_sq` (verl/utils/fsdp_utils.py `offload_fsdp_optimizer`, 8 B). Parameters are loaded
+  and offloaded by `rollout_mode` (681-721, the refit), `compute_log_prob` (993, 1033) and
+  `update_actor` (895, 928), the optimizer by `update_actor` only (897, 931). Gradients are not
+  moved: `update_policy` ends with `zero_grad()`. EasyR1 (hiyouga/EasyR1 @b44b311b, v0.3.2), a
+  fork of verl's single controller, does the same: verl/workers/fsdp_workers.py
+  `update_actor` (557-598), `compute_log_probs` (639-659), and the refit in
+  verl/workers/sharding_manager/fsdp_vllm.py `_sync_weight_to_vllm`; its actor is fp32 too
+  (fsdp_workers.py:198-199).
+  verl, Megatron (same commit, verl/workers/megatron_workers.py): `param_offload` moves the
+  BF16 parameter buffers, split over tp x pp only (not over data parallelism;
+  verl/utils/megatron_utils.py `offload_megatron_model_to_cpu`, whose docstring lists "bf16
+  parameter data chunked in model parallel group"), in `rollout_mode` (681, 732),
+  `compute_log_prob` (866, 903) and `update_actor` (744, 776); `grad_offload` frees the gradient
+  buffer and re-allocates it zeroed (no copy); `optimizer_offload` moves the distributed
+  optimizer's fp32 master shard (`offload_megatron_copy_params`) and Adam's two moments, 12 B a
+  parameter of its shard, in `update_actor` (747, 779). The reference's `param_offload` moves its
+  parameters around `compute_ref_log_prob` (844, 855).
+  Any other framework: the model's own state (`Memory.weights` at 2 B, `Memory.optimizer` at
+  12 B a parameter), the parameters for every phase, the optimizer for the update (NeMo-RL's
+  parked optimizer, `placer.cost.optpark`).
+
+Parameters per device are read off the role's memory (`Memory.weights` / 2 B,
+`Memory.optimizer` / 12 B: each already split as the layout shards it), so a scheme's bytes per
+parameter scale the shard the layout holds.
+
+A host-stepped optimizer (`Parallel.offload`: Megatron-Core's HybridDeviceOptimizer, DeepSpeed's
+ZeRO-Offload) keeps its state on the host and steps there: per optimizer step it copies each
+parameter's gradient to the host and the updated parameter back, in fp32 (`host_step_gb`).
+NVIDIA/Megatron-LM @be37e2c95ce2bf12ca1ca58cab68da58402a6293
+megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py: `_set_sub_optimizer_grads` copies
+each CPU parameter's gradient into a pinned host buffer of the parameter's dtype, the fp32 main
+parameter of the distributed optimizer's shard, and `param_copy_back_gpu_hook` copies the
+stepped parameter back; DeepSpeed's stage 1/2 CPU offload likewise casts each gradient to fp32
+before its copy to the host (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`). 4 + 4 B per
+parameter of the optimizer's shard, where the moments never cross the link.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from placer.base.roles import Role
+from placer.cost.roofline import Memory
+from placer.cost.sharding import Parallel
+
+State = Literal["params", "optimizer"]
+Phase = Literal["refit", "forward", "update"]
+
+# bytes a parameter of each state takes in the model's own memory accounting
+# (`sharding.train_state_bytes`: BF16 weights, fp32 master weights and Adam moments)
+MODEL_BYTES: Mapping[State, float] = MappingProxyType({"params": 2.0, "optimizer": 12.0})
+
+# an estimate's stages -> the phases that run the role's module (`placer.cost.estimate`)
+STAGE_PHASES: Mapping[str, Phase] = MappingProxyType({"score": "forward", "train": "update"})
+# roles whose weights every refresh reads (verl's `rollout_mode` loads them for the export)
+REFIT_ROLES: frozenset[str] = frozenset({Role.ACTOR})
+
+# a host-stepped optimizer's copies per optimizer step: fp32 gradient out, fp32 parameter in
+HOST_STEP_BYTES = 8.0
+
+
+@dataclass(frozen=True)
+class Move:
+    """One parked state: `bytes_per_param` of each parameter the device holds, loaded before
+    (and offloaded after) each of `phases`."""
+
+    state: State
+    bytes_per_param: float
+    phases: frozenset[Phase]
+
+
+@dataclass(frozen=True)
+class ParkScheme:
+    """What a framework moves when it parks a role's state, with where it was read."""
+
+    moves: tuple[Move, ...]
+    source: str
+
+    def move(self, state: State) -> Move | None:
+        return next((m for m in self.moves if m.state == state), None)
+
+
+_EVERY: frozenset[Phase] = frozenset({"refit", "forward", "update"})
+_UPDATE: frozenset[Phase] = frozenset({"update"})
+_VERL = "volcengine/verl @b178a3cd56f58b2d502255daba591e92833930a7"
+
+GENERIC = ParkScheme(
+    (Move("params", MODEL_BYTES["params"], _EVERY),
+     Move("optimizer", MODEL_BYTES["optimizer"], _UPDATE)),
+    "the model's own state bytes (sharding.train_state_bytes)")
+
+PARK_SCHEMES: Mapping[str, ParkScheme] = MappingProxyType({
+    "verl": ParkScheme(
+        (Move("params", 4.0, _EVERY), Move("optimizer", 8.0, _UPDATE)),
+        f"{_VERL} verl/workers/fsdp_workers.py rollout_mode, compute_log_prob, update_actor; "
+        "fp32 actor module (324-326); verl/utils/fsdp_utils.py offload_fsdp_optimizer "
+        "(exp_avg, exp_avg_sq). hiyouga/EasyR1 @b44b311b verl/workers/fsdp_workers.py alike"),
+    "verl-megatron": ParkScheme(
+        (Move("params", 2.0, _EVERY), Move("optimizer", 12.0, _UPDATE)),
+        f"{_VERL} verl/workers/megatron_workers.py rollout_mode, compute_log_prob, "
+        "update_actor, compute_ref_log_prob; verl/utils/megatron_utils.py "
+        "offload_megatron_model_to_cpu (bf16 param buffers; grad buffers freed), "
+        "offload_megatron_optimizer (fp32 master shard, exp_avg, exp_avg_sq)"),
+})
+
+
+def scheme_of(framework: str) -> ParkScheme:
+    """The framework's parking scheme (`GENERIC` for one not in `PARK_SCHEMES`)."""
+    return PARK_SCHEMES.get(framework, GENERIC)
+
+
+def phases_of(role: str, stages: Iterable[str]) -> frozenset[Phase]:
+    """The phases a role's module runs in one RL step: its estimate's stages (`STAGE_PHASES`)
+    and, for a role every refresh reads (`REFIT_ROLES`), the refit."""
+    out = {STAGE_PHASES[s] for s in stages if s in STAGE_PHASES}
+    if role in REFIT_ROLES:
+        out.add("refit")
+    return frozenset(out)
+
+
+def parked_states(par: Parallel) -> tuple[State, ...]:
+    """The states `par` parks between phases. A host-stepped optimizer (`offload`) is on the
+    host already: nothing of it is parked."""
+    out: list[State] = []
+    if par.park_params:
+        out.append("params")
+    if par.park_optimizer and not par.offload:
+        out.append("optimizer")
+    return tuple(out)
+
+
+def _params_held(mem: Memory, state: State) -> float:
+    """Parameters (in G) of `state` one device holds, from the role's memory (GB)."""
+    gb = mem.weights if state == "params" else mem.optimizer
+    return gb / MODEL_BYTES[state]
+
+
+def parked_moves_gb(mem: Memory, par: Parallel, framework: str,
+                    phases: Iterable[Phase]) -> float:
+    """GB per device that one RL step copies each way for the states `par` parks: per state,
+    the framework's bytes per parameter (`scheme_of`) x the parameters the device holds x the
+    role's phases that load it. A round trip of it is `model.host_round_trip_time`."""
+    scheme, ran = scheme_of(framework), frozenset(phases)
+    total = 0.0
+    for state in parked_states(par):
+        move = scheme.move(state) or GENERIC.move(state)
+        assert move is not None  # GENERIC moves every state
+        total += move.bytes_per_param * _params_held(mem, state) * len(move.phases & ran)
+    return total
+
+
+def unparked_gb(mem: Memory, par: Parallel) -> float:
+    """GB per device of the state a whole switch moves beyond what the role parks: its weights
+    and on-device optimizer state (`model.switched_gb`) less the parked states."""
+    held = {"params": mem.weights, "optimizer": mem.optimizer}
+    return sum(v for k, v in held.items() if k not in parked_states(par))
+
+
+def host_step_gb(optimizer_gb: float) -> float:
+    """GB per device a host-stepped optimizer (`Parallel.offload`) copies per optimizer step,
+    both directions together: `HOST_STEP_BYTES` per parameter of its shard, whose state
+    (`optimizer_gb` at `MODEL_BYTES['optimizer']` a parameter) stays on the host."""
+    return HOST_STEP_BYTES * optimizer_gb / MODEL_BYTES["optimizer"]
