@@ -31,7 +31,9 @@ size) is the refresh's only control payload; the receivers rebuild the bucket ra
 Protocols. An engine names how it takes a refresh (`sync_member`); `PROTOCOLS` holds one class
 per protocol, and nothing else compares their names: `Protocol` (byte buckets over the group),
 `PerTensor` (SGLang's), and `SharedMemory`, which forms no group: an engine the plan colocates
-with the trainer is handed each bucket as shared memory (`executors.ipc`).
+with the trainer is handed each bucket as shared memory (`executors.ipc`); `SharedTensors`, its
+variant for SGLang on a GPU, hands over the whole tensors each bucket completes, which the
+engine passes unopened to SGLang's `update_weights_from_tensor`.
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ from executors.reshard import (
 BUCKETS = "buckets"
 PER_TENSOR = "per-tensor"
 IPC = "ipc"
+IPC_TENSORS = "ipc-tensors"
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,10 @@ class Protocol:
 
     name: ClassVar[str] = BUCKETS
     forms_group: ClassVar[bool] = True  # False: no process group (the hand-over)
+    # a hand-over's: the engine's method taking one bucket, and whether the buckets go as the
+    # whole tensors they complete (`ipc.HandOver`)
+    receive: ClassVar[str] = "handover_receive"
+    tensors: ClassVar[bool] = False
 
     def form(self, store: dist.Store, spec: GroupSpec, ch: Channel, rank: int,
              timeout: timedelta, ip: str | None) -> Any:
@@ -349,7 +356,18 @@ class SharedMemory(Protocol):
         raise RuntimeError("weight sync: the shared-memory hand-over broadcasts nothing")
 
 
-PROTOCOLS: dict[str, Protocol] = {p.name: p() for p in (Protocol, PerTensor, SharedMemory)}
+class SharedTensors(SharedMemory):
+    """SGLang's colocated hand-over on a GPU: each bucket as the whole tensors it completes,
+    one CUDA IPC handle per tensor and TP rank, which the engine hands SGLang unopened
+    (`executors.sglang_rollout.SglangRollout.handover_receive_tensors`)."""
+
+    name = IPC_TENSORS
+    receive = "handover_receive_tensors"
+    tensors = True
+
+
+PROTOCOLS: dict[str, Protocol] = {p.name: p() for p in (Protocol, PerTensor, SharedMemory,
+                                                         SharedTensors)}
 
 
 def find_peer(peers: dict[int, Peer] | None, name: str) -> Peer:

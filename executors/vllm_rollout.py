@@ -104,17 +104,18 @@ class WeightSync:
 
     _wsync_handover: tuple[str, Assembler] | None = None  # the hand-over in progress
 
-    def receive_handover(self, handles: list[bytes], first: int, head: BucketHead,
-                         senders: int, refresh: str) -> dict[str, Any]:
+    def receive_handover(self, handles: list[bytes], head: BucketHead, senders: int,
+                         refresh: str) -> dict[str, Any]:
         """Bucket `head` of a colocated refresh, handed over as CUDA IPC (`executors.ipc`, verl's
-        `update_weights_from_ipc`): this worker maps its own handle (`handles[first + t]`) on
-        its device, copies the bucket's bytes out, drops the mapping and loads the tensors it
-        completed, whole; `done` once every sender's stream is in."""
+        `update_weights_from_ipc`): this worker maps its own handle (`handles[t]`, exported by
+        the trainer rank on its device) on its device, copies the bucket's bytes out, drops
+        the mapping and loads the tensors it completed, whole; `done` once every sender's
+        stream is in."""
         if self._wsync_handover is None or self._wsync_handover[0] != refresh:
             self._wsync_handover = (refresh, Assembler())
         asm = self._wsync_handover[1]
         dev = torch.cuda.current_device() if torch.cuda.is_available() else None
-        view = ipc.rebuild(handles[first + self._tp_rank()], dev)
+        view = ipc.rebuild(handles[self._tp_rank()], dev)
         nbytes = view.numel()
         tensors = asm.add(head.with_data(view))
         del view
@@ -179,21 +180,22 @@ class VllmRollout(EngineRollout):
             return "cuda", self.cfg.engines.tp, os.getpid(), IPC
         return "cuda", self.cfg.engines.tp, os.getpid()
 
-    def handover_receive(self, handles: list[bytes], first: int, head: BucketHead,
-                         version: int, senders: int, refresh: str) -> dict[str, Any]:
-        """A colocated refresh's bucket `head`: every worker maps its handle and loads what it
-        completes (`WeightSync.receive_handover`; `collective_rpc` carries the handles and the
-        manifest, no tensor); after the last, the prefix cache is dropped."""
+    def handover_receive(self, head: BucketHead, version: int, senders: int, refresh: str,
+                         picks: ipc.Picks, *exports: ipc.Export) -> dict[str, Any]:
+        """A colocated refresh's bucket `head`: every worker maps its own handle, the one the
+        trainer rank on its device exported (`picks[t]`; `WeightSync.receive_handover`;
+        `collective_rpc` carries the handles and the bucket's head, no tensor) and loads what
+        it completes; after the last, the prefix cache is dropped."""
         t0 = time.time()
         outs = self.llm.collective_rpc("receive_handover",
-                                       args=(handles, first, head, senders, refresh))
+                                       args=(ipc.picked(picks, exports), head, senders, refresh))
         done = all(o["done"] for o in outs)
         if done:
             self._refreshed()
             self.version = version
         return {"t0": t0, "dur": time.time() - t0, "bytes": max(o["bytes"] for o in outs),
                 "done": done, "version": version, "bucket": head.index,
-                "receivers": list(range(first, first + len(outs)))}
+                "receivers": ipc.taken(picks, exports)}
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         """Every engine worker joins group `spec` (`WeightSync.init_weight_update_group`)."""

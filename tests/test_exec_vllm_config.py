@@ -189,8 +189,10 @@ def test_the_workers_receive_from_the_group_and_rpc_carries_no_weights(size: int
 def test_a_colocated_engine_is_handed_each_bucket_as_shared_memory() -> None:
     """Colocated, the engine names the hand-over (CUDA IPC on its GPUs): per bucket one
     `collective_rpc("receive_handover")` with the handles and the bucket's head, each worker
-    maps its own handle, loads what the bucket completes whole and exactly, and acknowledges
-    its handle; the prefix cache is dropped once, after the last bucket."""
+    maps its own handle, the one the trainer rank on its device exported (here the two
+    senders' bytes differ, so a worker that mapped the other's handle shows), loads what the
+    bucket completes whole and exactly, and acknowledges its handle; the prefix cache is
+    dropped once, after the last bucket."""
     from executors import ipc
     from executors.reshard import Stream
     from executors.syncgroup import IPC
@@ -200,20 +202,25 @@ def test_a_colocated_engine_is_handed_each_bucket_as_shared_memory() -> None:
     r = _fake_rollout(colocated=True)
     r.llm = WorkerLLM(2)
     assert r.sync_member() == ("cuda", 2, os.getpid(), IPC)
-    ho = ipc.HandOver("h1", Stream(want, 100), torch.device("cpu"))
-    for k in range(ho.stream.count):
-        ack = r.handover_receive(ho.export(k, 2), 0, ho.stream.head(k), 3, 1, "h1")
-        assert ack["receivers"] == [0, 1] and ack["bucket"] == k
-        ho.acked(k, ack["receivers"])
-        assert not ho.live  # both workers mapped their handle: the bucket is freed
+    # each worker's handle from the trainer rank on its device: two senders, one handle each
+    per_rank = [want, {k: v + 1 for k, v in want.items()}]
+    hos = [ipc.HandOver("h1", Stream(st, 100), torch.device("cpu"), ident=i)
+           for i, st in zip((4, 5), per_rank)]
+    for k in range(hos[0].stream.count):
+        ack = r.handover_receive(hos[0].stream.head(k), 3, 1, "h1", [(0, 0), (1, 0)],
+                                 *[ho.export(k, 1) for ho in hos])
+        assert ack["receivers"] == {4: [0], 5: [0]} and ack["bucket"] == k
+        for ho in hos:
+            ho.acked(k, ack["receivers"])
+            assert not ho.live  # its worker mapped its handle: the bucket is freed
     assert ack["done"] and r.version == 3
-    for w in r.llm.workers:
+    for w, mine in zip(r.llm.workers, per_rank):
         m = w.model_runner.model
-        assert set(m.loaded) == set(want)
+        assert set(m.loaded) == set(mine)
         assert all(torch.equal(m.loaded[k], v) and m.loaded[k].dtype == v.dtype
-                   for k, v in want.items())
+                   for k, v in mine.items())
     rpcs = [c[1] for c in r.llm.calls if c[0] == "collective_rpc"]
-    assert {a[0] for a in rpcs} == {"receive_handover"} and len(rpcs) == ho.stream.count
+    assert {a[0] for a in rpcs} == {"receive_handover"} and len(rpcs) == hos[0].stream.count
     assert sum(_tensors_in(a) for a in rpcs) == 0  # handles and heads: control messages
     assert [c[0] for c in r.llm.calls].count("reset_prefix_cache") == 1
     assert r.llm.calls[-1][0] == "reset_prefix_cache"
