@@ -7,7 +7,9 @@ and tool output, with BOS), and the share of device memory the plan priced for t
 (`gpu_memory_utilization` = the plan's memory_gb / the device's memory, clamped). It loads the
 same model directory the torch workers load (the run's version 0: a built model or the job's
 checkpoint folder). Weight sync: under Ray the engine's workers are members of the
-weight-sync group (`executors.syncgroup`), one rank per TP rank, as in vLLM's RLHF example: a
+weight-sync group (`executors.syncgroup`), one rank per TP rank, as in vLLM's RLHF example (on
+NCCL every channel a `StatelessProcessGroup` with a `PyNcclCommunicator`, the trainer's
+senders' too: `syncgroup.PyNccl`; gloo torch groups on the CPU): a
 worker extension (`WeightSync`, `worker_extension_cls`) joins the group
 (`init_weight_update_group`) and receives each refresh's buckets straight from the trainer's
 senders (`receive_weights`), loading whole tensors with `model.load_weights` (vLLM's loaders
@@ -44,6 +46,7 @@ from executors.reshard import Assembler, BucketHead
 from executors.roles import RunConfig, _timing
 from executors.syncgroup import (
     IPC,
+    PYNCCL,
     GroupSpec,
     Manifest,
     Peer,
@@ -172,13 +175,15 @@ class VllmRollout(EngineRollout):
         self.version = version
         return _timing(t0, version=version)
 
-    def sync_member(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
-        """The engine's workers join the group on their GPUs, one rank per TP rank; a colocated
-        engine shares the trainer's GPUs and takes its refreshes as CUDA IPC handles instead
-        (`executors.ipc`; NCCL holds no two ranks of a group on one device)."""
+    def sync_member(self) -> tuple[str, int, int, str]:
+        """The engine's workers join the group on their GPUs, one rank per TP rank, each channel
+        on vLLM's stateless group and NCCL communicator (`syncgroup.PyNccl`; gloo groups when
+        a member is on the CPU); a colocated engine shares the trainer's GPUs and takes its
+        refreshes as CUDA IPC handles instead (`executors.ipc`; NCCL holds no two ranks of a
+        group on one device)."""
         if self.cfg.engines.colocated:
             return "cuda", self.cfg.engines.tp, os.getpid(), IPC
-        return "cuda", self.cfg.engines.tp, os.getpid()
+        return "cuda", self.cfg.engines.tp, os.getpid(), PYNCCL
 
     def handover_receive(self, head: BucketHead, version: int, senders: int, refresh: str,
                          picks: ipc.Picks, *exports: ipc.Export) -> dict[str, Any]:
