@@ -23,11 +23,11 @@ sender's memory, as verl and NeMo-RL refresh a colocated vLLM or SGLang engine:
 
 Who hands over: the trainer rank beside each of the engine's TP ranks, when every rank can
 build every bucket (`handover_senders`): each engine worker maps a handle to memory on its own
-device, from the trainer rank on that device, as NeMo-RL's colocated refresh does (NeMo-RL @
-7ea279ab, nemo_rl/models/generation/vllm/vllm_backend.py `update_weights_via_ipc_zmq`: each
-vLLM worker takes the stream of the policy worker on its own GPU, its ZMQ socket named by the
-device's UUID; nemo_rl/models/policy/utils.py `stream_weights_via_ipc_zmq_impl`: every policy
-rank streams whole tensors, the worker's loader cuts its shard). Each sender answers an export
+device, from the trainer rank on that device, as vLLM's colocated RLHF example does (vLLM @
+081b8e32, examples/offline_inference/rlhf_utils.py `ColocateWorkerExtension.
+update_weights_from_ipc`: each worker connects to the stream keyed by its own device's UUID,
+`report_device_id`, rebuilds the sender's buffer on its device index and loads whole tensors,
+the worker's loader cutting its shard). Each sender answers an export
 with its handles and its process (`Export`); an engine names, per TP rank, which export and
 which handle is its (`picks`) and acknowledges per sender (`taken`).
 

@@ -194,7 +194,7 @@ def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
     assert not eng.open and r.current_version() == 4
 
 
-def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout) -> None:
+def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout, monkeypatch) -> None:
     """Colocated, the engine names the hand-over: each bucket is mapped in this process (one
     handle per TP rank, each consumed, so the sender frees it at once) and the tensors it
     completes go to `update_weights_from_tensor` inside one weight-update session; the cache
@@ -206,6 +206,7 @@ def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout) -> N
     from executors.syncgroup import IPC
     r, state, cfg = rollout
     r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True))
+    monkeypatch.setattr(sr, "on_gpu", lambda: False)  # the CPU's path, on any machine
     assert r.sync_member() == ("cpu", cfg.engines.tp, os.getpid(), IPC)
     ho = ipc.HandOver("h", Stream(state, 40_000), torch.device("cpu"))
     picks = [(0, t) for t in range(cfg.engines.tp)]
