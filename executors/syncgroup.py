@@ -36,7 +36,7 @@ variant for SGLang on a GPU, hands over the whole tensors each bucket completes,
 engine passes unopened to SGLang's `update_weights_from_tensor`. `PyNccl`, a vLLM engine's: on
 NCCL every member (the trainer's senders too) forms each channel as vLLM's RLHF example does,
 a `StatelessProcessGroup` over the channel's store and a `PyNcclCommunicator` on it
-(`pynccl_channel`), rather than a torch process group, so that no member's torch.distributed
+(`executors.pynccl`), rather than a torch process group, so that no member's torch.distributed
 state is touched (vLLM's workers hold theirs); on gloo (the CPU) a torch group as any other.
 """
 from __future__ import annotations
@@ -329,39 +329,6 @@ class Protocol:
         return len(m.layout().ranges)
 
 
-class NcclChannel:
-    """A channel formed on vLLM's communicator, answering `_bcast` as a torch process group
-    does: each broadcast is issued on the current CUDA stream (vLLM's example passes
-    `torch.cuda.current_stream()`), so the buffer is ready for whatever that stream runs next;
-    the work's `wait` has nothing left to wait for."""
-
-    def __init__(self, comm: Any) -> None:
-        self.comm = comm
-
-    def broadcast(self, bufs: list[torch.Tensor], opts: Any) -> NcclChannel:
-        self.comm.broadcast(bufs[0], src=opts.rootRank, stream=torch.cuda.current_stream())
-        return self
-
-    def wait(self) -> bool:
-        return True
-
-
-def pynccl_channel(store: dist.Store, rank: int, world: int) -> NcclChannel:
-    """One channel on vLLM's stateless group and NCCL communicator (vLLM's
-    `StatelessProcessGroup`, a dataclass of rank, world size, store and the listening socket
-    it keeps alive, built here on the channel's own store, which the group's host serves;
-    `PyNcclCommunicator(group, device=)` exchanges NCCL's unique id over it). RuntimeError
-    when the communicator comes up disabled (vLLM before 0.6.5 left it off until
-    `change_state`)."""
-    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # lazy: GPU
-    from vllm.distributed.utils import StatelessProcessGroup
-    group = StatelessProcessGroup(rank=rank, world_size=world, store=store, socket=None)
-    comm = PyNcclCommunicator(group, device=torch.device("cuda", torch.cuda.current_device()))
-    if comm.disabled:
-        raise RuntimeError("weight sync: vLLM's NCCL communicator came up disabled")
-    return NcclChannel(comm)
-
-
 class PyNccl(Protocol):
     """A vLLM engine's: byte buckets as `Protocol`'s, each channel on NCCL formed on vLLM's
     stateless group and communicator (`pynccl_channel`) by every member, on gloo a torch
@@ -373,6 +340,7 @@ class PyNccl(Protocol):
              timeout: timedelta, ip: str | None) -> Any:
         if spec.backend != "nccl":
             return super().form(store, spec, ch, rank, timeout, ip)
+        from executors.pynccl import pynccl_channel  # its vLLM imports are lazy too
         return pynccl_channel(dist.PrefixStore(spec.key(ch), store), rank, spec.world(ch))
 
 

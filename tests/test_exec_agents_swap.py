@@ -43,6 +43,14 @@ class InProcess:
         return list(handles)
 
 
+def _logged(real: Any, method: str, role: str, log: list[tuple[str, ...]]) -> Any:
+    """`real` (an engine's sleep or wake), its calls logged."""
+    def call() -> Any:
+        log.append((method, role))
+        return real()
+    return call
+
+
 def _loop(tmp_path: Path, log: list[tuple[str, ...]]) -> AgentLoop:
     """The tiny plan's driver over torch rollout workers whose sleep and wake are logged."""
     plan = _planned()
@@ -62,9 +70,7 @@ def _loop(tmp_path: Path, log: list[tuple[str, ...]]) -> AgentLoop:
         for m in engines:
             m.handle = Rollout(cfg, m.rank)
             for method in ("sleep_engine", "wake_engine"):
-                real = getattr(m.handle, method)
-                setattr(m.handle, method, lambda real=real, method=method, m=m: (
-                    log.append((method, m.role)), real())[1])
+                setattr(m.handle, method, _logged(getattr(m.handle, method), method, m.role, log))
         agents[name] = AgentRun(name, cfg, view, [], engines, [], Layout())
     return AgentLoop(run, agents, spec, turns, Trace(), calls=InProcess())  # type: ignore[arg-type]
 
@@ -82,11 +88,16 @@ def _record_stages(loop: AgentLoop, log: list[tuple[str, ...]]) -> None:
         log.append(("train",))
         loop.ledger.trained(step, ["a"])
         return 0.0, {n: {} for n in loop.agents}
-    loop.sync = lambda step: log.append(("sync",))  # type: ignore[method-assign]
+    def sync(step: int) -> None:
+        log.append(("sync",))
+
+    def score(step: int, *a: object) -> dict[str, tuple[list[float], list[bool]]]:
+        log.append(("score",))
+        return {n: ([1.0], [True]) for n in loop.agents}
+    loop.sync = sync  # type: ignore[method-assign]
     loop.rollout = rollout  # type: ignore[method-assign]
-    loop.score = lambda step, *a: (log.append(("score",)),  # type: ignore[method-assign]
-                                   {n: ([1.0], [True]) for n in loop.agents})[1]
-    loop.train = train  # type: ignore[method-assign]
+    loop.score = score  # type: ignore[method-assign, assignment]
+    loop.train = train  # type: ignore[method-assign, assignment]
 
 
 def test_colocated_engines_sleep_through_training_and_wake_before_the_refresh(tmp_path) -> None:

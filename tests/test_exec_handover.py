@@ -214,8 +214,8 @@ def test_each_tp_rank_takes_its_handle_from_the_trainer_rank_on_its_device(
     engine = _Remote(cfg)
 
     def member(role: str, rank: int, handle: Any) -> Member:
-        return Member(role, rank, "train", SimpleNamespace(index=0, pool="gpu", node=0,
-                                                           devices=[6, 7]), 0, handle=handle)
+        bundle: Any = SimpleNamespace(index=0, pool="gpu", node=0, devices=[6, 7])
+        return Member(role, rank, "train", bundle, 0, handle=handle)
     try:
         actors = [member("actor", r, _Beside(dict(want), ARCH.kv_heads)) for r in range(2)]
         target = member("rollout", 0, engine)

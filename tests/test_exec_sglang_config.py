@@ -257,7 +257,8 @@ class TensorEngine(FakeEngine):
 
     def __init__(self, ns: dict[str, Any], tp: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.ns, self.ranks = ns, [dict() for _ in range(tp)]
+        self.ns = ns
+        self.ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
 
     def update_weights_from_tensor(self, **kw: Any) -> tuple[bool, str]:
         self.calls.append(("update_weights_from_tensor", kw))
@@ -669,7 +670,8 @@ def test_the_gpu_hand_over_names_what_sglang_defines(sglang_root: Path) -> None:
     module, name = imp.module or "", imp.names[0].name
     path = sglang_root.parent / (module.replace(".", "/") + ".py")
     cls = _class(_tree(path), name)
-    assert [a.target.id for a in cls.body if isinstance(a, ast.AnnAssign)] == ["values"]
+    assert [ast.unparse(a.target) for a in cls.body if isinstance(a, ast.AnnAssign)] == [
+        "values"]
     common = (sglang_root / "srt" / "utils" / "common.py").read_text()
     assert f'"{module}",\n            "{name}",' in common  # SafeUnpickler.ALLOWED_GLOBALS
     updater = path.read_text()

@@ -328,7 +328,7 @@ def test_the_worker_extension_reads_only_recorded_vllm_names() -> None:
 
 
 # ------------------------------------------------- the NCCL channel on vLLM's stateless group
-# What `syncgroup.pynccl_channel` / `NcclChannel` call of vLLM, recorded from vLLM's source
+# What `executors.pynccl` (`pynccl_channel`, `NcclChannel`) calls of vLLM, recorded from vLLM's source
 # (github.com/vllm-project/vllm; its files are stored at different commits):
 #   vllm/distributed/utils.py @ 5a6541db9bfa77756459722f69e8c89a0b47a14d: `@dataclass class
 #     StatelessProcessGroup` with fields rank, world_size, store, socket,
@@ -356,7 +356,7 @@ def nccl_problems(src: str) -> list[str]:
     tree = ast.parse(src)
     fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)
            and n.name in ("pynccl_channel", "NcclChannel")]
-    imported = {a.asname or a.name: (n.module, a.name) for f in fns for n in ast.walk(f)
+    imported = {a.asname or a.name: (n.module or "", a.name) for f in fns for n in ast.walk(f)
                 if isinstance(n, ast.ImportFrom) for a in n.names}
     out = [f"vLLM has no {m}.{c}" for m, c in imported.values() if (m, c) not in VLLM_NCCL]
     for f in fns:
@@ -385,8 +385,8 @@ def nccl_problems(src: str) -> list[str]:
 def test_the_nccl_channel_calls_only_what_the_pinned_vllm_defines() -> None:
     from pathlib import Path
 
-    from executors import syncgroup
-    src = Path(syncgroup.__file__).read_text()
+    from executors import pynccl
+    src = Path(pynccl.__file__).read_text()
     assert nccl_problems(src) == []
     # the reader sees every call: both classes built, the broadcast, the flag read
     for name in ("StatelessProcessGroup(rank=rank, world_size=world, store=store, socket=None)",
@@ -427,6 +427,7 @@ def test_an_nccl_channel_is_built_on_the_channels_store_and_broadcasts_on_the_st
     import sys
     import types
 
+    from executors import pynccl as pn
     from executors import syncgroup as sg
     made: list[tuple[str, dict]] = []
 
@@ -443,15 +444,15 @@ def test_an_nccl_channel_is_built_on_the_channels_store_and_broadcasts_on_the_st
         def broadcast(self, tensor, src, stream=None):
             made.append(("broadcast", {"tensor": tensor, "src": src, "stream": stream}))
     utils = types.ModuleType("vllm.distributed.utils")
-    utils.StatelessProcessGroup = Group
+    utils.StatelessProcessGroup = Group  # type: ignore[attr-defined]
     pynccl = types.ModuleType("vllm.distributed.device_communicators.pynccl")
-    pynccl.PyNcclCommunicator = Comm
+    pynccl.PyNcclCommunicator = Comm  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm.distributed.utils", utils)
     monkeypatch.setitem(sys.modules, "vllm.distributed.device_communicators.pynccl", pynccl)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: "stream")
     store = torch.distributed.HashStore()
-    ch = sg.pynccl_channel(store, 2, 5)
+    ch = pn.pynccl_channel(store, 2, 5)
     assert made[0] == ("group", {"rank": 2, "world_size": 5, "store": store, "socket": None})
     assert made[1][1]["device"] == torch.device("cuda", 3)
     buf = torch.zeros(4, dtype=torch.uint8)
@@ -459,4 +460,4 @@ def test_an_nccl_channel_is_built_on_the_channels_store_and_broadcasts_on_the_st
     assert made[2] == ("broadcast", {"tensor": buf, "src": 0, "stream": "stream"})
     Comm.disabled = True
     with pytest.raises(RuntimeError, match="came up disabled"):
-        sg.pynccl_channel(store, 2, 5)
+        pn.pynccl_channel(store, 2, 5)
