@@ -9,6 +9,9 @@ layout and engines), so that its trainer ranks, engines and reward worker are th
 workers (`Trainer`, the backend's rollout worker) or the agents' rule reward (`AgentReward`).
 
 One GRPO step, in sync mode:
+  wake     every engine the plan colocates with its agent's trainer takes its device memory
+           back (from step 1: vLLM's `wake_up`, SGLang's `resume_memory_occupation`; the
+           torch engine's `wake_engine`), traced per engine (`swap`);
   sync     each agent's trainer weights to every engine of that agent (from step 1; version
            v = optimizer steps so far), by the single-policy refresh (`executors.weights.
            refresh_paths`): per agent its own refresh paths, its trainer ranks the senders and
@@ -19,6 +22,9 @@ One GRPO step, in sync mode:
   rollout  every sample's episode, turn by turn in schedule order (`executors.agents`): each
            turn's contexts dealt in contiguous shares over the engines of its agent, its
            responses appended to the shared contexts;
+  sleep    the colocated engines free their device memory for the training phase (vLLM's
+           `sleep(level=1)`, SGLang's `release_memory_occupation`), the swap the plan prices
+           for a colocated slot, traced per engine;
   score    each agent's rule reward on its own reward worker (`executors.agents`: the answer
            read as a number; a review rewarded for agreeing with the answer's exactness);
   train    each agent's GRPO update on its own samples (its turns in the loss, the others' as
@@ -55,7 +61,7 @@ from executors.model import prompt_ids
 from executors.placement import Member
 from executors.roles import RunConfig, Worker, _timing, run_config
 from executors.runplan import JobFacts, Layout, RunPlan
-from executors.runtime import RayCalls
+from executors.runtime import Calls, RayCalls
 from executors.task import Target, task_of
 from executors.trainer import Trainer
 from executors.training import partition, trainer_stats, with_stages
@@ -205,14 +211,15 @@ class AgentLoop:
     """The steps of a multi-agent run over started actors (see the module docstring)."""
 
     def __init__(self, run: RunPlan, agents: dict[str, AgentRun], spec: Agents,
-                 turns: list[Turn], trace: Trace) -> None:
+                 turns: list[Turn], trace: Trace, calls: Calls | None = None) -> None:
+        """`calls`: how the driver calls the actors (default Ray's)."""
         self.run, self.agents, self.spec, self.turns, self.trace = run, agents, spec, turns, trace
         self.ledger = Ledger()
         self.answerer = answerer(spec)
         self.task = task_of(agents[self.answerer].cfg.data)
         self.t0 = time.time()
         self.counters = StepCounters()
-        self.weights = GroupRefresh(RayCalls())
+        self.weights = GroupRefresh(calls if calls is not None else RayCalls())
 
     def event(self, name: str, cat: str, timing: dict[str, Any], m: Member | None, step: int,
               **args: object) -> None:
@@ -260,6 +267,35 @@ class AgentLoop:
                            senders=got["senders"], src=got["src"], backend=got["backend"],
                            control_bytes=got["control_bytes"])
         self.event("sync", "stage", {"t0": t, "dur": time.time() - t}, None, step)
+
+    def colocated(self) -> list[Member]:
+        """Every agent's engines that share their slot with its trainer (they sleep while it
+        trains)."""
+        out = []
+        for a in self.agents.values():
+            role = a.view.roles.get(Role.ROLLOUT)
+            out += [m for m in a.engines if role is not None and role.group_of(m.rank).colocated]
+        return out
+
+    def swap(self, step: int, method: str) -> int:
+        """Every colocated engine's `method` at once (`sleep_engine`: free its device memory for
+        the training phase; `wake_engine`: take it back before the refresh); one `transfer`
+        event per engine (`swapped`: whether it changed state). TrainingLost when an
+        engine fails to: a half-asleep colocated slot cannot train or generate. The engines
+        that changed state."""
+        ms = self.colocated()
+        if not ms:
+            return 0
+        rt, t = self.weights.rt, time.time()
+        outs = rt.results([rt.call(m, method) for m in ms])
+        dur = time.time() - t
+        what = "sleep" if method == "sleep_engine" else "wake"
+        for m, o in zip(ms, outs):
+            if not o.ok:
+                raise TrainingLost(f"{what} of {m.role}{m.rank} at step {step}: {o.error}")
+            self.event(f"{what} {m.role}", "transfer", {"t0": t, "dur": dur}, m, step,
+                       swapped=bool(o.value))
+        return sum(bool(o.value) for o in outs)
 
     def rollout(self, step: int) -> tuple[list[Episode], list[str], list[str], list[Target]]:
         """Every sample's episode, turn by turn, each turn on its agent's engines."""
@@ -360,8 +396,11 @@ class AgentLoop:
     def step(self, step: int) -> StepStat:
         t = time.time()
         self.counters = StepCounters()
+        if step > 0:  # the engines slept through the last step's training
+            self.swap(step, "wake_engine")
         self.sync(step)
         episodes, ids, groups, targets = self.rollout(step)
+        self.swap(step, "sleep_engine")  # no generation until the next step's refresh
         scored = self.score(step, episodes, ids, groups, targets)
         loss, stats = self.train(step, episodes, ids, groups, scored)
         self.ledger.commit(step)

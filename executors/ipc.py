@@ -21,6 +21,22 @@ sender's memory, as verl and NeMo-RL refresh a colocated vLLM or SGLang engine:
            rebuilt (its receiver died) is reclaimed by the sender (`reclaim`), so no segment
            outlives the refresh
 
+Who hands over: the trainer rank beside each of the engine's TP ranks, when every rank can
+build every bucket (`handover_senders`): each engine worker maps a handle to memory on its own
+device, from the trainer rank on that device, as vLLM's colocated RLHF example does (vLLM @
+081b8e32, examples/offline_inference/rlhf_utils.py `ColocateWorkerExtension.
+update_weights_from_ipc`: each worker connects to the stream keyed by its own device's UUID,
+`report_device_id`, rebuilds the sender's buffer on its device index and loads whole tensors,
+the worker's loader cutting its shard). Each sender answers an export
+with its handles and its process (`Export`); an engine names, per TP rank, which export and
+which handle is its (`picks`) and acknowledges per sender (`taken`).
+
+Whole tensors (`HandOver(tensors=True)`, SGLang's protocol on a GPU): each bucket is handed
+over as the tensors it completes, each a typed view into one aligned buffer and exported by
+itself, its CUDA device named by UUID as SGLang's `monkey_patch_torch_reductions` names it
+(`export(uuid=True)`): the engine passes them on, unopened, as SGLang's per-TP-rank payloads
+(`LocalSerializedTensor`), and SGLang's TP ranks open them on their own devices.
+
 Only the handles (a few hundred bytes each), each bucket's head (`reshard.BucketHead`) and the
 acknowledgements travel as control messages; the bytes never leave the node's memory. The
 trainer's side is `HandOverSender`, the engine's `HandOverReceiver` (mixed into the weight-sync
@@ -45,19 +61,37 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
-from torch.multiprocessing.reductions import rebuild_cuda_tensor
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from executors.reshard import Bucket, BucketHead, Manifest, Stream
+
+# the device argument of torch's `rebuild_cuda_tensor` (SGLang 0.5.23, srt/utils/patch_torch.py
+# `_REDUCE_TENSOR_ARG_DEVICE_INDEX`)
+DEVICE_ARG = 6
 
 SHARING = "file_system"  # CPU segments by name: opened by any process of the node
 
 
-def export(t: torch.Tensor) -> bytes:
-    """A handle to `t`'s memory for one receiving process (each rebuild consumes one)."""
+class _ByUuid(ForkingPickler):
+    """Pickles a CUDA tensor with its device named by UUID instead of this process's index, as
+    SGLang's patched `reduce_tensor` does (`_device_to_uuid`): SGLang's TP ranks map it back to
+    their own index (`_device_from_maybe_uuid`), each process seeing its own visible devices."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.is_cuda:
+            fn, args = reduce_tensor(obj)
+            uuid = str(torch.cuda.get_device_properties(args[DEVICE_ARG]).uuid)
+            return fn, (*args[:DEVICE_ARG], uuid, *args[DEVICE_ARG + 1:])
+        return NotImplemented
+
+
+def export(t: torch.Tensor, uuid: bool = False) -> bytes:
+    """A handle to `t`'s memory for one receiving process (each rebuild consumes one); `uuid`:
+    a CUDA device named by UUID (`_ByUuid`, for SGLang's receivers)."""
     if not t.is_cuda:
         use_file_system()
     buf = io.BytesIO()
-    ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(t)  # torch's `reduce_tensor`
+    (_ByUuid if uuid else ForkingPickler)(buf, pickle.HIGHEST_PROTOCOL).dump(t)  # `reduce_tensor`
     return buf.getvalue()
 
 
@@ -90,42 +124,82 @@ def rebuild(handle: bytes, device: int | None = None) -> torch.Tensor:
     return out
 
 
+Handle = Any  # bytes (a bucket), or [(name, bytes)] (the tensors a bucket completes)
+
+
 @dataclass
 class Exported:
     """A sender's bucket while receivers hold handles to it."""
 
     data: torch.Tensor
-    handles: dict[int, bytes] = field(default_factory=dict)  # receiver -> handle, until acked
+    handles: dict[int, Handle] = field(default_factory=dict)  # receiver -> handle, until acked
+
+
+@dataclass(frozen=True)
+class Export:
+    """A sender's answer to an export: its handles to one bucket, one per receiving engine TP
+    rank, and the sender (its trainer rank), which the acknowledgements name (`taken`)."""
+
+    sender: int
+    handles: tuple[Handle, ...]
+
+
+Picks = list[tuple[int, int]]  # per engine TP rank: (which export, which of its handles)
+
+
+def picked(picks: Picks, exports: tuple[Export, ...]) -> list[Handle]:
+    """Each TP rank's handle: `picks[t]` names its export and its index there."""
+    return [exports[a].handles[b] for a, b in picks]
+
+
+def taken(picks: Picks, exports: tuple[Export, ...]) -> dict[int, list[int]]:
+    """The acknowledgement's receivers: per sender, the handles its TP ranks consumed."""
+    out: dict[int, list[int]] = {}
+    for a, b in picks:
+        out.setdefault(exports[a].sender, []).append(b)
+    return out
 
 
 class HandOver:
     """A sender's side of one refresh's hand-over: its stream and the buckets exported and not
-    yet acknowledged by every receiver."""
+    yet acknowledged by every receiver. `tensors`: each bucket handed over as the whole tensors
+    it completes (`Stream.ending`), one handle per tensor, devices named by UUID (SGLang's)."""
 
-    def __init__(self, refresh: str, stream: Stream, device: torch.device) -> None:
-        self.refresh, self.stream, self.device = refresh, stream, device
+    def __init__(self, refresh: str, stream: Stream, device: torch.device,
+                 tensors: bool = False, ident: int = 0) -> None:
+        self.refresh, self.stream, self.device, self.tensors = refresh, stream, device, tensors
+        self.ident = ident  # the sender, as the acknowledgements name it (`taken`)
         self.live: dict[int, Exported] = {}
         if device.type == "cpu":
             use_file_system()
 
-    def export(self, k: int, receivers: int) -> list[bytes]:
+    def export(self, k: int, receivers: int) -> Export:
         """One handle to bucket k for each of `receivers` processes (an engine TP rank each).
         With none (a rank that only takes part in a gathering stream's collectives) the bucket
         is built and dropped."""
         if receivers == 0:
-            self.stream.bucket(k, self.device)
-            return []
-        data = self.stream.bucket(k, self.device, shared=True).data
-        ex = Exported(data, {r: export(data) for r in range(receivers)})
+            if self.tensors:
+                self.stream.ending_tensors(k, self.device)
+            else:
+                self.stream.bucket(k, self.device)
+            return Export(self.ident, ())
+        if self.tensors:
+            data, named = self.stream.ending_tensors(k, self.device, shared=True)
+            ex = Exported(data, {r: [(n, export(t, uuid=True)) for n, t in named]
+                                 for r in range(receivers)})
+        else:
+            data = self.stream.bucket(k, self.device, shared=True).data
+            ex = Exported(data, {r: export(data) for r in range(receivers)})
         self.live[k] = ex
-        return list(ex.handles.values())
+        return Export(self.ident, tuple(ex.handles.values()))
 
-    def acked(self, k: int, receivers: list[int]) -> None:
-        """`receivers` rebuilt bucket k and copied it out: free it once every one has."""
+    def acked(self, k: int, receivers: dict[int, list[int]]) -> None:
+        """Bucket k's handles that `receivers` (per sender, `taken`) rebuilt and copied out:
+        free the bucket once every one of this sender's is."""
         ex = self.live.get(k)
         if ex is None:
             return
-        for r in receivers:
+        for r in receivers.get(self.ident, []):
             ex.handles.pop(r, None)
         if not ex.handles:
             del self.live[k]
@@ -141,20 +215,25 @@ class HandOver:
         for ex in self.live.values():
             if not ex.data.is_cuda:
                 for h in ex.handles.values():
-                    rebuild(h)
+                    for one in ([x for _, x in h] if self.tensors else [h]):
+                        rebuild(one)
         self.live.clear()
         if n and torch.cuda.is_available():
             torch.cuda.ipc_collect()
         return n
 
 
-def handover_senders(beside: list[int], streaming: list[int], whole_everywhere: bool
-                     ) -> list[int]:
-    """The trainer ranks that hand a colocated engine its refresh: the one on its own
-    device (the first rank sharing its bundle, `beside`), when every rank can build the whole
-    model's buckets (a CUDA IPC handle opens on the device it was made on); else the ranks that stream
-    the refresh (each pipeline stage's first rank, or rank 0)."""
-    return [min(beside)] if beside and whole_everywhere else list(streaming)
+def handover_senders(beside: list[list[int]], streaming: list[int], whole_everywhere: bool
+                     ) -> list[list[int]]:
+    """The trainer ranks that hand a colocated engine its refresh, per stream and per engine TP
+    rank (`beside[t]`: the trainer ranks on TP rank t's device). When every rank can build the
+    whole model's buckets: one stream, each TP rank's from the first rank on its own device (a
+    TP rank with none beside it: the first beside any); else the ranks that stream the refresh
+    (each pipeline stage's first rank, or rank 0), one stream each to every TP rank."""
+    anyone = sorted(r for b in beside for r in b)
+    if anyone and whole_everywhere:
+        return [[min(b) if b else anyone[0] for b in beside]]
+    return [[s] * len(beside) for s in streaming]
 
 
 def use_file_system() -> None:
@@ -199,26 +278,29 @@ class HandOverSender:
         gathers each bucket at export), so the rank beside an engine can hand it over."""
         return False
 
-    def handover_senders(self, bucketed: bool, beside: list[list[int]]) -> list[list[int]]:
-        """Per colocated engine, the ranks that hand it a refresh (`beside`: the trainer ranks
-        sharing its bundle; `ipc.handover_senders`)."""
+    def handover_senders(self, bucketed: bool, beside: list[list[list[int]]]
+                         ) -> list[list[list[int]]]:
+        """Per colocated engine, per stream and TP rank, the ranks that hand it a refresh
+        (`beside[j][t]`: the trainer ranks on engine j's TP rank t's device;
+        `ipc.handover_senders`)."""
         return [handover_senders(b, self.sync_senders(bucketed), self._whole_everywhere())
                 for b in beside]
 
-    def handover_prepare(self, refresh: str, bucket_bytes: int, index: int, device: str
-                         ) -> Manifest:
+    def handover_prepare(self, refresh: str, bucket_bytes: int, index: int, device: str,
+                         tensors: bool = False, ident: int = 0) -> Manifest:
         """Start refresh `refresh` as stream `index` in buckets of `bucket_bytes`, exported
-        from `device` (cuda: CUDA IPC; cpu: shared memory); what a previous refresh left
+        from `device` (cuda: CUDA IPC; cpu: shared memory), as whole tensors when `tensors`,
+        by sender `ident` (the trainer rank; `HandOver`); what a previous refresh left
         exported is released first. Its manifest."""
         self.handover_release("")
         dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
             else torch.device("cpu")
         stream = self._handover_stream(bucket_bytes, index)
-        self._handover = HandOver(refresh, stream, dev)
+        self._handover = HandOver(refresh, stream, dev, tensors, ident)
         return Manifest((index, None), tuple(stream.entries), bucket_bytes)
 
     def handover_export(self, refresh: str, k: int, receivers: int, *acks: dict[str, Any]
-                        ) -> list[bytes]:
+                        ) -> Export:
         """Bucket k's handles, one per receiving engine TP rank; `acks`: earlier buckets'
         acknowledgements, whose buckets are freed first."""
         ho = self._handover
@@ -251,16 +333,15 @@ class HandOverReceiver:
                        ) -> dict[str, Any]:
         raise NotImplementedError  # `executors.reshard.BucketLoading`'s, in the engine class
 
-    def handover_receive(self, handles: list[bytes], first: int, head: BucketHead,
-                         version: int, senders: int, refresh: str) -> dict[str, Any]:
+    def handover_receive(self, head: BucketHead, version: int, senders: int, refresh: str,
+                         picks: Picks, *exports: Export) -> dict[str, Any]:
         """Bucket `head` of a refresh handed over as shared memory: each TP rank maps its own
-        handle (`handles[first + t]`), the bucket is loaded as one that arrived
-        (`receive_bucket`: its bytes copied into the weights), the mappings are dropped, and
-        the acknowledgement names the bucket and the handles consumed."""
-        mine = handles[first:first + self._engine_tp()]
-        views = [rebuild(h) for h in mine]
+        handle (`picks[t]`: which of `exports` and which handle there), the bucket is loaded as
+        one that arrived (`receive_bucket`: its bytes copied into the weights), the mappings
+        are dropped, and the acknowledgement names the bucket and the handles consumed."""
+        views = [rebuild(h) for h in picked(picks, exports)]
         try:
             out = self.receive_bucket(head.with_data(views[0]), version, senders, refresh)
         finally:
             del views
-        return {**out, "bucket": head.index, "receivers": list(range(first, first + len(mine)))}
+        return {**out, "bucket": head.index, "receivers": taken(picks, exports)}

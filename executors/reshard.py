@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocabulary rows pad to a multiple of it
+ALIGN = 16  # bytes: a whole-tensor hand-over places each tensor at a multiple of this
 
 # (kind, unit names), in the order they are tried. A tensor's unit is its module's name for a
 # `weight` or `bias` (`...q_proj.weight`), else its own (a fused experts' `gate_up_proj`).
@@ -237,6 +238,18 @@ class StreamLayout:
     def count(self) -> int:
         return len(self.ranges)
 
+    def ending(self) -> list[list[Entry]]:
+        """The tensors each bucket completes: those whose last byte it holds (an empty one:
+        the first bucket it rides in). Every tensor ends in exactly one bucket."""
+        out: list[list[Entry]] = [[] for _ in self.ranges]
+        seen: set[str] = set()
+        for k, members in enumerate(self.members):
+            for e in members:
+                if e.name not in seen and e.offset + e.nbytes <= self.ranges[k][1]:
+                    seen.add(e.name)
+                    out[k].append(e)
+        return out
+
     def received(self, k: int, data: torch.Tensor) -> Bucket:
         """Bucket `k` with the bytes `data` that arrived for it."""
         return self.head(k).with_data(data)
@@ -297,6 +310,29 @@ class Stream(StreamLayout):
             if a < b:
                 data[a - lo:b - lo] = _bytes(t)[a - e.offset:b - e.offset]
         return self.received(k, data)
+
+    def ending_tensors(self, k: int, device: torch.device | str = "cpu", shared: bool = False
+                       ) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
+        """The whole tensors bucket k completes (`ending`), copied into one buffer, each at an
+        offset aligned to `ALIGN` bytes (a typed view needs its element size's alignment); the
+        buffer and each tensor as a typed view into it. Under `whole` each is gathered here,
+        in stream order on every rank (a collective)."""
+        entries = self.ending()[k]
+        at, offsets = 0, []
+        for e in entries:
+            offsets.append(at)
+            at += -(-e.nbytes // ALIGN) * ALIGN
+        data = torch.empty(at, dtype=torch.uint8, device=device)
+        if shared and not data.is_cuda:
+            data.share_memory_()
+        out = []
+        for e, lo in zip(entries, offsets):
+            t = self.state[e.name]
+            if self.whole is not None:
+                t = self.whole(t)
+            data[lo:lo + e.nbytes] = _bytes(t)
+            out.append((e.name, data[lo:lo + e.nbytes].view(e.dtype).reshape(e.shape)))
+        return data, out
 
 
 @dataclass

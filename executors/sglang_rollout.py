@@ -20,7 +20,15 @@ were computed with the old weights. Under Ray the engine's TP ranks are members 
 (`init_weights_update_group`) and receive the refresh themselves, one broadcast per tensor
 (`update_weights_from_distributed` with the names, dtypes and shapes: the control message),
 the whole refresh in one session; when the driver re-forms a path's group, the engine first
-destroys the old one (`destroy_weights_update_group`). A colocated engine
+destroys the old one (`destroy_weights_update_group`). A colocated engine on a GPU is handed
+each bucket as the whole tensors it completes, one CUDA IPC handle per tensor and TP rank,
+exported by the trainer rank on that rank's device with the device named by UUID
+(`executors.ipc`, protocol `IPC_TENSORS`): this process never opens them (no CUDA context
+here) but passes them to `update_weights_from_tensor` as SGLang's per-TP-rank payloads
+(`LocalSerializedTensor(values=[one per TP rank])`, which each TP rank deserializes for itself,
+`_unwrap_tensor`; as verl's SGLang rollout hands over its tensors), in one weight-update
+session. Without a GPU (tests) the buckets come as host shared memory, mapped here and loaded
+as they complete (protocol `IPC`). A colocated engine
 (`EngineGroup.colocated`) starts with `enable_memory_saver` and releases its memory
 (`release_memory_occupation`) while the trainer trains, resuming it
 (`resume_memory_occupation`) before the refresh. Bytes and times reach the trace as every
@@ -44,9 +52,10 @@ import torch
 
 from executors import rl
 from executors.engine_common import EngineRollout, checked_logprobs, engine_mem_fraction
-from executors.reshard import Bucket
+from executors.ipc import Export, Picks, picked, taken
+from executors.reshard import Bucket, BucketHead
 from executors.roles import RunConfig, _timing
-from executors.syncgroup import IPC, PER_TENSOR, GroupSpec, Manifest
+from executors.syncgroup import IPC, IPC_TENSORS, PER_TENSOR, GroupSpec, Manifest
 
 # FlashInfer's and FA3's prebuilt attention kernels start at head dim 64 (FA3: 64, 96, 128,
 # 192, 256); SGLang's Triton kernels pad any head dim to a power of two.
@@ -98,6 +107,20 @@ def start_engine(kwargs: dict[str, Any]) -> Any:
     return Engine(**kwargs)
 
 
+def local_serialized(values: list[bytes]) -> Any:
+    """SGLang's per-TP-rank tensor payload (`LocalSerializedTensor`: rank t deserializes
+    `values[t]` only; lazy import: the engine's process has SGLang)."""
+    from sglang.srt.model_executor.model_runner_components.weight_updater import (
+        LocalSerializedTensor,
+    )
+    return LocalSerializedTensor(values=values)
+
+
+def on_gpu() -> bool:
+    """Whether the engine's TP ranks run on GPUs (CUDA IPC hand-over) or the test's CPU."""
+    return torch.cuda.is_available()
+
+
 def _ok(what: str, result: Any) -> None:
     """SGLang's control calls answer (success, message) or an object with `success`."""
     ok, msg = (result[0], result[1]) if isinstance(result, tuple) else (
@@ -112,6 +135,7 @@ class SglangRollout(EngineRollout):
         self.engine = start_engine(engine_kwargs(cfg, rank))
         self._session: str | None = None  # the refresh whose weight-update session is open
         self._groups: dict[str, GroupSpec] = {}  # the weight-sync groups it joined, by name
+        self._handed: dict[int, tuple[int, int]] = {}  # a tensor hand-over: sender -> (got, of)
 
     def _open(self, refresh: str) -> None:
         """Open refresh `refresh`'s weight-update session (closing one a broken refresh left)."""
@@ -146,12 +170,47 @@ class SglangRollout(EngineRollout):
 
     def sync_member(self) -> tuple[str, int, int, str]:
         """The engine's TP ranks join the group themselves, on their GPUs, with SGLang's
-        protocol; a colocated engine takes its refreshes handed over in host shared memory
-        (`executors.ipc`): this process maps each bucket (one handle per TP rank) and passes
-        the tensors it completes to `update_weights_from_tensor` in the refresh's session."""
+        protocol; a colocated engine on GPUs takes each bucket's whole tensors as CUDA IPC
+        handles (`handover_receive_tensors`), on the CPU (tests) as host shared memory: this
+        process maps each bucket (one handle per TP rank) and passes the tensors it completes
+        to `update_weights_from_tensor` in the refresh's session."""
         if self.cfg.engines.colocated:
-            return "cpu", self.cfg.engines.tp, os.getpid(), IPC
+            return ("cuda", self.cfg.engines.tp, os.getpid(), IPC_TENSORS) if on_gpu() else (
+                "cpu", self.cfg.engines.tp, os.getpid(), IPC)
         return "cuda", self.cfg.engines.tp, os.getpid(), PER_TENSOR
+
+    def handover_receive_tensors(self, head: BucketHead, version: int, senders: int,
+                                 refresh: str, picks: Picks, *exports: Export
+                                 ) -> dict[str, Any]:
+        """Bucket `head` of a colocated refresh as the whole tensors it completes: per tensor
+        one handle per TP rank (`picks[t]`: the export of the trainer rank on rank t's device),
+        passed unopened as SGLang's per-rank payload (`local_serialized`) to
+        `update_weights_from_tensor` inside the refresh's session; the last bucket of every
+        sender's stream closes it. The acknowledgement names the handles consumed."""
+        t0 = time.time()
+        if self._session != refresh:
+            self._open(refresh)
+            self._handed = {}
+        mine = picked(picks, exports)  # per TP rank: [(name, handle)] in one order
+        names = [n for n, _ in mine[0]]
+        if any([n for n, _ in m] != names for m in mine):
+            raise RuntimeError(f"weight sync: the TP ranks' handles of bucket {head.index} "
+                               "name different tensors")
+        if names:
+            _ok("update_weights_from_tensor", self.engine.update_weights_from_tensor(
+                named_tensors=[(n, local_serialized([m[i][1] for m in mine]))
+                               for i, n in enumerate(names)],
+                load_format=None, flush_cache=False))
+        got, _ = self._handed.get(head.sender, (0, head.count))
+        self._handed[head.sender] = (got + 1, head.count)
+        done = len(self._handed) == senders and all(g == c for g, c in self._handed.values())
+        if done:
+            self._close()
+            self.version = version
+        sizes = {e.name: e.nbytes for e in head.entries}
+        return {"t0": t0, "dur": time.time() - t0, "bytes": sum(sizes[n] for n in names),
+                "done": done, "version": version, "bucket": head.index,
+                "receivers": taken(picks, exports)}
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         """Every TP rank joins each channel's group (`init_weights_update_group`: rank

@@ -31,7 +31,13 @@ size) is the refresh's only control payload; the receivers rebuild the bucket ra
 Protocols. An engine names how it takes a refresh (`sync_member`); `PROTOCOLS` holds one class
 per protocol, and nothing else compares their names: `Protocol` (byte buckets over the group),
 `PerTensor` (SGLang's), and `SharedMemory`, which forms no group: an engine the plan colocates
-with the trainer is handed each bucket as shared memory (`executors.ipc`).
+with the trainer is handed each bucket as shared memory (`executors.ipc`); `SharedTensors`, its
+variant for SGLang on a GPU, hands over the whole tensors each bucket completes, which the
+engine passes unopened to SGLang's `update_weights_from_tensor`. `PyNccl`, a vLLM engine's: on
+NCCL every member (the trainer's senders too) forms each channel as vLLM's RLHF example does,
+a `StatelessProcessGroup` over the channel's store and a `PyNcclCommunicator` on it
+(`executors.pynccl`), rather than a torch process group, so that no member's torch.distributed
+state is touched (vLLM's workers hold theirs); on gloo (the CPU) a torch group as any other.
 """
 from __future__ import annotations
 
@@ -66,6 +72,8 @@ from executors.reshard import (
 BUCKETS = "buckets"
 PER_TENSOR = "per-tensor"
 IPC = "ipc"
+IPC_TENSORS = "ipc-tensors"
+PYNCCL = "pynccl"
 
 
 @dataclass(frozen=True)
@@ -312,6 +320,10 @@ class Protocol:
 
     name: ClassVar[str] = BUCKETS
     forms_group: ClassVar[bool] = True  # False: no process group (the hand-over)
+    # a hand-over's: the engine's method taking one bucket, and whether the buckets go as the
+    # whole tensors they complete (`ipc.HandOver`)
+    receive: ClassVar[str] = "handover_receive"
+    tensors: ClassVar[bool] = False
 
     def form(self, store: dist.Store, spec: GroupSpec, ch: Channel, rank: int,
              timeout: timedelta, ip: str | None) -> Any:
@@ -324,6 +336,21 @@ class Protocol:
     def calls(self, m: Manifest) -> int:
         """Sequential calls of a sender's stream (what `costmodel.sync_call_cost` prices)."""
         return len(m.layout().ranges)
+
+
+class PyNccl(Protocol):
+    """A vLLM engine's: byte buckets as `Protocol`'s, each channel on NCCL formed on vLLM's
+    stateless group and communicator (`pynccl_channel`) by every member, on gloo a torch
+    group."""
+
+    name = PYNCCL
+
+    def form(self, store: dist.Store, spec: GroupSpec, ch: Channel, rank: int,
+             timeout: timedelta, ip: str | None) -> Any:
+        if spec.backend != "nccl":
+            return super().form(store, spec, ch, rank, timeout, ip)
+        from executors.pynccl import pynccl_channel  # its vLLM imports are lazy too
+        return pynccl_channel(dist.PrefixStore(spec.key(ch), store), rank, spec.world(ch))
 
 
 class PerTensor(Protocol):
@@ -358,7 +385,18 @@ class SharedMemory(Protocol):
         raise RuntimeError("weight sync: the shared-memory hand-over broadcasts nothing")
 
 
-PROTOCOLS: dict[str, Protocol] = {p.name: p() for p in (Protocol, PerTensor, SharedMemory)}
+class SharedTensors(SharedMemory):
+    """SGLang's colocated hand-over on a GPU: each bucket as the whole tensors it completes,
+    one CUDA IPC handle per tensor and TP rank, which the engine hands SGLang unopened
+    (`executors.sglang_rollout.SglangRollout.handover_receive_tensors`)."""
+
+    name = IPC_TENSORS
+    receive = "handover_receive_tensors"
+    tensors = True
+
+
+PROTOCOLS: dict[str, Protocol] = {p.name: p() for p in (Protocol, PyNccl, PerTensor,
+                                                         SharedMemory, SharedTensors)}
 
 
 def find_peer(peers: Mapping[Any, Peer] | None, name: str) -> Peer:

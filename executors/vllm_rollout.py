@@ -7,7 +7,9 @@ and tool output, with BOS), and the share of device memory the plan priced for t
 (`gpu_memory_utilization` = the plan's memory_gb / the device's memory, clamped). It loads the
 same model directory the torch workers load (the run's version 0: a built model or the job's
 checkpoint folder). Weight sync: under Ray the engine's workers are members of the
-weight-sync group (`executors.syncgroup`), one rank per TP rank, as in vLLM's RLHF example: a
+weight-sync group (`executors.syncgroup`), one rank per TP rank, as in vLLM's RLHF example (on
+NCCL every channel a `StatelessProcessGroup` with a `PyNcclCommunicator`, the trainer's
+senders' too: `syncgroup.PyNccl`; gloo torch groups on the CPU): a
 worker extension (`WeightSync`, `worker_extension_cls`) joins the group
 (`init_weight_update_group`) and receives each refresh's buckets straight from the trainer's
 senders (`receive_weights`), loading whole tensors with `model.load_weights` (vLLM's loaders
@@ -44,6 +46,7 @@ from executors.reshard import Assembler, BucketHead
 from executors.roles import RunConfig, _timing
 from executors.syncgroup import (
     IPC,
+    PYNCCL,
     GroupSpec,
     Manifest,
     Peer,
@@ -104,17 +107,18 @@ class WeightSync:
 
     _wsync_handover: tuple[str, Assembler] | None = None  # the hand-over in progress
 
-    def receive_handover(self, handles: list[bytes], first: int, head: BucketHead,
-                         senders: int, refresh: str) -> dict[str, Any]:
+    def receive_handover(self, handles: list[bytes], head: BucketHead, senders: int,
+                         refresh: str) -> dict[str, Any]:
         """Bucket `head` of a colocated refresh, handed over as CUDA IPC (`executors.ipc`, verl's
-        `update_weights_from_ipc`): this worker maps its own handle (`handles[first + t]`) on
-        its device, copies the bucket's bytes out, drops the mapping and loads the tensors it
-        completed, whole; `done` once every sender's stream is in."""
+        `update_weights_from_ipc`): this worker maps its own handle (`handles[t]`, exported by
+        the trainer rank on its device) on its device, copies the bucket's bytes out, drops
+        the mapping and loads the tensors it completed, whole; `done` once every sender's
+        stream is in."""
         if self._wsync_handover is None or self._wsync_handover[0] != refresh:
             self._wsync_handover = (refresh, Assembler())
         asm = self._wsync_handover[1]
         dev = torch.cuda.current_device() if torch.cuda.is_available() else None
-        view = ipc.rebuild(handles[first + self._tp_rank()], dev)
+        view = ipc.rebuild(handles[self._tp_rank()], dev)
         nbytes = view.numel()
         tensors = asm.add(head.with_data(view))
         del view
@@ -171,29 +175,32 @@ class VllmRollout(EngineRollout):
         self.version = version
         return _timing(t0, version=version)
 
-    def sync_member(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
-        """The engine's workers join the group on their GPUs, one rank per TP rank; a colocated
-        engine shares the trainer's GPUs and takes its refreshes as CUDA IPC handles instead
-        (`executors.ipc`; NCCL holds no two ranks of a group on one device)."""
+    def sync_member(self) -> tuple[str, int, int, str]:
+        """The engine's workers join the group on their GPUs, one rank per TP rank, each channel
+        on vLLM's stateless group and NCCL communicator (`syncgroup.PyNccl`; gloo groups when
+        a member is on the CPU); a colocated engine shares the trainer's GPUs and takes its
+        refreshes as CUDA IPC handles instead (`executors.ipc`; NCCL holds no two ranks of a
+        group on one device)."""
         if self.cfg.engines.colocated:
             return "cuda", self.cfg.engines.tp, os.getpid(), IPC
-        return "cuda", self.cfg.engines.tp, os.getpid()
+        return "cuda", self.cfg.engines.tp, os.getpid(), PYNCCL
 
-    def handover_receive(self, handles: list[bytes], first: int, head: BucketHead,
-                         version: int, senders: int, refresh: str) -> dict[str, Any]:
-        """A colocated refresh's bucket `head`: every worker maps its handle and loads what it
-        completes (`WeightSync.receive_handover`; `collective_rpc` carries the handles and the
-        manifest, no tensor); after the last, the prefix cache is dropped."""
+    def handover_receive(self, head: BucketHead, version: int, senders: int, refresh: str,
+                         picks: ipc.Picks, *exports: ipc.Export) -> dict[str, Any]:
+        """A colocated refresh's bucket `head`: every worker maps its own handle, the one the
+        trainer rank on its device exported (`picks[t]`; `WeightSync.receive_handover`;
+        `collective_rpc` carries the handles and the bucket's head, no tensor) and loads what
+        it completes; after the last, the prefix cache is dropped."""
         t0 = time.time()
         outs = self.llm.collective_rpc("receive_handover",
-                                       args=(handles, first, head, senders, refresh))
+                                       args=(ipc.picked(picks, exports), head, senders, refresh))
         done = all(o["done"] for o in outs)
         if done:
             self._refreshed()
             self.version = version
         return {"t0": t0, "dur": time.time() - t0, "bytes": max(o["bytes"] for o in outs),
                 "done": done, "version": version, "bucket": head.index,
-                "receivers": list(range(first, first + len(outs)))}
+                "receivers": ipc.taken(picks, exports)}
 
     def sync_join(self, spec: GroupSpec, engine: int) -> bool:
         """Every engine worker joins group `spec` (`WeightSync.init_weight_update_group`)."""

@@ -183,7 +183,7 @@ class GroupRefresh:
         if protocol.forms_group:
             spec = self.group(path, senders, targets, scope)
             return self.refresh(spec, senders, targets, version, size)
-        return self.handover(actors, targets, infos, version, size)
+        return self.handover(actors, targets, infos, version, size, protocol)
 
     def _infos(self, ms: list[Member]) -> list[tuple[Any, ...]]:
         outs = self._all([(m, "sync_member", ()) for m in ms])
@@ -193,74 +193,93 @@ class GroupRefresh:
         return [tuple(o.value) for o in outs]
 
     def handover(self, actors: list[Member], targets: list[Member], infos: list[tuple[Any, ...]],
-                 version: int, size: int) -> Outcomes:
+                 version: int, size: int, protocol: Protocol) -> Outcomes:
         """A refresh handed over as shared memory to colocated engines (`executors.ipc`): each
-        engine's senders (the trainer rank on its first device, `device_of`;
-        `HandOverSender.handover_senders`) export every bucket once per engine TP rank, the
-        engine maps and loads it and acknowledges, and a sender builds bucket k only after
-        bucket k - `WINDOW`'s acknowledgements (passed as arguments: the runtime orders the
-        calls, no round trip through here). Only handles, bucket heads and acknowledgements
-        travel (`control_bytes`); what no engine acknowledged its sender reclaims."""
+        engine TP rank's sender (the trainer rank on that rank's device, `devices_of`;
+        `HandOverSender.handover_senders`) exports every bucket once per engine TP rank it
+        serves, the engine maps and loads it and acknowledges (`protocol.receive`; the whole
+        tensors each bucket completes when `protocol.tensors`), and a sender builds bucket k
+        only after bucket k - `WINDOW`'s acknowledgements (passed as arguments: the runtime
+        orders the calls, no round trip through here). Only handles, bucket heads and
+        acknowledgements travel (`control_bytes`); what no engine acknowledged its sender
+        reclaims."""
         before = self.control_bytes
         by_rank = {a.rank: a for a in actors}
-        beside = [[a.rank for a in actors if device_of(a, actors) == device_of(m, targets)]
-                  for m in targets]
-        plan = [[by_rank[r] for r in rs] for rs in
+        beside = [[[a.rank for a in actors if device_of(a, actors) == d]
+                   for d in devices_of(m, targets, int(i[1]))] for m, i in zip(targets, infos)]
+        plan = [[[by_rank[r] for r in per_tp] for per_tp in streams] for streams in
                 self.one(by_rank[min(by_rank)], "handover_senders", size > 0, beside)]
         device = "cuda" if all(i[0] == "cuda" for i in infos) else "cpu"
         self.formed += 1
         refresh = f"handover{self.formed}-v{version}"
-        senders = list({s.rank: s for ss in plan for s in ss}.values())
+        senders = list({s.rank: s for streams in plan for st in streams for s in st}.values())
         if self.one(by_rank[min(by_rank)], "handover_gathers"):  # every rank joins each gather
             senders += [a for a in actors if a.rank not in {s.rank for s in senders}]
-        layouts = {s.rank: self.one(s, "handover_prepare", refresh, size,
-                                    next((ss.index(s) for ss in plan if s in ss), 0),
-                                    device).layout() for s in senders}
+        index = {s.rank: i for streams in reversed(plan) for i, st in enumerate(streams)
+                 for s in st}
+        layouts = {s.rank: self.one(s, "handover_prepare", refresh, size, index.get(s.rank, 0),
+                                    device, protocol.tensors, s.rank).layout()
+                   for s in senders}
         acks, got = self._hand_over(refresh, version, plan, senders, targets, layouts,
-                                    [int(i[1]) for i in infos])
+                                    protocol.receive)
         for s in senders:  # the rest acknowledged here; what nobody took is reclaimed
             mine = [o.value for (r, _), hs in acks.items() if r == s.rank
                     for o in self.rt.results(hs) if o.ok]
             self.reclaimed += int(self.one(s, "handover_release", refresh, *mine))
         backend = "cuda-ipc" if device == "cuda" else "shm"
         out: Outcomes = []
-        for ss, os_ in zip(plan, got):
+        for streams, os_ in zip(plan, got):
             bad = next((o.error for o in os_ if not o.ok), None)
             if bad is None and not (os_ and os_[-1].value["done"]):
                 bad = "the refresh ended before every stream was handed over"
             vals = [o.value for o in os_ if o.ok]
+            src = list({s.rank: s for st in streams for s in st}.values())
             out.append((bad, {"end": max((v["t0"] + v["dur"] for v in vals), default=0.0),
                               "bytes": sum(v["bytes"] for v in vals),
-                              "calls": max(layouts[s.rank].count for s in ss),
-                              "senders": len(ss), "src": ",".join(f"{s.role}{s.rank}" for s in ss),
+                              "calls": max(layouts[st[0].rank].count for st in streams),
+                              "senders": len(streams),
+                              "src": ",".join(f"{s.role}{s.rank}" for s in src),
                               "backend": backend, "control_bytes": self.control_bytes - before}))
         return out
 
-    def _hand_over(self, refresh: str, version: int, plan: list[list[Member]],
+    def _hand_over(self, refresh: str, version: int, plan: list[list[list[Member]]],
                    senders: list[Member], targets: list[Member], layouts: dict[int, StreamLayout],
-                   tps: list[int]) -> tuple[dict[tuple[int, int], list[Handle]], list[list[Outcome]]]:
-        """Issue every bucket's export and receipts at once, the k-th buckets of the senders
-        together; the receipts by (sender rank, bucket), and each engine's outcomes."""
-        served: dict[int, list[tuple[int, int]]] = {s.rank: [] for s in senders}
-        for j, ss in enumerate(plan):  # engine j's TP ranks take handles off..off + tp - 1
-            for s in ss:
-                served[s.rank].append((j, sum(tps[i] for i, _ in served[s.rank])))
+                   receive: str) -> tuple[dict[tuple[int, int], list[Handle]], list[list[Outcome]]]:
+        """Issue every bucket's exports and receipts at once, the k-th buckets of the senders
+        together: per bucket each sender exports a handle for every engine TP rank it serves
+        (`plan[j][i][t]`: engine j's stream i's sender to TP rank t), then each engine's
+        receipt (`receive`) takes its senders' exports as arguments and, per TP rank, which
+        export and handle is its (`ipc.Picks`). The receipts by (sender rank, bucket), and
+        each engine's outcomes."""
+        served: dict[int, list[tuple[int, int, int]]] = {s.rank: [] for s in senders}
+        for j, streams in enumerate(plan):
+            for i, st in enumerate(streams):
+                for t, s in enumerate(st):
+                    served[s.rank].append((j, i, t))
         acks: dict[tuple[int, int], list[Handle]] = {}
         got: list[list[Handle]] = [[] for _ in targets]
         exports: list[Handle] = []
         for k in range(max((lay.count for lay in layouts.values()), default=0)):
+            now: dict[int, Handle] = {}
             for s in senders:
-                if k >= layouts[s.rank].count:
-                    continue
-                head = layouts[s.rank].head(k)
-                exports.append(self.rt.call(s, "handover_export", refresh, k,
-                                            sum(tps[j] for j, _ in served[s.rank]),
-                                            *acks.get((s.rank, k - WINDOW), [])))
-                self.control_bytes += _pickled((refresh, k, head, version))
-                for j, off in served[s.rank]:
-                    a = self.rt.call(targets[j], "handover_receive", exports[-1], off, head,
-                                     version, len(plan[j]), refresh)
-                    acks.setdefault((s.rank, k), []).append(a)
+                if k < layouts[s.rank].count:
+                    now[s.rank] = self.rt.call(s, "handover_export", refresh, k,
+                                               len(served[s.rank]),
+                                               *acks.get((s.rank, k - WINDOW), []))
+                    exports.append(now[s.rank])
+            for j, streams in enumerate(plan):
+                for i, st in enumerate(streams):
+                    if k >= layouts[st[0].rank].count:
+                        continue
+                    head = layouts[st[0].rank].head(k)
+                    ranks = list(dict.fromkeys(s.rank for s in st))
+                    picks = [(ranks.index(s.rank), served[s.rank].index((j, i, t)))
+                             for t, s in enumerate(st)]
+                    a = self.rt.call(targets[j], receive, head, version, len(streams), refresh,
+                                     picks, *[now[r] for r in ranks])
+                    self.control_bytes += _pickled((refresh, k, head, version, picks))
+                    for r in ranks:
+                        acks.setdefault((r, k), []).append(a)
                     got[j].append(a)
         outs = [self.rt.results(hs) for hs in got]
         # what travels: the handles, the acknowledgements, each call's bucket head
@@ -296,6 +315,17 @@ def device_of(m: Member, role: list[Member]) -> tuple[int, Any]:
     per = max(len(devices) // max(len(same), 1), 1)
     at = same.index(m.rank) * per if m.rank in same else 0
     return m.bundle.index, devices[min(at, len(devices) - 1)] if devices else None
+
+
+def devices_of(m: Member, role: list[Member], tp: int) -> list[tuple[int, Any]]:
+    """The (bundle, device) of each of engine `m`'s `tp` TP ranks: its share of its bundle's
+    devices (`device_of`: the first), one per TP rank (the last again when the share is
+    short: an emulated bundle)."""
+    bundle, first = device_of(m, role)
+    devices = list(m.bundle.devices)
+    at = devices.index(first) if first in devices else 0
+    return [(bundle, devices[min(at + t, len(devices) - 1)] if devices else None)
+            for t in range(tp)]
 
 
 def _protocol(infos: list[tuple[Any, ...]]) -> Protocol:

@@ -18,7 +18,12 @@
 #         GPU, are handed over in shared memory and loaded with update_weights_from_tensor) and
 #         tests/test_exec_sglang_config.py; prints SGLANG_FIGURES (engine tokens/s, in-place
 #         update time, the run's tokens/s and sync time) and SGLANG_GROUP (weight bytes against
-#         Ray's control bytes).
+#         Ray's control bytes). tests/test_exec_gpu_paths.py (sglang): the whole-tensor CUDA
+#         IPC hand-over (handles named by device UUID) opened in another process by SGLang's
+#         own TP-rank code; the run above takes it too (the engine shares the trainer's GPU).
+# nccl    with two GPUs or more, in .venv: tests/test_exec_gpu_paths.py (nccl), a bucketed refresh
+#         over a channel on vLLM's StatelessProcessGroup + PyNcclCommunicator (GPU 0 -> GPU 1).
+#         One GPU cannot hold both ends of an NCCL group: then it is not run (said so).
 # Exit 0 only when both pass. ONLY=vllm or ONLY=sglang runs one of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +52,11 @@ check_vllm() {
   fi
   "$PY" -c "import torch, vllm; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'vllm', vllm.__version__)"
   local files=(tests/test_exec_vllm.py tests/test_exec_vllm_config.py)
+  if [ "$(nvidia-smi -L | grep -c '^GPU')" -ge 2 ]; then
+    files+=(tests/test_exec_gpu_paths.py::test_a_refresh_over_vllms_stateless_nccl_channel)
+  else
+    echo "gpu_check: one GPU: the PyNccl channel test (two GPUs) is not run"
+  fi
   tests "$PY" /tmp/gpu_check_vllm.log "${files[@]}"
   if ! all_passed /tmp/gpu_check_vllm.log; then
     echo "gpu_check: retrying with VLLM_ATTENTION_BACKEND=TRITON_ATTN"
@@ -63,7 +73,8 @@ check_sglang() {
     "$sp" -m pip install -q -e ".[sglang,test]" || { echo "gpu_check: pip install failed"; return 1; }
   fi
   "$sp" -c "import torch, sglang; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'sglang', sglang.__version__)"
-  tests "$sp" /tmp/gpu_check_sglang.log tests/test_exec_sglang.py tests/test_exec_sglang_config.py
+  tests "$sp" /tmp/gpu_check_sglang.log tests/test_exec_sglang.py tests/test_exec_sglang_config.py \
+    tests/test_exec_gpu_paths.py::test_sglang_opens_the_whole_tensor_cuda_ipc_hand_over
   all_passed /tmp/gpu_check_sglang.log
 }
 

@@ -53,11 +53,15 @@ def test_the_plan_chooses_the_protocol(model_dir: Path) -> None:
 
 
 def test_the_rank_beside_each_engine_hands_it_over() -> None:
-    """The trainer rank in the engine's bundle when every rank holds the whole model; the
-    streaming ranks (pipeline stage leaders) otherwise, or when no rank shares the bundle."""
-    assert ipc.handover_senders([2, 3], [0], True) == [2]
-    assert ipc.handover_senders([2, 3], [0, 4], False) == [0, 4]
-    assert ipc.handover_senders([], [0], True) == [0]
+    """Per stream and engine TP rank: the trainer rank on that TP rank's device when every rank
+    holds the whole model (a TP rank with none beside it: the first beside any); the streaming
+    ranks (pipeline stage leaders) to every TP rank otherwise, or when no rank shares the
+    engine's devices."""
+    assert ipc.handover_senders([[2, 3]], [0], True) == [[2]]
+    assert ipc.handover_senders([[2], [3]], [0], True) == [[2, 3]]  # tp 2: each its own rank
+    assert ipc.handover_senders([[3], []], [0], True) == [[3, 3]]
+    assert ipc.handover_senders([[2], [3]], [0, 4], False) == [[0, 0], [4, 4]]
+    assert ipc.handover_senders([[], []], [0], True) == [[0, 0]]
 
 
 def test_each_member_sits_on_its_share_of_its_bundle() -> None:
@@ -78,13 +82,13 @@ def test_an_unconsumed_handle_is_reclaimed() -> None:
     segment of this process outlives the hand-over."""
     before = set(ipc.segments(os.getpid()))
     ho = ipc.HandOver("r", Stream({"w": torch.arange(4000.0)}, 4096), torch.device("cpu"))
-    handles = ho.export(0, 2)
+    handles = ho.export(0, 2).handles
     assert set(ipc.segments(os.getpid())) - before  # the bucket lives in shared memory
     big = ipc.export(torch.zeros(1 << 22, dtype=torch.uint8))  # 4 MB: a handle as small
     assert len(handles[0]) < 512 and abs(len(big) - len(handles[0])) < 16
     ipc.rebuild(big)  # consumed: its segment goes with the tensor
     assert torch.equal(ipc.rebuild(handles[0])[:8], ho.stream.bucket(0).data[:8])
-    ho.acked(0, [0])  # one receiver took it; the other never came
+    ho.acked(0, {ho.ident: [0]})  # one receiver took it; the other never came
     assert ho.reclaim() == 1 and not ho.live
     assert set(ipc.segments(os.getpid())) == before
 
@@ -198,6 +202,37 @@ def test_colocated_engines_take_the_trainers_weights_as_shared_memory(model_dir:
             e.close()
 
 
+def test_each_tp_rank_takes_its_handle_from_the_trainer_rank_on_its_device(
+        model_dir: Path) -> None:
+    """One tp 2 engine on a two-device bundle with a trainer rank on each device (each can
+    build every bucket): TP rank t maps the handle trainer rank t exported, as NeMo-RL's and
+    verl's colocated refresh hands each vLLM worker the stream of the policy rank on its GPU;
+    each sender frees its buckets on the engine's acknowledgement of its own handles, and the
+    engine ends with exactly the trainer's weights in every TP rank's cut."""
+    want = _moved(model_dir, 13)
+    cfg = config(model_dir, engines=EngineGroup(tp=2, colocated=True))
+    engine = _Remote(cfg)
+
+    def member(role: str, rank: int, handle: Any) -> Member:
+        bundle: Any = SimpleNamespace(index=0, pool="gpu", node=0, devices=[6, 7])
+        return Member(role, rank, "train", bundle, 0, handle=handle)
+    try:
+        actors = [member("actor", r, _Beside(dict(want), ARCH.kv_heads)) for r in range(2)]
+        target = member("rollout", 0, engine)
+        drive = GroupRefresh(_InOrder())  # type: ignore[arg-type]
+        [(err, got)] = drive.run(path_key(4096, True), actors, actors[:1], [target], 1, 4096)
+        assert err is None, err
+        assert got["src"] == "actor0,actor1" and got["senders"] == 1
+        assert got["bytes"] == _nbytes(want) and drive.reclaimed == 0
+        for r, shard in enumerate(engine.engine_shards()):
+            bad = [k for k in want if not torch.equal(
+                shard[k], engine_shard(k, want[k], 2, r, ARCH.kv_heads))]
+            assert not bad, (r, bad)
+        assert all(a.handle._handover is None for a in actors)  # released
+    finally:
+        engine.close()
+
+
 def test_a_receiver_takes_every_handle_of_its_tp_ranks(model_dir: Path) -> None:
     """The acknowledgement names the handles the engine consumed (one per TP rank), which is
     what lets the sender free a bucket while the refresh goes on."""
@@ -208,11 +243,11 @@ def test_a_receiver_takes_every_handle_of_its_tp_ranks(model_dir: Path) -> None:
     engine._shards = [{"w": torch.zeros(3000)} for _ in range(2)]
     acks = []
     for k in range(ho.stream.count):
-        handles = ho.export(k, 4)  # two engines of tp 2: this one is the second
-        acks.append(engine.handover_receive(handles, 2, ho.stream.head(k), 5, 1, "r"))
+        ex = ho.export(k, 4)  # two engines of tp 2: this one is the second
+        acks.append(engine.handover_receive(ho.stream.head(k), 5, 1, "r", [(0, 2), (0, 3)], ex))
         ho.acked(k, acks[-1]["receivers"])
         assert set(ho.live) == set(range(k + 1))  # the first engine's handles still out
-    assert [a["receivers"] for a in acks] == [[2, 3]] * ho.stream.count
+    assert [a["receivers"] for a in acks] == [{ho.ident: [2, 3]}] * ho.stream.count
     assert acks[-1]["done"] and engine.version == 5
     assert torch.equal(engine._shards[1]["w"], state["w"])  # 1-D: every rank holds it whole
     assert ho.reclaim() == ho.stream.count
@@ -239,8 +274,8 @@ def _step_then_hand_over(rank: int, tr: Any, cfg: RunConfig, size: int, q_out: A
     lay = tr.handover_prepare("r", size, 0, "cpu").layout()
     got, acks = [], []
     for k in range(lay.count):  # the engine takes each bucket; its ack rides the next export
-        got.append(ipc.rebuild(tr.handover_export("r", k, 1, *acks)[0]).clone())
-        acks = [{"bucket": k, "receivers": [0]}]
+        got.append(ipc.rebuild(tr.handover_export("r", k, 1, *acks).handles[0]).clone())
+        acks = [{"bucket": k, "receivers": {0: [0]}}]
     left = tr.handover_release("r", *acks)
     want = Stream(full_state(tr.model), size)  # a collective: every rank gathers
     same = lay.count == want.count and all(torch.equal(g, want.bucket(k).data)

@@ -10,8 +10,9 @@
             them: the same prompts' log-probs now match the new model and not the old one
             (a stale prefix cache or a half-loaded model fails this);
   executor  a GRPO run on Ray with `backend="sglang"`: every rollout has its step's policy
-            version, weights handed over every step in shared memory (the engine shares the
-            trainer's GPU: `executors.ipc`) and loaded with `update_weights_from_tensor`.
+            version, weights handed over every step as CUDA IPC handles of whole tensors (the
+            engine shares the trainer's GPU: `executors.ipc`, protocol `IPC_TENSORS`), passed
+            unopened to `update_weights_from_tensor` as SGLang's per-TP-rank payloads.
 Prints `SGLANG_FIGURES`: the engine's tokens/s on a batch, the in-place update time, and the
 executor run's tokens/s and mean weight-sync time.
 """
@@ -150,13 +151,14 @@ def test_sglang_figures(result) -> None:
     assert tokens > 0 and len(sync) == STEPS - 1 and all(e.args["bytes"] > 0 for e in sync)
 
 
-def test_sglang_weights_are_handed_over_as_shared_memory(result) -> None:
-    """The engine shares the trainer's GPU (one slot): every refresh was handed over in host
-    shared memory (`executors.ipc`) and loaded with `update_weights_from_tensor`, no group
-    formed; Ray carried only handles, bucket heads and acknowledgements, far fewer bytes than
-    the weights."""
+def test_sglang_weights_are_handed_over_as_cuda_ipc(result) -> None:
+    """The engine shares the trainer's GPU (one slot): every refresh was handed over as CUDA
+    IPC handles of whole tensors (`executors.ipc`, `SglangRollout.handover_receive_tensors`)
+    and loaded by SGLang's TP ranks through `update_weights_from_tensor`, no group formed, no
+    CUDA context in the engine's actor; Ray carried only handles, bucket heads and
+    acknowledgements, far fewer bytes than the weights."""
     sync = [e for e in result.trace.of("transfer") if e.args["policy_version"] > 0]
-    assert sync and {e.args["backend"] for e in sync} == {"shm"}
+    assert sync and {e.args["backend"] for e in sync} == {"cuda-ipc"}
     assert all(e.args["control_bytes"] < e.args["bytes"] / 10 for e in sync)
     print(f"SGLANG_GROUP refreshes={len(sync)} bytes={sync[-1].args['bytes']} "
           f"control_bytes={sync[-1].args['control_bytes']}")

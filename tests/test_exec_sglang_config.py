@@ -194,7 +194,7 @@ def test_a_refresh_is_one_session_of_in_place_updates(rollout) -> None:
     assert not eng.open and r.current_version() == 4
 
 
-def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout) -> None:
+def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout, monkeypatch) -> None:
     """Colocated, the engine names the hand-over: each bucket is mapped in this process (one
     handle per TP rank, each consumed, so the sender frees it at once) and the tensors it
     completes go to `update_weights_from_tensor` inside one weight-update session; the cache
@@ -206,10 +206,12 @@ def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout) -> N
     from executors.syncgroup import IPC
     r, state, cfg = rollout
     r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True))
+    monkeypatch.setattr(sr, "on_gpu", lambda: False)  # the CPU's path, on any machine
     assert r.sync_member() == ("cpu", cfg.engines.tp, os.getpid(), IPC)
     ho = ipc.HandOver("h", Stream(state, 40_000), torch.device("cpu"))
+    picks = [(0, t) for t in range(cfg.engines.tp)]
     for k in range(ho.stream.count):
-        ack = r.handover_receive(ho.export(k, cfg.engines.tp), 0, ho.stream.head(k), 3, 1, "h")
+        ack = r.handover_receive(ho.stream.head(k), 3, 1, "h", picks, ho.export(k, len(picks)))
         ho.acked(k, ack["receivers"])
         assert not ho.live
     names = [c[0] for c in r.engine.calls]
@@ -218,6 +220,103 @@ def test_a_colocated_engine_is_handed_shared_memory_in_one_session(rollout) -> N
                           "end_weight_update", "flush_cache"}
     assert all(torch.equal(r.engine.loaded[k], v) for k, v in state.items())
     assert ack["done"] and r.current_version() == 3
+
+
+def sglang_defs(root: Path, defs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Top-level classes and functions of SGLang's own source (`defs`: (file under srt/, name)),
+    executed in one namespace: sglang itself cannot be imported here (its CUDA dependencies)."""
+    import io
+    import pickle
+    import textwrap
+    from dataclasses import dataclass
+    ns: dict[str, Any] = {"torch": torch, "io": io, "pickle": pickle, "dataclass": dataclass,
+                          "List": list, "ForkingPickler": __import__(
+                              "multiprocessing.reduction").reduction.ForkingPickler}
+    for path, name in defs:
+        text = (root / "srt" / path).read_text()
+        node = next(n for n in ast.parse(text).body
+                    if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name)
+        exec(textwrap.dedent(ast.get_source_segment(text, node, padded=False) or ""), ns)
+        if isinstance(node, ast.ClassDef) and node.decorator_list:  # @dataclass
+            ns[name] = dataclass(ns[name])
+    return ns
+
+
+SGLANG_TENSOR_DEFS = [
+    ("utils/common.py", "_safe_load_torch_storage"), ("utils/common.py", "SafeUnpickler"),
+    ("utils/common.py", "MultiprocessingSerializer"),
+    ("model_executor/model_runner_components/weight_updater.py", "LocalSerializedTensor"),
+    ("model_executor/model_runner_components/weight_updater.py", "_unwrap_tensor")]
+
+
+class TensorEngine(FakeEngine):
+    """`FakeEngine` whose `update_weights_from_tensor` does what each SGLang TP rank does with
+    its payload (`_unwrap_tensor`: a `LocalSerializedTensor` deserialized for its own rank by
+    `MultiprocessingSerializer`, SGLang's `SafeUnpickler` allowing only its listed globals),
+    from SGLang's own source; each TP rank's weights kept apart."""
+
+    def __init__(self, ns: dict[str, Any], tp: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ns = ns
+        self.ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
+
+    def update_weights_from_tensor(self, **kw: Any) -> tuple[bool, str]:
+        self.calls.append(("update_weights_from_tensor", kw))
+        if not self.open:
+            return False, "update_weights_from_tensor must run between begin and end"
+        for t, mine in enumerate(self.ranks):
+            mine.update({n: self.ns["_unwrap_tensor"](v, tp_rank=t, device="cpu").clone()
+                         for n, v in kw["named_tensors"]})
+        return True, "Success"
+
+
+def test_on_gpus_a_colocated_engine_hands_sglang_each_ranks_tensors_unopened(
+        rollout, sglang_root, monkeypatch) -> None:
+    """On GPUs a colocated engine names the whole-tensor hand-over (`IPC_TENSORS`): each bucket
+    comes as the tensors it completes, one handle per tensor and TP rank from the trainer rank
+    on that rank's device (here two senders whose bytes differ), and goes unopened to
+    `update_weights_from_tensor` as SGLang's per-rank payloads (`LocalSerializedTensor`), one
+    session, one flush. SGLang's own deserialization (its source) opens each rank's handle:
+    every TP rank ends with exactly its own sender's tensors, and every handle was consumed.
+    Run on the CPU (handles to shared memory): on a GPU the same handles are CUDA IPC, their
+    device named by UUID (scripts/gpu_check.sh)."""
+    from dataclasses import replace
+
+    from executors import ipc
+    from executors.syncgroup import IPC_TENSORS, PROTOCOLS
+    ns = sglang_defs(sglang_root, SGLANG_TENSOR_DEFS)
+    r, state, cfg = rollout
+    r.cfg = replace(cfg, engines=replace(cfg.engines, colocated=True, tp=2))
+    r.engine = TensorEngine(ns, 2)
+    monkeypatch.setattr(sr, "on_gpu", lambda: True)
+    monkeypatch.setattr(sr, "local_serialized", lambda values: ns["LocalSerializedTensor"](
+        values=values))
+    assert r.sync_member() == ("cuda", 2, os.getpid(), IPC_TENSORS)
+    proto = PROTOCOLS[IPC_TENSORS]
+    assert proto.tensors and not proto.forms_group and callable(getattr(r, proto.receive))
+    per_rank = [state, {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}]
+    hos = [ipc.HandOver("h", Stream(st, 40_000), torch.device("cpu"), tensors=True, ident=i)
+           for i, st in enumerate(per_rank)]
+    assert hos[0].stream.count > 2
+    total = 0
+    for k in range(hos[0].stream.count):
+        ack = r.handover_receive_tensors(hos[0].stream.head(k), 3, 1, "h", [(0, 0), (1, 0)],
+                                         *[ho.export(k, 1) for ho in hos])
+        assert ack["receivers"] == {0: [0], 1: [0]}
+        for ho in hos:
+            ho.acked(k, ack["receivers"])
+            assert not ho.live
+        total += ack["bytes"]
+    assert ack["done"] and r.current_version() == 3 and total == hos[0].stream.nbytes
+    for mine, want in zip(r.engine.ranks, per_rank):
+        assert set(mine) == set(want)
+        assert all(torch.equal(mine[k], v) and mine[k].dtype == v.dtype for k, v in want.items())
+    names = [c[0] for c in r.engine.calls]
+    assert names[0] == "begin_weight_update" and names[-2:] == ["end_weight_update", "flush_cache"]
+    assert names.count("begin_weight_update") == 1 and names.count("flush_cache") == 1
+    updates = [kw for n, kw in r.engine.calls if n == "update_weights_from_tensor"]
+    assert all(kw["load_format"] is None and kw["flush_cache"] is False for kw in updates)
+    assert all(not isinstance(v, torch.Tensor) for kw in updates for _, v in kw["named_tensors"])
 
 
 # SGLang's receiving side, run from the installed package's own source (sglang itself cannot be
@@ -556,3 +655,28 @@ def test_the_contract_fails_on_a_wrong_name(sglang_root: Path) -> None:
         "Engine.update_weights_from_tensor takes no flush",
         "Engine has no method sleep",
         "SamplingParams has no seed"]
+
+
+def test_the_gpu_hand_over_names_what_sglang_defines(sglang_root: Path) -> None:
+    """The CUDA-IPC hand-over's contract with SGLang 0.5.23's source: the payload class
+    `local_serialized` imports is where it says, a dataclass of `values` that SGLang's
+    unpickler admits; `update_weights_from_tensor`'s default load unwraps it for the TP rank;
+    the device argument the sender rewrites to a UUID is the one SGLang's patched rebuild maps
+    back (`ipc.DEVICE_ARG`)."""
+    from executors import ipc
+    fn = next(n for n in ast.walk(_tree(BACKEND_SRC))
+              if isinstance(n, ast.FunctionDef) and n.name == "local_serialized")
+    [imp] = [n for n in ast.walk(fn) if isinstance(n, ast.ImportFrom)]
+    module, name = imp.module or "", imp.names[0].name
+    path = sglang_root.parent / (module.replace(".", "/") + ".py")
+    cls = _class(_tree(path), name)
+    assert [ast.unparse(a.target) for a in cls.body if isinstance(a, ast.AnnAssign)] == [
+        "values"]
+    common = (sglang_root / "srt" / "utils" / "common.py").read_text()
+    assert f'"{module}",\n            "{name}",' in common  # SafeUnpickler.ALLOWED_GLOBALS
+    updater = path.read_text()
+    assert "isinstance(tensor, LocalSerializedTensor)" in updater
+    assert "tensor = tensor.get(tp_rank)" in updater
+    patch = (sglang_root / "srt" / "utils" / "patch_torch.py").read_text()
+    assert f"_REDUCE_TENSOR_ARG_DEVICE_INDEX = {ipc.DEVICE_ARG}" in patch
+    assert "def _device_from_maybe_uuid" in patch and "get_device_properties(device).uuid" in patch

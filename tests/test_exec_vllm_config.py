@@ -158,16 +158,17 @@ def test_the_workers_receive_from_the_group_and_rpc_carries_no_weights(size: int
     carries only the spec and the manifests; then the prefix cache is reset."""
     from test_exec_syncgroup import _Sender
 
-    from executors.syncgroup import GroupSpec
+    from executors.syncgroup import PYNCCL, GroupSpec
     g = torch.Generator().manual_seed(3)
     want = {f"layers.{i}.w": torch.randn(8, 6, generator=g) for i in range(5)}
     want["embed"] = torch.randn(32, 6, generator=g).to(torch.bfloat16)
     sender = _Sender(want, kv_heads=2)
     r = _fake_rollout(colocated=False)
     r.llm = WorkerLLM(2)
-    assert r.sync_member() == ("cuda", 2, os.getpid())  # its own GPUs: the group's buckets
+    # its own GPUs: the group's buckets, on vLLM's communicator under NCCL, gloo here
+    assert r.sync_member() == ("cuda", 2, os.getpid(), PYNCCL)
     addr, port = sender.sync_host()
-    spec = GroupSpec("g1", 0, addr, port, 1, (2,), "gloo", timeout_s=30)
+    spec = GroupSpec("g1", 0, addr, port, 1, (2,), "gloo", timeout_s=30, protocol=PYNCCL)
     _together([lambda: sender.sync_join(spec, 0), lambda: r.sync_join(spec, 0)])
     manifests = sender.sync_prepare("g1", size, 0)
     sent, got = _together([lambda: sender.sync_send("g1"),
@@ -189,8 +190,10 @@ def test_the_workers_receive_from_the_group_and_rpc_carries_no_weights(size: int
 def test_a_colocated_engine_is_handed_each_bucket_as_shared_memory() -> None:
     """Colocated, the engine names the hand-over (CUDA IPC on its GPUs): per bucket one
     `collective_rpc("receive_handover")` with the handles and the bucket's head, each worker
-    maps its own handle, loads what the bucket completes whole and exactly, and acknowledges
-    its handle; the prefix cache is dropped once, after the last bucket."""
+    maps its own handle, the one the trainer rank on its device exported (here the two
+    senders' bytes differ, so a worker that mapped the other's handle shows), loads what the
+    bucket completes whole and exactly, and acknowledges its handle; the prefix cache is
+    dropped once, after the last bucket."""
     from executors import ipc
     from executors.reshard import Stream
     from executors.syncgroup import IPC
@@ -200,20 +203,25 @@ def test_a_colocated_engine_is_handed_each_bucket_as_shared_memory() -> None:
     r = _fake_rollout(colocated=True)
     r.llm = WorkerLLM(2)
     assert r.sync_member() == ("cuda", 2, os.getpid(), IPC)
-    ho = ipc.HandOver("h1", Stream(want, 100), torch.device("cpu"))
-    for k in range(ho.stream.count):
-        ack = r.handover_receive(ho.export(k, 2), 0, ho.stream.head(k), 3, 1, "h1")
-        assert ack["receivers"] == [0, 1] and ack["bucket"] == k
-        ho.acked(k, ack["receivers"])
-        assert not ho.live  # both workers mapped their handle: the bucket is freed
+    # each worker's handle from the trainer rank on its device: two senders, one handle each
+    per_rank = [want, {k: v + 1 for k, v in want.items()}]
+    hos = [ipc.HandOver("h1", Stream(st, 100), torch.device("cpu"), ident=i)
+           for i, st in zip((4, 5), per_rank)]
+    for k in range(hos[0].stream.count):
+        ack = r.handover_receive(hos[0].stream.head(k), 3, 1, "h1", [(0, 0), (1, 0)],
+                                 *[ho.export(k, 1) for ho in hos])
+        assert ack["receivers"] == {4: [0], 5: [0]} and ack["bucket"] == k
+        for ho in hos:
+            ho.acked(k, ack["receivers"])
+            assert not ho.live  # its worker mapped its handle: the bucket is freed
     assert ack["done"] and r.version == 3
-    for w in r.llm.workers:
+    for w, mine in zip(r.llm.workers, per_rank):
         m = w.model_runner.model
-        assert set(m.loaded) == set(want)
+        assert set(m.loaded) == set(mine)
         assert all(torch.equal(m.loaded[k], v) and m.loaded[k].dtype == v.dtype
-                   for k, v in want.items())
+                   for k, v in mine.items())
     rpcs = [c[1] for c in r.llm.calls if c[0] == "collective_rpc"]
-    assert {a[0] for a in rpcs} == {"receive_handover"} and len(rpcs) == ho.stream.count
+    assert {a[0] for a in rpcs} == {"receive_handover"} and len(rpcs) == hos[0].stream.count
     assert sum(_tensors_in(a) for a in rpcs) == 0  # handles and heads: control messages
     assert [c[0] for c in r.llm.calls].count("reset_prefix_cache") == 1
     assert r.llm.calls[-1][0] == "reset_prefix_cache"
@@ -317,3 +325,139 @@ def test_the_worker_extension_reads_only_recorded_vllm_names() -> None:
     loads = [n for n in ast.walk(cls) if isinstance(n, ast.Call)
              and isinstance(n.func, ast.Attribute) and n.func.attr == "load_weights"]
     assert loads and all({k.arg for k in n.keywords} == {"weights"} for n in loads)
+
+
+# ------------------------------------------------- the NCCL channel on vLLM's stateless group
+# What `executors.pynccl` (`pynccl_channel`, `NcclChannel`) calls of vLLM, recorded from vLLM's source
+# (github.com/vllm-project/vllm; its files are stored at different commits):
+#   vllm/distributed/utils.py @ 5a6541db9bfa77756459722f69e8c89a0b47a14d: `@dataclass class
+#     StatelessProcessGroup` with fields rank, world_size, store, socket,
+#     data_expiration_seconds (and counters with defaults), `broadcast_obj(obj, src)`
+#   vllm/distributed/device_communicators/pynccl.py @ 9a4b60a4c91d972116c01e818048ab8868542d62:
+#     `PyNcclCommunicator.__init__(self, group: ProcessGroup | StatelessProcessGroup, device,
+#     library_path=None)`, its `disabled` flag (that version sets it True after init; 0.6.5+
+#     leaves it False)
+#   examples/offline_inference/rlhf_utils.py @ 081b8e32277e01f1f759601c714f808b5e9676b2:
+#     `PyNcclCommunicator(pg, device=device)` on a `StatelessProcessGroup`, then
+#     `broadcast(weight, src=0, stream=torch.cuda.current_stream())` on trainer and workers
+VLLM_NCCL = {
+    ("vllm.distributed.utils", "StatelessProcessGroup"): {
+        "rank", "world_size", "store", "socket", "data_expiration_seconds"},
+    ("vllm.distributed.device_communicators.pynccl", "PyNcclCommunicator"): {
+        "group", "device", "library_path"},
+}
+COMM_METHODS = {"broadcast": {"tensor", "src", "stream"}}
+COMM_READS = {"disabled"}
+
+
+def nccl_problems(src: str) -> list[str]:
+    """What `pynccl_channel` and `NcclChannel` in `src` name that the recorded vLLM lacks."""
+    import ast
+    tree = ast.parse(src)
+    fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)
+           and n.name in ("pynccl_channel", "NcclChannel")]
+    imported = {a.asname or a.name: (n.module or "", a.name) for f in fns for n in ast.walk(f)
+                if isinstance(n, ast.ImportFrom) for a in n.names}
+    out = [f"vLLM has no {m}.{c}" for m, c in imported.values() if (m, c) not in VLLM_NCCL]
+    for f in fns:
+        for n in ast.walk(f):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) \
+                    and n.func.id in imported and imported[n.func.id] in VLLM_NCCL:
+                takes = VLLM_NCCL[imported[n.func.id]]
+                out += [f"{n.func.id} takes no {k.arg}" for k in n.keywords if k.arg not in takes]
+                if len(n.args) > 1:
+                    out.append(f"{n.func.id}: more than one positional argument")
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name | ast.Attribute) \
+                    and (getattr(n.value, "id", None) or getattr(n.value, "attr", None)) == "comm":
+                call = next((c for c in ast.walk(f) if isinstance(c, ast.Call) and c.func is n),
+                            None)
+                if call is None and n.attr not in COMM_READS:
+                    out.append(f"PyNcclCommunicator has no attribute {n.attr}")
+                if call is not None:
+                    if n.attr not in COMM_METHODS:
+                        out.append(f"PyNcclCommunicator has no method {n.attr}")
+                    else:
+                        out += [f"PyNcclCommunicator.{n.attr} takes no {k.arg}"
+                                for k in call.keywords if k.arg not in COMM_METHODS[n.attr]]
+    return out
+
+
+def test_the_nccl_channel_calls_only_what_the_pinned_vllm_defines() -> None:
+    from pathlib import Path
+
+    from executors import pynccl
+    src = Path(pynccl.__file__).read_text()
+    assert nccl_problems(src) == []
+    # the reader sees every call: both classes built, the broadcast, the flag read
+    for name in ("StatelessProcessGroup(rank=rank, world_size=world, store=store, socket=None)",
+                 "PyNcclCommunicator(group, device=", "self.comm.broadcast(bufs[0], src=",
+                 "comm.disabled"):
+        assert name in src, name
+
+
+def test_the_nccl_contract_fails_on_a_wrong_name() -> None:
+    bad = '''
+def pynccl_channel(store, rank, world):
+    from vllm.distributed.utils import StatelessProcessGroup
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator, NcclComm
+    g = StatelessProcessGroup(rank=rank, world=world, store=store, socket=None)
+    comm = PyNcclCommunicator(g, dev=0)
+    comm.enabled
+    return comm
+
+class NcclChannel:
+    def broadcast(self, bufs, opts):
+        self.comm.broadcast(bufs[0], root=0)
+        self.comm.bcast(bufs[0])
+'''
+    assert nccl_problems(bad) == [
+        "vLLM has no vllm.distributed.device_communicators.pynccl.NcclComm",
+        "StatelessProcessGroup takes no world", "PyNcclCommunicator takes no dev",
+        "PyNcclCommunicator has no attribute enabled",
+        "PyNcclCommunicator.broadcast takes no root",
+        "PyNcclCommunicator has no method bcast"]
+
+
+def test_an_nccl_channel_is_built_on_the_channels_store_and_broadcasts_on_the_stream(
+        monkeypatch) -> None:
+    """`pynccl_channel` with vLLM's two classes stood in for (vLLM is the gpu extra): the
+    stateless group is the channel's store, rank and world, the communicator is on this
+    process's device, a disabled one is refused; `_bcast` on the channel is vLLM's broadcast
+    from the group's root on the current stream."""
+    import sys
+    import types
+
+    from executors import pynccl as pn
+    from executors import syncgroup as sg
+    made: list[tuple[str, dict]] = []
+
+    class Group:
+        def __init__(self, **kw):
+            made.append(("group", kw))
+
+    class Comm:
+        disabled = False
+
+        def __init__(self, group, device):
+            made.append(("comm", {"group": group, "device": device}))
+
+        def broadcast(self, tensor, src, stream=None):
+            made.append(("broadcast", {"tensor": tensor, "src": src, "stream": stream}))
+    utils = types.ModuleType("vllm.distributed.utils")
+    utils.StatelessProcessGroup = Group  # type: ignore[attr-defined]
+    pynccl = types.ModuleType("vllm.distributed.device_communicators.pynccl")
+    pynccl.PyNcclCommunicator = Comm  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.distributed.utils", utils)
+    monkeypatch.setitem(sys.modules, "vllm.distributed.device_communicators.pynccl", pynccl)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "stream")
+    store = torch.distributed.HashStore()
+    ch = pn.pynccl_channel(store, 2, 5)
+    assert made[0] == ("group", {"rank": 2, "world_size": 5, "store": store, "socket": None})
+    assert made[1][1]["device"] == torch.device("cuda", 3)
+    buf = torch.zeros(4, dtype=torch.uint8)
+    sg._bcast(ch, buf).wait()
+    assert made[2] == ("broadcast", {"tensor": buf, "src": 0, "stream": "stream"})
+    Comm.disabled = True
+    with pytest.raises(RuntimeError, match="came up disabled"):
+        pn.pynccl_channel(store, 2, 5)

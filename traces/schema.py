@@ -102,6 +102,8 @@ class EventArgs(BaseModel):
     replica: str | int | None = _f("rollout replica a weight-sync flow feeds")
     pool: str | None = _f("executor: the pool of a split role's worker (its part's pool)")
     part: int | None = _f("executor: index of a split role's part the worker belongs to")
+    swapped: bool | None = _f("executor: whether a colocated engine's sleep or wake changed "
+                              "its state (transfer)")
     # how much
     sample_ids: list[int | str] | None = _f("samples the event covers")
     tokens: float | None = _f("tokens processed (prefill, decode, train, forward)")
