@@ -84,7 +84,7 @@ from placer.spec.hardware import DeviceKind, DeviceType
 __all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm",
            "decode_tp_comm", "grad_sync_time", "layer_comm", "micro_tokens", "linear_state_bytes", "pp_send",
            "span_link", "state_split", "state_tokens", "tp_link", "zero3_gathers", "oversubscription",
-           "weight_gather_time",
+           "weight_gather_time", "offload_time",
            "BYTES", "GB", "Memory", "attention_flops_per_token", "decode_bw_eff", "decode_read_bytes",
            "decode_run_time", "decode_step_line", "decode_step_time", "device_ceiling", "eager_overhead",
            "expert_read_eff", "forward_time", "gemm_eff", "gemm_peak_tflops", "infer_memory",
@@ -146,12 +146,36 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     # 1F1B: each micro-batch crosses every stage boundary forward and back once per pass
     chunk = min(tokens / par.dp, mt)
     comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
-    offload = 0.0
-    if par.offload and not dev.host_backed:  # on host RAM already: the offload moves nothing
-        offload = 2 * train_state_bytes(m, par)[2] / (eff.offload_gbs * GB)
     return oversubscription(dev, par.devices, eff) * (
-        compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload
+        compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload_time(m, dev, par, eff)
                                     + eff.train_overhead_s) + comm)
+
+
+# Bytes a host-stepped optimizer moves per parameter and step: the fp32 main gradient to the
+# host and the stepped fp32 parameter back (HybridDeviceOptimizer `_set_sub_optimizer_grads`,
+# `param_copy_back_gpu_hook`)
+HOST_STEP_COPY_BYTES = 8
+
+
+def offload_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """Seconds per optimizer step that an offloaded optimizer (`par.offload`) adds.
+
+    Stepped on the GPU (`host_adam_gparams_s` 0): its state, 12 bytes a parameter of the rank's
+    shard, out to the host and back. Stepped on the host (`host_adam_gparams_s` > 0, Megatron-
+    Core's HybridDeviceOptimizer: megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
+    radixark/Megatron-LM @235952df607b3820716e5e67728a5ab470ca33ae): the state stays there and
+    each step moves the fp32 gradients down and the fp32 parameters back
+    (`HOST_STEP_COPY_BYTES`), one tensor at a time on their own streams under the host's AdamW
+    (`--overlap-cpu-optimizer-d2h-h2d`), so the slower of the copies and the host step, the
+    rank's parameters / `host_adam_gparams_s`. A host-backed device moves nothing."""
+    if not par.offload or dev.host_backed:
+        return 0.0
+    state = train_state_bytes(m, par)[2]
+    if eff.host_adam_gparams_s <= 0:
+        return 2 * state / (eff.offload_gbs * GB)
+    params = state / 12  # the rank's optimizer shard: 12 bytes (fp32 master + 2 moments) each
+    return max(params / (eff.host_adam_gparams_s * 1e9),
+               params * HOST_STEP_COPY_BYTES / (eff.offload_gbs * GB))
 
 
 
