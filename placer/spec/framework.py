@@ -45,16 +45,18 @@ MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 MILES_SENDER_GBS = 29.9
 
 # Miles' CPU Adam (`--optimizer-cpu-offload`): Megatron-Core's HybridDeviceOptimizer steps each
-# rank's optimizer shard on the host with torch.optim.AdamW, one optimizer per tensor
-# (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py, radixark/Megatron-LM
-# @235952df607b3820716e5e67728a5ab470ca33ae), on torch's intra-op threads, which Ray sets to
-# max(floor(num_cpus), 1) (ray/_private/utils.py `set_omp_num_threads_if_unset`): 1 for Miles'
-# trainer ranks, created with num_cpus = their GPU share (miles/ray/train/actor_factory.py;
-# 0.4 when colocated, miles/ray/placement_group.py). One thread of torch's CPU AdamW steps
-# 0.10-0.14 G fp32 parameters a second (`python -m bench hostadam`, torch 2.13 on a Xeon build
-# host; the single-tensor path streams ~80 bytes a parameter through memory): 0.13 x 1 thread.
+# rank's optimizer shard on the host with torch.optim.AdamW(fused=True), one optimizer per tensor
+# (radixark/Megatron-LM megatron/core/optimizer/__init__.py @00f2f7d4fb13b4d5f113db37a7699624abc1affc,
+# cpu_offloading/hybrid_optimizer.py @235952df607b3820716e5e67728a5ab470ca33ae; Miles' image
+# builds its miles-main branch, docker/Dockerfile), on torch's intra-op threads, which Ray sets
+# to max(floor(num_cpus), 1) (ray/_private/utils.py `set_omp_num_threads_if_unset`): 1 for
+# Miles' trainer ranks, created with num_cpus = their GPU share (miles/ray/train/
+# actor_factory.py; 0.4 when colocated, miles/ray/placement_group.py). One thread of torch's
+# fused CPU AdamW stepped 0.16-0.34 G fp32 parameters a second on a loaded 2-core Xeon build
+# host (`python -m bench hostadam`, torch 2.13; one pass of ~28 bytes a parameter, 5-9x the
+# unfused path): its best, 0.34, x 1 thread. A quiet server core may be up to ~2x faster.
 MILES_HOST_ADAM_THREADS = 1
-MILES_HOST_ADAM_GPS = 0.13 * MILES_HOST_ADAM_THREADS
+MILES_HOST_ADAM_GPS = 0.34 * MILES_HOST_ADAM_THREADS
 
 
 def _frozen(d: Mapping[str, float] | None = None) -> Mapping[str, float]:
@@ -296,8 +298,8 @@ _MILES = FrameworkProfile(
                            "GLM-4.7-Flash row)",
         "sync_bucket_gb": f"{MILES} docs/advanced/p2p-weight-transfer.md (1 GB buckets)",
         "host_adam_gparams_s": f"{MILES} scripts/run_qwen3_dense.py --optimizer-cpu-offload "
-                               "(Megatron's HybridDeviceOptimizer: the step on the host, torch "
-                               "AdamW on the one thread Ray gives a rank of num_cpus < 2, "
+                               "(Megatron's HybridDeviceOptimizer: the step on the host, torch's "
+                               "fused AdamW on the one thread Ray gives a rank of num_cpus < 2, "
                                "miles/ray/train/actor_factory.py; the rate: bench/bench_hostadam.py)",
     }))
 
