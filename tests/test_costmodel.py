@@ -29,6 +29,7 @@ from placer.cost.layercomm import fsdp_calls, fsdp_units, weight_gather_time
 from placer.cost.model import (
     dispatch_time,
     engine_swap_time,
+    offload_time,
     score_time,
     switch_time,
     tool_waves,
@@ -102,6 +103,28 @@ def test_optimizer_offload_leaves_weights_and_grads() -> None:
     m = M["Llama-3-8B"]
     mem = train_memory(m, Parallel(offload=True, zero=0), micro_tokens=0)
     assert mem.optimizer == 0 and (mem.weights + mem.grads) * GB == pytest.approx(4 * m.params())
+
+
+def test_an_offloaded_optimizer_is_copied_or_stepped_on_the_host() -> None:
+    # 8B parameters, ZeRO-1 over dp 2 with TP 4: 1/8 of them per rank
+    m, par = M["Llama-3-8B"], Parallel(tp=4, dp=2, zero=1, offload=True)
+    p = m.params() / 8
+    # stepped on the GPU (the shared default): the rank's 12-byte state out and back
+    assert offload_time(m, H100, par, EFF) == pytest.approx(2 * 12 * p / (EFF.offload_gbs * GB))
+    # stepped on the host (Megatron's HybridDeviceOptimizer): its parameters at the host's rate,
+    # the 8 bytes each of gradient down and parameter back hidden under it ...
+    host = replace(EFF, host_adam_gparams_s=0.13)
+    assert offload_time(m, H100, par, host) == pytest.approx(p / 0.13e9)
+    # ... unless the copies are the slower side
+    fast = replace(EFF, host_adam_gparams_s=1e3)
+    assert offload_time(m, H100, par, fast) == pytest.approx(8 * p / (EFF.offload_gbs * GB))
+    # no offload, or a device whose memory is the host's: nothing
+    assert offload_time(m, H100, replace(par, offload=False), host) == 0.0
+    assert offload_time(m, CPU, par, host) == 0.0
+    # the update carries it once per optimizer step
+    kw = dict(tokens=4096.0 * 64, seq=4096.0, steps=2)
+    assert (train_time(m, H100, par, eff=host, **kw) - train_time(m, H100, par, eff=EFF, **kw)
+            == pytest.approx(2 * (p / 0.13e9 - 2 * 12 * p / (EFF.offload_gbs * GB))))
 
 
 def test_activation_memory_per_token() -> None:

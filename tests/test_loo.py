@@ -93,14 +93,15 @@ def test_factors_fitted_on_rows_are_not_operator_level_or_settings() -> None:
 def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # The honest figure: each row predicted by factors fitted without it. The issue's goal is a
     # LOO median |error| <= 0.15 and max <= 0.30 over >= 14 rows; today 14 step rows reach a
-    # median of 13.4% and a max of 58.5% (row r10: Miles' hybrid 27B on H200, whose 100 s
-    # reference pass, rollout and update the model does not price: docs/cost-model.md; the
-    # operator-level all-reduce refit, NVLS on H200, took it from 57.9%). A ratchet: tighten,
-    # loosen only for a change measured better elsewhere, and say which.
+    # median of 13.4% and a max of 57.5% (row r10: Miles' hybrid 27B on H200, whose 100 s
+    # reference pass, rollout and most of its update the model does not price: the row's yaml
+    # header; the operator-level all-reduce refit, NVLS on H200, took it from 57.9% to 58.5%,
+    # pricing Miles' CPU Adam on the host, `host_adam_gparams_s`, from 58.5% to 57.5%). A
+    # ratchet: tighten, loosen only for a change measured better elsewhere, and say which.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 14
     assert step["loo_median_abs_error"] < 0.14, step
-    assert step["loo_max_abs_error"] < 0.59, step
+    assert step["loo_max_abs_error"] < 0.58, step
     # 11 rows, 11.4% median; verl's three per-tensor NCCL rows -5% / +10% / -8% (each tensor
     # one engine loader walk: `sync_load_entry_s`); max 39% (NeMo-RL's Qwen3-4B, 0.275 s: the
     # non-colocated shard-to-shard reshard, priced as a colocated refresh); the NeMo-RL
@@ -119,11 +120,11 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # +19% prefill (two-batch overlap is not priced)
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
-    # every row of every kind (the JSON headline): 32 rows, 10.6% median, max 58.5% (row r10);
+    # every row of every kind (the JSON headline): 32 rows, 10.6% median, max 57.5% (row r10);
     # EasyR1's two Qwen2.5-VL rows are -25% (r13, 7B) and -7% (r14, 32B)
     every = rep.summary()
     assert len(rep.rows) == 32
-    assert every["loo_median_abs_error"] < 0.108 and every["loo_max_abs_error"] < 0.59, every
+    assert every["loo_median_abs_error"] < 0.108 and every["loo_max_abs_error"] < 0.58, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

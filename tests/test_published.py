@@ -52,16 +52,13 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # docs/cost-model.md marks them in-sample), so these figures are in-sample. The honest,
     # leave-one-out bound is tests/test_loo.py::test_leave_one_out_error_is_bounded. Tighten
     # these as the model improves, never loosen them. The max is row 10 (-56% with its hybrid shape
-    # priced: Miles' 100 s reference pass and 12.6% MFU update are not in the model).
+    # and Miles' CPU Adam on the host priced, -57% before: Miles' 100 s reference pass, most of
+    # its update and ~140 s of its rollout are not in the model; the row's yaml header).
     # 17.3% since mfu_prefill, the decode read curve and the TP all-reduce were refitted on
     # operator profiles (`python -m workflows.operators --fit`; out-of-sample here, was 12.4%
     # with them in-sample); the run-level factors were not retuned to compensate.
     assert doc.median_abs_error < 0.175, doc.median_abs_error
-    # 0.575 (was 0.57): row 10's CPU Adam is now priced as Megatron's HybridDeviceOptimizer
-    # copies it, an fp32 gradient out and parameter in per optimizer step (8 B a parameter,
-    # placer.cost.offload.HOST_STEP_BYTES, was twice the 12 B of optimizer state), which takes
-    # 2 s off its update: -56.8% -> -57.1%, a gap the copies never explained (see above)
-    assert doc.max_abs_error < 0.575, doc.max_abs_error
+    assert doc.max_abs_error < 0.56, doc.max_abs_error
     h20 = [r for r in doc.rows if "xH20 " in r.name]
     assert len(h20) == 11 and all(abs(r.error) < 0.27 for r in h20), [
         (r.name, r.error) for r in h20]  # the goal: every row within 30%

@@ -107,6 +107,10 @@ class Efficiency:
     lpu_kv_reserve: float = 0.10  # SRAM share kept for KV beyond the weights
     lpu_reload_s: float = 5.0  # fixed cost to re-push weights onto LPU chips
     offload_gbs: float = 25.0  # host <-> device copy rate
+    # G fp32 parameters per second at which the host steps one trainer rank's optimizer shard
+    # when the framework runs the step there (Megatron's HybridDeviceOptimizer); 0: the GPU steps
+    # and `offload` only moves the state out and back (`model.offload_time`)
+    host_adam_gparams_s: float = 0.0
     engine_sleep_s: float = 11.2  # a colocated engine's fixed sleep cost beyond copying its weights out
     engine_wake_s: float = 3.7  # its fixed wake cost beyond copying them back
     tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency

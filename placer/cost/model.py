@@ -52,7 +52,7 @@ from placer.cost.layercomm import (
     weight_gather_time,
     zero3_gathers,
 )
-from placer.cost.offload import host_step_gb
+from placer.cost.offload import MODEL_BYTES, host_step_gb
 from placer.cost.roofline import (
     BYTES,
     GB,
@@ -86,7 +86,7 @@ from placer.spec.hardware import DeviceKind, DeviceType
 __all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Parallel", "decode_comm",
            "decode_tp_comm", "grad_sync_time", "layer_comm", "micro_tokens", "linear_state_bytes", "pp_send",
            "span_link", "state_split", "state_tokens", "tp_link", "zero3_gathers", "oversubscription",
-           "weight_gather_time",
+           "weight_gather_time", "offload_time",
            "BYTES", "GB", "Memory", "attention_flops_per_token", "decode_bw_eff", "decode_read_bytes",
            "decode_run_time", "decode_step_line", "decode_step_time", "device_ceiling", "eager_overhead",
            "expert_read_eff", "forward_time", "gemm_eff", "gemm_peak_tflops", "infer_memory",
@@ -148,14 +148,28 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     # 1F1B: each micro-batch crosses every stage boundary forward and back once per pass
     chunk = min(tokens / par.dp, mt)
     comm += pp_send(m, dev, par, chunk / par.cp, eff) * (passes // 2 - 1) * tokens / par.dp / chunk
-    offload = 0.0
-    if par.offload and not dev.host_backed:  # on host RAM already: the offload moves nothing
-        # a host-stepped optimizer: each step's gradients out and parameters back
-        offload = host_step_gb(train_state_bytes(m, par)[2] / GB) / eff.offload_gbs
     return oversubscription(dev, par.devices, eff) * (
-        compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload
+        compute + bubble + steps * (grad_sync_time(m, dev, par, eff) + offload_time(m, dev, par, eff)
                                     + eff.train_overhead_s) + comm)
 
+
+def offload_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> float:
+    """Seconds per optimizer step that a host-stepped optimizer (`par.offload`, Megatron-Core's
+    HybridDeviceOptimizer: megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
+    radixark/Megatron-LM @235952df607b3820716e5e67728a5ab470ca33ae) adds. Its state stays on the
+    host; each step moves the fp32 gradients down and the fp32 parameters back
+    (`offload.host_step_gb`), one tensor at a time on their own streams under the host's AdamW
+    (`--overlap-cpu-optimizer-d2h-h2d`), so the slower of the copies and, where the framework's
+    profile gives a host rate (`host_adam_gparams_s` > 0), the host step: the rank's
+    parameters / that rate. A host-backed device moves nothing."""
+    if not par.offload or dev.host_backed:
+        return 0.0
+    state = train_state_bytes(m, par)[2]
+    copies = host_step_gb(state / GB) / eff.offload_gbs
+    if eff.host_adam_gparams_s <= 0:
+        return copies
+    params = state / MODEL_BYTES["optimizer"]  # the rank's optimizer shard
+    return max(params / (eff.host_adam_gparams_s * 1e9), copies)
 
 
 # ----------------------------------------------------------------------------- frozen forward

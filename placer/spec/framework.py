@@ -12,7 +12,7 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
                         rollout), or None: `placer plan` then exits 3 naming it
   factors               its overheads as efficiency factors that replace the shared ones
                         (`placer.cost.efficiency.Efficiency`): the driver's dispatch, the
-                        weight-sync bucket and sender
+                        weight-sync bucket and sender, where an offloaded optimizer steps
 
 Every rule and overhead cites the file and version of the framework it was read from
 (`SOURCES`). Colocation forms, the old-log-prob source and engine sleep/wake are recorded
@@ -43,6 +43,20 @@ MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 # docs/advanced/p2p-weight-transfer.md GLM-4.7-Flash row (30B in 2.51 s on one node, where the
 # sender's own path binds) / link efficiency 0.8 = 29.9 GB/s raw.
 MILES_SENDER_GBS = 29.9
+
+# Miles' CPU Adam (`--optimizer-cpu-offload`): Megatron-Core's HybridDeviceOptimizer steps each
+# rank's optimizer shard on the host with torch.optim.AdamW(fused=True), one optimizer per tensor
+# (radixark/Megatron-LM megatron/core/optimizer/__init__.py @00f2f7d4fb13b4d5f113db37a7699624abc1affc,
+# cpu_offloading/hybrid_optimizer.py @235952df607b3820716e5e67728a5ab470ca33ae; Miles' image
+# builds its miles-main branch, docker/Dockerfile), on torch's intra-op threads, which Ray sets
+# to max(floor(num_cpus), 1) (ray/_private/utils.py `set_omp_num_threads_if_unset`): 1 for
+# Miles' trainer ranks, created with num_cpus = their GPU share (miles/ray/train/
+# actor_factory.py; 0.4 when colocated, miles/ray/placement_group.py). One thread of torch's
+# fused CPU AdamW stepped 0.16-0.34 G fp32 parameters a second on a loaded 2-core Xeon build
+# host (`python -m bench hostadam`, torch 2.13; one pass of ~28 bytes a parameter, 5-9x the
+# unfused path): its best, 0.34, x 1 thread. A quiet server core may be up to ~2x faster.
+MILES_HOST_ADAM_THREADS = 1
+MILES_HOST_ADAM_GPS = 0.34 * MILES_HOST_ADAM_THREADS
 
 
 def _frozen(d: Mapping[str, float] | None = None) -> Mapping[str, float]:
@@ -262,7 +276,7 @@ _MILES = FrameworkProfile(
                "--actor-num-gpus-per-node / --rollout-num-gpus",
     sleep_wake="--offload-rollout (SGLang release_memory_occupation)",
     factors=_frozen({"dispatch_bytes_per_token": 0.0, "sync_sender_gbs": MILES_SENDER_GBS,
-                     "sync_bucket_gb": 1.0}),
+                     "sync_bucket_gb": 1.0, "host_adam_gparams_s": MILES_HOST_ADAM_GPS}),
     sources=MappingProxyType({
         "trainer": f"{MILES} Megatron actor (tensor, pipeline, context, expert parallel)",
         "engine": f"{MILES} miles/utils/arguments.py --rollout-num-gpus-per-engine (one SGLang "
@@ -283,6 +297,10 @@ _MILES = FrameworkProfile(
         "sync_sender_gbs": f"{MILES} docs/advanced/p2p-weight-transfer.md (broadcast sender, "
                            "GLM-4.7-Flash row)",
         "sync_bucket_gb": f"{MILES} docs/advanced/p2p-weight-transfer.md (1 GB buckets)",
+        "host_adam_gparams_s": f"{MILES} scripts/run_qwen3_dense.py --optimizer-cpu-offload "
+                               "(Megatron's HybridDeviceOptimizer: the step on the host, torch's "
+                               "fused AdamW on the one thread Ray gives a rank of num_cpus < 2, "
+                               "miles/ray/train/actor_factory.py; the rate: bench/bench_hostadam.py)",
     }))
 
 PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType(
