@@ -1,0 +1,143 @@
+"""Context parallelism in the trainer (`executors.cpattn`) on gloo: each sequence split over
+the cp ranks (Megatron's 2 * cp load-balanced chunks), keys and values all-gathered over the
+CP group, losses and statistics summed over it, gradients over dp x cp.
+
+  - cp 2 log-probs equal one process's; with the K/V gather replaced by each rank's own
+    keys alone (the others' zeroed) they do not: the gather is what makes them agree;
+  - one RL step (2 optimizer steps) with cp 2 and with cp 2 x tp 2 ends at one process's
+    weights, gradient norms and loss; the executed layout reads cp off the built model;
+  - the bytes the gather sends (forward all-gather, backward reduce-scatter, each call's
+    buffers counted as the code hands them to torch.distributed) are what `placer.cost.sharding.cp_kv_exchange` prices.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from gloo_world import SPAWN, run_world
+from test_exec_sharding import ARCH, batch, config, distributed, one_process
+
+from executors import cpattn, rl
+from executors.model import build_policy, load_policy, save_model_dir
+from executors.sharding import Layout, check_layout
+from executors.trainer import Trainer
+from placer.base.errors import SpecError
+from placer.cost.sharding import Parallel, cp_kv_bytes
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_model_dir(build_policy(ARCH, 3), ARCH, tmp_path_factory.mktemp("m") / "v0")
+
+
+def test_columns_pair_an_early_and_a_late_chunk() -> None:
+    """Megatron's split: rank r holds chunks r and 2cp-1-r; every column once."""
+    assert cpattn.columns(11, 2, 0)[1].tolist() == [0, 1, 2, 9, 10, 11]
+    assert cpattn.columns(11, 2, 1)[1].tolist() == [3, 4, 5, 6, 7, 8]
+    cols = torch.cat([cpattn.columns(13, 3, r)[1] for r in range(3)])
+    assert sorted(cols.tolist()) == list(range(cpattn.columns(13, 3, 0)[0]))
+
+
+def _own_keys_only(k: torch.Tensor, v: torch.Tensor, group: Any) -> tuple[torch.Tensor, ...]:
+    """The gather dropped: this rank's keys in its own place, zeros where the others' go."""
+    import torch.distributed as dist
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    return tuple(torch.cat([x if i == r else torch.zeros_like(x) for i in range(n)], 2)
+                 for x in (k, v))
+
+
+def _logprobs(rank: int, tr: Trainer, q_out: Any) -> None:
+    s, _ = batch(1)
+    got = tr._logprobs(s)
+    own = float(tr._cp_logprobs(s, entropy=False)[2].sum())  # the positions it scored
+    cpattn.gather_kv = _own_keys_only  # this rank's process only
+    dropped = tr._logprobs(s)
+    q_out.put((rank, got.tolist(), dropped.tolist(), own))  # lists: a tensor's memory dies with the rank
+
+
+def test_cp2_logprobs_match_one_process_and_need_the_gather(model_dir: Path) -> None:
+    s, _ = batch(1)
+    want = rl.response_logprobs(load_policy(model_dir), s).detach()
+    q_out = SPAWN.Queue()
+    run_world(_logprobs, config(model_dir, trainer=Layout(cp=2)), q_out)
+    owns = []
+    for rank, got, dropped, own in (q_out.get(timeout=5) for _ in range(2)):
+        owns.append(own)
+        diff = float((torch.tensor(got) - want).abs().max())
+        off = float((torch.tensor(dropped) - want).abs().max())
+        print(f"rank {rank}: cp 2 vs one process {diff:.2e}; without the gather {off:.2e}")
+        assert diff < 1e-5, diff
+        assert off > 1e-2, off  # the second chunk's queries lose the first chunk's keys
+    assert min(owns) > 0 and sum(owns) == float(rl.pack(s)[2].sum())  # each scores its share
+
+
+@pytest.mark.parametrize("layout", [Layout(cp=2), Layout(tp=2, cp=2)], ids=["cp2", "cp2xtp2"])
+def test_cp_step_matches_one_process(layout: Layout, model_dir: Path, tmp_path: Path) -> None:
+    cfg = config(model_dir, trainer=layout, mini_batches=2)
+    want, info = one_process(cfg)
+    got, ranks = distributed(cfg, tmp_path)
+    start = load_policy(model_dir).state_dict()
+    moved = max(float((want[k] - start[k]).abs().max()) for k in want)
+    diff = max(float((got[k] - want[k]).abs().max()) for k in want)
+    print(f"{layout}: max |weight diff| vs one process {diff:.2e} (moved {moved:.2e})")
+    assert moved > 1e-4
+    bad = {k: float((got[k] - want[k]).abs().max()) for k in want
+           if not torch.allclose(got[k], want[k], atol=5e-5, rtol=1e-4)}
+    assert not bad, bad
+    for r in ranks:  # every CP rank reports its DP group's sums
+        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
+        assert r[1]["loss"] == pytest.approx(info["loss"], abs=1e-6)
+        assert r[1]["entropy"] == pytest.approx(info["entropy"], rel=1e-5)
+        read = r[3]
+        assert (read["dp"], read["cp"], read["tp"], read["pp"]) == (1, 2, layout.tp, 1), read
+        dims = ["dp_cp", "tp"] if layout.tp > 1 else ["dp_cp"]
+        assert read["mesh"] == {"dims": dims, "shape": [2] + [2] * (layout.tp > 1)}, read
+
+
+def _count_gather_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
+    """One forward and backward of the CP model, every all-gather and reduce-scatter this
+    rank's process makes counted with the bytes of its list of per-rank buffers."""
+    import torch.distributed as dist
+    out: dict[str, int] = {}
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            buffers = args[0] if name == "all_gather" else args[1]
+            out[name] = out.get(name, 0) + sum(b.numel() * b.element_size() for b in buffers)
+            out[name + " calls"] = out.get(name + " calls", 0) + 1
+            return fn(*args, **kw)
+        return call
+
+    dist.all_gather = counted("all_gather", dist.all_gather)  # this rank's process only
+    dist.reduce_scatter = counted("reduce_scatter", dist.reduce_scatter)
+    s, _ = batch(1)
+    lp, _, _ = tr._cp_logprobs(s, entropy=False)
+    lp.sum().backward()
+    q_out.put(out)
+
+
+def test_cp_traffic_is_what_layercomm_prices(model_dir: Path) -> None:
+    """Per layer and pass, the K and V of the CP group's tokens (`cp_kv_bytes`): the forward's
+    all-gather and the backward's reduce-scatter each move the padded batch's, in fp32 here
+    (4 bytes; the price's BF16 is `BYTES`)."""
+    q_out = SPAWN.Queue()
+    run_world(_count_gather_bytes, config(model_dir, trainer=Layout(cp=2)), q_out)
+    s, _ = batch(1)
+    ids, _, _ = rl.pack(s)
+    tokens = ids.shape[0] * cpattn.columns(ids.shape[1], 2, 0)[0]  # padded to 2 * cp chunks
+    priced = ARCH.layers * cp_kv_bytes(ARCH, tokens) / 2 * 4  # BF16 priced, fp32 sent
+    for got in (q_out.get(timeout=5) for _ in range(2)):
+        # one call for K and one for V per layer and pass
+        assert got["all_gather calls"] == got["reduce_scatter calls"] == 2 * ARCH.layers, got
+        assert got["all_gather"] == got["reduce_scatter"] == priced, (got, priced)
+
+
+def test_cp_layouts_the_trainer_cannot_run_are_refused() -> None:
+    args = (ARCH.heads, ARCH.kv_heads, ARCH.mlp)
+    for lay in (Layout(pp=2, cp=2), Layout(dp=4, shard=2, cp=2)):
+        with pytest.raises(SpecError, match=r"plan.roles.actor: layout .*cp2.*plan with cp 1"):
+            check_layout("actor", lay, *args)
+    check_layout("actor", Layout(dp=2, tp=2, cp=2), *args)
+    assert Parallel(cp=2).cp == 2
