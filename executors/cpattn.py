@@ -106,6 +106,10 @@ def cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
         from transformers.integrations.sdpa_attention import sdpa_attention_forward  # lazy
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    for kw in ("sliding_window", "softcap"):  # masks this gather does not build
+        if kwargs.get(kw) is not None:
+            raise ValueError(f"context parallelism: attention with {kw} "
+                             f"{kwargs[kw]} is not run (full causal attention only)")
     k, v = gather_kv(key, value, cp_slice.group)
     groups = query.shape[1] // k.shape[1]  # grouped-query attention: repeat each KV head
     if groups > 1:

@@ -82,8 +82,9 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
 
 def build_mesh(layout: Layout) -> Any:
     """The ("dp", "tp") device mesh over the current process group; ("pp", "dp", "tp") with PP,
-    ("dp", "cp", "tp") with CP (ranks `Layout.rank_of`). HSDP splits "dp" into ("rep", "shard"): dp / shard replicas of a shard-rank group (a rank's
-    dp index is rep * shard + its index in the group, as without HSDP)."""
+    ("dp", "cp", "tp") with CP (ranks `Layout.rank_of`). HSDP splits "dp" into ("rep",
+    "shard"): dp / shard replicas of a shard-rank group (a rank's dp index is rep * shard + its
+    index in the group, as without HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh  # lazy: distributed only
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     dims: tuple[tuple[str, int], ...] = (("dp", layout.dp),)

@@ -7,7 +7,8 @@ CP group, losses and statistics summed over it, gradients over dp x cp.
   - one RL step (2 optimizer steps) with cp 2 and with cp 2 x tp 2 ends at one process's
     weights, gradient norms and loss; the executed layout reads cp off the built model;
   - the bytes the gather sends (forward all-gather, backward reduce-scatter, each call's
-    buffers counted as the code hands them to torch.distributed) are what `placer.cost.sharding.cp_kv_exchange` prices.
+    buffers counted as the code hands them to torch.distributed) are what
+    `placer.cost.sharding.cp_kv_exchange` prices.
 """
 from __future__ import annotations
 
@@ -40,12 +41,14 @@ def test_columns_pair_an_early_and_a_late_chunk() -> None:
     assert sorted(cols.tolist()) == list(range(cpattn.columns(13, 3, 0)[0]))
 
 
-def _own_keys_only(k: torch.Tensor, v: torch.Tensor, group: Any) -> tuple[torch.Tensor, ...]:
+def _own_keys_only(k: torch.Tensor, v: torch.Tensor, group: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gather dropped: this rank's keys in its own place, zeros where the others' go."""
     import torch.distributed as dist
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    return tuple(torch.cat([x if i == r else torch.zeros_like(x) for i in range(n)], 2)
-                 for x in (k, v))
+    k2, v2 = (torch.cat([x if i == r else torch.zeros_like(x) for i in range(n)], 2)
+              for x in (k, v))
+    return k2, v2
 
 
 def _logprobs(rank: int, tr: Trainer, q_out: Any) -> None:
@@ -73,7 +76,8 @@ def test_cp2_logprobs_match_one_process_and_need_the_gather(model_dir: Path) -> 
     assert min(owns) > 0 and sum(owns) == float(rl.pack(s)[2].sum())  # each scores its share
 
 
-@pytest.mark.parametrize("layout", [Layout(cp=2), Layout(tp=2, cp=2)], ids=["cp2", "cp2xtp2"])
+@pytest.mark.parametrize("layout", [Layout(cp=2), Layout(tp=2, cp=2), Layout(dp=2, cp=2)],
+                         ids=["cp2", "cp2xtp2", "dp2xcp2"])
 def test_cp_step_matches_one_process(layout: Layout, model_dir: Path, tmp_path: Path) -> None:
     cfg = config(model_dir, trainer=layout, mini_batches=2)
     want, info = one_process(cfg)
@@ -86,14 +90,21 @@ def test_cp_step_matches_one_process(layout: Layout, model_dir: Path, tmp_path: 
     bad = {k: float((got[k] - want[k]).abs().max()) for k in want
            if not torch.allclose(got[k], want[k], atol=5e-5, rtol=1e-4)}
     assert not bad, bad
-    for r in ranks:  # every CP rank reports its DP group's sums
+    for r in ranks:
         assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
-        assert r[1]["loss"] == pytest.approx(info["loss"], abs=1e-6)
-        assert r[1]["entropy"] == pytest.approx(info["entropy"], rel=1e-5)
+        group = [q for q in ranks if layout.coords(q[0])[0] == layout.coords(r[0])[0]]
+        assert all(q[1]["loss"] == pytest.approx(r[1]["loss"], abs=1e-7) for q in group)
+        if layout.dp == 1:  # every CP rank reports its DP group's sums: here the whole batch's
+            assert r[1]["entropy"] == pytest.approx(info["entropy"], rel=1e-5)
         read = r[3]
-        assert (read["dp"], read["cp"], read["tp"], read["pp"]) == (1, 2, layout.tp, 1), read
+        assert (read["dp"], read["cp"], read["tp"], read["pp"]) == (layout.dp, 2, layout.tp, 1)
         dims = ["dp_cp", "tp"] if layout.tp > 1 else ["dp_cp"]
-        assert read["mesh"] == {"dims": dims, "shape": [2] + [2] * (layout.tp > 1)}, read
+        shape = [2 * layout.dp] + [2] * (layout.tp > 1)
+        assert read["mesh"] == {"dims": dims, "shape": shape}, read
+    # the DP groups split the batch; a DP group's losses (each CP rank's the group's) add up
+    leaders = [r for k, r in enumerate(ranks) if layout.leads(k)]
+    assert len(leaders) == layout.dp
+    assert sum(r[1]["loss"] for r in leaders) == pytest.approx(info["loss"], abs=1e-6)
 
 
 def _count_gather_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
@@ -118,20 +129,26 @@ def _count_gather_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
     q_out.put(out)
 
 
-def test_cp_traffic_is_what_layercomm_prices(model_dir: Path) -> None:
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
+def test_cp_traffic_is_what_layercomm_prices(recompute: bool, model_dir: Path) -> None:
     """Per layer and pass, the K and V of the CP group's tokens (`cp_kv_bytes`): the forward's
     all-gather and the backward's reduce-scatter each move the padded batch's, in fp32 here
-    (4 bytes; the price's BF16 is `BYTES`)."""
+    (4 bytes; the price's BF16 is `BYTES`). With recomputation the backward's forward gathers
+    them again: the third pass `placer.cost.model.train_time` prices (passes // 2 - 1)."""
     q_out = SPAWN.Queue()
-    run_world(_count_gather_bytes, config(model_dir, trainer=Layout(cp=2)), q_out)
+    run_world(_count_gather_bytes, config(model_dir, trainer=Layout(cp=2, recompute=recompute)),
+              q_out)
     s, _ = batch(1)
     ids, _, _ = rl.pack(s)
     tokens = ids.shape[0] * cpattn.columns(ids.shape[1], 2, 0)[0]  # padded to 2 * cp chunks
     priced = ARCH.layers * cp_kv_bytes(ARCH, tokens) / 2 * 4  # BF16 priced, fp32 sent
+    forwards = 2 if recompute else 1
     for got in (q_out.get(timeout=5) for _ in range(2)):
         # one call for K and one for V per layer and pass
-        assert got["all_gather calls"] == got["reduce_scatter calls"] == 2 * ARCH.layers, got
-        assert got["all_gather"] == got["reduce_scatter"] == priced, (got, priced)
+        assert got["all_gather calls"] == forwards * 2 * ARCH.layers, got
+        assert got["reduce_scatter calls"] == 2 * ARCH.layers, got
+        assert got["all_gather"] == forwards * priced, (got, priced)
+        assert got["reduce_scatter"] == priced, (got, priced)
 
 
 def test_cp_layouts_the_trainer_cannot_run_are_refused() -> None:
@@ -141,3 +158,22 @@ def test_cp_layouts_the_trainer_cannot_run_are_refused() -> None:
             check_layout("actor", lay, *args)
     check_layout("actor", Layout(dp=2, tp=2, cp=2), *args)
     assert Parallel(cp=2).cp == 2
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_execute_runs_a_cp2_plan(tmp_path: Path) -> None:
+    """One RL step of the whole loop with the actor planned cp 2: two trainer processes, the
+    executed layout read off their models, the step's loss from the CP group's sum."""
+    from exec_util import GRPO_LAYOUT, hand_plan  # lazy: the plan helpers load the planner
+
+    from executors.run import execute
+    plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(cp=2), "train")})
+    assert plan.roles["actor"].cp == 2 and plan.roles["actor"].devices == 2
+    r = execute(plan, 1, tmp_path / "out")
+    executed = r.trace.metadata["executed_layout"]["actor"]
+    want = {"dp": 1, "cp": 2, "tp": 1, "pp": 1, "recompute": plan.roles["actor"].recompute}
+    assert {k: executed[k] for k in want} == want, executed
+    assert r.trace.metadata["optimizer_steps"] == plan.resolved().job.batch.mini_batches
+    assert len([p for p in r.placement if p["role"] == "actor"]) == 2
+    assert r.ledger_ok and r.stats[0].loss != 0.0
