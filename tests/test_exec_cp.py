@@ -129,21 +129,22 @@ def _count_gather_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
     q_out.put(out)
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
-def test_cp_traffic_is_what_layercomm_prices(recompute: bool, model_dir: Path) -> None:
+@pytest.mark.parametrize("layout", [Layout(cp=2), Layout(cp=2, recompute=True),
+                                    Layout(tp=2, cp=2)], ids=["cp2", "recompute", "cp2xtp2"])
+def test_cp_traffic_is_what_layercomm_prices(layout: Layout, model_dir: Path) -> None:
     """Per layer and pass, the K and V of the CP group's tokens (`cp_kv_bytes`): the forward's
     all-gather and the backward's reduce-scatter each move the padded batch's, in fp32 here
-    (4 bytes; the price's BF16 is `BYTES`). With recomputation the backward's forward gathers
-    them again: the third pass `placer.cost.model.train_time` prices (passes // 2 - 1)."""
+    (4 bytes; the price's BF16 is `BYTES`); under TP each rank its own KV heads'. With
+    recomputation the backward's forward gathers them again: the third pass
+    `placer.cost.model.train_time` prices (passes // 2 - 1)."""
     q_out = SPAWN.Queue()
-    run_world(_count_gather_bytes, config(model_dir, trainer=Layout(cp=2, recompute=recompute)),
-              q_out)
+    run_world(_count_gather_bytes, config(model_dir, trainer=layout), q_out)
     s, _ = batch(1)
     ids, _, _ = rl.pack(s)
     tokens = ids.shape[0] * cpattn.columns(ids.shape[1], 2, 0)[0]  # padded to 2 * cp chunks
-    priced = ARCH.layers * cp_kv_bytes(ARCH, tokens) / 2 * 4  # BF16 priced, fp32 sent
-    forwards = 2 if recompute else 1
-    for got in (q_out.get(timeout=5) for _ in range(2)):
+    priced = ARCH.layers * cp_kv_bytes(ARCH, tokens, layout.tp) / 2 * 4  # BF16 priced, fp32 sent
+    forwards = 2 if layout.recompute else 1
+    for got in (q_out.get(timeout=5) for _ in range(layout.world)):
         # one call for K and one for V per layer and pass
         assert got["all_gather calls"] == forwards * 2 * ARCH.layers, got
         assert got["reduce_scatter calls"] == 2 * ARCH.layers, got
