@@ -303,8 +303,8 @@ def resolve_plan(plan: Plan, *, agents: bool = False) -> RunPlan:
 
 def actor_counts(plan: Plan) -> dict[str, int]:
     """Actors per role: `placer.solve.moves.role_counts`, but training runs one process per
-    device of its layout (its TP ranks are processes of one torch.distributed group), and a
-    split role runs every part's replicas."""
+    device of its layout (its TP, CP and PP ranks are processes of one torch.distributed
+    group), and a split role runs every part's replicas."""
     counts = role_counts(plan)
     for role, r in plan.roles.items():  # the actor, or each agent's (`AGENT.actor`)
         if split_role(role)[1] == Role.ACTOR and role in counts:
