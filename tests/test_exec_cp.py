@@ -137,6 +137,22 @@ def test_cp2_bf16_step_matches_one_process_in_bf16(model_dir: Path, tmp_path: Pa
         assert r[1]["loss"] == pytest.approx(info["loss"], abs=1e-2)
 
 
+def test_cp2_moe_step_matches_one_process(tmp_path: Path) -> None:
+    """Qwen3-MoE (per-head q/k norms before RoPE, experts whole on each rank, each CP rank
+    routing its own slice's tokens): a cp 2 step against one process."""
+    from executors.checkpoints import build_checkpoint
+    path = build_checkpoint("qwen3_moe", tmp_path / "moe" / "v0", seed=3)
+    cfg = config(path, trainer=Layout(cp=2), mini_batches=2)
+    want, info = one_process(cfg)
+    got, ranks = distributed(cfg, tmp_path)
+    bad = {k: float((got[k] - want[k]).abs().max()) for k in want
+           if not torch.allclose(got[k], want[k], atol=5e-5, rtol=1e-4)}
+    assert not bad, bad
+    for r in ranks:
+        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
+        assert r[3]["cp"] == 2 and r[3]["experts_per_rank"] == 4  # all experts on each rank
+
+
 def _count_gather_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
     """One forward and backward of the CP model, every all-gather and reduce-scatter this
     rank's process makes counted with the bytes of its list of per-rank buffers."""
