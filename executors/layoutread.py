@@ -6,7 +6,7 @@ layers of its pipeline stage (`metadata.executed_layout.actor`).
              "shard"); 1 for a plain module;
   cp         the size of the mesh the model's attention gathers keys and values over
              (`executors.cpattn`: the CP attention installed, and its "cp" mesh); the dp
-             above is then FSDP's "dp_cp" dim over it;
+             and shard above are then FSDP's "dp_cp" (HSDP's "shard_cp") dim over it;
   tp         the "tp" dim's size when the first attention projection is a shard over it (a
              layer TP left whole reads tp 1);
   pp         the size of the mesh's "pp" dim that the pipeline's stages were cut over, with
@@ -36,7 +36,7 @@ from executors.sharding import decoder_layers, recomputes
 REPRESENTATIVE = (("attention", "q_proj.weight"), ("embedding", "embed_tokens.weight"),
                   ("embedding", "embed.weight"), ("lm_head", "lm_head.weight"),
                   ("lm_head", "head.weight"), ("experts", "experts.gate_up_proj"))
-FSDP_DIMS = ("dp", "rep", "shard", "dp_cp")
+FSDP_DIMS = ("dp", "rep", "shard", "dp_cp", "shard_cp")
 
 
 def _placements(model: nn.Module) -> dict[str, tuple[Any, ...]]:
@@ -66,11 +66,13 @@ def read_layout(model: nn.Module, pp_mesh: Any = None) -> dict[str, Any]:
         if d in FSDP_DIMS:
             out["dp"] *= n
     cp_mesh = cp_mesh_of(model)
+    cp = cp_mesh.size() if cp_mesh is not None else 1
     if cp_mesh is not None:
-        out["cp"] = cp_mesh.size()
-        out["dp"] //= out["cp"] if "dp_cp" in dims else 1
-    if "shard" in dims and "rep" in dims:
-        out["shard"] = _size(dims, shape, "shard")
+        out["cp"] = cp
+        out["dp"] //= cp if {"dp_cp", "shard_cp"} & set(dims) else 1
+    if "rep" in dims:
+        out["shard"] = _size(dims, shape, "shard") if "shard" in dims else \
+            _size(dims, shape, "shard_cp") // cp
     if "tp" in dims and placements[dims.index("tp")].is_shard():
         out["tp"] = _size(dims, shape, "tp")
     held = experts_per_rank(model)

@@ -21,7 +21,9 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
   cp  context parallelism (`executors.cpattn`): each sequence split over the cp ranks of a DP
       group, attention all-gathering keys and values over "cp"; FSDP2 shards over the
       flattened ("dp", "cp") mesh ("dp_cp", torchtitan's `dp_shard_cp`), so gradients are
-      reduced over dp x cp. Ranks `((p * dp + d) * cp + c) * tp + t` on ("dp", "cp", "tp").
+      reduced over dp x cp; with HSDP over ("rep", "shard_cp"), the shard group's ranks times
+      cp (the cost model's ZeRO group of shard x cp ranks). Ranks `((p * dp + d) * cp + c) *
+      tp + t` on ("dp", "cp", "tp").
   pp  pipeline stages (`executors.pipeline`): each stage a contiguous run of the decoder
       layers, TP and FSDP2 as above within it; ranks `(p * dp + d) * tp + t` on a
       ("pp", "dp", "tp") mesh. `check_layout` refuses more stages than layers and PP for a
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -57,10 +60,10 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
                  vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
-    if layout.cp > 1 and (layout.pp > 1 or layout.hsdp or layout.ep > 1):
-        raise SpecError(f"{where}: context parallelism (cp > 1) runs with FSDP over dp x cp and "
-                        f"TP (`executors.cpattn`), not with pipeline stages, an HSDP shard group "
-                        f"or expert parallelism; plan with cp 1")
+    if layout.cp > 1 and (layout.pp > 1 or layout.ep > 1):
+        raise SpecError(f"{where}: context parallelism (cp > 1) runs with FSDP (or HSDP) over "
+                        f"dp x cp and TP (`executors.cpattn`), not with pipeline stages or "
+                        f"expert parallelism; plan with cp 1")
     if layout.ep > 1 and (layout.ep != layout.dp or layout.hsdp or experts % layout.ep):
         raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep equal to dp, "
                         f"without an HSDP shard group) and must divide the model's {experts} "
@@ -209,7 +212,12 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False,
     names = mesh.mesh_dim_names or ()
     hsdp = "rep" in names
     tp_mesh, dp_mesh = mesh["tp"], mesh["rep", "shard"] if hsdp else mesh["dp"]
-    if "cp" in names:  # the CP ranks of a DP group hold one model: FSDP2 over dp x cp
+    if "cp" in names and hsdp:  # HSDP: the shard group's ranks with their CP ranks
+        mesh["shard", "cp"]._flatten("shard_cp")
+        with warnings.catch_warnings():  # torch 2.13 warns that slicing a flattened dim from
+            warnings.simplefilter("ignore", UserWarning)  # the root will go; it still runs
+            dp_mesh = mesh["rep", "shard_cp"]  # (torchtitan's ["dp_replicate", "dp_shard_cp"])
+    elif "cp" in names:  # the CP ranks of a DP group hold one model: FSDP2 over dp x cp
         dp_mesh = mesh["dp", "cp"]._flatten("dp_cp")
     # DTensor warns on every 2-D norm and gather that it runs two collectives where one could
     # do; at these sizes that is noise in the run's output, once per parameter per step.

@@ -83,8 +83,9 @@ def test_cp2_logprobs_match_one_process_and_need_the_gather(model_dir: Path) -> 
     assert min(owns) > 0 and sum(owns) == float(rl.pack(s)[2].sum())  # each scores its share
 
 
-@pytest.mark.parametrize("layout", [Layout(cp=2), Layout(tp=2, cp=2), Layout(dp=2, cp=2)],
-                         ids=["cp2", "cp2xtp2", "dp2xcp2"])
+@pytest.mark.parametrize("layout", [Layout(cp=2), Layout(tp=2, cp=2), Layout(dp=2, cp=2),
+                                    Layout(dp=2, shard=1, cp=2)],
+                         ids=["cp2", "cp2xtp2", "dp2xcp2", "hsdp-rep2xcp2"])
 def test_cp_step_matches_one_process(layout: Layout, model_dir: Path, tmp_path: Path) -> None:
     cfg = config(model_dir, trainer=layout, mini_batches=2)
     want, info = one_process(cfg)
@@ -105,9 +106,13 @@ def test_cp_step_matches_one_process(layout: Layout, model_dir: Path, tmp_path: 
             assert r[1]["entropy"] == pytest.approx(info["entropy"], rel=1e-5)
         read = r[3]
         assert (read["dp"], read["cp"], read["tp"], read["pp"]) == (layout.dp, 2, layout.tp, 1)
-        dims = ["dp_cp", "tp"] if layout.tp > 1 else ["dp_cp"]
-        shape = [2 * layout.dp] + [2] * (layout.tp > 1)
-        assert read["mesh"] == {"dims": dims, "shape": shape}, read
+        if layout.hsdp:  # replicas of a shard group of shard x cp ranks
+            assert read["mesh"] == {"dims": ["rep", "shard_cp"], "shape": [2, 2]}, read
+            assert read["shard"] == layout.shard, read
+        else:
+            dims = ["dp_cp", "tp"] if layout.tp > 1 else ["dp_cp"]
+            shape = [2 * layout.dp] + [2] * (layout.tp > 1)
+            assert read["mesh"] == {"dims": dims, "shape": shape}, read
     # the DP groups split the batch; a DP group's losses (each CP rank's the group's) add up
     leaders = [r for k, r in enumerate(ranks) if layout.leads(k)]
     assert len(leaders) == layout.dp
@@ -200,10 +205,11 @@ def test_cp_traffic_is_what_layercomm_prices(layout: Layout, model_dir: Path) ->
 
 def test_cp_layouts_the_trainer_cannot_run_are_refused() -> None:
     args = (ARCH.heads, ARCH.kv_heads, ARCH.mlp)
-    for lay in (Layout(pp=2, cp=2), Layout(dp=4, shard=2, cp=2)):
+    for lay in (Layout(pp=2, cp=2), Layout(dp=2, cp=2, ep=2)):
         with pytest.raises(SpecError, match=r"plan.roles.actor: layout .*cp2.*plan with cp 1"):
             check_layout("actor", lay, *args)
     check_layout("actor", Layout(dp=2, tp=2, cp=2), *args)
+    check_layout("actor", Layout(dp=4, shard=2, cp=2), *args)
     assert Parallel(cp=2).cp == 2
 
 
