@@ -30,8 +30,9 @@ group, attention gathering the keys and values of the whole sequence over the gr
 The attention is registered with transformers' `AttentionInterface` and chosen by the model's
 `set_attn_implementation`; it takes its slice (`CPSlice`) as a keyword argument of the model's
 forward, which transformers hands to every attention call. Without one (a whole-sequence
-forward), it is plain SDPA. Pipeline stages and HSDP with CP are refused
-(`executors.sharding.check_layout`).
+forward), it is plain SDPA. CP with pipeline stages or expert parallelism is refused
+(`executors.sharding.check_layout`), and so is an attention with a sliding window or a
+soft-cap, whose masks this gather does not build.
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ CP group, losses and statistics summed over it, gradients over dp x cp.
 
   - cp 2 log-probs equal one process's; with the K/V gather replaced by each rank's own
     keys alone (the others' zeroed) they do not: the gather is what makes them agree;
-  - one RL step (2 optimizer steps) with cp 2 and with cp 2 x tp 2 ends at one process's
-    weights, gradient norms and loss; the executed layout reads cp off the built model;
+  - one RL step (2 optimizer steps) with cp 2, cp 2 x tp 2, dp 2 x cp 2 and HSDP (2 replicas)
+    x cp 2, in bf16 and on Qwen3-MoE ends at one process's weights, gradient norms and loss;
+    the executed layout reads cp off the built model;
   - the bytes the gather sends (forward all-gather, backward reduce-scatter, each call's
     buffers counted as the code hands them to torch.distributed) are what
     `placer.cost.sharding.cp_kv_exchange` prices, per TP rank under TP, with the recomputed
