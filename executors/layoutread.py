@@ -4,6 +4,9 @@ layers of its pipeline stage (`metadata.executed_layout.actor`).
 
   dp, shard  the FSDP2 mesh dims a decoder weight is laid out over ("dp", or HSDP's "rep" x
              "shard"); 1 for a plain module;
+  cp         the size of the mesh the model's attention gathers keys and values over
+             (`executors.cpattn`: the CP attention installed, and its "cp" mesh); the dp
+             and shard above are then FSDP's "dp_cp" (HSDP's "shard_cp") dim over it;
   tp         the "tp" dim's size when the first attention projection is a shard over it (a
              layer TP left whole reads tp 1);
   pp         the size of the mesh's "pp" dim that the pipeline's stages were cut over, with
@@ -24,6 +27,7 @@ from typing import Any
 
 from torch import nn
 
+from executors.cpattn import cp_mesh_of
 from executors.experts import expert_modules, experts_per_rank
 from executors.runplan import Layout
 from executors.sharding import decoder_layers, recomputes
@@ -32,7 +36,7 @@ from executors.sharding import decoder_layers, recomputes
 REPRESENTATIVE = (("attention", "q_proj.weight"), ("embedding", "embed_tokens.weight"),
                   ("embedding", "embed.weight"), ("lm_head", "lm_head.weight"),
                   ("lm_head", "head.weight"), ("experts", "experts.gate_up_proj"))
-FSDP_DIMS = ("dp", "rep", "shard")
+FSDP_DIMS = ("dp", "rep", "shard", "dp_cp", "shard_cp")
 
 
 def _placements(model: nn.Module) -> dict[str, tuple[Any, ...]]:
@@ -61,8 +65,14 @@ def read_layout(model: nn.Module, pp_mesh: Any = None) -> dict[str, Any]:
     for d, n in zip(dims, shape):
         if d in FSDP_DIMS:
             out["dp"] *= n
-    if "shard" in dims and "rep" in dims:
-        out["shard"] = _size(dims, shape, "shard")
+    cp_mesh = cp_mesh_of(model)
+    cp = cp_mesh.size() if cp_mesh is not None else 1
+    if cp_mesh is not None:
+        out["cp"] = cp
+        out["dp"] //= cp if {"dp_cp", "shard_cp"} & set(dims) else 1
+    if "rep" in dims:
+        out["shard"] = _size(dims, shape, "shard") if "shard" in dims else \
+            _size(dims, shape, "shard_cp") // cp
     if "tp" in dims and placements[dims.index("tp")].is_shard():
         out["tp"] = _size(dims, shape, "tp")
     held = experts_per_rank(model)
@@ -86,8 +96,8 @@ def read_layout(model: nn.Module, pp_mesh: Any = None) -> dict[str, Any]:
 def mismatch(read: dict[str, Any], plan: Layout) -> str | None:
     """Where the read layout differs from the plan's (None: it runs the plan)."""
     want = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp,
-            "shard": plan.shard if plan.hsdp else None, "ep": plan.ep}
+            "shard": plan.shard if plan.hsdp else None, "ep": plan.ep, "cp": plan.cp}
     got = {**want, **{k: read.get(k) for k in ("dp", "tp", "pp", "shard")},
-           "ep": read.get("ep", 1)}
+           "ep": read.get("ep", 1), "cp": read.get("cp", 1)}
     bad = [f"{k} {got[k]} (plan: {want[k]})" for k in want if got[k] != want[k]]
     return ", ".join(bad) if bad else None

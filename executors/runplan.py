@@ -46,8 +46,9 @@ from placer.spec.tailpolicy import TailPolicy
 class Layout:
     """A role's parallel layout: data-, tensor- and pipeline-parallel degrees, the HSDP
     shard group (`shard` dp ranks; 0: FSDP over all of dp), whether decoder layers recompute
-    their activations in the backward pass (`recompute`), and the expert-parallel degree of a
-    mixture of experts (`ep`, `executors.experts`)."""
+    their activations in the backward pass (`recompute`), the expert-parallel degree of a
+    mixture of experts (`ep`, `executors.experts`) and the context-parallel degree of a
+    trainer (`cp`, `executors.cpattn`: each sequence split over cp ranks)."""
 
     dp: int = 1
     tp: int = 1
@@ -55,6 +56,7 @@ class Layout:
     shard: int = 0
     recompute: bool = field(default=False, kw_only=True)  # never from a positional tuple
     ep: int = field(default=1, kw_only=True)  # expert parallelism, over the dp ranks
+    cp: int = field(default=1, kw_only=True)  # context parallelism (training)
 
     @property
     def hsdp(self) -> bool:
@@ -63,20 +65,30 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
+
+    def rank_of(self, p: int, d: int, c: int, t: int) -> int:
+        """The rank of pipeline stage p, dp index d, cp index c, tp index t: `((p * dp + d) *
+        cp + c) * tp + t` (Megatron-Core's order: tp fastest, then cp, dp, pp)."""
+        return ((p * self.dp + d) * self.cp + c) * self.tp + t
 
     def coords(self, rank: int) -> tuple[int, int]:
-        """(dp index, tp index) of a rank (ranks are `(p * dp + d) * tp + t`)."""
-        return rank // self.tp % self.dp, rank % self.tp
+        """(dp index, tp index) of a rank (`rank_of`)."""
+        return rank // (self.tp * self.cp) % self.dp, rank % self.tp
+
+    def cp_index(self, rank: int) -> int:
+        """The rank's index in its context-parallel group (its slice of every sequence)."""
+        return rank // self.tp % self.cp
 
     def stage(self, rank: int) -> int:
         """The pipeline stage of a rank."""
-        return rank // (self.dp * self.tp)
+        return rank // (self.dp * self.cp * self.tp)
 
     def leads(self, rank: int) -> bool:
-        """Whether the rank speaks for its DP group: TP index 0 on the last pipeline stage
-        (where the loss is computed)."""
-        return self.coords(rank)[1] == 0 and self.stage(rank) == self.pp - 1
+        """Whether the rank speaks for its DP group: TP and CP index 0 on the last pipeline
+        stage (where the loss is computed; a CP group's ranks all hold its sum)."""
+        return (self.coords(rank)[1] == 0 and self.cp_index(rank) == 0
+                and self.stage(rank) == self.pp - 1)
 
     @property
     def degrees(self) -> Layout:
@@ -86,10 +98,12 @@ class Layout:
     def as_dict(self) -> dict[str, int]:
         out = {"dp": self.dp, "tp": self.tp, "pp": self.pp}
         out = {**out, "shard": self.shard} if self.hsdp else out
+        out = {**out, "cp": self.cp} if self.cp > 1 else out
         return {**out, "ep": self.ep} if self.ep > 1 else out
 
     def __str__(self) -> str:
-        return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" shard{self.shard}" if self.hsdp else "")
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" cp{self.cp}" if self.cp > 1 else "")
+                + (f" shard{self.shard}" if self.hsdp else "")
                 + (f" ep{self.ep}" if self.ep > 1 else "") + (" recompute" if self.recompute else ""))
 
 
@@ -289,12 +303,12 @@ def resolve_plan(plan: Plan, *, agents: bool = False) -> RunPlan:
 
 def actor_counts(plan: Plan) -> dict[str, int]:
     """Actors per role: `placer.solve.moves.role_counts`, but training runs one process per
-    device of its layout (its TP ranks are processes of one torch.distributed group), and a
-    split role runs every part's replicas."""
+    device of its layout (its TP, CP and PP ranks are processes of one torch.distributed
+    group), and a split role runs every part's replicas."""
     counts = role_counts(plan)
     for role, r in plan.roles.items():  # the actor, or each agent's (`AGENT.actor`)
         if split_role(role)[1] == Role.ACTOR and role in counts:
-            counts[role] *= r.tp * r.pp
+            counts[role] *= r.tp * r.pp * r.cp
     for role, r in plan.roles.items():
         if r.parts:
             counts[role] = sum(p.dp for p in r.parts)
@@ -390,7 +404,8 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
         engines = tuple(groups) or (
             EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb), shared),)
     layout = Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
-                    recompute=r.recompute, ep=r.ep if base == Role.ACTOR else 1)
+                    recompute=r.recompute, ep=r.ep if base == Role.ACTOR else 1,
+                    cp=r.cp if base == Role.ACTOR else 1)
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
                    Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
                    share_of(r.pool, r.memory_gb), actors, parts, engines,

@@ -1,7 +1,7 @@
 """Where every actor of a plan sits: its role's ranks laid over its slot's bundles (`Seat`).
 
 Actors per role (`executors.runplan.actor_counts`): the actor (trainer) role gets one actor per
-device of its layout (dp x tp x pp, `executors.trainer`), the rollout and reference roles one
+device of its layout (dp x cp x tp x pp, `executors.trainer`), the rollout and reference roles one
 per data-parallel rank, the others one each, environments one per bundle. A role's ranks are
 laid over its slot's bundles in order; roles that share a slot (colocation) share a bundle's
 resources in equal parts (`Seat.sharers`).

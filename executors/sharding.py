@@ -1,6 +1,6 @@
 """The trainer's parallel layout, as the plan gives it: a device mesh, FSDP2 over DP, TP via DTensor.
 
-A trainer role with layout `dp x tp x pp` runs as `dp * tp * pp` processes (one per device) in
+A trainer role with layout `dp x cp x tp x pp` runs as `dp * cp * tp * pp` processes (one per device) in
 one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp")` with PP):
 
   tp  every decoder layer's attention projections (q, k, v column-parallel, o row-parallel;
@@ -18,6 +18,12 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       gradients and Adam state sharded, gradients reduce-scattered. A plan's HSDP `shard`
       splits the dim into ("rep", "shard") and FSDP2 shards over "shard" and replicates over
       "rep" (its 2-D mesh; verl's `fsdp_size`).
+  cp  context parallelism (`executors.cpattn`): each sequence split over the cp ranks of a DP
+      group, attention all-gathering keys and values over "cp"; FSDP2 shards over the
+      flattened ("dp", "cp") mesh ("dp_cp", torchtitan's `dp_shard_cp`), so gradients are
+      reduced over dp x cp; with HSDP over ("rep", "shard_cp"), the shard group's ranks times
+      cp (the cost model's ZeRO group of shard x cp ranks). Ranks `((p * dp + d) * cp + c) *
+      tp + t` on ("dp", "cp", "tp").
   pp  pipeline stages (`executors.pipeline`): each stage a contiguous run of the decoder
       layers, TP and FSDP2 as above within it; ranks `(p * dp + d) * tp + t` on a
       ("pp", "dp", "tp") mesh. `check_layout` refuses more stages than layers and PP for a
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -53,6 +60,10 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
                  vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
+    if layout.cp > 1 and (layout.pp > 1 or layout.ep > 1):
+        raise SpecError(f"{where}: context parallelism (cp > 1) runs with FSDP (or HSDP) over "
+                        f"dp x cp and TP (`executors.cpattn`), not with pipeline stages or "
+                        f"expert parallelism; plan with cp 1")
     if layout.ep > 1 and (layout.ep != layout.dp or layout.hsdp or experts % layout.ep):
         raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep equal to dp, "
                         f"without an HSDP shard group) and must divide the model's {experts} "
@@ -73,9 +84,10 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
 
 
 def build_mesh(layout: Layout) -> Any:
-    """The ("dp", "tp") device mesh over the current process group; ("pp", "dp", "tp") with PP.
-    HSDP splits "dp" into ("rep", "shard"): dp / shard replicas of a shard-rank group (a rank's
-    dp index is rep * shard + its index in the group, as without HSDP)."""
+    """The ("dp", "tp") device mesh over the current process group; ("pp", "dp", "tp") with PP,
+    ("dp", "cp", "tp") with CP (ranks `Layout.rank_of`). HSDP splits "dp" into ("rep",
+    "shard"): dp / shard replicas of a shard-rank group (a rank's dp index is rep * shard + its
+    index in the group, as without HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh  # lazy: distributed only
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     dims: tuple[tuple[str, int], ...] = (("dp", layout.dp),)
@@ -83,6 +95,8 @@ def build_mesh(layout: Layout) -> Any:
         dims = (("rep", layout.dp // layout.shard), ("shard", layout.shard))
     if layout.pp > 1:
         dims = (("pp", layout.pp), *dims)
+    if layout.cp > 1:
+        dims = (*dims, ("cp", layout.cp))
     dims = (*dims, ("tp", layout.tp))
     return init_device_mesh(kind, tuple(n for _, n in dims),
                             mesh_dim_names=tuple(name for name, _ in dims))
@@ -195,8 +209,16 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False,
     (equal to the dp size): the experts split over the dp ranks first (`executors.experts`)."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed only
     from torch.distributed.tensor.parallel import parallelize_module  # lazy
-    hsdp = "rep" in (mesh.mesh_dim_names or ())
+    names = mesh.mesh_dim_names or ()
+    hsdp = "rep" in names
     tp_mesh, dp_mesh = mesh["tp"], mesh["rep", "shard"] if hsdp else mesh["dp"]
+    if "cp" in names and hsdp:  # HSDP: the shard group's ranks with their CP ranks
+        mesh["shard", "cp"]._flatten("shard_cp")
+        with warnings.catch_warnings():  # torch 2.13 warns that slicing a flattened dim from
+            warnings.simplefilter("ignore", UserWarning)  # the root will go; it still runs
+            dp_mesh = mesh["rep", "shard_cp"]  # (torchtitan's ["dp_replicate", "dp_shard_cp"])
+    elif "cp" in names:  # the CP ranks of a DP group hold one model: FSDP2 over dp x cp
+        dp_mesh = mesh["dp", "cp"]._flatten("dp_cp")
     # DTensor warns on every 2-D norm and gather that it runs two collectives where one could
     # do; at these sizes that is noise in the run's output, once per parameter per step.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)

@@ -1,9 +1,11 @@
 """The `actor` role: policy training as the plan lays it out (`executors.sharding`).
 
-One `Trainer` per device of the role's layout (`dp * tp * pp` ranks, rank `(p * dp + d) * tp +
-t`), all in one torch.distributed group (gloo on CPU, NCCL on GPU) that `init_group` forms; the
-model is then re-loaded from the run's version-0 folder, cut to the rank's pipeline stage when
-`pp > 1` (`executors.pipeline`), and sharded: TP over the mesh's "tp" dim, FSDP2 over "dp". A
+One `Trainer` per device of the role's layout (`dp * cp * tp * pp` ranks, rank `((p * dp + d) *
+cp + c) * tp + t`), all in one torch.distributed group (gloo on CPU, NCCL on GPU) that
+`init_group` forms; the model is then re-loaded from the run's version-0 folder, cut to the
+rank's pipeline stage when `pp > 1` (`executors.pipeline`), and sharded: TP over the mesh's "tp"
+dim, FSDP2 over "dp" (over "dp" x "cp" with context parallelism, whose ranks each run a slice
+of every sequence and sum their losses and statistics over "cp": `executors.cpattn`). A
 world of one trains the plain model. When the plan's layout says `recompute`, every decoder layer
 (of the whole model, or of the rank's stage) recomputes its activations in the backward pass
 (`executors.sharding.recompute_layers`, inside FSDP2), whatever the world. The plan's BF16
@@ -45,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from executors import collprobe, rl
+from executors.cpattn import cp_logprobs, cp_sum, enable_cp, own_only
 from executors.experts import sync_expert_grads
 from executors.layoutread import mismatch, read_layout
 from executors.model import state_digest
@@ -100,8 +103,12 @@ class Trainer(Worker, GroupSender):
             self.model.cuda()
         self.pipe = None
         self._pp_mesh: Any = None  # the mesh dim the pipeline's stages were cut over
+        self._cp_group: Any = None  # the group this rank's sequences are split over (cp > 1)
         if sharded:
             mesh = build_mesh(self.layout)
+            if self.layout.cp > 1:  # attention gathers K and V over "cp" (`executors.cpattn`)
+                enable_cp(self.model, mesh["cp"])
+                self._cp_group = mesh["cp"].get_group()
             if self.layout.pp > 1:  # keep this rank's stage only
                 self._stage_of(mesh)
             shard(self.model, mesh, recompute=self.layout.recompute,
@@ -225,7 +232,7 @@ class Trainer(Worker, GroupSender):
             for (s, adv, ref, scale), o in zip(mb, olds):
                 loss, info = self._micro_loss(s, adv, ref, o)
                 (loss * scale).backward()
-                loss_sum += float(loss.detach()) * scale
+                loss_sum += info.pop("loss") * scale
                 for k in stats:  # token sums: scaled, they are this rank's mini-batch means
                     stats[k] += info[k] * scale / len(minis)
             sync_expert_grads(self.model)  # under EP x TP each TP rank ran a slice of tokens
@@ -280,21 +287,47 @@ class Trainer(Worker, GroupSender):
     @torch.no_grad()
     def _logprobs(self, s: rl.Samples) -> torch.Tensor:
         with autocast(self.cfg.precision):
-            return rl.response_logprobs(self.model, s, self.cfg.temperature)
+            if self._cp_group is None:
+                return rl.response_logprobs(self.model, s, self.cfg.temperature)
+            part = self._cp_logprobs(s, entropy=False)[0]
+        return cp_sum(part, self._cp_group)  # every CP rank holds the whole batch's
+
+    def _cp_logprobs(self, s: rl.Samples, entropy: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """This CP rank's share of the log-probs (`executors.cpattn.cp_logprobs`)."""
+        lay = self.layout
+        return cp_logprobs(self.model, s, self.cfg.temperature, lay.cp,
+                           lay.cp_index(self.rank), self._cp_group, entropy)
 
     def _micro_loss(self, s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | None,
                     old: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """The micro-batch's summed token loss (the caller scales it by 1 / mini-batch tokens)."""
-        with autocast(self.cfg.precision):  # the backward follows the forward's dtypes
-            logp, ent = rl.response_logprobs_entropy(self.model, s, self.cfg.temperature)
+        """The micro-batch's summed token loss (the caller scales it by 1 / mini-batch tokens)
+        and its statistics, with the loss's value as "loss". Under CP the loss is this rank's
+        positions' (its gradient), the value and statistics the CP group's sums."""
         _, _, rmask = rl.pack(s)
+        with autocast(self.cfg.precision):  # the backward follows the forward's dtypes
+            if self._cp_group is None:
+                logp, ent = rl.response_logprobs_entropy(self.model, s, self.cfg.temperature)
+            else:
+                logp, ent, rmask = self._cp_logprobs(s)
         w = rmask.shape[1]
         a = rl.to_padded(adv, w)
         r = rl.to_padded(ref, w) if ref is not None else None
         behaviour = rl.to_padded(s.logprobs, w) if s.logprobs else None
+        if self._cp_group is not None:  # other ranks' positions: ratio 1, KL 0 (masked out)
+            old = own_only(old, rmask, logp)
+            r = own_only(r, rmask, logp) if r is not None else None
+            behaviour = own_only(behaviour, rmask, logp) if behaviour is not None else None
         kl = self.cfg.kl  # in the loss, or counted in the reward (`executors.training`)
-        return rl.policy_loss(logp, old, a, rmask, r, kl.loss_coef, denom=1.0,
-                              behaviour=behaviour, kl_estimator=kl.estimator, entropy=ent)
+        loss, info = rl.policy_loss(logp, old, a, rmask, r, kl.loss_coef, denom=1.0,
+                                    behaviour=behaviour, kl_estimator=kl.estimator, entropy=ent)
+        info["loss"] = float(loss.detach())
+        if self._cp_group is not None:  # the CP group's sums: every rank reports its DP group's
+            keys = sorted(info)
+            total = cp_sum(torch.tensor([info[k] for k in keys], dtype=torch.float64),
+                           self._cp_group)
+            info = dict(zip(keys, total.tolist()))
+        return loss, info
 
     def weights(self) -> dict[str, torch.Tensor]:
         if self.world == 1:
@@ -308,7 +341,7 @@ class Trainer(Worker, GroupSender):
         first rank, its own layers, when bucketed; rank 0, the whole model, otherwise."""
         if not bucketed or self.pipe is None:
             return [0]
-        return [p * self.layout.dp * self.layout.tp for p in range(self.layout.pp)]
+        return [self.layout.rank_of(p, 0, 0, 0) for p in range(self.layout.pp)]
 
     def _whole_everywhere(self) -> bool:
         """Whether every rank can build any bucket of the whole model: under a colocated engine

@@ -251,8 +251,9 @@ def partition(s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | No
     """Per trainer rank, its part of every mini-batch as `accumulate` micro-batches.
 
     The step's samples are cut into `mini` mini-batches (one optimizer step each), each into
-    `layout.dp` parts (the TP ranks and pipeline stages of a DP group get the same part: the
-    first stage reads its tokens, the last its targets), each into `accumulate`
+    `layout.dp` parts (the TP and CP ranks and pipeline stages of a DP group get the same part:
+    the first stage reads its tokens, the last its targets, each CP rank cuts its slice of every
+    sequence, `executors.cpattn`), each into `accumulate`
     micro-batches. A micro-batch's loss scale is 1 / (its mini-batch's generated tokens), so the
     gradients summed over micro-batches and DP ranks are the mini-batch's token-mean gradient; an
     empty micro-batch runs the mini-batch's first sample at scale 0 (collectives stay paired)."""
@@ -266,9 +267,10 @@ def partition(s: rl.Samples, adv: list[list[float]], ref: list[list[float]] | No
                 use, w = (chunk, scale) if chunk else ([idx[0]], 0.0)
                 micros.append((s.take(use), [adv[i] for i in use],
                                [ref[i] for i in use] if ref is not None else None, w))
-            for p in range(layout.pp):
-                for t in range(layout.tp):
-                    out[(p * layout.dp + d) * layout.tp + t].append(micros)
+            for p in range(layout.pp):  # a DP group's stages, CP and TP ranks: the same part
+                for c in range(layout.cp):
+                    for t in range(layout.tp):
+                        out[layout.rank_of(p, d, c, t)].append(micros)
     return out
 
 

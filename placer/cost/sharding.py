@@ -208,13 +208,22 @@ def ep_all_to_all(m: ModelArch, par: Parallel, tokens_per_rank: float, link: Lin
     return 2 * all_to_all(nbytes, par.ep, link)
 
 
+def cp_kv_bytes(m: ModelArch, tokens_per_group: float, tp: int = 1) -> float:
+    """Bytes of one layer's K and V over the `tokens_per_group` tokens of a cp group, as one
+    TP rank holds them (its KV heads: `kv_tp_shards`): the buffer each rank of the trainer's
+    context parallelism all-gathers in a forward and reduce-scatters in a backward, per layer
+    (executors/cpattn.py; tests/test_exec_cp.py counts it)."""
+    return tokens_per_group * m.kv_elements_per_token() / m.layers * BYTES / m.kv_tp_shards(tp)
+
+
 def cp_kv_exchange(m: ModelArch, par: Parallel, tokens_per_group: float, link: Link) -> float:
-    """One layer's ring-attention exchange in one pass: the K and V of the `tokens_per_group`
-    tokens of a cp group, gathered over cp ranks (KV bytes of one layer per token)."""
+    """One layer's context-parallel exchange in one pass: the K and V of the
+    `tokens_per_group` tokens of a cp group, gathered over cp ranks (`cp_kv_bytes`); under TP
+    each TP rank gathers its own KV heads, the tp gathers side by side (Megatron-Core and
+    Transformer Engine split CP's K and V by head like the attention)."""
     if par.cp <= 1 or tokens_per_group <= 0:
         return 0.0
-    per_layer = m.kv_elements_per_token() / m.layers * BYTES
-    return all_gather(tokens_per_group * per_layer, par.cp, link)
+    return all_gather(cp_kv_bytes(m, tokens_per_group, par.tp), par.cp, link)
 
 
 def linear_state_bytes(m: ModelArch, eff: Efficiency) -> float:
