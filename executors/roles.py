@@ -172,6 +172,13 @@ class Worker:
             time.sleep(wait)
         return wait
 
+    def set_micro_batches(self, accumulate: int) -> int:
+        """Take a re-plan's micro-batch in place (`RunConfig.accumulate`: micro-batches per
+        mini-batch on each rank; the driver cuts the batches, `executors.training.partition`):
+        a kept worker's process, model and optimizer stay as they are."""
+        self.cfg = replace(self.cfg, accumulate=accumulate)
+        return accumulate
+
     def where(self) -> dict[str, Any]:
         """Node, placement group and bundle this worker runs in (empty outside Ray)."""
         out: dict[str, Any] = {"role": self.role, "rank": self.rank, "pid": os.getpid()}

@@ -170,7 +170,9 @@ class RoleRun:
     actors: int  # processes the executor starts for it (`actor_counts`)
     parts: tuple[PartRun, ...]  # () on one pool
     engines: tuple[EngineGroup, ...]  # rollout: one per part (or one for all); else ()
-    arrangement: str  # pool and degrees as `placer.solve.moves.layout` names them
+    # pool and degrees as `placer.solve.moves.layout` names them, less the micro-batch (a
+    # running trainer takes a new one in place: `executors.elastic.slot_signature`)
+    arrangement: str
     micro_batch: int = 0  # trained roles: sequences per micro-batch on one rank (0: one)
 
     def group_of(self, rank: int) -> EngineGroup:
@@ -394,4 +396,4 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
                    Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
                    share_of(r.pool, r.memory_gb), actors, parts, engines,
-                   arrangement_of(plan, name), r.micro_batch)
+                   arrangement_of(plan, name, micro=False), r.micro_batch)
