@@ -260,7 +260,7 @@ class Trainer(Worker, GroupSender):
 
     def _stepped(self, t0: float, minis: list[MiniBatch], losses: list[float],
                  norms: list[float], stats: dict[str, float]) -> tuple[dict, dict]:
-        """After the step's optimizer steps: the new version, its full weights, the result."""
+        """After the step's optimizer steps: the new version and the result."""
         self.version += 1
         seen = [m[0] for mb in minis for m in mb if m[3] > 0]
         ids = list(dict.fromkeys(i for s in seen for i in s.ids))
