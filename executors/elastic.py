@@ -13,7 +13,9 @@ new world:
      are the same in both plans, on pools that kept every node, with every actor alive, keeps its
      placement group and its actors (their processes, loaded models and sandboxes) -
      `kept_slots`; drop the other actors and groups, create the new plan's, check that every
-     actor is where the plan says.
+     actor is where the plan says. A trainer's micro-batch is no part of its layout here: a
+     kept actor takes the new plan's in place (`Worker.set_micro_batches`), as the driver
+     cuts the batches anyway; only a change of layout rebuilds.
 The loop then restores the trainer (and critic) from the last checkpoint and continues
 (`executors.recovery.Recovery.recover_cluster`).
 
@@ -67,8 +69,9 @@ def alive_counts(plan_job_pools: list[Any]) -> dict[str, int]:
 
 
 def slot_signature(run: RunPlan, slot: str) -> tuple:
-    """What a slot's actors depend on: its roles with their layouts and its bundles (pool, node,
-    devices, resources, in order). Two slots with one signature get the same actors."""
+    """What a slot's actors depend on: its roles with their layouts (not their micro-batch,
+    which a running actor takes in place) and its bundles (pool, node, devices, resources, in
+    order). Two slots with one signature get the same actors."""
     roles = tuple(sorted((r.name, r.arrangement) for r in run.roles.values() if r.slot == slot))
     bundles = tuple((b.pool, b.node, tuple(b.devices), tuple(sorted(b.resources.items())))
                     for b in run.slots[slot].bundles)
@@ -171,6 +174,7 @@ class Elastic:
             raise
         self.placement = pl.verify(self.rt.members, self.groups)
         pl.check(self.placement, pinned)
+        self._set_micro_batches(reuse)
         # roles whose actors change; a slot whose partners change is rebuilt via its signature
         changes = [str(m) for m in moves(self.plan, new, colocation=False).values()]
         if not pinned and self.pinned:
@@ -181,6 +185,18 @@ class Elastic:
         self.timing = {"replan_s": round(t1 - t0, 3), "groups_s": round(t2 - t1, 3),
                        "actors_s": round(time.monotonic() - t2, 3)}
         return run, self.rt, changes
+
+    def _set_micro_batches(self, reuse: dict[tuple[str, int], Any]) -> None:
+        """Every kept actor takes the new config's micro-batches (what a new actor is built
+        with); a kept slot's layouts are the old ones (`slot_signature`), so nothing else of
+        its config differs."""
+        assert self.rt is not None
+        kept = [m for m in self.rt.members if (m.role, m.rank) in reuse]
+        outs = self.rt.results([self.rt.call(m, "set_micro_batches", self.cfg.accumulate)
+                                for m in kept])
+        bad = next((f"{m.role}{m.rank}: {o.error}" for m, o in zip(kept, outs) if not o.ok), None)
+        if bad is not None:
+            raise RuntimeError(f"rebuild: a kept actor did not take the new micro-batch: {bad}")
 
     def close(self, keep: AbstractSet[str] = frozenset(), keep_handles: Sequence[Any] = ()) -> None:
         """Kill the actors and remove the placement groups, but those of the `keep` slots."""

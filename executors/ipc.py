@@ -63,7 +63,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from executors.reshard import Bucket, BucketHead, Manifest, Stream
+from executors.reshard import Bucket, BucketHead, Gathered, Manifest, Stream
 
 # the device argument of torch's `rebuild_cuda_tensor` (SGLang 0.5.23, srt/utils/patch_torch.py
 # `_REDUCE_TENSOR_ARG_DEVICE_INDEX`)
@@ -252,17 +252,29 @@ def segments(pid: int) -> list[str]:
 class HandOverSender:
     """Mixed into the trainer (`executors.syncgroup.GroupSender`): a hand-over's sender. The
     class defines `_sync_state(bucket_bytes)`, the full tensors it hands over, or
-    `_handover_stream` when it builds each bucket at export (a sharded trainer's all-gather:
-    then every rank of its group takes part in every export, `handover_gathers`)."""
+    `_sync_source` when it builds each bucket from its shards at export (a sharded trainer's
+    all-gather: then every rank of its group takes part in every export, `handover_gathers`)."""
 
     _handover: HandOver | None = None
 
     def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def _sync_source(self, bucket_bytes: int) -> Gathered:
+        """What this rank streams in buckets of `bucket_bytes` (0: a call per tensor): the
+        full tensors held (`_sync_state`), or (a sharded trainer) its shards, made whole as
+        the buckets need them, every rank of its group taking part."""
+        return Gathered(self._sync_state(bucket_bytes))
+
+    def sync_gather(self, bucket_bytes: int) -> bool:
+        """A rank that streams nothing in a refresh of buckets of `bucket_bytes`: take part in
+        its group's gathers for the ranks that do (`Gathered.drain`)."""
+        self._sync_source(bucket_bytes).drain()
+        return True
+
     def _handover_stream(self, bucket_bytes: int, index: int) -> Stream:
-        """The stream a hand-over exports: the full tensors held (`_sync_state`)."""
-        return Stream(self._sync_state(bucket_bytes), bucket_bytes, index)
+        """The stream a hand-over exports (`_sync_source`)."""
+        return Stream(self._sync_source(bucket_bytes), bucket_bytes, index)
 
     def handover_gathers(self) -> bool:
         """Whether each bucket is gathered from the ranks' shards as it is exported (every rank
@@ -316,6 +328,7 @@ class HandOverSender:
         ho, self._handover = self._handover, None
         if ho is None:
             return 0
+        ho.stream.source.drain()  # a hand-over that broke off: the gathers stay paired
         for a in acks if ho.refresh == refresh else ():
             ho.acked(a["bucket"], a["receivers"])
         return ho.reclaim()

@@ -2,8 +2,10 @@
 travels in from the trainer's shards to the rollout engines.
 
 Gather. The trainer holds its weights as FSDP2 shards over DP, DTensor shards over TP and
-pipeline stages over PP; after every step each tensor's full value is gathered
-(`executors.sharding.full_state`), per stage on the stage's first DP/TP rank.
+pipeline stages over PP, and no full copy between steps: a refresh makes each tensor whole
+(an all-gather, every rank of the stage taking part) when the first bucket that needs it is
+built, and drops it once every stream is past it (`Gathered`), so a sender holds the tensors
+of the buckets in flight, not the model.
 
 Senders and buckets. A sender streams its tensors as one byte stream (`Stream`) cut into buckets
 of `bucket_bytes` (the cost model's `sync_bucket_gb`): ceil(bytes / bucket) sequential calls, a
@@ -283,16 +285,104 @@ def entries_of(state: dict[str, torch.Tensor]) -> list[Entry]:
     return out
 
 
-class Stream(StreamLayout):
-    """A sender's tensors as one byte stream in buckets (`bucket(k)` builds bucket k).
-    `whole`, when given, makes each tensor whole as the bucket it is in is built (a sharded
-    trainer's all-gather, `executors.trainer`: a collective, so every rank of the group builds
-    the same buckets in the same order); the tensors' global shapes lay out the stream."""
+Whole = Callable[[str, torch.Tensor], torch.Tensor]  # (name, held tensor) -> the whole tensor
 
-    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, sender: int = 0,
-                 whole: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        super().__init__(entries_of(state), bucket_bytes, sender)
+
+class Gathered:
+    """A sender's tensors, each made whole (`whole`) once, in stream order, when a bucket first
+    needs it, and dropped once every stream that reads it has moved past it (`release`): a
+    sharded trainer holds no full copy of its weights, only the tensors of the buckets being
+    built (verl @ b178a3cd, verl/workers/fsdp_workers.py `rollout_mode`: each parameter's
+    `full_tensor()` in the generator the rollout's `update_weights` consumes). `whole` is a
+    collective: every rank of the trainer's group makes the same tensors whole in the same
+    order, a rank that sends nothing by `drain`. Without `whole` the tensors are held already
+    (a plain state dict): nothing is gathered or dropped. An empty tensor is never gathered
+    (it carries no bytes; its shape is its global one)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], whole: Whole | None = None) -> None:
         self.state, self.whole = state, whole
+        self.names = list(state)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.done = 0  # tensors made whole so far (the first `done` names)
+        self.held: dict[str, torch.Tensor] = {}
+        self.peak = 0  # the most bytes held at once
+
+    def meta(self, name: str) -> torch.Tensor:
+        """Tensor `name`'s global shape and dtype, no data (a DTensor's shape is the global one)."""
+        t = self.state[name]
+        return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+
+    def get(self, name: str) -> torch.Tensor:
+        """Tensor `name` whole, gathering it (and every earlier one not yet gathered) now."""
+        if self.whole is None:
+            return self.state[name]
+        i = self.index[name]
+        if name not in self.held and i < self.done:
+            raise RuntimeError(f"weight sync: {name!r} was needed again after it was released")
+        while self.done <= i:
+            n, t = self.names[self.done], self.state[self.names[self.done]]
+            self.done += 1
+            self.held[n] = self.whole(n, t) if t.numel() else torch.empty(tuple(t.shape),
+                                                                          dtype=t.dtype)
+            self.peak = max(self.peak, self.nbytes)
+        return self.held[name]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.held.values())
+
+    def release(self, before: int) -> None:
+        """Drop the whole tensors before index `before`: no stream needs them again."""
+        if self.whole is None:
+            return
+        for n in [n for n in self.held if self.index[n] < before]:
+            del self.held[n]
+
+    def drain(self) -> None:
+        """Take part in the gathers not made yet, dropping each at once, and drop what is held:
+        a rank that streams nothing (or a stream that broke off) keeps the group's collectives
+        paired."""
+        if self.whole is not None:
+            while self.done < len(self.names):
+                n, t = self.names[self.done], self.state[self.names[self.done]]
+                self.done += 1
+                if t.numel():
+                    self.whole(n, t)
+        self.held.clear()
+
+
+class Stream(StreamLayout):
+    """A sender's tensors as one byte stream in buckets (`bucket(k)` builds bucket k), read
+    from a `Gathered` source: given a state dict, its own (`whole`, when given, makes each
+    tensor whole as the first bucket that needs it is built, and the tensors are dropped as
+    the stream moves past them; a sharded trainer's all-gather, `executors.trainer`: a
+    collective, so every rank of the group builds the same buckets in the same order); given a
+    `Gathered`, that one, which it releases unless it shares it with other streams (`owner`
+    False: a sender's channels, `executors.syncgroup`, whose `Sending` releases it).
+    `cut(name, whole)`: the part of each tensor this stream carries (an engine TP rank's
+    slice). The tensors' global shapes lay out the stream."""
+
+    def __init__(self, state: dict[str, torch.Tensor] | Gathered, bucket_bytes: int,
+                 sender: int = 0, whole: Whole | None = None,
+                 cut: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+                 owner: bool = True) -> None:
+        self.owns = owner
+        self.source = Gathered(state, whole) if not isinstance(state, Gathered) else state
+        metas = {n: self.source.meta(n) for n in self.source.names}
+        if cut is not None:
+            metas = {n: cut(n, m) for n, m in metas.items()}
+        super().__init__(entries_of(metas), bucket_bytes, sender)
+        self.cut = cut
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The part of tensor `name` this stream carries."""
+        t = self.source.get(name)
+        return self.cut(name, t) if self.cut is not None else t
+
+    def first_needed(self, k: int) -> int:
+        """The source index of the first tensor with bytes in bucket k (past the end: none)."""
+        return min((self.source.index[e.name] for e in self.members[k] if e.nbytes)
+                   if k < self.count else (), default=len(self.source.names))
 
     def bucket(self, k: int, device: torch.device | str = "cpu", shared: bool = False
                ) -> Bucket:
@@ -304,11 +394,10 @@ class Stream(StreamLayout):
             data.share_memory_()
         for e in self.members[k]:
             a, b = max(e.offset, lo), min(e.offset + e.nbytes, hi)
-            t = self.state[e.name]
-            if self.whole is not None:  # every member, even one with no bytes here: collective
-                t = self.whole(t)
             if a < b:
-                data[a - lo:b - lo] = _bytes(t)[a - e.offset:b - e.offset]
+                data[a - lo:b - lo] = _bytes(self.tensor(e.name))[a - e.offset:b - e.offset]
+        if self.owns:
+            self.source.release(self.first_needed(k + 1))
         return self.received(k, data)
 
     def ending_tensors(self, k: int, device: torch.device | str = "cpu", shared: bool = False

@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from executors.codec import Codec, codec_for
-from executors.runplan import EngineGroup, Layout, RunPlan
+from executors.layouts import EngineGroup, Layout
 from executors.sandbox import Limits, Sandbox
 from executors.task import Target, task_of
 from placer.base.roles import Role
-from placer.spec.arch import ModelArch
 
 if TYPE_CHECKING:
     from executors import rl
+    from executors.runplan import RunPlan
     from executors.samples import Samples
+    from placer.spec.arch import ModelArch
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class RunConfig:
 
     @property
     def model_arch(self) -> ModelArch:
+        from placer.spec.arch import ModelArch  # lazy: pydantic, for the workers with a model
         return ModelArch(**self.arch)
 
     def for_engines(self, engines: EngineGroup) -> RunConfig:
@@ -171,6 +173,13 @@ class Worker:
         if wait:
             time.sleep(wait)
         return wait
+
+    def set_micro_batches(self, accumulate: int) -> int:
+        """Take a re-plan's micro-batch in place (`RunConfig.accumulate`: micro-batches per
+        mini-batch on each rank; the driver cuts the batches, `executors.training.partition`):
+        a kept worker's process, model and optimizer stay as they are."""
+        self.cfg = replace(self.cfg, accumulate=accumulate)
+        return accumulate
 
     def where(self) -> dict[str, Any]:
         """Node, placement group and bundle this worker runs in (empty outside Ray)."""

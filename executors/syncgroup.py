@@ -41,6 +41,7 @@ state is touched (vLLM's workers hold theirs); on gloo (the CPU) a torch group a
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -58,10 +59,10 @@ from executors.nodeaddr import _interface_of, _node_ip
 from executors.reshard import (
     Assembler,
     Channel,
+    Gathered,
     Manifest,
     Stream,
     engine_shard,
-    engine_state,
 )
 
 # How an engine takes a refresh (it names its own in `sync_member`; `PROTOCOLS` says what each
@@ -228,24 +229,28 @@ def join_engine(spec: GroupSpec, engine: int, tp_ranks: list[int] | None = None,
 
 
 class Sending:
-    """A sender's refresh: its streams (one per channel) and their manifests."""
+    """A sender's refresh: its streams (one per channel) over one `Gathered` source, and their
+    manifests. Each tensor is made whole once, when the first channel's bucket needs it, and
+    dropped once every channel is past it; whatever way the send ends, the source is drained
+    (`Gathered.drain`), so the trainer ranks' gathers stay paired."""
 
-    def __init__(self, peer: Peer, index: int, state: dict[str, torch.Tensor], bucket_bytes: int,
+    def __init__(self, peer: Peer, index: int, source: Gathered, bucket_bytes: int,
                  kv_heads: int | None) -> None:
-        self.peer = peer
+        self.peer, self.source = peer, source
         self.streams: dict[Channel, Stream] = {}
-        self.states: dict[Channel, dict[str, torch.Tensor]] = {}
         for ch, _ in peer.groups:
-            mine = state if ch[1] is None else engine_state(state, peer.spec.tps[0], ch[1],
-                                                            kv_heads)
-            self.streams[ch] = Stream(mine, bucket_bytes, index)
-            self.states[ch] = mine
+            cut = None if ch[1] is None else functools.partial(
+                _cut, tp=peer.spec.tps[0], rank=ch[1], kv_heads=kv_heads)
+            self.streams[ch] = Stream(source, bucket_bytes, index, cut=cut, owner=False)
 
     def manifests(self) -> list[Manifest]:
         return [Manifest(ch, tuple(s.entries), s.bucket_bytes) for ch, s in self.streams.items()]
 
     def send(self) -> dict[str, Any]:
-        return self.peer.spec.mechanism.send(self)
+        try:
+            return self.peer.spec.mechanism.send(self)
+        finally:
+            self.source.drain()
 
     def send_buckets(self) -> dict[str, Any]:
         """Broadcast every channel's buckets, the channels' k-th buckets together."""
@@ -260,23 +265,31 @@ class Sending:
                     bufs.append(s.bucket(k, dev).data)
                     works.append(_bcast(self.peer.groups[(ch, 0)], bufs[-1]))
                     sent += hi - lo
+            self.source.release(min(s.first_needed(k + 1) for s in self.streams.values()))
             for w in works:
                 w.wait()
         return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
 
-
     def send_tensors(self) -> dict[str, Any]:
         """SGLang's protocol (`update_weights_from_distributed`, default load format): one
-        broadcast per tensor, of its own dtype and shape, in the manifest's order."""
+        broadcast per tensor, of its own dtype and shape, in the manifest's order (the
+        channels' i-th tensors together: each is made whole once)."""
         t0 = time.time()
         dev = group_device(self.peer.spec.backend)
         sent = 0
-        for ch, s in self.streams.items():
-            for e in s.entries:  # one at a time: a device copy of one tensor at most
+        chans = list(self.streams.items())
+        for i, row in enumerate(zip(*(s.entries for _, s in chans))):
+            for (ch, s), e in zip(chans, row):  # one tensor at a time on the device
                 _bcast(self.peer.groups[(ch, 0)],
-                       self.states[ch][e.name].detach().to(dev).contiguous()).wait()
+                       s.tensor(e.name).detach().to(dev).contiguous()).wait()
                 sent += e.nbytes
+            self.source.release(i + 1)
         return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
+
+
+def _cut(name: str, full: torch.Tensor, tp: int, rank: int, kv_heads: int | None
+         ) -> torch.Tensor:
+    return engine_shard(name, full, tp, rank, kv_heads)
 
 
 def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None,
@@ -413,14 +426,13 @@ def _device_kind() -> str:
 
 class GroupSender(HandOverSender):
     """Mixed into the trainer: a refresh's sender on the weight-sync group. The class defines
-    `_sync_state(bucket_bytes)`, the full tensors it streams, and `_kv_heads()`."""
+    `_sync_state(bucket_bytes)`, the full tensors it streams, or `_sync_source` when it
+    gathers them as it streams (then the trainer ranks that send nothing take part,
+    `sync_gather`), and `_kv_heads()`."""
 
     _sync_listen: socket.socket | None = None
     _sync_peers: dict[tuple[str, int], Peer] | None = None  # by (scope, refresh path)
     _sync_sending: Sending | None = None
-
-    def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
 
     def _kv_heads(self) -> int | None:
         return None
@@ -447,7 +459,7 @@ class GroupSender(HandOverSender):
     def sync_prepare(self, name: str, bucket_bytes: int, index: int) -> list[Manifest]:
         """Cut the current version into this sender's streams; their manifests."""
         peer = find_peer(self._sync_peers, name)
-        self._sync_sending = Sending(peer, index, self._sync_state(bucket_bytes), bucket_bytes,
+        self._sync_sending = Sending(peer, index, self._sync_source(bucket_bytes), bucket_bytes,
                                      self._kv_heads())
         return self._sync_sending.manifests()
 

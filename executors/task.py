@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from placer.spec.localdata import Dataset
-from placer.spec.sampling import rng
+if TYPE_CHECKING:  # lazy below: a scoring worker loads neither pydantic nor numpy for them
+    from placer.spec.localdata import Dataset
 
 ARITHMETIC = set("0123456789+-*/%(). ")
 Target = int | str  # the arithmetic task's sum, or a dataset's reference answer
@@ -42,6 +42,7 @@ class Prompt:
 
 def make_prompts(seed: int, step: int, n: int) -> list[Prompt]:
     """`n` prompts for `step`, the same for the same (seed, step) wherever they are drawn."""
+    from placer.spec.sampling import rng  # lazy: numpy, for the driver that draws prompts
     g = rng(seed, 7, step)
     ab = g.integers(0, 10, size=(n, 2))
     return [Prompt(f"s{step}p{i}", f"{a}+{b}=", int(a + b)) for i, (a, b) in enumerate(ab)]
@@ -208,5 +209,6 @@ def task_of(data: dict[str, Any] | None, allow_weak: bool | None = None) -> Task
     `data`; `allow_weak`: the run's `--unsafe-sandbox` (for the tasks that run code)."""
     if data is None:
         return Arithmetic()
+    from placer.spec.localdata import Dataset  # lazy: pydantic, for a run with a dataset
     ds = Dataset.model_validate(data)
     return DATA_TASKS[ds.reward](ds, allow_weak)

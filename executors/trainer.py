@@ -24,16 +24,18 @@ when it is not in the reward (`rl.KLTerm`). A step reports the token means of `S
 gradient norm of each optimizer step. With pipeline stages, a mini-batch's micro-batches are one
 schedule step and the loss, its statistics and the old log-probs live on the last stage.
 
-After every step, load and the group's forming, every rank joins the gather of the full weights
-(a collective; with stages, the first DP/TP coordinate's stages send theirs to rank 0); rank 0
-keeps them for weight sync and checkpoints, and each stage's first rank its stage's, which it
-streams itself when the sync is bucketed (`executors.reshard`): over the weight-sync group
-(`executors.syncgroup.GroupSender`) under Ray, bucket by bucket as call results in one process.
-The other ranks keep their shards only: a colocated engine's hand-over gathers each bucket from
-the shards as it is exported (`_handover_stream`), every rank taking part.
-A checkpoint is in the one-process format (full weights, full Adam state by parameter index),
-whatever the layout that wrote it, so a run re-planned onto another layout (a lost node)
-restores it.
+Between steps every rank holds its shards only: no rank keeps a full copy of the weights. A
+weight refresh gathers each tensor from the shards as the bucket it is in is built and drops it
+once the stream is past it (`_sync_source`, `executors.reshard.Gathered`; verl's `rollout_mode`
+does the same), every rank of the sender's group taking part: the senders (each pipeline
+stage's first rank when bucketed, rank 0 otherwise, `executors.reshard`) as they stream, over
+the weight-sync group (`executors.syncgroup.GroupSender`) under Ray or bucket by bucket as call
+results in one process, the other ranks by `sync_gather`; a colocated engine's hand-over runs
+the same gathers on every rank as it exports. Unbucketed with stages, rank 0 sends the whole
+model: each later stage's first rank passes it its stage's tensors one at a time, as they are
+gathered. A checkpoint is in the one-process format (full weights, full Adam state by parameter
+index), gathered onto rank 0 when it is written, whatever the layout that wrote it, so a run
+re-planned onto another layout (a lost node) restores it.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ from executors.model import state_digest
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.precision import autocast
-from executors.reshard import Bucket, Stream
+from executors.reshard import Bucket, Gathered, Stream
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
 from executors.sharding import (
@@ -91,7 +93,6 @@ class Trainer(Worker, GroupSender):
         self.optimizer_steps = 0
         self._store_socket: socket.socket | None = None  # rank 0: the store's, until init_group
         self.pipe: Pipeline | None = None  # this rank's pipeline stage (pp > 1, once sharded)
-        self._stage_full: dict[str, torch.Tensor] | None = None  # a stage's weights (pp > 1)
         self._stream: Stream | None = None  # the weight refresh this rank streams
         self._build(sharded=False)
 
@@ -99,6 +100,7 @@ class Trainer(Worker, GroupSender):
         """The model (version 0) and its optimizer; sharded over the mesh once a group exists."""
         self.model = load_model(self.cfg.model_dir)
         self.model.train()
+        self._nbytes = sum(v.numel() * v.element_size() for v in self.model.state_dict().values())
         if torch.cuda.is_available():  # Ray gives each rank its own GPU (CUDA_VISIBLE_DEVICES)
             self.model.cuda()
         self.pipe = None
@@ -119,8 +121,6 @@ class Trainer(Worker, GroupSender):
             recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
         self.version = 0
-        self._full: dict[str, torch.Tensor] | None = None
-        self._gather()
 
     def _stage_of(self, mesh: Any) -> None:
         """Replace the whole model by this rank's pipeline stage; its parameters' indices in
@@ -130,29 +130,23 @@ class Trainer(Worker, GroupSender):
         p = self.layout.stage(self.rank)
         stage = Stage(self.model, p, self.layout.pp)
         self._index = [order[stage.full_name(n)] for n, _ in stage.named_parameters()]
+        # the whole model's tensors, stage after stage, and the stage that holds each (the
+        # first, for a buffer every stage holds): what rank 0 streams unbucketed
+        self._owner: dict[str, int] = {}
+        self._whole_meta: dict[str, torch.Tensor] = {}
+        for q in range(self.layout.pp):
+            st = stage if q == p else Stage(self.model, q, self.layout.pp)
+            for k, v in st.state_dict().items():
+                if st.full_name(k) not in self._owner:
+                    self._owner[st.full_name(k)] = q
+                    self._whole_meta[st.full_name(k)] = torch.empty(
+                        tuple(v.shape), dtype=v.dtype, device="meta")
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.model = stage
         self._pp_mesh = mesh["pp"]
         self.pipe = Pipeline(stage, p, self.layout.pp, mesh["pp"].get_group(), dev,
                              self.cfg.precision)
-
-    def _gather(self) -> None:
-        """Full weights onto rank 0 (every rank joins when sharded)."""
-        if self.world == 1:
-            return  # the plain model is its own full copy: `weights` reads it directly
-        # only the ranks that keep the weights hold them whole, even while gathering
-        first = self.pipe is not None and self.layout.coords(self.rank) == (0, 0)
-        full = full_state(self.model, keep=self.rank == 0 or first)
-        self._stage_full = None
-        if self.pipe is not None:
-            stage = self.pipe.stage
-            mine = {stage.full_name(k): v for k, v in full.items()}
-            if self.layout.coords(self.rank) == (0, 0):  # the stage's sender (bucketed sync)
-                self._stage_full = mine
-            parts = self._from_stages(mine)
-            full = {k: v for part in parts or [] for k, v in part.items()}
-        self._full = full if self.rank == 0 else None
 
     def _from_stages(self, obj: Any) -> list[Any] | None:
         """Every stage's `obj`, on rank 0 (None elsewhere): the first DP and TP coordinate's
@@ -274,9 +268,8 @@ class Trainer(Worker, GroupSender):
 
     def _stepped(self, t0: float, minis: list[MiniBatch], losses: list[float],
                  norms: list[float], stats: dict[str, float]) -> tuple[dict, dict]:
-        """After the step's optimizer steps: the new version, its full weights, the result."""
+        """After the step's optimizer steps: the new version and the result."""
         self.version += 1
-        self._gather()
         seen = [m[0] for mb in minis for m in mb if m[3] > 0]
         ids = list(dict.fromkeys(i for s in seen for i in s.ids))
         return ({"loss": sum(losses) / max(len(losses), 1), "version": self.version,
@@ -330,11 +323,18 @@ class Trainer(Worker, GroupSender):
         return loss, info
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The full weights, on the CPU. Sharded, a collective (every rank calls it; with
+        stages the first DP/TP coordinate's stages send theirs to rank 0): rank 0 gets them,
+        the others an empty dict; only rank 0 holds them whole, even while gathering."""
         if self.world == 1:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        if self._full is None:
-            raise RuntimeError(f"trainer rank {self.rank}: only rank 0 holds the full weights")
-        return self._full
+        first = self.pipe is not None and self.layout.coords(self.rank) == (0, 0)
+        full = full_state(self.model, keep=self.rank == 0 or first)
+        if self.pipe is not None:
+            stage = self.pipe.stage
+            parts = self._from_stages({stage.full_name(k): v for k, v in full.items()})
+            full = {k: v for part in parts or [] for k, v in part.items()}
+        return full if self.rank == 0 else {}
 
     def sync_senders(self, bucketed: bool) -> list[int]:
         """The ranks that stream a weight refresh (`executors.reshard`): each pipeline stage's
@@ -344,36 +344,60 @@ class Trainer(Worker, GroupSender):
         return [self.layout.rank_of(p, 0, 0, 0) for p in range(self.layout.pp)]
 
     def _whole_everywhere(self) -> bool:
-        """Whether every rank can build any bucket of the whole model: under a colocated engine
-        without stages, each bucket is gathered from the shards as it is exported
-        (`handover_gathers`), so the rank beside each engine hands it over (`executors.ipc`)
-        and no rank but rank 0 keeps the full weights between steps."""
+        """Whether every rank can build any bucket of the whole model (without stages each
+        holds a shard of every tensor), so the rank beside each colocated engine hands it over
+        (`executors.ipc`)."""
         return self.cfg.engines.colocated and self.pipe is None
 
     def handover_gathers(self) -> bool:
-        return self.world > 1 and self._whole_everywhere()
-
-    def _handover_stream(self, bucket_bytes: int, index: int) -> Stream:
-        """The hand-over's stream: the sharded parameters, each made whole (`full_tensor`,
-        every rank taking part) as the bucket it is in is built, as verl gathers a colocated
-        engine's refresh tensor by tensor while the engine loads it (verl @ b178a3cd,
-        verl/workers/fsdp_workers.py `rollout_mode`: each parameter's `full_tensor()` in the
-        generator `rollout.update_weights` consumes); a world of one hands over its model."""
-        if not self.handover_gathers():
-            return super()._handover_stream(bucket_bytes, index)
-        return Stream(self.model.state_dict(), bucket_bytes, index, whole=whole_tensor)
+        """Sharded, every rank takes part in each hand-over bucket's gathers."""
+        return self.world > 1
 
     def sync_open(self, bucket_bytes: int, sender: int) -> tuple[int, int, int]:
         """Start streaming this rank's share of the current version as stream `sender` in
         buckets of `bucket_bytes` (0: a call per tensor); (version, bytes, buckets)."""
-        state = self._stage_full if bucket_bytes > 0 and self.pipe is not None else None
-        self._stream = Stream(state if state is not None else self.weights(), bucket_bytes, sender)
+        self._stream = Stream(self._sync_source(bucket_bytes), bucket_bytes, sender)
         return self.version, self._stream.nbytes, self._stream.count
 
-    def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
-        """What this rank streams over the weight-sync group: as `sync_open`."""
-        state = self._stage_full if bucket_bytes > 0 and self.pipe is not None else None
-        return state if state is not None else self.weights()
+    def _sync_source(self, bucket_bytes: int) -> Gathered:
+        """What this rank streams in buckets of `bucket_bytes`, or takes part in gathering
+        (`sync_gather`): one process, its model's tensors as they are (no copy: its calls run
+        in order, so no step runs mid-refresh); sharded, its shards made whole as the buckets
+        need them, with stages its stage's layers, except unbucketed, where rank 0 streams
+        the whole model and each later stage's first rank passes it its stage's tensors."""
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        if self.world == 1:
+            return Gathered(state)
+        if self.pipe is None:
+            return Gathered(state, _whole)
+        stage = self.pipe.stage
+        mine = {stage.full_name(k): v for k, v in state.items()}
+        if bucket_bytes > 0 or self.layout.coords(self.rank) != (0, 0):
+            return Gathered(mine, _whole)
+        if self.rank == 0:
+            return Gathered({n: mine.get(n, m) for n, m in self._whole_meta.items()},
+                            self._gather_or_receive)
+        return Gathered(mine, self._gather_and_send)
+
+    def _gather_or_receive(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's tensor `name` whole: gathered with its stage, or received from the first
+        rank of the stage that holds it."""
+        assert self.pipe is not None
+        owner = self._owner[name]
+        if owner == 0:
+            return whole_tensor(t)
+        buf = torch.empty(tuple(t.shape), dtype=t.dtype, device=self.pipe.device)
+        dist.recv(buf, src=owner * self.layout.dp * self.layout.tp, group=self.pipe.group)
+        return buf
+
+    def _gather_and_send(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A later stage's first rank: tensor `name` whole, passed on to rank 0 when its
+        stage holds it first."""
+        assert self.pipe is not None
+        w = whole_tensor(t)
+        if self._owner[name] == self.layout.stage(self.rank):
+            dist.send(w.contiguous(), dst=0, group=self.pipe.group)
+        return w
 
     def _kv_heads(self) -> int | None:
         return self.cfg.model_arch.kv_heads
@@ -393,8 +417,8 @@ class Trainer(Worker, GroupSender):
         return state_digest(self.weights())
 
     def weights_info(self) -> tuple[int, int]:
-        """(version, bytes) of the weights `weights()` would send."""
-        return self.version, sum(v.numel() * v.element_size() for v in self.weights().values())
+        """(version, bytes) of the whole model's weights, a refresh's."""
+        return self.version, self._nbytes
 
     def save(self, path: str, step: int) -> str:
         """A checkpoint at `path` in the one-process format (full weights, full Adam state by
@@ -404,7 +428,7 @@ class Trainer(Worker, GroupSender):
             model, optim = self.model.state_dict(), self.opt.state_dict()
         else:
             optim = _full_optim(self.opt)
-            model = self._full or {}
+            model = self.weights()
             if self.pipe is not None:
                 optim = self._stages_optim(optim)
         if self.rank == 0:
@@ -436,10 +460,13 @@ class Trainer(Worker, GroupSender):
                          "param_groups": optim["param_groups"]}
             _load_full(self.model, model)
             _load_sharded_optim(self.opt, optim)
-            self._gather()
         self.version = ck["version"]
         self.optimizer_steps = ck.get("optimizer_steps", 0)
         return self.version
+
+
+def _whole(name: str, t: torch.Tensor) -> torch.Tensor:
+    return whole_tensor(t)
 
 
 def _load_full(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:

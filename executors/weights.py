@@ -146,18 +146,23 @@ class GroupRefresh:
         return spec
 
     def refresh(self, spec: GroupSpec, senders: list[Member], targets: list[Member],
-                version: int, size: int) -> Outcomes:
-        """One refresh of `version` in buckets of `size` bytes over the group `spec`."""
+                version: int, size: int, actors: Sequence[Member] = ()) -> Outcomes:
+        """One refresh of `version` in buckets of `size` bytes over the group `spec`; the
+        trainer ranks in `actors` that send nothing take part in the senders' gathers
+        (`sync_gather`: a sharded trainer gathers each tensor as its bucket is sent)."""
         before = self.control_bytes
         prepared = [self.one(s, "sync_prepare", spec.name, size, i)
                     for i, s in enumerate(senders)]
         # calls per sender: its buckets, or under SGLang's protocol one broadcast per tensor
         counts = [max(spec.mechanism.calls(m) for m in ms) for ms in prepared]
         manifests = [m for ms in prepared for m in ms]
+        sending = {s.rank for s in senders}
+        helpers = [a for a in actors if a.rank not in sending]
         calls = ([(s, "sync_send", (spec.name,)) for s in senders]
+                 + [(a, "sync_gather", (size,)) for a in helpers]
                  + [(m, "sync_receive", (spec.name, manifests, version)) for m in targets])
         outs = self._all(calls)
-        sent, got = outs[:len(senders)], outs[len(senders):]
+        sent, got = outs[:len(senders) + len(helpers)], outs[len(senders) + len(helpers):]
         failed = next((o.error for o in sent if not o.ok), None)
         if failed is not None or not all(o.ok for o in got):
             self.drop()  # a member may have lost its place in the group: form it anew
@@ -182,7 +187,7 @@ class GroupRefresh:
         protocol = _protocol(infos)
         if protocol.forms_group:
             spec = self.group(path, senders, targets, scope)
-            return self.refresh(spec, senders, targets, version, size)
+            return self.refresh(spec, senders, targets, version, size, actors)
         return self.handover(actors, targets, infos, version, size, protocol)
 
     def _infos(self, ms: list[Member]) -> list[tuple[Any, ...]]:

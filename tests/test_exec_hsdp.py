@@ -26,8 +26,9 @@ def _train_and_report(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: s
     w: Any = next(iter(tr.model.parameters()))  # a DTensor once sharded
     mesh = (tuple(w.device_mesh.mesh_dim_names), tuple(w.device_mesh.shape),
             tuple(type(p).__name__ for p in w.placements))
-    if rank == 0:  # the step's gather put the full weights there
-        torch.save(tr.weights(), out)
+    full = tr.weights()  # a collective: every rank gathers, rank 0 gets them
+    if rank == 0:
+        torch.save(full, out)
     q_out.put((rank, info, timing["sample_ids"], tr.executed_layout(layout.world), mesh))
 
 

@@ -39,6 +39,7 @@ from exec_util import hand_plan, job_dict
 from test_exec_split import split_plan
 
 from executors.localcluster import Change, run_with_changes
+from executors.roles import accumulation
 from executors.runplan import resolve_plan
 from executors.weights import bucket_bytes
 from placer.cost.sharding import Parallel
@@ -218,13 +219,19 @@ def test_node_loss_under_a_split_rollout_replans_and_finishes(lost) -> None:
 def test_kept_actors_keep_their_processes_and_split_engines_are_rebuilt(lost) -> None:
     """Actors are reused by (role, rank) only from slots the new plan keeps: the split slot
     changed, so no rollout engine is reused (rank 2 on gpu2 is another engine now). The
-    trainer's slot changed too, in its micro-batch only (the hand plan leaves it to the
-    trainer; the re-plan chooses 8): a trainer config of its own, so its slot is rebuilt. The
-    CPU slot is kept (a kept actor's process is checked in the default test above)."""
-    _, r = lost
+    trainer's slot changed in its micro-batch only (the hand plan leaves it to the trainer;
+    the re-plan chooses 8): its actor is kept, answers from the process it had, and runs the
+    new micro-batch (the executed layout after the rebuild says so)."""
+    plan, r = lost
     (rec,) = r.recoveries
-    assert rec["kept"] == ["environment0", "reward0"], rec["kept"]
     assert "actor: gpu tp1 pp1 dp1 -> gpu tp1 pp1 dp1 mbs8" in rec["moves"], rec["moves"]
+    assert {"actor0", "environment0", "reward0"} <= set(rec["kept"]), rec["kept"]
+    assert not any(k.startswith("rollout") for k in rec["kept"]), rec["kept"]
+    assert _pids(r, "train", "actor0", True, rec["step"]) == \
+        _pids(r, "train", "actor0", False, rec["step"])
+    batch = plan.spec.batch
+    assert r.trace.metadata["executed_layout"]["actor"]["micro_batches"] == \
+        accumulation(batch.samples, batch.mini_batches, 1, 8)
     old = {p for k in range(3) for p in _pids(r, "generate", f"rollout{k}", True, rec["step"])}
     new = {p for k in range(3) for p in _pids(r, "generate", f"rollout{k}", False, rec["step"])}
     assert old and new and old.isdisjoint(new)

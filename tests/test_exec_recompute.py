@@ -87,8 +87,9 @@ def _train_and_report(rank: int, tr: Trainer, cfg: Any, q_out: Any, out: str) ->
     # checkpoint inside fully_shard: the layer FSDP holds is the checkpoint wrapper
     order = [isinstance(m, FSDPModule) and isinstance(m, CheckpointWrapper)
              for m in decoder_layers(tr.model)]
+    full = tr.weights()  # a collective: every rank gathers, rank 0 gets them
     if rank == 0:
-        torch.save(tr.weights(), out)
+        torch.save(full, out)
     q_out.put((rank, info, tr.executed_layout(layout.world), calls, order))
 
 

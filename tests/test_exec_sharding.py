@@ -68,8 +68,9 @@ def _train_one_step(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: str
     info, timing = tr.train(partition(s, adv, None, layout, cfg.mini_batches,
                                       cfg.accumulate)[rank])
     tr.save(out + ".ckpt", 0)  # every rank joins the gathers; rank 0 writes
+    full = tr.weights()  # a collective too
     if rank == 0:
-        torch.save(tr.weights(), out)
+        torch.save(full, out)
     q_out.put((rank, info, timing["sample_ids"], tr.executed_layout(layout.world)))
 
 

@@ -19,7 +19,7 @@ from test_exec_sharding import ARCH, config
 
 from executors.model import build_policy, load_policy, save_model_dir
 from executors.modelroles import Rollout
-from executors.reshard import engine_shard, engine_state, engine_unshard
+from executors.reshard import Gathered, engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup
 from executors.syncgroup import GroupSender, GroupSpec, Manifest
 
@@ -57,13 +57,23 @@ def test_the_gather_inverts_every_tp_cut(kind: str) -> None:
 
 
 class _Sender(GroupSender):
-    """A trainer's sending side alone: its stage's tensors."""
+    """A trainer's sending side alone: its stage's tensors, each "gathered" (copied, and the
+    name recorded) as a sharded trainer gathers it, when a bucket first needs it."""
 
     def __init__(self, state: dict[str, torch.Tensor], kv_heads: int) -> None:
         self.state, self.kv = state, kv_heads
+        self.gathered: list[str] = []
+        self.sources: list[Gathered] = []
 
     def _sync_state(self, bucket_bytes: int) -> dict[str, torch.Tensor]:
         return self.state
+
+    def _sync_source(self, bucket_bytes: int) -> Gathered:
+        def whole(name: str, t: torch.Tensor) -> torch.Tensor:
+            self.gathered.append(name)
+            return t.clone()
+        self.sources.append(Gathered(self.state, whole))
+        return self.sources[-1]
 
     def _kv_heads(self) -> int | None:
         return self.kv
@@ -113,6 +123,13 @@ def test_two_stage_senders_reach_two_tp2_engines_exactly(send_shards: bool, mode
         outs = _together([lambda s=s: s.sync_send("g1") for s in senders]
                          + [lambda e=e, m=manifests, v=version: e.sync_receive("g1", m, v)
                             for e in engines])
+        for s in senders:  # each tensor made whole once, in order, whatever the channels;
+            assert s.gathered == list(s.state)  # never the whole stage held at once
+            stage = sum(v.numel() * v.element_size() for v in s.state.values())
+            big = max(v.numel() * v.element_size() for v in s.state.values())
+            assert s.sources[-1].peak <= max(size * (2 if send_shards else 1) + 2 * big, big)
+            assert s.sources[-1].peak < stage and not s.sources[-1].held, (size, stage)
+            s.gathered = []
         for e, got in zip(engines, outs[2:]):
             assert got["done"] and e.version == version
             for r, shard in enumerate(e.engine_shards()):
@@ -198,9 +215,11 @@ def test_a_dp2_tp2_trainer_refreshes_a_tp2_torch_engine_over_gloo(tmp_path: Path
         spec = group.group(0, actors[:1], [target])
         assert spec.tps == (2,)
         before = group.control_bytes
-        [(err, got)] = group.refresh(spec, actors[:1], [target], 1, 64_000)
+        # the ranks that send nothing take part in the sender's gathers (no rank holds the
+        # full weights between steps)
+        [(err, got)] = group.refresh(spec, actors[:1], [target], 1, 64_000, actors)
         assert err is None and got["backend"] == "gloo"
-        want = ray.get(trainers[0].weights.remote())
+        want = ray.get([t.weights.remote() for t in trainers])[0]  # a collective: rank 0's
         shards = ray.get(engine.engine_shards.remote())
         assert ray.get(engine.current_version.remote()) == 1
         for r in range(2):

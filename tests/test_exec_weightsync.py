@@ -148,6 +148,8 @@ def _stream_every_size(rank: int, tr: Trainer, cfg: RunConfig, out: str) -> None
             torch.save({"senders": senders, "nbytes": nbytes, "version": version,
                         "buckets": [tr.sync_bucket(k) for k in range(count)]},
                        f"{out}/b{size}.{rank}.pt")
+        else:  # a rank that streams nothing takes part in its senders' gathers
+            tr.sync_gather(size)
     if layout.tp > 1:
         torch.save(_dtensor_shards(cfg.model_dir, layout.tp), f"{out}/tp.{rank}.pt")
 

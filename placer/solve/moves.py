@@ -46,11 +46,12 @@ def role_counts(plan: Plan) -> dict[str, int]:
     return out
 
 
-def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
+def dims(x: RolePlacement | Parallel, dp: int | None = None, micro: bool = True) -> str:
     """`tpT ppP dpD`, with `cpC` after tp and `epE` (and `etpF`) last where they are above 1
     (Megatron-Core's order; most layouts have neither, so they are left out there), and
     `shardS` after dp for a trainer's HSDP shard group, `mbsM` last for a trainer's chosen
-    micro-batch (sequences per device). A split role's part: `dims(part.par)`."""
+    micro-batch (sequences per device; `micro` False leaves it out). A split role's part:
+    `dims(part.par)`."""
     out = (f"tp{x.tp}" + (f" cp{x.cp}" if x.cp > 1 else "")
            + f" pp{x.pp} dp{x.dp if dp is None else dp}")
     shard = getattr(x, "shard", 0)  # HSDP (a training role's; a split part has none)
@@ -61,23 +62,26 @@ def dims(x: RolePlacement | Parallel, dp: int | None = None) -> str:
     attn_dp = getattr(x, "attn_dp", 1)  # a rollout engine's data-parallel attention
     if attn_dp > 1:
         out += f" attn-dp{attn_dp}"
-    micro = getattr(x, "micro_batch", 0)  # a trainer's micro-batch, where the plan chose one
-    if micro > 0:
-        out += f" mbs{micro}"
+    mbs = getattr(x, "micro_batch", 0) if micro else 0  # a trainer's, where the plan chose one
+    if mbs > 0:
+        out += f" mbs{mbs}"
     return out
 
 
-def layout(plan: Plan, role: str) -> str:
+def layout(plan: Plan, role: str, micro: bool = True) -> str:
     """A role's actors: `pool tpT ppP dpN` (`dims`: cp and ep where above 1; + ` offload`,
     + ` park-optimizer` where its optimizer is parked between phases), or
     "absent" when the plan lacks it; a role split over pools: each part's `pool tpT ppP dpN`
-    joined by " + " (a new share of the samples alone is no move: the same actors serve it)."""
+    joined by " + " (a new share of the samples alone is no move: the same actors serve it).
+    `micro` False leaves the micro-batch out (what a role's processes are built for: a running
+    trainer takes a new micro-batch in place, `executors.elastic`)."""
     x = plan.roles.get(role)
     if x is None:
         return ABSENT
     if x.parts:  # split over pools: each part's actors on its pool (its share is not a layout)
         return " + ".join(f"{p.pool} {dims(p.par)}" for p in x.parts)
-    return (f"{x.pool} {dims(x, role_counts(plan)[role])}" + (" offload" if x.offload else "")
+    return (f"{x.pool} {dims(x, role_counts(plan)[role], micro)}"
+            + (" offload" if x.offload else "")
             + (" park-optimizer" if x.park_optimizer else ""))
 
 
