@@ -404,8 +404,9 @@ class Stream(StreamLayout):
                        ) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
         """The whole tensors bucket k completes (`ending`), copied into one buffer, each at an
         offset aligned to `ALIGN` bytes (a typed view needs its element size's alignment); the
-        buffer and each tensor as a typed view into it. Under `whole` each is gathered here,
-        in stream order on every rank (a collective)."""
+        buffer and each tensor as a typed view into it. Read from the `Gathered` source as
+        `bucket` reads it (under `whole` a collective, in stream order on every rank), and what
+        no later bucket needs is dropped."""
         entries = self.ending()[k]
         at, offsets = 0, []
         for e in entries:
@@ -416,11 +417,10 @@ class Stream(StreamLayout):
             data.share_memory_()
         out = []
         for e, lo in zip(entries, offsets):
-            t = self.state[e.name]
-            if self.whole is not None:
-                t = self.whole(t)
-            data[lo:lo + e.nbytes] = _bytes(t)
+            data[lo:lo + e.nbytes] = _bytes(self.tensor(e.name))
             out.append((e.name, data[lo:lo + e.nbytes].view(e.dtype).reshape(e.shape)))
+        if self.owns:
+            self.source.release(self.first_needed(k + 1))
         return data, out
 
 
