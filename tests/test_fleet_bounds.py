@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,10 +15,16 @@ from fleet_oracle import brute_force, random_fleet
 from test_fleet import _tiny_fleet
 
 from placer.cost.calibration import load_calibration
+from placer.cost.efficiency import Calibration
+from placer.cost.pricer import Pricer
 from placer.fleet.alloc import AllocProblem, Vec, allocate
 from placer.fleet.inner import JobPlanner, alloc_problem
 from placer.fleet.spec import fleet_from_dict
+from placer.solve.ilp_solve import _fallback, solve
 from placer.solve.planfile import Plan
+from placer.solve.planner import build_problem
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -103,3 +110,17 @@ def test_a_job_plan_that_stopped_early_widens_the_fleet_gap() -> None:
     assert early.gap >= 0.25 - 1e-6 and not early.optimal
     assert early.bound >= exact.objective / 0.75 * (1 - 1e-6)
     assert math.isfinite(early.bound)
+
+
+@pytest.mark.parametrize("name", ["tiny-agent.yaml", "hetero-split.yaml", "ppo-llama8b-hetero.yaml"])
+def test_a_job_plan_out_of_time_keeps_a_time_bound(name: str) -> None:
+    """A job plan whose solver ran out of time before any solution (the heuristic plan) still
+    proves a bound on its time, each role's least time floor: above 0 and no more than the
+    optimum, so the fleet's bound stays finite with such a plan in it."""
+    res = resolve(load_job(EXAMPLES / name), name)
+    problem = build_problem(Pricer(res, Calibration()), "time")
+    best = solve(problem, workers=1)
+    out = _fallback(problem, time.perf_counter())
+    assert 0.0 < out.bound <= best.objective * (1 + 1e-9)
+    assert out.gap == pytest.approx((out.objective - out.bound) / out.objective)
+    assert out.gap < 1.0
