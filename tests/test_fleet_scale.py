@@ -79,3 +79,34 @@ def test_kind_workers_plan_as_here() -> None:
         par.close()
     assert computed == par.computed == 2 * len(VECTORS)  # c1 and c2: one kind
     assert times == [here.time(j, a) for a in VECTORS for j in range(3)]
+
+
+def test_split_parts_shared_across_allocations_give_the_fresh_plans() -> None:
+    """The split rollout's part estimates kept on the shared memo (`StepTerms.part`, keyed by
+    the job's value, pool, layout and samples) are found again by the plans of the job on other
+    allocations and by a renamed copy of the job, and every plan is the one a fresh pricer gives."""
+    cluster = {"pools": [
+        {"name": "h100", "device": "H100-SXM", "devices_per_node": 8, "nodes": 2},
+        {"name": "h20", "device": "H20", "devices_per_node": 8, "nodes": 1},
+        {"name": "l40s", "device": "L40S", "devices_per_node": 8, "nodes": 2},
+        {"name": "cpu", "device": "cpu-node", "devices_per_node": 1, "nodes": 1}]}
+    doc = {"name": "split-fleet", "cluster": cluster,  # hetero-split.yaml's own
+           "teams": {"a": {"quota": {"h100": {"nominal": 2}, "h20": {"nominal": 1},
+                                     "l40s": {"nominal": 2}, "cpu": {"nominal": 1}}}},
+           "jobs": [{"name": "s1", "team": "a", "job": "hetero-split.yaml"},
+                    {"name": "s2", "team": "a", "job": "hetero-split.yaml"}]}
+    fleet = fleet_from_dict(doc, EXAMPLES, "split")
+    calib = load_calibration(None)
+    memo = Pricers(calib)
+    pools = ("h100", "h20", "l40s", "cpu")
+    splits = 0
+    for j, a in [(0, (2, 1, 2, 1)), (0, (1, 1, 2, 1)), (1, (2, 1, 1, 1))]:
+        nodes = dict(zip(pools, a))
+        before = sum(len(st.parts) for st in memo.terms.values())
+        shared = plan_on(fleet.jobs[j].job, nodes, calib, 5.0, 0, memo)
+        assert _same(shared, plan_on(fleet.jobs[j].job, nodes, calib, 5.0, 0)), (j, a)
+        assert isinstance(shared, Plan)
+        splits += any(r.parts for r in shared.roles.values())
+        if before:  # a later allocation, or the renamed copy: the earlier parts were reused
+            assert sum(len(st.parts) for st in memo.terms.values()) - before < before
+    assert splits  # some plan split its rollout, so the memo's parts were in play

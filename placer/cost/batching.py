@@ -65,6 +65,7 @@ def kv_budget(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> 
 
 
 REPLAYS_KEPT = 4096  # engine replays kept per replica layout, least recently used dropped first
+PARTS_KEPT = 4096  # split parts' estimates kept per replica layout, the same way
 # What a replay keeps: a stage's seconds, or the engine loop's (finish time, sequences).
 Replay = float | list[tuple[float, int]]
 _R = TypeVar("_R", bound=Replay)
@@ -72,8 +73,9 @@ _R = TypeVar("_R", bound=Replay)
 
 @dataclass
 class StepTerms:
-    """decode_step_time(B, C) of one replica as max(m0 + k C, flat), per batch size B, and the
-    replays of the engine loop on this replica (`remember`)."""
+    """decode_step_time(B, C) of one replica as max(m0 + k C, flat), per batch size B, the
+    replays of the engine loop on this replica (`remember`), and the estimates of a split
+    role's parts with this replica layout (`part`)."""
 
     model: ModelArch
     dev: DeviceType
@@ -82,6 +84,7 @@ class StepTerms:
     terms: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     prefills: dict[float, tuple[float, float]] = field(default_factory=dict)
     replays: OrderedDict[Hashable, Replay] = field(default_factory=OrderedDict, repr=False)
+    parts: OrderedDict[Hashable, object] = field(default_factory=OrderedDict, repr=False)
     _kv: KvBudget | None = None
 
     def remember(self, key: Hashable, compute: Callable[[], _R]) -> _R:
@@ -96,6 +99,18 @@ class StepTerms:
         self.replays[key] = out
         if len(self.replays) > REPLAYS_KEPT:
             self.replays.popitem(last=False)
+        return out
+
+    def part(self, key: Hashable, compute: Callable[[], object]) -> object:
+        """`compute()` kept by `key` (a split part's inputs, by value: `placer.cost.split.
+        PartTimer`), None included: every allocation of a fleet's job, and every job of the
+        same model and lengths, balances the same parts at the same sample counts."""
+        if key in self.parts:
+            self.parts.move_to_end(key)
+            return self.parts[key]
+        out = self.parts[key] = compute()
+        if len(self.parts) > PARTS_KEPT:
+            self.parts.popitem(last=False)
         return out
 
     @property

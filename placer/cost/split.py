@@ -79,23 +79,39 @@ def deal(n: int, kept: list[int]) -> list[int]:
 
 @dataclass
 class PartTimer:
-    """t(n): a part's estimate for n samples, cached per (pool, layout, n) for one problem."""
+    """t(n): a part's estimate for n samples, cached per (pool, layout, n) for one problem and
+    kept on the layout's `StepTerms` (`part`) by what determines it: the job as a value less
+    its name and cluster (model, lengths, batch, environment, tail policy, profile), the step's
+    draws, the role, the pool's name and device, the layout and n. A rollout part reads
+    nothing of the cluster but its pool's device, so the plans of one job on many allocations
+    (a fleet's search), and of jobs that differ only in name, share these prices."""
 
     ctx: PriceContext
     role: str
     _cache: dict[tuple[str, Parallel, int], Estimate | None]
+    _job: str = ""  # the job's value key (`of`)
 
     @classmethod
     def of(cls, ctx: PriceContext, role: str) -> PartTimer:
-        return cls(ctx, role, {})
+        job = ctx.res.job.model_dump_json(exclude={"name", "cluster"})
+        return cls(ctx, role, {}, job)
 
     def __call__(self, single: Estimate, n: int) -> Estimate | None:
         key = (single.pool, single.par, n)
         if key not in self._cache:
-            part = self.ctx.with_samples(n)
-            est = estimate(part, self.role, part.res.cluster.pool(single.pool), single.par)
-            self._cache[key] = est if est.feasible else None
+            res = self.ctx.res
+            dev = res.device_of(single.pool)
+            st = self.ctx.step_terms(res.arch_of(self.role), dev, single.par, self.ctx.eff(dev))
+            shared = (self._job, self.ctx.step_draws, self.role, single.pool, dev, single.par, n)
+            got = st.part(shared, lambda: self._priced(single, n))
+            assert got is None or isinstance(got, Estimate)
+            self._cache[key] = got
         return self._cache[key]
+
+    def _priced(self, single: Estimate, n: int) -> Estimate | None:
+        part = self.ctx.with_samples(n)
+        est = estimate(part, self.role, part.res.cluster.pool(single.pool), single.par)
+        return est if est.feasible else None
 
 
 def _time(e: Estimate | None) -> float:

@@ -153,6 +153,13 @@ class JobPlanner:
             self._keep(key, self._run([("plan", key[0], self.nodes_of(a))])[0])
         return self.plans[key].predicted_iteration_s if key in self.plans else None
 
+    def low(self, j: int, a: Vec) -> float:
+        """A lower bound on job j's optimum on `a` (after `time` placed it there): its plan's
+        time less the plan's own proven relative gap, T (1 - gap) (its solver's bound; 0 for a
+        plan its solver stopped before any bound)."""
+        plan = self.plan(j, a)
+        return plan.predicted_iteration_s * (1.0 - plan.solver.gap)
+
     def alone(self, j: int, a: Vec) -> float | None:
         """Job j's iteration time on `a` as written: a shared pool's member with the pool to
         itself (what sharing costs it is its priced time against this)."""
@@ -256,5 +263,5 @@ def alloc_problem(planner: JobPlanner) -> AllocProblem:
             for j, (fj, grid) in enumerate(zip(fleet.jobs, planner.grids()))]
     return AllocProblem(pools, tuple(fleet.pool_nodes()[p] for p in pools), teams, jobs,
                         "throughput" if fleet.objective == "throughput" else "makespan",
-                        planner.time, prefetch=planner.prefetch,
+                        planner.time, prefetch=planner.prefetch, low_of=planner.low,
                         shared=share_groups(fleet))

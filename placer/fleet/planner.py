@@ -170,7 +170,7 @@ def diagnose(pr: AllocProblem, planner: JobPlanner, why: str, limit_s: float = D
             unsettled.append(job.name)
             continue
         rest = replace(pr, jobs=pr.jobs[:j] + pr.jobs[j + 1:],
-                       known=pr.known[:j] + pr.known[j + 1:])
+                       known=pr.known[:j] + pr.known[j + 1:], lows=pr.lows[:j] + pr.lows[j + 1:])
         try:
             solve_round(rest, min(CHECK_S, left), 1, 0)
         except Unsolved:  # out of time: not proof that the others do not fit either

@@ -180,7 +180,7 @@ class FleetResult:
     usage: list[TeamUse]
     value: float
     bound: float
-    gap: float  # relative to the allocation grids and the job plans (placer.fleet.alloc)
+    gap: float  # relative to the allocation grids; job plans at their bounds (placer.fleet.alloc)
     optimal: bool
     not_monotone: int  # job plans where fewer nodes were faster: the bound did not hold there
     plan_gap: float  # the largest gap of the jobs' own plans
@@ -196,8 +196,8 @@ class FleetResult:
         return {"fleet": self.name, "objective": self.objective, "value": self.value,
                 "bound": self.bound, "gap": self.gap, "optimal": self.optimal,
                 "not_monotone": self.not_monotone,
-                "gap_relative_to": "the allocation grids (0, powers of two and the cap per pool) "
-                                   "with each job's plan taken as optimal",
+                "gap_relative_to": "the allocation grids (0, powers of two and the cap per pool), "
+                                   "each job plan counted at its own proven bound",
                 "plan_gap": self.plan_gap, "rounds": self.rounds,
                 "plans_priced": self.plans_priced, "grid_size": self.grid_size,
                 "solve_s": self.solve_s, "jobs": [j.to_dict() for j in self.jobs],

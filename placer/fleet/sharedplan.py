@@ -104,6 +104,7 @@ class SharedRollouts:
                 jobs[k] = replace(jobs[k], grid=engines_axis(jobs[g.members[0]].grid,
                                                              jobs[k].grid, g.pool))
         return replace(pr, jobs=jobs, time_of=self.time, prefetch=self.prefetch, known=[],
+                       low_of=self.low, lows=[],
                        shared=pr.shared + self.groups, choices=tuple(choices))
 
     def time(self, j: int, a: Vec) -> float | None:
@@ -118,6 +119,15 @@ class SharedRollouts:
         if plan is None or queue is None:
             return None
         return shared_iteration_s(plan, self.jobs[j], queue)
+
+    def low(self, j: int, a: Vec) -> float:
+        """A lower bound on job j's optimum on `a` (after `time`): the planner's, or a shared
+        flavour's priced time less its plan's own relative gap."""
+        if j not in self.jobs:
+            return self.planner.low(j, a)
+        t, plan = self.time(j, a), self.plans.get((j, a))
+        assert t is not None and plan is not None  # asked only where `time` placed the job
+        return t * (1.0 - plan.solver.gap)
 
     def prefetch(self, pairs: list[tuple[int, Vec]]) -> None:
         self.planner.prefetch([(j, a) for j, a in pairs if j not in self.jobs])

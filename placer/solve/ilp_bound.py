@@ -137,6 +137,18 @@ def prune_by_bound(problem: Problem, ub_time: float, ub_cost: float) -> Problem:
     return replace(problem, cands=keep)
 
 
+def time_floor(problem: Problem) -> float:
+    """A lower bound on T of every plan of the problem: each role runs one of its candidates,
+    so T >= max over roles of the least `_time_floor` of its candidates (0 from the rollout
+    where its tool term may be negative). What an out-of-time solve reports as its bound."""
+    floor = _stage_floors(problem)
+    sync = sync_floor(problem)
+    least = [min((_time_floor(problem, r, c, floor, sync) for c in cs), default=0.0)
+             for r, cs in problem.cands.items()
+             if not (r == Role.ROLLOUT and _tool_may_lower(problem))]
+    return max(least, default=0.0)
+
+
 def _stage_floors(problem: Problem) -> dict[str, dict[str, float]]:
     """Per role and stage, the least time any of its candidates spends in that stage (0 for the
     rollout where its tool term may be negative: its slot's stage may end sooner)."""

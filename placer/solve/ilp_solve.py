@@ -32,7 +32,14 @@ from ortools.sat.python import cp_model
 from placer.base.roles import Role
 from placer.solve.candidates import Candidate
 from placer.solve.ilp import TIME_STEPS, _Model
-from placer.solve.ilp_bound import candidate_price, heuristic, prune_by_bound, rate_per_hour, score
+from placer.solve.ilp_bound import (
+    candidate_price,
+    heuristic,
+    prune_by_bound,
+    rate_per_hour,
+    score,
+    time_floor,
+)
 from placer.solve.ilp_vars import LinExpr
 from placer.solve.pricing import PRICE_SCALE
 from placer.solve.problem import (
@@ -211,10 +218,14 @@ def solve(problem: Problem, time_limit_s: float = 10.0, hint: Hint | None = None
 
 
 def _fallback(problem: Problem, t0: float) -> Solution:
-    """Out of time before any solution: the heuristic plan (always feasible), bound unknown."""
+    """Out of time before any solution: the heuristic plan (always feasible); bound: on time,
+    each role's least time floor (`ilp_bound.time_floor`), on cost unknown (0)."""
     a = heuristic(problem)
     t, c = score(problem, a)
-    return Solution(a, "FEASIBLE", t if problem.objective == "time" else c, 0.0, 1.0,
+    if problem.objective != "time":
+        return Solution(a, "FEASIBLE", c, 0.0, 1.0, time.perf_counter() - t0)
+    bound = min(time_floor(problem), t)
+    return Solution(a, "FEASIBLE", t, bound, (t - bound) / t if t else 0.0,
                     time.perf_counter() - t0)
 
 

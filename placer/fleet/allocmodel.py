@@ -1,0 +1,234 @@
+"""The fleet allocation's CP-SAT model, one round of the lazy search (`placer.fleet.alloc`, whose
+docstring gives the notation and the model's constraints): x_ja per job and vector, capacity,
+quotas, cohorts and their fairness, shared pools, sharing choices, service limits, symmetry
+breaking among jobs of one kind, and the objective over the round's (optimistic) times;
+`fewest_nodes` re-solves it for the allocation as good as the incumbent holding the fewest nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from placer.fleet.allocproblem import (
+    AllocProblem,
+    NoAllocation,
+    TeamQuota,
+    Unsolved,
+    Vec,
+    misses,
+)
+
+SCALE = 1_000_000_000  # the largest objective coefficient, after scaling to integers
+
+
+@dataclass
+class _Round:
+    vectors: list[Vec]
+    exact: bool
+    objective: float  # of the model's values (optimistic where not exact)
+    bound: float  # the fleet's, over the job plans' lower bounds (`fleet_bound`)
+    proven: bool
+
+
+def _model(pr: AllocProblem, values: list[dict[Vec, float]]
+           ) -> tuple[cp_model.CpModel, list[dict[Vec, cp_model.IntVar]], float,
+                      cp_model.LinearExprT]:
+    """The master model over the vectors with a value; returns (model, x, objective scale,
+    the objective's expression)."""
+    m = cp_model.CpModel()
+    x = [{a: m.new_bool_var(f"x{j}_{i}") for i, a in enumerate(vals)}
+         for j, vals in enumerate(values)]
+    for xs in x:
+        m.add_exactly_one(xs.values())
+    _symmetry(pr, m, x)
+    _choices(pr, m, x)
+    for g in pr.shared:
+        for first, second in zip(g.members, g.members[1:]):
+            m.add(sum(a[g.pool] * v for a, v in x[first].items())
+                  == sum(a[g.pool] * v for a, v in x[second].items()))
+    for p, n in enumerate(pr.nodes):
+        m.add(sum(pr.held(j, a)[p] * v for j, xs in enumerate(x) for a, v in xs.items()) <= n)
+    use: dict[str, list[cp_model.LinearExprT]] = {}
+    for t in pr.teams:
+        use[t] = [sum(pr.held(j, a)[p] * v for j, xs in enumerate(x) if pr.jobs[j].team == t
+                      for a, v in xs.items()) for p in range(len(pr.pools))]
+    _quotas(pr, m, use)
+    top = max((v for vals in values for v in vals.values()), default=1.0) or 1.0
+    k = SCALE / top
+    terms = [int(round(vals[a] * k)) * v for vals, xs in zip(values, x) for a, v in xs.items()]
+    if pr.objective == "throughput":
+        total = sum(terms)
+        m.maximize(total)
+        return m, x, k, total
+    mk = m.new_int_var(0, SCALE, "makespan")
+    for vals, xs in zip(values, x):
+        m.add(mk >= sum(int(round(vals[a] * k)) * v for a, v in xs.items()))
+    m.minimize(mk)
+    return m, x, k, mk
+
+
+def _choices(pr: AllocProblem, m: cp_model.CpModel, x: list[dict[Vec, cp_model.IntVar]]
+             ) -> None:
+    """Per choice, one boolean: share (every shared flavour on, every alone flavour off) or not."""
+    z = pr.zero
+    for c, ch in enumerate(pr.choices):
+        share = m.new_bool_var(f"share_{c}")
+        if c in pr.forced:
+            m.add(share == int(pr.forced[c]))
+        for j, e in zip(ch.alone, pr.shared[ch.group].members):
+            m.add(x[j][z] == share)
+            m.add(x[e][z] == 1 - share)
+
+
+def twins(pr: AllocProblem) -> list[tuple[int, int]]:
+    """Pairs (j, k), j < k, of jobs of one kind, each with the next of its kind: the same time
+    function, team, weight, iterations, limit, grid and shared pool (a shared pool's first
+    member is charged its nodes: it has no twin), so swapping their vectors changes nothing."""
+    last: dict[tuple[object, ...], int] = {}
+    out = []
+    optional = pr.optional()
+    for k, job in enumerate(pr.jobs):
+        group = next((g for g in pr.shared if k in g.members), None)
+        if job.kind is None or (group is not None and k == group.members[0]) or k in optional:
+            continue
+        key = (job.kind, group, job.team, job.weight, job.iterations, job.max_iteration_s, job.grid)
+        if key in last:
+            out.append((last[key], k))
+        last[key] = k
+    return out
+
+
+def _symmetry(pr: AllocProblem, m: cp_model.CpModel,
+              x: list[dict[Vec, cp_model.IntVar]]) -> None:
+    """Symmetry breaking: of two interchangeable jobs the first takes a vector no later in their
+    grid than the second's, so CP-SAT does not search the permutations of one allocation."""
+    for j, k in twins(pr):
+        rank = {a: i for i, a in enumerate(pr.jobs[j].grid)}
+        m.add(sum(rank[a] * v for a, v in x[j].items())
+              <= sum(rank[a] * v for a, v in x[k].items()))
+
+
+def _quotas(pr: AllocProblem, m: cp_model.CpModel,
+            use: dict[str, list[cp_model.LinearExprT]]) -> None:
+    cohorts: dict[str | None, list[TeamQuota]] = {}
+    for tq in pr.teams.values():
+        cohorts.setdefault(tq.cohort, []).append(tq)
+    for cohort, teams in cohorts.items():
+        for p in range(len(pr.pools)):
+            for tq in teams:
+                m.add(use[tq.name][p] <= tq.cap[p])
+                if cohort is None:
+                    m.add(use[tq.name][p] <= tq.nominal[p])
+            if cohort is None:
+                continue
+            m.add(sum(use[tq.name][p] for tq in teams) <= sum(tq.nominal[p] for tq in teams))
+            borrows = m.new_bool_var(f"borrow_{cohort}_{p}")
+            for tq in teams:
+                m.add(use[tq.name][p] <= tq.nominal[p] + tq.cap[p] * borrows)
+                floor = min(tq.nominal[p], pr.demand(tq.name, p))
+                m.add(use[tq.name][p] >= floor * borrows)
+
+
+def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int,
+                hint: list[Vec] | None = None) -> _Round:
+    """The master model over the optimistic times; `hint`: the last round's vectors. Raises
+    NoAllocation when the model has no solution, Unsolved when its time limit passed first.
+    The round's bound is the fleet's (`fleet_bound`): over the job plans' lower bounds."""
+    values: list[dict[Vec, float]] = []
+    exact: list[dict[Vec, bool]] = []
+    lows: list[dict[Vec, float]] = []  # each option's value at its lower bound (`pr.lower`)
+    for j, job in enumerate(pr.jobs):
+        vals, ex, low = {}, {}, {}
+        for a in pr.options(j):
+            t, is_exact = pr.bound(j, a)
+            if t is None:
+                continue
+            lo = pr.lower(j, a)
+            assert lo is not None  # None exactly where `bound` is
+            if not misses(job, lo):  # the job's optimum there may meet its limits
+                low[a] = pr.value(j, lo)
+            if misses(job, t):
+                continue  # the bound already misses the deadline: so does the time
+            vals[a], ex[a] = pr.value(j, t), is_exact
+        values.append(vals)
+        exact.append(ex)
+        lows.append(low)
+    if any(not v for v in values):
+        raise NoAllocation("a job has no allocation left")
+    m, x, k, _ = _model(pr, values)
+    for xs, a in zip(x, hint or []):
+        if a in xs:
+            m.add_hint(xs[a], 1)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(limit_s, 0.1)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.cp_model_probing_level = 0  # probing a large fleet's model outlasts a round
+    status = solver.solve(m)
+    if status == cp_model.INFEASIBLE:
+        raise NoAllocation("no allocation meets the quotas")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise Unsolved("the allocation model found no solution in its time limit")
+    chosen = [next(a for a, v in xs.items() if solver.value(v)) for xs in x]
+    return _Round(chosen, all(exact[j][a] for j, a in enumerate(chosen)),
+                  solver.objective_value / k,
+                  fleet_bound(pr, values, lows, solver.best_objective_bound / k),
+                  status == cp_model.OPTIMAL)
+
+
+def fleet_bound(pr: AllocProblem, values: list[dict[Vec, float]],
+                lows: list[dict[Vec, float]], model_bound: float) -> float:
+    """The best fleet objective still possible, given CP-SAT's bound on the model over the
+    optimistic times (`values`) and each option's value at its job plan's lower bound (`lows`,
+    v^L; with every job plan optimal, v^L = v and this is `model_bound`). Each of these holds
+    for every allocation x (throughput; makespan mirrored, with min for max):
+      sum_j v^L_j(x_j) <= B + sum_j max_a (v^L_j(a) - v_j(a))       (additive)
+      sum_j v^L_j(x_j) <= B * max_{j,a} v^L_j(a) / v_j(a)            (ratio)
+      sum_j v^L_j(x_j) <= sum_j max_a v^L_j(a)                       (each job apart)
+    and the tightest is kept. The first two bound only the model's options: where an option's
+    time misses a job's limit but its lower bound does not (it is in `lows`, not in `values`),
+    the optimum may lie outside the model and only the last holds."""
+    through = pr.objective == "throughput"
+    optional = pr.optional()
+    if through:
+        apart = sum(max(low.values(), default=0.0) for low in lows)
+    else:  # a job that may be off adds nothing to the makespan
+        apart = max((min(low.values(), default=0.0) for j, low in enumerate(lows)
+                     if j not in optional), default=0.0)
+    if any(set(low) - set(vals) for vals, low in zip(values, lows)):
+        return apart
+    diff = [lows[j][a] - v for j, vals in enumerate(values) for a, v in vals.items()]
+    ratio = [lows[j][a] / v for j, vals in enumerate(values) for a, v in vals.items() if v > 0]
+    if through:
+        per_job = sum(max((lows[j][a] - v for a, v in vals.items()), default=0.0)
+                      for j, vals in enumerate(values))
+        return min(apart, model_bound + max(per_job, 0.0),
+                   model_bound * max(max(ratio, default=1.0), 1.0))
+    return max(apart, model_bound + min(min(diff, default=0.0), 0.0),
+               model_bound * min(min(ratio, default=1.0), 1.0))
+
+
+def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> list[Vec]:
+    """Among the evaluated allocations as good as `vecs` (the same scaled objective), one that
+    holds the fewest nodes: nodes that no job's plan would be faster with go back to the pool."""
+    values: list[dict[Vec, float]] = []
+    for j, job in enumerate(pr.jobs):
+        ok = {a: t for a, t in pr.known[j].items() if t is not None
+              and a in set(pr.options(j)) and not misses(job, t)}
+        values.append({a: pr.value(j, t) for a, t in ok.items()})
+    m, x, k, objective = _model(pr, values)
+    now = [int(round(vals[a] * k)) for vals, a in zip(values, vecs)]
+    m.add(objective >= sum(now) if pr.objective == "throughput" else objective <= max(now))
+    m.minimize(sum(sum(pr.held(j, a)) * v for j, xs in enumerate(x) for a, v in xs.items()))
+    for xs, a in zip(x, vecs):
+        m.add_hint(xs[a], 1)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 5.0
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.cp_model_probing_level = 0  # probing a large fleet's model outlasts a round
+    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return vecs
+    return [next(a for a, v in xs.items() if solver.value(v)) for xs in x]
+
