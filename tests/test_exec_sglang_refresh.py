@@ -1,9 +1,10 @@
 """The sglang backend's weight refreshes and generation on a fake engine (no GPU): a refresh
-is one weight-update session of in-place updates, a colocated engine is handed shared memory in
-one session (on GPUs each TP rank's whole tensors, opened by SGLang's own `_unwrap_tensor`), a group refresh reaches SGLang 0.5.23's own receiving code (run from the installed
-package's source) in one session, a re-formed group destroys the path's old one, and a whole
-one-process run syncs through the engine. Engine settings, output parsing and the API contract:
-tests/test_exec_sglang_config.py."""
+is one weight-update session of in-place updates; a colocated engine is handed shared memory
+in one session (on GPUs each TP rank's whole tensors, opened by SGLang's own
+`_unwrap_tensor`); a group refresh reaches SGLang 0.5.23's own receiving code (run from the
+installed package's source) in one session; a re-formed group destroys the path's old one; a
+whole one-process run syncs through the engine. Engine settings, output parsing and the API
+contract: tests/test_exec_sglang_config.py."""
 from __future__ import annotations
 
 import ast
