@@ -23,7 +23,9 @@ old log-probs from the engine (`Row.trainer_log_probs`). A trainer steps its opt
 (`Use.offload`) where its script sets Megatron's `optimizer_cpu_offload`, and parks its weights or
 optimizer between phases (`Use.park_params`, `Use.park_optimizer`) where it sets verl's or
 EasyR1's `param_offload` / `optimizer_offload`, each priced as that framework copies it
-(`placer.cost.offload`).
+(`placer.cost.offload`); a reference whose framework keeps its weights on the host (FSDP's CPU
+offload: EasyR1's `ref.fsdp.enable_cpu_offload`) streams its shard in per forward micro-batch
+(`Use.stream_params_bytes`, at the script's token budget, `Use.micro_token_budget`).
 
 The weight-sync rows (`SYNC_ROWS`) price one refresh with `timing.sync_time` on the published
 hardware and mapping, with each framework's transport (verl's NCCL sync sends tensor by tensor

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from placer.base.roles import Role
 from placer.cost.efficiency import Efficiency
+from placer.cost.offload import STREAM_SCHEMES
 from placer.cost.sharding import Parallel
 from placer.spec.arch import ModelArch
 from placer.spec.framework import FrameworkName
@@ -36,11 +37,19 @@ class Use:
     # optimizer_cpu_offload), whose state never comes back to the GPU
     park_params: bool = False
     park_optimizer: bool = False
+    # a frozen model FSDP-sharded over its dp ranks (`Parallel.sharded_weights`), its forward
+    # micro-batches' token budget (`Parallel.micro_token_budget`) and its weights streamed from
+    # the host per micro-batch (`Parallel.stream_params_bytes`, `placer.cost.offload`)
+    sharded: bool = False
+    micro_token_budget: int = 0
+    stream_params_bytes: float = 0.0
 
     def parallel(self) -> Parallel:
         return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
                         cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs, shard=self.shard,
-                        park_params=self.park_params, park_optimizer=self.park_optimizer)
+                        park_params=self.park_params, park_optimizer=self.park_optimizer,
+                        sharded_weights=self.sharded, micro_token_budget=self.micro_token_budget,
+                        stream_params_bytes=self.stream_params_bytes)
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,15 @@ _SPLIT = ((_R.ACTOR,), (_R.ROLLOUT,), (_R.REWARD,))
 _SPLIT_REF = ((_R.ACTOR, _R.REFERENCE), (_R.ROLLOUT,), (_R.REWARD,))
 _FA = "verl docs/advance/fully_async.md"
 _OSO = "verl docs/advance/one_step_off.md"
+# EasyR1's reference (hiyouga/EasyR1 @b44b311b, v0.3.2, examples/config.yaml, which the rows'
+# scripts examples/qwen2_5_vl_{7b,32b}_geo3k_grpo.sh leave as is): FSDP full shard over the 8
+# GPUs (`ref.fsdp.enable_full_shard`), its BF16 weights on the host and streamed per forward
+# micro-batch (`ref.fsdp.enable_cpu_offload: true`; `placer.cost.offload.STREAM_SCHEMES`), the
+# micro-batches cut by `dynamic_batching: true` at `micro_batch_size_per_device_for_experience`
+# (2, copied to the reference: verl/workers/config.py:50) x the padded length, max_prompt_length
+# + max_response_length = 2,048 + 2,048 (verl/workers/actor/dp_actor.py:198): 8,192 tokens
+_EASYR1_REF = Use("h100", dp=8, sharded=True, micro_token_budget=2 * (2048 + 2048),
+                  stream_params_bytes=STREAM_SCHEMES["easyr1-ref"].bytes_per_param)
 
 ROWS: list[Row] = [
     Row("r01 DAPO 7B 32xH20 colocate", "r01-dapo7b-32xh20-colocate.yaml", _FA, 790.10,
@@ -166,13 +184,13 @@ ROWS: list[Row] = [
         # offload_optimizer: the same copies as verl's FSDP worker); vLLM TP2 x 4
         {_R.ACTOR: Use("h100", dp=8, park_params=True, park_optimizer=True),
          _R.ROLLOUT: Use("h100", tp=2, dp=4),
-         _R.REFERENCE: Use("h100", dp=8), _R.REWARD: _CPU},
+         _R.REFERENCE: _EASYR1_REF, _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r14 GRPO Qwen2.5-VL-32B 8xH100 colocate", "r14-grpo-vl32b-8xh100-colocate.yaml",
         "EasyR1 assets/baselines.md (b44b311b, v0.3.2)", 530.0, {},
         {_R.ACTOR: Use("h100", dp=8, park_params=True, park_optimizer=True),
          _R.ROLLOUT: Use("h100", tp=8),
-         _R.REFERENCE: Use("h100", dp=8), _R.REWARD: _CPU},
+         _R.REFERENCE: _EASYR1_REF, _R.REWARD: _CPU},
         _COLOC_REF),
 ]
 # Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)

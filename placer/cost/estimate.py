@@ -43,6 +43,7 @@ from placer.cost.generation import (
 from placer.cost.judge import judge_cost
 from placer.cost.layercomm import fsdp_units, weight_gather_time
 from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
+from placer.cost.offload import streamed
 from placer.cost.rollout_tail import (
     Replicas,
     fits_lockstep,
@@ -274,6 +275,9 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
         # the FSDP-sharded actor, so it holds the per-unit gathers (a whole copy, which skips
         # them, is priced no faster: a known bias)
         weights, gathered = frozen_shard_gb(m, par)
+    if dev.kind is DeviceKind.gpu:  # FSDP's CPU offload: the shard copied in per micro-batch
+        stream_s, weights = streamed(weights, par, tokens / par.dp, seq, eff)
+        score += stream_s
     mem = Memory(weights=weights, overhead=mem.overhead,
                  activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9 + gathered
                  + encoder_activation_gb(m, par, imgs))

@@ -39,8 +39,10 @@ NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink 
 def micro_tokens(par: Parallel, seq: float) -> float:
     """Tokens of one training micro-batch on a device's data-parallel rank: `micro_batch`
     sequences of `seq` tokens (a fixed count, verl's ppo_micro_batch_size_per_gpu), or the
-    `MICRO_TOKENS` budget where the layout sets none."""
-    return par.micro_batch * seq if par.micro_batch > 0 else MICRO_TOKENS
+    `MICRO_TOKENS` budget (or the layout's own, `micro_token_budget`) where it sets no count."""
+    if par.micro_batch > 0:
+        return par.micro_batch * seq
+    return par.micro_token_budget if par.micro_token_budget > 0 else MICRO_TOKENS
 
 
 def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:

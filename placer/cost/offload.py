@@ -50,15 +50,44 @@ parameter of the distributed optimizer's shard, and `param_copy_back_gpu_hook` c
 stepped parameter back; DeepSpeed's stage 1/2 CPU offload likewise casts each gradient to fp32
 before its copy to the host (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`). 4 + 4 B per
 parameter of the optimizer's shard, where the moments never cross the link.
+
+Streamed weights (`Parallel.stream_params_bytes`): FSDP's CPU parameter offload keeps a frozen
+model's flat-parameter shard in pinned host memory and copies it to the GPU in every FSDP unit's
+pre-forward unshard, before that unit's all-gather, on every forward; the reshard after the
+forward points the parameter back at the host shard, with no copy back (forward only). So each
+forward micro-batch copies the device's whole shard once, at the host copy's dtype
+(pytorch 2.13.0, torch/distributed/fsdp/_flat_param.py: `init_flat_param_attributes` pins
+`_local_shard`, 1258-1260; `pre_unshard`, 1307-1340: `_use_low_precision_shard` copies
+`_local_shard.to(device)` before the cast to the compute dtype, else `flat_param_to(device)`;
+`_use_sharded_flat_param`, 1823-1843; _runtime_utils.py `_pre_forward_unshard`, 411-434). Who
+does it, `STREAM_SCHEMES`: verl's FSDP reference, always (volcengine/verl @b178a3cd
+verl/workers/fsdp_workers.py 524-526: `CPUOffload(offload_params=True)` for any role but the
+actor, FSDP1, the default `strategy: fsdp`; 552 for FSDP2, `CPUOffloadPolicy(pin_memory=True)`),
+held in fp32 (the reference's `fsdp_config` inherits verl/trainer/config/engine/fsdp.yaml:33
+`model_dtype: fp32`, read at fsdp_workers.py:324-326), and EasyR1's reference
+(hiyouga/EasyR1 @b44b311b, v0.3.2: examples/config.yaml `ref.fsdp.enable_cpu_offload: true`,
+verl/workers/fsdp_workers.py:298-299), held in BF16 (fsdp_workers.py:198-199: the reference's
+`torch_dtype` defaults to bfloat16). The copies are not overlapped with compute: both build FSDP1
+with `forward_prefetch=False` (EasyR1 fsdp_workers.py:319; verl engine/fsdp.yaml:30), so no unit
+is unsharded ahead of the forward that needs it, and the compute stream waits for the unshard
+stream before each unit (`_pre_forward_unshard`). Only the CPU's launch lead over the GPU could
+hide part of a copy, so `stream_time` is the copies' full time: an upper bound where it does.
+The micro-batches are the framework's (`layercomm.micro_tokens`): EasyR1's `dynamic_batching`
+cuts each rank's log-prob batch into ceil(its tokens / budget) micro-batches, the budget being
+`micro_batch_size_per_device_for_experience` x the padded length (verl/workers/actor/dp_actor.py
+198-199, verl/utils/seqlen_balancing.py `rearrange_micro_batches`).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
 from placer.base.roles import Role
+from placer.cost.efficiency import Efficiency
+from placer.cost.layercomm import micro_tokens
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 
@@ -180,3 +209,52 @@ def host_step_gb(optimizer_gb: float) -> float:
     both directions together: `HOST_STEP_BYTES` per parameter of its shard, whose state
     (`optimizer_gb` at `MODEL_BYTES['optimizer']` a parameter) stays on the host."""
     return HOST_STEP_BYTES * optimizer_gb / MODEL_BYTES["optimizer"]
+
+
+@dataclass(frozen=True)
+class StreamScheme:
+    """A framework whose frozen model streams its weights from the host each forward micro-batch:
+    the host copy's bytes per parameter, with where it was read."""
+
+    bytes_per_param: float
+    source: str
+
+
+STREAM_SCHEMES: Mapping[str, StreamScheme] = MappingProxyType({
+    "verl-fsdp-ref": StreamScheme(
+        4.0, f"{_VERL} verl/workers/fsdp_workers.py 524-526, 552 (CPU offload of every role "
+        "but the actor); verl/trainer/config/engine/fsdp.yaml:33 model_dtype fp32"),
+    "easyr1-ref": StreamScheme(
+        2.0, "hiyouga/EasyR1 @b44b311b examples/config.yaml ref.fsdp.enable_cpu_offload; "
+        "verl/workers/fsdp_workers.py:198-199 (BF16 reference), 298-299, 319"),
+})
+
+
+def stream_micro_batches(rank_tokens: float, budget: float) -> int:
+    """Forward micro-batches one rank runs over `rank_tokens` tokens at `budget` tokens each:
+    ceil(tokens / budget), at least one (EasyR1's and verl's `rearrange_micro_batches`)."""
+    return max(math.ceil(rank_tokens / budget), 1)
+
+
+def stream_time(weights_gb: float, par: Parallel, rank_tokens: float, seq: float,
+                eff: Efficiency) -> float:
+    """Seconds one forward pass spends copying streamed weights to the GPU: per micro-batch
+    (`stream_micro_batches` at the layout's budget, `layercomm.micro_tokens`) the device's
+    shard, `weights_gb` of BF16 weights (as the layout holds them) at the host copy's
+    `par.stream_params_bytes` a parameter, over the host link at `offload_gbs`, not overlapped
+    with compute. 0 where the layout streams nothing."""
+    if par.stream_params_bytes <= 0:
+        return 0.0
+    shard_gb = par.stream_params_bytes * weights_gb / MODEL_BYTES["params"]
+    return stream_micro_batches(rank_tokens, micro_tokens(par, seq)) * shard_gb / eff.offload_gbs
+
+
+def streamed(weights_gb: float, par: Parallel, rank_tokens: float, seq: float,
+             eff: Efficiency) -> tuple[float, float]:
+    """A frozen forward's (seconds it adds, BF16 weights GB it keeps on the GPU) for a device
+    holding `weights_gb`: a streaming layout pays `stream_time` and keeps none resident (its
+    shard lives on the host; what it gathers per FSDP unit is held like activations, so a
+    colocated slot's switch has none of its weights to move); any other keeps them all."""
+    if par.stream_params_bytes <= 0:
+        return 0.0, weights_gb
+    return stream_time(weights_gb, par, rank_tokens, seq, eff), 0.0

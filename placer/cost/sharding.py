@@ -75,6 +75,15 @@ class Parallel:
     # runs the module (verl's `param_offload`; `placer.cost.offload`, which prices each
     # framework's copies): a published run's setting, not a planner candidate
     park_params: bool = False
+    # Forward micro-batches cut by a token budget (tokens per device) the framework sets: EasyR1's
+    # `dynamic_batching` cuts `micro_batch_size_per_device_for_experience` x the padded sequence
+    # length. 0: `layercomm.MICRO_TOKENS` (verl's log_prob_max_token_len_per_gpu default)
+    micro_token_budget: int = 0
+    # A frozen model's weights held in host memory and copied to the GPU, unit by FSDP unit, on
+    # every forward micro-batch (FSDP's CPU parameter offload, which verl and EasyR1 set on the
+    # reference): bytes per parameter of the host copy (`placer.cost.offload.stream_time`);
+    # 0: the weights stay on the GPU. A published run's setting, not a planner candidate
+    stream_params_bytes: float = 0.0
 
     @property
     def attn_tp(self) -> int:
