@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,13 +44,15 @@ def test_bf16_computes_in_bf16_over_fp32_masters(model_dir: Path) -> None:
     assert of_job("bf16") == of_job("fp8") == "bf16"
 
 
-@pytest.mark.parametrize("layout,accumulate", [((2, 2, 1), 1), ((1, 1, 2), 2)],
-                         ids=["dp2xtp2", "pp2"])
-def test_bf16_step_matches_one_process_in_bf16(layout: tuple[int, int, int], accumulate: int,
-                                               model_dir: Path, tmp_path: Path) -> None:
-    """pp 2: BF16 activations cross the stage boundary (FSDP2's BF16 parameters)."""
-    cfg = config(model_dir, trainer=Layout(*layout), mini_batches=2, precision="bf16",
-                 accumulate=accumulate)
+def bf16_step_against_one_process(cfg: Any, tmp_path: Path, model_dir: Path, label: str
+                                  ) -> tuple[list[Any], dict[str, Any]]:
+    """One BF16 step distributed (`cfg`) against the same step in one process in BF16: the
+    summed |difference| from the one-process weights over the step's summed move, under 3%
+    (Adam moves a weight ~lr whatever its gradient's size, so a near-zero gradient whose BF16
+    rounding flips its sign moves that weight ~2 lr the other way: the largest difference is
+    ~2 lr in any BF16 comparison, fp32 against bf16 too. BF16 rounding alone leaves ~1% of the
+    move; a wrong reduction all of it); FP32 masters; gradient norms within BF16's 3
+    significant digits. The ranks' outputs and the one process's figures."""
     want, info = one_process(cfg)
     fp32, _ = one_process(dataclasses.replace(cfg, precision="fp32"))
     got, ranks = distributed(cfg, tmp_path)
@@ -57,18 +60,24 @@ def test_bf16_step_matches_one_process_in_bf16(layout: tuple[int, int, int], acc
     moved = sum(float((want[k] - start[k]).abs().sum()) for k in want)
 
     def rel(a: dict[str, torch.Tensor]) -> float:
-        """Summed |difference| from the one-process bf16 weights, over the summed move."""
         return sum(float((a[k] - want[k]).abs().sum()) for k in want) / moved
-    print(f"bf16 {layout} vs one process in bf16: {rel(got):.2%} of the step's move; "
+    print(f"bf16 {label} vs one process in bf16: {rel(got):.2%} of the step's move; "
           f"one process fp32 vs bf16: {rel(fp32):.2%}")
     assert all(v.dtype == torch.float32 for v in got.values())  # FP32 masters
-    # Adam moves a weight ~lr whatever its gradient's size, so a near-zero gradient whose BF16
-    # rounding flips its sign moves that weight ~2 lr the other way: the largest difference is
-    # ~2 lr in any BF16 comparison, fp32 against bf16 too. The summed difference is the measure:
-    # BF16 rounding alone leaves ~1% of the move; a wrong reduction all of it.
     assert rel(got) < 0.03 and rel(fp32) > 0
-    for r in ranks:  # norms of BF16-computed gradients: BF16's 3 significant digits
+    for r in ranks:
         assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=2e-2)
+    return ranks, info
+
+
+@pytest.mark.parametrize("layout,accumulate", [((2, 2, 1), 1), ((1, 1, 2), 2)],
+                         ids=["dp2xtp2", "pp2"])
+def test_bf16_step_matches_one_process_in_bf16(layout: tuple[int, int, int], accumulate: int,
+                                               model_dir: Path, tmp_path: Path) -> None:
+    """pp 2: BF16 activations cross the stage boundary (FSDP2's BF16 parameters)."""
+    cfg = config(model_dir, trainer=Layout(*layout), mini_batches=2, precision="bf16",
+                 accumulate=accumulate)
+    ranks, info = bf16_step_against_one_process(cfg, tmp_path, model_dir, str(layout))
     lay = Layout(*layout)
     leaders = [r for r in ranks if lay.leads(r[0])]
     assert abs(sum(r[1]["loss"] for r in leaders) - info["loss"]) < 1e-2
