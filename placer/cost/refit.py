@@ -17,7 +17,22 @@ shards before it keeps the destination's slice, so it pays for the whole model w
 sends (NeMo-RL's full-expert and sharded-expert refits differ by the wire bytes alone). A stream
 runs at the transport's rate over the network (`SyncTransport.stream_gbs`), NVLink inside one
 node, or `sync_local_gbs` when trainer and engine share the GPUs (CUDA IPC). A trainer with
-fewer ranks than the engines serves `share` receivers in turn. Sources: docs/cost-model.md.
+fewer ranks than the engines serves `share` receivers in turn.
+
+NeMo-RL's nccl_reshard refit (`nccl-reshard`; NVIDIA-NeMo/RL @7ea279ab
+docs/design-docs/nccl-reshard-refit.md, nemo_rl/weight_sync/nccl_reshard_weight_synchronizer.py,
+nemo_rl/models/generation/vllm/vllm_backend.py `nccl_reshard_refit`) sends an engine rank
+  bulk  its own slice of the FFN projection weights (dense MLP gate/up/down and the routed
+        experts, `reshard_bulk_bytes`; shared experts ride the misc path), each trainer rank's
+        local shard "sent as-is", so no export; one `xferdtensor` call per projection of a
+        layer (experts grouped into one `[num_experts, ...]` entry): 3 per layer
+  misc  everything else whole, after the bulk ("the workers run the misc broadcast strictly
+        after the bulk reshard"), by the conventional packed broadcast (nemo_rl/utils/
+        packed_tensor.py: GPU buffers of `sync_bucket_gb`, 0.02 of device memory by default),
+        which goes through the trainer's HF export (`sync_export_gbs`) as a full refit does
+both over the engine rank's NIC from GPU memory (`NcclReshard.stream_gbs`). Colocated, the
+framework refits by CUDA IPC instead ("the colocated path uses IPC and is unaffected"): the full
+weights at `sync_local_gbs`, as a broadcast's local refresh. Sources: docs/cost-model.md.
 """
 from __future__ import annotations
 
@@ -42,6 +57,24 @@ def slice_bytes(m: ModelArch, r_par: Parallel, sharded: bool) -> float:
     return routed / r_par.expert_shards + (full - routed) / r_par.pp
 
 
+def reshard_bulk_bytes(m: ModelArch) -> float:
+    """Bytes of the FFN projection weights nccl_reshard moves shard to shard: every layer's
+    dense MLP (3 h mlp) or routed experts (experts x 3 h expert_mlp). Qwen3-4B 66.9%,
+    Qwen3-30B-A3B 95.0%, DeepSeek-V3 97.6% of the weights: the doc's "XferDTensor fraction"."""
+    dense = (m.layers - m.moe_layers) * 3 * m.hidden * m.mlp
+    return (dense + m.moe_layers * m.experts * m.expert_params()) * BYTES
+
+
+def reshard_bytes(m: ModelArch, r_par: Parallel) -> tuple[float, float]:
+    """(bulk, misc) bytes one engine rank receives from a nccl_reshard refit: its TP / expert
+    slice of the FFN weights (dense MLP over the TP x PP ranks, experts over
+    `Parallel.expert_shards`), and the misc weights whole."""
+    routed = m.moe_layers * m.experts * m.expert_params() * BYTES
+    bulk = reshard_bulk_bytes(m)
+    return (routed / r_par.expert_shards + (bulk - routed) / (r_par.tp * r_par.pp),
+            weight_bytes(m) - bulk)
+
+
 @dataclass(frozen=True)
 class PairedRoute:
     """One stream of a paired refit (every stream alike, all at once)."""
@@ -60,6 +93,9 @@ def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_poo
     ws = res.job.weight_sync
     mech = ws.mechanism
     a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
+    if mech.reshards:
+        return _reshard_route(res, m, a_pool, a_devices, r_pool, r_devices, r_par, same_slot,
+                              eff)
     share = math.ceil(r_devices / max(a_devices, 1))  # receivers one trainer rank serves
     gb = slice_bytes(m, r_par, mech.shards(ws.shard_experts)) * share / GB
     per_node = res.job.cluster.pool(a_pool).devices_per_node
@@ -78,6 +114,32 @@ def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_poo
              else math.ceil(weight_tensors(m) * min(gb * GB / full, 1.0)))
     return PairedRoute(links, gb, max(calls, 1), full / (eff.sync_export_gbs * GB),
                        sync_call_cost(m, eff))
+
+
+def _reshard_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_pool: str,
+                   r_devices: int, r_par: Parallel, same_slot: bool,
+                   eff: Efficiency) -> PairedRoute:
+    """nccl_reshard's one stream (module docstring): bulk slice then misc, one link; colocated,
+    CUDA IPC of the full weights in `sync_bucket_gb` buckets."""
+    full = weight_bytes(m)
+    bucket = max(eff.sync_bucket_gb, 1e-9)
+    if same_slot:
+        return PairedRoute({"local": eff.sync_local_gbs}, full / GB,
+                           max(math.ceil(full / GB / bucket), 1), 0.0, eff.sync_call_s)
+    a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
+    bulk, misc = reshard_bytes(m, r_par)
+    if a_pool == r_pool and a_devices + r_devices <= res.job.cluster.pool(a_pool).devices_per_node:
+        links = {"stream": min(a_dev.intra_link_gbs, r_dev.intra_link_gbs)}
+    else:
+        links = {"stream": res.job.weight_sync.mechanism.stream_gbs(
+            min(a_dev.nic_gbs, r_dev.nic_gbs), eff.sync_sender_gbs)}
+        cross = res.job.cluster.topology.cross_pool_gbs
+        if a_pool != r_pool and cross is not None:  # every concurrent stream crosses it
+            nodes = min(_nodes(res, a_pool, a_devices), _nodes(res, r_pool, r_devices))
+            links["cross"] = cross * nodes / min(a_devices, r_devices)
+    calls = 3 * m.layers + math.ceil(misc / GB / bucket)  # xferdtensor calls + misc buckets
+    return PairedRoute(links, (bulk + misc) / GB, calls, misc / (eff.sync_export_gbs * GB),
+                       eff.sync_call_s)
 
 
 def paired_time(route: PairedRoute, dst: DeviceType, eff: Efficiency) -> float:

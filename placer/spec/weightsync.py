@@ -12,6 +12,8 @@ questions through its mechanism (`WeightSync.mechanism`), never by its name:
                     stage, its experts or its TP slice of every expert), not the full weights
   stream_gbs(...)   raw GB/s of one paired stream over the network: RDMA reads run at the NIC;
                     an NCCL stream at most a sender's rate (`Efficiency.sync_sender_gbs`)
+  reshards          an engine rank receives its slice of the FFN weights shard to shard and the
+                    rest by a packed broadcast (NeMo-RL's nccl_reshard refit)
 
 Adding a transport is one class here with its `kind` in `TransportKind` and `TRANSPORTS`; nothing
 else in the project compares a transport's name. docs/cost-model.md (Weight sync) prices each.
@@ -24,7 +26,7 @@ from pydantic import Field, model_validator
 
 from placer.spec.base import Strict
 
-TransportKind = Literal["broadcast", "nixl", "nccl-p2p"]
+TransportKind = Literal["broadcast", "nixl", "nccl-p2p", "nccl-reshard"]
 
 
 class WeightSync(Strict):
@@ -36,6 +38,8 @@ class WeightSync(Strict):
     nixl       checkpoint-engine point-to-point: each engine rank reads its share from its own
                trainer rank by GPU RDMA (NeMo-RL's NIXL checkpoint engine, UCX rails)
     nccl-p2p   the same pairs over NCCL send / receive
+    nccl-reshard  NeMo-RL's nccl_reshard refit (not colocated): the FFN weights shard to shard,
+               each engine rank receiving its own slice, then the rest by packed broadcast
     """
 
     transport: TransportKind = "broadcast"
@@ -45,7 +49,8 @@ class WeightSync(Strict):
     @model_validator(mode="after")
     def _shards_need_pairs(self) -> WeightSync:
         if not self.shard_experts and not self.mechanism.paired:
-            raise ValueError("shard_experts applies to the paired transports (nixl, nccl-p2p); "
+            raise ValueError("shard_experts applies to the paired transports (nixl, nccl-p2p, "
+                             "nccl-reshard); "
                              "a broadcast always sends the full weights")
         return self
 
@@ -60,6 +65,7 @@ class SyncTransport:
 
     kind: ClassVar[str] = "broadcast"
     paired: ClassVar[bool] = False
+    reshards: ClassVar[bool] = False
 
     def shards(self, sharded: bool) -> bool:
         """Whether an engine rank receives only its own slice of the weights."""
@@ -92,5 +98,21 @@ class NcclP2p(Nixl):
         return min(nic_gbs, sender_gbs)
 
 
+class NcclReshard(Nixl):
+    """NeMo-RL's nccl_reshard refit (NVIDIA-NeMo/RL docs/design-docs/nccl-reshard-refit.md
+    @7ea279ab): the FFN projection weights (dense MLP and routed experts; not shared experts)
+    go shard to shard, every engine rank receiving exactly its own slice, over per-stage NCCL
+    communicators (`nccl.m2n.reshard` or batched point-to-point from GPU memory: the NIC's
+    rate, no host staging); after them the rest ("misc": embeddings, attention, norms,
+    routers) rides the packed broadcast of GPU buffers every engine rank joins. The doc
+    requires it non-colocated ("the colocated path uses IPC and is unaffected")."""
+
+    kind = "nccl-reshard"
+    reshards = True
+
+    def shards(self, sharded: bool) -> bool:
+        return True
+
+
 TRANSPORTS: dict[str, type[SyncTransport]] = {
-    t.kind: t for t in (SyncTransport, Nixl, NcclP2p)}
+    t.kind: t for t in (SyncTransport, Nixl, NcclP2p, NcclReshard)}

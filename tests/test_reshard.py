@@ -1,0 +1,108 @@
+"""NeMo-RL's nccl_reshard refit (`nccl-reshard`, `placer.cost.refit`): the bytes an engine rank
+receives against the doc's published "XferDTensor fraction" (an independent check: the model's
+shape alone gives it), the closed form of one refit, the colocated fallback to CUDA IPC, the
+simulator agreeing with the planner, and the executor refusing what it does not run."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from simplans import small_job, small_plan
+
+from placer.base.errors import SpecError
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import Estimate
+from placer.cost.pricer import Pricer
+from placer.cost.refit import reshard_bulk_bytes, reshard_bytes
+from placer.cost.roofline import GB, Memory, weight_bytes
+from placer.cost.sharding import Parallel
+from placer.cost.timing import Placed
+from placer.spec.catalog import resolve, shipped_devices, shipped_models
+from placer.spec.load import job_from_dict
+from placer.spec.weightsync import TransportKind
+from simulator.config import Network
+from simulator.network import sync_plan
+
+MODELS = shipped_models()
+H100 = shipped_devices()["H100-SXM"]
+EFF = Efficiency()
+
+
+def _res(model: str, nodes: int, transport: TransportKind = "nccl-reshard"):
+    return resolve(job_from_dict({
+        "name": "reshard", "algorithm": "grpo", "models": {"policy": model},
+        "batch": {"prompts": 1, "samples_per_prompt": 2},
+        "lengths": {"prompt": {"kind": "fixed", "value": 1},
+                    "response": {"kind": "fixed", "value": 1}},
+        "cluster": {"pools": [{"name": "g", "device": "H100-SXM", "devices_per_node": 8,
+                               "nodes": nodes}]},
+        "weight_sync": {"transport": transport}}))
+
+
+def _sync_s(res, a_par: Parallel, r_par: Parallel, colocated: bool) -> float:
+    a = Placed("a+r" if colocated else "a", Estimate(Role.ACTOR, "g", a_par, Memory(), {}))
+    r = Placed("a+r" if colocated else "r", Estimate(Role.ROLLOUT, "g", r_par, Memory(), {}))
+    return Pricer(res, Calibration(EFF)).sync_time(a, r)
+
+
+@pytest.mark.parametrize("model, fraction", [
+    ("Qwen3-4B", 0.669), ("Qwen3-30B-A3B", 0.950), ("DeepSeek-V3", 0.976)])
+def test_bulk_share_is_the_docs_xferdtensor_fraction(model: str, fraction: float) -> None:
+    """NVIDIA-NeMo/RL docs/design-docs/nccl-reshard-refit.md @7ea279ab, Expected Performance:
+    the share of the refit that rides the shard-to-shard path, as the doc prints it (0.1%)."""
+    m = MODELS[model]
+    assert reshard_bulk_bytes(m) / weight_bytes(m) == pytest.approx(fraction, abs=5e-4)
+
+
+def test_engine_rank_receives_its_ffn_slice_and_the_misc_whole() -> None:
+    m = MODELS["Qwen3-4B"]  # dense: the FFN over TP
+    bulk, misc = reshard_bytes(m, Parallel(tp=8))
+    assert bulk == pytest.approx(reshard_bulk_bytes(m) / 8)
+    assert misc == pytest.approx(weight_bytes(m) - reshard_bulk_bytes(m))
+    d = MODELS["DeepSeek-V3"]  # MoE: the experts over the engine's expert shards
+    routed = d.moe_layers * d.experts * d.expert_params() * 2
+    bulk, _ = reshard_bytes(d, Parallel(tp=32))
+    assert bulk == pytest.approx(routed / 32 + (reshard_bulk_bytes(d) - routed) / 32)
+
+
+def test_refit_is_the_closed_form_over_two_nodes() -> None:
+    """DP8 trainer on one node, TP8 engine on the other: export of the misc, then bulk slice and
+    misc over one NIC, the latency and one call per FFN projection and per misc bucket."""
+    m = MODELS["Qwen3-4B"]
+    bulk, misc = reshard_bytes(m, Parallel(tp=8))
+    calls = 3 * m.layers + math.ceil(misc / GB / EFF.sync_bucket_gb)
+    want = (misc / (EFF.sync_export_gbs * GB) + (bulk + misc) / (H100.nic_gbs * GB * EFF.link_eff)
+            + EFF.sync_latency_s + (calls - 1) * EFF.sync_call_s)
+    got = _sync_s(_res("Qwen3-4B", 2), Parallel(dp=8), Parallel(tp=8), colocated=False)
+    assert got == pytest.approx(want)
+    broadcast = _sync_s(_res("Qwen3-4B", 2, "broadcast"), Parallel(dp=8), Parallel(tp=8), False)
+    assert got < broadcast  # a third of the bytes and no sender cap
+
+
+def test_colocated_falls_back_to_cuda_ipc_of_the_full_weights() -> None:
+    """The doc: "the colocated path uses IPC and is unaffected": the broadcast's local refresh."""
+    args = (Parallel(dp=8), Parallel(tp=8), True)
+    assert _sync_s(_res("Qwen3-4B", 1), *args) == pytest.approx(
+        _sync_s(_res("Qwen3-4B", 1, "broadcast"), *args))
+
+
+def test_simulator_reshard_transfer_is_the_planners() -> None:
+    over = {"weight_sync": {"transport": "nccl-reshard"}}
+    plan = small_plan({"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
+                       "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
+                       "environment": ("cpu", 1, "env")}, **over)
+    res, calib = resolve(job_from_dict(small_job(**over))), Calibration()
+    sp = sync_plan(Pricer(res, calib), plan, Network())
+    assert sp is not None and [f.name for f in sp.flows] == ["paired"]
+    a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
+    actor = Placed(a.slot, Estimate(Role.ACTOR, a.pool, a.par, Memory(), {}))
+    rollout = Placed(r.slot, Estimate(Role.ROLLOUT, r.pool, r.par, Memory(), {}))
+    assert sp.fixed_s + sp.alone_s == pytest.approx(Pricer(res, calib).sync_time(actor, rollout))
+
+
+def test_execute_refuses_the_reshard_it_does_not_run() -> None:
+    from executors.runplan import resolve_plan
+
+    with pytest.raises(SpecError, match=r"weight_sync\.transport: 'nccl-reshard'"):
+        resolve_plan(small_plan(weight_sync={"transport": "nccl-reshard"}))
