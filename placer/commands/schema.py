@@ -59,7 +59,7 @@ MEANINGS: dict[tuple[str, str], str] = {
     ("Job", "objective"): "what the planner minimises: step time or cost per sample",
     ("Job", "tail_policy"): "how a step stops waiting for its slowest samples",
     ("Job", "weight_sync"): "how the trainer's weights reach the rollout engines (the refit)",
-    ("WeightSync", "transport"): "broadcast, nixl or nccl-p2p (section text)",
+    ("WeightSync", "transport"): "broadcast, nixl, nccl-p2p or nccl-reshard (section text)",
     ("Job", "cluster"): "the pools of nodes (or a file name holding this section)",
     ("Job", "catalog"): "device types and models added to (or overriding) the shipped catalogs",
     ("Job", "seed"): "seeds every random draw (lengths, latencies, simulation, execution)",
