@@ -16,6 +16,7 @@ from workflows.loo import (
     Fitter,
     LooReport,
     Rows,
+    fit_group,
     golden_min,
     held_out_prediction,
     loo_report,
@@ -72,6 +73,16 @@ def test_fit_recovers_the_factors_rows_were_generated_from(rows: Rows) -> None:
         assert getattr(fitted, f.name) == pytest.approx(getattr(truth, f.name), rel=0.03), f.name
 
 
+def test_a_factor_no_datum_moves_keeps_its_start_value(rows: Rows) -> None:
+    # `sync_local_gbs` prices colocated refreshes; without row r10 (its one datum, a sync stage)
+    # every sync row is priced alike at its bounds, and a flat objective must not settle the
+    # factor at the lower bound (3 GB/s) for the held-out row
+    start = Efficiency()
+    held = fit_group(rows.without("r10 GRPO 27B 8xH200 colocate"), "sync", start)
+    assert held.sync_local_gbs == start.sync_local_gbs
+    assert fit_group(rows, "sync", start).sync_local_gbs != start.sync_local_gbs  # r10 moves it
+
+
 @pytest.mark.parametrize("name", ["r02 DAPO 7B 64xH20 colocate", "verl 7B 4->4 H20",
                                   "vLLM Llama-3.1-8B TP1 H200 batch 8"])
 def test_a_rows_loo_prediction_never_uses_the_row(rows: Rows, name: str) -> None:
@@ -102,13 +113,17 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     assert len(rep.kind("step")) == 14
     assert step["loo_median_abs_error"] < 0.14, step
     assert step["loo_max_abs_error"] < 0.58, step
-    # 11 rows, 11.4% median; verl's three per-tensor NCCL rows -5% / +10% / -8% (each tensor
-    # one engine loader walk: `sync_load_entry_s`); max 39% (NeMo-RL's Qwen3-4B, 0.275 s: the
-    # non-colocated shard-to-shard reshard, priced as a colocated refresh); the NeMo-RL
-    # DeepSeek-V3 rows are held out of `sync_export_gbs`'s fit too
+    # 13 rows, 15.3% median; verl's three per-tensor NCCL rows -5% / +10% / -8% (each tensor
+    # one engine loader walk: `sync_load_entry_s`); max 63% (NeMo-RL's nccl_reshard rows,
+    # priced by their source's structure with no factor of their own: -51% Qwen3-4B DP8 -> TP8,
+    # -63% 30B, -21% DeepSeek-V3; docs/cost-model.md, Weight sync). Loosened from 11 rows, 11.4%
+    # and max 39% when the Qwen3-4B row stopped being priced as the colocated CUDA-IPC refresh
+    # it is not (+39%, its "fit" through `sync_local_gbs`) and the doc's two other H100 BF16
+    # rows joined it; their residuals also move `sync_export_gbs`'s held-out fit, NeMo-RL's
+    # DeepSeek-V3 NCCL row +12% -> +24%
     sync = rep.summary("sync")
-    assert len(rep.kind("sync")) == 11
-    assert sync["loo_median_abs_error"] < 0.12 and sync["loo_max_abs_error"] < 0.40, sync
+    assert len(rep.kind("sync")) == 13
+    assert sync["loo_median_abs_error"] < 0.16 and sync["loo_max_abs_error"] < 0.64, sync
     # 6.5% median, max 19.8% (Llama-3.1-8B TP1: held out, `step_overhead_s` refits from 1.38
     # to 0.57 ms on the other four anchors, Mixtral's +6% pulling it down; the attention
     # kernels' fixed time per layer, fitted on A100 kernels, is what the deep rows (70B, 235B)
@@ -120,11 +135,12 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # +19% prefill (two-batch overlap is not priced)
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
-    # every row of every kind (the JSON headline): 32 rows, 10.6% median, max 57.5% (row r10);
-    # EasyR1's two Qwen2.5-VL rows are -25% (r13, 7B) and -7% (r14, 32B)
+    # every row of every kind (the JSON headline): 34 rows, 11.1% median, max 63.1% (NeMo-RL's
+    # 30B nccl_reshard row; 32 rows, 10.6%, max 57.5% (row r10) before the nccl_reshard rows,
+    # above); EasyR1's two Qwen2.5-VL rows are -25% (r13, 7B) and -7% (r14, 32B)
     every = rep.summary()
-    assert len(rep.rows) == 32
-    assert every["loo_median_abs_error"] < 0.108 and every["loo_max_abs_error"] < 0.58, every
+    assert len(rep.rows) == 34
+    assert every["loo_median_abs_error"] < 0.112 and every["loo_max_abs_error"] < 0.64, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

@@ -93,11 +93,14 @@ ROW_FACTORS: tuple[RowFactor, ...] = (
               "verl's unbucketed NCCL rows (the engine's loader walk once per tensor)"),
     RowFactor("sync_sender_gbs", "sync", ("sync",), (), 1.0, 100.0,
               "the bucketed sync rows without a sender rate of their own (verl's "
-              "checkpoint-engine row, NeMo-RL's NCCL pairs; Miles' rows carry theirs)"),
+              "checkpoint-engine row, NeMo-RL's NCCL pairs; Miles' rows carry theirs; "
+              "nccl-reshard streams run at the NIC)"),
     RowFactor("sync_local_gbs", "sync", ("sync", "step"), ("sync",), 3.0, 300.0,
-              "colocated refreshes: NeMo-RL's DP8 -> TP8 row and row r10's sync stage"),
+              "colocated refreshes: row r10's sync stage (Miles, SGLang; the one colocated "
+              "datum, so a setting of that framework, not a default)"),
     RowFactor("sync_export_gbs", "sync", ("sync",), (), 20.0, 2000.0,
-              "the paired refits (NeMo-RL's DeepSeek-V3 NIXL and NCCL rows)"),
+              "the paired refits (NeMo-RL's DeepSeek-V3 NIXL and NCCL rows) and the misc "
+              "share of the nccl-reshard rows"),
     RowFactor("step_overhead_s", "decode", ("decode",), (), 1e-4, 1e-2,
               "the decode anchors' host time per engine step"),
     RowFactor("engine_ar_base_s", "decode", ("decode",), (), 1e-6, 1e-4,
@@ -224,15 +227,22 @@ def golden_min(fn: Callable[[float], float], lo: float, hi: float,
 
 def fit_group(rows: Rows, group: str, start: Efficiency, sweeps: int = SWEEPS) -> Efficiency:
     """The group's factors fitted on `rows` by coordinate descent from `start`. A factor with
-    no datum left in `rows` keeps its start value."""
+    no datum left in `rows`, or none whose prediction it moves, keeps its start value (a flat
+    objective would otherwise settle at the search's lower bound)."""
     eff = start
     factors = [f for f in ROW_FACTORS if f.group == group]
     for _ in range(sweeps):
         for f in factors:
-            if not _log_errors(rows, f, eff):
+            if not _log_errors(rows, f, eff) or not _moves(rows, f, eff):
                 continue
             eff = eff.override({f.name: _best(rows, f, eff)})
     return eff
+
+
+def _moves(rows: Rows, f: RowFactor, eff: Efficiency) -> bool:
+    """Whether any datum of `f` in `rows` is priced differently at its two search bounds."""
+    return (_log_errors(rows, f, eff.override({f.name: f.lo}))
+            != _log_errors(rows, f, eff.override({f.name: f.hi})))
 
 
 def _best(rows: Rows, f: RowFactor, eff: Efficiency) -> float:

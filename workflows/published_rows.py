@@ -212,6 +212,17 @@ _NEMO_REFIT_ROWS: tuple[tuple[str, TransportKind, bool, float], ...] = (
     ("NeMo-RL DSV3 NIXL sharded, sync 256->32", "nixl", True, 10.923),
     ("NeMo-RL DSV3 NIXL full-expert, sync 256->32", "nixl", False, 36.812),
 )
+_RESHARD = ("NeMo-RL docs/design-docs/nccl-reshard-refit.md "
+            "@7ea279abfbeb698b092856d0dab61e7cf39bc909 (Expected Performance, H100 BF16)")
+_RESHARD_BUCKET_GB = 0.02 * 80 * 2**30 / 1e9
+_RESHARD_ROWS: tuple[tuple[str, str, int, Use, Use, float, float], ...] = (
+    ("NeMo-RL 4B DP8->TP8 H100 nccl-reshard", "Qwen3-4B", 2, Use("g", dp=8), Use("g", tp=8),
+     0.21, 0.34),
+    ("NeMo-RL 30B-A3B EP8xPP2->TP8xDP2 H100 nccl-reshard", "Qwen3-30B-A3B", 4,
+     Use("g", pp=2, dp=8, ep=8), Use("g", tp=8, dp=2), 0.74, 1.00),
+    ("NeMo-RL DSV3 PP16xEP16->TP32xDP8 H100 nccl-reshard", "DeepSeek-V3", 64,
+     Use("g", pp=16, dp=16, ep=16), Use("g", tp=32, dp=8), 2.39, 2.83),
+)
 SYNC_ROWS: list[SyncRow] = [
     SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
             0.12, bucket_gb=_UNBUCKETED),
@@ -221,14 +232,17 @@ SYNC_ROWS: list[SyncRow] = [
             Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8), 58.57, bucket_gb=_UNBUCKETED),
     SyncRow("verl ckpt-engine 30B-A3B FSDP2->30 H100", "verl verl/checkpoint_engine/README.md",
             "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0),
-    # The doc's "Expected Performance" row (0.21-0.34 s, @7ea279ab) is its nccl_reshard refit,
-    # which it requires non-colocated ("the colocated path uses IPC and is unaffected"): the FFN
-    # (66.9% of the bytes) shard-to-shard, each engine rank receiving its TP slice, the rest a
-    # packed broadcast. No transport here moves a dense FFN by engine TP slice, so the row is
-    # priced as a colocated refresh, as named: it checks `sync_local_gbs` only loosely.
-    SyncRow("NeMo-RL 4B DP8->TP8 H100 colocated", "NeMo-RL docs/design-docs/nccl-reshard-refit.md",
-            "Qwen3-4B", "H100-SXM", 1, Use("g", dp=8), Use("g", tp=8), 0.275, colocated=True,
-            framework="nemo-rl"),
+    # NeMo-RL's nccl_reshard refit, not colocated (the doc requires it: "the colocated path uses
+    # IPC and is unaffected"), Megatron -> vLLM, BF16 on H100, its "Expected Performance" table
+    # (_RESHARD). Its refit time is the synchronizer's timer,
+    # `prepare_for_generation/transfer_and_update_weights` around the bulk reshard, the misc
+    # packed broadcast and the engine's post-load processing; each row is the middle of the
+    # doc's range. Trainer and engine on disjoint nodes (DP8 + TP8 is 16 GPUs: 2 nodes).
+    # `refit.reshard_bytes` gives the doc's "XferDTensor fraction" of each model: 66.9%, 95.0%,
+    # 97.6%. The misc path's packed buffers: 0.02 of the device's memory (packed_tensor.py).
+    *[SyncRow(name, _RESHARD, model, "H100-SXM", nodes, actor, rollout, (lo + hi) / 2,
+              bucket_gb=_RESHARD_BUCKET_GB, transport="nccl-reshard", framework="nemo-rl")
+      for name, model, nodes, actor, rollout, lo, hi in _RESHARD_ROWS],
     SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", _MILES, "Qwen3-30B-A3B", "H100-SXM", 4,
             Use("g", tp=4, dp=4, zero=1, ep=8), Use("g", tp=8, dp=2, ep=8), 2.67,
             framework="miles"),

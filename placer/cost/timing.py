@@ -93,8 +93,8 @@ def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: st
     bytes / min(links) (relation 4 of the published runs: c + bytes / (BW_eff x senders)).
       local  actor and rollout in one slot: each replica takes the full weights from the
              co-located actor (CUDA IPC + the engine's weight loading), all replicas at once, at
-             `sync_local_gbs` per replica whatever its TP size (NeMo-RL's DP8 -> TP8 Qwen3-4B
-             refit in 0.21-0.34 s; Miles' 27B into one-GPU SGLang engines in 2.5 s)
+             `sync_local_gbs` per replica whatever its TP size (Miles' 27B into one-GPU
+             SGLang engines in 2.5 s, row r10's sync stage)
       send   the actor's senders (`sync_senders`): one per pipeline stage (each holds different
              layers; a ZeRO / FSDP actor gathers every tensor to one sender; an unbucketed
              sync has one sender whatever the layout), each at most `sync_sender_gbs`
