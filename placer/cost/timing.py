@@ -119,7 +119,8 @@ def sync_links(res: Resolved, a_pool: str, a_devices: int, a_pp: int, r_pool: st
         return {"send": senders * a_dev.intra_link_gbs, "recv": fan_in * r_dev.intra_link_gbs}
     # unbucketed: each tensor goes straight from the sender's GPU into one NCCL ring broadcast
     # over every actor and rollout rank, at the NIC; `sync_sender_gbs` is a bucketed sender's
-    # rate (staging buckets through pinned host memory: verl's checkpoint engine)
+    # rate (verl's checkpoint engine: a serial per-tensor fill and per-bucket wait in GPU
+    # buffers, not the wire, paces it; docs/cost-model.md, Weight sync)
     cap = eff.sync_sender_gbs if eff.sync_bucket_gb > 0 else a_dev.nic_gbs
     links = {"send": senders * min(a_dev.nic_gbs, cap), "recv": fan_in * r_dev.nic_gbs}
     cross = res.cluster.topology.cross_pool_gbs
