@@ -121,7 +121,8 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
     # every row of every kind (the JSON headline): 32 rows, 10.6% median, max 57.5% (row r10);
-    # EasyR1's two Qwen2.5-VL rows are -25% (r13, 7B) and -7% (r14, 32B)
+    # EasyR1's two Qwen2.5-VL rows are -22% (r13, 7B) and -3% (r14, 32B) at their job files'
+    # micro-batch budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384)
     every = rep.summary()
     assert len(rep.rows) == 32
     assert every["loo_median_abs_error"] < 0.108 and every["loo_max_abs_error"] < 0.58, every
