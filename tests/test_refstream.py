@@ -67,9 +67,12 @@ def test_r13s_reference_pays_29_copies_of_its_bf16_shard() -> None:
     The shard: 8.29 G parameters x 2 B / 8 = 2.0725 GB. 29 x 2.0725 / offload_gbs."""
     row = next(r for r in ROWS if r.name.startswith("r13 "))
     use = row.layout[Role.REFERENCE]
-    assert (use.sharded, use.micro_token_budget, use.stream_params_bytes) == (True, 8192, 2.0)
+    assert (use.sharded, use.micro_token_budget, use.stream_params_bytes) == (True, 0, 2.0)
     calib = load_calibration(None)
     px = Pricer(resolve(load_job(EXAMPLES / row.file), row.file), calib)
+    # the budget is the job file's (`micro_token_budget.forward`), not the row's layout
+    budget = px.res.job.micro_token_budget
+    assert budget is not None and (budget.forward, budget.update) == (8192, 4096)
     pool = px.res.cluster.pool(use.pool)
     streamed = px.estimate(Role.REFERENCE, pool, use.parallel())
     resident = px.estimate(Role.REFERENCE, pool, replace(use.parallel(), stream_params_bytes=0.0))

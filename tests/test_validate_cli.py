@@ -221,7 +221,8 @@ def test_a_cpu_pool_in_cores(tmp_path, capsys) -> None:
 def test_offloaded_optimizer_host_memory_per_node(capsys) -> None:
     """A role that only fits its fewest devices with the optimizer offloaded shows the host
     memory that puts on one node beside the node's RAM; a dense model on 1 device keeps all of
-    its 12 B/param optimizer state there."""
+    its optimizer state there, 16 B/param with the pinned gradient buffer the host step copies
+    into (`placer.cost.offload.HOST_OPTIMIZER_BYTES`; 12 B before that buffer was counted)."""
     path = ROOT / "examples" / "grpo-qwen7b-h100.yaml"
     assert main(["validate", str(path), "--json"]) == 0
     doc = one_document(capsys.readouterr().out)
@@ -229,7 +230,7 @@ def test_offloaded_optimizer_host_memory_per_node(capsys) -> None:
     h = doc["roles"]["actor"]["offload_host_memory"]["h100"]
     assert h["devices"] == doc["roles"]["actor"]["min_devices"]["h100"] == 1
     m = res.model_of("actor")
-    assert h["parts_gb"]["optimizer"] == pytest.approx(12 * m.params() / 1e9, abs=0.1)
+    assert h["parts_gb"]["optimizer"] == pytest.approx(16 * m.params() / 1e9, abs=0.1)
     assert h["capacity_gb"] == res.device_of(res.cluster.pool("h100")).host_memory_gb
     assert h["total_gb"] == pytest.approx(sum(h["parts_gb"].values()), abs=0.2)
     assert h["fits"] and h["total_gb"] < h["capacity_gb"]

@@ -25,7 +25,7 @@ optimizer between phases (`Use.park_params`, `Use.park_optimizer`) where it sets
 EasyR1's `param_offload` / `optimizer_offload`, each priced as that framework copies it
 (`placer.cost.offload`); a reference whose framework keeps its weights on the host (FSDP's CPU
 offload: EasyR1's `ref.fsdp.enable_cpu_offload`) streams its shard in per forward micro-batch
-(`Use.stream_params_bytes`, at the script's token budget, `Use.micro_token_budget`).
+(`Use.stream_params_bytes`, at the job file's token budget, `Job.micro_token_budget`).
 
 The weight-sync rows (`SYNC_ROWS`) price one refresh with `timing.sync_time` on the published
 hardware and mapping, with each framework's transport (verl's NCCL sync sends tensor by tensor

@@ -107,11 +107,13 @@ _OSO = "verl docs/advance/one_step_off.md"
 # EasyR1's reference (hiyouga/EasyR1 @b44b311b, v0.3.2, examples/config.yaml, which the rows'
 # scripts examples/qwen2_5_vl_{7b,32b}_geo3k_grpo.sh leave as is): FSDP full shard over the 8
 # GPUs (`ref.fsdp.enable_full_shard`), its BF16 weights on the host and streamed per forward
-# micro-batch (`ref.fsdp.enable_cpu_offload: true`; `placer.cost.offload.STREAM_SCHEMES`), the
-# micro-batches cut by `dynamic_batching: true` at `micro_batch_size_per_device_for_experience`
-# (2, copied to the reference: verl/workers/config.py:50) x the padded length, max_prompt_length
-# + max_response_length = 2,048 + 2,048 (verl/workers/actor/dp_actor.py:198): 8,192 tokens
-_EASYR1_REF = Use("h100", dp=8, sharded=True, micro_token_budget=2 * (2048 + 2048),
+# micro-batch (`ref.fsdp.enable_cpu_offload: true`; `placer.cost.offload.STREAM_SCHEMES`). Its
+# micro-batches, and the actor's, are the job files' `micro_token_budget` (EasyR1's
+# `dynamic_batching: true`: `micro_batch_size_per_device_for_experience` 2, copied to the
+# reference by verl/workers/config.py:50, x the padded length 2,048 + 2,048 = 8,192 tokens a
+# forward micro-batch, verl/workers/actor/dp_actor.py:198; `_for_update` 1 x 4,096 = 4,096 a
+# training one, dp_actor.py:241-242; neither script changes them)
+_EASYR1_REF = Use("h100", dp=8, sharded=True,
                   stream_params_bytes=STREAM_SCHEMES["easyr1-ref"].bytes_per_param)
 
 ROWS: list[Row] = [

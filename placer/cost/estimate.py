@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 
@@ -216,6 +217,17 @@ def _shortest_cut(resp: Distribution, turns: int, keep: float, seed: int) -> flo
     return float(np.mean(totals) - np.mean(shortest))
 
 
+def budgeted(res: Resolved, par: Parallel, kind: Literal["forward", "update"]) -> Parallel:
+    """`par` with the job's micro-batch token budget of `kind` (`Job.micro_token_budget`) where
+    the layout sets none of its own (a budget or a `micro_batch` count): what a pass's
+    micro-batches are priced at (`layercomm.micro_tokens`)."""
+    budget = res.job.micro_token_budget
+    tokens = getattr(budget, kind) if budget is not None else None
+    if tokens is None or par.micro_token_budget > 0 or par.micro_batch > 0:
+        return par
+    return replace(par, micro_token_budget=tokens)
+
+
 def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
            eff: Efficiency, _env: int | None) -> Estimate:
     res = ctx.res
@@ -230,9 +242,10 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     n = res.job.batch.samples
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
     head = head_of(role)
-    fwd = score_time(m, dev, par, tokens, seq, eff, head) + ship + pass_encode_s(m, dev, par, n, imgs,
-                                                                           eff)
-    train = (train_time(m, dev, par, tokens, seq, res.job.batch.mini_batches, eff, head) + ship
+    fpar, upar = budgeted(res, par, "forward"), budgeted(res, par, "update")
+    fwd = score_time(m, dev, fpar, tokens, seq, eff, head) + ship + pass_encode_s(m, dev, par, n, imgs,
+                                                                            eff)
+    train = (train_time(m, dev, upar, tokens, seq, res.job.batch.mini_batches, eff, head) + ship
              + pass_encode_s(m, dev, par, n, imgs, eff, train=True))
     train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
@@ -268,7 +281,8 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                                          res.job.lengths.images_per_prompt, eff)})
     mem = infer_memory(m, par, dev, eff)
     imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
-    score = score_time(m, dev, par, tokens, seq, eff, head_of(role))
+    fpar = budgeted(res, par, "forward")  # the job's forward micro-batches
+    score = score_time(m, dev, fpar, tokens, seq, eff, head_of(role))
     weights, gathered = mem.weights, 0.0
     if dev.kind is DeviceKind.gpu and frozen_sharded(par):
         # the same pass time: `mfu_score` is fitted on verl's old-log-prob passes, which run on
@@ -276,7 +290,7 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
         # them, is priced no faster: a known bias)
         weights, gathered = frozen_shard_gb(m, par)
     if dev.kind is DeviceKind.gpu:  # FSDP's CPU offload: the shard copied in per micro-batch
-        stream_s, weights = streamed(weights, par, tokens / par.dp, seq, eff)
+        stream_s, weights = streamed(weights, fpar, tokens / par.dp, seq, eff)
         score += stream_s
     mem = Memory(weights=weights, overhead=mem.overhead,
                  activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9 + gathered

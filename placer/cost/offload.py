@@ -49,7 +49,23 @@ each CPU parameter's gradient into a pinned host buffer of the parameter's dtype
 parameter of the distributed optimizer's shard, and `param_copy_back_gpu_hook` copies the
 stepped parameter back; DeepSpeed's stage 1/2 CPU offload likewise casts each gradient to fp32
 before its copy to the host (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`). 4 + 4 B per
-parameter of the optimizer's shard, where the moments never cross the link.
+parameter of the optimizer's shard, where the moments never cross the link. What it holds in host
+memory (`HOST_OPTIMIZER_BYTES`, `host_optimizer_gb`): per parameter of its shard, the fp32
+parameter the CPU sub-optimizer steps (radixark/Megatron-LM
+@235952df607b3820716e5e67728a5ab470ca33ae hybrid_optimizer.py `_get_sub_optimizer_param_groups`,
+274: `param.detach().clone().cpu().pin_memory()`, the distributed optimizer's fp32 main
+parameter), the CPU AdamW's `exp_avg` and `exp_avg_sq` (fp32, 8 B), and the pinned gradient
+buffer `_set_sub_optimizer_grads` allocates once per parameter and keeps (109-111:
+`torch.empty(param.shape, dtype=param.dtype, pin_memory=self.pin_cpu_grads, device="cpu")`,
+fp32): 16 B, not the 12 B of the optimizer's own state. DeepSpeed's ZeRO-Offload keeps the same
+four (fp32 partition, two moments, the fp32 gradient partition it copies into).
+
+What parking holds in host memory is what it moved there (`host_parked_gb`): the framework's
+bytes per parameter of each parked state, as `PARK_SCHEMES` records them; verl's FSDP worker
+parks 12 B a parameter (the fp32 flat parameter 4 B, `offload_fsdp_model_to_cpu`, and Adam's
+two moments 8 B, `offload_fsdp_optimizer`: verl/utils/fsdp_utils.py 144-166, 204-212 @b178a3cd),
+not the model's 14 (BF16 weights 2 + fp32 master and moments 12). A rollout engine's sleep moves
+its own BF16 weights (`GENERIC`), whatever framework drives it.
 
 Streamed weights (`Parallel.stream_params_bytes`): FSDP's CPU parameter offload keeps a frozen
 model's flat-parameter shard in pinned host memory and copies it to the GPU in every FSDP unit's
@@ -85,7 +101,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from placer.base.roles import Role
+from placer.base.roles import Role, base_role
 from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import micro_tokens
 from placer.cost.roofline import Memory
@@ -105,6 +121,12 @@ REFIT_ROLES: frozenset[str] = frozenset({Role.ACTOR})
 
 # a host-stepped optimizer's copies per optimizer step: fp32 gradient out, fp32 parameter in
 HOST_STEP_BYTES = 8.0
+# host memory a host-stepped optimizer holds per parameter of its shard: fp32 parameter 4, Adam's
+# two fp32 moments 8, the pinned fp32 gradient buffer 4 (Megatron-Core's HybridDeviceOptimizer)
+HOST_OPTIMIZER_BYTES = 16.0
+# roles whose module a framework's trainer workers hold (their parking follows `PARK_SCHEMES`);
+# a rollout engine's sleep moves its BF16 weights whatever the framework
+ENGINE_ROLES: frozenset[str] = frozenset({Role.ROLLOUT})
 
 
 @dataclass(frozen=True)
@@ -195,6 +217,27 @@ def parked_moves_gb(mem: Memory, par: Parallel, framework: str,
         assert move is not None  # GENERIC moves every state
         total += move.bytes_per_param * _params_held(mem, state) * len(move.phases & ran)
     return total
+
+
+def host_parked_gb(mem: Memory, role: str, framework: str,
+                   states: Iterable[State] = ("params", "optimizer")) -> float:
+    """GB per device of host memory that parking `states` of a role's memory `mem` fills: per
+    state, the bytes per parameter the framework moves (`scheme_of`; `GENERIC` for a rollout
+    engine, `ENGINE_ROLES`) x the parameters the device holds. A whole switch parks both."""
+    scheme = GENERIC if base_role(role) in ENGINE_ROLES else scheme_of(framework)
+    total = 0.0
+    for state in states:
+        move = scheme.move(state) or GENERIC.move(state)
+        assert move is not None  # GENERIC moves every state
+        total += move.bytes_per_param * _params_held(mem, state)
+    return total
+
+
+def host_optimizer_gb(optimizer_gb: float) -> float:
+    """GB per device a host-stepped optimizer (`Parallel.offload`) holds in host memory, from its
+    shard's state (`optimizer_gb` at `MODEL_BYTES['optimizer']` a parameter):
+    `HOST_OPTIMIZER_BYTES` a parameter, the pinned gradient buffer included."""
+    return HOST_OPTIMIZER_BYTES * optimizer_gb / MODEL_BYTES["optimizer"]
 
 
 def unparked_gb(mem: Memory, par: Parallel) -> float:

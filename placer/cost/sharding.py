@@ -77,12 +77,14 @@ class Parallel:
     park_params: bool = False
     # Forward micro-batches cut by a token budget (tokens per device) the framework sets: EasyR1's
     # `dynamic_batching` cuts `micro_batch_size_per_device_for_experience` x the padded sequence
-    # length. 0: `layercomm.MICRO_TOKENS` (verl's log_prob_max_token_len_per_gpu default)
+    # length. 0: the job's `micro_token_budget` (`estimate.budgeted`), else
+    # `layercomm.MICRO_TOKENS` (verl's log_prob_max_token_len_per_gpu default)
     micro_token_budget: int = 0
     # A frozen model's weights held in host memory and copied to the GPU, unit by FSDP unit, on
     # every forward micro-batch (FSDP's CPU parameter offload, which verl and EasyR1 set on the
     # reference): bytes per parameter of the host copy (`placer.cost.offload.stream_time`);
-    # 0: the weights stay on the GPU. A published run's setting, not a planner candidate
+    # 0: the weights stay on the GPU. A planner candidate where the job's framework streams
+    # that role (`FrameworkProfile.stream_frozen`, `placer.solve.layouts.streamed_frozen`)
     stream_params_bytes: float = 0.0
 
     @property

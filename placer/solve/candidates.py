@@ -134,15 +134,17 @@ def prune_dominated(cands: list[Candidate]) -> list[Candidate]:
     """Keep, for every device count, the fastest config (and the fastest HSDP one apart: its
     larger state shard costs more to switch in a colocated slot, so the ILP weighs the two; and
     a frozen model's fastest whole copy apart from its fastest sharded one, whose smaller
-    weights leave more room beside the roles it shares devices with); drop a candidate that
+    weights leave more room beside the roles it shares devices with, and from its fastest
+    streamed one, which keeps no weights on the GPU at all); drop a candidate that
     another with no more devices dominates.
 
     Safe for the ILP: a candidate with more devices, no less time in any stage and no less memory
     than another on the same pool can never be needed in an optimal plan.
     """
-    best: dict[tuple[int, bool, bool], Candidate] = {}
+    best: dict[tuple[int, bool, bool, bool], Candidate] = {}
     for c in cands:
-        key = (c.devices, c.est.par.hsdp, c.est.par.sharded_weights)
+        key = (c.devices, c.est.par.hsdp, c.est.par.sharded_weights,
+               c.est.par.stream_params_bytes > 0)
         cur = best.get(key)
         if cur is None or (c.time_s, c.est.memory.total) < (cur.time_s, cur.est.memory.total):
             best[key] = c

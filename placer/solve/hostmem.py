@@ -1,12 +1,16 @@
 """Host memory and checkpoints: the model state that lives off the accelerator.
 
 A GPU node's host RAM (`Pool.host_memory_gb`, else the device type's `host_memory_gb`; GB = 1e9
-bytes) holds, per node: the optimizer state of every training role that offloads it (12 B/param
-as `sharding.train_state_bytes` shards it); the state a slot parks while its colocated roles take
+bytes) holds, per node: the state of every training role whose optimizer steps on the host
+(`offload`: 16 B/param of its shard as `sharding.train_state_bytes` shards it, the fp32
+parameter, Adam's moments and the pinned gradient buffer, `offload.HOST_OPTIMIZER_BYTES`); the
+weights a frozen model streams from the host (`Parallel.stream_params_bytes` a parameter of its
+shard, `streamed_gb`); the state a slot parks while its colocated roles take
 turns (`timing.slot_switch`: the worst moment parks every member but the smallest; each member
-parks its own ranks' shards of what the framework moves off the device, `parked_gb`; a slot
-whose members fit on its devices together parks only its parked optimizers,
-`placer.cost.optpark`); pinned transfer buffers of every
+parks its own ranks' shards of what the framework moves off the device, at the framework's bytes
+per parameter, `parked_gb`, `offload.host_parked_gb`: 12 B under verl's FSDP worker, 14 B where
+no scheme is recorded; a slot whose members fit on its devices together parks only its parked
+states, `placer.cost.optpark`); pinned transfer buffers of every
 device that moves state to or from the host (`PINNED_GB_PER_DEVICE`); and Ray's object store on
 every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults).
 
@@ -32,11 +36,12 @@ from typing import TYPE_CHECKING
 from placer.base.roles import is_training
 from placer.cost import optpark
 from placer.cost.efficiency import Calibration, Efficiency
+from placer.cost.estimate import frozen_shard_gb, frozen_sharded
 from placer.cost.layercomm import optimizer_gather_time
-from placer.cost.model import switched_gb
+from placer.cost.offload import MODEL_BYTES, host_optimizer_gb, host_parked_gb, parked_states
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, Memory, weight_tensors
-from placer.cost.sharding import Parallel, train_state_bytes
+from placer.cost.sharding import BYTES, Parallel, train_state_bytes
 from placer.solve.assemble import placed_estimate
 from placer.solve.planfile import calibration_of
 from placer.spec.arch import ModelArch
@@ -51,7 +56,7 @@ CHECKPOINT_BYTES = 14  # bf16 weights 2 + the optimizer's 12; gradients are not 
 PINNED_GB_PER_DEVICE = 2.0
 OBJECT_STORE_SHARE = 0.30
 OBJECT_STORE_MAX_GB = 200.0
-PARTS = ("optimizer", "parked", "pinned", "object_store")
+PARTS = ("optimizer", "streamed", "parked", "pinned", "object_store")
 
 
 @dataclass
@@ -91,9 +96,10 @@ def object_store_gb(capacity_gb: float) -> float:
 
 
 def offloaded_gb_per_device(m: ModelArch, par: Parallel) -> float:
-    """Optimizer state one device of an offloading training role keeps on the host: the
-    optimizer part of the cost model's `train_state_bytes` (ZeRO-sharded, experts apart)."""
-    return train_state_bytes(m, par)[2] / GB if par.offload else 0.0
+    """Host memory one device of a training role whose optimizer steps on the host keeps there:
+    `offload.host_optimizer_gb` of the optimizer part of the cost model's `train_state_bytes`
+    (ZeRO-sharded, experts apart; 16 B a parameter of the shard)."""
+    return host_optimizer_gb(train_state_bytes(m, par)[2] / GB) if par.offload else 0.0
 
 
 def offloaded_gb(res: Resolved, role: str, par: Parallel) -> float:
@@ -102,7 +108,26 @@ def offloaded_gb(res: Resolved, role: str, par: Parallel) -> float:
     return offloaded_gb_per_device(m, par) if is_training(role) and m is not None else 0.0
 
 
-def parked_gb(mem: Memory) -> float:
+def streamed_gb(res: Resolved, role: str, par: Parallel) -> float:
+    """GB per device of host memory a frozen model streaming its weights
+    (`Parallel.stream_params_bytes`, FSDP's CPU parameter offload) holds there: its shard (the
+    FSDP shard, `estimate.frozen_shard_gb`, or a whole copy over tp x pp) at the host copy's
+    bytes a parameter; pinned for the whole job, whatever its slot does."""
+    m = res.model_of(role)
+    if par.stream_params_bytes <= 0 or m is None:
+        return 0.0
+    bf16 = (frozen_shard_gb(m, par)[0] if frozen_sharded(par)
+            else m.params() * BYTES / par.weight_shards / GB)
+    return par.stream_params_bytes * bf16 / MODEL_BYTES["params"]
+
+
+def held_gb(res: Resolved, role: str, par: Parallel) -> float:
+    """GB per device `role` keeps on the host for the whole job on layout `par`: a host-stepped
+    optimizer's state (`offloaded_gb`) and streamed weights (`streamed_gb`)."""
+    return offloaded_gb(res, role, par) + streamed_gb(res, role, par)
+
+
+def parked_gb(mem: Memory, role: str, framework: str) -> float:
     """GB per device a member of a switching slot keeps on the host while another runs: its
     weights and on-device optimizer state as its layout shards them (TP/PP splits, ZeRO/FSDP
     over its shard group), so a node parks only its own ranks' shards. A trainer parks weights
@@ -112,9 +137,17 @@ def parked_gb(mem: Memory) -> float:
     with `zero_grad()`, at 0081137), not kept. A frozen model
     parks its weights; a GPU rollout engine its weights (vLLM sleep level 1, as
     `costmodel.engine_swap_time` prices it). KV caches and activations are discarded. An
-    offloaded optimizer is on the host already (`offloaded_gb`), not parked again. What a
-    switch copies and what it parks are one figure (`model.switched_gb`)."""
-    return switched_gb(mem)
+    offloaded optimizer is on the host already (`offloaded_gb`), not parked again. Each state at
+    the bytes per parameter the job's framework moves (`offload.host_parked_gb`: verl's FSDP
+    worker parks its fp32 parameters and Adam's moments, 12 B a parameter; the model's own
+    14 B, `model.switched_gb`, where no scheme is recorded)."""
+    return host_parked_gb(mem, role, framework)
+
+
+def parked_states_gb(mem: Memory, role: str, par: Parallel, framework: str) -> float:
+    """GB per device of host memory the states `par` parks between phases fill
+    (`offload.parked_states` at the framework's bytes): a slot whose members fit together."""
+    return host_parked_gb(mem, role, framework, parked_states(par))
 
 
 def park_budget_gb(res: Resolved, pool_name: str) -> float | None:
@@ -148,9 +181,10 @@ def _alone_on_node(res: Resolved, role: str, pool_name: str, devices: int, par: 
         return None
     n = min(devices, pool.devices_per_node)
     node = NodeHost(pool_name, 0, cap, roles={role})
-    per = offloaded_gb(res, role, par)
+    per, stream = offloaded_gb(res, role, par), streamed_gb(res, role, par)
     node.parts["optimizer"] = per * n
-    node.parts["pinned"] = PINNED_GB_PER_DEVICE * n if per else 0.0
+    node.parts["streamed"] = stream * n
+    node.parts["pinned"] = PINNED_GB_PER_DEVICE * n if per or stream else 0.0
     node.parts["object_store"] = object_store_gb(cap)
     return node
 
@@ -222,10 +256,11 @@ def plan_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
         for role in slot.roles:
             devices, par = _on_pool(plan.roles[role], b.pool)
             n = len(b.devices) * devices / slot_devices
-            per = offloaded_gb(res, role, par)
+            per, stream = offloaded_gb(res, role, par), streamed_gb(res, role, par)
             node.parts["optimizer"] += per * n
+            node.parts["streamed"] += stream * n
             node.roles.add(role)
-            moves = moves or per > 0
+            moves = moves or per > 0 or stream > 0
         if moves:
             node.parts["pinned"] += PINNED_GB_PER_DEVICE * len(b.devices)
         node.parts["parked"] += parked.get(b.slot, 0.0) * len(b.devices)
@@ -243,6 +278,7 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
     alone in its slot never switches; a mixed rollout parks its part on the slot's pool)."""
     out = {}
     slots = {s.name: s for s in plan.slots}
+    framework = px.res.job.framework or ""
     for name in plan.breakdown.switch_s:
         slot = slots[name]
         rs = [plan.roles[role] for role in slot.roles]
@@ -250,12 +286,14 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
         # on the slot's pool (a mixed rollout: its first part), per slot device, spread evenly
         shares = [(r.parts[0].devices if r.parts else r.devices) / home for r in rs]
         mems = [(r.parts[0].memory_gb if r.parts else r.memory_gb, r.parked_gb) for r in rs]
+        memories = [placed_estimate(px, role, r, True).memory for role, r in zip(slot.roles, rs)]
         if optpark.slot_peak_gb(mems) <= px.res.device_of(
-                slot.pool).memory_gb:  # they fit together: only parked optimizers are moved
-            out[name] = sum(r.parked_gb * k for r, k in zip(rs, shares))
+                slot.pool).memory_gb:  # they fit together: only parked states are moved
+            out[name] = sum(parked_states_gb(mem, role, r.par, framework) * k
+                            for role, mem, r, k in zip(slot.roles, memories, rs, shares))
             continue
-        states = [parked_gb(placed_estimate(px, role, r, True).memory) * k
-                  for role, r, k in zip(slot.roles, rs, shares)]
+        states = [parked_gb(mem, role, framework) * k
+                  for role, mem, k in zip(slot.roles, memories, shares)]
         out[name] = sum(states) - min(states, default=0.0)
     return out
 

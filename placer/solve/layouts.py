@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from placer.base.roles import TRAINING_ROLES, Role
+from placer.base.roles import TRAINING_ROLES, Role, base_role
 from placer.cost.generation import lpu_chips
 from placer.cost.layercomm import MICRO_TOKENS, NODE_DEVICES
 from placer.cost.pricer import Pricer
@@ -171,6 +171,20 @@ def _sharded_frozen(pars: list[Parallel]) -> list[Parallel]:
     return [replace(p, sharded_weights=True) for p in pars if p.dp > 1]
 
 
+def streamed_frozen(res: Resolved, role: str, pars: list[Parallel]) -> list[Parallel]:
+    """Streamed twins of a frozen model's FSDP-sharded layouts: the shard held in host memory
+    and copied to the GPU on every forward micro-batch (`Parallel.stream_params_bytes`, at the
+    framework's host bytes a parameter), only where the job's framework does it for `role`
+    (`FrameworkProfile.stream_frozen`). Slower (`offload.stream_time`), with no weights on the
+    GPU, so a colocated slot may fit where the resident shard does not; host memory is checked
+    by `placer.solve.hostmem`."""
+    profile = res.job.profile
+    if base_role(role) not in profile.stream_frozen or profile.stream_bytes <= 0:
+        return []
+    return [replace(p, stream_params_bytes=profile.stream_bytes)
+            for p in pars if p.sharded_weights and p.dp > 1]
+
+
 def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list[Parallel]:
     """Parallel layouts to try for `role` on `pool` (not yet checked for memory)."""
     res = px.res
@@ -197,6 +211,7 @@ def layouts(px: Pricer, role: str, pool: Pool, limit: int | None = None) -> list
     else:
         pars = _inference_layouts(m, dev, counts, tps, domain, pool.nodes, False)
         pars += _sharded_frozen(pars) if res.job.profile.frozen_shards else []
+        pars += streamed_frozen(res, role, pars)
     flags = fp8_flags(res, role, dev)
     return [replace(p, **flags) for p in pars] if any(flags.values()) else pars
 

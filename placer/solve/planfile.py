@@ -57,7 +57,8 @@ class _Parted(_M):
     def _without_empty_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """One pool: written without `parts`, a role without HSDP without `shard`, one without a
         chosen micro-batch without `micro_batch`, one without data-parallel attention without
-        `attn_dp`, and a whole frozen copy without `sharded_weights` (plan files stay as they
+        `attn_dp`, a whole frozen copy without `sharded_weights`, one whose weights stay on the GPU
+        without `stream_params_bytes` (plan files stay as they
         were)."""
         out: dict[str, Any] = handler(self)
         if not out.get("parts"):
@@ -70,6 +71,8 @@ class _Parted(_M):
             out.pop("sharded_weights", None)
         if out.get("attn_dp") == 1:
             out.pop("attn_dp", None)
+        if not out.get("stream_params_bytes", 1):
+            out.pop("stream_params_bytes", None)
         if not out.get("park_optimizer", True):
             out.pop("park_optimizer", None)
             out.pop("parked_gb", None)
@@ -134,6 +137,10 @@ class RolePlacement(_Parted):
     park_optimizer: bool = Field(False, description="training: the optimizer state parked in "
                                  "host memory between phases and brought back for the step, "
                                  "which runs on the GPU (unlike `offload`)")
+    stream_params_bytes: float = Field(0.0, ge=0, description="a frozen model (reference) on "
+                                       "GPUs: its weights held in host memory and streamed to "
+                                       "the GPU per forward micro-batch (FSDP CPU offload), "
+                                       "bytes a parameter of the host copy (0: on the GPU)")
     fp8_weights: bool = Field(False, description="FP8 inference weights (job precision)")
     fp8_kv: bool = Field(False, description="FP8 KV cache (job precision)")
     fp8_train: bool = Field(False, description="FP8 training GEMMs (job precision)")
@@ -154,7 +161,8 @@ class RolePlacement(_Parted):
                         self.cp, self.ep, self.etp, self.fp8_weights, self.fp8_kv, self.fp8_train,
                         shard=self.shard, attn_dp=self.attn_dp,
                         sharded_weights=self.sharded_weights, micro_batch=self.micro_batch,
-                        park_optimizer=self.park_optimizer)
+                        park_optimizer=self.park_optimizer,
+                        stream_params_bytes=self.stream_params_bytes)
 
 
 class SlotPart(_M):

@@ -148,15 +148,17 @@ def slot_names(groups: list[list[str]]) -> dict[str, str]:
 
 # -------------------------------------------------------------------------------- host memory
 def host_mb(res: Resolved, c: Candidate) -> tuple[int, int, int]:
-    """(parked when its slot switches, offloaded, parked optimizer when it does not) host MB of
+    """(parked when its slot switches, held for the job: a host-stepped optimizer's state and
+    streamed weights, parked states when it does not switch) host MB of
     candidate `c` over all its devices in its slot (a mixed rollout's: its part on the slot's
     pool)."""
     if alone(c) or res.device_of(c.pool).host_backed:
         return 0, 0, 0
-    n = slot_devices(c)
-    return (int(round(hostmem.parked_gb(c.est.memory) * n * 1e3)),
-            int(round(hostmem.offloaded_gb(res, c.est.role, c.est.par) * n * 1e3)),
-            int(round(optpark.parked_gb(c.est.memory, c.est.par) * n * 1e3)))
+    n, role, framework = slot_devices(c), c.est.role, res.job.framework or ""
+    mem, par = c.est.memory, c.est.par
+    return (int(round(hostmem.parked_gb(mem, role, framework) * n * 1e3)),
+            int(round(hostmem.held_gb(res, role, par) * n * 1e3)),
+            int(round(hostmem.parked_states_gb(mem, role, par, framework) * n * 1e3)))
 
 
 def alone(c: Candidate) -> bool:

@@ -41,6 +41,9 @@ def render_plan(plan: Plan, release: Sequence[str] = ()) -> str:
     lines += [f"{name}: optimizer state parked in host memory between phases ({r.parked_gb:.1f} "
               "GB per device), brought back for the step on the GPU" for name, r in
               plan.roles.items() if r.park_optimizer]
+    lines += [f"{name}: weights held in host memory ({r.stream_params_bytes:g} B a parameter) and "
+              "streamed to the GPU on every forward micro-batch (FSDP CPU offload)"
+              for name, r in plan.roles.items() if r.stream_params_bytes > 0]
     lines += ["", f"{'slot':<28} {'pool':<8} {'devices':>7} {'nodes':>6}  busy s"]
     for sl in plan.slots:
         lines += _slot_lines(sl, plan.breakdown.slot_busy_s.get(sl.name, 0.0))

@@ -56,6 +56,9 @@ MILES_SENDER_GBS = 29.9
 # host (`python -m bench hostadam`, torch 2.13; one pass of ~28 bytes a parameter, 5-9x the
 # unfused path): its best, 0.34, x 1 thread. A quiet server core may be up to ~2x faster.
 MILES_HOST_ADAM_THREADS = 1
+# verl's FSDP reference held on the host in fp32 (verl/trainer/config/engine/fsdp.yaml:33
+# model_dtype fp32, read at verl/workers/fsdp_workers.py:324-326): 4 B a parameter streamed
+VERL_STREAM_BYTES = 4.0
 MILES_HOST_ADAM_GPS = 0.34 * MILES_HOST_ADAM_THREADS
 
 
@@ -95,6 +98,12 @@ class FrameworkProfile:
     # a frozen model's forward (reference, reward model) FSDP / ZeRO-3-sharded over its dp ranks
     # (`Parallel.sharded_weights`) as well as whole copies
     frozen_shards: bool = False
+    # frozen roles (reference, reward model) whose FSDP-sharded weights it can hold in host
+    # memory and stream to the GPU unit by unit on every forward micro-batch (FSDP's CPU
+    # parameter offload, `Parallel.stream_params_bytes`, `placer.cost.offload.stream_time`),
+    # and the bytes a parameter of its host copy; 0: it cannot
+    stream_frozen: tuple[str, ...] = ()
+    stream_bytes: float = 0.0
     # trained roles whose optimizer state it parks in host memory between phases, stepped on
     # the GPU (`Parallel.park_optimizer`, `placer.cost.optpark`)
     park_optimizer: tuple[str, ...] = ()
@@ -186,6 +195,10 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
     "old_log_probs": f"{VERL} rollout.yaml calculate_log_probs: False (the trainer recomputes)",
     "dispatch": f"{VERL} verl/single_controller (DataProto dispatched from the driver); the "
                 "shared dispatch factors were fitted on verl's rows",
+    "stream_frozen": f"{VERL} verl/workers/fsdp_workers.py 524-526: CPUOffload("
+                     "offload_params=True) for every FSDP1 role but the actor (552: FSDP2's "
+                     "CPUOffloadPolicy); engine/fsdp.yaml:33 model_dtype fp32 (4 B a parameter "
+                     "on the host); placer.cost.offload.STREAM_SCHEMES['verl-fsdp-ref']",
     "park_optimizer": f"{VERL} verl/workers/megatron_workers.py update_actor: "
                       "load_megatron_optimizer before update_policy, offload_megatron_optimizer "
                       "after (optimizer_offload; fsdp_workers.py likewise)",
@@ -195,7 +208,7 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
 
 
 def _verl(name: str, title: str, trainer: str,
-          **layout: int | bool | tuple[str, ...] | None) -> FrameworkProfile:
+          **layout: float | tuple[str, ...] | None) -> FrameworkProfile:
     """verl with one trainer backend (`trainer`: where its layouts come from)."""
     return FrameworkProfile(
         name, title, VERL, "verl", **layout,  # type: ignore[arg-type]
@@ -208,7 +221,8 @@ def _verl(name: str, title: str, trainer: str,
 _VERL_FSDP = _verl("verl", "verl (FSDP2)", "verl/trainer/config/engine/fsdp.yaml: FSDP2 "
                    "shards data-parallel only (Ulysses sequence parallelism for long contexts)",
                    trainer_tp=1, trainer_pp=1, trainer_ep=1, frozen_shards=True,
-                   even_batch=True, park_optimizer=(Role.ACTOR, Role.CRITIC))
+                   even_batch=True, park_optimizer=(Role.ACTOR, Role.CRITIC),
+                   stream_frozen=(Role.REFERENCE,), stream_bytes=VERL_STREAM_BYTES)
 _VERL_MEGATRON = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
                        "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
                        hsdp=False, megatron_trainer=True, even_batch=True,

@@ -33,7 +33,15 @@ from placer.spec.localdata import Dataset
 from placer.spec.pins import Pin, Pins, _Layout
 from placer.spec.pipeline import Pipeline
 from placer.spec.rlterms import KL, Sampling
-from placer.spec.sections import Algorithm, Batch, Environment, Lengths, Models, Precision
+from placer.spec.sections import (
+    Algorithm,
+    Batch,
+    Environment,
+    Lengths,
+    MicroTokenBudget,
+    Models,
+    Precision,
+)
 from placer.spec.tailpolicy import TailPolicy
 from placer.spec.weightsync import WeightSync
 
@@ -60,6 +68,10 @@ class Job(Strict):
     sampling: Sampling = Field(Sampling(), description="the rollout's temperature, which "
                                "the trainer's log-probs use too (placer/spec/rlterms.py)")
     precision: Precision = Field(Precision(), description="optional FP8 formats (Precision)")
+    micro_token_budget: MicroTokenBudget | None = Field(
+        None, description="the framework's tokens per device per micro-batch, {forward, "
+                          "update} (placer/spec/sections.py MicroTokenBudget); none: the cost "
+                          "model's default")
     reward_model: RewardModel | None = Field(
         None, description="how the reward model scores: a scalar forward pass (default) or a "
                           "generative judge that decodes a verdict (placer/spec/judge.py)")
@@ -111,7 +123,7 @@ class Job(Strict):
         """A job without a framework or agents is written without the key (files stay as they
         were)."""
         out: dict[str, Any] = handler(self)
-        for key in ("framework", "agents"):
+        for key in ("framework", "agents", "micro_token_budget"):
             if out.get(key, "") is None:
                 out.pop(key)
         return out

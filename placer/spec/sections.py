@@ -1,7 +1,8 @@
 """The sections of a job file that describe the RL workload itself.
 
 The algorithm (which decides the roles), the models each role runs, the batch, the token lengths
-of prompts and responses, the multi-turn tool environment and the optional FP8 formats. The
+of prompts and responses, the multi-turn tool environment, the optional FP8 formats and the
+framework's micro-batch token budgets. The
 cluster is in `placer.spec.hardware`, the model shapes in `placer.spec.arch`, the pipeline mode
 in `placer.spec.pipeline`, the long-tail policy in `placer.spec.tailpolicy`; `placer.spec.job.Job`
 puts them together and `placer.spec.load` runs the checks that span sections.
@@ -63,6 +64,21 @@ class Environment(Strict):
     tool_latency_s: Distribution = Distribution(kind="fixed", value=1.0)
     cpu_per_call: PosFloat = 1.0
     tool_output_tokens: Annotated[int, Field(strict=True, ge=0, le=1_000_000_000)] = 0
+
+
+class MicroTokenBudget(Strict):
+    """Tokens per device in one micro-batch, as the framework's dynamic batching cuts them
+    (verl's `log_prob_max_token_len_per_gpu` / `ppo_max_token_len_per_gpu`, EasyR1's
+    `micro_batch_size_per_device_for_experience` / `_for_update` x the padded length). Each
+    micro-batch runs its own collectives and, for a frozen model streamed from the host, copies
+    its weights once (`placer.cost.offload.stream_time`). Unset: the cost model's default
+    (`placer.cost.layercomm.MICRO_TOKENS`, verl's 16,384)."""
+
+    forward: PosInt | None = Field(
+        None, description="tokens per device per micro-batch of a forward-only pass (old "
+                          "log-probs, reference, reward model)")
+    update: PosInt | None = Field(
+        None, description="tokens per device per micro-batch of a training pass")
 
 
 class Precision(Strict):
