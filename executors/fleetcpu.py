@@ -2,13 +2,16 @@
 member's run plan on the pool's workers, and what the run measured beside the prices.
 
 A CPU pool the fleet's plan shares (`FleetResult.shared`, `placer.fleet.sharing`) runs as the
-environment workers of its first member's plan: that job's plan puts its environment role on
-the pool's shared nodes, one worker per seat (the pool's cores over the calls' cores), and those
-are the pool's workers. Every other member's run plan takes the first member's environment role
-and seats (`env_view`), so that its runtime starts none of its own and holds the pool's actors
-instead (`executors.fleetrun.start`); its reward and other roles keep their own workers. Every
-member's sandbox calls then queue on the pool (`executors.envpool.SharedEnvPool`, first come
-first served over the jobs' calls, as the simulator's shared pool serves them).
+environment workers of its first member's plan: that job's plan puts its environment role on the
+pool's shared nodes, one worker per environment replica of its plan (the single job's executor's
+count: one per CPU device, each running its share of a request's answers in its sandbox), and
+those are the pool's workers. The simulator's shared pool counts call slots instead (the pool's
+cores over `cpu_per_call`), so on nodes of several cores it runs more calls at once than the
+executed pool has workers. Every other member's run plan takes the first member's environment
+role and seats (`env_view`), so that its runtime starts none of its own and holds the pool's
+actors instead (`executors.fleetrun.start`); its reward and other roles keep their own workers.
+Every member's sandbox calls then queue on the pool (`executors.envpool.SharedEnvPool`, first
+come first served over the jobs' calls, as the simulator's shared pool serves them).
 
 The summary (`pool_summary`) gives, per member: its calls on the pool, the queueing wait it
 measured (total, mean, largest), the worker processes that ran its calls, and beside them the

@@ -284,8 +284,9 @@ def start_order(jobs: list[FleetJobRun], result: FleetResult) -> list[FleetJobRu
 
 
 def connect(jobs: list[FleetJobRun], address: str | None) -> tuple[bool, str]:
-    """An embedded Ray advertising every job's nodes, or the cluster at `address`: whether
-    bundles are pinned to plan nodes, and where the fleet runs."""
+    """An embedded Ray advertising every job's nodes, or the cluster at `address` (a Ray this
+    process already runs is used as it is): whether bundles are pinned to plan nodes, and
+    where the fleet runs."""
     import ray  # lazy: Ray run only
 
     cluster.ensure_token_auth()
@@ -392,6 +393,7 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
              for use in result.engines]
     made: list[Any] = []
     envs: list[SharedEnvPool] = []
+    ours = not ray.is_initialized()  # the Ray this call starts or joins, it also stops
     try:
         pinned, described = connect(jobs, address)
         made = start(jobs, result, backend, max_restarts, pinned)
@@ -418,6 +420,8 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
                 j.rt.close(spare=j.held)
         for pg in made:
             ray.util.remove_placement_group(pg)
+        if ours and ray.is_initialized():
+            ray.shutdown()
     failed = next((j for j in jobs if j.error is not None), None)
     if failed is not None:
         raise RuntimeError(f"fleet job {failed.name}: {failed.error}") from failed.error

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from executors.cluster import parse_address
 from executors.envpool import SharedEnvPool
@@ -36,14 +37,19 @@ EXAMPLE = ROOT / "examples" / "fleets" / "shared-cpu-tiny.yaml"
 @pytest.mark.ray
 @pytest.mark.slow  # Ray, two jobs' actors, 4 steps of two-turn agentic rollouts
 def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path) -> None:
+    import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
+
     from executors.fleetrun import execute_fleet
 
+    if ray.is_initialized():  # so that the run starts its own embedded Ray (and stops it)
+        ray.shutdown()
     fleet = load_fleet(str(EXAMPLE))
     result = plan_fleet(fleet, load_calibration(None), time_limit_s=10, job_time_limit_s=5,
                         workers=1, seed=0)
     [use] = result.shared
     assert (use.pool, use.jobs) == ("cpu", ["agent-a", "agent-b"])
     ran = execute_fleet(fleet, result, 2, tmp_path)
+    assert not ray.is_initialized()
     assert {n: len(s) for n, s in ran.jobs.items()} == {"agent-a": 2, "agent-b": 2}
     assert ran.ledger_ok, ran.ledger_problems
     [pool] = ran.summary()["shared_cpu"]
@@ -67,6 +73,52 @@ def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path) -> None:
         assert got["priced_slowdown"] > 1.0  # the plan priced the sharing
     names = {e.name for e in ran.trace.events}
     assert {"env agent-a", "env agent-b"} <= names
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a two-node Ray cluster on loopback, two jobs' actors, 2 steps
+def test_the_fleet_runs_on_a_cluster_it_joins(tmp_path: Path) -> None:
+    """`address`: the fleet joins a running cluster (a head and one worker node on 127.0.0.1,
+    token auth on, advertising the pools but no node keys), places by pool, and leaves it
+    running."""
+    import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
+    from ray.cluster_utils import Cluster
+
+    from executors import cluster, ray_private
+    from executors.fleetrun import execute_fleet, own_nodes, prepare
+
+    if ray.is_initialized():
+        ray.shutdown()
+    fleet = load_fleet(str(EXAMPLE))
+    result = plan_fleet(fleet, load_calibration(None), time_limit_s=10, job_time_limit_s=5,
+                        workers=1, seed=0)
+    total: dict[str, float] = {}
+    for j in prepare(fleet, result, tmp_path / "sizes", "torch", False):
+        for r in own_nodes(j.run):
+            for k, v in r.items():
+                if not k.startswith("placer_node_"):
+                    total[k] = total.get(k, 0.0) + v
+    cluster.ensure_token_auth()
+    ray_private.loopback_only()
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False, "node_ip_address": ray_private.LOOPBACK})
+    c.add_node(num_cpus=int(total.pop("CPU", 0.0)), num_gpus=int(total.pop("GPU", 0.0)),
+               resources=total, node_ip_address=ray_private.LOOPBACK)
+    try:
+        ran = execute_fleet(fleet, result, 1, tmp_path / "out", address=c.address)
+        assert ran.described.startswith(f"Ray at {c.address}")
+        assert not ray.is_initialized()  # the driver left the cluster
+        assert c.head_node is not None and c.head_node.remaining_processes_alive()  # still up
+    finally:
+        ray.shutdown()
+        c.shutdown()
+    assert ran.ledger_ok and {n: len(s) for n, s in ran.jobs.items()} == {"agent-a": 1,
+                                                                         "agent-b": 1}
+    [pool] = ran.summary()["shared_cpu"]
+    for name in ("agent-a", "agent-b"):
+        got = pool["jobs"][name]
+        assert got["calls"] >= 2 and set(got["worker_pids"]) <= set(pool["worker_pids"])
+    assert all(r["in_bundle"] for rows in ran.placement.values() for r in rows)
 
 
 # ---------------------------------------------------------------------------- the pool alone
@@ -233,3 +285,44 @@ def test_address_applies_to_execute_only(placer_cmd: list[str]) -> None:
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].endswith(
         "--address: applies to --execute only (got 'auto')")
+
+
+def test_the_summary_sets_the_measured_wait_beside_the_priced_and_simulated() -> None:
+    from executors.envpool import PoolCall
+    from executors.fleetcpu import pool_summary
+    from placer.fleet.result import SharedUse
+
+    worker = _Worker(_Handle(_Execute(pid=3)))
+    pool = SharedEnvPool("cpu", ["a", "b"], [worker])  # type: ignore[list-item]
+    pool.close()
+    pool.records += [PoolCall("a", 0, "tool call", 4, 10.0, 10.0, 11.0, 0, 3),
+                     PoolCall("b", 0, "tool call", 4, 10.0, 11.0, 12.0, 0, 3),
+                     PoolCall("b", 0, "verify", 4, 12.0, 12.5, 13.0, 0, 3)]
+    use = SharedUse("cpu", 2, ["a", "b"], [2.0, 3.0], [1.0, 2.0])
+    sim = {"slowdown": {"a": 1.5, "b": 1.25}, "pool_wait_s": [(["a", "b"], 0.2)]}
+    doc = pool_summary(use, pool, [3], sim)
+    assert doc["simulated_mean_wait_s"] == 0.2 and doc["worker_pids"] == [3]
+    assert doc["jobs"]["a"] == {"calls": 1, "waited_s": 0.0, "mean_wait_s": 0.0,
+                                "max_wait_s": 0.0, "worker_pids": [3], "priced_slowdown": 2.0,
+                                "simulated_slowdown": 1.5}
+    assert doc["jobs"]["b"]["waited_s"] == 1.5 and doc["jobs"]["b"]["mean_wait_s"] == 0.75
+    assert doc["jobs"]["b"]["priced_slowdown"] == 1.5
+    assert pool_summary(use, pool, [3], None)["jobs"]["b"]["simulated_slowdown"] is None
+
+
+def test_a_shared_pool_member_that_reissues_tool_calls_exits_2(tmp_path: Path,
+                                                               placer_cmd: list[str]) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["jobs"][0]["job"] = str(ROOT / "examples" / "tiny-agent.yaml")
+    doc["jobs"][1]["job"]["tail_policy"] = {"kind": "reissue", "deadline_s": 1.0}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = subprocess.run([*placer_cmd, "fleet", str(path), "--execute", "--steps", "1",
+                          "--out", str(tmp_path / "out"), "--time-limit", "10"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if not ln.startswith("fleet:")]
+    assert lines == ["placer: error: shared.cpu_pools.0.jobs: job 'agent-b' re-issues slow tool "
+                     "calls (tail_policy reissue); the shared pool's queue runs each call once "
+                     "(got 'agent-b')"], out.stderr
+    assert not (tmp_path / "out").exists()  # refused before any job's model was written

@@ -92,8 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plots", metavar="DIR",
                    help="with --simulate: write fleet_gantt.png and fleet_usage.png here")
     p.add_argument("--execute", action="store_true",
-                   help="run every job's plan on an embedded Ray, shared rollout engines "
-                        "time-shared with weight swaps")
+                   help="run every job's plan on an embedded Ray (or --address), shared "
+                        "rollout engines time-shared with weight swaps, shared CPU pools as "
+                        "one queue of environment workers")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="with --execute: each job's checkpoints, ledger, model and trace "
                         "(default out/fleet)")
