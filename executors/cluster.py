@@ -13,23 +13,35 @@ executor prints names the emulated pools.
 
 Security: Ray's token authentication stays on (`RAY_AUTH_MODE=token`; an embedded cluster gets a
 fresh random token in the environment unless one is configured), the dashboard is off and an
-embedded cluster binds to 127.0.0.1 only.
+embedded cluster binds to 127.0.0.1 only. Joining a cluster (`join`) at a loopback address keeps
+this driver on 127.0.0.1 too; an address beyond this machine is the one case where the driver
+listens on a routable interface (the cluster's nodes must reach it), and only because it was
+asked. An address is checked before Ray sees it (`parse_address`: `auto`, HOST:PORT or
+ray://HOST:PORT) and its port is dialled with a short timeout (`reachable`): Ray itself retries
+an unreachable GCS for minutes.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import re
 import secrets
+import socket
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from executors import ray_private
 from executors.runplan import RunPlan
 from placer.base.errors import SpecError
 
 NODE_UNITS = 1000.0  # a plan node advertises this much of its key; a bundle takes 1
+DIAL_TIMEOUT_S = 5.0  # how long `reachable` waits for the address's port to answer
+_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                   r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
 def node_key(pool: str, node: int) -> str:
@@ -87,6 +99,69 @@ def ensure_token_auth() -> None:
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     # Ray read its config when it was imported; make this process see token mode and the token.
     ray_private.reload_auth_config()
+
+
+def parse_address(address: str, flag: str = "--address") -> tuple[str, int] | None:
+    """(host, port) of `[ray://]HOST:PORT` (HOST a name, an IPv4 address or a bracketed IPv6
+    one); None for `auto` (Ray finds the cluster this machine runs). SpecError otherwise."""
+    if address == "auto":
+        return None
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    ok_host = bool(_HOST.match(bare))
+    if not ok_host:
+        try:
+            ipaddress.ip_address(bare)
+            ok_host = bare != host or "." in bare  # an IPv6 address needs its brackets
+        except ValueError:
+            ok_host = False
+    if not sep or not ok_host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError(f"{flag}: not a Ray address: auto, HOST:PORT or ray://HOST:PORT "
+                        f"(got {address!r})")
+    return bare, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def reachable(address: str, flag: str = "--address") -> tuple[str, int] | None:
+    """`parse_address`, then the port dialled (SpecError naming the address when nothing
+    answers within `DIAL_TIMEOUT_S`)."""
+    hp = parse_address(address, flag)
+    if hp is None:
+        return None
+    try:
+        socket.create_connection(hp, timeout=DIAL_TIMEOUT_S).close()
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        raise SpecError(f"{flag}: cannot reach Ray at {address!r}: {why} (got {address!r})"
+                        ) from None
+    return hp
+
+
+def join(address: str, flag: str = "--address") -> None:
+    """Connect this driver to the Ray cluster at `address` (checked and dialled first; token
+    authentication on, `ensure_token_auth`); a loopback address keeps the driver on
+    127.0.0.1."""
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
+
+    hp = reachable(address, flag)
+    extra: dict[str, Any] = {}
+    if hp is not None and is_loopback(hp[0]) and not address.startswith("ray://"):
+        ray_private.loopback_only()
+        extra = ray_private.loopback_init_args()
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, **extra)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise SpecError(f"{flag}: cannot join Ray at {address!r}: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def start(run: RunPlan, address: str | None = None) -> ClusterInfo:

@@ -11,16 +11,23 @@ before a job's rollout the engines hold that job's current weights, re-sent over
 weight-sync group when another job's were in them (the pricing's weight swap,
 `placer.fleet.rolloutpool.swap_s`: no copy of another job's weights is kept on the engines).
 
+A shared CPU environment pool (`shared.cpu_pools`, `result.shared`) runs as one set of
+environment workers, those its first member's plan puts on the pool's shared nodes; every
+member's sandbox calls queue there, first come first served over the jobs' calls, each job's
+wait measured (`executors.fleetcpu`, `executors.envpool`).
+
 One embedded Ray advertises every job's plan nodes (`executors.cluster.embed`); each job's plan
 numbers its nodes of a pool from 0, so two jobs' node 0 of one pool are two fleet nodes that
 advertise the same key (twice its units): each job's actors land on its plan's nodes and
-bundles, checked as a single job's are (`executors.placement.verify`/`check`). Joining a
-cluster (`--address`) is not offered: the fleet's nodes would need one numbering there.
+bundles, checked as a single job's are (`executors.placement.verify`/`check`). Joining an
+existing cluster (`address`, `executors.cluster.join`) places bundles by pool only (node pinning
+off): the jobs' node numbers are each job's own, and would name one Ray node for two jobs.
 
 What cannot run this way is refused before Ray starts, one line naming the field and value
-(`fleet_problem`, the executor's own checks per job): a CPU pool the fleet shares (simulated
-only), a member whose rollout shares its slot with another role or is split over pools, or
-members whose engines would sample differently (response budget, context, temperature,
+(`fleet_problem`, the executor's own checks per job): a shared CPU pool's member whose
+environment is not on that pool alone or that re-issues tool calls (`fleetcpu.cpu_problem`), a
+rollout pool's member whose rollout shares its slot with another role or is split over pools,
+or members whose engines would sample differently (response budget, context, temperature,
 precision: the engines are started with one job's).
 """
 from __future__ import annotations
@@ -38,6 +45,8 @@ from executors import placement as pl
 from executors.backends import DEFAULT_BACKEND, backend_of
 from executors.context import LoopConfig, StepStat
 from executors.engineturns import EngineGate, JobTurn, TurnRecord
+from executors.envpool import SharedEnvPool
+from executors.fleetcpu import cpu_problem, env_view, pool_summary, pool_trace
 from executors.loop import Loop
 from executors.roles import RunConfig, run_config
 from executors.run import preflight, prepare_model, tail_deadlines
@@ -46,7 +55,7 @@ from executors.runtime import RayRuntime
 from executors.weights import GroupRefresh
 from placer.base.errors import SpecError
 from placer.base.roles import Role
-from placer.fleet.result import FleetResult, SharedRolloutUse
+from placer.fleet.result import FleetResult, SharedRolloutUse, SharedUse
 from placer.fleet.spec import Fleet
 from traces.schema import Trace
 
@@ -66,10 +75,12 @@ class FleetJobRun:
     run: RunPlan
     cfg: RunConfig
     group: int | None = None  # its shared rollout pool (index in `FleetResult.engines`)
+    cpu: int | None = None  # its shared CPU pool (index in `FleetResult.shared`)
     rt: RayRuntime | None = None
     loop: Loop | None = None
     turn: JobTurn | None = None
     placement: list[dict[str, Any]] = field(default_factory=list)
+    held: list[Any] = field(default_factory=list)  # actors of a shared pool another job started
     stats: list[StepStat] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -87,6 +98,10 @@ class FleetExecResult:
     turns: list[list[TurnRecord]]  # per shared pool
     trace: Trace
     described: str = ""
+    cpu_pools: list[SharedUse] = field(default_factory=list)
+    env_pools: list[SharedEnvPool] = field(default_factory=list)  # per shared CPU pool
+    env_pids: list[list[int | None]] = field(default_factory=list)  # its workers' processes
+    simulated: dict[str, Any] | None = None  # --simulate's slowdowns, beside the measured
 
     @property
     def ledger_ok(self) -> bool:
@@ -116,6 +131,9 @@ class FleetExecResult:
                                                      if t.job == m.job]) for m in use.members},
                  "turns": [t.to_dict() for t in self.turns[g]]}
                 for g, use in enumerate(self.pools)],
+            "shared_cpu": [pool_summary(use, pool, pids, self.simulated)
+                           for use, pool, pids in zip(self.cpu_pools, self.env_pools,
+                                                      self.env_pids)],
             "ledger_balanced": self.ledger_ok, "cluster": self.described}
 
     def render(self) -> list[str]:
@@ -132,17 +150,24 @@ class FleetExecResult:
             for job, got in p["measured_rollout_s"].items():
                 lines.append(f"  {job}: rollout on the engines {got or 0:.2f} s per turn "
                              f"(priced generation {p['priced_generation_s'][job]:.3f} s)")
+        for c in doc["shared_cpu"]:
+            lines.append(f"shared CPU pool {c['pool']} x{c['nodes']}: {c['workers']} "
+                         f"environment workers, first come first served")
+            for job, w in c["jobs"].items():
+                sim = ("" if w["simulated_slowdown"] is None
+                       else f", simulated {w['simulated_slowdown']:.2f}x")
+                lines.append(f"  {job}: {w['calls']} calls, waited {w['waited_s']:.3f} s "
+                             f"(mean {w['mean_wait_s'] or 0:.4f} s) on the pool; slowdown "
+                             f"priced {w['priced_slowdown'] or 0:.2f}x{sim}")
         return lines
 
 
 def fleet_problem(fleet: Fleet, result: FleetResult, runs: dict[str, RunPlan],
                   cfgs: dict[str, RunConfig]) -> str | None:
     """One line naming the field and value of what this driver cannot run; None: it runs."""
-    if result.shared:
-        cpu = result.shared[0]
-        return (f"shared.cpu_pools: pool {cpu.pool!r} shared by {', '.join(cpu.jobs)}: placer "
-                f"fleet --execute runs shared rollout pools; a shared CPU pool is simulated "
-                f"only (--simulate) (got {cpu.pool!r})")
+    why = cpu_problem(fleet, result.shared, runs)
+    if why is not None:
+        return why
     decls = fleet.shared.rollout_pools if fleet.shared is not None else []
     for use in result.engines:
         names = [m.job for m in use.members]
@@ -201,6 +226,7 @@ def prepare(fleet: Fleet, result: FleetResult, out: Path, backend: str,
         except SpecError as e:
             raise SpecError(f"jobs.{j.name}: {e}") from None
     groups = {m.job: g for g, use in enumerate(result.engines) for m in use.members}
+    cpus = {name: c for c, use in enumerate(result.shared) for name in use.jobs}
     cfgs = {name: run_config(r) for name, r in runs.items()}
     why = fleet_problem(fleet, result, runs, cfgs)
     if why is not None:
@@ -211,42 +237,93 @@ def prepare(fleet: Fleet, result: FleetResult, out: Path, backend: str,
         run = runs[j.name]
         if g is not None and result.engines[g].members[0].job != j.name:
             run = shared_view(run, runs[result.engines[g].members[0].job])
+        c = cpus.get(j.name)
+        if c is not None and result.shared[c].jobs[0] != j.name:
+            run = env_view(run, runs[result.shared[c].jobs[0]])
         folder = out / j.name
         folder.mkdir(parents=True, exist_ok=True)
         out_jobs.append(FleetJobRun(j.name, run, run_config(run, None,
-                                                            prepare_model(run.job, folder)), g))
+                                                            prepare_model(run.job, folder)),
+                                    g, c))
     return out_jobs
 
 
-def start(jobs: list[FleetJobRun], leaders: set[str], backend: str, max_restarts: int
-          ) -> tuple[list[Any], bool]:
-    """The embedded cluster, every job's placement groups and actors (a member's engines: its
-    group's, started with the group's first job, `leaders`); every actor checked on its plan
-    node and bundle. The placement groups made, and whether bundles are pinned to nodes."""
+def _leads(j: FleetJobRun, result: FleetResult) -> list[tuple[str, int]]:
+    """The shared pools whose workers `j` starts: ("rollout", group) and ("cpu", pool)."""
+    out = []
+    if j.group is not None and result.engines[j.group].members[0].job == j.name:
+        out.append(("rollout", j.group))
+    if j.cpu is not None and result.shared[j.cpu].jobs[0] == j.name:
+        out.append(("cpu", j.cpu))
+    return out
+
+
+def _needs(j: FleetJobRun, result: FleetResult) -> list[tuple[str, int]]:
+    """The shared pools whose workers `j` holds, started by another job."""
+    mine = [("rollout", j.group)] if j.group is not None else []
+    mine += [("cpu", j.cpu)] if j.cpu is not None else []
+    return [k for k in mine if k not in _leads(j, result)]
+
+
+def start_order(jobs: list[FleetJobRun], result: FleetResult) -> list[FleetJobRun]:
+    """Every job after the jobs that start the shared workers it holds (fleet order else)."""
+    order: list[FleetJobRun] = []
+    started: set[tuple[str, int]] = set()
+    left = list(jobs)
+    while left:
+        ready = [j for j in left if set(_needs(j, result)) <= started]
+        if not ready:
+            raise SpecError(f"shared: jobs {', '.join(j.name for j in left)} each hold a shared "
+                            f"pool another of them starts; lead every shared pool with a job "
+                            f"that holds no other job's (got {left[0].name!r})")
+        ready.sort(key=lambda j: not _leads(j, result))
+        order.append(ready[0])
+        started.update(_leads(ready[0], result))
+        left.remove(ready[0])
+    return order
+
+
+def connect(jobs: list[FleetJobRun], address: str | None) -> tuple[bool, str]:
+    """An embedded Ray advertising every job's nodes, or the cluster at `address` (a Ray this
+    process already runs is used as it is): whether bundles are pinned to plan nodes, and
+    where the fleet runs."""
     import ray  # lazy: Ray run only
 
     cluster.ensure_token_auth()
-    pinned = True
+    if address is not None:
+        cluster.join(address)
+        return False, f"Ray at {address} (node pinning off: each job numbers its own nodes)"
     if not ray.is_initialized():
         cluster.embed([r for j in jobs for r in own_nodes(j.run)])
-    else:
-        have = ray.cluster_resources()
-        pinned = all(cluster.node_key(p, n) in have for j in jobs for p, n in j.run.nodes)
+        return True, "embedded Ray on 127.0.0.1"
+    have = ray.cluster_resources()
+    pinned = all(cluster.node_key(p, n) in have for j in jobs for p, n in j.run.nodes)
+    return pinned, "the running Ray"
+
+
+def start(jobs: list[FleetJobRun], result: FleetResult, backend: str, max_restarts: int,
+          pinned: bool) -> list[Any]:
+    """Every job's placement groups and actors (a shared pool's workers, its rollout engines
+    or its CPU pool's environment workers, started by the pool's first job and held by the
+    others); every job's own actors checked on its plan node and bundle. The groups made."""
     made: list[Any] = []
-    engines: dict[int, dict[tuple[str, int], Any]] = {}
+    pools: dict[tuple[str, int], dict[tuple[str, int], Any]] = {}
     chosen = backend_of(backend)
-    for j in sorted(jobs, key=lambda j: j.name not in leaders):
+    role_of = {"rollout": Role.ROLLOUT, "cpu": Role.ENVIRONMENT}
+    for j in start_order(jobs, result):
         mine = pl.create_groups(j.run, pinned, prefix=f"{j.name}-")
         made += mine.values()
-        reuse = engines.get(j.group) if j.group is not None else None
+        reuse = {k: h for need in _needs(j, result) for k, h in pools[need].items()}
         j.rt = RayRuntime(j.run, j.cfg, mine, pinned, chosen, max_restarts,
-                          start_timeout_s=START_TIMEOUT_S, reuse=reuse)
-        if j.name in leaders and j.group is not None:
-            engines[j.group] = {(m.role, m.rank): m.handle for m in j.rt.members
-                                if m.role == Role.ROLLOUT}
-        j.placement = pl.verify([m for m in j.rt.members if m.slot in mine], mine)
+                          start_timeout_s=START_TIMEOUT_S, reuse=reuse or None)
+        j.held = list(reuse.values())
+        for kind, g in _leads(j, result):
+            pools[(kind, g)] = {(m.role, m.rank): m.handle for m in j.rt.members
+                                if m.role == role_of[kind]}
+        j.placement = pl.verify([m for m in j.rt.members if m.slot in mine
+                                 and (m.role, m.rank) not in reuse], mine)
         pl.check(j.placement, pinned)
-    return made, pinned
+    return made
 
 
 def job_loop(j: FleetJobRun, steps: int, out: Path, gates: list[EngineGate],
@@ -299,28 +376,35 @@ def fleet_trace(gates: list[EngineGate], t0: float, result: FleetResult) -> Trac
 def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | Path, *,
                   backend: str = DEFAULT_BACKEND, max_restarts: int = 3,
                   check_weights: bool = False, unsafe_sandbox: bool = False,
+                  address: str | None = None,
                   progress: Callable[[str, StepStat], None] | None = None,
                   note: Callable[[str], None] | None = None) -> FleetExecResult:
     """Run `steps` RL steps of every job of the planned fleet at once (see the module
-    docstring). `check_weights`: after each sync on shared engines, compare the engines'
-    weights with the job's trainer's (`TurnRecord.weights_match`)."""
+    docstring), on an embedded Ray or the cluster at `address`. `check_weights`: after each
+    sync on shared engines, compare the engines' weights with the job's trainer's
+    (`TurnRecord.weights_match`)."""
     import ray  # lazy: Ray run only
 
     if steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
     out = Path(out_dir)
     jobs = prepare(fleet, result, out, backend, unsafe_sandbox)
-    leaders = {use.members[0].job for use in result.engines}
     gates = [EngineGate(use.pool, [m.job for m in use.members], use.members[0].job)
              for use in result.engines]
     made: list[Any] = []
+    envs: list[SharedEnvPool] = []
+    ours = not ray.is_initialized()  # the Ray this call starts or joins, it also stops
     try:
-        made, pinned = start(jobs, leaders, backend, max_restarts)
+        pinned, described = connect(jobs, address)
+        made = start(jobs, result, backend, max_restarts, pinned)
         if note is not None:
-            note(f"fleet: {len(jobs)} jobs started on embedded Ray"
-                 + ("" if pinned else " (node pinning off)"))
+            note(f"fleet: {len(jobs)} jobs started on {described}"
+                 + ("" if pinned or address else " (node pinning off)"))
+        envs, pids = env_pools(jobs, result)
         for j in jobs:
             j.loop = job_loop(j, steps, out, gates, check_weights, progress)
+            if j.cpu is not None:
+                j.loop.env.shared = (envs[j.cpu], j.name)
         t0 = time.time()
         threads = [threading.Thread(target=_run_one, args=(j,), name=f"fleet-{j.name}")
                    for j in jobs]
@@ -329,12 +413,15 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
         for t in threads:
             t.join()
     finally:
-        for j in sorted(jobs, key=lambda j: j.name in leaders):  # the engines' owner last
+        for pool in envs:
+            pool.close()
+        for j in sorted(jobs, key=lambda j: bool(_leads(j, result))):  # pools' owners last
             if j.rt is not None:
-                j.rt.close(spare=[] if j.name in leaders or j.group is None else
-                           [m.handle for m in j.rt.members if m.role == Role.ROLLOUT])
+                j.rt.close(spare=j.held)
         for pg in made:
             ray.util.remove_placement_group(pg)
+        if ours and ray.is_initialized():
+            ray.shutdown()
     failed = next((j for j in jobs if j.error is not None), None)
     if failed is not None:
         raise RuntimeError(f"fleet job {failed.name}: {failed.error}") from failed.error
@@ -342,8 +429,26 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
         assert j.loop is not None
         j.loop.trace.write(out / j.name / "trace.json")
     priced = {j.name: j.iteration_s for j in result.jobs}
+    trace = fleet_trace(gates, t0, result)
+    for pool in envs:
+        pool_trace(trace, pool, t0)
     return FleetExecResult(
         {j.name: j.stats for j in jobs}, priced, {j.name: j.placement for j in jobs},
         {j.name: j.loop.ledger.problems(steps) if j.loop else [] for j in jobs},
-        list(result.engines), [g.records for g in gates], fleet_trace(gates, t0, result),
-        "embedded Ray on 127.0.0.1")
+        list(result.engines), [g.records for g in gates], trace, described,
+        list(result.shared), envs, pids)
+
+
+def env_pools(jobs: list[FleetJobRun], result: FleetResult
+              ) -> tuple[list[SharedEnvPool], list[list[int | None]]]:
+    """Each shared CPU pool's queue over its first member's environment workers, and those
+    workers' processes (the pids their runtime read when they started)."""
+    pools, pids = [], []
+    by_name = {j.name: j for j in jobs}
+    for use in result.shared:
+        rt = by_name[use.jobs[0]].rt
+        assert rt is not None
+        workers = [m for m in rt.members if m.role == Role.ENVIRONMENT]
+        pools.append(SharedEnvPool(use.pool, use.jobs, workers))
+        pids.append([rt.pids.get(id(m)) for m in workers])
+    return pools, pids

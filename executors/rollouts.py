@@ -38,6 +38,7 @@ from typing import Any
 from executors import rl
 from executors.calls import Dispatcher, Ran
 from executors.context import LoopContext, TrainingLost
+from executors.envpool import SharedEnvPool
 from executors.model import prompt_ids
 from executors.placement import Member
 from executors.runtime import Handle
@@ -98,13 +99,17 @@ class EnvironmentCalls:
 
     def __init__(self, ctx: LoopContext, calls: Dispatcher) -> None:
         self.ctx, self.calls = ctx, calls
+        # a CPU pool shared with other jobs of a fleet (`executors.envpool`): its queue, and
+        # this job's name there; None: the job's own environment workers
+        self.shared: tuple[SharedEnvPool, str] | None = None
 
     def run(self, step: int, ids: list[str], answers: list[str], what: str,
             **per_sample: list[Any]) -> list[dict[str, Any]]:
         """Each answer's sandbox result; a `tool` event per sample (`what`: tool call or
         verify; `per_sample` values join each sample's event)."""
         ctx = self.ctx
-        envs = ctx.busy.free(ctx.rt, ctx.workers(Role.ENVIRONMENT))
+        envs = (ctx.workers(Role.ENVIRONMENT) if self.shared is not None
+                else ctx.busy.free(ctx.rt, ctx.workers(Role.ENVIRONMENT)))
         if not envs:
             return [{"status": "error", "error": "no environment"}] * len(answers)
         calls: list[Call] = []
@@ -112,7 +117,12 @@ class EnvironmentCalls:
             sl = slice(k * len(answers) // len(envs), (k + 1) * len(answers) // len(envs))
             if answers[sl]:
                 calls.append((m, "execute", (ids[sl], answers[sl])))
-        ran = self.calls.call_all(calls, step, Role.ENVIRONMENT)
+        if self.shared is not None:  # queued with the other jobs' calls, served FCFS
+            pool, job = self.shared
+            got = pool.run(job, step, what, [c[2] for c in calls])
+            ran = Ran([(v, t) for v, t, _ in got], [m for _, _, m in got])
+        else:
+            ran = self.calls.call_all(calls, step, Role.ENVIRONMENT)
         results: list[dict[str, Any]] = []
         at = {sid: i for i, sid in enumerate(ids)}
         for k, ((_, _, args), (vals, timing)) in enumerate(zip(calls, ran.values)):

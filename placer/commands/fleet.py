@@ -6,7 +6,7 @@
                             [--simulate [--iterations N] [--no-variance | --config SIM.yaml]
                                         [--plots DIR]]
                             [--execute [--steps N] [--out DIR] [--trace T.json]
-                                       [--check-weights]]
+                                       [--check-weights] [--address ADDR]]
 
 Each job is planned on the nodes the allocation model visits for it (`placer.fleet`); the table
 gives each job's nodes, iteration time and iterations per hour, and the objective with its proven
@@ -24,7 +24,14 @@ writes the fleet's Gantt chart and each team's usage against its quota (`simulat
 loop on its plan's nodes, all at once; a shared rollout pool's engines serve its jobs in turns,
 each job's weights swapped in before its rollout; it reports each job's step times beside its
 planned iteration and each swap measured beside its price (`--json`: under `execution`);
-`--trace` writes the engines' turns (each swap, each rollout) as a Chrome trace.
+A CPU environment pool the plan shares (`shared.cpu_pools`) runs as one set of environment
+workers that every member's sandbox calls queue on, first come first served; the report gives
+each member's measured wait there beside the slowdown the plan priced (and, with `--simulate`
+in the same command, the simulated one). `--trace` writes the engines' turns (each swap, each
+rollout) and the shared CPU pools' calls (each wait, each call) as a Chrome trace.
+`--address ADDR` runs on an existing Ray cluster (`auto`, HOST:PORT or ray://HOST:PORT) instead
+of an embedded one, token authentication on; bundles are placed by pool there (each job numbers
+its own nodes); a malformed or unreachable address exits 2 with one line.
 It is a flag of `placer fleet`, not `placer execute`: the fleet's plan is the allocation and
 every job's plan together (what `placer execute` reads is one job's plan), and the shared
 pools' turns and prices come from the same `FleetResult` the flag runs.
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from placer.base.errors import SpecError
 from placer.base.fileio import atomic_write_text
@@ -85,13 +92,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plots", metavar="DIR",
                    help="with --simulate: write fleet_gantt.png and fleet_usage.png here")
     p.add_argument("--execute", action="store_true",
-                   help="run every job's plan on an embedded Ray, shared rollout engines "
-                        "time-shared with weight swaps")
+                   help="run every job's plan on an embedded Ray (or --address), shared "
+                        "rollout engines time-shared with weight swaps, shared CPU pools as "
+                        "one queue of environment workers")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="with --execute: each job's checkpoints, ledger, model and trace "
                         "(default out/fleet)")
     p.add_argument("--trace", metavar="T.json",
                    help="with --execute: the shared engines' turns as a Chrome trace")
+    p.add_argument("--address", metavar="ADDR",
+                   help="with --execute: join the Ray cluster at ADDR (auto, HOST:PORT or "
+                        "ray://HOST:PORT) instead of starting an embedded one")
     p.add_argument("--check-weights", action="store_true",
                    help="with --execute: after each swap, compare the engines' weights with "
                         "the job's trainer's")
@@ -123,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         _export(args, fleet, result)
     ran = _execute(args, fleet, result) if args.execute else None
     if ran is not None:
+        if sim is not None:
+            ran.simulated = simulated_sharing(sim)
         doc["execution"] = ran.summary()
     if args.output:
         atomic_write_text(args.output, json.dumps(doc, indent=2, default=str) + "\n")
@@ -145,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 def check_execute(args: argparse.Namespace) -> None:
     """--execute's flags, checked before any planning."""
     if not args.execute:
-        for flag in ("out", "trace", "check_weights"):
+        for flag in ("out", "trace", "check_weights", "address"):
             if getattr(args, flag) not in (None, False):
                 raise SpecError(f"--{flag.replace('_', '-')}: applies to --execute only (got "
                                 f"{getattr(args, flag)!r})")
@@ -154,6 +167,17 @@ def check_execute(args: argparse.Namespace) -> None:
         raise SpecError(f"--steps: must be at least 1 (got {args.steps})")
     check_output(args.out or "out/fleet", "--out", folder=True)
     check_output(args.trace, "--trace")
+    if args.address is not None:
+        from executors.cluster import reachable
+
+        reachable(args.address)  # malformed or nothing listening: exit 2 before planning
+
+
+def simulated_sharing(sim: FleetSimResult) -> dict[str, Any]:
+    """The simulation's slowdown of each job and each shared CPU pool's mean wait (by its
+    jobs), to set beside what the execution measured."""
+    return {"slowdown": {j.name: j.slowdown for j in sim.jobs},
+            "pool_wait_s": [(sorted(c.jobs), c.mean_wait_s) for c in sim.cpu_pools]}
 
 
 def _execute(args: argparse.Namespace, fleet: Fleet, result: FleetResult) -> FleetExecResult:
@@ -163,7 +187,7 @@ def _execute(args: argparse.Namespace, fleet: Fleet, result: FleetResult) -> Fle
     steps = args.steps or 5
     note(f"fleet: executing {len(result.jobs)} jobs, {steps} steps each")
     ran = execute_fleet(fleet, result, steps, args.out or "out/fleet",
-                        check_weights=args.check_weights, note=say,
+                        check_weights=args.check_weights, note=say, address=args.address,
                         progress=lambda job, st: say(f"{job}: step {st.step}: reward "
                                                      f"{st.reward:.3f} time {st.step_s:.2f}s"))
     if args.trace:
