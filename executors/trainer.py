@@ -152,7 +152,7 @@ class Trainer(Worker, GroupSender):
         """Every stage's `obj`, on rank 0 (None elsewhere): the first DP and TP coordinate's
         pipeline gathers; the other ranks' copies are the same weights."""
         assert self.pipe is not None
-        if self.layout.coords(self.rank) != (0, 0):
+        if not self.layout.heads_stage(self.rank):
             return None
         out: list[Any] | None = [None] * self.layout.pp if self.rank == 0 else None
         dist.gather_object(obj, out, group=self.pipe.group, group_dst=0)
@@ -328,7 +328,7 @@ class Trainer(Worker, GroupSender):
         the others an empty dict; only rank 0 holds them whole, even while gathering."""
         if self.world == 1:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        first = self.pipe is not None and self.layout.coords(self.rank) == (0, 0)
+        first = self.pipe is not None and self.layout.heads_stage(self.rank)
         full = full_state(self.model, keep=self.rank == 0 or first)
         if self.pipe is not None:
             stage = self.pipe.stage
@@ -372,7 +372,7 @@ class Trainer(Worker, GroupSender):
             return Gathered(state, _whole)
         stage = self.pipe.stage
         mine = {stage.full_name(k): v for k, v in state.items()}
-        if bucket_bytes > 0 or self.layout.coords(self.rank) != (0, 0):
+        if bucket_bytes > 0 or not self.layout.heads_stage(self.rank):
             return Gathered(mine, _whole)
         if self.rank == 0:
             return Gathered({n: mine.get(n, m) for n, m in self._whole_meta.items()},
@@ -387,7 +387,7 @@ class Trainer(Worker, GroupSender):
         if owner == 0:
             return whole_tensor(t)
         buf = torch.empty(tuple(t.shape), dtype=t.dtype, device=self.pipe.device)
-        dist.recv(buf, src=owner * self.layout.dp * self.layout.tp, group=self.pipe.group)
+        dist.recv(buf, src=self.layout.rank_of(owner, 0, 0, 0), group=self.pipe.group)
         return buf
 
     def _gather_and_send(self, name: str, t: torch.Tensor) -> torch.Tensor:
