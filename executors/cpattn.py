@@ -140,7 +140,8 @@ def enable_cp(model: nn.Module, cp_mesh: Any) -> None:
 
 def cp_mesh_of(model: nn.Module) -> Any:
     """The CP mesh the model's attention gathers over (None: no context parallelism)."""
-    config = getattr(model, "config", None)
+    # a causal LM's or a stage's config; a value model's backbone's (`executors.critic`)
+    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
     if getattr(config, "_attn_implementation", None) != ATTENTION:
         return None
     return getattr(model, CP_MESH_ATTR, None)

@@ -317,7 +317,7 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
             EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb), shared),)
     layout = Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
                     recompute=r.recompute, ep=r.ep if base == Role.ACTOR else 1,
-                    cp=r.cp if base == Role.ACTOR else 1)
+                    cp=r.cp if base in (Role.ACTOR, Role.CRITIC) else 1)  # `executors.critic`
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
                    Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
                    share_of(r.pool, r.memory_gb), actors, parts, engines,
