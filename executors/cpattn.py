@@ -30,7 +30,10 @@ group, attention gathering the keys and values of the whole sequence over the gr
 The attention is registered with transformers' `AttentionInterface` and chosen by the model's
 `set_attn_implementation`; it takes its slice (`CPSlice`) as a keyword argument of the model's
 forward, which transformers hands to every attention call. Without one (a whole-sequence
-forward), it is plain SDPA. CP with pipeline stages or expert parallelism is refused
+forward), it is plain SDPA. With pipeline stages (`executors.pipeline`) every stage runs the
+same columns: stage s's CP rank c sends its slice's hidden states to stage s + 1's CP rank c
+(the pipeline of one (dp, cp, tp) coordinate), and the last stage scores the response tokens
+its columns predict as above. CP with expert parallelism is refused
 (`executors.sharding.check_layout`), and so is an attention with a sliding window or a
 soft-cap, whose masks this gather does not build.
 """
@@ -137,18 +140,61 @@ def enable_cp(model: nn.Module, cp_mesh: Any) -> None:
 
 def cp_mesh_of(model: nn.Module) -> Any:
     """The CP mesh the model's attention gathers over (None: no context parallelism)."""
-    config = getattr(model, "config", None)
+    # a causal LM's or a stage's config; a value model's backbone's (`executors.critic`)
+    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
     if getattr(config, "_attn_implementation", None) != ATTENTION:
         return None
     return getattr(model, CP_MESH_ATTR, None)
 
 
-def _targets(ids: torch.Tensor, cols: torch.Tensor, rw: int, width: int
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(next token of each of `cols`, its response column, whether it is one)."""
-    nxt = torch.cat([ids, torch.full_like(ids[:, :1], PAD)], 1)[:, cols + 1]
+@dataclass(frozen=True)
+class CPRank:
+    """A rank's place in its CP group: the group's size, the rank's index in it, the group."""
+
+    size: int
+    index: int
+    group: Any
+
+
+def cp_rank_of(model: nn.Module) -> CPRank | None:
+    """The rank's place in the CP group the model's attention gathers over (None: no CP)."""
+    mesh = cp_mesh_of(model)
+    return None if mesh is None else CPRank(mesh.size(), mesh.get_local_rank(), mesh.get_group())
+
+
+def cp_piece(cp: CPRank, valid: torch.Tensor) -> CPSlice:
+    """This rank's slice of a batch whose attention mask `valid` is padded to 2 * cp chunks."""
+    width = valid.shape[1]
+    keys = torch.cat([columns(width, cp.size, r)[1] for r in range(cp.size)])
+    return CPSlice(cp.group, columns(width, cp.size, cp.index)[1], keys, valid.bool())
+
+
+def cp_inputs(ids: torch.Tensor, mask: torch.Tensor, cp: CPRank
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(this rank's columns of the token ids, the attention mask of the whole batch, both
+    padded to 2 * cp chunks; the columns)."""
+    padded, cols = columns(ids.shape[1], cp.size, cp.index)
+    extra = padded - ids.shape[1]
+    return F.pad(ids, (0, extra), value=PAD)[:, cols], F.pad(mask, (0, extra), value=0), cols
+
+
+def response_columns(cols: torch.Tensor, rw: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the response column each of `cols` predicts, clamped; whether it predicts one) of a
+    packed batch `width` columns wide whose last `rw` are the response."""
     resp = cols + 1 - (width - rw)
-    return nxt, resp.clamp(0, max(rw - 1, 0)), (resp >= 0) & (resp < rw)
+    return resp.clamp(0, max(rw - 1, 0)), (resp >= 0) & (resp < rw)
+
+
+def spread(lp: torch.Tensor, ent: torch.Tensor | None, resp: torch.Tensor, mine: torch.Tensor,
+           rmask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """This rank's per-column log-probs (and entropy) placed at their response positions
+    ([batch, response width], zeros elsewhere) and the mask of those positions."""
+    rw, idx = rmask.shape[1], resp[mine]
+    out = torch.zeros(lp.shape[0], rw, dtype=lp.dtype).index_copy(1, idx, lp[:, mine])
+    ent_out = None if ent is None else torch.zeros_like(out).index_copy(1, idx, ent[:, mine])
+    own = torch.zeros(rw, dtype=torch.bool)
+    own[idx] = True
+    return out, ent_out, own[None].float().expand_as(rmask) * rmask
 
 
 def cp_logprobs(model: nn.Module, s: Samples, temperature: float, cp: int, rank: int,
@@ -160,23 +206,17 @@ def cp_logprobs(model: nn.Module, s: Samples, temperature: float, cp: int, rank:
     from executors.rl import _positions, pack, scaled_logprobs  # lazy: rl imports this module
     ids, mask, rmask = pack(s)
     rw, width = rmask.shape[1], ids.shape[1]
-    padded, cols = columns(width, cp, rank)
-    ids = F.pad(ids, (0, padded - width), value=PAD)
-    mask = F.pad(mask, (0, padded - width), value=0)
-    keys = torch.cat([columns(width, cp, r)[1] for r in range(cp)])
+    nxt = torch.cat([ids, torch.full_like(ids[:, :1], PAD)], 1)
+    cp_rank = CPRank(cp, rank, group)
+    ids, mask, cols = cp_inputs(ids, mask, cp_rank)
+    nxt = F.pad(nxt, (0, mask.shape[1] + 1 - nxt.shape[1]), value=PAD)[:, cols + 1]
     dev = next(model.parameters()).device
-    piece = CPSlice(group, cols, keys, mask.bool())
-    logits = model(input_ids=ids[:, cols].to(dev), position_ids=_positions(mask)[:, cols].to(dev),
-                   cp_slice=piece).logits
-    nxt, resp, mine = _targets(ids, cols, rw, width)
-    local_mask = rmask[:, resp] * mine[None].float()
-    lp, ent = scaled_logprobs(logits, nxt, local_mask, temperature, entropy)
-    own = torch.zeros(rw, dtype=torch.bool)
-    own[resp[mine]] = True
-    idx = resp[mine]
-    out = torch.zeros(lp.shape[0], rw, dtype=lp.dtype).index_copy(1, idx, lp[:, mine])
-    ent_out = None if ent is None else torch.zeros_like(out).index_copy(1, idx, ent[:, mine])
-    return out, ent_out, own[None].float().expand_as(rmask) * rmask
+    logits = model(input_ids=ids.to(dev), position_ids=_positions(mask)[:, cols].to(dev),
+                   cp_slice=cp_piece(cp_rank, mask)).logits
+    resp, mine = response_columns(cols, rw, width)
+    lp, ent = scaled_logprobs(logits, nxt, rmask[:, resp] * mine[None].float(), temperature,
+                              entropy)
+    return spread(lp, ent, resp, mine, rmask)
 
 
 def own_only(x: torch.Tensor, own: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
@@ -191,3 +231,10 @@ def cp_sum(t: torch.Tensor, group: Any) -> torch.Tensor:
     t = t.detach().clone()
     dist.all_reduce(t, group=group)
     return t
+
+
+def cp_sum_info(info: dict[str, float], group: Any) -> dict[str, float]:
+    """A loss's statistics (and value) summed over the CP group: the group's sums."""
+    keys = sorted(info)
+    total = cp_sum(torch.tensor([info[k] for k in keys], dtype=torch.float64), group)
+    return dict(zip(keys, total.tolist()))

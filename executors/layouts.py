@@ -51,6 +51,10 @@ class Layout:
         """The pipeline stage of a rank."""
         return rank // (self.dp * self.cp * self.tp)
 
+    def heads_stage(self, rank: int) -> bool:
+        """Whether the rank speaks for its pipeline stage: dp, cp and tp index 0."""
+        return self.coords(rank) == (0, 0) and self.cp_index(rank) == 0
+
     def leads(self, rank: int) -> bool:
         """Whether the rank speaks for its DP group: TP and CP index 0 on the last pipeline
         stage (where the loss is computed; a CP group's ranks all hold its sum)."""

@@ -15,6 +15,7 @@ Value models (PPO critic, a model reward) are the same backbone with a scalar he
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,8 +73,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, **kw: Any) -> torch.Tensor:
+        """Values at every column; `kw` go to the backbone (a context-parallel slice's
+        positions and `cp_slice`, `executors.critic`)."""
+        h = self.backbone(input_ids=ids, attention_mask=mask, **kw).last_hidden_state
         return self.head(h).squeeze(-1)
 
 

@@ -5,8 +5,8 @@
                SglangRollout` (`sglang`) have the same methods (`executors.backends`).
   Reference    frozen policy copy: log-probs for the KL term (at the rollout's temperature).
   ModelReward  a reward model (Llama backbone + scalar head, frozen).
-  Critic       PPO value model: values for GAE, trained on returns (one process; its layers
-               recompute activations when the plan's critic layout says so); checkpoints.
+  Critic       PPO value model (`executors.critic`, re-exported here): values for GAE,
+               trained on returns; one process, or a context-parallel group.
 
 The workers without a model (the rule reward, the environment) and what every worker shares
 (`RunConfig`, `Worker`) are in `executors.roles`, which does not import torch.
@@ -19,11 +19,11 @@ import time
 import torch
 
 from executors import rl
+from executors.critic import Critic  # noqa: F401 - re-exported (the role classes live here)
 from executors.model import ValueModel, state_digest
 from executors.precision import autocast
 from executors.reshard import BucketLoading, engine_shard, engine_state, engine_unshard
-from executors.roles import RunConfig, Worker, _timing, save_checkpoint
-from executors.sharding import recompute_layers, recomputes
+from executors.roles import RunConfig, Worker, _timing
 from executors.syncgroup import BUCKETS, IPC, GroupReceiver
 from executors.task import Target
 from executors.vlm import encoder_spans, load_model
@@ -168,56 +168,3 @@ class ModelReward(Worker):
     def score(self, s: rl.Samples, results: list[dict], targets: list[Target]) -> tuple[list[float], dict]:
         t0 = time.time()
         return rl.sequence_scores(self.model, s), _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
-
-
-class Critic(Worker):
-    """PPO's value model: one process, its forward in the job's training precision
-    (`cfg.precision`: BF16 autocast over FP32 weights and Adam, as the actor trains)."""
-
-    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
-        super().__init__(cfg, "critic", rank)
-        self.model = ValueModel(cfg.model_arch, cfg.seed + 29)
-        if cfg.critic_recompute:
-            recompute_layers(self.model)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.critic_lr)
-
-    def executed_layout(self, ranks: int) -> dict[str, int | bool]:
-        """One process trains the whole value model (the role's other ranks stand by)."""
-        return {"dp": 1, "tp": 1, "pp": 1, "recompute": recomputes(self.model)}
-
-    def _values(self, s: rl.Samples) -> torch.Tensor:
-        """Values in the job's training precision (BF16 autocast over the FP32 weights, as the
-        actor: `executors.precision`), returned in FP32 for the loss and GAE."""
-        with autocast(self.cfg.precision):
-            v = rl.response_values(self.model, s)
-        return v.float()
-
-    @torch.no_grad()
-    def values(self, s: rl.Samples) -> tuple[list[list[float]], dict]:
-        t0 = time.time()
-        v = self._values(s)
-        rows = [v[i, :len(r)].tolist() for i, r in enumerate(s.responses)]
-        return rows, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
-
-    def train(self, s: rl.Samples, returns: list[list[float]], old: list[list[float]]
-              ) -> tuple[dict, dict]:
-        t0 = time.time()
-        self.opt.zero_grad()
-        v = self._values(s)
-        _, _, rmask = rl.pack(s)
-        w = rmask.shape[1]
-        loss = rl.value_loss(v, rl.to_padded(old, w), rl.to_padded(returns, w), rmask)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        return {"value_loss": float(loss.detach())}, _timing(t0, tokens=s.tokens(), sample_ids=s.ids)
-
-    def save(self, path: str, step: int) -> str:
-        return save_checkpoint(path, {"model": self.model.state_dict(),
-                                      "optim": self.opt.state_dict(), "step": step})
-
-    def load(self, path: str) -> int:
-        ck = torch.load(path, weights_only=False)
-        self.model.load_state_dict(ck["model"])
-        self.opt.load_state_dict(ck["optim"])
-        return ck["step"]

@@ -22,6 +22,14 @@ log-probs, the micro-batch's loss scale), so the summed micro-batch losses are t
 loss and their gradients the one-process gradients (`scale_grads=False`). The proximal ("old")
 log-probs are a forward-only pass of the same pipeline before the step's first optimizer step.
 
+Under context parallelism (`executors.cpattn`, the mesh ("pp", "dp", "cp", "tp")) each
+pipeline is one (dp, cp, tp) coordinate's: every stage runs the CP rank's columns of the
+packed batch (Megatron's 2 * cp load-balanced chunks), so stage s's CP rank c sends the hidden
+states of its slice to stage s + 1's CP rank c and receives their gradients back; the mask of
+the whole batch goes to every stage, each layer's attention gathering the CP group's keys. The
+last stage scores the response tokens its columns predict, the loss is this rank's positions'
+and its value and statistics the CP group's sums; the old log-probs are summed over the group.
+
 Tied input and output embeddings would put one weight on the first and the last stage; the
 executor refuses PP for such models (`executors.sharding.check_layout`).
 """
@@ -34,6 +42,18 @@ import torch
 from torch import nn
 
 from executors import rl
+from executors.cpattn import (
+    CP_MESH_ATTR,
+    CPRank,
+    cp_inputs,
+    cp_piece,
+    cp_rank_of,
+    cp_sum,
+    cp_sum_info,
+    own_only,
+    response_columns,
+    spread,
+)
 from executors.precision import autocast, compute_dtype
 from executors.vocab import is_vocab_sharded, parallel_logprobs
 
@@ -77,6 +97,10 @@ class Stage(nn.Module):
         self.norm: nn.Module | None = base.norm if self.last else None
         self.head: nn.Module | None = model.lm_head if self.last else None
         self.kinds = _mask_kinds(self.config, range(lo, hi))
+        # the CP mesh the whole model's attention gathers over, kept for `read_layout`; the
+        # rank's place in it (`CPRank`) is set by the `Pipeline` that runs the stage
+        setattr(self, CP_MESH_ATTR, getattr(model, CP_MESH_ATTR, None))
+        self.cp: CPRank | None = None
         # this module's parameter names -> the whole model's (checkpoints, weight sync)
         self._prefix = {mine: names[id(m)] for mine, m in (
             ("embed", self.embed), ("layers", base.layers), ("norm", self.norm),
@@ -88,6 +112,9 @@ class Stage(nn.Module):
         return f"{self._prefix[head]}.{rest}"
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Under context parallelism (`cp` set) `x` is this rank's columns of the batch and
+        `attention_mask` the whole padded batch's: each layer's attention gathers the keys of
+        the CP group's columns (`executors.cpattn`), so no mask is built here."""
         from transformers.masking_utils import (  # lazy: transformers only where used
             create_causal_mask,
             create_sliding_window_causal_mask,
@@ -96,12 +123,19 @@ class Stage(nn.Module):
                   "sliding_attention": create_sliding_window_causal_mask}
         pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as rl._positions (left padding)
         h = self.embed(x) if self.embed is not None else x
-        masks = {k: makers[k](config=self.config, inputs_embeds=h, attention_mask=attention_mask,
-                              cache=None, position_ids=pos) for k in set(self.kinds.values())}
+        extra: dict[str, Any] = {}
+        if self.cp is not None:  # this rank's columns, the whole batch's keys
+            piece = cp_piece(self.cp, attention_mask)
+            pos, extra = pos[:, piece.queries.to(pos.device)], {"cp_slice": piece}
+            masks: dict[str, Any] = dict.fromkeys(self.kinds.values())
+        else:
+            masks = {k: makers[k](config=self.config, inputs_embeds=h,
+                                  attention_mask=attention_mask, cache=None, position_ids=pos)
+                     for k in set(self.kinds.values())}
         pe = self.rotary(h, position_ids=pos)
         for name, layer in self.layers.items():
             h = layer(h, attention_mask=masks[self.kinds[name]], position_embeddings=pe,
-                      position_ids=pos)
+                      position_ids=pos, **extra)
         if self.head is None or self.norm is None:
             return h
         logits = self.head(self.norm(h))
@@ -164,6 +198,25 @@ def token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: floa
     return lp.cpu() * mask, None if ent is None else ent.cpu() * mask
 
 
+def cp_token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float,
+                      entropy: bool, cp: tuple[torch.Tensor, int, Any],
+                      shard: tuple[torch.Tensor, int, Any] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`token_logprobs` from this CP rank's columns' logits (`cp`: its columns, the packed
+    width, the CP group): its share of the response positions, zeros elsewhere, and the mask
+    of its own positions (`executors.cpattn.spread`)."""
+    cols, width, _ = cp
+    rmask = target[..., MASK].cpu()
+    resp, mine = response_columns(cols, target.shape[1], width)
+    tokens, mask = target[..., TOKEN].long()[:, resp], rmask[:, resp] * mine[None].float()
+    if shard is None:
+        lp, ent = rl.scaled_logprobs(logits, tokens, mask, temperature, entropy)
+    else:
+        lp, ent = parallel_logprobs(logits, tokens, temperature, entropy, shard)
+        lp, ent = lp.cpu() * mask, None if ent is None else ent.cpu() * mask
+    return spread(lp, ent, resp, mine, rmask)
+
+
 class PolicyLoss:
     """The last stage's loss: one micro-batch's summed token loss times its scale (1 / the
     mini-batch's tokens, 0 for a stand-in), as the one-process trainer's; records each call's
@@ -175,19 +228,30 @@ class PolicyLoss:
         self.has_ref, self.has_behaviour = has_ref, has_behaviour
         self.calls: list[tuple[float, dict, float]] = []
         self.vocab: tuple[int, Any] | None = None  # (TP rank, group): logits are a vocab shard
+        self.cp: tuple[torch.Tensor, int, Any] | None = None  # (columns, width, group) under CP
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         t = target.cpu()
         shard = None if self.vocab is None else (
             logits, self.vocab[0] * logits.shape[-1], self.vocab[1])
-        logp, ent = token_logprobs(logits, t, self.temperature, entropy=True, shard=shard)
+        mask, old = t[..., MASK], t[..., OLD]
+        ref = t[..., REF] if self.has_ref else None
+        behaviour = t[..., BEHAVIOUR] if self.has_behaviour else None
+        if self.cp is None:
+            logp, ent = token_logprobs(logits, t, self.temperature, entropy=True, shard=shard)
+        else:  # this CP rank's positions; the others' at ratio 1, KL 0 (masked out)
+            logp, ent, mask = cp_token_logprobs(logits, t, self.temperature, True, self.cp, shard)
+            old = own_only(old, mask, logp)
+            ref = own_only(ref, mask, logp) if ref is not None else None
+            behaviour = own_only(behaviour, mask, logp) if behaviour is not None else None
         loss, info = rl.policy_loss(
-            logp, t[..., OLD], t[..., ADV], t[..., MASK], t[..., REF] if self.has_ref else None,
-            self.kl.loss_coef, denom=1.0,
-            behaviour=t[..., BEHAVIOUR] if self.has_behaviour else None,
-            kl_estimator=self.kl.estimator, entropy=ent)
+            logp, old, t[..., ADV], mask, ref, self.kl.loss_coef, denom=1.0,
+            behaviour=behaviour, kl_estimator=self.kl.estimator, entropy=ent)
+        info["loss"] = float(loss.detach())
+        if self.cp is not None:  # the CP group's sums (its gradient stays this rank's share)
+            info = cp_sum_info(info, self.cp[2])
         scale = float(t[0, 0, SCALE])
-        self.calls.append((float(loss.detach()), info, scale))
+        self.calls.append((info.pop("loss"), info, scale))
         return (loss * scale).to(logits.device)
 
 
@@ -199,6 +263,7 @@ class Pipeline:
         self.stage, self.p, self.pp, self.group, self.device = stage, p, pp, group, device
         self.precision = precision
         self.vocab: tuple[int, int, Any] | None = None  # TP's vocabulary split: `split_vocab`
+        stage.cp = self.cp = cp_rank_of(stage)  # each stage runs this rank's columns under CP
 
     def split_vocab(self, tp_mesh: Any) -> None:
         """The last stage's logits are this TP rank's vocabulary shard (`executors.vocab`)."""
@@ -220,7 +285,7 @@ class Pipeline:
         cfg = self.stage.config
         # what crosses a stage boundary: FSDP2's BF16 parameters make BF16 activations
         dtype = compute_dtype(self.precision)
-        seq = pk.ids.shape[1]
+        seq = self._inputs(pk)[0].shape[1]  # this rank's columns under CP
 
         def meta(*shape: int, dt: torch.dtype = dtype, grad: bool = train) -> torch.Tensor:
             return torch.empty(pk.rows, *shape, dtype=dt, device="meta", requires_grad=grad)
@@ -233,10 +298,24 @@ class Pipeline:
         kind = Schedule1F1B if train and pk.micro >= self.pp else ScheduleGPipe
         return kind(st, pk.micro, loss_fn=loss, scale_grads=False)
 
+    def _inputs(self, pk: Packed) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids, attention mask) the stages run: under CP this rank's columns of the
+        ids and the whole padded batch's mask (`executors.cpattn.cp_inputs`)."""
+        if self.cp is None:
+            return pk.ids, pk.mask
+        return cp_inputs(pk.ids, pk.mask, self.cp)[:2]
+
+    def _cp_targets(self, pk: Packed) -> tuple[torch.Tensor, int, Any] | None:
+        """(this rank's columns, the packed width, the CP group) under CP, else None."""
+        if self.cp is None:
+            return None
+        return cp_inputs(pk.ids, pk.mask, self.cp)[2], pk.ids.shape[1], self.cp.group
+
     def _step(self, sched: Any, pk: Packed, **kw: Any) -> Any:
-        args = (pk.ids.to(self.device),) if self.stage.first else ()
+        ids, mask = self._inputs(pk)
+        args = (ids.to(self.device),) if self.stage.first else ()
         with autocast(self.precision):
-            return sched.step(*args, attention_mask=pk.mask.to(self.device), **kw)
+            return sched.step(*args, attention_mask=mask.to(self.device), **kw)
 
     @torch.no_grad()
     def logprobs(self, pk: Packed, temperature: float = 1.0) -> torch.Tensor | None:
@@ -244,7 +323,13 @@ class Pipeline:
         logits = self._step(self._schedule(pk, None), pk)
         if not self.stage.last:
             return None
-        return token_logprobs(logits, pk.target, temperature, shard=self._vocab_shard(logits))[0]
+        cp = self._cp_targets(pk)
+        if cp is None:
+            return token_logprobs(logits, pk.target, temperature,
+                                  shard=self._vocab_shard(logits))[0]
+        part = cp_token_logprobs(logits, pk.target, temperature, False, cp,
+                                 self._vocab_shard(logits))[0]
+        return cp_sum(part, cp[2])  # the whole batch's, on every CP rank
 
     def train(self, pk: Packed, old: torch.Tensor | None, loss: PolicyLoss
               ) -> list[tuple[float, dict, float]]:
@@ -255,6 +340,7 @@ class Pipeline:
         target = pk.target.to(self.device) if self.stage.last else None
         loss.calls.clear()
         loss.vocab = None if self.vocab is None else (self.vocab[1], self.vocab[2])
+        loss.cp = self._cp_targets(pk)
         self._step(self._schedule(pk, loss), pk, target=target, losses=[] if target is not None
                    else None, return_outputs=False)
         return list(loss.calls)

@@ -293,7 +293,10 @@ def mini_batches(n: int, k: int) -> list[list[int]]:
 
 
 def value_loss(values: torch.Tensor, old: torch.Tensor, returns: torch.Tensor, rmask: torch.Tensor,
-               clip: float = 0.2) -> torch.Tensor:
+               clip: float = 0.2, denom: float | None = None) -> torch.Tensor:
+    """The clipped value loss, a token mean over `rmask`'s positions, or their sum over
+    `denom` (a context-parallel rank's own positions over the whole batch's tokens)."""
     clipped = old + (values - old).clamp(-clip, clip)
     err = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
-    return 0.5 * (err * rmask).sum() / rmask.sum().clamp(min=1)
+    n = rmask.sum().clamp(min=1) if denom is None else max(denom, 1.0)
+    return 0.5 * (err * rmask).sum() / n

@@ -74,6 +74,7 @@ class RunConfig:
     max_model_len: int = 128  # the job's longest context, tokens (+1 for BOS)
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
     critic_recompute: bool = False  # the plan's critic `recompute`
+    critic_cp: int = 1  # the plan's critic context parallelism (`executors.critic`)
     precision: str = "fp32"  # the trainer's: bf16 (as the plan prices) | fp32 (`executors.precision`)
 
     @property
@@ -114,6 +115,7 @@ def plan_settings(run: RunPlan) -> dict[str, Any]:
     out: dict[str, Any] = {"trainer": actor.layout,
                            "max_model_len": run.job.max_context + 1,  # + BOS
                            "critic_recompute": critic is not None and critic.layout.recompute,
+                           "critic_cp": critic.layout.cp if critic is not None else 1,
                            "precision": of_job("fp8" if actor.precision.fp8_train else "bf16")}
     if rollout is not None:
         out["engines"] = rollout.engines[0]

@@ -272,7 +272,7 @@ class RolloutDriver:
                        policy_version=samples.version, sample_ids=samples.ids,
                        tokens=samples.tokens())
         if not self.ctx.lc.pipeline.overlaps_steps:  # no generation until the next refresh
-            self.weights.sleep()
+            self.weights.sleep(r.step)
         return samples
 
     def _absorb(self, r: StepRollout, calls: list[Call], ran: Ran) -> list[Traj]:

@@ -216,11 +216,14 @@ def resolve_plan(plan: Plan, *, agents: bool = False) -> RunPlan:
 def actor_counts(plan: Plan) -> dict[str, int]:
     """Actors per role: `placer.solve.moves.role_counts`, but training runs one process per
     device of its layout (its TP, CP and PP ranks are processes of one torch.distributed
-    group), and a split role runs every part's replicas."""
+    group), a critic with context parallelism at least its CP ranks, and a split role runs
+    every part's replicas."""
     counts = role_counts(plan)
     for role, r in plan.roles.items():  # the actor, or each agent's (`AGENT.actor`)
         if split_role(role)[1] == Role.ACTOR and role in counts:
             counts[role] *= r.tp * r.pp * r.cp
+        elif split_role(role)[1] == Role.CRITIC and role in counts and r.cp > 1:
+            counts[role] = max(counts[role], r.cp)  # a CP critic's ranks (`executors.critic`)
     for role, r in plan.roles.items():
         if r.parts:
             counts[role] = sum(p.dp for p in r.parts)
@@ -317,7 +320,7 @@ def _role(plan: Plan, name: str, r: RolePlacement, res: Resolved, actors: int,
             EngineGroup(r.pool, 0, r.dp, r.tp, share_of(r.pool, r.memory_gb), shared),)
     layout = Layout(r.dp, r.tp, r.pp, r.shard if 0 < r.shard < r.dp else 0,
                     recompute=r.recompute, ep=r.ep if base == Role.ACTOR else 1,
-                    cp=r.cp if base == Role.ACTOR else 1)
+                    cp=r.cp if base in (Role.ACTOR, Role.CRITIC) else 1)  # `executors.critic`
     return RoleRun(name, r.slot, r.pool, r.devices, layout, r.cp, r.ep, r.etp, r.zero, r.offload,
                    Precision(r.fp8_weights, r.fp8_kv, r.fp8_train), r.memory_gb,
                    share_of(r.pool, r.memory_gb), actors, parts, engines,

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from executors.backends import Backend, backend_of
+from executors.critic import Critic
 from executors.judge import Judge
-from executors.modelroles import Critic, ModelReward, Reference
+from executors.modelroles import ModelReward, Reference
 from executors.placement import Member, PlacementError, actor_options, assign
 from executors.roles import EnvWorker, RuleReward, RunConfig
 from executors.runplan import RoleRun, RunPlan
@@ -105,14 +106,14 @@ def worker_spec(m: Member, cfg: RunConfig, rollout: RoleRun | None, backend: Bac
     rank in the one-process runtime)."""
     if m.role == Role.ROLLOUT and rollout is not None:
         return backend.rollout_worker(cfg, rollout.group_of(m.rank), m.rank)
-    if m.role == Role.ACTOR:
-        return Trainer, (cfg, m.rank, sum(1 for x in members if x.role == Role.ACTOR))
+    if m.role in (Role.ACTOR, Role.CRITIC):  # a trainer's or a CP critic's group
+        cls = Trainer if m.role == Role.ACTOR else Critic
+        return cls, (cfg, m.rank, sum(1 for x in members if x.role == m.role))
     if m.role == Role.REWARD:
         if cfg.judge is not None:
             return Judge, (cfg, m.rank)
         return (RuleReward if cfg.reward_arch is None else ModelReward), (cfg, m.rank)
-    workers: dict[str, type] = {Role.REFERENCE: Reference, Role.CRITIC: Critic,
-                                Role.ENVIRONMENT: EnvWorker}
+    workers: dict[str, type] = {Role.REFERENCE: Reference, Role.ENVIRONMENT: EnvWorker}
     return workers[m.role], (cfg, m.rank)
 
 

@@ -2,7 +2,8 @@
 
 Actors per role (`executors.runplan.actor_counts`): the actor (trainer) role gets one actor per
 device of its layout (dp x cp x tp x pp, `executors.trainer`), the rollout and reference roles one
-per data-parallel rank, the others one each, environments one per bundle. A role's ranks are
+per data-parallel rank, a critic with context parallelism one per CP rank (`executors.critic`),
+the others one each, environments one per bundle. A role's ranks are
 laid over its slot's bundles in order; roles that share a slot (colocation) share a bundle's
 resources in equal parts (`Seat.sharers`).
 

@@ -39,10 +39,7 @@ re-planned onto another layout (a lost node) restores it.
 """
 from __future__ import annotations
 
-import os
-import socket
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -53,16 +50,19 @@ from executors.cpattn import cp_logprobs, cp_sum, enable_cp, own_only
 from executors.experts import sync_expert_grads
 from executors.layoutread import mismatch, read_layout
 from executors.model import state_digest
-from executors.nodeaddr import _interface_of, _node_ip
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.precision import autocast
+from executors.procgroup import GroupMember
 from executors.reshard import Bucket, Gathered, Stream
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
 from executors.sharding import (
     build_mesh,
     clip_grad_norm,
+    full_optim,
     full_state,
+    load_full,
+    load_sharded_optim,
     recompute_layers,
     shard,
     whole_tensor,
@@ -78,7 +78,7 @@ MiniBatch = list[Micro]
 STATS = ("kl", "clip_frac", "tis_truncated", "entropy")
 
 
-class Trainer(Worker, GroupSender):
+class Trainer(Worker, GroupSender, GroupMember):
     """One rank of policy training."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0, world: int = 1) -> None:
@@ -91,7 +91,6 @@ class Trainer(Worker, GroupSender):
                              f"the run made {world}")
         self.version = 0
         self.optimizer_steps = 0
-        self._store_socket: socket.socket | None = None  # rank 0: the store's, until init_group
         self.pipe: Pipeline | None = None  # this rank's pipeline stage (pp > 1, once sharded)
         self._stream: Stream | None = None  # the weight refresh this rank streams
         self._build(sharded=False)
@@ -152,7 +151,7 @@ class Trainer(Worker, GroupSender):
         """Every stage's `obj`, on rank 0 (None elsewhere): the first DP and TP coordinate's
         pipeline gathers; the other ranks' copies are the same weights."""
         assert self.pipe is not None
-        if self.layout.coords(self.rank) != (0, 0):
+        if not self.layout.heads_stage(self.rank):
             return None
         out: list[Any] | None = [None] * self.layout.pp if self.rank == 0 else None
         dist.gather_object(obj, out, group=self.pipe.group, group_dst=0)
@@ -171,43 +170,12 @@ class Trainer(Worker, GroupSender):
         return {**read, "precision": self.cfg.precision, "stage": self.layout.stage(self.rank),
                 "micro_batches": self.cfg.accumulate}
 
-    def rendezvous(self) -> tuple[str, int]:
-        """Address and port of the process group's store, which this rank (0) hosts.
-
-        The store's socket is bound here to this node's address only (127.0.0.1 in an embedded
-        cluster, the cluster interface with `--address`) and handed to the store in `init_group`:
-        torch's TCPStore, given just a port, listens on every interface, unauthenticated."""
-        ip = _node_ip()
-        s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
-        s.bind((ip, 0))
-        s.listen(128)
-        self._store_socket = s
-        return ip, s.getsockname()[1]
-
     def init_group(self, addr: str, port: int) -> bool:
-        """Join the trainers' group, then rebuild the model sharded over the layout's mesh."""
+        """Join the trainers' group (`executors.procgroup`), then rebuild the model sharded
+        over the layout's mesh."""
         if self.world == 1:
             return True
-        if dist.is_initialized():  # re-forming the group after a peer was lost
-            dist.destroy_process_group()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        ifname = _interface_of(_node_ip())
-        if ifname:  # gloo's pairs and NCCL's bootstrap listen on this interface only
-            os.environ["GLOO_SOCKET_IFNAME"] = ifname  # (loopback when embedded)
-            os.environ["NCCL_SOCKET_IFNAME"] = ifname
-        timeout = timedelta(seconds=120)
-        listen = self._store_socket if self.rank == 0 else None
-        if self.rank == 0 and listen is None:  # without it the store would bind to every interface
-            raise RuntimeError("trainer rank 0: init_group before rendezvous (no store socket)")
-        # libuv is the TCPStore server that takes a listening socket made by the caller
-        store = dist.TCPStore(addr, port, self.world, self.rank == 0, timeout=timeout,
-                              master_listen_fd=listen.fileno() if listen else None,
-                              use_libuv=True)
-        if listen is not None:
-            listen.detach()  # the store owns the descriptor now; never close it twice
-            self._store_socket = None
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
-                                timeout=timeout)
+        self.join_group(addr, port)
         self._build(sharded=True)
         return True
 
@@ -328,7 +296,7 @@ class Trainer(Worker, GroupSender):
         the others an empty dict; only rank 0 holds them whole, even while gathering."""
         if self.world == 1:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        first = self.pipe is not None and self.layout.coords(self.rank) == (0, 0)
+        first = self.pipe is not None and self.layout.heads_stage(self.rank)
         full = full_state(self.model, keep=self.rank == 0 or first)
         if self.pipe is not None:
             stage = self.pipe.stage
@@ -372,7 +340,7 @@ class Trainer(Worker, GroupSender):
             return Gathered(state, _whole)
         stage = self.pipe.stage
         mine = {stage.full_name(k): v for k, v in state.items()}
-        if bucket_bytes > 0 or self.layout.coords(self.rank) != (0, 0):
+        if bucket_bytes > 0 or not self.layout.heads_stage(self.rank):
             return Gathered(mine, _whole)
         if self.rank == 0:
             return Gathered({n: mine.get(n, m) for n, m in self._whole_meta.items()},
@@ -387,7 +355,7 @@ class Trainer(Worker, GroupSender):
         if owner == 0:
             return whole_tensor(t)
         buf = torch.empty(tuple(t.shape), dtype=t.dtype, device=self.pipe.device)
-        dist.recv(buf, src=owner * self.layout.dp * self.layout.tp, group=self.pipe.group)
+        dist.recv(buf, src=self.layout.rank_of(owner, 0, 0, 0), group=self.pipe.group)
         return buf
 
     def _gather_and_send(self, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -427,7 +395,7 @@ class Trainer(Worker, GroupSender):
         if self.world == 1:
             model, optim = self.model.state_dict(), self.opt.state_dict()
         else:
-            optim = _full_optim(self.opt)
+            optim = full_optim(self.opt)
             model = self.weights()
             if self.pipe is not None:
                 optim = self._stages_optim(optim)
@@ -458,8 +426,8 @@ class Trainer(Worker, GroupSender):
                 optim = {"state": {i: optim["state"][g] for i, g in enumerate(self._index)
                                    if g in optim["state"]},
                          "param_groups": optim["param_groups"]}
-            _load_full(self.model, model)
-            _load_sharded_optim(self.opt, optim)
+            load_full(self.model, model)
+            load_sharded_optim(self.opt, optim)
         self.version = ck["version"]
         self.optimizer_steps = ck.get("optimizer_steps", 0)
         return self.version
@@ -467,38 +435,3 @@ class Trainer(Worker, GroupSender):
 
 def _whole(name: str, t: torch.Tensor) -> torch.Tensor:
     return whole_tensor(t)
-
-
-def _load_full(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Copy full weights into a sharded model's local shards."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            if isinstance(v, DTensor):
-                v.to_local().copy_(distribute_tensor(full[k].to(v.device), v.device_mesh,
-                                                     v.placements).to_local())
-            else:
-                v.copy_(full[k].to(v.device))
-
-
-def _full_optim(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state with every DTensor gathered whole, on the CPU (a collective)."""
-    from torch.distributed.tensor import DTensor  # lazy: distributed only
-    sd = opt.state_dict()
-    return {"state": {i: {k: v.full_tensor().cpu() if isinstance(v, DTensor) else v
-                          for k, v in sorted(sd["state"][i].items())}
-                      for i in sorted(sd["state"])},
-            "param_groups": sd["param_groups"]}
-
-
-def _load_sharded_optim(opt: torch.optim.Optimizer, full: dict[str, Any]) -> None:
-    """Restore `_full_optim` (or a one-process optimizer's) state into this rank's shards."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
-    params = [p for g in opt.param_groups for p in g["params"]]
-    for i, st in sorted(full["state"].items()):
-        p = params[int(i)]
-        opt.state[p] = {k: (distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
-                            if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0
-                            else v) for k, v in sorted(st.items())}
-    for g, sg in zip(opt.param_groups, full["param_groups"]):
-        g.update({k: v for k, v in sg.items() if k != "params"})

@@ -59,14 +59,26 @@ class Training:
 
     def setup(self) -> None:
         """Form the trainers' process group (more than one data-parallel rank)."""
-        rt, ranks = self.ctx.rt, self.ctx.by_role[Role.ACTOR]
+        ranks = self.ctx.by_role[Role.ACTOR]
         if len(ranks) > 1:
-            addr, port = rt.results([rt.call(ranks[0], "rendezvous")])[0].value
-            outs = rt.results([rt.call(m, "init_group", addr, port) for m in ranks])
-            if not all(o.ok for o in outs):
-                raise RuntimeError(f"trainer process group: {next(o.error for o in outs if not o.ok)}")
+            self._form_group(ranks, "trainer")
             self.probe_collectives(ranks)
+        if len(self.critic_ranks()) > 1:  # a context-parallel critic (`executors.critic`)
+            self._form_group(self.critic_ranks(), "critic")
         self.record_layouts()
+
+    def _form_group(self, ranks: list[Any], what: str) -> None:
+        rt = self.ctx.rt
+        addr, port = rt.results([rt.call(ranks[0], "rendezvous")])[0].value
+        outs = rt.results([rt.call(m, "init_group", addr, port) for m in ranks])
+        if not all(o.ok for o in outs):
+            raise RuntimeError(f"{what} process group: {next(o.error for o in outs if not o.ok)}")
+
+    def critic_ranks(self) -> list[Any]:
+        """The critic's working ranks: its CP group (the plan's critic cp, `executors.critic`)
+        or its first rank; the others stand by."""
+        critics = self.ctx.workers(Role.CRITIC)
+        return critics[:self.ctx.cfg.critic_cp if len(critics) > 1 else 1]
 
     def probe_collectives(self, ranks: list[Any]) -> None:
         """Time the new group's collectives on every rank (`executors.collprobe`): one
@@ -110,9 +122,9 @@ class Training:
             jobs.append((Role.REFERENCE, [
                 (m, "logprobs", (s.take(list(range(k * n // len(refs), (k + 1) * n // len(refs)))),))
                 for k, m in enumerate(refs)]))
-        critics = self.ctx.workers(Role.CRITIC)
+        critics = self.critic_ranks()
         if critics:
-            jobs.append((Role.CRITIC, [(critics[0], "values", (s,))]))
+            jobs.append((Role.CRITIC, [(m, "values", (s,)) for m in critics]))
         return jobs
 
     def dispatch_score(self, s: rl.Samples) -> ScoreJobs:
@@ -144,7 +156,8 @@ class Training:
                               sample_ids=timing["sample_ids"], **args)
                 record_encodes(ctx.event, m, step, timing, "log-probs", s.version)
             ctx.counters.busy(role, [(v[1]["t0"], v[1]["dur"]) for v in vals])
-            out[str(role)] = [x for v in vals for x in v[0]]
+            # each of a CP critic's ranks returns the whole batch's values
+            out[str(role)] = [x for v in (vals[:1] if role == Role.CRITIC else vals) for x in v[0]]
             if all(EXACT in v[1] for v in vals):  # a rule reward's verdicts: exact or not
                 out[EXACT] = [x for v in vals for x in v[1][EXACT]]
         ctx.event("score", "stage", started.t, time.time() - started.t, None, step,
@@ -194,9 +207,7 @@ class Training:
         layout = ctx.run.roles[Role.ACTOR].layout if len(ranks) > 1 else Layout()
         parts = partition(s, adv, ref, layout, ctx.cfg.mini_batches, ctx.cfg.accumulate)
         calls: list[Call] = [(m, "train", (part,)) for m, part in zip(ranks, parts)]
-        critics = ctx.workers(Role.CRITIC)
-        if critics:
-            calls.append((critics[0], "train", (s, extra["returns"], extra["values"])))
+        calls += [(m, "train", (s, extra["returns"], extra["values"])) for m in self.critic_ranks()]
         handles = [ctx.rt.call(m, meth, *args) for m, meth, args in calls]
         self.calls.inject(step, Role.ACTOR)
         self.calls.inject(step, Role.CRITIC)
@@ -290,11 +301,12 @@ class Checkpoints:
         ctx, t = self.ctx, time.time()
         d = ctx.lc.out_dir / "checkpoints"
         critics = ctx.workers(Role.CRITIC)
-        # every trainer rank joins the gather of its shards; rank 0 writes the one file
+        # every trainer (and CP critic) rank joins the gather of its shards; rank 0 writes
         actors = ctx.by_role[Role.ACTOR]
         handles = [ctx.rt.call(m, "save", str(d / f"actor-{step:06d}.pt"), step) for m in actors]
-        if critics:
-            handles.append(ctx.rt.call(critics[0], "save", str(d / f"critic-{step:06d}.pt"), step))
+        cp = ctx.cfg.critic_cp if len(critics) > 1 else 1
+        handles += [ctx.rt.call(m, "save", str(d / f"critic-{step:06d}.pt"), step)
+                    for m in critics[:cp]]
         outs = ctx.rt.results(handles)
         if not all(o.ok for o in outs):
             raise TrainingLost(next(o.error for o in outs if not o.ok))

@@ -366,25 +366,35 @@ class WeightSync:
         return [m for m in self.ctx.by_role[Role.ROLLOUT]
                 if r is not None and r.group_of(m.rank).colocated]
 
-    def sleep(self) -> None:
+    def sleep(self, step: int) -> None:
         """A colocated engine frees its device memory for the training phase (vLLM's `sleep`,
         SGLang's `release_memory_occupation`); a lost engine re-syncs before its next work."""
-        self._engines("sleep_engine")
+        self._engines("sleep_engine", step)
 
-    def _engines(self, method: str) -> None:
+    def _engines(self, method: str, step: int) -> None:
+        """Every colocated engine's `method` at once, one `transfer` event per engine on its
+        track (`sleep rollout` / `wake rollout`; `swapped`: whether it changed state), as the
+        multi-agent loop traces them (`executors.agentrun.AgentLoop.swap`). An engine that
+        fails is marked stale (`error` in its event): it re-syncs before its next work."""
         ms = self._colocated()
         if not ms:
             return
+        t = time.time()
         outs = self.ctx.rt.results([self.ctx.rt.call(m, method) for m in ms])
+        dur = time.time() - t
+        what = "sleep" if method == "sleep_engine" else "wake"
         for m, o in zip(ms, outs):
             if not o.ok:
                 self.ctx.known[m.rank] = None
+            failed = {} if o.ok else {"error": o.error}
+            self.ctx.event(f"{what} {m.role}", "transfer", t, dur, m, step,
+                           swapped=bool(o.value) if o.ok else False, **failed)
 
     def sync(self, step: int, force: Member | None = None) -> int:
         """Send the trainer's version to the free rollout workers without it (and to `force`);
         returns the version. Colocated engines wake first (`sleep`)."""
         ctx = self.ctx
-        self._engines("wake_engine")
+        self._engines("wake_engine", step)
         t = time.time()
         actors = ctx.by_role[Role.ACTOR]
         version = int(self._trainer_call(actors[0], "weights_info")[0])

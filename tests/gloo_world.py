@@ -33,10 +33,9 @@ JOIN_TIMEOUT_S = 300
 
 
 def _joined(rank: int, cfg: RunConfig, q_addr: Any, body: Callable[..., None],
-            args: tuple[Any, ...]) -> None:
+            args: tuple[Any, ...], make: Callable[..., Any], world: int) -> None:
     torch.set_num_threads(1)  # the ranks share the machine's few cores
-    world = cfg.trainer.world
-    tr = Trainer(cfg, rank, world)
+    tr = make(cfg, rank, world)
     if rank == 0:
         addr = tr.rendezvous()
         for _ in range(world - 1):
@@ -47,12 +46,14 @@ def _joined(rank: int, cfg: RunConfig, q_addr: Any, body: Callable[..., None],
     body(rank, tr, *args)
 
 
-def run_world(body: Callable[..., None], cfg: RunConfig, *args: Any) -> None:
+def run_world(body: Callable[..., None], cfg: RunConfig, *args: Any,
+              make: Callable[..., Any] = Trainer, world: int | None = None) -> None:
     """Run body(rank, trainer, *args) on every rank of `cfg.trainer`'s world (`body` must be
-    a module-level function: the spawned processes import it)."""
+    a module-level function: the spawned processes import it); `make` (a worker class taking
+    (cfg, rank, world), the trainer by default) and `world` for another role's group."""
     q_addr = SPAWN.Queue()
-    world = cfg.trainer.world
-    procs = [SPAWN.Process(target=_joined, args=(r, cfg, q_addr, body, args))
+    world = cfg.trainer.world if world is None else world
+    procs = [SPAWN.Process(target=_joined, args=(r, cfg, q_addr, body, args, make, world))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -111,7 +111,7 @@ def test_a_bf16_critic_matches_fp32_within_bf16(model_dir: Path) -> None:
     cfg = dataclasses.replace(config(model_dir, critic_lr=1e-3), algorithm="ppo")
     critic = Critic(dataclasses.replace(cfg, precision="bf16"))
     s, _ = batch(2)
-    assert critic._values(s).dtype == torch.float32  # handed on in FP32
+    assert critic._values(s)[0].dtype == torch.float32  # handed on in FP32 (with its mask)
     with autocast("bf16"):
         assert critic.model(torch.tensor([[5, 9, 14]]), torch.ones(1, 3)).dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in critic.model.parameters())

@@ -194,9 +194,11 @@ def test_cp_traffic_is_what_layercomm_prices(layout: Layout, model_dir: Path) ->
 
 def test_cp_layouts_the_trainer_cannot_run_are_refused() -> None:
     args = (ARCH.heads, ARCH.kv_heads, ARCH.mlp)
-    for lay in (Layout(pp=2, cp=2), Layout(dp=2, cp=2, ep=2)):
-        with pytest.raises(SpecError, match=r"plan.roles.actor: layout .*cp2.*plan with cp 1"):
-            check_layout("actor", lay, *args)
+    with pytest.raises(SpecError, match=r"plan.roles.actor: layout dp2 tp1 pp1 cp2 ep2: context "
+                                        r"parallelism \(cp 2\) with expert parallelism \(ep 2\)"
+                                        r".*plan with cp 1 or ep 1"):
+        check_layout("actor", Layout(dp=2, cp=2, ep=2), *args)
+    check_layout("actor", Layout(pp=2, cp=2), *args, layers=ARCH.layers)  # tests/test_exec_cp_pp.py
     check_layout("actor", Layout(dp=2, tp=2, cp=2), *args)
     check_layout("actor", Layout(dp=4, shard=2, cp=2), *args)
     assert Parallel(cp=2).cp == 2
