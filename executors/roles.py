@@ -75,6 +75,9 @@ class RunConfig:
     accumulate: int = 1  # micro-batches per mini-batch on each rank (gradient accumulation)
     critic_recompute: bool = False  # the plan's critic `recompute`
     precision: str = "fp32"  # the trainer's: bf16 (as the plan prices) | fp32 (`executors.precision`)
+    # the refresh's senders keep the gathered weights between steps (the plan's host-memory
+    # decision, `RunPlan.keep_sync_copy`); else they gather at each refresh
+    keep_sync_copy: bool = False
 
     @property
     def kl(self) -> rl.KLTerm:
@@ -119,6 +122,7 @@ def plan_settings(run: RunPlan) -> dict[str, Any]:
         out["engines"] = rollout.engines[0]
     out["accumulate"] = accumulation(run.job.samples, run.job.mini_batches, actor.layout.dp,
                                      actor.micro_batch)
+    out["keep_sync_copy"] = run.keep_sync_copy
     return out
 
 

@@ -49,10 +49,15 @@ import torch
 from torch import nn
 
 from executors.experts import shard_experts
+from executors.gather import batches, nbytes, whole_tensors
 from executors.precision import fsdp_policy
 from executors.runplan import Layout
 from executors.vocab import shard_vocab
 from placer.base.errors import SpecError
+
+# bytes made whole per all-gather when a checkpoint or `Trainer.weights` gathers the model: a
+# run's tensors at a time, so a rank holds at most this much of them beyond what it keeps
+GATHER_BATCH_BYTES = 256 * 2**20
 
 
 def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
@@ -313,10 +318,22 @@ def whole_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_state(model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict; a collective: every rank of the group calls it. A rank
-    that does not `keep` it takes part tensor by tensor and holds none of it (empty dict)."""
-    if not keep:
-        for v in model.state_dict().values():
-            whole_tensor(v)  # this rank's part of the gather, dropped at once
-        return {}
-    return {k: _local(v.detach()).cpu().clone() for k, v in model.state_dict().items()}
+    """The full (unsharded) state dict, on the CPU; a collective: every rank of the group calls
+    it. The tensors are gathered in runs of `GATHER_BATCH_BYTES`, one all-gather per run
+    (`executors.gather`); a rank that does not `keep` them drops each run at once and returns
+    an empty dict."""
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    return dict(gathered(state, keep))
+
+
+def gathered(state: dict[Any, torch.Tensor], keep: bool = True
+             ) -> list[tuple[Any, torch.Tensor]]:
+    """`state`'s tensors whole, on the CPU, each a copy of its own (`full_state`); a
+    collective. Not `keep`: this rank's part of the gathers only (an empty list)."""
+    names = list(state)
+    out: list[tuple[Any, torch.Tensor]] = []
+    for lo, hi in batches([nbytes(state[n]) for n in names], GATHER_BATCH_BYTES):
+        got = whole_tensors([state[n] for n in names[lo:hi]])
+        if keep:
+            out.extend((n, g.cpu().clone()) for n, g in zip(names[lo:hi], got))
+    return out
