@@ -18,7 +18,9 @@ barrier on the trainers' group before and after the writes), and rank 0 renames 
 final path; the driver records it in `latest.json` only after every rank's call returned, so a
 checkpoint interrupted half-way is never the one a run resumes from. `read` rebuilds the
 one-process format (full weights, full Adam state by parameter index) from the files, so any
-layout restores it, as one process, another dp or a pipeline (`executors.trainer.Trainer.load`).
+layout restores it, as one process, another dp or a pipeline (`executors.trainer.Trainer.load`:
+`load_full` and `load_sharded_optim` cut a layout's shards from it). A pipelined trainer's
+checkpoint is still gathered onto rank 0 (`full_optim`) and written as one file.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch.distributed as dist
 
 from executors.gather import one_shard
 from executors.roles import save_checkpoint
+from executors.sharding import gathered
 
 Key = tuple[Any, ...]  # ("model", name) | ("optim", parameter index, state name)
 
@@ -129,3 +132,43 @@ def load(path: str) -> dict[str, Any]:
         return read(path)
     ck: dict[str, Any] = torch.load(path, weights_only=False)
     return ck
+
+
+def load_full(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Copy full weights into a sharded model's local shards."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            if isinstance(v, DTensor):
+                v.to_local().copy_(distribute_tensor(full[k].to(v.device), v.device_mesh,
+                                                     v.placements).to_local())
+            else:
+                v.copy_(full[k].to(v.device))
+
+
+def full_optim(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state with every DTensor gathered whole, on the CPU (a collective: the
+    moments in runs of `GATHER_BATCH_BYTES`, one all-gather per run, `sharding.gathered`)."""
+    from torch.distributed.tensor import DTensor  # lazy: distributed only
+    sd = opt.state_dict()
+    state = sd["state"]
+    sharded: dict[Any, torch.Tensor] = {(i, k): v for i in sorted(state)
+                                        for k, v in sorted(state[i].items())
+                                        if isinstance(v, DTensor)}
+    whole = dict(gathered(sharded))
+    return {"state": {i: {k: whole.get((i, k), v) for k, v in sorted(state[i].items())}
+                      for i in sorted(state)},
+            "param_groups": sd["param_groups"]}
+
+
+def load_sharded_optim(opt: torch.optim.Optimizer, full: dict[str, Any]) -> None:
+    """Restore `full_optim` (or a one-process optimizer's) state into this rank's shards."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, st in sorted(full["state"].items()):
+        p = params[int(i)]
+        opt.state[p] = {k: (distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+                            if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0
+                            else v) for k, v in sorted(st.items())}
+    for g, sg in zip(opt.param_groups, full["param_groups"]):
+        g.update({k: v for k, v in sg.items() if k != "params"})

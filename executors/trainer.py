@@ -483,7 +483,7 @@ class Trainer(Worker, GroupSender):
         if self.world == 1:
             model, optim = self.model.state_dict(), self.opt.state_dict()
         else:
-            optim = _full_optim(self.opt)
+            optim = shardckpt.full_optim(self.opt)
             model = self.weights()
             if self.pipe is not None:
                 optim = self._stages_optim(optim)
@@ -516,48 +516,8 @@ class Trainer(Worker, GroupSender):
                 optim = {"state": {i: optim["state"][g] for i, g in enumerate(self._index)
                                    if g in optim["state"]},
                          "param_groups": optim["param_groups"]}
-            _load_full(self.model, model)
-            _load_sharded_optim(self.opt, optim)
+            shardckpt.load_full(self.model, model)
+            shardckpt.load_sharded_optim(self.opt, optim)
         self.version = ck["version"]
         self.optimizer_steps = ck.get("optimizer_steps", 0)
         return self.version
-
-
-def _load_full(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Copy full weights into a sharded model's local shards."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            if isinstance(v, DTensor):
-                v.to_local().copy_(distribute_tensor(full[k].to(v.device), v.device_mesh,
-                                                     v.placements).to_local())
-            else:
-                v.copy_(full[k].to(v.device))
-
-
-def _full_optim(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state with every DTensor gathered whole, on the CPU (a collective: the
-    moments in runs of `GATHER_BATCH_BYTES`, one all-gather per run, `sharding.gathered`)."""
-    from torch.distributed.tensor import DTensor  # lazy: distributed only
-    sd = opt.state_dict()
-    state = sd["state"]
-    sharded: dict[Any, torch.Tensor] = {(i, k): v for i in sorted(state)
-                                        for k, v in sorted(state[i].items())
-                                        if isinstance(v, DTensor)}
-    whole = dict(gathered(sharded))
-    return {"state": {i: {k: whole.get((i, k), v) for k, v in sorted(state[i].items())}
-                      for i in sorted(state)},
-            "param_groups": sd["param_groups"]}
-
-
-def _load_sharded_optim(opt: torch.optim.Optimizer, full: dict[str, Any]) -> None:
-    """Restore `_full_optim` (or a one-process optimizer's) state into this rank's shards."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
-    params = [p for g in opt.param_groups for p in g["params"]]
-    for i, st in sorted(full["state"].items()):
-        p = params[int(i)]
-        opt.state[p] = {k: (distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
-                            if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0
-                            else v) for k, v in sorted(st.items())}
-    for g, sg in zip(opt.param_groups, full["param_groups"]):
-        g.update({k: v for k, v in sg.items() if k != "params"})

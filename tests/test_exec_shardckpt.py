@@ -16,7 +16,7 @@ from executors import shardckpt
 from executors.model import build_policy, save_model_dir
 from executors.runplan import Layout
 from executors.sharding import full_state
-from executors.trainer import Trainer, _full_optim
+from executors.trainer import Trainer
 from executors.training import partition
 
 
@@ -25,7 +25,7 @@ def _save_twice(rank: int, tr: Any, cfg: Any, out: str, q_out: Any) -> None:
     tr.train(partition(s, adv, None, cfg.trainer, cfg.mini_batches, cfg.accumulate)[rank])
     tr.save(out, 0)
     tr.save(out, 0)  # the same step again (a rollback re-runs it): replaced whole
-    weights, optim = full_state(tr.model), _full_optim(tr.opt)  # collectives: every rank
+    weights, optim = full_state(tr.model), shardckpt.full_optim(tr.opt)  # collectives: every rank
     if rank == 0:  # by file: a queued tensor's memory goes with its process
         torch.save((weights, optim, tr.optimizer_steps), out + ".want")
     q_out.put(rank)

@@ -32,7 +32,9 @@ def _plan(host_gb: float | None = None) -> tuple[Plan, Pricer]:
 def test_a_copy_that_fits_is_kept_and_counted_on_the_senders_nodes() -> None:
     plan, px = _plan()
     copy = hostmem.sync_copy_gb(plan)
-    full = weight_bytes(px.res.model_of("actor")) / GB
+    arch = px.res.model_of("actor")
+    assert arch is not None
+    full = weight_bytes(arch) / GB
     assert copy and sum(copy.values()) >= full * 0.999  # one copy at least (a rank's each)
     assert hostmem.keeps_sync_copy(plan, px)
     nodes = hostmem.plan_nodes(plan, px)
