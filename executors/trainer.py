@@ -465,13 +465,14 @@ class Trainer(Worker, GroupSender):
         stream them from a kept copy (no rank gathers) rather than gathering as they stream."""
         return self.version, self._nbytes, self._kept_now() is not None
 
-    def save(self, path: str, step: int) -> str:
+    def save(self, path: str, step: int, shards: bool = True) -> str:
         """A checkpoint at `path` that any layout restores (a re-plan may change the layout).
         Sharded without stages, a folder of each rank's own shards (`executors.shardckpt`:
         nothing gathered onto one host); else one file in the one-process format (full
         weights, full Adam state by parameter index), with stages gathered onto rank 0. Every
-        rank of a sharded trainer calls it (a collective)."""
-        if self.world > 1 and self.pipe is None:
+        rank of a sharded trainer calls it (a collective). `shards` False: one file whatever
+        the layout (a run's final weights, which tools read as one file)."""
+        if shards and self.world > 1 and self.pipe is None:
             sd = self.opt.state_dict()
             state: dict[tuple[Any, ...], Any] = {
                 ("model", k): v for k, v in self.model.state_dict().items()}
