@@ -388,9 +388,10 @@ class AgentLoop:
 
     def save_final(self, out: Path, step: int) -> None:
         """Each agent's trained weights and optimizer state after step `step`,
-        OUT/AGENT/final.pt (every trainer rank joins: a sharded trainer gathers them)."""
+        OUT/AGENT/final.pt, one file (every trainer rank joins: a sharded trainer gathers
+        them, rather than writing each rank's shards as its per-step checkpoints do)."""
         import ray  # lazy: Ray run only
-        ray.get([m.handle.save.remote(str(out / a.name / "final.pt"), step)
+        ray.get([m.handle.save.remote(str(out / a.name / "final.pt"), step, False)
                  for a in self.agents.values() for m in a.trainers])
 
     def step(self, step: int) -> StepStat:

@@ -88,7 +88,7 @@ def _tp_round(world: int, dev: torch.device) -> tuple[Callable[[], None], int]:
 def _gather_round(world: int, dev: torch.device) -> tuple[Callable[[], None], int]:
     """One whole-tensor gather of a sharded 1 KiB tensor to host memory: what the weight sync's
     and a checkpoint's gathers call once per tensor (`DTensor.full_tensor`,
-    executors/sharding.py `full_state`, executors/sharding.py `full_optim`); its bytes."""
+    executors/sharding.py `full_state`, executors/shardckpt.py `full_optim`); its bytes."""
     from torch.distributed.device_mesh import init_device_mesh  # lazy: distributed only
     from torch.distributed.tensor import Shard, distribute_tensor
     t = distribute_tensor(torch.zeros(ELEMENTS * world, device=dev),

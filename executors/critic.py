@@ -50,13 +50,11 @@ from executors.precision import autocast
 from executors.procgroup import GroupMember
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
+from executors.shardckpt import full_optim, load_full, load_sharded_optim
 from executors.sharding import (
     build_mesh,
     clip_grad_norm,
-    full_optim,
     full_state,
-    load_full,
-    load_sharded_optim,
     recompute_layers,
     recomputes,
     shard,

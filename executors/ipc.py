@@ -63,7 +63,8 @@ import torch
 import torch.multiprocessing as tmp
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from executors.reshard import Bucket, BucketHead, Gathered, Manifest, Stream
+from executors.gather import Gathered
+from executors.reshard import Bucket, BucketHead, Manifest, Stream
 
 # the device argument of torch's `rebuild_cuda_tensor` (SGLang 0.5.23, srt/utils/patch_torch.py
 # `_REDUCE_TENSOR_ARG_DEVICE_INDEX`)

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from executors.gather import Gathered, Whole
+
 VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocabulary rows pad to a multiple of it
 ALIGN = 16  # bytes: a whole-tensor hand-over places each tensor at a multiple of this
 
@@ -283,72 +285,6 @@ def entries_of(state: dict[str, torch.Tensor]) -> list[Entry]:
         out.append(Entry(name, t.dtype, tuple(t.shape), at, n))
         at += n
     return out
-
-
-Whole = Callable[[str, torch.Tensor], torch.Tensor]  # (name, held tensor) -> the whole tensor
-
-
-class Gathered:
-    """A sender's tensors, each made whole (`whole`) once, in stream order, when a bucket first
-    needs it, and dropped once every stream that reads it has moved past it (`release`): a
-    sharded trainer holds no full copy of its weights, only the tensors of the buckets being
-    built (verl @ b178a3cd, verl/workers/fsdp_workers.py `rollout_mode`: each parameter's
-    `full_tensor()` in the generator the rollout's `update_weights` consumes). `whole` is a
-    collective: every rank of the trainer's group makes the same tensors whole in the same
-    order, a rank that sends nothing by `drain`. Without `whole` the tensors are held already
-    (a plain state dict): nothing is gathered or dropped. An empty tensor is never gathered
-    (it carries no bytes; its shape is its global one)."""
-
-    def __init__(self, state: dict[str, torch.Tensor], whole: Whole | None = None) -> None:
-        self.state, self.whole = state, whole
-        self.names = list(state)
-        self.index = {n: i for i, n in enumerate(self.names)}
-        self.done = 0  # tensors made whole so far (the first `done` names)
-        self.held: dict[str, torch.Tensor] = {}
-        self.peak = 0  # the most bytes held at once
-
-    def meta(self, name: str) -> torch.Tensor:
-        """Tensor `name`'s global shape and dtype, no data (a DTensor's shape is the global one)."""
-        t = self.state[name]
-        return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
-
-    def get(self, name: str) -> torch.Tensor:
-        """Tensor `name` whole, gathering it (and every earlier one not yet gathered) now."""
-        if self.whole is None:
-            return self.state[name]
-        i = self.index[name]
-        if name not in self.held and i < self.done:
-            raise RuntimeError(f"weight sync: {name!r} was needed again after it was released")
-        while self.done <= i:
-            n, t = self.names[self.done], self.state[self.names[self.done]]
-            self.done += 1
-            self.held[n] = self.whole(n, t) if t.numel() else torch.empty(tuple(t.shape),
-                                                                          dtype=t.dtype)
-            self.peak = max(self.peak, self.nbytes)
-        return self.held[name]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.held.values())
-
-    def release(self, before: int) -> None:
-        """Drop the whole tensors before index `before`: no stream needs them again."""
-        if self.whole is None:
-            return
-        for n in [n for n in self.held if self.index[n] < before]:
-            del self.held[n]
-
-    def drain(self) -> None:
-        """Take part in the gathers not made yet, dropping each at once, and drop what is held:
-        a rank that streams nothing (or a stream that broke off) keeps the group's collectives
-        paired."""
-        if self.whole is not None:
-            while self.done < len(self.names):
-                n, t = self.names[self.done], self.state[self.names[self.done]]
-                self.done += 1
-                if t.numel():
-                    self.whole(n, t)
-        self.held.clear()
 
 
 class Stream(StreamLayout):

@@ -76,6 +76,9 @@ class RunConfig:
     critic_recompute: bool = False  # the plan's critic `recompute`
     critic_cp: int = 1  # the plan's critic context parallelism (`executors.critic`)
     precision: str = "fp32"  # the trainer's: bf16 (as the plan prices) | fp32 (`executors.precision`)
+    # the refresh's senders keep the gathered weights between steps (the plan's host-memory
+    # decision, `RunPlan.keep_sync_copy`); else they gather at each refresh
+    keep_sync_copy: bool = False
 
     @property
     def kl(self) -> rl.KLTerm:
@@ -121,6 +124,7 @@ def plan_settings(run: RunPlan) -> dict[str, Any]:
         out["engines"] = rollout.engines[0]
     out["accumulate"] = accumulation(run.job.samples, run.job.mini_batches, actor.layout.dp,
                                      actor.micro_batch)
+    out["keep_sync_copy"] = run.keep_sync_copy
     return out
 
 

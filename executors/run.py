@@ -362,7 +362,9 @@ def resume_point(out_dir: str | Path, steps: int, plan: Plan | None = None) -> i
         raise SpecError(f"--resume: {str(d / 'latest.json')!r}: step must be a whole number >= 0 "
                         f"(got {step!r:.40})")
     for f in files:
-        if f is not None and not (isinstance(f, str) and Path(f).is_file()):
+        # a file, or a sharded trainer's folder of rank files (`executors.shardckpt`)
+        if f is not None and not (isinstance(f, str) and (
+                Path(f).is_file() or (Path(f) / "rank-00000.pt").is_file())):
             raise SpecError(f"--resume: the checkpoint of step {step} names a missing file "
                             f"(got {f!r:.120})")
     if step + 1 >= steps:

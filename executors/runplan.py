@@ -167,6 +167,9 @@ class RunPlan:
     nodes: tuple[tuple[str, int], ...]  # (pool, node) of every plan node a bundle is on
     routes: tuple[Route, ...]
     predicted_iteration_s: float
+    # the weight-sync senders keep a full copy between steps (`placer.solve.hostmem.
+    # keeps_sync_copy`: the plan prices it in host memory); else they gather at each refresh
+    keep_sync_copy: bool = False
 
     def devices_per_rank(self, role: str) -> float:
         """Devices one of the role's processes holds in the plan: a trainer rank one, an
@@ -210,7 +213,15 @@ def resolve_plan(plan: Plan, *, agents: bool = False) -> RunPlan:
              for name, r in plan.roles.items()}
     routes = tuple(Route(r.src, r.dst, r.gbs, tuple(r.hops)) for r in plan.sync_routes)
     nodes = tuple(dict.fromkeys((b.pool, b.node) for b in plan.bundles))
-    return RunPlan(job, pools, roles, slots, seats, nodes, routes, plan.predicted_iteration_s)
+    return RunPlan(job, pools, roles, slots, seats, nodes, routes, plan.predicted_iteration_s,
+                   _keeps_sync_copy(plan, res))
+
+
+def _keeps_sync_copy(plan: Plan, res: Resolved) -> bool:
+    """The plan's host-memory decision on the senders' kept copy (`RunPlan.keep_sync_copy`)."""
+    from placer.cost.pricer import Pricer  # lazy: the pricer only for the host-memory check
+    from placer.solve.hostmem import keeps_sync_copy
+    return keeps_sync_copy(plan, Pricer(res, calibration_of(plan)))
 
 
 def actor_counts(plan: Plan) -> dict[str, int]:

@@ -49,10 +49,15 @@ import torch
 from torch import nn
 
 from executors.experts import shard_experts
+from executors.gather import batches, nbytes, whole_tensors
 from executors.precision import fsdp_policy
 from executors.runplan import Layout
 from executors.vocab import shard_vocab
 from placer.base.errors import SpecError
+
+# bytes made whole per all-gather when a checkpoint or `Trainer.weights` gathers the model: a
+# run's tensors at a time, so a rank holds at most this much of them beyond what it keeps
+GATHER_BATCH_BYTES = 256 * 2**20
 
 
 def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
@@ -60,12 +65,10 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
                  vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
-    if layout.cp > 1 and layout.ep > 1:
-        raise SpecError(f"{where}: context parallelism (cp {layout.cp}) with expert parallelism "
-                        f"(ep {layout.ep}) is not run by the executor: EP dispatches the tokens "
-                        f"of a DP group's ranks over the dp dim (`executors.experts`), where "
-                        f"under CP each rank holds one slice of every sequence and the experts "
-                        f"would have to be split over dp x cp; plan with cp 1 or ep 1")
+    if layout.cp > 1 and (layout.pp > 1 or layout.ep > 1):
+        raise SpecError(f"{where}: context parallelism (cp > 1) runs with FSDP (or HSDP) over "
+                        f"dp x cp and TP (`executors.cpattn`), not with pipeline stages or "
+                        f"expert parallelism; plan with cp 1")
     if layout.ep > 1 and (layout.ep != layout.dp or layout.hsdp or experts % layout.ep):
         raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep equal to dp, "
                         f"without an HSDP shard group) and must divide the model's {experts} "
@@ -315,45 +318,22 @@ def whole_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_state(model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict; a collective: every rank of the group calls it. A rank
-    that does not `keep` it takes part tensor by tensor and holds none of it (empty dict)."""
-    if not keep:
-        for v in model.state_dict().values():
-            whole_tensor(v)  # this rank's part of the gather, dropped at once
-        return {}
-    return {k: _local(v.detach()).cpu().clone() for k, v in model.state_dict().items()}
+    """The full (unsharded) state dict, on the CPU; a collective: every rank of the group calls
+    it. The tensors are gathered in runs of `GATHER_BATCH_BYTES`, one all-gather per run
+    (`executors.gather`); a rank that does not `keep` them drops each run at once and returns
+    an empty dict."""
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    return dict(gathered(state, keep))
 
 
-def load_full(model: nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Copy full weights into a sharded model's local shards."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            if isinstance(v, DTensor):
-                v.to_local().copy_(distribute_tensor(full[k].to(v.device), v.device_mesh,
-                                                     v.placements).to_local())
-            else:
-                v.copy_(full[k].to(v.device))
-
-
-def full_optim(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state with every DTensor gathered whole, on the CPU (a collective)."""
-    from torch.distributed.tensor import DTensor  # lazy: distributed only
-    sd = opt.state_dict()
-    return {"state": {i: {k: v.full_tensor().cpu() if isinstance(v, DTensor) else v
-                          for k, v in sorted(sd["state"][i].items())}
-                      for i in sorted(sd["state"])},
-            "param_groups": sd["param_groups"]}
-
-
-def load_sharded_optim(opt: torch.optim.Optimizer, full: dict[str, Any]) -> None:
-    """Restore `_full_optim` (or a one-process optimizer's) state into this rank's shards."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: distributed only
-    params = [p for g in opt.param_groups for p in g["params"]]
-    for i, st in sorted(full["state"].items()):
-        p = params[int(i)]
-        opt.state[p] = {k: (distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
-                            if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0
-                            else v) for k, v in sorted(st.items())}
-    for g, sg in zip(opt.param_groups, full["param_groups"]):
-        g.update({k: v for k, v in sg.items() if k != "params"})
+def gathered(state: dict[Any, torch.Tensor], keep: bool = True
+             ) -> list[tuple[Any, torch.Tensor]]:
+    """`state`'s tensors whole, on the CPU, each a copy of its own (`full_state`); a
+    collective. Not `keep`: this rank's part of the gathers only (an empty list)."""
+    names = list(state)
+    out: list[tuple[Any, torch.Tensor]] = []
+    for lo, hi in batches([nbytes(state[n]) for n in names], GATHER_BATCH_BYTES):
+        got = whole_tensors([state[n] for n in names[lo:hi]])
+        if keep:
+            out.extend((n, g.cpu().clone()) for n, g in zip(names[lo:hi], got))
+    return out

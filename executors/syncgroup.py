@@ -54,12 +54,12 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from executors.gather import Gathered
 from executors.ipc import HandOverReceiver, HandOverSender
 from executors.nodeaddr import _interface_of, _node_ip
 from executors.reshard import (
     Assembler,
     Channel,
-    Gathered,
     Manifest,
     Stream,
     engine_shard,

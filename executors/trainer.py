@@ -24,18 +24,25 @@ when it is not in the reward (`rl.KLTerm`). A step reports the token means of `S
 gradient norm of each optimizer step. With pipeline stages, a mini-batch's micro-batches are one
 schedule step and the loss, its statistics and the old log-probs live on the last stage.
 
-Between steps every rank holds its shards only: no rank keeps a full copy of the weights. A
-weight refresh gathers each tensor from the shards as the bucket it is in is built and drops it
-once the stream is past it (`_sync_source`, `executors.reshard.Gathered`; verl's `rollout_mode`
-does the same), every rank of the sender's group taking part: the senders (each pipeline
+Where the plan's host memory holds it (`RunConfig.keep_sync_copy`, priced by
+`placer.solve.hostmem.sync_copy_gb`), the ranks that send a refresh keep the step's weights
+whole on the host from the step's end (`_keep`: every rank joins one all-gather per run of
+tensors, `executors.gather`), so a refresh reads that copy and no rank gathers then; the trace's
+sync events say which source ran (`sync_source`). Otherwise every rank holds its shards only
+between steps, and a weight refresh gathers the tensors from the shards, a bucket's worth per
+all-gather, as the bucket they are in is built and drops them once the stream is past them
+(`_sync_source`, `executors.gather.Gathered`; verl's `rollout_mode` gathers likewise), every
+rank of the sender's group taking part: the senders (each pipeline
 stage's first rank when bucketed, rank 0 otherwise, `executors.reshard`) as they stream, over
 the weight-sync group (`executors.syncgroup.GroupSender`) under Ray or bucket by bucket as call
 results in one process, the other ranks by `sync_gather`; a colocated engine's hand-over runs
 the same gathers on every rank as it exports. Unbucketed with stages, rank 0 sends the whole
 model: each later stage's first rank passes it its stage's tensors one at a time, as they are
-gathered. A checkpoint is in the one-process format (full weights, full Adam state by parameter
-index), gathered onto rank 0 when it is written, whatever the layout that wrote it, so a run
-re-planned onto another layout (a lost node) restores it.
+gathered. A sharded trainer without stages writes its checkpoint rank by rank, each rank its
+own shards (`executors.shardckpt`, as torch's DCP: nothing gathered onto one host); with stages
+the checkpoint is gathered onto rank 0 and written in the one-process format (full weights, full
+Adam state by parameter index). Either is read back in that format, whatever the layout that
+wrote it, so a run re-planned onto another layout (a lost node) restores it.
 """
 from __future__ import annotations
 
@@ -45,24 +52,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executors import collprobe, rl
+from executors import collprobe, rl, shardckpt
 from executors.cpattn import cp_logprobs, cp_sum, enable_cp, own_only
 from executors.experts import sync_expert_grads
+from executors.gather import Gathered, whole_tensors
 from executors.layoutread import mismatch, read_layout
 from executors.model import state_digest
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
 from executors.precision import autocast
 from executors.procgroup import GroupMember
-from executors.reshard import Bucket, Gathered, Stream
+from executors.reshard import Bucket, Stream
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
 from executors.sharding import (
     build_mesh,
     clip_grad_norm,
-    full_optim,
     full_state,
-    load_full,
-    load_sharded_optim,
+    gathered,
     recompute_layers,
     shard,
     whole_tensor,
@@ -93,6 +99,8 @@ class Trainer(Worker, GroupSender, GroupMember):
         self.optimizer_steps = 0
         self.pipe: Pipeline | None = None  # this rank's pipeline stage (pp > 1, once sharded)
         self._stream: Stream | None = None  # the weight refresh this rank streams
+        # (version, full weights) a refresh's sender keeps between steps (`_keep`)
+        self._kept: tuple[int, dict[str, torch.Tensor]] | None = None
         self._build(sharded=False)
 
     def _build(self, sharded: bool) -> None:
@@ -120,6 +128,7 @@ class Trainer(Worker, GroupSender, GroupMember):
             recompute_layers(self.model)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
         self.version = 0
+        self._kept = None
 
     def _stage_of(self, mesh: Any) -> None:
         """Replace the whole model by this rank's pipeline stage; its parameters' indices in
@@ -236,8 +245,10 @@ class Trainer(Worker, GroupSender, GroupMember):
 
     def _stepped(self, t0: float, minis: list[MiniBatch], losses: list[float],
                  norms: list[float], stats: dict[str, float]) -> tuple[dict, dict]:
-        """After the step's optimizer steps: the new version and the result."""
+        """After the step's optimizer steps: the new version (its weights kept whole for the
+        next refresh where the plan keeps them, `_keep`) and the result."""
         self.version += 1
+        self._keep()
         seen = [m[0] for mb in minis for m in mb if m[3] > 0]
         ids = list(dict.fromkeys(i for s in seen for i in s.ids))
         return ({"loss": sum(losses) / max(len(losses), 1), "version": self.version,
@@ -296,6 +307,9 @@ class Trainer(Worker, GroupSender, GroupMember):
         the others an empty dict; only rank 0 holds them whole, even while gathering."""
         if self.world == 1:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        kept = self._kept_now()
+        if kept is not None:  # every rank knows it: none gathers
+            return dict(kept) if self.rank == 0 else {}
         first = self.pipe is not None and self.layout.heads_stage(self.rank)
         full = full_state(self.model, keep=self.rank == 0 or first)
         if self.pipe is not None:
@@ -303,6 +317,29 @@ class Trainer(Worker, GroupSender, GroupMember):
             parts = self._from_stages({stage.full_name(k): v for k, v in full.items()})
             full = {k: v for part in parts or [] for k, v in part.items()}
         return full if self.rank == 0 else {}
+
+    def _keeps(self) -> bool:
+        """Whether this sharded trainer keeps the refresh's full weights between steps: the
+        plan's host-memory decision (`RunConfig.keep_sync_copy`), without pipeline stages."""
+        return self.cfg.keep_sync_copy and self.world > 1 and self.pipe is None
+
+    def _keep(self) -> None:
+        """At a step's end, where the plan keeps a copy: every rank joins one all-gather per
+        `GATHER_BATCH_BYTES` (`sharding.gathered`), the ranks that send a refresh (each beside
+        a colocated engine, else rank 0) keep the whole weights on the host until the next
+        step; the others hold none."""
+        self._kept = None
+        if not self._keeps():
+            return
+        mine = self._whole_everywhere() or self.rank == 0
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        self._kept = (self.version, dict(gathered(state, keep=mine)))
+
+    def _kept_now(self) -> dict[str, torch.Tensor] | None:
+        """The kept copy of the current version (empty on a rank that sends nothing), or None:
+        the refresh gathers from the shards."""
+        return self._kept[1] if self._kept is not None and self._kept[0] == self.version \
+            else None
 
     def sync_senders(self, bucketed: bool) -> list[int]:
         """The ranks that stream a weight refresh (`executors.reshard`): each pipeline stage's
@@ -318,8 +355,9 @@ class Trainer(Worker, GroupSender, GroupMember):
         return self.cfg.engines.colocated and self.pipe is None
 
     def handover_gathers(self) -> bool:
-        """Sharded, every rank takes part in each hand-over bucket's gathers."""
-        return self.world > 1
+        """Sharded, every rank takes part in each hand-over bucket's gathers (none with a kept
+        copy: the senders build every bucket from it)."""
+        return self.world > 1 and self._kept_now() is None
 
     def sync_open(self, bucket_bytes: int, sender: int) -> tuple[int, int, int]:
         """Start streaming this rank's share of the current version as stream `sender` in
@@ -336,12 +374,15 @@ class Trainer(Worker, GroupSender, GroupMember):
         state = {k: v.detach() for k, v in self.model.state_dict().items()}
         if self.world == 1:
             return Gathered(state)
-        if self.pipe is None:
-            return Gathered(state, _whole)
+        kept = self._kept_now()
+        if kept is not None:  # the step's end gathered it: nothing to gather, on any rank
+            return Gathered(kept)
+        if self.pipe is None:  # a bucket's worth per all-gather (`executors.gather`)
+            return Gathered(state, wholes=whole_tensors, batch_bytes=bucket_bytes)
         stage = self.pipe.stage
         mine = {stage.full_name(k): v for k, v in state.items()}
         if bucket_bytes > 0 or not self.layout.heads_stage(self.rank):
-            return Gathered(mine, _whole)
+            return Gathered(mine, wholes=whole_tensors, batch_bytes=bucket_bytes)
         if self.rank == 0:
             return Gathered({n: mine.get(n, m) for n, m in self._whole_meta.items()},
                             self._gather_or_receive)
@@ -384,18 +425,31 @@ class Trainer(Worker, GroupSender, GroupMember):
         """`executors.model.state_digest` of the weights `weights()` would send."""
         return state_digest(self.weights())
 
-    def weights_info(self) -> tuple[int, int]:
-        """(version, bytes) of the whole model's weights, a refresh's."""
-        return self.version, self._nbytes
+    def weights_info(self) -> tuple[int, int, bool]:
+        """(version, bytes) of the whole model's weights, a refresh's, and whether the senders
+        stream them from a kept copy (no rank gathers) rather than gathering as they stream."""
+        return self.version, self._nbytes, self._kept_now() is not None
 
-    def save(self, path: str, step: int) -> str:
-        """A checkpoint at `path` in the one-process format (full weights, full Adam state by
-        parameter index), so that any layout restores it (a re-plan may change the layout).
-        Every rank of a sharded trainer calls it (the gather is a collective); rank 0 writes."""
+    def save(self, path: str, step: int, shards: bool = True) -> str:
+        """A checkpoint at `path` that any layout restores (a re-plan may change the layout).
+        Sharded without stages, a folder of each rank's own shards (`executors.shardckpt`:
+        nothing gathered onto one host); else one file in the one-process format (full
+        weights, full Adam state by parameter index), with stages gathered onto rank 0. Every
+        rank of a sharded trainer calls it (a collective). `shards` False: one file whatever
+        the layout (a run's final weights, which tools read as one file)."""
+        if shards and self.world > 1 and self.pipe is None:
+            sd = self.opt.state_dict()
+            state: dict[tuple[Any, ...], Any] = {
+                ("model", k): v for k, v in self.model.state_dict().items()}
+            state.update({("optim", i, k): v for i in sorted(sd["state"])
+                          for k, v in sorted(sd["state"][i].items())})
+            return shardckpt.save(path, self.rank, self.world, state, {
+                "version": self.version, "step": step, "optimizer_steps": self.optimizer_steps,
+                "param_groups": sd["param_groups"]})
         if self.world == 1:
             model, optim = self.model.state_dict(), self.opt.state_dict()
         else:
-            optim = full_optim(self.opt)
+            optim = shardckpt.full_optim(self.opt)
             model = self.weights()
             if self.pipe is not None:
                 optim = self._stages_optim(optim)
@@ -413,8 +467,10 @@ class Trainer(Worker, GroupSender, GroupMember):
                                  for g in local["param_groups"]]}
 
     def load(self, path: str) -> int:
-        """Every rank reads the checkpoint and keeps its own shards of it."""
-        ck = torch.load(path, weights_only=False)
+        """Every rank reads the checkpoint and keeps its own shards of it (a kept copy of the
+        weights is dropped: the next refresh gathers)."""
+        self._kept = None
+        ck = shardckpt.load(path)
         if self.world == 1:
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(ck["optim"])
@@ -426,12 +482,8 @@ class Trainer(Worker, GroupSender, GroupMember):
                 optim = {"state": {i: optim["state"][g] for i, g in enumerate(self._index)
                                    if g in optim["state"]},
                          "param_groups": optim["param_groups"]}
-            load_full(self.model, model)
-            load_sharded_optim(self.opt, optim)
+            shardckpt.load_full(self.model, model)
+            shardckpt.load_sharded_optim(self.opt, optim)
         self.version = ck["version"]
         self.optimizer_steps = ck.get("optimizer_steps", 0)
         return self.version
-
-
-def _whole(name: str, t: torch.Tensor) -> torch.Tensor:
-    return whole_tensor(t)

@@ -107,6 +107,15 @@ class GroupRefresh:
         self.control_bytes += _pickled(args) + _pickled(out.value)
         return out.value
 
+    def each(self, calls: Sequence[tuple[Member, str, tuple[object, ...]]]) -> list[Any]:
+        """`one` for several calls issued at once (one round trip): their values, in order;
+        TrainingLost on the first that failed."""
+        outs = self._all(calls)
+        bad = next((o.error for o in outs if not o.ok), None)
+        if bad is not None:
+            raise TrainingLost(bad)
+        return [o.value for o in outs]
+
     def _all(self, calls: Sequence[tuple[Member, str, tuple[object, ...]]]) -> list[Any]:
         outs = self.rt.results([self.rt.call(m, meth, *a) for m, meth, a in calls])
         self.control_bytes += sum(_pickled(a) for _, _, a in calls)
@@ -178,7 +187,8 @@ class GroupRefresh:
         return out
 
     def run(self, path: int, actors: list[Member], senders: list[Member],
-            targets: list[Member], version: int, size: int, scope: str = "") -> Outcomes:
+            targets: list[Member], version: int, size: int, scope: str = "",
+            gathers: bool = True) -> Outcomes:
         """One refresh of the path's `targets` in buckets of `size` bytes by the protocol they
         name (`PROTOCOLS`): over the path's group from `senders`, or handed over as shared
         memory (`handover`). `path` keys the group within `scope` (`path_key`: the bucket
@@ -187,7 +197,8 @@ class GroupRefresh:
         protocol = _protocol(infos)
         if protocol.forms_group:
             spec = self.group(path, senders, targets, scope)
-            return self.refresh(spec, senders, targets, version, size, actors)
+            return self.refresh(spec, senders, targets, version, size,
+                                actors if gathers else ())
         return self.handover(actors, targets, infos, version, size, protocol)
 
     def _infos(self, ms: list[Member]) -> list[tuple[Any, ...]]:
@@ -212,25 +223,31 @@ class GroupRefresh:
         by_rank = {a.rank: a for a in actors}
         beside = [[[a.rank for a in actors if device_of(a, actors) == d]
                    for d in devices_of(m, targets, int(i[1]))] for m, i in zip(targets, infos)]
-        plan = [[[by_rank[r] for r in per_tp] for per_tp in streams] for streams in
-                self.one(by_rank[min(by_rank)], "handover_senders", size > 0, beside)]
+        lead = by_rank[min(by_rank)]
+        # the trainer's answers in one round trip: who hands over, and whether every rank
+        # takes part in each bucket's gathers
+        streaming, gathers = self.each([(lead, "handover_senders", (size > 0, beside)),
+                                        (lead, "handover_gathers", ())])
+        plan = [[[by_rank[r] for r in per_tp] for per_tp in streams] for streams in streaming]
         device = "cuda" if all(i[0] == "cuda" for i in infos) else "cpu"
         self.formed += 1
         refresh = f"handover{self.formed}-v{version}"
         senders = list({s.rank: s for streams in plan for st in streams for s in st}.values())
-        if self.one(by_rank[min(by_rank)], "handover_gathers"):  # every rank joins each gather
+        if gathers:  # every rank joins each gather
             senders += [a for a in actors if a.rank not in {s.rank for s in senders}]
         index = {s.rank: i for streams in reversed(plan) for i, st in enumerate(streams)
                  for s in st}
-        layouts = {s.rank: self.one(s, "handover_prepare", refresh, size, index.get(s.rank, 0),
-                                    device, protocol.tensors, s.rank).layout()
-                   for s in senders}
+        prepared = self.each([(s, "handover_prepare", (refresh, size, index.get(s.rank, 0),
+                                                       device, protocol.tensors, s.rank))
+                              for s in senders])  # the senders at once: one round trip
+        layouts = {s.rank: m.layout() for s, m in zip(senders, prepared)}
         acks, got = self._hand_over(refresh, version, plan, senders, targets, layouts,
                                     protocol.receive)
-        for s in senders:  # the rest acknowledged here; what nobody took is reclaimed
-            mine = [o.value for (r, _), hs in acks.items() if r == s.rank
-                    for o in self.rt.results(hs) if o.ok]
-            self.reclaimed += int(self.one(s, "handover_release", refresh, *mine))
+        # the rest acknowledged here, every sender at once; what nobody took is reclaimed
+        mine = {s.rank: [o.value for (r, _), hs in acks.items() if r == s.rank
+                         for o in self.rt.results(hs) if o.ok] for s in senders}
+        self.reclaimed += sum(int(n) for n in self.each(
+            [(s, "handover_release", (refresh, *mine[s.rank])) for s in senders]))
         backend = "cuda-ipc" if device == "cuda" else "shm"
         out: Outcomes = []
         for streams, os_ in zip(plan, got):
@@ -294,19 +311,20 @@ class GroupRefresh:
 
 
 def refresh_paths(group: GroupRefresh, run: RunPlan, actors: list[Member],
-                  targets: list[Member], version: int, scope: str = ""
+                  targets: list[Member], version: int, scope: str = "", gathers: bool = True
                   ) -> list[tuple[Member, str | None, dict[str, Any]]]:
     """One refresh of `version` from the trainer ranks `actors` to `targets` over the
     weight-sync machinery, one stream per refresh path (`by_path`: a split rollout's parts each
     get their device's buckets, a mixed rollout's colocated part its own): the senders the
     trainer names (`sync_senders`), then `GroupRefresh.run` under `scope`. Per target, in path
-    order: (it, error or None, its figures)."""
+    order: (it, error or None, its figures). `gathers` False: the senders stream a kept copy,
+    so the other trainer ranks take no part."""
     by_rank = {m.rank: m for m in actors}
     out: list[tuple[Member, str | None, dict[str, Any]]] = []
     for (size, colocated), ms in by_path(run, targets).items():
         senders = [by_rank[r] for r in group.one(by_rank[min(by_rank)], "sync_senders", size > 0)]
         outs = group.run(path_key(size, colocated), list(by_rank.values()), senders, ms,
-                         version, size, scope)
+                         version, size, scope, gathers)
         out.extend((m, err, got) for m, (err, got) in zip(ms, outs))
     return out
 
@@ -397,7 +415,11 @@ class WeightSync:
         self._engines("wake_engine", step)
         t = time.time()
         actors = ctx.by_role[Role.ACTOR]
-        version = int(self._trainer_call(actors[0], "weights_info")[0])
+        info = self._trainer_call(actors[0], "weights_info")
+        version = int(info[0])
+        # the senders stream a copy kept since the step's end (no rank gathers now), or gather
+        # from the shards as they stream (`executors.trainer.Trainer._keep`)
+        source = "kept copy" if len(info) > 2 and info[2] else "gathered"
         rollouts = ctx.by_role[Role.ROLLOUT]
         free = ctx.busy.free(ctx.rt, rollouts)
         for m in rollouts:
@@ -410,7 +432,7 @@ class WeightSync:
         if ctx.rt.concurrent:  # over the weight-sync groups, one stream per path
             self.refreshes += 1
             done = refresh_paths(self.group, ctx.run, ctx.by_role[Role.ACTOR], targets,
-                                 int(version))
+                                 int(version), gathers=source == "gathered")
         else:  # one call per bucket and engine, one stream per path
             done = [(m, err, got) for (size, _), ms in by_path(ctx.run, targets).items()
                     for m, (err, got) in zip(ms, self._stream(ms, int(version), size))]
@@ -424,7 +446,8 @@ class WeightSync:
             ctx.event("weight sync", "transfer", t, max(got["end"] - t, 0.0), m, step,
                       policy_version=version, bytes=got["bytes"], calls=got["calls"],
                       senders=got["senders"], src=got["src"], dst=m.trace_pid,
-                      backend=got["backend"], control_bytes=got.get("control_bytes"))
+                      backend=got["backend"], control_bytes=got.get("control_bytes"),
+                      sync_source=source)
         if failed and not any(ctx.known.get(m.rank) == version for m in rollouts):
             # No rollout worker holds version v: the trainer's copy was lost with its process or
             # its node (a process can answer for a moment after its node is gone). Rolling
@@ -432,7 +455,8 @@ class WeightSync:
             ctx.check_cluster()
             raise TrainingLost(f"weight sync of version {version} reached no rollout worker: "
                                f"{failed[0]}")
-        ctx.event("sync", "stage", t, time.time() - t, None, step, policy_version=version)
+        ctx.event("sync", "stage", t, time.time() - t, None, step, policy_version=version,
+                  sync_source=source)
         ctx.synced = version
         return int(version)
 

@@ -87,7 +87,10 @@ def test_checkpoints_written(result) -> None:
     stored = json.loads((out / "checkpoints" / "latest.json").read_text())
     assert stored["actor"] == f"checkpoints/actor-{STEPS - 1:06d}.pt"  # relative to the folder
     latest = read_latest(out)
-    assert latest["step"] == STEPS - 1 and Path(latest["actor"]).is_file()
+    assert latest["step"] == STEPS - 1
+    # the dp 2 trainer's checkpoint: a folder of each rank's own shards (executors.shardckpt)
+    ranks = sorted(p.name for p in Path(latest["actor"]).iterdir())
+    assert ranks == ["rank-00000.pt", "rank-00001.pt"]
 
 
 # The set-up of a Ray run, phase by phase: what `placer execute` shows before its step bar.

@@ -17,9 +17,10 @@ import pytest
 import torch
 from test_exec_sharding import ARCH, config
 
+from executors.gather import Gathered
 from executors.model import build_policy, load_policy, save_model_dir
 from executors.modelroles import Rollout
-from executors.reshard import Gathered, engine_shard, engine_state, engine_unshard
+from executors.reshard import engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup
 from executors.syncgroup import GroupSender, GroupSpec, Manifest
 

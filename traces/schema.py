@@ -128,6 +128,9 @@ class EventArgs(BaseModel):
                              "group; in-process: call arguments)")
     control_bytes: int | None = _f("weight sync: pickled bytes of the refresh's control "
                                    "messages (all Ray's object store carried for it)")
+    sync_source: str | None = _f("weight sync: where the senders read the weights (kept copy: "
+                                 "gathered at the step's end and kept on the host, as the plan's "
+                                 "host memory allows; gathered: from the shards as they stream)")
     collective: str | None = _f("collective probe: the kind timed (all_reduce, fsdp_unit, "
                                 "...; executors/collprobe.py)")
     ranks: int | None = _f("collective probe: ranks of the group")

@@ -366,7 +366,7 @@ def optimizer_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors:
                           eff: Efficiency) -> float:
     """A one-file checkpoint of a sharded trainer: Adam's two fp32 moments gathered whole, one
     all-gather per moment and tensor (torch DTensor `full_tensor` per optimizer-state entry:
-    executors/sharding.py `full_optim`; the weights are already whole, gathered for the weight
+    executors/shardckpt.py `full_optim`; the weights are already whole, gathered for the weight
     sync) over the ranks that shard them, the ZeRO group (any stage >= 1 shards the optimizer
     state) x TP; a pipeline's stages gather their own share side by side. 0 for an unsharded
     trainer. A framework that writes each rank's shard as it is (verl's FSDP checkpoint

@@ -12,7 +12,13 @@ per parameter, `parked_gb`, `offload.host_parked_gb`: 12 B under verl's FSDP wor
 no scheme is recorded; a slot whose members fit on its devices together parks only its parked
 states, `placer.cost.optpark`); pinned transfer buffers of every
 device that moves state to or from the host (`PINNED_GB_PER_DEVICE`); and Ray's object store on
-every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults).
+every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults); and, where it fits, the
+full copy of the policy's weights that the weight-sync senders keep between steps
+(`sync_copy_gb`: each trainer rank beside a colocated engine, else the trainer's first rank;
+none with pipeline stages; one copy of `roofline.weight_bytes`, what a refresh moves). The copy
+is kept only when every checked node holds it beside everything else (`keeps_sync_copy`); then
+`plan_nodes` counts it, else the senders gather each refresh from the shards as they stream it
+and nothing is kept. The executor reads the same decision (`executors.runplan.RunPlan.keep_sync_copy`).
 
 The planner refuses a candidate whose own need on one node exceeds the node's RAM
 (`refuse_candidates`); the solver keeps each switching slot's parked and offloaded state within
@@ -40,7 +46,7 @@ from placer.cost.estimate import frozen_shard_gb, frozen_sharded
 from placer.cost.layercomm import optimizer_gather_time
 from placer.cost.offload import MODEL_BYTES, host_optimizer_gb, host_parked_gb, parked_states
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import GB, Memory, weight_tensors
+from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
 from placer.cost.sharding import BYTES, Parallel, train_state_bytes
 from placer.solve.assemble import placed_estimate
 from placer.solve.planfile import calibration_of
@@ -56,7 +62,7 @@ CHECKPOINT_BYTES = 14  # bf16 weights 2 + the optimizer's 12; gradients are not 
 PINNED_GB_PER_DEVICE = 2.0
 OBJECT_STORE_SHARE = 0.30
 OBJECT_STORE_MAX_GB = 200.0
-PARTS = ("optimizer", "streamed", "parked", "pinned", "object_store")
+PARTS = ("optimizer", "streamed", "parked", "pinned", "object_store", "sync_copy")
 
 
 @dataclass
@@ -234,9 +240,61 @@ def refusal(res: Resolved, roles: list[str], why: dict[str, NodeHost]) -> str:
 
 # ----------------------------------------------------------------------------------- plans
 def plan_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
-    """Every checked node the plan uses, with its host memory by part.
+    """Every checked node the plan uses, with its host memory by part, the weight-sync
+    senders' kept copy included when the plan keeps it (`keeps_sync_copy`).
 
     A role using fewer devices than its slot is spread evenly over the slot's bundles."""
+    nodes = _state_nodes(plan, px)
+    if _copy_fits(nodes, plan):
+        copy = sync_copy_gb(plan)
+        for n in nodes:
+            n.parts["sync_copy"] = copy.get((n.pool, n.node), 0.0)
+    return nodes
+
+
+def sync_copy_gb(plan: Plan) -> dict[tuple[str, int], float]:
+    """GB of host memory, by (pool, node), that a full copy of the policy's weights kept
+    between steps takes on the trainer ranks that send a refresh: every rank beside a
+    colocated engine (a trainer in the rollout's slot without pipeline stages: each hands over
+    to the engine on its own device, `executors.ipc`), else the trainer's first rank (a
+    stage's first rank keeps its stage's layers: together one copy, counted on the first
+    node: an upper bound for that node). Empty without an actor and a rollout, or with
+    pipeline stages (each stage's sender gathers its layers as it streams them: nothing is
+    kept)."""
+    res = plan.resolved()
+    actor, m = plan.roles.get("actor"), res.model_of("actor")
+    if actor is None or m is None or "rollout" not in plan.roles or actor.pp > 1:
+        return {}
+    full = weight_bytes(m) / GB
+    slot = next(s for s in plan.slots if s.name == actor.slot)
+    bundles = [b for b in sorted(plan.bundles, key=lambda b: b.index)
+               if b.slot == actor.slot and b.pool == actor.pool]
+    out: dict[tuple[str, int], float] = {}
+    if "rollout" in slot.roles:
+        slot_devices = dict(slot.pool_devices())[actor.pool]
+        for b in bundles:
+            key = (b.pool, b.node)
+            out[key] = out.get(key, 0.0) + full * len(b.devices) * actor.devices / slot_devices
+    elif bundles:
+        out[(bundles[0].pool, bundles[0].node)] = full
+    return out
+
+
+def _copy_fits(nodes: list[NodeHost], plan: Plan) -> bool:
+    copy = sync_copy_gb(plan)
+    return bool(copy) and all(n.total_gb + copy.get((n.pool, n.node), 0.0) <= n.capacity_gb
+                              for n in nodes)
+
+
+def keeps_sync_copy(plan: Plan, px: Pricer) -> bool:
+    """Whether the plan keeps the weight-sync senders' full copy between steps: every checked
+    node the plan uses holds it beside its other host memory (a node that is not checked
+    sets no limit). False without an actor and a rollout."""
+    return _copy_fits(_state_nodes(plan, px), plan)
+
+
+def _state_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
+    """`plan_nodes` without the kept copy."""
     res = px.res
     slots = {s.name: s for s in plan.slots}
     parked = _parked_per_device(plan, px)

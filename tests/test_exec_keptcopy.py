@@ -1,0 +1,102 @@
+"""The weight refresh's two sources on a sharded trainer: the full copy its senders keep from
+the step's end (`RunConfig.keep_sync_copy`, the plan's host-memory decision) and the shards
+gathered as the stream is built; and the batched gathers both use (`executors.gather`): one
+all-gather per run of tensors, equal to torch's own `full_tensor` byte for byte."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from gloo_world import SPAWN, run_world
+from test_exec_sharding import ARCH, batch, config
+
+from executors.gather import batches
+from executors.model import build_policy, save_model_dir
+from executors.reshard import Stream
+from executors.runplan import EngineGroup, Layout
+from executors.training import partition
+
+SIZE = 4096  # buckets far smaller than tiny-llama's ~0.3 MB
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_model_dir(build_policy(ARCH, 3), ARCH, tmp_path_factory.mktemp("m") / "v0")
+
+
+def test_runs_are_cut_from_the_sizes_alone() -> None:
+    assert batches([3, 3, 3, 10, 1], 6) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert batches([3, 3, 3], 0) == [(0, 1), (1, 2), (2, 3)]  # unbatched: one each
+    assert batches([], 6) == []
+
+
+def _torch_whole(tr: Any) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
+            for k, v in tr.model.state_dict().items()}
+
+
+def _step_then_refresh(rank: int, tr: Any, cfg: Any, q_out: Any) -> None:
+    """Before a step the refresh gathers (batched, equal to torch's `full_tensor`); after one,
+    with the copy kept, the refresh reads it and gathers nothing, and the copy is the step's
+    weights exactly."""
+    before = tr._sync_source(SIZE)
+    stream = Stream(before, SIZE)
+    got0 = torch.cat([stream.bucket(k).data for k in range(stream.count)])
+    want0 = _torch_whole(tr)
+    same0 = bool(torch.equal(got0, torch.cat([Stream(want0, SIZE).bucket(k).data
+                                              for k in range(stream.count)])))
+    batched = before.gathers  # collectives the refresh made
+    gathering = (tr.handover_gathers(), tr.weights_info()[2])
+    s, adv = batch(1)
+    tr.train(partition(s, adv, None, cfg.trainer, cfg.mini_batches, cfg.accumulate)[rank])
+    want = _torch_whole(tr)  # the step's weights, gathered by torch (every rank)
+    kept = tr._kept_now()
+    src = tr._sync_source(SIZE)
+    lay = Stream(src, SIZE)
+    got = torch.cat([lay.bucket(k).data for k in range(lay.count)]) if kept else None
+    exact = got is not None and torch.equal(got, torch.cat(
+        [Stream(want, SIZE).bucket(k).data for k in range(lay.count)]))
+    q_out.put((rank, same0, batched, len(want0), gathering, sorted(kept or {}), sorted(want),
+               exact, src.gathers, tr.handover_gathers(), tr.weights_info()[2]))
+
+
+@pytest.mark.parametrize("colocated", [True, False])
+def test_the_senders_keep_the_steps_weights_and_gather_nothing_at_the_refresh(
+        model_dir: Path, colocated: bool) -> None:
+    """dp 2 with `keep_sync_copy`: before any step (nothing kept) a refresh gathers in runs of
+    a bucket, one all-gather each rather than one per tensor, byte for byte torch's
+    `full_tensor`; after a step the senders (every rank beside a colocated engine, else rank 0)
+    hold the step's weights exactly, the others nothing, and the refresh's source gathers
+    nothing, so no rank but the senders takes part (`handover_gathers` False)."""
+    cfg = config(model_dir, engines=EngineGroup(tp=1, colocated=colocated),
+                 trainer=Layout(2, 1, 1), keep_sync_copy=True)
+    q_out = SPAWN.Queue()
+    run_world(_step_then_refresh, cfg, cfg, q_out)
+    out = sorted((q_out.get(timeout=5) for _ in range(2)), key=lambda x: x[0])
+    for (rank, same0, batched, tensors, gathering, kept, names, exact, gathers, ho_gathers,
+         from_copy) in out:
+        assert same0 and 0 < batched < tensors, (rank, batched, tensors)
+        assert gathering == (True, False)  # nothing kept before the first step
+        sender = colocated or rank == 0
+        assert (kept == names) if sender else not kept, rank
+        assert exact == sender and gathers == 0, rank
+        assert not ho_gathers and from_copy, rank
+
+
+def _gather_only(rank: int, tr: Any, cfg: Any, q_out: Any) -> None:
+    s, adv = batch(1)
+    tr.train(partition(s, adv, None, cfg.trainer, cfg.mini_batches, cfg.accumulate)[rank])
+    q_out.put((rank, tr._kept_now(), tr.handover_gathers(), tr.weights_info()[2]))
+
+
+def test_without_the_plans_leave_nothing_is_kept(model_dir: Path) -> None:
+    """`keep_sync_copy` False (the plan's host memory has no room): after a step no rank holds
+    a copy, and a refresh gathers from the shards (every rank taking part)."""
+    cfg = config(model_dir, engines=EngineGroup(tp=1, colocated=True), trainer=Layout(2, 1, 1))
+    q_out = SPAWN.Queue()
+    run_world(_gather_only, cfg, cfg, q_out)
+    for _, kept, ho_gathers, from_copy in (q_out.get(timeout=5) for _ in range(2)):
+        assert kept is None and ho_gathers and not from_copy
