@@ -65,10 +65,12 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
                  vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
-    if layout.cp > 1 and (layout.pp > 1 or layout.ep > 1):
-        raise SpecError(f"{where}: context parallelism (cp > 1) runs with FSDP (or HSDP) over "
-                        f"dp x cp and TP (`executors.cpattn`), not with pipeline stages or "
-                        f"expert parallelism; plan with cp 1")
+    if layout.cp > 1 and layout.ep > 1:
+        raise SpecError(f"{where}: context parallelism (cp {layout.cp}) with expert parallelism "
+                        f"(ep {layout.ep}) is not run by the executor: EP dispatches the tokens "
+                        f"of a DP group's ranks over the dp dim (`executors.experts`), where "
+                        f"under CP each rank holds one slice of every sequence and the experts "
+                        f"would have to be split over dp x cp; plan with cp 1 or ep 1")
     if layout.ep > 1 and (layout.ep != layout.dp or layout.hsdp or experts % layout.ep):
         raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep equal to dp, "
                         f"without an HSDP shard group) and must divide the model's {experts} "
