@@ -23,12 +23,20 @@ planner's own bound uses (`placer.solve.ilp_bound.time_floor`) with the devices 
       each busy at least the sum of its roles' times and at most T, and a role's devices are
       its slot's (`placer.cost.timing.iteration_time`).
 A role that may split over two pools (the rollout, where the job's framework splits roles and
-`a` holds two pools it can run on) may run faster than any single-pool candidate: it adds
-nothing to (1)-(3). Nor does a rollout whose tool-queue term may be negative
-(`ilp_bound.tool_may_lower`), as in the planner's own bound.
+`a` holds two accelerator pools it can run on) may run faster than any single-pool candidate.
+A split's parts are single-pool candidates that fit `a`, each holding its share of the batch
+of N samples, and it lasts as long as its slower part (`placer.cost.split.join`); one part
+holds at least ceil(N / 2) samples, and a part's time never falls with more samples (the rule
+`split.split_estimates` prunes by). So the role lasts at least the least time of its fitting
+candidates priced as a part of ceil(N / 2) samples (`Entry.half_s`, by the planner's own
+`PartTimer`; a candidate alone runs all N, no faster), in (1) and, where its candidates have
+one stage, in (2); it adds nothing to (3). A rollout whose tool-queue term may be negative
+(`ilp_bound.tool_may_lower`) adds nothing anywhere, as in the planner's own bound.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from placer.base.roles import Role
@@ -40,11 +48,14 @@ from placer.spec.job import Job
 
 @dataclass(frozen=True)
 class Entry:
-    """One single-pool candidate: its devices per pool, its time, its time per stage."""
+    """One single-pool candidate: its devices per pool, its time, its time per stage, and the
+    least time of a split part on its layout (`half_s`, module docstring; its time where it
+    cannot be one)."""
 
     devices: tuple[tuple[str, int], ...]
     time_s: float
     stage_s: tuple[tuple[str, float], ...]
+    half_s: float
 
     def fits(self, have: dict[str, int]) -> bool:
         return all(n <= have.get(p, 0) for p, n in self.devices)
@@ -73,14 +84,17 @@ class RoleTable:
 
 
 def role_table(cands: dict[str, list[Candidate]], splits_roles: bool, tool_lower: bool,
-               cpu: frozenset[str]) -> RoleTable:
+               cpu: frozenset[str], part: Callable[[Candidate], float]) -> RoleTable:
     """A job's `RoleTable` from its single-pool candidates (role -> candidates); `splits_roles`:
     its framework splits a role over pools; `tool_lower`: its rollout's tool term may be
-    negative; `cpu`: the cluster's CPU pools."""
+    negative; `cpu`: the cluster's CPU pools; `part(c)`: a split role's accelerator candidate
+    priced as a split part holding half the batch (0 where that part does not fit)."""
+    splits = frozenset(r for r in cands if splits_roles and r in SPLITTABLE)
     roles = tuple((r, tuple(Entry(tuple(sorted(c.pool_devices().items())), c.time_s,
-                                      tuple(sorted(c.est.stage_s.items()))) for c in cs))
+                                      tuple(sorted(c.est.stage_s.items())),
+                                      part(c) if r in splits and c.pool not in cpu
+                                      else c.time_s) for c in cs))
                   for r, cs in cands.items())
-    splits = frozenset(r for r, _ in roles if splits_roles and r in SPLITTABLE)
     loose = frozenset({Role.ROLLOUT.value} if tool_lower else ())
     return RoleTable(roles, splits, loose, cpu)
 
@@ -90,31 +104,108 @@ def floor(table: RoleTable, job: Job, have: dict[str, int], per_node: dict[str, 
     """A lower bound on the job's iteration time on `have` nodes per pool (module docstring);
     None: some role has no candidate that fits, so no plan exists there."""
     devices = {p: n * per_node[p] for p, n in have.items()}
-    fit = {r: [e for e in es if e.fits(devices)] for r, es in table.roles}
-    if any(not es for es in fit.values()):
-        return None
-    bounded = [r for r, es in fit.items() if r not in table.loose
-               and not (r in table.splits and _pools(es, table.cpu) > 1)]
-    own = max((min(e.time_s for e in fit[r]) for r in bounded), default=0.0)
+    own = work = 0.0
     stages: dict[str, float] = {}
-    for r in bounded:
-        least: dict[str, float] = {}
-        for e in fit[r]:
-            for st, t in dict(e.stage_s).items():
-                least[st] = min(least.get(st, t), t)
-        names = {st for e in fit[r] for st, _ in e.stage_s}
-        for st in names:  # a candidate without the stage spends nothing in it
-            t = least[st] if all(st in dict(e.stage_s) for e in fit[r]) else 0.0
+    for r, index in _indexed(table):
+        least = index.least(devices)
+        if least is None:
+            return None
+        if r in table.loose:
+            continue
+        if r in table.splits and least.pools > 1:  # a split may run: its larger part's least
+            own = max(own, least.half_s)
+            if len(least.stage_s) == 1:  # a split's one stage: its slower part's time
+                st = next(iter(least.stage_s))
+                stages[st] = max(stages.get(st, 0.0), least.half_s)
+            continue
+        own, work = max(own, least.time_s), work + least.work
+        for st, t in least.stage_s.items():
             stages[st] = max(stages.get(st, 0.0), t)
     chain = job.pipeline.mechanism.chain_bound_s(sum(stages.values()))
     total = sum(devices.values())
-    work = (sum(min(e.work for e in fit[r]) for r in bounded) / total) if total else 0.0
-    return max(own, chain, work)
+    return max(own, chain, work / total if total else 0.0)
 
 
-def _pools(entries: list[Entry], cpu: frozenset[str]) -> int:
-    """How many accelerator pools these candidates run on (a split needs two)."""
-    return len({p for e in entries for p, n in e.devices if n and p not in cpu})
+@dataclass(frozen=True)
+class _Least:
+    """Of one role's candidates that fit: the least time, device-seconds, time per stage (0
+    where some candidate spends none) and split-part time, and how many accelerator pools they
+    run on."""
+
+    time_s: float
+    work: float
+    stage_s: dict[str, float]
+    half_s: float
+    pools: int
+
+
+@dataclass
+class _RoleIndex:
+    """One role's candidates by pool and device count, with prefix minima, so that `least` on
+    a vector is a bisection per pool (the search asks it for every vector of every grid)."""
+
+    stages: tuple[str, ...]
+    counts: dict[str, list[int]]  # pool -> device counts, ascending
+    best: dict[str, list[_Row]]  # pool -> prefix minima
+    multi: list[Entry]  # candidates over several pools (looked at one by one)
+    cpu: frozenset[str]
+
+    @classmethod
+    def of(cls, entries: tuple[Entry, ...], cpu: frozenset[str]) -> _RoleIndex:
+        stages = tuple(sorted({st for e in entries for st, _ in e.stage_s}))
+        single = sorted(((e.devices[0][0], e.devices[0][1], e) for e in entries
+                         if len(e.devices) == 1), key=lambda x: (x[0], x[1]))
+        counts: dict[str, list[int]] = {}
+        best: dict[str, list[_Row]] = {}
+        for pool, n, e in single:
+            row = _row(e, stages)
+            prev = best.get(pool)
+            if prev:
+                t, w, h, st = prev[-1]
+                row = (min(t, row[0]), min(w, row[1]), min(h, row[2]),
+                       tuple(map(min, st, row[3])))
+            counts.setdefault(pool, []).append(n)
+            best.setdefault(pool, []).append(row)
+        return cls(stages, counts, best, [e for e in entries if len(e.devices) != 1], cpu)
+
+    def least(self, devices: dict[str, int]) -> _Least | None:
+        rows = []
+        pools = set()
+        for pool, ns in self.counts.items():
+            k = bisect_right(ns, devices.get(pool, 0))
+            if k:
+                rows.append(self.best[pool][k - 1])
+                pools.add(pool)
+        for e in self.multi:
+            if e.fits(devices):
+                rows.append(_row(e, self.stages))
+                pools.update(p for p, n in e.devices if n)
+        if not rows:
+            return None
+        return _Least(min(r[0] for r in rows), min(r[1] for r in rows),
+                      dict(zip(self.stages, map(min, *(r[3] for r in rows))))
+                      if len(rows) > 1 else dict(zip(self.stages, rows[0][3])),
+                      min(r[2] for r in rows), len(pools - self.cpu))
+
+
+_Row = tuple[float, float, float, tuple[float, ...]]  # time, work, split part, per stage
+
+
+def _row(e: Entry, stages: tuple[str, ...]) -> _Row:
+    """The candidate's row: its time, work and split-part time, and its time in each stage (0
+    in one it has none of)."""
+    own = dict(e.stage_s)
+    return e.time_s, e.work, e.half_s, tuple(own.get(st, 0.0) for st in stages)
+
+
+def _indexed(table: RoleTable) -> list[tuple[str, _RoleIndex]]:
+    """The table's roles, indexed once (kept on the table, which is frozen and compared by its
+    candidates alone)."""
+    got = table.__dict__.get("_index")
+    if got is None:
+        got = [(r, _RoleIndex.of(es, table.cpu)) for r, es in table.roles]
+        object.__setattr__(table, "_index", got)
+    return got
 
 
 def plan_low(plan: Plan, t: float, least: float) -> float:

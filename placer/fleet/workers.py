@@ -15,6 +15,7 @@ CP-SAT solve, and stopped by `close`.
 """
 from __future__ import annotations
 
+import math
 import multiprocessing
 from collections import deque
 from collections.abc import Sequence
@@ -27,8 +28,9 @@ from placer.cost.batching import StepTerms
 from placer.cost.context import TermsKey
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
+from placer.cost.split import PartTimer
 from placer.fleet.floors import RoleTable, role_table
-from placer.solve.candidates import flat, single_candidates
+from placer.solve.candidates import Candidate, flat, single_candidates
 from placer.solve.ilp_bound import tool_may_lower
 from placer.solve.planfile import Plan
 from placer.solve.planner import plan_job
@@ -81,7 +83,16 @@ def least_devices(job: Job, nodes: dict[str, int], calib: Calibration,
         return None
     cpu = frozenset(p.name for p in px.res.cluster.pools
                     if px.res.device_of(p.name).kind is DeviceKind.cpu)
-    table = role_table(cands, px.res.job.profile.splits_roles, tool_may_lower(px.res.job), cpu)
+    half = math.ceil(px.res.job.batch.samples / 2)
+    timers = {r: PartTimer.of(px, r) for r in cands}
+
+    def part(c: Candidate) -> float:
+        """Its layout as a split part holding at least half the batch (a part's time never
+        falls with more samples, `placer.cost.split`); 0 where that part does not fit."""
+        est = timers[c.role](c.est, half)
+        return 0.0 if est is None else est.time_s
+    table = role_table(cands, px.res.job.profile.splits_roles, tool_may_lower(px.res.job), cpu,
+                       part)
     if job.agents is not None:  # an agent's roles are named for it: bounded by none of them
         return replace(table, loose=frozenset(cands))
     return table
