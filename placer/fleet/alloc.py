@@ -73,6 +73,7 @@ from placer.fleet.allocproblem import (
     Vec,
     misses,
 )
+from placer.fleet.relax import lagrange_bound
 from placer.fleet.sharing import consistent
 
 __all__ = ["MAX_ROUND_S", "SCALE", "AllocJob", "AllocProblem", "Allocation", "NoAllocation",
@@ -104,7 +105,7 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     bound = (_objective(pr, [t for t in fastest if t is not None])
              if None not in fastest and not (pr.choices and pr.objective == "makespan")
              else float("inf") if pr.objective == "throughput" else 0.0)
-    rounds, proven = 0, False
+    rounds, proven, r = 0, False, None
     while True:
         rounds += 1
         left = time_limit_s - (time.monotonic() - start)
@@ -135,6 +136,9 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     vecs = fewest_nodes(pr, vecs, workers, seed)
     times = [t for j, a in enumerate(vecs) if (t := pr.known[j][a]) is not None]
     obj = _objective(pr, times)
+    if not (r is not None and r.exact and r.proven):  # else the round's bound is the optimum
+        relaxed = lagrange_bound(pr, obj)  # every node priced: a bound with no round solved
+        bound = bound if relaxed is None else min(bound, relaxed)
     gap = _gap(pr.objective, obj, bound)
     return Allocation(vecs, times, obj, bound, gap,
                       proven and gap == 0.0 and pr.not_monotone == 0, pr.not_monotone, rounds,
