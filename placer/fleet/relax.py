@@ -81,7 +81,12 @@ def _rows(pr: AllocProblem) -> list[tuple[np.ndarray, np.ndarray]] | None:
     its throughput at each one's lower bound; None where some job has none (or one is
     unbounded: a lower bound of 0)."""
     out = []
+    seen: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
     for j, job in enumerate(pr.jobs):
+        key = (id(pr.known[j]), job.grid, job.max_iteration_s, job.weight)  # one kind's memo
+        if job.kind is not None and key in seen:
+            out.append(seen[key])
+            continue
         held, vals = [], []
         for a in job.grid:
             lo = pr.lower(j, a)
@@ -94,4 +99,5 @@ def _rows(pr: AllocProblem) -> list[tuple[np.ndarray, np.ndarray]] | None:
         if not vals:
             return None
         out.append((np.array(held, dtype=float), np.array(vals, dtype=float)))
+        seen[key] = out[-1]
     return out
