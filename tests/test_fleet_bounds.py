@@ -97,18 +97,24 @@ class _StoppedEarly(JobPlanner):
 
 def test_a_job_plan_that_stopped_early_widens_the_fleet_gap() -> None:
     """On the tiny real fleet, job plans that proved only 75% of their time as a bound: the
-    allocation is the one the optimal plans give, but its gap is at least those plans' 25%
-    (every job's throughput may be up to 1 / 0.75 of what its plan shows), where it was 0."""
+    allocation is the one the optimal plans give, but it has a gap where it had none. Each job's
+    bound is the better of its plan's 75% and its floor (`placer.fleet.floors`, which proves
+    more than 75% here), so every job's throughput may be up to T / L of what its plan shows and
+    the gap is at least 1 - max L / T."""
     fleet = fleet_from_dict(_tiny_fleet(), EXAMPLES, "tiny")
     calib = load_calibration(None)
     sure, late = JobPlanner(fleet, calib, workers=1), _StoppedEarly(fleet, calib, workers=1)
     exact = allocate(alloc_problem(sure), workers=1)
     early = allocate(alloc_problem(late), workers=1)
-    assert late.low(0, early.vectors[0]) == pytest.approx(0.75 * early.times[0])
+    lows = [late.low(j, a) for j, a in enumerate(early.vectors)]
+    for j, (a, low) in enumerate(zip(early.vectors, lows)):
+        assert low == pytest.approx(max(0.75 * early.times[j], late.floor(j, a) or 0.0))
+    most = max(low / t for low, t in zip(lows, early.times))
+    assert most < 1.0
     assert exact.optimal and exact.gap == 0.0
     assert early.vectors == exact.vectors and early.objective == exact.objective
-    assert early.gap >= 0.25 - 1e-6 and not early.optimal
-    assert early.bound >= exact.objective / 0.75 * (1 - 1e-6)
+    assert early.gap >= 1 - most - 1e-6 and not early.optimal
+    assert early.bound >= exact.objective / most * (1 - 1e-6)
     assert math.isfinite(early.bound)
 
 

@@ -37,22 +37,23 @@ min M with M >= sum_a I_j T_j(a) x_ja. Both are linear in x, the coefficients sc
 
 Lazy evaluation. T_j is known only where evaluated. More nodes never make the planner's optimum
 slower (it may leave nodes idle), so T_j(a) >= T_j(b) for every evaluated b >= a, and a is
-infeasible when an evaluated b >= a is. Each round solves the model with T_j(a) replaced by this
-optimistic bound where a is not evaluated, evaluates the vectors it chose, and stops when every
-chosen vector was already evaluated: the solution is then optimal over the grids (up to CP-SAT's
-own gap). One kind's jobs share one memo (`known`), and a round's new vectors are computed
-together (`prefetch`, in parallel by the caller). A round whose model finds no solution in its
-time limit (a large model's presolve) is retried with twice the limit; until an incumbent
-exists a round gets its full limit. The bound reported (the best objective still possible) is
-the tightest of the rounds' optimistic bounds; the incumbent is the best solution whose times
-are all evaluated. Job plans that stop at their time limit are incumbents: each round's bound
-uses their proven lower bounds, not their times (`placer.fleet.allocproblem`,
+infeasible when an evaluated b >= a is; and T_j(a) >= F_j(a), the job's floor there, from its
+cost table on its cap (`placer.fleet.floors`). Each round solves the model with T_j(a) replaced
+by the larger of these optimistic bounds where a is not evaluated, evaluates the vectors it
+chose, and stops when every chosen vector was already evaluated: the solution is then optimal
+over the grids (up to CP-SAT's own gap). One kind's jobs share one memo (`known`), and a round's
+new vectors are computed together (`prefetch`, in parallel by the caller). A round whose model
+finds no solution in its time limit (a large model's presolve) is retried with twice the limit;
+until an incumbent exists a round gets its full limit. The bound reported (the best objective
+still possible) is the tightest of the rounds' optimistic bounds; the incumbent is the best
+solution whose times are all evaluated. Job plans that stop at their time limit are incumbents:
+each round's bound uses their proven lower bounds, not their times (`placer.fleet.allocproblem`,
 `allocmodel.fleet_bound`), so the gap counts how far each job plan may be from its own optimum
 too. So the gap is relative to (1) the grids of allocation vectors (thinned on a large fleet:
-`placer.fleet.inner`), (2) the monotone bound holding (pairs that break it are counted), (3)
-the integer scaling of the coefficients (1e-9 of the largest). Of the allocations as good as
-the incumbent, the one holding the fewest nodes is kept (`fewest_nodes`): a node that no job
-would run faster with stays free.
+`placer.fleet.inner`), (2) the monotone bound holding (pairs that break it are counted), (3) the
+integer scaling of the coefficients (1e-9 of the largest). Of the allocations as good as the
+incumbent, the one holding the fewest nodes is kept (`fewest_nodes`): a node that no job would
+run faster with stays free.
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ from placer.fleet.allocproblem import (
     Vec,
     misses,
 )
+from placer.fleet.relax import lagrange_bound
 from placer.fleet.sharing import consistent
 
 __all__ = ["MAX_ROUND_S", "SCALE", "AllocJob", "AllocProblem", "Allocation", "NoAllocation",
@@ -103,7 +105,7 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     bound = (_objective(pr, [t for t in fastest if t is not None])
              if None not in fastest and not (pr.choices and pr.objective == "makespan")
              else float("inf") if pr.objective == "throughput" else 0.0)
-    rounds, proven = 0, False
+    rounds, proven, r = 0, False, None
     while True:
         rounds += 1
         left = time_limit_s - (time.monotonic() - start)
@@ -134,6 +136,9 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     vecs = fewest_nodes(pr, vecs, workers, seed)
     times = [t for j, a in enumerate(vecs) if (t := pr.known[j][a]) is not None]
     obj = _objective(pr, times)
+    if not (r is not None and r.exact and r.proven):  # else the round's bound is the optimum
+        relaxed = lagrange_bound(pr, obj)  # every node priced: a bound with no round solved
+        bound = bound if relaxed is None else min(bound, relaxed)
     gap = _gap(pr.objective, obj, bound)
     return Allocation(vecs, times, obj, bound, gap,
                       proven and gap == 0.0 and pr.not_monotone == 0, pr.not_monotone, rounds,

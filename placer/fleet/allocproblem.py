@@ -12,6 +12,11 @@ only a lower bound L_j(a) <= T*_j(a) (`low_of`; the plan's `solver.gap`). The in
 T_j(a) is what the allocation is chosen on and reported with, and the lower bounds are what the
 fleet's bound must use: the optimum on `a` is at least L_j(b) for every evaluated b >= a
 (`lower`). With every job plan optimal L = T and the two agree.
+
+Where no vector above `a` bounds it well (a vector far below the evaluated ones would otherwise
+look as fast as the top), `floor_of` gives a proven bound on T*_j(a) without planning there,
+from the job's cost table on its cap (`placer.fleet.floors`): `bound` and `lower` take the
+larger of it and the evaluated vectors' bounds.
 """
 from __future__ import annotations
 
@@ -62,6 +67,9 @@ class AllocProblem:
     # exact); asked once per evaluated vector, after `time_of`
     low_of: Callable[[int, Vec], float] | None = None
     lows: list[dict[Vec, float]] = field(default_factory=list)  # per kind, as `known`
+    # job index, vector -> a proven lower bound on the job's time there without planning it
+    # (`placer.fleet.floors`; None or 0: none known)
+    floor_of: Callable[[int, Vec], float | None] | None = None
     not_monotone: int = 0  # evaluated pairs where fewer nodes were faster (the bound failed)
     shared: tuple[ShareGroup, ...] = ()  # pools several jobs share (one count, charged once)
     choices: tuple[Choice, ...] = ()  # shared pools the allocation may use or not
@@ -124,13 +132,17 @@ class AllocProblem:
         """(the optimistic time of `a`, whether it is exact); None: `a` cannot be placed."""
         if a in self.known[j]:
             return self.known[j][a], True
-        best = 0.0
+        best = self.floor(j, a)
         for b, t in self.known[j].items():
             if all(x <= y for x, y in zip(a, b)):
                 if t is None:
                     return None, True
                 best = max(best, t)
         return best, False
+
+    def floor(self, j: int, a: Vec) -> float:
+        """`floor_of` (0 where it knows none)."""
+        return (self.floor_of(j, a) or 0.0) if self.floor_of is not None else 0.0
 
     def exact_low(self, j: int, a: Vec) -> float | None:
         """L_j(a) of an evaluated vector: its plan's proven lower bound, or its time."""
@@ -142,7 +154,7 @@ class AllocProblem:
         placed. Below `bound` only where some job plan stopped before proving its optimum."""
         if a in self.known[j]:
             return self.exact_low(j, a)
-        best = 0.0
+        best = self.floor(j, a)
         for b, t in self.known[j].items():
             if all(x <= y for x, y in zip(a, b)):
                 if t is None:

@@ -20,16 +20,20 @@ ladder from 1 node to the cap (`ladder`), as few rungs as keep the product withi
 plus the job's fair share (its team's nominal quota split equally among the team's jobs, the
 allocation search's first incumbent): a large fleet's model stays small, and its gap is
 reported relative to the thinned grid.
+
+The table that cuts the grid also bounds the job's time on every vector of it without planning
+there (`floor`, `placer.fleet.floors`): the allocation search's bound on the vectors it has not
+visited, and the bound of a job plan for cost per sample, which proves none on its time (`low`).
 """
 from __future__ import annotations
 
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from placer.cost.efficiency import Calibration
 from placer.fleet.alloc import AllocJob, AllocProblem, TeamQuota, Vec
+from placer.fleet.floors import RoleTable, floor, plan_low
 from placer.fleet.sharing import ShareGroup, shared_job
 from placer.fleet.spec import Fleet
 from placer.fleet.workers import KindWorkers, Pricers, Task, least_devices, plan_on, run_task
@@ -109,6 +113,9 @@ class JobPlanner:
     memo: Pricers | None = None  # each kind's pricing memo, planning here (`workers` < 2)
     pool: KindWorkers | None = None  # else the worker processes, each with its own memos
     computed: int = 0  # plans and tables computed (not found in `plans`, `why`)
+    # (kind, cap) -> its single-pool table on the cap (`grids`); (kind, cap, vector) -> floor
+    tables: dict[tuple[int, Vec], RoleTable | None] = field(default_factory=dict)
+    floors: dict[tuple[int, Vec, Vec], float | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.priced = priced_jobs(self.fleet)
@@ -156,9 +163,23 @@ class JobPlanner:
     def low(self, j: int, a: Vec) -> float:
         """A lower bound on job j's optimum on `a` (after `time` placed it there): its plan's
         time less the plan's own proven relative gap, T (1 - gap) (its solver's bound; 0 for a
-        plan its solver stopped before any bound)."""
+        plan its solver stopped before any bound). A plan for cost per sample proves a bound on
+        its cost, not its time: its time is its optimum's only where it is proven optimal, else
+        the bound is `floor`'s (any plan's time is at least that)."""
         plan = self.plan(j, a)
-        return plan.predicted_iteration_s * (1.0 - plan.solver.gap)
+        return plan_low(plan, plan.predicted_iteration_s, self.floor(j, a) or 0.0)
+
+    def floor(self, j: int, a: Vec) -> float | None:
+        """A proven lower bound on job j's time on `a` from its cost table on its cap, without
+        planning there (`placer.fleet.floors`); 0 where the table is not known, None where some
+        role has no candidate that fits `a`."""
+        key = (self.kind_of[j], self.cap(j), a)
+        if key not in self.floors:
+            table = self.tables.get(key[:2])
+            per_node = {p.name: p.devices_per_node for p in self.fleet.cluster.pools}
+            self.floors[key] = (0.0 if table is None else
+                                floor(table, self.priced[j], self.nodes_of(a), per_node))
+        return self.floors[key]
 
     def alone(self, j: int, a: Vec) -> float | None:
         """Job j's iteration time on `a` as written: a shared pool's member with the pool to
@@ -201,16 +222,17 @@ class JobPlanner:
         on its grid find them)."""
         keys = sorted({(self.kind_of[j], self.cap(j)) for j in range(len(self.fleet.jobs))})
         tables = self._run([("least", k, self.nodes_of(cap)) for k, cap in keys])
-        found: dict[tuple[int, Vec], Any] = dict(zip(keys, tables))
-        return [self.grid(j, found[(self.kind_of[j], self.cap(j))])
+        self.tables.update(zip(keys, tables))  # type: ignore[arg-type]
+        return [self.grid(j, self.tables[(self.kind_of[j], self.cap(j))])
                 for j in range(len(self.fleet.jobs))]
 
-    def grid(self, j: int, roles: list[list[dict[str, int]]] | None) -> tuple[Vec, ...]:
+    def grid(self, j: int, table: RoleTable | None) -> tuple[Vec, ...]:
         """Job j's allocation vectors (module docstring), less those on which some role has no
         single-pool candidate that fits its devices (`roles`, from `least_devices`): no
         placement exists there (a split role's parts are each a layout a single pool also
         offers)."""
         cap = self.cap(j)
+        roles = None if table is None else table.devices()
         use = (set(self.pools) if roles is None
                else {p for cs in roles for c in cs for p in c})
         team = self.fleet.jobs[j].team
@@ -264,4 +286,5 @@ def alloc_problem(planner: JobPlanner) -> AllocProblem:
     return AllocProblem(pools, tuple(fleet.pool_nodes()[p] for p in pools), teams, jobs,
                         "throughput" if fleet.objective == "throughput" else "makespan",
                         planner.time, prefetch=planner.prefetch, low_of=planner.low,
+                        floor_of=planner.floor,
                         shared=share_groups(fleet))

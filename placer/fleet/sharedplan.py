@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from placer.fleet.alloc import Allocation, AllocProblem, NoAllocation, Vec, allocate
+from placer.fleet.floors import plan_low
 from placer.fleet.inner import JobPlanner, plan_on
 from placer.fleet.result import (
     EngineShare,
@@ -104,7 +105,7 @@ class SharedRollouts:
                 jobs[k] = replace(jobs[k], grid=engines_axis(jobs[g.members[0]].grid,
                                                              jobs[k].grid, g.pool))
         return replace(pr, jobs=jobs, time_of=self.time, prefetch=self.prefetch, known=[],
-                       low_of=self.low, lows=[],
+                       low_of=self.low, lows=[], floor_of=self.floor,
                        shared=pr.shared + self.groups, choices=tuple(choices))
 
     def time(self, j: int, a: Vec) -> float | None:
@@ -127,7 +128,12 @@ class SharedRollouts:
             return self.planner.low(j, a)
         t, plan = self.time(j, a), self.plans.get((j, a))
         assert t is not None and plan is not None  # asked only where `time` placed the job
-        return t * (1.0 - plan.solver.gap)
+        return plan_low(plan, t, 0.0)
+
+    def floor(self, j: int, a: Vec) -> float | None:
+        """The planner's floor (`placer.fleet.floors`) for a job it plans; none for a shared
+        flavour, priced here."""
+        return 0.0 if j in self.jobs else self.planner.floor(j, a)
 
     def prefetch(self, pairs: list[tuple[int, Vec]]) -> None:
         self.planner.prefetch([(j, a) for j, a in pairs if j not in self.jobs])

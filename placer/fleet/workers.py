@@ -15,10 +15,11 @@ CP-SAT solve, and stopped by `close`.
 """
 from __future__ import annotations
 
+import math
 import multiprocessing
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -27,10 +28,14 @@ from placer.cost.batching import StepTerms
 from placer.cost.context import TermsKey
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
-from placer.solve.candidates import flat, single_candidates
+from placer.cost.split import PartTimer
+from placer.fleet.floors import RoleTable, role_table
+from placer.solve.candidates import Candidate, flat, single_candidates
+from placer.solve.ilp_bound import tool_may_lower
 from placer.solve.planfile import Plan
 from placer.solve.planner import plan_job
 from placer.spec.catalog import with_nodes
+from placer.spec.hardware import DeviceKind
 from placer.spec.job import Job
 
 Task = tuple[str, int, dict[str, int]]  # ("plan" | "least", kind, nodes)
@@ -65,16 +70,32 @@ def plan_on(job: Job, nodes: dict[str, int], calib: Calibration, time_limit_s: f
 
 
 def least_devices(job: Job, nodes: dict[str, int], calib: Calibration,
-                  memo: Pricers | None = None) -> list[list[dict[str, int]]] | None:
-    """Per role of the job, the devices per pool of each of its single-pool candidates on these
-    nodes (None: the table cannot be built there; the planner will say why)."""
+                  memo: Pricers | None = None) -> RoleTable | None:
+    """Per role of the job, its single-pool candidates on these nodes: their devices per pool
+    (what the allocation grid is cut by) and times (`placer.fleet.floors`: a bound on the job's
+    time on fewer nodes). None: the table cannot be built there; the planner will say why."""
     if not any(nodes.values()):
         return None
     try:
-        cands = flat(single_candidates((memo or Pricers(calib)).on(job, nodes)))
+        px = (memo or Pricers(calib)).on(job, nodes)
+        cands = flat(single_candidates(px))
     except (Infeasible, SpecError):
         return None
-    return [[c.pool_devices() for c in cs] for cs in cands.values()]
+    cpu = frozenset(p.name for p in px.res.cluster.pools
+                    if px.res.device_of(p.name).kind is DeviceKind.cpu)
+    half = math.ceil(px.res.job.batch.samples / 2)
+    timers = {r: PartTimer.of(px, r) for r in cands}
+
+    def part(c: Candidate) -> float:
+        """Its layout as a split part holding at least half the batch (a part's time never
+        falls with more samples, `placer.cost.split`); 0 where that part does not fit."""
+        est = timers[c.role](c.est, half)
+        return 0.0 if est is None else est.time_s
+    table = role_table(cands, px.res.job.profile.splits_roles, tool_may_lower(px.res.job), cpu,
+                       part)
+    if job.agents is not None:  # an agent's roles are named for it: bounded by none of them
+        return replace(table, loose=frozenset(cands))
+    return table
 
 
 def run_task(task: Task, jobs: Sequence[Job], memo: Pricers, time_limit_s: float,

@@ -26,6 +26,7 @@ from placer.cost.timing import Placed
 from placer.solve.candidates import Candidate
 from placer.solve.pricing import device_price, slots_price
 from placer.solve.problem import Assignment, Problem, host_fits, slot_names
+from placer.spec.job import Job
 
 
 def score(problem: Problem, a: Assignment) -> tuple[float, float]:
@@ -179,10 +180,13 @@ def _time_floor(problem: Problem, role: str, c: Candidate, floor: dict[str, dict
 
 
 def _tool_may_lower(problem: Problem) -> bool:
+    return tool_may_lower(problem.res.job)
+
+
+def tool_may_lower(job: Job) -> bool:
     """Whether the rollout's tool-queue term may be negative (`timing.rollout_tool_time`: an
     over-provisioned multi-turn rollout can reach its kept count sooner on a shared pool), so
     that T >= the rollout candidate's own time no longer holds."""
-    job = problem.res.job
     env = job.environment
     return (env.kind != "none" and env.turns > 1
             and generated_samples(job) > job.batch.samples)
