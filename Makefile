@@ -53,8 +53,9 @@ lint: $(STAMP)
 # check, cost objective on the large examples, the larger pipeline layouts, the Ray twins of local
 # executor tests, the second and third notebooks) run with `make test-slow` or `make test-all`;
 # `make test-notebooks` runs the two notebooks `make test` leaves out (CI runs it after `make test`).
+# --durations=25: the log ends with the 25 slowest set-ups, calls and tear-downs, to see where time goes.
 test: lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=25
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -5,6 +5,8 @@ them and are bounded at their measured figures where it does not, and the refit 
 factors from points generated with them."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
@@ -29,6 +31,26 @@ EFF = Efficiency()
 FITTED = ("mfu_prefill", "prefill_half_ridge", "decode_bw_eff", "decode_bw_half_batch",
           "decode_tp_bw_loss", "tp_base_s", "tp_hop_s", "tp_link_eff", "nvls_base_s", "p2p_net_s",
           "attn_kernel_s", "attn_split_s", "mfu_attention", "attn_append_factor")
+
+
+@pytest.fixture(scope="module")
+def json_doc() -> dict:
+    """`python -m workflows.operators --json`'s document, run once (in-process, through `main`)
+    for the tests that read its parts: every point priced and each held-out refit run once."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def fit_doc() -> dict:
+    """`--json --fit`'s document, run once: the refit on every point (`fit_all`) and the
+    leave-one-model-out refits."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--json", "--fit"]) == 0
+    return json.loads(out.getvalue())
 
 
 def test_the_data_carries_its_provenance() -> None:
@@ -78,9 +100,8 @@ def test_every_point_is_priced() -> None:
     assert all(predict(p, slower) > predict(p, EFF) for p in points)
 
 
-def test_json_document_shape(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+def test_json_document_shape(json_doc: dict) -> None:
+    doc = json_doc
     assert set(doc) == {"sources", "classes", "attention_held_out", "all_reduce_modes",
                         "send_recv_by_link", "rows"}
     assert set(doc["attention_held_out"]) == {"in_sample", "leave_one_context_out",
@@ -128,7 +149,7 @@ def test_class_errors_at_the_defaults() -> None:
         assert c.median_abs_error <= median and c.p90_abs_error <= p90, (cls, c)
 
 
-def test_all_reduce_by_mode(capsys: pytest.CaptureFixture[str]) -> None:
+def test_all_reduce_by_mode(json_doc: dict) -> None:
     # The all-reduce class split by mode (`opfit.all_reduce_modes`): every point is in one of
     # the two, a device's host launch period is one figure whatever the size and rank count
     # (measured: A100 node 58 us, H100 node 40 us), the synchronised points meet the goal
@@ -140,8 +161,7 @@ def test_all_reduce_by_mode(capsys: pytest.CaptureFixture[str]) -> None:
     # mode), held out: the 29 points priced at or above their host period, which the price
     # predicts, meet the goal's p90 (14.9% / 22.0%); every one priced below its period lies
     # within [price, period] +-30% (that interval is the prediction: the launch phase picks).
-    assert main(["--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc = json_doc
     modes = doc["all_reduce_modes"]
     assert set(modes) == {"host_period_s", "synchronised", "host_bound",
                           "synchronised_rank_count_held_out", "gpu_bound_rank_count_held_out",
@@ -181,10 +201,11 @@ def test_all_reduce_modes_leave_a_synchronised_set_alone() -> None:
         assert modes.factors[name] == pytest.approx(getattr(known, name), rel=1e-6), name
 
 
-def test_the_defaults_are_the_fit() -> None:
-    # a regression guard: the shipped factors are the refit's values, rounded
-    _, points = load()
-    fitted = fit_all(points, EFF)
+def test_the_defaults_are_the_fit(fit_doc: dict) -> None:
+    # a regression guard: the shipped factors are the refit's values, rounded (`--fit` reports
+    # `fit_all` on every point as each factor's "after")
+    fitted = {k: v["after"] for k, v in fit_doc["fit"]["factors"].items()}
+    assert set(fitted) == set(FITTED)
     for name in FITTED:
         assert getattr(EFF, name) == pytest.approx(fitted[name], rel=0.01, abs=1e-9), name
 
@@ -207,12 +228,11 @@ def test_fit_recovers_known_factors_from_synthetic_points() -> None:
     assert {f.name for f in fields(Efficiency)} >= set(FITTED)
 
 
-def test_layer_classes_meet_the_goal_held_out(capsys: pytest.CaptureFixture[str]) -> None:
+def test_layer_classes_meet_the_goal_held_out(fit_doc: dict) -> None:
     # `--fit` reports the factors, the in-sample errors and the honest figure: each model's
     # layers priced by factors fitted on the other models (leave-one-model-out; measured
     # 7.9% / 29.0% prefill, 10.8% / 23.1% decode), which meets the goal
-    assert main(["--json", "--fit"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc = fit_doc
     assert set(doc["fit"]) == {"factors", "classes", "leave_one_model_out",
                                "attention_leave_one_context_out"}
     assert set(doc["fit"]["factors"]) == set(FITTED)
@@ -269,13 +289,12 @@ def test_attention_priced_by_the_forward_and_the_decode_step() -> None:
     assert per_kv == pytest.approx(decode_step_line(m, dev, par, 8, EFF)[1], rel=1e-9)
 
 
-def test_attention_with_its_fitted_factors_held_out(capsys: pytest.CaptureFixture[str]) -> None:
+def test_attention_with_its_fitted_factors_held_out(json_doc: dict) -> None:
     # The honest figures of the attention factors: each KV context's kernels priced by
     # factors fitted on the other contexts' (measured 9.0% / 24.5%), and every other chunk
     # size / decode batch priced by factors fitted on the rest (8.8% / 25.0%); in-sample 8.3%
     # / 23.0%. Both meet the goal (median <= 15%, p90 <= 30%).
-    assert main(["--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc = json_doc
     for h in (doc["attention_held_out"]["leave_one_context_out"],
               doc["attention_held_out"]["half_sizes_out"]):
         assert h["n"] == doc["classes"]["attention"]["n"]
@@ -286,7 +305,7 @@ def test_attention_with_its_fitted_factors_held_out(capsys: pytest.CaptureFixtur
     assert 2.0 < fitted["attn_append_factor"] < 4.0
 
 
-def test_send_recv_by_link(capsys: pytest.CaptureFixture[str]) -> None:
+def test_send_recv_by_link(json_doc: dict) -> None:
     # The send/recv class by link: the H100 node pair's network runs near the catalog's NIC
     # (calibrated 46-47 GB/s of 50), the A100 pair's at ~9.5 GB/s of the catalog's 25 (one
     # 200 Gb/s HDR NIC per GPU): a property of that testbed's network, which a user sets as
@@ -295,8 +314,7 @@ def test_send_recv_by_link(capsys: pytest.CaptureFixture[str]) -> None:
     # the A100 pair 4.9% / 21.7%, where the catalog's NIC leaves it 48.7% / 60.8% fast; the
     # H100 pair 17.0% / 36.5% (its small sends take 17-20 us, the A100 pair's 24-27 us: the
     # per-call time differs by testbed too).
-    assert main(["--json"]) == 0
-    by_link = json.loads(capsys.readouterr().out)["send_recv_by_link"]
+    by_link = json_doc["send_recv_by_link"]
     a100, h100 = (by_link[f"{d} two_nodes, testbed NIC held out"]
                   for d in ("A100-80G", "H100-SXM"))
     assert all(r < 0.5 * a100["catalog_nic_gbs"] for r in a100["calibrated_nic_gbs"])
