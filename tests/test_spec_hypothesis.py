@@ -141,3 +141,15 @@ def test_random_text_files_fail_cleanly(tmp_path_factory, text: str, suffix: str
         _load(read_structured(path))
     except SpecError as e:
         assert "\n" not in str(e)
+
+
+def test_a_key_holding_a_newline_stays_on_its_line() -> None:
+    """The case the mutation search found (agentic-code with `models: {"\\n": null}`): the
+    unknown key's name is escaped in the loader's own lines, not only by the CLI."""
+    doc = copy.deepcopy(RAW[0])
+    doc["models"] = {"\n": None}
+    assert _load(doc) is None
+    try:
+        job_from_dict(doc, "h.yaml")
+    except SpecErrors as e:
+        assert any(line.startswith("h.yaml: models.\\n: unknown key") for line in e.lines), e.lines

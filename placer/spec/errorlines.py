@@ -16,6 +16,8 @@ from typing import Any, get_args
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from placer.base.inputs import escape
+
 
 def _shown(value: object, limit: int = 80) -> str:
     text = repr(value)
@@ -54,8 +56,10 @@ def _by_key(cls: type[BaseModel]) -> dict[str, Any]:
 
 def _error_line(e: ErrorDetails, prefix: str, root: type[BaseModel] | None) -> str:
     """One pydantic error as `field.path: message (got value)`; `root` lists keys for a typo.
-    Key names come from the input: the CLI escapes each line (`placer.base.inputs.error_lines`)."""
-    loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+    Key names come from the input: each is escaped here (a key holding a newline must not split
+    the line for a caller of the Python API), and the CLI escapes each whole line again
+    (`placer.base.inputs.error_lines`; escaping is idempotent on printable text)."""
+    loc = ".".join(escape(str(x)) for x in e["loc"]) or "(top level)"
     msg = " ".join(e["msg"].removeprefix("Value error, ").split())  # always one line
     got = e.get("input")
     # A missing key or a whole-object check has the enclosing mapping as its input: not a value.
