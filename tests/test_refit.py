@@ -126,10 +126,11 @@ def test_fewer_trainer_ranks_serve_their_receivers_in_turn() -> None:
     assert halved.export_s == paired.export_s
 
 
-def test_simulator_paired_transfer_is_the_planners() -> None:
+@pytest.mark.parametrize("transport", ["nixl", "nccl-reshard"])
+def test_simulator_paired_transfer_is_the_planners(transport: str) -> None:
     """One node: trainer and engine on NVLink; the simulator's flow and fixed cost give the
-    planner's `paired_time` exactly."""
-    over = {"weight_sync": {"transport": "nixl"}}
+    planner's `paired_time` exactly (NIXL's pull, and NeMo-RL's nccl_reshard stream)."""
+    over = {"weight_sync": {"transport": transport}}
     plan = small_plan({"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
                        "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
                        "environment": ("cpu", 1, "env")}, **over)
@@ -139,7 +140,8 @@ def test_simulator_paired_transfer_is_the_planners() -> None:
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
     actor = Placed(a.slot, Estimate(Role.ACTOR, a.pool, a.par, Memory(), {}))
     rollout = Placed(r.slot, Estimate(Role.ROLLOUT, r.pool, r.par, Memory(), {}))
-    assert sp.links == {"stream": pytest.approx(H100.intra_link_gbs * EFF.link_eff)}
+    if transport == "nixl":
+        assert sp.links == {"stream": pytest.approx(H100.intra_link_gbs * EFF.link_eff)}
     assert sp.fixed_s + sp.alone_s == pytest.approx(Pricer(res, calib).sync_time(actor, rollout))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from simplans import small_job, small_plan
+from simplans import small_plan
 
 from placer.base.errors import SpecError
 from placer.base.roles import Role
@@ -21,8 +21,6 @@ from placer.cost.timing import Placed
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict
 from placer.spec.weightsync import TransportKind
-from simulator.config import Network
-from simulator.network import sync_plan
 
 MODELS = shipped_models()
 H100 = shipped_devices()["H100-SXM"]
@@ -85,20 +83,6 @@ def test_colocated_falls_back_to_cuda_ipc_of_the_full_weights() -> None:
     args = (Parallel(dp=8), Parallel(tp=8), True)
     assert _sync_s(_res("Qwen3-4B", 1), *args) == pytest.approx(
         _sync_s(_res("Qwen3-4B", 1, "broadcast"), *args))
-
-
-def test_simulator_reshard_transfer_is_the_planners() -> None:
-    over = {"weight_sync": {"transport": "nccl-reshard"}}
-    plan = small_plan({"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
-                       "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
-                       "environment": ("cpu", 1, "env")}, **over)
-    res, calib = resolve(job_from_dict(small_job(**over))), Calibration()
-    sp = sync_plan(Pricer(res, calib), plan, Network())
-    assert sp is not None and [f.name for f in sp.flows] == ["paired"]
-    a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
-    actor = Placed(a.slot, Estimate(Role.ACTOR, a.pool, a.par, Memory(), {}))
-    rollout = Placed(r.slot, Estimate(Role.ROLLOUT, r.pool, r.par, Memory(), {}))
-    assert sp.fixed_s + sp.alone_s == pytest.approx(Pricer(res, calib).sync_time(actor, rollout))
 
 
 def test_execute_refuses_the_reshard_it_does_not_run() -> None:
