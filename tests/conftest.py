@@ -92,3 +92,13 @@ def placer_cmd() -> list[str]:
     script = Path(sys.executable).with_name("placer")
     return [str(script)] if script.exists() else [sys.executable, "-m", "placer.cli"]
 
+
+
+@pytest.fixture(scope="session")
+def published_loo() -> Any:
+    """The published rows' leave-one-out report (`workflows.loo.loo_report`), computed once for
+    the suite (~25 s): tests/test_loo.py bounds its errors and tests/test_band.py compares the
+    shipped band and factor ranges with it. The CLI's own `--loo` path runs in test_loo."""
+    from workflows.loo import loo_report  # lazy: the cost model loads when a test asks
+    from workflows.published import published_rows
+    return loo_report(published_rows())

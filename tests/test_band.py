@@ -25,10 +25,8 @@ def _table(errors: list[float], tags: list[Tags]) -> ResidualTable:
 
 
 @pytest.fixture(scope="module")
-def fresh_loo() -> LooReport:
-    from workflows.loo import loo_report
-    from workflows.published import published_rows
-    return loo_report(published_rows())
+def fresh_loo(published_loo: LooReport) -> LooReport:
+    return published_loo  # tests/conftest.py: computed once, shared with tests/test_loo.py
 
 
 def test_shipped_table_equals_a_fresh_leave_one_out_computation(fresh_loo: LooReport) -> None:

@@ -19,7 +19,6 @@ from workflows.loo import (
     fit_group,
     golden_min,
     held_out_prediction,
-    loo_report,
     objective,
     stage_times,
     with_published,
@@ -33,8 +32,8 @@ def rows() -> Rows:
 
 
 @pytest.fixture(scope="module")
-def rep(rows: Rows) -> LooReport:
-    return loo_report(rows)
+def rep(published_loo: LooReport) -> LooReport:
+    return published_loo  # tests/conftest.py: one computation shared with tests/test_band.py
 
 
 def test_golden_section_finds_a_known_minimum() -> None:
