@@ -33,9 +33,10 @@ from placer.solve import hostmem
 from placer.solve.baselines import partitions
 from placer.solve.candidates import role_candidates
 from placer.solve.ilp_bound import score
-from placer.solve.ilp_solve import solve
-from placer.solve.planner import build_problem, plan_job
-from placer.solve.problem import Assignment, Problem, host_fits, slot_names
+from placer.solve.ilp_solve import hint_assignment, solve
+from placer.solve.moves import layout, moves
+from placer.solve.planner import build_problem, hint_of, plan_job
+from placer.solve.problem import Assignment, Problem, candidate_key, host_fits, slot_names
 from placer.solve.render import render_plan
 from placer.spec.catalog import resolve
 from placer.spec.framework import PROFILES
@@ -141,6 +142,29 @@ def test_the_plan_shows_the_streamed_reference_and_counts_its_host_memory() -> N
     assert node.parts["streamed"] == pytest.approx(4 * QWEN32B_PARAMS / 8 * 8 / 1e9, rel=0.01)
     assert node.parts["pinned"] == 16.0 and not node.over
     assert "reference: weights held in host memory (4 B a parameter)" in render_plan(plan)
+
+
+def test_a_replan_tells_a_streamed_reference_from_its_resident_twin() -> None:
+    """The layout key and the move report see how a frozen model holds its weights: the old
+    plan's streamed reference is found again as itself (not its resident twin, the first match
+    before), and re-planning onto nodes with too little host memory reports the reference moving
+    to resident weights."""
+    px = Pricer(resolve(job_from_dict(_job(400.0))), Calibration())
+    problem = build_problem(px)
+    refs = problem.cands[Role.REFERENCE]
+    streamed = [c for c in refs if c.est.par.stream_params_bytes]
+    twins = {candidate_key(c) for c in refs if not c.est.par.stream_params_bytes}
+    assert streamed and not {candidate_key(c) for c in streamed} & twins
+    plan = plan_job(px, time_limit_s=20)
+    hint = hint_of(plan)
+    found = hint_assignment(problem, hint)
+    assert found is not None and found.choice[Role.REFERENCE].est.par.stream_params_bytes == 4.0
+    assert layout(plan, Role.REFERENCE).endswith(" sharded-weights streamed")
+    small = Pricer(resolve(job_from_dict(_job(200.0))), Calibration())
+    again = plan_job(small, time_limit_s=20)
+    assert not again.roles[Role.REFERENCE].stream_params_bytes
+    assert not layout(again, Role.REFERENCE).endswith(" streamed")
+    assert Role.REFERENCE in moves(plan, again)
 
 
 def test_only_a_framework_that_streams_gets_streamed_candidates() -> None:

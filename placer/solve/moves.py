@@ -70,7 +70,8 @@ def dims(x: RolePlacement | Parallel, dp: int | None = None, micro: bool = True)
 
 def layout(plan: Plan, role: str, micro: bool = True) -> str:
     """A role's actors: `pool tpT ppP dpN` (`dims`: cp and ep where above 1; + ` offload`,
-    + ` park-optimizer` where its optimizer is parked between phases), or
+    + ` park-optimizer` where its optimizer is parked between phases, + ` sharded-weights` and
+    + ` streamed` for a frozen model whose weights are FSDP-sharded or held on the host), or
     "absent" when the plan lacks it; a role split over pools: each part's `pool tpT ppP dpN`
     joined by " + " (a new share of the samples alone is no move: the same actors serve it).
     `micro` False leaves the micro-batch out (what a role's processes are built for: a running
@@ -82,7 +83,9 @@ def layout(plan: Plan, role: str, micro: bool = True) -> str:
         return " + ".join(f"{p.pool} {dims(p.par)}" for p in x.parts)
     return (f"{x.pool} {dims(x, role_counts(plan)[role], micro)}"
             + (" offload" if x.offload else "")
-            + (" park-optimizer" if x.park_optimizer else ""))
+            + (" park-optimizer" if x.park_optimizer else "")
+            + (" sharded-weights" if x.sharded_weights else "")
+            + (" streamed" if x.stream_params_bytes else ""))
 
 
 def partners(plan: Plan, role: str) -> frozenset[str]:

@@ -105,19 +105,22 @@ class Solution:
 
 
 # pool, tp, pp, dp, cp, ep, etp, offload, HSDP shard (0: none), data-parallel attention,
-# micro-batch (0: token-budgeted), optimizer parked
-Layout = tuple[str, int, int, int, int, int, int, bool, int, int, int, bool]
+# micro-batch (0: token-budgeted), optimizer parked, a frozen model's weights sharded, and the
+# bytes a parameter of its host copy when streamed (0: on the GPU)
+Layout = tuple[str, int, int, int, int, int, int, bool, int, int, int, bool, bool, float]
 # a role's layout; a split role's: one per part
 LayoutKey = Layout | tuple[Layout, ...]
 
 
 def layout_key(pool: str, par: Parallel) -> Layout:
-    """What a role keeps when it does not move: its pool, its parallel layout and the trainer's
-    choices priced with it (micro-batch, optimizer parked); a candidate and its parked twin
-    (`placer.solve.parktwins`) differ only in the last, and `placer.solve.moves` reports a
-    change of either."""
+    """What a role keeps when it does not move: its pool, its parallel layout, the trainer's
+    choices priced with it (micro-batch, optimizer parked) and how a frozen model holds its
+    weights (sharded or whole, streamed from the host or resident). A candidate and its parked
+    twin (`placer.solve.parktwins`), or its streamed twin (`placer.solve.layouts`), differ only
+    there, and `placer.solve.moves` reports a change of any of them."""
     return (pool, par.tp, par.pp, par.dp, par.cp, par.ep, par.etp, par.offload,
-            par.shard_dp if par.hsdp else 0, par.attn_dp, par.micro_batch, par.park_optimizer)
+            par.shard_dp if par.hsdp else 0, par.attn_dp, par.micro_batch, par.park_optimizer,
+            par.sharded_weights, par.stream_params_bytes)
 
 
 def candidate_key(c: Candidate) -> LayoutKey:
