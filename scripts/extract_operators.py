@@ -8,6 +8,10 @@ H100 nodes. Writes a compact, committed subset to workflows/data/operators/:
                   (data/profiling/network/<dev>_dgx/all_reduce.csv)
   send_recv.csv   per (device, devices per node, bytes): one send/recv between two ranks
                   (data/profiling/network/<dev>_dgx/send_recv.csv)
+  all_reduce_sweep.csv  the same in-node all-reduces at every size Vidur swept up to
+                  SWEEP_DENSE_BYTES and every SWEEP_STRIDE-th above: the dense sweep that
+                  workflows/opmodes.py reads to ask whether a kernel's mode (the collective, or
+                  a peer's host launch) follows from anything the planner knows
   attention.csv   per (prefill chunk or decode batch, KV context): the median ms of one layer's
                   FlashAttention kernel on an A100 (data/profiling/a100/attention.csv as first
                   published, at ATTENTION_COMMIT: the later per-model attention.csv files are
@@ -48,6 +52,8 @@ LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
              "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 TOKENS = tuple(2 ** k for k in range(13))  # 1 .. 4096
 SIZE_TARGETS = tuple(2 ** k for k in range(12, 28))  # 4 KiB .. 128 MiB
+SWEEP_DENSE_BYTES = 8 * 2 ** 20  # every swept size up to here (the host-bound kernels lie below)
+SWEEP_STRIDE = 8  # above it, every 8th swept size
 ATTENTION_COMMIT = "e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a"  # "Copy files fromm internal fork"
 ATTENTION_PATH = "data/profiling/a100/attention.csv"
 CHUNKS = (128, 256, 512, 1024, 2048, 4096)  # prefill chunk tokens
@@ -137,6 +143,29 @@ def collective_rows(src: Source, name: str) -> tuple[list[list[object]], list[st
     return out, paths
 
 
+def sweep_rows(src: Source) -> tuple[list[list[object]], list[str]]:
+    """Every in-node all-reduce size up to SWEEP_DENSE_BYTES, every SWEEP_STRIDE-th above
+    (one row per size: the median of its rows where the sweep measured it twice, as
+    `collective_rows` keeps it)."""
+    out: list[list[object]] = []
+    paths: list[str] = []
+    for dev, device in DEVICES.items():
+        rel = f"data/profiling/network/{dev}_dgx/all_reduce.csv"
+        paths.append(rel)
+        groups: dict[int, dict[int, list[float]]] = {}
+        for r in src.rows(rel):
+            n = int(r["num_workers"])
+            if int(r["devices_per_node"]) == n:
+                groups.setdefault(n, {}).setdefault(int(r["size"]), []).append(
+                    float(r["time_stats.all_reduce.median"]))
+        for n, by_size in sorted(groups.items()):
+            sizes = sorted(by_size)
+            big = [s for s in sizes if s > SWEEP_DENSE_BYTES]
+            keep = [s for s in sizes if s <= SWEEP_DENSE_BYTES] + big[SWEEP_STRIDE - 1::SWEEP_STRIDE]
+            out += [[device, n, n, s, round(_median(by_size[s]), 5)] for s in keep]
+    return out, paths
+
+
 def attention_rows(src: Source) -> list[list[object]]:
     """One layer's attention kernel (TP 2, Vidur's only shape in this file): a prefill chunk
     after a KV context (time_stats.attn_prefill) or a decode batch whose every sequence holds
@@ -201,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             "bytes: Vidur's size column (bytes: collectives_wrapper.py writes size * 2 of an "
             "fp16 buffer); ranks: num_workers; per_node: devices_per_node"],
             ["device", "ranks", "per_node", "bytes", "ms"], rows)
+    sweep, paths = sweep_rows(src)
+    write(args.out / "all_reduce_sweep.csv", origin + [
+        "paths: " + " ".join(paths),
+        "one NCCL all_reduce inside a node at every swept size up to "
+        f"{SWEEP_DENSE_BYTES} bytes and every {SWEEP_STRIDE}th above: median ms of its "
+        "kernels (time_stats.all_reduce.median);",
+        "bytes, ranks, per_node as in all_reduce.csv (one row per swept size)"],
+        ["device", "ranks", "per_node", "bytes", "ms"], sweep)
     attn = attention_rows(src)
     write(args.out / "attention.csv", [
         f"source: github.com/microsoft/vidur commit {ATTENTION_COMMIT}",

@@ -103,7 +103,8 @@ def test_every_point_is_priced() -> None:
 def test_json_document_shape(json_doc: dict) -> None:
     doc = json_doc
     assert set(doc) == {"sources", "classes", "attention_held_out", "all_reduce_modes",
-                        "send_recv_by_link", "rows"}
+                        "all_reduce_device_held_out", "all_reduce_sweep", "send_recv_by_link",
+                        "rows"}
     assert set(doc["attention_held_out"]) == {"in_sample", "leave_one_context_out",
                                               "half_sizes_out"}
     assert doc["attention_held_out"]["in_sample"] == doc["classes"]["attention"]

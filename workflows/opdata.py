@@ -102,6 +102,16 @@ def load() -> tuple[tuple[Provenance, ...], tuple[Point, ...]]:
 
 
 @cache
+def load_sweep() -> tuple[Provenance, tuple[Point, ...]]:
+    """Vidur's dense all-reduce sweep (all_reduce_sweep.csv: every size up to 8 MiB, a
+    stride above), as all-reduce points: what workflows/opmodes.py studies the kernels'
+    modes on. The class figures use `load`'s points (the sizes nearest each power of two)."""
+    prov, rows = _read("all_reduce_sweep.csv")
+    return prov, tuple(Point("all_reduce", r["device"], "", int(r["ranks"]), int(r["bytes"]),
+                             float(r["ms"]) / 1e3, per_node=int(r["per_node"])) for r in rows)
+
+
+@cache
 def _device(name: str) -> DeviceType:
     return shipped_devices()[name]
 

@@ -36,7 +36,10 @@ error says which factor is off. The classes:
                   the price, held out by rank count: priced at or above the host period,
                   the price is the prediction; below it, the model bounds the kernel by
                   [price, period] and the ranks' launch phase, which no input sets, picks
-                  the mode
+                  the mode. workflows/opmodes.py tests that on Vidur's dense sweep (~350
+                  sizes per group up to 8 MiB): sizes 32 KiB apart flip mode, so no model
+                  of size, rank count and device predicts it; it also prices each device
+                  with factors fitted on the other, and the sweep's other sizes held out
   send_recv       one send/recv between two ranks of a node or of two nodes, priced by
                   `layercomm.stage_send` (`pp_send`'s piece) on `p2p_link` (two nodes: the
                   call's `p2p_net_s`) over the catalog's NIC; `send_recv_split` also prices
@@ -48,11 +51,13 @@ Error = predicted / measured - 1. The attention class also reports its held-out 
 (`attention_held_out`: in-sample, each KV context priced by factors fitted on the others,
 and half the chunk sizes / decode batches priced by factors fitted on the other half).
 `all_reduce_modes` reports the all-reduce class by mode, with the synchronised points held out
-by rank count. `--fit` refits the factors of every class on these points (workflows/opfit.py)
+by rank count; `all_reduce_device_held_out` and `all_reduce_sweep` (workflows/opmodes.py) by
+device and by size. `--residuals` prints the collectives' residuals per device, rank count and
+size band. `--fit` refits the factors of every class on these points (workflows/opfit.py)
 and prints them with the classes' errors after (in-sample), the layer classes'
 leave-one-model-out errors and the attention class's leave-one-context-out error (held out).
 
-    python -m workflows.operators [--json] [--fit]
+    python -m workflows.operators [--json] [--fit] [--residuals]
 """
 from __future__ import annotations
 
@@ -70,6 +75,7 @@ from placer.cost.layercomm import NODE_DEVICES, p2p_link, stage_send
 from placer.spec.catalog import shipped_devices
 from workflows.opdata import CLASSES, LAYER_CLASSES, Point, load, predict
 from workflows.opfit import all_reduce_modes, calibrate_nic, fit_all, fit_attention, fit_layers, fit_send_recv
+from workflows.opmodes import device_held_out, render_residuals, render_study, residual_table, sweep_study
 
 
 @dataclass(frozen=True)
@@ -284,6 +290,8 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
         "classes": {k: asdict(v) for k, v in class_errors(rs).items()},
         "attention_held_out": {k: asdict(v) for k, v in attention_held_out(points, eff).items()},
         "all_reduce_modes": all_reduce_split(points, eff),
+        "all_reduce_device_held_out": device_held_out(points, eff),
+        "all_reduce_sweep": sweep_study(eff),
         "send_recv_by_link": send_recv_split(points, eff),
         "rows": [asdict(r) for r in rs]}
     if fit is not None:
@@ -380,6 +388,7 @@ def render(doc: dict[str, Any]) -> str:
     labels = {"in_sample": "in-sample", "leave_one_context_out": "each KV context held out",
               "half_sizes_out": "half the sizes held out"}
     out += ["  " + _class_line(labels[k], v) for k, v in doc["attention_held_out"].items()]
+    out += render_study(doc["all_reduce_sweep"], doc["all_reduce_device_held_out"])
     out += _all_reduce_lines(doc["all_reduce_modes"])
     out += _send_recv_lines(doc["send_recv_by_link"])
     if "fit" in doc:
@@ -405,7 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true",
                     help="refit the GEMM, decode-bandwidth, TP all-reduce, two-node send and "
                          "attention factors on the points")
+    ap.add_argument("--residuals", action="store_true",
+                    help="print the collectives' residuals per device, rank count and size band")
     args = ap.parse_args(argv)
+    if args.residuals:
+        table = residual_table(load()[1], Efficiency())
+        print(json.dumps(table, indent=1) if args.json else "\n".join(render_residuals(table)))
+        return 0
     doc = document(Efficiency(), fit_all if args.fit else None)
     print(json.dumps(doc, indent=1) if args.json else render(doc))
     return 0
