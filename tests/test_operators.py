@@ -139,7 +139,9 @@ def test_class_errors_at_the_defaults() -> None:
     # synchronised collective a step sees. send/recv 13.3% / 56.3%: the A100 node pair's
     # network runs at ~9.5 GB/s of the catalog's 25 (its testbed's: test_send_recv_by_link;
     # the catalog NIC is the default, so the class prices it there), and an A100 node's
-    # small NVLink sends take 13-17 us where an H100 node's take 6-8.
+    # small NVLink sends take 13-17 us where an H100 node's take 6-8. Neither class's tail
+    # follows from a planner input (tests/test_opmodes.py: the all-reduce's modes flip between
+    # sizes 32 KiB apart in Vidur's dense sweep; its held-out figures by device and by size).
     _, points = load()
     errs = class_errors(rows(points, EFF))
     bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),
