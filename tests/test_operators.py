@@ -141,7 +141,7 @@ def test_class_errors_at_the_defaults() -> None:
     # the catalog NIC is the default, so the class prices it there), and an A100 node's
     # small NVLink sends take 13-17 us where an H100 node's take 6-8. Neither class's tail
     # follows from a planner input (tests/test_opmodes.py: the all-reduce's modes flip between
-    # sizes 32 KiB apart in Vidur's dense sweep; its held-out figures by device and by size).
+    # sizes 8-32 KiB apart in Vidur's dense sweep; its held-out figures by device and by size).
     _, points = load()
     errs = class_errors(rows(points, EFF))
     bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),

@@ -72,7 +72,7 @@ def test_modes_set_by_size_hardly_flip() -> None:
 
 def test_the_sweeps_modes_follow_no_size(study: dict) -> None:
     # Regression guard of Vidur's data: in every group the host mode is common below the
-    # period (45-97%), and sizes 32 KiB apart still flip (4-25% of neighbours), which no
+    # period (45-97%), and sizes 8-32 KiB apart still flip (4-25% of neighbours), which no
     # model of size, rank count and device does; fewer than independent draws would: the
     # mode runs in stretches of the sweep (a state of the harness over time).
     for name, g in study["groups"].items():

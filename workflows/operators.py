@@ -37,7 +37,7 @@ error says which factor is off. The classes:
                   the price is the prediction; below it, the model bounds the kernel by
                   [price, period] and the ranks' launch phase, which no input sets, picks
                   the mode. workflows/opmodes.py tests that on Vidur's dense sweep (~350
-                  sizes per group up to 8 MiB): sizes 32 KiB apart flip mode, so no model
+                  sizes per group up to 8 MiB): sizes 8-32 KiB apart flip mode, so no model
                   of size, rank count and device predicts it; it also prices each device
                   with factors fitted on the other, and the sweep's other sizes held out
   send_recv       one send/recv between two ranks of a node or of two nodes, priced by

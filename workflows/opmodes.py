@@ -8,9 +8,10 @@ point at that price, and misses its p90 goal on the points in the second mode.
 
 This module asks whether anything the planner knows (device, rank count, message size) picks
 the mode, on Vidur's dense sweep (all_reduce_sweep.csv: ~350 sizes per node group up to 8 MiB,
-32 KiB apart, each measured once, the class's 15 sizes among them):
+8 KiB apart to 1 MiB and 32 KiB above (vidur/profiling/utils `get_collectives_sizes_to_profile`,
+swept in size order), each measured once, the class's 15 sizes among them):
 
-  neighbour flips  two sizes 32 KiB apart are the same collective to any model of size, rank
+  neighbour flips  two neighbouring sizes are the same collective to any model of size, rank
                    count and device; where their modes differ as often as two independent
                    draws would (2 p (1 - p) for a share p in the host mode), nothing smooth in
                    those inputs predicts the mode. Fewer flips than that: the mode runs in
@@ -160,7 +161,7 @@ def render_study(sweep: dict[str, Any], by_device: dict[str, Any]) -> list[str]:
                          by_device[dev]["priced_at_or_above_period"]))
         out.append(_line(f"{dev}, without host mode (by measured)",
                          by_device[dev]["without_host_mode"]))
-    out.append("all_reduce dense sweep (sizes 32 KiB apart; host mode below the period: share, "
+    out.append("all_reduce dense sweep (sizes 8-32 KiB apart; host mode below the period: share, "
                "neighbour flips vs independent draws):")
     for name, g in sweep["groups"].items():
         out.append(f"  {name:14s} n={g['n']:<4d} below period {g['below_period']:<4d} host "
