@@ -142,7 +142,7 @@ def _in_actor_slot(a: RolePlacement, r: RolePlacement, pool: str) -> bool:
 def _paired_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan:
     """A paired refit (`placer.cost.refit`): every engine rank's stream alike, so one flow per
     rollout part stands for its streams, on that part's own links; each part pays the export,
-    its latency and calls (the placer's `paired_time` with one part)."""
+    its per-item costs, latency and calls (the placer's `paired_time` with one part)."""
     res = px.res
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
     m = res.arch_of(Role.ROLLOUT)
@@ -154,13 +154,13 @@ def _paired_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan:
         r_dev = res.device_of(pool)
         eff = px.calib.for_device(r_dev)
         route = paired_route(res, m, a.pool, a.devices, pool, devices, par,
-                             _in_actor_slot(a, r, pool), eff)
+                             _in_actor_slot(a, r, pool), eff, a.par.pp)
         suffix = f"@{pool}" if r.parts else ""
         own = {k + suffix: v * eff.link_eff * cfg.bandwidth_factor * cfg.link_factors.get(k, 1.0)
                for k, v in route.links.items()}
         links.update(own)
         flows.append(Flow(f"paired{suffix}", route.gb, tuple(sorted(own))))
-        receivers.append((pool, route.export_s + eff.sync_latency_s
+        receivers.append((pool, route.export_s + route.fixed_s + eff.sync_latency_s
                           + max(route.calls - 1, 0) * route.call_s
                           + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)))
     alone = max(f.gb / min(links[k] for k in f.path) for f in flows)

@@ -69,11 +69,12 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     assert doc.sync_median_abs_error < 0.14, doc.sync_median_abs_error
     reshard = [s for s in doc.sync if s.name.endswith("nccl-reshard")]
     assert all(abs(s.error) < 0.30 for s in doc.sync if s not in reshard), doc.sync  # the goal
-    # NeMo-RL's nccl_reshard rows (docs/cost-model.md, Weight sync): the source's structure
-    # with no factor of their own leaves fixed costs the doc does not break down: -50% (Qwen3-4B
-    # DP8 -> TP8, which was priced +22% as a colocated CUDA-IPC refresh it is not), -63% (30B),
-    # -21% (DeepSeek-V3). Not the goal; a guard that they do not get worse
-    assert len(reshard) == 3 and all(-0.64 < s.error < 0 for s in reshard), reshard
+    # NeMo-RL's nccl_reshard rows (docs/cost-model.md, Weight sync): the wire plus each misc
+    # tensor's export and load and each grouped-expert call on an engine stream, whose two
+    # costs are fitted on these seven rows (in-sample here; tests/test_loo.py bounds them held
+    # out): -6% to +7% with the shipped defaults (-50%, -63%, -21% for the doc's three before
+    # those costs were priced)
+    assert len(reshard) == 7 and all(abs(s.error) < 0.10 for s in reshard), reshard
     verl = [s for s in doc.sync if s.name.startswith("verl")]
     assert len(verl) == 4
     # the decode read curve and the TP all-reduce are fitted on operator profiles, out-of-sample

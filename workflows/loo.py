@@ -101,6 +101,12 @@ ROW_FACTORS: tuple[RowFactor, ...] = (
     RowFactor("sync_export_gbs", "sync", ("sync",), (), 20.0, 2000.0,
               "the paired refits (NeMo-RL's DeepSeek-V3 NIXL and NCCL rows) and the misc "
               "share of the nccl-reshard rows"),
+    RowFactor("reshard_misc_tensor_s", "sync", ("sync",), (), 1e-5, 1e-2,
+              "the nccl-reshard rows (NeMo-RL: Qwen3-4B, 30B-A3B in five layouts, DeepSeek-V3): "
+              "each misc tensor's export and load"),
+    RowFactor("reshard_grouped_call_s", "sync", ("sync",), (), 1e-4, 1e-1,
+              "the MoE nccl-reshard rows (30B-A3B in five layouts, DeepSeek-V3): each "
+              "grouped-expert xferdtensor call on an engine stream"),
     RowFactor("step_overhead_s", "decode", ("decode",), (), 1e-4, 1e-2,
               "the decode anchors' host time per engine step"),
     RowFactor("engine_ar_base_s", "decode", ("decode",), (), 1e-6, 1e-4,

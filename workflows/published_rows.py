@@ -225,6 +225,21 @@ _RESHARD_ROWS: tuple[tuple[str, str, int, Use, Use, float, float], ...] = (
     ("NeMo-RL DSV3 PP16xEP16->TP32xDP8 H100 nccl-reshard", "DeepSeek-V3", 64,
      Use("g", pp=16, dp=16, ep=16), Use("g", tp=32, dp=8), 2.39, 2.83),
 )
+# The pull request that merged the feature publishes the 30B row above (0.74-1.00 s) in a table
+# headed "DGX-H100 - xferdtensor_python_impl (fallback path)", beside four more layouts of the
+# same model, BF16, Megatron -> vLLM; each its range's middle. Trainer and engine 16 GPUs each.
+_RESHARD_PR = ("NVIDIA-NeMo/RL pull request 2971 (NCCL-Reshard refit merge PR (final), "
+               "2026-06-27), DGX-H100 xferdtensor_python_impl table")
+_RESHARD_PR_ROWS: tuple[tuple[str, str, int, Use, Use, float, float], ...] = (
+    ("NeMo-RL 30B-A3B EP4xTP2xDP2->TP4xDP4 H100 nccl-reshard", "Qwen3-30B-A3B", 4,
+     Use("g", tp=2, dp=8, ep=4), Use("g", tp=4, dp=4), 1.13, 1.53),
+    ("NeMo-RL 30B-A3B EP4xTP2xPP2->TP4xDP4 H100 nccl-reshard", "Qwen3-30B-A3B", 4,
+     Use("g", tp=2, pp=2, dp=4, ep=4), Use("g", tp=4, dp=4), 0.74, 1.17),
+    ("NeMo-RL 30B-A3B EP8xPP2->TP2xDP8 H100 nccl-reshard", "Qwen3-30B-A3B", 4,
+     Use("g", pp=2, dp=8, ep=8), Use("g", tp=2, dp=8), 1.21, 1.52),
+    ("NeMo-RL 30B-A3B TP2xCP2xEP8->TP4xDP4 H100 nccl-reshard", "Qwen3-30B-A3B", 4,
+     Use("g", tp=2, cp=2, dp=4, ep=8), Use("g", tp=4, dp=4), 1.02, 1.45),
+)
 SYNC_ROWS: list[SyncRow] = [
     SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
             0.12, bucket_gb=_UNBUCKETED),
@@ -242,9 +257,12 @@ SYNC_ROWS: list[SyncRow] = [
     # doc's range. Trainer and engine on disjoint nodes (DP8 + TP8 is 16 GPUs: 2 nodes).
     # `refit.reshard_bytes` gives the doc's "XferDTensor fraction" of each model: 66.9%, 95.0%,
     # 97.6%. The misc path's packed buffers: 0.02 of the device's memory (packed_tensor.py).
-    *[SyncRow(name, _RESHARD, model, "H100-SXM", nodes, actor, rollout, (lo + hi) / 2,
+    # Beyond the wire, per misc tensor and per grouped-expert call (`refit.reshard_fixed_s`):
+    # fitted on these rows, leave-one-out in workflows.loo.
+    *[SyncRow(name, source, model, "H100-SXM", nodes, actor, rollout, (lo + hi) / 2,
               bucket_gb=_RESHARD_BUCKET_GB, transport="nccl-reshard", framework="nemo-rl")
-      for name, model, nodes, actor, rollout, lo, hi in _RESHARD_ROWS],
+      for source, rows in ((_RESHARD, _RESHARD_ROWS), (_RESHARD_PR, _RESHARD_PR_ROWS))
+      for name, model, nodes, actor, rollout, lo, hi in rows],
     SyncRow("Miles 30B-A3B 2 nodes->2 nodes H100", _MILES, "Qwen3-30B-A3B", "H100-SXM", 4,
             Use("g", tp=4, dp=4, zero=1, ep=8), Use("g", tp=8, dp=2, ep=8), 2.67,
             framework="miles"),

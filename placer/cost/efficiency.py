@@ -126,6 +126,12 @@ class Efficiency:
     # a paired refit's trainer-side export: GB/s at which a sender assembles the full weights
     # from its PP / EP shards (NeMo-RL checkpoint-engine-refit.md, DeepSeek-V3: docs/cost-model.md)
     sync_export_gbs: float = 165.0
+    # NeMo-RL's nccl_reshard refit (`placer.cost.refit`), per item beside the wire: each misc
+    # tensor's export and load, and each grouped-expert `xferdtensor` call on an engine stream;
+    # fitted on the published nccl_reshard rows (NeMo-RL nccl-reshard-refit.md and pull request
+    # 2971's DGX-H100 table: workflows.loo), in-sample
+    reshard_misc_tensor_s: float = 4.8e-4
+    reshard_grouped_call_s: float = 4.0e-3
     dispatch_bytes_per_token: float = 56.0  # bytes a single controller ships per padded token of a pass
     dispatch_gbs: float = 0.4  # the driver's dispatch rate
     train_mem_gb: float = 1.0  # per training device: CUDA context, allocator fragmentation

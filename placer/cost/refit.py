@@ -30,9 +30,22 @@ nemo_rl/models/generation/vllm/vllm_backend.py `nccl_reshard_refit`) sends an en
         after the bulk reshard"), by the conventional packed broadcast (nemo_rl/utils/
         packed_tensor.py: GPU buffers of `sync_bucket_gb`, 0.02 of device memory by default),
         which goes through the trainer's HF export (`sync_export_gbs`) as a full refit does
-both over the engine rank's NIC from GPU memory (`NcclReshard.stream_gbs`). Colocated, the
-framework refits by CUDA IPC instead ("the colocated path uses IPC and is unaffected"): the full
-weights at `sync_local_gbs`, as a broadcast's local refresh. Sources: docs/cost-model.md.
+both over the engine rank's NIC from GPU memory (`NcclReshard.stream_gbs`), plus two per-item
+costs the wire does not carry (`reshard_fixed_s`):
+  misc tensors   each misc tensor is exported one by one on the trainer (Megatron-Bridge's
+                 `export_hf_weights`: its PP broadcast and TP gather, the HF renaming, the copy
+                 into the packed buffer) and loaded one by one by the engine (vLLM's
+                 `load_weights`): `reshard_misc_tensor_s` each
+  grouped calls  each layer's routed experts go as one `xferdtensor` call per projection, with
+                 the trainer stacking its local experts (`pre`), the engine staging and copying
+                 the fused w13 / w2 region (`pre` / `post`) and the transfer gathering from every
+                 expert shard: `reshard_grouped_call_s` each, on the engine's refit streams
+                 (`RESHARD_STREAMS`, NRL_REFIT_NUM_STREAMS: one trainer pipeline stage a stream,
+                 so a trainer of PP >= 2 halves the calls in line)
+Both are fitted on the published nccl_reshard rows (`workflows.loo`; 7 rows, 5 of them one
+model's layouts), not measured per call. Colocated, the framework refits by CUDA IPC instead
+("the colocated path uses IPC and is unaffected"): the full weights at `sync_local_gbs`, as a
+broadcast's local refresh. Sources: docs/cost-model.md.
 """
 from __future__ import annotations
 
@@ -46,6 +59,10 @@ from placer.cost.sharding import BYTES, Parallel
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceType
+
+# CUDA streams an nccl_reshard engine spreads the trainer's pipeline stages over
+# (NRL_REFIT_NUM_STREAMS, default 2: NVIDIA-NeMo/RL @7ea279ab vllm_backend.py `nccl_reshard_refit`)
+RESHARD_STREAMS = 2
 
 
 def slice_bytes(m: ModelArch, r_par: Parallel, sharded: bool) -> float:
@@ -75,6 +92,26 @@ def reshard_bytes(m: ModelArch, r_par: Parallel) -> tuple[float, float]:
             weight_bytes(m) - bulk)
 
 
+def reshard_misc_tensors(m: ModelArch) -> int:
+    """HF tensors of the misc path: every tensor but the FFN projections the bulk path moves
+    (a dense layer's gate/up/down and every routed expert's). Qwen3-4B 290, Qwen3-30B-A3B 435,
+    DeepSeek-V3 784 (its shared experts ride the misc path)."""
+    bulk = 3 * (m.layers - m.moe_layers) + 3 * m.moe_layers * m.experts
+    return weight_tensors(m) - bulk
+
+
+def reshard_grouped_calls(m: ModelArch, trainer_pp: int) -> float:
+    """Grouped-expert `xferdtensor` calls in line on one engine stream: 3 per MoE layer, the
+    trainer's pipeline stages spread over `RESHARD_STREAMS` streams."""
+    return 3 * m.moe_layers / min(max(trainer_pp, 1), RESHARD_STREAMS)
+
+
+def reshard_fixed_s(m: ModelArch, trainer_pp: int, eff: Efficiency) -> float:
+    """Seconds of an nccl_reshard refit that scale with items, not bytes (module docstring)."""
+    return (reshard_misc_tensors(m) * eff.reshard_misc_tensor_s
+            + reshard_grouped_calls(m, trainer_pp) * eff.reshard_grouped_call_s)
+
+
 @dataclass(frozen=True)
 class PairedRoute:
     """One stream of a paired refit (every stream alike, all at once)."""
@@ -84,18 +121,20 @@ class PairedRoute:
     calls: int  # sequential calls of that stream (buckets; tensors when unbucketed)
     export_s: float  # the trainer's export of the full weights
     call_s: float  # each call after the first (`costmodel.sync_call_cost`)
+    fixed_s: float = 0.0  # per-item costs beside the wire (nccl_reshard: `reshard_fixed_s`)
 
 
 def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_pool: str,
                  r_devices: int, r_par: Parallel, same_slot: bool,
-                 eff: Efficiency) -> PairedRoute:
-    """The links, bytes and calls of one stream (see the module docstring)."""
+                 eff: Efficiency, a_pp: int = 1) -> PairedRoute:
+    """The links, bytes and calls of one stream (see the module docstring); `a_pp`: the
+    trainer's pipeline stages (nccl_reshard's engine streams)."""
     ws = res.job.weight_sync
     mech = ws.mechanism
     a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)
     if mech.reshards:
-        return _reshard_route(res, m, a_pool, a_devices, r_pool, r_devices, r_par, same_slot,
-                              eff)
+        return _reshard_route(res, m, (a_pool, a_devices, a_pp), r_pool, r_devices, r_par,
+                              same_slot, eff)
     share = math.ceil(r_devices / max(a_devices, 1))  # receivers one trainer rank serves
     gb = slice_bytes(m, r_par, mech.shards(ws.shard_experts)) * share / GB
     per_node = res.job.cluster.pool(a_pool).devices_per_node
@@ -116,11 +155,13 @@ def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_poo
                        sync_call_cost(m, eff))
 
 
-def _reshard_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_pool: str,
+def _reshard_route(res: Resolved, m: ModelArch, actor: tuple[str, int, int], r_pool: str,
                    r_devices: int, r_par: Parallel, same_slot: bool,
                    eff: Efficiency) -> PairedRoute:
-    """nccl_reshard's one stream (module docstring): bulk slice then misc, one link; colocated,
-    CUDA IPC of the full weights in `sync_bucket_gb` buckets."""
+    """nccl_reshard's one stream (module docstring): bulk slice then misc, one link, and the
+    per-item costs; colocated, CUDA IPC of the full weights in `sync_bucket_gb` buckets.
+    `actor`: the trainer's pool, devices and pipeline stages."""
+    a_pool, a_devices, a_pp = actor
     full = weight_bytes(m)
     bucket = max(eff.sync_bucket_gb, 1e-9)
     if same_slot:
@@ -139,14 +180,15 @@ def _reshard_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_p
             links["cross"] = cross * nodes / min(a_devices, r_devices)
     calls = 3 * m.layers + math.ceil(misc / GB / bucket)  # xferdtensor calls + misc buckets
     return PairedRoute(links, (bulk + misc) / GB, calls, misc / (eff.sync_export_gbs * GB),
-                       eff.sync_call_s)
+                       eff.sync_call_s, reshard_fixed_s(m, a_pp, eff))
 
 
 def paired_time(route: PairedRoute, dst: DeviceType, eff: Efficiency) -> float:
-    """Seconds of a paired refit: the export, then the stream on its slowest link
-    (`costmodel.transfer_time`: latency, calls, an LPU's reload)."""
-    return route.export_s + transfer_time(route.gb * GB, min(route.links.values()), dst, eff,
-                                          route.calls, route.call_s)
+    """Seconds of a paired refit: the export and the per-item costs, then the stream on its
+    slowest link (`costmodel.transfer_time`: latency, calls, an LPU's reload)."""
+    wire = transfer_time(route.gb * GB, min(route.links.values()), dst, eff, route.calls,
+                         route.call_s)
+    return route.export_s + route.fixed_s + wire
 
 
 def _nodes(res: Resolved, pool: str, devices: int) -> int:

@@ -168,7 +168,7 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
     if res.job.weight_sync.mechanism.paired:  # one stream per engine rank (`placer.cost.refit`)
         a, r = actor.est, rollout.est
         return paired_time(paired_route(res, m, a.pool, a.devices, r.pool, r.devices, r.par,
-                                        actor.slot == rollout.slot, eff), dev, eff)
+                                        actor.slot == rollout.slot, eff, a.par.pp), dev, eff)
     return weight_sync_time(m, sync_bandwidth(res, actor, rollout, eff), dev, eff,
                             sync_calls(m, actor.est.par.pp, eff), sync_call_cost(m, eff))
 
