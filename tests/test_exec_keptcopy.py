@@ -100,3 +100,54 @@ def test_without_the_plans_leave_nothing_is_kept(model_dir: Path) -> None:
     run_world(_gather_only, cfg, cfg, q_out)
     for _, kept, ho_gathers, from_copy in (q_out.get(timeout=5) for _ in range(2)):
         assert kept is None and ho_gathers and not from_copy
+
+
+def _whole_2d(rank: int, tr: Any, cfg: Any, q_out: Any) -> None:
+    """After a step (weights and Adam moments both sharded): every tensor made whole in one
+    batch by `whole_tensors`, against torch's `full_tensor` one by one, and the all-gathers the
+    batch made counted."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from executors import gather
+    s, adv = batch(1)
+    tr.train(partition(s, adv, None, cfg.trainer, cfg.mini_batches, cfg.accumulate)[rank])
+    ts = [v for v in tr.model.state_dict().values()]
+    ts += [v for st in tr.opt.state.values() for v in st.values()
+           if isinstance(v, DTensor) and v.dim() > 0]
+    kinds = sorted({"/".join(type(p).__name__ for p in t.placements)
+                    for t in ts if isinstance(t, DTensor)})
+    two_d = sum(1 for t in ts if isinstance(t, DTensor) and len(gather.cuts(t) or ()) == 2)
+    alone = sum(1 for t in ts if isinstance(t, DTensor) and gather.cuts(t) is None)
+    calls = []
+    real = dist.all_gather
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+    dist.all_gather = counted
+    try:
+        got = gather.whole_tensors(ts)
+    finally:
+        dist.all_gather = real
+    want = [t.full_tensor() if isinstance(t, DTensor) else t for t in ts]
+    same = all(g.dtype == w.dtype and g.shape == w.shape
+               and torch.equal(g.reshape(-1).view(torch.uint8), w.reshape(-1).view(torch.uint8))
+               for g, w in zip(got, want))
+    q_out.put((rank, same, len(calls), two_d, alone, len(ts), kinds))
+
+
+def test_two_d_shards_are_gathered_in_one_batch_equal_to_full_tensor(model_dir: Path) -> None:
+    """dp 2 x tp 2 (FSDP2 over TP: `_StridedShard` on dp and `Shard` on tp for a column-cut
+    tensor, `Shard(0)`/`Shard(1)` for a row-cut one): the weights and Adam moments, every one
+    of them, made whole byte for byte as torch's `full_tensor`, in one all-gather per mesh dim
+    a tensor is cut on and group (a handful), not one per tensor."""
+    cfg = config(model_dir, trainer=Layout(2, 2, 1))
+    q_out = SPAWN.Queue()
+    run_world(_whole_2d, cfg, cfg, q_out)
+    out = sorted((q_out.get(timeout=5) for _ in range(4)), key=lambda x: x[0])
+    for rank, same, calls, two_d, alone, n, kinds in out:
+        assert same, rank
+        assert "_StridedShard/Shard" in kinds and "Shard/Shard" in kinds, kinds
+        # every weight and moment but the norms' is cut on both mesh dims; none gathered alone
+        assert alone == 0 and two_d >= 40 and calls <= 4, (rank, calls, two_d, n)
