@@ -17,6 +17,7 @@ from executors.model import build_policy, save_model_dir
 from executors.reshard import Stream
 from executors.runplan import EngineGroup, Layout
 from executors.training import partition
+from placer.solve.hostmem import sync_copy_bytes
 
 SIZE = 4096  # buckets far smaller than tiny-llama's ~0.3 MB
 
@@ -59,8 +60,9 @@ def _step_then_refresh(rank: int, tr: Any, cfg: Any, q_out: Any) -> None:
     got = torch.cat([lay.bucket(k).data for k in range(lay.count)]) if kept else None
     exact = got is not None and torch.equal(got, torch.cat(
         [Stream(want, SIZE).bucket(k).data for k in range(lay.count)]))
+    held = sum(v.numel() * v.element_size() for v in (kept or {}).values())
     q_out.put((rank, same0, batched, len(want0), gathering, sorted(kept or {}), sorted(want),
-               exact, src.gathers, tr.handover_gathers(), tr.weights_info()[2]))
+               exact, src.gathers, tr.handover_gathers(), tr.weights_info()[2], held))
 
 
 @pytest.mark.parametrize("colocated", [True, False])
@@ -70,19 +72,22 @@ def test_the_senders_keep_the_steps_weights_and_gather_nothing_at_the_refresh(
     a bucket, one all-gather each rather than one per tensor, byte for byte torch's
     `full_tensor`; after a step the senders (every rank beside a colocated engine, else rank 0)
     hold the step's weights exactly, the others nothing, and the refresh's source gathers
-    nothing, so no rank but the senders takes part (`handover_gathers` False)."""
+    nothing, so no rank but the senders takes part (`handover_gathers` False). A sender holds
+    exactly the bytes the plan prices for the copy (`hostmem.sync_copy_bytes`)."""
     cfg = config(model_dir, engines=EngineGroup(tp=1, colocated=colocated),
                  trainer=Layout(2, 1, 1), keep_sync_copy=True)
     q_out = SPAWN.Queue()
     run_world(_step_then_refresh, cfg, cfg, q_out)
     out = sorted((q_out.get(timeout=5) for _ in range(2)), key=lambda x: x[0])
+    priced = sync_copy_bytes(ARCH)  # the plan's host-memory part for one copy
     for (rank, same0, batched, tensors, gathering, kept, names, exact, gathers, ho_gathers,
-         from_copy) in out:
+         from_copy, held) in out:
         assert same0 and 0 < batched < tensors, (rank, batched, tensors)
         assert gathering == (True, False)  # nothing kept before the first step
         sender = colocated or rank == 0
         assert (kept == names) if sender else not kept, rank
         assert exact == sender and gathers == 0, rank
+        assert held == (priced if sender else 0), (rank, held, priced)  # the bytes it holds
         assert not ho_gathers and from_copy, rank
 
 
