@@ -451,10 +451,11 @@ def run_agents(run: RunPlan, res: Resolved, out: Path, backend: Backend, address
     info = cluster.start(run, address)
     if note:
         note(f"cluster: {info.describe()}")
-    clock.begin("reserving placement groups")
-    groups = pl.create_groups(run, info.pinned)
+    groups: dict[str, Any] = {}
     members: list[Member] = []
     try:
+        clock.begin("reserving placement groups")
+        groups = pl.create_groups(run, info.pinned)
         clock.begin("starting actors, loading models")
         members = start_actors(run, agents, backend, groups, info.pinned)
         clock.begin("checking placement")
@@ -474,6 +475,6 @@ def run_agents(run: RunPlan, res: Resolved, out: Path, backend: Backend, address
     finally:
         for m in members:
             ray.kill(m.handle)
-        for pg in groups.values():
-            ray.util.remove_placement_group(pg)
+        pl.remove_groups(groups)
+        cluster.stop(info)  # an embedded Ray goes with the run that started it
     return loop, stats, placement, info.describe(), info.emulated

@@ -51,7 +51,7 @@ def node_key(pool: str, node: int) -> str:
 @dataclass
 class ClusterInfo:
     address: str
-    embedded: bool
+    embedded: bool  # started by this run (`embed`): the run stops it (`stop`)
     emulated: list[str] = field(default_factory=list)  # pools whose devices are emulated
     pinned: bool = True  # bundles carry node keys (False: the joined cluster has none)
 
@@ -170,7 +170,12 @@ def start(run: RunPlan, address: str | None = None) -> ClusterInfo:
 
     ensure_token_auth()
     emulated = emulated_pools(run)
-    if ray.is_initialized():
+    if ray.is_initialized():  # a cluster this process joined before: the run only uses it
+        short = shortfall(run, ray.cluster_resources())
+        if short:
+            raise SpecError(f"{'--address' if address else 'Ray'}: the Ray cluster this process "
+                            f"is already connected to lacks what the plan's bundles ask for: "
+                            f"{short} (got {address or 'the current cluster'!r})")
         return ClusterInfo(address or "current", False, emulated, _has_node_keys(run))
     if address:
         try:
@@ -181,6 +186,31 @@ def start(run: RunPlan, address: str | None = None) -> ClusterInfo:
         return ClusterInfo(address, False, emulated, _has_node_keys(run))
     embed(node_resources(run).values())
     return ClusterInfo("embedded", True, emulated, True)
+
+
+def shortfall(run: RunPlan, have: dict[str, float]) -> str:
+    """What the plan's bundles ask for in all (node keys aside: a cluster without them runs
+    unpinned) beyond the totals `have`, in words; "" when nothing is short. A placement group
+    asking for more than the cluster has would wait for its `create_groups` timeout and
+    fail."""
+    need: dict[str, float] = defaultdict(float)
+    for slot in run.slots.values():
+        for b in slot.bundles:
+            for k, v in b.resources.items():
+                need[k] += v
+    short = {k: (v, have.get(k, 0.0)) for k, v in sorted(need.items())
+             if v > have.get(k, 0.0) + 1e-9}
+    return ", ".join(f"{k} {v:g} (has {h:g})" for k, (v, h) in short.items())
+
+
+def stop(info: ClusterInfo) -> None:
+    """Stop the embedded Ray a run started (`start`); a cluster it joined or found is left
+    up. A later run in this process starts its own, advertising that run's resources: one left
+    running would be reused with the first plan's (and none of, say, an LPU pool only the
+    second plan uses)."""
+    import ray  # lazy: Ray (~1 s) only for a Ray run; local runs never load it
+    if info.embedded and ray.is_initialized():
+        ray.shutdown()
 
 
 def embed(nodes: Iterable[dict[str, float]]) -> None:

@@ -5,15 +5,22 @@ collective each: over gloo a round trip per tensor (about a millisecond on the C
 tiny-llama's 21 tensors took 17-20 ms per refresh and its 42 Adam moments 60 ms per checkpoint
 on a dp 2 trainer), over NCCL a kernel launch and a sync each. FSDP2 gathers a whole layer's
 parameters in one call for the same reason (`foreach_all_gather`). `whole_tensors` does the
-same for a weight refresh and a checkpoint: the local shards of every tensor that one mesh dim
-shards with a plain `Shard(d)` (the rest replicated), FSDP2's placement without TP, are packed
-as bytes into one buffer per process group and gathered in one all-gather; each rank's share of
-each tensor is then cut out at its offset and the shares concatenated along `d`. A shard's
-extent on rank r is `Shard.local_shard_size_and_offset` (torch.chunk's cut, DTensor's and
-FSDP2's), so every rank knows every other rank's offsets without asking. A tensor of any other
-placement (FSDP2's strided shard of a TP shard, two sharded dims) is gathered by itself
-(`full_tensor`), in list order, before the batch: every rank of the group must pass the same
-tensors in the same order, as for any collective.
+same for a weight refresh and a checkpoint: the local shards of many tensors are packed as
+bytes into one buffer per process group and gathered in one all-gather; each rank's share of
+each tensor is then cut out at its offset and the shares concatenated along the cut dim. A
+shard's extent on rank r is `Shard.local_shard_size_and_offset` (torch.chunk's cut, DTensor's
+and FSDP2's), so every rank knows every other rank's offsets without asking.
+
+A tensor cut on several mesh dims (TP's `Shard` and FSDP2's shard of the TP part, dp x tp) is
+made whole one mesh dim at a time, its cuts undone in the reverse of the order they were made
+(`cuts`: FSDP2 over TP cuts TP first, which DTensor writes `_StridedShard` on the dp dim): a
+round of gathers per mesh dim, every tensor of the batch taking its next step in the same
+round, one all-gather per group and round (tiny-llama's weights and Adam moments after a step
+at dp 2 x tp 2, every one but the norms' cut on both dims: at most four all-gathers in all,
+tests/test_exec_keptcopy.py, where each was a `full_tensor` of its own before). A tensor of
+any other placement (a `Partial`) is gathered by itself (`full_tensor`), in list order, before
+the batch: every rank of the group must pass the same tensors in the same order, as for any
+collective.
 
 `batches` cuts a list of tensors into consecutive runs of at most `limit` bytes (a tensor
 larger alone), from their global sizes only: every rank cuts the same runs, whatever it does
@@ -48,17 +55,59 @@ def batches(sizes: list[int], limit: int) -> list[tuple[int, int]]:
     return out
 
 
-def one_shard(t: Any) -> tuple[int, int] | None:
-    """(mesh dim, tensor dim) of a DTensor sharded by a plain `Shard` on exactly one mesh dim of
-    more than one rank, the others replicated; None for any other placement."""
-    found = None
+def cuts(t: Any) -> list[tuple[int, int]] | None:
+    """(mesh dim, tensor dim) of each cut that made a DTensor's local shard from the whole, in
+    the order the cuts were made, each `torch.chunk`'s cut of what the earlier ones left (mesh
+    dims of one rank and replicated ones make none); None for a placement that is no cut (a
+    `Partial`) or a strided shard this order cannot express.
+
+    A plain `Shard(d)` cuts in mesh-dim order (DTensor's left-to-right rule). FSDP2 over TP
+    cuts the other way: TP's `Shard(d)` first, then FSDP2's shard of the TP rank's part,
+    written `_StridedShard(d, split_factor=tp)` on the earlier (dp) mesh dim; such a cut is made
+    once the later cuts of dim `d`, `split_factor` shards between them, are made."""
+    out: list[tuple[int, int]] = []
+    waiting: list[list[int]] = []  # [mesh dim, tensor dim, shards still to come]
     for md, p in enumerate(t.placements):
-        if p.is_replicate() or t.device_mesh.size(md) == 1 and p.is_shard():
+        kind = type(p).__name__  # (a `_StridedShard` is no `is_shard()` in torch 2.13)
+        if p.is_replicate():
             continue
-        if not p.is_shard() or type(p).__name__ != "Shard" or found is not None:
+        if kind not in ("Shard", "_StridedShard"):
             return None
-        found = (md, p.dim)
-    return found
+        n = t.device_mesh.size(md)
+        if n == 1:
+            continue
+        if kind == "_StridedShard" and p.split_factor > 1:
+            waiting.append([md, p.dim, p.split_factor])
+            continue
+        out.append((md, p.dim))
+        for w in waiting:
+            if w[1] == p.dim:
+                if w[2] % n:
+                    return None
+                w[2] //= n
+        out += [(w[0], w[1]) for w in waiting if w[2] == 1]
+        waiting = [w for w in waiting if w[2] > 1]
+    return None if waiting else out
+
+
+Step = tuple[int, int, tuple[int, ...]]  # (mesh dim, tensor dim, the shape that cut was made on)
+
+
+def steps(t: Any) -> list[Step] | None:
+    """The gathers that make DTensor `t` whole from this rank's shard, in the order to make
+    them: its `cuts` undone last first, each with the shape its cut was made on (the same on
+    every rank of that mesh dim's group: the earlier cuts are theirs too). None: see `cuts`."""
+    from torch.distributed.tensor import Shard  # lazy: distributed only
+    order = cuts(t)
+    if order is None:
+        return None
+    coord = list(t.device_mesh.get_coordinate() or [])
+    shape, out = list(t.shape), []
+    for md, d in order:
+        out.append((md, d, tuple(shape)))
+        size, _ = Shard.local_shard_size_and_offset(shape[d], t.device_mesh.size(md), coord[md])
+        shape[d] = int(size)
+    return out[::-1]
 
 
 def _shares(shape: tuple[int, ...], dim: int, ranks: int) -> list[tuple[int, ...]]:
@@ -82,48 +131,58 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
+Item = tuple[int, torch.Tensor, int, tuple[int, ...]]  # (index, local part, tensor dim, shape)
+
+
 def whole_tensors(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every tensor of `ts` whole, on its device: a plain tensor as it is, a DTensor gathered
     (module docstring). A collective: every rank of the tensors' groups calls it with the same
     tensors (its own shards of them) in the same order."""
     from torch.distributed.tensor import DTensor  # lazy: distributed only
     out: list[torch.Tensor | None] = [None] * len(ts)
-    groups: dict[str, tuple[Any, list[tuple[int, Any, int]]]] = {}
+    pending: dict[int, tuple[torch.Tensor, list[Step], Any]] = {}
     for i, t in enumerate(ts):
         t = t.detach()
         if not isinstance(t, DTensor):
             out[i] = t
             continue
-        cut = one_shard(t)
-        if cut is None:
-            if all(p.is_replicate() or t.device_mesh.size(md) == 1
-                   for md, p in enumerate(t.placements)):
-                out[i] = t.to_local()
-            else:
-                out[i] = t.full_tensor()  # another placement: by itself, in list order
-            continue
-        pg = t.device_mesh.get_group(cut[0])
-        groups.setdefault(str(pg.group_name), (pg, []))[1].append((i, t, cut[1]))
-    for _, (pg, items) in sorted(groups.items()):  # by name: the same order on every rank
-        _gather_group(pg, items, out)
+        todo = steps(t)
+        if todo is None:
+            out[i] = t.full_tensor()  # another placement: by itself, in list order
+        elif not todo:
+            out[i] = t.to_local()  # replicated
+        else:
+            pending[i] = (t.to_local(), todo, t.device_mesh)
+    while pending:  # one round per mesh dim a tensor is cut on: each tensor's next gather
+        groups: dict[tuple[int, str], tuple[Any, list[Item]]] = {}
+        for i, (local, todo, mesh) in pending.items():  # in list order: the same on every rank
+            md, d, shape = todo[0]
+            pg = mesh.get_group(md)
+            groups.setdefault((md, str(pg.group_name)), (pg, []))[1].append((i, local, d, shape))
+        for pg, items in groups.values():  # in order of first use: the same on every rank
+            for i, whole in _gather_group(pg, items):
+                local, todo, mesh = pending[i]
+                if len(todo) == 1:
+                    out[i] = whole
+                    del pending[i]
+                else:
+                    pending[i] = (whole, todo[1:], mesh)
     assert all(o is not None for o in out)
     return [o for o in out if o is not None]
 
 
-def _gather_group(pg: Any, items: list[tuple[int, Any, int]],
-                  out: list[torch.Tensor | None]) -> None:
-    """One all-gather over `pg` of the local shards of `items` ((index, DTensor, tensor dim));
-    each whole tensor into `out` at its index."""
+def _gather_group(pg: Any, items: list[Item]) -> list[tuple[int, torch.Tensor]]:
+    """One all-gather over `pg` of the local parts of `items` ((index, part, tensor dim, the
+    shape the cut was made on)); (index, the part of that shape) each."""
     ranks, me = dist.get_world_size(pg), dist.get_rank(pg)
-    shares = [_shares(tuple(t.shape), d, ranks) for _, t, d in items]
-    sizes = [[int(torch.Size(s[r]).numel()) * t.element_size() for s, (_, t, _) in
+    shares = [_shares(shape, d, ranks) for _, _, d, shape in items]
+    sizes = [[int(torch.Size(s[r]).numel()) * t.element_size() for s, (_, t, _, _) in
               zip(shares, items)] for r in range(ranks)]
     width = max(sum(_slot(n) for n in s) for s in sizes)
-    dev = items[0][1].to_local().device
+    dev = items[0][1].device
     mine = torch.zeros(width, dtype=torch.uint8, device=dev)
     at = 0
-    for (_, t, _), s, n in zip(items, shares, sizes[me]):
-        local = t.to_local()
+    for (_, local, _, _), s, n in zip(items, shares, sizes[me]):
         if tuple(local.shape) != s[me]:
             raise RuntimeError(f"gather: a shard of shape {tuple(local.shape)} where the cut "
                                f"gives {s[me]}")
@@ -132,13 +191,15 @@ def _gather_group(pg: Any, items: list[tuple[int, Any, int]],
     got = [torch.empty(width, dtype=torch.uint8, device=dev) for _ in range(ranks)]
     dist.all_gather(got, mine, group=pg)
     offsets = [0] * ranks
-    for k, (i, t, d) in enumerate(items):
+    out = []
+    for k, (i, t, d, _) in enumerate(items):
         parts = []
         for r in range(ranks):
             n = sizes[r][k]
             parts.append(got[r][offsets[r]:offsets[r] + n].view(t.dtype).reshape(shares[k][r]))
             offsets[r] += _slot(n)
-        out[i] = torch.cat(parts, d)
+        out.append((i, torch.cat(parts, d)))
+    return out
 
 
 Whole = Callable[[str, torch.Tensor], torch.Tensor]  # (name, held tensor) -> the whole tensor

@@ -105,10 +105,21 @@ def create_groups(run: RunPlan, pinned: bool, timeout_s: float = 120.0,
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
+            remove_groups(groups)  # the ready ones too: they would hold their bundles
             raise PlacementError(f"placement group for slot {name} not ready after {timeout_s:.0f}s:"
                                  f" the cluster lacks {[b.resources for b in run.slots[name].bundles]}"
                                  ) from None
     return groups
+
+
+def remove_groups(groups: dict[str, Any]) -> None:
+    """Remove every placement group of `groups` (a run's, or a set-up that failed)."""
+    from ray.util.placement_group import remove_placement_group  # lazy: Ray run only
+    for pg in groups.values():
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001 - gone with its node, or never made
+            pass
 
 
 def verify(members: list[Member], groups: dict[str, Any]) -> list[dict[str, Any]]:

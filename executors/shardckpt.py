@@ -1,16 +1,17 @@
 """A sharded trainer's checkpoint written rank by rank: each rank its own shards, none gathered.
 
 As torch's distributed checkpoint (DCP) writes one file per rank, so that no host holds the
-whole model and optimizer while a checkpoint is written, a sharded trainer (no pipeline stages)
-writes a folder at the checkpoint's path: `rank-NNNNN.pt` per rank, each holding that rank's
-pieces of the weights and Adam moments. A piece is a DTensor's local shard when one mesh dim
-cuts it with a plain `Shard(d)` and the others replicate it (FSDP2's placement without TP,
-`executors.gather`), written by the replica whose other coordinates are all 0 (each element once),
-with its index along the cut and the cut's dim (the replica on the mesh through rank 0: a
-DTensor's mesh may not span the trainer's group). A tensor of another placement (TP's, or
-FSDP2's strided shard of a TP shard) is made whole by every rank of its group and written by
-rank 0: those alone are still gathered onto one host; a plain tensor (a buffer, Adam's step
-count) by rank 0 too, which also writes the version, the step, the optimizer's parameter
+whole model and optimizer while a checkpoint is written, a sharded trainer writes a folder at
+the checkpoint's path: `rank-NNNNN.pt` per rank, each holding that rank's pieces of the weights
+and Adam moments. A piece is a DTensor's local shard with the cuts that made it from the whole
+(`executors.gather.cuts`: FSDP2's one `Shard(d)`; under TP, TP's cut and FSDP2's cut of the TP
+part, in the order they were made), each as (tensor dim, index, of), written by the replica
+whose coordinates on every uncut mesh dim are 0 (each element once), on the mesh through the
+stage's head (rank 0, or a pipeline stage's first rank: a DTensor's mesh may not span the
+trainer's group, as FSDP2's dp mesh of one TP rank). A pipeline stage writes its own tensors,
+by the whole model's names and parameter indices. A tensor no cut makes (a `Partial`) is made
+whole by every rank of its group and written by the head; a plain tensor (a buffer, Adam's step
+count) by the head too. Rank 0 also writes the version, the step, the optimizer's parameter
 groups and the world size.
 
 Atomic: the ranks write into `.NAME.tmp` beside the final path (rank 0 empties it first; a
@@ -19,8 +20,7 @@ final path; the driver records it in `latest.json` only after every rank's call 
 checkpoint interrupted half-way is never the one a run resumes from. `read` rebuilds the
 one-process format (full weights, full Adam state by parameter index) from the files, so any
 layout restores it, as one process, another dp or a pipeline (`executors.trainer.Trainer.load`:
-`load_full` and `load_sharded_optim` cut a layout's shards from it). A pipelined trainer's
-checkpoint is still gathered onto rank 0 (`full_optim`) and written as one file.
+`load_full` and `load_sharded_optim` cut a layout's shards from it).
 """
 from __future__ import annotations
 
@@ -32,54 +32,60 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executors.gather import one_shard
+from executors.gather import cuts
 from executors.roles import save_checkpoint
 from executors.sharding import gathered
 
 Key = tuple[Any, ...]  # ("model", name) | ("optim", parameter index, state name)
 
 
-def _pieces(state: dict[Key, Any], rank: int) -> dict[str, dict[Any, Any]]:
-    """This rank's part of `state`: its pieces and the whole tensors it writes (a collective:
-    the tensors no plain `Shard` cuts are gathered by their group)."""
+def _pieces(state: dict[Key, Any], rank: int, head: int) -> dict[str, dict[Any, Any]]:
+    """This rank's part of `state`: its pieces and the whole tensors it writes (a collective
+    only for a tensor no cut makes, `gather.cuts`: gathered by its group). `head`: the rank
+    that writes this rank's plain tensors (rank 0; a pipeline stage's first rank)."""
     from torch.distributed.tensor import DTensor  # lazy: distributed only
     pieces: dict[Key, Any] = {}
     whole: dict[Key, Any] = {}
     for key, t in state.items():
         t = t.detach() if torch.is_tensor(t) else t
         if not isinstance(t, DTensor):
-            if rank == 0:
+            if rank == head:
                 whole[key] = t.cpu() if torch.is_tensor(t) else t
             continue
-        coord: list[int] = list(t.device_mesh.get_coordinate() or [])
-        # one replica writes: the mesh through rank 0 (a DTensor's mesh may not span the
-        # group: FSDP2's dp mesh of one TP rank), at coordinate 0 on every dim but the cut
-        first = 0 in t.device_mesh.mesh.flatten().tolist()
-        cut = one_shard(t)
-        if cut is None:
+        order = cuts(t)
+        if order is None:
             full = t.full_tensor()  # every rank of its group, in key order
-            if rank == 0:
+            if rank == head:
                 whole[key] = full.cpu()
             continue
-        md, dim = cut
-        if not first or any(c for i, c in enumerate(coord) if i != md):
+        mesh = t.device_mesh
+        coord: list[int] = list(mesh.get_coordinate() or [])
+        # one replica writes: the mesh through `head` (a DTensor's mesh may not span the
+        # stage: FSDP2's dp mesh of one TP rank), at coordinate 0 on every dim but the cuts'
+        cut_dims = {md for md, _ in order}
+        if head not in mesh.mesh.flatten().tolist() or any(
+                c for i, c in enumerate(coord) if i not in cut_dims):
             continue  # a replica of a piece another rank writes
-        pieces[key] = {"local": t.to_local().cpu(), "dim": dim, "at": coord[md],
-                       "of": t.device_mesh.size(md)}
+        if not order:
+            whole[key] = t.to_local().cpu()
+            continue
+        pieces[key] = {"local": t.to_local().cpu(),
+                       "cuts": [(d, coord[md], mesh.size(md)) for md, d in order]}
     return {"pieces": pieces, "whole": whole}
 
 
 def save(path: str, rank: int, world: int, state: dict[Key, Any],
-         meta: dict[str, Any]) -> str:
+         meta: dict[str, Any], head: int = 0) -> str:
     """Write this rank's part of the checkpoint folder `path` (module docstring); every rank
-    of the trainer's group calls it; `meta` (rank 0's) goes into rank 0's file."""
+    of the trainer's group calls it; `meta` (rank 0's) goes into rank 0's file. `head`: the
+    rank that writes this rank's plain tensors (`_pieces`)."""
     final = Path(path)
     tmp = final.with_name(f".{final.name}.tmp")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    mine = _pieces(state, rank)
+    mine = _pieces(state, rank, head)
     if rank == 0:
         mine["meta"] = {**meta, "world": world}
     save_checkpoint(str(tmp / f"rank-{rank:05d}.pt"), mine)
@@ -94,6 +100,30 @@ def save(path: str, rank: int, world: int, state: dict[Key, Any],
     return str(final)
 
 
+def _cuts_of(piece: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """A piece's cuts, (tensor dim, index, of) in the order made (a file written before
+    pieces had several: one cut, as `dim`, `at`, `of`)."""
+    if "cuts" in piece:
+        return [(int(c[0]), int(c[1]), int(c[2])) for c in piece["cuts"]]
+    return [(piece["dim"], piece["at"], piece["of"])]
+
+
+def _joined(key: Key, ps: list[dict[str, Any]], depth: int, path: str) -> torch.Tensor:
+    """The tensor that the pieces `ps` (sharing their first `depth` cuts) were cut from."""
+    if depth == len(_cuts_of(ps[0])):
+        if len(ps) != 1:
+            raise RuntimeError(f"checkpoint {path}: {key} has {len(ps)} copies of one piece")
+        local: torch.Tensor = ps[0]["local"]
+        return local
+    dim, _, of = _cuts_of(ps[0])[depth]
+    by: dict[int, list[dict[str, Any]]] = {}
+    for p in ps:
+        by.setdefault(_cuts_of(p)[depth][1], []).append(p)
+    if sorted(by) != list(range(of)):
+        raise RuntimeError(f"checkpoint {path}: {key} has pieces {sorted(by)} of {of}")
+    return torch.cat([_joined(key, by[a], depth + 1, path) for a in range(of)], dim)
+
+
 def read(path: str) -> dict[str, Any]:
     """The checkpoint folder `path` in the one-process format: {"model", "optim", "version",
     "step", "optimizer_steps"}."""
@@ -102,17 +132,13 @@ def read(path: str) -> dict[str, Any]:
     parts = [torch.load(d / f"rank-{r:05d}.pt", weights_only=False)
              for r in range(meta["world"])]
     flat: dict[Key, Any] = {}
-    cuts: dict[Key, list[dict[str, Any]]] = {}
+    cut: dict[Key, list[dict[str, Any]]] = {}
     for p in parts:
         flat.update(p["whole"])
         for k, piece in p["pieces"].items():
-            cuts.setdefault(k, []).append(piece)
-    for k, ps in cuts.items():
-        ps.sort(key=lambda x: x["at"])
-        if [x["at"] for x in ps] != list(range(ps[0]["of"])):
-            raise RuntimeError(f"checkpoint {path}: {k} has pieces {[x['at'] for x in ps]} of "
-                               f"{ps[0]['of']}")
-        flat[k] = torch.cat([x["local"] for x in ps], ps[0]["dim"])
+            cut.setdefault(k, []).append(piece)
+    for k, ps in cut.items():
+        flat[k] = _joined(k, ps, 0, path)
     model = {k[1]: v for k, v in flat.items() if k[0] == "model"}
     state: dict[int, dict[str, Any]] = {}
     for k, v in flat.items():

@@ -38,15 +38,16 @@ the weight-sync group (`executors.syncgroup.GroupSender`) under Ray or bucket by
 results in one process, the other ranks by `sync_gather`; a colocated engine's hand-over runs
 the same gathers on every rank as it exports. Unbucketed with stages, rank 0 sends the whole
 model: each later stage's first rank passes it its stage's tensors one at a time, as they are
-gathered. A sharded trainer without stages writes its checkpoint rank by rank, each rank its
-own shards (`executors.shardckpt`, as torch's DCP: nothing gathered onto one host); with stages
-the checkpoint is gathered onto rank 0 and written in the one-process format (full weights, full
-Adam state by parameter index). Either is read back in that format, whatever the layout that
-wrote it, so a run re-planned onto another layout (a lost node) restores it.
+gathered. A sharded trainer writes its checkpoint rank by rank, each rank its own shards
+(`executors.shardckpt`, as torch's DCP: nothing gathered onto one host), with TP's 2-D shards and
+with pipeline stages too; one process writes one file in the one-process format (full weights,
+full Adam state by parameter index). Either is read back in that format, whatever the layout
+that wrote it, so a run re-planned onto another layout (a lost node) restores it.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -432,20 +433,28 @@ class Trainer(Worker, GroupSender, GroupMember):
 
     def save(self, path: str, step: int, shards: bool = True) -> str:
         """A checkpoint at `path` that any layout restores (a re-plan may change the layout).
-        Sharded without stages, a folder of each rank's own shards (`executors.shardckpt`:
-        nothing gathered onto one host); else one file in the one-process format (full
-        weights, full Adam state by parameter index), with stages gathered onto rank 0. Every
-        rank of a sharded trainer calls it (a collective). `shards` False: one file whatever
-        the layout (a run's final weights, which tools read as one file)."""
-        if shards and self.world > 1 and self.pipe is None:
+        Sharded, a folder of each rank's own shards (`executors.shardckpt`: nothing gathered
+        onto one host, whatever the dp, tp and pp; each pipeline stage's tensors by the whole
+        model's names and parameter indices); one process, one file in the one-process format
+        (full weights, full Adam state by parameter index). Every rank of a sharded trainer
+        calls it (a collective). `shards` False: one file whatever the layout (a run's final
+        weights, which tools read as one file), gathered onto rank 0."""
+        if shards and self.world > 1:
             sd = self.opt.state_dict()
+            groups, head = sd["param_groups"], 0
+            name: Callable[[str], str] = str
+            index: Callable[[int], int] = int
+            if self.pipe is not None:  # the stage's names and indices in the whole model's
+                name, index = self.pipe.stage.full_name, self._index.__getitem__
+                groups = [{**g, "params": list(range(self._params))} for g in groups]
+                head = self.layout.rank_of(self.layout.stage(self.rank), 0, 0, 0)
             state: dict[tuple[Any, ...], Any] = {
-                ("model", k): v for k, v in self.model.state_dict().items()}
-            state.update({("optim", i, k): v for i in sorted(sd["state"])
+                ("model", name(k)): v for k, v in self.model.state_dict().items()}
+            state.update({("optim", index(int(i)), k): v for i in sorted(sd["state"])
                           for k, v in sorted(sd["state"][i].items())})
             return shardckpt.save(path, self.rank, self.world, state, {
                 "version": self.version, "step": step, "optimizer_steps": self.optimizer_steps,
-                "param_groups": sd["param_groups"]})
+                "param_groups": groups}, head=head)
         if self.world == 1:
             model, optim = self.model.state_dict(), self.opt.state_dict()
         else:

@@ -32,6 +32,7 @@ class World:
     described: str  # the cluster, in words
     emulated: list[str] = field(default_factory=list)
     elastic: Elastic | None = None
+    ray_cluster: cluster.ClusterInfo | None = None  # an embedded one stops at `close`
 
     @staticmethod
     def local(run: RunPlan, cfg: RunConfig, backend: Backend,
@@ -49,22 +50,35 @@ class World:
         info = cluster.start(run, address)
         if note:
             note(f"cluster: {info.describe()}")
-        clock.begin("reserving placement groups")
-        groups = pl.create_groups(run, info.pinned)
-        # an actor's constructor loads its model: Ray reports them started once all are loaded
-        clock.begin("starting actors, loading models")
-        rt = RayRuntime(run, cfg, groups, info.pinned, backend, max_restarts)
-        clock.begin("checking placement")
-        placement = pl.verify(rt.members, groups)
-        pl.check(placement, info.pinned)
+        groups: dict[str, Any] = {}
+        rt: RayRuntime | None = None
+        try:
+            clock.begin("reserving placement groups")
+            groups = pl.create_groups(run, info.pinned)
+            # an actor's constructor loads its model: Ray reports them started once all are
+            clock.begin("starting actors, loading models")
+            rt = RayRuntime(run, cfg, groups, info.pinned, backend, max_restarts)
+            clock.begin("checking placement")
+            placement = pl.verify(rt.members, groups)
+            pl.check(placement, info.pinned)
+        except BaseException:  # nothing of this run outlives it: actors, groups, its own Ray
+            if rt is not None:
+                rt.close()
+            pl.remove_groups(groups)
+            cluster.stop(info)
+            raise
         elastic = Elastic(plan, run, cfg, groups, rt, info.pinned, backend, max_restarts,
                           placement=placement)
-        return World(rt, info.describe(), info.emulated, elastic)
+        return World(rt, info.describe(), info.emulated, elastic, info)
 
     def close(self) -> list[dict[str, Any]]:
         """Stop every worker; where each actor ran (the last placement, after any rebuild)."""
         if self.elastic is None:
             self.rt.close()
             return []
-        self.elastic.close()  # the current actors and groups (a rebuild replaced the first ones)
+        try:
+            self.elastic.close()  # the current actors and groups (a rebuild replaced the first)
+        finally:
+            if self.ray_cluster is not None:
+                cluster.stop(self.ray_cluster)  # an embedded Ray goes with the run that started it
         return self.elastic.placement

@@ -67,7 +67,7 @@ def _train_one_step(rank: int, tr: Trainer, cfg: RunConfig, q_out: Any, out: str
     s, adv = batch(1)
     info, timing = tr.train(partition(s, adv, None, layout, cfg.mini_batches,
                                       cfg.accumulate)[rank])
-    tr.save(out + ".ckpt", 0)  # every rank joins the gathers; rank 0 writes
+    tr.save(out + ".ckpt", 0)  # every rank writes its own shards (executors.shardckpt)
     full = tr.weights()  # a collective too
     if rank == 0:
         torch.save(full, out)

@@ -305,7 +305,11 @@ def test_under_ray_each_pipeline_stage_streams_its_own_layers(tmp_path: Path) ->
     plan = hand_plan({**GRPO_LAYOUT, "actor": ("gpu", Parallel(pp=2), "train")})
     plan = plan.model_copy(update={"calibration": calibration_from_dict(
         {"default": {"sync_bucket_gb": 64e-6}})})
+    import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
     r = execute(plan, 1, tmp_path / "out")
+    # the embedded Ray went with the run: a later run starts its own with its plan's resources
+    # (one left up was reused by the next test's run, short of this plan's LPU pool)
+    assert not ray.is_initialized()
     assert r.ledger_ok and r.trace.metadata["executed_layout"]["actor"]["pp"] == 2
     [sync] = [e for e in r.trace.events if e.name == "weight sync"]
     model = load_policy(str(tmp_path / "out" / "model-v0"))  # the run's version 0

@@ -34,7 +34,9 @@ def test_a_copy_that_fits_is_kept_and_counted_on_the_senders_nodes() -> None:
     copy = hostmem.sync_copy_gb(plan)
     arch = px.res.model_of("actor")
     assert arch is not None
-    full = weight_bytes(arch) / GB
+    full = hostmem.sync_copy_bytes(arch) / GB
+    # the executor keeps its FP32 master weights (what it holds: tests/test_exec_keptcopy.py)
+    assert full == pytest.approx(2 * weight_bytes(arch) / GB)
     assert copy and sum(copy.values()) >= full * 0.999  # one copy at least (a rank's each)
     assert hostmem.keeps_sync_copy(plan, px)
     nodes = hostmem.plan_nodes(plan, px)

@@ -92,9 +92,12 @@ def variant_plans(job_path: str | Path = DEFAULT_JOB, moe_job: str | Path | None
 def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], None]) -> Trace:
     """Execute `plan` for `steps` steps on the (embedded) Ray; writes plan.json and trace.json.
     An embedded Ray started for another job's cluster (the `moe` run's pools differ) is shut
-    down first, so the next run starts one that advertises this plan's nodes."""
+    down first, so the next run starts one that advertises this plan's nodes. The Ray is this
+    workflow's own (`cluster.start`), kept warm across its runs: a run stops only a Ray it
+    started itself."""
     import ray  # lazy: torch and Ray (~2 s) only when executing
 
+    from executors import cluster
     from executors.cluster import node_resources
     from executors.run import execute
     from executors.runplan import resolve_plan
@@ -105,6 +108,7 @@ def execute_plan(plan: Plan, steps: int, out_dir: Path, note: Callable[[str], No
         if any(have.get(k, 0.0) < v for k, v in need.items()):
             ray.shutdown()
     if not ray.is_initialized():  # a fresh Ray: warm it up on this plan first
+        cluster.start(resolve_plan(plan))
         note(f"  warming a fresh Ray up: {WARM_UP_STEPS} steps of this plan (not used)")
         (out_dir / WARM_UP_DIR).mkdir(parents=True, exist_ok=True)
         execute(plan, WARM_UP_STEPS, out_dir / WARM_UP_DIR, note=note)

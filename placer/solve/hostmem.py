@@ -15,7 +15,8 @@ device that moves state to or from the host (`PINNED_GB_PER_DEVICE`); and Ray's 
 every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults); and, where it fits, the
 full copy of the policy's weights that the weight-sync senders keep between steps
 (`sync_copy_gb`: each trainer rank beside a colocated engine, else the trainer's first rank;
-none with pipeline stages; one copy of `roofline.weight_bytes`, what a refresh moves). The copy
+none with pipeline stages; one copy of the weights at `SYNC_COPY_BYTES` a parameter, the FP32
+master weights the executor's trainer keeps and streams, `sync_copy_bytes`). The copy
 is kept only when every checked node holds it beside everything else (`keeps_sync_copy`); then
 `plan_nodes` counts it, else the senders gather each refresh from the shards as they stream it
 and nothing is kept. The executor reads the same decision (`executors.runplan.RunPlan.keep_sync_copy`).
@@ -46,7 +47,7 @@ from placer.cost.estimate import frozen_shard_gb, frozen_sharded
 from placer.cost.layercomm import optimizer_gather_time
 from placer.cost.offload import MODEL_BYTES, host_optimizer_gb, host_parked_gb, parked_states
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
+from placer.cost.roofline import GB, Memory, weight_tensors
 from placer.cost.sharding import BYTES, Parallel, train_state_bytes
 from placer.solve.assemble import placed_estimate
 from placer.solve.planfile import calibration_of
@@ -252,6 +253,17 @@ def plan_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
     return nodes
 
 
+# Bytes a parameter of the kept copy takes: the executor's trainer keeps the refresh's source,
+# its FP32 master weights (`executors.precision`: BF16 compute over FP32 masters, and weight
+# sync carries FP32), not the BF16 bytes `roofline.weight_bytes` prices a device's copy at.
+SYNC_COPY_BYTES = 4.0
+
+
+def sync_copy_bytes(m: ModelArch) -> float:
+    """Bytes of one kept copy of `m`'s weights (`SYNC_COPY_BYTES` a parameter)."""
+    return m.params() * SYNC_COPY_BYTES
+
+
 def sync_copy_gb(plan: Plan) -> dict[tuple[str, int], float]:
     """GB of host memory, by (pool, node), that a full copy of the policy's weights kept
     between steps takes on the trainer ranks that send a refresh: every rank beside a
@@ -265,7 +277,7 @@ def sync_copy_gb(plan: Plan) -> dict[tuple[str, int], float]:
     actor, m = plan.roles.get("actor"), res.model_of("actor")
     if actor is None or m is None or "rollout" not in plan.roles or actor.pp > 1:
         return {}
-    full = weight_bytes(m) / GB
+    full = sync_copy_bytes(m) / GB
     slot = next(s for s in plan.slots if s.name == actor.slot)
     bundles = [b for b in sorted(plan.bundles, key=lambda b: b.index)
                if b.slot == actor.slot and b.pool == actor.pool]
