@@ -1,6 +1,6 @@
 """What a checkpoint costs on a plan's layouts, and how a trace's checkpoints and whole-tensor
 gathers fit its factors (placer/solve/hostmem.py `checkpoint_time`, placer/cost/layercomm.py
-`optimizer_gather_time` and `gather_link`, placer/calibrate/fit.py, workflows/fidelity.py)."""
+`gather_link`, placer/calibrate/fit.py, workflows/fidelity.py)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from test_fidelity import OTHER, executed
 from placer.calibrate.fit import fit_trace
 from placer.cost.collectives import all_gather, all_reduce
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.layercomm import gather_link, optimizer_gather_time, span_link, weight_gather_time
+from placer.cost.layercomm import gather_link, span_link, weight_gather_time
 from placer.cost.roofline import GB, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.solve.hostmem import CHECKPOINT_BYTES, checkpoint_time, plan_checkpoint_s
@@ -29,22 +29,8 @@ def plan():
     return tiny_dp2_plan()
 
 
-@pytest.mark.parametrize("par, per_tensor", [
-    (Parallel(), 0.0),                  # one rank holds the whole state
-    (Parallel(dp=2, zero=1), 2.0),      # ZeRO-1 already shards the optimizer state
-    (Parallel(dp=2), 2.0),              # FSDP: Adam's m and v, one all-gather each per tensor
-    (Parallel(tp=2), 2.0),              # TP shards: likewise
-    (Parallel(dp=2, pp=2), 1.0),        # each stage gathers its own share of the tensors
-])
-def test_optimizer_gather_calls_twice_per_tensor_of_a_sharded_state(par, per_tensor):
-    tensors = weight_tensors(TINY)
-    assert optimizer_gather_time(TINY, EMU, par, tensors, CALLS_ONLY) == pytest.approx(
-        per_tensor * tensors)
-
-
 def test_a_measured_gather_latency_prices_whole_tensor_gathers_only():
-    """`gather_call_s`, when measured, is what the weight sync's and a checkpoint's gathers pay
-    per call; a collective inside training still pays `coll_base_s`; unmeasured (0), the
+    """`gather_call_s`, when measured, is what the weight sync's gathers pay per call; a collective inside training still pays `coll_base_s`; unmeasured (0), the
     gathers fall back to `coll_base_s`."""
     par, tensors = Parallel(dp=2), weight_tensors(TINY)
     measured = CALLS_ONLY.override({"gather_call_s": 0.25})
@@ -52,20 +38,18 @@ def test_a_measured_gather_latency_prices_whole_tensor_gathers_only():
     assert span_link(EMU, 2, measured).base_s == 1.0
     assert gather_link(EMU, 2, CALLS_ONLY).base_s == 1.0
     assert weight_gather_time(TINY, EMU, par, tensors, measured) == pytest.approx(0.25 * tensors)
-    assert optimizer_gather_time(TINY, EMU, par, tensors, measured) == pytest.approx(
-        0.5 * tensors)
 
 
-def test_checkpoint_time_is_gather_write_and_overhead(plan):
+def test_checkpoint_time_is_the_write_and_overhead_on_every_layout(plan):
+    """Every rank writes its own shards (executors/shardckpt.py), so no layout pays a gather:
+    a sharded plan's checkpoint costs what a one-rank plan's does."""
     eff = Efficiency(checkpoint_overhead_s=0.004)
     write = CHECKPOINT_BYTES * TINY.params() / GB / 20.0
-    assert checkpoint_time(TINY, EMU, Parallel(), eff, 20.0) == pytest.approx(write + 0.004)
-    sharded = checkpoint_time(TINY, EMU, Parallel(dp=2), eff, 20.0)
-    assert sharded == pytest.approx(
-        write + 0.004 + optimizer_gather_time(TINY, EMU, Parallel(dp=2), weight_tensors(TINY), eff))
-    res = plan.resolved()  # the plan's one trained role: its own checkpoint time
+    assert checkpoint_time(TINY, eff, 20.0) == pytest.approx(write + 0.004)
+    res = plan.resolved()  # the plan's one trained role, sharded dp 2: its own checkpoint time
+    assert plan.roles["actor"].par.dp == 2
     assert plan_checkpoint_s(plan, Calibration(default=eff)) == pytest.approx(checkpoint_time(
-        res.model_of("actor"), EMU, plan.roles["actor"].par, eff, res.job.cluster.storage_gbs))
+        res.model_of("actor"), eff, res.job.cluster.storage_gbs))
 
 
 def _probe(kind: str, truth: Efficiency, rank: int, n: int = 20) -> TraceEvent:
@@ -78,8 +62,7 @@ def _probe(kind: str, truth: Efficiency, rank: int, n: int = 20) -> TraceEvent:
 
 def _checkpoints(plan, truth: Efficiency, steps: int) -> list[TraceEvent]:
     res = plan.resolved()
-    dur = checkpoint_time(res.model_of("actor"), EMU, plan.roles["actor"].par, truth,
-                          res.job.cluster.storage_gbs)
+    dur = checkpoint_time(res.model_of("actor"), truth, res.job.cluster.storage_gbs)
     return [TraceEvent("checkpoint", "checkpoint", 1.0 + s, dur, "driver", "loop", {"step": s})
             for s in range(steps)]
 

@@ -264,7 +264,7 @@ def _price_collective(ctx: EventContext, i: int, ev: TraceEvent
 def _price_checkpoint(ctx: EventContext
                       ) -> tuple[str, DeviceType, Callable[[Efficiency], float]] | None:
     """A checkpoint of every trained role at once (`hostmem.plan_checkpoint_s`: the slowest
-    role's gather, write and fixed cost), priced on the actor's device type (the first trained
+    role's write and fixed cost), priced on the actor's device type (the first trained
     role's), whose factors the fit sets; None without a trained role."""
     trained = trained_layouts(ctx.plan)
     if not trained:
@@ -272,7 +272,7 @@ def _price_checkpoint(ctx: EventContext
     storage = ctx.res.job.cluster.storage_gbs
 
     def t(e: Efficiency) -> float:
-        return max(checkpoint_time(m, dev, par, e, storage) for m, dev, par in trained)
+        return max(checkpoint_time(m, e, storage) for m, _, _ in trained)
     return trained[0][1].name, trained[0][1], t
 
 

@@ -357,24 +357,3 @@ def weight_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors: in
     calls = tensors / par.pp
     per_call = all_gather(m.params() * BYTES / tensors, ranks, gather_link(dev, ranks, eff))
     return oversubscription(dev, par.devices, eff) * calls * per_call
-
-
-OPTIMIZER_MOMENT_BYTES = 4  # Adam's m and v, fp32 each
-
-
-def optimizer_gather_time(m: ModelArch, dev: DeviceType, par: Parallel, tensors: int,
-                          eff: Efficiency) -> float:
-    """A one-file checkpoint of a sharded trainer: Adam's two fp32 moments gathered whole, one
-    all-gather per moment and tensor (torch DTensor `full_tensor` per optimizer-state entry:
-    executors/shardckpt.py `full_optim`; the weights are already whole, gathered for the weight
-    sync) over the ranks that shard them, the ZeRO group (any stage >= 1 shards the optimizer
-    state) x TP; a pipeline's stages gather their own share side by side. 0 for an unsharded
-    trainer. A framework that writes each rank's shard as it is (verl's FSDP checkpoint
-    manager) skips this gather; the write (`hostmem.checkpoint_time`) is the same bytes."""
-    ranks = (par.zero_group if par.zero >= 1 else 1) * par.tp
-    if ranks <= 1 or tensors <= 0:
-        return 0.0
-    calls = 2 * tensors / par.pp
-    per_call = all_gather(m.params() * OPTIMIZER_MOMENT_BYTES / tensors, ranks,
-                          gather_link(dev, ranks, eff))
-    return oversubscription(dev, par.devices, eff) * calls * per_call

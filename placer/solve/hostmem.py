@@ -44,10 +44,9 @@ from placer.base.roles import is_training
 from placer.cost import optpark
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import frozen_shard_gb, frozen_sharded
-from placer.cost.layercomm import optimizer_gather_time
 from placer.cost.offload import MODEL_BYTES, host_optimizer_gb, host_parked_gb, parked_states
 from placer.cost.pricer import Pricer
-from placer.cost.roofline import GB, Memory, weight_tensors
+from placer.cost.roofline import GB, Memory
 from placer.cost.sharding import BYTES, Parallel, train_state_bytes
 from placer.solve.assemble import placed_estimate
 from placer.solve.planfile import calibration_of
@@ -393,13 +392,12 @@ def checkpoint_s(res: Resolved) -> float:
     return checkpoint_gb(res) / res.job.cluster.storage_gbs
 
 
-def checkpoint_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency,
-                    storage_gbs: float) -> float:
-    """Seconds one trained model's checkpoint takes on its layout: its sharded optimizer state
-    gathered whole (`layercomm.optimizer_gather_time`), its 14 B/param written at
-    `storage_gbs`, and the fixed `checkpoint_overhead_s`."""
-    return (optimizer_gather_time(m, dev, par, weight_tensors(m), eff)
-            + CHECKPOINT_BYTES * m.params() / GB / storage_gbs + eff.checkpoint_overhead_s)
+def checkpoint_time(m: ModelArch, eff: Efficiency, storage_gbs: float) -> float:
+    """Seconds one trained model's checkpoint takes: its 14 B/param written at `storage_gbs` and
+    the fixed `checkpoint_overhead_s`. Every rank writes its own shards (executors/shardckpt.py,
+    as torch DCP, verl's FSDP checkpoint manager and Megatron's distributed checkpoint do), so no
+    layout gathers first and the bytes are the same on any layout."""
+    return CHECKPOINT_BYTES * m.params() / GB / storage_gbs + eff.checkpoint_overhead_s
 
 
 def trained_layouts(plan: Plan) -> list[tuple[ModelArch, DeviceType, Parallel]]:
@@ -417,5 +415,5 @@ def plan_checkpoint_s(plan: Plan, calib: Calibration | None = None) -> float:
     side). 0 without a trained role."""
     calib = calib if calib is not None else calibration_of(plan)
     storage = plan.resolved().job.cluster.storage_gbs
-    return max((checkpoint_time(m, dev, par, calib.for_device(dev), storage)
-                for m, dev, par in trained_layouts(plan)), default=0.0)
+    return max((checkpoint_time(m, calib.for_device(dev), storage)
+                for m, dev, _ in trained_layouts(plan)), default=0.0)
