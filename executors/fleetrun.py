@@ -161,14 +161,16 @@ class FleetExecResult:
                 lines.append(f"  {job}: rollout on the engines {got or 0:.2f} s per turn "
                              f"(priced generation {p['priced_generation_s'][job]:.3f} s)")
         for c in doc["shared_cpu"]:
-            lines.append(f"shared CPU pool {c['pool']} x{c['nodes']}: {c['workers']} "
-                         f"environment workers, first come first served")
+            lines.append(f"shared CPU pool {c['pool']} x{c['nodes']}: {c['slots']} call slots "
+                         f"on {c['workers']} environment workers, first come first served")
             for job, w in c["jobs"].items():
                 sim = ("" if w["simulated_slowdown"] is None
                        else f", simulated {w['simulated_slowdown']:.2f}x")
+                won = sum(r["winner"] == "reissue" for r in w["reissued"])
                 lines.append(f"  {job}: {w['calls']} calls, waited {w['waited_s']:.3f} s "
-                             f"(mean {w['mean_wait_s'] or 0:.4f} s) on the pool; slowdown "
-                             f"priced {w['priced_slowdown'] or 0:.2f}x{sim}")
+                             f"(mean {w['mean_wait_s'] or 0:.4f} s) on the pool, "
+                             f"{len(w['reissued'])} re-issued ({won} answered by the copy); "
+                             f"slowdown priced {w['priced_slowdown'] or 0:.2f}x{sim}")
         return lines
 
 

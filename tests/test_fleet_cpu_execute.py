@@ -5,7 +5,8 @@ jobs finish with balanced ledgers; that the pool's environment workers are the f
 (as many as its plan puts on the shared nodes) and the other member starts none; that every
 sandbox call of each job ran in one of those workers' processes (the pid the worker reports
 with each call's timing, against the pids its runtime read when it started); that the pool has
-the plan's slots and cuts each request into one call per slot; and that each
+the plan's slots and cuts each request into one call per slot; that a call its worker stalls
+on (a test delay) is issued again to the other worker, whose answer is taken; and that each
 job's measured queueing wait on the pool is in the executed summary beside the priced slowdown.
 Without Ray: the pool's first-come-first-served order over the jobs' queues (not a round robin
 over jobs), its slots over its workers, a straggler's re-issue (either copy may answer), its
@@ -37,10 +38,21 @@ EXAMPLE = ROOT / "examples" / "fleets" / "shared-cpu-tiny.yaml"
 
 @pytest.mark.ray
 @pytest.mark.slow  # Ray, two jobs' actors, 4 steps of two-turn agentic rollouts
-def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path) -> None:
+def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
 
+    from executors import fleetrun
     from executors.fleetrun import execute_fleet
+    from executors.roles import Delay
+
+    made = fleetrun.run_config
+
+    def slow_worker(run: Any, lr: Any = None, model_dir: str = "", delays: Any = ()) -> Any:
+        # the pool's first worker stalls on its third call (only agent-a starts the pool's
+        # workers: agent-b's config never reaches one)
+        return made(run, lr, model_dir, (Delay("environment", 0, 2, 20.0),))
+    monkeypatch.setattr(fleetrun, "run_config", slow_worker)
 
     if ray.is_initialized():  # so that the run starts its own embedded Ray (and stops it)
         ray.shutdown()
@@ -85,6 +97,13 @@ def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path) -> None:
         if c["reissue"] is not None:
             assert c["reissue"]["reissued_to"] != c["reissue"]["slow_worker"]
     assert max(per_request.values()) == pool["slots"] >= pool["workers"]
+    # the stalled call was issued again to the other worker, whose copy answered; traced
+    late = [c for c in pool["calls"] if c["reissue"] is not None]
+    assert any(c["reissue"]["slow_worker"] == 0 and c["reissue"]["winner"] == "reissue"
+               and c["worker"] == 1 for c in late), sorted(
+                   (c["ran_s"], c["worker"], c["slot"]) for c in pool["calls"])
+    assert sum(len(pool["jobs"][n]["reissued"]) for n in pool["jobs"]) == len(late)
+    assert len(ran.trace.of("straggler")) == len(late)
 
 
 @pytest.mark.ray
