@@ -1,22 +1,25 @@
 """An executed fleet's shared CPU environment pools: which jobs' plans can share one, each
-member's run plan on the pool's workers, and what the run measured beside the prices.
+member's run plan on the pool's workers, the pool's slots and call timeouts, and what the run
+measured beside the prices.
 
 A CPU pool the fleet's plan shares (`FleetResult.shared`, `placer.fleet.sharing`) runs as the
 environment workers of its first member's plan: that job's plan puts its environment role on the
-pool's shared nodes, one worker per environment replica of its plan (the single job's executor's
-count: one per CPU device, each running its share of a request's answers in its sandbox), and
-those are the pool's workers. The simulator's shared pool counts call slots instead (the pool's
-cores over `cpu_per_call`), so on nodes of several cores it runs more calls at once than the
-executed pool has workers. Every other member's run plan takes the first member's environment
-role and seats (`env_view`), so that its runtime starts none of its own and holds the pool's
-actors instead (`executors.fleetrun.start`); its reward and other roles keep their own workers.
-Every member's sandbox calls then queue on the pool (`executors.envpool.SharedEnvPool`, first
-come first served over the jobs' calls, as the simulator's shared pool serves them).
+pool's shared nodes, one worker per environment seat of its plan (one per CPU device), and those
+are the pool's workers. The pool runs as many calls at once as the simulator's shared pool and
+the cost model count (`pool_slots`: the cores of its shared nodes over the members' largest
+`cpu_per_call`), spread over those workers, whose actors run that many calls each in threads
+(`lanes`). Every other member's run plan takes the first member's environment role and seats
+(`env_view`), so that its runtime starts none of its own and holds the pool's actors instead
+(`executors.fleetrun.start`); its reward and other roles keep their own workers. Every member's
+sandbox calls then queue on the pool (`executors.envpool.SharedEnvPool`, first come first served
+over the jobs' calls, as the simulator's shared pool serves them); a call past its timeout
+(`priced_call_s`, a member's tail-policy deadline where it sets one: `pool_deadlines`) is
+re-issued once to another worker.
 
 The summary (`pool_summary`) gives, per member: its calls on the pool, the queueing wait it
-measured (total, mean, largest), the worker processes that ran its calls, and beside them the
-slowdown the plan priced for sharing (its iteration on the shared pool over the same nodes
-alone) and, when `--simulate` ran too, the simulator's slowdown and mean wait.
+measured (total, mean, largest), the worker processes that ran its calls, its re-issued calls,
+and beside them the slowdown the plan priced for sharing (its iteration on the shared pool over
+the same nodes alone) and, when `--simulate` ran too, the simulator's slowdown and mean wait.
 """
 from __future__ import annotations
 
@@ -27,8 +30,10 @@ from executors.envpool import SharedEnvPool
 from executors.run import tail_deadlines
 from executors.runplan import RunPlan
 from placer.base.roles import Role
+from placer.cost.model import call_slots
 from placer.fleet.result import SharedUse
 from placer.fleet.spec import Fleet
+from placer.solve.planfile import Plan, calibration_of
 from traces.schema import Trace
 
 
@@ -46,11 +51,39 @@ def cpu_problem(fleet: Fleet, shared: list[SharedUse], runs: dict[str, RunPlan])
             if env.parts or env.pool != use.pool:
                 return (f"{where}: job {name!r} runs its environment on {env.pool!r}, not "
                         f"on the shared pool {use.pool!r} alone (got {name!r})")
-            if tail_deadlines(runs[name].job.tail_policy):
-                return (f"{where}: job {name!r} re-issues slow tool calls (tail_policy "
-                        f"reissue); the shared pool's queue runs each call once (got "
-                        f"{name!r})")
     return None
+
+
+def pool_slots(use: SharedUse, plans: dict[str, Plan], fleet: Fleet) -> int:
+    """Calls the shared pool runs at once: its shared nodes' cores over the members' largest
+    `cpu_per_call` (no call runs on fewer cores than it asks), as the simulator counts them."""
+    dev = plans[use.jobs[0]].resolved().device_of(use.pool)
+    per_node = next(p.devices_per_node for p in fleet.cluster.pools if p.name == use.pool)
+    per_call = max(plans[n].spec.environment.cpu_per_call for n in use.jobs)
+    return call_slots(use.nodes * per_node * dev.cores, per_call)
+
+
+def lanes(slots: int, workers: int) -> int:
+    """Calls one worker runs at once when `slots` are spread over `workers` round robin."""
+    return -(-slots // max(workers, 1))
+
+
+def priced_call_s(plan: Plan, pool: str) -> float:
+    """The priced seconds of one tool call on `pool`: its latency's mean plus the calibrated
+    overhead per call (as `placer.cost.estimate` prices a call)."""
+    env = plan.spec.environment
+    dev = plan.resolved().device_of(pool)
+    return env.tool_latency_s.mean_value() + calibration_of(plan).for_device(dev).tool_overhead_s
+
+
+def pool_deadlines(use: SharedUse, runs: dict[str, RunPlan]) -> dict[str, float]:
+    """Members whose tail policy re-issues tool calls: their deadline, each call's timeout."""
+    out = {}
+    for name in use.jobs:
+        deadline = tail_deadlines(runs[name].job.tail_policy).get(Role.ENVIRONMENT)
+        if deadline is not None:
+            out[name] = deadline
+    return out
 
 
 def env_view(run: RunPlan, pool: RunPlan) -> RunPlan:
@@ -81,9 +114,12 @@ def pool_summary(use: SharedUse, pool: SharedEnvPool, workers: list[int | None],
             "calls": len(waits), "waited_s": round(sum(waits), 4),
             "mean_wait_s": _mean(waits), "max_wait_s": round(max(waits), 4) if waits else None,
             "worker_pids": sorted(pool.pids(name)),
+            "reissued": [c.reissue.to_dict() | {"step": c.step, "what": c.what}
+                         for c in pool.reissues(name) if c.reissue is not None],
             "priced_slowdown": round(shared_s / alone_s, 4) if alone_s else None,
             "simulated_slowdown": slow.get(name)}
     return {"pool": use.pool, "nodes": use.nodes, "workers": len(pool.workers),
+            "slots": pool.slots,
             "worker_pids": [p for p in workers if p is not None],
             "policy": "first come, first served over the jobs' calls (per-job queues)",
             "simulated_mean_wait_s": sim_wait, "jobs": jobs,
@@ -91,7 +127,8 @@ def pool_summary(use: SharedUse, pool: SharedEnvPool, workers: list[int | None],
 
 
 def pool_trace(trace: Trace, pool: SharedEnvPool, t0: float) -> None:
-    """Each call on the pool: its wait on the job's queue track, its run on its worker's."""
+    """Each call on the pool: its wait on the job's queue track, its run on its answering
+    worker's, and a re-issue's marker on the slow worker's."""
     for c in pool.records:
         at = max(c.asked - t0, 0.0)
         if c.waited_s > 0:
@@ -99,4 +136,9 @@ def pool_trace(trace: Trace, pool: SharedEnvPool, t0: float) -> None:
                       f"queue {c.job}", step=c.step, role=Role.ENVIRONMENT, call=c.what)
         trace.add(f"env {c.job}", "tool", at + c.waited_s, max(c.ended - c.started, 0.0),
                   f"cpu pool {pool.pool}", f"worker {c.worker}", step=c.step,
-                  role=Role.ENVIRONMENT, call=c.what, size=c.size)
+                  role=Role.ENVIRONMENT, call=c.what, size=c.size, slot=c.slot)
+        if c.reissue is not None:  # an instant on the slow worker's track, at its timeout
+            r = c.reissue
+            trace.add(f"straggler {c.job}", "straggler", max(c.started + r.deadline_s - t0, 0.0),
+                      0.0, f"cpu pool {pool.pool}", f"worker {r.slow_worker}", step=c.step,
+                      role=Role.ENVIRONMENT, call=c.what, straggler=True, **r.to_dict())

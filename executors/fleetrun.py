@@ -13,8 +13,9 @@ weight-sync group when another job's were in them (the pricing's weight swap,
 
 A shared CPU environment pool (`shared.cpu_pools`, `result.shared`) runs as one set of
 environment workers, those its first member's plan puts on the pool's shared nodes; every
-member's sandbox calls queue there, first come first served over the jobs' calls, each job's
-wait measured (`executors.fleetcpu`, `executors.envpool`).
+member's sandbox calls queue there, first come first served over the jobs' calls, on as many
+slots as the plan's cores hold (the simulator's count), a call past its timeout re-issued once
+to another worker, each job's wait measured (`executors.fleetcpu`, `executors.envpool`).
 
 One embedded Ray advertises every job's plan nodes (`executors.cluster.embed`); each job's plan
 numbers its nodes of a pool from 0, so two jobs' node 0 of one pool are two fleet nodes that
@@ -25,7 +26,7 @@ off): the jobs' node numbers are each job's own, and would name one Ray node for
 
 What cannot run this way is refused before Ray starts, one line naming the field and value
 (`fleet_problem`, the executor's own checks per job): a shared CPU pool's member whose
-environment is not on that pool alone or that re-issues tool calls (`fleetcpu.cpu_problem`), a
+environment is not on that pool alone (`fleetcpu.cpu_problem`), a
 rollout pool's member whose rollout shares its slot with another role or is split over pools,
 or members whose engines would sample differently (response budget, context, temperature,
 precision: the engines are started with one job's).
@@ -46,7 +47,16 @@ from executors.backends import DEFAULT_BACKEND, backend_of
 from executors.context import LoopConfig, StepStat
 from executors.engineturns import EngineGate, JobTurn, TurnRecord
 from executors.envpool import SharedEnvPool
-from executors.fleetcpu import cpu_problem, env_view, pool_summary, pool_trace
+from executors.fleetcpu import (
+    cpu_problem,
+    env_view,
+    lanes,
+    pool_deadlines,
+    pool_slots,
+    pool_summary,
+    pool_trace,
+    priced_call_s,
+)
 from executors.loop import Loop
 from executors.roles import RunConfig, run_config
 from executors.run import preflight, prepare_model, tail_deadlines
@@ -151,14 +161,16 @@ class FleetExecResult:
                 lines.append(f"  {job}: rollout on the engines {got or 0:.2f} s per turn "
                              f"(priced generation {p['priced_generation_s'][job]:.3f} s)")
         for c in doc["shared_cpu"]:
-            lines.append(f"shared CPU pool {c['pool']} x{c['nodes']}: {c['workers']} "
-                         f"environment workers, first come first served")
+            lines.append(f"shared CPU pool {c['pool']} x{c['nodes']}: {c['slots']} call slots "
+                         f"on {c['workers']} environment workers, first come first served")
             for job, w in c["jobs"].items():
                 sim = ("" if w["simulated_slowdown"] is None
                        else f", simulated {w['simulated_slowdown']:.2f}x")
+                won = sum(r["winner"] == "reissue" for r in w["reissued"])
                 lines.append(f"  {job}: {w['calls']} calls, waited {w['waited_s']:.3f} s "
-                             f"(mean {w['mean_wait_s'] or 0:.4f} s) on the pool; slowdown "
-                             f"priced {w['priced_slowdown'] or 0:.2f}x{sim}")
+                             f"(mean {w['mean_wait_s'] or 0:.4f} s) on the pool, "
+                             f"{len(w['reissued'])} re-issued ({won} answered by the copy); "
+                             f"slowdown priced {w['priced_slowdown'] or 0:.2f}x{sim}")
         return lines
 
 
@@ -302,20 +314,26 @@ def connect(jobs: list[FleetJobRun], address: str | None) -> tuple[bool, str]:
 
 
 def start(jobs: list[FleetJobRun], result: FleetResult, backend: str, max_restarts: int,
-          pinned: bool) -> list[Any]:
+          pinned: bool, cpu_slots: list[int] | None = None) -> list[Any]:
     """Every job's placement groups and actors (a shared pool's workers, its rollout engines
     or its CPU pool's environment workers, started by the pool's first job and held by the
-    others); every job's own actors checked on its plan node and bundle. The groups made."""
+    others; `cpu_slots`: each shared CPU pool's slots, which its workers' actors run in
+    threads); every job's own actors checked on its plan node and bundle. The groups made."""
     made: list[Any] = []
     pools: dict[tuple[str, int], dict[tuple[str, int], Any]] = {}
     chosen = backend_of(backend)
     role_of = {"rollout": Role.ROLLOUT, "cpu": Role.ENVIRONMENT}
+    slots = cpu_slots or [1] * len(result.shared)
     for j in start_order(jobs, result):
         mine = pl.create_groups(j.run, pinned, prefix=f"{j.name}-")
         made += mine.values()
         reuse = {k: h for need in _needs(j, result) for k, h in pools[need].items()}
+        seats = sum(1 for s in j.run.seats if s.role == Role.ENVIRONMENT)
+        cpu = [slots[g] for kind, g in _leads(j, result) if kind == "cpu"]
+        threads = {Role.ENVIRONMENT.value: lanes(cpu[0], seats)} if cpu else {}
         j.rt = RayRuntime(j.run, j.cfg, mine, pinned, chosen, max_restarts,
-                          start_timeout_s=START_TIMEOUT_S, reuse=reuse or None)
+                          start_timeout_s=START_TIMEOUT_S, reuse=reuse or None,
+                          concurrency=threads or None)
         j.held = list(reuse.values())
         for kind, g in _leads(j, result):
             pools[(kind, g)] = {(m.role, m.rank): m.handle for m in j.rt.members
@@ -389,6 +407,7 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
         raise SpecError(f"--steps: must be at least 1 (got {steps})")
     out = Path(out_dir)
     jobs = prepare(fleet, result, out, backend, unsafe_sandbox)
+    plans = {j.name: j.plan for j in result.jobs}
     gates = [EngineGate(use.pool, [m.job for m in use.members], use.members[0].job)
              for use in result.engines]
     made: list[Any] = []
@@ -396,11 +415,12 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
     ours = not ray.is_initialized()  # the Ray this call starts or joins, it also stops
     try:
         pinned, described = connect(jobs, address)
-        made = start(jobs, result, backend, max_restarts, pinned)
+        slots = [pool_slots(use, plans, fleet) for use in result.shared]
+        made = start(jobs, result, backend, max_restarts, pinned, slots)
         if note is not None:
             note(f"fleet: {len(jobs)} jobs started on {described}"
                  + ("" if pinned or address else " (node pinning off)"))
-        envs, pids = env_pools(jobs, result)
+        envs, pids = env_pools(jobs, result, slots)
         for j in jobs:
             j.loop = job_loop(j, steps, out, gates, check_weights, progress)
             if j.cpu is not None:
@@ -439,16 +459,21 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
         list(result.shared), envs, pids)
 
 
-def env_pools(jobs: list[FleetJobRun], result: FleetResult
+def env_pools(jobs: list[FleetJobRun], result: FleetResult, slots: list[int]
               ) -> tuple[list[SharedEnvPool], list[list[int | None]]]:
-    """Each shared CPU pool's queue over its first member's environment workers, and those
-    workers' processes (the pids their runtime read when they started)."""
+    """Each shared CPU pool's queue over its first member's environment workers, with its
+    `slots` and each member's call timeout (`executors.fleetcpu`), and those workers'
+    processes (the pids their runtime read when they started)."""
     pools, pids = [], []
     by_name = {j.name: j for j in jobs}
-    for use in result.shared:
+    plans = {j.name: j.plan for j in result.jobs}
+    for use, n in zip(result.shared, slots):
         rt = by_name[use.jobs[0]].rt
         assert rt is not None
         workers = [m for m in rt.members if m.role == Role.ENVIRONMENT]
-        pools.append(SharedEnvPool(use.pool, use.jobs, workers))
+        pools.append(SharedEnvPool(
+            use.pool, use.jobs, workers, n,
+            {name: priced_call_s(plans[name], use.pool) for name in use.jobs},
+            pool_deadlines(use, {name: by_name[name].run for name in use.jobs})))
         pids.append([rt.pids.get(id(m)) for m in workers])
     return pools, pids

@@ -113,10 +113,12 @@ class EnvironmentCalls:
         if not envs:
             return [{"status": "error", "error": "no environment"}] * len(answers)
         calls: list[Call] = []
-        for k, m in enumerate(envs):
-            sl = slice(k * len(answers) // len(envs), (k + 1) * len(answers) // len(envs))
+        # one call per worker; on a shared pool, one per slot (`SharedEnvPool.slots`)
+        n = self.shared[0].slots if self.shared is not None else len(envs)
+        for k in range(n):
+            sl = slice(k * len(answers) // n, (k + 1) * len(answers) // n)
             if answers[sl]:
-                calls.append((m, "execute", (ids[sl], answers[sl])))
+                calls.append((envs[k % len(envs)], "execute", (ids[sl], answers[sl])))
         if self.shared is not None:  # queued with the other jobs' calls, served FCFS
             pool, job = self.shared
             got = pool.run(job, step, what, [c[2] for c in calls])

@@ -213,10 +213,12 @@ class RayRuntime(RayCalls):
 
     def __init__(self, run: RunPlan, cfg: RunConfig, groups: dict[str, Any], pinned: bool,
                  backend: Backend | None = None, max_restarts: int = 3,
-                 start_timeout_s: float = 180.0, reuse: dict[tuple[str, int], Any] | None = None
-                 ) -> None:
+                 start_timeout_s: float = 180.0, reuse: dict[tuple[str, int], Any] | None = None,
+                 concurrency: dict[str, int] | None = None) -> None:
         """`reuse`: (role, rank) -> a running actor to keep (a rebuild after a cluster change
-        keeps the actors of unchanged slots; `executors.elastic.kept_slots`)."""
+        keeps the actors of unchanged slots; `executors.elastic.kept_slots`); `concurrency`:
+        role -> calls each of its actors runs at once, in threads (a shared CPU pool's slots,
+        `executors.envpool`; else one)."""
         super().__init__()
         ray = self.ray
         chosen, rollout = backend or backend_of(), run.roles.get(Role.ROLLOUT)
@@ -228,6 +230,8 @@ class RayRuntime(RayCalls):
             worker, args = worker_spec(m, cfg, rollout, chosen, self.members)
             cls: Any = ray.remote(worker)  # a Ray actor class
             opts = actor_options(m, groups[m.slot], pinned)
+            if concurrency and concurrency.get(m.role, 1) > 1:
+                opts["max_concurrency"] = concurrency[m.role]
             m.handle = cls.options(max_restarts=max_restarts, max_task_retries=0,
                                    name=None, **opts).remote(*args)
         try:  # all constructed (an actor whose resources the bundle lacks would wait forever)

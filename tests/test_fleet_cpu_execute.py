@@ -4,10 +4,13 @@ The Ray run (2 agentic jobs x 2 steps, `examples/fleets/shared-cpu-tiny.yaml`) c
 jobs finish with balanced ledgers; that the pool's environment workers are the first member's
 (as many as its plan puts on the shared nodes) and the other member starts none; that every
 sandbox call of each job ran in one of those workers' processes (the pid the worker reports
-with each call's timing, against the pids its runtime read when it started); and that each
+with each call's timing, against the pids its runtime read when it started); that the pool has
+the plan's slots and cuts each request into one call per slot; that a call its worker stalls
+on (a test delay) is issued again to the other worker, whose answer is taken; and that each
 job's measured queueing wait on the pool is in the executed summary beside the priced slowdown.
 Without Ray: the pool's first-come-first-served order over the jobs' queues (not a round robin
-over jobs), its re-run of a failed call, and the address checks (a malformed or unreachable
+over jobs), its slots over its workers, a straggler's re-issue (either copy may answer), its
+re-run of a failed call, the simulator's slot count, and the address checks (a malformed or unreachable
 `--address` exits 2 with one line, before any planning).
 """
 from __future__ import annotations
@@ -21,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from executors.cluster import parse_address
 from executors.envpool import SharedEnvPool
@@ -36,10 +38,21 @@ EXAMPLE = ROOT / "examples" / "fleets" / "shared-cpu-tiny.yaml"
 
 @pytest.mark.ray
 @pytest.mark.slow  # Ray, two jobs' actors, 4 steps of two-turn agentic rollouts
-def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path) -> None:
+def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import ray  # lazy: Ray (~1 s) loads when a Ray test runs, not at collection
 
+    from executors import fleetrun
     from executors.fleetrun import execute_fleet
+    from executors.roles import Delay
+
+    made = fleetrun.run_config
+
+    def slow_worker(run: Any, lr: Any = None, model_dir: str = "", delays: Any = ()) -> Any:
+        # the pool's first worker stalls on its third call (only agent-a starts the pool's
+        # workers: agent-b's config never reaches one)
+        return made(run, lr, model_dir, (Delay("environment", 0, 2, 20.0),))
+    monkeypatch.setattr(fleetrun, "run_config", slow_worker)
 
     if ray.is_initialized():  # so that the run starts its own embedded Ray (and stops it)
         ray.shutdown()
@@ -73,6 +86,24 @@ def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path) -> None:
         assert got["priced_slowdown"] > 1.0  # the plan priced the sharing
     names = {e.name for e in ran.trace.events}
     assert {"env agent-a", "env agent-b"} <= names
+    # one slot per call the plan's cores run at once (2 cores a laptop-cpu node, 1 a call), as
+    # the simulator counts them; each request cut into one call per slot; never more at once
+    assert pool["slots"] == use.nodes * 2
+    per_request: dict[tuple[str, int, str], int] = {}
+    for c in pool["calls"]:
+        key = (c["job"], c["step"], c["what"])
+        per_request[key] = per_request.get(key, 0) + 1
+        assert 0 <= c["slot"] < pool["slots"]
+        if c["reissue"] is not None:
+            assert c["reissue"]["reissued_to"] != c["reissue"]["slow_worker"]
+    assert max(per_request.values()) == pool["slots"] >= pool["workers"]
+    # the stalled call was issued again to the other worker, whose copy answered; traced
+    late = [c for c in pool["calls"] if c["reissue"] is not None]
+    assert any(c["reissue"]["slow_worker"] == 0 and c["reissue"]["winner"] == "reissue"
+               and c["worker"] == 1 for c in late), sorted(
+                   (c["ran_s"], c["worker"], c["slot"]) for c in pool["calls"])
+    assert sum(len(pool["jobs"][n]["reissued"]) for n in pool["jobs"]) == len(late)
+    assert len(ran.trace.of("straggler")) == len(late)
 
 
 @pytest.mark.ray
@@ -303,26 +334,154 @@ def test_the_summary_sets_the_measured_wait_beside_the_priced_and_simulated() ->
     doc = pool_summary(use, pool, [3], sim)
     assert doc["simulated_mean_wait_s"] == 0.2 and doc["worker_pids"] == [3]
     assert doc["jobs"]["a"] == {"calls": 1, "waited_s": 0.0, "mean_wait_s": 0.0,
-                                "max_wait_s": 0.0, "worker_pids": [3], "priced_slowdown": 2.0,
-                                "simulated_slowdown": 1.5}
+                                "max_wait_s": 0.0, "worker_pids": [3], "reissued": [],
+                                "priced_slowdown": 2.0, "simulated_slowdown": 1.5}
     assert doc["jobs"]["b"]["waited_s"] == 1.5 and doc["jobs"]["b"]["mean_wait_s"] == 0.75
     assert doc["jobs"]["b"]["priced_slowdown"] == 1.5
     assert pool_summary(use, pool, [3], None)["jobs"]["b"]["simulated_slowdown"] is None
 
 
-def test_a_shared_pool_member_that_reissues_tool_calls_exits_2(tmp_path: Path,
-                                                               placer_cmd: list[str]) -> None:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["jobs"][0]["job"] = str(ROOT / "examples" / "tiny-agent.yaml")
-    doc["jobs"][1]["job"]["tail_policy"] = {"kind": "reissue", "deadline_s": 1.0}
-    path = tmp_path / "fleet.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    out = subprocess.run([*placer_cmd, "fleet", str(path), "--execute", "--steps", "1",
-                          "--out", str(tmp_path / "out"), "--time-limit", "10"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if not ln.startswith("fleet:")]
-    assert lines == ["placer: error: shared.cpu_pools.0.jobs: job 'agent-b' re-issues slow tool "
-                     "calls (tail_policy reissue); the shared pool's queue runs each call once "
-                     "(got 'agent-b')"], out.stderr
-    assert not (tmp_path / "out").exists()  # refused before any job's model was written
+def test_a_members_reissue_deadline_is_its_calls_timeout() -> None:
+    """A member whose tail policy re-issues tool calls: its deadline is each of its calls'
+    timeout on the pool (what the unshared executor re-issues at); a member without one is
+    timed by its priced call time, and one with neither is never re-issued."""
+    from types import SimpleNamespace
+
+    from executors.envpool import STRAGGLER_FACTOR, PoolCall
+    from executors.fleetcpu import pool_deadlines
+    from placer.fleet.result import SharedUse
+    from placer.spec.tailpolicy import TailPolicy
+
+    runs = {"a": SimpleNamespace(job=SimpleNamespace(tail_policy=TailPolicy.model_validate(
+                {"kind": "reissue", "deadline_s": 1.5}))),
+            "b": SimpleNamespace(job=SimpleNamespace(tail_policy=TailPolicy()))}
+    use = SharedUse("cpu", 1, ["a", "b"], [1.0, 1.0], [1.0, 1.0])
+    deadlines = pool_deadlines(use, runs)  # type: ignore[arg-type]
+    assert deadlines == {"a": 1.5}
+    workers = [_Worker(_Handle(_Execute(pid=1))), _Worker(_Handle(_Execute(pid=2)), rank=1)]
+    pool = SharedEnvPool("cpu", ["a", "b", "c"], workers, 2,  # type: ignore[arg-type]
+                         {"a": 0.2, "b": 0.2}, deadlines)
+    pool.close()
+    assert pool.timeout_s(PoolCall("a", 0, "tool call", 4, 0.0)) == 1.5
+    assert pool.timeout_s(PoolCall("b", 0, "tool call", 4, 0.0)) == pytest.approx(
+        STRAGGLER_FACTOR * 4 * 0.2)
+    assert pool.timeout_s(PoolCall("c", 0, "tool call", 4, 0.0)) is None
+    pool._per_answer.extend([1.0, 1.0, 3.0])  # a host slower than priced: its median counts
+    assert pool.timeout_s(PoolCall("b", 0, "tool call", 4, 0.0)) == pytest.approx(
+        STRAGGLER_FACTOR * 4 * 1.0)
+
+
+# ---------------------------------------------------------------------------- slots, stragglers
+def _two_workers() -> tuple[list[_Execute], list[_Worker]]:
+    ex = [_Execute(pid=10), _Execute(pid=11)]
+    return ex, [_Worker(_Handle(e), rank=k) for k, e in enumerate(ex)]
+
+
+def _started(ex: _Execute, n: int) -> None:
+    with ex.cond:
+        assert ex.cond.wait_for(lambda: len(ex.started) >= n, timeout=30), n
+
+
+def test_the_pool_runs_one_call_per_slot_over_its_workers() -> None:
+    """Two workers and four slots (two lanes each): four calls run at once, two on each
+    worker, the fifth waits for a slot; each request is cut into one call per slot."""
+    ex, workers = _two_workers()
+    pool = SharedEnvPool("cpu", ["a"], workers, 4)  # type: ignore[arg-type]
+    assert pool.lanes == 2 and [pool.worker_of(s) for s in range(4)] == [0, 1, 0, 1]
+    got: dict[str, Any] = {}
+    try:
+        t = _asker(pool, "a", [[f"x{i}"] for i in range(5)], got)
+        _started(ex[0], 2)
+        _started(ex[1], 2)
+        _queued(pool, "a", 1)  # the fifth: no slot free
+        assert len(ex[0].started) + len(ex[1].started) == 4
+        ex[1].finish(0)
+        _started(ex[1], 3)  # the freed slot's worker takes it
+        for e, k in ((ex[0], 0), (ex[0], 1), (ex[1], 1), (ex[1], 2)):
+            e.finish(k)
+        t.join(timeout=30)
+    finally:
+        pool.close()
+    assert [x["value"] for v, _, _ in got["a"][0] for x in v] == [f"x{i}" for i in range(5)]
+    assert sorted(c.slot for c in pool.records) == [0, 1, 1, 2, 3]
+    assert {c.pid for c in pool.records} == {10, 11}
+
+
+def test_a_straggler_is_reissued_to_another_worker_and_the_copy_answers() -> None:
+    """A call past its timeout (3 x the priced call time) is issued again to the other
+    worker's slot as soon as it frees; the copy answers first, so its answer is taken, its
+    worker named, and the re-issue recorded and traced; the slow original is ignored."""
+    from executors.fleetcpu import pool_trace
+    from traces.schema import Trace
+
+    ex, workers = _two_workers()
+    pool = SharedEnvPool("cpu", ["a"], workers, 2, {"a": 1e-3})  # type: ignore[arg-type]
+    got: dict[str, Any] = {}
+    try:
+        t = _asker(pool, "a", [["x0"], ["x1"]], got)
+        _started(ex[0], 1)
+        _started(ex[1], 1)
+        ex[1].finish(0)  # x1 answers; x0 is past its timeout: its copy takes worker 1's slot
+        _started(ex[1], 2)
+        assert ex[1].started[1][0] == ["x0"]
+        ex[1].finish(1)  # the copy answers first
+        t.join(timeout=30)
+        ex[0].finish(0)  # the original, late: ignored
+    finally:
+        pool.close()
+    [(v0, _, w0), (v1, _, w1)] = got["a"][0]
+    assert v0 == [{"status": "ok", "value": "x0"}] and w0 is workers[1] and w1 is workers[1]
+    [late] = pool.reissues("a")
+    assert late.pid == 11 and late.worker == 1 and late.slot == 0
+    assert late.reissue is not None and late.reissue.to_dict() == {
+        "slow_worker": 0, "reissued_to": 1, "deadline_s": pytest.approx(3e-3),
+        "winner": "reissue"}
+    assert len(pool.records) == 2  # one record per call, whichever copy answered
+    trace = Trace()
+    pool_trace(trace, pool, 0.0)
+    [marker] = trace.of("straggler")
+    assert marker.tid == "worker 0" and marker.args["reissued_to"] == 1
+
+
+def test_the_original_answering_first_wins_over_its_copy() -> None:
+    ex, workers = _two_workers()
+    pool = SharedEnvPool("cpu", ["a"], workers, 2, {"a": 1e-3})  # type: ignore[arg-type]
+    got: dict[str, Any] = {}
+    try:
+        t = _asker(pool, "a", [["x0"], ["x1"]], got)
+        _started(ex[0], 1)
+        _started(ex[1], 1)
+        ex[1].finish(0)
+        _started(ex[1], 2)  # x0's copy runs
+        ex[0].finish(0)  # the original answers first
+        t.join(timeout=30)
+        ex[1].finish(1)  # the copy, late: ignored, its slot freed
+        with pool._cond:
+            assert pool._cond.wait_for(lambda: len(pool._free) == 2, timeout=30)
+    finally:
+        pool.close()
+    [(_, _, w0), _] = got["a"][0]
+    assert w0 is workers[0]
+    [late] = pool.reissues("a")
+    assert late.reissue is not None and late.reissue.winner == "original" and late.pid == 10
+
+
+def test_the_pool_has_the_simulators_slots() -> None:
+    """The executed pool of the example has as many slots as the simulator's shared pool
+    serves with (its shared nodes' cores over cpu_per_call), spread over the lead's
+    environment seats."""
+    from executors.fleetcpu import lanes, pool_slots
+    from simulator.config import SimConfig
+    from simulator.fleet import simulate_fleet
+
+    fleet = load_fleet(str(EXAMPLE))
+    calib = load_calibration(None)
+    result = plan_fleet(fleet, calib, time_limit_s=10, job_time_limit_s=5, workers=1, seed=0)
+    [use] = result.shared
+    plans = {j.name: j.plan for j in result.jobs}
+    sim = simulate_fleet(fleet, result, calib, iterations=1, config=SimConfig.no_variance())
+    [simulated] = sim.cpu_pools
+    slots = pool_slots(use, plans, fleet)
+    assert slots == simulated.slots == use.nodes * 2  # 2 cores a laptop-cpu node, 1 a call
+    seats = plans[use.jobs[0]].roles["environment"].devices
+    assert lanes(slots, seats) * seats >= slots > (lanes(slots, seats) - 1) * seats

@@ -206,10 +206,14 @@ def dispatch_time(samples: float, padded_tokens: float, eff: Efficiency) -> floa
 
 
 # ------------------------------------------------------------------------- environment, sync
+def call_slots(cores: int, cpu_per_call: float) -> int:
+    """Tool calls `cores` cores run at once, each taking `cpu_per_call` of them (at least one)."""
+    return max(int(cores // cpu_per_call), 1)
+
+
 def tool_waves(calls: int, cpu_per_call: float, cores: int) -> int:
     """Rounds of tool calls when `calls` wait at once on `cores` cores."""
-    per_wave = max(int(cores // cpu_per_call), 1)
-    return math.ceil(calls / per_wave)
+    return math.ceil(calls / call_slots(cores, cpu_per_call))
 
 
 def sync_call_cost(m: ModelArch, eff: Efficiency) -> float:

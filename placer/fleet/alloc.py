@@ -137,8 +137,9 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     times = [t for j, a in enumerate(vecs) if (t := pr.known[j][a]) is not None]
     obj = _objective(pr, times)
     if not (r is not None and r.exact and r.proven):  # else the round's bound is the optimum
+        better = min if pr.objective == "throughput" else max
         relaxed = lagrange_bound(pr, obj)  # every node priced: a bound with no round solved
-        bound = bound if relaxed is None else min(bound, relaxed)
+        bound = bound if relaxed is None else better(bound, relaxed)
     gap = _gap(pr.objective, obj, bound)
     return Allocation(vecs, times, obj, bound, gap,
                       proven and gap == 0.0 and pr.not_monotone == 0, pr.not_monotone, rounds,
