@@ -67,7 +67,7 @@ def test_the_rank_beside_each_engine_hands_it_over() -> None:
 def test_each_member_sits_on_its_share_of_its_bundle() -> None:
     """Two trainer ranks and two engine replicas in one two-device bundle (a node's): rank r
     and replica r are on device r; a tp 2 replica takes both devices, its first the rank 0's."""
-    from executors.weights import device_of
+    from executors.placement import device_of
 
     def m(role: str, rank: int) -> Member:
         return Member(role, rank, "train", SimpleNamespace(index=0, devices=[4, 5]), 0)

@@ -1,0 +1,131 @@
+"""Weight sync under Ray: the driver's sync stage per step and its sequential round trips.
+
+A refresh is a chain of driver calls to the trainer's senders and the rollout engines (the
+version and senders, the members' processes, the streams' manifests, the broadcasts); each
+call the driver waits on before it can issue the next is one round trip through Ray, whatever
+the bytes. This runs `placer execute`'s Ray runtime on the plan `placer plan` makes of a job
+(examples/tiny-cpu.yaml: the trainer on one pool, the rollout on another, so every refresh goes
+over the weight-sync group) and reads, per step after step 0:
+
+  sync s       the driver's `sync` stage (the trace's stage event: the refresh's wall time);
+  round trips  the driver's waits (`results` on the runtime) inside `WeightSync.sync` that
+               wait on a call issued since the previous such wait: calls issued together and
+               waited on one after the other are one round trip, a wait on calls already
+               waited for none. Counted by wrapping the runtime's methods here, so the count
+               is the same whatever version of the executor runs.
+
+Usage: python -m bench.bench_weightsync [--steps N] [--job PATH] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from placer.cost.calibration import load_calibration
+from placer.cost.pricer import Pricer
+from placer.solve.planner import plan_job
+from placer.spec.catalog import resolve
+from placer.spec.load import load_job
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Counter:
+    """Blocking waits of the driver inside each refresh (`WeightSync.sync`), per call of it."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.per_sync: list[int] = []
+        self.issued = 0  # calls issued so far
+        self.waited = 0  # calls issued before the last counted wait
+        self.seq: dict[int, int] = {}  # id(handle) -> its call's number
+
+
+def _instrument(counter: _Counter, start_timeout_s: float) -> None:
+    """Wrap the Ray runtime's `results` and `WeightSync.sync` (this process only); give the
+    actors `start_timeout_s` to start (a loaded machine starts them slowly)."""
+    from executors.runtime import RayRuntime
+    from executors.weights import WeightSync
+    results, sync, init = RayRuntime.results, WeightSync.sync, RayRuntime.__init__
+    call = RayRuntime.call
+
+    def numbered(self: Any, m: Any, method: str, *args: object) -> Any:
+        h = call(self, m, method, *args)
+        counter.issued += 1
+        counter.seq[id(h)] = counter.issued
+        return h
+
+    def starting(self: Any, *args: Any, **kw: Any) -> None:
+        kw.setdefault("start_timeout_s", start_timeout_s)
+        init(self, *args, **kw)
+
+    def counted(self: Any, handles: Any) -> Any:
+        newest = max((counter.seq.get(id(h), 0) for h in handles), default=0)
+        if counter.inside and newest > counter.waited:
+            counter.per_sync[-1] += 1
+            counter.waited = counter.issued
+        return results(self, handles)
+
+    def traced(self: Any, step: int, force: Any = None) -> int:
+        outer = counter.inside
+        if not outer:
+            counter.per_sync.append(0)
+            counter.inside = True
+        try:
+            return int(sync(self, step, force))
+        finally:
+            counter.inside = outer
+    RayRuntime.__init__ = starting  # type: ignore[method-assign]
+    RayRuntime.call = numbered  # type: ignore[method-assign]
+    RayRuntime.results = counted  # type: ignore[method-assign]
+    WeightSync.sync = traced  # type: ignore[method-assign]
+
+
+def measure(steps: int, job: Path, start_timeout_s: float = 600.0) -> dict[str, Any]:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from executors.run import execute  # lazy: Ray and torch load after the environment is set
+    plan = plan_job(Pricer(resolve(load_job(job), str(job)), load_calibration(None)))
+    counter = _Counter()
+    _instrument(counter, start_timeout_s)
+    with tempfile.TemporaryDirectory() as d:
+        r = execute(plan, steps, Path(d) / "ray")
+        import ray  # lazy: as `execute`
+        ray.shutdown()
+    stages = {int(e.args["step"]): e.dur_s for e in r.trace.events
+              if e.cat == "stage" and e.name == "sync" and e.pid == "driver"}
+    syncs = [e for e in r.trace.events if e.name == "weight sync"]
+    later = [s for s in sorted(stages) if s > 0]
+    return {"steps": steps, "sync_s": [round(stages[s], 4) for s in sorted(stages)],
+            "median_sync_s": statistics.median([stages[s] for s in later]) if later else 0.0,
+            "round_trips": counter.per_sync,
+            "weight_sync_events": len(syncs),
+            "layout": {name: f"{x.pool} dp{x.dp} tp{x.tp} pp{x.pp}"
+                       for name, x in plan.roles.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--job", default=str(ROOT / "examples" / "tiny-cpu.yaml"))
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    res = measure(max(a.steps, 2), Path(a.job))
+    if a.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"weight sync, {res['steps']} steps of {Path(a.job).name}; plan: "
+          + ", ".join(f"{k} {v}" for k, v in res["layout"].items()))
+    print(f"  sync stage per step (s): {res['sync_s']}; median after step 0 "
+          f"{res['median_sync_s']:.3f}")
+    print(f"  driver round trips per refresh: {res['round_trips']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
