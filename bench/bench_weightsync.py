@@ -14,7 +14,19 @@ over the weight-sync group) and reads, per step after step 0:
                waited for none. Counted by wrapping the runtime's methods here, so the count
                is the same whatever version of the executor runs.
 
-Usage: python -m bench.bench_weightsync [--steps N] [--job PATH] [--json]
+`--rollout-pool lpu` pins the rollout to that pool (`pin: {rollout: {pool: lpu}}`): with the
+trainer on the gpu pool, the refresh goes over the weight-sync group (gloo) instead of the
+colocated hand-over tiny-cpu.yaml's plan makes.
+
+Measured (this machine: 2 cores shared with other jobs, load average 20-30; 6 steps, median of
+the sync stage after step 0; each pair run back to back, main at ba1b3fe first, then this code):
+  tiny-cpu.yaml (hand-over to 2 colocated engines): 8 round trips per refresh, 0.037 s; now 6
+    at the first refresh, 4 after (wake, survey, buckets, release), 0.020 s;
+  --rollout-pool lpu (2 trainer ranks to 4 engines over gloo): 8 at the first refresh, 6 after,
+    0.050 s; now 5 at the first (survey, store, joins, manifests, send), 2 after (survey, send),
+    0.017 s.
+
+Usage: python -m bench.bench_weightsync [--steps N] [--job PATH] [--rollout-pool POOL] [--json]
 """
 from __future__ import annotations
 
@@ -87,10 +99,18 @@ def _instrument(counter: _Counter, start_timeout_s: float) -> None:
     WeightSync.sync = traced  # type: ignore[method-assign]
 
 
-def measure(steps: int, job: Path, start_timeout_s: float = 600.0) -> dict[str, Any]:
+def measure(steps: int, job: Path, start_timeout_s: float = 600.0,
+            rollout_pool: str | None = None) -> dict[str, Any]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from executors.run import execute  # lazy: Ray and torch load after the environment is set
-    plan = plan_job(Pricer(resolve(load_job(job), str(job)), load_calibration(None)))
+    with tempfile.TemporaryDirectory() as d:
+        if rollout_pool is not None and "\npin:" in job.read_text():
+            raise SystemExit(f"--rollout-pool: {job} pins roles already; add the pin there")
+        if rollout_pool is not None:  # the job with its rollout pinned to that pool
+            pinned = Path(d) / job.name
+            pinned.write_text(job.read_text() + f"\npin: {{rollout: {{pool: {rollout_pool}}}}}\n")
+            job = pinned
+        plan = plan_job(Pricer(resolve(load_job(job), str(job)), load_calibration(None)))
     counter = _Counter()
     _instrument(counter, start_timeout_s)
     with tempfile.TemporaryDirectory() as d:
@@ -113,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--job", default=str(ROOT / "examples" / "tiny-cpu.yaml"))
+    ap.add_argument("--rollout-pool", default=None)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    res = measure(max(a.steps, 2), Path(a.job))
+    res = measure(max(a.steps, 2), Path(a.job), rollout_pool=a.rollout_pool)
     if a.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -34,6 +34,7 @@ class HandOverDriver:
 
     rt: Calls
     control_bytes: int
+    round_trips: int
     formed: int
     reclaimed: int
     handover_manifests: dict[tuple[Any, ...], dict[int, Manifest]]
@@ -172,6 +173,7 @@ class HandOverDriver:
                     for r in ranks:
                         acks.setdefault((r, k), []).append(a)
                     got[j].append(a)
+        self.round_trips += 1  # the buckets' calls, issued together, waited on here
         outs = [self.rt.results(hs) for hs in got]
         # what travels: the handles, the acknowledgements, each call's bucket head
         self.control_bytes += sum(pickled(o.value) for o in self.rt.results(exports) if o.ok)

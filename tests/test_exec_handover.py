@@ -338,6 +338,11 @@ def test_a_colocated_run_on_ray_hands_each_engine_its_weights(tmp_path: Path) ->
     assert all(e.args["bytes"] == total and e.args["calls"] > 1 for e in syncs)
     assert {e.args["src"] for e in syncs} == {"actor0", "actor1"}  # the rank beside each
     assert all(e.args["control_bytes"] < 2048 * 2 * e.args["calls"] for e in syncs)
+    # the driver's waits: the first refresh asks the senders' plan and manifests, the next one
+    # only the survey, the buckets (their preparation issued with them) and the release
+    trips = [e.args["round_trips"] for e in r.trace.events if e.cat == "stage"
+             and e.name == "sync" and e.args.get("round_trips") is not None]
+    assert trips[-1] == 3 and trips[0] > trips[-1], trips
 
 
 def test_no_executor_code_compares_a_protocols_name() -> None:

@@ -4,7 +4,9 @@ go by broadcast, the engines' TP shards are exactly the trainer's tensors cut as
 (on the receiving side, or by the senders), and Ray carries only the control messages.
 
 Pure and in-process tests (the group's members as threads of this process, real gloo groups
-over a loopback store), then one Ray test: a dp 2 x tp 2 trainer refreshes a TP 2 torch engine.
+over a loopback store), then one Ray test: a dp 2 x tp 2 trainer refreshes a TP 2 torch engine,
+its first refresh in two round trips of the driver (the manifests, then the sends and receipts),
+the next in one (each sender cuts and sends in one call against the kept manifests).
 """
 from __future__ import annotations
 
