@@ -54,7 +54,8 @@ class HandOverDriver:
         beside = [[[a.rank for a in actors if device_of(a, actors) == d]
                    for d in devices_of(m, targets, int(i[1]))] for m, i in zip(targets, infos)]
         lead = by_rank[min(by_rank)]
-        key = (size > 0, repr(beside))
+        # whose trainer (a multi-agent run's agents share this driver), where its ranks sit
+        key = (size > 0, repr((beside, sorted((a.role, a.slot, a.rank) for a in actors))))
         calls: list[tuple[Member, str, tuple[object, ...]]] = []
         if key not in self.handover_senders:
             calls.append((lead, "handover_senders", (size > 0, beside)))
@@ -92,8 +93,8 @@ class HandOverDriver:
             senders += [a for a in actors if a.rank not in {s.rank for s in senders}]
         index = {s.rank: i for streams in reversed(plan) for i, st in enumerate(streams)
                  for s in st}
-        key = (size, device, protocol.name, tuple((s.rank, index.get(s.rank, 0), s.bundle.index)
-                                                  for s in senders))
+        key = (size, device, protocol.name, tuple((s.role, s.slot, s.rank, index.get(s.rank, 0),
+                                                   s.bundle.index) for s in senders))
         kept = self.handover_manifests.get(key)
         preps: list[Handle] = []
         if kept is None:  # the senders at once: one round trip, their manifests kept
