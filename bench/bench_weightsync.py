@@ -36,6 +36,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ class _Counter:
     def __init__(self) -> None:
         self.inside = False
         self.per_sync: list[int] = []
+        self.wait_s: list[float] = []  # the driver's time blocked in those waits, per refresh
         self.issued = 0  # calls issued so far
         self.waited = 0  # calls issued before the last counted wait
         self.seq: dict[int, int] = {}  # id(handle) -> its call's number
@@ -79,15 +81,21 @@ def _instrument(counter: _Counter, start_timeout_s: float) -> None:
 
     def counted(self: Any, handles: Any) -> Any:
         newest = max((counter.seq.get(id(h), 0) for h in handles), default=0)
-        if counter.inside and newest > counter.waited:
-            counter.per_sync[-1] += 1
-            counter.waited = counter.issued
-        return results(self, handles)
+        if not (counter.inside and newest > counter.waited):
+            return results(self, handles)
+        counter.per_sync[-1] += 1
+        counter.waited = counter.issued
+        t0 = time.perf_counter()
+        try:
+            return results(self, handles)
+        finally:
+            counter.wait_s[-1] += time.perf_counter() - t0
 
     def traced(self: Any, step: int, force: Any = None) -> int:
         outer = counter.inside
         if not outer:
             counter.per_sync.append(0)
+            counter.wait_s.append(0.0)
             counter.inside = True
         try:
             return int(sync(self, step, force))
@@ -124,6 +132,9 @@ def measure(steps: int, job: Path, start_timeout_s: float = 600.0,
     return {"steps": steps, "sync_s": [round(stages[s], 4) for s in sorted(stages)],
             "median_sync_s": statistics.median([stages[s] for s in later]) if later else 0.0,
             "round_trips": counter.per_sync,
+            # the driver's time blocked per round trip, median over the refreshes after the first
+            "s_per_round_trip": statistics.median(
+                [w / n for w, n in zip(counter.wait_s[1:], counter.per_sync[1:]) if n] or [0.0]),
             "weight_sync_events": len(syncs),
             "layout": {name: f"{x.pool} dp{x.dp} tp{x.tp} pp{x.pp}"
                        for name, x in plan.roles.items()}}
@@ -144,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k} {v}" for k, v in res["layout"].items()))
     print(f"  sync stage per step (s): {res['sync_s']}; median after step 0 "
           f"{res['median_sync_s']:.3f}")
-    print(f"  driver round trips per refresh: {res['round_trips']}")
+    print(f"  driver round trips per refresh: {res['round_trips']}; blocked per round trip "
+          f"(median after the first refresh) {res['s_per_round_trip']:.4f} s")
     return 0
 
 
