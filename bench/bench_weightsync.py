@@ -18,13 +18,16 @@ over the weight-sync group) and reads, per step after step 0:
 trainer on the gpu pool, the refresh goes over the weight-sync group (gloo) instead of the
 colocated hand-over tiny-cpu.yaml's plan makes.
 
-Measured (this machine: 2 cores shared with other jobs, load average 20-30; 6 steps, median of
-the sync stage after step 0; each pair run back to back, main at ba1b3fe first, then this code):
-  tiny-cpu.yaml (hand-over to 2 colocated engines): 8 round trips per refresh, 0.037 s; now 6
-    at the first refresh, 4 after (wake, survey, buckets, release), 0.020 s;
-  --rollout-pool lpu (2 trainer ranks to 4 engines over gloo): 8 at the first refresh, 6 after,
-    0.050 s; now 5 at the first (survey, store, joins, manifests, send), 2 after (survey, send),
-    0.017 s.
+Measured (this machine: 2 cores shared with other jobs, load average 11-30; 6 steps, the sync
+stage's median after step 0; each pair back to back, main at ba1b3fe first, then this code):
+  round trips per refresh, every run alike: tiny-cpu.yaml (hand-over to 2 colocated engines)
+    8 -> 6 at the first refresh, 4 after (wake, survey, buckets, release); --rollout-pool lpu
+    (2 trainer ranks to 4 engines over gloo) 8 -> 5 at the first (survey, store, joins,
+    manifests, send), 6 -> 2 after (survey, send). The driver blocked ~3-4 ms per round trip
+    before (median 4.1 ms hand-over, 3.2 ms group), so ~13-16 ms saved per refresh.
+  sync stage, s (before -> after): hand-over 0.037 -> 0.020 and 0.056 -> 0.051; group
+    0.050 -> 0.017, 0.022 -> 0.023 and 0.026 -> 0.021. At this model size (~0.2 MB) the
+    stage's wall time is mostly this machine's load: only the round-trip counts are stable.
 
 Usage: python -m bench.bench_weightsync [--steps N] [--job PATH] [--rollout-pool POOL] [--json]
 """
