@@ -37,7 +37,19 @@ layer's input is replicated over TP, its gradient must be whole on every TP rank
 gather's backward keeps the rank's own rows (the output's gradient is the same on every TP
 rank), and `sync_expert_grads` sums the experts' gradients over TP before the optimizer step
 (each TP rank's copy of an expert saw its slice of the tokens). Under PP each stage's experts
-split over its own dp ranks. `executed_layout` reports the group (`expert_ranks`,
+split over its own dp ranks.
+
+Under context parallelism (`executors.cpattn`) every CP rank holds a slice of each sequence and
+routes its own slice's tokens: with `ep == dp` its ep group is the dp ranks of its CP (and TP)
+index, so the all-to-all carries the tokens of one CP shard, and the CP ranks of a DP group hold
+the same experts, whose gradients `sync_expert_grads` sums over CP as over TP (the CP ranks are
+in Megatron-Core's expert-data-parallel group when EP does not span them); with `ep == dp * cp`
+EP is folded over CP (Megatron-Core's expert groups may span the CP ranks: its expert
+RankGenerator has no cp dim, megatron/core/parallel_state.py @ d98e8a6), the experts split over
+the flattened ("dp", "cp") dim FSDP2 shards over, every rank its own, nothing summed over CP.
+The cost model prices both (`placer.cost.sharding.expert_tokens`: each rank routes
+tokens / (tp x cp); `expert_dp`: the ranks holding one expert shard, tp * cp * dp / ep).
+`executed_layout` reports the group (`expert_ranks`,
 `executors.layoutread`). The gradient clip sums the experts' squared norms over the ep group
 like any shard (`executors.sharding.clip_grad_norm`).
 """
@@ -117,11 +129,13 @@ class ParallelExperts(nn.Module):
     gate_up_proj: Any  # DTensor parameters, Shard(0) over the ep mesh
     down_proj: Any
 
-    def __init__(self, experts: Any, mesh: Any, tp_mesh: Any = None) -> None:
+    def __init__(self, experts: Any, mesh: Any, tp_mesh: Any = None, cp_mesh: Any = None) -> None:
         super().__init__()
         self.tp = 1 if tp_mesh is None else tp_mesh.size()
         self.tp_group = None if self.tp == 1 else tp_mesh.get_group()
         self.tp_rank = 0 if self.tp == 1 else tp_mesh.get_local_rank()
+        # the CP ranks of a DP group hold the same experts, each computing its slice's tokens
+        self.cp_group = None if cp_mesh is None or cp_mesh.size() == 1 else cp_mesh.get_group()
         from torch.distributed.tensor import Shard, distribute_tensor  # lazy: distributed only
         self.num_experts = int(experts.num_experts)
         self.ep = mesh.size()
@@ -189,29 +203,34 @@ class ParallelExperts(nn.Module):
         return out
 
 
-def shard_experts(model: nn.Module, mesh: Any, tp_mesh: Any = None) -> list[nn.Parameter]:
+def shard_experts(model: nn.Module, mesh: Any, tp_mesh: Any = None,
+                  cp_mesh: Any = None) -> list[nn.Parameter]:
     """Replace every experts module by `ParallelExperts` over the 1-D `mesh`, in place, each TP
-    rank of `tp_mesh` (None: TP 1) dispatching its slice of the tokens; the experts'
-    parameters (for FSDP2 to leave alone)."""
+    rank of `tp_mesh` (None: TP 1) dispatching its slice of the tokens, each CP rank of
+    `cp_mesh` (None: CP 1) its slice of the sequences; the experts' parameters (for FSDP2 to
+    leave alone)."""
     params: list[nn.Parameter] = []
     for parent, name, m in expert_modules(model):
-        par = ParallelExperts(m, mesh, tp_mesh)
+        par = ParallelExperts(m, mesh, tp_mesh, cp_mesh)
         parent.register_module(name, par)
         params += [par.gate_up_proj, par.down_proj]
     return params
 
 
 def sync_expert_grads(model: nn.Module) -> None:
-    """Sum the experts' gradients over TP, in place, before the optimizer step: the TP ranks of
-    a DP group hold the same experts and each computed them on its own slice of the tokens (as
-    Megatron-Core's `finalize_model_grads` reduces expert gradients over their expert-data-
-    parallel group, which holds the TP ranks when the experts are not TP-split). No-op at TP 1."""
+    """Sum the experts' gradients over TP and CP, in place, before the optimizer step: the TP
+    and CP ranks of a DP group hold the same experts and each computed them on its own slice of
+    the tokens (as Megatron-Core's `finalize_model_grads` reduces expert gradients over their
+    expert-data-parallel group, which holds the TP ranks when the experts are not TP-split and
+    the CP ranks when EP is not folded over CP). No-op at TP 1 and CP 1."""
     import torch.distributed as dist  # lazy: distributed only
     for m in model.modules():
-        if isinstance(m, ParallelExperts) and m.tp > 1:
+        if not isinstance(m, ParallelExperts):
+            continue
+        for group in (m.tp_group, m.cp_group):
             for w in (m.gate_up_proj, m.down_proj):
-                if w.grad is not None:
-                    dist.all_reduce(w.grad.to_local(), group=m.tp_group)
+                if group is not None and w.grad is not None:
+                    dist.all_reduce(w.grad.to_local(), group=group)
 
 
 def experts_per_rank(model: nn.Module) -> int | None:

@@ -64,7 +64,7 @@ import torch.multiprocessing as tmp
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from executors.gather import Gathered
-from executors.reshard import Bucket, BucketHead, Manifest, Stream
+from executors.reshard import Bucket, BucketHead, Manifest, Stream, manifest_digest
 
 # the device argument of torch's `rebuild_cuda_tensor` (SGLang 0.5.23, srt/utils/patch_torch.py
 # `_REDUCE_TENSOR_ARG_DEVICE_INDEX`)
@@ -300,17 +300,26 @@ class HandOverSender:
                 for b in beside]
 
     def handover_prepare(self, refresh: str, bucket_bytes: int, index: int, device: str,
-                         tensors: bool = False, ident: int = 0) -> Manifest:
+                         tensors: bool = False, ident: int = 0, digest: str | None = None
+                         ) -> Manifest:
         """Start refresh `refresh` as stream `index` in buckets of `bucket_bytes`, exported
         from `device` (cuda: CUDA IPC; cpu: shared memory), as whole tensors when `tensors`,
         by sender `ident` (the trainer rank; `HandOver`); what a previous refresh left
-        exported is released first. Its manifest."""
+        exported is released first. Its manifest. `digest`: the `manifest_digest` of the
+        manifest the driver kept from an earlier refresh and issued this one's bucket calls
+        by, without waiting for this answer: a stream that differs is refused (its gathers
+        still run), and so is then every export of the refresh."""
         self.handover_release("")
         dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
             else torch.device("cpu")
         stream = self._handover_stream(bucket_bytes, index)
+        manifest = Manifest((index, None), tuple(stream.entries), bucket_bytes)
+        if digest is not None and manifest_digest([manifest]) != digest:
+            stream.source.drain()
+            raise RuntimeError(f"weight sync: hand-over stream {index} of {refresh!r} no longer "
+                               f"matches the manifest of its last refresh")
         self._handover = HandOver(refresh, stream, dev, tensors, ident)
-        return Manifest((index, None), tuple(stream.entries), bucket_bytes)
+        return manifest
 
     def handover_export(self, refresh: str, k: int, receivers: int, *acks: dict[str, Any]
                         ) -> Export:

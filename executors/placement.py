@@ -149,3 +149,25 @@ def check(rows: list[dict[str, Any]], pinned: bool) -> None:
         r = bad[0]
         raise PlacementError(f"{r['role']}[{r['rank']}] is not on {r['pool']}:{r['node']} bundle "
                              f"{r['bundle']} as the plan says ({len(bad)} actor(s) misplaced)")
+
+
+def device_of(m: Member, role: list[Member]) -> tuple[int, Any]:
+    """The (bundle, device) a member's first device is: a bundle's devices go to the role's
+    members in it in rank order, an equal share each (a trainer rank one, an engine replica
+    its TP group)."""
+    same = sorted(x.rank for x in role if x.bundle.index == m.bundle.index)
+    devices = list(m.bundle.devices)
+    per = max(len(devices) // max(len(same), 1), 1)
+    at = same.index(m.rank) * per if m.rank in same else 0
+    return m.bundle.index, devices[min(at, len(devices) - 1)] if devices else None
+
+
+def devices_of(m: Member, role: list[Member], tp: int) -> list[tuple[int, Any]]:
+    """The (bundle, device) of each of engine `m`'s `tp` TP ranks: its share of its bundle's
+    devices (`device_of`: the first), one per TP rank (the last again when the share is
+    short: an emulated bundle)."""
+    bundle, first = device_of(m, role)
+    devices = list(m.bundle.devices)
+    at = devices.index(first) if first in devices else 0
+    return [(bundle, devices[min(at + t, len(devices) - 1)] if devices else None)
+            for t in range(tp)]

@@ -34,6 +34,7 @@ bucket by bucket as call arguments in one process (`BucketLoading`).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -201,6 +202,13 @@ def bucket_count(nbytes: int, tensors: int, bucket_bytes: int) -> int:
     if bucket_bytes <= 0:
         return tensors
     return max(math.ceil(nbytes / bucket_bytes), 1)
+
+
+def manifest_digest(manifests: list[Manifest]) -> str:
+    """A sender's manifests as a short digest: what the driver hands the sender to check, in
+    place of the manifests themselves, when it hands the receivers the ones it kept from an
+    earlier refresh (`executors.weights.GroupRefresh`)."""
+    return hashlib.sha256(repr(manifests).encode()).hexdigest()
 
 
 class StreamLayout:

@@ -11,7 +11,9 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       the MLP width and the vocabulary). A mixture-of-experts block keeps its experts whole
       on every TP rank (replicated over `tp`, sharded over `dp` by FSDP, or split over the dp
       ranks by expert parallelism, `ep == dp`, each TP rank then dispatching its 1/tp of the
-      tokens: `executors.experts`); norms are replicated; the embedding and
+      tokens, each CP rank its slice of the sequences; under CP also `ep == dp * cp`, the
+      experts split over FSDP's flattened "dp_cp" dim: `executors.experts`); norms are
+      replicated; the embedding and
       LM head are split by vocabulary rows, and log-probs computed from the logits' shards
       (`executors.vocab`). TP ranks of one DP group see the same samples.
   dp  `fully_shard` (FSDP2) on each decoder layer and the root over the `dp` dim: parameters,
@@ -65,16 +67,12 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
                  vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
-    if layout.cp > 1 and layout.ep > 1:
-        raise SpecError(f"{where}: context parallelism (cp {layout.cp}) with expert parallelism "
-                        f"(ep {layout.ep}) is not run by the executor: EP dispatches the tokens "
-                        f"of a DP group's ranks over the dp dim (`executors.experts`), where "
-                        f"under CP each rank holds one slice of every sequence and the experts "
-                        f"would have to be split over dp x cp; plan with cp 1 or ep 1")
-    if layout.ep > 1 and (layout.ep != layout.dp or layout.hsdp or experts % layout.ep):
+    eps = sorted({layout.dp, layout.dp * layout.cp})  # over dp, or folded over dp x cp
+    if layout.ep > 1 and (layout.ep not in eps or layout.hsdp or experts % layout.ep):
         raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep equal to dp, "
-                        f"without an HSDP shard group) and must divide the model's {experts} "
-                        f"experts; plan with ep 1 or ep {layout.dp}")
+                        f"or to dp x cp under context parallelism, without an HSDP shard "
+                        f"group) and must divide the model's {experts} experts; plan with ep 1 "
+                        f"or ep {' or '.join(map(str, eps))}")
     if layout.pp > 1 and tied:
         raise SpecError(f"{where}: pipeline parallelism (pp > 1) with tied input and output "
                         f"embeddings is not run by the executor (the first and last stage would "
@@ -206,6 +204,19 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
     return plan
 
 
+def _shard_experts(model: nn.Module, mesh: Any, dp_mesh: Any, ep: int, tp_mesh: Any
+                   ) -> list[nn.Parameter]:
+    """The experts split over the ep group (`executors.experts`): the "dp" dim (ep == dp; under
+    CP each CP rank dispatches its slice of the sequences to the dp ranks of its CP index, and
+    the experts' gradients are summed over CP as over TP), or under CP with ep == dp x cp the
+    flattened "dp_cp" dim FSDP2 shards over (EP folded over CP, as Megatron-Core's expert
+    groups may span the CP ranks: each CP rank holds its own experts)."""
+    names = mesh.mesh_dim_names or ()
+    if "cp" in names and ep == dp_mesh.size() and ep != mesh["dp"].size():
+        return shard_experts(model, dp_mesh, tp_mesh)
+    return shard_experts(model, mesh["dp"], tp_mesh, mesh["cp"] if "cp" in names else None)
+
+
 def shard(model: nn.Module, mesh: Any, recompute: bool = False,
           precision: str = "fp32", ep: int = 1) -> nn.Module:
     """Apply TP over mesh["tp"], activation checkpointing of every decoder layer when
@@ -231,7 +242,7 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False,
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     # under TP each TP rank dispatches its slice of the tokens (`executors.experts`)
     ep_tp = tp_mesh if tp_mesh.size() > 1 else None
-    experts = shard_experts(model, mesh["dp"], ep_tp) if ep > 1 else []
+    experts = _shard_experts(model, mesh, dp_mesh, ep, ep_tp) if ep > 1 else []
     layers = decoder_layers(model)
     if tp_mesh.size() > 1:
         for layer in layers:

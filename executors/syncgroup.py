@@ -62,7 +62,9 @@ from executors.reshard import (
     Channel,
     Manifest,
     Stream,
+    StreamLayout,
     engine_shard,
+    manifest_digest,
 )
 
 # How an engine takes a refresh (it names its own in `sync_member`; `PROTOCOLS` says what each
@@ -252,22 +254,34 @@ class Sending:
         finally:
             self.source.drain()
 
+    def _build(self, k: int, dev: torch.device) -> list[tuple[Channel, torch.Tensor]]:
+        """The channels' k-th buckets (a sharded trainer's gathers run here), then the source's
+        tensors no later bucket needs released."""
+        out = []
+        for ch, s in self.streams.items():
+            lo, hi = s.ranges[k] if k < s.count else (0, 0)
+            if hi > lo:  # an empty bucket (an empty tensor, unbucketed) moves nothing
+                out.append((ch, s.bucket(k, dev).data))
+        self.source.release(min(s.first_needed(k + 1) for s in self.streams.values()))
+        return out
+
     def send_buckets(self) -> dict[str, Any]:
-        """Broadcast every channel's buckets, the channels' k-th buckets together."""
+        """Broadcast every channel's buckets, the channels' k-th buckets together; bucket
+        k + 1 is built (its tensors gathered) while bucket k is on the wire, so the gathers
+        and the broadcasts overlap, two buckets held at most."""
         t0 = time.time()
         dev = group_device(self.peer.spec.backend)
         sent = 0
-        for k in range(max(s.count for s in self.streams.values())):
-            works, bufs = [], []
-            for ch, s in self.streams.items():
-                lo, hi = s.ranges[k] if k < s.count else (0, 0)
-                if hi > lo:  # an empty bucket (an empty tensor, unbucketed) moves nothing
-                    bufs.append(s.bucket(k, dev).data)
-                    works.append(_bcast(self.peer.groups[(ch, 0)], bufs[-1]))
-                    sent += hi - lo
-            self.source.release(min(s.first_needed(k + 1) for s in self.streams.values()))
+        count = max(s.count for s in self.streams.values())
+        ready = self._build(0, dev) if count else []
+        for k in range(count):
+            works = [_bcast(self.peer.groups[(ch, 0)], buf) for ch, buf in ready]
+            sent += sum(buf.numel() for _, buf in ready)
+            on_wire = ready  # referenced until its broadcasts are done
+            ready = self._build(k + 1, dev) if k + 1 < count else []
             for w in works:
                 w.wait()
+            del on_wire
         return {"t0": t0, "dur": time.time() - t0, "bytes": sent}
 
     def send_tensors(self) -> dict[str, Any]:
@@ -306,7 +320,8 @@ def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None
     mine = [(ch, t, by_ch[ch]) for ch, t in peer.groups]
     asm = {t: Assembler() for _, t in peer.groups}
     got = dict.fromkeys(asm, 0)
-    for k in range(max((lay.count for _, _, lay in mine), default=0)):
+
+    def post(k: int) -> list[tuple[Channel, int, StreamLayout, torch.Tensor, Any]]:
         posted = []
         for ch, t, lay in mine:
             if k < lay.count:
@@ -314,6 +329,12 @@ def receive(peer: Peer, manifests: list[Manifest], tp: int, kv_heads: int | None
                 buf = torch.empty(hi - lo, dtype=torch.uint8, device=dev)
                 work = _bcast(peer.groups[(ch, t)], buf) if hi > lo else None
                 posted.append((ch, t, lay, buf, work))
+        return posted
+    count = max((lay.count for _, _, lay in mine), default=0)
+    ahead = post(0) if count else []
+    for k in range(count):
+        # bucket k + 1's receipt posted before bucket k is loaded: loading overlaps the wire
+        posted, ahead = ahead, post(k + 1) if k + 1 < count else []
         for ch, t, lay, buf, work in posted:
             if work is not None:
                 work.wait()
@@ -463,7 +484,20 @@ class GroupSender(HandOverSender):
                                      self._kv_heads())
         return self._sync_sending.manifests()
 
-    def sync_send(self, name: str) -> dict[str, Any]:
+    def sync_send(self, name: str, bucket_bytes: int | None = None, index: int = 0,
+                  digest: str | None = None) -> dict[str, Any]:
+        """Send the refresh `sync_prepare` cut, or with `digest` (the driver's
+        `manifest_digest` of this sender's manifests at an earlier refresh of the group) cut
+        it here and send it in the same call: the receivers were handed those manifests, so
+        a stream that no longer matches them is refused (its gathers still run: `drain`)."""
+        if digest is not None and bucket_bytes is not None:
+            got = manifest_digest(self.sync_prepare(name, bucket_bytes, index))
+            if got != digest:
+                sending, self._sync_sending = self._sync_sending, None
+                if sending is not None:
+                    sending.source.drain()
+                raise RuntimeError(f"weight sync: sender {index}'s stream on {name!r} no longer "
+                                   f"matches the manifests of its last refresh")
         sending, self._sync_sending = self._sync_sending, None
         if sending is None or sending.peer.spec.name != name:
             raise RuntimeError(f"weight sync: sync_send on {name!r} before sync_prepare")

@@ -18,29 +18,41 @@ get a stream of their own. Each engine's `weight sync` trace event carries the b
 received, the calls per sender (`calls`), the senders, and its node (`dst` pool:node); its time
 runs from the refresh's start to the engine's last bucket loaded, as
 `placer.calibrate.fit_events` prices it (`costmodel.transfer_time`: the wire, `sync_latency_s`,
-and per further call `costmodel.sync_call_cost`). The context's `known` records the version each
+and per further call `costmodel.sync_call_cost`).
+
+Round trips. The driver waits on Ray as few times as the refresh's dependencies allow, the
+calls of each wait issued together (`GroupRefresh.round_trips` counts the waits; the `sync`
+stage event carries them as `round_trips`): the trainer's version and senders and every
+member's process (`executors.syncsurvey`), then over a held group the senders' sends, the
+other trainer ranks' gathers and the engines' receipts at once, the receipts handed the
+manifests kept from the group's previous refresh and each sender cutting its streams in the
+same call as it sends them (checked against the kept manifests by digest); only a group's
+first refresh waits for the manifests first (and, when formed, for its store and joins). A
+hand-over likewise issues its senders' preparation with the buckets' calls once a stream's
+manifest is kept (`executors.handoverdrive`). On the senders' side the next bucket is built
+(gathered from the shards) while the current one is on the wire, and the receivers post the
+next bucket's receipt before loading the current one (`executors.syncgroup`).
+
+The context's `known` records the version each
 rollout worker holds, so a worker that has v is skipped; one still busy with an abandoned
 straggler call is synced later (`known` None), and one that died while loading re-syncs before
 its next work.
 """
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from executors.context import LoopContext, TrainingLost
+from executors.handoverdrive import HandOverDriver, Outcomes, pickled
 from executors.placement import Member
-from executors.reshard import StreamLayout
+from executors.reshard import Manifest, manifest_digest
 from executors.runplan import RunPlan
-from executors.runtime import Calls, Handle, Outcome
+from executors.runtime import Calls, Handle
 from executors.syncgroup import BUCKETS, PROTOCOLS, GroupSpec, Protocol
+from executors.syncsurvey import Members, Survey, ask_survey, missing
 from placer.base.roles import Role
-
-Outcomes = list[tuple[str | None, dict[str, Any]]]  # per target: (error or None, its figures)
-# buckets a hand-over sender has out unacknowledged (NeMo-RL's two ping-pong buffers)
-WINDOW = 2
 
 
 def bucket_bytes(run: RunPlan, pool: str | None = None) -> int:
@@ -74,11 +86,7 @@ def path_key(size: int, colocated: bool) -> int:
     return -1 - size if colocated else size
 
 
-def _pickled(obj: object) -> int:
-    return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-class GroupRefresh:
+class GroupRefresh(HandOverDriver):
     """The driver's side of refreshes over the weight-sync group: forms a group per refresh
     path (its senders and target engines; re-formed when they change, or after a failure or a
     restart: `drop`), then per refresh prepares the senders' streams, and starts every sender's
@@ -94,59 +102,77 @@ class GroupRefresh:
         self.groups: dict[tuple[str, int], tuple[tuple[Any, ...], GroupSpec]] = {}
         self.formed = 0
         self.control_bytes = 0
+        self.round_trips = 0  # the driver's waits on calls it issued together, so far
         self.reclaimed = 0  # hand-over buckets a sender released unacknowledged
+        # each group's senders' manifests at its last refresh, by (group, bucket size): a
+        # later refresh hands them to the receivers and cuts and sends in one call each
+        self.manifests: dict[tuple[str, int], list[list[Manifest]]] = {}
+        # the hand-over's: the senders' manifests by stream, the senders by placement
+        self.handover_manifests: dict[tuple[Any, ...], dict[int, Manifest]] = {}
+        self.handover_senders: dict[tuple[bool, str], list[list[list[int]]]] = {}
 
     def drop(self) -> None:
         """Forget every group: the next refresh forms them anew."""
         self.groups.clear()
+        self.manifests.clear()
+        self.handover_manifests.clear()
 
     def one(self, m: Member, method: str, *args: object) -> Any:
+        self.round_trips += 1
         out = self.rt.results([self.rt.call(m, method, *args)])[0]
         if not out.ok:
             raise TrainingLost(out.error)
-        self.control_bytes += _pickled(args) + _pickled(out.value)
+        self.control_bytes += pickled(args) + pickled(out.value)
         return out.value
 
     def each(self, calls: Sequence[tuple[Member, str, tuple[object, ...]]]) -> list[Any]:
         """`one` for several calls issued at once (one round trip): their values, in order;
         TrainingLost on the first that failed."""
-        outs = self._all(calls)
+        outs = self.outcomes(calls)
         bad = next((o.error for o in outs if not o.ok), None)
         if bad is not None:
             raise TrainingLost(bad)
         return [o.value for o in outs]
 
-    def _all(self, calls: Sequence[tuple[Member, str, tuple[object, ...]]]) -> list[Any]:
+    def outcomes(self, calls: Sequence[tuple[Member, str, tuple[object, ...]]]) -> list[Any]:
+        self.round_trips += 1
         outs = self.rt.results([self.rt.call(m, meth, *a) for m, meth, a in calls])
-        self.control_bytes += sum(_pickled(a) for _, _, a in calls)
-        self.control_bytes += sum(_pickled(o.value) for o in outs if o.ok)
+        self.control_bytes += sum(pickled(a) for _, _, a in calls)
+        self.control_bytes += sum(pickled(o.value) for o in outs if o.ok)
         return outs
 
-    def group(self, path: int, senders: list[Member], targets: list[Member], scope: str = ""
-              ) -> GroupSpec:
+    def members(self, ms: Sequence[Member]) -> Members:
+        """Every member's `sync_member` answer, the calls issued at once (one round trip)."""
+        return dict(zip(((m.role, m.rank) for m in ms),
+                        (tuple(v) for v in self.each([(m, "sync_member", ()) for m in ms]))))
+
+    def group(self, path: int, senders: list[Member], targets: list[Member], scope: str = "",
+              infos: Members | None = None) -> GroupSpec:
         """The path's group of these senders and targets, formed anew when they changed (a
         member's process too: a restarted one is in no group); each target joins with the
-        ranks it says it holds (a torch engine: its TP ranks). `scope`: whose path it is."""
-        outs = self._all([(m, "sync_member", ()) for m in senders + targets])
-        bad = next((o.error for o in outs if not o.ok), None)
-        if bad is not None:
-            raise TrainingLost(bad)
-        key: tuple[Any, ...] = (len(senders), *((m.rank, o.value[2])
-                                                for m, o in zip(senders + targets, outs)))
+        ranks it says it holds (a torch engine: its TP ranks). `scope`: whose path it is.
+        `infos`: the members' `sync_member` answers, when the caller asked them already."""
+        if infos is None:
+            infos = self.members(senders + targets)
+        vals = [infos[(m.role, m.rank)] for m in senders + targets]
+        key: tuple[Any, ...] = (len(senders), *((m.rank, v[2])
+                                                for m, v in zip(senders + targets, vals)))
         scope = scope or self.scope
         held = self.groups.get((scope, path))
         if held is not None and held[0] == key:
             return held[1]
-        self.groups.pop((scope, path), None)
-        backend = "nccl" if all(o.value[0] == "cuda" for o in outs) else "gloo"
-        tps = [int(o.value[1]) for o in outs[len(senders):]]
-        protocol = _protocol([o.value for o in outs[len(senders):]])
+        old = self.groups.pop((scope, path), None)
+        if old is not None:  # its streams' manifests go with it
+            self.manifests = {k: v for k, v in self.manifests.items() if k[0] != old[1].name}
+        backend = "nccl" if all(v[0] == "cuda" for v in vals) else "gloo"
+        tps = [int(v[1]) for v in vals[len(senders):]]
+        protocol = _protocol(vals[len(senders):])
         addr, port = self.one(senders[0], "sync_host")
         self.formed += 1
         spec = GroupSpec(f"wsync{'-' + scope if scope else ''}{self.formed}", path, addr, port,
                          len(senders), tuple(tps), backend, self.send_shards,
                          protocol=protocol.name, scope=scope)
-        outs = self._all([(s, "sync_join", (spec, i)) for i, s in enumerate(senders)]
+        outs = self.outcomes([(s, "sync_join", (spec, i)) for i, s in enumerate(senders)]
                          + [(m, "sync_join", (spec, j)) for j, m in enumerate(targets)])
         bad = next((o.error for o in outs if not o.ok), None)
         if bad is not None:
@@ -160,21 +186,32 @@ class GroupRefresh:
         trainer ranks in `actors` that send nothing take part in the senders' gathers
         (`sync_gather`: a sharded trainer gathers each tensor as its bucket is sent)."""
         before = self.control_bytes
-        prepared = [self.one(s, "sync_prepare", spec.name, size, i)
-                    for i, s in enumerate(senders)]
+        kept = self.manifests.get((spec.name, size))
+        sends: list[tuple[Member, str, tuple[object, ...]]]
+        if kept is None or len(kept) != len(senders):  # the group's first refresh at this size:
+            # every sender cuts its streams at once and says their manifests (one round trip)
+            prepared = self.each([(s, "sync_prepare", (spec.name, size, i))
+                                  for i, s in enumerate(senders)])
+            sends = [(s, "sync_send", (spec.name,)) for s in senders]
+        else:  # the receivers get the kept manifests, each sender cuts and sends in one call
+            prepared = kept
+            sends = [(s, "sync_send", (spec.name, size, i, manifest_digest(ms)))
+                     for i, (s, ms) in enumerate(zip(senders, kept))]
         # calls per sender: its buckets, or under SGLang's protocol one broadcast per tensor
         counts = [max(spec.mechanism.calls(m) for m in ms) for ms in prepared]
         manifests = [m for ms in prepared for m in ms]
         sending = {s.rank for s in senders}
         helpers = [a for a in actors if a.rank not in sending]
-        calls = ([(s, "sync_send", (spec.name,)) for s in senders]
-                 + [(a, "sync_gather", (size,)) for a in helpers]
+        # the sends, the other trainer ranks' gathers and the receipts at once: one round trip
+        calls = (sends + [(a, "sync_gather", (size,)) for a in helpers]
                  + [(m, "sync_receive", (spec.name, manifests, version)) for m in targets])
-        outs = self._all(calls)
+        outs = self.outcomes(calls)
         sent, got = outs[:len(senders) + len(helpers)], outs[len(senders) + len(helpers):]
         failed = next((o.error for o in sent if not o.ok), None)
         if failed is not None or not all(o.ok for o in got):
             self.drop()  # a member may have lost its place in the group: form it anew
+        else:
+            self.manifests[(spec.name, size)] = [list(ms) for ms in prepared]
         src = ",".join(f"{s.role}{s.rank}" for s in senders)
         control = self.control_bytes - before
         out: Outcomes = []
@@ -188,167 +225,52 @@ class GroupRefresh:
 
     def run(self, path: int, actors: list[Member], senders: list[Member],
             targets: list[Member], version: int, size: int, scope: str = "",
-            gathers: bool = True) -> Outcomes:
+            gathers: bool | None = None, infos: Members | None = None) -> Outcomes:
         """One refresh of the path's `targets` in buckets of `size` bytes by the protocol they
         name (`PROTOCOLS`): over the path's group from `senders`, or handed over as shared
         memory (`handover`). `path` keys the group within `scope` (`path_key`: the bucket
-        size, and whether the engines share the actor's slot)."""
-        infos = self._infos(targets)
-        protocol = _protocol(infos)
+        size, and whether the engines share the actor's slot). `gathers`: whether the other
+        trainer ranks take part in the senders' gathers (no kept copy), None: not known here
+        (over the group they do; a hand-over asks the trainer). `infos`: the senders' and
+        targets' `sync_member` answers, when the caller asked them already."""
+        if infos is None:
+            infos = self.members(senders + targets)
+        mine = [infos[(m.role, m.rank)] for m in targets]
+        protocol = _protocol(mine)
         if protocol.forms_group:
-            spec = self.group(path, senders, targets, scope)
+            spec = self.group(path, senders, targets, scope, infos)
             return self.refresh(spec, senders, targets, version, size,
-                                actors if gathers else ())
-        return self.handover(actors, targets, infos, version, size, protocol)
-
-    def _infos(self, ms: list[Member]) -> list[tuple[Any, ...]]:
-        outs = self._all([(m, "sync_member", ()) for m in ms])
-        bad = next((o.error for o in outs if not o.ok), None)
-        if bad is not None:
-            raise TrainingLost(bad)
-        return [tuple(o.value) for o in outs]
-
-    def handover(self, actors: list[Member], targets: list[Member], infos: list[tuple[Any, ...]],
-                 version: int, size: int, protocol: Protocol) -> Outcomes:
-        """A refresh handed over as shared memory to colocated engines (`executors.ipc`): each
-        engine TP rank's sender (the trainer rank on that rank's device, `devices_of`;
-        `HandOverSender.handover_senders`) exports every bucket once per engine TP rank it
-        serves, the engine maps and loads it and acknowledges (`protocol.receive`; the whole
-        tensors each bucket completes when `protocol.tensors`), and a sender builds bucket k
-        only after bucket k - `WINDOW`'s acknowledgements (passed as arguments: the runtime
-        orders the calls, no round trip through here). Only handles, bucket heads and
-        acknowledgements travel (`control_bytes`); what no engine acknowledged its sender
-        reclaims."""
-        before = self.control_bytes
-        by_rank = {a.rank: a for a in actors}
-        beside = [[[a.rank for a in actors if device_of(a, actors) == d]
-                   for d in devices_of(m, targets, int(i[1]))] for m, i in zip(targets, infos)]
-        lead = by_rank[min(by_rank)]
-        # the trainer's answers in one round trip: who hands over, and whether every rank
-        # takes part in each bucket's gathers
-        streaming, gathers = self.each([(lead, "handover_senders", (size > 0, beside)),
-                                        (lead, "handover_gathers", ())])
-        plan = [[[by_rank[r] for r in per_tp] for per_tp in streams] for streams in streaming]
-        device = "cuda" if all(i[0] == "cuda" for i in infos) else "cpu"
-        self.formed += 1
-        refresh = f"handover{self.formed}-v{version}"
-        senders = list({s.rank: s for streams in plan for st in streams for s in st}.values())
-        if gathers:  # every rank joins each gather
-            senders += [a for a in actors if a.rank not in {s.rank for s in senders}]
-        index = {s.rank: i for streams in reversed(plan) for i, st in enumerate(streams)
-                 for s in st}
-        prepared = self.each([(s, "handover_prepare", (refresh, size, index.get(s.rank, 0),
-                                                       device, protocol.tensors, s.rank))
-                              for s in senders])  # the senders at once: one round trip
-        layouts = {s.rank: m.layout() for s, m in zip(senders, prepared)}
-        acks, got = self._hand_over(refresh, version, plan, senders, targets, layouts,
-                                    protocol.receive)
-        # the rest acknowledged here, every sender at once; what nobody took is reclaimed
-        mine = {s.rank: [o.value for (r, _), hs in acks.items() if r == s.rank
-                         for o in self.rt.results(hs) if o.ok] for s in senders}
-        self.reclaimed += sum(int(n) for n in self.each(
-            [(s, "handover_release", (refresh, *mine[s.rank])) for s in senders]))
-        backend = "cuda-ipc" if device == "cuda" else "shm"
-        out: Outcomes = []
-        for streams, os_ in zip(plan, got):
-            bad = next((o.error for o in os_ if not o.ok), None)
-            if bad is None and not (os_ and os_[-1].value["done"]):
-                bad = "the refresh ended before every stream was handed over"
-            vals = [o.value for o in os_ if o.ok]
-            src = list({s.rank: s for st in streams for s in st}.values())
-            out.append((bad, {"end": max((v["t0"] + v["dur"] for v in vals), default=0.0),
-                              "bytes": sum(v["bytes"] for v in vals),
-                              "calls": max(layouts[st[0].rank].count for st in streams),
-                              "senders": len(streams),
-                              "src": ",".join(f"{s.role}{s.rank}" for s in src),
-                              "backend": backend, "control_bytes": self.control_bytes - before}))
-        return out
-
-    def _hand_over(self, refresh: str, version: int, plan: list[list[list[Member]]],
-                   senders: list[Member], targets: list[Member], layouts: dict[int, StreamLayout],
-                   receive: str) -> tuple[dict[tuple[int, int], list[Handle]], list[list[Outcome]]]:
-        """Issue every bucket's exports and receipts at once, the k-th buckets of the senders
-        together: per bucket each sender exports a handle for every engine TP rank it serves
-        (`plan[j][i][t]`: engine j's stream i's sender to TP rank t), then each engine's
-        receipt (`receive`) takes its senders' exports as arguments and, per TP rank, which
-        export and handle is its (`ipc.Picks`). The receipts by (sender rank, bucket), and
-        each engine's outcomes."""
-        served: dict[int, list[tuple[int, int, int]]] = {s.rank: [] for s in senders}
-        for j, streams in enumerate(plan):
-            for i, st in enumerate(streams):
-                for t, s in enumerate(st):
-                    served[s.rank].append((j, i, t))
-        acks: dict[tuple[int, int], list[Handle]] = {}
-        got: list[list[Handle]] = [[] for _ in targets]
-        exports: list[Handle] = []
-        for k in range(max((lay.count for lay in layouts.values()), default=0)):
-            now: dict[int, Handle] = {}
-            for s in senders:
-                if k < layouts[s.rank].count:
-                    now[s.rank] = self.rt.call(s, "handover_export", refresh, k,
-                                               len(served[s.rank]),
-                                               *acks.get((s.rank, k - WINDOW), []))
-                    exports.append(now[s.rank])
-            for j, streams in enumerate(plan):
-                for i, st in enumerate(streams):
-                    if k >= layouts[st[0].rank].count:
-                        continue
-                    head = layouts[st[0].rank].head(k)
-                    ranks = list(dict.fromkeys(s.rank for s in st))
-                    picks = [(ranks.index(s.rank), served[s.rank].index((j, i, t)))
-                             for t, s in enumerate(st)]
-                    a = self.rt.call(targets[j], receive, head, version, len(streams), refresh,
-                                     picks, *[now[r] for r in ranks])
-                    self.control_bytes += _pickled((refresh, k, head, version, picks))
-                    for r in ranks:
-                        acks.setdefault((r, k), []).append(a)
-                    got[j].append(a)
-        outs = [self.rt.results(hs) for hs in got]
-        # what travels: the handles, the acknowledgements, each call's bucket head
-        self.control_bytes += sum(_pickled(o.value) for o in self.rt.results(exports) if o.ok)
-        self.control_bytes += sum(_pickled(o.value) for os_ in outs for o in os_ if o.ok)
-        return acks, outs
+                                actors if gathers is not False else ())
+        return self.handover(actors, targets, mine, version, size, protocol,
+                             None if gathers is None else gathers and len(actors) > 1)
 
 
 def refresh_paths(group: GroupRefresh, run: RunPlan, actors: list[Member],
-                  targets: list[Member], version: int, scope: str = "", gathers: bool = True
+                  targets: list[Member], version: int, scope: str = "",
+                  gathers: bool | None = None, survey: Survey | None = None
                   ) -> list[tuple[Member, str | None, dict[str, Any]]]:
     """One refresh of `version` from the trainer ranks `actors` to `targets` over the
     weight-sync machinery, one stream per refresh path (`by_path`: a split rollout's parts each
     get their device's buckets, a mixed rollout's colocated part its own): the senders the
     trainer names (`sync_senders`), then `GroupRefresh.run` under `scope`. Per target, in path
     order: (it, error or None, its figures). `gathers` False: the senders stream a kept copy,
-    so the other trainer ranks take no part."""
+    so the other trainer ranks take no part (None: not known, `GroupRefresh.run`). `survey`:
+    the senders and members, when the caller asked them already (else asked here,
+    `ask_survey`: one round trip)."""
     by_rank = {m.rank: m for m in actors}
+    paths = by_path(run, targets)
+    if survey is None:
+        survey = ask_survey(group, actors, targets, {size > 0 for size, _ in paths})
+    lost = missing(survey, targets)
+    if lost is not None:
+        raise TrainingLost(lost)
     out: list[tuple[Member, str | None, dict[str, Any]]] = []
-    for (size, colocated), ms in by_path(run, targets).items():
-        senders = [by_rank[r] for r in group.one(by_rank[min(by_rank)], "sync_senders", size > 0)]
+    for (size, colocated), ms in paths.items():
+        senders = [by_rank[r] for r in survey.senders[size > 0]]
         outs = group.run(path_key(size, colocated), list(by_rank.values()), senders, ms,
-                         version, size, scope, gathers)
+                         version, size, scope, gathers, survey.members)
         out.extend((m, err, got) for m, (err, got) in zip(ms, outs))
     return out
-
-
-def device_of(m: Member, role: list[Member]) -> tuple[int, Any]:
-    """The (bundle, device) a member's first device is: a bundle's devices go to the role's
-    members in it in rank order, an equal share each (a trainer rank one, an engine replica
-    its TP group)."""
-    same = sorted(x.rank for x in role if x.bundle.index == m.bundle.index)
-    devices = list(m.bundle.devices)
-    per = max(len(devices) // max(len(same), 1), 1)
-    at = same.index(m.rank) * per if m.rank in same else 0
-    return m.bundle.index, devices[min(at, len(devices) - 1)] if devices else None
-
-
-def devices_of(m: Member, role: list[Member], tp: int) -> list[tuple[int, Any]]:
-    """The (bundle, device) of each of engine `m`'s `tp` TP ranks: its share of its bundle's
-    devices (`device_of`: the first), one per TP rank (the last again when the share is
-    short: an emulated bundle)."""
-    bundle, first = device_of(m, role)
-    devices = list(m.bundle.devices)
-    at = devices.index(first) if first in devices else 0
-    return [(bundle, devices[min(at + t, len(devices) - 1)] if devices else None)
-            for t in range(tp)]
 
 
 def _protocol(infos: list[tuple[Any, ...]]) -> Protocol:
@@ -412,16 +334,25 @@ class WeightSync:
         """Send the trainer's version to the free rollout workers without it (and to `force`);
         returns the version. Colocated engines wake first (`sleep`)."""
         ctx = self.ctx
+        trips = self.group.round_trips
+        actors = ctx.by_role[Role.ACTOR]
+        rollouts = ctx.by_role[Role.ROLLOUT]
+        survey = None
+        # the colocated engines wake first, apart (their own `wake` events): the refresh and
+        # its trace's time start once they are awake
         self._engines("wake_engine", step)
         t = time.time()
-        actors = ctx.by_role[Role.ACTOR]
-        info = self._trainer_call(actors[0], "weights_info")
+        free = ctx.busy.free(ctx.rt, rollouts)
+        if ctx.rt.concurrent:  # the version, the senders and every member's process at once
+            flags = {size > 0 for size, _ in by_path(ctx.run, free)}
+            survey = ask_survey(self.group, actors, free, flags, info=True)
+            info: Any = survey.info
+        else:
+            info = self._trainer_call(actors[0], "weights_info")
         version = int(info[0])
         # the senders stream a copy kept since the step's end (no rank gathers now), or gather
         # from the shards as they stream (`executors.trainer.Trainer._keep`)
         source = "kept copy" if len(info) > 2 and info[2] else "gathered"
-        rollouts = ctx.by_role[Role.ROLLOUT]
-        free = ctx.busy.free(ctx.rt, rollouts)
         for m in rollouts:
             if all(m is not f for f in free):  # still busy with an abandoned call: sync later
                 ctx.known[m.rank] = None
@@ -432,7 +363,7 @@ class WeightSync:
         if ctx.rt.concurrent:  # over the weight-sync groups, one stream per path
             self.refreshes += 1
             done = refresh_paths(self.group, ctx.run, ctx.by_role[Role.ACTOR], targets,
-                                 int(version), gathers=source == "gathered")
+                                 int(version), gathers=source == "gathered", survey=survey)
         else:  # one call per bucket and engine, one stream per path
             done = [(m, err, got) for (size, _), ms in by_path(ctx.run, targets).items()
                     for m, (err, got) in zip(ms, self._stream(ms, int(version), size))]
@@ -455,8 +386,10 @@ class WeightSync:
             ctx.check_cluster()
             raise TrainingLost(f"weight sync of version {version} reached no rollout worker: "
                                f"{failed[0]}")
+        # the driver's waits for the refresh (`GroupRefresh.round_trips`; None in one process)
         ctx.event("sync", "stage", t, time.time() - t, None, step, policy_version=version,
-                  sync_source=source)
+                  sync_source=source,
+                  round_trips=self.group.round_trips - trips if ctx.rt.concurrent else None)
         ctx.synced = version
         return int(version)
 

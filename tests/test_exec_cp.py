@@ -5,7 +5,8 @@ CP group, losses and statistics summed over it, gradients over dp x cp.
   - cp 2 log-probs equal one process's; with the K/V gather replaced by each rank's own
     keys alone (the others' zeroed) they do not: the gather is what makes them agree;
   - one RL step (2 optimizer steps) with cp 2, cp 2 x tp 2, dp 2 x cp 2 and HSDP (2 replicas)
-    x cp 2, in bf16 and on Qwen3-MoE ends at one process's weights, gradient norms and loss;
+    x cp 2, in bf16 and on Qwen3-MoE ends at one process's weights, gradient norms and loss
+    (with expert parallelism too: tests/test_exec_experts.py);
     the executed layout reads cp off the built model;
   - the bytes the gather sends (forward all-gather, backward reduce-scatter, each call's
     buffers counted as the code hands them to torch.distributed) are what
@@ -194,10 +195,12 @@ def test_cp_traffic_is_what_layercomm_prices(layout: Layout, model_dir: Path) ->
 
 def test_cp_layouts_the_trainer_cannot_run_are_refused() -> None:
     args = (ARCH.heads, ARCH.kv_heads, ARCH.mlp)
-    with pytest.raises(SpecError, match=r"plan.roles.actor: layout dp2 tp1 pp1 cp2 ep2: context "
-                                        r"parallelism \(cp 2\) with expert parallelism \(ep 2\)"
-                                        r".*plan with cp 1 or ep 1"):
-        check_layout("actor", Layout(dp=2, cp=2, ep=2), *args)
+    # cp x ep runs, ep over dp or folded over dp x cp (tests/test_exec_experts.py)
+    check_layout("actor", Layout(dp=2, cp=2, ep=2), *args, experts=4)
+    check_layout("actor", Layout(dp=2, cp=2, ep=4), *args, experts=4)
+    with pytest.raises(SpecError, match=r"layout dp4 tp1 pp1 cp2 shard2 ep4: expert "
+                                        r"parallelism runs over the dp ranks .* without an HSDP"):
+        check_layout("actor", Layout(dp=4, shard=2, cp=2, ep=4), *args, experts=4)
     check_layout("actor", Layout(pp=2, cp=2), *args, layers=ARCH.layers)  # tests/test_exec_cp_pp.py
     check_layout("actor", Layout(dp=2, tp=2, cp=2), *args)
     check_layout("actor", Layout(dp=4, shard=2, cp=2), *args)

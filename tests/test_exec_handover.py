@@ -67,7 +67,7 @@ def test_the_rank_beside_each_engine_hands_it_over() -> None:
 def test_each_member_sits_on_its_share_of_its_bundle() -> None:
     """Two trainer ranks and two engine replicas in one two-device bundle (a node's): rank r
     and replica r are on device r; a tp 2 replica takes both devices, its first the rank 0's."""
-    from executors.weights import device_of
+    from executors.placement import device_of
 
     def m(role: str, rank: int) -> Member:
         return Member(role, rank, "train", SimpleNamespace(index=0, devices=[4, 5]), 0)
@@ -338,6 +338,11 @@ def test_a_colocated_run_on_ray_hands_each_engine_its_weights(tmp_path: Path) ->
     assert all(e.args["bytes"] == total and e.args["calls"] > 1 for e in syncs)
     assert {e.args["src"] for e in syncs} == {"actor0", "actor1"}  # the rank beside each
     assert all(e.args["control_bytes"] < 2048 * 2 * e.args["calls"] for e in syncs)
+    # the driver's waits: the first refresh asks the senders' plan and manifests, the next one
+    # only the survey, the buckets (their preparation issued with them) and the release
+    trips = [e.args["round_trips"] for e in r.trace.events if e.cat == "stage"
+             and e.name == "sync" and e.args.get("round_trips") is not None]
+    assert trips[-1] == 3 and trips[0] > trips[-1], trips
 
 
 def test_no_executor_code_compares_a_protocols_name() -> None:

@@ -4,7 +4,9 @@ go by broadcast, the engines' TP shards are exactly the trainer's tensors cut as
 (on the receiving side, or by the senders), and Ray carries only the control messages.
 
 Pure and in-process tests (the group's members as threads of this process, real gloo groups
-over a loopback store), then one Ray test: a dp 2 x tp 2 trainer refreshes a TP 2 torch engine.
+over a loopback store), then one Ray test: a dp 2 x tp 2 trainer refreshes a TP 2 torch engine,
+its first refresh in two round trips of the driver (the manifests, then the sends and receipts),
+the next in one (each sender cuts and sends in one call against the kept manifests).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from executors.model import build_policy, load_policy, save_model_dir
 from executors.modelroles import Rollout
 from executors.reshard import engine_shard, engine_state, engine_unshard
 from executors.runplan import EngineGroup
-from executors.syncgroup import GroupSender, GroupSpec, Manifest
+from executors.syncgroup import GroupSender, GroupSpec, Manifest, manifest_digest
 
 SIZES = (0, 4096)  # unbucketed, and buckets far smaller than the model (tiny-llama: ~0.2 MB)
 
@@ -117,13 +119,21 @@ def test_two_stage_senders_reach_two_tp2_engines_exactly(send_shards: bool, mode
     spec = GroupSpec("g1", 0, addr, port, 2, (2, 2), "gloo", send_shards, timeout_s=30)
     _together([lambda i=i, s=s: s.sync_join(spec, i) for i, s in enumerate(senders)]
               + [lambda j=j, e=e: e.sync_join(spec, j) for j, e in enumerate(engines)])
-    for version, size in enumerate(SIZES, start=1):
-        manifests: list[Manifest] = [m for i, s in enumerate(senders)
-                                     for m in s.sync_prepare("g1", size, i)]
+    kept: dict[int, list[list[Manifest]]] = {}
+    # each size twice: first cut by `sync_prepare`, then (the driver keeping the manifests)
+    # cut and sent in one call that checks them by digest
+    for version, size in enumerate([s for s in SIZES for _ in range(2)], start=1):
+        if size in kept:
+            per = kept[size]
+            sends = [lambda s=s, i=i, ms=ms, n=size: s.sync_send("g1", n, i, manifest_digest(ms))
+                     for i, (s, ms) in enumerate(zip(senders, per))]
+        else:
+            per = kept[size] = [s.sync_prepare("g1", size, i) for i, s in enumerate(senders)]
+            sends = [lambda s=s: s.sync_send("g1") for s in senders]
+        manifests: list[Manifest] = [m for ms in per for m in ms]
         assert len(manifests) == (4 if send_shards else 2)  # a channel per sender (and TP rank)
-        outs = _together([lambda s=s: s.sync_send("g1") for s in senders]
-                         + [lambda e=e, m=manifests, v=version: e.sync_receive("g1", m, v)
-                            for e in engines])
+        outs = _together(sends + [lambda e=e, m=manifests, v=version: e.sync_receive("g1", m, v)
+                                  for e in engines])
         for s in senders:  # each tensor made whole once, in order, whatever the channels;
             assert s.gathered == list(s.state)  # never the whole stage held at once
             stage = sum(v.numel() * v.element_size() for v in s.state.values())
@@ -144,6 +154,25 @@ def test_two_stage_senders_reach_two_tp2_engines_exactly(send_shards: bool, mode
         want = {k: v + 1.0 for k, v in want.items()}
         for s, st in zip(senders, stages):
             s.state = {k: want[k] for k in st}
+
+
+def test_a_send_whose_stream_no_longer_matches_its_kept_manifests_is_refused(
+        model_dir: Path) -> None:
+    """A one-call send checks its cut against the digest of the manifests the driver kept
+    (which the receivers were handed): another stream is refused before a byte moves, and the
+    sender's gathers still run to the end (a sharded trainer's ranks stay paired)."""
+    state = _moved(model_dir, 3)
+    sender = _Sender(state, ARCH.kv_heads)
+    addr, port = sender.sync_host()
+    spec = GroupSpec("g2", 0, addr, port, 1, (1,), "gloo", timeout_s=30)
+    engine = Rollout(config(model_dir))
+    _together([lambda: sender.sync_join(spec, 0), lambda: engine.sync_join(spec, 0)])
+    kept = sender.sync_prepare("g2", 4096, 0)
+    sender._sync_sending = None  # the driver kept the manifests; this refresh never ran
+    sender.state = {k: v for k, v in list(state.items())[:-1]}  # one tensor fewer now
+    with pytest.raises(RuntimeError, match="no longer matches the manifests"):
+        sender.sync_send("g2", 4096, 0, manifest_digest(kept))
+    assert sender.gathered == list(state)[:-1] and not sender.sources[-1].held
 
 
 def test_an_engine_of_another_tp_is_refused(model_dir: Path) -> None:
@@ -215,7 +244,7 @@ def test_a_dp2_tp2_trainer_refreshes_a_tp2_torch_engine_over_gloo(tmp_path: Path
         group = GroupRefresh(rt)  # type: ignore[arg-type]
         spec = group.group(0, actors[:1], [target])
         assert spec.tps == (2,)
-        before = group.control_bytes
+        before, trips = group.control_bytes, group.round_trips
         # the ranks that send nothing take part in the sender's gathers (no rank holds the
         # full weights between steps)
         [(err, got)] = group.refresh(spec, actors[:1], [target], 1, 64_000, actors)
@@ -230,5 +259,19 @@ def test_a_dp2_tp2_trainer_refreshes_a_tp2_torch_engine_over_gloo(tmp_path: Path
         nbytes = sum(v.numel() * v.element_size() for v in want.values())
         assert got["bytes"] == nbytes > 4_000_000
         assert got["control_bytes"] == group.control_bytes - before < 32_000
+        # the group's next refresh: the driver hands the engine the manifests it kept and each
+        # sender cuts and sends in the same call (one round trip, where the first took two)
+        assert group.round_trips - trips == 2
+        ray.get(engine.load_weights.remote(zeros, 0))
+        trips = group.round_trips
+        [(err, again)] = group.refresh(spec, actors[:1], [target], 2, 64_000, actors)
+        assert err is None and group.round_trips - trips == 1
+        assert ray.get(engine.current_version.remote()) == 2
+        shards = ray.get(engine.engine_shards.remote())
+        for r in range(2):
+            bad = [k for k in want if not torch.equal(
+                shards[r][k], engine_shard(k, want[k], 2, r, arch.kv_heads))]
+            assert not bad and len(shards[r]) == len(want), (r, bad)
+        assert again["bytes"] == nbytes and again["control_bytes"] < got["control_bytes"]
     finally:
         ray.shutdown()

@@ -131,6 +131,8 @@ class EventArgs(BaseModel):
     sync_source: str | None = _f("weight sync: where the senders read the weights (kept copy: "
                                  "gathered at the step's end and kept on the host, as the plan's "
                                  "host memory allows; gathered: from the shards as they stream)")
+    round_trips: int | None = _f("weight sync: the driver's sequential waits on Ray calls for "
+                                 "the refresh (calls issued together count once)")
     collective: str | None = _f("collective probe: the kind timed (all_reduce, fsdp_unit, "
                                 "...; executors/collprobe.py)")
     ranks: int | None = _f("collective probe: ranks of the group")
