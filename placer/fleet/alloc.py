@@ -41,9 +41,14 @@ infeasible when an evaluated b >= a is; and T_j(a) >= F_j(a), the job's floor th
 cost table on its cap (`placer.fleet.floors`). Each round solves the model with T_j(a) replaced
 by the larger of these optimistic bounds where a is not evaluated, evaluates the vectors it
 chose, and stops when every chosen vector was already evaluated: the solution is then optimal
-over the grids (up to CP-SAT's own gap). One kind's jobs share one memo (`known`), and a round's
-new vectors are computed together (`prefetch`, in parallel by the caller). A round whose model
-finds no solution in its time limit (a large model's presolve) is retried with twice the limit;
+over the grids (up to CP-SAT's own gap). Before the first round the fair shares are planned
+(the first incumbent), and each grid's top where no floor bounds it or the tops are expected
+(at the pace of the plans so far) within half the time left; on a large fleet the others wait
+for a round to choose them, so a first round is solved sooner. A round whose chosen vectors'
+plans are not expected within the time left ends the search with the incumbent and its bound.
+One kind's jobs share one memo (`known`), and a round's new vectors are computed together
+(`prefetch`, in parallel by the caller). A round whose model finds no solution in its time
+limit (a large model's presolve) is retried with twice the limit;
 until an incumbent exists a round gets its full limit. The bound reported (the best objective
 still possible) is the tightest of the rounds' optimistic bounds; the incumbent is the best
 solution whose times are all evaluated. Job plans that stop at their time limit are incumbents:
@@ -92,16 +97,22 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
     start = time.monotonic()
     tops = [(j, a) for j, job in enumerate(pr.jobs) for a in _maximal(job.grid)]
     shares = fair_shares(pr)
-    # the top of each grid bounds every vector below it; the fair shares, an incumbent from the
-    # start, bound the vectors below them
-    pr.fetch(tops + [(j, a) for j, a in enumerate(shares or [])])
+    # the fair shares, an incumbent from the start, bound the vectors below them; the top of
+    # each grid bounds every vector below it: planned first where there are no fair shares,
+    # where floors do not bound every vector of the grid, or where the tops are expected
+    # within half the time left (else floors bound them until a round chooses them: a first
+    # round sooner)
+    loose = {j for j, job in enumerate(pr.jobs) if any(pr.floor(j, a) <= 0.0 for a in job.grid)}
+    first = tops if shares is None else [(j, a) for j, a in enumerate(shares)] + [
+        (j, a) for j, a in tops if j in loose]
+    pr.fetch(first)
+    if pr.fits_in(tops, (time_limit_s - (time.monotonic() - start)) / 2):
+        pr.fetch(tops)
     best: tuple[float, list[Vec]] | None = None
     if shares is not None:
         best = _keep_best(pr, None, shares)
-    # every job at its top's lower bound: a bound before any round (T_j(a) >= L_j(top))
-    fastest = [min((t for a in _maximal(job.grid) if a in pr.known[j]
-                    and (t := pr.exact_low(j, a)) is not None), default=None)
-               for j, job in enumerate(pr.jobs)]
+    # every job at its tops' lower bound: a bound before any round (T_j(a) >= L_j(top))
+    fastest = [_fastest(pr, j) for j in range(len(pr.jobs))]
     bound = (_objective(pr, [t for t in fastest if t is not None])
              if None not in fastest and not (pr.choices and pr.objective == "makespan")
              else float("inf") if pr.objective == "throughput" else 0.0)
@@ -123,7 +134,13 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
             continue
         better = min if pr.objective == "throughput" else max
         bound = better(bound, r.bound)  # it holds whether or not CP-SAT proved it
-        pr.fetch(list(enumerate(r.vectors)))
+        chosen = list(enumerate(r.vectors))
+        if (best is not None and not r.exact
+                and not pr.fits_in(chosen, time_limit_s - (time.monotonic() - start))):
+            if on_round is not None:
+                on_round(rounds, pr.evaluated(), best[0], bound)
+            break  # its plans are not expected in the time left: the incumbent, this bound
+        pr.fetch(chosen)
         best = _keep_best(pr, best, r.vectors)
         if on_round is not None:
             on_round(rounds, pr.evaluated(), best[0] if best else None, bound)
@@ -197,6 +214,14 @@ def _gap(objective: str, obj: float, bound: float) -> float:
         return 1.0  # a job plan without a bound (its solver stopped before any): none known
     gap = (bound - obj) / bound if objective == "throughput" else (obj - bound) / obj
     return 0.0 if gap < 1e-6 else min(gap, 1.0)
+
+
+def _fastest(pr: AllocProblem, j: int) -> float | None:
+    """A lower bound on job j's time on any vector of its grid: the least over its tops of
+    their plans' proven lower bounds, or of their floors where not planned (`pr.lower`); None
+    where no top is known to place it."""
+    lows = [pr.lower(j, a) for a in _maximal(pr.jobs[j].grid)]
+    return min((t for t in lows if t is not None), default=None)
 
 
 def _maximal(grid: Sequence[Vec]) -> list[Vec]:

@@ -70,6 +70,9 @@ class AllocProblem:
     # job index, vector -> a proven lower bound on the job's time there without planning it
     # (`placer.fleet.floors`; None or 0: none known)
     floor_of: Callable[[int, Vec], float | None] | None = None
+    # wall seconds one more job plan is expected to take (None: no estimate yet): the search
+    # leaves out a batch of plans it does not expect to finish within its time
+    pace: Callable[[], float | None] | None = None
     not_monotone: int = 0  # evaluated pairs where fewer nodes were faster (the bound failed)
     shared: tuple[ShareGroup, ...] = ()  # pools several jobs share (one count, charged once)
     choices: tuple[Choice, ...] = ()  # shared pools the allocation may use or not
@@ -122,6 +125,14 @@ class AllocProblem:
             self.prefetch(new)
         for j, a in new:
             self.evaluate(j, a)
+
+    def fits_in(self, pairs: list[tuple[int, Vec]], left_s: float) -> bool:
+        """Whether planning these pairs' new (kind, vector)s is expected within `left_s`
+        seconds (`pace`; without an estimate, only while time is left)."""
+        new = {(self.jobs[j].kind if self.jobs[j].kind is not None else ("job", j), a)
+               for j, a in pairs if a not in self.known[j]}
+        pace = self.pace() if self.pace is not None else None
+        return left_s > 0 and (pace is None or pace * len(new) <= left_s)
 
     def evaluated(self) -> int:
         """Time functions evaluated: each kind's once (a choice's zero vector is none)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from dataclasses import dataclass, field
 
 from placer.cost.efficiency import Calibration
@@ -113,6 +114,8 @@ class JobPlanner:
     memo: Pricers | None = None  # each kind's pricing memo, planning here (`workers` < 2)
     pool: KindWorkers | None = None  # else the worker processes, each with its own memos
     computed: int = 0  # plans and tables computed (not found in `plans`, `why`)
+    planned_s: float = 0.0  # wall seconds spent computing plans (their batches, in parallel)
+    planned: int = 0  # plans computed in them
     # (kind, cap) -> its single-pool table on the cap (`grids`); (kind, cap, vector) -> floor
     tables: dict[tuple[int, Vec], RoleTable | None] = field(default_factory=dict)
     floors: dict[tuple[int, Vec, Vec], float | None] = field(default_factory=dict)
@@ -131,15 +134,27 @@ class JobPlanner:
         """The tasks' results: in the worker processes when there are several workers and
         tasks, else here (each kind on its memo either way)."""
         self.computed += len(tasks)
+        start = time.monotonic()
         if self.workers < 2 or len(tasks) < 2:
             assert self.memo is not None
-            return [run_task(t, self.priced, self.memo, self.time_limit_s, self.seed)
-                    for t in tasks]
-        if self.pool is None:  # forked at the first batch, the grids' tables, before this
-            # fleet's first CP-SAT solve
-            self.pool = KindWorkers(self.priced, self.calib, self.time_limit_s, self.seed,
-                                    self.workers)
-        return self.pool.run(tasks)
+            out = [run_task(t, self.priced, self.memo, self.time_limit_s, self.seed)
+                   for t in tasks]
+        else:
+            if self.pool is None:  # forked at the first batch, the grids' tables, before this
+                # fleet's first CP-SAT solve
+                self.pool = KindWorkers(self.priced, self.calib, self.time_limit_s, self.seed,
+                                        self.workers)
+            out = self.pool.run(tasks)
+        plans = sum(1 for t in tasks if t[0] == "plan")
+        if plans == len(tasks):
+            self.planned_s += time.monotonic() - start
+            self.planned += plans
+        return out
+
+    def pace(self) -> float | None:
+        """Wall seconds one more job plan is expected to take, in a batch of plans: the mean so
+        far (None before any), for the search to judge whether a batch fits its time left."""
+        return self.planned_s / self.planned if self.planned else None
 
     def plan(self, j: int, a: Vec) -> Plan:
         return self.plans[(self.kind_of[j], a)]
@@ -223,8 +238,12 @@ class JobPlanner:
         keys = sorted({(self.kind_of[j], self.cap(j)) for j in range(len(self.fleet.jobs))})
         tables = self._run([("least", k, self.nodes_of(cap)) for k, cap in keys])
         self.tables.update(zip(keys, tables))  # type: ignore[arg-type]
-        return [self.grid(j, self.tables[(self.kind_of[j], self.cap(j))])
-                for j in range(len(self.fleet.jobs))]
+        seen: dict[tuple[int, str], tuple[Vec, ...]] = {}  # a kind's grid per team, built once
+        for j, fj in enumerate(self.fleet.jobs):  # (the cap and fair share are the team's)
+            key = (self.kind_of[j], fj.team)
+            if key not in seen:
+                seen[key] = self.grid(j, self.tables[(self.kind_of[j], self.cap(j))])
+        return [seen[(self.kind_of[j], fj.team)] for j, fj in enumerate(self.fleet.jobs)]
 
     def grid(self, j: int, table: RoleTable | None) -> tuple[Vec, ...]:
         """Job j's allocation vectors (module docstring), less those on which some role has no
@@ -242,13 +261,30 @@ class JobPlanner:
         axes = thinned([levels(c) if p in use else [0] for p, c in zip(self.pools, cap)],
                        self.max_grid, share)
         per_node = {p.name: p.devices_per_node for p in self.fleet.cluster.pools}
+        least = None if roles is None else [_least_needs(cs) for cs in roles]
 
         def fits(a: Vec) -> bool:
             have = {p: n * per_node[p] for p, n in zip(self.pools, a)}
-            return roles is None or all(
-                any(all(n <= have[p] for p, n in c.items()) for c in cs) for cs in roles)
+            return least is None or all(
+                any(all(n <= have[p] for p, n in c) for c in cs) for cs in least)
         top = tuple(max(x) for x in axes)
         return tuple(a for a in itertools.product(*axes) if any(a) and (a == top or fits(a)))
+
+
+def _least_needs(cands: list[dict[str, int]]) -> list[tuple[tuple[str, int], ...]]:
+    """A role's candidates' devices per pool, less those another's needs imply: c is left
+    out where some d holds no pool c does not and no more devices of any (d fits wherever c
+    does), so a vector fits one of these exactly when it fits one of `cands`."""
+    needs = sorted({tuple(sorted(c.items())) for c in cands}, key=lambda c: (len(c), c))
+
+    def implies(d: tuple[tuple[str, int], ...], c: tuple[tuple[str, int], ...]) -> bool:
+        held = dict(c)
+        return all(p in held and n <= held[p] for p, n in d)
+    out: list[tuple[tuple[str, int], ...]] = []
+    for c in needs:
+        if not any(implies(d, c) for d in out):
+            out = [d for d in out if not implies(c, d)] + [c]
+    return out
 
 
 def share_groups(fleet: Fleet) -> tuple[ShareGroup, ...]:
@@ -286,5 +322,5 @@ def alloc_problem(planner: JobPlanner) -> AllocProblem:
     return AllocProblem(pools, tuple(fleet.pool_nodes()[p] for p in pools), teams, jobs,
                         "throughput" if fleet.objective == "throughput" else "makespan",
                         planner.time, prefetch=planner.prefetch, low_of=planner.low,
-                        floor_of=planner.floor,
+                        floor_of=planner.floor, pace=planner.pace,
                         shared=share_groups(fleet))

@@ -26,8 +26,10 @@ from placer.fleet.alloc import (
     Unsolved,
     Vec,
     allocate,
+    fair_shares,
     solve_round,
 )
+from placer.fleet.allocproblem import misses
 from placer.fleet.inner import JobPlanner, alloc_problem
 from placer.fleet.result import FleetResult, SharedUse, team_usage
 from placer.fleet.sharedplan import SharedRollouts
@@ -64,7 +66,8 @@ def _plan(planner: JobPlanner, time_limit_s: float, workers: int, seed: int,
                  f"{len(set(planner.kind_of))} kinds of job to plan")
     _check_jobs(pr, planner, rollouts)
     if progress is not None:
-        progress(f"fleet: {pr.evaluated()} job plans priced on their caps")
+        progress(f"fleet: {pr.evaluated()} job plans priced (each kind on its fair share, "
+                 "or on its cap where that does not fit)")
 
     def on_round(r: int, evaluated: int, best: float | None, bound: float) -> None:
         if progress is not None:
@@ -106,11 +109,21 @@ def _nodes(planner: JobPlanner, a: Vec) -> str:
 
 
 def _check_jobs(pr: AllocProblem, planner: JobPlanner, rollouts: SharedRollouts) -> None:
-    """Each job alone on the most its team may hold: placed, and within its limits."""
-    pr.fetch([(j, max(job.grid, key=sum)) for j, job in enumerate(pr.jobs) if job.grid])
+    """Each job alone on the most its team may hold: placed, and within its limits. Where the
+    fair shares exist (`alloc.fair_shares`, the search's first incumbent) they are planned
+    first: a job placed within its limits on its share is so on its top, which holds at least
+    as many nodes of every pool (more nodes never slow the planner's optimum, the monotone
+    bound the allocation search rests on), so only the other jobs' tops are planned here."""
+    shares = fair_shares(pr)
+    if shares is not None:
+        pr.fetch(list(enumerate(shares)))
+    done = {j for j, a in enumerate(shares or []) if j not in pr.optional()
+            and (t := pr.known[j].get(a)) is not None and not misses(pr.jobs[j], t)}
+    pr.fetch([(j, max(job.grid, key=sum)) for j, job in enumerate(pr.jobs)
+              if job.grid and j not in done])
     for j, job in enumerate(pr.jobs):
-        if j in pr.optional():
-            continue  # either flavour may be the one that fits
+        if j in pr.optional() or j in done:
+            continue  # either flavour may be the one that fits; placed within its limits
         if not job.grid:
             raise Infeasible(f"job {job.name}: team {job.team}'s quota gives it no nodes of a "
                              "pool its roles can run on")

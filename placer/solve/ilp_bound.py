@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from placer.base.roles import Role
 from placer.cost.estimate import Estimate, generated_samples
@@ -219,14 +221,33 @@ def split_keep(problem: Problem, slack_s: float = 0.0) -> Callable[[str], SplitK
 
     def time_floor(role: str) -> Callable[[tuple[Estimate, ...], float, str | None], float]:
         left = _left_floors(problem, role)
+        # (parts' ids, shared) -> (parts, what of the bound does not depend on the time): a
+        # split's pricing asks for one pair at many times; the parts are kept, so no id is reused
+        seen: dict[tuple[object, ...], tuple[tuple[Estimate, ...],
+                                             tuple[float, float, float] | None]] = {}
 
-        def low(parts: tuple[Estimate, ...], t_low: float, shared: str | None) -> float:
+        def fixed(parts: tuple[Estimate, ...], shared: str | None
+                  ) -> tuple[float, float, float] | None:
+            """(sync floor, the other roles' stage floor, their slowest), None: they do not
+            fit beside it."""
+            key = (*map(id, parts), shared)
+            hit = seen.get(key)
+            if hit is not None and all(x is y for x, y in zip(hit[0], parts)):
+                return hit[1]
             alone = tuple(p for p in parts if p.pool != shared)
             others = left(tuple((p.pool, p.devices) for p in alone))
-            if others is None:
+            got = None
+            if others is not None:
+                y = max((sync(p) for p in alone), default=0.0) if role == Role.ROLLOUT else 0.0
+                got = (y, *others)
+            seen[key] = (parts, got)
+            return got
+
+        def low(parts: tuple[Estimate, ...], t_low: float, shared: str | None) -> float:
+            got = fixed(parts, shared)
+            if got is None:
                 return math.inf  # the other roles do not fit beside it
-            rest, slowest = others
-            y = max((sync(p) for p in alone), default=0.0) if role == Role.ROLLOUT else 0.0
+            y, rest, slowest = got
             t = t_low + y
             return max(t, slowest, chain_bound(t + rest))
         return low
@@ -251,32 +272,68 @@ def _left_floors(problem: Problem, role: str
     """(pool, devices) held by a split of `role` -> (the sum over the stages `role` has none of
     of the other roles' least time in each, the largest of the other roles' least own time),
     counting only candidates that fit on the devices the split leaves free; None when some
-    other role has none that does. Cached per holding."""
+    other role has none that does. Cached per holding; each other role's candidates are one
+    `_FitTable` (a split's pricing asks this for hundreds of holdings)."""
     cap = problem.capacity()
     own = {st for c in problem.cands.get(role, []) for st in c.est.stage_s}
+    others = [cs for r, cs in problem.cands.items() if r != role]
+    pools = sorted({*cap, *(p for cs in others for c in cs for p in c.pool_devices())})
+    col = {p: i for i, p in enumerate(pools)}
+    base = np.array([cap.get(p, 0) for p in pools], dtype=np.int64)
+    tables = [_FitTable.of(cs, col, own) for cs in others]
     seen: dict[tuple[tuple[str, int], ...], tuple[float, float] | None] = {}
 
     def of(held: tuple[tuple[str, int], ...]) -> tuple[float, float] | None:
         if held not in seen:
-            free = dict(cap)
+            free = base.copy()
             for pool, n in held:
-                free[pool] = free.get(pool, 0) - n
-            stage: dict[str, float] = {}
-            slowest = 0.0
-            for r, cs in problem.cands.items():
-                if r == role:
-                    continue
-                fit = [c for c in cs
-                       if all(n <= free.get(p, 0) for p, n in c.pool_devices().items())]
-                if not fit:
-                    seen[held] = None
-                    return None
-                slowest = max(slowest, min(c.time_s for c in fit))
-                for st in {st for c in fit for st in c.est.stage_s} - own:
-                    stage[st] = max(stage.get(st, 0.0), min(c.est.stage_s.get(st, 0.0) for c in fit))
-            seen[held] = (sum(stage.values()), slowest)
+                if pool in col:  # else no other role's candidate holds that pool
+                    free[col[pool]] -= n
+            seen[held] = _floors(tables, free)
         return seen[held]
     return of
+
+
+@dataclass(frozen=True)
+class _FitTable:
+    """One role's candidates as arrays: devices per pool (a row per candidate; `uses`, which
+    pools it holds at all), own time, and time in each stage of `stages` (0 where a candidate
+    has none of that stage)."""
+
+    needs: np.ndarray
+    uses: np.ndarray
+    times: np.ndarray
+    stages: tuple[str, ...]
+    stage_s: np.ndarray
+
+    @classmethod
+    def of(cls, cands: list[Candidate], col: dict[str, int], own: set[str]) -> _FitTable:
+        stages = tuple(sorted({st for c in cands for st in c.est.stage_s} - own))
+        needs = np.zeros((len(cands), len(col)), dtype=np.int64)
+        uses = np.zeros((len(cands), len(col)), dtype=bool)
+        for i, c in enumerate(cands):
+            for p, n in c.pool_devices().items():
+                needs[i, col[p]], uses[i, col[p]] = n, True
+        times = np.array([c.time_s for c in cands], dtype=float)
+        stage_s = np.array([[c.est.stage_s.get(st, 0.0) for st in stages] for c in cands],
+                           dtype=float).reshape(len(cands), len(stages))
+        return cls(needs, uses, times, stages, stage_s)
+
+
+def _floors(tables: list[_FitTable], free: np.ndarray) -> tuple[float, float] | None:
+    """`_left_floors`'s value on `free` devices per pool. A stage of the union that no fitting
+    candidate has counts 0 there, as the sum over the fitting candidates' own stages would."""
+    stage: dict[str, float] = {}
+    slowest = 0.0
+    for t in tables:
+        fit = ((t.needs <= free) | ~t.uses).all(axis=1)  # a pool it does not hold: any
+        if not fit.any():
+            return None
+        slowest = max(slowest, float(t.times[fit].min()))
+        if t.stages:
+            for st, v in zip(t.stages, t.stage_s[fit].min(axis=0)):
+                stage[st] = max(stage.get(st, 0.0), float(v))
+    return sum(stage.values()), slowest
 
 
 def sync_floor(problem: Problem) -> Callable[[Estimate], float]:
