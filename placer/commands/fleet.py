@@ -233,7 +233,7 @@ def _simulate(args: argparse.Namespace, fleet: Fleet, result: FleetResult,
 
 
 def check_export(args: argparse.Namespace) -> None:
-    from placer.interop.kuberay import dns_name
+    from placer.interop.kuberay import check_image, dns_name
 
     if not args.export:
         for flag in ("image", "namespace") if args.execute else ("image", "steps", "namespace"):
@@ -245,6 +245,7 @@ def check_export(args: argparse.Namespace) -> None:
     if target != "kueue":
         raise SpecError(f"--export: the one target is kueue (got {target!r})")
     check_output(folder, "--export", folder=True)
+    check_image(args.image)
     if dns_name(args.namespace) != args.namespace:
         raise SpecError(f"--namespace: must be a DNS-1123 label (got {args.namespace!r})")
     if args.execute:
