@@ -77,6 +77,10 @@ CPU = "shared-cpu-tiny.yaml"
     ("mixed.yaml", "contention.preemptions.0.nodes", True,
      ["contention.preemptions.0.nodes", "True"]),
     ("mixed.yaml", "contention.spine_gbs", "25", ["contention.spine_gbs", "'25'"]),
+    # lines that named the value only in passing, or a whole-object check as "(top level)"
+    (CPU, "teams.agents.quota.tpu", {"nominal": 1}, ["teams.agents.quota.tpu", "(got 'tpu')"]),
+    (CPU, "cluster.pools.1.name", "gpu", ["fleet.yaml: cluster: pool names must be unique",
+                                          "'gpu'"]),
 ])
 def test_bad_fleet_value_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                      base: str, path: str, value: Any,

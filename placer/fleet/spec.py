@@ -255,7 +255,7 @@ def _check_teams(ff: FleetFile, cluster: Cluster, source: str) -> list[str]:
         for pool, q in t.quota.items():
             if pool not in pools:
                 out.append(f"{source}: teams.{team}.quota.{pool}: no pool {pool!r} in the "
-                           f"cluster (pools: {', '.join(pools)})")
+                           f"cluster (pools: {', '.join(pools)}) (got {pool!r})")
             elif t.cohort is None and q.borrowing_limit is not None:
                 out.append(f"{source}: teams.{team}.quota.{pool}.borrowing_limit: a team without "
                            f"a cohort cannot borrow (as in Kueue) (got {q.borrowing_limit})")
