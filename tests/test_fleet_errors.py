@@ -113,3 +113,32 @@ def test_export_image_must_be_a_reference(tmp_path: Path, capsys: pytest.Capture
     assert len(lines) == 1 and lines[0].startswith("placer: error: --image: "), lines
     assert f"(got {shown})" in lines[0], lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("path, value, needle", [
+    ("jobs.1.name", "agent.a", "jobs: 'agent-a' and 'agent.a' are both 'placer-agent-a'"),
+    ("jobs.1.name", "Agent-A", "jobs: 'agent-a' and 'Agent-A' are both 'placer-agent-a'"),
+])
+def test_kueue_export_names_must_differ(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        path: str, value: str, needle: str) -> None:
+    """Two jobs (or teams, or pools) of one Kubernetes name: one's RayJob file overwrote the
+    other's in the export. Refused before planning; nothing written."""
+    doc = _set(_fleet(CPU), path, value)
+    doc["shared"]["cpu_pools"][0]["jobs"] = ["agent-a", value]
+    fleet, out = tmp_path / "fleet.yaml", tmp_path / "kueue"
+    fleet.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["fleet", str(fleet), "--export", "kueue", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and f"(got {value!r})" in lines[0], lines
+    assert not out.exists()
+
+
+def test_kueue_export_teams_must_differ(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _fleet(CPU)
+    doc["teams"]["Agents"] = {"quota": {"gpu": {"nominal": 0}}}
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["fleet", str(fleet), "--export", "kueue", str(tmp_path / "k")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "teams: 'agents' and 'Agents' are both 'agents'" in lines[0]

@@ -122,6 +122,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = check_simulate(args)
     check_execute(args)
     fleet = load_fleet(args.fleet)
+    if args.export:
+        from placer.base.inputs import SpecErrors
+        from placer.interop.kueue import name_clashes
+
+        clashes = name_clashes(fleet, args.fleet)
+        if clashes:
+            raise SpecErrors(clashes)
     calib = load_calibration(args.calibration)
     result = plan_fleet(fleet, calib, time_limit_s=args.time_limit,
                         job_time_limit_s=args.job_time_limit, workers=args.workers,
