@@ -77,6 +77,10 @@ CPU = "shared-cpu-tiny.yaml"
     ("mixed.yaml", "contention.preemptions.0.nodes", True,
      ["contention.preemptions.0.nodes", "True"]),
     ("mixed.yaml", "contention.spine_gbs", "25", ["contention.spine_gbs", "'25'"]),
+    # a job's name is its folder under --execute's --out: "/etc" was that folder itself
+    ("mixed.yaml", "jobs.5.name", "../escape", ["jobs.5 (../escape): name", "'../escape'"]),
+    ("mixed.yaml", "jobs.5.name", "/etc", ["jobs.5 (/etc): name", "(got '/etc')"]),
+    ("mixed.yaml", "jobs.5.name", "..", ["jobs.5 (..): name", "(got '..')"]),
     # lines that named the value only in passing, or a whole-object check as "(top level)"
     (CPU, "teams.agents.quota.tpu", {"nominal": 1}, ["teams.agents.quota.tpu", "(got 'tpu')"]),
     (CPU, "cluster.pools.1.name", "gpu", ["fleet.yaml: cluster: pool names must be unique",

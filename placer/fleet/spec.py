@@ -284,8 +284,18 @@ def _job(ff: FleetFile, i: int, cluster: Cluster, base: Path, source: str,
         return None
     if fj.name is not None:  # the job's plan and its exports carry the fleet's name for it
         job = job.model_copy(update={"name": fj.name})
+    if not _folder_name(job.name):
+        errors.append(f"{where}: {'name' if fj.name is not None else 'job: name'}: a fleet "
+                      "job's name is its folder under `placer fleet --execute --out`: no '/', "
+                      f"'\\' or NUL, not empty, '.' or '..' (got {job.name!r})")
+        return None
     return FleetJobSpec(job.name, fj.team, job, fj.weight, fj.iterations,
                         fj.deadline, fj.min_iterations_per_hour)
+
+
+def _folder_name(name: str) -> bool:
+    """Whether `name` is one folder's name inside another (never a path out of it)."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
 def _job_on(raw: str | dict[str, Any], cluster: Cluster, base: Path, where: str,
