@@ -77,6 +77,9 @@ CPU = "shared-cpu-tiny.yaml"
     ("mixed.yaml", "contention.preemptions.0.nodes", True,
      ["contention.preemptions.0.nodes", "True"]),
     ("mixed.yaml", "contention.spine_gbs", "25", ["contention.spine_gbs", "'25'"]),
+    (CPU, "shared.cpu_pools.0.choose", "yes", ["shared.cpu_pools.0.choose", "'yes'"]),
+    ("shared-rollout-tiny.yaml", "shared.rollout_pools.0.choose", 1,
+     ["shared.rollout_pools.0.choose", "(got 1)"]),
     # a job's name is its folder under --execute's --out: "/etc" was that folder itself
     ("mixed.yaml", "jobs.5.name", "../escape", ["jobs.5 (../escape): name", "'../escape'"]),
     ("mixed.yaml", "jobs.5.name", "/etc", ["jobs.5 (/etc): name", "(got '/etc')"]),

@@ -106,3 +106,18 @@ def test_json_into_a_closed_or_full_stdout(redirect: Any, needle: str | None) ->
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(lines) == 1 and lines[0].startswith(f"placer: error: {needle}"), lines
+
+
+@pytest.mark.parametrize("changes, needle", [
+    # booleans a YAML "yes", 1 or "true" passed as True (lax), and a negative parameter count
+    ({"pin": {"reference": {"sharded": 1}}}, "pin.reference.sharded: Input should be a valid "
+                                             "boolean (got 1)"),
+    ({"weight_sync": {"transport": "nixl", "shard_experts": "yes"}},
+     "weight_sync.shard_experts: Input should be a valid boolean (got 'yes')"),
+    ({"catalog": {"models": [{"name": "m", "layers": 2, "hidden": 64, "heads": 4,
+                              "kv_heads": 4, "mlp": 128, "vocab": 64, "params_b": -1}]}},
+     "catalog.models.0.params_b: Input should be greater than 0 (got -1)"),
+])
+def test_strict_spec_values(tmp_path: Path, changes: dict[str, Any], needle: str) -> None:
+    line = _error_line(["validate", _job(tmp_path, **changes)])
+    assert needle in line, line

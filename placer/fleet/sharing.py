@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from placer.fleet.rolloutpool import (
     SharedRolloutPoolDecl,
@@ -48,7 +48,7 @@ class SharedCpuPoolDecl(Strict):
     pool: str = Field(description="the CPU pool (a pool of the cluster) the jobs share")
     jobs: list[str] = Field(min_length=2, description="the jobs (fleet names, one team) sharing "
                                                       "it")
-    choose: bool = Field(False, description="let the allocation choose whether the jobs share "
+    choose: StrictBool = Field(False, description="let the allocation choose whether the jobs share "
                                             "(each option priced, the report names both); "
                                             "false: they share")
 
