@@ -121,3 +121,28 @@ def test_json_into_a_closed_or_full_stdout(redirect: Any, needle: str | None) ->
 def test_strict_spec_values(tmp_path: Path, changes: dict[str, Any], needle: str) -> None:
     line = _error_line(["validate", _job(tmp_path, **changes)])
     assert needle in line, line
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("address, start", [
+    ("", "--address: not a Ray address"),  # ran an embedded Ray as if none were given
+    ("host:99999", "--address: not a Ray address"),  # Ray's own dial hung for minutes
+    ("closed", "--address: cannot reach Ray at"),
+])
+def test_execute_checks_its_address_first(tmp_path: Path, address: str, start: str) -> None:
+    """`placer execute --address` is checked (and dialled) before the plan is read, as
+    `placer fleet --execute --address` is: the plan here does not even exist."""
+    if address == "closed":
+        address = f"127.0.0.1:{_closed_port()}"
+    line = _error_line(["execute", str(tmp_path / "no-plan.json"), "--address", address,
+                        "--out", str(tmp_path / "out")])
+    assert line.startswith(f"placer: error: {start}") and f"(got {address!r})" in line, line
+    assert not (tmp_path / "out").exists()
