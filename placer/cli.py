@@ -90,8 +90,20 @@ def build_parser(commands: dict[str, Any]) -> argparse.ArgumentParser:
 
 def emit_json(doc: Any) -> None:
     """The one JSON document of a `--json` run: strict JSON, so an unbounded or undefined number
-    (a job that never fails has an infinite MTBF) is `null`, never `Infinity` or `NaN`."""
-    sys.stdout.write(json.dumps(_strict(doc), indent=2, default=str, allow_nan=False) + "\n")
+    (a job that never fails has an infinite MTBF) is `null`, never `Infinity` or `NaN`.
+    A stdout that is closed (`>&-`) or cannot take it (a full disk, `>/dev/full`) is one line,
+    exit 2; a reader that left (`| head`) is `main`'s BrokenPipeError, exit 141."""
+    text = json.dumps(_strict(doc), indent=2, default=str, allow_nan=False) + "\n"
+    if sys.stdout is None:
+        raise SpecError("stdout: closed; --json writes its document there (got no stdout)")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise SpecError(f"stdout: cannot write the JSON document: {e.strerror or e} "
+                        f"(got {getattr(sys.stdout, 'name', 'stdout')!r})") from None
 
 
 def _strict(doc: Any) -> Any:

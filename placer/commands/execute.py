@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise SpecError(f"--max-restarts: must be >= 0 (got {args.max_restarts})")
     deadlines = parse_deadlines(args.deadline)
+    if args.address is not None:  # malformed, empty or nothing listening: exit 2 before Ray
+        from executors.cluster import reachable
+
+        reachable(args.address)  # (an empty one ran an embedded Ray; a bad port hung in Ray)
     check_output(args.out, "--out", folder=True)  # before Ray starts, not after the run
     check_output(args.trace, "--trace")
     if args.trace and _is_job(args.plan):  # the plan made from the job is saved beside it

@@ -43,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from placer.interop.kuberay import check_image
     from placer.solve.planfile import load_plan
 
     target = target_of(args.framework)
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
                           if given], "--")
     if args.steps < 1:
         raise SpecError(f"--steps: must be at least 1 (got {args.steps})")
+    check_image(args.image)
     check_output(args.output, "--output", folder=target.writes_folder)
     plan = load_plan(args.plan)
     export = target.export(plan, **{opt: getattr(args, opt) for opt in target.options})

@@ -122,6 +122,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = check_simulate(args)
     check_execute(args)
     fleet = load_fleet(args.fleet)
+    if args.export:
+        from placer.base.inputs import SpecErrors
+        from placer.interop.kueue import name_clashes
+
+        clashes = name_clashes(fleet, args.fleet)
+        if clashes:
+            raise SpecErrors(clashes)
     calib = load_calibration(args.calibration)
     result = plan_fleet(fleet, calib, time_limit_s=args.time_limit,
                         job_time_limit_s=args.job_time_limit, workers=args.workers,
@@ -233,7 +240,7 @@ def _simulate(args: argparse.Namespace, fleet: Fleet, result: FleetResult,
 
 
 def check_export(args: argparse.Namespace) -> None:
-    from placer.interop.kuberay import dns_name
+    from placer.interop.kuberay import check_image, dns_name
 
     if not args.export:
         for flag in ("image", "namespace") if args.execute else ("image", "steps", "namespace"):
@@ -245,6 +252,7 @@ def check_export(args: argparse.Namespace) -> None:
     if target != "kueue":
         raise SpecError(f"--export: the one target is kueue (got {target!r})")
     check_output(folder, "--export", folder=True)
+    check_image(args.image)
     if dns_name(args.namespace) != args.namespace:
         raise SpecError(f"--namespace: must be a DNS-1123 label (got {args.namespace!r})")
     if args.execute:

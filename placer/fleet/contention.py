@@ -18,34 +18,38 @@ site/content/en/docs/concepts/preemption.md, commit ff69552).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Annotated
+
 from pydantic import Field
 
-from placer.spec.base import Strict
+from placer.spec.base import PosFloat, PosInt, Strict
 
 
 class SharedCpuPool(Strict):
     """Jobs whose environment tool calls queue on one set of CPU nodes."""
 
     jobs: list[str] = Field(min_length=2, description="the jobs (fleet names) sharing the pool")
-    nodes: int | None = Field(None, ge=1, description="the shared pool's nodes; absent: the "
+    nodes: PosInt | None = Field(None, description="the shared pool's nodes; absent: the "
                                                       "largest environment share of its jobs")
 
 
 class Preemption(Strict):
     """The lending team submits work needing `nodes` nodes of `pool` at `at_s` seconds."""
 
-    at_s: float = Field(ge=0, description="seconds after the fleet starts")
+    at_s: Annotated[float, Field(strict=True, ge=0, le=1e15)] = Field(
+        description="seconds after the fleet starts")
     team: str = Field(description="the lending team (a key of `teams`)")
     pool: str = Field(description="the pool it takes nodes of")
-    nodes: int = Field(ge=1, description="nodes its new work needs")
+    nodes: PosInt = Field(description="nodes its new work needs")
 
 
 class Contention(Strict):
     """The resources a fleet's jobs share in `placer fleet --simulate`."""
 
-    checkpoint_every: int | None = Field(None, ge=1, description="iterations between each "
+    checkpoint_every: PosInt | None = Field(None, description="iterations between each "
                                                                  "job's checkpoints")
-    spine_gbs: float | None = Field(None, gt=0, description="GB/s of each spine link between "
+    spine_gbs: PosFloat | None = Field(None, description="GB/s of each spine link between "
                                                             "two pools (weight syncs that cross "
                                                             "pools share it)")
     cpu_pools: list[SharedCpuPool] = Field(default_factory=list,
@@ -55,9 +59,10 @@ class Contention(Strict):
 
 
 def contention_errors(c: Contention, jobs: list[str], teams: dict[str, list[str]],
-                      pools: list[str], source: str) -> list[str]:
+                      pools: Mapping[str, int], source: str) -> list[str]:
     """One line per name in `c` that is not a job, team or pool of the fleet (`teams`: team ->
-    the pools its quota names)."""
+    the pools its quota names; `pools`: pool -> its nodes), and per preemption asking for more
+    nodes than its pool has."""
     out = []
     seen: dict[str, int] = {}
     for i, cp in enumerate(c.cpu_pools):
@@ -81,4 +86,7 @@ def contention_errors(c: Contention, jobs: list[str], teams: dict[str, list[str]
         if p.pool not in pools:
             out.append(f"{where}.pool: no pool {p.pool!r} in the cluster (pools: "
                        f"{', '.join(pools)}) (got {p.pool!r})")
+        elif p.nodes > pools[p.pool]:
+            out.append(f"{where}.nodes: pool {p.pool} has {pools[p.pool]} nodes (got "
+                       f"{p.nodes})")
     return out

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from placer.base.errors import Infeasible, SpecError
 from placer.cost.efficiency import Calibration
@@ -66,7 +66,7 @@ class SharedRolloutPoolDecl(Strict):
     charge: str | None = Field(None, description="the team whose quota the engines' nodes count "
                                                  "against (needed when the jobs are of several "
                                                  "teams; one of theirs)")
-    choose: bool = Field(False, description="let the allocation choose whether the jobs share "
+    choose: StrictBool = Field(False, description="let the allocation choose whether the jobs share "
                                             "(each option priced, the report names both); "
                                             "false: they share")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from placer.fleet.rolloutpool import (
     SharedRolloutPoolDecl,
@@ -38,6 +38,7 @@ from placer.fleet.rolloutpool import (
 )
 from placer.solve.planfile import Plan
 from placer.spec.base import Strict
+from placer.spec.hardware import DeviceKind
 from placer.spec.job import Job
 
 
@@ -47,7 +48,7 @@ class SharedCpuPoolDecl(Strict):
     pool: str = Field(description="the CPU pool (a pool of the cluster) the jobs share")
     jobs: list[str] = Field(min_length=2, description="the jobs (fleet names, one team) sharing "
                                                       "it")
-    choose: bool = Field(False, description="let the allocation choose whether the jobs share "
+    choose: StrictBool = Field(False, description="let the allocation choose whether the jobs share "
                                             "(each option priced, the report names both); "
                                             "false: they share")
 
@@ -137,12 +138,21 @@ def as_written(plan: Plan, job: Job) -> Plan:
     return plan.model_copy(update={"job": {**plan.job, "environment": env}})
 
 
-def shared_errors(s: Shared, jobs: dict[str, Job], teams: dict[str, str], pools: list[str],
-                  source: str) -> list[str]:
-    """One line per mistake in `shared` (`jobs`: fleet name -> job; `teams`: -> its team)."""
-    out = _cpu_errors(s, teams, pools, source)
+def shared_errors(s: Shared, jobs: dict[str, Job], teams: dict[str, str],
+                  pools: dict[str, DeviceKind | None], source: str) -> list[str]:
+    """One line per mistake in `shared` (`jobs`: fleet name -> job; `teams`: -> its team;
+    `pools`: the cluster's pools -> their device kind, None: unknown): a CPU pool's environment workers need
+    a pool of CPU nodes, a rollout pool's engines one of accelerators."""
+    out = _cpu_errors(s, teams, list(pools), source)
+    out += [f"{source}: shared.cpu_pools.{i}.pool: pool {cp.pool} is of {pools[cp.pool]} "
+            f"devices; environment workers run on a pool of CPU nodes (got {cp.pool!r})"
+            for i, cp in enumerate(s.cpu_pools)
+            if pools.get(cp.pool) not in (None, DeviceKind.cpu)]
+    out += [f"{source}: shared.rollout_pools.{i}.pool: pool {rp.pool} is of CPU nodes; "
+            f"rollout engines run on a pool of GPUs or LPUs (got {rp.pool!r})"
+            for i, rp in enumerate(s.rollout_pools) if pools.get(rp.pool) is DeviceKind.cpu]
     taken = {n: f"shared.cpu_pools.{i}" for i, cp in enumerate(s.cpu_pools) for n in cp.jobs}
-    return out + rollout_errors(s.rollout_pools, jobs, teams, pools, taken, source)
+    return out + rollout_errors(s.rollout_pools, jobs, teams, list(pools), taken, source)
 
 
 def _cpu_errors(s: Shared, jobs: dict[str, str], pools: list[str], source: str) -> list[str]:

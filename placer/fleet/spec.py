@@ -26,27 +26,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, StrictInt, ValidationError
 
 from placer.base.inputs import SpecErrors
 from placer.fleet.contention import Contention, contention_errors
 from placer.fleet.sharing import Shared, shared_errors
-from placer.spec.base import Strict
+from placer.spec.base import PosFloat, PosInt, Strict
+from placer.spec.catalog import devices_of
 from placer.spec.errorlines import validation_lines
-from placer.spec.hardware import Cluster
+from placer.spec.hardware import Cluster, DeviceKind
 from placer.spec.job import Job
 from placer.spec.load import dump_job, job_from_dict, load_job, read_structured
+
+# A job's weight is relative: the allocation scales the largest weighted rate to its objective's
+# integer range (`placer.fleet.allocmodel.SCALE`, 1e9), so a weight a million times another's
+# already leaves the lighter job a few units of it; beyond, it would weigh nothing (and a
+# weight near the float range overflowed the scaling into a NaN).
+MAX_WEIGHT = 1e6
+Nodes = Annotated[StrictInt, Field(ge=0)]
 
 
 class Quota(Strict):
     """A team's share of one pool, in whole nodes (Kueue's ResourceQuota of one flavor)."""
 
-    nominal: int = Field(ge=0, description="nodes of the pool the team is guaranteed "
+    nominal: Nodes = Field(description="nodes of the pool the team is guaranteed "
                                            "(Kueue nominalQuota)")
-    borrowing_limit: int | None = Field(
-        None, ge=0, description="most nodes beyond nominal the team may borrow from its cohort's "
+    borrowing_limit: Nodes | None = Field(
+        None, description="most nodes beyond nominal the team may borrow from its cohort's "
                                 "unused nominal quota (Kueue borrowingLimit; absent: no limit "
                                 "inside a cohort; a team without a cohort borrows nothing)")
 
@@ -62,8 +70,8 @@ class Team(Strict):
 class Deadline(Strict):
     """`iterations` iterations finished within `hours` of the fleet's start."""
 
-    iterations: int = Field(ge=1, description="iterations to finish")
-    hours: float = Field(gt=0, description="hours to finish them in")
+    iterations: PosInt = Field(description="iterations to finish")
+    hours: PosFloat = Field(description="hours to finish them in")
 
 
 class FleetJob(Strict):
@@ -74,13 +82,14 @@ class FleetJob(Strict):
     team: str = Field(description="the team (a key of `teams`) whose quota the job uses")
     job: str | dict[str, Any] = Field(description="a job file (path relative to the fleet "
                                                   "file) or an inline job mapping")
-    weight: float = Field(1.0, gt=0, description="the job's weight in the weighted throughput "
-                                                 "(a higher priority is a larger weight)")
-    iterations: int | None = Field(None, ge=1, description="iterations the job runs (needed by "
-                                                           "the makespan objective)")
+    weight: Annotated[float, Field(strict=True, gt=0, le=MAX_WEIGHT)] = Field(
+        1.0, description="the job's weight in the weighted throughput (a higher priority is a "
+                         "larger weight; at most a million)")
+    iterations: PosInt | None = Field(None, description="iterations the job runs (needed by "
+                                                        "the makespan objective)")
     deadline: Deadline | None = Field(None, description="finish this many iterations by then")
-    min_iterations_per_hour: float | None = Field(
-        None, gt=0, description="the slowest the job may run, iterations per hour")
+    min_iterations_per_hour: PosFloat | None = Field(
+        None, description="the slowest the job may run, iterations per hour")
 
 
 class FleetFile(Strict):
@@ -175,16 +184,26 @@ def fleet_from_dict(data: dict[str, Any], base: Path, source: str = "fleet") -> 
     if ff.contention is not None:
         errors += contention_errors(ff.contention, names, {t: list(v.quota)
                                                            for t, v in ff.teams.items()},
-                                    [p.name for p in cluster.pools], source)
+                                    {p.name: p.nodes for p in cluster.pools}, source)
     if ff.shared is not None:
-        errors += shared_errors(ff.shared, {j.name: j.job for j in jobs if j is not None},
-                                {j.name: j.team for j in jobs if j is not None},
-                                [p.name for p in cluster.pools], source)
+        valid = [j for j in jobs if j is not None]
+        errors += shared_errors(ff.shared, {j.name: j.job for j in valid},
+                                {j.name: j.team for j in valid}, _pool_kinds(cluster, valid),
+                                source)
         errors += _shared_twice(ff, source)
     if errors:
         raise SpecErrors(errors)
     return Fleet(ff.name, ff.objective, cluster, ff.teams, [j for j in jobs if j is not None],
                  ff.contention, ff.shared)
+
+
+def _pool_kinds(cluster: Cluster, jobs: list[FleetJobSpec]) -> dict[str, DeviceKind | None]:
+    """Each pool's device kind, from the device types a validated job reads the fleet's
+    cluster with (its own catalog's, else the shipped ones); None when no job is valid (their
+    errors are reported)."""
+    devices = devices_of(jobs[0].job) if jobs else {}
+    return {p.name: devices[p.device].kind if p.device in devices else None
+            for p in cluster.pools}
 
 
 def _shared_twice(ff: FleetFile, source: str) -> list[str]:
@@ -236,7 +255,7 @@ def _check_teams(ff: FleetFile, cluster: Cluster, source: str) -> list[str]:
         for pool, q in t.quota.items():
             if pool not in pools:
                 out.append(f"{source}: teams.{team}.quota.{pool}: no pool {pool!r} in the "
-                           f"cluster (pools: {', '.join(pools)})")
+                           f"cluster (pools: {', '.join(pools)}) (got {pool!r})")
             elif t.cohort is None and q.borrowing_limit is not None:
                 out.append(f"{source}: teams.{team}.quota.{pool}.borrowing_limit: a team without "
                            f"a cohort cannot borrow (as in Kueue) (got {q.borrowing_limit})")
@@ -265,8 +284,18 @@ def _job(ff: FleetFile, i: int, cluster: Cluster, base: Path, source: str,
         return None
     if fj.name is not None:  # the job's plan and its exports carry the fleet's name for it
         job = job.model_copy(update={"name": fj.name})
+    if not _folder_name(job.name):
+        errors.append(f"{where}: {'name' if fj.name is not None else 'job: name'}: a fleet "
+                      "job's name is its folder under `placer fleet --execute --out`: no '/', "
+                      f"'\\' or NUL, not empty, '.' or '..' (got {job.name!r})")
+        return None
     return FleetJobSpec(job.name, fj.team, job, fj.weight, fj.iterations,
                         fj.deadline, fj.min_iterations_per_hour)
+
+
+def _folder_name(name: str) -> bool:
+    """Whether `name` is one folder's name inside another (never a path out of it)."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
 def _job_on(raw: str | dict[str, Any], cluster: Cluster, base: Path, where: str,

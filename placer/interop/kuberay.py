@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from placer.base.errors import SpecError
 from placer.interop.common import Export, refuse_park
 from placer.interop.noderesources import PodRequest, cpu_pod, gpu_pods
 from placer.solve.mapping import device_resources
@@ -52,6 +53,26 @@ def dns_name(text: str, limit: int = 63) -> str:
     """`text` as a DNS-1123 label (lowercase letters, digits, '-'; starts and ends with one)."""
     s = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:limit].strip("-")
     return s or "x"
+
+
+# A container image reference, by the grammar of distribution/reference (reference.go lines
+# 4-26, v0.5.0, commit 4894124): name [":" tag] ["@" digest], the name an optional domain (with
+# port) and lowercase path components; a name of at most 255 characters (NameTotalLengthMax).
+_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+_DOMAIN = (r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+           r"(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*(?::[0-9]+)?")
+_IMAGE = re.compile(rf"(?P<name>(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*)"
+                    r"(?::[\w][\w.-]{0,127})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def check_image(image: str | None, flag: str = "--image") -> None:
+    """SpecError unless `image` (None: the default) is a container image reference, which the
+    RayJobs' and RayCluster's YAML carry as it is."""
+    m = _IMAGE.fullmatch(image) if image is not None else None
+    if image is not None and (m is None or len(m.group("name")) > 255):
+        raise SpecError(f"{flag}: not a container image reference, [REGISTRY/]NAME[:TAG]"
+                        f"[@DIGEST] with a lowercase NAME (got {image!r})")
 
 
 def label_value(text: str) -> str:

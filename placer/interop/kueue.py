@@ -31,6 +31,7 @@ the plan alone) and a team with jobs but no CPU quota (the Ray head's 2 CPUs nee
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -70,6 +71,25 @@ def _quantities(pool: Pool, dev: DeviceType, nodes: int) -> dict[str, str] | Non
 
 def flavor_name(pool: Pool) -> str:
     return dns_name(pool.name, 63)
+
+
+def name_clashes(fleet: Fleet, source: str) -> list[str]:
+    """One line per team, pool or job whose Kubernetes name (a DNS-1123 label, cut as the
+    export cuts it) is another's: in the export one would overwrite the other's file and
+    object (`a_b` and `a.b` are both `a-b`). Checked before the fleet is planned."""
+    kinds: list[tuple[str, list[str], Callable[[str], str]]] = [
+        ("teams", list(fleet.teams), dns_name),
+        ("cluster.pools", [p.name for p in fleet.cluster.pools], lambda n: dns_name(n, 50)),
+        ("jobs", [j.name for j in fleet.jobs], lambda n: dns_name(f"placer-{n}", 40))]
+    out = []
+    for field, names, k8s in kinds:
+        seen: dict[str, str] = {}
+        for name in names:
+            first = seen.setdefault(k8s(name), name)
+            if first != name:
+                out.append(f"{source}: {field}: {first!r} and {name!r} are both {k8s(name)!r} "
+                           f"as Kubernetes names in the Kueue export; rename one (got {name!r})")
+    return out
 
 
 def export_kueue(fleet: Fleet, result: FleetResult, image: str = DEFAULT_IMAGE,

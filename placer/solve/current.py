@@ -24,19 +24,24 @@ from placer.spec.hardware import DeviceKind
 def _check_roles(cur: CurrentPlacement, want: list[str], pools: set[str]) -> None:
     have = set(cur.roles)
     if have != set(want):
-        raise SpecError(f"job.current.roles: the job runs {sorted(want)} but the recorded "
-                        f"placement names {sorted(have)}")
+        raise SpecError(f"job.current.roles: the job runs {', '.join(sorted(map(str, want)))} "
+                        f"but the recorded placement names {', '.join(sorted(have))}; "
+                        f"missing: {', '.join(sorted(set(want) - have)) or 'none'}, not run: "
+                        f"{', '.join(sorted(have - set(want))) or 'none'} "
+                        f"(got {sorted(have)})")
     for role, at in cur.roles.items():
         if at.pool not in pools:
             raise SpecError(f"job.current.roles.{role}.pool: no pool {at.pool!r} in the "
-                            f"cluster (pools: {', '.join(sorted(pools))})")
+                            f"cluster (pools: {', '.join(sorted(pools))}) (got {at.pool!r})")
     seen: set[str] = set()
     for i, group in enumerate(cur.colocate):
         for r in group:
             if r not in have:
-                raise SpecError(f"job.current.colocate.{i}: no role {r!r} in current.roles")
+                raise SpecError(f"job.current.colocate.{i}: no role {r!r} in current.roles "
+                                f"(got {r!r})")
             if r in seen:
-                raise SpecError(f"job.current.colocate.{i}: role {r!r} is in two groups")
+                raise SpecError(f"job.current.colocate.{i}: role {r!r} is in two groups "
+                                f"(got {r!r})")
             seen.add(r)
         pools = {cur.roles[r].pool for r in group}
         if len(pools) > 1:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import Field, StrictBool, model_validator
 
-from placer.spec.base import PosInt, Strict
+from placer.spec.base import PosFloat, PosInt, Strict
 from placer.spec.linear_attention import LinearAttention
 from placer.spec.vision import VisionEncoder
 
@@ -92,7 +92,7 @@ class ModelArch(Strict):
     qk_rope_head_dim: PosInt | None = None
     qk_nope_head_dim: PosInt | None = None
     v_head_dim: PosInt | None = None
-    params_b: float | None = Field(None, description="published parameter count, billions")
+    params_b: PosFloat | None = Field(None, description="published parameter count, billions")
     source: str = ""
 
     @model_validator(mode="after")

@@ -59,7 +59,9 @@ def _error_line(e: ErrorDetails, prefix: str, root: type[BaseModel] | None) -> s
     Key names come from the input: each is escaped here (a key holding a newline must not split
     the line for a caller of the Python API), and the CLI escapes each whole line again
     (`placer.base.inputs.error_lines`; escaping is idempotent on printable text)."""
-    loc = ".".join(escape(str(x)) for x in e["loc"]) or "(top level)"
+    loc = ".".join(escape(str(x)) for x in e["loc"])
+    if not loc:  # a whole-object check: under a field prefix ("cluster."), that field
+        prefix, loc = (prefix[:-1], "") if prefix.endswith(".") else (prefix, "(top level)")
     msg = " ".join(e["msg"].removeprefix("Value error, ").split())  # always one line
     got = e.get("input")
     # A missing key or a whole-object check has the enclosing mapping as its input: not a value.

@@ -67,7 +67,8 @@ def _first_line(e: BaseException) -> str:
 
 def _check_job(job: Job, source: str) -> list[str]:
     """Checks that need more than one field: replayed traces readable, contexts finite, tail
-    policy budgets. Every failing check gives one line; [] when all pass."""
+    policy budgets, a KL term with its reference. Every failing check gives one line; [] when
+    all pass."""
     out: list[str] = []
     for where, dist in distributions(job):
         if dist.kind != "empirical":
@@ -88,6 +89,10 @@ def _check_job(job: Job, source: str) -> list[str]:
     if not ctx <= MAX_CONTEXT_TOKENS:
         out.append(f"{source}: lengths: the longest context, prompt + turns x response + "
                    f"tool outputs, is {ctx:.3g} tokens, beyond {MAX_CONTEXT_TOKENS:,}")
+    if job.kl.coef > 0 and job.agents is None and not job.models.use_reference:
+        out.append(f"{source}: kl.coef: a KL penalty is to the reference model, which "
+                   f"models.use_reference: false leaves out (set kl.coef: 0 or drop "
+                   f"use_reference: false) (got {job.kl.coef})")
     return out + check_judge(job.models.reward, job.reward_model, ctx, source)
 
 

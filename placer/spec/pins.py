@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from placer.base.roles import Role
 from placer.spec.base import PosInt, Strict
@@ -60,7 +60,7 @@ class Pin(Strict):
     ep: PosInt | None = Field(None, description="expert-parallel degree (a mixture of experts)")
     shard: PosInt | None = Field(None, description="HSDP: dp ranks of one ZeRO shard group "
                                  "(verl's fsdp_size; training roles)")
-    sharded: bool | None = Field(None, description="frozen models (reference, reward): weights "
+    sharded: StrictBool | None = Field(None, description="frozen models (reference, reward): weights "
                                  "FSDP-sharded over the dp ranks (true) or a whole copy on each "
                                  "tp x pp group (false)")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from placer.spec.base import Strict
 
@@ -43,7 +43,7 @@ class WeightSync(Strict):
     """
 
     transport: TransportKind = "broadcast"
-    shard_experts: bool = Field(True, description="paired transports: each engine rank "
+    shard_experts: StrictBool = Field(True, description="paired transports: each engine rank "
                                 "receives only its own slice (NeMo-RL's shard_expert_weights)")
 
     @model_validator(mode="after")
