@@ -2,6 +2,13 @@
 
 `PLACER_STRICT_TRACES=1`: every trace the suite writes or reads through `TraceEvent.fields` must
 use only the keys `traces.schema.EventArgs` names (outside the tests a foreign key is kept).
+
+Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup`): `pytest_collection_modifyitems`
+puts every test that starts Ray (marked `ray`, or using a fixture of `RAY_FIXTURES`) in the xdist
+group "ray", so that one worker runs them one after another (one embedded Ray at a time, none
+beside another's placement groups and ports) while the other worker runs the rest; and the users
+of each costly session fixture (`SHARED_SESSION_FIXTURES`) in one group, so that it is computed
+once per run, not once per worker. Without xdist the groups are inert marks.
 """
 from __future__ import annotations
 
@@ -16,6 +23,36 @@ import pytest
 os.environ.setdefault("PLACER_STRICT_TRACES", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Session fixtures that start Ray: their users carry the `ray` mark and run in the "ray" group.
+RAY_FIXTURES = frozenset({"grpo_api_run", "grpo_cli_run"})
+# Costly session fixtures -> the xdist group of their users (one worker computes each once).
+SHARED_SESSION_FIXTURES = {"published_loo": "published-loo"}
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group a test runs in (None: any worker). A Ray test's group wins over a shared
+    fixture's: Ray tests must never run beside one another."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("ray") is not None or fixtures & RAY_FIXTURES:
+        return "ray"
+    groups = sorted({g for f, g in SHARED_SESSION_FIXTURES.items() if f in fixtures})
+    assert len(groups) <= 1, f"{item.nodeid}: uses the fixtures of groups {groups}"
+    return groups[0] if groups else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    groups = {item.nodeid: xdist_group_of(item) for item in items}
+    for item in items:
+        group = groups[item.nodeid]
+        if group == "ray" and item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray)  # `-m "not ray"` leaves it out too
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # an xdist worker (each collects the same list)
+        # The Ray group, the longest unit of work, goes first: one worker starts it at once
+        # while the other takes the rest, instead of one worker running it alone at the end.
+        items.sort(key=lambda item: groups[item.nodeid] != "ray")
 
 
 @dataclass(frozen=True)
@@ -102,3 +139,4 @@ def published_loo() -> Any:
     from workflows.loo import loo_report  # lazy: the cost model loads when a test asks
     from workflows.published import published_rows
     return loo_report(published_rows())
+
