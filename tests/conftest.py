@@ -6,9 +6,10 @@ use only the keys `traces.schema.EventArgs` names (outside the tests a foreign k
 Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup`): `pytest_collection_modifyitems`
 puts every test that starts Ray (marked `ray`, or using a fixture of `RAY_FIXTURES`) in the xdist
 group "ray", so that one worker runs them one after another (one embedded Ray at a time, none
-beside another's placement groups and ports) while the other worker runs the rest; and the users
-of each costly session fixture (`SHARED_SESSION_FIXTURES`) in one group, so that it is computed
-once per run, not once per worker. Without xdist the groups are inert marks.
+beside another's placement groups and ports) while the other worker runs the rest; the users of
+each costly session fixture (`SHARED_SESSION_FIXTURES`) in one group, so that it is computed once
+per run, not once per worker; and the tests of a module that share state (`MODULE_GROUPS`) in
+one. Without xdist the groups are inert marks.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RAY_FIXTURES = frozenset({"grpo_api_run", "grpo_cli_run"})
 # Costly session fixtures -> the xdist group of their users (one worker computes each once).
 SHARED_SESSION_FIXTURES = {"published_loo": "published-loo"}
+# Modules whose tests share state across tests, so that one worker runs all of them in file order:
+# test_fuzz_cli's last test checks the input kinds the ones before it counted (module-level KINDS).
+MODULE_GROUPS = {"test_fuzz_cli.py": "fuzz-cli"}
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:
@@ -36,7 +40,8 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     fixtures = set(getattr(item, "fixturenames", ()))
     if item.get_closest_marker("ray") is not None or fixtures & RAY_FIXTURES:
         return "ray"
-    groups = sorted({g for f, g in SHARED_SESSION_FIXTURES.items() if f in fixtures})
+    groups = sorted({g for f, g in SHARED_SESSION_FIXTURES.items() if f in fixtures}
+                    | ({MODULE_GROUPS[item.path.name]} if item.path.name in MODULE_GROUPS else set()))
     assert len(groups) <= 1, f"{item.nodeid}: uses the fixtures of groups {groups}"
     return groups[0] if groups else None
 
