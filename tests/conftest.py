@@ -13,8 +13,10 @@ one. Without xdist the groups are inert marks.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Session fixtures that start Ray: their users carry the `ray` mark and run in the "ray" group.
 RAY_FIXTURES = frozenset({"grpo_api_run", "grpo_cli_run"})
 # Costly session fixtures -> the xdist group of their users (one worker computes each once).
-SHARED_SESSION_FIXTURES = {"published_loo": "published-loo"}
+SHARED_SESSION_FIXTURES = {"published_loo": "published-loo", "golden_runs": "golden-runs"}
 # Modules whose tests share state across tests, so that one worker runs all of them in file order:
 # test_fuzz_cli's last test checks the input kinds the ones before it counted (module-level KINDS).
 MODULE_GROUPS = {"test_fuzz_cli.py": "fuzz-cli"}
@@ -145,3 +147,57 @@ def published_loo() -> Any:
     from workflows.published import published_rows
     return loo_report(published_rows())
 
+
+@dataclass(frozen=True)
+class GoldenRun:
+    metrics: str  # JSON text of `simulator.golden.simulate_golden`'s result: each caller parses its own
+    trace: Any  # the "as_written" scenario's simulated trace (`traces.schema.Trace`), only read
+
+
+@pytest.fixture(scope="session")
+def golden_runs() -> Callable[[str], GoldenRun]:
+    """An example's stored plan (traces/golden/NAME.plan.json) simulated under each scenario of
+    `simulator.golden.SCENARIOS`, once per run: tests/test_sim_golden.py compares the metrics
+    with the stored ones and tests/test_contracts.py checks the simulated events against the
+    trace schema (where it planned every example again and simulated it)."""
+    from functools import cache
+
+    from simulator import golden  # lazy: the simulator loads when a test asks
+
+    @cache
+    def run(name: str) -> GoldenRun:
+        runs = golden.golden_runs(golden.GOLDEN / f"{name}.plan.json")
+        metrics = json.dumps({s: r.metrics.to_dict() for s, r in runs.items()})
+        return GoldenRun(metrics, runs["as_written"].trace)
+    return run
+
+
+PLAN_OPTIONS = ("time_limit_s", "objective", "workers", "seed")  # plan_job's, that key the cache
+
+
+@pytest.fixture(scope="session")
+def planned_example() -> Callable[..., Any]:
+    """`planned_example(path, **options)`: `plan_job`'s plan of a job file (resolved as written,
+    the default calibration) under `options` (those of `PLAN_OPTIONS`, defaults filled in), solved
+    once per run (per xdist worker) for every test that plans the same file with the same
+    options. Each call returns a deep copy: no test sees another's changes."""
+    import inspect
+    from functools import cache
+
+    from placer.cost.pricer import Pricer  # lazy: the planner loads when a test asks
+    from placer.solve.planner import plan_job
+    from placer.spec.catalog import resolve
+    from placer.spec.load import load_job
+    defaults = {k: p.default for k, p in inspect.signature(plan_job).parameters.items()
+                if k in PLAN_OPTIONS}
+
+    @cache
+    def solve(path: Path, options: tuple[tuple[str, Any], ...]) -> Any:
+        return plan_job(Pricer(resolve(load_job(path))), **dict(options))
+
+    def planned(path: str | Path, **options: Any) -> Any:
+        unknown = sorted(set(options) - set(PLAN_OPTIONS))
+        assert not unknown, f"planned_example: options {unknown} are not among {PLAN_OPTIONS}"
+        key = tuple(sorted({**defaults, **options}.items()))
+        return solve(Path(path).resolve(), key).model_copy(deep=True)
+    return planned
