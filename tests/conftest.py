@@ -48,6 +48,28 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return groups[0] if groups else None
 
 
+class GroupIds:
+    """pytest-xdist (3.8) tags a grouped test's id with "@GROUP" (what --dist loadgroup schedules
+    by) by setting `item._nodeid`, which pytest 9 no longer reads (the id is `item._id`): where
+    the tag did not take, it is set here, after xdist's hook, so that a group stays on one worker."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if not getattr(config.option, "loadgroup", False):  # not an xdist worker of loadgroup
+            return
+        for item in items:
+            names = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group")})
+            nodeid = item.nodeid
+            if names and nodeid.rfind("@") <= nodeid.rfind("]"):  # as xdist tells a tag
+                from _pytest.nodeid import coerce_node_id  # lazy: pytest 9's, where needed
+                item._id = coerce_node_id(f"{nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(GroupIds(), "placer-xdist-group-ids")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     groups = {item.nodeid: xdist_group_of(item) for item in items}
     for item in items:
