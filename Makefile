@@ -54,8 +54,11 @@ lint: $(STAMP)
 # executor tests, the second and third notebooks) run with `make test-slow` or `make test-all`;
 # `make test-notebooks` runs the two notebooks `make test` leaves out (CI runs it after `make test`).
 # --durations=25: the log ends with the 25 slowest set-ups, calls and tear-downs, to see where time goes.
+# Two pytest-xdist workers (TEST_WORKERS): the Ray tests run one after another on one of them
+# (xdist group "ray", tests/conftest.py) while the other takes the rest; TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -m "not slow" --durations=25
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

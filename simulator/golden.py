@@ -32,7 +32,7 @@ from placer.cost.calibration import load_calibration
 from placer.solve.planfile import Plan, check_plan
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job, read_structured
-from simulator.api import simulate_plan
+from simulator.api import SimResult, simulate_plan
 from simulator.config import Failures, SimConfig, Stragglers
 from simulator.handplans import plan_for
 
@@ -92,12 +92,16 @@ def load_golden_plan(path: Path) -> Plan:
     return plan
 
 
-def simulate_golden(plan_path: Path) -> dict[str, Any]:
+def golden_runs(plan_path: Path) -> dict[str, SimResult]:
+    """The stored plan simulated under each scenario (its metrics and trace)."""
     plan = load_golden_plan(plan_path)
-    """The metrics' JSON form (`SimMetrics.to_dict()`) under each scenario."""
-    return {name: simulate_plan(plan, iterations=iterations_for(plan), seed=SEED,
-                                config=cfg).metrics.to_dict()
+    return {name: simulate_plan(plan, iterations=iterations_for(plan), seed=SEED, config=cfg)
             for name, cfg in SCENARIOS.items()}
+
+
+def simulate_golden(plan_path: Path) -> dict[str, Any]:
+    """The metrics' JSON form (`SimMetrics.to_dict()`) under each scenario."""
+    return {name: r.metrics.to_dict() for name, r in golden_runs(plan_path).items()}
 
 
 def write(names: list[str]) -> None:
@@ -131,13 +135,17 @@ def diff(expected: Any, got: Any, path: str = "") -> list[str]:
     return [] if expected == got else [f"{path.rstrip('.')}: {expected!r} -> {got!r}"]
 
 
-def check(name: str) -> list[str]:
+def check(name: str, metrics: dict[str, Any] | None = None) -> list[str]:
+    """What moved against the stored metrics. `metrics`: `simulate_golden`'s result for the
+    stored plan when the caller has it already (else it is simulated here)."""
     plan_path = GOLDEN / f"{name}.plan.json"
     metrics_path = GOLDEN / f"{name}.metrics.json"
     if not plan_path.is_file() or not metrics_path.is_file():
         return [f"{name}: no golden files (run python -m simulator.golden --write)"]
     expected = json.loads(metrics_path.read_text())
-    got = json.loads(json.dumps(simulate_golden(plan_path)))  # same JSON round trip as stored
+    if metrics is None:
+        metrics = simulate_golden(plan_path)
+    got = json.loads(json.dumps(metrics))  # same JSON round trip as stored
     return [f"{name}: {d}" for d in diff(expected, got)]
 
 

@@ -14,7 +14,7 @@ from placer.cost.tail_samples import at_means
 from placer.solve.assemble import reprice
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve
-from placer.spec.load import job_from_dict, load_job
+from placer.spec.load import job_from_dict
 from simulator.agents import agent_plan
 from simulator.api import simulate_plan
 from simulator.config import SimConfig
@@ -34,8 +34,8 @@ def _agrees(plan, iterations: int = 2) -> None:
                                                                    rel=2e-3, abs=1e-6)
 
 
-def test_the_solver_verifier_plan_simulates_as_priced() -> None:
-    plan = plan_job(Pricer(resolve(load_job(JOB))))
+def test_the_solver_verifier_plan_simulates_as_priced(planned_example) -> None:
+    plan = planned_example(JOB)
     assert set(plan.roles) == set(plan.resolved().job.role_names())
     assert len(plan.sync_routes) >= 2  # each trained agent's actor -> its engines
     _agrees(plan)
@@ -69,8 +69,8 @@ def test_full_weights_swapped_on_shared_engines_simulate_as_priced() -> None:
     _agrees(plan)
 
 
-def test_an_agents_view_of_the_plan_keeps_its_roles_and_slots() -> None:
-    plan = plan_job(Pricer(resolve(load_job(JOB))))
+def test_an_agents_view_of_the_plan_keeps_its_roles_and_slots(planned_example) -> None:
+    plan = planned_example(JOB)
     view = agent_plan(plan, "verifier")
     assert set(view.roles) == {"actor", "rollout", "reward"}
     assert view.roles["rollout"] == plan.roles["verifier.rollout"]
@@ -78,11 +78,11 @@ def test_an_agents_view_of_the_plan_keeps_its_roles_and_slots() -> None:
     assert view.resolved().job.models.policy == "Qwen3-4B"
 
 
-def test_an_agents_trainer_may_shard_its_state_in_a_plan() -> None:
+def test_an_agents_trainer_may_shard_its_state_in_a_plan(planned_example) -> None:
     """An HSDP shard group on `solver.actor` is a training role's (the colocated baseline of
     `placer compare --simulate` places one)."""
     from placer.solve.planfile import check_plan
-    plan = plan_job(Pricer(resolve(load_job(JOB))))
+    plan = planned_example(JOB)
     actor = plan.roles["solver.actor"]
     sharded = plan.model_copy(update={"roles": {**plan.roles, "solver.actor": actor.model_copy(
         update={"shard": 1})}})

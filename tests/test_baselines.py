@@ -24,7 +24,7 @@ from placer.solve.baselines import (
 )
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
-from placer.solve.planner import build_problem, plan_assignment, plan_job, to_plan
+from placer.solve.planner import build_problem, plan_assignment, to_plan
 from placer.solve.problem import host_fits
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
@@ -147,10 +147,10 @@ def test_partitions_are_the_bell_numbers() -> None:
     assert [sum(1 for _ in partitions(list("abcde"[:n]))) for n in range(6)] == [1, 1, 2, 5, 15, 52]
 
 
-def test_hetero_ilp_beats_every_homogeneous_baseline(hetero) -> None:
+def test_hetero_ilp_beats_every_homogeneous_baseline(hetero, planned_example) -> None:
     """Using the LPU pool for the frozen models is worth something no homogeneous plan has."""
-    res, calib, _, problem, baselines = hetero
-    ilp = plan_job(Pricer(res, calib))
+    _, _, _, problem, baselines = hetero
+    ilp = planned_example(HETERO)  # plan_job's plan (the default calibration, as `hetero`'s)
     for name, a in baselines.items():
         assert a is not None, name  # PPO on a GPU pool: every baseline applies
         assert ilp.predicted_iteration_s < score(problem, a)[0] * 0.95, name

@@ -100,18 +100,13 @@ def test_plan_that_does_not_exist_exits_2(run_files, capsys):
     assert "nowhere.json" in _error(capsys)
 
 
-def test_stage_fit_from_the_cli_on_an_executed_run(tmp_path, capsys):
+def test_stage_fit_from_the_cli_on_an_executed_run(tmp_path, capsys, planned_example):
     """An executed run (hand-written in the executor's format, known stage times): `placer
     calibrate` without --plan (the trace names it) fits the events AND the stages, and the
     simulated stages then match the measured ones; --events-only leaves the stages out."""
     from test_fidelity import SCORE, SYNC, executed
 
-    from placer.cost.efficiency import Calibration
-    from placer.cost.pricer import Pricer
-    from placer.solve.planner import plan_job
-    from placer.spec.catalog import resolve
-    from placer.spec.load import load_job
-    plan = plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration()))
+    plan = planned_example(ROOT / "examples" / "tiny-cpu.yaml")
     save_plan(plan, tmp_path / "run.plan.json")
     trace = executed(plan)
     trace.metadata["plan_path"] = "run.plan.json"
@@ -137,18 +132,14 @@ def test_a_trace_that_is_not_an_executed_run_gets_the_event_fit_only(run_files, 
     assert "stage fit skipped" in capsys.readouterr().err
 
 
-def test_the_table_shows_measured_values_and_fits_long_factor_names(tmp_path, capsys):
+def test_the_table_shows_measured_values_and_fits_long_factor_names(tmp_path, capsys,
+                                                                     planned_example):
     """A measured factor (the host's cores, from the trace's metadata) shows its value, not
     "(prior)"; a factor name longer than the column (checkpoint_overhead_s) keeps the columns
     aligned."""
     from test_fidelity import executed
 
-    from placer.cost.efficiency import Calibration
-    from placer.cost.pricer import Pricer
-    from placer.solve.planner import plan_job
-    from placer.spec.catalog import resolve
-    from placer.spec.load import load_job
-    plan = plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration()))
+    plan = planned_example(ROOT / "examples" / "tiny-cpu.yaml")
     save_plan(plan, tmp_path / "run.plan.json")
     trace = executed(plan, steps=4)
     for s in range(4):  # a checkpoint after every step, as the executor saves by default

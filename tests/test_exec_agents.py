@@ -170,6 +170,7 @@ def run(tmp_path_factory):
     return plan, run_module(plan, STEPS, out)
 
 
+@pytest.mark.ray  # the module's Ray run (`run`)
 def test_every_agent_role_runs_where_and_as_the_plan_says(run) -> None:
     from executors.runplan import actor_counts
     plan, result = run
@@ -190,6 +191,7 @@ def test_every_agent_role_runs_where_and_as_the_plan_says(run) -> None:
         assert (got["dp"], got["tp"], got["pp"]) == (want.dp, want.tp, want.pp), name
 
 
+@pytest.mark.ray  # the module's Ray run (`run`)
 def test_each_turn_runs_on_its_agents_engines_in_schedule_order(run) -> None:
     plan, result = run
     engines = {r["role"]: {(f"{r['pool']}:{r['node']}", f"{r['role']}{r['rank']}")
@@ -208,6 +210,7 @@ def test_each_turn_runs_on_its_agents_engines_in_schedule_order(run) -> None:
             assert len(e.args["sample_ids"]) == 16
 
 
+@pytest.mark.ray  # the module's Ray run (`run`)
 def test_both_agents_weights_were_trained(run) -> None:
     import torch
     from safetensors.torch import load_file
@@ -225,6 +228,7 @@ def test_both_agents_weights_were_trained(run) -> None:
         "solver", "verifier"}
 
 
+@pytest.mark.ray  # the module's Ray run (`run`)
 def test_each_agents_engines_take_its_own_trainers_weights_by_the_sync_group(run) -> None:
     """Each agent's engines are refreshed from its own trainer by the single-policy machinery
     (`executors.weights.refresh_paths`): every sync carries exactly that agent's weight bytes

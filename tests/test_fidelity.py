@@ -34,8 +34,8 @@ STEP_S = SYNC + ROLLOUT + ENV + SCORE + TRAIN + OTHER
 
 
 @pytest.fixture(scope="module")
-def plan() -> Plan:
-    return plan_job(Pricer(resolve(load_job(ROOT / "examples" / "tiny-cpu.yaml")), Calibration()))
+def plan(planned_example) -> Plan:
+    return planned_example(ROOT / "examples" / "tiny-cpu.yaml")
 
 
 def executed(plan: Plan, steps: int = 3, response: int = 8, gen_s: float = 0.11,

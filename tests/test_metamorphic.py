@@ -113,21 +113,17 @@ def splittable(job: Job) -> Pool | None:
     return max(pools, key=lambda p: (p.nodes * p.devices_per_node, p.name), default=None)
 
 
-@pytest.fixture(scope="module")
-def example_plans() -> dict[str, tuple[Job, Plan]]:
-    return {}
-
-
-def _example(path: Path, cache: dict[str, tuple[Job, Plan]]) -> tuple[Job, Plan]:
-    if path.name not in cache:
-        job = load_job(path)
-        cache[path.name] = (job, plan_of(job))
-    return cache[path.name]
+def _example(path: Path, planned_example) -> tuple[Job, Plan]:
+    """The example's job and `plan_of`'s plan of it (conftest's `planned_example`: solved once
+    for the tests below and any other that plans it with the same options)."""
+    plan = planned_example(path, time_limit_s=60.0, workers=1)
+    assert plan.solver.status == "optimal", plan.solver
+    return load_job(path), plan
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_renaming_and_reordering_pools_gives_the_same_plan(path: Path, example_plans) -> None:
-    job, plan = _example(path, example_plans)
+def test_renaming_and_reordering_pools_gives_the_same_plan(path: Path, planned_example) -> None:
+    job, plan = _example(path, planned_example)
     other, _ = renamed(job)
     assert_same_plan(plan, plan_of(other))
     assert_same_plan(plan, plan_of(reordered(job)))
@@ -135,8 +131,8 @@ def test_renaming_and_reordering_pools_gives_the_same_plan(path: Path, example_p
 
 @pytest.mark.parametrize("path", [p for p in EXAMPLES if p.name not in LARGE],
                          ids=lambda p: p.name)
-def test_writing_a_pool_as_two_never_gives_a_better_plan(path: Path, example_plans) -> None:
-    job, plan = _example(path, example_plans)
+def test_writing_a_pool_as_two_never_gives_a_better_plan(path: Path, planned_example) -> None:
+    job, plan = _example(path, planned_example)
     pool = splittable(job)
     if pool is None:
         pytest.skip("no accelerator pool of two or more nodes")

@@ -25,6 +25,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # what-if and fidelity notebooks (~40-50 s each on 2 cores) run in `make test-slow`, which CI
 # runs after `make test`.
 DEFAULT_RUN = {"01_plan_and_simulate"}
+SLOW = [pytest.mark.slow]
+NOTEBOOK_MARKS = {"03": [*SLOW, pytest.mark.ray]}  # the fidelity notebook executes on Ray
 CELL_TIMEOUT_S = 900  # a stuck cell fails the test instead of hanging the suite
 
 
@@ -60,7 +62,8 @@ def test_notebooks_are_stripped():
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", [
-    p if p.stem in DEFAULT_RUN else pytest.param(p, marks=pytest.mark.slow) for p in NOTEBOOKS],
+    p if p.stem in DEFAULT_RUN else pytest.param(p, marks=NOTEBOOK_MARKS.get(p.stem[:2], SLOW))
+    for p in NOTEBOOKS],
     ids=lambda p: p.stem)
 def test_notebook_runs_from_a_copy_elsewhere(path, kernel_env, tmp_path, monkeypatch):
     """Executed from a copy of notebooks/ in a temporary folder, the kernel's working directory a

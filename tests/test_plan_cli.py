@@ -79,8 +79,22 @@ def test_hetero_uses_pools_for_what_they_are_good_at(hetero_plan: Path) -> None:
     assert "cpu" not in frozen and frozen - {"train"}, frozen  # frozen models leave the H100s
 
 
-def test_explain_json(capsys) -> None:
-    rc, out, _ = run(capsys, "plan", HETERO, "--json", "--explain", "--time-limit", "5")
+@pytest.fixture(scope="module")
+def explained() -> tuple[int, str]:
+    """`placer plan HETERO --json --explain` run once (its exit code and stdout) for the JSON
+    document's test and the text's, which renders the same explanation: each ran the solve and
+    the explanation's re-solves (the CLI's text path with --explain: tests/test_pins.py and
+    tests/test_robust.py)."""
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["plan", HETERO, "--json", "--explain", "--time-limit", "5"])
+    return rc, buf.getvalue()
+
+
+def test_explain_json(explained: tuple[int, str]) -> None:
+    rc, out = explained
     doc = one_document(out)
     assert rc == 0 and set(doc) == {"plan", "explain"}
     ex = doc["explain"]
@@ -100,9 +114,11 @@ def test_explain_json(capsys) -> None:
     assert "split" in space["relative_to"] and "bound" in space["relative_to"]
 
 
-def test_explain_text_says_what_was_searched(capsys) -> None:
-    rc, out, _ = run(capsys, "plan", HETERO, "--explain", "--time-limit", "5")
+def test_explain_text_says_what_was_searched(explained: tuple[int, str]) -> None:
+    from placer.solve.explain import Explanation, render
+    rc, doc = explained[0], one_document(explained[1])
     assert rc == 0
+    out = render(Explanation.from_dict(doc["explain"]))  # what `plan --explain` prints
     line = next(x for x in out.splitlines() if x.startswith("searched: "))
     assert "split pairs of layouts" in line and "pruned by the bound" in line
     assert "the gap is relative to every placement" in out

@@ -10,6 +10,7 @@ Regenerate after an intended model change with `python -m simulator.golden --wri
 and review the diff of traces/golden/*.metrics.json."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,8 @@ from simulator.golden import (
 
 
 @pytest.mark.parametrize("name", example_names())
-def test_golden_metrics(name):
-    problems = check(name)
+def test_golden_metrics(name, golden_runs):
+    problems = check(name, json.loads(golden_runs(name).metrics))
     assert not problems, "\n".join(problems[:20])
 
 
