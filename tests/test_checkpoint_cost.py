@@ -30,8 +30,9 @@ def plan():
 
 
 def test_a_measured_gather_latency_prices_whole_tensor_gathers_only():
-    """`gather_call_s`, when measured, is what the weight sync's gathers pay per call; a collective inside training still pays `coll_base_s`; unmeasured (0), the
-    gathers fall back to `coll_base_s`."""
+    """`gather_call_s`, when measured, is what the weight sync's gathers pay per call; a
+    collective inside training still pays `coll_base_s`; unmeasured (0), the gathers fall back
+    to `coll_base_s`."""
     par, tensors = Parallel(dp=2), weight_tensors(TINY)
     measured = CALLS_ONLY.override({"gather_call_s": 0.25})
     assert gather_link(EMU, 2, measured).base_s == 0.25
