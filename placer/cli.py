@@ -15,6 +15,7 @@ Conventions every command follows:
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import math
@@ -131,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     run: Callable[[argparse.Namespace], int] = args._run
     try:
-        return run(args)
+        code = run(args)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # here, not at exit, so a full or closed stdout is reported below
+        return code
     except SpecError as e:  # names and paths from the input may hold newlines or escape codes
         for line in error_lines(e):  # one line per mistake (a job reports all of them at once)
             print(f"placer: error: {line}", file=sys.stderr)
@@ -149,6 +153,29 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `placer ... | head`: the reader left; no traceback at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:
+        if e.errno not in UNWRITABLE:
+            raise
+        # a full disk or a closed stream under the output (`> /dev/full`, a full quota): one
+        # line naming where, not a traceback; what was written before is left as it is
+        where = e.filename or getattr(sys.stdout, "name", "stdout")
+        print(f"placer: error: cannot write {escape(str(where))}: {e.strerror} (got errno "
+              f"{errno.errorcode.get(e.errno or 0, e.errno)})", file=sys.stderr)
+        _drop_stdout()
+        return EXIT_BAD_INPUT
+
+
+# the output's medium refused it: nothing the command could do differently
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EBADF, errno.EROFS})
+
+
+def _drop_stdout() -> None:
+    """Points stdout at /dev/null so the interpreter's flush at exit does not fail again."""
+    if sys.stdout is not None:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            sys.stdout = None
 
 
 if __name__ == "__main__":

@@ -108,6 +108,22 @@ def test_json_into_a_closed_or_full_stdout(redirect: Any, needle: str | None) ->
     assert len(lines) == 1 and lines[0].startswith(f"placer: error: {needle}"), lines
 
 
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_plain_or_json_output_into_a_full_stdout_is_one_line(json_flag: bool) -> None:
+    """Plain text into `>/dev/full` was a traceback (the print's OSError, or the interpreter's
+    flush at exit): now one line naming stdout and the reason, exit 2, for text and JSON alike."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    cmd = ["sh", "-c", '"$@" >/dev/full', "sh", sys.executable, "-c",
+           "import sys; from placer.cli import main; sys.exit(main(sys.argv[1:]))",
+           "validate", str(TINY), *(["--json"] if json_flag else [])]
+    r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("placer: error:"), lines
+    assert "No space left on device" in lines[0] or "cannot write the JSON" in lines[0], lines
+
+
 @pytest.mark.parametrize("changes, needle", [
     # booleans a YAML "yes", 1 or "true" passed as True (lax), and a negative parameter count
     ({"pin": {"reference": {"sharded": 1}}}, "pin.reference.sharded: Input should be a valid "
