@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from test_fleet_scale import two_kind_fleet
 
 from placer.cost.calibration import load_calibration
 from placer.fleet.inner import JobPlanner, _least_needs
@@ -41,23 +42,10 @@ def test_least_needs_fit_exactly_where_the_candidates_do() -> None:
             assert any(_fits(c, have) for c in cands) == any(_fits(c, have) for c in least)
 
 
-def _fleet() -> dict:
-    """Two kinds of job in one team, the first twice: one grid per kind and team."""
-    return {
-        "name": "reuse-fleet",
-        "cluster": {"pools": [
-            {"name": "gpu", "device": "emu-gpu", "devices_per_node": 2, "nodes": 4},
-            {"name": "cpu", "device": "laptop-cpu", "devices_per_node": 1, "nodes": 4}]},
-        "teams": {"a": {"quota": {"gpu": {"nominal": 4}, "cpu": {"nominal": 4}}}},
-        "jobs": [{"name": "c1", "team": "a", "job": "tiny-cpu.yaml"},
-                 {"name": "c2", "team": "a", "job": "tiny-cpu.yaml"},
-                 {"name": "g1", "team": "a", "job": "tiny-agent.yaml"}]}
-
-
 def test_grid_built_once_per_kind_is_the_grid_of_each_job() -> None:
     """Identical jobs of one team share one grid object, equal to the grid built for each on
     its own, and every vector of it is one some role's candidates fit (or the top)."""
-    fleet = fleet_from_dict(_fleet(), EXAMPLES, "reuse")
+    fleet = fleet_from_dict(two_kind_fleet(), EXAMPLES, "reuse")
     planner = JobPlanner(fleet, load_calibration(None), 5.0, 0, 1)
     grids = planner.grids()
     assert grids[0] is grids[1]
@@ -98,7 +86,7 @@ def test_split_bound_floors_match_the_candidate_by_candidate_rule() -> None:
     """The other roles' floors beside a split's holding, from the candidate arrays, are the
     candidate-by-candidate rule's on every holding of every pair of pools tried (those past a
     pool's devices included)."""
-    fleet = fleet_from_dict(_fleet(), EXAMPLES, "reuse")
+    fleet = fleet_from_dict(two_kind_fleet(), EXAMPLES, "reuse")
     calib = load_calibration(None)
     for fj in fleet.jobs[1:]:
         px = Pricers(calib).on(fj.job, {"gpu": 4, "cpu": 4})

@@ -14,8 +14,9 @@ from placer.solve.planfile import Plan
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _fleet() -> dict:
-    """Two tiny job kinds on 4 emulated GPU nodes and 4 CPU nodes, one team."""
+def two_kind_fleet() -> dict:
+    """Two tiny job kinds on 4 emulated GPU nodes and 4 CPU nodes, one team, the first kind
+    twice (tests/test_fleet_reuse.py uses it too)."""
     return {
         "name": "memo-fleet",
         "cluster": {"pools": [
@@ -40,7 +41,7 @@ def _same(a: object, b: object) -> bool:
 def test_one_memo_gives_the_fresh_plans() -> None:
     """One memo reused by two jobs on allocation after allocation (growing) plans each as a
     fresh pricer does: it is keyed by value, never by the cluster or the job."""
-    fleet = fleet_from_dict(_fleet(), EXAMPLES, "memo")
+    fleet = fleet_from_dict(two_kind_fleet(), EXAMPLES, "memo")
     calib = load_calibration(None)
     memo = Pricers(calib)
     for j in (0, 2):
@@ -56,7 +57,7 @@ def test_kind_workers_plan_as_here() -> None:
     """A batch dealt to two workers (each kind to the one that priced it first, idle ones
     taking queued tasks) returns, in order, what planning here returns; each (kind, vector) of
     the planner is computed once however often it is asked for."""
-    fleet = fleet_from_dict(_fleet(), EXAMPLES, "memo")
+    fleet = fleet_from_dict(two_kind_fleet(), EXAMPLES, "memo")
     calib = load_calibration(None)
     here = JobPlanner(fleet, calib)
     tasks = [("plan", k, dict(zip(("gpu", "cpu"), a))) for a in VECTORS for k in (0, 2)]
