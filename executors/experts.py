@@ -19,7 +19,14 @@ forward is the dispatch and combine of Megatron's and torchtitan's token dispatc
 
 EP runs over the trainer's data-parallel ranks (`ep == dp`, as torchtitan borrows the expert
 dims from data parallelism): each rank routes its own samples, and each expert's gradient is
-its whole batch's, so FSDP2 leaves the experts alone (`ignored_params`). Under TP the expert
+its whole batch's, so FSDP2 leaves the experts alone (`ignored_params`). With ep dividing dp
+(ep < dp) the "dp" dim splits into ("edp", "ep"), dp index d = r * ep + e
+(`executors.sharding._expert_meshes`): an ep group of ep consecutive dp ranks holds every
+expert, sharded over it, and dispatches only its own ranks' tokens; each shard is replicated
+in the dp / ep groups (a rank's expert-data-parallel group, `expert_replicas`), as
+Megatron-Core's and torchtitan's EP groups subdivide the data-parallel ranks. A shard's
+gradient then covers its group's tokens only: `sync_expert_grads` sums it over the replicas
+(FSDP2 still ignores the experts, so this is their one reduction, a sum as FSDP2's are). Under TP the expert
 groups are orthogonal to TP: an ep group holds one TP index across the dp ranks (the mesh's
 "dp" dim; ranks {t, tp + t} at dp 2), as Megatron-Core's default builds them (NVIDIA/Megatron-LM
 megatron/core/parallel_state.py @ d98e8a6: `expert_tensor_parallel_size` defaults to the TP
@@ -129,8 +136,14 @@ class ParallelExperts(nn.Module):
     gate_up_proj: Any  # DTensor parameters, Shard(0) over the ep mesh
     down_proj: Any
 
-    def __init__(self, experts: Any, mesh: Any, tp_mesh: Any = None, cp_mesh: Any = None) -> None:
+    def __init__(self, experts: Any, mesh: Any, tp_mesh: Any = None, cp_mesh: Any = None,
+                 replica_mesh: Any = None) -> None:
         super().__init__()
+        # ep < dp: the ep groups' replicas of this rank's shard (its expert-data-parallel group)
+        self.replica_group = (None if replica_mesh is None or replica_mesh.size() == 1
+                              else replica_mesh.get_group())
+        self.replica_ranks: list[int] = ([] if self.replica_group is None
+                                         else [int(r) for r in replica_mesh.mesh.flatten()])
         self.tp = 1 if tp_mesh is None else tp_mesh.size()
         self.tp_group = None if self.tp == 1 else tp_mesh.get_group()
         self.tp_rank = 0 if self.tp == 1 else tp_mesh.get_local_rank()
@@ -204,30 +217,35 @@ class ParallelExperts(nn.Module):
 
 
 def shard_experts(model: nn.Module, mesh: Any, tp_mesh: Any = None,
-                  cp_mesh: Any = None) -> list[nn.Parameter]:
+                  cp_mesh: Any = None, replica_mesh: Any = None) -> list[nn.Parameter]:
     """Replace every experts module by `ParallelExperts` over the 1-D `mesh`, in place, each TP
     rank of `tp_mesh` (None: TP 1) dispatching its slice of the tokens, each CP rank of
-    `cp_mesh` (None: CP 1) its slice of the sequences; the experts' parameters (for FSDP2 to
+    `cp_mesh` (None: CP 1) its slice of the sequences, the shards replicated over
+    `replica_mesh` (None: ep covers the dp ranks); the experts' parameters (for FSDP2 to
     leave alone)."""
     params: list[nn.Parameter] = []
     for parent, name, m in expert_modules(model):
-        par = ParallelExperts(m, mesh, tp_mesh, cp_mesh)
+        par = ParallelExperts(m, mesh, tp_mesh, cp_mesh, replica_mesh)
         parent.register_module(name, par)
         params += [par.gate_up_proj, par.down_proj]
     return params
 
 
 def sync_expert_grads(model: nn.Module) -> None:
-    """Sum the experts' gradients over TP and CP, in place, before the optimizer step: the TP
-    and CP ranks of a DP group hold the same experts and each computed them on its own slice of
-    the tokens (as Megatron-Core's `finalize_model_grads` reduces expert gradients over their
-    expert-data-parallel group, which holds the TP ranks when the experts are not TP-split and
-    the CP ranks when EP is not folded over CP). No-op at TP 1 and CP 1."""
+    """Sum the experts' gradients over TP, CP and the ep groups' replicas, in place, before the
+    optimizer step: the TP and CP ranks of a DP group hold the same experts and each computed
+    them on its own slice of the tokens, and with ep < dp each of the dp / ep ep groups computed
+    its shard on its own dp ranks' tokens (as Megatron-Core's `finalize_model_grads` reduces
+    expert gradients over their expert-data-parallel group, which holds the TP ranks when the
+    experts are not TP-split, the CP ranks when EP is not folded over CP, and the dp / ep
+    replicas). A sum, not a mean: every rank's loss already carries 1 / (the mini-batch's
+    tokens), as FSDP2's reductions sum (`executors.sharding.shard`). FSDP2 ignores the experts,
+    so this is their only reduction. No-op at TP 1, CP 1 and ep == dp (x cp)."""
     import torch.distributed as dist  # lazy: distributed only
     for m in model.modules():
         if not isinstance(m, ParallelExperts):
             continue
-        for group in (m.tp_group, m.cp_group):
+        for group in (m.tp_group, m.cp_group, m.replica_group):
             for w in (m.gate_up_proj, m.down_proj):
                 if group is not None and w.grad is not None:
                     dist.all_reduce(w.grad.to_local(), group=group)

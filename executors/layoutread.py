@@ -14,7 +14,9 @@ layers of its pipeline stage (`metadata.executed_layout.actor`).
   ep         the layer's experts over the experts this rank holds (`executors.experts`), with
              `expert_ranks`, the global ranks of this rank's expert-parallel group, read off
              the experts' mesh: under TP one TP index across the dp ranks (groups orthogonal
-             to TP), under PP within this rank's stage;
+             to TP), under PP within this rank's stage; with ep < dp `expert_replicas`, the
+             ranks holding this rank's expert shard (one per ep group), whose gradients are
+             summed;
   placements per representative parameter (first attention projection, embedding, LM head,
              experts), its mesh dims and placements as DTensor prints them.
 
@@ -82,6 +84,9 @@ def read_layout(model: nn.Module, pp_mesh: Any = None) -> dict[str, Any]:
         w = expert_modules(model)[0][2].gate_up_proj
         if isinstance(w, DTensor):
             out["expert_ranks"] = [int(r) for r in w.device_mesh.mesh.flatten().tolist()]
+        replicas = getattr(expert_modules(model)[0][2], "replica_ranks", [])
+        if replicas:  # ep < dp: the ranks holding the same expert shard, one per ep group
+            out["expert_replicas"] = list(replicas)
     out["recompute"] = recomputes(model)
     out["mesh"] = {"dims": list(dims), "shape": list(shape)}
     out["placements"] = {k: {"mesh": list(v[0]), "placements": [str(p) for p in v[2]]}

@@ -10,7 +10,8 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       heads and MLP columns are divided, so `tp` must divide the query heads, the KV heads,
       the MLP width and the vocabulary). A mixture-of-experts block keeps its experts whole
       on every TP rank (replicated over `tp`, sharded over `dp` by FSDP, or split over the dp
-      ranks by expert parallelism, `ep == dp`, each TP rank then dispatching its 1/tp of the
+      ranks by expert parallelism, `ep == dp`, or an ep sub-group of them, ep dividing dp,
+      replicated over dp / ep groups; each TP rank then dispatching its 1/tp of the
       tokens, each CP rank its slice of the sequences; under CP also `ep == dp * cp`, the
       experts split over FSDP's flattened "dp_cp" dim: `executors.experts`); norms are
       replicated; the embedding and
@@ -67,12 +68,15 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
                  vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
-    eps = sorted({layout.dp, layout.dp * layout.cp})  # over dp, or folded over dp x cp
+    # over a sub-group of the dp ranks, all of them, or folded over dp x cp
+    eps = sorted({e for e in range(2, layout.dp + 1) if layout.dp % e == 0}
+                 | {layout.dp * layout.cp} - {1})
     if layout.ep > 1 and (layout.ep not in eps or layout.hsdp or experts % layout.ep):
-        raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep equal to dp, "
-                        f"or to dp x cp under context parallelism, without an HSDP shard "
-                        f"group) and must divide the model's {experts} experts; plan with ep 1 "
-                        f"or ep {' or '.join(map(str, eps))}")
+        raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep dividing dp, "
+                        f"the experts then replicated over dp / ep groups, or equal to dp x cp "
+                        f"under context parallelism; not folded over TP, and without an HSDP "
+                        f"shard group) and must divide the model's {experts} experts; plan with ep 1"
+                        f"{''.join(' or ep ' + str(e) for e in eps)}")
     if layout.pp > 1 and tied:
         raise SpecError(f"{where}: pipeline parallelism (pp > 1) with tied input and output "
                         f"embeddings is not run by the executor (the first and last stage would "
@@ -204,17 +208,38 @@ def layer_tp_plan(layer: nn.Module) -> dict[str, Any]:
     return plan
 
 
+def _expert_meshes(mesh: Any, ep: int) -> tuple[Any, Any]:
+    """ep < dp: the (ep, replica) 1-D meshes of this rank, the "dp" dim split into ("edp",
+    "ep"), dp index d = r * ep + e: an ep group holds ep consecutive dp ranks of one CP, TP
+    (and PP) index, and its replicas are the dp / ep groups' ranks of the same e (Megatron-Core's
+    expert RankGenerator order tp-ep-dp: ep inside the expert-data-parallel dim). A collective:
+    every rank builds the whole mesh (one process group per dim and group)."""
+    from torch.distributed.device_mesh import DeviceMesh  # lazy: distributed only
+    names = list(mesh.mesh_dim_names)
+    at, dp = names.index("dp"), mesh.shape[names.index("dp")]
+    shape = [*mesh.shape[:at], dp // ep, ep, *mesh.shape[at + 1:]]
+    emesh = DeviceMesh(mesh.device_type, mesh.mesh.reshape(shape),
+                       mesh_dim_names=(*names[:at], "edp", "ep", *names[at + 1:]))
+    return emesh["ep"], emesh["edp"]
+
+
 def _shard_experts(model: nn.Module, mesh: Any, dp_mesh: Any, ep: int, tp_mesh: Any
                    ) -> list[nn.Parameter]:
     """The experts split over the ep group (`executors.experts`): the "dp" dim (ep == dp; under
     CP each CP rank dispatches its slice of the sequences to the dp ranks of its CP index, and
-    the experts' gradients are summed over CP as over TP), or under CP with ep == dp x cp the
-    flattened "dp_cp" dim FSDP2 shards over (EP folded over CP, as Megatron-Core's expert
-    groups may span the CP ranks: each CP rank holds its own experts)."""
+    the experts' gradients are summed over CP as over TP), an "ep" sub-group of it replicated
+    over dp / ep groups (ep < dp, `_expert_meshes`; gradients summed over the replicas too), or
+    under CP with ep == dp x cp the flattened "dp_cp" dim FSDP2 shards over (EP folded over CP,
+    as Megatron-Core's expert groups may span the CP ranks: each CP rank holds its own
+    experts)."""
     names = mesh.mesh_dim_names or ()
+    cp_mesh = mesh["cp"] if "cp" in names else None
     if "cp" in names and ep == dp_mesh.size() and ep != mesh["dp"].size():
         return shard_experts(model, dp_mesh, tp_mesh)
-    return shard_experts(model, mesh["dp"], tp_mesh, mesh["cp"] if "cp" in names else None)
+    if ep < mesh["dp"].size():
+        ep_mesh, replicas = _expert_meshes(mesh, ep)
+        return shard_experts(model, ep_mesh, tp_mesh, cp_mesh, replicas)
+    return shard_experts(model, mesh["dp"], tp_mesh, cp_mesh)
 
 
 def shard(model: nn.Module, mesh: Any, recompute: bool = False,
@@ -224,7 +249,8 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False,
     the 2-D mesh ("rep", "shard"): parameters sharded over "shard" and replicated over "rep",
     gradients reduce-scattered in the group, then all-reduced across. `precision` bf16:
     FSDP2 gathers BF16 parameters and reduces FP32 gradients (`executors.precision`). `ep`
-    (equal to the dp size): the experts split over the dp ranks first (`executors.experts`)."""
+    (dividing the dp size, or dp x cp): the experts split over the dp ranks, or ep-rank groups
+    of them, first (`executors.experts`)."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed only
     from torch.distributed.tensor.parallel import parallelize_module  # lazy
     names = mesh.mesh_dim_names or ()

@@ -2,9 +2,11 @@
 the dp ranks (ep 2: two experts of four on each), tokens dispatched and combined by all-to-all
 on gloo, take the same optimizer steps as one process holding every expert, in fp32, alone and
 with TP 2, PP 2 or CP 2 (4 processes each; under CP with ep 2 over the dp ranks of each CP
-index, or ep 4 folded over dp x cp); under TP each TP rank dispatches half the tokens (the
-bytes its all-to-alls send, counted at the collective); the executed layout reports the experts
-each rank holds and its expert group; layouts EP cannot run are refused.
+index, or ep 4 folded over dp x cp), and ep 2 over dp 4 (8 processes with CP 2): ep groups of
+two dp ranks, the experts replicated over the two groups; under TP each TP rank dispatches half
+the tokens (the bytes its all-to-alls send, counted at the collective); the executed layout
+reports the experts each rank holds, its expert group and its replicas; layouts EP cannot run
+are refused.
 
 Measured (tiny Qwen3-MoE, 8 samples, 2 mini-batches, lr 1e-3; `python -m pytest -q -s
 tests/test_exec_experts.py`): fp32, max |weight difference| from one process 2.2e-6 (the weights
@@ -13,7 +15,9 @@ moved 2.0e-3); bf16, summed |difference| from one process in bf16 4.06% of the s
 difference| 1.1e-5, ep 2 x pp 2, 2.2e-6; ep 2 x tp 2, each rank's dispatch 24 of the 48 tokens'
 routed copies (24,576 bytes; every TP rank sent all 48, 49,152 bytes, before each TP rank
 dispatched its slice); ep 2 x cp 2, 1.2e-6, and ep 4 over dp 2 x cp 2, 1.2e-6 (without the
-experts' gradients summed over CP, ep 2 x cp 2 ends 4.0e-3 away: measured by removing the sum).
+experts' gradients summed over CP, ep 2 x cp 2 ends 4.0e-3 away: measured by removing the sum);
+ep 2 over dp 4, 3.2e-6, and with cp 2, 2.5e-6 (without the sum over the replicas 4.0e-3 away,
+with it done twice 1.7e-4: measured by removing it and by repeating it).
 """
 from __future__ import annotations
 
@@ -96,11 +100,17 @@ def test_layouts_ep_cannot_run_are_refused() -> None:
     with pytest.raises(SpecError, match=r"divide the model's 4 experts"):
         check_layout("actor", Layout(3, 1, 1, ep=3), *args, experts=4)
     check_layout("actor", Layout(2, 2, 1, ep=2), *args, experts=4)
+    # ep dividing dp: an ep sub-group of the dp ranks, the experts replicated over dp / ep
+    check_layout("actor", Layout(4, 1, 1, ep=2), *args, experts=4)
+    check_layout("actor", Layout(dp=4, cp=2, ep=2), *args, experts=4)
+    with pytest.raises(SpecError, match=r"layout dp6 tp1 pp1 ep4: .*not folded over TP.* plan with "
+                                        r"ep 1 or ep 2 or ep 3 or ep 6"):
+        check_layout("actor", Layout(6, 1, 1, ep=4), *args, experts=4)
     # under CP: ep equal to dp or to dp x cp (EP folded over CP), nothing else
     check_layout("actor", Layout(dp=2, cp=2, ep=2), *args, experts=4)
     check_layout("actor", Layout(dp=2, cp=2, ep=4), *args, experts=4)
     with pytest.raises(SpecError, match=r"layout dp2 tp1 pp1 cp2 ep8: expert parallelism runs "
-                                        r"over the dp ranks .* plan with ep 1 or ep 2 or 4"):
+                                        r"over the dp ranks .* plan with ep 1 or ep 2 or ep 4"):
         check_layout("actor", Layout(dp=2, cp=2, ep=8), *args, experts=8)
     assert Layout(2, 1, 1, ep=2).as_dict() == {"dp": 2, "tp": 1, "pp": 1, "ep": 2}
 
@@ -188,7 +198,7 @@ def _count_dispatch_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
     ids = torch.arange(TOKENS).reshape(2, -1) % 97 + 3  # the same on every rank
     out = tr.model(input_ids=ids).logits.float().sum()
     out.backward()
-    c = tr.model.config
+    c: Any = tr.model.config
     copy = c.num_experts_per_tok * c.hidden_size * 4 * c.num_hidden_layers
     q_out.put((rank, sum(sent[0::2]), sum(sent), copy))
 
@@ -209,3 +219,42 @@ def test_each_tp_rank_dispatches_its_slice_of_the_tokens(moe_dir: Path) -> None:
     copy = got[0][3]  # a token's routed copies over the MoE layers, in bytes
     assert [dispatch for _, dispatch, _, _ in got] == [TOKENS // 2 * copy] * 4  # TOKENS before
     assert sum(total for _, _, total, _ in got) == 2 * 2 * TOKENS * copy
+
+
+# ep 2 < dp 4: ep groups of two consecutive dp ranks of one CP index, each rank's shard
+# replicated in the other group (`expert_replicas`), its gradient summed over them; under CP 2
+# (ranks d * cp + c) also summed over CP
+@pytest.mark.parametrize("layout,groups,replicas", [
+    (Layout(4, 1, 1, ep=2), [[0, 1], [0, 1], [2, 3], [2, 3]], [[0, 2], [1, 3]] * 2),
+    (Layout(dp=4, cp=2, ep=2), [[0, 2], [1, 3]] * 2 + [[4, 6], [5, 7]] * 2,
+     [[0, 4], [1, 5], [2, 6], [3, 7]] * 2)], ids=["dp4-ep2", "dp4xcp2-ep2"])
+def test_ep_below_dp_matches_one_process(layout: Layout, groups: list[list[int]],
+                                         replicas: list[list[int]], moe_dir: Path,
+                                         tmp_path: Path) -> None:
+    """ep 2 < dp 4: two ep groups, each holding every expert (two per rank), each rank's shard
+    replicated in the other group and its gradient summed over the replicas before the step:
+    one process's steps. Measured by removing that sum: each group steps its experts on its own
+    half of the tokens, 4.0e-3 away (dp 4 ep 2); summing it twice, 1.7e-4 away."""
+    cfg = config(moe_dir, trainer=layout, mini_batches=2)
+    want, info = one_process(dataclasses.replace(cfg, trainer=Layout()))
+    got, ranks = distributed(cfg, tmp_path)
+    start = load_policy(moe_dir).state_dict()
+    moved = {k: float((want[k] - start[k]).abs().max()) for k in want}
+    assert min(v for k, v in moved.items() if "experts" in k) > 1e-4  # every expert trained
+    assert sorted(got) == sorted(want)  # the experts gathered whole, under their names
+    bad = {k: float((got[k] - want[k]).abs().max()) for k in want
+           if not torch.allclose(got[k], want[k], atol=5e-5, rtol=1e-4)}
+    diff = max(float((got[k] - want[k]).abs().max()) for k in want)
+    print(f"{layout} vs one process: max |weight diff| {diff:.2e} "
+          f"(moved {max(moved.values()):.2e})")
+    assert not bad, bad
+    for r in ranks:
+        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
+        read = r[3]
+        assert (read["dp"], read["cp"] if layout.cp > 1 else 1) == (4, layout.cp), read
+        assert (read["ep"], read["experts_per_rank"]) == (2, 2), read
+        assert read["placements"]["experts"] == {"mesh": ["ep"], "placements": ["S(0)"]}
+    assert [r[3]["expert_ranks"] for r in ranks] == groups
+    assert [r[3]["expert_replicas"] for r in ranks] == replicas
+    leaders = [r for k, r in enumerate(ranks) if layout.leads(k)]
+    assert sum(r[1]["loss"] for r in leaders) == pytest.approx(info["loss"], abs=1e-5)
