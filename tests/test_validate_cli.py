@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -251,16 +250,3 @@ def test_host_memory_over_the_node_is_flagged(tmp_path, capsys) -> None:
     assert main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert "GB of host memory per node of 100 (" in out and ": over, refused" in out
-
-
-def test_python_dash_m_placer_is_the_console_script() -> None:
-    """`python -m placer` runs the same command line (placer/__main__.py): same output, same
-    exit codes, bad input included."""
-    run = [sys.executable, "-m", "placer"]
-    ok = subprocess.run([*run, "validate", str(EXAMPLES[0]), "--json"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120, check=False)
-    assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)
-    bad = subprocess.run([*run, "validate", str(ROOT / "no-such-job.yaml")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, check=False)
-    assert bad.returncode == 2 and bad.stderr.startswith("placer: error:"), bad.stderr
