@@ -8,11 +8,14 @@ formed anew). Asked one after the other these were a round trip each through Ray
 members' twice (once for the protocol, once for the group); here they are issued at once and
 waited on once (`ask_survey`). An engine that fails to answer (dead, restarting) is
 recorded, not raised: it matters only if the refresh targets it (`missing`), as a refresh
-that skips an engine already holding the version never asked it before.
+that skips an engine already holding the version never asked it before. An engine still
+restarting from an earlier failure (Ray's `ActorUnavailableError`: its call was answered before
+the restart finished) is waited for and asked again (`ask_revived`), as a failed rollout call is
+re-run on its restarted worker, rather than ending the refresh with a lost-training error.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,3 +76,17 @@ def missing(survey: Survey, targets: Sequence[Member]) -> str | None:
     """The error of the first target that did not answer the survey (None: all did)."""
     return next((survey.errors[(m.role, m.rank)] for m in targets
                  if (m.role, m.rank) in survey.errors), None)
+
+
+def ask_revived(group: Asks, actors: list[Member], engines: list[Member], bucketed: set[bool],
+                revive: Callable[[Member, str], None], info: bool = False) -> Survey:
+    """`ask_survey`, then, for every engine that did not answer, `revive(engine, error)` (wait
+    for its restarted process; raises when it cannot come back) and the survey once more: a
+    restarted engine holds no weights and is in no group, which the second survey sees."""
+    survey = ask_survey(group, actors, engines, bucketed, info)
+    silent = [m for m in engines if (m.role, m.rank) in survey.errors]
+    if not silent:
+        return survey
+    for m in silent:
+        revive(m, survey.errors[(m.role, m.rank)])
+    return ask_survey(group, actors, engines, bucketed, info)

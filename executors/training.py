@@ -106,6 +106,14 @@ class Training:
                 continue
             asked = members if role == Role.ACTOR else members[:1]
             got = rt.results([rt.call(m, "executed_layout", len(members)) for m in asked])
+            for i in [i for i, g in enumerate(got) if not g.ok]:
+                # a worker still restarting from an earlier failure (a recovery's set-up runs
+                # while a rollout Ray restarts may not be back): wait for it, ask once more
+                try:
+                    rt.wait_alive(asked[i])
+                except Exception as e:  # it cannot come back
+                    raise TrainingLost(str(got[i].error)) from e
+                got[i] = rt.results([rt.call(asked[i], "executed_layout", len(members))])[0]
             if not all(g.ok for g in got):
                 raise TrainingLost(next(g.error for g in got if not g.ok))
             out[str(role)] = got[0].value

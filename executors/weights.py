@@ -51,7 +51,7 @@ from executors.reshard import Manifest, manifest_digest
 from executors.runplan import RunPlan
 from executors.runtime import Calls, Handle
 from executors.syncgroup import BUCKETS, PROTOCOLS, GroupSpec, Protocol
-from executors.syncsurvey import Members, Survey, ask_survey, missing
+from executors.syncsurvey import Members, Survey, ask_revived, ask_survey, missing
 from placer.base.roles import Role
 
 
@@ -345,7 +345,7 @@ class WeightSync:
         free = ctx.busy.free(ctx.rt, rollouts)
         if ctx.rt.concurrent:  # the version, the senders and every member's process at once
             flags = {size > 0 for size, _ in by_path(ctx.run, free)}
-            survey = ask_survey(self.group, actors, free, flags, info=True)
+            survey = ask_revived(self.group, actors, free, flags, self._revive(step), info=True)
             info: Any = survey.info
         else:
             info = self._trainer_call(actors[0], "weights_info")
@@ -426,6 +426,22 @@ class WeightSync:
                               "bytes": sum(v["bytes"] for v in vals), "calls": max(counts),
                               "senders": len(senders), "src": src, "backend": "in-process"}))
         return out
+
+    def _revive(self, step: int) -> Callable[[Member, str], None]:
+        """An engine that did not answer the refresh's survey: wait for Ray to bring it back
+        (raising `TrainingLost` when it cannot), then it holds no weights and is in no group."""
+        def revive(m: Member, error: str) -> None:
+            t = time.time()
+            try:
+                self.ctx.rt.wait_alive(m)
+            except Exception as e:  # its node may be gone: check, then give up
+                self.ctx.check_cluster()
+                raise TrainingLost(f"{m.role}{m.rank} did not come back: {error}") from e
+            self.ctx.known[m.rank] = None
+            self.group.drop()
+            self.ctx.event(f"restart {m.role}{m.rank}", "restart", t, time.time() - t, m, step,
+                           error=error, policy_version=None)
+        return revive
 
     def resync(self, step: int) -> Callable[[Member], None]:
         """What a rollout call's re-run needs first: its restarted worker holds no weights."""

@@ -11,7 +11,7 @@ import pytest
 
 from executors.context import TrainingLost
 from executors.runtime import Outcome
-from executors.syncsurvey import ask_survey, missing
+from executors.syncsurvey import ask_revived, ask_survey, missing
 
 
 class _M:
@@ -75,3 +75,34 @@ def test_a_trainer_rank_that_does_not_answer_ends_the_refresh() -> None:
     g.answers[("actor", 1, "sync_member")] = RuntimeError("trainer rank 1 lost")
     with pytest.raises(TrainingLost, match="trainer rank 1 lost"):
         ask_survey(g, ACTORS, ENGINES, {True}, info=True)  # type: ignore[arg-type]
+
+
+def test_a_restarting_engine_is_waited_for_and_asked_again() -> None:
+    g = _Group(_answers())
+    g.answers[("rollout", 1, "sync_member")] = RuntimeError("ActorUnavailableError: restarting")
+    revived: list[tuple[int, str]] = []
+
+    def revive(m: _M, error: str) -> None:  # Ray brings it back: a new process answers
+        revived.append((m.rank, error))
+        g.answers[("rollout", 1, "sync_member")] = ("cpu", 2, 999)
+    s = ask_revived(g, ACTORS, ENGINES, {True}, revive, info=True)  # type: ignore[arg-type]
+    assert revived == [(1, "ActorUnavailableError: restarting")]
+    assert g.batches == 2 and not s.errors
+    assert s.members[("rollout", 1)] == ("cpu", 2, 999)  # the restarted process
+
+
+def test_a_survey_every_engine_answers_revives_nothing() -> None:
+    g = _Group(_answers())
+    s = ask_revived(g, ACTORS, ENGINES, {True}, lambda m, e: pytest.fail("revived"),  # type: ignore[arg-type]
+                    info=True)
+    assert g.batches == 1 and not s.errors
+
+
+def test_an_engine_that_cannot_come_back_ends_the_refresh() -> None:
+    g = _Group(_answers())
+    g.answers[("rollout", 0, "sync_member")] = RuntimeError("node lost")
+
+    def revive(m: _M, error: str) -> None:
+        raise TrainingLost(f"rollout{m.rank} did not come back: {error}")
+    with pytest.raises(TrainingLost, match="rollout0 did not come back: node lost"):
+        ask_revived(g, ACTORS, ENGINES, {True}, revive)  # type: ignore[arg-type]
