@@ -22,8 +22,9 @@ actor's CP ranks do (`executors.cpattn`):
 
 The role's other ranks stand by. The forward computes in the job's training precision
 (`cfg.precision`: BF16 autocast over FP32 weights and Adam, as the actor trains); layers
-recompute their activations when the plan's critic layout says so. A checkpoint is in the
-one-process format (full weights, full Adam state), gathered onto rank 0.
+recompute their activations when the plan's critic layout says so. A checkpoint is one file in
+the one-process format (one process), or a CP group's folder of each rank's own shards
+(`executors.shardckpt`: nothing gathered onto rank 0); either restores into any critic layout.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from executors import rl
+from executors import rl, shardckpt
 from executors.cpattn import (
     CP_MESH_ATTR,
     CPRank,
@@ -50,7 +51,6 @@ from executors.precision import autocast
 from executors.procgroup import GroupMember
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
 from executors.runplan import Layout
-from executors.shardckpt import full_optim, load_full, load_sharded_optim
 from executors.sharding import (
     build_mesh,
     clip_grad_norm,
@@ -170,21 +170,29 @@ class Critic(Worker, GroupMember):
         return full_state(self.model, keep=self.rank == 0)
 
     def save(self, path: str, step: int) -> str:
-        """A checkpoint in the one-process format; every CP rank calls it, rank 0 writes."""
+        """A checkpoint any critic layout restores. One process: one file in the one-process
+        format. A CP group: a folder of each rank's own shards (`executors.shardckpt`, as the
+        trainer's: nothing gathered onto rank 0); every CP rank calls it (a collective)."""
         if self._cp is None:
             return save_checkpoint(path, {"model": self.model.state_dict(),
                                           "optim": self.opt.state_dict(), "step": step})
-        optim, model = full_optim(self.opt), self.weights()
-        if self.rank == 0:
-            save_checkpoint(path, {"model": model, "optim": optim, "step": step})
-        return path
+        sd = self.opt.state_dict()
+        state: dict[tuple[Any, ...], Any] = {
+            ("model", k): v for k, v in self.model.state_dict().items()}
+        state.update({("optim", int(i), k): v for i in sorted(sd["state"])
+                      for k, v in sorted(sd["state"][i].items())})
+        return shardckpt.save(path, self.rank, self.layout.cp, state, {
+            "version": None, "step": step, "optimizer_steps": None,
+            "param_groups": sd["param_groups"]})
 
     def load(self, path: str) -> int:
-        ck = torch.load(path, weights_only=False)
+        """Restore a checkpoint written by any critic layout (a file, or a CP group's folder
+        of rank files, `shardckpt.load`) into this one."""
+        ck = shardckpt.load(path)
         if self._cp is None:
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(ck["optim"])
         else:
-            load_full(self.model, ck["model"])
-            load_sharded_optim(self.opt, ck["optim"])
+            shardckpt.load_full(self.model, ck["model"])
+            shardckpt.load_sharded_optim(self.opt, ck["optim"])
         return int(ck["step"])

@@ -7,8 +7,9 @@ group summing the values and the loss, FSDP2 over ("dp", "cp") the gradients.
     second's gradient reaches the backbone through the CP attention), with the values read
     after the first, end at one process's values, losses and weights, in fp32;
   - with the K/V gather dropped (each rank attending to its own columns) the values differ;
-  - the executed layout reads cp 2 off the built value model's mesh; the checkpoint is the
-    one-process format (a one-process critic loads it).
+  - the executed layout reads cp 2 off the built value model's mesh; the checkpoint is a
+    folder of each CP rank's own shards (nothing gathered onto rank 0), which a one-process
+    critic loads.
 
 Measured (tiny-llama, 8 samples, critic lr 1e-2; `python -m pytest -q -s
 tests/test_exec_critic_cp.py`): values after the first step within 2.2e-8 of one process's;
@@ -55,6 +56,12 @@ def _steps(critic: Critic) -> tuple[list[float], list[list[float]], dict[str, to
     return [first, second], values, critic.weights()
 
 
+def _shard_bytes(part: dict[str, Any]) -> int:
+    """The tensor bytes one rank's checkpoint file holds (its pieces and whole tensors)."""
+    ts = [p["local"] for p in part["pieces"].values()] + list(part["whole"].values())
+    return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))
+
+
 def _cp_body(rank: int, critic: Critic, q_out: Any, out: str, drop: bool) -> None:
     if drop:
         from test_exec_cp import _own_keys_only
@@ -96,8 +103,13 @@ def test_cp2_critic_matches_one_process(model_dir: Path, tmp_path: Path) -> None
         assert got_losses == pytest.approx(losses, rel=1e-5)
         assert (layout["dp"], layout["cp"], layout["tp"], layout["pp"]) == (1, 2, 1, 1), layout
         assert layout["mesh"] == {"dims": ["dp_cp"], "shape": [2]}, layout
-    plain = Critic(dataclasses.replace(cfg, critic_cp=1))  # the one-process format
-    assert plain.load(str(tmp_path / "c.pt.ckpt")) == 3
+    ckpt = tmp_path / "c.pt.ckpt"  # one file per CP rank, each with its own shards
+    assert sorted(p.name for p in ckpt.iterdir()) == ["rank-00000.pt", "rank-00001.pt"]
+    sizes = [_shard_bytes(torch.load(ckpt / p.name, weights_only=False))
+             for p in sorted(ckpt.iterdir())]
+    assert min(sizes) > 0 and max(sizes) < 0.75 * sum(sizes), sizes
+    plain = Critic(dataclasses.replace(cfg, critic_cp=1))  # any layout restores it
+    assert plain.load(str(ckpt)) == 3
     for k, v in plain.weights().items():
         torch.testing.assert_close(v, got[k])
     assert all(plain.opt.state[p]["exp_avg"].shape == p.shape for p in plain.model.parameters())
@@ -115,7 +127,7 @@ def test_cp2_critic_needs_the_gather(model_dir: Path, tmp_path: Path) -> None:
 def test_execute_runs_a_cp2_critic(tmp_path: Path) -> None:
     """One PPO step of the whole loop with the critic planned cp 2: its two processes form
     their group, both compute the values and take the value step, the executed layout reads
-    cp 2 off the critic's model, and the checkpoint is written by its rank 0."""
+    cp 2 off the critic's model, and the checkpoint is written by both its ranks."""
     from exec_util import PPO_LAYOUT, hand_plan, job_dict  # lazy: the plan helpers load the planner
 
     from executors.run import execute
