@@ -47,6 +47,14 @@ error says which factor is off. The classes:
                   Vidur's A100 pair runs at ~9.5 GB/s of the catalog's 25, a property of that
                   network, which a user sets per cluster as the device's `nic_gbs`)
 
+A second source times the all-reduce: nccl-tests logs of one 8x H100 NVSwitch host
+(scripts/extract_nccl_tests.py; 2/4/6 ranks, 8 B-8 GiB, eager calls and CUDA-graph replays).
+Every row names its source and launch mode; the class figures cover every source's points,
+`classes_by_source` each source's. The all-reduce factors are Vidur's fit, so nccl-tests'
+figures are held out; `all_reduce_sources` (workflows/opsources.py) gives them per launch mode,
+each source priced by the other's fit, and the fit on both. The mode studies below
+(`all_reduce_modes`, the sweep, `--residuals`) are of Vidur's harness and its points.
+
 Error = predicted / measured - 1. The attention class also reports its held-out errors
 (`attention_held_out`: in-sample, each KV context priced by factors fitted on the others,
 and half the chunk sizes / decode batches priced by factors fitted on the other half).
