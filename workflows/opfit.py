@@ -180,20 +180,33 @@ def all_reduce_modes(points: Sequence[Point], eff: Efficiency,
     device for one source's eager kernels; source, launch mode and device where sources mix."""
     ps = [p for p in points if p.cls == "all_reduce"]
     ring, nvls = _tied(*_all_reduce_rows(ps, eff))
-    m = np.asarray([p.measured_s for p in ps])
-    devices = np.asarray([testbed(p) for p in ps])
-    theta = np.asarray([eff.tp_base_s, 0.0, eff.nvls_base_s, 1 / eff.tp_link_eff])
-    host = np.zeros(len(ps), dtype=bool)
+    theta0 = np.asarray([eff.tp_base_s, 0.0, eff.nvls_base_s, 1 / eff.tp_link_eff])
+    theta, host_s, host = split_modes(ring, nvls, np.asarray([p.measured_s for p in ps]),
+                                      [testbed(p) for p in ps], theta0)
+    base, _, nvls_base, inv_eff = (float(x) for x in theta)
+    return AllReduceModes({"tp_base_s": base, "tp_hop_s": HOP_PER_BASE * base,
+                           "nvls_base_s": nvls_base,
+                           "tp_link_eff": 1 / inv_eff}, host_s, tuple(bool(h) for h in host))
+
+
+def split_modes(ring: np.ndarray, nvls: np.ndarray, m: np.ndarray, testbeds: Sequence[str],
+                theta: np.ndarray) -> tuple[np.ndarray, dict[str, float], np.ndarray]:
+    """`all_reduce_modes`' alternating split on any linear form of the collective: `ring`
+    and `nvls` hold per point the seconds one unit of each factor adds under each algorithm
+    (NVLS NaN where it does not run), `m` the measured seconds. Each round fits, by relative
+    least squares on the synchronised points, the factors whose column is non-zero there
+    (each point on its faster algorithm at the current factors), and re-splits the modes.
+    Returns the factors, each testbed's host period and the host-bound mask."""
+    devices = np.asarray(testbeds)
+    host = np.zeros(len(m), dtype=bool)
     host_s: dict[str, float] = {}
     for rnd in range(MAX_ROUNDS):
-        sync = np.fmin(ring @ theta, nvls @ theta)  # NaN (no NVLS): the ring
         rows = np.where((nvls @ theta < ring @ theta)[:, None], nvls, ring)
         use = ~host
-        cols = [0, 3] + ([2] if rows[use, 2].any() else [])
-        fitted = _relative_lstsq(list(rows[use][:, cols].T), list(m[use]))
+        cols = [c for c in range(len(theta)) if rows[use, c].any()]
         theta = theta.copy()
-        theta[cols] = fitted
-        sync = np.fmin(ring @ theta, nvls @ theta)
+        theta[cols] = _relative_lstsq(list(rows[use][:, cols].T), list(m[use]))
+        sync = np.fmin(ring @ theta, nvls @ theta)  # NaN (no NVLS): the ring
         if rnd == 0:
             new = m > HOST_SPLIT * sync
         else:
@@ -204,10 +217,7 @@ def all_reduce_modes(points: Sequence[Point], eff: Efficiency,
         if rnd > 1 and (new == host).all():
             break
         host = new
-    base, _, nvls_base, inv_eff = (float(x) for x in theta)
-    return AllReduceModes({"tp_base_s": base, "tp_hop_s": HOP_PER_BASE * base,
-                           "nvls_base_s": nvls_base,
-                           "tp_link_eff": 1 / inv_eff}, host_s, tuple(bool(h) for h in host))
+    return theta, host_s, host
 
 
 def fit_all_reduce(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
