@@ -1,6 +1,7 @@
 """The measured operators of `python -m workflows.operators` and how the cost model prices each:
 the points of workflows/data/operators/ (scripts/extract_operators.py wrote them from Vidur's
-profiles; each file's header names the source commit, paths and units) and `predict`, which
+profiles, scripts/extract_nccl_tests.py the all-reduces of public nccl-tests logs; each file's
+header names the source commit, paths, units and licence) and `predict`, which
 prices a point with the cost-model function its class names (the classes: workflows/operators.py).
 An attention point prices one layer of its shape (`attention_layer`) split over its TP ranks.
 """
@@ -25,6 +26,9 @@ DATA = Path(__file__).resolve().parent / "data" / "operators"
 CLASSES = ("prefill_linear", "decode", "attention", "all_reduce", "send_recv")
 LAYER_CLASSES = ("prefill_linear", "decode")
 PREFILL_MIN_TOKENS = 128  # a prefill chunk; below it a pass is decode-sized
+VIDUR = "vidur"  # github.com/microsoft/vidur's profiles (every class)
+NCCL_TESTS = "nccl-tests"  # nccl-tests logs of github.com/waynehacking8/nccl-collectives-bench
+SOURCES = (VIDUR, NCCL_TESTS)
 DECODE_MAX_TOKENS = 64  # a decode batch whose weight read still bounds its GEMMs on A100/H100
 LAYER_KERNELS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
                  "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
@@ -48,6 +52,8 @@ class Point:
     vocab: int = 0
     kind: str = ""  # attention: "prefill" (size = chunk tokens) or "decode" (size = batch)
     context: int = 0  # attention: KV tokens before the chunk, or held by each decode sequence
+    source: str = VIDUR  # which public source measured it (SOURCES)
+    launch: str = "eager"  # collectives: host-launched each call, or replayed from a CUDA graph
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,8 @@ def _read(name: str) -> tuple[Provenance, list[dict[str, str]]]:
 
 @cache
 def load() -> tuple[tuple[Provenance, ...], tuple[Point, ...]]:
-    """Every measured point, with the provenance of the files they came from."""
+    """Every measured point, with the provenance of the files they came from: Vidur's
+    profiles (every class) and the nccl-tests all-reduce logs (`Point.source`)."""
     points: list[Point] = []
     prov_layers, layers = _read("layers.csv")
     for r in layers:
@@ -92,6 +99,11 @@ def load() -> tuple[tuple[Provenance, ...], tuple[Point, ...]]:
         provs.append(prov)
         points += [Point(cls, r["device"], "", int(r["ranks"]), int(r["bytes"]),
                          float(r["ms"]) / 1e3, per_node=int(r["per_node"])) for r in rows]
+    prov, rows = _read("all_reduce_nccl_tests.csv")
+    provs.append(prov)
+    points += [Point("all_reduce", r["device"], "", int(r["ranks"]), int(r["bytes"]),
+                     float(r["ms"]) / 1e3, per_node=int(r["per_node"]), source=NCCL_TESTS,
+                     launch=r["launch"]) for r in rows]
     prov, rows = _read("attention.csv")
     provs.append(prov)
     points += [Point("attention", r["device"], "", int(r["tp"]), int(r["size"]),

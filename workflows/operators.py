@@ -47,6 +47,14 @@ error says which factor is off. The classes:
                   Vidur's A100 pair runs at ~9.5 GB/s of the catalog's 25, a property of that
                   network, which a user sets per cluster as the device's `nic_gbs`)
 
+A second source times the all-reduce: nccl-tests logs of one 8x H100 NVSwitch host
+(scripts/extract_nccl_tests.py; 2/4/6 ranks, 8 B-8 GiB, eager calls and CUDA-graph replays).
+Every row names its source and launch mode; the class figures cover every source's points,
+`classes_by_source` each source's. The all-reduce factors are Vidur's fit, so nccl-tests'
+figures are held out; `all_reduce_sources` (workflows/opsources.py) gives them per launch mode,
+each source priced by the other's fit, and the fit on both. The mode studies below
+(`all_reduce_modes`, the sweep, `--residuals`) are of Vidur's harness and its points.
+
 Error = predicted / measured - 1. The attention class also reports its held-out errors
 (`attention_held_out`: in-sample, each KV context priced by factors fitted on the others,
 and half the chunk sizes / decode batches priced by factors fitted on the other half).
@@ -73,9 +81,11 @@ import numpy as np
 from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import NODE_DEVICES, p2p_link, stage_send
 from placer.spec.catalog import shipped_devices
-from workflows.opdata import CLASSES, LAYER_CLASSES, Point, load, predict
+from workflows.opdata import CLASSES, LAYER_CLASSES, SOURCES, VIDUR, Point, load, predict
 from workflows.opfit import all_reduce_modes, calibrate_nic, fit_all, fit_attention, fit_layers, fit_send_recv
 from workflows.opmodes import device_held_out, render_residuals, render_study, residual_table, sweep_study
+from workflows.opsources import render as render_sources
+from workflows.opsources import study as source_study
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,8 @@ class Row:
     error: float
     kind: str = ""  # attention: prefill or decode
     context: int = 0  # attention: KV tokens (before the chunk, or of each decode sequence)
+    source: str = VIDUR  # the public source that measured it (opdata.SOURCES)
+    launch: str = "eager"  # collectives: host-launched calls, or a CUDA graph's replay
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,7 @@ def rows(points: Sequence[Point], eff: Efficiency) -> list[Row]:
     for p in points:
         pred = predict(p, eff)
         out.append(Row(p.cls, p.device, p.model, p.tp, p.size, p.per_node, p.measured_s, pred,
-                       pred / p.measured_s - 1, p.kind, p.context))
+                       pred / p.measured_s - 1, p.kind, p.context, p.source, p.launch))
     return out
 
 
@@ -117,6 +129,13 @@ def class_errors(rs: Sequence[Row]) -> dict[str, ClassError]:
         out[cls] = (ClassError(len(errs), float(np.median(errs)), float(np.percentile(errs, 90)))
                     if len(errs) else ClassError(0, None, None))
     return out
+
+
+def classes_by_source(rs: Sequence[Row]) -> dict[str, dict[str, ClassError]]:
+    """`class_errors` over each source's points (the classes it has points in)."""
+    return {src: {k: v for k, v in class_errors([r for r in rs if r.source == src]).items()
+                  if v.n}
+            for src in SOURCES if any(r.source == src for r in rs)}
 
 
 def leave_one_model_out(points: Sequence[Point], eff: Efficiency) -> dict[str, ClassError]:
@@ -196,7 +215,7 @@ def all_reduce_split(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]
     `eff`, the host-bound points' errors against their host period, and the synchronised
     points' errors with each rank count priced by factors fitted on the other two (held
     out)."""
-    ar = [p for p in points if p.cls == "all_reduce"]
+    ar = [p for p in points if p.cls == "all_reduce" and p.source == VIDUR]
     modes = all_reduce_modes(ar, eff)
     sync, host = _mode_errors(ar, eff, modes.host_s)
     held: list[float] = []
@@ -288,10 +307,13 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
     doc: dict[str, Any] = {
         "sources": {p.file: list(p.lines) for p in provs},
         "classes": {k: asdict(v) for k, v in class_errors(rs).items()},
+        "classes_by_source": {src: {k: asdict(v) for k, v in cs.items()}
+                              for src, cs in classes_by_source(rs).items()},
         "attention_held_out": {k: asdict(v) for k, v in attention_held_out(points, eff).items()},
         "all_reduce_modes": all_reduce_split(points, eff),
         "all_reduce_device_held_out": device_held_out(points, eff),
         "all_reduce_sweep": sweep_study(eff),
+        "all_reduce_sources": source_study(points, eff),
         "send_recv_by_link": send_recv_split(points, eff),
         "rows": [asdict(r) for r in rs]}
     if fit is not None:
@@ -315,7 +337,10 @@ def _size(r: dict[str, Any]) -> str:
         return (f"{r['size']}+{r['context']}" if r["kind"] == "prefill"
                 else f"{r['size']}x{r['context']}")
     b = r["size"]
-    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
+    if b >= 2**30:
+        return f"{b / 2**30:.0f} GiB"
+    return (f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB" if b >= 2**10
+            else f"{b} B")
 
 
 def _class_line(name: str, c: dict[str, Any]) -> str:
@@ -371,18 +396,24 @@ def render(doc: dict[str, Any]) -> str:
         if not rs:
             out.append("  no measured points (see the module docstring)")
             continue
-        out.append(f"  {'device':9s} {'model':38s} {'TP/ranks':>8s} {'size':>11s} "
-                   f"{'measured':>10s} {'predicted':>10s} {'error':>7s}")
+        out.append(f"  {'source':10s} {'device':9s} {'model':38s} {'TP/ranks':>8s} "
+                   f"{'size':>11s} {'measured':>10s} {'predicted':>10s} {'error':>7s}")
         for r in rs:
             where = r["model"] or ("2 nodes" if r["per_node"] == 1 else "")
             if r["kind"]:
                 where = ("prefill: tokens+KV" if r["kind"] == "prefill"
                          else "decode: sequences x KV each")
-            out.append(f"  {r['device']:9s} {where:38s} {r['tp']:8d} {_size(r):>11s} "
+            if r["launch"] == "graph":
+                where = "CUDA graph replay"
+            out.append(f"  {r['source']:10s} {r['device']:9s} {where:38s} {r['tp']:8d} "
+                       f"{_size(r):>11s} "
                        f"{r['measured_s'] * 1e3:8.4f}ms {r['predicted_s'] * 1e3:8.4f}ms "
                        f"{r['error']:+7.1%}")
     out.append("\nper class (error = predicted / measured - 1):")
     out += ["  " + _class_line(k, v) for k, v in doc["classes"].items()]
+    for src, cs in doc["classes_by_source"].items():
+        out.append(f"per class, {src}'s points:")
+        out += ["  " + _class_line(k, v) for k, v in cs.items()]
     out.append("attention, in-sample (the shipped factors are fitted on these points) and held "
                "out (priced by factors fitted without them):")
     labels = {"in_sample": "in-sample", "leave_one_context_out": "each KV context held out",
@@ -390,6 +421,7 @@ def render(doc: dict[str, Any]) -> str:
     out += ["  " + _class_line(labels[k], v) for k, v in doc["attention_held_out"].items()]
     out += render_study(doc["all_reduce_sweep"], doc["all_reduce_device_held_out"])
     out += _all_reduce_lines(doc["all_reduce_modes"])
+    out += render_sources(doc["all_reduce_sources"])
     out += _send_recv_lines(doc["send_recv_by_link"])
     if "fit" in doc:
         out.append("\nfitted on these points (in-sample):")

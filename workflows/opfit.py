@@ -37,7 +37,7 @@ import numpy as np
 from placer.cost.collectives import NCCL_SIMPLE_BASE_S, NCCL_SIMPLE_NVLINK_HOP_S
 from placer.cost.efficiency import Efficiency
 from placer.spec.catalog import shipped_devices
-from workflows.opdata import Point, predict
+from workflows.opdata import VIDUR, Point, predict
 
 NO_FLOOR = 1e9  # a `decode_flops_eff` that takes the FLOP floor out of a decode price
 
@@ -157,7 +157,14 @@ def _tied(ring: np.ndarray, nvls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ring, nvls
 
 
-def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes:
+def device_of(p: Point) -> str:
+    """The testbed whose host launch period a point's host-bound mode lasts: its device
+    (one source, eager calls: Vidur's)."""
+    return p.device
+
+
+def all_reduce_modes(points: Sequence[Point], eff: Efficiency,
+                     testbed: Callable[[Point], str] = device_of) -> AllReduceModes:
     """The TP all-reduce's `tp_base_s`, `tp_hop_s`, `nvls_base_s` and `tp_link_eff`, fitted
     on the points in the synchronised mode, and which points are in the other mode. Vidur's
     harness times rank 0's kernels in a burst of eager calls: where rank 0 issues its call
@@ -168,23 +175,38 @@ def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes
     point: fit the factors by relative least squares on the synchronised points (each priced
     by the algorithm, ring or NVLS, that is faster at the current factors), set each device's
     host period to the median of its host-bound points, and put each point in the mode whose
-    price (the collective, or the host period where that is longer) is nearer in log."""
+    price (the collective, or the host period where that is longer) is nearer in log.
+    `testbed` names the harness whose host period a point waits out (`host_s`' keys): the
+    device for one source's eager kernels; source, launch mode and device where sources mix."""
     ps = [p for p in points if p.cls == "all_reduce"]
     ring, nvls = _tied(*_all_reduce_rows(ps, eff))
-    m = np.asarray([p.measured_s for p in ps])
-    devices = np.asarray([p.device for p in ps])
-    theta = np.asarray([eff.tp_base_s, 0.0, eff.nvls_base_s, 1 / eff.tp_link_eff])
-    host = np.zeros(len(ps), dtype=bool)
+    theta0 = np.asarray([eff.tp_base_s, 0.0, eff.nvls_base_s, 1 / eff.tp_link_eff])
+    theta, host_s, host = split_modes(ring, nvls, np.asarray([p.measured_s for p in ps]),
+                                      [testbed(p) for p in ps], theta0)
+    base, _, nvls_base, inv_eff = (float(x) for x in theta)
+    return AllReduceModes({"tp_base_s": base, "tp_hop_s": HOP_PER_BASE * base,
+                           "nvls_base_s": nvls_base,
+                           "tp_link_eff": 1 / inv_eff}, host_s, tuple(bool(h) for h in host))
+
+
+def split_modes(ring: np.ndarray, nvls: np.ndarray, m: np.ndarray, testbeds: Sequence[str],
+                theta: np.ndarray) -> tuple[np.ndarray, dict[str, float], np.ndarray]:
+    """`all_reduce_modes`' alternating split on any linear form of the collective: `ring`
+    and `nvls` hold per point the seconds one unit of each factor adds under each algorithm
+    (NVLS NaN where it does not run), `m` the measured seconds. Each round fits, by relative
+    least squares on the synchronised points, the factors whose column is non-zero there
+    (each point on its faster algorithm at the current factors), and re-splits the modes.
+    Returns the factors, each testbed's host period and the host-bound mask."""
+    devices = np.asarray(testbeds)
+    host = np.zeros(len(m), dtype=bool)
     host_s: dict[str, float] = {}
     for rnd in range(MAX_ROUNDS):
-        sync = np.fmin(ring @ theta, nvls @ theta)  # NaN (no NVLS): the ring
         rows = np.where((nvls @ theta < ring @ theta)[:, None], nvls, ring)
         use = ~host
-        cols = [0, 3] + ([2] if rows[use, 2].any() else [])
-        fitted = _relative_lstsq(list(rows[use][:, cols].T), list(m[use]))
+        cols = [c for c in range(len(theta)) if rows[use, c].any()]
         theta = theta.copy()
-        theta[cols] = fitted
-        sync = np.fmin(ring @ theta, nvls @ theta)
+        theta[cols] = _relative_lstsq(list(rows[use][:, cols].T), list(m[use]))
+        sync = np.fmin(ring @ theta, nvls @ theta)  # NaN (no NVLS): the ring
         if rnd == 0:
             new = m > HOST_SPLIT * sync
         else:
@@ -195,14 +217,14 @@ def all_reduce_modes(points: Sequence[Point], eff: Efficiency) -> AllReduceModes
         if rnd > 1 and (new == host).all():
             break
         host = new
-    base, _, nvls_base, inv_eff = (float(x) for x in theta)
-    return AllReduceModes({"tp_base_s": base, "tp_hop_s": HOP_PER_BASE * base,
-                           "nvls_base_s": nvls_base,
-                           "tp_link_eff": 1 / inv_eff}, host_s, tuple(bool(h) for h in host))
+    return theta, host_s, host
 
 
 def fit_all_reduce(points: Sequence[Point], eff: Efficiency) -> dict[str, float]:
-    return all_reduce_modes(points, eff).factors
+    """The TP all-reduce's factors as shipped: fitted on Vidur's points (the defaults'
+    sample). The fit on every source's points, and each source priced by the other's fit,
+    are workflows/opsources.py's `union_fit` and `leave_one_source_out`."""
+    return all_reduce_modes([p for p in points if p.source == VIDUR], eff).factors
 
 
 def _send_terms(ps: Sequence[Point], eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:

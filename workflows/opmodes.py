@@ -35,7 +35,7 @@ import numpy as np
 
 from placer.cost.collectives import NCCL_NVLS_NVLINK_S
 from placer.cost.efficiency import Efficiency
-from workflows.opdata import Point, load, load_sweep, predict
+from workflows.opdata import VIDUR, Point, load, load_sweep, predict
 from workflows.opfit import all_reduce_modes
 
 
@@ -83,7 +83,7 @@ def sweep_study(eff: Efficiency) -> dict[str, Any]:
     host-mode points (selected by the measured time: for comparison), and held out by size
     over the points priced at or above their device's host period (the class fit's)."""
     _, points = load()
-    ar = [p for p in points if p.cls == "all_reduce"]
+    ar = [p for p in points if p.cls == "all_reduce" and p.source == VIDUR]
     period = all_reduce_modes(ar, eff).host_s
     _, sweep = load_sweep()
     groups: dict[str, Any] = {}
@@ -112,7 +112,7 @@ def device_held_out(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
     device's own host period (a property of the harness's host, not a pricing factor: from
     the device's own points), and without its host-mode points (selected by the measured
     time, for comparison)."""
-    ar = [p for p in points if p.cls == "all_reduce"]
+    ar = [p for p in points if p.cls == "all_reduce" and p.source == VIDUR]
     out: dict[str, Any] = {}
     pooled: dict[str, list[float]] = {"all": [], "gpu": [], "sync": []}
     for dev in sorted({p.device for p in ar}):
@@ -189,11 +189,11 @@ def residual_table(points: Sequence[Point], eff: Efficiency) -> list[dict[str, A
     """The collectives' residuals (predicted / measured - 1) per device, rank count (send/recv:
     one node or two), and size band: points, median signed error, the band's extreme, and
     (all-reduce) how many lie nearer the host period than the price."""
-    ar = [p for p in points if p.cls == "all_reduce"]
+    ar = [p for p in points if p.cls == "all_reduce" and p.source == VIDUR]
     period = all_reduce_modes(ar, eff).host_s
     cells: dict[tuple[str, str, int, str, str], list[tuple[float, bool]]] = {}
     for p in points:
-        if p.cls not in ("all_reduce", "send_recv"):
+        if p.cls not in ("all_reduce", "send_recv") or p.source != VIDUR:
             continue
         t = predict(p, eff)
         link = "2 nodes" if p.per_node == 1 else "1 node"
