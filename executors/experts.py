@@ -137,7 +137,7 @@ class ParallelExperts(nn.Module):
     down_proj: Any
 
     def __init__(self, experts: Any, mesh: Any, tp_mesh: Any = None, cp_mesh: Any = None,
-                 replica_mesh: Any = None) -> None:
+                 replica_mesh: Any = None, folded_tp: bool = False) -> None:
         super().__init__()
         # ep < dp: the ep groups' replicas of this rank's shard (its expert-data-parallel group)
         self.replica_group = (None if replica_mesh is None or replica_mesh.size() == 1
@@ -149,6 +149,12 @@ class ParallelExperts(nn.Module):
         self.tp_rank = 0 if self.tp == 1 else tp_mesh.get_local_rank()
         # the CP ranks of a DP group hold the same experts, each computing its slice's tokens
         self.cp_group = None if cp_mesh is None or cp_mesh.size() == 1 else cp_mesh.get_group()
+        # the groups a shard's gradient is summed over (`sync_expert_grads`), each covering
+        # ranks that hold the same shard and computed it on other tokens: TP when EP is not
+        # folded over it (folded, the TP ranks hold different experts), CP likewise, replicas
+        self.grad_groups: list[Any] = [g for g in (None if folded_tp else self.tp_group,
+                                                   self.cp_group, self.replica_group)
+                                       if g is not None]
         from torch.distributed.tensor import Shard, distribute_tensor  # lazy: distributed only
         self.num_experts = int(experts.num_experts)
         self.ep = mesh.size()
@@ -217,15 +223,17 @@ class ParallelExperts(nn.Module):
 
 
 def shard_experts(model: nn.Module, mesh: Any, tp_mesh: Any = None,
-                  cp_mesh: Any = None, replica_mesh: Any = None) -> list[nn.Parameter]:
+                  cp_mesh: Any = None, replica_mesh: Any = None,
+                  folded_tp: bool = False) -> list[nn.Parameter]:
     """Replace every experts module by `ParallelExperts` over the 1-D `mesh`, in place, each TP
     rank of `tp_mesh` (None: TP 1) dispatching its slice of the tokens, each CP rank of
-    `cp_mesh` (None: CP 1) its slice of the sequences, the shards replicated over
-    `replica_mesh` (None: ep covers the dp ranks); the experts' parameters (for FSDP2 to
-    leave alone)."""
+    `cp_mesh` (None: CP 1, or CP folded into `mesh`) its slice of the sequences, the shards
+    replicated over `replica_mesh` (None: ep covers the dp ranks); `folded_tp`: `mesh` spans
+    the TP ranks (expert TP 1), so the experts' gradients are not summed over TP. The
+    experts' parameters (for FSDP2 to leave alone)."""
     params: list[nn.Parameter] = []
     for parent, name, m in expert_modules(model):
-        par = ParallelExperts(m, mesh, tp_mesh, cp_mesh, replica_mesh)
+        par = ParallelExperts(m, mesh, tp_mesh, cp_mesh, replica_mesh, folded_tp)
         parent.register_module(name, par)
         params += [par.gate_up_proj, par.down_proj]
     return params
@@ -245,9 +253,9 @@ def sync_expert_grads(model: nn.Module) -> None:
     for m in model.modules():
         if not isinstance(m, ParallelExperts):
             continue
-        for group in (m.tp_group, m.cp_group, m.replica_group):
+        for group in m.grad_groups:
             for w in (m.gate_up_proj, m.down_proj):
-                if group is not None and w.grad is not None:
+                if w.grad is not None:
                     dist.all_reduce(w.grad.to_local(), group=group)
 
 
