@@ -54,7 +54,22 @@ in Megatron-Core's expert-data-parallel group when EP does not span them); with 
 EP is folded over CP (Megatron-Core's expert groups may span the CP ranks: its expert
 RankGenerator has no cp dim, megatron/core/parallel_state.py @ d98e8a6), the experts split over
 the flattened ("dp", "cp") dim FSDP2 shards over, every rank its own, nothing summed over CP.
-The cost model prices both (`placer.cost.sharding.expert_tokens`: each rank routes
+With ep above dp x cp (dividing dp x cp x tp) EP is folded over TP with expert TP 1, as the
+planner plans it (`placer.solve.layouts`: ep up to tp x cp x dp, ETP 1): the ep group is ep
+consecutive ranks of the flattened ("dp", "cp", "tp") dims, rank (d * cp + c) * tp + t
+(`executors.sharding._folded_meshes`; Megatron-Core's expert RankGenerator with
+`expert_tensor_parallel_size` 1, order tp-ep-dp-pp, megatron/core/parallel_state.py @ d98e8a6),
+so the TP ranks of one DP group hold different experts, whole. Each TP rank still routes its
+own slice of its DP group's tokens (`_TPSlice`) over that group and gathers the combined rows
+back over TP (`_TPGather`), as Megatron-Core's `MoEAlltoAllTokenDispatcher` does with expert TP
+1: each rank all-to-alls its sequence-parallel shard over the ep group, and its
+`dispatch_postprocess` all-gathers over the expert-TP group only when that is above 1
+(megatron/core/transformer/moe/token_dispatcher.py @ d98e8a6, `self.tp_group =
+pg_collection.expt_tp`). Every expert then sees all its tokens on its own rank of the group,
+so its gradient is summed over TP or CP never; with ep < dp x cp x tp each shard is replicated
+in the other groups (ranks of the same ep index, Megatron-Core's expert-data-parallel group)
+and summed over those only (`ParallelExperts.grad_groups`).
+The cost model prices these (`placer.cost.sharding.expert_tokens`: each rank routes
 tokens / (tp x cp); `expert_dp`: the ranks holding one expert shard, tp * cp * dp / ep).
 `executed_layout` reports the group (`expert_ranks`,
 `executors.layoutread`). The gradient clip sums the experts' squared norms over the ep group
@@ -248,7 +263,9 @@ def sync_expert_grads(model: nn.Module) -> None:
     experts are not TP-split, the CP ranks when EP is not folded over CP, and the dp / ep
     replicas). A sum, not a mean: every rank's loss already carries 1 / (the mini-batch's
     tokens), as FSDP2's reductions sum (`executors.sharding.shard`). FSDP2 ignores the experts,
-    so this is their only reduction. No-op at TP 1, CP 1 and ep == dp (x cp)."""
+    so this is their only reduction. With EP folded over TP (expert TP 1) the TP and CP ranks
+    hold different experts: only the replicas are summed over. No-op at TP 1, CP 1 and
+    ep == dp (x cp), and at ep == dp x cp x tp."""
     import torch.distributed as dist  # lazy: distributed only
     for m in model.modules():
         if not isinstance(m, ParallelExperts):

@@ -13,7 +13,9 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       ranks by expert parallelism, `ep == dp`, or an ep sub-group of them, ep dividing dp,
       replicated over dp / ep groups; each TP rank then dispatching its 1/tp of the
       tokens, each CP rank its slice of the sequences; under CP also `ep == dp * cp`, the
-      experts split over FSDP's flattened "dp_cp" dim: `executors.experts`); norms are
+      experts split over FSDP's flattened "dp_cp" dim; with ep above dp * cp, dividing
+      dp * cp * tp, EP folded over TP with expert TP 1, each TP rank holding its own experts:
+      `executors.experts`); norms are
       replicated; the embedding and
       LM head are split by vocabulary rows, and log-probs computed from the logits' shards
       (`executors.vocab`). TP ranks of one DP group see the same samples.

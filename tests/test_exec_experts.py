@@ -3,8 +3,10 @@ the dp ranks (ep 2: two experts of four on each), tokens dispatched and combined
 on gloo, take the same optimizer steps as one process holding every expert, in fp32, alone and
 with TP 2, PP 2 or CP 2 (4 processes each; under CP with ep 2 over the dp ranks of each CP
 index, or ep 4 folded over dp x cp), and ep 2 over dp 4 (8 processes with CP 2): ep groups of
-two dp ranks, the experts replicated over the two groups; under TP each TP rank dispatches half
-the tokens (the bytes its all-to-alls send, counted at the collective); the executed layout
+two dp ranks, the experts replicated over the two groups; EP folded over TP (expert TP 1: ep 4
+over dp 2 x tp 2, ep 2 over tp 2, ep 4 over cp 2 x tp 2, and ep 2 within tp 4, its shards
+replicated over the two ep groups); under TP each TP rank dispatches half the tokens (the bytes
+its all-to-alls send, counted at the collective); the executed layout
 reports the experts each rank holds, its expert group and its replicas; layouts EP cannot run
 are refused.
 
@@ -17,7 +19,11 @@ routed copies (24,576 bytes; every TP rank sent all 48, 49,152 bytes, before eac
 dispatched its slice); ep 2 x cp 2, 1.2e-6, and ep 4 over dp 2 x cp 2, 1.2e-6 (without the
 experts' gradients summed over CP, ep 2 x cp 2 ends 4.0e-3 away: measured by removing the sum);
 ep 2 over dp 4, 3.2e-6, and with cp 2, 2.5e-6 (without the sum over the replicas 4.0e-3 away,
-with it done twice 1.7e-4: measured by removing it and by repeating it).
+with it done twice 1.7e-4: measured by removing it and by repeating it). EP folded over TP:
+ep 4 over dp 2 x tp 2, 1.1e-5, ep 2 over tp 2, 1.1e-5, ep 4 over cp 2 x tp 2, 1.0e-5 (each
+4.0e-3 away when the experts' gradients are also summed over TP, as with EP not folded over
+it); ep 2 within tp 4, 3.9e-6 (4.0e-3 away without the sum over the replicas, 1.7e-4 with it
+done twice, 4.0e-3 summed over the whole TP group instead).
 """
 from __future__ import annotations
 
@@ -221,14 +227,17 @@ def _count_dispatch_bytes(rank: int, tr: Trainer, q_out: Any) -> None:
 TOKENS = 48
 
 
-def test_each_tp_rank_dispatches_its_slice_of_the_tokens(moe_dir: Path) -> None:
+@pytest.mark.parametrize("layout", [Layout(2, 2, 1, ep=2), Layout(2, 2, 1, ep=4)],
+                         ids=["ep2xtp2", "ep4-over-dp2xtp2"])
+def test_each_tp_rank_dispatches_its_slice_of_the_tokens(layout: Layout, moe_dir: Path) -> None:
     """EP 2 x TP 2: each TP rank dispatches its half of its DP group's tokens, as the cost model
     prices a rank's all-to-all (tokens / (tp x cp)); every TP rank sent all of them before.
-    The combine sends back what a rank received, which depends on the routing, so per rank only
-    the dispatch is exact; over the world the dispatches and the combines each move every
-    routed copy of the two DP groups' tokens once."""
+    EP 4 folded over dp 2 x tp 2 (expert TP 1) the same, over all four ranks. The combine
+    sends back what a rank received, which depends on the routing, so per rank only the
+    dispatch is exact; over the world the dispatches and the combines each move every routed
+    copy of the two DP groups' tokens once."""
     q_out = SPAWN.Queue()
-    run_world(_count_dispatch_bytes, config(moe_dir, trainer=Layout(2, 2, 1, ep=2)), q_out)
+    run_world(_count_dispatch_bytes, config(moe_dir, trainer=layout), q_out)
     got = sorted(q_out.get(timeout=5) for _ in range(4))
     print(f"all-to-all bytes per rank (rank, dispatch, all calls, a token's copies): {got}")
     copy = got[0][3]  # a token's routed copies over the MoE layers, in bytes
@@ -272,7 +281,9 @@ def test_ep_below_dp_matches_one_process(layout: Layout, groups: list[list[int]]
 # each expert on one rank, so its gradient is whole there and summed over nothing
 @pytest.mark.parametrize("layout,groups", [
     (Layout(2, 2, 1, ep=4), [[0, 1, 2, 3]] * 4),
-    (Layout(1, 2, 1, ep=2), [[0, 1]] * 2)], ids=["ep4-over-dp2xtp2", "ep2-over-tp2"])
+    (Layout(1, 2, 1, ep=2), [[0, 1]] * 2),
+    (Layout(dp=1, cp=2, tp=2, ep=4), [[0, 1, 2, 3]] * 4)],
+    ids=["ep4-over-dp2xtp2", "ep2-over-tp2", "ep4-over-cp2xtp2"])
 def test_ep_folded_over_tp_matches_one_process(layout: Layout, groups: list[list[int]],
                                                moe_dir: Path, tmp_path: Path) -> None:
     want, info, got, ranks = _run_pair(config(moe_dir, trainer=layout, mini_batches=2),
@@ -282,7 +293,8 @@ def test_ep_folded_over_tp_matches_one_process(layout: Layout, groups: list[list
     for r in ranks:
         assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
         read = r[3]  # read off the model: the expert group spans TP
-        assert (read["dp"], read["tp"]) == (layout.dp, layout.tp), read
+        assert (read["dp"], read.get("cp", 1), read["tp"]) == (layout.dp, layout.cp,
+                                                                layout.tp), read
         assert (read["ep"], read["experts_per_rank"]) == (layout.ep, 4 // layout.ep), read
         assert read["placements"]["experts"] == {"mesh": ["ep"], "placements": ["S(0)"]}
         assert "expert_replicas" not in read  # ep == dp x tp: one copy of each expert
