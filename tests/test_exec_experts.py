@@ -4,11 +4,11 @@ on gloo, take the same optimizer steps as one process holding every expert, in f
 with TP 2, PP 2 or CP 2 (4 processes each; under CP with ep 2 over the dp ranks of each CP
 index, or ep 4 folded over dp x cp), and ep 2 over dp 4 (8 processes with CP 2): ep groups of
 two dp ranks, the experts replicated over the two groups; EP folded over TP (expert TP 1: ep 4
-over dp 2 x tp 2, ep 2 over tp 2, ep 4 over cp 2 x tp 2, and ep 2 within tp 4, its shards
-replicated over the two ep groups); under TP each TP rank dispatches half the tokens (the bytes
-its all-to-alls send, counted at the collective); the executed layout
-reports the experts each rank holds, its expert group and its replicas; layouts EP cannot run
-are refused.
+over dp 2 x tp 2, ep 2 over tp 2, ep 4 over cp 2 x tp 2, ep 2 over tp 2 x pp 2, and ep 2
+within tp 4, its shards replicated over the two ep groups); under TP each TP rank dispatches
+half the tokens (the bytes its all-to-alls send, counted at the collective); the executed
+layout reports the experts each rank holds, its expert group and its replicas; layouts EP
+cannot run are refused.
 
 Measured (tiny Qwen3-MoE, 8 samples, 2 mini-batches, lr 1e-3; `python -m pytest -q -s
 tests/test_exec_experts.py`): fp32, max |weight difference| from one process 2.2e-6 (the weights
@@ -20,9 +20,11 @@ dispatched its slice); ep 2 x cp 2, 1.2e-6, and ep 4 over dp 2 x cp 2, 1.2e-6 (w
 experts' gradients summed over CP, ep 2 x cp 2 ends 4.0e-3 away: measured by removing the sum);
 ep 2 over dp 4, 3.2e-6, and with cp 2, 2.5e-6 (without the sum over the replicas 4.0e-3 away,
 with it done twice 1.7e-4: measured by removing it and by repeating it). EP folded over TP:
-ep 4 over dp 2 x tp 2, 1.1e-5, ep 2 over tp 2, 1.1e-5, ep 4 over cp 2 x tp 2, 1.0e-5 (each
-4.0e-3 away when the experts' gradients are also summed over TP, as with EP not folded over
-it); ep 2 within tp 4, 3.9e-6 (4.0e-3 away without the sum over the replicas, 1.7e-4 with it
+ep 4 over dp 2 x tp 2, 1.1e-5, ep 2 over tp 2, 1.1e-5, ep 4 over cp 2 x tp 2, 1.0e-5, ep 2
+over tp 2 x pp 2, 1.1e-5 (the experts' weights 3.4e-6 in each, the largest difference a
+TP-split weight's, as with ep 2 x tp 2 not folded; 4.0e-3 away when the experts' gradients are
+also summed over TP, as with EP not folded over it, measured on the first three); ep 2 within
+tp 4, 3.9e-6 (4.0e-3 away without the sum over the replicas, 1.7e-4 with it
 done twice, 4.0e-3 summed over the whole TP group instead).
 """
 from __future__ import annotations
@@ -62,8 +64,9 @@ def _run_pair(cfg: RunConfig, tmp_path: Path
     moved = {k: float((want[k] - start[k]).abs().max()) for k in want}
     assert min(v for k, v in moved.items() if "experts" in k) > 1e-4  # every expert trained
     assert sorted(got) == sorted(want)
-    diff = max(float((got[k] - want[k]).abs().max()) for k in want)
-    print(f"{cfg.trainer} vs one process: max |weight diff| {diff:.2e} "
+    diff = {k: float((got[k] - want[k]).abs().max()) for k in want}
+    print(f"{cfg.trainer} vs one process: max |weight diff| {max(diff.values()):.2e}, experts "
+          f"{max(v for k, v in diff.items() if 'experts' in k):.2e} "
           f"(moved {max(moved.values()):.2e})")
     return want, info, got, ranks
 
@@ -282,8 +285,9 @@ def test_ep_below_dp_matches_one_process(layout: Layout, groups: list[list[int]]
 @pytest.mark.parametrize("layout,groups", [
     (Layout(2, 2, 1, ep=4), [[0, 1, 2, 3]] * 4),
     (Layout(1, 2, 1, ep=2), [[0, 1]] * 2),
-    (Layout(dp=1, cp=2, tp=2, ep=4), [[0, 1, 2, 3]] * 4)],
-    ids=["ep4-over-dp2xtp2", "ep2-over-tp2", "ep4-over-cp2xtp2"])
+    (Layout(dp=1, cp=2, tp=2, ep=4), [[0, 1, 2, 3]] * 4),
+    (Layout(1, 2, 2, ep=2), [[0, 1], [0, 1], [2, 3], [2, 3]])],  # each stage's own TP ranks
+    ids=["ep4-over-dp2xtp2", "ep2-over-tp2", "ep4-over-cp2xtp2", "ep2-over-tp2xpp2"])
 def test_ep_folded_over_tp_matches_one_process(layout: Layout, groups: list[list[int]],
                                                moe_dir: Path, tmp_path: Path) -> None:
     want, info, got, ranks = _run_pair(config(moe_dir, trainer=layout, mini_batches=2),
@@ -293,8 +297,8 @@ def test_ep_folded_over_tp_matches_one_process(layout: Layout, groups: list[list
     for r in ranks:
         assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
         read = r[3]  # read off the model: the expert group spans TP
-        assert (read["dp"], read.get("cp", 1), read["tp"]) == (layout.dp, layout.cp,
-                                                                layout.tp), read
+        assert (read["dp"], read.get("cp", 1), read["tp"], read["pp"]) == (
+            layout.dp, layout.cp, layout.tp, layout.pp), read
         assert (read["ep"], read["experts_per_rank"]) == (layout.ep, 4 // layout.ep), read
         assert read["placements"]["experts"] == {"mesh": ["ep"], "placements": ["S(0)"]}
         assert "expert_replicas" not in read  # ep == dp x tp: one copy of each expert
