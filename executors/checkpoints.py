@@ -85,9 +85,10 @@ def word_tokenizer(extra: int = 0) -> Any:
 
 
 def build_checkpoint(kind: str, path: str | Path, seed: int = 0, tokenizer: Any = None,
-                     vocab: int = VOCAB) -> Path:
+                     vocab: int = VOCAB, **config: Any) -> Path:
     """A random-init `kind` model with an embedding of `vocab` rows and `tokenizer` (default
-    the character one over `vocab` symbols), saved to `path` (created)."""
+    the character one over `vocab` symbols), saved to `path` (created); `config` overrides
+    fields of the kind's tiny config (e.g. `num_key_value_heads`)."""
     from transformers import AutoModelForCausalLM  # lazy
     from transformers.utils import logging as hf_logging  # lazy
     if kind not in CONFIGS:
@@ -96,6 +97,10 @@ def build_checkpoint(kind: str, path: str | Path, seed: int = 0, tokenizer: Any 
     torch.manual_seed(seed)
     cfg = CONFIGS[kind]()
     cfg.vocab_size = vocab
+    for key, value in config.items():
+        if not hasattr(cfg, key):
+            raise ValueError(f"{kind}: no config field {key!r} to override")
+        setattr(cfg, key, value)
     if tokenizer is not None:  # the model's special ids are the tokenizer's
         cfg.bos_token_id, cfg.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
         cfg.pad_token_id = tokenizer.pad_token_id

@@ -35,8 +35,9 @@ same columns: stage s's CP rank c sends its slice's hidden states to stage s + 1
 (the pipeline of one (dp, cp, tp) coordinate), and the last stage scores the response tokens
 its columns predict as above. With expert parallelism each CP rank routes its own slice's
 tokens: over the dp ranks of its CP index (ep == dp, or an ep sub-group of them when ep divides
-dp; the experts' gradients then summed over CP) or over the dp x cp ranks (ep == dp * cp, EP
-folded over CP; `executors.experts`). An
+dp; the experts' gradients then summed over CP), over the dp x cp ranks (ep == dp * cp, EP
+folded over CP) or over groups of the dp x cp x tp ranks (ep above dp * cp, EP folded over TP
+too; `executors.experts`). An
 attention with a sliding window or a soft-cap is refused: this gather does not build its masks.
 """
 from __future__ import annotations

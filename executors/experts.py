@@ -54,7 +54,22 @@ in Megatron-Core's expert-data-parallel group when EP does not span them); with 
 EP is folded over CP (Megatron-Core's expert groups may span the CP ranks: its expert
 RankGenerator has no cp dim, megatron/core/parallel_state.py @ d98e8a6), the experts split over
 the flattened ("dp", "cp") dim FSDP2 shards over, every rank its own, nothing summed over CP.
-The cost model prices both (`placer.cost.sharding.expert_tokens`: each rank routes
+With ep above dp x cp (dividing dp x cp x tp) EP is folded over TP with expert TP 1, as the
+planner plans it (`placer.solve.layouts`: ep up to tp x cp x dp, ETP 1): the ep group is ep
+consecutive ranks of the flattened ("dp", "cp", "tp") dims, rank (d * cp + c) * tp + t
+(`executors.sharding._folded_meshes`; Megatron-Core's expert RankGenerator with
+`expert_tensor_parallel_size` 1, order tp-ep-dp-pp, megatron/core/parallel_state.py @ d98e8a6),
+so the TP ranks of one DP group hold different experts, whole. Each TP rank still routes its
+own slice of its DP group's tokens (`_TPSlice`) over that group and gathers the combined rows
+back over TP (`_TPGather`), as Megatron-Core's `MoEAlltoAllTokenDispatcher` does with expert TP
+1: each rank all-to-alls its sequence-parallel shard over the ep group, and its
+`dispatch_postprocess` all-gathers over the expert-TP group only when that is above 1
+(megatron/core/transformer/moe/token_dispatcher.py @ d98e8a6, `self.tp_group =
+pg_collection.expt_tp`). Every expert then sees all its tokens on its own rank of the group,
+so its gradient is summed over TP or CP never; with ep < dp x cp x tp each shard is replicated
+in the other groups (ranks of the same ep index, Megatron-Core's expert-data-parallel group)
+and summed over those only (`ParallelExperts.grad_groups`).
+The cost model prices these (`placer.cost.sharding.expert_tokens`: each rank routes
 tokens / (tp x cp); `expert_dp`: the ranks holding one expert shard, tp * cp * dp / ep).
 `executed_layout` reports the group (`expert_ranks`,
 `executors.layoutread`). The gradient clip sums the experts' squared norms over the ep group
@@ -137,7 +152,7 @@ class ParallelExperts(nn.Module):
     down_proj: Any
 
     def __init__(self, experts: Any, mesh: Any, tp_mesh: Any = None, cp_mesh: Any = None,
-                 replica_mesh: Any = None) -> None:
+                 replica_mesh: Any = None, folded_tp: bool = False) -> None:
         super().__init__()
         # ep < dp: the ep groups' replicas of this rank's shard (its expert-data-parallel group)
         self.replica_group = (None if replica_mesh is None or replica_mesh.size() == 1
@@ -149,6 +164,12 @@ class ParallelExperts(nn.Module):
         self.tp_rank = 0 if self.tp == 1 else tp_mesh.get_local_rank()
         # the CP ranks of a DP group hold the same experts, each computing its slice's tokens
         self.cp_group = None if cp_mesh is None or cp_mesh.size() == 1 else cp_mesh.get_group()
+        # the groups a shard's gradient is summed over (`sync_expert_grads`), each covering
+        # ranks that hold the same shard and computed it on other tokens: TP when EP is not
+        # folded over it (folded, the TP ranks hold different experts), CP likewise, replicas
+        self.grad_groups: list[Any] = [g for g in (None if folded_tp else self.tp_group,
+                                                   self.cp_group, self.replica_group)
+                                       if g is not None]
         from torch.distributed.tensor import Shard, distribute_tensor  # lazy: distributed only
         self.num_experts = int(experts.num_experts)
         self.ep = mesh.size()
@@ -217,15 +238,17 @@ class ParallelExperts(nn.Module):
 
 
 def shard_experts(model: nn.Module, mesh: Any, tp_mesh: Any = None,
-                  cp_mesh: Any = None, replica_mesh: Any = None) -> list[nn.Parameter]:
+                  cp_mesh: Any = None, replica_mesh: Any = None,
+                  folded_tp: bool = False) -> list[nn.Parameter]:
     """Replace every experts module by `ParallelExperts` over the 1-D `mesh`, in place, each TP
     rank of `tp_mesh` (None: TP 1) dispatching its slice of the tokens, each CP rank of
-    `cp_mesh` (None: CP 1) its slice of the sequences, the shards replicated over
-    `replica_mesh` (None: ep covers the dp ranks); the experts' parameters (for FSDP2 to
-    leave alone)."""
+    `cp_mesh` (None: CP 1, or CP folded into `mesh`) its slice of the sequences, the shards
+    replicated over `replica_mesh` (None: ep covers the dp ranks); `folded_tp`: `mesh` spans
+    the TP ranks (expert TP 1), so the experts' gradients are not summed over TP. The
+    experts' parameters (for FSDP2 to leave alone)."""
     params: list[nn.Parameter] = []
     for parent, name, m in expert_modules(model):
-        par = ParallelExperts(m, mesh, tp_mesh, cp_mesh, replica_mesh)
+        par = ParallelExperts(m, mesh, tp_mesh, cp_mesh, replica_mesh, folded_tp)
         parent.register_module(name, par)
         params += [par.gate_up_proj, par.down_proj]
     return params
@@ -240,14 +263,16 @@ def sync_expert_grads(model: nn.Module) -> None:
     experts are not TP-split, the CP ranks when EP is not folded over CP, and the dp / ep
     replicas). A sum, not a mean: every rank's loss already carries 1 / (the mini-batch's
     tokens), as FSDP2's reductions sum (`executors.sharding.shard`). FSDP2 ignores the experts,
-    so this is their only reduction. No-op at TP 1, CP 1 and ep == dp (x cp)."""
+    so this is their only reduction. With EP folded over TP (expert TP 1) the TP and CP ranks
+    hold different experts: only the replicas are summed over. No-op at TP 1, CP 1 and
+    ep == dp (x cp), and at ep == dp x cp x tp."""
     import torch.distributed as dist  # lazy: distributed only
     for m in model.modules():
         if not isinstance(m, ParallelExperts):
             continue
-        for group in (m.tp_group, m.cp_group, m.replica_group):
+        for group in m.grad_groups:
             for w in (m.gate_up_proj, m.down_proj):
-                if group is not None and w.grad is not None:
+                if w.grad is not None:
                     dist.all_reduce(w.grad.to_local(), group=group)
 
 

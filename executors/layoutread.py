@@ -14,9 +14,10 @@ layers of its pipeline stage (`metadata.executed_layout.actor`).
   ep         the layer's experts over the experts this rank holds (`executors.experts`), with
              `expert_ranks`, the global ranks of this rank's expert-parallel group, read off
              the experts' mesh: under TP one TP index across the dp ranks (groups orthogonal
-             to TP), under PP within this rank's stage; with ep < dp `expert_replicas`, the
-             ranks holding this rank's expert shard (one per ep group), whose gradients are
-             summed;
+             to TP), or ep consecutive (dp, cp, tp) ranks when EP is folded over TP (ep
+             above dp x cp, expert TP 1), under PP within this rank's stage; with ep < dp
+             (or, folded over TP, ep < dp x cp x tp) `expert_replicas`, the ranks holding
+             this rank's expert shard (one per ep group), whose gradients are summed;
   placements per representative parameter (first attention projection, embedding, LM head,
              experts), its mesh dims and placements as DTensor prints them.
 

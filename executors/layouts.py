@@ -22,7 +22,7 @@ class Layout:
     pp: int = 1
     shard: int = 0
     recompute: bool = field(default=False, kw_only=True)  # never from a positional tuple
-    ep: int = field(default=1, kw_only=True)  # expert parallelism, over the dp ranks
+    ep: int = field(default=1, kw_only=True)  # expert parallelism, over the dp (x cp x tp) ranks
     cp: int = field(default=1, kw_only=True)  # context parallelism (training)
 
     @property

@@ -13,7 +13,9 @@ one torch.distributed group; its mesh has dims `("dp", "tp")` (`("pp", "dp", "tp
       ranks by expert parallelism, `ep == dp`, or an ep sub-group of them, ep dividing dp,
       replicated over dp / ep groups; each TP rank then dispatching its 1/tp of the
       tokens, each CP rank its slice of the sequences; under CP also `ep == dp * cp`, the
-      experts split over FSDP's flattened "dp_cp" dim: `executors.experts`); norms are
+      experts split over FSDP's flattened "dp_cp" dim; with ep above dp * cp, dividing
+      dp * cp * tp, EP folded over TP with expert TP 1, each TP rank holding its own experts:
+      `executors.experts`); norms are
       replicated; the embedding and
       LM head are split by vocabulary rows, and log-probs computed from the logits' shards
       (`executors.vocab`). TP ranks of one DP group see the same samples.
@@ -68,14 +70,17 @@ def check_layout(role: str, layout: Layout, heads: int, kv_heads: int, mlp: int,
                  vocab: int = 0) -> None:
     """SpecError (exit 2) naming the role and layout when this executor cannot run it."""
     where = f"plan.roles.{role}: layout {layout}"
-    # over a sub-group of the dp ranks, all of them, or folded over dp x cp
-    eps = sorted({e for e in range(2, layout.dp + 1) if layout.dp % e == 0}
-                 | {layout.dp * layout.cp} - {1})
+    # over a sub-group of the dp ranks, all of them, folded over dp x cp, or over tp too
+    ranks = layout.dp * layout.cp
+    eps = sorted({e for e in range(2, layout.dp + 1) if layout.dp % e == 0} | {ranks}
+                 | {e for e in range(ranks + 1, ranks * layout.tp + 1)
+                    if ranks * layout.tp % e == 0} - {1})
     if layout.ep > 1 and (layout.ep not in eps or layout.hsdp or experts % layout.ep):
         raise SpecError(f"{where}: expert parallelism runs over the dp ranks (ep dividing dp, "
                         f"the experts then replicated over dp / ep groups, or equal to dp x cp "
-                        f"under context parallelism; not folded over TP, and without an HSDP "
-                        f"shard group) and must divide the model's {experts} experts; plan with ep 1"
+                        f"under context parallelism), or folded over TP (ep above dp x cp, "
+                        f"dividing dp x cp x tp; expert TP 1), without an HSDP shard group, "
+                        f"and must divide the model's {experts} experts; plan with ep 1"
                         f"{''.join(' or ep ' + str(e) for e in eps)}")
     if layout.pp > 1 and tied:
         raise SpecError(f"{where}: pipeline parallelism (pp > 1) with tied input and output "
@@ -223,6 +228,24 @@ def _expert_meshes(mesh: Any, ep: int) -> tuple[Any, Any]:
     return emesh["ep"], emesh["edp"]
 
 
+def _folded_meshes(mesh: Any, ep: int) -> tuple[Any, Any]:
+    """ep > dp x cp, EP folded over TP with expert TP 1: the (ep, replica) 1-D meshes of this
+    rank, the ("dp", ["cp",] "tp") dims flattened (rank (d * cp + c) * tp + t, Megatron-Core's
+    tp-cp-dp order) and split into ("edp", "ep"), ep innermost: an ep group is ep consecutive
+    ranks of one PP stage, as Megatron-Core's expert RankGenerator builds it with
+    `expert_tensor_parallel_size` 1 (order tp-ep-dp-pp, its tp then 1: NVIDIA/Megatron-LM
+    megatron/core/parallel_state.py @ d98e8a6), its replicas the (dp * cp * tp) / ep groups'
+    ranks of the same ep index (Megatron-Core's expert-data-parallel group). A collective:
+    every rank builds the whole mesh."""
+    from torch.distributed.device_mesh import DeviceMesh  # lazy: distributed only
+    names = list(mesh.mesh_dim_names)
+    at = names.index("dp")
+    ranks = math.prod(mesh.shape[at:])
+    emesh = DeviceMesh(mesh.device_type, mesh.mesh.reshape([*mesh.shape[:at], ranks // ep, ep]),
+                       mesh_dim_names=(*names[:at], "edp", "ep"))
+    return emesh["ep"], emesh["edp"]
+
+
 def _shard_experts(model: nn.Module, mesh: Any, dp_mesh: Any, ep: int, tp_mesh: Any
                    ) -> list[nn.Parameter]:
     """The experts split over the ep group (`executors.experts`): the "dp" dim (ep == dp; under
@@ -231,9 +254,14 @@ def _shard_experts(model: nn.Module, mesh: Any, dp_mesh: Any, ep: int, tp_mesh: 
     over dp / ep groups (ep < dp, `_expert_meshes`; gradients summed over the replicas too), or
     under CP with ep == dp x cp the flattened "dp_cp" dim FSDP2 shards over (EP folded over CP,
     as Megatron-Core's expert groups may span the CP ranks: each CP rank holds its own
-    experts)."""
+    experts), or with ep > dp x cp over ep consecutive ranks of the flattened ("dp", "cp",
+    "tp") dims (EP folded over TP, expert TP 1, `_folded_meshes`: every TP rank holds its own
+    experts, their gradients summed over the replicas only, when ep < dp x cp x tp)."""
     names = mesh.mesh_dim_names or ()
     cp_mesh = mesh["cp"] if "cp" in names else None
+    if ep > mesh["dp"].size() * (cp_mesh.size() if cp_mesh is not None else 1):
+        ep_mesh, replicas = _folded_meshes(mesh, ep)
+        return shard_experts(model, ep_mesh, tp_mesh, None, replicas, folded_tp=True)
     if "cp" in names and ep == dp_mesh.size() and ep != mesh["dp"].size():
         return shard_experts(model, dp_mesh, tp_mesh)
     if ep < mesh["dp"].size():
@@ -249,8 +277,9 @@ def shard(model: nn.Module, mesh: Any, recompute: bool = False,
     the 2-D mesh ("rep", "shard"): parameters sharded over "shard" and replicated over "rep",
     gradients reduce-scattered in the group, then all-reduced across. `precision` bf16:
     FSDP2 gathers BF16 parameters and reduces FP32 gradients (`executors.precision`). `ep`
-    (dividing the dp size, or dp x cp): the experts split over the dp ranks, or ep-rank groups
-    of them, first (`executors.experts`)."""
+    (dividing the dp size, dp x cp, or above dp x cp and dividing dp x cp x tp): the experts
+    split over the dp ranks, ep-rank groups of them, or groups spanning TP, first
+    (`executors.experts`)."""
     from torch.distributed.fsdp import fully_shard  # lazy: distributed only
     from torch.distributed.tensor.parallel import parallelize_module  # lazy
     names = mesh.mesh_dim_names or ()
