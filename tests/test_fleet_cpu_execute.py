@@ -3,22 +3,26 @@
 The Ray run (2 agentic jobs x 2 steps, `examples/fleets/shared-cpu-tiny.yaml`) checks that both
 jobs finish with balanced ledgers; that the pool's environment workers are the first member's
 (as many as its plan puts on the shared nodes) and the other member starts none; that every
-sandbox call of each job ran in one of those workers' processes (the pid the worker reports
-with each call's timing, against the pids its runtime read when it started); that the pool has
-the plan's slots and cuts each request into one call per slot; that a call its worker stalls
-on (a test delay) is issued again to the other worker, whose answer is taken; and that each
-job's measured queueing wait on the pool is in the executed summary beside the priced slowdown.
-Without Ray: the pool's first-come-first-served order over the jobs' queues (not a round robin
-over jobs), its slots over its workers, a straggler's re-issue (either copy may answer), its
-re-run of a failed call, the simulator's slot count, and the address checks (a malformed or unreachable
-`--address` exits 2 with one line, before any planning).
+sandbox call of each job ran in one of those workers' processes (the pid the worker reports with
+each call's timing, against the pids its runtime read when it started); that the pool has the
+plan's slots and cuts each request into one call per slot; that the shared nodes hold the
+bundles of the first member's plan there and no other job's (the other's rule reward runs in one
+of them); that a call its worker stalls on (a test delay) is issued again to the other worker,
+whose answer is taken; and that each job's measured queueing wait on the pool is in the executed
+summary beside the priced slowdown. Without Ray: the pool's first-come-first-served order over
+the jobs' queues (not a round robin over jobs), its slots over its workers and each member's
+cores, a straggler's re-issue (either copy may answer; in a one-worker pool to its other slot),
+its re-run of a failed call, the simulator's slot count per member, and the address checks (a
+malformed or unreachable `--address` exits 2 with one line, before any planning).
 """
 from __future__ import annotations
 
 import socket
 import subprocess
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,18 @@ def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path,
     assert all(r["pool"] == "cpu" for r in ran.placement["agent-a"]
                if r["role"] == "environment")
     assert not any(r["role"] == "environment" for r in ran.placement["agent-b"])
+    # the shared nodes hold the bundles of agent-a's plan there and no others (the plan
+    # charges them once, to agent-a); agent-b's reward runs in one of them, on its plan node
+    from executors.runplan import resolve_plan
+    planned = sorted((b.pool, b.node, b.index) for s in resolve_plan(lead.plan).slots.values()
+                     for b in s.bundles if b.pool == "cpu")
+    made = ran.summary()["jobs"]
+    assert sorted((x["pool"], x["node"], x["bundle"]) for x in made["agent-a"]["bundles"]
+                  if x["pool"] == "cpu") == planned and planned
+    assert not [x for x in made["agent-b"]["bundles"] if x["pool"] == "cpu"]
+    b_cpu = [r for r in ran.placement["agent-b"] if r["pool"] == "cpu"]
+    assert [r["role"] for r in b_cpu] == ["reward"]
+    assert all(r["in_bundle"] and r["on_plan_node"] and r["slot"] == env.slot for r in b_cpu)
     # two-turn jobs: a tool call round and a verify round each step, on every worker
     for name in ("agent-a", "agent-b"):
         got = pool["jobs"][name]
@@ -333,7 +349,7 @@ def test_the_summary_sets_the_measured_wait_beside_the_priced_and_simulated() ->
     sim = {"slowdown": {"a": 1.5, "b": 1.25}, "pool_wait_s": [(["a", "b"], 0.2)]}
     doc = pool_summary(use, pool, [3], sim)
     assert doc["simulated_mean_wait_s"] == 0.2 and doc["worker_pids"] == [3]
-    assert doc["jobs"]["a"] == {"calls": 1, "waited_s": 0.0, "mean_wait_s": 0.0,
+    assert doc["jobs"]["a"] == {"slots": 1, "calls": 1, "waited_s": 0.0, "mean_wait_s": 0.0,
                                 "max_wait_s": 0.0, "worker_pids": [3], "reissued": [],
                                 "priced_slowdown": 2.0, "simulated_slowdown": 1.5}
     assert doc["jobs"]["b"]["waited_s"] == 1.5 and doc["jobs"]["b"]["mean_wait_s"] == 0.75
@@ -407,6 +423,41 @@ def test_the_pool_runs_one_call_per_slot_over_its_workers() -> None:
     assert {c.pid for c in pool.records} == {10, 11}
 
 
+@dataclass
+class _Straggle:
+    """A pool of `workers` whose call x0 is past its timeout, and the copy of it started."""
+
+    ex: list[_Execute]
+    workers: list[_Worker]
+    pool: SharedEnvPool
+    got: dict[str, Any]
+    asker: threading.Thread
+    copy: tuple[_Execute, int]  # the worker's `execute` running x0's copy, and its call index
+
+
+@contextmanager
+def _straggling(workers: int) -> Iterator[_Straggle]:
+    """Two calls x0, x1 on two slots (of two workers, or of one worker: its two threads),
+    timed at 3 x 1 ms: x1 answers, x0 is past its timeout and its copy takes x1's freed slot
+    (another worker's, or the one worker's other thread). The pool closes on exit."""
+    ex = [_Execute(pid=10 + k) for k in range(workers)]
+    ws = [_Worker(_Handle(e), rank=k) for k, e in enumerate(ex)]
+    pool = SharedEnvPool("cpu", ["a"], ws, 2, {"a": 1e-3})  # type: ignore[arg-type]
+    got: dict[str, Any] = {}
+    try:
+        t = _asker(pool, "a", [["x0"], ["x1"]], got)
+        _started(ex[0], 2 if workers == 1 else 1)
+        _started(ex[-1], 2 if workers == 1 else 1)
+        second = ex[-1]
+        second.finish(1 if workers == 1 else 0)  # x1 answers: x0's copy takes its slot
+        k = 2 if workers == 1 else 1
+        _started(second, k + 1)
+        assert second.started[k][0] == ["x0"]
+        yield _Straggle(ex, ws, pool, got, t, (second, k))
+    finally:
+        pool.close()
+
+
 def test_a_straggler_is_reissued_to_another_worker_and_the_copy_answers() -> None:
     """A call past its timeout (3 x the priced call time) is issued again to the other
     worker's slot as soon as it frees; the copy answers first, so its answer is taken, its
@@ -414,67 +465,90 @@ def test_a_straggler_is_reissued_to_another_worker_and_the_copy_answers() -> Non
     from executors.fleetcpu import pool_trace
     from traces.schema import Trace
 
-    ex, workers = _two_workers()
-    pool = SharedEnvPool("cpu", ["a"], workers, 2, {"a": 1e-3})  # type: ignore[arg-type]
-    got: dict[str, Any] = {}
-    try:
-        t = _asker(pool, "a", [["x0"], ["x1"]], got)
-        _started(ex[0], 1)
-        _started(ex[1], 1)
-        ex[1].finish(0)  # x1 answers; x0 is past its timeout: its copy takes worker 1's slot
-        _started(ex[1], 2)
-        assert ex[1].started[1][0] == ["x0"]
-        ex[1].finish(1)  # the copy answers first
-        t.join(timeout=30)
-        ex[0].finish(0)  # the original, late: ignored
-    finally:
-        pool.close()
-    [(v0, _, w0), (v1, _, w1)] = got["a"][0]
-    assert v0 == [{"status": "ok", "value": "x0"}] and w0 is workers[1] and w1 is workers[1]
-    [late] = pool.reissues("a")
+    with _straggling(2) as s:
+        s.ex[1].finish(1)  # the copy answers first
+        s.asker.join(timeout=30)
+        s.ex[0].finish(0)  # the original, late: ignored
+    [(v0, _, w0), (v1, _, w1)] = s.got["a"][0]
+    assert v0 == [{"status": "ok", "value": "x0"}] and w0 is s.workers[1] and w1 is s.workers[1]
+    [late] = s.pool.reissues("a")
     assert late.pid == 11 and late.worker == 1 and late.slot == 0
     assert late.reissue is not None and late.reissue.to_dict() == {
-        "slow_worker": 0, "reissued_to": 1, "deadline_s": pytest.approx(3e-3),
-        "winner": "reissue"}
-    assert len(pool.records) == 2  # one record per call, whichever copy answered
+        "slow_worker": 0, "reissued_to": 1, "reissued_slot": 1,
+        "deadline_s": pytest.approx(3e-3), "winner": "reissue"}
+    assert len(s.pool.records) == 2  # one record per call, whichever copy answered
     trace = Trace()
-    pool_trace(trace, pool, 0.0)
+    pool_trace(trace, s.pool, 0.0)
     [marker] = trace.of("straggler")
     assert marker.tid == "worker 0" and marker.args["reissued_to"] == 1
 
 
 def test_the_original_answering_first_wins_over_its_copy() -> None:
-    ex, workers = _two_workers()
-    pool = SharedEnvPool("cpu", ["a"], workers, 2, {"a": 1e-3})  # type: ignore[arg-type]
-    got: dict[str, Any] = {}
-    try:
-        t = _asker(pool, "a", [["x0"], ["x1"]], got)
-        _started(ex[0], 1)
-        _started(ex[1], 1)
-        ex[1].finish(0)
-        _started(ex[1], 2)  # x0's copy runs
-        ex[0].finish(0)  # the original answers first
-        t.join(timeout=30)
-        ex[1].finish(1)  # the copy, late: ignored, its slot freed
-        with pool._cond:
-            assert pool._cond.wait_for(lambda: len(pool._free) == 2, timeout=30)
-    finally:
-        pool.close()
-    [(_, _, w0), _] = got["a"][0]
-    assert w0 is workers[0]
-    [late] = pool.reissues("a")
+    with _straggling(2) as s:
+        s.ex[0].finish(0)  # the original answers first
+        s.asker.join(timeout=30)
+        s.ex[1].finish(1)  # the copy, late: ignored, its slot freed
+        with s.pool._cond:
+            assert s.pool._cond.wait_for(lambda: len(s.pool._free) == 2, timeout=30)
+    [(_, _, w0), _] = s.got["a"][0]
+    assert w0 is s.workers[0]
+    [late] = s.pool.reissues("a")
     assert late.reissue is not None and late.reissue.winner == "original" and late.pid == 10
 
 
-def test_the_pool_has_the_simulators_slots() -> None:
-    """The executed pool of the example has as many slots as the simulator's shared pool
-    serves with (its shared nodes' cores over cpu_per_call), spread over the lead's
-    environment seats."""
-    from executors.fleetcpu import lanes, pool_slots
+def test_a_one_worker_pools_straggler_is_reissued_to_its_other_slot() -> None:
+    """One worker of two slots (threads): a call past its timeout is issued again to the
+    worker's other slot, the first answer taken, recorded and traced as a re-issue to another
+    worker is (same worker, another slot); the slow original's answer is ignored."""
+    from executors.fleetcpu import pool_trace
+    from traces.schema import Trace
+
+    with _straggling(1) as s:
+        runner, k = s.copy
+        runner.finish(k)  # the copy, on slot 1, answers first
+        s.asker.join(timeout=30)
+        s.ex[0].finish(0)  # the original, late: ignored
+        with s.pool._cond:
+            assert s.pool._cond.wait_for(lambda: len(s.pool._free) == 2, timeout=30)
+    [(v0, _, w0), (v1, _, _)] = s.got["a"][0]
+    assert v0 == [{"status": "ok", "value": "x0"}] and v1 == [{"status": "ok", "value": "x1"}]
+    assert w0 is s.workers[0]
+    [late] = s.pool.reissues("a")
+    assert late.pid == 10 and late.worker == 0 and late.slot == 0
+    assert late.reissue is not None and late.reissue.to_dict() == {
+        "slow_worker": 0, "reissued_to": 0, "reissued_slot": 1,
+        "deadline_s": pytest.approx(3e-3), "winner": "reissue"}
+    assert len(s.pool.records) == 2
+    trace = Trace()
+    pool_trace(trace, s.pool, 0.0)
+    [marker] = trace.of("straggler")
+    assert marker.tid == "worker 0" and marker.args["reissued_slot"] == 1
+
+
+def _fleet_with(tmp_path: Path, b_per_call: float) -> Path:
+    """The example fleet with agent-b's calls taking `b_per_call` cores each."""
+    text = EXAMPLE.read_text().replace("job: ../tiny-agent.yaml",
+                                       f"job: {ROOT / 'examples' / 'tiny-agent.yaml'}")
+    assert text.count("cpu_per_call: 1\n") == 1
+    out = tmp_path / "fleet.yaml"
+    out.write_text(text.replace("cpu_per_call: 1\n", f"cpu_per_call: {b_per_call}\n"))
+    return out
+
+
+@pytest.mark.parametrize("b_per_call, want", [(1, {"agent-a": 4, "agent-b": 4}),
+                                              (2, {"agent-a": 4, "agent-b": 2})])
+def test_the_pool_has_the_simulators_slots(tmp_path: Path, b_per_call: float,
+                                           want: dict[str, int]) -> None:
+    """The executed pool of the example has, per member, as many slots as the simulator's
+    shared pool serves it with and the cost model counts for it alone on those cores (the
+    shared nodes' cores over its own cpu_per_call: 2 cores a laptop-cpu node, 2 nodes), its
+    most spread over the lead's environment seats; a member of wider calls has fewer."""
+    from executors.fleetcpu import lanes, pool_cores, pool_slots
+    from placer.cost.model import call_slots
     from simulator.config import SimConfig
     from simulator.fleet import simulate_fleet
 
-    fleet = load_fleet(str(EXAMPLE))
+    fleet = load_fleet(str(_fleet_with(tmp_path, b_per_call)))
     calib = load_calibration(None)
     result = plan_fleet(fleet, calib, time_limit_s=10, job_time_limit_s=5, workers=1, seed=0)
     [use] = result.shared
@@ -482,6 +556,99 @@ def test_the_pool_has_the_simulators_slots() -> None:
     sim = simulate_fleet(fleet, result, calib, iterations=1, config=SimConfig.no_variance())
     [simulated] = sim.cpu_pools
     slots = pool_slots(use, plans, fleet)
-    assert slots == simulated.slots == use.nodes * 2  # 2 cores a laptop-cpu node, 1 a call
+    assert slots == simulated.job_slots == want and use.nodes == 2
+    assert slots == {n: call_slots(pool_cores(use, plans, fleet),
+                                   plans[n].spec.environment.cpu_per_call) for n in use.jobs}
+    assert simulated.slots == max(slots.values())
     seats = plans[use.jobs[0]].roles["environment"].devices
-    assert lanes(slots, seats) * seats >= slots > (lanes(slots, seats) - 1) * seats
+    most = max(slots.values())
+    assert lanes(most, seats) * seats >= most > (lanes(most, seats) - 1) * seats
+
+
+def test_members_of_wider_calls_hold_more_of_the_pools_cores() -> None:
+    """4 cores, a's calls 1 core, b's 2: a runs 4 at once, b 2; with 3 of a's calls running
+    b's call (asked next) waits for 2 free cores, and a's call asked after it waits behind it
+    (first come, first served), though a core is free."""
+    ex, workers = _two_workers()
+    pool = SharedEnvPool("cpu", ["a", "b"], workers, 4, cores=4,  # type: ignore[arg-type]
+                         cpu_per_call={"a": 1.0, "b": 2.0})
+    assert (pool.slots_of("a"), pool.slots_of("b")) == (4, 2)
+    got: dict[str, Any] = {}
+    try:
+        ta = _asker(pool, "a", [["a0"], ["a1"], ["a2"]], got)
+        _started(ex[0], 2)
+        _started(ex[1], 1)
+        tb = _asker(pool, "b", [["b0"]], got)
+        _queued(pool, "b", 1)
+        ta2 = _asker(pool, "a", [["a3"]], got)
+        _queued(pool, "a", 1)
+        assert len(ex[0].started) + len(ex[1].started) == 3  # one core free, b0 needs two
+        ex[1].finish(0)  # a1 answers: two cores free, b0 takes them, a3 still waits
+        _started(ex[1], 2)
+        assert ex[1].started[1][0] == ["b0"] and pool._queues["a"][0].call.size == 1
+        ex[0].finish(0)  # a0 answers: a3's core
+        _started(ex[0], 3)
+        assert ex[0].started[2][0] == ["a3"]
+        for e, k in ((ex[0], 1), (ex[1], 1), (ex[0], 2)):
+            e.finish(k)
+        for t in (ta, tb, ta2):
+            t.join(timeout=30)
+    finally:
+        pool.close()
+    assert [c.job for c in sorted(pool.records, key=lambda c: c.started)] == [
+        "a", "a", "a", "b", "a"]
+    assert pool.waits("b")[0] > 0
+
+
+def test_the_simulators_core_ledger_schedules_as_its_servers_at_one_width() -> None:
+    """The shared pool's ledger of cores (members of different cpu_per_call) gives the heap
+    of cores // cpu_per_call servers' schedule when every call has one width, and holds a
+    wide call back until its cores are free (and the narrow calls behind it)."""
+    import random
+
+    from simulator.environment import CoreLedger, CorePool
+
+    rng = random.Random(7)
+    arrivals = sorted(rng.uniform(0, 10) for _ in range(200))
+    servers = CorePool("cpu", 3)
+    ledger = CorePool("cpu", 3, ledger=CoreLedger("cpu", 6), width=2.0)
+    for t in arrivals:
+        s = rng.expovariate(1.0)
+        assert ledger.submit(t, s)[:2] == pytest.approx(servers.submit(t, s)[:2])
+    assert ledger.wait_s == pytest.approx(servers.wait_s) and ledger.calls == 200
+    shared = CoreLedger("cpu", 4)
+    narrow = CorePool("cpu", 4, ledger=shared, width=1.0)
+    wide = CorePool("cpu", 2, ledger=shared, width=2.0)
+    assert [narrow.submit(0.0, 5.0)[0] for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert wide.submit(1.0, 1.0)[:2] == (5.0, 6.0)  # one core free until 5 s
+    assert narrow.submit(2.0, 1.0)[0] == 5.0  # behind the wide call, first come first served
+
+
+def test_the_shared_nodes_hold_the_first_members_bundles_only(tmp_path: Path) -> None:
+    """The plan charges the shared CPU nodes once, to the first member: executed, agent-b
+    makes no placement group there (its reward+environment slot is gone), its rule reward
+    sits in agent-a's bundle on the same plan node, those bundles' seats share them over
+    both jobs, and the embedded Ray advertises each shared node once."""
+    from executors.cluster import node_key
+    from executors.fleetrun import own_nodes, prepare
+
+    fleet = load_fleet(str(EXAMPLE))
+    result = plan_fleet(fleet, load_calibration(None), time_limit_s=10, job_time_limit_s=5,
+                        workers=1, seed=0)
+    [use] = result.shared
+    runs = {j.name: j.run for j in prepare(fleet, result, tmp_path, "torch", False)}
+    a, b = runs["agent-a"], runs["agent-b"]
+    home = a.slots[a.roles["environment"].slot]
+    assert home.bundles and all(x.pool == "cpu" for x in home.bundles)
+    assert not any(x.pool == "cpu" for s in b.slots.values() for x in s.bundles)
+    [reward] = [s for s in b.seats if s.role == "reward"]
+    assert reward.slot == home.name and reward.bundle in home.bundles
+    assert reward.bundle is home.bundles[reward.bundle_pos] and reward.bundle.node == 0
+    on_it = [s for s in a.seats if s.bundle.index == reward.bundle.index and s.slot == home.name]
+    assert reward.sharers == len(on_it) + 1 and all(s.sharers == reward.sharers for s in on_it)
+    assert b.roles["reward"].slot == home.name
+    assert [s for s in b.seats if s.role == "environment"] == [
+        s for s in a.seats if s.role == "environment"]
+    advertised = [r for j in runs.values() for r in own_nodes(j)]
+    for node in range(use.nodes):
+        assert sum(r.get(node_key("cpu", node), 0.0) > 0 for r in advertised) == 1
