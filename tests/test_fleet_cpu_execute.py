@@ -622,6 +622,12 @@ def test_the_simulators_core_ledger_schedules_as_its_servers_at_one_width() -> N
     assert [narrow.submit(0.0, 5.0)[0] for _ in range(3)] == [0.0, 0.0, 0.0]
     assert wide.submit(1.0, 1.0)[:2] == (5.0, 6.0)  # one core free until 5 s
     assert narrow.submit(2.0, 1.0)[0] == 5.0  # behind the wide call, first come first served
+    # a call past its member's deadline: a copy on its width of free cores, the first wins
+    late = CorePool("cpu", 2, ledger=CoreLedger("cpu", 4), width=2.0, deadline_s=1.0,
+                    redraw=lambda: 0.5)
+    assert late.submit(0.0, 5.0)[:2] == (0.0, 1.5) and late.reissued == 1
+    assert late.saved_s == pytest.approx(3.5)
+    assert late.submit(0.0, 0.5)[0] == 1.5  # both copies held the 4 cores until 1.5 s
 
 
 def test_the_shared_nodes_hold_the_first_members_bundles_only(tmp_path: Path) -> None:
