@@ -8,23 +8,29 @@ nodes); the other members start no environment workers of their own, and every m
 calls - the tool calls between turns and each final answer's verification run
 (`executors.rollouts.EnvironmentCalls`) - go to this pool's queue.
 
-Slots. The pool runs as many calls at once as the plan's cores hold, `slots = cores //
-cpu_per_call` (`executors.fleetcpu.pool_slots`: the count the cost model prices a wave with and
-the simulator's shared pool serves with, `simulator.environment.CorePool`), spread over the
-workers round robin (slot s on worker s mod W; each worker's actor runs its slots' calls in
-threads, one fresh sandbox per call). A job's request is cut into one call per slot, as an
-unshared job cuts it into one per worker.
+Slots and cores. The pool holds the cores of the plan's shared nodes; a call of a member takes
+that member's `cpu_per_call` of them (`cores`, `cpu_per_call`), so each member alone runs
+`cores // cpu_per_call` calls at once (`executors.fleetcpu.pool_slots`: the count the cost model
+prices a wave with and the simulator's shared pool serves with, `simulator.environment`), and
+members of different `cpu_per_call` share the cores as the simulator's shared pool shares them.
+The slots are the threads the calls run in (the most calls at once, those of the member with the
+smallest `cpu_per_call`), spread over the workers round robin (slot s on worker s mod W; each
+worker's actor runs its slots' calls in threads, one fresh sandbox per call); without `cores`
+every call takes one of `slots` cores. A job's request is cut into one call per slot it may hold,
+as an unshared job cuts it into one per worker.
 
-Policy. Each job has a FIFO queue of calls (a call: one slot's share of a request). A slot that
-frees takes the call at the head of the queue whose head arrived first: first come, first served
-over all the jobs' calls, the simulator's FIFO multi-server queue, and the allocation's pricing
+Policy. Each job has a FIFO queue of calls (a call: one slot's share of a request). When a slot
+and the cores of the call at the head of the queue whose head arrived first are free, that call
+starts (a head whose cores are not free yet waits, and the calls behind it too): first come, first
+served over all the jobs' calls, the simulator's FIFO multi-server queue, and the allocation's pricing
 (`placer.fleet.sharing`). A free slot is taken on the worker running the fewest calls. The
 per-job queues keep each job's wait apart: a `PoolCall` records when the call was asked for,
 when a slot took it, when it returned, and the pid of the worker process that ran it (the
 worker's own `os.getpid()`, read off its timing).
 
 Stragglers. A call still running past its timeout is issued again, once, to a slot of another
-worker (the first that frees, ahead of the queues, as the simulator's re-issue takes the next
+worker, or, in a pool of one worker, to another slot (thread) of that worker (the first that
+frees with the call's cores, ahead of the queues, as the simulator's re-issue takes the next
 free core); the first copy to return is the call's answer and the other is ignored (a running
 actor task cannot be interrupted; the sandbox is a pure function of the answer, so either copy
 gives the same values). The timeout is the job's tail-policy deadline where it sets one (what
@@ -48,6 +54,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from executors.placement import Member
@@ -67,10 +74,12 @@ class Reissue:
     deadline_s: float
     at: float
     winner: str = "original"  # or "reissue"
+    to_slot: int = -1  # the copy's slot (another thread of the same worker in a one-worker pool)
 
     def to_dict(self) -> dict[str, Any]:
         return {"slow_worker": self.slow_worker, "reissued_to": self.to_worker,
-                "deadline_s": round(self.deadline_s, 4), "winner": self.winner}
+                "reissued_slot": self.to_slot, "deadline_s": round(self.deadline_s, 4),
+                "winner": self.winner}
 
 
 @dataclass
@@ -119,16 +128,23 @@ class SharedEnvPool:
     """The shared workers of one CPU pool, their slots and the jobs' queues (module
     docstring). `slots`: calls run at once (one per worker if not given); `call_s`: per job, the
     priced seconds of one tool call; `deadline_s`: per job, its tail-policy timeout of a call
-    (a job in neither is never re-issued)."""
+    (a job in neither is never re-issued); `cores` and `cpu_per_call` (per job): the pool's
+    cores and each member's call's (None: every call takes one of `slots` cores)."""
 
     def __init__(self, pool: str, jobs: Sequence[str], workers: Sequence[Member],
                  slots: int | None = None, call_s: dict[str, float] | None = None,
-                 deadline_s: dict[str, float] | None = None) -> None:
+                 deadline_s: dict[str, float] | None = None, cores: float | None = None,
+                 cpu_per_call: dict[str, float] | None = None) -> None:
         if not workers:
             raise ValueError(f"shared CPU pool {pool}: no environment workers")
         self.pool, self.jobs, self.workers = pool, list(jobs), list(workers)
         self.slots = max(slots if slots is not None else len(self.workers), 1)
         self.call_s, self.deadline_s = dict(call_s or {}), dict(deadline_s or {})
+        self.cores = Fraction(cores) if cores is not None else Fraction(self.slots)
+        # a call asking more than the pool's cores takes them all (at least one call runs)
+        self._need = {j: min(Fraction((cpu_per_call or {}).get(j, 1.0)), self.cores)
+                      for j in self.jobs}
+        self._used = Fraction(0)  # cores the running calls (and copies) hold
         self.records: list[PoolCall] = []
         self._queues: dict[str, deque[_Request]] = {j: deque() for j in self.jobs}
         self._free = set(range(self.slots))
@@ -146,6 +162,11 @@ class SharedEnvPool:
     def lanes(self) -> int:
         """The most slots one worker holds: the calls its actor must run at once."""
         return -(-self.slots // len(self.workers))
+
+    def slots_of(self, job: str) -> int:
+        """Calls of `job` the pool runs at once: its cores over the job's `cpu_per_call` (at
+        least one; `executors.fleetcpu.pool_slots`), at most the slots."""
+        return max(min(int(self.cores // self._need[job]), self.slots), 1)
 
     def worker_of(self, slot: int) -> int:
         return slot % len(self.workers)
@@ -198,6 +219,7 @@ class SharedEnvPool:
                     self._cond.wait(self._until_due())
                 req, slot, copy = picked
                 self._free.discard(slot)
+                self._used += self._need[req.call.job]
                 self._busy[self.worker_of(slot)] += 1
                 req.running.add(slot)
                 self._mark_started(req, slot, copy)
@@ -207,12 +229,11 @@ class SharedEnvPool:
         """The next (request, slot, whether a straggler's copy) to start, or None."""
         for r in [r for r in self._running if r.due is not None and now >= r.due]:
             self._running.remove(r)
-            if not r.done and r.running and len(self.workers) > 1:
+            if not r.done and r.running and (len(self.workers) > 1 or self.slots > 1):
                 self._late.append(r)
         self._late = [r for r in self._late if not r.done and r.running]
         for r in self._late:
-            busy = {self.worker_of(s) for s in r.running}
-            other = [s for s in self._free if self.worker_of(s) not in busy]
+            other = self._copy_slots(r)
             if other:
                 self._late.remove(r)
                 return r, self._least_busy(other), True
@@ -220,8 +241,23 @@ class SharedEnvPool:
         if not heads or not self._free:
             return None
         best = min(heads, key=lambda r: (r.call.asked, r.seq))
+        if not self._fits(best):  # first come, first served: the head waits for its cores
+            return None
         self._queues[best.call.job].popleft()
         return best, self._least_busy(self._free), False
+
+    def _fits(self, req: _Request) -> bool:
+        return self._used + self._need[req.call.job] <= self.cores
+
+    def _copy_slots(self, r: _Request) -> list[int]:
+        """Free slots a straggler's copy may take: another worker's, or in a pool of one
+        worker another of its slots; none while the call's cores are not free."""
+        if not self._fits(r):
+            return []
+        busy = {self.worker_of(s) for s in r.running}
+        if len(self.workers) == 1:
+            return [s for s in self._free if s not in r.running]
+        return [s for s in self._free if self.worker_of(s) not in busy]
 
     def _least_busy(self, slots: Sequence[int] | set[int]) -> int:
         return min(slots, key=lambda s: (self._busy[self.worker_of(s)], s))
@@ -237,7 +273,7 @@ class SharedEnvPool:
             assert req.limit is not None
             req.copied = True
             req.call.reissue = Reissue(self.worker_of(req.call.slot), self.worker_of(slot),
-                                       req.limit, now)
+                                       req.limit, now, to_slot=slot)
             return
         req.call.slot, req.call.started = slot, now
         req.limit = None if req.copied else self.timeout_s(req.call)
@@ -260,6 +296,7 @@ class SharedEnvPool:
             error = fut.exception()
         with self._cond:
             self._free.add(slot)
+            self._used -= self._need[req.call.job]
             self._busy[self.worker_of(slot)] -= 1
             req.running.discard(slot)
             self._cond.notify_all()

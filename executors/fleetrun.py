@@ -13,14 +13,16 @@ weight-sync group when another job's were in them (the pricing's weight swap,
 
 A shared CPU environment pool (`shared.cpu_pools`, `result.shared`) runs as one set of
 environment workers, those its first member's plan puts on the pool's shared nodes; every
-member's sandbox calls queue there, first come first served over the jobs' calls, on as many
-slots as the plan's cores hold (the simulator's count), a call past its timeout re-issued once
-to another worker, each job's wait measured (`executors.fleetcpu`, `executors.envpool`).
+member's sandbox calls queue there, first come first served over the jobs' calls, on the plan's
+cores of the pool's nodes, each call holding its job's `cpu_per_call` of them (the simulator's
+count), a call past its timeout re-issued once to another worker (another slot of the one worker
+where the pool has one), each job's wait measured (`executors.fleetcpu`, `executors.envpool`).
 
 One embedded Ray advertises every job's plan nodes (`executors.cluster.embed`); each job's plan
 numbers its nodes of a pool from 0, so two jobs' node 0 of one pool are two fleet nodes that
-advertise the same key (twice its units): each job's actors land on its plan's nodes and
-bundles, checked as a single job's are (`executors.placement.verify`/`check`). Joining an
+advertise the same key (twice its units), but a shared CPU pool's nodes, advertised and held
+by its first member alone (`fleetcpu.pool_views`): each job's actors land on its plan's nodes
+and bundles, checked as a single job's are (`executors.placement.verify`/`check`). Joining an
 existing cluster (`address`, `executors.cluster.join`) places bundles by pool only (node pinning
 off): the jobs' node numbers are each job's own, and would name one Ray node for two jobs.
 
@@ -49,12 +51,14 @@ from executors.engineturns import EngineGate, JobTurn, TurnRecord
 from executors.envpool import SharedEnvPool
 from executors.fleetcpu import (
     cpu_problem,
-    env_view,
     lanes,
+    per_call,
+    pool_cores,
     pool_deadlines,
     pool_slots,
     pool_summary,
     pool_trace,
+    pool_views,
     priced_call_s,
 )
 from executors.loop import Loop
@@ -90,6 +94,7 @@ class FleetJobRun:
     loop: Loop | None = None
     turn: JobTurn | None = None
     placement: list[dict[str, Any]] = field(default_factory=list)
+    bundles: list[dict[str, Any]] = field(default_factory=list)  # its own groups' bundles
     held: list[Any] = field(default_factory=list)  # actors of a shared pool another job started
     stats: list[StepStat] = field(default_factory=list)
     error: BaseException | None = None
@@ -112,6 +117,7 @@ class FleetExecResult:
     env_pools: list[SharedEnvPool] = field(default_factory=list)  # per shared CPU pool
     env_pids: list[list[int | None]] = field(default_factory=list)  # its workers' processes
     simulated: dict[str, Any] | None = None  # --simulate's slowdowns, beside the measured
+    bundles: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # groups it made
 
     @property
     def ledger_ok(self) -> bool:
@@ -129,7 +135,8 @@ class FleetExecResult:
                             "planned_iteration_s": round(self.planned_s[name], 4),
                             "reward": [round(s.reward, 4) for s in stats],
                             "ledger_problems": self.ledger_problems[name],
-                            "placement": self.placement[name]}
+                            "placement": self.placement[name],
+                            "bundles": self.bundles.get(name, [])}
                      for name, stats in self.jobs.items()},
             "shared_rollout": [
                 {"pool": use.pool, "nodes": use.nodes, "order": [m.job for m in use.members],
@@ -243,6 +250,8 @@ def prepare(fleet: Fleet, result: FleetResult, out: Path, backend: str,
     why = fleet_problem(fleet, result, runs, cfgs)
     if why is not None:
         raise SpecError(why)
+    for use in result.shared:  # the shared CPU nodes hold their first member's bundles only
+        runs.update(pool_views(use, runs))
     out_jobs = []
     for j in result.jobs:
         g = groups.get(j.name)
@@ -250,8 +259,6 @@ def prepare(fleet: Fleet, result: FleetResult, out: Path, backend: str,
         if g is not None and result.engines[g].members[0].job != j.name:
             run = shared_view(run, runs[result.engines[g].members[0].job])
         c = cpus.get(j.name)
-        if c is not None and result.shared[c].jobs[0] != j.name:
-            run = env_view(run, runs[result.shared[c].jobs[0]])
         folder = out / j.name
         folder.mkdir(parents=True, exist_ok=True)
         out_jobs.append(FleetJobRun(j.name, run, run_config(run, None,
@@ -324,22 +331,30 @@ def start(jobs: list[FleetJobRun], result: FleetResult, backend: str, max_restar
     chosen = backend_of(backend)
     role_of = {"rollout": Role.ROLLOUT, "cpu": Role.ENVIRONMENT}
     slots = cpu_slots or [1] * len(result.shared)
+    groups: dict[str, dict[str, Any]] = {}  # each pool's first member's groups, by job
     for j in start_order(jobs, result):
         mine = pl.create_groups(j.run, pinned, prefix=f"{j.name}-")
         made += mine.values()
+        j.bundles = [{"slot": name, "pool": b.pool, "node": b.node, "bundle": b.index,
+                      "resources": dict(b.resources)}
+                     for name in mine for b in j.run.slots[name].bundles]
+        groups[j.name] = mine
+        # a shared CPU pool's first member's groups: the other members' roles there use them
+        held = {k: pg for kind, g in _needs(j, result) if kind == "cpu"
+                for k, pg in groups[result.shared[g].jobs[0]].items() if k not in mine}
         reuse = {k: h for need in _needs(j, result) for k, h in pools[need].items()}
         seats = sum(1 for s in j.run.seats if s.role == Role.ENVIRONMENT)
         cpu = [slots[g] for kind, g in _leads(j, result) if kind == "cpu"]
         threads = {Role.ENVIRONMENT.value: lanes(cpu[0], seats)} if cpu else {}
-        j.rt = RayRuntime(j.run, j.cfg, mine, pinned, chosen, max_restarts,
+        j.rt = RayRuntime(j.run, j.cfg, {**held, **mine}, pinned, chosen, max_restarts,
                           start_timeout_s=START_TIMEOUT_S, reuse=reuse or None,
                           concurrency=threads or None)
         j.held = list(reuse.values())
         for kind, g in _leads(j, result):
             pools[(kind, g)] = {(m.role, m.rank): m.handle for m in j.rt.members
                                 if m.role == role_of[kind]}
-        j.placement = pl.verify([m for m in j.rt.members if m.slot in mine
-                                 and (m.role, m.rank) not in reuse], mine)
+        j.placement = pl.verify([m for m in j.rt.members if m.slot in {**held, **mine}
+                                 and (m.role, m.rank) not in reuse], {**held, **mine})
         pl.check(j.placement, pinned)
     return made
 
@@ -415,12 +430,12 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
     ours = not ray.is_initialized()  # the Ray this call starts or joins, it also stops
     try:
         pinned, described = connect(jobs, address)
-        slots = [pool_slots(use, plans, fleet) for use in result.shared]
+        slots = [max(pool_slots(use, plans, fleet).values()) for use in result.shared]
         made = start(jobs, result, backend, max_restarts, pinned, slots)
         if note is not None:
             note(f"fleet: {len(jobs)} jobs started on {described}"
                  + ("" if pinned or address else " (node pinning off)"))
-        envs, pids = env_pools(jobs, result, slots)
+        envs, pids = env_pools(jobs, result, slots, fleet)
         for j in jobs:
             j.loop = job_loop(j, steps, out, gates, check_weights, progress)
             if j.cpu is not None:
@@ -456,14 +471,15 @@ def execute_fleet(fleet: Fleet, result: FleetResult, steps: int, out_dir: str | 
         {j.name: j.stats for j in jobs}, priced, {j.name: j.placement for j in jobs},
         {j.name: j.loop.ledger.problems(steps) if j.loop else [] for j in jobs},
         list(result.engines), [g.records for g in gates], trace, described,
-        list(result.shared), envs, pids)
+        list(result.shared), envs, pids, bundles={j.name: j.bundles for j in jobs})
 
 
-def env_pools(jobs: list[FleetJobRun], result: FleetResult, slots: list[int]
+def env_pools(jobs: list[FleetJobRun], result: FleetResult, slots: list[int], fleet: Fleet
               ) -> tuple[list[SharedEnvPool], list[list[int | None]]]:
     """Each shared CPU pool's queue over its first member's environment workers, with its
-    `slots` and each member's call timeout (`executors.fleetcpu`), and those workers'
-    processes (the pids their runtime read when they started)."""
+    `slots`, its cores, each member's cores of a call and call timeout
+    (`executors.fleetcpu`), and those workers' processes (the pids their runtime read when
+    they started)."""
     pools, pids = [], []
     by_name = {j.name: j for j in jobs}
     plans = {j.name: j.plan for j in result.jobs}
@@ -474,6 +490,7 @@ def env_pools(jobs: list[FleetJobRun], result: FleetResult, slots: list[int]
         pools.append(SharedEnvPool(
             use.pool, use.jobs, workers, n,
             {name: priced_call_s(plans[name], use.pool) for name in use.jobs},
-            pool_deadlines(use, {name: by_name[name].run for name in use.jobs})))
+            pool_deadlines(use, {name: by_name[name].run for name in use.jobs}),
+            pool_cores(use, plans, fleet), per_call(use, plans)))
         pids.append([rt.pids.get(id(m)) for m in workers])
     return pools, pids

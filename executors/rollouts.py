@@ -113,8 +113,9 @@ class EnvironmentCalls:
         if not envs:
             return [{"status": "error", "error": "no environment"}] * len(answers)
         calls: list[Call] = []
-        # one call per worker; on a shared pool, one per slot (`SharedEnvPool.slots`)
-        n = self.shared[0].slots if self.shared is not None else len(envs)
+        # one call per worker; on a shared pool, one per call of this job its cores run at
+        # once (`SharedEnvPool.slots_of`)
+        n = self.shared[0].slots_of(self.shared[1]) if self.shared is not None else len(envs)
         for k in range(n):
             sl = slice(k * len(answers) // n, (k + 1) * len(answers) // n)
             if answers[sl]:

@@ -3,7 +3,8 @@
 `contention` section names (`placer.fleet.contention`):
 
   CPU pools   the tool calls of the jobs sharing a CPU environment pool queue on one set of cores
-              (`simulator.environment.CorePool`, first come first served across the jobs);
+              (`simulator.environment.CorePool`, first come first served across the jobs; jobs
+              of different `cpu_per_call` each take their own of the cores, `CoreLedger`);
   spine       a weight sync whose actor and rollout sit in different pools also crosses the spine
               link between the two pools, shared max-min fairly with the other jobs' syncs on it
               (`simulator.fabric`; each job's own links stay its own);
@@ -52,7 +53,7 @@ from placer.solve.hostmem import plan_checkpoint_s
 from placer.solve.planfile import Plan
 from simulator.api import check_size
 from simulator.config import SimConfig
-from simulator.environment import CorePool, pool_slots
+from simulator.environment import CoreLedger, CorePool, pool_slots
 from simulator.fabric import Fabric
 from simulator.fleetresult import FleetSimResult, JobSim, PreemptionEvent, SharedPoolUse, Span
 from simulator.iteration import Model
@@ -153,7 +154,8 @@ class _Sim:
         self.opened: dict[tuple[str, int], tuple[str, float, bool, bool]] = {}
         self.spans: list[Span] = []
         self.events: list[PreemptionEvent] = []
-        self.shared_pools: list[tuple[SharedCpuPool, CorePool]] = []
+        # each shared CPU pool's members' pools (one pool for all of one cpu_per_call)
+        self.shared_pools: list[tuple[SharedCpuPool, dict[str, CorePool]]] = []
         # a shared rollout pool's engines: one slot its members' rollouts and syncs take in turn
         self.engines: dict[str, tuple[str, simpy.PriorityResource]] = {}
         for js in self.jobs:
@@ -202,11 +204,9 @@ class _Sim:
                     raise SpecError(f"{where}.jobs: job {js.name} makes no tool calls on a CPU "
                                     f"pool (got {js.name!r})")
             pool = {e.pool for e in envs if e is not None}
-            per_call = {js.plan.spec.environment.cpu_per_call for js in members}
-            if len(pool) != 1 or len(per_call) != 1:
+            if len(pool) != 1:
                 raise SpecError(f"{where}.jobs: jobs sharing a CPU pool must run their tools on "
-                                f"one pool with one cpu_per_call (got pools {sorted(pool)}, "
-                                f"cpu_per_call {sorted(per_call)})")
+                                f"one pool (got pools {sorted(pool)})")
             name = pool.pop()
             res = members[0].plan.resolved()
             dev = res.device_of(name)
@@ -215,10 +215,17 @@ class _Sim:
                 cores = sp.nodes * per_node.devices_per_node * dev.cores
             else:
                 cores = max(e.devices for e in envs if e is not None) * dev.cores
-            core_pool = CorePool(name, pool_slots(cores, per_call.pop()))
-            self.shared_pools.append((sp, core_pool))
-            for js in members:
-                js.shared = core_pool
+            widths = [js.plan.spec.environment.cpu_per_call for js in members]
+            if len(set(widths)) == 1:  # one queue of cores // cpu_per_call servers
+                core_pool = CorePool(name, pool_slots(cores, widths[0]))
+                shares = [core_pool] * len(members)
+            else:  # each member's calls take its own cpu_per_call of the cores
+                ledger = CoreLedger(name, cores)
+                shares = [CorePool(name, pool_slots(cores, w), ledger=ledger, width=w)
+                          for w in widths]
+            self.shared_pools.append((sp, {js.name: p for js, p in zip(members, shares)}))
+            for js, share in zip(members, shares):
+                js.shared = share
 
     def share_engines(self, groups: list[tuple[str, list[str]]]) -> None:
         """Each (pool, members) shared rollout pool: one engines slot for all its members."""
@@ -457,14 +464,21 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
                            o["checkpoint_alone_s"], o.get("finish_s"), o.get("suspended"),
                            kept * alone, o.get("preemptions", 0), o.get("suspended_at_s"),
                            js.plan if last else None))
-    shared = [SharedPoolUse(tuple(sp.jobs), cp.name, cp.slots, cp.calls,
-                            cp.wait_s / cp.calls if cp.calls else 0.0)
-              for sp, cp in together.shared_pools]
+    shared = [_pool_use(sp, shares) for sp, shares in together.shared_pools]
     after = _usage_after(fleet, result.usage, together)
     spine_gb = {k: v for k, v in together.fabric.gb_moved.items() if k.startswith("spine:")}
     end = max((j.finish_s for j in jobs if j.finish_s is not None), default=together.env.now)
     return FleetSimResult(fleet.name, seed, iterations, jobs, fleet.pool_nodes(), together.spans,
                           together.events, result.usage, after, shared, spine_gb, end)
+
+
+def _pool_use(sp: SharedCpuPool, shares: dict[str, CorePool]) -> SharedPoolUse:
+    """A shared CPU pool's calls and mean wait over its members, and each member's slots."""
+    pools = list({id(p): p for p in shares.values()}.values())
+    calls = sum(p.calls for p in pools)
+    wait = sum(p.wait_s for p in pools)
+    return SharedPoolUse(tuple(sp.jobs), pools[0].name, max(p.slots for p in pools), calls,
+                         wait / calls if calls else 0.0, {n: p.slots for n, p in shares.items()})
 
 
 def _usage_after(fleet: Fleet, usage: list[TeamUse], sim: _Sim) -> list[TeamUse]:

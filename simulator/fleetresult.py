@@ -11,7 +11,7 @@ finished.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from placer.fleet.result import TeamUse
@@ -113,9 +113,10 @@ class JobSim:
 class SharedPoolUse:
     jobs: tuple[str, ...]
     pool: str
-    slots: int  # tool calls the shared cores run at once
+    slots: int  # tool calls the shared cores run at once (the most of any member's)
     calls: int
     mean_wait_s: float
+    job_slots: dict[str, int] = field(default_factory=dict)  # per member: cores // cpu_per_call
 
 
 @dataclass
@@ -147,7 +148,7 @@ class FleetSimResult:
                 "preemptions": [{"at_s": p.at_s, "team": p.team, "pool": p.pool,
                                  "taken": p.taken, "free": p.free} for p in self.preemptions],
                 "cpu_pools": [{"jobs": list(c.jobs), "pool": c.pool, "slots": c.slots,
-                               "calls": c.calls, "mean_wait_s": c.mean_wait_s}
+                               "job_slots": c.job_slots, "calls": c.calls, "mean_wait_s": c.mean_wait_s}
                               for c in self.cpu_pools],
                 "spine_gb": self.spine_gb,
                 "teams_after_preemption": [u.to_dict() for u in self.usage_after]}

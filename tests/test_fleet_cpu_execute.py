@@ -3,30 +3,28 @@
 The Ray run (2 agentic jobs x 2 steps, `examples/fleets/shared-cpu-tiny.yaml`) checks that both
 jobs finish with balanced ledgers; that the pool's environment workers are the first member's
 (as many as its plan puts on the shared nodes) and the other member starts none; that every
-sandbox call of each job ran in one of those workers' processes (the pid the worker reports
-with each call's timing, against the pids its runtime read when it started); that the pool has
-the plan's slots and cuts each request into one call per slot; that a call its worker stalls
-on (a test delay) is issued again to the other worker, whose answer is taken; and that each
-job's measured queueing wait on the pool is in the executed summary beside the priced slowdown.
-Without Ray: the pool's first-come-first-served order over the jobs' queues (not a round robin
-over jobs), its slots over its workers, a straggler's re-issue (either copy may answer), its
-re-run of a failed call, the simulator's slot count, and the address checks (a malformed or unreachable
-`--address` exits 2 with one line, before any planning).
+sandbox call of each job ran in one of those workers' processes (the pid the worker reports with
+each call's timing, against the pids its runtime read when it started); that the pool has the
+plan's slots and cuts each request into one call per slot; that the shared nodes hold the
+bundles of the first member's plan there and no other job's (the other's rule reward runs in one
+of them); that a call its worker stalls on (a test delay) is issued again to the other worker,
+whose answer is taken; and that each job's measured queueing wait on the pool is in the executed
+summary beside the priced slowdown. Without Ray: each member's slots against the simulator's and
+the cost model's count (one `cpu_per_call`, and two different), the shared nodes' bundles
+against the plan (the first member's only), and the address checks (a malformed or unreachable
+`--address` exits 2 with one line, before any planning). The pool's own policy, slots and re-
+issues without Ray are in tests/test_fleet_cpu_pool.py.
 """
 from __future__ import annotations
 
 import socket
 import subprocess
-import threading
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from executors.cluster import parse_address
-from executors.envpool import SharedEnvPool
 from placer.base.errors import SpecError
 from placer.cost.calibration import load_calibration
 from placer.fleet.planner import plan_fleet
@@ -74,6 +72,18 @@ def test_two_jobs_share_one_cpu_pools_workers(tmp_path: Path,
     assert all(r["pool"] == "cpu" for r in ran.placement["agent-a"]
                if r["role"] == "environment")
     assert not any(r["role"] == "environment" for r in ran.placement["agent-b"])
+    # the shared nodes hold the bundles of agent-a's plan there and no others (the plan
+    # charges them once, to agent-a); agent-b's reward runs in one of them, on its plan node
+    from executors.runplan import resolve_plan
+    planned = sorted((b.pool, b.node, b.index) for s in resolve_plan(lead.plan).slots.values()
+                     for b in s.bundles if b.pool == "cpu")
+    made = ran.summary()["jobs"]
+    assert sorted((x["pool"], x["node"], x["bundle"]) for x in made["agent-a"]["bundles"]
+                  if x["pool"] == "cpu") == planned and planned
+    assert not [x for x in made["agent-b"]["bundles"] if x["pool"] == "cpu"]
+    b_cpu = [r for r in ran.placement["agent-b"] if r["pool"] == "cpu"]
+    assert [r["role"] for r in b_cpu] == ["reward"]
+    assert all(r["in_bundle"] and r["on_plan_node"] and r["slot"] == env.slot for r in b_cpu)
     # two-turn jobs: a tool call round and a verify round each step, on every worker
     for name in ("agent-a", "agent-b"):
         got = pool["jobs"][name]
@@ -152,124 +162,6 @@ def test_the_fleet_runs_on_a_cluster_it_joins(tmp_path: Path) -> None:
     assert all(r["in_bundle"] for rows in ran.placement.values() for r in rows)
 
 
-# ---------------------------------------------------------------------------- the pool alone
-@dataclass
-class _Ref:
-    fut: Future[Any]
-
-    def future(self) -> Future[Any]:
-        return self.fut
-
-
-@dataclass
-class _Execute:
-    """A worker's `execute` whose calls finish when the test says (in call order)."""
-
-    pid: int
-    fail_first: int = 0
-    started: list[tuple[list[str], Future[Any]]] = field(default_factory=list)
-    cond: threading.Condition = field(default_factory=threading.Condition)
-
-    def remote(self, ids: list[str], answers: list[str]) -> _Ref:
-        fut: Future[Any] = Future()
-        with self.cond:
-            self.started.append((ids, fut))
-            self.cond.notify_all()
-        return _Ref(fut)
-
-    def finish(self, k: int) -> list[str]:
-        """Wait for the k-th call to start, then complete it (or fail it)."""
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.started) > k, timeout=30), k
-            ids, fut = self.started[k]
-        if self.fail_first > k:
-            fut.set_exception(RuntimeError("worker died"))
-        else:
-            fut.set_result(([{"status": "ok", "value": i} for i in ids], {"pid": self.pid}))
-        return ids
-
-
-@dataclass
-class _Handle:
-    execute: _Execute
-
-
-@dataclass
-class _Worker:
-    handle: _Handle
-    role: str = "environment"
-    rank: int = 0
-
-
-def _asker(pool: SharedEnvPool, job: str, ids: list[list[str]], got: dict[str, Any]
-           ) -> threading.Thread:
-    t = threading.Thread(target=lambda: got.setdefault(job, []).append(
-        pool.run(job, 0, "tool call", [(i, ["1"] * len(i)) for i in ids])))
-    t.start()
-    return t
-
-
-def _queued(pool: SharedEnvPool, job: str, n: int) -> None:
-    with pool._cond:
-        assert pool._cond.wait_for(lambda: len(pool._queues[job]) >= n, timeout=30)
-
-
-def test_the_pool_serves_the_jobs_calls_first_come_first_served() -> None:
-    ex = _Execute(pid=41)
-    pool = SharedEnvPool("cpu", ["a", "b"], [_Worker(_Handle(ex))])  # type: ignore[list-item]
-    got: dict[str, Any] = {}
-    try:
-        ta = _asker(pool, "a", [["a0"], ["a1"]], got)
-        _queued(pool, "a", 1)  # a0 runs on the one worker, a1 waits
-        tb = _asker(pool, "b", [["b0"]], got)
-        _queued(pool, "b", 1)
-        served = [ex.finish(0)]
-        served.append(ex.finish(1))
-        ta.join(timeout=30)
-        ta2 = _asker(pool, "a", [["a2"]], got)  # asked after b0: served after it
-        _queued(pool, "a", 1)
-        served += [ex.finish(2), ex.finish(3)]
-        for t in (tb, ta2):
-            t.join(timeout=30)
-    finally:
-        pool.close()
-    # first come first served: a1 (asked before b0) before b0; round robin would give b0 first
-    assert served == [["a0"], ["a1"], ["b0"], ["a2"]]
-    assert [(c.job, c.pid) for c in pool.records] == [("a", 41), ("a", 41), ("b", 41), ("a", 41)]
-    assert pool.waits("b")[0] > 0  # b0 queued while a's calls held the worker
-    assert pool.pids("a") == pool.pids("b") == {41}
-    assert [x["value"] for v, _, _ in got["b"][0] for x in v] == ["b0"]
-
-
-def test_a_failed_call_runs_again_once_then_fails_the_request() -> None:
-    ex = _Execute(pid=7, fail_first=1)
-    pool = SharedEnvPool("cpu", ["a"], [_Worker(_Handle(ex))])  # type: ignore[list-item]
-    got: dict[str, Any] = {}
-    try:
-        t = _asker(pool, "a", [["x"]], got)
-        ex.finish(0)  # fails: queued again
-        ex.finish(1)
-        t.join(timeout=30)
-        assert [x["value"] for v, _, _ in got["a"][0] for x in v] == ["x"]
-        ex.fail_first = 4
-        out: list[BaseException] = []
-
-        def ask() -> None:
-            try:
-                pool.run("a", 1, "verify", [(["y"], ["1"])])
-            except RuntimeError as e:
-                out.append(e)
-
-        t = threading.Thread(target=ask)
-        t.start()
-        ex.finish(2)
-        ex.finish(3)
-        t.join(timeout=30)
-    finally:
-        pool.close()
-    assert len(out) == 1 and "(shared CPU pool cpu): calls keep failing" in str(out[0])
-
-
 # ---------------------------------------------------------------------------- --address
 @pytest.mark.parametrize("address, want", [
     ("auto", None), ("10.0.0.5:6379", ("10.0.0.5", 6379)),
@@ -318,163 +210,30 @@ def test_address_applies_to_execute_only(placer_cmd: list[str]) -> None:
         "--address: applies to --execute only (got 'auto')")
 
 
-def test_the_summary_sets_the_measured_wait_beside_the_priced_and_simulated() -> None:
-    from executors.envpool import PoolCall
-    from executors.fleetcpu import pool_summary
-    from placer.fleet.result import SharedUse
-
-    worker = _Worker(_Handle(_Execute(pid=3)))
-    pool = SharedEnvPool("cpu", ["a", "b"], [worker])  # type: ignore[list-item]
-    pool.close()
-    pool.records += [PoolCall("a", 0, "tool call", 4, 10.0, 10.0, 11.0, 0, 3),
-                     PoolCall("b", 0, "tool call", 4, 10.0, 11.0, 12.0, 0, 3),
-                     PoolCall("b", 0, "verify", 4, 12.0, 12.5, 13.0, 0, 3)]
-    use = SharedUse("cpu", 2, ["a", "b"], [2.0, 3.0], [1.0, 2.0])
-    sim = {"slowdown": {"a": 1.5, "b": 1.25}, "pool_wait_s": [(["a", "b"], 0.2)]}
-    doc = pool_summary(use, pool, [3], sim)
-    assert doc["simulated_mean_wait_s"] == 0.2 and doc["worker_pids"] == [3]
-    assert doc["jobs"]["a"] == {"calls": 1, "waited_s": 0.0, "mean_wait_s": 0.0,
-                                "max_wait_s": 0.0, "worker_pids": [3], "reissued": [],
-                                "priced_slowdown": 2.0, "simulated_slowdown": 1.5}
-    assert doc["jobs"]["b"]["waited_s"] == 1.5 and doc["jobs"]["b"]["mean_wait_s"] == 0.75
-    assert doc["jobs"]["b"]["priced_slowdown"] == 1.5
-    assert pool_summary(use, pool, [3], None)["jobs"]["b"]["simulated_slowdown"] is None
+def _fleet_with(tmp_path: Path, b_per_call: float) -> Path:
+    """The example fleet with agent-b's calls taking `b_per_call` cores each."""
+    text = EXAMPLE.read_text().replace("job: ../tiny-agent.yaml",
+                                       f"job: {ROOT / 'examples' / 'tiny-agent.yaml'}")
+    assert text.count("cpu_per_call: 1\n") == 1
+    out = tmp_path / "fleet.yaml"
+    out.write_text(text.replace("cpu_per_call: 1\n", f"cpu_per_call: {b_per_call}\n"))
+    return out
 
 
-def test_a_members_reissue_deadline_is_its_calls_timeout() -> None:
-    """A member whose tail policy re-issues tool calls: its deadline is each of its calls'
-    timeout on the pool (what the unshared executor re-issues at); a member without one is
-    timed by its priced call time, and one with neither is never re-issued."""
-    from types import SimpleNamespace
-
-    from executors.envpool import STRAGGLER_FACTOR, PoolCall
-    from executors.fleetcpu import pool_deadlines
-    from placer.fleet.result import SharedUse
-    from placer.spec.tailpolicy import TailPolicy
-
-    runs = {"a": SimpleNamespace(job=SimpleNamespace(tail_policy=TailPolicy.model_validate(
-                {"kind": "reissue", "deadline_s": 1.5}))),
-            "b": SimpleNamespace(job=SimpleNamespace(tail_policy=TailPolicy()))}
-    use = SharedUse("cpu", 1, ["a", "b"], [1.0, 1.0], [1.0, 1.0])
-    deadlines = pool_deadlines(use, runs)  # type: ignore[arg-type]
-    assert deadlines == {"a": 1.5}
-    workers = [_Worker(_Handle(_Execute(pid=1))), _Worker(_Handle(_Execute(pid=2)), rank=1)]
-    pool = SharedEnvPool("cpu", ["a", "b", "c"], workers, 2,  # type: ignore[arg-type]
-                         {"a": 0.2, "b": 0.2}, deadlines)
-    pool.close()
-    assert pool.timeout_s(PoolCall("a", 0, "tool call", 4, 0.0)) == 1.5
-    assert pool.timeout_s(PoolCall("b", 0, "tool call", 4, 0.0)) == pytest.approx(
-        STRAGGLER_FACTOR * 4 * 0.2)
-    assert pool.timeout_s(PoolCall("c", 0, "tool call", 4, 0.0)) is None
-    pool._per_answer.extend([1.0, 1.0, 3.0])  # a host slower than priced: its median counts
-    assert pool.timeout_s(PoolCall("b", 0, "tool call", 4, 0.0)) == pytest.approx(
-        STRAGGLER_FACTOR * 4 * 1.0)
-
-
-# ---------------------------------------------------------------------------- slots, stragglers
-def _two_workers() -> tuple[list[_Execute], list[_Worker]]:
-    ex = [_Execute(pid=10), _Execute(pid=11)]
-    return ex, [_Worker(_Handle(e), rank=k) for k, e in enumerate(ex)]
-
-
-def _started(ex: _Execute, n: int) -> None:
-    with ex.cond:
-        assert ex.cond.wait_for(lambda: len(ex.started) >= n, timeout=30), n
-
-
-def test_the_pool_runs_one_call_per_slot_over_its_workers() -> None:
-    """Two workers and four slots (two lanes each): four calls run at once, two on each
-    worker, the fifth waits for a slot; each request is cut into one call per slot."""
-    ex, workers = _two_workers()
-    pool = SharedEnvPool("cpu", ["a"], workers, 4)  # type: ignore[arg-type]
-    assert pool.lanes == 2 and [pool.worker_of(s) for s in range(4)] == [0, 1, 0, 1]
-    got: dict[str, Any] = {}
-    try:
-        t = _asker(pool, "a", [[f"x{i}"] for i in range(5)], got)
-        _started(ex[0], 2)
-        _started(ex[1], 2)
-        _queued(pool, "a", 1)  # the fifth: no slot free
-        assert len(ex[0].started) + len(ex[1].started) == 4
-        ex[1].finish(0)
-        _started(ex[1], 3)  # the freed slot's worker takes it
-        for e, k in ((ex[0], 0), (ex[0], 1), (ex[1], 1), (ex[1], 2)):
-            e.finish(k)
-        t.join(timeout=30)
-    finally:
-        pool.close()
-    assert [x["value"] for v, _, _ in got["a"][0] for x in v] == [f"x{i}" for i in range(5)]
-    assert sorted(c.slot for c in pool.records) == [0, 1, 1, 2, 3]
-    assert {c.pid for c in pool.records} == {10, 11}
-
-
-def test_a_straggler_is_reissued_to_another_worker_and_the_copy_answers() -> None:
-    """A call past its timeout (3 x the priced call time) is issued again to the other
-    worker's slot as soon as it frees; the copy answers first, so its answer is taken, its
-    worker named, and the re-issue recorded and traced; the slow original is ignored."""
-    from executors.fleetcpu import pool_trace
-    from traces.schema import Trace
-
-    ex, workers = _two_workers()
-    pool = SharedEnvPool("cpu", ["a"], workers, 2, {"a": 1e-3})  # type: ignore[arg-type]
-    got: dict[str, Any] = {}
-    try:
-        t = _asker(pool, "a", [["x0"], ["x1"]], got)
-        _started(ex[0], 1)
-        _started(ex[1], 1)
-        ex[1].finish(0)  # x1 answers; x0 is past its timeout: its copy takes worker 1's slot
-        _started(ex[1], 2)
-        assert ex[1].started[1][0] == ["x0"]
-        ex[1].finish(1)  # the copy answers first
-        t.join(timeout=30)
-        ex[0].finish(0)  # the original, late: ignored
-    finally:
-        pool.close()
-    [(v0, _, w0), (v1, _, w1)] = got["a"][0]
-    assert v0 == [{"status": "ok", "value": "x0"}] and w0 is workers[1] and w1 is workers[1]
-    [late] = pool.reissues("a")
-    assert late.pid == 11 and late.worker == 1 and late.slot == 0
-    assert late.reissue is not None and late.reissue.to_dict() == {
-        "slow_worker": 0, "reissued_to": 1, "deadline_s": pytest.approx(3e-3),
-        "winner": "reissue"}
-    assert len(pool.records) == 2  # one record per call, whichever copy answered
-    trace = Trace()
-    pool_trace(trace, pool, 0.0)
-    [marker] = trace.of("straggler")
-    assert marker.tid == "worker 0" and marker.args["reissued_to"] == 1
-
-
-def test_the_original_answering_first_wins_over_its_copy() -> None:
-    ex, workers = _two_workers()
-    pool = SharedEnvPool("cpu", ["a"], workers, 2, {"a": 1e-3})  # type: ignore[arg-type]
-    got: dict[str, Any] = {}
-    try:
-        t = _asker(pool, "a", [["x0"], ["x1"]], got)
-        _started(ex[0], 1)
-        _started(ex[1], 1)
-        ex[1].finish(0)
-        _started(ex[1], 2)  # x0's copy runs
-        ex[0].finish(0)  # the original answers first
-        t.join(timeout=30)
-        ex[1].finish(1)  # the copy, late: ignored, its slot freed
-        with pool._cond:
-            assert pool._cond.wait_for(lambda: len(pool._free) == 2, timeout=30)
-    finally:
-        pool.close()
-    [(_, _, w0), _] = got["a"][0]
-    assert w0 is workers[0]
-    [late] = pool.reissues("a")
-    assert late.reissue is not None and late.reissue.winner == "original" and late.pid == 10
-
-
-def test_the_pool_has_the_simulators_slots() -> None:
-    """The executed pool of the example has as many slots as the simulator's shared pool
-    serves with (its shared nodes' cores over cpu_per_call), spread over the lead's
-    environment seats."""
-    from executors.fleetcpu import lanes, pool_slots
+@pytest.mark.parametrize("b_per_call, want", [(1, {"agent-a": 4, "agent-b": 4}),
+                                              (2, {"agent-a": 4, "agent-b": 2})])
+def test_the_pool_has_the_simulators_slots(tmp_path: Path, b_per_call: float,
+                                           want: dict[str, int]) -> None:
+    """The executed pool of the example has, per member, as many slots as the simulator's
+    shared pool serves it with and the cost model counts for it alone on those cores (the
+    shared nodes' cores over its own cpu_per_call: 2 cores a laptop-cpu node, 2 nodes), its
+    most spread over the lead's environment seats; a member of wider calls has fewer."""
+    from executors.fleetcpu import lanes, pool_cores, pool_slots
+    from placer.cost.model import call_slots
     from simulator.config import SimConfig
     from simulator.fleet import simulate_fleet
 
-    fleet = load_fleet(str(EXAMPLE))
+    fleet = load_fleet(str(_fleet_with(tmp_path, b_per_call)))
     calib = load_calibration(None)
     result = plan_fleet(fleet, calib, time_limit_s=10, job_time_limit_s=5, workers=1, seed=0)
     [use] = result.shared
@@ -482,6 +241,40 @@ def test_the_pool_has_the_simulators_slots() -> None:
     sim = simulate_fleet(fleet, result, calib, iterations=1, config=SimConfig.no_variance())
     [simulated] = sim.cpu_pools
     slots = pool_slots(use, plans, fleet)
-    assert slots == simulated.slots == use.nodes * 2  # 2 cores a laptop-cpu node, 1 a call
+    assert slots == simulated.job_slots == want and use.nodes == 2
+    assert slots == {n: call_slots(pool_cores(use, plans, fleet),
+                                   plans[n].spec.environment.cpu_per_call) for n in use.jobs}
+    assert simulated.slots == max(slots.values())
     seats = plans[use.jobs[0]].roles["environment"].devices
-    assert lanes(slots, seats) * seats >= slots > (lanes(slots, seats) - 1) * seats
+    most = max(slots.values())
+    assert lanes(most, seats) * seats >= most > (lanes(most, seats) - 1) * seats
+
+
+def test_the_shared_nodes_hold_the_first_members_bundles_only(tmp_path: Path) -> None:
+    """The plan charges the shared CPU nodes once, to the first member: executed, agent-b
+    makes no placement group there (its reward+environment slot is gone), its rule reward
+    sits in agent-a's bundle on the same plan node, those bundles' seats share them over
+    both jobs, and the embedded Ray advertises each shared node once."""
+    from executors.cluster import node_key
+    from executors.fleetrun import own_nodes, prepare
+
+    fleet = load_fleet(str(EXAMPLE))
+    result = plan_fleet(fleet, load_calibration(None), time_limit_s=10, job_time_limit_s=5,
+                        workers=1, seed=0)
+    [use] = result.shared
+    runs = {j.name: j.run for j in prepare(fleet, result, tmp_path, "torch", False)}
+    a, b = runs["agent-a"], runs["agent-b"]
+    home = a.slots[a.roles["environment"].slot]
+    assert home.bundles and all(x.pool == "cpu" for x in home.bundles)
+    assert not any(x.pool == "cpu" for s in b.slots.values() for x in s.bundles)
+    [reward] = [s for s in b.seats if s.role == "reward"]
+    assert reward.slot == home.name and reward.bundle in home.bundles
+    assert reward.bundle is home.bundles[reward.bundle_pos] and reward.bundle.node == 0
+    on_it = [s for s in a.seats if s.bundle.index == reward.bundle.index and s.slot == home.name]
+    assert reward.sharers == len(on_it) + 1 and all(s.sharers == reward.sharers for s in on_it)
+    assert b.roles["reward"].slot == home.name
+    assert [s for s in b.seats if s.role == "environment"] == [
+        s for s in a.seats if s.role == "environment"]
+    advertised = [r for j in runs.values() for r in own_nodes(j)]
+    for node in range(use.nodes):
+        assert sum(r.get(node_key("cpu", node), 0.0) > 0 for r in advertised) == 1
