@@ -25,7 +25,9 @@ the refresh ends when the last part is done.
 
 A paired transport (the job's `weight_sync`: NIXL or NCCL point-to-point, `placer.cost.refit`)
 is one stream per engine rank, all alike: one flow per rollout part stands for its streams, on
-that part's links ("stream", "local", "cross"), after the trainer's export.
+that part's links ("stream", "local", "cross"), after the trainer's export. A framework's own
+colocated refit (NeMo-RL's CUDA-IPC stream, `placer.cost.refit.COLOCATED_REFITS`) is priced the
+same way: one flow on the GPU's "local" link, after the export and the per-tensor walk.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
 from placer.cost.model import sync_call_cost
-from placer.cost.refit import paired_route
+from placer.cost.refit import paired_route, streams_colocated
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.timing import sync_calls, sync_links
 from placer.solve.planfile import Plan, RolePlacement
@@ -106,8 +108,9 @@ def sync_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan | No
     res, calib = px.res, px.calib
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
     m = res.arch_of(Role.ROLLOUT)
-    if res.job.weight_sync.mechanism.paired:
-        return _paired_plan(px, plan, cfg)
+    if res.job.weight_sync.mechanism.paired or (
+            not r.parts and streams_colocated(res, a.slot == r.slot)):
+        return _paired_plan(px, plan, cfg)  # paired streams, or the framework's colocated refit
     links: dict[str, float] = {}
     receivers = []
     targets = ([(q.pool, q.devices, q.tp * q.pp) for q in r.parts] if r.parts

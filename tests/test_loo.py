@@ -112,8 +112,13 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     assert len(rep.kind("step")) == 14
     assert step["loo_median_abs_error"] < 0.14, step
     assert step["loo_max_abs_error"] < 0.58, step
-    # 17 rows, 8.3% median, max 29.2% (verl's checkpoint-engine row, -29%: its sender rate is
-    # refitted on NeMo-RL's NCCL pairs without it); verl's three per-tensor NCCL rows -5% /
+    # 20 rows, 8.0% median, max 20.4% (verl's H100 checkpoint-engine row, -20%: its sender rate
+    # refitted without it on verl's two GH200 single-sender rows and NeMo-RL's two NCCL-pair
+    # rows, 10.7 GB/s achieved against its 8.7; 17 rows, 8.3% and max 29.2% when the README was
+    # the one verl datum of that rate and NeMo-RL's NCCL pairs alone refitted it); the three
+    # rows added with that change (NeMo-RL's synchronous NCCL column, verl's GH200 27B and
+    # 30B-A3B) were +11%, +30% and +33% at the old shipped rate before any refit, -7%, +7% and
+    # +19% leave-one-out; verl's three per-tensor NCCL rows -5% /
     # +10% / -8% (each tensor one engine loader walk: `sync_load_entry_s`). NeMo-RL's seven
     # nccl_reshard rows (the doc's three and pull request 2971's four more 30B layouts) are
     # -9% to +8%: each misc tensor's export and load (`reshard_misc_tensor_s`, ~0.48 ms) and
@@ -122,8 +127,8 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # when those two costs were priced (-51% / -63% / -21% without them); the NeMo-RL
     # DeepSeek-V3 NCCL row's held-out error went back from +24% to +12%
     sync = rep.summary("sync")
-    assert len(rep.kind("sync")) == 17
-    assert sync["loo_median_abs_error"] < 0.09 and sync["loo_max_abs_error"] < 0.30, sync
+    assert len(rep.kind("sync")) == 20
+    assert sync["loo_median_abs_error"] < 0.09 and sync["loo_max_abs_error"] < 0.21, sync
     reshard = [r for r in rep.kind("sync") if r.name.endswith("nccl-reshard")]
     assert len(reshard) == 7 and all(abs(r.loo_error) < 0.10 for r in reshard), reshard
     # 6.5% median, max 19.8% (Llama-3.1-8B TP1: held out, `step_overhead_s` refits from 1.38
@@ -137,13 +142,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # +19% prefill (two-batch overlap is not priced)
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
-    # every row of every kind (the JSON headline): 38 rows, 8.5%, max 57.5% (row r10; 34 rows,
+    # every row of every kind (the JSON headline): 41 rows, 8.3%, max 57.5% (row r10; 38 rows,
+    # 8.5% before NeMo-RL's synchronous NCCL row and verl's two GH200 sync rows; 34 rows,
     # 11.1%, max 63.1% before the nccl_reshard per-item costs and pull request 2971's four
     # rows, above); EasyR1's two Qwen2.5-VL rows are -22% (r13, 7B) and -3% (r14, 32B) at
     # their job files' micro-batch budgets (8,192 forward, 4,096 update tokens; -26% and -8%
     # at verl's 16,384)
     every = rep.summary()
-    assert len(rep.rows) == 38
+    assert len(rep.rows) == 41
     assert every["loo_median_abs_error"] < 0.09 and every["loo_max_abs_error"] < 0.58, every
 
 

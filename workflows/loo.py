@@ -93,8 +93,8 @@ ROW_FACTORS: tuple[RowFactor, ...] = (
               "verl's unbucketed NCCL rows (the engine's loader walk once per tensor)"),
     RowFactor("sync_sender_gbs", "sync", ("sync",), (), 1.0, 100.0,
               "the bucketed sync rows without a sender rate of their own (verl's "
-              "checkpoint-engine row, NeMo-RL's NCCL pairs; Miles' rows carry theirs; "
-              "nccl-reshard streams run at the NIC)"),
+              "checkpoint-engine rows, H100 and GH200, NeMo-RL's NCCL pairs; Miles' rows "
+              "carry theirs; nccl-reshard streams run at the NIC)"),
     RowFactor("sync_local_gbs", "sync", ("sync", "step"), ("sync",), 3.0, 300.0,
               "colocated refreshes: row r10's sync stage (Miles, SGLang; the one colocated "
               "datum, so a setting of that framework, not a default)"),

@@ -222,10 +222,11 @@ def predict_sync(row: SyncRow, calib: Calibration) -> Comparison:
         "name": "sync", "algorithm": "grpo", "models": {"policy": row.model},
         "batch": {"prompts": 1, "samples_per_prompt": 2}, "lengths": {"prompt": {"kind": "fixed", "value": 1},
                                              "response": {"kind": "fixed", "value": 1}},
-        "cluster": {"pools": [{"name": "g", "device": row.device, "devices_per_node": 8,
-                               "nodes": row.nodes}]},
+        "cluster": {"pools": [{"name": "g", "device": row.device,
+                               "devices_per_node": row.devices_per_node, "nodes": row.nodes}]},
         "weight_sync": {"transport": row.transport, "shard_experts": row.shard_experts},
-        "framework": row.framework}, row.name)
+        "framework": row.framework,
+        **({"catalog": {"devices": [row.device_type]}} if row.device_type else {})}, row.name)
     res = resolve(job, row.name)
     a = Placed("a+r" if row.colocated else "a",
                Estimate(Role.ACTOR, "g", row.actor.parallel(), Memory(), {}))

@@ -7,6 +7,7 @@ are priced and reported is `workflows.published`; the multi-node serving anchors
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from placer.base.roles import Role
 from placer.cost.efficiency import Efficiency
@@ -93,6 +94,10 @@ class SyncRow:
     # a paired one, whether an engine rank receives only its own slice.
     transport: TransportKind = "broadcast"
     shard_experts: bool = True
+    # GPUs a node of the row's cluster holds (a GH200 node has 4), and a device type outside
+    # the shipped catalog (the job's `catalog.devices` entry; then `device` names it)
+    devices_per_node: int = 8
+    device_type: dict[str, Any] | None = None
 
 
 _UNBUCKETED = 0.0
@@ -240,6 +245,22 @@ _RESHARD_PR_ROWS: tuple[tuple[str, str, int, Use, Use, float, float], ...] = (
     ("NeMo-RL 30B-A3B TP2xCP2xEP8->TP4xDP4 H100 nccl-reshard", "Qwen3-30B-A3B", 4,
      Use("g", tp=2, cp=2, dp=4, ep=8), Use("g", tp=4, dp=4), 1.02, 1.45),
 )
+# verl's checkpoint-engine bucket: `update_weights_bucket_megabytes` 2048 (volcengine/verl
+# @b178a3cd verl/workers/config/rollout.py `CheckpointEngineConfig`)
+_VERL_CKPT_BUCKET_GB = 2048 * 2**20 / 1e9
+# verl-project/verl @8de5fb4463faa0a06ce1d260cadf3d7cd2a2c338 (pull request 7291, "Node-local
+# multi-sender broadcast in NCCL checkpoint engine"), its "GPU correctness and latency" table,
+# single-sender rows (the multi-sender rows run a relay topology the model does not price);
+# hardware per issue 7167 of the same repository: GH200 nodes, 4 GPUs and 4 NICs of ~25 GB/s
+_VERL_MULTI_SENDER = ("verl-project/verl @8de5fb44 pull request 7291 (single-sender, GH200 "
+                      "1 node -> 1 node)")
+# A GH200 superchip's Hopper GPU (NVIDIA GH200 datasheet: 96 GB HBM3 at 4 TB/s, 989 TFLOP/s
+# BF16 dense, NVLink 900 GB/s both ways); its NIC per verl issue 7167 (~25 GB/s, 4 a node).
+# Only the NIC enters the rows (trainer and engine on different nodes).
+_GH200: dict[str, Any] = {
+    "name": "GH200", "kind": "gpu", "memory_gb": 96, "bf16_tflops": 989, "fp8_tflops": 1979,
+    "mem_bw_gbs": 4000, "intra_link_gbs": 450, "nic_gbs": 25, "can_train": True,
+    "source": "NVIDIA GH200 datasheet (96 GB HBM3, 4 TB/s); NIC: verl-project/verl issue 7167"}
 SYNC_ROWS: list[SyncRow] = [
     SyncRow("verl 7B 4->4 H20", _FAS, "Qwen2.5-7B", "H20", 1, Use("g", dp=4), Use("g", tp=4),
             0.12, bucket_gb=_UNBUCKETED),
@@ -247,8 +268,12 @@ SYNC_ROWS: list[SyncRow] = [
             Use("g", tp=4, dp=4), 15.76, bucket_gb=_UNBUCKETED),
     SyncRow("verl 235B-A22B 64->64 H20", _FAS, "Qwen3-235B-A22B", "H20", 16,
             Use("g", tp=4, pp=4, dp=4), Use("g", tp=8, dp=8), 58.57, bucket_gb=_UNBUCKETED),
+    # verl's checkpoint-engine README (volcengine/verl @b178a3cd): trainer rank 0 walks the
+    # FSDP2 weights tensor by tensor into 2048 MiB GPU buckets (its default) and broadcasts each
+    # to the 30 receivers (mocks: no engine load); NCCL and NIXL both ~7 s
     SyncRow("verl ckpt-engine 30B-A3B FSDP2->30 H100", "verl verl/checkpoint_engine/README.md",
-            "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0),
+            "Qwen3-30B-A3B", "H100-SXM", 4, Use("g", dp=2), Use("g", dp=30), 7.0,
+            bucket_gb=_VERL_CKPT_BUCKET_GB),
     # NeMo-RL's nccl_reshard refit, not colocated (the doc requires it: "the colocated path uses
     # IPC and is unaffected"), Megatron -> vLLM, BF16 on H100, its "Expected Performance" table
     # (_RESHARD). Its refit time is the synchronizer's timer,
@@ -280,6 +305,19 @@ SYNC_ROWS: list[SyncRow] = [
               Use("g", pp=16, dp=16, ep=16), Use("g", tp=32), t, bucket_gb=_NEMO_BUCKET_GB,
               transport=transport, shard_experts=shard, framework="nemo-rl")
       for name, transport, shard, t in _NEMO_REFIT_ROWS],
+    # The same guide's "Matched synchronous verifier" NCCL column (the NIXL one is priced above
+    # as the same-build regression run's 10.923 s): the NCCL pairs under the synchronous timer.
+    SyncRow("NeMo-RL DSV3 NCCL sharded, sync 256->32", _NEMO_REFIT, "DeepSeek-V3", "H100-SXM",
+            36, Use("g", pp=16, dp=16, ep=16), Use("g", tp=32), 15.52, bucket_gb=_NEMO_BUCKET_GB,
+            transport="nccl-p2p", framework="nemo-rl"),
+    # verl's NCCL checkpoint engine, single sender (the stock engine: trainer rank 0 broadcasts
+    # every bucket), FSDP2 trainer of 4 GPUs on one GH200 node -> 4 rollout GPUs on another, mean
+    # of 10 refits (warm group), "all-gather + broadcast + copy the tensors on a non-blocking
+    # stream on the receiver side"; verl's default 2048 MiB buckets (_VERL_CKPT_BUCKET_GB).
+    *[SyncRow(f"verl ckpt-engine {label} FSDP2 4->4 GH200", _VERL_MULTI_SENDER, model, "GH200",
+              2, Use("g", dp=4), Use("g", dp=4), t, bucket_gb=_VERL_CKPT_BUCKET_GB,
+              devices_per_node=4, device_type=_GH200)
+      for label, model, t in (("27B", "Qwen3.5-27B", 5.026), ("30B-A3B", "Qwen3-30B-A3B", 5.570))],
 ]
 
 

@@ -115,7 +115,10 @@ class Efficiency:
     engine_wake_s: float = 3.7  # its fixed wake cost beyond copying them back
     tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency
     sync_latency_s: float = 0.01  # per weight-sync transfer (setup, NCCL/RPC)
-    sync_sender_gbs: float = 10.3  # raw GB/s of one weight-refresh sender over the NIC
+    # raw GB/s of one bucketed weight-refresh sender over the NIC: fitted on the five rows whose
+    # sender is a serial walk-and-send loop (verl's checkpoint engine on H100 and GH200, NeMo-RL's
+    # NCCL pairs; workflows.loo), in-sample
+    sync_sender_gbs: float = 13.4
     sync_local_gbs: float = 31.0  # raw GB/s of one replica loading weights from a co-located actor
     sync_call_s: float = 2.5e-4  # each bucket call of a refresh after the first
     # an unbucketed refresh's per-tensor call: s per entry of the engine's loader walk

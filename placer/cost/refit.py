@@ -44,12 +44,31 @@ costs the wire does not carry (`reshard_fixed_s`):
                  so a trainer of PP >= 2 halves the calls in line)
 Both are fitted on the published nccl_reshard rows (`workflows.loo`; 7 rows, 5 of them one
 model's layouts), not measured per call. Colocated, the framework refits by CUDA IPC instead
-("the colocated path uses IPC and is unaffected"): the full weights at `sync_local_gbs`, as a
-broadcast's local refresh. Sources: docs/cost-model.md.
+("the colocated path uses IPC and is unaffected"): with no colocated refit of its own
+(`COLOCATED_REFITS`), the full weights at `sync_local_gbs`, as a broadcast's local refresh.
+
+NeMo-RL's colocated refit (`ipc-stream`, the framework profile's `colocated_refit`; NVIDIA-NeMo/RL
+@7ea279ab nemo_rl/algorithms/grpo.py `refit_policy_generation`, nemo_rl/models/policy/utils.py
+`stream_weights_via_ipc_zmq_impl`, vllm_backend.py `update_weights_via_ipc_zmq`), whatever the
+job's transport: every trainer rank streams the full HF weights to the engine worker on its own
+GPU, all GPUs at once, no wire. Per GPU:
+  export   the trainer's HF export of every tensor (Megatron-Bridge `export_hf_weights`: its PP
+           broadcast and TP / EP gather, as the paired and misc paths): weights / sync_export_gbs
+  tensors  each tensor exported one by one and loaded one by one by vLLM's `load_weights` (the
+           same walk as nccl_reshard's misc tensors): `reshard_misc_tensor_s` each
+  copies   the trainer packs each tensor into a staging buffer (`pack_tensor`, a device copy)
+           and the engine's loader copies its TP slice out of the IPC view: full + slice bytes,
+           each read and written once in HBM (mem_bw / 2 a byte), x link_eff
+  groups   ping-pong staging buffers of NRL_REFIT_BUFFER_MEMORY_RATIO (0.3) of free memory,
+           halved (`IPC_BUFFER_RATIO`; free memory taken as the device's, an upper bound): per
+           group a stream synchronize, an IPC handle and a ZMQ round trip, `sync_call_s` each
+No new factor: the per-tensor cost and the export rate are the nccl_reshard / paired fits.
+Sources: docs/cost-model.md.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from placer.cost.efficiency import Efficiency
@@ -63,6 +82,10 @@ from placer.spec.hardware import DeviceType
 # CUDA streams an nccl_reshard engine spreads the trainer's pipeline stages over
 # (NRL_REFIT_NUM_STREAMS, default 2: NVIDIA-NeMo/RL @7ea279ab vllm_backend.py `nccl_reshard_refit`)
 RESHARD_STREAMS = 2
+# NeMo-RL's colocated IPC staging: NRL_REFIT_BUFFER_MEMORY_RATIO (default 0.3) of the trainer's
+# free memory, split into two ping-pong buffers (NVIDIA-NeMo/RL @7ea279ab nemo_rl/algorithms/
+# grpo.py `refit_policy_generation`, nemo_rl/models/policy/utils.py `stream_weights_via_ipc_zmq_impl`)
+IPC_BUFFER_RATIO = 0.3
 
 
 def slice_bytes(m: ModelArch, r_par: Parallel, sharded: bool) -> float:
@@ -124,11 +147,37 @@ class PairedRoute:
     fixed_s: float = 0.0  # per-item costs beside the wire (nccl_reshard: `reshard_fixed_s`)
 
 
+def ipc_stream_route(m: ModelArch, dev: DeviceType, r_par: Parallel,
+                     eff: Efficiency) -> PairedRoute:
+    """NeMo-RL's colocated refit on one GPU (module docstring): the export, one walk per tensor,
+    the pack and load copies in HBM and one ZMQ round trip per staging group."""
+    full = weight_bytes(m)
+    loaded = full / max(r_par.tp * r_par.pp, 1)  # the engine rank's TP / PP slice
+    group_gb = IPC_BUFFER_RATIO / 2 * dev.memory_gb
+    return PairedRoute({"local": dev.mem_bw_gbs / 2}, (full + loaded) / GB,
+                       max(math.ceil(full / GB / group_gb), 1), full / (eff.sync_export_gbs * GB),
+                       eff.sync_call_s, weight_tensors(m) * eff.reshard_misc_tensor_s)
+
+
+# A framework's own colocated refit (`FrameworkProfile.colocated_refit`): its route on one GPU.
+COLOCATED_REFITS: dict[str, Callable[[ModelArch, DeviceType, Parallel, Efficiency],
+                                     PairedRoute]] = {"ipc-stream": ipc_stream_route}
+
+
+def streams_colocated(res: Resolved, same_slot: bool) -> bool:
+    """Whether a refit into engines on the trainer's GPUs runs the framework's own colocated
+    path (`COLOCATED_REFITS`), priced as a paired route, rather than the shared local one."""
+    return same_slot and res.job.profile.colocated_refit in COLOCATED_REFITS
+
+
 def paired_route(res: Resolved, m: ModelArch, a_pool: str, a_devices: int, r_pool: str,
                  r_devices: int, r_par: Parallel, same_slot: bool,
                  eff: Efficiency, a_pp: int = 1) -> PairedRoute:
     """The links, bytes and calls of one stream (see the module docstring); `a_pp`: the
     trainer's pipeline stages (nccl_reshard's engine streams)."""
+    if streams_colocated(res, same_slot):
+        return COLOCATED_REFITS[res.job.profile.colocated_refit](m, res.device_of(r_pool), r_par,
+                                                                 eff)
     ws = res.job.weight_sync
     mech = ws.mechanism
     a_dev, r_dev = res.device_of(a_pool), res.device_of(r_pool)

@@ -34,7 +34,7 @@ from placer.cost.model import (
     weight_sync_time,
 )
 from placer.cost.offload import parked_states, unparked_gb
-from placer.cost.refit import paired_route, paired_time
+from placer.cost.refit import paired_route, paired_time, streams_colocated
 from placer.cost.rollout_tail import Replicas
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
 from placer.cost.tail_samples import at_means, strata
@@ -165,7 +165,8 @@ def sync_time(ctx: PriceContext, actor: Placed, rollout: Placed) -> float:
     m = res.arch_of(Role.ROLLOUT)
     dev = res.device_of(rollout.est.pool)
     eff = ctx.calib.for_device(dev)
-    if res.job.weight_sync.mechanism.paired:  # one stream per engine rank (`placer.cost.refit`)
+    # one stream per engine rank, or the framework's own colocated refit (`placer.cost.refit`)
+    if res.job.weight_sync.mechanism.paired or streams_colocated(res, actor.slot == rollout.slot):
         a, r = actor.est, rollout.est
         return paired_time(paired_route(res, m, a.pool, a.devices, r.pool, r.devices, r.par,
                                         actor.slot == rollout.slot, eff, a.par.pp), dev, eff)

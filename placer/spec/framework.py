@@ -112,6 +112,9 @@ class FrameworkProfile:
     colocation: str = ""
     old_log_probs: str = "trainer"
     sleep_wake: str = ""
+    # how it refits an engine that shares the trainer's GPUs, a key of
+    # `placer.cost.refit.COLOCATED_REFITS`; "": the shared local path (`sync_local_gbs`)
+    colocated_refit: str = ""
     factors: Mapping[str, float] = field(default_factory=_frozen)
     sources: Mapping[str, str] = field(default_factory=_no_sources)
 
@@ -260,7 +263,14 @@ _NEMO = FrameworkProfile(
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
+    colocated_refit="ipc-stream",
     sources=MappingProxyType({
+        "colocated_refit": f"{NEMO_RL} nemo_rl/algorithms/grpo.py `refit_policy_generation` "
+                           "(colocated: `stream_weights_via_ipc_zmq`, whatever the weight "
+                           "synchronizer; checkpoint engines and nccl_reshard are for "
+                           "non-colocated generation), nemo_rl/models/policy/utils.py "
+                           "`stream_weights_via_ipc_zmq_impl`, nemo_rl/models/generation/vllm/"
+                           "vllm_backend.py `update_weights_via_ipc_zmq`",
         "trainer": f"{NEMO_RL} DTensor (tensor, context parallel) or Megatron (tensor, "
                    "pipeline, context, expert parallel): examples/configs/grpo_math_1B.yaml",
         "engine": f"{NEMO_RL} nemo_rl/models/generation/vllm/config.py tensor_, pipeline_, "
