@@ -110,7 +110,12 @@ def check_layouts(run: RunPlan, backend: Backend) -> None:
     """SpecError (exit 2) before any actor starts when the trainer's layout, or the layout of
     a rollout engine (each part's, for a rollout split over pools), cannot be run."""
     arch = run.job.policy
-    trainer = dataclasses.replace(run.roles[Role.ACTOR].layout, recompute=False)
+    actor = run.roles[Role.ACTOR]
+    if actor.ep > 1 and actor.etp > 1:  # the executor's experts are never TP-split under EP
+        raise SpecError(f"plan.roles.{Role.ACTOR}.etp: the executor runs expert parallelism "
+                        f"with expert TP 1 only (got ep {actor.ep}, etp {actor.etp}); plan "
+                        "with etp 1, or run the plan on a framework target (placer export)")
+    trainer = dataclasses.replace(actor.layout, recompute=False)
     check_layout(str(Role.ACTOR), trainer, arch.heads, arch.kv_heads, arch.mlp,
                  layers=arch.layers, tied=arch.tie_embeddings, experts=arch.experts,
                  vocab=arch.vocab)

@@ -155,6 +155,24 @@ def test_layouts_ep_cannot_run_are_refused() -> None:
     assert Layout(2, 1, 1, ep=2).as_dict() == {"dp": 2, "tp": 1, "pp": 1, "ep": 2}
 
 
+def test_a_plan_with_expert_tensor_parallelism_is_refused_before_ray() -> None:
+    """The executor never TP-splits experts under EP: a plan (or a pinned current layout)
+    with etp > 1 would run at expert TP 1 under another price; exit 2 naming the field."""
+    from exec_util import GRPO_LAYOUT, hand_plan  # lazy: the plan helpers load the planner
+
+    from executors.backends import backend_of
+    from executors.run import check_layouts
+    from executors.runplan import resolve_plan
+    run = resolve_plan(hand_plan(GRPO_LAYOUT))
+    actor = run.roles["actor"]
+    check_layouts(run, backend_of())  # as planned: runs
+    etp = dataclasses.replace(run, roles={**run.roles, "actor": dataclasses.replace(
+        actor, ep=2, etp=2)})
+    with pytest.raises(SpecError, match=r"^plan\.roles\.actor\.etp: .*expert TP 1 only "
+                                        r"\(got ep 2, etp 2\)"):
+        check_layouts(etp, backend_of())
+
+
 
 # (dp, tp, pp) with ep = dp, and each rank's expert group read off its model: under TP one TP
 # index across the dp ranks (Megatron-Core's default, groups orthogonal to TP; ranks
