@@ -225,6 +225,13 @@ def _fastest(pr: AllocProblem, j: int) -> float | None:
 
 
 def _maximal(grid: Sequence[Vec]) -> list[Vec]:
-    """The vectors of the grid no other vector of it dominates."""
-    return [a for a in grid if not any(b != a and all(x <= y for x, y in zip(a, b))
-                                       for b in grid)]
+    """The vectors of the grid no other vector of it dominates, in grid order. A vector that
+    dominates another has a larger sum, and dominance is transitive, so each vector is checked
+    only against the maximal ones of larger sum (a large fleet's grid has hundreds of vectors
+    and a handful of maximal ones: all pairs cost seconds per round)."""
+    top: list[Vec] = []
+    for a in sorted(set(grid), key=sum, reverse=True):
+        if not any(all(x <= y for x, y in zip(a, b)) for b in top):
+            top.append(a)
+    kept = set(top)
+    return [a for a in grid if a in kept]
