@@ -49,7 +49,9 @@ plans are not expected within the time left ends the search with the incumbent a
 One kind's jobs share one memo (`known`), and a round's new vectors are computed together
 (`prefetch`, in parallel by the caller). A round whose model finds no solution in its time
 limit (a large model's presolve) is retried with twice the limit;
-until an incumbent exists a round gets its full limit. The bound reported (the best objective
+until an incumbent exists a round gets its full limit, and after, at most the time left less
+`FINISH_S` (what follows the last round). The incumbent is each round's complete hint, so a
+large fleet's round has a solution as soon as its presolve ends. The bound reported (the best objective
 still possible) is the tightest of the rounds' optimistic bounds; the incumbent is the best
 solution whose times are all evaluated. Job plans that stop at their time limit are incumbents:
 each round's bound uses their proven lower bounds, not their times (`placer.fleet.allocproblem`,
@@ -86,6 +88,9 @@ __all__ = ["MAX_ROUND_S", "SCALE", "AllocJob", "AllocProblem", "Allocation", "No
            "solve_round", "twins"]
 
 MAX_ROUND_S = 80.0  # the longest one round's model may run before the search gives up
+# left by a round with an incumbent for what follows the last one (its model's build, the
+# fewest-nodes re-solve, the Lagrange bound), so the search ends within its time limit
+FINISH_S = 2.0
 
 
 def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: float = 5.0,
@@ -121,7 +126,8 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
         rounds += 1
         left = time_limit_s - (time.monotonic() - start)
         # until there is an incumbent, a round gets its full limit whatever time is left
-        limit = round_limit_s if best is None else min(round_limit_s, max(left, 1.0))
+        limit = (round_limit_s if best is None
+                 else min(round_limit_s, max(left - FINISH_S, 1.0)))
         try:
             r = solve_round(pr, limit, workers, seed, best[1] if best else None)
         except Unsolved:
