@@ -49,7 +49,9 @@ plans are not expected within the time left ends the search with the incumbent a
 One kind's jobs share one memo (`known`), and a round's new vectors are computed together
 (`prefetch`, in parallel by the caller). A round whose model finds no solution in its time
 limit (a large model's presolve) is retried with twice the limit;
-until an incumbent exists a round gets its full limit. The bound reported (the best objective
+until an incumbent exists a round gets its full limit, and after, at most the time left less
+`FINISH_S` (what follows the last round). The incumbent is each round's complete hint, so a
+large fleet's round has a solution as soon as its presolve ends. The bound reported (the best objective
 still possible) is the tightest of the rounds' optimistic bounds; the incumbent is the best
 solution whose times are all evaluated. Job plans that stop at their time limit are incumbents:
 each round's bound uses their proven lower bounds, not their times (`placer.fleet.allocproblem`,
@@ -86,6 +88,10 @@ __all__ = ["MAX_ROUND_S", "SCALE", "AllocJob", "AllocProblem", "Allocation", "No
            "solve_round", "twins"]
 
 MAX_ROUND_S = 80.0  # the longest one round's model may run before the search gives up
+# left by a round with an incumbent for what follows its CP-SAT solve (its model's build and
+# bound, the fewest-nodes re-solve, the Lagrange bound: about 2 s on the 64-job bench fleet),
+# so the search ends within its time limit
+FINISH_S = 3.0
 
 
 def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: float = 5.0,
@@ -121,7 +127,8 @@ def allocate(pr: AllocProblem, *, time_limit_s: float = 60.0, round_limit_s: flo
         rounds += 1
         left = time_limit_s - (time.monotonic() - start)
         # until there is an incumbent, a round gets its full limit whatever time is left
-        limit = round_limit_s if best is None else min(round_limit_s, max(left, 1.0))
+        limit = (round_limit_s if best is None
+                 else min(round_limit_s, max(left - FINISH_S, 1.0)))
         try:
             r = solve_round(pr, limit, workers, seed, best[1] if best else None)
         except Unsolved:
@@ -225,6 +232,13 @@ def _fastest(pr: AllocProblem, j: int) -> float | None:
 
 
 def _maximal(grid: Sequence[Vec]) -> list[Vec]:
-    """The vectors of the grid no other vector of it dominates."""
-    return [a for a in grid if not any(b != a and all(x <= y for x, y in zip(a, b))
-                                       for b in grid)]
+    """The vectors of the grid no other vector of it dominates, in grid order. A vector that
+    dominates another has a larger sum, and dominance is transitive, so each vector is checked
+    only against the maximal ones of larger sum (a large fleet's grid has hundreds of vectors
+    and a handful of maximal ones: all pairs cost seconds per round)."""
+    top: list[Vec] = []
+    for a in sorted(set(grid), key=sum, reverse=True):
+        if not any(all(x <= y for x, y in zip(a, b)) for b in top):
+            top.append(a)
+    kept = set(top)
+    return [a for a in grid if a in kept]

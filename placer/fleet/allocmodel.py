@@ -31,29 +31,33 @@ class _Round:
     proven: bool
 
 
-def _model(pr: AllocProblem, values: list[dict[Vec, float]]
+def _model(pr: AllocProblem, values: list[dict[Vec, float]], hint: list[Vec] | None = None
            ) -> tuple[cp_model.CpModel, list[dict[Vec, cp_model.IntVar]], float,
                       cp_model.LinearExprT]:
     """The master model over the vectors with a value; returns (model, x, objective scale,
-    the objective's expression)."""
+    the objective's expression). `hint`: an allocation among the vectors (an incumbent), given
+    to CP-SAT as a value of every variable (a partial hint, on a large fleet's model, is not
+    completed within a round)."""
     m = cp_model.CpModel()
     x = [{a: m.new_bool_var(f"x{j}_{i}") for i, a in enumerate(vals)}
          for j, vals in enumerate(values)]
     for xs in x:
         m.add_exactly_one(xs.values())
+    if hint is not None and not all(a in xs for xs, a in zip(x, hint)):
+        for xs, a in zip(x, hint):  # not an allocation of this model: its vectors that are
+            if a in xs:
+                m.add_hint(xs[a], 1)
+        hint = None
+    for xs, a in zip(x, hint or []):
+        for b, v in xs.items():
+            m.add_hint(v, int(b == a))
     _symmetry(pr, m, x)
-    _choices(pr, m, x)
+    _choices(pr, m, x, hint)
     for g in pr.shared:
         for first, second in zip(g.members, g.members[1:]):
             m.add(sum(a[g.pool] * v for a, v in x[first].items())
                   == sum(a[g.pool] * v for a, v in x[second].items()))
-    for p, n in enumerate(pr.nodes):
-        m.add(sum(pr.held(j, a)[p] * v for j, xs in enumerate(x) for a, v in xs.items()) <= n)
-    use: dict[str, list[cp_model.LinearExprT]] = {}
-    for t in pr.teams:
-        use[t] = [sum(pr.held(j, a)[p] * v for j, xs in enumerate(x) if pr.jobs[j].team == t
-                      for a, v in xs.items()) for p in range(len(pr.pools))]
-    _quotas(pr, m, use)
+    _quotas(pr, m, _usage(pr, m, x, hint), hint)
     top = max((v for vals in values for v in vals.values()), default=1.0) or 1.0
     k = SCALE / top
     terms = [int(round(vals[a] * k)) * v for vals, xs in zip(values, x) for a, v in xs.items()]
@@ -64,16 +68,48 @@ def _model(pr: AllocProblem, values: list[dict[Vec, float]]
     mk = m.new_int_var(0, SCALE, "makespan")
     for vals, xs in zip(values, x):
         m.add(mk >= sum(int(round(vals[a] * k)) * v for a, v in xs.items()))
+    if hint is not None:
+        m.add_hint(mk, max((int(round(vals[a] * k)) for vals, a in zip(values, hint)),
+                           default=0))
     m.minimize(mk)
     return m, x, k, mk
 
 
-def _choices(pr: AllocProblem, m: cp_model.CpModel, x: list[dict[Vec, cp_model.IntVar]]
-             ) -> None:
+def _usage(pr: AllocProblem, m: cp_model.CpModel, x: list[dict[Vec, cp_model.IntVar]],
+           hint: list[Vec] | None) -> dict[str, list[cp_model.IntVar]]:
+    """u_tp, each team's nodes of each pool, one integer variable defined once, and the pools'
+    capacities over them (every job is some team's): the quota, cohort and fairness rows then
+    name u_tp instead of repeating its sum over the team's vectors. The same model; a large
+    fleet's (tens of thousands of x_ja) otherwise has most of a million terms, whose presolve
+    alone outlasts a round."""
+    use: dict[str, list[cp_model.IntVar]] = {}
+    for t in pr.teams:
+        use[t] = []
+        for p, n in enumerate(pr.nodes):
+            u = m.new_int_var(0, n, f"use_{t}_{p}")
+            m.add(u == sum(pr.held(j, a)[p] * v for j, xs in enumerate(x)
+                           if pr.jobs[j].team == t for a, v in xs.items()))
+            use[t].append(u)
+            if hint is not None:
+                m.add_hint(u, _used(pr, hint, t, p))
+    for p, n in enumerate(pr.nodes):
+        m.add(sum(use[t][p] for t in pr.teams) <= n)
+    return use
+
+
+def _used(pr: AllocProblem, vecs: list[Vec], team: str, p: int) -> int:
+    """u_tp of an allocation."""
+    return sum(pr.held(j, a)[p] for j, a in enumerate(vecs) if pr.jobs[j].team == team)
+
+
+def _choices(pr: AllocProblem, m: cp_model.CpModel, x: list[dict[Vec, cp_model.IntVar]],
+             hint: list[Vec] | None = None) -> None:
     """Per choice, one boolean: share (every shared flavour on, every alone flavour off) or not."""
     z = pr.zero
     for c, ch in enumerate(pr.choices):
         share = m.new_bool_var(f"share_{c}")
+        if hint is not None:
+            m.add_hint(share, int(hint[ch.alone[0]] == z))
         if c in pr.forced:
             m.add(share == int(pr.forced[c]))
         for j, e in zip(ch.alone, pr.shared[ch.group].members):
@@ -109,8 +145,8 @@ def _symmetry(pr: AllocProblem, m: cp_model.CpModel,
               <= sum(rank[a] * v for a, v in x[k].items()))
 
 
-def _quotas(pr: AllocProblem, m: cp_model.CpModel,
-            use: dict[str, list[cp_model.LinearExprT]]) -> None:
+def _quotas(pr: AllocProblem, m: cp_model.CpModel, use: dict[str, list[cp_model.IntVar]],
+            hint: list[Vec] | None = None) -> None:
     cohorts: dict[str | None, list[TeamQuota]] = {}
     for tq in pr.teams.values():
         cohorts.setdefault(tq.cohort, []).append(tq)
@@ -124,6 +160,9 @@ def _quotas(pr: AllocProblem, m: cp_model.CpModel,
                 continue
             m.add(sum(use[tq.name][p] for tq in teams) <= sum(tq.nominal[p] for tq in teams))
             borrows = m.new_bool_var(f"borrow_{cohort}_{p}")
+            if hint is not None:
+                m.add_hint(borrows, int(any(_used(pr, hint, tq.name, p) > tq.nominal[p]
+                                            for tq in teams)))
             for tq in teams:
                 m.add(use[tq.name][p] <= tq.nominal[p] + tq.cap[p] * borrows)
                 floor = min(tq.nominal[p], pr.demand(tq.name, p))
@@ -156,15 +195,9 @@ def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int,
         lows.append(low)
     if any(not v for v in values):
         raise NoAllocation("a job has no allocation left")
-    m, x, k, _ = _model(pr, values)
-    for xs, a in zip(x, hint or []):
-        if a in xs:
-            m.add_hint(xs[a], 1)
+    m, x, k, _ = _model(pr, values, hint)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(limit_s, 0.1)
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    solver.parameters.cp_model_probing_level = 0  # probing a large fleet's model outlasts a round
+    _params(solver, limit_s, workers, seed)
     status = solver.solve(m)
     if status == cp_model.INFEASIBLE:
         raise NoAllocation("no allocation meets the quotas")
@@ -209,6 +242,16 @@ def fleet_bound(pr: AllocProblem, values: list[dict[Vec, float]],
                model_bound * min(min(ratio, default=1.0), 1.0))
 
 
+def _params(solver: cp_model.CpSolver, limit_s: float, workers: int, seed: int) -> None:
+    """A round's solver: probing and the search for big linear overlaps are off (on a large
+    fleet's model each alone outlasts a round's presolve; the optimum is the same)."""
+    solver.parameters.max_time_in_seconds = max(limit_s, 0.1)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.cp_model_probing_level = 0
+    solver.parameters.find_big_linear_overlap = False
+
+
 def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> list[Vec]:
     """Among the evaluated allocations as good as `vecs` (the same scaled objective), one that
     holds the fewest nodes: nodes that no job's plan would be faster with go back to the pool."""
@@ -217,17 +260,12 @@ def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> 
         ok = {a: t for a, t in pr.known[j].items() if t is not None
               and a in set(pr.options(j)) and not misses(job, t)}
         values.append({a: pr.value(j, t) for a, t in ok.items()})
-    m, x, k, objective = _model(pr, values)
+    m, x, k, objective = _model(pr, values, vecs)
     now = [int(round(vals[a] * k)) for vals, a in zip(values, vecs)]
     m.add(objective >= sum(now) if pr.objective == "throughput" else objective <= max(now))
     m.minimize(sum(sum(pr.held(j, a)) * v for j, xs in enumerate(x) for a, v in xs.items()))
-    for xs, a in zip(x, vecs):
-        m.add_hint(xs[a], 1)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 5.0
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    solver.parameters.cp_model_probing_level = 0  # probing a large fleet's model outlasts a round
+    _params(solver, 5.0, workers, seed)
     if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return vecs
     return [next(a for a, v in xs.items() if solver.value(v)) for xs in x]

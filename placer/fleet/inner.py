@@ -119,11 +119,14 @@ class JobPlanner:
     # (kind, cap) -> its single-pool table on the cap (`grids`); (kind, cap, vector) -> floor
     tables: dict[tuple[int, Vec], RoleTable | None] = field(default_factory=dict)
     floors: dict[tuple[int, Vec, Vec], float | None] = field(default_factory=dict)
+    caps: list[Vec] = field(default_factory=list)  # per job, `cap` (asked per vector and round)
 
     def __post_init__(self) -> None:
         self.priced = priced_jobs(self.fleet)
         self.kind_of = kinds(self.priced)
         self.memo = Pricers(self.calib)
+        self.caps = [tuple(self.fleet.team_cap(fj.team, p) for p in self.pools)
+                     for fj in self.fleet.jobs]
 
     def close(self) -> None:
         if self.pool is not None:
@@ -229,7 +232,7 @@ class JobPlanner:
 
     def cap(self, j: int) -> Vec:
         """The most nodes of each pool job j's team may hold."""
-        return tuple(self.fleet.team_cap(self.fleet.jobs[j].team, p) for p in self.pools)
+        return self.caps[j]
 
     def grids(self) -> list[tuple[Vec, ...]]:
         """Every job's grid: each kind's candidate table on each cap built once, in `workers`
