@@ -196,6 +196,24 @@ def test_ep2_with_tp_or_pp_matches_one_process(layout: tuple[int, int, int],
 
 
 
+def _check_experts(want: dict[str, torch.Tensor], info: dict[str, Any],
+                   got: dict[str, torch.Tensor], ranks: list[Any], layout: Layout,
+                   groups: list[list[int]], mesh: str) -> None:
+    """A distributed MoE run against one process: the weights and grad norms, and the layout
+    read off each rank's model (its degrees, experts per rank, the experts' mesh dim and
+    expert group)."""
+    bad = _off(got, want)
+    assert not bad, bad
+    for r in ranks:
+        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
+        read = r[3]
+        assert (read["dp"], read.get("cp", 1), read["tp"], read.get("pp", 1)) == (
+            layout.dp, layout.cp, layout.tp, layout.pp), read
+        assert (read["ep"], read["experts_per_rank"]) == (layout.ep, 4 // layout.ep), read
+        assert read["placements"]["experts"] == {"mesh": [mesh], "placements": ["S(0)"]}
+    assert [r[3]["expert_ranks"] for r in ranks] == groups
+
+
 # (dp, cp, tp) with ep = dp: each CP rank dispatches its slice of the sequences over the dp
 # ranks of its own CP (and TP) index (ranks ((d * cp + c) * tp + t)), and the experts'
 # gradients are summed over CP (and TP) before the step; with ep = dp x cp the experts are
@@ -209,15 +227,7 @@ def test_ep_with_cp_matches_one_process(layout: Layout, groups: list[list[int]],
                                        tmp_path)
     # a CP slice's tokens sent to the wrong expert, or the experts' gradients left unsummed
     # over CP (each CP rank's experts then step on half the tokens) show as ~1e-3
-    bad = _off(got, want)
-    assert not bad, bad
-    for r in ranks:
-        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
-        read = r[3]  # read off the model: both degrees
-        assert (read["dp"], read["cp"], read["tp"]) == (layout.dp, layout.cp, layout.tp), read
-        assert (read["ep"], read["experts_per_rank"]) == (layout.ep, 4 // layout.ep), read
-        assert read["placements"]["experts"] == {"mesh": [mesh], "placements": ["S(0)"]}
-    assert [r[3]["expert_ranks"] for r in ranks] == groups
+    _check_experts(want, info, got, ranks, layout, groups, mesh)
     leaders = [r for k, r in enumerate(ranks) if layout.leads(k)]
     assert sum(r[1]["loss"] for r in leaders) == pytest.approx(info["loss"], abs=1e-5)
 
@@ -310,17 +320,8 @@ def test_ep_folded_over_tp_matches_one_process(layout: Layout, groups: list[list
                                                moe_dir: Path, tmp_path: Path) -> None:
     want, info, got, ranks = _run_pair(config(moe_dir, trainer=layout, mini_batches=2),
                                        tmp_path)
-    bad = _off(got, want)
-    assert not bad, bad
-    for r in ranks:
-        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
-        read = r[3]  # read off the model: the expert group spans TP
-        assert (read["dp"], read.get("cp", 1), read["tp"], read["pp"]) == (
-            layout.dp, layout.cp, layout.tp, layout.pp), read
-        assert (read["ep"], read["experts_per_rank"]) == (layout.ep, 4 // layout.ep), read
-        assert read["placements"]["experts"] == {"mesh": ["ep"], "placements": ["S(0)"]}
-        assert "expert_replicas" not in read  # ep == dp x tp: one copy of each expert
-    assert [r[3]["expert_ranks"] for r in ranks] == groups
+    _check_experts(want, info, got, ranks, layout, groups, "ep")  # the group spans TP
+    assert all("expert_replicas" not in r[3] for r in ranks)  # ep == dp x tp: one copy each
     leaders = [r for k, r in enumerate(ranks) if layout.leads(k)]
     assert sum(r[1]["loss"] for r in leaders) == pytest.approx(info["loss"], abs=1e-5)
 
