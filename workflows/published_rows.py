@@ -247,6 +247,24 @@ ROWS: list[Row] = [
         {_R.ACTOR: Use("h100", pp=16, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("h100", tp=16, dp=16),
          _R.REFERENCE: Use("h100", pp=16, dp=16, ep=16), _R.REWARD: _CPU},
         _SPLIT_REF),
+    # the same table's GB200-NVL72 runs (the device declared by each job file, from NVIDIA's
+    # datasheet: GB200 is not in the shipped catalog); 4 GPUs a node, the rack's NVLink domain
+    Row("r19 GRPO 30B-A3B 16xGB200 NeMo-RL colocate",
+        "r19-grpo30ba3b-16xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 221.0, {},
+        {_R.ACTOR: Use("gb200", dp=16, zero=1, ep=16), _R.ROLLOUT: Use("gb200", dp=16),
+         _R.REFERENCE: Use("gb200", dp=16, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r20 GRPO 235B-A22B 64xGB200 NeMo-RL colocate",
+        "r20-grpo235b-64xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 286.0, {},
+        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=4, zero=1, cp=2, ep=16),
+         _R.ROLLOUT: Use("gb200", tp=8, dp=8),
+         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=4, cp=2, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r21 GRPO 671B DeepSeek-V3 128xGB200 NeMo-RL colocate",
+        "r21-grpo671b-128xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 108.0, {},
+        {_R.ACTOR: Use("gb200", pp=8, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("gb200", tp=32, dp=4),
+         _R.REFERENCE: Use("gb200", pp=8, dp=16, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
 ]
 # Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)
 # is not a row: its sleep and wake set the fixed costs of a colocated engine's swap
