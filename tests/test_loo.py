@@ -127,14 +127,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # on H200, -57.5%) is a first-step row, apart (test_first_step_row_is_reported_apart): its
     # published times hold one-time costs, and its reference and update stages no longer fit
     # `mfu_score` / `mfu_train`. The 13 steady-state rows before NeMo-RL's reach a median of
-    # 11.3% and a max of 29.5% (r01, -29%). NeMo-RL's seven performance rows (r15-r21, H100
+    # 11.3% and a max of 29.5% (r01, -29%). NeMo-RL's nine performance rows (r15-r23, H100
     # and GB200) were added held out with the errors found (no stage times: nothing is fitted
-    # on them): -2%, +113%, +74%, +48%, -5%, +66%, +71% (the MoE rows on TP 8-32 engines;
-    # docs/cost-model.md, "NeMo-RL's performance rows"), so over 20 rows the median is 13.5%
-    # and the max 113%. A ratchet: tighten, loosen only for a change measured better
+    # on them): -2%, +113%, +74%, +48%, -5%, +66%, +71%, +111%, +5% (the MoE rows on TP 8-32
+    # engines; docs/cost-model.md, "NeMo-RL's performance rows"), so over 22 rows the median
+    # is 13.5% and the max 113%. A ratchet: tighten, loosen only for a change measured better
     # elsewhere, or new rows, and say which.
     step = rep.summary("step")
-    assert len(rep.kind("step")) == 20
+    assert len(rep.kind("step")) == 22
     assert step["loo_median_abs_error"] < 0.14, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.30, earlier
@@ -165,14 +165,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # +19% prefill (two-batch overlap is not priced)
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
-    # every row of the headline kinds (the JSON headline; first-step rows apart): 44 rows,
-    # 9.3%, max 113% (r16; 37 rows, 8.3%, max 29.5% before NeMo-RL's seven held-out rows; 38
+    # every row of the headline kinds (the JSON headline; first-step rows apart): 46 rows,
+    # 9.3%, max 113% (r16; 37 rows, 8.3%, max 29.5% before NeMo-RL's nine held-out rows; 38
     # rows, 8.5%, max 57.5% with r10 counted; 34 rows, 11.1%, max 63.1% before the
     # nccl_reshard per-item costs and pull request 2971's four rows, above); EasyR1's two
     # Qwen2.5-VL rows are -24% (r13, 7B) and -5% (r14, 32B) at their job files' micro-batch
     # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384)
     every = rep.summary()
-    assert len(rep.rows) == 45 and len(rep.kind("first_step")) == 1
+    assert len(rep.rows) == 47 and len(rep.kind("first_step")) == 1
     assert every["loo_median_abs_error"] < 0.095 and every["loo_max_abs_error"] < 1.2, every
 
 

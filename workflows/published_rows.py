@@ -265,6 +265,21 @@ ROWS: list[Row] = [
         {_R.ACTOR: Use("gb200", pp=8, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("gb200", tp=32, dp=4),
          _R.REFERENCE: Use("gb200", pp=8, dp=16, ep=16), _R.REWARD: _CPU},
         _COLOC_REF),
+    # the same 235B-A22B layouts at twice the GPUs (the table's other on-policy rows; its
+    # DeepSeek-V3 rows at 512 H100 and 256 GB200 are left out: the table gives EP 16, the
+    # v0.6.0 recipes EP 32)
+    Row("r22 GRPO 235B-A22B 256xH100 NeMo-RL colocate", "r22-grpo235b-256xh100-nemorl-colocate.yaml",
+        _NEMO_PERF, 312.0, {},
+        {_R.ACTOR: Use("h100", tp=2, pp=8, dp=8, zero=1, cp=2, ep=16),
+         _R.ROLLOUT: Use("h100", tp=16, dp=16),
+         _R.REFERENCE: Use("h100", tp=2, pp=8, dp=8, cp=2, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r23 GRPO 235B-A22B 128xGB200 NeMo-RL colocate",
+        "r23-grpo235b-128xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 345.0, {},
+        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=8, zero=1, cp=2, ep=16),
+         _R.ROLLOUT: Use("gb200", tp=8, dp=16),
+         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=8, cp=2, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
 ]
 # Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)
 # is not a row: its sleep and wake set the fixed costs of a colocated engine's swap
