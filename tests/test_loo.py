@@ -82,6 +82,27 @@ def test_a_factor_no_datum_moves_keeps_its_start_value(rows: Rows) -> None:
     assert fit_group(rows, "sync", start).sync_local_gbs != start.sync_local_gbs  # r10 moves it
 
 
+def test_first_call_stages_fit_nothing_and_later_stages_do(rows: Rows) -> None:
+    # r10's reference and update stages hold the run's first calls (`Row.first_call_stages`):
+    # scaling them moves no objective; its actor log-prob pass, run after them, is data of
+    # `mfu_score` as any row's is
+    name, eff = "r10 GRPO 27B 8xH200 colocate", Efficiency()
+    (r10,) = [r for r in rows.step if r.name == name]
+    assert r10.first_call_stages == ("ref", "update") and r10.first_step
+
+    def scaled(stages: set[str]) -> Rows:
+        step = [r if r.name != name else replace(
+            r, stages={k: v * (1.5 if k in stages else 1.0) for k, v in r.stages.items()})
+            for r in rows.step]
+        return rows.replaced(step, rows.sync, rows.decode, rows.serving)
+    for f in ROW_FACTORS:
+        assert objective(scaled({"ref", "update"}), f, eff) == objective(rows, f, eff), f.name
+    score = next(f for f in ROW_FACTORS if f.name == "mfu_score")
+    assert objective(scaled({"old_log_prob"}), score, eff) != objective(rows, score, eff)
+    assert name in {r.name for r in rows.of_kind("first_step")}
+    assert name not in {r.name for r in rows.of_kind("step")}
+
+
 @pytest.mark.parametrize("name", ["r02 DAPO 7B 64xH20 colocate", "verl 7B 4->4 H20",
                                   "vLLM Llama-3.1-8B TP1 H200 batch 8"])
 def test_a_rows_loo_prediction_never_uses_the_row(rows: Rows, name: str) -> None:
@@ -102,16 +123,25 @@ def test_factors_fitted_on_rows_are_not_operator_level_or_settings() -> None:
 
 def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # The honest figure: each row predicted by factors fitted without it. The issue's goal is a
-    # LOO median |error| <= 0.15 and max <= 0.30 over >= 14 rows; today 14 step rows reach a
-    # median of 13.4% and a max of 57.5% (row r10: Miles' hybrid 27B on H200, whose 100 s
-    # reference pass, rollout and most of its update the model does not price: the row's yaml
-    # header; the operator-level all-reduce refit, NVLS on H200, took it from 57.9% to 58.5%,
-    # pricing Miles' CPU Adam on the host, `host_adam_gparams_s`, from 58.5% to 57.5%). A
-    # ratchet: tighten, loosen only for a change measured better elsewhere, and say which.
+    # LOO median |error| <= 0.15 and max <= 0.30 over >= 14 rows. Row r10 (Miles' hybrid 27B
+    # on H200, -57.5%) is a first-step row, apart (test_first_step_row_is_reported_apart): its
+    # published times hold one-time costs, and its reference and update stages no longer fit
+    # `mfu_score` / `mfu_train`. The 13 steady-state rows before NeMo-RL's reach a median of
+    # 11.3% and a max of 29.5% (r01, -29%). NeMo-RL's nine performance rows (r15-r23, H100
+    # and GB200) were added held out with the errors found (no stage times: nothing is fitted
+    # on them): -2%, +113%, +74%, +48%, -5%, +66%, +71%, +111%, +5% (the MoE rows on TP 8-32
+    # engines; docs/cost-model.md, "NeMo-RL's performance rows"), so over 22 rows the median
+    # was 13.5% and the max 113%; with NeMo-RL's colocated CUDA-IPC refit priced by its code
+    # (DeepSeek-V3's from 54 s to 31 s) they are +2%, +113%, +50%, +48%, -2%, +66%, +41%,
+    # +111%, +5%: 13.3% median, max 113%. A ratchet: tighten, loosen only for a change measured better
+    # elsewhere, or new rows, and say which.
     step = rep.summary("step")
-    assert len(rep.kind("step")) == 14
+    assert len(rep.kind("step")) == 22
     assert step["loo_median_abs_error"] < 0.14, step
-    assert step["loo_max_abs_error"] < 0.58, step
+    earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
+    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.30, earlier
+    nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
+    assert abs(nemo["r15"]) < 0.05 and max(nemo.values()) < 1.2, nemo
     # 20 rows, 8.0% median, max 20.4% (verl's H100 checkpoint-engine row, -20%: its sender rate
     # refitted without it on verl's two GH200 single-sender rows and NeMo-RL's two NCCL-pair
     # rows, 10.7 GB/s achieved against its 8.7; 17 rows, 8.3% and max 29.2% when the README was
@@ -142,15 +172,17 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # +19% prefill (two-batch overlap is not priced)
     serving = rep.summary("serving")
     assert len(rep.kind("serving")) == 2 and serving["loo_max_abs_error"] < 0.21, serving
-    # every row of every kind (the JSON headline): 41 rows, 8.3%, max 57.5% (row r10; 38 rows,
-    # 8.5% before NeMo-RL's synchronous NCCL row and verl's two GH200 sync rows; 34 rows,
-    # 11.1%, max 63.1% before the nccl_reshard per-item costs and pull request 2971's four
-    # rows, above); EasyR1's two Qwen2.5-VL rows are -22% (r13, 7B) and -3% (r14, 32B) at
-    # their job files' micro-batch budgets (8,192 forward, 4,096 update tokens; -26% and -8%
-    # at verl's 16,384)
+    # every row of the headline kinds (the JSON headline; first-step rows apart): 49 rows,
+    # 8.9%, max 113% (r16; 46 rows, 9.3% before the three sync rows above (NeMo-RL's
+    # synchronous NCCL column, verl's GH200 27B and 30B-A3B) and the colocated IPC refit;
+    # 37 rows, 8.3%, max 29.5% before NeMo-RL's nine held-out rows; 38
+    # rows, 8.5%, max 57.5% with r10 counted; 34 rows, 11.1%, max 63.1% before the
+    # nccl_reshard per-item costs and pull request 2971's four rows, above); EasyR1's two
+    # Qwen2.5-VL rows are -24% (r13, 7B) and -5% (r14, 32B) at their job files' micro-batch
+    # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384)
     every = rep.summary()
-    assert len(rep.rows) == 41
-    assert every["loo_median_abs_error"] < 0.09 and every["loo_max_abs_error"] < 0.58, every
+    assert len(rep.rows) == 50 and len(rep.kind("first_step")) == 1
+    assert every["loo_median_abs_error"] < 0.095 and every["loo_max_abs_error"] < 1.2, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(
@@ -164,6 +196,10 @@ def test_loo_json_adds_fields_and_keeps_the_plain_document(
             "step_loo", "sync_loo", "decode_loo", "serving_loo"} <= set(loo)
     assert loo["rows_loo"] == len(loo["rows"]) + len(loo["sync"]) + len(loo["decode"]) + len(
         loo["serving"]) >= 14
+    # the first-step rows apart, each with its evidence and its own summary
+    assert [r["name"][:3] for r in loo["first_step"]] == ["r10"]
+    assert "step 0" in loo["first_step"][0]["first_step"] and "loo_error" in loo["first_step"][0]
+    assert set(loo["first_step_loo"]) >= {"loo_median_abs_error", "loo_max_abs_error"}
     for key in ("rows", "sync", "decode", "serving"):
         for p, q in zip(plain[key], loo[key], strict=True):
             assert {k: q[k] for k in p} == p and {"loo_error", "in_sample_error"} <= set(q)

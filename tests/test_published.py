@@ -9,7 +9,7 @@ import math
 import pytest
 
 from placer.spec.load import load_job
-from workflows.published import EXAMPLES, ROWS, PublishedReport, fidelity, main
+from workflows.published import EXAMPLES, ROWS, PublishedReport, fidelity, main, render
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +26,10 @@ def test_every_row_has_a_job_file_that_loads() -> None:
 
 
 def test_document_shape_and_finite_numbers(doc: PublishedReport) -> None:
-    assert len(doc.rows) == len(ROWS)
-    for row in doc.rows:
+    # the first-step rows (r10: its times hold one-time costs) are reported apart
+    assert len(doc.rows) + len(doc.first_step) == len(ROWS)
+    assert [r.name for r in doc.first_step] == [r.name for r in ROWS if r.first_step]
+    for row in doc.rows + doc.first_step:
         assert {"name", "published_s", "predicted_s", "error", "stages"} <= set(row.to_dict())
         for v in (row.published_s, row.predicted_s, row.error):
             assert math.isfinite(v), row.name
@@ -51,14 +53,16 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # fitted on these rows (mfu_train, mfu_score, dispatch_gbs on the H20 rows:
     # docs/cost-model.md marks them in-sample), so these figures are in-sample. The honest,
     # leave-one-out bound is tests/test_loo.py::test_leave_one_out_error_is_bounded. Tighten
-    # these as the model improves, never loosen them. The max is row 10 (-56% with its hybrid shape
-    # and Miles' CPU Adam on the host priced, -57% before: Miles' 100 s reference pass, most of
-    # its update and ~140 s of its rollout are not in the model; the row's yaml header).
-    # 17.3% since mfu_prefill, the decode read curve and the TP all-reduce were refitted on
-    # operator profiles (`python -m workflows.operators --fit`; out-of-sample here, was 12.4%
-    # with them in-sample); the run-level factors were not retuned to compensate.
-    assert doc.median_abs_error < 0.175, doc.median_abs_error
-    assert doc.max_abs_error < 0.56, doc.max_abs_error
+    # these as the model improves, never loosen them. Row r10 (-56%) is a first-step row,
+    # reported apart (`Row.first_step`: its times hold one-time costs). 17.3% since mfu_prefill,
+    # the decode read curve and the TP all-reduce were refitted on operator profiles (`python -m
+    # workflows.operators --fit`; out-of-sample here, was 12.4% with them in-sample); the
+    # run-level factors were not retuned to compensate. 15.2% over 22 rows with NeMo-RL's nine
+    # held-out performance rows (r15-r23, added with their errors as found): the max is r16
+    # (Qwen3-235B-A22B on 128 H100, +113%), bounded in test_nemo_rl_performance_rows_held_out.
+    assert doc.median_abs_error < 0.16, doc.median_abs_error
+    earlier = [r for r in doc.rows if r.name[:3] < "r15"]
+    assert len(earlier) == 13 and max(abs(r.error) for r in earlier) < 0.26, earlier
     h20 = [r for r in doc.rows if "xH20 " in r.name]
     assert len(h20) == 11 and all(abs(r.error) < 0.27 for r in h20), [
         (r.name, r.error) for r in h20]  # the goal: every row within 30%
@@ -146,3 +150,37 @@ def test_log_prob_passes_carry_the_drivers_fixed_dispatch(doc: PublishedReport) 
     rows = {r.name[:3]: r for r in doc.rows}
     for key in ("r01", "r02", "r03"):
         assert abs(rows[key].stages["old_log_prob"].error) < 0.25, rows[key].stages
+
+
+def test_first_step_row_is_reported_apart_with_its_evidence(doc: PublishedReport) -> None:
+    # r10's times are its run's step 0 (Miles' doc names no other; its reference pass, the
+    # trainer's first forward, is 3x the identical actor pass after it): another quantity than
+    # the model's steady-state step, so it is printed apart, with the reason, and kept out of
+    # the step rows' median and max
+    (r10,) = doc.first_step
+    assert r10.name.startswith("r10") and "step 0" in r10.first_step
+    assert all(not r.first_step for r in doc.rows)
+    text = render(doc)
+    assert "first-step rows" in text and r10.first_step in text
+    out = doc.to_dict()
+    assert [r["name"] for r in out["first_step"]] == [r10.name]
+    assert r10.name not in {r["name"] for r in out["rows"]}
+
+
+def test_nemo_rl_performance_rows_held_out(doc: PublishedReport) -> None:
+    # NeMo-RL's published performance runs (docs/about/performance-summary.md @7ea279ab, v0.6:
+    # H100 BF16 and FP8, GB200 BF16), priced with their own layouts and no refit (no stage
+    # times: no factor is fitted on them). A regression guard on errors found, not an accuracy
+    # claim: the 30B-A3B rows -0% (32 H100) and -5% (16 GB200); the MoE rows on TP 8-32
+    # engines mostly far slow (235B-A22B +113% and +111% on 128 and 256 H100, +69% on 64 GB200
+    # but +7% on 128; DeepSeek-V3 +68% and +64%; its FP8 one-step-off +48%), their decode
+    # steps priced mostly as routed-expert reads at
+    # `expert_read_half_width`, a setting of one batch-1 B200 anchor (docs/cost-model.md,
+    # "NeMo-RL's performance rows")
+    rows = {r.name[:3]: r for r in doc.rows}
+    nemo = ("r15", "r16", "r17", "r18", "r19", "r20", "r21", "r22", "r23")
+    assert all(rows[k].fits and not rows[k].stages for k in nemo)
+    assert abs(rows["r15"].error) < 0.05 and abs(rows["r19"].error) < 0.08
+    assert rows["r16"].error < 1.2 and rows["r17"].error < 0.75 and rows["r18"].error < 0.55
+    assert rows["r20"].error < 0.75 and rows["r21"].error < 0.7
+    assert rows["r22"].error < 1.2 and abs(rows["r23"].error) < 0.12

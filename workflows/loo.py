@@ -59,7 +59,12 @@ class Pricing:
 
 # Every kind of row, in the report's order. No factor is fitted on the serving anchors
 # (multi-node engine steps), so their in-sample and leave-one-out predictions are out-of-sample.
-KINDS: tuple[str, ...] = ("step", "sync", "decode", "serving")
+# "first_step": step rows whose published times are their run's first step, one-time costs
+# included (`Row.first_step`, the evidence): another quantity than the model's steady-state
+# step, so outside the headline (`HEADLINE_KINDS`) and the band; their stages after the first
+# calls (`Row.first_call_stages`) are data as any step row's are.
+KINDS: tuple[str, ...] = ("step", "sync", "decode", "serving", "first_step")
+HEADLINE_KINDS: tuple[str, ...] = KINDS[:4]
 
 
 SWEEPS = 3
@@ -128,8 +133,8 @@ SETTINGS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Rows:
-    """The data a fit may use: step rows (each with its resolved job), sync rows, decode rows,
-    serving anchors, and how each kind is priced."""
+    """The data a fit may use: step-time rows (each with its resolved job; steady-state and
+    first-step alike), sync rows, decode rows, serving anchors, and how each kind is priced."""
 
     step: tuple[AnyRow, ...]
     sync: tuple[AnyRow, ...]
@@ -145,11 +150,14 @@ class Rows:
 
     def without(self, name: str) -> Rows:
         """The same data but the row called `name` (whatever its kind)."""
-        return self.replaced(*((r for r in self.of_kind(k) if r.name != name) for k in KINDS))
+        return self.replaced(*((r for r in rows if r.name != name)
+                               for rows in (self.step, self.sync, self.decode, self.serving)))
 
     def of_kind(self, kind: str) -> tuple[AnyRow, ...]:
-        rows: tuple[AnyRow, ...] = {"step": self.step, "sync": self.sync,
-                                    "decode": self.decode, "serving": self.serving}[kind]
+        if kind in ("step", "first_step"):
+            return tuple(r for r in self.step if bool(r.first_step) == (kind == "first_step"))
+        rows: tuple[AnyRow, ...] = {"sync": self.sync, "decode": self.decode,
+                                    "serving": self.serving}[kind]
         return rows
 
     def names(self, kind: str) -> tuple[str, ...]:
@@ -157,7 +165,8 @@ class Rows:
 
     def predict(self, kind: str, row: AnyRow, eff: Efficiency) -> float:
         price = {"step": self.pricing.step, "sync": self.pricing.sync,
-                 "decode": self.pricing.decode, "serving": self.pricing.serving}[kind]
+                 "decode": self.pricing.decode, "serving": self.pricing.serving,
+                 "first_step": self.pricing.step}[kind]
         return float(price(row, _calib(eff)).predicted_s)
 
 
@@ -196,7 +205,7 @@ def _log_errors(rows: Rows, f: RowFactor, eff: Efficiency) -> list[float]:
     errs: list[float] = []
     if "step" in f.kinds:
         for r in rows.step:
-            got = stage_times(rows, r, eff, f.stages)
+            got = stage_times(rows, r, eff, _fit_stages(r, f.stages))
             errs += [abs(math.log(v / r.stages[k])) for k, v in got.items() if v > 0]
     if "sync" in f.kinds:
         errs += [abs(math.log(rows.predict("sync", s, eff) / s.published_s)) for s in rows.sync]
@@ -204,6 +213,11 @@ def _log_errors(rows: Rows, f: RowFactor, eff: Efficiency) -> list[float]:
         errs += [abs(math.log(rows.predict("decode", d, eff) / d.published_s))
                  for d in rows.decode]
     return errs
+
+
+def _fit_stages(row: AnyRow, stages: Iterable[str]) -> list[str]:
+    """The stages of `stages` a step row's data fit: all but its first calls (`Row`)."""
+    return [k for k in stages if k not in row.first_call_stages]
 
 
 def objective(rows: Rows, f: RowFactor, eff: Efficiency) -> float:
@@ -264,14 +278,13 @@ def group_data(rows: Rows, group: str) -> frozenset[str]:
         if f.group != group:
             continue
         for kind in f.kinds:
-            names |= {n for n in rows.names(kind)
-                      if kind != "step" or _publishes(rows, n, f.stages)}
+            names |= ({r.name for r in rows.step if _publishes(r, f.stages)} if kind == "step"
+                      else set(rows.names(kind)))
     return frozenset(names)
 
 
-def _publishes(rows: Rows, name: str, stages: tuple[str, ...]) -> bool:
-    row = next(r for r in rows.step if r.name == name)
-    return bool(set(stages) & set(row.stages))
+def _publishes(row: AnyRow, stages: tuple[str, ...]) -> bool:
+    return bool(set(_fit_stages(row, stages)) & set(row.stages))
 
 
 class Fitter:
@@ -306,6 +319,7 @@ class LooRow:
     shipped_s: float
     in_sample_s: float
     loo_s: float
+    why: str = ""  # a first-step row's evidence (`Row.first_step`)
 
     @property
     def in_sample_error(self) -> float:
@@ -330,7 +344,8 @@ def loo_rows(fitter: Fitter) -> list[LooRow]:
         for r in rows.of_kind(kind):
             out.append(LooRow(r.name, kind, r.published_s, rows.predict(kind, r, shipped),
                               rows.predict(kind, r, full),
-                              rows.predict(kind, r, fitter.fit(r.name))))
+                              rows.predict(kind, r, fitter.fit(r.name)),
+                              getattr(r, "first_step", "")))
     return out
 
 
@@ -375,10 +390,11 @@ def row_tags(rows: Rows, row: AnyRow) -> Tags:
 
 
 def residual_table(rows: Rows, loo: Sequence[LooRow]) -> ResidualTable:
-    """The step rows' leave-one-out errors with their tags: what a plan's band is taken from."""
+    """The steady-state step rows' leave-one-out errors with their tags: what a plan's band is
+    taken from (a first-step row's error measures another quantity)."""
     by_name = {r.name: r for r in loo if r.kind == "step"}
     return ResidualTable(tuple(Residual(r.name, by_name[r.name].loo_error, row_tags(rows, r))
-                               for r in rows.step), WRITE_BAND)
+                               for r in rows.of_kind("step")), WRITE_BAND)
 
 
 @dataclass(frozen=True)
@@ -395,8 +411,9 @@ class LooReport:
         return [r for r in self.rows if r.kind == kind]
 
     def summary(self, kind: str | None = None) -> dict[str, float]:
-        """Median and max |error| of one kind's rows, in-sample and LOO (None: every row)."""
-        rs = self.rows if kind is None else self.kind(kind)
+        """Median and max |error| of one kind's rows, in-sample and LOO (None: every row of the
+        headline kinds, first-step rows not among them)."""
+        rs = [r for r in self.rows if r.kind in HEADLINE_KINDS] if kind is None else self.kind(kind)
         return {"loo_median_abs_error": statistics.median(abs(r.loo_error) for r in rs),
                 "loo_max_abs_error": max(abs(r.loo_error) for r in rs),
                 "in_sample_median_abs_error": statistics.median(
@@ -407,12 +424,13 @@ class LooReport:
         """The published-runs document with the LOO fields added (nothing else changes)."""
         out = dict(doc)
         by_name = {r.name: r for r in self.rows}
-        for key in ("rows", "sync", "decode", "serving"):
-            out[key] = [{**d, **_loo_fields(by_name[d["name"]])} for d in doc[key]]
-        out.update(self.summary())  # the headline: every row of every kind
-        out["rows_loo"] = len(self.rows)
+        for key in ("rows", "sync", "decode", "serving", "first_step"):
+            out[key] = [{**d, **_loo_fields(by_name[d["name"]])} for d in doc.get(key, [])]
+        out.update(self.summary())  # the headline: every row of the headline kinds
+        out["rows_loo"] = sum(len(self.kind(k)) for k in HEADLINE_KINDS)
         for kind in KINDS:
-            out[f"{kind}_loo"] = self.summary(kind)
+            if self.kind(kind):
+                out[f"{kind}_loo"] = self.summary(kind)
         out["loo"] = {"fitted": self.fitted,
                       "factors": {f.name: {"group": f.group, "kinds": list(f.kinds),
                                            "stages": list(f.stages), "bounds": [f.lo, f.hi],
@@ -443,36 +461,3 @@ def factor_ranges(fitter: Fitter) -> FactorRanges:
     return FactorRanges({f.name: (min(getattr(e, f.name) for e in fits),
                                   max(getattr(e, f.name) for e in fits)) for f in ROW_FACTORS},
                         WRITE_BAND)
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:+.0f}%"
-
-
-def render_loo(rep: LooReport) -> str:
-    """The side-by-side table: published, shipped defaults, in-sample fit, leave-one-out."""
-    scale = {"step": (1.0, "s"), "sync": (1.0, "s"), "decode": (1e3, "ms"), "serving": (1.0, "s")}
-    lines = ["factors fitted on the rows (shipped -> fitted on all rows):"]
-    base = Efficiency()
-    lines += [f"  {f.name:16s} {getattr(base, f.name):.4g} -> {rep.fitted[f.name]:.4g}   "
-              f"({f.why})" for f in ROW_FACTORS]
-    lines.append("settings carried by their one row (not fitted): " + ", ".join(SETTINGS))
-    lines.append("operator-level (not fitted on rows): " + ", ".join(OPERATOR_LEVEL))
-    for kind in KINDS:
-        mul, unit = scale[kind]
-        lines += ["", f"{kind + ' rows (' + unit + ')':44s} {'published':>9s} {'shipped':>9s} "
-                  f"{'in-sample':>9s} {'LOO':>9s}  {'shipped':>7s} {'in-smp':>6s} {'LOO':>6s}"]
-        for r in rep.kind(kind):
-            lines.append(f"{r.name:44s} {r.published_s * mul:9.2f} {r.shipped_s * mul:9.2f} "
-                         f"{r.in_sample_s * mul:9.2f} {r.loo_s * mul:9.2f}  "
-                         f"{_pct(r.shipped_s / r.published_s - 1):>7s} "
-                         f"{_pct(r.in_sample_error):>6s} {_pct(r.loo_error):>6s}")
-        s = rep.summary(kind)
-        lines.append(f"median |error| in-sample {s['in_sample_median_abs_error'] * 100:.1f}%, "
-                     f"leave-one-out {s['loo_median_abs_error'] * 100:.1f}% (max "
-                     f"{s['loo_max_abs_error'] * 100:.1f}%) over {len(rep.kind(kind))} rows")
-    s = rep.summary()
-    lines += ["", f"every row: median |error| in-sample {s['in_sample_median_abs_error'] * 100:.1f}%, "
-              f"leave-one-out {s['loo_median_abs_error'] * 100:.1f}% (max "
-              f"{s['loo_max_abs_error'] * 100:.1f}%) over {len(rep.rows)} rows"]
-    return "\n".join(lines)

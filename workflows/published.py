@@ -43,8 +43,11 @@ prints per row the published and predicted times and the relative error (predict
 1), the median |error|, and the sync and decode rows. `--json` prints one document: {"rows":
 [{name, published_s, predicted_s, error, stages: {...}}], "median_abs_error", "max_abs_error",
 "sync": [{name, published_s, predicted_s, error}], "sync_median_abs_error", "decode": [...],
-"serving": [...]}. `--loo` fits the factors the rows determine and prints each row in-sample
-beside leave-one-out (`workflows.loo`; with `--json` the same document plus the LOO fields).
+"serving": [...], "first_step": [...]}: "rows" are the steady-state step rows, "first_step" the
+rows whose published times are their run's first step (`Row.first_step`, the evidence in each
+row's "first_step" field), outside the medians and maxima. `--loo` fits the factors the rows
+determine and prints each row in-sample beside leave-one-out (`workflows.loo`; with `--json` the
+same document plus the LOO fields).
 """
 from __future__ import annotations
 
@@ -68,9 +71,11 @@ from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
+from placer.solve.layouts import fp8_flags
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict, load_job
-from workflows.loo import Pricing, Rows, loo_report, render_loo
+from workflows.loo import Pricing, Rows, loo_report
+from workflows.loo_render import render_loo
 from workflows.published_rows import DECODE_ROWS, ROWS, SYNC_ROWS, DecodeRow, Row, SyncRow, Use
 from workflows.serving import SERVING_ROWS, ServingRow, predict_serving, render_serving
 
@@ -131,27 +136,32 @@ class Result(Comparison):
     stages: dict[str, Versus] = field(default_factory=dict)
     fits: bool = True
     note: str = ""
+    first_step: str = ""  # why the published times are a first step's (`Row.first_step`)
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "stages": {k: v.to_dict() for k, v in self.stages.items()},
-                "fits": self.fits, "note": self.note}
+                "fits": self.fits, "note": self.note,
+                **({"first_step": self.first_step} if self.first_step else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Result:
         return cls(d["name"], d["published_s"], d["predicted_s"],
-                   {k: Versus.from_dict(v) for k, v in d["stages"].items()}, d["fits"], d["note"])
+                   {k: Versus.from_dict(v) for k, v in d["stages"].items()}, d["fits"], d["note"],
+                   d.get("first_step", ""))
 
 
 @dataclass(frozen=True)
 class PublishedReport:
-    """The whole comparison: the step-time rows, the weight-sync rows and the decode anchors,
-    with the median and largest |error|. `to_dict()` is the `--json` document."""
+    """The whole comparison: the steady-state step rows, the weight-sync rows and the decode
+    anchors, with the median and largest |error|; the first-step rows apart (their times hold
+    one-time costs, `Row.first_step`). `to_dict()` is the `--json` document."""
 
     rows: list[Result]
     sync: list[Comparison]
     decode: list[Comparison]
     # multi-node engine anchors (`workflows.serving`): one engine step's seconds
     serving: list[Comparison] = field(default_factory=list)
+    first_step: list[Result] = field(default_factory=list)
 
     @property
     def median_abs_error(self) -> float:
@@ -172,7 +182,8 @@ class PublishedReport:
                 "sync": [r.to_dict() for r in self.sync],
                 "sync_median_abs_error": self.sync_median_abs_error,
                 "decode": [r.to_dict() for r in self.decode],
-                "serving": [r.to_dict() for r in self.serving]}
+                "serving": [r.to_dict() for r in self.serving],
+                "first_step": [r.to_dict() for r in self.first_step]}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -183,7 +194,8 @@ class PublishedReport:
         return cls([Result.from_dict(r) for r in d["rows"]],
                    [Comparison.from_dict(r) for r in d["sync"]],
                    [Comparison.from_dict(r) for r in d["decode"]],
-                   [Comparison.from_dict(r) for r in d.get("serving", [])])
+                   [Comparison.from_dict(r) for r in d.get("serving", [])],
+                   [Result.from_dict(r) for r in d.get("first_step", [])])
 
     @classmethod
     def from_json(cls, text: str) -> PublishedReport:
@@ -191,7 +203,11 @@ class PublishedReport:
 
 
 def _place(px: Pricer, role: str, use: Use) -> Estimate:
-    return px.estimate(role, px.res.cluster.pool(use.pool), use.parallel())
+    """The role priced with the row's layout and the job's FP8 options (`precision:`) where
+    they apply, as the planner sets them on its own layouts (`fp8_flags`)."""
+    pool = px.res.cluster.pool(use.pool)
+    flags = fp8_flags(px.res, role, px.res.device_of(use.pool))
+    return px.estimate(role, pool, replace(use.parallel(), **flags))
 
 
 def predict_row(row: Row, calib: Calibration, folder: Path = EXAMPLES) -> Result:
@@ -213,7 +229,8 @@ def predict_row(row: Row, calib: Calibration, folder: Path = EXAMPLES) -> Result
     }
     stages = {k: Versus(row.stages[k], predicted[k]) for k in STAGE_KEYS if k in row.stages}
     bad = [f"{e.role}: {e.reason}" for e in ests.values() if not e.feasible]
-    return Result(row.name, row.published_s, bd.iteration_s, stages, not bad, "; ".join(bad))
+    return Result(row.name, row.published_s, bd.iteration_s, stages, not bad, "; ".join(bad),
+                  row.first_step)
 
 
 def predict_sync(row: SyncRow, calib: Calibration) -> Comparison:
@@ -252,10 +269,11 @@ def predict_decode(row: DecodeRow, calib: Calibration) -> Comparison:
 def fidelity(calib: Calibration | None = None, folder: Path = EXAMPLES) -> PublishedReport:
     """The whole comparison (its `to_dict()`: the `--json` document)."""
     calib = calib or Calibration()
-    return PublishedReport([predict_row(r, calib, folder) for r in ROWS],
+    return PublishedReport([predict_row(r, calib, folder) for r in ROWS if not r.first_step],
                            [predict_sync(r, calib) for r in SYNC_ROWS],
                            [predict_decode(r, calib) for r in DECODE_ROWS],
-                           [_serving(r, calib) for r in SERVING_ROWS])
+                           [_serving(r, calib) for r in SERVING_ROWS],
+                           [predict_row(r, calib, folder) for r in ROWS if r.first_step])
 
 
 def _serving(row: ServingRow, calib: Calibration) -> Comparison:
@@ -276,17 +294,23 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.0f}%" if math.isfinite(x) else "n/a"
 
 
+def _render_step(r: Result) -> str:
+    st = ", ".join(f"{k} {v.published_s:.0f}/{v.predicted_s:.0f} {_pct(v.error)}"
+                   for k, v in r.stages.items())
+    flag = "" if r.fits else f"  [does not fit: {r.note}]"
+    return (f"{r.name:44s} {r.published_s:9.1f} {r.predicted_s:9.1f} "
+            f"{_pct(r.error):>6s}   {st}{flag}")
+
+
 def render(doc: PublishedReport) -> str:
     lines = [f"{'row':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}   stages "
              "(published/predicted s, error)"]
-    for r in doc.rows:
-        st = ", ".join(f"{k} {v.published_s:.0f}/{v.predicted_s:.0f} {_pct(v.error)}"
-                       for k, v in r.stages.items())
-        flag = "" if r.fits else f"  [does not fit: {r.note}]"
-        lines.append(f"{r.name:44s} {r.published_s:9.1f} {r.predicted_s:9.1f} "
-                     f"{_pct(r.error):>6s}   {st}{flag}")
+    lines += [_render_step(r) for r in doc.rows]
     lines.append(f"median |error| {doc.median_abs_error * 100:.1f}% over {len(doc.rows)} "
                  f"rows, max {doc.max_abs_error * 100:.1f}%")
+    if doc.first_step:
+        lines += ["", "first-step rows (one-time costs included; not in the median above):"]
+        lines += [f"{_render_step(r)}\n  why: {r.first_step}" for r in doc.first_step]
     lines.append("")
     lines.append(f"{'weight sync':44s} {'published':>9s} {'predicted':>9s} {'error':>6s}")
     for s in doc.sync:

@@ -69,6 +69,15 @@ class Row:
     # old_log_prob being calculated by rollout rather than by trainer", fully_async.md;
     # its tables show no old_log_prob stage), so the actor's `score` stage is not run.
     trainer_log_probs: bool = True
+    # Not empty where the published times are the run's first step, one-time costs included (the
+    # evidence, printed beside the row): such a row measures another quantity than a
+    # steady-state step, so it is reported in its own category (`first_step` in the report),
+    # outside the step rows' median and max and outside the planner's error band.
+    first_step: str = ""
+    # Of a first-step row: the stages that hold a first call (kernels compiled and autotuned,
+    # communicators built), which no factor is fitted on; its other stages run after them and
+    # are data as any row's are.
+    first_call_stages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,25 @@ _OSO = "verl docs/advance/one_step_off.md"
 # training one, dp_actor.py:241-242; neither script changes them)
 _EASYR1_REF = Use("h100", dp=8, sharded=True,
                   stream_params_bytes=STREAM_SCHEMES["easyr1-ref"].bytes_per_param)
+
+# Why row r10's times are taken as its run's step 0 (radixark/miles @31f1ca96; the row's job
+# file has the lines): the doc's timing table ("4.2 What one step costs") names no step, and the
+# one step its section names is step 0 ("Step 0 reported `rollout/raw_reward` 0.64 ..."). Inside
+# its `train` timer the reference pass (100 s) is the same `forward_only` over the same
+# micro-batches as the actor pass right after it (33 s), and at step 0 it is the trainer's first
+# forward (train.py: before it, only the initial weight update and SGLang's eval run). The GDN
+# layers run flash-linear-attention's Triton kernels (miles_plugins/models/qwen_gdn_backend.py;
+# `--linear-attention-backend` is fla by default), each compiled and autotuned on its first call
+# (fla-org/flash-linear-attention @bc3b101d: fla/ops/common/chunk_scaled_dot_kkt.py tries 27
+# configs, fla/ops/utils/solve_tril.py 16 per kernel, keyed on head shapes and not on length, so
+# tuned once per process); the backward's kernels are tuned in the first update.
+_R10_STEP0 = ("step 0, warm-up included: the one step Miles' doc names is step 0, and its "
+              "reference pass (the trainer's first forward) takes 100 s where the same pass "
+              "right after takes 33 s: the GDN layers' Triton kernels are compiled and "
+              "autotuned on their first call")
+
+_NEMO_PERF = ("NeMo-RL docs/about/performance-summary.md "
+              "@7ea279abfbeb698b092856d0dab61e7cf39bc909 (NeMo RL v0.6; recipes @v0.6.0)")
 
 ROWS: list[Row] = [
     Row("r01 DAPO 7B 32xH20 colocate", "r01-dapo7b-32xh20-colocate.yaml", _FA, 790.10,
@@ -178,7 +206,7 @@ ROWS: list[Row] = [
          # one SGLang engine per GPU (`--rollout-num-gpus-per-engine 1`, the doc's sec. 5.3)
          _R.ROLLOUT: Use("h200", dp=8), _R.REFERENCE: Use("h200", tp=4, dp=2),
          _R.REWARD: _CPU},
-        _COLOC_REF),
+        _COLOC_REF, first_step=_R10_STEP0, first_call_stages=("ref", "update")),
     Row("r11 GRPO 671B DeepSeek-V3 96xH20 colocate", "r11-grpo671b-96xh20-colocate.yaml",
         "verl docs/perf/dpsk.md", 1700.0, {"rollout": 1050.0},
         {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8, park_params=True),
@@ -198,6 +226,64 @@ ROWS: list[Row] = [
         {_R.ACTOR: Use("h100", dp=8, park_params=True, park_optimizer=True),
          _R.ROLLOUT: Use("h100", tp=8),
          _R.REFERENCE: _EASYR1_REF, _R.REWARD: _CPU},
+        _COLOC_REF),
+    # NeMo-RL's published performance runs (_NEMO_PERF), held out: no stage times, so no factor
+    # is fitted on them; each job file has the recipe's settings and the assumptions. Megatron
+    # with the distributed optimizer (ZeRO-1); the reference's log-probs from the same workers.
+    Row("r15 GRPO 30B-A3B 32xH100 NeMo-RL colocate", "r15-grpo30ba3b-32xh100-nemorl-colocate.yaml",
+        _NEMO_PERF, 192.0, {},
+        {_R.ACTOR: Use("h100", dp=32, zero=1, ep=8), _R.ROLLOUT: Use("h100", tp=2, dp=16),
+         _R.REFERENCE: Use("h100", dp=32, ep=8), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r16 GRPO 235B-A22B 128xH100 NeMo-RL colocate", "r16-grpo235b-128xh100-nemorl-colocate.yaml",
+        _NEMO_PERF, 395.0, {},
+        {_R.ACTOR: Use("h100", tp=2, pp=8, dp=4, zero=1, cp=2, ep=16),
+         _R.ROLLOUT: Use("h100", tp=16, dp=8),
+         _R.REFERENCE: Use("h100", tp=2, pp=8, dp=4, cp=2, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r17 GRPO 671B DeepSeek-V3 256xH100 NeMo-RL colocate",
+        "r17-grpo671b-256xh100-nemorl-colocate.yaml", _NEMO_PERF, 134.0, {},
+        {_R.ACTOR: Use("h100", pp=16, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("h100", tp=32, dp=8),
+         _R.REFERENCE: Use("h100", pp=16, dp=16, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r18 GRPO 671B DeepSeek-V3 FP8 512xH100 NeMo-RL 1-off",
+        "r18-grpo671b-512xh100-nemorl-fp8-one-step-off.yaml", _NEMO_PERF + " (H100 FP8)", 59.2,
+        {},
+        {_R.ACTOR: Use("h100", pp=16, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("h100", tp=16, dp=16),
+         _R.REFERENCE: Use("h100", pp=16, dp=16, ep=16), _R.REWARD: _CPU},
+        _SPLIT_REF),
+    # the same table's GB200-NVL72 runs (the device declared by each job file, from NVIDIA's
+    # datasheet: GB200 is not in the shipped catalog); 4 GPUs a node, the rack's NVLink domain
+    Row("r19 GRPO 30B-A3B 16xGB200 NeMo-RL colocate",
+        "r19-grpo30ba3b-16xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 221.0, {},
+        {_R.ACTOR: Use("gb200", dp=16, zero=1, ep=16), _R.ROLLOUT: Use("gb200", dp=16),
+         _R.REFERENCE: Use("gb200", dp=16, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r20 GRPO 235B-A22B 64xGB200 NeMo-RL colocate",
+        "r20-grpo235b-64xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 286.0, {},
+        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=4, zero=1, cp=2, ep=16),
+         _R.ROLLOUT: Use("gb200", tp=8, dp=8),
+         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=4, cp=2, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r21 GRPO 671B DeepSeek-V3 128xGB200 NeMo-RL colocate",
+        "r21-grpo671b-128xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 108.0, {},
+        {_R.ACTOR: Use("gb200", pp=8, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("gb200", tp=32, dp=4),
+         _R.REFERENCE: Use("gb200", pp=8, dp=16, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    # the same 235B-A22B layouts at twice the GPUs (the table's other on-policy rows; its
+    # DeepSeek-V3 rows at 512 H100 and 256 GB200 are left out: the table gives EP 16, the
+    # v0.6.0 recipes EP 32)
+    Row("r22 GRPO 235B-A22B 256xH100 NeMo-RL colocate", "r22-grpo235b-256xh100-nemorl-colocate.yaml",
+        _NEMO_PERF, 312.0, {},
+        {_R.ACTOR: Use("h100", tp=2, pp=8, dp=8, zero=1, cp=2, ep=16),
+         _R.ROLLOUT: Use("h100", tp=16, dp=16),
+         _R.REFERENCE: Use("h100", tp=2, pp=8, dp=8, cp=2, ep=16), _R.REWARD: _CPU},
+        _COLOC_REF),
+    Row("r23 GRPO 235B-A22B 128xGB200 NeMo-RL colocate",
+        "r23-grpo235b-128xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 345.0, {},
+        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=8, zero=1, cp=2, ep=16),
+         _R.ROLLOUT: Use("gb200", tp=8, dp=16),
+         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=8, cp=2, ep=16), _R.REWARD: _CPU},
         _COLOC_REF),
 ]
 # Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)
