@@ -273,9 +273,15 @@ class HandOverSender:
         self._sync_source(bucket_bytes).drain()
         return True
 
+    def _sync_dtype(self) -> torch.dtype | None:
+        """The dtype a refresh carries the floating-point tensors in (the trainer's: the
+        engines' BF16 for a BF16 job, `executors.precision.wire_dtype`); None: their own."""
+        return None
+
     def _handover_stream(self, bucket_bytes: int, index: int) -> Stream:
-        """The stream a hand-over exports (`_sync_source`)."""
-        return Stream(self._sync_source(bucket_bytes), bucket_bytes, index)
+        """The stream a hand-over exports (`_sync_source`), in the refresh's dtype."""
+        return Stream(self._sync_source(bucket_bytes), bucket_bytes, index,
+                      dtype=self._sync_dtype())
 
     def handover_gathers(self) -> bool:
         """Whether each bucket is gathered from the ranks' shards as it is exported (every rank

@@ -36,7 +36,11 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
     them whole for its forward on one device (`engine_unshard`): the shards are the engine's
     weights, the model its view of them. It generates in the plan's precision (`cfg.precision`:
     BF16 autocast, as vLLM and SGLang run `dtype=bfloat16`, its sampled log-probs from FP32
-    log-softmax); its weights stay FP32, so a refresh leaves them exactly the trainer's."""
+    log-softmax). Its weights are FP32 tensors, into which a refresh loads what the trainer
+    sent, cast to their dtype as vLLM's `load_weights` copies into its parameters: a BF16 job's
+    refresh carries BF16 (`executors.precision.wire_dtype`), so the engine then holds the
+    trainer's weights rounded to BF16 (exactly representable in FP32: its digest is the one of
+    the weights sent, `Trainer.weights_digest`); an fp32 job's, exactly the trainer's."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         super().__init__(cfg, "rollout", rank)
@@ -129,7 +133,7 @@ class Rollout(Worker, BucketLoading, GroupReceiver):
         contexts as prompts and the new tokens as responses."""
         t0 = time.time()
         delayed = self._straggle()
-        with autocast(self.cfg.precision):  # the plan's BF16, over the refreshed FP32 weights
+        with autocast(self.cfg.precision):  # the plan's BF16, over the refreshed weights
             resp, lps = rl.generate(self.model, contexts, self.cfg.max_new_tokens, seeds,
                                     self.cfg.temperature, limits, eos=self.cfg.codec.eos)
         s = rl.Samples(list(ids), contexts, resp, lps, self.version, list(groups))

@@ -10,8 +10,11 @@ of the buckets in flight, not the model.
 Senders and buckets. A sender streams its tensors as one byte stream (`Stream`) cut into buckets
 of `bucket_bytes` (the cost model's `sync_bucket_gb`): ceil(bytes / bucket) sequential calls, a
 tensor straddling two buckets where the cut falls (checkpoint-engine's and Megatron's flat
-buckets). With buckets every pipeline stage streams its own layers in parallel; unbucketed
-(`bucket_bytes` 0) trainer rank 0 makes one call per tensor (verl's NCCL path).
+buckets). The stream carries the engines' dtype (BF16 for a BF16 job, `executors.precision.
+wire_dtype`: each tensor cast as its bucket is built), so its bytes are the ones the plan
+prices (`placer.cost.roofline.weight_bytes`, 2 B a parameter). With buckets every pipeline
+stage streams its own layers in parallel; unbucketed (`bucket_bytes` 0) trainer rank 0 makes
+one call per tensor (verl's NCCL path).
 `placer.cost.timing.sync_senders` and `sync_calls` price exactly these calls.
 
 Reshard. On TP rank r an engine keeps its slice of each tensor (`engine_shard`), as vLLM's
@@ -44,6 +47,7 @@ from typing import Any
 import torch
 
 from executors.gather import Gathered, Whole
+from executors.precision import to_wire, wire_state
 
 VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocabulary rows pad to a multiple of it
 ALIGN = 16  # bytes: a whole-tensor hand-over places each tensor at a multiple of this
@@ -304,24 +308,34 @@ class Stream(StreamLayout):
     `Gathered`, that one, which it releases unless it shares it with other streams (`owner`
     False: a sender's channels, `executors.syncgroup`, whose `Sending` releases it).
     `cut(name, whole)`: the part of each tensor this stream carries (an engine TP rank's
-    slice). The tensors' global shapes lay out the stream."""
+    slice). `dtype`: the dtype the stream carries its floating-point tensors in (the
+    engines', `executors.precision.wire_dtype`; None: their own), each cast after its cut as
+    the bucket it is in is built, so the sender holds no cast copy of the model. The tensors'
+    global shapes (and the carried dtype) lay out the stream."""
 
     def __init__(self, state: dict[str, torch.Tensor] | Gathered, bucket_bytes: int,
                  sender: int = 0, whole: Whole | None = None,
                  cut: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-                 owner: bool = True) -> None:
+                 owner: bool = True, dtype: torch.dtype | None = None) -> None:
         self.owns = owner
         self.source = Gathered(state, whole) if not isinstance(state, Gathered) else state
         metas = {n: self.source.meta(n) for n in self.source.names}
         if cut is not None:
             metas = {n: cut(n, m) for n, m in metas.items()}
-        super().__init__(entries_of(metas), bucket_bytes, sender)
-        self.cut = cut
+        super().__init__(entries_of(wire_state(metas, dtype)), bucket_bytes, sender)
+        self.cut, self.dtype = cut, dtype
+        # the last tensor cast, while the buckets it straddles are built (cast once)
+        self._cast: tuple[str, torch.Tensor] | None = None
 
     def tensor(self, name: str) -> torch.Tensor:
-        """The part of tensor `name` this stream carries."""
+        """The part of tensor `name` this stream carries, in the stream's dtype."""
+        if self._cast is not None and self._cast[0] == name:
+            return self._cast[1]
         t = self.source.get(name)
-        return self.cut(name, t) if self.cut is not None else t
+        part = self.cut(name, t) if self.cut is not None else t
+        out = to_wire(part, self.dtype)
+        self._cast = (name, out) if out is not part else None
+        return out
 
     def first_needed(self, k: int) -> int:
         """The source index of the first tensor with bytes in bucket k (past the end: none)."""

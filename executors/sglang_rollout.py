@@ -18,13 +18,14 @@ GPU the engine shares. After the session the prefix (radix) cache is flushed: it
 were computed with the old weights. Under Ray the engine's TP ranks are members of the weight-sync group
 (`executors.syncgroup`, SGLang's protocol): they join each sender's group
 (`init_weights_update_group`) and receive the refresh themselves, one broadcast per tensor
-(`update_weights_from_distributed` with the names, dtypes and shapes: the control message),
-the whole refresh in one session; when the driver re-forms a path's group, the engine first
-destroys the old one (`destroy_weights_update_group`). A colocated engine on a GPU is handed
-each bucket as the whole tensors it completes, one CUDA IPC handle per tensor and TP rank,
-exported by the trainer rank on that rank's device with the device named by UUID
-(`executors.ipc`, protocol `IPC_TENSORS`): this process never opens them (no CUDA context
-here) but passes them to `update_weights_from_tensor` as SGLang's per-TP-rank payloads
+(`update_weights_from_distributed` with the names, dtypes and shapes: the control message;
+the dtypes the refresh's, BF16 for a BF16 job as the engine's `dtype=bfloat16`,
+`executors.precision.wire_dtype`), the whole refresh in one session; when the driver re-forms
+a path's group, the engine first destroys the old one (`destroy_weights_update_group`). A
+colocated engine on a GPU is handed each bucket as the whole tensors it completes, one CUDA
+IPC handle per tensor and TP rank, exported by the trainer rank on that rank's device with
+the device named by UUID (`executors.ipc`, protocol `IPC_TENSORS`): this process never opens
+them (no CUDA context here) but passes them to `update_weights_from_tensor` as SGLang's per-TP-rank payloads
 (`LocalSerializedTensor(values=[one per TP rank])`, which each TP rank deserializes for itself,
 `_unwrap_tensor`; as verl's SGLang rollout hands over its tensors), in one weight-update
 session. Without a GPU (tests) the buckets come as host shared memory, mapped here and loaded

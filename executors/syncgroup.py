@@ -237,13 +237,16 @@ class Sending:
     (`Gathered.drain`), so the trainer ranks' gathers stay paired."""
 
     def __init__(self, peer: Peer, index: int, source: Gathered, bucket_bytes: int,
-                 kv_heads: int | None) -> None:
+                 kv_heads: int | None, dtype: torch.dtype | None = None) -> None:
+        """`dtype`: what the streams carry the floating-point tensors in (the engines' BF16
+        for a BF16 job, cast as each bucket is built: `executors.reshard.Stream`)."""
         self.peer, self.source = peer, source
         self.streams: dict[Channel, Stream] = {}
         for ch, _ in peer.groups:
             cut = None if ch[1] is None else functools.partial(
                 _cut, tp=peer.spec.tps[0], rank=ch[1], kv_heads=kv_heads)
-            self.streams[ch] = Stream(source, bucket_bytes, index, cut=cut, owner=False)
+            self.streams[ch] = Stream(source, bucket_bytes, index, cut=cut, owner=False,
+                                      dtype=dtype)
 
     def manifests(self) -> list[Manifest]:
         return [Manifest(ch, tuple(s.entries), s.bucket_bytes) for ch, s in self.streams.items()]
@@ -481,7 +484,7 @@ class GroupSender(HandOverSender):
         """Cut the current version into this sender's streams; their manifests."""
         peer = find_peer(self._sync_peers, name)
         self._sync_sending = Sending(peer, index, self._sync_source(bucket_bytes), bucket_bytes,
-                                     self._kv_heads())
+                                     self._kv_heads(), self._sync_dtype())
         return self._sync_sending.manifests()
 
     def sync_send(self, name: str, bucket_bytes: int | None = None, index: int = 0,

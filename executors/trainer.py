@@ -10,7 +10,9 @@ world of one trains the plain model. When the plan's layout says `recompute`, ev
 (of the whole model, or of the rank's stage) recomputes its activations in the backward pass
 (`executors.sharding.recompute_layers`, inside FSDP2), whatever the world. The plan's BF16
 computes under autocast over FP32 master weights, FSDP2 gathering BF16 parameters
-(`executors.precision`); a `RunConfig` built by hand trains in FP32.
+(`executors.precision`); a `RunConfig` built by hand trains in FP32. A weight refresh carries
+the engines' dtype, BF16 in a BF16 job: each sender casts every tensor as it builds the bucket
+it is in (`executors.reshard.Stream`), whether the tensors come from a kept copy or a gather.
 
 Each RL step (`train`) runs the step's mini-batches, one optimizer step each (the job's
 `batch.mini_batches`); the driver (`executors.training`) has already cut every mini-batch into
@@ -60,7 +62,7 @@ from executors.gather import Gathered, whole_tensors
 from executors.layoutread import mismatch, read_layout
 from executors.model import state_digest
 from executors.pipeline import Pipeline, PolicyLoss, Stage, pack
-from executors.precision import autocast
+from executors.precision import autocast, wire_dtype, wire_nbytes, wire_state
 from executors.procgroup import GroupMember
 from executors.reshard import Bucket, Stream
 from executors.roles import RunConfig, Worker, _timing, save_checkpoint
@@ -108,7 +110,8 @@ class Trainer(Worker, GroupSender, GroupMember):
         """The model (version 0) and its optimizer; sharded over the mesh once a group exists."""
         self.model = load_model(self.cfg.model_dir)
         self.model.train()
-        self._nbytes = sum(v.numel() * v.element_size() for v in self.model.state_dict().values())
+        # the bytes a refresh carries (BF16 for a BF16 job: `executors.precision.wire_dtype`)
+        self._nbytes = wire_nbytes(self.model.state_dict(), self._sync_dtype())
         if torch.cuda.is_available():  # Ray gives each rank its own GPU (CUDA_VISIBLE_DEVICES)
             self.model.cuda()
         self.pipe = None
@@ -363,8 +366,14 @@ class Trainer(Worker, GroupSender, GroupMember):
     def sync_open(self, bucket_bytes: int, sender: int) -> tuple[int, int, int]:
         """Start streaming this rank's share of the current version as stream `sender` in
         buckets of `bucket_bytes` (0: a call per tensor); (version, bytes, buckets)."""
-        self._stream = Stream(self._sync_source(bucket_bytes), bucket_bytes, sender)
+        self._stream = Stream(self._sync_source(bucket_bytes), bucket_bytes, sender,
+                              dtype=self._sync_dtype())
         return self.version, self._stream.nbytes, self._stream.count
+
+    def _sync_dtype(self) -> torch.dtype | None:
+        """What a refresh carries the weights in: the engines' BF16 when the job trains in
+        BF16 (`executors.precision.wire_dtype`), the FP32 masters' own in fp32."""
+        return wire_dtype(self.cfg.precision)
 
     def _sync_source(self, bucket_bytes: int) -> Gathered:
         """What this rank streams in buckets of `bucket_bytes`, or takes part in gathering
@@ -423,12 +432,16 @@ class Trainer(Worker, GroupSender, GroupMember):
         return collprobe.probe(self.world) if self.world > 1 else []
 
     def weights_digest(self) -> str:
-        """`executors.model.state_digest` of the weights `weights()` would send."""
-        return state_digest(self.weights())
+        """`executors.model.state_digest` of the weights a refresh sends: `weights()` (the kept
+        copy or a gather, whichever serves the refresh) cast as the refresh casts them (BF16
+        for a BF16 job, `wire_state`), so an engine refreshed from them has the same digest.
+        Sharded, a collective (as `weights()`): rank 0's digest is of the whole model."""
+        return state_digest(wire_state(self.weights(), self._sync_dtype()))
 
     def weights_info(self) -> tuple[int, int, bool]:
-        """(version, bytes) of the whole model's weights, a refresh's, and whether the senders
-        stream them from a kept copy (no rank gathers) rather than gathering as they stream."""
+        """(version, bytes) of the whole model's weights as a refresh carries them (in the
+        refresh's dtype, `_sync_dtype`), and whether the senders stream them from a kept copy
+        (no rank gathers) rather than gathering as they stream."""
         return self.version, self._nbytes, self._kept_now() is not None
 
     def save(self, path: str, step: int, shards: bool = True) -> str:

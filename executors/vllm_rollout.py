@@ -13,8 +13,10 @@ senders' too: `syncgroup.PyNccl`; gloo torch groups on the CPU): a
 worker extension (`WeightSync`, `worker_extension_cls`) joins the group
 (`init_weight_update_group`) and receives each refresh's buckets straight from the trainer's
 senders (`receive_weights`), loading whole tensors with `model.load_weights` (vLLM's loaders
-keep each TP worker's shard). `LLM.collective_rpc` carries only control messages: the group's
-spec, and per refresh its manifests (names, dtypes, shapes, offsets). Then `reset_prefix_cache`
+keep each TP worker's shard). The tensors arrive in the refresh's dtype (BF16 for a BF16 job,
+the engine's own `dtype=bfloat16`: `executors.precision.wire_dtype`; FP32 for an fp32 job, which
+`load_weights` casts as it copies them in). `LLM.collective_rpc` carries only control messages:
+the group's spec, and per refresh its manifests (names, dtypes, shapes, offsets). Then `reset_prefix_cache`
 drops the KV the old weights computed. The one-process runtime has no group: there the
 tensors go as `collective_rpc` arguments (`update_weights`). A colocated engine
 (`EngineGroup.colocated`) starts with `enable_sleep_mode` and sleeps (`sleep(level=1)`) while

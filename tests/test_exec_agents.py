@@ -247,9 +247,13 @@ def test_each_agents_engines_take_its_own_trainers_weights_by_the_sync_group(run
             assert set(e.args["src"].split(",")) <= {
                 f"{agent}.actor{r['rank']}" for r in result.placement
                 if r["role"] == f"{agent}.actor"}, e.args
-            assert e.args["bytes"] == sum(v.numel() * v.element_size() for v in model.values()
+            # the final weights are FP32 masters; a BF16 job's refresh carries them in BF16
+            assert e.args["bytes"] == sum(v.numel() * 2 for v in model.values()
                                           ), (agent, e.args["bytes"])
-            assert 0 < e.args["control_bytes"] * 10 < e.args["bytes"], e.args
+            # the manifests (names, dtypes, shapes) a fraction of the weights: a fifth at most
+            # (the verifier's 13k parameters in BF16 are 27 kB, its manifests ~2.8 kB; the
+            # bound was a tenth while refreshes carried FP32, twice the bytes)
+            assert 0 < e.args["control_bytes"] * 5 < e.args["bytes"], e.args
 
 
 def test_what_the_driver_does_not_run_is_refused_before_ray(tmp_path: Path) -> None:

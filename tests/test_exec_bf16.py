@@ -128,7 +128,8 @@ def test_a_bf16_critic_matches_fp32_within_bf16(model_dir: Path) -> None:
 
 def test_a_bf16_rollout_samples_as_fp32_within_bf16(model_dir: Path) -> None:
     """The torch rollout engine generates in the plan's precision (BF16 autocast, as vLLM and
-    SGLang run `dtype=bfloat16`; its weights stay the trainer's FP32, so a refresh is exact):
+    SGLang run `dtype=bfloat16`, over FP32 weight tensors; a BF16 job's refresh loads BF16
+    values into them, `test_exec_bf16sync`):
     from the same seeds it samples nearly the same tokens as in FP32, its log-probs within
     BF16's rounding where the tokens agree, and not exactly FP32's (the format is really used)."""
     from executors.modelroles import Rollout

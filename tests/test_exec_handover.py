@@ -324,6 +324,7 @@ def test_a_colocated_run_on_ray_hands_each_engine_its_weights(tmp_path: Path) ->
     from exec_util import GRPO_LAYOUT, hand_plan  # lazy: the plan helpers load the planner
 
     from executors.model import load_policy
+    from executors.precision import wire_state
     from executors.run import execute
     from placer.cost.calibration import calibration_from_dict
     from placer.cost.sharding import Parallel
@@ -334,7 +335,9 @@ def test_a_colocated_run_on_ray_hands_each_engine_its_weights(tmp_path: Path) ->
     assert r.ledger_ok and [s.versions for s in r.stats][-1] == [1]
     syncs = [e for e in r.trace.events if e.name == "weight sync"]
     assert syncs and all(e.args["backend"] == "shm" for e in syncs)
-    total = _nbytes(load_policy(str(tmp_path / "out" / "model-v0")).state_dict())
+    # a planned job trains in BF16, so its refresh carries BF16 (`executors.precision`)
+    total = _nbytes(wire_state(load_policy(str(tmp_path / "out" / "model-v0")).state_dict(),
+                               torch.bfloat16))
     assert all(e.args["bytes"] == total and e.args["calls"] > 1 for e in syncs)
     assert {e.args["src"] for e in syncs} == {"actor0", "actor1"}  # the rank beside each
     assert all(e.args["control_bytes"] < 2048 * 2 * e.args["calls"] for e in syncs)

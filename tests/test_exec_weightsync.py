@@ -259,7 +259,7 @@ def test_the_trace_records_each_refresh_and_calibrate_fits_it(bucket_gb: float, 
     from executors.weights import bucket_bytes
     from placer.base.roles import Role
     from placer.cli import main
-    from placer.cost.roofline import weight_tensors
+    from placer.cost.roofline import weight_bytes, weight_tensors
     from placer.solve.planfile import save_plan
     plan, result = _executed(tmp_path, bucket_gb)
     result.trace.check()  # calls and senders are keys the schema names
@@ -267,10 +267,13 @@ def test_the_trace_records_each_refresh_and_calibrate_fits_it(bucket_gb: float, 
     assert [e.args["policy_version"] for e in syncs] == [0, 1]  # one refresh per step
     size = bucket_bytes(resolve_plan(plan))
     assert size == (int(bucket_gb * 1e9) if bucket_gb else 0)
-    tensors = weight_tensors(plan.resolved().arch_of(Role.ROLLOUT))  # as the planner counts
+    arch = plan.resolved().arch_of(Role.ROLLOUT)
+    tensors = weight_tensors(arch)  # as the planner counts
     for e in syncs:
         nbytes = e.args["bytes"]
-        assert nbytes == syncs[0].args["bytes"] > 0
+        # the planned job trains in BF16, so its refresh carries BF16: the bytes the plan
+        # prices (2 B a parameter; the buckets frame the stream, adding nothing)
+        assert nbytes == syncs[0].args["bytes"] == weight_bytes(arch)
         assert e.args["calls"] == (math.ceil(nbytes / size) if size else tensors) > 1
         assert e.args["senders"] == 1 and e.args["src"] == "actor0"
         assert e.args["dst"] == e.pid and e.pid.count(":") == 1  # pool:node of the engine
@@ -317,10 +320,11 @@ def test_under_ray_each_pipeline_stage_streams_its_own_layers(tmp_path: Path) ->
     size = 64_000
     lo, _ = stage_bounds(model.config.num_hidden_layers, 2, 1)  # stage 0: layers [0, lo)
     sd = model.state_dict()
-    first = sum(v.numel() * v.element_size() for k, v in sd.items()
+    wire = 2  # a planned job trains in BF16: its refresh carries BF16 (`executors.precision`)
+    first = sum(v.numel() * wire for k, v in sd.items()
                 if k.startswith("model.embed") or any(k.startswith(f"model.layers.{i}.")
                                                        for i in range(lo)))
-    total = sum(v.numel() * v.element_size() for v in sd.values())
+    total = sum(v.numel() * wire for v in sd.values())
     assert sync.args["bytes"] == total
     assert sync.args["calls"] == max(math.ceil(first / size), math.ceil((total - first) / size))
     assert sync.args["calls"] > 1
