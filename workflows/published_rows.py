@@ -343,7 +343,7 @@ _VERL_MULTI_SENDER = ("verl-project/verl @8de5fb44 pull request 7291 (single-sen
 # A GH200 superchip's Hopper GPU (NVIDIA GH200 datasheet: 96 GB HBM3 at 4 TB/s, 989 TFLOP/s
 # BF16 dense, NVLink 900 GB/s both ways); its NIC per verl issue 7167 (~25 GB/s, 4 a node).
 # Only the NIC enters the rows (trainer and engine on different nodes).
-_GH200: dict[str, Any] = {
+GH200_DEVICE: dict[str, Any] = {
     "name": "GH200", "kind": "gpu", "memory_gb": 96, "bf16_tflops": 989, "fp8_tflops": 1979,
     "mem_bw_gbs": 4000, "intra_link_gbs": 450, "nic_gbs": 25, "can_train": True,
     "source": "NVIDIA GH200 datasheet (96 GB HBM3, 4 TB/s); NIC: verl-project/verl issue 7167"}
@@ -402,7 +402,7 @@ SYNC_ROWS: list[SyncRow] = [
     # stream on the receiver side"; verl's default 2048 MiB buckets (_VERL_CKPT_BUCKET_GB).
     *[SyncRow(f"verl ckpt-engine {label} FSDP2 4->4 GH200", _VERL_MULTI_SENDER, model, "GH200",
               2, Use("g", dp=4), Use("g", dp=4), t, bucket_gb=_VERL_CKPT_BUCKET_GB,
-              devices_per_node=4, device_type=_GH200)
+              devices_per_node=4, device_type=GH200_DEVICE)
       for label, model, t in (("27B", "Qwen3.5-27B", 5.026), ("30B-A3B", "Qwen3-30B-A3B", 5.570))],
 ]
 
