@@ -25,7 +25,8 @@
 Stragglers and the workload's variance are the single-job simulator's (`SimConfig`); random
 failures are not composed here (`placer goodput` prices them per job). Each job is also simulated
 alone on its allocation (the same runs, nothing shared, no
-preemption): the slowdown is its median iteration time in the fleet over that. Work in flight
+preemption): the slowdown is its median iteration time in the fleet over its median alone
+over the same iterations (a job preempted early is compared on the few it ran). Work in flight
 when a job is preempted finishes its current stage in the simulation and is thrown away. Every
 draw comes from the seed: a job's k-th run of iterations uses a seed derived from (seed, job,
 k), alone and in the fleet alike.
@@ -452,6 +453,8 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
                     iterations, alone_c, None)
         solo.run([])
         alone = median(solo.jobs[0].durations[0])
+        ran = js.durations.get(0) or []  # its k-th run draws as alone: compare the same ones
+        matched = median(solo.jobs[0].durations[0][:len(ran)]) if ran else None
         o = js.out
         kept = iterations if o.get("finish_s") is not None else o.get("kept", 0)
         last = max(js.durations, default=0)  # the plan it ran last
@@ -463,7 +466,7 @@ def simulate_fleet(fleet: Fleet, result: FleetResult, calib: Calibration, *,
                            o["restart_s"], o["checkpoints"], o["checkpoint_s"],
                            o["checkpoint_alone_s"], o.get("finish_s"), o.get("suspended"),
                            kept * alone, o.get("preemptions", 0), o.get("suspended_at_s"),
-                           js.plan if last else None))
+                           js.plan if last else None, matched))
     shared = [_pool_use(sp, shares) for sp, shares in together.shared_pools]
     after = _usage_after(fleet, result.usage, together)
     spine_gb = {k: v for k, v in together.fabric.gb_moved.items() if k.startswith("spine:")}

@@ -66,10 +66,15 @@ class JobSim:
     preemptions: int = 0  # times it lost nodes
     suspended_at_s: float | None = None
     replanned_plan: Plan | None = None  # the plan it ran last, when a preemption re-planned it
+    # median alone over the iterations it completed beside the others on its allocation (the
+    # same draws: a preempted job's few iterations against the same few, not against all)
+    alone_matched_s: float | None = None
 
     @property
     def slowdown(self) -> float | None:
-        return None if self.fleet_s is None else self.fleet_s / self.alone_s
+        if self.fleet_s is None:
+            return None
+        return self.fleet_s / (self.alone_matched_s or self.alone_s)
 
     @property
     def goodput(self) -> float:

@@ -337,3 +337,7 @@ def test_the_example_fleet_replans_its_preempted_job() -> None:
     assert job.nodes_after == {"h20": 1, "cpu": 1} and job.lost_iterations >= 1
     assert job.fleet_s is not None and job.replanned_s is not None
     assert job.replanned_s > job.fleet_s  # fewer, slower nodes
+    # its slowdown compares the one iteration it ran on its allocation with the same iteration
+    # alone (the same draws), not with the median of all four alone (0.97x, as if faster)
+    assert job.alone_matched_s is not None
+    assert job.fleet_s / job.alone_s < 0.98 and job.slowdown == pytest.approx(1.0, abs=0.02)
