@@ -34,6 +34,7 @@ from placer.cost.generation import (
     prefill_line,
 )
 from placer.cost.sharding import Parallel, state_tokens
+from placer.cost.tail_samples import Rows
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceType
 
@@ -66,8 +67,9 @@ def kv_budget(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> 
 
 REPLAYS_KEPT = 4096  # engine replays kept per replica layout, least recently used dropped first
 PARTS_KEPT = 4096  # split parts' estimates kept per replica layout, the same way
-# What a replay keeps: a stage's seconds, or the engine loop's (finish time, sequences).
-Replay = float | list[tuple[float, int]]
+# What a replay keeps: a stage's seconds, the engine loop's (finish time, sequences), or the
+# representative rows it replays (`placer.cost.rollout_tail`: a step's longest sample).
+Replay = float | list[tuple[float, int]] | Rows
 _R = TypeVar("_R", bound=Replay)
 
 

@@ -108,7 +108,7 @@ def reduced_count(job: Job, st: StepTerms, shape: Replicas, tool_overhead_s: flo
     calls = env.turns - 1 if env.kind != "none" and env.turns > 1 else 0
     ctx = lengths.prompt.mean_value() + lengths.response.mean_value()
     step_s = st.step(1, ctx)
-    top = longest(job, shape.draws, tool_overhead_s, step_s)
+    top = _longest(job, st, shape.draws, tool_overhead_s)
     solo_top = sum(top.response[0]) * step_s + sum(top.tool_s[0])
     solo_mean = (env.turns * lengths.response.mean_value() * step_s
                  + calls * (env.tool_latency_s.mean_value() + tool_overhead_s))
@@ -129,6 +129,16 @@ def _job_key(job: Job, tool_overhead_s: float) -> tuple[str, str, str, float]:
 
 
 
+def _longest(job: Job, st: StepTerms, draws: int, tool_overhead_s: float) -> Rows:
+    """`longest` of `draws` samples at this replica's solo decode step (a mean sample's mean
+    context), kept by value on `st`: every count a split role's parts are priced at, and
+    every candidate of the layout, draws from the same step."""
+    def compute() -> Rows:
+        ctx = job.lengths.prompt.mean_value() + job.lengths.response.mean_value()
+        return longest(job, draws, tool_overhead_s, st.step(1, ctx))
+    return st.remember(("longest", *_job_key(job, tool_overhead_s), draws), compute)
+
+
 def _replica_s(job: Job, per: int, shape: Replicas, eff: Efficiency, st: StepTerms,
                run: Callable[[Rows], list[tuple[float, int]]], over: bool,
                reduced: bool = False) -> float:
@@ -136,9 +146,17 @@ def _replica_s(job: Job, per: int, shape: Replicas, eff: Efficiency, st: StepTer
     the kept share of all samples is). Candidates that differ only in their replica count share
     the reduced replicas' runs, so results are kept per (job, replica layout, counts). A reduced
     replica (`reduced_count`) is throughput-bound: the longest sample's queue position no longer
-    decides its end, so it is placed mid-queue only."""
-    key = (*_job_key(job, eff.tool_overhead_s), per, shape.concurrency, shape.generated,
-           shape.kept, shape.draws, shape.replicas if over and per == shape.per_replica else 0, reduced)
+    decides its end, so it is placed mid-queue only.
+
+    The key holds what the replay reads: without over-provisioning, the replica's own samples,
+    the step's draws (its longest sample) and the steady concurrency (where that sample sits),
+    not the step's generated and kept counts, so the parts of a split role at counts with the
+    same busiest replica (`placer.cost.split`: n samples on dp replicas, ceil(n / dp) each)
+    share one replay; over-provisioned, also the counts and replicas its kept share reads."""
+    counts = ((shape.generated, shape.kept, shape.replicas if per == shape.per_replica else 0)
+              if over else ())
+    key = (*_job_key(job, eff.tool_overhead_s), per, shape.concurrency, shape.draws, over,
+           *counts, reduced)
     return st.remember(key, lambda: _replica_uncached(job, per, shape, eff, st, run, over,
                                                       reduced))
 
@@ -157,8 +175,7 @@ def _replica_uncached(job: Job, per: int, shape: Replicas, eff: Efficiency, st: 
                 return t
         return max(t for t, _ in done)
     base = strata(job, per - 1, eff.tool_overhead_s)
-    ctx = job.lengths.prompt.mean_value() + job.lengths.response.mean_value()
-    top = longest(job, shape.draws, eff.tool_overhead_s, st.step(1, ctx))
+    top = _longest(job, st, shape.draws, eff.tool_overhead_s)
     spots = (0.5,) if reduced else POSITIONS if per > shape.concurrency else (0.0,)
     return sum(max(t for t, _ in run(insert(base, top, f))) for f in spots) / len(spots)
 

@@ -271,8 +271,11 @@ def split_estimates(ctx: PriceContext, role: str, singles: dict[str, list[Estima
 def _either(keep: SplitKeep, shared: frozenset[str]
             ) -> Callable[[tuple[Estimate, ...], float], bool]:
     """Whether a split may be in a better plan in any of the ways `kept_as` lists (monotone in
-    the time, as each way is)."""
-    return lambda parts, t: bool(kept_as(keep, parts, t, shared))
+    the time, as each way is): the first way that keeps it answers."""
+    def any_way(parts: tuple[Estimate, ...], t: float) -> bool:
+        return keep(parts, t, None) or any(keep(parts, t, p) for p in
+                                           sorted(p.pool for p in parts if p.pool in shared))
+    return any_way
 
 
 def _pool_order(ctx: PriceContext, pool: str) -> tuple[str, str]:
