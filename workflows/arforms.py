@@ -42,7 +42,7 @@ from placer.spec.catalog import shipped_devices
 from workflows.opdata import SOURCES, Point, load
 from workflows.opfit import HOP_PER_BASE, split_modes
 from workflows.opmodes import errors
-from workflows.opsources import harness, host_periods
+from workflows.opsources import harness, host_periods, price_errors
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,7 @@ def score(ps: Sequence[Point], form: Form, theta: np.ndarray,
     ring, nvls = rows(ps, form)
     price = np.fmin(ring @ theta, nvls @ theta)
     err = [abs(t / p.measured_s - 1) for t, p in zip(price, ps, strict=True)]
-    out = {"all_points": errors(err)}
-    for launch in sorted({p.launch for p in ps}):
-        out[f"{launch} launch"] = errors([e for e, p in zip(err, ps, strict=True)
-                                          if p.launch == launch])
-    out["priced_at_or_above_host_period"] = errors(
-        [e for e, t, p in zip(err, price, ps, strict=True) if t >= period.get(harness(p), 0.0)])
+    out = price_errors(ps, [float(t) for t in price], period)
     for n in sorted({p.tp for p in ps}):
         out[f"{n} ranks, >= 128 MiB"] = errors(
             [e for e, p in zip(err, ps, strict=True) if p.tp == n and p.size >= 2 ** 27])

@@ -62,7 +62,13 @@ def source_errors(ps: Sequence[Point], eff: Efficiency,
                   period: dict[str, float]) -> dict[str, Any]:
     """|error| of `ps` at `eff`: every point, each launch mode, and the points priced at or
     above their harness's host period (a harness with no host-bound point: every point)."""
-    price = [predict(p, eff) for p in ps]
+    return price_errors(ps, [predict(p, eff) for p in ps], period)
+
+
+def price_errors(ps: Sequence[Point], price: Sequence[float],
+                 period: dict[str, float]) -> dict[str, Any]:
+    """|error| of the prices `price` of `ps`: every point, each launch mode, and the points
+    priced at or above their harness's host period."""
     err = [abs(t / p.measured_s - 1) for t, p in zip(price, ps, strict=True)]
     out = {"all_points": errors(err)}
     for launch in sorted({p.launch for p in ps}):
