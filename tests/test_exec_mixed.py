@@ -18,6 +18,7 @@ from exec_util import GRPO_LAYOUT, VirtualRuntime, hand_plan, job_dict
 from executors import placement as pl
 from executors.context import LoopConfig
 from executors.loop import Loop
+from executors.precision import wire_dtype, wire_state
 from executors.roles import run_config
 from executors.run import prepare_model
 from executors.runplan import resolve_plan
@@ -105,10 +106,13 @@ def test_in_one_process_both_parts_generate_and_take_the_weights(tmp_path) -> No
     got = {p: sum(len(e.args["sample_ids"]) for e in loop.trace.of("generate")
                   if e.args["part"] == p) for p in (0, 1)}
     assert got == {0: 20, 1: 12}
-    want = next(m for m in rt.members if m.role == "actor").handle.weights()
+    # the trainer's weights as the refresh carries them (BF16 for a bf16 job, the engines' dtype)
+    want = wire_state(next(m for m in rt.members if m.role == "actor").handle.weights(),
+                      wire_dtype(cfg.precision))
     for m in (m for m in rt.members if m.role == "rollout"):
         [own] = m.handle.engine_shards()
-        assert own.keys() == want.keys() and all(torch.equal(own[k], want[k]) for k in want)
+        assert own.keys() == want.keys() and all(torch.equal(own[k], want[k].to(own[k].dtype))
+                                                 for k in want)
 
 
 # ------------------------------------------------------------------ on the embedded Ray
@@ -137,13 +141,14 @@ def ray_run(tmp_path_factory):
         version = loop.sync_weights(STEPS)
         rt = world.rt
         [actor] = loop.by_role["actor"]
-        want = rt.results([rt.call(actor, "weights")])[0].value
+        want = wire_state(rt.results([rt.call(actor, "weights")])[0].value,
+                          wire_dtype(cfg.precision))  # as the refresh carries them
         same = {}
         for m in loop.by_role["rollout"]:
             [own] = rt.results([rt.call(m, "engine_shards")])[0].value
             held = rt.results([rt.call(m, "current_version")])[0].value
             same[m.rank] = (held == version and own.keys() == want.keys()
-                            and all(torch.equal(own[k], want[k]) for k in want))
+                            and all(torch.equal(own[k], want[k].to(own[k].dtype)) for k in want))
         placement = world.close()
         yield plan, run, loop, stats, placement, same
     finally:
