@@ -31,7 +31,7 @@ IDEAL = replace(EFF, mfu_train=1.0, mfu_prefill=1.0, decode_bw_eff=1.0, decode_f
                 decode_tp_bw_loss=0.0, decode_bw_half_batch=0.0, step_overhead_per_seq_s=0.0,
                 coll_base_s=0.0, nvlink_hop_s=0.0, net_hop_s=0.0, nongemm_bytes_per_flop=0.0,
                 tp_hop_s=0.0, p2p_net_s=0.0,
-                expert_read_half_width=0.0, attn_kernel_s=0.0, attn_split_s=0.0)
+                fused_moe_block_n=0.0, attn_kernel_s=0.0, attn_split_s=0.0)
 
 
 def arch(**kw) -> ModelArch:

@@ -138,14 +138,15 @@ def test_miles_prices_no_driver_dispatch_and_its_own_sender() -> None:
     assert miles.given.default == Efficiency()  # the plan records the calibration as given
 
 
-def test_only_miles_steps_an_offloaded_optimizer_on_the_host() -> None:
-    """Miles' CPU Adam (Megatron's HybridDeviceOptimizer on one Ray-given thread) is priced at
-    the host's AdamW rate; other profiles give no rate, so only the step's copies are priced."""
+def test_megatron_trainers_on_ray_step_an_offloaded_optimizer_on_the_host() -> None:
+    """Miles' and verl's Megatron CPU Adam (Megatron's HybridDeviceOptimizer on the one thread Ray
+    gives a rank) is priced at the host's AdamW rate; other profiles give no rate, so only the
+    step's copies are priced."""
     assert [n for n, p in PROFILES.items() if p.factors.get("host_adam_gparams_s", 0) > 0] == [
-        "miles"]
+        "verl-megatron", "miles"]
     par = Parallel(tp=2, dp=2, zero=1, offload=True)
     extra = {}
-    for name in ("verl-megatron", "miles"):
+    for name in ("native", "verl-megatron", "miles"):
         px = Pricer(resolve(job_from_dict({**small_job(), "framework": name})), Calibration())
         pool = px.res.cluster.pools[0]
         on, off = (px.estimate(Role.ACTOR, pool, p).stage_s["train"]
@@ -154,10 +155,10 @@ def test_only_miles_steps_an_offloaded_optimizer_on_the_host() -> None:
     policy = small_job()["models"]["policy"]
     shard = resolve(job_from_dict(small_job())).models[policy].params() / 4  # TP 2 x DP 2
     steps = small_job()["batch"]["mini_batches"]
-    rate = PROFILES["miles"].factors["host_adam_gparams_s"] * 1e9
-    assert extra["miles"] == pytest.approx(steps * shard / rate)
-    assert extra["verl-megatron"] == pytest.approx(
-        steps * 8 * shard / (Efficiency().offload_gbs * 1e9))
+    for name in ("verl-megatron", "miles"):
+        rate = PROFILES[name].factors["host_adam_gparams_s"] * 1e9
+        assert extra[name] == pytest.approx(steps * shard / rate)
+    assert extra["native"] == pytest.approx(steps * 8 * shard / (Efficiency().offload_gbs * 1e9))
 
 
 def test_a_framework_that_cannot_run_the_job_is_refused_before_planning() -> None:

@@ -124,11 +124,9 @@ OPERATOR_LEVEL: tuple[str, ...] = ("mfu_prefill", "decode_bw_eff", "decode_tp_bw
                                    "link_eff")
 # Factor -> the one row that supports it: a setting of that framework or part, carried by the
 # row, not fitted (its row's error is in-sample by construction).
-SETTINGS: dict[str, str] = {
-    "expert_read_half_width": "SGLang Qwen3-235B-A22B TP8 B200 batch 1 (the only anchor whose "
-                              "expert width, 192 columns, the factor moves; Mixtral's 7168 "
-                              "is within 5% of its limit: DecodeRow.expert_read_half_width)",
-}
+# None now: the fused-MoE read, which one B200 anchor used to set, is priced from the kernel's
+# tiling (`placer.cost.kernels.expert_read_eff`) with no factor.
+SETTINGS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ def render_loo(rep: LooReport) -> str:
     base = Efficiency()
     lines += [f"  {f.name:16s} {getattr(base, f.name):.4g} -> {rep.fitted[f.name]:.4g}   "
               f"({f.why})" for f in ROW_FACTORS]
-    lines.append("settings carried by their one row (not fitted): " + ", ".join(SETTINGS))
+    if SETTINGS:
+        lines.append("settings carried by their one row (not fitted): " + ", ".join(SETTINGS))
     lines.append("operator-level (not fitted on rows): " + ", ".join(OPERATOR_LEVEL))
     for kind in (k for k in KINDS if rep.kind(k)):
         mul, unit = scale[kind]

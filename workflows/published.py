@@ -260,8 +260,6 @@ def predict_decode(row: DecodeRow, calib: Calibration) -> Comparison:
     devs, models = shipped_devices(), shipped_models()
     dev, m = devs[row.device], row.arch or models[row.model]
     eff = calib.for_device(dev)
-    if row.expert_read_half_width is not None:
-        eff = eff.override({"expert_read_half_width": row.expert_read_half_width})
     t = decode_step_time(m, dev, Parallel(tp=row.tp), row.batch, row.batch * row.context, eff)
     return Comparison(row.name, row.published_s, t)
 

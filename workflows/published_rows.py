@@ -420,9 +420,6 @@ class DecodeRow:
     context: float  # KV tokens per sequence, mean over the run
     published_s: float
     arch: ModelArch | None = None  # a model outside the shipped catalog (then `model` names it)
-    # The engine's fused-MoE read efficiency where this row alone sets it (a setting of that
-    # engine on that part, `Efficiency.expert_read_half_width`); None: the factor's value.
-    expert_read_half_width: float | None = None
 
 
 _VLLM = "vLLM performance dashboard, buildkite build 9515 (latency test: in 32, out 128, batch 8)"
@@ -430,9 +427,6 @@ _VLLM = "vLLM performance dashboard, buildkite build 9515 (latency test: in 32, 
 MIXTRAL = ModelArch(name="Mixtral-8x7B", layers=32, hidden=4096, heads=32, kv_heads=8,
                     mlp=14336, vocab=32000, experts=8, experts_per_token=2, expert_mlp=14336)
 _SGL = "BenHamm SGLang 0.5.8 benchmark gist (1K in / 1K out, TPOT at concurrency 1)"
-# SGLang 0.5.8's fused-MoE reads on B200: the half width that prices its Qwen3-235B-A22B TP8
-# TPOT (6.70 ms, same gist); the source of `Efficiency.expert_read_half_width`'s default
-_SGL_B200_EXPERT_HALF_WIDTH = 341.0
 DECODE_ROWS: list[DecodeRow] = [
     DecodeRow("vLLM Llama-3.1-8B TP1 H200 batch 8", _VLLM, "Llama-3.1-8B", "H200", 1, 8, 96,
               6.5e-3),
@@ -440,10 +434,10 @@ DECODE_ROWS: list[DecodeRow] = [
               16.2e-3),
     DecodeRow("vLLM Mixtral-8x7B TP2 H200 batch 8", _VLLM, "Mixtral-8x7B", "H200", 2, 8, 96,
               15.0e-3, arch=MIXTRAL),
-    # its fused-MoE reads set `expert_read_half_width` (the only anchor it moves: 192 columns
-    # per rank; Mixtral's 7,168 sit within 5% of the limit), so the row carries the setting
+    # batch 1 hits 8 experts a layer: 8 x ceil(2 x 192 / 32) = 96 fused-MoE tiles on 148 SMs,
+    # so its routed experts read at 96 / 244 of the dense bandwidth (`kernels.expert_read_eff`)
     DecodeRow("SGLang Qwen3-235B-A22B TP8 B200 batch 1", _SGL, "Qwen3-235B-A22B", "B200", 8, 1,
-              1500, 6.70e-3, expert_read_half_width=_SGL_B200_EXPERT_HALF_WIDTH),
+              1500, 6.70e-3),
     # a hybrid (Qwen3.8-27B = the Qwen3.5-27B shape): 1,855 tok/s per one-GPU engine at 39
     # running requests (Miles docs/models/qwen/qwen3-8.md, sec. 5.3): 39 / 1855 s per step;
     # context: a ~256-token prompt (as row r10 prices DAPO-Math-17k) plus half the 4,585-token

@@ -66,8 +66,8 @@ class Efficiency:
     attn_append_factor: float = 2.78
     decode_flops_eff: float = 0.50  # achieved fraction of peak of a compute-bound decode step
     linear_state_bytes: float = 4.0  # bytes per element of a hybrid model's Gated DeltaNet recurrent state
-    # expert columns per rank at which fused-MoE reads are half as efficient
-    expert_read_half_width: float = 341.0
+    # output columns of one fused-MoE tile (vLLM's default config; 0: the grid fills the device)
+    fused_moe_block_n: float = 32.0
     link_eff: float = 0.80  # achieved fraction of NVLink / NIC bandwidth in collectives and transfers
     coll_base_s: float = 6.6e-6  # launch latency of one collective call
     gather_call_s: float = 0.0  # per-call cost of a whole-tensor gather where probed (0: `coll_base_s`)
@@ -92,7 +92,7 @@ class Efficiency:
     p2p_net_s: float = 2.04e-5
     step_overhead_s: float = 0.0015  # fixed host time of one engine step
     step_overhead_per_seq_s: float = 1.0e-5  # host time per running sequence of one engine step
-    eager_layer_s: float = 3.4e-4  # host time per layer of a decode step without CUDA graphs
+    eager_layer_s: float = 3.4e-4  # host time per dense layer of a decode step without CUDA graphs
     train_overhead_s: float = 0.05  # per optimizer step (optimizer, launch, sync)
     checkpoint_overhead_s: float = 0.0  # a checkpoint's fixed cost beyond gathering and writing its bytes
     # cores behind an emulated device (0: unknown, no oversubscription); a trace says it

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from placer.cost.efficiency import Efficiency
 from placer.cost.flash import decode_blocks, kernel_floor, prefill_kernel_time
+from placer.cost.kernels import eager_overhead, expert_read_eff
 from placer.cost.layercomm import decode_comm, layer_comm, pp_send
 from placer.cost.roofline import (
     BYTES,
@@ -142,7 +143,7 @@ def _decode_terms(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     a = (weight_read_time(decode_read_bytes(m, batch) - routed, math.ceil(batch / groups),
                           par.attn_tp, dev, eff)
          + routed / n / (bw * decode_bw_eff(batch, par.expert_tp, eff)
-                         * expert_read_eff(m, par.expert_tp, eff))) * par.weight_scale
+                         * expert_read_eff(m, dev, par, batch, eff))) * par.weight_scale
     # a hybrid reads and writes every sequence's GDN state once per step (its TP share)
     a += 2 * linear_state_bytes(m, eff) * batch * par.pp / state_split(m, par) / rate
     k = kv_read_time(m, dev, par, batch, 1.0, eff)
@@ -202,26 +203,10 @@ def decode_bw_eff(batch: int, tp: int, eff: Efficiency) -> float:
             / (1 + eff.decode_tp_bw_loss * math.log2(max(tp, 1))))
 
 
-def expert_read_eff(m: ModelArch, expert_tp: int, eff: Efficiency) -> float:
-    """Fraction of the dense decode bandwidth at which a step reads its routed experts: w / (w +
-    expert_read_half_width), w = expert_mlp / expert_tp (the columns of one expert's slice on a
-    rank; fused-MoE kernels run one small GEMM per expert hit). 1 for a dense model."""
-    if not m.moe or not m.expert_mlp:
-        return 1.0
-    w = m.expert_mlp / max(expert_tp, 1)
-    return w / (w + eff.expert_read_half_width)
-
-
 def step_overhead(batch: int, eff: Efficiency) -> float:
     """Host time of one engine step of `batch` sequences: step_overhead_s +
     step_overhead_per_seq_s * batch."""
     return eff.step_overhead_s + eff.step_overhead_per_seq_s * max(batch, 0)
-
-
-def eager_overhead(m: ModelArch, par: Parallel, eff: Efficiency) -> float:
-    """Host time an eager engine (no CUDA graphs) adds to one decode step: eager_layer_s per
-    layer (a token passes every layer, whatever the TP or PP split). 0 with CUDA graphs."""
-    return 0.0 if par.cuda_graphs else eff.eager_layer_s * m.layers
 
 
 def _lpu_decode_step(m: ModelArch, dev: DeviceType, batch: int, eff: Efficiency) -> float:

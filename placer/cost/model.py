@@ -27,8 +27,6 @@ from placer.cost.generation import (
     decode_run_time,
     decode_step_line,
     decode_step_time,
-    eager_overhead,
-    expert_read_eff,
     forward_time,
     kv_capacity_tokens,
     lpu_chips,
@@ -37,6 +35,7 @@ from placer.cost.generation import (
     prefill_time,
     step_overhead,
 )
+from placer.cost.kernels import eager_overhead, expert_read_eff, layer_launches
 from placer.cost.layercomm import (
     MICRO_TOKENS,
     NODE_DEVICES,
@@ -90,6 +89,7 @@ __all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Paralle
            "BYTES", "GB", "Memory", "attention_flops_per_token", "decode_bw_eff", "decode_read_bytes",
            "decode_run_time", "decode_step_line", "decode_step_time", "device_ceiling", "eager_overhead",
            "expert_read_eff", "forward_time", "gemm_eff", "gemm_peak_tflops", "infer_memory",
+           "layer_launches",
            "kv_bytes_per_token", "kv_capacity_tokens", "kv_split", "lpu_chips", "max_concurrency",
            "pass_compute", "prefill_line", "prefill_time", "step_overhead", "weight_bytes"]
 

@@ -23,7 +23,7 @@ default and sleeps its engine with the engine library's own call.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -44,22 +44,26 @@ MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 # sender's own path binds) / link efficiency 0.8 = 29.9 GB/s raw.
 MILES_SENDER_GBS = 29.9
 
-# Miles' CPU Adam (`--optimizer-cpu-offload`): Megatron-Core's HybridDeviceOptimizer steps each
-# rank's optimizer shard on the host with torch.optim.AdamW(fused=True), one optimizer per tensor
-# (radixark/Megatron-LM megatron/core/optimizer/__init__.py @00f2f7d4fb13b4d5f113db37a7699624abc1affc,
+# Megatron-Core's CPU Adam on a Ray trainer rank (Miles' `--optimizer-cpu-offload`, verl's
+# `optimizer_cpu_offload` with `optimizer_offload_fraction` 1): the HybridDeviceOptimizer steps
+# each rank's optimizer shard on the host with torch.optim.AdamW(fused=True), one optimizer per
+# tensor (radixark/Megatron-LM megatron/core/optimizer/__init__.py @00f2f7d4fb13b4d5f113db37a7699624abc1affc,
 # cpu_offloading/hybrid_optimizer.py @235952df607b3820716e5e67728a5ab470ca33ae; Miles' image
 # builds its miles-main branch, docker/Dockerfile), on torch's intra-op threads, which Ray sets
 # to max(floor(num_cpus), 1) (ray/_private/utils.py `set_omp_num_threads_if_unset`): 1 for
 # Miles' trainer ranks, created with num_cpus = their GPU share (miles/ray/train/
-# actor_factory.py; 0.4 when colocated, miles/ray/placement_group.py). One thread of torch's
+# actor_factory.py; 0.4 when colocated, miles/ray/placement_group.py), and 1 for verl's, created
+# with no num_cpus at all (volcengine/verl @b178a3cd verl/single_controller/ray/base.py
+# `RayClassWithInitArgs.__call__`: a placement-group strategy and num_gpus only; no
+# OMP_NUM_THREADS in verl/trainer/constants_ppo.py's runtime env). One thread of torch's
 # fused CPU AdamW stepped 0.16-0.34 G fp32 parameters a second on a loaded 2-core Xeon build
 # host (`python -m bench hostadam`, torch 2.13; one pass of ~28 bytes a parameter, 5-9x the
 # unfused path): its best, 0.34, x 1 thread. A quiet server core may be up to ~2x faster.
-MILES_HOST_ADAM_THREADS = 1
+RAY_RANK_HOST_ADAM_THREADS = 1
 # verl's FSDP reference held on the host in fp32 (verl/trainer/config/engine/fsdp.yaml:33
 # model_dtype fp32, read at verl/workers/fsdp_workers.py:324-326): 4 B a parameter streamed
 VERL_STREAM_BYTES = 4.0
-MILES_HOST_ADAM_GPS = 0.34 * MILES_HOST_ADAM_THREADS
+RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
 
 
 def _frozen(d: Mapping[str, float] | None = None) -> Mapping[str, float]:
@@ -226,10 +230,21 @@ _VERL_FSDP = _verl("verl", "verl (FSDP2)", "verl/trainer/config/engine/fsdp.yaml
                    trainer_tp=1, trainer_pp=1, trainer_ep=1, frozen_shards=True,
                    even_batch=True, park_optimizer=(Role.ACTOR, Role.CRITIC),
                    stream_frozen=(Role.REFERENCE,), stream_bytes=VERL_STREAM_BYTES)
-_VERL_MEGATRON = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
-                       "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
-                       hsdp=False, megatron_trainer=True, even_batch=True,
-                       park_optimizer=(Role.ACTOR, Role.CRITIC))
+_VERL_MEGATRON_BASE = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
+                            "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
+                            hsdp=False, megatron_trainer=True, even_batch=True,
+                            park_optimizer=(Role.ACTOR, Role.CRITIC))
+# a host-stepped optimizer (`Parallel.offload`) is Megatron's HybridDeviceOptimizer on one thread
+_VERL_MEGATRON = replace(
+    _VERL_MEGATRON_BASE, factors=_frozen({"host_adam_gparams_s": RAY_RANK_HOST_ADAM_GPS}),
+    sources=MappingProxyType({
+        **_VERL_MEGATRON_BASE.sources,
+        "host_adam_gparams_s": f"{VERL} examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh "
+                               "optimizer_cpu_offload with optimizer_offload_fraction 1 "
+                               "(Megatron's HybridDeviceOptimizer: the step on the host, torch's "
+                               "fused AdamW on the one thread Ray gives a rank created without "
+                               "num_cpus, verl/single_controller/ray/base.py; the rate: "
+                               "bench/bench_hostadam.py)"}))
 
 _OPENRLHF = FrameworkProfile(
     "openrlhf", "OpenRLHF", OPENRLHF, "openrlhf", hsdp=False, trainer_pp=1, trainer_ep=1,
@@ -300,7 +315,7 @@ _MILES = FrameworkProfile(
                "--actor-num-gpus-per-node / --rollout-num-gpus",
     sleep_wake="--offload-rollout (SGLang release_memory_occupation)",
     factors=_frozen({"dispatch_bytes_per_token": 0.0, "sync_sender_gbs": MILES_SENDER_GBS,
-                     "sync_bucket_gb": 1.0, "host_adam_gparams_s": MILES_HOST_ADAM_GPS}),
+                     "sync_bucket_gb": 1.0, "host_adam_gparams_s": RAY_RANK_HOST_ADAM_GPS}),
     sources=MappingProxyType({
         "trainer": f"{MILES} Megatron actor (tensor, pipeline, context, expert parallel)",
         "engine": f"{MILES} miles/utils/arguments.py --rollout-num-gpus-per-engine (one SGLang "
