@@ -34,8 +34,25 @@ Constraints (products of binaries by enforcement literals, no big-M):
   async mode  T >= every slot's total work (+ Y on the rollout's), and (s + 1) T >= the
               sync-mode chain (staleness s: `timing`'s rule)
 Lower bounds suffice: every bounded quantity only raises the objective, so they are tight at an
-optimum. The objectives (time, cost per sample, the sweep): `placer.solve.ilp_solve`. Candidates
-slower or dearer than a feasible plan are dropped before the model is built
+optimum. The objectives (time, cost per sample, the sweep): `placer.solve.ilp_solve`.
+Ties: many plans share the optimal T (a role whose stage has slack in its slot runs as well on
+any device count the slot already holds), and CP-SAT returns whichever its search meets first,
+which moves with the workers, the seed and the machine's load. The drivers therefore minimise
+lexicographically, each level a solve with the levels before it held at their optimum (the
+primary objective and its optimality are untouched):
+  1. T (+ moves), as above
+  2. tie_breaker = rate (N + 1) + sum_jp D_jp, rate = sum_p price_p sum_j D_jp, N = sum_p cap_p:
+     the devices held are at most N, so one unit of rate outweighs any device count
+  3. the canonical plan: kappa_r = rank_r (i_r + 1) + lambda_r per role r (index i_r), rank_r
+     its candidate's place in `canonical_order` (fastest first: the slot's devices are paid for
+     already, so a role uses them for slack), lambda_r the index of its slot's leader. kappa_r
+     < R_r = |K_r| (i_r + 1) names (x_r, z_r); the roles in order are packed as
+     sum_r kappa_r W_r, W_r = the product of the later roles' R, within 2^40 per objective
+     (more objectives, still in role order, where the ranges are wider): later roles add at
+     most W_r - 1, below one step of kappa_r, so the minimum is the lexicographic one.
+Level 3 names one assignment, so a plan whose levels are all proven optimal is the same for any
+number of workers, seed or load.
+Candidates slower or dearer than a feasible plan are dropped before the model is built
 (`placer.solve.ilp_bound`). The time unit is the heuristic plan's time / 1e6; memory is in kB.
 The variables x, z, D and capacity are built in `placer.solve.ilp_vars`; memory, switch, parking
 and host in `placer.solve.ilp_memory`; the rest here.
@@ -172,15 +189,6 @@ class _Model(SlotMemory):
         re-solves until its choice is priced)."""
         return not (self.lazy_tools and k.split) or self.p.has_tool(k, e)
 
-    def forbid_unpriced(self) -> None:
-        """No (rollout, environment) pair whose tool term the model does not price."""
-        if Role.ROLLOUT not in self.roles or Role.ENVIRONMENT not in self.roles:
-            return
-        for k, xk in zip(self.p.cands[Role.ROLLOUT], self.x[Role.ROLLOUT]):
-            for e, xe in zip(self.p.cands[Role.ENVIRONMENT], self.x[Role.ENVIRONMENT]):
-                if not self.priced(k, e):
-                    self.m.add_bool_or([xk.Not(), xe.Not()])
-
     def _iteration(self) -> None:
         m = self.m
         top = (sum(max(self.ti(c.time_s) for c in self.p.cands[r]) for r in self.roles)
@@ -222,8 +230,23 @@ class _Model(SlotMemory):
         return max(self._switch(c) for c in self.p.cands[r])
 
     def tie_breaker(self) -> LinExpr:
-        """Cheapest first, then fewest devices (lexicographic: rate dominates)."""
+        """Cheapest first, then fewest devices (lexicographic: rate dominates, as the devices
+        held never exceed the clusters' sum N)."""
         return self.rate * (sum(self.p.capacity().values()) + 1) + self.devices
+
+    def canonical_keys(self) -> list[tuple[LinExpr, int]]:
+        """Per role in role order, kappa_r = rank_r * (i_r + 1) + lambda_r and its range
+        |K_r| (i_r + 1): rank_r the chosen candidate's place in `canonical_order`, lambda_r the
+        index of its slot's leader (i_r: the role's index). kappa_r names (x_r., z_r.) exactly,
+        so the lexicographic minimum of the kappas is one assignment."""
+        out: list[tuple[LinExpr, int]] = []
+        for i, r in enumerate(self.roles):
+            cands = self.p.cands[r]
+            rank = {k: n for n, k in enumerate(canonical_order(cands))}
+            key = (sum(rank[k] * (i + 1) * v for k, v in enumerate(self.x[r]))
+                   + sum(n * self.z[r, j] for n, j in enumerate(self.roles[:i + 1])))
+            out.append((key, len(cands) * (i + 1)))
+        return out
 
     # ------------------------------------------------------------------------ hints, reading
     def hint(self, a: Assignment) -> None:
@@ -241,6 +264,13 @@ class _Model(SlotMemory):
         groups = [[r for r in self.members(j) if solver.Value(self.z[r, j])]
                   for j in self.roles if solver.Value(self.z[j, j])]
         return Assignment(choice, slot_names(groups))
+
+
+def canonical_order(cands: list[Candidate]) -> list[int]:
+    """The candidates' indices, fastest first, then fewest devices, then least memory per
+    device, then their place in the cost table (which is built deterministically)."""
+    return sorted(range(len(cands)), key=lambda k: (cands[k].time_s, cands[k].devices,
+                                                    cands[k].est.memory.total, k))
 
 
 def _groups(slot_of: dict[str, str], roles: list[str]) -> list[list[str]]:

@@ -1,12 +1,14 @@
 """Solve drivers for the placement ILP of `placer.solve.ilp`: time, cost per sample, the Pareto sweep.
 
-  solve(problem)      the job's objective: `time` is one lexicographic CP-SAT solve (min T, then
-                      the cheapest, fewest-device plan at that T); `cost` walks the (T, rate)
-                      frontier (below) and proves its optimum by a bound
+  solve(problem)      the job's objective: `time` is one lexicographic minimum (min T, then
+                      the cheapest, fewest-device plan at that T, then the canonical plan among
+                      those: `placer.solve.ilp`, "Ties"); `cost` walks the (T, rate) frontier
+                      (below) and proves its optimum by a bound
   frontier(problem)   the time/cost-per-sample Pareto frontier, fastest first
 
 Objectives. time: min T (+ `move_cost_s` per role whose config changed, when re-planning); a
-second phase fixes that value and minimises the rate sum_p price_p sum_j D_jp, then the devices.
+second level holds that value and minimises the rate sum_p price_p sum_j D_jp, then the devices;
+a third picks the canonical plan among those left, so equal inputs give equal plans.
 cost: USD per sample = rate * T / samples is a product, so instead of a weak
 AddMultiplicationEquality the driver starts a bound B at the cheapest plan's rate * T and walks
 the (T, rate) frontier from the fastest end by epsilon constraints: point i+1 is lexmin (T, rate)
@@ -54,6 +56,8 @@ from placer.solve.problem import (
     keeps_groups,
     slot_names,
 )
+
+CANON_SPAN = 1 << 40  # the widest range of one packed canonical objective (int64-safe)
 
 
 @dataclass(frozen=True)
@@ -139,54 +143,98 @@ def rate_units(problem: Problem, a: Assignment) -> int:
 
 def _lexmin_time(problem: Problem, deadline: float, hint: Hint | None, rate_cap: int | None,
                  prune: bool, workers: int, seed: int) -> _Step:
-    """min T (+ moves), then the cheapest plan at that T; `Unsolved` if none in time.
+    """The lexicographic minimum of `_levels`: min T (+ moves), then the cheapest plan at that
+    T, then the fewest devices, then the canonical plan; `Unsolved` if none in time.
 
-    A split rollout's tool terms are priced lazily (`_Model.priced`): solved with 0 for those
-    not yet priced (a lower bound), the chosen split's terms priced (with every environment
-    candidate), and re-solved until the plan chosen has its terms priced; its T is then
-    optimal for the true terms too (it is the relaxed optimum, which no plan beats). The
-    cheapest plan at that T is sought among the pairs priced. Pricing a (split, environment)
-    pair replays the tool queue, and on a large cluster most splits are never chosen."""
+    Each level is one CP-SAT solve with the levels before it held at their optimum. The last
+    levels name one assignment, so when every level is proven optimal within the limit the plan
+    is the same whatever the search workers, seed or machine load (else it is the best found
+    by then: still no worse on the levels solved).
+
+    A split rollout's tool terms are priced lazily (`_Model.priced`): each level is solved with
+    0 for those not yet priced (a lower bound, so the model's plans include every true one),
+    the chosen split's terms priced (with every environment candidate), and re-solved until the
+    plan chosen has its terms priced; it is then that level's true optimum (the relaxed
+    optimum, which no plan beats). Pricing a (split, environment) pair replays the tool queue,
+    and on a large cluster most splits are never chosen."""
     tp = replace(problem, objective="time")
     h = heuristic(tp)
     ub = score(tp, h)[0]
     if prune and host_fits(tp, h) and keeps_groups(tp, h):  # feasible (no rate cap), so it bounds the optimum
         slack = len(tp.roles) * hint.move_cost_s if hint else 0.0
         tp = prune_by_bound(tp, ub + slack, math.inf)
+    unit = max(ub, 1e-9) / TIME_STEPS
+    guide = (hint_assignment(tp, hint) if hint else None) or h
+    fixed: list[int] = []  # the optimum of each level solved so far
+    step: _Step | None = None  # the first level's status and bound, the last level's plan
     while True:
-        model = _Model(tp, unit_s=max(ub, 1e-9) / TIME_STEPS, lazy_tools=True)
-        start = hint_assignment(tp, hint) if hint else None
-        model.hint(start or h)
-        first = model.T + (model.ti(hint.move_cost_s) if hint else 0) * _moves(model, hint)
-        if rate_cap is not None:
-            model.m.add(model.rate <= rate_cap)
-        model.m.minimize(first)
-        solver = _solver(deadline - time.perf_counter(), workers, seed)
-        status = solver.Solve(model.m)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            raise Unsolved("infeasible" if status == cp_model.INFEASIBLE else
-                           f"no solution in time ({solver.StatusName(status)})")
-        best = model.read(solver)
-        obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
-        k = _unpriced_split(tp, best)
-        if k is None:
-            break
+        model, levels = _levels(tp, unit, hint, rate_cap, fixed)
+        while len(fixed) < len(levels):
+            left = deadline - time.perf_counter()
+            if step is not None and left <= 0.02:
+                return step
+            model.m.clear_hints()
+            model.hint(step.assignment if step else guide)
+            model.m.minimize(levels[len(fixed)])
+            solver = _solver(left, workers, seed)
+            status = solver.Solve(model.m)
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                if step is None:
+                    raise Unsolved("infeasible" if status == cp_model.INFEASIBLE else
+                                   f"no solution in time ({solver.StatusName(status)})")
+                return step
+            a = model.read(solver)
+            value = int(round(solver.ObjectiveValue()))
+            k = _unpriced_split(tp, a)
+            if k is not None:
+                break
+            step = (_Step(a, status == cp_model.OPTIMAL, value * unit,
+                          solver.BestObjectiveBound() * unit) if step is None
+                    else replace(step, assignment=a))
+            model.m.add(levels[len(fixed)] <= value)
+            fixed.append(value)
+        else:
+            assert step is not None  # every level solved
+            return step
         for e in tp.cands[Role.ENVIRONMENT]:  # its terms: the next model has them
             tp.tool_s(k, e)
         if time.perf_counter() >= deadline - 0.02:
-            t = score(tp, best)[0]  # priced as assembled; moves left out of the objective
-            return _Step(best, False, max(t, obj * model.unit), bound * model.unit)
-    left = deadline - time.perf_counter()
-    if left > 0.02:  # second phase: the cheapest plan at that first objective, terms priced
-        model.m.add(first <= int(round(obj)))
-        model.forbid_unpriced()
-        model.m.clear_hints()
-        model.hint(best)
-        model.m.minimize(model.tie_breaker())
-        s2 = _solver(left, workers, seed)
-        if s2.Solve(model.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            best = model.read(s2)
-    return _Step(best, status == cp_model.OPTIMAL, obj * model.unit, bound * model.unit)
+            if step is not None:
+                return step
+            t = score(tp, a)[0]  # priced as assembled; moves left out of the objective
+            return _Step(a, False, max(t, value * unit), solver.BestObjectiveBound() * unit)
+
+
+def _levels(problem: Problem, unit: float, hint: Hint | None, rate_cap: int | None,
+            fixed: list[int]) -> tuple[_Model, list[LinExpr]]:
+    """The model (its tool terms as priced so far) and its objectives in lexicographic order:
+    T (+ `move_cost_s` per role moved), the tie-breaker (rate, then devices held), then the
+    roles' canonical keys packed (`_packed`); the first len(fixed) held at those values."""
+    model = _Model(problem, unit_s=unit, lazy_tools=True)
+    first = model.T + (model.ti(hint.move_cost_s) if hint else 0) * _moves(model, hint)
+    if rate_cap is not None:
+        model.m.add(model.rate <= rate_cap)
+    levels = [first, model.tie_breaker(), *_packed(model.canonical_keys())]
+    for expr, value in zip(levels, fixed):
+        model.m.add(expr <= value)
+    return model, levels
+
+
+def _packed(keys: list[tuple[LinExpr, int]]) -> list[LinExpr]:
+    """The roles' canonical keys (key, range) packed, in role order, into as few objectives as
+    keep their range within `CANON_SPAN`: kappa_1 W_1 + ... + kappa_n W_n, W_r the product of
+    the later roles' ranges in the same objective. Every kappa is below its range, so the later
+    roles together add less than one step of an earlier role's: the minimum is lexicographic."""
+    out: list[LinExpr] = []
+    cur: LinExpr = 0
+    span = 1
+    for key, size in keys:
+        if span > 1 and span * size > CANON_SPAN:
+            out.append(cur)
+            cur, span = 0, 1
+        cur = cur * size + key
+        span *= size
+    return [*out, cur]
 
 
 def _unpriced_split(problem: Problem, a: Assignment) -> Candidate | None:
