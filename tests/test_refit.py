@@ -76,7 +76,7 @@ def test_dense_models_shard_by_pipeline_stage_only() -> None:
 def test_every_transport_is_registered_under_its_kind() -> None:
     assert set(TRANSPORTS) == {"broadcast", "nixl", "nccl-p2p", "nccl-reshard"}
     for kind, cls in TRANSPORTS.items():
-        assert WeightSync(transport=kind).mechanism.kind == kind == cls.kind  # type: ignore[arg-type]
+        assert WeightSync(transport=kind).mechanism.kind == kind == cls.kind
     assert not WeightSync().mechanism.paired
 
 
