@@ -20,7 +20,8 @@ trainer in `bf16`:
              Miles send the engine's dtype likewise (vLLM and SGLang run `dtype=bfloat16`),
              and the plan prices the sync at BF16 bytes (`placer.cost.roofline.weight_bytes`).
              An engine then holds the trainer's weights rounded to BF16 (`wire_state`), which
-             is what the weights' digests compare (`executors.trainer.Trainer.weights_digest`).
+             is what the weights' digests compare
+             (`executors.trainersync.TrainerSender.weights_digest`).
 
 `fp32` (the default of a `RunConfig` built by hand) is the exact reference the equality tests
 compare layouts with: every layout then matches one process to float rounding, and a refresh

@@ -351,7 +351,7 @@ class WeightSync:
             info = self._trainer_call(actors[0], "weights_info")
         version = int(info[0])
         # the senders stream a copy kept since the step's end (no rank gathers now), or gather
-        # from the shards as they stream (`executors.trainer.Trainer._keep`)
+        # from the shards as they stream (`executors.trainersync.TrainerSender._keep`)
         source = "kept copy" if len(info) > 2 and info[2] else "gathered"
         for m in rollouts:
             if all(m is not f for f in free):  # still busy with an abandoned call: sync later

@@ -292,15 +292,7 @@ def test_ep_below_dp_matches_one_process(layout: Layout, groups: list[list[int]]
     half of the tokens, 4.0e-3 away (dp 4 ep 2); summing it twice, 1.7e-4 away."""
     want, info, got, ranks = _run_pair(config(moe_dir, trainer=layout, mini_batches=2),
                                        tmp_path)
-    bad = _off(got, want)
-    assert not bad, bad
-    for r in ranks:
-        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
-        read = r[3]
-        assert (read["dp"], read["cp"] if layout.cp > 1 else 1) == (4, layout.cp), read
-        assert (read["ep"], read["experts_per_rank"]) == (2, 2), read
-        assert read["placements"]["experts"] == {"mesh": ["ep"], "placements": ["S(0)"]}
-    assert [r[3]["expert_ranks"] for r in ranks] == groups
+    _check_experts(want, info, got, ranks, layout, groups, "ep")
     assert [r[3]["expert_replicas"] for r in ranks] == replicas
     leaders = [r for k, r in enumerate(ranks) if layout.leads(k)]
     assert sum(r[1]["loss"] for r in leaders) == pytest.approx(info["loss"], abs=1e-5)
@@ -343,13 +335,7 @@ def test_ep_folded_over_tp_below_tp_sums_over_replicas(moe4_dir: Path, tmp_path:
     layout = Layout(1, 4, 1, ep=2)
     want, info, got, ranks = _run_pair(config(moe4_dir, trainer=layout, mini_batches=2),
                                        tmp_path)
-    bad = _off(got, want)
-    assert not bad, bad
-    for r in ranks:
-        assert r[1]["grad_norms"] == pytest.approx(info["grad_norms"], rel=1e-4)
-        read = r[3]
-        assert (read["tp"], read["ep"], read["experts_per_rank"]) == (4, 2, 2), read
-        assert read["placements"]["experts"] == {"mesh": ["ep"], "placements": ["S(0)"]}
-    assert [r[3]["expert_ranks"] for r in ranks] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    # an expert gradient summed over no replica, twice, or over all of TP shows as >= 1.7e-4
+    _check_experts(want, info, got, ranks, layout, [[0, 1], [0, 1], [2, 3], [2, 3]], "ep")
     assert [r[3]["expert_replicas"] for r in ranks] == [[0, 2], [1, 3]] * 2
     assert ranks[0][1]["loss"] == pytest.approx(info["loss"], abs=1e-5)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from simplans import small_job, small_plan
+from simplans import SMALL_PLACEMENT, small_job, small_plan
 
 from placer.base.errors import SpecError
 from placer.base.roles import Role
@@ -18,11 +18,12 @@ from placer.cost.refit import paired_route, paired_time, slice_bytes
 from placer.cost.roofline import GB, Memory, weight_bytes
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
+from placer.solve.planfile import Plan
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict
 from placer.spec.weightsync import TRANSPORTS, TransportKind, WeightSync
 from simulator.config import Network
-from simulator.network import sync_plan
+from simulator.network import SyncPlan, sync_plan
 
 MODELS = shipped_models()
 H100 = shipped_devices()["H100-SXM"]
@@ -30,15 +31,20 @@ EFF = Efficiency()
 GIB = 2**30
 
 
-def _res(transport: TransportKind, shard: bool = True, nodes: int = 36, model: str = "DeepSeek-V3"):
+def _job(name: str, model: str, nodes: int, weight_sync: dict, **extra: str):
+    """A one-prompt GRPO job of `model` on `nodes` nodes of 8 H100 (pool "g"), resolved."""
     return resolve(job_from_dict({
-        "name": "refit", "algorithm": "grpo", "models": {"policy": model},
+        "name": name, "algorithm": "grpo", "models": {"policy": model},
         "batch": {"prompts": 1, "samples_per_prompt": 2},
         "lengths": {"prompt": {"kind": "fixed", "value": 1},
                     "response": {"kind": "fixed", "value": 1}},
         "cluster": {"pools": [{"name": "g", "device": "H100-SXM", "devices_per_node": 8,
                                "nodes": nodes}]},
-        "weight_sync": {"transport": transport, "shard_experts": shard}}))
+        "weight_sync": weight_sync, **extra}))
+
+
+def _res(transport: TransportKind, shard: bool = True, nodes: int = 36, model: str = "DeepSeek-V3"):
+    return _job("refit", model, nodes, {"transport": transport, "shard_experts": shard})
 
 
 def _sync_s(res, a_par: Parallel, r_par: Parallel, colocated: bool = False,
@@ -70,7 +76,7 @@ def test_dense_models_shard_by_pipeline_stage_only() -> None:
 def test_every_transport_is_registered_under_its_kind() -> None:
     assert set(TRANSPORTS) == {"broadcast", "nixl", "nccl-p2p", "nccl-reshard"}
     for kind, cls in TRANSPORTS.items():
-        assert WeightSync(transport=kind).mechanism.kind == kind == cls.kind  # type: ignore[arg-type]
+        assert WeightSync(transport=kind).mechanism.kind == kind == cls.kind
     assert not WeightSync().mechanism.paired
 
 
@@ -126,23 +132,28 @@ def test_fewer_trainer_ranks_serve_their_receivers_in_turn() -> None:
     assert halved.export_s == paired.export_s
 
 
-@pytest.mark.parametrize("transport", ["nixl", "nccl-reshard"])
-def test_simulator_paired_transfer_is_the_planners(transport: str) -> None:
-    """One node: trainer and engine on NVLink; the simulator's flow and fixed cost give the
-    planner's `paired_time` exactly (NIXL's pull, and NeMo-RL's nccl_reshard stream)."""
-    over = {"weight_sync": {"transport": transport}}
-    plan = small_plan({"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
-                       "rollout": ("h100", 4, "gen"), "reward": ("cpu", 1, "verify"),
-                       "environment": ("cpu", 1, "env")}, **over)
+def _simulated_and_priced(plan: Plan, over: dict) -> tuple[SyncPlan, float]:
+    """The simulator's sync of `plan` (`small_job(**over)`'s), which must be one paired flow,
+    and the planner's `sync_time` of the plan's actor and rollout placements."""
     res, calib = resolve(job_from_dict(small_job(**over))), Calibration()
     sp = sync_plan(Pricer(res, calib), plan, Network())
     assert sp is not None and [f.name for f in sp.flows] == ["paired"]
     a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
     actor = Placed(a.slot, Estimate(Role.ACTOR, a.pool, a.par, Memory(), {}))
     rollout = Placed(r.slot, Estimate(Role.ROLLOUT, r.pool, r.par, Memory(), {}))
+    return sp, Pricer(res, calib).sync_time(actor, rollout)
+
+
+@pytest.mark.parametrize("transport", ["nixl", "nccl-reshard"])
+def test_simulator_paired_transfer_is_the_planners(transport: str) -> None:
+    """One node: trainer and engine on NVLink; the simulator's flow and fixed cost give the
+    planner's `paired_time` exactly (NIXL's pull, and NeMo-RL's nccl_reshard stream)."""
+    over = {"weight_sync": {"transport": transport}}
+    plan = small_plan(SMALL_PLACEMENT, **over)  # the rollout on its own 4 GPUs
+    sp, planner_s = _simulated_and_priced(plan, over)
     if transport == "nixl":
         assert sp.links == {"stream": pytest.approx(H100.intra_link_gbs * EFF.link_eff)}
-    assert sp.fixed_s + sp.alone_s == pytest.approx(Pricer(res, calib).sync_time(actor, rollout))
+    assert sp.fixed_s + sp.alone_s == pytest.approx(planner_s)
 
 
 def test_export_rate_held_out_keeps_every_deepseek_row_within_30_percent() -> None:
@@ -179,14 +190,7 @@ def test_execute_refuses_a_paired_transport_it_does_not_run() -> None:
 
 
 def _nemo(transport: TransportKind = "broadcast", model: str = "Qwen3-30B-A3B", nodes: int = 2):
-    return resolve(job_from_dict({
-        "name": "ipc", "algorithm": "grpo", "models": {"policy": model},
-        "batch": {"prompts": 1, "samples_per_prompt": 2},
-        "lengths": {"prompt": {"kind": "fixed", "value": 1},
-                    "response": {"kind": "fixed", "value": 1}},
-        "cluster": {"pools": [{"name": "g", "device": "H100-SXM", "devices_per_node": 8,
-                               "nodes": nodes}]},
-        "weight_sync": {"transport": transport}, "framework": "nemo-rl"}))
+    return _job("ipc", model, nodes, {"transport": transport}, framework="nemo-rl")
 
 
 def test_nemo_rl_colocated_refit_is_its_ipc_stream_in_closed_form() -> None:
@@ -223,16 +227,8 @@ def test_simulator_prices_nemo_rl_colocated_refit_as_the_planner() -> None:
     """Actor and rollout in one slot under NeMo-RL: the simulator's one local flow and fixed
     cost give the planner's figure exactly, for the broadcast transport too."""
     over = {"framework": "nemo-rl"}
-    placement = {"actor": ("h100", 4, "train"), "reference": ("h100", 4, "train"),
-                 "rollout": ("h100", 4, "train"), "reward": ("cpu", 1, "verify"),
-                 "environment": ("cpu", 1, "env")}
-    plan = small_plan(placement, **over)
-    res, calib = resolve(job_from_dict(small_job(**over))), Calibration()
-    sp = sync_plan(Pricer(res, calib), plan, Network())
-    assert sp is not None and [f.name for f in sp.flows] == ["paired"]
+    plan = small_plan({**SMALL_PLACEMENT, "rollout": ("h100", 4, "train")}, **over)
+    sp, planner_s = _simulated_and_priced(plan, over)
     assert list(sp.links) == ["local"]
-    a, r = plan.roles[Role.ACTOR], plan.roles[Role.ROLLOUT]
-    assert a.slot == r.slot
-    actor = Placed(a.slot, Estimate(Role.ACTOR, a.pool, a.par, Memory(), {}))
-    rollout = Placed(r.slot, Estimate(Role.ROLLOUT, r.pool, r.par, Memory(), {}))
-    assert sp.fixed_s + sp.alone_s == pytest.approx(Pricer(res, calib).sync_time(actor, rollout))
+    assert plan.roles[Role.ACTOR].slot == plan.roles[Role.ROLLOUT].slot
+    assert sp.fixed_s + sp.alone_s == pytest.approx(planner_s)
