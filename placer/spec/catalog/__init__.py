@@ -40,6 +40,28 @@ def shipped_models() -> dict[str, ModelArch]:
     return {m["name"]: ModelArch.model_validate(m) for m in data["models"]}
 
 
+def pool_scaleup(pool: Pool) -> int | None:
+    """The devices a collective group on `pool` may span and stay on NVLink
+    (`DeviceType.scaleup_devices`): the pool's `nvlink_domain` where the whole pool fits in
+    one (a GB200 NVL72 rack of 72, the pool 64 of them: every group of every layout is inside
+    it, whatever the rank order). None (a node of 8, `layercomm.NODE_DEVICES`) where the pool
+    declares no domain or spans several."""
+    dom = pool.nvlink_domain
+    if dom is None or pool.devices_per_node * pool.nodes > dom:
+        return None
+    return dom
+
+
+@lru_cache(maxsize=256)
+def _with_scaleup(dev: DeviceType, scaleup: int | None) -> DeviceType:
+    """`dev` with a pool's `scaleup_devices` (one object per pair, so that the pricing caches
+    that key on a device's identity keep hitting); the device type itself where the pool
+    declares no NVLink domain."""
+    if scaleup is None or scaleup == dev.scaleup_devices:
+        return dev
+    return dev.model_copy(update={"scaleup_devices": scaleup})
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A job with its device types and model architectures looked up."""
@@ -49,8 +71,10 @@ class Resolved:
     models: dict[str, ModelArch]
 
     def device_of(self, pool: Pool | str) -> DeviceType:
+        """The pool's device type, with the devices its collectives reach on NVLink where the
+        pool declares an NVLink domain (`pool_scaleup`)."""
         p = self.job.cluster.pool(pool) if isinstance(pool, str) else pool
-        return self.devices[p.device]
+        return _with_scaleup(self.devices[p.device], pool_scaleup(p))
 
     def model_of(self, role: str) -> ModelArch | None:
         """The architecture a role runs (None for rule rewards and environments); an agent's
