@@ -138,10 +138,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # domain (a GB200 NVL72 rack) began to price its groups on NVLink (`catalog.pool_scaleup`),
     # measured against the closed forms in tests/test_scaleup_domain.py: r19's EP 16 had been
     # priced with half its all-to-all on the 50 GB/s NIC inside the rack, and its -2% goes to
-    # -35% (r20 +66% -> +41%); nothing is refitted, the other rows do not move.
+    # -35% (r20 +66% -> +41%); nothing is refitted, the other rows do not move. To 19.0% when
+    # a pool over several domains kept its groups on NVLink only inside a node (a GB200 tray),
+    # as NeMo-RL orders ranks by Ray node ID, not by rack (closed forms in the same file): r23
+    # +5% -> +18%, r21 +41% -> +47%; r23 / r20 is 0.98 priced against 1.21 published (0.76
+    # before the NVLink domain was priced at all).
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.17, step
+    assert step["loo_median_abs_error"] < 0.20, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.30, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
@@ -183,10 +187,12 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # rows, 8.5%, max 57.5% with r10 counted; 34 rows, 11.1%, max 63.1% before the
     # nccl_reshard per-item costs and pull request 2971's four rows, above); EasyR1's two
     # Qwen2.5-VL rows are -24% (r13, 7B) and -5% (r14, 32B) at their job files' micro-batch
-    # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384)
+    # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384). 9.2% once a
+    # pool inside one NVLink domain priced its groups on NVLink, 9.7% once a pool over several
+    # kept them on NVLink only inside a node (r19, r21, r23 move: test_leave_one_out_error_is_bounded)
     every = rep.summary()
     assert len(rep.rows) == 50 and len(rep.kind("first_step")) == 1
-    assert every["loo_median_abs_error"] < 0.095 and every["loo_max_abs_error"] < 1.2, every
+    assert every["loo_median_abs_error"] < 0.10 and every["loo_max_abs_error"] < 1.2, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

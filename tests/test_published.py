@@ -61,8 +61,10 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # held-out performance rows (r15-r23, added with their errors as found): the max is r16
     # (Qwen3-235B-A22B on 128 H100, +113%), bounded in test_nemo_rl_performance_rows_held_out.
     # 15.4% since a pool inside one NVLink domain prices its groups on NVLink
-    # (`catalog.pool_scaleup`: r19 -2% -> -35%, r20 +69% -> +45%, held out, nothing refitted).
-    assert doc.median_abs_error < 0.16, doc.median_abs_error
+    # (`catalog.pool_scaleup`: r19 -2% -> -35%, r20 +69% -> +45%, held out, nothing refitted);
+    # 16.9% since a pool over several domains keeps its groups on NVLink only inside a node
+    # (r23 +7% -> +18%, r21 +42% -> +47%: NeMo-RL orders ranks by node, not rack).
+    assert doc.median_abs_error < 0.17, doc.median_abs_error
     earlier = [r for r in doc.rows if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.error) for r in earlier) < 0.26, earlier
     h20 = [r for r in doc.rows if "xH20 " in r.name]
@@ -184,8 +186,10 @@ def test_nemo_rl_performance_rows_held_out(doc: PublishedReport) -> None:
     assert all(rows[k].fits and not rows[k].stages for k in nemo)
     # GB200 since a pool inside one NVLink domain prices its groups on NVLink
     # (`catalog.pool_scaleup`): r19 -35% (was -2% with its EP 16 all-to-all on the NIC inside
-    # one rack), r20 +45% (was +69%)
+    # one rack), r20 +45% (was +69%); over two racks a group wider than a tray is priced as
+    # crossing them (NeMo-RL orders ranks by node, not rack): r21 +47% (was +42%), r23 +18%
+    # (was +7%)
     assert abs(rows["r15"].error) < 0.05 and abs(rows["r19"].error) < 0.37
     assert rows["r16"].error < 1.2 and rows["r17"].error < 0.75 and rows["r18"].error < 0.55
     assert rows["r20"].error < 0.5 and rows["r21"].error < 0.7
-    assert rows["r22"].error < 1.2 and abs(rows["r23"].error) < 0.12
+    assert rows["r22"].error < 1.2 and abs(rows["r23"].error) < 0.2

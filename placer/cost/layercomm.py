@@ -39,8 +39,9 @@ NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink 
 
 def node_devices(dev: DeviceType) -> int:
     """Consecutive devices a collective group may span and stay on NVLink: the device's
-    `scaleup_devices` where its pool fits in the NVLink domain it declares (the whole domain,
-    a GB200 NVL72 rack: `catalog.pool_scaleup`), else `NODE_DEVICES`."""
+    `scaleup_devices` where its pool declares an NVLink domain (the whole domain when the pool
+    fits in it, a GB200 NVL72 rack; one node when the pool spans several domains:
+    `catalog.pool_scaleup`), else `NODE_DEVICES`."""
     return dev.scaleup_devices or NODE_DEVICES
 
 

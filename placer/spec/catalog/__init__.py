@@ -42,14 +42,19 @@ def shipped_models() -> dict[str, ModelArch]:
 
 def pool_scaleup(pool: Pool) -> int | None:
     """The devices a collective group on `pool` may span and stay on NVLink
-    (`DeviceType.scaleup_devices`): the pool's `nvlink_domain` where the whole pool fits in
-    one (a GB200 NVL72 rack of 72, the pool 64 of them: every group of every layout is inside
-    it, whatever the rank order). None (a node of 8, `layercomm.NODE_DEVICES`) where the pool
-    declares no domain or spans several."""
+    (`DeviceType.scaleup_devices`), where the pool declares its `nvlink_domain`: the domain
+    when the whole pool fits one (a GB200 NVL72 rack of 72, the pool 64 of them: every group of
+    every layout is inside it, whatever the rank order), else one node. Over several domains
+    a group wider than a node may cross from one to another, because the frameworks order
+    ranks by node, not by rack: NeMo-RL v0.6.0 sorts its placement group's bundles by Ray
+    node ID, then GPU (nemo_rl/distributed/virtual_cluster.py `_get_sorted_bundle_indices`,
+    commit 5fb588932bf835506a8a5bac01de4f8c7ab0a065), a random ID, and Megatron-Core lays its
+    groups over that rank order; a synchronous step waits for its slowest group, and among
+    many groups some straddle two racks. None where the pool declares no domain."""
     dom = pool.nvlink_domain
-    if dom is None or pool.devices_per_node * pool.nodes > dom:
+    if dom is None:
         return None
-    return dom
+    return dom if pool.devices_per_node * pool.nodes <= dom else pool.devices_per_node
 
 
 @lru_cache(maxsize=256)
