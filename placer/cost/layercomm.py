@@ -12,7 +12,8 @@ layer, micro-batch and optimizer step sends (`placer.cost.sharding` says how a l
   weight_gather_time  the sharded trainer's full weights gathered per tensor for the sync
   oversubscription    an emulated device's ranks / host cores (> 1: they time-share the cores)
 Links: any group (a TP group: `tp_link`) is on NVLink while it fits one node of
-`NODE_DEVICES`, else on the NIC (`span_link`). Efficiency factors (achieved fraction of a
+`NODE_DEVICES` (or the device's `scaleup_devices`, which a pool's NVLink domain sets:
+`node_devices`), else on the NIC (`span_link`). Efficiency factors (achieved fraction of a
 link, per-call and per-hop latencies) come from `placer.cost.efficiency.Efficiency`; sources in
 docs/cost-model.md.
 """
@@ -36,6 +37,14 @@ MICRO_TOKENS = 16384
 NODE_DEVICES = 8  # devices a collective group may span before it leaves NVLink for the NIC
 
 
+def node_devices(dev: DeviceType) -> int:
+    """Consecutive devices a collective group may span and stay on NVLink: the device's
+    `scaleup_devices` where its pool declares an NVLink domain (the whole domain when the pool
+    fits in it, a GB200 NVL72 rack; one node when the pool spans several domains:
+    `catalog.pool_scaleup`), else `NODE_DEVICES`."""
+    return dev.scaleup_devices or NODE_DEVICES
+
+
 def micro_tokens(par: Parallel, seq: float) -> float:
     """Tokens of one training micro-batch on a device's data-parallel rank: `micro_batch`
     sequences of `seq` tokens (a fixed count, verl's ppo_micro_batch_size_per_gpu), or the
@@ -54,8 +63,9 @@ def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     engine's TP 16 or 32) pays a network hop per step and moves its bytes at a node's NICs
     together, one per device (NCCL runs a ring per channel and each channel crosses the node
     boundary on its own rail's NIC), or NVLink's rate where that is lower."""
-    if ranks > NODE_DEVICES:  # the slower of the node's NICs and its own NVLink ring binds
-        gbs = min(dev.intra_link_gbs * eff.tp_link_eff, NODE_DEVICES * dev.nic_gbs * eff.link_eff)
+    node = node_devices(dev)
+    if ranks > node:  # the slower of the node's NICs and its own NVLink ring binds
+        gbs = min(dev.intra_link_gbs * eff.tp_link_eff, node * dev.nic_gbs * eff.link_eff)
         return Link(eff.net_hop_s, gbs, eff.tp_base_s)
     return call_cost(Link(eff.tp_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
                      eff.tp_call_s)
@@ -66,7 +76,7 @@ def tp_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) -> f
     call, and workflows/operators.py prices a measured one with. Inside one node NCCL runs
     the ring (`collectives.ring_all_reduce`); across nodes the faster of ring and tree."""
     link = tp_link(dev, eff, tp)
-    if tp > NODE_DEVICES:
+    if tp > node_devices(dev):
         return all_reduce(nbytes, tp, link)
     return min(ring_all_reduce(nbytes, tp, link), nvls_all_reduce(nbytes, tp, dev, eff))
 
@@ -88,8 +98,8 @@ def nvls_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) ->
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
     """The link of a group spanning `ranks` consecutive devices: NVLink inside a node, else
-    the NIC (`collectives.group_link`)."""
-    return group_link(dev.intra_link_gbs, dev.nic_gbs, ranks, NODE_DEVICES, eff.link_eff,
+    the NIC (`collectives.group_link`); a node is `node_devices`."""
+    return group_link(dev.intra_link_gbs, dev.nic_gbs, ranks, node_devices(dev), eff.link_eff,
                       eff.nvlink_hop_s, eff.net_hop_s, eff.coll_base_s)
 
 
@@ -99,7 +109,7 @@ def p2p_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
     two-node send/recv kernels), standing for the call and its one hop; inside a node the
     collective's `coll_base_s` and NVLink hop."""
     link = span_link(dev, ranks, eff)
-    return replace(link, alpha_s=0.0, base_s=eff.p2p_net_s) if ranks > NODE_DEVICES else link
+    return replace(link, alpha_s=0.0, base_s=eff.p2p_net_s) if ranks > node_devices(dev) else link
 
 
 def call_cost(link: Link, measured_s: float) -> Link:
@@ -181,7 +191,7 @@ def decode_tp_link(dev: DeviceType, eff: Efficiency, ranks: int) -> Link:
     for tensors past its size limit, which a decode step's batch * h * b never reaches), whose
     per-call cost is `engine_ar_base_s`, not the NCCL kernel's `tp_base_s`; across nodes NCCL
     (`tp_link`)."""
-    if ranks > NODE_DEVICES:
+    if ranks > node_devices(dev):
         return tp_link(dev, eff, ranks)
     return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.engine_ar_base_s)
 
@@ -198,16 +208,16 @@ def ep_exchange(m: ModelArch, dev: DeviceType, par: Parallel, tokens_per_rank: f
     on, nodes (1 - (1 - 1/nodes)^k) - 1 of them on average (uniform routing, no node limit).
     The dispatch sends FP8 where the weights are FP8 and the combine BF16 (DeepEP README:
     "FP8 dispatching and BF16 combining")."""
-    ranks = par.ep * par.etp
+    ranks, node = par.ep * par.etp, node_devices(dev)
     if ranks <= 1 or not m.moe or tokens_per_rank <= 0:
         return 0.0
-    if ranks <= NODE_DEVICES:
+    if ranks <= node:
         return ep_all_to_all(m, par, tokens_per_rank, span_link(dev, ranks, eff))
-    nodes = ranks / NODE_DEVICES
+    nodes = ranks / node
     k = m.experts_per_token
     remote = (nodes * (1 - (1 - 1 / nodes) ** k) - 1 if node_dedup else k * (nodes - 1) / nodes)
-    local = k * (NODE_DEVICES - 1) / ranks  # copies for the other ranks of its own node
-    nic, nvl = span_link(dev, ranks, eff), span_link(dev, NODE_DEVICES, eff)
+    local = k * (node - 1) / ranks  # copies for the other ranks of its own node
+    nic, nvl = span_link(dev, ranks, eff), span_link(dev, node, eff)
     out = 0.0
     for width in (par.weight_scale * BYTES, BYTES):  # dispatch, combine
         per_copy = tokens_per_rank * m.hidden * width
@@ -231,10 +241,10 @@ def pp_send(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     nbytes = tokens * m.hidden * BYTES
     if stage_devices <= 0:
         return (par.pp - 1) * stage_send(nbytes, p2p_link(dev, par.replica, eff))
-    w, out = stage_devices, 0.0
+    w, node, out = stage_devices, node_devices(dev), 0.0
     for s in range(par.pp - 1):  # the hop from stage s to s + 1
-        crosses = w >= NODE_DEVICES or (s * w) // NODE_DEVICES != ((s + 2) * w - 1) // NODE_DEVICES
-        out += stage_send(nbytes, p2p_link(dev, NODE_DEVICES + 1 if crosses else 2, eff))
+        crosses = w >= node or (s * w) // node != ((s + 2) * w - 1) // node
+        out += stage_send(nbytes, p2p_link(dev, node + 1 if crosses else 2, eff))
     return out
 
 

@@ -50,6 +50,11 @@ class DeviceType(Strict):
                            "third-generation NVSwitch and later): NCCL's NVLS all-reduce moves "
                            "each rank's buffer once, not 2 (n-1)/n times as a ring does")
     can_train: StrictBool = False
+    scaleup_devices: PosInt | None = Field(
+        None, description="consecutive devices a collective group may span and stay on the "
+                          "scale-up link (NVLink); wider, it crosses the network. Usually left "
+                          "unset: a pool that declares `nvlink_domain` sets it, to the domain "
+                          "where the whole pool fits in one, else to one node; unset, a node of 8")
     price_per_hour: Annotated[float, Field(strict=True, ge=0, le=MAX_PRICE_PER_HOUR)] = 0.0
     cores: PosInt = Field(1, description="CPU cores per device (cpu kind)")
     sm_count: PosInt | None = Field(

@@ -40,6 +40,33 @@ def shipped_models() -> dict[str, ModelArch]:
     return {m["name"]: ModelArch.model_validate(m) for m in data["models"]}
 
 
+def pool_scaleup(pool: Pool) -> int | None:
+    """The devices a collective group on `pool` may span and stay on NVLink
+    (`DeviceType.scaleup_devices`), where the pool declares its `nvlink_domain`: the domain
+    when the whole pool fits one (a GB200 NVL72 rack of 72, the pool 64 of them: every group of
+    every layout is inside it, whatever the rank order), else one node. Over several domains
+    a group wider than a node may cross from one to another, because the frameworks order
+    ranks by node, not by rack: NeMo-RL v0.6.0 sorts its placement group's bundles by Ray
+    node ID, then GPU (nemo_rl/distributed/virtual_cluster.py `_get_sorted_bundle_indices`,
+    commit 5fb588932bf835506a8a5bac01de4f8c7ab0a065), a random ID, and Megatron-Core lays its
+    groups over that rank order; a synchronous step waits for its slowest group, and among
+    many groups some straddle two racks. None where the pool declares no domain."""
+    dom = pool.nvlink_domain
+    if dom is None:
+        return None
+    return dom if pool.devices_per_node * pool.nodes <= dom else pool.devices_per_node
+
+
+@lru_cache(maxsize=256)
+def _with_scaleup(dev: DeviceType, scaleup: int | None) -> DeviceType:
+    """`dev` with a pool's `scaleup_devices` (one object per pair, so that the pricing caches
+    that key on a device's identity keep hitting); the device type itself where the pool
+    declares no NVLink domain."""
+    if scaleup is None or scaleup == dev.scaleup_devices:
+        return dev
+    return dev.model_copy(update={"scaleup_devices": scaleup})
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A job with its device types and model architectures looked up."""
@@ -49,8 +76,10 @@ class Resolved:
     models: dict[str, ModelArch]
 
     def device_of(self, pool: Pool | str) -> DeviceType:
+        """The pool's device type, with the devices its collectives reach on NVLink where the
+        pool declares an NVLink domain (`pool_scaleup`)."""
         p = self.job.cluster.pool(pool) if isinstance(pool, str) else pool
-        return self.devices[p.device]
+        return _with_scaleup(self.devices[p.device], pool_scaleup(p))
 
     def model_of(self, role: str) -> ModelArch | None:
         """The architecture a role runs (None for rule rewards and environments); an agent's
