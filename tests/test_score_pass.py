@@ -69,3 +69,23 @@ def test_a_frozen_model_off_the_gpus_keeps_the_engine_forward(dev) -> None:
     par = Parallel(dp=70) if dev is LPU else Parallel()
     assert score_time(m, dev, par, 1e5, 512.0, Efficiency()) == forward_time(
         m, dev, par, 1e5, 512.0, Efficiency())
+
+
+def test_a_pipelined_forward_prices_each_stage_its_own_layers_collectives() -> None:
+    # TP2 over PP4: each device runs 28 / 4 layers, so a quarter of the pass's layer collectives;
+    # the fill and drain idle 3 stage times over 16 micro-batches (a token budget: 4 x pp), and
+    # every micro-batch crosses each stage boundary once (as `train_time` prices a pipeline)
+    from placer.cost.layercomm import layer_comm, micro_tokens, pp_send
+    from placer.cost.vocabcomm import Head, score_vocab_comm
+    eff, tokens, seq = Efficiency(), 4e5, 2048.0
+    flat, piped = Parallel(tp=2), Parallel(tp=2, pp=4)
+    mt = micro_tokens(piped, seq)
+    comm = layer_comm(QWEN7B, H100, piped, tokens, eff, mt)
+    sends = pp_send(QWEN7B, H100, piped, min(tokens, mt), eff) * tokens / min(tokens, mt)
+    vocab = score_vocab_comm(QWEN7B, H100, piped, tokens, eff, mt, Head.LOGPROB)
+    base = score_time(QWEN7B, H100, flat, tokens, seq, eff) - layer_comm(
+        QWEN7B, H100, flat, tokens, eff, micro_tokens(flat, seq)) - score_vocab_comm(
+        QWEN7B, H100, flat, tokens, eff, micro_tokens(flat, seq), Head.LOGPROB)
+    compute = base / 4  # the same FLOPs over four stages' devices
+    assert score_time(QWEN7B, H100, piped, tokens, seq, eff) == pytest.approx(
+        compute * (1 + 3 / 16) + comm / 4 + sends + vocab, rel=1e-9)

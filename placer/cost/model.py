@@ -184,11 +184,19 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
         return forward_time(m, dev, par, tokens, seq, eff)
     ceiling = device_ceiling(eff.mfu_score, dev, eff)
     mt = micro_tokens(par, seq)  # a trained role's forward runs its training micro-batches
+    rank_tokens = tokens / par.dp
     compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling,
-                           _micro_group(par, tokens / par.dp, mt), eff)
-    return oversubscription(dev, par.devices, eff) * (
-        compute + layer_comm(m, dev, par, tokens / par.dp, eff, mt)
-        + score_vocab_comm(m, dev, par, tokens / par.dp, eff, mt, head))
+                           _micro_group(par, rank_tokens, mt), eff)
+    # as `train_time` prices a pipeline's forward: each device runs its layers / pp of the
+    # collectives, the stages' fill and drain idle (pp - 1) stage times over the micro-batches,
+    # and each micro-batch crosses every stage boundary once
+    micro = max(rank_tokens / mt, 1.0) if par.micro_batch > 0 else max(4 * par.pp, 1)
+    bubble = compute * (par.pp - 1) / micro
+    chunk = min(rank_tokens, mt)
+    comm = (layer_comm(m, dev, par, rank_tokens, eff, mt) / par.pp
+            + pp_send(m, dev, par, chunk / par.cp, eff) * rank_tokens / chunk
+            + score_vocab_comm(m, dev, par, rank_tokens, eff, mt, head))
+    return oversubscription(dev, par.devices, eff) * (compute + bubble + comm)
 
 
 def _micro_group(par: Parallel, rank_tokens: float, micro: float) -> float:
