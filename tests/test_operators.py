@@ -70,8 +70,11 @@ def test_the_data_carries_its_provenance() -> None:
                                        *ALL_REDUCE_FILES.values(), "attention.csv"]
     for p in provs:
         if p.file in ALL_REDUCE_FILES.values():  # the other all-reduce sources: test_opsources
-            assert p.lines[0].startswith("source: github.com/") and " commit " in p.lines[0]
-            assert "licence " in p.lines[0] and re.fullmatch(r"[0-9a-f]{40}", p.commit)
+            assert "licence " in p.lines[0]
+            if p.commit:  # a repository file, else an issue thread cited by its address
+                assert p.lines[0].startswith("source: github.com/") and " commit " in p.lines[0]
+            else:
+                assert p.lines[0].startswith("source: https://github.com/")
             continue
         assert p.lines[0].startswith("source: github.com/microsoft/vidur commit ")
         assert re.fullmatch(r"[0-9a-f]{40}", p.commit)
@@ -165,11 +168,11 @@ def test_class_errors_at_the_defaults() -> None:
     # small NVLink sends take 13-17 us where an H100 node's take 6-8. Neither class's tail
     # follows from a planner input (tests/test_opmodes.py: the all-reduce's modes flip between
     # sizes 8-32 KiB apart in Vidur's dense sweep; its held-out figures by device and by size).
-    # The bounds hold over Vidur's points. The all-reduce class also holds five public sources'
+    # The bounds hold over Vidur's points. The all-reduce class also holds six public sources'
     # points, held out from the defaults (tests/test_opsources.py): over Vidur's and
-    # nccl-tests' in-node H100 points 17.4% / 62.8% (155); over all six sources, with the
+    # nccl-tests' in-node H100 points 17.4% / 62.8% (155); over all seven sources, with the
     # two- and four-node runs whose network latency and GiB-size bandwidth the cross-node price
-    # misses, 29.8% / 78.9% (284).
+    # misses, 25.6% / 78.8% (296).
     _, points = load()
     errs = class_errors(rows([p for p in points if p.source == VIDUR], EFF))
     bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),
@@ -183,9 +186,9 @@ def test_class_errors_at_the_defaults() -> None:
     assert both.n == 155 and both.median_abs_error is not None and both.p90_abs_error is not None
     assert both.median_abs_error <= 0.18 and both.p90_abs_error <= 0.63, both
     every = class_errors(rows(points, EFF))["all_reduce"]
-    assert every.n == 284 and every.median_abs_error is not None
+    assert every.n == 296 and every.median_abs_error is not None
     assert every.p90_abs_error is not None  # a regression guard, bounds as found
-    assert every.median_abs_error <= 0.31 and every.p90_abs_error <= 0.80, every
+    assert every.median_abs_error <= 0.27 and every.p90_abs_error <= 0.80, every
 
 
 def test_all_reduce_by_mode(json_doc: dict) -> None:
@@ -235,7 +238,8 @@ def test_all_reduce_modes_leave_a_synchronised_set_alone() -> None:
                                                                        strict=True)]
     modes = all_reduce_modes(pts, EFF)
     assert modes.host == tuple(hosted) and any(hosted)
-    assert modes.host_s == {d: pytest.approx(50e-6) for d in {p.device for p in ar}}
+    assert modes.host_s == {d: pytest.approx(50e-6)  # each device with a replaced point
+                            for d in {p.device for p, h in zip(ar, hosted, strict=True) if h}}
     for name in ("tp_base_s", "tp_hop_s", "tp_link_eff", "nvls_base_s"):
         assert modes.factors[name] == pytest.approx(getattr(known, name), rel=1e-6), name
 

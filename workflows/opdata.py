@@ -2,7 +2,8 @@
 the points of workflows/data/operators/ (scripts/extract_operators.py wrote them from Vidur's
 profiles, scripts/extract_nccl_tests.py the all-reduces of public nccl-tests logs of one H100
 host, scripts/extract_nccl_multinode.py those of two-node runs, scripts/extract_mle_all_reduce.py
-the ml-engineering book's H200 and B200 tables (`ALL_REDUCE_FILES`); each file's
+the ml-engineering book's H200 and B200 tables; all_reduce_h20_issue.csv is transcribed from
+an nccl-tests issue thread (`ALL_REDUCE_FILES`); each file's
 header names the source commit, paths, units and licence) and `predict`, which
 prices a point with the cost-model function its class names (the classes: workflows/operators.py).
 An attention point prices one layer of its shape (`attention_layer`) split over its TP ranks.
@@ -36,12 +37,13 @@ OCI = "oci-2node"  # github.com/oracle-quickstart/oci-hpc-oke's README: 2x8 A100
 A3MEGA = "a3mega-2node"  # github.com/lessizzmore/create-a3mega-ztan-fork: 2x8 H100, TCPXO
 MLE_TORCH = "mle-torch"  # github.com/stas00/ml-engineering's all_reduce_bench: H200, B200 1/4 nodes
 MLE_NCCL = "mle-nccl-tests"  # the same book's nccl-tests 8 GiB rank sweeps: H200, B200
-SOURCES = (VIDUR, NCCL_TESTS, OCI, A3MEGA, MLE_TORCH, MLE_NCCL)
+H20_ISSUE = "h20-issue"  # an 8x H20 node's nccl-tests sweep in NVIDIA/nccl-tests issue 306
+SOURCES = (VIDUR, NCCL_TESTS, OCI, A3MEGA, MLE_TORCH, MLE_NCCL, H20_ISSUE)
 # each public all-reduce source's file beyond Vidur's (scripts/extract_nccl_tests.py,
 # scripts/extract_nccl_multinode.py, scripts/extract_mle_all_reduce.py)
 ALL_REDUCE_FILES = {NCCL_TESTS: "all_reduce_nccl_tests.csv", OCI: "all_reduce_oci.csv",
                     A3MEGA: "all_reduce_a3mega.csv", MLE_TORCH: "all_reduce_mle_torch.csv",
-                    MLE_NCCL: "all_reduce_mle_nccl_tests.csv"}
+                    MLE_NCCL: "all_reduce_mle_nccl_tests.csv", H20_ISSUE: "all_reduce_h20_issue.csv"}
 # A device a source measured that the shipped catalog lacks, declared from its datasheet (as
 # workflows/published_rows.py declares GH200): an all-reduce's price reads its NVLink, NIC and
 # NVLink SHARP figures alone
@@ -88,7 +90,9 @@ class Provenance:
 
     @property
     def commit(self) -> str:
-        return next(w for ln in self.lines for w in ln.split() if HEX40.fullmatch(w))
+        """The source's git commit; "" for a source that is not a repository file (an
+        issue thread, cited by its address)."""
+        return next((w for ln in self.lines for w in ln.split() if HEX40.fullmatch(w)), "")
 
 
 def _read(name: str) -> tuple[Provenance, list[dict[str, str]]]:

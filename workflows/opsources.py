@@ -1,7 +1,7 @@
 """The all-reduce class by public source: does the TP all-reduce's latency-bandwidth model hold on
 measurements its factors were not fitted on?
 
-Six public sources time the collective in different harnesses (every one beyond Vidur's is
+Seven public sources time the collective in different harnesses (every one beyond Vidur's is
 held out from the shipped factors; each file's header names its commit and licence):
 
   vidur       Vidur's profiles (A100 and H100 nodes, 2/4/8 ranks, 4 KiB-128 MiB): rank 0's kernel,
@@ -28,11 +28,14 @@ held out from the shipped factors; each file's header names its commit and licen
               B200 nodes (32 ranks, EFA); times from the tables' bus bandwidth.
   mle-nccl-tests the same book's nccl-tests 8 GiB sweeps over 4-8 ranks of an H200 and a B200
               node (NCCL's default algorithm).
+  h20-issue   one 8x H20 node's nccl-tests sweep (1 MiB-2 GiB, one thread, eager) posted in
+              github.com/NVIDIA/nccl-tests/issues/306, transcribed into its file.
 
 What the held-out sources show (shipped factors; `python -m workflows.operators`):
   - in a node, at the bandwidth end (>= 64 MiB) the price holds on devices it was not fitted on:
-    B200 rings and NVLS (nccl-tests 4-8 ranks, 8 GiB) within -5% to +7%, B200 0.5-16 GiB
-    (torch) -10% to +8%; H200, which the catalog links like H100 (450 GB/s), runs faster than
+    the H20 node -7.5% to -11.3% (-11% to -21% below: priced fast at every size), B200 rings
+    and NVLS (nccl-tests 4-8 ranks, 8 GiB) within -5% to +7%, B200 0.5-16 GiB (torch) -10% to
+    +8%; H200, which the catalog links like H100 (450 GB/s), runs faster than
     priced: +16% to +21% at 5-8 ranks and 8 GiB (NVLS at 414-473 GB/s bus bandwidth where
     `tp_link_eff` prices 358-392), +7% to +23% at 128 MiB-16 GiB (torch);
   - below ~16 MiB each harness's per-call floor rules, not the collective: 38-40 us for the
