@@ -24,10 +24,12 @@ from placer.cost.layercomm import NODE_DEVICES, p2p_link, stage_send
 from placer.cost.sharding import Parallel
 from placer.spec.catalog import shipped_devices
 from workflows.opdata import (
+    ALL_REDUCE_FILES,
     CLASSES,
     DATA,
     LAYER_CLASSES,
     NCCL_TESTS,
+    SOURCES,
     VIDUR,
     attention_layer,
     load,
@@ -37,7 +39,6 @@ from workflows.operators import class_errors, main, rows
 from workflows.opfit import HOP_PER_BASE, all_reduce_modes, calibrate_nic, fit_all, fit_attention
 
 EFF = Efficiency()
-NCCL_TESTS_FILE = "all_reduce_nccl_tests.csv"
 FITTED = ("mfu_prefill", "prefill_half_ridge", "decode_bw_eff", "decode_bw_half_batch",
           "decode_tp_bw_loss", "tp_base_s", "tp_hop_s", "tp_link_eff", "nvls_base_s", "p2p_net_s",
           "attn_kernel_s", "attn_split_s", "mfu_attention", "attn_append_factor")
@@ -66,12 +67,14 @@ def fit_doc() -> dict:
 def test_the_data_carries_its_provenance() -> None:
     provs, points = load()
     assert [p.file for p in provs] == ["layers.csv", "all_reduce.csv", "send_recv.csv",
-                                       NCCL_TESTS_FILE, "attention.csv"]
+                                       *ALL_REDUCE_FILES.values(), "attention.csv"]
     for p in provs:
-        if p.file == NCCL_TESTS_FILE:  # the second all-reduce source: tests/test_opsources.py
-            assert p.lines[0].startswith(
-                "source: github.com/waynehacking8/nccl-collectives-bench commit ")
-            assert "licence MIT" in p.lines[0] and re.fullmatch(r"[0-9a-f]{40}", p.commit)
+        if p.file in ALL_REDUCE_FILES.values():  # the other all-reduce sources: test_opsources
+            assert "licence " in p.lines[0]
+            if p.commit:  # a repository file, else an issue thread cited by its address
+                assert p.lines[0].startswith("source: github.com/") and " commit " in p.lines[0]
+            else:
+                assert p.lines[0].startswith("source: https://github.com/")
             continue
         assert p.lines[0].startswith("source: github.com/microsoft/vidur commit ")
         assert re.fullmatch(r"[0-9a-f]{40}", p.commit)
@@ -80,9 +83,10 @@ def test_the_data_carries_its_provenance() -> None:
     assert sum(f.stat().st_size for f in DATA.glob("*.csv")) < 300_000
     counts = {c: sum(p.cls == c for p in points) for c in CLASSES}
     assert all(counts[c] >= 50 for c in CLASSES), counts
-    # the points cover both devices, TP 1-8 and the token and size ranges
+    # Vidur's points cover both devices, TP 1-8 and the token and size ranges (the other
+    # all-reduce sources' devices: tests/test_opsources.py)
     layer = [p for p in points if p.cls in LAYER_CLASSES]
-    assert {p.device for p in points} == {"A100-80G", "H100-SXM"}
+    assert {p.device for p in points if p.source == VIDUR} == {"A100-80G", "H100-SXM"}
     # attention: one A100 layer shape at TP 2, prefill chunks after a KV context and decode
     # batches of sequences holding one
     att = [p for p in points if p.cls == "attention"]
@@ -120,9 +124,9 @@ def test_json_document_shape(json_doc: dict) -> None:
     assert set(doc) == {"sources", "classes", "classes_by_source", "attention_held_out",
                         "all_reduce_modes", "all_reduce_device_held_out", "all_reduce_sweep",
                         "all_reduce_sources", "send_recv_by_link", "rows"}
-    assert list(doc["classes_by_source"]) == [VIDUR, NCCL_TESTS]
+    assert list(doc["classes_by_source"]) == list(SOURCES)
     assert list(doc["classes_by_source"][VIDUR]) == list(CLASSES)
-    assert list(doc["classes_by_source"][NCCL_TESTS]) == ["all_reduce"]
+    assert all(list(doc["classes_by_source"][src]) == ["all_reduce"] for src in ALL_REDUCE_FILES)
     assert sum(s["all_reduce"]["n"] for s in doc["classes_by_source"].values()) == doc[
         "classes"]["all_reduce"]["n"]
     assert set(doc["attention_held_out"]) == {"in_sample", "leave_one_context_out",
@@ -136,7 +140,7 @@ def test_json_document_shape(json_doc: dict) -> None:
     assert set(doc["rows"][0]) == {"cls", "device", "model", "tp", "size", "per_node",
                                    "measured_s", "predicted_s", "error", "kind", "context",
                                    "source", "launch"}
-    assert {r["source"] for r in doc["rows"]} == {VIDUR, NCCL_TESTS}
+    assert {r["source"] for r in doc["rows"]} == set(SOURCES)
     r = doc["rows"][0]
     assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
 
@@ -164,8 +168,11 @@ def test_class_errors_at_the_defaults() -> None:
     # small NVLink sends take 13-17 us where an H100 node's take 6-8. Neither class's tail
     # follows from a planner input (tests/test_opmodes.py: the all-reduce's modes flip between
     # sizes 8-32 KiB apart in Vidur's dense sweep; its held-out figures by device and by size).
-    # The bounds hold over Vidur's points; the all-reduce class also holds nccl-tests' 65
-    # points (held out from the defaults: tests/test_opsources.py), over both 17.4% / 62.8%.
+    # The bounds hold over Vidur's points. The all-reduce class also holds six public sources'
+    # points, held out from the defaults (tests/test_opsources.py): over Vidur's and
+    # nccl-tests' in-node H100 points 17.4% / 62.8% (155); over all seven sources, with the
+    # two- and four-node runs whose network latency and GiB-size bandwidth the cross-node price
+    # misses, 25.6% / 78.8% (296).
     _, points = load()
     errs = class_errors(rows([p for p in points if p.source == VIDUR], EFF))
     bounds = {"prefill_linear": (0.15, 0.30), "decode": (0.15, 0.30),
@@ -174,9 +181,14 @@ def test_class_errors_at_the_defaults() -> None:
         c = errs[cls]
         assert c.median_abs_error is not None and c.p90_abs_error is not None
         assert c.median_abs_error <= median and c.p90_abs_error <= p90, (cls, c)
-    both = class_errors(rows(points, EFF))["all_reduce"]
+    both = class_errors(rows([p for p in points if p.source in (VIDUR, NCCL_TESTS)],
+                             EFF))["all_reduce"]
     assert both.n == 155 and both.median_abs_error is not None and both.p90_abs_error is not None
     assert both.median_abs_error <= 0.18 and both.p90_abs_error <= 0.63, both
+    every = class_errors(rows(points, EFF))["all_reduce"]
+    assert every.n == 296 and every.median_abs_error is not None
+    assert every.p90_abs_error is not None  # a regression guard, bounds as found
+    assert every.median_abs_error <= 0.27 and every.p90_abs_error <= 0.80, every
 
 
 def test_all_reduce_by_mode(json_doc: dict) -> None:
@@ -219,14 +231,15 @@ def test_all_reduce_modes_leave_a_synchronised_set_alone() -> None:
     # and exactly the replaced points as host-bound.
     known = EFF.override({"tp_base_s": 8e-6, "tp_hop_s": 8e-6 * HOP_PER_BASE,
                           "tp_link_eff": 0.7, "nvls_base_s": 20e-6})
-    ar = [p for p in load()[1] if p.cls == "all_reduce"]
+    ar = [p for p in load()[1] if p.cls == "all_reduce" and p.tp <= p.per_node]  # in a node
     sync = [predict(p, known) for p in ar]
     hosted = [i % 3 == 0 and t < 30e-6 for i, t in enumerate(sync)]
     pts = [replace(p, measured_s=50e-6 if h else t) for p, t, h in zip(ar, sync, hosted,
                                                                        strict=True)]
     modes = all_reduce_modes(pts, EFF)
     assert modes.host == tuple(hosted) and any(hosted)
-    assert modes.host_s == {d: pytest.approx(50e-6) for d in {p.device for p in ar}}
+    assert modes.host_s == {d: pytest.approx(50e-6)  # each device with a replaced point
+                            for d in {p.device for p, h in zip(ar, hosted, strict=True) if h}}
     for name in ("tp_base_s", "tp_hop_s", "tp_link_eff", "nvls_base_s"):
         assert modes.factors[name] == pytest.approx(getattr(known, name), rel=1e-6), name
 
@@ -285,7 +298,7 @@ def test_the_extraction_reproduces_the_committed_data(tmp_path: Path) -> None:
                            "--out", str(tmp_path)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     for f in DATA.glob("*.csv"):
-        if f.name != NCCL_TESTS_FILE:  # scripts/extract_nccl_tests.py's: test_opsources.py
+        if f.name not in ALL_REDUCE_FILES.values():  # the other extractors': test_opsources
             assert (tmp_path / f.name).read_text() == f.read_text(), f.name
 
 

@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import io
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,7 +18,21 @@ from types import ModuleType
 import pytest
 
 from placer.cost.efficiency import Efficiency
-from workflows.opdata import DATA, NCCL_TESTS, VIDUR, load, predict
+from placer.spec.catalog import shipped_devices
+from workflows.opdata import (
+    A3MEGA,
+    ALL_REDUCE_FILES,
+    DATA,
+    DECLARED_DEVICES,
+    H20_ISSUE,
+    MLE_NCCL,
+    MLE_TORCH,
+    NCCL_TESTS,
+    OCI,
+    VIDUR,
+    load,
+    predict,
+)
 from workflows.operators import main
 from workflows.opfit import HOP_PER_BASE, all_reduce_modes
 from workflows.opsources import harness, leave_one_source_out
@@ -106,23 +121,29 @@ def test_the_shipped_factors_on_the_held_out_source(sources: dict) -> None:
 
 
 def test_each_source_priced_by_the_others_fit(sources: dict) -> None:
-    # Held out by source: Vidur's points priced by the factors fitted on nccl-tests' (H100
-    # only: the A100 rings too), and the other way round. Over the points priced at or above
-    # their harness's host period (the price is the prediction there) Vidur's meet the goal
-    # (13.1% / 28.3%); the union fit moves no source's figure enough to replace the shipped
+    # Held out by source: each in-node source's points priced by the four in-node factors
+    # fitted on the other in-node sources' (the two-node runs fit no in-node factor). Over the
+    # points priced at or above their harness's host period (the price is the prediction
+    # there) Vidur's meet the goal (10.8% / 24.0%, from nccl-tests', the ml-engineering book's
+    # and the H20 issue's H100/H200/B200/H20 points; 13.1% / 28.3% from nccl-tests' alone);
+    # nccl-tests' graph replays 6.1% / 9.4% (3.3% / 6.8% from Vidur's alone: the H200/B200
+    # points pull `tp_link_eff` up). The union fit moves no source's figure enough to replace the shipped
     # defaults (docs/cost-model.md).
     loso = sources["leave_one_source_out"]
-    assert loso[VIDUR]["fitted_on"] == [NCCL_TESTS] and loso[NCCL_TESTS]["fitted_on"] == [VIDUR]
+    in_node = [VIDUR, NCCL_TESTS, MLE_TORCH, MLE_NCCL, H20_ISSUE]
+    assert sorted(loso) == sorted(in_node)  # the two-node-only sources have no in-node point
+    for src in in_node:
+        assert loso[src]["fitted_on"] == sorted(s for s in in_node if s != src)
     gpu = loso[VIDUR]["priced_at_or_above_host_period"]
     assert gpu["n"] >= 20 and gpu["median_abs_error"] <= 0.15 and gpu["p90_abs_error"] <= 0.30
-    assert loso[NCCL_TESTS]["graph launch"]["p90_abs_error"] <= 0.10
+    assert loso[NCCL_TESTS]["graph launch"]["p90_abs_error"] <= 0.12
     union = sources["union_fit"]["factors"]
     assert set(union) == {"tp_base_s", "tp_hop_s", "nvls_base_s", "tp_link_eff"}
     assert all(v["shipped"] == getattr(EFF, k) for k, v in union.items())
 
 
 def test_host_periods_are_kept_per_testbed() -> None:
-    # Independent of the measurements: every all-reduce point priced with known factors,
+    # Independent of the measurements: every in-node all-reduce point priced with known factors,
     # small ones replaced by their harness's host period (Vidur's H100 harness 40 us,
     # nccl-tests' eager 35 us; graph replays never), give back the factors and one period
     # per harness, each point's own
@@ -130,7 +151,7 @@ def test_host_periods_are_kept_per_testbed() -> None:
                           "tp_link_eff": 0.7, "nvls_base_s": 20e-6})
     period = {f"{VIDUR} eager H100-SXM": 40e-6, f"{VIDUR} eager A100-80G": 60e-6,
               f"{NCCL_TESTS} eager H100-SXM": 35e-6}
-    ar = [p for p in load()[1] if p.cls == "all_reduce"]
+    ar = [p for p in load()[1] if p.cls == "all_reduce" and p.tp <= p.per_node]
     pts = []
     for i, p in enumerate(ar):
         t, host = predict(p, known), period.get(harness(p), 0.0)
@@ -149,3 +170,140 @@ def test_leave_one_source_out_fits_without_the_priced_source() -> None:
     a, b = leave_one_source_out(pts, EFF), leave_one_source_out(scaled, EFF)
     assert a[NCCL_TESTS]["factors"] == b[NCCL_TESTS]["factors"]
     assert a[VIDUR]["factors"] != b[VIDUR]["factors"]
+
+
+# The public sources beyond nccl-tests' H100 host (scripts/extract_nccl_multinode.py,
+# scripts/extract_mle_all_reduce.py), all held out from the shipped factors.
+MIRRORS = Path("/work/.mirror")
+MULTI_LOG = """nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor) warmup iters: 5 iters: 20 graph: 0
+#  Rank  0 Group  0 Pid   11 on host-a device  0 [0000:04:00] NVIDIA H100 80GB HBM3
+#  Rank  1 Group  0 Pid   12 on host-a device  1 [0000:05:00] NVIDIA H100 80GB HBM3
+  Rank  2 Group  0 Pid   13 on host-b device  0 [0000:04:00] NVIDIA H100 80GB HBM3
+#  Rank  3 Group  0 Pid   14 on host-b device  1 [0000:05:00] NVIDIA H100 80GB HBM3
+     8      2  float  sum  -1  123.2  0.00  0.00  0  122.3  0.00  0.00  0
+    16      4  float  sum  -1  135.8  0.00  0.00  0  123.5  0.00  0.00  0
+"""  # nccl-tests' layout, one MPI process per GPU, its columns' padding narrowed
+BOOK = """Here is the same sweep on an 8x H200 node, using this repo's benchmark:
+
+| payload |    busbw   |    algbw   |
+| ------: | ---------: | ---------: |
+|   32KiB |   0.92GBps |   0.48GBps |
+|    1GiB | 463.58GBps | 264.90GBps |
+
+text after the table
+"""
+COUNTS = {NCCL_TESTS: 65, OCI: 31, A3MEGA: 31, MLE_TORCH: 57, MLE_NCCL: 10, H20_ISSUE: 12}
+
+
+def _script(name: str) -> ModuleType:
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def test_the_multinode_parser_counts_ranks_and_nodes() -> None:
+    # ranks and nodes from the `Rank N ... on HOST` lines (with or without the leading #),
+    # the in-place time (the 10th column)
+    multi = _script("extract_nccl_multinode")
+    assert multi.parse(MULTI_LOG) == (4, 2, [(8, 122.3), (16, 123.5)])
+    with pytest.raises(ValueError, match="Rank"):
+        multi.parse(MULTI_LOG.split("\n", 5)[5])
+
+
+def test_the_book_parser_derives_times_from_bus_bandwidth() -> None:
+    # time = bytes x 2 (n-1)/n / busbw (GB/s = 1e9 B/s); a row printed below 1.00 GB/s is
+    # dropped (its rounding alone moves the time by more than 1%)
+    mle = _script("extract_mle_all_reduce")
+    table = mle.Table("Here is the same sweep on an 8x H200 node", 1, "H200", 8, 8)
+    [(ranks, nbytes, ms)] = mle.points(BOOK, table)
+    assert (ranks, nbytes) == (8, 2 ** 30)
+    assert ms == pytest.approx(2 ** 30 * 1.75 / 463.58e9 * 1e3)
+    with pytest.raises(ValueError, match="no line"):
+        mle.points(BOOK, mle.Table("absent sentence", 1, "H200", 8, 8))
+
+
+def test_every_public_source_is_loaded_and_priced_finite() -> None:
+    ar = [p for p in load()[1] if p.cls == "all_reduce"]
+    for src, n in COUNTS.items():
+        ps = [p for p in ar if p.source == src]
+        assert len(ps) == n, src
+        assert all(math.isfinite(predict(p, EFF)) and predict(p, EFF) > 0 for p in ps), src
+    devices = {src: {(p.device, p.tp) for p in ar if p.source == src} for src in COUNTS}
+    assert devices[OCI] == {("A100-40G", 16)} and devices[A3MEGA] == {("H100-SXM", 16)}
+    assert devices[MLE_TORCH] == {("H200", 8), ("B200", 8), ("B200", 32)}
+    assert devices[MLE_NCCL] == {(d, n) for d in ("H200", "B200") for n in range(4, 9)}
+    assert devices[H20_ISSUE] == {("H20", 8)}
+    # the A100 40GB is declared from its datasheet (not a catalog device), linked as the 80GB
+    assert "A100-40G" in DECLARED_DEVICES and "A100-40G" not in shipped_devices()
+    assert DECLARED_DEVICES["A100-40G"]["intra_link_gbs"] == (
+        shipped_devices()["A100-80G"].intra_link_gbs)
+    assert set(ALL_REDUCE_FILES) == set(COUNTS)
+
+
+@pytest.mark.parametrize(("script", "repos"), [
+    ("extract_nccl_multinode.py", ("oracle-quickstart+oci-hpc-oke",
+                                   "lessizzmore+create-a3mega-ztan-fork")),
+    ("extract_mle_all_reduce.py", ("stas00+ml-engineering",))])
+def test_the_extractions_reproduce_the_committed_files(tmp_path: Path, script: str,
+                                                       repos: tuple[str, ...]) -> None:
+    if not all((MIRRORS / r / "repo").is_dir() for r in repos):
+        pytest.skip(f"no local copy of {', '.join(repos)}")
+    flag = ["--mirrors", str(MIRRORS)] if "multinode" in script else [
+        "--source", str(MIRRORS / repos[0] / "repo")]
+    done = subprocess.run([sys.executable, str(SCRIPTS / script), *flag, "--out",
+                           str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    written = sorted(f.name for f in tmp_path.glob("*.csv"))
+    assert written and all((tmp_path / f).read_text() == (DATA / f).read_text()
+                           for f in written)
+
+
+@pytest.mark.parametrize(("script", "flag"), [("extract_nccl_multinode.py", "--mirrors"),
+                                              ("extract_mle_all_reduce.py", "--source")])
+def test_the_extractions_refuse_a_missing_source(tmp_path: Path, script: str,
+                                                 flag: str) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPTS / script), flag, str(tmp_path / "none"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and flag in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_public_sources_held_out(sources: dict) -> None:
+    # A regression guard, bounds as found: the shipped factors (fitted on Vidur's A100/H100
+    # kernels) on the public sources they never saw. In a node the bandwidth end holds on
+    # new devices: the H20 node (nccl-tests issue 306) 11.1% / 19.1%, the book's nccl-tests
+    # 8 GiB sweeps (H200, B200, 4-8 ranks) 7.6% / 19.9%
+    # (H200 runs 16-21% faster than its H100-like NVLink prices), its torch benchmark's
+    # >= 64 MiB calls 17.9% / 28.3%; below that each harness's per-call floor rules. Across
+    # nodes the price misses (workflows/opsources.py's docstring): OCI's two A100 nodes
+    # 35.7% / 54.6%, A3 Mega's two H100 nodes over TCPXO 78.9% / 82.8%, four B200 nodes
+    # 45.6% / 90.1%.
+    held = sources["shipped_factors"]
+    bounds = {OCI: ("all_points", 31, 0.36, 0.55), A3MEGA: ("all_points", 31, 0.79, 0.83),
+              MLE_TORCH: ("all_points", 57, 0.35, 0.77), MLE_NCCL: ("all_points", 10, 0.08, 0.20),
+              H20_ISSUE: ("all_points", 12, 0.12, 0.20)}
+    for src, (key, n, median, p90) in bounds.items():
+        c = held[src][key]
+        assert held[src]["factors_fitted_on_it"] is False
+        assert c["n"] == n and c["median_abs_error"] <= median and c["p90_abs_error"] <= p90, src
+    big = held[MLE_TORCH]["sizes >= 64 MiB"]
+    assert big["n"] == 27 and big["median_abs_error"] <= 0.18 and big["p90_abs_error"] <= 0.29
+    assert held[MLE_TORCH]["1 node"]["n"] == 40 and held[MLE_TORCH]["4 nodes"]["n"] == 17
+    assert held[OCI]["2 nodes"]["n"] == 31 and "1 node" not in held[OCI]
+    # a two-node call has no host period: every one is scored as the price's prediction
+    assert held[OCI]["priced_at_or_above_host_period"] == held[OCI]["all_points"]
+
+
+def test_the_cross_node_price_misses_both_ends() -> None:
+    # The systematic finding, point by point: every call across nodes below 1 MiB costs more
+    # than priced (the network's per-call latency: no in-node factor carries it), every one
+    # at >= 1 GiB less (NCCL's tree across two nodes and the NICs outrun the in-node ring's
+    # NVLink rate the price takes).
+    cross = [p for p in load()[1] if p.cls == "all_reduce" and p.tp > p.per_node]
+    assert {p.source for p in cross} == {OCI, A3MEGA, MLE_TORCH}
+    small = [p for p in cross if p.size < 2 ** 20]
+    large = [p for p in cross if p.size >= 2 ** 30]
+    assert len(small) == 36 and len(large) == 13
+    assert all(predict(p, EFF) < 0.8 * p.measured_s for p in small)
+    assert all(predict(p, EFF) > 1.15 * p.measured_s for p in large)

@@ -24,7 +24,9 @@ same bytes the ring's smaller per-call cost wins, so it is the ring at two ranks
 `nvls_eff` (a ring efficiency and a separate NVLS one, NVLS only above two ranks);
 `nvls_busbw` (one efficiency, NVLS's time 2 (n - 1) / n of the buffer, 2.29's conversion);
 `nvls_eff_busbw` (both). Each is fitted with `opfit.split_modes` (the shipped split of the
-host-bound kernels) and scored as workflows/opsources.py scores the shipped one.
+host-bound kernels) and scored as workflows/opsources.py scores the shipped one, on the two
+in-node A100/H100 sources the study was made on (`FORM_SOURCES`; the later sources, H200/B200
+nodes and runs across nodes, are held out against the shipped form in workflows/opsources.py).
 `python -m workflows.arforms [--json]`.
 """
 from __future__ import annotations
@@ -39,10 +41,12 @@ import numpy as np
 
 from placer.cost.efficiency import Efficiency
 from placer.spec.catalog import shipped_devices
-from workflows.opdata import SOURCES, Point, load
+from workflows.opdata import NCCL_TESTS, VIDUR, Point, load
 from workflows.opfit import HOP_PER_BASE, split_modes
 from workflows.opmodes import errors
 from workflows.opsources import harness, host_periods, price_errors
+
+FORM_SOURCES = (VIDUR, NCCL_TESTS)  # each fitted on the other
 
 
 @dataclass(frozen=True)
@@ -131,9 +135,9 @@ def study(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, form in FORMS.items():
         out[name] = {}
-        for src in SOURCES:
+        for src in FORM_SOURCES:
             test = [p for p in ar if p.source == src]
-            train = [p for p in ar if p.source != src]
+            train = [p for p in ar if p.source != src and p.source in FORM_SOURCES]
             theta = fit(train, form, eff)
             out[name][src] = {"fitted_on": sorted({p.source for p in train}),
                               "factors": factors(form, theta),

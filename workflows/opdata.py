@@ -1,6 +1,9 @@
 """The measured operators of `python -m workflows.operators` and how the cost model prices each:
 the points of workflows/data/operators/ (scripts/extract_operators.py wrote them from Vidur's
-profiles, scripts/extract_nccl_tests.py the all-reduces of public nccl-tests logs; each file's
+profiles, scripts/extract_nccl_tests.py the all-reduces of public nccl-tests logs of one H100
+host, scripts/extract_nccl_multinode.py those of two-node runs, scripts/extract_mle_all_reduce.py
+the ml-engineering book's H200 and B200 tables; all_reduce_h20_issue.csv is transcribed from
+an nccl-tests issue thread (`ALL_REDUCE_FILES`); each file's
 header names the source commit, paths, units and licence) and `predict`, which
 prices a point with the cost-model function its class names (the classes: workflows/operators.py).
 An attention point prices one layer of its shape (`attention_layer`) split over its TP ranks.
@@ -8,6 +11,7 @@ An attention point prices one layer of its shape (`attention_layer`) split over 
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -23,12 +27,33 @@ from placer.spec.catalog import shipped_devices
 from placer.spec.hardware import DeviceType
 
 DATA = Path(__file__).resolve().parent / "data" / "operators"
+HEX40 = re.compile(r"[0-9a-f]{40}")  # a git commit
 CLASSES = ("prefill_linear", "decode", "attention", "all_reduce", "send_recv")
 LAYER_CLASSES = ("prefill_linear", "decode")
 PREFILL_MIN_TOKENS = 128  # a prefill chunk; below it a pass is decode-sized
 VIDUR = "vidur"  # github.com/microsoft/vidur's profiles (every class)
 NCCL_TESTS = "nccl-tests"  # nccl-tests logs of github.com/waynehacking8/nccl-collectives-bench
-SOURCES = (VIDUR, NCCL_TESTS)
+OCI = "oci-2node"  # github.com/oracle-quickstart/oci-hpc-oke's README: 2x8 A100-40GB, RoCE
+A3MEGA = "a3mega-2node"  # github.com/lessizzmore/create-a3mega-ztan-fork: 2x8 H100, TCPXO
+MLE_TORCH = "mle-torch"  # github.com/stas00/ml-engineering's all_reduce_bench: H200, B200 1/4 nodes
+MLE_NCCL = "mle-nccl-tests"  # the same book's nccl-tests 8 GiB rank sweeps: H200, B200
+H20_ISSUE = "h20-issue"  # an 8x H20 node's nccl-tests sweep in NVIDIA/nccl-tests issue 306
+SOURCES = (VIDUR, NCCL_TESTS, OCI, A3MEGA, MLE_TORCH, MLE_NCCL, H20_ISSUE)
+# each public all-reduce source's file beyond Vidur's (scripts/extract_nccl_tests.py,
+# scripts/extract_nccl_multinode.py, scripts/extract_mle_all_reduce.py)
+ALL_REDUCE_FILES = {NCCL_TESTS: "all_reduce_nccl_tests.csv", OCI: "all_reduce_oci.csv",
+                    A3MEGA: "all_reduce_a3mega.csv", MLE_TORCH: "all_reduce_mle_torch.csv",
+                    MLE_NCCL: "all_reduce_mle_nccl_tests.csv", H20_ISSUE: "all_reduce_h20_issue.csv"}
+# A device a source measured that the shipped catalog lacks, declared from its datasheet (as
+# workflows/published_rows.py declares GH200): an all-reduce's price reads its NVLink, NIC and
+# NVLink SHARP figures alone
+DECLARED_DEVICES: dict[str, dict[str, object]] = {
+    "A100-40G": {
+        "name": "A100-40G", "kind": "gpu", "memory_gb": 40, "bf16_tflops": 312,
+        "mem_bw_gbs": 1555, "intra_link_gbs": 300, "nic_gbs": 25, "can_train": True,
+        "source": "NVIDIA A100 datasheet (SXM4 40GB: 1,555 GB/s, NVLink 3 600 GB/s both "
+                  "directions); NIC: OCI BM.GPU4.8's 1,600 Gb/s RDMA cluster network per node "
+                  "of 8 GPUs (OCI compute shapes), 200 Gb/s = 25 GB/s per GPU"}}
 DECODE_MAX_TOKENS = 64  # a decode batch whose weight read still bounds its GEMMs on A100/H100
 LAYER_KERNELS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
                  "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
@@ -65,7 +90,9 @@ class Provenance:
 
     @property
     def commit(self) -> str:
-        return next(w for ln in self.lines for w in ln.split() if len(w) == 40)
+        """The source's git commit; "" for a source that is not a repository file (an
+        issue thread, cited by its address)."""
+        return next((w for ln in self.lines for w in ln.split() if HEX40.fullmatch(w)), "")
 
 
 def _read(name: str) -> tuple[Provenance, list[dict[str, str]]]:
@@ -79,7 +106,8 @@ def _read(name: str) -> tuple[Provenance, list[dict[str, str]]]:
 @cache
 def load() -> tuple[tuple[Provenance, ...], tuple[Point, ...]]:
     """Every measured point, with the provenance of the files they came from: Vidur's
-    profiles (every class) and the nccl-tests all-reduce logs (`Point.source`)."""
+    profiles (every class) and the nccl-tests all-reduce logs (`Point.source`), the attention
+    file last."""
     points: list[Point] = []
     prov_layers, layers = _read("layers.csv")
     for r in layers:
@@ -99,11 +127,12 @@ def load() -> tuple[tuple[Provenance, ...], tuple[Point, ...]]:
         provs.append(prov)
         points += [Point(cls, r["device"], "", int(r["ranks"]), int(r["bytes"]),
                          float(r["ms"]) / 1e3, per_node=int(r["per_node"])) for r in rows]
-    prov, rows = _read("all_reduce_nccl_tests.csv")
-    provs.append(prov)
-    points += [Point("all_reduce", r["device"], "", int(r["ranks"]), int(r["bytes"]),
-                     float(r["ms"]) / 1e3, per_node=int(r["per_node"]), source=NCCL_TESTS,
-                     launch=r["launch"]) for r in rows]
+    for src, name in ALL_REDUCE_FILES.items():
+        prov, rows = _read(name)
+        provs.append(prov)
+        points += [Point("all_reduce", r["device"], "", int(r["ranks"]), int(r["bytes"]),
+                         float(r["ms"]) / 1e3, per_node=int(r["per_node"]), source=src,
+                         launch=r["launch"]) for r in rows]
     prov, rows = _read("attention.csv")
     provs.append(prov)
     points += [Point("attention", r["device"], "", int(r["tp"]), int(r["size"]),
@@ -125,6 +154,9 @@ def load_sweep() -> tuple[Provenance, tuple[Point, ...]]:
 
 @cache
 def _device(name: str) -> DeviceType:
+    """The catalog's device, or one a source declares (`DECLARED_DEVICES`)."""
+    if name in DECLARED_DEVICES:
+        return DeviceType(**{k: v for k, v in DECLARED_DEVICES[name].items() if k != "source"})
     return shipped_devices()[name]
 
 
