@@ -49,7 +49,6 @@ from placer.cost.roofline import (
     weight_tensors,
 )
 from placer.cost.sharding import Parallel
-from placer.spec.arch import ModelArch
 from placer.spec.catalog import resolve, shipped_devices, shipped_models
 from placer.spec.load import job_from_dict
 

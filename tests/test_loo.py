@@ -138,17 +138,22 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # Megatron CPU Adam at the one-thread host rate: -21%, +2%, -25%, -2%, -9%, +9%, -14%, -1%,
     # -33%, and the step rows 10.0% median, max 37.1%: r11 (DeepSeek-V3, verl's eager H20
     # engines) from -20% to -37%, its rollout stage no longer hiding ~400 s of unpriced
-    # trainer-side time; the earlier rows' bound was loosened for that row, measured better
-    # everywhere else. A ratchet: tighten, loosen only for a change measured better elsewhere,
-    # or new rows, and say which.
+    # trainer-side time. Then two defects fixed by the code they model, not by the rows: a pool
+    # inside one NVLink domain (GB200 NVL72) prices its groups on NVLink, and a pipelined
+    # forward pass each stage's own layers' collectives. Both flattered NeMo-RL's rows: -21%,
+    # -10%, -30%, -2%, -42% (r19, 30B-A3B on 16 GB200), -17%, -18%, -9%, -29%, every one now
+    # short (docs/cost-model.md, "What is left on these rows"); the step rows 14.2%, max 42.3%.
+    # Loosened for those fixes; the earlier rows' bound for r11 alone. A ratchet: tighten,
+    # loosen only for a change measured better elsewhere, a defect fixed, or new rows, and say
+    # which.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.105, step
+    assert step["loo_median_abs_error"] < 0.145, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.38, earlier
     assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.30, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
-    assert max(abs(e) for e in nemo.values()) < 0.34, nemo
+    assert max(abs(e) for e in nemo.values()) < 0.43 and max(nemo.values()) < 0, nemo
     # 20 rows, 8.0% median, max 20.4% (verl's H100 checkpoint-engine row, -20%: its sender rate
     # refitted without it on verl's two GH200 single-sender rows and NeMo-RL's two NCCL-pair
     # rows, 10.7 GB/s achieved against its 8.7; 17 rows, 8.3% and max 29.2% when the README was
@@ -189,10 +194,11 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # nccl_reshard per-item costs and pull request 2971's four rows, above); EasyR1's two
     # Qwen2.5-VL rows are -24% (r13, 7B) and -5% (r14, 32B) at their job files' micro-batch
     # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384)
-    # 8.3%, max 37.1% (r11) with the occupancy read and launch-counted eager host time above
+    # 8.3%, max 37.1% (r11) with the occupancy read and launch-counted eager host time above;
+    # 8.9%, max 42.3% (r19) with the NVLink-domain and pipelined-forward fixes
     every = rep.summary()
     assert len(rep.rows) == 50 and len(rep.kind("first_step")) == 1
-    assert every["loo_median_abs_error"] < 0.085 and every["loo_max_abs_error"] < 0.38, every
+    assert every["loo_median_abs_error"] < 0.09 and every["loo_max_abs_error"] < 0.43, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

@@ -66,8 +66,10 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # r11 (DeepSeek-V3 on verl's eager H20 engines) goes from -20% to -37%: its rollout stage,
     # which hid ~400 s of unpriced trainer-side time, is now -26% (docs/cost-model.md, "Forms of
     # the routed-expert read"). Loosened for that row alone; the median and every other bound
-    # were tightened.
-    assert doc.median_abs_error < 0.12, doc.median_abs_error
+    # were tightened. 14.8% (max 41.9%, r19) once a pool inside one NVLink domain prices its
+    # groups on NVLink and a pipelined forward each stage's own collectives: defects fixed by
+    # the code they model, which had flattered NeMo-RL's rows.
+    assert doc.median_abs_error < 0.15, doc.median_abs_error
     earlier = [r for r in doc.rows if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.error) for r in earlier) < 0.38, earlier
     h20 = [r for r in doc.rows if "xH20 " in r.name and not r.name.startswith("r11")]
@@ -182,12 +184,13 @@ def test_nemo_rl_performance_rows_held_out(doc: PublishedReport) -> None:
     # H100 BF16 and FP8, GB200 BF16), priced with their own layouts and no refit (no stage
     # times: no factor is fitted on them). A regression guard on errors found, not an accuracy
     # claim. With the routed experts read at the fused-MoE grid's occupancy
-    # (`kernels.expert_read_eff`, no factor): r15 -19%, r16 +3%, r17 -25%, r18 -2%, r19 -9%,
-    # r20 +11%, r21 -14%, r22 -0%, r23 -31% (its published step is longer than r20's at twice
-    # the GPUs); they were -0% to +113% at the one-row half width it replaced
-    # (docs/cost-model.md, "NeMo-RL's performance rows")
+    # (`kernels.expert_read_eff`, no factor), pools inside one NVLink domain priced on NVLink
+    # and a pipelined forward's collectives per stage: r15 -19%, r16 -10%, r17 -30%, r18 -2%,
+    # r19 -42%, r20 -15%, r21 -17%, r22 -8%, r23 -29%, every one short; they were -0% to +113%
+    # at the one-row half width the occupancy replaced (docs/cost-model.md, "NeMo-RL's
+    # performance rows")
     rows = {r.name[:3]: r for r in doc.rows}
     nemo = ("r15", "r16", "r17", "r18", "r19", "r20", "r21", "r22", "r23")
     assert all(rows[k].fits and not rows[k].stages for k in nemo)
-    assert all(abs(rows[k].error) < 0.33 for k in nemo), {k: rows[k].error for k in nemo}
-    assert max(abs(rows[k].error) for k in ("r16", "r18", "r22")) < 0.05
+    assert all(-0.43 < rows[k].error < 0 for k in nemo), {k: rows[k].error for k in nemo}
+    assert max(abs(rows[k].error) for k in ("r16", "r18", "r22")) < 0.11
