@@ -153,7 +153,11 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.38, earlier
     assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.30, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
-    assert max(abs(e) for e in nemo.values()) < 0.43 and max(nemo.values()) < 0, nemo
+    # NCCL's hierarchical latency for TP all-reduces across nodes (collectives.
+    # span_tree_steps_s) moved r16 -10% -> -5%, r17 -30% -> -28%, r18 -2% -> +2%, r21 -18%
+    # -> -16%, r22 -9% -> -2%, r23 -29% -> -27% (LOO); the step rows 13.4%, max 42.3% (r19).
+    # r18 is no longer short: the sign bound admits +3% for that defect fixed.
+    assert max(abs(e) for e in nemo.values()) < 0.43 and max(nemo.values()) < 0.03, nemo
     # 20 rows, 8.0% median, max 20.4% (verl's H100 checkpoint-engine row, -20%: its sender rate
     # refitted without it on verl's two GH200 single-sender rows and NeMo-RL's two NCCL-pair
     # rows, 10.7 GB/s achieved against its 8.7; 17 rows, 8.3% and max 29.2% when the README was

@@ -43,11 +43,14 @@ What the held-out sources show (shipped factors; `python -m workflows.operators`
     4-64 MiB calls run at 77-400 GB/s bus bandwidth where NVLS is priced at 217-674 (-41% to
     -65%): NCCL on that node (AWS's tuner plugin) does not reach NVLS's rate until ~128 MiB;
   - across nodes `layercomm.tp_all_reduce` (a group of more than 8 ranks: min(NVLink x
-    `tp_link_eff`, 8 NICs x `link_eff`) per rank, `net_hop_s` per step, the faster of ring and
-    tree, the in-node `tp_base_s`) misses in three regimes. Small calls pay the network's
-    per-call latency, which no in-node factor carries: 35-85 us on OCI's RoCE, 122-207 us on
-    A3 Mega's TCPXO, 358-505 us on 4 B200 nodes' EFA up to 16 MiB, priced 26-136 us (-25% to
-    -55%, -79% to -84%, -73% to -91%). Mid sizes cross over near 16-32 MiB (OCI), 256 MiB
+    `tp_link_eff`, 8 NICs x `link_eff`) per rank, the faster of ring and tree at NCCL's
+    hierarchical step latencies: in-node steps at `tp_hop_s`, network steps at `net_hop_s`, the
+    tree's at NCCL's 5.0 / 2.7 of it; `collectives.span_tree_steps_s`) misses in three regimes.
+    Below 1 MiB OCI's RoCE calls (35-73 us) sit around NCCL's own latency, priced 40-47 us: -36%
+    to +15% (-25% to -55% when every tree step was a network step, 26 us); A3 Mega's TCPXO
+    (122-171 us) and 4 B200 nodes' EFA (358-505 us up to 16 MiB) pay their network stack's
+    latency, which NCCL's tuner takes from its net plugin, not its tables: -67% to -76% and -69%
+    to -87% (were -79% to -84%, -73% to -91%). Mid sizes cross over near 16 MiB (OCI), 256 MiB
     (A3 Mega) and 512 MiB (4x B200). At >= 1 GiB every run is faster than priced: OCI's A100s
     222-238 GB/s bus bandwidth (+49% to +59%), A3 Mega's H100s 299-337 (+35% to +51%), 4x B200
     362-382 (+16% to +20%), where the price is the in-node ring's NVLink rate (300 x 0.498 =
@@ -55,9 +58,9 @@ What the held-out sources show (shipped factors; `python -m workflows.operators`
     node's NICs' sum (OCI's 200 GB/s) is NCCL's tree across two nodes, which moves each byte
     over the network once, not the ring's 2 (n-1)/n.
 So a TP group spanning nodes is priced within ~20% only from ~16-512 MiB up to the GiB sizes
-where the tree or the NICs outrun the price, and a small cross-node call is priced at a
-fraction of its network latency; an H200 node's large all-reduces are ~20% faster than an
-H100's price. These are reported; no factor is refitted on them.
+where the tree or the NICs outrun the price, and a small cross-node call at NCCL's own
+latency, which a RoCE fabric meets and TCPXO or EFA exceed 3-8x; an H200 node's large
+all-reduces are ~20% faster than an H100's price. These are reported; no factor is refitted on them.
 
 Per source (`by_source`): the errors at the given factors over every point, per launch mode,
 per node count, by size (below and at or above 64 MiB, where bandwidth rules), and over the

@@ -3,9 +3,11 @@
 A collective over n ranks moving B bytes costs a fixed launch latency (`coll_base_s`), a per-hop
 latency for each step its algorithm takes, and the bytes each rank sends over its link's achieved
 bandwidth (`link_eff`). All-reduce and broadcast take the faster of ring and tree for their size
-and rank count, as NCCL's tuner does; all-gather, reduce-scatter and all-to-all are rings or
-pairwise exchanges; n = 1 is free. A one-token message still pays its latencies: that bounds a TP
-decode all-reduce at batch 1.
+and rank count, as NCCL's tuner does; an all-reduce whose group spans nodes takes NCCL's
+hierarchical step latencies (`span_ring_steps_s`, `span_tree_steps_s`): only the steps that
+cross the network pay its latency, the others an in-node hop; all-gather, reduce-scatter and
+all-to-all are rings or pairwise exchanges; n = 1 is free. A one-token message still pays its
+latencies: that bounds a TP decode all-reduce at batch 1.
 
 The per-algorithm formulas and the latency defaults' source (NCCL's src/graph/tuning.cc):
 docs/cost-model.md, "Collectives and layer communication".
@@ -28,15 +30,30 @@ NET_HOP_S = 2.7e-6  # NCCL tuning.cc hwLat[NET], ring LL: one step over the node
 NCCL_SIMPLE_BASE_S = 8.4e-6
 NCCL_SIMPLE_NVLINK_HOP_S = 3.4e-6
 NCCL_NVLS_NVLINK_S = 23e-6
+# NCCL's latency of an all-reduce whose ranks span nodes (tuning.cc `ncclTopoTuneModel`, commit
+# 5067397c2676d5aed50042fc39e5c8ee96eb0027), LL protocol (the one small calls run): a ring of
+# n ranks over `nodes` nodes takes 2 (n - 1) steps of which 2 (nodes - 1) cross the network at
+# hwLat[NET][RING][LL] (2.7 us, `NET_HOP_S`) and the rest stay in a node at max(hwLat[NVLINK],
+# the network proxy's post overhead: `getNetOverhead`, 1 us on Intel and other CPUs); a tree
+# takes 2 ((n / nodes - 1) in-node steps + log2i(nodes) network steps), its network step at
+# hwLat[NET][TREE][LL], 5.0 us: NET_TREE_HOP_RATIO of the ring's. With one rank per node the
+# ring's network steps take the tree's latency too ("with ppn=1 latencies are fully exposed").
+NET_OVERHEAD_S = 1.0e-6
+NET_TREE_HOP_RATIO = 5.0 / 2.7
 
 
 @dataclass(frozen=True)
 class Link:
     """What one rank sees of a collective's slowest link: per-hop latency and achieved GB/s."""
 
-    alpha_s: float  # latency of one algorithm step (a hop)
+    alpha_s: float  # latency of one algorithm step (a hop); across nodes, a network step
     gbs: float  # achieved bandwidth per rank, GB/s (1e9 bytes/s), one direction
     base_s: float = NCCL_BASE_S  # fixed cost per call (launch, synchronisation)
+    # a group of consecutive ranks (a TP group) that spans nodes: its ranks per node and the
+    # latency of a step between two ranks of one node, for NCCL's hierarchical all-reduce
+    # latency (`span_ring_steps_s`, `span_tree_steps_s`); 0: every step is alpha_s
+    node_ranks: int = 0
+    intra_alpha_s: float = 0.0
 
     def bytes_s(self, nbytes: float) -> float:
         return nbytes / (self.gbs * 1e9)
@@ -46,12 +63,37 @@ def _log2(n: int) -> int:
     return math.ceil(math.log2(n)) if n > 1 else 0
 
 
+def _nodes(n: int, link: Link) -> int:
+    """Nodes a group of n consecutive ranks spans on `link`; 1 where the link carries no node
+    size or the group fits one node's ranks (every step then at the link's `alpha_s`)."""
+    return -(-n // link.node_ranks) if 0 < link.node_ranks < n else 1
+
+
 def all_reduce(nbytes: float, n: int, link: Link) -> float:
     """Sum a `nbytes` buffer over n ranks (every rank ends with the sum): min(ring, tree)."""
     if n <= 1:
         return 0.0
-    tree = link.base_s + 2 * _log2(n) * link.alpha_s + 2 * link.bytes_s(nbytes)
+    nodes = _nodes(n, link)
+    steps = (2 * _log2(n) * link.alpha_s if nodes == 1
+             else span_tree_steps_s(n, nodes, link.alpha_s, link.intra_alpha_s))
+    tree = link.base_s + steps + 2 * link.bytes_s(nbytes)
     return min(ring_all_reduce(nbytes, n, link), tree)
+
+
+def span_ring_steps_s(n: int, nodes: int, net_s: float, intra_s: float) -> float:
+    """The step latencies of NCCL's ring all-reduce of n ranks over `nodes` nodes: 2 (nodes - 1)
+    network steps at `net_s`, the other 2 (n - nodes) at max(`intra_s`, `NET_OVERHEAD_S`)
+    (NCCL's tuning.cc; `NET_TREE_HOP_RATIO`'s comment)."""
+    net = net_s * NET_TREE_HOP_RATIO if n == nodes else net_s
+    return 2 * (n - nodes) * max(intra_s, NET_OVERHEAD_S) + 2 * (nodes - 1) * net
+
+
+def span_tree_steps_s(n: int, nodes: int, net_s: float, intra_s: float) -> float:
+    """The step latencies of NCCL's tree all-reduce of n ranks over `nodes` nodes: up and down
+    a chain through each node's n / nodes ranks at `intra_s` and a tree across the nodes,
+    log2i(nodes) deep, at the tree's network step (`net_s` x `NET_TREE_HOP_RATIO`)."""
+    depth = nodes.bit_length() - 1  # NCCL's log2i: floor(log2(nodes))
+    return 2 * ((n // nodes - 1) * intra_s + depth * net_s * NET_TREE_HOP_RATIO)
 
 
 def ring_all_reduce(nbytes: float, n: int, link: Link) -> float:
@@ -61,7 +103,10 @@ def ring_all_reduce(nbytes: float, n: int, link: Link) -> float:
     2019), which saves no step over the ring, so a group inside one node runs the ring."""
     if n <= 1:
         return 0.0
-    return link.base_s + 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * link.bytes_s(nbytes)
+    nodes = _nodes(n, link)
+    steps = (2 * (n - 1) * link.alpha_s if nodes == 1
+             else span_ring_steps_s(n, nodes, link.alpha_s, link.intra_alpha_s))
+    return link.base_s + steps + 2 * (n - 1) / n * link.bytes_s(nbytes)
 
 
 def all_gather(nbytes: float, n: int, link: Link) -> float:
@@ -96,7 +141,10 @@ def group_link(intra_gbs: float, nic_gbs: float, ranks: int, per_node: int, link
                intra_hop_s: float = NVLINK_HOP_S, net_hop_s: float = NET_HOP_S,
                base_s: float = NCCL_BASE_S) -> Link:
     """The link a group of `ranks` ranks runs on: NVLink when it fits in one node of
-    `per_node` devices, else the NIC (the slowest hop of a ring that crosses nodes)."""
+    `per_node` devices, else the NIC (the slowest hop of a ring that crosses nodes). Every
+    step of a collective on the NIC link pays `net_hop_s`: the groups that all-reduce on it
+    (data-parallel gradients, HSDP's replicas) are strided over the layout, so how many of
+    their ranks share a node, which NCCL's hierarchical latency needs, is not the link's."""
     if ranks <= per_node:
         return Link(intra_hop_s, intra_gbs * link_eff, base_s)
     return Link(net_hop_s, nic_gbs * link_eff, base_s)

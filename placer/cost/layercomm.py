@@ -60,13 +60,15 @@ def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     `tp_hop_s` (fitted on NCCL all-reduce kernels of TP-sized groups, which other
     collectives' `link_eff`, `coll_base_s` and `nvlink_hop_s` are not), a call costing the
     measured `tp_call_s` where the trainers' probe timed one; a group spanning nodes (an
-    engine's TP 16 or 32) pays a network hop per step and moves its bytes at a node's NICs
+    engine's TP 16 or 32) pays NCCL's hierarchical step latencies (`net_hop_s` for each step
+    that crosses the network, the in-node ring's `tp_hop_s` for each step inside a node:
+    `collectives.span_ring_steps_s`, `span_tree_steps_s`) and moves its bytes at a node's NICs
     together, one per device (NCCL runs a ring per channel and each channel crosses the node
     boundary on its own rail's NIC), or NVLink's rate where that is lower."""
     node = node_devices(dev)
     if ranks > node:  # the slower of the node's NICs and its own NVLink ring binds
         gbs = min(dev.intra_link_gbs * eff.tp_link_eff, node * dev.nic_gbs * eff.link_eff)
-        return Link(eff.net_hop_s, gbs, eff.tp_base_s)
+        return Link(eff.net_hop_s, gbs, eff.tp_base_s, node, eff.tp_hop_s)
     return call_cost(Link(eff.tp_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
                      eff.tp_call_s)
 
