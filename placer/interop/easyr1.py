@@ -362,5 +362,10 @@ def import_easyr1(text: str, source: str, device: str = "H100-SXM",
                             f"{_get(cfg, 'algorithm.kl_penalty')!r}, {coef!r})")
         job["kl"] = {"coef": float(coef), "estimator": estimator,
                      "in": "loss" if _on(cfg, "algorithm.use_kl_loss") else "reward"}
-    return job, assumed_notes(device) + ["micro-batches, parking and the reference's host "
-                                         "copy: the easyr1 profile's (EasyR1's defaults)"]
+    return job, assumed_notes(device) + [
+        "micro-batches, parking and the reference's host copy: the easyr1 profile's (EasyR1's "
+        "defaults)",
+        "lengths.images_per_prompt: an EasyR1 config does not say how many images a prompt has "
+        f"(data.image_key {_get(cfg, 'data.image_key') or 'images'!r}); for a "
+        "vision-language run set it and take its image tokens off lengths.prompt (EasyR1's "
+        "max_prompt_length counts them; placer adds them to the prompt)"]
