@@ -130,7 +130,7 @@ def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
             for r in members:
                 out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff)
             continue
-        fw = res.job.profile.name
+        fw = res.job.profile.park_scheme
         for r, (_, parked) in zip(members, rows):
             if parked:  # as its framework copies it (`optpark.moved_gb`, `timing.member_switch`)
                 est = placed_estimate(px, r, plan.roles[r], shares_slot(plan, r))

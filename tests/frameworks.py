@@ -442,3 +442,78 @@ def miles_parse(argv: list[str]) -> Any:
         if flag not in parser._option_string_actions:  # not a --no-X of Miles' own flags
             parser.add_argument(flag, nargs="*")
     return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------- EasyR1
+EASYR1 = DATA / "easyr1"
+
+
+@cache
+def _easyr1_classes() -> dict[str, dict[str, tuple[str, str | None, bool]]]:
+    """Class -> field -> (annotation, the dataclass its default_factory builds, settable) from
+    EasyR1's config dataclasses (tests/data/easyr1/config_classes.py.txt)."""
+    tree = ast.parse((EASYR1 / "config_classes.py.txt").read_text())
+    out: dict[str, dict[str, tuple[str, str | None, bool]]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        fields: dict[str, tuple[str, str | None, bool]] = {}
+        for st in node.body:
+            if not (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)):
+                continue
+            kw = {k.arg: k.value for k in st.value.keywords} if isinstance(st.value, ast.Call) else {}
+            factory = kw.get("default_factory")
+            init = kw.get("init")
+            fields[st.target.id] = (ast.unparse(st.annotation),
+                                    factory.id if isinstance(factory, ast.Name) else None,
+                                    not (isinstance(init, ast.Constant) and init.value is False))
+        out[node.name] = fields
+    return out
+
+
+def _easyr1_type_ok(annotation: str, value: Any) -> bool:
+    if annotation.startswith("Optional["):
+        return value is None or _easyr1_type_ok(annotation[len("Optional["):-1], value)
+    base = annotation.split("[")[0].lower()
+    checks = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str),
+              "tuple": lambda v: isinstance(v, list), "dict": lambda v: isinstance(v, dict)}
+    return checks[base](value)
+
+
+def easyr1_errors(text: str) -> list[str]:
+    """What EasyR1's `OmegaConf.merge(OmegaConf.structured(PPOConfig()), file)` would refuse in
+    a config file: a key that is no field, a value of another type, an auto (init=False) key."""
+    classes = _easyr1_classes()
+    errors: list[str] = []
+
+    def walk(cls: str, node: dict[str, Any], path: str) -> None:
+        for key, value in node.items():
+            where = f"{path}{key}"
+            spec = classes[cls].get(key)
+            if spec is None:
+                errors.append(f"{where}: not a field of {cls}")
+                continue
+            annotation, factory, settable = spec
+            if not settable:
+                errors.append(f"{where}: an auto key of {cls} (init=False)")
+            elif factory in classes:
+                if isinstance(value, dict):
+                    walk(factory, value, where + ".")
+                else:
+                    errors.append(f"{where}: {factory} expects a mapping")
+            elif not _easyr1_type_ok(annotation, value):
+                errors.append(f"{where}: {value!r} is not {annotation}")
+
+    doc = yaml.safe_load(text)
+    walk("PPOConfig", doc, "")
+    return errors
+
+
+def easyr1_keys(doc: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every dotted leaf key of a config mapping."""
+    out: set[str] = set()
+    for k, v in doc.items():
+        out |= easyr1_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return out

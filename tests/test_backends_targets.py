@@ -25,10 +25,10 @@ def test_each_variant_is_one_class() -> None:
     assert list(BACKENDS) == ["torch", "vllm", "sglang"]
     assert all(isinstance(b, Backend) and type(b).name == n for n, b in BACKENDS.items())
     assert len({type(b) for b in BACKENDS.values()}) == len(BACKENDS)
-    assert list(TARGETS) == ["verl", "openrlhf", "nemo-rl", "miles", "kuberay"]
+    assert list(TARGETS) == ["verl", "openrlhf", "nemo-rl", "miles", "easyr1", "kuberay"]
     assert all(isinstance(t, Target) and type(t).name == n for n, t in TARGETS.items())
     assert [t.name for t in TARGETS.values() if t.imports] == ["verl", "openrlhf", "nemo-rl",
-                                                               "miles"]
+                                                               "miles", "easyr1"]
     assert backends_help() == "torch, vllm (the gpu extra) or sglang (the sglang extra)"
 
 
@@ -37,10 +37,10 @@ def test_unknown_names_name_the_field_and_the_known_ones() -> None:
                                         r"torch, vllm, sglang\)$"):
         backend_of("tpu")
     with pytest.raises(SpecError, match=r"^framework: unknown export target 'trlx' \(expected "
-                                        r"one of verl, openrlhf, nemo-rl, miles, kuberay\)$"):
+                                        r"one of verl, openrlhf, nemo-rl, miles, easyr1, kuberay\)$"):
         target_of("trlx")
     with pytest.raises(SpecError, match=r"^framework: no importer for 'kuberay' \(expected one "
-                                        r"of verl, openrlhf, nemo-rl, miles\)$"):
+                                        r"of verl, openrlhf, nemo-rl, miles, easyr1\)$"):
         importer_of("kuberay")
 
 
@@ -55,11 +55,11 @@ def test_a_target_takes_its_own_options_only() -> None:
 
 @pytest.mark.parametrize("argv, line", [
     (["export", "trlx", "{plan}"], "framework: unknown export target 'trlx' (expected one of "
-                                   "verl, openrlhf, nemo-rl, miles, kuberay)"),
+                                   "verl, openrlhf, nemo-rl, miles, easyr1, kuberay)"),
     (["import", "kuberay", "{plan}", "--json"], "framework: no importer for 'kuberay' (expected "
-                                                "one of verl, openrlhf, nemo-rl, miles)"),
+                                                "one of verl, openrlhf, nemo-rl, miles, easyr1)"),
     (["import", "trlx", "{plan}", "--json"], "framework: unknown framework 'trlx' (expected "
-                                             "one of verl, openrlhf, nemo-rl, miles)"),
+                                             "one of verl, openrlhf, nemo-rl, miles, easyr1)"),
     (["execute", "{plan}", "--backend", "tpu"], "--backend: unknown backend 'tpu' (expected one "
                                                 "of torch, vllm, sglang)"),
 ])

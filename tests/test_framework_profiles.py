@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from frameworks import miles_parse, nemo_rl_errors, openrlhf_parse, verl_compose
+from frameworks import easyr1_errors, miles_parse, nemo_rl_errors, openrlhf_parse, verl_compose
 from simplans import small_job
 
 from placer import api
@@ -185,7 +185,7 @@ def test_an_unknown_framework_is_bad_input(capsys) -> None:
 
 
 # ------------------------------------------- plans made for a framework export to it as they are
-EXPORTERS = ("verl", "verl-megatron", "openrlhf", "nemo-rl", "miles")
+EXPORTERS = ("verl", "verl-megatron", "openrlhf", "nemo-rl", "miles", "easyr1")
 # The examples the exporters refused before profiles (a split rollout; HSDP under OpenRLHF or
 # verl's Megatron trainer) with the framework that refused them, and two small ones; every
 # other (example, framework) pair runs in the slow matrix below.
@@ -193,7 +193,8 @@ FAST = [("grpo-qwen3-next", "verl"), ("grpo-qwen3-next", "verl-megatron"),
         ("grpo-qwen7b-h100", "openrlhf"), ("longtail-replay", "openrlhf"),
         ("ppo-llama8b-hetero", "openrlhf"), ("tiny-moe", "verl-megatron"),
         ("hetero-split", "verl"), ("grpo-qwen3-next", "nemo-rl"), ("hetero-split", "miles"),
-        ("ppo-34b-a100", "nemo-rl"), ("grpo-qwen3-30b-a3b", "miles")]
+        ("ppo-34b-a100", "nemo-rl"), ("grpo-qwen3-30b-a3b", "miles"),
+        ("vlm-qwen25vl-7b", "easyr1"), ("hetero-split", "easyr1")]
 SLOW = [(n, f) for n in sorted(p.stem for p in EXAMPLES.glob("*.yaml")) for f in EXPORTERS
         if (n, f) not in FAST]
 
@@ -210,6 +211,8 @@ def _export_checked(plan: Plan, framework: str) -> None:
         assert nemo_rl_errors(next(iter(export.files.values()))) == []
     elif target == "miles":
         miles_parse(shlex.split(export.command)[2:])
+    elif target == "easyr1":
+        assert easyr1_errors(export.files["easyr1.yaml"]) == []
     else:
         openrlhf_parse(shlex.split(export.command)[3:])
 
@@ -256,8 +259,7 @@ def test_compare_all_frameworks_has_one_plan_per_framework(capsys) -> None:
 
 # ------------------------------------------------- published rows priced with their own profile
 # The framework a row's source names (its first word) -> the profiles it may be priced with.
-# EasyR1 forked verl's single-controller trainer and FSDP workers: its rows take verl's profile.
-RAN_UNDER = {"verl": ("verl", "verl-megatron"), "easyr1": ("verl",), "miles": ("miles",),
+RAN_UNDER = {"verl": ("verl", "verl-megatron"), "easyr1": ("easyr1",), "miles": ("miles",),
              "nemo-rl": ("nemo-rl",)}
 
 

@@ -127,7 +127,8 @@ def test_the_planner_streams_the_reference_where_host_memory_holds_it(host_gb, s
     assert (got.stream_params_bytes > 0) == streams
     if streams:  # beside the actor, in its slot, with no switch
         assert sol.assignment.slot_of[Role.REFERENCE] == sol.assignment.slot_of[Role.ACTOR]
-        assert got.stream_params_bytes == PROFILES["verl"].stream_bytes == 4.0
+        assert got.stream_params_bytes == STREAM_SCHEMES[PROFILES["verl"].stream_scheme
+                                                         ].bytes_per_param == 4.0
 
 
 def test_the_plan_shows_the_streamed_reference_and_counts_its_host_memory() -> None:
@@ -174,10 +175,13 @@ def test_only_a_framework_that_streams_gets_streamed_candidates() -> None:
             continue
         cands = role_candidates(px, Role.REFERENCE, px.res.cluster.pool("t"))
         streamed = {c.est.par.stream_params_bytes for c in cands} - {0.0}
-        assert streamed == ({profile.stream_bytes} if Role.REFERENCE in profile.stream_frozen
-                            else set()), name
-    # verl's host copy is its fp32 reference (STREAM_SCHEMES' verl FSDP entry)
-    assert PROFILES["verl"].stream_bytes == STREAM_SCHEMES["verl-fsdp-ref"].bytes_per_param
+        want = ({STREAM_SCHEMES[profile.stream_scheme].bytes_per_param}
+                if Role.REFERENCE in profile.stream_frozen else set())
+        assert streamed == want, name
+    # verl's host copy is its fp32 reference, EasyR1's its BF16 one (STREAM_SCHEMES' entries)
+    assert PROFILES["verl"].stream_scheme == "verl-fsdp-ref"
+    assert PROFILES["easyr1"].stream_scheme == "easyr1-ref"
+    assert STREAM_SCHEMES["easyr1-ref"].bytes_per_param == 2.0
     assert "stream_frozen" in PROFILES["verl"].sources
 
 

@@ -14,7 +14,7 @@ from placer.cost.efficiency import Efficiency
 from placer.cost.offload import STREAM_SCHEMES
 from placer.cost.sharding import Parallel
 from placer.spec.arch import ModelArch
-from placer.spec.framework import FrameworkName
+from placer.spec.framework import PROFILES, FrameworkName
 from placer.spec.weightsync import TransportKind
 
 
@@ -122,13 +122,13 @@ _OSO = "verl docs/advance/one_step_off.md"
 # scripts examples/qwen2_5_vl_{7b,32b}_geo3k_grpo.sh leave as is): FSDP full shard over the 8
 # GPUs (`ref.fsdp.enable_full_shard`), its BF16 weights on the host and streamed per forward
 # micro-batch (`ref.fsdp.enable_cpu_offload: true`; `placer.cost.offload.STREAM_SCHEMES`). Its
-# micro-batches, and the actor's, are the job files' `micro_token_budget` (EasyR1's
-# `dynamic_batching: true`: `micro_batch_size_per_device_for_experience` 2, copied to the
+# micro-batches, and the actor's, are the easyr1 profile's (`FrameworkProfile.micro_batch_samples`;
+# EasyR1's `dynamic_batching: true`: `micro_batch_size_per_device_for_experience` 2, copied to the
 # reference by verl/workers/config.py:50, x the padded length 2,048 + 2,048 = 8,192 tokens a
 # forward micro-batch, verl/workers/actor/dp_actor.py:198; `_for_update` 1 x 4,096 = 4,096 a
 # training one, dp_actor.py:241-242; neither script changes them)
-_EASYR1_REF = Use("h100", dp=8, sharded=True,
-                  stream_params_bytes=STREAM_SCHEMES["easyr1-ref"].bytes_per_param)
+_EASYR1_REF = Use("h100", dp=8, sharded=True, stream_params_bytes=STREAM_SCHEMES[
+    PROFILES["easyr1"].stream_scheme].bytes_per_param)
 
 # Why row r10's times are taken as its run's step 0 (radixark/miles @31f1ca96; the row's job
 # file has the lines): the doc's timing table ("4.2 What one step costs") names no step, and the

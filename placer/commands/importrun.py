@@ -1,10 +1,11 @@
-"""`placer import verl|openrlhf|nemo-rl|miles SOURCE -o JOB.yaml`: a job spec from a run you have.
+"""`placer import verl|openrlhf|nemo-rl|miles|easyr1 SOURCE -o JOB.yaml`: a job spec from a run you have.
 
     placer import verl CONFIG.yaml|LAUNCH.sh -o JOB.yaml [--device H100-SXM] [--name NAME]
                        [--set VAR=VALUE ...]
     placer import openrlhf "CMDLINE"|FILE -o JOB.yaml [--device ...] [--name ...] [--set ...]
     placer import nemo-rl RECIPE.yaml -o JOB.yaml      (its `defaults:` read beside it)
     placer import miles SCRIPT.sh -o JOB.yaml [--set ...]
+    placer import easyr1 CONFIG.yaml|LAUNCH.sh -o JOB.yaml   (`config=` read from its repository)
 
 A launch script's shell variables are expanded as its shell would (assignments earlier in the
 script, `${VAR:-default}`, `$((arithmetic))`, bash arrays); `--set VAR=VALUE` gives what the script takes

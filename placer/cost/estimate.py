@@ -218,11 +218,16 @@ def _shortest_cut(resp: Distribution, turns: int, keep: float, seed: int) -> flo
 
 
 def budgeted(res: Resolved, par: Parallel, kind: Literal["forward", "update"]) -> Parallel:
-    """`par` with the job's micro-batch token budget of `kind` (`Job.micro_token_budget`) where
-    the layout sets none of its own (a budget or a `micro_batch` count): what a pass's
-    micro-batches are priced at (`layercomm.micro_tokens`)."""
+    """`par` with the job's micro-batch token budget of `kind` (`Job.micro_token_budget`), else
+    its framework's (`FrameworkProfile.micro_token_budget`: EasyR1's dynamic batching, its
+    sequences per micro-batch x the padded length), where the layout sets none of its own (a
+    budget or a `micro_batch` count): what a pass's micro-batches are priced at
+    (`layercomm.micro_tokens`)."""
     budget = res.job.micro_token_budget
     tokens = getattr(budget, kind) if budget is not None else None
+    if tokens is None:
+        # the padded length: the longest prompt (its image tokens included) plus response
+        tokens = res.job.profile.micro_token_budget(kind, res.job.max_context)
     if tokens is None or par.micro_token_budget > 0 or par.micro_batch > 0:
         return par
     return replace(par, micro_token_budget=tokens)

@@ -175,7 +175,8 @@ PARK_SCHEMES: Mapping[str, ParkScheme] = MappingProxyType({
 
 
 def scheme_of(framework: str) -> ParkScheme:
-    """The framework's parking scheme (`GENERIC` for one not in `PARK_SCHEMES`)."""
+    """The parking scheme `framework` names (a profile's `FrameworkProfile.park_scheme`:
+    EasyR1's is verl's, whose FSDP worker it forked; `GENERIC` for one not in `PARK_SCHEMES`)."""
     return PARK_SCHEMES.get(framework, GENERIC)
 
 

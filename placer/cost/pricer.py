@@ -93,9 +93,11 @@ class Pricer(PriceContext):
         return []
 
     def colocated_roles(self) -> list[list[str]]:
-        """Groups of roles that must share one slot (agents' shared engine pools); none for a
-        single-policy job."""
-        return []
+        """Groups of roles that must share one slot: a single-policy job's framework's hybrid
+        engine (`FrameworkProfile.hybrid_engine`, the roles the job has; EasyR1 builds them in
+        one worker group), else none."""
+        group = [r for r in self.res.job.profile.hybrid_engine if r in self.res.job.roles()]
+        return [group] if len(group) > 1 else []
 
     def onloads_per_step(self, role: str) -> int:
         """Onloads a role pays per step in a slot whose members do not fit together: one,

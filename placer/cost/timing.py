@@ -216,7 +216,7 @@ def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
         eff = ctx.calib.for_device(dev)
         rows = [(p.est.memory.total, optpark.parked_gb(p.est.memory, p.est.par)) for p in members]
         whole = len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb
-        fw = res.job.profile.name
+        fw = res.job.profile.park_scheme
         if t := sum(member_switch(p.est, dev, eff, fw, whole) for p in members):
             out[slot] = t
     return out

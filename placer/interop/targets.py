@@ -11,6 +11,7 @@ job whose `current` section records the run's placement) where the framework has
   nemo-rl   `placer.interop.nemorl`: a GRPO recipe YAML over a shipped base recipe; imports a
             recipe (its `defaults` read beside it)
   miles     `placer.interop.miles`: the train.py launch script; imports one
+  easyr1    `placer.interop.easyr1`: EasyR1's config YAML; imports a config or launch script
   kuberay   `placer.interop.kuberay`: RayCluster, RayJob and the plan's ConfigMap (--image,
             --steps); no import
 
@@ -155,6 +156,21 @@ class Miles(Target):
         return import_miles(text, source, device=device, name=name, variables=variables)
 
 
+class EasyR1(Target):
+    name = "easyr1"
+    title = "EasyR1"
+    imports = True
+
+    def render(self, plan: Plan, **options: Any) -> Export:
+        from placer.interop.easyr1 import export_easyr1
+        return export_easyr1(plan, **options)
+
+    def import_run(self, text: str, source: str, *, device: str, name: str,
+                   variables: dict[str, str] | None = None) -> Imported:
+        from placer.interop.easyr1 import import_easyr1
+        return import_easyr1(text, source, device=device, name=name, variables=variables)
+
+
 class KubeRay(Target):
     name = "kuberay"
     title = "KubeRay"
@@ -169,7 +185,8 @@ class KubeRay(Target):
         return export_kuberay(plan, image=image, **options)
 
 
-TARGETS: dict[str, Target] = {t.name: t for t in (Verl(), OpenRLHF(), NemoRL(), Miles(), KubeRay())}
+TARGETS: dict[str, Target] = {t.name: t for t in (Verl(), OpenRLHF(), NemoRL(), Miles(), EasyR1(),
+                                                       KubeRay())}
 
 
 def target_of(name: str) -> Target:

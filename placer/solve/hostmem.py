@@ -347,7 +347,7 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
     alone in its slot never switches; a mixed rollout parks its part on the slot's pool)."""
     out = {}
     slots = {s.name: s for s in plan.slots}
-    framework = px.res.job.framework or ""
+    framework = px.res.job.profile.park_scheme
     for name in plan.breakdown.switch_s:
         slot = slots[name]
         rs = [plan.roles[role] for role in slot.roles]

@@ -49,7 +49,7 @@ class SlotMemory(ModelVars):
             return 0
         dev = self.p.res.device_of(c.pool)
         eff = self.p.calib.for_device(dev)
-        fw = self.p.res.job.profile.name
+        fw = self.p.res.job.profile.park_scheme
         return self.ti(optpark.park_time(optpark.moved_gb(c.est, fw), eff))
 
     def _memory(self) -> None:

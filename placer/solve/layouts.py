@@ -23,6 +23,7 @@ from dataclasses import replace
 from placer.base.roles import TRAINING_ROLES, Role, base_role
 from placer.cost.generation import lpu_chips
 from placer.cost.layercomm import MICRO_TOKENS, NODE_DEVICES
+from placer.cost.offload import STREAM_SCHEMES
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import GB, weight_bytes
 from placer.cost.sharding import Parallel
@@ -175,13 +176,14 @@ def streamed_frozen(res: Resolved, role: str, pars: list[Parallel]) -> list[Para
     """Streamed twins of a frozen model's FSDP-sharded layouts: the shard held in host memory
     and copied to the GPU on every forward micro-batch (`Parallel.stream_params_bytes`, at the
     framework's host bytes a parameter), only where the job's framework does it for `role`
-    (`FrameworkProfile.stream_frozen`). Slower (`offload.stream_time`), with no weights on the
-    GPU, so a colocated slot may fit where the resident shard does not; host memory is checked
-    by `placer.solve.hostmem`."""
+    (`FrameworkProfile.stream_frozen`, at its `stream_scheme`'s bytes). Slower
+    (`offload.stream_time`), with no weights on the GPU, so a colocated slot may fit where the
+    resident shard does not; host memory is checked by `placer.solve.hostmem`."""
     profile = res.job.profile
-    if base_role(role) not in profile.stream_frozen or profile.stream_bytes <= 0:
+    scheme = STREAM_SCHEMES.get(profile.stream_scheme)
+    if base_role(role) not in profile.stream_frozen or scheme is None:
         return []
-    return [replace(p, stream_params_bytes=profile.stream_bytes)
+    return [replace(p, stream_params_bytes=scheme.bytes_per_param)
             for p in pars if p.sharded_weights and p.dp > 1]
 
 
@@ -239,7 +241,7 @@ def framework_layouts(res: Resolved, role: str, dev: DeviceType, pars: list[Para
     return [p for p in pars if profile.layout_problem(
         role, training=training, has_model=has_model, on_gpu=dev.kind is DeviceKind.gpu, tp=p.tp,
         pp=p.pp, ep=p.ep, shard=p.shard, attn_dp=p.attn_dp, dp=p.dp,
-        mini_batch_samples=batch.samples // batch.mini_batches) is None]
+        mini_batch_samples=batch.samples // batch.mini_batches, prompts=batch.prompts) is None]
 
 
 def hsdp_layouts(pars: list[Parallel], pool: Pool, pinned: int | None = None) -> list[Parallel]:

@@ -106,7 +106,8 @@ def framework_check(job: Job) -> None:
     profile = job.profile
     why = profile.job_problem(critic=Role.CRITIC in job.roles(),
                               async_steps=job.pipeline.mechanism.overlaps_steps,
-                              partial_rollout=job.tail_policy.mechanism.carries_over)
+                              partial_rollout=job.tail_policy.mechanism.carries_over,
+                              reward_model=job.models.reward != "rule")
     for role in job.roles():  # a pin the framework cannot run: say so, not "does not fit"
         pin = pin_of(job, role)
         if why is None and pin is not None:

@@ -157,7 +157,7 @@ def host_mb(res: Resolved, c: Candidate) -> tuple[int, int, int]:
     pool)."""
     if alone(c) or res.device_of(c.pool).host_backed:
         return 0, 0, 0
-    n, role, framework = slot_devices(c), c.est.role, res.job.framework or ""
+    n, role, framework = slot_devices(c), c.est.role, res.job.profile.park_scheme
     mem, par = c.est.memory, c.est.par
     return (int(round(hostmem.parked_gb(mem, role, framework) * n * 1e3)),
             int(round(hostmem.held_gb(res, role, par) * n * 1e3)),

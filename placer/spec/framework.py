@@ -13,6 +13,14 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
   factors               its overheads as efficiency factors that replace the shared ones
                         (`placer.cost.efficiency.Efficiency`): the driver's dispatch, the
                         weight-sync bucket and sender, where an offloaded optimizer steps
+  hybrid_engine         roles that must share one slot (EasyR1 builds actor, rollout and
+                        reference in one worker group over every GPU: `Pricer.colocated_roles`)
+  park_scheme,          how it moves a parked or streamed role's state: keys of
+  stream_scheme         `placer.cost.offload.PARK_SCHEMES` / `STREAM_SCHEMES` (the scheme and
+                        its source live there, once)
+  micro_batch_samples   its dynamic batching's sequences per device per micro-batch, {forward,
+                        update}: the token budget is that count x the padded length
+                        (`micro_token_budget`), used where the job sets no `micro_token_budget`
 
 Every rule and overhead cites the file and version of the framework it was read from
 (`SOURCES`). Colocation forms, the old-log-prob source and engine sleep/wake are recorded
@@ -29,13 +37,18 @@ from typing import Literal
 
 from placer.base.roles import Role
 
-FrameworkName = Literal["native", "verl", "verl-megatron", "openrlhf", "nemo-rl", "miles"]
+FrameworkName = Literal["native", "verl", "verl-megatron", "openrlhf", "nemo-rl", "miles",
+                        "easyr1"]
 DEFAULT_FRAMEWORK = "native"
 
 VERL = "verl 0.8.0.dev @b178a3cd56f58b2d502255daba591e92833930a7"
 OPENRLHF = "OpenRLHF v0.11.0 @3c3be6234e0cb353e76bb8019947db9dfe99fca7"
 NEMO_RL = "NeMo-RL 0.6.0 @7ea279abfbeb698b092856d0dab61e7cf39bc909"
 MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
+# the commit EasyR1's published baselines cite (assets/baselines.md; 44 commits after the v0.3.2
+# tag a23fb5b0, its verl/__init__.py says 0.3.3.dev0); the files read below are unchanged in
+# what the profile records since v0.3.2 but for the LoRA keys
+EASYR1 = "EasyR1 0.3.3.dev0 @b44b311b669bf1fd1aa2fc36f2251482ba33cb16"
 
 # Miles' broadcast sender (one per pipeline stage, miles/backends/megatron_utils/
 # update_weight/update_weight_from_distributed/broadcast.py: the DP = TP = 0 rank gathers its
@@ -60,13 +73,24 @@ MILES_SENDER_GBS = 29.9
 # host (`python -m bench hostadam`, torch 2.13; one pass of ~28 bytes a parameter, 5-9x the
 # unfused path): its best, 0.34, x 1 thread. A quiet server core may be up to ~2x faster.
 RAY_RANK_HOST_ADAM_THREADS = 1
-# verl's FSDP reference held on the host in fp32 (verl/trainer/config/engine/fsdp.yaml:33
-# model_dtype fp32, read at verl/workers/fsdp_workers.py:324-326): 4 B a parameter streamed
-VERL_STREAM_BYTES = 4.0
 RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
 
 
+# what a job may use that a framework may lack (a `FrameworkProfile` flag each): the refusal
+JOB_FEATURES: Mapping[str, str] = MappingProxyType({
+    "critic": "has no critic (the ppo algorithm's value model)",
+    "async_steps": "has no asynchronous pipeline (pipeline.mode async)",
+    "partial_rollout": "has no partial rollout (tail_policy.kind partial)",
+    "reward_model": "has no reward model worker (models.reward: a rule or reward function "
+                    "only)",
+})
+
+
 def _frozen(d: Mapping[str, float] | None = None) -> Mapping[str, float]:
+    return MappingProxyType(dict(d or {}))
+
+
+def _frozen_ints(d: Mapping[str, int] | None = None) -> Mapping[str, int]:
     return MappingProxyType(dict(d or {}))
 
 
@@ -107,12 +131,24 @@ class FrameworkProfile:
     # parameter offload, `Parallel.stream_params_bytes`, `placer.cost.offload.stream_time`),
     # and the bytes a parameter of its host copy; 0: it cannot
     stream_frozen: tuple[str, ...] = ()
-    stream_bytes: float = 0.0
+    stream_scheme: str = ""  # a key of `placer.cost.offload.STREAM_SCHEMES` ("": streams none)
     # trained roles whose optimizer state it parks in host memory between phases, stepped on
     # the GPU (`Parallel.park_optimizer`, `placer.cost.optpark`)
     park_optimizer: tuple[str, ...] = ()
+    # how it moves parked state: a key of `placer.cost.offload.PARK_SCHEMES` ("": the model's
+    # own state bytes, `offload.GENERIC`)
+    park_scheme: str = ""
+    # roles (those the job has) that must share one slot: one worker group holds them all
+    hybrid_engine: tuple[str, ...] = ()
+    # its dynamic batching: sequences per device per micro-batch, by pass ("forward" / "update"),
+    # each micro-batch `micro_batch_samples[kind]` x the padded length tokens; none: the job's
+    # `micro_token_budget` or the cost model's default
+    micro_batch_samples: Mapping[str, int] = field(default_factory=_frozen_ints)
+    reward_model: bool = True  # a model-scored reward (a scalar reward model or a judge)
     # a trainer's dp ranks take equal shares of every mini-batch's samples
     even_batch: bool = False
+    # ... and of the iteration's prompts (EasyR1 chunks the prompts over every GPU to generate)
+    even_prompts: bool = False
     colocation: str = ""
     old_log_probs: str = "trainer"
     sleep_wake: str = ""
@@ -124,13 +160,16 @@ class FrameworkProfile:
 
     def layout_problem(self, role: str, *, training: bool, has_model: bool, on_gpu: bool,
                        tp: int, pp: int, ep: int, shard: int, attn_dp: int, dp: int = 1,
-                       mini_batch_samples: int = 0) -> str | None:
+                       mini_batch_samples: int = 0, prompts: int = 0) -> str | None:
         """Why `role` cannot run this layout under the framework, or None when it can."""
         if has_model and self.gpu_models and not on_gpu:
             return f"runs {role}'s model on GPUs only"
         if training and self.even_batch and mini_batch_samples % dp:
             return (f"splits each mini-batch's {mini_batch_samples} samples evenly over a "
                     f"trainer's data-parallel ranks (got dp {dp} for {role})")
+        if training and self.even_prompts and prompts % dp:
+            return (f"splits the {prompts} prompts evenly over a trainer's data-parallel ranks "
+                    f"(got dp {dp} for {role})")
         if training and shard and not self.hsdp:
             return "has no HSDP shard group for a trainer"
         limits = ((self.trainer_tp, self.trainer_pp, self.trainer_ep) if training
@@ -143,16 +182,21 @@ class FrameworkProfile:
             return f"has no data-parallel attention for the {role}'s engines"
         return None
 
-    def job_problem(self, *, critic: bool, async_steps: bool, partial_rollout: bool
-                    ) -> str | None:
-        """Why the job cannot run under the framework at all, or None."""
-        if critic and not self.critic:
-            return "has no critic (the ppo algorithm's value model)"
-        if async_steps and not self.async_steps:
-            return "has no asynchronous pipeline (pipeline.mode async)"
-        if partial_rollout and not self.partial_rollout:
-            return "has no partial rollout (tail_policy.kind partial)"
-        return None
+    def job_problem(self, *, critic: bool, async_steps: bool, partial_rollout: bool,
+                    reward_model: bool = False) -> str | None:
+        """Why the job cannot run under the framework at all, or None: the first feature the
+        job uses (`JOB_FEATURES`) that the profile lacks."""
+        used = {"critic": critic, "async_steps": async_steps,
+                "partial_rollout": partial_rollout, "reward_model": reward_model}
+        return next((why for feature, why in JOB_FEATURES.items()
+                     if used[feature] and not getattr(self, feature)), None)
+
+    def micro_token_budget(self, kind: str, padded_len: int) -> int | None:
+        """Tokens per device per micro-batch of a `kind` pass ("forward" / "update") its dynamic
+        batching cuts: `micro_batch_samples[kind]` x the padded length (the longest prompt,
+        image tokens included, plus the longest response); None where it sets none."""
+        n = self.micro_batch_samples.get(kind)
+        return n * padded_len if n else None
 
     def limits(self) -> str:
         """The layout rules, in one line for messages."""
@@ -215,7 +259,7 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
 
 
 def _verl(name: str, title: str, trainer: str,
-          **layout: float | tuple[str, ...] | None) -> FrameworkProfile:
+          **layout: float | str | tuple[str, ...] | None) -> FrameworkProfile:
     """verl with one trainer backend (`trainer`: where its layouts come from)."""
     return FrameworkProfile(
         name, title, VERL, "verl", **layout,  # type: ignore[arg-type]
@@ -228,12 +272,12 @@ def _verl(name: str, title: str, trainer: str,
 _VERL_FSDP = _verl("verl", "verl (FSDP2)", "verl/trainer/config/engine/fsdp.yaml: FSDP2 "
                    "shards data-parallel only (Ulysses sequence parallelism for long contexts)",
                    trainer_tp=1, trainer_pp=1, trainer_ep=1, frozen_shards=True,
-                   even_batch=True, park_optimizer=(Role.ACTOR, Role.CRITIC),
-                   stream_frozen=(Role.REFERENCE,), stream_bytes=VERL_STREAM_BYTES)
+                   even_batch=True, park_optimizer=(Role.ACTOR, Role.CRITIC), park_scheme="verl",
+                   stream_frozen=(Role.REFERENCE,), stream_scheme="verl-fsdp-ref")
 _VERL_MEGATRON_BASE = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/config/engine/"
                             "megatron.yaml: tensor, pipeline, context and expert parallel sizes",
                             hsdp=False, megatron_trainer=True, even_batch=True,
-                            park_optimizer=(Role.ACTOR, Role.CRITIC))
+                            park_optimizer=(Role.ACTOR, Role.CRITIC), park_scheme="verl-megatron")
 # a host-stepped optimizer (`Parallel.offload`) is Megatron's HybridDeviceOptimizer on one thread
 _VERL_MEGATRON = replace(
     _VERL_MEGATRON_BASE, factors=_frozen({"host_adam_gparams_s": RAY_RANK_HOST_ADAM_GPS}),
@@ -342,8 +386,65 @@ _MILES = FrameworkProfile(
                                "miles/ray/train/actor_factory.py; the rate: bench/bench_hostadam.py)",
     }))
 
+_E = "verl/workers/fsdp_workers.py"  # EasyR1's one worker class (FSDPWorker), at EASYR1
+_EASYR1 = FrameworkProfile(
+    "easyr1", "EasyR1 (FSDP + vLLM hybrid engine)", EASYR1, "easyr1",
+    trainer_tp=1, trainer_pp=1, trainer_ep=1, engine_pp=1, engine_ep=1, attn_dp=False,
+    async_steps=False, partial_rollout=False, reward_model=False, frozen_shards=True,
+    even_batch=True, even_prompts=True, park_optimizer=(Role.ACTOR, Role.CRITIC),
+    park_scheme="verl", stream_frozen=(Role.REFERENCE,), stream_scheme="easyr1-ref",
+    hybrid_engine=(Role.ACTOR, Role.ROLLOUT, Role.REFERENCE, Role.CRITIC),
+    micro_batch_samples=_frozen_ints({"forward": 2, "update": 1}),
+    colocation="actor, rollout and reference in one FSDPWorker over every GPU; the critic's "
+               "worker group in the same pool",
+    sleep_wake="vLLM sleep(level=1) after generation, wake_up(tags=weights, kv_cache) before "
+               "(verl/workers/sharding_manager/fsdp_vllm.py)",
+    sources=MappingProxyType({
+        "trainer": f"{EASYR1} {_E}:118-157, 287-322: FSDP1 (torch FullyShardedDataParallel) "
+                   "over a 1-D mesh of every rank, or (ddp, fsdp) for HSDP; Ulysses sequence "
+                   "parallelism only (ulysses_size); no tensor, pipeline or expert parallelism",
+        "hsdp": f"{EASYR1} {_E}:121-127, 287-291: fsdp_size -> HYBRID_SHARD",
+        "engine": f"{EASYR1} verl/workers/rollout/vllm_rollout_spmd.py:127-145: vLLM "
+                  "LLM(distributed_executor_backend=external_launcher, tensor_parallel_size) "
+                  "only (no pipeline, expert or data-parallel size); verl/workers/rollout/"
+                  "config.py:24 name vllm",
+        "hybrid_engine": f"{EASYR1} verl/trainer/main.py:54-66: one global pool of "
+                         "n_gpus_per_node x nnodes for ActorRolloutRef and Critic; "
+                         "verl/trainer/ray_trainer.py:256-263: hybrid_engine (else "
+                         "NotImplementedError)",
+        "splits_roles": f"{EASYR1} verl/trainer/main.py:59-61: one resource pool",
+        "gpu_models": f"{EASYR1} verl/trainer/ray_trainer.py:94-95: RayResourcePool(use_gpu=True)",
+        "critic": f"{EASYR1} verl/workers/critic/config.py, {_E}:110-113 (gae)",
+        "async_steps": f"{EASYR1} verl/trainer/ray_trainer.py fit: generate, reward, log-probs, "
+                       "update in order each step (no asynchronous or one-step-off trainer)",
+        "partial_rollout": f"{EASYR1} vllm_rollout_spmd.py: one generate call per step",
+        "reward_model": f"{EASYR1} verl/trainer/main.py:54-57, 68-70: no RewardModel worker, "
+                        "a reward function (AutoRewardManager, CPU)",
+        "frozen_shards": f"{EASYR1} examples/config.yaml:81-85 ref.fsdp.enable_full_shard",
+        "even_batch": f"{EASYR1} verl/protocol.py:555 DataProto.chunk (equal chunks per rank); "
+                      f"{_E}:146-151 global_batch_size_per_device",
+        "even_prompts": f"{EASYR1} verl/trainer/ray_trainer.py fit: generate_sequences "
+                        "(Dispatch.DP_COMPUTE_PROTO) chunks the step's prompts over every rank "
+                        "before the n samples are drawn (verl/protocol.py:555)",
+        "old_log_probs": f"{EASYR1} {_E}:632-660 compute_log_probs (the actor's forward)",
+        "dispatch": f"{EASYR1} {_E}: Dispatch.DP_COMPUTE_PROTO from the driver, verl's single "
+                    "controller forked; the shared dispatch factors (fitted on verl's rows)",
+        "park_optimizer": f"{EASYR1} examples/config.yaml:62-64 offload_params, "
+                          f"offload_optimizer; {_E}:557-598 update_actor, 639-659 "
+                          "compute_log_probs: placer.cost.offload.PARK_SCHEMES['verl'] (the "
+                          "same fp32 module, 198-199, and the same copies)",
+        "stream_frozen": f"{EASYR1} examples/config.yaml:84 ref.fsdp.enable_cpu_offload; "
+                         f"{_E}:298-299, 319: placer.cost.offload.STREAM_SCHEMES['easyr1-ref'] "
+                         "(BF16 reference, 198-199)",
+        "micro_batch_samples": f"{EASYR1} examples/config.yaml:37-41 "
+                               "micro_batch_size_per_device_for_update 1, _for_experience 2, "
+                               "dynamic_batching; verl/workers/actor/dp_actor.py:198 (budget = "
+                               "2 x the padded length), 242 (1 x it); verl/workers/config.py:50 "
+                               "(the reference's copies the actor's)",
+    }))
+
 PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType(
-    {p.name: p for p in (_NATIVE, _VERL_FSDP, _VERL_MEGATRON, _OPENRLHF, _NEMO, _MILES)})
+    {p.name: p for p in (_NATIVE, _VERL_FSDP, _VERL_MEGATRON, _OPENRLHF, _NEMO, _MILES, _EASYR1)})
 
 
 def profile_of(name: str | None) -> FrameworkProfile:
