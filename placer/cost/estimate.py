@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from placer.base.roles import TRAINING_ROLES, Role
+from placer.base.roles import TRAINING_ROLES, Role, base_role
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.generation import (
@@ -45,6 +45,7 @@ from placer.cost.judge import judge_cost
 from placer.cost.layercomm import fsdp_units, weight_gather_time
 from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
 from placer.cost.offload import streamed
+from placer.cost.refswap import swap_time
 from placer.cost.rollout_tail import (
     Replicas,
     fits_lockstep,
@@ -297,6 +298,10 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
     if dev.kind is DeviceKind.gpu:  # FSDP's CPU offload: the shard copied in per micro-batch
         stream_s, weights = streamed(weights, fpar, tokens / par.dp, seq, eff)
         score += stream_s
+    if dev.kind is DeviceKind.gpu and base_role(role) in res.job.profile.swap_frozen:
+        # a host state dict swapped into the policy's model per pass (`placer.cost.refswap`)
+        score += swap_time(m, dev, par, weights, eff)
+        weights = 0.0
     mem = Memory(weights=weights, overhead=mem.overhead,
                  activations=res.job.max_context * 34 * m.hidden / par.tp / 1e9 + gathered
                  + encoder_activation_gb(m, par, imgs))
@@ -334,9 +339,12 @@ def _reward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Para
         return _infeasible(est, jc.reason) if jc.reason else est
     if res.model_of(Role.REWARD) is not None:
         return _forward(ctx, role, pool, dev, par, eff, env)
-    # by its kind of check (`placer.cost.rulecheck`): one verify sandbox per CPU device
-    t = rule_reward_time(res.job, res.job.batch.samples, par.devices, par.devices * dev.cores,
-                         eff)
+    # by its kind of check (`placer.cost.rulecheck`): one verify sandbox per CPU device, the
+    # checks on every core or on the framework's verify workers (`FrameworkProfile.rule_workers`)
+    cores = par.devices * dev.cores
+    workers = res.job.profile.rule_workers
+    t = rule_reward_time(res.job, res.job.batch.samples, par.devices,
+                         min(cores, workers) if workers else cores, eff)
     return Estimate(role, pool.name, par, Memory(), {"score": t})
 
 

@@ -2,24 +2,25 @@
 
 A GPU node's host RAM (`Pool.host_memory_gb`, else the device type's `host_memory_gb`; GB = 1e9
 bytes) holds, per node: the state of every training role whose optimizer steps on the host
-(`offload`: 16 B/param of its shard as `sharding.train_state_bytes` shards it, the fp32
-parameter, Adam's moments and the pinned gradient buffer, `offload.HOST_OPTIMIZER_BYTES`); the
-weights a frozen model streams from the host (`Parallel.stream_params_bytes` a parameter of its
-shard, `streamed_gb`); the state a slot parks while its colocated roles take
-turns (`timing.slot_switch`: the worst moment parks every member but the smallest; each member
-parks its own ranks' shards of what the framework moves off the device, at the framework's bytes
-per parameter, `parked_gb`, `offload.host_parked_gb`: 12 B under verl's FSDP worker, 14 B where
-no scheme is recorded; a slot whose members fit on its devices together parks only its parked
-states, `placer.cost.optpark`); pinned transfer buffers of every
-device that moves state to or from the host (`PINNED_GB_PER_DEVICE`); and Ray's object store on
-every node the plan uses (30% of RAM, at most 200 GB: Ray's defaults); and, where it fits, the
-full copy of the policy's weights that the weight-sync senders keep between steps
-(`sync_copy_gb`: each trainer rank beside a colocated engine, else the trainer's first rank;
-none with pipeline stages; one copy of the weights at `SYNC_COPY_BYTES` a parameter, the FP32
-master weights the executor's trainer keeps and streams, `sync_copy_bytes`). The copy
-is kept only when every checked node holds it beside everything else (`keeps_sync_copy`); then
-`plan_nodes` counts it, else the senders gather each refresh from the shards as they stream it
-and nothing is kept. The executor reads the same decision (`executors.runplan.RunPlan.keep_sync_copy`).
+(`offload`: 16 B/param of its shard as `sharding.train_state_bytes` shards it, the fp32 parameter,
+Adam's moments and the pinned gradient buffer, `offload.HOST_OPTIMIZER_BYTES`); the weights a frozen
+model streams from the host (`Parallel.stream_params_bytes` a parameter of its shard, `streamed_gb`)
+or keeps there to swap into the policy's model (NeMo-RL's reference: its state dict and the policy's
+saved one, `swapped_gb`, `placer.cost.refswap`); the state a slot parks while its colocated roles
+take turns (`timing.slot_switch`: the worst moment parks every member but the smallest; each member
+parks its own ranks' shards of what the framework moves off the device, at the framework's bytes per
+parameter, `parked_gb`, `offload.host_parked_gb`: 12 B under verl's FSDP worker, 14 B where no
+scheme is recorded; a slot whose members fit on its devices together parks only its parked states,
+`placer.cost.optpark`); pinned transfer buffers of every device that moves state to or from the host
+(`PINNED_GB_PER_DEVICE`); and Ray's object store on every node the plan uses (30% of RAM, at most
+200 GB: Ray's defaults); and, where it fits, the full copy of the policy's weights that the
+weight-sync senders keep between steps (`sync_copy_gb`: each trainer rank beside a colocated engine,
+else the trainer's first rank; none with pipeline stages; one copy of the weights at
+`SYNC_COPY_BYTES` a parameter, the FP32 master weights the executor's trainer keeps and streams,
+`sync_copy_bytes`). The copy is kept only when every checked node holds it beside everything else
+(`keeps_sync_copy`); then `plan_nodes` counts it, else the senders gather each refresh from the
+shards as they stream it and nothing is kept. The executor reads the same decision
+(`executors.runplan.RunPlan.keep_sync_copy`).
 
 The planner refuses a candidate whose own need on one node exceeds the node's RAM
 (`refuse_candidates`); the solver keeps each switching slot's parked and offloaded state within
@@ -40,14 +41,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from placer.base.roles import is_training
+from placer.base.roles import base_role, is_training
 from placer.cost import optpark
 from placer.cost.efficiency import Calibration, Efficiency
 from placer.cost.estimate import frozen_shard_gb, frozen_sharded
 from placer.cost.offload import MODEL_BYTES, host_optimizer_gb, host_parked_gb, parked_states
 from placer.cost.pricer import Pricer
+from placer.cost.refswap import swap_host_gb
 from placer.cost.roofline import GB, Memory
-from placer.cost.sharding import BYTES, Parallel, train_state_bytes
+from placer.cost.sharding import BYTES, Parallel, params_per_device, train_state_bytes
 from placer.solve.assemble import placed_estimate
 from placer.solve.planfile import calibration_of
 from placer.spec.arch import ModelArch
@@ -127,10 +129,30 @@ def streamed_gb(res: Resolved, role: str, par: Parallel) -> float:
     return par.stream_params_bytes * bf16 / MODEL_BYTES["params"]
 
 
+def swapped_gb(res: Resolved, role: str, par: Parallel) -> float:
+    """GB per device of host memory a frozen model the framework swaps into the policy's model
+    (`FrameworkProfile.swap_frozen`, NeMo-RL's reference) holds there: its state dict and the
+    policy's saved one (`refswap.swap_host_gb`)."""
+    m = res.model_of(role)
+    if m is None or base_role(role) not in res.job.profile.swap_frozen:
+        return 0.0
+    # its FSDP shard, or its tp x pp x expert shard (`sharding.params_per_device`)
+    bf16 = (frozen_shard_gb(m, par)[0] if frozen_sharded(par)
+            else BYTES * sum(params_per_device(m, par)) / GB)
+    return swap_host_gb(bf16)
+
+
+def host_weights_gb(res: Resolved, role: str, par: Parallel) -> float:
+    """GB per device of a frozen model's weights held on the host: streamed (`streamed_gb`) or
+    swapped (`swapped_gb`)."""
+    return streamed_gb(res, role, par) + swapped_gb(res, role, par)
+
+
 def held_gb(res: Resolved, role: str, par: Parallel) -> float:
     """GB per device `role` keeps on the host for the whole job on layout `par`: a host-stepped
-    optimizer's state (`offloaded_gb`) and streamed weights (`streamed_gb`)."""
-    return offloaded_gb(res, role, par) + streamed_gb(res, role, par)
+    optimizer's state (`offloaded_gb`), streamed weights (`streamed_gb`) and a swapped
+    reference's state dicts (`swapped_gb`)."""
+    return offloaded_gb(res, role, par) + host_weights_gb(res, role, par)
 
 
 def parked_gb(mem: Memory, role: str, framework: str) -> float:
@@ -187,7 +209,7 @@ def _alone_on_node(res: Resolved, role: str, pool_name: str, devices: int, par: 
         return None
     n = min(devices, pool.devices_per_node)
     node = NodeHost(pool_name, 0, cap, roles={role})
-    per, stream = offloaded_gb(res, role, par), streamed_gb(res, role, par)
+    per, stream = offloaded_gb(res, role, par), host_weights_gb(res, role, par)
     node.parts["optimizer"] = per * n
     node.parts["streamed"] = stream * n
     node.parts["pinned"] = PINNED_GB_PER_DEVICE * n if per or stream else 0.0
@@ -325,7 +347,7 @@ def _state_nodes(plan: Plan, px: Pricer) -> list[NodeHost]:
         for role in slot.roles:
             devices, par = _on_pool(plan.roles[role], b.pool)
             n = len(b.devices) * devices / slot_devices
-            per, stream = offloaded_gb(res, role, par), streamed_gb(res, role, par)
+            per, stream = offloaded_gb(res, role, par), host_weights_gb(res, role, par)
             node.parts["optimizer"] += per * n
             node.parts["streamed"] += stream * n
             node.roles.add(role)

@@ -132,6 +132,12 @@ class FrameworkProfile:
     # and the bytes a parameter of its host copy; 0: it cannot
     stream_frozen: tuple[str, ...] = ()
     stream_scheme: str = ""  # a key of `placer.cost.offload.STREAM_SCHEMES` ("": streams none)
+    # frozen roles (reference) it keeps as a host state dict and swaps into the policy's model
+    # for each pass and back (`placer.cost.refswap`): no weights of their own on the GPU
+    swap_frozen: tuple[str, ...] = ()
+    # worker processes its rule reward checks a step's answers on, whatever the CPU pool's
+    # cores (0: one per core, `placer.cost.rulecheck`)
+    rule_workers: int = 0
     # trained roles whose optimizer state it parks in host memory between phases, stepped on
     # the GPU (`Parallel.park_optimizer`, `placer.cost.optpark`)
     park_optimizer: tuple[str, ...] = ()
@@ -318,7 +324,7 @@ _OPENRLHF = FrameworkProfile(
 
 _NEMO = FrameworkProfile(
     "nemo-rl", "NeMo-RL", NEMO_RL, "nemo-rl", hsdp=False, partial_rollout=False, frozen_shards=True,
-    park_optimizer=(Role.ACTOR,),
+    park_optimizer=(Role.ACTOR,), swap_frozen=(Role.REFERENCE,), rule_workers=8,
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
@@ -349,6 +355,16 @@ _NEMO = FrameworkProfile(
         "frozen_shards": f"{NEMO_RL} nemo_rl/models/policy/workers/dtensor_policy_worker.py: "
                          "the reference is a state dict of the policy's sharded model, swapped "
                          "in for its pass (use_reference_model)",
+        "rule_workers": f"{NEMO_RL} examples/configs/grpo_math_1B.yaml:491 env.math."
+                        "num_workers 8; nemo_rl/environments/math_environment.py `step` (the "
+                        "batch chunked over num_workers verify workers, chunk_list_to_workers); "
+                        "the same at v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065 (yaml:365)",
+        "swap_frozen": f"{NEMO_RL} nemo_rl/models/policy/workers/megatron_policy_worker.py "
+                       "`use_reference_model` (1971-2037: the policy's state dict out, the "
+                       "reference's in, the policy's back, every reference pass; the forced "
+                       "param all-gather of disable_forward_pre_hook), nemo_rl/models/megatron/"
+                       "setup.py `setup_reference_model_state` (held on the host); the same at "
+                       "v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065 (placer.cost.refswap)",
         "dispatch": f"{NEMO_RL} nemo_rl/models/policy/lm_policy.py: the driver shards each "
                     "pass's batch (shard_by_batch_size) to the workers",
     }))
