@@ -159,7 +159,12 @@ def test_deepseek_v3_plans_on_h100_nodes() -> None:
     plan = plan_job(Pricer(res, Calibration()), time_limit_s=5)
     r, a = plan.roles["rollout"], plan.roles["actor"]
     assert r.tp * r.pp > 8  # 1.34 TB of BF16 weights: an engine spans nodes
-    assert a.ep > 1  # the experts' state would not fit, nor train in time, without EP
+    # the 671B state is split over a model-parallel group of 64+ devices. Whether that group
+    # uses EP is a near tie at this 128-sample batch: with the LM head pacing the last pipeline
+    # stage (`placer.cost.stages`) TP8 PP16 EP1 and EP8 price 10.93 and 10.95 s (score + train)
+    # against TP4 PP16 DP2 EP8's 11.07 s, so the planner's EP pick is not asserted (moved with
+    # that change; EP8 won by 0.1 s before it)
+    assert a.tp * a.pp >= 64
 
 
 def test_moe_example_chooses_expert_parallelism() -> None:

@@ -44,13 +44,18 @@ class Use:
     sharded: bool = False
     micro_token_budget: int = 0
     stream_params_bytes: float = 0.0
+    # the recipe's uneven pipeline split (`Parallel.first_stage_layers` / `last_stage_layers`,
+    # Megatron's num_layers_in_first/last_pipeline_stage; 0: even)
+    first_layers: int = 0
+    last_layers: int = 0
 
     def parallel(self) -> Parallel:
         return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
                         cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs, shard=self.shard,
                         park_params=self.park_params, park_optimizer=self.park_optimizer,
                         sharded_weights=self.sharded, micro_token_budget=self.micro_token_budget,
-                        stream_params_bytes=self.stream_params_bytes)
+                        stream_params_bytes=self.stream_params_bytes,
+                        first_stage_layers=self.first_layers, last_stage_layers=self.last_layers)
 
 
 @dataclass(frozen=True)
@@ -209,9 +214,13 @@ ROWS: list[Row] = [
         _COLOC_REF, first_step=_R10_STEP0, first_call_stages=("ref", "update")),
     Row("r11 GRPO 671B DeepSeek-V3 96xH20 colocate", "r11-grpo671b-96xh20-colocate.yaml",
         "verl docs/perf/dpsk.md", 1700.0, {"rollout": 1050.0},
-        {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8, park_params=True),
+        # LAST_LAYER=6: num_layers_in_last_pipeline_stage 6 of 61 on both (the script sets it on
+        # the actor's transformer config, which verl's reference worker builds from too)
+        {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8, park_params=True,
+                       last_layers=6),
          _R.ROLLOUT: Use("h20", tp=32, dp=3, cuda_graphs=False),
-         _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8, park_params=True), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("h20", tp=8, pp=12, dp=1, ep=8, park_params=True, last_layers=6),
+         _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r13 GRPO Qwen2.5-VL-7B 8xH100 colocate", "r13-grpo-vl7b-8xh100-colocate.yaml",
         "EasyR1 assets/baselines.md (b44b311b, v0.3.2)", 145.0, {},
@@ -230,6 +239,11 @@ ROWS: list[Row] = [
     # NeMo-RL's published performance runs (_NEMO_PERF), held out: no stage times, so no factor
     # is fitted on them; each job file has the recipe's settings and the assumptions. Megatron
     # with the distributed optimizer (ZeRO-1); the reference's log-probs from the same workers.
+    # The pipelined rows' uneven splits (first_layers / last_layers) are the recipes'
+    # num_layers_in_first/last_pipeline_stage (NVIDIA-NeMo/RL v0.6.0 @5fb58893
+    # examples/configs/recipes/llm/performance: grpo-qwen3-235b-16n8g 11/11 (32n8g inherits
+    # it), -16n4g 23/23 (32n4g inherits it), grpo-deepseek-v3-32n8g 3/2 (64n8g-async-1off and
+    # its FP8 variant inherit it), -32n4g 7/6).
     Row("r15 GRPO 30B-A3B 32xH100 NeMo-RL colocate", "r15-grpo30ba3b-32xh100-nemorl-colocate.yaml",
         _NEMO_PERF, 192.0, {},
         {_R.ACTOR: Use("h100", dp=32, zero=1, ep=8), _R.ROLLOUT: Use("h100", tp=2, dp=16),
@@ -237,20 +251,26 @@ ROWS: list[Row] = [
         _COLOC_REF),
     Row("r16 GRPO 235B-A22B 128xH100 NeMo-RL colocate", "r16-grpo235b-128xh100-nemorl-colocate.yaml",
         _NEMO_PERF, 395.0, {},
-        {_R.ACTOR: Use("h100", tp=2, pp=8, dp=4, zero=1, cp=2, ep=16),
+        {_R.ACTOR: Use("h100", tp=2, pp=8, dp=4, zero=1, cp=2, ep=16,
+                       first_layers=11, last_layers=11),
          _R.ROLLOUT: Use("h100", tp=16, dp=8),
-         _R.REFERENCE: Use("h100", tp=2, pp=8, dp=4, cp=2, ep=16), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("h100", tp=2, pp=8, dp=4, cp=2, ep=16,
+                           first_layers=11, last_layers=11), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r17 GRPO 671B DeepSeek-V3 256xH100 NeMo-RL colocate",
         "r17-grpo671b-256xh100-nemorl-colocate.yaml", _NEMO_PERF, 134.0, {},
-        {_R.ACTOR: Use("h100", pp=16, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("h100", tp=32, dp=8),
-         _R.REFERENCE: Use("h100", pp=16, dp=16, ep=16), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("h100", pp=16, dp=16, zero=1, ep=16, first_layers=3, last_layers=2),
+         _R.ROLLOUT: Use("h100", tp=32, dp=8),
+         _R.REFERENCE: Use("h100", pp=16, dp=16, ep=16,
+                           first_layers=3, last_layers=2), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r18 GRPO 671B DeepSeek-V3 FP8 512xH100 NeMo-RL 1-off",
         "r18-grpo671b-512xh100-nemorl-fp8-one-step-off.yaml", _NEMO_PERF + " (H100 FP8)", 59.2,
         {},
-        {_R.ACTOR: Use("h100", pp=16, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("h100", tp=16, dp=16),
-         _R.REFERENCE: Use("h100", pp=16, dp=16, ep=16), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("h100", pp=16, dp=16, zero=1, ep=16, first_layers=3, last_layers=2),
+         _R.ROLLOUT: Use("h100", tp=16, dp=16),
+         _R.REFERENCE: Use("h100", pp=16, dp=16, ep=16,
+                           first_layers=3, last_layers=2), _R.REWARD: _CPU},
         _SPLIT_REF),
     # the same table's GB200-NVL72 runs (the device declared by each job file, from NVIDIA's
     # datasheet: GB200 is not in the shipped catalog); 4 GPUs a node, the rack's NVLink domain
@@ -261,29 +281,37 @@ ROWS: list[Row] = [
         _COLOC_REF),
     Row("r20 GRPO 235B-A22B 64xGB200 NeMo-RL colocate",
         "r20-grpo235b-64xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 286.0, {},
-        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=4, zero=1, cp=2, ep=16),
+        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=4, zero=1, cp=2, ep=16,
+                       first_layers=23, last_layers=23),
          _R.ROLLOUT: Use("gb200", tp=8, dp=8),
-         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=4, cp=2, ep=16), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=4, cp=2, ep=16,
+                           first_layers=23, last_layers=23), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r21 GRPO 671B DeepSeek-V3 128xGB200 NeMo-RL colocate",
         "r21-grpo671b-128xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 108.0, {},
-        {_R.ACTOR: Use("gb200", pp=8, dp=16, zero=1, ep=16), _R.ROLLOUT: Use("gb200", tp=32, dp=4),
-         _R.REFERENCE: Use("gb200", pp=8, dp=16, ep=16), _R.REWARD: _CPU},
+        {_R.ACTOR: Use("gb200", pp=8, dp=16, zero=1, ep=16, first_layers=7, last_layers=6),
+         _R.ROLLOUT: Use("gb200", tp=32, dp=4),
+         _R.REFERENCE: Use("gb200", pp=8, dp=16, ep=16,
+                           first_layers=7, last_layers=6), _R.REWARD: _CPU},
         _COLOC_REF),
     # the same 235B-A22B layouts at twice the GPUs (the table's other on-policy rows; its
     # DeepSeek-V3 rows at 512 H100 and 256 GB200 are left out: the table gives EP 16, the
     # v0.6.0 recipes EP 32)
     Row("r22 GRPO 235B-A22B 256xH100 NeMo-RL colocate", "r22-grpo235b-256xh100-nemorl-colocate.yaml",
         _NEMO_PERF, 312.0, {},
-        {_R.ACTOR: Use("h100", tp=2, pp=8, dp=8, zero=1, cp=2, ep=16),
+        {_R.ACTOR: Use("h100", tp=2, pp=8, dp=8, zero=1, cp=2, ep=16,
+                       first_layers=11, last_layers=11),
          _R.ROLLOUT: Use("h100", tp=16, dp=16),
-         _R.REFERENCE: Use("h100", tp=2, pp=8, dp=8, cp=2, ep=16), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("h100", tp=2, pp=8, dp=8, cp=2, ep=16,
+                           first_layers=11, last_layers=11), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r23 GRPO 235B-A22B 128xGB200 NeMo-RL colocate",
         "r23-grpo235b-128xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 345.0, {},
-        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=8, zero=1, cp=2, ep=16),
+        {_R.ACTOR: Use("gb200", tp=2, pp=4, dp=8, zero=1, cp=2, ep=16,
+                       first_layers=23, last_layers=23),
          _R.ROLLOUT: Use("gb200", tp=8, dp=16),
-         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=8, cp=2, ep=16), _R.REWARD: _CPU},
+         _R.REFERENCE: Use("gb200", tp=2, pp=4, dp=8, cp=2, ep=16,
+                           first_layers=23, last_layers=23), _R.REWARD: _CPU},
         _COLOC_REF),
 ]
 # Row 12 (vime PR #445, Qwen3-0.6B on one GPU, colocated, offload on: sleep 11.23 s, wake 3.77 s)

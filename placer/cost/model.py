@@ -65,6 +65,7 @@ from placer.cost.roofline import (
     infer_memory,
     kv_bytes_per_token,
     kv_split,
+    matmul_time,
     pass_compute,
     weight_bytes,
 )
@@ -75,6 +76,7 @@ from placer.cost.sharding import (
     state_tokens,
     train_state_bytes,
 )
+from placer.cost.stages import stage_excess
 from placer.cost.vocabcomm import Head, score_vocab_comm, train_vocab_comm
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceKind, DeviceType
@@ -130,14 +132,16 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     per_step = tokens / max(steps, 1) / par.dp
     mt = micro_tokens(par, seq)
     ceiling = device_ceiling(eff.mfu_train, dev, eff)
-    compute = pass_compute(m, dev, par, tokens, seq, passes, ceiling,
-                           _micro_group(par, per_step, mt), eff)
+    group = _micro_group(par, per_step, mt)
+    compute = pass_compute(m, dev, par, tokens, seq, passes, ceiling, group, eff)
+    # the slowest pipeline stage paces every micro-batch (`placer.cost.stages`)
+    compute += pipeline_stage_excess(m, dev, par, tokens, compute, passes, ceiling, group, eff,
+                                     head)
     # micro-batches are cut per optimizer step: a step's tokens / the micro-batch's, at least one
     gathers = zero3_gathers(m, dev, par, per_step, 3, eff, mt) * max(steps, 1)
     compute += gathers
-    # 1F1B's bubble: (pp - 1) stage times over the step's micro-batches; a token budget
-    # (`micro_batch` unset) is priced with 4 x pp of them
-    micro = max(per_step / mt, 1.0) if par.micro_batch > 0 else max(4 * par.pp, 1)
+    # 1F1B's bubble: (pp - 1) stage times over the step's micro-batches (`pipeline_micro_batches`)
+    micro = pipeline_micro_batches(par, per_step, mt)
     bubble = compute * (par.pp - 1) / micro
     # Megatron TP: 2 all-reduces per layer in the forward, 2 in the backward, 2 more in the
     # recomputed forward (likewise the EP all-to-alls and CP exchanges); layers / pp per device.
@@ -172,6 +176,39 @@ def offload_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) 
     return max(params / (eff.host_adam_gparams_s * 1e9), copies)
 
 
+def pipeline_micro_batches(par: Parallel, rank_tokens: float, micro: float) -> float:
+    """Micro-batches one pipelined pass (or optimizer step) runs over a dp rank's `rank_tokens`,
+    which its bubble's (pp - 1) stage times are shared over: a fixed `micro_batch` count's
+    tokens / `micro` (the micro-batch's tokens); a token budget the layout or the job sets
+    (`micro_token_budget`, verl's use_dynamic_bsz max_token_len: verl/utils/seqlen_balancing.py
+    `rearrange_micro_batches` cuts ceil(the batch's tokens / max_token_len) micro-batches,
+    volcengine/verl @31771cfad, verl/workers/actor/megatron_actor.py `forward_backward_batch`
+    hands Megatron's schedule that many) ceil(tokens / budget); neither set, 4 x pp."""
+    if par.micro_batch > 0:
+        return max(rank_tokens / micro, 1.0)
+    if par.micro_token_budget > 0:
+        return float(max(math.ceil(rank_tokens / par.micro_token_budget), 1))
+    return float(max(4 * par.pp, 1))
+
+
+def pipeline_stage_excess(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
+                          compute: float, passes: int, ceiling: float, group_tokens: float,
+                          eff: Efficiency, head: Head) -> float:
+    """Seconds the slowest pipeline stage adds to a pass whose FLOPs `pass_compute` spread over
+    every device (`compute`, s): its LM-head part (a `Head.LOGPROB` head: `passes` x vocab x
+    hidden FLOPs a token, at the dense GEMMs' rate, as `pass_compute` priced it) runs on the last
+    stage only, its layers as the layout splits them (`placer.cost.stages.stage_excess`). A
+    scalar head's output layer is one column: only the layer split counts. 0 for pp = 1."""
+    if par.pp <= 1:
+        return 0.0
+    head_s = 0.0
+    if head is Head.LOGPROB:
+        per_device = group_tokens / (par.cp * par.attn_dp)
+        head_s = matmul_time(passes * m.vocab * m.hidden * tokens, per_device, dev, par,
+                             ceiling, eff)
+    return stage_excess(compute - head_s, head_s, m.layers, par)
+
+
 # ----------------------------------------------------------------------------- frozen forward
 def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
                eff: Efficiency, head: Head = Head.LOGPROB) -> float:
@@ -185,12 +222,13 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     ceiling = device_ceiling(eff.mfu_score, dev, eff)
     mt = micro_tokens(par, seq)  # a trained role's forward runs its training micro-batches
     rank_tokens = tokens / par.dp
-    compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling,
-                           _micro_group(par, rank_tokens, mt), eff)
+    group = _micro_group(par, rank_tokens, mt)
+    compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling, group, eff)
+    compute += pipeline_stage_excess(m, dev, par, tokens, compute, 2, ceiling, group, eff, head)
     # as `train_time` prices a pipeline's forward: each device runs its layers / pp of the
     # collectives, the stages' fill and drain idle (pp - 1) stage times over the micro-batches,
     # and each micro-batch crosses every stage boundary once
-    micro = max(rank_tokens / mt, 1.0) if par.micro_batch > 0 else max(4 * par.pp, 1)
+    micro = pipeline_micro_batches(par, rank_tokens, mt)
     bubble = compute * (par.pp - 1) / micro
     chunk = min(rank_tokens, mt)
     comm = (layer_comm(m, dev, par, rank_tokens, eff, mt) / par.pp

@@ -86,6 +86,12 @@ class Parallel:
     # 0: the weights stay on the GPU. A planner candidate where the job's framework streams
     # that role (`FrameworkProfile.stream_frozen`, `placer.solve.layouts.streamed_frozen`)
     stream_params_bytes: float = 0.0
+    # Megatron's uneven pipeline split (`num_layers_in_first_pipeline_stage`,
+    # `num_layers_in_last_pipeline_stage`): transformer layers on the first / last stage, the
+    # rest split evenly over the others; 0: num_layers / pp (`placer.cost.stages`). A published
+    # recipe's setting, not a planner candidate
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
 
     @property
     def attn_tp(self) -> int:
