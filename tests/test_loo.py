@@ -148,15 +148,18 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # which.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.145, step
+    assert step["loo_median_abs_error"] < 0.135, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
-    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.38, earlier
+    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.35, earlier
     assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.30, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
     # NCCL's hierarchical latency for TP all-reduces across nodes (collectives.
     # span_tree_steps_s) moved r16 -10% -> -5%, r17 -30% -> -28%, r18 -2% -> +2%, r21 -18%
     # -> -16%, r22 -9% -> -2%, r23 -29% -> -27% (LOO); the step rows 13.4%, max 42.3% (r19).
-    # r18 is no longer short: the sign bound admits +3% for that defect fixed.
+    # r18 is no longer short: the sign bound admits +3% for that defect fixed. A pipelined pass
+    # at its slowest stage's pace (placer/cost/stages.py: r11's last stage holds the LM head
+    # and 6 of 61 layers) and a token budget's micro-batch count for its bubble: r11 -36% ->
+    # -34%, r16 -5% -> -4%; the step rows 13.1%, max 42.2% (r19).
     assert max(abs(e) for e in nemo.values()) < 0.43 and max(nemo.values()) < 0.03, nemo
     # 20 rows, 8.0% median, max 20.4% (verl's H100 checkpoint-engine row, -20%: its sender rate
     # refitted without it on verl's two GH200 single-sender rows and NeMo-RL's two NCCL-pair
@@ -199,10 +202,11 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # Qwen2.5-VL rows are -24% (r13, 7B) and -5% (r14, 32B) at their job files' micro-batch
     # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384)
     # 8.3%, max 37.1% (r11) with the occupancy read and launch-counted eager host time above;
-    # 8.9%, max 42.3% (r19) with the NVLink-domain and pipelined-forward fixes
+    # 8.9%, max 42.3% (r19) with the NVLink-domain and pipelined-forward fixes; 8.3%, max
+    # 42.2% with NCCL's hierarchical latency across nodes and the slowest pipeline stage
     every = rep.summary()
     assert len(rep.rows) == 50 and len(rep.kind("first_step")) == 1
-    assert every["loo_median_abs_error"] < 0.09 and every["loo_max_abs_error"] < 0.43, every
+    assert every["loo_median_abs_error"] < 0.085 and every["loo_max_abs_error"] < 0.43, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(
