@@ -70,9 +70,12 @@ def test_r13s_reference_pays_29_copies_of_its_bf16_shard() -> None:
     assert (use.sharded, use.micro_token_budget, use.stream_params_bytes) == (True, 0, 2.0)
     calib = load_calibration(None)
     px = Pricer(resolve(load_job(EXAMPLES / row.file), row.file), calib)
-    # the budget is the job file's (`micro_token_budget.forward`), not the row's layout
-    budget = px.res.job.micro_token_budget
-    assert budget is not None and (budget.forward, budget.update) == (8192, 4096)
+    # the budget is EasyR1's (the easyr1 profile: 2 sequences a forward micro-batch, 1 an update
+    # one, x the padded length 4,096), as the job file sets none and the row's layout none
+    assert px.res.job.micro_token_budget is None
+    profile, padded = px.res.job.profile, px.res.job.max_context
+    assert (profile.micro_token_budget("forward", padded),
+            profile.micro_token_budget("update", padded)) == (8192, 4096)
     pool = px.res.cluster.pool(use.pool)
     streamed = px.estimate(Role.REFERENCE, pool, use.parallel())
     resident = px.estimate(Role.REFERENCE, pool, replace(use.parallel(), stream_params_bytes=0.0))
