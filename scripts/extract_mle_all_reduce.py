@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from extract_nccl_tests import show
+from extract_nccl_tests import head_commit, show
 from extract_operators import OUT, write
 
 REPO = "github.com/stas00/ml-engineering"
@@ -136,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     try:
-        git = ["git", "-C", str(args.source), "log", "-1", "--format=%H %cs"]
-        commit, date = subprocess.run(git, capture_output=True, text=True,
-                                      check=True).stdout.split()
+        commit, date = head_commit(args.source)
         text = show(args.source, PATH)
         data = {name: [[t.device, ranks, t.per_node, b, "eager", f"{ms:.6g}"]
                        for t in tables for ranks, b, ms in points(text, t)]

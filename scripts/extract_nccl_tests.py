@@ -81,6 +81,13 @@ def show(src: Path, rel: str) -> str:
                           text=True, check=True).stdout
 
 
+def head_commit(src: Path) -> tuple[str, str]:
+    """The mirror's HEAD commit and its date (YYYY-MM-DD), for a data file's provenance line."""
+    git = ["git", "-C", str(src), "log", "-1", "--format=%H %cs"]
+    commit, date = subprocess.run(git, capture_output=True, text=True, check=True).stdout.split()
+    return commit, date
+
+
 def rows(src: Path) -> list[list[object]]:
     out: list[list[object]] = []
     for rel, launch, keep in LOGS:
@@ -97,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     try:
-        git = ["git", "-C", str(args.source), "log", "-1", "--format=%H %cs"]
-        commit, date = subprocess.run(git, capture_output=True, text=True,
-                                      check=True).stdout.split()
+        commit, date = head_commit(args.source)
         data = rows(args.source)
     except (subprocess.CalledProcessError, FileNotFoundError, ValueError) as e:
         print(f"--source {args.source}: not a copy of {REPO} ({e})", file=sys.stderr)
