@@ -128,7 +128,8 @@ def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
         rows = [(plan.roles[r].memory_gb, plan.roles[r].parked_gb) for r in members]
         if len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb:
             for r in members:
-                out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff)
+                out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff,
+                                     res.job.sleep_level)
             continue
         fw = res.job.profile.park_scheme
         for r, (_, parked) in zip(members, rows):

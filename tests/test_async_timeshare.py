@@ -52,7 +52,8 @@ def _by_hand(plan) -> tuple[float, float, float]:
     eff = calib.for_device(dev)
     # the engine sleeps and wakes (weights over the host link, KV discarded); the reference
     # copies its weights out and back
-    onload = engine_swap_time(rollout.memory.weights, eff) + switch_time(ref.memory, eff)
+    onload = (engine_swap_time(rollout.memory.weights, eff, res.job.sleep_level)
+              + switch_time(ref.memory, eff))
     shared = sync + onload + rollout.stage_s["rollout"] + ref.stage_s["score"]
     actor = sum(est[Role.ACTOR].stage_s.values())
     score = max(ref.stage_s["score"], est[Role.ACTOR].stage_s["score"],
@@ -113,7 +114,9 @@ def test_engine_sleeps_and_wakes_where_the_slot_swaps_in_planner_and_simulator()
     est = {role: placed_estimate(Pricer(res, calib), role, r) for role, r in plan.roles.items()}
     rollout, ref = est[Role.ROLLOUT], est[Role.REFERENCE]
     eff = calib.for_device(res.device_of(rollout.pool))
-    engine = onload_time(Role.ROLLOUT, rollout.memory, res.device_of(rollout.pool), eff)
+    assert res.job.sleep_level == 1  # placer execute sleeps its vLLM engines at level 1
+    engine = onload_time(Role.ROLLOUT, rollout.memory, res.device_of(rollout.pool), eff,
+                         res.job.sleep_level)
     by_hand = (2 * rollout.memory.weights / eff.offload_gbs + eff.engine_sleep_s
                + eff.engine_wake_s)
     assert engine == pytest.approx(by_hand, rel=1e-12)

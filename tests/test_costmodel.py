@@ -313,16 +313,16 @@ def test_switch_time_copies_weights_and_optimizer_out_and_back() -> None:
     # one price per GB for every move off a slot: the switch, the engine's sleep and wake and a
     # parked optimizer are the same round trip
     assert switch_time(mem, EFF) == pytest.approx(park_time(40.0, EFF))
-    assert engine_swap_time(10.0, EFF) - EFF.engine_sleep_s - EFF.engine_wake_s == \
+    assert engine_swap_time(10.0, EFF, 1) - EFF.engine_sleep_s - EFF.engine_wake_s == \
         pytest.approx(park_time(10.0, EFF))
 
 
 def test_engine_swap_moves_weights_both_ways_and_pays_fixed_calls() -> None:
     # a 7B engine at TP4 holds 3.81 GB of weights per device: sleep copies them to the host,
     # wake copies them back (2 x 3.81 / 25 = 0.305 s); the KV pool is never copied
-    assert engine_swap_time(3.81, EFF) == pytest.approx(2 * 3.81 / 25.0 + 11.2 + 3.7)
+    assert engine_swap_time(3.81, EFF, 1) == pytest.approx(2 * 3.81 / 25.0 + 11.2 + 3.7)
     bare = replace(EFF, engine_sleep_s=0.0, engine_wake_s=0.0, offload_gbs=10.0)
-    assert engine_swap_time(5.0, bare) == pytest.approx(1.0)
+    assert engine_swap_time(5.0, bare, 1) == pytest.approx(1.0)
     # row 12's anchor: Qwen3-0.6B's 1.2 GB one way is 0.048 s, the rest of each call is fixed
     assert EFF.engine_sleep_s + 1.2 / EFF.offload_gbs == pytest.approx(11.23, abs=0.02)
     assert EFF.engine_wake_s + 1.2 / EFF.offload_gbs == pytest.approx(3.77, abs=0.03)

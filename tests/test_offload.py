@@ -105,10 +105,10 @@ def test_a_parking_member_pays_its_copies_whether_or_not_the_slot_fits() -> None
     par = Parallel(park_params=True, park_optimizer=True)
     est = _est(Role.ACTOR, MEM, par, {"score": 1.0, "train": 1.0})
     copies = 2 * (84.0 + 56.0) / eff.offload_gbs  # verl's FSDP copies, out and back
-    assert member_switch(est, dev, eff, "verl", whole=False) == pytest.approx(copies)
+    assert member_switch(est, dev, eff, "verl", whole=False, sleep_level=2) == pytest.approx(copies)
     # switching whole it parks everything it holds: nothing else moves, and its copies exceed
     # the one round trip of weights and optimizer an onload would be (2 x 98 GB)
-    assert member_switch(est, dev, eff, "verl", whole=True) == pytest.approx(copies)
+    assert member_switch(est, dev, eff, "verl", whole=True, sleep_level=2) == pytest.approx(copies)
 
 
 def test_a_parked_member_of_a_switching_slot_pays_at_least_its_onload() -> None:
@@ -118,6 +118,6 @@ def test_a_parked_member_of_a_switching_slot_pays_at_least_its_onload() -> None:
     onload = 2 * (14.0 + 84.0) / eff.offload_gbs
     # verl's 8 B moments (56 GB) plus the unparked weights (14 GB) would be less than the
     # onload: the whole switch moves the state out once anyway
-    assert member_switch(est, dev, eff, "verl", whole=True) == pytest.approx(onload)
-    assert member_switch(est, dev, eff, "verl", whole=False) == pytest.approx(
+    assert member_switch(est, dev, eff, "verl", whole=True, sleep_level=2) == pytest.approx(onload)
+    assert member_switch(est, dev, eff, "verl", whole=False, sleep_level=2) == pytest.approx(
         2 * 56.0 / eff.offload_gbs)

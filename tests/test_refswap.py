@@ -81,8 +81,8 @@ def test_nemo_rls_reference_pass_pays_the_swap_and_holds_no_weights_on_the_gpu()
     assert nemo.stage_s["score"] - native.stage_s["score"] == pytest.approx(want)
     assert nemo.memory.weights == 0.0
     # so a whole switch moves nothing of it: its swap is its switch
-    assert onload_time(Role.REFERENCE, nemo.memory, dev, eff) == 0.0
-    assert onload_time(Role.REFERENCE, native.memory, dev, eff) > 0.0
+    assert onload_time(Role.REFERENCE, nemo.memory, dev, eff, 1) == 0.0
+    assert onload_time(Role.REFERENCE, native.memory, dev, eff, 1) > 0.0
 
 
 def test_the_swapped_reference_holds_two_copies_of_its_weights_in_host_memory() -> None:

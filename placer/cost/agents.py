@@ -108,7 +108,8 @@ def agent_onloads(ctx: PriceContext, agents: Agents, placed: list[Placed]) -> di
             continue
         eff = ctx.calib.for_device(dev)
         for p in members:
-            once = onload_time(split_role(p.est.role)[1], p.est.memory, dev, eff)
+            once = onload_time(split_role(p.est.role)[1], p.est.memory, dev, eff,
+                               ctx.res.job.sleep_level)
             out[p.est.role] = once * onloads_per_step(agents, p.est.role)
     return out
 

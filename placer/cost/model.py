@@ -51,7 +51,7 @@ from placer.cost.layercomm import (
     weight_gather_time,
     zero3_gathers,
 )
-from placer.cost.offload import MODEL_BYTES, host_step_gb
+from placer.cost.offload import MODEL_BYTES, SLEEP_COPIES, host_step_gb
 from placer.cost.roofline import (
     BYTES,
     GB,
@@ -321,11 +321,16 @@ def switch_time(mem: Memory, eff: Efficiency) -> float:
     return host_round_trip_time(switched_gb(mem), eff)
 
 
-def engine_swap_time(weights_gb: float, eff: Efficiency) -> float:
-    """A colocated GPU rollout engine's sleep after a generation plus its wake before the next
-    (vLLM sleep mode level 1, as verl's sharding managers call it every step): each copies the
-    engine's weights (`weights_gb` per device, every device at once) over the host link at
-    `offload_gbs` and pays its fixed cost (`engine_sleep_s`, `engine_wake_s`: pinned-buffer
-    allocation, unmapping / re-mapping every allocation); the KV pool is discarded and
-    re-allocated, never copied."""
-    return host_round_trip_time(weights_gb, eff) + eff.engine_sleep_s + eff.engine_wake_s
+def engine_swap_time(weights_gb: float, eff: Efficiency, sleep_level: int) -> float:
+    """A colocated GPU rollout engine's sleep after a generation plus its wake before the next,
+    at vLLM's `sleep_level` (`placer.spec.framework.SLEEP_LEVELS`; a job's `Job.sleep_level`).
+    Level 1 (verl 0.5 and before, EasyR1, `placer execute`) copies the engine's weights
+    (`weights_gb` per device, every device at once) to the host and back over the host link at
+    `offload_gbs`; level 2 (verl's hybrid engine with vLLM >= 0.8.5) discards them, and the
+    refit that follows every wake writes them again (priced as the sync, `timing.sync_time`),
+    so nothing crosses the host link (`SLEEP_COPIES`). Either pays the fixed costs
+    (`engine_sleep_s`, `engine_wake_s`: unmapping / re-mapping every allocation, the caches'
+    release), measured on a level-1 swap and kept for level 2, which unmaps and maps the same
+    allocations; the KV pool is discarded and re-allocated, never copied."""
+    copied = SLEEP_COPIES[sleep_level] * weights_gb
+    return host_round_trip_time(copied, eff) + eff.engine_sleep_s + eff.engine_wake_s

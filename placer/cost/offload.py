@@ -65,7 +65,9 @@ bytes per parameter of each parked state, as `PARK_SCHEMES` records them; verl's
 parks 12 B a parameter (the fp32 flat parameter 4 B, `offload_fsdp_model_to_cpu`, and Adam's
 two moments 8 B, `offload_fsdp_optimizer`: verl/utils/fsdp_utils.py 144-166, 204-212 @b178a3cd),
 not the model's 14 (BF16 weights 2 + fp32 master and moments 12). A rollout engine's sleep moves
-its own BF16 weights (`GENERIC`), whatever framework drives it.
+its own BF16 weights (`GENERIC`), whatever framework drives it, at vLLM's sleep level 1; at
+level 2 (verl's hybrid engine with vLLM >= 0.8.5) it discards them and parks nothing
+(`SLEEP_COPIES`).
 
 Streamed weights (`Parallel.stream_params_bytes`): FSDP's CPU parameter offload keeps a frozen
 model's flat-parameter shard in pinned host memory and copies it to the GPU in every FSDP unit's
@@ -125,8 +127,13 @@ HOST_STEP_BYTES = 8.0
 # two fp32 moments 8, the pinned fp32 gradient buffer 4 (Megatron-Core's HybridDeviceOptimizer)
 HOST_OPTIMIZER_BYTES = 16.0
 # roles whose module a framework's trainer workers hold (their parking follows `PARK_SCHEMES`);
-# a rollout engine's sleep moves its BF16 weights whatever the framework
+# a rollout engine's sleep moves its BF16 weights whatever the framework, at the share its vLLM
+# sleep level copies
 ENGINE_ROLES: frozenset[str] = frozenset({Role.ROLLOUT})
+# share of a rollout engine's weights each vLLM sleep level (`placer.spec.framework.SLEEP_LEVELS`)
+# copies to the host and back (vllm-project/vllm @0012cf691b7e69423244d2b1405f4b6832156e19
+# vllm/v1/worker/gpu_worker.py `Worker.sleep`: offload_tags ("weights",) at level 1, () at 2)
+SLEEP_COPIES: Mapping[int, float] = MappingProxyType({1: 1.0, 2: 0.0})
 
 
 @dataclass(frozen=True)
@@ -221,17 +228,21 @@ def parked_moves_gb(mem: Memory, par: Parallel, framework: str,
 
 
 def host_parked_gb(mem: Memory, role: str, framework: str,
-                   states: Iterable[State] = ("params", "optimizer")) -> float:
+                   states: Iterable[State] = ("params", "optimizer"),
+                   sleep_level: int = 1) -> float:
     """GB per device of host memory that parking `states` of a role's memory `mem` fills: per
     state, the bytes per parameter the framework moves (`scheme_of`; `GENERIC` for a rollout
-    engine, `ENGINE_ROLES`) x the parameters the device holds. A whole switch parks both."""
-    scheme = GENERIC if base_role(role) in ENGINE_ROLES else scheme_of(framework)
+    engine, `ENGINE_ROLES`, at the share its `sleep_level` copies, `SLEEP_COPIES`) x the
+    parameters the device holds. A whole switch parks both."""
+    engine = base_role(role) in ENGINE_ROLES
+    scheme = GENERIC if engine else scheme_of(framework)
+    share = SLEEP_COPIES[sleep_level] if engine else 1.0
     total = 0.0
     for state in states:
         move = scheme.move(state) or GENERIC.move(state)
         assert move is not None  # GENERIC moves every state
         total += move.bytes_per_param * _params_held(mem, state)
-    return total
+    return share * total
 
 
 def host_optimizer_gb(optimizer_gb: float) -> float:

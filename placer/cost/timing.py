@@ -182,14 +182,16 @@ def _part_slot(actor: Placed, rollout: Placed, part: Estimate) -> str:
     return f"{rollout.slot}/{part.pool}"
 
 
-def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency) -> float:
+def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency,
+                sleep_level: int) -> float:
     """What one role pays per iteration to give its colocated slot up and take it back: a GPU
-    rollout engine sleeps and wakes (`costmodel.engine_swap_time`: its weights over the host
-    link, its KV pool discarded and re-allocated); any other role copies its weights and
-    optimizer state out and back (`costmodel.switch_time`). A generative judge's engines (the
-    reward's estimate then holds a KV pool) sleep and wake as the rollout's do."""
+    rollout engine sleeps and wakes at the job's vLLM `sleep_level` (`Job.sleep_level`,
+    `costmodel.engine_swap_time`: at level 1 its weights over the host link, at level 2 none;
+    its KV pool discarded and re-allocated); any other role copies its weights and optimizer
+    state out and back (`costmodel.switch_time`). A generative judge's engines (the reward's
+    estimate then holds a KV pool) sleep and wake as the rollout's do."""
     if dev.kind is DeviceKind.gpu and (role == Role.ROLLOUT or mem.kv_cache > 0):
-        return engine_swap_time(mem.weights, eff)
+        return engine_swap_time(mem.weights, eff, sleep_level)
     return switch_time(mem, eff)
 
 
@@ -216,26 +218,27 @@ def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
         eff = ctx.calib.for_device(dev)
         rows = [(p.est.memory.total, optpark.parked_gb(p.est.memory, p.est.par)) for p in members]
         whole = len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb
-        fw = res.job.profile.park_scheme
-        if t := sum(member_switch(p.est, dev, eff, fw, whole) for p in members):
+        fw, level = res.job.profile.park_scheme, res.job.sleep_level
+        if t := sum(member_switch(p.est, dev, eff, fw, whole, level) for p in members):
             out[slot] = t
     return out
 
 
 def member_switch(est: Estimate, dev: DeviceType, eff: Efficiency, framework: str,
-                  whole: bool) -> float:
+                  whole: bool, sleep_level: int) -> float:
     """What one member of a shared slot pays per RL step: the copies of what it parks, as its
     framework moves them (`optpark.moved_gb`: verl loads parked weights for every phase that
     runs the module, whether or not the slot would fit without), and, when the slot switches
     whole, its onload (`onload_time`): all of its state leaves the devices once at least, so a
     parking member pays the larger of its onload and its copies plus the round trip of what it
-    does not park (`offload.unparked_gb`). A parked twin in a switching slot so never prices
-    below its unparked twin (the ILP's parking rule, `placer.solve.ilp_memory`, relies on it)."""
+    does not park (`offload.unparked_gb`); an engine sleeps at `sleep_level`. A parked twin in
+    a switching slot so never prices below its unparked twin (the ILP's parking rule,
+    `placer.solve.ilp_memory`, relies on it)."""
     parks = bool(parked_states(est.par))
     moved = optpark.park_time(optpark.moved_gb(est, framework), eff) if parks else 0.0
     if not whole:
         return moved
-    onload = onload_time(est.role, est.memory, dev, eff)
+    onload = onload_time(est.role, est.memory, dev, eff, sleep_level)
     if not parks:
         return onload
     return max(onload, moved + host_round_trip_time(unparked_gb(est.memory, est.par), eff))

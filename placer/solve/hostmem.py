@@ -155,21 +155,21 @@ def held_gb(res: Resolved, role: str, par: Parallel) -> float:
     return offloaded_gb(res, role, par) + host_weights_gb(res, role, par)
 
 
-def parked_gb(mem: Memory, role: str, framework: str) -> float:
+def parked_gb(mem: Memory, role: str, framework: str, sleep_level: int) -> float:
     """GB per device a member of a switching slot keeps on the host while another runs: its
     weights and on-device optimizer state as its layout shards them (TP/PP splits, ZeRO/FSDP
     over its shard group), so a node parks only its own ranks' shards. A trainer parks weights
     and optimizer moments (volcengine/verl verl/utils/fsdp_utils.py `offload_fsdp_model_to_cpu`
     moves the parameters, `offload_fsdp_optimizer` the optimizer state, at a4cf020); its
     gradients are freed after the update (verl/workers/actor/dp_actor.py `update_policy` ends
-    with `zero_grad()`, at 0081137), not kept. A frozen model
-    parks its weights; a GPU rollout engine its weights (vLLM sleep level 1, as
+    with `zero_grad()`, at 0081137), not kept. A frozen model parks its weights; a GPU rollout
+    engine its weights at vLLM sleep level 1, none at level 2 (`sleep_level`, the job's, as
     `costmodel.engine_swap_time` prices it). KV caches and activations are discarded. An
     offloaded optimizer is on the host already (`offloaded_gb`), not parked again. Each state at
     the bytes per parameter the job's framework moves (`offload.host_parked_gb`: verl's FSDP
     worker parks its fp32 parameters and Adam's moments, 12 B a parameter; the model's own
     14 B, `model.switched_gb`, where no scheme is recorded)."""
-    return host_parked_gb(mem, role, framework)
+    return host_parked_gb(mem, role, framework, sleep_level=sleep_level)
 
 
 def parked_states_gb(mem: Memory, role: str, par: Parallel, framework: str) -> float:
@@ -383,7 +383,7 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
             out[name] = sum(parked_states_gb(mem, role, r.par, framework) * k
                             for role, mem, r, k in zip(slot.roles, memories, rs, shares))
             continue
-        states = [parked_gb(mem, role, framework) * k
+        states = [parked_gb(mem, role, framework, px.res.job.sleep_level) * k
                   for role, mem, k in zip(slot.roles, memories, shares)]
         out[name] = sum(states) - min(states, default=0.0)
     return out

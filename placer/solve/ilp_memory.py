@@ -39,7 +39,8 @@ class SlotMemory(ModelVars):
         if alone(c) or self.p.res.device_of(c.pool).host_backed:
             return 0
         dev = self.p.res.device_of(c.pool)
-        once = onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev))
+        once = onload_time(c.est.role, c.est.memory, dev, self.p.calib.for_device(dev),
+                           self.p.res.job.sleep_level)
         return self.ti(once * self.p.px.onloads_per_step(c.est.role))
 
     def _park(self, c: Candidate) -> int:

@@ -159,7 +159,7 @@ def host_mb(res: Resolved, c: Candidate) -> tuple[int, int, int]:
         return 0, 0, 0
     n, role, framework = slot_devices(c), c.est.role, res.job.profile.park_scheme
     mem, par = c.est.memory, c.est.par
-    return (int(round(hostmem.parked_gb(mem, role, framework) * n * 1e3)),
+    return (int(round(hostmem.parked_gb(mem, role, framework, res.job.sleep_level) * n * 1e3)),
             int(round(hostmem.held_gb(res, role, par) * n * 1e3)),
             int(round(hostmem.parked_states_gb(mem, role, par, framework) * n * 1e3)))
 

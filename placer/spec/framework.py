@@ -21,12 +21,15 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
   micro_batch_samples   its dynamic batching's sequences per device per micro-batch, {forward,
                         update}: the token budget is that count x the padded length
                         (`micro_token_budget`), used where the job sets no `micro_token_budget`
+  rollout_sleep_level   its colocated rollout engine's vLLM sleep level (`SLEEP_LEVELS`): 1
+                        moves the weights to the host and back, 2 discards them (the refit
+                        rewrites them; verl with vLLM >= 0.8.5); a job's setting replaces it
 
 Every rule and overhead cites the file and version of the framework it was read from
 (`SOURCES`). Colocation forms, the old-log-prob source and engine sleep/wake are recorded
 (`colocation`, `old_log_probs`, `sleep_wake`) but priced by the shared model: every profile
 here colocates the roles it shares devices between, recomputes old log-probs with the trainer by
-default and sleeps its engine with the engine library's own call.
+default and sleeps its engine with the engine library's own call, at `rollout_sleep_level`.
 """
 from __future__ import annotations
 
@@ -75,6 +78,16 @@ MILES_SENDER_GBS = 29.9
 RAY_RANK_HOST_ADAM_THREADS = 1
 RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
 
+
+# vLLM's sleep levels, as its GPU worker implements them (vllm-project/vllm
+# @0012cf691b7e69423244d2b1405f4b6832156e19 vllm/v1/worker/gpu_worker.py `Worker.sleep`: the
+# allocator's `sleep(offload_tags=("weights",))` at level 1, `offload_tags=()` at level 2, which
+# saves only the model's small named buffers to the CPU; `wake_up` maps the memory back and, at
+# level 2, restores those buffers: the weights' values are whatever is written next, the refit)
+SLEEP_LEVELS: Mapping[int, str] = MappingProxyType({
+    1: "weights copied to pinned host memory and back, KV cache discarded",
+    2: "weights and KV cache discarded; the refit writes the weights again",
+})
 
 # what a job may use that a framework may lack (a `FrameworkProfile` flag each): the refusal
 JOB_FEATURES: Mapping[str, str] = MappingProxyType({
@@ -158,6 +171,10 @@ class FrameworkProfile:
     colocation: str = ""
     old_log_probs: str = "trainer"
     sleep_wake: str = ""
+    # the vLLM sleep level its colocated rollout engine sleeps at between generations
+    # (`SLEEP_LEVELS`): 1 copies the weights to pinned host memory and back, 2 discards them
+    # (the refit sends them again every step); a job's `rollout_sleep_level` replaces it
+    rollout_sleep_level: int = 1
     # how it refits an engine that shares the trainer's GPUs, a key of
     # `placer.cost.refit.COLOCATED_REFITS`; "": the shared local path (`sync_local_gbs`)
     colocated_refit: str = ""
@@ -261,6 +278,18 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
                       "after (optimizer_offload; fsdp_workers.py likewise)",
     "sync_bucket_gb": f"{VERL} rollout.yaml checkpoint_engine.update_weights_bucket_megabytes "
                       "(2048) is SGLang's only; vLLM rollouts keep the shared factors",
+    "rollout_sleep_level": f"{VERL} verl/workers/rollout/vllm_rollout/vllm_async_server.py "
+                           "563-575: the hybrid engine's `sleep` is collective_rpc('sleep', "
+                           "level=2) whatever the vLLM version (setup.py:52 requires vllm "
+                           ">=0.8.5), `rollout_mode` wakes the weights, refits them and wakes "
+                           "the KV cache (verl/workers/fsdp_workers.py 735-753, "
+                           "megatron_workers.py 714-736). Earlier eras: v0.6.0-v0.7.0 (from "
+                           "e31a88312, 2025-08-16) sleep at verl/third_party/vllm/__init__.py "
+                           "VLLM_SLEEP_LEVEL, 2 for vLLM >= 0.8.5, else 1 (1 too with "
+                           "layered_summon, or expert parallelism on vLLM < 0.11: v0.7.0 "
+                           "vllm_rollout.py:131-135); 65c59c719 (2025-08-13) level 2 always; "
+                           "v0.5.0 and before level 1 always (sharding_manager/fsdp_vllm.py:240, "
+                           "megatron_vllm.py:191): a job run on those sets rollout_sleep_level",
 })
 
 
@@ -272,6 +301,7 @@ def _verl(name: str, title: str, trainer: str,
         colocation="actor, rollout and reference in one hybrid engine; critic with the actor; "
                    "rollout apart in the one-step-off / fully async recipes",
         sleep_wake=f"{VERL} rollout.yaml free_cache_engine (engine sleep between phases)",
+        rollout_sleep_level=2,
         sources=MappingProxyType({**_VERL_SOURCES, "trainer": f"{VERL} {trainer}"}))
 
 

@@ -95,6 +95,12 @@ class Job(Strict):
         None, description="the framework the job runs under (placer/spec/framework.py): the "
                           "planner searches only the layouts it can run and prices its "
                           "overheads; none: native (placer execute)")
+    rollout_sleep_level: Literal[1, 2] | None = Field(
+        None, description="the vLLM sleep level a colocated rollout engine sleeps at between "
+                          "generations: 1 copies its weights to the host and back, 2 discards "
+                          "them (the refit rewrites them); none: the framework's "
+                          "(placer/spec/framework.py rollout_sleep_level: verl 2, as its hybrid "
+                          "engine does with vLLM >= 0.8.5; set 1 for verl 0.5 and before)")
 
     @model_validator(mode="before")
     @classmethod
@@ -123,7 +129,7 @@ class Job(Strict):
         """A job without a framework or agents is written without the key (files stay as they
         were)."""
         out: dict[str, Any] = handler(self)
-        for key in ("framework", "agents", "micro_token_budget"):
+        for key in ("framework", "agents", "micro_token_budget", "rollout_sleep_level"):
             if out.get(key, "") is None:
                 out.pop(key)
         return out
@@ -132,6 +138,12 @@ class Job(Strict):
     def profile(self) -> FrameworkProfile:
         """The framework profile the job is planned for (`placer.spec.framework`)."""
         return profile_of(self.framework)
+
+    @property
+    def sleep_level(self) -> int:
+        """The vLLM sleep level its colocated rollout engines sleep at: the job's
+        `rollout_sleep_level`, else its framework's (`FrameworkProfile.rollout_sleep_level`)."""
+        return self.rollout_sleep_level or self.profile.rollout_sleep_level
 
     def roles(self) -> list[Role]:
         """Roles the algorithm runs, in a stable order."""
