@@ -31,6 +31,7 @@ from placer.cost.roofline import (
     infer_memory,
     kv_bytes_per_token,
     kv_split,
+    matmul_derate,
     pass_compute,
     weight_bytes,
 )
@@ -54,8 +55,8 @@ def forward_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
         replicas = max(par.devices // chips, 1)
         return tokens * per_token / replicas + chips * eff.lpu_hop_s
     # the GEMMs (attention's score FLOPs apart, seq = 0) and the attention kernels
-    compute = pass_compute(m, dev, par, tokens, 0.0, 2, eff.mfu_prefill, tokens / par.dp, eff,
-                           eff.prefill_half_ridge)
+    compute = pass_compute(m, dev, par, tokens, 0.0, 2, eff.mfu_prefill * matmul_derate(dev, par),
+                           tokens / par.dp, eff, eff.prefill_half_ridge)
     return (compute + prefill_kernel_time(m, dev, par, tokens, seq, eff)
             + layer_comm(m, dev, par, tokens / par.dp, eff)
             + prefill_vocab_comm(m, dev, par, tokens / par.dp, eff) + eff.step_overhead_s)
@@ -182,8 +183,10 @@ def weight_read_time(nbytes: float, batch: int, tp: int, dev: DeviceType,
 
 def decode_flops_time(flops: float, tp: int, dev: DeviceType, par: Parallel,
                       eff: Efficiency) -> float:
-    """Seconds of a decode step's `flops` matmul FLOPs over tp ranks at `decode_flops_eff`."""
-    return flops / tp / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff)
+    """Seconds of a decode step's `flops` matmul FLOPs over tp ranks at `decode_flops_eff`
+    (lowered by `matmul_derate` where the device's matmuls reach less of their peak)."""
+    return flops / tp / (gemm_peak_tflops(dev, par) * 1e12 * eff.decode_flops_eff
+                         * matmul_derate(dev, par))
 
 
 def decode_matmul_time(nbytes: float, flops: float, batch: int, dev: DeviceType, par: Parallel,

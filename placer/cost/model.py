@@ -131,7 +131,7 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     passes = 8 if par.recompute else 6
     per_step = tokens / max(steps, 1) / par.dp
     mt = micro_tokens(par, seq)
-    ceiling = device_ceiling(eff.mfu_train, dev, eff)
+    ceiling = device_ceiling(eff.mfu_train, dev, eff, par)
     group = _micro_group(par, per_step, mt)
     compute = pass_compute(m, dev, par, tokens, seq, passes, ceiling, group, eff)
     # the slowest pipeline stage paces every micro-batch (`placer.cost.stages`)
@@ -219,7 +219,7 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     the pass computes at the top (`vocabcomm.head_of` the role)."""
     if dev.kind is not DeviceKind.gpu:
         return forward_time(m, dev, par, tokens, seq, eff)
-    ceiling = device_ceiling(eff.mfu_score, dev, eff)
+    ceiling = device_ceiling(eff.mfu_score, dev, eff, par)
     mt = micro_tokens(par, seq)  # a trained role's forward runs its training micro-batches
     rank_tokens = tokens / par.dp
     group = _micro_group(par, rank_tokens, mt)

@@ -79,13 +79,46 @@ def chunk_seq(span: float, new: float) -> float:
     return 2.0 * span - new
 
 
-def device_ceiling(ceiling: float, dev: DeviceType, eff: Efficiency) -> float:
-    """A pass's achievable fraction of peak on `dev`: its GEMMs at `ceiling` plus the memory-
-    bound kernels' `nongemm_bytes_per_flop` bytes per FLOP at HBM bandwidth, 1 / (1/ceiling +
-    nongemm * peak / bandwidth). A compute-poor, bandwidth-rich part (H20) keeps more of its
-    peak than a compute-rich one (H100, B200)."""
+# The share of its datasheet BF16 peak a device's matmuls can reach at best (MAMF / peak) on the
+# devices the GEMM ceilings (`mfu_*`, `decode_flops_eff`) were measured on: the H100-SXM's, 794.5 of
+# 989 TFLOP/s (stas00/ml-engineering @744d01e18b79512572f64a6bbd8b5f4a725203a7,
+# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", BF16), the
+# lower of the two devices of the operator fits (A100 SXM: 271.2 of 312, 0.869). H20 rows fix
+# some factors too; the table has no H20, so its ratio is not known and it is not derated.
+REFERENCE_MATMUL_FRACTION = 794.5 / 989.0
+
+
+def runs_fp8(dev: DeviceType, par: Parallel) -> bool:
+    """Whether the layout's GEMMs run in FP8: FP8 weights (inference) or FP8 training GEMMs on
+    a device with FP8 tensor cores."""
+    return (par.fp8_weights or par.fp8_train) and dev.fp8_tflops is not None
+
+
+def matmul_derate(dev: DeviceType, par: Parallel | None = None) -> float:
+    """How much lower a device's BF16 GEMM ceiling is than the fitted factors say: its measured
+    best matmul share of peak (`DeviceType.matmul_tflops` / `bf16_tflops`) over the share of the
+    devices the factors were measured on (`REFERENCE_MATMUL_FRACTION`), at most 1. The factors
+    were measured on devices spanning 0.80 (H100) to 0.87 (A100) of peak without telling them
+    apart, so a device within or above that span is priced as they are; only one below it
+    (B200 0.776, GB200 0.729 in the same table) runs its GEMMs proportionally slower. 1 for a
+    device without a measured figure, and for FP8 GEMMs (`runs_fp8`): the same table's FP8
+    shares put B200 and GB200 (0.763, 0.723) above the H100's (0.709)."""
+    if dev.matmul_tflops is None or (par is not None and runs_fp8(dev, par)):
+        return 1.0
+    return min(1.0, dev.matmul_tflops / dev.bf16_tflops / REFERENCE_MATMUL_FRACTION)
+
+
+def device_ceiling(ceiling: float, dev: DeviceType, eff: Efficiency,
+                   par: Parallel | None = None) -> float:
+    """A pass's achievable fraction of peak on `dev`: its GEMMs at `ceiling` (lowered by
+    `matmul_derate` on a device whose matmuls reach less of their peak than the devices it was
+    measured on) plus the memory-bound kernels' `nongemm_bytes_per_flop` bytes per FLOP at HBM
+    bandwidth, 1 / (1/ceiling + nongemm * peak / bandwidth). A compute-poor, bandwidth-rich
+    part (H20) keeps more of its peak than a compute-rich one (H100, B200). `par`: the layout,
+    whose FP8 GEMMs are not derated (none: BF16)."""
     ridge = dev.bf16_tflops * 1e12 / (dev.mem_bw_gbs * GB)
-    return 1.0 / (1.0 / ceiling + eff.nongemm_bytes_per_flop * ridge)
+    gemm = ceiling * matmul_derate(dev, par)
+    return 1.0 / (1.0 / gemm + eff.nongemm_bytes_per_flop * ridge)
 
 
 def gemm_eff(ceiling: float, tokens_per_device: float, dev: DeviceType, eff: Efficiency,
@@ -113,7 +146,7 @@ def matmul_time(flops: float, tokens_per_device: float, dev: DeviceType, par: Pa
 def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
     """Peak TFLOP/s the layout's GEMMs run at: FP8 when its weights (inference) or its
     training GEMMs are FP8 and the device has FP8 tensor cores, else BF16."""
-    if (par.fp8_weights or par.fp8_train) and dev.fp8_tflops is not None:
+    if runs_fp8(dev, par) and dev.fp8_tflops is not None:
         return dev.fp8_tflops
     return dev.bf16_tflops
 

@@ -42,6 +42,12 @@ class DeviceType(Strict):
     fp8_tflops: PosFloat | None = Field(
         None, description="peak dense FP8 (Hopper and later); none: no FP8 tensor cores, so FP8 "
                           "options of the job do not apply on this device")
+    matmul_tflops: PosFloat | None = Field(
+        None, description="maximum achievable dense BF16 matmul TFLOP/s as measured (MAMF: the "
+                          "best of a sweep of GEMM shapes); where its share of bf16_tflops is "
+                          "below that of the devices the efficiency factors were measured on, "
+                          "the BF16 GEMM ceilings are lowered in proportion "
+                          "(placer/cost/roofline.py `matmul_derate`); none: not measured, no change")
     mem_bw_gbs: PosFloat = Field(description="memory bandwidth per device")
     intra_link_gbs: PosFloat = Field(description="scale-up link per device, one direction")
     nic_gbs: PosFloat = Field(description="network bandwidth per device, one direction")
