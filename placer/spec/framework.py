@@ -49,7 +49,6 @@ DEFAULT_FRAMEWORK = "native"
 VERL = "verl 0.8.0.dev @b178a3cd56f58b2d502255daba591e92833930a7"
 OPENRLHF = "OpenRLHF v0.11.0 @3c3be6234e0cb353e76bb8019947db9dfe99fca7"
 NEMO_RL = "NeMo-RL 0.6.0 @7ea279abfbeb698b092856d0dab61e7cf39bc909"
-NEMO_RL_060 = "NeMo-RL v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065"
 MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 # the commit EasyR1's published baselines cite (assets/baselines.md; 44 commits after the v0.3.2
 # tag a23fb5b0, its verl/__init__.py says 0.3.3.dev0); the files read below are unchanged in
@@ -392,22 +391,24 @@ _NEMO = FrameworkProfile(
                        "v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065 (placer.cost.refswap)",
         "dispatch": f"{NEMO_RL} nemo_rl/models/policy/lm_policy.py: the driver shards each "
                     "pass's batch (shard_by_batch_size) to the workers",
-        "colocated_switch": f"{NEMO_RL_060} nemo_rl/algorithms/grpo.py, every step when "
+        "colocated_switch": f"{NEMO_RL} nemo_rl/algorithms/grpo.py, every step when "
                             "policy.generation.colocated.enabled, whatever the memory: "
-                            "`refit_policy_generation` 1116-1118 offload_before_refit (the "
+                            "`refit_policy_generation` 2341-2343 offload_before_refit (the "
                             "optimizer state to the host) and the engine's wake_up(weights), "
-                            "1189-1191 offload_after_refit (the parameters to the host) and "
-                            "wake_up(kv_cache); 1568 finish_generation (vLLM sleep); 1733 "
-                            "prepare_for_lp_inference (parameters back); 1807 "
+                            "2415-2417 offload_after_refit (the parameters to the host) and "
+                            "wake_up(kv_cache); 3011 finish_generation (vLLM sleep); 3213 "
+                            "prepare_for_lp_inference (parameters back); 3328 "
                             "prepare_for_training (optimizer back). nemo_rl/models/policy/"
-                            "workers/megatron_policy_worker.py 1112-1273 (move_model: the BF16 "
+                            "workers/megatron_policy_worker.py 2931-3260 (move_model: the BF16 "
                             "param buffers copied, the grad buffers freed and re-zeroed, "
                             "NVIDIA/Megatron-LM @d30c3ae5 param_and_grad_buffer.py "
                             "offload_to_cpu 1208-1238; move_optimizer: the optimizer state), "
-                            "dtensor_policy_worker_v2.py 991-1087 alike; nemo_rl/models/"
-                            "generation/vllm/vllm_worker.py 1009 llm.sleep(level=1), 1031 "
-                            "wake_up; vllm_generation.py 733-770 (sleep only when colocated). "
-                            "The same calls at 7ea279ab (grpo.py 2342-2417, 3011, 3213, 3328)",
+                            "dtensor_policy_worker_v2.py 1222-1335 alike; nemo_rl/models/"
+                            "generation/vllm/vllm_worker.py 1309 llm.sleep(level=1), 1314 "
+                            "wake_up; vllm_generation.py 980-1020 (sleep only when colocated). "
+                            "The same at v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065 "
+                            "(grpo.py 1116-1118, 1189-1191, 1568, 1733, 1807; "
+                            "megatron_policy_worker.py 1112-1273; vllm_worker.py 1009)",
     }))
 
 _MILES = FrameworkProfile(
