@@ -19,6 +19,8 @@ from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, onload_time
+from placer.solve import hostmem
+from placer.solve.assemble import placed_estimate
 from placer.solve.baselines import partitions
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_bound import score
@@ -173,3 +175,10 @@ def test_simulator_charges_the_every_step_switch_where_the_plan_fits() -> None:
     assert set(sim) == {Role.ACTOR, Role.ROLLOUT} and all(v > 0 for v in sim.values())
     assert plan.breakdown.switch_s["s"] == pytest.approx(sum(sim.values()), rel=1e-9)
     assert costs["verl"][0] == {}
+    # host memory: the policy's state while the engine generates, the engine's weights while
+    # the policy trains, never both (nothing at all where the slot did not switch)
+    px = Pricer(resolve(_job("nemo-rl", policy="Qwen3-4B")), calib)
+    states = [hostmem.parked_gb(placed_estimate(px, r, plan.roles[r], True).memory, r, "")
+              for r in (Role.ACTOR, Role.ROLLOUT)]
+    assert min(states) > 0
+    assert hostmem._parked_per_device(plan, px) == {"s": pytest.approx(max(states))}
