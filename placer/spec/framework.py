@@ -29,9 +29,8 @@ Every rule and overhead cites the file and version of the framework it was read 
 (`SOURCES`). Colocation forms, the old-log-prob source and engine sleep/wake are recorded
 (`colocation`, `old_log_probs`, `sleep_wake`) but priced by the shared model: every profile
 here colocates the roles it shares devices between, recomputes old log-probs with the trainer by
-default and sleeps its engine with the engine library's own call; a profile whose colocated run
-offloads and sleeps every step even where its slot would fit says which roles do so
-(`colocated_switch`: NeMo-RL's policy and vLLM engine).
+default and sleeps its engine with the engine library's own call (every step, fit or not, for
+the roles of `colocated_switch`: NeMo-RL's policy and vLLM engine).
 """
 from __future__ import annotations
 
@@ -155,9 +154,8 @@ class FrameworkProfile:
     park_scheme: str = ""
     # roles (those the job has) that must share one slot: one worker group holds them all
     hybrid_engine: tuple[str, ...] = ()
-    # roles that give their slot's devices up every RL step whenever the rollout shares the
-    # actor's slot, fit or not (`switches_every_step`): each pays its onload
-    # (`placer.cost.timing.onload_time`) as a slot that does not fit would
+    # roles that pay their onload every RL step while the rollout shares the actor's slot, fit
+    # or not (`switches_every_step`, `placer.cost.timing.onload_time`)
     colocated_switch: tuple[str, ...] = ()
     # its dynamic batching: sequences per device per micro-batch, by pass ("forward" / "update"),
     # each micro-batch `micro_batch_samples[kind]` x the padded length tokens; none: the job's
