@@ -17,7 +17,8 @@ job's longest context (`costmodel.dispatch_time`, as `placer.cost.estimate.pass_
 pass: `Work.dispatch_s`, recorded as an unsized transfer event (which no fitted factor prices,
 like an onload), so the steps' events stay the passes' compute alone.
 Roles sharing a slot run one after another on it (`simulator.iteration` holds the slot); when
-their memory does not fit together, a role pays its onload (`placer.cost.timing.onload_time`: a GPU
+their memory does not fit together (or the framework switches the role every step, NeMo-RL's
+colocated policy and engine), a role pays its onload (`placer.cost.timing.onload_time`: a GPU
 rollout engine's sleep and wake, another role's weights and optimizer out and back) the first
 time it takes the slot in an iteration; a trainer whose optimizer is parked
 (`placer.cost.optpark`) pays its copy out and back there instead - the rule
@@ -114,8 +115,9 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
 
 def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
     """Role -> seconds it pays per iteration to take its slot: its onload when its slot's roles
-    do not fit together even with parked optimizers, else its parked optimizer's copies out and
-    back as the job's framework moves it (`placer.cost.timing.slot_switch`'s rule, on the plan's
+    do not fit together even with parked optimizers or its framework switches it every step
+    (`FrameworkProfile.switches_every_step`), else its parked optimizer's copies out and back
+    as the job's framework moves it (`placer.cost.timing.slot_switch`'s rule, on the plan's
     memory)."""
     res, calib = px.res, px.calib
     out: dict[str, float] = {}
@@ -132,8 +134,11 @@ def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
                                      res.job.sleep_level)
             continue
         fw = res.job.profile.park_scheme
+        every = res.job.profile.switches_every_step(members)  # fit or not (NeMo-RL colocated)
         for r, (_, parked) in zip(members, rows):
-            if parked:  # as its framework copies it (`optpark.moved_gb`, `timing.member_switch`)
+            if r in every:
+                out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff)
+            elif parked:  # as its framework copies it (`optpark.moved_gb`, `timing.member_switch`)
                 est = placed_estimate(px, r, plan.roles[r], shares_slot(plan, r))
                 out[r] = optpark.park_time(optpark.moved_gb(est, fw), eff)
     return out

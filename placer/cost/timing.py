@@ -5,7 +5,9 @@ One iteration has four stages, in order: `sync` (actor weights to every rollout 
 and `train` (actor, critic). Roles in one *slot* time-share its devices, so inside a stage their
 times add; different slots run side by side, so a stage lasts as long as its busiest slot
 (HybridFlow's rule). A slot whose roles' memory does not fit its devices together pays an onload
-per role and iteration (`onload_time`). Two terms price a pair of placements: the weight sync
+per role and iteration (`onload_time`), and so do the roles a framework switches every step
+whenever its generation shares the policy's devices (`FrameworkProfile.switches_every_step`:
+NeMo-RL's policy and vLLM engine). Two terms price a pair of placements: the weight sync
 (`sync_time`, one broadcast every rollout replica joins) and the queueing of tool calls for CPU
 cores (`rollout_tool_time`).
 
@@ -198,9 +200,12 @@ def onload_time(role: str, mem: Memory, dev: DeviceType, eff: Efficiency,
 def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
     """Per slot, what its roles pay per RL step to take turns on its devices (`member_switch`):
     when they do not fit together even with parked state (`optpark.slot_peak_gb`), every
-    member's onload (`onload_time`: its weights and optimizer out and back); a member that
-    parks state pays its framework's copies of it (`placer.cost.offload`) either way. Slots
-    paying nothing are left out."""
+    member's onload (`onload_time`: its weights and optimizer out and back); when they fit, the
+    onload of the members the job's framework switches every step anyway
+    (`FrameworkProfile.switches_every_step`: NeMo-RL offloads its policy and sleeps its vLLM
+    engine each step of a colocated run, whatever the memory); a member that parks state pays
+    its framework's copies of it (`placer.cost.offload`) either way. Slots paying nothing are
+    left out."""
     res = ctx.res
     by_slot: dict[str, list[Placed]] = defaultdict(list)
     for p in placed:
@@ -218,8 +223,10 @@ def slot_switch(ctx: PriceContext, placed: list[Placed]) -> dict[str, float]:
         eff = ctx.calib.for_device(dev)
         rows = [(p.est.memory.total, optpark.parked_gb(p.est.memory, p.est.par)) for p in members]
         whole = len(members) > 1 and optpark.slot_peak_gb(rows) > dev.memory_gb
+        always = res.job.profile.switches_every_step(p.est.role for p in members)
         fw, level = res.job.profile.park_scheme, res.job.sleep_level
-        if t := sum(member_switch(p.est, dev, eff, fw, whole, level) for p in members):
+        if t := sum(member_switch(p.est, dev, eff, fw, whole or p.est.role in always, level)
+                    for p in members):
             out[slot] = t
     return out
 
@@ -229,10 +236,11 @@ def member_switch(est: Estimate, dev: DeviceType, eff: Efficiency, framework: st
     """What one member of a shared slot pays per RL step: the copies of what it parks, as its
     framework moves them (`optpark.moved_gb`: verl loads parked weights for every phase that
     runs the module, whether or not the slot would fit without), and, when the slot switches
-    whole, its onload (`onload_time`): all of its state leaves the devices once at least, so a
-    parking member pays the larger of its onload and its copies plus the round trip of what it
-    does not park (`offload.unparked_gb`); an engine sleeps at `sleep_level`. A parked twin in
-    a switching slot so never prices below its unparked twin (the ILP's parking rule,
+    whole or its framework switches the member every step (`whole`), its onload
+    (`onload_time`): all of its state leaves the devices once at least, so a parking member
+    pays the larger of its onload and its copies plus the round trip of what it does not park
+    (`offload.unparked_gb`); an engine sleeps at `sleep_level`. A parked twin in a switching
+    slot so never prices below its unparked twin (the ILP's parking rule,
     `placer.solve.ilp_memory`, relies on it)."""
     parks = bool(parked_states(est.par))
     moved = optpark.park_time(optpark.moved_gb(est, framework), eff) if parks else 0.0

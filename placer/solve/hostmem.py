@@ -366,7 +366,10 @@ def _on_pool(r: RolePlacement, pool: str) -> tuple[int, Parallel]:
 
 def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
     """Per switching slot: GB per device parked on the host at its worst moment (a split role
-    alone in its slot never switches; a mixed rollout parks its part on the slot's pool)."""
+    alone in its slot never switches; a mixed rollout parks its part on the slot's pool). A
+    slot that fits holds its parked states and the largest state of the members its framework
+    switches every step (`FrameworkProfile.switches_every_step`: NeMo-RL's policy is on the
+    host while its engine generates, the engine's weights while the policy trains)."""
     out = {}
     slots = {s.name: s for s in plan.slots}
     framework = px.res.job.profile.park_scheme
@@ -379,9 +382,15 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
         mems = [(r.parts[0].memory_gb if r.parts else r.memory_gb, r.parked_gb) for r in rs]
         memories = [placed_estimate(px, role, r, True).memory for role, r in zip(slot.roles, rs)]
         if optpark.slot_peak_gb(mems) <= px.res.device_of(
-                slot.pool).memory_gb:  # they fit together: only parked states are moved
-            out[name] = sum(parked_states_gb(mem, role, r.par, framework) * k
-                            for role, mem, r, k in zip(slot.roles, memories, rs, shares))
+                slot.pool).memory_gb:  # they fit together: only parked states are moved, and
+            # the whole state of the members the framework switches every step, one at a time
+            every = px.res.job.profile.switches_every_step(slot.roles)
+            kept = sum(parked_states_gb(mem, role, r.par, framework) * k
+                       for role, mem, r, k in zip(slot.roles, memories, rs, shares)
+                       if role not in every)
+            moved = [parked_gb(mem, role, framework) * k
+                     for role, mem, k in zip(slot.roles, memories, shares) if role in every]
+            out[name] = kept + max(moved, default=0.0)
             continue
         states = [parked_gb(mem, role, framework, px.res.job.sleep_level) * k
                   for role, mem, k in zip(slot.roles, memories, shares)]

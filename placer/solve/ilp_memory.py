@@ -3,7 +3,10 @@
 Per slot of two or more roles, over_j (its members do not fit in memory together); not over_j =>
 the members' resident memory plus any one parked optimizer fits a device and each parked member
 pays its copies (`placer.cost.optpark`); over_j => every member pays its onload (SW_j) and the
-host RAM of the slot's devices holds what they park (`hostmem.park_budget_gb`). The notation and
+host RAM of the slot's devices holds what they park (`hostmem.park_budget_gb`). A member the
+job's framework switches every step while the actor and the rollout share the slot
+(`FrameworkProfile.switches_every_step`: NeMo-RL's policy and engine) pays its onload there
+whether or not the slot fits, unparked (`timing.slot_switch`'s rule). The notation and
 the linearisation are the `placer.solve.ilp` docstring's (constraints `switch`, `parking`,
 `host`); memory is in kB per device, host memory in MB over the slot's devices.
 """
@@ -16,6 +19,7 @@ from placer.cost.timing import onload_time
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_vars import LinExpr, ModelVars
 from placer.solve.problem import alone, budget_mb, host_mb, slot_devices
+from placer.spec.framework import COLOCATED_INFERENCE
 
 
 class SlotMemory(ModelVars):
@@ -73,6 +77,8 @@ class SlotMemory(ModelVars):
                 continue
             over = m.new_bool_var(f"over[{j}]")
             mm, sw, pk = [], [], {}
+            every = self.p.res.job.profile.switches_every_step(self.members(j))
+            shared = [self.z[q, j] for q in COLOCATED_INFERENCE] if every else []
             for r in self.members(j):
                 a = m.new_int_var(0, max(self._mem_kb(c) for c in self.p.cands[r]), f"mm[{r},{j}]")
                 m.add(a >= self.expr(r, self._mem_kb)).OnlyEnforceIf(self.z[r, j])
@@ -80,6 +86,11 @@ class SlotMemory(ModelVars):
                 top = max(max(self._switch(c), self._park(c)) for c in self.p.cands[r])
                 v = m.new_int_var(0, top, f"v[{r},{j}]")
                 m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf([self.z[r, j], over])
+                if r in every:  # fit or not, while the actor and the rollout share the slot
+                    m.add(v >= self.expr(r, self._switch)).OnlyEnforceIf(shared)
+                    for c, x in zip(self.p.cands[r], self.x[r]):
+                        if c.est.par.park_optimizer:  # its onload moves the optimizer anyway
+                            m.add_bool_or([x.Not(), *(z.Not() for z in shared)])
                 if any(self._park(c) for c in self.p.cands[r]):
                     m.add(v >= self.expr(r, self._park)).OnlyEnforceIf([self.z[r, j], over.Not()])
                     for c, x in zip(self.p.cands[r], self.x[r]):
@@ -141,7 +152,8 @@ class SlotMemory(ModelVars):
         """over_j => for every member r, the other members' parked state plus every member's
         offloaded optimizer (MB over each member's devices) fits `hostmem.park_budget_gb` per
         device of the slot: sum - min is the largest sum - h_r, so one bound per member keeps it
-        linear; not over_j => the parked optimizers plus the offloaded ones fit it. The slot's
+        linear; not over_j => the parked optimizers plus the offloaded ones fit it, with the
+        parked state of any one member its framework switches every step. The slot's
         devices M_j are its largest member's (`assemble`): M_j >= every member's n and
         M_j <= the n of one member the solver names."""
         m, res = self.m, self.p.res
@@ -177,6 +189,13 @@ class SlotMemory(ModelVars):
                 m.add(others + sum(held) <= b * size).OnlyEnforceIf([self.z[r, j], over, here])
             if opt:
                 m.add(sum(opt) + sum(held) <= b * size).OnlyEnforceIf([over.Not(), here])
+            # a fitting slot whose framework switches members every step: one of them at a time
+            # has its state on the host (`hostmem._parked_per_device`)
+            every = self.p.res.job.profile.switches_every_step(members)
+            shared = [self.z[q, j] for q in COLOCATED_INFERENCE] if every else []
+            for r in every:
+                m.add(park[r] + sum(opt) + sum(held) <= b * size).OnlyEnforceIf(
+                    [over.Not(), here, *shared])
 
     def _at_least(self, r: str, j: str, name: str, values: list[int]) -> cp_model.IntVar:
         """A variable >= values[k] for role r's chosen candidate k while r sits in slot j."""

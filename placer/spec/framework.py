@@ -15,6 +15,9 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
                         weight-sync bucket and sender, where an offloaded optimizer steps
   hybrid_engine         roles that must share one slot (EasyR1 builds actor, rollout and
                         reference in one worker group over every GPU: `Pricer.colocated_roles`)
+  colocated_switch      roles that give their slot's devices up every RL step whenever the
+                        rollout shares the actor's slot, whether or not the members fit
+                        (`switches_every_step`, `placer.cost.timing.slot_switch`)
   park_scheme,          how it moves a parked or streamed role's state: keys of
   stream_scheme         `placer.cost.offload.PARK_SCHEMES` / `STREAM_SCHEMES` (the scheme and
                         its source live there, once)
@@ -29,11 +32,12 @@ Every rule and overhead cites the file and version of the framework it was read 
 (`SOURCES`). Colocation forms, the old-log-prob source and engine sleep/wake are recorded
 (`colocation`, `old_log_probs`, `sleep_wake`) but priced by the shared model: every profile
 here colocates the roles it shares devices between, recomputes old log-probs with the trainer by
-default and sleeps its engine with the engine library's own call, at `rollout_sleep_level`.
+default and sleeps its engine with the engine library's own call, at `rollout_sleep_level`
+(every step, fit or not, for the roles of `colocated_switch`: NeMo-RL's policy and vLLM engine).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
@@ -88,6 +92,10 @@ SLEEP_LEVELS: Mapping[int, str] = MappingProxyType({
     1: "weights copied to pinned host memory and back, KV cache discarded",
     2: "weights and KV cache discarded; the refit writes the weights again",
 })
+
+# the roles whose sharing of one slot makes a run's generation colocated with its policy
+# (NeMo-RL's policy.generation.colocated.enabled): `FrameworkProfile.switches_every_step`
+COLOCATED_INFERENCE: tuple[str, ...] = (Role.ACTOR, Role.ROLLOUT)
 
 # what a job may use that a framework may lack (a `FrameworkProfile` flag each): the refusal
 JOB_FEATURES: Mapping[str, str] = MappingProxyType({
@@ -159,6 +167,9 @@ class FrameworkProfile:
     park_scheme: str = ""
     # roles (those the job has) that must share one slot: one worker group holds them all
     hybrid_engine: tuple[str, ...] = ()
+    # roles that pay their onload every RL step while the rollout shares the actor's slot, fit
+    # or not (`switches_every_step`, `placer.cost.timing.onload_time`)
+    colocated_switch: tuple[str, ...] = ()
     # its dynamic batching: sequences per device per micro-batch, by pass ("forward" / "update"),
     # each micro-batch `micro_batch_samples[kind]` x the padded length tokens; none: the job's
     # `micro_token_budget` or the cost model's default
@@ -213,6 +224,16 @@ class FrameworkProfile:
                 "partial_rollout": partial_rollout, "reward_model": reward_model}
         return next((why for feature, why in JOB_FEATURES.items()
                      if used[feature] and not getattr(self, feature)), None)
+
+    def switches_every_step(self, roles: Iterable[str]) -> frozenset[str]:
+        """The members of a slot holding `roles` that give its devices up every RL step whether
+        or not the members fit together: `colocated_switch` where the slot holds the actor and
+        the rollout (`COLOCATED_INFERENCE`: the generation colocated with the policy), else
+        none."""
+        held = set(roles)
+        if not set(COLOCATED_INFERENCE) <= held:
+            return frozenset()
+        return frozenset(self.colocated_switch) & held
 
     def micro_token_budget(self, kind: str, padded_len: int) -> int | None:
         """Tokens per device per micro-batch of a `kind` pass ("forward" / "update") its dynamic
@@ -355,6 +376,7 @@ _OPENRLHF = FrameworkProfile(
 _NEMO = FrameworkProfile(
     "nemo-rl", "NeMo-RL", NEMO_RL, "nemo-rl", hsdp=False, partial_rollout=False, frozen_shards=True,
     park_optimizer=(Role.ACTOR,), swap_frozen=(Role.REFERENCE,), rule_workers=8,
+    colocated_switch=(Role.ACTOR, Role.ROLLOUT),
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
@@ -397,6 +419,24 @@ _NEMO = FrameworkProfile(
                        "v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065 (placer.cost.refswap)",
         "dispatch": f"{NEMO_RL} nemo_rl/models/policy/lm_policy.py: the driver shards each "
                     "pass's batch (shard_by_batch_size) to the workers",
+        "colocated_switch": f"{NEMO_RL} nemo_rl/algorithms/grpo.py, every step when "
+                            "policy.generation.colocated.enabled, whatever the memory: "
+                            "`refit_policy_generation` 2341-2343 offload_before_refit (the "
+                            "optimizer state to the host) and the engine's wake_up(weights), "
+                            "2415-2417 offload_after_refit (the parameters to the host) and "
+                            "wake_up(kv_cache); 3011 finish_generation (vLLM sleep); 3213 "
+                            "prepare_for_lp_inference (parameters back); 3328 "
+                            "prepare_for_training (optimizer back). nemo_rl/models/policy/"
+                            "workers/megatron_policy_worker.py 2931-3260 (move_model: the BF16 "
+                            "param buffers copied, the grad buffers freed and re-zeroed, "
+                            "NVIDIA/Megatron-LM @d30c3ae5 param_and_grad_buffer.py "
+                            "offload_to_cpu 1208-1238; move_optimizer: the optimizer state), "
+                            "dtensor_policy_worker_v2.py 1222-1335 alike; nemo_rl/models/"
+                            "generation/vllm/vllm_worker.py 1309 llm.sleep(level=1), 1314 "
+                            "wake_up; vllm_generation.py 980-1020 (sleep only when colocated). "
+                            "The same at v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065 "
+                            "(grpo.py 1116-1118, 1189-1191, 1568, 1733, 1807; "
+                            "megatron_policy_worker.py 1112-1273; vllm_worker.py 1009)",
     }))
 
 _MILES = FrameworkProfile(
