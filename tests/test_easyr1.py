@@ -109,6 +109,21 @@ def test_the_planner_keeps_easyr1s_hybrid_engine_in_one_slot() -> None:
     assert native.colocated_roles() == []
 
 
+def test_the_planner_runs_easyr1s_hybrid_engine_over_one_device_set() -> None:
+    # EasyR1's one worker group runs the actor, the rollout and the reference over every GPU
+    # of its pool: the plan prices each on that count, so the export warns of nothing. This
+    # job's planner, left to choose, trained the actor on 16 GPUs of the slot's 32
+    job = load_job(EXAMPLES / "grpo-qwen3-next.yaml")
+    easy = job.model_copy(update={"framework": "easyr1"})
+    assert Pricer(resolve(easy), Calibration()).same_devices_roles() == [
+        [Role.ACTOR, Role.ROLLOUT, Role.REFERENCE]]
+    assert Pricer(resolve(job), Calibration()).same_devices_roles() == []
+    plan = api.plan(easy, time_limit=5.0, workers=1)
+    counts = {r: plan.roles[r].devices for r in (Role.ACTOR, Role.ROLLOUT, Role.REFERENCE)}
+    assert len(set(counts.values())) == 1, counts
+    assert not [w for w in target_of("easyr1").export(plan).warnings if "whole pool" in w]
+
+
 # ------------------------------------------------------------------------------------ export
 @pytest.fixture(scope="module")
 def vlm_plan():

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from placer.cost.efficiency import Efficiency
@@ -35,7 +36,7 @@ from workflows.opdata import (
 )
 from workflows.operators import main
 from workflows.opfit import HOP_PER_BASE, all_reduce_modes
-from workflows.opsources import harness, leave_one_source_out
+from workflows.opsources import harness, held_out_period, leave_one_source_out, period_at_price
 
 EFF = Efficiency()
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -314,3 +315,41 @@ def test_the_cross_node_price_misses_both_ends() -> None:
     assert len(oci) == 17 and -0.37 < min(oci) and max(oci) < 0.16
     assert all(predict(p, EFF) < 0.8 * p.measured_s for p in small if p.source != OCI)
     assert all(predict(p, EFF) > 1.15 * p.measured_s for p in large)
+
+
+def test_the_host_period_at_fixed_prices_recovers_a_planted_period() -> None:
+    # Independent of the measurements: prices on a ramp, every other point below 40 us
+    # replaced by a 40 us host period (with +-5% jitter); the period comes back, and a
+    # harness with no point above its price has none
+    price = np.geomspace(5e-6, 400e-6, 40)
+    jitter = np.where(np.arange(40) % 3 == 0, 0.95, 1.05)
+    m = np.where((np.arange(40) % 2 == 0) & (price < 40e-6), 40e-6 * jitter, price)
+    assert period_at_price(price, m) == pytest.approx(40e-6, rel=0.06)
+    assert period_at_price(price, price) == 0.0
+
+
+def test_the_harness_priced_class_holds_each_point_out_of_its_period() -> None:
+    # a point's period is fitted without it: a synthetic harness of two points, one host-bound
+    # at 50 us, gives the host-bound point no period (its sibling is synchronised) and the
+    # synchronised one the 50 us period; graph replays and two-node calls get none
+    ar = [p for p in load()[1] if p.cls == "all_reduce"]
+    p0 = next(p for p in ar if p.source == NCCL_TESTS and p.launch == "eager" and p.size == 8)
+    p1 = next(p for p in ar if p.source == NCCL_TESTS and p.launch == "eager" and p.size == 16)
+    fast, slow = replace(p0, measured_s=predict(p0, EFF)), replace(p1, measured_s=50e-6)
+    assert held_out_period(fast, [fast, slow], EFF) == pytest.approx(50e-6)
+    assert held_out_period(slow, [fast, slow], EFF) == 0.0
+    graph = next(p for p in ar if p.launch == "graph")
+    two_nodes = next(p for p in ar if p.tp > p.per_node)
+    assert held_out_period(graph, ar, EFF) == held_out_period(two_nodes, ar, EFF) == 0.0
+
+
+def test_the_harness_priced_class_covers_every_point(sources: dict) -> None:
+    # the figure prices every all-reduce point, in node and across; it is no worse in node
+    # than the price alone (a period only lifts a call the price puts below it)
+    hp = sources["harness_priced"]
+    n_all = sum(1 for p in load()[1] if p.cls == "all_reduce")
+    assert hp["all_points"]["n"] == n_all
+    assert hp["in_node"]["n"] + hp["across_nodes"]["n"] == n_all
+    alone = [abs(predict(p, EFF) / p.measured_s - 1) for p in load()[1]
+             if p.cls == "all_reduce" and p.tp <= p.per_node]
+    assert hp["in_node"]["median_abs_error"] < float(np.median(alone))

@@ -99,6 +99,13 @@ class Pricer(PriceContext):
         group = [r for r in self.res.job.profile.hybrid_engine if r in self.res.job.roles()]
         return [group] if len(group) > 1 else []
 
+    def same_devices_roles(self) -> list[list[str]]:
+        """Groups of roles that must run over the same devices, not just share a slot: a
+        framework's hybrid engine (EasyR1's one worker group runs the actor, the rollout and
+        the reference over every GPU of its pool: verl/trainer/ray_trainer.py:256-263), so
+        each is priced on the devices it will run on; none for an agents' job."""
+        return self.colocated_roles()
+
     def onloads_per_step(self, role: str) -> int:
         """Onloads a role pays per step in a slot whose members do not fit together: one,
         unless its engines hand the slot to another agent's several times a step
@@ -168,6 +175,9 @@ class AgentPricer(Pricer):
 
     def colocated_roles(self) -> list[list[str]]:
         return shared_slots(self.agents)
+
+    def same_devices_roles(self) -> list[list[str]]:
+        return []  # agents' engines share a pool's slot, each on its own device count
 
     def onloads_per_step(self, role: str) -> int:
         return onloads_per_step(self.agents, role)

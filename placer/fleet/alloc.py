@@ -60,7 +60,10 @@ too. So the gap is relative to (1) the grids of allocation vectors (thinned on a
 `placer.fleet.inner`), (2) the monotone bound holding (pairs that break it are counted), (3) the
 integer scaling of the coefficients (1e-9 of the largest). Of the allocations as good as the
 incumbent, the one holding the fewest nodes is kept (`fewest_nodes`): a node that no job would
-run faster with stays free.
+run faster with stays free. Ties (in a round, and among the fewest-node allocations) go to the
+canonical allocation, each job in order on its earliest vector in sorted order
+(`allocmodel.canonical_levels`), so the vectors a round evaluates and the allocation returned
+do not move with CP-SAT's workers, seed or load wherever each level is proven.
 """
 from __future__ import annotations
 

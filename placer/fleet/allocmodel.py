@@ -18,6 +18,8 @@ from placer.fleet.allocproblem import (
     Vec,
     misses,
 )
+from placer.solve.ilp_solve import packed_keys
+from placer.solve.ilp_vars import LinExpr
 
 SCALE = 1_000_000_000  # the largest objective coefficient, after scaling to integers
 
@@ -195,7 +197,7 @@ def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int,
         lows.append(low)
     if any(not v for v in values):
         raise NoAllocation("a job has no allocation left")
-    m, x, k, _ = _model(pr, values, hint)
+    m, x, k, objective = _model(pr, values, hint)
     solver = cp_model.CpSolver()
     _params(solver, limit_s, workers, seed)
     status = solver.solve(m)
@@ -203,7 +205,13 @@ def solve_round(pr: AllocProblem, limit_s: float, workers: int, seed: int,
         raise NoAllocation("no allocation meets the quotas")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise Unsolved("the allocation model found no solution in its time limit")
-    chosen = [next(a for a, v in xs.items() if solver.value(v)) for xs in x]
+    chosen = _read(x, solver)
+    if status == cp_model.OPTIMAL:  # the round's plans to evaluate: the same whatever the search
+        held = objective >= int(round(solver.objective_value))
+        if pr.objective != "throughput":
+            held = objective <= int(round(solver.objective_value))
+        m.add(held)
+        chosen = _lexmin(m, x, canonical_levels(x), chosen, limit_s, workers, seed)
     return _Round(chosen, all(exact[j][a] for j, a in enumerate(chosen)),
                   solver.objective_value / k,
                   fleet_bound(pr, values, lows, solver.best_objective_bound / k),
@@ -254,7 +262,12 @@ def _params(solver: cp_model.CpSolver, limit_s: float, workers: int, seed: int) 
 
 def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> list[Vec]:
     """Among the evaluated allocations as good as `vecs` (the same scaled objective), one that
-    holds the fewest nodes: nodes that no job's plan would be faster with go back to the pool."""
+    holds the fewest nodes: nodes that no job's plan would be faster with go back to the pool.
+    Many such allocations tie (a job whose plan is as fast on either of two vectors), and
+    CP-SAT returns whichever its search meets first, which moves with its workers, seed and
+    load; so, the fewest nodes proven, each job in order takes its earliest vector in sorted
+    order that the jobs before it leave open (`canonical_levels`): the same allocation
+    whatever the search."""
     values: list[dict[Vec, float]] = []
     for j, job in enumerate(pr.jobs):
         ok = {a: t for a, t in pr.known[j].items() if t is not None
@@ -263,10 +276,43 @@ def fewest_nodes(pr: AllocProblem, vecs: list[Vec], workers: int, seed: int) -> 
     m, x, k, objective = _model(pr, values, vecs)
     now = [int(round(vals[a] * k)) for vals, a in zip(values, vecs)]
     m.add(objective >= sum(now) if pr.objective == "throughput" else objective <= max(now))
-    m.minimize(sum(sum(pr.held(j, a)) * v for j, xs in enumerate(x) for a, v in xs.items()))
-    solver = cp_model.CpSolver()
-    _params(solver, 5.0, workers, seed)
-    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return vecs
+    nodes = sum(sum(pr.held(j, a)) * v for j, xs in enumerate(x) for a, v in xs.items())
+    return _lexmin(m, x, [nodes, *canonical_levels(x)], vecs, 5.0, workers, seed)
+
+
+def _read(x: list[dict[Vec, cp_model.IntVar]], solver: cp_model.CpSolver) -> list[Vec]:
     return [next(a for a, v in xs.items() if solver.value(v)) for xs in x]
 
+
+def _lexmin(m: cp_model.CpModel, x: list[dict[Vec, cp_model.IntVar]], levels: list[LinExpr],
+            start: list[Vec], limit_s: float, workers: int, seed: int) -> list[Vec]:
+    """Minimise `levels` in turn on `m`, each held at its optimum for the next, from the
+    allocation `start` (a solution of `m`, hinted); stops at the first level not proven
+    optimal within `limit_s` (the next would not be lexicographic) with the best found."""
+    chosen = start
+    for level in levels:
+        m.clear_hints()
+        for xs, a in zip(x, chosen):
+            for b, v in xs.items():
+                m.add_hint(v, int(b == a))
+        m.minimize(level)
+        solver = cp_model.CpSolver()
+        _params(solver, limit_s, workers, seed)
+        status = solver.solve(m)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return chosen
+        chosen = _read(x, solver)
+        if status != cp_model.OPTIMAL:
+            return chosen
+        m.add(level <= int(round(solver.objective_value)))
+    return chosen
+
+
+def canonical_levels(x: list[dict[Vec, cp_model.IntVar]]) -> list[LinExpr]:
+    """The jobs' canonical keys as objectives minimised in turn: job j's key is its chosen
+    vector's rank in sorted order, below its vector count; the keys in job order packed as
+    `placer.solve.ilp_solve.packed_keys` packs the roles', so their minimum is the
+    lexicographic one."""
+    keys: list[tuple[LinExpr, int]] = [
+        (sum(i * xs[a] for i, a in enumerate(sorted(xs))), len(xs)) for xs in x]
+    return packed_keys(keys)

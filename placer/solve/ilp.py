@@ -18,6 +18,9 @@ Constraints (products of binaries by enforcement literals, no big-M):
               (`Candidate.colocated`) in another role's slot on its shared part's pool, its
               other part's devices held by that slot on their own pool (D_jq)
   capacity    D_jp >= every member's n_kp;  sum_j D_jp <= cap_p
+  engines     a framework's shared engine (`Pricer.colocated_roles`) is one slot: z_rj = z_fj
+              for its roles r and its first f; a hybrid engine that runs its roles over one
+              device set (`Pricer.same_devices_roles`: EasyR1's) also n_r = n_f
   stage work  S_js = sum of the members' t_ks;  memory: not over_j => the members' m_k fit
   switch      over_j => every member pays sw_k (SW_j)
   parking     not over_j => the members' resident memory plus any one parked optimizer fits,

@@ -209,18 +209,18 @@ def _levels(problem: Problem, unit: float, hint: Hint | None, rate_cap: int | No
             fixed: list[int]) -> tuple[_Model, list[LinExpr]]:
     """The model (its tool terms as priced so far) and its objectives in lexicographic order:
     T (+ `move_cost_s` per role moved), the tie-breaker (rate, then devices held), then the
-    roles' canonical keys packed (`_packed`); the first len(fixed) held at those values."""
+    roles' canonical keys packed (`packed_keys`); the first len(fixed) held at those values."""
     model = _Model(problem, unit_s=unit, lazy_tools=True)
     first = model.T + (model.ti(hint.move_cost_s) if hint else 0) * _moves(model, hint)
     if rate_cap is not None:
         model.m.add(model.rate <= rate_cap)
-    levels = [first, model.tie_breaker(), *_packed(model.canonical_keys())]
+    levels = [first, model.tie_breaker(), *packed_keys(model.canonical_keys())]
     for expr, value in zip(levels, fixed):
         model.m.add(expr <= value)
     return model, levels
 
 
-def _packed(keys: list[tuple[LinExpr, int]]) -> list[LinExpr]:
+def packed_keys(keys: list[tuple[LinExpr, int]]) -> list[LinExpr]:
     """The roles' canonical keys (key, range) packed, in role order, into as few objectives as
     keep their range within `CANON_SPAN`: kappa_1 W_1 + ... + kappa_n W_n, W_r the product of
     the later roles' ranges in the same objective. Every kappa is below its range, so the later

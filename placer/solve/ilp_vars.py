@@ -25,6 +25,10 @@ def _devices_on(c: Candidate, pool: str) -> int:
     return c.pool_devices().get(pool, 0)
 
 
+def _devices(c: Candidate) -> int:
+    return c.devices
+
+
 class ModelVars:
     """The variables of one `Problem`'s CP-SAT model and the expressions over them."""
 
@@ -76,6 +80,10 @@ class ModelVars:
             for r in rest:
                 for j in R[:R.index(first) + 1]:
                     m.add(self.z[r, j] == self.z[first, j])
+        for group in self.p.px.same_devices_roles():  # one engine over one device set
+            first, *rest = [r for r in group if r in R]
+            for r in rest:
+                m.add(self.expr(r, _devices) == self.expr(first, _devices))
 
     def members(self, j: str) -> list[str]:
         return [r for r in self.roles if (r, j) in self.z]

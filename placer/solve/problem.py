@@ -181,9 +181,12 @@ def budget_mb(res: Resolved, pool: str) -> int | None:
 
 def keeps_groups(problem: Problem, a: Assignment) -> bool:
     """Whether a placement keeps every group of roles that must share a slot in one slot
-    (`Pricer.colocated_roles`); a heuristic plan bounds the optimum only when it does."""
-    return all(len({a.slot_of[r] for r in g if r in a.slot_of}) <= 1
-               for g in problem.px.colocated_roles())
+    (`Pricer.colocated_roles`), each group that must run over one device set on one count
+    (`Pricer.same_devices_roles`); a heuristic plan bounds the optimum only when it does."""
+    return (all(len({a.slot_of[r] for r in g if r in a.slot_of}) <= 1
+                for g in problem.px.colocated_roles())
+            and all(len({a.choice[r].devices for r in g if r in a.choice}) <= 1
+                    for g in problem.px.same_devices_roles()))
 
 
 def host_fits(problem: Problem, a: Assignment) -> bool:
