@@ -137,7 +137,8 @@ def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
         every = res.job.profile.switches_every_step(members)  # fit or not (NeMo-RL colocated)
         for r, (_, parked) in zip(members, rows):
             if r in every:
-                out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff)
+                out[r] = onload_time(r, _onload_memory(px, plan, r, eff), dev, eff,
+                                     res.job.sleep_level)
             elif parked:  # as its framework copies it (`optpark.moved_gb`, `timing.member_switch`)
                 est = placed_estimate(px, r, plan.roles[r], shares_slot(plan, r))
                 out[r] = optpark.park_time(optpark.moved_gb(est, fw), eff)

@@ -388,7 +388,7 @@ def _parked_per_device(plan: Plan, px: Pricer) -> dict[str, float]:
             kept = sum(parked_states_gb(mem, role, r.par, framework) * k
                        for role, mem, r, k in zip(slot.roles, memories, rs, shares)
                        if role not in every)
-            moved = [parked_gb(mem, role, framework) * k
+            moved = [parked_gb(mem, role, framework, px.res.job.sleep_level) * k
                      for role, mem, k in zip(slot.roles, memories, shares) if role in every]
             out[name] = kept + max(moved, default=0.0)
             continue
