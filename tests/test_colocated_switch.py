@@ -85,7 +85,7 @@ def test_a_nemo_rl_slot_that_fits_still_pays_the_policy_offload_and_engine_sleep
     by_hand = 2 * 10.0 / eff.offload_gbs + 2 * 15.0 / eff.offload_gbs + eff.engine_sleep_s \
         + eff.engine_wake_s
     assert px.slot_switch(members) == {"s": pytest.approx(by_hand, rel=1e-12)}
-    assert by_hand == pytest.approx(switch_time(ACTOR_MEM, eff) + engine_swap_time(15.0, eff))
+    assert by_hand == pytest.approx(switch_time(ACTOR_MEM, eff) + engine_swap_time(15.0, eff, 1))
     # verl keeps an unparked actor on the GPU when the slot fits: nothing to pay
     vpx, vmembers = placed["verl"]
     assert vpx.slot_switch(vmembers) == {}
@@ -106,8 +106,9 @@ def test_a_nemo_rl_slot_that_does_not_fit_pays_each_onload_once() -> None:
     big = Memory(weights=15.0, overhead=2.0, kv_cache=60.0)  # 77 + 18 GB > 80 GB
     members = [Placed("s", _cand(px, Role.ACTOR, ACTOR_MEM).est),
                Placed("s", _cand(px, Role.ROLLOUT, big).est)]
-    expect = onload_time(Role.ACTOR, ACTOR_MEM, dev, eff) + onload_time(Role.ROLLOUT, big, dev,
-                                                                         eff)
+    level = px.res.job.sleep_level  # NeMo-RL sleeps its engine at level 1
+    expect = (onload_time(Role.ACTOR, ACTOR_MEM, dev, eff, level)
+              + onload_time(Role.ROLLOUT, big, dev, eff, level))
     assert px.slot_switch(members) == {"s": pytest.approx(expect, rel=1e-12)}
 
 
@@ -178,7 +179,8 @@ def test_simulator_charges_the_every_step_switch_where_the_plan_fits() -> None:
     # host memory: the policy's state while the engine generates, the engine's weights while
     # the policy trains, never both (nothing at all where the slot did not switch)
     px = Pricer(resolve(_job("nemo-rl", policy="Qwen3-4B")), calib)
-    states = [hostmem.parked_gb(placed_estimate(px, r, plan.roles[r], True).memory, r, "")
+    states = [hostmem.parked_gb(placed_estimate(px, r, plan.roles[r], True).memory, r, "",
+                                px.res.job.sleep_level)
               for r in (Role.ACTOR, Role.ROLLOUT)]
     assert min(states) > 0
     assert hostmem._parked_per_device(plan, px) == {"s": pytest.approx(max(states))}
