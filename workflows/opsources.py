@@ -42,25 +42,21 @@ What the held-out sources show (shipped factors; `python -m workflows.operators`
     torch benchmark on H200 and 47-58 us on B200 (priced 25-34 us, -30% to -50%); B200's
     4-64 MiB calls run at 77-400 GB/s bus bandwidth where NVLS is priced at 217-674 (-41% to
     -65%): NCCL on that node (AWS's tuner plugin) does not reach NVLS's rate until ~128 MiB;
-  - across nodes `layercomm.tp_all_reduce` (a group of more than 8 ranks: min(NVLink x
-    `tp_link_eff`, 8 NICs x `link_eff`) per rank, the faster of ring and tree at NCCL's
-    hierarchical step latencies: in-node steps at `tp_hop_s`, network steps at `net_hop_s`, the
-    tree's at NCCL's 5.0 / 2.7 of it; `collectives.span_tree_steps_s`) misses in three regimes.
-    Below 1 MiB OCI's RoCE calls (35-73 us) sit around NCCL's own latency, priced 40-47 us: -36%
-    to +15% (-25% to -55% when every tree step was a network step, 26 us); A3 Mega's TCPXO
-    (122-171 us) and 4 B200 nodes' EFA (358-505 us up to 16 MiB) pay their network stack's
-    latency, which NCCL's tuner takes from its net plugin, not its tables: -67% to -76% and -69%
-    to -87% (were -79% to -84%, -73% to -91%). Mid sizes cross over near 16 MiB (OCI), 256 MiB
-    (A3 Mega) and 512 MiB (4x B200). At >= 1 GiB every run is faster than priced: OCI's A100s
-    222-238 GB/s bus bandwidth (+49% to +59%), A3 Mega's H100s 299-337 (+35% to +51%), 4x B200
-    362-382 (+16% to +20%), where the price is the in-node ring's NVLink rate (300 x 0.498 =
-    149, 450 x 0.498 = 224) or the NICs' (B200: 8 x 50 x 0.8 = 320). Bus bandwidth above a
-    node's NICs' sum (OCI's 200 GB/s) is NCCL's tree across two nodes, which moves each byte
-    over the network once, not the ring's 2 (n-1)/n.
-So a TP group spanning nodes is priced within ~20% only from ~16-512 MiB up to the GiB sizes
-where the tree or the NICs outrun the price, and a small cross-node call at NCCL's own
-latency, which a RoCE fabric meets and TCPXO or EFA exceed 3-8x; an H200 node's large
-all-reduces are ~20% faster than an H100's price. These are reported; no factor is refitted on them.
+  - across nodes `layercomm.tp_all_reduce` (a group of more than 8 ranks: NCCL's ring and
+    tree in its LL and Simple protocols, `collectives.span_all_reduce`) misses where the
+    testbed's network is not the catalog's. Below 1 MiB OCI's RoCE calls (35-73 us) sit around
+    NCCL's own latency, priced 40-67 us: -19% to +15%; A3 Mega's TCPXO (122-171 us) and 4 B200
+    nodes' EFA (358-505 us up to 16 MiB) pay their network stack's latency, which NCCL's tuner
+    takes from its net plugin, not its tables: -62% to -73% and -60% to -80%. At >= 1 GiB the
+    two-node tree (each byte over the network once) prices OCI +8% to +15% and A3 Mega -5% to
+    +6%; 4 B200 nodes' EFA outruns 8 NICs x `link_eff` (+18% to +20%); OCI's 8-512 MiB calls
+    ran NCCL's ring where the tree is priced (-17% to -19%). workflows/opnet.py prices each
+    testbed on its own network (step latency and NIC rate calibrated on the other sizes).
+So a TP group spanning nodes is priced within ~20% at the catalog's network from ~512 MiB up,
+and on OCI's RoCE fabric within 22% at every size; TCPXO's and EFA's latencies are the testbed's network
+setting (workflows/opnet.py: held out on it, 8.5% / 29.2% over the three testbeds); an H200
+node's large all-reduces are ~20% faster than an H100's price. These are reported; no
+factor is refitted on them.
 
 Per source (`by_source`): the errors at the given factors over every point, per launch mode,
 per node count, by size (below and at or above 64 MiB, where bandwidth rules), and over the
