@@ -118,9 +118,9 @@ def span_tree_steps_s(n: int, nodes: int, net_s: float, intra_s: float) -> float
     return 2 * ((n // nodes - 1) * intra_s + depth * net_s * NET_TREE_HOP_RATIO)
 
 
-def span_bus_gbs(n: int, nodes: int, link: Link) -> dict[str, float]:
-    """Bus bandwidth per rank (GB/s) of each algorithm and protocol of an all-reduce of n
-    ranks over `nodes` nodes (NCCL's tuner; the constants' comment). The ring's graph runs at
+def span_bus_gbs(nodes: int, link: Link) -> dict[str, float]:
+    """Bus bandwidth per rank (GB/s) of each algorithm and protocol of an all-reduce
+    whose ranks span `nodes` nodes (NCCL's tuner; the constants' comment). The ring's graph runs at
     the slower of the in-node rate and the node's NICs (`gbs`). The tree is a chain through
     each node's ranks, which carries every byte up and down (the x .5 of its algorithm
     bandwidth), and a tree across the nodes: at two nodes each node sends each byte over the
@@ -155,7 +155,7 @@ def span_all_reduce(nbytes: float, n: int, nodes: int, link: Link) -> float:
     ring and tree in LL and Simple, each its latency (`span_latency_s`) plus the buffer over
     its algorithm bandwidth (`span_bus_gbs` x n / (2 (n - 1)) for the ring, x .5 for the
     tree)."""
-    lat, bus = span_latency_s(n, nodes, link), span_bus_gbs(n, nodes, link)
+    lat, bus = span_latency_s(n, nodes, link), span_bus_gbs(nodes, link)
     per_alg = {"ring": n / (2 * (n - 1)), "tree": 0.5}
     return min(lat[k] + nbytes / (bus[k] * per_alg[k.split("_")[0]] * 1e9) for k in lat)
 
