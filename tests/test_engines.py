@@ -84,14 +84,18 @@ def test_mla_kv_grows_with_attention_dp_not_split_by_tp() -> None:
 def test_tp_group_across_nodes_runs_on_the_network() -> None:
     """A TP group inside a node keeps NVLink (450 GB/s x `tp_link_eff`); one of 16 or 32 ranks
     pays network hops and runs at the slower of a node's NICs together (8 x 50 GB/s x
-    `link_eff`) and its NVLink ring."""
+    `link_eff`) and its NVLink ring, both at the collectives' `link_eff` (an inter-node graph,
+    not the in-node TP kernel `tp_link_eff` is fitted on), each kept for NCCL's tree."""
     inside, across = tp_link(H100, EFF, NODE_DEVICES), tp_link(H100, EFF, 16)
     assert inside.alpha_s == EFF.tp_hop_s
     assert inside.gbs == pytest.approx(450 * EFF.tp_link_eff)
     assert across.alpha_s == EFF.net_hop_s
-    assert across.gbs == pytest.approx(min(450 * EFF.tp_link_eff, 8 * 50 * EFF.link_eff))
-    narrow = EFF.override({"tp_link_eff": 0.9, "link_eff": 0.5})  # the NICs bind
+    assert across.gbs == pytest.approx(min(450 * EFF.link_eff, 8 * 50 * EFF.link_eff))
+    assert (across.intra_gbs, across.net_gbs) == pytest.approx((450 * EFF.link_eff, 400 * EFF.link_eff))
+    narrow = EFF.override({"tp_link_eff": 0.2, "link_eff": 0.5})  # the NICs bind
     assert tp_link(H100, narrow, 16).gbs == pytest.approx(8 * 50 * 0.5)
+    slow_nvlink = H100.model_copy(update={"intra_link_gbs": 300})  # NVLink binds
+    assert tp_link(slow_nvlink, narrow, 16).gbs == pytest.approx(300 * 0.5)
 
 
 @pytest.mark.parametrize("row", SERVING_ROWS, ids=lambda r: r.name)

@@ -280,10 +280,12 @@ def test_the_public_sources_held_out(sources: dict) -> None:
     # nodes (workflows/opsources.py's docstring), with NCCL's hierarchical cross-node latency
     # (collectives.span_tree_steps_s; before it 35.7% / 54.6%, 78.9% / 82.8%, 34.3% / 76.5%):
     # OCI's two A100 nodes 12.9% / 49.2%, A3 Mega's two H100 nodes over TCPXO 67.8% / 76.9%,
-    # the torch benchmark (one node and four B200 nodes) 34.3% / 72.8%.
+    # the torch benchmark (one node and four B200 nodes) 34.3% / 72.8%; with NCCL's algorithm
+    # and protocol bandwidths across nodes (collectives.span_all_reduce: the two-node tree, LL's
+    # ramp) 13.8% / 19.0%, 67.6% / 74.9%, 34.2% / 66.1%.
     held = sources["shipped_factors"]
-    bounds = {OCI: ("all_points", 31, 0.13, 0.50), A3MEGA: ("all_points", 31, 0.68, 0.77),
-              MLE_TORCH: ("all_points", 57, 0.35, 0.73), MLE_NCCL: ("all_points", 10, 0.08, 0.20),
+    bounds = {OCI: ("all_points", 31, 0.14, 0.20), A3MEGA: ("all_points", 31, 0.68, 0.75),
+              MLE_TORCH: ("all_points", 57, 0.35, 0.67), MLE_NCCL: ("all_points", 10, 0.08, 0.20),
               H20_ISSUE: ("all_points", 12, 0.12, 0.20)}
     for src, (key, n, median, p90) in bounds.items():
         c = held[src][key]
@@ -300,21 +302,25 @@ def test_the_public_sources_held_out(sources: dict) -> None:
 def test_the_cross_node_price_misses_both_ends() -> None:
     # The systematic finding, point by point. Below 1 MiB OCI's RoCE calls (35-73 us) sit
     # around NCCL's own hierarchical latency (`tp_all_reduce`: the in-node ring's steps and a
-    # network tree level, 39.8 us at 16 ranks), -36% to +15%; A3 Mega's TCPXO and the four B200
+    # network tree level, 39.8 us at 16 ranks), -20% to +15%; A3 Mega's TCPXO and the four B200
     # nodes' EFA calls still cost more than 1.25x the price (their network stack's latency,
-    # which NCCL's tuner takes from its net plugin, not from its own tables). At >= 1 GiB every
-    # call runs faster than priced (NCCL's tree across two nodes and the NICs outrun the
-    # in-node ring's NVLink rate the price takes). Before the hierarchical latency every
-    # small call was priced below 0.8x.
+    # which NCCL's tuner takes from its net plugin, not from its own tables). At >= 1 GiB the
+    # two-node tree (each byte over the network once) prices OCI +8% to +15% and A3 Mega -5%
+    # to +6%; four B200 nodes' EFA outruns 8 NICs x `link_eff` (+18% to +20%). Before NCCL's
+    # algorithm bandwidths every >= 1 GiB call was priced above 1.15x (the in-node ring's
+    # NVLink rate), and before the hierarchical latency every small call below 0.8x.
     cross = [p for p in load()[1] if p.cls == "all_reduce" and p.tp > p.per_node]
     assert {p.source for p in cross} == {OCI, A3MEGA, MLE_TORCH}
     small = [p for p in cross if p.size < 2 ** 20]
     large = [p for p in cross if p.size >= 2 ** 30]
     assert len(small) == 36 and len(large) == 13
     oci = [predict(p, EFF) / p.measured_s - 1 for p in small if p.source == OCI]
-    assert len(oci) == 17 and -0.37 < min(oci) and max(oci) < 0.16
+    assert len(oci) == 17 and -0.20 < min(oci) and max(oci) < 0.16
     assert all(predict(p, EFF) < 0.8 * p.measured_s for p in small if p.source != OCI)
-    assert all(predict(p, EFF) > 1.15 * p.measured_s for p in large)
+    err = {src: [predict(p, EFF) / p.measured_s - 1 for p in large if p.source == src]
+           for src in (OCI, A3MEGA, MLE_TORCH)}
+    assert all(0.05 < e < 0.16 for e in err[OCI]) and all(abs(e) < 0.07 for e in err[A3MEGA])
+    assert all(0.15 < e < 0.21 for e in err[MLE_TORCH])
 
 
 def test_the_host_period_at_fixed_prices_recovers_a_planted_period() -> None:

@@ -26,7 +26,8 @@ TREE_BASE, RING_BASE, NVLINK_LL, NET_RING_LL, NET_TREE_LL, NET_OVERHEAD = 6.8, 6
 
 
 def _nccl_link(base_us: float) -> Link:
-    """A link of 8-rank nodes carrying NCCL's LL step latencies, bytes free."""
+    """A link of 8-rank nodes carrying NCCL's LL step latencies, its bytes free (an empty
+    call: LL's own bandwidth cap, llMaxBws, prices any byte whatever the link's rate)."""
     return Link(NET_RING_LL * US, 1e30, base_us * US, 8, NVLINK_LL * US)
 
 
@@ -36,7 +37,7 @@ def test_a_small_cross_node_all_reduce_costs_nccls_tree_latency(ranks: int, node
     8: 45.2 us (one network step per rank would be 6.8 + 2 log2(n) x 2.7: 28.4, 33.8, 39.2)."""
     depth = {2: 1, 4: 2, 8: 3}[nodes]
     nccl = TREE_BASE + 2 * ((ranks // nodes - 1) * NVLINK_LL + depth * NET_TREE_LL)
-    assert all_reduce(8, ranks, _nccl_link(TREE_BASE)) == pytest.approx(nccl * US)
+    assert all_reduce(0, ranks, _nccl_link(TREE_BASE)) == pytest.approx(nccl * US)
     assert {16: 25.2, 32: 35.2, 64: 45.2}[ranks] == pytest.approx(nccl)
 
 
@@ -47,13 +48,13 @@ def test_a_cross_node_ring_crosses_the_network_once_per_node_boundary() -> None:
     ring = RING_BASE + 2 * (16 - 2) * max(NVLINK_LL, NET_OVERHEAD) + 2 * (2 - 1) * NET_RING_LL
     assert ring == pytest.approx(40.0)
     assert ring_all_reduce(8, 16, link) == pytest.approx(ring * US)
-    assert all_reduce(8, 16, link) == pytest.approx((RING_BASE + 2 * (7 * 0.6 + 5.0)) * US)
+    assert all_reduce(0, 16, link) == pytest.approx((RING_BASE + 2 * (7 * 0.6 + 5.0)) * US)
 
 
 def test_a_group_that_does_not_fill_its_nodes_takes_nccls_integer_ranks_per_node() -> None:
     """12 ranks on nodes of 8: 2 nodes, 12 // 2 = 6 ranks each (NCCL's nRanks / nNodes)."""
     link = _nccl_link(TREE_BASE)
-    assert all_reduce(8, 12, link) == pytest.approx((TREE_BASE + 2 * (5 * 0.6 + 5.0)) * US)
+    assert all_reduce(0, 12, link) == pytest.approx((TREE_BASE + 2 * (5 * 0.6 + 5.0)) * US)
     ring = RING_BASE + 2 * 10 * NET_OVERHEAD + 2 * NET_RING_LL
     assert ring_all_reduce(8, 12, _nccl_link(RING_BASE)) == pytest.approx(ring * US)
 

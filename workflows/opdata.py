@@ -214,3 +214,9 @@ def predict(p: Point, eff: Efficiency) -> float:
         ranks = p.tp if p.per_node >= p.tp else 2 * NODE_DEVICES
         return stage_send(p.size, p2p_link(dev, ranks, eff))
     raise ValueError(f"no pricing for class {p.cls!r}")
+
+
+def point_device(p: Point) -> DeviceType:
+    """The device a point ran on, as `predict` prices it (the catalog's, or one a source
+    declares): what a study that re-declares a testbed's network starts from."""
+    return _device(p.device)

@@ -52,8 +52,11 @@ A second source times the all-reduce: nccl-tests logs of one 8x H100 NVSwitch ho
 Every row names its source and launch mode; the class figures cover every source's points,
 `classes_by_source` each source's. The all-reduce factors are Vidur's fit, so nccl-tests'
 figures are held out; `all_reduce_sources` (workflows/opsources.py) gives them per launch mode,
-each source priced by the other's fit, and the fit on both. The mode studies below
-(`all_reduce_modes`, the sweep, `--residuals`) are of Vidur's harness and its points.
+each source priced by the other's fit, and the fit on both; `all_reduce_cross_node`
+(workflows/opnet.py) the groups that span nodes, at the catalog's network and held out on each
+testbed's own (its network step latency and NIC rate calibrated on the other sizes). The
+mode studies below (`all_reduce_modes`, the sweep, `--residuals`) are of Vidur's harness and
+its points.
 
 Error = predicted / measured - 1. The attention class also reports its held-out errors
 (`attention_held_out`: in-sample, each KV context priced by factors fitted on the others,
@@ -84,6 +87,8 @@ from placer.spec.catalog import shipped_devices
 from workflows.opdata import CLASSES, LAYER_CLASSES, SOURCES, VIDUR, Point, load, predict
 from workflows.opfit import all_reduce_modes, calibrate_nic, fit_all, fit_attention, fit_layers, fit_send_recv
 from workflows.opmodes import device_held_out, render_residuals, render_study, residual_table, sweep_study
+from workflows.opnet import cross_node_study
+from workflows.opnet import render as render_cross_node
 from workflows.opsources import render as render_sources
 from workflows.opsources import study as source_study
 
@@ -314,6 +319,7 @@ def document(eff: Efficiency, fit: Callable[[Sequence[Point], Efficiency],
         "all_reduce_device_held_out": device_held_out(points, eff),
         "all_reduce_sweep": sweep_study(eff),
         "all_reduce_sources": source_study(points, eff),
+        "all_reduce_cross_node": cross_node_study(points, eff),
         "send_recv_by_link": send_recv_split(points, eff),
         "rows": [asdict(r) for r in rs]}
     if fit is not None:
@@ -422,6 +428,7 @@ def render(doc: dict[str, Any]) -> str:
     out += render_study(doc["all_reduce_sweep"], doc["all_reduce_device_held_out"])
     out += _all_reduce_lines(doc["all_reduce_modes"])
     out += render_sources(doc["all_reduce_sources"])
+    out += render_cross_node(doc["all_reduce_cross_node"])
     out += _send_recv_lines(doc["send_recv_by_link"])
     if "fit" in doc:
         out.append("\nfitted on these points (in-sample):")

@@ -42,31 +42,28 @@ What the held-out sources show (shipped factors; `python -m workflows.operators`
     torch benchmark on H200 and 47-58 us on B200 (priced 25-34 us, -30% to -50%); B200's
     4-64 MiB calls run at 77-400 GB/s bus bandwidth where NVLS is priced at 217-674 (-41% to
     -65%): NCCL on that node (AWS's tuner plugin) does not reach NVLS's rate until ~128 MiB;
-  - across nodes `layercomm.tp_all_reduce` (a group of more than 8 ranks: min(NVLink x
-    `tp_link_eff`, 8 NICs x `link_eff`) per rank, the faster of ring and tree at NCCL's
-    hierarchical step latencies: in-node steps at `tp_hop_s`, network steps at `net_hop_s`, the
-    tree's at NCCL's 5.0 / 2.7 of it; `collectives.span_tree_steps_s`) misses in three regimes.
-    Below 1 MiB OCI's RoCE calls (35-73 us) sit around NCCL's own latency, priced 40-47 us: -36%
-    to +15% (-25% to -55% when every tree step was a network step, 26 us); A3 Mega's TCPXO
-    (122-171 us) and 4 B200 nodes' EFA (358-505 us up to 16 MiB) pay their network stack's
-    latency, which NCCL's tuner takes from its net plugin, not its tables: -67% to -76% and -69%
-    to -87% (were -79% to -84%, -73% to -91%). Mid sizes cross over near 16 MiB (OCI), 256 MiB
-    (A3 Mega) and 512 MiB (4x B200). At >= 1 GiB every run is faster than priced: OCI's A100s
-    222-238 GB/s bus bandwidth (+49% to +59%), A3 Mega's H100s 299-337 (+35% to +51%), 4x B200
-    362-382 (+16% to +20%), where the price is the in-node ring's NVLink rate (300 x 0.498 =
-    149, 450 x 0.498 = 224) or the NICs' (B200: 8 x 50 x 0.8 = 320). Bus bandwidth above a
-    node's NICs' sum (OCI's 200 GB/s) is NCCL's tree across two nodes, which moves each byte
-    over the network once, not the ring's 2 (n-1)/n.
-Priced as each harness runs it (`harness_priced`: an eager in-node call at max(price, its
-harness's host period, `period_at_price` on the harness's other points, the point held out);
-graph replays and calls across nodes at the price), the class is 13.3% median over all 296
-points, 9.8% in a node (p90 52%: Vidur's kernels that ran synchronised below the period, which
-no input tells apart, H100 rings of 2 ranks at >= 256 MiB, +35% to +55%, and the 8-rank
-NVLS calls of 1-64 MiB that NCCL runs below NVLS's rate, -34% to -58%), 42.6% across nodes.
-So a TP group spanning nodes is priced within ~20% only from ~16-512 MiB up to the GiB sizes
-where the tree or the NICs outrun the price, and a small cross-node call at NCCL's own
-latency, which a RoCE fabric meets and TCPXO or EFA exceed 3-8x; an H200 node's large
-all-reduces are ~20% faster than an H100's price. These are reported; no factor is refitted on them.
+  - across nodes `layercomm.tp_all_reduce` (a group of more than 8 ranks: NCCL's ring and
+    tree in its LL and Simple protocols, `collectives.span_all_reduce`) misses where the
+    testbed's network is not the catalog's. Below 1 MiB OCI's RoCE calls (35-73 us) sit around
+    NCCL's own latency, priced 40-67 us: -19% to +15%; A3 Mega's TCPXO (122-171 us) and 4 B200
+    nodes' EFA (358-505 us up to 16 MiB) pay their network stack's latency, which NCCL's tuner
+    takes from its net plugin, not its tables: -62% to -73% and -60% to -80%. At >= 1 GiB the
+    two-node tree (each byte over the network once) prices OCI +8% to +15% and A3 Mega -5% to
+    +6%; 4 B200 nodes' EFA outruns 8 NICs x `link_eff` (+18% to +20%); OCI's 8-512 MiB calls
+    ran NCCL's ring where the tree is priced (-17% to -19%). workflows/opnet.py prices each
+    testbed on its own network (step latency and NIC rate calibrated on the other sizes).
+Priced as each measurement ran, every setting held out (`harness_priced`: an eager in-node
+call at max(price, its harness's host period, `period_at_price` on the harness's other points);
+a call across nodes on its testbed's network calibrated on the testbed's other sizes; graph
+replays at the price), the class is 9.5% / 40.2% (median / p90) over all 296 points: in a node
+9.8% / 52.3% (the misses: Vidur's kernels that ran synchronised below the period, which no
+input tells apart, H100 rings of 2 ranks at >= 256 MiB, +35% to +55%, and the 8-rank NVLS
+calls of 1-64 MiB that NCCL runs below NVLS's rate, -34% to -58%), across nodes 8.5% / 29.2%.
+So a TP group spanning nodes is priced within ~20% at the catalog's network from ~512 MiB up,
+and on OCI's RoCE fabric within 22% at every size; TCPXO's and EFA's latencies are the testbed's network
+setting (workflows/opnet.py: held out on it, 8.5% / 29.2% over the three testbeds); an H200
+node's large all-reduces are ~20% faster than an H100's price. These are reported; no
+factor is refitted on them.
 
 Per source (`by_source`): the errors at the given factors over every point, per launch mode,
 per node count, by size (below and at or above 64 MiB, where bandwidth rules), and over the
@@ -88,6 +85,7 @@ from placer.cost.efficiency import Efficiency
 from workflows.opdata import SOURCES, VIDUR, Point, predict
 from workflows.opfit import HOST_SPLIT, MAX_ROUNDS, all_reduce_modes
 from workflows.opmodes import errors
+from workflows.opnet import bench_of, held_out
 
 FACTORS = ("tp_base_s", "tp_hop_s", "nvls_base_s", "tp_link_eff")
 BANDWIDTH_BYTES = 64 * 2 ** 20  # at or above it a call's bytes, not its latency, set its time
@@ -219,19 +217,28 @@ def held_out_period(p: Point, points: Sequence[Point], eff: Efficiency) -> float
 
 
 def harness_priced(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
-    """The class priced as each harness runs it: an eager in-node call in a burst waits out
-    its harness's host launch period where that is longer than the collective (the
-    `max(price, period)` a host-bound call lasts), the period fitted on the harness's other
-    points, the priced one held out; graph replays and calls across nodes at the price. The
-    shipped factors; every point of the class. Vidur's kernels that ran in the synchronised
-    mode below the period are priced at the period here: no input picks their mode
-    (workflows/opmodes.py), so they are this figure's misses."""
+    """The class priced as each measurement ran, every setting held out: an eager in-node call
+    in a burst waits out its harness's host launch period where that is longer than the
+    collective (the `max(price, period)` a host-bound call lasts), the period fitted on the
+    harness's other points; a call across nodes on its testbed's network, the step latency and
+    NIC rate calibrated on the testbed's other sizes (`opnet.held_out`); graph replays at the
+    price. The shipped factors; every point of the class (`across_nodes_catalog`: the calls
+    across nodes at the catalog's network instead). Vidur's kernels that ran in the
+    synchronised mode below the period are priced at the period here: no input picks their
+    mode (workflows/opmodes.py), so they are this figure's misses."""
     ps = _all_reduce(points)
-    price = [max(predict(p, eff), held_out_period(p, points, eff)) for p in ps]
-    err = [abs(t / p.measured_s - 1) for t, p in zip(price, ps, strict=True)]
-    return {"all_points": errors(err),
-            "in_node": errors([e for e, p in zip(err, ps, strict=True) if nodes(p) == 1]),
-            "across_nodes": errors([e for e, p in zip(err, ps, strict=True) if nodes(p) > 1])}
+    err = {p: abs(max(predict(p, eff), held_out_period(p, points, eff)) / p.measured_s - 1)
+           for p in ps if nodes(p) == 1}
+    across = [p for p in ps if nodes(p) > 1]
+    for bench in sorted({bench_of(p) for p in across}):
+        on = [p for p in across if bench_of(p) == bench]
+        errs, _ = held_out(on, eff)
+        err.update(zip(sorted(on, key=lambda p: p.size), (abs(e) for e in errs), strict=True))
+    return {"all_points": errors([err[p] for p in ps]),
+            "in_node": errors([err[p] for p in ps if nodes(p) == 1]),
+            "across_nodes": errors([err[p] for p in across]),
+            "across_nodes_catalog": errors([abs(predict(p, eff) / p.measured_s - 1)
+                                            for p in across])}
 
 
 def study(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
@@ -261,8 +268,9 @@ def render(doc: dict[str, Any]) -> list[str]:
     periods = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in doc["host_period_s"].items())
     out = [f"all_reduce by source (host launch periods, from each harness's own points: "
            f"{periods}):",
-           "  every point priced as its harness runs it (an eager in-node call at max(price, "
-           "its harness's host period fitted on the harness's other points: held out)):"]
+           "  every point priced as it ran, each setting held out (an eager in-node call at "
+           "max(price, its harness's host period fitted on the harness's other points); a call "
+           "across nodes on its testbed's network, calibrated on the testbed's other sizes):"]
     out += _block(doc["harness_priced"])
     for src, v in doc["shipped_factors"].items():
         out.append(f"  {src}, shipped factors ("

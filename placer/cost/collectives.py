@@ -5,7 +5,9 @@ latency for each step its algorithm takes, and the bytes each rank sends over it
 bandwidth (`link_eff`). All-reduce and broadcast take the faster of ring and tree for their size
 and rank count, as NCCL's tuner does; an all-reduce whose group spans nodes takes NCCL's
 hierarchical step latencies (`span_ring_steps_s`, `span_tree_steps_s`): only the steps that
-cross the network pay its latency, the others an in-node hop; all-gather, reduce-scatter and
+cross the network pay its latency, the others an in-node hop, and the call runs the fastest of
+ring and tree in NCCL's LL and Simple protocols at their own bandwidths (`span_all_reduce`:
+the tree across two nodes sends each byte over the network once); all-gather, reduce-scatter and
 all-to-all are rings or pairwise exchanges; n = 1 is free. A one-token message still pays its
 latencies: that bounds a TP decode all-reduce at batch 1.
 
@@ -40,6 +42,22 @@ NCCL_NVLS_NVLINK_S = 23e-6
 # ring's network steps take the tree's latency too ("with ppn=1 latencies are fully exposed").
 NET_OVERHEAD_S = 1.0e-6
 NET_TREE_HOP_RATIO = 5.0 / 2.7
+# The same tuner's protocols and algorithm bandwidths across nodes (commit 5067397c, as above):
+# a call takes the fastest of {ring, tree} x {LL, Simple} (LL128, enabled by default only on
+# some platforms, is left out). Bandwidths are bus bandwidths per rank: LL runs at half the
+# ring's (`busBw * .5`) and 1 / 3.8 of the tree's, each capped at llMaxBws (x86 Intel hosts,
+# the multi-node rows: 39.0 GB/s at 2 nodes, 20.4 beyond); a tree all-reduce at .92 of its
+# graph's; the algorithm bandwidth is the bus bandwidth x n / (2 (n - 1)) for the ring and x
+# .5 for the tree. Simple's step latencies: hwLat[NET][*][SIMPLE] 14 us (SIMPLE_NET_HOP_RATIO
+# of the ring's LL network step), hwLat[NVLINK][TREE][SIMPLE] 4.0 us against the ring's 3.4
+# (`tp_hop_s`' anchor, SIMPLE_TREE_NVLINK_RATIO), and the network proxy's overhead x 3.
+LL_RING_BW = 0.5
+LL_TREE_BW = 1.0 / 3.8
+TREE_ALL_REDUCE_BW = 0.92
+LL_MAX_BW_GBS = (39.0, 20.4)  # llMaxBws, Intel x86: 2 nodes, more than 2
+SIMPLE_NET_HOP_RATIO = 14.0 / 2.7
+SIMPLE_TREE_NVLINK_RATIO = 4.0 / 3.4
+SIMPLE_NET_OVERHEAD = 3.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +72,10 @@ class Link:
     # latency (`span_ring_steps_s`, `span_tree_steps_s`); 0: every step is alpha_s
     node_ranks: int = 0
     intra_alpha_s: float = 0.0
+    # such a group's in-node rate per rank and its node's NICs together (GB/s), which NCCL's
+    # tree across nodes loads differently from the ring (`span_all_reduce`); 0: `gbs` for both
+    intra_gbs: float = 0.0
+    net_gbs: float = 0.0
 
     def bytes_s(self, nbytes: float) -> float:
         return nbytes / (self.gbs * 1e9)
@@ -74,9 +96,9 @@ def all_reduce(nbytes: float, n: int, link: Link) -> float:
     if n <= 1:
         return 0.0
     nodes = _nodes(n, link)
-    steps = (2 * _log2(n) * link.alpha_s if nodes == 1
-             else span_tree_steps_s(n, nodes, link.alpha_s, link.intra_alpha_s))
-    tree = link.base_s + steps + 2 * link.bytes_s(nbytes)
+    if nodes > 1:
+        return span_all_reduce(nbytes, n, nodes, link)
+    tree = link.base_s + 2 * _log2(n) * link.alpha_s + 2 * link.bytes_s(nbytes)
     return min(ring_all_reduce(nbytes, n, link), tree)
 
 
@@ -94,6 +116,48 @@ def span_tree_steps_s(n: int, nodes: int, net_s: float, intra_s: float) -> float
     log2i(nodes) deep, at the tree's network step (`net_s` x `NET_TREE_HOP_RATIO`)."""
     depth = nodes.bit_length() - 1  # NCCL's log2i: floor(log2(nodes))
     return 2 * ((n // nodes - 1) * intra_s + depth * net_s * NET_TREE_HOP_RATIO)
+
+
+def span_bus_gbs(nodes: int, link: Link) -> dict[str, float]:
+    """Bus bandwidth per rank (GB/s) of each algorithm and protocol of an all-reduce
+    whose ranks span `nodes` nodes (NCCL's tuner; the constants' comment). The ring's graph runs at
+    the slower of the in-node rate and the node's NICs (`gbs`). The tree is a chain through
+    each node's ranks, which carries every byte up and down (the x .5 of its algorithm
+    bandwidth), and a tree across the nodes: at two nodes each node sends each byte over the
+    network once (the two trees swap roles, half the buffer each), so the NICs bind at twice
+    their rate there (NCCL's tuner takes the tree's in-node rate, `bwIntra`, up to two nodes),
+    beyond two an inner node sends it twice (`bwInter`)."""
+    intra = link.intra_gbs or link.gbs
+    net = (link.net_gbs or link.gbs) * (2 if nodes == 2 else 1)
+    tree = TREE_ALL_REDUCE_BW * min(intra, net)
+    cap = LL_MAX_BW_GBS[0 if nodes <= 2 else 1]
+    return {"ring_ll": min(LL_RING_BW * link.gbs, cap), "ring_simple": link.gbs,
+            "tree_ll": min(LL_TREE_BW * tree, cap), "tree_simple": tree}
+
+
+def span_latency_s(n: int, nodes: int, link: Link) -> dict[str, float]:
+    """Per-call latency of each algorithm and protocol of that all-reduce: LL's hierarchical
+    steps as `span_ring_steps_s` / `span_tree_steps_s` price them; Simple's at NCCL's Simple
+    step latencies, scaled from the link's LL network step and in-node ring step."""
+    net, intra = link.alpha_s * SIMPLE_NET_HOP_RATIO, link.intra_alpha_s
+    ring_simple = (2 * (n - nodes) * max(intra, SIMPLE_NET_OVERHEAD * NET_OVERHEAD_S)
+                   + 2 * (nodes - 1) * net)
+    depth = nodes.bit_length() - 1
+    tree_simple = 2 * ((n // nodes - 1) * intra * SIMPLE_TREE_NVLINK_RATIO + depth * net)
+    steps = {"ring_ll": span_ring_steps_s(n, nodes, link.alpha_s, intra),
+             "tree_ll": span_tree_steps_s(n, nodes, link.alpha_s, intra),
+             "ring_simple": ring_simple, "tree_simple": tree_simple}
+    return {k: link.base_s + v for k, v in steps.items()}
+
+
+def span_all_reduce(nbytes: float, n: int, nodes: int, link: Link) -> float:
+    """An all-reduce of n ranks over `nodes` nodes as NCCL's tuner prices it: the fastest of
+    ring and tree in LL and Simple, each its latency (`span_latency_s`) plus the buffer over
+    its algorithm bandwidth (`span_bus_gbs` x n / (2 (n - 1)) for the ring, x .5 for the
+    tree)."""
+    lat, bus = span_latency_s(n, nodes, link), span_bus_gbs(nodes, link)
+    per_alg = {"ring": n / (2 * (n - 1)), "tree": 0.5}
+    return min(lat[k] + nbytes / (bus[k] * per_alg[k.split("_")[0]] * 1e9) for k in lat)
 
 
 def ring_all_reduce(nbytes: float, n: int, link: Link) -> float:

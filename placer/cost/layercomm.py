@@ -64,11 +64,15 @@ def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     that crosses the network, the in-node ring's `tp_hop_s` for each step inside a node:
     `collectives.span_ring_steps_s`, `span_tree_steps_s`) and moves its bytes at a node's NICs
     together, one per device (NCCL runs a ring per channel and each channel crosses the node
-    boundary on its own rail's NIC), or NVLink's rate where that is lower."""
+    boundary on its own rail's NIC), or NVLink's rate where that is lower, both at the
+    collectives' `link_eff` (as `span_link` prices every group that leaves a node: NCCL's
+    inter-node graph, not the in-node TP kernel `tp_link_eff` was fitted on; OCI's two A100
+    nodes run their tree's in-node chain at ~0.85 of NVLink); NCCL's tree loads the two
+    differently (`collectives.span_bus_gbs`)."""
     node = node_devices(dev)
     if ranks > node:  # the slower of the node's NICs and its own NVLink ring binds
-        gbs = min(dev.intra_link_gbs * eff.tp_link_eff, node * dev.nic_gbs * eff.link_eff)
-        return Link(eff.net_hop_s, gbs, eff.tp_base_s, node, eff.tp_hop_s)
+        nvl, net = dev.intra_link_gbs * eff.link_eff, node * dev.nic_gbs * eff.link_eff
+        return Link(eff.net_hop_s, min(nvl, net), eff.tp_base_s, node, eff.tp_hop_s, nvl, net)
     return call_cost(Link(eff.tp_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
                      eff.tp_call_s)
 
