@@ -91,7 +91,7 @@ RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
 # CPU per 532 x 532 image (1,444 patches) on one thread of a loaded build host, transformers
 # 5.25's PIL / numpy backend (`python -m bench imageprep`), the best taken: 1.2e-5 s per
 # patch. Measured, not fitted on any row; a quiet server core may be faster, and transformers'
-# torchvision backend (the default from 4.56 where torchvision is installed) several times so.
+# torchvision-backed processor, where a run loads it, faster still (not measured here).
 EASYR1_IMAGE_PREP_S_PER_PATCH = 1.2e-5
 
 
