@@ -10,7 +10,7 @@ import inspect
 import sys
 import time
 
-MODULES = ("solver", "fleet", "sim", "faults", "executor", "sandbox", "hostadam")
+MODULES = ("solver", "fleet", "sim", "faults", "executor", "sandbox", "hostadam", "imageprep")
 
 
 def main(argv: list[str]) -> int:

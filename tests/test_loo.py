@@ -204,7 +204,8 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # rows, 8.5%, max 57.5% with r10 counted; 34 rows, 11.1%, max 63.1% before the
     # nccl_reshard per-item costs and pull request 2971's four rows, above); EasyR1's two
     # Qwen2.5-VL rows are -24% (r13, 7B) and -5% (r14, 32B) at their job files' micro-batch
-    # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384)
+    # budgets (8,192 forward, 4,096 update tokens; -26% and -8% at verl's 16,384), -19% and
+    # -3% once EasyR1's host image preparation is priced (median and max unmoved)
     # 8.3%, max 37.1% (r11) with the occupancy read and launch-counted eager host time above;
     # 8.9%, max 42.3% (r19) with the NVLink-domain and pipelined-forward fixes; 8.3%, max
     # 42.2% with NCCL's hierarchical latency across nodes and the slowest pipeline stage

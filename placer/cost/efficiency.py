@@ -111,6 +111,11 @@ class Efficiency:
     # when the framework runs the step there (Megatron's HybridDeviceOptimizer); 0: the GPU steps
     # and `offload` only moves the state out and back (`model.offload_time`)
     host_adam_gparams_s: float = 0.0
+    # CPU seconds per image patch a rank spends preparing an image on the host (decode, resize,
+    # normalize, patchify: the HF image processor) where the framework's profile re-runs it
+    # within the step (`FrameworkProfile.host_image_prep`, `placer.cost.vision.host_prep_s`);
+    # 0: images reach the model prepared (the data loader's workers, ahead of the step)
+    host_image_prep_s_per_patch: float = 0.0
     engine_sleep_s: float = 11.2  # a colocated engine's fixed sleep cost beyond copying its weights out
     engine_wake_s: float = 3.7  # its fixed wake cost beyond copying them back
     tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency

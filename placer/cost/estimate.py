@@ -66,7 +66,14 @@ from placer.cost.roofline import (
 from placer.cost.rulecheck import rule_reward_time
 from placer.cost.sharding import Parallel, linear_state_bytes, train_state_bytes
 from placer.cost.tail_samples import has_variance, quantile, varies
-from placer.cost.vision import encoder_activation_gb, pass_encode_s, rollout_encode_s
+from placer.cost.vision import (
+    encoder_activation_gb,
+    engine_prompts,
+    host_prep_s,
+    pass_encode_s,
+    rollout_encode_s,
+    trainer_image_prep_s,
+)
 from placer.cost.vocabcomm import head_of
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
@@ -254,6 +261,7 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     train = (train_time(m, dev, upar, tokens, seq, res.job.batch.mini_batches, eff, head) + ship
              + pass_encode_s(m, dev, par, n, imgs, eff, train=True))
     train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
+    train += trainer_image_prep_s(res, role, par, eff)
     return Estimate(role, pool.name, par, mem, {"score": fwd, "train": train})
 
 
@@ -516,6 +524,9 @@ def _rollout(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                                                          shape.kept), eff.tool_overhead_s))
     gen += rollout_encode_s(m, dev, replica_devices(m, dev, par, eff), shape.per_replica,
                             res.job.lengths.images_per_prompt, eff)  # a VLM's images first
+    if base_role(role) in res.job.profile.host_image_prep:  # prepared on the host, per prompt
+        gen += host_prep_s(m, engine_prompts(shape.per_replica, res.job.batch.samples_per_prompt),
+                           res.job.lengths.images_per_prompt, eff)
     kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
     return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
                                                  kv_cache=max(kv - mem.total, 0.0)),

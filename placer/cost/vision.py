@@ -18,13 +18,24 @@ of `mfu_prefill`, `mfu_score`, `mfu_train`). Memory: the weights are in `ModelAr
 recomputation in training, the blocks' inputs: 2 bytes per patch, unit and block).
 Not modelled: an engine's encoder cache shared by the samples of one prompt (each sample's
 images are encoded), and the encoder's own collectives under tensor parallelism.
+
+Host preparation (`host_prep_s`): a framework that hands its ranks the images as stored
+(not yet patchified) has each rank run the image processor (decode, resize, normalize,
+patchify) on the CPU inside the step, at `host_image_prep_s_per_patch` CPU seconds per patch
+(one thread: a Ray rank's), serially before the rank's pass. Where the profile says
+(`FrameworkProfile.host_image_prep`): on an engine replica, once per prompt it generates for
+(`engine_prompts`), and on a trainer rank, once per distinct prompt of its chunk for the
+whole step (`distinct_prompts`: the rank's samples are a length-balanced reorder of the
+batch, so a prompt's group is spread over the ranks).
 """
 from __future__ import annotations
 
+from placer.base.roles import base_role
 from placer.cost.efficiency import Efficiency
 from placer.cost.roofline import GB, device_ceiling
 from placer.cost.sharding import Parallel
 from placer.spec.arch import ModelArch
+from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceType
 
 
@@ -65,3 +76,44 @@ def encoder_activation_gb(m: ModelArch, par: Parallel, images_per_prompt: int,
     units = images_per_prompt * v.patches_per_image * v.hidden
     per = 2.0 * v.layers if train and par.recompute else 34.0
     return units * per / max(par.tp, 1) / GB
+
+
+def distinct_prompts(prompts: int, group: int, ranks: int) -> float:
+    """Expected distinct prompts among one rank's 1 / `ranks` share of `prompts` x `group`
+    samples when the batch is reordered across the ranks without regard to groups (EasyR1's
+    `_balance_batch`, verl/trainer/ray_trainer.py: a length-balanced partition): a prompt is
+    on the rank unless all of its `group` samples are elsewhere, (1 - 1 / ranks) ** group
+    (never more than the rank's samples, prompts x group / ranks: Bernoulli's inequality)."""
+    if prompts <= 0 or group <= 0:
+        return 0.0
+    return prompts * (1.0 - (1.0 - 1.0 / max(ranks, 1)) ** group)
+
+
+def host_prep_s(m: ModelArch, prompts: float, images_per_prompt: int, eff: Efficiency) -> float:
+    """CPU seconds one rank spends preparing `prompts` prompts' images on the host, one image
+    processor run per image at `host_image_prep_s_per_patch`; 0 without a vision encoder,
+    images or that rate."""
+    if m.vision is None or images_per_prompt <= 0 or prompts <= 0:
+        return 0.0
+    patches = prompts * images_per_prompt * m.vision.patches_per_image
+    return patches * eff.host_image_prep_s_per_patch
+
+
+def engine_prompts(samples_per_replica: int, samples_per_prompt: int) -> int:
+    """Prompts an engine replica generates for: its samples' prompts, each drawn
+    `samples_per_prompt` times in one request (vLLM's SamplingParams.n)."""
+    return -(-samples_per_replica // max(samples_per_prompt, 1))
+
+
+def trainer_image_prep_s(res: Resolved, role: str, par: Parallel, eff: Efficiency) -> float:
+    """Seconds a trainer rank prepares its chunk's images on the host each RL step, where the
+    framework re-runs the image processor there (`FrameworkProfile.host_image_prep`: EasyR1's
+    `_process_multi_modal_inputs`, verl/workers/fsdp_workers.py:503-548 @b44b311b, in the
+    step's first pass on the rank and cached by uid for its others): once per distinct prompt
+    of the rank's samples (`vision.distinct_prompts`). Priced with the update, the one pass
+    every such step has."""
+    if base_role(role) not in res.job.profile.host_image_prep:
+        return 0.0
+    b = res.job.batch
+    seen = distinct_prompts(b.prompts, b.samples_per_prompt, par.dp)
+    return host_prep_s(res.arch_of(role), seen, res.job.lengths.images_per_prompt, eff)

@@ -24,6 +24,9 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
   micro_batch_samples   its dynamic batching's sequences per device per micro-batch, {forward,
                         update}: the token budget is that count x the padded length
                         (`micro_token_budget`), used where the job sets no `micro_token_budget`
+  host_image_prep       roles whose ranks re-run the image processor on a VLM's images inside
+                        the step (EasyR1's engine and FSDP worker), at its factor
+                        `host_image_prep_s_per_patch`
   rollout_sleep_level   its colocated rollout engine's vLLM sleep level (`SLEEP_LEVELS`): 1
                         moves the weights to the host and back, 2 discards them (the refit
                         rewrites them; verl with vLLM >= 0.8.5); a job's setting replaces it
@@ -81,6 +84,15 @@ MILES_SENDER_GBS = 29.9
 # unfused path): its best, 0.34, x 1 thread. A quiet server core may be up to ~2x faster.
 RAY_RANK_HOST_ADAM_THREADS = 1
 RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
+
+
+# A Qwen2-VL image processor's host preparation of one image (decode, scale up to min_pixels,
+# resize to a multiple of 28, rescale, normalize, patchify), as EasyR1's ranks run it: 16.7-40 ms
+# CPU per 532 x 532 image (1,444 patches) on one thread of a loaded build host, transformers
+# 5.25's PIL / numpy backend (`python -m bench imageprep`), the best taken: 1.2e-5 s per
+# patch. Measured, not fitted on any row; a quiet server core may be faster, and transformers'
+# torchvision-backed processor, where a run loads it, faster still (not measured here).
+EASYR1_IMAGE_PREP_S_PER_PATCH = 1.2e-5
 
 
 # vLLM's sleep levels, as its GPU worker implements them (vllm-project/vllm
@@ -174,6 +186,9 @@ class FrameworkProfile:
     # each micro-batch `micro_batch_samples[kind]` x the padded length tokens; none: the job's
     # `micro_token_budget` or the cost model's default
     micro_batch_samples: Mapping[str, int] = field(default_factory=_frozen_ints)
+    # roles whose ranks prepare a VLM's images on the host inside the step (the image processor
+    # re-run per prompt, `placer.cost.vision.host_prep_s`), at its `host_image_prep_s_per_patch`
+    host_image_prep: tuple[str, ...] = ()
     reward_model: bool = True  # a model-scored reward (a scalar reward model or a judge)
     # a trainer's dp ranks take equal shares of every mini-batch's samples
     even_batch: bool = False
@@ -481,6 +496,8 @@ _EASYR1 = FrameworkProfile(
     park_scheme="verl", stream_frozen=(Role.REFERENCE,), stream_scheme="easyr1-ref",
     hybrid_engine=(Role.ACTOR, Role.ROLLOUT, Role.REFERENCE, Role.CRITIC),
     micro_batch_samples=_frozen_ints({"forward": 2, "update": 1}),
+    host_image_prep=(Role.ROLLOUT, Role.ACTOR),
+    factors=_frozen({"host_image_prep_s_per_patch": EASYR1_IMAGE_PREP_S_PER_PATCH}),
     colocation="actor, rollout and reference in one FSDPWorker over every GPU; the critic's "
                "worker group in the same pool",
     sleep_wake="vLLM sleep(level=1) after generation, wake_up(tags=weights, kv_cache) before "
@@ -527,6 +544,16 @@ _EASYR1 = FrameworkProfile(
                                "dynamic_batching; verl/workers/actor/dp_actor.py:198 (budget = "
                                "2 x the padded length), 242 (1 x it); verl/workers/config.py:50 "
                                "(the reference's copies the actor's)",
+        "host_image_prep": f"{EASYR1} verl/workers/rollout/vllm_rollout_spmd.py:121 "
+                           "disable_mm_preprocessor_cache (vLLM runs the HF processor on every "
+                           f"prompt), 191-205 process_image per prompt; {_E}:503-548 "
+                           "_process_multi_modal_inputs: process_image and the image processor "
+                           "per distinct uid of the rank's chunk, cached for the step's later "
+                           "calls; the rate: bench/bench_imageprep.py",
+        "host_image_prep_s_per_patch": f"{EASYR1} verl/utils/dataset.py:54-78 process_image "
+                                       "and the Qwen2-VL image processor its ranks run, "
+                                       "measured (python -m bench imageprep): one thread, best "
+                                       "of a loaded build host; not fitted on any row",
     }))
 
 PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType(
