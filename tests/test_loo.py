@@ -145,13 +145,18 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # short (docs/cost-model.md, "What is left on these rows"); the step rows 14.2%, max 42.3%.
     # Loosened for those fixes; the earlier rows' bound for r11 alone. A ratchet: tighten,
     # loosen only for a change measured better elsewhere, a defect fixed, or new rows, and say
-    # which.
+    # which. Loosened for a defect fixed (FLOPs counted as the code runs them): the LM head is
+    # not recomputed, verl's Megatron runs (r05, r06, r09a, r09b) and NeMo-RL's 30B-A3B recipes
+    # (r15, r19) do not recompute at all, and the DAPO 7B FSDP2 rows cut micro-batches at
+    # their scripts' token budgets. mfu_train then fits at 0.859 on all rows (was 0.9999, at
+    # its bound); the step rows 13.0% -> 14.5% LOO, max 41.7% -> 43.6% (r19), r09a -23% ->
+    # -33% (the 8/6 count had hidden its gap), r09b -5% -> -13%.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.135, step
+    assert step["loo_median_abs_error"] < 0.146, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.35, earlier
-    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.30, earlier
+    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.34, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
     # NCCL's hierarchical latency for TP all-reduces across nodes (collectives.
     # span_tree_steps_s) moved r16 -10% -> -5%, r17 -30% -> -28%, r18 -2% -> +2%, r21 -18%
@@ -164,7 +169,8 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # sizes, the two-node tree) price the engines' TP 16/32 all-reduces slower: r11 -34% ->
     # -32%, r16 -4% -> +2%, r17 -27% -> -24%, r18 +2% -> +4%, r21 -15% -> -8%, r22 -1% -> +2%,
     # r23 -27% -> -24%; the step rows 10.7%, max 42.2% (r19). The sign bound admits +5% for it.
-    assert max(abs(e) for e in nemo.values()) < 0.43 and max(nemo.values()) < 0.05, nemo
+    # r19 (30B-A3B, no recomputation: NeMo-RL's activation_checkpointing false) -42% -> -44%.
+    assert max(abs(e) for e in nemo.values()) < 0.44 and max(nemo.values()) < 0.05, nemo
     # 20 rows, 8.0% median, max 20.4% (verl's H100 checkpoint-engine row, -20%: its sender rate
     # refitted without it on verl's two GH200 single-sender rows and NeMo-RL's two NCCL-pair
     # rows, 10.7 GB/s achieved against its 8.7; 17 rows, 8.3% and max 29.2% when the README was
@@ -208,10 +214,11 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # -3% once EasyR1's host image preparation is priced (median and max unmoved)
     # 8.3%, max 37.1% (r11) with the occupancy read and launch-counted eager host time above;
     # 8.9%, max 42.3% (r19) with the NVLink-domain and pipelined-forward fixes; 8.3%, max
-    # 42.2% with NCCL's hierarchical latency across nodes and the slowest pipeline stage
+    # 42.2% with NCCL's hierarchical latency across nodes and the slowest pipeline stage;
+    # 8.9%, max 43.6% (r19) with training FLOPs counted as the runs' code runs them (above)
     every = rep.summary()
     assert len(rep.rows) == 50 and len(rep.kind("first_step")) == 1
-    assert every["loo_median_abs_error"] < 0.085 and every["loo_max_abs_error"] < 0.43, every
+    assert every["loo_median_abs_error"] < 0.09 and every["loo_max_abs_error"] < 0.44, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

@@ -68,14 +68,20 @@ def test_score_time_prices_the_slowest_stage_by_hand() -> None:
 
 
 def test_train_time_prices_the_slowest_stage_by_hand() -> None:
-    # the update's 8 passes (recompute) over the same layout: the even split's excess is
-    # (pp - 1) heads of 8 passes, over the last-4 split's 8-layer stages as above, 4x the unit
+    # the update with recomputation over the same layout: the layers' 8 passes, the head's 6
+    # (recomputation re-runs the layers only, `roofline.head_passes`). FLOPs a token: the even
+    # split's excess is (pp - 1) heads of 6 passes, the last-4 split's its 8-layer stages'
     c = device_ceiling(FLAT.mfu_train, H20, FLAT)
-    unit = 8 * 1e6 / (4 * 148e12 * c)
+    unit = 1e6 / (4 * 148e12 * c)  # seconds of a FLOP a token
+    layer, head = 233_057_920, 544_997_376
+    total = 8 * 28 * layer + 6 * head
+    even_excess = 4 * (8 * 7 * layer + 6 * head) - total
+    light_excess = 4 * (8 * 8 * layer) - total
+    assert even_excess == 3 * 6 * head
     even, light = Parallel(pp=4, zero=1), Parallel(pp=4, zero=1, last_stage_layers=4)
     d = (train_time(QWEN7B, H20, even, 1e6, 0.0, 1, FLAT)
          - train_time(QWEN7B, H20, light, 1e6, 0.0, 1, FLAT))
-    assert d == pytest.approx((1_634_992_128 - 387_234_304) * unit * (1 + 3 / 16), rel=1e-9)
+    assert d == pytest.approx((even_excess - light_excess) * unit * (1 + 3 / 16), rel=1e-9)
 
 
 def test_pipeline_micro_batches_from_the_budget() -> None:

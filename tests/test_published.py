@@ -8,8 +8,21 @@ import math
 
 import pytest
 
+from placer.base.roles import Role
+from placer.cost.efficiency import Calibration
+from placer.cost.estimate import budgeted, trained_context
+from placer.cost.model import train_time
+from placer.spec.catalog import resolve
 from placer.spec.load import load_job
-from workflows.published import EXAMPLES, ROWS, PublishedReport, fidelity, main, render
+from workflows.published import (
+    EXAMPLES,
+    ROWS,
+    PublishedReport,
+    fidelity,
+    main,
+    predict_row,
+    render,
+)
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +208,45 @@ def test_nemo_rl_performance_rows_held_out(doc: PublishedReport) -> None:
     # r23 -27%: r18 no longer short, so the bound admits +3% (a defect fixed, not a refit).
     # With NCCL's algorithm and protocol bandwidths across nodes (collectives.span_all_reduce)
     # r16 +2%, r17 -23%, r18 +4%, r21 -7%, r22 +3%, r23 -24%: the bound admits +5%.
+    # The 30B-A3B recipes run without activation recomputation (`Use.recompute`; NeMo-RL's
+    # megatron_cfg.activation_checkpointing false), which the model had charged: r15 -22%, r19
+    # -43.4% (was -41.8%), so the lower bound moves to -0.44 (a count fixed, not a refit).
     rows = {r.name[:3]: r for r in doc.rows}
     nemo = ("r15", "r16", "r17", "r18", "r19", "r20", "r21", "r22", "r23")
     assert all(rows[k].fits and not rows[k].stages for k in nemo)
-    assert all(-0.43 < rows[k].error < 0.05 for k in nemo), {k: rows[k].error for k in nemo}
+    assert all(-0.44 < rows[k].error < 0.05 for k in nemo), {k: rows[k].error for k in nemo}
     assert max(abs(rows[k].error) for k in ("r16", "r18", "r22")) < 0.11
+
+
+def test_trainers_recompute_as_their_scripts_set() -> None:
+    # Activation recomputation as each run's code sets it (`published_rows._NO_RECOMPUTE`):
+    # verl's Megatron worker (rows r05, r06 @c711dd741; r09a, r09b @503ea75f5) leaves Megatron's
+    # recompute_granularity None, NeMo-RL's 30B-A3B recipes (r15, r19) keep
+    # activation_checkpointing false; verl's FSDP, EasyR1, Miles (r10), verl's DeepSeek-V3
+    # script (r11) and NeMo-RL's 235B and DeepSeek-V3 recipes recompute every layer.
+    without = {"r05", "r06", "r09a", "r09b", "r15", "r19"}
+    assert {r.name.split()[0]: r.layout[Role.ACTOR].parallel().recompute for r in ROWS} == {
+        r.name.split()[0]: r.name.split()[0] not in without for r in ROWS}
+    # the flag reaches the update's price and nothing else: r09a priced with recomputation
+    # differs from its row by train_time's recomputed forward alone
+    row = next(r for r in ROWS if r.name.startswith("r09a"))
+    use = row.layout[Role.ACTOR]
+    recomputing = dataclasses.replace(row, layout={**row.layout, Role.ACTOR: dataclasses.replace(
+        use, recompute=True)})
+    calib = Calibration()
+    got = predict_row(row, calib)
+    more = predict_row(recomputing, calib)
+    res = resolve(load_job(EXAMPLES / row.file), row.file)
+    eff = calib.for_device(res.device_of(use.pool))
+    ctx = trained_context(res)
+    tokens, steps = res.job.batch.samples * ctx, res.job.batch.mini_batches
+    m, dev = res.arch_of(Role.ACTOR), res.device_of(use.pool)
+    par = budgeted(res, use.parallel(), "update")
+    recompute = train_time(m, dev, dataclasses.replace(par, recompute=True), tokens, ctx, steps,
+                           eff)
+    plain = train_time(m, dev, par, tokens, ctx, steps, eff)
+    assert recompute > 1.2 * plain  # 2 more passes of the layers over 6
+    assert (more.stages["update"].predicted_s - got.stages["update"].predicted_s
+            == pytest.approx(recompute - plain, rel=1e-9))
+    assert more.stages["old_log_prob"].predicted_s == pytest.approx(
+        got.stages["old_log_prob"].predicted_s, rel=1e-12)

@@ -89,7 +89,8 @@ class RowFactor:
 
 ROW_FACTORS: tuple[RowFactor, ...] = (
     RowFactor("mfu_train", "trainer", ("step",), ("update",), 0.2, 1.0,
-              "the update stages (verl FSDP2 / Megatron on H20, Miles on H200)"),
+              "the update stages (verl FSDP2 / Megatron on H20; Miles' r10 update is a first "
+              "call, not fitted)"),
     RowFactor("mfu_score", "trainer", ("step",), ("old_log_prob", "ref"), 0.2, 1.0,
               "the log-prob and reference forward passes"),
     RowFactor("dispatch_gbs", "trainer", ("step",), ("old_log_prob", "ref", "update"), 0.05, 5.0,

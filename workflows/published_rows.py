@@ -48,9 +48,15 @@ class Use:
     # Megatron's num_layers_in_first/last_pipeline_stage; 0: even)
     first_layers: int = 0
     last_layers: int = 0
+    # a trainer's activation recomputation (`Parallel.recompute`: a recomputed forward of every
+    # layer in the backward, `placer.cost.model.train_flops`), as the run's script sets it:
+    # verl's FSDP workers checkpoint each decoder layer (`enable_gradient_checkpointing`, true by
+    # default); Megatron recomputes only where `recompute_granularity` is set (`_NO_RECOMPUTE`)
+    recompute: bool = True
 
     def parallel(self) -> Parallel:
-        return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, offload=self.offload,
+        return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero,
+                        recompute=self.recompute, offload=self.offload,
                         cp=self.cp, ep=self.ep, cuda_graphs=self.cuda_graphs, shard=self.shard,
                         park_params=self.park_params, park_optimizer=self.park_optimizer,
                         sharded_weights=self.sharded, micro_token_budget=self.micro_token_budget,
@@ -114,6 +120,19 @@ class SyncRow:
     device_type: dict[str, Any] | None = None
 
 
+# The Megatron trainers that run without activation recomputation (`Use.recompute`): verl's
+# Megatron worker recomputes only what its transformer config sets, and neither of its
+# published runs sets it. At @503ea75f5 (rows r09a, r09b) `enable_gradient_checkpointing=True`
+# reads `gradient_checkpointing_kwargs`, whose keys ppo_megatron_trainer.yaml sets to null, so
+# `recompute_granularity` = None (verl/single_controller/base/megatron/worker.py:95-102); at
+# @c711dd741 (rows r05, r06) engine/megatron.yaml's `override_transformer_config` has
+# `recompute_granularity: null` and grpo_30b_a3b_base_math_megatron_96_32.sh overrides none of
+# it. NeMo-RL (NVIDIA-NeMo/RL v0.6.0 @5fb58893) sets full recomputation only where
+# `megatron_cfg.activation_checkpointing` is true (nemo_rl/models/megatron/setup.py:470-473):
+# grpo_math_1B.yaml says false and the 30B-A3B recipes (rows r15, r19) keep it; the 235B and
+# DeepSeek-V3 recipes set it true, as Miles' and verl's DeepSeek-V3 scripts set full
+# recomputation (rows r10, r11) and verl's FSDP and EasyR1's workers checkpoint every layer.
+_NO_RECOMPUTE = False
 _UNBUCKETED = 0.0
 _CPU = Use("cpu")
 _R = Role
@@ -173,13 +192,15 @@ ROWS: list[Row] = [
         _SPLIT, trainer_log_probs=False),
     Row("r05 GRPO 30B-A3B 128xH20 colocate", "r05-grpo30ba3b-128xh20-colocate.yaml", _FA, 497.89,
         {"rollout": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update": 86.27},
-        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, offload=True, cp=2, ep=8, park_params=True),
+        {_R.ACTOR: Use("h20", tp=2, dp=32, zero=1, offload=True, cp=2, ep=8, park_params=True,
+                       recompute=_NO_RECOMPUTE),
          _R.ROLLOUT: Use("h20", tp=4, dp=32, cuda_graphs=False),
          _R.REFERENCE: Use("h20", tp=2, dp=32, cp=2, ep=8, park_params=True), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r06 GRPO 30B-A3B 128xH20 async 96:32", "r06-grpo30ba3b-128xh20-async.yaml", _FA, 282.75,
         {"ref": 50.05, "update": 206.63},
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True, cp=2, ep=8, park_params=True),
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, offload=True, cp=2, ep=8, park_params=True,
+                       recompute=_NO_RECOMPUTE),
          _R.ROLLOUT: Use("h20", tp=4, dp=24, cuda_graphs=False),
          _R.REFERENCE: Use("h20", tp=2, dp=8, cp=2, ep=8, park_params=True), _R.REWARD: _CPU},
         _SPLIT_REF, trainer_log_probs=False),
@@ -195,13 +216,15 @@ ROWS: list[Row] = [
         _SPLIT),
     Row("r09a DAPO 7B Megatron 16xH20 colocate", "r09a-dapo7b-16xh20-megatron-colocate.yaml", _OSO,
         699.0, {"rollout": 162.0, "old_log_prob": 119.0, "update": 344.0},  # (generate_sequences)
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, park_params=True, park_optimizer=True),
+        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, park_params=True, park_optimizer=True,
+                       recompute=_NO_RECOMPUTE),
          _R.ROLLOUT: Use("h20", tp=2, dp=8),
          _R.REWARD: _CPU},
         _COLOC),
     Row("r09b DAPO 7B Megatron 16xH20 one-step-off", "r09b-dapo7b-16xh20-megatron-one-step-off.yaml",
         _OSO, 566.0, {"rollout": 501.0, "old_log_prob": 120.0, "update": 347.0},
-        {_R.ACTOR: Use("h20", tp=2, dp=6, zero=1), _R.ROLLOUT: Use("h20", tp=2, dp=2),
+        {_R.ACTOR: Use("h20", tp=2, dp=6, zero=1, recompute=_NO_RECOMPUTE),
+         _R.ROLLOUT: Use("h20", tp=2, dp=2),
          _R.REWARD: _CPU},
         _SPLIT),
     Row("r10 GRPO 27B 8xH200 colocate", "r10-grpo27b-8xh200-colocate.yaml",
@@ -246,7 +269,8 @@ ROWS: list[Row] = [
     # its FP8 variant inherit it), -32n4g 7/6).
     Row("r15 GRPO 30B-A3B 32xH100 NeMo-RL colocate", "r15-grpo30ba3b-32xh100-nemorl-colocate.yaml",
         _NEMO_PERF, 192.0, {},
-        {_R.ACTOR: Use("h100", dp=32, zero=1, ep=8), _R.ROLLOUT: Use("h100", tp=2, dp=16),
+        {_R.ACTOR: Use("h100", dp=32, zero=1, ep=8, recompute=_NO_RECOMPUTE),
+         _R.ROLLOUT: Use("h100", tp=2, dp=16),
          _R.REFERENCE: Use("h100", dp=32, ep=8), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r16 GRPO 235B-A22B 128xH100 NeMo-RL colocate", "r16-grpo235b-128xh100-nemorl-colocate.yaml",
@@ -276,7 +300,8 @@ ROWS: list[Row] = [
     # datasheet: GB200 is not in the shipped catalog); 4 GPUs a node, the rack's NVLink domain
     Row("r19 GRPO 30B-A3B 16xGB200 NeMo-RL colocate",
         "r19-grpo30ba3b-16xgb200-nemorl-colocate.yaml", _NEMO_PERF + " (GB200)", 221.0, {},
-        {_R.ACTOR: Use("gb200", dp=16, zero=1, ep=16), _R.ROLLOUT: Use("gb200", dp=16),
+        {_R.ACTOR: Use("gb200", dp=16, zero=1, ep=16, recompute=_NO_RECOMPUTE),
+         _R.ROLLOUT: Use("gb200", dp=16),
          _R.REFERENCE: Use("gb200", dp=16, ep=16), _R.REWARD: _CPU},
         _COLOC_REF),
     Row("r20 GRPO 235B-A22B 64xGB200 NeMo-RL colocate",

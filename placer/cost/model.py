@@ -62,6 +62,7 @@ from placer.cost.roofline import (
     engine_load_entries,
     gemm_eff,
     gemm_peak_tflops,
+    head_passes,
     infer_memory,
     kv_bytes_per_token,
     kv_split,
@@ -114,11 +115,14 @@ def train_memory(m: ModelArch, par: Parallel, micro_tokens: int,
 
 
 def train_flops(m: ModelArch, tokens: float, seq: float, recompute: bool) -> float:
-    """Forward + backward (+ recomputed forward) FLOPs: (6 or 8) * (P_mm + L*w*s) per token
-    (causal attention, `attention_flops_per_token`), P_mm = `ModelArch.matmul_params` (the
-    experts a token runs, no input-embedding gather), w = `ModelArch.attention_width`."""
+    """Forward + backward (+ recomputed forward) FLOPs: (6 or 8) * (P_mm - V*h + L*w*s)
+    + 6 * V*h per token (causal attention, `attention_flops_per_token`; the LM head's V*h is
+    not recomputed, `head_passes`), P_mm = `ModelArch.matmul_params` (the experts a token
+    runs, no input-embedding gather), w = `ModelArch.attention_width`."""
     passes = 8 if recompute else 6  # forward 2, backward 4, recomputed forward 2
-    return passes * (m.matmul_params() + attention_flops_per_token(m, seq) / 2) * tokens
+    head = m.vocab * m.hidden
+    return (passes * (m.matmul_params() - head + attention_flops_per_token(m, seq) / 2)
+            + head_passes(passes) * head) * tokens
 
 
 def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
@@ -204,8 +208,8 @@ def pipeline_stage_excess(m: ModelArch, dev: DeviceType, par: Parallel, tokens: 
     head_s = 0.0
     if head is Head.LOGPROB:
         per_device = group_tokens / (par.cp * par.attn_dp)
-        head_s = matmul_time(passes * m.vocab * m.hidden * tokens, per_device, dev, par,
-                             ceiling, eff)
+        head_s = matmul_time(head_passes(passes) * m.vocab * m.hidden * tokens, per_device,
+                             dev, par, ceiling, eff)
     return stage_excess(compute - head_s, head_s, m.layers, par)
 
 

@@ -151,12 +151,23 @@ def gemm_peak_tflops(dev: DeviceType, par: Parallel) -> float:
     return dev.bf16_tflops
 
 
+def head_passes(passes: int) -> int:
+    """Matmul passes of the LM head in a pass of `passes` over the layers: activation
+    recomputation re-runs the decoder layers only, never the output layer (HF
+    `gradient_checkpointing_enable` wraps each decoder layer, e.g. transformers' Qwen2Model;
+    Megatron's `recompute_granularity` full checkpoints transformer layers, the output layer
+    outside them), so a recomputed forward (8 passes) runs the head 6 times, as any training
+    pass without recomputation; forward-only passes (2) and 6 are unchanged."""
+    return min(passes, 6)
+
+
 def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
                  passes: int, ceiling: float, group_tokens: float, eff: Efficiency,
                  half_ridge: float | None = None) -> float:
     """Seconds of `passes` matmul passes (2 a forward, 6 forward + backward, 8 with a recomputed
     forward) over `tokens` tokens on the layout's devices: the dense, attention and LM-head
     FLOPs at `gemm_eff` of the tokens a device's GEMMs see (`group_tokens` per dp rank / cp),
+    the LM head's `head_passes` of them (a recomputed forward does not repeat it),
     the routed experts' at `gemm_eff` of the tokens one expert sees (`sharding.expert_tokens`):
     small for a mixture of many experts, which expert parallelism raises by gathering an EP
     group's tokens. `half_ridge`: as `gemm_eff`'s. An engine's forward prices its attention
@@ -164,7 +175,9 @@ def pass_compute(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, se
     routed = active_expert_params(m)
     # data-parallel attention: a device's dense GEMMs see its own group's share of the tokens
     per_device = group_tokens / (par.cp * par.attn_dp)
-    dense = passes * (m.matmul_params() - routed + attention_flops_per_token(m, seq) / 2) * tokens
+    head = m.vocab * m.hidden
+    dense = (passes * (m.matmul_params() - routed - head + attention_flops_per_token(m, seq) / 2)
+             + head_passes(passes) * head) * tokens
     out = matmul_time(dense, per_device, dev, par, ceiling, eff, half_ridge)
     # a micro-batch per data-parallel attention group, its groups' tokens meeting at the experts
     t = min(group_tokens / par.attn_dp, MICRO_TOKENS) * par.attn_dp
