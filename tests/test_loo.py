@@ -146,12 +146,17 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # Loosened for those fixes; the earlier rows' bound for r11 alone. A ratchet: tighten,
     # loosen only for a change measured better elsewhere, a defect fixed, or new rows, and say
     # which.
+    # Loosened for a defect fixed in the rows' inputs: r01-r03's trainer as their runs' scripts
+    # set it (HSDP shard groups of 2, the actor parked between phases; it was ZeRO-3 over every
+    # device): r01 -29% -> -32%, r02 +7% -> +5%, r03 -10% -> -15% (their updates +3% / +26% / +4%
+    # -> -8% / +9% / -17% at the shipped factors), and the step rows 13.0% -> 15.1%, r03 crossing
+    # the median.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.135, step
+    assert step["loo_median_abs_error"] < 0.155, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.35, earlier
-    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.30, earlier
+    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.33, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
     # NCCL's hierarchical latency for TP all-reduces across nodes (collectives.
     # span_tree_steps_s) moved r16 -10% -> -5%, r17 -30% -> -28%, r18 -2% -> +2%, r21 -18%
