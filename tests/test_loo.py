@@ -151,9 +151,13 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # their scripts' token budgets. mfu_train then fits at 0.859 on all rows (was 0.9999, at
     # its bound); the step rows 13.0% -> 14.5% LOO, max 41.7% -> 43.6% (r19), r09a -23% ->
     # -33% (the 8/6 count had hidden its gap), r09b -5% -> -13%.
+    # Loosened for a defect fixed in the rows' inputs: r01-r03's trainer as their runs' scripts
+    # set it (HSDP shard groups of 2, the actor parked between phases; it was ZeRO-3 over every
+    # device): r01 -29% -> -32%, r02 +7% -> +5%, r03 -10% -> -15% alone (the step rows 13.0% ->
+    # 15.1%, r03 crossing the median). MEASURED_AFTER_MERGE
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.146, step
+    assert step["loo_median_abs_error"] < 0.155, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.35, earlier
     assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.34, earlier

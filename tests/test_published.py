@@ -83,11 +83,13 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # groups on NVLink and a pipelined forward each stage's own collectives: defects fixed by
     # the code they model, which had flattered NeMo-RL's rows. 14.2% (max 41.8%) with NCCL's
     # hierarchical latency across nodes and a pipelined pass at its slowest stage (r11 -33%).
-    assert doc.median_abs_error < 0.145, doc.median_abs_error
+    # 14.6% with r01-r03's trainer as their runs' scripts set it (HSDP shard groups of 2, the
+    # actor parked; a row input fixed, not the model): r01 -25% -> -28%, r03 -10% -> -15%.
+    assert doc.median_abs_error < 0.147, doc.median_abs_error
     earlier = [r for r in doc.rows if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.error) for r in earlier) < 0.34, earlier
     h20 = [r for r in doc.rows if "xH20 " in r.name and not r.name.startswith("r11")]
-    assert len(h20) == 10 and all(abs(r.error) < 0.27 for r in h20), [
+    assert len(h20) == 10 and all(abs(r.error) < 0.29 for r in h20), [
         (r.name, r.error) for r in h20]  # the goal: every row within 30%
     # sync: verl's unbucketed NCCL sync pays one call per tensor from one sender
     # (`timing.sync_calls`), a broadcast's receive is bound by one rank's NIC, Miles has its own

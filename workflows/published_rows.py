@@ -173,18 +173,32 @@ _R10_STEP0 = ("step 0, warm-up included: the one step Miles' doc names is step 0
 _NEMO_PERF = ("NeMo-RL docs/about/performance-summary.md "
               "@7ea279abfbeb698b092856d0dab61e7cf39bc909 (NeMo RL v0.6; recipes @v0.6.0)")
 
+# Rows 1-3's trainer as their runs' scripts set it: the sync colocated runs of fully_async.md's
+# 7B table, experiment names dapo_qwen2-7B-math_28k_fsdp2_colocate_{32,64,128}_mbs32 (the
+# author's exp/ scripts in volcengine/verl's history: exp/qwen2-7B-math_32/fsdp2_colocate_64/
+# dapo_7b_math_fsdp2_colocate.sh @9199f567, exp/qwen2-7B-math_64/fsdp2_colocate/run.sh
+# @9280c114, exp/qwen2-7B-math_128/fsdp2_colocate/dapo_7b_math_fsdp2_colocate.sh @7f837ac3)
+# set fsdp_size=2 (HSDP shard groups of 2) and offload=True (the actor's param_offload and
+# optimizer_offload: parked between phases, `placer.cost.offload`), as r07's script does.
+
+
+def _dapo7b_sync_actor(devices: int) -> Use:
+    return Use("h20", dp=devices, shard=2, park_params=True, park_optimizer=True)
+
+
 ROWS: list[Row] = [
     Row("r01 DAPO 7B 32xH20 colocate", "r01-dapo7b-32xh20-colocate.yaml", _FA, 790.10,
-        {"rollout": 357.41, "old_log_prob": 107.71, "update": 269.80},
-        {_R.ACTOR: Use("h20", dp=32), _R.ROLLOUT: Use("h20", tp=4, dp=8), _R.REWARD: _CPU},
+        # update_actor as the doc first published it (@b25bb7d4f); the row's header: why not 269.80
+        {"rollout": 357.41, "old_log_prob": 107.71, "update": 313.81},
+        {_R.ACTOR: _dapo7b_sync_actor(32), _R.ROLLOUT: Use("h20", tp=4, dp=8), _R.REWARD: _CPU},
         _COLOC),
     Row("r02 DAPO 7B 64xH20 colocate", "r02-dapo7b-64xh20-colocate.yaml", _FA, 365.28,
         {"rollout": 150.72, "old_log_prob": 70.26, "update": 133.41},
-        {_R.ACTOR: Use("h20", dp=64), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
+        {_R.ACTOR: _dapo7b_sync_actor(64), _R.ROLLOUT: Use("h20", tp=4, dp=16), _R.REWARD: _CPU},
         _COLOC),
     Row("r03 DAPO 7B 128xH20 colocate", "r03-dapo7b-128xh20-colocate.yaml", _FA, 356.30,
         {"rollout": 177.85, "old_log_prob": 53.92, "update": 113.81},
-        {_R.ACTOR: Use("h20", dp=128), _R.ROLLOUT: Use("h20", tp=4, dp=32), _R.REWARD: _CPU},
+        {_R.ACTOR: _dapo7b_sync_actor(128), _R.ROLLOUT: Use("h20", tp=4, dp=32), _R.REWARD: _CPU},
         _COLOC),
     Row("r04 DAPO 7B 128xH20 async 64:64", "r04-dapo7b-128xh20-async.yaml", _FA, 150.63,
         {"update": 113.16},
