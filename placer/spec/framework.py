@@ -18,6 +18,9 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
   colocated_switch      roles that give their slot's devices up every RL step whenever the
                         rollout shares the actor's slot, whether or not the members fit
                         (`switches_every_step`, `placer.cost.timing.slot_switch`)
+  async_apart           roles an asynchronous job must keep in slots of their own (NeMo-RL's
+                        async GRPO asserts its vLLM generation is not colocated: `apart_roles`,
+                        `Pricer.apart_roles`; the ILP gives them no shared slot)
   park_scheme,          how it moves a parked or streamed role's state: keys of
   stream_scheme         `placer.cost.offload.PARK_SCHEMES` / `STREAM_SCHEMES` (the scheme and
                         its source live there, once)
@@ -170,6 +173,8 @@ class FrameworkProfile:
     # roles that pay their onload every RL step while the rollout shares the actor's slot, fit
     # or not (`switches_every_step`, `placer.cost.timing.onload_time`)
     colocated_switch: tuple[str, ...] = ()
+    # roles that may not share a slot when the job's pipeline is asynchronous (`apart_roles`)
+    async_apart: tuple[str, ...] = ()
     # its dynamic batching: sequences per device per micro-batch, by pass ("forward" / "update"),
     # each micro-batch `micro_batch_samples[kind]` x the padded length tokens; none: the job's
     # `micro_token_budget` or the cost model's default
@@ -234,6 +239,11 @@ class FrameworkProfile:
         if not set(COLOCATED_INFERENCE) <= held:
             return frozenset()
         return frozenset(self.colocated_switch) & held
+
+    def apart_roles(self, *, async_steps: bool) -> tuple[str, ...]:
+        """Roles no two of which may share a slot: `async_apart` for a job whose pipeline is
+        asynchronous (`pipeline.mode async`), else none."""
+        return self.async_apart if async_steps else ()
 
     def micro_token_budget(self, kind: str, padded_len: int) -> int | None:
         """Tokens per device per micro-batch of a `kind` pass ("forward" / "update") its dynamic
@@ -376,7 +386,7 @@ _OPENRLHF = FrameworkProfile(
 _NEMO = FrameworkProfile(
     "nemo-rl", "NeMo-RL", NEMO_RL, "nemo-rl", hsdp=False, partial_rollout=False, frozen_shards=True,
     park_optimizer=(Role.ACTOR,), swap_frozen=(Role.REFERENCE,), rule_workers=8,
-    colocated_switch=(Role.ACTOR, Role.ROLLOUT),
+    colocated_switch=(Role.ACTOR, Role.ROLLOUT), async_apart=COLOCATED_INFERENCE,
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
@@ -395,6 +405,11 @@ _NEMO = FrameworkProfile(
         "hsdp": f"{NEMO_RL} dtensor_cfg has no replicate (shard-group) size",
         "critic": f"{NEMO_RL} nemo_rl/algorithms/ppo.py (value model)",
         "async_steps": f"{NEMO_RL} grpo.async_grpo (max_trajectory_age_steps)",
+        "async_apart": f"{NEMO_RL} nemo_rl/algorithms/grpo.py `async_grpo_train` 4177-4179: "
+                       "assert not policy.generation.colocated.enabled unless the generation "
+                       "backend is Megatron's (placer's rollout is a vLLM engine); v0.6.0 "
+                       "@5fb588932bf835506a8a5bac01de4f8c7ab0a065 grpo.py 2448-2450: colocated "
+                       "inference not supported for async GRPO at all",
         "partial_rollout": f"{NEMO_RL} examples/configs/grpo_math_1B.yaml: async_grpo has "
                            "max_trajectory_age_steps and in_flight_weight_updates, no partial "
                            "rollout (none in the repository)",
