@@ -27,6 +27,10 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
   micro_batch_samples   its dynamic batching's sequences per device per micro-batch, {forward,
                         update}: the token budget is that count x the padded length
                         (`micro_token_budget`), used where the job sets no `micro_token_budget`
+  megatron_optimizer_bytes  the bytes a parameter of the optimizer state its Megatron-Core
+                        trainer holds (NeMo-RL's precision-aware optimizer keeps the fp32
+                        master's low 16 bits only: 10, not the cost model's 12; None: 12),
+                        where a layout trains with Megatron (`optimizer_bytes`)
   rollout_sleep_level   its colocated rollout engine's vLLM sleep level (`SLEEP_LEVELS`): 1
                         moves the weights to the host and back, 2 discards them (the refit
                         rewrites them; verl with vLLM >= 0.8.5); a job's setting replaces it
@@ -59,6 +63,13 @@ MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 # tag a23fb5b0, its verl/__init__.py says 0.3.3.dev0); the files read below are unchanged in
 # what the profile records since v0.3.2 but for the LoRA keys
 EASYR1 = "EasyR1 0.3.3.dev0 @b44b311b669bf1fd1aa2fc36f2251482ba33cb16"
+
+# Megatron-Core's distributed optimizer with the precision-aware optimizer (NeMo-RL's Megatron
+# recipes set use_precision_aware_optimizer) keeps, per parameter of its shard, the two fp32 Adam
+# moments (4 + 4 B) and, with store_param_remainders (Megatron-Core's default) and BF16 weights,
+# only the low 16 bits of the fp32 master weight (2 B: the other 16 are the BF16 weight itself)
+MEGATRON_LM = "NVIDIA/Megatron-LM @d30c3ae5469fe3f6a64d4fd2e63b6e7f7844ea81"
+NEMO_MEGATRON_OPTIMIZER_BYTES = 4.0 + 4.0 + 2.0
 
 # Miles' broadcast sender (one per pipeline stage, miles/backends/megatron_utils/
 # update_weight/update_weight_from_distributed/broadcast.py: the DP = TP = 0 rank gathers its
@@ -187,6 +198,9 @@ class FrameworkProfile:
     colocation: str = ""
     old_log_probs: str = "trainer"
     sleep_wake: str = ""
+    # bytes a parameter of its Megatron-Core trainer's optimizer state (`optimizer_bytes`);
+    # None: the cost model's mixed-precision Adam (`placer.cost.sharding.OPTIMIZER_BYTES`)
+    megatron_optimizer_bytes: float | None = None
     # the vLLM sleep level its colocated rollout engine sleeps at between generations
     # (`SLEEP_LEVELS`): 1 copies the weights to pinned host memory and back, 2 discards them
     # (the refit sends them again every step); a job's `rollout_sleep_level` replaces it
@@ -244,6 +258,19 @@ class FrameworkProfile:
         """Roles no two of which may share a slot: `async_apart` for a job whose pipeline is
         asynchronous (`pipeline.mode async`), else none."""
         return self.async_apart if async_steps else ()
+
+    def trains_with_megatron(self, *, pp: int, ep: int) -> bool:
+        """Whether a trainer of pipeline `pp` and expert `ep` parallelism runs on Megatron-Core
+        here: always for a Megatron trainer (`megatron_trainer`), else where the layout needs
+        pipeline or expert parallelism (NeMo-RL's DTensor path has TP and CP only:
+        `placer.interop.nemorl.uses_megatron`)."""
+        return self.megatron_trainer or pp > 1 or ep > 1
+
+    def optimizer_bytes(self, *, pp: int, ep: int) -> float | None:
+        """Bytes a parameter of a trainer's on-device optimizer state under this framework at
+        pipeline `pp` and expert `ep` parallelism: `megatron_optimizer_bytes` where it trains
+        with Megatron-Core (`trains_with_megatron`), else None (the cost model's own)."""
+        return self.megatron_optimizer_bytes if self.trains_with_megatron(pp=pp, ep=ep) else None
 
     def micro_token_budget(self, kind: str, padded_len: int) -> int | None:
         """Tokens per device per micro-batch of a `kind` pass ("forward" / "update") its dynamic
@@ -390,8 +417,18 @@ _NEMO = FrameworkProfile(
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
-    colocated_refit="ipc-stream",
+    colocated_refit="ipc-stream", megatron_optimizer_bytes=NEMO_MEGATRON_OPTIMIZER_BYTES,
     sources=MappingProxyType({
+        "megatron_optimizer_bytes": f"{NEMO_RL} examples/configs/grpo_math_1B_megatron.yaml:171 "
+                                    "use_precision_aware_optimizer: true (bf16: true; "
+                                    "store_param_remainders, main_params_dtype, exp_avg_dtype, "
+                                    "exp_avg_sq_dtype unset: Megatron-Core's defaults); "
+                                    f"{MEGATRON_LM} megatron/core/optimizer/optimizer_config.py "
+                                    "192 store_param_remainders True (kept with Transformer "
+                                    "Engine >= 2.1, 425-426: NeMo-RL pins v2.14.1, pyproject.toml"
+                                    ":134), 200-206 fp32 main params and moments; "
+                                    "distrib_optimizer.py 390-420 (no fp32 main copy of its own: "
+                                    "TE's FusedAdam holds it), 812-818 (master_param int16)",
         "colocated_refit": f"{NEMO_RL} nemo_rl/algorithms/grpo.py `refit_policy_generation` "
                            "(colocated: `stream_weights_via_ipc_zmq`, whatever the weight "
                            "synchronizer; checkpoint engines and nccl_reshard are for "
