@@ -17,7 +17,8 @@ Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, ne
                         reference in one worker group over every GPU: `Pricer.colocated_roles`)
   colocated_switch      roles that give their slot's devices up every RL step whenever the
                         rollout shares the actor's slot, whether or not the members fit
-                        (`switches_every_step`, `placer.cost.timing.slot_switch`)
+                        (`switches_every_step`, `placer.cost.timing.slot_switch`): NeMo-RL's
+                        policy and engine, verl's engine (its actor moves where parked)
   async_apart           roles an asynchronous job must keep in slots of their own (NeMo-RL's
                         async GRPO asserts its vLLM generation is not colocated: `apart_roles`,
                         `Pricer.apart_roles`; the ILP gives them no shared slot)
@@ -40,7 +41,8 @@ Every rule and overhead cites the file and version of the framework it was read 
 (`colocation`, `old_log_probs`, `sleep_wake`) but priced by the shared model: every profile
 here colocates the roles it shares devices between, recomputes old log-probs with the trainer by
 default and sleeps its engine with the engine library's own call, at `rollout_sleep_level`
-(every step, fit or not, for the roles of `colocated_switch`: NeMo-RL's policy and vLLM engine).
+(every step, fit or not, for the roles of `colocated_switch`: NeMo-RL's policy and vLLM engine,
+verl's engine).
 """
 from __future__ import annotations
 
@@ -336,6 +338,16 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
                       "after (optimizer_offload; fsdp_workers.py likewise)",
     "sync_bucket_gb": f"{VERL} rollout.yaml checkpoint_engine.update_weights_bucket_megabytes "
                       "(2048) is SGLang's only; vLLM rollouts keep the shared factors",
+    "colocated_switch": f"{VERL} the hybrid engine's rollout only, every step whatever the "
+                        "memory: verl/trainer/ppo/ray_trainer.py 898 (async rollout mode "
+                        "always), 1397 checkpoint_manager.sleep_replicas() after each "
+                        "generate, 1611 update_weights() after each actor update; "
+                        "verl/checkpoint_engine/base.py 371-376, 383-385 (backend naive, "
+                        "rollout.yaml:251's default: the colocated trainer's rollout_mode); "
+                        "vllm_async_server.py 563-575 sleep (free_cache_engine, rollout.yaml:"
+                        "47 True); fsdp_workers.py 735-753, megatron_workers.py 714-736 "
+                        "resume(weights), refit, resume(kv_cache). The actor's own state "
+                        "moves only where the job parks it (park_optimizer, park_scheme)",
     "rollout_sleep_level": f"{VERL} verl/workers/rollout/vllm_rollout/vllm_async_server.py "
                            "563-575: the hybrid engine's `sleep` is collective_rpc('sleep', "
                            "level=2) whatever the vLLM version (setup.py:52 requires vllm "
@@ -359,7 +371,7 @@ def _verl(name: str, title: str, trainer: str,
         colocation="actor, rollout and reference in one hybrid engine; critic with the actor; "
                    "rollout apart in the one-step-off / fully async recipes",
         sleep_wake=f"{VERL} rollout.yaml free_cache_engine (engine sleep between phases)",
-        rollout_sleep_level=2,
+        rollout_sleep_level=2, colocated_switch=(Role.ROLLOUT,),
         sources=MappingProxyType({**_VERL_SOURCES, "trainer": f"{VERL} {trainer}"}))
 
 
