@@ -2,8 +2,9 @@
 (`FrameworkProfile.switches_every_step`): NeMo-RL offloads the policy (optimizer before the refit,
 parameters after it) and sleeps its vLLM engine (level 1) every step of a colocated run
 (nemo_rl/algorithms/grpo.py `refit_policy_generation`, v0.6.0), where verl moves its actor only
-when the job parks it. Priced by `timing.slot_switch`, the ILP (`placer.solve.ilp_memory`), the
-simulator (`simulator.training.onload_costs`) and the host-memory check alike."""
+when the job parks it but sleeps its hybrid engine's rollout every step (level 2). Priced by
+`timing.slot_switch`, the ILP (`placer.solve.ilp_memory`), the simulator
+(`simulator.training.onload_costs`) and the host-memory check alike."""
 from __future__ import annotations
 
 import itertools
@@ -64,7 +65,11 @@ def test_profiles_say_which_roles_switch_every_step() -> None:
         Role.ACTOR, Role.ROLLOUT}
     # no generation beside the policy (r18's one-step-off form): no offload calls at all
     assert nemo.switches_every_step([Role.ACTOR, Role.REFERENCE]) == frozenset()
-    for name in ("verl", "verl-megatron", "easyr1", "miles", "openrlhf", "native"):
+    # verl's hybrid engine sleeps its rollout every step (its actor moves only where parked)
+    for name in ("verl", "verl-megatron"):
+        assert PROFILES[name].switches_every_step([Role.ACTOR, Role.ROLLOUT]) == {Role.ROLLOUT}
+        assert PROFILES[name].switches_every_step([Role.ROLLOUT, Role.REFERENCE]) == frozenset()
+    for name in ("easyr1", "miles", "openrlhf", "native"):
         assert PROFILES[name].switches_every_step([Role.ACTOR, Role.ROLLOUT]) == frozenset()
 
 
@@ -86,9 +91,12 @@ def test_a_nemo_rl_slot_that_fits_still_pays_the_policy_offload_and_engine_sleep
         + eff.engine_wake_s
     assert px.slot_switch(members) == {"s": pytest.approx(by_hand, rel=1e-12)}
     assert by_hand == pytest.approx(switch_time(ACTOR_MEM, eff) + engine_swap_time(15.0, eff, 1))
-    # verl keeps an unparked actor on the GPU when the slot fits: nothing to pay
+    # verl keeps an unparked actor on the GPU when the slot fits, but its hybrid engine sleeps
+    # the rollout every step at level 2: the engine's two fixed calls, no weights copied
     vpx, vmembers = placed["verl"]
-    assert vpx.slot_switch(vmembers) == {}
+    assert vpx.res.job.sleep_level == 2
+    assert vpx.slot_switch(vmembers) == {"s": pytest.approx(
+        eff.engine_sleep_s + eff.engine_wake_s, rel=1e-12)}
 
 
 def test_without_the_engine_beside_it_the_nemo_rl_policy_stays_put() -> None:
@@ -175,7 +183,10 @@ def test_simulator_charges_the_every_step_switch_where_the_plan_fits() -> None:
     sim, plan = costs["nemo-rl"]
     assert set(sim) == {Role.ACTOR, Role.ROLLOUT} and all(v > 0 for v in sim.values())
     assert plan.breakdown.switch_s["s"] == pytest.approx(sum(sim.values()), rel=1e-9)
-    assert costs["verl"][0] == {}
+    vsim, vplan = costs["verl"]  # the engine's level-2 sleep and wake only
+    eff = calib.for_device(dev)
+    assert vsim == {Role.ROLLOUT: pytest.approx(eff.engine_sleep_s + eff.engine_wake_s)}
+    assert vplan.breakdown.switch_s["s"] == pytest.approx(vsim[Role.ROLLOUT], rel=1e-9)
     # host memory: the policy's state while the engine generates, the engine's weights while
     # the policy trains, never both (nothing at all where the slot did not switch)
     px = Pricer(resolve(_job("nemo-rl", policy="Qwen3-4B")), calib)

@@ -247,7 +247,8 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     m = res.arch_of(role)
     tokens, seq = _tokens(res)
     # the largest micro-batch's activations: `micro_batch` sequences at the longest context
-    mem = train_memory(m, par, micro_tokens=max(par.micro_batch, 1) * res.job.max_context, eff=eff)
+    mem = train_memory(m, par, micro_tokens=max(par.micro_batch, 1) * res.job.max_context, eff=eff,
+                       optimizer_bytes=res.job.profile.optimizer_bytes(pp=par.pp, ep=par.ep))
     imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
     if m.vision is not None and imgs:
         mem = replace(mem, activations=mem.activations

@@ -71,6 +71,7 @@ from placer.cost.roofline import (
     weight_bytes,
 )
 from placer.cost.sharding import (
+    OPTIMIZER_BYTES,
     Parallel,
     linear_state_bytes,
     state_split,
@@ -99,12 +100,16 @@ __all__ = ["Calibration", "Efficiency", "MICRO_TOKENS", "NODE_DEVICES", "Paralle
 
 # ------------------------------------------------------------------------------------ training
 def train_memory(m: ModelArch, par: Parallel, micro_tokens: int,
-                 eff: Efficiency | None = None) -> Memory:
+                 eff: Efficiency | None = None, optimizer_bytes: float | None = None) -> Memory:
     """Per-device memory of training with mixed-precision Adam (bytes -> GB).
 
-    `micro_tokens` are the tokens of one micro-batch (its activations are live at once).
+    `micro_tokens` are the tokens of one micro-batch (its activations are live at once);
+    `optimizer_bytes` a parameter of the optimizer state (None: `sharding.OPTIMIZER_BYTES`; a
+    framework's own, `FrameworkProfile.optimizer_bytes`). Every move of the state (a parked
+    optimizer's copies, a switch) is of `Memory.optimizer`, so it follows.
     """
-    wts, grads, opt = train_state_bytes(m, par)  # dense and expert parts, each ZeRO-sharded
+    wts, grads, opt = train_state_bytes(  # dense and expert parts, each ZeRO-sharded
+        m, par, OPTIMIZER_BYTES if optimizer_bytes is None else optimizer_bytes)
     tokens = micro_tokens / par.cp  # context parallelism splits every sequence
     per_tok_layer = (2 if par.recompute else 34) * m.hidden / par.tp
     act = tokens * per_tok_layer * m.layers / par.pp

@@ -107,14 +107,15 @@ from placer.base.roles import Role, base_role
 from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import micro_tokens
 from placer.cost.roofline import Memory
-from placer.cost.sharding import Parallel
+from placer.cost.sharding import OPTIMIZER_BYTES, Parallel
 
 State = Literal["params", "optimizer"]
 Phase = Literal["refit", "forward", "update"]
 
 # bytes a parameter of each state takes in the model's own memory accounting
 # (`sharding.train_state_bytes`: BF16 weights, fp32 master weights and Adam moments)
-MODEL_BYTES: Mapping[State, float] = MappingProxyType({"params": 2.0, "optimizer": 12.0})
+MODEL_BYTES: Mapping[State, float] = MappingProxyType({"params": 2.0,
+                                                      "optimizer": OPTIMIZER_BYTES})
 
 # an estimate's stages -> the phases that run the role's module (`placer.cost.estimate`)
 STAGE_PHASES: Mapping[str, Phase] = MappingProxyType({"score": "forward", "train": "update"})

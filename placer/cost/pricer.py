@@ -99,6 +99,15 @@ class Pricer(PriceContext):
         group = [r for r in self.res.job.profile.hybrid_engine if r in self.res.job.roles()]
         return [group] if len(group) > 1 else []
 
+    def apart_roles(self) -> list[str]:
+        """Roles of the job no two of which may share a slot: its framework's for its pipeline
+        (`FrameworkProfile.apart_roles`: NeMo-RL's async GRPO keeps its vLLM generation off the
+        policy's devices), else none."""
+        job = self.res.job
+        apart = job.profile.apart_roles(async_steps=job.pipeline.mechanism.overlaps_steps)
+        group = [r for r in apart if r in job.roles()]
+        return group if len(group) > 1 else []
+
     def same_devices_roles(self) -> list[list[str]]:
         """Groups of roles that must run over the same devices, not just share a slot: a
         framework's hybrid engine (EasyR1's one worker group runs the actor, the rollout and
@@ -178,6 +187,9 @@ class AgentPricer(Pricer):
 
     def same_devices_roles(self) -> list[list[str]]:
         return []  # agents' engines share a pool's slot, each on its own device count
+
+    def apart_roles(self) -> list[str]:
+        return []  # a framework's rules are refused for an agents' job (`planner.build_problem`)
 
     def onloads_per_step(self, role: str) -> int:
         return onloads_per_step(self.agents, role)

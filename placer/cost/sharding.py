@@ -21,6 +21,9 @@ from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceKind, DeviceType
 
 BYTES = 2  # BF16
+# bytes a parameter of mixed-precision Adam's optimizer state: the fp32 master weight and the two
+# fp32 moments (a framework that keeps less says so: `FrameworkProfile.optimizer_bytes`)
+OPTIMIZER_BYTES = 12.0
 
 
 @dataclass(frozen=True)
@@ -183,18 +186,20 @@ def params_per_device(m: ModelArch, par: Parallel) -> tuple[float, float]:
     return (m.params() - experts) / par.weight_shards, experts / par.expert_shards
 
 
-def train_state_bytes(m: ModelArch, par: Parallel) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes per device of mixed-precision Adam (2 + 2 + 12 bytes a
-    parameter), ZeRO stage `zero` sharding optimizer (>= 1), grads (>= 2) and weights (3) over
-    each part's ZeRO group: dp * cp for the dense part, `expert_dp` for the experts (with HSDP
-    the shard group's: `zero_group`, `expert_zero_group`)."""
+def train_state_bytes(m: ModelArch, par: Parallel,
+                      optimizer_bytes: float = OPTIMIZER_BYTES) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per device of mixed-precision Adam (2 + 2 +
+    `optimizer_bytes` a parameter, `OPTIMIZER_BYTES` unless a framework's optimizer keeps less:
+    `FrameworkProfile.optimizer_bytes`), ZeRO stage `zero` sharding optimizer (>= 1), grads
+    (>= 2) and weights (3) over each part's ZeRO group: dp * cp for the dense part, `expert_dp`
+    for the experts (with HSDP the shard group's: `zero_group`, `expert_zero_group`)."""
     parts = zip(params_per_device(m, par), (par.zero_group, par.expert_zero_group))
     shares = list(parts)
 
     def sharded(stage: int) -> float:
         return sum(p / (g if par.zero >= stage else 1) for p, g in shares)
 
-    return 2 * sharded(3), 2 * sharded(2), 12 * sharded(1)
+    return 2 * sharded(3), 2 * sharded(2), optimizer_bytes * sharded(1)
 
 
 def grad_bytes(m: ModelArch, par: Parallel) -> tuple[float, float]:

@@ -27,7 +27,8 @@ compute), as today's frameworks assume one homogeneous GPU pool; roles that cann
 Each returns an `Assignment` (or None when it cannot place the job), so the ILP's search space
 contains every baseline plan: the ILP can only be as good or better. A placement whose switching
 slots park more than their nodes' host RAM holds (`problem.host_fits`) is no placement: the searching
-baselines skip it, and a fixed rule (`colocated`, `split`) that leads to one cannot place the job.
+baselines skip it, and a fixed rule (`colocated`, `split`) that leads to one cannot place the job;
+nor can one that shares a slot between roles the framework keeps apart (`problem.keeps_apart`).
 Baselines place every role on one pool: a candidate split over pools (`placer.cost.split`, pool
 "a+b") is never chosen (`_fastest` skips them; the others match a real pool's name, which a split
 candidate's never is).
@@ -40,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from placer.base.roles import Role
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_bound import score
-from placer.solve.problem import Assignment, Problem, host_fits, slot_names
+from placer.solve.problem import Assignment, Problem, host_fits, keeps_apart, slot_names
 from placer.spec.hardware import DeviceKind
 
 BASELINES = ("colocated", "split", "enumerate", "hybridflow-split", "standalone")
@@ -202,7 +203,7 @@ def standalone(problem: Problem) -> Assignment | None:
 
 def baseline_assignments(problem: Problem) -> dict[str, Assignment | None]:
     """Every baseline by name (BASELINES order); None where it cannot place the job."""
-    made = {name: a if a is None or host_fits(problem, a) else None
+    made = {name: a if a is None or (host_fits(problem, a) and keeps_apart(problem, a)) else None
             for name, fn in REGISTRY.items() for a in [fn(problem)]}
     out = {name: made[name] for name in BASELINES}
     if problem.res.job.current is not None:  # the run the job was imported from (placer import)

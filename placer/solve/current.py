@@ -87,6 +87,14 @@ def current_assignment(problem: Problem) -> Assignment | None:
         return None
     _check_roles(cur, problem.roles, {p.name for p in problem.res.cluster.pools})
     choice = {r: _candidate(problem, r, cur.roles[r]) for r in problem.roles}
+    apart = problem.px.apart_roles()
+    for i, group in enumerate(cur.colocate):
+        both = [r for r in apart if r in group]
+        if len(both) > 1:
+            p = problem.res.job.profile
+            raise SpecError(f"job.current.colocate.{i}: {p.name} ({p.title}) runs "
+                            f"{' and '.join(both)} apart under pipeline.mode async "
+                            f"({p.sources.get('async_apart', '')}) (got {group})")
     grouped = {r for g in cur.colocate for r in g}
     groups = [[r for r in problem.roles if r in g] for g in cur.colocate if g]
     groups += [[r] for r in problem.roles if r not in grouped]

@@ -19,7 +19,7 @@ from placer.cost.timing import onload_time
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_vars import LinExpr, ModelVars
 from placer.solve.problem import alone, budget_mb, host_mb, slot_devices
-from placer.spec.framework import COLOCATED_INFERENCE
+from placer.spec.frameworkrules import COLOCATED_INFERENCE
 
 
 class SlotMemory(ModelVars):

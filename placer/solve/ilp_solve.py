@@ -53,6 +53,7 @@ from placer.solve.problem import (
     Unsolved,
     candidate_key,
     host_fits,
+    keeps_apart,
     keeps_groups,
     slot_names,
 )
@@ -266,9 +267,13 @@ def solve(problem: Problem, time_limit_s: float = 10.0, hint: Hint | None = None
 
 
 def _fallback(problem: Problem, t0: float) -> Solution:
-    """Out of time before any solution: the heuristic plan (always feasible); bound: on time,
+    """Out of time before any solution: the heuristic plan (feasible unless the framework keeps
+    roles of one pool apart: `Unsolved` then); bound: on time,
     each role's least time floor (`ilp_bound.time_floor`), on cost unknown (0)."""
     a = heuristic(problem)
+    if not keeps_apart(problem, a):  # one slot a pool: no placement the framework runs
+        raise Unsolved(f"no placement within {problem.px.res.job.framework} framework's rules "
+                       "found in the time limit")
     t, c = score(problem, a)
     if problem.objective != "time":
         return Solution(a, "FEASIBLE", c, 0.0, 1.0, time.perf_counter() - t0)

@@ -80,6 +80,9 @@ class ModelVars:
             for r in rest:
                 for j in R[:R.index(first) + 1]:
                     m.add(self.z[r, j] == self.z[first, j])
+        apart = [r for r in self.p.px.apart_roles() if r in R]
+        for j in R if len(apart) > 1 else []:  # a framework's rule: no two of these in one slot
+            m.add_at_most_one(self.z[r, j] for r in apart if (r, j) in self.z)
         for group in self.p.px.same_devices_roles():  # one engine over one device set
             first, *rest = [r for r in group if r in R]
             for r in rest:

@@ -39,7 +39,16 @@ from placer.solve.diagnose import diagnose
 from placer.solve.ilp_bound import heuristic, score, split_keep
 from placer.solve.ilp_solve import frontier, solve
 from placer.solve.planfile import Plan, SearchSpace, SolverInfo
-from placer.solve.problem import Assignment, Hint, Problem, Solution, Unsolved, host_fits, layout_key
+from placer.solve.problem import (
+    Assignment,
+    Hint,
+    Problem,
+    Solution,
+    Unsolved,
+    host_fits,
+    keeps_apart,
+    layout_key,
+)
 from placer.spec.catalog import resolve
 from placer.spec.job import Job, pin_of
 
@@ -172,6 +181,13 @@ def _unsolved(problem: Problem, e: Unsolved) -> str:
     """Why the solver found no placement. The heuristic plan keeps to every constraint but the
     host-memory one (`ilp_bound.heuristic`), so when it breaks that one, host memory is why."""
     h = heuristic(problem)
+    apart = problem.px.apart_roles()
+    if str(e) == "infeasible" and not keeps_apart(problem, h):
+        p = problem.res.job.profile
+        return (f"framework: {p.name} ({p.title}) keeps {' and '.join(apart)} in slots of "
+                f"their own under pipeline.mode async ({p.sources.get('async_apart', '')}), "
+                "and no such placement fits this cluster. Smallest change: more devices, or "
+                "pipeline.mode sync")
     if str(e) != "infeasible" or host_fits(problem, h):
         return f"the solver found no placement: {e}"
     nodes = hostmem.plan_nodes(plan_assignment(problem, h, "heuristic"), problem.px)

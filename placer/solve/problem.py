@@ -182,11 +182,21 @@ def budget_mb(res: Resolved, pool: str) -> int | None:
 def keeps_groups(problem: Problem, a: Assignment) -> bool:
     """Whether a placement keeps every group of roles that must share a slot in one slot
     (`Pricer.colocated_roles`), each group that must run over one device set on one count
-    (`Pricer.same_devices_roles`); a heuristic plan bounds the optimum only when it does."""
+    (`Pricer.same_devices_roles`), and the roles kept apart in slots of their own
+    (`keeps_apart`); a heuristic plan bounds the optimum only when it does."""
     return (all(len({a.slot_of[r] for r in g if r in a.slot_of}) <= 1
                 for g in problem.px.colocated_roles())
             and all(len({a.choice[r].devices for r in g if r in a.choice}) <= 1
-                    for g in problem.px.same_devices_roles()))
+                    for g in problem.px.same_devices_roles())
+            and keeps_apart(problem, a))
+
+
+def keeps_apart(problem: Problem, a: Assignment) -> bool:
+    """Whether a placement gives every role its framework keeps apart a slot of its own
+    (`Pricer.apart_roles`: NeMo-RL's async policy and vLLM generation); a baseline or heuristic
+    plan that does not is no placement the framework runs."""
+    slots = [a.slot_of[r] for r in problem.px.apart_roles() if r in a.slot_of]
+    return len(set(slots)) == len(slots)
 
 
 def host_fits(problem: Problem, a: Assignment) -> bool:

@@ -1,55 +1,32 @@
-"""Framework profiles: what each RL framework a plan targets can run and what it costs.
+"""Framework profiles: the registry of the RL frameworks a plan may target (`PROFILES`).
 
-A job names its target with `framework:` (or `--framework` on plan, compare and sweep); without
-one it is planned for `native`, `placer execute` itself, exactly as before profiles existed.
-Each target is one `FrameworkProfile` in `PROFILES`, and the planner asks it, never its name:
-
-  layout_problem(...)   why a role's layout (device kind, trainer / engine TP, PP, EP, HSDP
-                        shard group, data-parallel attention) cannot run there, or None;
-                        the candidate table keeps only the layouts it can run
-  splits_roles          whether one role may be split over pools (a split part per pool)
-  job_problem(...)      why the job itself cannot run there (a critic, async steps, partial
-                        rollout), or None: `placer plan` then exits 3 naming it
-  factors               its overheads as efficiency factors that replace the shared ones
-                        (`placer.cost.efficiency.Efficiency`): the driver's dispatch, the
-                        weight-sync bucket and sender, where an offloaded optimizer steps
-  hybrid_engine         roles that must share one slot (EasyR1 builds actor, rollout and
-                        reference in one worker group over every GPU: `Pricer.colocated_roles`)
-  colocated_switch      roles that give their slot's devices up every RL step whenever the
-                        rollout shares the actor's slot, whether or not the members fit
-                        (`switches_every_step`, `placer.cost.timing.slot_switch`)
-  park_scheme,          how it moves a parked or streamed role's state: keys of
-  stream_scheme         `placer.cost.offload.PARK_SCHEMES` / `STREAM_SCHEMES` (the scheme and
-                        its source live there, once)
-  micro_batch_samples   its dynamic batching's sequences per device per micro-batch, {forward,
-                        update}: the token budget is that count x the padded length
-                        (`micro_token_budget`), used where the job sets no `micro_token_budget`
-  host_image_prep       roles whose ranks re-run the image processor on a VLM's images inside
-                        the step (EasyR1's engine and FSDP worker), at its factor
-                        `host_image_prep_s_per_patch`
-  rollout_sleep_level   its colocated rollout engine's vLLM sleep level (`SLEEP_LEVELS`): 1
-                        moves the weights to the host and back, 2 discards them (the refit
-                        rewrites them; verl with vLLM >= 0.8.5); a job's setting replaces it
-
-Every rule and overhead cites the file and version of the framework it was read from
-(`SOURCES`). Colocation forms, the old-log-prob source and engine sleep/wake are recorded
-(`colocation`, `old_log_probs`, `sleep_wake`) but priced by the shared model: every profile
-here colocates the roles it shares devices between, recomputes old log-probs with the trainer by
-default and sleeps its engine with the engine library's own call, at `rollout_sleep_level`
-(every step, fit or not, for the roles of `colocated_switch`: NeMo-RL's policy and vLLM engine).
+Each target is one `FrameworkProfile` (`placer.spec.frameworkrules`: the class, its rules and
+what each field means): `native` (`placer execute` itself, the default), verl with FSDP2 or
+Megatron, OpenRLHF, NeMo-RL, Miles and EasyR1. Every rule and overhead here cites the file and
+version of the framework it was read from (each profile's `sources`; the versions below), and
+the rates measured for them (a Ray trainer rank's host Adam, Miles' broadcast sender) say where
+they were measured. The class and its vocabularies are importable from here as well.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Literal
 
 from placer.base.roles import Role
+from placer.spec.frameworkrules import (
+    COLOCATED_INFERENCE,
+    DEFAULT_FRAMEWORK,
+    JOB_FEATURES,
+    SLEEP_LEVELS,
+    FrameworkName,
+    FrameworkProfile,
+    frozen,
+    frozen_ints,
+)
 
-FrameworkName = Literal["native", "verl", "verl-megatron", "openrlhf", "nemo-rl", "miles",
-                        "easyr1"]
-DEFAULT_FRAMEWORK = "native"
+__all__ = ["COLOCATED_INFERENCE", "DEFAULT_FRAMEWORK", "JOB_FEATURES", "PROFILES", "SLEEP_LEVELS",
+           "FrameworkName", "FrameworkProfile", "profile_of"]
 
 VERL = "verl 0.8.0.dev @b178a3cd56f58b2d502255daba591e92833930a7"
 OPENRLHF = "OpenRLHF v0.11.0 @3c3be6234e0cb353e76bb8019947db9dfe99fca7"
@@ -59,6 +36,13 @@ MILES = "Miles @31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 # tag a23fb5b0, its verl/__init__.py says 0.3.3.dev0); the files read below are unchanged in
 # what the profile records since v0.3.2 but for the LoRA keys
 EASYR1 = "EasyR1 0.3.3.dev0 @b44b311b669bf1fd1aa2fc36f2251482ba33cb16"
+
+# Megatron-Core's distributed optimizer with the precision-aware optimizer (NeMo-RL's Megatron
+# recipes set use_precision_aware_optimizer) keeps, per parameter of its shard, the two fp32 Adam
+# moments (4 + 4 B) and, with store_param_remainders (Megatron-Core's default) and BF16 weights,
+# only the low 16 bits of the fp32 master weight (2 B: the other 16 are the BF16 weight itself)
+MEGATRON_LM = "NVIDIA/Megatron-LM @d30c3ae5469fe3f6a64d4fd2e63b6e7f7844ea81"
+NEMO_MEGATRON_OPTIMIZER_BYTES = 4.0 + 4.0 + 2.0
 
 # Miles' broadcast sender (one per pipeline stage, miles/backends/megatron_utils/
 # update_weight/update_weight_from_distributed/broadcast.py: the DP = TP = 0 rank gathers its
@@ -85,7 +69,6 @@ MILES_SENDER_GBS = 29.9
 RAY_RANK_HOST_ADAM_THREADS = 1
 RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
 
-
 # A Qwen2-VL image processor's host preparation of one image (decode, scale up to min_pixels,
 # resize to a multiple of 28, rescale, normalize, patchify), as EasyR1's ranks run it: 16.7-40 ms
 # CPU per 532 x 532 image (1,444 patches) on one thread of a loaded build host, transformers
@@ -93,186 +76,6 @@ RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
 # patch. Measured, not fitted on any row; a quiet server core may be faster, and transformers'
 # torchvision-backed processor, where a run loads it, faster still (not measured here).
 EASYR1_IMAGE_PREP_S_PER_PATCH = 1.2e-5
-
-
-# vLLM's sleep levels, as its GPU worker implements them (vllm-project/vllm
-# @0012cf691b7e69423244d2b1405f4b6832156e19 vllm/v1/worker/gpu_worker.py `Worker.sleep`: the
-# allocator's `sleep(offload_tags=("weights",))` at level 1, `offload_tags=()` at level 2, which
-# saves only the model's small named buffers to the CPU; `wake_up` maps the memory back and, at
-# level 2, restores those buffers: the weights' values are whatever is written next, the refit)
-SLEEP_LEVELS: Mapping[int, str] = MappingProxyType({
-    1: "weights copied to pinned host memory and back, KV cache discarded",
-    2: "weights and KV cache discarded; the refit writes the weights again",
-})
-
-# the roles whose sharing of one slot makes a run's generation colocated with its policy
-# (NeMo-RL's policy.generation.colocated.enabled): `FrameworkProfile.switches_every_step`
-COLOCATED_INFERENCE: tuple[str, ...] = (Role.ACTOR, Role.ROLLOUT)
-
-# what a job may use that a framework may lack (a `FrameworkProfile` flag each): the refusal
-JOB_FEATURES: Mapping[str, str] = MappingProxyType({
-    "critic": "has no critic (the ppo algorithm's value model)",
-    "async_steps": "has no asynchronous pipeline (pipeline.mode async)",
-    "partial_rollout": "has no partial rollout (tail_policy.kind partial)",
-    "reward_model": "has no reward model worker (models.reward: a rule or reward function "
-                    "only)",
-})
-
-
-def _frozen(d: Mapping[str, float] | None = None) -> Mapping[str, float]:
-    return MappingProxyType(dict(d or {}))
-
-
-def _frozen_ints(d: Mapping[str, int] | None = None) -> Mapping[str, int]:
-    return MappingProxyType(dict(d or {}))
-
-
-def _no_sources() -> Mapping[str, str]:
-    return MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class FrameworkProfile:
-    """One framework target: the layouts it runs and the overheads it adds.
-
-    Limits are the largest degree the framework's configuration can express (None: any the
-    planner tries); `sources` maps each rule and factor to where it was read."""
-
-    name: str
-    title: str
-    version: str
-    exporter: str | None  # the `placer export` target that writes its configuration
-    gpu_models: bool = True  # roles with a model run on GPUs only (no LPU or CPU engines)
-    hsdp: bool = True  # trainer shard groups (`roles.NAME.shard`)
-    megatron_trainer: bool = False  # trains with Megatron-Core whatever the layout
-    splits_roles: bool = False  # one role over several pools
-    trainer_tp: int | None = None
-    trainer_pp: int | None = None
-    trainer_ep: int | None = None
-    engine_tp: int | None = None
-    engine_pp: int | None = None
-    engine_ep: int | None = None
-    attn_dp: bool = True  # engines with data-parallel attention
-    critic: bool = True
-    async_steps: bool = True  # rollout ahead of training (pipeline mode async)
-    partial_rollout: bool = True  # the `partial` tail policy: cut long samples, carry them over
-    # a frozen model's forward (reference, reward model) FSDP / ZeRO-3-sharded over its dp ranks
-    # (`Parallel.sharded_weights`) as well as whole copies
-    frozen_shards: bool = False
-    # frozen roles (reference, reward model) whose FSDP-sharded weights it can hold in host
-    # memory and stream to the GPU unit by unit on every forward micro-batch (FSDP's CPU
-    # parameter offload, `Parallel.stream_params_bytes`, `placer.cost.offload.stream_time`),
-    # and the bytes a parameter of its host copy; 0: it cannot
-    stream_frozen: tuple[str, ...] = ()
-    stream_scheme: str = ""  # a key of `placer.cost.offload.STREAM_SCHEMES` ("": streams none)
-    # frozen roles (reference) it keeps as a host state dict and swaps into the policy's model
-    # for each pass and back (`placer.cost.refswap`): no weights of their own on the GPU
-    swap_frozen: tuple[str, ...] = ()
-    # worker processes its rule reward checks a step's answers on, whatever the CPU pool's
-    # cores (0: one per core, `placer.cost.rulecheck`)
-    rule_workers: int = 0
-    # trained roles whose optimizer state it parks in host memory between phases, stepped on
-    # the GPU (`Parallel.park_optimizer`, `placer.cost.optpark`)
-    park_optimizer: tuple[str, ...] = ()
-    # how it moves parked state: a key of `placer.cost.offload.PARK_SCHEMES` ("": the model's
-    # own state bytes, `offload.GENERIC`)
-    park_scheme: str = ""
-    # roles (those the job has) that must share one slot: one worker group holds them all
-    hybrid_engine: tuple[str, ...] = ()
-    # roles that pay their onload every RL step while the rollout shares the actor's slot, fit
-    # or not (`switches_every_step`, `placer.cost.timing.onload_time`)
-    colocated_switch: tuple[str, ...] = ()
-    # its dynamic batching: sequences per device per micro-batch, by pass ("forward" / "update"),
-    # each micro-batch `micro_batch_samples[kind]` x the padded length tokens; none: the job's
-    # `micro_token_budget` or the cost model's default
-    micro_batch_samples: Mapping[str, int] = field(default_factory=_frozen_ints)
-    # roles whose ranks prepare a VLM's images on the host inside the step (the image processor
-    # re-run per prompt, `placer.cost.vision.host_prep_s`), at its `host_image_prep_s_per_patch`
-    host_image_prep: tuple[str, ...] = ()
-    reward_model: bool = True  # a model-scored reward (a scalar reward model or a judge)
-    # a trainer's dp ranks take equal shares of every mini-batch's samples
-    even_batch: bool = False
-    # ... and of the iteration's prompts (EasyR1 chunks the prompts over every GPU to generate)
-    even_prompts: bool = False
-    colocation: str = ""
-    old_log_probs: str = "trainer"
-    sleep_wake: str = ""
-    # the vLLM sleep level its colocated rollout engine sleeps at between generations
-    # (`SLEEP_LEVELS`): 1 copies the weights to pinned host memory and back, 2 discards them
-    # (the refit sends them again every step); a job's `rollout_sleep_level` replaces it
-    rollout_sleep_level: int = 1
-    # how it refits an engine that shares the trainer's GPUs, a key of
-    # `placer.cost.refit.COLOCATED_REFITS`; "": the shared local path (`sync_local_gbs`)
-    colocated_refit: str = ""
-    factors: Mapping[str, float] = field(default_factory=_frozen)
-    sources: Mapping[str, str] = field(default_factory=_no_sources)
-
-    def layout_problem(self, role: str, *, training: bool, has_model: bool, on_gpu: bool,
-                       tp: int, pp: int, ep: int, shard: int, attn_dp: int, dp: int = 1,
-                       mini_batch_samples: int = 0, prompts: int = 0) -> str | None:
-        """Why `role` cannot run this layout under the framework, or None when it can."""
-        if has_model and self.gpu_models and not on_gpu:
-            return f"runs {role}'s model on GPUs only"
-        if training and self.even_batch and mini_batch_samples % dp:
-            return (f"splits each mini-batch's {mini_batch_samples} samples evenly over a "
-                    f"trainer's data-parallel ranks (got dp {dp} for {role})")
-        if training and self.even_prompts and prompts % dp:
-            return (f"splits the {prompts} prompts evenly over a trainer's data-parallel ranks "
-                    f"(got dp {dp} for {role})")
-        if training and shard and not self.hsdp:
-            return "has no HSDP shard group for a trainer"
-        limits = ((self.trainer_tp, self.trainer_pp, self.trainer_ep) if training
-                  else (self.engine_tp, self.engine_pp, self.engine_ep))
-        kind = "trainer" if training else "engine"
-        for dim, value, top in zip(("tp", "pp", "ep"), (tp, pp, ep), limits):
-            if top is not None and value > top:
-                return f"runs {kind}s with {dim} <= {top} (got {dim} {value} for {role})"
-        if attn_dp > 1 and not self.attn_dp:
-            return f"has no data-parallel attention for the {role}'s engines"
-        return None
-
-    def job_problem(self, *, critic: bool, async_steps: bool, partial_rollout: bool,
-                    reward_model: bool = False) -> str | None:
-        """Why the job cannot run under the framework at all, or None: the first feature the
-        job uses (`JOB_FEATURES`) that the profile lacks."""
-        used = {"critic": critic, "async_steps": async_steps,
-                "partial_rollout": partial_rollout, "reward_model": reward_model}
-        return next((why for feature, why in JOB_FEATURES.items()
-                     if used[feature] and not getattr(self, feature)), None)
-
-    def switches_every_step(self, roles: Iterable[str]) -> frozenset[str]:
-        """The members of a slot holding `roles` that give its devices up every RL step whether
-        or not the members fit together: `colocated_switch` where the slot holds the actor and
-        the rollout (`COLOCATED_INFERENCE`: the generation colocated with the policy), else
-        none."""
-        held = set(roles)
-        if not set(COLOCATED_INFERENCE) <= held:
-            return frozenset()
-        return frozenset(self.colocated_switch) & held
-
-    def micro_token_budget(self, kind: str, padded_len: int) -> int | None:
-        """Tokens per device per micro-batch of a `kind` pass ("forward" / "update") its dynamic
-        batching cuts: `micro_batch_samples[kind]` x the padded length (the longest prompt,
-        image tokens included, plus the longest response); None where it sets none."""
-        n = self.micro_batch_samples.get(kind)
-        return n * padded_len if n else None
-
-    def limits(self) -> str:
-        """The layout rules, in one line for messages."""
-        out = []
-        if self.gpu_models:
-            out.append("models on GPUs")
-        if not self.hsdp:
-            out.append("no HSDP")
-        if not self.splits_roles:
-            out.append("no role split over pools")
-        for kind, dims in (("trainer", (self.trainer_tp, self.trainer_pp, self.trainer_ep)),
-                           ("engine", (self.engine_tp, self.engine_pp, self.engine_ep))):
-            out += [f"{kind} {d} <= {v}" for d, v in zip(("tp", "pp", "ep"), dims)
-                    if v is not None]
-        if not self.attn_dp:
-            out.append("no data-parallel attention")
-        return ", ".join(out) or "any layout"
 
 
 _NATIVE = FrameworkProfile(
@@ -314,6 +117,16 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
                       "after (optimizer_offload; fsdp_workers.py likewise)",
     "sync_bucket_gb": f"{VERL} rollout.yaml checkpoint_engine.update_weights_bucket_megabytes "
                       "(2048) is SGLang's only; vLLM rollouts keep the shared factors",
+    "colocated_switch": f"{VERL} the hybrid engine's rollout only, every step whatever the "
+                        "memory: verl/trainer/ppo/ray_trainer.py 898 (async rollout mode "
+                        "always), 1397 checkpoint_manager.sleep_replicas() after each "
+                        "generate, 1611 update_weights() after each actor update; "
+                        "verl/checkpoint_engine/base.py 371-376, 383-385 (backend naive, "
+                        "rollout.yaml:251's default: the colocated trainer's rollout_mode); "
+                        "vllm_async_server.py 563-575 sleep (free_cache_engine, rollout.yaml:"
+                        "47 True); fsdp_workers.py 735-753, megatron_workers.py 714-736 "
+                        "resume(weights), refit, resume(kv_cache). The actor's own state "
+                        "moves only where the job parks it (park_optimizer, park_scheme)",
     "rollout_sleep_level": f"{VERL} verl/workers/rollout/vllm_rollout/vllm_async_server.py "
                            "563-575: the hybrid engine's `sleep` is collective_rpc('sleep', "
                            "level=2) whatever the vLLM version (setup.py:52 requires vllm "
@@ -337,7 +150,7 @@ def _verl(name: str, title: str, trainer: str,
         colocation="actor, rollout and reference in one hybrid engine; critic with the actor; "
                    "rollout apart in the one-step-off / fully async recipes",
         sleep_wake=f"{VERL} rollout.yaml free_cache_engine (engine sleep between phases)",
-        rollout_sleep_level=2,
+        rollout_sleep_level=2, colocated_switch=(Role.ROLLOUT,),
         sources=MappingProxyType({**_VERL_SOURCES, "trainer": f"{VERL} {trainer}"}))
 
 
@@ -352,7 +165,7 @@ _VERL_MEGATRON_BASE = _verl("verl-megatron", "verl (Megatron)", "verl/trainer/co
                             park_optimizer=(Role.ACTOR, Role.CRITIC), park_scheme="verl-megatron")
 # a host-stepped optimizer (`Parallel.offload`) is Megatron's HybridDeviceOptimizer on one thread
 _VERL_MEGATRON = replace(
-    _VERL_MEGATRON_BASE, factors=_frozen({"host_adam_gparams_s": RAY_RANK_HOST_ADAM_GPS}),
+    _VERL_MEGATRON_BASE, factors=frozen({"host_adam_gparams_s": RAY_RANK_HOST_ADAM_GPS}),
     sources=MappingProxyType({
         **_VERL_MEGATRON_BASE.sources,
         "host_adam_gparams_s": f"{VERL} examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh "
@@ -391,12 +204,22 @@ _OPENRLHF = FrameworkProfile(
 _NEMO = FrameworkProfile(
     "nemo-rl", "NeMo-RL", NEMO_RL, "nemo-rl", hsdp=False, partial_rollout=False, frozen_shards=True,
     park_optimizer=(Role.ACTOR,), swap_frozen=(Role.REFERENCE,), rule_workers=8,
-    colocated_switch=(Role.ACTOR, Role.ROLLOUT),
+    colocated_switch=(Role.ACTOR, Role.ROLLOUT), async_apart=COLOCATED_INFERENCE,
     colocation="policy and generation colocated (cluster shared) or apart "
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
-    colocated_refit="ipc-stream",
+    colocated_refit="ipc-stream", megatron_optimizer_bytes=NEMO_MEGATRON_OPTIMIZER_BYTES,
     sources=MappingProxyType({
+        "megatron_optimizer_bytes": f"{NEMO_RL} examples/configs/grpo_math_1B_megatron.yaml:171 "
+                                    "use_precision_aware_optimizer: true (bf16: true; "
+                                    "store_param_remainders, main_params_dtype, exp_avg_dtype, "
+                                    "exp_avg_sq_dtype unset: Megatron-Core's defaults); "
+                                    f"{MEGATRON_LM} megatron/core/optimizer/optimizer_config.py "
+                                    "192 store_param_remainders True (kept with Transformer "
+                                    "Engine >= 2.1, 425-426: NeMo-RL pins v2.14.1, pyproject.toml"
+                                    ":134), 200-206 fp32 main params and moments; "
+                                    "distrib_optimizer.py 390-420 (no fp32 main copy of its own: "
+                                    "TE's FusedAdam holds it), 812-818 (master_param int16)",
         "colocated_refit": f"{NEMO_RL} nemo_rl/algorithms/grpo.py `refit_policy_generation` "
                            "(colocated: `stream_weights_via_ipc_zmq`, whatever the weight "
                            "synchronizer; checkpoint engines and nccl_reshard are for "
@@ -410,6 +233,11 @@ _NEMO = FrameworkProfile(
         "hsdp": f"{NEMO_RL} dtensor_cfg has no replicate (shard-group) size",
         "critic": f"{NEMO_RL} nemo_rl/algorithms/ppo.py (value model)",
         "async_steps": f"{NEMO_RL} grpo.async_grpo (max_trajectory_age_steps)",
+        "async_apart": f"{NEMO_RL} nemo_rl/algorithms/grpo.py `async_grpo_train` 4177-4179: "
+                       "assert not policy.generation.colocated.enabled unless the generation "
+                       "backend is Megatron's (placer's rollout is a vLLM engine); v0.6.0 "
+                       "@5fb588932bf835506a8a5bac01de4f8c7ab0a065 grpo.py 2448-2450: colocated "
+                       "inference not supported for async GRPO at all",
         "partial_rollout": f"{NEMO_RL} examples/configs/grpo_math_1B.yaml: async_grpo has "
                            "max_trajectory_age_steps and in_flight_weight_updates, no partial "
                            "rollout (none in the repository)",
@@ -459,7 +287,7 @@ _MILES = FrameworkProfile(
     colocation="--colocate: actor and rollout share GPUs; else separate "
                "--actor-num-gpus-per-node / --rollout-num-gpus",
     sleep_wake="--offload-rollout (SGLang release_memory_occupation)",
-    factors=_frozen({"dispatch_bytes_per_token": 0.0, "sync_sender_gbs": MILES_SENDER_GBS,
+    factors=frozen({"dispatch_bytes_per_token": 0.0, "sync_sender_gbs": MILES_SENDER_GBS,
                      "sync_bucket_gb": 1.0, "host_adam_gparams_s": RAY_RANK_HOST_ADAM_GPS}),
     sources=MappingProxyType({
         "trainer": f"{MILES} Megatron actor (tensor, pipeline, context, expert parallel)",
@@ -495,9 +323,9 @@ _EASYR1 = FrameworkProfile(
     even_batch=True, even_prompts=True, park_optimizer=(Role.ACTOR, Role.CRITIC),
     park_scheme="verl", stream_frozen=(Role.REFERENCE,), stream_scheme="easyr1-ref",
     hybrid_engine=(Role.ACTOR, Role.ROLLOUT, Role.REFERENCE, Role.CRITIC),
-    micro_batch_samples=_frozen_ints({"forward": 2, "update": 1}),
+    micro_batch_samples=frozen_ints({"forward": 2, "update": 1}),
     host_image_prep=(Role.ROLLOUT, Role.ACTOR),
-    factors=_frozen({"host_image_prep_s_per_patch": EASYR1_IMAGE_PREP_S_PER_PATCH}),
+    factors=frozen({"host_image_prep_s_per_patch": EASYR1_IMAGE_PREP_S_PER_PATCH}),
     colocation="actor, rollout and reference in one FSDPWorker over every GPU; the critic's "
                "worker group in the same pool",
     sleep_wake="vLLM sleep(level=1) after generation, wake_up(tags=weights, kv_cache) before "
