@@ -14,8 +14,9 @@ importing their own callers.
 
 The job's framework profile (`placer.spec.framework`) sets some factors of its own (its
 dispatch, its weight-sync bucket and sender): `calib` is the given calibration with those
-replaced (`framework_calibration`), the one every price reads; `given` is the calibration as
-given, the one a plan records.
+replaced (`framework_calibration`), and so does the job's `engine` section (the run's own
+engine memory share and sequence limit, which win over the profile's): `calib` is the one
+every price reads; `given` is the calibration as given, the one a plan records.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ class PriceContext:
         # batch's longest sample is drawn from (0: the job's own batch)
         self.step_draws = step_draws
         self.given = calib if calib is not None else Calibration()
-        self.calib = framework_calibration(self.given, res.job.profile.factors)
+        engine = res.job.engine.factors() if res.job.engine is not None else {}
+        self.calib = framework_calibration(self.given, {**res.job.profile.factors, **engine})
         self._terms: dict[TermsKey, StepTerms] = {} if _terms is None else _terms
         # The same objects come back for every candidate: look them up by identity first (the
         # entry holds them, so their ids stay theirs), by value (a hash of every field) else.

@@ -36,6 +36,7 @@ from placer.spec.rlterms import KL, Sampling
 from placer.spec.sections import (
     Algorithm,
     Batch,
+    EngineSettings,
     Environment,
     Lengths,
     MicroTokenBudget,
@@ -72,6 +73,10 @@ class Job(Strict):
         None, description="the framework's tokens per device per micro-batch, {forward, "
                           "update} (placer/spec/sections.py MicroTokenBudget); none: the cost "
                           "model's default")
+    engine: EngineSettings | None = Field(
+        None, description="the run's inference-engine settings, {memory_fraction, "
+                          "max_num_seqs} (placer/spec/sections.py EngineSettings); none: the "
+                          "calibration's")
     reward_model: RewardModel | None = Field(
         None, description="how the reward model scores: a scalar forward pass (default) or a "
                           "generative judge that decodes a verdict (placer/spec/judge.py)")
@@ -129,7 +134,7 @@ class Job(Strict):
         """A job without a framework or agents is written without the key (files stay as they
         were)."""
         out: dict[str, Any] = handler(self)
-        for key in ("framework", "agents", "micro_token_budget", "rollout_sleep_level"):
+        for key in ("framework", "agents", "micro_token_budget", "rollout_sleep_level", "engine"):
             if out.get(key, "") is None:
                 out.pop(key)
         return out

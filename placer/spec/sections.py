@@ -2,7 +2,7 @@
 
 The algorithm (which decides the roles), the models each role runs, the batch, the token lengths
 of prompts and responses, the multi-turn tool environment, the optional FP8 formats and the
-framework's micro-batch token budgets. The
+framework's micro-batch token budgets and its inference engines' settings. The
 cluster is in `placer.spec.hardware`, the model shapes in `placer.spec.arch`, the pipeline mode
 in `placer.spec.pipeline`, the long-tail policy in `placer.spec.tailpolicy`; `placer.spec.job.Job`
 puts them together and `placer.spec.load` runs the checks that span sections.
@@ -79,6 +79,32 @@ class MicroTokenBudget(Strict):
                           "log-probs, reference, reward model)")
     update: PosInt | None = Field(
         None, description="tokens per device per micro-batch of a training pass")
+
+
+class EngineSettings(Strict):
+    """What the run sets on its inference engines (vLLM's `gpu_memory_utilization` and
+    `max_num_seqs`, SGLang's `mem_fraction_static` and `max_running_requests`): each replaces
+    the calibration's factor of the same meaning (`Efficiency.kv_mem_fraction`,
+    `Efficiency.max_num_seqs`) for every engine of the job, the rollout's and a generative
+    judge's. Unset: the calibration's (0.9 and 1,024)."""
+
+    memory_fraction: Annotated[float, Field(strict=True, gt=0, le=1)] | None = Field(
+        None, description="the share of each device's memory an engine may take, its weights, "
+                          "activations and KV cache together (vLLM gpu_memory_utilization); "
+                          "what is left after the weights and the engine's own memory is its "
+                          "KV pool")
+    max_num_seqs: PosInt | None = Field(
+        None, description="sequences one engine replica runs at once at most (vLLM "
+                          "max_num_seqs)")
+
+    def factors(self) -> dict[str, float]:
+        """The calibration factors these settings replace (`Efficiency.override`)."""
+        out: dict[str, float] = {}
+        if self.memory_fraction is not None:
+            out["kv_mem_fraction"] = float(self.memory_fraction)
+        if self.max_num_seqs is not None:
+            out["max_num_seqs"] = float(self.max_num_seqs)
+        return out
 
 
 class Precision(Strict):
