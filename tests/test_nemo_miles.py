@@ -112,6 +112,11 @@ def test_nemo_rl_recipes_from_its_repository_import(recipe: str) -> None:
     assert (cur["rollout"]["devices"], cur["rollout"]["tp"]) == (r_devices, r_tp)
     assert cur["actor"]["devices"] == (gpus if together else gpus - r_devices)
     assert (data["pipeline"]["mode"] == "async") is is_async
+    # vllm_cfg.gpu_memory_utilization: grpo_math_qwen30ba3b_megatron.yaml sets 0.7 (and the
+    # CISPO recipe on it keeps it), the others keep grpo_math_1B.yaml's 0.6 (the engine's share
+    # of a GPU, `engine.memory_fraction`)
+    share = 0.7 if "30ba3b" in recipe else 0.6
+    assert data["engine"] == {"memory_fraction": share}
 
 
 @pytest.mark.parametrize("recipe", ["grpo_math_8B_megatron.yaml", list(RECIPES)[2]])
@@ -132,6 +137,32 @@ def test_a_recipe_whose_defaults_are_missing_is_named(tmp_path, capsys) -> None:
     assert main(["import", "nemo-rl", str(recipe), "-o", str(tmp_path / "j.yaml")]) == 2
     err = capsys.readouterr().err
     assert "defaults: 'grpo_math_1B.yaml' not found" in err and "Traceback" not in err
+
+
+def _recipe_on_8b(tmp_path: Path, vllm: str) -> Path:
+    """A recipe on grpo_math_8B_megatron.yaml (copied beside it) with its own vLLM lines."""
+    for f in NEMO_RL_CONFIGS.glob("*.yaml"):  # the defaults chain
+        (tmp_path / f.name).write_text(f.read_text())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("defaults: grpo_math_8B_megatron.yaml\npolicy:\n  generation:\n" + vllm)
+    return recipe
+
+
+def test_a_recipes_engine_settings_become_the_jobs(tmp_path: Path) -> None:
+    # the FP8 DeepSeek-V3 performance recipe's form (NVIDIA-NeMo/RL v0.6.0 @5fb58893
+    # grpo-deepseek-v3-64n8g-async-1off.yaml:25, -fp8-async-1off.yaml:24)
+    recipe = _recipe_on_8b(tmp_path, "    vllm_cfg:\n      gpu_memory_utilization: 0.8\n"
+                                     "    vllm_kwargs:\n      max_num_seqs: 32\n")
+    data, _ = _current(recipe.read_text(), import_nemo_rl, str(recipe))
+    assert data["engine"] == {"memory_fraction": 0.8, "max_num_seqs": 32}
+
+
+def test_a_bad_engine_share_in_a_recipe_is_named(tmp_path: Path, capsys) -> None:
+    recipe = _recipe_on_8b(tmp_path, "    vllm_cfg:\n      gpu_memory_utilization: 1.5\n")
+    assert main(["import", "nemo-rl", str(recipe), "-o", str(tmp_path / "j.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "policy.generation.vllm_cfg.gpu_memory_utilization" in err and "1.5" in err
+    assert "Traceback" not in err
 
 
 # --------------------------------------------------------------------------------------- Miles

@@ -22,7 +22,9 @@ DTensor's `cpu_offload` (FSDP2 CPU offload steps on the host) or Megatron's
 `optimizer_cpu_offload` with all of the state (`optimizer_offload_fraction` 1.0). Micro-batches:
 `policy.train_micro_batch_size` and `logprob_batch_size` as verl's export derives them
 (`placer.interop.verl.micro_batch`). An async pipeline is `grpo.async_grpo` with the plan's
-staleness as `max_trajectory_age_steps`.
+staleness as `max_trajectory_age_steps`. Imported, a recipe's vLLM `gpu_memory_utilization`
+and `vllm_kwargs.max_num_seqs` become the job's `engine` section (the engines' memory share and
+sequence limit the job is priced at).
 
 What NeMo-RL cannot express is warned (the reference, a reward model or an environment on
 devices of their own; LPU pools; GPU types); a role split over pools and HSDP shard groups are
@@ -471,4 +473,22 @@ def import_nemo_rl(text: str, source: str, device: str = "H100-SXM",
     if _on(cfg, f"{algo}.async_{algo}.enabled"):
         key = f"{algo}.async_{algo}.max_trajectory_age_steps"
         job["pipeline"] = {"mode": "async", "max_staleness": max(_num(cfg, key, 1), 1)}
+    engine = _engine_settings(cfg, gen)
+    if engine:
+        job["engine"] = engine
     return job, assumed_notes(device) + notes
+
+
+def _engine_settings(cfg: Recipe, gen: str) -> dict[str, Any]:
+    """The job's `engine` section from the recipe's vLLM settings: gpu_memory_utilization
+    (grpo_math_1B.yaml's 0.6 where the recipe keeps it) and vllm_kwargs.max_num_seqs."""
+    out: dict[str, Any] = {}
+    frac = cfg.get(f"{gen}.gpu_memory_utilization")
+    if frac is not None:
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+            raise SpecError(f"{cfg.source}: {gen}.gpu_memory_utilization: expected a share of "
+                            f"memory in (0, 1] (got {frac!r})")
+        out["memory_fraction"] = float(frac)
+    if cfg.get("policy.generation.vllm_kwargs.max_num_seqs") is not None:
+        out["max_num_seqs"] = _num(cfg, "policy.generation.vllm_kwargs.max_num_seqs")
+    return out
