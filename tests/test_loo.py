@@ -154,13 +154,18 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # Loosened for a defect fixed in the rows' inputs: r01-r03's trainer as their runs' scripts
     # set it (HSDP shard groups of 2, the actor parked between phases; it was ZeRO-3 over every
     # device): r01 -29% -> -32%, r02 +7% -> +5%, r03 -10% -> -15% alone (the step rows 13.0% ->
-    # 15.1%, r03 crossing the median). MEASURED_AFTER_MERGE
+    # 15.1%, r03 crossing the median). Both defects fixed together, with EasyR1's host image
+    # preparation, NCCL's bandwidths across nodes, the every-step switches and the NeMo-RL
+    # recipes' own settings: the step rows 16.4%, max 43.5% (r19); r08 +37% (in-sample +15%:
+    # mfu_train refitted without r08's update falls, the dense FSDP2 updates priced slow and
+    # the 30B-A3B MoE ones fast at one factor, workflows/moe_mfu.py). Loosened for the defects
+    # fixed; the median target of the issue (<= 15%) no longer holds, and is reported so.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.155, step
+    assert step["loo_median_abs_error"] < 0.165, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
-    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.35, earlier
-    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.34, earlier
+    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.38, earlier
+    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.38, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
     # NCCL's hierarchical latency for TP all-reduces across nodes (collectives.
     # span_tree_steps_s) moved r16 -10% -> -5%, r17 -30% -> -28%, r18 -2% -> +2%, r21 -18%
