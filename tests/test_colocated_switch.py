@@ -11,6 +11,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from specdata import h100_job
 
 from placer.base.roles import Role
 from placer.cost import optpark
@@ -38,17 +39,7 @@ ENGINE_MEM = Memory(weights=15.0, overhead=2.0, kv_cache=40.0)  # 57 GB: 75 GB w
 
 
 def _job(framework: str, policy: str = "Qwen2.5-7B", reference: bool = False):
-    return job_from_dict({
-        "name": "coloc", "algorithm": "grpo", "framework": framework,
-        "models": {"policy": policy, "reward": "rule", "use_reference": reference},
-        "batch": {"prompts": 8, "samples_per_prompt": 4},
-        "lengths": {"prompt": {"kind": "fixed", "value": 128},
-                    "response": {"kind": "fixed", "value": 128}},
-        "cluster": {"pools": [{"name": "h", "device": "H100-SXM", "devices_per_node": 8,
-                               "nodes": 1},
-                              {"name": "cpu", "device": "cpu-node", "devices_per_node": 1,
-                               "nodes": 1}]},
-    })
+    return job_from_dict(h100_job("coloc", framework, policy=policy, use_reference=reference))
 
 
 def _cand(px: Pricer, role: str, mem: Memory, devices: int = 8, park: bool = False) -> Candidate:

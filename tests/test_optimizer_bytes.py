@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from specdata import h100_job
 
 from placer.base.roles import Role
 from placer.cost import optpark
@@ -23,17 +24,8 @@ from placer.spec.load import job_from_dict
 
 
 def _estimate(framework: str, par: Parallel):
-    px = Pricer(resolve(job_from_dict({
-        "name": "optbytes", "algorithm": "grpo", "framework": framework,
-        "models": {"policy": "Qwen3-8B", "reward": "rule"},
-        "batch": {"prompts": 8, "samples_per_prompt": 4},
-        "lengths": {"prompt": {"kind": "fixed", "value": 256},
-                    "response": {"kind": "fixed", "value": 256}},
-        "cluster": {"pools": [{"name": "h", "device": "H100-SXM", "devices_per_node": 8,
-                               "nodes": 1},
-                              {"name": "cpu", "device": "cpu-node", "devices_per_node": 1,
-                               "nodes": 1}]},
-    })), Calibration())
+    px = Pricer(resolve(job_from_dict(h100_job("optbytes", framework, policy="Qwen3-8B",
+                                                tokens=256))), Calibration())
     return px.estimate(Role.ACTOR, px.res.cluster.pool("h"), par)
 
 

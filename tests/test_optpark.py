@@ -5,6 +5,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from specdata import h100_job
 
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration, Efficiency
@@ -33,17 +34,7 @@ H100_GB = 80.0
 
 
 def _job(framework: str = "verl"):
-    return job_from_dict({
-        "name": "park", "algorithm": "ppo", "framework": framework,
-        "models": {"policy": "Qwen2.5-7B", "reward": "rule", "use_reference": False},
-        "batch": {"prompts": 8, "samples_per_prompt": 4},
-        "lengths": {"prompt": {"kind": "fixed", "value": 128},
-                    "response": {"kind": "fixed", "value": 128}},
-        "cluster": {"pools": [{"name": "h", "device": "H100-SXM", "devices_per_node": 8,
-                               "nodes": 1},
-                              {"name": "cpu", "device": "cpu-node", "devices_per_node": 1,
-                               "nodes": 1}]},
-    })
+    return job_from_dict(h100_job("park", framework, algorithm="ppo", use_reference=False))
 
 
 def _trainer(px: Pricer, role: str, park: bool, optimizer: float = 12.0) -> Candidate:

@@ -3,10 +3,8 @@
 `placer.cost.vision`)."""
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from specdata import ROOT
+from specdata import ROOT, vlm_job
 
 from placer.base.roles import Role
 from placer.commands.validate import describe
@@ -18,19 +16,6 @@ from placer.cost.vision import pass_encode_s, rollout_encode_s
 from placer.solve.planner import plan_job
 from placer.spec.catalog import resolve, shipped_models
 from placer.spec.load import dump_job, job_from_dict, load_job
-
-
-def vlm_job(prompt: float, images: int) -> dict[str, Any]:
-    return {"name": "v", "algorithm": "grpo",
-            "models": {"policy": "Qwen2.5-VL-7B", "reward": "rule"},
-            "batch": {"prompts": 16, "samples_per_prompt": 4, "mini_batches": 2},
-            "lengths": {"prompt": {"kind": "fixed", "value": prompt},
-                        "response": {"kind": "fixed", "value": 300},
-                        "images_per_prompt": images},
-            "cluster": {"pools": [{"name": "h100", "device": "H100-SXM", "devices_per_node": 8,
-                                   "nodes": 1},
-                                  {"name": "cpu", "device": "cpu-node", "devices_per_node": 1,
-                                   "nodes": 1}]}}
 
 
 def test_encoder_flops_grow_faster_than_its_tokens() -> None:

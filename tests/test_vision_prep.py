@@ -3,9 +3,8 @@ re-runs the image processor on every prompt and its FSDP worker on every distinc
 chunk (`FrameworkProfile.host_image_prep`); frameworks that do not are priced without it."""
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from specdata import vlm_job
 
 from placer.base.roles import Role
 from placer.cost.estimate import estimate
@@ -15,19 +14,6 @@ from placer.cost.vision import distinct_prompts, engine_prompts, host_prep_s
 from placer.spec.catalog import resolve
 from placer.spec.framework import EASYR1_IMAGE_PREP_S_PER_PATCH, profile_of
 from placer.spec.load import job_from_dict
-
-
-def vlm_job(prompt: float, images: int, framework: str) -> dict[str, Any]:
-    return {"name": "v", "algorithm": "grpo", "framework": framework,
-            "models": {"policy": "Qwen2.5-VL-7B", "reward": "rule"},
-            "batch": {"prompts": 16, "samples_per_prompt": 4, "mini_batches": 2},
-            "lengths": {"prompt": {"kind": "fixed", "value": prompt},
-                        "response": {"kind": "fixed", "value": 300},
-                        "images_per_prompt": images},
-            "cluster": {"pools": [{"name": "h100", "device": "H100-SXM", "devices_per_node": 8,
-                                   "nodes": 1},
-                                  {"name": "cpu", "device": "cpu-node", "devices_per_node": 1,
-                                   "nodes": 1}]}}
 
 
 def test_a_ranks_distinct_prompts() -> None:
