@@ -4,28 +4,27 @@ stages follow the slot rule, shared engines share a slot).
 
 Instances: two agents (a trained solver; a trained or frozen verifier, on engines of its own or
 sharing the solver's, with LoRA adapters or swapped full weights), sync or async, on one or two
-GPU pools and a CPU pool of up to 24 devices. The brute force enumerates, over the same cost
-table, every choice of one candidate per role and every grouping into slots (one pool per
+GPU pools and a CPU pool of up to 24 devices. The brute force (tests/slot_oracle.py)
+enumerates, over the same cost table, every choice of one candidate per role and every grouping into slots (one pool per
 slot, capacities respected, shared engines in one slot) and prices each with `ilp_bound.score`,
 which is `AgentPricer.iteration_time`.
 """
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from slot_oracle import brute_force
 
 from placer.base.errors import Infeasible
 from placer.cost.agents import swap_runs
 from placer.cost.pricer import AgentPricer, Pricer
 from placer.solve.agentplan import build_agent_problem
-from placer.solve.baselines import partitions
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
-from placer.solve.problem import Assignment, Problem, slot_names
+from placer.solve.problem import Assignment, Problem
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict, load_job
 
@@ -62,30 +61,6 @@ def jobs(draw):
     turns = draw(st.sampled_from([["solver", "verifier"], ["solver", "verifier", "solver"]]))
     return job_from_dict(agent_job(verifier, shared, draw(st.sampled_from(["sync", "async"])),
                                    pools, turns))
-
-
-def brute_force(problem: Problem) -> float:
-    """Best time over every candidate choice x slot grouping that fits (module text)."""
-    cap = problem.capacity()
-    groups_kept = problem.px.colocated_roles()
-    best = float("inf")
-    roles = problem.roles
-    for combo in itertools.product(*(problem.cands[r] for r in roles)):
-        choice = dict(zip(roles, combo))
-        for groups in partitions(roles):
-            if any(len({choice[r].pool for r in g}) > 1 for g in groups):
-                continue
-            slot = slot_names(groups)
-            if any(len({slot[r] for r in g}) > 1 for g in groups_kept):
-                continue
-            used: dict[str, int] = {}
-            for g in groups:
-                pool = choice[g[0]].pool
-                used[pool] = used.get(pool, 0) + max(choice[r].devices for r in g)
-            if any(n > cap[p] for p, n in used.items()):
-                continue
-            best = min(best, score(problem, Assignment(choice, slot))[0])
-    return best
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,10 +7,10 @@ when the job parks it but sleeps its hybrid engine's rollout every step (level 2
 (`simulator.training.onload_costs`) and the host-memory check alike."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 import pytest
+from slot_oracle import brute_force
 from specdata import h100_job
 
 from placer.base.roles import Role
@@ -23,7 +23,6 @@ from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, onload_time
 from placer.solve import hostmem
 from placer.solve.assemble import placed_estimate
-from placer.solve.baselines import partitions
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
@@ -111,19 +110,6 @@ def test_a_nemo_rl_slot_that_does_not_fit_pays_each_onload_once() -> None:
     assert px.slot_switch(members) == {"s": pytest.approx(expect, rel=1e-12)}
 
 
-def _brute_force(problem: Problem) -> float:
-    """Best iteration time over every candidate choice x slot grouping on the 8 H100s."""
-    best = float("inf")
-    roles = problem.roles
-    for combo in itertools.product(*(problem.cands[r] for r in roles)):
-        choice = dict(zip(roles, combo))
-        for groups in partitions(roles):
-            if sum(max(choice[r].devices for r in g) for g in groups) > 8:
-                continue
-            best = min(best, score(problem, Assignment(choice, slot_names(groups)))[0])
-    return best
-
-
 def test_ilp_prices_the_every_step_switch_and_matches_brute_force() -> None:
     px = Pricer(resolve(_job("nemo-rl")), Calibration())
     cands: dict[str, list[Candidate]] = {Role.ACTOR: [_cand(px, Role.ACTOR, ACTOR_MEM),
@@ -133,7 +119,7 @@ def test_ilp_prices_the_every_step_switch_and_matches_brute_force() -> None:
                             _cand(px, Role.ROLLOUT, ENGINE_MEM, devices=4)]}
     problem = Problem(px, cands)
     sol = solve(problem, time_limit_s=20.0, workers=1)
-    expect = _brute_force(problem)
+    expect = brute_force(problem)
     assert sol.status == "OPTIMAL"
     assert score(problem, sol.assignment)[0] == pytest.approx(expect, rel=1e-5)
     assert sol.objective == pytest.approx(expect, rel=1e-4)

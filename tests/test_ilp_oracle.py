@@ -2,8 +2,8 @@
 
 Instances: up to 4 roles, up to 3 pools, up to 32 devices, sync and async (staleness 1 or 2, so
 the async chain bound binds on some), fixed and long-tailed response lengths, time and cost
-objectives. The brute force enumerates, over the *same* cost table, every choice of one candidate
-per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
+objectives. The brute force (tests/slot_oracle.py) enumerates, over the *same* cost table, every
+choice of one candidate per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
 respected) and prices each with the same `ilp_bound.score` (which is `timing.iteration_time`).
 A rollout split over two pools (`placer.cost.split`) is drawn into the table whenever the cluster has
 one: it must sit alone in its slot and holds devices on each of its pools; in sync mode it may
@@ -14,20 +14,18 @@ goes into the table at once (`test_split_parts_at_every_count_match_brute_force`
 """
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from slot_oracle import brute_force
 
 from placer.base.errors import Infeasible
 from placer.cost.efficiency import Calibration
 from placer.cost.pricer import Pricer
-from placer.solve.baselines import partitions
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import solve
 from placer.solve.planner import build_problem
-from placer.solve.problem import Assignment, Problem, slot_names
+from placer.solve.problem import Problem
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
 
@@ -72,36 +70,6 @@ def jobs(draw):
         "objective": draw(st.sampled_from(["time", "cost"])),
         "cluster": {"pools": pools},
     })
-
-
-def brute_force(problem: Problem) -> float:
-    """Best objective over every candidate choice x slot grouping that fits the pools."""
-    key = 0 if problem.objective == "time" else 1
-    cap = problem.capacity()
-    best = float("inf")
-    roles = problem.roles
-    for combo in itertools.product(*(problem.cands[r] for r in roles)):
-        choice = dict(zip(roles, combo))
-        for groups in partitions(roles):
-            if any(len({choice[r].pool for r in g}) > 1 for g in groups):
-                continue
-            if any(len(g) > 1 and any(_alone(choice[r]) for r in g) for g in groups):
-                continue  # a split role sits alone
-            if any(len(g) == 1 and choice[g[0]].colocated for g in groups):
-                continue  # a mixed rollout shares its slot
-            used: dict[str, int] = {}
-            for g in groups:
-                for pool in {p for r in g for p in choice[r].pool_devices()}:
-                    need = max(choice[r].pool_devices().get(pool, 0) for r in g)
-                    used[pool] = used.get(pool, 0) + need
-            if any(n > cap[p] for p, n in used.items()):
-                continue
-            best = min(best, score(problem, Assignment(choice, slot_names(groups)))[key])
-    return best
-
-
-def _alone(c) -> bool:
-    return c.split and not c.colocated
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,10 +1,10 @@
 """Optimizer parking (`placer.cost.optpark`): the slot rule, its price, the ILP and the exports."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 import pytest
+from slot_oracle import brute_force
 from specdata import h100_job
 
 from placer.base.errors import SpecError
@@ -14,18 +14,15 @@ from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed
-from placer.solve.baselines import partitions
 from placer.solve.candidates import Candidate
 from placer.solve.ilp_bound import score
 from placer.solve.ilp_solve import hint_assignment, solve
 from placer.solve.parktwins import PARK_TWINS, park_twins
 from placer.solve.problem import (
-    Assignment,
     Hint,
     Problem,
     candidate_key,
     layout_key,
-    slot_names,
 )
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
@@ -74,29 +71,13 @@ def test_parking_makes_a_colocated_slot_fit_and_prices_the_copies() -> None:
     assert px.slot_switch(one) == {"s": pytest.approx(64.0 / eff.offload_gbs)}
 
 
-def _brute_force(problem: Problem) -> float:
-    """Best iteration time over every candidate choice x slot grouping (one pool per slot)."""
-    best = float("inf")
-    roles = problem.roles
-    for combo in itertools.product(*(problem.cands[r] for r in roles)):
-        choice = dict(zip(roles, combo))
-        for groups in partitions(roles):
-            if any(len({choice[r].pool for r in g}) > 1 for g in groups):
-                continue
-            if sum(max(choice[r].devices for r in g) for g in groups
-                   if choice[g[0]].pool == "h") > 8:
-                continue
-            best = min(best, score(problem, Assignment(choice, slot_names(groups)))[0])
-    return best
-
-
 def test_ilp_chooses_parking_where_it_wins_and_matches_brute_force() -> None:
     px = Pricer(resolve(_job()), Calibration())
     cands = {r: [_trainer(px, r, False, optimizer=20.0), _trainer(px, r, True, optimizer=20.0)]
              for r in ("actor", "critic")}
     problem = Problem(px, cands)
     sol = solve(problem, time_limit_s=20.0, workers=1)
-    expect = _brute_force(problem)
+    expect = brute_force(problem)
     assert sol.status == "OPTIMAL"
     assert score(problem, sol.assignment)[0] == pytest.approx(expect, rel=1e-5)
     assert sol.objective == pytest.approx(expect, rel=1e-4)
