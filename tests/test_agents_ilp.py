@@ -5,8 +5,9 @@ stages follow the slot rule, shared engines share a slot).
 Instances: two agents (a trained solver; a trained or frozen verifier, on engines of its own or
 sharing the solver's, with LoRA adapters or swapped full weights), sync or async, on one or two
 GPU pools and a CPU pool of up to 24 devices. The brute force (tests/slot_oracle.py)
-enumerates, over the same cost table, every choice of one candidate per role and every grouping into slots (one pool per
-slot, capacities respected, shared engines in one slot) and prices each with `ilp_bound.score`,
+enumerates, over the same cost table, every choice of one candidate per role and every grouping
+into slots (one pool per slot, capacities respected, shared engines in one slot) and prices each
+with `ilp_bound.score`,
 which is `AgentPricer.iteration_time`.
 """
 from __future__ import annotations
