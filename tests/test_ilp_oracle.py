@@ -4,7 +4,8 @@ Instances: up to 4 roles, up to 3 pools, up to 32 devices, sync and async (stale
 the async chain bound binds on some), fixed and long-tailed response lengths, time and cost
 objectives. The brute force (tests/slot_oracle.py) enumerates, over the *same* cost table, every
 choice of one candidate per role and every grouping of roles into colocation slots (one pool per
-slot, pool capacities respected) and prices each with the same `ilp_bound.score` (which is `timing.iteration_time`).
+slot, pool capacities respected) and prices each with the same `ilp_bound.score` (which is
+`timing.iteration_time`).
 A rollout split over two pools (`placer.cost.split`) is drawn into the table whenever the cluster has
 one: it must sit alone in its slot and holds devices on each of its pools; in sync mode it may
 instead be mixed (`Candidate.colocated`): its first part shares a slot with other roles on that
