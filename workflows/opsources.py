@@ -204,15 +204,18 @@ def period_at_price(price: np.ndarray, m: np.ndarray) -> float:
     return period
 
 
-def held_out_period(p: Point, points: Sequence[Point], eff: Efficiency) -> float:
+def held_out_period(p: Point, points: Sequence[Point], eff: Efficiency,
+                    price: Callable[[Point], float] | None = None) -> float:
     """The host launch period of `p`'s harness (`period_at_price` at `eff`) from the
     harness's other points (the point held out); 0 for a graph replay or a call across
-    nodes (the network, not a host, sets its floor)."""
+    nodes (the network, not a host, sets its floor). `price`: the points' prices where the
+    caller has them (`harness_priced` prices each point once), else `predict` at `eff`."""
     if p.launch != "eager" or nodes(p) > 1:
         return 0.0
+    at = price or (lambda q: predict(q, eff))
     rest = [q for q in _all_reduce(points, p.source, in_node=True)
             if q != p and harness(q) == harness(p)]
-    return period_at_price(np.asarray([predict(q, eff) for q in rest]),
+    return period_at_price(np.asarray([at(q) for q in rest]),
                            np.asarray([q.measured_s for q in rest])) if rest else 0.0
 
 
@@ -227,8 +230,9 @@ def harness_priced(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
     synchronised mode below the period are priced at the period here: no input picks their
     mode (workflows/opmodes.py), so they are this figure's misses."""
     ps = _all_reduce(points)
-    err = {p: abs(max(predict(p, eff), held_out_period(p, points, eff)) / p.measured_s - 1)
-           for p in ps if nodes(p) == 1}
+    price = {p: predict(p, eff) for p in ps}
+    err = {p: abs(max(price[p], held_out_period(p, points, eff, price.__getitem__))
+                  / p.measured_s - 1) for p in ps if nodes(p) == 1}
     across = [p for p in ps if nodes(p) > 1]
     for bench in sorted({bench_of(p) for p in across}):
         on = [p for p in across if bench_of(p) == bench]
@@ -237,8 +241,7 @@ def harness_priced(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
     return {"all_points": errors([err[p] for p in ps]),
             "in_node": errors([err[p] for p in ps if nodes(p) == 1]),
             "across_nodes": errors([err[p] for p in across]),
-            "across_nodes_catalog": errors([abs(predict(p, eff) / p.measured_s - 1)
-                                            for p in across])}
+            "across_nodes_catalog": errors([abs(price[p] / p.measured_s - 1) for p in across])}
 
 
 def study(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
