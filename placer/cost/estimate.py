@@ -257,6 +257,8 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
     head = head_of(role)
     fpar, upar = budgeted(res, par, "forward"), budgeted(res, par, "update")
+    # the update's gradients reduce at its framework's precision (fp32 or BF16)
+    upar = replace(upar, grad_reduce_bytes=res.job.profile.grad_reduce_bytes(pp=par.pp, ep=par.ep))
     fwd = score_time(m, dev, fpar, tokens, seq, eff, head) + ship + pass_encode_s(m, dev, par, n, imgs,
                                                                             eff)
     train = (train_time(m, dev, upar, tokens, seq, res.job.batch.mini_batches, eff, head) + ship

@@ -23,7 +23,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from placer.cost.collectives import Link, all_gather, all_reduce, group_link, ring_all_reduce
-from placer.cost.sharding import BYTES, Parallel, cp_kv_exchange, ep_all_to_all, grad_bytes
+from placer.cost.sharding import (
+    BYTES,
+    Parallel,
+    cp_kv_exchange,
+    ep_all_to_all,
+    grad_bytes,
+    reduce_ratio,
+)
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceType
 
@@ -273,11 +280,12 @@ def hsdp_all_reduce(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficienc
     reduce-scatter over the shard dim, then all-reduce over the replicate dim,
     torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py `foreach_reduce`). The replicas
     lie one shard group apart, so the call spans the whole layout: the NIC once it leaves a
-    node. 0 without HSDP."""
+    node. The shards move at the trainer's reduce precision (`sharding.reduce_ratio`). 0
+    without HSDP."""
     if not par.hsdp:
         return 0.0
     link = span_link(dev, par.devices, eff)
-    dense, experts = grad_bytes(m, par)
+    dense, experts = (b * reduce_ratio(par) for b in grad_bytes(m, par))
     out = all_reduce(dense / par.zero_group, par.shard_replicas, link)
     if experts > 0:
         out += all_reduce(experts / par.expert_zero_group,
@@ -291,12 +299,16 @@ def grad_sync_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency
     all-reduce (ZeRO's reduce-scatter + all-gather move what one all-reduce moves) on NVLink
     or the NIC. With HSDP the groups are the shard group's (`shard_link`); below ZeRO-3 the
     shards' cross-group all-reduce (`hsdp_all_reduce`) follows once per step (ZeRO-3 pays it
-    every backward, `zero3_gathers`)."""
+    every backward, `zero3_gathers`). The gradients move at the trainer's reduce precision
+    (`sharding.reduce_ratio` r): with ZeRO the reduce-scatter half of the bytes at r and the
+    all-gather half (BF16 weights) at 1, without ZeRO the whole all-reduce at r."""
     link = shard_link(dev, par, eff)
+    r = reduce_ratio(par)
+    scale = (r + 1) / 2 if par.zero >= 1 else r
     dense, experts = grad_bytes(m, par)
-    out = all_reduce(dense, par.zero_group, link)
+    out = all_reduce(dense * scale, par.zero_group, link)
     if experts > 0:
-        out += all_reduce(experts, par.expert_zero_group, link)
+        out += all_reduce(experts * scale, par.expert_zero_group, link)
     return out + (hsdp_all_reduce(m, dev, par, eff) if par.zero < 3 else 0.0)
 
 
@@ -311,8 +323,9 @@ def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     both the shard and the group). With HSDP the calls stay inside the shard group
     (`shard_link`: NVLink when it fits a node) and every backward (collectives >= 3) adds the
     shards' cross-group all-reduce (`hsdp_all_reduce`: FSDP2 runs it in each backward's
-    post-reduce, and verl never defers it over micro-batches). 0 below ZeRO stage 3 or without
-    data parallelism."""
+    post-reduce, and verl never defers it over micro-batches). The reduce-scatters move the
+    gradients at the trainer's reduce precision (`sharding.reduce_ratio`), the gathers BF16
+    weights. 0 below ZeRO stage 3 or without data parallelism."""
     if par.zero < 3 or tokens <= 0:
         return 0.0
     link = call_cost(shard_link(dev, par, eff), eff.fsdp_call_s)  # a unit's call, as probed
@@ -320,10 +333,17 @@ def zero3_gathers(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float,
     units = fsdp_units(m)  # each unit one call (`fsdp_calls`), its share of the bytes
     if experts > 0 and par.expert_zero_group == par.zero_group:  # gathered with their layer
         dense, experts = dense + experts, 0.0
-    per_micro = fsdp_calls(m, collectives) * all_gather(dense / units, par.zero_group, link)
+    # a backward's reduce-scatter (one per unit) moves the gradients at the reduce precision
+    scatters = units if collectives >= 3 else 0
+    r = reduce_ratio(par)
+    per_micro = ((fsdp_calls(m, collectives) - scatters) * all_gather(dense / units,
+                                                                       par.zero_group, link)
+                 + scatters * all_gather(dense / units * r, par.zero_group, link))
     if experts > 0:  # expert parallelism: a MoE layer's experts gather over their own group
-        per_micro += collectives * m.moe_layers * all_gather(experts / m.moe_layers,
-                                                             par.expert_zero_group, link)
+        share = experts / m.moe_layers
+        per_micro += m.moe_layers * (
+            (collectives - (1 if scatters else 0)) * all_gather(share, par.expert_zero_group, link)
+            + (all_gather(share * r, par.expert_zero_group, link) if scatters else 0.0))
     if collectives >= 3:
         per_micro += hsdp_all_reduce(m, dev, par, eff)
     return per_micro * tokens / min(tokens, micro)

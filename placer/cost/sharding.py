@@ -95,6 +95,11 @@ class Parallel:
     # recipe's setting, not a planner candidate
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # Training: bytes a gradient element moves in the trainer's gradient reduction (the
+    # reduce-scatter or all-reduce; the weights' gathers stay BF16): 4 where the framework
+    # reduces in fp32 (FSDP's `reduce_dtype`, Megatron's `grad_reduce_in_fp32`), 2 in BF16
+    # (`FrameworkProfile.grad_reduce_bytes`, which `estimate` sets on the update's layout)
+    grad_reduce_bytes: int = BYTES
 
     @property
     def attn_tp(self) -> int:
@@ -203,10 +208,17 @@ def train_state_bytes(m: ModelArch, par: Parallel,
 
 
 def grad_bytes(m: ModelArch, par: Parallel) -> tuple[float, float]:
-    """(dense, expert) BF16 gradient bytes per device that the optimizer step reduces, over
-    dp * cp and `expert_dp` ranks respectively."""
+    """(dense, expert) BF16 bytes of the device's weights (and of its gradients in BF16), which
+    ZeRO gathers and the optimizer step reduces over dp * cp and `expert_dp` ranks
+    respectively."""
     dense, experts = params_per_device(m, par)
     return BYTES * dense, BYTES * experts
+
+
+def reduce_ratio(par: Parallel) -> float:
+    """How many times the BF16 bytes the layout's gradient reduction moves:
+    `Parallel.grad_reduce_bytes` / 2 (2 where the trainer reduces in fp32)."""
+    return par.grad_reduce_bytes / BYTES
 
 
 def expert_tokens(m: ModelArch, par: Parallel, group_tokens: float) -> float:

@@ -86,6 +86,8 @@ _NATIVE = FrameworkProfile(
     sources=MappingProxyType({
         "dispatch": "executors/runtime.py: the loop's driver passes each pass's samples to "
                     "every trainer rank as Ray call arguments (the shared dispatch factors)",
+        "grad_reduce_bytes": "executors/precision.py `fsdp_policy`: MixedPrecisionPolicy("
+                             "param_dtype=bfloat16, reduce_dtype=float32)",
     }))
 
 _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
@@ -106,6 +108,10 @@ _VERL_SOURCES: Mapping[str, str] = MappingProxyType({
                      "_build_model_optimizer(role='ref'), the actor's FSDP wrapping (FSDP2 "
                      "engine; the Megatron engine replicates it over data parallelism)",
     "old_log_probs": f"{VERL} rollout.yaml calculate_log_probs: False (the trainer recomputes)",
+    "grad_reduce_bytes": f"{VERL} fp32 both ways: verl/workers/fsdp_workers.py 496 "
+                         "mixed_precision reduce_dtype default 'fp32' (FSDP1 / FSDP2); "
+                         "verl/utils/megatron_utils.py 141 the DDP config's "
+                         "grad_reduce_in_fp32 True (override_ddp_config {} by default)",
     "dispatch": f"{VERL} verl/single_controller (DataProto dispatched from the driver); the "
                 "shared dispatch factors were fitted on verl's rows",
     "stream_frozen": f"{VERL} verl/workers/fsdp_workers.py 524-526: CPUOffload("
@@ -181,7 +187,13 @@ _OPENRLHF = FrameworkProfile(
     colocation="--train.colocate_all, --train.colocate_actor_ref, colocated critic/reward "
                "(openrlhf/cli/train_ppo_ray.py)",
     sleep_wake="--vllm.enable_sleep, --ds.enable_sleep (colocate_all only)",
+    fsdp_grad_reduce_bytes=2,
     sources=MappingProxyType({
+        "grad_reduce_bytes": f"{OPENRLHF} DeepSpeed's runtime/engine.py "
+                             "`communication_data_type` is bfloat16 under bf16 unless the config "
+                             "sets one; openrlhf/utils/deepspeed/deepspeed_utils.py "
+                             "get_train_ds_config sets bf16 and grad_accum_dtype only (read in "
+                             "the Open-Reasoner-Zero copy of it, not at this commit)",
         "trainer": f"{OPENRLHF} openrlhf/cli/train_ppo_ray.py: DeepSpeed ZeRO with "
                    "--ds.tensor_parallel_size and --ds.ring_attn_size; no pipeline or expert "
                    "parallelism, no hybrid shard groups",
@@ -209,7 +221,13 @@ _NEMO = FrameworkProfile(
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
     colocated_refit="ipc-stream", megatron_optimizer_bytes=NEMO_MEGATRON_OPTIMIZER_BYTES,
+    megatron_grad_reduce_bytes=2,
     sources=MappingProxyType({
+        "grad_reduce_bytes": f"{NEMO_RL} Megatron in BF16: examples/configs/grpo_math_1B.yaml 302 "
+                             "(and grpo_math_1B_megatron.yaml 185) distributed_data_parallel_"
+                             "config.grad_reduce_in_fp32 false; DTensor in fp32: nemo_rl/models/"
+                             "dtensor/parallelize.py 509 MixedPrecisionPolicy(reduce_dtype="
+                             "torch.float32)",
         "megatron_optimizer_bytes": f"{NEMO_RL} examples/configs/grpo_math_1B_megatron.yaml:171 "
                                     "use_precision_aware_optimizer: true (bf16: true; "
                                     "store_param_remainders, main_params_dtype, exp_avg_dtype, "
@@ -291,6 +309,9 @@ _MILES = FrameworkProfile(
                      "sync_bucket_gb": 1.0, "host_adam_gparams_s": RAY_RANK_HOST_ADAM_GPS}),
     sources=MappingProxyType({
         "trainer": f"{MILES} Megatron actor (tensor, pipeline, context, expert parallel)",
+        "grad_reduce_bytes": f"{MILES} fp32: docs/user-guide/argument-groups.md 189, the "
+                             "recipes pin --accumulate-allreduce-grads-in-fp32 (e.g. examples/"
+                             "experimental/eval/scripts/run-qwen3-4B.sh 128)",
         "engine": f"{MILES} miles/utils/arguments.py --rollout-num-gpus-per-engine (one SGLang "
                   "TP group per engine; expert and data-parallel attention via SGLang args)",
         "critic": f"{MILES} miles/utils/arguments.py --critic-num-nodes, --critic-load",
@@ -358,6 +379,8 @@ _EASYR1 = FrameworkProfile(
                         "(Dispatch.DP_COMPUTE_PROTO) chunks the step's prompts over every rank "
                         "before the n samples are drawn (verl/protocol.py:555)",
         "old_log_probs": f"{EASYR1} {_E}:632-660 compute_log_probs (the actor's forward)",
+        "grad_reduce_bytes": f"{EASYR1} verl/workers/actor/config.py:86 mp_reduce_dtype 'fp32', "
+                             f"{_E}:280 MixedPrecision(reduce_dtype=...)",
         "dispatch": f"{EASYR1} {_E}: Dispatch.DP_COMPUTE_PROTO from the driver, verl's single "
                     "controller forked; the shared dispatch factors (fitted on verl's rows)",
         "park_optimizer": f"{EASYR1} examples/config.yaml:62-64 offload_params, "

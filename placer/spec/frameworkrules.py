@@ -36,6 +36,10 @@ them with their sources), and the planner asks it, never its name:
                         trainer holds (NeMo-RL's precision-aware optimizer keeps the fp32
                         master's low 16 bits only: 10, not the cost model's 12; None: 12),
                         where a layout trains with Megatron (`optimizer_bytes`)
+  fsdp_grad_reduce_bytes, megatron_grad_reduce_bytes  bytes a gradient element moves in its
+                        FSDP / ZeRO and its Megatron-Core trainer's gradient reduction: 4 where
+                        it reduces in fp32 (FSDP's `reduce_dtype`, Megatron's
+                        `grad_reduce_in_fp32`), 2 in BF16 (`grad_reduce_bytes`)
   rollout_sleep_level   its colocated rollout engine's vLLM sleep level (`SLEEP_LEVELS`): 1
                         moves the weights to the host and back, 2 discards them (the refit
                         rewrites them; verl with vLLM >= 0.8.5); a job's setting replaces it
@@ -172,6 +176,10 @@ class FrameworkProfile:
     # bytes a parameter of its Megatron-Core trainer's optimizer state (`optimizer_bytes`);
     # None: the cost model's mixed-precision Adam (`placer.cost.sharding.OPTIMIZER_BYTES`)
     megatron_optimizer_bytes: float | None = None
+    # bytes a gradient element moves in its trainer's gradient reduction (`grad_reduce_bytes`):
+    # its FSDP / ZeRO trainer's and its Megatron-Core trainer's; 4 is fp32, 2 BF16
+    fsdp_grad_reduce_bytes: int = 4
+    megatron_grad_reduce_bytes: int = 4
     # the vLLM sleep level its colocated rollout engine sleeps at between generations
     # (`SLEEP_LEVELS`): 1 copies the weights to pinned host memory and back, 2 discards them
     # (the refit sends them again every step); a job's `rollout_sleep_level` replaces it
@@ -242,6 +250,13 @@ class FrameworkProfile:
         pipeline `pp` and expert `ep` parallelism: `megatron_optimizer_bytes` where it trains
         with Megatron-Core (`trains_with_megatron`), else None (the cost model's own)."""
         return self.megatron_optimizer_bytes if self.trains_with_megatron(pp=pp, ep=ep) else None
+
+    def grad_reduce_bytes(self, *, pp: int, ep: int) -> int:
+        """Bytes a gradient element moves in the gradient reduction of a trainer of pipeline `pp`
+        and expert `ep` parallelism here: the Megatron-Core trainer's where it trains with
+        Megatron-Core (`trains_with_megatron`), else the FSDP / ZeRO trainer's."""
+        return (self.megatron_grad_reduce_bytes if self.trains_with_megatron(pp=pp, ep=ep)
+                else self.fsdp_grad_reduce_bytes)
 
     def micro_token_budget(self, kind: str, padded_len: int) -> int | None:
         """Tokens per device per micro-batch of a `kind` pass ("forward" / "update") its dynamic
