@@ -55,11 +55,12 @@ def test_profiles_say_which_roles_switch_every_step() -> None:
         Role.ACTOR, Role.ROLLOUT}
     # no generation beside the policy (r18's one-step-off form): no offload calls at all
     assert nemo.switches_every_step([Role.ACTOR, Role.REFERENCE]) == frozenset()
-    # verl's hybrid engine sleeps its rollout every step (its actor moves only where parked)
-    for name in ("verl", "verl-megatron"):
+    # verl's and EasyR1's hybrid engines sleep the rollout every step (the actor moves only
+    # where parked)
+    for name in ("verl", "verl-megatron", "easyr1"):
         assert PROFILES[name].switches_every_step([Role.ACTOR, Role.ROLLOUT]) == {Role.ROLLOUT}
         assert PROFILES[name].switches_every_step([Role.ROLLOUT, Role.REFERENCE]) == frozenset()
-    for name in ("easyr1", "miles", "openrlhf", "native"):
+    for name in ("miles", "openrlhf", "native"):
         assert PROFILES[name].switches_every_step([Role.ACTOR, Role.ROLLOUT]) == frozenset()
 
 

@@ -344,6 +344,7 @@ _EASYR1 = FrameworkProfile(
     even_batch=True, even_prompts=True, park_optimizer=(Role.ACTOR, Role.CRITIC),
     park_scheme="verl", stream_frozen=(Role.REFERENCE,), stream_scheme="easyr1-ref",
     hybrid_engine=(Role.ACTOR, Role.ROLLOUT, Role.REFERENCE, Role.CRITIC),
+    colocated_switch=(Role.ROLLOUT,),
     micro_batch_samples=frozen_ints({"forward": 2, "update": 1}),
     host_image_prep=(Role.ROLLOUT, Role.ACTOR),
     factors=frozen({"host_image_prep_s_per_patch": EASYR1_IMAGE_PREP_S_PER_PATCH}),
@@ -365,6 +366,11 @@ _EASYR1 = FrameworkProfile(
                          "verl/trainer/ray_trainer.py:256-263: hybrid_engine (else "
                          "NotImplementedError)",
         "splits_roles": f"{EASYR1} verl/trainer/main.py:59-61: one resource pool",
+        "colocated_switch": f"{EASYR1} the engine every step whatever the memory: "
+                            "verl/trainer/ray_trainer.py 590-594 prepare_rollout_engine / "
+                            f"release_rollout_engine around each step's generation, {_E}:603-"
+                            "609, verl/workers/sharding_manager/fsdp_vllm.py 167-205 wake_up("
+                            "weights), sync, wake_up(kv_cache); sleep(level=1)",
         "gpu_models": f"{EASYR1} verl/trainer/ray_trainer.py:94-95: RayResourcePool(use_gpu=True)",
         "critic": f"{EASYR1} verl/workers/critic/config.py, {_E}:110-113 (gae)",
         "async_steps": f"{EASYR1} verl/trainer/ray_trainer.py fit: generate, reward, log-probs, "

@@ -19,7 +19,7 @@ them with their sources), and the planner asks it, never its name:
   colocated_switch      roles that give their slot's devices up every RL step whenever the
                         rollout shares the actor's slot, whether or not the members fit
                         (`switches_every_step`, `placer.cost.timing.slot_switch`): NeMo-RL's
-                        policy and engine, verl's engine (its actor moves where parked)
+                        policy and engine, verl's and EasyR1's engine (the actor moves where parked)
   async_apart           roles an asynchronous job must keep in slots of their own (NeMo-RL's
                         async GRPO asserts its vLLM generation is not colocated: `apart_roles`,
                         `Pricer.apart_roles`; the ILP gives them no shared slot)
@@ -48,7 +48,7 @@ Colocation forms, the old-log-prob source and engine sleep/wake are recorded (`c
 `old_log_probs`, `sleep_wake`) but priced by the shared model: every profile colocates the roles
 it shares devices between, recomputes old log-probs with the trainer by default and sleeps its
 engine with the engine library's own call, at `rollout_sleep_level` (every step, fit or not, for
-the roles of `colocated_switch`: NeMo-RL's policy and vLLM engine, verl's engine). This module
+the roles of `colocated_switch`: NeMo-RL's policy and vLLM engine, verl's and EasyR1's engine). This module
 holds the class, its rules and the vocabularies they use (`SLEEP_LEVELS`, `COLOCATED_INFERENCE`,
 `JOB_FEATURES`); `placer.spec.framework` the profiles themselves.
 """
