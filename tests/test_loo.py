@@ -160,9 +160,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # mfu_train refitted without r08's update falls, the dense FSDP2 updates priced slow and
     # the 30B-A3B MoE ones fast at one factor, workflows/moe_mfu.py). Loosened for the defects
     # fixed; the median target of the issue (<= 15%) no longer holds, and is reported so.
+    # Tightened: NeMo-RL's log-prob passes of an MoE model priced with the per-token routing
+    # cost its pull request 3295 measured (Qwen3-30B-A3B on 2 x 8 B200; the nemo-rl profile's
+    # moe_route_token_layer_s, fitted on no row) take the step rows from 16.4% to 14.0% LOO,
+    # max 43.5% (r19) -> 37.3% (r08): r15 -22% -> -11%, r19 -43% -> -24%, r20 -17% -> -14%,
+    # r23 -24% -> -22%, r16 and r22 +1%/+2% -> +2%/+3%.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.165, step
+    assert step["loo_median_abs_error"] < 0.141, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.38, earlier
     assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.38, earlier
@@ -179,7 +184,8 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # -32%, r16 -4% -> +2%, r17 -27% -> -24%, r18 +2% -> +4%, r21 -15% -> -8%, r22 -1% -> +2%,
     # r23 -27% -> -24%; the step rows 10.7%, max 42.2% (r19). The sign bound admits +5% for it.
     # r19 (30B-A3B, no recomputation: NeMo-RL's activation_checkpointing false) -42% -> -44%.
-    assert max(abs(e) for e in nemo.values()) < 0.44 and max(nemo.values()) < 0.05, nemo
+    # With the measured routing cost (above) the worst is r19, -24%: tightened to 0.25.
+    assert max(abs(e) for e in nemo.values()) < 0.25 and max(nemo.values()) < 0.05, nemo
     # 20 rows, 8.0% median, max 20.4% (verl's H100 checkpoint-engine row, -20%: its sender rate
     # refitted without it on verl's two GH200 single-sender rows and NeMo-RL's two NCCL-pair
     # rows, 10.7 GB/s achieved against its 8.7; 17 rows, 8.3% and max 29.2% when the README was

@@ -85,7 +85,10 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # hierarchical latency across nodes and a pipelined pass at its slowest stage (r11 -33%).
     # 14.6% with r01-r03's trainer as their runs' scripts set it (HSDP shard groups of 2, the
     # actor parked; a row input fixed, not the model): r01 -25% -> -28%, r03 -10% -> -15%.
-    assert doc.median_abs_error < 0.147, doc.median_abs_error
+    # 11.9% with NeMo-RL's measured MoE routing cost in its log-prob passes (the nemo-rl
+    # profile's moe_route_token_layer_s, from NVIDIA-NeMo/RL pull request 3295's B200 run, not
+    # from any row): r15 -22% -> -11%, r19 -43% -> -24%, r20 -15% -> -12%, r23 -24% -> -22%.
+    assert doc.median_abs_error < 0.121, doc.median_abs_error
     earlier = [r for r in doc.rows if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.error) for r in earlier) < 0.34, earlier
     h20 = [r for r in doc.rows if "xH20 " in r.name and not r.name.startswith("r11")]
@@ -213,10 +216,14 @@ def test_nemo_rl_performance_rows_held_out(doc: PublishedReport) -> None:
     # The 30B-A3B recipes run without activation recomputation (`Use.recompute`; NeMo-RL's
     # megatron_cfg.activation_checkpointing false), which the model had charged: r15 -22%, r19
     # -43.4% (was -41.8%), so the lower bound moves to -0.44 (a count fixed, not a refit).
+    # With NeMo-RL's log-prob passes of an MoE model at the per-token routing cost its pull
+    # request 3295 measured on B200 (`model.moe_route_time`; not fitted on these rows): r15
+    # -11%, r16 +2%, r19 -24%, r20 -12%, r22 +3%, r23 -22% (DeepSeek-V3's rows move < 1%):
+    # tightened to -0.25.
     rows = {r.name[:3]: r for r in doc.rows}
     nemo = ("r15", "r16", "r17", "r18", "r19", "r20", "r21", "r22", "r23")
     assert all(rows[k].fits and not rows[k].stages for k in nemo)
-    assert all(-0.44 < rows[k].error < 0.05 for k in nemo), {k: rows[k].error for k in nemo}
+    assert all(-0.25 < rows[k].error < 0.05 for k in nemo), {k: rows[k].error for k in nemo}
     assert max(abs(rows[k].error) for k in ("r16", "r18", "r22")) < 0.11
 
 

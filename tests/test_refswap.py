@@ -14,8 +14,9 @@ import pytest
 from placer.base.roles import Role
 from placer.cost.collectives import all_gather
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
+from placer.cost.estimate import Estimate, _tokens
 from placer.cost.layercomm import shard_link
+from placer.cost.model import moe_route_time
 from placer.cost.pricer import Pricer
 from placer.cost.refswap import SWAP_COPIES, param_sync_time, swap_host_gb, swap_time
 from placer.cost.sharding import BYTES, Parallel
@@ -78,6 +79,9 @@ def test_nemo_rls_reference_pass_pays_the_swap_and_holds_no_weights_on_the_gpu()
     assert w > 5.0  # the device's BF16 shard of a 30B model over EP 8
     eff = px.calib.for_device(dev)
     want = SWAP_COPIES * w / eff.offload_gbs + param_sync_time(m, dev, nemo.par, eff)
+    # and the MoE routing cost NeMo-RL's log-prob passes were measured at (the nemo-rl
+    # profile's moe_route_token_layer_s; the native profile has none)
+    want += moe_route_time(m, nemo.par, _tokens(px.res)[0] / nemo.par.dp, eff)
     assert nemo.stage_s["score"] - native.stage_s["score"] == pytest.approx(want)
     assert nemo.memory.weights == 0.0
     # so a whole switch moves nothing of it: its swap is its switch

@@ -116,6 +116,10 @@ class Efficiency:
     # within the step (`FrameworkProfile.host_image_prep`, `placer.cost.vision.host_prep_s`);
     # 0: images reach the model prepared (the data loader's workers, ahead of the step)
     host_image_prep_s_per_patch: float = 0.0
+    # seconds per token per MoE layer a GPU routes in a training framework's forward-only pass
+    # (old and reference log-probs) beyond what its FLOPs and collectives price
+    # (`model.moe_route_time`), where the framework's profile measured one; 0: none priced
+    moe_route_token_layer_s: float = 0.0
     engine_sleep_s: float = 11.2  # a colocated engine's fixed sleep cost beyond copying its weights out
     engine_wake_s: float = 3.7  # its fixed wake cost beyond copying them back
     tool_overhead_s: float = 0.0  # fixed cost per tool call on top of its drawn latency

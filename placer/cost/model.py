@@ -223,9 +223,10 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
                eff: Efficiency, head: Head = Head.LOGPROB) -> float:
     """A training framework's forward-only pass over `tokens` tokens (old log-probs, reference,
     reward model, critic values) on a GPU: 2 passes of FLOPs at `device_ceiling(mfu_score)` (the
-    training module's kernels and roofline, not an engine's prefill) + the layers' collectives.
-    Elsewhere (an LPU or CPU serving a frozen model) the engine's `forward_time`. `head`: what
-    the pass computes at the top (`vocabcomm.head_of` the role)."""
+    training module's kernels and roofline, not an engine's prefill) + the layers' collectives
+    + a measured MoE routing cost where the framework has one (`moe_route_time`). Elsewhere
+    (an LPU or CPU serving a frozen model) the engine's `forward_time`. `head`: what the pass
+    computes at the top (`vocabcomm.head_of` the role)."""
     if dev.kind is not DeviceKind.gpu:
         return forward_time(m, dev, par, tokens, seq, eff)
     ceiling = device_ceiling(eff.mfu_score, dev, eff, par)
@@ -239,11 +240,26 @@ def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     # and each micro-batch crosses every stage boundary once
     micro = pipeline_micro_batches(par, rank_tokens, mt)
     bubble = compute * (par.pp - 1) / micro
+    compute += moe_route_time(m, par, rank_tokens, eff)
     chunk = min(rank_tokens, mt)
     comm = (layer_comm(m, dev, par, rank_tokens, eff, mt) / par.pp
             + pp_send(m, dev, par, chunk / par.cp, eff) * rank_tokens / chunk
             + score_vocab_comm(m, dev, par, rank_tokens, eff, mt, head))
     return oversubscription(dev, par.devices, eff) * (compute + bubble + comm)
+
+
+def moe_route_time(m: ModelArch, par: Parallel, rank_tokens: float, eff: Efficiency) -> float:
+    """Seconds a forward-only pass of an MoE model spends per GPU beyond its FLOPs and
+    collectives, where the framework's profile measured it (`moe_route_token_layer_s`, 0
+    elsewhere): that rate x the tokens one GPU routes (the dp rank's, split by context and
+    tensor parallelism: Megatron's dispatcher routes each TP rank's sequence-parallel share)
+    x the MoE layers of its pipeline stage. A per-token cost that does not shrink with the
+    device's FLOPs or bandwidth (NeMo-RL's measured log-prob passes, `placer.spec.framework.
+    NEMO_MOE_ROUTE_S`); 0 for a dense model."""
+    if eff.moe_route_token_layer_s <= 0 or not m.moe:
+        return 0.0
+    tokens = rank_tokens / (par.cp * par.tp)
+    return eff.moe_route_token_layer_s * tokens * m.moe_layers / par.pp
 
 
 def _micro_group(par: Parallel, rank_tokens: float, micro: float) -> float:

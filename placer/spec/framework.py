@@ -77,6 +77,27 @@ RAY_RANK_HOST_ADAM_GPS = 0.34 * RAY_RANK_HOST_ADAM_THREADS
 # torchvision-backed processor, where a run loads it, faster still (not measured here).
 EASYR1_IMAGE_PREP_S_PER_PATCH = 1.2e-5
 
+# What NeMo-RL's Megatron log-prob passes of an MoE model cost beyond their FLOPs and
+# collectives, per token a GPU routes per MoE layer (`Efficiency.moe_route_token_layer_s`,
+# `placer.cost.model.moe_route_time`). Measured, not fitted on any row: NVIDIA-NeMo/RL pull
+# request 3295 (2026-07-20; benchmark of grpo.use_generation_logprobs_as_prev, "arithmetic mean
+# of steps 3-20") ran Qwen3-30B-A3B on 2 nodes x 8 B200 and logged a log-prob stage
+# (`policy_and_reference_logprobs`: the policy's and the reference's forward passes) of 87.5 s
+# at 4,740 tokens/s/GPU (42.8 s with the policy's pass skipped, so the two passes are about
+# equal). The pull request names no recipe; taken to be the model's synchronous MXFP8-rollout
+# recipe, grpo-qwen3-30ba3b-4n4g-mxfp8-rollout.yaml (@ff2404c5b): expert_model_parallel_size 16
+# and logprob_batch_size 2 (8,192-token packed micro-batches), as row r19's 4n4g recipe; the
+# MXFP8 rollout leaves both passes BF16. 87.5 x 4,740 = 414,750 tokens a GPU a pass, x 48 MoE
+# layers = 19.9 M token-layers; the cost model prices the two passes of that layout (EP 16
+# across the two nodes, assumed) at 44.4 s for those tokens, which leaves 43.1 s / (2 x 19.9 M)
+# = 1.08 us. The rates rows r15 (H100) and r19 (GB200) would each need alone to close their
+# gaps, 2.1 and 2.4 us, are within 2.2x of it on both devices, so it is priced per token and not
+# per FLOP or byte: no device parameter scales it. Its kernel-level cause is not located
+# (v0.6.0's grpo_math_1B.yaml:145-148 runs the router in fp64 and the permutation unfused,
+# moe_permute_fusion false, which the 30B-A3B recipes keep and the 235B and DeepSeek-V3 ones
+# turn on). tests/test_moe_route.py re-derives the rate from the pull request's figures.
+NEMO_MOE_ROUTE_S = 1.08e-6
+
 
 _NATIVE = FrameworkProfile(
     "native", "placer execute", "this repository", "kuberay", gpu_models=False,
@@ -222,12 +243,22 @@ _NEMO = FrameworkProfile(
     sleep_wake="vLLM sleep between phases when colocated",
     colocated_refit="ipc-stream", megatron_optimizer_bytes=NEMO_MEGATRON_OPTIMIZER_BYTES,
     megatron_grad_reduce_bytes=2,
+    factors=frozen({"moe_route_token_layer_s": NEMO_MOE_ROUTE_S}),
     sources=MappingProxyType({
         "grad_reduce_bytes": f"{NEMO_RL} Megatron in BF16: examples/configs/grpo_math_1B.yaml 302 "
                              "(and grpo_math_1B_megatron.yaml 185) distributed_data_parallel_"
                              "config.grad_reduce_in_fp32 false; DTensor in fp32: nemo_rl/models/"
                              "dtensor/parallelize.py 509 MixedPrecisionPolicy(reduce_dtype="
                              "torch.float32)",
+        "moe_route_token_layer_s": f"{NEMO_RL} nemo_rl/models/policy/workers/megatron_policy_"
+                                   "worker.py `get_logprobs` (Megatron forward-only passes, the "
+                                   "reference's inside `use_reference_model`); the rate: "
+                                   "NVIDIA-NeMo/RL pull request 3295 (Qwen3-30B-A3B on 2 x 8 "
+                                   "B200: policy_and_reference_logprobs 87.5 s at 4,740 "
+                                   "tokens/s/GPU; recipe grpo-qwen3-30ba3b-4n4g-mxfp8-rollout."
+                                   "yaml @ff2404c5b, EP 16, 8,192-token micro-batches): the "
+                                   "log-prob passes' time the FLOPs and collectives leave, per "
+                                   "token a GPU routes per MoE layer (NEMO_MOE_ROUTE_S)",
         "megatron_optimizer_bytes": f"{NEMO_RL} examples/configs/grpo_math_1B_megatron.yaml:171 "
                                     "use_precision_aware_optimizer: true (bf16: true; "
                                     "store_param_remainders, main_params_dtype, exp_avg_dtype, "
