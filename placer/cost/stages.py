@@ -39,7 +39,7 @@ last (gpt_model.py:186-203 above, `pre_process` / `post_process`).
 """
 from __future__ import annotations
 
-from placer.cost.sharding import Parallel, params_per_device, routed_expert_params
+from placer.cost.sharding import Parallel, params_per_device
 from placer.spec.arch import ModelArch
 
 
@@ -108,7 +108,5 @@ def heaviest_stage_params(m: ModelArch, par: Parallel) -> tuple[float, float]:
     total_expert = sum(p[1] for p in parts) or 1.0
     # per-device totals over all stages (params_per_device is the mean stage's)
     dense_all, expert_all = dense_dev * par.pp, expert_dev * par.pp
-    if not routed_expert_params(m):
-        total_expert = 1.0
     return max(((d / total_dense * dense_all, e / total_expert * expert_all) for d, e in parts),
                key=sum)
