@@ -1,7 +1,8 @@
 """The slowest pipeline stage paces a pipelined pass (`placer.cost.stages`): Megatron builds the LM
 head on the last stage only and splits the layers evenly unless the recipe pins the first / last
 stage's count; and a token budget sets the bubble's micro-batch count
-(`model.pipeline_micro_batches`). Closed forms by hand."""
+(`model.pipeline_micro_batches`); a host-stepped optimizer steps the heaviest stage's shard
+(`stages.heaviest_stage_params`, `model.offload_time`). Closed forms by hand."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,14 +10,15 @@ from dataclasses import replace
 import pytest
 
 from placer.cost.efficiency import Efficiency
-from placer.cost.model import pipeline_micro_batches, score_time, train_time
+from placer.cost.model import offload_time, pipeline_micro_batches, score_time, train_time
 from placer.cost.roofline import device_ceiling
-from placer.cost.sharding import Parallel
-from placer.cost.stages import stage_excess, stage_layers
+from placer.cost.sharding import Parallel, params_per_device
+from placer.cost.stages import heaviest_stage_params, stage_excess, stage_layers
 from placer.cost.vocabcomm import Head
 from placer.spec.catalog import shipped_devices, shipped_models
 
 H20 = shipped_devices()["H20"]
+DSV3 = shipped_models()["DeepSeek-V3"]
 QWEN7B = shipped_models()["Qwen2.5-7B"]  # 28 layers, P_mm 7,070,619,136, head 152,064 x 3,584
 FLAT = replace(Efficiency(), gemm_half_ridge=0.0, prefill_half_ridge=0.0, step_overhead_s=0.0)
 
@@ -92,3 +94,29 @@ def test_pipeline_micro_batches_from_the_budget() -> None:
     assert pipeline_micro_batches(Parallel(pp=12), 1_697_280, 16384) == 48  # 4 x pp
     assert pipeline_micro_batches(Parallel(pp=2, micro_batch=2), 40_000, 8_000) == 5.0
     assert pipeline_micro_batches(Parallel(pp=2, micro_token_budget=8192), 100, 8192) == 1
+
+
+def test_heaviest_stage_holds_the_last_stages_layers_and_head() -> None:
+    # verl's DeepSeek-V3 layout: TP 8, PP 12 (6 of 61 layers last), EP 8. The last stage holds 6
+    # MoE layers and the LM head. Routed experts: 6 x 256 x 3 x 7,168 x 2,048 / EP 8
+    # = 8,455,716,864. Dense part per MoE layer: MLA 187,107,328 (q 7,168 x 1,536 + 1,536 +
+    # 1,536 x 128 x 192; kv 7,168 x 576 + 512 + 512 x 128 x 256; o 128 x 128 x 7,168), norms
+    # 2 x 7,168, router 7,168 x 256, one shared expert 3 x 7,168 x 2,048: 232,996,864; x 6 +
+    # head 129,280 x 7,168 + final norm 7,168 = 2,324,667,392, / TP 8 = 290,583,424.
+    par = Parallel(tp=8, pp=12, ep=8, last_stage_layers=6)
+    dense, experts = heaviest_stage_params(DSV3, par)
+    assert experts == pytest.approx(8_455_716_864)
+    assert dense == pytest.approx(290_583_424)
+    # the mean stage holds 61 / 12 layers' worth: the heaviest holds ~25% more
+    assert (dense + experts) / sum(params_per_device(DSV3, par)) == pytest.approx(1.25, abs=0.01)
+    # no pipeline: the one stage holds everything
+    assert heaviest_stage_params(DSV3, Parallel(tp=8, ep=8)) == params_per_device(
+        DSV3, Parallel(tp=8, ep=8))
+
+
+def test_host_step_paces_the_heaviest_stage() -> None:
+    # one fp32 parameter a second x 1e9 per G: the host step of the heaviest shard, ZeRO over dp 1
+    eff = replace(FLAT, host_adam_gparams_s=0.34, offload_gbs=1e6)
+    par = Parallel(tp=8, pp=12, ep=8, zero=1, offload=True, last_stage_layers=6)
+    assert offload_time(DSV3, H20, par, eff) == pytest.approx(
+        (290_583_424 + 8_455_716_864) / 0.34e9)

@@ -78,7 +78,7 @@ from placer.cost.sharding import (
     state_tokens,
     train_state_bytes,
 )
-from placer.cost.stages import stage_excess
+from placer.cost.stages import heaviest_stage_params, stage_excess
 from placer.cost.vocabcomm import Head, score_vocab_comm, train_vocab_comm
 from placer.spec.arch import ModelArch
 from placer.spec.hardware import DeviceKind, DeviceType
@@ -174,14 +174,17 @@ def offload_time(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) 
     (`offload.host_step_gb`), one tensor at a time on their own streams under the host's AdamW
     (`--overlap-cpu-optimizer-d2h-h2d`), so the slower of the copies and, where the framework's
     profile gives a host rate (`host_adam_gparams_s` > 0), the host step: the rank's
-    parameters / that rate. A host-backed device moves nothing."""
+    parameters / that rate. Every rank steps its own shard and the step ends with the last, so
+    the rank is the heaviest pipeline stage's (`stages.heaviest_stage_params`: an uneven split,
+    the LM head's stage). A host-backed device moves nothing."""
     if not par.offload or dev.host_backed:
         return 0.0
-    state = train_state_bytes(m, par)[2]
-    copies = host_step_gb(state / GB) / eff.offload_gbs
+    dense, experts = heaviest_stage_params(m, par)
+    groups = (par.zero_group, par.expert_zero_group) if par.zero >= 1 else (1, 1)
+    params = dense / groups[0] + experts / groups[1]  # the rank's optimizer shard
+    copies = host_step_gb(params * MODEL_BYTES["optimizer"] / GB) / eff.offload_gbs
     if eff.host_adam_gparams_s <= 0:
         return copies
-    params = state / MODEL_BYTES["optimizer"]  # the rank's optimizer shard
     return max(params / (eff.host_adam_gparams_s * 1e9), copies)
 
 

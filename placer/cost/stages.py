@@ -27,10 +27,20 @@ parts), a stage of l of the model's L layers, on 1/pp of the devices, takes pp x
 and the last adds pp x T_H. The pass runs at pp x the slowest stage; `stage_excess` is that less
 the even spread T_L + T_H (never negative: the slowest stage is at least the mean). An even
 split with the head on the last stage gives (pp - 1) x T_H.
+
+What a stage holds paces a per-rank step on it too. A host-stepped optimizer (Megatron-Core's
+HybridDeviceOptimizer, `Parallel.offload`) steps each rank's own shard on the host, and the
+step is over when the last rank's is: the optimizer's grad-norm all-reduce starts the next
+step on every rank, and the next forward's first stage-to-stage send waits on every stage.
+`heaviest_stage_params` is that rank's shard: the stage's layers as `stage_layers` splits them,
+the leading dense layers (`ModelArch.dense_layers`, DeepSeek's first_k_dense_replace) on the
+first stages, the input embedding on the first stage and the LM head with the final norm on the
+last (gpt_model.py:186-203 above, `pre_process` / `post_process`).
 """
 from __future__ import annotations
 
-from placer.cost.sharding import Parallel
+from placer.cost.sharding import Parallel, params_per_device
+from placer.spec.arch import ModelArch
 
 
 def stage_layers(n_layers: int, par: Parallel) -> tuple[float, float, float]:
@@ -62,3 +72,41 @@ def stage_excess(layers_s: float, head_s: float, n_layers: int, par: Parallel) -
     per_layer = layers_s / n_layers
     slowest = max(first * per_layer, middle * per_layer, last * per_layer + head_s)
     return max(par.pp * slowest - (layers_s + head_s), 0.0)
+
+
+def _stage_parts(m: ModelArch, layers: float, start: float, first: bool,
+                 last: bool) -> tuple[float, float]:
+    """(dense, routed-expert) parameters of the stage holding `layers` layers from layer
+    `start` on (whole model, before any split): its dense-MLP and MoE layers (the model's
+    leading `dense_layers` are dense), the embedding on the first, head and final norm on the
+    last."""
+    h = m.hidden
+    dense_n = min(max(m.dense_layers - start, 0.0), layers) if m.moe else layers
+    moe_n = layers - dense_n
+    per_layer = m.mixer_params() / m.layers + 2 * h  # token mixer and the two norms
+    dense = layers * per_layer + dense_n * 3 * h * m.mlp
+    if m.moe:
+        dense += moe_n * (h * m.experts + m.shared_experts * m.expert_params())
+    dense += m.vocab * h * (first + last) + h * last
+    return dense, moe_n * m.experts * m.expert_params()
+
+
+def heaviest_stage_params(m: ModelArch, par: Parallel) -> tuple[float, float]:
+    """(dense, routed-expert) parameters one device of the heaviest pipeline stage holds, before
+    any ZeRO sharding: `sharding.params_per_device` where pp = 1, else the stage whose device
+    holds the most of both (module docstring), each part scaled by that stage's share of the
+    model's part so the totals stay `sharding.params_per_device`'s."""
+    dense_dev, expert_dev = params_per_device(m, par)
+    if par.pp <= 1:
+        return dense_dev, expert_dev
+    first, middle, last = stage_layers(m.layers, par)
+    counts = [first, *[middle] * (par.pp - 2), last]
+    starts = [sum(counts[:i]) for i in range(par.pp)]
+    parts = [_stage_parts(m, n, s, i == 0, i == par.pp - 1)
+             for i, (n, s) in enumerate(zip(counts, starts))]
+    total_dense = sum(p[0] for p in parts) or 1.0
+    total_expert = sum(p[1] for p in parts) or 1.0
+    # per-device totals over all stages (params_per_device is the mean stage's)
+    dense_all, expert_all = dense_dev * par.pp, expert_dev * par.pp
+    return max(((d / total_dense * dense_all, e / total_expert * expert_all) for d, e in parts),
+               key=sum)
