@@ -170,18 +170,6 @@ _R10_STEP0 = ("step 0, warm-up included: the one step Miles' doc names is step 0
               "right after takes 33 s: the GDN layers' Triton kernels are compiled and "
               "autotuned on their first call")
 
-# Row r11's update stage from its published MFU (0.19; verl docs/perf/dpsk.md @e2e4c35ec), as
-# verl computes it (volcengine/verl @e2e4c35ec verl/workers/megatron_workers.py:631-636: the
-# `update_policy` timer alone, inside the parameter load and offload; perf/mfu/actor = FLOPs /
-# that time / 148 TFLOP/s, the H20's entry in verl/utils/flops_counter.py:87-88, / 96 GPUs).
-# The FLOPs are verl's DeepSeek-V3 count (flops_counter.py:167-219: 6 x 37.55 G matmul
-# parameters a token + 12 x seqlen^2 x 61 layers x 192 x 128 per sequence) over the row's 768
-# sequences at its job file's lengths (prompt 256, response lognormal median 1,250, sigma 1,
-# capped at 9,632: E[s] 2,207, E[s^2] 8.93 M tokens^2; the quadratic term is 24% of the FLOPs):
-# 5.05e17 / (0.19 x 148e12 x 96) = 187 s (182-192 s for an MFU of 0.185-0.195). The model's
-# update stage also holds the driver's dispatch (~1.3 s here).
-_R11_UPDATE_S = 187.0
-
 _NEMO_PERF = ("NeMo-RL docs/about/performance-summary.md "
               "@7ea279abfbeb698b092856d0dab61e7cf39bc909 (NeMo RL v0.6; recipes @v0.6.0)")
 
@@ -262,7 +250,7 @@ ROWS: list[Row] = [
          _R.REWARD: _CPU},
         _COLOC_REF, first_step=_R10_STEP0, first_call_stages=("ref", "update")),
     Row("r11 GRPO 671B DeepSeek-V3 96xH20 colocate", "r11-grpo671b-96xh20-colocate.yaml",
-        "verl docs/perf/dpsk.md", 1700.0, {"rollout": 1050.0, "update": _R11_UPDATE_S},
+        "verl docs/perf/dpsk.md", 1700.0, {"rollout": 1050.0},
         # LAST_LAYER=6: num_layers_in_last_pipeline_stage 6 of 61 on both (the script sets it on
         # the actor's transformer config, which verl's reference worker builds from too)
         {_R.ACTOR: Use("h20", tp=8, pp=12, dp=1, zero=1, offload=True, ep=8, park_params=True,
