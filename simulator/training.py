@@ -77,6 +77,8 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
     ctx = smp.context_tokens()
     tokens = sum(ctx)
     seq = tokens / max(len(ctx), 1)
+    # causal attention over the packed samples: sum s^2 / sum s (`placer.cost.attnspan`)
+    span = sum(c * c for c in ctx) / tokens if tokens else 0.0
     out = []
     imgs = res.job.lengths.images_per_prompt
     for role in res.job.roles():
@@ -96,13 +98,14 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
                 px, smp.n, res.job.seed, 0, mean=True)),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         elif stage == "score":  # (+ a VLM's encoder over the samples' images)
-            steps = (score_time(m, dev, rp.par, tokens, seq, eff, head_of(role))
+            steps = (score_time(m, dev, rp.par, tokens, seq, eff, head_of(role), span)
                      + pass_encode_s(m, dev, rp.par, smp.n, imgs, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         else:
             mb = res.job.batch.mini_batches
             enc = pass_encode_s(m, dev, rp.par, smp.n, imgs, eff, train=True) / mb
-            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff, head_of(role)) + enc
+            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff, head_of(role),
+                                     span) + enc
                           for _ in range(mb))
             ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step
             # and once per RL step the sharded trainer's weights gathered for the sync

@@ -16,6 +16,7 @@ from placer.cost.estimate import (
     mean_context,
     pass_dispatch,
     rollout_shape,
+    trained_span,
     wave_time,
 )
 from placer.cost.layercomm import weight_gather_time
@@ -85,8 +86,11 @@ def test_frozen_forward_is_the_cost_models_score_pass(hetero) -> None:
     s = mean_context(hetero)
     m, dev = hetero.model_of("reference"), hetero.device_of(pool)
     assert est.stage_s["score"] == pytest.approx(  # + the driver's dispatch of the batch
-        score_time(m, dev, par, hetero.job.batch.samples * s, s, EFF)
+        score_time(m, dev, par, hetero.job.batch.samples * s, s, EFF,
+                   attn_seq=trained_span(hetero))
         + pass_dispatch(hetero, EFF))
+    # the lengths vary, so the attention is priced at E[s^2] / E[s] (placer.cost.attnspan)
+    assert trained_span(hetero) > s
 
 
 def test_training_estimate_prices_forward_and_optimizer_steps(hetero) -> None:
@@ -97,8 +101,9 @@ def test_training_estimate_prices_forward_and_optimizer_steps(hetero) -> None:
     # the passes, the batch's dispatch, and the sharded weights gathered once for the sync
     gather = weight_gather_time(m, dev, par, weight_tensors(m), EFF)
     assert gather > 0
-    assert est.stage_s["train"] == pytest.approx(train_time(m, dev, par, n * s, s, 4, EFF)
-                                                 + pass_dispatch(hetero, EFF) + gather)
+    assert est.stage_s["train"] == pytest.approx(
+        train_time(m, dev, par, n * s, s, 4, EFF, attn_seq=trained_span(hetero))
+        + pass_dispatch(hetero, EFF) + gather)
     assert est.memory == train_memory(m, par, hetero.job.max_context, EFF)
 
 

@@ -167,7 +167,11 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # r23 -24% -> -22%, r16 and r22 +1%/+2% -> +2%/+3%.
     step = rep.summary("step")
     assert len(rep.kind("step")) == 22
-    assert step["loo_median_abs_error"] < 0.141, step
+    # Tightened (0.165 -> 0.13): the r09a / r09b trainers at their scripts' settings (r09a's
+    # rollout.n 16, TP 2 x PP 2 with micro-batches of 2 for both) and attention priced at
+    # E[s^2] / E[s]: the step rows 16.4% -> 12.5% LOO; r09a -26% -> -4%, r08 +37% -> +7%,
+    # r07 +3% -> -12%, r01 -27% -> -31% (mfu_score and mfu_train refit to 0.93 and 0.90)
+    assert step["loo_median_abs_error"] < 0.13, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.38, earlier
     assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.38, earlier

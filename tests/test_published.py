@@ -10,7 +10,7 @@ import pytest
 
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import budgeted, trained_context
+from placer.cost.estimate import budgeted, trained_context, trained_span
 from placer.cost.model import train_time
 from placer.spec.catalog import resolve
 from placer.spec.load import load_job
@@ -145,10 +145,21 @@ def test_stage_errors_do_not_grow(doc: PublishedReport) -> None:
     # mfu_score and dispatch_gbs were fitted on (all in-sample); the fully async rows run no
     # old log-prob pass and are not counted.
     assert _stage_median(doc, "update") < 0.26, _stage_median(doc, "update")
-    assert _stage_median(doc, "old_log_prob") < 0.08, _stage_median(doc, "old_log_prob")
+    # Loosened (0.08 -> 0.19) for a defect fixed in the rows' inputs: r09a at its script's
+    # rollout.n 16 (was 12) and r09a / r09b at their scripts' TP 2 x PP 2 with micro-batches of 2
+    # (was TP 2 x DP 8 / DP 6). The one_step_off doc's four runs' log-prob passes are then all
+    # priced +36% to +50% (r07 +44%, r08 +50%, r09a +39%, r09b +36%; r09a's was -5%, its n 12
+    # hiding the gap) where the fully_async doc's r01-r03 and r05 are within 2%: the median of
+    # the eight sits between the two groups (docs/cost-model.md, "What is left on these rows")
+    assert _stage_median(doc, "old_log_prob") < 0.19, _stage_median(doc, "old_log_prob")
     passes = [st.error for r in doc.rows if "xH20 " in r.name
               for k, st in r.stages.items() if k in ("old_log_prob", "ref")]
-    assert len(passes) == 10 and max(abs(e) for e in passes) < 0.55, passes
+    # Loosened (0.55 -> 0.65) for a defect fixed: causal attention priced at E[s^2] / E[s] of
+    # the samples' lengths (placer/cost/attnspan.py), not their mean. The 30B-A3B rows, whose
+    # attention is a large share of a token's FLOPs (3B active), move most: r05's reference
+    # +33% -> +40%, r06's +52% -> +63%, while their updates go -41% -> -37% and -21% -> -15%
+    # (their forward and update were already off in opposite directions at one factor each)
+    assert len(passes) == 10 and max(abs(e) for e in passes) < 0.65, passes
     first_ten = dataclasses.replace(doc, rows=[r for r in doc.rows
                                                if not r.name.startswith("r11")])
     # the rollout stage: no default is fitted on it any more (mfu_prefill and the decode curve
@@ -251,9 +262,10 @@ def test_trainers_recompute_as_their_scripts_set() -> None:
     tokens, steps = res.job.batch.samples * ctx, res.job.batch.mini_batches
     m, dev = res.arch_of(Role.ACTOR), res.device_of(use.pool)
     par = budgeted(res, use.parallel(), "update")
+    span = trained_span(res)  # the attention's length (placer.cost.attnspan)
     recompute = train_time(m, dev, dataclasses.replace(par, recompute=True), tokens, ctx, steps,
-                           eff)
-    plain = train_time(m, dev, par, tokens, ctx, steps, eff)
+                           eff, attn_seq=span)
+    plain = train_time(m, dev, par, tokens, ctx, steps, eff, attn_seq=span)
     assert recompute > 1.2 * plain  # 2 more passes of the layers over 6
     assert (more.stages["update"].predicted_s - got.stages["update"].predicted_s
             == pytest.approx(recompute - plain, rel=1e-9))

@@ -53,6 +53,9 @@ class Use:
     # verl's FSDP workers checkpoint each decoder layer (`enable_gradient_checkpointing`, true by
     # default); Megatron recomputes only where `recompute_granularity` is set (`_NO_RECOMPUTE`)
     recompute: bool = True
+    # a trainer's fixed micro-batch, sequences a device (verl's ppo_micro_batch_size_per_gpu,
+    # where its script runs without use_dynamic_bsz; `Parallel.micro_batch`); 0: token budgets
+    micro_batch: int = 0
 
     def parallel(self) -> Parallel:
         return Parallel(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero,
@@ -61,7 +64,8 @@ class Use:
                         park_params=self.park_params, park_optimizer=self.park_optimizer,
                         sharded_weights=self.sharded, micro_token_budget=self.micro_token_budget,
                         stream_params_bytes=self.stream_params_bytes,
-                        first_stage_layers=self.first_layers, last_stage_layers=self.last_layers)
+                        first_stage_layers=self.first_layers, last_stage_layers=self.last_layers,
+                        micro_batch=self.micro_batch)
 
 
 @dataclass(frozen=True)
@@ -228,16 +232,19 @@ ROWS: list[Row] = [
         {"rollout": 458.0, "old_log_prob": 108.0, "update": 337.0},
         {_R.ACTOR: Use("h20", dp=12, shard=2), _R.ROLLOUT: Use("h20", tp=2, dp=2), _R.REWARD: _CPU},
         _SPLIT),
+    # r09a, r09b: the trainer as the scripts set it, TP 2 x PP 2 with fixed micro-batches of 2
+    # sequences (no dynamic batching in verl's Megatron worker then; the job files' headers cite
+    # the lines of dapo_7b_math_megatron_{colocate,4_12}.sh @503ea75f5)
     Row("r09a DAPO 7B Megatron 16xH20 colocate", "r09a-dapo7b-16xh20-megatron-colocate.yaml", _OSO,
         699.0, {"rollout": 162.0, "old_log_prob": 119.0, "update": 344.0},  # (generate_sequences)
-        {_R.ACTOR: Use("h20", tp=2, dp=8, zero=1, park_params=True, park_optimizer=True,
-                       recompute=_NO_RECOMPUTE),
+        {_R.ACTOR: Use("h20", tp=2, pp=2, dp=4, zero=1, park_params=True, park_optimizer=True,
+                       recompute=_NO_RECOMPUTE, micro_batch=2),
          _R.ROLLOUT: Use("h20", tp=2, dp=8),
          _R.REWARD: _CPU},
         _COLOC),
     Row("r09b DAPO 7B Megatron 16xH20 one-step-off", "r09b-dapo7b-16xh20-megatron-one-step-off.yaml",
         _OSO, 566.0, {"rollout": 501.0, "old_log_prob": 120.0, "update": 347.0},
-        {_R.ACTOR: Use("h20", tp=2, dp=6, zero=1, recompute=_NO_RECOMPUTE),
+        {_R.ACTOR: Use("h20", tp=2, pp=2, dp=3, zero=1, recompute=_NO_RECOMPUTE, micro_batch=2),
          _R.ROLLOUT: Use("h20", tp=2, dp=2),
          _R.REWARD: _CPU},
         _SPLIT),

@@ -32,6 +32,7 @@ from typing import Literal
 import numpy as np
 
 from placer.base.roles import TRAINING_ROLES, Role, base_role
+from placer.cost.attnspan import attention_span
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.generation import (
@@ -195,6 +196,17 @@ def _tokens(res: Resolved) -> tuple[float, float]:
     return res.job.batch.samples * s, s
 
 
+def trained_span(res: Resolved) -> float:
+    """The length whose causal attention prices the trained samples' (`attnspan`: E[s^2] / E[s]
+    over them, the shortest kept fraction of an over-provisioned step)."""
+    j = res.job
+    gen = generated_samples(j)
+    cut = j.tail_policy.mechanism.keeps_first and gen > j.batch.samples and varies(
+        j.lengths.response)
+    return attention_span(trained_context(res), j.lengths.prompt, j.lengths.response,
+                          j.environment.turns, j.batch.samples / gen if cut else 1.0, j.seed)
+
+
 def trained_context(res: Resolved) -> float:
     """Mean tokens of one sample that the step scores and trains. Over-provisioned, the step
     keeps the first n of the ceil(n (1 + f)) generated to finish, and with continuous batching
@@ -259,9 +271,11 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     fpar, upar = budgeted(res, par, "forward"), budgeted(res, par, "update")
     # the update's gradients reduce at its framework's precision (fp32 or BF16)
     upar = replace(upar, grad_reduce_bytes=res.job.profile.grad_reduce_bytes(pp=par.pp, ep=par.ep))
-    fwd = score_time(m, dev, fpar, tokens, seq, eff, head) + ship + pass_encode_s(m, dev, par, n, imgs,
-                                                                            eff)
-    train = (train_time(m, dev, upar, tokens, seq, res.job.batch.mini_batches, eff, head) + ship
+    span = trained_span(res)
+    fwd = (score_time(m, dev, fpar, tokens, seq, eff, head, span) + ship
+           + pass_encode_s(m, dev, par, n, imgs, eff))
+    train = (train_time(m, dev, upar, tokens, seq, res.job.batch.mini_batches, eff, head, span)
+             + ship
              + pass_encode_s(m, dev, par, n, imgs, eff, train=True))
     train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
     train += trainer_image_prep_s(res, role, par, eff)
@@ -292,14 +306,14 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
                                _lpu_short(m, dev, chips, par))
         mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
         return Estimate(role, pool.name, par, mem,
-                        {"score": forward_time(m, dev, par, tokens, seq, eff)
+                        {"score": forward_time(m, dev, par, tokens, trained_span(res), eff)
                          + pass_dispatch(res, eff)
                          + pass_encode_s(m, dev, par, res.job.batch.samples,
                                          res.job.lengths.images_per_prompt, eff)})
     mem = infer_memory(m, par, dev, eff)
     imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
     fpar = budgeted(res, par, "forward")  # the job's forward micro-batches
-    score = score_time(m, dev, fpar, tokens, seq, eff, head_of(role))
+    score = score_time(m, dev, fpar, tokens, seq, eff, head_of(role), trained_span(res))
     weights, gathered = mem.weights, 0.0
     if dev.kind is DeviceKind.gpu and frozen_sharded(par):
         # the same pass time: `mfu_score` is fitted on verl's old-log-prob passes, which run on

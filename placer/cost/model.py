@@ -131,9 +131,12 @@ def train_flops(m: ModelArch, tokens: float, seq: float, recompute: bool) -> flo
 
 
 def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
-               steps: int, eff: Efficiency, head: Head = Head.LOGPROB) -> float:
-    """Seconds for `steps` optimizer steps over `tokens` tokens in total; `head` what the pass
-    computes at the top (`vocabcomm.head_of` the role). ZeRO-3's weight
+               steps: int, eff: Efficiency, head: Head = Head.LOGPROB,
+               attn_seq: float | None = None) -> float:
+    """Seconds for `steps` optimizer steps over `tokens` tokens in total of sequences of `seq`
+    tokens on average; `head` what the pass computes at the top (`vocabcomm.head_of` the role);
+    `attn_seq` the length whose causal attention prices the batch's (`attnspan`: E[s^2] / E[s]
+    of sequences of unequal lengths; default `seq`). ZeRO-3's weight
     gathers (`zero3_gathers`) are added without overlap, like every collective of the model:
     FSDP prefetches them under the compute (Zhao et al. 2023), but an affine price keeps the
     cost calibratable (`placer.calibrate.fit` probes each factor's term; a max() would hide one side)."""
@@ -142,7 +145,8 @@ def train_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq:
     mt = micro_tokens(par, seq)
     ceiling = device_ceiling(eff.mfu_train, dev, eff, par)
     group = _micro_group(par, per_step, mt)
-    compute = pass_compute(m, dev, par, tokens, seq, passes, ceiling, group, eff)
+    span = seq if attn_seq is None else attn_seq
+    compute = pass_compute(m, dev, par, tokens, span, passes, ceiling, group, eff)
     # the slowest pipeline stage paces every micro-batch (`placer.cost.stages`)
     compute += pipeline_stage_excess(m, dev, par, tokens, compute, passes, ceiling, group, eff,
                                      head)
@@ -223,20 +227,21 @@ def pipeline_stage_excess(m: ModelArch, dev: DeviceType, par: Parallel, tokens: 
 
 # ----------------------------------------------------------------------------- frozen forward
 def score_time(m: ModelArch, dev: DeviceType, par: Parallel, tokens: float, seq: float,
-               eff: Efficiency, head: Head = Head.LOGPROB) -> float:
+               eff: Efficiency, head: Head = Head.LOGPROB, attn_seq: float | None = None) -> float:
     """A training framework's forward-only pass over `tokens` tokens (old log-probs, reference,
     reward model, critic values) on a GPU: 2 passes of FLOPs at `device_ceiling(mfu_score)` (the
     training module's kernels and roofline, not an engine's prefill) + the layers' collectives
     + a measured MoE routing cost where the framework has one (`moe_route_time`). Elsewhere
     (an LPU or CPU serving a frozen model) the engine's `forward_time`. `head`: what the pass
-    computes at the top (`vocabcomm.head_of` the role)."""
+    computes at the top (`vocabcomm.head_of` the role); `attn_seq`: as `train_time`'s."""
+    span = seq if attn_seq is None else attn_seq
     if dev.kind is not DeviceKind.gpu:
-        return forward_time(m, dev, par, tokens, seq, eff)
+        return forward_time(m, dev, par, tokens, span, eff)
     ceiling = device_ceiling(eff.mfu_score, dev, eff, par)
     mt = micro_tokens(par, seq)  # a trained role's forward runs its training micro-batches
     rank_tokens = tokens / par.dp
     group = _micro_group(par, rank_tokens, mt)
-    compute = pass_compute(m, dev, par, tokens, seq, 2, ceiling, group, eff)
+    compute = pass_compute(m, dev, par, tokens, span, 2, ceiling, group, eff)
     compute += pipeline_stage_excess(m, dev, par, tokens, compute, 2, ceiling, group, eff, head)
     # as `train_time` prices a pipeline's forward: each device runs its layers / pp of the
     # collectives, the stages' fill and drain idle (pp - 1) stage times over the micro-batches,
