@@ -32,6 +32,7 @@ from placer.base.roles import Role
 from placer.cost import optpark
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
+from placer.cost.estimate import reducing
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import dispatch_time, score_time, train_time
 from placer.cost.pricer import Pricer
@@ -104,7 +105,8 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
         else:
             mb = res.job.batch.mini_batches
             enc = pass_encode_s(m, dev, rp.par, smp.n, imgs, eff, train=True) / mb
-            steps = tuple(train_time(m, dev, rp.par, tokens / mb, seq, 1, eff, head_of(role),
+            upar = reducing(res, rp.par)  # the framework's gradient precision, as planned
+            steps = tuple(train_time(m, dev, upar, tokens / mb, seq, 1, eff, head_of(role),
                                      span) + enc
                           for _ in range(mb))
             ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step

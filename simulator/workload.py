@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from placer.base.errors import SpecError
-from placer.cost.estimate import generated_samples
+from placer.cost.rolloutcost import generated_samples
 from placer.spec.job import Job
 from placer.spec.sampling import draw, draw_lengths, rng
 from simulator.config import Workload as WorkloadConfig

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate, Part
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate, Part
 from placer.cost.sharding import Parallel
 from placer.cost.split import colocated, join
 from placer.cost.timing import Placed

@@ -16,10 +16,10 @@ from placer.cost.admission import Hooks, engine, run_replica
 from placer.cost.batching import KvBudget, StepTerms, kv_budget, step_terms
 from placer.cost.calibration import calibration_from_dict
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import rollout_shape
 from placer.cost.generation import decode_step_time, max_concurrency, prefill_time
 from placer.cost.pricer import Pricer
 from placer.cost.rollout_tail import Replicas, fits_lockstep, makespan
+from placer.cost.rolloutcost import rollout_shape
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
 from placer.solve.assemble import reprice

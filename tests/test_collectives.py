@@ -21,7 +21,6 @@ from placer.cost.collectives import (
     reduce_scatter,
 )
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.flash import prefill_blocks, wave_occupancy
 from placer.cost.generation import (
     attention_floor,
@@ -32,6 +31,7 @@ from placer.cost.generation import (
 )
 from placer.cost.layercomm import decode_tp_comm, tp_all_reduce
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import Memory, device_ceiling, gemm_eff, weight_bytes
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_links

@@ -11,17 +11,11 @@ from specdata import ROOT, base
 from placer.base.roles import Role
 from placer.cost.batching import kv_budget
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import (
-    can_host,
-    mean_context,
-    pass_dispatch,
-    rollout_shape,
-    trained_span,
-    wave_time,
-)
+from placer.cost.estimate import can_host, mean_context, pass_dispatch, reducing, trained_span
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import score_time, train_memory, train_time
 from placer.cost.pricer import Pricer
+from placer.cost.rolloutcost import rollout_shape, wave_time
 from placer.cost.roofline import (
     attention_flops_per_token,
     chunk_seq,
@@ -102,7 +96,7 @@ def test_training_estimate_prices_forward_and_optimizer_steps(hetero) -> None:
     gather = weight_gather_time(m, dev, par, weight_tensors(m), EFF)
     assert gather > 0
     assert est.stage_s["train"] == pytest.approx(
-        train_time(m, dev, par, n * s, s, 4, EFF, attn_seq=trained_span(hetero))
+        train_time(m, dev, reducing(hetero, par), n * s, s, 4, EFF, attn_seq=trained_span(hetero))
         + pass_dispatch(hetero, EFF) + gather)
     assert est.memory == train_memory(m, par, hetero.job.max_context, EFF)
 

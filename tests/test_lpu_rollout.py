@@ -12,9 +12,9 @@ from placer.base.roles import Role
 from placer.cost import rollout_tail
 from placer.cost.batching import step_terms
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import rollout_shape
 from placer.cost.generation import lpu_chips
 from placer.cost.pricer import Pricer
+from placer.cost.rolloutcost import rollout_shape
 from placer.cost.roofline import GB, decode_read_bytes
 from placer.solve.assemble import reprice
 from placer.solve.planfile import Plan

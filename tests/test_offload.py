@@ -9,7 +9,6 @@ import pytest
 
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.model import train_time
 from placer.cost.offload import (
     GENERIC,
@@ -23,6 +22,7 @@ from placer.cost.offload import (
     unparked_gb,
 )
 from placer.cost.optpark import parked_gb
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import GB, Memory
 from placer.cost.sharding import Parallel, train_state_bytes
 from placer.cost.timing import member_switch

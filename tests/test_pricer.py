@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate
 from placer.cost.timing import Placed
 from placer.solve.layouts import layouts
 from placer.spec.catalog import Resolved, resolve

@@ -12,9 +12,9 @@ from simplans import SMALL_PLACEMENT, small_job, small_plan
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
 from placer.cost.refit import paired_route, paired_time, slice_bytes
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import GB, Memory, weight_bytes
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed

@@ -14,11 +14,12 @@ import pytest
 from placer.base.roles import Role
 from placer.cost.collectives import all_gather
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate, _tokens
+from placer.cost.estimate import _tokens
 from placer.cost.layercomm import shard_link
 from placer.cost.model import moe_route_time
 from placer.cost.pricer import Pricer
 from placer.cost.refswap import SWAP_COPIES, param_sync_time, swap_host_gb, swap_time
+from placer.cost.roleestimate import Estimate
 from placer.cost.sharding import BYTES, Parallel
 from placer.cost.timing import onload_time
 from placer.solve import hostmem

@@ -12,7 +12,6 @@ from simplans import small_plan
 from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
 from placer.cost.refit import (
     RESHARD_STREAMS,
@@ -21,6 +20,7 @@ from placer.cost.refit import (
     reshard_grouped_calls,
     reshard_misc_tensors,
 )
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import GB, Memory, weight_bytes
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed

@@ -10,10 +10,10 @@ from placer.base.roles import Role
 from placer.cost.admission import run_replica
 from placer.cost.batching import KvBudget, StepTerms, step_terms
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import rollout_shape, wave_time
 from placer.cost.generation import decode_step_time, prefill_time
 from placer.cost.pricer import Pricer
 from placer.cost.rollout_tail import Replicas, makespan
+from placer.cost.rolloutcost import rollout_shape, wave_time
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means, has_variance, quantile
 from placer.cost.timing import Placed
@@ -36,7 +36,7 @@ def _steps(res) -> StepTerms:
 
 def test_identical_sequences_are_lockstep_waves() -> None:
     """20 identical 2-turn sequences, at most 8 at once (`max_num_seqs`, KV ample): waves of 8,
-    8 and 4, each prefilling, decoding, waiting out its tool call together - `estimate.wave_time`
+    8 and 4, each prefilling, decoding, waiting out its tool call together - `rolloutcost.wave_time`
     exactly."""
     res = resolve(at_means(job_from_dict(small_job(
         lengths__response={"kind": "fixed", "value": 300}))))

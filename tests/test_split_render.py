@@ -14,8 +14,8 @@ from simplans import example_plan
 
 from placer.base.errors import SpecError
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Part
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Part
 from placer.cost.split import join
 from placer.cost.timing import Placed
 from placer.interop import target_of

@@ -10,10 +10,10 @@ from simplans import SMALL_PLACEMENT, small_job, small_plan
 
 from placer.cost.batching import step_terms
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import rollout_shape
 from placer.cost.model import tool_waves
 from placer.cost.pricer import Pricer
 from placer.cost.rollout_tail import Replicas
+from placer.cost.rolloutcost import rollout_shape
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
 from placer.cost.timing import Placed

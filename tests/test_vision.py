@@ -8,8 +8,9 @@ from specdata import ROOT, vlm_job
 
 from placer.base.roles import Role
 from placer.commands.validate import describe
-from placer.cost.estimate import estimate, replica_devices
+from placer.cost.estimate import estimate
 from placer.cost.pricer import Pricer
+from placer.cost.rolloutcost import replica_devices
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
 from placer.cost.vision import pass_encode_s, rollout_encode_s

@@ -10,8 +10,8 @@ from simplans import small_job, small_plan
 
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import Memory, engine_load_entries, weight_bytes, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_calls, sync_links, sync_senders

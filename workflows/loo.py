@@ -34,9 +34,9 @@ from typing import Any
 from placer.base.roles import Role
 from placer.cost.band import Residual, ResidualTable, Tags, mode_of, model_class
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.factor_ranges import FactorRanges
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import Memory
 from placer.cost.timing import Placed
 from placer.spec.catalog import Resolved

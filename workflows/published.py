@@ -65,9 +65,9 @@ from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.calibration import load_calibration
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate
 from placer.cost.generation import decode_step_time
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed

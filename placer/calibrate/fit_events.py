@@ -41,11 +41,12 @@ from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.collectives import all_gather, all_reduce, reduce_scatter
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import Estimate, mean_context
+from placer.cost.estimate import mean_context
 from placer.cost.generation import decode_run_time, decode_step_time, prefill_time
 from placer.cost.layercomm import oversubscription, span_link, tp_link, weight_gather_time
 from placer.cost.model import score_time, sync_call_cost, train_time, transfer_time
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import GB, Memory, chunk_seq, weight_tensors
 from placer.cost.sharding import Parallel
 from placer.cost.timing import Placed, sync_bandwidth, sync_calls

@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
-from placer.cost.estimate import Estimate
+from placer.cost.roleestimate import Estimate
 from placer.cost.timing import Breakdown, Placed, onload_time
 from placer.spec.agents import Agents, role_name, split_role
 from placer.spec.arch import ModelArch

@@ -9,7 +9,7 @@ step i costs f(i) = decode_step_time(B, C0 + B i) = max(m0 + k C, floor): a run 
 two arithmetic series, summed (and inverted, to stop at a tool call's return) in closed form from
 the cost model's (m0, k, floor) per batch size (`costmodel.decode_step_line`, kept per batch size
 in `StepTerms`). With identical sequences every wave starts and ends together and the result is
-`estimate.wave_time`'s lockstep waves exactly.
+`rolloutcost.wave_time`'s lockstep waves exactly.
 
 `KvBudget` is what a replica admits: its KV-cache tokens (whole pages of `kv_block_tokens`) and
 `max_num_seqs` (`placer.cost.efficiency.Efficiency`).

@@ -5,10 +5,10 @@ turns these estimates into its cost table; the simulator replays the same work s
 so with every source of variance off both agree.
 
 Roles and the work they do each iteration (n samples, mean context s tokens):
-  rollout      generate n samples, `turns` turns each, on dp engine replicas: the tail-aware
-               makespan of the critical replica (`placer.cost.rollout_tail`) with the job's
-               distributions, lockstep waves of mean sequences (`wave_time`) with every
-               distribution fixed
+  rollout      generate n samples, `turns` turns each, on dp engine replicas
+               (`placer.cost.rolloutcost`: the tail-aware makespan of the critical replica
+               with the job's distributions, lockstep waves of mean sequences with every
+               distribution fixed)
   environment  (turns - 1) rounds of n tool calls on CPU cores
   reference    forward over n*s tokens (KL log-probs)
   reward       forward over n*s tokens (model), a generative judge's decode queue (prefill of
@@ -19,13 +19,13 @@ Roles and the work they do each iteration (n samples, mean context s tokens):
 A vision-language model's encoder adds its FLOPs per image to each of these passes and its
 activations to their memory (`placer.cost.vision`); the image tokens are in the prompt's length.
 Every trainer and frozen forward pass also pays the driver's dispatch (`pass_dispatch`).
+`estimate` dispatches each role to its estimator; the result is a `placer.cost.roleestimate.Estimate`.
 Formulas and sources: docs/cost-model.md.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import Literal
 
@@ -36,43 +36,32 @@ from placer.cost.attnspan import attention_span
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
 from placer.cost.generation import (
-    decode_run_time,
     forward_time,
     lpu_chips,
-    max_concurrency,
-    prefill_time,
 )
 from placer.cost.judge import judge_cost
 from placer.cost.layercomm import fsdp_units, weight_gather_time
 from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
 from placer.cost.offload import streamed
 from placer.cost.refswap import swap_time
-from placer.cost.rollout_tail import (
-    Replicas,
-    fits_lockstep,
-    identical_span,
-    makespan,
-    steady_concurrency,
+from placer.cost.roleestimate import Estimate, infeasible, lpu_short
+from placer.cost.rolloutcost import (
+    generated_samples,
+    rollout_estimate,
 )
 from placer.cost.roofline import (
     BYTES,
     GB,
     Memory,
-    chunk_seq,
     infer_memory,
-    kv_bytes_per_token,
-    kv_split,
     weight_tensors,
 )
 from placer.cost.rulecheck import rule_reward_time
-from placer.cost.sharding import Parallel, linear_state_bytes, train_state_bytes
-from placer.cost.tail_samples import has_variance, quantile, varies
+from placer.cost.sharding import Parallel, train_state_bytes
+from placer.cost.tail_samples import quantile, varies
 from placer.cost.vision import (
     encoder_activation_gb,
-    engine_prompts,
-    host_prep_s,
     pass_encode_s,
-    rollout_encode_s,
     trainer_image_prep_s,
 )
 from placer.cost.vocabcomm import head_of
@@ -80,7 +69,6 @@ from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.distributions import Distribution
 from placer.spec.hardware import DeviceKind, DeviceType, Pool
-from placer.spec.job import Job
 
 # Which kinds of device may host a role (training needs can_train as well).
 HOSTS: dict[str, tuple[DeviceKind, ...]] = {
@@ -93,48 +81,6 @@ HOSTS: dict[str, tuple[DeviceKind, ...]] = {
 }
 TRUNCATION_GRID = 4096  # quantiles (or draws) behind the trained samples' mean length
 RULE_REWARD_S = Efficiency().rule_reward_s  # default CPU seconds per rule-checked sample
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Time (s) of a role's work per iteration, split by stage, and its memory per device (GB)."""
-
-    role: str
-    pool: str
-    par: Parallel
-    memory: Memory
-    stage_s: dict[str, float]
-    feasible: bool = True
-    reason: str = ""
-    concurrency: int = 0  # rollout: sequences per replica at once
-    # A role split over pools (`placer.cost.split`): each part's own estimate and samples; the
-    # whole's `pool` names the parts' pools joined by "+", `par` is the first part's layout.
-    parts: tuple[Part, ...] = ()
-
-    @property
-    def time_s(self) -> float:
-        return sum(self.stage_s.values())
-
-    @property
-    def devices(self) -> int:
-        return sum(p.est.devices for p in self.parts) if self.parts else self.par.devices
-
-    def pool_devices(self) -> dict[str, int]:
-        """Devices held on each pool: one pool, or every part's."""
-        if not self.parts:
-            return {self.pool: self.devices}
-        out: dict[str, int] = {}
-        for p in self.parts:
-            out[p.est.pool] = out.get(p.est.pool, 0) + p.est.devices
-        return out
-
-
-@dataclass(frozen=True)
-class Part:
-    """One part of a split role: its estimate for its `samples` of the batch's kept samples."""
-
-    est: Estimate
-    samples: int
 
 
 def can_host(res: Resolved, role: str, pool: Pool) -> bool:
@@ -167,7 +113,7 @@ def estimate(ctx: PriceContext, role: str, pool: Pool, par: Parallel,
     dev = ctx.res.device_of(pool)
     eff = ctx.calib.for_device(dev)
     fns: dict[str, RoleEstimator] = {
-        Role.ROLLOUT: _rollout, Role.ENVIRONMENT: _environment, Role.ACTOR: _train,
+        Role.ROLLOUT: rollout_estimate, Role.ENVIRONMENT: _environment, Role.ACTOR: _train,
         Role.CRITIC: _train, Role.REFERENCE: _forward, Role.REWARD: _reward}
     fn = fns[role]
     est = fn(ctx, role, pool, dev, par, eff, env_cores)
@@ -176,19 +122,9 @@ def estimate(ctx: PriceContext, role: str, pool: Pool, par: Parallel,
         parts = ", ".join(f"{k} {getattr(mem, k):.1f}" for k in
                           ("weights", "grads", "optimizer", "activations", "kv_cache", "overhead")
                           if getattr(mem, k) > 0)
-        return _infeasible(est, f"needs {mem.total:.1f} GB per device ({parts}), "
+        return infeasible(est, f"needs {mem.total:.1f} GB per device ({parts}), "
                                 f"{dev.name} has {dev.memory_gb:g} GB")
     return est
-
-
-def _lpu_short(m: ModelArch, dev: DeviceType, chips: int, par: Parallel) -> str:
-    return (f"{m.name} needs {chips} {dev.name} chips to hold {m.params() * 2 / 1e9:.1f} GB of "
-            f"weights plus KV reserve in {dev.memory_gb:g} GB of SRAM each, got {par.devices}")
-
-
-def _infeasible(est: Estimate, reason: str) -> Estimate:
-    return Estimate(est.role, est.pool, est.par, est.memory, est.stage_s, False, reason,
-                    est.concurrency)
 
 
 def _tokens(res: Resolved) -> tuple[float, float]:
@@ -253,6 +189,13 @@ def budgeted(res: Resolved, par: Parallel, kind: Literal["forward", "update"]) -
     return replace(par, micro_token_budget=tokens)
 
 
+def reducing(res: Resolved, par: Parallel) -> Parallel:
+    """`par` as its update runs: its gradients reduced at the job's framework's precision
+    (`FrameworkProfile.grad_reduce_bytes`: fp32 or BF16). The planner's estimate and the
+    simulator's train events both price the update on it."""
+    return replace(par, grad_reduce_bytes=res.job.profile.grad_reduce_bytes(pp=par.pp, ep=par.ep))
+
+
 def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
            eff: Efficiency, _env: int | None) -> Estimate:
     res = ctx.res
@@ -269,8 +212,7 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     ship = pass_dispatch(res, eff)  # each pass's batch through the driver, once per pass
     head = head_of(role)
     fpar, upar = budgeted(res, par, "forward"), budgeted(res, par, "update")
-    # the update's gradients reduce at its framework's precision (fp32 or BF16)
-    upar = replace(upar, grad_reduce_bytes=res.job.profile.grad_reduce_bytes(pp=par.pp, ep=par.ep))
+    upar = reducing(res, upar)
     span = trained_span(res)
     fwd = (score_time(m, dev, fpar, tokens, seq, eff, head, span) + ship
            + pass_encode_s(m, dev, par, n, imgs, eff))
@@ -302,8 +244,8 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
     if dev.kind is DeviceKind.lpu:
         chips = lpu_chips(m, dev, eff)
         if par.devices < chips:
-            return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
-                               _lpu_short(m, dev, chips, par))
+            return infeasible(Estimate(role, pool.name, par, Memory(), {}),
+                               lpu_short(m, dev, chips, par))
         mem = Memory(weights=infer_memory(m, par, dev, eff).weights * par.replica / chips)
         return Estimate(role, pool.name, par, mem,
                         {"score": forward_time(m, dev, par, tokens, trained_span(res), eff)
@@ -361,7 +303,7 @@ def _reward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Para
                         res.job.batch.samples, trained_context(res), res.job.max_context)
         est = Estimate(role, pool.name, par, jc.memory,
                        {"score": jc.seconds + pass_dispatch(res, eff)}, concurrency=jc.concurrency)
-        return _infeasible(est, jc.reason) if jc.reason else est
+        return infeasible(est, jc.reason) if jc.reason else est
     if res.model_of(Role.REWARD) is not None:
         return _forward(ctx, role, pool, dev, par, eff, env)
     # by its kind of check (`placer.cost.rulecheck`): one verify sandbox per CPU device, the
@@ -387,171 +329,3 @@ def _environment(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par:
     rounds = env.turns - 1
     t = (max(rounds - 1, 0) * every + last) * lat if rounds else 0.0
     return Estimate(role, pool.name, par, Memory(), {"rollout": t})
-
-
-def generated_samples(job: Job) -> int:
-    """Samples the rollout generates per iteration: the batch, plus the over-provisioned extra
-    (`tail_policy: overprovision` generates ceil(n (1 + fraction)) and keeps the first n)."""
-    return job.tail_policy.mechanism.generated(job.batch.samples)
-
-
-@dataclass(frozen=True)
-class RolloutShape:
-    """How samples flow through one engine replica. `concurrency`: the sequences an empty
-    replica admits at once (KV for their mean prompts, `max_num_seqs`, `batching.KvBudget`);
-    with variance off, the size of its lockstep waves while their KV fits to the end
-    (`rollout_tail.fits_lockstep`)."""
-
-    replicas: int
-    per_replica: int
-    concurrency: int
-    waves: int
-    generated: int = 0  # samples generated over all replicas (0: not given, = kept)
-    kept: int = 0  # samples the step waits for
-    steady: int = 0  # sequences at once in steady state (`rollout_tail.steady_concurrency`)
-
-    def waves_used(self) -> tuple[int, int]:
-        """(full waves, size of the last partial wave or 0) the busiest replica runs before the
-        `kept` samples are done, every source of variance off (all of a wave ends together).
-
-        Samples go round-robin, so replicas hold per_replica or per_replica - 1 of them; without
-        over-provisioning every wave is needed, as before."""
-        c, per = self.concurrency, self.per_replica
-        full, rest = divmod(per, c) if c > 0 else (0, 0)
-        if not self.overprovisioned:
-            return full, rest
-        lo, hi = 1, self.waves  # smallest w with done(w) >= kept
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if self._done(mid) < self.kept else (lo, mid)
-        return (lo, 0) if lo <= full else (full, rest)
-
-    @property
-    def overprovisioned(self) -> bool:
-        return self.generated > self.kept > 0 and self.concurrency > 0
-
-    def _done(self, w: int) -> int:
-        """Samples finished over all replicas after w waves (no variance)."""
-        c, per = self.concurrency, self.per_replica
-        big = self.generated - (per - 1) * self.replicas  # replicas holding `per` samples
-        return big * min(w * c, per) + (self.replicas - big) * min(w * c, per - 1)
-
-
-def rollout_shape(ctx: PriceContext, dev: DeviceType, par: Parallel, eff: Efficiency
-                  ) -> RolloutShape:
-    res = ctx.res
-    m = res.arch_of(Role.ROLLOUT)
-    replicas = (par.dp if dev.kind is not DeviceKind.lpu
-                else max(par.devices // lpu_chips(m, dev, eff), 1))
-    gen = generated_samples(res.job)
-    per = math.ceil(gen / replicas)
-    conc = steady = 0  # an engine that cannot hold one longest sequence runs none (infeasible)
-    if max_concurrency(m, dev, par, res.job.max_context, eff) >= 1:
-        prompt = max(int(round(res.job.lengths.prompt.mean_value())), 1)
-        kv = ctx.step_terms(m, dev, par, eff).kv
-        conc = kv.first_wave(prompt, per)
-        steady = steady_concurrency(res.job, kv, conc)
-    return RolloutShape(replicas, per, conc, math.ceil(per / conc) if conc > 0 else 0, gen,
-                        res.job.batch.samples, steady)
-
-
-def wave_time(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency, batch: int,
-              env_cores: int | None) -> tuple[float, float]:
-    """(generation seconds, tool seconds) of one lockstep wave of `batch` sequences.
-
-    Turn k: prefill the new tokens (prompt, or the previous tool output) at the grown context,
-    decode `response` tokens; between turns every sequence waits on its tool call.
-    """
-    j, m = res.job, res.arch_of(Role.ROLLOUT)
-    env = j.environment
-    p, r, o = (j.lengths.prompt.mean_value(), j.lengths.response.mean_value(),
-               env.tool_output_tokens)
-    gen = tools = 0.0
-    ctx = 0.0
-    for turn in range(env.turns):
-        new = p if turn == 0 else o
-        if new > 0:
-            gen += prefill_time(m, dev, par, batch * new, chunk_seq(ctx + new, new), eff)
-        ctx += new
-        gen += decode_run_time(m, dev, par, batch, ctx, int(round(r)), eff)
-        ctx += r
-        if turn < env.turns - 1 and env_cores:
-            lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
-            tools += tool_waves(batch, env.cpu_per_call, env_cores) * lat
-    return gen, tools
-
-
-def _waves(res: Resolved, dev: DeviceType, par: Parallel, eff: Efficiency,
-           shape: RolloutShape) -> float:
-    """Lockstep waves of mean-length sequences (every source of variance off): generation, and
-    the tool waits of a wave's sequences when the CPU pool serves them all at once (their
-    queueing for cores is `timing.rollout_tool_time`'s pair term)."""
-    full, rest = shape.waves_used()
-    gen = 0.0
-    for batch, count in ((shape.concurrency, full), (rest, 1 if rest else 0)):
-        if count:
-            g, _ = wave_time(res, dev, par, eff, batch, None)
-            gen += count * g
-    env = res.job.environment
-    if env.kind != "none" and env.turns > 1:
-        lat = env.tool_latency_s.mean_value() + eff.tool_overhead_s
-        gen += (env.turns - 1) * (full + (1 if rest else 0)) * lat
-    return gen
-
-
-def _state_note(m: ModelArch, eff: Efficiency) -> str:
-    """' + X GB of linear-attention state' for a hybrid model (its per-sequence GDN state)."""
-    state = linear_state_bytes(m, eff)
-    return f" + {state / 1e9:.2f} GB of linear-attention state" if state > 0 else ""
-
-
-def _rollout(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Parallel,
-             eff: Efficiency, env_cores: int | None) -> Estimate:
-    res = ctx.res
-    m = res.arch_of(Role.ROLLOUT)
-    if dev.kind is DeviceKind.lpu:
-        chips = lpu_chips(m, dev, eff)
-        if par.devices < chips:
-            return _infeasible(Estimate(role, pool.name, par, Memory(), {}),
-                               _lpu_short(m, dev, chips, par))
-        mem = Memory(weights=m.params() * 2 / chips / 1e9)
-    else:
-        mem = infer_memory(m, par, dev, eff)
-    shape = rollout_shape(ctx, dev, par, eff)
-    st = ctx.step_terms(m, dev, par, eff)
-    if shape.concurrency < 1:
-        longest = res.job.max_context
-        free = max(dev.memory_gb * eff.kv_mem_fraction - mem.total, 0.0)
-        split = kv_split(m, par)  # devices holding distinct KV (a latent is not split by TP)
-        return _infeasible(Estimate(role, pool.name, par, mem, {}),
-                           f"one {longest}-token sequence needs "
-                           f"{longest * kv_bytes_per_token(m) / 1e9:.2f}"
-                           f" GB of KV cache{_state_note(m, eff)} per replica, "
-                           f"{free * split:.2f} GB is left on "
-                           f"{split} x {dev.name} after {mem.total:.1f} GB of weights and "
-                           "engine per device")
-    if has_variance(res.job):  # the tail: continuous batching of drawn lengths
-        gen = makespan(res.job, st, eff, Replicas(
-            shape.replicas, shape.per_replica, shape.steady, shape.generated, shape.kept,
-            ctx.step_draws))
-    else:
-        gen = (_waves(res, dev, par, eff, shape) if fits_lockstep(res.job, st.kv, shape.concurrency)
-               else identical_span(res.job, st, Replicas(shape.replicas, shape.per_replica,
-                                                         shape.steady, shape.generated,
-                                                         shape.kept), eff.tool_overhead_s))
-    gen += rollout_encode_s(m, dev, replica_devices(m, dev, par, eff), shape.per_replica,
-                            res.job.lengths.images_per_prompt, eff)  # a VLM's images first
-    if base_role(role) in res.job.profile.host_image_prep:  # prepared on the host, per prompt
-        gen += host_prep_s(m, engine_prompts(shape.per_replica, res.job.batch.samples_per_prompt),
-                           res.job.lengths.images_per_prompt, eff)
-    kv = mem.total if dev.kind is DeviceKind.lpu else dev.memory_gb * eff.kv_mem_fraction
-    return Estimate(role, pool.name, par, Memory(weights=mem.weights, overhead=mem.overhead,
-                                                 kv_cache=max(kv - mem.total, 0.0)),
-                    {"rollout": gen}, concurrency=shape.concurrency)
-
-
-def replica_devices(m: ModelArch, dev: DeviceType, par: Parallel, eff: Efficiency) -> int:
-    """Devices of one engine replica: a set of `lpu_chips` on LPUs, tp x pp elsewhere."""
-    if dev.kind is DeviceKind.lpu:
-        return min(lpu_chips(m, dev, eff), par.devices)
-    return par.replica

@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from placer.cost.efficiency import Efficiency
-from placer.cost.estimate import Estimate
 from placer.cost.model import host_round_trip_time
 from placer.cost.offload import parked_moves_gb, parked_states, phases_of
+from placer.cost.roleestimate import Estimate
 from placer.cost.roofline import Memory
 from placer.cost.sharding import Parallel
 

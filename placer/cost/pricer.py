@@ -23,7 +23,9 @@ from placer.cost.agents import (
 from placer.cost.batching import StepTerms
 from placer.cost.context import PriceContext, TermsKey
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate, RolloutShape, estimate, rollout_shape
+from placer.cost.estimate import estimate
+from placer.cost.roleestimate import Estimate
+from placer.cost.rolloutcost import RolloutShape, rollout_shape
 from placer.cost.sharding import Parallel
 from placer.cost.split import SplitKeep, SplitSpace, split_estimates
 from placer.cost.timing import (

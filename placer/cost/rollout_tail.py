@@ -2,7 +2,7 @@
 
 RL response lengths are long-tailed and a step waits for its longest samples, which decode alone
 at batch 1-2 long after the batch emptied; lockstep waves of mean-length sequences
-(`estimate.wave_time`) miss that tail. This module replays a deterministic miniature of the
+(`rolloutcost.wave_time`) miss that tail. This module replays a deterministic miniature of the
 simulator's engine (`placer.cost.admission.engine`, the loop `simulator.engine` runs too) on a few
 representative rows of one critical replica, the one holding the batch's longest sample
 (`placer.cost.tail_samples`), and prices the tail policies as the simulator runs them
@@ -55,7 +55,7 @@ IDENTICAL_EXACT = 1024
 # ------------------------------------------------------------------------------------ makespan
 @dataclass(frozen=True)
 class Replicas:
-    """How the rollout's samples meet its engines (`estimate.RolloutShape`'s counts)."""
+    """How the rollout's samples meet its engines (`rolloutcost.RolloutShape`'s counts)."""
 
     replicas: int
     per_replica: int  # samples of the busiest replica
@@ -192,7 +192,7 @@ def final_context(job: Job) -> int:
 def fits_lockstep(job: Job, kv: KvBudget, wave: int) -> bool:
     """Whether `wave` identical mean samples (variance off) keep their KV within the replica's
     until their last token: then no sequence is preempted and the replica runs lockstep waves
-    (`estimate.wave_time`); else `identical_span` replays it."""
+    (`rolloutcost.wave_time`); else `identical_span` replays it."""
     return wave * (final_context(job) + kv.seq) <= kv.tokens
 
 

@@ -35,7 +35,8 @@ from itertools import combinations
 
 from placer.base.roles import Role
 from placer.cost.context import PriceContext
-from placer.cost.estimate import Estimate, Part, estimate
+from placer.cost.estimate import estimate
+from placer.cost.roleestimate import Estimate, Part
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means, has_variance
 from placer.spec.hardware import DeviceKind

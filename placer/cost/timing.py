@@ -27,7 +27,6 @@ from placer.base.roles import Role
 from placer.cost import optpark
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
-from placer.cost.estimate import Estimate, rollout_shape
 from placer.cost.model import (
     engine_swap_time,
     host_round_trip_time,
@@ -37,7 +36,9 @@ from placer.cost.model import (
 )
 from placer.cost.offload import parked_states, unparked_gb
 from placer.cost.refit import paired_route, paired_time, streams_colocated
+from placer.cost.roleestimate import Estimate
 from placer.cost.rollout_tail import Replicas
+from placer.cost.rolloutcost import rollout_shape
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
 from placer.cost.tail_samples import at_means, strata
 from placer.cost.toolqueue import queue_delay

@@ -9,8 +9,8 @@ from placer.base.roles import Role
 from placer.cost import optpark
 from placer.cost.band import Tags, band, load_table, mode_of, model_class
 from placer.cost.efficiency import Calibration
-from placer.cost.estimate import Estimate, Part
 from placer.cost.pricer import Pricer
+from placer.cost.roleestimate import Estimate, Part
 from placer.cost.split import join
 from placer.cost.timing import Breakdown as Timing
 from placer.cost.timing import Placed

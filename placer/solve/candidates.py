@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from placer.base.roles import TRAINING_ROLES, Role
-from placer.cost.estimate import Estimate, can_host
+from placer.cost.estimate import can_host
 from placer.cost.pricer import AgentPricer, Pricer
+from placer.cost.roleestimate import Estimate
 from placer.cost.sharding import Parallel
 from placer.cost.split import SplitKeep, SplitSpace, colocated, kept_as
 from placer.solve.layouts import framework_layouts, layouts

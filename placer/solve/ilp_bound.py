@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from placer.base.roles import Role
-from placer.cost.estimate import Estimate, generated_samples
+from placer.cost.roleestimate import Estimate
+from placer.cost.rolloutcost import generated_samples
 from placer.cost.split import SplitKeep
 from placer.cost.timing import Placed
 from placer.solve.candidates import Candidate

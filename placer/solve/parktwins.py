@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Protocol, TypeVar
 
 from placer.cost import optpark
-from placer.cost.estimate import Estimate
+from placer.cost.roleestimate import Estimate
 from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind
