@@ -11,8 +11,10 @@ from placer.cost.collectives import all_reduce
 from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import (
     NODE_DEVICES,
+    decode_tp_link,
     ep_exchange,
     grad_sync_time,
+    host_devices,
     node_devices,
     pp_send,
     tp_link,
@@ -57,6 +59,7 @@ def test_resolved_devices_carry_their_pools_domain():
     res = Resolved(job=None, devices={GB200.name: GB200}, models={})  # device_of(Pool) reads no job
     dev = res.device_of(pool)
     assert dev.scaleup_devices == 72 and node_devices(dev) == 72
+    assert dev.host_devices == 4 and host_devices(dev) == 4  # the tray, not the rack
     assert res.device_of(pool) is dev  # one object per (device, span): caches keep hitting
     assert res.device_of(_pool(16, None)) is GB200 and node_devices(GB200) == NODE_DEVICES
 
@@ -119,3 +122,20 @@ def test_a_tp8_engine_over_two_racks_all_reduces_across_the_network():
     assert link.gbs == pytest.approx(min(900 * EFF.tp_link_eff, 4 * 50 * EFF.link_eff))
     assert tp_link(RACK, EFF, 8).alpha_s == EFF.tp_hop_s
     assert all_reduce(1e6, 8, tp_link(TRAY, EFF, 8)) > all_reduce(1e6, 8, tp_link(RACK, EFF, 8))
+
+
+def test_an_engine_wider_than_a_tray_leaves_the_custom_all_reduce():
+    """vLLM's custom all-reduce opens its peers' buffers by CUDA IPC and turns itself off for
+    a group over several hosts, NVLink domain or not: a TP 8 engine of two trays in one rack
+    runs NCCL's in-node kernel on NVLink (`tp_link`: `tp_base_s`, `tp_hop_s`), a TP 4 engine
+    of one tray the custom all-reduce (`engine_ar_base_s`); a node of 8 without a declared
+    domain keeps the custom all-reduce at TP 8."""
+    rack = RACK.model_copy(update={"host_devices": 4})
+    two_trays = decode_tp_link(rack, EFF, 8)
+    assert two_trays == tp_link(rack, EFF, 8)
+    assert (two_trays.base_s, two_trays.alpha_s) == (EFF.tp_base_s, EFF.tp_hop_s)
+    one_tray = decode_tp_link(rack, EFF, 4)
+    assert (one_tray.base_s, one_tray.alpha_s) == (EFF.engine_ar_base_s, EFF.nvlink_hop_s)
+    assert decode_tp_link(GB200, EFF, 8).base_s == EFF.engine_ar_base_s
+    nbytes = 32 * 4096 * BYTES  # a decode step's all-reduce of 32 sequences
+    assert all_reduce(nbytes, 8, two_trays) > all_reduce(nbytes, 8, decode_tp_link(GB200, EFF, 8))

@@ -198,13 +198,24 @@ def decode_comm(m: ModelArch, dev: DeviceType, par: Parallel, batch: int,
     return out
 
 
+def host_devices(dev: DeviceType) -> int:
+    """Devices of one host: the device's `host_devices` where its pool declares an NVLink
+    domain (a GB200 compute tray of 4 inside a rack of 72), else `node_devices`."""
+    return dev.host_devices or node_devices(dev)
+
+
 def decode_tp_link(dev: DeviceType, eff: Efficiency, ranks: int) -> Link:
-    """The link an engine's decode-step all-reduces run on: inside a node vLLM's and SGLang's
+    """The link an engine's decode-step all-reduces run on: inside a host vLLM's and SGLang's
     custom all-reduce (peer-to-peer over NVLink, captured in the step's CUDA graph; NCCL only
     for tensors past its size limit, which a decode step's batch * h * b never reaches), whose
-    per-call cost is `engine_ar_base_s`, not the NCCL kernel's `tp_base_s`; across nodes NCCL
-    (`tp_link`)."""
-    if ranks > node_devices(dev):
+    per-call cost is `engine_ar_base_s`, not the NCCL kernel's `tp_base_s`; a group wider than
+    a host NCCL (`tp_link`): on NVLink while it stays in the NVLink domain (an engine of two
+    GB200 trays), on the NIC past it. The custom all-reduce opens its peers' buffers by CUDA
+    IPC, one host's, and turns itself off for a group over several (vllm-project/vllm
+    @00d618aab60448acdf3fac3e9c4e2e22d0c6c753 vllm/distributed/device_communicators/
+    custom_all_reduce.py `CustomAllreduce.__init__`: "Custom allreduce is disabled because this
+    process group spans across nodes", `in_the_same_node_as`; the same check in SGLang's)."""
+    if ranks > host_devices(dev):
         return tp_link(dev, eff, ranks)
     return Link(eff.nvlink_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.engine_ar_base_s)
 

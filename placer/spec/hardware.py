@@ -56,6 +56,12 @@ class DeviceType(Strict):
                            "third-generation NVSwitch and later): NCCL's NVLS all-reduce moves "
                            "each rank's buffer once, not 2 (n-1)/n times as a ring does")
     can_train: StrictBool = False
+    host_devices: PosInt | None = Field(
+        None, description="devices of one host (a GB200 compute tray): an engine's custom "
+                          "all-reduce (peer-to-peer over IPC) only runs inside one, a wider TP "
+                          "group falls back to NCCL even on NVLink. Usually left unset: a pool "
+                          "that declares `nvlink_domain` sets it to its devices_per_node; "
+                          "unset, `scaleup_devices` (or a node of 8)")
     scaleup_devices: PosInt | None = Field(
         None, description="consecutive devices a collective group may span and stay on the "
                           "scale-up link (NVLink); wider, it crosses the network. Usually left "

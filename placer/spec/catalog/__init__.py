@@ -57,14 +57,28 @@ def pool_scaleup(pool: Pool) -> int | None:
     return dom if pool.devices_per_node * pool.nodes <= dom else pool.devices_per_node
 
 
+def pool_host(pool: Pool) -> int | None:
+    """The devices of one host of `pool` (`DeviceType.host_devices`) where the pool declares an
+    NVLink domain wider than a host (a GB200 NVL72 rack of 4-GPU compute trays): the scale-up
+    link reaches past the host, but what needs one host (vLLM's custom all-reduce: its IPC
+    buffers) does not. None where the pool declares no domain (a node is both)."""
+    return pool.devices_per_node if pool.nvlink_domain is not None else None
+
+
 @lru_cache(maxsize=256)
-def _with_scaleup(dev: DeviceType, scaleup: int | None) -> DeviceType:
-    """`dev` with a pool's `scaleup_devices` (one object per pair, so that the pricing caches
-    that key on a device's identity keep hitting); the device type itself where the pool
-    declares no NVLink domain."""
-    if scaleup is None or scaleup == dev.scaleup_devices:
+def _with_scaleup(dev: DeviceType, scaleup: int | None, host: int | None = None) -> DeviceType:
+    """`dev` with a pool's `scaleup_devices` and `host_devices` (one object per triple, so that
+    the pricing caches that key on a device's identity keep hitting); the device type itself
+    where the pool declares no NVLink domain."""
+    if (scaleup is None or scaleup == dev.scaleup_devices) and (
+            host is None or host == dev.host_devices):
         return dev
-    return dev.model_copy(update={"scaleup_devices": scaleup})
+    update: dict[str, int] = {}
+    if scaleup is not None:
+        update["scaleup_devices"] = scaleup
+    if host is not None:
+        update["host_devices"] = host
+    return dev.model_copy(update=update)
 
 
 @dataclass(frozen=True)
@@ -77,9 +91,10 @@ class Resolved:
 
     def device_of(self, pool: Pool | str) -> DeviceType:
         """The pool's device type, with the devices its collectives reach on NVLink where the
-        pool declares an NVLink domain (`pool_scaleup`)."""
+        pool declares an NVLink domain (`pool_scaleup`), and the devices of one of its hosts
+        (`pool_host`)."""
         p = self.job.cluster.pool(pool) if isinstance(pool, str) else pool
-        return _with_scaleup(self.devices[p.device], pool_scaleup(p))
+        return _with_scaleup(self.devices[p.device], pool_scaleup(p), pool_host(p))
 
     def model_of(self, role: str) -> ModelArch | None:
         """The architecture a role runs (None for rule rewards and environments); an agent's
