@@ -12,6 +12,7 @@ from executors.collprobe import BLOCKS
 from placer.calibrate.fit import fit_trace
 from placer.cost.collectives import all_gather, all_reduce
 from placer.cost.efficiency import Efficiency
+from placer.cost.estimate import reducing
 from placer.cost.layercomm import fsdp_calls, fsdp_units, oversubscription, span_link, weight_gather_time
 from placer.cost.model import train_time
 from placer.cost.roofline import weight_tensors
@@ -91,7 +92,8 @@ def _trace(plan, truth: Efficiency, probe: bool, metadata: dict | None = None) -
     m = res.model_of("actor")
     for k in range(6):
         tokens, samples = 400.0 + 300 * k, 8 + 4 * k
-        dur = train_time(m, EMU, actor.par, tokens, tokens / samples, 1, truth)
+        # as the executor's FSDP2 loop runs it: its gradients reduced in fp32 (`reducing`)
+        dur = train_time(m, EMU, reducing(res, actor.par), tokens, tokens / samples, 1, truth)
         events.append(TraceEvent("train actor", "train", 1.0 + k, dur, "gpu:0", "actor0",
                                  {"role": "actor", "devices": ["gpu:0:0", "gpu:0:1"],
                                   "tokens": tokens, "sample_ids": list(range(samples))}))

@@ -41,7 +41,7 @@ from placer.base.errors import SpecError
 from placer.base.roles import Role
 from placer.cost.collectives import all_gather, all_reduce, reduce_scatter
 from placer.cost.efficiency import Calibration, Efficiency
-from placer.cost.estimate import mean_context
+from placer.cost.estimate import mean_context, reducing
 from placer.cost.generation import decode_run_time, decode_step_time, prefill_time
 from placer.cost.layercomm import oversubscription, span_link, tp_link, weight_gather_time
 from placer.cost.model import score_time, sync_call_cost, train_time, transfer_time
@@ -199,9 +199,10 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
     steps = int(round(ctx.num(i, ev, "steps", 1.0, positive=True)))
     # an executor's train event ends with the weights' gather for the sync (`args.gathers`)
     gathers, tensors = ctx.num(i, ev, "gathers", 0.0), weight_tensors(m)
+    upar = reducing(ctx.res, par)  # the gradients at the framework's precision, as planned
 
     def train(e: Efficiency) -> float:
-        return train_time(m, dev, par, tokens, seq, steps, e, head_of(role)) + gathers * weight_gather_time(
+        return train_time(m, dev, upar, tokens, seq, steps, e, head_of(role)) + gathers * weight_gather_time(
             m, dev, par, tensors, e)
     return dev.name, dev, train
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from placer.base.roles import Role
 from placer.cost.efficiency import Calibration
+from placer.cost.estimate import reducing
 from placer.cost.generation import decode_run_time, prefill_time
 from placer.cost.model import score_time, sync_call_cost, train_time, transfer_time
 from placer.cost.roofline import weight_bytes
@@ -195,7 +196,8 @@ def cost_model_trace(plan: Plan, truth: Calibration, seed: int = 0, noise: float
             seqs = int(g.integers(2, 200))
             tokens = 1024 * seqs
             if role in (Role.ACTOR, Role.CRITIC):
-                add("train", role, train_time(m, dev, r.par, tokens, 1024, 1, eff, head_of(role)), devs,
+                add("train", role, train_time(m, dev, reducing(res, r.par), tokens, 1024, 1, eff,
+                                             head_of(role)), devs,
                     tokens=tokens, sample_ids=list(range(seqs)), step=k)
             if role != Role.ROLLOUT:
                 add("forward", role, score_time(m, dev, r.par, tokens, 1024, eff, head_of(role)), devs,
