@@ -171,10 +171,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # rollout.n 16, TP 2 x PP 2 with micro-batches of 2 for both) and attention priced at
     # E[s^2] / E[s]: the step rows 16.4% -> 12.5% LOO; r09a -26% -> -4%, r08 +37% -> +7%,
     # r07 +3% -> -12%, r01 -27% -> -31% (mfu_score and mfu_train refit to 0.93 and 0.90)
-    assert step["loo_median_abs_error"] < 0.13, step
+    # Tightened (0.13 -> 0.11, the earlier rows' max 0.38 -> 0.33): with gradients reduced at
+    # each framework's precision, a vLLM engine spanning hosts priced without the custom
+    # all-reduce (r20 -14% -> -9%) and r11's host step paced by its heaviest pipeline stage,
+    # the step rows are 10.0% LOO, max 31.5% (r11), r01 -29.8%
+    assert step["loo_median_abs_error"] < 0.11, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
-    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.38, earlier
-    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.38, earlier
+    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.33, earlier
+    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.31, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
     # NCCL's hierarchical latency for TP all-reduces across nodes (collectives.
     # span_tree_steps_s) moved r16 -10% -> -5%, r17 -30% -> -28%, r18 -2% -> +2%, r21 -18%
@@ -237,7 +241,8 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # 8.9%, max 43.6% (r19) with training FLOPs counted as the runs' code runs them (above)
     every = rep.summary()
     assert len(rep.rows) == 50 and len(rep.kind("first_step")) == 1
-    assert every["loo_median_abs_error"] < 0.09 and every["loo_max_abs_error"] < 0.44, every
+    # 7.7%, max 31.5% (r11) after this round's changes (step rows above)
+    assert every["loo_median_abs_error"] < 0.085 and every["loo_max_abs_error"] < 0.33, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(
