@@ -22,10 +22,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from placer.cost.tail_samples import quantile
+from placer.cost.tail_samples import sample_totals, shortest
 from placer.spec.distributions import Distribution
-
-GRID = 4096  # quantiles (or draws) behind the spread, as `estimate.TRUNCATION_GRID`
 
 
 def attention_span(mean: float, prompt: Distribution, response: Distribution, turns: int,
@@ -46,10 +44,4 @@ def _variance(dist: Distribution, turns: int, keep: float, seed: int) -> float:
     """Variance of the total of `turns` draws of `dist`, over the `keep` fraction of samples with
     the shortest totals (a pure function of its arguments, so cached across a plan's
     candidates)."""
-    if turns == 1:  # the quantile grid, sorted
-        totals = quantile(dist, (np.arange(GRID) + 0.5) / GRID)
-    else:  # a sum of turns: draws from the job's seed
-        u = np.random.default_rng(seed).random(GRID * turns)
-        totals = np.sort(quantile(dist, u).reshape(GRID, turns).sum(axis=1))
-    kept = totals[:max(int(keep * GRID), 1)]
-    return float(np.var(kept))
+    return float(np.var(shortest(sample_totals(dist, turns, seed), keep)))

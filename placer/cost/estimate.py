@@ -58,7 +58,7 @@ from placer.cost.roofline import (
 )
 from placer.cost.rulecheck import rule_reward_time
 from placer.cost.sharding import Parallel, train_state_bytes
-from placer.cost.tail_samples import quantile, varies
+from placer.cost.tail_samples import sample_totals, shortest, varies
 from placer.cost.vision import (
     encoder_activation_gb,
     pass_encode_s,
@@ -79,7 +79,6 @@ HOSTS: dict[str, tuple[DeviceKind, ...]] = {
     Role.REWARD: (DeviceKind.gpu, DeviceKind.lpu, DeviceKind.cpu),
     Role.ENVIRONMENT: (DeviceKind.cpu,),
 }
-TRUNCATION_GRID = 4096  # quantiles (or draws) behind the trained samples' mean length
 RULE_REWARD_S = Efficiency().rule_reward_s  # default CPU seconds per rule-checked sample
 
 
@@ -164,13 +163,8 @@ def trained_context(res: Resolved) -> float:
 def _shortest_cut(resp: Distribution, turns: int, keep: float, seed: int) -> float:
     """Mean total response of all samples minus that of the `keep` fraction with the shortest
     totals (a pure function of its arguments, so cached across a plan's candidates)."""
-    if turns == 1:  # the exact truncated mean, on a fine grid of quantiles
-        totals = quantile(resp, (np.arange(TRUNCATION_GRID) + 0.5) / TRUNCATION_GRID)
-    else:  # a sum of turns: draws from the job's seed
-        u = np.random.default_rng(seed).random(TRUNCATION_GRID * turns)
-        totals = np.sort(quantile(resp, u).reshape(TRUNCATION_GRID, turns).sum(axis=1))
-    shortest = totals[:max(int(keep * TRUNCATION_GRID), 1)]
-    return float(np.mean(totals) - np.mean(shortest))
+    totals = sample_totals(resp, turns, seed)
+    return float(np.mean(totals) - np.mean(shortest(totals, keep)))
 
 
 def budgeted(res: Resolved, par: Parallel, kind: Literal["forward", "update"]) -> Parallel:

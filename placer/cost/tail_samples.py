@@ -95,6 +95,24 @@ def quantile(dist: Distribution, u: npt.NDArray[np.float64]) -> npt.NDArray[np.f
     return out + dist.offset if dist.offset else out
 
 
+TOTALS_GRID = 4096  # quantiles (or draws) behind a sample total's truncated moments
+
+
+def sample_totals(dist: Distribution, turns: int, seed: int) -> npt.NDArray[np.float64]:
+    """`TOTALS_GRID` totals of `turns` draws of `dist`, sorted: one turn on the exact quantile
+    grid, several as sums of draws from `seed`. The trained samples' truncated mean
+    (`estimate.trained_context`) and spread (`attnspan.attention_span`) are read off these."""
+    if turns == 1:
+        return quantile(dist, (np.arange(TOTALS_GRID) + 0.5) / TOTALS_GRID)
+    u = np.random.default_rng(seed).random(TOTALS_GRID * turns)
+    return np.sort(quantile(dist, u).reshape(TOTALS_GRID, turns).sum(axis=1))
+
+
+def shortest(totals: npt.NDArray[np.float64], keep: float) -> npt.NDArray[np.float64]:
+    """The `keep` fraction of sorted `totals` with the smallest values (at least one)."""
+    return totals[:max(int(keep * len(totals)), 1)]
+
+
 def tokens(dist: Distribution, u: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     """Token counts at levels u, rounded and at least 1 (as `sampling.draw_lengths`)."""
     return np.maximum(np.rint(quantile(dist, u)), 1).astype(np.int64)
