@@ -55,7 +55,7 @@ class EngineSpec:
     slot: str
 
 
-PREFILL_KEYS = ("role", "step", "batch", "tokens", "context")
+PREFILL_KEYS = ("role", "step", "batch", "tokens", "context", "span")
 DECODE_KEYS = ("role", "step", "batch", "steps", "tokens", "context")
 TOOL_KEYS = ("role", "step", "sample_ids", "wait_s")
 
@@ -131,9 +131,10 @@ class Engine:
         add, events, quota, done_at = rec.add_fields, rec.ts, self.quota, self.done_at
         pid, tid, it = s.pool, f"{s.slot}/engine{self.index}", self.step
 
-        def prefill(t: float, dur: float, seqs: int, tokens: int, ctx_sum: float) -> None:
+        def prefill(t: float, dur: float, seqs: int, tokens: int, ctx_sum: float,
+                    span: float) -> None:
             add("prefill", "prefill", t, dur, pid, tid, PREFILL_KEYS,
-                (Role.ROLLOUT, it, seqs, tokens, round(ctx_sum)))
+                (Role.ROLLOUT, it, seqs, tokens, round(ctx_sum), span))
             st.busy_s += dur
             st.prefill_tokens += tokens
 

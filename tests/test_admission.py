@@ -56,6 +56,25 @@ def test_kv_for_three_mean_sequences_admits_three() -> None:
     assert done == [(pytest.approx(want, rel=1e-9), 1)] * 3
 
 
+def test_prefill_attention_weighs_sequences_by_their_tokens() -> None:
+    """Prompts of 100 and 300 prefilled together: causal attention costs 100^2 + 300^2 key-query
+    pairs (x 1/2), the span of one sequence of (100^2 + 300^2) / 400 = 250 tokens per token, not
+    of the sequences' mean prompt, 200 (a closed form, not the loop's own formula)."""
+    m, dev, st = _model()
+    seen: list[tuple[int, float]] = []
+    hooks = Hooks(lambda *_: [], lambda *_: None,
+                  prefill=lambda _t, _d, _s, toks, _c, span: seen.append((toks, span)))
+    loop = engine(st, KvBudget(BIG, 8), [100, 300], [[1], [1]], [1, 1], 0, hooks, 0.0)
+    with contextlib.suppress(StopIteration):
+        wake = next(loop)[0]
+        while True:
+            wake = loop.send(wake)[0]
+    assert seen[0] == (400, pytest.approx(250.0))
+    done = run_replica(st, [100, 300], [[1], [1]], [[], []], [1, 1], 0, KvBudget(BIG, 8))
+    assert done[0][0] == pytest.approx(prefill_time(m, dev, PAR, 400, 250.0, EFF)
+                                       + _steps(m, dev, 2, 400, 1), rel=1e-9)
+
+
 def test_max_num_seqs_caps_admission() -> None:
     """KV for all, max_num_seqs 2: two sequences run together, the third after them."""
     m, dev, st = _model()

@@ -109,6 +109,9 @@ class EventArgs(BaseModel):
     tokens: float | None = _f("tokens processed (prefill, decode, train, forward)")
     batch: float | None = _f("sequences in the batch (prefill, decode, generate)")
     context: float | None = _f("KV context tokens over the batch (prefill, decode)")
+    span: float | None = _f("attention span a prefill's tokens are priced at: over its new "
+                            "tokens, the mean of 2 * context - new (prefill; absent: the "
+                            "sequences' mean)")
     steps: float | None = _f("decode steps of the run (decode, generate) or optimizer steps")
     prompt_tokens: list[float] | None = _f("per sample, aligned with sample_ids: context "
                                            "prefilled (generate, prefill)")

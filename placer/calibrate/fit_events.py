@@ -173,8 +173,9 @@ def price_event(ctx: EventContext, i: int, ev: TraceEvent
     tokens = ctx.num(i, ev, "tokens", positive=True)
     if ev.cat in ("prefill", "decode", "generate"):
         batch = ctx.num(i, ev, "batch", positive=True)
-        if ev.cat == "prefill":  # context: the attention span after the prefill, summed
-            span = chunk_seq(max(ctx.num(i, ev, "context", 0.0), tokens) / batch, tokens / batch)
+        if ev.cat == "prefill":  # span as priced, else from the summed context (sequences' mean)
+            span = ctx.num(i, ev, "span", 0.0) or chunk_seq(
+                max(ctx.num(i, ev, "context", 0.0), tokens) / batch, tokens / batch)
             return dev.name, dev, lambda e: prefill_time(m, dev, par, tokens, span, e)
         steps = max(int(round(ctx.num(i, ev, "steps", tokens / batch, positive=True))), 1)
         if ev.cat == "decode":

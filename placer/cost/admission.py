@@ -37,12 +37,12 @@ def _nothing(*_: object) -> None:
 class Hooks:
     """What the loop reports and asks: tool calls (`calls`), finished sequences (`done`: time,
     source row, sequences), and, for traces and stats, each prefill (start, seconds, sequences,
-    tokens, summed context), decode run (start, seconds, batch, steps, starting KV context) and
-    preemption (time, sequences, context each)."""
+    tokens, summed context, attention span priced), decode run (start, seconds, batch, steps,
+    starting KV context) and preemption (time, sequences, context each)."""
 
     calls: Calls
     done: Callable[[float, int, int], None]
-    prefill: Callable[[float, float, int, int, float], None] = _nothing
+    prefill: Callable[[float, float, int, int, float, float], None] = _nothing
     decode: Callable[[float, float, int, int, int], None] = _nothing
     preempt: Callable[[float, int, int], None] = _nothing
     slow: float = 1.0  # every duration is multiplied by this (a straggler's slowdown)
@@ -95,16 +95,20 @@ def engine(st: StepTerms, kv: KvBudget, prompt: list[int], response: list[list[i
             new.append((i, tool_output))
         if new:
             seqs = toks = ctx_sum = 0
+            keys = 0.0
             for i, n in new:
                 w = wt[i]
                 seqs += w
                 toks += w * n
                 ctx_sum += w * (ctx[i] + n)
+                keys += w * n * chunk_seq(ctx[i] + n, n)
             if toks > 0:
-                # mean over sequences of chunk_seq(c, n) = 2 (c + n) - n
-                dur = st.prefill(toks, chunk_seq(ctx_sum / seqs, toks / seqs)) * slow
+                # attention is per token: the tokens' mean of chunk_seq(c, n), so a sequence
+                # weighs by its new tokens (prompts of unequal lengths cost sum n^2, not n * mean)
+                span = keys / toks
+                dur = st.prefill(toks, span) * slow
                 if on_prefill is not None:
-                    on_prefill(t, dur, seqs, toks, ctx_sum)
+                    on_prefill(t, dur, seqs, toks, ctx_sum, span)
                 t += dur
             for i, n in new:
                 stamp += 1
