@@ -32,9 +32,10 @@ from placer.base.roles import Role
 from placer.cost import optpark
 from placer.cost.context import PriceContext
 from placer.cost.efficiency import Efficiency
-from placer.cost.estimate import reducing
+from placer.cost.estimate import budgeted, reducing
 from placer.cost.layercomm import weight_gather_time
 from placer.cost.model import dispatch_time, score_time, train_time
+from placer.cost.packing import samples_pad
 from placer.cost.pricer import Pricer
 from placer.cost.roofline import Memory, infer_memory, weight_tensors
 from placer.cost.rulecheck import rule_check_time, sandbox_verify_time
@@ -99,15 +100,18 @@ def stage_work(px: PriceContext, plan: Plan, smp: Samples, stage: str,
                 px, smp.n, res.job.seed, 0, mean=True)),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         elif stage == "score":  # (+ a VLM's encoder over the samples' images)
-            steps = (score_time(m, dev, rp.par, tokens, seq, eff, head_of(role), span)
+            # NeMo-RL's pipelined passes pad each packed bin (`placer.cost.packing`)
+            pad = samples_pad(res, budgeted(res, rp.par, "forward"), ctx, "forward")
+            steps = (score_time(m, dev, rp.par, tokens * pad, seq, eff, head_of(role), span)
                      + pass_encode_s(m, dev, rp.par, smp.n, imgs, eff),)
             ship = dispatch_time(smp.n, res.job.max_context, eff)
         else:
             mb = res.job.batch.mini_batches
             enc = pass_encode_s(m, dev, rp.par, smp.n, imgs, eff, train=True) / mb
             upar = reducing(res, rp.par)  # the framework's gradient precision, as planned
-            steps = tuple(train_time(m, dev, upar, tokens / mb, seq, 1, eff, head_of(role),
-                                     span) + enc
+            pad = samples_pad(res, budgeted(res, rp.par, "update"), ctx, "update")
+            steps = tuple(train_time(m, dev, upar, tokens * pad / mb, seq, 1, eff,
+                                     head_of(role), span) + enc
                           for _ in range(mb))
             ship = dispatch_time(smp.n, res.job.max_context, eff)  # once, before the first step
             # and once per RL step the sharded trainer's weights gathered for the sync

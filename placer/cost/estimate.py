@@ -43,6 +43,7 @@ from placer.cost.judge import judge_cost
 from placer.cost.layercomm import fsdp_units, weight_gather_time
 from placer.cost.model import dispatch_time, score_time, tool_waves, train_memory, train_time
 from placer.cost.offload import streamed
+from placer.cost.packing import pass_pad
 from placer.cost.refswap import swap_time
 from placer.cost.roleestimate import Estimate, infeasible, lpu_short
 from placer.cost.rolloutcost import (
@@ -208,9 +209,12 @@ def _train(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Paral
     fpar, upar = budgeted(res, par, "forward"), budgeted(res, par, "update")
     upar = reducing(res, upar)
     span = trained_span(res)
-    fwd = (score_time(m, dev, fpar, tokens, seq, eff, head, span) + ship
-           + pass_encode_s(m, dev, par, n, imgs, eff))
-    train = (train_time(m, dev, upar, tokens, seq, res.job.batch.mini_batches, eff, head, span)
+    # a pipelined pass's packed micro-batches, each padded to its rank's longest bin
+    # (`placer.cost.packing`, the frameworks that do)
+    fwd = (score_time(m, dev, fpar, tokens * pass_pad(res, fpar, "forward"), seq, eff, head, span)
+           + ship + pass_encode_s(m, dev, par, n, imgs, eff))
+    train = (train_time(m, dev, upar, tokens * pass_pad(res, upar, "update"), seq,
+                        res.job.batch.mini_batches, eff, head, span)
              + ship
              + pass_encode_s(m, dev, par, n, imgs, eff, train=True))
     train += weight_gather_time(m, dev, par, weight_tensors(m), eff)  # once per RL step
@@ -249,7 +253,8 @@ def _forward(ctx: PriceContext, role: str, pool: Pool, dev: DeviceType, par: Par
     mem = infer_memory(m, par, dev, eff)
     imgs = res.job.lengths.images_per_prompt  # a VLM's encoder (`placer.cost.vision`)
     fpar = budgeted(res, par, "forward")  # the job's forward micro-batches
-    score = score_time(m, dev, fpar, tokens, seq, eff, head_of(role), trained_span(res))
+    score = score_time(m, dev, fpar, tokens * pass_pad(res, fpar, "forward"), seq, eff,
+                       head_of(role), trained_span(res))
     weights, gathered = mem.weights, 0.0
     if dev.kind is DeviceKind.gpu and frozen_sharded(par):
         # the same pass time: `mfu_score` is fitted on verl's old-log-prob passes, which run on

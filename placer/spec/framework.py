@@ -242,7 +242,7 @@ _NEMO = FrameworkProfile(
                "(policy.generation.colocated.enabled)",
     sleep_wake="vLLM sleep between phases when colocated",
     colocated_refit="ipc-stream", megatron_optimizer_bytes=NEMO_MEGATRON_OPTIMIZER_BYTES,
-    megatron_grad_reduce_bytes=2,
+    megatron_grad_reduce_bytes=2, pads_packed_bins=True,
     factors=frozen({"moe_route_token_layer_s": NEMO_MOE_ROUTE_S}),
     sources=MappingProxyType({
         "grad_reduce_bytes": f"{NEMO_RL} Megatron in BF16: examples/configs/grpo_math_1B.yaml 302 "
@@ -303,6 +303,13 @@ _NEMO = FrameworkProfile(
                         "num_workers 8; nemo_rl/environments/math_environment.py `step` (the "
                         "batch chunked over num_workers verify workers, chunk_list_to_workers); "
                         "the same at v0.6.0 @5fb588932bf835506a8a5bac01de4f8c7ab0a065 (yaml:365)",
+        "pads_packed_bins": f"{NEMO_RL} nemo_rl/models/megatron/data.py 1328-1332 (pp > 1: "
+                            "every packed micro-batch padded to the rank's longest bin), "
+                            "nemo_rl/distributed/batched_data_dict.py 598-604, 658 (MFFD bins, "
+                            "at least and a multiple of dp, dealt round-robin), nemo_rl/data/"
+                            "packing/algorithms.py 476-652; the same at v0.6.0 @5fb588932bf835"
+                            "506a8a5bac01de4f8c7ab0a065, the rows' recipes: data.py 585-589, "
+                            "batched_data_dict.py 430-436, 484-486 (placer.cost.packing)",
         "swap_frozen": f"{NEMO_RL} nemo_rl/models/policy/workers/megatron_policy_worker.py "
                        "`use_reference_model` (1971-2037: the policy's state dict out, the "
                        "reference's in, the policy's back, every reference pass; the forced "

@@ -40,6 +40,8 @@ them with their sources), and the planner asks it, never its name:
                         FSDP / ZeRO and its Megatron-Core trainer's gradient reduction: 4 where
                         it reduces in fp32 (FSDP's `reduce_dtype`, Megatron's
                         `grad_reduce_in_fp32`), 2 in BF16 (`grad_reduce_bytes`)
+  pads_packed_bins      whether its pipelined trainer pads every packed micro-batch of a rank
+                        to the rank's longest bin (`placer.cost.packing.pad_factor`)
   rollout_sleep_level   its colocated rollout engine's vLLM sleep level (`SLEEP_LEVELS`): 1
                         moves the weights to the host and back, 2 discards them (the refit
                         rewrites them; verl with vLLM >= 0.8.5); a job's setting replaces it
@@ -180,6 +182,10 @@ class FrameworkProfile:
     # its FSDP / ZeRO trainer's and its Megatron-Core trainer's; 4 is fp32, 2 BF16
     fsdp_grad_reduce_bytes: int = 4
     megatron_grad_reduce_bytes: int = 4
+    # whether its pipelined Megatron trainer packs each pass's sequences into bins of the
+    # micro-batch budget and pads every bin of a rank to the rank's longest
+    # (`placer.cost.packing`): the tokens a pipelined pass computes
+    pads_packed_bins: bool = False
     # the vLLM sleep level its colocated rollout engine sleeps at between generations
     # (`SLEEP_LEVELS`): 1 copies the weights to pinned host memory and back, 2 discards them
     # (the refit sends them again every step); a job's `rollout_sleep_level` replaces it
