@@ -175,10 +175,14 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # each framework's precision, a vLLM engine spanning hosts priced without the custom
     # all-reduce (r20 -14% -> -9%) and r11's host step paced by its heaviest pipeline stage,
     # the step rows are 10.0% LOO, max 31.5% (r11), r01 -29.8%
+    # Tightened (the earlier rows' max 0.33 -> 0.30, r11's own bound folded in): verl's
+    # validation inside its step timer priced where the runs' docs give test_freq
+    # (`Job.validation`, placer/cost/validation.py; r01-r03, r05 every 20 steps, r11 every 10):
+    # r11 -31.5% -> -27.1%, r05 -6.9% -> -4.0%, r01 -29.8% -> -29.6%, r03 -10.7% -> -10.0%,
+    # r02 +7.5% -> +8.1%; the step rows 9.6% LOO, max 29.6% (r01)
     assert step["loo_median_abs_error"] < 0.11, step
     earlier = [r for r in rep.kind("step") if r.name[:3] < "r15"]
-    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.33, earlier
-    assert max(abs(r.loo_error) for r in earlier if r.name[:3] != "r11") < 0.31, earlier
+    assert len(earlier) == 13 and max(abs(r.loo_error) for r in earlier) < 0.30, earlier
     nemo = {r.name[:3]: r.loo_error for r in rep.kind("step") if r.name[:3] >= "r15"}
     # NCCL's hierarchical latency for TP all-reduces across nodes (collectives.
     # span_tree_steps_s) moved r16 -10% -> -5%, r17 -30% -> -28%, r18 -2% -> +2%, r21 -18%
@@ -241,8 +245,9 @@ def test_leave_one_out_error_is_bounded(rep: LooReport) -> None:
     # 8.9%, max 43.6% (r19) with training FLOPs counted as the runs' code runs them (above)
     every = rep.summary()
     assert len(rep.rows) == 50 and len(rep.kind("first_step")) == 1
-    # 7.7%, max 31.5% (r11) after this round's changes (step rows above)
-    assert every["loo_median_abs_error"] < 0.085 and every["loo_max_abs_error"] < 0.33, every
+    # 7.7%, max 31.5% (r11) after this round's changes (step rows above); 7.8%, max 29.6% (r01)
+    # with verl's validation priced (step rows above): the max tightened 0.33 -> 0.30
+    assert every["loo_median_abs_error"] < 0.085 and every["loo_max_abs_error"] < 0.30, every
 
 
 def test_loo_json_adds_fields_and_keeps_the_plain_document(

@@ -88,6 +88,15 @@ class PriceContext:
             self.res.job.batch.samples)
         return type(self)(self.res.with_samples(n), self.given, self._terms, draws)
 
+    def with_own_samples(self, n: int) -> Self:
+        """This problem's context on the job with a batch of `n` samples whose tail is their
+        own (a separate generation of `n` sequences, `placer.cost.validation`), not drawn from
+        the step's samples as a split role's part is (`with_samples`), every one waited for
+        (no tail policy: a validation generates its whole set)."""
+        res = self.res.with_samples(n)
+        job = res.job.model_copy(update={"tail_policy": type(res.job.tail_policy)()})
+        return type(self)(replace(res, job=job), self.given, self._terms, 0)
+
     def with_res(self, res: Resolved) -> Self:
         """The context of another resolved job that shares this one's models and devices (the
         same table: it is keyed by value)."""

@@ -9,7 +9,9 @@ per role and iteration (`onload_time`), and so do the roles a framework switches
 whenever its generation shares the policy's devices (`FrameworkProfile.switches_every_step`:
 NeMo-RL's policy and vLLM engine). Two terms price a pair of placements: the weight sync
 (`sync_time`, one broadcast every rollout replica joins) and the queueing of tool calls for CPU
-cores (`rollout_tool_time`).
+cores (`rollout_tool_time`). A job that validates every N steps (`Job.validation`) adds a fifth
+stage, `validate`, on the rollout's slot: one validation generation with its refit / N
+(`placer.cost.validation`).
 
 sync mode:   T = sum over stages of max over slots of (sum of the slot's roles' stage times)
 async mode:  T = max(the busiest slot's total work, the sync -> rollout -> score -> train chain of
@@ -42,6 +44,7 @@ from placer.cost.rolloutcost import rollout_shape
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
 from placer.cost.tail_samples import at_means, strata
 from placer.cost.toolqueue import queue_delay
+from placer.cost.validation import validation_time
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
 from placer.spec.hardware import DeviceKind, DeviceType
@@ -312,6 +315,18 @@ def _split_tool_time(ctx: PriceContext, split: Estimate, env: Estimate) -> float
     return max(worst - split.stage_s.get("rollout", 0.0), 0.0)
 
 
+def _validation(ctx: PriceContext, placed: list[Placed], rollout: Placed, sync: float) -> float:
+    """The job's periodic validation per step (`placer.cost.validation`): its generation, the
+    refit and, where the engines share their slot, their sleep and wake."""
+    est = rollout.est
+    pool = est.parts[0].est.pool if est.parts else est.pool
+    dev = ctx.res.device_of(pool)
+    shared = sum(p.slot == rollout.slot for p in placed) > 1
+    swap = (onload_time(Role.ROLLOUT, est.memory, dev, ctx.calib.for_device(dev),
+                        ctx.res.job.sleep_level) if shared and not dev.host_backed else 0.0)
+    return validation_time(ctx, est, sync, swap)
+
+
 def iteration_time(ctx: PriceContext, placed: list[Placed]) -> Breakdown:
     """Combine placed estimates into the iteration time of the job's pipeline mode."""
     res = ctx.res
@@ -330,11 +345,14 @@ def iteration_time(ctx: PriceContext, placed: list[Placed]) -> Breakdown:
         if Role.ENVIRONMENT in by_role:  # engines hold their sequences through tool calls
             per_slot_stage[rollout_slot]["rollout"] += rollout_tool_time(
                 ctx, by_role[Role.ROLLOUT], by_role[Role.ENVIRONMENT])
+        if res.job.validation is not None:  # its mean share of the step (validation.py)
+            per_slot_stage[rollout_slot]["validate"] += _validation(ctx, placed,
+                                                                    by_role[Role.ROLLOUT], sync)
     for slot, t in switch.items():
         per_slot_stage[slot]["switch"] += t
     busy = {s: sum(st.values()) for s, st in per_slot_stage.items()}
     stage_s = {st: max((v.get(st, 0.0) for v in per_slot_stage.values()), default=0.0)
-               for st in STAGES}
+               for st in STAGES + (("validate",) if res.job.validation is not None else ())}
     stage_s["switch"] = max(switch.values(), default=0.0)
     chain = sum(stage_s.values())  # sync -> rollout -> score -> train of one step, in order
     total = res.job.pipeline.mechanism.iteration_s(chain, max(busy.values(), default=0.0))

@@ -42,6 +42,7 @@ from placer.spec.sections import (
     MicroTokenBudget,
     Models,
     Precision,
+    Validation,
 )
 from placer.spec.tailpolicy import TailPolicy
 from placer.spec.weightsync import WeightSync
@@ -77,6 +78,9 @@ class Job(Strict):
         None, description="the run's inference-engine settings, {memory_fraction, "
                           "max_num_seqs} (placer/spec/sections.py EngineSettings); none: the "
                           "calibration's")
+    validation: Validation | None = Field(
+        None, description="a validation generation inside the step every N steps, {every, "
+                          "samples} (placer/spec/sections.py Validation); none: not priced")
     reward_model: RewardModel | None = Field(
         None, description="how the reward model scores: a scalar forward pass (default) or a "
                           "generative judge that decodes a verdict (placer/spec/judge.py)")
@@ -129,12 +133,22 @@ class Job(Strict):
             models["use_reference"] = False
         return {**data, "models": models}
 
+    @model_validator(mode="after")
+    def _validation_single_policy(self) -> Job:
+        """A periodic validation is priced on the one rollout of a single-policy job
+        (`placer.cost.validation`); a multi-agent job's step is priced per agent."""
+        if self.validation is not None and self.agents is not None:
+            raise ValueError("validation: not priced for a multi-agent job (agents); "
+                             "leave it out")
+        return self
+
     @model_serializer(mode="wrap")
     def _without_framework(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """A job without a framework or agents is written without the key (files stay as they
         were)."""
         out: dict[str, Any] = handler(self)
-        for key in ("framework", "agents", "micro_token_budget", "rollout_sleep_level", "engine"):
+        for key in ("framework", "agents", "micro_token_budget", "rollout_sleep_level", "engine",
+                    "validation"):
             if out.get(key, "") is None:
                 out.pop(key)
         return out

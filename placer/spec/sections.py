@@ -81,6 +81,21 @@ class MicroTokenBudget(Strict):
         None, description="tokens per device per micro-batch of a training pass")
 
 
+class Validation(Strict):
+    """A periodic validation pass inside the trainer's step: every `every` steps the rollout
+    engines generate `samples` sequences of the job's lengths, with a weight refit before
+    (verl's `_validate`, called inside its `step` timer on the steps `trainer.test_freq` picks:
+    volcengine/verl @e2e4c35ec verl/trainer/ppo/ray_trainer.py:1137-1339; its generation enters
+    the sharding manager, so it refits and wakes the engines as a training generation does).
+    `samples` is what the engines generate, padding included: verl pads the validation batch to
+    a multiple of its actor's world size (ray_trainer.py:687-693, `pad_dataproto_to_divisor`).
+    The step price then holds its share, the pass / `every` (a mean over steps; the step that
+    validates is that much longer). Unset: no validation is priced."""
+
+    every: PosInt = Field(description="steps between validations (verl's trainer.test_freq)")
+    samples: PosInt = Field(description="sequences one validation generates, padding included")
+
+
 class EngineSettings(Strict):
     """What the run sets on its inference engines (vLLM's `gpu_memory_utilization` and
     `max_num_seqs`, SGLang's `mem_fraction_static` and `max_running_requests`): each replaces
