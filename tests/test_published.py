@@ -88,11 +88,17 @@ def test_errors_do_not_grow_past_what_the_model_reaches_today(doc: PublishedRepo
     # 11.9% with NeMo-RL's measured MoE routing cost in its log-prob passes (the nemo-rl
     # profile's moe_route_token_layer_s, from NVIDIA-NeMo/RL pull request 3295's B200 run, not
     # from any row): r15 -22% -> -11%, r19 -43% -> -24%, r20 -15% -> -12%, r23 -24% -> -22%.
-    assert doc.median_abs_error < 0.121, doc.median_abs_error
+    # 11.1% with mfu_score's default at mfu_train's (the bound on the H20 rows below says why).
+    assert doc.median_abs_error < 0.115, doc.median_abs_error
     earlier = [r for r in doc.rows if r.name[:3] < "r15"]
     assert len(earlier) == 13 and max(abs(r.error) for r in earlier) < 0.34, earlier
     h20 = [r for r in doc.rows if "xH20 " in r.name and not r.name.startswith("r11")]
-    assert len(h20) == 10 and all(abs(r.error) < 0.29 for r in h20), [
+    # Loosened (0.29 -> 0.30) for r01 alone when mfu_score's default became mfu_train's (0.60
+    # -> 0.86, the forward-only ceiling each run implies through its own update, where its
+    # lengths cancel: workflows.passratio): r01 -26.8% -> -29.3% as its old_log_prob goes -1% ->
+    # -19%; 0.60 had been set on r01-r03's pass levels, whose runs' lengths grew past the shared
+    # assumption (docs/cost-model.md). r07 -7% -> -11%, r08 +16% -> +8%, r09b -9% -> -13%.
+    assert len(h20) == 10 and all(abs(r.error) < 0.30 for r in h20), [
         (r.name, r.error) for r in h20]  # the goal: every row within 30%
     # sync: verl's unbucketed NCCL sync pays one call per tensor from one sender
     # (`timing.sync_calls`), a broadcast's receive is bound by one rank's NIC, Miles has its own
@@ -150,16 +156,22 @@ def test_stage_errors_do_not_grow(doc: PublishedReport) -> None:
     # (was TP 2 x DP 8 / DP 6). The one_step_off doc's four runs' log-prob passes are then all
     # priced +36% to +50% (r07 +44%, r08 +50%, r09a +39%, r09b +36%; r09a's was -5%, its n 12
     # hiding the gap) where the fully_async doc's r01-r03 and r05 are within 2%: the median of
-    # the eight sits between the two groups (docs/cost-model.md, "What is left on these rows")
-    assert _stage_median(doc, "old_log_prob") < 0.19, _stage_median(doc, "old_log_prob")
+    # the eight sits between the two groups (docs/cost-model.md, "What is left on these rows").
+    # Tightened (0.19 -> 0.13) with mfu_score's default at mfu_train's (0.60 -> 0.86: within each
+    # run, where its lengths cancel, the pass over the update prices as published at a median
+    # 0.86, workflows.passratio): r07 +10%, r08 +14%, r09a +5%, r09b +1%, r01-r03 -19% / -13% /
+    # -11%, r05 -14%; median 11.8%
+    assert _stage_median(doc, "old_log_prob") < 0.13, _stage_median(doc, "old_log_prob")
     passes = [st.error for r in doc.rows if "xH20 " in r.name
               for k, st in r.stages.items() if k in ("old_log_prob", "ref")]
     # Loosened (0.55 -> 0.65) for a defect fixed: causal attention priced at E[s^2] / E[s] of
     # the samples' lengths (placer/cost/attnspan.py), not their mean. The 30B-A3B rows, whose
     # attention is a large share of a token's FLOPs (3B active), move most: r05's reference
     # +33% -> +40%, r06's +52% -> +63%, while their updates go -41% -> -37% and -21% -> -15%
-    # (their forward and update were already off in opposite directions at one factor each)
-    assert len(passes) == 10 and max(abs(e) for e in passes) < 0.65, passes
+    # (their forward and update were already off in opposite directions at one factor each).
+    # Tightened (0.65 -> 0.30) with mfu_score's default at mfu_train's (above): r06's reference
+    # +63% -> +29%, r05's +40% -> +19%, the one_step_off rows' +36%..+50% -> +1%..+14%
+    assert len(passes) == 10 and max(abs(e) for e in passes) < 0.30, passes
     first_ten = dataclasses.replace(doc, rows=[r for r in doc.rows
                                                if not r.name.startswith("r11")])
     # the rollout stage: no default is fitted on it any more (mfu_prefill and the decode curve

@@ -25,28 +25,29 @@ FLAT = replace(Efficiency(), gemm_half_ridge=0.0, prefill_half_ridge=0.0, step_o
 
 
 def test_default_ceiling_on_an_h20_and_an_h100_by_hand() -> None:
-    # H20: 148 TFLOP/s over 4.0 TB/s = 37 FLOP/byte; 1 / (1/0.60 + 0.0045 * 37) = 0.54550
-    assert FLAT.mfu_score == 0.60
-    assert device_ceiling(FLAT.mfu_score, H20, FLAT) == pytest.approx(0.545504, rel=1e-5)
-    # H100: 989 / 3.35 = 295.22 FLOP/byte; 1 / (1/0.60 + 0.0045 * 295.22) = 0.33387
-    assert device_ceiling(FLAT.mfu_score, H100, FLAT) == pytest.approx(0.333870, rel=1e-5)
+    # H20: 148 TFLOP/s over 4.0 TB/s = 37 FLOP/byte; 1 / (1/0.86 + 0.0045 * 37) = 0.75228
+    # (mfu_score's default is mfu_train's: a forward-only pass at the training ceiling)
+    assert FLAT.mfu_score == 0.86 == FLAT.mfu_train
+    assert device_ceiling(FLAT.mfu_score, H20, FLAT) == pytest.approx(0.752281, rel=1e-5)
+    # H100: 989 / 3.35 = 295.22 FLOP/byte; 1 / (1/0.86 + 0.0045 * 295.22) = 0.40140
+    assert device_ceiling(FLAT.mfu_score, H100, FLAT) == pytest.approx(0.401397, rel=1e-5)
 
 
 def test_one_h20_prices_two_flops_per_matmul_parameter_at_the_score_ceiling() -> None:
-    # seq 0 (no attention term): 2 * 7,070,619,136 * 1e6 / (148e12 * 0.545504) = 175.157 s
+    # seq 0 (no attention term): 2 * 7,070,619,136 * 1e6 / (148e12 * 0.752281) = 127.012 s
     t = score_time(QWEN7B, H20, Parallel(), 1e6, 0.0, FLAT)
-    assert t == pytest.approx(175.157, rel=1e-5)
+    assert t == pytest.approx(127.012, rel=1e-5)
     # dp replicas split the tokens: 16 H20 take 1/16 of it (no TP, no collectives in a forward)
     assert score_time(QWEN7B, H20, Parallel(dp=16), 1e6, 0.0, FLAT) == pytest.approx(
-        175.157 / 16, rel=1e-5)
+        127.012 / 16, rel=1e-5)
 
 
 def test_score_pass_against_the_engine_prefill_by_hand() -> None:
-    # Same FLOPs, ceiling 0.54550 against mfu_prefill 0.68 (fitted on measured layer kernels):
-    # an H20's engine prefill takes 0.80221x its trainer forward's time; an H100's (trainer
-    # ceiling 0.33387) 0.49099x (its non-GEMM kernels cost more of its peak).
+    # Same FLOPs, ceiling 0.75228 against mfu_prefill 0.68 (fitted on measured layer kernels):
+    # an H20's engine prefill takes 1.10630x its trainer forward's time; an H100's (trainer
+    # ceiling 0.40140) 0.59029x (its non-GEMM kernels cost more of its peak).
     # The engine's attention kernel is priced apart (`flash.prefill_kernel_time`).
-    for dev, ratio in ((H20, 0.802212), (H100, 0.490986)):
+    for dev, ratio in ((H20, 1.106295), (H100, 0.590290)):
         fwd = (forward_time(QWEN7B, dev, Parallel(), 1e6, 0.0, FLAT)
                - prefill_kernel_time(QWEN7B, dev, Parallel(), 1e6, 0.0, FLAT))
         assert fwd / score_time(QWEN7B, dev, Parallel(), 1e6, 0.0, FLAT) == pytest.approx(
@@ -57,10 +58,10 @@ def test_score_pass_scales_with_its_own_factor_only() -> None:
     base = score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0, FLAT)
     assert score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0,
                       replace(FLAT, mfu_prefill=0.9)) == base  # the engine's factor is not used
-    # 1 / ceiling is affine in 1 / mfu_score (what `placer.calibrate.fit` relies on): halving mfu_score
-    # adds 1/0.60 to 1/0.54550 = 1.83317 -> 3.49983, x1.90917
+    # 1 / ceiling is affine in 1 / mfu_score (what `placer.calibrate.fit` relies on): mfu_score 0.30
+    # takes 1 / ceiling from 1/0.86 + 0.1665 = 1.32929 to 1/0.30 + 0.1665 = 3.49983, x2.63285
     slower = score_time(QWEN7B, H20, Parallel(), 1e6, 2048.0, replace(FLAT, mfu_score=0.30))
-    assert slower / base == pytest.approx(3.499833 / 1.833167, rel=1e-5)
+    assert slower / base == pytest.approx(3.499833 / 1.329291, rel=1e-5)
 
 
 @pytest.mark.parametrize("dev", [CPU, LPU])

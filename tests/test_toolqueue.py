@@ -17,7 +17,7 @@ from placer.cost.rolloutcost import rollout_shape
 from placer.cost.sharding import Parallel
 from placer.cost.tail_samples import at_means
 from placer.cost.timing import Placed
-from placer.cost.toolqueue import FifoPool, queue_delay, rollout_span
+from placer.cost.toolqueue import FifoPool, queue_delay, queue_delays, rollout_span, rollout_spans
 from placer.solve.assemble import reprice
 from placer.spec.catalog import resolve
 from placer.spec.load import job_from_dict
@@ -117,3 +117,92 @@ def test_reduced_replay_tracks_the_exact_one(reps: int, per: int, conc: int, slo
     if reps <= 8 and per <= 4 * conc:
         assert got == exact
     assert got == pytest.approx(exact, rel=0.05)
+
+
+@pytest.mark.parametrize("turns, prompts, latency", [(3, 32, 1.0), (3, 64, 0.5), (4, 40, 1.0)])
+def test_uneven_replicas_agree_with_simulator(turns: int, prompts: int, latency: float) -> None:
+    """Three replicas of 4 x prompts samples (one holds one fewer, so it reaches its tool calls
+    first): the replay resumes replicas in time order from the start, as the simulator does,
+    and its rollout stage is the simulator's (to 1e-4; the replay before resumed them in list
+    order and priced +5e-4 .. +1.4e-3 here)."""
+    placement = dict(SMALL_PLACEMENT, rollout=("h100", 3, "gen"))
+    plan = small_plan(placement, environment__turns=turns, batch__prompts=prompts,
+                      environment__tool_latency_s={"kind": "fixed", "value": latency})
+    assert plan.roles["rollout"].dp == 3 and plan.spec.batch.samples % 3
+    assert _pair(plan)[0] > 0  # the calls queue
+    pred = reprice(plan, at_means(plan.spec), Calibration()).stage_s["rollout"]
+    sim = simulate_plan(plan, iterations=1, seed=0, config=SimConfig.no_variance())
+    assert sim.metrics.stage_s.rollout == pytest.approx(pred, rel=1e-4)
+
+
+# latencies: the parts' calls arrive 0.53 s apart on TP2 and TP1 (none on one layout), so 0.5 s
+# keeps their bursts apart and 1.0 s and 3.0 s make the later one wait part of a latency
+@pytest.mark.parametrize("tps, latency", [((1, 1), 1.5), ((2, 1), 0.5), ((1, 2), 0.5),
+                                          ((2, 1), 1.0), ((1, 2), 3.0)])
+def test_split_parts_share_one_pool(monkeypatch, tps: tuple[int, int], latency: float) -> None:
+    """Two parts, one replica of n identical samples each (one wave, two turns), on n cores
+    shared: the part whose calls arrive first (at T_a) takes every core, and the other's calls
+    (at T_b >= T_a) wait for them, so its stage grows by max(T_a + latency - T_b, 0) and the
+    first one's not at all - on the same layout (T_a = T_b) one whole latency, on layouts far
+    enough apart none. Static shares of the cores in proportion to each part's engine slots
+    (what the planner priced before) charge both parts."""
+    res = resolve(small_plan().spec)
+    dev = res.device_of("h100")
+    n, args = 16, (256, [256, 256], 64, latency)
+    sts = [step_terms(res.arch_of("rollout"), dev, Parallel(tp, 1, 1),
+                      Calibration().for_device(dev)) for tp in tps]
+    groups = tuple((st, Replicas(1, n, n, n, n)) for st in sts)
+    seen: list[tuple[float, int]] = []
+
+    class Arrivals(FifoPool):  # records when each group of calls arrives
+        def submit(self, t: float, calls: int) -> list[tuple[float, int]]:
+            seen.append((t, calls))
+            return super().submit(t, calls)
+
+    monkeypatch.setattr("placer.cost.toolqueue.FifoPool", Arrivals)
+    arrivals = []
+    for g in groups:  # unlimited cores, each part alone: when its calls arrive
+        seen.clear()
+        rollout_spans((g,), *args, None)
+        assert len(seen) == 1 and seen[0][1] == n
+        arrivals.append(seen[0][0])
+    monkeypatch.undo()
+    a, b = (0, 1) if arrivals[0] <= arrivals[1] else (1, 0)
+    want = [0.0, 0.0]
+    want[b] = max(arrivals[a] + latency - arrivals[b], 0.0)
+    got = queue_delays(groups, *args, n)
+    assert got[a] == pytest.approx(0.0, abs=1e-9)
+    assert got[b] == pytest.approx(want[b], rel=1e-9, abs=1e-9)
+    static = [queue_delay(st, Replicas(1, n, n, n, n), *args, n // 2) for st in sts]
+    assert all(d > 0 for d in static)
+
+
+def test_replicas_submit_their_calls_in_time_order(monkeypatch) -> None:
+    """Replicas of uneven sample counts reach their tool calls at different times; the replay
+    submits them to the pool in time order (the pool refuses a call from the past, as the
+    simulator's `CorePool` does), and the queued calls take the servers the earliest calls
+    free: with 3 replicas of 43, 43 and 42 samples on 100 cores, the 42 arrive first at T_2,
+    the first 43 at T_0 > T_2 and of the second 43 (at T_0) 15 find a core, the other 28 one
+    of the first 42's, free at T_2 + latency."""
+    pool = FifoPool(4, 1.0)
+    pool.submit(2.0, 1)
+    with pytest.raises(ValueError, match="time order"):
+        pool.submit(1.0, 1)
+    res = resolve(small_plan().spec)
+    dev = res.device_of("h100")
+    st = step_terms(res.arch_of("rollout"), dev, Parallel(1, 1, 1), Calibration().for_device(dev))
+    args = (256, [256, 256], 64, 1.0)
+    got: list[tuple[float, int, list[tuple[float, int]]]] = []
+
+    class Calls(FifoPool):
+        def submit(self, t: float, calls: int) -> list[tuple[float, int]]:
+            out = super().submit(t, calls)
+            got.append((t, calls, out))
+            return out
+
+    monkeypatch.setattr("placer.cost.toolqueue.FifoPool", Calls)
+    rollout_span(st, Replicas(3, 43, 43, 128, 128), *args, 100)
+    first = [(t, n) for t, n, _ in got[:3]]
+    assert [n for _, n in first] == [42, 43, 43] and first[0][0] < first[1][0] == first[2][0]
+    t2, t0 = first[0][0], first[1][0]
+    assert got[2][2] == [(t0 + 1.0, 15), (t2 + 2.0, 28)]

@@ -69,7 +69,7 @@ REPLAYS_KEPT = 4096  # engine replays kept per replica layout, least recently us
 PARTS_KEPT = 4096  # split parts' estimates kept per replica layout, the same way
 # What a replay keeps: a stage's seconds, the engine loop's (finish time, sequences), or the
 # representative rows it replays (`placer.cost.rollout_tail`: a step's longest sample).
-Replay = float | list[tuple[float, int]] | Rows
+Replay = float | tuple[float, ...] | list[tuple[float, int]] | Rows
 _R = TypeVar("_R", bound=Replay)
 
 

@@ -43,7 +43,7 @@ from placer.cost.rollout_tail import Replicas
 from placer.cost.rolloutcost import rollout_shape
 from placer.cost.roofline import GB, Memory, weight_bytes, weight_tensors
 from placer.cost.tail_samples import at_means, strata
-from placer.cost.toolqueue import queue_delay
+from placer.cost.toolqueue import queue_delays
 from placer.cost.validation import validation_time
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import Resolved
@@ -268,51 +268,48 @@ def rollout_tool_time(ctx: PriceContext, rollout: Placed, env: Placed) -> float:
     cores). Like `sync_time` this prices a pair of placements (rollout, environment).
     Over-provisioned it can be negative: staggered returns let the first groups decode in a
     smaller batch, so the stage reaches its kept count sooner (`toolqueue.queue_delay`).
-    A rollout split over pools: the cores are shared in proportion to each part's engine slots
-    and each part's queueing adds to that part's time, so the term is what the slowest part
-    (with its queueing) adds to the split estimate's rollout stage.
+    A rollout split over pools: every part's replicas share the one pool, as the simulator's
+    parts share its `CorePool`, so a part's calls queue behind another's only where their
+    bursts meet in time (`toolqueue.queue_delays`); each part's queueing adds to that part's
+    time, and the term is what the slowest part (with its queueing) adds to the split
+    estimate's rollout stage.
     """
     env_spec = ctx.res.job.environment
     if env_spec.kind == "none" or env_spec.turns < 2:
         return 0.0
-    if rollout.est.parts:
-        return _split_tool_time(ctx, rollout.est, env.est)
-    return _queueing(ctx, rollout.est, env.est, 1.0)
+    parts = ([(ctx.with_samples(p.samples), p.est) for p in rollout.est.parts]
+             if rollout.est.parts else [(ctx, rollout.est)])
+    delays = _queueing(ctx, parts, env.est)
+    worst = max(est.stage_s.get("rollout", 0.0) + d for (_, est), d in zip(parts, delays))
+    if not rollout.est.parts:
+        return delays[0]
+    return max(worst - rollout.est.stage_s.get("rollout", 0.0), 0.0)
 
 
-def _queueing(ctx: PriceContext, rollout: Estimate, env: Estimate, core_share: float) -> float:
-    """The queueing of one rollout placement's tool calls on `core_share` of `env`'s cores."""
+def _queueing(ctx: PriceContext, parts: list[tuple[PriceContext, Estimate]], env: Estimate
+              ) -> tuple[float, ...]:
+    """The queueing of each rollout placement's tool calls (a split's parts, each priced on its
+    own samples' context) when all of them share `env`'s cores."""
     res, calib = ctx.res, ctx.calib
     env_spec = res.job.environment
-    r_dev, e_dev = res.device_of(rollout.pool), res.device_of(env.pool)
-    r_eff = calib.for_device(r_dev)
-    shape = rollout_shape(ctx, r_dev, rollout.par, r_eff)
-    slots = max(int(env.devices * e_dev.cores * core_share // env_spec.cpu_per_call), 1)
-    if shape.concurrency < 1 or shape.replicas * shape.concurrency <= slots:
-        return 0.0  # every sequence's call finds a free core
-    job = at_means(res.job)
-    row = strata(job, 1, 0.0)
+    e_dev = res.device_of(env.pool)
+    slots = max(int(env.devices * e_dev.cores // env_spec.cpu_per_call), 1)
+    groups = []
+    for part, est in parts:
+        r_dev = res.device_of(est.pool)
+        r_eff = calib.for_device(r_dev)
+        shape = rollout_shape(part, r_dev, est.par, r_eff)
+        if shape.concurrency < 1:
+            return (0.0,) * len(parts)  # infeasible: priced elsewhere
+        st = ctx.step_terms(res.arch_of(Role.ROLLOUT), r_dev, est.par, r_eff)
+        groups.append((st, Replicas(shape.replicas, shape.per_replica, shape.steady,
+                                    shape.generated, shape.kept), shape.concurrency))
+    if sum(sh.replicas * conc for _, sh, conc in groups) <= slots:
+        return (0.0,) * len(parts)  # every sequence's call finds a free core
+    row = strata(at_means(res.job), 1, 0.0)
     lat = env_spec.tool_latency_s.mean_value() + calib.for_device(e_dev).tool_overhead_s
-    st = ctx.step_terms(res.arch_of(Role.ROLLOUT), r_dev, rollout.par, r_eff)
-    reps = Replicas(shape.replicas, shape.per_replica, shape.steady, shape.generated,
-                    shape.kept)
-    out = env_spec.tool_output_tokens
-    return queue_delay(st, reps, row.prompt[0], row.response[0], out, lat, slots)
-
-
-def _split_tool_time(ctx: PriceContext, split: Estimate, env: Estimate) -> float:
-    """`rollout_tool_time` of a split rollout (see there): each part queues on its share of the
-    cores (its engine slots over all parts'), on the job of its own samples."""
-    parts = [ctx.with_samples(p.samples) for p in split.parts]
-    slots = []
-    for p, part in zip(split.parts, parts):
-        dev = ctx.res.device_of(p.est.pool)
-        shape = rollout_shape(part, dev, p.est.par, ctx.calib.for_device(dev))
-        slots.append(shape.replicas * max(shape.concurrency, 0))
-    total = sum(slots) or 1
-    worst = max(p.est.stage_s.get("rollout", 0.0) + _queueing(part, p.est, env, n / total)
-                for p, part, n in zip(split.parts, parts, slots))
-    return max(worst - split.stage_s.get("rollout", 0.0), 0.0)
+    return queue_delays(tuple((st, sh) for st, sh, _ in groups), row.prompt[0], row.response[0],
+                        env_spec.tool_output_tokens, lat, slots)
 
 
 def _validation(ctx: PriceContext, placed: list[Placed], rollout: Placed, sync: float) -> float:
