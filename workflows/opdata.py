@@ -57,10 +57,12 @@ DECLARED_DEVICES: dict[str, dict[str, object]] = {
 # The scale-out network each cross-node testbed ran on, as its source states it (the data
 # files' headers): a property of the testbed that a user sets per cluster
 # (`DeviceType.network`; its figures, from NCCL's and the vendors' public sources:
-# placer/cost/fabric.py). OCI's BM.GPU4.8 cluster network is RoCE; the book's 4 P6-B200
-# nodes are on EFA. A source not named runs on the catalog's (InfiniBand); an in-node call
-# reads no network.
-SOURCE_NETWORK: dict[str, Network] = {OCI: Network.roce, MLE_TORCH: Network.efa}
+# placer/cost/fabric.py). OCI's BM.GPU4.8 cluster network is RoCE; A3 Mega's is
+# GPUDirect-TCPXO (its NCCL profile runs Simple alone); the book's 4 P6-B200 nodes are on
+# EFA. A source not named runs on the catalog's (InfiniBand); an in-node call reads no
+# network.
+SOURCE_NETWORK: dict[str, Network] = {OCI: Network.roce, A3MEGA: Network.tcpxo,
+                                      MLE_TORCH: Network.efa}
 DECODE_MAX_TOKENS = 64  # a decode batch whose weight read still bounds its GEMMs on A100/H100
 LAYER_KERNELS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
                  "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")

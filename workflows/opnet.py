@@ -4,17 +4,21 @@ network and at each testbed's own: part of `python -m workflows.operators`.
 Across nodes an all-reduce's price (`layercomm.tp_all_reduce`: NCCL's ring and tree in its LL
 and Simple protocols, `collectives.span_all_reduce`) reads two properties of the cluster's
 network: the latency of one network step (`net_hop_s`; the default is NCCL's IB/RoCE figure,
-hwLat[NET][RING][LL] 2.7 us) and each device's NIC rate (`nic_gbs`, a node's NICs together
-carrying the bytes that cross it). Neither is the device's: GCP's A3 Mega runs H100s behind
-GPUDirect-TCPXO (8 x 200 Gb/s per node, where the catalog's H100 has a 400 Gb/s NIC each and
-the fabric's latency is the host's TCP stack's) and AWS's P6-B200 behind EFA. A user sets them
+hwLat[NET][RING][LL] 2.7 us, to which the network's NCCL net plugin adds its declared latency
+and which protocols run: `DeviceType.network`, placer/cost/fabric.py) and each device's NIC
+rate (`nic_gbs`, a node's NICs together carrying the bytes that cross it). Neither is the
+device's: GCP's A3 Mega runs H100s behind GPUDirect-TCPXO (8 x 200 Gb/s per node, where the
+catalog's H100 has a 400 Gb/s NIC each and the fabric's latency is the host's TCP stack's)
+and AWS's P6-B200 behind EFA. A user sets them
 per cluster, as the send/recv study does with `opfit.calibrate_nic`: the step latency as the
 device's `net_hop_s` in a calibration profile, the NIC rate as the device's `nic_gbs`.
 
-`cross_node_study` reports each testbed (a source, device and rank count) twice: at the catalog
-defaults, and held out: the testbed's network calibrated (`calibrate_fabric`) on every other
-message size and priced on the rest (two folds), so no point is priced by a network fitted on
-it. The calibrated values are a property of that testbed, never a default.
+`cross_node_study` reports each testbed (a source, device and rank count) three times: at the
+catalog's network (InfiniBand), on the network the testbed declares (`opdata.SOURCE_NETWORK`)
+at its public figures, and held out on it: `net_hop_s` and `nic_gbs` calibrated
+(`calibrate_fabric`) on every other message size and priced on the rest (two folds), so no
+point is priced by a network fitted on it. The calibrated values are a property of that
+testbed, never a default.
 """
 from __future__ import annotations
 
