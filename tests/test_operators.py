@@ -125,16 +125,32 @@ def test_json_document_shape(json_doc: dict) -> None:
                         "all_reduce_modes", "all_reduce_device_held_out", "all_reduce_sweep",
                         "all_reduce_sources", "all_reduce_cross_node", "send_recv_by_link", "rows"}
     # the cross-node study (workflows/opnet.py): three testbeds and their union, each at the
-    # catalog's network and held out on its own. A regression guard, bounds as found: 19.4% /
-    # 73.0% at the catalog's network, 8.5% / 29.2% held out over the 79 points
+    # catalog's network, on the network it declares (placer/cost/fabric.py's public figures)
+    # and held out on it. A regression guard, bounds as found: 19.4% / 73.0% at the catalog's
+    # network; declared 18.9% / 61.9% (the four B200 nodes on EFA 34.2% / 74.0% -> 20.1% /
+    # 28.0%; A3 Mega on TCPXO, Simple alone, 67.6% / 74.9% -> 50.0% / 74.9%); held out 10.9% /
+    # 39.0% over the 79 points. Held out was 8.5% / 29.2% while A3 Mega was priced with NCCL's
+    # LL protocol, which its TCPXO profile turns off: with LL the two calibrated values could
+    # give its small calls LL's latency and its 1-64 MiB calls Simple's 5x larger one; on
+    # Simple alone no step latency and NIC rate price both (its 1-64 MiB calls run 3-6x the
+    # price: a per-size throughput of that network the model does not hold)
     cross = doc["all_reduce_cross_node"]
     assert set(cross) == {"oci-2node A100-40G x16", "a3mega-2node H100-SXM x16",
                           "mle-torch B200 x32", "every testbed"}
     union = cross["every testbed"]
     assert union["catalog"]["all"]["n"] == union["held_out"]["all"]["n"] == 79
-    assert union["held_out"]["all"]["median_abs_error"] < 0.09
-    assert union["held_out"]["all"]["p90_abs_error"] < 0.30
+    assert union["declared"]["all"]["n"] == 79
+    assert union["held_out"]["all"]["median_abs_error"] < 0.11
+    assert union["held_out"]["all"]["p90_abs_error"] < 0.40
+    assert union["declared"]["all"]["p90_abs_error"] < 0.62
     assert union["catalog"]["all"]["median_abs_error"] < 0.20
+    efa = cross["mle-torch B200 x32"]
+    assert efa["network"] == "efa"
+    assert efa["declared"]["all"]["p90_abs_error"] < 0.29 < efa["catalog"]["all"]["p90_abs_error"]
+    tcpxo = cross["a3mega-2node H100-SXM x16"]
+    assert tcpxo["network"] == "tcpxo"
+    assert tcpxo["declared"]["< 1 MiB"]["median_abs_error"] < 0.51 < tcpxo["catalog"][
+        "< 1 MiB"]["median_abs_error"]
     assert list(doc["classes_by_source"]) == list(SOURCES)
     assert list(doc["classes_by_source"][VIDUR]) == list(CLASSES)
     assert all(list(doc["classes_by_source"][src]) == ["all_reduce"] for src in ALL_REDUCE_FILES)

@@ -306,9 +306,12 @@ def test_the_cross_node_price_misses_both_ends() -> None:
     # nodes' EFA calls still cost more than 1.25x the price (their network stack's latency,
     # which NCCL's tuner takes from its net plugin, not from its own tables). At >= 1 GiB the
     # two-node tree (each byte over the network once) prices OCI +8% to +15% and A3 Mega -5%
-    # to +6%; four B200 nodes' EFA outruns 8 NICs x `link_eff` (+18% to +20%). Before NCCL's
-    # algorithm bandwidths every >= 1 GiB call was priced above 1.15x (the in-node ring's
-    # NVLink rate), and before the hierarchical latency every small call below 0.8x.
+    # to +6%; four B200 nodes' EFA outruns 8 NICs x `link_eff` (+20% to +25%: +18% to +20%
+    # before the testbed declared EFA, whose plugin latency, 35 us per network step and twice
+    # in Simple, placer/cost/fabric.py, adds ~0.4 ms to a 4-node call; its two calls below
+    # 1 MiB moved -77%/-74% -> -44%/-33%). Before NCCL's algorithm bandwidths every >= 1 GiB
+    # call was priced above 1.15x (the in-node ring's NVLink rate), and before the
+    # hierarchical latency every small call below 0.8x.
     cross = [p for p in load()[1] if p.cls == "all_reduce" and p.tp > p.per_node]
     assert {p.source for p in cross} == {OCI, A3MEGA, MLE_TORCH}
     small = [p for p in cross if p.size < 2 ** 20]
@@ -320,7 +323,7 @@ def test_the_cross_node_price_misses_both_ends() -> None:
     err = {src: [predict(p, EFF) / p.measured_s - 1 for p in large if p.source == src]
            for src in (OCI, A3MEGA, MLE_TORCH)}
     assert all(0.05 < e < 0.16 for e in err[OCI]) and all(abs(e) < 0.07 for e in err[A3MEGA])
-    assert all(0.15 < e < 0.21 for e in err[MLE_TORCH])
+    assert all(0.19 < e < 0.26 for e in err[MLE_TORCH])
 
 
 def test_the_host_period_at_fixed_prices_recovers_a_planted_period() -> None:

@@ -24,7 +24,7 @@ from placer.cost.roofline import BYTES, matmul_time
 from placer.cost.sharding import Parallel
 from placer.spec.arch import ModelArch
 from placer.spec.catalog import shipped_devices
-from placer.spec.hardware import DeviceType
+from placer.spec.hardware import DeviceType, Network
 
 DATA = Path(__file__).resolve().parent / "data" / "operators"
 HEX40 = re.compile(r"[0-9a-f]{40}")  # a git commit
@@ -54,6 +54,15 @@ DECLARED_DEVICES: dict[str, dict[str, object]] = {
         "source": "NVIDIA A100 datasheet (SXM4 40GB: 1,555 GB/s, NVLink 3 600 GB/s both "
                   "directions); NIC: OCI BM.GPU4.8's 1,600 Gb/s RDMA cluster network per node "
                   "of 8 GPUs (OCI compute shapes), 200 Gb/s = 25 GB/s per GPU"}}
+# The scale-out network each cross-node testbed ran on, as its source states it (the data
+# files' headers): a property of the testbed that a user sets per cluster
+# (`DeviceType.network`; its figures, from NCCL's and the vendors' public sources:
+# placer/cost/fabric.py). OCI's BM.GPU4.8 cluster network is RoCE; A3 Mega's is
+# GPUDirect-TCPXO (its NCCL profile runs Simple alone); the book's 4 P6-B200 nodes are on
+# EFA. A source not named runs on the catalog's (InfiniBand); an in-node call reads no
+# network.
+SOURCE_NETWORK: dict[str, Network] = {OCI: Network.roce, A3MEGA: Network.tcpxo,
+                                      MLE_TORCH: Network.efa}
 DECODE_MAX_TOKENS = 64  # a decode batch whose weight read still bounds its GEMMs on A100/H100
 LAYER_KERNELS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
                  "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
@@ -196,8 +205,9 @@ def _params(p: Point) -> int:
 
 
 def predict(p: Point, eff: Efficiency) -> float:
-    """Seconds the cost model prices point `p` at, with the function its class names."""
-    dev = _device(p.device)
+    """Seconds the cost model prices point `p` at, with the function its class names, on the
+    device as its testbed declares it (`point_device`)."""
+    dev = point_device(p)
     if p.cls == "prefill_linear":
         return matmul_time(2 * _params(p) * p.size, p.size, dev, Parallel(tp=p.tp),
                            eff.mfu_prefill, eff, eff.prefill_half_ridge)
@@ -218,5 +228,19 @@ def predict(p: Point, eff: Efficiency) -> float:
 
 def point_device(p: Point) -> DeviceType:
     """The device a point ran on, as `predict` prices it (the catalog's, or one a source
-    declares): what a study that re-declares a testbed's network starts from."""
-    return _device(p.device)
+    declares), on its testbed's network (`SOURCE_NETWORK`): what a study that re-declares a
+    testbed's network starts from."""
+    return _on_network(_device(p.device), SOURCE_NETWORK.get(p.source, Network.infiniband))
+
+
+def catalog_device(p: Point) -> DeviceType:
+    """`point_device` on the catalog's network (InfiniBand): the prices before a testbed
+    declares its own."""
+    return _on_network(_device(p.device), Network.infiniband)
+
+
+@cache
+def _on_network(dev: DeviceType, network: Network) -> DeviceType:
+    """`dev` on `network` (one object per pair, so the pricing caches keyed on a device's
+    identity keep hitting)."""
+    return dev if dev.network == network else dev.model_copy(update={"network": network})

@@ -4,17 +4,21 @@ network and at each testbed's own: part of `python -m workflows.operators`.
 Across nodes an all-reduce's price (`layercomm.tp_all_reduce`: NCCL's ring and tree in its LL
 and Simple protocols, `collectives.span_all_reduce`) reads two properties of the cluster's
 network: the latency of one network step (`net_hop_s`; the default is NCCL's IB/RoCE figure,
-hwLat[NET][RING][LL] 2.7 us) and each device's NIC rate (`nic_gbs`, a node's NICs together
-carrying the bytes that cross it). Neither is the device's: GCP's A3 Mega runs H100s behind
-GPUDirect-TCPXO (8 x 200 Gb/s per node, where the catalog's H100 has a 400 Gb/s NIC each and
-the fabric's latency is the host's TCP stack's) and AWS's P6-B200 behind EFA. A user sets them
+hwLat[NET][RING][LL] 2.7 us, to which the network's NCCL net plugin adds its declared latency
+and which protocols run: `DeviceType.network`, placer/cost/fabric.py) and each device's NIC
+rate (`nic_gbs`, a node's NICs together carrying the bytes that cross it). Neither is the
+device's: GCP's A3 Mega runs H100s behind GPUDirect-TCPXO (8 x 200 Gb/s per node, where the
+catalog's H100 has a 400 Gb/s NIC each and the fabric's latency is the host's TCP stack's)
+and AWS's P6-B200 behind EFA. A user sets them
 per cluster, as the send/recv study does with `opfit.calibrate_nic`: the step latency as the
 device's `net_hop_s` in a calibration profile, the NIC rate as the device's `nic_gbs`.
 
-`cross_node_study` reports each testbed (a source, device and rank count) twice: at the catalog
-defaults, and held out: the testbed's network calibrated (`calibrate_fabric`) on every other
-message size and priced on the rest (two folds), so no point is priced by a network fitted on
-it. The calibrated values are a property of that testbed, never a default.
+`cross_node_study` reports each testbed (a source, device and rank count) three times: at the
+catalog's network (InfiniBand), on the network the testbed declares (`opdata.SOURCE_NETWORK`)
+at its public figures, and held out on it: `net_hop_s` and `nic_gbs` calibrated
+(`calibrate_fabric`) on every other message size and priced on the rest (two folds), so no
+point is priced by a network fitted on it. The calibrated values are a property of that
+testbed, never a default.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import numpy as np
 
 from placer.cost.efficiency import Efficiency
 from placer.cost.layercomm import tp_all_reduce
-from workflows.opdata import Point, point_device
+from placer.spec.hardware import DeviceType
+from workflows.opdata import Point, catalog_device, point_device
 from workflows.opfit import _search
 from workflows.opmodes import errors
 
@@ -49,11 +54,13 @@ def bench_of(p: Point) -> str:
     return f"{p.source} {p.device} x{p.tp}"
 
 
-def fabric_price(p: Point, eff: Efficiency, net_hop_s: float, nic_gbs: float) -> float:
-    """Point `p` priced as `opdata.predict` prices it, on a network of `net_hop_s` per
-    network step and `nic_gbs` per device (a cluster's settings) instead of the defaults."""
-    dev = point_device(p).model_copy(update={"nic_gbs": nic_gbs})
-    return tp_all_reduce(p.size, p.tp, dev, eff.override({"net_hop_s": net_hop_s}))
+def fabric_price(p: Point, eff: Efficiency, net_hop_s: float, nic_gbs: float,
+                 dev: DeviceType | None = None) -> float:
+    """Point `p` priced as `opdata.predict` prices it (on its testbed's declared network, or
+    on `dev`'s), with `net_hop_s` per network step and `nic_gbs` per device (a cluster's
+    settings) instead of the defaults."""
+    on = (dev or point_device(p)).model_copy(update={"nic_gbs": nic_gbs})
+    return tp_all_reduce(p.size, p.tp, on, eff.override({"net_hop_s": net_hop_s}))
 
 
 def _log_cost(ps: Sequence[Point], eff: Efficiency) -> Callable[[float, float], float]:
@@ -127,28 +134,31 @@ def _summary(ps: Sequence[Point], errs: Sequence[float]) -> dict[str, Any]:
 
 
 def cross_node_study(points: Sequence[Point], eff: Efficiency) -> dict[str, Any]:
-    """Per testbed and over every cross-node point: the errors at the catalog defaults and
-    held out on the testbed's own network (`held_out`), by size band, with the calibrated
-    values next to the defaults."""
+    """Per testbed and over every cross-node point: the errors at the catalog's network
+    (InfiniBand, `opdata.catalog_device`), on the network the testbed declares at its public
+    figures (`opdata.SOURCE_NETWORK`, placer/cost/fabric.py: nothing fitted), and held out on
+    that network with its step latency and NIC rate calibrated on the testbed's other sizes
+    (`held_out`), by size band, with the calibrated values next to the defaults."""
     out: dict[str, Any] = {}
     every: list[Point] = []
-    cat_all: list[float] = []
-    held_all: list[float] = []
+    errs: dict[str, list[float]] = {"catalog": [], "declared": [], "held_out": []}
     for name in sorted({bench_of(p) for p in cross_node(points)}):
         ps = sorted((p for p in cross_node(points) if bench_of(p) == name), key=lambda p: p.size)
         dev = point_device(ps[0])
-        catalog = [fabric_price(p, eff, eff.net_hop_s, dev.nic_gbs) / p.measured_s - 1
-                   for p in ps]
-        held, fabrics = held_out(ps, eff)
-        out[name] = {"catalog": _summary(ps, catalog), "held_out": _summary(ps, held),
+        mine = {"catalog": [fabric_price(p, eff, eff.net_hop_s, dev.nic_gbs, catalog_device(p))
+                            / p.measured_s - 1 for p in ps],
+                "declared": [fabric_price(p, eff, eff.net_hop_s, dev.nic_gbs) / p.measured_s - 1
+                             for p in ps]}
+        mine["held_out"], fabrics = held_out(ps, eff)
+        out[name] = {**{k: _summary(ps, v) for k, v in mine.items()},
+                     "network": str(dev.network),
                      "catalog_net_hop_s": eff.net_hop_s, "catalog_nic_gbs": dev.nic_gbs,
                      "calibrated_net_hop_s": [h for h, _ in fabrics],
                      "calibrated_nic_gbs": [g for _, g in fabrics]}
         every += ps
-        cat_all += catalog
-        held_all += held
-    out["every testbed"] = {"catalog": _summary(every, cat_all),
-                            "held_out": _summary(every, held_all)}
+        for k, v in mine.items():
+            errs[k] += v
+    out["every testbed"] = {k: _summary(every, v) for k, v in errs.items()}
     return out
 
 
@@ -161,12 +171,13 @@ def _cell(c: dict[str, Any]) -> str:
 def render(study: dict[str, Any]) -> list[str]:
     """The text lines: per testbed, the catalog and held-out errors (median / p90 of |error|)
     over every point and by size band, and the calibrated network."""
-    out = ["all_reduce across nodes (median / p90 |error|): at the catalog's network, and held "
-           "out on each testbed's own (net_hop_s and nic_gbs calibrated on every other size, "
-           "priced on the rest):"]
+    out = ["all_reduce across nodes (median / p90 |error|): at the catalog's network "
+           "(InfiniBand), on the network the testbed declares (placer/cost/fabric.py's public "
+           "figures, nothing fitted), and held out on it (net_hop_s and nic_gbs calibrated on "
+           "every other size, priced on the rest):"]
     for name, t in study.items():
-        out.append(f"  {name}")
-        for label in ("catalog", "held_out"):
+        out.append(f"  {name}" + (f" ({t['network']})" if "network" in t else ""))
+        for label in ("catalog", "declared", "held_out"):
             cells = "  ".join(f"{band} {_cell(c)}" for band, c in t[label].items())
             out.append(f"    {label:9s} {cells}")
         if "calibrated_nic_gbs" in t:

@@ -51,7 +51,7 @@ UNITS: dict[tuple[str, str], str] = {
 }
 for _f in ("mean", "std", "median", "min", "cap"):
     UNITS[("Distribution", _f)] = UNITS[("Distribution", "value")]
-ENUMS = ("Algorithm", "DeviceKind")  # referred to like sections, but a list of values
+ENUMS = ("Algorithm", "DeviceKind", "Network")  # referred to like sections, but a list of values
 SUFFIX_UNITS = (("_gbs", "GB/s"), ("_gb", "GB"), ("_us", "µs"), ("_s", "s"), ("_tokens", "tokens"))
 
 # (section, field) -> meaning, for fields whose model gives no description.
@@ -172,7 +172,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "Catalog": [{"devices": [], "models": []}],
     "DeviceType": [{"name": "my-gpu", "kind": "gpu", "memory_gb": 96, "bf16_tflops": 400,
                     "matmul_tflops": 300, "fp8_tflops": 800, "mem_bw_gbs": 3000,
-                    "intra_link_gbs": 450, "nic_gbs": 50,
+                    "intra_link_gbs": 450, "nic_gbs": 50, "network": "roce",
                     "can_train": True,
                     "price_per_hour": 2.0, "host_memory_gb": 1024, "sm_count": 132,
                     "scaleup_devices": 8, "host_devices": 8,

@@ -76,6 +76,11 @@ class Link:
     # tree across nodes loads differently from the ring (`span_all_reduce`); 0: `gbs` for both
     intra_gbs: float = 0.0
     net_gbs: float = 0.0
+    # the network's own figures (`placer.cost.fabric`): the latency its NCCL net plugin
+    # declares, which NCCL adds to every network step (twice in Simple), and whether NCCL's LL
+    # protocol runs on it
+    plugin_s: float = 0.0
+    ll: bool = True
 
     def bytes_s(self, nbytes: float) -> float:
         return nbytes / (self.gbs * 1e9)
@@ -102,20 +107,23 @@ def all_reduce(nbytes: float, n: int, link: Link) -> float:
     return min(ring_all_reduce(nbytes, n, link), tree)
 
 
-def span_ring_steps_s(n: int, nodes: int, net_s: float, intra_s: float) -> float:
+def span_ring_steps_s(n: int, nodes: int, net_s: float, intra_s: float,
+                      plugin_s: float = 0.0) -> float:
     """The step latencies of NCCL's ring all-reduce of n ranks over `nodes` nodes: 2 (nodes - 1)
-    network steps at `net_s`, the other 2 (n - nodes) at max(`intra_s`, `NET_OVERHEAD_S`)
-    (NCCL's tuning.cc; `NET_TREE_HOP_RATIO`'s comment)."""
-    net = net_s * NET_TREE_HOP_RATIO if n == nodes else net_s
+    network steps at `net_s` plus the net plugin's declared `plugin_s`, the other 2 (n - nodes)
+    at max(`intra_s`, `NET_OVERHEAD_S`) (NCCL's tuning.cc; `NET_TREE_HOP_RATIO`'s comment)."""
+    net = (net_s * NET_TREE_HOP_RATIO if n == nodes else net_s) + plugin_s
     return 2 * (n - nodes) * max(intra_s, NET_OVERHEAD_S) + 2 * (nodes - 1) * net
 
 
-def span_tree_steps_s(n: int, nodes: int, net_s: float, intra_s: float) -> float:
+def span_tree_steps_s(n: int, nodes: int, net_s: float, intra_s: float,
+                      plugin_s: float = 0.0) -> float:
     """The step latencies of NCCL's tree all-reduce of n ranks over `nodes` nodes: up and down
     a chain through each node's n / nodes ranks at `intra_s` and a tree across the nodes,
-    log2i(nodes) deep, at the tree's network step (`net_s` x `NET_TREE_HOP_RATIO`)."""
+    log2i(nodes) deep, at the tree's network step (`net_s` x `NET_TREE_HOP_RATIO`, plus the
+    net plugin's declared `plugin_s`)."""
     depth = nodes.bit_length() - 1  # NCCL's log2i: floor(log2(nodes))
-    return 2 * ((n // nodes - 1) * intra_s + depth * net_s * NET_TREE_HOP_RATIO)
+    return 2 * ((n // nodes - 1) * intra_s + depth * net_s * NET_TREE_HOP_RATIO + depth * plugin_s)
 
 
 def span_bus_gbs(nodes: int, link: Link) -> dict[str, float]:
@@ -138,15 +146,19 @@ def span_bus_gbs(nodes: int, link: Link) -> dict[str, float]:
 def span_latency_s(n: int, nodes: int, link: Link) -> dict[str, float]:
     """Per-call latency of each algorithm and protocol of that all-reduce: LL's hierarchical
     steps as `span_ring_steps_s` / `span_tree_steps_s` price them; Simple's at NCCL's Simple
-    step latencies, scaled from the link's LL network step and in-node ring step."""
-    net, intra = link.alpha_s * SIMPLE_NET_HOP_RATIO, link.intra_alpha_s
+    step latencies, scaled from the link's LL network step and in-node ring step. Every network
+    step adds the net plugin's declared latency (`Link.plugin_s`), Simple's twice (NCCL's
+    flush); a network without LL (`Link.ll` false) offers Simple alone."""
+    net = link.alpha_s * SIMPLE_NET_HOP_RATIO + 2 * link.plugin_s
+    intra = link.intra_alpha_s
     ring_simple = (2 * (n - nodes) * max(intra, SIMPLE_NET_OVERHEAD * NET_OVERHEAD_S)
                    + 2 * (nodes - 1) * net)
     depth = nodes.bit_length() - 1
     tree_simple = 2 * ((n // nodes - 1) * intra * SIMPLE_TREE_NVLINK_RATIO + depth * net)
-    steps = {"ring_ll": span_ring_steps_s(n, nodes, link.alpha_s, intra),
-             "tree_ll": span_tree_steps_s(n, nodes, link.alpha_s, intra),
-             "ring_simple": ring_simple, "tree_simple": tree_simple}
+    steps = {"ring_simple": ring_simple, "tree_simple": tree_simple}
+    if link.ll:
+        steps |= {"ring_ll": span_ring_steps_s(n, nodes, link.alpha_s, intra, link.plugin_s),
+                  "tree_ll": span_tree_steps_s(n, nodes, link.alpha_s, intra, link.plugin_s)}
     return {k: link.base_s + v for k, v in steps.items()}
 
 
@@ -169,7 +181,7 @@ def ring_all_reduce(nbytes: float, n: int, link: Link) -> float:
         return 0.0
     nodes = _nodes(n, link)
     steps = (2 * (n - 1) * link.alpha_s if nodes == 1
-             else span_ring_steps_s(n, nodes, link.alpha_s, link.intra_alpha_s))
+             else span_ring_steps_s(n, nodes, link.alpha_s, link.intra_alpha_s, link.plugin_s))
     return link.base_s + steps + 2 * (n - 1) / n * link.bytes_s(nbytes)
 
 
@@ -199,6 +211,14 @@ def all_to_all(nbytes: float, n: int, link: Link) -> float:
     if n <= 1:
         return 0.0
     return link.base_s + (n - 1) * link.alpha_s + (n - 1) / n * link.bytes_s(nbytes)
+
+
+def net_step_s(net_hop_s: float, plugin_s: float = 0.0, ll: bool = True) -> float:
+    """One network step of a collective priced with a single step latency (`group_link`'s
+    rings): NCCL's LL network step `net_hop_s` plus the net plugin's declared `plugin_s`, or
+    where the network runs no LL, Simple's (`SIMPLE_NET_HOP_RATIO` of it, the plugin's latency
+    twice: `span_latency_s`)."""
+    return net_hop_s + plugin_s if ll else net_hop_s * SIMPLE_NET_HOP_RATIO + 2 * plugin_s
 
 
 def group_link(intra_gbs: float, nic_gbs: float, ranks: int, per_node: int, link_eff: float,

@@ -22,7 +22,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from placer.cost.collectives import Link, all_gather, all_reduce, group_link, ring_all_reduce
+from placer.cost.collectives import (
+    Link,
+    all_gather,
+    all_reduce,
+    group_link,
+    net_step_s,
+    ring_all_reduce,
+)
+from placer.cost.fabric import fabric
 from placer.cost.sharding import (
     BYTES,
     Parallel,
@@ -75,11 +83,14 @@ def tp_link(dev: DeviceType, eff: Efficiency, ranks: int = 1) -> Link:
     collectives' `link_eff` (as `span_link` prices every group that leaves a node: NCCL's
     inter-node graph, not the in-node TP kernel `tp_link_eff` was fitted on; OCI's two A100
     nodes run their tree's in-node chain at ~0.85 of NVLink); NCCL's tree loads the two
-    differently (`collectives.span_bus_gbs`)."""
+    differently (`collectives.span_bus_gbs`). The device's `network` adds its net plugin's
+    declared latency to each network step and says whether LL runs (`placer.cost.fabric`)."""
     node = node_devices(dev)
     if ranks > node:  # the slower of the node's NICs and its own NVLink ring binds
         nvl, net = dev.intra_link_gbs * eff.link_eff, node * dev.nic_gbs * eff.link_eff
-        return Link(eff.net_hop_s, min(nvl, net), eff.tp_base_s, node, eff.tp_hop_s, nvl, net)
+        f = fabric(dev)
+        return Link(eff.net_hop_s, min(nvl, net), eff.tp_base_s, node, eff.tp_hop_s, nvl, net,
+                    f.plugin_s, f.ll)
     return call_cost(Link(eff.tp_hop_s, dev.intra_link_gbs * eff.tp_link_eff, eff.tp_base_s),
                      eff.tp_call_s)
 
@@ -111,9 +122,12 @@ def nvls_all_reduce(nbytes: float, tp: int, dev: DeviceType, eff: Efficiency) ->
 
 def span_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:
     """The link of a group spanning `ranks` consecutive devices: NVLink inside a node, else
-    the NIC (`collectives.group_link`); a node is `node_devices`."""
+    the NIC (`collectives.group_link`, each network step as the device's `network` runs it:
+    `collectives.net_step_s`); a node is `node_devices`."""
+    f = fabric(dev)
     return group_link(dev.intra_link_gbs, dev.nic_gbs, ranks, node_devices(dev), eff.link_eff,
-                      eff.nvlink_hop_s, eff.net_hop_s, eff.coll_base_s)
+                      eff.nvlink_hop_s, net_step_s(eff.net_hop_s, f.plugin_s, f.ll),
+                      eff.coll_base_s)
 
 
 def p2p_link(dev: DeviceType, ranks: int, eff: Efficiency) -> Link:

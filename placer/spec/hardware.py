@@ -32,6 +32,17 @@ class DeviceKind(StrEnum):
     lpu = "lpu"
 
 
+class Network(StrEnum):
+    """The scale-out network a device's node NICs are on, as NCCL sees it (its transport or
+    net plugin): what a collective across nodes pays per network step and which of NCCL's
+    protocols it may run (placer/cost/fabric.py holds each one's figures and sources)."""
+
+    infiniband = "infiniband"
+    roce = "roce"
+    efa = "efa"
+    tcpxo = "tcpxo"
+
+
 class DeviceType(Strict):
     """One accelerator (or one CPU node for kind=cpu). Units: GB, TFLOP/s, GB/s, USD/hour."""
 
@@ -56,6 +67,14 @@ class DeviceType(Strict):
                            "third-generation NVSwitch and later): NCCL's NVLS all-reduce moves "
                            "each rank's buffer once, not 2 (n-1)/n times as a ring does")
     can_train: StrictBool = False
+    network: Network = Field(
+        Network.infiniband,
+        description="the scale-out network of the device's nodes, as NCCL runs on it (a "
+                    "property of the cluster, like nic_gbs): infiniband or roce (NCCL's own IB "
+                    "verbs transport), efa (AWS, the aws-ofi-nccl plugin: ~35 us more per "
+                    "network step) or tcpxo (Google Cloud A3 Mega's GPUDirect-TCPXO: NCCL's "
+                    "LL protocol off). Sets the per-step latency and protocols of a collective "
+                    "across nodes (placer/cost/fabric.py)")
     host_devices: PosInt | None = Field(
         None, description="devices of one host (a GB200 compute tray): an engine's custom "
                           "all-reduce (peer-to-peer over IPC) only runs inside one, a wider TP "
