@@ -23,6 +23,10 @@ async mode  rollout of step i may start once the weights on the engines are at m
             sets the pace - the placer's async rule - and the first iteration pays the pipeline
             fill. Iteration time in async mode is the time between consecutive training commits.
 
+A job with a periodic validation (`Job.validation`) runs one pass inside the steps it picks,
+after their train, on the rollout's slot (`simulator.validation`); in async mode the step's
+commit waits for it.
+
 Long-tail policies (the job's `tail_policy`, `simulator.tails`): over-provisioning ends the
 rollout stage once n samples are done and trains those; partial rollouts run each step's rows cut
 at the token budget and carry the rest into the next step; speculative re-issue lives in the CPU
@@ -54,6 +58,7 @@ from simulator.judge import verdict_tokens
 from simulator.network import max_min_durations, sync_plan
 from simulator.recorder import Recorder
 from simulator.training import Work, onload_costs, stage_work
+from simulator.validation import Validating, run_validation, validates
 from simulator.workload import Samples, has_tools, samples_for
 
 STREAM_REISSUE = 400
@@ -96,7 +101,7 @@ class RunRecord:
     engine_groups: list[tuple[str, int, int]] = field(default_factory=list)
 
 
-class Model:
+class Model(Validating):
     """A plan made runnable: engines, pools, links and slots for `run(iterations)`."""
 
     def __init__(self, px: Pricer, plan: Plan, cfg: SimConfig, seed: int,
@@ -213,10 +218,13 @@ class Model:
             rec = self.records[i]
             rec.start = env.now
             smp, factors = self._prepare(i)
-            for stage, proc in (("sync", partial(self._weight_sync, i)),
-                                ("rollout", partial(self._rollout, i, smp, factors)),
-                                ("score", partial(self._stage, i, "score", factors)),
-                                ("train", partial(self._stage, i, "train", factors))):
+            stages = [("sync", partial(self._weight_sync, i)),
+                      ("rollout", partial(self._rollout, i, smp, factors)),
+                      ("score", partial(self._stage, i, "score", factors)),
+                      ("train", partial(self._stage, i, "train", factors))]
+            if validates(self.res.job, i):  # inside the step, after its update
+                stages.append(("validate", partial(run_validation, self, i, factors)))
+            for stage, proc in stages:
                 if self.stopped:
                     return
                 t0 = env.now
@@ -270,6 +278,10 @@ class Model:
             t0 = env.now
             yield env.process(self._stage(i, "train", factors))
             self.records[i].stages["train"] = (t0, env.now)
+            if validates(self.res.job, i):  # the step's commit waits for its validation
+                t0 = env.now
+                yield env.process(run_validation(self, i, factors))
+                self.records[i].stages["validate"] = (t0, env.now)
             self.records[i].end = env.now
             self._ended(i)
             trained[i].succeed()

@@ -154,6 +154,21 @@ def onload_costs(px: Pricer, plan: Plan) -> dict[str, float]:
     return out
 
 
+def engine_swap_s(px: Pricer, plan: Plan) -> float:
+    """Seconds the rollout engines take to wake and go back to sleep once more where their slot
+    holds other roles (a periodic validation's generation, `simulator.validation`): the
+    rollout's `onload_time`, as `placer.cost.validation` prices it; 0 on devices of their own or
+    whose memory is host RAM."""
+    res, rp = px.res, plan.roles[Role.ROLLOUT]
+    slot = next(s for s in plan.slots if s.name == rp.slot)
+    dev = res.device_of(slot.pool)
+    if sum(r in plan.roles for r in slot.roles) < 2 or dev.host_backed:
+        return 0.0
+    eff = px.calib.for_device(dev)
+    return onload_time(Role.ROLLOUT, _onload_memory(px, plan, Role.ROLLOUT, eff), dev, eff,
+                       res.job.sleep_level)
+
+
 def _onload_memory(px: Pricer, plan: Plan, role: str, eff: Efficiency) -> Memory:
     """The memory `placer.cost.timing.onload_time` prices: for a GPU rollout engine its weights
     per device as `placer.cost.estimate` prices them (`infer_memory`), for any other role its

@@ -51,9 +51,10 @@ def has_tools(job: Job) -> bool:
 
 
 def samples_for(job: Job, cfg: WorkloadConfig, seed: int, iteration: int,
-                replay: list[dict] | None = None) -> Samples:
+                replay: list[dict] | None = None, stream: tuple[int, ...] = ()) -> Samples:
     """The samples `iteration` generates (over-provisioned: more than the batch): replayed if
-    `replay` rows are given, else drawn or at means."""
+    `replay` rows are given, else drawn or at means. `stream` extends every draw's generator
+    key (a periodic validation's own draws, `simulator.validation`); empty: the step's."""
     if replay is not None:
         return _replayed(job, replay, iteration, cfg.response_scale)
     n, turns = generated_samples(job), job.environment.turns
@@ -63,13 +64,14 @@ def samples_for(job: Job, cfg: WorkloadConfig, seed: int, iteration: int,
         p = np.full(n, max(round(lengths.prompt.mean_value()), 1), dtype=np.int64)
         r = np.full((n, turns), lengths.response.mean_value(), dtype=float)
     else:
-        p = draw_lengths(lengths.prompt, rng(seed, iteration, STREAM_PROMPT), n)
-        r = draw(lengths.response, rng(seed, iteration, STREAM_RESPONSE), n * turns).reshape(n, turns)
+        p = draw_lengths(lengths.prompt, rng(seed, iteration, STREAM_PROMPT, *stream), n)
+        r = draw(lengths.response, rng(seed, iteration, STREAM_RESPONSE, *stream),
+                 n * turns).reshape(n, turns)
     r = np.maximum(np.rint(r * cfg.response_scale), 1).astype(np.int64)
     if cfg.tool_latency == "mean":
         t = np.full((n, calls), env.tool_latency_s.mean_value())
     else:
-        t = draw(env.tool_latency_s, rng(seed, iteration, STREAM_TOOL), n * calls).reshape(n, calls)
+        t = draw(env.tool_latency_s, rng(seed, iteration, STREAM_TOOL, *stream), n * calls).reshape(n, calls)
     return Samples(p.tolist(), r.tolist(), t.tolist(), env.tool_output_tokens if calls else 0)
 
 

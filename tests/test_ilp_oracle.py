@@ -1,11 +1,11 @@
 """The ILP is optimal: on random small instances its plan equals an exhaustive search.
 
 Instances: up to 4 roles, up to 3 pools, up to 32 devices, sync and async (staleness 1 or 2, so
-the async chain bound binds on some), fixed and long-tailed response lengths, time and cost
-objectives. The brute force (tests/slot_oracle.py) enumerates, over the *same* cost table, every
-choice of one candidate per role and every grouping of roles into colocation slots (one pool per
-slot, pool capacities respected) and prices each with the same `ilp_bound.score` (which is
-`timing.iteration_time`).
+the async chain bound binds on some), fixed and long-tailed response lengths, with or without a
+periodic validation (`Job.validation`), time and cost objectives. The brute force
+(tests/slot_oracle.py) enumerates, over the *same* cost table, every choice of one candidate
+per role and every grouping of roles into colocation slots (one pool per slot, pool capacities
+respected) and prices each with the same `ilp_bound.score` (which is `timing.iteration_time`).
 A rollout split over two pools (`placer.cost.split`) is drawn into the table whenever the cluster has
 one: it must sit alone in its slot and holds devices on each of its pools; in sync mode it may
 instead be mixed (`Candidate.colocated`): its first part shares a slot with other roles on that
@@ -56,8 +56,11 @@ def jobs(draw):
         else:
             pools.append(cpu)
     mode = draw(st.sampled_from(["sync", "async"]))
+    # a periodic validation: a `validate` stage on the rollout's slot (placer.cost.validation)
+    validation = draw(st.sampled_from([None, {"every": 1, "samples": 16},
+                                       {"every": 3, "samples": 64}]))
     return job_from_dict({
-        "name": "oracle", "algorithm": "grpo",
+        "name": "oracle", "algorithm": "grpo", "validation": validation,
         "models": {"policy": draw(st.sampled_from(["Qwen2.5-7B", "Llama-3-8B"])),
                    "reward": reward, "use_reference": use_ref},
         "batch": {"prompts": draw(st.sampled_from([8, 32, 64])), "samples_per_prompt": 4},
@@ -196,3 +199,33 @@ def test_split_parts_at_every_count_match_brute_force(job, data):
     assert a.status == b.status == "OPTIMAL"
     assert score(bounded, a.assignment)[key] == pytest.approx(score(full, b.assignment)[key],
                                                               rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_ilp_prices_validation_like_timing(mode) -> None:
+    """A job that validates every step with a large validation set: the ILP's objective is the
+    priced step with its `validate` stage (the generation on the chosen rollout, the refit /
+    every, the engines' wake where they share a slot), and equals the exhaustive search; the
+    stage is no small term here (the step without it is far shorter)."""
+    from simplans import small_job
+
+    job = small_job(environment={"kind": "none", "turns": 1},
+                    pipeline={"mode": mode, "max_staleness": int(mode == "async")},
+                    validation={"every": 1, "samples": 512})
+    job["cluster"]["pools"][0]["nodes"] = 2
+    res = resolve(job_from_dict(job))
+    full = build_problem(Pricer(res, Calibration()))
+    problem = Problem(Pricer(res, full.calib), {r: cs[:3] for r, cs in full.cands.items()},
+                      "time")
+    expect = brute_force(problem)
+    sol = solve(problem, time_limit_s=20.0, workers=1)
+    assert sol.status == "OPTIMAL"
+    bd = problem.px.iteration_time(sol.assignment.placed())
+    assert bd.iteration_s == pytest.approx(expect, rel=1e-5)
+    assert sol.objective == pytest.approx(expect, rel=1e-4)
+    assert bd.stage_s["validate"] > 0.2 * bd.iteration_s
+    plain = dict(job)
+    del plain["validation"]
+    res0 = resolve(job_from_dict(plain))
+    p0 = Problem(Pricer(res0, full.calib), problem.cands, "time")
+    assert solve(p0, time_limit_s=20.0, workers=1).objective < 0.8 * sol.objective

@@ -116,3 +116,66 @@ def test_validation_waits_for_its_whole_set() -> None:
     px_over, placed_over, _ = _priced(over)
     assert validation_rollout_s(px_over, placed_over[1].est) == pytest.approx(
         validation_rollout_s(px, placed[1].est))
+
+
+# --------------------------------------------------------------------------- the simulator
+def _sim_plan(validation: dict[str, int] | None, mode: str = "sync"):
+    """The small colocated job (tests/simplans.py) placed by hand, with `validation`."""
+    from simplans import SMALL_PLACEMENT, small_job
+
+    from simulator.handplans import place
+    job = small_job(pipeline={"mode": mode, "max_staleness": int(mode == "async")})
+    if validation is not None:
+        job["validation"] = validation
+    return place(resolve(job_from_dict(job), "small"), SMALL_PLACEMENT, CAL)
+
+
+def test_simulator_validates_the_steps_test_freq_picks() -> None:
+    """Every `every`-th step (verl's global_steps % test_freq == 0) runs one pass after its
+    train: its events carry the marker, its generation runs `samples` sequences of its own
+    draws, and the steps' own samples do not move."""
+    from simulator.api import simulate_plan
+    from simulator.validation import validates
+    plan = _sim_plan({"every": 3, "samples": 24})
+    r = simulate_plan(plan, iterations=6, seed=7)
+    base = simulate_plan(_sim_plan(None), iterations=6, seed=7)
+    its = r.run.iterations
+    assert [validates(plan.spec, i) for i in range(6)] == [False, False, True] * 2
+    assert ["validate" in it.stages for it in its] == [False, False, True] * 2
+    for it in its:
+        if "validate" in it.stages:
+            assert it.stages["validate"][0] >= it.stages["train"][1]
+            assert it.stages["validate"][1] == pytest.approx(it.end)
+    assert r.run.samples[0] == base.run.samples[0]
+    assert [it.end - it.start for it in base.run.iterations][:2] == pytest.approx(
+        [it.end - it.start for it in its][:2])
+    events = r.trace.events
+    stages = [e for e in events if e.cat == "stage" and e.name == "validate"]
+    assert [e.fields.step for e in stages] == [2, 5]
+    assert all(e.fields.validation and e.fields.batch == 24 for e in stages)
+    marked = [e for e in events if e.args.get("validation")]
+    assert {e.cat for e in marked} >= {"stage", "prefill", "decode", "transfer"}
+    assert not any(e.args.get("validation") for e in base.trace.events)
+
+
+def test_simulated_validation_draws_from_the_seed() -> None:
+    """The validation set is drawn from the run's seed: the same seed runs the same pass,
+    another seed another one."""
+    from simulator.api import simulate_plan
+    plan = _sim_plan({"every": 1, "samples": 24})
+
+    def validate_s(seed: int) -> float:
+        it = simulate_plan(plan, iterations=1, seed=seed).run.iterations[0]
+        return it.stages["validate"][1] - it.stages["validate"][0]
+    assert validate_s(3) == validate_s(3)
+    assert validate_s(3) != validate_s(4)
+
+
+def test_async_step_waits_for_its_validation() -> None:
+    """In async mode the validating step commits after its pass."""
+    from simulator.api import simulate_plan
+    r = simulate_plan(_sim_plan({"every": 2, "samples": 16}, "async"), iterations=4, seed=0)
+    for i, it in enumerate(r.run.iterations):
+        assert ("validate" in it.stages) == (i % 2 == 1)
+        if "validate" in it.stages:
+            assert it.stages["validate"][1] == pytest.approx(it.end)

@@ -169,6 +169,8 @@ class EventArgs(BaseModel):
     winner: str | None = _f("straggler: which copy finished first (original, reissue)")
     cut: list[str] | None = _f("partial rollouts: samples cut at the step's end")
     carried_tokens: int | None = _f("partial rollouts: tokens carried into the next step")
+    validation: bool | None = _f("a periodic validation's work (Job.validation: its stage, "
+                                 "refit, onload and generation), not the step's own batch")
 
     def unknown(self) -> list[str]:
         """Keys the schema does not name."""

@@ -35,7 +35,9 @@ from placer.cost.timing import (
     rollout_tool_time,
     slot_switch,
     sync_time,
+    validation_swap_s,
 )
+from placer.cost.validation import validation_rollout_s
 from placer.spec.agentjob import agent_job
 from placer.spec.agents import Agents, split_role
 from placer.spec.catalog import Resolved, resolve
@@ -84,6 +86,17 @@ class Pricer(PriceContext):
     def slot_switch(self, placed: list[Placed]) -> dict[str, float]:
         """Onload seconds per slot whose roles do not fit on its devices together."""
         return slot_switch(self, placed)
+
+    def validation_terms(self, rollout: Estimate) -> tuple[float, float]:
+        """A periodic validation's per-step seconds on rollout candidate `rollout`
+        (`placer.cost.validation`): (its generation, the engines' sleep and wake if its slot is
+        shared), each / `validation.every`; the refit's share is the sync's / every. (0, 0)
+        without a `validation` section."""
+        val = self.res.job.validation
+        if val is None:
+            return 0.0, 0.0
+        return (validation_rollout_s(self, rollout) / val.every,
+                validation_swap_s(self, rollout) / val.every)
 
     def sync_pairs(self) -> list[tuple[str, str]]:
         """(actor, rollout) of every weight sync the job runs (one: the policy's)."""

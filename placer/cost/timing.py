@@ -312,16 +312,24 @@ def _queueing(ctx: PriceContext, parts: list[tuple[PriceContext, Estimate]], env
                         env_spec.tool_output_tokens, lat, slots)
 
 
+def validation_swap_s(ctx: PriceContext, rollout: Estimate) -> float:
+    """The rollout engines' sleep and wake for one validation pass where their slot holds other
+    roles (`onload_time` on the slot's pool: a mixed rollout's shared part's); 0 where their
+    memory is host RAM. Whether the slot is shared is the placement's: the caller's."""
+    pool = rollout.parts[0].est.pool if rollout.parts else rollout.pool
+    dev = ctx.res.device_of(pool)
+    if dev.host_backed:
+        return 0.0
+    return onload_time(Role.ROLLOUT, rollout.memory, dev, ctx.calib.for_device(dev),
+                       ctx.res.job.sleep_level)
+
+
 def _validation(ctx: PriceContext, placed: list[Placed], rollout: Placed, sync: float) -> float:
     """The job's periodic validation per step (`placer.cost.validation`): its generation, the
     refit and, where the engines share their slot, their sleep and wake."""
-    est = rollout.est
-    pool = est.parts[0].est.pool if est.parts else est.pool
-    dev = ctx.res.device_of(pool)
     shared = sum(p.slot == rollout.slot for p in placed) > 1
-    swap = (onload_time(Role.ROLLOUT, est.memory, dev, ctx.calib.for_device(dev),
-                        ctx.res.job.sleep_level) if shared and not dev.host_backed else 0.0)
-    return validation_time(ctx, est, sync, swap)
+    swap = validation_swap_s(ctx, rollout.est) if shared else 0.0
+    return validation_time(ctx, rollout.est, sync, swap)
 
 
 def iteration_time(ctx: PriceContext, placed: list[Placed]) -> Breakdown:

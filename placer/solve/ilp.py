@@ -33,6 +33,10 @@ Constraints (products of binaries by enforcement literals, no big-M):
   sync        Y >= W_ak^same or W_ak^diff, by whether the rollout shares the actor's slot 0
   tools       the rollout's slot's rollout stage gets V (negative where over-provisioning's kept
               samples finish sooner on the queue)
+  validate    a job's periodic validation (`placer.cost.validation`) is a work stage of the
+              rollout's slot: the rollout candidate's generation per step (its own work, from
+              the table: `Problem.validate_s`), + Y / every, + its engines' sleep and wake per
+              step where another role shares the slot (a lower-bounded `shared` literal)
   sync mode   T = Y + sum_s max_j S_js + max_j SW_j   (stages in sequence, slots overlap)
   async mode  T >= every slot's total work (+ Y on the rollout's), and (s + 1) T >= the
               sync-mode chain (staleness s: `timing`'s rule)
@@ -72,7 +76,7 @@ from placer.solve.ilp_memory import SlotMemory
 from placer.solve.ilp_vars import LinExpr
 from placer.solve.problem import Assignment, Problem, slot_names
 
-WORK_STAGES = ("rollout", "score", "train")
+WORK_STAGES = ("rollout", "score", "train", "validate")
 TIME_STEPS = 1_000_000  # integer time units per upper bound: relative resolution 1e-6
 
 
@@ -90,6 +94,7 @@ class _Model(SlotMemory):
         self._memory()
         self._sync()
         self._tools()
+        self._validate()
         self._iteration()
 
     def _work(self) -> None:
@@ -99,7 +104,7 @@ class _Model(SlotMemory):
             for s in WORK_STAGES:
                 terms = []
                 for r in self.members(j):
-                    top = max(self.ti(c.est.stage_s.get(s, 0.0)) for c in self.p.cands[r])
+                    top = max(self._stage_units(s, c) for c in self.p.cands[r])
                     if top == 0:
                         continue
                     w = m.new_int_var(0, top, f"w[{r},{j},{s}]")
@@ -109,6 +114,10 @@ class _Model(SlotMemory):
                 self.S[j, s] = sum(terms)
 
     def _stage_units(self, stage: str, c: Candidate) -> int:
+        """Candidate `c`'s own work in `stage`: its estimate's, and for a rollout's `validate`
+        the validation's generation per step (`Problem.validate_s`; 0 without one)."""
+        if stage == "validate":
+            return self.ti(self.p.validate_s(c)[0]) if c.role == Role.ROLLOUT else 0
         return self.ti(c.est.stage_s.get(stage, 0.0))
 
     def _sync(self) -> None:
@@ -184,6 +193,39 @@ class _Model(SlotMemory):
                 self.S[j, "rollout"] = self.S[j, "rollout"] + tq
         self.tool_top = top
 
+    def _validate(self) -> None:
+        """A periodic validation's pair terms on the rollout's slot's `validate` stage (its
+        generation is the candidates' own work, `_stage_units`): the refit, Y / every (rounded
+        up to the unit), and the engines' sleep and wake where the slot holds another role
+        (`timing._validation`). `shared` is a lower bound: 1 whenever another role sits in the
+        rollout's slot."""
+        val = self.p.res.job.validation
+        self.v_top = 0
+        if val is None or Role.ROLLOUT not in self.roles:
+            return
+        m, R = self.m, self.p.cands[Role.ROLLOUT]
+        vy = m.new_int_var(0, -(-self.y_top // val.every), "V[sync]")
+        m.add(val.every * vy >= self.Y)
+        swaps = [self.ti(self.p.validate_s(k)[1]) for k in R]
+        vs: LinExpr = 0
+        if max(swaps) > 0:
+            shared = m.new_bool_var("V[shared]")
+            for j in self.roles:
+                if (Role.ROLLOUT, j) not in self.z:
+                    continue
+                for r in self.members(j):
+                    if r != Role.ROLLOUT:
+                        m.add(shared >= self.z[Role.ROLLOUT, j] + self.z[r, j] - 1)
+            vs = m.new_int_var(0, max(swaps), "V[swap]")
+            m.add(vs >= sum(u * xk for u, xk in zip(swaps, self.x[Role.ROLLOUT]))
+                  ).OnlyEnforceIf(shared)
+        self.v_top = -(-self.y_top // val.every) + max(swaps)
+        for j in self.roles:
+            if (Role.ROLLOUT, j) in self.z:
+                vj = m.new_int_var(0, self.v_top, f"V[{j}]")
+                m.add(vj >= vy + vs).OnlyEnforceIf(self.z[Role.ROLLOUT, j])
+                self.S[j, "validate"] = self.S[j, "validate"] + vj
+
     def priced(self, k: Candidate, e: Candidate) -> bool:
         """Whether the model prices the tool term of rollout `k` with environment `e`: always,
         unless `lazy_tools` and `k` is a split whose term is not priced yet; that term is then
@@ -195,7 +237,7 @@ class _Model(SlotMemory):
     def _iteration(self) -> None:
         m = self.m
         top = (sum(max(self.ti(c.time_s) for c in self.p.cands[r]) for r in self.roles)
-               + self.y_top + self.tool_top
+               + self.y_top + self.tool_top + self.v_top + self._validate_gen_top()
                + sum(self._switch_max(r) for r in self.roles) + 1)
         self.t_top = top
         self.T = m.new_int_var(0, top, "T")
@@ -228,6 +270,11 @@ class _Model(SlotMemory):
                     q = q + qr if len(self.Ys) > 1 else qr
             m.add(self.T >= sum(self.S[j, s] for s in WORK_STAGES) + self.SW[j] + q)
         m.add((mode.staleness + 1) * self.T >= chain)  # `PipelineMode.chain_bound_s`
+
+    def _validate_gen_top(self) -> int:
+        if Role.ROLLOUT not in self.roles:
+            return 0
+        return max(self._stage_units("validate", c) for c in self.p.cands[Role.ROLLOUT])
 
     def _switch_max(self, r: str) -> int:
         return max(self._switch(c) for c in self.p.cands[r])

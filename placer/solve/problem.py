@@ -37,6 +37,9 @@ class Problem:
     # (actor, rollout) weight syncs already priced, (same slot, apart), kept as `tools` is
     syncs: dict[tuple[int, int], tuple[Candidate, Candidate, tuple[float, float]]] = field(
         default_factory=dict, compare=False, repr=False)
+    # rollout candidate -> its `Pricer.validation_terms`, kept as `tools` is
+    validations: dict[int, tuple[Candidate, tuple[float, float]]] = field(
+        default_factory=dict, compare=False, repr=False)
     # what the table was built from (`placer.solve.planner.build_problem`); None when built by hand
     space: SearchSpace | None = field(default=None, compare=False, repr=False)
 
@@ -68,6 +71,19 @@ class Problem:
                 if a.pool == k.pool else 0.0)
         self.syncs[id(a), id(k)] = (a, k, (same, diff))
         return same, diff
+
+    def validate_s(self, k: Candidate) -> tuple[float, float]:
+        """`Pricer.validation_terms` of rollout candidate `k`: a periodic validation's
+        generation per step, and the engines' sleep and wake per step where their slot is
+        shared ((0, 0) without a `validation` section)."""
+        if self.res.job.validation is None:
+            return 0.0, 0.0
+        hit = self.validations.get(id(k))
+        if hit is not None and hit[0] is k:
+            return hit[1]
+        terms = self.px.validation_terms(k.est)
+        self.validations[id(k)] = (k, terms)
+        return terms
 
     def has_tool(self, k: Candidate, e: Candidate) -> bool:
         hit = self.tools.get((id(k), id(e)))
