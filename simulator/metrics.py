@@ -54,6 +54,10 @@ class StageSeconds(_Section):
     rollout: float | None = None
     score: float | None = None
     train: float | None = None
+    # the plan's `validate` stage (pydantic's models own that name): a periodic validation's
+    # share of a step (`Job.validation`), its passes' seconds over every iteration, as the plan
+    # prices it; absent when no step validated
+    validation: float | None = None
 
     @model_serializer(mode="wrap")
     def _stages_run(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -268,6 +272,9 @@ def compute(res: Resolved, plan: Plan, run: RunRecord, tl: Timeline, restart_s: 
         for stage in SYNC_STAGES:
             stage_s[stage] = float(np.mean([r.stages[stage][1] - r.stages[stage][0]
                                             for r in run.iterations if stage in r.stages]))
+        passes = [r.stages["validate"] for r in run.iterations if "validate" in r.stages]
+        if passes:
+            stage_s["validation"] = sum(b - a for a, b in passes) / len(run.iterations)
     mean = float(np.mean(st))
     return SimMetrics(
         iterations=n, mode=plan.mode,

@@ -156,6 +156,11 @@ def test_simulator_validates_the_steps_test_freq_picks() -> None:
     marked = [e for e in events if e.args.get("validation")]
     assert {e.cat for e in marked} >= {"stage", "prefill", "decode", "transfer"}
     assert not any(e.args.get("validation") for e in base.trace.events)
+    # the metrics' stage table carries the passes' share of a step, as the plan prices it
+    spans = [it.stages["validate"][1] - it.stages["validate"][0] for it in its[2::3]]
+    assert r.metrics.stage_s.validation == pytest.approx(sum(spans) / 6)
+    assert base.metrics.stage_s.validation is None
+    assert "validation" not in base.metrics.stage_s.model_dump()
 
 
 def test_simulated_validation_draws_from_the_seed() -> None:
