@@ -23,14 +23,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from placer.base.roles import Role
 from placer.cost.batching import StepTerms
 from placer.cost.generation import lpu_chips
 from placer.cost.pricer import Pricer
 from placer.cost.split import deal
+from placer.cost.vision import rollout_encode_s
 from placer.solve.planfile import Plan
 from placer.spec.hardware import DeviceKind
-from simulator.engine import EngineSpec
+from simulator.engine import Engine, EngineSpec, Quota
+from simulator.environment import CorePool
+from simulator.faults import replica_slowdowns
+from simulator.recorder import Recorder
+from simulator.workload import Samples
 
 
 @dataclass(frozen=True)
@@ -97,4 +104,26 @@ def dispatch(n: int, groups: list[Group]) -> list[list[list[int]]]:
         end = start + count
         out.append([list(range(start + k, end, g.replicas)) for k in range(g.replicas)])
         start = end
+    return out
+
+
+
+def engines_for(groups: list[Group], smp: Samples, images_per_prompt: int,
+                slot_factors: np.ndarray, tools: CorePool | None, tool_overhead: float,
+                rec: Recorder, step: int, quota: Quota | None = None
+                ) -> list[tuple[Group, Engine]]:
+    """One `Engine` per replica of every group, running the rows `dispatch` deals it of `smp`,
+    slowed by its devices' factors (`slot_factors`: the rollout slot's, per device; a part
+    reads its own devices of the slot) and paying a VLM's image encoding
+    (`placer.cost.vision`)."""
+    out = []
+    for g, rows in zip(groups, dispatch(smp.n, groups)):
+        f = slot_factors if g.devices is None else slot_factors[g.offset:g.offset + g.devices]
+        slow = replica_slowdowns(f, g.replicas, g.replica_size)
+        sp = g.spec
+        for k in range(g.replicas):
+            enc = rollout_encode_s(sp.model, sp.dev, sp.par.devices, len(rows[k]),
+                                   images_per_prompt, sp.eff)
+            out.append((g, Engine(sp, g.first + k, smp, rows[k], slow[k], tools, tool_overhead,
+                                  rec, step, g.steps, quota=quota, encode_s=slow[k] * enc)))
     return out

@@ -45,17 +45,16 @@ from simpy.resources.resource import PriorityRequest
 
 from placer.base.roles import Role
 from placer.cost.pricer import Pricer
-from placer.cost.vision import rollout_encode_s
 from placer.solve.planfile import Plan
 from placer.spec.sampling import draw, rng
 from simulator import tails
 from simulator.config import SimConfig
-from simulator.engine import Engine, Quota
+from simulator.engine import Quota
 from simulator.environment import CorePool, pool_slots
-from simulator.faults import device_slowdowns, replica_slowdowns, role_slowdown
-from simulator.groups import Group, dispatch, groups_of
+from simulator.faults import device_slowdowns, role_slowdown
+from simulator.groups import engines_for, groups_of
 from simulator.judge import verdict_tokens
-from simulator.network import max_min_durations, sync_plan
+from simulator.network import record_sync, sync_plan
 from simulator.recorder import Recorder
 from simulator.training import Work, onload_costs, stage_work
 from simulator.validation import Validating, run_validation, validates
@@ -311,13 +310,7 @@ class Model(Validating):
             return
         env, slot = self.env, self.plan.roles[Role.ROLLOUT].slot
         req = yield from self._hold(slot, Role.ROLLOUT, i)
-        durs = max_min_durations(self.sync.links, self.sync.flows)
-        total = self.sync.fixed_s + max(durs)
-        for f, d in zip(self.sync.flows, durs):
-            for pool, fixed in self.sync.receivers:  # every part's replicas, on its pool
-                self.rec.add("weight sync", "transfer", env.now, fixed + d, pool,
-                             f"{slot}/sync", role=Role.ROLLOUT, step=i, policy_version=i,
-                             tokens=0, gb=f.gb, links=list(f.path), replica=f.name)
+        total = record_sync(self.sync, self.rec, env.now, slot, i, i)
         rec = self.records[i]
         rec.sync_s += total
         rec.sync_alone_s += self.sync.fixed_s + self.sync.alone_s
@@ -335,22 +328,9 @@ class Model(Validating):
             cut = tails.cut(tails.rows_of(smp), policy.token_budget, smp.tool_output)
             smp = self.samples[i] = cut.run
         quota = Quota(n, env.event()) if policy.keeps_first else None
-        engines: list[tuple[Group, Engine]] = []
-        imgs = self.res.job.lengths.images_per_prompt
-
-        def encode_s(g: Group, samples: int) -> float:  # a VLM's images (`placer.cost.vision`)
-            sp = g.spec
-            return rollout_encode_s(sp.model, sp.dev, sp.par.devices, samples, imgs, sp.eff)
-
-        for g, rows in zip(self.groups, dispatch(smp.n, self.groups)):
-            f = factors[r.slot]
-            if g.devices is not None:  # a part: its own devices of the slot
-                f = f[g.offset:g.offset + g.devices]
-            slow = replica_slowdowns(f, g.replicas, g.replica_size)
-            engines += [(g, Engine(g.spec, g.first + k, smp, rows[k], slow[k], self.tools,
-                                   self.tool_overhead, self.rec, i, g.steps, quota=quota,
-                                   encode_s=slow[k] * encode_s(g, len(rows[k]))))
-                        for k in range(g.replicas)]
+        engines = engines_for(self.groups, smp, self.res.job.lengths.images_per_prompt,
+                              factors[r.slot], self.tools, self.tool_overhead, self.rec, i,
+                              quota)
         wait0 = self.tools.wait_s if self.tools else 0.0
         calls0 = self.tools.calls if self.tools else 0
         again0 = self.tools.reissued if self.tools else 0

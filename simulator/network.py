@@ -42,6 +42,7 @@ from placer.cost.timing import sync_calls, sync_links
 from placer.solve.planfile import Plan, RolePlacement
 from placer.spec.hardware import DeviceKind
 from simulator.config import Network as NetworkConfig
+from simulator.recorder import Recorder
 
 
 @dataclass(frozen=True)
@@ -168,3 +169,18 @@ def _paired_plan(px: PriceContext, plan: Plan, cfg: NetworkConfig) -> SyncPlan:
                           + (eff.lpu_reload_s if r_dev.kind is DeviceKind.lpu else 0.0)))
     alone = max(f.gb / min(links[k] for k in f.path) for f in flows)
     return SyncPlan(links, flows, max(f for _, f in receivers), alone, tuple(receivers))
+
+
+def record_sync(sync: SyncPlan, rec: Recorder, t: float, slot: str, step: int, version: int,
+                **marker: bool) -> float:
+    """Record one weight sync starting at `t` (each flow's transfer to every rollout part's
+    pool, on the slot's `sync` track; `marker`: extra event args, as a validation's) and
+    return its seconds: the receivers' fixed time plus the slowest flow under max-min
+    sharing of the links."""
+    durs = max_min_durations(sync.links, sync.flows)
+    for f, d in zip(sync.flows, durs):
+        for pool, fixed in sync.receivers:  # every part's replicas, on its pool
+            rec.add("weight sync", "transfer", t, fixed + d, pool, f"{slot}/sync",
+                    role=Role.ROLLOUT, step=step, policy_version=version, tokens=0, gb=f.gb,
+                    links=list(f.path), replica=f.name, **marker)
+    return sync.fixed_s + max(durs)

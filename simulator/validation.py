@@ -33,16 +33,13 @@ import simpy
 
 from placer.base.roles import Role
 from placer.cost.pricer import Pricer
-from placer.cost.vision import rollout_encode_s
 from placer.solve.planfile import Plan
 from placer.spec.catalog import Resolved
 from placer.spec.job import Job
 from simulator.config import SimConfig
-from simulator.engine import Engine
 from simulator.environment import CorePool
-from simulator.faults import replica_slowdowns
-from simulator.groups import Group, dispatch
-from simulator.network import SyncPlan, max_min_durations
+from simulator.groups import Group, engines_for
+from simulator.network import SyncPlan, record_sync
 from simulator.recorder import Recorder
 from simulator.training import engine_swap_s
 from simulator.workload import Samples, samples_for
@@ -120,16 +117,10 @@ def run_validation(model: Validating, step: int, factors: dict) -> Generator:
 
 def _sync(model: Validating, step: int, slot: str) -> Generator:
     """The refit before the validation's generation: the step's sync plan once more."""
-    env, sync = model.env, model.sync
-    assert sync is not None
-    durs = max_min_durations(sync.links, sync.flows)
-    total = sync.fixed_s + max(durs)
-    for f, d in zip(sync.flows, durs):
-        for pool, fixed in sync.receivers:
-            model.rec.add("weight sync", "transfer", env.now, fixed + d, pool, f"{slot}/sync",
-                          role=Role.ROLLOUT, step=step, policy_version=step + 1, tokens=0,
-                          gb=f.gb, links=list(f.path), replica=f.name, validation=True)
-    yield env.timeout(total)
+    assert model.sync is not None
+    total = record_sync(model.sync, model.rec, model.env.now, slot, step, step + 1,
+                        validation=True)
+    yield model.env.timeout(total)
 
 
 def _generate(model: Validating, step: int, factors: dict, rec: Recorder) -> Generator:
@@ -137,17 +128,6 @@ def _generate(model: Validating, step: int, factors: dict, rec: Recorder) -> Gen
     the last sequence is done."""
     env, r = model.env, model.plan.roles[Role.ROLLOUT]
     smp = validation_samples(model, step)
-    imgs = model.res.job.lengths.images_per_prompt
-    procs = []
-    for g, rows in zip(model.groups, dispatch(smp.n, model.groups)):
-        f = factors[r.slot]
-        if g.devices is not None:
-            f = f[g.offset:g.offset + g.devices]
-        slow = replica_slowdowns(f, g.replicas, g.replica_size)
-        sp = g.spec
-        for k in range(g.replicas):
-            enc = rollout_encode_s(sp.model, sp.dev, sp.par.devices, len(rows[k]), imgs, sp.eff)
-            e = Engine(sp, g.first + k, smp, rows[k], slow[k], model.tools, model.tool_overhead,
-                       rec, step, g.steps, encode_s=slow[k] * enc)
-            procs.append(env.process(e.run(env)))
-    yield simpy.AllOf(env, procs)
+    engines = engines_for(model.groups, smp, model.res.job.lengths.images_per_prompt,
+                          factors[r.slot], model.tools, model.tool_overhead, rec, step)
+    yield simpy.AllOf(env, [env.process(e.run(env)) for _, e in engines])

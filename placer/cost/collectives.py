@@ -149,7 +149,7 @@ def span_latency_s(n: int, nodes: int, link: Link) -> dict[str, float]:
     step latencies, scaled from the link's LL network step and in-node ring step. Every network
     step adds the net plugin's declared latency (`Link.plugin_s`), Simple's twice (NCCL's
     flush); a network without LL (`Link.ll` false) offers Simple alone."""
-    net = link.alpha_s * SIMPLE_NET_HOP_RATIO + 2 * link.plugin_s
+    net = net_step_s(link.alpha_s, link.plugin_s, ll=False)  # Simple's network step
     intra = link.intra_alpha_s
     ring_simple = (2 * (n - nodes) * max(intra, SIMPLE_NET_OVERHEAD * NET_OVERHEAD_S)
                    + 2 * (nodes - 1) * net)
